@@ -1,0 +1,69 @@
+# transformer.c: build, test, debug
+#   make               ./transformer (OpenMP on; make OPENMP=0 for none)
+#   make test          gradient checks (double), PyTorch parity, masks, Adam,
+#                      learning: with OpenMP, and once more without it
+#   make debug         -O0 -g builds for gdb: transformer_debug, test_transformer_debug
+#   make sanitize      the tests under AddressSanitizer and UBSan
+CC ?= gcc
+OPENMP ?= 1
+CFLAGS ?= -O3 -march=native
+WARNINGS = -std=c11 -Wall -Wextra
+ifeq ($(OPENMP),1)
+OMPFLAGS = -fopenmp
+endif
+LDLIBS = -lm
+SOURCES = transformer.c transformer.h
+
+# the test binaries `make test` runs, in this order
+TESTS = test_transformer_f64 test_transformer test_transformer_serial
+
+.PHONY: all test debug sanitize clean
+
+all: transformer
+
+transformer: $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ transformer.c $(LDLIBS)
+
+test_transformer: test_transformer.c $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
+
+# the same tests with `real` = double, plus the finite-difference gradient checks
+test_transformer_f64: test_transformer.c $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
+
+# the float tests built without OpenMP: the code must pass either way
+test_transformer_serial: test_transformer.c $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) -o $@ test_transformer.c $(LDLIBS)
+
+# Runs every test binary, then sums their "N passed, M failed" lines into one.
+# A binary that crashes before its summary counts as one failure.
+test: $(TESTS)
+	@passed=0; failed=0; status=0; \
+	for t in $(TESTS); do \
+	  echo "== ./$$t"; \
+	  ./$$t > .test_output.log 2>&1; code=$$?; cat .test_output.log; \
+	  [ $$code -eq 0 ] || status=1; \
+	  counts=$$(sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$$/\1 \2/p' .test_output.log | tail -n 1); \
+	  if [ -z "$$counts" ]; then failed=$$((failed + 1)); echo "FAIL ./$$t ended without its summary (exit $$code)"; \
+	  else set -- $$counts; passed=$$((passed + $$1)); failed=$$((failed + $$2)); fi; \
+	done; \
+	rm -f .test_output.log; \
+	echo "$$passed passed, $$failed failed"; \
+	exit $$status
+
+debug: transformer_debug test_transformer_debug
+transformer_debug: $(SOURCES)
+	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) -o $@ transformer.c $(LDLIBS)
+test_transformer_debug: test_transformer.c $(SOURCES)
+	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
+
+SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+sanitize: test_transformer.c $(SOURCES)
+	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
+	./test_transformer_asan_f64
+	./test_transformer_asan
+
+clean:
+	rm -f transformer transformer_debug test_transformer test_transformer_f64 test_transformer_serial \
+	      test_transformer_debug test_transformer_asan test_transformer_asan_f64 .test_output.log

@@ -1,0 +1,848 @@
+/* test_transformer.c: the proofs that transformer.c computes what the paper says
+ *
+ * Built twice by `make test`, and both run:
+ *   test_transformer_f64  (-DTRANSFORMER_DOUBLE)  first the finite-difference
+ *                          gradient checks of every layer and of every parameter
+ *                          tensor of the whole model, in double precision;
+ *   test_transformer       (float, as users run it)
+ *   and then, in both: the PyTorch reference files, masks, Adam, the
+ *   schedule, dropout, thread determinism and learning.
+ * Each ends with the line "N passed, M failed" and exits non-zero on a failure.
+ *
+ *   ./test_transformer --reference tiny_data/ref_2layer_4head.ref
+ * checks one PyTorch reference file and prints, per tensor, the largest
+ * absolute and relative difference.
+ */
+#define TRANSFORMER_NO_MAIN
+#include "transformer.c"
+
+static int tests_passed = 0, tests_failed = 0;
+
+// Records one check; a failure prints FAIL and what was measured.
+static void check(int ok, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(format, args);
+    printf("\n");
+    va_end(args);
+    if (ok) tests_passed++; else tests_failed++;
+    fflush(stdout);
+}
+
+// A batch with padding on both sides: B sentences with the given lengths,
+// random word tokens, tgt_in = <s> y.., tgt_out = ..y </s>.
+typedef struct {
+    Batch batch;
+    int src[64 * 64], src_len[64], tgt_in[64 * 64], tgt_out[64 * 64], tgt_len[64];
+} TestBatch;
+
+static void make_test_batch(TestBatch *tb, int B, int S, int T, const int *src_len,
+                            const int *tgt_len, int vocab, Rng *rng) {
+    memset(tb, 0, sizeof *tb);
+    tb->batch = (Batch){ B, S, T, tb->src, tb->src_len, tb->tgt_in, tb->tgt_out, tb->tgt_len };
+    for (int b = 0; b < B; b++) {
+        tb->src_len[b] = src_len[b];
+        tb->tgt_len[b] = tgt_len[b];
+        for (int s = 0; s < src_len[b]; s++)
+            tb->src[b * S + s] = NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
+        int previous = TOKEN_BOS;
+        for (int t = 0; t < tgt_len[b]; t++) {
+            int word = t == tgt_len[b] - 1 ? TOKEN_EOS
+                     : NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
+            tb->tgt_in[b * T + t] = previous;
+            tb->tgt_out[b * T + t] = word;
+            previous = word;
+        }
+    }
+}
+
+#ifdef TRANSFORMER_DOUBLE
+// ============================================================================
+// Finite-difference gradient checks (double precision)
+//
+// For a scalar objective f and the analytic gradient g, each element x_i is
+// checked against the five-point central difference
+//     (-f(x+2h) + 8 f(x+h) - 8 f(x-h) + f(x-2h)) / 12h,   h = 1e-4,
+// whose truncation error is about h^4 f^(5) / 30 ~ 1e-17 and whose rounding
+// error is about 1.5e-16 |f| / h ~ 1e-11. The error measure is
+//     |g_i - numeric_i| / max(|g_i|, |numeric_i|, GRAD_FLOOR)
+// so elements near zero are held to an absolute 1e-10 rather than to a
+// relative error that rounding alone would blow up. Tolerance: 1e-6.
+// ============================================================================
+
+static void fill_uniform(real *x, size_t n, double lo, double hi, Rng *rng) {
+    for (size_t i = 0; i < n; i++) x[i] = (real)(lo + (hi - lo) * rng_uniform(rng));
+}
+
+static double dot_product(const real *a, const real *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+#define FD_STEP 1e-4
+#define GRAD_FLOOR 1e-4
+#define GRAD_TOLERANCE 1e-6
+
+typedef double (*Objective)(void *context);
+
+static double gradient_error(Objective f, void *context, real *x, const real *grad, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        real saved = x[i];
+        double value[4], offsets[4] = { 2, 1, -1, -2 };
+        for (int k = 0; k < 4; k++) {
+            x[i] = (real)(saved + offsets[k] * FD_STEP);
+            value[k] = f(context);
+        }
+        x[i] = saved;
+        double numeric = (-value[0] + 8 * value[1] - 8 * value[2] + value[3]) / (12 * FD_STEP);
+        double analytic = grad[i];
+        double scale = fmax(fmax(fabs(numeric), fabs(analytic)), GRAD_FLOOR);
+        double err = fabs(numeric - analytic) / scale;
+        if (err > worst) worst = err;
+    }
+    return worst;
+}
+
+static void check_gradient(const char *name, Objective f, void *context, real *x, const real *grad,
+                           size_t n) {
+    double err = gradient_error(f, context, x, grad, n);
+    check(err < GRAD_TOLERANCE, "gradient %-28s %6zu elements, max rel error %.2e", name, n, err);
+}
+
+// ---- linear ----------------------------------------------------------------
+typedef struct { int N, IC, OC; real *out, *inp, *w, *b, *r; } LinearCase;
+static double linear_objective(void *p) {
+    LinearCase *c = p;
+    linear_forward(c->out, c->inp, c->w, c->b, c->N, c->IC, c->OC);
+    return dot_product(c->out, c->r, (size_t)c->N * c->OC);
+}
+static void test_linear_gradients(Rng *rng) {
+    LinearCase c = { 5, 7, 6, 0, 0, 0, 0, 0 };
+    size_t ni = 35, nw = 42, no = 30;
+    real buf[35 + 42 + 6 + 30 + 30], grads[35 + 42 + 6];
+    c.inp = buf; c.w = buf + ni; c.b = c.w + nw; c.r = c.b + 6; c.out = c.r + no;
+    fill_uniform(buf, ni + nw + 6 + no, -1, 1, rng);
+    memset(grads, 0, sizeof grads);
+    linear_forward(c.out, c.inp, c.w, c.b, c.N, c.IC, c.OC);
+    linear_backward(grads, grads + ni, grads + ni + nw, c.r, c.inp, c.w, c.N, c.IC, c.OC);
+    check_gradient("linear: input", linear_objective, &c, c.inp, grads, ni);
+    check_gradient("linear: weight", linear_objective, &c, c.w, grads + ni, nw);
+    check_gradient("linear: bias", linear_objective, &c, c.b, grads + ni + nw, 6);
+}
+
+// ---- layer norm ------------------------------------------------------------
+typedef struct { int N, C; real *out, *mean, *rstd, *inp, *g, *b, *r; } LayerNormCase;
+static double layernorm_objective(void *p) {
+    LayerNormCase *c = p;
+    layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->g, c->b, c->N, c->C, 1e-5f);
+    return dot_product(c->out, c->r, (size_t)c->N * c->C);
+}
+static void test_layernorm_gradients(Rng *rng) {
+    enum { N = 4, C = 9 };
+    real inp[N * C], g[C], b[C], r[N * C], out[N * C], mean[N], rstd[N];
+    real dinp[N * C] = {0}, dg[C] = {0}, db[C] = {0};
+    fill_uniform(inp, N * C, -2, 2, rng);
+    fill_uniform(g, C, 0.5, 1.5, rng);
+    fill_uniform(b, C, -0.5, 0.5, rng);
+    fill_uniform(r, N * C, -1, 1, rng);
+    LayerNormCase c = { N, C, out, mean, rstd, inp, g, b, r };
+    layernorm_objective(&c);
+    layernorm_backward(dinp, dg, db, r, inp, g, mean, rstd, N, C);
+    check_gradient("layernorm: input", layernorm_objective, &c, inp, dinp, N * C);
+    check_gradient("layernorm: gain", layernorm_objective, &c, g, dg, C);
+    check_gradient("layernorm: bias", layernorm_objective, &c, b, db, C);
+}
+
+// ---- scaled dot-product attention, with padding and the causal mask ---------
+typedef struct {
+    int B, Tq, Tk, C, NH, q_stride, kv_stride, causal;
+    const int *key_len;
+    real *out, *att, *q, *k, *v, *r;
+} AttentionCase;
+static double attention_objective(void *p) {
+    AttentionCase *c = p;
+    attention_forward(c->out, c->att, c->q, c->k, c->v, c->q_stride, c->kv_stride, c->key_len,
+                      c->causal, c->B, c->Tq, c->Tk, c->C, c->NH);
+    return dot_product(c->out, c->r, (size_t)c->B * c->Tq * c->C);
+}
+static void test_attention_gradients(Rng *rng) {
+    enum { B = 2, T = 5, S = 4, C = 6, NH = 2 };
+    int tgt_len[B] = { 5, 3 }, src_len[B] = { 2, 4 };
+    static real qkv[B * T * 3 * C], q[B * T * C], kv[B * S * 2 * C], out[B * T * C],
+        att[B * NH * T * T], r[B * T * C], scratch[B * NH * T], dqkv[B * T * 3 * C],
+        dq[B * T * C], dkv[B * S * 2 * C];
+    fill_uniform(qkv, sizeof qkv / sizeof(real), -1.5, 1.5, rng);
+    fill_uniform(r, sizeof r / sizeof(real), -1, 1, rng);
+    // self-attention, causal, reading q, k, v out of one fused (B,T,3C) buffer
+    AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C, qkv + 2 * C, r };
+    attention_objective(&self);
+    memset(dqkv, 0, sizeof dqkv);
+    attention_backward(dqkv, dqkv + C, dqkv + 2 * C, scratch, r, att, qkv, qkv + C, qkv + 2 * C,
+                       3 * C, 3 * C, tgt_len, 1, B, T, T, C, NH);
+    check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv, B * T * 3 * C);
+    // cross-attention with padded keys: queries (B,T,C), keys/values (B,S,2C)
+    fill_uniform(q, sizeof q / sizeof(real), -1.5, 1.5, rng);
+    fill_uniform(kv, sizeof kv / sizeof(real), -1.5, 1.5, rng);
+    AttentionCase cross = { B, T, S, C, NH, C, 2 * C, 0, src_len, out, att, q, kv, kv + C, r };
+    attention_objective(&cross);
+    memset(dq, 0, sizeof dq);
+    memset(dkv, 0, sizeof dkv);
+    attention_backward(dq, dkv, dkv + C, scratch, r, att, q, kv, kv + C, C, 2 * C, src_len, 0,
+                       B, T, S, C, NH);
+    check_gradient("attention (padded keys): q", attention_objective, &cross, q, dq, B * T * C);
+    check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv, B * S * 2 * C);
+    // a padded key's gradient is exactly zero: nothing reads it
+    double padded = 0;
+    for (int s = src_len[0]; s < S; s++)
+        for (int i = 0; i < 2 * C; i++) padded += fabs(dkv[(size_t)s * 2 * C + i]);
+    check(padded == 0, "attention: padded keys and values get exactly zero gradient");
+}
+
+// ---- FFN: linear, ReLU, linear ----------------------------------------------
+typedef struct { int N, C, F; real *out, *h, *x, *r; FeedForwardParams w; } FeedForwardCase;
+static double feed_forward_objective(void *p) {
+    FeedForwardCase *c = p;
+    feed_forward_forward(c->out, c->h, c->x, c->w, c->N, c->C, c->F);
+    return dot_product(c->out, c->r, (size_t)c->N * c->C);
+}
+static void test_feed_forward_gradients(Rng *rng) {
+    enum { N = 4, C = 5, F = 7 };
+    real x[N * C], w1[F * C], b1[F], w2[C * F], b2[C], r[N * C], out[N * C], h[N * F], dh[N * F];
+    real dx[N * C] = {0}, dw1[F * C] = {0}, db1[F] = {0}, dw2[C * F] = {0}, db2[C] = {0};
+    fill_uniform(x, N * C, -1, 1, rng); fill_uniform(w1, F * C, -1, 1, rng);
+    fill_uniform(b1, F, -0.5, 0.5, rng); fill_uniform(w2, C * F, -1, 1, rng);
+    fill_uniform(b2, C, -0.5, 0.5, rng); fill_uniform(r, N * C, -1, 1, rng);
+    FeedForwardCase c = { N, C, F, out, h, x, r, { w1, b1, w2, b2 } };
+    // keep every ReLU input at least 1e-2 away from the kink, where the
+    // finite difference would straddle it: shift b1 off any near-zero input
+    real pre[N * F];
+    linear_forward(pre, x, w1, b1, N, C, F);
+    for (int i = 0; i < N * F; i++) if (fabs(pre[i]) < 1e-2) b1[i % F] += 0.05;
+    linear_forward(pre, x, w1, b1, N, C, F);
+    double closest = INFINITY;
+    for (int i = 0; i < N * F; i++) closest = fmin(closest, fabs(pre[i]));
+    feed_forward_objective(&c);
+    memset(dh, 0, sizeof dh);
+    FeedForwardParams g = { dw1, db1, dw2, db2 };
+    feed_forward_backward(dx, g, dh, r, h, x, c.w, N, C, F);
+    check(closest > 1e-3, "ffn: every ReLU input is %.1e or more from the kink", closest);
+    check_gradient("ffn: input", feed_forward_objective, &c, x, dx, N * C);
+    check_gradient("ffn: W1", feed_forward_objective, &c, w1, dw1, F * C);
+    check_gradient("ffn: b1", feed_forward_objective, &c, b1, db1, F);
+    check_gradient("ffn: W2", feed_forward_objective, &c, w2, dw2, C * F);
+    check_gradient("ffn: b2", feed_forward_objective, &c, b2, db2, C);
+}
+
+// ---- residual dropout with a fixed mask, and the embedding -------------------
+typedef struct { size_t n; real *out, *res, *sub, *mask, *r; } ResidualCase;
+static double residual_objective(void *p) {
+    ResidualCase *c = p;
+    residual_dropout_forward(c->out, c->res, c->sub, c->mask, c->n);
+    return dot_product(c->out, c->r, c->n);
+}
+typedef struct { int B, T, C; const int *tokens; real *out, *emb, *pe, *r; } EmbeddingCase;
+static double embedding_objective(void *p) {
+    EmbeddingCase *c = p;
+    embedding_forward(c->out, c->tokens, c->emb, c->pe, c->B, c->T, c->C);
+    return dot_product(c->out, c->r, (size_t)c->B * c->T * c->C);
+}
+static void test_residual_and_embedding_gradients(Rng *rng) {
+    enum { n = 40, V = 6, B = 2, T = 4, C = 5 };
+    real res[n], sub[n], mask[n], r[n], out[n], dres[n] = {0}, dsub[n] = {0};
+    fill_uniform(res, n, -1, 1, rng); fill_uniform(sub, n, -1, 1, rng); fill_uniform(r, n, -1, 1, rng);
+    Rng mask_rng; rng_seed(&mask_rng, 7);
+    dropout_mask(mask, 0.3f, 1, &mask_rng, n);   // some zeros, the rest 1/0.7
+    ResidualCase rc = { n, out, res, sub, mask, r };
+    residual_objective(&rc);
+    residual_dropout_backward(dres, dsub, r, mask, n);
+    check_gradient("residual+dropout: residual", residual_objective, &rc, res, dres, n);
+    check_gradient("residual+dropout: sublayer", residual_objective, &rc, sub, dsub, n);
+    int tokens[B * T] = { 4, 5, 4, 0, 1, 2, 3, 4 };  // token 4 three times: gradients add
+    real emb[V * C], pe[T * C], eout[B * T * C], er[B * T * C], demb[V * C] = {0};
+    fill_uniform(emb, V * C, -1, 1, rng); fill_uniform(er, B * T * C, -1, 1, rng);
+    positional_encoding_init(pe, T, C);
+    EmbeddingCase ec = { B, T, C, tokens, eout, emb, pe, er };
+    embedding_objective(&ec);
+    embedding_backward(demb, er, tokens, B, T, C);
+    check_gradient("embedding (sqrt(C) scale)", embedding_objective, &ec, emb, demb, V * C);
+}
+
+// ---- label-smoothed cross-entropy --------------------------------------------
+typedef struct { int B, T, V; float eps; const int *targets, *len; real *loss, *probs, *logits; } LossCase;
+static double loss_objective(void *p) {
+    LossCase *c = p;
+    int n;
+    return cross_entropy_forward(c->loss, c->probs, c->logits, c->targets, c->len, c->eps,
+                                 c->B, c->T, c->V, &n);
+}
+static void test_loss_gradients(Rng *rng) {
+    enum { B = 2, T = 3, V = 7 };
+    int targets[B * T] = { 1, 5, 0, 6, 2, 0 }, len[B] = { 2, 3 };
+    real logits[B * T * V], probs[B * T * V], loss[B * T], dlogits[B * T * V] = {0};
+    fill_uniform(logits, B * T * V, -3, 3, rng);
+    LossCase c = { B, T, V, 0.1f, targets, len, loss, probs, logits };
+    int n;
+    cross_entropy_forward(loss, probs, logits, targets, len, 0.1f, B, T, V, &n);
+    cross_entropy_backward(dlogits, probs, targets, len, 0.1f, n, B, T, V);
+    check(n == 5, "loss: counts the 5 non-padding targets (got %d)", n);
+    check_gradient("label-smoothed loss: logits", loss_objective, &c, logits, dlogits, B * T * V);
+    // by hand: with eps = 0 and all logits equal, the loss is log V
+    real flat[V] = {0}, p1[V], l1[1];
+    int t1[1] = { 3 }, len1[1] = { 1 };
+    double flat_loss = cross_entropy_forward(l1, p1, flat, t1, len1, 0.0f, 1, 1, V, &n);
+    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: uniform logits give log V (%.15f)", flat_loss);
+    // and with smoothing eps the true class's target is 1 - eps + eps/V: the loss of a
+    // uniform prediction is still log V, since q sums to 1
+    flat_loss = cross_entropy_forward(l1, p1, flat, t1, len1, 0.3f, 1, 1, V, &n);
+    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: smoothing keeps log V for uniform logits");
+}
+
+// ---- the whole model -----------------------------------------------------------
+typedef struct { Transformer *model; const Batch *batch; } ModelCase;
+static double model_objective(void *p) {
+    ModelCase *c = p;
+    return transformer_forward(c->model, c->batch);
+}
+
+// The smallest distance of any ReLU input in the model from the kink at 0.
+static double closest_relu_input(Transformer *m) {
+    const TransformerConfig *c = &m->config;
+    int C = c->d_model, F = c->d_ff;
+    double closest = INFINITY;
+    for (int l = 0; l < c->n_layers; l++) {
+        const real *inputs[2] = { encoder_layer_acts(m, l).ln1, decoder_layer_acts(m, l).ln2 };
+        FeedForwardParams ffn[2] = { encoder_layer_params(&m->params, c, l).ffn,
+                                     decoder_layer_params(&m->params, c, l).ffn };
+        int rows[2] = { m->B * m->S, m->B * m->T };
+        for (int k = 0; k < 2; k++) {
+            real *pre = checked_calloc((size_t)rows[k] * F, sizeof(real), "test");
+            linear_forward(pre, inputs[k], ffn[k].w1, ffn[k].b1, rows[k], C, F);
+            for (size_t i = 0; i < (size_t)rows[k] * F; i++) closest = fmin(closest, fabs(pre[i]));
+            free(pre);
+        }
+    }
+    return closest;
+}
+
+static void test_model_gradients(void) {
+    TransformerConfig config = transformer_default_config();
+    config.n_layers = 2; config.d_model = 8; config.d_ff = 12; config.n_heads = 2;
+    config.vocab_size = 11; config.max_len = 8; config.dropout = 0.0f; config.label_smoothing = 0.1f;
+    int src_len[3] = { 5, 2, 4 }, tgt_len[3] = { 3, 6, 1 };
+    Rng rng; rng_seed(&rng, 11);
+    static TestBatch tb;
+    make_test_batch(&tb, 3, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
+    // a seed whose ReLU inputs all stay clear of the kink (see the FFN check)
+    Transformer model;
+    double closest = 0;
+    uint64_t seed;
+    for (seed = 1; seed < 50; seed++) {
+        transformer_build(&model, &config, seed);
+        // non-zero biases and non-unit gains, so their gradients are tested in general position
+        real **ptrs[NUM_PARAMETER_TENSORS];
+        parameter_pointers(ptrs, &model.params);
+        for (int i = 1; i < NUM_PARAMETER_TENSORS; i++) {
+            const char *name = parameter_names[i];
+            size_t len = strlen(name);
+            if (name[len - 1] == 'b') fill_uniform(*ptrs[i], model.param_sizes[i], -0.2, 0.2, &rng);
+            if (name[len - 1] == 'g') fill_uniform(*ptrs[i], model.param_sizes[i], 0.7, 1.3, &rng);
+        }
+        model.training = 0;
+        transformer_forward(&model, &tb.batch);
+        closest = closest_relu_input(&model);
+        if (closest > 1e-3) break;
+        transformer_free(&model);
+    }
+    check(closest > 1e-3, "model: seed %d keeps every ReLU input %.1e or more from the kink",
+          (int)seed, closest);
+    transformer_forward(&model, &tb.batch);
+    transformer_zero_grad(&model);
+    transformer_backward(&model, &tb.batch);
+    ModelCase mc = { &model, &tb.batch };
+    real **params[NUM_PARAMETER_TENSORS], **grads[NUM_PARAMETER_TENSORS];
+    parameter_pointers(params, &model.params);
+    parameter_pointers(grads, &model.grads);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "model: %s", parameter_names[i]);
+        check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
+    }
+    transformer_free(&model);
+}
+
+static void run_gradient_checks(void) {
+    printf("-- finite-difference gradient checks, double precision (tolerance %g)\n", GRAD_TOLERANCE);
+    Rng rng;
+    rng_seed(&rng, 2017);
+    test_linear_gradients(&rng);
+    test_layernorm_gradients(&rng);
+    test_attention_gradients(&rng);
+    test_feed_forward_gradients(&rng);
+    test_residual_and_embedding_gradients(&rng);
+    test_loss_gradients(&rng);
+    test_model_gradients();
+}
+#endif // TRANSFORMER_DOUBLE
+
+// ============================================================================
+// PyTorch reference files (the format is in NOTES.md, "Reference files")
+// ============================================================================
+
+// Tolerances, relative to the largest magnitude in each tensor (fp32 against
+// PyTorch's fp32; both sum in different orders, so they agree to rounding).
+#define REF_TOL_LOGITS 1e-5
+#define REF_TOL_LOSS 1e-5
+#define REF_TOL_GRADS 1e-4
+#define REF_TOL_ADAM 1e-3   // of the largest Adam update, after several steps
+
+typedef struct {
+    TransformerConfig config;
+    int B, S, T, adam_steps, warmup;
+    float lr_factor;
+    int32_t *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
+    float *params, *logits, *grads, *step_losses, *params_after;
+    float loss;
+    size_t num_parameters;
+    unsigned char *data;
+} Reference;
+
+static int32_t read_i32(const unsigned char *p) {
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+static float read_f32(const unsigned char *p) {
+    uint32_t u = (uint32_t)read_i32(p);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// Reads a reference file; on any problem prints "path: reason" and returns 0.
+static int reference_read(Reference *r, const char *path) {
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "%s: cannot open: %s\n", path, strerror(errno)); return 0; }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (size < 72) { fprintf(stderr, "%s: %ld bytes, shorter than the 72-byte header\n", path, size); fclose(f); return 0; }
+    r->data = checked_calloc((size_t)size, 1, path);
+    size_t got = fread(r->data, 1, (size_t)size, f);
+    fclose(f);
+    if (got != (size_t)size) { fprintf(stderr, "%s: read %zu of %ld bytes\n", path, got, size); return 0; }
+    const unsigned char *p = r->data;
+    if (memcmp(p, "TREF", 4) != 0) { fprintf(stderr, "%s: bad magic, expected \"TREF\"\n", path); return 0; }
+    if (read_i32(p + 4) != 1) { fprintf(stderr, "%s: version %d, expected 1\n", path, read_i32(p + 4)); return 0; }
+    int h[12];
+    for (int i = 0; i < 12; i++) h[i] = read_i32(p + 8 + 4 * i);
+    TransformerConfig *c = &r->config;
+    c->n_layers = h[0]; c->d_model = h[1]; c->d_ff = h[2]; c->n_heads = h[3];
+    c->vocab_size = h[4]; c->max_len = h[5];
+    r->B = h[6]; r->S = h[7]; r->T = h[8]; r->adam_steps = h[9]; r->warmup = h[10];
+    c->label_smoothing = read_f32(p + 56);
+    c->layer_norm_eps = read_f32(p + 60);
+    r->lr_factor = read_f32(p + 64);
+    c->dropout = 0.0f;
+    const char *error = transformer_config_check(c);
+    if (error) { fprintf(stderr, "%s: header: %s\n", path, error); return 0; }
+    if (r->B < 1 || r->B > 64 || r->S < 1 || r->S > c->max_len || r->T < 1 || r->T > c->max_len ||
+        r->adam_steps < 0 || r->adam_steps > 1000 || r->warmup < 1) {
+        fprintf(stderr, "%s: header: batch %d x %d x %d, %d Adam steps, warmup %d out of range\n",
+                path, r->B, r->S, r->T, r->adam_steps, r->warmup);
+        return 0;
+    }
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
+    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS), B = r->B, S = r->S, T = r->T, V = c->vocab_size;
+    size_t ints = B * S + B + 2 * B * T + B;
+    size_t floats = P + B * T * V + 1 + P + (size_t)r->adam_steps + P;
+    size_t expected = 72 + 4 * ints + 4 * floats;
+    if ((size_t)size != expected) {
+        fprintf(stderr, "%s: %ld bytes, but its header implies %zu\n", path, size, expected);
+        return 0;
+    }
+    r->num_parameters = P;
+    // the data are little-endian int32 and f32; convert in place (a no-op on
+    // little-endian machines) so the arrays can be used directly
+    unsigned char *q = r->data + 72;
+    for (size_t i = 0; i < ints + floats; i++) {
+        int32_t v = read_i32(q + 4 * i);
+        memcpy(q + 4 * i, &v, 4);
+    }
+    int32_t *ip = (int32_t *)(void *)q;
+    r->src = ip; ip += B * S;
+    r->src_len = ip; ip += B;
+    r->tgt_in = ip; ip += B * T;
+    r->tgt_out = ip; ip += B * T;
+    r->tgt_len = ip; ip += B;
+    float *fp = (float *)(void *)ip;
+    r->params = fp; fp += P;
+    r->logits = fp; fp += B * T * V;
+    r->loss = *fp++;
+    r->grads = fp; fp += P;
+    r->step_losses = fp; fp += r->adam_steps;
+    r->params_after = fp;
+    return 1;
+}
+
+// Compares a tensor with the reference; prints the largest absolute and
+// relative (to the reference's largest magnitude) difference. Returns 1 if
+// within tolerance; else names the first differing element. skip may mark
+// elements to leave out (NULL: none).
+static int compare_tensor(const char *what, const real *ours, const float *ref, size_t n,
+                          double tolerance, const unsigned char *skip, int verbose) {
+    double scale = 0, max_abs = 0;
+    for (size_t i = 0; i < n; i++) if (!skip || !skip[i]) scale = fmax(scale, fabs((double)ref[i]));
+    if (scale == 0) scale = 1;
+    long first_bad = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (skip && skip[i]) continue;
+        double d = fabs((double)ours[i] - (double)ref[i]);
+        if (!(d <= max_abs)) max_abs = d;            // NaN propagates as a failure
+        if (first_bad < 0 && !(d <= tolerance * scale)) first_bad = (long)i;
+    }
+    int ok = first_bad < 0;
+    if (verbose || !ok)
+        printf("     %-24s max abs diff %.3e  max rel diff %.3e  (tolerance %.0e)%s\n", what, max_abs,
+               max_abs / scale, tolerance, ok ? "" : "  MISMATCH");
+    if (!ok)
+        printf("     %s: first differing element %ld: ours %.9g, PyTorch %.9g\n", what, first_bad,
+               (double)ours[first_bad], (double)ref[first_bad]);
+    return ok;
+}
+
+// Runs our model on a reference file's weights and batch and compares
+// everything. Returns the number of mismatching tensors (0: all agree).
+static int reference_compare(Reference *r, const char *path, int verbose, float perturb) {
+    Transformer model;
+    const char *error = transformer_build(&model, &r->config, 0);
+    if (error) { printf("     %s: %s\n", path, error); return 1; }
+    model.training = 0;
+    for (size_t i = 0; i < r->num_parameters; i++) model.params_memory[i] = r->params[i];
+    model.params_memory[0] += perturb;  // for the test that a wrong weight is caught
+    Batch batch = { r->B, r->S, r->T, r->src, r->src_len, r->tgt_in, r->tgt_out, r->tgt_len };
+    const char *bad = batch_check(&batch, &r->config);
+    if (bad) { printf("     %s: batch: %s\n", path, bad); transformer_free(&model); return 1; }
+    int mismatches = 0;
+    size_t BTV = (size_t)r->B * r->T * r->config.vocab_size;
+    real loss = transformer_forward(&model, &batch);
+    mismatches += !compare_tensor("logits", model.acts.logits, r->logits, BTV, REF_TOL_LOGITS, NULL, verbose);
+    mismatches += !compare_tensor("loss", &loss, &r->loss, 1, REF_TOL_LOSS, NULL, verbose);
+    transformer_zero_grad(&model);
+    transformer_backward(&model, &batch);
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        char name[64];
+        snprintf(name, sizeof name, "grad %s", parameter_names[t]);
+        mismatches += !compare_tensor(name, model.grads_memory + offset, r->grads + offset,
+                                      model.param_sizes[t], REF_TOL_GRADS, NULL, verbose);
+        offset += model.param_sizes[t];
+    }
+    // Adam steps under the §5.3 schedule, on the same batch. The key biases
+    // (rows C..2C-1 of each qkv bias) are left out: softmax ignores a constant
+    // added to every score, so their true gradient is exactly 0 and what
+    // either program computes is rounding noise, which Adam turns into
+    // full-size steps of random sign.
+    unsigned char *skip = checked_calloc(r->num_parameters, 1, "skip mask");
+    size_t C = r->config.d_model, L = r->config.n_layers;
+    real *qkv_biases[3] = { model.params.enc_qkv_b, model.params.dec_self_qkv_b, model.params.dec_cross_qkv_b };
+    for (int a = 0; a < 3; a++)
+        for (size_t l = 0; l < L; l++)
+            for (size_t i = C; i < 2 * C; i++)
+                skip[(size_t)(qkv_biases[a] - model.params_memory) + l * 3 * C + i] = 1;
+    real *losses = checked_calloc((size_t)r->adam_steps + 1, sizeof(real), "losses");
+    transformer_zero_grad(&model);
+    for (int step = 1; step <= r->adam_steps; step++) {
+        losses[step - 1] = transformer_forward(&model, &batch);
+        transformer_zero_grad(&model);
+        transformer_backward(&model, &batch);
+        adam_update(&model, transformer_learning_rate(step, (int)C, r->warmup, r->lr_factor));
+    }
+    if (r->adam_steps > 0) {
+        mismatches += !compare_tensor("Adam: losses", losses, r->step_losses, (size_t)r->adam_steps,
+                                      REF_TOL_LOSS, NULL, verbose);
+        // compare the updates (after - before), relative to the largest update
+        real *ours = checked_calloc(r->num_parameters, sizeof(real), "updates");
+        float *theirs = checked_calloc(r->num_parameters, sizeof(float), "updates");
+        for (size_t i = 0; i < r->num_parameters; i++) {
+            ours[i] = model.params_memory[i] - r->params[i];
+            theirs[i] = r->params_after[i] - r->params[i];
+        }
+        mismatches += !compare_tensor("Adam: parameter updates", ours, theirs, r->num_parameters,
+                                      REF_TOL_ADAM, skip, verbose);
+        free(ours); free(theirs);
+    }
+    free(losses); free(skip);
+    transformer_free(&model);
+    return mismatches;
+}
+
+static void test_reference_file(const char *path) {
+    Reference r;
+    if (!reference_read(&r, path)) { check(0, "reference %s: unreadable", path); free(r.data); return; }
+    printf("-- %s: %d layers, d_model %d, d_ff %d, %d heads, vocab %d, batch %d x %d x %d, eps_ls %g\n",
+           path, r.config.n_layers, r.config.d_model, r.config.d_ff, r.config.n_heads,
+           r.config.vocab_size, r.B, r.S, r.T, (double)r.config.label_smoothing);
+    int mismatches = reference_compare(&r, path, 1, 0.0f);
+    check(mismatches == 0, "reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch",
+          path, NUM_PARAMETER_TENSORS, r.adam_steps);
+    free(r.data);
+}
+
+static const char *committed_references[] = {
+    "tiny_data/ref_2layer_4head.ref", "tiny_data/ref_1layer_3head.ref", "tiny_data/ref_3layer_2head.ref",
+};
+
+static void test_reference_detects_a_wrong_weight(void) {
+    Reference r;
+    if (!reference_read(&r, committed_references[0])) { check(0, "reference file unreadable"); free(r.data); return; }
+    printf("-- the same comparison with one embedding weight moved by 1e-3 (must mismatch):\n");
+    int mismatches = reference_compare(&r, committed_references[0], 0, 1e-3f);
+    check(mismatches > 0, "reference: one weight perturbed by 1e-3 is caught (%d tensors mismatch)", mismatches);
+    free(r.data);
+}
+
+// ============================================================================
+// Masks, Adam, the schedule, learning, determinism (float, as users run it)
+// ============================================================================
+
+static TransformerConfig small_config(void) {
+    TransformerConfig c = transformer_default_config();
+    c.n_layers = 2; c.d_model = 16; c.d_ff = 32; c.n_heads = 4; c.vocab_size = 14; c.max_len = 10;
+    c.dropout = 0.1f; c.label_smoothing = 0.1f;
+    return c;
+}
+
+static void test_config_checks(void) {
+    TransformerConfig c = small_config();
+    check(transformer_config_check(&c) == NULL, "config: a good config passes");
+    c.n_heads = 5;
+    const char *e = transformer_config_check(&c);
+    check(e && strstr(e, "divisible"), "config: d_model 16 with 5 heads is refused (%s)", e ? e : "accepted");
+    c = small_config(); c.d_model = -4;
+    check(transformer_config_check(&c) != NULL, "config: negative d_model is refused");
+    c = small_config(); c.vocab_size = TRANSFORMER_MAX_VOCAB + 1;
+    check(transformer_config_check(&c) != NULL, "config: a vocabulary over the limit is refused");
+    c = small_config(); c.dropout = 1.0f;
+    check(transformer_config_check(&c) != NULL, "config: dropout 1 is refused");
+    Transformer m;
+    c = small_config(); c.n_layers = 0;
+    check(transformer_build(&m, &c, 1) != NULL, "config: transformer_build refuses 0 layers");
+}
+
+static void test_masks(void) {
+    TransformerConfig config = small_config();
+    Transformer m;
+    transformer_build(&m, &config, 5);
+    m.training = 0;
+    int src_len[3] = { 6, 3, 5 }, tgt_len[3] = { 4, 7, 2 };
+    Rng rng; rng_seed(&rng, 99);
+    static TestBatch tb;
+    make_test_batch(&tb, 3, 6, 7, src_len, tgt_len, config.vocab_size, &rng);
+    Batch *b = &tb.batch;
+    size_t V = config.vocab_size, n = 3 * 7 * V;
+    real *before = checked_calloc(n, sizeof(real), "logits");
+    transformer_forward(&m, b);
+    memcpy(before, m.acts.logits, n * sizeof(real));
+    // 1. a padded source token (sentence 1, position 4 >= its length 3)
+    b->src[1 * 6 + 4] = 7;
+    transformer_forward(&m, b);
+    check(memcmp(before, m.acts.logits, n * sizeof(real)) == 0,
+          "mask: changing a padded source token leaves every logit bit-identical");
+    b->src[1 * 6 + 4] = TOKEN_PAD;
+    // 2. a later target token: sentence 1, position 4; positions 0..3 must not move
+    int saved = b->tgt_in[1 * 7 + 4];
+    b->tgt_in[1 * 7 + 4] = saved == 5 ? 6 : 5;
+    transformer_forward(&m, b);
+    int earlier_same = memcmp(before + (1 * 7) * V, m.acts.logits + (1 * 7) * V, 4 * V * sizeof(real)) == 0;
+    int others_same = memcmp(before, m.acts.logits, 7 * V * sizeof(real)) == 0 &&
+                      memcmp(before + 14 * V, m.acts.logits + 14 * V, 7 * V * sizeof(real)) == 0;
+    int own_moved = memcmp(before + (1 * 7 + 4) * V, m.acts.logits + (1 * 7 + 4) * V, V * sizeof(real)) != 0;
+    check(earlier_same && others_same, "mask: changing target token 4 leaves positions 0..3 and other sentences bit-identical");
+    check(own_moved, "mask: ... while position 4 itself does change (the check can fail)");
+    b->tgt_in[1 * 7 + 4] = saved;
+    // 3. a padded target token (sentence 2, position 5 >= its length 2)
+    b->tgt_in[2 * 7 + 5] = 9;
+    transformer_forward(&m, b);
+    check(memcmp(before, m.acts.logits, (2 * 7 + 2) * V * sizeof(real)) == 0,
+          "mask: changing a padded target token leaves every real position's logits bit-identical");
+    b->tgt_in[2 * 7 + 5] = TOKEN_PAD;
+    // 4. a real source token must change the output (so the checks above can fail)
+    b->src[0] = b->src[0] == 5 ? 6 : 5;
+    transformer_forward(&m, b);
+    check(memcmp(before, m.acts.logits, n * sizeof(real)) != 0, "mask: changing a real source token does change the logits");
+    free(before);
+    transformer_free(&m);
+}
+
+// Adam worked out by hand (beta1 0.9, beta2 0.98, eps 1e-9) on three numbers:
+// step 1, lr 0.01, g = (0.1, -0.2, 0):
+//   m = 0.1 g = (0.01, -0.02, 0),  v = 0.02 g^2 = (2e-4, 8e-4, 0)
+//   m/(1-0.9) = (0.1, -0.2, 0),   sqrt(v/(1-0.98)) = (0.1, 0.2, 0)
+//   theta -= 0.01 * (0.1/(0.1+1e-9), -0.2/(0.2+1e-9), 0/(0+1e-9))
+//   (0.5, -1, 2) -> (0.4900000001, -0.99000000005, 2)
+// step 2, lr 0.02, g = (0.3, 0.1, -0.4):
+//   m = (0.039, -0.008, -0.04),  v = (0.001996, 0.000984, 0.0032)
+//   m/0.19 = (0.205263158, -0.042105263, -0.210526316)
+//   sqrt(v/0.0396) = (0.224508442, 0.157634117, 0.284267622)
+//   theta -> (0.471714437615, -0.984657845813, 2.014811839189)
+static void test_adam_by_hand(void) {
+    TransformerConfig config = small_config();
+    Transformer m;
+    transformer_build(&m, &config, 1);
+    real *p = m.params_memory, *g = m.grads_memory;
+    p[0] = 0.5f; p[1] = -1.0f; p[2] = 2.0f;
+    transformer_zero_grad(&m);
+    g[0] = 0.1f; g[1] = -0.2f; g[2] = 0.0f;
+    adam_update(&m, 0.01);
+    double after1[3] = { 0.4900000001, -0.99000000005, 2.0 };
+    double err1 = fmax(fmax(fabs(p[0] - after1[0]), fabs(p[1] - after1[1])), fabs(p[2] - after1[2]));
+    g[0] = 0.3f; g[1] = 0.1f; g[2] = -0.4f;
+    adam_update(&m, 0.02);
+    double after2[3] = { 0.471714437615, -0.984657845813, 2.014811839189 };
+    double err2 = fmax(fmax(fabs(p[0] - after2[0]), fabs(p[1] - after2[1])), fabs(p[2] - after2[2]));
+    check(err1 < 1e-6 && err2 < 1e-6, "adam: two steps match the hand-worked values (errors %.1e, %.1e)", err1, err2);
+    check(m.adam_step == 2, "adam: counts its steps");
+    transformer_free(&m);
+}
+
+static void test_schedule(void) {
+    // lrate = d_model^-0.5 min(step^-0.5, step warmup^-1.5), d_model 512, warmup 4000:
+    // step 1: 512^-0.5 * 4000^-1.5 = 1.7469281074e-07; step 100: 100x that;
+    // step 4000 (the peak): (512*4000)^-0.5 = 6.9877124297e-04; step 16000: half the peak
+    long steps[4] = { 1, 100, 4000, 16000 };
+    double expected[4] = { 1.7469281074e-07, 1.7469281074e-05, 6.9877124297e-04, 3.4938562148e-04 };
+    double worst = 0;
+    for (int i = 0; i < 4; i++)
+        worst = fmax(worst, fabs(transformer_learning_rate(steps[i], 512, 4000, 1.0) / expected[i] - 1));
+    check(worst < 1e-9, "schedule: the §5.3 formula at steps 1, 100, 4000, 16000 (rel error %.1e)", worst);
+    double peak = transformer_learning_rate(4000, 512, 4000, 1.0);
+    check(transformer_learning_rate(3999, 512, 4000, 1.0) < peak &&
+          transformer_learning_rate(4001, 512, 4000, 1.0) < peak, "schedule: peaks at the warm-up step");
+    check(fabs(transformer_learning_rate(10, 64, 5, 2.0) / transformer_learning_rate(10, 64, 5, 1.0) - 2) < 1e-12,
+          "schedule: the factor scales the curve");
+}
+
+// A few hundred Adam steps on one tiny batch must fit it: the model can learn.
+static void test_learning(void) {
+    TransformerConfig config = small_config();
+    config.n_layers = 1; config.d_model = 32; config.d_ff = 64; config.dropout = 0.0f;
+    config.label_smoothing = 0.0f;
+    Transformer m;
+    transformer_build(&m, &config, 3);
+    int src_len[4] = { 5, 7, 3, 6 }, tgt_len[4] = { 6, 8, 4, 7 };
+    Rng rng; rng_seed(&rng, 4);
+    static TestBatch tb;
+    make_test_batch(&tb, 4, 7, 8, src_len, tgt_len, config.vocab_size, &rng);
+    // the copy task: the target is the source
+    for (int b = 0; b < 4; b++) {
+        for (int t = 0; t < tgt_len[b]; t++) {
+            int word = t < src_len[b] ? tb.src[b * 7 + t] : TOKEN_EOS;
+            tb.tgt_out[b * 8 + t] = word;
+            tb.tgt_in[b * 8 + t] = t == 0 ? TOKEN_BOS : tb.tgt_out[b * 8 + t - 1];
+        }
+    }
+    real first = 0, last = 0;
+    for (int step = 1; step <= 300; step++) {
+        real loss = transformer_forward(&m, &tb.batch);
+        if (step == 1) first = loss;
+        last = loss;
+        transformer_zero_grad(&m);
+        transformer_backward(&m, &tb.batch);
+        adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 1.0));
+    }
+    check(last < 0.02, "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f", first, last);
+    transformer_free(&m);
+}
+
+// Every parallel loop gives each output to one thread and sums in a fixed
+// order, so one thread and several must agree to the bit, dropout included.
+static void test_thread_determinism(void) {
+#ifdef _OPENMP
+    TransformerConfig config = small_config();
+    int src_len[3] = { 6, 3, 5 }, tgt_len[3] = { 4, 7, 2 };
+    Rng rng; rng_seed(&rng, 8);
+    static TestBatch tb;
+    make_test_batch(&tb, 3, 6, 7, src_len, tgt_len, config.vocab_size, &rng);
+    real *grads[2];
+    real losses[2];
+    int threads[2] = { 1, 3 };
+    for (int k = 0; k < 2; k++) {
+        omp_set_num_threads(threads[k]);
+        Transformer m;
+        transformer_build(&m, &config, 21);
+        for (int step = 1; step <= 3; step++) {
+            losses[k] = transformer_forward(&m, &tb.batch);
+            transformer_zero_grad(&m);
+            transformer_backward(&m, &tb.batch);
+            adam_update(&m, 1e-3);
+        }
+        grads[k] = checked_calloc(m.num_parameters, sizeof(real), "grads");
+        memcpy(grads[k], m.grads_memory, m.num_parameters * sizeof(real));
+        if (k == 1) {
+            check(losses[0] == losses[1] && memcmp(grads[0], grads[1], m.num_parameters * sizeof(real)) == 0,
+                  "threads: 1 and 3 OpenMP threads give bit-identical losses and gradients (dropout on)");
+        }
+        transformer_free(&m);
+    }
+    free(grads[0]); free(grads[1]);
+    omp_set_num_threads(omp_get_num_procs());
+#else
+    printf("     (built without OpenMP: one thread only, nothing to compare)\n");
+#endif
+}
+
+static void test_dropout_training_and_evaluation(void) {
+    TransformerConfig config = small_config();
+    config.dropout = 0.5f;
+    Transformer m;
+    transformer_build(&m, &config, 2);
+    int src_len[2] = { 4, 3 }, tgt_len[2] = { 3, 5 };
+    Rng rng; rng_seed(&rng, 6);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 4, 5, src_len, tgt_len, config.vocab_size, &rng);
+    m.training = 0;
+    real eval1 = transformer_forward(&m, &tb.batch), eval2 = transformer_forward(&m, &tb.batch);
+    m.training = 1;
+    real train1 = transformer_forward(&m, &tb.batch), train2 = transformer_forward(&m, &tb.batch);
+    size_t n = (size_t)2 * 4 * config.d_model, zeros = 0;
+    for (size_t i = 0; i < n; i++) zeros += m.acts.enc_emb_mask[i] == 0;
+    check(eval1 == eval2, "dropout: evaluation is deterministic (no dropout)");
+    check(train1 != train2, "dropout: training draws new masks each pass");
+    check(zeros > n / 4 && zeros < 3 * n / 4, "dropout: P_drop 0.5 drops %zu of %zu embedding elements", zeros, n);
+    transformer_free(&m);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
+        Reference r;
+        if (!reference_read(&r, argv[2])) return 1;
+        test_reference_file(argv[2]);
+        printf("%d passed, %d failed\n", tests_passed, tests_failed);
+        return tests_failed ? 1 : 0;
+    }
+    if (argc != 1) {
+        fprintf(stderr, "usage: %s [--reference FILE.ref]\n", argv[0]);
+        return 2;
+    }
+#ifdef TRANSFORMER_DOUBLE
+    run_gradient_checks();
+#endif
+    printf("-- PyTorch reference files (tolerances: logits and loss %g, gradients %g, Adam updates %g)\n",
+           REF_TOL_LOGITS, REF_TOL_GRADS, REF_TOL_ADAM);
+    for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++)
+        test_reference_file(committed_references[i]);
+    test_reference_detects_a_wrong_weight();
+    printf("-- configuration, masks, optimizer, learning\n");
+    test_config_checks();
+    test_masks();
+    test_adam_by_hand();
+    test_schedule();
+    test_dropout_training_and_evaluation();
+    test_thread_determinism();
+    test_learning();
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
+}

@@ -1,0 +1,1359 @@
+/* transformer.c: the Transformer of "Attention Is All You Need" in plain C
+ *
+ * Vaswani, Shazeer, Parmar, Uszkoreit, Jones, Gomez, Kaiser, Polosukhin,
+ * NeurIPS 2017, arXiv 1706.03762. The whole encoder-decoder model, its
+ * hand-derived backward pass and the paper's Adam schedule, one loop at a time.
+ *
+ * BUILD    make                      (or: cc -O2 transformer.c -lm -o transformer)
+ *          make OPENMP=0             without OpenMP: same code, one thread
+ *          make debug                -O0 -g, for stepping through in gdb
+ * TEST     make test
+ * RUN      ./transformer --help
+ *
+ * READ     Top to bottom, beside the paper. Sections follow the paper:
+ *            §3    linear projections, the building block of every sub-layer
+ *            §3.1  residual connection, dropout and layer normalisation
+ *            §3.2.1 scaled dot-product attention
+ *            §3.2.2 multi-head attention
+ *            §3.3  position-wise feed-forward networks
+ *            §3.4  embeddings, the shared pre-softmax projection
+ *            §3.5  positional encoding
+ *            §3.1  the encoder and decoder stacks, assembled from the above
+ *            §5.4  label-smoothed cross-entropy
+ *            §5.3  Adam and the warm-up learning-rate schedule
+ *          Every layer is a `*_forward` function followed by its `*_backward`.
+ *          Arguments come outputs first, then inputs, then sizes. Backward
+ *          functions quote the forward line they differentiate and always
+ *          ACCUMULATE (+=) into their gradient outputs; the caller zeroes.
+ *          Shapes use B batch, S source length, T target length, C = d_model,
+ *          F = d_ff, NH = h heads, hs = C/NH = d_k = d_v, V vocabulary, L layers.
+ *
+ * CONVENTIONS
+ *          A linear layer stores W as (out_features, in_features), as PyTorch
+ *          does, and computes y = x W^T + b; the paper writes x W with W of
+ *          shape (in, out): the same numbers, transposed.
+ *          Masking: the paper sets illegal attention scores to -inf before the
+ *          softmax; we skip masked keys and give them probability exactly 0,
+ *          which is the same thing without infinities in the arithmetic.
+ *          Parallel loops give every output element to one thread and sum in a
+ *          fixed order, so results are bit-identical for any number of threads.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "transformer.h"
+
+// OpenMP is optional. OMP(parallel for) becomes `#pragma omp parallel for`
+// when compiled with -fopenmp and nothing otherwise, so the file builds
+// without warnings either way.
+#ifdef _OPENMP
+#define OMP_PRAGMA(text) _Pragma(#text)
+#define OMP(directive) OMP_PRAGMA(omp directive)
+#else
+#define OMP(directive)
+#endif
+
+#ifdef TRANSFORMER_DOUBLE
+#define real_exp exp
+#define real_log log
+#define real_sqrt sqrt
+#else
+#define real_exp expf
+#define real_log logf
+#define real_sqrt sqrtf
+#endif
+
+// ----------------------------------------------------------------------------
+// Utilities: allocation that cannot fail silently, and our own small random
+// number generator, so that a seed gives the same model on every machine.
+
+static void *checked_calloc(size_t count, size_t size, const char *what) {
+    if (count == 0) count = 1;
+    if (size != 0 && count > SIZE_MAX / size) {
+        fprintf(stderr, "error: %s: %zu x %zu bytes overflows\n", what, count, size);
+        exit(1);
+    }
+    void *p = calloc(count, size);
+    if (!p) {
+        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, count * size);
+        exit(1);
+    }
+    return p;
+}
+
+static void rng_seed(Rng *rng, uint64_t seed) {
+    // splitmix64 of the seed, so that nearby seeds give unrelated streams and
+    // the xorshift state is never 0
+    uint64_t z = seed + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    rng->state = z ? z : 0x2545F4914F6CDD1DULL;
+}
+
+static uint64_t rng_next(Rng *rng) { // xorshift64*
+    rng->state ^= rng->state >> 12;
+    rng->state ^= rng->state << 25;
+    rng->state ^= rng->state >> 27;
+    return rng->state * 0x2545F4914F6CDD1DULL;
+}
+
+static double rng_uniform(Rng *rng) { // [0, 1) with 53 random bits
+    return (double)(rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double rng_normal(Rng *rng) { // Box-Muller
+    double u1 = 1.0 - rng_uniform(rng); // (0, 1]: log(u1) is finite
+    double u2 = rng_uniform(rng);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static int rng_below(Rng *rng, int n) { // uniform integer in [0, n)
+    return (int)(rng_uniform(rng) * n);
+}
+
+// ----------------------------------------------------------------------------
+// The configuration, with the limits that keep every size product in range.
+
+TransformerConfig transformer_default_config(void) {
+    TransformerConfig c;
+    c.n_layers = 2;
+    c.d_model = 64;
+    c.d_ff = 256;
+    c.n_heads = 4;
+    c.vocab_size = 32;
+    c.max_len = 64;
+    c.dropout = 0.1f;          // §5.4 P_drop for the base model
+    c.label_smoothing = 0.1f;  // §5.4 eps_ls
+    c.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
+    return c;
+}
+
+// Returns NULL when the config is usable, else a message naming the bad field.
+const char *transformer_config_check(const TransformerConfig *c) {
+    static char message[200];
+    #define CONFIG_REQUIRE(cond, ...) do { if (!(cond)) { \
+        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
+    CONFIG_REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS,
+                   "n_layers is %d, expected 1..%d", c->n_layers, TRANSFORMER_MAX_LAYERS);
+    CONFIG_REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH,
+                   "d_model is %d, expected 1..%d", c->d_model, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH,
+                   "d_ff is %d, expected 1..%d", c->d_ff, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model,
+                   "n_heads is %d, expected 1..d_model (%d)", c->n_heads, c->d_model);
+    CONFIG_REQUIRE(c->d_model % c->n_heads == 0,
+                   "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
+    CONFIG_REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB,
+                   "vocab_size is %d, expected %d..%d (4 special tokens + words)",
+                   c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
+    CONFIG_REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN,
+                   "max_len is %d, expected 2..%d", c->max_len, TRANSFORMER_MAX_LEN);
+    CONFIG_REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f,
+                   "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
+    CONFIG_REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f,
+                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)c->label_smoothing);
+    CONFIG_REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f,
+                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)c->layer_norm_eps);
+    #undef CONFIG_REQUIRE
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// Parameters: sizes, names, one allocation with named pointers into it.
+
+static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
+    "embedding",
+    "enc_qkv_w", "enc_qkv_b", "enc_out_w", "enc_out_b", "enc_ln1_g", "enc_ln1_b",
+    "enc_ff1_w", "enc_ff1_b", "enc_ff2_w", "enc_ff2_b", "enc_ln2_g", "enc_ln2_b",
+    "dec_self_qkv_w", "dec_self_qkv_b", "dec_self_out_w", "dec_self_out_b", "dec_ln1_g", "dec_ln1_b",
+    "dec_cross_qkv_w", "dec_cross_qkv_b", "dec_cross_out_w", "dec_cross_out_b", "dec_ln2_g", "dec_ln2_b",
+    "dec_ff1_w", "dec_ff1_b", "dec_ff2_w", "dec_ff2_b", "dec_ln3_g", "dec_ln3_b",
+};
+
+const char *parameter_tensor_name(int index) {
+    return (index >= 0 && index < NUM_PARAMETER_TENSORS) ? parameter_names[index] : "?";
+}
+
+static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *c) {
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    size_t attention[4] = { L * 3 * C * C, L * 3 * C, L * C * C, L * C }; // qkv_w qkv_b out_w out_b
+    size_t norm = L * C;
+    size_t ffn[4] = { L * F * C, L * F, L * C * F, L * C };                // ff1_w ff1_b ff2_w ff2_b
+    size_t i = 0;
+    sizes[i++] = V * C;
+    for (int k = 0; k < 4; k++) sizes[i++] = attention[k];  // encoder self-attention
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int k = 0; k < 4; k++) sizes[i++] = ffn[k];
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int k = 0; k < 4; k++) sizes[i++] = attention[k];  // decoder self-attention
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int k = 0; k < 4; k++) sizes[i++] = attention[k];  // encoder-decoder attention
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int k = 0; k < 4; k++) sizes[i++] = ffn[k];
+    sizes[i++] = norm; sizes[i++] = norm;
+}
+
+// The named pointers of a ParameterTensors, in storage order.
+static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *p) {
+    real **list[NUM_PARAMETER_TENSORS] = {
+        &p->embedding,
+        &p->enc_qkv_w, &p->enc_qkv_b, &p->enc_out_w, &p->enc_out_b, &p->enc_ln1_g, &p->enc_ln1_b,
+        &p->enc_ff1_w, &p->enc_ff1_b, &p->enc_ff2_w, &p->enc_ff2_b, &p->enc_ln2_g, &p->enc_ln2_b,
+        &p->dec_self_qkv_w, &p->dec_self_qkv_b, &p->dec_self_out_w, &p->dec_self_out_b,
+        &p->dec_ln1_g, &p->dec_ln1_b,
+        &p->dec_cross_qkv_w, &p->dec_cross_qkv_b, &p->dec_cross_out_w, &p->dec_cross_out_b,
+        &p->dec_ln2_g, &p->dec_ln2_b,
+        &p->dec_ff1_w, &p->dec_ff1_b, &p->dec_ff2_w, &p->dec_ff2_b, &p->dec_ln3_g, &p->dec_ln3_b,
+    };
+    memcpy(ptrs, list, sizeof list);
+}
+
+// Points the named tensors into memory laid out in the order above.
+static void point_parameters(ParameterTensors *p, real *memory, const size_t sizes[NUM_PARAMETER_TENSORS]) {
+    real **ptrs[NUM_PARAMETER_TENSORS];
+    parameter_pointers(ptrs, p);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+// Xavier-uniform (Glorot & Bengio 2010): U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
+// for a (rows, cols) matrix inside w.
+static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
+    double a = sqrt(6.0 / (double)(rows + cols));
+    for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * a);
+}
+
+// Initialisation: Xavier-uniform for every projection matrix (W^Q, W^K, W^V,
+// W^O each on its own, W_1, W_2), N(0, d_model^-0.5) for the shared embedding,
+// zero biases, layer-norm gain 1 and bias 0.
+static void initialize_parameters(Transformer *m, uint64_t seed) {
+    const TransformerConfig *c = &m->config;
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    ParameterTensors *p = &m->params;
+    Rng rng;
+    rng_seed(&rng, seed);
+    memset(m->params_memory, 0, m->num_parameters * sizeof(real));
+    double std = 1.0 / sqrt((double)C);
+    for (size_t i = 0; i < V * C; i++) p->embedding[i] = (real)(std * rng_normal(&rng));
+    real *qkv[3] = { p->enc_qkv_w, p->dec_self_qkv_w, p->dec_cross_qkv_w };
+    real *out[3] = { p->enc_out_w, p->dec_self_out_w, p->dec_cross_out_w };
+    for (size_t l = 0; l < L; l++) {
+        for (int a = 0; a < 3; a++) {
+            for (int k = 0; k < 3; k++) xavier_uniform(qkv[a] + (l * 3 + k) * C * C, C, C, &rng);
+            xavier_uniform(out[a] + l * C * C, C, C, &rng);
+        }
+        xavier_uniform(p->enc_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(p->enc_ff2_w + l * C * F, C, F, &rng);
+        xavier_uniform(p->dec_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(p->dec_ff2_w + l * C * F, C, F, &rng);
+    }
+    real *gains[5] = { p->enc_ln1_g, p->enc_ln2_g, p->dec_ln1_g, p->dec_ln2_g, p->dec_ln3_g };
+    for (int g = 0; g < 5; g++)
+        for (size_t i = 0; i < L * C; i++) gains[g][i] = 1;
+}
+
+// ============================================================================
+// §3  Linear projections: y = x W^T + b
+// Every sub-layer is built from these: the four projections of multi-head
+// attention (§3.2.2), the two of the FFN (§3.3) and the pre-softmax
+// projection through the shared embedding (§3.4).
+// ============================================================================
+
+// out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
+static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
+                           int N, int IC, int OC) {
+    OMP(parallel for)
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * IC;
+        real *y = out + (size_t)n * OC;
+        for (int o = 0; o < OC; o++) {
+            const real *w = weight + (size_t)o * IC;
+            real sum = bias ? bias[o] : 0;
+            for (int i = 0; i < IC; i++) sum += x[i] * w[i];
+            y[o] = sum;
+        }
+    }
+}
+
+// Differentiates  out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]:
+//   dinp[n,i]    += sum_o dout[n,o] * weight[o,i]
+//   dweight[o,i] += sum_n dout[n,o] * inp[n,i]
+//   dbias[o]     += sum_n dout[n,o]
+// dinp or dbias may be NULL when not wanted.
+static void linear_backward(real *dinp, real *dweight, real *dbias,
+                            const real *dout, const real *inp, const real *weight,
+                            int N, int IC, int OC) {
+    if (dinp) {
+        OMP(parallel for)
+        for (int n = 0; n < N; n++) {
+            const real *g = dout + (size_t)n * OC;
+            real *dx = dinp + (size_t)n * IC;
+            for (int o = 0; o < OC; o++) {
+                const real *w = weight + (size_t)o * IC;
+                real go = g[o];
+                for (int i = 0; i < IC; i++) dx[i] += go * w[i];
+            }
+        }
+    }
+    // each thread owns whole rows of dweight: no races, a fixed summation order
+    OMP(parallel for)
+    for (int o = 0; o < OC; o++) {
+        real *dw = dweight + (size_t)o * IC;
+        real db = 0;
+        for (int n = 0; n < N; n++) {
+            real go = dout[(size_t)n * OC + o];
+            const real *x = inp + (size_t)n * IC;
+            for (int i = 0; i < IC; i++) dw[i] += go * x[i];
+            db += go;
+        }
+        if (dbias) dbias[o] += db;
+    }
+}
+
+// ============================================================================
+// §3.1  Residual connection, dropout and layer normalisation
+// "The output of each sub-layer is LayerNorm(x + Sublayer(x))" (§3.1), and
+// "we apply dropout to the output of each sub-layer, before it is added to
+// the sub-layer input and normalized" (§5.4). So every sub-layer ends with
+//     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
+// ============================================================================
+
+// Draws a dropout mask: each element is kept with probability 1 - p and then
+// scaled by 1/(1-p) ("inverted dropout", so evaluation needs no rescaling).
+// With training off or p = 0 the mask is all ones. Drawn serially from one
+// stream, so a seed gives the same masks whatever the thread count.
+static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) {
+    if (!training || p <= 0.0f) {
+        for (size_t i = 0; i < n; i++) mask[i] = 1;
+        return;
+    }
+    real keep_scale = (real)(1.0 / (1.0 - p));
+    for (size_t i = 0; i < n; i++) mask[i] = rng_uniform(rng) < p ? 0 : keep_scale;
+}
+
+// out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
+static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
+}
+
+// Differentiates  out[i] = inp[i] * mask[i]
+static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
+    for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
+}
+
+// out = residual + sublayer * mask  (x + Dropout(Sublayer(x)))
+static void residual_dropout_forward(real *out, const real *residual, const real *sublayer,
+                                     const real *mask, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = residual[i] + sublayer[i] * mask[i];
+}
+
+// Differentiates  out[i] = residual[i] + sublayer[i] * mask[i]
+static void residual_dropout_backward(real *dresidual, real *dsublayer, const real *dout,
+                                      const real *mask, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        dresidual[i] += dout[i];
+        dsublayer[i] += dout[i] * mask[i];
+    }
+}
+
+// Layer normalisation (Ba, Kiros & Hinton 2016) over the C features of each row:
+//     mean = sum_i x_i / C,   var = sum_i (x_i - mean)^2 / C   (biased, as PyTorch)
+//     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
+//     out_i = gain_i * xhat_i + bias_i
+// out is (N, C), mean and rstd are (N), inp is (N, C), gain and bias are (C)
+static void layernorm_forward(real *out, real *mean, real *rstd, const real *inp,
+                              const real *gain, const real *bias, int N, int C, float eps) {
+    OMP(parallel for)
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * C;
+        real m = 0;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= C;
+        real v = 0;
+        for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+        v /= C;
+        real s = 1 / real_sqrt(v + (real)eps);
+        real *y = out + (size_t)n * C;
+        for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * gain[i] + bias[i];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// Differentiates  out_i = gain_i * xhat_i + bias_i,  xhat_i = (x_i - mean) * rstd.
+//   dgain_i += dout_i * xhat_i,   dbias_i += dout_i,   dxhat_i = dout_i * gain_i
+// mean and rstd depend on every x_j; with d(mean)/dx_j = 1/C and
+// d(rstd)/dx_j = -rstd^3 (x_j - mean) / C, collecting terms gives
+//   dx_i = rstd * ( dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j * xhat_j) )
+static void layernorm_backward(real *dinp, real *dgain, real *dbias, const real *dout,
+                               const real *inp, const real *gain, const real *mean,
+                               const real *rstd, int N, int C) {
+    OMP(parallel for)
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
+        real m = mean[n], s = rstd[n];
+        real mean_dxhat = 0, mean_dxhat_xhat = 0;
+        for (int i = 0; i < C; i++) {
+            real dxhat = g[i] * gain[i];
+            mean_dxhat += dxhat;
+            mean_dxhat_xhat += dxhat * (x[i] - m) * s;
+        }
+        mean_dxhat /= C;
+        mean_dxhat_xhat /= C;
+        real *dx = dinp + (size_t)n * C;
+        for (int i = 0; i < C; i++) {
+            real xhat = (x[i] - m) * s;
+            dx[i] += s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+        }
+    }
+    // gain and bias are shared by all rows: one thread per feature, rows in order
+    OMP(parallel for)
+    for (int i = 0; i < C; i++) {
+        real dg = 0, db = 0;
+        for (int n = 0; n < N; n++) {
+            real gi = dout[(size_t)n * C + i];
+            dg += gi * (inp[(size_t)n * C + i] - mean[n]) * rstd[n];
+            db += gi;
+        }
+        dgain[i] += dg;
+        dbias[i] += db;
+    }
+}
+
+// ============================================================================
+// §3.2.1  Scaled dot-product attention
+//     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                 (eq. 1)
+// One head at a time. For query i the scores over keys j are
+//     s_ij = q_i . k_j / sqrt(d_k),   p_ij = exp(s_ij) / sum_j' exp(s_ij'),
+//     out_i = sum_j p_ij v_j
+// Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's
+// self-attention, keys j > i are "illegal connections" to the future. Both
+// get p_ij = 0, exactly what setting s_ij = -inf before the softmax gives.
+//
+//   causal mask (decoder self-attention, T = 4, sentence length 3):
+//              key  0  1  2  3(pad)
+//     query 0       x  .  .  .         x: attended
+//     query 1       x  x  .  .         .: probability 0
+//     query 2       x  x  x  .
+//     query 3(pad)  x  x  x  .         (a padded query's output is never used)
+//
+// The queries of row (b, t) start at q + (b*Tq + t)*q_stride, head h at
+// column h*hs; keys and values likewise with kv_stride. This reads Q, K, V
+// straight out of the fused (B, T, 3C) projection without copying.
+// ============================================================================
+
+// Number of keys query i may attend to.
+static int visible_keys(int i, int key_len, int causal) {
+    return (causal && i + 1 < key_len) ? i + 1 : key_len;
+}
+
+// out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
+static void attention_forward(real *out, real *att,
+                              const real *q, const real *k, const real *v,
+                              int q_stride, int kv_stride, const int *key_len, int causal,
+                              int B, int Tq, int Tk, int C, int NH) {
+    int hs = C / NH;
+    real scale = 1 / real_sqrt((real)hs);
+    OMP(parallel for collapse(2))
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int i = 0; i < Tq; i++) {
+                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
+                real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
+                int visible = visible_keys(i, key_len[b], causal);
+                // s_ij = q_i . k_j / sqrt(d_k), and the largest for a stable softmax
+                real max_score = -INFINITY;
+                for (int j = 0; j < visible; j++) {
+                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    real s = 0;
+                    for (int d = 0; d < hs; d++) s += qi[d] * kj[d];
+                    p[j] = s * scale;
+                    if (p[j] > max_score) max_score = p[j];
+                }
+                // p_ij = exp(s_ij - max) / sum_j exp(s_ij - max); masked keys get 0
+                real sum = 0;
+                for (int j = 0; j < visible; j++) {
+                    p[j] = real_exp(p[j] - max_score);
+                    sum += p[j];
+                }
+                for (int j = 0; j < visible; j++) p[j] /= sum;
+                for (int j = visible; j < Tk; j++) p[j] = 0;
+                // out_i = sum_j p_ij v_j
+                real *o = out + ((size_t)b * Tq + i) * C + h * hs;
+                for (int d = 0; d < hs; d++) o[d] = 0;
+                for (int j = 0; j < visible; j++) {
+                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    for (int d = 0; d < hs; d++) o[d] += p[j] * vj[d];
+                }
+            }
+        }
+    }
+}
+
+// Differentiates, for each head:
+//   out_i = sum_j p_ij v_j         =>  dp_ij = dout_i . v_j,   dv_j += p_ij dout_i
+//   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
+//          (the softmax Jacobian is dp_ij/ds_ik = p_ij ([j==k] - p_ik))
+//   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
+//                                      dk_j += ds_ij q_i / sqrt(d_k)
+// dq, dk, dv have the same layout (strides) as q, k, v. row_scratch is
+// (B, NH, Tk): room for one row of dp per head.
+static void attention_backward(real *dq, real *dk, real *dv, real *row_scratch,
+                               const real *dout, const real *att,
+                               const real *q, const real *k, const real *v,
+                               int q_stride, int kv_stride, const int *key_len, int causal,
+                               int B, int Tq, int Tk, int C, int NH) {
+    int hs = C / NH;
+    real scale = 1 / real_sqrt((real)hs);
+    // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
+    OMP(parallel for collapse(2))
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            real *dp = row_scratch + ((size_t)b * NH + h) * Tk;
+            for (int i = 0; i < Tq; i++) {
+                const real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
+                const real *g = dout + ((size_t)b * Tq + i) * C + h * hs;
+                int visible = visible_keys(i, key_len[b], causal);
+                real sum_p_dp = 0;
+                for (int j = 0; j < visible; j++) {
+                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    real *dvj = dv + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    real d = 0;
+                    for (int e = 0; e < hs; e++) {
+                        d += g[e] * vj[e];
+                        dvj[e] += p[j] * g[e];
+                    }
+                    dp[j] = d;
+                    sum_p_dp += p[j] * d;
+                }
+                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
+                real *dqi = dq + ((size_t)b * Tq + i) * q_stride + h * hs;
+                for (int j = 0; j < visible; j++) {
+                    real ds = p[j] * (dp[j] - sum_p_dp) * scale;
+                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    real *dkj = dk + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    for (int e = 0; e < hs; e++) {
+                        dqi[e] += ds * kj[e];
+                        dkj[e] += ds * qi[e];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ============================================================================
+// §3.2.2  Multi-head attention
+//     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+//     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+// W_i^Q for all heads together is one (C, C) matrix whose output columns
+// h*hs .. (h+1)*hs-1 belong to head h; likewise W^K and W^V. We stack the
+// three as the rows of one (3C, C) weight, as PyTorch's in_proj_weight, and
+// project with one matrix product. So qkv[b,t] = [q | k | v], each C wide,
+// and head h reads columns h*hs .. (h+1)*hs-1 of each: the "split into heads"
+// is only a way of indexing, and Concat is the same indexing read back.
+//
+//   self-attention (encoder; decoder with the causal mask):
+//     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> (N,C)
+//   encoder-decoder attention (§3.2.3, "queries come from the previous decoder
+//   layer, and the memory keys and values come from the output of the encoder"):
+//     x (B*T,C)      --rows 0..C-1 of W_qkv-->   q  (B*T,C)
+//     memory (B*S,C) --rows C..3C-1 of W_qkv--> kv (B*S,2C)
+// ============================================================================
+
+// One layer's attention parameters (or their gradients: the same layout).
+typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
+
+// out is (B,T,C); qkv (B,T,3C), att (B,NH,T,T), heads (B,T,C) are kept for backward
+static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
+                                   const real *x, AttentionParams w, const int *len, int causal,
+                                   int B, int T, int C, int NH) {
+    linear_forward(qkv, x, w.qkv_w, w.qkv_b, B * T, C, 3 * C);
+    attention_forward(heads, att, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
+    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
+}
+
+// d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
+static void self_attention_backward(real *dx, AttentionParams g, real *d_qkv, real *d_heads,
+                                    real *row_scratch, const real *dout,
+                                    const real *qkv, const real *att, const real *heads,
+                                    const real *x, AttentionParams w, const int *len, int causal,
+                                    int B, int T, int C, int NH) {
+    // out = heads W^O^T + b^O
+    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
+    // heads = Attention(q, k, v)
+    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, row_scratch, d_heads, att,
+                       qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
+    // qkv = x W_qkv^T + b_qkv
+    linear_backward(dx, g.qkv_w, g.qkv_b, d_qkv, x, w.qkv_w, B * T, C, 3 * C);
+}
+
+// out is (B,T,C); q (B,T,C), kv (B,S,2C), att (B,NH,T,S), heads (B,T,C) kept for backward
+static void cross_attention_forward(real *out, real *q, real *kv, real *att, real *heads,
+                                    const real *x, const real *memory, AttentionParams w,
+                                    const int *src_len, int B, int T, int S, int C, int NH) {
+    linear_forward(q, x, w.qkv_w, w.qkv_b, B * T, C, C);
+    linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
+    attention_forward(heads, att, q, kv, kv + C, C, 2 * C, src_len, 0, B, T, S, C, NH);
+    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
+}
+
+// d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
+static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
+                                     real *d_q, real *d_kv, real *d_heads, real *row_scratch,
+                                     const real *dout, const real *q, const real *kv,
+                                     const real *att, const real *heads, const real *x,
+                                     const real *memory, AttentionParams w, const int *src_len,
+                                     int B, int T, int S, int C, int NH) {
+    // out = heads W^O^T + b^O
+    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
+    // heads = Attention(q, k, v), keys and values from the encoder
+    attention_backward(d_q, d_kv, d_kv + C, row_scratch, d_heads, att, q, kv, kv + C,
+                       C, 2 * C, src_len, 0, B, T, S, C, NH);
+    // q = x W_q^T + b_q
+    linear_backward(dx, g.qkv_w, g.qkv_b, d_q, x, w.qkv_w, B * T, C, C);
+    // kv = memory W_kv^T + b_kv
+    linear_backward(dmemory, g.qkv_w + (size_t)C * C, g.qkv_b + C, d_kv, memory,
+                    w.qkv_w + (size_t)C * C, B * S, C, 2 * C);
+}
+
+// ============================================================================
+// §3.3  Position-wise feed-forward networks
+//     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                            (eq. 2)
+// "applied to each position separately and identically": a matrix product
+// over all B*T rows at once.
+// ============================================================================
+
+// h = max(0, h) in place
+static void relu_forward(real *h, size_t n) {
+    for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
+}
+
+// Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
+// In place: dh becomes da.
+static void relu_backward(real *dh, const real *h, size_t n) {
+    for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
+}
+
+// One layer's FFN parameters (or their gradients).
+typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
+
+// out is (N,C), h (N,F) = max(0, x W_1^T + b_1) is kept for backward
+static void feed_forward_forward(real *out, real *h, const real *x, FeedForwardParams w,
+                                 int N, int C, int F) {
+    linear_forward(h, x, w.w1, w.b1, N, C, F);
+    relu_forward(h, (size_t)N * F);
+    linear_forward(out, h, w.w2, w.b2, N, F, C);
+}
+
+// d_h (N,F) is zeroed scratch; dx accumulates
+static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, const real *dout,
+                                  const real *h, const real *x, FeedForwardParams w,
+                                  int N, int C, int F) {
+    // out = h W_2^T + b_2
+    linear_backward(d_h, g.w2, g.b2, dout, h, w.w2, N, F, C);
+    // h = max(0, a)
+    relu_backward(d_h, h, (size_t)N * F);
+    // a = x W_1^T + b_1
+    linear_backward(dx, g.w1, g.b1, d_h, x, w.w1, N, C, F);
+}
+
+// ============================================================================
+// §3.4  Embeddings and softmax
+// "we share the same weight matrix between the two embedding layers and the
+// pre-softmax linear transformation ... In the embedding layers, we multiply
+// those weights by sqrt(d_model)." One (V, C) matrix E serves three times:
+//     source:  x = E[token] * sqrt(C) + PE[pos]
+//     target:  y = E[token] * sqrt(C) + PE[pos]
+//     output:  logits = decoder_output E^T
+// ============================================================================
+
+// out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
+static void embedding_forward(real *out, const int *tokens, const real *embedding,
+                              const real *pe, int B, int T, int C) {
+    real scale = real_sqrt((real)C);
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const real *e = embedding + (size_t)tokens[b * T + t] * C;
+            const real *pos = pe + (size_t)t * C;
+            real *o = out + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) o[i] = e[i] * scale + pos[i];
+        }
+    }
+}
+
+// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i].
+// Serial: two positions holding the same token add into the same row.
+static void embedding_backward(real *dembedding, const real *dout, const int *tokens,
+                               int B, int T, int C) {
+    real scale = real_sqrt((real)C);
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            real *de = dembedding + (size_t)tokens[b * T + t] * C;
+            const real *g = dout + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) de[i] += g[i] * scale;
+        }
+    }
+}
+
+// ============================================================================
+// §3.5  Positional encoding
+//     PE(pos, 2i)   = sin(pos / 10000^(2i/d_model))
+//     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
+// Interleaved as in the paper (tensor2tensor's code concatenates the sines and
+// then the cosines instead). Computed once, in double, and added to the
+// embeddings; it has no parameters and so no backward.
+// ============================================================================
+
+// pe is (max_len, C)
+static void positional_encoding_init(real *pe, int max_len, int C) {
+    for (int pos = 0; pos < max_len; pos++) {
+        for (int i = 0; 2 * i < C; i++) {
+            double angle = pos / pow(10000.0, (2.0 * i) / C);
+            pe[(size_t)pos * C + 2 * i] = (real)sin(angle);
+            if (2 * i + 1 < C) pe[(size_t)pos * C + 2 * i + 1] = (real)cos(angle);
+        }
+    }
+}
+
+// ============================================================================
+// §3.1  Encoder and decoder stacks
+// "The encoder is composed of a stack of N identical layers. Each layer has
+// two sub-layers ... multi-head self-attention ... and a simple, position-wise
+// fully connected feed-forward network." The decoder "inserts a third
+// sub-layer, which performs multi-head attention over the output of the
+// encoder stack", and masks its self-attention. Post-norm, as published:
+//
+//   encoder layer                       decoder layer
+//   x ─┬─ self-attention ─ drop ─(+)─ LN    y ─┬─ masked self-attn ─ drop ─(+)─ LN ─┐
+//      └──────────────────────────┘            └──────────────────────────┘        │
+//   ─┬─ FFN ─ drop ─(+)─ LN ─> out       ┌─────────────────────────────────────────┘
+//    └────────────────────┘              ├─ attention over memory ─ drop ─(+)─ LN ─┐
+//                                        └────────────────────────────────┘        │
+//                                        ┌─────────────────────────────────────────┘
+//                                        ├─ FFN ─ drop ─(+)─ LN ─> out
+//                                        └────────────────────┘
+// No layer norm follows the last layer of either stack in the published model.
+// ============================================================================
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    FeedForwardParams ffn;
+    real *ln2_g, *ln2_b;
+} EncoderLayerParams;
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    AttentionParams cross_attn;
+    real *ln2_g, *ln2_b;
+    FeedForwardParams ffn;
+    real *ln3_g, *ln3_b;
+} DecoderLayerParams;
+
+static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
+                                           size_t l, size_t C) {
+    AttentionParams a = { qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
+    return a;
+}
+
+static FeedForwardParams feed_forward_params_at(real *w1, real *b1, real *w2, real *b2,
+                                                size_t l, size_t C, size_t F) {
+    FeedForwardParams f = { w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
+    return f;
+}
+
+// Layer l's view into a ParameterTensors (the parameters or the gradients).
+static EncoderLayerParams encoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
+    size_t l = layer, C = c->d_model, F = c->d_ff;
+    EncoderLayerParams e;
+    e.self_attn = attention_params_at(p->enc_qkv_w, p->enc_qkv_b, p->enc_out_w, p->enc_out_b, l, C);
+    e.ln1_g = p->enc_ln1_g + l * C;
+    e.ln1_b = p->enc_ln1_b + l * C;
+    e.ffn = feed_forward_params_at(p->enc_ff1_w, p->enc_ff1_b, p->enc_ff2_w, p->enc_ff2_b, l, C, F);
+    e.ln2_g = p->enc_ln2_g + l * C;
+    e.ln2_b = p->enc_ln2_b + l * C;
+    return e;
+}
+
+static DecoderLayerParams decoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
+    size_t l = layer, C = c->d_model, F = c->d_ff;
+    DecoderLayerParams d;
+    d.self_attn = attention_params_at(p->dec_self_qkv_w, p->dec_self_qkv_b,
+                                      p->dec_self_out_w, p->dec_self_out_b, l, C);
+    d.ln1_g = p->dec_ln1_g + l * C;
+    d.ln1_b = p->dec_ln1_b + l * C;
+    d.cross_attn = attention_params_at(p->dec_cross_qkv_w, p->dec_cross_qkv_b,
+                                       p->dec_cross_out_w, p->dec_cross_out_b, l, C);
+    d.ln2_g = p->dec_ln2_g + l * C;
+    d.ln2_b = p->dec_ln2_b + l * C;
+    d.ffn = feed_forward_params_at(p->dec_ff1_w, p->dec_ff1_b, p->dec_ff2_w, p->dec_ff2_b, l, C, F);
+    d.ln3_g = p->dec_ln3_g + l * C;
+    d.ln3_b = p->dec_ln3_b + l * C;
+    return d;
+}
+
+// Layer l's slice of the activations.
+typedef struct {
+    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
+} EncoderLayerActs;
+
+typedef struct {
+    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
+         *ln2, *ln2_mean, *ln2_rstd;
+    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
+} DecoderLayerActs;
+
+static EncoderLayerActs encoder_layer_acts(const Transformer *m, int layer) {
+    const ActivationTensors *a = &m->acts;
+    size_t l = layer, B = m->B, S = m->S, C = m->config.d_model, F = m->config.d_ff;
+    size_t NH = m->config.n_heads, BSC = B * S * C, BS = B * S;
+    EncoderLayerActs e = {
+        a->enc_qkv + l * 3 * BSC, a->enc_att + l * B * NH * S * S, a->enc_heads + l * BSC,
+        a->enc_att_proj + l * BSC, a->enc_drop1 + l * BSC, a->enc_res1 + l * BSC,
+        a->enc_ln1 + l * BSC, a->enc_ln1_mean + l * BS, a->enc_ln1_rstd + l * BS,
+        a->enc_ff_h + l * BS * F, a->enc_ff_out + l * BSC, a->enc_drop2 + l * BSC,
+        a->enc_res2 + l * BSC, a->enc_ln2 + l * BSC, a->enc_ln2_mean + l * BS,
+        a->enc_ln2_rstd + l * BS,
+    };
+    return e;
+}
+
+static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
+    const ActivationTensors *a = &m->acts;
+    size_t l = layer, B = m->B, S = m->S, T = m->T, C = m->config.d_model, F = m->config.d_ff;
+    size_t NH = m->config.n_heads, BTC = B * T * C, BT = B * T;
+    DecoderLayerActs d = {
+        a->dec_self_qkv + l * 3 * BTC, a->dec_self_att + l * B * NH * T * T,
+        a->dec_self_heads + l * BTC, a->dec_self_proj + l * BTC, a->dec_drop1 + l * BTC,
+        a->dec_res1 + l * BTC, a->dec_ln1 + l * BTC, a->dec_ln1_mean + l * BT,
+        a->dec_ln1_rstd + l * BT,
+        a->dec_cross_q + l * BTC, a->dec_cross_kv + l * 2 * B * S * C,
+        a->dec_cross_att + l * B * NH * T * S, a->dec_cross_heads + l * BTC,
+        a->dec_cross_proj + l * BTC, a->dec_drop2 + l * BTC, a->dec_res2 + l * BTC,
+        a->dec_ln2 + l * BTC, a->dec_ln2_mean + l * BT, a->dec_ln2_rstd + l * BT,
+        a->dec_ff_h + l * BT * F, a->dec_ff_out + l * BTC, a->dec_drop3 + l * BTC,
+        a->dec_res3 + l * BTC, a->dec_ln3 + l * BTC, a->dec_ln3_mean + l * BT,
+        a->dec_ln3_rstd + l * BT,
+    };
+    return d;
+}
+
+// out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
+static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLayerParams w,
+                                  const int *src_len, Transformer *m, int B, int S) {
+    const TransformerConfig *c = &m->config;
+    int C = c->d_model, N = B * S;
+    size_t n = (size_t)N * C;
+    // sub-layer 1: LayerNorm(x + Dropout(SelfAttention(x)))
+    self_attention_forward(la.att_proj, la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0,
+                           B, S, C, c->n_heads);
+    dropout_mask(la.drop1, c->dropout, m->training, &m->dropout_rng, n);
+    residual_dropout_forward(la.res1, x, la.att_proj, la.drop1, n);
+    layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, w.ln1_g, w.ln1_b, N, C, c->layer_norm_eps);
+    // sub-layer 2: LayerNorm(x + Dropout(FFN(x)))
+    feed_forward_forward(la.ff_out, la.ff_h, la.ln1, w.ffn, N, C, c->d_ff);
+    dropout_mask(la.drop2, c->dropout, m->training, &m->dropout_rng, n);
+    residual_dropout_forward(la.res2, la.ln1, la.ff_out, la.drop2, n);
+    layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, w.ln2_g, w.ln2_b, N, C, c->layer_norm_eps);
+}
+
+static void zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+
+// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients
+static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
+                                   EncoderLayerActs la, const real *x, EncoderLayerParams w,
+                                   const int *src_len, Transformer *m, int B, int S) {
+    const TransformerConfig *c = &m->config;
+    BackwardScratch *s = &m->scratch;
+    int C = c->d_model, F = c->d_ff, N = B * S;
+    size_t n = (size_t)N * C;
+    // ln2 = LayerNorm(res2)
+    zero(s->d_a, n);
+    layernorm_backward(s->d_a, g.ln2_g, g.ln2_b, dout, la.res2, w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
+    // res2 = ln1 + Dropout(ff_out),  ff_out = FFN(ln1)
+    zero(s->d_b, n); zero(s->d_c, n);
+    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop2, n);
+    zero(s->d_wide, (size_t)N * F);
+    feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln1, w.ffn, N, C, F);
+    // ln1 = LayerNorm(res1)
+    zero(s->d_a, n);
+    layernorm_backward(s->d_a, g.ln1_g, g.ln1_b, s->d_b, la.res1, w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
+    // res1 = x + Dropout(att_proj),  att_proj = SelfAttention(x)
+    zero(s->d_c, n);
+    residual_dropout_backward(dx, s->d_c, s->d_a, la.drop1, n);
+    zero(s->d_b, n); zero(s->d_wide, 3 * n);
+    self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
+                            la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0, B, S, C, c->n_heads);
+}
+
+// out = la.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
+static void decoder_layer_forward(DecoderLayerActs la, const real *y, const real *memory,
+                                  DecoderLayerParams w, const Batch *batch, Transformer *m) {
+    const TransformerConfig *c = &m->config;
+    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, N = B * T;
+    size_t n = (size_t)N * C;
+    // sub-layer 1: LayerNorm(y + Dropout(MaskedSelfAttention(y)))
+    self_attention_forward(la.self_proj, la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
+                           batch->tgt_len, 1, B, T, C, c->n_heads);
+    dropout_mask(la.drop1, c->dropout, m->training, &m->dropout_rng, n);
+    residual_dropout_forward(la.res1, y, la.self_proj, la.drop1, n);
+    layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, w.ln1_g, w.ln1_b, N, C, c->layer_norm_eps);
+    // sub-layer 2: LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
+    cross_attention_forward(la.cross_proj, la.cross_q, la.cross_kv, la.cross_att, la.cross_heads,
+                            la.ln1, memory, w.cross_attn, batch->src_len, B, T, S, C, c->n_heads);
+    dropout_mask(la.drop2, c->dropout, m->training, &m->dropout_rng, n);
+    residual_dropout_forward(la.res2, la.ln1, la.cross_proj, la.drop2, n);
+    layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, w.ln2_g, w.ln2_b, N, C, c->layer_norm_eps);
+    // sub-layer 3: LayerNorm(ln2 + Dropout(FFN(ln2)))
+    feed_forward_forward(la.ff_out, la.ff_h, la.ln2, w.ffn, N, C, c->d_ff);
+    dropout_mask(la.drop3, c->dropout, m->training, &m->dropout_rng, n);
+    residual_dropout_forward(la.res3, la.ln2, la.ff_out, la.drop3, n);
+    layernorm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, w.ln3_g, w.ln3_b, N, C, c->layer_norm_eps);
+}
+
+// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3)
+static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g, const real *dout,
+                                   DecoderLayerActs la, const real *y, const real *memory,
+                                   DecoderLayerParams w, const Batch *batch, Transformer *m) {
+    const TransformerConfig *c = &m->config;
+    BackwardScratch *s = &m->scratch;
+    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, F = c->d_ff, N = B * T;
+    size_t n = (size_t)N * C;
+    // ln3 = LayerNorm(res3)
+    zero(s->d_a, n);
+    layernorm_backward(s->d_a, g.ln3_g, g.ln3_b, dout, la.res3, w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
+    // res3 = ln2 + Dropout(ff_out),  ff_out = FFN(ln2)
+    zero(s->d_b, n); zero(s->d_c, n);
+    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop3, n);
+    zero(s->d_wide, (size_t)N * F);
+    feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln2, w.ffn, N, C, F);
+    // ln2 = LayerNorm(res2)
+    zero(s->d_a, n);
+    layernorm_backward(s->d_a, g.ln2_g, g.ln2_b, s->d_b, la.res2, w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
+    // res2 = ln1 + Dropout(cross_proj),  cross_proj = Attention(ln1, memory)
+    zero(s->d_b, n); zero(s->d_c, n);
+    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop2, n);
+    zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
+    cross_attention_backward(s->d_b, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
+                             s->d_att_row, s->d_c, la.cross_q, la.cross_kv, la.cross_att,
+                             la.cross_heads, la.ln1, memory, w.cross_attn, batch->src_len,
+                             B, T, S, C, c->n_heads);
+    // ln1 = LayerNorm(res1)
+    zero(s->d_a, n);
+    layernorm_backward(s->d_a, g.ln1_g, g.ln1_b, s->d_b, la.res1, w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
+    // res1 = y + Dropout(self_proj),  self_proj = MaskedSelfAttention(y)
+    zero(s->d_c, n);
+    residual_dropout_backward(dy, s->d_c, s->d_a, la.drop1, n);
+    zero(s->d_b, n); zero(s->d_wide, 3 * n);
+    self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
+                            la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
+                            batch->tgt_len, 1, B, T, C, c->n_heads);
+}
+
+// ============================================================================
+// §5.4  Label smoothing, and the loss
+// "During training, we employed label smoothing of value eps_ls = 0.1." The
+// target distribution at each position is, as in PyTorch's cross_entropy,
+//     q_k = (1 - eps_ls) [k == y] + eps_ls / V
+// and the loss is the cross-entropy -sum_k q_k log p_k with p = softmax(logits),
+// averaged over the non-padding target positions.
+// ============================================================================
+
+// token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
+// Returns the mean loss; *num_tokens gets the number of non-padding positions.
+static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
+                                    const int *targets, const int *tgt_len, float label_smoothing,
+                                    int B, int T, int V, int *num_tokens) {
+    real eps = (real)label_smoothing;
+    OMP(parallel for)
+    for (int bt = 0; bt < B * T; bt++) {
+        const real *z = logits + (size_t)bt * V;
+        real *p = probs + (size_t)bt * V;
+        if (bt % T >= tgt_len[bt / T]) { // padding: no loss, no probabilities
+            token_loss[bt] = 0;
+            for (int k = 0; k < V; k++) p[k] = 0;
+            continue;
+        }
+        // log p_k = z_k - logsumexp(z), computed around the maximum
+        real max_z = z[0];
+        for (int k = 1; k < V; k++) if (z[k] > max_z) max_z = z[k];
+        real sum = 0, sum_z = 0;
+        for (int k = 0; k < V; k++) {
+            sum += real_exp(z[k] - max_z);
+            sum_z += z[k];
+        }
+        real log_sum = max_z + real_log(sum);
+        for (int k = 0; k < V; k++) p[k] = real_exp(z[k] - log_sum);
+        // -sum_k q_k log p_k = -(1-eps) log p_y - (eps/V) sum_k log p_k
+        real log_p_target = z[targets[bt]] - log_sum;
+        real sum_log_p = sum_z - V * log_sum;
+        token_loss[bt] = -(1 - eps) * log_p_target - eps / V * sum_log_p;
+    }
+    double total = 0;
+    int count = 0;
+    for (int bt = 0; bt < B * T; bt++) {
+        if (bt % T < tgt_len[bt / T]) { total += token_loss[bt]; count++; }
+    }
+    *num_tokens = count;
+    return count ? total / count : 0.0;
+}
+
+// Differentiates  loss = (1/n) sum_positions -sum_k q_k log softmax(z)_k:
+// for a softmax followed by cross-entropy against a distribution q that sums
+// to one, dloss/dz_k = p_k - q_k, here divided by the n non-padding positions.
+static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets,
+                                   const int *tgt_len, float label_smoothing, int num_tokens,
+                                   int B, int T, int V) {
+    real eps = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
+    OMP(parallel for)
+    for (int bt = 0; bt < B * T; bt++) {
+        if (bt % T >= tgt_len[bt / T]) continue;
+        const real *p = probs + (size_t)bt * V;
+        real *dz = dlogits + (size_t)bt * V;
+        for (int k = 0; k < V; k++) {
+            real q = eps / V + (k == targets[bt] ? 1 - eps : 0);
+            dz[k] += (p[k] - q) * inv_n;
+        }
+    }
+}
+
+// ============================================================================
+// The model: allocation, the whole forward pass, the whole backward pass
+// ============================================================================
+
+static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *c,
+                             size_t B, size_t S, size_t T) {
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
+    size_t list[NUM_ACTIVATION_TENSORS] = {
+        BSC, BSC, BSC,                                                  // enc embedded, mask, x0
+        L * 3 * BSC, L * B * NH * S * S, L * BSC, L * BSC, L * BSC, L * BSC,  // qkv .. res1
+        L * BSC, L * BS, L * BS,                                        // ln1
+        L * BS * F, L * BSC, L * BSC, L * BSC,                          // ff_h .. res2
+        L * BSC, L * BS, L * BS,                                        // ln2
+        BTC, BTC, BTC,                                                  // dec embedded, mask, x0
+        L * 3 * BTC, L * B * NH * T * T, L * BTC, L * BTC, L * BTC, L * BTC,  // self qkv .. res1
+        L * BTC, L * BT, L * BT,                                        // ln1
+        L * BTC, L * 2 * BSC, L * B * NH * T * S, L * BTC, L * BTC, L * BTC, L * BTC, // cross
+        L * BTC, L * BT, L * BT,                                        // ln2
+        L * BT * F, L * BTC, L * BTC, L * BTC,                          // ff_h .. res3
+        L * BTC, L * BT, L * BT,                                        // ln3
+        BT * V, BT * V, BT,                                             // logits, probs, token loss
+    };
+    memcpy(sizes, list, sizeof list);
+}
+
+static void point_activations(ActivationTensors *a, real *memory, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
+    real **list[NUM_ACTIVATION_TENSORS] = {
+        &a->enc_embedded, &a->enc_emb_mask, &a->enc_x0,
+        &a->enc_qkv, &a->enc_att, &a->enc_heads, &a->enc_att_proj, &a->enc_drop1, &a->enc_res1,
+        &a->enc_ln1, &a->enc_ln1_mean, &a->enc_ln1_rstd,
+        &a->enc_ff_h, &a->enc_ff_out, &a->enc_drop2, &a->enc_res2,
+        &a->enc_ln2, &a->enc_ln2_mean, &a->enc_ln2_rstd,
+        &a->dec_embedded, &a->dec_emb_mask, &a->dec_x0,
+        &a->dec_self_qkv, &a->dec_self_att, &a->dec_self_heads, &a->dec_self_proj, &a->dec_drop1,
+        &a->dec_res1, &a->dec_ln1, &a->dec_ln1_mean, &a->dec_ln1_rstd,
+        &a->dec_cross_q, &a->dec_cross_kv, &a->dec_cross_att, &a->dec_cross_heads,
+        &a->dec_cross_proj, &a->dec_drop2, &a->dec_res2,
+        &a->dec_ln2, &a->dec_ln2_mean, &a->dec_ln2_rstd,
+        &a->dec_ff_h, &a->dec_ff_out, &a->dec_drop3, &a->dec_res3,
+        &a->dec_ln3, &a->dec_ln3_mean, &a->dec_ln3_rstd,
+        &a->logits, &a->probs, &a->token_loss,
+    };
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
+        *list[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+#define NUM_SCRATCH_TENSORS 10
+static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
+                          size_t B, size_t S, size_t T) {
+    size_t C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t rows = B * (S > T ? S : T), wide = 3 * C > F ? 3 * C : F;
+    size_t list[NUM_SCRATCH_TENSORS] = {
+        rows * C, rows * C, rows * C, rows * C, rows * C,  // d_x d_y d_a d_b d_c
+        rows * wide, B * S * 2 * C, B * S * C,             // d_wide d_kv d_memory
+        NH * rows, B * T * V,                              // d_att_row d_logits
+    };
+    memcpy(sizes, list, sizeof list);
+}
+
+static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
+    real **list[NUM_SCRATCH_TENSORS] = {
+        &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_wide, &s->d_kv, &s->d_memory,
+        &s->d_att_row, &s->d_logits,
+    };
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
+        *list[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+static size_t sum_sizes(const size_t *sizes, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += sizes[i];
+    return total;
+}
+
+// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
+// A smaller batch reuses them: per-layer offsets are computed from the actual
+// B, S, T, which fit inside every tensor's capacity.
+static void ensure_buffers(Transformer *m, int B, int S, int T) {
+    if (m->acts_memory && B <= m->cap_B && S <= m->cap_S && T <= m->cap_T) return;
+    if (B < m->cap_B) B = m->cap_B;
+    if (S < m->cap_S) S = m->cap_S;
+    if (T < m->cap_T) T = m->cap_T;
+    free(m->acts_memory);
+    free(m->scratch_memory);
+    size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
+    activation_sizes(sizes, &m->config, B, S, T);
+    scratch_sizes(scratch, &m->config, B, S, T);
+    m->acts_memory = checked_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), sizeof(real), "activations");
+    m->scratch_memory = checked_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), sizeof(real), "backward scratch");
+    point_activations(&m->acts, m->acts_memory, sizes);
+    point_scratch(&m->scratch, m->scratch_memory, scratch);
+    m->cap_B = B; m->cap_S = S; m->cap_T = T;
+}
+
+const char *transformer_build(Transformer *m, const TransformerConfig *config, uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    const char *error = transformer_config_check(config);
+    if (error) return error;
+    m->config = *config;
+    parameter_sizes(m->param_sizes, config);
+    m->num_parameters = sum_sizes(m->param_sizes, NUM_PARAMETER_TENSORS);
+    m->params_memory = checked_calloc(m->num_parameters, sizeof(real), "parameters");
+    m->grads_memory = checked_calloc(m->num_parameters, sizeof(real), "gradients");
+    m->adam_m = checked_calloc(m->num_parameters, sizeof(real), "Adam first moments");
+    m->adam_v = checked_calloc(m->num_parameters, sizeof(real), "Adam second moments");
+    point_parameters(&m->params, m->params_memory, m->param_sizes);
+    point_parameters(&m->grads, m->grads_memory, m->param_sizes);
+    m->adam.beta1 = 0.9f;   // §5.3
+    m->adam.beta2 = 0.98f;
+    m->adam.eps = 1e-9f;
+    m->positional_encoding = checked_calloc((size_t)config->max_len * config->d_model, sizeof(real),
+                                            "positional encoding");
+    positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
+    initialize_parameters(m, seed);
+    rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
+    m->training = 1;
+    return NULL;
+}
+
+void transformer_free(Transformer *m) {
+    free(m->params_memory); free(m->grads_memory); free(m->adam_m); free(m->adam_v);
+    free(m->positional_encoding); free(m->acts_memory); free(m->scratch_memory);
+    memset(m, 0, sizeof *m);
+}
+
+// Returns NULL when the batch fits the model, else what is wrong with it.
+const char *batch_check(const Batch *batch, const TransformerConfig *c) {
+    static char message[200];
+    #define BATCH_REQUIRE(cond, ...) do { if (!(cond)) { \
+        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
+    BATCH_REQUIRE(batch->B >= 1 && batch->S >= 1 && batch->T >= 1,
+                  "batch shape %d x %d x %d, expected positive sizes", batch->B, batch->S, batch->T);
+    BATCH_REQUIRE(batch->S <= c->max_len && batch->T <= c->max_len,
+                  "batch lengths %d (source) and %d (target) exceed max_len %d",
+                  batch->S, batch->T, c->max_len);
+    for (int b = 0; b < batch->B; b++) {
+        BATCH_REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= batch->S,
+                      "sentence %d: source length %d, expected 1..%d", b, batch->src_len[b], batch->S);
+        BATCH_REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= batch->T,
+                      "sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b], batch->T);
+        for (int s = 0; s < batch->S; s++) {
+            int tok = batch->src[b * batch->S + s];
+            BATCH_REQUIRE(tok >= 0 && tok < c->vocab_size,
+                          "sentence %d: source token %d at %d outside the vocabulary 0..%d",
+                          b, tok, s, c->vocab_size - 1);
+        }
+        for (int t = 0; t < batch->T; t++) {
+            int in = batch->tgt_in[b * batch->T + t], out = batch->tgt_out[b * batch->T + t];
+            BATCH_REQUIRE(in >= 0 && in < c->vocab_size && out >= 0 && out < c->vocab_size,
+                          "sentence %d: target token %d/%d at %d outside the vocabulary 0..%d",
+                          b, in, out, t, c->vocab_size - 1);
+        }
+    }
+    #undef BATCH_REQUIRE
+    return NULL;
+}
+
+// The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
+static const real *encoder_forward(Transformer *m, const Batch *batch) {
+    const TransformerConfig *c = &m->config;
+    ActivationTensors *a = &m->acts;
+    int B = batch->B, S = batch->S, C = c->d_model;
+    size_t n = (size_t)B * S * C;
+    // §3.4, §3.5: embed, scale, add positions; §5.4: dropout on the sum
+    embedding_forward(a->enc_embedded, batch->src, m->params.embedding, m->positional_encoding, B, S, C);
+    dropout_mask(a->enc_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
+    dropout_forward(a->enc_x0, a->enc_embedded, a->enc_emb_mask, n);
+    const real *x = a->enc_x0;
+    for (int l = 0; l < c->n_layers; l++) {
+        EncoderLayerActs la = encoder_layer_acts(m, l);
+        encoder_layer_forward(la, x, encoder_layer_params(&m->params, c, l), batch->src_len, m, B, S);
+        x = la.ln2;
+    }
+    return x;
+}
+
+// The decoder stack and the output projection: logits = Decoder(target, memory) E^T
+static void decoder_forward(Transformer *m, const Batch *batch, const real *memory) {
+    const TransformerConfig *c = &m->config;
+    ActivationTensors *a = &m->acts;
+    int B = batch->B, T = batch->T, C = c->d_model;
+    size_t n = (size_t)B * T * C;
+    embedding_forward(a->dec_embedded, batch->tgt_in, m->params.embedding, m->positional_encoding, B, T, C);
+    dropout_mask(a->dec_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
+    dropout_forward(a->dec_x0, a->dec_embedded, a->dec_emb_mask, n);
+    const real *y = a->dec_x0;
+    for (int l = 0; l < c->n_layers; l++) {
+        DecoderLayerActs la = decoder_layer_acts(m, l);
+        decoder_layer_forward(la, y, memory, decoder_layer_params(&m->params, c, l), batch, m);
+        y = la.ln3;
+    }
+    // §3.4 the pre-softmax linear transformation shares the embedding matrix
+    linear_forward(a->logits, y, m->params.embedding, NULL, B * T, C, c->vocab_size);
+}
+
+// The whole forward pass; returns the label-smoothed loss (§5.4). The batch
+// must pass batch_check; one that does not stops the program with a message
+// rather than read outside the embedding.
+real transformer_forward(Transformer *m, const Batch *batch) {
+    const char *error = batch_check(batch, &m->config);
+    if (error) {
+        fprintf(stderr, "error: transformer_forward: %s\n", error);
+        exit(1);
+    }
+    ensure_buffers(m, batch->B, batch->S, batch->T);
+    m->B = batch->B; m->S = batch->S; m->T = batch->T;
+    const real *memory = encoder_forward(m, batch);
+    decoder_forward(m, batch, memory);
+    m->loss = (real)cross_entropy_forward(m->acts.token_loss, m->acts.probs, m->acts.logits,
+                                          batch->tgt_out, batch->tgt_len, m->config.label_smoothing,
+                                          batch->B, batch->T, m->config.vocab_size,
+                                          &m->num_target_tokens);
+    return m->loss;
+}
+
+void transformer_zero_grad(Transformer *m) {
+    zero(m->grads_memory, m->num_parameters);
+}
+
+// The whole backward pass, for the batch of the last transformer_forward:
+// accumulates dloss/dparameter into m->grads.
+void transformer_backward(Transformer *m, const Batch *batch) {
+    const TransformerConfig *c = &m->config;
+    ActivationTensors *a = &m->acts;
+    BackwardScratch *s = &m->scratch;
+    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
+    size_t n_dec = (size_t)B * T * C, n_enc = (size_t)B * S * C;
+    if (m->num_target_tokens == 0) return;
+    // loss = CrossEntropy(softmax(logits), q)
+    zero(s->d_logits, (size_t)B * T * V);
+    cross_entropy_backward(s->d_logits, a->probs, batch->tgt_out, batch->tgt_len,
+                           c->label_smoothing, m->num_target_tokens, B, T, V);
+    // logits = decoder_output E^T
+    const real *decoder_output = decoder_layer_acts(m, L - 1).ln3;
+    real *d_out = s->d_x, *d_in = s->d_y;
+    zero(d_out, n_dec);
+    linear_backward(d_out, m->grads.embedding, NULL, s->d_logits, decoder_output,
+                    m->params.embedding, B * T, C, V);
+    // the decoder stack, last layer first
+    const real *memory = encoder_layer_acts(m, L - 1).ln2;
+    zero(s->d_memory, n_enc);
+    for (int l = L - 1; l >= 0; l--) {
+        const real *y = l == 0 ? a->dec_x0 : decoder_layer_acts(m, l - 1).ln3;
+        zero(d_in, n_dec);
+        decoder_layer_backward(d_in, s->d_memory, decoder_layer_params(&m->grads, c, l), d_out,
+                               decoder_layer_acts(m, l), y, memory,
+                               decoder_layer_params(&m->params, c, l), batch, m);
+        real *swap = d_out; d_out = d_in; d_in = swap;
+    }
+    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE)
+    zero(s->d_a, n_dec);
+    dropout_backward(s->d_a, d_out, a->dec_emb_mask, n_dec);
+    embedding_backward(m->grads.embedding, s->d_a, batch->tgt_in, B, T, C);
+    // the encoder stack, starting from the gradient its output got from every decoder layer
+    memcpy(d_out, s->d_memory, n_enc * sizeof(real));
+    for (int l = L - 1; l >= 0; l--) {
+        const real *x = l == 0 ? a->enc_x0 : encoder_layer_acts(m, l - 1).ln2;
+        zero(d_in, n_enc);
+        encoder_layer_backward(d_in, encoder_layer_params(&m->grads, c, l), d_out,
+                               encoder_layer_acts(m, l), x, encoder_layer_params(&m->params, c, l),
+                               batch->src_len, m, B, S);
+        real *swap = d_out; d_out = d_in; d_in = swap;
+    }
+    zero(s->d_a, n_enc);
+    dropout_backward(s->d_a, d_out, a->enc_emb_mask, n_enc);
+    embedding_backward(m->grads.embedding, s->d_a, batch->src, B, S, C);
+}
+
+// ============================================================================
+// §5.3  Optimizer
+// "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and eps = 1e-9.
+// We varied the learning rate over the course of training, according to
+//     lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)"
+// (eq. 3): a linear rise for warmup_steps (4000 in the paper), then a decay
+// with the inverse square root of the step. `factor` scales the whole curve
+// (1 in the paper; larger for tiny models, as many reimplementations do).
+// ============================================================================
+
+double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor) {
+    double s = step < 1 ? 1.0 : (double)step;
+    double rise = s * pow((double)warmup_steps, -1.5), decay = 1.0 / sqrt(s);
+    return factor / sqrt((double)d_model) * (rise < decay ? rise : decay);
+}
+
+// One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter:
+//     m = beta1 m + (1 - beta1) g            (first moment)
+//     v = beta2 v + (1 - beta2) g^2          (second moment)
+//     theta -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// with t the step count; the divisions undo the moments' bias towards 0.
+void adam_update(Transformer *m, double learning_rate) {
+    m->adam_step++;
+    double b1 = m->adam.beta1, b2 = m->adam.beta2;
+    double correction1 = 1.0 - pow(b1, (double)m->adam_step);
+    double correction2 = 1.0 - pow(b2, (double)m->adam_step);
+    real step_size = (real)(learning_rate / correction1);
+    real rsqrt_c2 = (real)(1.0 / sqrt(correction2)), eps = (real)m->adam.eps;
+    real beta1 = (real)b1, beta2 = (real)b2;
+    size_t n = m->num_parameters;
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) {
+        real g = m->grads_memory[i];
+        real mi = beta1 * m->adam_m[i] + (1 - beta1) * g;
+        real vi = beta2 * m->adam_v[i] + (1 - beta2) * g * g;
+        m->adam_m[i] = mi;
+        m->adam_v[i] = vi;
+        m->params_memory[i] -= step_size * mi / (real_sqrt(vi) * rsqrt_c2 + eps);
+    }
+}
+
+#ifndef TRANSFORMER_NO_MAIN
+int main(int argc, char **argv) {
+    (void)argc; (void)argv;
+    printf("transformer.c\n");
+    return 0;
+}
+#endif

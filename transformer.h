@@ -1,0 +1,251 @@
+/* transformer.h: the public interface of transformer.c
+ *
+ * transformer.c is the Transformer of "Attention Is All You Need" (Vaswani et
+ * al., 2017), encoder and decoder, forward pass, hand-derived backward pass and
+ * Adam, in plain C loops that read top to bottom in the paper's order.
+ *
+ * BUILD
+ *     make                 builds ./transformer (OpenMP on; `make OPENMP=0` for none)
+ *     make test            builds and runs the tests (double-precision gradient
+ *                          checks, PyTorch parity, masks, Adam, learning)
+ *     make debug           -O0 -g build for gdb
+ *     cc -O2 transformer.c -lm -o transformer     is all it takes by hand
+ *
+ * USE (as a library: compile transformer.c with -DTRANSFORMER_NO_MAIN)
+ *     TransformerConfig config = transformer_default_config();
+ *     config.vocab_size = 100; ...
+ *     Transformer model;
+ *     const char *error = transformer_build(&model, &config, seed);
+ *     if (error) { fprintf(stderr, "%s\n", error); exit(1); }
+ *     for (step = 1; ...) {
+ *         model.training = 1;                    // dropout on
+ *         real loss = transformer_forward(&model, &batch);
+ *         transformer_zero_grad(&model);
+ *         transformer_backward(&model, &batch);
+ *         adam_update(&model, transformer_learning_rate(step, ...));
+ *     }
+ *     transformer_free(&model);
+ *
+ * READ
+ *     transformer.c from the top: each section is headed by the paper's section
+ *     (§3.1 ... §5.4); every layer is a *_forward function followed by its
+ *     *_backward, arguments in the order outputs, inputs, sizes. NOTES.md maps
+ *     every equation to its function and gives the backward derivations.
+ *
+ * The number type `real` is float; compiling with -DTRANSFORMER_DOUBLE makes it
+ * double everywhere, which the gradient checks use.
+ */
+#ifndef TRANSFORMER_H
+#define TRANSFORMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef TRANSFORMER_DOUBLE
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// The four special tokens every vocabulary starts with.
+enum { TOKEN_PAD = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_UNK = 3, NUM_SPECIAL_TOKENS = 4 };
+
+// ----------------------------------------------------------------------------
+// The model's sizes (Table 3 of the paper names them N, d_model, d_ff, h, P_drop, eps_ls)
+
+typedef struct {
+    int n_layers;         // N: layers in the encoder, and again in the decoder
+    int d_model;          // width of every sub-layer's output
+    int d_ff;             // inner width of the feed-forward network (§3.3)
+    int n_heads;          // h: attention heads; d_k = d_v = d_model / h
+    int vocab_size;       // shared source/target vocabulary (§3.4), specials included
+    int max_len;          // longest sentence (positional-encoding rows)
+    float dropout;        // P_drop (§5.4)
+    float label_smoothing;// eps_ls (§5.4)
+    float layer_norm_eps; // not in the paper; PyTorch's default 1e-5
+} TransformerConfig;
+
+// The limits transformer_config_check enforces, so that no size product
+// overflows and every allocation stays reasonable.
+#define TRANSFORMER_MAX_LAYERS 64
+#define TRANSFORMER_MAX_WIDTH 16384    // d_model and d_ff
+#define TRANSFORMER_MAX_VOCAB 1000000
+#define TRANSFORMER_MAX_LEN 4096
+
+// ----------------------------------------------------------------------------
+// All parameters, in one allocation with named pointers into it. Each tensor
+// holds all N layers (layer 0 first). Weights are stored as PyTorch stores
+// them, (out_features, in_features): a linear layer computes y = x W^T + b.
+
+#define NUM_PARAMETER_TENSORS 31
+typedef struct {
+    real *embedding;        // (V, C)       shared: source, target, pre-softmax (§3.4)
+    // encoder, §3.1
+    real *enc_qkv_w;        // (L, 3C, C)   W^Q, W^K, W^V stacked as rows (§3.2.2)
+    real *enc_qkv_b;        // (L, 3C)
+    real *enc_out_w;        // (L, C, C)    W^O
+    real *enc_out_b;        // (L, C)
+    real *enc_ln1_g;        // (L, C)       layer norm after self-attention
+    real *enc_ln1_b;        // (L, C)
+    real *enc_ff1_w;        // (L, F, C)    W_1 (§3.3)
+    real *enc_ff1_b;        // (L, F)
+    real *enc_ff2_w;        // (L, C, F)    W_2
+    real *enc_ff2_b;        // (L, C)
+    real *enc_ln2_g;        // (L, C)       layer norm after the FFN
+    real *enc_ln2_b;        // (L, C)
+    // decoder, §3.1
+    real *dec_self_qkv_w;   // (L, 3C, C)   masked self-attention
+    real *dec_self_qkv_b;   // (L, 3C)
+    real *dec_self_out_w;   // (L, C, C)
+    real *dec_self_out_b;   // (L, C)
+    real *dec_ln1_g;        // (L, C)
+    real *dec_ln1_b;        // (L, C)
+    real *dec_cross_qkv_w;  // (L, 3C, C)   encoder-decoder attention: rows 0..C-1 make
+    real *dec_cross_qkv_b;  // (L, 3C)      queries from the decoder, rows C..3C-1 keys
+    real *dec_cross_out_w;  // (L, C, C)    and values from the encoder output
+    real *dec_cross_out_b;  // (L, C)
+    real *dec_ln2_g;        // (L, C)
+    real *dec_ln2_b;        // (L, C)
+    real *dec_ff1_w;        // (L, F, C)
+    real *dec_ff1_b;        // (L, F)
+    real *dec_ff2_w;        // (L, C, F)
+    real *dec_ff2_b;        // (L, C)
+    real *dec_ln3_g;        // (L, C)
+    real *dec_ln3_b;        // (L, C)
+} ParameterTensors;
+
+// ----------------------------------------------------------------------------
+// Everything the forward pass computes, kept for the backward pass and for
+// anyone who wants to look. Per-layer tensors hold all N layers.
+// Shapes: B sentences, S padded source length, T padded target length,
+// NH heads, F = d_ff, V vocabulary.
+
+#define NUM_ACTIVATION_TENSORS 51
+typedef struct {
+    // encoder
+    real *enc_embedded;     // (B, S, C)      token embedding * sqrt(C) + PE
+    real *enc_emb_mask;     // (B, S, C)      dropout mask: 0 or 1/(1-P_drop)
+    real *enc_x0;           // (B, S, C)      input of encoder layer 0
+    real *enc_qkv;          // (L, B, S, 3C)
+    real *enc_att;          // (L, B, NH, S, S) attention probabilities
+    real *enc_heads;        // (L, B, S, C)   Concat(head_1..head_h)
+    real *enc_att_proj;     // (L, B, S, C)   ... W^O
+    real *enc_drop1;        // (L, B, S, C)   dropout mask
+    real *enc_res1;         // (L, B, S, C)   x + Dropout(Sublayer(x))
+    real *enc_ln1;          // (L, B, S, C)
+    real *enc_ln1_mean;     // (L, B, S)
+    real *enc_ln1_rstd;     // (L, B, S)
+    real *enc_ff_h;         // (L, B, S, F)   max(0, x W_1 + b_1)
+    real *enc_ff_out;       // (L, B, S, C)
+    real *enc_drop2;        // (L, B, S, C)
+    real *enc_res2;         // (L, B, S, C)
+    real *enc_ln2;          // (L, B, S, C)   layer output; the last is the memory
+    real *enc_ln2_mean;     // (L, B, S)
+    real *enc_ln2_rstd;     // (L, B, S)
+    // decoder
+    real *dec_embedded;     // (B, T, C)
+    real *dec_emb_mask;     // (B, T, C)
+    real *dec_x0;           // (B, T, C)
+    real *dec_self_qkv;     // (L, B, T, 3C)
+    real *dec_self_att;     // (L, B, NH, T, T)
+    real *dec_self_heads;   // (L, B, T, C)
+    real *dec_self_proj;    // (L, B, T, C)
+    real *dec_drop1;        // (L, B, T, C)
+    real *dec_res1;         // (L, B, T, C)
+    real *dec_ln1;          // (L, B, T, C)
+    real *dec_ln1_mean;     // (L, B, T)
+    real *dec_ln1_rstd;     // (L, B, T)
+    real *dec_cross_q;      // (L, B, T, C)
+    real *dec_cross_kv;     // (L, B, S, 2C)
+    real *dec_cross_att;    // (L, B, NH, T, S)
+    real *dec_cross_heads;  // (L, B, T, C)
+    real *dec_cross_proj;   // (L, B, T, C)
+    real *dec_drop2;        // (L, B, T, C)
+    real *dec_res2;         // (L, B, T, C)
+    real *dec_ln2;          // (L, B, T, C)
+    real *dec_ln2_mean;     // (L, B, T)
+    real *dec_ln2_rstd;     // (L, B, T)
+    real *dec_ff_h;         // (L, B, T, F)
+    real *dec_ff_out;       // (L, B, T, C)
+    real *dec_drop3;        // (L, B, T, C)
+    real *dec_res3;         // (L, B, T, C)
+    real *dec_ln3;          // (L, B, T, C)   layer output; the last feeds the softmax
+    real *dec_ln3_mean;     // (L, B, T)
+    real *dec_ln3_rstd;     // (L, B, T)
+    real *logits;           // (B, T, V)
+    real *probs;            // (B, T, V)      softmax(logits)
+    real *token_loss;       // (B, T)         label-smoothed loss per target position
+} ActivationTensors;
+
+// Scratch memory for the backward pass, reused layer after layer, so the
+// backward pass needs only a few buffers of one layer's size.
+typedef struct {
+    real *d_x;          // (B, max(S,T), C)        gradient of the current layer's output
+    real *d_y;          // (B, max(S,T), C)        gradient of its input (ping-pong with d_x)
+    real *d_a;          // (B, max(S,T), C)
+    real *d_b;          // (B, max(S,T), C)
+    real *d_c;          // (B, max(S,T), C)
+    real *d_wide;       // (B, max(S,T), max(3C,F))
+    real *d_kv;         // (B, S, 2C)              cross-attention keys and values
+    real *d_memory;     // (B, S, C)               encoder output, summed over decoder layers
+    real *d_att_row;    // (B, NH, max(S,T))       one row of dL/d(probabilities)
+    real *d_logits;     // (B, T, V)
+} BackwardScratch;
+
+// ----------------------------------------------------------------------------
+// A batch of sentence pairs, padded to the longest: src[b*S + s] for s <
+// src_len[b] are real tokens, the rest TOKEN_PAD. Teacher forcing (§5): the
+// decoder reads tgt_in = <s> y_1 .. y_{n-1} and must predict tgt_out = y_1 ..
+// y_{n-1} </s>; positions t >= tgt_len[b] are padding and carry no loss.
+
+typedef struct {
+    int B, S, T;
+    int *src;      // (B, S)
+    int *src_len;  // (B)
+    int *tgt_in;   // (B, T)
+    int *tgt_out;  // (B, T)
+    int *tgt_len;  // (B)
+} Batch;
+
+typedef struct { uint64_t state; } Rng;
+
+typedef struct {
+    float beta1, beta2, eps;   // §5.3: 0.9, 0.98, 1e-9
+} AdamConfig;
+
+typedef struct {
+    TransformerConfig config;
+    // parameters, their gradients and Adam's two moments, four allocations of the same layout
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    size_t num_parameters;
+    ParameterTensors params, grads;
+    real *params_memory, *grads_memory, *adam_m, *adam_v;
+    AdamConfig adam;
+    long adam_step;             // steps taken so far; the next update is step adam_step+1
+    real *positional_encoding;  // (max_len, C), §3.5
+    // activations, allocated for the largest batch seen so far
+    ActivationTensors acts;
+    real *acts_memory;
+    BackwardScratch scratch;
+    real *scratch_memory;
+    int cap_B, cap_S, cap_T;    // the batch shape the buffers were sized for
+    int B, S, T;                // the shape of the last forward pass
+    int training;               // 1: dropout on (§5.4); 0: evaluation
+    Rng dropout_rng;
+    real loss;                  // of the last forward pass
+    int num_target_tokens;      // non-padding target tokens in the last batch
+} Transformer;
+
+TransformerConfig transformer_default_config(void);
+const char *transformer_config_check(const TransformerConfig *config);
+const char *transformer_build(Transformer *model, const TransformerConfig *config, uint64_t seed);
+void transformer_free(Transformer *model);
+const char *batch_check(const Batch *batch, const TransformerConfig *config);
+real transformer_forward(Transformer *model, const Batch *batch);
+void transformer_zero_grad(Transformer *model);
+void transformer_backward(Transformer *model, const Batch *batch);
+double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor);
+void adam_update(Transformer *model, double learning_rate);
+const char *parameter_tensor_name(int index);
+
+#endif // TRANSFORMER_H
