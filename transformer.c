@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -1351,8 +1352,235 @@ void adam_update(Transformer *m, double learning_rate) {
 }
 
 #ifndef TRANSFORMER_NO_MAIN
+// ============================================================================
+// Benchmark: `./transformer bench` times whole training steps (forward,
+// backward, Adam) on a synthetic batch, as dev/bench_pytorch.py does for the
+// same model in PyTorch; `make bench` runs both and prints the ratio.
+// ============================================================================
+
+typedef struct {
+    const char *name;
+    int layers, d_model, d_ff, heads, vocab, B, S, T;
+} BenchPreset;
+
+static const BenchPreset bench_presets[] = {
+    //  name     N  d_model d_ff  h  vocab   B   S    T
+    { "toy",     2, 128,   512,  4, 1000,  32, 32,  32 },  // what users train on a laptop
+    { "base",    6, 512,   2048, 8, 8000,   8, 64,  64 },  // the paper's base model (Table 3)
+};
+
+// The floating-point operations of one training step, counting the matrix
+// products only (2 per multiply-add) and, under the causal mask, only the
+// visible query-key pairs. Every sentence has its full length. The backward
+// pass of a product Y = X W^T is two products of the same size (dX = dY W,
+// dW = dY^T X), and that of attention likewise, so a step is 3 forward passes.
+static double training_step_flops(const TransformerConfig *c, int B, int S, int T) {
+    double L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    double src = (double)B * S, tgt = (double)B * T;
+    double encoder = 2 * src * (3 * C * C + C * C + 2 * C * F)   // W_qkv, W^O, W_1, W_2
+                   + 4 * src * S * C;                             // Q K^T and P V
+    double decoder = 2 * tgt * (3 * C * C + C * C + 2 * C * F)   // self-attention, FFN
+                   + 4 * (double)B * T * (T + 1) / 2 * C          // causal Q K^T and P V
+                   + 2 * tgt * (2 * C * C) + 2 * src * (2 * C * C) // cross W^Q, W^O; W^K, W^V
+                   + 4 * tgt * S * C;                             // cross Q K^T and P V
+    double output = 2 * tgt * C * V;                              // logits = y E^T
+    return 3 * (L * (encoder + decoder) + output);
+}
+
+// The value of a "Name:   1234 kB" line of /proc/self/status, in kB; -1 if unknown.
+static long process_status_kb(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long value = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':') { value = strtol(line + n + 1, NULL, 10); break; }
+    fclose(f);
+    return value;
+}
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// Parses a whole decimal integer in [lo, hi] for the flag `flag`; 0 on failure (after a message).
+static int bench_parse_int(const char *flag, const char *text, int lo, int hi, int *value) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "error: bench: %s '%s': expected an integer in %d..%d\n", flag, text, lo, hi);
+        return 0;
+    }
+    *value = (int)v;
+    return 1;
+}
+
+static void bench_usage(FILE *out) {
+    fprintf(out,
+        "usage: transformer bench [--config NAME] [--steps N] [--warmup N] [--threads N] [--json]\n"
+        "                         [--layers N] [--d-model N] [--d-ff N] [--heads N] [--vocab N]\n"
+        "                         [--batch B] [--src-len S] [--tgt-len T]\n"
+        "Times training steps (forward, backward, Adam; dropout 0.1, label smoothing 0.1)\n"
+        "on a synthetic batch of full-length sentences and prints the median time per step.\n"
+        "Configs:");
+    for (size_t i = 0; i < sizeof bench_presets / sizeof *bench_presets; i++) {
+        const BenchPreset *p = &bench_presets[i];
+        fprintf(out, " %s (N %d, d_model %d, d_ff %d, h %d, vocab %d, %d x %d x %d)%s", p->name,
+                p->layers, p->d_model, p->d_ff, p->heads, p->vocab, p->B, p->S, p->T,
+                i + 1 < sizeof bench_presets / sizeof *bench_presets ? "," : "\n");
+    }
+}
+
+static int command_bench(int argc, char **argv) {
+    const BenchPreset *preset = &bench_presets[0];
+    int steps = -1, warmup = 3, threads = 0, json = 0;
+    int layers = -1, d_model = -1, d_ff = -1, heads = -1, vocab = -1, B = -1, S = -1, T = -1;
+    struct { const char *flag; int *value, lo, hi; } int_flags[] = {
+        { "--steps", &steps, 1, 100000 }, { "--warmup", &warmup, 0, 100000 },
+        { "--threads", &threads, 1, 1024 }, { "--layers", &layers, 1, TRANSFORMER_MAX_LAYERS },
+        { "--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH }, { "--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH },
+        { "--heads", &heads, 1, TRANSFORMER_MAX_WIDTH }, { "--vocab", &vocab, 5, TRANSFORMER_MAX_VOCAB },
+        { "--batch", &B, 1, 65536 }, { "--src-len", &S, 2, TRANSFORMER_MAX_LEN },
+        { "--tgt-len", &T, 2, TRANSFORMER_MAX_LEN },
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--json") == 0) { json = 1; continue; }
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { bench_usage(stdout); return 0; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "error: bench: unknown flag or missing value: '%s'\n", arg);
+            bench_usage(stderr);
+            return 2;
+        }
+        const char *value = argv[++i];
+        int known = 0;
+        if (strcmp(arg, "--config") == 0) {
+            preset = NULL;
+            for (size_t k = 0; k < sizeof bench_presets / sizeof *bench_presets; k++)
+                if (strcmp(value, bench_presets[k].name) == 0) preset = &bench_presets[k];
+            if (!preset) {
+                fprintf(stderr, "error: bench: unknown config '%s'\n", value);
+                bench_usage(stderr);
+                return 2;
+            }
+            known = 1;
+        }
+        for (size_t k = 0; k < sizeof int_flags / sizeof *int_flags && !known; k++) {
+            if (strcmp(arg, int_flags[k].flag) != 0) continue;
+            if (!bench_parse_int(arg, value, int_flags[k].lo, int_flags[k].hi, int_flags[k].value)) return 2;
+            known = 1;
+        }
+        if (!known) {
+            fprintf(stderr, "error: bench: unknown flag '%s'\n", arg);
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+    threads = omp_get_max_threads();
+#else
+    if (threads > 1) fprintf(stderr, "warning: bench: built without OpenMP, running on 1 thread\n");
+    threads = 1;
+#endif
+    TransformerConfig config = transformer_default_config();
+    config.n_layers = layers > 0 ? layers : preset->layers;
+    config.d_model = d_model > 0 ? d_model : preset->d_model;
+    config.d_ff = d_ff > 0 ? d_ff : preset->d_ff;
+    config.n_heads = heads > 0 ? heads : preset->heads;
+    config.vocab_size = vocab > 0 ? vocab : preset->vocab;
+    config.dropout = 0.1f;           // §5.4, base model
+    config.label_smoothing = 0.1f;
+    if (B < 0) B = preset->B;
+    if (S < 0) S = preset->S;
+    if (T < 0) T = preset->T;
+    config.max_len = S > T ? S : T;
+    if (steps < 0) steps = config.d_model >= 512 ? 10 : 20;
+    const char *error = transformer_config_check(&config);
+    if (error) {
+        fprintf(stderr, "error: bench: %s\n", error);
+        return 2;
+    }
+    long rss_before_kb = process_status_kb("VmRSS");
+    Transformer model;
+    transformer_build(&model, &config, 1);
+    // a synthetic batch: every sentence at its full length, random words
+    int *tokens = checked_calloc((size_t)B * (S + 2 * T + 2), sizeof(int), "benchmark batch");
+    Batch batch = { B, S, T, tokens, tokens + (size_t)B * S, tokens + (size_t)B * S + B,
+                    tokens + (size_t)B * (S + T) + B, tokens + (size_t)B * (S + 2 * T) + B };
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (int b = 0; b < B; b++) {
+        batch.src_len[b] = S;
+        batch.tgt_len[b] = T;
+        for (int s = 0; s < S; s++) batch.src[b * S + s] = NUM_SPECIAL_TOKENS + rng_below(&rng, config.vocab_size - NUM_SPECIAL_TOKENS);
+        for (int t = 0; t < T; t++) {
+            int word = t == T - 1 ? TOKEN_EOS : NUM_SPECIAL_TOKENS + rng_below(&rng, config.vocab_size - NUM_SPECIAL_TOKENS);
+            batch.tgt_out[b * T + t] = word;
+            batch.tgt_in[b * T + t] = t == 0 ? TOKEN_BOS : batch.tgt_out[b * T + t - 1];
+        }
+    }
+    double *times = checked_calloc((size_t)steps, sizeof(double), "benchmark times");
+    real loss = 0;
+    for (int step = 1; step <= warmup + steps; step++) {
+        double start = seconds_now();
+        model.training = 1;
+        loss = transformer_forward(&model, &batch);
+        transformer_zero_grad(&model);
+        transformer_backward(&model, &batch);
+        adam_update(&model, transformer_learning_rate(step, config.d_model, 4000, 1.0));
+        if (step > warmup) times[step - warmup - 1] = seconds_now() - start;
+    }
+    qsort(times, (size_t)steps, sizeof(double), compare_doubles);
+    double median = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+    double flops = training_step_flops(&config, B, S, T);
+    double tokens_per_s = (double)B * T / median, gflops = flops / median * 1e-9;
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    double peak_mb = usage.ru_maxrss / 1024.0;   // Linux reports kB
+    double step_mb = rss_before_kb >= 0 ? (usage.ru_maxrss - rss_before_kb) / 1024.0 : -1;
+    const char *name = preset->name;
+    if (json) {
+        printf("{\"impl\": \"transformer.c\", \"config\": \"%s\", \"layers\": %d, \"d_model\": %d, "
+               "\"d_ff\": %d, \"heads\": %d, \"vocab\": %d, \"dropout\": %g, \"label_smoothing\": %g, "
+               "\"batch\": %d, \"src_len\": %d, \"tgt_len\": %d, \"threads\": %d, \"warmup\": %d, "
+               "\"steps\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"tokens_per_s\": %.1f, "
+               "\"gflop_per_step\": %.4f, \"gflops\": %.2f, \"peak_mb\": %.1f, \"step_mb\": %.1f, "
+               "\"loss\": %.4f}\n",
+               name, config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size,
+               (double)config.dropout, (double)config.label_smoothing, B, S, T, threads, warmup,
+               steps, median * 1e3, times[0] * 1e3, tokens_per_s, flops * 1e-9, gflops, peak_mb,
+               step_mb, (double)loss);
+    } else {
+        printf("config %s: N %d, d_model %d, d_ff %d, h %d, vocab %d, dropout %g, label smoothing %g, %zu parameters\n",
+               name, config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size,
+               (double)config.dropout, (double)config.label_smoothing, model.num_parameters);
+        printf("batch %d sentences x %d source x %d target tokens, %d thread%s\n",
+               B, S, T, threads, threads == 1 ? "" : "s");
+        printf("median %.2f ms per step (min %.2f, max %.2f; %d steps after %d warm-up)\n",
+               median * 1e3, times[0] * 1e3, times[steps - 1] * 1e3, steps, warmup);
+        printf("%.0f target tokens/s, %.1f GFLOP/s (%.3f GFLOP per step)\n", tokens_per_s, gflops, flops * 1e-9);
+        printf("peak memory %.1f MB (%.1f MB more than before the model was built)\n", peak_mb, step_mb);
+    }
+    free(times);
+    free(tokens);
+    transformer_free(&model);
+    return 0;
+}
+#endif // TRANSFORMER_NO_MAIN
+
+#ifndef TRANSFORMER_NO_MAIN
 int main(int argc, char **argv) {
-    (void)argc; (void)argv;
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) return command_bench(argc - 1, argv + 1);
     printf("transformer.c\n");
     return 0;
 }
