@@ -1424,7 +1424,8 @@ static int bench_parse_int(const char *flag, const char *text, int lo, int hi, i
     return 1;
 }
 
-static void bench_usage(FILE *out) {
+static void bench_usage(void) {
+    FILE *out = stdout;
     fprintf(out,
         "usage: transformer bench [--config NAME] [--steps N] [--warmup N] [--threads N] [--json]\n"
         "                         [--layers N] [--d-model N] [--d-ff N] [--heads N] [--vocab N]\n"
@@ -1455,10 +1456,9 @@ static int command_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--json") == 0) { json = 1; continue; }
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { bench_usage(stdout); return 0; }
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { bench_usage(); return 0; }
         if (i + 1 >= argc) {
-            fprintf(stderr, "error: bench: unknown flag or missing value: '%s'\n", arg);
-            bench_usage(stderr);
+            fprintf(stderr, "error: bench: '%s' needs a value or is unknown (see: transformer bench --help)\n", arg);
             return 2;
         }
         const char *value = argv[++i];
@@ -1468,8 +1468,7 @@ static int command_bench(int argc, char **argv) {
             for (size_t k = 0; k < sizeof bench_presets / sizeof *bench_presets; k++)
                 if (strcmp(value, bench_presets[k].name) == 0) preset = &bench_presets[k];
             if (!preset) {
-                fprintf(stderr, "error: bench: unknown config '%s'\n", value);
-                bench_usage(stderr);
+                fprintf(stderr, "error: bench: unknown config '%s' (see: transformer bench --help)\n", value);
                 return 2;
             }
             known = 1;
@@ -1480,8 +1479,7 @@ static int command_bench(int argc, char **argv) {
             known = 1;
         }
         if (!known) {
-            fprintf(stderr, "error: bench: unknown flag '%s'\n", arg);
-            bench_usage(stderr);
+            fprintf(stderr, "error: bench: unknown flag '%s' (see: transformer bench --help)\n", arg);
             return 2;
         }
     }
