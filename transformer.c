@@ -1406,6 +1406,13 @@ static double seconds_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// CPU time used by all threads of the process so far, in seconds.
+static double cpu_seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -1529,7 +1536,9 @@ static int command_bench(int argc, char **argv) {
     }
     double *times = checked_calloc((size_t)steps, sizeof(double), "benchmark times");
     real loss = 0;
+    double cpu_start = 0;
     for (int step = 1; step <= warmup + steps; step++) {
+        if (step == warmup + 1) cpu_start = cpu_seconds_now();
         double start = seconds_now();
         model.training = 1;
         loss = transformer_forward(&model, &batch);
@@ -1538,6 +1547,7 @@ static int command_bench(int argc, char **argv) {
         adam_update(&model, transformer_learning_rate(step, config.d_model, 4000, 1.0));
         if (step > warmup) times[step - warmup - 1] = seconds_now() - start;
     }
+    double cpu_per_step = (cpu_seconds_now() - cpu_start) / steps;
     qsort(times, (size_t)steps, sizeof(double), compare_doubles);
     double median = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
     double flops = training_step_flops(&config, B, S, T);
@@ -1551,12 +1561,12 @@ static int command_bench(int argc, char **argv) {
         printf("{\"impl\": \"transformer.c\", \"config\": \"%s\", \"layers\": %d, \"d_model\": %d, "
                "\"d_ff\": %d, \"heads\": %d, \"vocab\": %d, \"dropout\": %g, \"label_smoothing\": %g, "
                "\"batch\": %d, \"src_len\": %d, \"tgt_len\": %d, \"threads\": %d, \"warmup\": %d, "
-               "\"steps\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"tokens_per_s\": %.1f, "
+               "\"steps\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"cpu_ms\": %.3f, \"tokens_per_s\": %.1f, "
                "\"gflop_per_step\": %.4f, \"gflops\": %.2f, \"peak_mb\": %.1f, \"step_mb\": %.1f, "
                "\"loss\": %.4f}\n",
                name, config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size,
                (double)config.dropout, (double)config.label_smoothing, B, S, T, threads, warmup,
-               steps, median * 1e3, times[0] * 1e3, tokens_per_s, flops * 1e-9, gflops, peak_mb,
+               steps, median * 1e3, times[0] * 1e3, cpu_per_step * 1e3, tokens_per_s, flops * 1e-9, gflops, peak_mb,
                step_mb, (double)loss);
     } else {
         printf("config %s: N %d, d_model %d, d_ff %d, h %d, vocab %d, dropout %g, label smoothing %g, %zu parameters\n",
@@ -1564,8 +1574,8 @@ static int command_bench(int argc, char **argv) {
                (double)config.dropout, (double)config.label_smoothing, model.num_parameters);
         printf("batch %d sentences x %d source x %d target tokens, %d thread%s\n",
                B, S, T, threads, threads == 1 ? "" : "s");
-        printf("median %.2f ms per step (min %.2f, max %.2f; %d steps after %d warm-up)\n",
-               median * 1e3, times[0] * 1e3, times[steps - 1] * 1e3, steps, warmup);
+        printf("median %.2f ms per step (min %.2f, max %.2f; %d steps after %d warm-up); CPU time %.2f ms per step\n",
+               median * 1e3, times[0] * 1e3, times[steps - 1] * 1e3, steps, warmup, cpu_per_step * 1e3);
         printf("%.0f target tokens/s, %.1f GFLOP/s (%.3f GFLOP per step)\n", tokens_per_s, gflops, flops * 1e-9);
         printf("peak memory %.1f MB (%.1f MB more than before the model was built)\n", peak_mb, step_mb);
     }
