@@ -751,7 +751,9 @@ static void test_learning(void) {
         last = loss;
         transformer_zero_grad(&m);
         transformer_backward(&m, &tb.batch);
-        adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 1.0));
+        // factor 0.5: at 1.0 the loss spikes after step 100 (to 0.14..0.43 in some
+        // builds), so whether step 300 is below 0.02 would hang on rounding
+        adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 0.5));
     }
     check(last < 0.02, "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f", first, last);
     transformer_free(&m);
