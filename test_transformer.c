@@ -172,7 +172,7 @@ static void test_attention_gradients(Rng *rng) {
     enum { B = 2, T = 5, S = 4, C = 6, NH = 2 };
     int tgt_len[B] = { 5, 3 }, src_len[B] = { 2, 4 };
     static real qkv[B * T * 3 * C], q[B * T * C], kv[B * S * 2 * C], out[B * T * C],
-        att[B * NH * T * T], r[B * T * C], scratch[B * NH * T], dqkv[B * T * 3 * C],
+        att[B * NH * T * T], r[B * T * C], dqkv[B * T * 3 * C],
         dq[B * T * C], dkv[B * S * 2 * C];
     fill_uniform(qkv, sizeof qkv / sizeof(real), -1.5, 1.5, rng);
     fill_uniform(r, sizeof r / sizeof(real), -1, 1, rng);
@@ -180,7 +180,7 @@ static void test_attention_gradients(Rng *rng) {
     AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C, qkv + 2 * C, r };
     attention_objective(&self);
     memset(dqkv, 0, sizeof dqkv);
-    attention_backward(dqkv, dqkv + C, dqkv + 2 * C, scratch, r, att, qkv, qkv + C, qkv + 2 * C,
+    attention_backward(dqkv, dqkv + C, dqkv + 2 * C, r, att, qkv, qkv + C, qkv + 2 * C,
                        3 * C, 3 * C, tgt_len, 1, B, T, T, C, NH);
     check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv, B * T * 3 * C);
     // cross-attention with padded keys: queries (B,T,C), keys/values (B,S,2C)
@@ -190,7 +190,7 @@ static void test_attention_gradients(Rng *rng) {
     attention_objective(&cross);
     memset(dq, 0, sizeof dq);
     memset(dkv, 0, sizeof dkv);
-    attention_backward(dq, dkv, dkv + C, scratch, r, att, q, kv, kv + C, C, 2 * C, src_len, 0,
+    attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, C, 2 * C, src_len, 0,
                        B, T, S, C, NH);
     check_gradient("attention (padded keys): q", attention_objective, &cross, q, dq, B * T * C);
     check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv, B * S * 2 * C);

@@ -607,46 +607,64 @@ static int visible_keys(int i, int key_len, int causal) {
     return (causal && i + 1 < key_len) ? i + 1 : key_len;
 }
 
+// p is one row of scores s_i. over keys 0..Tk-1, of which the first `visible`
+// count: p becomes softmax(p) there and exactly 0 elsewhere.
+static void softmax_visible(real *p, int visible, int Tk) {
+    real max_score = -INFINITY;
+    for (int j = 0; j < visible; j++) if (p[j] > max_score) max_score = p[j];
+    real sum = 0;
+    for (int j = 0; j < visible; j++) {
+        p[j] = real_exp(p[j] - max_score);
+        sum += p[j];
+    }
+    real inv_sum = 1 / sum;
+    for (int j = 0; j < visible; j++) p[j] *= inv_sum;
+    for (int j = visible; j < Tk; j++) p[j] = 0;
+}
+
 // out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
+//
+// For each (sentence, head) the attention is two matrix products, done with
+// the register tiles of §3:
+//     scores = Q K^T        (Tq, hs) x (hs, Tk), then x 1/sqrt(d_k), softmax per row
+//     out    = P V          (Tq, Tk) x (Tk, hs)
+// Scores are computed for every key, then the masked ones get probability
+// exactly 0: P V adds exact zeros for them, so their values cannot matter.
 static void attention_forward(real *out, real *att,
                               const real *q, const real *k, const real *v,
                               int q_stride, int kv_stride, const int *key_len, int causal,
                               int B, int Tq, int Tk, int C, int NH) {
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
-    OMP(parallel for collapse(2))
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int i = 0; i < Tq; i++) {
-                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
-                real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
-                int visible = visible_keys(i, key_len[b], causal);
-                // s_ij = q_i . k_j / sqrt(d_k), and the largest for a stable softmax
-                real max_score = -INFINITY;
-                for (int j = 0; j < visible; j++) {
-                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real s = 0;
-                    for (int d = 0; d < hs; d++) s += qi[d] * kj[d];
-                    p[j] = s * scale;
-                    if (p[j] > max_score) max_score = p[j];
+    // one thread per (b, h): it alone writes that head's scores and outputs
+    OMP(parallel)
+    {
+        real *packed_b = packed_b_alloc();
+        OMP(for collapse(2))
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                real *p = att + ((size_t)b * NH + h) * Tq * Tk;           // (Tq, Tk)
+                real *o = out + (size_t)b * Tq * C + h * hs;             // (Tq, hs), row stride C
+                MatrixView qh = { q + (size_t)b * Tq * q_stride + h * hs, (size_t)q_stride, 1 };
+                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * hs, 1, (size_t)kv_stride };
+                MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * hs, (size_t)kv_stride, 1 };
+                MatrixView ph = { p, (size_t)Tk, 1 };
+                // s_ij = q_i . k_j / sqrt(d_k)
+                for (size_t n = 0; n < (size_t)Tq * Tk; n++) p[n] = 0;
+                matmul_rows(p, (size_t)Tk, qh, kh_transposed, 0, Tq, Tk, hs, packed_b);
+                // p_ij = softmax_j(s_ij) over the visible keys
+                for (int i = 0; i < Tq; i++) {
+                    real *pi = p + (size_t)i * Tk;
+                    for (int j = 0; j < Tk; j++) pi[j] *= scale;
+                    softmax_visible(pi, visible_keys(i, key_len[b], causal), Tk);
                 }
-                // p_ij = exp(s_ij - max) / sum_j exp(s_ij - max); masked keys get 0
-                real sum = 0;
-                for (int j = 0; j < visible; j++) {
-                    p[j] = real_exp(p[j] - max_score);
-                    sum += p[j];
-                }
-                for (int j = 0; j < visible; j++) p[j] /= sum;
-                for (int j = visible; j < Tk; j++) p[j] = 0;
                 // out_i = sum_j p_ij v_j
-                real *o = out + ((size_t)b * Tq + i) * C + h * hs;
-                for (int d = 0; d < hs; d++) o[d] = 0;
-                for (int j = 0; j < visible; j++) {
-                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    for (int d = 0; d < hs; d++) o[d] += p[j] * vj[d];
-                }
+                for (int i = 0; i < Tq; i++)
+                    for (int d = 0; d < hs; d++) o[(size_t)i * C + d] = 0;
+                matmul_rows(o, (size_t)C, ph, vh, 0, Tq, hs, Tk, packed_b);
             }
         }
+        free(packed_b);
     }
 }
 
@@ -656,9 +674,11 @@ static void attention_forward(real *out, real *att,
 //          (the softmax Jacobian is dp_ij/ds_ik = p_ij ([j==k] - p_ik))
 //   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
 //                                      dk_j += ds_ij q_i / sqrt(d_k)
-// dq, dk, dv have the same layout (strides) as q, k, v. row_scratch is
-// (B, NH, Tk): room for one row of dp per head.
-static void attention_backward(real *dq, real *dk, real *dv, real *row_scratch,
+// As matrix products per head: dP = dOut V^T, dV += P^T dOut, then
+// dQ += dS K and dK += dS^T Q (with the 1/sqrt(d_k) folded into dS).
+// dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
+// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient.
+static void attention_backward(real *dq, real *dk, real *dv,
                                const real *dout, const real *att,
                                const real *q, const real *k, const real *v,
                                int q_stride, int kv_stride, const int *key_len, int causal,
@@ -666,39 +686,42 @@ static void attention_backward(real *dq, real *dk, real *dv, real *row_scratch,
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
-    OMP(parallel for collapse(2))
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            real *dp = row_scratch + ((size_t)b * NH + h) * Tk;
-            for (int i = 0; i < Tq; i++) {
-                const real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
-                const real *g = dout + ((size_t)b * Tq + i) * C + h * hs;
-                int visible = visible_keys(i, key_len[b], causal);
-                real sum_p_dp = 0;
-                for (int j = 0; j < visible; j++) {
-                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real *dvj = dv + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real d = 0;
-                    for (int e = 0; e < hs; e++) {
-                        d += g[e] * vj[e];
-                        dvj[e] += p[j] * g[e];
-                    }
-                    dp[j] = d;
-                    sum_p_dp += p[j] * d;
+    OMP(parallel)
+    {
+        real *packed_b = packed_b_alloc();
+        real *ds = checked_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
+        OMP(for collapse(2))
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const real *p = att + ((size_t)b * NH + h) * Tq * Tk;
+                size_t q_head = (size_t)b * Tq * q_stride + h * hs, kv_head = (size_t)b * Tk * kv_stride + h * hs;
+                MatrixView g = { dout + (size_t)b * Tq * C + h * hs, (size_t)C, 1 };
+                MatrixView vh_transposed = { v + kv_head, 1, (size_t)kv_stride };
+                MatrixView p_transposed = { p, 1, (size_t)Tk };
+                MatrixView qh = { q + q_head, (size_t)q_stride, 1 };
+                MatrixView kh = { k + kv_head, (size_t)kv_stride, 1 };
+                MatrixView dsh = { ds, (size_t)Tk, 1 }, ds_transposed = { ds, 1, (size_t)Tk };
+                // dp_ij = dout_i . v_j  (into ds, which it becomes below)
+                for (size_t n = 0; n < (size_t)Tq * Tk; n++) ds[n] = 0;
+                matmul_rows(ds, (size_t)Tk, g, vh_transposed, 0, Tq, Tk, hs, packed_b);
+                // dv_j += sum_i p_ij dout_i
+                matmul_rows(dv + kv_head, (size_t)kv_stride, p_transposed, g, 0, Tk, hs, Tq, packed_b);
+                // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
+                for (int i = 0; i < Tq; i++) {
+                    const real *pi = p + (size_t)i * Tk;
+                    real *dsi = ds + (size_t)i * Tk;
+                    int visible = visible_keys(i, key_len[b], causal);
+                    real sum_p_dp = 0;
+                    for (int j = 0; j < visible; j++) sum_p_dp += pi[j] * dsi[j];
+                    for (int j = 0; j < Tk; j++) dsi[j] = pi[j] * (dsi[j] - sum_p_dp) * scale;
                 }
-                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
-                real *dqi = dq + ((size_t)b * Tq + i) * q_stride + h * hs;
-                for (int j = 0; j < visible; j++) {
-                    real ds = p[j] * (dp[j] - sum_p_dp) * scale;
-                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real *dkj = dk + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    for (int e = 0; e < hs; e++) {
-                        dqi[e] += ds * kj[e];
-                        dkj[e] += ds * qi[e];
-                    }
-                }
+                // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
+                matmul_rows(dq + q_head, (size_t)q_stride, dsh, kh, 0, Tq, hs, Tk, packed_b);
+                matmul_rows(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, 0, Tk, hs, Tq, packed_b);
             }
         }
+        free(ds);
+        free(packed_b);
     }
 }
 
@@ -735,14 +758,14 @@ static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
 
 // d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
 static void self_attention_backward(real *dx, AttentionParams g, real *d_qkv, real *d_heads,
-                                    real *row_scratch, const real *dout,
+                                    const real *dout,
                                     const real *qkv, const real *att, const real *heads,
                                     const real *x, AttentionParams w, const int *len, int causal,
                                     int B, int T, int C, int NH) {
     // out = heads W^O^T + b^O
     linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
     // heads = Attention(q, k, v)
-    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, row_scratch, d_heads, att,
+    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att,
                        qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
     // qkv = x W_qkv^T + b_qkv
     linear_backward(dx, g.qkv_w, g.qkv_b, d_qkv, x, w.qkv_w, B * T, C, 3 * C);
@@ -760,7 +783,7 @@ static void cross_attention_forward(real *out, real *q, real *kv, real *att, rea
 
 // d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
 static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
-                                     real *d_q, real *d_kv, real *d_heads, real *row_scratch,
+                                     real *d_q, real *d_kv, real *d_heads,
                                      const real *dout, const real *q, const real *kv,
                                      const real *att, const real *heads, const real *x,
                                      const real *memory, AttentionParams w, const int *src_len,
@@ -768,7 +791,7 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
     // out = heads W^O^T + b^O
     linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
     // heads = Attention(q, k, v), keys and values from the encoder
-    attention_backward(d_q, d_kv, d_kv + C, row_scratch, d_heads, att, q, kv, kv + C,
+    attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C,
                        C, 2 * C, src_len, 0, B, T, S, C, NH);
     // q = x W_q^T + b_q
     linear_backward(dx, g.qkv_w, g.qkv_b, d_q, x, w.qkv_w, B * T, C, C);
@@ -1046,7 +1069,7 @@ static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *d
     zero(s->d_c, n);
     residual_dropout_backward(dx, s->d_c, s->d_a, la.drop1, n);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
-    self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
+    self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_c,
                             la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0, B, S, C, c->n_heads);
 }
 
@@ -1099,7 +1122,7 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
     residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop2, n);
     zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
     cross_attention_backward(s->d_b, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
-                             s->d_att_row, s->d_c, la.cross_q, la.cross_kv, la.cross_att,
+                             s->d_c, la.cross_q, la.cross_kv, la.cross_att,
                              la.cross_heads, la.ln1, memory, w.cross_attn, batch->src_len,
                              B, T, S, C, c->n_heads);
     // ln1 = LayerNorm(res1)
@@ -1109,7 +1132,7 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
     zero(s->d_c, n);
     residual_dropout_backward(dy, s->d_c, s->d_a, la.drop1, n);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
-    self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
+    self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_c,
                             la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
                             batch->tgt_len, 1, B, T, C, c->n_heads);
 }
@@ -1230,15 +1253,15 @@ static void point_activations(ActivationTensors *a, real *memory, const size_t s
     }
 }
 
-#define NUM_SCRATCH_TENSORS 10
+#define NUM_SCRATCH_TENSORS 9
 static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
                           size_t B, size_t S, size_t T) {
-    size_t C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
     size_t rows = B * (S > T ? S : T), wide = 3 * C > F ? 3 * C : F;
     size_t list[NUM_SCRATCH_TENSORS] = {
         rows * C, rows * C, rows * C, rows * C, rows * C,  // d_x d_y d_a d_b d_c
         rows * wide, B * S * 2 * C, B * S * C,             // d_wide d_kv d_memory
-        NH * rows, B * T * V,                              // d_att_row d_logits
+        B * T * V,                                         // d_logits
     };
     memcpy(sizes, list, sizeof list);
 }
@@ -1246,7 +1269,7 @@ static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerCo
 static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
     real **list[NUM_SCRATCH_TENSORS] = {
         &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_wide, &s->d_kv, &s->d_memory,
-        &s->d_att_row, &s->d_logits,
+        &s->d_logits,
     };
     for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
         *list[i] = memory;
