@@ -340,31 +340,42 @@ typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-// strip[k][r] = A[m0 + r][k0 + k] for the 6 rows from m0 (zeros past row M)
-static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int k0, int kc) {
+// A copy of the rows m0 .. M-1 (fewer than 6) of A, columns k0 .. k0+kc-1,
+// padded with zero rows to a full strip: strip[k * TILE_ROWS + r] = A[m0 + r][k0 + k].
+static void pack_a_edge(real *strip, MatrixView a, int m0, int M, int k0, int kc) {
     for (int k = 0; k < kc; k++)
         for (int r = 0; r < TILE_ROWS; r++)
             strip[k * TILE_ROWS + r] = m0 + r < M
                 ? a.data[(size_t)(m0 + r) * a.row_stride + (size_t)(k0 + k) * a.col_stride] : 0;
 }
 
-// strip[k][j] = B[k0 + k][n0 + j] for the 32 columns from n0 (zeros past column N)
+// strip[k][j] = B[k0 + k][n0 + j] for the 32 columns from n0 (zeros past column N),
+// read along whichever direction B is contiguous in.
 static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int kc) {
+    int cols = min_int(N - n0, TILE_COLS);
+    const real *b0 = b.data + (size_t)k0 * b.row_stride + (size_t)n0 * b.col_stride;
+    if (b.col_stride == 1) {          // rows of B are contiguous
+        for (int k = 0; k < kc; k++)
+            for (int j = 0; j < cols; j++) strip[k * TILE_COLS + j] = b0[(size_t)k * b.row_stride + j];
+    } else {                          // columns are (B is a transposed matrix)
+        for (int j = 0; j < cols; j++)
+            for (int k = 0; k < kc; k++) strip[k * TILE_COLS + j] = b0[(size_t)j * b.col_stride + (size_t)k * b.row_stride];
+    }
     for (int k = 0; k < kc; k++)
-        for (int j = 0; j < TILE_COLS; j++)
-            strip[k * TILE_COLS + j] = n0 + j < N
-                ? b.data[(size_t)(k0 + k) * b.row_stride + (size_t)(n0 + j) * b.col_stride] : 0;
+        for (int j = cols; j < TILE_COLS; j++) strip[k * TILE_COLS + j] = 0;
 }
 
-// The register tile: C[0..rows)[0..cols) += sum_k a[k][.] b[k][.] (at most 6 x 32),
-// c with row stride ldc; a and b are packed strips kc deep.
-static void matmul_tile(real *c, size_t ldc, const real *a, const real *b, int kc, int rows, int cols) {
+// The register tile: C[0..rows)[0..cols) += sum_k A[.][k] b[k][.] (at most 6 x 32).
+// c has row stride ldc; A's element (r, k) is a[r * a_row + k * a_col] and
+// must exist for all 6 rows; b is a packed strip kc deep.
+static void matmul_tile(real *c, size_t ldc, const real *a, size_t a_row, size_t a_col,
+                        const real *b, int kc, int rows, int cols) {
     real sum[TILE_ROWS][TILE_COLS];
     for (int r = 0; r < TILE_ROWS; r++)
         for (int j = 0; j < TILE_COLS; j++) sum[r][j] = 0;
     for (int k = 0; k < kc; k++) {
         for (int r = 0; r < TILE_ROWS; r++) {
-            real ark = a[k * TILE_ROWS + r];
+            real ark = a[r * a_row + k * a_col];
             OMP(simd)
             for (int j = 0; j < TILE_COLS; j++) sum[r][j] += ark * b[k * TILE_COLS + j];
         }
@@ -382,7 +393,7 @@ static real *packed_b_alloc(void) {
 // comes from packed_b_alloc. c is (M, N) with row stride ldc, a (M, K), b (K, N).
 static void matmul_rows(real *c, size_t ldc, MatrixView a, MatrixView b, int m_first, int m_end,
                         int N, int K, real *packed_b) {
-    real packed_a[TILE_ROWS * DEPTH_BLOCK];
+    real edge[TILE_ROWS * DEPTH_BLOCK];
     for (int n0 = 0; n0 < N; n0 += WIDTH_BLOCK) {
         int col_strips = (min_int(N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
         for (int k0 = 0; k0 < K; k0 += DEPTH_BLOCK) {
@@ -390,10 +401,17 @@ static void matmul_rows(real *c, size_t ldc, MatrixView a, MatrixView b, int m_f
             for (int s = 0; s < col_strips; s++)
                 pack_b_strip(packed_b + (size_t)s * TILE_COLS * kc, b, n0 + s * TILE_COLS, N, k0, kc);
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
-                pack_a_strip(packed_a, a, m0, m_end, k0, kc);
+                // a full strip of 6 rows is read where it lies; the last, shorter
+                // one from a copy padded with zero rows
+                const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
+                size_t a_row = a.row_stride, a_col = a.col_stride;
+                if (m_end - m0 < TILE_ROWS) {
+                    pack_a_edge(edge, a, m0, m_end, k0, kc);
+                    a0 = edge; a_row = 1; a_col = TILE_ROWS;
+                }
                 for (int s = 0; s < col_strips; s++) {
                     int j0 = n0 + s * TILE_COLS;
-                    matmul_tile(c + (size_t)m0 * ldc + j0, ldc, packed_a,
+                    matmul_tile(c + (size_t)m0 * ldc + j0, ldc, a0, a_row, a_col,
                                 packed_b + (size_t)s * TILE_COLS * kc, kc,
                                 min_int(m_end - m0, TILE_ROWS), min_int(N - j0, TILE_COLS));
                 }
