@@ -496,38 +496,59 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 // ============================================================================
 
+// splitmix64's output function: a 64-bit hash whose outputs look independent
+// for consecutive inputs.
+static uint64_t hash64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
 // Draws a dropout mask: each element is kept with probability 1 - p and then
 // scaled by 1/(1-p) ("inverted dropout", so evaluation needs no rescaling).
-// With training off or p = 0 the mask is all ones. Drawn serially from one
-// stream, so a seed gives the same masks whatever the thread count.
+// With training off or p = 0 the mask is all ones. The mask takes one number
+// from the model's generator as its key; element i is then decided by
+// hash64(key + i), uniform in [0, 1) with 53 bits, so that the elements can
+// be drawn in parallel and a seed gives the same masks whatever the thread count.
 static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) {
     if (!training || p <= 0.0f) {
+        OMP(parallel for)
         for (size_t i = 0; i < n; i++) mask[i] = 1;
         return;
     }
+    uint64_t key = rng_next(rng);
     real keep_scale = (real)(1.0 / (1.0 - p));
-    for (size_t i = 0; i < n; i++) mask[i] = rng_uniform(rng) < p ? 0 : keep_scale;
+    double drop = p;
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) {
+        double uniform = (double)(hash64(key + i) >> 11) * (1.0 / 9007199254740992.0);
+        mask[i] = uniform < drop ? 0 : keep_scale;
+    }
 }
 
 // out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
 static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
 }
 
 // Differentiates  out[i] = inp[i] * mask[i]
 static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
 }
 
 // out = residual + sublayer * mask  (x + Dropout(Sublayer(x)))
 static void residual_dropout_forward(real *out, const real *residual, const real *sublayer,
                                      const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) out[i] = residual[i] + sublayer[i] * mask[i];
 }
 
 // Differentiates  out[i] = residual[i] + sublayer[i] * mask[i]
 static void residual_dropout_backward(real *dresidual, real *dsublayer, const real *dout,
                                       const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) {
         dresidual[i] += dout[i];
         dsublayer[i] += dout[i] * mask[i];
@@ -584,17 +605,24 @@ static void layernorm_backward(real *dinp, real *dgain, real *dbias, const real 
             dx[i] += s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
         }
     }
-    // gain and bias are shared by all rows: one thread per feature, rows in order
+    // gain and bias are shared by all rows: one thread per block of 32
+    // features, which runs down the rows in order
     OMP(parallel for)
-    for (int i = 0; i < C; i++) {
-        real dg = 0, db = 0;
+    for (int i0 = 0; i0 < C; i0 += 32) {
+        int width = min_int(C - i0, 32);
+        real dg[32] = { 0 }, db[32] = { 0 };
         for (int n = 0; n < N; n++) {
-            real gi = dout[(size_t)n * C + i];
-            dg += gi * (inp[(size_t)n * C + i] - mean[n]) * rstd[n];
-            db += gi;
+            const real *x = inp + (size_t)n * C + i0, *g = dout + (size_t)n * C + i0;
+            real m = mean[n], s = rstd[n];
+            for (int i = 0; i < width; i++) {
+                dg[i] += g[i] * (x[i] - m) * s;
+                db[i] += g[i];
+            }
         }
-        dgain[i] += dg;
-        dbias[i] += db;
+        for (int i = 0; i < width; i++) {
+            dgain[i0 + i] += dg[i];
+            dbias[i0 + i] += db[i];
+        }
     }
 }
 
@@ -827,12 +855,14 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
 
 // h = max(0, h) in place
 static void relu_forward(real *h, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
 }
 
 // Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
 // In place: dh becomes da.
 static void relu_backward(real *dh, const real *h, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
 }
 
@@ -873,6 +903,7 @@ static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, cons
 static void embedding_forward(real *out, const int *tokens, const real *embedding,
                               const real *pe, int B, int T, int C) {
     real scale = real_sqrt((real)C);
+    OMP(parallel for collapse(2))
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             const real *e = embedding + (size_t)tokens[b * T + t] * C;
@@ -884,15 +915,22 @@ static void embedding_forward(real *out, const int *tokens, const real *embeddin
 }
 
 // Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i].
-// Serial: two positions holding the same token add into the same row.
+// Two positions holding the same token add into the same row, so the threads
+// share out the C features, not the positions: each adds every position's
+// gradient into its own columns, positions in order.
 static void embedding_backward(real *dembedding, const real *dout, const int *tokens,
                                int B, int T, int C) {
     real scale = real_sqrt((real)C);
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            real *de = dembedding + (size_t)tokens[b * T + t] * C;
-            const real *g = dout + ((size_t)b * T + t) * C;
-            for (int i = 0; i < C; i++) de[i] += g[i] * scale;
+    OMP(parallel)
+    {
+        int first, end;
+        thread_share(C, &first, &end);
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                real *de = dembedding + (size_t)tokens[b * T + t] * C;
+                const real *g = dout + ((size_t)b * T + t) * C;
+                for (int i = first; i < end; i++) de[i] += g[i] * scale;
+            }
         }
     }
 }
@@ -1062,7 +1100,10 @@ static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLay
     layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, w.ln2_g, w.ln2_b, N, C, c->layer_norm_eps);
 }
 
-static void zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+static void zero(real *x, size_t n) {
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) x[i] = 0;
+}
 
 // dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients
 static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
@@ -1184,11 +1225,12 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
         for (int k = 1; k < V; k++) if (z[k] > max_z) max_z = z[k];
         real sum = 0, sum_z = 0;
         for (int k = 0; k < V; k++) {
-            sum += real_exp(z[k] - max_z);
+            p[k] = real_exp(z[k] - max_z);
+            sum += p[k];
             sum_z += z[k];
         }
-        real log_sum = max_z + real_log(sum);
-        for (int k = 0; k < V; k++) p[k] = real_exp(z[k] - log_sum);
+        real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
+        for (int k = 0; k < V; k++) p[k] *= inv_sum;
         // -sum_k q_k log p_k = -(1-eps) log p_y - (eps/V) sum_k log p_k
         real log_p_target = z[targets[bt]] - log_sum;
         real sum_log_p = sum_z - V * log_sum;
