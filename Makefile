@@ -72,7 +72,7 @@ sanitize: test_transformer.c $(SOURCES)
 
 # transformer.c and PyTorch (dev/bench_pytorch.py) alternately, the same model
 # and batch, then a table with the ratio PyTorch time / transformer.c time.
-BENCH_CONFIGS ?= toy,base
+BENCH_CONFIGS ?= tiny,toy,base
 BENCH_ROUNDS ?= 3
 BENCH_THREADS ?= 2
 bench: transformer

@@ -336,7 +336,8 @@ typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
 #define TILE_ROWS 6
 #define TILE_COLS (128 / (int)sizeof(real))  // 32 floats (16 doubles): 128 bytes
 #define DEPTH_BLOCK 128
-#define WIDTH_BLOCK 512                      // a multiple of TILE_COLS
+#define WIDTH_BLOCK 512
+_Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -456,6 +457,7 @@ static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, i
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
                            int N, int IC, int OC) {
+    OMP(parallel for)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias ? bias[o] : 0;
     // out[n,o] += sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
@@ -1594,6 +1596,7 @@ static const BenchPreset bench_presets[] = {
     //  name     N  d_model d_ff  h  vocab   B   S    T
     { "toy",     2, 128,   512,  4, 1000,  32, 32,  32 },  // what users train on a laptop
     { "base",    6, 512,   2048, 8, 8000,   8, 64,  64 },  // the paper's base model (Table 3)
+    { "tiny",    2, 64,    256,  4, 14,    96, 12,  12 },  // ./transformer train's defaults: copy task, 10 words
 };
 
 // The floating-point operations of one training step, counting the matrix

@@ -8,24 +8,45 @@ its own process with the same number of threads. Then prints one table: the
 median over the rounds of each side's median step time, and the ratio
 PyTorch time / transformer.c time (above 1: transformer.c is faster).
 
-    /usr/bin/python3 dev/bench_compare.py [--configs toy,base] [--rounds 3] [--threads 2]
+    /usr/bin/python3 dev/bench_compare.py [--configs tiny,toy,base] [--rounds 3] [--threads 2]
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def machine_busy_seconds():
+    """CPU time the whole machine has spent busy (all processes), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]            # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_json(cmd, env):
+    """Runs one benchmark; returns its JSON line, with "background_load": the
+    CPU time other processes on the machine took meanwhile, in cores."""
+    busy0, ours0, wall0 = machine_busy_seconds(), children_cpu_seconds(), time.perf_counter()
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    busy1, ours1, wall1 = machine_busy_seconds(), children_cpu_seconds(), time.perf_counter()
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if not lines:
         sys.exit(f"error: no JSON line from: {' '.join(cmd)}\n{out}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    result["background_load"] = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0)
+    return result
 
 
 def cpu_name():
@@ -42,7 +63,7 @@ def cpu_name():
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--binary", default="./transformer")
-    p.add_argument("--configs", default="toy,base")
+    p.add_argument("--configs", default="tiny,toy,base")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
@@ -62,14 +83,17 @@ def main(argv=None):
                           "--warmup", str(c["warmup"]), "--steps", str(c["steps"])], env)
             theirs.append(t)
             print(f"  {name} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, "
-                  f"PyTorch {t['median_ms']:.1f} ms", file=sys.stderr)
+                  f"PyTorch {t['median_ms']:.1f} ms (other processes meanwhile: "
+                  f"{c['background_load']:.2f} and {t['background_load']:.2f} cores)", file=sys.stderr)
         rows.append((name, ours, theirs))
 
     def med(results, key):
         return statistics.median(x[key] for x in results)
 
-    print(f"{cpu_name()}, {a.threads} threads; PyTorch {rows[0][2][0]['torch']}; "
-          f"median of {a.rounds} alternating rounds, each the median of its timed steps")
+    background = statistics.mean(x["background_load"] for _, o, t in rows for x in o + t)
+    print(f"{cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; PyTorch {rows[0][2][0]['torch']}; "
+          f"median of {a.rounds} alternating rounds, each the median of its timed steps; "
+          f"other processes used {background:.2f} cores on average meanwhile")
     print("| config | N | d_model | d_ff | h | vocab | batch (B x S x T) | transformer.c ms/step | "
           "PyTorch ms/step | PyTorch / ours | ours tokens/s | PyTorch tokens/s | ours GFLOP/s | "
           "PyTorch GFLOP/s | ours peak MB (step) | PyTorch peak MB (step) |")

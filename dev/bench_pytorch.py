@@ -152,7 +152,10 @@ def main(argv=None):
 
     times = []
     loss = None
+    cpu_start = 0.0
     for step in range(1, a.warmup + steps + 1):
+        if step == a.warmup + 1:
+            cpu_start = time.process_time()
         start = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = noam_lr(step, C)
@@ -165,6 +168,7 @@ def main(argv=None):
         if step > a.warmup:
             times.append(time.perf_counter() - start)
 
+    cpu_per_step = (time.process_time() - cpu_start) / steps
     median = statistics.median(times)
     flops = training_step_flops(L, C, F_, V, B, S, T)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kB on Linux
@@ -173,6 +177,7 @@ def main(argv=None):
         "heads": H, "vocab": V, "dropout": a.dropout, "label_smoothing": a.label_smoothing,
         "batch": B, "src_len": S, "tgt_len": T, "threads": torch.get_num_threads(),
         "warmup": a.warmup, "steps": steps, "median_ms": median * 1e3, "min_ms": min(times) * 1e3,
+        "cpu_ms": cpu_per_step * 1e3,
         "tokens_per_s": B * T / median, "gflop_per_step": flops * 1e-9,
         "gflops": flops / median * 1e-9, "peak_mb": peak_kb / 1024,
         "step_mb": (peak_kb - rss_before) / 1024 if rss_before >= 0 else -1,
@@ -186,7 +191,7 @@ def main(argv=None):
           f"label smoothing {a.label_smoothing:g}, {n_params} parameters (PyTorch {torch.__version__})")
     print(f"batch {B} sentences x {S} source x {T} target tokens, {torch.get_num_threads()} threads")
     print(f"median {median * 1e3:.2f} ms per step (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}; "
-          f"{steps} steps after {a.warmup} warm-up)")
+          f"{steps} steps after {a.warmup} warm-up); CPU time {cpu_per_step * 1e3:.2f} ms per step")
     print(f"{B * T / median:.0f} target tokens/s, {flops / median * 1e-9:.1f} GFLOP/s "
           f"({flops * 1e-9:.3f} GFLOP per step)")
     print(f"peak memory {peak_kb / 1024:.1f} MB ({result['step_mb']:.1f} MB more than after importing torch)")
