@@ -130,6 +130,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="default: 10 for d_model >= 512, else 20")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--foreach", action="store_true", help="Adam's multi-tensor implementation")
     a = p.parse_args(argv)
     steps = a.steps or (10 if a.d_model >= 512 else 20)
     torch.set_num_threads(a.threads)
@@ -140,7 +141,8 @@ def main(argv=None):
                                a.batch, a.src_len, a.tgt_len)
     model = BenchModel(L, C, F_, H, V, max(S, T), a.dropout)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9,
+                           foreach=a.foreach)
     # The synthetic batch: every sentence at its full length, random words.
     src = torch.randint(4, V, (B, S))
     tgt_out = torch.randint(4, V, (B, T))
