@@ -315,19 +315,31 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 //
 //    The inner loop over the 32 columns is what the compiler turns into
 //    vector instructions; the loops over k and the 6 rows stay loops.
-// 2. Packing. Before use, a tile's strip of A (6 x kc) and strip of B (kc x
-//    32) are copied into small contiguous buffers in exactly the order the
-//    tile reads them, so every read is sequential whatever the strides of the
-//    original (a transposed W is read along its columns). A packed B strip is
-//    used by every 6-row strip of A, a packed A strip by every B strip.
-// 3. Depth blocks. K is cut into blocks of DEPTH_BLOCK (128) so that a packed
-//    B strip (128 x 32 floats, 16 KB) stays in the level-1 cache and a block
-//    of B up to WIDTH_BLOCK (512) columns wide in the level-2 cache.
+// 2. Packing B. The tile reads B a row of 32 numbers at a time. A block of B
+//    is first copied ("packed") into strips of 32 columns, each strip kc rows
+//    deep and contiguous, in exactly the order the tile reads it: every read
+//    is then sequential whatever the strides of B (W^T in the forward pass is
+//    read down the columns of W). A is read where it lies, 6 numbers per
+//    step; only a last strip of fewer than 6 rows is copied, padded with zeros.
+// 3. Cache blocks. K is cut into depth blocks of DEPTH_BLOCK (128) and N into
+//    width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512 floats
+//    = 256 KB, stays in the level-2 cache while the 6-row strips of A pass
+//    by; a strip of A, 6 x 128 floats = 3 KB, stays in the level-1 cache while
+//    it meets the block's 16 strips of B:
+//
+//        for each width block of B (512 columns):
+//          for each depth block (128 values of k):
+//            pack the 128 x 512 block of B into 16 strips of 128 x 32
+//            for each 6-row strip of A (among this thread's rows):
+//              for each 32-column strip of the packed block:
+//                tile: C[6 rows][32 columns] += A[6][128] B[128][32]
+//
 //    C[m][n] receives its depth blocks' sums in order k = 0, 128, 256, ...
 //
-// Threads: the threads pack a block of B together, one strip each, then
-// share out the 6-row strips of C. Each element of C belongs to one thread
-// and is summed in the same order whatever the number of threads.
+// Threads: each thread takes an equal share of the 6-row strips of C and packs
+// the blocks of B it needs itself (a little copying done twice, but no thread
+// ever waits for another). Each element of C belongs to one thread and is
+// summed in the same order whatever the number of threads.
 // ----------------------------------------------------------------------------
 
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
