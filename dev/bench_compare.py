@@ -8,6 +8,13 @@ its own process with the same number of threads. Then prints one table: the
 median over the rounds of each side's median step time, and the ratio
 PyTorch time / transformer.c time (above 1: transformer.c is faster).
 
+On a shared machine other processes can take the cores in the middle of a
+run. Each run reports how many cores other processes used meanwhile; a round
+in which either run saw more than --max-background cores of other work is
+thrown away and repeated after a pause (at most --retries times), and the
+table's heading says how many were thrown away and the background load of
+the rounds it kept.
+
     /usr/bin/python3 dev/bench_compare.py [--configs tiny,toy,base] [--rounds 3] [--threads 2]
 """
 import argparse
@@ -66,25 +73,42 @@ def main(argv=None):
     p.add_argument("--configs", default="tiny,toy,base")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-background", type=float, default=0.1,
+                   help="cores of other work above which a round is repeated")
+    p.add_argument("--retries", type=int, default=5, help="repeats of one round at most")
     a = p.parse_args(argv)
+    discarded = 0
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     rows = []
+    def run_round(name):
+        """transformer.c then PyTorch, the same config; their two JSON results."""
+        c = run_json([a.binary, "bench", "--config", name, "--threads", str(a.threads), "--json"], env)
+        t = run_json(["/usr/bin/python3", os.path.join(HERE, "bench_pytorch.py"), "--json",
+                      "--config", name, "--layers", str(c["layers"]), "--d-model", str(c["d_model"]),
+                      "--d-ff", str(c["d_ff"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
+                      "--batch", str(c["batch"]), "--src-len", str(c["src_len"]),
+                      "--tgt-len", str(c["tgt_len"]), "--dropout", str(c["dropout"]),
+                      "--label-smoothing", str(c["label_smoothing"]), "--threads", str(a.threads),
+                      "--warmup", str(c["warmup"]), "--steps", str(c["steps"])], env)
+        return c, t
+
     for name in a.configs.split(","):
         ours, theirs = [], []
         for r in range(a.rounds):
-            c = run_json([a.binary, "bench", "--config", name, "--threads", str(a.threads), "--json"], env)
+            for attempt in range(a.retries + 1):
+                c, t = run_round(name)
+                busy = max(c["background_load"], t["background_load"]) > a.max_background
+                retry = busy and attempt < a.retries
+                print(f"  {name} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, "
+                      f"PyTorch {t['median_ms']:.1f} ms (other processes meanwhile: "
+                      f"{c['background_load']:.2f} and {t['background_load']:.2f} cores)"
+                      f"{'; repeating it' if retry else ''}", file=sys.stderr)
+                if not retry:
+                    break
+                discarded += 1
+                time.sleep(10)
             ours.append(c)
-            t = run_json(["/usr/bin/python3", os.path.join(HERE, "bench_pytorch.py"), "--json",
-                          "--config", name, "--layers", str(c["layers"]), "--d-model", str(c["d_model"]),
-                          "--d-ff", str(c["d_ff"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
-                          "--batch", str(c["batch"]), "--src-len", str(c["src_len"]),
-                          "--tgt-len", str(c["tgt_len"]), "--dropout", str(c["dropout"]),
-                          "--label-smoothing", str(c["label_smoothing"]), "--threads", str(a.threads),
-                          "--warmup", str(c["warmup"]), "--steps", str(c["steps"])], env)
             theirs.append(t)
-            print(f"  {name} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, "
-                  f"PyTorch {t['median_ms']:.1f} ms (other processes meanwhile: "
-                  f"{c['background_load']:.2f} and {t['background_load']:.2f} cores)", file=sys.stderr)
         rows.append((name, ours, theirs))
 
     def med(results, key):
@@ -93,7 +117,8 @@ def main(argv=None):
     background = statistics.mean(x["background_load"] for _, o, t in rows for x in o + t)
     print(f"{cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; PyTorch {rows[0][2][0]['torch']}; "
           f"median of {a.rounds} alternating rounds, each the median of its timed steps; "
-          f"other processes used {background:.2f} cores on average meanwhile")
+          f"other processes used {background:.2f} cores on average meanwhile"
+          f"{f' ({discarded} busier rounds thrown away and repeated)' if discarded else ''}")
     print("| config | N | d_model | d_ff | h | vocab | batch (B x S x T) | transformer.c ms/step | "
           "PyTorch ms/step | PyTorch / ours | ours tokens/s | PyTorch tokens/s | ours GFLOP/s | "
           "PyTorch GFLOP/s | ours peak MB (step) | PyTorch peak MB (step) |")
