@@ -857,28 +857,53 @@ static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
     return d;
 }
 
+static void zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+
+// "Add & Norm" (Figure 1), the end of every sub-layer:
+//     res = x + Dropout(sublayer);   out = LayerNorm(res)
+// out, res, mask are (N,C), mean and rstd (N); x and sublayer are (N,C)
+static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask,
+                             const real *x, const real *sublayer, const real *gain,
+                             const real *bias, Transformer *m, int N) {
+    const TransformerConfig *c = &m->config;
+    size_t n = (size_t)N * c->d_model;
+    dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, n);
+    residual_dropout_forward(res, x, sublayer, mask, n);
+    layernorm_forward(out, mean, rstd, res, gain, bias, N, c->d_model, c->layer_norm_eps);
+}
+
+// Differentiates the two lines above; dx and dsublayer accumulate, d_res is
+// (N,C) scratch, dout must not alias dx or dsublayer
+static void add_norm_backward(real *dx, real *dsublayer, real *dgain, real *dbias, real *d_res,
+                              const real *dout, const real *res, const real *mask,
+                              const real *gain, const real *mean, const real *rstd, int N, int C) {
+    size_t n = (size_t)N * C;
+    // out = LayerNorm(res)
+    zero(d_res, n);
+    layernorm_backward(d_res, dgain, dbias, dout, res, gain, mean, rstd, N, C);
+    // res = x + Dropout(sublayer)
+    residual_dropout_backward(dx, dsublayer, d_res, mask, n);
+}
+
 // out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
 static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLayerParams w,
                                   const int *src_len, Transformer *m, int B, int S) {
     const TransformerConfig *c = &m->config;
     int C = c->d_model, N = B * S;
-    size_t n = (size_t)N * C;
-    // sub-layer 1: LayerNorm(x + Dropout(SelfAttention(x)))
+    // sub-layer 1: ln1 = LayerNorm(x + Dropout(SelfAttention(x)))
     self_attention_forward(la.att_proj, la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0,
                            B, S, C, c->n_heads);
-    dropout_mask(la.drop1, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res1, x, la.att_proj, la.drop1, n);
-    layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, w.ln1_g, w.ln1_b, N, C, c->layer_norm_eps);
-    // sub-layer 2: LayerNorm(x + Dropout(FFN(x)))
+    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, x, la.att_proj,
+                     w.ln1_g, w.ln1_b, m, N);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(FFN(ln1)))
     feed_forward_forward(la.ff_out, la.ff_h, la.ln1, w.ffn, N, C, c->d_ff);
-    dropout_mask(la.drop2, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res2, la.ln1, la.ff_out, la.drop2, n);
-    layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, w.ln2_g, w.ln2_b, N, C, c->layer_norm_eps);
+    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.ff_out,
+                     w.ln2_g, w.ln2_b, m, N);
 }
 
-static void zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
-
-// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients
+// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients.
+// Scratch: d_a for layer norms, d_b for the gradient between sub-layers, d_c
+// for a sub-layer's output, d_wide for its inside.
 static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
                                    EncoderLayerActs la, const real *x, EncoderLayerParams w,
                                    const int *src_len, Transformer *m, int B, int S) {
@@ -886,20 +911,16 @@ static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *d
     BackwardScratch *s = &m->scratch;
     int C = c->d_model, F = c->d_ff, N = B * S;
     size_t n = (size_t)N * C;
-    // ln2 = LayerNorm(res2)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln2_g, g.ln2_b, dout, la.res2, w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    // res2 = ln1 + Dropout(ff_out),  ff_out = FFN(ln1)
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
     zero(s->d_b, n); zero(s->d_c, n);
-    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop2, n);
+    add_norm_backward(s->d_b, s->d_c, g.ln2_g, g.ln2_b, s->d_a, dout, la.res2, la.drop2,
+                      w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln1, w.ffn, N, C, F);
-    // ln1 = LayerNorm(res1)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln1_g, g.ln1_b, s->d_b, la.res1, w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    // res1 = x + Dropout(att_proj),  att_proj = SelfAttention(x)
+    // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
     zero(s->d_c, n);
-    residual_dropout_backward(dx, s->d_c, s->d_a, la.drop1, n);
+    add_norm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_b, la.res1, la.drop1,
+                      w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
                             la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0, B, S, C, c->n_heads);
@@ -910,27 +931,24 @@ static void decoder_layer_forward(DecoderLayerActs la, const real *y, const real
                                   DecoderLayerParams w, const Batch *batch, Transformer *m) {
     const TransformerConfig *c = &m->config;
     int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, N = B * T;
-    size_t n = (size_t)N * C;
-    // sub-layer 1: LayerNorm(y + Dropout(MaskedSelfAttention(y)))
+    // sub-layer 1: ln1 = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
     self_attention_forward(la.self_proj, la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
                            batch->tgt_len, 1, B, T, C, c->n_heads);
-    dropout_mask(la.drop1, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res1, y, la.self_proj, la.drop1, n);
-    layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, w.ln1_g, w.ln1_b, N, C, c->layer_norm_eps);
-    // sub-layer 2: LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
+    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, y, la.self_proj,
+                     w.ln1_g, w.ln1_b, m, N);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
     cross_attention_forward(la.cross_proj, la.cross_q, la.cross_kv, la.cross_att, la.cross_heads,
                             la.ln1, memory, w.cross_attn, batch->src_len, B, T, S, C, c->n_heads);
-    dropout_mask(la.drop2, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res2, la.ln1, la.cross_proj, la.drop2, n);
-    layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, w.ln2_g, w.ln2_b, N, C, c->layer_norm_eps);
-    // sub-layer 3: LayerNorm(ln2 + Dropout(FFN(ln2)))
+    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.cross_proj,
+                     w.ln2_g, w.ln2_b, m, N);
+    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(FFN(ln2)))
     feed_forward_forward(la.ff_out, la.ff_h, la.ln2, w.ffn, N, C, c->d_ff);
-    dropout_mask(la.drop3, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res3, la.ln2, la.ff_out, la.drop3, n);
-    layernorm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, w.ln3_g, w.ln3_b, N, C, c->layer_norm_eps);
+    add_norm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, la.drop3, la.ln2, la.ff_out,
+                     w.ln3_g, w.ln3_b, m, N);
 }
 
-// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3)
+// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3).
+// Scratch as in encoder_layer_backward, and d_d for dL/d(ln1).
 static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g, const real *dout,
                                    DecoderLayerActs la, const real *y, const real *memory,
                                    DecoderLayerParams w, const Batch *batch, Transformer *m) {
@@ -938,31 +956,25 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
     BackwardScratch *s = &m->scratch;
     int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, F = c->d_ff, N = B * T;
     size_t n = (size_t)N * C;
-    // ln3 = LayerNorm(res3)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln3_g, g.ln3_b, dout, la.res3, w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
-    // res3 = ln2 + Dropout(ff_out),  ff_out = FFN(ln2)
+    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
     zero(s->d_b, n); zero(s->d_c, n);
-    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop3, n);
+    add_norm_backward(s->d_b, s->d_c, g.ln3_g, g.ln3_b, s->d_a, dout, la.res3, la.drop3,
+                      w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln2, w.ffn, N, C, F);
-    // ln2 = LayerNorm(res2)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln2_g, g.ln2_b, s->d_b, la.res2, w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    // res2 = ln1 + Dropout(cross_proj),  cross_proj = Attention(ln1, memory)
-    zero(s->d_b, n); zero(s->d_c, n);
-    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop2, n);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
+    zero(s->d_c, n); zero(s->d_d, n);
+    add_norm_backward(s->d_d, s->d_c, g.ln2_g, g.ln2_b, s->d_a, s->d_b, la.res2, la.drop2,
+                      w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
-    cross_attention_backward(s->d_b, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
+    cross_attention_backward(s->d_d, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
                              s->d_att_row, s->d_c, la.cross_q, la.cross_kv, la.cross_att,
                              la.cross_heads, la.ln1, memory, w.cross_attn, batch->src_len,
                              B, T, S, C, c->n_heads);
-    // ln1 = LayerNorm(res1)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln1_g, g.ln1_b, s->d_b, la.res1, w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    // res1 = y + Dropout(self_proj),  self_proj = MaskedSelfAttention(y)
+    // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
     zero(s->d_c, n);
-    residual_dropout_backward(dy, s->d_c, s->d_a, la.drop1, n);
+    add_norm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_d, la.res1, la.drop1,
+                      w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
                             la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
@@ -1085,13 +1097,13 @@ static void point_activations(ActivationTensors *a, real *memory, const size_t s
     }
 }
 
-#define NUM_SCRATCH_TENSORS 10
+#define NUM_SCRATCH_TENSORS 11
 static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
                           size_t B, size_t S, size_t T) {
     size_t C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
     size_t rows = B * (S > T ? S : T), wide = 3 * C > F ? 3 * C : F;
     size_t list[NUM_SCRATCH_TENSORS] = {
-        rows * C, rows * C, rows * C, rows * C, rows * C,  // d_x d_y d_a d_b d_c
+        rows * C, rows * C, rows * C, rows * C, rows * C, rows * C, // d_x d_y d_a d_b d_c d_d
         rows * wide, B * S * 2 * C, B * S * C,             // d_wide d_kv d_memory
         NH * rows, B * T * V,                              // d_att_row d_logits
     };
@@ -1100,7 +1112,7 @@ static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerCo
 
 static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
     real **list[NUM_SCRATCH_TENSORS] = {
-        &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_wide, &s->d_kv, &s->d_memory,
+        &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_d, &s->d_wide, &s->d_kv, &s->d_memory,
         &s->d_att_row, &s->d_logits,
     };
     for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {

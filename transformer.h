@@ -185,6 +185,7 @@ typedef struct {
     real *d_a;          // (B, max(S,T), C)
     real *d_b;          // (B, max(S,T), C)
     real *d_c;          // (B, max(S,T), C)
+    real *d_d;          // (B, max(S,T), C)
     real *d_wide;       // (B, max(S,T), max(3C,F))
     real *d_kv;         // (B, S, 2C)              cross-attention keys and values
     real *d_memory;     // (B, S, C)               encoder output, summed over decoder layers
