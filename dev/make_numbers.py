@@ -180,12 +180,50 @@ def self_check():
             sys.exit(f"make_numbers.py: rule check failed for {n}: got {got}, expected {(en, de)}")
 
 
+def value_of(tokens, ones, tens, hundred, thousand):
+    """The number that words written by the rules above stand for, read left to
+    right by adding and multiplying (not by the rules that wrote them)."""
+    total, current = 0, 0
+    for token in tokens:
+        if token in ones:
+            current += ones[token]
+        elif token in tens:
+            current += tens[token]
+        elif token == hundred:
+            current *= 100
+        elif token == thousand:
+            total, current = total + current * 1000, 0
+        elif token != "und":
+            raise ValueError(token)
+    return total + current
+
+
+def check_all():
+    """Every number 0..LARGEST: both sides read back to the number; one is
+    `eins` only at the end and `ein` never; `und` stands between a one and a ten."""
+    en_ones = {w: i for i, w in enumerate(ENGLISH_ONES)}
+    en_tens = {w: 10 * i for i, w in enumerate(ENGLISH_TENS) if w}
+    de_ones = {w: i for i, w in enumerate(GERMAN_ONES)}
+    de_ones["ein"] = 1
+    de_tens = {w: 10 * i for i, w in enumerate(GERMAN_TENS) if w}
+    for n in range(LARGEST + 1):
+        en, de = english(n), german(n)
+        ok = value_of(en, en_ones, en_tens, "hundred", "thousand") == n
+        ok = ok and value_of(de, de_ones, de_tens, "hundert", "tausend") == n
+        ok = ok and "eins" not in de[:-1] and de[-1] != "ein"
+        ok = ok and all(0 < i < len(de) - 1 and de[i - 1] in de_ones and de[i + 1] in de_tens
+                        for i, w in enumerate(de) if w == "und")
+        if not ok:
+            sys.exit(f"make_numbers.py: check failed for {n}: {en} -> {de}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=2017, help="shuffle seed (default 2017)")
     parser.add_argument("--out-dir", default=os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "tiny_data")))
     args = parser.parse_args()
     self_check()
+    check_all()
     rng = SplitMix64(args.seed)
     splits = {"train": [], "dev": [], "test": []}
     for lowest, highest, n_train, n_dev, n_test in SPLITS:
