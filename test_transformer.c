@@ -815,6 +815,100 @@ static void test_dropout_training_and_evaluation(void) {
     transformer_free(&m);
 }
 
+// ============================================================================
+// §6.1 BLEU, worked out by hand
+// Each case's numbers are derived in its comment, and were checked against an
+// independent computation: `/usr/bin/python3 dev/bleu_check.py` (our own
+// Counter-based BLEU and NLTK's corpus_bleu) prints the same values.
+// ============================================================================
+
+static int near(double a, double b, double tolerance) { return fabs(a - b) <= tolerance; }
+
+// Corpus BLEU of n (candidate, reference) string pairs.
+static double bleu_of_text(const char *const pairs[][2], int n, double precisions[4], double *bp) {
+    BleuStats stats;
+    bleu_reset(&stats);
+    for (int i = 0; i < n; i++) bleu_add_sentence_text(&stats, pairs[i][0], pairs[i][1]);
+    return bleu_score(&stats, precisions, bp);
+}
+
+static void test_bleu(void) {
+    double p[4], bp, bleu;
+    // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
+    const char *const identical[][2] = { { "the cat sat on the mat", "the cat sat on the mat" } };
+    bleu = bleu_of_text(identical, 1, p, &bp);
+    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1, "BLEU: identical sentences give %.10g", bleu);
+
+    // Shorter than its reference: "the cat sat on" (c = 4) against 6 tokens (r = 6).
+    // Precisions 4/4 3/3 2/2 1/1 = 1; BP = exp(1 - 6/4) = exp(-0.5) = 0.6065306597;
+    // BLEU = 60.65306597.
+    const char *const shorter[][2] = { { "the cat sat on", "the cat sat on the mat" } };
+    bleu = bleu_of_text(shorter, 1, p, &bp);
+    check(near(bp, exp(-0.5), 1e-15) && near(bleu, 60.6530659713, 1e-9) && p[0] == 1 && p[3] == 1,
+          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f (60.6530659713)", bp, bleu);
+
+    // No 4-gram matches: "a b c e d" against "a b c d e".
+    // 1-grams 5/5; 2-grams ab bc ce ed vs ab bc cd de: 2/4; 3-grams abc bce ced: 1/3;
+    // 4-grams abce bced vs abcd bcde: 0/2. One precision is 0, so BLEU = 0 (no smoothing).
+    const char *const no_four[][2] = { { "a b c e d", "a b c d e" } };
+    bleu = bleu_of_text(no_four, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 1.0 && p[1] == 0.5 && near(p[2], 1.0 / 3, 1e-15) && p[3] == 0.0,
+          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)", p[0], p[1], p[2], p[3]);
+
+    // Clipping (Papineni et al.'s own example): seven "the" against "the cat is on
+    // the mat", which holds "the" twice: p1 = min(7, 2) / 7 = 2/7, not 7/7.
+    const char *const clip7[][2] = { { "the the the the the the the", "the cat is on the mat" } };
+    bleu = bleu_of_text(clip7, 1, p, &bp);
+    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0, "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
+    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the reference.
+    const char *const clip4[][2] = { { "the the the the", "the cat" } };
+    bleu = bleu_of_text(clip4, 1, p, &bp);
+    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0, "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
+
+    // Two sentences. A: "a b c d" = its reference (sentence BLEU 100). B: "e f g x i"
+    // against "e f g h i" (sentence BLEU 0: no 4-gram matches). Mean of the two: 50.
+    // Corpus: p1 = (4+4)/(4+5) = 8/9, p2 = (3+2)/(3+4) = 5/7, p3 = (2+1)/(2+3) = 3/5,
+    // p4 = (1+0)/(1+2) = 1/3; c = r = 9, BP = 1. BLEU = 100 (8/9 5/7 3/5 1/3)^(1/4)
+    // = 100 (8/63)^(1/4) = 59.69491792.
+    const char *const two[][2] = { { "a b c d", "a b c d" }, { "e f g x i", "e f g h i" } };
+    bleu = bleu_of_text(two, 2, p, &bp);
+    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) + bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
+    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) && sentence_mean == 50.0,
+          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs %.1f", bleu, sentence_mean);
+
+    // The brevity penalty comes from corpus lengths: A (8 tokens) = its reference,
+    // B "p q r" against "p q r s t u". c = 8+3 = 11, r = 8+6 = 14, BP = exp(1 - 14/11).
+    // B has no 4-gram, so p4 = (5+0)/(5+0) = 1 and BLEU = 100 BP = 76.13003867.
+    // (NLTK gives 72.74: it counts B as having one 4-gram, max(1, 0), so p4 = 5/6.)
+    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" }, { "p q r", "p q r s t u" } };
+    bleu = bleu_of_text(one_short, 2, p, &bp);
+    check(near(bp, exp(1 - 14.0 / 11), 1e-15) && near(bleu, 76.1300386697, 1e-9),
+          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)", bp, bleu);
+
+    // Streaming, and token ids: the same corpus as ids, scored after each sentence.
+    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 }, b_ref[] = { 14, 15, 16, 17, 18 };
+    BleuStats stats;
+    bleu_reset(&stats);
+    bleu_add_sentence(&stats, a, 4, a, 4);
+    double after_one = bleu_score(&stats, NULL, NULL);
+    bleu_add_sentence(&stats, b_hyp, 5, b_ref, 5);
+    double after_two = bleu_score(&stats, NULL, NULL);
+    check(after_one == 100.0 && near(after_two, 59.6949179202, 1e-9) && stats.sentences == 2 &&
+          stats.candidate_length == 9 && stats.reference_length == 9,
+          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two", after_one, after_two);
+
+    // An empty candidate: no n-grams (every p_n taken as 0), c = 0 so BP = 0: BLEU 0.
+    const char *const empty[][2] = { { "", "the cat" } };
+    bleu = bleu_of_text(empty, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 0 && bp == 0.0, "BLEU: an empty candidate gives 0 (BP 0)");
+    // White space of any kind separates words: 3 words each side, p1..p3 = 1,
+    // no 4-gram at all (p4 taken as 0), so BLEU 0; c = r = 3, BP = 1.
+    const char *const spaces[][2] = { { "  the\tcat \n sat  ", "the cat sat" } };
+    bleu = bleu_of_text(spaces, 1, p, &bp);
+    check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
+          "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
@@ -843,6 +937,8 @@ int main(int argc, char **argv) {
     test_dropout_training_and_evaluation();
     test_thread_determinism();
     test_learning();
+    printf("-- evaluation (§6.1 BLEU)\n");
+    test_bleu();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

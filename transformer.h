@@ -248,4 +248,27 @@ double transformer_learning_rate(long step, int d_model, int warmup_steps, doubl
 void adam_update(Transformer *model, double learning_rate);
 const char *parameter_tensor_name(int index);
 
+// ----------------------------------------------------------------------------
+// §6.1 Evaluation: corpus-level BLEU-4 (Papineni et al. 2002), one reference
+// per sentence, no smoothing. Add sentence pairs one at a time, then score:
+//     BleuStats stats; bleu_reset(&stats);
+//     for each pair: bleu_add_sentence(&stats, hyp, hyp_len, ref, ref_len);
+//     double bleu = bleu_score(&stats, NULL, NULL);   // 0..100
+// Pass the words only: no <s>, </s> or padding.
+
+#define BLEU_MAX_ORDER 4
+typedef struct {
+    long long matches[BLEU_MAX_ORDER];  // clipped n-gram matches, n = 1..4, summed over sentences
+    long long totals[BLEU_MAX_ORDER];   // n-grams in the candidates, summed over sentences
+    long long candidate_length;         // c: candidate tokens in the corpus
+    long long reference_length;         // r: reference tokens in the corpus
+    long long sentences;
+} BleuStats;
+
+void bleu_reset(BleuStats *stats);
+void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
+                       const int *reference, int reference_len);
+void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference);
+double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty);
+
 #endif // TRANSFORMER_H
