@@ -15,6 +15,8 @@
  */
 #define TRANSFORMER_NO_MAIN
 #include "transformer.c"
+#include <fcntl.h>      // open, for capturing stderr in the SVG tests
+#include <unistd.h>     // dup, dup2, getpid
 
 static int tests_passed = 0, tests_failed = 0;
 
@@ -909,6 +911,256 @@ static void test_bleu(void) {
           "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
 }
 
+// ============================================================================
+// Pictures: the SVG writers
+// The files are checked as text: the number of <rect> elements (one per
+// heatmap cell, plus the background, one frame per panel and the colour bar),
+// labels escaped for XML, the colour scale present, errors as one line.
+// ============================================================================
+
+static char *read_text_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = checked_calloc((size_t)n + 1, 1, "test file");
+    size_t got = fread(text, 1, (size_t)n, f);
+    text[got] = '\0';
+    fclose(f);
+    return text;
+}
+
+static int count_occurrences(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what)) n++;
+    return n;
+}
+
+static void test_path(char *out, size_t size, const char *name) {
+    snprintf(out, size, "/tmp/test_transformer_%ld_%s", (long)getpid(), name);
+}
+
+// Sends stderr to a file between capture_begin and capture_end, which returns
+// what was printed, so that a test can check an error message.
+static int captured_fd = -1, saved_stderr = -1;
+static char captured_path[256];
+
+static void capture_begin(void) {
+    test_path(captured_path, sizeof captured_path, "stderr.txt");
+    fflush(stderr);
+    saved_stderr = dup(2);
+    captured_fd = open(captured_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(captured_fd, 2);
+}
+
+static void capture_end(char *printed, size_t size) {
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(captured_fd); close(saved_stderr);
+    char *text = read_text_file(captured_path);
+    snprintf(printed, size, "%s", text ? text : "");
+    free(text);
+    remove(captured_path);
+}
+
+// One line, starting with `start`.
+static int one_error_line(const char *printed, const char *start) {
+    return strncmp(printed, start, strlen(start)) == 0 && count_occurrences(printed, "\n") == 1;
+}
+
+static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed, size_t size) {
+    capture_begin();
+    int status = svg_write_loss_curve(svg_path, csv_path, "test");
+    capture_end(printed, size);
+    return status;
+}
+
+static void test_svg_heatmap(void) {
+    char path[256];
+    test_path(path, sizeof path, "heatmap.svg");
+    const real values[6] = { 0, 0.5, 1, 0.25, 0.75, 0.1 };
+    const char *rows[2] = { "<s>", "a&b" }, *cols[3] = { "x", "\"q\"", "it's" };
+    int status = svg_write_heatmap(path, values, 2, 3, rows, cols, "tokens <s> & </s>", 0, 1);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG heatmap: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 6 + 3, "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
+              count_occurrences(svg, "<rect"));
+        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") && strstr(svg, ">&quot;q&quot;<") &&
+              strstr(svg, ">it&apos;s<") && strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
+              "SVG heatmap: labels and title escaped for XML (&lt;s&gt;, a&amp;b, &quot;q&quot;)");
+        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale)") && strstr(svg, ">0</text>") &&
+              strstr(svg, ">1</text>") && strstr(svg, ">0.5</text>"),
+              "SVG heatmap: colour scale with its min 0, middle 0.5 and max 1");
+        // value 1 is the darkest blue, 0 white; each cell's tooltip names its row and column
+        check(strstr(svg, "fill=\"#08306b\"><title>&lt;s&gt; | it&apos;s: 1</title>") &&
+              strstr(svg, "fill=\"#ffffff\"><title>&lt;s&gt; | x: 0</title>"),
+              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | column tooltips");
+        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") && count_occurrences(svg, "<text") ==
+              count_occurrences(svg, "</text>"), "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
+    }
+    free(svg);
+    remove(path);
+    // bad input: one line naming the file, status 1
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 0, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: a 0 x 3 matrix is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 2, 3, NULL, NULL, "x", 1, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: an empty scale 1..1 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap("/nonexistent-directory/x.svg", values, 2, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
+          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_positional_encoding(void) {
+    char path[256];
+    test_path(path, sizeof path, "pe.svg");
+    int status = svg_write_positional_encoding(path, 20, 16);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG positional encoding: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 20 * 16 + 3, "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
+              count_occurrences(svg, "<rect"));
+        // PE(0, 0) = sin 0 = 0: the white middle of the scale; PE(0, 1) = cos 0 = 1: darkest red
+        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") && strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
+              "SVG positional encoding: PE(0,0) = 0 white, PE(0,1) = 1 darkest red");
+        check(strstr(svg, ">-1</text>") && strstr(svg, ">1</text>") && strstr(svg, "PE(pos, i)"),
+              "SVG positional encoding: colour scale -1..1 shown");
+    }
+    free(svg);
+    remove(path);
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_positional_encoding(path, 0, 16);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG positional encoding: max_len 0 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_attention(void) {
+    TransformerConfig config = small_config(); // 2 layers, 2 heads
+    Transformer m;
+    transformer_build(&m, &config, 4);
+    int src_len[2] = { 5, 4 }, tgt_len[2] = { 4, 6 };
+    Rng rng; rng_seed(&rng, 8);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
+    m.training = 0;
+    transformer_forward(&m, &tb.batch);
+    // sentence 1: 4 source tokens, target y1..y5 (the decoder read <s> y1..y5: 6 positions)
+    const char *source[4] = { "three", "<unk>", "forty", "two" };
+    const char *target[5] = { "drei", "hundert", "zwei", "und", "vierzig" };
+    const char *kinds[3] = { "encoder", "decoder", "cross" };
+    int cells[3] = { 4 * 4, 6 * 6, 6 * 4 }, L = config.n_layers, NH = config.n_heads;
+    for (int kind = 0; kind < 3; kind++) {
+        char path[256], name[32];
+        snprintf(name, sizeof name, "attention_%s.svg", kinds[kind]);
+        test_path(path, sizeof path, name);
+        int status = svg_write_attention(path, &m, (AttentionKind)kind, 1, source, 4, target, 5);
+        char *svg = read_text_file(path);
+        check(status == 0 && svg && count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
+              "SVG attention %s: %d heads x %d cells", kinds[kind], L * NH, cells[kind]);
+        if (svg && kind == ATTENTION_CROSS) {
+            // layer 2, head 2 of sentence 1, query 2 (it predicts "zwei"), key 3 ("two"):
+            // dec_cross_att is (L, B, NH, T, S)
+            int B = 2, S = 5, T = 6;
+            double p = m.acts.dec_cross_att[((((size_t)1 * B + 1) * NH + 1) * T + 2) * S + 3];
+            char expected[96];
+            snprintf(expected, sizeof expected, "<title>zwei | two: %.4g</title>", p);
+            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") && strstr(svg, "&lt;unk&gt;"),
+                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its probability %.4g", p);
+        }
+        if (svg && kind == ATTENTION_DECODER) {
+            check(strstr(svg, ">&lt;s&gt;</text>") && strstr(svg, ">&lt;/s&gt;</text>") &&
+                  strstr(svg, "<title>drei | &lt;s&gt;: 1</title>"),
+                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees only <s>");
+        }
+        free(svg);
+        remove(path);
+    }
+    char path[256];
+    test_path(path, sizeof path, "attention_bad.svg");
+    char printed[1024], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    int status = svg_write_attention(path, &m, ATTENTION_CROSS, 2, source, 4, target, 5);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: sentence 2 of a batch of 2 is refused");
+    capture_begin();
+    status = svg_write_attention(path, &m, ATTENTION_CROSS, 1, source, 4, target, 6);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: 6+1 target positions of 6 are refused");
+    transformer_free(&m);
+}
+
+static void write_text_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+static void test_svg_loss_curve(void) {
+    char csv[256], svg_path[256], printed[512], expected[512];
+    test_path(csv, sizeof csv, "log.csv");
+    test_path(svg_path, sizeof svg_path, "loss.svg");
+    // a header, a comment, held-out scores on some lines only
+    write_text_file(csv, "step,loss,lr,tokens_per_s,dev_exact\n# a comment\n"
+                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
+    int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    char *svg = read_text_file(svg_path);
+    check(status == 0 && svg && printed[0] == '\0', "SVG loss curve: written, nothing printed");
+    if (svg) {
+        check(count_occurrences(svg, "<polyline") == 3 && strstr(svg, "training loss (log scale)") &&
+              strstr(svg, "held-out score") && strstr(svg, ">dev_exact</text>") && count_occurrences(svg, "<circle") == 2,
+              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning rate");
+    }
+    free(svg);
+    remove(svg_path);
+    // without held-out scores: two panels
+    write_text_file(csv, "1,3.5,0.0001,1000,\n2,3.4,0.0002,1000,\n");
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    svg = read_text_file(svg_path);
+    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 && !strstr(svg, "held-out") &&
+          !strstr(svg, "log scale"), "SVG loss curve: no held-out scores, two panels, linear loss axis");
+    free(svg);
+    remove(svg_path);
+    // malformed logs: one line naming file and line, status 1, no picture
+    struct { const char *text, *message; } bad[] = {
+        { "step,loss,lr,tokens_per_s,heldout\n1,2.5,0.001,1000\n",
+          ":2: 4 comma-separated fields, expected 5 (step,loss,lr,tokens_per_s,heldout)" },
+        { "1,2.5,0.001,1000,\n\n2,abc,0.001,1000,\n", ":3: loss 'abc' is not a number" },
+        { "1,2.5,0.001,1000,\n-5,2.5,0.001,1000,\n", ":2: step '-5' is not a step number (>= 0)" },
+        { "1,2.5,0.001,1000,0.5x\n", ":1: held-out score '0.5x' is not a number" },
+        { "1,2.5,0.001,1000,,\n", ":1: 6 comma-separated fields, expected 5" },
+        { "# only a comment\n", ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        write_text_file(csv, bad[k].text);
+        status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        snprintf(expected, sizeof expected, "error: %s%s", csv, bad[k].message);
+        FILE *f = fopen(svg_path, "r");
+        check(status == 1 && one_error_line(printed, expected) && !f,
+              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1, (int)strcspn(printed, "\n"), printed);
+        if (f) fclose(f);
+        remove(svg_path);
+    }
+    remove(csv);
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    snprintf(expected, sizeof expected, "error: %s: cannot open: ", csv);
+    check(status == 1 && one_error_line(printed, expected),
+          "SVG loss curve: a missing log is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
@@ -937,8 +1189,12 @@ int main(int argc, char **argv) {
     test_dropout_training_and_evaluation();
     test_thread_determinism();
     test_learning();
-    printf("-- evaluation (§6.1 BLEU)\n");
+    printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");
     test_bleu();
+    test_svg_heatmap();
+    test_svg_positional_encoding();
+    test_svg_attention();
+    test_svg_loss_curve();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }
