@@ -33,7 +33,8 @@ the word order changes between the languages. The rules (NOTES.md, section 6):
     `twenty one thousand`; tens and ones are two tokens (`forty two`).
 
 Numbers come from 0..99999, split into train, dev and test so that no
-number is in two splits. The split is stratified by size so that every split
+number is in two splits; 0 is always in train (no other number has the words
+zero / null), and the script checks that every word of dev and test occurs in train. The split is stratified by size so that every split
 has short and long numbers (a uniform draw from 0..99999 would be 90% five-digit
 numbers): the quotas are in SPLITS below.
 """
@@ -228,11 +229,20 @@ def main():
     splits = {"train": [], "dev": [], "test": []}
     for lowest, highest, n_train, n_dev, n_test in SPLITS:
         pool = list(range(lowest, highest + 1))
+        if lowest == 0:  # 0 goes to train: no other number has the words zero / null
+            pool.remove(0)
+            splits["train"].append(0)
+            n_train -= 1
         rng.shuffle(pool)
         assert n_train + n_dev + n_test <= len(pool)
         splits["train"] += pool[:n_train]
         splits["dev"] += pool[n_train:n_train + n_dev]
         splits["test"] += pool[n_train + n_dev:n_train + n_dev + n_test]
+    train_words = {w for n in splits["train"] for w in english(n) + german(n)}
+    for name in ("dev", "test"):
+        unseen = {w for n in splits[name] for w in english(n) + german(n)} - train_words
+        if unseen:  # a model could never write a word it was not trained on
+            sys.exit(f"make_numbers.py: seed {args.seed}: {name} has words not in train: {sorted(unseen)}")
     seen = set()
     for name, numbers in splits.items():
         assert not seen.intersection(numbers), "a number is in two splits"
