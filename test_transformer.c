@@ -990,7 +990,7 @@ static void test_svg_heatmap(void) {
         check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") && strstr(svg, ">&quot;q&quot;<") &&
               strstr(svg, ">it&apos;s<") && strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
               "SVG heatmap: labels and title escaped for XML (&lt;s&gt;, a&amp;b, &quot;q&quot;)");
-        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale)") && strstr(svg, ">0</text>") &&
+        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") && strstr(svg, ">0</text>") &&
               strstr(svg, ">1</text>") && strstr(svg, ">0.5</text>"),
               "SVG heatmap: colour scale with its min 0, middle 0.5 and max 1");
         // value 1 is the darkest blue, 0 white; each cell's tooltip names its row and column
@@ -1000,6 +1000,15 @@ static void test_svg_heatmap(void) {
         check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") && count_occurrences(svg, "<text") ==
               count_occurrences(svg, "</text>"), "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
     }
+    free(svg);
+    remove(path);
+    // UTF-8 passes through; bytes that are not UTF-8 (a lone 0xFF, the overlong
+    // 0xC0 0xAF, a surrogate 0xED 0xA0 0x80) and control characters become '?'
+    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" }, *utf8_cols[3] = { "x\x01", "y", "z" };
+    status = svg_write_heatmap(path, values, 2, 3, utf8_rows, utf8_cols, NULL, 0, 1);
+    svg = read_text_file(path);
+    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") && strstr(svg, ">a?b?" "?c?" "?" "?</text>") &&
+          strstr(svg, ">x?</text>"), "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
     free(svg);
     remove(path);
     // bad input: one line naming the file, status 1

@@ -1500,14 +1500,19 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
 #define SVG_TITLE_FONT 18     // the title of the picture
 #define SVG_CHAR_WIDTH 0.62   // a sans-serif glyph is about this many font sizes wide
 #define SVG_MARGIN 20
-#define SVG_MAX_CELLS 2000000 // heatmap cells in one picture (about 100 MB of SVG)
+#define SVG_MAX_CELLS 2000000 // heatmap cells in one picture (about 150 MB of SVG)
 #define SVG_CELL_TOOLTIPS 20000 // up to this many cells, each gets a <title> a browser shows on hover
 
-// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one.
+// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
+// (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
 static int utf8_sequence_length(const unsigned char *s) {
-    int n = s[0] < 0x80 ? 1 : (s[0] >> 5) == 0x6 ? 2 : (s[0] >> 4) == 0xE ? 3 : (s[0] >> 3) == 0x1E ? 4 : 0;
+    if (s[0] < 0x80) return 1;
+    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
     for (int k = 1; k < n; k++)
         if ((s[k] & 0xC0) != 0x80) return 0;
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
+        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
     return n;
 }
 
@@ -1616,7 +1621,8 @@ static void colour_at(char out[8], ColourScale scale, double t) {
 static void svg_colour_legend(FILE *f, double x, double y, double height, double vmin, double vmax,
                               const char *label) {
     ColourScale scale = colour_scale_for(vmin, vmax);
-    fprintf(f, "<defs><linearGradient id=\"colour-scale\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n");
+    const char *id = scale.n == 7 ? "colour-scale-diverging" : "colour-scale-sequential"; // unique in a page
+    fprintf(f, "<defs><linearGradient id=\"%s\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n", id);
     for (int i = 0; i < scale.n; i++) {
         char colour[8];
         colour_at(colour, scale, (double)i / (scale.n - 1));
@@ -1624,8 +1630,8 @@ static void svg_colour_legend(FILE *f, double x, double y, double height, double
     }
     fprintf(f, "</linearGradient></defs>\n");
     if (label) svg_text(f, x, y - 10, SVG_FONT, "start", 0, "bold", label);
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"18\" height=\"%.1f\" fill=\"url(#colour-scale)\" "
-               "stroke=\"#444\" stroke-width=\"0.8\"/>\n", x, y, height);
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"18\" height=\"%.1f\" fill=\"url(#%s)\" "
+               "stroke=\"#444\" stroke-width=\"0.8\"/>\n", x, y, height, id);
     for (int k = 0; k <= 2; k++) {
         double value = vmax - k * (vmax - vmin) / 2, ty = y + k * height / 2;
         char text[32];
@@ -1856,10 +1862,11 @@ int svg_write_attention(const char *path, const Transformer *m, AttentionKind ki
     int L = m->config.n_layers, NH = m->config.n_heads, B = m->B, S = m->S, T = m->T;
     int decoder_positions = target_len + 1;
     if (kind < ATTENTION_ENCODER || kind > ATTENTION_CROSS || sentence < 0 || sentence >= B ||
-        source_len < 1 || source_len > S || target_len < 0 || decoder_positions > T) {
+        source_len < 1 || source_len > S || target_len < 0 || decoder_positions > T ||
+        (target_len > 0 && !target_tokens)) {
         fprintf(stderr, "error: %s: attention kind %d of sentence %d with %d source and %d+1 target "
-                        "positions: expected kind 0..2 and, from the last forward pass, sentence < %d, "
-                        "source 1..%d, target+1 <= %d\n",
+                        "positions: expected kind 0..2, target tokens, and, from the last forward pass, "
+                        "sentence < %d, source 1..%d, target+1 <= %d\n",
                 path, (int)kind, sentence, source_len, target_len, B, S, T);
         return 1;
     }
