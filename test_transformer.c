@@ -15,6 +15,8 @@
  */
 #define TRANSFORMER_NO_MAIN
 #include "transformer.c"
+#include <fcntl.h>      // open, for capturing stderr in the SVG tests
+#include <unistd.h>     // dup, dup2, getpid
 
 static int tests_passed = 0, tests_failed = 0;
 
@@ -815,6 +817,359 @@ static void test_dropout_training_and_evaluation(void) {
     transformer_free(&m);
 }
 
+// ============================================================================
+// §6.1 BLEU, worked out by hand
+// Each case's numbers are derived in its comment, and were checked against an
+// independent computation: `/usr/bin/python3 dev/bleu_check.py` (our own
+// Counter-based BLEU and NLTK's corpus_bleu) prints the same values.
+// ============================================================================
+
+static int near(double a, double b, double tolerance) { return fabs(a - b) <= tolerance; }
+
+// Corpus BLEU of n (candidate, reference) string pairs.
+static double bleu_of_text(const char *const pairs[][2], int n, double precisions[4], double *bp) {
+    BleuStats stats;
+    bleu_reset(&stats);
+    for (int i = 0; i < n; i++) bleu_add_sentence_text(&stats, pairs[i][0], pairs[i][1]);
+    return bleu_score(&stats, precisions, bp);
+}
+
+static void test_bleu(void) {
+    double p[4], bp, bleu;
+    // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
+    const char *const identical[][2] = { { "the cat sat on the mat", "the cat sat on the mat" } };
+    bleu = bleu_of_text(identical, 1, p, &bp);
+    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1, "BLEU: identical sentences give %.10g", bleu);
+
+    // Shorter than its reference: "the cat sat on" (c = 4) against 6 tokens (r = 6).
+    // Precisions 4/4 3/3 2/2 1/1 = 1; BP = exp(1 - 6/4) = exp(-0.5) = 0.6065306597;
+    // BLEU = 60.65306597.
+    const char *const shorter[][2] = { { "the cat sat on", "the cat sat on the mat" } };
+    bleu = bleu_of_text(shorter, 1, p, &bp);
+    check(near(bp, exp(-0.5), 1e-15) && near(bleu, 60.6530659713, 1e-9) && p[0] == 1 && p[3] == 1,
+          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f (60.6530659713)", bp, bleu);
+
+    // No 4-gram matches: "a b c e d" against "a b c d e".
+    // 1-grams 5/5; 2-grams ab bc ce ed vs ab bc cd de: 2/4; 3-grams abc bce ced: 1/3;
+    // 4-grams abce bced vs abcd bcde: 0/2. One precision is 0, so BLEU = 0 (no smoothing).
+    const char *const no_four[][2] = { { "a b c e d", "a b c d e" } };
+    bleu = bleu_of_text(no_four, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 1.0 && p[1] == 0.5 && near(p[2], 1.0 / 3, 1e-15) && p[3] == 0.0,
+          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)", p[0], p[1], p[2], p[3]);
+
+    // Clipping (Papineni et al.'s own example): seven "the" against "the cat is on
+    // the mat", which holds "the" twice: p1 = min(7, 2) / 7 = 2/7, not 7/7.
+    const char *const clip7[][2] = { { "the the the the the the the", "the cat is on the mat" } };
+    bleu = bleu_of_text(clip7, 1, p, &bp);
+    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0, "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
+    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the reference.
+    const char *const clip4[][2] = { { "the the the the", "the cat" } };
+    bleu = bleu_of_text(clip4, 1, p, &bp);
+    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0, "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
+
+    // Two sentences. A: "a b c d" = its reference (sentence BLEU 100). B: "e f g x i"
+    // against "e f g h i" (sentence BLEU 0: no 4-gram matches). Mean of the two: 50.
+    // Corpus: p1 = (4+4)/(4+5) = 8/9, p2 = (3+2)/(3+4) = 5/7, p3 = (2+1)/(2+3) = 3/5,
+    // p4 = (1+0)/(1+2) = 1/3; c = r = 9, BP = 1. BLEU = 100 (8/9 5/7 3/5 1/3)^(1/4)
+    // = 100 (8/63)^(1/4) = 59.69491792.
+    const char *const two[][2] = { { "a b c d", "a b c d" }, { "e f g x i", "e f g h i" } };
+    bleu = bleu_of_text(two, 2, p, &bp);
+    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) + bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
+    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) && sentence_mean == 50.0,
+          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs %.1f", bleu, sentence_mean);
+
+    // The brevity penalty comes from corpus lengths: A (8 tokens) = its reference,
+    // B "p q r" against "p q r s t u". c = 8+3 = 11, r = 8+6 = 14, BP = exp(1 - 14/11).
+    // B has no 4-gram, so p4 = (5+0)/(5+0) = 1 and BLEU = 100 BP = 76.13003867.
+    // (NLTK gives 72.74: it counts B as having one 4-gram, max(1, 0), so p4 = 5/6.)
+    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" }, { "p q r", "p q r s t u" } };
+    bleu = bleu_of_text(one_short, 2, p, &bp);
+    check(near(bp, exp(1 - 14.0 / 11), 1e-15) && near(bleu, 76.1300386697, 1e-9),
+          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)", bp, bleu);
+
+    // Streaming, and token ids: the same corpus as ids, scored after each sentence.
+    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 }, b_ref[] = { 14, 15, 16, 17, 18 };
+    BleuStats stats;
+    bleu_reset(&stats);
+    bleu_add_sentence(&stats, a, 4, a, 4);
+    double after_one = bleu_score(&stats, NULL, NULL);
+    bleu_add_sentence(&stats, b_hyp, 5, b_ref, 5);
+    double after_two = bleu_score(&stats, NULL, NULL);
+    check(after_one == 100.0 && near(after_two, 59.6949179202, 1e-9) && stats.sentences == 2 &&
+          stats.candidate_length == 9 && stats.reference_length == 9,
+          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two", after_one, after_two);
+
+    // An empty candidate: no n-grams (every p_n taken as 0), c = 0 so BP = 0: BLEU 0.
+    const char *const empty[][2] = { { "", "the cat" } };
+    bleu = bleu_of_text(empty, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 0 && bp == 0.0, "BLEU: an empty candidate gives 0 (BP 0)");
+    // White space of any kind separates words: 3 words each side, p1..p3 = 1,
+    // no 4-gram at all (p4 taken as 0), so BLEU 0; c = r = 3, BP = 1.
+    const char *const spaces[][2] = { { "  the\tcat \n sat  ", "the cat sat" } };
+    bleu = bleu_of_text(spaces, 1, p, &bp);
+    check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
+          "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+}
+
+// ============================================================================
+// Pictures: the SVG writers
+// The files are checked as text: the number of <rect> elements (one per
+// heatmap cell, plus the background, one frame per panel and the colour bar),
+// labels escaped for XML, the colour scale present, errors as one line.
+// ============================================================================
+
+static char *read_text_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = checked_calloc((size_t)n + 1, 1, "test file");
+    size_t got = fread(text, 1, (size_t)n, f);
+    text[got] = '\0';
+    fclose(f);
+    return text;
+}
+
+static int count_occurrences(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what)) n++;
+    return n;
+}
+
+static void test_path(char *out, size_t size, const char *name) {
+    snprintf(out, size, "/tmp/test_transformer_%ld_%s", (long)getpid(), name);
+}
+
+// Sends stderr to a file between capture_begin and capture_end, which returns
+// what was printed, so that a test can check an error message.
+static int captured_fd = -1, saved_stderr = -1;
+static char captured_path[256];
+
+static void capture_begin(void) {
+    test_path(captured_path, sizeof captured_path, "stderr.txt");
+    fflush(stderr);
+    saved_stderr = dup(2);
+    captured_fd = open(captured_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(captured_fd, 2);
+}
+
+static void capture_end(char *printed, size_t size) {
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(captured_fd); close(saved_stderr);
+    char *text = read_text_file(captured_path);
+    snprintf(printed, size, "%s", text ? text : "");
+    free(text);
+    remove(captured_path);
+}
+
+// One line, starting with `start`.
+static int one_error_line(const char *printed, const char *start) {
+    return strncmp(printed, start, strlen(start)) == 0 && count_occurrences(printed, "\n") == 1;
+}
+
+static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed, size_t size) {
+    capture_begin();
+    int status = svg_write_loss_curve(svg_path, csv_path, "test");
+    capture_end(printed, size);
+    return status;
+}
+
+static void test_svg_heatmap(void) {
+    char path[256];
+    test_path(path, sizeof path, "heatmap.svg");
+    const real values[6] = { 0, 0.5, 1, 0.25, 0.75, 0.1 };
+    const char *rows[2] = { "<s>", "a&b" }, *cols[3] = { "x", "\"q\"", "it's" };
+    int status = svg_write_heatmap(path, values, 2, 3, rows, cols, "tokens <s> & </s>", 0, 1);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG heatmap: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 6 + 3, "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
+              count_occurrences(svg, "<rect"));
+        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") && strstr(svg, ">&quot;q&quot;<") &&
+              strstr(svg, ">it&apos;s<") && strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
+              "SVG heatmap: labels and title escaped for XML (&lt;s&gt;, a&amp;b, &quot;q&quot;)");
+        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") && strstr(svg, ">0</text>") &&
+              strstr(svg, ">1</text>") && strstr(svg, ">0.5</text>"),
+              "SVG heatmap: colour scale with its min 0, middle 0.5 and max 1");
+        // value 1 is the darkest blue, 0 white; each cell's tooltip names its row and column
+        check(strstr(svg, "fill=\"#08306b\"><title>&lt;s&gt; | it&apos;s: 1</title>") &&
+              strstr(svg, "fill=\"#ffffff\"><title>&lt;s&gt; | x: 0</title>"),
+              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | column tooltips");
+        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") && count_occurrences(svg, "<text") ==
+              count_occurrences(svg, "</text>"), "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
+    }
+    free(svg);
+    remove(path);
+    // UTF-8 passes through; bytes that are not UTF-8 (a lone 0xFF, the overlong
+    // 0xC0 0xAF, a surrogate 0xED 0xA0 0x80) and control characters become '?'
+    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" }, *utf8_cols[3] = { "x\x01", "y", "z" };
+    status = svg_write_heatmap(path, values, 2, 3, utf8_rows, utf8_cols, NULL, 0, 1);
+    svg = read_text_file(path);
+    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") && strstr(svg, ">a?b?" "?c?" "?" "?</text>") &&
+          strstr(svg, ">x?</text>"), "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
+    free(svg);
+    remove(path);
+    // bad input: one line naming the file, status 1
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 0, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: a 0 x 3 matrix is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 2, 3, NULL, NULL, "x", 1, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: an empty scale 1..1 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap("/nonexistent-directory/x.svg", values, 2, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
+          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_positional_encoding(void) {
+    char path[256];
+    test_path(path, sizeof path, "pe.svg");
+    int status = svg_write_positional_encoding(path, 20, 16);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG positional encoding: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 20 * 16 + 3, "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
+              count_occurrences(svg, "<rect"));
+        // PE(0, 0) = sin 0 = 0: the white middle of the scale; PE(0, 1) = cos 0 = 1: darkest red
+        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") && strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
+              "SVG positional encoding: PE(0,0) = 0 white, PE(0,1) = 1 darkest red");
+        check(strstr(svg, ">-1</text>") && strstr(svg, ">1</text>") && strstr(svg, "PE(pos, i)"),
+              "SVG positional encoding: colour scale -1..1 shown");
+    }
+    free(svg);
+    remove(path);
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_positional_encoding(path, 0, 16);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG positional encoding: max_len 0 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_attention(void) {
+    TransformerConfig config = small_config(); // 2 layers, 2 heads
+    Transformer m;
+    transformer_build(&m, &config, 4);
+    int src_len[2] = { 5, 4 }, tgt_len[2] = { 4, 6 };
+    Rng rng; rng_seed(&rng, 8);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
+    m.training = 0;
+    transformer_forward(&m, &tb.batch);
+    // sentence 1: 4 source tokens, target y1..y5 (the decoder read <s> y1..y5: 6 positions)
+    const char *source[4] = { "three", "<unk>", "forty", "two" };
+    const char *target[5] = { "drei", "hundert", "zwei", "und", "vierzig" };
+    const char *kinds[3] = { "encoder", "decoder", "cross" };
+    int cells[3] = { 4 * 4, 6 * 6, 6 * 4 }, L = config.n_layers, NH = config.n_heads;
+    for (int kind = 0; kind < 3; kind++) {
+        char path[256], name[32];
+        snprintf(name, sizeof name, "attention_%s.svg", kinds[kind]);
+        test_path(path, sizeof path, name);
+        int status = svg_write_attention(path, &m, (AttentionKind)kind, 1, source, 4, target, 5);
+        char *svg = read_text_file(path);
+        check(status == 0 && svg && count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
+              "SVG attention %s: %d heads x %d cells", kinds[kind], L * NH, cells[kind]);
+        if (svg && kind == ATTENTION_CROSS) {
+            // layer 2, head 2 of sentence 1, query 2 (it predicts "zwei"), key 3 ("two"):
+            // dec_cross_att is (L, B, NH, T, S)
+            int B = 2, S = 5, T = 6;
+            double p = m.acts.dec_cross_att[((((size_t)1 * B + 1) * NH + 1) * T + 2) * S + 3];
+            char expected[96];
+            snprintf(expected, sizeof expected, "<title>zwei | two: %.4g</title>", p);
+            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") && strstr(svg, "&lt;unk&gt;"),
+                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its probability %.4g", p);
+        }
+        if (svg && kind == ATTENTION_DECODER) {
+            check(strstr(svg, ">&lt;s&gt;</text>") && strstr(svg, ">&lt;/s&gt;</text>") &&
+                  strstr(svg, "<title>drei | &lt;s&gt;: 1</title>"),
+                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees only <s>");
+        }
+        free(svg);
+        remove(path);
+    }
+    char path[256];
+    test_path(path, sizeof path, "attention_bad.svg");
+    char printed[1024], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    int status = svg_write_attention(path, &m, ATTENTION_CROSS, 2, source, 4, target, 5);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: sentence 2 of a batch of 2 is refused");
+    capture_begin();
+    status = svg_write_attention(path, &m, ATTENTION_CROSS, 1, source, 4, target, 6);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: 6+1 target positions of 6 are refused");
+    transformer_free(&m);
+}
+
+static void write_text_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+static void test_svg_loss_curve(void) {
+    char csv[256], svg_path[256], printed[512], expected[512];
+    test_path(csv, sizeof csv, "log.csv");
+    test_path(svg_path, sizeof svg_path, "loss.svg");
+    // a header, a comment, held-out scores on some lines only
+    write_text_file(csv, "step,loss,lr,tokens_per_s,dev_exact\n# a comment\n"
+                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
+    int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    char *svg = read_text_file(svg_path);
+    check(status == 0 && svg && printed[0] == '\0', "SVG loss curve: written, nothing printed");
+    if (svg) {
+        check(count_occurrences(svg, "<polyline") == 3 && strstr(svg, "training loss (log scale)") &&
+              strstr(svg, "held-out score") && strstr(svg, ">dev_exact</text>") && count_occurrences(svg, "<circle") == 2,
+              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning rate");
+    }
+    free(svg);
+    remove(svg_path);
+    // without held-out scores: two panels
+    write_text_file(csv, "1,3.5,0.0001,1000,\n2,3.4,0.0002,1000,\n");
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    svg = read_text_file(svg_path);
+    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 && !strstr(svg, "held-out") &&
+          !strstr(svg, "log scale"), "SVG loss curve: no held-out scores, two panels, linear loss axis");
+    free(svg);
+    remove(svg_path);
+    // malformed logs: one line naming file and line, status 1, no picture
+    struct { const char *text, *message; } bad[] = {
+        { "step,loss,lr,tokens_per_s,heldout\n1,2.5,0.001,1000\n",
+          ":2: 4 comma-separated fields, expected 5 (step,loss,lr,tokens_per_s,heldout)" },
+        { "1,2.5,0.001,1000,\n\n2,abc,0.001,1000,\n", ":3: loss 'abc' is not a number" },
+        { "1,2.5,0.001,1000,\n-5,2.5,0.001,1000,\n", ":2: step '-5' is not a step number (>= 0)" },
+        { "1,2.5,0.001,1000,0.5x\n", ":1: held-out score '0.5x' is not a number" },
+        { "1,2.5,0.001,1000,,\n", ":1: 6 comma-separated fields, expected 5" },
+        { "# only a comment\n", ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        write_text_file(csv, bad[k].text);
+        status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        snprintf(expected, sizeof expected, "error: %s%s", csv, bad[k].message);
+        FILE *f = fopen(svg_path, "r");
+        check(status == 1 && one_error_line(printed, expected) && !f,
+              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1, (int)strcspn(printed, "\n"), printed);
+        if (f) fclose(f);
+        remove(svg_path);
+    }
+    remove(csv);
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    snprintf(expected, sizeof expected, "error: %s: cannot open: ", csv);
+    check(status == 1 && one_error_line(printed, expected),
+          "SVG loss curve: a missing log is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
@@ -843,6 +1198,12 @@ int main(int argc, char **argv) {
     test_dropout_training_and_evaluation();
     test_thread_determinism();
     test_learning();
+    printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");
+    test_bleu();
+    test_svg_heatmap();
+    test_svg_positional_encoding();
+    test_svg_attention();
+    test_svg_loss_curve();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

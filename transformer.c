@@ -1362,6 +1362,850 @@ void adam_update(Transformer *m, double learning_rate) {
     }
 }
 
+// ============================================================================
+// §6.1  Evaluation: BLEU
+// The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
+// newstest2014: 27.3 (base) and 28.4 (big) for English-German. Corpus-level
+// BLEU-4 with one reference per sentence, computed the standard way:
+//
+//   p_n = sum over sentences of the CLIPPED n-gram matches
+//         / sum over sentences of the candidate's n-grams,       n = 1..4
+//   where an n-gram of the candidate counts at most as often as it occurs in
+//   the reference ("the the the the" against "the cat" matches one "the");
+//
+//   BP  = 1 if c > r, else exp(1 - r/c)    c, r: total candidate and reference
+//                                           lengths over the whole corpus
+//   BLEU = BP * exp( (1/4) sum_n log p_n ),  reported times 100.
+//
+// The sums run over the corpus BEFORE dividing, so corpus BLEU is not the mean
+// of sentence BLEUs. No smoothing: if any p_n is 0 (no 4-gram of the whole
+// corpus matches, or the candidates hold no 4-gram at all) then BLEU is 0, as
+// the geometric mean gives. Tokens are whatever the caller splits on: token
+// ids, or words separated by white space; the caller leaves out <s>, </s>
+// and padding.
+//
+// Streaming: bleu_add_sentence adds one sentence pair's counts to a BleuStats,
+// bleu_score turns the totals into the score at any point.
+// ============================================================================
+
+// Do the n tokens at a equal the n tokens at b?
+static int ngram_equal(const int *a, const int *b, int n) {
+    for (int k = 0; k < n; k++)
+        if (a[k] != b[k]) return 0;
+    return 1;
+}
+
+// How many times the n-gram `gram` occurs in tokens[0..len)
+static long long ngram_count(const int *gram, int n, const int *tokens, int len) {
+    long long count = 0;
+    for (int i = 0; i + n <= len; i++) count += ngram_equal(gram, tokens + i, n);
+    return count;
+}
+
+// Clipped matches of order n: for each DISTINCT n-gram of the candidate,
+// min(its count in the candidate, its count in the reference). Plain loops,
+// O(c (c + r)) per order: a few thousand comparisons for a sentence.
+static long long clipped_ngram_matches(const int *candidate, int candidate_len,
+                                       const int *reference, int reference_len, int n) {
+    long long matches = 0;
+    for (int i = 0; i + n <= candidate_len; i++) {
+        const int *gram = candidate + i;
+        int seen_before = 0;
+        for (int j = 0; j < i && !seen_before; j++) seen_before = ngram_equal(candidate + j, gram, n);
+        if (seen_before) continue; // counted at its first occurrence
+        long long in_candidate = ngram_count(gram, n, candidate + i, candidate_len - i);
+        long long in_reference = ngram_count(gram, n, reference, reference_len);
+        matches += in_candidate < in_reference ? in_candidate : in_reference;
+    }
+    return matches;
+}
+
+void bleu_reset(BleuStats *stats) { memset(stats, 0, sizeof *stats); }
+
+// Adds one candidate (the model's output) and its reference, as token ids.
+void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
+                       const int *reference, int reference_len) {
+    if (candidate_len < 0) candidate_len = 0;
+    if (reference_len < 0) reference_len = 0;
+    for (int n = 1; n <= BLEU_MAX_ORDER; n++) {
+        stats->matches[n - 1] += clipped_ngram_matches(candidate, candidate_len, reference, reference_len, n);
+        stats->totals[n - 1] += candidate_len >= n ? candidate_len - n + 1 : 0;
+    }
+    stats->candidate_length += candidate_len;
+    stats->reference_length += reference_len;
+    stats->sentences++;
+}
+
+static int is_blank(char ch) {
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
+}
+
+// Splits text on white space; returns the number of words, and with `start`
+// and `length` non-NULL fills them in (first call counts, second fills).
+static int split_words(const char *text, const char **start, int *length) {
+    int count = 0;
+    const char *p = text;
+    while (*p) {
+        while (*p && is_blank(*p)) p++;
+        if (!*p) break;
+        const char *word = p;
+        while (*p && !is_blank(*p)) p++;
+        if (start) { start[count] = word; length[count] = (int)(p - word); }
+        count++;
+    }
+    return count;
+}
+
+// The same for two strings of words separated by white space: each distinct
+// word of the pair gets a small integer, then the counts are those of the ids.
+void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
+    int nc = split_words(candidate, NULL, NULL), nr = split_words(reference, NULL, NULL), n = nc + nr;
+    const char **start = checked_calloc((size_t)n, sizeof *start, "BLEU words");
+    int *length = checked_calloc((size_t)n, sizeof *length, "BLEU words");
+    int *ids = checked_calloc((size_t)n, sizeof *ids, "BLEU words");
+    split_words(candidate, start, length);
+    split_words(reference, start + nc, length + nc);
+    for (int i = 0; i < n; i++) {
+        ids[i] = i; // a new word gets its own position as id; a repeat gets its first one's
+        for (int j = 0; j < i; j++) {
+            if (length[j] == length[i] && memcmp(start[j], start[i], (size_t)length[i]) == 0) {
+                ids[i] = ids[j];
+                break;
+            }
+        }
+    }
+    bleu_add_sentence(stats, ids, nc, ids + nc, nr);
+    free(start); free(length); free(ids);
+}
+
+// Corpus BLEU of everything added so far, on the 0..100 scale the paper uses.
+// precisions (may be NULL) gets p_1..p_4 as fractions; brevity_penalty (may
+// be NULL) gets BP. Empty candidates (c = 0) give BP = 0 and BLEU = 0.
+double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
+    double log_sum = 0;
+    int any_zero = 0;
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) {
+        double p = stats->totals[n] > 0 ? (double)stats->matches[n] / (double)stats->totals[n] : 0.0;
+        if (precisions) precisions[n] = p;
+        if (p == 0) any_zero = 1; else log_sum += log(p);
+    }
+    double c = (double)stats->candidate_length, r = (double)stats->reference_length;
+    double bp = c > r ? 1.0 : (c > 0 ? exp(1.0 - r / c) : 0.0);
+    if (brevity_penalty) *brevity_penalty = bp;
+    if (any_zero) return 0.0;
+    return 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
+}
+
+// ============================================================================
+// Pictures: SVG
+// Heatmaps of the attention probabilities of every head and of the positional
+// encoding, and the training curves of the log `train --log` writes, as SVG
+// files any browser shows. Only fprintf: an SVG file is XML text with a <rect>
+// per heatmap cell, <text> for labels and a <polyline> per curve. Sizes are in
+// CSS pixels; the layout estimates text widths from the font size.
+// Every writer returns 0 on success; on failure it prints ONE line to stderr,
+// naming the file and the reason, and returns 1.
+// ============================================================================
+
+#define SVG_FONT 13           // tick and axis labels
+#define SVG_PANEL_FONT 14     // the title of one panel
+#define SVG_TITLE_FONT 18     // the title of the picture
+#define SVG_CHAR_WIDTH 0.62   // a sans-serif glyph is about this many font sizes wide
+#define SVG_MARGIN 20
+#define SVG_MAX_CELLS 2000000 // heatmap cells in one picture (about 150 MB of SVG)
+#define SVG_CELL_TOOLTIPS 20000 // up to this many cells, each gets a <title> a browser shows on hover
+
+// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
+// (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
+static int utf8_sequence_length(const unsigned char *s) {
+    if (s[0] < 0x80) return 1;
+    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    for (int k = 1; k < n; k++)
+        if ((s[k] & 0xC0) != 0x80) return 0;
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
+        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
+    return n;
+}
+
+// Writes text escaped for XML: the five special characters become entities
+// (so the token <s> shows as <s>, not as a tag), control characters and
+// bytes that are not UTF-8 (which would make the browser reject the whole file) become '?'.
+static void svg_escaped(FILE *f, const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    while (*s) {
+        int n = utf8_sequence_length(s);
+        if (n == 0 || (n == 1 && *s < 0x20 && *s != '\t')) { fputc('?', f); s++; continue; }
+        if (n > 1) { fwrite(s, 1, (size_t)n, f); s += n; continue; }
+        switch (*s) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default: fputc(*s, f);
+        }
+        s++;
+    }
+}
+
+// Characters (not bytes) in a UTF-8 string: the basis of the width estimates.
+static int utf8_length(const char *text) {
+    int n = 0;
+    for (const unsigned char *s = (const unsigned char *)text; *s; s++) n += (*s & 0xC0) != 0x80;
+    return n;
+}
+
+static double svg_text_width(const char *text, int font_size) {
+    return utf8_length(text) * SVG_CHAR_WIDTH * font_size;
+}
+
+// <text> at (x, y) (the baseline), anchor "start", "middle" or "end", turned
+// by `rotate` degrees about (x, y).
+static void svg_text(FILE *f, double x, double y, int font_size, const char *anchor, double rotate,
+                     const char *weight, const char *text) {
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%d\" text-anchor=\"%s\"", x, y, font_size, anchor);
+    if (weight) fprintf(f, " font-weight=\"%s\"", weight);
+    if (rotate != 0) fprintf(f, " transform=\"rotate(%g %.1f %.1f)\"", rotate, x, y);
+    fputc('>', f);
+    svg_escaped(f, text);
+    fputs("</text>\n", f);
+}
+
+static FILE *svg_open(const char *path, double width, double height) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "error: cannot write %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans, Verdana, Arial, sans-serif\">\n"
+               "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n",
+            width, height, width, height, width, height);
+    return f;
+}
+
+// Ends the file; returns 0, or 1 after an error message if any write failed.
+static int svg_close(FILE *f, const char *path) {
+    fputs("</svg>\n", f);
+    int failed = ferror(f);
+    if (fclose(f) != 0) failed = 1;
+    if (failed) fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
+    return failed ? 1 : 0;
+}
+
+// ---- colour scales ---------------------------------------------------------
+// Colour stops from ColorBrewer (Brewer & Harrower): "Blues" from white for
+// values from 0 (attention probabilities), "RdBu" reversed, blue-white-red,
+// for values of both signs (the positional encoding). Linear in between.
+static const unsigned char colours_sequential[][3] = {
+    {255, 255, 255}, {198, 219, 239}, {107, 174, 214}, {33, 113, 181}, {8, 48, 107},
+};
+static const unsigned char colours_diverging[][3] = {
+    {5, 48, 97}, {33, 102, 172}, {146, 197, 222}, {247, 247, 247}, {244, 165, 130}, {178, 24, 43}, {103, 0, 31},
+};
+
+typedef struct { const unsigned char (*stops)[3]; int n; } ColourScale;
+
+// Diverging when the range holds both signs, else sequential.
+static ColourScale colour_scale_for(double vmin, double vmax) {
+    if (vmin < 0 && vmax > 0) return (ColourScale){ colours_diverging, 7 };
+    return (ColourScale){ colours_sequential, 5 };
+}
+
+// "#rrggbb" for t in [0, 1] (clamped); NaN gets grey.
+static void colour_at(char out[8], ColourScale scale, double t) {
+    if (t != t) { snprintf(out, 8, "#999999"); return; }
+    t = t < 0 ? 0 : t > 1 ? 1 : t;
+    double x = t * (scale.n - 1);
+    int i = (int)x;
+    if (i >= scale.n - 1) i = scale.n - 2;
+    double w = x - i;
+    int rgb[3];
+    for (int k = 0; k < 3; k++)
+        rgb[k] = (int)lround((1 - w) * scale.stops[i][k] + w * scale.stops[i + 1][k]);
+    snprintf(out, 8, "#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
+}
+
+// The colour bar: a gradient with the same stops as colour_at, so the bar
+// shows exactly the colours of the cells; labels at min, middle and max.
+static void svg_colour_legend(FILE *f, double x, double y, double height, double vmin, double vmax,
+                              const char *label) {
+    ColourScale scale = colour_scale_for(vmin, vmax);
+    const char *id = scale.n == 7 ? "colour-scale-diverging" : "colour-scale-sequential"; // unique in a page
+    fprintf(f, "<defs><linearGradient id=\"%s\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n", id);
+    for (int i = 0; i < scale.n; i++) {
+        char colour[8];
+        colour_at(colour, scale, (double)i / (scale.n - 1));
+        fprintf(f, "<stop offset=\"%.4f\" stop-color=\"%s\"/>\n", (double)i / (scale.n - 1), colour);
+    }
+    fprintf(f, "</linearGradient></defs>\n");
+    if (label) svg_text(f, x, y - 10, SVG_FONT, "start", 0, "bold", label);
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"18\" height=\"%.1f\" fill=\"url(#%s)\" "
+               "stroke=\"#444\" stroke-width=\"0.8\"/>\n", x, y, height, id);
+    for (int k = 0; k <= 2; k++) {
+        double value = vmax - k * (vmax - vmin) / 2, ty = y + k * height / 2;
+        char text[32];
+        snprintf(text, sizeof text, "%.3g", value);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", x + 18, ty, x + 23, ty);
+        svg_text(f, x + 26, ty + SVG_FONT * 0.35, SVG_FONT, "start", 0, NULL, text);
+    }
+}
+
+// ---- heatmaps ----------------------------------------------------------------
+
+// The label of row or column i: the caller's, or the number i.
+static const char *heatmap_label(const char *const *labels, int i, char buffer[16]) {
+    if (labels) return labels[i] ? labels[i] : "";
+    snprintf(buffer, 16, "%d", i);
+    return buffer;
+}
+
+// With cells smaller than a line of text, only every k-th label is drawn,
+// k from 1, 2, 5, 10, 20, 50, ...
+static int label_step(double cell) {
+    double needed = SVG_FONT + 2;
+    for (int step = 1;; step *= 10) {
+        if (step * cell >= needed) return step;
+        if (2 * step * cell >= needed) return 2 * step;
+        if (5 * step * cell >= needed) return 5 * step;
+    }
+}
+
+// Where the parts of one panel go, relative to its top-left corner.
+typedef struct {
+    double cell_width, cell_height; // of one matrix cell
+    double title_height, row_label_width, col_label_height, width, height;
+    int row_step, col_step;         // every row_step-th row is labelled
+} PanelLayout;
+
+static double longest_label(const char *const *labels, int n, int step) {
+    double widest = 0;
+    char buffer[16];
+    for (int i = 0; i < n; i += step) {
+        double w = svg_text_width(heatmap_label(labels, i, buffer), SVG_FONT);
+        if (w > widest) widest = w;
+    }
+    return widest;
+}
+
+static PanelLayout heatmap_panel_layout(const SvgHeatmap *p, double cell_width, double cell_height) {
+    PanelLayout l;
+    l.cell_width = cell_width;
+    l.cell_height = cell_height;
+    l.row_step = label_step(cell_height);
+    l.col_step = label_step(cell_width);
+    l.title_height = p->title ? SVG_PANEL_FONT + 8 : 0;
+    l.row_label_width = longest_label(p->row_labels, p->rows, l.row_step) + 8;
+    l.col_label_height = longest_label(p->col_labels, p->cols, l.col_step) + 8;
+    double title_width = p->title ? svg_text_width(p->title, SVG_PANEL_FONT) : 0;
+    l.width = l.row_label_width + p->cols * cell_width;
+    if (title_width > l.width) l.width = title_width;
+    l.height = l.title_height + l.col_label_height + p->rows * cell_height;
+    return l;
+}
+
+// One panel with its top-left corner at (x, y): title, column labels above
+// the matrix reading upwards, row labels on the left, one <rect> per cell.
+static void svg_heatmap_panel(FILE *f, const SvgHeatmap *p, PanelLayout l, double x, double y,
+                              double vmin, double vmax, int tooltips) {
+    ColourScale scale = colour_scale_for(vmin, vmax);
+    double left = x + l.row_label_width, top = y + l.title_height + l.col_label_height;
+    char buffer[16], colour[8];
+    if (p->title) svg_text(f, x, y + SVG_PANEL_FONT, SVG_PANEL_FONT, "start", 0, "bold", p->title);
+    for (int j = 0; j < p->cols; j += l.col_step) {
+        double cx = left + (j + 0.5) * l.cell_width + SVG_FONT * 0.35;
+        svg_text(f, cx, top - 5, SVG_FONT, "start", -90, NULL, heatmap_label(p->col_labels, j, buffer));
+    }
+    for (int i = 0; i < p->rows; i += l.row_step) {
+        double cy = top + (i + 0.5) * l.cell_height + SVG_FONT * 0.35;
+        svg_text(f, left - 5, cy, SVG_FONT, "end", 0, NULL, heatmap_label(p->row_labels, i, buffer));
+    }
+    fputs("<g shape-rendering=\"crispEdges\">\n", f); // no hairline seams between cells
+    for (int i = 0; i < p->rows; i++) {
+        for (int j = 0; j < p->cols; j++) {
+            double v = p->values[(size_t)i * p->row_stride + j];
+            colour_at(colour, scale, (v - vmin) / (vmax - vmin));
+            fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"",
+                    left + j * l.cell_width, top + i * l.cell_height, l.cell_width, l.cell_height, colour);
+            if (tooltips) {
+                char row_buffer[16];
+                fputs("><title>", f);
+                svg_escaped(f, heatmap_label(p->row_labels, i, row_buffer));
+                fputs(" | ", f);
+                svg_escaped(f, heatmap_label(p->col_labels, j, buffer));
+                fprintf(f, ": %.4g</title></rect>\n", v);
+            } else {
+                fputs("/>\n", f);
+            }
+        }
+    }
+    fputs("</g>\n", f);
+    fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"none\" stroke=\"#444\" "
+               "stroke-width=\"0.8\"/>\n", left, top, p->cols * l.cell_width, p->rows * l.cell_height);
+}
+
+// Several heatmaps on one colour scale, n_columns to a row, with one legend.
+// The SVG holds: a white background <rect>; per panel one <rect> per cell and
+// one frame <rect>; one <rect> for the colour bar.
+int svg_write_heatmap_grid(const char *path, const char *title, const char *subtitle,
+                           const SvgHeatmap *panels, int n_panels, int n_columns,
+                           double vmin, double vmax, const char *scale_label) {
+    if (n_panels < 1 || n_columns < 1 || !(vmin < vmax) || !isfinite(vmin) || !isfinite(vmax)) {
+        fprintf(stderr, "error: %s: heatmap grid of %d panels in %d columns, scale %g..%g: expected "
+                        "at least one panel and column and a finite scale with min < max\n",
+                path, n_panels, n_columns, vmin, vmax);
+        return 1;
+    }
+    size_t total_cells = 0;
+    int most_rows = 1, most_cols = 1;
+    for (int k = 0; k < n_panels; k++) {
+        const SvgHeatmap *p = &panels[k];
+        if (!p->values || p->rows < 1 || p->cols < 1 || p->row_stride < p->cols) {
+            fprintf(stderr, "error: %s: panel %d is %d x %d with row stride %d: expected a matrix of at "
+                            "least 1 x 1 with stride >= columns\n", path, k, p->rows, p->cols, p->row_stride);
+            return 1;
+        }
+        total_cells += (size_t)p->rows * p->cols;
+        if (p->rows > most_rows) most_rows = p->rows;
+        if (p->cols > most_cols) most_cols = p->cols;
+    }
+    if (total_cells > SVG_MAX_CELLS) {
+        fprintf(stderr, "error: %s: %zu heatmap cells, more than the %d one picture may hold\n",
+                path, total_cells, SVG_MAX_CELLS);
+        return 1;
+    }
+    // One cell size for all panels: a single heatmap gets ~640 px, a grid ~220
+    // px a panel. With text labels (tokens) cells are square and at least a
+    // line high, so that every token is written; numbered rows and columns
+    // (the positional encoding) get cells of their own width and height, as
+    // small as a pixel, and only every k-th number.
+    int text_labels = 0;
+    for (int k = 0; k < n_panels; k++) text_labels |= panels[k].row_labels || panels[k].col_labels;
+    double target = n_panels == 1 ? 640 : n_columns >= 4 ? 220 : 300;
+    double cell_width, cell_height;
+    if (text_labels) {
+        cell_width = floor(target / (most_rows > most_cols ? most_rows : most_cols));
+        cell_width = cell_height = fmin(fmax(cell_width, SVG_FONT + 3), 32);
+    } else {
+        cell_width = fmin(fmax(floor(target / most_cols), 1), 32);
+        cell_height = fmin(fmax(floor(0.6 * target / most_rows), 1), 32);
+    }
+    // slots as large as the largest panel, laid out row by row
+    double slot_width = 0, slot_height = 0, gap = 28;
+    for (int k = 0; k < n_panels; k++) {
+        PanelLayout l = heatmap_panel_layout(&panels[k], cell_width, cell_height);
+        slot_width = fmax(slot_width, l.width);
+        slot_height = fmax(slot_height, l.height);
+    }
+    if (n_columns > n_panels) n_columns = n_panels;
+    int n_rows = (n_panels + n_columns - 1) / n_columns;
+    double header = SVG_MARGIN + (title ? SVG_TITLE_FONT + 10 : 0) + (subtitle ? SVG_FONT + 10 : 0) + 8;
+    double grid_width = n_columns * slot_width + (n_columns - 1) * gap;
+    double grid_height = n_rows * slot_height + (n_rows - 1) * gap;
+    double legend_height = fmin(fmax(grid_height * 0.6, 120), 320), legend_width = 110;
+    double scale_label_width = scale_label ? svg_text_width(scale_label, SVG_FONT) : 0;
+    if (scale_label_width + 10 > legend_width) legend_width = scale_label_width + 10;
+    double width = SVG_MARGIN + grid_width + 30 + legend_width + SVG_MARGIN;
+    double height = header + fmax(grid_height, legend_height + 30) + SVG_MARGIN;
+    if (title) width = fmax(width, 2 * SVG_MARGIN + svg_text_width(title, SVG_TITLE_FONT));
+    if (subtitle) width = fmax(width, 2 * SVG_MARGIN + svg_text_width(subtitle, SVG_FONT));
+    FILE *f = svg_open(path, width, height);
+    if (!f) return 1;
+    double y = SVG_MARGIN;
+    if (title) { y += SVG_TITLE_FONT; svg_text(f, SVG_MARGIN, y, SVG_TITLE_FONT, "start", 0, "bold", title); y += 10; }
+    if (subtitle) { y += SVG_FONT; svg_text(f, SVG_MARGIN, y, SVG_FONT, "start", 0, NULL, subtitle); }
+    int tooltips = total_cells <= SVG_CELL_TOOLTIPS;
+    for (int k = 0; k < n_panels; k++) {
+        double px = SVG_MARGIN + (k % n_columns) * (slot_width + gap);
+        double py = header + (k / n_columns) * (slot_height + gap);
+        PanelLayout l = heatmap_panel_layout(&panels[k], cell_width, cell_height);
+        svg_heatmap_panel(f, &panels[k], l, px, py, vmin, vmax, tooltips);
+    }
+    svg_colour_legend(f, SVG_MARGIN + grid_width + 30, header + 24, legend_height, vmin, vmax, scale_label);
+    return svg_close(f, path);
+}
+
+// One heatmap: values[i*cols + j] for i < rows, j < cols. Labels may be NULL (then numbers).
+int svg_write_heatmap(const char *path, const real *values, int rows, int cols,
+                      const char *const *row_labels, const char *const *col_labels,
+                      const char *title, double vmin, double vmax) {
+    SvgHeatmap panel = { values, rows, cols, cols, row_labels, col_labels, NULL };
+    return svg_write_heatmap_grid(path, title, NULL, &panel, 1, 1, vmin, vmax, "value");
+}
+
+// ---- §3.5 the positional-encoding matrix -------------------------------------
+
+// The (max_len, d_model) matrix of positional_encoding_init: a row per
+// position, a column per dimension, on the scale -1..1.
+int svg_write_positional_encoding(const char *path, int max_len, int d_model) {
+    if (max_len < 1 || d_model < 1 || (double)max_len * d_model > SVG_MAX_CELLS) {
+        fprintf(stderr, "error: %s: positional encoding of %d positions x %d dimensions: expected both >= 1 "
+                        "and at most %d cells\n", path, max_len, d_model, SVG_MAX_CELLS);
+        return 1;
+    }
+    real *pe = checked_calloc((size_t)max_len * d_model, sizeof(real), "positional encoding picture");
+    positional_encoding_init(pe, max_len, d_model);
+    char title[128];
+    snprintf(title, sizeof title, "Positional encoding (\xc2\xa7" "3.5), %d positions x %d dimensions", max_len, d_model);
+    SvgHeatmap panel = { pe, max_len, d_model, d_model, NULL, NULL, NULL };
+    int status = svg_write_heatmap_grid(path, title,
+        "rows: position pos; columns: dimension i. Even i: sin(pos / 10000^(i/d_model)), "
+        "odd i: cos(pos / 10000^((i-1)/d_model))", &panel, 1, 1, -1.0, 1.0, "PE(pos, i)");
+    free(pe);
+    return status;
+}
+
+// ---- attention: every head of every layer, for one sentence -------------------
+
+// After transformer_forward on a batch whose sentence `sentence` is this pair,
+// draws one kind of attention for it: a grid with a row per layer and a column
+// per head. source_tokens label the source positions (source_len of them, as
+// the encoder saw them); target_tokens are the target sentence y_1..y_n
+// without <s> and </s>: the decoder read <s> y_1..y_n (n+1 positions) and
+// predicted y_1..y_n </s>. Decoder rows (queries) are labelled with the token
+// each position PREDICTS, since that is what a reader asks about ("to write
+// `zwei`, which source word did it look at?"); decoder self-attention columns
+// (keys) with the token each position READ.
+int svg_write_attention(const char *path, const Transformer *m, AttentionKind kind, int sentence,
+                        const char *const *source_tokens, int source_len,
+                        const char *const *target_tokens, int target_len) {
+    int L = m->config.n_layers, NH = m->config.n_heads, B = m->B, S = m->S, T = m->T;
+    int decoder_positions = target_len + 1;
+    if (kind < ATTENTION_ENCODER || kind > ATTENTION_CROSS || sentence < 0 || sentence >= B ||
+        source_len < 1 || source_len > S || target_len < 0 || decoder_positions > T ||
+        (target_len > 0 && !target_tokens)) {
+        fprintf(stderr, "error: %s: attention kind %d of sentence %d with %d source and %d+1 target "
+                        "positions: expected kind 0..2, target tokens, and, from the last forward pass, "
+                        "sentence < %d, source 1..%d, target+1 <= %d\n",
+                path, (int)kind, sentence, source_len, target_len, B, S, T);
+        return 1;
+    }
+    const char **read = checked_calloc((size_t)decoder_positions, sizeof *read, "attention labels");
+    const char **predicted = checked_calloc((size_t)decoder_positions, sizeof *predicted, "attention labels");
+    for (int t = 0; t < decoder_positions; t++) {
+        read[t] = t == 0 ? "<s>" : target_tokens[t - 1];
+        predicted[t] = t == target_len ? "</s>" : target_tokens[t];
+    }
+    SvgHeatmap *panels = checked_calloc((size_t)L * NH, sizeof *panels, "attention panels");
+    char *titles = checked_calloc((size_t)L * NH, 40, "attention panel titles");
+    for (int l = 0; l < L; l++) {
+        for (int h = 0; h < NH; h++) {
+            SvgHeatmap *p = &panels[l * NH + h];
+            size_t head = ((size_t)l * B + sentence) * NH + h; // index of (l, b, h) in (L, B, NH, ..)
+            char *title = titles + (size_t)(l * NH + h) * 40;
+            snprintf(title, 40, "layer %d, head %d", l + 1, h + 1);
+            if (kind == ATTENTION_ENCODER) {        // enc_att is (L, B, NH, S, S)
+                *p = (SvgHeatmap){ m->acts.enc_att + head * S * S, source_len, source_len, S,
+                                   source_tokens, source_tokens, title };
+            } else if (kind == ATTENTION_DECODER) { // dec_self_att is (L, B, NH, T, T)
+                *p = (SvgHeatmap){ m->acts.dec_self_att + head * T * T, decoder_positions, decoder_positions,
+                                   T, predicted, read, title };
+            } else {                                // dec_cross_att is (L, B, NH, T, S)
+                *p = (SvgHeatmap){ m->acts.dec_cross_att + head * T * S, decoder_positions, source_len, S,
+                                   predicted, source_tokens, title };
+            }
+        }
+    }
+    static const char *titles_of_kind[] = {
+        "Encoder self-attention (\xc2\xa7" "3.2.3)",
+        "Decoder self-attention, masked (\xc2\xa7" "3.2.3)",
+        "Encoder-decoder attention (\xc2\xa7" "3.2.3)",
+    };
+    static const char *subtitles_of_kind[] = {
+        "rows: queries, columns: keys, both the source tokens; a row per layer, a column per head",
+        "rows: the token each position predicts; columns: the token each key position read",
+        "rows: the target token each position predicts; columns: the source tokens (keys and values)",
+    };
+    int status = svg_write_heatmap_grid(path, titles_of_kind[kind], subtitles_of_kind[kind], panels,
+                                        L * NH, NH, 0.0, 1.0, "probability");
+    free(read); free(predicted); free(panels); free(titles);
+    return status;
+}
+
+// ---- the training log and its curves ------------------------------------------
+// `train --log FILE` writes one CSV line per report:
+//     step,loss,lr,tokens_per_s,heldout
+// step an integer, the others numbers; the held-out score may be left empty on
+// lines where it was not measured. An optional first line of column names (any
+// line whose first field is not a number) names the axes; blank lines and
+// lines starting with '#' are skipped.
+
+#define TRAINING_LOG_FIELDS 5
+
+typedef struct {
+    int n, capacity;
+    double *step, *loss, *lr, *tokens_per_s, *heldout; // heldout is NaN where it was left empty
+    char names[TRAINING_LOG_FIELDS][48];               // column names: the header's, else defaults
+} TrainingLog;
+
+static void training_log_free(TrainingLog *log) {
+    free(log->step); free(log->loss); free(log->lr); free(log->tokens_per_s); free(log->heldout);
+    memset(log, 0, sizeof *log);
+}
+
+// Parses the whole of text (after trimming blanks) as a number; 1 on success.
+static int parse_number(const char *text, double *value) {
+    char *end;
+    while (is_blank(*text)) text++;
+    if (!*text) return 0;
+    errno = 0;
+    *value = strtod(text, &end);
+    while (is_blank(*end)) end++;
+    return *end == '\0' && errno != ERANGE;
+}
+
+// Splits a line at commas in place; returns the number of fields (fills at most max).
+static int split_commas(char *line, char **fields, int max) {
+    int n = 0;
+    char *p = line;
+    for (;;) {
+        if (n < max) fields[n] = p;
+        n++;
+        char *comma = strchr(p, ',');
+        if (!comma) return n;
+        *comma = '\0';
+        p = comma + 1;
+    }
+}
+
+static void trim_copy(char *out, size_t size, const char *text) {
+    while (is_blank(*text)) text++;
+    size_t n = strlen(text);
+    while (n > 0 && is_blank(text[n - 1])) n--;
+    if (n >= size) n = size - 1;
+    memcpy(out, text, n);
+    out[n] = '\0';
+}
+
+static int training_log_append(TrainingLog *log, const double v[TRAINING_LOG_FIELDS]) {
+    if (log->n == log->capacity) {
+        int capacity = log->capacity ? 2 * log->capacity : 256;
+        double **columns[TRAINING_LOG_FIELDS] = { &log->step, &log->loss, &log->lr, &log->tokens_per_s, &log->heldout };
+        for (int k = 0; k < TRAINING_LOG_FIELDS; k++) {
+            double *grown = realloc(*columns[k], (size_t)capacity * sizeof(double));
+            if (!grown) return 0;
+            *columns[k] = grown;
+        }
+        log->capacity = capacity;
+    }
+    log->step[log->n] = v[0]; log->loss[log->n] = v[1]; log->lr[log->n] = v[2];
+    log->tokens_per_s[log->n] = v[3]; log->heldout[log->n] = v[4];
+    log->n++;
+    return 1;
+}
+
+// Reads a training log. Returns 1, or 0 with a one-line message "FILE:LINE:
+// what was wrong" in error (and the log empty).
+static int training_log_read(TrainingLog *log, const char *path, char *error, size_t error_size) {
+    static const char *defaults[TRAINING_LOG_FIELDS] = { "step", "loss", "lr", "tokens/s", "held-out score" };
+    static const char *expected = "step,loss,lr,tokens_per_s,heldout";
+    memset(log, 0, sizeof *log);
+    for (int k = 0; k < TRAINING_LOG_FIELDS; k++) snprintf(log->names[k], sizeof log->names[k], "%s", defaults[k]);
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(error, error_size, "%s: cannot open: %s", path, strerror(errno)); return 0; }
+    char *line = NULL;
+    size_t line_capacity = 0;
+    int line_number = 0, ok = 1, header_allowed = 1;
+    while (ok && getline(&line, &line_capacity, f) != -1) {
+        line_number++;
+        line[strcspn(line, "\r\n")] = '\0';
+        const char *first = line;
+        while (is_blank(*first)) first++;
+        if (*first == '\0' || *first == '#') continue;
+        char *fields[TRAINING_LOG_FIELDS];
+        int n = split_commas(line, fields, TRAINING_LOG_FIELDS);
+        if (n != TRAINING_LOG_FIELDS) {
+            snprintf(error, error_size, "%s:%d: %d comma-separated fields, expected %d (%s)",
+                     path, line_number, n, TRAINING_LOG_FIELDS, expected);
+            ok = 0;
+            break;
+        }
+        double v[TRAINING_LOG_FIELDS];
+        if (header_allowed && !parse_number(fields[0], &v[0])) { // a header: keep the column names
+            for (int k = 0; k < TRAINING_LOG_FIELDS; k++) trim_copy(log->names[k], sizeof log->names[k], fields[k]);
+            header_allowed = 0;
+            continue;
+        }
+        header_allowed = 0;
+        for (int k = 0; k < TRAINING_LOG_FIELDS && ok; k++) {
+            char shown[32];
+            trim_copy(shown, sizeof shown, fields[k]);
+            if (k == TRAINING_LOG_FIELDS - 1 && shown[0] == '\0') { v[k] = NAN; continue; } // not measured
+            if (!parse_number(fields[k], &v[k]) || (k == 0 && (!isfinite(v[0]) || v[0] < 0))) {
+                snprintf(error, error_size, "%s:%d: %s '%s' is not a %s", path, line_number,
+                         log->names[k], shown, k == 0 ? "step number (>= 0)" : "number");
+                ok = 0;
+            }
+        }
+        if (ok && !training_log_append(log, v)) {
+            snprintf(error, error_size, "%s:%d: out of memory", path, line_number);
+            ok = 0;
+        }
+    }
+    if (ok && ferror(f)) { snprintf(error, error_size, "%s: read error: %s", path, strerror(errno)); ok = 0; }
+    if (ok && log->n == 0) {
+        snprintf(error, error_size, "%s: no data lines, expected lines of %s", path, expected);
+        ok = 0;
+    }
+    free(line);
+    fclose(f);
+    if (!ok) training_log_free(log);
+    return ok;
+}
+
+// An axis: the range lo..hi of values, drawn linearly or on a log10 scale.
+typedef struct { double lo, hi; int log_scale; } ChartAxis;
+
+// 1, 2 or 5 times a power of ten, giving about `count` intervals over range.
+static double nice_step(double range, int count) {
+    double raw = range / count, magnitude = pow(10, floor(log10(raw))), r = raw / magnitude;
+    return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * magnitude;
+}
+
+// The axis for the finite values of v: a log scale when asked for, all values
+// are positive and they span more than a factor 20; else linear, widened to
+// whole multiples of a nice step.
+static ChartAxis chart_axis(const double *v, int n, int allow_log) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (isfinite(v[i])) { lo = fmin(lo, v[i]); hi = fmax(hi, v[i]); }
+    if (!(lo <= hi)) return (ChartAxis){ 0, 1, 0 }; // no finite values
+    if (allow_log && lo > 0 && hi / lo > 20)
+        return (ChartAxis){ pow(10, floor(log10(lo))), pow(10, ceil(log10(hi))), 1 };
+    if (hi == lo) { double pad = lo != 0 ? fabs(lo) * 0.1 : 1; lo -= pad; hi += pad; }
+    double step = nice_step(hi - lo, 5);
+    return (ChartAxis){ floor(lo / step) * step, ceil(hi / step) * step, 0 };
+}
+
+// The pixel position of v on an axis drawn from pixel p0 (at lo) to p1 (at hi).
+static double chart_position(ChartAxis a, double v, double p0, double p1) {
+    double t = a.log_scale ? (log10(v) - log10(a.lo)) / (log10(a.hi) - log10(a.lo)) : (v - a.lo) / (a.hi - a.lo);
+    return p0 + t * (p1 - p0);
+}
+
+// Tick values: multiples of a nice step, or powers of ten (with 2x and 5x
+// when there are few decades). Returns how many were written.
+static int chart_ticks(ChartAxis a, double *ticks, int max) {
+    int n = 0;
+    if (a.log_scale) {
+        int decades = (int)lround(log10(a.hi / a.lo));
+        for (double p = a.lo; p <= a.hi * 1.0001 && n < max; p *= 10) {
+            ticks[n++] = p;
+            if (decades <= 3 && p < a.hi * 0.999) {
+                if (n < max) ticks[n++] = 2 * p;
+                if (n < max) ticks[n++] = 5 * p;
+            }
+        }
+        return n;
+    }
+    double step = nice_step(a.hi - a.lo, 5);
+    for (long k = (long)ceil(a.lo / step - 1e-9); k * step <= a.hi + step * 1e-9 && n < max; k++)
+        ticks[n++] = k * step;
+    return n;
+}
+
+// One chart: a frame, grid lines and ticks on both axes, axis names, and the
+// curve ys over xs (see below for `sparse`).
+static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
+                            const double *xs, const double *ys, int n, ChartAxis ax, ChartAxis ay,
+                            const char *title, const char *x_name, const char *y_name,
+                            const char *colour, int sparse) {
+    double ticks[40];
+    char text[32];
+    svg_text(f, x, y - 10, SVG_PANEL_FONT, "start", 0, "bold", title);
+    int nt = chart_ticks(ay, ticks, 40);
+    for (int k = 0; k < nt; k++) {
+        double py = chart_position(ay, ticks[k], y + h, y);
+        snprintf(text, sizeof text, "%.6g", ticks[k]);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x, py, x + w, py);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", x - 5, py, x, py);
+        svg_text(f, x - 8, py + SVG_FONT * 0.35, SVG_FONT, "end", 0, NULL, text);
+    }
+    nt = chart_ticks(ax, ticks, 40);
+    for (int k = 0; k < nt; k++) {
+        double px = chart_position(ax, ticks[k], x, x + w);
+        snprintf(text, sizeof text, "%.6g", ticks[k]);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", px, y, px, y + h);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", px, y + h, px, y + h + 5);
+        svg_text(f, px, y + h + 8 + SVG_FONT, SVG_FONT, "middle", 0, NULL, text);
+    }
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#444\"/>\n", x, y, w, h);
+    svg_text(f, x + w / 2, y + h + 14 + 2 * SVG_FONT, SVG_FONT, "middle", 0, NULL, x_name);
+    svg_text(f, x - 62, y + h / 2, SVG_FONT, "middle", -90, NULL, y_name);
+    // The curve: a dense series (loss, learning rate) breaks where a value is
+    // not drawable (NaN, or <= 0 on a log scale); a sparse one (held-out
+    // scores, measured now and then) joins the points it has and marks them.
+    int open = 0;
+    for (int i = 0; i < n; i++) {
+        int drawable = isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0);
+        if (!drawable) {
+            if (open && !sparse) { fputs("\"/>\n", f); open = 0; }
+            continue;
+        }
+        if (!open) fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" points=\"", colour);
+        fprintf(f, "%s%.1f,%.1f", open ? " " : "", chart_position(ax, xs[i], x, x + w),
+                chart_position(ay, ys[i], y + h, y));
+        open = 1;
+    }
+    if (open) fputs("\"/>\n", f);
+    for (int i = 0; sparse && i < n; i++)
+        if (isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0))
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                    chart_position(ax, xs[i], x, x + w), chart_position(ay, ys[i], y + h, y), colour);
+}
+
+// The curves of a training log: the loss (log scale when it falls by more
+// than a factor 20), the held-out score where the log has one, and the
+// learning rate of eq. 3, one above the other over the same step axis.
+int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char *title) {
+    TrainingLog log;
+    char error[512];
+    if (!training_log_read(&log, csv_path, error, sizeof error)) {
+        fprintf(stderr, "error: %s\n", error);
+        return 1;
+    }
+    int heldout_points = 0;
+    double tokens_sum = 0;
+    int tokens_count = 0;
+    for (int i = 0; i < log.n; i++) {
+        heldout_points += isfinite(log.heldout[i]) != 0;
+        if (isfinite(log.tokens_per_s[i])) { tokens_sum += log.tokens_per_s[i]; tokens_count++; }
+    }
+    int n_panels = heldout_points > 0 ? 3 : 2;
+    double left = SVG_MARGIN + 80, plot_width = 720, plot_height = 210, panel_gap = 96;
+    double top = SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT + 10 + 30;
+    double width = left + plot_width + 30, height = top + n_panels * plot_height + (n_panels - 1) * panel_gap + 60;
+    FILE *f = svg_open(svg_path, width, height);
+    if (!f) { training_log_free(&log); return 1; }
+    char subtitle[256];
+    snprintf(subtitle, sizeof subtitle, "%s: %d lines, %s %.6g..%.6g, last %s %.4g, mean %s %.0f",
+             csv_path, log.n, log.names[0], log.step[0], log.step[log.n - 1], log.names[1],
+             log.loss[log.n - 1], log.names[3], tokens_count ? tokens_sum / tokens_count : NAN);
+    svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT, SVG_TITLE_FONT, "start", 0, "bold",
+             title ? title : "Training");
+    svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
+    ChartAxis ax = chart_axis(log.step, log.n, 0);
+    const double *series[3] = { log.loss, log.heldout, log.lr };
+    const char *names[3] = { log.names[1], log.names[4], log.names[2] };
+    const char *colours[3] = { "#1f5fa8", "#c0392b", "#2e7d32" };
+    double y = top;
+    for (int k = 0; k < 3; k++) {
+        if (k == 1 && heldout_points == 0) continue;
+        static const char *panel_titles[3] = { "training loss", "held-out score", "learning rate (eq. 3)" };
+        char panel_title[96];
+        snprintf(panel_title, sizeof panel_title, "%s", panel_titles[k]);
+        ChartAxis ay = chart_axis(series[k], log.n, k == 0);
+        if (ay.log_scale) strncat(panel_title, " (log scale)", sizeof panel_title - strlen(panel_title) - 1);
+        svg_chart_panel(f, left, y, plot_width, plot_height, log.step, series[k], log.n, ax, ay, panel_title,
+                        log.names[0], names[k], colours[k], k == 1);
+        y += plot_height + panel_gap;
+    }
+    training_log_free(&log);
+    return svg_close(f, svg_path);
+}
+
 #ifndef TRANSFORMER_NO_MAIN
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
