@@ -174,7 +174,7 @@ static void test_attention_gradients(Rng *rng) {
     enum { B = 2, T = 5, S = 4, C = 6, NH = 2 };
     int tgt_len[B] = { 5, 3 }, src_len[B] = { 2, 4 };
     static real qkv[B * T * 3 * C], q[B * T * C], kv[B * S * 2 * C], out[B * T * C],
-        att[B * NH * T * T], r[B * T * C], scratch[B * NH * T], dqkv[B * T * 3 * C],
+        att[B * NH * T * T], r[B * T * C], dqkv[B * T * 3 * C],
         dq[B * T * C], dkv[B * S * 2 * C];
     fill_uniform(qkv, sizeof qkv / sizeof(real), -1.5, 1.5, rng);
     fill_uniform(r, sizeof r / sizeof(real), -1, 1, rng);
@@ -182,7 +182,7 @@ static void test_attention_gradients(Rng *rng) {
     AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C, qkv + 2 * C, r };
     attention_objective(&self);
     memset(dqkv, 0, sizeof dqkv);
-    attention_backward(dqkv, dqkv + C, dqkv + 2 * C, scratch, r, att, qkv, qkv + C, qkv + 2 * C,
+    attention_backward(dqkv, dqkv + C, dqkv + 2 * C, r, att, qkv, qkv + C, qkv + 2 * C,
                        3 * C, 3 * C, tgt_len, 1, B, T, T, C, NH);
     check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv, B * T * 3 * C);
     // cross-attention with padded keys: queries (B,T,C), keys/values (B,S,2C)
@@ -192,7 +192,7 @@ static void test_attention_gradients(Rng *rng) {
     attention_objective(&cross);
     memset(dq, 0, sizeof dq);
     memset(dkv, 0, sizeof dkv);
-    attention_backward(dq, dkv, dkv + C, scratch, r, att, q, kv, kv + C, C, 2 * C, src_len, 0,
+    attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, C, 2 * C, src_len, 0,
                        B, T, S, C, NH);
     check_gradient("attention (padded keys): q", attention_objective, &cross, q, dq, B * T * C);
     check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv, B * S * 2 * C);
@@ -753,7 +753,9 @@ static void test_learning(void) {
         last = loss;
         transformer_zero_grad(&m);
         transformer_backward(&m, &tb.batch);
-        adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 1.0));
+        // factor 0.5: at 1.0 the loss spikes after step 100 (to 0.14..0.43 in some
+        // builds), so whether step 300 is below 0.02 would hang on rounding
+        adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 0.5));
     }
     check(last < 0.02, "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f", first, last);
     transformer_free(&m);

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -86,6 +87,20 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
         exit(1);
     }
     void *p = calloc(count, size);
+    if (!p) {
+        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, count * size);
+        exit(1);
+    }
+    return p;
+}
+
+static void *checked_malloc(size_t count, size_t size, const char *what) {
+    if (count == 0) count = 1;
+    if (size != 0 && count > SIZE_MAX / size) {
+        fprintf(stderr, "error: %s: %zu x %zu bytes overflows\n", what, count, size);
+        exit(1);
+    }
+    void *p = malloc(count * size);
     if (!p) {
         fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, count * size);
         exit(1);
@@ -274,54 +289,204 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 // projection through the shared embedding (§3.4).
 // ============================================================================
 
-// out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
-static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
-                           int N, int IC, int OC) {
-    OMP(parallel for)
-    for (int n = 0; n < N; n++) {
-        const real *x = inp + (size_t)n * IC;
-        real *y = out + (size_t)n * OC;
-        for (int o = 0; o < OC; o++) {
-            const real *w = weight + (size_t)o * IC;
-            real sum = bias ? bias[o] : 0;
-            for (int i = 0; i < IC; i++) sum += x[i] * w[i];
-            y[o] = sum;
+// ----------------------------------------------------------------------------
+// The matrix product. Nearly all the arithmetic of a training step is
+//     C += A B        C is (M, N), A is (M, K), B is (K, N)
+// in one of three forms: y = x W^T (forward), dx = dy W and dW = dy^T x
+// (backward). A MatrixView says where element (row, col) of A or B lives, so
+// one function serves all three: a transposed matrix is the same memory with
+// its two strides swapped.
+//
+// Why not the three-line loop  for m, n, k: C[m][n] += A[m][k] B[k][n]?  A
+// core can do 16 or more multiply-adds per cycle on vectors but load only two
+// or three numbers, and that loop loads two numbers per multiply-add and
+// reads B from memory once for every row of C. Three plain-C ideas fix it:
+//
+// 1. Register tiles. C is computed in tiles of TILE_ROWS x TILE_COLS (6 x 32
+//    floats). The tile's 192 sums stay in vector registers for the whole k
+//    loop; each step k reads 6 numbers of A and 32 of B, and does 6 x 32
+//    multiply-adds with them (every A number times the whole B row):
+//
+//               kc                          TILE_COLS = 32
+//          ┌─────────┐                 ┌──────────────────────┐
+//        6 │ ▓       │   x          kc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │  ->  sum[6][32] += a[.][k] * b[k][.]
+//          └─────────┘                 │                      │
+//          A strip, step k: column ▓    └──────────────────────┘  B strip, step k: row ▓
+//
+//    The inner loop over the 32 columns is what the compiler turns into
+//    vector instructions; the loops over k and the 6 rows stay loops.
+// 2. Packing. Before use, a tile's strip of A (6 x kc) and strip of B (kc x
+//    32) are copied into small contiguous buffers in exactly the order the
+//    tile reads them, so every read is sequential whatever the strides of the
+//    original (a transposed W is read along its columns). A packed B strip is
+//    used by every 6-row strip of A, a packed A strip by every B strip.
+// 3. Depth blocks. K is cut into blocks of DEPTH_BLOCK (128) so that a packed
+//    B strip (128 x 32 floats, 16 KB) stays in the level-1 cache and a block
+//    of B up to WIDTH_BLOCK (512) columns wide in the level-2 cache.
+//    C[m][n] receives its depth blocks' sums in order k = 0, 128, 256, ...
+//
+// Threads: the threads pack a block of B together, one strip each, then
+// share out the 6-row strips of C. Each element of C belongs to one thread
+// and is summed in the same order whatever the number of threads.
+// ----------------------------------------------------------------------------
+
+// Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
+typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
+
+#define TILE_ROWS 6
+#define TILE_COLS (128 / (int)sizeof(real))  // 32 floats (16 doubles): 128 bytes
+#define DEPTH_BLOCK 128
+#define WIDTH_BLOCK 512
+_Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+// A copy of the rows m0 .. M-1 (fewer than 6) of A, columns k0 .. k0+kc-1,
+// padded with zero rows to a full strip: strip[k * TILE_ROWS + r] = A[m0 + r][k0 + k].
+static void pack_a_edge(real *strip, MatrixView a, int m0, int M, int k0, int kc) {
+    for (int k = 0; k < kc; k++)
+        for (int r = 0; r < TILE_ROWS; r++)
+            strip[k * TILE_ROWS + r] = m0 + r < M
+                ? a.data[(size_t)(m0 + r) * a.row_stride + (size_t)(k0 + k) * a.col_stride] : 0;
+}
+
+// strip[k][j] = B[k0 + k][n0 + j] for the 32 columns from n0 (zeros past column N),
+// read along whichever direction B is contiguous in.
+static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int kc) {
+    int cols = min_int(N - n0, TILE_COLS);
+    const real *b0 = b.data + (size_t)k0 * b.row_stride + (size_t)n0 * b.col_stride;
+    if (b.col_stride == 1) {          // rows of B are contiguous
+        for (int k = 0; k < kc; k++)
+            for (int j = 0; j < cols; j++) strip[k * TILE_COLS + j] = b0[(size_t)k * b.row_stride + j];
+    } else {                          // columns are (B is a transposed matrix)
+        for (int j = 0; j < cols; j++)
+            for (int k = 0; k < kc; k++) strip[k * TILE_COLS + j] = b0[(size_t)j * b.col_stride + (size_t)k * b.row_stride];
+    }
+    for (int k = 0; k < kc; k++)
+        for (int j = cols; j < TILE_COLS; j++) strip[k * TILE_COLS + j] = 0;
+}
+
+// The register tile: C[0..rows)[0..cols) += sum_k A[.][k] b[k][.] (at most 6 x 32).
+// c has row stride ldc; A's element (r, k) is a[r * a_row + k * a_col] and
+// must exist for all 6 rows; b is a packed strip kc deep.
+static void matmul_tile(real *c, size_t ldc, const real *a, size_t a_row, size_t a_col,
+                        const real *b, int kc, int rows, int cols) {
+    real sum[TILE_ROWS][TILE_COLS];
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int j = 0; j < TILE_COLS; j++) sum[r][j] = 0;
+    for (int k = 0; k < kc; k++) {
+        for (int r = 0; r < TILE_ROWS; r++) {
+            real ark = a[r * a_row + k * a_col];
+            OMP(simd)
+            for (int j = 0; j < TILE_COLS; j++) sum[r][j] += ark * b[k * TILE_COLS + j];
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) c[(size_t)r * ldc + j] += sum[r][j];
+}
+
+// Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
+static real *packed_b_alloc(void) {
+    return checked_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
+}
+
+// Rows [m_first, m_end) of C += A B, by the calling thread alone; packed_b
+// comes from packed_b_alloc. c is (M, N) with row stride ldc, a (M, K), b (K, N).
+static void matmul_rows(real *c, size_t ldc, MatrixView a, MatrixView b, int m_first, int m_end,
+                        int N, int K, real *packed_b) {
+    real edge[TILE_ROWS * DEPTH_BLOCK];
+    for (int n0 = 0; n0 < N; n0 += WIDTH_BLOCK) {
+        int col_strips = (min_int(N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
+        for (int k0 = 0; k0 < K; k0 += DEPTH_BLOCK) {
+            int kc = min_int(K - k0, DEPTH_BLOCK);
+            for (int s = 0; s < col_strips; s++)
+                pack_b_strip(packed_b + (size_t)s * TILE_COLS * kc, b, n0 + s * TILE_COLS, N, k0, kc);
+            for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
+                // a full strip of 6 rows is read where it lies; the last, shorter
+                // one from a copy padded with zero rows
+                const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
+                size_t a_row = a.row_stride, a_col = a.col_stride;
+                if (m_end - m0 < TILE_ROWS) {
+                    pack_a_edge(edge, a, m0, m_end, k0, kc);
+                    a0 = edge; a_row = 1; a_col = TILE_ROWS;
+                }
+                for (int s = 0; s < col_strips; s++) {
+                    int j0 = n0 + s * TILE_COLS;
+                    matmul_tile(c + (size_t)m0 * ldc + j0, ldc, a0, a_row, a_col,
+                                packed_b + (size_t)s * TILE_COLS * kc, kc,
+                                min_int(m_end - m0, TILE_ROWS), min_int(N - j0, TILE_COLS));
+                }
+            }
         }
     }
 }
 
+// The part [*first, *end) of `count` items that this thread takes in a
+// parallel region: equal contiguous shares, the first share to thread 0.
+static void thread_share(int count, int *first, int *end) {
+#ifdef _OPENMP
+    int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+#else
+    int thread = 0, threads = 1;
+#endif
+    *first = (int)((long long)count * thread / threads);
+    *end = (int)((long long)count * (thread + 1) / threads);
+}
+
+// C += A B: c is (M, N) with row stride ldc, a is (M, K), b is (K, N). Each
+// thread takes an equal share of the 6-row strips of C and packs the blocks of
+// B it needs itself, so that no thread ever waits for another.
+static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, int M, int N, int K) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    int row_strips = (M + TILE_ROWS - 1) / TILE_ROWS;
+    OMP(parallel)
+    {
+        int first, end;
+        thread_share(row_strips, &first, &end);
+        if (first < end) {
+            real *packed_b = packed_b_alloc();
+            matmul_rows(c, ldc, a, b, first * TILE_ROWS, min_int(end * TILE_ROWS, M), N, K, packed_b);
+            free(packed_b);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The linear layer itself.
+
+// out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
+static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
+                           int N, int IC, int OC) {
+    OMP(parallel for)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias ? bias[o] : 0;
+    // out[n,o] += sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
+    MatrixView x = { inp, (size_t)IC, 1 }, w_transposed = { weight, 1, (size_t)IC };
+    matmul_accumulate(out, (size_t)OC, x, w_transposed, N, OC, IC);
+}
+
 // Differentiates  out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]:
-//   dinp[n,i]    += sum_o dout[n,o] * weight[o,i]
-//   dweight[o,i] += sum_n dout[n,o] * inp[n,i]
+//   dinp[n,i]    += sum_o dout[n,o] * weight[o,i]      (dinp = dout W)
+//   dweight[o,i] += sum_n dout[n,o] * inp[n,i]         (dW = dout^T inp)
 //   dbias[o]     += sum_n dout[n,o]
 // dinp or dbias may be NULL when not wanted.
 static void linear_backward(real *dinp, real *dweight, real *dbias,
                             const real *dout, const real *inp, const real *weight,
                             int N, int IC, int OC) {
-    if (dinp) {
+    MatrixView g = { dout, (size_t)OC, 1 }, g_transposed = { dout, 1, (size_t)OC };
+    MatrixView w = { weight, (size_t)IC, 1 }, x = { inp, (size_t)IC, 1 };
+    if (dinp) matmul_accumulate(dinp, (size_t)IC, g, w, N, IC, OC);
+    matmul_accumulate(dweight, (size_t)IC, g_transposed, x, OC, IC, N);
+    if (dbias) {
+        // one thread per block of 64 columns; rows summed in order
         OMP(parallel for)
-        for (int n = 0; n < N; n++) {
-            const real *g = dout + (size_t)n * OC;
-            real *dx = dinp + (size_t)n * IC;
-            for (int o = 0; o < OC; o++) {
-                const real *w = weight + (size_t)o * IC;
-                real go = g[o];
-                for (int i = 0; i < IC; i++) dx[i] += go * w[i];
-            }
+        for (int o0 = 0; o0 < OC; o0 += 64) {
+            int width = min_int(OC - o0, 64);
+            real sum[64] = { 0 };
+            for (int n = 0; n < N; n++)
+                for (int o = 0; o < width; o++) sum[o] += dout[(size_t)n * OC + o0 + o];
+            for (int o = 0; o < width; o++) dbias[o0 + o] += sum[o];
         }
-    }
-    // each thread owns whole rows of dweight: no races, a fixed summation order
-    OMP(parallel for)
-    for (int o = 0; o < OC; o++) {
-        real *dw = dweight + (size_t)o * IC;
-        real db = 0;
-        for (int n = 0; n < N; n++) {
-            real go = dout[(size_t)n * OC + o];
-            const real *x = inp + (size_t)n * IC;
-            for (int i = 0; i < IC; i++) dw[i] += go * x[i];
-            db += go;
-        }
-        if (dbias) dbias[o] += db;
     }
 }
 
@@ -333,38 +498,59 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 // ============================================================================
 
+// splitmix64's output function: a 64-bit hash whose outputs look independent
+// for consecutive inputs.
+static uint64_t hash64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
 // Draws a dropout mask: each element is kept with probability 1 - p and then
 // scaled by 1/(1-p) ("inverted dropout", so evaluation needs no rescaling).
-// With training off or p = 0 the mask is all ones. Drawn serially from one
-// stream, so a seed gives the same masks whatever the thread count.
+// With training off or p = 0 the mask is all ones. The mask takes one number
+// from the model's generator as its key; element i is then decided by
+// hash64(key + i), uniform in [0, 1) with 53 bits, so that the elements can
+// be drawn in parallel and a seed gives the same masks whatever the thread count.
 static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) {
     if (!training || p <= 0.0f) {
+        OMP(parallel for)
         for (size_t i = 0; i < n; i++) mask[i] = 1;
         return;
     }
+    uint64_t key = rng_next(rng);
     real keep_scale = (real)(1.0 / (1.0 - p));
-    for (size_t i = 0; i < n; i++) mask[i] = rng_uniform(rng) < p ? 0 : keep_scale;
+    double drop = p;
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) {
+        double uniform = (double)(hash64(key + i) >> 11) * (1.0 / 9007199254740992.0);
+        mask[i] = uniform < drop ? 0 : keep_scale;
+    }
 }
 
 // out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
 static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
 }
 
 // Differentiates  out[i] = inp[i] * mask[i]
 static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
 }
 
 // out = residual + sublayer * mask  (x + Dropout(Sublayer(x)))
 static void residual_dropout_forward(real *out, const real *residual, const real *sublayer,
                                      const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) out[i] = residual[i] + sublayer[i] * mask[i];
 }
 
 // Differentiates  out[i] = residual[i] + sublayer[i] * mask[i]
 static void residual_dropout_backward(real *dresidual, real *dsublayer, const real *dout,
                                       const real *mask, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) {
         dresidual[i] += dout[i];
         dsublayer[i] += dout[i] * mask[i];
@@ -421,17 +607,24 @@ static void layernorm_backward(real *dinp, real *dgain, real *dbias, const real 
             dx[i] += s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
         }
     }
-    // gain and bias are shared by all rows: one thread per feature, rows in order
+    // gain and bias are shared by all rows: one thread per block of 32
+    // features, which runs down the rows in order
     OMP(parallel for)
-    for (int i = 0; i < C; i++) {
-        real dg = 0, db = 0;
+    for (int i0 = 0; i0 < C; i0 += 32) {
+        int width = min_int(C - i0, 32);
+        real dg[32] = { 0 }, db[32] = { 0 };
         for (int n = 0; n < N; n++) {
-            real gi = dout[(size_t)n * C + i];
-            dg += gi * (inp[(size_t)n * C + i] - mean[n]) * rstd[n];
-            db += gi;
+            const real *x = inp + (size_t)n * C + i0, *g = dout + (size_t)n * C + i0;
+            real m = mean[n], s = rstd[n];
+            for (int i = 0; i < width; i++) {
+                dg[i] += g[i] * (x[i] - m) * s;
+                db[i] += g[i];
+            }
         }
-        dgain[i] += dg;
-        dbias[i] += db;
+        for (int i = 0; i < width; i++) {
+            dgain[i0 + i] += dg[i];
+            dbias[i0 + i] += db[i];
+        }
     }
 }
 
@@ -462,46 +655,64 @@ static int visible_keys(int i, int key_len, int causal) {
     return (causal && i + 1 < key_len) ? i + 1 : key_len;
 }
 
+// p is one row of scores s_i. over keys 0..Tk-1, of which the first `visible`
+// count: p becomes softmax(p) there and exactly 0 elsewhere.
+static void softmax_visible(real *p, int visible, int Tk) {
+    real max_score = -INFINITY;
+    for (int j = 0; j < visible; j++) if (p[j] > max_score) max_score = p[j];
+    real sum = 0;
+    for (int j = 0; j < visible; j++) {
+        p[j] = real_exp(p[j] - max_score);
+        sum += p[j];
+    }
+    real inv_sum = 1 / sum;
+    for (int j = 0; j < visible; j++) p[j] *= inv_sum;
+    for (int j = visible; j < Tk; j++) p[j] = 0;
+}
+
 // out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
+//
+// For each (sentence, head) the attention is two matrix products, done with
+// the register tiles of §3:
+//     scores = Q K^T        (Tq, hs) x (hs, Tk), then x 1/sqrt(d_k), softmax per row
+//     out    = P V          (Tq, Tk) x (Tk, hs)
+// Scores are computed for every key, then the masked ones get probability
+// exactly 0: P V adds exact zeros for them, so their values cannot matter.
 static void attention_forward(real *out, real *att,
                               const real *q, const real *k, const real *v,
                               int q_stride, int kv_stride, const int *key_len, int causal,
                               int B, int Tq, int Tk, int C, int NH) {
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
-    OMP(parallel for collapse(2))
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int i = 0; i < Tq; i++) {
-                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
-                real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
-                int visible = visible_keys(i, key_len[b], causal);
-                // s_ij = q_i . k_j / sqrt(d_k), and the largest for a stable softmax
-                real max_score = -INFINITY;
-                for (int j = 0; j < visible; j++) {
-                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real s = 0;
-                    for (int d = 0; d < hs; d++) s += qi[d] * kj[d];
-                    p[j] = s * scale;
-                    if (p[j] > max_score) max_score = p[j];
+    // one thread per (b, h): it alone writes that head's scores and outputs
+    OMP(parallel)
+    {
+        real *packed_b = packed_b_alloc();
+        OMP(for collapse(2))
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                real *p = att + ((size_t)b * NH + h) * Tq * Tk;           // (Tq, Tk)
+                real *o = out + (size_t)b * Tq * C + h * hs;             // (Tq, hs), row stride C
+                MatrixView qh = { q + (size_t)b * Tq * q_stride + h * hs, (size_t)q_stride, 1 };
+                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * hs, 1, (size_t)kv_stride };
+                MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * hs, (size_t)kv_stride, 1 };
+                MatrixView ph = { p, (size_t)Tk, 1 };
+                // s_ij = q_i . k_j / sqrt(d_k)
+                for (size_t n = 0; n < (size_t)Tq * Tk; n++) p[n] = 0;
+                matmul_rows(p, (size_t)Tk, qh, kh_transposed, 0, Tq, Tk, hs, packed_b);
+                // p_ij = softmax_j(s_ij) over the visible keys
+                for (int i = 0; i < Tq; i++) {
+                    real *pi = p + (size_t)i * Tk;
+                    for (int j = 0; j < Tk; j++) pi[j] *= scale;
+                    softmax_visible(pi, visible_keys(i, key_len[b], causal), Tk);
                 }
-                // p_ij = exp(s_ij - max) / sum_j exp(s_ij - max); masked keys get 0
-                real sum = 0;
-                for (int j = 0; j < visible; j++) {
-                    p[j] = real_exp(p[j] - max_score);
-                    sum += p[j];
-                }
-                for (int j = 0; j < visible; j++) p[j] /= sum;
-                for (int j = visible; j < Tk; j++) p[j] = 0;
                 // out_i = sum_j p_ij v_j
-                real *o = out + ((size_t)b * Tq + i) * C + h * hs;
-                for (int d = 0; d < hs; d++) o[d] = 0;
-                for (int j = 0; j < visible; j++) {
-                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    for (int d = 0; d < hs; d++) o[d] += p[j] * vj[d];
-                }
+                for (int i = 0; i < Tq; i++)
+                    for (int d = 0; d < hs; d++) o[(size_t)i * C + d] = 0;
+                matmul_rows(o, (size_t)C, ph, vh, 0, Tq, hs, Tk, packed_b);
             }
         }
+        free(packed_b);
     }
 }
 
@@ -511,9 +722,11 @@ static void attention_forward(real *out, real *att,
 //          (the softmax Jacobian is dp_ij/ds_ik = p_ij ([j==k] - p_ik))
 //   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
 //                                      dk_j += ds_ij q_i / sqrt(d_k)
-// dq, dk, dv have the same layout (strides) as q, k, v. row_scratch is
-// (B, NH, Tk): room for one row of dp per head.
-static void attention_backward(real *dq, real *dk, real *dv, real *row_scratch,
+// As matrix products per head: dP = dOut V^T, dV += P^T dOut, then
+// dQ += dS K and dK += dS^T Q (with the 1/sqrt(d_k) folded into dS).
+// dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
+// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient.
+static void attention_backward(real *dq, real *dk, real *dv,
                                const real *dout, const real *att,
                                const real *q, const real *k, const real *v,
                                int q_stride, int kv_stride, const int *key_len, int causal,
@@ -521,39 +734,42 @@ static void attention_backward(real *dq, real *dk, real *dv, real *row_scratch,
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
-    OMP(parallel for collapse(2))
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            real *dp = row_scratch + ((size_t)b * NH + h) * Tk;
-            for (int i = 0; i < Tq; i++) {
-                const real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
-                const real *g = dout + ((size_t)b * Tq + i) * C + h * hs;
-                int visible = visible_keys(i, key_len[b], causal);
-                real sum_p_dp = 0;
-                for (int j = 0; j < visible; j++) {
-                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real *dvj = dv + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real d = 0;
-                    for (int e = 0; e < hs; e++) {
-                        d += g[e] * vj[e];
-                        dvj[e] += p[j] * g[e];
-                    }
-                    dp[j] = d;
-                    sum_p_dp += p[j] * d;
+    OMP(parallel)
+    {
+        real *packed_b = packed_b_alloc();
+        real *ds = checked_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
+        OMP(for collapse(2))
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const real *p = att + ((size_t)b * NH + h) * Tq * Tk;
+                size_t q_head = (size_t)b * Tq * q_stride + h * hs, kv_head = (size_t)b * Tk * kv_stride + h * hs;
+                MatrixView g = { dout + (size_t)b * Tq * C + h * hs, (size_t)C, 1 };
+                MatrixView vh_transposed = { v + kv_head, 1, (size_t)kv_stride };
+                MatrixView p_transposed = { p, 1, (size_t)Tk };
+                MatrixView qh = { q + q_head, (size_t)q_stride, 1 };
+                MatrixView kh = { k + kv_head, (size_t)kv_stride, 1 };
+                MatrixView dsh = { ds, (size_t)Tk, 1 }, ds_transposed = { ds, 1, (size_t)Tk };
+                // dp_ij = dout_i . v_j  (into ds, which it becomes below)
+                for (size_t n = 0; n < (size_t)Tq * Tk; n++) ds[n] = 0;
+                matmul_rows(ds, (size_t)Tk, g, vh_transposed, 0, Tq, Tk, hs, packed_b);
+                // dv_j += sum_i p_ij dout_i
+                matmul_rows(dv + kv_head, (size_t)kv_stride, p_transposed, g, 0, Tk, hs, Tq, packed_b);
+                // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
+                for (int i = 0; i < Tq; i++) {
+                    const real *pi = p + (size_t)i * Tk;
+                    real *dsi = ds + (size_t)i * Tk;
+                    int visible = visible_keys(i, key_len[b], causal);
+                    real sum_p_dp = 0;
+                    for (int j = 0; j < visible; j++) sum_p_dp += pi[j] * dsi[j];
+                    for (int j = 0; j < Tk; j++) dsi[j] = pi[j] * (dsi[j] - sum_p_dp) * scale;
                 }
-                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
-                real *dqi = dq + ((size_t)b * Tq + i) * q_stride + h * hs;
-                for (int j = 0; j < visible; j++) {
-                    real ds = p[j] * (dp[j] - sum_p_dp) * scale;
-                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    real *dkj = dk + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    for (int e = 0; e < hs; e++) {
-                        dqi[e] += ds * kj[e];
-                        dkj[e] += ds * qi[e];
-                    }
-                }
+                // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
+                matmul_rows(dq + q_head, (size_t)q_stride, dsh, kh, 0, Tq, hs, Tk, packed_b);
+                matmul_rows(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, 0, Tk, hs, Tq, packed_b);
             }
         }
+        free(ds);
+        free(packed_b);
     }
 }
 
@@ -590,14 +806,14 @@ static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
 
 // d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
 static void self_attention_backward(real *dx, AttentionParams g, real *d_qkv, real *d_heads,
-                                    real *row_scratch, const real *dout,
+                                    const real *dout,
                                     const real *qkv, const real *att, const real *heads,
                                     const real *x, AttentionParams w, const int *len, int causal,
                                     int B, int T, int C, int NH) {
     // out = heads W^O^T + b^O
     linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
     // heads = Attention(q, k, v)
-    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, row_scratch, d_heads, att,
+    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att,
                        qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
     // qkv = x W_qkv^T + b_qkv
     linear_backward(dx, g.qkv_w, g.qkv_b, d_qkv, x, w.qkv_w, B * T, C, 3 * C);
@@ -615,7 +831,7 @@ static void cross_attention_forward(real *out, real *q, real *kv, real *att, rea
 
 // d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
 static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
-                                     real *d_q, real *d_kv, real *d_heads, real *row_scratch,
+                                     real *d_q, real *d_kv, real *d_heads,
                                      const real *dout, const real *q, const real *kv,
                                      const real *att, const real *heads, const real *x,
                                      const real *memory, AttentionParams w, const int *src_len,
@@ -623,7 +839,7 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
     // out = heads W^O^T + b^O
     linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
     // heads = Attention(q, k, v), keys and values from the encoder
-    attention_backward(d_q, d_kv, d_kv + C, row_scratch, d_heads, att, q, kv, kv + C,
+    attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C,
                        C, 2 * C, src_len, 0, B, T, S, C, NH);
     // q = x W_q^T + b_q
     linear_backward(dx, g.qkv_w, g.qkv_b, d_q, x, w.qkv_w, B * T, C, C);
@@ -641,12 +857,14 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
 
 // h = max(0, h) in place
 static void relu_forward(real *h, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
 }
 
 // Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
 // In place: dh becomes da.
 static void relu_backward(real *dh, const real *h, size_t n) {
+    OMP(parallel for)
     for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
 }
 
@@ -687,6 +905,7 @@ static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, cons
 static void embedding_forward(real *out, const int *tokens, const real *embedding,
                               const real *pe, int B, int T, int C) {
     real scale = real_sqrt((real)C);
+    OMP(parallel for collapse(2))
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             const real *e = embedding + (size_t)tokens[b * T + t] * C;
@@ -698,15 +917,22 @@ static void embedding_forward(real *out, const int *tokens, const real *embeddin
 }
 
 // Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i].
-// Serial: two positions holding the same token add into the same row.
+// Two positions holding the same token add into the same row, so the threads
+// share out the C features, not the positions: each adds every position's
+// gradient into its own columns, positions in order.
 static void embedding_backward(real *dembedding, const real *dout, const int *tokens,
                                int B, int T, int C) {
     real scale = real_sqrt((real)C);
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            real *de = dembedding + (size_t)tokens[b * T + t] * C;
-            const real *g = dout + ((size_t)b * T + t) * C;
-            for (int i = 0; i < C; i++) de[i] += g[i] * scale;
+    OMP(parallel)
+    {
+        int first, end;
+        thread_share(C, &first, &end);
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                real *de = dembedding + (size_t)tokens[b * T + t] * C;
+                const real *g = dout + ((size_t)b * T + t) * C;
+                for (int i = first; i < end; i++) de[i] += g[i] * scale;
+            }
         }
     }
 }
@@ -857,7 +1083,10 @@ static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
     return d;
 }
 
-static void zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+static void zero(real *x, size_t n) {
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) x[i] = 0;
+}
 
 // "Add & Norm" (Figure 1), the end of every sub-layer:
 //     res = x + Dropout(sublayer);   out = LayerNorm(res)
@@ -922,7 +1151,7 @@ static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *d
     add_norm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_b, la.res1, la.drop1,
                       w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
-    self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
+    self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_c,
                             la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0, B, S, C, c->n_heads);
 }
 
@@ -968,7 +1197,7 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
                       w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
     cross_attention_backward(s->d_d, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
-                             s->d_att_row, s->d_c, la.cross_q, la.cross_kv, la.cross_att,
+                             s->d_c, la.cross_q, la.cross_kv, la.cross_att,
                              la.cross_heads, la.ln1, memory, w.cross_attn, batch->src_len,
                              B, T, S, C, c->n_heads);
     // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
@@ -976,7 +1205,7 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
     add_norm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_d, la.res1, la.drop1,
                       w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
-    self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_att_row, s->d_c,
+    self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_c,
                             la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
                             batch->tgt_len, 1, B, T, C, c->n_heads);
 }
@@ -1010,11 +1239,12 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
         for (int k = 1; k < V; k++) if (z[k] > max_z) max_z = z[k];
         real sum = 0, sum_z = 0;
         for (int k = 0; k < V; k++) {
-            sum += real_exp(z[k] - max_z);
+            p[k] = real_exp(z[k] - max_z);
+            sum += p[k];
             sum_z += z[k];
         }
-        real log_sum = max_z + real_log(sum);
-        for (int k = 0; k < V; k++) p[k] = real_exp(z[k] - log_sum);
+        real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
+        for (int k = 0; k < V; k++) p[k] *= inv_sum;
         // -sum_k q_k log p_k = -(1-eps) log p_y - (eps/V) sum_k log p_k
         real log_p_target = z[targets[bt]] - log_sum;
         real sum_log_p = sum_z - V * log_sum;
@@ -1097,15 +1327,15 @@ static void point_activations(ActivationTensors *a, real *memory, const size_t s
     }
 }
 
-#define NUM_SCRATCH_TENSORS 11
+#define NUM_SCRATCH_TENSORS 10
 static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
                           size_t B, size_t S, size_t T) {
-    size_t C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
     size_t rows = B * (S > T ? S : T), wide = 3 * C > F ? 3 * C : F;
     size_t list[NUM_SCRATCH_TENSORS] = {
         rows * C, rows * C, rows * C, rows * C, rows * C, rows * C, // d_x d_y d_a d_b d_c d_d
         rows * wide, B * S * 2 * C, B * S * C,             // d_wide d_kv d_memory
-        NH * rows, B * T * V,                              // d_att_row d_logits
+        B * T * V,                                         // d_logits
     };
     memcpy(sizes, list, sizeof list);
 }
@@ -1113,7 +1343,7 @@ static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerCo
 static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
     real **list[NUM_SCRATCH_TENSORS] = {
         &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_d, &s->d_wide, &s->d_kv, &s->d_memory,
-        &s->d_att_row, &s->d_logits,
+        &s->d_logits,
     };
     for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
         *list[i] = memory;
@@ -2207,8 +2437,244 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
 }
 
 #ifndef TRANSFORMER_NO_MAIN
+// ============================================================================
+// Benchmark: `./transformer bench` times whole training steps (forward,
+// backward, Adam) on a synthetic batch, as dev/bench_pytorch.py does for the
+// same model in PyTorch; `make bench` runs both and prints the ratio.
+// ============================================================================
+
+typedef struct {
+    const char *name;
+    int layers, d_model, d_ff, heads, vocab, B, S, T;
+} BenchPreset;
+
+static const BenchPreset bench_presets[] = {
+    //  name     N  d_model d_ff  h  vocab   B   S    T
+    { "toy",     2, 128,   512,  4, 1000,  32, 32,  32 },  // what users train on a laptop
+    { "base",    6, 512,   2048, 8, 8000,   8, 64,  64 },  // the paper's base model (Table 3)
+    { "tiny",    2, 64,    256,  4, 14,    96, 12,  12 },  // ./transformer train's defaults: copy task, 10 words
+};
+
+// The floating-point operations of one training step, counting the matrix
+// products only (2 per multiply-add) and, under the causal mask, only the
+// visible query-key pairs. Every sentence has its full length. The backward
+// pass of a product Y = X W^T is two products of the same size (dX = dY W,
+// dW = dY^T X), and that of attention likewise, so a step is 3 forward passes.
+static double training_step_flops(const TransformerConfig *c, int B, int S, int T) {
+    double L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    double src = (double)B * S, tgt = (double)B * T;
+    double encoder = 2 * src * (3 * C * C + C * C + 2 * C * F)   // W_qkv, W^O, W_1, W_2
+                   + 4 * src * S * C;                             // Q K^T and P V
+    double decoder = 2 * tgt * (3 * C * C + C * C + 2 * C * F)   // self-attention, FFN
+                   + 4 * (double)B * T * (T + 1) / 2 * C          // causal Q K^T and P V
+                   + 2 * tgt * (2 * C * C) + 2 * src * (2 * C * C) // cross W^Q, W^O; W^K, W^V
+                   + 4 * tgt * S * C;                             // cross Q K^T and P V
+    double output = 2 * tgt * C * V;                              // logits = y E^T
+    return 3 * (L * (encoder + decoder) + output);
+}
+
+// The value of a "Name:   1234 kB" line of /proc/self/status, in kB; -1 if unknown.
+static long process_status_kb(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long value = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':') { value = strtol(line + n + 1, NULL, 10); break; }
+    fclose(f);
+    return value;
+}
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// CPU time used by all threads of the process so far, in seconds.
+static double cpu_seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// Parses a whole decimal integer in [lo, hi] for the flag `flag`; 0 on failure (after a message).
+static int bench_parse_int(const char *flag, const char *text, int lo, int hi, int *value) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "error: bench: %s '%s': expected an integer in %d..%d\n", flag, text, lo, hi);
+        return 0;
+    }
+    *value = (int)v;
+    return 1;
+}
+
+static void bench_usage(void) {
+    FILE *out = stdout;
+    fprintf(out,
+        "usage: transformer bench [--config NAME] [--steps N] [--warmup N] [--threads N] [--json]\n"
+        "                         [--layers N] [--d-model N] [--d-ff N] [--heads N] [--vocab N]\n"
+        "                         [--batch B] [--src-len S] [--tgt-len T]\n"
+        "Times training steps (forward, backward, Adam; dropout 0.1, label smoothing 0.1)\n"
+        "on a synthetic batch of full-length sentences and prints the median time per step.\n"
+        "Configs:");
+    for (size_t i = 0; i < sizeof bench_presets / sizeof *bench_presets; i++) {
+        const BenchPreset *p = &bench_presets[i];
+        fprintf(out, " %s (N %d, d_model %d, d_ff %d, h %d, vocab %d, %d x %d x %d)%s", p->name,
+                p->layers, p->d_model, p->d_ff, p->heads, p->vocab, p->B, p->S, p->T,
+                i + 1 < sizeof bench_presets / sizeof *bench_presets ? "," : "\n");
+    }
+}
+
+static int command_bench(int argc, char **argv) {
+    const BenchPreset *preset = &bench_presets[0];
+    int steps = -1, warmup = 3, threads = 0, json = 0;
+    int layers = -1, d_model = -1, d_ff = -1, heads = -1, vocab = -1, B = -1, S = -1, T = -1;
+    struct { const char *flag; int *value, lo, hi; } int_flags[] = {
+        { "--steps", &steps, 1, 100000 }, { "--warmup", &warmup, 0, 100000 },
+        { "--threads", &threads, 1, 1024 }, { "--layers", &layers, 1, TRANSFORMER_MAX_LAYERS },
+        { "--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH }, { "--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH },
+        { "--heads", &heads, 1, TRANSFORMER_MAX_WIDTH }, { "--vocab", &vocab, 5, TRANSFORMER_MAX_VOCAB },
+        { "--batch", &B, 1, 65536 }, { "--src-len", &S, 2, TRANSFORMER_MAX_LEN },
+        { "--tgt-len", &T, 2, TRANSFORMER_MAX_LEN },
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--json") == 0) { json = 1; continue; }
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { bench_usage(); return 0; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "error: bench: '%s' needs a value or is unknown (see: transformer bench --help)\n", arg);
+            return 2;
+        }
+        const char *value = argv[++i];
+        int known = 0;
+        if (strcmp(arg, "--config") == 0) {
+            preset = NULL;
+            for (size_t k = 0; k < sizeof bench_presets / sizeof *bench_presets; k++)
+                if (strcmp(value, bench_presets[k].name) == 0) preset = &bench_presets[k];
+            if (!preset) {
+                fprintf(stderr, "error: bench: unknown config '%s' (see: transformer bench --help)\n", value);
+                return 2;
+            }
+            known = 1;
+        }
+        for (size_t k = 0; k < sizeof int_flags / sizeof *int_flags && !known; k++) {
+            if (strcmp(arg, int_flags[k].flag) != 0) continue;
+            if (!bench_parse_int(arg, value, int_flags[k].lo, int_flags[k].hi, int_flags[k].value)) return 2;
+            known = 1;
+        }
+        if (!known) {
+            fprintf(stderr, "error: bench: unknown flag '%s' (see: transformer bench --help)\n", arg);
+            return 2;
+        }
+    }
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+    threads = omp_get_max_threads();
+#else
+    if (threads > 1) fprintf(stderr, "warning: bench: built without OpenMP, running on 1 thread\n");
+    threads = 1;
+#endif
+    TransformerConfig config = transformer_default_config();
+    config.n_layers = layers > 0 ? layers : preset->layers;
+    config.d_model = d_model > 0 ? d_model : preset->d_model;
+    config.d_ff = d_ff > 0 ? d_ff : preset->d_ff;
+    config.n_heads = heads > 0 ? heads : preset->heads;
+    config.vocab_size = vocab > 0 ? vocab : preset->vocab;
+    config.dropout = 0.1f;           // §5.4, base model
+    config.label_smoothing = 0.1f;
+    if (B < 0) B = preset->B;
+    if (S < 0) S = preset->S;
+    if (T < 0) T = preset->T;
+    config.max_len = S > T ? S : T;
+    if (steps < 0) steps = config.d_model >= 512 ? 10 : 20;
+    const char *error = transformer_config_check(&config);
+    if (error) {
+        fprintf(stderr, "error: bench: %s\n", error);
+        return 2;
+    }
+    long rss_before_kb = process_status_kb("VmRSS");
+    Transformer model;
+    transformer_build(&model, &config, 1);
+    // a synthetic batch: every sentence at its full length, random words
+    int *tokens = checked_calloc((size_t)B * (S + 2 * T + 2), sizeof(int), "benchmark batch");
+    Batch batch = { B, S, T, tokens, tokens + (size_t)B * S, tokens + (size_t)B * S + B,
+                    tokens + (size_t)B * (S + T) + B, tokens + (size_t)B * (S + 2 * T) + B };
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (int b = 0; b < B; b++) {
+        batch.src_len[b] = S;
+        batch.tgt_len[b] = T;
+        for (int s = 0; s < S; s++) batch.src[b * S + s] = NUM_SPECIAL_TOKENS + rng_below(&rng, config.vocab_size - NUM_SPECIAL_TOKENS);
+        for (int t = 0; t < T; t++) {
+            int word = t == T - 1 ? TOKEN_EOS : NUM_SPECIAL_TOKENS + rng_below(&rng, config.vocab_size - NUM_SPECIAL_TOKENS);
+            batch.tgt_out[b * T + t] = word;
+            batch.tgt_in[b * T + t] = t == 0 ? TOKEN_BOS : batch.tgt_out[b * T + t - 1];
+        }
+    }
+    double *times = checked_calloc((size_t)steps, sizeof(double), "benchmark times");
+    real loss = 0;
+    double cpu_start = 0;
+    for (int step = 1; step <= warmup + steps; step++) {
+        if (step == warmup + 1) cpu_start = cpu_seconds_now();
+        double start = seconds_now();
+        model.training = 1;
+        loss = transformer_forward(&model, &batch);
+        transformer_zero_grad(&model);
+        transformer_backward(&model, &batch);
+        adam_update(&model, transformer_learning_rate(step, config.d_model, 4000, 1.0));
+        if (step > warmup) times[step - warmup - 1] = seconds_now() - start;
+    }
+    double cpu_per_step = (cpu_seconds_now() - cpu_start) / steps;
+    qsort(times, (size_t)steps, sizeof(double), compare_doubles);
+    double median = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+    double flops = training_step_flops(&config, B, S, T);
+    double tokens_per_s = (double)B * T / median, gflops = flops / median * 1e-9;
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    double peak_mb = usage.ru_maxrss / 1024.0;   // Linux reports kB
+    double step_mb = rss_before_kb >= 0 ? (usage.ru_maxrss - rss_before_kb) / 1024.0 : -1;
+    const char *name = preset->name;
+    if (json) {
+        printf("{\"impl\": \"transformer.c\", \"config\": \"%s\", \"layers\": %d, \"d_model\": %d, "
+               "\"d_ff\": %d, \"heads\": %d, \"vocab\": %d, \"dropout\": %g, \"label_smoothing\": %g, "
+               "\"batch\": %d, \"src_len\": %d, \"tgt_len\": %d, \"threads\": %d, \"warmup\": %d, "
+               "\"steps\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"cpu_ms\": %.3f, \"tokens_per_s\": %.1f, "
+               "\"gflop_per_step\": %.4f, \"gflops\": %.2f, \"peak_mb\": %.1f, \"step_mb\": %.1f, "
+               "\"loss\": %.4f}\n",
+               name, config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size,
+               (double)config.dropout, (double)config.label_smoothing, B, S, T, threads, warmup,
+               steps, median * 1e3, times[0] * 1e3, cpu_per_step * 1e3, tokens_per_s, flops * 1e-9, gflops, peak_mb,
+               step_mb, (double)loss);
+    } else {
+        printf("config %s: N %d, d_model %d, d_ff %d, h %d, vocab %d, dropout %g, label smoothing %g, %zu parameters\n",
+               name, config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size,
+               (double)config.dropout, (double)config.label_smoothing, model.num_parameters);
+        printf("batch %d sentences x %d source x %d target tokens, %d thread%s\n",
+               B, S, T, threads, threads == 1 ? "" : "s");
+        printf("median %.2f ms per step (min %.2f, max %.2f; %d steps after %d warm-up); CPU time %.2f ms per step\n",
+               median * 1e3, times[0] * 1e3, times[steps - 1] * 1e3, steps, warmup, cpu_per_step * 1e3);
+        printf("%.0f target tokens/s, %.1f GFLOP/s (%.3f GFLOP per step)\n", tokens_per_s, gflops, flops * 1e-9);
+        printf("peak memory %.1f MB (%.1f MB more than before the model was built)\n", peak_mb, step_mb);
+    }
+    free(times);
+    free(tokens);
+    transformer_free(&model);
+    return 0;
+}
+#endif // TRANSFORMER_NO_MAIN
+
+#ifndef TRANSFORMER_NO_MAIN
 int main(int argc, char **argv) {
-    (void)argc; (void)argv;
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) return command_bench(argc - 1, argv + 1);
     printf("transformer.c\n");
     return 0;
 }

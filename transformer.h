@@ -189,7 +189,6 @@ typedef struct {
     real *d_wide;       // (B, max(S,T), max(3C,F))
     real *d_kv;         // (B, S, 2C)              cross-attention keys and values
     real *d_memory;     // (B, S, C)               encoder output, summed over decoder layers
-    real *d_att_row;    // (B, NH, max(S,T))       one row of dL/d(probabilities)
     real *d_logits;     // (B, T, V)
 } BackwardScratch;
 

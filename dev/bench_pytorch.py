@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""Time the training step of transformer.c's model in PyTorch, for `make bench`.
+
+The same model, batch and step as `./transformer bench` (NOTES.md, section
+"Performance"): PyTorch's own nn.TransformerEncoderLayer / DecoderLayer
+(batch_first, post-norm, ReLU) called layer by layer, as dev/make_reference.py
+builds them, with one shared embedding matrix (source, target and the tied
+output projection), embeddings x sqrt(d_model) + sinusoidal positions,
+F.cross_entropy with label smoothing and ignore_index=0, and Adam with betas
+(0.9, 0.98), eps 1e-9 under the paper's learning-rate schedule.
+
+Dropout is where the paper (and transformer.c) put it and nowhere else: on the
+sum of embeddings and positions in both stacks, and on every sub-layer's output
+before the residual add. PyTorch's layers also drop attention probabilities and
+the FFN's hidden activations; both are switched off here (the attention
+modules' `dropout` set to 0, the layers' inner `dropout` replaced by Identity).
+
+    OMP_NUM_THREADS=2 /usr/bin/python3 dev/bench_pytorch.py --layers 2 --d-model 128 \
+        --d-ff 512 --heads 4 --vocab 1000 --batch 32 --src-len 32 --tgt-len 32 --threads 2
+
+prints the same fields as `./transformer bench`; --json prints them as one line.
+Run with Debian's interpreter (/usr/bin/python3), which has python3-torch.
+"""
+import argparse
+import json
+import math
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def rss_kb():
+    """The resident set size now, in kB (from /proc/self/status), or -1."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def positional_encoding(n_pos, C):
+    """Interleaved sin/cos (paper section 3.5), as transformer.c computes it."""
+    pos = torch.arange(n_pos, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, C, 2, dtype=torch.float64)[None, :]
+    angle = pos / torch.pow(10000.0, two_i / C)
+    pe = torch.zeros(n_pos, C, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : C // 2])
+    return pe.float()
+
+
+class BenchModel(nn.Module):
+    def __init__(self, L, C, F_, H, V, max_len, dropout):
+        super().__init__()
+        self.C = C
+        self.embedding = nn.Parameter(torch.randn(V, C) * C ** -0.5)
+        self.enc = nn.ModuleList([
+            nn.TransformerEncoderLayer(C, H, F_, dropout=dropout, activation="relu",
+                                       batch_first=True, norm_first=False)
+            for _ in range(L)])
+        self.dec = nn.ModuleList([
+            nn.TransformerDecoderLayer(C, H, F_, dropout=dropout, activation="relu",
+                                       batch_first=True, norm_first=False)
+            for _ in range(L)])
+        # Only the paper's dropout: none on attention probabilities, none in the FFN.
+        for layer in self.enc:
+            layer.self_attn.dropout = 0.0
+            layer.dropout = nn.Identity()
+        for layer in self.dec:
+            layer.self_attn.dropout = 0.0
+            layer.multihead_attn.dropout = 0.0
+            layer.dropout = nn.Identity()
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", positional_encoding(max_len, C), persistent=False)
+
+    def embed(self, tokens):
+        n = tokens.shape[1]
+        return self.embedding_dropout(self.embedding[tokens] * math.sqrt(self.C) + self.pe[:n])
+
+    def forward(self, src, src_pad, tgt_in, tgt_pad, causal):
+        x = self.embed(src)
+        for layer in self.enc:
+            x = layer(x, src_key_padding_mask=src_pad)
+        memory = x
+        y = self.embed(tgt_in)
+        for layer in self.dec:
+            y = layer(y, memory, tgt_mask=causal, tgt_key_padding_mask=tgt_pad,
+                      memory_key_padding_mask=src_pad)
+        return y @ self.embedding.t()
+
+
+def noam_lr(step, C, warmup=4000, factor=1.0):
+    return factor * C ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def training_step_flops(L, C, F_, V, B, S, T):
+    """The same count as training_step_flops in transformer.c (NOTES.md)."""
+    src, tgt = B * S, B * T
+    encoder = 2 * src * (3 * C * C + C * C + 2 * C * F_) + 4 * src * S * C
+    decoder = (2 * tgt * (3 * C * C + C * C + 2 * C * F_) + 4 * B * T * (T + 1) / 2 * C
+               + 2 * tgt * (2 * C * C) + 2 * src * (2 * C * C) + 4 * tgt * S * C)
+    output = 2 * tgt * C * V
+    return 3 * (L * (encoder + decoder) + output)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="custom", help="a name to print")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--d-ff", type=int, default=512)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--src-len", type=int, default=32)
+    p.add_argument("--tgt-len", type=int, default=32)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=0, help="default: 10 for d_model >= 512, else 20")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--foreach", action="store_true", help="Adam's multi-tensor implementation")
+    a = p.parse_args(argv)
+    steps = a.steps or (10 if a.d_model >= 512 else 20)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    rss_before = rss_kb()
+
+    L, C, F_, H, V, B, S, T = (a.layers, a.d_model, a.d_ff, a.heads, a.vocab,
+                               a.batch, a.src_len, a.tgt_len)
+    model = BenchModel(L, C, F_, H, V, max(S, T), a.dropout)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9,
+                           foreach=a.foreach)
+    # The synthetic batch: every sentence at its full length, random words.
+    src = torch.randint(4, V, (B, S))
+    tgt_out = torch.randint(4, V, (B, T))
+    tgt_out[:, -1] = EOS
+    tgt_in = torch.cat([torch.full((B, 1), BOS), tgt_out[:, :-1]], dim=1)
+    src_pad = torch.zeros(B, S, dtype=torch.bool)    # no padding, but the masks are passed
+    tgt_pad = torch.zeros(B, T, dtype=torch.bool)    # as a real batch needs them
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+
+    times = []
+    loss = None
+    cpu_start = 0.0
+    for step in range(1, a.warmup + steps + 1):
+        if step == a.warmup + 1:
+            cpu_start = time.process_time()
+        start = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = noam_lr(step, C)
+        logits = model(src, src_pad, tgt_in, tgt_pad, causal)
+        loss = F.cross_entropy(logits.reshape(-1, V), tgt_out.reshape(-1), ignore_index=PAD,
+                               label_smoothing=a.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step > a.warmup:
+            times.append(time.perf_counter() - start)
+
+    cpu_per_step = (time.process_time() - cpu_start) / steps
+    median = statistics.median(times)
+    flops = training_step_flops(L, C, F_, V, B, S, T)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kB on Linux
+    result = {
+        "impl": "pytorch", "config": a.config, "layers": L, "d_model": C, "d_ff": F_,
+        "heads": H, "vocab": V, "dropout": a.dropout, "label_smoothing": a.label_smoothing,
+        "batch": B, "src_len": S, "tgt_len": T, "threads": torch.get_num_threads(),
+        "warmup": a.warmup, "steps": steps, "median_ms": median * 1e3, "min_ms": min(times) * 1e3,
+        "cpu_ms": cpu_per_step * 1e3,
+        "tokens_per_s": B * T / median, "gflop_per_step": flops * 1e-9,
+        "gflops": flops / median * 1e-9, "peak_mb": peak_kb / 1024,
+        "step_mb": (peak_kb - rss_before) / 1024 if rss_before >= 0 else -1,
+        "loss": float(loss), "torch": torch.__version__,
+    }
+    if a.json:
+        print(json.dumps(result))
+        return 0
+    n_params = sum(q.numel() for q in model.parameters())
+    print(f"config {a.config}: N {L}, d_model {C}, d_ff {F_}, h {H}, vocab {V}, dropout {a.dropout:g}, "
+          f"label smoothing {a.label_smoothing:g}, {n_params} parameters (PyTorch {torch.__version__})")
+    print(f"batch {B} sentences x {S} source x {T} target tokens, {torch.get_num_threads()} threads")
+    print(f"median {median * 1e3:.2f} ms per step (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}; "
+          f"{steps} steps after {a.warmup} warm-up); CPU time {cpu_per_step * 1e3:.2f} ms per step")
+    print(f"{B * T / median:.0f} target tokens/s, {flops / median * 1e-9:.1f} GFLOP/s "
+          f"({flops * 1e-9:.3f} GFLOP per step)")
+    print(f"peak memory {peak_kb / 1024:.1f} MB ({result['step_mb']:.1f} MB more than after importing torch)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
