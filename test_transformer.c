@@ -939,7 +939,7 @@ static int count_occurrences(const char *text, const char *what) {
     return n;
 }
 
-static void test_path(char *out, size_t size, const char *name) {
+static void svg_test_path(char *out, size_t size, const char *name) {
     snprintf(out, size, "/tmp/test_transformer_%ld_%s", (long)getpid(), name);
 }
 
@@ -949,7 +949,7 @@ static int captured_fd = -1, saved_stderr = -1;
 static char captured_path[256];
 
 static void capture_begin(void) {
-    test_path(captured_path, sizeof captured_path, "stderr.txt");
+    svg_test_path(captured_path, sizeof captured_path, "stderr.txt");
     fflush(stderr);
     saved_stderr = dup(2);
     captured_fd = open(captured_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -980,7 +980,7 @@ static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_pat
 
 static void test_svg_heatmap(void) {
     char path[256];
-    test_path(path, sizeof path, "heatmap.svg");
+    svg_test_path(path, sizeof path, "heatmap.svg");
     const real values[6] = { 0, 0.5, 1, 0.25, 0.75, 0.1 };
     const char *rows[2] = { "<s>", "a&b" }, *cols[3] = { "x", "\"q\"", "it's" };
     int status = svg_write_heatmap(path, values, 2, 3, rows, cols, "tokens <s> & </s>", 0, 1);
@@ -1035,7 +1035,7 @@ static void test_svg_heatmap(void) {
 
 static void test_svg_positional_encoding(void) {
     char path[256];
-    test_path(path, sizeof path, "pe.svg");
+    svg_test_path(path, sizeof path, "pe.svg");
     int status = svg_write_positional_encoding(path, 20, 16);
     char *svg = read_text_file(path);
     check(status == 0 && svg != NULL, "SVG positional encoding: written");
@@ -1077,7 +1077,7 @@ static void test_svg_attention(void) {
     for (int kind = 0; kind < 3; kind++) {
         char path[256], name[32];
         snprintf(name, sizeof name, "attention_%s.svg", kinds[kind]);
-        test_path(path, sizeof path, name);
+        svg_test_path(path, sizeof path, name);
         int status = svg_write_attention(path, &m, (AttentionKind)kind, 1, source, 4, target, 5);
         char *svg = read_text_file(path);
         check(status == 0 && svg && count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
@@ -1101,7 +1101,7 @@ static void test_svg_attention(void) {
         remove(path);
     }
     char path[256];
-    test_path(path, sizeof path, "attention_bad.svg");
+    svg_test_path(path, sizeof path, "attention_bad.svg");
     char printed[1024], start[300];
     snprintf(start, sizeof start, "error: %s: ", path);
     capture_begin();
@@ -1122,8 +1122,8 @@ static void write_text_file(const char *path, const char *text) {
 
 static void test_svg_loss_curve(void) {
     char csv[256], svg_path[256], printed[512], expected[512];
-    test_path(csv, sizeof csv, "log.csv");
-    test_path(svg_path, sizeof svg_path, "loss.svg");
+    svg_test_path(csv, sizeof csv, "log.csv");
+    svg_test_path(svg_path, sizeof svg_path, "loss.svg");
     // a header, a comment, held-out scores on some lines only
     write_text_file(csv, "step,loss,lr,tokens_per_s,dev_exact\n# a comment\n"
                          "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
@@ -1172,6 +1172,657 @@ static void test_svg_loss_curve(void) {
           "SVG loss curve: a missing log is reported: %.*s", (int)strcspn(printed, "\n"), printed);
 }
 
+// ============================================================================
+// Decoding (§6.1): the key/value cache, batched greedy, beam search
+// ============================================================================
+
+// A small model trained for a few hundred steps on the copy task, so that
+// its outputs end with </s> (an untrained one mostly runs to the length limit).
+static void train_small_copy_model(Transformer *m, TransformerConfig config, int steps, int max_length) {
+    transformer_build(m, &config, 11);
+    Dataset train, valid;
+    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
+    task_generate(&train, &valid, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 1, max_length, 400, 0, 5);
+    Rng rng; rng_seed(&rng, 7);
+    EpochPlan plan; memset(&plan, 0, sizeof plan);
+    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    int next = 0;
+    for (int step = 1; step <= steps; step++) {
+        if (next == plan.num_spans) { epoch_plan_make(&plan, &train, 120, &rng); next = 0; }
+        BatchSpan span = plan.spans[next++];
+        batch_fill(&bb, &train, plan.order + span.start, span.count);
+        transformer_forward(m, &bb.batch);
+        transformer_zero_grad(m);
+        transformer_backward(m, &bb.batch);
+        adam_update(m, transformer_learning_rate(step, config.d_model, 30, 3e-3 * sqrt(config.d_model * 30.0)));
+    }
+    epoch_plan_free(&plan); batch_buffer_free(&bb); dataset_free(&train); dataset_free(&valid);
+}
+
+// Greedy decoding without a cache: the whole model re-run on the prefix at every step.
+static int uncached_greedy(Transformer *m, int *out, const int *src, int src_len) {
+    int limit = transformer_decode_limit(m, src_len), V = m->config.vocab_size, n = 0;
+    int *tgt_in = checked_calloc(limit, sizeof(int), "test"), *tgt_out = checked_calloc(limit, sizeof(int), "test");
+    tgt_in[0] = TOKEN_BOS;
+    m->training = 0;
+    for (int t = 0; t < limit; t++) {
+        int T = t + 1, S = src_len;
+        Batch b = { 1, S, T, (int *)src, &S, tgt_in, tgt_out, &T };
+        transformer_forward(m, &b);
+        int y = greedy_token(m->acts.logits + (size_t)t * V, V);
+        if (y == TOKEN_EOS) break;
+        out[n++] = y;
+        if (t + 1 < limit) tgt_in[t + 1] = y;
+    }
+    free(tgt_in); free(tgt_out);
+    return n;
+}
+
+static void random_source(int *src, int n, int vocab, Rng *rng) {
+    for (int i = 0; i < n - 1; i++) src[i] = NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
+    src[n - 1] = TOKEN_EOS;
+}
+
+static TransformerConfig decode_config(void) {
+    TransformerConfig c = small_config();
+    c.n_layers = 2; c.d_model = 32; c.d_ff = 64; c.n_heads = 4; c.vocab_size = 10; c.max_len = 20;
+    return c;
+}
+
+// Cached step logits against the full forward pass, position by position.
+static void test_cached_logits(Transformer *m, Rng *rng) {
+    int S = 5, T = 9, V = m->config.vocab_size;
+    int src[5], tgt_in[9], tgt_out[9] = { 0 };
+    random_source(src, S, V, rng);
+    tgt_in[0] = TOKEN_BOS;
+    for (int t = 1; t < T; t++) tgt_in[t] = NUM_SPECIAL_TOKENS + rng_below(rng, V - NUM_SPECIAL_TOKENS);
+    Batch b = { 1, S, T, src, &S, tgt_in, tgt_out, &T };
+    m->training = 0;
+    transformer_forward(m, &b);
+    real *full = checked_calloc((size_t)T * V, sizeof(real), "test");
+    memcpy(full, m->acts.logits, (size_t)T * V * sizeof(real));
+    DecoderCache k;
+    decoder_cache_init(&k, m, 1, S, T);
+    decoder_cache_encode(&k, m, src, &S, 1);
+    double worst = 0, scale = 0;
+    for (int t = 0; t < T; t++) {
+        decoder_step(&k, m, &tgt_in[t], t, 1);
+        for (int v = 0; v < V; v++) {
+            worst = fmax(worst, fabs((double)k.logits[v] - full[t * V + v]));
+            scale = fmax(scale, fabs((double)full[t * V + v]));
+        }
+    }
+    check(worst <= 1e-5 * scale, "decode: cached decoder steps give the logits of the full pass at all %d positions "
+          "(max difference %.1e, largest logit %.2f)", T, worst, scale);
+    decoder_cache_free(&k);
+    free(full);
+}
+
+static void test_decoding(void) {
+    TransformerConfig config = decode_config();
+    Transformer trained, untrained;
+    train_small_copy_model(&trained, config, 300, 6);
+    transformer_build(&untrained, &config, 12);
+    Rng rng; rng_seed(&rng, 31);
+    test_cached_logits(&untrained, &rng);
+    Transformer *models[2] = { &trained, &untrained };
+    const char *names[2] = { "trained", "untrained" };
+    for (int k = 0; k < 2; k++) {
+        Transformer *m = models[k];
+        int V = m->config.vocab_size, B = 6, S = 7, same = 1, beam_same = 1, batched_same = 1, ended = 0;
+        int src[6 * 7] = { 0 }, src_len[6], out[6 * 20], out_len[6];
+        for (int b = 0; b < B; b++) {
+            src_len[b] = 2 + b % 6;
+            random_source(src + b * S, src_len[b], V, &rng);
+        }
+        transformer_greedy_decode(m, out, out_len, 20, src, src_len, B, S); // side by side, padded
+        for (int b = 0; b < B; b++) {
+            int single[20], uncached[20], beam[20], single_len;
+            transformer_greedy_decode(m, single, &single_len, 20, src + b * S, &src_len[b], 1, src_len[b]);
+            int uncached_len = uncached_greedy(m, uncached, src + b * S, src_len[b]);
+            int beam_len = transformer_beam_search(m, beam, NULL, src + b * S, src_len[b], 1, 0.6);
+            same &= single_len == uncached_len && memcmp(single, uncached, single_len * sizeof(int)) == 0;
+            beam_same &= beam_len == single_len && memcmp(beam, single, single_len * sizeof(int)) == 0;
+            batched_same &= out_len[b] == single_len && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
+            ended += single_len < transformer_decode_limit(m, src_len[b]);
+        }
+        check(same, "decode (%s model): cached greedy decoding gives exactly the tokens of uncached decoding "
+              "(%d sentences, %d ended by </s>)", names[k], B, ended);
+        check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each one's own output",
+              names[k], B);
+        check(beam_same, "decode (%s model): beam search with beam 1 gives exactly the greedy output", names[k]);
+        if (k == 0) check(ended == B, "decode: the trained copy model ends every output with </s> (%d of %d)", ended, B);
+    }
+    // the trained model copies: greedy and beam 4 both reproduce a source
+    int src[5] = { 4, 7, 5, 9, TOKEN_EOS }, S = 5, beam[20], greedy[20], greedy_len;
+    int beam_len = transformer_beam_search(&trained, beam, NULL, src, S, 4, 0.6);
+    transformer_greedy_decode(&trained, greedy, &greedy_len, 20, src, &S, 1, S);
+    int beam_copies = beam_len == 4 && memcmp(beam, src, 4 * sizeof(int)) == 0;
+    int greedy_copies = greedy_len == 4 && memcmp(greedy, src, 4 * sizeof(int)) == 0;
+    check(beam_copies && greedy_copies, "decode: the trained copy model, greedy and with beam 4, copies 4 7 5 9 "
+          "(greedy %d tokens: %d %d ..., beam %d tokens: %d %d ...)", greedy_len, greedy[0], greedy[1], beam_len, beam[0], beam[1]);
+    transformer_free(&trained);
+    transformer_free(&untrained);
+}
+
+// With more beams than hypotheses, beam search is exhaustive: it must find the
+// best-scoring output of all, found here by scoring every sequence with the
+// full forward pass. Vocabulary: 4 specials + 2 words, max_len 5, so the
+// candidates at each step are </s>, <unk>, 4, 5: 121 outputs end with </s>
+// and 243 run to the limit, 364 in all.
+static void check_beam_search_exhaustive(Transformer *m, const char *name) {
+    m->training = 0;
+    int src[4] = { 4, 5, 4, TOKEN_EOS }, S = 4, V = 6, T = 5, B = 243;
+    double alpha = 0.6;
+    int *srcs = checked_calloc((size_t)B * S, sizeof(int), "test"), *src_len = checked_calloc(B, sizeof(int), "test");
+    int *tgt_in = checked_calloc((size_t)B * T, sizeof(int), "test"), *tgt_out = checked_calloc((size_t)B * T, sizeof(int), "test");
+    int *tgt_len = checked_calloc(B, sizeof(int), "test");
+    int words[3] = { TOKEN_UNK, 4, 5 };
+    for (int b = 0; b < B; b++) { // sequence b: its digits in base 3 pick the words
+        memcpy(srcs + b * S, src, sizeof src);
+        src_len[b] = S; tgt_len[b] = T;
+        tgt_in[b * T] = TOKEN_BOS;
+        for (int t = 0, code = b; t < T; t++, code /= 3) {
+            tgt_out[b * T + t] = words[code % 3];
+            if (t + 1 < T) tgt_in[b * T + t + 1] = words[code % 3];
+        }
+    }
+    Batch batch = { B, S, T, srcs, src_len, tgt_in, tgt_out, tgt_len };
+    transformer_forward(m, &batch);
+    double best = -INFINITY, second = -INFINITY;
+    int best_b = -1, best_len = -1;
+    for (int b = 0; b < B; b++) {
+        double log_p = 0;
+        for (int t = 0; t <= T; t++) {
+            double score;
+            int first_with_these_words = b < (int)lround(pow(3, t)); // each output once
+            if (t == T) {
+                score = log_p / length_penalty(T, alpha); // all positions used, no </s>
+            } else {
+                const real *z = m->acts.logits + ((size_t)b * T + t) * V;
+                double max_z = z[0], sum = 0;
+                for (int v = 1; v < V; v++) max_z = fmax(max_z, z[v]);
+                for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
+                double log_sum = max_z + log(sum);
+                score = (log_p + z[TOKEN_EOS] - log_sum) / length_penalty(t + 1, alpha); // t words, then </s>
+                log_p += z[tgt_out[b * T + t]] - log_sum;
+            }
+            if (!first_with_these_words && t < T) continue;
+            if (score > best) { second = best; best = score; best_b = b; best_len = t; }
+            else if (score > second) second = score;
+        }
+    }
+    int out[8];
+    double score;
+    int n = transformer_beam_search(m, out, &score, src, S, 512, alpha);
+    int same_tokens = n == best_len && memcmp(out, tgt_out + best_b * T, n * sizeof(int)) == 0;
+    check(fabs(score - best) < 1e-4 && (same_tokens || best - second < 1e-4),
+          "beam (%s model): 512 beams over all 364 outputs find the best (%d tokens, score %.6f; by enumeration "
+          "%d tokens, %.6f)", name, n, score, best_len, best);
+    double greedy_score;
+    transformer_beam_search(m, out, &greedy_score, src, S, 1, alpha);
+    check(score >= greedy_score - 1e-9, "beam (%s model): the wide search scores at least the greedy output "
+          "(%.6f >= %.6f)", name, score, greedy_score);
+    free(srcs); free(src_len); free(tgt_in); free(tgt_out); free(tgt_len);
+}
+
+static void test_beam_search_is_exhaustive_when_wide(void) {
+    TransformerConfig config = small_config();
+    config.vocab_size = 6; config.max_len = 5; config.d_model = 16; config.n_heads = 2;
+    Transformer m;
+    uint64_t seeds[2] = { 2, 5 };   // untrained: one whose best runs to the limit, one whose best is empty
+    for (int i = 0; i < 2; i++) {
+        transformer_build(&m, &config, seeds[i]);
+        check_beam_search_exhaustive(&m, i == 0 ? "untrained, seed 2" : "untrained, seed 5");
+        transformer_free(&m);
+    }
+    train_small_copy_model(&m, config, 300, 3); // its best output is in between: the copy
+    check_beam_search_exhaustive(&m, "trained to copy");
+    transformer_free(&m);
+}
+
+// ============================================================================
+// Data, checkpoints and the command line
+// ============================================================================
+
+static char test_dir[256];   // a fresh temporary directory for the files below
+
+// A path in test_dir; each call has its own buffer (up to 64 of them).
+static const char *test_path(const char *name) {
+    static char paths[64][512];
+    static int next = 0;
+    if (next == 64) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
+    char *p = paths[next++];
+    snprintf(p, 512, "%s/%s", test_dir, name);
+    return p;
+}
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { perror(path); exit(1); }
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+static void write_text(const char *path, const char *text) { write_file(path, text, strlen(text)); }
+
+static unsigned char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { *n = 0; return NULL; }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    unsigned char *data = checked_calloc(size + 1, 1, "test file");
+    *n = fread(data, 1, size, f);
+    fclose(f);
+    return data;
+}
+
+static void test_tsv_reading(void) {
+    Vocabulary v; Dataset d;
+    vocab_init(&v); memset(&d, 0, sizeof d);
+    write_text(test_path("good.tsv"), "a b c\tc b a\r\n\n   \nb  d\td\n");
+    const char *e = dataset_read_tsv(&d, &v, test_path("good.tsv"), 1);
+    check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 && d.pairs[1].line == 4 &&
+          v.size == NUM_SPECIAL_TOKENS + 4 && strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
+          "data: a TSV file with \\r\\n and blank lines gives 2 pairs, their line numbers and a vocabulary of 8");
+    dataset_free(&d);
+    // the errors: each names the file and line and says what was expected
+    struct { const char *name, *text, *expected; } bad[] = {
+        { "empty.tsv", "", "empty.tsv: no sentence pairs (the file is empty)" },
+        { "blank.tsv", "\n\n", "blank.tsv: no sentence pairs (only blank lines)" },
+        { "notab.tsv", "a\tb\na b\n", "notab.tsv:2: no tab; expected source<TAB>target" },
+        { "twotabs.tsv", "a\tb\tc\n", "twotabs.tsv:1: more than one tab" },
+        { "nosource.tsv", "a\tb\n \tb\n", "nosource.tsv:2: empty source" },
+        { "notarget.tsv", "a\t \n", "notarget.tsv:1: empty target" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(test_path(bad[i].name), bad[i].text);
+        e = dataset_read_tsv(&d, &v, test_path(bad[i].name), 1);
+        check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name, e ? e : "accepted");
+        dataset_free(&d);
+    }
+    e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
+    check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
+    // unknown tokens with a fixed vocabulary become <unk>
+    write_text(test_path("unknown.tsv"), "a zz\tb\n");
+    int size = v.size;
+    fflush(stdout);
+    e = dataset_read_tsv(&d, &v, test_path("unknown.tsv"), 0);
+    check(!e && v.size == size && d.tokens[1] == TOKEN_UNK, "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
+    e = dataset_check_lengths(&d, "unknown.tsv", 2);
+    check(e && strstr(e, "unknown.tsv:1: the source has 2 tokens"), "data: a source too long for max_len is refused (%s)",
+          e ? e : "accepted");
+    dataset_free(&d);
+    vocab_free(&v);
+}
+
+static void test_tasks_and_batches(void) {
+    Dataset train, valid;
+    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
+    const char *e = task_generate(&train, &valid, TASK_REVERSE, 10, 1, 10, 3000, 200, 1);
+    int unseen = 1, reversed = 1;
+    for (int i = 0; i < valid.count; i++) {
+        const SentencePair *h = &valid.pairs[i];
+        for (int t = 0; t < h->src_len; t++)
+            reversed &= valid.tokens[h->tgt + t] == valid.tokens[h->src + h->src_len - 1 - t];
+        for (int j = 0; j < train.count && unseen; j++) {
+            const SentencePair *p = &train.pairs[j];
+            unseen = !(p->src_len == h->src_len &&
+                       memcmp(train.tokens + p->src, valid.tokens + h->src, h->src_len * sizeof(int)) == 0);
+        }
+    }
+    check(!e && train.count == 3000 && valid.count == 200 && unseen && reversed,
+          "tasks: 200 held-out reverse pairs, none of their sources among the 3000 training sources");
+    Dataset a, b;
+    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+    e = task_generate(&a, &b, TASK_COPY, 2, 1, 2, 100, 10, 1);
+    check(e && strstr(e, "held-out"), "tasks: too few possible sequences for the held-out set is refused (%s)",
+          e ? e : "accepted");
+    dataset_free(&a); dataset_free(&b);
+    // an epoch: every pair once, batches within the token budget, grouped by length
+    EpochPlan plan; memset(&plan, 0, sizeof plan);
+    Rng rng; rng_seed(&rng, 3);
+    int budget = 300;
+    epoch_plan_make(&plan, &train, budget, &rng);
+    int *seen = checked_calloc(train.count, sizeof(int), "test");
+    int in_budget = 1, grouped = 1, covered = 1, total = 0;
+    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    for (int s = 0; s < plan.num_spans; s++) {
+        batch_fill(&bb, &train, plan.order + plan.spans[s].start, plan.spans[s].count);
+        Batch *x = &bb.batch;
+        in_budget &= x->B == 1 || x->B * (x->S + x->T) <= budget;
+        int min_len = INT_MAX, max_len = 0;
+        for (int i = 0; i < x->B; i++) {
+            min_len = x->src_len[i] < min_len ? x->src_len[i] : min_len;
+            max_len = x->src_len[i] > max_len ? x->src_len[i] : max_len;
+            seen[plan.order[plan.spans[s].start + i]]++;
+        }
+        grouped &= max_len - min_len <= 1;
+        total += x->B;
+    }
+    for (int i = 0; i < train.count; i++) covered &= seen[i] == 1;
+    check(total == train.count && covered, "batches: an epoch of %d batches visits each of the %d pairs once",
+          plan.num_spans, train.count);
+    check(in_budget && grouped, "batches: each holds at most %d tokens with padding, sources of (nearly) one length", budget);
+    // the layout of one batch: x </s> | <s> y | y </s>
+    int first = 0;
+    TransformerConfig config = small_config();
+    batch_fill(&bb, &train, &first, 1);
+    const SentencePair *p = &train.pairs[0];
+    int n = p->src_len, ok = bb.batch.src_len[0] == n + 1 && bb.batch.src[n] == TOKEN_EOS &&
+                            bb.batch.tgt_len[0] == n + 1 && bb.batch.tgt_in[0] == TOKEN_BOS &&
+                            bb.batch.tgt_out[n] == TOKEN_EOS && batch_check(&bb.batch, &config) == NULL;
+    for (int t = 0; t < n; t++)
+        ok &= bb.batch.tgt_out[t] == train.tokens[p->tgt + t] && bb.batch.tgt_in[t + 1] == train.tokens[p->tgt + t];
+    check(ok, "batches: source x </s>, decoder input <s> y, decoder target y </s>");
+    free(seen); epoch_plan_free(&plan); batch_buffer_free(&bb);
+    dataset_free(&train); dataset_free(&valid);
+}
+
+// A saved and loaded model: bit-identical parameters, Adam state and logits.
+static void test_checkpoint_round_trip(void) {
+    TransformerConfig config = decode_config();
+    Transformer m, loaded;
+    transformer_build(&m, &config, 3);
+    int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
+    Rng rng; rng_seed(&rng, 4);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 6, 5, src_len, tgt_len, config.vocab_size, &rng);
+    for (int step = 1; step <= 3; step++) {
+        transformer_forward(&m, &tb.batch);
+        transformer_zero_grad(&m);
+        transformer_backward(&m, &tb.batch);
+        adam_update(&m, 1e-3);
+    }
+    Vocabulary v, v2;
+    task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
+    TrainingState state = { 123, 4, 5, 678 }, state2;
+    char *options = NULL;
+    const char *path = test_path("model.ckpt");
+    const char *e = checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
+    if (!e) e = checkpoint_load(path, &loaded, &v2, &state2, &options);
+    size_t P = m.num_parameters, bytes = P * sizeof(real);
+    int same = !e && loaded.num_parameters == P && memcmp(loaded.params_memory, m.params_memory, bytes) == 0 &&
+               memcmp(loaded.adam_m, m.adam_m, bytes) == 0 && memcmp(loaded.adam_v, m.adam_v, bytes) == 0 &&
+               loaded.adam_step == 3 && loaded.dropout_rng.state == m.dropout_rng.state &&
+               memcmp(&state, &state2, sizeof state) == 0 && strcmp(options, "--task\ncopy\n") == 0 &&
+               v2.size == v.size && strcmp(v2.words[v.size - 1], v.words[v.size - 1]) == 0;
+    check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and options come back (%s)",
+          e ? e : "loaded");
+    if (e) { transformer_free(&m); vocab_free(&v); return; }
+    m.training = loaded.training = 0;
+    size_t n = (size_t)2 * 5 * config.vocab_size;
+    real *logits = checked_calloc(n, sizeof(real), "test");
+    transformer_forward(&m, &tb.batch);
+    memcpy(logits, m.acts.logits, n * sizeof(real));
+    transformer_forward(&loaded, &tb.batch);
+    check(memcmp(logits, loaded.acts.logits, n * sizeof(real)) == 0, "checkpoint: a loaded model gives bit-identical logits");
+    free(logits); free(options);
+    transformer_free(&loaded); vocab_free(&v2);
+
+    // damaged and foreign files: one message each, naming the file
+    size_t size;
+    unsigned char *good = read_file(path, &size);
+    unsigned char *copy = checked_calloc(size + 16, 1, "test");
+    const char *bad = test_path("bad.ckpt");
+    size_t cuts[6] = { 0, 3, 60, 127, size / 2, size - 1 };
+    int all_truncated = 1;
+    for (int i = 0; i < 6; i++) {
+        write_file(bad, good, cuts[i]);
+        e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+        all_truncated &= e && strstr(e, "bad.ckpt: truncated") != NULL;
+        if (!e) transformer_free(&loaded), vocab_free(&v2);
+    }
+    check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
+    struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
+        { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
+        { 4, 2, "checkpoint format version 2; expected version 1", "another version" },
+        { 20, 65, "parameters, but its sizes", "a d_ff that disagrees with the parameter count" },
+        { 104, 0, "vocabulary", "a vocabulary section 2 bytes longer (and options 2 shorter)" },
+        { 8, 5, "5-byte numbers", "an element size of 5" },
+        { 16, 0, "d_model is 0", "d_model 0" },
+        { 0, 0, "checksum mismatch", "one changed parameter byte" },
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        memcpy(copy, good, size);
+        size_t offset = edits[i].offset;
+        if (strcmp(edits[i].expected, "checksum mismatch") == 0) { offset = size - 100; copy[offset] ^= 1; }
+        else copy[offset] = edits[i].value;
+        if (offset == 104) { copy[104] = good[104] + 2; copy[112] = good[112] - 2; } // the same total size
+        write_file(bad, copy, size);
+        e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+        check(e && strstr(e, "bad.ckpt") && strstr(e, edits[i].expected), "checkpoint: %s is refused (%s)",
+              edits[i].what, e ? e : "accepted");
+        if (!e) transformer_free(&loaded), vocab_free(&v2);
+    }
+    memcpy(copy, good, size);
+    write_file(bad, copy, size + 16);
+    e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+    check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)", e ? e : "accepted");
+    // a failed save leaves the old checkpoint as it was
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    mkdir(tmp, 0700); // the temporary file cannot be written: a directory is in its place
+    e = checkpoint_save(path, &m, &v, &state, "changed");
+    size_t after_size;
+    unsigned char *after = read_file(path, &after_size);
+    check(e && strstr(e, "left as it was") && after_size == size && memcmp(after, good, size) == 0,
+          "checkpoint: a save that fails leaves the previous file byte for byte (%s)", e ? e : "saved");
+    rmdir(tmp);
+    e = checkpoint_save(test_path("no/such/dir/x.ckpt"), &m, &v, &state, "");
+    check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)", e ? e : "saved");
+    free(after); free(good); free(copy);
+    transformer_free(&m); vocab_free(&v);
+}
+
+// Table 3 parameter counts, worked out by hand: per layer an attention block
+// has 4 C^2 + 4 C, an FFN 2 C F + F + C, a layer norm 2 C; plus V C.
+static void test_parameter_counts(void) {
+    struct { int L, C, F, H, V; } models[3] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 }, { 2, 64, 256, 4, 14 } };
+    for (int i = 0; i < 3; i++) {
+        TransformerConfig c = transformer_default_config();
+        c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
+        c.vocab_size = models[i].V;
+        size_t L = c.n_layers, C = c.d_model, F = c.d_ff, V = c.vocab_size;
+        size_t attention = 4 * C * C + 4 * C, ffn = 2 * C * F + F + C, norm = 2 * C;
+        size_t by_hand = V * C + L * (attention + ffn + 2 * norm) + L * (2 * attention + ffn + 3 * norm);
+        size_t sizes[NUM_PARAMETER_TENSORS], groups = 0;
+        parameter_sizes(sizes, &c);
+        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) groups += parameter_group_count(sizes, g);
+        check(groups == by_hand && sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand,
+              "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand",
+              models[i].L, models[i].C, models[i].F, models[i].V, by_hand);
+    }
+}
+
+// ---- the command line, run as a user runs it --------------------------------------
+
+static const char *cli_binary = "./transformer";
+static char cli_output[1 << 16];
+
+// Runs the binary with the arguments (a shell command line) and returns its
+// exit status; its standard output and error together are left in cli_output.
+static int run_cli(const char *format, ...) {
+    char args[4096], command[8192];
+    va_list list;
+    va_start(list, format);
+    vsnprintf(args, sizeof args, format, list);
+    va_end(list);
+    char output_path[600];
+    snprintf(output_path, sizeof output_path, "%s/cli.out", test_dir);
+    snprintf(command, sizeof command, "%s %s > %s 2>&1", cli_binary, args, output_path);
+    fflush(stdout);
+    int status = system(command);
+    size_t n;
+    unsigned char *out = read_file(output_path, &n);
+    snprintf(cli_output, sizeof cli_output, "%s", out ? (char *)out : "");
+    free(out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int count_lines_starting(const char *text, const char *prefix) {
+    int n = 0;
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        n += strncmp(p, prefix, strlen(prefix)) == 0;
+    return n;
+}
+
+// The bad input must give exit status 1 and exactly one line starting with
+// "error:" that contains `expected`, and nothing from a sanitizer.
+static void check_cli_error(const char *what, const char *expected, const char *format, ...) {
+    char args[4096];
+    va_list list;
+    va_start(list, format);
+    vsnprintf(args, sizeof args, format, list);
+    va_end(list);
+    int status = run_cli("%s", args);
+    const char *line = strstr(cli_output, "error:");
+    char shown[300] = "";
+    if (line) snprintf(shown, sizeof shown, "%.*s", (int)strcspn(line, "\n"), line);
+    int ok = status == 1 && count_lines_starting(cli_output, "error:") == 1 && line &&
+             strstr(shown, expected) && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error");
+    check(ok, "cli: %s -> exit %d, \"%s\"", what, status, ok ? shown : cli_output);
+}
+
+static int files_equal(const char *a, const char *b) {
+    size_t na, nb;
+    unsigned char *x = read_file(a, &na), *y = read_file(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x); free(y);
+    return same;
+}
+
+#define TINY_RUN "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 " \
+                 "--batch-tokens 80 --warmup 5 --log-every 0 --eval-every 0 --show 0"
+
+static void test_command_line(void) {
+    const char *binary = getenv("TRANSFORMER_BIN");
+    if (binary) cli_binary = binary;
+    if (access(cli_binary, X_OK) != 0) {
+        check(0, "cli: %s is not there: build it first (make transformer), or set TRANSFORMER_BIN", cli_binary);
+        return;
+    }
+    // flags
+    check_cli_error("--steps -3", "train: --steps '-3' is not valid; expected an integer from 1 to", "train --steps -3");
+    check_cli_error("--lr abc", "train: --lr 'abc' is not valid; expected a number > 0", "train --lr abc");
+    check_cli_error("--dropout nan", "--dropout 'nan' is not valid", "train --dropout nan");
+    check_cli_error("--beam 2x", "decode: --beam '2x' is not valid", "decode --beam 2x");
+    check_cli_error("an unknown flag", "train: unknown flag '--stpes'", "train --stpes 3");
+    check_cli_error("a flag without its value", "train: flag --steps needs a value", "train --steps");
+    check_cli_error("a text flag without its value", "flag --checkpoint needs a value", "decode --checkpoint --beam 2");
+    check_cli_error("an unknown command", "unknown command 'trian'", "trian");
+    check_cli_error("an unknown task", "--task 'copyy' is not a task", "train --task copyy");
+    // data files
+    const char *tsv = test_path("cli.tsv");
+    write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    write_text(test_path("cli_empty.tsv"), "");
+    write_text(test_path("cli_notab.tsv"), "a b\tb a\nc d e\n");
+    check_cli_error("a missing data file", "train: /nonexistent/x.tsv: cannot open", "train --train /nonexistent/x.tsv");
+    check_cli_error("an empty data file", "cli_empty.tsv: no sentence pairs (the file is empty)",
+                    "train --train %s", test_path("cli_empty.tsv"));
+    check_cli_error("a line without a tab", "cli_notab.tsv:2: no tab; expected source<TAB>target",
+                    "train --train %s", test_path("cli_notab.tsv"));
+    // a tiny run on the TSV file, then decode and eval with its checkpoint
+    const char *tsv_ckpt = test_path("tsv.ckpt");
+    int status = run_cli("train --train %s --valid %s --steps 4 --checkpoint %s " TINY_RUN, tsv, tsv, tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "eval   step 4"), "cli: train on a TSV file for 4 steps (exit %d)", status);
+    status = run_cli("eval --checkpoint %s --data %s", tsv_ckpt, tsv);
+    check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "token accuracy"),
+          "cli: eval prints token accuracy and exact match (exit %d)", status);
+    status = run_cli("decode --checkpoint %s 'a zz b'", tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the vocabulary; read as <unk>"),
+          "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)", status);
+    char long_sentence[400] = "'";
+    for (int i = 0; i < 60; i++) strcat(long_sentence, "a ");
+    strcat(long_sentence, "'");
+    check_cli_error("a sentence longer than the model's maximum", "argument 1: the sentence has 60 tokens; the model's "
+                    "maximum length 54 allows 53", "decode --checkpoint %s %s", tsv_ckpt, long_sentence);
+    char long_tsv[600];
+    snprintf(long_tsv, sizeof long_tsv, "a\tb\nb\ta\n%s\ta\n", long_sentence + 1);
+    long_tsv[strlen(long_tsv) - 4] = ' '; // drop the closing quote
+    write_text(test_path("cli_long.tsv"), long_tsv);
+    check_cli_error("a held-out line longer than the maximum", "cli_long.tsv:3: the source has 60 tokens",
+                    "eval --checkpoint %s --data %s", tsv_ckpt, test_path("cli_long.tsv"));
+    check_cli_error("decode without a checkpoint", "--checkpoint FILE is required", "decode 'a b'");
+    // damaged checkpoints
+    size_t size;
+    unsigned char *good = read_file(tsv_ckpt, &size);
+    if (!good) { check(0, "cli: no checkpoint from the TSV run; the damaged-checkpoint tests need one"); return; }
+    const char *bad = test_path("cli_bad.ckpt");
+    write_file(bad, good, size - 10);
+    check_cli_error("a truncated checkpoint", "cli_bad.ckpt: truncated", "decode --checkpoint %s 'a b'", bad);
+    good[0] = 'P'; write_file(bad, good, size); good[0] = 'T';
+    check_cli_error("a checkpoint with the wrong magic", "cli_bad.ckpt: not a transformer.c checkpoint",
+                    "eval --checkpoint %s --data %s", bad, tsv);
+    good[4] = 9; write_file(bad, good, size); good[4] = 1;
+    check_cli_error("a checkpoint of another version", "cli_bad.ckpt: checkpoint format version 9",
+                    "decode --checkpoint %s 'a b'", bad);
+    good[12] = 2; write_file(bad, good, size); good[12] = 1;
+    check_cli_error("a checkpoint whose sizes disagree with its header", "parameters, but its sizes",
+                    "decode --checkpoint %s 'a b'", bad);
+    check_cli_error("--resume from a damaged checkpoint", "cli_bad.ckpt: header", "train --resume %s", bad);
+    free(good);
+
+    // resume: 3 steps, stop, 3 more == 6 unbroken steps (losses and final weights)
+    const char *a_ckpt = test_path("a.ckpt"), *b_ckpt = test_path("b.ckpt");
+    const char *a_log = test_path("a.log"), *b_log = test_path("b.log");
+    remove(a_log); remove(b_log);
+    int s1 = run_cli("train --task copy --steps 6 --checkpoint %s --loss-log %s " TINY_RUN, a_ckpt, a_log);
+    int s2 = run_cli("train --task copy --steps 3 --checkpoint %s --loss-log %s " TINY_RUN, b_ckpt, b_log);
+    int s3 = run_cli("train --resume %s --steps 6 --loss-log %s", b_ckpt, b_log);
+    size_t log_size;
+    unsigned char *log = read_file(a_log, &log_size);
+    int lines = count_lines_starting((char *)log, "");
+    free(log);
+    Transformer ma, mb;
+    Vocabulary va, vb;
+    const char *ea = checkpoint_load(a_ckpt, &ma, &va, NULL, NULL), *eb = ea ? ea : checkpoint_load(b_ckpt, &mb, &vb, NULL, NULL);
+    int same_weights = !ea && !eb && ma.adam_step == 6 && mb.adam_step == 6 &&
+                       memcmp(ma.params_memory, mb.params_memory, ma.num_parameters * sizeof(real)) == 0 &&
+                       memcmp(ma.adam_v, mb.adam_v, ma.num_parameters * sizeof(real)) == 0;
+    check(s1 == 0 && s2 == 0 && s3 == 0 && lines == 6 && files_equal(a_log, b_log),
+          "cli: 3 steps + --resume 3 steps give the losses of 6 unbroken steps, to the last digit");
+    check(same_weights, "cli: ... and bit-identical weights and Adam state at step 6 (%s)",
+          ea ? ea : eb ? eb : "both loaded");
+    if (!ea) { transformer_free(&ma); vocab_free(&va); }
+    if (!ea && !eb) { transformer_free(&mb); vocab_free(&vb); }
+    check_cli_error("--resume with a changed run option", "--lr cannot change on --resume",
+                    "train --resume %s --lr 0.1", b_ckpt);
+    // the same seed repeats the run, with one thread or two
+    const char *c_log = test_path("c.log");
+    remove(c_log);
+    status = run_cli("train --task copy --steps 6 --threads 1 --checkpoint %s --loss-log %s " TINY_RUN,
+                     test_path("c.ckpt"), c_log);
+    check(status == 0 && files_equal(a_log, c_log), "cli: --seed repeats a run exactly (losses with 1 thread and with all)");
+    // a NaN loss stops training and leaves the last good checkpoint
+    const char *nan_ckpt = test_path("nan.ckpt");
+    check_cli_error("a loss that becomes NaN or infinite", "(step 1), is left as it was",
+                    "train --task copy --steps 50 --lr 1e30 --save-every 1 --checkpoint %s " TINY_RUN, nan_ckpt);
+    status = run_cli("decode --checkpoint %s '1 2'", nan_ckpt);
+    check(status == 0, "cli: ... and that checkpoint still loads (exit %d)", status);
+    status = run_cli("params --preset big");
+    check(status == 0 && strstr(cli_output, "214,245,376") && strstr(cli_output, "paper, Table 3: 213M"),
+          "cli: params --preset big prints 214,245,376 next to the paper's 213M");
+}
+
+static void run_cli_and_data_tests(void) {
+    snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
+    if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
+    printf("-- decoding (§6.1)\n");
+    test_decoding();
+    test_beam_search_is_exhaustive_when_wide();
+    printf("-- data, checkpoints, parameter counts, the command line (files in %s)\n", test_dir);
+    test_tsv_reading();
+    test_tasks_and_batches();
+    test_checkpoint_round_trip();
+    test_parameter_counts();
+    test_command_line();
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf %s", test_dir);
+    if (system(command) != 0) printf("     (could not remove %s)\n", test_dir);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
@@ -1206,6 +1857,7 @@ int main(int argc, char **argv) {
     test_svg_positional_encoding();
     test_svg_attention();
     test_svg_loss_curve();
+    run_cli_and_data_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

@@ -249,6 +249,21 @@ void adam_update(Transformer *model, double learning_rate);
 const char *parameter_tensor_name(int index);
 
 // ----------------------------------------------------------------------------
+// Decoding (§6.1), with a key/value cache: the encoder runs once per sentence
+// and each decoder layer keeps the keys and values of the positions so far.
+// Outputs never contain <pad>, <s> or </s>; at most transformer_decode_limit
+// tokens (source length + 50, and no more than max_len).
+
+int transformer_decode_limit(const Transformer *model, int src_len);
+// B sentences side by side: src (B,S) padded, src_len (B); out (B,max_out), out_len (B)
+void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
+                               const int *src, const int *src_len, int B, int S);
+// One sentence; returns the output length (out holds transformer_decode_limit tokens),
+// *score (if not NULL) gets log P(output) / ((5 + length) / 6)^alpha, </s> counted in length.
+int transformer_beam_search(Transformer *model, int *out, double *score, const int *src, int src_len,
+                            int beam_size, double alpha);
+
+
 // §6.1 Evaluation: corpus-level BLEU-4 (Papineni et al. 2002), one reference
 // per sentence, no smoothing. Add sentence pairs one at a time, then score:
 //     BleuStats stats; bleu_reset(&stats);
@@ -307,5 +322,8 @@ int svg_write_attention(const char *path, const Transformer *model, AttentionKin
 // line; heldout may be empty) drawn as curves of loss, held-out score and
 // learning rate over the steps.
 int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char *title);
+
+// The command line (train, decode, eval, params, bench): what main runs; returns the exit status.
+int transformer_main(int argc, char **argv);
 
 #endif // TRANSFORMER_H
