@@ -64,8 +64,8 @@ test: $(TESTS) transformer
 # on 2 cores), print held-out examples and the exact-match rate, then decode
 # a sentence with beam search from the checkpoint.
 demo: transformer
-	./transformer train --task copy --checkpoint runs/demo.ckpt
-	./transformer decode --checkpoint runs/demo.ckpt --beam 4 "3 1 4 1 5 9 2 6"
+	./transformer train --task copy
+	./transformer decode --checkpoint runs/copy.ckpt --beam 4 "3 1 4 1 5 9 2 6"
 
 debug: transformer_debug test_transformer_debug
 transformer_debug: $(SOURCES)

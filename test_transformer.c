@@ -1744,6 +1744,8 @@ static void test_command_line(void) {
     write_text(test_path("cli_long.tsv"), long_tsv);
     check_cli_error("a held-out line longer than the maximum", "cli_long.tsv:3: the source has 60 tokens",
                     "eval --checkpoint %s --data %s", tsv_ckpt, test_path("cli_long.tsv"));
+    check_cli_error("a training line longer than --positions allows", "cli.tsv:2: the source has 3 tokens; the model's "
+                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1", tsv);
     check_cli_error("decode without a checkpoint", "--checkpoint FILE is required", "decode 'a b'");
     // damaged checkpoints
     size_t size;

@@ -21,6 +21,10 @@
  *            §3.1  the encoder and decoder stacks, assembled from the above
  *            §5.4  label-smoothed cross-entropy
  *            §5.3  Adam and the warm-up learning-rate schedule
+ *            §6.1  decoding: greedy with a key/value cache, beam search
+ *          and then what turns the model into a program: data (vocabulary,
+ *          TSV files, the copy and reverse tasks, batches by length),
+ *          checkpoints, the command line, and main.
  *          Every layer is a `*_forward` function followed by its `*_backward`.
  *          Arguments come outputs first, then inputs, then sizes. Backward
  *          functions quote the forward line they differentiate and always
@@ -2380,7 +2384,7 @@ typedef struct {
     Batch batch;
     int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
     size_t src_capacity, tgt_capacity, rows_capacity;
-    long tokens;   // real source + target tokens (</s> included), for tokens/s
+    long tokens;   // source and target positions without padding, for tokens/s
 } BatchBuffer;
 
 // Teacher forcing (§5): the decoder reads tgt_in = <s> y_1 .. y_n and must
@@ -2425,7 +2429,7 @@ static void batch_fill(BatchBuffer *bb, const Dataset *d, const int *indices, in
         memcpy(bb->tgt_out + b * T, y, p->tgt_len * sizeof(int));
         bb->tgt_out[b * T + p->tgt_len] = TOKEN_EOS;
         bb->tgt_len[b] = p->tgt_len + 1;
-        bb->tokens += p->src_len + p->tgt_len + 1;
+        bb->tokens += p->src_len + 1 + p->tgt_len + 1;
     }
     Batch batch = { count, S, T, bb->src, bb->src_len, bb->tgt_in, bb->tgt_out, bb->tgt_len };
     bb->batch = batch;
@@ -4459,9 +4463,10 @@ static int command_train(int argc, char **argv) {
 // Decodes one sentence of text and prints the output on one line.
 static const char *decode_sentence(Transformer *m, Vocabulary *v, char *text, TextSource *from,
                                    int beam, double alpha) {
-    int *ids = NULL;
+    int *ids = NULL, n = 0;
     size_t capacity = 0;
-    int n = tokenize(text, v, 0, &ids, &capacity, from);
+    for (char *p = text; *p; p++) n += !isspace((unsigned char)*p) && (p == text || isspace((unsigned char)p[-1]));
+    if (n <= m->config.max_len - 1) n = tokenize(text, v, 0, &ids, &capacity, from);
     if (n > m->config.max_len - 1) {
         free(ids);
         return errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",

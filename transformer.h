@@ -6,8 +6,10 @@
  *
  * BUILD
  *     make                 builds ./transformer (OpenMP on; `make OPENMP=0` for none)
+ *     make demo            builds, trains the copy task, decodes held-out examples
  *     make test            builds and runs the tests (double-precision gradient
- *                          checks, PyTorch parity, masks, Adam, learning)
+ *                          checks, PyTorch parity, masks, Adam, learning,
+ *                          decoding, checkpoints, the command line)
  *     make debug           -O0 -g build for gdb
  *     cc -O2 transformer.c -lm -o transformer     is all it takes by hand
  *
