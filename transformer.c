@@ -1844,6 +1844,27 @@ static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCand
     best[i] = c;
 }
 
+// Every alive beam r proposes every token v with the score
+// alive_score[r] + log softmax(logits[r])_v (in double); keeps the best `keep`
+// in best[], sorted. <pad> and <s> are never proposed. Returns how many.
+static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score,
+                        int num_alive, int V) {
+    int num_best = 0;
+    for (int r = 0; r < num_alive; r++) {
+        const real *z = logits + (size_t)r * V;
+        double max_z = z[0], sum = 0;
+        for (int v = 1; v < V; v++) if (z[v] > max_z) max_z = z[v];
+        for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
+        double log_sum = max_z + log(sum);
+        for (int v = 0; v < V; v++) {
+            if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
+            BeamCandidate c = { alive_score[r] + (z[v] - log_sum), z[v], r, v };
+            candidate_insert(best, &num_best, keep, c);
+        }
+    }
+    return num_best;
+}
+
 // Beam search for one sentence (§6.1). Keeps `beam_size` alive hypotheses.
 // At each position every alive beam proposes every token; the best
 // 2 x beam_size of these (by summed log-probability) are taken in order:
@@ -1874,20 +1895,7 @@ int transformer_beam_search(Transformer *m, int *out, double *score, const int *
     tokens[0] = TOKEN_BOS;
     for (int t = 0; t < limit; t++) {
         decoder_step(&k, m, tokens, t, num_alive);
-        // every alive beam proposes every token: score + log softmax(logits)
-        int num_best = 0;
-        for (int r = 0; r < num_alive; r++) {
-            const real *z = k.logits + (size_t)r * V;
-            double max_z = z[0], sum = 0;
-            for (int v = 1; v < V; v++) if (z[v] > max_z) max_z = z[v];
-            for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
-            double log_sum = max_z + log(sum);
-            for (int v = 0; v < V; v++) {
-                if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
-                BeamCandidate c = { alive_score[r] + (z[v] - log_sum), z[v], r, v };
-                candidate_insert(best, &num_best, 2 * K, c);
-            }
-        }
+        int num_best = beam_propose(best, 2 * K, k.logits, alive_score, num_alive, V);
         // the best candidates, in order: finish the ones that end, keep K that go on
         int num_next = 0;
         for (int i = 0; i < num_best; i++) {
@@ -2692,132 +2700,154 @@ static const char *checkpoint_save(const char *path, const Transformer *m, const
     return NULL;
 }
 
+// The fixed-size header at the start of every checkpoint (offsets in NOTES.md).
+typedef struct {
+    uint32_t real_bytes;        // 4 (float) or 8 (double)
+    TransformerConfig config;
+    uint64_t num_parameters, adam_step, dropout_rng;
+    TrainingState state;
+    uint64_t vocab_bytes, options_bytes;
+} CheckpointHeader;
+
+// Reads and checks the header from its bytes b (got of them, from a file of
+// `size` bytes): the magic, the version, the config, the parameter count the
+// config gives, and the file's length against what the header describes.
+static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got,
+                                           uint64_t size, const char *path) {
+    if (got < 4) return errorf("%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
+    if (memcmp(b, CHECKPOINT_MAGIC, 4) != 0)
+        return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x %02x, expected 'TCKP'",
+                      path, b[0], b[1], b[2], b[3]);
+    if (got < 8) return errorf("%s: truncated: %zu bytes, inside the header", path, got);
+    if (get_u32(b + 4) != CHECKPOINT_VERSION)
+        return errorf("%s: checkpoint format version %u; expected version %d", path, get_u32(b + 4), CHECKPOINT_VERSION);
+    if (got < CHECKPOINT_HEADER_BYTES || size < CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES)
+        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %d", path,
+                      (unsigned long long)size, CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES);
+    h->real_bytes = get_u32(b + 8);
+    if (h->real_bytes != 4 && h->real_bytes != 8)
+        return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path, h->real_bytes);
+    TransformerConfig *c = &h->config;
+    c->n_layers = (int32_t)get_u32(b + 12); c->d_model = (int32_t)get_u32(b + 16);
+    c->d_ff = (int32_t)get_u32(b + 20); c->n_heads = (int32_t)get_u32(b + 24);
+    c->vocab_size = (int32_t)get_u32(b + 28); c->max_len = (int32_t)get_u32(b + 32);
+    c->dropout = get_f32(b + 36); c->label_smoothing = get_f32(b + 40); c->layer_norm_eps = get_f32(b + 44);
+    const char *error = transformer_config_check(c);
+    if (error) return errorf("%s: header: %s", path, error);
+    uint64_t *fields[9] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng,
+                            &h->state.epoch, &h->state.epoch_batches, &h->state.data_hash,
+                            &h->vocab_bytes, &h->options_bytes };
+    for (int i = 0; i < 9; i++) *fields[i] = get_u64(b + 48 + 8 * i);
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
+    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS);
+    if (h->num_parameters != P)
+        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d) give %zu",
+                      path, (unsigned long long)h->num_parameters, c->n_layers, c->d_model, c->d_ff, c->vocab_size, P);
+    if (h->vocab_bytes > size || h->vocab_bytes < 5 * (uint64_t)c->vocab_size)
+        return errorf("%s: header: a vocabulary section of %llu bytes cannot hold %d tokens", path,
+                      (unsigned long long)h->vocab_bytes, c->vocab_size);
+    if (h->options_bytes > size)
+        return errorf("%s: header: an options section of %llu bytes, but the file has %llu", path,
+                      (unsigned long long)h->options_bytes, (unsigned long long)size);
+    if (h->dropout_rng == 0) return errorf("%s: header: dropout generator state 0; expected non-zero", path);
+    uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + 3 * P * h->real_bytes
+                      + CHECKPOINT_CHECKSUM_BYTES;
+    if (size < expected)
+        return errorf("%s: truncated: %llu bytes, but its header describes %llu", path,
+                      (unsigned long long)size, (unsigned long long)expected);
+    if (size > expected)
+        return errorf("%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
+                      (unsigned long long)size, (unsigned long long)expected);
+    return NULL;
+}
+
+// The vocabulary section: for each id a u32 length and the token's bytes; the
+// four special tokens first, no repeats, no spaces, lengths adding up to the
+// section's size in the header. v starts as vocab_init leaves it.
+static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *v, const CheckpointHeader *h, const char *path) {
+    uint64_t used = 0;
+    for (int i = 0; i < h->config.vocab_size; i++) {
+        unsigned char b[4];
+        read_bytes(r, b, 4);
+        uint32_t n = get_u32(b);
+        used += 4 + (uint64_t)n;
+        if (n == 0 || used > h->vocab_bytes)
+            return errorf("%s: vocabulary token %d has length %u; the vocabulary section disagrees with its "
+                          "size in the header (%llu bytes)", path, i, n, (unsigned long long)h->vocab_bytes);
+        char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
+        read_bytes(r, word, n);
+        int known = vocab_find(v, word, n), ok = strlen(word) == n;
+        for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
+        ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
+        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(v, word, n);
+        free(word);
+        if (!ok)
+            return errorf("%s: vocabulary token %d is %s; expected %s", path, i,
+                          known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
+                          i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
+    }
+    if (used != h->vocab_bytes)
+        return errorf("%s: the vocabulary takes %llu bytes, but its header says %llu", path,
+                      (unsigned long long)used, (unsigned long long)h->vocab_bytes);
+    return NULL;
+}
+
 // Reads a checkpoint into a new model and vocabulary (and, when not NULL,
 // the training state and the run's options text, which the caller frees).
-// Checks the magic, the version, the header against the config's sizes and
-// the file's length, the vocabulary, and the checksum, in that order.
+// Nothing is allocated before the header has been checked against the
+// file's length; the checksum, last, covers every byte.
 static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary *v, TrainingState *state,
                                    char **run_options) {
     memset(m, 0, sizeof *m);
     vocab_init(v);
     if (run_options) *run_options = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return errorf("%s: cannot open: %s", path, strerror(errno));
+    if (!f) { vocab_free(v); return errorf("%s: cannot open: %s", path, strerror(errno)); }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) { fclose(f); return errorf("%s: not a regular file", path); }
-    uint64_t size = (uint64_t)st.st_size;
-    unsigned char h[CHECKPOINT_HEADER_BYTES];
-    memset(h, 0, sizeof h);
-    size_t got = fread(h, 1, sizeof h, f);
-    const char *error = NULL;
+    unsigned char b[CHECKPOINT_HEADER_BYTES];
+    CheckpointHeader h;
     char *options = NULL;
-    #define LOAD_FAIL(...) do { error = errorf(__VA_ARGS__); goto fail; } while (0)
-    if (got < 4) LOAD_FAIL("%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
-    if (memcmp(h, CHECKPOINT_MAGIC, 4) != 0)
-        LOAD_FAIL("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x %02x, expected 'TCKP'",
-                  path, h[0], h[1], h[2], h[3]);
-    if (got < 8) LOAD_FAIL("%s: truncated: %zu bytes, inside the header", path, got);
-    if (get_u32(h + 4) != CHECKPOINT_VERSION)
-        LOAD_FAIL("%s: checkpoint format version %u; expected version %d", path, get_u32(h + 4), CHECKPOINT_VERSION);
-    if (got < CHECKPOINT_HEADER_BYTES || size < CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES)
-        LOAD_FAIL("%s: truncated: %llu bytes; the header and checksum alone take %d", path,
-                  (unsigned long long)size, CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES);
-    // the header: element size, config, sizes and training state
-    uint32_t real_bytes = get_u32(h + 8);
-    if (real_bytes != 4 && real_bytes != 8)
-        LOAD_FAIL("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path, real_bytes);
-    TransformerConfig c;
-    int32_t sizes[6];
-    for (int i = 0; i < 6; i++) sizes[i] = (int32_t)get_u32(h + 12 + 4 * i);
-    c.n_layers = sizes[0]; c.d_model = sizes[1]; c.d_ff = sizes[2]; c.n_heads = sizes[3];
-    c.vocab_size = sizes[4]; c.max_len = sizes[5];
-    c.dropout = get_f32(h + 36); c.label_smoothing = get_f32(h + 40); c.layer_norm_eps = get_f32(h + 44);
-    const char *config_error = transformer_config_check(&c);
-    if (config_error) LOAD_FAIL("%s: header: %s", path, config_error);
-    uint64_t fields[9];
-    for (int i = 0; i < 9; i++) fields[i] = get_u64(h + 48 + 8 * i);
-    uint64_t num_parameters = fields[0], vocab_bytes = fields[7], options_bytes = fields[8];
-    size_t expected_sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(expected_sizes, &c);
-    size_t P = sum_sizes(expected_sizes, NUM_PARAMETER_TENSORS);
-    if (num_parameters != P)
-        LOAD_FAIL("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d) give %zu",
-                  path, (unsigned long long)num_parameters, c.n_layers, c.d_model, c.d_ff, c.vocab_size, P);
-    if (vocab_bytes > size || vocab_bytes < 5 * (uint64_t)c.vocab_size)
-        LOAD_FAIL("%s: header: a vocabulary section of %llu bytes cannot hold %d tokens", path,
-                  (unsigned long long)vocab_bytes, c.vocab_size);
-    if (options_bytes > size)
-        LOAD_FAIL("%s: header: an options section of %llu bytes, but the file has %llu", path,
-                  (unsigned long long)options_bytes, (unsigned long long)size);
-    if (fields[2] == 0) LOAD_FAIL("%s: header: dropout generator state 0; expected non-zero", path);
-    uint64_t expected = CHECKPOINT_HEADER_BYTES + options_bytes + vocab_bytes + 3 * P * real_bytes
-                      + CHECKPOINT_CHECKSUM_BYTES;
-    if (size < expected)
-        LOAD_FAIL("%s: truncated: %llu bytes, but its header describes %llu", path,
-                  (unsigned long long)size, (unsigned long long)expected);
-    if (size > expected)
-        LOAD_FAIL("%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
-                  (unsigned long long)size, (unsigned long long)expected);
-    // the body, read from the start again so that the checksum covers every byte
-    rewind(f);
+    const char *error = NULL;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) error = errorf("%s: not a regular file", path);
+    if (!error) {
+        size_t got = fread(b, 1, sizeof b, f);
+        error = checkpoint_parse_header(&h, b, got, (uint64_t)st.st_size, path);
+    }
     Reader r = { f, FNV_OFFSET, 0 };
-    read_bytes(&r, h, CHECKPOINT_HEADER_BYTES);
-    options = checked_calloc(options_bytes + 1, 1, "checkpoint options");
-    read_bytes(&r, options, options_bytes);
-    if (strlen(options) != options_bytes) LOAD_FAIL("%s: the options section holds a zero byte; expected text", path);
-    uint64_t vocab_read = 0;
-    for (int i = 0; i < c.vocab_size && !r.failed; i++) {
-        unsigned char b[4];
-        read_bytes(&r, b, 4);
-        uint32_t n = get_u32(b);
-        vocab_read += 4 + (uint64_t)n;
-        if (n == 0 || vocab_read > vocab_bytes)
-            LOAD_FAIL("%s: vocabulary token %d has length %u; the vocabulary section disagrees with its "
-                      "size in the header (%llu bytes)", path, i, n, (unsigned long long)vocab_bytes);
-        char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
-        read_bytes(&r, word, n);
-        int known = vocab_find(v, word, n), ok = strlen(word) == n;
-        for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
-        if (i < NUM_SPECIAL_TOKENS) ok = ok && known == i;
-        else ok = ok && known < 0;
-        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(v, word, n);
-        free(word);
-        if (!ok)
-            LOAD_FAIL("%s: vocabulary token %d is %s; expected %s", path, i,
-                      known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
-                      i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
+    if (!error) { // the body, read from the start again so that the checksum covers every byte
+        rewind(f);
+        read_bytes(&r, b, CHECKPOINT_HEADER_BYTES);
+        options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
+        read_bytes(&r, options, h.options_bytes);
+        if (strlen(options) != h.options_bytes)
+            error = errorf("%s: the options section holds a zero byte; expected text", path);
     }
-    if (vocab_read != vocab_bytes)
-        LOAD_FAIL("%s: the vocabulary takes %llu bytes, but its header says %llu", path,
-                  (unsigned long long)vocab_read, (unsigned long long)vocab_bytes);
-    const char *build_error = transformer_build(m, &c, 1);
-    if (build_error) LOAD_FAIL("%s: %s", path, build_error);
-    read_reals(&r, m->params_memory, P, real_bytes);
-    read_reals(&r, m->adam_m, P, real_bytes);
-    read_reals(&r, m->adam_v, P, real_bytes);
-    uint64_t computed = r.hash;
-    unsigned char b[8];
-    read_bytes(&r, b, 8);
-    if (r.failed) LOAD_FAIL("%s: read error: %s", path, strerror(errno ? errno : EIO));
-    if (get_u64(b) != computed) LOAD_FAIL("%s: checksum mismatch: the file is damaged", path);
-    m->adam_step = (long)fields[1];
-    m->dropout_rng.state = fields[2];
-    if (state) {
-        state->epoch_rng = fields[3];
-        state->epoch = fields[4];
-        state->epoch_batches = fields[5];
-        state->data_hash = fields[6];
+    if (!error) error = checkpoint_read_vocabulary(&r, v, &h, path);
+    if (!error && (error = transformer_build(m, &h.config, 1))) error = errorf("%s: %s", path, error);
+    if (!error) {
+        size_t P = m->num_parameters;
+        read_reals(&r, m->params_memory, P, h.real_bytes);
+        read_reals(&r, m->adam_m, P, h.real_bytes);
+        read_reals(&r, m->adam_v, P, h.real_bytes);
+        uint64_t computed = r.hash;
+        unsigned char checksum[8];
+        read_bytes(&r, checksum, 8);
+        if (r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
+        else if (get_u64(checksum) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
     }
+    fclose(f);
+    if (error) {
+        free(options);
+        transformer_free(m);
+        vocab_free(v);
+        return error;
+    }
+    m->adam_step = (long)h.adam_step;
+    m->dropout_rng.state = h.dropout_rng;
+    if (state) *state = h.state;
     if (run_options) *run_options = options; else free(options);
-    fclose(f);
     return NULL;
-    #undef LOAD_FAIL
-fail:
-    free(options);
-    fclose(f);
-    transformer_free(m);
-    vocab_free(v);
-    return error;
 }
 
 // ============================================================================
@@ -4003,7 +4033,8 @@ static int parse_options(const char *command, const char *usage, Option *options
         char expected[96];
         describe_expected(expected, sizeof expected, o);
         if (i + 1 >= argc || (o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0)) {
-            fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
+            if (o->kind == OPTION_TEXT) fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
+            else fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
             return 1;
         }
         const char *text = argv[++i];
@@ -4360,6 +4391,17 @@ static void train_print_header(const TrainRun *r) {
     fflush(stdout);
 }
 
+// step 400/1500 | loss 0.8978 | lr 1.06e-03 | 15.6k tok/s | elapsed 0:14 | left 0:38
+static void print_progress(long step, int steps, real loss, double lr, double tokens_per_second,
+                           double elapsed_seconds, double left_seconds) {
+    char elapsed[32], left[32];
+    format_duration(elapsed, sizeof elapsed, elapsed_seconds);
+    format_duration(left, sizeof left, left_seconds);
+    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, steps,
+           (double)loss, lr, tokens_per_second / 1000, elapsed, left);
+    fflush(stdout);
+}
+
 // The training loop (§5): batches by length, teacher forcing, Adam with the
 // warm-up schedule of eq. 3, scaled so that it peaks at --lr.
 static const char *train_loop(TrainRun *r) {
@@ -4410,12 +4452,8 @@ static const char *train_loop(TrainRun *r) {
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
             double now = wall_seconds();
-            char elapsed[32], left[32];
-            format_duration(elapsed, sizeof elapsed, now - start);
-            format_duration(left, sizeof left, (now - start) / (step - first_step) * (o->steps - step));
-            printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, o->steps,
-                   (double)loss, lr, tokens / (now - last_time + 1e-9) / 1000, elapsed, left);
-            fflush(stdout);
+            print_progress(step, o->steps, loss, lr, tokens / (now - last_time + 1e-9), now - start,
+                           (now - start) / (step - first_step) * (o->steps - step));
             last_time = now;
             tokens = 0;
         }
