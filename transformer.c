@@ -2700,9 +2700,13 @@ static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary 
     vocab_init(v);
     if (run_options) *run_options = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return errorf("%s: cannot open: %s", path, strerror(errno));
+    if (!f) { const char *e = errorf("%s: cannot open: %s", path, strerror(errno)); vocab_free(v); return e; }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) { fclose(f); return errorf("%s: not a regular file", path); }
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        vocab_free(v);
+        return errorf("%s: not a regular file", path);
+    }
     uint64_t size = (uint64_t)st.st_size;
     unsigned char h[CHECKPOINT_HEADER_BYTES];
     memset(h, 0, sizeof h);
