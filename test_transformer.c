@@ -1808,6 +1808,212 @@ static void test_command_line(void) {
           "cli: params --preset big prints 214,245,376 next to the paper's 213M");
 }
 
+// ---- eval --bleu, average, train --log/--keep-last, attention, pe, plot ----------
+
+static double printed_number_after(const char *text, const char *label) {
+    const char *p = strstr(text, label);
+    return p ? strtod(p + strlen(label), NULL) : NAN;
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+// Saves m with the digit vocabulary of the copy task.
+static const char *save_copy_checkpoint(const char *path, const Transformer *m) {
+    Vocabulary v;
+    task_vocabulary(&v, m->config.vocab_size - NUM_SPECIAL_TOKENS);
+    TrainingState state = { 1, 1, 0, 0 };
+    const char *e = checkpoint_save(path, m, &v, &state, "--task\ncopy\n");
+    vocab_free(&v);
+    return e;
+}
+
+static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
+    // 8 copy pairs; the references of two are changed, so a perfect copier scores below 100
+    Transformer m = *trained_model;
+    m.training = 0;
+    Rng rng; rng_seed(&rng, 77);
+    char tsv[2048] = "";
+    BleuStats expected; bleu_reset(&expected);
+    int exact = 0;
+    for (int i = 0; i < 8; i++) {
+        int n = 3 + i % 4, src[8], ref[8], out[32], out_len;
+        random_source(src, n, m.config.vocab_size, &rng);         // n-1 words and </s>
+        int ref_len = n - 1;
+        memcpy(ref, src, ref_len * sizeof(int));
+        if (i == 2) ref_len--;                                     // a word missing
+        if (i == 5) ref[0] = ref[0] == 4 ? 5 : 4;                  // a word changed
+        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n), src, &n, 1, n);
+        bleu_add_sentence(&expected, out, out_len, ref, ref_len);
+        exact += out_len == ref_len && memcmp(out, ref, ref_len * sizeof(int)) == 0;
+        for (int k = 0; k < n - 1; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", src[k] - NUM_SPECIAL_TOKENS);
+        strcat(tsv, "\t");
+        for (int k = 0; k < ref_len; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", ref[k] - NUM_SPECIAL_TOKENS);
+        strcat(tsv, "\n");
+    }
+    double want = bleu_score(&expected, NULL, NULL);
+    const char *path = test_path("bleu.tsv");
+    write_text(path, tsv);
+    int status = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, path);
+    double got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && want > 0 && want < 100,
+          "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 exact)", got, want, exact);
+    status = run_cli("eval --checkpoint %s --data %s --bleu --beam 3", ckpt, path);
+    got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && strstr(cli_output, "beam search") && got >= 0 && got <= 100,
+          "cli: eval --bleu --beam 3 prints a BLEU score (%.2f)", got);
+    status = run_cli("eval --checkpoint %s --data %s", ckpt, path);
+    check(status == 0 && !strstr(cli_output, "BLEU"), "cli: eval without --bleu prints no BLEU line");
+    check_cli_error("a value after the --bleu flag", "eval: unexpected argument 'yes'",
+                    "eval --checkpoint %s --data %s --bleu yes", ckpt, path);
+}
+
+static void test_average(const Transformer *trained) {
+    TransformerConfig config = trained->config;
+    Transformer other;
+    transformer_build(&other, &config, 12);
+    other.adam_step = 7;
+    for (size_t k = 0; k < other.num_parameters; k++) other.adam_m[k] = (real)(0.001 * (double)(k % 13));
+    const char *a = test_path("avg_a.ckpt"), *b = test_path("avg_b.ckpt"), *out = test_path("avg_out.ckpt");
+    const char *e = save_copy_checkpoint(a, trained);
+    if (!e) e = save_copy_checkpoint(b, &other);
+    const char *paths[2] = { a, b };
+    if (!e) e = checkpoint_average(out, paths, 2);
+    Transformer avg;
+    Vocabulary v;
+    if (!e) e = checkpoint_load(out, &avg, &v, NULL, NULL);
+    if (e) { check(0, "average: %s", e); transformer_free(&other); return; }
+    size_t wrong = 0, P = avg.num_parameters;
+    for (size_t k = 0; k < P; k++) {
+        real mean = (real)(((double)trained->params_memory[k] + (double)other.params_memory[k]) / 2);
+        wrong += avg.params_memory[k] != mean;
+    }
+    int moved = 0; // the test can fail: the mean differs from both inputs almost everywhere
+    for (size_t k = 0; k < P; k++) moved += avg.params_memory[k] != trained->params_memory[k];
+    check(wrong == 0 && moved > (int)(P / 2), "average: every parameter of 2 checkpoints is their mean (%zu of %zu "
+          "differ; %d differ from the first input)", wrong, P, moved);
+    check(avg.adam_step == 7 && memcmp(avg.adam_m, other.adam_m, P * sizeof(real)) == 0,
+          "average: Adam's step and moments are the last checkpoint's");
+    transformer_free(&avg); vocab_free(&v);
+    const char *cli_out = test_path("avg_cli.ckpt");
+    int status = run_cli("average --out %s %s %s", cli_out, a, b);
+    // the binary is a float build: in the double test build its file holds floats, so compare loosely there
+    Transformer m1, m2;
+    Vocabulary v1, v2;
+    double largest = INFINITY;
+    if (status == 0 && !checkpoint_load(out, &m1, &v1, NULL, NULL)) {
+        if (!checkpoint_load(cli_out, &m2, &v2, NULL, NULL)) {
+            largest = 0;
+            for (size_t k = 0; k < P; k++) largest = fmax(largest, fabs((double)m1.params_memory[k] - (double)m2.params_memory[k]));
+            transformer_free(&m2); vocab_free(&v2);
+        }
+        transformer_free(&m1); vocab_free(&v1);
+    }
+    check(largest <= (sizeof(real) == 4 ? 0 : 1e-6), "cli: average --out writes the same average (largest "
+          "difference %g, exit %d)", largest, status);
+    // mismatched config and vocabulary
+    TransformerConfig wide = config;
+    wide.d_ff = 48;
+    Transformer w;
+    transformer_build(&w, &wide, 13);
+    const char *c = test_path("avg_wide.ckpt"), *d = test_path("avg_vocab.ckpt"), *none = test_path("avg_none.ckpt");
+    save_copy_checkpoint(c, &w);
+    transformer_free(&w);
+    Vocabulary letters;
+    vocab_init(&letters);
+    for (int i = 0; i < config.vocab_size - NUM_SPECIAL_TOKENS; i++) { char t[2] = { (char)('a' + i), 0 }; vocab_add(&letters, t, 1); }
+    TrainingState state = { 1, 1, 0, 0 };
+    checkpoint_save(d, &other, &letters, &state, "--task\ncopy\n");
+    vocab_free(&letters);
+    check_cli_error("average of different configs", "expected the same config", "average --out %s %s %s", none, a, c);
+    check(!file_exists(none), "cli: ... and writes no file");
+    check_cli_error("average of different vocabularies", "vocabulary token 4 is 'a' but '0'", "average --out %s %s %s",
+                    none, a, d);
+    check_cli_error("average without --out", "average: --out FILE is required", "average %s %s", a, b);
+    check_cli_error("average without files", "average: no checkpoints given", "average --out %s", none);
+    check_cli_error("average of a missing file", "avg_missing.ckpt: cannot open", "average --out %s %s %s", none, a,
+                    test_path("avg_missing.ckpt"));
+    check(!file_exists(none), "cli: no file from a failed average");
+    transformer_free(&other);
+}
+
+static void test_log_keep_last_and_pictures(const char *ckpt) {
+    // train --log and --keep-last
+    const char *run = test_path("log.ckpt"), *log = test_path("log.csv");
+    remove(log);
+    int status = run_cli("train --task copy --steps 6 --save-every 2 --keep-last 2 --checkpoint %s --log %s "
+                         "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 "
+                         "--batch-tokens 80 --warmup 5 --log-every 2 --eval-every 3 --show 0", run, log);
+    char kept[3][400];
+    for (int i = 0; i < 3; i++) snprintf(kept[i], sizeof kept[i], "%s.step%07d", run, 2 * (i + 1));
+    check(status == 0 && !file_exists(kept[0]) && file_exists(kept[1]) && file_exists(kept[2]),
+          "cli: train --keep-last 2 leaves the checkpoints of steps 4 and 6, not 2 (exit %d)", status);
+    char *csv = read_text_file(log);
+    // lines at steps 2, 3 (evaluation), 4, 6 (both)
+    int lines = count_lines_starting(csv, ""), header = csv && strncmp(csv, "step,loss,lr,tokens_per_s,heldout", 33) == 0;
+    int eval_line = csv && strstr(csv, "\n3,") && strstr(strstr(csv, "\n3,"), ",0.00\n") != NULL;
+    int plain_line = csv && strstr(csv, "\n2,") && strchr(strstr(csv, "\n2,") + 1, '\n')[-1] == ',';
+    check(header && lines == 5 && eval_line && plain_line,
+          "cli: train --log writes a header and a CSV line at each progress line and evaluation, the held-out "
+          "score only where measured (%d lines)", lines);
+    free(csv);
+    const char *svg = test_path("curve.svg");
+    status = run_cli("plot --log %s --out %s", log, svg);
+    char *text = read_text_file(svg);
+    check(status == 0 && text && strstr(text, "<polyline"), "cli: plot draws the log (exit %d)", status);
+    free(text);
+    write_text(test_path("bad.csv"), "step,loss,lr,tokens_per_s,heldout\n1,abc,0.1,5,\n");
+    check_cli_error("plot of a malformed log", "bad.csv:2: loss 'abc' is not a number", "plot --log %s --out %s",
+                    test_path("bad.csv"), svg);
+    check_cli_error("plot without --log", "plot: --log FILE.csv is required", "plot --out %s", svg);
+    // pe
+    const char *pe = test_path("pe_cli.svg");
+    status = run_cli("pe --out %s --max-len 10 --d-model 8", pe);
+    text = read_text_file(pe);
+    check(status == 0 && text && count_occurrences(text, "<rect") == 10 * 8 + 3, "cli: pe draws a 10 x 8 matrix");
+    free(text);
+    check_cli_error("pe without --out", "pe: --out FILE.svg is required", "pe --max-len 5");
+    check_cli_error("pe --d-model 0", "pe: --d-model '0' is not valid", "pe --out %s --d-model 0", pe);
+    // attention
+    const char *dir = test_path("att");
+    status = run_cli("attention --checkpoint %s --out-dir %s '1 2 3'", ckpt, dir);
+    int written = 0;
+    const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg", "cross_attention.svg" };
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        text = read_text_file(path);
+        written += text && strstr(text, "layer 2, head 4") && strstr(text, ">&lt;/s&gt;</text>");
+        free(text);
+    }
+    check(status == 0 && written == 3, "cli: attention writes the 3 pictures, every head of every layer (%d, exit %d)",
+          written, status);
+    check_cli_error("attention without --out-dir", "attention: --out-dir DIR is required", "attention --checkpoint %s '1 2'", ckpt);
+    check_cli_error("attention with two sentences", "expected exactly one source sentence",
+                    "attention --checkpoint %s --out-dir %s '1 2' '3'", ckpt, dir);
+    check_cli_error("attention of an empty sentence", "the sentence is empty", "attention --checkpoint %s --out-dir %s ' '",
+                    ckpt, dir);
+    check_cli_error("attention of a too long sentence", "the sentence has 25 tokens; the model's maximum length 20",
+                    "attention --checkpoint %s --out-dir %s '1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5'", ckpt, dir);
+    check_cli_error("attention into a directory that cannot be made", "/nonexistent/x: cannot create",
+                    "attention --checkpoint %s --out-dir /nonexistent/x '1 2'", ckpt);
+}
+
+static void test_evaluation_commands(void) {
+    if (access(cli_binary, X_OK) != 0) return; // test_command_line said so
+    TransformerConfig config = decode_config();
+    Transformer trained;
+    train_small_copy_model(&trained, config, 300, 6);
+    const char *ckpt = test_path("copy_small.ckpt");
+    const char *e = save_copy_checkpoint(ckpt, &trained);
+    check(!e, "cli: a checkpoint of a small copy model (%s)", e ? e : "saved");
+    if (!e) {
+        test_eval_bleu(&trained, ckpt);
+        test_average(&trained);
+        test_log_keep_last_and_pictures(ckpt);
+    }
+    transformer_free(&trained);
+}
+
 static void run_cli_and_data_tests(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
     if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
@@ -1820,6 +2026,8 @@ static void run_cli_and_data_tests(void) {
     test_checkpoint_round_trip();
     test_parameter_counts();
     test_command_line();
+    printf("-- eval --bleu, average, train --log and --keep-last, attention, pe, plot\n");
+    test_evaluation_commands();
     char command[600];
     snprintf(command, sizeof command, "rm -rf %s", test_dir);
     if (system(command) != 0) printf("     (could not remove %s)\n", test_dir);

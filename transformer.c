@@ -2461,6 +2461,7 @@ typedef struct {
     double loss;             // mean per target token
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
+    BleuStats bleu;          // corpus BLEU of the outputs against the references (§6.1)
     int *output;             // (sentences, stride) the decoded outputs
     int *output_len;         // (sentences)
     int stride;
@@ -2477,6 +2478,7 @@ static void score_output(Evaluation *e, const int *output, int output_len, const
     e->correct += same;
     e->compared += longer;
     e->exact += same == ref_len && output_len == ref_len;
+    bleu_add_sentence(&e->bleu, output, output_len, ref, ref_len);
 }
 
 // Evaluates the first `count` pairs of d (all when count <= 0), decoding
@@ -2848,6 +2850,71 @@ static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary 
     if (state) *state = h.state;
     if (run_options) *run_options = options; else free(options);
     return NULL;
+}
+
+// ---- checkpoint averaging (§6.1) ---------------------------------------------
+// "For the base models, we used a single model obtained by averaging the last 5
+// checkpoints, which were written at 10-minute intervals. For the big models,
+// we averaged the last 20 checkpoints." Every parameter of the result is the
+// mean of that parameter over the n checkpoints, summed in double and rounded
+// once. The checkpoints must have the same sizes and the same vocabulary,
+// token for token (the same config; dropout and label smoothing too, so that
+// the result describes one run). Everything else, Adam's moments and step,
+// the generators, the data position and the run options, is taken from the
+// LAST checkpoint named: the result is that checkpoint with averaged weights,
+// so it decodes like any other and `train --resume` goes on from its step.
+
+static int same_config(const TransformerConfig *a, const TransformerConfig *b) {
+    return a->n_layers == b->n_layers && a->d_model == b->d_model && a->d_ff == b->d_ff &&
+           a->n_heads == b->n_heads && a->vocab_size == b->vocab_size && a->max_len == b->max_len &&
+           a->dropout == b->dropout && a->label_smoothing == b->label_smoothing &&
+           a->layer_norm_eps == b->layer_norm_eps;
+}
+
+static const char *checkpoint_average(const char *out_path, const char *const *paths, int n) {
+    if (n < 1) return errorf("no checkpoints to average; expected one or more files");
+    Transformer m, last;
+    Vocabulary v, last_vocab;
+    TrainingState state;
+    char *options = NULL;
+    double *sum = NULL;
+    const char *error = NULL;
+    int have_last = 0;
+    for (int i = 0; i < n && !error; i++) {
+        if ((error = checkpoint_load(paths[i], &m, &v, &state, i == n - 1 ? &options : NULL))) break;
+        if (i == 0) {
+            sum = checked_calloc(m.num_parameters, sizeof(double), "checkpoint average");
+        } else {
+            const TransformerConfig *a = &last.config, *b = &m.config;
+            if (!same_config(a, b)) {
+                error = errorf("%s: config N=%d d_model=%d d_ff=%d h=%d vocab %d max_len %d P_drop %g eps_ls %g "
+                               "differs from %s's (N=%d d_model=%d d_ff=%d h=%d vocab %d max_len %d P_drop %g "
+                               "eps_ls %g); expected the same config", paths[i], b->n_layers, b->d_model, b->d_ff,
+                               b->n_heads, b->vocab_size, b->max_len, (double)b->dropout, (double)b->label_smoothing,
+                               paths[0], a->n_layers, a->d_model, a->d_ff, a->n_heads, a->vocab_size, a->max_len,
+                               (double)a->dropout, (double)a->label_smoothing);
+            }
+            for (int t = 0; t < v.size && !error; t++)
+                if (strcmp(v.words[t], last_vocab.words[t]) != 0)
+                    error = errorf("%s: vocabulary token %d is '%s' but '%s' in %s; expected the same vocabulary",
+                                   paths[i], t, v.words[t], last_vocab.words[t], paths[0]);
+            transformer_free(&last);
+            vocab_free(&last_vocab);
+            have_last = 0;
+        }
+        if (!error) for (size_t k = 0; k < m.num_parameters; k++) sum[k] += (double)m.params_memory[k];
+        // keep this one (for the next comparison, and the last as the result's template)
+        last = m; last_vocab = v; have_last = 1;
+        if (error) break;
+    }
+    if (!error) {
+        for (size_t k = 0; k < last.num_parameters; k++) last.params_memory[k] = (real)(sum[k] / n);
+        error = checkpoint_save(out_path, &last, &last_vocab, &state, options ? options : "");
+    }
+    if (have_last) { transformer_free(&last); vocab_free(&last_vocab); }
+    free(sum);
+    free(options);
+    return error;
 }
 
 // ============================================================================
@@ -3937,7 +4004,7 @@ static int command_bench(int argc, char **argv) {
 // expected, and `--help` prints the table with the defaults.
 // ============================================================================
 
-typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT } OptionKind;
+typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind; // FLAG: no value, sets an int to 1
 
 // What a training option belongs to. RUN options define the run (data, model,
 // schedule): they are stored in the checkpoint and cannot change on --resume,
@@ -3958,6 +4025,7 @@ typedef struct {
 #define INT_OPTION(name, value, lo, hi, role, help) { name, OPTION_INT, value, lo, hi, 0, role, help, 0 }
 #define NUMBER_OPTION(name, value, lo, hi, above, role, help) { name, OPTION_NUMBER, value, lo, hi, above, role, help, 0 }
 #define TEXT_OPTION(name, value, role, help) { name, OPTION_TEXT, value, 0, 0, 0, role, help, 0 }
+#define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, SESSION, help, 0 }
 #define MAX_OPTIONS 48
 
 static void describe_expected(char *text, size_t n, const Option *o) {
@@ -3994,8 +4062,10 @@ static void print_option_help(const Option *options, int n) {
     for (int i = 0; i < n; i++) {
         const Option *o = &options[i];
         char left[64], value[64];
-        snprintf(left, sizeof left, "%s %s", o->name, o->kind == OPTION_INT ? "N" : o->kind == OPTION_NUMBER ? "X" : "TEXT");
-        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
+        snprintf(left, sizeof left, "%s %s", o->name, o->kind == OPTION_INT ? "N" : o->kind == OPTION_NUMBER ? "X"
+                                                    : o->kind == OPTION_FLAG ? "" : "TEXT");
+        if (o->kind == OPTION_FLAG) value[0] = '\0';
+        else if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
         else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
         else snprintf(value, sizeof value, "%s", *(const char **)o->value ? *(const char **)o->value : "");
         if (value[0]) printf("  %-22s %s (default %s)\n", left, o->help, value);
@@ -4030,6 +4100,7 @@ static int parse_options(const char *command, const char *usage, Option *options
             fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
             return 1;
         }
+        if (o->kind == OPTION_FLAG) { *(int *)o->value = 1; o->seen = 1; continue; }
         char expected[96];
         describe_expected(expected, sizeof expected, o);
         if (i + 1 >= argc || (o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0)) {
@@ -4076,8 +4147,8 @@ typedef struct {
     int steps, warmup, batch_tokens, seed;
     double lr;
     // this session
-    const char *checkpoint, *resume, *loss_log;
-    int eval_every, save_every, log_every, eval_size, show, threads;
+    const char *checkpoint, *resume, *loss_log, *log_csv;
+    int eval_every, save_every, log_every, eval_size, show, threads, keep_last;
 } TrainOptions;
 
 static TrainOptions train_defaults(void) {
@@ -4118,6 +4189,10 @@ static int train_option_table(Option *t, TrainOptions *o) {
         TEXT_OPTION("--checkpoint", &o->checkpoint, SESSION, "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)"),
         TEXT_OPTION("--resume", &o->resume, SESSION, "go on with the run in this checkpoint"),
         TEXT_OPTION("--loss-log", &o->loss_log, SESSION, "append 'step loss lr' of every step to this file"),
+        TEXT_OPTION("--log", &o->log_csv, SESSION, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
+                    "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
+        INT_OPTION("--keep-last", &o->keep_last, 0, 1000, SESSION, "also keep the last K saves as "
+                   "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
         INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, SESSION, "held-out evaluation every N steps (0: only at the end)"),
         INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, SESSION, "checkpoint every N steps (0: at each evaluation)"),
         INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, SESSION, "progress line every N steps (0: none)"),
@@ -4176,6 +4251,8 @@ typedef struct {
     char checkpoint_path[4096];
     char data_name[300];     // for messages: "copy task", "data.tsv"
     long last_saved_step;
+    long *kept_steps;        // --keep-last: the steps of the CHECKPOINT.stepN files this session wrote, oldest first
+    int num_kept;
 } TrainRun;
 
 static void train_run_free(TrainRun *r) {
@@ -4187,6 +4264,7 @@ static void train_run_free(TrainRun *r) {
     batch_buffer_free(&r->batch);
     free(r->run_options);
     free(r->stored_options);
+    free(r->kept_steps);
 }
 
 static int task_index(const char *name) {
@@ -4344,21 +4422,44 @@ static const char *train_prepare_output(TrainRun *r) {
     return NULL;
 }
 
+static void kept_checkpoint_path(char *out, size_t n, const TrainRun *r, long step) {
+    snprintf(out, n, "%s.step%07ld", r->checkpoint_path, step);
+}
+
+// Writes the checkpoint; with --keep-last K also CHECKPOINT.stepNNNNNNN, and
+// removes the oldest such file this session wrote once there are more than K.
+// (Files of earlier sessions are left alone: without a directory listing in
+// the allowed headers, the run only knows the files it wrote itself.)
 static const char *train_save(TrainRun *r) {
     if (!parameters_finite(&r->model))
         return errorf("step %ld: a parameter is not finite; %s was not overwritten", r->model.adam_step,
                       r->checkpoint_path);
     const char *error = checkpoint_save(r->checkpoint_path, &r->model, &r->vocab, &r->state, r->run_options);
     if (!error) r->last_saved_step = r->model.adam_step;
+    if (!error && r->opt.keep_last > 0) {
+        char path[sizeof r->checkpoint_path + 32];
+        long step = r->model.adam_step;
+        if (r->num_kept > 0 && r->kept_steps[r->num_kept - 1] == step) return NULL; // saved already
+        kept_checkpoint_path(path, sizeof path, r, step);
+        if ((error = checkpoint_save(path, &r->model, &r->vocab, &r->state, r->run_options))) return error;
+        r->kept_steps = checked_realloc(r->kept_steps, (size_t)r->num_kept + 1, sizeof(long), "kept checkpoints");
+        r->kept_steps[r->num_kept++] = step;
+        if (r->num_kept > r->opt.keep_last) {
+            kept_checkpoint_path(path, sizeof path, r, r->kept_steps[0]);
+            remove(path);
+            memmove(r->kept_steps, r->kept_steps + 1, (size_t)--r->num_kept * sizeof(long));
+        }
+    }
     return error;
 }
 
 // Held-out loss, token accuracy and exact match of greedy decoding; at the
-// end of the run also a few decoded examples.
-static void train_evaluate(TrainRun *r, int final) {
+// end of the run also a few decoded examples. Returns the exact match in
+// percent, or NAN when there are no held-out pairs.
+static double train_evaluate(TrainRun *r, int final) {
     if (r->valid.count == 0) {
         printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", r->model.adam_step);
-        return;
+        return NAN;
     }
     Evaluation e;
     evaluate(&e, &r->model, &r->valid, r->opt.eval_size, r->opt.batch_tokens, 1, 0.6);
@@ -4373,7 +4474,9 @@ static void train_evaluate(TrainRun *r, int final) {
                100.0 * e.exact / e.sentences, e.exact, e.sentences);
     }
     fflush(stdout);
+    double exact = 100.0 * e.exact / e.sentences;
     evaluation_free(&e);
+    return exact;
 }
 
 static void train_print_header(const TrainRun *r) {
@@ -4410,9 +4513,20 @@ static const char *train_loop(TrainRun *r) {
     // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5, so this factor makes the peak --lr
     double factor = o->lr * sqrt((double)m->config.d_model * o->warmup);
     int save_every = o->save_every ? o->save_every : o->eval_every;
-    FILE *loss_log = NULL;
+    FILE *loss_log = NULL, *log_csv = NULL;
     if (o->loss_log && !(loss_log = fopen(o->loss_log, "a")))
         return errorf("%s: cannot write: %s", o->loss_log, strerror(errno));
+    if (o->log_csv) {
+        if (!(log_csv = fopen(o->log_csv, "a"))) {
+            if (loss_log) fclose(loss_log);
+            return errorf("%s: cannot write: %s", o->log_csv, strerror(errno));
+        }
+        // the column names once, at the top of a new file (--resume appends to the same file)
+        if (fseek(log_csv, 0, SEEK_END) == 0 && ftell(log_csv) == 0)
+            fprintf(log_csv, "step,loss,lr,tokens_per_s,heldout_exact_match\n");
+    }
+    double csv_loss = 0, csv_seconds = 0; // tokens/s in the log counts the training steps' time only
+    long csv_steps = 0, csv_tokens = 0;
     train_print_header(r);
     if (m->adam_step >= o->steps) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", m->adam_step, o->steps);
@@ -4431,6 +4545,7 @@ static const char *train_loop(TrainRun *r) {
         BatchSpan span = r->plan.spans[r->state.epoch_batches++];
         batch_fill(&r->batch, &r->train, r->plan.order + span.start, span.count);
         long step = m->adam_step + 1;
+        double step_start = wall_seconds();
         m->training = 1;
         real loss = transformer_forward(m, &r->batch.batch);
         if (!isfinite(loss)) {
@@ -4449,6 +4564,7 @@ static const char *train_loop(TrainRun *r) {
         adam_update(m, lr);
         tokens += r->batch.tokens;
         if (loss_log) fprintf(loss_log, "%ld %.9g %.9g\n", step, (double)loss, lr);
+        csv_loss += loss; csv_steps++; csv_tokens += r->batch.tokens; csv_seconds += wall_seconds() - step_start;
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
             double now = wall_seconds();
@@ -4457,7 +4573,16 @@ static const char *train_loop(TrainRun *r) {
             last_time = now;
             tokens = 0;
         }
-        if ((o->eval_every && step % o->eval_every == 0) || last) train_evaluate(r, last);
+        int evaluating = (o->eval_every && step % o->eval_every == 0) || last;
+        double heldout = evaluating ? train_evaluate(r, last) : NAN;
+        if (log_csv && ((o->log_every && step % o->log_every == 0) || evaluating)) {
+            // the mean training loss of the steps since the last line; tokens/s over the same steps
+            fprintf(log_csv, "%ld,%.6g,%.6g,%.0f,", step, csv_loss / csv_steps, lr, csv_tokens / (csv_seconds + 1e-9));
+            if (isfinite(heldout)) fprintf(log_csv, "%.2f", heldout);
+            fprintf(log_csv, "\n");
+            fflush(log_csv);
+            csv_loss = 0; csv_steps = 0; csv_tokens = 0; csv_seconds = 0;
+        }
         if ((save_every && step % save_every == 0) || last) error = train_save(r);
     }
     if (!error && m->adam_step > first_step) {
@@ -4467,6 +4592,7 @@ static const char *train_loop(TrainRun *r) {
                wall_seconds() - start, r->checkpoint_path);
     }
     if (loss_log) fclose(loss_log);
+    if (log_csv) fclose(log_csv);
     return error;
 }
 
@@ -4577,11 +4703,12 @@ static int command_decode(int argc, char **argv) {
 
 static int command_eval(int argc, char **argv) {
     const char *checkpoint = NULL, *data = NULL;
-    int beam = 1, threads = 0, show = 0, batch_tokens = 2000;
+    int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
     double alpha = 0.6;
     Option options[] = {
         TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
         TEXT_OPTION("--data", &data, SESSION, "source<TAB>target lines to evaluate on (required)"),
+        FLAG_OPTION("--bleu", &bleu, "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
         INT_OPTION("--beam", &beam, 1, 1000, SESSION, "beam size; 1 is greedy decoding"),
         NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, SESSION, "length penalty exponent of beam search"),
         INT_OPTION("--show", &show, 0, INT_MAX, SESSION, "print the first N decoded pairs"),
@@ -4589,9 +4716,10 @@ static int command_eval(int argc, char **argv) {
         INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
     };
     const char *usage =
-        "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4]\n"
+        "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
         "Decodes every source of FILE.tsv and compares the output with the target: token accuracy\n"
-        "(positions that agree, over the longer of output and target) and exact match.";
+        "(positions that agree, over the longer of output and target), exact match and, with\n"
+        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).";
     int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
     if (status) return status == 2 ? 0 : 1;
     set_threads(threads);
@@ -4616,6 +4744,13 @@ static int command_eval(int argc, char **argv) {
         printf("exact match     %.2f%% (%d/%d)\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences);
         printf("loss            %.4f per target token (teacher forcing, label smoothing %g)\n", e.loss,
                (double)m.config.label_smoothing);
+        if (bleu) {
+            double p[BLEU_MAX_ORDER], bp;
+            double score = bleu_score(&e.bleu, p, &bp);
+            printf("BLEU            %.2f (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
+                   "output/reference length %lld/%lld)\n", score, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
+                   bp, e.bleu.candidate_length, e.bleu.reference_length);
+        }
         evaluation_free(&e);
     }
     if (error) fprintf(stderr, "error: eval: %s\n", error);
@@ -4623,6 +4758,161 @@ static int command_eval(int argc, char **argv) {
     transformer_free(&m);
     vocab_free(&v);
     return error ? 1 : 0;
+}
+
+// ---- average ----------------------------------------------------------------------
+
+static int command_average(int argc, char **argv) {
+    const char *out = NULL;
+    Option options[] = {
+        TEXT_OPTION("--out", &out, SESSION, "the averaged checkpoint to write (required)"),
+    };
+    const char *usage =
+        "usage: ./transformer average --out OUT.ckpt A.ckpt B.ckpt ...\n"
+        "Averages the parameters of checkpoints of the same config and vocabulary (§6.1: the paper\n"
+        "averaged the last 5 or 20 checkpoints; train --keep-last K keeps them). Adam's moments\n"
+        "and step, the data position and the run options come from the last file named.";
+    char **paths = checked_calloc(argc, sizeof(char *), "arguments");
+    int n = 0;
+    int status = parse_options("average", usage, options, 1, argc, argv, paths, &n);
+    if (status) { free(paths); return status == 2 ? 0 : 1; }
+    const char *error = !out ? "--out FILE is required (the averaged checkpoint to write)"
+                      : n == 0 ? "no checkpoints given; expected --out OUT.ckpt A.ckpt B.ckpt ..."
+                      : checkpoint_average(out, (const char *const *)paths, n);
+    if (error) fprintf(stderr, "error: average: %s\n", error);
+    else printf("averaged %d checkpoint%s into %s\n", n, n == 1 ? "" : "s", out);
+    free(paths);
+    return error ? 1 : 0;
+}
+
+// ---- attention ----------------------------------------------------------------------
+
+// Decodes one sentence greedily, runs the (source, output) pair through
+// transformer_forward in evaluation mode, and writes the attention
+// probabilities of every head of every layer as three SVG files.
+static const char *attention_pictures(Transformer *m, const Vocabulary *v, const int *src, int src_len,
+                                      const char *dir) {
+    int limit = transformer_decode_limit(m, src_len), out_len;
+    int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
+    transformer_greedy_decode(m, out, &out_len, limit, src, &src_len, 1, src_len);
+    if (out_len + 1 > m->config.max_len) {
+        free(out);
+        return errorf("the output has %d tokens; with </s> that is more than the model's maximum length %d",
+                      out_len, m->config.max_len);
+    }
+    int T = out_len + 1, tgt_len = T;
+    int *tgt_in = checked_calloc(T, sizeof(int), "attention batch"), *tgt_out = checked_calloc(T, sizeof(int), "attention batch");
+    tgt_in[0] = TOKEN_BOS;
+    for (int t = 0; t < out_len; t++) { tgt_in[t + 1] = out[t]; tgt_out[t] = out[t]; }
+    tgt_out[out_len] = TOKEN_EOS;
+    Batch batch = { 1, src_len, T, (int *)src, &src_len, tgt_in, tgt_out, &tgt_len };
+    m->training = 0;
+    transformer_forward(m, &batch);
+    const char **source_words = checked_calloc(src_len, sizeof(char *), "labels");
+    const char **target_words = checked_calloc(T, sizeof(char *), "labels");
+    for (int i = 0; i < src_len; i++) source_words[i] = v->words[src[i]];
+    for (int t = 0; t < out_len; t++) target_words[t] = v->words[out[t]];
+    static const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg", "cross_attention.svg" };
+    const char *error = NULL;
+    printf("output: ");
+    print_tokens(stdout, v, out, out_len);
+    printf("\n");
+    for (int k = 0; k < 3 && !error; k++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        if (svg_write_attention(path, m, (AttentionKind)k, 0, source_words, src_len, target_words, out_len))
+            error = errorf("%s: the picture was not written (the line above says why)", path);
+        else printf("wrote %s\n", path);
+    }
+    free(out); free(tgt_in); free(tgt_out); free(source_words); free(target_words);
+    return error;
+}
+
+static int command_attention(int argc, char **argv) {
+    const char *checkpoint = NULL, *dir = NULL;
+    Option options[] = {
+        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
+        TEXT_OPTION("--out-dir", &dir, SESSION, "directory for the three SVG files (required; made if missing)"),
+    };
+    const char *usage =
+        "usage: ./transformer attention --checkpoint FILE --out-dir DIR \"source sentence\"\n"
+        "Decodes the sentence greedily, then draws the attention probabilities of every head of\n"
+        "every layer for the (source, output) pair: DIR/encoder_self_attention.svg,\n"
+        "DIR/decoder_self_attention.svg and DIR/cross_attention.svg, tokens on the axes.";
+    char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
+    int n = 0;
+    int status = parse_options("attention", usage, options, 2, argc, argv, sentences, &n);
+    if (status) { free(sentences); return status == 2 ? 0 : 1; }
+    const char *error = !checkpoint ? "--checkpoint FILE is required (a model written by ./transformer train)"
+                      : !dir ? "--out-dir DIR is required (where the SVG files go)"
+                      : n != 1 ? "expected exactly one source sentence (in quotes), after the flags" : NULL;
+    if (!error && mkdir(dir, 0777) != 0 && errno != EEXIST) error = errorf("%s: cannot create: %s", dir, strerror(errno));
+    Transformer m;
+    Vocabulary v;
+    int loaded = 0;
+    if (!error && !(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) loaded = 1;
+    if (!error) {
+        TextSource from = { "the sentence", 0, 0 };
+        int *ids = NULL;
+        size_t capacity = 0;
+        int len = tokenize(sentences[0], &v, 0, &ids, &capacity, &from);
+        if (len == 0) error = "the sentence is empty; expected tokens separated by spaces";
+        else if (len > m.config.max_len - 1)
+            error = errorf("the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
+                           len, m.config.max_len, m.config.max_len - 1);
+        if (!error) {
+            ids = checked_realloc(ids, (size_t)len + 1, sizeof(int), "token ids");
+            ids[len++] = TOKEN_EOS; // as in training (batch_fill)
+            error = attention_pictures(&m, &v, ids, len, dir);
+        }
+        free(ids);
+    }
+    if (loaded) { transformer_free(&m); vocab_free(&v); }
+    if (error) fprintf(stderr, "error: attention: %s\n", error);
+    free(sentences);
+    return error ? 1 : 0;
+}
+
+// ---- pe, plot ---------------------------------------------------------------------------
+
+static int command_pe(int argc, char **argv) {
+    const char *out = NULL;
+    int max_len = 100, d_model = 512;
+    Option options[] = {
+        TEXT_OPTION("--out", &out, SESSION, "the SVG file to write (required)"),
+        INT_OPTION("--max-len", &max_len, 1, TRANSFORMER_MAX_LEN, SESSION, "positions (rows)"),
+        INT_OPTION("--d-model", &d_model, 2, TRANSFORMER_MAX_WIDTH, SESSION, "dimensions (columns)"),
+    };
+    const char *usage =
+        "usage: ./transformer pe --out FILE.svg [--max-len 100] [--d-model 512]\n"
+        "Draws the sinusoidal positional-encoding matrix of §3.5 (a row per position).";
+    int status = parse_options("pe", usage, options, 3, argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    if (!out) { fprintf(stderr, "error: pe: --out FILE.svg is required\n"); return 1; }
+    if (svg_write_positional_encoding(out, max_len, d_model)) return 1; // it printed the line
+    printf("wrote %s\n", out);
+    return 0;
+}
+
+static int command_plot(int argc, char **argv) {
+    const char *out = NULL, *log = NULL, *title = "Training";
+    Option options[] = {
+        TEXT_OPTION("--log", &log, SESSION, "the CSV that train --log wrote (required)"),
+        TEXT_OPTION("--out", &out, SESSION, "the SVG file to write (required)"),
+        TEXT_OPTION("--title", &title, SESSION, "the picture's title"),
+    };
+    const char *usage =
+        "usage: ./transformer plot --log FILE.csv --out FILE.svg [--title TEXT]\n"
+        "Draws the training loss, the held-out score and the learning rate over the steps.";
+    int status = parse_options("plot", usage, options, 3, argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    if (!log || !out) {
+        fprintf(stderr, "error: plot: %s is required\n", !log ? "--log FILE.csv" : "--out FILE.svg");
+        return 1;
+    }
+    if (svg_write_loss_curve(out, log, title)) return 1; // it printed the line
+    printf("wrote %s\n", out);
+    return 0;
 }
 
 // ---- params -------------------------------------------------------------------------
@@ -4718,7 +5008,11 @@ static int command_params(int argc, char **argv) {
 // main: the table of contents
 //   ./transformer train    learn a task (§5): copy, reverse or a TSV file
 //   ./transformer decode   translate with a checkpoint (§6.1)
-//   ./transformer eval     token accuracy and exact match on a TSV file
+//   ./transformer eval     token accuracy, exact match and BLEU on a TSV file
+//   ./transformer average  the mean of several checkpoints' weights (§6.1)
+//   ./transformer attention  heatmaps of every head for one sentence (SVG)
+//   ./transformer pe       the positional-encoding matrix (SVG)
+//   ./transformer plot     training curves from train --log (SVG)
 //   ./transformer params   parameter counts (Table 3)
 //   ./transformer bench    training-step speed (make bench: side by side with PyTorch)
 // ============================================================================
@@ -4732,7 +5026,11 @@ typedef struct {
 static const Command commands[] = {
     { "train",  command_train,  "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
     { "decode", command_decode, "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
-    { "eval",   command_eval,   "token accuracy and exact match of decoded outputs on a TSV file" },
+    { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
+    { "average", command_average, "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
+    { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
+    { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
+    { "plot",   command_plot,   "SVG training curves from the CSV of train --log" },
     { "params", command_params, "parameter count of a configuration, per component (--preset base|big)" },
     { "bench",  command_bench,  "time training steps of the toy and base models (make bench compares with PyTorch)" },
 };
@@ -4740,7 +5038,7 @@ static const Command commands[] = {
 static void print_usage(FILE *f) {
     fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        fprintf(f, "  %-7s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
 }
 
@@ -4754,7 +5052,7 @@ int transformer_main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "error: unknown command '%s'; expected train, decode, eval, params or bench (see ./transformer --help)\n",
+    fprintf(stderr, "error: unknown command '%s'; expected train, decode, eval, average, attention, pe, plot, params or bench (see ./transformer --help)\n",
             argv[1]);
     return 1;
 }
