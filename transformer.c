@@ -1896,19 +1896,21 @@ int transformer_beam_search(Transformer *m, int *out, double *score, const int *
     for (int t = 0; t < limit; t++) {
         decoder_step(&k, m, tokens, t, num_alive);
         int num_best = beam_propose(best, 2 * K, k.logits, alive_score, num_alive, V);
-        // the best candidates, in order: finish the ones that end, keep K that go on
-        int num_next = 0;
-        for (int i = 0; i < num_best; i++) {
+        // Each of the K beams ends once: the best `width` candidates, in order,
+        // either end (</s>) or go on, where width is the number of beams that
+        // have not ended yet. An ended beam is not replaced, so a few poor
+        // hypotheses that end early cannot stop the search while a better one
+        // is still going; the search stops when every beam has ended.
+        int width = K - num_finished, num_next = 0;
+        for (int i = 0; i < num_best && i < width; i++) {
             BeamCandidate c = best[i];
             if (c.token == TOKEN_EOS) {
-                if (i < K && num_finished < K) {
-                    memcpy(finished + num_finished * stride, alive + c.row * stride, t * sizeof(int));
-                    finished_len[num_finished] = t;
-                    finished_score[num_finished] = c.score / length_penalty(t + 1, alpha);
-                    if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
-                    num_finished++;
-                }
-            } else if (num_next < K) {
+                memcpy(finished + num_finished * stride, alive + c.row * stride, t * sizeof(int));
+                finished_len[num_finished] = t;
+                finished_score[num_finished] = c.score / length_penalty(t + 1, alpha);
+                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
+                num_finished++;
+            } else {
                 memcpy(next + num_next * stride, alive + c.row * stride, t * sizeof(int));
                 next[num_next * stride + t] = c.token;
                 next_score[num_next] = c.score;
