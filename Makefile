@@ -1,7 +1,11 @@
 # transformer.c: build, test, debug
+#   make demo          builds ./transformer, trains the copy task, shows it decoding
+#   make numbers       trains the English -> German number task (NOTES.md §6), evaluates it on
+#                      the test split (greedy, beam 4, BLEU), averages the last 5 checkpoints
 #   make               ./transformer (OpenMP on; make OPENMP=0 for none)
 #   make test          gradient checks (double), PyTorch parity, masks, Adam,
-#                      learning: with OpenMP, and once more without it
+#                      learning, decoding, checkpoints, the command line and its
+#                      error messages: with OpenMP, and once more without it
 #   make debug         -O0 -g builds for gdb: transformer_debug, test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan
 #   make bench         training-step speed against PyTorch (needs python3-torch;
@@ -23,7 +27,7 @@ SOURCES = transformer.c transformer.h
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial
 
-.PHONY: all test debug sanitize bench clean
+.PHONY: all test demo numbers debug sanitize bench clean
 
 all: transformer
 
@@ -42,8 +46,9 @@ test_transformer_serial: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) -o $@ test_transformer.c $(LDLIBS)
 
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
-# A binary that crashes before its summary counts as one failure.
-test: $(TESTS)
+# A binary that crashes before its summary counts as one failure. The tests
+# also run ./transformer itself, as a user would (bad input, resume).
+test: $(TESTS) transformer
 	@passed=0; failed=0; status=0; \
 	for t in $(TESTS); do \
 	  echo "== ./$$t"; \
@@ -57,6 +62,28 @@ test: $(TESTS)
 	echo "$$passed passed, $$failed failed"; \
 	exit $$status
 
+# The README's main job: train the copy task with the defaults (about a minute
+# on 2 cores), print held-out examples and the exact-match rate, then decode
+# a sentence with beam search from the checkpoint.
+demo: transformer
+	./transformer train --task copy
+	./transformer decode --checkpoint runs/copy.ckpt --beam 4 "3 1 4 1 5 9 2 6"
+
+# NOTES.md §6: 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
+# machine); THREADS=1 is faster than two threads on a machine busy with other jobs.
+THREADS ?= 0
+NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --layers 2 --d-model 64 \
+          --d-ff 256 --heads 4 --lr 0.003 --warmup 400 --steps 2000 --batch-tokens 1200 --seed 1
+numbers: transformer
+	mkdir -p runs && rm -f runs/numbers.csv runs/numbers.ckpt.step*
+	./transformer train $(NUMBERS) --eval-every 250 --log-every 50 --save-every 100 --keep-last 5 \
+	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --threads $(THREADS)
+	./transformer eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
+	./transformer eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
+	./transformer average --out runs/numbers_avg5.ckpt runs/numbers.ckpt.step*
+	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
+	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
+
 debug: transformer_debug test_transformer_debug
 transformer_debug: $(SOURCES)
 	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) -o $@ transformer.c $(LDLIBS)
@@ -65,10 +92,11 @@ test_transformer_debug: test_transformer.c $(SOURCES)
 
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 sanitize: test_transformer.c $(SOURCES)
+	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
-	./test_transformer_asan_f64
-	./test_transformer_asan
+	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan_f64
+	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan
 
 # transformer.c and PyTorch (dev/bench_pytorch.py) alternately, the same model
 # and batch, then a table with the ratio PyTorch time / transformer.c time.
@@ -80,5 +108,6 @@ bench: transformer
 	    --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS)
 
 clean:
-	rm -f transformer transformer_debug test_transformer test_transformer_f64 test_transformer_serial \
-	      test_transformer_debug test_transformer_asan test_transformer_asan_f64 .test_output.log
+	rm -f transformer transformer_debug transformer_asan test_transformer test_transformer_f64 \
+	      test_transformer_serial test_transformer_debug test_transformer_asan test_transformer_asan_f64 \
+	      .test_output.log

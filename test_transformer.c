@@ -15,6 +15,8 @@
  */
 #define TRANSFORMER_NO_MAIN
 #include "transformer.c"
+#include <fcntl.h>      // open, for capturing stderr in the SVG tests
+#include <unistd.h>     // dup, dup2, getpid
 
 static int tests_passed = 0, tests_failed = 0;
 
@@ -817,6 +819,1220 @@ static void test_dropout_training_and_evaluation(void) {
     transformer_free(&m);
 }
 
+// ============================================================================
+// §6.1 BLEU, worked out by hand
+// Each case's numbers are derived in its comment, and were checked against an
+// independent computation: `/usr/bin/python3 dev/bleu_check.py` (our own
+// Counter-based BLEU and NLTK's corpus_bleu) prints the same values.
+// ============================================================================
+
+static int near(double a, double b, double tolerance) { return fabs(a - b) <= tolerance; }
+
+// Corpus BLEU of n (candidate, reference) string pairs.
+static double bleu_of_text(const char *const pairs[][2], int n, double precisions[4], double *bp) {
+    BleuStats stats;
+    bleu_reset(&stats);
+    for (int i = 0; i < n; i++) bleu_add_sentence_text(&stats, pairs[i][0], pairs[i][1]);
+    return bleu_score(&stats, precisions, bp);
+}
+
+static void test_bleu(void) {
+    double p[4], bp, bleu;
+    // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
+    const char *const identical[][2] = { { "the cat sat on the mat", "the cat sat on the mat" } };
+    bleu = bleu_of_text(identical, 1, p, &bp);
+    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1, "BLEU: identical sentences give %.10g", bleu);
+
+    // Shorter than its reference: "the cat sat on" (c = 4) against 6 tokens (r = 6).
+    // Precisions 4/4 3/3 2/2 1/1 = 1; BP = exp(1 - 6/4) = exp(-0.5) = 0.6065306597;
+    // BLEU = 60.65306597.
+    const char *const shorter[][2] = { { "the cat sat on", "the cat sat on the mat" } };
+    bleu = bleu_of_text(shorter, 1, p, &bp);
+    check(near(bp, exp(-0.5), 1e-15) && near(bleu, 60.6530659713, 1e-9) && p[0] == 1 && p[3] == 1,
+          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f (60.6530659713)", bp, bleu);
+
+    // No 4-gram matches: "a b c e d" against "a b c d e".
+    // 1-grams 5/5; 2-grams ab bc ce ed vs ab bc cd de: 2/4; 3-grams abc bce ced: 1/3;
+    // 4-grams abce bced vs abcd bcde: 0/2. One precision is 0, so BLEU = 0 (no smoothing).
+    const char *const no_four[][2] = { { "a b c e d", "a b c d e" } };
+    bleu = bleu_of_text(no_four, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 1.0 && p[1] == 0.5 && near(p[2], 1.0 / 3, 1e-15) && p[3] == 0.0,
+          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)", p[0], p[1], p[2], p[3]);
+
+    // Clipping (Papineni et al.'s own example): seven "the" against "the cat is on
+    // the mat", which holds "the" twice: p1 = min(7, 2) / 7 = 2/7, not 7/7.
+    const char *const clip7[][2] = { { "the the the the the the the", "the cat is on the mat" } };
+    bleu = bleu_of_text(clip7, 1, p, &bp);
+    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0, "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
+    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the reference.
+    const char *const clip4[][2] = { { "the the the the", "the cat" } };
+    bleu = bleu_of_text(clip4, 1, p, &bp);
+    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0, "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
+
+    // Two sentences. A: "a b c d" = its reference (sentence BLEU 100). B: "e f g x i"
+    // against "e f g h i" (sentence BLEU 0: no 4-gram matches). Mean of the two: 50.
+    // Corpus: p1 = (4+4)/(4+5) = 8/9, p2 = (3+2)/(3+4) = 5/7, p3 = (2+1)/(2+3) = 3/5,
+    // p4 = (1+0)/(1+2) = 1/3; c = r = 9, BP = 1. BLEU = 100 (8/9 5/7 3/5 1/3)^(1/4)
+    // = 100 (8/63)^(1/4) = 59.69491792.
+    const char *const two[][2] = { { "a b c d", "a b c d" }, { "e f g x i", "e f g h i" } };
+    bleu = bleu_of_text(two, 2, p, &bp);
+    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) + bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
+    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) && sentence_mean == 50.0,
+          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs %.1f", bleu, sentence_mean);
+
+    // The brevity penalty comes from corpus lengths: A (8 tokens) = its reference,
+    // B "p q r" against "p q r s t u". c = 8+3 = 11, r = 8+6 = 14, BP = exp(1 - 14/11).
+    // B has no 4-gram, so p4 = (5+0)/(5+0) = 1 and BLEU = 100 BP = 76.13003867.
+    // (NLTK gives 72.74: it counts B as having one 4-gram, max(1, 0), so p4 = 5/6.)
+    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" }, { "p q r", "p q r s t u" } };
+    bleu = bleu_of_text(one_short, 2, p, &bp);
+    check(near(bp, exp(1 - 14.0 / 11), 1e-15) && near(bleu, 76.1300386697, 1e-9),
+          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)", bp, bleu);
+
+    // Streaming, and token ids: the same corpus as ids, scored after each sentence.
+    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 }, b_ref[] = { 14, 15, 16, 17, 18 };
+    BleuStats stats;
+    bleu_reset(&stats);
+    bleu_add_sentence(&stats, a, 4, a, 4);
+    double after_one = bleu_score(&stats, NULL, NULL);
+    bleu_add_sentence(&stats, b_hyp, 5, b_ref, 5);
+    double after_two = bleu_score(&stats, NULL, NULL);
+    check(after_one == 100.0 && near(after_two, 59.6949179202, 1e-9) && stats.sentences == 2 &&
+          stats.candidate_length == 9 && stats.reference_length == 9,
+          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two", after_one, after_two);
+
+    // An empty candidate: no n-grams (every p_n taken as 0), c = 0 so BP = 0: BLEU 0.
+    const char *const empty[][2] = { { "", "the cat" } };
+    bleu = bleu_of_text(empty, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 0 && bp == 0.0, "BLEU: an empty candidate gives 0 (BP 0)");
+    // White space of any kind separates words: 3 words each side, p1..p3 = 1,
+    // no 4-gram at all (p4 taken as 0), so BLEU 0; c = r = 3, BP = 1.
+    const char *const spaces[][2] = { { "  the\tcat \n sat  ", "the cat sat" } };
+    bleu = bleu_of_text(spaces, 1, p, &bp);
+    check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
+          "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+}
+
+// ============================================================================
+// Pictures: the SVG writers
+// The files are checked as text: the number of <rect> elements (one per
+// heatmap cell, plus the background, one frame per panel and the colour bar),
+// labels escaped for XML, the colour scale present, errors as one line.
+// ============================================================================
+
+static char *read_text_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = checked_calloc((size_t)n + 1, 1, "test file");
+    size_t got = fread(text, 1, (size_t)n, f);
+    text[got] = '\0';
+    fclose(f);
+    return text;
+}
+
+static int count_occurrences(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what)) n++;
+    return n;
+}
+
+static void svg_test_path(char *out, size_t size, const char *name) {
+    snprintf(out, size, "/tmp/test_transformer_%ld_%s", (long)getpid(), name);
+}
+
+// Sends stderr to a file between capture_begin and capture_end, which returns
+// what was printed, so that a test can check an error message.
+static int captured_fd = -1, saved_stderr = -1;
+static char captured_path[256];
+
+static void capture_begin(void) {
+    svg_test_path(captured_path, sizeof captured_path, "stderr.txt");
+    fflush(stderr);
+    saved_stderr = dup(2);
+    captured_fd = open(captured_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(captured_fd, 2);
+}
+
+static void capture_end(char *printed, size_t size) {
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(captured_fd); close(saved_stderr);
+    char *text = read_text_file(captured_path);
+    snprintf(printed, size, "%s", text ? text : "");
+    free(text);
+    remove(captured_path);
+}
+
+// One line, starting with `start`.
+static int one_error_line(const char *printed, const char *start) {
+    return strncmp(printed, start, strlen(start)) == 0 && count_occurrences(printed, "\n") == 1;
+}
+
+static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed, size_t size) {
+    capture_begin();
+    int status = svg_write_loss_curve(svg_path, csv_path, "test");
+    capture_end(printed, size);
+    return status;
+}
+
+static void test_svg_heatmap(void) {
+    char path[256];
+    svg_test_path(path, sizeof path, "heatmap.svg");
+    const real values[6] = { 0, 0.5, 1, 0.25, 0.75, 0.1 };
+    const char *rows[2] = { "<s>", "a&b" }, *cols[3] = { "x", "\"q\"", "it's" };
+    int status = svg_write_heatmap(path, values, 2, 3, rows, cols, "tokens <s> & </s>", 0, 1);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG heatmap: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 6 + 3, "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
+              count_occurrences(svg, "<rect"));
+        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") && strstr(svg, ">&quot;q&quot;<") &&
+              strstr(svg, ">it&apos;s<") && strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
+              "SVG heatmap: labels and title escaped for XML (&lt;s&gt;, a&amp;b, &quot;q&quot;)");
+        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") && strstr(svg, ">0</text>") &&
+              strstr(svg, ">1</text>") && strstr(svg, ">0.5</text>"),
+              "SVG heatmap: colour scale with its min 0, middle 0.5 and max 1");
+        // value 1 is the darkest blue, 0 white; each cell's tooltip names its row and column
+        check(strstr(svg, "fill=\"#08306b\"><title>&lt;s&gt; | it&apos;s: 1</title>") &&
+              strstr(svg, "fill=\"#ffffff\"><title>&lt;s&gt; | x: 0</title>"),
+              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | column tooltips");
+        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") && count_occurrences(svg, "<text") ==
+              count_occurrences(svg, "</text>"), "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
+    }
+    free(svg);
+    remove(path);
+    // UTF-8 passes through; bytes that are not UTF-8 (a lone 0xFF, the overlong
+    // 0xC0 0xAF, a surrogate 0xED 0xA0 0x80) and control characters become '?'
+    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" }, *utf8_cols[3] = { "x\x01", "y", "z" };
+    status = svg_write_heatmap(path, values, 2, 3, utf8_rows, utf8_cols, NULL, 0, 1);
+    svg = read_text_file(path);
+    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") && strstr(svg, ">a?b?" "?c?" "?" "?</text>") &&
+          strstr(svg, ">x?</text>"), "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
+    free(svg);
+    remove(path);
+    // bad input: one line naming the file, status 1
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 0, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: a 0 x 3 matrix is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 2, 3, NULL, NULL, "x", 1, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: an empty scale 1..1 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap("/nonexistent-directory/x.svg", values, 2, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
+          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_positional_encoding(void) {
+    char path[256];
+    svg_test_path(path, sizeof path, "pe.svg");
+    int status = svg_write_positional_encoding(path, 20, 16);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG positional encoding: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 20 * 16 + 3, "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
+              count_occurrences(svg, "<rect"));
+        // PE(0, 0) = sin 0 = 0: the white middle of the scale; PE(0, 1) = cos 0 = 1: darkest red
+        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") && strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
+              "SVG positional encoding: PE(0,0) = 0 white, PE(0,1) = 1 darkest red");
+        check(strstr(svg, ">-1</text>") && strstr(svg, ">1</text>") && strstr(svg, "PE(pos, i)"),
+              "SVG positional encoding: colour scale -1..1 shown");
+    }
+    free(svg);
+    remove(path);
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_positional_encoding(path, 0, 16);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG positional encoding: max_len 0 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_attention(void) {
+    TransformerConfig config = small_config(); // 2 layers, 2 heads
+    Transformer m;
+    transformer_build(&m, &config, 4);
+    int src_len[2] = { 5, 4 }, tgt_len[2] = { 4, 6 };
+    Rng rng; rng_seed(&rng, 8);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
+    m.training = 0;
+    transformer_forward(&m, &tb.batch);
+    // sentence 1: 4 source tokens, target y1..y5 (the decoder read <s> y1..y5: 6 positions)
+    const char *source[4] = { "three", "<unk>", "forty", "two" };
+    const char *target[5] = { "drei", "hundert", "zwei", "und", "vierzig" };
+    const char *kinds[3] = { "encoder", "decoder", "cross" };
+    int cells[3] = { 4 * 4, 6 * 6, 6 * 4 }, L = config.n_layers, NH = config.n_heads;
+    for (int kind = 0; kind < 3; kind++) {
+        char path[256], name[32];
+        snprintf(name, sizeof name, "attention_%s.svg", kinds[kind]);
+        svg_test_path(path, sizeof path, name);
+        int status = svg_write_attention(path, &m, (AttentionKind)kind, 1, source, 4, target, 5);
+        char *svg = read_text_file(path);
+        check(status == 0 && svg && count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
+              "SVG attention %s: %d heads x %d cells", kinds[kind], L * NH, cells[kind]);
+        if (svg && kind == ATTENTION_CROSS) {
+            // layer 2, head 2 of sentence 1, query 2 (it predicts "zwei"), key 3 ("two"):
+            // dec_cross_att is (L, B, NH, T, S)
+            int B = 2, S = 5, T = 6;
+            double p = m.acts.dec_cross_att[((((size_t)1 * B + 1) * NH + 1) * T + 2) * S + 3];
+            char expected[96];
+            snprintf(expected, sizeof expected, "<title>zwei | two: %.4g</title>", p);
+            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") && strstr(svg, "&lt;unk&gt;"),
+                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its probability %.4g", p);
+        }
+        if (svg && kind == ATTENTION_DECODER) {
+            check(strstr(svg, ">&lt;s&gt;</text>") && strstr(svg, ">&lt;/s&gt;</text>") &&
+                  strstr(svg, "<title>drei | &lt;s&gt;: 1</title>"),
+                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees only <s>");
+        }
+        free(svg);
+        remove(path);
+    }
+    char path[256];
+    svg_test_path(path, sizeof path, "attention_bad.svg");
+    char printed[1024], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    int status = svg_write_attention(path, &m, ATTENTION_CROSS, 2, source, 4, target, 5);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: sentence 2 of a batch of 2 is refused");
+    capture_begin();
+    status = svg_write_attention(path, &m, ATTENTION_CROSS, 1, source, 4, target, 6);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: 6+1 target positions of 6 are refused");
+    transformer_free(&m);
+}
+
+static void write_text_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+static void test_svg_loss_curve(void) {
+    char csv[256], svg_path[256], printed[512], expected[512];
+    svg_test_path(csv, sizeof csv, "log.csv");
+    svg_test_path(svg_path, sizeof svg_path, "loss.svg");
+    // a header, a comment, held-out scores on some lines only
+    write_text_file(csv, "step,loss,lr,tokens_per_s,dev_exact\n# a comment\n"
+                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
+    int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    char *svg = read_text_file(svg_path);
+    check(status == 0 && svg && printed[0] == '\0', "SVG loss curve: written, nothing printed");
+    if (svg) {
+        check(count_occurrences(svg, "<polyline") == 3 && strstr(svg, "training loss (log scale)") &&
+              strstr(svg, "held-out score") && strstr(svg, ">dev_exact</text>") && count_occurrences(svg, "<circle") == 2,
+              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning rate");
+    }
+    free(svg);
+    remove(svg_path);
+    // without held-out scores: two panels
+    write_text_file(csv, "1,3.5,0.0001,1000,\n2,3.4,0.0002,1000,\n");
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    svg = read_text_file(svg_path);
+    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 && !strstr(svg, "held-out") &&
+          !strstr(svg, "log scale"), "SVG loss curve: no held-out scores, two panels, linear loss axis");
+    free(svg);
+    remove(svg_path);
+    // malformed logs: one line naming file and line, status 1, no picture
+    struct { const char *text, *message; } bad[] = {
+        { "step,loss,lr,tokens_per_s,heldout\n1,2.5,0.001,1000\n",
+          ":2: 4 comma-separated fields, expected 5 (step,loss,lr,tokens_per_s,heldout)" },
+        { "1,2.5,0.001,1000,\n\n2,abc,0.001,1000,\n", ":3: loss 'abc' is not a number" },
+        { "1,2.5,0.001,1000,\n-5,2.5,0.001,1000,\n", ":2: step '-5' is not a step number (>= 0)" },
+        { "1,2.5,0.001,1000,0.5x\n", ":1: held-out score '0.5x' is not a number" },
+        { "1,2.5,0.001,1000,,\n", ":1: 6 comma-separated fields, expected 5" },
+        { "# only a comment\n", ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        write_text_file(csv, bad[k].text);
+        status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        snprintf(expected, sizeof expected, "error: %s%s", csv, bad[k].message);
+        FILE *f = fopen(svg_path, "r");
+        check(status == 1 && one_error_line(printed, expected) && !f,
+              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1, (int)strcspn(printed, "\n"), printed);
+        if (f) fclose(f);
+        remove(svg_path);
+    }
+    remove(csv);
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    snprintf(expected, sizeof expected, "error: %s: cannot open: ", csv);
+    check(status == 1 && one_error_line(printed, expected),
+          "SVG loss curve: a missing log is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
+// ============================================================================
+// Decoding (§6.1): the key/value cache, batched greedy, beam search
+// ============================================================================
+
+// A small model trained for a few hundred steps on the copy task, so that
+// its outputs end with </s> (an untrained one mostly runs to the length limit).
+static void train_small_copy_model(Transformer *m, TransformerConfig config, int steps, int max_length) {
+    transformer_build(m, &config, 11);
+    Dataset train, valid;
+    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
+    task_generate(&train, &valid, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 1, max_length, 400, 0, 5);
+    Rng rng; rng_seed(&rng, 7);
+    EpochPlan plan; memset(&plan, 0, sizeof plan);
+    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    int next = 0;
+    for (int step = 1; step <= steps; step++) {
+        if (next == plan.num_spans) { epoch_plan_make(&plan, &train, 120, &rng); next = 0; }
+        BatchSpan span = plan.spans[next++];
+        batch_fill(&bb, &train, plan.order + span.start, span.count);
+        transformer_forward(m, &bb.batch);
+        transformer_zero_grad(m);
+        transformer_backward(m, &bb.batch);
+        adam_update(m, transformer_learning_rate(step, config.d_model, 30, 3e-3 * sqrt(config.d_model * 30.0)));
+    }
+    epoch_plan_free(&plan); batch_buffer_free(&bb); dataset_free(&train); dataset_free(&valid);
+}
+
+// Greedy decoding without a cache: the whole model re-run on the prefix at every step.
+static int uncached_greedy(Transformer *m, int *out, const int *src, int src_len) {
+    int limit = transformer_decode_limit(m, src_len), V = m->config.vocab_size, n = 0;
+    int *tgt_in = checked_calloc(limit, sizeof(int), "test"), *tgt_out = checked_calloc(limit, sizeof(int), "test");
+    tgt_in[0] = TOKEN_BOS;
+    m->training = 0;
+    for (int t = 0; t < limit; t++) {
+        int T = t + 1, S = src_len;
+        Batch b = { 1, S, T, (int *)src, &S, tgt_in, tgt_out, &T };
+        transformer_forward(m, &b);
+        int y = greedy_token(m->acts.logits + (size_t)t * V, V);
+        if (y == TOKEN_EOS) break;
+        out[n++] = y;
+        if (t + 1 < limit) tgt_in[t + 1] = y;
+    }
+    free(tgt_in); free(tgt_out);
+    return n;
+}
+
+static void random_source(int *src, int n, int vocab, Rng *rng) {
+    for (int i = 0; i < n - 1; i++) src[i] = NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
+    src[n - 1] = TOKEN_EOS;
+}
+
+static TransformerConfig decode_config(void) {
+    TransformerConfig c = small_config();
+    c.n_layers = 2; c.d_model = 32; c.d_ff = 64; c.n_heads = 4; c.vocab_size = 10; c.max_len = 20;
+    return c;
+}
+
+// Cached step logits against the full forward pass, position by position.
+static void test_cached_logits(Transformer *m, Rng *rng) {
+    int S = 5, T = 9, V = m->config.vocab_size;
+    int src[5], tgt_in[9], tgt_out[9] = { 0 };
+    random_source(src, S, V, rng);
+    tgt_in[0] = TOKEN_BOS;
+    for (int t = 1; t < T; t++) tgt_in[t] = NUM_SPECIAL_TOKENS + rng_below(rng, V - NUM_SPECIAL_TOKENS);
+    Batch b = { 1, S, T, src, &S, tgt_in, tgt_out, &T };
+    m->training = 0;
+    transformer_forward(m, &b);
+    real *full = checked_calloc((size_t)T * V, sizeof(real), "test");
+    memcpy(full, m->acts.logits, (size_t)T * V * sizeof(real));
+    DecoderCache k;
+    decoder_cache_init(&k, m, 1, S, T);
+    decoder_cache_encode(&k, m, src, &S, 1);
+    double worst = 0, scale = 0;
+    for (int t = 0; t < T; t++) {
+        decoder_step(&k, m, &tgt_in[t], t, 1);
+        for (int v = 0; v < V; v++) {
+            worst = fmax(worst, fabs((double)k.logits[v] - full[t * V + v]));
+            scale = fmax(scale, fabs((double)full[t * V + v]));
+        }
+    }
+    check(worst <= 1e-5 * scale, "decode: cached decoder steps give the logits of the full pass at all %d positions "
+          "(max difference %.1e, largest logit %.2f)", T, worst, scale);
+    decoder_cache_free(&k);
+    free(full);
+}
+
+static void test_decoding(void) {
+    TransformerConfig config = decode_config();
+    Transformer trained, untrained;
+    train_small_copy_model(&trained, config, 300, 6);
+    transformer_build(&untrained, &config, 12);
+    Rng rng; rng_seed(&rng, 31);
+    test_cached_logits(&untrained, &rng);
+    Transformer *models[2] = { &trained, &untrained };
+    const char *names[2] = { "trained", "untrained" };
+    for (int k = 0; k < 2; k++) {
+        Transformer *m = models[k];
+        int V = m->config.vocab_size, B = 6, S = 7, same = 1, beam_same = 1, batched_same = 1, ended = 0;
+        int src[6 * 7] = { 0 }, src_len[6], out[6 * 20], out_len[6];
+        for (int b = 0; b < B; b++) {
+            src_len[b] = 2 + b % 6;
+            random_source(src + b * S, src_len[b], V, &rng);
+        }
+        transformer_greedy_decode(m, out, out_len, 20, src, src_len, B, S); // side by side, padded
+        for (int b = 0; b < B; b++) {
+            int single[20], uncached[20], beam[20], single_len;
+            transformer_greedy_decode(m, single, &single_len, 20, src + b * S, &src_len[b], 1, src_len[b]);
+            int uncached_len = uncached_greedy(m, uncached, src + b * S, src_len[b]);
+            int beam_len = transformer_beam_search(m, beam, NULL, src + b * S, src_len[b], 1, 0.6);
+            same &= single_len == uncached_len && memcmp(single, uncached, single_len * sizeof(int)) == 0;
+            beam_same &= beam_len == single_len && memcmp(beam, single, single_len * sizeof(int)) == 0;
+            batched_same &= out_len[b] == single_len && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
+            ended += single_len < transformer_decode_limit(m, src_len[b]);
+        }
+        check(same, "decode (%s model): cached greedy decoding gives exactly the tokens of uncached decoding "
+              "(%d sentences, %d ended by </s>)", names[k], B, ended);
+        check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each one's own output",
+              names[k], B);
+        check(beam_same, "decode (%s model): beam search with beam 1 gives exactly the greedy output", names[k]);
+        if (k == 0) check(ended == B, "decode: the trained copy model ends every output with </s> (%d of %d)", ended, B);
+    }
+    // the trained model copies: greedy and beam 4 both reproduce a source
+    int src[5] = { 4, 7, 5, 9, TOKEN_EOS }, S = 5, beam[20], greedy[20], greedy_len;
+    int beam_len = transformer_beam_search(&trained, beam, NULL, src, S, 4, 0.6);
+    transformer_greedy_decode(&trained, greedy, &greedy_len, 20, src, &S, 1, S);
+    int beam_copies = beam_len == 4 && memcmp(beam, src, 4 * sizeof(int)) == 0;
+    int greedy_copies = greedy_len == 4 && memcmp(greedy, src, 4 * sizeof(int)) == 0;
+    check(beam_copies && greedy_copies, "decode: the trained copy model, greedy and with beam 4, copies 4 7 5 9 "
+          "(greedy %d tokens: %d %d ..., beam %d tokens: %d %d ...)", greedy_len, greedy[0], greedy[1], beam_len, beam[0], beam[1]);
+    transformer_free(&trained);
+    transformer_free(&untrained);
+}
+
+// With more beams than hypotheses, beam search is exhaustive: it must find the
+// best-scoring output of all, found here by scoring every sequence with the
+// full forward pass. Vocabulary: 4 specials + 2 words, max_len 5, so the
+// candidates at each step are </s>, <unk>, 4, 5: 121 outputs end with </s>
+// and 243 run to the limit, 364 in all.
+static void check_beam_search_exhaustive(Transformer *m, const char *name) {
+    m->training = 0;
+    int src[4] = { 4, 5, 4, TOKEN_EOS }, S = 4, V = 6, T = 5, B = 243;
+    double alpha = 0.6;
+    int *srcs = checked_calloc((size_t)B * S, sizeof(int), "test"), *src_len = checked_calloc(B, sizeof(int), "test");
+    int *tgt_in = checked_calloc((size_t)B * T, sizeof(int), "test"), *tgt_out = checked_calloc((size_t)B * T, sizeof(int), "test");
+    int *tgt_len = checked_calloc(B, sizeof(int), "test");
+    int words[3] = { TOKEN_UNK, 4, 5 };
+    for (int b = 0; b < B; b++) { // sequence b: its digits in base 3 pick the words
+        memcpy(srcs + b * S, src, sizeof src);
+        src_len[b] = S; tgt_len[b] = T;
+        tgt_in[b * T] = TOKEN_BOS;
+        for (int t = 0, code = b; t < T; t++, code /= 3) {
+            tgt_out[b * T + t] = words[code % 3];
+            if (t + 1 < T) tgt_in[b * T + t + 1] = words[code % 3];
+        }
+    }
+    Batch batch = { B, S, T, srcs, src_len, tgt_in, tgt_out, tgt_len };
+    transformer_forward(m, &batch);
+    double best = -INFINITY, second = -INFINITY;
+    int best_b = -1, best_len = -1;
+    for (int b = 0; b < B; b++) {
+        double log_p = 0;
+        for (int t = 0; t <= T; t++) {
+            double score;
+            int first_with_these_words = b < (int)lround(pow(3, t)); // each output once
+            if (t == T) {
+                score = log_p / length_penalty(T, alpha); // all positions used, no </s>
+            } else {
+                const real *z = m->acts.logits + ((size_t)b * T + t) * V;
+                double max_z = z[0], sum = 0;
+                for (int v = 1; v < V; v++) max_z = fmax(max_z, z[v]);
+                for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
+                double log_sum = max_z + log(sum);
+                score = (log_p + z[TOKEN_EOS] - log_sum) / length_penalty(t + 1, alpha); // t words, then </s>
+                log_p += z[tgt_out[b * T + t]] - log_sum;
+            }
+            if (!first_with_these_words && t < T) continue;
+            if (score > best) { second = best; best = score; best_b = b; best_len = t; }
+            else if (score > second) second = score;
+        }
+    }
+    int out[8];
+    double score;
+    int n = transformer_beam_search(m, out, &score, src, S, 512, alpha);
+    int same_tokens = n == best_len && memcmp(out, tgt_out + best_b * T, n * sizeof(int)) == 0;
+    check(fabs(score - best) < 1e-4 && (same_tokens || best - second < 1e-4),
+          "beam (%s model): 512 beams over all 364 outputs find the best (%d tokens, score %.6f; by enumeration "
+          "%d tokens, %.6f)", name, n, score, best_len, best);
+    double greedy_score;
+    transformer_beam_search(m, out, &greedy_score, src, S, 1, alpha);
+    check(score >= greedy_score - 1e-9, "beam (%s model): the wide search scores at least the greedy output "
+          "(%.6f >= %.6f)", name, score, greedy_score);
+    free(srcs); free(src_len); free(tgt_in); free(tgt_out); free(tgt_len);
+}
+
+static void test_beam_search_is_exhaustive_when_wide(void) {
+    TransformerConfig config = small_config();
+    config.vocab_size = 6; config.max_len = 5; config.d_model = 16; config.n_heads = 2;
+    Transformer m;
+    uint64_t seeds[2] = { 2, 5 };   // untrained: one whose best runs to the limit, one whose best is empty
+    for (int i = 0; i < 2; i++) {
+        transformer_build(&m, &config, seeds[i]);
+        check_beam_search_exhaustive(&m, i == 0 ? "untrained, seed 2" : "untrained, seed 5");
+        transformer_free(&m);
+    }
+    train_small_copy_model(&m, config, 300, 3); // its best output is in between: the copy
+    check_beam_search_exhaustive(&m, "trained to copy");
+    transformer_free(&m);
+}
+
+// ============================================================================
+// Data, checkpoints and the command line
+// ============================================================================
+
+static char test_dir[256];   // a fresh temporary directory for the files below
+
+// A path in test_dir; each call has its own buffer (up to 64 of them).
+static const char *test_path(const char *name) {
+    static char paths[64][512];
+    static int next = 0;
+    if (next == 64) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
+    char *p = paths[next++];
+    snprintf(p, 512, "%s/%s", test_dir, name);
+    return p;
+}
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { perror(path); exit(1); }
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+static void write_text(const char *path, const char *text) { write_file(path, text, strlen(text)); }
+
+static unsigned char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { *n = 0; return NULL; }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    unsigned char *data = checked_calloc(size + 1, 1, "test file");
+    *n = fread(data, 1, size, f);
+    fclose(f);
+    return data;
+}
+
+static void test_tsv_reading(void) {
+    Vocabulary v; Dataset d;
+    vocab_init(&v); memset(&d, 0, sizeof d);
+    write_text(test_path("good.tsv"), "a b c\tc b a\r\n\n   \nb  d\td\n");
+    const char *e = dataset_read_tsv(&d, &v, test_path("good.tsv"), 1);
+    check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 && d.pairs[1].line == 4 &&
+          v.size == NUM_SPECIAL_TOKENS + 4 && strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
+          "data: a TSV file with \\r\\n and blank lines gives 2 pairs, their line numbers and a vocabulary of 8");
+    dataset_free(&d);
+    // the errors: each names the file and line and says what was expected
+    struct { const char *name, *text, *expected; } bad[] = {
+        { "empty.tsv", "", "empty.tsv: no sentence pairs (the file is empty)" },
+        { "blank.tsv", "\n\n", "blank.tsv: no sentence pairs (only blank lines)" },
+        { "notab.tsv", "a\tb\na b\n", "notab.tsv:2: no tab; expected source<TAB>target" },
+        { "twotabs.tsv", "a\tb\tc\n", "twotabs.tsv:1: more than one tab" },
+        { "nosource.tsv", "a\tb\n \tb\n", "nosource.tsv:2: empty source" },
+        { "notarget.tsv", "a\t \n", "notarget.tsv:1: empty target" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(test_path(bad[i].name), bad[i].text);
+        e = dataset_read_tsv(&d, &v, test_path(bad[i].name), 1);
+        check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name, e ? e : "accepted");
+        dataset_free(&d);
+    }
+    e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
+    check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
+    // unknown tokens with a fixed vocabulary become <unk>
+    write_text(test_path("unknown.tsv"), "a zz\tb\n");
+    int size = v.size;
+    fflush(stdout);
+    e = dataset_read_tsv(&d, &v, test_path("unknown.tsv"), 0);
+    check(!e && v.size == size && d.tokens[1] == TOKEN_UNK, "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
+    e = dataset_check_lengths(&d, "unknown.tsv", 2);
+    check(e && strstr(e, "unknown.tsv:1: the source has 2 tokens"), "data: a source too long for max_len is refused (%s)",
+          e ? e : "accepted");
+    dataset_free(&d);
+    vocab_free(&v);
+}
+
+static void test_tasks_and_batches(void) {
+    Dataset train, valid;
+    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
+    const char *e = task_generate(&train, &valid, TASK_REVERSE, 10, 1, 10, 3000, 200, 1);
+    int unseen = 1, reversed = 1;
+    for (int i = 0; i < valid.count; i++) {
+        const SentencePair *h = &valid.pairs[i];
+        for (int t = 0; t < h->src_len; t++)
+            reversed &= valid.tokens[h->tgt + t] == valid.tokens[h->src + h->src_len - 1 - t];
+        for (int j = 0; j < train.count && unseen; j++) {
+            const SentencePair *p = &train.pairs[j];
+            unseen = !(p->src_len == h->src_len &&
+                       memcmp(train.tokens + p->src, valid.tokens + h->src, h->src_len * sizeof(int)) == 0);
+        }
+    }
+    check(!e && train.count == 3000 && valid.count == 200 && unseen && reversed,
+          "tasks: 200 held-out reverse pairs, none of their sources among the 3000 training sources");
+    Dataset a, b;
+    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+    e = task_generate(&a, &b, TASK_COPY, 2, 1, 2, 100, 10, 1);
+    check(e && strstr(e, "held-out"), "tasks: too few possible sequences for the held-out set is refused (%s)",
+          e ? e : "accepted");
+    dataset_free(&a); dataset_free(&b);
+    // an epoch: every pair once, batches within the token budget, grouped by length
+    EpochPlan plan; memset(&plan, 0, sizeof plan);
+    Rng rng; rng_seed(&rng, 3);
+    int budget = 300;
+    epoch_plan_make(&plan, &train, budget, &rng);
+    int *seen = checked_calloc(train.count, sizeof(int), "test");
+    int in_budget = 1, grouped = 1, covered = 1, total = 0;
+    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    for (int s = 0; s < plan.num_spans; s++) {
+        batch_fill(&bb, &train, plan.order + plan.spans[s].start, plan.spans[s].count);
+        Batch *x = &bb.batch;
+        in_budget &= x->B == 1 || x->B * (x->S + x->T) <= budget;
+        int min_len = INT_MAX, max_len = 0;
+        for (int i = 0; i < x->B; i++) {
+            min_len = x->src_len[i] < min_len ? x->src_len[i] : min_len;
+            max_len = x->src_len[i] > max_len ? x->src_len[i] : max_len;
+            seen[plan.order[plan.spans[s].start + i]]++;
+        }
+        grouped &= max_len - min_len <= 1;
+        total += x->B;
+    }
+    for (int i = 0; i < train.count; i++) covered &= seen[i] == 1;
+    check(total == train.count && covered, "batches: an epoch of %d batches visits each of the %d pairs once",
+          plan.num_spans, train.count);
+    check(in_budget && grouped, "batches: each holds at most %d tokens with padding, sources of (nearly) one length", budget);
+    // the layout of one batch: x </s> | <s> y | y </s>
+    int first = 0;
+    TransformerConfig config = small_config();
+    batch_fill(&bb, &train, &first, 1);
+    const SentencePair *p = &train.pairs[0];
+    int n = p->src_len, ok = bb.batch.src_len[0] == n + 1 && bb.batch.src[n] == TOKEN_EOS &&
+                            bb.batch.tgt_len[0] == n + 1 && bb.batch.tgt_in[0] == TOKEN_BOS &&
+                            bb.batch.tgt_out[n] == TOKEN_EOS && batch_check(&bb.batch, &config) == NULL;
+    for (int t = 0; t < n; t++)
+        ok &= bb.batch.tgt_out[t] == train.tokens[p->tgt + t] && bb.batch.tgt_in[t + 1] == train.tokens[p->tgt + t];
+    check(ok, "batches: source x </s>, decoder input <s> y, decoder target y </s>");
+    free(seen); epoch_plan_free(&plan); batch_buffer_free(&bb);
+    dataset_free(&train); dataset_free(&valid);
+}
+
+// A saved and loaded model: bit-identical parameters, Adam state and logits.
+static void test_checkpoint_round_trip(void) {
+    TransformerConfig config = decode_config();
+    Transformer m, loaded;
+    transformer_build(&m, &config, 3);
+    int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
+    Rng rng; rng_seed(&rng, 4);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 6, 5, src_len, tgt_len, config.vocab_size, &rng);
+    for (int step = 1; step <= 3; step++) {
+        transformer_forward(&m, &tb.batch);
+        transformer_zero_grad(&m);
+        transformer_backward(&m, &tb.batch);
+        adam_update(&m, 1e-3);
+    }
+    Vocabulary v, v2;
+    task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
+    TrainingState state = { 123, 4, 5, 678 }, state2;
+    char *options = NULL;
+    const char *path = test_path("model.ckpt");
+    const char *e = checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
+    if (!e) e = checkpoint_load(path, &loaded, &v2, &state2, &options);
+    size_t P = m.num_parameters, bytes = P * sizeof(real);
+    int same = !e && loaded.num_parameters == P && memcmp(loaded.params_memory, m.params_memory, bytes) == 0 &&
+               memcmp(loaded.adam_m, m.adam_m, bytes) == 0 && memcmp(loaded.adam_v, m.adam_v, bytes) == 0 &&
+               loaded.adam_step == 3 && loaded.dropout_rng.state == m.dropout_rng.state &&
+               memcmp(&state, &state2, sizeof state) == 0 && strcmp(options, "--task\ncopy\n") == 0 &&
+               v2.size == v.size && strcmp(v2.words[v.size - 1], v.words[v.size - 1]) == 0;
+    check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and options come back (%s)",
+          e ? e : "loaded");
+    if (e) { transformer_free(&m); vocab_free(&v); return; }
+    m.training = loaded.training = 0;
+    size_t n = (size_t)2 * 5 * config.vocab_size;
+    real *logits = checked_calloc(n, sizeof(real), "test");
+    transformer_forward(&m, &tb.batch);
+    memcpy(logits, m.acts.logits, n * sizeof(real));
+    transformer_forward(&loaded, &tb.batch);
+    check(memcmp(logits, loaded.acts.logits, n * sizeof(real)) == 0, "checkpoint: a loaded model gives bit-identical logits");
+    free(logits); free(options);
+    transformer_free(&loaded); vocab_free(&v2);
+
+    // damaged and foreign files: one message each, naming the file
+    size_t size;
+    unsigned char *good = read_file(path, &size);
+    unsigned char *copy = checked_calloc(size + 16, 1, "test");
+    const char *bad = test_path("bad.ckpt");
+    size_t cuts[6] = { 0, 3, 60, 127, size / 2, size - 1 };
+    int all_truncated = 1;
+    for (int i = 0; i < 6; i++) {
+        write_file(bad, good, cuts[i]);
+        e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+        all_truncated &= e && strstr(e, "bad.ckpt: truncated") != NULL;
+        if (!e) transformer_free(&loaded), vocab_free(&v2);
+    }
+    check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
+    struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
+        { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
+        { 4, 2, "checkpoint format version 2; expected version 1", "another version" },
+        { 20, 65, "parameters, but its sizes", "a d_ff that disagrees with the parameter count" },
+        { 104, 0, "vocabulary", "a vocabulary section 2 bytes longer (and options 2 shorter)" },
+        { 8, 5, "5-byte numbers", "an element size of 5" },
+        { 16, 0, "d_model is 0", "d_model 0" },
+        { 0, 0, "checksum mismatch", "one changed parameter byte" },
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        memcpy(copy, good, size);
+        size_t offset = edits[i].offset;
+        if (strcmp(edits[i].expected, "checksum mismatch") == 0) { offset = size - 100; copy[offset] ^= 1; }
+        else copy[offset] = edits[i].value;
+        if (offset == 104) { copy[104] = good[104] + 2; copy[112] = good[112] - 2; } // the same total size
+        write_file(bad, copy, size);
+        e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+        check(e && strstr(e, "bad.ckpt") && strstr(e, edits[i].expected), "checkpoint: %s is refused (%s)",
+              edits[i].what, e ? e : "accepted");
+        if (!e) transformer_free(&loaded), vocab_free(&v2);
+    }
+    memcpy(copy, good, size);
+    write_file(bad, copy, size + 16);
+    e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+    check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)", e ? e : "accepted");
+    // a failed save leaves the old checkpoint as it was
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    mkdir(tmp, 0700); // the temporary file cannot be written: a directory is in its place
+    e = checkpoint_save(path, &m, &v, &state, "changed");
+    size_t after_size;
+    unsigned char *after = read_file(path, &after_size);
+    check(e && strstr(e, "left as it was") && after_size == size && memcmp(after, good, size) == 0,
+          "checkpoint: a save that fails leaves the previous file byte for byte (%s)", e ? e : "saved");
+    rmdir(tmp);
+    e = checkpoint_save(test_path("no/such/dir/x.ckpt"), &m, &v, &state, "");
+    check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)", e ? e : "saved");
+    free(after); free(good); free(copy);
+    transformer_free(&m); vocab_free(&v);
+}
+
+// Table 3 parameter counts, worked out by hand: per layer an attention block
+// has 4 C^2 + 4 C, an FFN 2 C F + F + C, a layer norm 2 C; plus V C.
+static void test_parameter_counts(void) {
+    struct { int L, C, F, H, V; } models[3] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 }, { 2, 64, 256, 4, 14 } };
+    for (int i = 0; i < 3; i++) {
+        TransformerConfig c = transformer_default_config();
+        c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
+        c.vocab_size = models[i].V;
+        size_t L = c.n_layers, C = c.d_model, F = c.d_ff, V = c.vocab_size;
+        size_t attention = 4 * C * C + 4 * C, ffn = 2 * C * F + F + C, norm = 2 * C;
+        size_t by_hand = V * C + L * (attention + ffn + 2 * norm) + L * (2 * attention + ffn + 3 * norm);
+        size_t sizes[NUM_PARAMETER_TENSORS], groups = 0;
+        parameter_sizes(sizes, &c);
+        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) groups += parameter_group_count(sizes, g);
+        check(groups == by_hand && sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand,
+              "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand",
+              models[i].L, models[i].C, models[i].F, models[i].V, by_hand);
+    }
+}
+
+// ---- the command line, run as a user runs it --------------------------------------
+
+static const char *cli_binary = "./transformer";
+static char cli_output[1 << 16];
+
+// Runs the binary with the arguments (a shell command line) and returns its
+// exit status; its standard output and error together are left in cli_output.
+static int run_cli(const char *format, ...) {
+    char args[4096], command[8192];
+    va_list list;
+    va_start(list, format);
+    vsnprintf(args, sizeof args, format, list);
+    va_end(list);
+    char output_path[600];
+    snprintf(output_path, sizeof output_path, "%s/cli.out", test_dir);
+    snprintf(command, sizeof command, "%s %s > %s 2>&1", cli_binary, args, output_path);
+    fflush(stdout);
+    int status = system(command);
+    size_t n;
+    unsigned char *out = read_file(output_path, &n);
+    snprintf(cli_output, sizeof cli_output, "%s", out ? (char *)out : "");
+    free(out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int count_lines_starting(const char *text, const char *prefix) {
+    int n = 0;
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        n += strncmp(p, prefix, strlen(prefix)) == 0;
+    return n;
+}
+
+// The bad input must give exit status 1 and exactly one line starting with
+// "error:" that contains `expected`, and nothing from a sanitizer.
+static void check_cli_error(const char *what, const char *expected, const char *format, ...) {
+    char args[4096];
+    va_list list;
+    va_start(list, format);
+    vsnprintf(args, sizeof args, format, list);
+    va_end(list);
+    int status = run_cli("%s", args);
+    const char *line = strstr(cli_output, "error:");
+    char shown[300] = "";
+    if (line) snprintf(shown, sizeof shown, "%.*s", (int)strcspn(line, "\n"), line);
+    int ok = status == 1 && count_lines_starting(cli_output, "error:") == 1 && line &&
+             strstr(shown, expected) && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error");
+    check(ok, "cli: %s -> exit %d, \"%s\"", what, status, ok ? shown : cli_output);
+}
+
+static int files_equal(const char *a, const char *b) {
+    size_t na, nb;
+    unsigned char *x = read_file(a, &na), *y = read_file(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x); free(y);
+    return same;
+}
+
+#define TINY_RUN "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 " \
+                 "--batch-tokens 80 --warmup 5 --log-every 0 --eval-every 0 --show 0"
+
+static void test_command_line(void) {
+    const char *binary = getenv("TRANSFORMER_BIN");
+    if (binary) cli_binary = binary;
+    if (access(cli_binary, X_OK) != 0) {
+        check(0, "cli: %s is not there: build it first (make transformer), or set TRANSFORMER_BIN", cli_binary);
+        return;
+    }
+    // flags
+    check_cli_error("--steps -3", "train: --steps '-3' is not valid; expected an integer from 1 to", "train --steps -3");
+    check_cli_error("--lr abc", "train: --lr 'abc' is not valid; expected a number > 0", "train --lr abc");
+    check_cli_error("--dropout nan", "--dropout 'nan' is not valid", "train --dropout nan");
+    check_cli_error("--beam 2x", "decode: --beam '2x' is not valid", "decode --beam 2x");
+    check_cli_error("an unknown flag", "train: unknown flag '--stpes'", "train --stpes 3");
+    check_cli_error("a flag without its value", "train: flag --steps needs a value", "train --steps");
+    check_cli_error("a text flag without its value", "flag --checkpoint needs a value", "decode --checkpoint --beam 2");
+    check_cli_error("an unknown command", "unknown command 'trian'", "trian");
+    check_cli_error("an unknown task", "--task 'copyy' is not a task", "train --task copyy");
+    // data files
+    const char *tsv = test_path("cli.tsv");
+    write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    write_text(test_path("cli_empty.tsv"), "");
+    write_text(test_path("cli_notab.tsv"), "a b\tb a\nc d e\n");
+    check_cli_error("a missing data file", "train: /nonexistent/x.tsv: cannot open", "train --train /nonexistent/x.tsv");
+    check_cli_error("an empty data file", "cli_empty.tsv: no sentence pairs (the file is empty)",
+                    "train --train %s", test_path("cli_empty.tsv"));
+    check_cli_error("a line without a tab", "cli_notab.tsv:2: no tab; expected source<TAB>target",
+                    "train --train %s", test_path("cli_notab.tsv"));
+    // a tiny run on the TSV file, then decode and eval with its checkpoint
+    const char *tsv_ckpt = test_path("tsv.ckpt");
+    int status = run_cli("train --train %s --valid %s --steps 4 --checkpoint %s " TINY_RUN, tsv, tsv, tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "eval   step 4"), "cli: train on a TSV file for 4 steps (exit %d)", status);
+    status = run_cli("eval --checkpoint %s --data %s", tsv_ckpt, tsv);
+    check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "token accuracy"),
+          "cli: eval prints token accuracy and exact match (exit %d)", status);
+    status = run_cli("decode --checkpoint %s 'a zz b'", tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the vocabulary; read as <unk>"),
+          "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)", status);
+    char long_sentence[400] = "'";
+    for (int i = 0; i < 60; i++) strcat(long_sentence, "a ");
+    strcat(long_sentence, "'");
+    check_cli_error("a sentence longer than the model's maximum", "argument 1: the sentence has 60 tokens; the model's "
+                    "maximum length 54 allows 53", "decode --checkpoint %s %s", tsv_ckpt, long_sentence);
+    char long_tsv[600];
+    snprintf(long_tsv, sizeof long_tsv, "a\tb\nb\ta\n%s\ta\n", long_sentence + 1);
+    long_tsv[strlen(long_tsv) - 4] = ' '; // drop the closing quote
+    write_text(test_path("cli_long.tsv"), long_tsv);
+    check_cli_error("a held-out line longer than the maximum", "cli_long.tsv:3: the source has 60 tokens",
+                    "eval --checkpoint %s --data %s", tsv_ckpt, test_path("cli_long.tsv"));
+    check_cli_error("a training line longer than --positions allows", "cli.tsv:2: the source has 3 tokens; the model's "
+                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1", tsv);
+    check_cli_error("decode without a checkpoint", "--checkpoint FILE is required", "decode 'a b'");
+    // damaged checkpoints
+    size_t size;
+    unsigned char *good = read_file(tsv_ckpt, &size);
+    if (!good) { check(0, "cli: no checkpoint from the TSV run; the damaged-checkpoint tests need one"); return; }
+    const char *bad = test_path("cli_bad.ckpt");
+    write_file(bad, good, size - 10);
+    check_cli_error("a truncated checkpoint", "cli_bad.ckpt: truncated", "decode --checkpoint %s 'a b'", bad);
+    good[0] = 'P'; write_file(bad, good, size); good[0] = 'T';
+    check_cli_error("a checkpoint with the wrong magic", "cli_bad.ckpt: not a transformer.c checkpoint",
+                    "eval --checkpoint %s --data %s", bad, tsv);
+    good[4] = 9; write_file(bad, good, size); good[4] = 1;
+    check_cli_error("a checkpoint of another version", "cli_bad.ckpt: checkpoint format version 9",
+                    "decode --checkpoint %s 'a b'", bad);
+    good[12] = 2; write_file(bad, good, size); good[12] = 1;
+    check_cli_error("a checkpoint whose sizes disagree with its header", "parameters, but its sizes",
+                    "decode --checkpoint %s 'a b'", bad);
+    check_cli_error("--resume from a damaged checkpoint", "cli_bad.ckpt: header", "train --resume %s", bad);
+    free(good);
+
+    // resume: 3 steps, stop, 3 more == 6 unbroken steps (losses and final weights)
+    const char *a_ckpt = test_path("a.ckpt"), *b_ckpt = test_path("b.ckpt");
+    const char *a_log = test_path("a.log"), *b_log = test_path("b.log");
+    remove(a_log); remove(b_log);
+    int s1 = run_cli("train --task copy --steps 6 --checkpoint %s --loss-log %s " TINY_RUN, a_ckpt, a_log);
+    int s2 = run_cli("train --task copy --steps 3 --checkpoint %s --loss-log %s " TINY_RUN, b_ckpt, b_log);
+    int s3 = run_cli("train --resume %s --steps 6 --loss-log %s", b_ckpt, b_log);
+    size_t log_size;
+    unsigned char *log = read_file(a_log, &log_size);
+    int lines = count_lines_starting((char *)log, "");
+    free(log);
+    Transformer ma, mb;
+    Vocabulary va, vb;
+    const char *ea = checkpoint_load(a_ckpt, &ma, &va, NULL, NULL), *eb = ea ? ea : checkpoint_load(b_ckpt, &mb, &vb, NULL, NULL);
+    int same_weights = !ea && !eb && ma.adam_step == 6 && mb.adam_step == 6 &&
+                       memcmp(ma.params_memory, mb.params_memory, ma.num_parameters * sizeof(real)) == 0 &&
+                       memcmp(ma.adam_v, mb.adam_v, ma.num_parameters * sizeof(real)) == 0;
+    check(s1 == 0 && s2 == 0 && s3 == 0 && lines == 6 && files_equal(a_log, b_log),
+          "cli: 3 steps + --resume 3 steps give the losses of 6 unbroken steps, to the last digit");
+    check(same_weights, "cli: ... and bit-identical weights and Adam state at step 6 (%s)",
+          ea ? ea : eb ? eb : "both loaded");
+    if (!ea) { transformer_free(&ma); vocab_free(&va); }
+    if (!ea && !eb) { transformer_free(&mb); vocab_free(&vb); }
+    check_cli_error("--resume with a changed run option", "--lr cannot change on --resume",
+                    "train --resume %s --lr 0.1", b_ckpt);
+    // the same seed repeats the run, with one thread or two
+    const char *c_log = test_path("c.log");
+    remove(c_log);
+    status = run_cli("train --task copy --steps 6 --threads 1 --checkpoint %s --loss-log %s " TINY_RUN,
+                     test_path("c.ckpt"), c_log);
+    check(status == 0 && files_equal(a_log, c_log), "cli: --seed repeats a run exactly (losses with 1 thread and with all)");
+    // a NaN loss stops training and leaves the last good checkpoint
+    const char *nan_ckpt = test_path("nan.ckpt");
+    check_cli_error("a loss that becomes NaN or infinite", "(step 1), is left as it was",
+                    "train --task copy --steps 50 --lr 1e30 --save-every 1 --checkpoint %s " TINY_RUN, nan_ckpt);
+    status = run_cli("decode --checkpoint %s '1 2'", nan_ckpt);
+    check(status == 0, "cli: ... and that checkpoint still loads (exit %d)", status);
+    status = run_cli("params --preset big");
+    check(status == 0 && strstr(cli_output, "214,245,376") && strstr(cli_output, "paper, Table 3: 213M"),
+          "cli: params --preset big prints 214,245,376 next to the paper's 213M");
+}
+
+// ---- eval --bleu, average, train --log/--keep-last, attention, pe, plot ----------
+
+static double printed_number_after(const char *text, const char *label) {
+    const char *p = strstr(text, label);
+    return p ? strtod(p + strlen(label), NULL) : NAN;
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+// Saves m with the digit vocabulary of the copy task.
+static const char *save_copy_checkpoint(const char *path, const Transformer *m) {
+    Vocabulary v;
+    task_vocabulary(&v, m->config.vocab_size - NUM_SPECIAL_TOKENS);
+    TrainingState state = { 1, 1, 0, 0 };
+    const char *e = checkpoint_save(path, m, &v, &state, "--task\ncopy\n");
+    vocab_free(&v);
+    return e;
+}
+
+static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
+    // 8 copy pairs; the references of two are changed, so a perfect copier scores below 100
+    Transformer m = *trained_model;
+    m.training = 0;
+    Rng rng; rng_seed(&rng, 77);
+    char tsv[2048] = "";
+    BleuStats expected; bleu_reset(&expected);
+    int exact = 0;
+    for (int i = 0; i < 8; i++) {
+        int n = 3 + i % 4, src[8], ref[8], out[32], out_len;
+        random_source(src, n, m.config.vocab_size, &rng);         // n-1 words and </s>
+        int ref_len = n - 1;
+        memcpy(ref, src, ref_len * sizeof(int));
+        if (i == 2) ref_len--;                                     // a word missing
+        if (i == 5) ref[0] = ref[0] == 4 ? 5 : 4;                  // a word changed
+        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n), src, &n, 1, n);
+        bleu_add_sentence(&expected, out, out_len, ref, ref_len);
+        exact += out_len == ref_len && memcmp(out, ref, ref_len * sizeof(int)) == 0;
+        for (int k = 0; k < n - 1; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", src[k] - NUM_SPECIAL_TOKENS);
+        strcat(tsv, "\t");
+        for (int k = 0; k < ref_len; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", ref[k] - NUM_SPECIAL_TOKENS);
+        strcat(tsv, "\n");
+    }
+    double want = bleu_score(&expected, NULL, NULL);
+    const char *path = test_path("bleu.tsv");
+    write_text(path, tsv);
+    int status = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, path);
+    double got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && want > 0 && want < 100,
+          "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 exact)", got, want, exact);
+    status = run_cli("eval --checkpoint %s --data %s --bleu --beam 3", ckpt, path);
+    got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && strstr(cli_output, "beam search") && got >= 0 && got <= 100,
+          "cli: eval --bleu --beam 3 prints a BLEU score (%.2f)", got);
+    status = run_cli("eval --checkpoint %s --data %s", ckpt, path);
+    check(status == 0 && !strstr(cli_output, "BLEU"), "cli: eval without --bleu prints no BLEU line");
+    check_cli_error("a value after the --bleu flag", "eval: unexpected argument 'yes'",
+                    "eval --checkpoint %s --data %s --bleu yes", ckpt, path);
+}
+
+static void test_average(const Transformer *trained) {
+    TransformerConfig config = trained->config;
+    Transformer other;
+    transformer_build(&other, &config, 12);
+    other.adam_step = 7;
+    for (size_t k = 0; k < other.num_parameters; k++) other.adam_m[k] = (real)(0.001 * (double)(k % 13));
+    const char *a = test_path("avg_a.ckpt"), *b = test_path("avg_b.ckpt"), *out = test_path("avg_out.ckpt");
+    const char *e = save_copy_checkpoint(a, trained);
+    if (!e) e = save_copy_checkpoint(b, &other);
+    const char *paths[2] = { a, b };
+    if (!e) e = checkpoint_average(out, paths, 2);
+    Transformer avg;
+    Vocabulary v;
+    if (!e) e = checkpoint_load(out, &avg, &v, NULL, NULL);
+    if (e) { check(0, "average: %s", e); transformer_free(&other); return; }
+    size_t wrong = 0, P = avg.num_parameters;
+    for (size_t k = 0; k < P; k++) {
+        real mean = (real)(((double)trained->params_memory[k] + (double)other.params_memory[k]) / 2);
+        wrong += avg.params_memory[k] != mean;
+    }
+    int moved = 0; // the test can fail: the mean differs from both inputs almost everywhere
+    for (size_t k = 0; k < P; k++) moved += avg.params_memory[k] != trained->params_memory[k];
+    check(wrong == 0 && moved > (int)(P / 2), "average: every parameter of 2 checkpoints is their mean (%zu of %zu "
+          "differ; %d differ from the first input)", wrong, P, moved);
+    check(avg.adam_step == 7 && memcmp(avg.adam_m, other.adam_m, P * sizeof(real)) == 0,
+          "average: Adam's step and moments are the last checkpoint's");
+    transformer_free(&avg); vocab_free(&v);
+    const char *cli_out = test_path("avg_cli.ckpt");
+    int status = run_cli("average --out %s %s %s", cli_out, a, b);
+    // the binary is a float build: in the double test build its file holds floats, so compare loosely there
+    Transformer m1, m2;
+    Vocabulary v1, v2;
+    double largest = INFINITY;
+    if (status == 0 && !checkpoint_load(out, &m1, &v1, NULL, NULL)) {
+        if (!checkpoint_load(cli_out, &m2, &v2, NULL, NULL)) {
+            largest = 0;
+            for (size_t k = 0; k < P; k++) largest = fmax(largest, fabs((double)m1.params_memory[k] - (double)m2.params_memory[k]));
+            transformer_free(&m2); vocab_free(&v2);
+        }
+        transformer_free(&m1); vocab_free(&v1);
+    }
+    check(largest <= (sizeof(real) == 4 ? 0 : 1e-6), "cli: average --out writes the same average (largest "
+          "difference %g, exit %d)", largest, status);
+    // mismatched config and vocabulary
+    TransformerConfig wide = config;
+    wide.d_ff = 48;
+    Transformer w;
+    transformer_build(&w, &wide, 13);
+    const char *c = test_path("avg_wide.ckpt"), *d = test_path("avg_vocab.ckpt"), *none = test_path("avg_none.ckpt");
+    save_copy_checkpoint(c, &w);
+    transformer_free(&w);
+    Vocabulary letters;
+    vocab_init(&letters);
+    for (int i = 0; i < config.vocab_size - NUM_SPECIAL_TOKENS; i++) { char t[2] = { (char)('a' + i), 0 }; vocab_add(&letters, t, 1); }
+    TrainingState state = { 1, 1, 0, 0 };
+    checkpoint_save(d, &other, &letters, &state, "--task\ncopy\n");
+    vocab_free(&letters);
+    check_cli_error("average of different configs", "expected the same config", "average --out %s %s %s", none, a, c);
+    check(!file_exists(none), "cli: ... and writes no file");
+    check_cli_error("average of different vocabularies", "vocabulary token 4 is 'a' but '0'", "average --out %s %s %s",
+                    none, a, d);
+    check_cli_error("average without --out", "average: --out FILE is required", "average %s %s", a, b);
+    check_cli_error("average without files", "average: no checkpoints given", "average --out %s", none);
+    check_cli_error("average of a missing file", "avg_missing.ckpt: cannot open", "average --out %s %s %s", none, a,
+                    test_path("avg_missing.ckpt"));
+    check(!file_exists(none), "cli: no file from a failed average");
+    transformer_free(&other);
+}
+
+static void test_log_keep_last_and_pictures(const char *ckpt) {
+    // train --log and --keep-last
+    const char *run = test_path("log.ckpt"), *log = test_path("log.csv");
+    remove(log);
+    int status = run_cli("train --task copy --steps 6 --save-every 2 --keep-last 2 --checkpoint %s --log %s "
+                         "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 "
+                         "--batch-tokens 80 --warmup 5 --log-every 2 --eval-every 3 --show 0", run, log);
+    char kept[3][400];
+    for (int i = 0; i < 3; i++) snprintf(kept[i], sizeof kept[i], "%s.step%07d", run, 2 * (i + 1));
+    check(status == 0 && !file_exists(kept[0]) && file_exists(kept[1]) && file_exists(kept[2]),
+          "cli: train --keep-last 2 leaves the checkpoints of steps 4 and 6, not 2 (exit %d)", status);
+    char *csv = read_text_file(log);
+    // lines at steps 2, 3 (evaluation), 4, 6 (both)
+    int lines = count_lines_starting(csv, ""), header = csv && strncmp(csv, "step,loss,lr,tokens_per_s,heldout", 33) == 0;
+    int eval_line = csv && strstr(csv, "\n3,") && strstr(strstr(csv, "\n3,"), ",0.00\n") != NULL;
+    int plain_line = csv && strstr(csv, "\n2,") && strchr(strstr(csv, "\n2,") + 1, '\n')[-1] == ',';
+    check(header && lines == 5 && eval_line && plain_line,
+          "cli: train --log writes a header and a CSV line at each progress line and evaluation, the held-out "
+          "score only where measured (%d lines)", lines);
+    free(csv);
+    const char *svg = test_path("curve.svg");
+    status = run_cli("plot --log %s --out %s", log, svg);
+    char *text = read_text_file(svg);
+    check(status == 0 && text && strstr(text, "<polyline"), "cli: plot draws the log (exit %d)", status);
+    free(text);
+    write_text(test_path("bad.csv"), "step,loss,lr,tokens_per_s,heldout\n1,abc,0.1,5,\n");
+    check_cli_error("plot of a malformed log", "bad.csv:2: loss 'abc' is not a number", "plot --log %s --out %s",
+                    test_path("bad.csv"), svg);
+    check_cli_error("plot without --log", "plot: --log FILE.csv is required", "plot --out %s", svg);
+    // pe
+    const char *pe = test_path("pe_cli.svg");
+    status = run_cli("pe --out %s --max-len 10 --d-model 8", pe);
+    text = read_text_file(pe);
+    check(status == 0 && text && count_occurrences(text, "<rect") == 10 * 8 + 3, "cli: pe draws a 10 x 8 matrix");
+    free(text);
+    check_cli_error("pe without --out", "pe: --out FILE.svg is required", "pe --max-len 5");
+    check_cli_error("pe --d-model 0", "pe: --d-model '0' is not valid", "pe --out %s --d-model 0", pe);
+    // attention
+    const char *dir = test_path("att");
+    status = run_cli("attention --checkpoint %s --out-dir %s '1 2 3'", ckpt, dir);
+    int written = 0;
+    const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg", "cross_attention.svg" };
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        text = read_text_file(path);
+        written += text && strstr(text, "layer 2, head 4") && strstr(text, ">&lt;/s&gt;</text>");
+        free(text);
+    }
+    check(status == 0 && written == 3, "cli: attention writes the 3 pictures, every head of every layer (%d, exit %d)",
+          written, status);
+    check_cli_error("attention without --out-dir", "attention: --out-dir DIR is required", "attention --checkpoint %s '1 2'", ckpt);
+    check_cli_error("attention with two sentences", "expected exactly one source sentence",
+                    "attention --checkpoint %s --out-dir %s '1 2' '3'", ckpt, dir);
+    check_cli_error("attention of an empty sentence", "the sentence is empty", "attention --checkpoint %s --out-dir %s ' '",
+                    ckpt, dir);
+    check_cli_error("attention of a too long sentence", "the sentence has 25 tokens; the model's maximum length 20",
+                    "attention --checkpoint %s --out-dir %s '1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5'", ckpt, dir);
+    check_cli_error("attention into a directory that cannot be made", "/nonexistent/x: cannot create",
+                    "attention --checkpoint %s --out-dir /nonexistent/x '1 2'", ckpt);
+}
+
+static void test_evaluation_commands(void) {
+    if (access(cli_binary, X_OK) != 0) return; // test_command_line said so
+    TransformerConfig config = decode_config();
+    Transformer trained;
+    train_small_copy_model(&trained, config, 300, 6);
+    const char *ckpt = test_path("copy_small.ckpt");
+    const char *e = save_copy_checkpoint(ckpt, &trained);
+    check(!e, "cli: a checkpoint of a small copy model (%s)", e ? e : "saved");
+    if (!e) {
+        test_eval_bleu(&trained, ckpt);
+        test_average(&trained);
+        test_log_keep_last_and_pictures(ckpt);
+    }
+    transformer_free(&trained);
+}
+
+static void run_cli_and_data_tests(void) {
+    snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
+    if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
+    printf("-- decoding (§6.1)\n");
+    test_decoding();
+    test_beam_search_is_exhaustive_when_wide();
+    printf("-- data, checkpoints, parameter counts, the command line (files in %s)\n", test_dir);
+    test_tsv_reading();
+    test_tasks_and_batches();
+    test_checkpoint_round_trip();
+    test_parameter_counts();
+    test_command_line();
+    printf("-- eval --bleu, average, train --log and --keep-last, attention, pe, plot\n");
+    test_evaluation_commands();
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf %s", test_dir);
+    if (system(command) != 0) printf("     (could not remove %s)\n", test_dir);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
@@ -845,6 +2061,13 @@ int main(int argc, char **argv) {
     test_dropout_training_and_evaluation();
     test_thread_determinism();
     test_learning();
+    printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");
+    test_bleu();
+    test_svg_heatmap();
+    test_svg_positional_encoding();
+    test_svg_attention();
+    test_svg_loss_curve();
+    run_cli_and_data_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

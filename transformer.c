@@ -21,6 +21,10 @@
  *            §3.1  the encoder and decoder stacks, assembled from the above
  *            §5.4  label-smoothed cross-entropy
  *            §5.3  Adam and the warm-up learning-rate schedule
+ *            §6.1  decoding: greedy with a key/value cache, beam search
+ *          and then what turns the model into a program: data (vocabulary,
+ *          TSV files, the copy and reverse tasks, batches by length),
+ *          checkpoints, the command line, and main.
  *          Every layer is a `*_forward` function followed by its `*_backward`.
  *          Arguments come outputs first, then inputs, then sizes. Backward
  *          functions quote the forward line they differentiate and always
@@ -39,6 +43,7 @@
  *          fixed order, so results are bit-identical for any number of threads.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -50,6 +55,9 @@
 #include <string.h>
 #include <time.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -1095,31 +1103,56 @@ static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
     return d;
 }
 
-// out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
-static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLayerParams w,
-                                  const int *src_len, Transformer *m, int B, int S) {
-    const TransformerConfig *c = &m->config;
-    int C = c->d_model, N = B * S;
-    size_t n = (size_t)N * C;
-    // sub-layer 1: LayerNorm(x + Dropout(SelfAttention(x)))
-    self_attention_forward(la.att_proj, la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0,
-                           B, S, C, c->n_heads);
-    dropout_mask(la.drop1, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res1, x, la.att_proj, la.drop1, n);
-    layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, w.ln1_g, w.ln1_b, N, C, c->layer_norm_eps);
-    // sub-layer 2: LayerNorm(x + Dropout(FFN(x)))
-    feed_forward_forward(la.ff_out, la.ff_h, la.ln1, w.ffn, N, C, c->d_ff);
-    dropout_mask(la.drop2, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res2, la.ln1, la.ff_out, la.drop2, n);
-    layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, w.ln2_g, w.ln2_b, N, C, c->layer_norm_eps);
-}
-
 static void zero(real *x, size_t n) {
     OMP(parallel for)
     for (size_t i = 0; i < n; i++) x[i] = 0;
 }
 
-// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients
+// "Add & Norm" (Figure 1), the end of every sub-layer:
+//     res = x + Dropout(sublayer);   out = LayerNorm(res)
+// out, res, mask are (N,C), mean and rstd (N); x and sublayer are (N,C)
+static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask,
+                             const real *x, const real *sublayer, const real *gain,
+                             const real *bias, Transformer *m, int N) {
+    const TransformerConfig *c = &m->config;
+    size_t n = (size_t)N * c->d_model;
+    dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, n);
+    residual_dropout_forward(res, x, sublayer, mask, n);
+    layernorm_forward(out, mean, rstd, res, gain, bias, N, c->d_model, c->layer_norm_eps);
+}
+
+// Differentiates the two lines above; dx and dsublayer accumulate, d_res is
+// (N,C) scratch, dout must not alias dx or dsublayer
+static void add_norm_backward(real *dx, real *dsublayer, real *dgain, real *dbias, real *d_res,
+                              const real *dout, const real *res, const real *mask,
+                              const real *gain, const real *mean, const real *rstd, int N, int C) {
+    size_t n = (size_t)N * C;
+    // out = LayerNorm(res)
+    zero(d_res, n);
+    layernorm_backward(d_res, dgain, dbias, dout, res, gain, mean, rstd, N, C);
+    // res = x + Dropout(sublayer)
+    residual_dropout_backward(dx, dsublayer, d_res, mask, n);
+}
+
+// out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
+static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLayerParams w,
+                                  const int *src_len, Transformer *m, int B, int S) {
+    const TransformerConfig *c = &m->config;
+    int C = c->d_model, N = B * S;
+    // sub-layer 1: ln1 = LayerNorm(x + Dropout(SelfAttention(x)))
+    self_attention_forward(la.att_proj, la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0,
+                           B, S, C, c->n_heads);
+    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, x, la.att_proj,
+                     w.ln1_g, w.ln1_b, m, N);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(FFN(ln1)))
+    feed_forward_forward(la.ff_out, la.ff_h, la.ln1, w.ffn, N, C, c->d_ff);
+    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.ff_out,
+                     w.ln2_g, w.ln2_b, m, N);
+}
+
+// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients.
+// Scratch: d_a for layer norms, d_b for the gradient between sub-layers, d_c
+// for a sub-layer's output, d_wide for its inside.
 static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
                                    EncoderLayerActs la, const real *x, EncoderLayerParams w,
                                    const int *src_len, Transformer *m, int B, int S) {
@@ -1127,20 +1160,16 @@ static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *d
     BackwardScratch *s = &m->scratch;
     int C = c->d_model, F = c->d_ff, N = B * S;
     size_t n = (size_t)N * C;
-    // ln2 = LayerNorm(res2)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln2_g, g.ln2_b, dout, la.res2, w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    // res2 = ln1 + Dropout(ff_out),  ff_out = FFN(ln1)
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
     zero(s->d_b, n); zero(s->d_c, n);
-    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop2, n);
+    add_norm_backward(s->d_b, s->d_c, g.ln2_g, g.ln2_b, s->d_a, dout, la.res2, la.drop2,
+                      w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln1, w.ffn, N, C, F);
-    // ln1 = LayerNorm(res1)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln1_g, g.ln1_b, s->d_b, la.res1, w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    // res1 = x + Dropout(att_proj),  att_proj = SelfAttention(x)
+    // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
     zero(s->d_c, n);
-    residual_dropout_backward(dx, s->d_c, s->d_a, la.drop1, n);
+    add_norm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_b, la.res1, la.drop1,
+                      w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_c,
                             la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0, B, S, C, c->n_heads);
@@ -1151,27 +1180,24 @@ static void decoder_layer_forward(DecoderLayerActs la, const real *y, const real
                                   DecoderLayerParams w, const Batch *batch, Transformer *m) {
     const TransformerConfig *c = &m->config;
     int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, N = B * T;
-    size_t n = (size_t)N * C;
-    // sub-layer 1: LayerNorm(y + Dropout(MaskedSelfAttention(y)))
+    // sub-layer 1: ln1 = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
     self_attention_forward(la.self_proj, la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
                            batch->tgt_len, 1, B, T, C, c->n_heads);
-    dropout_mask(la.drop1, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res1, y, la.self_proj, la.drop1, n);
-    layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, w.ln1_g, w.ln1_b, N, C, c->layer_norm_eps);
-    // sub-layer 2: LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
+    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, y, la.self_proj,
+                     w.ln1_g, w.ln1_b, m, N);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
     cross_attention_forward(la.cross_proj, la.cross_q, la.cross_kv, la.cross_att, la.cross_heads,
                             la.ln1, memory, w.cross_attn, batch->src_len, B, T, S, C, c->n_heads);
-    dropout_mask(la.drop2, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res2, la.ln1, la.cross_proj, la.drop2, n);
-    layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, w.ln2_g, w.ln2_b, N, C, c->layer_norm_eps);
-    // sub-layer 3: LayerNorm(ln2 + Dropout(FFN(ln2)))
+    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.cross_proj,
+                     w.ln2_g, w.ln2_b, m, N);
+    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(FFN(ln2)))
     feed_forward_forward(la.ff_out, la.ff_h, la.ln2, w.ffn, N, C, c->d_ff);
-    dropout_mask(la.drop3, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(la.res3, la.ln2, la.ff_out, la.drop3, n);
-    layernorm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, w.ln3_g, w.ln3_b, N, C, c->layer_norm_eps);
+    add_norm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, la.drop3, la.ln2, la.ff_out,
+                     w.ln3_g, w.ln3_b, m, N);
 }
 
-// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3)
+// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3).
+// Scratch as in encoder_layer_backward, and d_d for dL/d(ln1).
 static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g, const real *dout,
                                    DecoderLayerActs la, const real *y, const real *memory,
                                    DecoderLayerParams w, const Batch *batch, Transformer *m) {
@@ -1179,31 +1205,25 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
     BackwardScratch *s = &m->scratch;
     int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, F = c->d_ff, N = B * T;
     size_t n = (size_t)N * C;
-    // ln3 = LayerNorm(res3)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln3_g, g.ln3_b, dout, la.res3, w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
-    // res3 = ln2 + Dropout(ff_out),  ff_out = FFN(ln2)
+    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
     zero(s->d_b, n); zero(s->d_c, n);
-    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop3, n);
+    add_norm_backward(s->d_b, s->d_c, g.ln3_g, g.ln3_b, s->d_a, dout, la.res3, la.drop3,
+                      w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln2, w.ffn, N, C, F);
-    // ln2 = LayerNorm(res2)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln2_g, g.ln2_b, s->d_b, la.res2, w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    // res2 = ln1 + Dropout(cross_proj),  cross_proj = Attention(ln1, memory)
-    zero(s->d_b, n); zero(s->d_c, n);
-    residual_dropout_backward(s->d_b, s->d_c, s->d_a, la.drop2, n);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
+    zero(s->d_c, n); zero(s->d_d, n);
+    add_norm_backward(s->d_d, s->d_c, g.ln2_g, g.ln2_b, s->d_a, s->d_b, la.res2, la.drop2,
+                      w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
-    cross_attention_backward(s->d_b, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
+    cross_attention_backward(s->d_d, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
                              s->d_c, la.cross_q, la.cross_kv, la.cross_att,
                              la.cross_heads, la.ln1, memory, w.cross_attn, batch->src_len,
                              B, T, S, C, c->n_heads);
-    // ln1 = LayerNorm(res1)
-    zero(s->d_a, n);
-    layernorm_backward(s->d_a, g.ln1_g, g.ln1_b, s->d_b, la.res1, w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    // res1 = y + Dropout(self_proj),  self_proj = MaskedSelfAttention(y)
+    // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
     zero(s->d_c, n);
-    residual_dropout_backward(dy, s->d_c, s->d_a, la.drop1, n);
+    add_norm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_d, la.res1, la.drop1,
+                      w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_c,
                             la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
@@ -1327,13 +1347,13 @@ static void point_activations(ActivationTensors *a, real *memory, const size_t s
     }
 }
 
-#define NUM_SCRATCH_TENSORS 9
+#define NUM_SCRATCH_TENSORS 10
 static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
                           size_t B, size_t S, size_t T) {
     size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
     size_t rows = B * (S > T ? S : T), wide = 3 * C > F ? 3 * C : F;
     size_t list[NUM_SCRATCH_TENSORS] = {
-        rows * C, rows * C, rows * C, rows * C, rows * C,  // d_x d_y d_a d_b d_c
+        rows * C, rows * C, rows * C, rows * C, rows * C, rows * C, // d_x d_y d_a d_b d_c d_d
         rows * wide, B * S * 2 * C, B * S * C,             // d_wide d_kv d_memory
         B * T * V,                                         // d_logits
     };
@@ -1342,7 +1362,7 @@ static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerCo
 
 static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
     real **list[NUM_SCRATCH_TENSORS] = {
-        &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_wide, &s->d_kv, &s->d_memory,
+        &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_d, &s->d_wide, &s->d_kv, &s->d_memory,
         &s->d_logits,
     };
     for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
@@ -1592,7 +1612,2169 @@ void adam_update(Transformer *m, double learning_rate) {
     }
 }
 
-#ifndef TRANSFORMER_NO_MAIN
+// ============================================================================
+// §6.1  Decoding: greedy with a key/value cache, beam search
+// "We used beam search with a beam size of 4 and length penalty alpha = 0.6
+// ... We set the maximum output length during inference to input length + 50,
+// but terminate early when possible." (§6.1)
+//
+// The decoder writes one token at a time: position t reads the token chosen
+// at t-1 (<s> at t = 0). Run naively, step t recomputes every earlier
+// position of every layer, O(t^2) work per sentence. But under the causal mask
+// (§3.2.3) nothing at positions < t depends on later tokens, so their keys and
+// values never change once computed. A key/value cache keeps them, per
+// decoder layer, and step t computes only row t:
+//
+//   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
+//     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
+//                    cross-attention  q_t against the memory's K, V (made once)
+//
+// The memory's keys and values (rows C..3C-1 of the encoder-decoder W_qkv
+// applied to the encoder output) are the same at every step, so they are
+// computed once per sentence. The step reuses the training functions
+// (linear_forward, attention_forward, layernorm_forward, feed_forward_forward)
+// with one query row per sentence, so it computes the numbers the full pass
+// computes; test_transformer.c checks the tokens against uncached decoding.
+// ============================================================================
+
+// The decoding state of R rows decoded side by side: R sentences (greedy) or
+// the R beams of one sentence (beam search).
+typedef struct {
+    int rows;           // R
+    int S;              // padded source length
+    int max_T;          // positions the self-attention cache holds
+    int *src_len;       // (R)                real source tokens of each row
+    int *self_len;      // (R)                positions each row's query sees: t + 1
+    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
+    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
+    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
+    real *x;            // (R, C)             a layer's input, then its output
+    real *qkv;          // (R, 3C)
+    real *heads;        // (R, C)
+    real *proj;         // (R, C)
+    real *res;          // (R, C)
+    real *ln1, *ln2;    // (R, C)
+    real *q;            // (R, C)
+    real *ff_h;         // (R, F)
+    real *ff_out;       // (R, C)
+    real *mean, *rstd;  // (R)
+    real *att;          // (R, NH, max(S, max_T))
+    real *ones;         // (R, C)             the dropout mask when not training: all ones
+    real *logits;       // (R, V)
+} DecoderCache;
+
+static void decoder_cache_init(DecoderCache *k, const Transformer *m, int R, int S, int max_T) {
+    const TransformerConfig *c = &m->config;
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t rows = R, widest = S > max_T ? S : max_T;
+    memset(k, 0, sizeof *k);
+    k->rows = R; k->S = S; k->max_T = max_T;
+    k->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
+    k->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
+    k->cross_kv = checked_calloc(L * rows * S * 2 * C, sizeof(real), "cross-attention key/value cache");
+    k->self_kv = checked_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
+    k->spare_kv = checked_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
+    real **row_buffers[] = { &k->x, &k->heads, &k->proj, &k->res, &k->ln1, &k->ln2, &k->q, &k->ff_out, &k->ones };
+    for (size_t i = 0; i < sizeof row_buffers / sizeof *row_buffers; i++)
+        *row_buffers[i] = checked_calloc(rows * C, sizeof(real), "decoder activations");
+    k->qkv = checked_calloc(rows * 3 * C, sizeof(real), "decoder activations");
+    k->ff_h = checked_calloc(rows * F, sizeof(real), "decoder activations");
+    k->mean = checked_calloc(rows, sizeof(real), "decoder activations");
+    k->rstd = checked_calloc(rows, sizeof(real), "decoder activations");
+    k->att = checked_calloc(rows * NH * widest, sizeof(real), "decoder attention");
+    k->logits = checked_calloc(rows * V, sizeof(real), "decoder logits");
+    for (size_t i = 0; i < rows * C; i++) k->ones[i] = 1;
+}
+
+static void decoder_cache_free(DecoderCache *k) {
+    void *all[] = { k->src_len, k->self_len, k->cross_kv, k->self_kv, k->spare_kv, k->x, k->qkv,
+                    k->heads, k->proj, k->res, k->ln1, k->ln2, k->q, k->ff_h, k->ff_out, k->mean,
+                    k->rstd, k->att, k->ones, k->logits };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    memset(k, 0, sizeof *k);
+}
+
+// The encoder runs once per sentence: memory = Encoder(source) (§3.1). Then
+// every decoder layer's keys and values of the memory are computed and kept.
+// src is (B,S), padded, with B == rows (row r decodes sentence r) or B == 1
+// (every row decodes sentence 0: the beams of beam search).
+static void decoder_cache_encode(DecoderCache *k, Transformer *m, const int *src, const int *src_len, int B) {
+    const TransformerConfig *c = &m->config;
+    int S = k->S, C = c->d_model;
+    size_t R = k->rows, row_kv = (size_t)S * 2 * C;
+    Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
+    ensure_buffers(m, B, S, 1);
+    m->B = B; m->S = S; m->T = 1;
+    const real *memory = encoder_forward(m, &batch);
+    for (int l = 0; l < c->n_layers; l++) {
+        AttentionParams w = decoder_layer_params(&m->params, c, l).cross_attn;
+        real *kv = k->cross_kv + l * R * row_kv;
+        // kv = memory W_kv^T + b_kv, as cross_attention_forward computes it
+        linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
+        for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
+    }
+    for (size_t r = 0; r < R; r++) k->src_len[r] = src_len[B == 1 ? 0 : r];
+}
+
+// One decoder position t for rows 0..rows-1: tokens (rows) are their inputs
+// at position t. Appends each row's keys and values at t to the cache and
+// leaves the logits of the next token in k->logits (rows, V). The same
+// sub-layers as decoder_layer_forward, for one position, without dropout.
+static void decoder_step(DecoderCache *k, Transformer *m, const int *tokens, int t, int rows) {
+    const TransformerConfig *c = &m->config;
+    int C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t n = (size_t)rows * C, R = k->rows;
+    float eps = c->layer_norm_eps;
+    // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
+    embedding_forward(k->x, tokens, m->params.embedding, m->positional_encoding + (size_t)t * C, rows, 1, C);
+    for (int r = 0; r < rows; r++) k->self_len[r] = t + 1;
+    for (int l = 0; l < c->n_layers; l++) {
+        DecoderLayerParams w = decoder_layer_params(&m->params, c, l);
+        real *self_kv = k->self_kv + l * R * k->max_T * 2 * C;
+        real *cross_kv = k->cross_kv + l * R * k->S * 2 * C;
+        // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
+        linear_forward(k->qkv, k->x, w.self_attn.qkv_w, w.self_attn.qkv_b, rows, C, 3 * C);
+        for (int r = 0; r < rows; r++)
+            memcpy(self_kv + ((size_t)r * k->max_T + t) * 2 * C, k->qkv + (size_t)r * 3 * C + C,
+                   2 * (size_t)C * sizeof(real));
+        attention_forward(k->heads, k->att, k->qkv, self_kv, self_kv + C, 3 * C, 2 * C, k->self_len, 0,
+                          rows, 1, k->max_T, C, NH);
+        linear_forward(k->proj, k->heads, w.self_attn.out_w, w.self_attn.out_b, rows, C, C);
+        residual_dropout_forward(k->res, k->x, k->proj, k->ones, n);
+        layernorm_forward(k->ln1, k->mean, k->rstd, k->res, w.ln1_g, w.ln1_b, rows, C, eps);
+        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); keys and values from the cache
+        linear_forward(k->q, k->ln1, w.cross_attn.qkv_w, w.cross_attn.qkv_b, rows, C, C);
+        attention_forward(k->heads, k->att, k->q, cross_kv, cross_kv + C, C, 2 * C, k->src_len, 0,
+                          rows, 1, k->S, C, NH);
+        linear_forward(k->proj, k->heads, w.cross_attn.out_w, w.cross_attn.out_b, rows, C, C);
+        residual_dropout_forward(k->res, k->ln1, k->proj, k->ones, n);
+        layernorm_forward(k->ln2, k->mean, k->rstd, k->res, w.ln2_g, w.ln2_b, rows, C, eps);
+        // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
+        feed_forward_forward(k->ff_out, k->ff_h, k->ln2, w.ffn, rows, C, F);
+        residual_dropout_forward(k->res, k->ln2, k->ff_out, k->ones, n);
+        layernorm_forward(k->x, k->mean, k->rstd, k->res, w.ln3_g, w.ln3_b, rows, C, eps);
+    }
+    // §3.4: the pre-softmax projection through the shared embedding
+    linear_forward(k->logits, k->x, m->params.embedding, NULL, rows, C, V);
+}
+
+// Beam search keeps the best hypotheses, which may extend any of the previous
+// beams: row i continues beam parent[i], so it takes over that beam's cached
+// keys and values of positions 0..positions-1.
+static void decoder_cache_reorder(DecoderCache *k, const Transformer *m, const int *parent, int rows,
+                                  int positions) {
+    size_t C = m->config.d_model, L = m->config.n_layers, R = k->rows, T = k->max_T;
+    for (size_t l = 0; l < L; l++)
+        for (int i = 0; i < rows; i++)
+            memcpy(k->spare_kv + (l * R + i) * T * 2 * C, k->self_kv + (l * R + parent[i]) * T * 2 * C,
+                   (size_t)positions * 2 * C * sizeof(real));
+    real *swap = k->self_kv; k->self_kv = k->spare_kv; k->spare_kv = swap;
+}
+
+// §6.1: "maximum output length ... input length + 50", and never more
+// positions than the positional encoding has. Counts output tokens, </s> included.
+int transformer_decode_limit(const Transformer *m, int src_len) {
+    int limit = src_len + 50;
+    return limit < m->config.max_len ? limit : m->config.max_len;
+}
+
+// The most likely next token. <pad> and <s> are never outputs; the lowest id wins a tie.
+static int greedy_token(const real *logits, int V) {
+    int best = TOKEN_EOS;
+    for (int v = 0; v < V; v++) {
+        if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
+        if (logits[v] > logits[best]) best = v;
+    }
+    return best;
+}
+
+// Greedy decoding of B sentences side by side: at each position every
+// sentence takes its most likely token, until </s> or the length limit.
+// src is (B,S) padded, src_len (B). out (B, max_out) gets each output
+// without </s>, out_len (B) its length.
+void transformer_greedy_decode(Transformer *m, int *out, int *out_len, int max_out,
+                               const int *src, const int *src_len, int B, int S) {
+    int training = m->training, V = m->config.vocab_size, steps = 0;
+    m->training = 0;
+    int *limit = checked_calloc(B, sizeof(int), "decode limits");
+    int *tokens = checked_calloc(B, sizeof(int), "decode tokens");
+    int *done = checked_calloc(B, sizeof(int), "decode flags");
+    for (int b = 0; b < B; b++) {
+        limit[b] = transformer_decode_limit(m, src_len[b]);
+        if (limit[b] > max_out) limit[b] = max_out;
+        if (limit[b] > steps) steps = limit[b];
+        out_len[b] = 0;
+        tokens[b] = TOKEN_BOS;
+    }
+    DecoderCache k;
+    decoder_cache_init(&k, m, B, S, steps);
+    decoder_cache_encode(&k, m, src, src_len, B);
+    for (int t = 0; t < steps; t++) {
+        decoder_step(&k, m, tokens, t, B);
+        int active = 0;
+        for (int b = 0; b < B; b++) {
+            if (done[b]) continue;
+            int y = greedy_token(k.logits + (size_t)b * V, V);
+            if (y == TOKEN_EOS) { done[b] = 1; continue; }
+            out[(size_t)b * max_out + out_len[b]++] = y;
+            tokens[b] = y;
+            if (t + 1 >= limit[b]) done[b] = 1;
+            active += !done[b];
+        }
+        if (!active) break;
+    }
+    decoder_cache_free(&k);
+    free(limit); free(tokens); free(done);
+    m->training = training;
+}
+
+// §6.1 length penalty, in the form of tensor2tensor (Wu et al. 2016):
+// a hypothesis of `length` tokens (</s> included) scores log P / ((5 + length) / 6)^alpha.
+static double length_penalty(int length, double alpha) {
+    return pow((5.0 + length) / 6.0, alpha);
+}
+
+// A possible extension of a beam: token after beam `row`, with the summed
+// log-probability `score`. The logit breaks ties, then the lower row and
+// token, so that one beam ranks exactly as greedy_token chooses.
+typedef struct { double score; real logit; int row, token; } BeamCandidate;
+
+static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
+    if (a->score != b->score) return a->score > b->score;
+    if (a->logit != b->logit) return a->logit > b->logit;
+    if (a->row != b->row) return a->row < b->row;
+    return a->token < b->token;
+}
+
+// Inserts c into best[0..*count-1], sorted, keeping at most `keep`.
+static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCandidate c) {
+    int i;
+    if (*count < keep) i = (*count)++;
+    else if (candidate_before(&c, &best[keep - 1])) i = keep - 1;
+    else return;
+    while (i > 0 && candidate_before(&c, &best[i - 1])) { best[i] = best[i - 1]; i--; }
+    best[i] = c;
+}
+
+// Every alive beam r proposes every token v with the score
+// alive_score[r] + log softmax(logits[r])_v (in double); keeps the best `keep`
+// in best[], sorted. <pad> and <s> are never proposed. Returns how many.
+static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score,
+                        int num_alive, int V) {
+    int num_best = 0;
+    for (int r = 0; r < num_alive; r++) {
+        const real *z = logits + (size_t)r * V;
+        double max_z = z[0], sum = 0;
+        for (int v = 1; v < V; v++) if (z[v] > max_z) max_z = z[v];
+        for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
+        double log_sum = max_z + log(sum);
+        for (int v = 0; v < V; v++) {
+            if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
+            BeamCandidate c = { alive_score[r] + (z[v] - log_sum), z[v], r, v };
+            candidate_insert(best, &num_best, keep, c);
+        }
+    }
+    return num_best;
+}
+
+// Beam search for one sentence (§6.1). Keeps `beam_size` alive hypotheses.
+// At each position every alive beam proposes every token; the best
+// 2 x beam_size of these (by summed log-probability) are taken in order:
+// one ending in </s> among the first beam_size is finished, with score
+// log P / length_penalty; the others fill the next alive beams. Search stops
+// when beam_size hypotheses have finished ("all beams have ended"), or at the
+// length limit, where the alive beams finish as they are. Returns the length
+// of the best finished hypothesis, written to out (capacity
+// transformer_decode_limit) without </s>; *score gets its score.
+// With beam_size 1 this is exactly greedy decoding.
+int transformer_beam_search(Transformer *m, int *out, double *score, const int *src, int src_len,
+                            int beam_size, double alpha) {
+    int training = m->training, V = m->config.vocab_size, K = beam_size;
+    m->training = 0;
+    int limit = transformer_decode_limit(m, src_len);
+    size_t stride = limit;
+    int *alive = checked_calloc(K * stride, sizeof(int), "beams"), *next = checked_calloc(K * stride, sizeof(int), "beams");
+    int *finished = checked_calloc(K * stride, sizeof(int), "beams"), *finished_len = checked_calloc(K, sizeof(int), "beams");
+    double *alive_score = checked_calloc(K, sizeof(double), "beams"), *next_score = checked_calloc(K, sizeof(double), "beams");
+    double *finished_score = checked_calloc(K, sizeof(double), "beams");
+    int *parent = checked_calloc(K, sizeof(int), "beams"), *tokens = checked_calloc(K, sizeof(int), "beams");
+    BeamCandidate *best = checked_calloc(2 * K, sizeof(BeamCandidate), "beam candidates");
+    DecoderCache k;
+    decoder_cache_init(&k, m, K, src_len, limit);
+    decoder_cache_encode(&k, m, src, &src_len, 1);
+    int num_alive = 1, num_finished = 0, winner = 0; // winner: the best finished so far (first on ties)
+    finished_score[0] = -INFINITY;
+    tokens[0] = TOKEN_BOS;
+    for (int t = 0; t < limit; t++) {
+        decoder_step(&k, m, tokens, t, num_alive);
+        int num_best = beam_propose(best, 2 * K, k.logits, alive_score, num_alive, V);
+        // Each of the K beams ends once: the best `width` candidates, in order,
+        // either end (</s>) or go on, where width is the number of beams that
+        // have not ended yet. An ended beam is not replaced, so a few poor
+        // hypotheses that end early cannot stop the search while a better one
+        // is still going; the search stops when every beam has ended.
+        int width = K - num_finished, num_next = 0;
+        for (int i = 0; i < num_best && i < width; i++) {
+            BeamCandidate c = best[i];
+            if (c.token == TOKEN_EOS) {
+                memcpy(finished + num_finished * stride, alive + c.row * stride, t * sizeof(int));
+                finished_len[num_finished] = t;
+                finished_score[num_finished] = c.score / length_penalty(t + 1, alpha);
+                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
+                num_finished++;
+            } else {
+                memcpy(next + num_next * stride, alive + c.row * stride, t * sizeof(int));
+                next[num_next * stride + t] = c.token;
+                next_score[num_next] = c.score;
+                parent[num_next] = c.row;
+                tokens[num_next++] = c.token;
+            }
+        }
+        if (num_finished == K || num_next == 0) break;
+        if (t + 1 == limit) { // out of positions: the alive beams end here, without </s>
+            for (int i = 0; i < num_next && num_finished < K; i++) {
+                memcpy(finished + num_finished * stride, next + i * stride, (t + 1) * sizeof(int));
+                finished_len[num_finished] = t + 1;
+                finished_score[num_finished] = next_score[i] / length_penalty(t + 1, alpha);
+                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
+                num_finished++;
+            }
+            break;
+        }
+        decoder_cache_reorder(&k, m, parent, num_next, t + 1);
+        int *swap = alive; alive = next; next = swap;
+        double *swap_score = alive_score; alive_score = next_score; next_score = swap_score;
+        num_alive = num_next;
+    }
+    int length = num_finished ? finished_len[winner] : 0;
+    memcpy(out, finished + winner * stride, length * sizeof(int));
+    if (score) *score = num_finished ? finished_score[winner] : -INFINITY;
+    decoder_cache_free(&k);
+    free(alive); free(next); free(finished); free(finished_len); free(alive_score); free(next_score);
+    free(finished_score); free(parent); free(tokens); free(best);
+    m->training = training;
+    return length;
+}
+
+// ============================================================================
+// Data: vocabulary, TSV files, built-in tasks, batches
+// §3.4: one vocabulary for source and target (the embedding is shared).
+// §5.1: "Sentence pairs were batched together by approximate sequence length.
+// Each training batch contained a set of sentence pairs containing
+// approximately 25000 source tokens and 25000 target tokens."
+// ============================================================================
+
+// The functions from here on that can fail return NULL on success, or one
+// line saying what is wrong: the file (and line) or value, and what was
+// expected. The text lives in this buffer until the next error.
+static char error_buffer[1024];
+static const char *errorf(const char *format, ...) {
+    char text[sizeof error_buffer];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+    memcpy(error_buffer, text, sizeof text);
+    return error_buffer;
+}
+
+static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
+    if (count == 0) count = 1;
+    if (size != 0 && count > SIZE_MAX / size) {
+        fprintf(stderr, "error: %s: %zu x %zu bytes overflows\n", what, count, size);
+        exit(1);
+    }
+    void *q = realloc(p, count * size);
+    if (!q) {
+        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, count * size);
+        exit(1);
+    }
+    return q;
+}
+
+static double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- vocabulary -------------------------------------------------------------
+// Token text <-> id. Ids 0..3 are <pad> <s> </s> <unk> (transformer.h); the
+// data's tokens follow in order of first appearance. Lookup is a hash table
+// with open addressing.
+
+typedef struct {
+    char **words;    // (size) id -> text
+    int size, capacity;
+    int *slots;      // (num_slots) ids, -1 when empty; num_slots is a power of two
+    size_t num_slots;
+} Vocabulary;
+
+static uint32_t text_hash(const char *s, size_t n) { // FNV-1a
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)s[i]; h *= 16777619u; }
+    return h;
+}
+
+// The id of the n bytes at word, or -1.
+static int vocab_find(const Vocabulary *v, const char *word, size_t n) {
+    size_t mask = v->num_slots - 1;
+    for (size_t i = text_hash(word, n) & mask;; i = (i + 1) & mask) {
+        int id = v->slots[i];
+        if (id < 0) return -1;
+        if (strncmp(v->words[id], word, n) == 0 && v->words[id][n] == '\0') return id;
+    }
+}
+
+static void vocab_insert_slot(Vocabulary *v, int id) {
+    const char *w = v->words[id];
+    size_t mask = v->num_slots - 1, i = text_hash(w, strlen(w)) & mask;
+    while (v->slots[i] >= 0) i = (i + 1) & mask;
+    v->slots[i] = id;
+}
+
+// The id of the n bytes at word, added to the vocabulary if new.
+static int vocab_add(Vocabulary *v, const char *word, size_t n) {
+    int id = vocab_find(v, word, n);
+    if (id >= 0) return id;
+    if (v->size == v->capacity) {
+        v->capacity = v->capacity ? 2 * v->capacity : 64;
+        v->words = checked_realloc(v->words, v->capacity, sizeof(char *), "vocabulary");
+    }
+    if (2 * (size_t)(v->size + 1) > v->num_slots) { // keep the table at most half full
+        free(v->slots);
+        v->num_slots *= 2;
+        v->slots = checked_calloc(v->num_slots, sizeof(int), "vocabulary table");
+        for (size_t i = 0; i < v->num_slots; i++) v->slots[i] = -1;
+        for (int i = 0; i < v->size; i++) vocab_insert_slot(v, i);
+    }
+    char *copy = checked_calloc(n + 1, 1, "vocabulary word");
+    memcpy(copy, word, n);
+    v->words[v->size] = copy;
+    vocab_insert_slot(v, v->size);
+    return v->size++;
+}
+
+static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
+
+static void vocab_init(Vocabulary *v) {
+    memset(v, 0, sizeof *v);
+    v->num_slots = 64;
+    v->slots = checked_calloc(v->num_slots, sizeof(int), "vocabulary table");
+    for (size_t i = 0; i < v->num_slots; i++) v->slots[i] = -1;
+    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) vocab_add(v, special_tokens[i], strlen(special_tokens[i]));
+}
+
+static void vocab_free(Vocabulary *v) {
+    for (int i = 0; i < v->size; i++) free(v->words[i]);
+    free(v->words);
+    free(v->slots);
+    memset(v, 0, sizeof *v);
+}
+
+// ---- sentence pairs ---------------------------------------------------------
+
+typedef struct {
+    size_t src, tgt;          // offsets of the tokens in Dataset.tokens
+    int src_len, tgt_len;     // tokens, without <s> or </s>
+    int line;                 // line in its file (1 = first), 0 for generated data
+} SentencePair;
+
+typedef struct {
+    SentencePair *pairs;
+    int count, capacity;
+    int *tokens;
+    size_t num_tokens, tokens_capacity;
+    int longest_src, longest_tgt;
+} Dataset;
+
+static void dataset_free(Dataset *d) {
+    free(d->pairs);
+    free(d->tokens);
+    memset(d, 0, sizeof *d);
+}
+
+static void dataset_push_tokens(Dataset *d, const int *tokens, int n) {
+    if (d->num_tokens + n > d->tokens_capacity) {
+        d->tokens_capacity = 2 * (d->num_tokens + n) + 1024;
+        d->tokens = checked_realloc(d->tokens, d->tokens_capacity, sizeof(int), "sentence tokens");
+    }
+    memcpy(d->tokens + d->num_tokens, tokens, n * sizeof(int));
+    d->num_tokens += n;
+}
+
+static void dataset_add(Dataset *d, const int *src, int src_len, const int *tgt, int tgt_len, int line) {
+    if (d->count == d->capacity) {
+        d->capacity = d->capacity ? 2 * d->capacity : 256;
+        d->pairs = checked_realloc(d->pairs, d->capacity, sizeof(SentencePair), "sentence pairs");
+    }
+    SentencePair *p = &d->pairs[d->count++];
+    p->src = d->num_tokens;
+    dataset_push_tokens(d, src, src_len);
+    p->tgt = d->num_tokens;
+    dataset_push_tokens(d, tgt, tgt_len);
+    p->src_len = src_len;
+    p->tgt_len = tgt_len;
+    p->line = line;
+    if (src_len > d->longest_src) d->longest_src = src_len;
+    if (tgt_len > d->longest_tgt) d->longest_tgt = tgt_len;
+}
+
+// FNV-1a over every pair's tokens: tells whether two datasets are the same
+// (a resumed run checks that its training data has not changed).
+static uint64_t dataset_hash(const Dataset *d) {
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (int i = 0; i < d->count; i++) {
+        const SentencePair *p = &d->pairs[i];
+        int header[2] = { p->src_len, p->tgt_len };
+        for (int k = 0; k < 2 + p->src_len + p->tgt_len; k++) {
+            int x = k < 2 ? header[k] : k < 2 + p->src_len ? d->tokens[p->src + k - 2]
+                                                           : d->tokens[p->tgt + k - 2 - p->src_len];
+            for (int byte = 0; byte < 4; byte++) { h ^= (uint8_t)((uint32_t)x >> (8 * byte)); h *= 0x100000001B3ULL; }
+        }
+    }
+    return h;
+}
+
+// Moves every `every`-th pair (the every-th, 2·every-th, ...) of d into held_out.
+static void dataset_split(Dataset *d, Dataset *held_out, int every) {
+    Dataset kept;
+    memset(&kept, 0, sizeof kept);
+    for (int i = 0; i < d->count; i++) {
+        const SentencePair *p = &d->pairs[i];
+        dataset_add((i + 1) % every == 0 ? held_out : &kept, d->tokens + p->src, p->src_len,
+                    d->tokens + p->tgt, p->tgt_len, p->line);
+    }
+    dataset_free(d);
+    *d = kept;
+}
+
+// ---- reading text -------------------------------------------------------------
+
+// Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
+typedef struct {
+    char where[300];
+    int warnings;             // unknown-token warnings printed so far for this input
+    long unknown;             // tokens read as <unk>
+} TextSource;
+
+#define MAX_UNKNOWN_WARNINGS 5
+
+// Splits text at spaces into token ids. grow: new tokens join the vocabulary;
+// otherwise they become <unk> with a warning (the first few). Returns the
+// number of tokens; *ids grows as needed.
+static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capacity, TextSource *from) {
+    int n = 0;
+    char *p = text;
+    for (;;) {
+        while (*p && isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        char *start = p;
+        while (*p && !isspace((unsigned char)*p)) p++;
+        size_t len = (size_t)(p - start);
+        int id = grow ? vocab_add(v, start, len) : vocab_find(v, start, len);
+        if (id < 0) {
+            id = TOKEN_UNK;
+            from->unknown++;
+            if (from->warnings++ < MAX_UNKNOWN_WARNINGS)
+                fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
+                        from->where, (int)(len < 80 ? len : 80), start);
+        }
+        if ((size_t)n == *capacity) {
+            *capacity = *capacity ? 2 * *capacity : 64;
+            *ids = checked_realloc(*ids, *capacity, sizeof(int), "token ids");
+        }
+        (*ids)[n++] = id;
+    }
+    return n;
+}
+
+// Reads `source<TAB>target` lines, tokens separated by spaces, into d. Blank
+// lines are skipped; a line ending in \r\n is read as ending in \n. grow: the
+// vocabulary takes every new token (training data); otherwise unknown tokens
+// become <unk> with a warning.
+static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path, int grow) {
+    FILE *f = fopen(path, "r");
+    if (!f) return errorf("%s: cannot open: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t line_capacity = 0, src_capacity = 0, tgt_capacity = 0;
+    int *src = NULL, *tgt = NULL, line_no = 0;
+    ssize_t length;
+    const char *error = NULL;
+    TextSource from = { "", 0, 0 };
+    while (!error && (length = getline(&line, &line_capacity, f)) != -1) {
+        line_no++;
+        snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
+        while (length > 0 && (line[length - 1] == '\n' || line[length - 1] == '\r')) line[--length] = '\0';
+        if (strlen(line) != (size_t)length) { error = errorf("%s: a zero byte; expected text", from.where); break; }
+        char *p = line;
+        while (*p && isspace((unsigned char)*p) && *p != '\t') p++;
+        if (!*p) continue; // blank line
+        char *tab = strchr(line, '\t');
+        if (!tab) { error = errorf("%s: no tab; expected source<TAB>target", from.where); break; }
+        if (strchr(tab + 1, '\t')) { error = errorf("%s: more than one tab; expected source<TAB>target", from.where); break; }
+        *tab = '\0';
+        int n_src = tokenize(line, v, grow, &src, &src_capacity, &from);
+        int n_tgt = tokenize(tab + 1, v, grow, &tgt, &tgt_capacity, &from);
+        if (n_src == 0) error = errorf("%s: empty source; expected tokens before the tab", from.where);
+        else if (n_tgt == 0) error = errorf("%s: empty target; expected tokens after the tab", from.where);
+        else if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
+            error = errorf("%s: %d tokens; expected at most %d", from.where, n_src > n_tgt ? n_src : n_tgt,
+                           TRANSFORMER_MAX_LEN);
+        else if (v->size > TRANSFORMER_MAX_VOCAB)
+            error = errorf("%s: more than %d distinct tokens; expected fewer", from.where, TRANSFORMER_MAX_VOCAB);
+        else dataset_add(d, src, n_src, tgt, n_tgt, line_no);
+    }
+    if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
+    if (!error && d->count == 0)
+        error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target",
+                       path, line_no == 0 ? "the file is empty" : "only blank lines");
+    if (!error && from.warnings > MAX_UNKNOWN_WARNINGS)
+        fprintf(stderr, "warning: %s: %ld tokens in all are not in the vocabulary and were read as <unk>\n",
+                path, from.unknown);
+    free(line); free(src); free(tgt);
+    fclose(f);
+    return error;
+}
+
+// A model with max_len positions takes sources and targets of up to
+// max_len - 1 tokens: the encoder reads x_1..x_n </s> and the decoder
+// <s> y_1..y_n, n + 1 positions each.
+static const char *dataset_check_lengths(const Dataset *d, const char *name, int max_len) {
+    for (int i = 0; i < d->count; i++) {
+        const SentencePair *p = &d->pairs[i];
+        char where[300];
+        if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
+        else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
+        if (p->src_len > max_len - 1)
+            return errorf("%s: the source has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
+                          where, p->src_len, max_len, max_len - 1);
+        if (p->tgt_len > max_len - 1)
+            return errorf("%s: the target has %d tokens; the model's maximum length %d allows %d (one position is <s>)",
+                          where, p->tgt_len, max_len, max_len - 1);
+    }
+    return NULL;
+}
+
+static void print_tokens(FILE *f, const Vocabulary *v, const int *ids, int n) {
+    for (int i = 0; i < n; i++) fprintf(f, "%s%s", i ? " " : "", v->words[ids[i]]);
+}
+
+// ---- built-in tasks -------------------------------------------------------------
+// copy: the target is the source; reverse: the source backwards. Words are
+// the numbers 0..words-1, so `./transformer decode ... "3 1 4 1 5"` reads
+// naturally. The held-out pairs are drawn after the training pairs and
+// none of their sources appears among the training sources: the model is
+// tested on sequences it never saw.
+
+enum { TASK_COPY, TASK_REVERSE, NUM_TASKS };
+static const char *task_names[NUM_TASKS] = { "copy", "reverse" };
+
+static void task_vocabulary(Vocabulary *v, int words) {
+    vocab_init(v);
+    for (int w = 0; w < words; w++) {
+        char text[16];
+        int n = snprintf(text, sizeof text, "%d", w);
+        vocab_add(v, text, (size_t)n);
+    }
+}
+
+// A set of 64-bit hashes (open addressing; 0 marks an empty slot).
+typedef struct { uint64_t *slots; size_t mask; } HashSet;
+
+static uint64_t sequence_hash(const int *tokens, int n) {
+    uint64_t h = 0xCBF29CE484222325ULL ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) { h ^= (uint64_t)(uint32_t)tokens[i]; h *= 0x100000001B3ULL; h ^= h >> 29; }
+    return h ? h : 1;
+}
+
+// Adds h; returns 1 if it was new, 0 if it was there already.
+static int hash_set_add(HashSet *s, uint64_t h) {
+    for (size_t i = h & s->mask;; i = (i + 1) & s->mask) {
+        if (s->slots[i] == h) return 0;
+        if (s->slots[i] == 0) { s->slots[i] = h; return 1; }
+    }
+}
+
+static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len,
+                                 int max_len, int train_size, int valid_size, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
+    HashSet seen;
+    size_t slots = 16;
+    while (slots < 4 * ((size_t)train_size + valid_size)) slots *= 2;
+    seen.slots = checked_calloc(slots, sizeof(uint64_t), "task hash set");
+    seen.mask = slots - 1;
+    int *src = checked_calloc(max_len, sizeof(int), "task sentence"), *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
+    const char *error = NULL;
+    long attempts = 0, max_attempts = 1000L * valid_size + 1000;
+    for (int i = 0; i < train_size + valid_size; ) {
+        int n = min_len + rng_below(&rng, max_len - min_len + 1);
+        for (int t = 0; t < n; t++) src[t] = NUM_SPECIAL_TOKENS + rng_below(&rng, words);
+        for (int t = 0; t < n; t++) tgt[t] = task == TASK_COPY ? src[t] : src[n - 1 - t];
+        int is_new = hash_set_add(&seen, sequence_hash(src, n));
+        if (i < train_size) {
+            dataset_add(train, src, n, tgt, n, 0);
+            i++;
+        } else if (is_new) { // held out: a source the training set does not have, and no repeats
+            dataset_add(valid, src, n, tgt, n, 0);
+            i++;
+        } else if (++attempts > max_attempts) {
+            error = errorf("cannot find %d held-out sequences outside the %d training sequences "
+                           "(found %d); expected more --words or a larger --max-length",
+                           valid_size, train_size, valid->count);
+            break;
+        }
+    }
+    free(seen.slots); free(src); free(tgt);
+    return error;
+}
+
+// ---- batches ------------------------------------------------------------------
+// An epoch visits every training pair once. The pairs are sorted by length
+// (source, then target, random among equals), cut into batches of at most
+// batch_tokens tokens counting padding (B x (S + T)), and the batches are
+// visited in random order: §5.1's batching by approximate length.
+
+typedef struct { int start, count; } BatchSpan;   // order[start .. start + count - 1]
+
+typedef struct {
+    int *order;          // (pairs) pair indices, grouped by length
+    BatchSpan *spans;    // the batches, in the order they are visited
+    int num_spans;
+} EpochPlan;
+
+typedef struct { int src_len, tgt_len; uint64_t key; int index; } LengthKey;
+
+static int compare_length_keys(const void *pa, const void *pb) {
+    const LengthKey *a = pa, *b = pb;
+    if (a->src_len != b->src_len) return a->src_len < b->src_len ? -1 : 1;
+    if (a->tgt_len != b->tgt_len) return a->tgt_len < b->tgt_len ? -1 : 1;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+// Cuts order[0..count-1] (already grouped by length) into batches of at most
+// batch_tokens padded tokens each (at least one pair per batch): B x (S + T)
+// with S = longest source + 1 (</s>), T = longest target + 1 (<s> or </s>).
+static int cut_into_batches(BatchSpan *spans, const Dataset *d, const int *order, int count, int batch_tokens) {
+    int num_spans = 0;
+    for (int i = 0; i < count; ) {
+        int S = 0, T = 0, n = 0;
+        while (i + n < count) {
+            const SentencePair *p = &d->pairs[order[i + n]];
+            int S2 = p->src_len + 1 > S ? p->src_len + 1 : S, T2 = p->tgt_len + 1 > T ? p->tgt_len + 1 : T;
+            if (n > 0 && (long)(n + 1) * (S2 + T2) > batch_tokens) break;
+            S = S2; T = T2; n++;
+        }
+        spans[num_spans].start = i;
+        spans[num_spans++].count = n;
+        i += n;
+    }
+    return num_spans;
+}
+
+// Draws the next epoch's batches from rng (serially: the same on any thread count).
+static void epoch_plan_make(EpochPlan *plan, const Dataset *d, int batch_tokens, Rng *rng) {
+    LengthKey *keys = checked_calloc(d->count, sizeof(LengthKey), "epoch order");
+    for (int i = 0; i < d->count; i++) {
+        keys[i].src_len = d->pairs[i].src_len;
+        keys[i].tgt_len = d->pairs[i].tgt_len;
+        keys[i].key = rng_next(rng);
+        keys[i].index = i;
+    }
+    qsort(keys, d->count, sizeof(LengthKey), compare_length_keys);
+    plan->order = checked_realloc(plan->order, d->count, sizeof(int), "epoch order");
+    plan->spans = checked_realloc(plan->spans, d->count, sizeof(BatchSpan), "epoch batches");
+    for (int i = 0; i < d->count; i++) plan->order[i] = keys[i].index;
+    free(keys);
+    plan->num_spans = cut_into_batches(plan->spans, d, plan->order, d->count, batch_tokens);
+    for (int i = plan->num_spans - 1; i > 0; i--) { // Fisher-Yates shuffle of the batches
+        int j = rng_below(rng, i + 1);
+        BatchSpan swap = plan->spans[i]; plan->spans[i] = plan->spans[j]; plan->spans[j] = swap;
+    }
+}
+
+static void epoch_plan_free(EpochPlan *plan) {
+    free(plan->order);
+    free(plan->spans);
+    memset(plan, 0, sizeof *plan);
+}
+
+// A Batch and the memory behind it, grown as needed.
+typedef struct {
+    Batch batch;
+    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
+    size_t src_capacity, tgt_capacity, rows_capacity;
+    long tokens;   // source and target positions without padding, for tokens/s
+} BatchBuffer;
+
+// Teacher forcing (§5): the decoder reads tgt_in = <s> y_1 .. y_n and must
+// predict tgt_out = y_1 .. y_n </s>. The source ends with </s> too, as in
+// tensor2tensor and fairseq (the paper does not say): it marks where the
+// sentence ends, which the encoder otherwise has to infer from the padding
+// mask alone. On the copy task it made learning faster (NOTES.md).
+static void batch_fill(BatchBuffer *bb, const Dataset *d, const int *indices, int count) {
+    int S = 1, T = 1;
+    for (int i = 0; i < count; i++) {
+        const SentencePair *p = &d->pairs[indices[i]];
+        if (p->src_len + 1 > S) S = p->src_len + 1;
+        if (p->tgt_len + 1 > T) T = p->tgt_len + 1;
+    }
+    size_t B = count;
+    if (B > bb->rows_capacity) {
+        bb->rows_capacity = B;
+        bb->src_len = checked_realloc(bb->src_len, B, sizeof(int), "batch");
+        bb->tgt_len = checked_realloc(bb->tgt_len, B, sizeof(int), "batch");
+    }
+    if (B * S > bb->src_capacity) {
+        bb->src_capacity = B * S;
+        bb->src = checked_realloc(bb->src, B * S, sizeof(int), "batch");
+    }
+    if (B * T > bb->tgt_capacity) {
+        bb->tgt_capacity = B * T;
+        bb->tgt_in = checked_realloc(bb->tgt_in, B * T, sizeof(int), "batch");
+        bb->tgt_out = checked_realloc(bb->tgt_out, B * T, sizeof(int), "batch");
+    }
+    memset(bb->src, 0, B * S * sizeof(int));
+    memset(bb->tgt_in, 0, B * T * sizeof(int));
+    memset(bb->tgt_out, 0, B * T * sizeof(int));
+    bb->tokens = 0;
+    for (size_t b = 0; b < B; b++) {
+        const SentencePair *p = &d->pairs[indices[b]];
+        const int *x = d->tokens + p->src, *y = d->tokens + p->tgt;
+        memcpy(bb->src + b * S, x, p->src_len * sizeof(int));
+        bb->src[b * S + p->src_len] = TOKEN_EOS;
+        bb->src_len[b] = p->src_len + 1;
+        bb->tgt_in[b * T] = TOKEN_BOS;
+        memcpy(bb->tgt_in + b * T + 1, y, p->tgt_len * sizeof(int));
+        memcpy(bb->tgt_out + b * T, y, p->tgt_len * sizeof(int));
+        bb->tgt_out[b * T + p->tgt_len] = TOKEN_EOS;
+        bb->tgt_len[b] = p->tgt_len + 1;
+        bb->tokens += p->src_len + 1 + p->tgt_len + 1;
+    }
+    Batch batch = { count, S, T, bb->src, bb->src_len, bb->tgt_in, bb->tgt_out, bb->tgt_len };
+    bb->batch = batch;
+}
+
+static void batch_buffer_free(BatchBuffer *bb) {
+    free(bb->src); free(bb->src_len); free(bb->tgt_in); free(bb->tgt_out); free(bb->tgt_len);
+    memset(bb, 0, sizeof *bb);
+}
+
+// ---- evaluation -------------------------------------------------------------------
+// Decodes held-out sources and compares with the references:
+//   exact match     the output is the reference, token for token
+//   token accuracy  positions where output and reference agree, over the
+//                   longer of the two, summed over sentences (a missing or
+//                   an extra token counts as wrong); a reference token not in
+//                   the vocabulary (<unk>) never counts as right.
+// Also the teacher-forced loss (label-smoothed, as in training, no dropout).
+
+typedef struct {
+    double loss;             // mean per target token
+    long correct, compared;  // token accuracy = correct / compared
+    int exact, sentences;
+    BleuStats bleu;          // corpus BLEU of the outputs against the references (§6.1)
+    int *output;             // (sentences, stride) the decoded outputs
+    int *output_len;         // (sentences)
+    int stride;
+} Evaluation;
+
+static void evaluation_free(Evaluation *e) {
+    free(e->output); free(e->output_len);
+    memset(e, 0, sizeof *e);
+}
+
+static void score_output(Evaluation *e, const int *output, int output_len, const int *ref, int ref_len) {
+    int longer = output_len > ref_len ? output_len : ref_len, same = 0;
+    for (int i = 0; i < output_len && i < ref_len; i++) same += output[i] == ref[i] && ref[i] != TOKEN_UNK;
+    e->correct += same;
+    e->compared += longer;
+    e->exact += same == ref_len && output_len == ref_len;
+    bleu_add_sentence(&e->bleu, output, output_len, ref, ref_len);
+}
+
+// Evaluates the first `count` pairs of d (all when count <= 0), decoding
+// greedily (beam_size 1, many sentences side by side) or with beam search.
+static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count, int batch_tokens,
+                     int beam_size, double alpha) {
+    memset(e, 0, sizeof *e);
+    if (count <= 0 || count > d->count) count = d->count;
+    e->sentences = count;
+    e->stride = m->config.max_len;
+    e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
+    e->output_len = checked_calloc(count, sizeof(int), "decoded outputs");
+    int training = m->training;
+    m->training = 0;
+    // sorted by length, so that the sentences decoded side by side have little padding
+    LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "evaluation order");
+    int *order = checked_calloc(count, sizeof(int), "evaluation order");
+    BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
+    for (int i = 0; i < count; i++) {
+        LengthKey key = { d->pairs[i].src_len, d->pairs[i].tgt_len, 0, i };
+        keys[i] = key;
+    }
+    qsort(keys, count, sizeof(LengthKey), compare_length_keys);
+    for (int i = 0; i < count; i++) order[i] = keys[i].index;
+    int num_spans = cut_into_batches(spans, d, order, count, batch_tokens);
+    BatchBuffer bb;
+    memset(&bb, 0, sizeof bb);
+    double total_loss = 0;
+    long total_tokens = 0;
+    int *out = NULL, *out_len = NULL;
+    for (int s = 0; s < num_spans; s++) {
+        const int *indices = order + spans[s].start;
+        int B = spans[s].count;
+        batch_fill(&bb, d, indices, B);
+        total_loss += (double)transformer_forward(m, &bb.batch) * m->num_target_tokens;
+        total_tokens += m->num_target_tokens;
+        int S = bb.batch.S, max_out = transformer_decode_limit(m, S);
+        out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
+        out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
+        if (beam_size <= 1) {
+            transformer_greedy_decode(m, out, out_len, max_out, bb.src, bb.src_len, B, S);
+        } else {
+            for (int b = 0; b < B; b++)
+                out_len[b] = transformer_beam_search(m, out + (size_t)b * max_out, NULL, bb.src + (size_t)b * S,
+                                                     bb.src_len[b], beam_size, alpha);
+        }
+        for (int b = 0; b < B; b++) {
+            const SentencePair *p = &d->pairs[indices[b]];
+            int n = out_len[b] < e->stride ? out_len[b] : e->stride;
+            memcpy(e->output + (size_t)indices[b] * e->stride, out + (size_t)b * max_out, n * sizeof(int));
+            e->output_len[indices[b]] = n;
+            score_output(e, out + (size_t)b * max_out, out_len[b], d->tokens + p->tgt, p->tgt_len);
+        }
+    }
+    e->loss = total_tokens ? total_loss / total_tokens : 0;
+    free(keys); free(order); free(spans); free(out); free(out_len);
+    batch_buffer_free(&bb);
+    m->training = training;
+}
+
+static void print_examples(const Evaluation *e, const Dataset *d, const Vocabulary *v, int show) {
+    for (int i = 0; i < show && i < e->sentences; i++) {
+        const SentencePair *p = &d->pairs[i];
+        const int *out = e->output + (size_t)i * e->stride;
+        int n = e->output_len[i];
+        int exact = n == p->tgt_len && memcmp(out, d->tokens + p->tgt, n * sizeof(int)) == 0;
+        printf("  source     "); print_tokens(stdout, v, d->tokens + p->src, p->src_len);
+        printf("\n  reference  "); print_tokens(stdout, v, d->tokens + p->tgt, p->tgt_len);
+        printf("\n  output     "); print_tokens(stdout, v, out, n);
+        printf("   (%s)\n", exact ? "exact" : "WRONG");
+    }
+}
+
+// ============================================================================
+// Checkpoints
+// One file holds everything a run needs to go on exactly where it stopped:
+// the config, the vocabulary, the parameters, Adam's moments and step, the
+// random generators' states, the position in the current epoch, and the
+// run's own options (data, model, schedule) as text. The byte layout is in
+// NOTES.md ("Checkpoint format"). All numbers are little-endian; the last 8
+// bytes are an FNV-1a checksum of everything before them.
+//
+// Writing goes to PATH.tmp, which is flushed to the disk and then renamed
+// over PATH: rename replaces a file in one step, so PATH is at every moment
+// either the old checkpoint or the new one, never half of either.
+// ============================================================================
+
+#define CHECKPOINT_MAGIC "TCKP"
+#define CHECKPOINT_VERSION 1
+#define CHECKPOINT_HEADER_BYTES 120
+#define CHECKPOINT_CHECKSUM_BYTES 8
+
+// Where a training run stands, besides the model and Adam.
+typedef struct {
+    uint64_t epoch_rng;      // the data-order generator's state when the current epoch was drawn
+    uint64_t epoch;          // epochs begun (the first is 1)
+    uint64_t epoch_batches;  // batches of the current epoch already trained on
+    uint64_t data_hash;      // dataset_hash of the training pairs
+} TrainingState;
+
+#define FNV_OFFSET 0xCBF29CE484222325ULL
+#define FNV_PRIME 0x100000001B3ULL
+
+typedef struct { FILE *f; uint64_t hash; int failed; } Writer;
+
+static void write_bytes(Writer *w, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ p[i]) * FNV_PRIME;
+    if (!w->failed && fwrite(data, 1, n, w->f) != n) w->failed = 1;
+}
+
+static void write_u32(Writer *w, uint32_t x) {
+    unsigned char b[4];
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(x >> (8 * i));
+    write_bytes(w, b, 4);
+}
+
+static void write_u64(Writer *w, uint64_t x) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(x >> (8 * i));
+    write_bytes(w, b, 8);
+}
+
+static void write_f32(Writer *w, float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    write_u32(w, u);
+}
+
+// n numbers of type real, as IEEE-754 binary32 (float builds) or binary64 (double builds)
+static void write_reals(Writer *w, const real *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+#ifdef TRANSFORMER_DOUBLE
+        uint64_t u;
+        memcpy(&u, &x[i], 8);
+        write_u64(w, u);
+#else
+        write_f32(w, x[i]);
+#endif
+    }
+}
+
+static uint32_t get_u32(const unsigned char *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static uint64_t get_u64(const unsigned char *b) {
+    return (uint64_t)get_u32(b) | (uint64_t)get_u32(b + 4) << 32;
+}
+
+static float get_f32(const unsigned char *b) {
+    uint32_t u = get_u32(b);
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+typedef struct { FILE *f; uint64_t hash; int failed; } Reader;
+
+static void read_bytes(Reader *r, void *data, size_t n) {
+    if (!r->failed && fread(data, 1, n, r->f) != n) { r->failed = 1; memset(data, 0, n); }
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ p[i]) * FNV_PRIME;
+}
+
+// n numbers stored with real_bytes (4 or 8) bytes each, converted to real
+static void read_reals(Reader *r, real *x, size_t n, int real_bytes) {
+    unsigned char b[8];
+    for (size_t i = 0; i < n; i++) {
+        read_bytes(r, b, real_bytes);
+        if (real_bytes == 4) {
+            x[i] = (real)get_f32(b);
+        } else {
+            uint64_t u = get_u64(b);
+            double d;
+            memcpy(&d, &u, 8);
+            x[i] = (real)d;
+        }
+    }
+}
+
+static const char *checkpoint_save(const char *path, const Transformer *m, const Vocabulary *v,
+                                   const TrainingState *state, const char *run_options) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
+    Writer w = { f, FNV_OFFSET, 0 };
+    const TransformerConfig *c = &m->config;
+    uint64_t vocab_bytes = 0, options_bytes = strlen(run_options);
+    for (int i = 0; i < v->size; i++) vocab_bytes += 4 + strlen(v->words[i]);
+    write_bytes(&w, CHECKPOINT_MAGIC, 4);
+    write_u32(&w, CHECKPOINT_VERSION);
+    write_u32(&w, (uint32_t)sizeof(real));
+    int sizes[6] = { c->n_layers, c->d_model, c->d_ff, c->n_heads, c->vocab_size, c->max_len };
+    for (int i = 0; i < 6; i++) write_u32(&w, (uint32_t)sizes[i]);
+    write_f32(&w, c->dropout);
+    write_f32(&w, c->label_smoothing);
+    write_f32(&w, c->layer_norm_eps);
+    uint64_t fields[9] = { m->num_parameters, (uint64_t)m->adam_step, m->dropout_rng.state,
+                           state->epoch_rng, state->epoch, state->epoch_batches, state->data_hash,
+                           vocab_bytes, options_bytes };
+    for (int i = 0; i < 9; i++) write_u64(&w, fields[i]);
+    write_bytes(&w, run_options, options_bytes);
+    for (int i = 0; i < v->size; i++) {
+        write_u32(&w, (uint32_t)strlen(v->words[i]));
+        write_bytes(&w, v->words[i], strlen(v->words[i]));
+    }
+    write_reals(&w, m->params_memory, m->num_parameters);
+    write_reals(&w, m->adam_m, m->num_parameters);
+    write_reals(&w, m->adam_v, m->num_parameters);
+    write_u64(&w, w.hash);
+    int error = w.failed ? (errno ? errno : EIO) : 0;
+    if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) error = errno;
+    if (fclose(f) != 0 && !error) error = errno;
+    if (!error && rename(tmp, path) != 0) error = errno;
+    if (error) {
+        remove(tmp);
+        return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp, strerror(error), path);
+    }
+    return NULL;
+}
+
+// The fixed-size header at the start of every checkpoint (offsets in NOTES.md).
+typedef struct {
+    uint32_t real_bytes;        // 4 (float) or 8 (double)
+    TransformerConfig config;
+    uint64_t num_parameters, adam_step, dropout_rng;
+    TrainingState state;
+    uint64_t vocab_bytes, options_bytes;
+} CheckpointHeader;
+
+// Reads and checks the header from its bytes b (got of them, from a file of
+// `size` bytes): the magic, the version, the config, the parameter count the
+// config gives, and the file's length against what the header describes.
+static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got,
+                                           uint64_t size, const char *path) {
+    if (got < 4) return errorf("%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
+    if (memcmp(b, CHECKPOINT_MAGIC, 4) != 0)
+        return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x %02x, expected 'TCKP'",
+                      path, b[0], b[1], b[2], b[3]);
+    if (got < 8) return errorf("%s: truncated: %zu bytes, inside the header", path, got);
+    if (get_u32(b + 4) != CHECKPOINT_VERSION)
+        return errorf("%s: checkpoint format version %u; expected version %d", path, get_u32(b + 4), CHECKPOINT_VERSION);
+    if (got < CHECKPOINT_HEADER_BYTES || size < CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES)
+        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %d", path,
+                      (unsigned long long)size, CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES);
+    h->real_bytes = get_u32(b + 8);
+    if (h->real_bytes != 4 && h->real_bytes != 8)
+        return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path, h->real_bytes);
+    TransformerConfig *c = &h->config;
+    c->n_layers = (int32_t)get_u32(b + 12); c->d_model = (int32_t)get_u32(b + 16);
+    c->d_ff = (int32_t)get_u32(b + 20); c->n_heads = (int32_t)get_u32(b + 24);
+    c->vocab_size = (int32_t)get_u32(b + 28); c->max_len = (int32_t)get_u32(b + 32);
+    c->dropout = get_f32(b + 36); c->label_smoothing = get_f32(b + 40); c->layer_norm_eps = get_f32(b + 44);
+    const char *error = transformer_config_check(c);
+    if (error) return errorf("%s: header: %s", path, error);
+    uint64_t *fields[9] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng,
+                            &h->state.epoch, &h->state.epoch_batches, &h->state.data_hash,
+                            &h->vocab_bytes, &h->options_bytes };
+    for (int i = 0; i < 9; i++) *fields[i] = get_u64(b + 48 + 8 * i);
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
+    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS);
+    if (h->num_parameters != P)
+        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d) give %zu",
+                      path, (unsigned long long)h->num_parameters, c->n_layers, c->d_model, c->d_ff, c->vocab_size, P);
+    if (h->vocab_bytes > size || h->vocab_bytes < 5 * (uint64_t)c->vocab_size)
+        return errorf("%s: header: a vocabulary section of %llu bytes cannot hold %d tokens", path,
+                      (unsigned long long)h->vocab_bytes, c->vocab_size);
+    if (h->options_bytes > size)
+        return errorf("%s: header: an options section of %llu bytes, but the file has %llu", path,
+                      (unsigned long long)h->options_bytes, (unsigned long long)size);
+    if (h->dropout_rng == 0) return errorf("%s: header: dropout generator state 0; expected non-zero", path);
+    uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + 3 * P * h->real_bytes
+                      + CHECKPOINT_CHECKSUM_BYTES;
+    if (size < expected)
+        return errorf("%s: truncated: %llu bytes, but its header describes %llu", path,
+                      (unsigned long long)size, (unsigned long long)expected);
+    if (size > expected)
+        return errorf("%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
+                      (unsigned long long)size, (unsigned long long)expected);
+    return NULL;
+}
+
+// The vocabulary section: for each id a u32 length and the token's bytes; the
+// four special tokens first, no repeats, no spaces, lengths adding up to the
+// section's size in the header. v starts as vocab_init leaves it.
+static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *v, const CheckpointHeader *h, const char *path) {
+    uint64_t used = 0;
+    for (int i = 0; i < h->config.vocab_size; i++) {
+        unsigned char b[4];
+        read_bytes(r, b, 4);
+        uint32_t n = get_u32(b);
+        used += 4 + (uint64_t)n;
+        if (n == 0 || used > h->vocab_bytes)
+            return errorf("%s: vocabulary token %d has length %u; the vocabulary section disagrees with its "
+                          "size in the header (%llu bytes)", path, i, n, (unsigned long long)h->vocab_bytes);
+        char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
+        read_bytes(r, word, n);
+        int known = vocab_find(v, word, n), ok = strlen(word) == n;
+        for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
+        ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
+        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(v, word, n);
+        free(word);
+        if (!ok)
+            return errorf("%s: vocabulary token %d is %s; expected %s", path, i,
+                          known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
+                          i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
+    }
+    if (used != h->vocab_bytes)
+        return errorf("%s: the vocabulary takes %llu bytes, but its header says %llu", path,
+                      (unsigned long long)used, (unsigned long long)h->vocab_bytes);
+    return NULL;
+}
+
+// Reads a checkpoint into a new model and vocabulary (and, when not NULL,
+// the training state and the run's options text, which the caller frees).
+// Nothing is allocated before the header has been checked against the
+// file's length; the checksum, last, covers every byte.
+static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary *v, TrainingState *state,
+                                   char **run_options) {
+    memset(m, 0, sizeof *m);
+    vocab_init(v);
+    if (run_options) *run_options = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) { vocab_free(v); return errorf("%s: cannot open: %s", path, strerror(errno)); }
+    struct stat st;
+    unsigned char b[CHECKPOINT_HEADER_BYTES];
+    CheckpointHeader h;
+    char *options = NULL;
+    const char *error = NULL;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) error = errorf("%s: not a regular file", path);
+    if (!error) {
+        size_t got = fread(b, 1, sizeof b, f);
+        error = checkpoint_parse_header(&h, b, got, (uint64_t)st.st_size, path);
+    }
+    Reader r = { f, FNV_OFFSET, 0 };
+    if (!error) { // the body, read from the start again so that the checksum covers every byte
+        rewind(f);
+        read_bytes(&r, b, CHECKPOINT_HEADER_BYTES);
+        options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
+        read_bytes(&r, options, h.options_bytes);
+        if (strlen(options) != h.options_bytes)
+            error = errorf("%s: the options section holds a zero byte; expected text", path);
+    }
+    if (!error) error = checkpoint_read_vocabulary(&r, v, &h, path);
+    if (!error && (error = transformer_build(m, &h.config, 1))) error = errorf("%s: %s", path, error);
+    if (!error) {
+        size_t P = m->num_parameters;
+        read_reals(&r, m->params_memory, P, h.real_bytes);
+        read_reals(&r, m->adam_m, P, h.real_bytes);
+        read_reals(&r, m->adam_v, P, h.real_bytes);
+        uint64_t computed = r.hash;
+        unsigned char checksum[8];
+        read_bytes(&r, checksum, 8);
+        if (r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
+        else if (get_u64(checksum) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
+    }
+    fclose(f);
+    if (error) {
+        free(options);
+        transformer_free(m);
+        vocab_free(v);
+        return error;
+    }
+    m->adam_step = (long)h.adam_step;
+    m->dropout_rng.state = h.dropout_rng;
+    if (state) *state = h.state;
+    if (run_options) *run_options = options; else free(options);
+    return NULL;
+}
+
+// ---- checkpoint averaging (§6.1) ---------------------------------------------
+// "For the base models, we used a single model obtained by averaging the last 5
+// checkpoints, which were written at 10-minute intervals. For the big models,
+// we averaged the last 20 checkpoints." Every parameter of the result is the
+// mean of that parameter over the n checkpoints, summed in double and rounded
+// once. The checkpoints must have the same sizes and the same vocabulary,
+// token for token (the same config; dropout and label smoothing too, so that
+// the result describes one run). Everything else, Adam's moments and step,
+// the generators, the data position and the run options, is taken from the
+// LAST checkpoint named: the result is that checkpoint with averaged weights,
+// so it decodes like any other and `train --resume` goes on from its step.
+
+static int same_config(const TransformerConfig *a, const TransformerConfig *b) {
+    return a->n_layers == b->n_layers && a->d_model == b->d_model && a->d_ff == b->d_ff &&
+           a->n_heads == b->n_heads && a->vocab_size == b->vocab_size && a->max_len == b->max_len &&
+           a->dropout == b->dropout && a->label_smoothing == b->label_smoothing &&
+           a->layer_norm_eps == b->layer_norm_eps;
+}
+
+static const char *checkpoint_average(const char *out_path, const char *const *paths, int n) {
+    if (n < 1) return errorf("no checkpoints to average; expected one or more files");
+    Transformer m, last;
+    Vocabulary v, last_vocab;
+    TrainingState state;
+    char *options = NULL;
+    double *sum = NULL;
+    const char *error = NULL;
+    int have_last = 0;
+    for (int i = 0; i < n && !error; i++) {
+        if ((error = checkpoint_load(paths[i], &m, &v, &state, i == n - 1 ? &options : NULL))) break;
+        if (i == 0) {
+            sum = checked_calloc(m.num_parameters, sizeof(double), "checkpoint average");
+        } else {
+            const TransformerConfig *a = &last.config, *b = &m.config;
+            if (!same_config(a, b)) {
+                error = errorf("%s: config N=%d d_model=%d d_ff=%d h=%d vocab %d max_len %d P_drop %g eps_ls %g "
+                               "differs from %s's (N=%d d_model=%d d_ff=%d h=%d vocab %d max_len %d P_drop %g "
+                               "eps_ls %g); expected the same config", paths[i], b->n_layers, b->d_model, b->d_ff,
+                               b->n_heads, b->vocab_size, b->max_len, (double)b->dropout, (double)b->label_smoothing,
+                               paths[0], a->n_layers, a->d_model, a->d_ff, a->n_heads, a->vocab_size, a->max_len,
+                               (double)a->dropout, (double)a->label_smoothing);
+            }
+            for (int t = 0; t < v.size && !error; t++)
+                if (strcmp(v.words[t], last_vocab.words[t]) != 0)
+                    error = errorf("%s: vocabulary token %d is '%s' but '%s' in %s; expected the same vocabulary",
+                                   paths[i], t, v.words[t], last_vocab.words[t], paths[0]);
+            transformer_free(&last);
+            vocab_free(&last_vocab);
+            have_last = 0;
+        }
+        if (!error) for (size_t k = 0; k < m.num_parameters; k++) sum[k] += (double)m.params_memory[k];
+        // keep this one (for the next comparison, and the last as the result's template)
+        last = m; last_vocab = v; have_last = 1;
+        if (error) break;
+    }
+    if (!error) {
+        for (size_t k = 0; k < last.num_parameters; k++) last.params_memory[k] = (real)(sum[k] / n);
+        error = checkpoint_save(out_path, &last, &last_vocab, &state, options ? options : "");
+    }
+    if (have_last) { transformer_free(&last); vocab_free(&last_vocab); }
+    free(sum);
+    free(options);
+    return error;
+}
+
+// ============================================================================
+// §6.1  Evaluation: BLEU
+// The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
+// newstest2014: 27.3 (base) and 28.4 (big) for English-German. Corpus-level
+// BLEU-4 with one reference per sentence, computed the standard way:
+//
+//   p_n = sum over sentences of the CLIPPED n-gram matches
+//         / sum over sentences of the candidate's n-grams,       n = 1..4
+//   where an n-gram of the candidate counts at most as often as it occurs in
+//   the reference ("the the the the" against "the cat" matches one "the");
+//
+//   BP  = 1 if c > r, else exp(1 - r/c)    c, r: total candidate and reference
+//                                           lengths over the whole corpus
+//   BLEU = BP * exp( (1/4) sum_n log p_n ),  reported times 100.
+//
+// The sums run over the corpus BEFORE dividing, so corpus BLEU is not the mean
+// of sentence BLEUs. No smoothing: if any p_n is 0 (no 4-gram of the whole
+// corpus matches, or the candidates hold no 4-gram at all) then BLEU is 0, as
+// the geometric mean gives. Tokens are whatever the caller splits on: token
+// ids, or words separated by white space; the caller leaves out <s>, </s>
+// and padding.
+//
+// Streaming: bleu_add_sentence adds one sentence pair's counts to a BleuStats,
+// bleu_score turns the totals into the score at any point.
+// ============================================================================
+
+// Do the n tokens at a equal the n tokens at b?
+static int ngram_equal(const int *a, const int *b, int n) {
+    for (int k = 0; k < n; k++)
+        if (a[k] != b[k]) return 0;
+    return 1;
+}
+
+// How many times the n-gram `gram` occurs in tokens[0..len)
+static long long ngram_count(const int *gram, int n, const int *tokens, int len) {
+    long long count = 0;
+    for (int i = 0; i + n <= len; i++) count += ngram_equal(gram, tokens + i, n);
+    return count;
+}
+
+// Clipped matches of order n: for each DISTINCT n-gram of the candidate,
+// min(its count in the candidate, its count in the reference). Plain loops,
+// O(c (c + r)) per order: a few thousand comparisons for a sentence.
+static long long clipped_ngram_matches(const int *candidate, int candidate_len,
+                                       const int *reference, int reference_len, int n) {
+    long long matches = 0;
+    for (int i = 0; i + n <= candidate_len; i++) {
+        const int *gram = candidate + i;
+        int seen_before = 0;
+        for (int j = 0; j < i && !seen_before; j++) seen_before = ngram_equal(candidate + j, gram, n);
+        if (seen_before) continue; // counted at its first occurrence
+        long long in_candidate = ngram_count(gram, n, candidate + i, candidate_len - i);
+        long long in_reference = ngram_count(gram, n, reference, reference_len);
+        matches += in_candidate < in_reference ? in_candidate : in_reference;
+    }
+    return matches;
+}
+
+void bleu_reset(BleuStats *stats) { memset(stats, 0, sizeof *stats); }
+
+// Adds one candidate (the model's output) and its reference, as token ids.
+void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
+                       const int *reference, int reference_len) {
+    if (candidate_len < 0) candidate_len = 0;
+    if (reference_len < 0) reference_len = 0;
+    for (int n = 1; n <= BLEU_MAX_ORDER; n++) {
+        stats->matches[n - 1] += clipped_ngram_matches(candidate, candidate_len, reference, reference_len, n);
+        stats->totals[n - 1] += candidate_len >= n ? candidate_len - n + 1 : 0;
+    }
+    stats->candidate_length += candidate_len;
+    stats->reference_length += reference_len;
+    stats->sentences++;
+}
+
+static int is_blank(char ch) {
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
+}
+
+// Splits text on white space; returns the number of words, and with `start`
+// and `length` non-NULL fills them in (first call counts, second fills).
+static int split_words(const char *text, const char **start, int *length) {
+    int count = 0;
+    const char *p = text;
+    while (*p) {
+        while (*p && is_blank(*p)) p++;
+        if (!*p) break;
+        const char *word = p;
+        while (*p && !is_blank(*p)) p++;
+        if (start) { start[count] = word; length[count] = (int)(p - word); }
+        count++;
+    }
+    return count;
+}
+
+// The same for two strings of words separated by white space: each distinct
+// word of the pair gets a small integer, then the counts are those of the ids.
+void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
+    int nc = split_words(candidate, NULL, NULL), nr = split_words(reference, NULL, NULL), n = nc + nr;
+    const char **start = checked_calloc((size_t)n, sizeof *start, "BLEU words");
+    int *length = checked_calloc((size_t)n, sizeof *length, "BLEU words");
+    int *ids = checked_calloc((size_t)n, sizeof *ids, "BLEU words");
+    split_words(candidate, start, length);
+    split_words(reference, start + nc, length + nc);
+    for (int i = 0; i < n; i++) {
+        ids[i] = i; // a new word gets its own position as id; a repeat gets its first one's
+        for (int j = 0; j < i; j++) {
+            if (length[j] == length[i] && memcmp(start[j], start[i], (size_t)length[i]) == 0) {
+                ids[i] = ids[j];
+                break;
+            }
+        }
+    }
+    bleu_add_sentence(stats, ids, nc, ids + nc, nr);
+    free(start); free(length); free(ids);
+}
+
+// Corpus BLEU of everything added so far, on the 0..100 scale the paper uses.
+// precisions (may be NULL) gets p_1..p_4 as fractions; brevity_penalty (may
+// be NULL) gets BP. Empty candidates (c = 0) give BP = 0 and BLEU = 0.
+double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
+    double log_sum = 0;
+    int any_zero = 0;
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) {
+        double p = stats->totals[n] > 0 ? (double)stats->matches[n] / (double)stats->totals[n] : 0.0;
+        if (precisions) precisions[n] = p;
+        if (p == 0) any_zero = 1; else log_sum += log(p);
+    }
+    double c = (double)stats->candidate_length, r = (double)stats->reference_length;
+    double bp = c > r ? 1.0 : (c > 0 ? exp(1.0 - r / c) : 0.0);
+    if (brevity_penalty) *brevity_penalty = bp;
+    if (any_zero) return 0.0;
+    return 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
+}
+
+// ============================================================================
+// Pictures: SVG
+// Heatmaps of the attention probabilities of every head and of the positional
+// encoding, and the training curves of the log `train --log` writes, as SVG
+// files any browser shows. Only fprintf: an SVG file is XML text with a <rect>
+// per heatmap cell, <text> for labels and a <polyline> per curve. Sizes are in
+// CSS pixels; the layout estimates text widths from the font size.
+// Every writer returns 0 on success; on failure it prints ONE line to stderr,
+// naming the file and the reason, and returns 1.
+// ============================================================================
+
+#define SVG_FONT 13           // tick and axis labels
+#define SVG_PANEL_FONT 14     // the title of one panel
+#define SVG_TITLE_FONT 18     // the title of the picture
+#define SVG_CHAR_WIDTH 0.62   // a sans-serif glyph is about this many font sizes wide
+#define SVG_MARGIN 20
+#define SVG_MAX_CELLS 2000000 // heatmap cells in one picture (about 150 MB of SVG)
+#define SVG_CELL_TOOLTIPS 20000 // up to this many cells, each gets a <title> a browser shows on hover
+
+// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
+// (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
+static int utf8_sequence_length(const unsigned char *s) {
+    if (s[0] < 0x80) return 1;
+    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    for (int k = 1; k < n; k++)
+        if ((s[k] & 0xC0) != 0x80) return 0;
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
+        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
+    return n;
+}
+
+// Writes text escaped for XML: the five special characters become entities
+// (so the token <s> shows as <s>, not as a tag), control characters and
+// bytes that are not UTF-8 (which would make the browser reject the whole file) become '?'.
+static void svg_escaped(FILE *f, const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    while (*s) {
+        int n = utf8_sequence_length(s);
+        if (n == 0 || (n == 1 && *s < 0x20 && *s != '\t')) { fputc('?', f); s++; continue; }
+        if (n > 1) { fwrite(s, 1, (size_t)n, f); s += n; continue; }
+        switch (*s) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default: fputc(*s, f);
+        }
+        s++;
+    }
+}
+
+// Characters (not bytes) in a UTF-8 string: the basis of the width estimates.
+static int utf8_length(const char *text) {
+    int n = 0;
+    for (const unsigned char *s = (const unsigned char *)text; *s; s++) n += (*s & 0xC0) != 0x80;
+    return n;
+}
+
+static double svg_text_width(const char *text, int font_size) {
+    return utf8_length(text) * SVG_CHAR_WIDTH * font_size;
+}
+
+// <text> at (x, y) (the baseline), anchor "start", "middle" or "end", turned
+// by `rotate` degrees about (x, y).
+static void svg_text(FILE *f, double x, double y, int font_size, const char *anchor, double rotate,
+                     const char *weight, const char *text) {
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%d\" text-anchor=\"%s\"", x, y, font_size, anchor);
+    if (weight) fprintf(f, " font-weight=\"%s\"", weight);
+    if (rotate != 0) fprintf(f, " transform=\"rotate(%g %.1f %.1f)\"", rotate, x, y);
+    fputc('>', f);
+    svg_escaped(f, text);
+    fputs("</text>\n", f);
+}
+
+static FILE *svg_open(const char *path, double width, double height) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "error: cannot write %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans, Verdana, Arial, sans-serif\">\n"
+               "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n",
+            width, height, width, height, width, height);
+    return f;
+}
+
+// Ends the file; returns 0, or 1 after an error message if any write failed.
+static int svg_close(FILE *f, const char *path) {
+    fputs("</svg>\n", f);
+    int failed = ferror(f);
+    if (fclose(f) != 0) failed = 1;
+    if (failed) fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
+    return failed ? 1 : 0;
+}
+
+// ---- colour scales ---------------------------------------------------------
+// Colour stops from ColorBrewer (Brewer & Harrower): "Blues" from white for
+// values from 0 (attention probabilities), "RdBu" reversed, blue-white-red,
+// for values of both signs (the positional encoding). Linear in between.
+static const unsigned char colours_sequential[][3] = {
+    {255, 255, 255}, {198, 219, 239}, {107, 174, 214}, {33, 113, 181}, {8, 48, 107},
+};
+static const unsigned char colours_diverging[][3] = {
+    {5, 48, 97}, {33, 102, 172}, {146, 197, 222}, {247, 247, 247}, {244, 165, 130}, {178, 24, 43}, {103, 0, 31},
+};
+
+typedef struct { const unsigned char (*stops)[3]; int n; } ColourScale;
+
+// Diverging when the range holds both signs, else sequential.
+static ColourScale colour_scale_for(double vmin, double vmax) {
+    if (vmin < 0 && vmax > 0) return (ColourScale){ colours_diverging, 7 };
+    return (ColourScale){ colours_sequential, 5 };
+}
+
+// "#rrggbb" for t in [0, 1] (clamped); NaN gets grey.
+static void colour_at(char out[8], ColourScale scale, double t) {
+    if (t != t) { snprintf(out, 8, "#999999"); return; }
+    t = t < 0 ? 0 : t > 1 ? 1 : t;
+    double x = t * (scale.n - 1);
+    int i = (int)x;
+    if (i >= scale.n - 1) i = scale.n - 2;
+    double w = x - i;
+    int rgb[3];
+    for (int k = 0; k < 3; k++)
+        rgb[k] = (int)lround((1 - w) * scale.stops[i][k] + w * scale.stops[i + 1][k]);
+    snprintf(out, 8, "#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
+}
+
+// The colour bar: a gradient with the same stops as colour_at, so the bar
+// shows exactly the colours of the cells; labels at min, middle and max.
+static void svg_colour_legend(FILE *f, double x, double y, double height, double vmin, double vmax,
+                              const char *label) {
+    ColourScale scale = colour_scale_for(vmin, vmax);
+    const char *id = scale.n == 7 ? "colour-scale-diverging" : "colour-scale-sequential"; // unique in a page
+    fprintf(f, "<defs><linearGradient id=\"%s\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n", id);
+    for (int i = 0; i < scale.n; i++) {
+        char colour[8];
+        colour_at(colour, scale, (double)i / (scale.n - 1));
+        fprintf(f, "<stop offset=\"%.4f\" stop-color=\"%s\"/>\n", (double)i / (scale.n - 1), colour);
+    }
+    fprintf(f, "</linearGradient></defs>\n");
+    if (label) svg_text(f, x, y - 10, SVG_FONT, "start", 0, "bold", label);
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"18\" height=\"%.1f\" fill=\"url(#%s)\" "
+               "stroke=\"#444\" stroke-width=\"0.8\"/>\n", x, y, height, id);
+    for (int k = 0; k <= 2; k++) {
+        double value = vmax - k * (vmax - vmin) / 2, ty = y + k * height / 2;
+        char text[32];
+        snprintf(text, sizeof text, "%.3g", value);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", x + 18, ty, x + 23, ty);
+        svg_text(f, x + 26, ty + SVG_FONT * 0.35, SVG_FONT, "start", 0, NULL, text);
+    }
+}
+
+// ---- heatmaps ----------------------------------------------------------------
+
+// The label of row or column i: the caller's, or the number i.
+static const char *heatmap_label(const char *const *labels, int i, char buffer[16]) {
+    if (labels) return labels[i] ? labels[i] : "";
+    snprintf(buffer, 16, "%d", i);
+    return buffer;
+}
+
+// With cells smaller than a line of text, only every k-th label is drawn,
+// k from 1, 2, 5, 10, 20, 50, ...
+static int label_step(double cell) {
+    double needed = SVG_FONT + 2;
+    for (int step = 1;; step *= 10) {
+        if (step * cell >= needed) return step;
+        if (2 * step * cell >= needed) return 2 * step;
+        if (5 * step * cell >= needed) return 5 * step;
+    }
+}
+
+// Where the parts of one panel go, relative to its top-left corner.
+typedef struct {
+    double cell_width, cell_height; // of one matrix cell
+    double title_height, row_label_width, col_label_height, width, height;
+    int row_step, col_step;         // every row_step-th row is labelled
+} PanelLayout;
+
+static double longest_label(const char *const *labels, int n, int step) {
+    double widest = 0;
+    char buffer[16];
+    for (int i = 0; i < n; i += step) {
+        double w = svg_text_width(heatmap_label(labels, i, buffer), SVG_FONT);
+        if (w > widest) widest = w;
+    }
+    return widest;
+}
+
+static PanelLayout heatmap_panel_layout(const SvgHeatmap *p, double cell_width, double cell_height) {
+    PanelLayout l;
+    l.cell_width = cell_width;
+    l.cell_height = cell_height;
+    l.row_step = label_step(cell_height);
+    l.col_step = label_step(cell_width);
+    l.title_height = p->title ? SVG_PANEL_FONT + 8 : 0;
+    l.row_label_width = longest_label(p->row_labels, p->rows, l.row_step) + 8;
+    l.col_label_height = longest_label(p->col_labels, p->cols, l.col_step) + 8;
+    double title_width = p->title ? svg_text_width(p->title, SVG_PANEL_FONT) : 0;
+    l.width = l.row_label_width + p->cols * cell_width;
+    if (title_width > l.width) l.width = title_width;
+    l.height = l.title_height + l.col_label_height + p->rows * cell_height;
+    return l;
+}
+
+// One panel with its top-left corner at (x, y): title, column labels above
+// the matrix reading upwards, row labels on the left, one <rect> per cell.
+static void svg_heatmap_panel(FILE *f, const SvgHeatmap *p, PanelLayout l, double x, double y,
+                              double vmin, double vmax, int tooltips) {
+    ColourScale scale = colour_scale_for(vmin, vmax);
+    double left = x + l.row_label_width, top = y + l.title_height + l.col_label_height;
+    char buffer[16], colour[8];
+    if (p->title) svg_text(f, x, y + SVG_PANEL_FONT, SVG_PANEL_FONT, "start", 0, "bold", p->title);
+    for (int j = 0; j < p->cols; j += l.col_step) {
+        double cx = left + (j + 0.5) * l.cell_width + SVG_FONT * 0.35;
+        svg_text(f, cx, top - 5, SVG_FONT, "start", -90, NULL, heatmap_label(p->col_labels, j, buffer));
+    }
+    for (int i = 0; i < p->rows; i += l.row_step) {
+        double cy = top + (i + 0.5) * l.cell_height + SVG_FONT * 0.35;
+        svg_text(f, left - 5, cy, SVG_FONT, "end", 0, NULL, heatmap_label(p->row_labels, i, buffer));
+    }
+    fputs("<g shape-rendering=\"crispEdges\">\n", f); // no hairline seams between cells
+    for (int i = 0; i < p->rows; i++) {
+        for (int j = 0; j < p->cols; j++) {
+            double v = p->values[(size_t)i * p->row_stride + j];
+            colour_at(colour, scale, (v - vmin) / (vmax - vmin));
+            fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"",
+                    left + j * l.cell_width, top + i * l.cell_height, l.cell_width, l.cell_height, colour);
+            if (tooltips) {
+                char row_buffer[16];
+                fputs("><title>", f);
+                svg_escaped(f, heatmap_label(p->row_labels, i, row_buffer));
+                fputs(" | ", f);
+                svg_escaped(f, heatmap_label(p->col_labels, j, buffer));
+                fprintf(f, ": %.4g</title></rect>\n", v);
+            } else {
+                fputs("/>\n", f);
+            }
+        }
+    }
+    fputs("</g>\n", f);
+    fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"none\" stroke=\"#444\" "
+               "stroke-width=\"0.8\"/>\n", left, top, p->cols * l.cell_width, p->rows * l.cell_height);
+}
+
+// Several heatmaps on one colour scale, n_columns to a row, with one legend.
+// The SVG holds: a white background <rect>; per panel one <rect> per cell and
+// one frame <rect>; one <rect> for the colour bar.
+int svg_write_heatmap_grid(const char *path, const char *title, const char *subtitle,
+                           const SvgHeatmap *panels, int n_panels, int n_columns,
+                           double vmin, double vmax, const char *scale_label) {
+    if (n_panels < 1 || n_columns < 1 || !(vmin < vmax) || !isfinite(vmin) || !isfinite(vmax)) {
+        fprintf(stderr, "error: %s: heatmap grid of %d panels in %d columns, scale %g..%g: expected "
+                        "at least one panel and column and a finite scale with min < max\n",
+                path, n_panels, n_columns, vmin, vmax);
+        return 1;
+    }
+    size_t total_cells = 0;
+    int most_rows = 1, most_cols = 1;
+    for (int k = 0; k < n_panels; k++) {
+        const SvgHeatmap *p = &panels[k];
+        if (!p->values || p->rows < 1 || p->cols < 1 || p->row_stride < p->cols) {
+            fprintf(stderr, "error: %s: panel %d is %d x %d with row stride %d: expected a matrix of at "
+                            "least 1 x 1 with stride >= columns\n", path, k, p->rows, p->cols, p->row_stride);
+            return 1;
+        }
+        total_cells += (size_t)p->rows * p->cols;
+        if (p->rows > most_rows) most_rows = p->rows;
+        if (p->cols > most_cols) most_cols = p->cols;
+    }
+    if (total_cells > SVG_MAX_CELLS) {
+        fprintf(stderr, "error: %s: %zu heatmap cells, more than the %d one picture may hold\n",
+                path, total_cells, SVG_MAX_CELLS);
+        return 1;
+    }
+    // One cell size for all panels: a single heatmap gets ~640 px, a grid ~220
+    // px a panel. With text labels (tokens) cells are square and at least a
+    // line high, so that every token is written; numbered rows and columns
+    // (the positional encoding) get cells of their own width and height, as
+    // small as a pixel, and only every k-th number.
+    int text_labels = 0;
+    for (int k = 0; k < n_panels; k++) text_labels |= panels[k].row_labels || panels[k].col_labels;
+    double target = n_panels == 1 ? 640 : n_columns >= 4 ? 220 : 300;
+    double cell_width, cell_height;
+    if (text_labels) {
+        cell_width = floor(target / (most_rows > most_cols ? most_rows : most_cols));
+        cell_width = cell_height = fmin(fmax(cell_width, SVG_FONT + 3), 32);
+    } else {
+        cell_width = fmin(fmax(floor(target / most_cols), 1), 32);
+        cell_height = fmin(fmax(floor(0.6 * target / most_rows), 1), 32);
+    }
+    // slots as large as the largest panel, laid out row by row
+    double slot_width = 0, slot_height = 0, gap = 28;
+    for (int k = 0; k < n_panels; k++) {
+        PanelLayout l = heatmap_panel_layout(&panels[k], cell_width, cell_height);
+        slot_width = fmax(slot_width, l.width);
+        slot_height = fmax(slot_height, l.height);
+    }
+    if (n_columns > n_panels) n_columns = n_panels;
+    int n_rows = (n_panels + n_columns - 1) / n_columns;
+    double header = SVG_MARGIN + (title ? SVG_TITLE_FONT + 10 : 0) + (subtitle ? SVG_FONT + 10 : 0) + 8;
+    double grid_width = n_columns * slot_width + (n_columns - 1) * gap;
+    double grid_height = n_rows * slot_height + (n_rows - 1) * gap;
+    double legend_height = fmin(fmax(grid_height * 0.6, 120), 320), legend_width = 110;
+    double scale_label_width = scale_label ? svg_text_width(scale_label, SVG_FONT) : 0;
+    if (scale_label_width + 10 > legend_width) legend_width = scale_label_width + 10;
+    double width = SVG_MARGIN + grid_width + 30 + legend_width + SVG_MARGIN;
+    double height = header + fmax(grid_height, legend_height + 30) + SVG_MARGIN;
+    if (title) width = fmax(width, 2 * SVG_MARGIN + svg_text_width(title, SVG_TITLE_FONT));
+    if (subtitle) width = fmax(width, 2 * SVG_MARGIN + svg_text_width(subtitle, SVG_FONT));
+    FILE *f = svg_open(path, width, height);
+    if (!f) return 1;
+    double y = SVG_MARGIN;
+    if (title) { y += SVG_TITLE_FONT; svg_text(f, SVG_MARGIN, y, SVG_TITLE_FONT, "start", 0, "bold", title); y += 10; }
+    if (subtitle) { y += SVG_FONT; svg_text(f, SVG_MARGIN, y, SVG_FONT, "start", 0, NULL, subtitle); }
+    int tooltips = total_cells <= SVG_CELL_TOOLTIPS;
+    for (int k = 0; k < n_panels; k++) {
+        double px = SVG_MARGIN + (k % n_columns) * (slot_width + gap);
+        double py = header + (k / n_columns) * (slot_height + gap);
+        PanelLayout l = heatmap_panel_layout(&panels[k], cell_width, cell_height);
+        svg_heatmap_panel(f, &panels[k], l, px, py, vmin, vmax, tooltips);
+    }
+    svg_colour_legend(f, SVG_MARGIN + grid_width + 30, header + 24, legend_height, vmin, vmax, scale_label);
+    return svg_close(f, path);
+}
+
+// One heatmap: values[i*cols + j] for i < rows, j < cols. Labels may be NULL (then numbers).
+int svg_write_heatmap(const char *path, const real *values, int rows, int cols,
+                      const char *const *row_labels, const char *const *col_labels,
+                      const char *title, double vmin, double vmax) {
+    SvgHeatmap panel = { values, rows, cols, cols, row_labels, col_labels, NULL };
+    return svg_write_heatmap_grid(path, title, NULL, &panel, 1, 1, vmin, vmax, "value");
+}
+
+// ---- §3.5 the positional-encoding matrix -------------------------------------
+
+// The (max_len, d_model) matrix of positional_encoding_init: a row per
+// position, a column per dimension, on the scale -1..1.
+int svg_write_positional_encoding(const char *path, int max_len, int d_model) {
+    if (max_len < 1 || d_model < 1 || (double)max_len * d_model > SVG_MAX_CELLS) {
+        fprintf(stderr, "error: %s: positional encoding of %d positions x %d dimensions: expected both >= 1 "
+                        "and at most %d cells\n", path, max_len, d_model, SVG_MAX_CELLS);
+        return 1;
+    }
+    real *pe = checked_calloc((size_t)max_len * d_model, sizeof(real), "positional encoding picture");
+    positional_encoding_init(pe, max_len, d_model);
+    char title[128];
+    snprintf(title, sizeof title, "Positional encoding (\xc2\xa7" "3.5), %d positions x %d dimensions", max_len, d_model);
+    SvgHeatmap panel = { pe, max_len, d_model, d_model, NULL, NULL, NULL };
+    int status = svg_write_heatmap_grid(path, title,
+        "rows: position pos; columns: dimension i. Even i: sin(pos / 10000^(i/d_model)), "
+        "odd i: cos(pos / 10000^((i-1)/d_model))", &panel, 1, 1, -1.0, 1.0, "PE(pos, i)");
+    free(pe);
+    return status;
+}
+
+// ---- attention: every head of every layer, for one sentence -------------------
+
+// After transformer_forward on a batch whose sentence `sentence` is this pair,
+// draws one kind of attention for it: a grid with a row per layer and a column
+// per head. source_tokens label the source positions (source_len of them, as
+// the encoder saw them); target_tokens are the target sentence y_1..y_n
+// without <s> and </s>: the decoder read <s> y_1..y_n (n+1 positions) and
+// predicted y_1..y_n </s>. Decoder rows (queries) are labelled with the token
+// each position PREDICTS, since that is what a reader asks about ("to write
+// `zwei`, which source word did it look at?"); decoder self-attention columns
+// (keys) with the token each position READ.
+int svg_write_attention(const char *path, const Transformer *m, AttentionKind kind, int sentence,
+                        const char *const *source_tokens, int source_len,
+                        const char *const *target_tokens, int target_len) {
+    int L = m->config.n_layers, NH = m->config.n_heads, B = m->B, S = m->S, T = m->T;
+    int decoder_positions = target_len + 1;
+    if (kind < ATTENTION_ENCODER || kind > ATTENTION_CROSS || sentence < 0 || sentence >= B ||
+        source_len < 1 || source_len > S || target_len < 0 || decoder_positions > T ||
+        (target_len > 0 && !target_tokens)) {
+        fprintf(stderr, "error: %s: attention kind %d of sentence %d with %d source and %d+1 target "
+                        "positions: expected kind 0..2, target tokens, and, from the last forward pass, "
+                        "sentence < %d, source 1..%d, target+1 <= %d\n",
+                path, (int)kind, sentence, source_len, target_len, B, S, T);
+        return 1;
+    }
+    const char **read = checked_calloc((size_t)decoder_positions, sizeof *read, "attention labels");
+    const char **predicted = checked_calloc((size_t)decoder_positions, sizeof *predicted, "attention labels");
+    for (int t = 0; t < decoder_positions; t++) {
+        read[t] = t == 0 ? "<s>" : target_tokens[t - 1];
+        predicted[t] = t == target_len ? "</s>" : target_tokens[t];
+    }
+    SvgHeatmap *panels = checked_calloc((size_t)L * NH, sizeof *panels, "attention panels");
+    char *titles = checked_calloc((size_t)L * NH, 40, "attention panel titles");
+    for (int l = 0; l < L; l++) {
+        for (int h = 0; h < NH; h++) {
+            SvgHeatmap *p = &panels[l * NH + h];
+            size_t head = ((size_t)l * B + sentence) * NH + h; // index of (l, b, h) in (L, B, NH, ..)
+            char *title = titles + (size_t)(l * NH + h) * 40;
+            snprintf(title, 40, "layer %d, head %d", l + 1, h + 1);
+            if (kind == ATTENTION_ENCODER) {        // enc_att is (L, B, NH, S, S)
+                *p = (SvgHeatmap){ m->acts.enc_att + head * S * S, source_len, source_len, S,
+                                   source_tokens, source_tokens, title };
+            } else if (kind == ATTENTION_DECODER) { // dec_self_att is (L, B, NH, T, T)
+                *p = (SvgHeatmap){ m->acts.dec_self_att + head * T * T, decoder_positions, decoder_positions,
+                                   T, predicted, read, title };
+            } else {                                // dec_cross_att is (L, B, NH, T, S)
+                *p = (SvgHeatmap){ m->acts.dec_cross_att + head * T * S, decoder_positions, source_len, S,
+                                   predicted, source_tokens, title };
+            }
+        }
+    }
+    static const char *titles_of_kind[] = {
+        "Encoder self-attention (\xc2\xa7" "3.2.3)",
+        "Decoder self-attention, masked (\xc2\xa7" "3.2.3)",
+        "Encoder-decoder attention (\xc2\xa7" "3.2.3)",
+    };
+    static const char *subtitles_of_kind[] = {
+        "rows: queries, columns: keys, both the source tokens; a row per layer, a column per head",
+        "rows: the token each position predicts; columns: the token each key position read",
+        "rows: the target token each position predicts; columns: the source tokens (keys and values)",
+    };
+    int status = svg_write_heatmap_grid(path, titles_of_kind[kind], subtitles_of_kind[kind], panels,
+                                        L * NH, NH, 0.0, 1.0, "probability");
+    free(read); free(predicted); free(panels); free(titles);
+    return status;
+}
+
+// ---- the training log and its curves ------------------------------------------
+// `train --log FILE` writes one CSV line per report:
+//     step,loss,lr,tokens_per_s,heldout
+// step an integer, the others numbers; the held-out score may be left empty on
+// lines where it was not measured. An optional first line of column names (any
+// line whose first field is not a number) names the axes; blank lines and
+// lines starting with '#' are skipped.
+
+#define TRAINING_LOG_FIELDS 5
+
+typedef struct {
+    int n, capacity;
+    double *step, *loss, *lr, *tokens_per_s, *heldout; // heldout is NaN where it was left empty
+    char names[TRAINING_LOG_FIELDS][48];               // column names: the header's, else defaults
+} TrainingLog;
+
+static void training_log_free(TrainingLog *log) {
+    free(log->step); free(log->loss); free(log->lr); free(log->tokens_per_s); free(log->heldout);
+    memset(log, 0, sizeof *log);
+}
+
+// Parses the whole of text (after trimming blanks) as a number; 1 on success.
+static int parse_number(const char *text, double *value) {
+    char *end;
+    while (is_blank(*text)) text++;
+    if (!*text) return 0;
+    errno = 0;
+    *value = strtod(text, &end);
+    while (is_blank(*end)) end++;
+    return *end == '\0' && errno != ERANGE;
+}
+
+// Splits a line at commas in place; returns the number of fields (fills at most max).
+static int split_commas(char *line, char **fields, int max) {
+    int n = 0;
+    char *p = line;
+    for (;;) {
+        if (n < max) fields[n] = p;
+        n++;
+        char *comma = strchr(p, ',');
+        if (!comma) return n;
+        *comma = '\0';
+        p = comma + 1;
+    }
+}
+
+static void trim_copy(char *out, size_t size, const char *text) {
+    while (is_blank(*text)) text++;
+    size_t n = strlen(text);
+    while (n > 0 && is_blank(text[n - 1])) n--;
+    if (n >= size) n = size - 1;
+    memcpy(out, text, n);
+    out[n] = '\0';
+}
+
+static int training_log_append(TrainingLog *log, const double v[TRAINING_LOG_FIELDS]) {
+    if (log->n == log->capacity) {
+        int capacity = log->capacity ? 2 * log->capacity : 256;
+        double **columns[TRAINING_LOG_FIELDS] = { &log->step, &log->loss, &log->lr, &log->tokens_per_s, &log->heldout };
+        for (int k = 0; k < TRAINING_LOG_FIELDS; k++) {
+            double *grown = realloc(*columns[k], (size_t)capacity * sizeof(double));
+            if (!grown) return 0;
+            *columns[k] = grown;
+        }
+        log->capacity = capacity;
+    }
+    log->step[log->n] = v[0]; log->loss[log->n] = v[1]; log->lr[log->n] = v[2];
+    log->tokens_per_s[log->n] = v[3]; log->heldout[log->n] = v[4];
+    log->n++;
+    return 1;
+}
+
+// Reads a training log. Returns 1, or 0 with a one-line message "FILE:LINE:
+// what was wrong" in error (and the log empty).
+static int training_log_read(TrainingLog *log, const char *path, char *error, size_t error_size) {
+    static const char *defaults[TRAINING_LOG_FIELDS] = { "step", "loss", "lr", "tokens/s", "held-out score" };
+    static const char *expected = "step,loss,lr,tokens_per_s,heldout";
+    memset(log, 0, sizeof *log);
+    for (int k = 0; k < TRAINING_LOG_FIELDS; k++) snprintf(log->names[k], sizeof log->names[k], "%s", defaults[k]);
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(error, error_size, "%s: cannot open: %s", path, strerror(errno)); return 0; }
+    char *line = NULL;
+    size_t line_capacity = 0;
+    int line_number = 0, ok = 1, header_allowed = 1;
+    while (ok && getline(&line, &line_capacity, f) != -1) {
+        line_number++;
+        line[strcspn(line, "\r\n")] = '\0';
+        const char *first = line;
+        while (is_blank(*first)) first++;
+        if (*first == '\0' || *first == '#') continue;
+        char *fields[TRAINING_LOG_FIELDS];
+        int n = split_commas(line, fields, TRAINING_LOG_FIELDS);
+        if (n != TRAINING_LOG_FIELDS) {
+            snprintf(error, error_size, "%s:%d: %d comma-separated fields, expected %d (%s)",
+                     path, line_number, n, TRAINING_LOG_FIELDS, expected);
+            ok = 0;
+            break;
+        }
+        double v[TRAINING_LOG_FIELDS];
+        if (header_allowed && !parse_number(fields[0], &v[0])) { // a header: keep the column names
+            for (int k = 0; k < TRAINING_LOG_FIELDS; k++) trim_copy(log->names[k], sizeof log->names[k], fields[k]);
+            header_allowed = 0;
+            continue;
+        }
+        header_allowed = 0;
+        for (int k = 0; k < TRAINING_LOG_FIELDS && ok; k++) {
+            char shown[32];
+            trim_copy(shown, sizeof shown, fields[k]);
+            if (k == TRAINING_LOG_FIELDS - 1 && shown[0] == '\0') { v[k] = NAN; continue; } // not measured
+            if (!parse_number(fields[k], &v[k]) || (k == 0 && (!isfinite(v[0]) || v[0] < 0))) {
+                snprintf(error, error_size, "%s:%d: %s '%s' is not a %s", path, line_number,
+                         log->names[k], shown, k == 0 ? "step number (>= 0)" : "number");
+                ok = 0;
+            }
+        }
+        if (ok && !training_log_append(log, v)) {
+            snprintf(error, error_size, "%s:%d: out of memory", path, line_number);
+            ok = 0;
+        }
+    }
+    if (ok && ferror(f)) { snprintf(error, error_size, "%s: read error: %s", path, strerror(errno)); ok = 0; }
+    if (ok && log->n == 0) {
+        snprintf(error, error_size, "%s: no data lines, expected lines of %s", path, expected);
+        ok = 0;
+    }
+    free(line);
+    fclose(f);
+    if (!ok) training_log_free(log);
+    return ok;
+}
+
+// An axis: the range lo..hi of values, drawn linearly or on a log10 scale.
+typedef struct { double lo, hi; int log_scale; } ChartAxis;
+
+// 1, 2 or 5 times a power of ten, giving about `count` intervals over range.
+static double nice_step(double range, int count) {
+    double raw = range / count, magnitude = pow(10, floor(log10(raw))), r = raw / magnitude;
+    return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * magnitude;
+}
+
+// The axis for the finite values of v: a log scale when asked for, all values
+// are positive and they span more than a factor 20; else linear, widened to
+// whole multiples of a nice step.
+static ChartAxis chart_axis(const double *v, int n, int allow_log) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (isfinite(v[i])) { lo = fmin(lo, v[i]); hi = fmax(hi, v[i]); }
+    if (!(lo <= hi)) return (ChartAxis){ 0, 1, 0 }; // no finite values
+    if (allow_log && lo > 0 && hi / lo > 20)
+        return (ChartAxis){ pow(10, floor(log10(lo))), pow(10, ceil(log10(hi))), 1 };
+    if (hi == lo) { double pad = lo != 0 ? fabs(lo) * 0.1 : 1; lo -= pad; hi += pad; }
+    double step = nice_step(hi - lo, 5);
+    return (ChartAxis){ floor(lo / step) * step, ceil(hi / step) * step, 0 };
+}
+
+// The pixel position of v on an axis drawn from pixel p0 (at lo) to p1 (at hi).
+static double chart_position(ChartAxis a, double v, double p0, double p1) {
+    double t = a.log_scale ? (log10(v) - log10(a.lo)) / (log10(a.hi) - log10(a.lo)) : (v - a.lo) / (a.hi - a.lo);
+    return p0 + t * (p1 - p0);
+}
+
+// Tick values: multiples of a nice step, or powers of ten (with 2x and 5x
+// when there are few decades). Returns how many were written.
+static int chart_ticks(ChartAxis a, double *ticks, int max) {
+    int n = 0;
+    if (a.log_scale) {
+        int decades = (int)lround(log10(a.hi / a.lo));
+        for (double p = a.lo; p <= a.hi * 1.0001 && n < max; p *= 10) {
+            ticks[n++] = p;
+            if (decades <= 3 && p < a.hi * 0.999) {
+                if (n < max) ticks[n++] = 2 * p;
+                if (n < max) ticks[n++] = 5 * p;
+            }
+        }
+        return n;
+    }
+    double step = nice_step(a.hi - a.lo, 5);
+    for (long k = (long)ceil(a.lo / step - 1e-9); k * step <= a.hi + step * 1e-9 && n < max; k++)
+        ticks[n++] = k * step;
+    return n;
+}
+
+// One chart: a frame, grid lines and ticks on both axes, axis names, and the
+// curve ys over xs (see below for `sparse`).
+static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
+                            const double *xs, const double *ys, int n, ChartAxis ax, ChartAxis ay,
+                            const char *title, const char *x_name, const char *y_name,
+                            const char *colour, int sparse) {
+    double ticks[40];
+    char text[32];
+    svg_text(f, x, y - 10, SVG_PANEL_FONT, "start", 0, "bold", title);
+    int nt = chart_ticks(ay, ticks, 40);
+    for (int k = 0; k < nt; k++) {
+        double py = chart_position(ay, ticks[k], y + h, y);
+        snprintf(text, sizeof text, "%.6g", ticks[k]);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x, py, x + w, py);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", x - 5, py, x, py);
+        svg_text(f, x - 8, py + SVG_FONT * 0.35, SVG_FONT, "end", 0, NULL, text);
+    }
+    nt = chart_ticks(ax, ticks, 40);
+    for (int k = 0; k < nt; k++) {
+        double px = chart_position(ax, ticks[k], x, x + w);
+        snprintf(text, sizeof text, "%.6g", ticks[k]);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", px, y, px, y + h);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", px, y + h, px, y + h + 5);
+        svg_text(f, px, y + h + 8 + SVG_FONT, SVG_FONT, "middle", 0, NULL, text);
+    }
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#444\"/>\n", x, y, w, h);
+    svg_text(f, x + w / 2, y + h + 14 + 2 * SVG_FONT, SVG_FONT, "middle", 0, NULL, x_name);
+    svg_text(f, x - 62, y + h / 2, SVG_FONT, "middle", -90, NULL, y_name);
+    // The curve: a dense series (loss, learning rate) breaks where a value is
+    // not drawable (NaN, or <= 0 on a log scale); a sparse one (held-out
+    // scores, measured now and then) joins the points it has and marks them.
+    int open = 0;
+    for (int i = 0; i < n; i++) {
+        int drawable = isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0);
+        if (!drawable) {
+            if (open && !sparse) { fputs("\"/>\n", f); open = 0; }
+            continue;
+        }
+        if (!open) fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" points=\"", colour);
+        fprintf(f, "%s%.1f,%.1f", open ? " " : "", chart_position(ax, xs[i], x, x + w),
+                chart_position(ay, ys[i], y + h, y));
+        open = 1;
+    }
+    if (open) fputs("\"/>\n", f);
+    for (int i = 0; sparse && i < n; i++)
+        if (isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0))
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                    chart_position(ax, xs[i], x, x + w), chart_position(ay, ys[i], y + h, y), colour);
+}
+
+// The curves of a training log: the loss (log scale when it falls by more
+// than a factor 20), the held-out score where the log has one, and the
+// learning rate of eq. 3, one above the other over the same step axis.
+int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char *title) {
+    TrainingLog log;
+    char error[512];
+    if (!training_log_read(&log, csv_path, error, sizeof error)) {
+        fprintf(stderr, "error: %s\n", error);
+        return 1;
+    }
+    int heldout_points = 0;
+    double tokens_sum = 0;
+    int tokens_count = 0;
+    for (int i = 0; i < log.n; i++) {
+        heldout_points += isfinite(log.heldout[i]) != 0;
+        if (isfinite(log.tokens_per_s[i])) { tokens_sum += log.tokens_per_s[i]; tokens_count++; }
+    }
+    int n_panels = heldout_points > 0 ? 3 : 2;
+    double left = SVG_MARGIN + 80, plot_width = 720, plot_height = 210, panel_gap = 96;
+    double top = SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT + 10 + 30;
+    double width = left + plot_width + 30, height = top + n_panels * plot_height + (n_panels - 1) * panel_gap + 60;
+    FILE *f = svg_open(svg_path, width, height);
+    if (!f) { training_log_free(&log); return 1; }
+    char subtitle[256];
+    snprintf(subtitle, sizeof subtitle, "%s: %d lines, %s %.6g..%.6g, last %s %.4g, mean %s %.0f",
+             csv_path, log.n, log.names[0], log.step[0], log.step[log.n - 1], log.names[1],
+             log.loss[log.n - 1], log.names[3], tokens_count ? tokens_sum / tokens_count : NAN);
+    svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT, SVG_TITLE_FONT, "start", 0, "bold",
+             title ? title : "Training");
+    svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
+    ChartAxis ax = chart_axis(log.step, log.n, 0);
+    const double *series[3] = { log.loss, log.heldout, log.lr };
+    const char *names[3] = { log.names[1], log.names[4], log.names[2] };
+    const char *colours[3] = { "#1f5fa8", "#c0392b", "#2e7d32" };
+    double y = top;
+    for (int k = 0; k < 3; k++) {
+        if (k == 1 && heldout_points == 0) continue;
+        static const char *panel_titles[3] = { "training loss", "held-out score", "learning rate (eq. 3)" };
+        char panel_title[96];
+        snprintf(panel_title, sizeof panel_title, "%s", panel_titles[k]);
+        ChartAxis ay = chart_axis(series[k], log.n, k == 0);
+        if (ay.log_scale) strncat(panel_title, " (log scale)", sizeof panel_title - strlen(panel_title) - 1);
+        svg_chart_panel(f, left, y, plot_width, plot_height, log.step, series[k], log.n, ax, ay, panel_title,
+                        log.names[0], names[k], colours[k], k == 1);
+        y += plot_height + panel_gap;
+    }
+    training_log_free(&log);
+    return svg_close(f, svg_path);
+}
+
 // ============================================================================
 // Benchmark: `./transformer bench` times whole training steps (forward,
 // backward, Adam) on a synthetic batch, as dev/bench_pytorch.py does for the
@@ -1826,12 +4008,1071 @@ static int command_bench(int argc, char **argv) {
     transformer_free(&model);
     return 0;
 }
-#endif // TRANSFORMER_NO_MAIN
+
+// ============================================================================
+// Command line
+// One function per command: command_train, command_decode, command_eval,
+// command_params. Each reads its flags from a table (name, kind, where the
+// value goes, the accepted range, help) with checked number parsing, so a
+// bad flag gets one line naming it and its value and saying what was
+// expected, and `--help` prints the table with the defaults.
+// ============================================================================
+
+typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind; // FLAG: no value, sets an int to 1
+
+// What a training option belongs to. RUN options define the run (data, model,
+// schedule): they are stored in the checkpoint and cannot change on --resume,
+// except --steps (RUN_EXTENDABLE). SESSION options only affect this process.
+enum { SESSION = 0, RUN = 1, RUN_EXTENDABLE = 2 };
+
+typedef struct {
+    const char *name;     // "--steps"
+    OptionKind kind;
+    void *value;          // int *, double * or const char **
+    double min, max;      // the accepted range of a number
+    int above_min;        // 1: the value must be > min (not >=)
+    int role;             // SESSION, RUN or RUN_EXTENDABLE
+    const char *help;
+    int seen;             // given on this command line
+} Option;
+
+#define INT_OPTION(name, value, lo, hi, role, help) { name, OPTION_INT, value, lo, hi, 0, role, help, 0 }
+#define NUMBER_OPTION(name, value, lo, hi, above, role, help) { name, OPTION_NUMBER, value, lo, hi, above, role, help, 0 }
+#define TEXT_OPTION(name, value, role, help) { name, OPTION_TEXT, value, 0, 0, 0, role, help, 0 }
+#define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, SESSION, help, 0 }
+#define MAX_OPTIONS 48
+
+static void describe_expected(char *text, size_t n, const Option *o) {
+    if (o->kind == OPTION_INT) {
+        if (o->max >= INT_MAX) snprintf(text, n, "an integer >= %.0f", o->min);
+        else snprintf(text, n, "an integer from %.0f to %.0f", o->min, o->max);
+    } else if (o->kind == OPTION_NUMBER) {
+        if (o->max >= DBL_MAX) snprintf(text, n, "a number %s %g", o->above_min ? ">" : ">=", o->min);
+        else snprintf(text, n, "a number %s %g and <= %g", o->above_min ? ">" : ">=", o->min, o->max);
+    } else {
+        snprintf(text, n, "a value");
+    }
+}
+
+// Parses text as an option's value; returns 0 if it is not one.
+static int parse_option_value(const Option *o, const char *text) {
+    if (o->kind == OPTION_TEXT) { *(const char **)o->value = text; return 1; }
+    char *end;
+    errno = 0;
+    if (o->kind == OPTION_INT) {
+        long x = strtol(text, &end, 10);
+        if (end == text || *end || errno || x < o->min || x > o->max) return 0;
+        *(int *)o->value = (int)x;
+    } else {
+        double x = strtod(text, &end);
+        if (end == text || *end || errno || !isfinite(x) || x < o->min || x > o->max) return 0;
+        if (o->above_min && !(x > o->min)) return 0;
+        *(double *)o->value = x;
+    }
+    return 1;
+}
+
+static void print_option_help(const Option *options, int n) {
+    for (int i = 0; i < n; i++) {
+        const Option *o = &options[i];
+        char left[64], value[64];
+        snprintf(left, sizeof left, "%s %s", o->name, o->kind == OPTION_INT ? "N" : o->kind == OPTION_NUMBER ? "X"
+                                                    : o->kind == OPTION_FLAG ? "" : "TEXT");
+        if (o->kind == OPTION_FLAG) value[0] = '\0';
+        else if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
+        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
+        else snprintf(value, sizeof value, "%s", *(const char **)o->value ? *(const char **)o->value : "");
+        if (value[0]) printf("  %-22s %s (default %s)\n", left, o->help, value);
+        else printf("  %-22s %s\n", left, o->help);
+    }
+}
+
+// Reads argv[1..argc-1] into the options. Arguments that are not flags go
+// to positional (when it is not NULL). Returns 0 on success, 1 after printing
+// a one-line error, 2 after printing the help.
+static int parse_options(const char *command, const char *usage, Option *options, int n,
+                         int argc, char **argv, char **positional, int *num_positional) {
+    if (num_positional) *num_positional = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            printf("%s\noptions:\n", usage);
+            print_option_help(options, n);
+            return 2;
+        }
+        if (arg[0] != '-' || arg[1] == '\0' || (positional && isdigit((unsigned char)arg[1]))) {
+            if (!positional) {
+                fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n", command, arg, command);
+                return 1;
+            }
+            positional[(*num_positional)++] = argv[i];
+            continue;
+        }
+        Option *o = NULL;
+        for (int k = 0; k < n && !o; k++) if (strcmp(arg, options[k].name) == 0) o = &options[k];
+        if (!o) {
+            fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
+            return 1;
+        }
+        if (o->kind == OPTION_FLAG) { *(int *)o->value = 1; o->seen = 1; continue; }
+        char expected[96];
+        describe_expected(expected, sizeof expected, o);
+        if (i + 1 >= argc || (o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0)) {
+            if (o->kind == OPTION_TEXT) fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
+            else fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
+            return 1;
+        }
+        const char *text = argv[++i];
+        if (!parse_option_value(o, text)) {
+            fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text, expected);
+            return 1;
+        }
+        o->seen = 1;
+    }
+    return 0;
+}
+
+static void set_threads(int threads) {
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+}
+
+static int thread_count(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// ---- train ----------------------------------------------------------------------
+
+typedef struct {
+    // data
+    const char *task, *train_path, *valid_path;
+    int words, min_length, max_length, train_size, valid_size;
+    // model (Table 3's N, d_model, d_ff, h, P_drop, eps_ls)
+    int layers, d_model, d_ff, heads, positions;
+    double dropout, label_smoothing;
+    // schedule (§5.3)
+    int steps, warmup, batch_tokens, seed;
+    double lr;
+    // this session
+    const char *checkpoint, *resume, *loss_log, *log_csv;
+    int eval_every, save_every, log_every, eval_size, show, threads, keep_last;
+} TrainOptions;
+
+static TrainOptions train_defaults(void) {
+    TrainOptions o;
+    memset(&o, 0, sizeof o);
+    o.task = "copy";
+    o.words = 10; o.min_length = 1; o.max_length = 10; o.train_size = 10000; o.valid_size = 200;
+    o.layers = 2; o.d_model = 64; o.d_ff = 256; o.heads = 4; o.positions = 0;
+    o.dropout = 0.1; o.label_smoothing = 0.1;
+    o.steps = 1500; o.warmup = 50; o.batch_tokens = 600; o.seed = 1; o.lr = 3e-3;
+    o.eval_every = 250; o.save_every = 0; o.log_every = 50; o.eval_size = 0; o.show = 5; o.threads = 0;
+    return o;
+}
+
+static int train_option_table(Option *t, TrainOptions *o) {
+    Option list[] = {
+        TEXT_OPTION("--task", &o->task, RUN, "built-in task, copy or reverse (used when there is no --train)"),
+        TEXT_OPTION("--train", &o->train_path, RUN, "training data: a file of source<TAB>target lines"),
+        TEXT_OPTION("--valid", &o->valid_path, RUN, "held-out data, same format (default: every 20th line of --train)"),
+        INT_OPTION("--words", &o->words, 1, 100000, RUN, "task: the words are the numbers 0..N-1"),
+        INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: shortest sequence"),
+        INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: longest sequence"),
+        INT_OPTION("--train-size", &o->train_size, 1, 10000000, RUN, "task: training pairs"),
+        INT_OPTION("--valid-size", &o->valid_size, 1, 100000, RUN, "task: held-out pairs, none of them seen in training"),
+        INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS, RUN, "N, layers in the encoder and in the decoder"),
+        INT_OPTION("--d-model", &o->d_model, 1, TRANSFORMER_MAX_WIDTH, RUN, "d_model"),
+        INT_OPTION("--d-ff", &o->d_ff, 1, TRANSFORMER_MAX_WIDTH, RUN, "d_ff, the feed-forward inner width"),
+        INT_OPTION("--heads", &o->heads, 1, TRANSFORMER_MAX_WIDTH, RUN, "h, attention heads"),
+        INT_OPTION("--positions", &o->positions, 0, TRANSFORMER_MAX_LEN, RUN,
+                   "maximum sentence length the model takes; 0: the longest in the data + 50"),
+        NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, RUN, "P_drop (§5.4)"),
+        NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, RUN, "eps_ls (§5.4)"),
+        INT_OPTION("--steps", &o->steps, 1, 1000000000, RUN_EXTENDABLE, "training steps (may be raised on --resume)"),
+        NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, RUN, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
+        INT_OPTION("--warmup", &o->warmup, 1, 1000000000, RUN, "warmup_steps of eq. 3"),
+        INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, RUN, "tokens per batch, source + target, padding included"),
+        INT_OPTION("--seed", &o->seed, 0, INT_MAX, RUN, "seed of the data, the initial weights and dropout"),
+        TEXT_OPTION("--checkpoint", &o->checkpoint, SESSION, "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)"),
+        TEXT_OPTION("--resume", &o->resume, SESSION, "go on with the run in this checkpoint"),
+        TEXT_OPTION("--loss-log", &o->loss_log, SESSION, "append 'step loss lr' of every step to this file"),
+        TEXT_OPTION("--log", &o->log_csv, SESSION, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
+                    "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
+        INT_OPTION("--keep-last", &o->keep_last, 0, 1000, SESSION, "also keep the last K saves as "
+                   "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
+        INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, SESSION, "held-out evaluation every N steps (0: only at the end)"),
+        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, SESSION, "checkpoint every N steps (0: at each evaluation)"),
+        INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, SESSION, "progress line every N steps (0: none)"),
+        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, SESSION, "held-out pairs to decode at each evaluation (0: all)"),
+        INT_OPTION("--show", &o->show, 0, INT_MAX, SESSION, "held-out examples to print at the end"),
+        INT_OPTION("--threads", &o->threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+    };
+    int n = (int)(sizeof list / sizeof *list);
+    memcpy(t, list, sizeof list);
+    return n;
+}
+
+static const char *train_usage =
+    "usage: ./transformer train [--task copy|reverse | --train FILE.tsv] [options]\n"
+    "Trains a Transformer with Adam and the warm-up schedule of §5.3, label smoothing and\n"
+    "dropout (§5.4), on a built-in task or on source<TAB>target lines; evaluates on held-out\n"
+    "pairs as it goes and writes checkpoints (resume with --resume FILE).";
+
+// The run options as text, one argument per line, for the checkpoint:
+// --resume reads them back with the same table.
+static char *format_run_options(const Option *options, int n) {
+    size_t capacity = 256, used = 0;
+    char *text = checked_calloc(capacity, 1, "run options");
+    for (int i = 0; i < n; i++) {
+        const Option *o = &options[i];
+        char value[4200];
+        if (o->role == SESSION) continue;
+        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
+        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
+        else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
+        else continue;
+        size_t need = strlen(o->name) + strlen(value) + 3;
+        if (used + need >= capacity) {
+            capacity = 2 * (used + need);
+            text = checked_realloc(text, capacity, 1, "run options");
+        }
+        used += (size_t)sprintf(text + used, "%s\n%s\n", o->name, value);
+    }
+    return text;
+}
+
+// Everything a training run holds.
+typedef struct {
+    TrainOptions opt;
+    Option table[MAX_OPTIONS];
+    int num_options;
+    Vocabulary vocab;
+    Dataset train, valid;
+    Transformer model;
+    TrainingState state;
+    Rng data_rng;            // draws each epoch's batch order
+    EpochPlan plan;
+    BatchBuffer batch;
+    char *run_options;       // format_run_options, stored in every checkpoint
+    char *stored_options;    // the checkpoint's, on --resume (text options point into it)
+    char checkpoint_path[4096];
+    char data_name[300];     // for messages: "copy task", "data.tsv"
+    long last_saved_step;
+    long *kept_steps;        // --keep-last: the steps of the CHECKPOINT.stepN files this session wrote, oldest first
+    int num_kept;
+} TrainRun;
+
+static void train_run_free(TrainRun *r) {
+    vocab_free(&r->vocab);
+    dataset_free(&r->train);
+    dataset_free(&r->valid);
+    transformer_free(&r->model);
+    epoch_plan_free(&r->plan);
+    batch_buffer_free(&r->batch);
+    free(r->run_options);
+    free(r->stored_options);
+    free(r->kept_steps);
+}
+
+static int task_index(const char *name) {
+    for (int i = 0; i < NUM_TASKS; i++) if (strcmp(name, task_names[i]) == 0) return i;
+    return -1;
+}
+
+// Builds (or, on resume, rebuilds) the training and held-out pairs. A new run
+// takes its vocabulary from the training data; a resumed run reads the data
+// with the checkpoint's vocabulary and checks that it is the same data.
+static const char *train_load_data(TrainRun *r, int resuming) {
+    TrainOptions *o = &r->opt;
+    const char *error;
+    if (!o->train_path) {
+        int task = task_index(o->task);
+        if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
+        if (o->min_length > o->max_length)
+            return errorf("--min-length %d is above --max-length %d; expected min <= max", o->min_length, o->max_length);
+        if (o->valid_path) return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
+        if (!resuming) task_vocabulary(&r->vocab, o->words);
+        else if (r->vocab.size != NUM_SPECIAL_TOKENS + o->words)
+            return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d has %d",
+                          r->vocab.size, o->task, o->words, NUM_SPECIAL_TOKENS + o->words);
+        snprintf(r->data_name, sizeof r->data_name, "%s task", o->task);
+        error = task_generate(&r->train, &r->valid, task, o->words, o->min_length, o->max_length,
+                              o->train_size, o->valid_size, (uint64_t)o->seed);
+        if (error) return error;
+    } else {
+        snprintf(r->data_name, sizeof r->data_name, "%s", o->train_path);
+        if (!resuming) vocab_init(&r->vocab);
+        if ((error = dataset_read_tsv(&r->train, &r->vocab, o->train_path, !resuming))) return error;
+        if (o->valid_path) {
+            if ((error = dataset_read_tsv(&r->valid, &r->vocab, o->valid_path, 0))) return error;
+        } else if (r->train.count >= 20) {
+            dataset_split(&r->train, &r->valid, 20);
+        }
+    }
+    uint64_t hash = dataset_hash(&r->train);
+    if (resuming && hash != r->state.data_hash)
+        return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
+                      "expected the same data to resume", r->data_name);
+    r->state.data_hash = hash;
+    return NULL;
+}
+
+static const Option *find_option(const Option *options, int n, const char *name) {
+    for (int i = 0; i < n; i++) if (strcmp(options[i].name, name) == 0) return &options[i];
+    return NULL;
+}
+
+static const char *train_start(TrainRun *r) {
+    TrainOptions *o = &r->opt;
+    const char *error;
+    if (o->train_path && find_option(r->table, r->num_options, "--task")->seen)
+        return errorf("--task and --train both given; expected one of them");
+    if ((error = train_load_data(r, 0))) return error;
+    TransformerConfig c = transformer_default_config();
+    c.n_layers = o->layers; c.d_model = o->d_model; c.d_ff = o->d_ff; c.n_heads = o->heads;
+    c.vocab_size = r->vocab.size;
+    c.dropout = (float)o->dropout; c.label_smoothing = (float)o->label_smoothing;
+    int longest = r->train.longest_src > r->train.longest_tgt ? r->train.longest_src : r->train.longest_tgt;
+    c.max_len = o->positions ? o->positions : longest + 1 + 50;
+    if (c.max_len > TRANSFORMER_MAX_LEN) c.max_len = TRANSFORMER_MAX_LEN;
+    if ((error = transformer_config_check(&c))) return errorf("model: %s", error);
+    if ((error = dataset_check_lengths(&r->train, r->data_name, c.max_len))) return error;
+    if ((error = dataset_check_lengths(&r->valid, o->valid_path ? o->valid_path : r->data_name, c.max_len)))
+        return error;
+    if ((error = transformer_build(&r->model, &c, (uint64_t)o->seed))) return errorf("model: %s", error);
+    rng_seed(&r->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
+    r->last_saved_step = -1;
+    return NULL;
+}
+
+// --resume: the run's options come from the checkpoint; the command line may
+// add only --steps and session flags (cli, the parsed command line).
+static const char *train_resume(TrainRun *r, const Option *cli, int n) {
+    const char *error, *path = *(const char **)find_option(cli, n, "--resume")->value;
+    for (int i = 0; i < n; i++)
+        if (cli[i].seen && cli[i].role == RUN)
+            return errorf("%s cannot change on --resume: the checkpoint fixes the run's data, model and "
+                          "schedule; expected only --steps and session flags", cli[i].name);
+    if ((error = checkpoint_load(path, &r->model, &r->vocab, &r->state, &r->stored_options))) return error;
+    // the stored options, one argument per line, read with the same table
+    char *args[2 * MAX_OPTIONS + 1];
+    int argc = 1;
+    args[0] = "train";
+    for (char *p = r->stored_options; *p && argc < 2 * MAX_OPTIONS + 1; ) {
+        args[argc++] = p;
+        char *end = strchr(p, '\n');
+        if (!end) break;
+        *end = '\0';
+        p = end + 1;
+    }
+    if (parse_options("train", train_usage, r->table, r->num_options, argc, args, NULL, NULL) != 0)
+        return errorf("%s: the run options stored in the checkpoint are not readable", path);
+    // then this command line's flags (the same table, so the same positions)
+    for (int i = 0; i < n; i++) {
+        if (!cli[i].seen) continue;
+        if (cli[i].kind == OPTION_INT) *(int *)r->table[i].value = *(int *)cli[i].value;
+        else if (cli[i].kind == OPTION_NUMBER) *(double *)r->table[i].value = *(double *)cli[i].value;
+        else *(const char **)r->table[i].value = *(const char **)cli[i].value;
+    }
+    if (!find_option(cli, n, "--checkpoint")->seen) r->opt.checkpoint = path; // keep writing where the run was
+    if ((error = train_load_data(r, 1))) return error;
+    if ((error = dataset_check_lengths(&r->valid, r->opt.valid_path ? r->opt.valid_path : r->data_name,
+                                       r->model.config.max_len))) return error;
+    // the data order: redraw the current epoch from the generator state it was drawn with
+    r->data_rng.state = r->state.epoch_rng;
+    if (r->state.epoch > 0) {
+        epoch_plan_make(&r->plan, &r->train, r->opt.batch_tokens, &r->data_rng);
+        if (r->state.epoch_batches > (uint64_t)r->plan.num_spans)
+            return errorf("%s: %llu batches done in an epoch of %d; the checkpoint does not fit the data", path,
+                          (unsigned long long)r->state.epoch_batches, r->plan.num_spans);
+    }
+    r->last_saved_step = r->model.adam_step;
+    return NULL;
+}
+
+
+static void format_duration(char *text, size_t n, double seconds) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(text, n, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(text, n, "%ld:%02ld", s / 60, s % 60);
+}
+
+static int parameters_finite(const Transformer *m) {
+    for (size_t i = 0; i < m->num_parameters; i++) if (!isfinite(m->params_memory[i])) return 0;
+    return 1;
+}
+
+// The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to be
+// writable before any training, and the run options text to store in it.
+static const char *train_prepare_output(TrainRun *r) {
+    TrainOptions *o = &r->opt;
+    if (o->checkpoint) {
+        if (strlen(o->checkpoint) + 5 >= sizeof r->checkpoint_path) return errorf("--checkpoint: path too long");
+        snprintf(r->checkpoint_path, sizeof r->checkpoint_path, "%s", o->checkpoint);
+    } else {
+        const char *name = o->train_path ? o->train_path : o->task, *slash = strrchr(name, '/');
+        if (slash) name = slash + 1;
+        const char *dot = strrchr(name, '.');
+        int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
+        if (length > 200) length = 200;
+        if (mkdir("runs", 0777) != 0 && errno != EEXIST) return errorf("runs/: cannot create: %s", strerror(errno));
+        snprintf(r->checkpoint_path, sizeof r->checkpoint_path, "runs/%.*s.ckpt", length, name);
+    }
+    char tmp[sizeof r->checkpoint_path + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", r->checkpoint_path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    if (o->resume && strcmp(o->resume, r->checkpoint_path) != 0) r->last_saved_step = -1;
+    r->run_options = format_run_options(r->table, r->num_options);
+    return NULL;
+}
+
+static void kept_checkpoint_path(char *out, size_t n, const TrainRun *r, long step) {
+    snprintf(out, n, "%s.step%07ld", r->checkpoint_path, step);
+}
+
+// Writes the checkpoint; with --keep-last K also CHECKPOINT.stepNNNNNNN, and
+// removes the oldest such file this session wrote once there are more than K.
+// (Files of earlier sessions are left alone: without a directory listing in
+// the allowed headers, the run only knows the files it wrote itself.)
+static const char *train_save(TrainRun *r) {
+    if (!parameters_finite(&r->model))
+        return errorf("step %ld: a parameter is not finite; %s was not overwritten", r->model.adam_step,
+                      r->checkpoint_path);
+    const char *error = checkpoint_save(r->checkpoint_path, &r->model, &r->vocab, &r->state, r->run_options);
+    if (!error) r->last_saved_step = r->model.adam_step;
+    if (!error && r->opt.keep_last > 0) {
+        char path[sizeof r->checkpoint_path + 32];
+        long step = r->model.adam_step;
+        if (r->num_kept > 0 && r->kept_steps[r->num_kept - 1] == step) return NULL; // saved already
+        kept_checkpoint_path(path, sizeof path, r, step);
+        if ((error = checkpoint_save(path, &r->model, &r->vocab, &r->state, r->run_options))) return error;
+        r->kept_steps = checked_realloc(r->kept_steps, (size_t)r->num_kept + 1, sizeof(long), "kept checkpoints");
+        r->kept_steps[r->num_kept++] = step;
+        if (r->num_kept > r->opt.keep_last) {
+            kept_checkpoint_path(path, sizeof path, r, r->kept_steps[0]);
+            remove(path);
+            memmove(r->kept_steps, r->kept_steps + 1, (size_t)--r->num_kept * sizeof(long));
+        }
+    }
+    return error;
+}
+
+// Held-out loss, token accuracy and exact match of greedy decoding; at the
+// end of the run also a few decoded examples. Returns the exact match in
+// percent, or NAN when there are no held-out pairs.
+static double train_evaluate(TrainRun *r, int final) {
+    if (r->valid.count == 0) {
+        printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", r->model.adam_step);
+        return NAN;
+    }
+    Evaluation e;
+    evaluate(&e, &r->model, &r->valid, r->opt.eval_size, r->opt.batch_tokens, 1, 0.6);
+    printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
+           r->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1),
+           100.0 * e.exact / e.sentences, e.exact, e.sentences);
+    if (final && r->opt.show > 0) {
+        printf("held-out examples, greedy decoding:\n");
+        print_examples(&e, &r->valid, &r->vocab, r->opt.show);
+        printf("exact match on %d held-out %s: %.1f%% (%d/%d)\n", e.sentences,
+               r->opt.train_path ? "pairs" : "sequences never seen in training",
+               100.0 * e.exact / e.sentences, e.exact, e.sentences);
+    }
+    fflush(stdout);
+    double exact = 100.0 * e.exact / e.sentences;
+    evaluation_free(&e);
+    return exact;
+}
+
+static void train_print_header(const TrainRun *r) {
+    const TrainOptions *o = &r->opt;
+    const TransformerConfig *c = &r->model.config;
+    printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", r->data_name, r->train.count,
+           r->valid.count, r->vocab.size);
+    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d: %zu parameters\n", c->n_layers, c->d_model,
+           c->d_ff, c->n_heads, c->max_len, r->model.num_parameters);
+    printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
+           "seed %d, %d thread%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)c->dropout,
+           (double)c->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s");
+    if (o->resume) printf("resume %s at step %ld\n", o->resume, r->model.adam_step);
+    printf("checkpoints to %s\n", r->checkpoint_path);
+    fflush(stdout);
+}
+
+// step 400/1500 | loss 0.8978 | lr 1.06e-03 | 15.6k tok/s | elapsed 0:14 | left 0:38
+static void print_progress(long step, int steps, real loss, double lr, double tokens_per_second,
+                           double elapsed_seconds, double left_seconds) {
+    char elapsed[32], left[32];
+    format_duration(elapsed, sizeof elapsed, elapsed_seconds);
+    format_duration(left, sizeof left, left_seconds);
+    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, steps,
+           (double)loss, lr, tokens_per_second / 1000, elapsed, left);
+    fflush(stdout);
+}
+
+// The training loop (§5): batches by length, teacher forcing, Adam with the
+// warm-up schedule of eq. 3, scaled so that it peaks at --lr.
+static const char *train_loop(TrainRun *r) {
+    TrainOptions *o = &r->opt;
+    Transformer *m = &r->model;
+    // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5, so this factor makes the peak --lr
+    double factor = o->lr * sqrt((double)m->config.d_model * o->warmup);
+    int save_every = o->save_every ? o->save_every : o->eval_every;
+    FILE *loss_log = NULL, *log_csv = NULL;
+    if (o->loss_log && !(loss_log = fopen(o->loss_log, "a")))
+        return errorf("%s: cannot write: %s", o->loss_log, strerror(errno));
+    if (o->log_csv) {
+        if (!(log_csv = fopen(o->log_csv, "a"))) {
+            if (loss_log) fclose(loss_log);
+            return errorf("%s: cannot write: %s", o->log_csv, strerror(errno));
+        }
+        // the column names once, at the top of a new file (--resume appends to the same file)
+        if (fseek(log_csv, 0, SEEK_END) == 0 && ftell(log_csv) == 0)
+            fprintf(log_csv, "step,loss,lr,tokens_per_s,heldout_exact_match\n");
+    }
+    double csv_loss = 0, csv_seconds = 0; // tokens/s in the log counts the training steps' time only
+    long csv_steps = 0, csv_tokens = 0;
+    train_print_header(r);
+    if (m->adam_step >= o->steps) {
+        printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", m->adam_step, o->steps);
+        train_evaluate(r, 1);
+    }
+    double start = wall_seconds(), last_time = start;
+    long first_step = m->adam_step, tokens = 0;
+    const char *error = NULL;
+    while (!error && m->adam_step < o->steps) {
+        if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
+            r->state.epoch_rng = r->data_rng.state;
+            epoch_plan_make(&r->plan, &r->train, o->batch_tokens, &r->data_rng);
+            r->state.epoch++;
+            r->state.epoch_batches = 0;
+        }
+        BatchSpan span = r->plan.spans[r->state.epoch_batches++];
+        batch_fill(&r->batch, &r->train, r->plan.order + span.start, span.count);
+        long step = m->adam_step + 1;
+        double step_start = wall_seconds();
+        m->training = 1;
+        real loss = transformer_forward(m, &r->batch.batch);
+        if (!isfinite(loss)) {
+            char saved[4300];
+            if (r->last_saved_step >= 0)
+                snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
+                         r->checkpoint_path, r->last_saved_step);
+            else snprintf(saved, sizeof saved, "no checkpoint was written");
+            error = errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s",
+                           step, isnan(loss) ? "NaN" : "infinite", saved);
+            break;
+        }
+        transformer_zero_grad(m);
+        transformer_backward(m, &r->batch.batch);
+        double lr = transformer_learning_rate(step, m->config.d_model, o->warmup, factor);
+        adam_update(m, lr);
+        tokens += r->batch.tokens;
+        if (loss_log) fprintf(loss_log, "%ld %.9g %.9g\n", step, (double)loss, lr);
+        csv_loss += loss; csv_steps++; csv_tokens += r->batch.tokens; csv_seconds += wall_seconds() - step_start;
+        int last = step == o->steps;
+        if (o->log_every && (step % o->log_every == 0 || last)) {
+            double now = wall_seconds();
+            print_progress(step, o->steps, loss, lr, tokens / (now - last_time + 1e-9), now - start,
+                           (now - start) / (step - first_step) * (o->steps - step));
+            last_time = now;
+            tokens = 0;
+        }
+        int evaluating = (o->eval_every && step % o->eval_every == 0) || last;
+        double heldout = evaluating ? train_evaluate(r, last) : NAN;
+        if (log_csv && ((o->log_every && step % o->log_every == 0) || evaluating)) {
+            // the mean training loss of the steps since the last line; tokens/s over the same steps
+            fprintf(log_csv, "%ld,%.6g,%.6g,%.0f,", step, csv_loss / csv_steps, lr, csv_tokens / (csv_seconds + 1e-9));
+            if (isfinite(heldout)) fprintf(log_csv, "%.2f", heldout);
+            fprintf(log_csv, "\n");
+            fflush(log_csv);
+            csv_loss = 0; csv_steps = 0; csv_tokens = 0; csv_seconds = 0;
+        }
+        if ((save_every && step % save_every == 0) || last) error = train_save(r);
+    }
+    if (!error && m->adam_step > first_step) {
+        char elapsed[32];
+        format_duration(elapsed, sizeof elapsed, wall_seconds() - start);
+        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, m->adam_step, elapsed,
+               wall_seconds() - start, r->checkpoint_path);
+    }
+    if (loss_log) fclose(loss_log);
+    if (log_csv) fclose(log_csv);
+    return error;
+}
+
+static int command_train(int argc, char **argv) {
+    TrainOptions cli_values = train_defaults();
+    Option cli[MAX_OPTIONS];
+    int n = train_option_table(cli, &cli_values);
+    int status = parse_options("train", train_usage, cli, n, argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    set_threads(cli_values.threads);
+    TrainRun *r = checked_calloc(1, sizeof(TrainRun), "training run");
+    r->opt = train_defaults();
+    r->num_options = train_option_table(r->table, &r->opt);
+    const char *error;
+    if (cli_values.resume) {
+        error = train_resume(r, cli, n);
+    } else {
+        r->opt = cli_values;
+        for (int i = 0; i < n; i++) r->table[i].seen = cli[i].seen;
+        error = train_start(r);
+    }
+    if (!error) error = train_prepare_output(r);
+    if (!error) error = train_loop(r);
+    if (error) fprintf(stderr, "error: train: %s\n", error);
+    train_run_free(r);
+    free(r);
+    return error ? 1 : 0;
+}
+
+// ---- decode ---------------------------------------------------------------------
+
+// Decodes one sentence of text and prints the output on one line.
+static const char *decode_sentence(Transformer *m, Vocabulary *v, char *text, TextSource *from,
+                                   int beam, double alpha) {
+    int *ids = NULL, n = 0;
+    size_t capacity = 0;
+    for (char *p = text; *p; p++) n += !isspace((unsigned char)*p) && (p == text || isspace((unsigned char)p[-1]));
+    if (n <= m->config.max_len - 1) n = tokenize(text, v, 0, &ids, &capacity, from);
+    if (n > m->config.max_len - 1) {
+        free(ids);
+        return errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
+                      from->where, n, m->config.max_len, m->config.max_len - 1);
+    }
+    if (n > 0) {
+        if ((size_t)n == capacity) ids = checked_realloc(ids, n + 1, sizeof(int), "token ids");
+        ids[n++] = TOKEN_EOS; // the source ends with </s>, as in training (batch_fill)
+        int limit = transformer_decode_limit(m, n), length;
+        int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
+        if (beam <= 1) transformer_greedy_decode(m, out, &length, limit, ids, &n, 1, n);
+        else length = transformer_beam_search(m, out, NULL, ids, n, beam, alpha);
+        print_tokens(stdout, v, out, length);
+        free(out);
+    }
+    printf("\n");
+    fflush(stdout);
+    free(ids);
+    return NULL;
+}
+
+static int command_decode(int argc, char **argv) {
+    const char *checkpoint = NULL;
+    int beam = 1, threads = 0;
+    double alpha = 0.6;
+    Option options[] = {
+        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
+        INT_OPTION("--beam", &beam, 1, 1000, SESSION, "beam size; 1 is greedy decoding (the paper used 4)"),
+        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, SESSION, "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
+        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+    };
+    const char *usage =
+        "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
+        "Translates each SENTENCE (tokens separated by spaces), or else each line of standard input,\n"
+        "and prints the output, one line each. Greedy decoding with a key/value cache, or beam\n"
+        "search with --beam; at most source length + 50 tokens (§6.1).";
+    char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
+    int num_sentences = 0, n = (int)(sizeof options / sizeof *options);
+    int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);
+    if (status) { free(sentences); return status == 2 ? 0 : 1; }
+    set_threads(threads);
+    Transformer m;
+    Vocabulary v;
+    const char *error = checkpoint ? checkpoint_load(checkpoint, &m, &v, NULL, NULL)
+                                   : "--checkpoint FILE is required (a model written by ./transformer train)";
+    if (!error) {
+        TextSource from = { "", 0, 0 };
+        for (int i = 0; i < num_sentences && !error; i++) {
+            snprintf(from.where, sizeof from.where, "argument %d", i + 1);
+            error = decode_sentence(&m, &v, sentences[i], &from, beam, alpha);
+        }
+        if (num_sentences == 0) {
+            char *line = NULL;
+            size_t capacity = 0;
+            for (int line_no = 1; !error && getline(&line, &capacity, stdin) != -1; line_no++) {
+                snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
+                error = decode_sentence(&m, &v, line, &from, beam, alpha);
+            }
+            free(line);
+        }
+        transformer_free(&m);
+        vocab_free(&v);
+    }
+    if (error) fprintf(stderr, "error: decode: %s\n", error);
+    free(sentences);
+    return error ? 1 : 0;
+}
+
+// ---- eval -------------------------------------------------------------------------
+
+static int command_eval(int argc, char **argv) {
+    const char *checkpoint = NULL, *data = NULL;
+    int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
+    double alpha = 0.6;
+    Option options[] = {
+        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
+        TEXT_OPTION("--data", &data, SESSION, "source<TAB>target lines to evaluate on (required)"),
+        FLAG_OPTION("--bleu", &bleu, "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
+        INT_OPTION("--beam", &beam, 1, 1000, SESSION, "beam size; 1 is greedy decoding"),
+        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, SESSION, "length penalty exponent of beam search"),
+        INT_OPTION("--show", &show, 0, INT_MAX, SESSION, "print the first N decoded pairs"),
+        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, SESSION, "tokens decoded side by side"),
+        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+    };
+    const char *usage =
+        "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
+        "Decodes every source of FILE.tsv and compares the output with the target: token accuracy\n"
+        "(positions that agree, over the longer of output and target), exact match and, with\n"
+        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).";
+    int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    set_threads(threads);
+    if (!checkpoint || !data) {
+        fprintf(stderr, "error: eval: %s is required\n", !checkpoint ? "--checkpoint FILE" : "--data FILE.tsv");
+        return 1;
+    }
+    Transformer m;
+    Vocabulary v;
+    Dataset d;
+    memset(&d, 0, sizeof d);
+    const char *error = checkpoint_load(checkpoint, &m, &v, NULL, NULL);
+    if (error) { fprintf(stderr, "error: eval: %s\n", error); return 1; }
+    if (!(error = dataset_read_tsv(&d, &v, data, 0))) error = dataset_check_lengths(&d, data, m.config.max_len);
+    if (!error) {
+        Evaluation e;
+        evaluate(&e, &m, &d, 0, batch_tokens, beam, alpha);
+        if (show) print_examples(&e, &d, &v, show);
+        printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
+        printf("token accuracy  %.2f%% (%ld/%ld)\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
+               e.correct, e.compared);
+        printf("exact match     %.2f%% (%d/%d)\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences);
+        printf("loss            %.4f per target token (teacher forcing, label smoothing %g)\n", e.loss,
+               (double)m.config.label_smoothing);
+        if (bleu) {
+            double p[BLEU_MAX_ORDER], bp;
+            double score = bleu_score(&e.bleu, p, &bp);
+            printf("BLEU            %.2f (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
+                   "output/reference length %lld/%lld)\n", score, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
+                   bp, e.bleu.candidate_length, e.bleu.reference_length);
+        }
+        evaluation_free(&e);
+    }
+    if (error) fprintf(stderr, "error: eval: %s\n", error);
+    dataset_free(&d);
+    transformer_free(&m);
+    vocab_free(&v);
+    return error ? 1 : 0;
+}
+
+// ---- average ----------------------------------------------------------------------
+
+static int command_average(int argc, char **argv) {
+    const char *out = NULL;
+    Option options[] = {
+        TEXT_OPTION("--out", &out, SESSION, "the averaged checkpoint to write (required)"),
+    };
+    const char *usage =
+        "usage: ./transformer average --out OUT.ckpt A.ckpt B.ckpt ...\n"
+        "Averages the parameters of checkpoints of the same config and vocabulary (§6.1: the paper\n"
+        "averaged the last 5 or 20 checkpoints; train --keep-last K keeps them). Adam's moments\n"
+        "and step, the data position and the run options come from the last file named.";
+    char **paths = checked_calloc(argc, sizeof(char *), "arguments");
+    int n = 0;
+    int status = parse_options("average", usage, options, 1, argc, argv, paths, &n);
+    if (status) { free(paths); return status == 2 ? 0 : 1; }
+    const char *error = !out ? "--out FILE is required (the averaged checkpoint to write)"
+                      : n == 0 ? "no checkpoints given; expected --out OUT.ckpt A.ckpt B.ckpt ..."
+                      : checkpoint_average(out, (const char *const *)paths, n);
+    if (error) fprintf(stderr, "error: average: %s\n", error);
+    else printf("averaged %d checkpoint%s into %s\n", n, n == 1 ? "" : "s", out);
+    free(paths);
+    return error ? 1 : 0;
+}
+
+// ---- attention ----------------------------------------------------------------------
+
+// Decodes one sentence greedily, runs the (source, output) pair through
+// transformer_forward in evaluation mode, and writes the attention
+// probabilities of every head of every layer as three SVG files.
+static const char *attention_pictures(Transformer *m, const Vocabulary *v, const int *src, int src_len,
+                                      const char *dir) {
+    int limit = transformer_decode_limit(m, src_len), out_len;
+    int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
+    transformer_greedy_decode(m, out, &out_len, limit, src, &src_len, 1, src_len);
+    if (out_len + 1 > m->config.max_len) {
+        free(out);
+        return errorf("the output has %d tokens; with </s> that is more than the model's maximum length %d",
+                      out_len, m->config.max_len);
+    }
+    int T = out_len + 1, tgt_len = T;
+    int *tgt_in = checked_calloc(T, sizeof(int), "attention batch"), *tgt_out = checked_calloc(T, sizeof(int), "attention batch");
+    tgt_in[0] = TOKEN_BOS;
+    for (int t = 0; t < out_len; t++) { tgt_in[t + 1] = out[t]; tgt_out[t] = out[t]; }
+    tgt_out[out_len] = TOKEN_EOS;
+    Batch batch = { 1, src_len, T, (int *)src, &src_len, tgt_in, tgt_out, &tgt_len };
+    m->training = 0;
+    transformer_forward(m, &batch);
+    const char **source_words = checked_calloc(src_len, sizeof(char *), "labels");
+    const char **target_words = checked_calloc(T, sizeof(char *), "labels");
+    for (int i = 0; i < src_len; i++) source_words[i] = v->words[src[i]];
+    for (int t = 0; t < out_len; t++) target_words[t] = v->words[out[t]];
+    static const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg", "cross_attention.svg" };
+    const char *error = NULL;
+    printf("output: ");
+    print_tokens(stdout, v, out, out_len);
+    printf("\n");
+    for (int k = 0; k < 3 && !error; k++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        if (svg_write_attention(path, m, (AttentionKind)k, 0, source_words, src_len, target_words, out_len))
+            error = errorf("%s: the picture was not written (the line above says why)", path);
+        else printf("wrote %s\n", path);
+    }
+    free(out); free(tgt_in); free(tgt_out); free(source_words); free(target_words);
+    return error;
+}
+
+static int command_attention(int argc, char **argv) {
+    const char *checkpoint = NULL, *dir = NULL;
+    Option options[] = {
+        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
+        TEXT_OPTION("--out-dir", &dir, SESSION, "directory for the three SVG files (required; made if missing)"),
+    };
+    const char *usage =
+        "usage: ./transformer attention --checkpoint FILE --out-dir DIR \"source sentence\"\n"
+        "Decodes the sentence greedily, then draws the attention probabilities of every head of\n"
+        "every layer for the (source, output) pair: DIR/encoder_self_attention.svg,\n"
+        "DIR/decoder_self_attention.svg and DIR/cross_attention.svg, tokens on the axes.";
+    char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
+    int n = 0;
+    int status = parse_options("attention", usage, options, 2, argc, argv, sentences, &n);
+    if (status) { free(sentences); return status == 2 ? 0 : 1; }
+    const char *error = !checkpoint ? "--checkpoint FILE is required (a model written by ./transformer train)"
+                      : !dir ? "--out-dir DIR is required (where the SVG files go)"
+                      : n != 1 ? "expected exactly one source sentence (in quotes), after the flags" : NULL;
+    if (!error && mkdir(dir, 0777) != 0 && errno != EEXIST) error = errorf("%s: cannot create: %s", dir, strerror(errno));
+    Transformer m;
+    Vocabulary v;
+    int loaded = 0;
+    if (!error && !(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) loaded = 1;
+    if (!error) {
+        TextSource from = { "the sentence", 0, 0 };
+        int *ids = NULL;
+        size_t capacity = 0;
+        int len = tokenize(sentences[0], &v, 0, &ids, &capacity, &from);
+        if (len == 0) error = "the sentence is empty; expected tokens separated by spaces";
+        else if (len > m.config.max_len - 1)
+            error = errorf("the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
+                           len, m.config.max_len, m.config.max_len - 1);
+        if (!error) {
+            ids = checked_realloc(ids, (size_t)len + 1, sizeof(int), "token ids");
+            ids[len++] = TOKEN_EOS; // as in training (batch_fill)
+            error = attention_pictures(&m, &v, ids, len, dir);
+        }
+        free(ids);
+    }
+    if (loaded) { transformer_free(&m); vocab_free(&v); }
+    if (error) fprintf(stderr, "error: attention: %s\n", error);
+    free(sentences);
+    return error ? 1 : 0;
+}
+
+// ---- pe, plot ---------------------------------------------------------------------------
+
+static int command_pe(int argc, char **argv) {
+    const char *out = NULL;
+    int max_len = 100, d_model = 512;
+    Option options[] = {
+        TEXT_OPTION("--out", &out, SESSION, "the SVG file to write (required)"),
+        INT_OPTION("--max-len", &max_len, 1, TRANSFORMER_MAX_LEN, SESSION, "positions (rows)"),
+        INT_OPTION("--d-model", &d_model, 2, TRANSFORMER_MAX_WIDTH, SESSION, "dimensions (columns)"),
+    };
+    const char *usage =
+        "usage: ./transformer pe --out FILE.svg [--max-len 100] [--d-model 512]\n"
+        "Draws the sinusoidal positional-encoding matrix of §3.5 (a row per position).";
+    int status = parse_options("pe", usage, options, 3, argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    if (!out) { fprintf(stderr, "error: pe: --out FILE.svg is required\n"); return 1; }
+    if (svg_write_positional_encoding(out, max_len, d_model)) return 1; // it printed the line
+    printf("wrote %s\n", out);
+    return 0;
+}
+
+static int command_plot(int argc, char **argv) {
+    const char *out = NULL, *log = NULL, *title = "Training";
+    Option options[] = {
+        TEXT_OPTION("--log", &log, SESSION, "the CSV that train --log wrote (required)"),
+        TEXT_OPTION("--out", &out, SESSION, "the SVG file to write (required)"),
+        TEXT_OPTION("--title", &title, SESSION, "the picture's title"),
+    };
+    const char *usage =
+        "usage: ./transformer plot --log FILE.csv --out FILE.svg [--title TEXT]\n"
+        "Draws the training loss, the held-out score and the learning rate over the steps.";
+    int status = parse_options("plot", usage, options, 3, argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    if (!log || !out) {
+        fprintf(stderr, "error: plot: %s is required\n", !log ? "--log FILE.csv" : "--out FILE.svg");
+        return 1;
+    }
+    if (svg_write_loss_curve(out, log, title)) return 1; // it printed the line
+    printf("wrote %s\n", out);
+    return 0;
+}
+
+// ---- params -------------------------------------------------------------------------
+
+// Parameters of a config, per component; sums parameter_sizes, so the total
+// is the model's num_parameters by construction.
+typedef struct { const char *name; int tensors[6]; int count; } ParameterGroup;
+
+static const ParameterGroup parameter_groups[] = {
+    { "embedding, shared by source, target and pre-softmax (§3.4)", { 0 }, 1 },
+    { "encoder self-attention: W^Q W^K W^V W^O and biases", { 1, 2, 3, 4 }, 4 },
+    { "encoder feed-forward: W_1 W_2 and biases", { 7, 8, 9, 10 }, 4 },
+    { "encoder layer norms: gain and bias, 2 per layer", { 5, 6, 11, 12 }, 4 },
+    { "decoder masked self-attention", { 13, 14, 15, 16 }, 4 },
+    { "decoder encoder-decoder attention", { 19, 20, 21, 22 }, 4 },
+    { "decoder feed-forward", { 25, 26, 27, 28 }, 4 },
+    { "decoder layer norms, 3 per layer", { 17, 18, 23, 24, 29, 30 }, 6 },
+};
+#define NUM_PARAMETER_GROUPS ((int)(sizeof parameter_groups / sizeof *parameter_groups))
+
+static size_t parameter_group_count(const size_t sizes[NUM_PARAMETER_TENSORS], int group) {
+    size_t total = 0;
+    for (int i = 0; i < parameter_groups[group].count; i++) total += sizes[parameter_groups[group].tensors[i]];
+    return total;
+}
+
+static void format_count(char *text, size_t n, size_t count) { // 65012345 -> "65,012,345"
+    char digits[32];
+    int length = snprintf(digits, sizeof digits, "%zu", count), j = 0;
+    for (int i = 0; i < length && (size_t)j + 2 < n; i++) {
+        if (i > 0 && (length - i) % 3 == 0) text[j++] = ',';
+        text[j++] = digits[i];
+    }
+    text[j] = '\0';
+}
+
+static int command_params(int argc, char **argv) {
+    TransformerConfig c = transformer_default_config();
+    const char *preset = NULL;
+    int layers = c.n_layers, d_model = c.d_model, d_ff = c.d_ff, heads = c.n_heads, vocab = NUM_SPECIAL_TOKENS + 10;
+    Option options[] = {
+        TEXT_OPTION("--preset", &preset, SESSION, "base or big: Table 3's sizes, vocabulary 37000"),
+        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, SESSION, "N"),
+        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_model"),
+        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_ff"),
+        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, SESSION, "h"),
+        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, SESSION,
+                   "shared vocabulary size, special tokens included"),
+    };
+    const char *usage =
+        "usage: ./transformer params [--preset base|big] [--layers N --d-model N --d-ff N --heads N --vocab N]\n"
+        "Counts the parameters of a model, per component and in total (flags override the preset).";
+    int n = (int)(sizeof options / sizeof *options);
+    int status = parse_options("params", usage, options, n, argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    const char *paper = NULL;
+    if (preset) {
+        // Table 3: base N=6 d_model=512 d_ff=2048 h=8 (65M); big N=6 d_model=1024 d_ff=4096 h=16 (213M).
+        // §5.1: a shared source-target vocabulary of about 37000 tokens (BPE, English-German).
+        int big = strcmp(preset, "big") == 0;
+        if (!big && strcmp(preset, "base") != 0) {
+            fprintf(stderr, "error: params: --preset '%s' is not a preset; expected base or big\n", preset);
+            return 1;
+        }
+        int values[5] = { 6, big ? 1024 : 512, big ? 4096 : 2048, big ? 16 : 8, 37000 };
+        int *targets[5] = { &layers, &d_model, &d_ff, &heads, &vocab };
+        for (int i = 0; i < 5; i++) if (!options[i + 1].seen) *targets[i] = values[i];
+        paper = big ? "213M" : "65M";
+    }
+    c.n_layers = layers; c.d_model = d_model; c.d_ff = d_ff; c.n_heads = heads; c.vocab_size = vocab;
+    const char *error = transformer_config_check(&c);
+    if (error) { fprintf(stderr, "error: params: %s\n", error); return 1; }
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, &c);
+    printf("model: N=%d d_model=%d d_ff=%d h=%d (d_k = d_v = %d) vocabulary %d\n", layers, d_model, d_ff, heads,
+           d_model / heads, vocab);
+    char count[40];
+    size_t total = 0;
+    for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) {
+        size_t k = parameter_group_count(sizes, g);
+        total += k;
+        format_count(count, sizeof count, k);
+        printf("  %-58s %15s\n", parameter_groups[g].name, count);
+    }
+    printf("  %-58s %15s\n", "positional encoding: sinusoids (§3.5)", "0");
+    format_count(count, sizeof count, total);
+    printf("  %-58s %15s  (%.1fM)\n", "total", count, total / 1e6);
+    if (paper) printf("paper, Table 3: %s\n", paper);
+    return 0;
+}
+
+// ============================================================================
+// main: the table of contents
+//   ./transformer train    learn a task (§5): copy, reverse or a TSV file
+//   ./transformer decode   translate with a checkpoint (§6.1)
+//   ./transformer eval     token accuracy, exact match and BLEU on a TSV file
+//   ./transformer average  the mean of several checkpoints' weights (§6.1)
+//   ./transformer attention  heatmaps of every head for one sentence (SVG)
+//   ./transformer pe       the positional-encoding matrix (SVG)
+//   ./transformer plot     training curves from train --log (SVG)
+//   ./transformer params   parameter counts (Table 3)
+//   ./transformer bench    training-step speed (make bench: side by side with PyTorch)
+// ============================================================================
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);   // argv[0] is the command's name
+    const char *summary;
+} Command;
+
+static const Command commands[] = {
+    { "train",  command_train,  "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
+    { "decode", command_decode, "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
+    { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
+    { "average", command_average, "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
+    { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
+    { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
+    { "plot",   command_plot,   "SVG training curves from the CSV of train --log" },
+    { "params", command_params, "parameter count of a configuration, per component (--preset base|big)" },
+    { "bench",  command_bench,  "time training steps of the toy and base models (make bench compares with PyTorch)" },
+};
+
+static void print_usage(FILE *f) {
+    fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
+}
+
+// Runs one command line; main is this. Returns the exit status: 0, or 1
+// after a one-line error.
+int transformer_main(int argc, char **argv) {
+    if (argc < 2) { print_usage(stderr); return 1; }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        print_usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "error: unknown command '%s'; expected train, decode, eval, average, attention, pe, plot, params or bench (see ./transformer --help)\n",
+            argv[1]);
+    return 1;
+}
 
 #ifndef TRANSFORMER_NO_MAIN
 int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "bench") == 0) return command_bench(argc - 1, argv + 1);
-    printf("transformer.c\n");
-    return 0;
+    return transformer_main(argc, argv);
 }
 #endif

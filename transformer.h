@@ -6,8 +6,10 @@
  *
  * BUILD
  *     make                 builds ./transformer (OpenMP on; `make OPENMP=0` for none)
+ *     make demo            builds, trains the copy task, decodes held-out examples
  *     make test            builds and runs the tests (double-precision gradient
- *                          checks, PyTorch parity, masks, Adam, learning)
+ *                          checks, PyTorch parity, masks, Adam, learning,
+ *                          decoding, checkpoints, the command line)
  *     make debug           -O0 -g build for gdb
  *     cc -O2 transformer.c -lm -o transformer     is all it takes by hand
  *
@@ -185,6 +187,7 @@ typedef struct {
     real *d_a;          // (B, max(S,T), C)
     real *d_b;          // (B, max(S,T), C)
     real *d_c;          // (B, max(S,T), C)
+    real *d_d;          // (B, max(S,T), C)
     real *d_wide;       // (B, max(S,T), max(3C,F))
     real *d_kv;         // (B, S, 2C)              cross-attention keys and values
     real *d_memory;     // (B, S, C)               encoder output, summed over decoder layers
@@ -246,5 +249,83 @@ void transformer_backward(Transformer *model, const Batch *batch);
 double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor);
 void adam_update(Transformer *model, double learning_rate);
 const char *parameter_tensor_name(int index);
+
+// ----------------------------------------------------------------------------
+// Decoding (§6.1), with a key/value cache: the encoder runs once per sentence
+// and each decoder layer keeps the keys and values of the positions so far.
+// Outputs never contain <pad>, <s> or </s>; at most transformer_decode_limit
+// tokens (source length + 50, and no more than max_len).
+
+int transformer_decode_limit(const Transformer *model, int src_len);
+// B sentences side by side: src (B,S) padded, src_len (B); out (B,max_out), out_len (B)
+void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
+                               const int *src, const int *src_len, int B, int S);
+// One sentence; returns the output length (out holds transformer_decode_limit tokens),
+// *score (if not NULL) gets log P(output) / ((5 + length) / 6)^alpha, </s> counted in length.
+int transformer_beam_search(Transformer *model, int *out, double *score, const int *src, int src_len,
+                            int beam_size, double alpha);
+
+
+// §6.1 Evaluation: corpus-level BLEU-4 (Papineni et al. 2002), one reference
+// per sentence, no smoothing. Add sentence pairs one at a time, then score:
+//     BleuStats stats; bleu_reset(&stats);
+//     for each pair: bleu_add_sentence(&stats, hyp, hyp_len, ref, ref_len);
+//     double bleu = bleu_score(&stats, NULL, NULL);   // 0..100
+// Pass the words only: no <s>, </s> or padding.
+
+#define BLEU_MAX_ORDER 4
+typedef struct {
+    long long matches[BLEU_MAX_ORDER];  // clipped n-gram matches, n = 1..4, summed over sentences
+    long long totals[BLEU_MAX_ORDER];   // n-grams in the candidates, summed over sentences
+    long long candidate_length;         // c: candidate tokens in the corpus
+    long long reference_length;         // r: reference tokens in the corpus
+    long long sentences;
+} BleuStats;
+
+void bleu_reset(BleuStats *stats);
+void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
+                       const int *reference, int reference_len);
+void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference);
+double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty);
+
+// ----------------------------------------------------------------------------
+// Pictures as SVG files. Each writer returns 0 on success; on failure it
+// prints one line (file and reason) to stderr and returns 1.
+
+// One matrix of a heatmap: values[i * row_stride + j], i < rows, j < cols.
+// Labels may be NULL: the rows or columns are then numbered from 0.
+typedef struct {
+    const real *values;
+    int rows, cols, row_stride;
+    const char *const *row_labels;
+    const char *const *col_labels;
+    const char *title;              // above the panel, or NULL
+} SvgHeatmap;
+
+// The colour scale is blue-white-red when vmin < 0 < vmax, else white to blue.
+int svg_write_heatmap(const char *path, const real *values, int rows, int cols,
+                      const char *const *row_labels, const char *const *col_labels,
+                      const char *title, double vmin, double vmax);
+int svg_write_heatmap_grid(const char *path, const char *title, const char *subtitle,
+                           const SvgHeatmap *panels, int n_panels, int n_columns,
+                           double vmin, double vmax, const char *scale_label);
+// §3.5: the (max_len, d_model) positional-encoding matrix, scale -1..1.
+int svg_write_positional_encoding(const char *path, int max_len, int d_model);
+
+// Every head of every layer, for sentence `sentence` of the batch of the last
+// transformer_forward. target_tokens: y_1..y_n without <s> and </s>, the
+// decoder having read <s> y_1..y_n.
+typedef enum { ATTENTION_ENCODER = 0, ATTENTION_DECODER = 1, ATTENTION_CROSS = 2 } AttentionKind;
+int svg_write_attention(const char *path, const Transformer *model, AttentionKind kind, int sentence,
+                        const char *const *source_tokens, int source_len,
+                        const char *const *target_tokens, int target_len);
+
+// The training log (CSV: step,loss,lr,tokens_per_s,heldout; optional header
+// line; heldout may be empty) drawn as curves of loss, held-out score and
+// learning rate over the steps.
+int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char *title);
+
+// The command line (train, decode, eval, params, bench): what main runs; returns the exit status.
+int transformer_main(int argc, char **argv);
 
 #endif // TRANSFORMER_H

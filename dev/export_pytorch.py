@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Carry a transformer.c checkpoint to PyTorch, and prove both compute the same.
+
+    /usr/bin/python3 dev/export_pytorch.py runs/demo.ckpt --out runs/demo.pt
+
+1. Reads the checkpoint (format: NOTES.md, "Checkpoint format"), checking its
+   magic, version, sizes and FNV-1a checksum.
+2. Loads the weights into the same PyTorch model dev/make_reference.py builds
+   (nn.TransformerEncoderLayer / nn.TransformerDecoderLayer, post-norm, shared
+   embedding x sqrt(d_model), sinusoidal encoding, tied output projection) and
+   saves {"config", "vocabulary", "state_dict"} with torch.save to --out.
+3. Makes a padded batch of sentences from the checkpoint's own vocabulary,
+   computes PyTorch's logits, loss and every gradient for it, and writes them
+   as a reference file (NOTES.md section 5, with 0 Adam steps) to --reference.
+4. Runs `./test_transformer --reference FILE`, which loads the same weights
+   into transformer.c and compares logits, loss and all 31 gradients with
+   the stated tolerances; the script's exit status is that comparison's.
+
+Use Debian's python3-torch with /usr/bin/python3.
+"""
+import argparse
+import os
+import struct
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_reference as ref  # noqa: E402  (the model and the reference-file writer)
+
+MAGIC = b"TCKP"
+VERSION = 1
+HEADER_BYTES = 120
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+
+
+def fnv1a(data):
+    h = FNV_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def fail(path, reason):
+    sys.exit(f"error: {path}: {reason}")
+
+
+def read_checkpoint(path):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        fail(path, f"cannot open: {e.strerror}")
+    if len(data) < HEADER_BYTES + 8:
+        fail(path, f"truncated: {len(data)} bytes, shorter than the {HEADER_BYTES}-byte header")
+    if data[:4] != MAGIC:
+        fail(path, f"not a transformer.c checkpoint: it starts with {data[:4]!r}, expected b'TCKP'")
+    version, real_bytes = struct.unpack_from("<2I", data, 4)
+    if version != VERSION:
+        fail(path, f"version {version}, expected {VERSION}")
+    if real_bytes not in (4, 8):
+        fail(path, f"{real_bytes} bytes per number, expected 4 or 8")
+    L, C, F_, H, V, max_len = struct.unpack_from("<6I", data, 12)
+    dropout, label_smoothing, ln_eps = struct.unpack_from("<3f", data, 36)
+    (num_params, adam_step, _dropout_rng, _epoch_rng, _epoch, _epoch_batches, _data_hash,
+     vocab_bytes, options_bytes) = struct.unpack_from("<9Q", data, 48)
+    P = ref.n_params(L, C, F_, V)
+    if num_params != P:
+        fail(path, f"header says {num_params} parameters, but its sizes give {P}")
+    expected = HEADER_BYTES + options_bytes + vocab_bytes + 3 * P * real_bytes + 8
+    if len(data) != expected:
+        fail(path, f"{len(data)} bytes, but its header implies {expected}")
+    (stored_sum,) = struct.unpack_from("<Q", data, len(data) - 8)
+    if fnv1a(data[:-8]) != stored_sum:
+        fail(path, "checksum mismatch: the file is damaged")
+    pos = HEADER_BYTES
+    options = data[pos:pos + options_bytes].decode("utf-8", "replace")
+    pos += options_bytes
+    words = []
+    end = pos + vocab_bytes
+    while pos < end:
+        (n,) = struct.unpack_from("<I", data, pos)
+        words.append(data[pos + 4:pos + 4 + n].decode("utf-8"))
+        pos += 4 + n
+    if len(words) != V:
+        fail(path, f"{len(words)} vocabulary words, expected {V}")
+    dtype = "<f4" if real_bytes == 4 else "<f8"
+    import numpy as np
+    params = np.frombuffer(data, dtype=dtype, count=P, offset=pos).astype(np.float32)
+    config = dict(n_layers=L, d_model=C, d_ff=F_, n_heads=H, vocab_size=V, max_len=max_len,
+                  dropout=dropout, label_smoothing=label_smoothing, layer_norm_eps=ln_eps,
+                  adam_step=adam_step)
+    return config, words, torch.from_numpy(params.copy()), options
+
+
+def load_into_pytorch(config, params):
+    c = config
+    model = ref.RefModel(c["n_layers"], c["d_model"], c["d_ff"], c["n_heads"], c["vocab_size"],
+                         c["max_len"], c["layer_norm_eps"])
+    offset = 0
+    with torch.no_grad():
+        for group in model.ordered_params():       # tensor-major, layer 0 first
+            for p in group:
+                n = p.numel()
+                p.copy_(params[offset:offset + n].view_as(p))
+                offset += n
+    assert offset == params.numel()
+    model.train()   # dropout is 0 in these layers; train() keeps PyTorch off its fast path
+    return model
+
+
+def write_reference(path, model, config, batch, label_smoothing):
+    src, src_len, tgt_in, tgt_out, tgt_len = batch
+    B, S = src.shape
+    T = tgt_in.shape[1]
+    c = config
+    header = ref.MAGIC + struct.pack(
+        "<13i4f", ref.VERSION, c["n_layers"], c["d_model"], c["d_ff"], c["n_heads"],
+        c["vocab_size"], c["max_len"], B, S, T, 0, 1, 0, label_smoothing, c["layer_norm_eps"], 1.0, 0.0)
+    model.zero_grad(set_to_none=False)
+    logits = model(src, src_len, tgt_in, tgt_len)
+    loss = ref.loss_fn(logits, tgt_out, label_smoothing)
+    loss.backward()
+    params = ref.params_bytes(model)
+    chunks = [header, ref.i32(src), ref.i32(src_len), ref.i32(tgt_in), ref.i32(tgt_out), ref.i32(tgt_len),
+              params, ref.flat_f32([logits]), ref.flat_f32([loss]), ref.grads_bytes(model), params]
+    with open(path, "wb") as f:
+        f.write(b"".join(chunks))
+    return float(loss)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("checkpoint")
+    ap.add_argument("--out", help="torch.save file (default: CHECKPOINT with .pt)")
+    ap.add_argument("--reference", help="reference file to write (default: CHECKPOINT with .ref)")
+    ap.add_argument("--batch", type=int, default=4, help="sentences in the comparison batch")
+    ap.add_argument("--length", type=int, default=10, help="longest sentence of the batch")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--test-binary", default="./test_transformer",
+                    help="transformer.c's test program, which compares the reference file")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    base = os.path.splitext(a.checkpoint)[0]
+    out = a.out or base + ".pt"
+    reference = a.reference or base + ".ref"
+
+    config, words, params, options = read_checkpoint(a.checkpoint)
+    model = load_into_pytorch(config, params)
+    torch.save({"config": config, "vocabulary": words, "state_dict": model.state_dict(),
+                "transformer_c_options": options}, out)
+    print(f"wrote {out}: {config['n_layers']} layers, d_model {config['d_model']}, "
+          f"{config['n_heads']} heads, vocabulary {config['vocab_size']}, {params.numel()} parameters")
+
+    length = max(2, min(a.length, config["max_len"]))
+    gen = torch.Generator().manual_seed(a.seed)
+    batch = ref.make_batch(gen, max(2, a.batch), length, length, config["vocab_size"])
+    loss = write_reference(reference, model, config, batch, config["label_smoothing"])
+    print(f"wrote {reference}: PyTorch's logits, loss {loss:.6f} and gradients for "
+          f"{max(2, a.batch)} sentences of up to {length} tokens")
+    if not os.path.exists(a.test_binary):
+        print(f"{a.test_binary} not found: run `make test_transformer`, then "
+              f"`{a.test_binary} --reference {reference}`")
+        return 1
+    result = subprocess.run([a.test_binary, "--reference", reference])
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
