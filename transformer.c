@@ -24,7 +24,8 @@
  *            §6.1  decoding: greedy with a key/value cache, beam search
  *          and then what turns the model into a program: data (vocabulary,
  *          TSV files, the copy and reverse tasks, batches by length),
- *          checkpoints, the command line, and main.
+ *          checkpoints, §6.1 BLEU, pictures as SVG, the benchmark, the
+ *          command line, and main.
  *          Every layer is a `*_forward` function followed by its `*_backward`.
  *          Arguments come outputs first, then inputs, then sizes. Backward
  *          functions quote the forward line they differentiate and always
