@@ -4913,7 +4913,7 @@ static int command_bench(int argc, char **argv) {
         FLAG_OPTION("--decode", &decode, "time greedy decoding of the sources, T tokens each, instead of training"),
         INT_OPTION("--steps", &steps, 0, 100000, SESSION,
                    "timed steps (0: 20, or 10 when d_model >= 512; decoding: 10, or 3)"),
-        INT_OPTION("--warmup", &warmup, 0, 100000, SESSION, "untimed steps first"),
+        INT_OPTION("--warmup", &warmup, 0, 100000, SESSION, "untimed steps first (decoding: 1)"),
         INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
         FLAG_OPTION("--json", &json, "print the results as one JSON line"),
     };
@@ -4948,6 +4948,8 @@ static int command_bench(int argc, char **argv) {
     config.label_smoothing = 0.1f;
     config.max_len = S > T ? S : T;
     if (steps == 0) steps = decode ? (d_model >= 512 ? 3 : 10) : (d_model >= 512 ? 10 : 20);
+    for (int i = 0; i < n; i++)
+        if (decode && strcmp(options[i].name, "--warmup") == 0 && !options[i].seen) warmup = 1;
     const char *error = transformer_config_check(&config);
     if (error) { fprintf(stderr, "error: bench: %s\n", error); return 1; }
 
