@@ -9,7 +9,8 @@
 #   make debug         -O0 -g builds for gdb: transformer_debug, test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan
 #   make bench         training-step speed against PyTorch (needs python3-torch;
-#                      not part of make test): BENCH_CONFIGS, BENCH_ROUNDS, BENCH_THREADS
+#                      not part of make test): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
+#                      BENCH_THREADS
 CC ?= gcc
 OPENMP ?= 1
 # -ffp-contract=fast lets the compiler fuse a*b + c into one FMA instruction
@@ -101,11 +102,12 @@ sanitize: test_transformer.c $(SOURCES)
 # transformer.c and PyTorch (dev/bench_pytorch.py) alternately, the same model
 # and batch, then a table with the ratio PyTorch time / transformer.c time.
 BENCH_CONFIGS ?= tiny,toy,base
+BENCH_DECODE ?= tiny,toy,base
 BENCH_ROUNDS ?= 3
 BENCH_THREADS ?= 2
 bench: transformer
 	/usr/bin/python3 dev/bench_compare.py --binary ./transformer --configs $(BENCH_CONFIGS) \
-	    --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS)
+	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS)
 
 clean:
 	rm -f transformer transformer_debug transformer_asan test_transformer test_transformer_f64 \

@@ -761,6 +761,55 @@ static void test_learning(void) {
     transformer_free(&m);
 }
 
+// The matrix product of transformer.c (§3) works in 6 x 32 tiles, blocks of
+// 128 along K and 512 along N, shares rows among threads and turns a product
+// of at most 32 rows around. The model tests above use tiny sizes, which never
+// reach a second block, so here it is checked against a plain loop in double
+// precision on sizes that cross every boundary, for the three ways the layers
+// read their matrices (x W^T, dy W, dy^T x).
+static void test_matmul_against_plain_loops(void) {
+    int Ms[] = { 1, 7, 40, 97 }, Ns[] = { 1, 33, 530 }, Ks[] = { 1, 129, 300 };
+    Rng rng; rng_seed(&rng, 11);
+    double worst = 0;
+    int cases = 0;
+    for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++)
+    for (size_t in = 0; in < sizeof Ns / sizeof *Ns; in++)
+    for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
+    for (int form = 0; form < 3; form++) {
+        int M = Ms[im], N = Ns[in], K = Ks[ik];
+        real *a = checked_calloc((size_t)M * K, sizeof(real), "test"), *b = checked_calloc((size_t)K * N, sizeof(real), "test");
+        real *c = checked_calloc((size_t)M * N, sizeof(real), "test");
+        for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (real)rng_normal(&rng);
+        for (size_t i = 0; i < (size_t)K * N; i++) b[i] = (real)rng_normal(&rng);
+        for (size_t i = 0; i < (size_t)M * N; i++) c[i] = (real)rng_normal(&rng);
+        // form 0: A (M,K) and B stored as (N,K), i.e. x W^T; form 1: both row-major,
+        // dy W; form 2: A stored as (K,M), i.e. dy^T x
+        MatrixView av = { a, (size_t)K, 1 }, bv = { b, (size_t)N, 1 };
+        if (form == 0) { bv.row_stride = 1; bv.col_stride = (size_t)K; }
+        if (form == 2) { av.row_stride = 1; av.col_stride = (size_t)M; }
+        double *expected = checked_calloc((size_t)M * N, sizeof(double), "test");
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double sum = c[(size_t)m * N + n];   // the product adds to what C holds
+                for (int k = 0; k < K; k++)
+                    sum += (double)av.data[m * av.row_stride + k * av.col_stride] *
+                           bv.data[k * bv.row_stride + n * bv.col_stride];
+                expected[(size_t)m * N + n] = sum;
+            }
+        matmul_accumulate(c, (size_t)N, av, bv, M, N, K);
+        // relative to the size of a sum of K products of N(0,1) numbers
+        for (size_t i = 0; i < (size_t)M * N; i++) {
+            double error = fabs(c[i] - expected[i]) / (sqrt((double)K) + fabs(expected[i]));
+            if (error > worst) worst = error;
+        }
+        cases++;
+        free(a); free(b); free(c); free(expected);
+    }
+    double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
+    check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 (every tile edge, depth and width block, "
+          "the transposed small-row path) match a plain loop in double: worst error %.2g", cases, worst);
+}
+
 // Every parallel loop gives each output to one thread and sums in a fixed
 // order, so one thread and several must agree to the bit, dropout included.
 static void test_thread_determinism(void) {
@@ -2059,6 +2108,7 @@ int main(int argc, char **argv) {
     test_adam_by_hand();
     test_schedule();
     test_dropout_training_and_evaluation();
+    test_matmul_against_plain_loops();
     test_thread_determinism();
     test_learning();
     printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");

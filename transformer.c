@@ -388,9 +388,10 @@ static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int k
 }
 
 // The register tile: C[0..rows)[0..cols) += sum_k A[.][k] b[k][.] (at most 6 x 32).
-// c has row stride ldc; A's element (r, k) is a[r * a_row + k * a_col] and
-// must exist for all 6 rows; b is a packed strip kc deep.
-static void matmul_tile(real *c, size_t ldc, const real *a, size_t a_row, size_t a_col,
+// C's element (r, j) is c[r * c_row + j * c_col]; A's element (r, k) is
+// a[r * a_row + k * a_col] and must exist for all 6 rows; b is a packed strip
+// kc deep.
+static void matmul_tile(real *c, size_t c_row, size_t c_col, const real *a, size_t a_row, size_t a_col,
                         const real *b, int kc, int rows, int cols) {
     real sum[TILE_ROWS][TILE_COLS];
     for (int r = 0; r < TILE_ROWS; r++)
@@ -402,8 +403,13 @@ static void matmul_tile(real *c, size_t ldc, const real *a, size_t a_row, size_t
             for (int j = 0; j < TILE_COLS; j++) sum[r][j] += ark * b[k * TILE_COLS + j];
         }
     }
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < cols; j++) c[(size_t)r * ldc + j] += sum[r][j];
+    if (c_col == 1) {
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < cols; j++) c[(size_t)r * c_row + j] += sum[r][j];
+    } else {
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < cols; j++) c[(size_t)r * c_row + (size_t)j * c_col] += sum[r][j];
+    }
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
@@ -412,9 +418,10 @@ static real *packed_b_alloc(void) {
 }
 
 // Rows [m_first, m_end) of C += A B, by the calling thread alone; packed_b
-// comes from packed_b_alloc. c is (M, N) with row stride ldc, a (M, K), b (K, N).
-static void matmul_rows(real *c, size_t ldc, MatrixView a, MatrixView b, int m_first, int m_end,
-                        int N, int K, real *packed_b) {
+// comes from packed_b_alloc. c is (M, N), its element (m, n) at
+// c[m * c_row + n * c_col]; a is (M, K), b is (K, N).
+static void matmul_rows(real *c, size_t c_row, size_t c_col, MatrixView a, MatrixView b,
+                        int m_first, int m_end, int N, int K, real *packed_b) {
     real edge[TILE_ROWS * DEPTH_BLOCK];
     for (int n0 = 0; n0 < N; n0 += WIDTH_BLOCK) {
         int col_strips = (min_int(N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
@@ -433,7 +440,7 @@ static void matmul_rows(real *c, size_t ldc, MatrixView a, MatrixView b, int m_f
                 }
                 for (int s = 0; s < col_strips; s++) {
                     int j0 = n0 + s * TILE_COLS;
-                    matmul_tile(c + (size_t)m0 * ldc + j0, ldc, a0, a_row, a_col,
+                    matmul_tile(c + (size_t)m0 * c_row + (size_t)j0 * c_col, c_row, c_col, a0, a_row, a_col,
                                 packed_b + (size_t)s * TILE_COLS * kc, kc,
                                 min_int(m_end - m0, TILE_ROWS), min_int(N - j0, TILE_COLS));
                 }
@@ -457,8 +464,21 @@ static void thread_share(int count, int *first, int *end) {
 // C += A B: c is (M, N) with row stride ldc, a is (M, K), b is (K, N). Each
 // thread takes an equal share of the 6-row strips of C and packs the blocks of
 // B it needs itself, so that no thread ever waits for another.
+//
+// A product with few rows (decoding: one row per sentence, M <= 32) and many
+// columns is done as its transpose, C^T += B^T A^T: then the big matrix (a
+// weight) is the one read in place and shared out among the threads, and only
+// the few rows are packed. Every element is the same sum in the same order.
 static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, int M, int N, int K) {
     if (M <= 0 || N <= 0 || K <= 0) return;
+    size_t c_row = ldc, c_col = 1;
+    if (M <= TILE_COLS && M < N) {
+        MatrixView b_transposed = { b.data, b.col_stride, b.row_stride };
+        MatrixView a_transposed = { a.data, a.col_stride, a.row_stride };
+        a = b_transposed; b = a_transposed;
+        int swap = M; M = N; N = swap;
+        c_row = 1; c_col = ldc;
+    }
     int row_strips = (M + TILE_ROWS - 1) / TILE_ROWS;
     OMP(parallel)
     {
@@ -466,7 +486,7 @@ static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, i
         thread_share(row_strips, &first, &end);
         if (first < end) {
             real *packed_b = packed_b_alloc();
-            matmul_rows(c, ldc, a, b, first * TILE_ROWS, min_int(end * TILE_ROWS, M), N, K, packed_b);
+            matmul_rows(c, c_row, c_col, a, b, first * TILE_ROWS, min_int(end * TILE_ROWS, M), N, K, packed_b);
             free(packed_b);
         }
     }
@@ -720,7 +740,7 @@ static void attention_forward(real *out, real *att,
                 MatrixView ph = { p, (size_t)Tk, 1 };
                 // s_ij = q_i . k_j / sqrt(d_k)
                 for (size_t n = 0; n < (size_t)Tq * Tk; n++) p[n] = 0;
-                matmul_rows(p, (size_t)Tk, qh, kh_transposed, 0, Tq, Tk, hs, packed_b);
+                matmul_rows(p, (size_t)Tk, 1, qh, kh_transposed, 0, Tq, Tk, hs, packed_b);
                 // p_ij = softmax_j(s_ij) over the visible keys
                 for (int i = 0; i < Tq; i++) {
                     real *pi = p + (size_t)i * Tk;
@@ -730,7 +750,7 @@ static void attention_forward(real *out, real *att,
                 // out_i = sum_j p_ij v_j
                 for (int i = 0; i < Tq; i++)
                     for (int d = 0; d < hs; d++) o[(size_t)i * C + d] = 0;
-                matmul_rows(o, (size_t)C, ph, vh, 0, Tq, hs, Tk, packed_b);
+                matmul_rows(o, (size_t)C, 1, ph, vh, 0, Tq, hs, Tk, packed_b);
             }
         }
         free(packed_b);
@@ -772,9 +792,9 @@ static void attention_backward(real *dq, real *dk, real *dv,
                 MatrixView dsh = { ds, (size_t)Tk, 1 }, ds_transposed = { ds, 1, (size_t)Tk };
                 // dp_ij = dout_i . v_j  (into ds, which it becomes below)
                 for (size_t n = 0; n < (size_t)Tq * Tk; n++) ds[n] = 0;
-                matmul_rows(ds, (size_t)Tk, g, vh_transposed, 0, Tq, Tk, hs, packed_b);
+                matmul_rows(ds, (size_t)Tk, 1, g, vh_transposed, 0, Tq, Tk, hs, packed_b);
                 // dv_j += sum_i p_ij dout_i
-                matmul_rows(dv + kv_head, (size_t)kv_stride, p_transposed, g, 0, Tk, hs, Tq, packed_b);
+                matmul_rows(dv + kv_head, (size_t)kv_stride, 1, p_transposed, g, 0, Tk, hs, Tq, packed_b);
                 // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
                 for (int i = 0; i < Tq; i++) {
                     const real *pi = p + (size_t)i * Tk;
@@ -785,8 +805,8 @@ static void attention_backward(real *dq, real *dk, real *dv,
                     for (int j = 0; j < Tk; j++) dsi[j] = pi[j] * (dsi[j] - sum_p_dp) * scale;
                 }
                 // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
-                matmul_rows(dq + q_head, (size_t)q_stride, dsh, kh, 0, Tq, hs, Tk, packed_b);
-                matmul_rows(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, 0, Tk, hs, Tq, packed_b);
+                matmul_rows(dq + q_head, (size_t)q_stride, 1, dsh, kh, 0, Tq, hs, Tk, packed_b);
+                matmul_rows(dk + kv_head, (size_t)kv_stride, 1, ds_transposed, qh, 0, Tk, hs, Tq, packed_b);
             }
         }
         free(ds);
@@ -3777,240 +3797,6 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
 }
 
 // ============================================================================
-// Benchmark: `./transformer bench` times whole training steps (forward,
-// backward, Adam) on a synthetic batch, as dev/bench_pytorch.py does for the
-// same model in PyTorch; `make bench` runs both and prints the ratio.
-// ============================================================================
-
-typedef struct {
-    const char *name;
-    int layers, d_model, d_ff, heads, vocab, B, S, T;
-} BenchPreset;
-
-static const BenchPreset bench_presets[] = {
-    //  name     N  d_model d_ff  h  vocab   B   S    T
-    { "toy",     2, 128,   512,  4, 1000,  32, 32,  32 },  // what users train on a laptop
-    { "base",    6, 512,   2048, 8, 8000,   8, 64,  64 },  // the paper's base model (Table 3)
-    { "tiny",    2, 64,    256,  4, 14,    96, 12,  12 },  // ./transformer train's defaults: copy task, 10 words
-};
-
-// The floating-point operations of one training step, counting the matrix
-// products only (2 per multiply-add) and, under the causal mask, only the
-// visible query-key pairs. Every sentence has its full length. The backward
-// pass of a product Y = X W^T is two products of the same size (dX = dY W,
-// dW = dY^T X), and that of attention likewise, so a step is 3 forward passes.
-static double training_step_flops(const TransformerConfig *c, int B, int S, int T) {
-    double L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
-    double src = (double)B * S, tgt = (double)B * T;
-    double encoder = 2 * src * (3 * C * C + C * C + 2 * C * F)   // W_qkv, W^O, W_1, W_2
-                   + 4 * src * S * C;                             // Q K^T and P V
-    double decoder = 2 * tgt * (3 * C * C + C * C + 2 * C * F)   // self-attention, FFN
-                   + 4 * (double)B * T * (T + 1) / 2 * C          // causal Q K^T and P V
-                   + 2 * tgt * (2 * C * C) + 2 * src * (2 * C * C) // cross W^Q, W^O; W^K, W^V
-                   + 4 * tgt * S * C;                             // cross Q K^T and P V
-    double output = 2 * tgt * C * V;                              // logits = y E^T
-    return 3 * (L * (encoder + decoder) + output);
-}
-
-// The value of a "Name:   1234 kB" line of /proc/self/status, in kB; -1 if unknown.
-static long process_status_kb(const char *field) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long value = -1;
-    size_t n = strlen(field);
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, field, n) == 0 && line[n] == ':') { value = strtol(line + n + 1, NULL, 10); break; }
-    fclose(f);
-    return value;
-}
-
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// CPU time used by all threads of the process so far, in seconds.
-static double cpu_seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-// Parses a whole decimal integer in [lo, hi] for the flag `flag`; 0 on failure (after a message).
-static int bench_parse_int(const char *flag, const char *text, int lo, int hi, int *value) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "error: bench: %s '%s': expected an integer in %d..%d\n", flag, text, lo, hi);
-        return 0;
-    }
-    *value = (int)v;
-    return 1;
-}
-
-static void bench_usage(void) {
-    FILE *out = stdout;
-    fprintf(out,
-        "usage: transformer bench [--config NAME] [--steps N] [--warmup N] [--threads N] [--json]\n"
-        "                         [--layers N] [--d-model N] [--d-ff N] [--heads N] [--vocab N]\n"
-        "                         [--batch B] [--src-len S] [--tgt-len T]\n"
-        "Times training steps (forward, backward, Adam; dropout 0.1, label smoothing 0.1)\n"
-        "on a synthetic batch of full-length sentences and prints the median time per step.\n"
-        "Configs:");
-    for (size_t i = 0; i < sizeof bench_presets / sizeof *bench_presets; i++) {
-        const BenchPreset *p = &bench_presets[i];
-        fprintf(out, " %s (N %d, d_model %d, d_ff %d, h %d, vocab %d, %d x %d x %d)%s", p->name,
-                p->layers, p->d_model, p->d_ff, p->heads, p->vocab, p->B, p->S, p->T,
-                i + 1 < sizeof bench_presets / sizeof *bench_presets ? "," : "\n");
-    }
-}
-
-static int command_bench(int argc, char **argv) {
-    const BenchPreset *preset = &bench_presets[0];
-    int steps = -1, warmup = 3, threads = 0, json = 0;
-    int layers = -1, d_model = -1, d_ff = -1, heads = -1, vocab = -1, B = -1, S = -1, T = -1;
-    struct { const char *flag; int *value, lo, hi; } int_flags[] = {
-        { "--steps", &steps, 1, 100000 }, { "--warmup", &warmup, 0, 100000 },
-        { "--threads", &threads, 1, 1024 }, { "--layers", &layers, 1, TRANSFORMER_MAX_LAYERS },
-        { "--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH }, { "--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH },
-        { "--heads", &heads, 1, TRANSFORMER_MAX_WIDTH }, { "--vocab", &vocab, 5, TRANSFORMER_MAX_VOCAB },
-        { "--batch", &B, 1, 65536 }, { "--src-len", &S, 2, TRANSFORMER_MAX_LEN },
-        { "--tgt-len", &T, 2, TRANSFORMER_MAX_LEN },
-    };
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "--json") == 0) { json = 1; continue; }
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { bench_usage(); return 0; }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "error: bench: '%s' needs a value or is unknown (see: transformer bench --help)\n", arg);
-            return 2;
-        }
-        const char *value = argv[++i];
-        int known = 0;
-        if (strcmp(arg, "--config") == 0) {
-            preset = NULL;
-            for (size_t k = 0; k < sizeof bench_presets / sizeof *bench_presets; k++)
-                if (strcmp(value, bench_presets[k].name) == 0) preset = &bench_presets[k];
-            if (!preset) {
-                fprintf(stderr, "error: bench: unknown config '%s' (see: transformer bench --help)\n", value);
-                return 2;
-            }
-            known = 1;
-        }
-        for (size_t k = 0; k < sizeof int_flags / sizeof *int_flags && !known; k++) {
-            if (strcmp(arg, int_flags[k].flag) != 0) continue;
-            if (!bench_parse_int(arg, value, int_flags[k].lo, int_flags[k].hi, int_flags[k].value)) return 2;
-            known = 1;
-        }
-        if (!known) {
-            fprintf(stderr, "error: bench: unknown flag '%s' (see: transformer bench --help)\n", arg);
-            return 2;
-        }
-    }
-#ifdef _OPENMP
-    if (threads > 0) omp_set_num_threads(threads);
-    threads = omp_get_max_threads();
-#else
-    if (threads > 1) fprintf(stderr, "warning: bench: built without OpenMP, running on 1 thread\n");
-    threads = 1;
-#endif
-    TransformerConfig config = transformer_default_config();
-    config.n_layers = layers > 0 ? layers : preset->layers;
-    config.d_model = d_model > 0 ? d_model : preset->d_model;
-    config.d_ff = d_ff > 0 ? d_ff : preset->d_ff;
-    config.n_heads = heads > 0 ? heads : preset->heads;
-    config.vocab_size = vocab > 0 ? vocab : preset->vocab;
-    config.dropout = 0.1f;           // §5.4, base model
-    config.label_smoothing = 0.1f;
-    if (B < 0) B = preset->B;
-    if (S < 0) S = preset->S;
-    if (T < 0) T = preset->T;
-    config.max_len = S > T ? S : T;
-    if (steps < 0) steps = config.d_model >= 512 ? 10 : 20;
-    const char *error = transformer_config_check(&config);
-    if (error) {
-        fprintf(stderr, "error: bench: %s\n", error);
-        return 2;
-    }
-    long rss_before_kb = process_status_kb("VmRSS");
-    Transformer model;
-    transformer_build(&model, &config, 1);
-    // a synthetic batch: every sentence at its full length, random words
-    int *tokens = checked_calloc((size_t)B * (S + 2 * T + 2), sizeof(int), "benchmark batch");
-    Batch batch = { B, S, T, tokens, tokens + (size_t)B * S, tokens + (size_t)B * S + B,
-                    tokens + (size_t)B * (S + T) + B, tokens + (size_t)B * (S + 2 * T) + B };
-    Rng rng;
-    rng_seed(&rng, 7);
-    for (int b = 0; b < B; b++) {
-        batch.src_len[b] = S;
-        batch.tgt_len[b] = T;
-        for (int s = 0; s < S; s++) batch.src[b * S + s] = NUM_SPECIAL_TOKENS + rng_below(&rng, config.vocab_size - NUM_SPECIAL_TOKENS);
-        for (int t = 0; t < T; t++) {
-            int word = t == T - 1 ? TOKEN_EOS : NUM_SPECIAL_TOKENS + rng_below(&rng, config.vocab_size - NUM_SPECIAL_TOKENS);
-            batch.tgt_out[b * T + t] = word;
-            batch.tgt_in[b * T + t] = t == 0 ? TOKEN_BOS : batch.tgt_out[b * T + t - 1];
-        }
-    }
-    double *times = checked_calloc((size_t)steps, sizeof(double), "benchmark times");
-    real loss = 0;
-    double cpu_start = 0;
-    for (int step = 1; step <= warmup + steps; step++) {
-        if (step == warmup + 1) cpu_start = cpu_seconds_now();
-        double start = seconds_now();
-        model.training = 1;
-        loss = transformer_forward(&model, &batch);
-        transformer_zero_grad(&model);
-        transformer_backward(&model, &batch);
-        adam_update(&model, transformer_learning_rate(step, config.d_model, 4000, 1.0));
-        if (step > warmup) times[step - warmup - 1] = seconds_now() - start;
-    }
-    double cpu_per_step = (cpu_seconds_now() - cpu_start) / steps;
-    qsort(times, (size_t)steps, sizeof(double), compare_doubles);
-    double median = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
-    double flops = training_step_flops(&config, B, S, T);
-    double tokens_per_s = (double)B * T / median, gflops = flops / median * 1e-9;
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    double peak_mb = usage.ru_maxrss / 1024.0;   // Linux reports kB
-    double step_mb = rss_before_kb >= 0 ? (usage.ru_maxrss - rss_before_kb) / 1024.0 : -1;
-    const char *name = preset->name;
-    if (json) {
-        printf("{\"impl\": \"transformer.c\", \"config\": \"%s\", \"layers\": %d, \"d_model\": %d, "
-               "\"d_ff\": %d, \"heads\": %d, \"vocab\": %d, \"dropout\": %g, \"label_smoothing\": %g, "
-               "\"batch\": %d, \"src_len\": %d, \"tgt_len\": %d, \"threads\": %d, \"warmup\": %d, "
-               "\"steps\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"cpu_ms\": %.3f, \"tokens_per_s\": %.1f, "
-               "\"gflop_per_step\": %.4f, \"gflops\": %.2f, \"peak_mb\": %.1f, \"step_mb\": %.1f, "
-               "\"loss\": %.4f}\n",
-               name, config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size,
-               (double)config.dropout, (double)config.label_smoothing, B, S, T, threads, warmup,
-               steps, median * 1e3, times[0] * 1e3, cpu_per_step * 1e3, tokens_per_s, flops * 1e-9, gflops, peak_mb,
-               step_mb, (double)loss);
-    } else {
-        printf("config %s: N %d, d_model %d, d_ff %d, h %d, vocab %d, dropout %g, label smoothing %g, %zu parameters\n",
-               name, config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size,
-               (double)config.dropout, (double)config.label_smoothing, model.num_parameters);
-        printf("batch %d sentences x %d source x %d target tokens, %d thread%s\n",
-               B, S, T, threads, threads == 1 ? "" : "s");
-        printf("median %.2f ms per step (min %.2f, max %.2f; %d steps after %d warm-up); CPU time %.2f ms per step\n",
-               median * 1e3, times[0] * 1e3, times[steps - 1] * 1e3, steps, warmup, cpu_per_step * 1e3);
-        printf("%.0f target tokens/s, %.1f GFLOP/s (%.3f GFLOP per step)\n", tokens_per_s, gflops, flops * 1e-9);
-        printf("peak memory %.1f MB (%.1f MB more than before the model was built)\n", peak_mb, step_mb);
-    }
-    free(times);
-    free(tokens);
-    transformer_free(&model);
-    return 0;
-}
-
-// ============================================================================
 // Command line
 // One function per command: command_train, command_decode, command_eval,
 // command_params. Each reads its flags from a table (name, kind, where the
@@ -5019,6 +4805,228 @@ static int command_params(int argc, char **argv) {
     return 0;
 }
 
+// ---- bench -----------------------------------------------------------------------
+// `./transformer bench` times whole training steps (forward, backward, Adam)
+// on a synthetic batch, or with --decode greedy decoding of the batch's
+// sources with the key/value cache; dev/bench_pytorch.py times the same in
+// PyTorch, and `make bench` runs both and prints the ratio (NOTES.md,
+// section 15).
+
+typedef struct {
+    const char *name;
+    int layers, d_model, d_ff, heads, vocab, B, S, T;
+} BenchPreset;
+
+static const BenchPreset bench_presets[] = {
+    //  name     N  d_model d_ff  h  vocab   B   S    T
+    { "tiny",    2, 64,    256,  4, 14,    96, 12,  12 },  // ./transformer train's defaults: copy task, 10 words
+    { "toy",     2, 128,   512,  4, 1000,  32, 32,  32 },  // a toy task on a laptop
+    { "base",    6, 512,   2048, 8, 8000,   8, 64,  64 },  // the paper's base model (Table 3)
+};
+#define NUM_BENCH_PRESETS ((int)(sizeof bench_presets / sizeof *bench_presets))
+
+// The floating-point operations of one training step, counting the matrix
+// products only (2 per multiply-add) and, under the causal mask, only the
+// visible query-key pairs. Every sentence has its full length. The backward
+// pass of a product Y = X W^T is two products of the same size (dX = dY W,
+// dW = dY^T X), and that of attention likewise, so a step is 3 forward passes.
+static double training_step_flops(const TransformerConfig *c, int B, int S, int T) {
+    double L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    double src = (double)B * S, tgt = (double)B * T;
+    double encoder = 2 * src * (3 * C * C + C * C + 2 * C * F)   // W_qkv, W^O, W_1, W_2
+                   + 4 * src * S * C;                             // Q K^T and P V
+    double decoder = 2 * tgt * (3 * C * C + C * C + 2 * C * F)   // self-attention, FFN
+                   + 4 * (double)B * T * (T + 1) / 2 * C          // causal Q K^T and P V
+                   + 2 * tgt * (2 * C * C) + 2 * src * (2 * C * C) // cross W^Q, W^O; W^K, W^V
+                   + 4 * tgt * S * C;                             // cross Q K^T and P V
+    double output = 2 * tgt * C * V;                              // logits = y E^T
+    return 3 * (L * (encoder + decoder) + output);
+}
+
+// The value of a "Name:   1234 kB" line of /proc/self/status, in kB; -1 if unknown.
+static long process_status_kb(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long value = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':') { value = strtol(line + n + 1, NULL, 10); break; }
+    fclose(f);
+    return value;
+}
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// CPU time used by all threads of the process so far, in seconds.
+static double cpu_seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// The benchmark's batch: B sentence pairs, every sentence at its full length
+// (S source, T target tokens), random words. tokens holds B * (S + 2T + 2) ints.
+static Batch bench_batch(int *tokens, int B, int S, int T, int vocab_size) {
+    Batch batch = { B, S, T, tokens, tokens + (size_t)B * S, tokens + (size_t)B * S + B,
+                    tokens + (size_t)B * (S + T) + B, tokens + (size_t)B * (S + 2 * T) + B };
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (int b = 0; b < B; b++) {
+        batch.src_len[b] = S;
+        batch.tgt_len[b] = T;
+        for (int s = 0; s < S; s++)
+            batch.src[b * S + s] = NUM_SPECIAL_TOKENS + rng_below(&rng, vocab_size - NUM_SPECIAL_TOKENS);
+        for (int t = 0; t < T; t++) {
+            int word = t == T - 1 ? TOKEN_EOS : NUM_SPECIAL_TOKENS + rng_below(&rng, vocab_size - NUM_SPECIAL_TOKENS);
+            batch.tgt_out[b * T + t] = word;
+            batch.tgt_in[b * T + t] = t == 0 ? TOKEN_BOS : batch.tgt_out[b * T + t - 1];
+        }
+    }
+    return batch;
+}
+
+static int command_bench(int argc, char **argv) {
+    const BenchPreset *preset = &bench_presets[1];
+    const char *config_name = preset->name;
+    int decode = 0, json = 0, steps = 0, warmup = 3, threads = 0;
+    int layers = preset->layers, d_model = preset->d_model, d_ff = preset->d_ff, heads = preset->heads;
+    int vocab = preset->vocab, B = preset->B, S = preset->S, T = preset->T;
+    Option options[] = {
+        TEXT_OPTION("--config", &config_name, SESSION, "tiny, toy or base; the flags below override its sizes"),
+        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, SESSION, "N"),
+        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_model"),
+        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_ff"),
+        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, SESSION, "h"),
+        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, SESSION, "vocabulary size"),
+        INT_OPTION("--batch", &B, 1, 65536, SESSION, "B, sentences per batch"),
+        INT_OPTION("--src-len", &S, 2, TRANSFORMER_MAX_LEN, SESSION, "S, source tokens per sentence"),
+        INT_OPTION("--tgt-len", &T, 2, TRANSFORMER_MAX_LEN, SESSION, "T, target tokens per sentence"),
+        FLAG_OPTION("--decode", &decode, "time greedy decoding of the sources, T tokens each, instead of training"),
+        INT_OPTION("--steps", &steps, 0, 100000, SESSION,
+                   "timed steps (0: 20, or 10 when d_model >= 512; decoding: 10, or 3)"),
+        INT_OPTION("--warmup", &warmup, 0, 100000, SESSION, "untimed steps first (decoding: 1)"),
+        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+        FLAG_OPTION("--json", &json, "print the results as one JSON line"),
+    };
+    const char *usage =
+        "usage: ./transformer bench [--config tiny|toy|base] [--decode] [--json] [options]\n"
+        "Times training steps (forward, backward, Adam; dropout 0.1, label smoothing 0.1) on a\n"
+        "synthetic batch of full-length sentences, or with --decode greedy decoding of its\n"
+        "sources with the key/value cache, and prints the median time, tokens per second,\n"
+        "GFLOP/s and peak memory. make bench runs the same in PyTorch beside it.\n"
+        "configs: tiny (N 2, d_model 64, d_ff 256, h 4, vocab 14, 96 x 12 x 12), toy (N 2, d_model 128,\n"
+        "d_ff 512, h 4, vocab 1000, 32 x 32 x 32), base (N 6, d_model 512, d_ff 2048, h 8, vocab 8000, 8 x 64 x 64)";
+    int n = (int)(sizeof options / sizeof *options);
+    int status = parse_options("bench", usage, options, n, argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    preset = NULL;
+    for (int i = 0; i < NUM_BENCH_PRESETS; i++)
+        if (strcmp(config_name, bench_presets[i].name) == 0) preset = &bench_presets[i];
+    if (!preset) {
+        fprintf(stderr, "error: bench: --config '%s' is not a config; expected tiny, toy or base\n", config_name);
+        return 1;
+    }
+    int preset_values[8] = { preset->layers, preset->d_model, preset->d_ff, preset->heads, preset->vocab,
+                             preset->B, preset->S, preset->T };
+    int *sizes[8] = { &layers, &d_model, &d_ff, &heads, &vocab, &B, &S, &T };
+    for (int i = 0; i < 8; i++) if (!options[i + 1].seen) *sizes[i] = preset_values[i];
+    set_threads(threads);
+    threads = thread_count();
+    TransformerConfig config = transformer_default_config();
+    config.n_layers = layers; config.d_model = d_model; config.d_ff = d_ff; config.n_heads = heads;
+    config.vocab_size = vocab;
+    config.dropout = 0.1f;           // §5.4, base model
+    config.label_smoothing = 0.1f;
+    config.max_len = S > T ? S : T;
+    if (steps == 0) steps = decode ? (d_model >= 512 ? 3 : 10) : (d_model >= 512 ? 10 : 20);
+    for (int i = 0; i < n; i++)
+        if (decode && strcmp(options[i].name, "--warmup") == 0 && !options[i].seen) warmup = 1;
+    const char *error = transformer_config_check(&config);
+    if (error) { fprintf(stderr, "error: bench: %s\n", error); return 1; }
+
+    long rss_before_kb = process_status_kb("VmRSS");
+    Transformer model;
+    transformer_build(&model, &config, 1);
+    int *tokens = checked_calloc((size_t)B * (S + 2 * T + 2), sizeof(int), "benchmark batch");
+    Batch batch = bench_batch(tokens, B, S, T, vocab);
+    int *out = checked_calloc((size_t)B * T, sizeof(int), "benchmark outputs"), *out_len = checked_calloc(B, sizeof(int), "benchmark outputs");
+    if (decode) {
+        // Every sentence should decode all T positions: the </s> row of the
+        // shared embedding is set to zero, so the logit of </s> is exactly 0
+        // while the random weights spread the others around 0 (their largest is
+        // positive). The positions actually decoded are counted all the same.
+        memset(model.params.embedding + (size_t)TOKEN_EOS * d_model, 0, (size_t)d_model * sizeof(real));
+    }
+    double *times = checked_calloc((size_t)steps, sizeof(double), "benchmark times");
+    real loss = 0;
+    double cpu_start = 0, positions = 0;
+    for (int step = 1; step <= warmup + steps; step++) {
+        if (step == warmup + 1) cpu_start = cpu_seconds_now();
+        double start = seconds_now();
+        if (decode) {
+            transformer_greedy_decode(&model, out, out_len, T, batch.src, batch.src_len, B, S);
+        } else {
+            model.training = 1;
+            loss = transformer_forward(&model, &batch);
+            transformer_zero_grad(&model);
+            transformer_backward(&model, &batch);
+            adam_update(&model, transformer_learning_rate(step, d_model, 4000, 1.0));
+        }
+        if (step > warmup) times[step - warmup - 1] = seconds_now() - start;
+    }
+    double cpu_per_step = (cpu_seconds_now() - cpu_start) / steps;
+    if (decode) {   // the last run's decoded positions, an ending </s> included
+        for (int b = 0; b < B; b++) positions += out_len[b] + (out_len[b] < T);
+    } else {
+        positions = (double)B * T;
+    }
+    qsort(times, (size_t)steps, sizeof(double), compare_doubles);
+    double median = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+    double flops = decode ? 0 : training_step_flops(&config, B, S, T);
+    double tokens_per_s = positions / median, gflops = flops / median * 1e-9;
+    struct rusage resources;
+    getrusage(RUSAGE_SELF, &resources);
+    double peak_mb = resources.ru_maxrss / 1024.0;   // Linux reports kB
+    double step_mb = rss_before_kb >= 0 ? (resources.ru_maxrss - rss_before_kb) / 1024.0 : -1;
+    const char *mode = decode ? "decode" : "train";
+    if (json) {
+        printf("{\"impl\": \"transformer.c\", \"mode\": \"%s\", \"config\": \"%s\", \"layers\": %d, \"d_model\": %d, "
+               "\"d_ff\": %d, \"heads\": %d, \"vocab\": %d, \"dropout\": %g, \"label_smoothing\": %g, "
+               "\"batch\": %d, \"src_len\": %d, \"tgt_len\": %d, \"threads\": %d, \"warmup\": %d, "
+               "\"steps\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"cpu_ms\": %.3f, \"tokens\": %.0f, "
+               "\"tokens_per_s\": %.1f, \"gflop_per_step\": %.4f, \"gflops\": %.2f, \"peak_mb\": %.1f, "
+               "\"step_mb\": %.1f, \"loss\": %.4f}\n",
+               mode, preset->name, layers, d_model, d_ff, heads, vocab, (double)config.dropout,
+               (double)config.label_smoothing, B, S, T, threads, warmup, steps, median * 1e3, times[0] * 1e3,
+               cpu_per_step * 1e3, positions, tokens_per_s, flops * 1e-9, gflops, peak_mb, step_mb, (double)loss);
+    } else {
+        printf("config %s: N %d, d_model %d, d_ff %d, h %d, vocab %d, dropout %g, label smoothing %g, %zu parameters\n",
+               preset->name, layers, d_model, d_ff, heads, vocab, (double)config.dropout,
+               (double)config.label_smoothing, model.num_parameters);
+        printf("batch %d sentences x %d source x %d target tokens, %d thread%s\n",
+               B, S, T, threads, threads == 1 ? "" : "s");
+        printf("%s: median %.2f ms per %s (min %.2f, max %.2f; %d after %d warm-up); CPU time %.2f ms each\n",
+               decode ? "greedy decoding" : "training", median * 1e3, decode ? "batch" : "step", times[0] * 1e3,
+               times[steps - 1] * 1e3, steps, warmup, cpu_per_step * 1e3);
+        if (decode) printf("%.0f target tokens/s (%.0f positions decoded per batch)\n", tokens_per_s, positions);
+        else printf("%.0f target tokens/s, %.1f GFLOP/s (%.3f GFLOP per step)\n", tokens_per_s, gflops, flops * 1e-9);
+        printf("peak memory %.1f MB (%.1f MB more than before the model was built)\n", peak_mb, step_mb);
+    }
+    free(times); free(tokens); free(out); free(out_len);
+    transformer_free(&model);
+    return 0;
+}
+
 // ============================================================================
 // main: the table of contents
 //   ./transformer train    learn a task (§5): copy, reverse or a TSV file
@@ -5029,7 +5037,7 @@ static int command_params(int argc, char **argv) {
 //   ./transformer pe       the positional-encoding matrix (SVG)
 //   ./transformer plot     training curves from train --log (SVG)
 //   ./transformer params   parameter counts (Table 3)
-//   ./transformer bench    training-step speed (make bench: side by side with PyTorch)
+//   ./transformer bench    training and decoding speed (make bench: side by side with PyTorch)
 // ============================================================================
 
 typedef struct {
@@ -5047,7 +5055,7 @@ static const Command commands[] = {
     { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
     { "plot",   command_plot,   "SVG training curves from the CSV of train --log" },
     { "params", command_params, "parameter count of a configuration, per component (--preset base|big)" },
-    { "bench",  command_bench,  "time training steps of the toy and base models (make bench compares with PyTorch)" },
+    { "bench",  command_bench,  "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };
 
 static void print_usage(FILE *f) {

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""`make bench`: transformer.c against PyTorch, the same training step side by side.
+"""`make bench`: transformer.c against PyTorch, the same training step (and greedy decoding) side by side.
 
 For each config, runs `./transformer bench --config NAME --json` and
 dev/bench_pytorch.py with the sizes transformer.c reported, alternating
@@ -15,7 +15,8 @@ thrown away and repeated after a pause (at most --retries times), and the
 table's heading says how many were thrown away and the background load of
 the rounds it kept.
 
-    /usr/bin/python3 dev/bench_compare.py [--configs tiny,toy,base] [--rounds 3] [--threads 2]
+    /usr/bin/python3 dev/bench_compare.py [--configs tiny,toy,base] [--decode-configs tiny,toy,base]
+                                          [--rounds 3] [--threads 2]
 """
 import argparse
 import json
@@ -70,7 +71,9 @@ def cpu_name():
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--binary", default="./transformer")
-    p.add_argument("--configs", default="tiny,toy,base")
+    p.add_argument("--configs", default="tiny,toy,base", help="configs whose training step is timed")
+    p.add_argument("--decode-configs", default="tiny,toy,base",
+                   help="configs whose greedy decoding is timed ('' for none)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-background", type=float, default=0.1,
@@ -79,27 +82,30 @@ def main(argv=None):
     a = p.parse_args(argv)
     discarded = 0
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    rows = []
-    def run_round(name):
+
+    def run_round(name, mode):
         """transformer.c then PyTorch, the same config; their two JSON results."""
-        c = run_json([a.binary, "bench", "--config", name, "--threads", str(a.threads), "--json"], env)
+        flag = ["--decode"] if mode == "decode" else []
+        c = run_json([a.binary, "bench", "--config", name, "--threads", str(a.threads), "--json"] + flag, env)
         t = run_json(["/usr/bin/python3", os.path.join(HERE, "bench_pytorch.py"), "--json",
                       "--config", name, "--layers", str(c["layers"]), "--d-model", str(c["d_model"]),
                       "--d-ff", str(c["d_ff"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
                       "--batch", str(c["batch"]), "--src-len", str(c["src_len"]),
                       "--tgt-len", str(c["tgt_len"]), "--dropout", str(c["dropout"]),
                       "--label-smoothing", str(c["label_smoothing"]), "--threads", str(a.threads),
-                      "--warmup", str(c["warmup"]), "--steps", str(c["steps"])], env)
+                      "--warmup", str(c["warmup"]), "--steps", str(c["steps"])] + flag, env)
         return c, t
 
-    for name in a.configs.split(","):
+    def run_config(name, mode):
+        """The rounds of one config; the results kept, transformer.c's and PyTorch's."""
+        nonlocal discarded
         ours, theirs = [], []
         for r in range(a.rounds):
             for attempt in range(a.retries + 1):
-                c, t = run_round(name)
+                c, t = run_round(name, mode)
                 busy = max(c["background_load"], t["background_load"]) > a.max_background
                 retry = busy and attempt < a.retries
-                print(f"  {name} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, "
+                print(f"  {name} {mode} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, "
                       f"PyTorch {t['median_ms']:.1f} ms (other processes meanwhile: "
                       f"{c['background_load']:.2f} and {t['background_load']:.2f} cores)"
                       f"{'; repeating it' if retry else ''}", file=sys.stderr)
@@ -109,29 +115,53 @@ def main(argv=None):
                 time.sleep(10)
             ours.append(c)
             theirs.append(t)
-        rows.append((name, ours, theirs))
+        return name, ours, theirs
+
+    train = [run_config(name, "train") for name in a.configs.split(",") if name]
+    decode = [run_config(name, "decode") for name in a.decode_configs.split(",") if name]
+    everything = train + decode
+    if not everything:
+        sys.exit("error: no configs to run")
 
     def med(results, key):
         return statistics.median(x[key] for x in results)
 
-    background = statistics.mean(x["background_load"] for _, o, t in rows for x in o + t)
-    print(f"{cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; PyTorch {rows[0][2][0]['torch']}; "
-          f"median of {a.rounds} alternating rounds, each the median of its timed steps; "
+    def size_columns(c):
+        return (f"| {c['config']} | {c['layers']} | {c['d_model']} | {c['d_ff']} | {c['heads']} | {c['vocab']} | "
+                f"{c['batch']} x {c['src_len']} x {c['tgt_len']} |")
+
+    def memory_columns(ours, theirs):
+        return (f" {med(ours, 'peak_mb'):.0f} ({med(ours, 'step_mb'):.0f}) | "
+                f"{med(theirs, 'peak_mb'):.0f} ({med(theirs, 'step_mb'):.0f}) |")
+
+    background = statistics.mean(x["background_load"] for _, o, t in everything for x in o + t)
+    print(f"{cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; PyTorch {everything[0][2][0]['torch']}; "
+          f"median of {a.rounds} alternating rounds, each the median of its timed runs; "
           f"other processes used {background:.2f} cores on average meanwhile"
           f"{f' ({discarded} busier rounds thrown away and repeated)' if discarded else ''}")
-    print("| config | N | d_model | d_ff | h | vocab | batch (B x S x T) | transformer.c ms/step | "
-          "PyTorch ms/step | PyTorch / ours | ours tokens/s | PyTorch tokens/s | ours GFLOP/s | "
-          "PyTorch GFLOP/s | ours peak MB (step) | PyTorch peak MB (step) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, ours, theirs in rows:
-        c = ours[0]
-        mo, mt = med(ours, "median_ms"), med(theirs, "median_ms")
-        print(f"| {name} | {c['layers']} | {c['d_model']} | {c['d_ff']} | {c['heads']} | {c['vocab']} | "
-              f"{c['batch']} x {c['src_len']} x {c['tgt_len']} | {mo:.1f} | {mt:.1f} | "
-              f"**{mt / mo:.2f}** | {med(ours, 'tokens_per_s'):.0f} | {med(theirs, 'tokens_per_s'):.0f} | "
-              f"{med(ours, 'gflops'):.1f} | {med(theirs, 'gflops'):.1f} | "
-              f"{med(ours, 'peak_mb'):.0f} ({med(ours, 'step_mb'):.0f}) | "
-              f"{med(theirs, 'peak_mb'):.0f} ({med(theirs, 'step_mb'):.0f}) |")
+    if train:
+        print("\nTraining step (forward, backward, Adam):\n")
+        print("| config | N | d_model | d_ff | h | vocab | batch (B x S x T) | transformer.c ms/step | "
+              "PyTorch ms/step | PyTorch / ours | ours tokens/s | PyTorch tokens/s | ours GFLOP/s | "
+              "PyTorch GFLOP/s | ours peak MB (step) | PyTorch peak MB (step) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for name, ours, theirs in train:
+            mo, mt = med(ours, "median_ms"), med(theirs, "median_ms")
+            print(f"{size_columns(ours[0])} {mo:.1f} | {mt:.1f} | **{mt / mo:.2f}** | "
+                  f"{med(ours, 'tokens_per_s'):.0f} | {med(theirs, 'tokens_per_s'):.0f} | "
+                  f"{med(ours, 'gflops'):.1f} | {med(theirs, 'gflops'):.1f} |" + memory_columns(ours, theirs))
+    if decode:
+        print("\nGreedy decoding of the batch's sources, T tokens each (ours: key/value cache; "
+              "PyTorch's layers: the whole prefix at every position):\n")
+        print("| config | N | d_model | d_ff | h | vocab | batch (B x S x T) | transformer.c ms/batch | "
+              "PyTorch ms/batch | PyTorch / ours | ours tokens/s | PyTorch tokens/s | "
+              "ours peak MB (step) | PyTorch peak MB (step) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for name, ours, theirs in decode:
+            mo, mt = med(ours, "median_ms"), med(theirs, "median_ms")
+            print(f"{size_columns(ours[0])} {mo:.1f} | {mt:.1f} | **{mt / mo:.2f}** | "
+                  f"{med(ours, 'tokens_per_s'):.0f} | {med(theirs, 'tokens_per_s'):.0f} |"
+                  + memory_columns(ours, theirs))
     return 0
 
 

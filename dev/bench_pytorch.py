@@ -20,6 +20,13 @@ modules' `dropout` set to 0, the layers' inner `dropout` replaced by Identity).
 
 prints the same fields as `./transformer bench`; --json prints them as one line.
 Run with Debian's interpreter (/usr/bin/python3), which has python3-torch.
+
+--decode times greedy decoding of the batch's sources instead, T tokens each,
+as PyTorch's layers allow it: in eval mode under no_grad, the encoder once,
+then at every position the decoder layers over the whole prefix (they keep
+no key/value cache), the last position's logits, the most likely token
+(never <pad> or <s>). The </s> row of the embedding is zeroed, as
+`./transformer bench --decode` does, though here no sentence stops early.
 """
 import argparse
 import json
@@ -87,16 +94,36 @@ class BenchModel(nn.Module):
         n = tokens.shape[1]
         return self.embedding_dropout(self.embedding[tokens] * math.sqrt(self.C) + self.pe[:n])
 
-    def forward(self, src, src_pad, tgt_in, tgt_pad, causal):
+    def encode(self, src, src_pad):
         x = self.embed(src)
         for layer in self.enc:
             x = layer(x, src_key_padding_mask=src_pad)
-        memory = x
+        return x
+
+    def decode(self, tgt_in, tgt_pad, memory, src_pad, causal):
         y = self.embed(tgt_in)
         for layer in self.dec:
             y = layer(y, memory, tgt_mask=causal, tgt_key_padding_mask=tgt_pad,
                       memory_key_padding_mask=src_pad)
         return y @ self.embedding.t()
+
+    def forward(self, src, src_pad, tgt_in, tgt_pad, causal):
+        return self.decode(tgt_in, tgt_pad, self.encode(src, src_pad), src_pad, causal)
+
+
+def greedy_decode(model, src, src_pad, T):
+    """T tokens for every sentence of src, each the most likely after the ones before."""
+    B = src.shape[0]
+    memory = model.encode(src, src_pad)
+    ys = torch.full((B, 1), BOS, dtype=torch.long)
+    for t in range(T):
+        causal = torch.triu(torch.ones(t + 1, t + 1, dtype=torch.bool), diagonal=1)
+        no_pad = torch.zeros(B, t + 1, dtype=torch.bool)
+        logits = model.decode(ys, no_pad, memory, src_pad, causal)[:, -1]
+        logits[:, PAD] = -math.inf
+        logits[:, BOS] = -math.inf
+        ys = torch.cat([ys, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    return ys[:, 1:]
 
 
 def noam_lr(step, C, warmup=4000, factor=1.0):
@@ -128,11 +155,16 @@ def main(argv=None):
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=0, help="default: 10 for d_model >= 512, else 20")
+    p.add_argument("--steps", type=int, default=0,
+                   help="default: 10 for d_model >= 512, else 20; decoding: 3, else 10")
+    p.add_argument("--decode", action="store_true", help="time greedy decoding instead of training")
     p.add_argument("--json", action="store_true")
     p.add_argument("--foreach", action="store_true", help="Adam's multi-tensor implementation")
     a = p.parse_args(argv)
-    steps = a.steps or (10 if a.d_model >= 512 else 20)
+    if a.decode:
+        steps = a.steps or (3 if a.d_model >= 512 else 10)
+    else:
+        steps = a.steps or (10 if a.d_model >= 512 else 20)
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     rss_before = rss_kb()
@@ -152,6 +184,11 @@ def main(argv=None):
     tgt_pad = torch.zeros(B, T, dtype=torch.bool)    # as a real batch needs them
     causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
 
+    if a.decode:
+        model.eval()
+        with torch.no_grad():
+            model.embedding[EOS].zero_()
+
     times = []
     loss = None
     cpu_start = 0.0
@@ -159,31 +196,35 @@ def main(argv=None):
         if step == a.warmup + 1:
             cpu_start = time.process_time()
         start = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = noam_lr(step, C)
-        logits = model(src, src_pad, tgt_in, tgt_pad, causal)
-        loss = F.cross_entropy(logits.reshape(-1, V), tgt_out.reshape(-1), ignore_index=PAD,
-                               label_smoothing=a.label_smoothing)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if a.decode:
+            with torch.no_grad():
+                greedy_decode(model, src, src_pad, T)
+        else:
+            for g in opt.param_groups:
+                g["lr"] = noam_lr(step, C)
+            logits = model(src, src_pad, tgt_in, tgt_pad, causal)
+            loss = F.cross_entropy(logits.reshape(-1, V), tgt_out.reshape(-1), ignore_index=PAD,
+                                   label_smoothing=a.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
         if step > a.warmup:
             times.append(time.perf_counter() - start)
 
     cpu_per_step = (time.process_time() - cpu_start) / steps
     median = statistics.median(times)
-    flops = training_step_flops(L, C, F_, V, B, S, T)
+    flops = 0.0 if a.decode else training_step_flops(L, C, F_, V, B, S, T)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kB on Linux
     result = {
-        "impl": "pytorch", "config": a.config, "layers": L, "d_model": C, "d_ff": F_,
+        "impl": "pytorch", "mode": "decode" if a.decode else "train", "config": a.config, "layers": L, "d_model": C, "d_ff": F_,
         "heads": H, "vocab": V, "dropout": a.dropout, "label_smoothing": a.label_smoothing,
         "batch": B, "src_len": S, "tgt_len": T, "threads": torch.get_num_threads(),
         "warmup": a.warmup, "steps": steps, "median_ms": median * 1e3, "min_ms": min(times) * 1e3,
         "cpu_ms": cpu_per_step * 1e3,
-        "tokens_per_s": B * T / median, "gflop_per_step": flops * 1e-9,
+        "tokens": B * T, "tokens_per_s": B * T / median, "gflop_per_step": flops * 1e-9,
         "gflops": flops / median * 1e-9, "peak_mb": peak_kb / 1024,
         "step_mb": (peak_kb - rss_before) / 1024 if rss_before >= 0 else -1,
-        "loss": float(loss), "torch": torch.__version__,
+        "loss": float(loss) if loss is not None else 0.0, "torch": torch.__version__,
     }
     if a.json:
         print(json.dumps(result))
@@ -192,10 +233,14 @@ def main(argv=None):
     print(f"config {a.config}: N {L}, d_model {C}, d_ff {F_}, h {H}, vocab {V}, dropout {a.dropout:g}, "
           f"label smoothing {a.label_smoothing:g}, {n_params} parameters (PyTorch {torch.__version__})")
     print(f"batch {B} sentences x {S} source x {T} target tokens, {torch.get_num_threads()} threads")
-    print(f"median {median * 1e3:.2f} ms per step (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}; "
-          f"{steps} steps after {a.warmup} warm-up); CPU time {cpu_per_step * 1e3:.2f} ms per step")
-    print(f"{B * T / median:.0f} target tokens/s, {flops / median * 1e-9:.1f} GFLOP/s "
-          f"({flops * 1e-9:.3f} GFLOP per step)")
+    print(f"{'greedy decoding' if a.decode else 'training'}: median {median * 1e3:.2f} ms per "
+          f"{'batch' if a.decode else 'step'} (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}; "
+          f"{steps} after {a.warmup} warm-up); CPU time {cpu_per_step * 1e3:.2f} ms each")
+    if a.decode:
+        print(f"{B * T / median:.0f} target tokens/s ({B * T} positions decoded per batch)")
+    else:
+        print(f"{B * T / median:.0f} target tokens/s, {flops / median * 1e-9:.1f} GFLOP/s "
+              f"({flops * 1e-9:.3f} GFLOP per step)")
     print(f"peak memory {peak_kb / 1024:.1f} MB ({result['step_mb']:.1f} MB more than after importing torch)")
     return 0
 
