@@ -354,15 +354,37 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
 typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
 
+// One product, in the form every caller gives it:
+//     C = bias + A B    (accumulate 0; with bias.data NULL, C = A B)
+//     C += A B          (accumulate 1)
+// C is (M, N), its element (m, n) at c[m * c_row + n * c_col]; A is (M, K), B is (K, N).
+// The bias is a view whose rows are all the same (row stride 0): bias(m, n) = bias[n].
+typedef struct {
+    real *c;
+    size_t c_row, c_col;
+    MatrixView a, b, bias;
+    int M, N, K, accumulate;
+} MatrixProduct;
+
+// The tile's width is two of the machine's vector registers, so that its
+// 2 x TILE_ROWS sums fit in the register file with room for a row of B and a
+// broadcast number of A: 12 of the 32 registers of AVX-512, 12 of the 16 of AVX2.
+#if defined(__AVX512F__)
+#define VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define VECTOR_BYTES 32
+#else
+#define VECTOR_BYTES 16   // SSE2, NEON
+#endif
 #define TILE_ROWS 6
-#define TILE_COLS (128 / (int)sizeof(real))  // 32 floats (16 doubles): 128 bytes
+#define TILE_COLS (2 * VECTOR_BYTES / (int)sizeof(real))  // AVX-512: 32 floats, 16 doubles
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-// A copy of the rows m0 .. M-1 (fewer than 6) of A, columns k0 .. k0+kc-1,
+// A copy of the rows m0 .. M-1 (fewer than TILE_ROWS) of A, columns k0 .. k0+kc-1,
 // padded with zero rows to a full strip: strip[k * TILE_ROWS + r] = A[m0 + r][k0 + k].
 static void pack_a_edge(real *strip, MatrixView a, int m0, int M, int k0, int kc) {
     for (int k = 0; k < kc; k++)
@@ -371,8 +393,8 @@ static void pack_a_edge(real *strip, MatrixView a, int m0, int M, int k0, int kc
                 ? a.data[(size_t)(m0 + r) * a.row_stride + (size_t)(k0 + k) * a.col_stride] : 0;
 }
 
-// strip[k][j] = B[k0 + k][n0 + j] for the 32 columns from n0 (zeros past column N),
-// read along whichever direction B is contiguous in.
+// strip[k][j] = B[k0 + k][n0 + j] for the TILE_COLS columns from n0 (zeros past
+// column N), read along whichever direction B is contiguous in.
 static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int kc) {
     int cols = min_int(N - n0, TILE_COLS);
     const real *b0 = b.data + (size_t)k0 * b.row_stride + (size_t)n0 * b.col_stride;
@@ -387,12 +409,15 @@ static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int k
         for (int j = cols; j < TILE_COLS; j++) strip[k * TILE_COLS + j] = 0;
 }
 
-// The register tile: C[0..rows)[0..cols) += sum_k A[.][k] b[k][.] (at most 6 x 32).
-// C's element (r, j) is c[r * c_row + j * c_col]; A's element (r, k) is
-// a[r * a_row + k * a_col] and must exist for all 6 rows; b is a packed strip
-// kc deep.
+// The register tile: sum[r][j] = sum_k A[r][k] b[k][j] over one depth block,
+// then C[r][j] += sum (accumulate) or C[r][j] = bias[r][j] + sum (bias NULL: 0),
+// for the first rows x cols of the TILE_ROWS x TILE_COLS tile. C's element (r, j)
+// is c[r * c_row + j * c_col], the bias's bias[r * bias_row + j * bias_col]; A's
+// (r, k) is a[r * a_row + k * a_col] and must exist for all TILE_ROWS rows; b is
+// a packed strip kc deep.
 static void matmul_tile(real *c, size_t c_row, size_t c_col, const real *a, size_t a_row, size_t a_col,
-                        const real *b, int kc, int rows, int cols) {
+                        const real *b, int kc, int rows, int cols,
+                        int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
     real sum[TILE_ROWS][TILE_COLS];
     for (int r = 0; r < TILE_ROWS; r++)
         for (int j = 0; j < TILE_COLS; j++) sum[r][j] = 0;
@@ -403,12 +428,20 @@ static void matmul_tile(real *c, size_t c_row, size_t c_col, const real *a, size
             for (int j = 0; j < TILE_COLS; j++) sum[r][j] += ark * b[k * TILE_COLS + j];
         }
     }
-    if (c_col == 1) {
-        for (int r = 0; r < rows; r++)
-            for (int j = 0; j < cols; j++) c[(size_t)r * c_row + j] += sum[r][j];
-    } else {
-        for (int r = 0; r < rows; r++)
-            for (int j = 0; j < cols; j++) c[(size_t)r * c_row + (size_t)j * c_col] += sum[r][j];
+    for (int r = 0; r < rows; r++) {
+        real *cr = c + (size_t)r * c_row;
+        const real *biasr = bias ? bias + (size_t)r * bias_row : NULL;
+        if (c_col == 1 && accumulate)                     // the common cases, as vector loops
+            for (int j = 0; j < cols; j++) cr[j] += sum[r][j];
+        else if (c_col == 1 && biasr && bias_col == 1)
+            for (int j = 0; j < cols; j++) cr[j] = biasr[j] + sum[r][j];
+        else if (c_col == 1 && !biasr)
+            for (int j = 0; j < cols; j++) cr[j] = sum[r][j];
+        else                                              // C or the bias transposed
+            for (int j = 0; j < cols; j++) {
+                real start = accumulate ? cr[(size_t)j * c_col] : biasr ? biasr[(size_t)j * bias_col] : 0;
+                cr[(size_t)j * c_col] = start + sum[r][j];
+            }
     }
 }
 
@@ -417,20 +450,21 @@ static real *packed_b_alloc(void) {
     return checked_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
 }
 
-// Rows [m_first, m_end) of C += A B, by the calling thread alone; packed_b
-// comes from packed_b_alloc. c is (M, N), its element (m, n) at
-// c[m * c_row + n * c_col]; a is (M, K), b is (K, N).
-static void matmul_rows(real *c, size_t c_row, size_t c_col, MatrixView a, MatrixView b,
-                        int m_first, int m_end, int N, int K, real *packed_b) {
+// Rows [m_first, m_end) of the product p, by the calling thread alone;
+// packed_b comes from packed_b_alloc.
+static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     real edge[TILE_ROWS * DEPTH_BLOCK];
-    for (int n0 = 0; n0 < N; n0 += WIDTH_BLOCK) {
-        int col_strips = (min_int(N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
-        for (int k0 = 0; k0 < K; k0 += DEPTH_BLOCK) {
-            int kc = min_int(K - k0, DEPTH_BLOCK);
+    MatrixView a = p->a;
+    for (int n0 = 0; n0 < p->N; n0 += WIDTH_BLOCK) {
+        int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
+        // k0 == 0 runs even when K is 0, so that C = bias is still written
+        for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
+            int kc = min_int(p->K - k0, DEPTH_BLOCK);
+            int accumulate = p->accumulate || k0 > 0;  // later depth blocks add to the first
             for (int s = 0; s < col_strips; s++)
-                pack_b_strip(packed_b + (size_t)s * TILE_COLS * kc, b, n0 + s * TILE_COLS, N, k0, kc);
+                pack_b_strip(packed_b + (size_t)s * TILE_COLS * kc, p->b, n0 + s * TILE_COLS, p->N, k0, kc);
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
-                // a full strip of 6 rows is read where it lies; the last, shorter
+                // a full strip of rows is read where it lies; the last, shorter
                 // one from a copy padded with zero rows
                 const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
                 size_t a_row = a.row_stride, a_col = a.col_stride;
@@ -440,9 +474,12 @@ static void matmul_rows(real *c, size_t c_row, size_t c_col, MatrixView a, Matri
                 }
                 for (int s = 0; s < col_strips; s++) {
                     int j0 = n0 + s * TILE_COLS;
-                    matmul_tile(c + (size_t)m0 * c_row + (size_t)j0 * c_col, c_row, c_col, a0, a_row, a_col,
-                                packed_b + (size_t)s * TILE_COLS * kc, kc,
-                                min_int(m_end - m0, TILE_ROWS), min_int(N - j0, TILE_COLS));
+                    const real *bias = p->bias.data
+                        ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
+                    matmul_tile(p->c + (size_t)m0 * p->c_row + (size_t)j0 * p->c_col, p->c_row, p->c_col,
+                                a0, a_row, a_col, packed_b + (size_t)s * TILE_COLS * kc, kc,
+                                min_int(m_end - m0, TILE_ROWS), min_int(p->N - j0, TILE_COLS),
+                                accumulate, bias, p->bias.row_stride, p->bias.col_stride);
                 }
             }
         }
@@ -461,35 +498,58 @@ static void thread_share(int count, int *first, int *end) {
     *end = (int)((long long)count * (thread + 1) / threads);
 }
 
-// C += A B: c is (M, N) with row stride ldc, a is (M, K), b is (K, N). Each
-// thread takes an equal share of the 6-row strips of C and packs the blocks of
-// B it needs itself, so that no thread ever waits for another.
+// The whole product p, shared among the threads: each takes an equal share of
+// the strips of TILE_ROWS rows of C and packs the blocks of B it needs itself
+// (a little copying done twice, but no thread ever waits for another; cutting
+// C by columns instead, so that no strip of B is packed twice, was slower:
+// every thread then reads all of A). Each element of C belongs to one thread
+// and is summed in the same order whatever the number of threads.
 //
-// A product with few rows (decoding: one row per sentence, M <= 32) and many
-// columns is done as its transpose, C^T += B^T A^T: then the big matrix (a
-// weight) is the one read in place and shared out among the threads, and only
-// the few rows are packed. Every element is the same sum in the same order.
-static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, int M, int N, int K) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
-    size_t c_row = ldc, c_col = 1;
-    if (M <= TILE_COLS && M < N) {
-        MatrixView b_transposed = { b.data, b.col_stride, b.row_stride };
-        MatrixView a_transposed = { a.data, a.col_stride, a.row_stride };
-        a = b_transposed; b = a_transposed;
-        int swap = M; M = N; N = swap;
-        c_row = 1; c_col = ldc;
+// A product with few rows (decoding: one row per sentence, M <= TILE_COLS) and
+// more columns is done as its transpose, C^T = B^T A^T: then the big matrix
+// (a weight) is the one read in place and shared out among the threads, and
+// only the few rows are packed. Every element is the same sum in the same order.
+static void matmul(MatrixProduct p) {
+    if (p.M <= 0 || p.N <= 0) return;
+    if (p.M <= TILE_COLS && p.M < p.N) {
+        MatrixView a = p.a, b = p.b, bias = p.bias;
+        p.a = (MatrixView){ b.data, b.col_stride, b.row_stride };
+        p.b = (MatrixView){ a.data, a.col_stride, a.row_stride };
+        p.bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
+        size_t c_row = p.c_row; p.c_row = p.c_col; p.c_col = c_row;
+        int M = p.M; p.M = p.N; p.N = M;
     }
-    int row_strips = (M + TILE_ROWS - 1) / TILE_ROWS;
+    int row_strips = (p.M + TILE_ROWS - 1) / TILE_ROWS;
     OMP(parallel)
     {
         int first, end;
         thread_share(row_strips, &first, &end);
         if (first < end) {
             real *packed_b = packed_b_alloc();
-            matmul_rows(c, c_row, c_col, a, b, first * TILE_ROWS, min_int(end * TILE_ROWS, M), N, K, packed_b);
+            matmul_rows(&p, first * TILE_ROWS, min_int(end * TILE_ROWS, p.M), packed_b);
             free(packed_b);
         }
     }
+}
+
+// C += A B, and C = bias + A B: c is (M, N) with row stride ldc, a is (M, K),
+// b is (K, N); bias is (N) or NULL.
+static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, int M, int N, int K) {
+    MatrixProduct p = { c, ldc, 1, a, b, { NULL, 0, 0 }, M, N, K, 1 };
+    matmul(p);
+}
+
+static void matmul_assign(real *c, size_t ldc, MatrixView a, MatrixView b, const real *bias, int M, int N, int K) {
+    MatrixProduct p = { c, ldc, 1, a, b, { bias, 0, 1 }, M, N, K, 0 };
+    matmul(p);
+}
+
+// The same, by the calling thread alone (attention: one head's small products
+// per thread); packed_b comes from packed_b_alloc.
+static void matmul_by_this_thread(real *c, size_t ldc, MatrixView a, MatrixView b, int M, int N, int K,
+                                  int accumulate, real *packed_b) {
+    MatrixProduct p = { c, ldc, 1, a, b, { NULL, 0, 0 }, M, N, K, accumulate };
+    matmul_rows(&p, 0, M, packed_b);
 }
 
 // ----------------------------------------------------------------------------
@@ -498,12 +558,9 @@ static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, i
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
                            int N, int IC, int OC) {
-    OMP(parallel for)
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias ? bias[o] : 0;
-    // out[n,o] += sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
+    // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
     MatrixView x = { inp, (size_t)IC, 1 }, w_transposed = { weight, 1, (size_t)IC };
-    matmul_accumulate(out, (size_t)OC, x, w_transposed, N, OC, IC);
+    matmul_assign(out, (size_t)OC, x, w_transposed, bias, N, OC, IC);
 }
 
 // Differentiates  out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]:
@@ -739,8 +796,7 @@ static void attention_forward(real *out, real *att,
                 MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * hs, (size_t)kv_stride, 1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
                 // s_ij = q_i . k_j / sqrt(d_k)
-                for (size_t n = 0; n < (size_t)Tq * Tk; n++) p[n] = 0;
-                matmul_rows(p, (size_t)Tk, 1, qh, kh_transposed, 0, Tq, Tk, hs, packed_b);
+                matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, hs, 0, packed_b);
                 // p_ij = softmax_j(s_ij) over the visible keys
                 for (int i = 0; i < Tq; i++) {
                     real *pi = p + (size_t)i * Tk;
@@ -748,9 +804,7 @@ static void attention_forward(real *out, real *att,
                     softmax_visible(pi, visible_keys(i, key_len[b], causal), Tk);
                 }
                 // out_i = sum_j p_ij v_j
-                for (int i = 0; i < Tq; i++)
-                    for (int d = 0; d < hs; d++) o[(size_t)i * C + d] = 0;
-                matmul_rows(o, (size_t)C, 1, ph, vh, 0, Tq, hs, Tk, packed_b);
+                matmul_by_this_thread(o, (size_t)C, ph, vh, Tq, hs, Tk, 0, packed_b);
             }
         }
         free(packed_b);
@@ -791,10 +845,9 @@ static void attention_backward(real *dq, real *dk, real *dv,
                 MatrixView kh = { k + kv_head, (size_t)kv_stride, 1 };
                 MatrixView dsh = { ds, (size_t)Tk, 1 }, ds_transposed = { ds, 1, (size_t)Tk };
                 // dp_ij = dout_i . v_j  (into ds, which it becomes below)
-                for (size_t n = 0; n < (size_t)Tq * Tk; n++) ds[n] = 0;
-                matmul_rows(ds, (size_t)Tk, 1, g, vh_transposed, 0, Tq, Tk, hs, packed_b);
+                matmul_by_this_thread(ds, (size_t)Tk, g, vh_transposed, Tq, Tk, hs, 0, packed_b);
                 // dv_j += sum_i p_ij dout_i
-                matmul_rows(dv + kv_head, (size_t)kv_stride, 1, p_transposed, g, 0, Tk, hs, Tq, packed_b);
+                matmul_by_this_thread(dv + kv_head, (size_t)kv_stride, p_transposed, g, Tk, hs, Tq, 1, packed_b);
                 // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
                 for (int i = 0; i < Tq; i++) {
                     const real *pi = p + (size_t)i * Tk;
@@ -805,8 +858,8 @@ static void attention_backward(real *dq, real *dk, real *dv,
                     for (int j = 0; j < Tk; j++) dsi[j] = pi[j] * (dsi[j] - sum_p_dp) * scale;
                 }
                 // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
-                matmul_rows(dq + q_head, (size_t)q_stride, 1, dsh, kh, 0, Tq, hs, Tk, packed_b);
-                matmul_rows(dk + kv_head, (size_t)kv_stride, 1, ds_transposed, qh, 0, Tk, hs, Tq, packed_b);
+                matmul_by_this_thread(dq + q_head, (size_t)q_stride, dsh, kh, Tq, hs, Tk, 1, packed_b);
+                matmul_by_this_thread(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, Tk, hs, Tq, 1, packed_b);
             }
         }
         free(ds);
