@@ -17,7 +17,7 @@ OPENMP ?= 1
 # (one rounding instead of two): twice the multiply-adds per cycle in the
 # matrix products. Safe here: every result stays deterministic for a given
 # binary and thread count, and the tests hold (NOTES.md, Performance).
-CFLAGS ?= -O3 -march=native -ffp-contract=fast
+CFLAGS ?= -O3 -march=native -ffp-contract=fast -fno-math-errno
 WARNINGS = -std=c11 -Wall -Wextra
 ifeq ($(OPENMP),1)
 OMPFLAGS = -fopenmp

@@ -390,17 +390,24 @@ typedef struct {
     int M, N, K, accumulate;
 } MatrixProduct;
 
-// The tile's width is two of the machine's vector registers, so that its
-// 2 x TILE_ROWS sums fit in the register file with room for a row of B and a
-// broadcast number of A: 12 of the 32 registers of AVX-512, 12 of the 16 of AVX2.
+// The tile is two of the machine's vector registers wide and 8 rows tall
+// where there are 32 vector registers (AVX-512, NEON), 6 where there are 16
+// (AVX2, SSE2): its 2 x TILE_ROWS sums then stay in registers, with room for
+// a row of B and a broadcast number of A.
 #if defined(__AVX512F__)
 #define VECTOR_BYTES 64
+#define VECTOR_REGISTERS 32
 #elif defined(__AVX__)
 #define VECTOR_BYTES 32
+#define VECTOR_REGISTERS 16
+#elif defined(__aarch64__)
+#define VECTOR_BYTES 16
+#define VECTOR_REGISTERS 32
 #else
-#define VECTOR_BYTES 16   // SSE2, NEON
+#define VECTOR_BYTES 16
+#define VECTOR_REGISTERS 16
 #endif
-#define TILE_ROWS 6
+#define TILE_ROWS (VECTOR_REGISTERS == 32 ? 8 : 6)
 #define TILE_COLS (2 * VECTOR_BYTES / (int)sizeof(real))  // AVX-512: 32 floats, 16 doubles
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
@@ -442,31 +449,43 @@ static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int k
 static void matmul_tile(real *c, size_t c_row, size_t c_col, const real *a, size_t a_row, size_t a_col,
                         const real *b, size_t b_row, int kc, int rows, int cols,
                         int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
+    // The first step of k sets the sums, the others add to them. (Setting
+    // them to 0 first is the same arithmetic, a*b + 0 = a*b, but compilers
+    // turn that loop into a call to memset: 2% of a training step.)
     real sum[TILE_ROWS][TILE_COLS];
-    for (int r = 0; r < TILE_ROWS; r++)
-        for (int j = 0; j < TILE_COLS; j++) sum[r][j] = 0;
-    for (int k = 0; k < kc; k++) {
+    for (int r = 0; r < TILE_ROWS; r++) {
+        real ar0 = kc > 0 ? a[r * a_row] : 0;
+        for (int j = 0; j < TILE_COLS; j++) sum[r][j] = kc > 0 ? ar0 * b[j] : 0;
+    }
+    for (int k = 1; k < kc; k++) {
         for (int r = 0; r < TILE_ROWS; r++) {
             real ark = a[r * a_row + k * a_col];
             OMP(simd)
             for (int j = 0; j < TILE_COLS; j++) sum[r][j] += ark * b[k * b_row + j];
         }
     }
-    for (int r = 0; r < rows; r++) {
-        real *cr = c + (size_t)r * c_row;
-        const real *biasr = bias ? bias + (size_t)r * bias_row : NULL;
-        if (c_col == 1 && accumulate)                     // the common cases, as vector loops
-            for (int j = 0; j < cols; j++) cr[j] += sum[r][j];
-        else if (c_col == 1 && biasr && bias_col == 1)
-            for (int j = 0; j < cols; j++) cr[j] = biasr[j] + sum[r][j];
-        else if (c_col == 1 && !biasr)
-            for (int j = 0; j < cols; j++) cr[j] = sum[r][j];
-        else                                              // C or the bias transposed
-            for (int j = 0; j < cols; j++) {
-                real start = accumulate ? cr[(size_t)j * c_col] : biasr ? biasr[(size_t)j * bias_col] : 0;
-                cr[(size_t)j * c_col] = start + sum[r][j];
-            }
+    if (rows == TILE_ROWS && cols == TILE_COLS && c_col == 1 && (!bias || bias_col == 1)) {
+        // a whole tile with rows of C contiguous (nearly every tile): loops of
+        // fixed length, which the compiler turns into one vector operation per
+        // register of sums, straight from the registers
+        for (int r = 0; r < TILE_ROWS; r++) {
+            real *cr = c + (size_t)r * c_row;
+            const real *biasr = bias ? bias + (size_t)r * bias_row : NULL;
+            if (accumulate)
+                for (int j = 0; j < TILE_COLS; j++) cr[j] += sum[r][j];
+            else if (biasr)
+                for (int j = 0; j < TILE_COLS; j++) cr[j] = biasr[j] + sum[r][j];
+            else
+                for (int j = 0; j < TILE_COLS; j++) cr[j] = sum[r][j];
+        }
+        return;
     }
+    for (int r = 0; r < rows; r++)  // a tile at the edge of C, or C or the bias transposed
+        for (int j = 0; j < cols; j++) {
+            real *cij = c + (size_t)r * c_row + (size_t)j * c_col;
+            real start = accumulate ? *cij : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
+            *cij = start + sum[r][j];
+        }
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
@@ -479,26 +498,29 @@ static real *packed_b_alloc(void) {
 static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     real edge[TILE_ROWS * DEPTH_BLOCK];
     MatrixView a = p->a;
+    // Packing B is a pass over it that pays back when many strips of rows
+    // reuse it. For a few strips (attention: the rows of one head), a B whose
+    // rows are contiguous is read where it lies instead.
+    int b_in_place = p->b.col_stride == 1 && m_end - m_first <= 8 * TILE_ROWS;
     for (int n0 = 0; n0 < p->N; n0 += WIDTH_BLOCK) {
         int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
         // k0 == 0 runs even when K is 0, so that C = bias is still written
         for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
             int kc = min_int(p->K - k0, DEPTH_BLOCK);
             int accumulate = p->accumulate || k0 > 0;  // later depth blocks add to the first
-            // a strip of B whose rows are contiguous is read where it lies, as
-            // A is; a transposed B, and a last strip narrower than the tile, is packed
+            // the strips of B: packed, or where they lie (b_row: the distance between their rows)
             const real *strip[WIDTH_BLOCK / TILE_COLS];
-            size_t strip_row[WIDTH_BLOCK / TILE_COLS];
+            size_t b_row[WIDTH_BLOCK / TILE_COLS];
             for (int s = 0; s < col_strips; s++) {
                 int j0 = n0 + s * TILE_COLS;
-                if (p->b.col_stride == 1 && j0 + TILE_COLS <= p->N) {
+                if (b_in_place && j0 + TILE_COLS <= p->N) {
                     strip[s] = p->b.data + (size_t)k0 * p->b.row_stride + j0;
-                    strip_row[s] = p->b.row_stride;
+                    b_row[s] = p->b.row_stride;
                 } else {
                     real *packed = packed_b + (size_t)s * TILE_COLS * kc;
                     pack_b_strip(packed, p->b, j0, p->N, k0, kc);
                     strip[s] = packed;
-                    strip_row[s] = TILE_COLS;
+                    b_row[s] = TILE_COLS;
                 }
             }
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
@@ -515,7 +537,7 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
                     const real *bias = p->bias.data
                         ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
                     matmul_tile(p->c + (size_t)m0 * p->c_row + (size_t)j0 * p->c_col, p->c_row, p->c_col,
-                                a0, a_row, a_col, strip[s], strip_row[s], kc,
+                                a0, a_row, a_col, strip[s], b_row[s], kc,
                                 min_int(m_end - m0, TILE_ROWS), min_int(p->N - j0, TILE_COLS),
                                 accumulate, bias, p->bias.row_stride, p->bias.col_stride);
                 }
@@ -794,16 +816,18 @@ static int visible_keys(int i, int key_len, int causal) {
     return (causal && i + 1 < key_len) ? i + 1 : key_len;
 }
 
-// p is one row of scores s_i. over keys 0..Tk-1, of which the first `visible`
-// count: p becomes softmax(p) there and exactly 0 elsewhere.
-static void softmax_visible(real *p, int visible, int Tk) {
+// p is one row of dot products q_i . k_j over keys j = 0..Tk-1, of which the
+// first `visible` count: p becomes softmax_j(scale * p) there and exactly 0
+// elsewhere. scale (1/sqrt(d_k)) is positive, so the largest scaled score is
+// scale times the largest product, and exp(scale * (p_j - max)) is in (0, 1].
+static void softmax_visible(real *p, int visible, int Tk, real scale) {
     real max_score = -INFINITY;
     OMP(simd reduction(max : max_score))
     for (int j = 0; j < visible; j++) max_score = p[j] > max_score ? p[j] : max_score;
     real sum = 0;
     OMP(simd reduction(+ : sum))
     for (int j = 0; j < visible; j++) {
-        p[j] = real_exp(p[j] - max_score);
+        p[j] = real_exp(scale * (p[j] - max_score));
         sum += p[j];
     }
     real inv_sum = 1 / sum;
@@ -840,12 +864,9 @@ static void attention_forward(real *out, real *att,
                 MatrixView ph = { p, (size_t)Tk, 1 };
                 // s_ij = q_i . k_j / sqrt(d_k)
                 matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, hs, 0, packed_b);
-                // p_ij = softmax_j(s_ij) over the visible keys
-                for (int i = 0; i < Tq; i++) {
-                    real *pi = p + (size_t)i * Tk;
-                    for (int j = 0; j < Tk; j++) pi[j] *= scale;
-                    softmax_visible(pi, visible_keys(i, key_len[b], causal), Tk);
-                }
+                // p_ij = softmax_j(s_ij) over the visible keys, s_ij = scale * (q_i . k_j)
+                for (int i = 0; i < Tq; i++)
+                    softmax_visible(p + (size_t)i * Tk, visible_keys(i, key_len[b], causal), Tk, scale);
                 // out_i = sum_j p_ij v_j
                 matmul_by_this_thread(o, (size_t)C, ph, vh, Tq, hs, Tk, 0, packed_b);
             }
@@ -1721,14 +1742,16 @@ void adam_update(Transformer *m, double learning_rate) {
     real rsqrt_c2 = (real)(1.0 / sqrt(correction2)), eps = (real)m->adam.eps;
     real beta1 = (real)b1, beta2 = (real)b2;
     size_t n = m->num_parameters;
-    OMP(parallel for)
+    real *theta = m->params_memory, *first = m->adam_m, *second = m->adam_v;
+    const real *grad = m->grads_memory;
+    OMP(parallel for simd)
     for (size_t i = 0; i < n; i++) {
-        real g = m->grads_memory[i];
-        real mi = beta1 * m->adam_m[i] + (1 - beta1) * g;
-        real vi = beta2 * m->adam_v[i] + (1 - beta2) * g * g;
-        m->adam_m[i] = mi;
-        m->adam_v[i] = vi;
-        m->params_memory[i] -= step_size * mi / (real_sqrt(vi) * rsqrt_c2 + eps);
+        real g = grad[i];
+        real mi = beta1 * first[i] + (1 - beta1) * g;
+        real vi = beta2 * second[i] + (1 - beta2) * g * g;
+        first[i] = mi;
+        second[i] = vi;
+        theta[i] -= step_size * mi / (real_sqrt(vi) * rsqrt_c2 + eps);
     }
 }
 
