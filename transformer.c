@@ -415,13 +415,21 @@ _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strip
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-// A copy of the rows m0 .. M-1 (fewer than TILE_ROWS) of A, columns k0 .. k0+kc-1,
-// padded with zero rows to a full strip: strip[k * TILE_ROWS + r] = A[m0 + r][k0 + k].
-static void pack_a_edge(real *strip, MatrixView a, int m0, int M, int k0, int kc) {
-    for (int k = 0; k < kc; k++)
-        for (int r = 0; r < TILE_ROWS; r++)
-            strip[k * TILE_ROWS + r] = m0 + r < M
-                ? a.data[(size_t)(m0 + r) * a.row_stride + (size_t)(k0 + k) * a.col_stride] : 0;
+// A copy of the rows m0 .. m0+TILE_ROWS-1 of A, columns k0 .. k0+kc-1, rows
+// from M on (a last, short strip) zero: strip[k * TILE_ROWS + r] = A[m0 + r][k0 + k].
+static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int k0, int kc) {
+    int rows = min_int(M - m0, TILE_ROWS);
+    const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
+    if (a.row_stride == 1 && rows == TILE_ROWS) {
+        // A transposed (dy^T in dW = dy^T x): the strip's numbers for one k
+        // lie side by side, so each step is a copy of TILE_ROWS numbers
+        for (int k = 0; k < kc; k++)
+            for (int r = 0; r < TILE_ROWS; r++) strip[k * TILE_ROWS + r] = a0[(size_t)k * a.col_stride + r];
+        return;
+    }
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int k = 0; k < kc; k++)
+            strip[k * TILE_ROWS + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)k * a.col_stride] : 0;
 }
 
 // strip[k][j] = B[k0 + k][n0 + j] for the TILE_COLS columns from n0 (zeros past
@@ -496,7 +504,7 @@ static real *packed_b_alloc(void) {
 // Rows [m_first, m_end) of the product p, by the calling thread alone;
 // packed_b comes from packed_b_alloc.
 static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
-    real edge[TILE_ROWS * DEPTH_BLOCK];
+    real packed_a[TILE_ROWS * DEPTH_BLOCK];
     MatrixView a = p->a;
     // Packing B is a pass over it that pays back when many strips of rows
     // reuse it. For a few strips (attention: the rows of one head), a B whose
@@ -524,13 +532,16 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
                 }
             }
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
-                // a full strip of rows is read where it lies; the last, shorter
-                // one from a copy padded with zero rows
+                // A strip of rows of A is read where it lies when its rows are
+                // contiguous. It is copied when A is a transposed matrix (dW =
+                // dy^T x), whose strip would be kc rows of A's memory, each read
+                // for a few numbers and all in the same few cache sets; and when
+                // it is a last, short strip, padded with zero rows.
                 const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
                 size_t a_row = a.row_stride, a_col = a.col_stride;
-                if (m_end - m0 < TILE_ROWS) {
-                    pack_a_edge(edge, a, m0, m_end, k0, kc);
-                    a0 = edge; a_row = 1; a_col = TILE_ROWS;
+                if (a.col_stride != 1 || m_end - m0 < TILE_ROWS) {
+                    pack_a_strip(packed_a, a, m0, m_end, k0, kc);
+                    a0 = packed_a; a_row = 1; a_col = TILE_ROWS;
                 }
                 for (int s = 0; s < col_strips; s++) {
                     int j0 = n0 + s * TILE_COLS;

@@ -84,17 +84,19 @@ def main(argv=None):
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
 
     def run_round(name, mode):
-        """transformer.c then PyTorch, the same config; their two JSON results."""
+        """transformer.c then PyTorch, the same config: their JSON results, PyTorch's
+        a list (decoding: its layers over the whole prefix, then with a key/value cache)."""
         flag = ["--decode"] if mode == "decode" else []
         c = run_json([a.binary, "bench", "--config", name, "--threads", str(a.threads), "--json"] + flag, env)
-        t = run_json(["/usr/bin/python3", os.path.join(HERE, "bench_pytorch.py"), "--json",
-                      "--config", name, "--layers", str(c["layers"]), "--d-model", str(c["d_model"]),
-                      "--d-ff", str(c["d_ff"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
-                      "--batch", str(c["batch"]), "--src-len", str(c["src_len"]),
-                      "--tgt-len", str(c["tgt_len"]), "--dropout", str(c["dropout"]),
-                      "--label-smoothing", str(c["label_smoothing"]), "--threads", str(a.threads),
-                      "--warmup", str(c["warmup"]), "--steps", str(c["steps"])] + flag, env)
-        return c, t
+        pytorch = ["/usr/bin/python3", os.path.join(HERE, "bench_pytorch.py"), "--json",
+                   "--config", name, "--layers", str(c["layers"]), "--d-model", str(c["d_model"]),
+                   "--d-ff", str(c["d_ff"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
+                   "--batch", str(c["batch"]), "--src-len", str(c["src_len"]),
+                   "--tgt-len", str(c["tgt_len"]), "--dropout", str(c["dropout"]),
+                   "--label-smoothing", str(c["label_smoothing"]), "--threads", str(a.threads),
+                   "--warmup", str(c["warmup"]), "--steps", str(c["steps"])] + flag
+        variants = [[], ["--kv-cache"]] if mode == "decode" else [[]]
+        return c, [run_json(pytorch + v, env) for v in variants]
 
     def run_config(name, mode):
         """The rounds of one config; the results kept, transformer.c's and PyTorch's."""
@@ -102,19 +104,20 @@ def main(argv=None):
         ours, theirs = [], []
         for r in range(a.rounds):
             for attempt in range(a.retries + 1):
-                c, t = run_round(name, mode)
-                busy = max(c["background_load"], t["background_load"]) > a.max_background
+                c, ts = run_round(name, mode)
+                busy = max(x["background_load"] for x in [c] + ts) > a.max_background
                 retry = busy and attempt < a.retries
-                print(f"  {name} {mode} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, "
-                      f"PyTorch {t['median_ms']:.1f} ms (other processes meanwhile: "
-                      f"{c['background_load']:.2f} and {t['background_load']:.2f} cores)"
-                      f"{'; repeating it' if retry else ''}", file=sys.stderr)
+                print(f"  {name} {mode} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, PyTorch "
+                      + ", ".join(f"{t['median_ms']:.1f} ms" for t in ts)
+                      + " (other processes meanwhile: "
+                      + ", ".join(f"{x['background_load']:.2f}" for x in [c] + ts) + " cores)"
+                      + ("; repeating it" if retry else ""), file=sys.stderr)
                 if not retry:
                     break
                 discarded += 1
                 time.sleep(10)
             ours.append(c)
-            theirs.append(t)
+            theirs.append(ts)
         return name, ours, theirs
 
     train = [run_config(name, "train") for name in a.configs.split(",") if name]
@@ -134,10 +137,12 @@ def main(argv=None):
         return (f" {med(ours, 'peak_mb'):.0f} ({med(ours, 'step_mb'):.0f}) | "
                 f"{med(theirs, 'peak_mb'):.0f} ({med(theirs, 'step_mb'):.0f}) |")
 
-    background = statistics.mean(x["background_load"] for _, o, t in everything for x in o + t)
-    print(f"{cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; PyTorch {everything[0][2][0]['torch']}; "
-          f"median of {a.rounds} alternating rounds, each the median of its timed runs; "
-          f"other processes used {background:.2f} cores on average meanwhile"
+    background = statistics.mean(x["background_load"] for _, o, t in everything
+                                 for x in o + [y for ts in t for y in ts])
+    first_pytorch = everything[0][2][0][0]
+    print(f"{cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; PyTorch {first_pytorch['torch']} "
+          f"with {first_pytorch.get('blas', 'its BLAS')}; median of {a.rounds} alternating rounds, each the "
+          f"median of its timed runs; other processes used {background:.2f} cores on average meanwhile"
           f"{f' ({discarded} busier rounds thrown away and repeated)' if discarded else ''}")
     if train:
         print("\nTraining step (forward, backward, Adam):\n")
@@ -146,22 +151,26 @@ def main(argv=None):
               "PyTorch GFLOP/s | ours peak MB (step) | PyTorch peak MB (step) |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, ours, theirs in train:
+            theirs = [ts[0] for ts in theirs]
             mo, mt = med(ours, "median_ms"), med(theirs, "median_ms")
             print(f"{size_columns(ours[0])} {mo:.1f} | {mt:.1f} | **{mt / mo:.2f}** | "
                   f"{med(ours, 'tokens_per_s'):.0f} | {med(theirs, 'tokens_per_s'):.0f} | "
                   f"{med(ours, 'gflops'):.1f} | {med(theirs, 'gflops'):.1f} |" + memory_columns(ours, theirs))
     if decode:
-        print("\nGreedy decoding of the batch's sources, T tokens each (ours: key/value cache; "
-              "PyTorch's layers: the whole prefix at every position):\n")
+        print("\nGreedy decoding of the batch's sources, T tokens each. Ours: key/value cache. PyTorch: "
+              "its layers over the whole prefix at every position (layers), and the same weights one "
+              "position at a time with a key/value cache (cached, dev/bench_pytorch.py --kv-cache):\n")
         print("| config | N | d_model | d_ff | h | vocab | batch (B x S x T) | transformer.c ms/batch | "
-              "PyTorch ms/batch | PyTorch / ours | ours tokens/s | PyTorch tokens/s | "
-              "ours peak MB (step) | PyTorch peak MB (step) |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "PyTorch layers ms/batch | PyTorch cached ms/batch | layers / ours | cached / ours | "
+              "ours tokens/s | PyTorch layers tokens/s | PyTorch cached tokens/s | "
+              "ours peak MB (step) | PyTorch cached peak MB (step) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, ours, theirs in decode:
-            mo, mt = med(ours, "median_ms"), med(theirs, "median_ms")
-            print(f"{size_columns(ours[0])} {mo:.1f} | {mt:.1f} | **{mt / mo:.2f}** | "
-                  f"{med(ours, 'tokens_per_s'):.0f} | {med(theirs, 'tokens_per_s'):.0f} |"
-                  + memory_columns(ours, theirs))
+            layers, cached = [ts[0] for ts in theirs], [ts[1] for ts in theirs]
+            mo, ml, mc = med(ours, "median_ms"), med(layers, "median_ms"), med(cached, "median_ms")
+            print(f"{size_columns(ours[0])} {mo:.1f} | {ml:.1f} | {mc:.1f} | {ml / mo:.2f} | **{mc / mo:.2f}** | "
+                  f"{med(ours, 'tokens_per_s'):.0f} | {med(layers, 'tokens_per_s'):.0f} | "
+                  f"{med(cached, 'tokens_per_s'):.0f} |" + memory_columns(ours, cached))
     return 0
 
 

@@ -22,23 +22,89 @@ prints the same fields as `./transformer bench`; --json prints them as one line.
 Run with Debian's interpreter (/usr/bin/python3), which has python3-torch.
 
 --decode times greedy decoding of the batch's sources instead, T tokens each,
-as PyTorch's layers allow it: in eval mode under no_grad, the encoder once,
-then at every position the decoder layers over the whole prefix (they keep
-no key/value cache), the last position's logits, the most likely token
-(never <pad> or <s>). The </s> row of the embedding is zeroed, as
-`./transformer bench --decode` does, though here no sentence stops early.
+in eval mode under no_grad: the encoder once, then one token per position,
+the most likely (never <pad> or <s>). The </s> row of the embedding is
+zeroed, as `./transformer bench --decode` does, though here no sentence stops
+early. Two ways:
+  --decode             as PyTorch's layers allow it: at every position the
+                       decoder layers run over the whole prefix (they keep no
+                       key/value cache) and the last position's logits are used;
+  --decode --kv-cache  the same layers' weights applied one position at a time,
+                       with each layer's keys and values kept (self-attention)
+                       or computed once (cross-attention), as transformer.c
+                       decodes. Before timing, the script checks that both ways
+                       choose the same tokens.
+
+The BLAS: PyTorch's products go through the system's libblas.so.3, OpenBLAS
+with libopenblas0-openmp. OpenBLAS picks its kernels from the CPU's model
+number, and a release older than the CPU falls back to plain SSE3 kernels
+("Prescott"): Debian 12's OpenBLAS 0.3.21 does so on Intel's Emerald Rapids,
+where its products then run 3.5x slower. Unless OPENBLAS_CORETYPE is already
+set, the script asks OpenBLAS (in a child process, before PyTorch loads it)
+which kernels it chose, and if they use no AVX2 on a CPU that has it, sets
+OPENBLAS_CORETYPE to the best kernels the CPU's flags allow. The JSON field
+"blas" says what was used.
 """
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# OpenBLAS kernels older than AVX2 (the names openblas_get_corename returns)
+PRE_AVX2_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "sandybridge",
+                  "katmai", "coppermine", "northwood", "banias", "opteron", "opteron_sse3",
+                  "barcelona", "bobcat", "bulldozer", "piledriver", "steamroller", "excavator",
+                  "nano", "generic", "unknown"}
+PROBE = ("import ctypes; lib = ctypes.CDLL('libblas.so.3'); f = getattr(lib, 'openblas_get_corename', None); "
+         "f is not None and setattr(f, 'restype', ctypes.c_char_p); print(f().decode() if f else 'not OpenBLAS')")
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def choose_openblas_kernels():
+    """Sets OPENBLAS_CORETYPE when OpenBLAS would use pre-AVX2 kernels on an AVX2
+    CPU (see the module's docstring). Returns a line for the "blas" field."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (set by the caller)"
+    try:
+        detected = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                                  timeout=60).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "libblas.so.3 (not probed)"
+    if detected == "not OpenBLAS":
+        return "libblas.so.3 is not OpenBLAS (install libopenblas0-openmp)"
+    flags = cpu_flags()
+    if detected.lower() not in PRE_AVX2_CORES or not {"avx2", "fma"} <= flags:
+        return f"OpenBLAS {detected} kernels (its own choice)"
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"} <= flags:
+        chosen = "COOPERLAKE"
+    elif {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        chosen = "SKYLAKEX"
+    else:
+        chosen = "HASWELL"
+    os.environ["OPENBLAS_CORETYPE"] = chosen
+    return f"OpenBLAS {chosen} kernels (OPENBLAS_CORETYPE; it detected {detected}, which has no AVX2)"
+
+
+BLAS = choose_openblas_kernels()
+
+import torch  # noqa: E402  (after OPENBLAS_CORETYPE is set)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -126,6 +192,55 @@ def greedy_decode(model, src, src_pad, T):
     return ys[:, 1:]
 
 
+def greedy_decode_cached(model, src, src_pad, T):
+    """The same tokens as greedy_decode, one position at a time: every decoder
+    layer keeps the keys and values of the positions before (self-attention)
+    and computes those of the memory once (cross-attention). The layers'
+    own weights, applied as nn.MultiheadAttention and the layers' forward do
+    in eval mode (post-norm, ReLU, no dropout)."""
+    B, C = src.shape[0], model.C
+    memory = model.encode(src, src_pad)
+    H = model.dec[0].self_attn.num_heads
+    dk = C // H
+    scale = 1.0 / math.sqrt(dk)
+
+    def heads(x):                      # (B, n, C) -> (B, H, n, dk)
+        return x.view(B, -1, H, dk).transpose(1, 2)
+
+    cross = []
+    for layer in model.dec:
+        w, b = layer.multihead_attn.in_proj_weight, layer.multihead_attn.in_proj_bias
+        cross.append((heads(F.linear(memory, w[C:2 * C], b[C:2 * C])),
+                      heads(F.linear(memory, w[2 * C:], b[2 * C:]))))
+    keys = [torch.empty(B, H, T, dk) for _ in model.dec]
+    values = [torch.empty(B, H, T, dk) for _ in model.dec]
+    memory_mask = src_pad[:, None, None, :]
+    token = torch.full((B,), BOS, dtype=torch.long)
+    out = torch.empty(B, T, dtype=torch.long)
+    for t in range(T):
+        y = model.embedding[token] * math.sqrt(C) + model.pe[t]             # (B, C)
+        for layer, (ck, cv), k_cache, v_cache in zip(model.dec, cross, keys, values):
+            sa = layer.self_attn
+            q, k, v = F.linear(y, sa.in_proj_weight, sa.in_proj_bias).split(C, dim=-1)
+            k_cache[:, :, t] = k.view(B, H, dk)
+            v_cache[:, :, t] = v.view(B, H, dk)
+            scores = (q.view(B, H, 1, dk) * scale) @ k_cache[:, :, :t + 1].transpose(-1, -2)
+            a = (scores.softmax(dim=-1) @ v_cache[:, :, :t + 1]).reshape(B, C)
+            y = layer.norm1(y + sa.out_proj(a))
+            ca = layer.multihead_attn
+            q = F.linear(y, ca.in_proj_weight[:C], ca.in_proj_bias[:C]).view(B, H, 1, dk)
+            scores = ((q * scale) @ ck.transpose(-1, -2)).masked_fill(memory_mask, -math.inf)
+            a = (scores.softmax(dim=-1) @ cv).reshape(B, C)
+            y = layer.norm2(y + ca.out_proj(a))
+            y = layer.norm3(y + layer.linear2(F.relu(layer.linear1(y))))
+        logits = y @ model.embedding.t()
+        logits[:, PAD] = -math.inf
+        logits[:, BOS] = -math.inf
+        token = logits.argmax(dim=-1)
+        out[:, t] = token
+    return out
+
+
 def noam_lr(step, C, warmup=4000, factor=1.0):
     return factor * C ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
@@ -158,6 +273,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=0,
                    help="default: 10 for d_model >= 512, else 20; decoding: 3, else 10")
     p.add_argument("--decode", action="store_true", help="time greedy decoding instead of training")
+    p.add_argument("--kv-cache", action="store_true",
+                   help="with --decode: one position at a time, keys and values kept (as transformer.c)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--foreach", action="store_true", help="Adam's multi-tensor implementation")
     a = p.parse_args(argv)
@@ -184,10 +301,20 @@ def main(argv=None):
     tgt_pad = torch.zeros(B, T, dtype=torch.bool)    # as a real batch needs them
     causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
 
+    if a.kv_cache and not a.decode:
+        p.error("--kv-cache needs --decode")
+    decode = greedy_decode_cached if a.kv_cache else greedy_decode
     if a.decode:
         model.eval()
         with torch.no_grad():
             model.embedding[EOS].zero_()
+            if a.kv_cache:   # the cached decoding must choose what the layers choose
+                n, t = min(B, 4), min(T, 8)
+                by_layers = greedy_decode(model, src[:n], src_pad[:n], t)
+                by_cache = greedy_decode_cached(model, src[:n], src_pad[:n], t)
+                if not torch.equal(by_layers, by_cache):
+                    sys.exit(f"error: --kv-cache decoded {by_cache.tolist()} where the layers decoded "
+                             f"{by_layers.tolist()}")
 
     times = []
     loss = None
@@ -198,7 +325,7 @@ def main(argv=None):
         start = time.perf_counter()
         if a.decode:
             with torch.no_grad():
-                greedy_decode(model, src, src_pad, T)
+                decode(model, src, src_pad, T)
         else:
             for g in opt.param_groups:
                 g["lr"] = noam_lr(step, C)
@@ -216,7 +343,7 @@ def main(argv=None):
     flops = 0.0 if a.decode else training_step_flops(L, C, F_, V, B, S, T)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kB on Linux
     result = {
-        "impl": "pytorch", "mode": "decode" if a.decode else "train", "config": a.config, "layers": L, "d_model": C, "d_ff": F_,
+        "impl": "pytorch", "mode": ("decode_cached" if a.kv_cache else "decode") if a.decode else "train", "config": a.config, "layers": L, "d_model": C, "d_ff": F_,
         "heads": H, "vocab": V, "dropout": a.dropout, "label_smoothing": a.label_smoothing,
         "batch": B, "src_len": S, "tgt_len": T, "threads": torch.get_num_threads(),
         "warmup": a.warmup, "steps": steps, "median_ms": median * 1e3, "min_ms": min(times) * 1e3,
@@ -224,7 +351,7 @@ def main(argv=None):
         "tokens": B * T, "tokens_per_s": B * T / median, "gflop_per_step": flops * 1e-9,
         "gflops": flops / median * 1e-9, "peak_mb": peak_kb / 1024,
         "step_mb": (peak_kb - rss_before) / 1024 if rss_before >= 0 else -1,
-        "loss": float(loss) if loss is not None else 0.0, "torch": torch.__version__,
+        "loss": float(loss) if loss is not None else 0.0, "torch": torch.__version__, "blas": BLAS,
     }
     if a.json:
         print(json.dumps(result))
@@ -232,8 +359,10 @@ def main(argv=None):
     n_params = sum(q.numel() for q in model.parameters())
     print(f"config {a.config}: N {L}, d_model {C}, d_ff {F_}, h {H}, vocab {V}, dropout {a.dropout:g}, "
           f"label smoothing {a.label_smoothing:g}, {n_params} parameters (PyTorch {torch.__version__})")
-    print(f"batch {B} sentences x {S} source x {T} target tokens, {torch.get_num_threads()} threads")
-    print(f"{'greedy decoding' if a.decode else 'training'}: median {median * 1e3:.2f} ms per "
+    print(f"batch {B} sentences x {S} source x {T} target tokens, {torch.get_num_threads()} threads; {BLAS}")
+    what = ("greedy decoding, key/value cache" if a.kv_cache else "greedy decoding, whole prefix") \
+        if a.decode else "training"
+    print(f"{what}: median {median * 1e3:.2f} ms per "
           f"{'batch' if a.decode else 'step'} (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}; "
           f"{steps} after {a.warmup} warm-up); CPU time {cpu_per_step * 1e3:.2f} ms each")
     if a.decode:
