@@ -846,6 +846,29 @@ static void softmax_visible(real *p, int visible, int Tk, real scale) {
     for (int j = visible; j < Tk; j++) p[j] = 0;
 }
 
+// Attention for a single query (decoding, §6.1, adds one position at a time):
+// the two products are then a matrix times a vector, done as a dot product
+// per key and a weighted sum of value rows. q and o are (hs); the keys and
+// values are rows kv_stride apart; p (Tk) gets the probabilities.
+static void attention_one_query_forward(real *o, real *p, const real *q, const real *k, const real *v,
+                                        int kv_stride, int visible, int Tk, int hs, real scale) {
+    // s_j = q . k_j
+    for (int j = 0; j < visible; j++) {
+        const real *kj = k + (size_t)j * kv_stride;
+        real dot = 0;
+        OMP(simd reduction(+ : dot))
+        for (int d = 0; d < hs; d++) dot += q[d] * kj[d];
+        p[j] = dot;
+    }
+    softmax_visible(p, visible, Tk, scale);
+    // o = sum_j p_j v_j
+    for (int d = 0; d < hs; d++) o[d] = 0;
+    for (int j = 0; j < visible; j++) {
+        const real *vj = v + (size_t)j * kv_stride;
+        for (int d = 0; d < hs; d++) o[d] += p[j] * vj[d];
+    }
+}
+
 // out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
 //
 // For each (sentence, head) the attention is two matrix products, done with
@@ -873,6 +896,11 @@ static void attention_forward(real *out, real *att,
                 MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * hs, 1, (size_t)kv_stride };
                 MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * hs, (size_t)kv_stride, 1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
+                if (Tq == 1) {
+                    attention_one_query_forward(o, p, qh.data, kh_transposed.data, vh.data, kv_stride,
+                                                visible_keys(0, key_len[b], causal), Tk, hs, scale);
+                    continue;
+                }
                 // s_ij = q_i . k_j / sqrt(d_k)
                 matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, hs, 0, packed_b);
                 // p_ij = softmax_j(s_ij) over the visible keys, s_ij = scale * (q_i . k_j)
@@ -1787,8 +1815,10 @@ void adam_update(Transformer *m, double learning_rate) {
 // applied to the encoder output) are the same at every step, so they are
 // computed once per sentence. The step reuses the training functions
 // (linear_forward, attention_forward, layernorm_forward, feed_forward_forward)
-// with one query row per sentence, so it computes the numbers the full pass
-// computes; test_transformer.c checks the tokens against uncached decoding.
+// with one query row per sentence, so it computes what the full pass
+// computes, up to the order of a few sums (attention_forward takes a single
+// query through dot products, not the tiles of §3); test_transformer.c checks
+// the logits against the full pass and the tokens against uncached decoding.
 // ============================================================================
 
 // The decoding state of R rows decoded side by side: R sentences (greedy) or
@@ -1933,13 +1963,16 @@ int transformer_decode_limit(const Transformer *m, int src_len) {
 }
 
 // The most likely next token. <pad> and <s> are never outputs; the lowest id wins a tie.
+// (The largest logit first, a reduction that vectorises, then the first id that has it.)
+_Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
+               "the possible outputs are the ids from </s> on");
 static int greedy_token(const real *logits, int V) {
-    int best = TOKEN_EOS;
-    for (int v = 0; v < V; v++) {
-        if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
-        if (logits[v] > logits[best]) best = v;
-    }
-    return best;
+    real best = -INFINITY;
+    OMP(simd reduction(max : best))
+    for (int v = TOKEN_EOS; v < V; v++) best = logits[v] > best ? logits[v] : best;
+    for (int v = TOKEN_EOS; v < V; v++)
+        if (logits[v] == best) return v;
+    return TOKEN_EOS;   // every logit is NaN
 }
 
 // Greedy decoding of B sentences side by side: at each position every
