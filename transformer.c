@@ -81,11 +81,13 @@
 // training step. Write x = n ln2 + r with n an integer and |r| <= ln2 / 2, so
 // that e^x = 2^n e^r: e^r from its Taylor series to r^7 / 7! (truncation error
 // below 6e-9 of e^r: under float's own rounding), and 2^n by writing n + 127
-// into the exponent bits of a float. Clamped to [-87, 88], where 2^n is a
-// normal float: an input below -87 gives e^-87 ~ 1.6e-38, and here every
-// input is a score minus its row's maximum, so that only ever stands for a
-// probability too small to matter beside the row's largest, which is 1.
+// into the exponent bits of a float. Computed on x clamped to [-87, 88],
+// where 2^n is a normal float; an input below -87 gives 0 (e^-87 ~ 1.6e-38),
+// -inf included, as a masked key's score needs. Here every input is a score
+// minus its row's maximum, so such a value only ever stands for a probability
+// too small to matter beside the row's largest, which is 1.
 static inline float exp_float(float x) {
+    float below = x < -87.0f ? 0.0f : 1.0f;
     x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
     // n = round(x / ln 2): adding 1.5 * 2^23 leaves no bits for a fraction
     float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
@@ -96,7 +98,7 @@ static inline float exp_float(float x) {
     int32_t exponent_bits = ((int32_t)n + 127) << 23;
     float two_to_n;
     memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
-    return e_r * two_to_n;
+    return e_r * two_to_n * below;
 }
 
 #ifdef TRANSFORMER_DOUBLE
@@ -830,20 +832,29 @@ static int visible_keys(int i, int key_len, int causal) {
 // p is one row of dot products q_i . k_j over keys j = 0..Tk-1, of which the
 // first `visible` count: p becomes softmax_j(scale * p) there and exactly 0
 // elsewhere. scale (1/sqrt(d_k)) is positive, so the largest scaled score is
-// scale times the largest product, and exp(scale * (p_j - max)) is in (0, 1].
+// scale times the largest product, and exp(scale * (p_j - max)) is in [0, 1].
+// The masked keys' scores are set to -inf, as §3.2.3 says, whose exponential
+// is exactly 0; the loops then run over the whole row, a whole number of
+// vectors (Tk = 32 is two), where loops over the first `visible` keys would
+// end with up to 15 keys done one at a time.
 static void softmax_visible(real *p, int visible, int Tk, real scale) {
+    if (visible == 0) {   // no key to attend to (never in a valid batch): all 0, not NaN
+        for (int j = 0; j < Tk; j++) p[j] = 0;
+        return;
+    }
+    for (int j = visible; j < Tk; j++) p[j] = -INFINITY;
     real max_score = -INFINITY;
     OMP(simd reduction(max : max_score))
-    for (int j = 0; j < visible; j++) max_score = p[j] > max_score ? p[j] : max_score;
+    for (int j = 0; j < Tk; j++) max_score = p[j] > max_score ? p[j] : max_score;
     real sum = 0;
     OMP(simd reduction(+ : sum))
-    for (int j = 0; j < visible; j++) {
+    for (int j = 0; j < Tk; j++) {
         p[j] = real_exp(scale * (p[j] - max_score));
         sum += p[j];
     }
     real inv_sum = 1 / sum;
-    for (int j = 0; j < visible; j++) p[j] *= inv_sum;
-    for (int j = visible; j < Tk; j++) p[j] = 0;
+    OMP(simd)
+    for (int j = 0; j < Tk; j++) p[j] *= inv_sum;
 }
 
 // Attention for a single query (decoding, §6.1, adds one position at a time):
@@ -923,12 +934,15 @@ static void attention_forward(real *out, real *att,
 // As matrix products per head: dP = dOut V^T, dV += P^T dOut, then
 // dQ += dS K and dK += dS^T Q (with the 1/sqrt(d_k) folded into dS).
 // dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
-// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient.
+// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient: the mask
+// is in the probabilities, and key_len and causal (the forward's arguments,
+// passed the same) are not needed again.
 static void attention_backward(real *dq, real *dk, real *dv,
                                const real *dout, const real *att,
                                const real *q, const real *k, const real *v,
                                int q_stride, int kv_stride, const int *key_len, int causal,
                                int B, int Tq, int Tk, int C, int NH) {
+    (void)key_len; (void)causal;
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
@@ -955,10 +969,9 @@ static void attention_backward(real *dq, real *dk, real *dv,
                 for (int i = 0; i < Tq; i++) {
                     const real *pi = p + (size_t)i * Tk;
                     real *dsi = ds + (size_t)i * Tk;
-                    int visible = visible_keys(i, key_len[b], causal);
-                    real sum_p_dp = 0;
+                    real sum_p_dp = 0;   // over the whole row: p_ij = 0 for masked keys
                     OMP(simd reduction(+ : sum_p_dp))
-                    for (int j = 0; j < visible; j++) sum_p_dp += pi[j] * dsi[j];
+                    for (int j = 0; j < Tk; j++) sum_p_dp += pi[j] * dsi[j];
                     for (int j = 0; j < Tk; j++) dsi[j] = pi[j] * (dsi[j] - sum_p_dp) * scale;
                 }
                 // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
