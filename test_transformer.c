@@ -761,7 +761,8 @@ static void test_learning(void) {
     transformer_free(&m);
 }
 
-// The matrix product of transformer.c (§3) works in 6 x 32 tiles, blocks of
+// The matrix product of transformer.c (§3) works in 8 x 32 tiles (6 x 32 where
+// there are 16 vector registers), blocks of
 // 128 along K and 512 along N, shares rows among threads and turns a product
 // of at most 32 rows around. The model tests above use tiny sizes, which never
 // reach a second block, so here it is checked against a plain loop in double
@@ -808,6 +809,91 @@ static void test_matmul_against_plain_loops(void) {
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
     check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 (every tile edge, depth and width block, "
           "the transposed small-row path) match a plain loop in double: worst error %.2g", cases, worst);
+}
+
+// The matrix product gives each element of C to one thread, which sums it in
+// the same order whatever the number of threads: 1, 2 and 3 threads must give
+// the same bits, for the three ways the layers read their matrices and for
+// both orientations (a product of at most TILE_COLS rows is done transposed).
+static void test_matmul_thread_count(void) {
+#ifdef _OPENMP
+    int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 } };   // M, N, K
+    Rng rng; rng_seed(&rng, 12);
+    int identical = 1, cases = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    for (int form = 0; form < 3; form++) {
+        int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+        real *a = checked_calloc((size_t)M * K, sizeof(real), "test"), *b = checked_calloc((size_t)K * N, sizeof(real), "test");
+        real *c[3];
+        for (size_t j = 0; j < (size_t)M * K; j++) a[j] = (real)rng_normal(&rng);
+        for (size_t j = 0; j < (size_t)K * N; j++) b[j] = (real)rng_normal(&rng);
+        MatrixView av = { a, (size_t)K, 1 }, bv = { b, (size_t)N, 1 };
+        if (form == 0) { bv.row_stride = 1; bv.col_stride = (size_t)K; }
+        if (form == 2) { av.row_stride = 1; av.col_stride = (size_t)M; }
+        for (int t = 0; t < 3; t++) {
+            c[t] = checked_calloc((size_t)M * N, sizeof(real), "test");
+            omp_set_num_threads(t + 1);
+            matmul_assign(c[t], (size_t)N, av, bv, NULL, M, N, K);
+        }
+        identical &= memcmp(c[0], c[1], (size_t)M * N * sizeof(real)) == 0 &&
+                     memcmp(c[0], c[2], (size_t)M * N * sizeof(real)) == 0;
+        cases++;
+        free(a); free(b); free(c[0]); free(c[1]); free(c[2]);
+    }
+    omp_set_num_threads(omp_get_num_procs());
+    check(identical, "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)", cases);
+#else
+    printf("     (built without OpenMP: one thread only, nothing to compare)\n");
+#endif
+}
+
+// exp_float (the float build's exp, in plain arithmetic) against libm's exp in
+// double, over the whole range it serves; and its underflow: exactly 0 below
+// -87 and at -inf, which is what a masked attention score needs.
+static void test_exp_float(void) {
+    double worst = 0;
+    for (int i = 0; i <= 1750000; i++) {
+        float x = -87.0f + (float)i * 1e-4f;
+        double relative = fabs((double)exp_float(x) - exp((double)x)) / exp((double)x);
+        if (relative > worst) worst = relative;
+    }
+    // float rounds to within 2^-24 = 6.0e-8 relative; allow two such roundings
+    check(worst < 1.2e-7, "exp_float: within %.2g of exp over [-87, 88] (1.75 million points)", worst);
+    check(exp_float(-87.5f) == 0.0f && exp_float(-1000.0f) == 0.0f && exp_float(-INFINITY) == 0.0f &&
+          exp_float(0.0f) == 1.0f, "exp_float: exactly 0 below -87 and at -inf, exactly 1 at 0");
+}
+
+// The attention softmax: the visible keys' probabilities sum to 1, the
+// masked ones are exactly 0 whatever their scores, and a row with no visible
+// key is all 0 (not NaN).
+static void test_softmax_visible(void) {
+    real p[37];
+    int ok = 1;
+    for (int visible = 1; visible <= 37; visible += 4) {
+        for (int j = 0; j < 37; j++) p[j] = (real)(j % 7) - 3 + (j >= visible ? 1000 : 0);
+        softmax_visible(p, visible, 37, (real)0.5);
+        double sum = 0;
+        for (int j = 0; j < visible; j++) { sum += p[j]; ok &= p[j] > 0; }
+        for (int j = visible; j < 37; j++) ok &= p[j] == 0;
+        ok &= fabs(sum - 1) < 1e-6;
+    }
+    for (int j = 0; j < 37; j++) p[j] = 1;
+    softmax_visible(p, 0, 37, (real)0.5);
+    for (int j = 0; j < 37; j++) ok &= p[j] == 0;
+    check(ok, "attention softmax: visible keys sum to 1, masked keys (scored 1000 higher) get exactly 0, "
+          "no visible key gives a row of 0");
+}
+
+// greedy_token never outputs <pad> or <s> and breaks a tie by the lowest id.
+static void test_greedy_token(void) {
+    real logits[40];
+    for (int v = 0; v < 40; v++) logits[v] = (real)(v % 5);
+    logits[TOKEN_PAD] = logits[TOKEN_BOS] = 100;
+    int first = greedy_token(logits, 40);       // the 4s are at 4, 9, 14, ...
+    logits[TOKEN_EOS] = 4;
+    int with_eos = greedy_token(logits, 40);
+    check(first == 4 && with_eos == TOKEN_EOS, "greedy_token: skips <pad> and <s>, lowest id of a tie (%d, %d)",
+          first, with_eos);
 }
 
 // Every parallel loop gives each output to one thread and sums in a fixed
@@ -2109,6 +2195,10 @@ int main(int argc, char **argv) {
     test_schedule();
     test_dropout_training_and_evaluation();
     test_matmul_against_plain_loops();
+    test_matmul_thread_count();
+    test_exp_float();
+    test_softmax_visible();
+    test_greedy_token();
     test_thread_determinism();
     test_learning();
     printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");
