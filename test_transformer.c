@@ -135,27 +135,33 @@ static void test_linear_gradients(Rng *rng) {
     check_gradient("linear: bias", linear_objective, &c, c.b, grads + ni + nw, 6);
 }
 
-// ---- layer norm ------------------------------------------------------------
-typedef struct { int N, C; real *out, *mean, *rstd, *inp, *g, *b, *r; } LayerNormCase;
-static double layernorm_objective(void *p) {
-    LayerNormCase *c = p;
-    layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->g, c->b, c->N, c->C, 1e-5f);
+// ---- residual, dropout and layer norm ("Add & Norm") with a fixed mask --------
+typedef struct { int N, C; real *out, *mean, *rstd, *res, *residual, *sub, *mask, *g, *b, *r; } AddNormCase;
+static double add_norm_objective(void *p) {
+    AddNormCase *c = p;
+    residual_layernorm_forward(c->out, c->mean, c->rstd, c->res, c->residual, c->sub, c->mask,
+                               c->g, c->b, c->N, c->C, 1e-5f);
     return dot_product(c->out, c->r, (size_t)c->N * c->C);
 }
-static void test_layernorm_gradients(Rng *rng) {
-    enum { N = 4, C = 9 };
-    real inp[N * C], g[C], b[C], r[N * C], out[N * C], mean[N], rstd[N];
-    real dinp[N * C] = {0}, dg[C] = {0}, db[C] = {0};
-    fill_uniform(inp, N * C, -2, 2, rng);
+static void test_add_norm_gradients(Rng *rng) {
+    enum { N = 4, C = 37 };   // C: two vectors and a remainder
+    real residual[N * C], sub[N * C], mask[N * C], g[C], b[C], r[N * C], out[N * C], res[N * C];
+    real mean[N], rstd[N];
+    real dresidual[N * C] = {0}, dsub[N * C] = {0}, dg[C] = {0}, db[C] = {0};
+    fill_uniform(residual, N * C, -2, 2, rng);
+    fill_uniform(sub, N * C, -2, 2, rng);
     fill_uniform(g, C, 0.5, 1.5, rng);
     fill_uniform(b, C, -0.5, 0.5, rng);
     fill_uniform(r, N * C, -1, 1, rng);
-    LayerNormCase c = { N, C, out, mean, rstd, inp, g, b, r };
-    layernorm_objective(&c);
-    layernorm_backward(dinp, dg, db, r, inp, g, mean, rstd, N, C);
-    check_gradient("layernorm: input", layernorm_objective, &c, inp, dinp, N * C);
-    check_gradient("layernorm: gain", layernorm_objective, &c, g, dg, C);
-    check_gradient("layernorm: bias", layernorm_objective, &c, b, db, C);
+    Rng mask_rng; rng_seed(&mask_rng, 7);
+    dropout_mask(mask, 0.3f, 1, &mask_rng, N * C);   // some zeros, the rest 1/0.7
+    AddNormCase c = { N, C, out, mean, rstd, res, residual, sub, mask, g, b, r };
+    add_norm_objective(&c);
+    residual_layernorm_backward(dresidual, dsub, dg, db, r, res, mask, g, mean, rstd, N, C);
+    check_gradient("add & norm: residual", add_norm_objective, &c, residual, dresidual, N * C);
+    check_gradient("add & norm: sublayer", add_norm_objective, &c, sub, dsub, N * C);
+    check_gradient("add & norm: gain", add_norm_objective, &c, g, dg, C);
+    check_gradient("add & norm: bias", add_norm_objective, &c, b, db, C);
 }
 
 // ---- scaled dot-product attention, with padding and the causal mask ---------
@@ -238,30 +244,15 @@ static void test_feed_forward_gradients(Rng *rng) {
     check_gradient("ffn: b2", feed_forward_objective, &c, b2, db2, C);
 }
 
-// ---- residual dropout with a fixed mask, and the embedding -------------------
-typedef struct { size_t n; real *out, *res, *sub, *mask, *r; } ResidualCase;
-static double residual_objective(void *p) {
-    ResidualCase *c = p;
-    residual_dropout_forward(c->out, c->res, c->sub, c->mask, c->n);
-    return dot_product(c->out, c->r, c->n);
-}
+// ---- the embedding -------------------------------------------------------------
 typedef struct { int B, T, C; const int *tokens; real *out, *emb, *pe, *r; } EmbeddingCase;
 static double embedding_objective(void *p) {
     EmbeddingCase *c = p;
     embedding_forward(c->out, c->tokens, c->emb, c->pe, c->B, c->T, c->C);
     return dot_product(c->out, c->r, (size_t)c->B * c->T * c->C);
 }
-static void test_residual_and_embedding_gradients(Rng *rng) {
-    enum { n = 40, V = 6, B = 2, T = 4, C = 5 };
-    real res[n], sub[n], mask[n], r[n], out[n], dres[n] = {0}, dsub[n] = {0};
-    fill_uniform(res, n, -1, 1, rng); fill_uniform(sub, n, -1, 1, rng); fill_uniform(r, n, -1, 1, rng);
-    Rng mask_rng; rng_seed(&mask_rng, 7);
-    dropout_mask(mask, 0.3f, 1, &mask_rng, n);   // some zeros, the rest 1/0.7
-    ResidualCase rc = { n, out, res, sub, mask, r };
-    residual_objective(&rc);
-    residual_dropout_backward(dres, dsub, r, mask, n);
-    check_gradient("residual+dropout: residual", residual_objective, &rc, res, dres, n);
-    check_gradient("residual+dropout: sublayer", residual_objective, &rc, sub, dsub, n);
+static void test_embedding_gradients(Rng *rng) {
+    enum { V = 6, B = 2, T = 4, C = 5 };
     int tokens[B * T] = { 4, 5, 4, 0, 1, 2, 3, 4 };  // token 4 three times: gradients add
     real emb[V * C], pe[T * C], eout[B * T * C], er[B * T * C], demb[V * C] = {0};
     fill_uniform(emb, V * C, -1, 1, rng); fill_uniform(er, B * T * C, -1, 1, rng);
@@ -380,10 +371,10 @@ static void run_gradient_checks(void) {
     Rng rng;
     rng_seed(&rng, 2017);
     test_linear_gradients(&rng);
-    test_layernorm_gradients(&rng);
+    test_add_norm_gradients(&rng);
     test_attention_gradients(&rng);
     test_feed_forward_gradients(&rng);
-    test_residual_and_embedding_gradients(&rng);
+    test_embedding_gradients(&rng);
     test_loss_gradients(&rng);
     test_model_gradients();
 }

@@ -711,60 +711,60 @@ static void dropout_backward(real *dinp, const real *dout, const real *mask, siz
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
 }
 
-// out = residual + sublayer * mask  (x + Dropout(Sublayer(x)))
-static void residual_dropout_forward(real *out, const real *residual, const real *sublayer,
-                                     const real *mask, size_t n) {
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) out[i] = residual[i] + sublayer[i] * mask[i];
-}
-
-// Differentiates  out[i] = residual[i] + sublayer[i] * mask[i]
-static void residual_dropout_backward(real *dresidual, real *dsublayer, const real *dout,
-                                      const real *mask, size_t n) {
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) {
-        dresidual[i] += dout[i];
-        dsublayer[i] += dout[i] * mask[i];
-    }
-}
-
-// Layer normalisation (Ba, Kiros & Hinton 2016) over the C features of each row:
+// Layer normalisation (Ba, Kiros & Hinton 2016) of one row x of C features:
 //     mean = sum_i x_i / C,   var = sum_i (x_i - mean)^2 / C   (biased, as PyTorch)
 //     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
-//     out_i = gain_i * xhat_i + bias_i
-// out is (N, C), mean and rstd are (N), inp is (N, C), gain and bias are (C)
-static void layernorm_forward(real *out, real *mean, real *rstd, const real *inp,
-                              const real *gain, const real *bias, int N, int C, float eps) {
+//     y_i = gain_i * xhat_i + bias_i
+static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
+                                  const real *gain, const real *bias, int C, float eps) {
+    real m = 0;
+    OMP(simd reduction(+ : m))
+    for (int i = 0; i < C; i++) m += x[i];
+    m /= C;
+    real v = 0;
+    OMP(simd reduction(+ : v))
+    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    v /= C;
+    real s = 1 / real_sqrt(v + (real)eps);
+    for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * gain[i] + bias[i];
+    *mean = m;
+    *rstd = s;
+}
+
+// "Add & Norm" (Figure 1) without the drawing of the mask, row by row:
+//     res = residual + sublayer * mask;   out = LayerNorm(res)
+// One pass: each row of res is normalised while it is in the level-1 cache.
+// out, res are (N,C), mean and rstd (N); residual, sublayer, mask are (N,C);
+// gain and bias (C).
+static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *res,
+                                       const real *residual, const real *sublayer, const real *mask,
+                                       const real *gain, const real *bias, int N, int C, float eps) {
     OMP(parallel for)
     for (int n = 0; n < N; n++) {
-        const real *x = inp + (size_t)n * C;
-        real m = 0;
-        OMP(simd reduction(+ : m))
-        for (int i = 0; i < C; i++) m += x[i];
-        m /= C;
-        real v = 0;
-        OMP(simd reduction(+ : v))
-        for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
-        v /= C;
-        real s = 1 / real_sqrt(v + (real)eps);
-        real *y = out + (size_t)n * C;
-        for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * gain[i] + bias[i];
-        mean[n] = m;
-        rstd[n] = s;
+        size_t row = (size_t)n * C;
+        for (int i = 0; i < C; i++) res[row + i] = residual[row + i] + sublayer[row + i] * mask[row + i];
+        layernorm_row_forward(out + row, &mean[n], &rstd[n], res + row, gain, bias, C, eps);
     }
 }
 
-// Differentiates  out_i = gain_i * xhat_i + bias_i,  xhat_i = (x_i - mean) * rstd.
-//   dgain_i += dout_i * xhat_i,   dbias_i += dout_i,   dxhat_i = dout_i * gain_i
-// mean and rstd depend on every x_j; with d(mean)/dx_j = 1/C and
-// d(rstd)/dx_j = -rstd^3 (x_j - mean) / C, collecting terms gives
-//   dx_i = rstd * ( dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j * xhat_j) )
-static void layernorm_backward(real *dinp, real *dgain, real *dbias, const real *dout,
-                               const real *inp, const real *gain, const real *mean,
-                               const real *rstd, int N, int C) {
+// Differentiates the two lines above. For the layer norm,
+//   out_i = gain_i * xhat_i + bias_i,  xhat_i = (res_i - mean) * rstd:
+//   dgain_i += dout_i * xhat_i,   dbias_i += dout_i,   dxhat_i = dout_i * gain_i,
+// and mean and rstd depend on every res_j; with d(mean)/d(res_j) = 1/C and
+// d(rstd)/d(res_j) = -rstd^3 (res_j - mean) / C, collecting terms gives
+//   dres_i = rstd * ( dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j * xhat_j) )
+// Then res = residual + sublayer * mask:
+//   dresidual_i += dres_i,   dsublayer_i += dres_i * mask_i
+// dout, res, mask are (N,C), mean and rstd (N); dresidual and dsublayer (N,C)
+// accumulate, and must not alias dout.
+static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *dgain, real *dbias,
+                                        const real *dout, const real *res, const real *mask,
+                                        const real *gain, const real *mean, const real *rstd,
+                                        int N, int C) {
     OMP(parallel for)
     for (int n = 0; n < N; n++) {
-        const real *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
+        size_t row = (size_t)n * C;
+        const real *x = res + row, *g = dout + row;
         real m = mean[n], s = rstd[n];
         real mean_dxhat = 0, mean_dxhat_xhat = 0;
         OMP(simd reduction(+ : mean_dxhat, mean_dxhat_xhat))
@@ -775,10 +775,11 @@ static void layernorm_backward(real *dinp, real *dgain, real *dbias, const real 
         }
         mean_dxhat /= C;
         mean_dxhat_xhat /= C;
-        real *dx = dinp + (size_t)n * C;
         for (int i = 0; i < C; i++) {
             real xhat = (x[i] - m) * s;
-            dx[i] += s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+            real dres = s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+            dresidual[row + i] += dres;
+            dsublayer[row + i] += dres * mask[row + i];
         }
     }
     // gain and bias are shared by all rows: one thread per block of 32
@@ -788,7 +789,7 @@ static void layernorm_backward(real *dinp, real *dgain, real *dbias, const real 
         int width = min_int(C - i0, 32);
         real dg[32] = { 0 }, db[32] = { 0 };
         for (int n = 0; n < N; n++) {
-            const real *x = inp + (size_t)n * C + i0, *g = dout + (size_t)n * C + i0;
+            const real *x = res + (size_t)n * C + i0, *g = dout + (size_t)n * C + i0;
             real m = mean[n], s = rstd[n];
             for (int i = 0; i < width; i++) {
                 dg[i] += g[i] * (x[i] - m) * s;
@@ -1306,23 +1307,17 @@ static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real 
                              const real *x, const real *sublayer, const real *gain,
                              const real *bias, Transformer *m, int N) {
     const TransformerConfig *c = &m->config;
-    size_t n = (size_t)N * c->d_model;
-    dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, n);
-    residual_dropout_forward(res, x, sublayer, mask, n);
-    layernorm_forward(out, mean, rstd, res, gain, bias, N, c->d_model, c->layer_norm_eps);
+    dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, (size_t)N * c->d_model);
+    residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, c->d_model,
+                               c->layer_norm_eps);
 }
 
-// Differentiates the two lines above; dx and dsublayer accumulate, d_res is
-// (N,C) scratch, dout must not alias dx or dsublayer
-static void add_norm_backward(real *dx, real *dsublayer, real *dgain, real *dbias, real *d_res,
+// Differentiates the two lines above; dx and dsublayer accumulate, and dout
+// must not alias them
+static void add_norm_backward(real *dx, real *dsublayer, real *dgain, real *dbias,
                               const real *dout, const real *res, const real *mask,
                               const real *gain, const real *mean, const real *rstd, int N, int C) {
-    size_t n = (size_t)N * C;
-    // out = LayerNorm(res)
-    zero(d_res, n);
-    layernorm_backward(d_res, dgain, dbias, dout, res, gain, mean, rstd, N, C);
-    // res = x + Dropout(sublayer)
-    residual_dropout_backward(dx, dsublayer, d_res, mask, n);
+    residual_layernorm_backward(dx, dsublayer, dgain, dbias, dout, res, mask, gain, mean, rstd, N, C);
 }
 
 // out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
@@ -1342,8 +1337,8 @@ static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLay
 }
 
 // dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients.
-// Scratch: d_a for layer norms, d_b for the gradient between sub-layers, d_c
-// for a sub-layer's output, d_wide for its inside.
+// Scratch: d_b for the gradient between sub-layers, d_c for a sub-layer's
+// output, d_wide for its inside.
 static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
                                    EncoderLayerActs la, const real *x, EncoderLayerParams w,
                                    const int *src_len, Transformer *m, int B, int S) {
@@ -1353,13 +1348,13 @@ static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *d
     size_t n = (size_t)N * C;
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
     zero(s->d_b, n); zero(s->d_c, n);
-    add_norm_backward(s->d_b, s->d_c, g.ln2_g, g.ln2_b, s->d_a, dout, la.res2, la.drop2,
+    add_norm_backward(s->d_b, s->d_c, g.ln2_g, g.ln2_b, dout, la.res2, la.drop2,
                       w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln1, w.ffn, N, C, F);
     // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
     zero(s->d_c, n);
-    add_norm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_b, la.res1, la.drop1,
+    add_norm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_b, la.res1, la.drop1,
                       w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_c,
@@ -1388,7 +1383,8 @@ static void decoder_layer_forward(DecoderLayerActs la, const real *y, const real
 }
 
 // dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3).
-// Scratch as in encoder_layer_backward, and d_d for dL/d(ln1).
+// Scratch as in encoder_layer_backward, d_d for dL/d(ln1) and d_a for the
+// cross-attention heads.
 static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g, const real *dout,
                                    DecoderLayerActs la, const real *y, const real *memory,
                                    DecoderLayerParams w, const Batch *batch, Transformer *m) {
@@ -1398,13 +1394,13 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
     size_t n = (size_t)N * C;
     // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
     zero(s->d_b, n); zero(s->d_c, n);
-    add_norm_backward(s->d_b, s->d_c, g.ln3_g, g.ln3_b, s->d_a, dout, la.res3, la.drop3,
+    add_norm_backward(s->d_b, s->d_c, g.ln3_g, g.ln3_b, dout, la.res3, la.drop3,
                       w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln2, w.ffn, N, C, F);
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
     zero(s->d_c, n); zero(s->d_d, n);
-    add_norm_backward(s->d_d, s->d_c, g.ln2_g, g.ln2_b, s->d_a, s->d_b, la.res2, la.drop2,
+    add_norm_backward(s->d_d, s->d_c, g.ln2_g, g.ln2_b, s->d_b, la.res2, la.drop2,
                       w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
     cross_attention_backward(s->d_d, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
@@ -1413,7 +1409,7 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
                              B, T, S, C, c->n_heads);
     // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
     zero(s->d_c, n);
-    add_norm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_a, s->d_d, la.res1, la.drop1,
+    add_norm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_d, la.res1, la.drop1,
                       w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_c,
@@ -1827,7 +1823,7 @@ void adam_update(Transformer *m, double learning_rate) {
 // The memory's keys and values (rows C..3C-1 of the encoder-decoder W_qkv
 // applied to the encoder output) are the same at every step, so they are
 // computed once per sentence. The step reuses the training functions
-// (linear_forward, attention_forward, layernorm_forward, feed_forward_forward)
+// (linear_forward, attention_forward, residual_layernorm_forward, feed_forward_forward)
 // with one query row per sentence, so it computes what the full pass
 // computes, up to the order of a few sums (attention_forward takes a single
 // query through dot products, not the tiles of §3); test_transformer.c checks
@@ -1920,7 +1916,7 @@ static void decoder_cache_encode(DecoderCache *k, Transformer *m, const int *src
 static void decoder_step(DecoderCache *k, Transformer *m, const int *tokens, int t, int rows) {
     const TransformerConfig *c = &m->config;
     int C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
-    size_t n = (size_t)rows * C, R = k->rows;
+    size_t R = k->rows;
     float eps = c->layer_norm_eps;
     // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
     embedding_forward(k->x, tokens, m->params.embedding, m->positional_encoding + (size_t)t * C, rows, 1, C);
@@ -1937,19 +1933,19 @@ static void decoder_step(DecoderCache *k, Transformer *m, const int *tokens, int
         attention_forward(k->heads, k->att, k->qkv, self_kv, self_kv + C, 3 * C, 2 * C, k->self_len, 0,
                           rows, 1, k->max_T, C, NH);
         linear_forward(k->proj, k->heads, w.self_attn.out_w, w.self_attn.out_b, rows, C, C);
-        residual_dropout_forward(k->res, k->x, k->proj, k->ones, n);
-        layernorm_forward(k->ln1, k->mean, k->rstd, k->res, w.ln1_g, w.ln1_b, rows, C, eps);
+        residual_layernorm_forward(k->ln1, k->mean, k->rstd, k->res, k->x, k->proj, k->ones,
+                                   w.ln1_g, w.ln1_b, rows, C, eps);
         // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); keys and values from the cache
         linear_forward(k->q, k->ln1, w.cross_attn.qkv_w, w.cross_attn.qkv_b, rows, C, C);
         attention_forward(k->heads, k->att, k->q, cross_kv, cross_kv + C, C, 2 * C, k->src_len, 0,
                           rows, 1, k->S, C, NH);
         linear_forward(k->proj, k->heads, w.cross_attn.out_w, w.cross_attn.out_b, rows, C, C);
-        residual_dropout_forward(k->res, k->ln1, k->proj, k->ones, n);
-        layernorm_forward(k->ln2, k->mean, k->rstd, k->res, w.ln2_g, w.ln2_b, rows, C, eps);
+        residual_layernorm_forward(k->ln2, k->mean, k->rstd, k->res, k->ln1, k->proj, k->ones,
+                                   w.ln2_g, w.ln2_b, rows, C, eps);
         // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
         feed_forward_forward(k->ff_out, k->ff_h, k->ln2, w.ffn, rows, C, F);
-        residual_dropout_forward(k->res, k->ln2, k->ff_out, k->ones, n);
-        layernorm_forward(k->x, k->mean, k->rstd, k->res, w.ln3_g, w.ln3_b, rows, C, eps);
+        residual_layernorm_forward(k->x, k->mean, k->rstd, k->res, k->ln2, k->ff_out, k->ones,
+                                   w.ln3_g, w.ln3_b, rows, C, eps);
     }
     // §3.4: the pre-softmax projection through the shared embedding
     linear_forward(k->logits, k->x, m->params.embedding, NULL, rows, C, V);
