@@ -337,41 +337,44 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 // or three numbers, and that loop loads two numbers per multiply-add and
 // reads B from memory once for every row of C. Three plain-C ideas fix it:
 //
-// 1. Register tiles. C is computed in tiles of TILE_ROWS x TILE_COLS (6 x 32
-//    floats). The tile's 192 sums stay in vector registers for the whole k
-//    loop; each step k reads 6 numbers of A and 32 of B, and does 6 x 32
-//    multiply-adds with them (every A number times the whole B row):
+// 1. Register tiles. C is computed in tiles of TILE_ROWS x TILE_COLS (8 x 32
+//    floats with AVX-512's 32 vector registers, 6 x 32 with AVX2's 16). The
+//    tile's 256 sums stay in vector registers for the whole k loop; each step
+//    k reads 8 numbers of A and 32 of B, and does 8 x 32 multiply-adds with
+//    them (every A number times the whole B row):
 //
 //               kc                          TILE_COLS = 32
 //          ┌─────────┐                 ┌──────────────────────┐
-//        6 │ ▓       │   x          kc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │  ->  sum[6][32] += a[.][k] * b[k][.]
+//        8 │ ▓       │   x          kc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │  ->  sum[8][32] += a[.][k] * b[k][.]
 //          └─────────┘                 │                      │
 //          A strip, step k: column ▓    └──────────────────────┘  B strip, step k: row ▓
 //
 //    The inner loop over the 32 columns is what the compiler turns into
-//    vector instructions; the loops over k and the 6 rows stay loops.
-// 2. Packing B. The tile reads B a row of 32 numbers at a time. A block of B
+//    vector instructions; the loops over k and the 8 rows stay loops.
+// 2. Packing. The tile reads B a row of 32 numbers at a time. A block of B
 //    is first copied ("packed") into strips of 32 columns, each strip kc rows
 //    deep and contiguous, in exactly the order the tile reads it: every read
 //    is then sequential whatever the strides of B (W^T in the forward pass is
-//    read down the columns of W). A is read where it lies, 6 numbers per
-//    step; only a last strip of fewer than 6 rows is copied, padded with zeros.
+//    read down the columns of W). A is read where it lies, 8 numbers per
+//    step, when its rows are contiguous (x in x W^T, dy in dy W); a transposed
+//    A (dy^T in dy^T x) and a last strip of fewer than 8 rows are copied into
+//    a strip of their own, the last one padded with zeros.
 // 3. Cache blocks. K is cut into depth blocks of DEPTH_BLOCK (128) and N into
 //    width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512 floats
-//    = 256 KB, stays in the level-2 cache while the 6-row strips of A pass
-//    by; a strip of A, 6 x 128 floats = 3 KB, stays in the level-1 cache while
+//    = 256 KB, stays in the level-2 cache while the 8-row strips of A pass
+//    by; a strip of A, 8 x 128 floats = 4 KB, stays in the level-1 cache while
 //    it meets the block's 16 strips of B:
 //
 //        for each width block of B (512 columns):
 //          for each depth block (128 values of k):
 //            pack the 128 x 512 block of B into 16 strips of 128 x 32
-//            for each 6-row strip of A (among this thread's rows):
+//            for each 8-row strip of A (among this thread's rows):
 //              for each 32-column strip of the packed block:
-//                tile: C[6 rows][32 columns] += A[6][128] B[128][32]
+//                tile: C[8 rows][32 columns] += A[8][128] B[128][32]
 //
 //    C[m][n] receives its depth blocks' sums in order k = 0, 128, 256, ...
 //
-// Threads: each thread takes an equal share of the 6-row strips of C and packs
+// Threads: each thread takes an equal share of the 8-row strips of C and packs
 // the blocks of B it needs itself (a little copying done twice, but no thread
 // ever waits for another). Each element of C belongs to one thread and is
 // summed in the same order whatever the number of threads.
