@@ -4,13 +4,17 @@
 For each config, runs `./transformer bench --config NAME --json` and
 dev/bench_pytorch.py with the sizes transformer.c reported, alternating
 (C, PyTorch, C, PyTorch, ...) so that both see the same machine state, each in
-its own process with the same number of threads. Then prints one table: the
-median over the rounds of each side's median step time, and the ratio
-PyTorch time / transformer.c time (above 1: transformer.c is faster).
+its own process with the same number of threads. Greedy decoding runs
+PyTorch twice per round: its layers over the whole prefix, and the same
+weights with a key/value cache (bench_pytorch.py --kv-cache), the fair match
+for transformer.c's cached decoding. Then prints a table per mode: the
+median over the rounds of each side's median time, and the ratio
+PyTorch time / transformer.c time (above 1: transformer.c is faster). The
+heading names the BLAS PyTorch used (bench_pytorch.py's "blas").
 
 On a shared machine other processes can take the cores in the middle of a
 run. Each run reports how many cores other processes used meanwhile; a round
-in which either run saw more than --max-background cores of other work is
+in which any run saw more than --max-background cores of other work is
 thrown away and repeated after a pause (at most --retries times), and the
 table's heading says how many were thrown away and the background load of
 the rounds it kept.
