@@ -850,8 +850,10 @@ static void test_exp_float(void) {
     }
     // float rounds to within 2^-24 = 6.0e-8 relative; allow two such roundings
     check(worst < 1.2e-7, "exp_float: within %.2g of exp over [-87, 88] (1.75 million points)", worst);
+    float nan = NAN;
     check(exp_float(-87.5f) == 0.0f && exp_float(-1000.0f) == 0.0f && exp_float(-INFINITY) == 0.0f &&
-          exp_float(0.0f) == 1.0f, "exp_float: exactly 0 below -87 and at -inf, exactly 1 at 0");
+          exp_float(0.0f) == 1.0f && exp_float(nan) != exp_float(nan),
+          "exp_float: exactly 0 below -87 and at -inf, exactly 1 at 0, NaN at NaN");
 }
 
 // The attention softmax: the visible keys' probabilities sum to 1, the

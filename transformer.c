@@ -83,22 +83,24 @@
 // below 6e-9 of e^r: under float's own rounding), and 2^n by writing n + 127
 // into the exponent bits of a float. Computed on x clamped to [-87, 88],
 // where 2^n is a normal float; an input below -87 gives 0 (e^-87 ~ 1.6e-38),
-// -inf included, as a masked key's score needs. Here every input is a score
-// minus its row's maximum, so such a value only ever stands for a probability
-// too small to matter beside the row's largest, which is 1.
+// -inf included, as a masked key's score needs; a NaN gives NaN. Here every
+// input is a score minus its row's maximum, so such a value only ever stands
+// for a probability too small to matter beside the row's largest, which is 1.
 static inline float exp_float(float x) {
     float below = x < -87.0f ? 0.0f : 1.0f;
-    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-    // n = round(x / ln 2): adding 1.5 * 2^23 leaves no bits for a fraction
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    // r = x - n ln2, with ln2 in two parts so that n * 0.693359375 is exact
-    float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    // clamped so that a NaN becomes -87 too: n below must be a small integer
+    float c = x > -87.0f ? x : -87.0f;
+    c = c < 88.0f ? c : 88.0f;
+    // n = round(c / ln 2): adding 1.5 * 2^23 leaves no bits for a fraction
+    float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;
+    // r = c - n ln2, with ln2 in two parts so that n * 0.693359375 is exact
+    float r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
     float e_r = 1 + r * (1 + r * (1 / 2.0f + r * (1 / 6.0f + r * (1 / 24.0f + r * (1 / 120.0f
               + r * (1 / 720.0f + r * (1 / 5040.0f)))))));
     int32_t exponent_bits = ((int32_t)n + 127) << 23;
     float two_to_n;
     memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
-    return e_r * two_to_n * below;
+    return x != x ? x : e_r * two_to_n * below;   // a NaN stays NaN
 }
 
 #ifdef TRANSFORMER_DOUBLE
@@ -110,6 +112,24 @@ static inline float exp_float(float x) {
 #define real_log logf
 #define real_sqrt sqrtf
 #endif
+
+// The largest of x[0..n-1], NaNs passed over (-inf if there is nothing else). Kept as 16 running
+// maxima side by side, one per lane of a vector, which compilers vectorise
+// as they are (a maximum taken lane by lane), then halved pairwise: 8, 4, 2, 1.
+// (A single running maximum, even marked OMP(simd reduction(max)), is a
+// chain that clang does not vectorise without -ffast-math.)
+#define MAX_LANES 16
+static real max_of(const real *x, int n) {
+    real lane[MAX_LANES];
+    for (int l = 0; l < MAX_LANES; l++) lane[l] = -INFINITY;
+    int j = 0;
+    for (; j + MAX_LANES <= n; j += MAX_LANES)
+        for (int l = 0; l < MAX_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+    for (int l = 0; j + l < n; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+    for (int width = MAX_LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++) lane[l] = lane[l + width] > lane[l] ? lane[l + width] : lane[l];
+    return lane[0];
+}
 
 // ----------------------------------------------------------------------------
 // Utilities: allocation that cannot fail silently, and our own small random
@@ -847,9 +867,7 @@ static void softmax_visible(real *p, int visible, int Tk, real scale) {
         return;
     }
     for (int j = visible; j < Tk; j++) p[j] = -INFINITY;
-    real max_score = -INFINITY;
-    OMP(simd reduction(max : max_score))
-    for (int j = 0; j < Tk; j++) max_score = p[j] > max_score ? p[j] : max_score;
+    real max_score = max_of(p, Tk);
     real sum = 0;
     OMP(simd reduction(+ : sum))
     for (int j = 0; j < Tk; j++) {
@@ -1445,9 +1463,7 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
             continue;
         }
         // log p_k = z_k - logsumexp(z), computed around the maximum
-        real max_z = z[0];
-        OMP(simd reduction(max : max_z))
-        for (int k = 1; k < V; k++) max_z = z[k] > max_z ? z[k] : max_z;
+        real max_z = max_of(z, V);
         real sum = 0, sum_z = 0;
         OMP(simd reduction(+ : sum, sum_z))
         for (int k = 0; k < V; k++) {
@@ -1975,13 +1991,11 @@ int transformer_decode_limit(const Transformer *m, int src_len) {
 }
 
 // The most likely next token. <pad> and <s> are never outputs; the lowest id wins a tie.
-// (The largest logit first, a reduction that vectorises, then the first id that has it.)
+// (The largest logit first, with max_of, which vectorises, then the first id that has it.)
 _Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
                "the possible outputs are the ids from </s> on");
 static int greedy_token(const real *logits, int V) {
-    real best = -INFINITY;
-    OMP(simd reduction(max : best))
-    for (int v = TOKEN_EOS; v < V; v++) best = logits[v] > best ? logits[v] : best;
+    real best = max_of(logits + TOKEN_EOS, V - TOKEN_EOS);
     for (int v = TOKEN_EOS; v < V; v++)
         if (logits[v] == best) return v;
     return TOKEN_EOS;   // every logit is NaN
@@ -4988,7 +5002,7 @@ static int command_params(int argc, char **argv) {
 // on a synthetic batch, or with --decode greedy decoding of the batch's
 // sources with the key/value cache; dev/bench_pytorch.py times the same in
 // PyTorch, and `make bench` runs both and prints the ratio (NOTES.md,
-// section 15).
+// section 14).
 
 typedef struct {
     const char *name;
