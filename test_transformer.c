@@ -189,7 +189,7 @@ static void test_attention_gradients(Rng *rng) {
     attention_objective(&self);
     memset(dqkv, 0, sizeof dqkv);
     attention_backward(dqkv, dqkv + C, dqkv + 2 * C, r, att, qkv, qkv + C, qkv + 2 * C,
-                       3 * C, 3 * C, tgt_len, 1, B, T, T, C, NH);
+                       3 * C, 3 * C, B, T, T, C, NH);
     check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv, B * T * 3 * C);
     // cross-attention with padded keys: queries (B,T,C), keys/values (B,S,2C)
     fill_uniform(q, sizeof q / sizeof(real), -1.5, 1.5, rng);
@@ -198,8 +198,7 @@ static void test_attention_gradients(Rng *rng) {
     attention_objective(&cross);
     memset(dq, 0, sizeof dq);
     memset(dkv, 0, sizeof dkv);
-    attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, C, 2 * C, src_len, 0,
-                       B, T, S, C, NH);
+    attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, C, 2 * C, B, T, S, C, NH);
     check_gradient("attention (padded keys): q", attention_objective, &cross, q, dq, B * T * C);
     check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv, B * S * 2 * C);
     // a padded key's gradient is exactly zero: nothing reads it
@@ -752,10 +751,23 @@ static void test_learning(void) {
     transformer_free(&m);
 }
 
+// Random A (M,K) and B (K,N) for a product of the given form, as the layers
+// store them: form 0, A (M,K) and B stored as (N,K), i.e. x W^T; form 1, both
+// row-major, dy W; form 2, A stored as (K,M), i.e. dy^T x. The caller frees
+// av->data and bv->data.
+static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int N, int K, Rng *rng) {
+    real *a = checked_calloc((size_t)M * K, sizeof(real), "test"), *b = checked_calloc((size_t)K * N, sizeof(real), "test");
+    for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (real)rng_normal(rng);
+    for (size_t i = 0; i < (size_t)K * N; i++) b[i] = (real)rng_normal(rng);
+    *av = (MatrixView){ a, (size_t)K, 1 };
+    *bv = (MatrixView){ b, (size_t)N, 1 };
+    if (form == 0) { bv->row_stride = 1; bv->col_stride = (size_t)K; }
+    if (form == 2) { av->row_stride = 1; av->col_stride = (size_t)M; }
+}
+
 // The matrix product of transformer.c (§3) works in 8 x 32 tiles (6 x 32 where
-// there are 16 vector registers), blocks of
-// 128 along K and 512 along N, shares rows among threads and turns a product
-// of at most 32 rows around. The model tests above use tiny sizes, which never
+// there are 16 vector registers), blocks of 128 along K and 512 along N,
+// shares rows among threads and turns a product of at most 32 rows around. The model tests above use tiny sizes, which never
 // reach a second block, so here it is checked against a plain loop in double
 // precision on sizes that cross every boundary, for the three ways the layers
 // read their matrices (x W^T, dy W, dy^T x).
@@ -769,16 +781,10 @@ static void test_matmul_against_plain_loops(void) {
     for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
     for (int form = 0; form < 3; form++) {
         int M = Ms[im], N = Ns[in], K = Ks[ik];
-        real *a = checked_calloc((size_t)M * K, sizeof(real), "test"), *b = checked_calloc((size_t)K * N, sizeof(real), "test");
+        MatrixView av, bv;
+        random_operands(&av, &bv, form, M, N, K, &rng);
         real *c = checked_calloc((size_t)M * N, sizeof(real), "test");
-        for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (real)rng_normal(&rng);
-        for (size_t i = 0; i < (size_t)K * N; i++) b[i] = (real)rng_normal(&rng);
         for (size_t i = 0; i < (size_t)M * N; i++) c[i] = (real)rng_normal(&rng);
-        // form 0: A (M,K) and B stored as (N,K), i.e. x W^T; form 1: both row-major,
-        // dy W; form 2: A stored as (K,M), i.e. dy^T x
-        MatrixView av = { a, (size_t)K, 1 }, bv = { b, (size_t)N, 1 };
-        if (form == 0) { bv.row_stride = 1; bv.col_stride = (size_t)K; }
-        if (form == 2) { av.row_stride = 1; av.col_stride = (size_t)M; }
         double *expected = checked_calloc((size_t)M * N, sizeof(double), "test");
         for (int m = 0; m < M; m++)
             for (int n = 0; n < N; n++) {
@@ -795,7 +801,7 @@ static void test_matmul_against_plain_loops(void) {
             if (error > worst) worst = error;
         }
         cases++;
-        free(a); free(b); free(c); free(expected);
+        free((real *)av.data); free((real *)bv.data); free(c); free(expected);
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
     check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 (every tile edge, depth and width block, "
@@ -814,13 +820,9 @@ static void test_matmul_thread_count(void) {
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
     for (int form = 0; form < 3; form++) {
         int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
-        real *a = checked_calloc((size_t)M * K, sizeof(real), "test"), *b = checked_calloc((size_t)K * N, sizeof(real), "test");
+        MatrixView av, bv;
+        random_operands(&av, &bv, form, M, N, K, &rng);
         real *c[3];
-        for (size_t j = 0; j < (size_t)M * K; j++) a[j] = (real)rng_normal(&rng);
-        for (size_t j = 0; j < (size_t)K * N; j++) b[j] = (real)rng_normal(&rng);
-        MatrixView av = { a, (size_t)K, 1 }, bv = { b, (size_t)N, 1 };
-        if (form == 0) { bv.row_stride = 1; bv.col_stride = (size_t)K; }
-        if (form == 2) { av.row_stride = 1; av.col_stride = (size_t)M; }
         for (int t = 0; t < 3; t++) {
             c[t] = checked_calloc((size_t)M * N, sizeof(real), "test");
             omp_set_num_threads(t + 1);
@@ -829,7 +831,7 @@ static void test_matmul_thread_count(void) {
         identical &= memcmp(c[0], c[1], (size_t)M * N * sizeof(real)) == 0 &&
                      memcmp(c[0], c[2], (size_t)M * N * sizeof(real)) == 0;
         cases++;
-        free(a); free(b); free(c[0]); free(c[1]); free(c[2]);
+        free((real *)av.data); free((real *)bv.data); free(c[0]); free(c[1]); free(c[2]);
     }
     omp_set_num_threads(omp_get_num_procs());
     check(identical, "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)", cases);
@@ -839,8 +841,9 @@ static void test_matmul_thread_count(void) {
 }
 
 // exp_float (the float build's exp, in plain arithmetic) against libm's exp in
-// double, over the whole range it serves; and its underflow: exactly 0 below
-// -87 and at -inf, which is what a masked attention score needs.
+// double, over the whole range it serves; its underflow: exactly 0 below -87
+// and at -inf, which is what a masked attention score needs; and NaN at NaN,
+// so that a diverging loss is still seen.
 static void test_exp_float(void) {
     double worst = 0;
     for (int i = 0; i <= 1750000; i++) {

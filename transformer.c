@@ -738,6 +738,7 @@ static void dropout_backward(real *dinp, const real *dout, const real *mask, siz
 //     mean = sum_i x_i / C,   var = sum_i (x_i - mean)^2 / C   (biased, as PyTorch)
 //     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
 //     y_i = gain_i * xhat_i + bias_i
+// y, x, gain and bias are (C); *mean and *rstd get the row's two numbers
 static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
                                   const real *gain, const real *bias, int C, float eps) {
     real m = 0;
@@ -956,15 +957,13 @@ static void attention_forward(real *out, real *att,
 // As matrix products per head: dP = dOut V^T, dV += P^T dOut, then
 // dQ += dS K and dK += dS^T Q (with the 1/sqrt(d_k) folded into dS).
 // dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
-// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient: the mask
-// is in the probabilities, and key_len and causal (the forward's arguments,
-// passed the same) are not needed again.
+// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient: the masks
+// are in the saved probabilities att, so the key lengths and the causal flag
+// of the forward pass are not needed again.
 static void attention_backward(real *dq, real *dk, real *dv,
                                const real *dout, const real *att,
                                const real *q, const real *k, const real *v,
-                               int q_stride, int kv_stride, const int *key_len, int causal,
-                               int B, int Tq, int Tk, int C, int NH) {
-    (void)key_len; (void)causal;
+                               int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
@@ -1041,13 +1040,12 @@ static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
 static void self_attention_backward(real *dx, AttentionParams g, real *d_qkv, real *d_heads,
                                     const real *dout,
                                     const real *qkv, const real *att, const real *heads,
-                                    const real *x, AttentionParams w, const int *len, int causal,
-                                    int B, int T, int C, int NH) {
+                                    const real *x, AttentionParams w, int B, int T, int C, int NH) {
     // out = heads W^O^T + b^O
     linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
     // heads = Attention(q, k, v)
     attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att,
-                       qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
+                       qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, B, T, T, C, NH);
     // qkv = x W_qkv^T + b_qkv
     linear_backward(dx, g.qkv_w, g.qkv_b, d_qkv, x, w.qkv_w, B * T, C, 3 * C);
 }
@@ -1067,13 +1065,13 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
                                      real *d_q, real *d_kv, real *d_heads,
                                      const real *dout, const real *q, const real *kv,
                                      const real *att, const real *heads, const real *x,
-                                     const real *memory, AttentionParams w, const int *src_len,
+                                     const real *memory, AttentionParams w,
                                      int B, int T, int S, int C, int NH) {
     // out = heads W^O^T + b^O
     linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
     // heads = Attention(q, k, v), keys and values from the encoder
     attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C,
-                       C, 2 * C, src_len, 0, B, T, S, C, NH);
+                       C, 2 * C, B, T, S, C, NH);
     // q = x W_q^T + b_q
     linear_backward(dx, g.qkv_w, g.qkv_b, d_q, x, w.qkv_w, B * T, C, C);
     // kv = memory W_kv^T + b_kv
@@ -1323,7 +1321,8 @@ static void zero(real *x, size_t n) {
 
 // "Add & Norm" (Figure 1), the end of every sub-layer:
 //     res = x + Dropout(sublayer);   out = LayerNorm(res)
-// out, res, mask are (N,C), mean and rstd (N); x and sublayer are (N,C)
+// out, res, mask are (N,C), mean and rstd (N); x and sublayer are (N,C).
+// The mask drawn here is kept, so the backward pass is residual_layernorm_backward.
 static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask,
                              const real *x, const real *sublayer, const real *gain,
                              const real *bias, Transformer *m, int N) {
@@ -1331,14 +1330,6 @@ static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real 
     dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, (size_t)N * c->d_model);
     residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, c->d_model,
                                c->layer_norm_eps);
-}
-
-// Differentiates the two lines above; dx and dsublayer accumulate, and dout
-// must not alias them
-static void add_norm_backward(real *dx, real *dsublayer, real *dgain, real *dbias,
-                              const real *dout, const real *res, const real *mask,
-                              const real *gain, const real *mean, const real *rstd, int N, int C) {
-    residual_layernorm_backward(dx, dsublayer, dgain, dbias, dout, res, mask, gain, mean, rstd, N, C);
 }
 
 // out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
@@ -1362,24 +1353,24 @@ static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLay
 // output, d_wide for its inside.
 static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
                                    EncoderLayerActs la, const real *x, EncoderLayerParams w,
-                                   const int *src_len, Transformer *m, int B, int S) {
+                                   Transformer *m, int B, int S) {
     const TransformerConfig *c = &m->config;
     BackwardScratch *s = &m->scratch;
     int C = c->d_model, F = c->d_ff, N = B * S;
     size_t n = (size_t)N * C;
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
     zero(s->d_b, n); zero(s->d_c, n);
-    add_norm_backward(s->d_b, s->d_c, g.ln2_g, g.ln2_b, dout, la.res2, la.drop2,
-                      w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
+    residual_layernorm_backward(s->d_b, s->d_c, g.ln2_g, g.ln2_b, dout, la.res2, la.drop2,
+                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln1, w.ffn, N, C, F);
     // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
     zero(s->d_c, n);
-    add_norm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_b, la.res1, la.drop1,
-                      w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
+    residual_layernorm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_b, la.res1, la.drop1,
+                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_c,
-                            la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0, B, S, C, c->n_heads);
+                            la.qkv, la.att, la.heads, x, w.self_attn, B, S, C, c->n_heads);
 }
 
 // out = la.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
@@ -1415,27 +1406,25 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
     size_t n = (size_t)N * C;
     // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
     zero(s->d_b, n); zero(s->d_c, n);
-    add_norm_backward(s->d_b, s->d_c, g.ln3_g, g.ln3_b, dout, la.res3, la.drop3,
-                      w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
+    residual_layernorm_backward(s->d_b, s->d_c, g.ln3_g, g.ln3_b, dout, la.res3, la.drop3,
+                                w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
     zero(s->d_wide, (size_t)N * F);
     feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln2, w.ffn, N, C, F);
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
     zero(s->d_c, n); zero(s->d_d, n);
-    add_norm_backward(s->d_d, s->d_c, g.ln2_g, g.ln2_b, s->d_b, la.res2, la.drop2,
-                      w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
+    residual_layernorm_backward(s->d_d, s->d_c, g.ln2_g, g.ln2_b, s->d_b, la.res2, la.drop2,
+                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
     zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
     cross_attention_backward(s->d_d, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
                              s->d_c, la.cross_q, la.cross_kv, la.cross_att,
-                             la.cross_heads, la.ln1, memory, w.cross_attn, batch->src_len,
-                             B, T, S, C, c->n_heads);
+                             la.cross_heads, la.ln1, memory, w.cross_attn, B, T, S, C, c->n_heads);
     // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
     zero(s->d_c, n);
-    add_norm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_d, la.res1, la.drop1,
-                      w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
+    residual_layernorm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_d, la.res1, la.drop1,
+                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
     zero(s->d_b, n); zero(s->d_wide, 3 * n);
     self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_c,
-                            la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
-                            batch->tgt_len, 1, B, T, C, c->n_heads);
+                            la.self_qkv, la.self_att, la.self_heads, y, w.self_attn, B, T, C, c->n_heads);
 }
 
 // ============================================================================
@@ -1771,7 +1760,7 @@ void transformer_backward(Transformer *m, const Batch *batch) {
         zero(d_in, n_enc);
         encoder_layer_backward(d_in, encoder_layer_params(&m->grads, c, l), d_out,
                                encoder_layer_acts(m, l), x, encoder_layer_params(&m->params, c, l),
-                               batch->src_len, m, B, S);
+                               m, B, S);
         real *swap = d_out; d_out = d_in; d_in = swap;
     }
     zero(s->d_a, n_enc);

@@ -26,7 +26,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMED = ["linear_forward", "linear_backward", "attention_forward", "attention_backward",
-         "add_norm_forward", "add_norm_backward", "dropout_mask", "cross_entropy_forward",
+         "add_norm_forward", "residual_layernorm_backward", "dropout_mask", "cross_entropy_forward",
          "cross_entropy_backward", "zero", "relu_forward", "relu_backward", "embedding_forward",
          "embedding_backward", "dropout_forward", "dropout_backward", "adam_update",
          "transformer_zero_grad"]
