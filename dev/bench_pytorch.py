@@ -177,6 +177,13 @@ class BenchModel(nn.Module):
         return self.decode(tgt_in, tgt_pad, self.encode(src, src_pad), src_pad, causal)
 
 
+def most_likely(logits):
+    """The next token of every row: the largest logit, never <pad> or <s>."""
+    logits[:, PAD] = -math.inf
+    logits[:, BOS] = -math.inf
+    return logits.argmax(dim=-1)
+
+
 def greedy_decode(model, src, src_pad, T):
     """T tokens for every sentence of src, each the most likely after the ones before."""
     B = src.shape[0]
@@ -186,9 +193,7 @@ def greedy_decode(model, src, src_pad, T):
         causal = torch.triu(torch.ones(t + 1, t + 1, dtype=torch.bool), diagonal=1)
         no_pad = torch.zeros(B, t + 1, dtype=torch.bool)
         logits = model.decode(ys, no_pad, memory, src_pad, causal)[:, -1]
-        logits[:, PAD] = -math.inf
-        logits[:, BOS] = -math.inf
-        ys = torch.cat([ys, logits.argmax(dim=-1, keepdim=True)], dim=1)
+        ys = torch.cat([ys, most_likely(logits)[:, None]], dim=1)
     return ys[:, 1:]
 
 
@@ -233,10 +238,7 @@ def greedy_decode_cached(model, src, src_pad, T):
             a = (scores.softmax(dim=-1) @ cv).reshape(B, C)
             y = layer.norm2(y + ca.out_proj(a))
             y = layer.norm3(y + layer.linear2(F.relu(layer.linear1(y))))
-        logits = y @ model.embedding.t()
-        logits[:, PAD] = -math.inf
-        logits[:, BOS] = -math.inf
-        token = logits.argmax(dim=-1)
+        token = most_likely(y @ model.embedding.t())
         out[:, t] = token
     return out
 
