@@ -597,9 +597,10 @@ static void thread_share(int count, int *first, int *end) {
 // The whole product p, shared among the threads: each takes an equal share of
 // the strips of TILE_ROWS rows of C and packs the blocks of B it needs itself
 // (a little copying done twice, but no thread ever waits for another; cutting
-// C by columns instead, so that no strip of B is packed twice, was slower:
-// every thread then reads all of A). Each element of C belongs to one thread
-// and is summed in the same order whatever the number of threads.
+// C by columns instead, so that no strip of B is packed twice, was slower
+// where N is small, 128 say: every thread then reads all of A, and each of
+// its strips meets only a few strips of B). Each element of C belongs to one
+// thread and is summed in the same order whatever the number of threads.
 //
 // A product with few rows (decoding: one row per sentence, M <= TILE_COLS) and
 // more columns is done as its transpose, C^T = B^T A^T: then the big matrix

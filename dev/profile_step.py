@@ -72,9 +72,9 @@ int main(int argc, char **argv) {
     }
     printf("config %s, %d threads: %.2f ms per step (the mean of %d timed steps)\n",
            config, thread_count(), step_seconds / steps * 1e3, steps);
-    printf("\n%-24s %10s\n", "function", "ms/step");
+    printf("\n%-28s %10s\n", "function", "ms/step");
     for (int i = 0; i < PROFILE_NAMES; i++)
-        printf("%-24s %10.3f\n", profile_names[i], profile_seconds[i] / steps * 1e3);
+        printf("%-28s %10.3f\n", profile_names[i], profile_seconds[i] / steps * 1e3);
     printf("\nmatrix products (forms: 0 = x W^T, 1 = dy W, 2 = dy^T x; attention's per-head products not included)\n");
     printf("%-24s %5s %10s %9s\n", "M x N x K", "form", "ms/step", "GFLOP/s");
     double total = 0, flops = 0;
