@@ -766,13 +766,15 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
 }
 
 // The matrix product of transformer.c (§3) works in 8 x 32 tiles (6 x 32 where
-// there are 16 vector registers), blocks of 128 along K and 512 along N,
-// shares rows among threads and turns a product of at most 32 rows around. The model tests above use tiny sizes, which never
-// reach a second block, so here it is checked against a plain loop in double
-// precision on sizes that cross every boundary, for the three ways the layers
-// read their matrices (x W^T, dy W, dy^T x).
+// there are 16 vector registers), or 16 x 16 narrow tiles for at most 16
+// columns, blocks of 128 along K and 512 along N, shares rows among threads
+// and turns a product of at most 32 rows around. The model tests above use
+// tiny sizes, which never reach a second block, so here it is checked against
+// a plain loop in double precision on sizes that cross every boundary, for
+// the three ways the layers read their matrices (x W^T, dy W, dy^T x), every
+// other product adding to C and the others writing C = bias + A B.
 static void test_matmul_against_plain_loops(void) {
-    int Ms[] = { 1, 7, 40, 97 }, Ns[] = { 1, 33, 530 }, Ks[] = { 1, 129, 300 };
+    int Ms[] = { 1, 7, 40, 97 }, Ns[] = { 1, 16, 17, 33, 530 }, Ks[] = { 1, 129, 300 };
     Rng rng; rng_seed(&rng, 11);
     double worst = 0;
     int cases = 0;
@@ -783,29 +785,35 @@ static void test_matmul_against_plain_loops(void) {
         int M = Ms[im], N = Ns[in], K = Ks[ik];
         MatrixView av, bv;
         random_operands(&av, &bv, form, M, N, K, &rng);
+        int accumulate = cases % 2 == 0;
         real *c = checked_calloc((size_t)M * N, sizeof(real), "test");
+        real *bias = checked_calloc((size_t)N, sizeof(real), "test");
         for (size_t i = 0; i < (size_t)M * N; i++) c[i] = (real)rng_normal(&rng);
+        for (int n = 0; n < N; n++) bias[n] = (real)rng_normal(&rng);
         double *expected = checked_calloc((size_t)M * N, sizeof(double), "test");
         for (int m = 0; m < M; m++)
             for (int n = 0; n < N; n++) {
-                double sum = c[(size_t)m * N + n];   // the product adds to what C holds
+                // the product adds to what C holds, or to the bias
+                double sum = accumulate ? c[(size_t)m * N + n] : bias[n];
                 for (int k = 0; k < K; k++)
                     sum += (double)av.data[m * av.row_stride + k * av.col_stride] *
                            bv.data[k * bv.row_stride + n * bv.col_stride];
                 expected[(size_t)m * N + n] = sum;
             }
-        matmul_accumulate(c, (size_t)N, av, bv, M, N, K);
+        if (accumulate) matmul_accumulate(c, (size_t)N, av, bv, M, N, K);
+        else matmul_assign(c, (size_t)N, av, bv, bias, M, N, K);
         // relative to the size of a sum of K products of N(0,1) numbers
         for (size_t i = 0; i < (size_t)M * N; i++) {
             double error = fabs(c[i] - expected[i]) / (sqrt((double)K) + fabs(expected[i]));
             if (error > worst) worst = error;
         }
         cases++;
-        free((real *)av.data); free((real *)bv.data); free(c); free(expected);
+        free((real *)av.data); free((real *)bv.data); free(c); free(bias); free(expected);
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
     check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 (every tile edge, depth and width block, "
-          "the transposed small-row path) match a plain loop in double: worst error %.2g", cases, worst);
+          "the narrow tile, the transposed small-row path; C += A B and C = bias + A B) match a plain loop "
+          "in double: worst error %.2g", cases, worst);
 }
 
 // The matrix product gives each element of C to one thread, which sums it in
@@ -814,7 +822,8 @@ static void test_matmul_against_plain_loops(void) {
 // both orientations (a product of at most TILE_COLS rows is done transposed).
 static void test_matmul_thread_count(void) {
 #ifdef _OPENMP
-    int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 } };   // M, N, K
+    // M, N, K: wide tiles; turned around (7 rows) into narrow tiles; narrow tiles
+    int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 }, { 97, 16, 300 } };
     Rng rng; rng_seed(&rng, 12);
     int identical = 1, cases = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)

@@ -394,6 +394,14 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 //
 //    C[m][n] receives its depth blocks' sums in order k = 0, 128, 256, ...
 //
+// 4. A narrow tile for products with few columns: NARROW_ROWS x NARROW_COLS
+//    (16 x 16 floats with AVX-512, 12 x 8 with AVX2), the same number of sums
+//    in registers, one vector wide and twice as tall. Decoding multiplies a
+//    weight by a few rows, one per sentence or beam (section 10); turned
+//    around (C^T = W X^T, below), the product has that many columns: 8
+//    sentences use a quarter of the 32-wide tile's multiply-adds and half of
+//    the narrow tile's, 4 beams an eighth and a quarter.
+//
 // Threads: each thread takes an equal share of the 8-row strips of C and packs
 // the blocks of B it needs itself (a little copying done twice, but no thread
 // ever waits for another). Each element of C belongs to one thread and is
@@ -434,43 +442,61 @@ typedef struct {
 #endif
 #define TILE_ROWS (VECTOR_REGISTERS == 32 ? 8 : 6)
 #define TILE_COLS (2 * VECTOR_BYTES / (int)sizeof(real))  // AVX-512: 32 floats, 16 doubles
+#define NARROW_ROWS (2 * TILE_ROWS)                       // the narrow tile (4. above)
+#define NARROW_COLS (TILE_COLS / 2)                       // one vector
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-// A copy of the rows m0 .. m0+TILE_ROWS-1 of A, columns k0 .. k0+kc-1, rows
-// from M on (a last, short strip) zero: strip[k * TILE_ROWS + r] = A[m0 + r][k0 + k].
-static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int k0, int kc) {
-    int rows = min_int(M - m0, TILE_ROWS);
+// A copy of the rows m0 .. m0+height-1 of A (height: the tile's rows), columns
+// k0 .. k0+kc-1, rows from M on (a last, short strip) zero:
+// strip[k * height + r] = A[m0 + r][k0 + k].
+static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int k0, int kc, int height) {
+    int rows = min_int(M - m0, height);
     const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
-    if (a.row_stride == 1 && rows == TILE_ROWS) {
+    if (a.row_stride == 1 && rows == height) {
         // A transposed (dy^T in dW = dy^T x): the strip's numbers for one k
-        // lie side by side, so each step is a copy of TILE_ROWS numbers
+        // lie side by side, so each step is a copy of `height` numbers
         for (int k = 0; k < kc; k++)
-            for (int r = 0; r < TILE_ROWS; r++) strip[k * TILE_ROWS + r] = a0[(size_t)k * a.col_stride + r];
+            for (int r = 0; r < height; r++) strip[k * height + r] = a0[(size_t)k * a.col_stride + r];
         return;
     }
-    for (int r = 0; r < TILE_ROWS; r++)
+    for (int r = 0; r < height; r++)
         for (int k = 0; k < kc; k++)
-            strip[k * TILE_ROWS + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)k * a.col_stride] : 0;
+            strip[k * height + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)k * a.col_stride] : 0;
 }
 
-// strip[k][j] = B[k0 + k][n0 + j] for the TILE_COLS columns from n0 (zeros past
-// column N), read along whichever direction B is contiguous in.
-static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int kc) {
-    int cols = min_int(N - n0, TILE_COLS);
+// strip[k][j] = B[k0 + k][n0 + j] for the `width` columns from n0 (width: the
+// tile's columns; zeros past column N), read along whichever direction B is
+// contiguous in.
+static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int kc, int width) {
+    int cols = min_int(N - n0, width);
     const real *b0 = b.data + (size_t)k0 * b.row_stride + (size_t)n0 * b.col_stride;
     if (b.col_stride == 1) {          // rows of B are contiguous
         for (int k = 0; k < kc; k++)
-            for (int j = 0; j < cols; j++) strip[k * TILE_COLS + j] = b0[(size_t)k * b.row_stride + j];
+            for (int j = 0; j < cols; j++) strip[k * width + j] = b0[(size_t)k * b.row_stride + j];
     } else {                          // columns are (B is a transposed matrix)
         for (int j = 0; j < cols; j++)
-            for (int k = 0; k < kc; k++) strip[k * TILE_COLS + j] = b0[(size_t)j * b.col_stride + (size_t)k * b.row_stride];
+            for (int k = 0; k < kc; k++) strip[k * width + j] = b0[(size_t)j * b.col_stride + (size_t)k * b.row_stride];
     }
     for (int k = 0; k < kc; k++)
-        for (int j = cols; j < TILE_COLS; j++) strip[k * TILE_COLS + j] = 0;
+        for (int j = cols; j < width; j++) strip[k * width + j] = 0;
+}
+
+// C[r][j] += sum[r][j] (accumulate) or C[r][j] = bias[r][j] + sum[r][j] (bias
+// NULL: 0) for the first rows x cols of a tile of sums, any strides: C's
+// element (r, j) is c[r * c_row + j * c_col], the sum's sum[r * sum_cols + j].
+static inline void store_tile(real *c, size_t c_row, size_t c_col, const real *sum, int sum_cols,
+                              int rows, int cols, int accumulate, const real *bias,
+                              size_t bias_row, size_t bias_col) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) {
+            real *cij = c + (size_t)r * c_row + (size_t)j * c_col;
+            real start = accumulate ? *cij : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
+            *cij = start + sum[r * sum_cols + j];
+        }
 }
 
 // The register tile: sum[r][j] = sum_k A[r][k] b[k][j] over one depth block,
@@ -513,12 +539,29 @@ static void matmul_tile(real *c, size_t c_row, size_t c_col, const real *a, size
         }
         return;
     }
-    for (int r = 0; r < rows; r++)  // a tile at the edge of C, or C or the bias transposed
-        for (int j = 0; j < cols; j++) {
-            real *cij = c + (size_t)r * c_row + (size_t)j * c_col;
-            real start = accumulate ? *cij : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
-            *cij = start + sum[r][j];
+    // a tile at the edge of C, or C or the bias transposed
+    store_tile(c, c_row, c_col, &sum[0][0], TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+}
+
+// The narrow tile (4. above): the same sums for a tile NARROW_ROWS tall and
+// NARROW_COLS wide, written through store_tile (its products have few
+// columns, and in decoding C is transposed).
+static void matmul_tile_narrow(real *c, size_t c_row, size_t c_col, const real *a, size_t a_row, size_t a_col,
+                               const real *b, size_t b_row, int kc, int rows, int cols,
+                               int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
+    real sum[NARROW_ROWS][NARROW_COLS];
+    for (int r = 0; r < NARROW_ROWS; r++) {
+        real ar0 = kc > 0 ? a[r * a_row] : 0;
+        for (int j = 0; j < NARROW_COLS; j++) sum[r][j] = kc > 0 ? ar0 * b[j] : 0;
+    }
+    for (int k = 1; k < kc; k++) {
+        for (int r = 0; r < NARROW_ROWS; r++) {
+            real ark = a[r * a_row + k * a_col];
+            OMP(simd)
+            for (int j = 0; j < NARROW_COLS; j++) sum[r][j] += ark * b[k * b_row + j];
         }
+    }
+    store_tile(c, c_row, c_col, &sum[0][0], NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
@@ -526,37 +569,49 @@ static real *packed_b_alloc(void) {
     return checked_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
 }
 
+// The rows of the tile a product is done in: the narrow tile's for a
+// product of at most NARROW_COLS columns.
+static int tile_height(const MatrixProduct *p) {
+    return p->N <= NARROW_COLS ? NARROW_ROWS : TILE_ROWS;
+}
+
 // Rows [m_first, m_end) of the product p, by the calling thread alone;
-// packed_b comes from packed_b_alloc.
+// packed_b comes from packed_b_alloc. Thread shares start at a multiple of
+// tile_height(p) rows.
 static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
-    real packed_a[TILE_ROWS * DEPTH_BLOCK];
+    real packed_a[NARROW_ROWS * DEPTH_BLOCK];
     MatrixView a = p->a;
+    int height = tile_height(p), narrow = height == NARROW_ROWS;
+    int width = narrow ? NARROW_COLS : TILE_COLS;
     // Packing B is a pass over it that pays back when many strips of rows
     // reuse it. For a few strips (attention: the rows of one head), a B whose
     // rows are contiguous is read where it lies instead.
     int b_in_place = p->b.col_stride == 1 && m_end - m_first <= 8 * TILE_ROWS;
     for (int n0 = 0; n0 < p->N; n0 += WIDTH_BLOCK) {
-        int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
+        int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + width - 1) / width;
         // k0 == 0 runs even when K is 0, so that C = bias is still written
         for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
             int kc = min_int(p->K - k0, DEPTH_BLOCK);
             int accumulate = p->accumulate || k0 > 0;  // later depth blocks add to the first
             // the strips of B: packed, or where they lie (b_row: the distance between their rows)
-            const real *strip[WIDTH_BLOCK / TILE_COLS];
-            size_t b_row[WIDTH_BLOCK / TILE_COLS];
+            const real *strip[WIDTH_BLOCK / NARROW_COLS];
+            size_t b_row[WIDTH_BLOCK / NARROW_COLS];
             for (int s = 0; s < col_strips; s++) {
-                int j0 = n0 + s * TILE_COLS;
-                if (b_in_place && j0 + TILE_COLS <= p->N) {
+                int j0 = n0 + s * width;
+                if (b_in_place && j0 + width <= p->N) {
                     strip[s] = p->b.data + (size_t)k0 * p->b.row_stride + j0;
                     b_row[s] = p->b.row_stride;
                 } else {
-                    real *packed = packed_b + (size_t)s * TILE_COLS * kc;
-                    pack_b_strip(packed, p->b, j0, p->N, k0, kc);
+                    real *packed = packed_b + (size_t)s * width * kc;
+                    // (a call for each width, so that the compiler can make
+                    // each a copy of the function with fixed loop lengths)
+                    if (narrow) pack_b_strip(packed, p->b, j0, p->N, k0, kc, NARROW_COLS);
+                    else pack_b_strip(packed, p->b, j0, p->N, k0, kc, TILE_COLS);
                     strip[s] = packed;
-                    b_row[s] = TILE_COLS;
+                    b_row[s] = width;
                 }
             }
-            for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
+            for (int m0 = m_first; m0 < m_end; m0 += height) {
                 // A strip of rows of A is read where it lies when its rows are
                 // contiguous. It is copied when A is a transposed matrix (dW =
                 // dy^T x), whose strip would be kc rows of A's memory, each read
@@ -564,18 +619,20 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
                 // it is a last, short strip, padded with zero rows.
                 const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
                 size_t a_row = a.row_stride, a_col = a.col_stride;
-                if (a.col_stride != 1 || m_end - m0 < TILE_ROWS) {
-                    pack_a_strip(packed_a, a, m0, m_end, k0, kc);
-                    a0 = packed_a; a_row = 1; a_col = TILE_ROWS;
+                if (a.col_stride != 1 || m_end - m0 < height) {
+                    if (narrow) pack_a_strip(packed_a, a, m0, m_end, k0, kc, NARROW_ROWS);
+                    else pack_a_strip(packed_a, a, m0, m_end, k0, kc, TILE_ROWS);
+                    a0 = packed_a; a_row = 1; a_col = (size_t)height;
                 }
                 for (int s = 0; s < col_strips; s++) {
-                    int j0 = n0 + s * TILE_COLS;
+                    int j0 = n0 + s * width;
                     const real *bias = p->bias.data
                         ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
-                    matmul_tile(p->c + (size_t)m0 * p->c_row + (size_t)j0 * p->c_col, p->c_row, p->c_col,
-                                a0, a_row, a_col, strip[s], b_row[s], kc,
-                                min_int(m_end - m0, TILE_ROWS), min_int(p->N - j0, TILE_COLS),
-                                accumulate, bias, p->bias.row_stride, p->bias.col_stride);
+                    (narrow ? matmul_tile_narrow : matmul_tile)(
+                        p->c + (size_t)m0 * p->c_row + (size_t)j0 * p->c_col, p->c_row, p->c_col,
+                        a0, a_row, a_col, strip[s], b_row[s], kc,
+                        min_int(m_end - m0, height), min_int(p->N - j0, width),
+                        accumulate, bias, p->bias.row_stride, p->bias.col_stride);
                 }
             }
         }
@@ -605,7 +662,8 @@ static void thread_share(int count, int *first, int *end) {
 // A product with few rows (decoding: one row per sentence, M <= TILE_COLS) and
 // more columns is done as its transpose, C^T = B^T A^T: then the big matrix
 // (a weight) is the one read in place and shared out among the threads, and
-// only the few rows are packed. Every element is the same sum in the same order.
+// only the few rows are packed; with at most NARROW_COLS rows it runs in
+// narrow tiles. Every element is the same sum in the same order.
 static void matmul(MatrixProduct p) {
     if (p.M <= 0 || p.N <= 0) return;
     if (p.M <= TILE_COLS && p.M < p.N) {
@@ -616,14 +674,14 @@ static void matmul(MatrixProduct p) {
         size_t c_row = p.c_row; p.c_row = p.c_col; p.c_col = c_row;
         int M = p.M; p.M = p.N; p.N = M;
     }
-    int row_strips = (p.M + TILE_ROWS - 1) / TILE_ROWS;
+    int height = tile_height(&p), row_strips = (p.M + height - 1) / height;
     OMP(parallel)
     {
         int first, end;
         thread_share(row_strips, &first, &end);
         if (first < end) {
             real *packed_b = packed_b_alloc();
-            matmul_rows(&p, first * TILE_ROWS, min_int(end * TILE_ROWS, p.M), packed_b);
+            matmul_rows(&p, first * height, min_int(end * height, p.M), packed_b);
             free(packed_b);
         }
     }
