@@ -569,70 +569,105 @@ static real *packed_b_alloc(void) {
     return checked_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
 }
 
+// The narrow tile's product (4. above) packs its whole B, K x NARROW_COLS
+// numbers, into the room of one block of B: at most this deep.
+#define NARROW_MAX_DEPTH (DEPTH_BLOCK * WIDTH_BLOCK / NARROW_COLS)
+
 // The rows of the tile a product is done in: the narrow tile's for a
 // product of at most NARROW_COLS columns.
 static int tile_height(const MatrixProduct *p) {
-    return p->N <= NARROW_COLS ? NARROW_ROWS : TILE_ROWS;
+    return p->N <= NARROW_COLS && p->K <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
+}
+
+// The strip of rows m0 .. m0+height-1 of A, columns k0 .. k0+kc-1, as a tile
+// reads it. It is read where it lies when its rows are contiguous. It is
+// copied into packed_a when A is a transposed matrix (dW = dy^T x), whose
+// strip would be kc rows of A's memory, each read for a few numbers and all
+// in the same few cache sets; and when it is a last, short strip, padded with
+// zero rows. *a_row and *a_col get the strides of what it returns.
+static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixView a,
+                           int m0, int m_end, int k0, int kc, int height) {
+    if (a.col_stride != 1 || m_end - m0 < height) {
+        pack_a_strip(packed_a, a, m0, m_end, k0, kc, height);
+        *a_row = 1; *a_col = (size_t)height;
+        return packed_a;
+    }
+    *a_row = a.row_stride; *a_col = a.col_stride;
+    return a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
+}
+
+// Rows [m_first, m_end) of a product in narrow tiles. Its B is packed whole
+// first, depth block after depth block, and each strip of A then goes through
+// all the depth blocks before the next strip starts: in decoding, A is a
+// weight, and each of its rows is then read from start to end, which the
+// hardware prefetcher follows, where the loop order of matmul_rows (depth
+// blocks outside the strips) would jump back to the first row of A at every
+// depth block. The depth blocks still reach each element of C in order.
+static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
+    real packed_a[NARROW_ROWS * DEPTH_BLOCK];
+    for (int k0 = 0; k0 < p->K; k0 += DEPTH_BLOCK)   // one strip, K rows deep
+        pack_b_strip(packed_b + (size_t)k0 * NARROW_COLS, p->b, 0, p->N, k0,
+                     min_int(p->K - k0, DEPTH_BLOCK), NARROW_COLS);
+    for (int m0 = m_first; m0 < m_end; m0 += NARROW_ROWS) {
+        const real *bias = p->bias.data ? p->bias.data + (size_t)m0 * p->bias.row_stride : NULL;
+        // k0 == 0 runs even when K is 0, so that C = bias is still written
+        for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
+            int kc = min_int(p->K - k0, DEPTH_BLOCK);
+            size_t a_row, a_col;
+            const real *a0 = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, k0, kc, NARROW_ROWS);
+            matmul_tile_narrow(p->c + (size_t)m0 * p->c_row, p->c_row, p->c_col, a0, a_row, a_col,
+                               packed_b + (size_t)k0 * NARROW_COLS, NARROW_COLS, kc,
+                               min_int(m_end - m0, NARROW_ROWS), p->N, p->accumulate || k0 > 0,
+                               bias, p->bias.row_stride, p->bias.col_stride);
+        }
+    }
 }
 
 // Rows [m_first, m_end) of the product p, by the calling thread alone;
 // packed_b comes from packed_b_alloc. Thread shares start at a multiple of
 // tile_height(p) rows.
 static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
-    real packed_a[NARROW_ROWS * DEPTH_BLOCK];
-    MatrixView a = p->a;
-    int height = tile_height(p), narrow = height == NARROW_ROWS;
-    int width = narrow ? NARROW_COLS : TILE_COLS;
+    if (tile_height(p) == NARROW_ROWS) {
+        matmul_rows_narrow(p, m_first, m_end, packed_b);
+        return;
+    }
+    real packed_a[TILE_ROWS * DEPTH_BLOCK];
     // Packing B is a pass over it that pays back when many strips of rows
     // reuse it. For a few strips (attention: the rows of one head), a B whose
     // rows are contiguous is read where it lies instead.
     int b_in_place = p->b.col_stride == 1 && m_end - m_first <= 8 * TILE_ROWS;
     for (int n0 = 0; n0 < p->N; n0 += WIDTH_BLOCK) {
-        int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + width - 1) / width;
+        int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
         // k0 == 0 runs even when K is 0, so that C = bias is still written
         for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
             int kc = min_int(p->K - k0, DEPTH_BLOCK);
             int accumulate = p->accumulate || k0 > 0;  // later depth blocks add to the first
             // the strips of B: packed, or where they lie (b_row: the distance between their rows)
-            const real *strip[WIDTH_BLOCK / NARROW_COLS];
-            size_t b_row[WIDTH_BLOCK / NARROW_COLS];
+            const real *strip[WIDTH_BLOCK / TILE_COLS];
+            size_t b_row[WIDTH_BLOCK / TILE_COLS];
             for (int s = 0; s < col_strips; s++) {
-                int j0 = n0 + s * width;
-                if (b_in_place && j0 + width <= p->N) {
+                int j0 = n0 + s * TILE_COLS;
+                if (b_in_place && j0 + TILE_COLS <= p->N) {
                     strip[s] = p->b.data + (size_t)k0 * p->b.row_stride + j0;
                     b_row[s] = p->b.row_stride;
                 } else {
-                    real *packed = packed_b + (size_t)s * width * kc;
-                    // (a call for each width, so that the compiler can make
-                    // each a copy of the function with fixed loop lengths)
-                    if (narrow) pack_b_strip(packed, p->b, j0, p->N, k0, kc, NARROW_COLS);
-                    else pack_b_strip(packed, p->b, j0, p->N, k0, kc, TILE_COLS);
+                    real *packed = packed_b + (size_t)s * TILE_COLS * kc;
+                    pack_b_strip(packed, p->b, j0, p->N, k0, kc, TILE_COLS);
                     strip[s] = packed;
-                    b_row[s] = width;
+                    b_row[s] = TILE_COLS;
                 }
             }
-            for (int m0 = m_first; m0 < m_end; m0 += height) {
-                // A strip of rows of A is read where it lies when its rows are
-                // contiguous. It is copied when A is a transposed matrix (dW =
-                // dy^T x), whose strip would be kc rows of A's memory, each read
-                // for a few numbers and all in the same few cache sets; and when
-                // it is a last, short strip, padded with zero rows.
-                const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
-                size_t a_row = a.row_stride, a_col = a.col_stride;
-                if (a.col_stride != 1 || m_end - m0 < height) {
-                    if (narrow) pack_a_strip(packed_a, a, m0, m_end, k0, kc, NARROW_ROWS);
-                    else pack_a_strip(packed_a, a, m0, m_end, k0, kc, TILE_ROWS);
-                    a0 = packed_a; a_row = 1; a_col = (size_t)height;
-                }
+            for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
+                size_t a_row, a_col;
+                const real *a0 = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, k0, kc, TILE_ROWS);
                 for (int s = 0; s < col_strips; s++) {
-                    int j0 = n0 + s * width;
+                    int j0 = n0 + s * TILE_COLS;
                     const real *bias = p->bias.data
                         ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
-                    (narrow ? matmul_tile_narrow : matmul_tile)(
-                        p->c + (size_t)m0 * p->c_row + (size_t)j0 * p->c_col, p->c_row, p->c_col,
-                        a0, a_row, a_col, strip[s], b_row[s], kc,
-                        min_int(m_end - m0, height), min_int(p->N - j0, width),
-                        accumulate, bias, p->bias.row_stride, p->bias.col_stride);
+                    matmul_tile(p->c + (size_t)m0 * p->c_row + (size_t)j0 * p->c_col, p->c_row, p->c_col,
+                                a0, a_row, a_col, strip[s], b_row[s], kc,
+                                min_int(m_end - m0, TILE_ROWS), min_int(p->N - j0, TILE_COLS),
+                                accumulate, bias, p->bias.row_stride, p->bias.col_stride);
                 }
             }
         }
