@@ -849,6 +849,67 @@ static void test_matmul_thread_count(void) {
 #endif
 }
 
+// Each thread's share of a product's rows follows its measured speed
+// (weighted_share, update_thread_weights). The weights must move as stated,
+// the shares must cover every row exactly once whatever the weights, and no
+// share may change a bit of the product.
+static void test_matmul_weighted_shares(void) {
+#ifdef _OPENMP
+    // thread 0 three times as fast as thread 1: speeds 1.5 and 0.5 of the mean
+    memset(thread_weight, 0, sizeof thread_weight);
+    double one_second[2] = { 1, 1 };
+    update_thread_weights((int[]){ 30, 10 }, one_second, 2);
+    double first0 = thread_weight[0], first1 = thread_weight[1];
+    // then the other way round: each weight moves 30% of the way
+    update_thread_weights((int[]){ 10, 30 }, one_second, 2);
+    double second0 = thread_weight[0], second1 = thread_weight[1];
+    // a thread that stalls: its weight stops at 0.5
+    for (int i = 0; i < 20; i++) update_thread_weights((int[]){ 100, 1 }, one_second, 2);
+    check(fabs(first0 - 1.5) < 1e-12 && fabs(first1 - 0.5) < 1e-12 && fabs(second0 - 1.2) < 1e-12 &&
+          fabs(second1 - 0.8) < 1e-12 && thread_weight[1] == 0.5,
+          "matmul shares: weights 1.5, 0.5 after a 3:1 product; 1.2, 0.8 after a 1:3 one; "
+          "a stalled thread's weight stays at 0.5 (%.3g)", thread_weight[1]);
+
+    // 3 threads weighted 1.7 : 0.5 : 0.8 take every item of 0..40 items once
+    double weights[3] = { 1.7, 0.5, 0.8 };
+    memcpy(thread_weight, weights, sizeof weights);
+    int covered = 1;
+    omp_set_num_threads(3);
+    for (int count = 0; count <= 40; count++) {
+        int first[3] = { 0 }, end[3] = { 0 }, team = 0;
+        OMP(parallel)
+        {
+            int t = omp_get_thread_num();
+            weighted_share(count, &first[t], &end[t]);
+            if (t == 0) team = omp_get_num_threads();
+        }
+        covered &= team == 3 && first[0] == 0 && end[0] == first[1] && end[1] == first[2] &&
+                   end[2] == count && first[1] >= first[0] && first[2] >= first[1];
+    }
+    check(covered, "matmul shares: 3 threads weighted 1.7 : 0.5 : 0.8 split 0..40 items into contiguous shares "
+          "that cover each item once");
+
+    // a product with shares 2 : 0.5 between 2 threads gives the bits of 1 thread
+    Rng rng; rng_seed(&rng, 13);
+    int M = 97, N = 530, K = 300;
+    MatrixView av, bv;
+    random_operands(&av, &bv, 0, M, N, K, &rng);
+    real *c1 = checked_calloc((size_t)M * N, sizeof(real), "test"), *c2 = checked_calloc((size_t)M * N, sizeof(real), "test");
+    omp_set_num_threads(1);
+    matmul_assign(c1, (size_t)N, av, bv, NULL, M, N, K);
+    omp_set_num_threads(2);
+    thread_weight[0] = 2; thread_weight[1] = 0.5; thread_weight[2] = 0;
+    matmul_assign(c2, (size_t)N, av, bv, NULL, M, N, K);
+    check(memcmp(c1, c2, (size_t)M * N * sizeof(real)) == 0,
+          "matmul shares: 2 threads weighted 2 : 0.5 give the bits of 1 thread (%d x %d x %d)", M, N, K);
+    free((real *)av.data); free((real *)bv.data); free(c1); free(c2);
+    memset(thread_weight, 0, sizeof thread_weight);
+    omp_set_num_threads(omp_get_num_procs());
+#else
+    printf("     (built without OpenMP: one thread only, nothing to share)\n");
+#endif
+}
+
 // exp_float (the float build's exp, in plain arithmetic) against libm's exp in
 // double, over the whole range it serves; its underflow: exactly 0 below -87
 // and at -inf, which is what a masked attention score needs; and NaN at NaN,
@@ -2201,6 +2262,7 @@ int main(int argc, char **argv) {
     test_dropout_training_and_evaluation();
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
+    test_matmul_weighted_shares();
     test_exp_float();
     test_softmax_visible();
     test_greedy_token();

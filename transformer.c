@@ -686,8 +686,60 @@ static void thread_share(int count, int *first, int *end) {
     *end = (int)((long long)count * (thread + 1) / threads);
 }
 
-// The whole product p, shared among the threads: each takes an equal share of
-// the strips of TILE_ROWS rows of C and packs the blocks of B it needs itself
+// Shares of a product's rows by the threads' speeds. The cores of a shared
+// machine do not always run at the same speed: on the development machine
+// one of its two cores was at times 10-25% slower than the other for seconds
+// on end (another tenant's work on the same physical core, presumably;
+// NOTES.md §14), and with equal shares of the rows the faster thread then
+// waited at the end of every product. So each thread's share is in proportion
+// to its weight, a running average of its speed relative to the team's in the
+// products before. Which thread computes a row never changes the row's
+// numbers (each element of C is the same sum in the same order), so the
+// results are the same bits whatever the shares.
+#define MAX_SHARE_THREADS 64
+static double thread_weight[MAX_SHARE_THREADS];   // 0 until timed: equal shares
+
+// The part [*first, *end) of `count` items that this thread takes in a
+// parallel region, in proportion to thread_weight; equal shares until every
+// thread of the team has been timed.
+static void weighted_share(int count, int *first, int *end) {
+#ifdef _OPENMP
+    int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    double before = 0, total = 0;
+    for (int t = 0; t < threads && t < MAX_SHARE_THREADS; t++) {
+        if (thread_weight[t] == 0) { total = 0; break; }
+        if (t < thread) before += thread_weight[t];
+        total += thread_weight[t];
+    }
+    if (total > 0 && threads <= MAX_SHARE_THREADS) {
+        *first = (int)(count * before / total + 0.5);
+        *end = thread == threads - 1 ? count : (int)(count * (before + thread_weight[thread]) / total + 0.5);
+        return;
+    }
+#endif
+    thread_share(count, first, end);
+}
+
+// After a product: thread t took items[t] items in seconds[t]. Each weight
+// moves 30% of the way to the thread's speed over the team's mean speed,
+// kept within [0.5, 2] so that one stalled product cannot starve a thread.
+static void update_thread_weights(const int *items, const double *seconds, int threads) {
+    if (threads > MAX_SHARE_THREADS) return;
+    double speed[MAX_SHARE_THREADS], mean = 0;
+    for (int t = 0; t < threads; t++) {
+        if (items[t] == 0 || seconds[t] <= 0) return;   // nothing to learn from this product
+        speed[t] = items[t] / seconds[t];
+        mean += speed[t] / threads;
+    }
+    for (int t = 0; t < threads; t++) {
+        double relative = speed[t] / mean, w = thread_weight[t];
+        w = w == 0 ? relative : 0.7 * w + 0.3 * relative;
+        thread_weight[t] = w < 0.5 ? 0.5 : w > 2 ? 2 : w;
+    }
+}
+
+// The whole product p, shared among the threads: each takes a share of the
+// strips of TILE_ROWS rows of C (weighted_share, above) and packs the blocks of B it needs itself
 // (a little copying done twice, but no thread ever waits for another; cutting
 // C by columns instead, so that no strip of B is packed twice, was slower
 // where N is small, 128 say: every thread then reads all of A, and each of
@@ -710,16 +762,30 @@ static void matmul(MatrixProduct p) {
         int M = p.M; p.M = p.N; p.N = M;
     }
     int height = tile_height(&p), row_strips = (p.M + height - 1) / height;
+    int items[MAX_SHARE_THREADS], threads = 1;
+    double seconds[MAX_SHARE_THREADS];
+#ifdef _OPENMP
+    double start = omp_get_wtime();
+#endif
     OMP(parallel)
     {
         int first, end;
-        thread_share(row_strips, &first, &end);
+        weighted_share(row_strips, &first, &end);
         if (first < end) {
             real *packed_b = packed_b_alloc();
             matmul_rows(&p, first * height, min_int(end * height, p.M), packed_b);
             free(packed_b);
         }
+#ifdef _OPENMP
+        int thread = omp_get_thread_num();
+        if (thread < MAX_SHARE_THREADS) {
+            items[thread] = end - first;
+            seconds[thread] = omp_get_wtime() - start;
+        }
+        if (thread == 0) threads = omp_get_num_threads();
+#endif
     }
+    if (threads > 1) update_thread_weights(items, seconds, threads);
 }
 
 // C += A B, and C = bias + A B: c is (M, N) with row stride ldc, a is (M, K),
