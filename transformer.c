@@ -402,10 +402,12 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 //    sentences use a quarter of the 32-wide tile's multiply-adds and half of
 //    the narrow tile's, 4 beams an eighth and a quarter.
 //
-// Threads: each thread takes an equal share of the 8-row strips of C and packs
-// the blocks of B it needs itself (a little copying done twice, but no thread
-// ever waits for another). Each element of C belongs to one thread and is
-// summed in the same order whatever the number of threads.
+// Threads: each thread takes a share of the 8-row strips of C, in proportion
+// to how fast it ran the products before (the cores of a shared machine do
+// not always run at the same speed), and packs the blocks of B it needs
+// itself (a little copying done twice, but no thread ever waits for another).
+// Each element of C belongs to one thread and is summed in the same order
+// whatever the number of threads and their shares.
 // ----------------------------------------------------------------------------
 
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
