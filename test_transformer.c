@@ -774,15 +774,20 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
 // the three ways the layers read their matrices (x W^T, dy W, dy^T x), every
 // other product adding to C and the others writing C = bias + A B.
 static void test_matmul_against_plain_loops(void) {
-    int Ms[] = { 1, 7, 40, 97 }, Ns[] = { 1, 16, 17, 33, 530 }, Ks[] = { 1, 129, 300 };
+    enum { NM = 4, NN = 5, NK = 3 };
+    int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, 16, 17, 33, 530 }, Ks[NK] = { 1, 129, 300 };
+    // and two products with few columns (directly, and turned around) too
+    // deep for the narrow tile's packing of the whole B: they take the wide path
+    int extra[][3] = { { 40, 7, NARROW_MAX_DEPTH + 5 }, { 7, 40, NARROW_MAX_DEPTH + 5 } };
+    int grid = NM * NN * NK, shapes = grid + (int)(sizeof extra / sizeof *extra);
     Rng rng; rng_seed(&rng, 11);
     double worst = 0;
     int cases = 0;
-    for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++)
-    for (size_t in = 0; in < sizeof Ns / sizeof *Ns; in++)
-    for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
+    for (int shape = 0; shape < shapes; shape++)
     for (int form = 0; form < 3; form++) {
-        int M = Ms[im], N = Ns[in], K = Ks[ik];
+        int M = shape < grid ? Ms[shape / (NN * NK)] : extra[shape - grid][0];
+        int N = shape < grid ? Ns[shape / NK % NN] : extra[shape - grid][1];
+        int K = shape < grid ? Ks[shape % NK] : extra[shape - grid][2];
         MatrixView av, bv;
         random_operands(&av, &bv, form, M, N, K, &rng);
         int accumulate = cases % 2 == 0;
@@ -811,9 +816,9 @@ static void test_matmul_against_plain_loops(void) {
         free((real *)av.data); free((real *)bv.data); free(c); free(bias); free(expected);
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
-    check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 (every tile edge, depth and width block, "
-          "the narrow tile, the transposed small-row path; C += A B and C = bias + A B) match a plain loop "
-          "in double: worst error %.2g", cases, worst);
+    check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x %d (every tile edge, depth "
+          "and width block, the narrow tile, the transposed small-row path; C += A B and C = bias + A B) match a "
+          "plain loop in double: worst error %.2g", cases, NARROW_MAX_DEPTH + 5, worst);
 }
 
 // The matrix product gives each element of C to one thread, which sums it in
