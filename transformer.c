@@ -400,9 +400,13 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 //    weight by a few rows, one per sentence or beam (section 10); turned
 //    around (C^T = W X^T, below), the product has that many columns: 8
 //    sentences use a quarter of the 32-wide tile's multiply-adds and half of
-//    the narrow tile's, 4 beams an eighth and a quarter.
+//    the narrow tile's, 4 beams an eighth and a quarter. Any product of at
+//    most NARROW_COLS columns takes it (attention's per-head products too
+//    where the keys or the head size are few: tiny's 12 keys, 16 per head),
+//    unless it is deeper than NARROW_MAX_DEPTH (below).
 //
-// Threads: each thread takes a share of the 8-row strips of C, in proportion
+// Threads: each thread takes a share of the strips of C (a strip: the rows
+// of one tile), in proportion
 // to how fast it ran the products before (the cores of a shared machine do
 // not always run at the same speed), and packs the blocks of B it needs
 // itself (a little copying done twice, but no thread ever waits for another).
@@ -625,8 +629,7 @@ static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, r
 }
 
 // Rows [m_first, m_end) of the product p, by the calling thread alone;
-// packed_b comes from packed_b_alloc. Thread shares start at a multiple of
-// tile_height(p) rows.
+// packed_b comes from packed_b_alloc.
 static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     if (tile_height(p) == NARROW_ROWS) {
         matmul_rows_narrow(p, m_first, m_end, packed_b);
@@ -696,25 +699,37 @@ static void thread_share(int count, int *first, int *end) {
 // to its weight, a running average of its speed relative to the team's in the
 // products before. Which thread computes a row never changes the row's
 // numbers (each element of C is the same sum in the same order), so the
-// results are the same bits whatever the shares.
+// results are the same bits whatever the shares. The threads only read the
+// weights during a product and the calling thread writes them after it,
+// which holds because matmul is never called from inside a parallel region
+// (attention's products per head, which are, use matmul_by_this_thread).
 #define MAX_SHARE_THREADS 64
 static double thread_weight[MAX_SHARE_THREADS];   // 0 until timed: equal shares
+
+#ifdef _OPENMP
+// Where the share of thread t begins when `count` items are shared in
+// proportion to the first `threads` weights (t == threads: count). Thread t
+// ends where thread t+1 begins because both are this same computation.
+static int weighted_boundary(int count, int t, int threads) {
+    double before = 0, total = 0;
+    for (int u = 0; u < threads; u++) {
+        if (u < t) before += thread_weight[u];
+        total += thread_weight[u];
+    }
+    return t == threads ? count : (int)(count * before / total + 0.5);
+}
+#endif
 
 // The part [*first, *end) of `count` items that this thread takes in a
 // parallel region, in proportion to thread_weight; equal shares until every
 // thread of the team has been timed.
 static void weighted_share(int count, int *first, int *end) {
 #ifdef _OPENMP
-    int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    double before = 0, total = 0;
-    for (int t = 0; t < threads && t < MAX_SHARE_THREADS; t++) {
-        if (thread_weight[t] == 0) { total = 0; break; }
-        if (t < thread) before += thread_weight[t];
-        total += thread_weight[t];
-    }
-    if (total > 0 && threads <= MAX_SHARE_THREADS) {
-        *first = (int)(count * before / total + 0.5);
-        *end = thread == threads - 1 ? count : (int)(count * (before + thread_weight[thread]) / total + 0.5);
+    int thread = omp_get_thread_num(), threads = omp_get_num_threads(), timed = threads <= MAX_SHARE_THREADS;
+    for (int t = 0; timed && t < threads; t++) timed = thread_weight[t] > 0;
+    if (timed) {
+        *first = weighted_boundary(count, thread, threads);
+        *end = weighted_boundary(count, thread + 1, threads);
         return;
     }
 #endif
@@ -740,18 +755,20 @@ static void update_thread_weights(const int *items, const double *seconds, int t
 }
 
 // The whole product p, shared among the threads: each takes a share of the
-// strips of TILE_ROWS rows of C (weighted_share, above) and packs the blocks of B it needs itself
-// (a little copying done twice, but no thread ever waits for another; cutting
-// C by columns instead, so that no strip of B is packed twice, was slower
-// where N is small, 128 say: every thread then reads all of A, and each of
-// its strips meets only a few strips of B). Each element of C belongs to one
-// thread and is summed in the same order whatever the number of threads.
+// strips of tile_height(&p) rows of C (weighted_share, above) and packs the
+// blocks of B it needs itself (a little copying done twice, but no thread
+// ever waits for another; cutting C by columns instead, so that no strip of
+// B is packed twice, was slower where N is small, 128 say: every thread then
+// reads all of A, and each of its strips meets only a few strips of B).
+// Each element of C belongs to one thread and is summed in the same order
+// whatever the number of threads.
 //
 // A product with few rows (decoding: one row per sentence, M <= TILE_COLS) and
 // more columns is done as its transpose, C^T = B^T A^T: then the big matrix
 // (a weight) is the one read in place and shared out among the threads, and
-// only the few rows are packed; with at most NARROW_COLS rows it runs in
-// narrow tiles. Every element is the same sum in the same order.
+// only the few rows are packed. Then, or whenever N <= NARROW_COLS, it runs
+// in narrow tiles (unless K > NARROW_MAX_DEPTH). Every element is the same
+// sum in the same order.
 static void matmul(MatrixProduct p) {
     if (p.M <= 0 || p.N <= 0) return;
     if (p.M <= TILE_COLS && p.M < p.N) {
