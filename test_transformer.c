@@ -768,12 +768,12 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
 // The matrix product of transformer.c (§3) works in 8 x 32 tiles (6 x 16 where
 // there are 16 vector registers), or narrow tiles one vector wide (16 x 16)
 // for at most NARROW_COLS columns, blocks of 128 along K and 512 along N,
-// shares rows among threads
-// and turns a product of at most 32 rows around. The model tests above use
-// tiny sizes, which never reach a second block, so here it is checked against
-// a plain loop in double precision on sizes that cross every boundary, for
-// the three ways the layers read their matrices (x W^T, dy W, dy^T x), every
-// other product adding to C and the others writing C = bias + A B.
+// shares rows among threads and turns a product of at most 32 rows around.
+// The model tests above use tiny sizes, which never reach a second block, so
+// here it is checked against a plain loop in double precision on sizes that
+// cross every boundary, for the three ways the layers read their matrices
+// (x W^T, dy W, dy^T x), every other product adding to C and the others
+// writing C = bias + A B.
 static void test_matmul_against_plain_loops(void) {
     enum { NM = 4, NN = 5, NK = 3 };
     int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, NARROW_COLS, NARROW_COLS + 1, 33, 530 }, Ks[NK] = { 1, 129, 300 };
@@ -833,7 +833,7 @@ static void test_matmul_thread_count(void) {
     // tiles with a short last strip; narrow tiles
     int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 }, { 97, NARROW_COLS, 300 } };
     Rng rng; rng_seed(&rng, 12);
-    int identical = 1, cases = 0;
+    int identical = 1, cases = 0, threads_before = omp_get_max_threads();
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
     for (int form = 0; form < 3; form++) {
         int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
@@ -850,7 +850,7 @@ static void test_matmul_thread_count(void) {
         cases++;
         free((real *)av.data); free((real *)bv.data); free(c[0]); free(c[1]); free(c[2]);
     }
-    omp_set_num_threads(omp_get_num_procs());
+    omp_set_num_threads(threads_before);
     check(identical, "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)", cases);
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");

@@ -113,9 +113,10 @@ static inline float exp_float(float x) {
 #define real_sqrt sqrtf
 #endif
 
-// The largest of x[0..n-1], NaNs passed over (-inf if there is nothing else). Kept as 16 running
-// maxima side by side, one per lane of a vector, which compilers vectorise
-// as they are (a maximum taken lane by lane), then halved pairwise: 8, 4, 2, 1.
+// The largest of x[0..n-1], NaNs passed over (-inf if there is nothing
+// else). Kept as 16 running maxima side by side, one per lane of a vector,
+// which compilers vectorise as they are (a maximum taken lane by lane), then
+// halved pairwise: 8, 4, 2, 1.
 // (A single running maximum, even marked OMP(simd reduction(max)), is a
 // chain that clang does not vectorise without -ffast-math.)
 #define MAX_LANES 16
@@ -358,7 +359,7 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 // reads B from memory once for every row of C. Three plain-C ideas fix it:
 //
 // 1. Register tiles. C is computed in tiles of TILE_ROWS x TILE_COLS (8 x 32
-//    floats with AVX-512's 32 vector registers, 6 x 32 with AVX2's 16). The
+//    floats with AVX-512's 32 vector registers, 6 x 16 with AVX2's 16). The
 //    tile's 256 sums stay in vector registers for the whole k loop; each step
 //    k reads 8 numbers of A and 32 of B, and does 8 x 32 multiply-adds with
 //    them (every A number times the whole B row):
@@ -394,24 +395,25 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 //
 //    C[m][n] receives its depth blocks' sums in order k = 0, 128, 256, ...
 //
-// 4. A narrow tile for products with few columns: NARROW_ROWS x NARROW_COLS
-//    (16 x 16 floats with AVX-512, 12 x 8 with AVX2), the same number of sums
-//    in registers, one vector wide and twice as tall. Decoding multiplies a
-//    weight by a few rows, one per sentence or beam (section 10); turned
-//    around (C^T = W X^T, below), the product has that many columns: 8
-//    sentences use a quarter of the 32-wide tile's multiply-adds and half of
-//    the narrow tile's, 4 beams an eighth and a quarter. Any product of at
-//    most NARROW_COLS columns takes it (attention's per-head products too
-//    where the keys or the head size are few: tiny's 12 keys, 16 per head),
-//    unless it is deeper than NARROW_MAX_DEPTH (below).
+// 4. A variant of 1 for products with few columns: the narrow tile,
+//    NARROW_ROWS x NARROW_COLS (16 x 16 floats with AVX-512, 12 x 8 with
+//    AVX2), as many sums in registers, one vector wide and twice as tall.
+//    Decoding (§6.1, below) multiplies a weight by a few rows, one per
+//    sentence or beam; turned around (C^T = W X^T, see matmul), the product
+//    has that many columns: 8 sentences use a quarter of the 32-wide tile's
+//    multiply-adds and half of the narrow tile's, 4 beams an eighth and a
+//    quarter. Any product of at most NARROW_COLS columns takes it
+//    (attention's per-head products too where the keys or the head size are
+//    few: tiny's 12 keys, 16 per head), unless it is deeper than
+//    NARROW_MAX_DEPTH.
 //
 // Threads: each thread takes a share of the strips of C (a strip: the rows
-// of one tile), in proportion
-// to how fast it ran the products before (the cores of a shared machine do
-// not always run at the same speed), and packs the blocks of B it needs
-// itself (a little copying done twice, but no thread ever waits for another).
-// Each element of C belongs to one thread and is summed in the same order
-// whatever the number of threads and their shares.
+// of one tile) in proportion to how fast it ran the products before (the
+// cores of a shared machine do not always run at the same speed), and packs
+// the blocks of B it needs itself (a little copying done twice, but no
+// thread ever waits for another). Each element of C belongs to one thread
+// and is summed in the same order whatever the number of threads and their
+// shares.
 // ----------------------------------------------------------------------------
 
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
