@@ -920,6 +920,57 @@ static void test_matmul_weighted_shares(void) {
 #endif
 }
 
+// The memory of the vector loops starts on cache lines (CACHE_LINE): what the
+// allocation helpers give, and every activation and scratch tensor of a model
+// whose sizes are not whole lines (d_model 12, a batch of 3 x 5 x 7).
+static int on_line(const void *p) { return (uintptr_t)p % CACHE_LINE == 0; }
+
+static void test_aligned_memory(void) {
+    int aligned = 1, zeroed = 1;
+    for (size_t n = 1; n <= 1000; n = 3 * n + 2) {   // 1, 5, 17, 53, 161, 485 numbers
+        real *a = checked_aligned_malloc(n, sizeof(real), "test");
+        real *z = checked_aligned_calloc(n, sizeof(real), "test");
+        aligned &= on_line(a) && on_line(z);
+        for (size_t i = 0; i < n; i++) {
+            zeroed &= z[i] == 0;
+            a[i] = z[i] = 1;   // all n are there to write (the sanitizer builds would see otherwise)
+        }
+        free(a);
+        aligned_free(z);
+    }
+    check(aligned && zeroed, "memory: checked_aligned_malloc and checked_aligned_calloc give addresses "
+          "on %d-byte lines; checked_aligned_calloc's numbers are 0", CACHE_LINE);
+
+    TransformerConfig c = small_config();
+    c.d_model = 12; c.n_heads = 3; c.d_ff = 20; c.vocab_size = 13;
+    Transformer m;
+    transformer_build(&m, &c, 5);
+    Rng rng;
+    rng_seed(&rng, 5);
+    TestBatch tb;
+    make_test_batch(&tb, 3, 5, 7, (int[]){ 5, 3, 4 }, (int[]){ 7, 2, 6 }, c.vocab_size, &rng);
+    transformer_forward(&m, &tb.batch);
+    // the tensors are the structs' members, all pointers, in order
+    _Static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(real *), "pointers only");
+    _Static_assert(sizeof(BackwardScratch) == NUM_SCRATCH_TENSORS * sizeof(real *), "pointers only");
+    int tensors = 0, lined = 0;
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS + NUM_SCRATCH_TENSORS; i++) {
+        real *p;
+        if (i < NUM_ACTIVATION_TENSORS) memcpy(&p, (char *)&m.acts + i * sizeof p, sizeof p);
+        else memcpy(&p, (char *)&m.scratch + (i - NUM_ACTIVATION_TENSORS) * sizeof p, sizeof p);
+        tensors++;
+        lined += on_line(p);
+    }
+    real *arenas[] = { m.params_memory, m.grads_memory, m.adam_m, m.adam_v, m.positional_encoding };
+    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) {
+        tensors++;
+        lined += on_line(arenas[i]);
+    }
+    check(lined == tensors, "memory: %d of %d activation and scratch tensors and parameter-sized arrays "
+          "start on a line (d_model 12, batch 3 x 5 x 7)", lined, tensors);
+    transformer_free(&m);
+}
+
 // exp_float (the float build's exp, in plain arithmetic) against libm's exp in
 // double, over the whole range it serves; its underflow: exactly 0 below -87
 // and at -inf, which is what a masked attention score needs; and NaN at NaN,
@@ -2273,6 +2324,7 @@ int main(int argc, char **argv) {
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
     test_matmul_weighted_shares();
+    test_aligned_memory();
     test_exp_float();
     test_softmax_visible();
     test_greedy_token();

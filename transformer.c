@@ -50,6 +50,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,32 +137,70 @@ static real max_of(const real *x, int n) {
 // Utilities: allocation that cannot fail silently, and our own small random
 // number generator, so that a seed gives the same model on every machine.
 
-static void *checked_calloc(size_t count, size_t size, const char *what) {
+// count x size, at least 1 (so that nothing asks for 0 bytes), or a clear
+// exit if that does not fit in a size_t.
+static size_t checked_bytes(size_t count, size_t size, const char *what) {
     if (count == 0) count = 1;
     if (size != 0 && count > SIZE_MAX / size) {
         fprintf(stderr, "error: %s: %zu x %zu bytes overflows\n", what, count, size);
         exit(1);
     }
-    void *p = calloc(count, size);
+    return count * size;
+}
+
+// p, the answer of an allocation of `bytes` bytes, or a clear exit if it failed.
+static void *allocated(void *p, size_t bytes, const char *what) {
     if (!p) {
-        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, count * size);
+        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, bytes);
         exit(1);
     }
     return p;
 }
 
-static void *checked_malloc(size_t count, size_t size, const char *what) {
-    if (count == 0) count = 1;
-    if (size != 0 && count > SIZE_MAX / size) {
-        fprintf(stderr, "error: %s: %zu x %zu bytes overflows\n", what, count, size);
-        exit(1);
-    }
-    void *p = malloc(count * size);
-    if (!p) {
-        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, count * size);
-        exit(1);
-    }
-    return p;
+static void *checked_calloc(size_t count, size_t size, const char *what) {
+    size_t bytes = checked_bytes(count, size, what);
+    return allocated(calloc(bytes, 1), bytes, what);
+}
+
+// The numbers that the vector loops read and write start at multiples of
+// CACHE_LINE bytes: a cache line, and one AVX-512 vector. A vector load or
+// store that straddles two lines costs two accesses, and malloc only promises
+// multiples of 16: with the packed blocks of the matrix products (section 3)
+// 16, 32 or 48 bytes past a line, as it happened, a toy training step took 5%
+// longer (NOTES.md section 14). The tensors inside an allocation start at
+// multiples of CACHE_LINE too, where their sizes allow (activation_sizes).
+#define CACHE_LINE 64
+
+// Uninitialised memory at a multiple of CACHE_LINE bytes; free() it.
+static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
+    size_t bytes = checked_bytes(count, size, what);
+    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);   // aligned_alloc takes whole lines
+    bytes = checked_bytes(lines, CACHE_LINE, what);
+    return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
+}
+
+// checked_calloc's zeroed memory at a multiple of CACHE_LINE bytes; give it
+// back with aligned_free. calloc hands out a large block as pages that the
+// system backs with memory only when they are first written (a run that only
+// decodes never writes the gradients or Adam's moments), which aligned_alloc
+// and a memset would not. So this asks calloc for a line more, returns the
+// first multiple of CACHE_LINE past the block's start, and keeps the block's
+// own address in the bytes just below that: calloc's blocks start at
+// multiples of alignof(max_align_t), so there are at least that many bytes.
+_Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
+static void *checked_aligned_calloc(size_t count, size_t size, const char *what) {
+    size_t lines = checked_bytes(count, size, what) / CACHE_LINE + 2;
+    unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
+    unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
+    memcpy(aligned - sizeof block, &block, sizeof block);
+    return aligned;
+}
+
+static void aligned_free(void *p) {
+    if (!p) return;
+    unsigned char *block;
+    memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
+    free(block);
 }
 
 static void rng_seed(Rng *rng, uint64_t seed) {
@@ -573,7 +612,7 @@ static void matmul_tile_narrow(real *c, size_t c_row, size_t c_col, const real *
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
 static real *packed_b_alloc(void) {
-    return checked_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
+    return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
 }
 
 // The narrow tile's product (4. above) packs its whole B, K x NARROW_COLS
@@ -1150,7 +1189,7 @@ static void attention_backward(real *dq, real *dk, real *dv,
     OMP(parallel)
     {
         real *packed_b = packed_b_alloc();
-        real *ds = checked_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
+        real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
         OMP(for collapse(2))
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -1679,6 +1718,13 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 // The model: allocation, the whole forward pass, the whole backward pass
 // ============================================================================
 
+// `count` numbers rounded up to whole cache lines, so that the tensor laid
+// out after them starts on a line too (CACHE_LINE).
+static size_t whole_lines(size_t count) {
+    size_t per_line = CACHE_LINE / sizeof(real);
+    return (count + per_line - 1) / per_line * per_line;
+}
+
 static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *c,
                              size_t B, size_t S, size_t T) {
     size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
@@ -1698,7 +1744,7 @@ static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const Transfo
         L * BTC, L * BT, L * BT,                                        // ln3
         BT * V, BT * V, BT,                                             // logits, probs, token loss
     };
-    memcpy(sizes, list, sizeof list);
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
 }
 
 static void point_activations(ActivationTensors *a, real *memory, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
@@ -1734,7 +1780,7 @@ static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerCo
         rows * wide, B * S * 2 * C, B * S * C,             // d_wide d_kv d_memory
         B * T * V,                                         // d_logits
     };
-    memcpy(sizes, list, sizeof list);
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
 }
 
 static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
@@ -1762,13 +1808,13 @@ static void ensure_buffers(Transformer *m, int B, int S, int T) {
     if (B < m->cap_B) B = m->cap_B;
     if (S < m->cap_S) S = m->cap_S;
     if (T < m->cap_T) T = m->cap_T;
-    free(m->acts_memory);
-    free(m->scratch_memory);
+    aligned_free(m->acts_memory);
+    aligned_free(m->scratch_memory);
     size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
     activation_sizes(sizes, &m->config, B, S, T);
     scratch_sizes(scratch, &m->config, B, S, T);
-    m->acts_memory = checked_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), sizeof(real), "activations");
-    m->scratch_memory = checked_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), sizeof(real), "backward scratch");
+    m->acts_memory = checked_aligned_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), sizeof(real), "activations");
+    m->scratch_memory = checked_aligned_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), sizeof(real), "backward scratch");
     point_activations(&m->acts, m->acts_memory, sizes);
     point_scratch(&m->scratch, m->scratch_memory, scratch);
     m->cap_B = B; m->cap_S = S; m->cap_T = T;
@@ -1781,17 +1827,17 @@ const char *transformer_build(Transformer *m, const TransformerConfig *config, u
     m->config = *config;
     parameter_sizes(m->param_sizes, config);
     m->num_parameters = sum_sizes(m->param_sizes, NUM_PARAMETER_TENSORS);
-    m->params_memory = checked_calloc(m->num_parameters, sizeof(real), "parameters");
-    m->grads_memory = checked_calloc(m->num_parameters, sizeof(real), "gradients");
-    m->adam_m = checked_calloc(m->num_parameters, sizeof(real), "Adam first moments");
-    m->adam_v = checked_calloc(m->num_parameters, sizeof(real), "Adam second moments");
+    m->params_memory = checked_aligned_calloc(m->num_parameters, sizeof(real), "parameters");
+    m->grads_memory = checked_aligned_calloc(m->num_parameters, sizeof(real), "gradients");
+    m->adam_m = checked_aligned_calloc(m->num_parameters, sizeof(real), "Adam first moments");
+    m->adam_v = checked_aligned_calloc(m->num_parameters, sizeof(real), "Adam second moments");
     point_parameters(&m->params, m->params_memory, m->param_sizes);
     point_parameters(&m->grads, m->grads_memory, m->param_sizes);
     m->adam.beta1 = 0.9f;   // §5.3
     m->adam.beta2 = 0.98f;
     m->adam.eps = 1e-9f;
-    m->positional_encoding = checked_calloc((size_t)config->max_len * config->d_model, sizeof(real),
-                                            "positional encoding");
+    m->positional_encoding = checked_aligned_calloc((size_t)config->max_len * config->d_model, sizeof(real),
+                                                    "positional encoding");
     positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
     initialize_parameters(m, seed);
     rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
@@ -1800,8 +1846,9 @@ const char *transformer_build(Transformer *m, const TransformerConfig *config, u
 }
 
 void transformer_free(Transformer *m) {
-    free(m->params_memory); free(m->grads_memory); free(m->adam_m); free(m->adam_v);
-    free(m->positional_encoding); free(m->acts_memory); free(m->scratch_memory);
+    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, m->positional_encoding,
+                       m->acts_memory, m->scratch_memory };
+    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) aligned_free(arenas[i]);
     memset(m, 0, sizeof *m);
 }
 
@@ -2052,26 +2099,27 @@ static void decoder_cache_init(DecoderCache *k, const Transformer *m, int R, int
     k->rows = R; k->S = S; k->max_T = max_T;
     k->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
     k->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
-    k->cross_kv = checked_calloc(L * rows * S * 2 * C, sizeof(real), "cross-attention key/value cache");
-    k->self_kv = checked_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
-    k->spare_kv = checked_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
+    k->cross_kv = checked_aligned_calloc(L * rows * S * 2 * C, sizeof(real), "cross-attention key/value cache");
+    k->self_kv = checked_aligned_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
+    k->spare_kv = checked_aligned_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
     real **row_buffers[] = { &k->x, &k->heads, &k->proj, &k->res, &k->ln1, &k->ln2, &k->q, &k->ff_out, &k->ones };
     for (size_t i = 0; i < sizeof row_buffers / sizeof *row_buffers; i++)
-        *row_buffers[i] = checked_calloc(rows * C, sizeof(real), "decoder activations");
-    k->qkv = checked_calloc(rows * 3 * C, sizeof(real), "decoder activations");
-    k->ff_h = checked_calloc(rows * F, sizeof(real), "decoder activations");
-    k->mean = checked_calloc(rows, sizeof(real), "decoder activations");
-    k->rstd = checked_calloc(rows, sizeof(real), "decoder activations");
-    k->att = checked_calloc(rows * NH * widest, sizeof(real), "decoder attention");
-    k->logits = checked_calloc(rows * V, sizeof(real), "decoder logits");
+        *row_buffers[i] = checked_aligned_calloc(rows * C, sizeof(real), "decoder activations");
+    k->qkv = checked_aligned_calloc(rows * 3 * C, sizeof(real), "decoder activations");
+    k->ff_h = checked_aligned_calloc(rows * F, sizeof(real), "decoder activations");
+    k->mean = checked_aligned_calloc(rows, sizeof(real), "decoder activations");
+    k->rstd = checked_aligned_calloc(rows, sizeof(real), "decoder activations");
+    k->att = checked_aligned_calloc(rows * NH * widest, sizeof(real), "decoder attention");
+    k->logits = checked_aligned_calloc(rows * V, sizeof(real), "decoder logits");
     for (size_t i = 0; i < rows * C; i++) k->ones[i] = 1;
 }
 
 static void decoder_cache_free(DecoderCache *k) {
-    void *all[] = { k->src_len, k->self_len, k->cross_kv, k->self_kv, k->spare_kv, k->x, k->qkv,
-                    k->heads, k->proj, k->res, k->ln1, k->ln2, k->q, k->ff_h, k->ff_out, k->mean,
-                    k->rstd, k->att, k->ones, k->logits };
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    free(k->src_len);
+    free(k->self_len);
+    real *all[] = { k->cross_kv, k->self_kv, k->spare_kv, k->x, k->qkv, k->heads, k->proj, k->res,
+                    k->ln1, k->ln2, k->q, k->ff_h, k->ff_out, k->mean, k->rstd, k->att, k->ones, k->logits };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) aligned_free(all[i]);
     memset(k, 0, sizeof *k);
 }
 
