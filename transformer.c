@@ -650,7 +650,7 @@ static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixV
 // blocks outside the strips) would jump back to the first row of A at every
 // depth block. The depth blocks still reach each element of C in order.
 static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
-    real packed_a[NARROW_ROWS * DEPTH_BLOCK];
+    _Alignas(CACHE_LINE) real packed_a[NARROW_ROWS * DEPTH_BLOCK];
     for (int k0 = 0; k0 < p->K; k0 += DEPTH_BLOCK)   // one strip, K rows deep
         pack_b_strip(packed_b + (size_t)k0 * NARROW_COLS, p->b, 0, p->N, k0,
                      min_int(p->K - k0, DEPTH_BLOCK), NARROW_COLS);
@@ -676,7 +676,7 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
         matmul_rows_narrow(p, m_first, m_end, packed_b);
         return;
     }
-    real packed_a[TILE_ROWS * DEPTH_BLOCK];
+    _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
     // Packing B is a pass over it that pays back when many strips of rows
     // reuse it. For a few strips (attention: the rows of one head), a B whose
     // rows are contiguous is read where it lies instead.
