@@ -493,6 +493,7 @@ typedef struct {
 #define NARROW_COLS (TILE_COLS / 2)                       // one vector
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
+#define SMALL_B_BYTES (32 * 1024)   // a block of B read in place (matmul_rows): fits the level-1 cache
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
 
 static int min_int(int a, int b) { return a < b ? a : b; }
@@ -678,9 +679,14 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
     }
     _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
     // Packing B is a pass over it that pays back when many strips of rows
-    // reuse it. For a few strips (attention: the rows of one head), a B whose
-    // rows are contiguous is read where it lies instead.
-    int b_in_place = p->b.col_stride == 1 && m_end - m_first <= 8 * TILE_ROWS;
+    // reuse it. For a few strips (attention: the rows of one head) and a
+    // small B, whose block stays in the level-1 cache, a B whose rows are
+    // contiguous is read where it lies instead. (A larger block read in place
+    // is fetched again from further away for every strip, in short pieces of
+    // rows far apart: dW = dy^T x with d_model 128 on 2 threads, 64 rows
+    // each, made toy's step 1-2% slower that way.)
+    size_t b_block_bytes = (size_t)min_int(p->K, DEPTH_BLOCK) * min_int(p->N, WIDTH_BLOCK) * sizeof(real);
+    int b_in_place = p->b.col_stride == 1 && m_end - m_first <= 8 * TILE_ROWS && b_block_bytes <= SMALL_B_BYTES;
     for (int n0 = 0; n0 < p->N; n0 += WIDTH_BLOCK) {
         int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
         // k0 == 0 runs even when K is 0, so that C = bias is still written
