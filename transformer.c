@@ -164,10 +164,10 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
 
 // The numbers that the vector loops read and write start at multiples of
 // CACHE_LINE bytes: a cache line, and one AVX-512 vector. A vector load or
-// store that straddles two lines costs two accesses, and malloc only promises
-// multiples of 16: with the packed blocks of the matrix products (section 3)
-// 16, 32 or 48 bytes past a line, as it happened, a toy training step took 5%
-// longer (NOTES.md section 14). The tensors inside an allocation start at
+// store that straddles two lines costs two accesses, and glibc's malloc (on a
+// 64-bit machine) only promises multiples of 16: with the packed blocks of the
+// matrix products (section 3) 16, 32 or 48 bytes past a line, as it happened,
+// a toy training step took 5% longer (NOTES.md section 14). The tensors inside an allocation start at
 // multiples of CACHE_LINE too, where their sizes allow (activation_sizes).
 #define CACHE_LINE 64
 
@@ -182,14 +182,15 @@ static void *checked_aligned_malloc(size_t count, size_t size, const char *what)
 // checked_calloc's zeroed memory at a multiple of CACHE_LINE bytes; give it
 // back with aligned_free. calloc hands out a large block as pages that the
 // system backs with memory only when they are first written (a run that only
-// decodes never writes the gradients or Adam's moments), which aligned_alloc
-// and a memset would not. So this asks calloc for a line more, returns the
+// decodes never writes the gradients or the backward pass's scratch), which
+// aligned_alloc and a memset would not. So this asks calloc for a line more, returns the
 // first multiple of CACHE_LINE past the block's start, and keeps the block's
 // own address in the bytes just below that: calloc's blocks start at
 // multiples of alignof(max_align_t), so there are at least that many bytes.
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
 static void *checked_aligned_calloc(size_t count, size_t size, const char *what) {
-    size_t lines = checked_bytes(count, size, what) / CACHE_LINE + 2;
+    size_t bytes = checked_bytes(count, size, what);
+    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0) + 1;   // + the line more
     unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
     unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
     memcpy(aligned - sizeof block, &block, sizeof block);
