@@ -23,6 +23,7 @@ the rounds it kept.
                                           [--rounds 3] [--threads 2]
 """
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -84,6 +85,9 @@ def main(argv=None):
                    help="cores of other work above which a round is repeated")
     p.add_argument("--retries", type=int, default=5, help="repeats of one round at most")
     a = p.parse_args(argv)
+    if importlib.util.find_spec("torch") is None:   # fail before the first run, in one line
+        sys.exit(f"error: make bench needs PyTorch for {sys.executable}: "
+                 "apt-get install python3-torch libopenblas0-openmp (README.md)")
     discarded = 0
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
 

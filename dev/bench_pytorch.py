@@ -102,7 +102,11 @@ def choose_openblas_kernels():
 
 BLAS = choose_openblas_kernels()
 
-import torch  # noqa: E402  (after OPENBLAS_CORETYPE is set)
+try:
+    import torch  # noqa: E402  (after OPENBLAS_CORETYPE is set)
+except ImportError:
+    sys.exit(f"error: {sys.argv[0]} needs PyTorch for {sys.executable}: "
+             "apt-get install python3-torch libopenblas0-openmp (README.md)")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
