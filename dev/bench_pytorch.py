@@ -39,11 +39,15 @@ The BLAS: PyTorch's products go through the system's libblas.so.3, OpenBLAS
 with libopenblas0-openmp. OpenBLAS picks its kernels from the CPU's model
 number, and a release older than the CPU falls back to plain SSE3 kernels
 ("Prescott"): Debian 12's OpenBLAS 0.3.21 does so on Intel's Emerald Rapids,
-where its products then run 3.5x slower. Unless OPENBLAS_CORETYPE is already
-set, the script asks OpenBLAS (in a child process, before PyTorch loads it)
-which kernels it chose, and if they use no AVX2 on a CPU that has it, sets
-OPENBLAS_CORETYPE to the best kernels the CPU's flags allow. The JSON field
-"blas" says what was used.
+where its products then run 3.5x slower. An OPENBLAS_CORETYPE inherited from
+the environment can do the same: one machine here set Haswell (AVX2) for every
+process on an AMD Zen 5 with AVX-512, where OpenBLAS's products then run at
+half their speed. So the script takes the kernels OpenBLAS would use (the
+inherited OPENBLAS_CORETYPE, or else the ones OpenBLAS says it chose, asked in
+a child process before PyTorch loads it), and if they use narrower vectors
+than the CPU's flags allow (none, AVX2, AVX-512), sets OPENBLAS_CORETYPE to
+the widest; a name it does not know is kept. The JSON field "blas" says what
+was used.
 """
 import argparse
 import json
@@ -55,11 +59,14 @@ import subprocess
 import sys
 import time
 
-# OpenBLAS kernels older than AVX2 (the names openblas_get_corename returns)
+# OpenBLAS kernels (the names openblas_get_corename returns, and OPENBLAS_CORETYPE
+# takes) by the widest vectors they use: older than AVX2, AVX2, AVX-512
 PRE_AVX2_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "sandybridge",
                   "katmai", "coppermine", "northwood", "banias", "opteron", "opteron_sse3",
                   "barcelona", "bobcat", "bulldozer", "piledriver", "steamroller", "excavator",
                   "nano", "generic", "unknown"}
+AVX2_CORES = {"haswell", "zen"}
+AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}
 PROBE = ("import ctypes; lib = ctypes.CDLL('libblas.so.3'); f = getattr(lib, 'openblas_get_corename', None); "
          "f is not None and setattr(f, 'restype', ctypes.c_char_p); print(f().decode() if f else 'not OpenBLAS')")
 
@@ -75,11 +82,41 @@ def cpu_flags():
     return set()
 
 
+def kernel_level(name):
+    """0: kernels older than AVX2, 1: AVX2, 2: AVX-512; None for a name not listed."""
+    name = name.lower()
+    if name in PRE_AVX2_CORES:
+        return 0
+    if name in AVX2_CORES:
+        return 1
+    if name in AVX512_CORES:
+        return 2
+    return None
+
+
+def best_kernels(flags):
+    """The OpenBLAS kernels with the widest vectors the CPU's flags allow (None: no AVX2)."""
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"} <= flags:
+        return "COOPERLAKE"
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        return "SKYLAKEX"
+    if {"avx2", "fma"} <= flags:
+        return "HASWELL"
+    return None
+
+
 def choose_openblas_kernels():
-    """Sets OPENBLAS_CORETYPE when OpenBLAS would use pre-AVX2 kernels on an AVX2
-    CPU (see the module's docstring). Returns a line for the "blas" field."""
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (set by the caller)"
+    """Sets OPENBLAS_CORETYPE when the kernels OpenBLAS would use (its own choice,
+    or an OPENBLAS_CORETYPE inherited from the environment) use narrower vectors
+    than the CPU has (see the module's docstring). Returns a line for the "blas" field."""
+    best = best_kernels(cpu_flags())
+    inherited = os.environ.get("OPENBLAS_CORETYPE")
+    if inherited is not None:
+        level = kernel_level(inherited)
+        if best is None or level is None or level >= kernel_level(best):
+            return f"OPENBLAS_CORETYPE={inherited} (set by the caller)"
+        os.environ["OPENBLAS_CORETYPE"] = best
+        return f"OpenBLAS {best} kernels (OPENBLAS_CORETYPE; the caller's {inherited} has narrower vectors)"
     try:
         detected = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                                   timeout=60).stdout.strip() or "unknown"
@@ -87,17 +124,11 @@ def choose_openblas_kernels():
         return "libblas.so.3 (not probed)"
     if detected == "not OpenBLAS":
         return "libblas.so.3 is not OpenBLAS (install libopenblas0-openmp)"
-    flags = cpu_flags()
-    if detected.lower() not in PRE_AVX2_CORES or not {"avx2", "fma"} <= flags:
+    level = kernel_level(detected)
+    if best is None or level is None or level >= kernel_level(best):
         return f"OpenBLAS {detected} kernels (its own choice)"
-    if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"} <= flags:
-        chosen = "COOPERLAKE"
-    elif {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        chosen = "SKYLAKEX"
-    else:
-        chosen = "HASWELL"
-    os.environ["OPENBLAS_CORETYPE"] = chosen
-    return f"OpenBLAS {chosen} kernels (OPENBLAS_CORETYPE; it detected {detected}, which has no AVX2)"
+    os.environ["OPENBLAS_CORETYPE"] = best
+    return f"OpenBLAS {best} kernels (OPENBLAS_CORETYPE; it detected {detected}, which has narrower vectors)"
 
 
 BLAS = choose_openblas_kernels()
