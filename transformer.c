@@ -534,6 +534,23 @@ static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int k
         for (int j = cols; j < width; j++) strip[k * width + j] = 0;
 }
 
+// The first `strips` strips of a block of B whose rows are contiguous, all of
+// them full (TILE_COLS columns), the same numbers in the same places as
+// pack_b_strip gives them strip by strip:
+// packed[(s * kc + k) * TILE_COLS + j] = B[k0 + k][n0 + s * TILE_COLS + j].
+// It walks along each row of B once, for all the strips, which the hardware
+// prefetcher follows; strip by strip, every one of a strip's kc rows is a new
+// cache line, row_stride apart (NOTES.md section 14: a training step 1.5-2.5%
+// faster on the AMD Zen 5).
+static void pack_b_strips_by_rows(real *packed, MatrixView b, int n0, int k0, int kc, int strips) {
+    for (int k = 0; k < kc; k++) {
+        const real *row = b.data + (size_t)(k0 + k) * b.row_stride + n0;
+        for (int s = 0; s < strips; s++)
+            for (int j = 0; j < TILE_COLS; j++)
+                packed[((size_t)s * kc + k) * TILE_COLS + j] = row[s * TILE_COLS + j];
+    }
+}
+
 // C[r][j] += sum[r][j] (accumulate) or C[r][j] = bias[r][j] + sum[r][j] (bias
 // NULL: 0) for the first rows x cols of a tile of sums, any strides: C's
 // element (r, j) is c[r * c_row + j * c_col], the sum's sum[r * sum_cols + j].
@@ -697,6 +714,11 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
             // the strips of B: packed, or where they lie (b_row: the distance between their rows)
             const real *strip[WIDTH_BLOCK / TILE_COLS];
             size_t b_row[WIDTH_BLOCK / TILE_COLS];
+            int strips_by_rows = 0;   // full strips of a B with contiguous rows: packed together
+            if (!b_in_place && p->b.col_stride == 1) {
+                strips_by_rows = min_int(col_strips, (p->N - n0) / TILE_COLS);
+                pack_b_strips_by_rows(packed_b, p->b, n0, k0, kc, strips_by_rows);
+            }
             for (int s = 0; s < col_strips; s++) {
                 int j0 = n0 + s * TILE_COLS;
                 if (b_in_place && j0 + TILE_COLS <= p->N) {
@@ -704,7 +726,7 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
                     b_row[s] = p->b.row_stride;
                 } else {
                     real *packed = packed_b + (size_t)s * TILE_COLS * kc;
-                    pack_b_strip(packed, p->b, j0, p->N, k0, kc, TILE_COLS);
+                    if (s >= strips_by_rows) pack_b_strip(packed, p->b, j0, p->N, k0, kc, TILE_COLS);
                     strip[s] = packed;
                     b_row[s] = TILE_COLS;
                 }
