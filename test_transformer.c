@@ -927,7 +927,10 @@ static int on_line(const void *p) { return (uintptr_t)p % CACHE_LINE == 0; }
 
 static void test_aligned_memory(void) {
     int aligned = 1, zeroed = 1;
-    for (size_t n = 1; n <= 1000; n = 3 * n + 2) {   // 1, 5, 17, 53, 161, 485 numbers
+    // numbers: a few, exactly one line and two lines, and more, in whole lines or not
+    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53, 161, 485 };
+    for (size_t i_size = 0; i_size < sizeof sizes / sizeof *sizes; i_size++) {
+        size_t n = sizes[i_size];
         real *a = checked_aligned_malloc(n, sizeof(real), "test");
         real *z = checked_aligned_calloc(n, sizeof(real), "test");
         aligned &= on_line(a) && on_line(z);

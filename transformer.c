@@ -167,8 +167,9 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
 // store that straddles two lines costs two accesses, and glibc's malloc (on a
 // 64-bit machine) only promises multiples of 16: with the packed blocks of the
 // matrix products (section 3) 16, 32 or 48 bytes past a line, as it happened,
-// a toy training step took 5% longer (NOTES.md section 14). The tensors inside an allocation start at
-// multiples of CACHE_LINE too, where their sizes allow (activation_sizes).
+// a toy training step took 5% longer (NOTES.md section 14). The tensors
+// inside an allocation start at multiples of CACHE_LINE too, where their
+// sizes allow (activation_sizes).
 #define CACHE_LINE 64
 
 // Uninitialised memory at a multiple of CACHE_LINE bytes; free() it.
@@ -183,10 +184,10 @@ static void *checked_aligned_malloc(size_t count, size_t size, const char *what)
 // back with aligned_free. calloc hands out a large block as pages that the
 // system backs with memory only when they are first written (a run that only
 // decodes never writes the gradients or the backward pass's scratch), which
-// aligned_alloc and a memset would not. So this asks calloc for a line more, returns the
-// first multiple of CACHE_LINE past the block's start, and keeps the block's
-// own address in the bytes just below that: calloc's blocks start at
-// multiples of alignof(max_align_t), so there are at least that many bytes.
+// aligned_alloc and a memset would not. So this asks calloc for a line more,
+// returns the first multiple of CACHE_LINE past the block's start, and keeps
+// the block's own address in the bytes just below that: calloc's blocks start
+// at multiples of alignof(max_align_t), so there are at least that many bytes.
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
 static void *checked_aligned_calloc(size_t count, size_t size, const char *what) {
     size_t bytes = checked_bytes(count, size, what);
@@ -539,9 +540,9 @@ static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int k
 // pack_b_strip gives them strip by strip:
 // packed[(s * kc + k) * TILE_COLS + j] = B[k0 + k][n0 + s * TILE_COLS + j].
 // It walks along each row of B once, for all the strips, which the hardware
-// prefetcher follows; strip by strip, every one of a strip's kc rows is a new
-// cache line, row_stride apart (NOTES.md section 14: a training step 1.5-2.5%
-// faster on the AMD Zen 5).
+// prefetcher follows; strip by strip, every one of a strip's kc rows is in
+// new cache lines, row_stride apart (NOTES.md section 14: a training step
+// about 1-3% faster on the AMD Zen 5).
 static void pack_b_strips_by_rows(real *packed, MatrixView b, int n0, int k0, int kc, int strips) {
     for (int k = 0; k < kc; k++) {
         const real *row = b.data + (size_t)(k0 + k) * b.row_stride + n0;
