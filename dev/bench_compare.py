@@ -23,7 +23,6 @@ the rounds it kept.
                                           [--rounds 3] [--threads 2]
 """
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -33,6 +32,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PYTORCH_PYTHON = "/usr/bin/python3"   # Debian's interpreter, which has python3-torch
 
 
 def machine_busy_seconds():
@@ -85,8 +85,10 @@ def main(argv=None):
                    help="cores of other work above which a round is repeated")
     p.add_argument("--retries", type=int, default=5, help="repeats of one round at most")
     a = p.parse_args(argv)
-    if importlib.util.find_spec("torch") is None:   # fail before the first run, in one line
-        sys.exit(f"error: make bench needs PyTorch for {sys.executable}: "
+    # fail before the first run, in one line, if the interpreter of the PyTorch side has no PyTorch
+    has_torch = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
+    if subprocess.run([PYTORCH_PYTHON, "-c", has_torch]).returncode != 0:
+        sys.exit(f"error: dev/bench_compare.py (make bench) needs PyTorch for {PYTORCH_PYTHON}: "
                  "apt-get install python3-torch libopenblas0-openmp (README.md)")
     discarded = 0
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
@@ -96,7 +98,7 @@ def main(argv=None):
         a list (decoding: its layers over the whole prefix, then with a key/value cache)."""
         flag = ["--decode"] if mode == "decode" else []
         c = run_json([a.binary, "bench", "--config", name, "--threads", str(a.threads), "--json"] + flag, env)
-        pytorch = ["/usr/bin/python3", os.path.join(HERE, "bench_pytorch.py"), "--json",
+        pytorch = [PYTORCH_PYTHON, os.path.join(HERE, "bench_pytorch.py"), "--json",
                    "--config", name, "--layers", str(c["layers"]), "--d-model", str(c["d_model"]),
                    "--d-ff", str(c["d_ff"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
                    "--batch", str(c["batch"]), "--src-len", str(c["src_len"]),

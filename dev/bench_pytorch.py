@@ -42,12 +42,11 @@ number, and a release older than the CPU falls back to plain SSE3 kernels
 where its products then run 3.5x slower. An OPENBLAS_CORETYPE inherited from
 the environment can do the same: one machine here set Haswell (AVX2) for every
 process on an AMD Zen 5 with AVX-512, where OpenBLAS's products then run at
-half their speed. So the script takes the kernels OpenBLAS would use (the
-inherited OPENBLAS_CORETYPE, or else the ones OpenBLAS says it chose, asked in
-a child process before PyTorch loads it), and if they use narrower vectors
-than the CPU's flags allow (none, AVX2, AVX-512), sets OPENBLAS_CORETYPE to
-the widest; a name it does not know is kept. The JSON field "blas" says what
-was used.
+half their speed. So the script asks OpenBLAS, in a child process that
+inherits the environment, before PyTorch loads it, which kernels it uses, and
+if they use narrower vectors than the CPU's flags allow (older than AVX2,
+AVX2, AVX-512), sets OPENBLAS_CORETYPE to the widest; kernels whose name it
+does not know are kept. The JSON field "blas" says what was used and why.
 """
 import argparse
 import json
@@ -59,8 +58,8 @@ import subprocess
 import sys
 import time
 
-# OpenBLAS kernels (the names openblas_get_corename returns, and OPENBLAS_CORETYPE
-# takes) by the widest vectors they use: older than AVX2, AVX2, AVX-512
+# OpenBLAS kernels (the names openblas_get_corename returns; OPENBLAS_CORETYPE
+# takes them in any case) by their vectors: older than AVX2, AVX2, AVX-512
 PRE_AVX2_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "sandybridge",
                   "katmai", "coppermine", "northwood", "banias", "opteron", "opteron_sse3",
                   "barcelona", "bobcat", "bulldozer", "piledriver", "steamroller", "excavator",
@@ -97,45 +96,42 @@ def kernel_level(name):
 def best_kernels(flags):
     """The OpenBLAS kernels with the widest vectors the CPU's flags allow (None: no AVX2)."""
     if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"} <= flags:
-        return "COOPERLAKE"
+        return "Cooperlake"
     if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        return "SKYLAKEX"
+        return "SkylakeX"
     if {"avx2", "fma"} <= flags:
-        return "HASWELL"
+        return "Haswell"
     return None
 
 
 def choose_openblas_kernels():
     """Sets OPENBLAS_CORETYPE when the kernels OpenBLAS would use (its own choice,
-    or an OPENBLAS_CORETYPE inherited from the environment) use narrower vectors
-    than the CPU has (see the module's docstring). Returns a line for the "blas" field."""
-    best = best_kernels(cpu_flags())
+    or the one an OPENBLAS_CORETYPE inherited from the environment makes it take)
+    use narrower vectors than the CPU has (see the module's docstring). Returns a
+    line for the "blas" field."""
     inherited = os.environ.get("OPENBLAS_CORETYPE")
-    if inherited is not None:
-        level = kernel_level(inherited)
-        if best is None or level is None or level >= kernel_level(best):
-            return f"OPENBLAS_CORETYPE={inherited} (set by the caller)"
-        os.environ["OPENBLAS_CORETYPE"] = best
-        return f"OpenBLAS {best} kernels (OPENBLAS_CORETYPE; the caller's {inherited} has narrower vectors)"
-    try:
+    how = "its own choice" if inherited is None else f"from OPENBLAS_CORETYPE={inherited} in the environment"
+    try:   # the child inherits the environment: it reports the kernels really used
         detected = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                                   timeout=60).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
-        return "libblas.so.3 (not probed)"
+        return f"libblas.so.3 (not probed; {how})"
     if detected == "not OpenBLAS":
         return "libblas.so.3 is not OpenBLAS (install libopenblas0-openmp)"
-    level = kernel_level(detected)
+    best, level = best_kernels(cpu_flags()), kernel_level(detected)
     if best is None or level is None or level >= kernel_level(best):
-        return f"OpenBLAS {detected} kernels (its own choice)"
+        return f"OpenBLAS {detected} kernels ({how})"
     os.environ["OPENBLAS_CORETYPE"] = best
-    return f"OpenBLAS {best} kernels (OPENBLAS_CORETYPE; it detected {detected}, which has narrower vectors)"
+    return f"OpenBLAS {best} kernels (OPENBLAS_CORETYPE set here: {detected}, {how}, has narrower vectors)"
 
 
 BLAS = choose_openblas_kernels()
 
 try:
     import torch  # noqa: E402  (after OPENBLAS_CORETYPE is set)
-except ImportError:
+except ModuleNotFoundError as e:   # not installed; a PyTorch that is there but fails says why itself
+    if e.name != "torch":
+        raise
     sys.exit(f"error: {sys.argv[0]} needs PyTorch for {sys.executable}: "
              "apt-get install python3-torch libopenblas0-openmp (README.md)")
 import torch.nn as nn  # noqa: E402
