@@ -172,11 +172,13 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
 // sizes allow (activation_sizes).
 #define CACHE_LINE 64
 
+// How many cache lines `bytes` bytes take, the last one perhaps in part.
+static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
+
 // Uninitialised memory at a multiple of CACHE_LINE bytes; free() it.
 static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
-    size_t bytes = checked_bytes(count, size, what);
-    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);   // aligned_alloc takes whole lines
-    bytes = checked_bytes(lines, CACHE_LINE, what);
+    size_t lines = lines_of(checked_bytes(count, size, what));   // aligned_alloc takes whole lines
+    size_t bytes = checked_bytes(lines, CACHE_LINE, what);
     return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
 }
 
@@ -190,8 +192,7 @@ static void *checked_aligned_malloc(size_t count, size_t size, const char *what)
 // at multiples of alignof(max_align_t), so there are at least that many bytes.
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
 static void *checked_aligned_calloc(size_t count, size_t size, const char *what) {
-    size_t bytes = checked_bytes(count, size, what);
-    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0) + 1;   // + the line more
+    size_t lines = lines_of(checked_bytes(count, size, what)) + 1;   // and the line more
     unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
     unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
     memcpy(aligned - sizeof block, &block, sizeof block);
@@ -518,37 +519,38 @@ static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int k0, int k
             strip[k * height + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)k * a.col_stride] : 0;
 }
 
-// strip[k][j] = B[k0 + k][n0 + j] for the `width` columns from n0 (width: the
-// tile's columns; zeros past column N), read along whichever direction B is
-// contiguous in.
-static void pack_b_strip(real *strip, MatrixView b, int n0, int N, int k0, int kc, int width) {
-    int cols = min_int(N - n0, width);
-    const real *b0 = b.data + (size_t)k0 * b.row_stride + (size_t)n0 * b.col_stride;
-    if (b.col_stride == 1) {          // rows of B are contiguous
-        for (int k = 0; k < kc; k++)
-            for (int j = 0; j < cols; j++) strip[k * width + j] = b0[(size_t)k * b.row_stride + j];
-    } else {                          // columns are (B is a transposed matrix)
+// `count` strips of B side by side, each `width` columns (the tile's) and kc
+// rows deep, the first from column n0: strip s is
+// packed[(s * kc + k) * width + j] = B[k0 + k][n0 + s * width + j], zeros past
+// column N. It reads B along whichever direction B is contiguous in. Rows
+// contiguous: one pass along each row of B for all the strips, which the
+// hardware prefetcher follows (strip by strip, every one of a strip's kc rows
+// would be in new cache lines, row_stride apart: NOTES.md section 14, a
+// training step about 1-3% slower on the AMD Zen 5). Columns contiguous (B
+// a transposed matrix, W^T in x W^T): along each column, strip by strip.
+static inline void pack_b_strips(real *packed, MatrixView b, int n0, int N, int k0, int kc, int width,
+                                 int count) {
+    if (b.col_stride == 1) {
+        int full = min_int(count, (N - n0) / width);   // strips that lie wholly left of column N
+        for (int k = 0; k < kc; k++) {
+            const real *row = b.data + (size_t)(k0 + k) * b.row_stride;
+            for (int s = 0; s < full; s++)
+                for (int j = 0; j < width; j++)
+                    packed[((size_t)s * kc + k) * width + j] = row[n0 + s * width + j];
+            for (int s = full; s < count; s++)   // a last strip that reaches past column N
+                for (int j = 0; j < width; j++)
+                    packed[((size_t)s * kc + k) * width + j] = n0 + s * width + j < N ? row[n0 + s * width + j] : 0;
+        }
+        return;
+    }
+    for (int s = 0; s < count; s++) {
+        int j0 = n0 + s * width, cols = min_int(N - j0, width);
+        const real *b0 = b.data + (size_t)k0 * b.row_stride + (size_t)j0 * b.col_stride;
+        real *strip = packed + (size_t)s * kc * width;
         for (int j = 0; j < cols; j++)
             for (int k = 0; k < kc; k++) strip[k * width + j] = b0[(size_t)j * b.col_stride + (size_t)k * b.row_stride];
-    }
-    for (int k = 0; k < kc; k++)
-        for (int j = cols; j < width; j++) strip[k * width + j] = 0;
-}
-
-// The first `strips` strips of a block of B whose rows are contiguous, all of
-// them full (TILE_COLS columns), the same numbers in the same places as
-// pack_b_strip gives them strip by strip:
-// packed[(s * kc + k) * TILE_COLS + j] = B[k0 + k][n0 + s * TILE_COLS + j].
-// It walks along each row of B once, for all the strips, which the hardware
-// prefetcher follows; strip by strip, every one of a strip's kc rows is in
-// new cache lines, row_stride apart (NOTES.md section 14: a training step
-// about 1-3% faster on the AMD Zen 5).
-static void pack_b_strips_by_rows(real *packed, MatrixView b, int n0, int k0, int kc, int strips) {
-    for (int k = 0; k < kc; k++) {
-        const real *row = b.data + (size_t)(k0 + k) * b.row_stride + n0;
-        for (int s = 0; s < strips; s++)
-            for (int j = 0; j < TILE_COLS; j++)
-                packed[((size_t)s * kc + k) * TILE_COLS + j] = row[s * TILE_COLS + j];
+        for (int k = 0; k < kc; k++)
+            for (int j = cols; j < width; j++) strip[k * width + j] = 0;
     }
 }
 
@@ -672,8 +674,8 @@ static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixV
 static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     _Alignas(CACHE_LINE) real packed_a[NARROW_ROWS * DEPTH_BLOCK];
     for (int k0 = 0; k0 < p->K; k0 += DEPTH_BLOCK)   // one strip, K rows deep
-        pack_b_strip(packed_b + (size_t)k0 * NARROW_COLS, p->b, 0, p->N, k0,
-                     min_int(p->K - k0, DEPTH_BLOCK), NARROW_COLS);
+        pack_b_strips(packed_b + (size_t)k0 * NARROW_COLS, p->b, 0, p->N, k0,
+                      min_int(p->K - k0, DEPTH_BLOCK), NARROW_COLS, 1);
     for (int m0 = m_first; m0 < m_end; m0 += NARROW_ROWS) {
         const real *bias = p->bias.data ? p->bias.data + (size_t)m0 * p->bias.row_stride : NULL;
         // k0 == 0 runs even when K is 0, so that C = bias is still written
@@ -712,25 +714,20 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
         for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
             int kc = min_int(p->K - k0, DEPTH_BLOCK);
             int accumulate = p->accumulate || k0 > 0;  // later depth blocks add to the first
-            // the strips of B: packed, or where they lie (b_row: the distance between their rows)
+            // the strips of B: where they lie (b_in_place: the full strips, the
+            // first `in_place` of them) or packed (the others; a last strip
+            // narrower than the tile always, padded with zeros). b_row is
+            // the distance between a strip's rows.
             const real *strip[WIDTH_BLOCK / TILE_COLS];
             size_t b_row[WIDTH_BLOCK / TILE_COLS];
-            int strips_by_rows = 0;   // full strips of a B with contiguous rows: packed together
-            if (!b_in_place && p->b.col_stride == 1) {
-                strips_by_rows = min_int(col_strips, (p->N - n0) / TILE_COLS);
-                pack_b_strips_by_rows(packed_b, p->b, n0, k0, kc, strips_by_rows);
-            }
+            int in_place = b_in_place ? min_int(col_strips, (p->N - n0) / TILE_COLS) : 0;
+            pack_b_strips(packed_b + (size_t)in_place * TILE_COLS * kc, p->b, n0 + in_place * TILE_COLS, p->N,
+                          k0, kc, TILE_COLS, col_strips - in_place);
             for (int s = 0; s < col_strips; s++) {
                 int j0 = n0 + s * TILE_COLS;
-                if (b_in_place && j0 + TILE_COLS <= p->N) {
-                    strip[s] = p->b.data + (size_t)k0 * p->b.row_stride + j0;
-                    b_row[s] = p->b.row_stride;
-                } else {
-                    real *packed = packed_b + (size_t)s * TILE_COLS * kc;
-                    if (s >= strips_by_rows) pack_b_strip(packed, p->b, j0, p->N, k0, kc, TILE_COLS);
-                    strip[s] = packed;
-                    b_row[s] = TILE_COLS;
-                }
+                strip[s] = s < in_place ? p->b.data + (size_t)k0 * p->b.row_stride + j0
+                                        : packed_b + (size_t)s * TILE_COLS * kc;
+                b_row[s] = s < in_place ? p->b.row_stride : TILE_COLS;
             }
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
                 size_t a_row, a_col;
