@@ -3,10 +3,12 @@
 #   make numbers       trains the English -> German number task (NOTES.md §6), evaluates it on
 #                      the test split (greedy, beam 4, BLEU), averages the last 5 checkpoints
 #   make               ./transformer (OpenMP on; make OPENMP=0 for none)
+#   make plain         ./transformer_plain: Part I's plain loops only (-DTRANSFORMER_PLAIN)
 #   make test          gradient checks (double), PyTorch parity, masks, Adam,
 #                      learning, decoding, checkpoints, the command line and its
-#                      error messages: with OpenMP, and once more without it
-#   make debug         -O0 -g builds for gdb: transformer_debug, test_transformer_debug
+#                      error messages, Part II against Part I: the default build
+#                      (double and float), without OpenMP, and the plain build
+#   make debug         -O0 -g builds for gdb, Part I only: transformer_debug, test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan
 #   make bench         training-step speed against PyTorch (needs python3-torch;
 #                      not part of make test): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
@@ -26,14 +28,20 @@ LDLIBS = -lm
 SOURCES = transformer.c transformer.h
 
 # the test binaries `make test` runs, in this order
-TESTS = test_transformer_f64 test_transformer test_transformer_serial
+TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
 
-.PHONY: all test demo numbers debug sanitize bench clean
+.PHONY: all test demo numbers debug plain sanitize bench clean
 
 all: transformer
 
 transformer: $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ transformer.c $(LDLIBS)
+
+# Part I alone: the model's plain loops, no Part II (transformer.c's FAST_PATH)
+PLAIN = -DTRANSFORMER_PLAIN
+plain: transformer_plain
+transformer_plain: $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
 
 test_transformer: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
@@ -46,14 +54,20 @@ test_transformer_f64: test_transformer.c $(SOURCES)
 test_transformer_serial: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) -o $@ test_transformer.c $(LDLIBS)
 
+# the double tests on Part I alone (the gradient checks of the plain loops);
+# its command-line tests run ./transformer_plain
+test_transformer_plain_f64: test_transformer.c $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
+
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
 # A binary that crashes before its summary counts as one failure. The tests
 # also run ./transformer itself, as a user would (bad input, resume).
-test: $(TESTS) transformer
+test: $(TESTS) transformer transformer_plain
 	@passed=0; failed=0; status=0; \
 	for t in $(TESTS); do \
 	  echo "== ./$$t"; \
-	  ./$$t > .test_output.log 2>&1; code=$$?; cat .test_output.log; \
+	  case $$t in *plain*) bin=./transformer_plain;; *) bin=./transformer;; esac; \
+	  TRANSFORMER_BIN=$$bin ./$$t > .test_output.log 2>&1; code=$$?; cat .test_output.log; \
 	  [ $$code -eq 0 ] || status=1; \
 	  counts=$$(sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$$/\1 \2/p' .test_output.log | tail -n 1); \
 	  if [ -z "$$counts" ]; then failed=$$((failed + 1)); echo "FAIL ./$$t ended without its summary (exit $$code)"; \
@@ -87,9 +101,9 @@ numbers: transformer
 
 debug: transformer_debug test_transformer_debug
 transformer_debug: $(SOURCES)
-	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) -o $@ transformer.c $(LDLIBS)
+	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
 test_transformer_debug: test_transformer.c $(SOURCES)
-	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
+	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ test_transformer.c $(LDLIBS)
 
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 sanitize: test_transformer.c $(SOURCES)
@@ -110,6 +124,6 @@ bench: transformer
 	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS)
 
 clean:
-	rm -f transformer transformer_debug transformer_asan test_transformer test_transformer_f64 \
-	      test_transformer_serial test_transformer_debug test_transformer_asan test_transformer_asan_f64 \
-	      .test_output.log
+	rm -f transformer transformer_plain transformer_debug transformer_asan test_transformer test_transformer_f64 \
+	      test_transformer_serial test_transformer_plain_f64 test_transformer_debug test_transformer_asan \
+	      test_transformer_asan_f64 .test_output.log

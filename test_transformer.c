@@ -751,6 +751,7 @@ static void test_learning(void) {
     transformer_free(&m);
 }
 
+#ifndef TRANSFORMER_PLAIN
 // Random A (M,K) and B (K,N) for a product of the given form, as the layers
 // store them: form 0, A (M,K) and B stored as (N,K), i.e. x W^T; form 1, both
 // row-major, dy W; form 2, A stored as (K,M), i.e. dy^T x. The caller frees
@@ -920,6 +921,8 @@ static void test_matmul_weighted_shares(void) {
 #endif
 }
 
+#endif // TRANSFORMER_PLAIN
+
 // The memory of the vector loops starts on cache lines (CACHE_LINE): what the
 // allocation helpers give, and every activation and scratch tensor of a model
 // whose sizes are not whole lines (d_model 12, a batch of 3 x 5 x 7).
@@ -931,18 +934,22 @@ static void test_aligned_memory(void) {
     size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53, 161, 485 };
     for (size_t i_size = 0; i_size < sizeof sizes / sizeof *sizes; i_size++) {
         size_t n = sizes[i_size];
-        real *a = checked_aligned_malloc(n, sizeof(real), "test");
-        real *z = checked_aligned_calloc(n, sizeof(real), "test");
-        aligned &= on_line(a) && on_line(z);
+        real *z = arena_calloc(n, "test");
+        aligned &= on_line(z);
         for (size_t i = 0; i < n; i++) {
             zeroed &= z[i] == 0;
-            a[i] = z[i] = 1;   // all n are there to write (the sanitizer builds would see otherwise)
+            z[i] = 1;   // all n are there to write (the sanitizer builds would see otherwise)
         }
+        arena_free(z);
+#ifndef TRANSFORMER_PLAIN
+        real *a = checked_aligned_malloc(n, sizeof(real), "test");   // Part II's scratch
+        aligned &= on_line(a);
+        for (size_t i = 0; i < n; i++) a[i] = 1;
         free(a);
-        aligned_free(z);
+#endif
     }
-    check(aligned && zeroed, "memory: checked_aligned_malloc and checked_aligned_calloc give addresses "
-          "on %d-byte lines; checked_aligned_calloc's numbers are 0", CACHE_LINE);
+    check(aligned && zeroed, "memory: arena_calloc (and Part II's checked_aligned_malloc) give addresses "
+          "on %d-byte lines; arena_calloc's numbers are 0", CACHE_LINE);
 
     TransformerConfig c = small_config();
     c.d_model = 12; c.n_heads = 3; c.d_ff = 20; c.vocab_size = 13;
@@ -974,6 +981,7 @@ static void test_aligned_memory(void) {
     transformer_free(&m);
 }
 
+#ifndef TRANSFORMER_PLAIN
 // exp_float (the float build's exp, in plain arithmetic) against libm's exp in
 // double, over the whole range it serves; its underflow: exactly 0 below -87
 // and at -inf, which is what a masked attention score needs; and NaN at NaN,
@@ -993,6 +1001,243 @@ static void test_exp_float(void) {
           "exp_float: exactly 0 below -87 and at -inf, exactly 1 at 0, NaN at NaN");
 }
 
+// ============================================================================
+// Part II against Part I
+// The default build computes the linear layers and attention with Part II's
+// tiles (FAST_PATH); Part I's loops are the reference. use_fast_path = 0
+// runs Part I in the same program, so every comparison below runs the same
+// call both ways on the same numbers. The two sum in different orders, so
+// they agree to rounding: an element that sums K products differs by at
+// most a few K u sum_k |term_k| (u: the unit roundoff, 6e-8 in float), and
+// in practice by about sqrt(K) u sum_k |term_k|. So each element of a
+// linear layer is measured against sum_k |term_k|, which the test computes
+// with Part I on the absolute values of the operands, and held to
+// FAST_TOLERANCE; attention and a whole training step are measured against
+// each tensor's largest element and held to FAST_STEP_TOLERANCE. Both are
+// about 20 times the largest difference measured (linear layers: 3.2e-7 in
+// float, 5.7e-16 in double; attention 1.8e-7 and 3.3e-16; a training
+// step's gradients 6.5e-7 and 1.6e-15).
+// ============================================================================
+
+#define FAST_TOLERANCE (sizeof(real) == sizeof(float) ? 1e-5 : 1e-14)
+#define FAST_STEP_TOLERANCE (sizeof(real) == sizeof(float) ? 1e-5 : 3e-14)
+
+static real *copy_of(const real *x, size_t n) {
+    real *y = checked_calloc(n, sizeof(real), "test");
+    memcpy(y, x, n * sizeof(real));
+    return y;
+}
+
+static real *absolute_of(const real *x, size_t n) {
+    real *y = checked_calloc(n, sizeof(real), "test");
+    for (size_t i = 0; i < n; i++) y[i] = (real)fabs((double)x[i]);
+    return y;
+}
+
+static real *random_reals(size_t n, Rng *rng) {
+    real *x = checked_calloc(n, sizeof(real), "test");
+    for (size_t i = 0; i < n; i++) x[i] = (real)rng_normal(rng);
+    return x;
+}
+
+// The largest |fast_i - plain_i| / (scale_i + tiny) over n elements: the
+// difference against the sum of absolute terms (scale) of each element.
+static double worst_scaled_difference(const real *fast, const real *plain, const real *scale, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)fast[i] - (double)plain[i]) / ((double)scale[i] + 1e-30);
+        if (!(d <= worst)) worst = d;   // NaN counts as the worst
+    }
+    return worst;
+}
+
+// One linear layer, forward and backward, both ways. Returns the worst
+// scaled difference over out, dinp, dweight and dbias.
+static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, Rng *rng) {
+    size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
+    real *x = random_reals(n_in, rng), *w = random_reals(n_w, rng), *b = random_reals(OC, rng);
+    real *dout = random_reals(n_out, rng);
+    real *bias = with_bias ? b : NULL;
+    // the results: [0] fast, [1] plain; backward accumulates onto the same starting values
+    real *out[2], *dinp[2], *dw[2], *db[2];
+    real *dinp0 = random_reals(n_in, rng), *dw0 = random_reals(n_w, rng), *db0 = random_reals(OC, rng);
+    for (int plain = 0; plain < 2; plain++) {
+        use_fast_path = !plain;
+        out[plain] = checked_calloc(n_out, sizeof(real), "test");
+        dinp[plain] = copy_of(dinp0, n_in); dw[plain] = copy_of(dw0, n_w); db[plain] = copy_of(db0, OC);
+        linear_forward(out[plain], x, w, bias, N, IC, OC);
+        linear_backward(dinp[plain], dw[plain], with_bias ? db[plain] : NULL, dout, x, w, N, IC, OC);
+    }
+    // the scale of each element: Part I on |operands|, starting from |what it added to|
+    real *ax = absolute_of(x, n_in), *aw = absolute_of(w, n_w), *ab = absolute_of(b, OC);
+    real *adout = absolute_of(dout, n_out), *s_out = checked_calloc(n_out, sizeof(real), "test");
+    real *s_dinp = absolute_of(dinp0, n_in), *s_dw = absolute_of(dw0, n_w), *s_db = absolute_of(db0, OC);
+    linear_forward(s_out, ax, aw, with_bias ? ab : NULL, N, IC, OC);
+    linear_backward(s_dinp, s_dw, s_db, adout, ax, aw, N, IC, OC);
+    use_fast_path = 1;
+    double worst = fmax(fmax(worst_scaled_difference(out[0], out[1], s_out, n_out),
+                             worst_scaled_difference(dinp[0], dinp[1], s_dinp, n_in)),
+                        fmax(worst_scaled_difference(dw[0], dw[1], s_dw, n_w),
+                             worst_scaled_difference(db[0], db[1], s_db, OC)));
+    real *all[] = { x, w, b, dout, dinp0, dw0, db0, out[0], out[1], dinp[0], dinp[1], dw[0], dw[1], db[0], db[1],
+                    ax, aw, ab, adout, s_out, s_dinp, s_dw, s_db };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    return worst;
+}
+
+// Every shape of linear layer the model makes in the bench configs tiny
+// (d_model 64, d_ff 256, 14 words, 96 x 12 tokens) and toy (128, 512, 1000
+// words, 32 x 32), in training (rows B*S) and in decoding (a row per
+// sentence or beam), and shapes on either side of every boundary of
+// Part II's products: a tile's rows and columns, the narrow tile, the
+// turned-around product of few rows, a depth block and a width block.
+static void test_fast_linear(void) {
+    int shapes[][3] = {   // N (rows), IC (in), OC (out)
+        { 1152, 64, 192 }, { 1152, 64, 64 }, { 1152, 64, 128 }, { 1152, 64, 256 }, { 1152, 256, 64 },
+        { 1152, 64, 14 }, { 1024, 128, 384 }, { 1024, 128, 512 }, { 1024, 512, 128 }, { 1024, 128, 1000 },
+        { 1, 128, 384 }, { 4, 128, 1000 }, { 8, 64, 256 }, { 96, 64, 14 },
+        { TILE_ROWS + 1, DEPTH_BLOCK + 1, WIDTH_BLOCK + TILE_COLS + 1 }, { TILE_COLS, 129, NARROW_COLS },
+        { TILE_COLS + 1, 7, NARROW_COLS + 1 }, { 3, 300, 530 }, { 97, 1, 33 }, { NARROW_ROWS + 1, 40, 1 },
+    };
+    Rng rng; rng_seed(&rng, 31);
+    double worst = 0;
+    int count = (int)(sizeof shapes / sizeof *shapes);
+    for (int i = 0; i < count; i++)
+        worst = fmax(worst, linear_fast_against_plain(shapes[i][0], shapes[i][1], shapes[i][2], i % 4 != 3, &rng));
+    check(worst < FAST_TOLERANCE, "Part II: linear_forward and linear_backward (out, dinp, dW, dbias) of %d shapes "
+          "(tiny, toy, decoding, every tile and block edge) agree with Part I's loops: worst %.2g of the sum of "
+          "|terms| (tolerance %.0e)", count, worst, FAST_TOLERANCE);
+}
+
+// The largest |a_i - b_i| over the largest |b_i|.
+static double relative_difference(const real *a, const real *b, size_t n) {
+    double d = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - (double)b[i]);
+        if (!(e <= d)) d = e;
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return d / (scale > 0 ? scale : 1);
+}
+
+// One attention call, forward and backward, both ways: q (B,Tq,q_stride),
+// k and v inside (B,Tk,kv_stride), the fused (B,T,3C) layout of
+// self-attention or the encoder-decoder attention's q (B,T,C) and kv
+// (B,S,2C). Returns the worst relative difference (relative_difference)
+// over out, att, dq, dk and dv.
+static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH, int self, int causal,
+                                           const int *key_len, Rng *rng) {
+    int q_stride = self ? 3 * C : C, kv_stride = self ? 3 * C : 2 * C;
+    size_t n_q = (size_t)B * Tq * q_stride, n_kv = (size_t)B * Tk * kv_stride, n_out = (size_t)B * Tq * C;
+    size_t n_att = (size_t)B * NH * Tq * Tk;
+    real *q = random_reals(n_q, rng), *kv = self ? q : random_reals(n_kv, rng), *dout = random_reals(n_out, rng);
+    const real *k = self ? q + C : kv, *v = self ? q + 2 * C : kv + C;
+    real *out[2], *att[2], *dq[2], *dkv[2];
+    for (int plain = 0; plain < 2; plain++) {
+        use_fast_path = !plain;
+        out[plain] = checked_calloc(n_out, sizeof(real), "test");
+        att[plain] = checked_calloc(n_att, sizeof(real), "test");
+        dq[plain] = checked_calloc(n_q, sizeof(real), "test");
+        dkv[plain] = self ? dq[plain] : checked_calloc(n_kv, sizeof(real), "test");
+        real *dk = self ? dq[plain] + C : dkv[plain], *dv = self ? dq[plain] + 2 * C : dkv[plain] + C;
+        attention_forward(out[plain], att[plain], q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
+        attention_backward(dq[plain], dk, dv, dout, att[plain], q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
+    }
+    use_fast_path = 1;
+    double worst = fmax(relative_difference(out[0], out[1], n_out), relative_difference(att[0], att[1], n_att));
+    worst = fmax(worst, relative_difference(dq[0], dq[1], n_q));   // dq, and dk and dv when fused
+    if (!self) worst = fmax(worst, relative_difference(dkv[0], dkv[1], n_kv));
+    free(q); free(dout); free(out[0]); free(out[1]); free(att[0]); free(att[1]); free(dq[0]); free(dq[1]);
+    if (!self) { free(kv); free(dkv[0]); free(dkv[1]); }
+    return worst;
+}
+
+// The attention calls the model makes (the encoder's self-attention with
+// padded keys, the decoder's with the causal mask too, reading q, k, v from
+// the fused (B, T, 3C) projection; the encoder-decoder attention with q
+// (B, T, C) and k, v in (B, S, 2C)), with ragged lengths down to one key,
+// one head and several, and key counts on either side of a tile's width.
+static void test_fast_attention(void) {
+    Rng rng; rng_seed(&rng, 32);
+    int lengths[4] = { 13, 5, 1, 9 }, wide[3] = { TILE_COLS + 3, 2, TILE_COLS }, one[2] = { 9, 4 };
+    double worst = 0;
+    worst = fmax(worst, attention_fast_against_plain(4, 13, 13, 32, 2, 1, 0, lengths, &rng));   // encoder
+    worst = fmax(worst, attention_fast_against_plain(4, 13, 13, 32, 2, 1, 1, lengths, &rng));   // decoder
+    worst = fmax(worst, attention_fast_against_plain(3, 9, TILE_COLS + 3, 24, 3, 0, 0, wide, &rng)); // cross
+    worst = fmax(worst, attention_fast_against_plain(3, TILE_COLS + 3, TILE_COLS + 3, 16, 1, 1, 1, wide, &rng));
+    worst = fmax(worst, attention_fast_against_plain(2, 1, 9, 32, 4, 0, 0, one, &rng));        // one query
+    check(worst < FAST_STEP_TOLERANCE, "Part II: attention_forward and attention_backward (out, probabilities, "
+          "dq, dk, dv) with padding and causal masks, fused and separate q, k, v agree with Part I's loops: "
+          "worst %.2g of each tensor's largest (tolerance %.0e)", worst, FAST_STEP_TOLERANCE);
+}
+
+// A whole training step of a model, Part II against Part I: the loss, the
+// logits and every parameter's gradient, then the parameters after Adam.
+// The gradients of each tensor are held to FAST_STEP_TOLERANCE of the
+// tensor's largest. Adam divides each gradient by its own size, so an element
+// whose gradient is lost in the rounding of larger ones (below 1e-3 of its
+// tensor's largest, in float) may move by up to lr in either build; the
+// others move by the same amount to within 1e-3 of lr.
+static void test_fast_training_step(void) {
+    TransformerConfig config = small_config();
+    config.d_model = 40; config.n_heads = 5; config.d_ff = 72; config.vocab_size = 23;
+    config.max_len = 24; config.n_layers = 2;
+    int src_len[3] = { 17, 9, 4 }, tgt_len[3] = { 5, 19, 12 };
+    Rng rng; rng_seed(&rng, 33);
+    static TestBatch tb;
+    make_test_batch(&tb, 3, 17, 19, src_len, tgt_len, config.vocab_size, &rng);
+    Transformer m[2];
+    real loss[2];
+    double lr = 1e-3;
+    for (int plain = 0; plain < 2; plain++) {
+        use_fast_path = !plain;
+        transformer_build(&m[plain], &config, 34);
+        m[plain].training = 1;   // dropout on: the same masks both ways (the same seed)
+        loss[plain] = transformer_forward(&m[plain], &tb.batch);
+        transformer_zero_grad(&m[plain]);
+        transformer_backward(&m[plain], &tb.batch);
+    }
+    use_fast_path = 1;
+    double logits = relative_difference(m[0].acts.logits, m[1].acts.logits, (size_t)3 * 19 * config.vocab_size);
+    double worst_grad = 0;
+    const char *worst_name = "";
+    real **grads[2][NUM_PARAMETER_TENSORS];
+    parameter_pointers(grads[0], &m[0].grads);
+    parameter_pointers(grads[1], &m[1].grads);
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        double d = relative_difference(*grads[0][t], *grads[1][t], m[0].param_sizes[t]);
+        if (d > worst_grad) { worst_grad = d; worst_name = parameter_names[t]; }
+    }
+    check(fabs((double)loss[0] - loss[1]) <= FAST_STEP_TOLERANCE * fabs((double)loss[1]) &&
+          logits < FAST_STEP_TOLERANCE && worst_grad < FAST_STEP_TOLERANCE,
+          "Part II: a training step (2 layers, d_model 40, 5 heads, ragged batch, dropout on) gives Part I's "
+          "loss (%.9g, %.9g), logits (%.1e) and all 31 gradients (worst %.1e, %s; tolerance %.0e)",
+          (double)loss[0], (double)loss[1], logits, worst_grad, worst_name, FAST_STEP_TOLERANCE);
+    // Adam on the two sets of gradients
+    real *before = copy_of(m[0].params_memory, m[0].num_parameters);
+    for (int k = 0; k < 2; k++) adam_update(&m[k], lr);
+    size_t resolved = 0, agree = 0, bounded = 0;
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        size_t offset = (size_t)(*grads[1][t] - m[1].grads_memory), n = m[0].param_sizes[t];
+        double largest = 0;
+        for (size_t i = 0; i < n; i++) largest = fmax(largest, fabs((double)(*grads[1][t])[i]));
+        for (size_t i = offset; i < offset + n; i++) {
+            double move = fabs((double)m[0].params_memory[i] - m[1].params_memory[i]);
+            int is_resolved = fabs((double)m[1].grads_memory[i]) >= 1e-3 * largest;
+            resolved += is_resolved;
+            agree += is_resolved && move <= (sizeof(real) == sizeof(float) ? 1e-3 : 1e-9) * lr;
+            bounded += move <= 2 * lr * (1 + 1e-6) + 1e-6 * fabs((double)before[i]);
+        }
+    }
+    check(agree == resolved && bounded == m[0].num_parameters,
+          "Part II: after Adam the parameters agree: %zu of %zu elements with resolved gradients to 1e-3 lr, "
+          "all %zu within 2 lr", agree, resolved, m[0].num_parameters);
+    free(before);
+    transformer_free(&m[0]);
+    transformer_free(&m[1]);
+}
+#endif // TRANSFORMER_PLAIN
+
 // The attention softmax: the visible keys' probabilities sum to 1, the
 // masked ones are exactly 0 whatever their scores, and a row with no visible
 // key is all 0 (not NaN).
@@ -1001,14 +1246,14 @@ static void test_softmax_visible(void) {
     int ok = 1;
     for (int visible = 1; visible <= 37; visible += 4) {
         for (int j = 0; j < 37; j++) p[j] = (real)(j % 7) - 3 + (j >= visible ? 1000 : 0);
-        softmax_visible(p, visible, 37, (real)0.5);
+        softmax_visible(p, visible, 37);
         double sum = 0;
         for (int j = 0; j < visible; j++) { sum += p[j]; ok &= p[j] > 0; }
         for (int j = visible; j < 37; j++) ok &= p[j] == 0;
         ok &= fabs(sum - 1) < 1e-6;
     }
     for (int j = 0; j < 37; j++) p[j] = 1;
-    softmax_visible(p, 0, 37, (real)0.5);
+    softmax_visible(p, 0, 37);
     for (int j = 0; j < 37; j++) ok &= p[j] == 0;
     check(ok, "attention softmax: visible keys sum to 1, masked keys (scored 1000 higher) get exactly 0, "
           "no visible key gives a row of 0");
@@ -2324,11 +2569,16 @@ int main(int argc, char **argv) {
     test_adam_by_hand();
     test_schedule();
     test_dropout_training_and_evaluation();
+#ifndef TRANSFORMER_PLAIN
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
     test_matmul_weighted_shares();
-    test_aligned_memory();
     test_exp_float();
+    test_fast_linear();
+    test_fast_attention();
+    test_fast_training_step();
+#endif
+    test_aligned_memory();
     test_softmax_visible();
     test_greedy_token();
     test_thread_determinism();

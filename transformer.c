@@ -4,44 +4,54 @@
  * NeurIPS 2017, arXiv 1706.03762. The whole encoder-decoder model, its
  * hand-derived backward pass and the paper's Adam schedule, one loop at a time.
  *
- * BUILD    make                      (or: cc -O2 transformer.c -lm -o transformer)
- *          make OPENMP=0             without OpenMP: same code, one thread
- *          make debug                -O0 -g, for stepping through in gdb
- * TEST     make test
- * RUN      ./transformer --help
+ * BUILD  make               ./transformer (or by hand: cc -O2 transformer.c -lm)
+ *        make OPENMP=0      without OpenMP: the same code on one thread
+ *        make debug         -O0 -g and Part I only: gdb lands on the math
+ *        make plain         ./transformer_plain, optimised, Part I only
+ * TEST   make test
+ * RUN    make demo          trains the copy task and decodes held-out examples
+ *        ./transformer --help
+ * USE    as a library: see transformer.h (compile with -DTRANSFORMER_NO_MAIN)
  *
- * READ     Top to bottom, beside the paper. Sections follow the paper:
- *            §3    linear projections, the building block of every sub-layer
- *            §3.1  residual connection, dropout and layer normalisation
- *            §3.2.1 scaled dot-product attention
- *            §3.2.2 multi-head attention
- *            §3.3  position-wise feed-forward networks
- *            §3.4  embeddings, the shared pre-softmax projection
- *            §3.5  positional encoding
- *            §3.1  the encoder and decoder stacks, assembled from the above
- *            §5.4  label-smoothed cross-entropy
- *            §5.3  Adam and the warm-up learning-rate schedule
- *            §6.1  decoding: greedy with a key/value cache, beam search
- *          and then what turns the model into a program: data (vocabulary,
- *          TSV files, the copy and reverse tasks, batches by length),
- *          checkpoints, §6.1 BLEU, pictures as SVG, the benchmark, the
- *          command line, and main.
- *          Every layer is a `*_forward` function followed by its `*_backward`.
- *          Arguments come outputs first, then inputs, then sizes. Backward
- *          functions quote the forward line they differentiate and always
- *          ACCUMULATE (+=) into their gradient outputs; the caller zeroes.
- *          Shapes use B batch, S source length, T target length, C = d_model,
- *          F = d_ff, NH = h heads, hs = C/NH = d_k = d_v, V vocabulary, L layers.
+ * READ   Top to bottom, beside the paper. The file has three parts:
+ *   PART I    THE MODEL, in the paper's order, in plain loops
+ *               the configuration, the parameters, their initialisation
+ *               §3     linear layers, the building block of every sub-layer
+ *               §3.1   residual connection, dropout, layer normalisation
+ *               §3.2.1 scaled dot-product attention, with both masks
+ *               §3.2.2 multi-head attention
+ *               §3.3   position-wise feed-forward networks
+ *               §3.4   embeddings and the shared pre-softmax projection
+ *               §3.5   positional encoding
+ *               §3.1   the encoder and decoder stacks, built from the above
+ *               §5.4   label-smoothed cross-entropy
+ *                      the model: memory, the whole forward and backward pass
+ *               §5.3   Adam and the warm-up learning-rate schedule
+ *               §6.1   decoding: greedy with a key/value cache, beam search
+ *   PART II   MAKING IT FAST, an appendix you may skip: the linear layers'
+ *             and attention's matrix products as register tiles over packed
+ *             blocks, and e^x in plain arithmetic. Default builds use it;
+ *             -DTRANSFORMER_PLAIN leaves it out. The tests check it against
+ *             Part I.
+ *   PART III  THE PROGRAM: data (vocabulary, TSV files, the copy and reverse
+ *             tasks, batches by length), checkpoints, §6.1 BLEU, pictures as
+ *             SVG, the command line, the benchmark, main.
  *
  * CONVENTIONS
- *          A linear layer stores W as (out_features, in_features), as PyTorch
- *          does, and computes y = x W^T + b; the paper writes x W with W of
- *          shape (in, out): the same numbers, transposed.
- *          Masking: the paper sets illegal attention scores to -inf before the
- *          softmax; we skip masked keys and give them probability exactly 0,
- *          which is the same thing without infinities in the arithmetic.
- *          Parallel loops give every output element to one thread and sum in a
- *          fixed order, so results are bit-identical for any number of threads.
+ *   Every layer is a `*_forward` function followed by its `*_backward`.
+ *   Arguments come outputs first, then inputs, then sizes. A backward
+ *   function quotes the forward line it differentiates and ACCUMULATES (+=)
+ *   into its gradient outputs; the caller zeroes them.
+ *   Shapes: B sentences, S source length, T target length, C = d_model,
+ *   F = d_ff, NH = h heads, hs = C/NH = d_k = d_v, V vocabulary, L layers.
+ *   A linear layer stores W as (out_features, in_features), as PyTorch does,
+ *   and computes y = x W^T + b; the paper writes x W with W (in, out): the
+ *   same numbers, transposed.
+ *   Masking: the paper sets illegal attention scores to -inf before the
+ *   softmax; we skip masked keys and give them probability exactly 0, which
+ *   is the same thing without infinities in the arithmetic.
+ *   Parallel loops give every output element to one thread, which sums in a
+ *   fixed order: results are bit-identical for any number of threads.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -66,9 +76,12 @@
 
 #include "transformer.h"
 
-// OpenMP is optional. OMP(parallel for) becomes `#pragma omp parallel for`
-// when compiled with -fopenmp and nothing otherwise, so the file builds
-// without warnings either way.
+// ############################################################################
+// PART I   THE MODEL
+// ############################################################################
+
+// OpenMP is optional: OMP(parallel for) is `#pragma omp parallel for` when
+// compiled with -fopenmp, and nothing otherwise.
 #ifdef _OPENMP
 #define OMP_PRAGMA(text) _Pragma(#text)
 #define OMP(directive) OMP_PRAGMA(omp directive)
@@ -76,69 +89,56 @@
 #define OMP(directive)
 #endif
 
-// e^x for float, in plain arithmetic that the compiler turns into vector
-// instructions; libm's expf is a function call, one number at a time, and the
-// softmaxes of attention and of the loss take 2 million of them per toy
-// training step. Write x = n ln2 + r with n an integer and |r| <= ln2 / 2, so
-// that e^x = 2^n e^r: e^r from its Taylor series to r^7 / 7! (truncation error
-// below 6e-9 of e^r: under float's own rounding), and 2^n by writing n + 127
-// into the exponent bits of a float. Computed on x clamped to [-87, 88],
-// where 2^n is a normal float; an input below -87 gives 0 (e^-87 ~ 1.6e-38),
-// -inf included, as a masked key's score needs; a NaN gives NaN. Here every
-// input is a score minus its row's maximum, so such a value only ever stands
-// for a probability too small to matter beside the row's largest, which is 1.
-static inline float exp_float(float x) {
-    float below = x < -87.0f ? 0.0f : 1.0f;
-    // clamped so that a NaN becomes -87 too: n below must be a small integer
-    float c = x > -87.0f ? x : -87.0f;
-    c = c < 88.0f ? c : 88.0f;
-    // n = round(c / ln 2): adding 1.5 * 2^23 leaves no bits for a fraction
-    float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;
-    // r = c - n ln2, with ln2 in two parts so that n * 0.693359375 is exact
-    float r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
-    float e_r = 1 + r * (1 + r * (1 / 2.0f + r * (1 / 6.0f + r * (1 / 24.0f + r * (1 / 120.0f
-              + r * (1 / 720.0f + r * (1 / 5040.0f)))))));
-    int32_t exponent_bits = ((int32_t)n + 127) << 23;
-    float two_to_n;
-    memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
-    return x != x ? x : e_r * two_to_n * below;   // a NaN stays NaN
-}
+// Part II, after the model, computes the few kernels that take nearly all of
+// a training step's time again, many times faster, the same numbers up to
+// rounding: the linear layers and attention. FAST_PATH(call) is the first
+// line of each Part I function that Part II can replace: it runs `call`
+// instead of the loops below it when Part II takes the case (returns 1).
+// Built with -DTRANSFORMER_PLAIN, the file has no Part II and FAST_PATH is
+// nothing, so every call runs the loops you read. The tests compare the two
+// in one program by setting use_fast_path to 0.
+#ifdef TRANSFORMER_PLAIN
+#define FAST_PATH(call)
+#else
+static int use_fast_path = 1;
+#define FAST_PATH(call) do { if (use_fast_path && (call)) return; } while (0)
+static int linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
+                               int N, int IC, int OC);
+static int linear_backward_fast(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
+                                const real *weight, int N, int IC, int OC);
+static int attention_forward_fast(real *out, real *att, const real *q, const real *k, const real *v,
+                                  int q_stride, int kv_stride, const int *key_len, int causal,
+                                  int B, int Tq, int Tk, int C, int NH);
+static int attention_backward_fast(real *dq, real *dk, real *dv, const real *dout, const real *att,
+                                   const real *q, const real *k, const real *v,
+                                   int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH);
+#ifndef TRANSFORMER_DOUBLE
+static inline float exp_float(float x);
+#endif
+#endif
 
+// e^x, ln x and the square root in the precision of `real`. The double
+// build (the gradient checks) and the plain build use libm's; a default
+// float build uses Part II's exp_float, which the compiler can vectorise.
 #ifdef TRANSFORMER_DOUBLE
-#define real_exp exp   // the gradient checks differentiate libm's exp exactly
+#define real_exp exp
 #define real_log log
 #define real_sqrt sqrt
 #else
+#ifdef TRANSFORMER_PLAIN
+#define real_exp expf
+#else
 #define real_exp exp_float
+#endif
 #define real_log logf
 #define real_sqrt sqrtf
 #endif
 
-// The largest of x[0..n-1], NaNs passed over (-inf if there is nothing
-// else). Kept as 16 running maxima side by side, one per lane of a vector,
-// which compilers vectorise as they are (a maximum taken lane by lane), then
-// halved pairwise: 8, 4, 2, 1.
-// (A single running maximum, even marked OMP(simd reduction(max)), is a
-// chain that clang does not vectorise without -ffast-math.)
-#define MAX_LANES 16
-static real max_of(const real *x, int n) {
-    real lane[MAX_LANES];
-    for (int l = 0; l < MAX_LANES; l++) lane[l] = -INFINITY;
-    int j = 0;
-    for (; j + MAX_LANES <= n; j += MAX_LANES)
-        for (int l = 0; l < MAX_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
-    for (int l = 0; j + l < n; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
-    for (int width = MAX_LANES / 2; width > 0; width /= 2)
-        for (int l = 0; l < width; l++) lane[l] = lane[l + width] > lane[l] ? lane[l + width] : lane[l];
-    return lane[0];
-}
-
 // ----------------------------------------------------------------------------
-// Utilities: allocation that cannot fail silently, and our own small random
-// number generator, so that a seed gives the same model on every machine.
+// Utilities: allocation that cannot fail silently, and our own random
+// numbers, so that a seed gives the same model on every machine.
 
-// count x size, at least 1 (so that nothing asks for 0 bytes), or a clear
-// exit if that does not fit in a size_t.
+// count x size bytes, at least 1, or a clear exit if that overflows a size_t.
 static size_t checked_bytes(size_t count, size_t size, const char *what) {
     if (count == 0) count = 1;
     if (size != 0 && count > SIZE_MAX / size) {
@@ -162,44 +162,25 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
     return allocated(calloc(bytes, 1), bytes, what);
 }
 
-// The numbers that the vector loops read and write start at multiples of
-// CACHE_LINE bytes: a cache line, and one AVX-512 vector. A vector load or
-// store that straddles two lines costs two accesses, and glibc's malloc (on a
-// 64-bit machine) only promises multiples of 16: with the packed blocks of the
-// matrix products (section 3) 16, 32 or 48 bytes past a line, as it happened,
-// a toy training step took 5% longer (NOTES.md section 14). The tensors
-// inside an allocation start at multiples of CACHE_LINE too, where their
-// sizes allow (activation_sizes).
+// The model's tensors (parameters, activations, the decoding cache) live in
+// a few large arenas of zeros, each starting on a 64-byte cache line, the
+// width of the widest vector loads of Part II: a load that straddles two
+// lines costs two. calloc keeps pages that are never written (a run that
+// only decodes never touches the gradients) unbacked by memory, which
+// aligned_alloc and memset would not: so this asks calloc for a line more,
+// returns the first line boundary past the block's start, and keeps the
+// block's own address in the bytes just below it for arena_free.
 #define CACHE_LINE 64
-
-// How many cache lines `bytes` bytes take, the last one perhaps in part.
-static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
-
-// Uninitialised memory at a multiple of CACHE_LINE bytes; free() it.
-static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
-    size_t lines = lines_of(checked_bytes(count, size, what));   // aligned_alloc takes whole lines
-    size_t bytes = checked_bytes(lines, CACHE_LINE, what);
-    return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
-}
-
-// checked_calloc's zeroed memory at a multiple of CACHE_LINE bytes; give it
-// back with aligned_free. calloc hands out a large block as pages that the
-// system backs with memory only when they are first written (a run that only
-// decodes never writes the gradients or the backward pass's scratch), which
-// aligned_alloc and a memset would not. So this asks calloc for a line more,
-// returns the first multiple of CACHE_LINE past the block's start, and keeps
-// the block's own address in the bytes just below that: calloc's blocks start
-// at multiples of alignof(max_align_t), so there are at least that many bytes.
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
-static void *checked_aligned_calloc(size_t count, size_t size, const char *what) {
-    size_t lines = lines_of(checked_bytes(count, size, what)) + 1;   // and the line more
+static real *arena_calloc(size_t count, const char *what) {
+    size_t lines = checked_bytes(count, sizeof(real), what) / CACHE_LINE + 2;
     unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
     unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
     memcpy(aligned - sizeof block, &block, sizeof block);
-    return aligned;
+    return (real *)aligned;
 }
 
-static void aligned_free(void *p) {
+static void arena_free(real *p) {
     if (!p) return;
     unsigned char *block;
     memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
@@ -285,7 +266,8 @@ const char *transformer_config_check(const TransformerConfig *c) {
 }
 
 // ----------------------------------------------------------------------------
-// Parameters: sizes, names, one allocation with named pointers into it.
+// Parameters: sizes, names, one allocation with named pointers into it
+// (the tensors and their shapes are listed in transformer.h).
 
 static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
     "embedding",
@@ -296,10 +278,6 @@ static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
     "dec_ff1_w", "dec_ff1_b", "dec_ff2_w", "dec_ff2_b", "dec_ln3_g", "dec_ln3_b",
 };
 
-const char *parameter_tensor_name(int index) {
-    return (index >= 0 && index < NUM_PARAMETER_TENSORS) ? parameter_names[index] : "?";
-}
-
 static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *c) {
     size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
     size_t attention[4] = { L * 3 * C * C, L * 3 * C, L * C * C, L * C }; // qkv_w qkv_b out_w out_b
@@ -307,15 +285,15 @@ static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const Transform
     size_t ffn[4] = { L * F * C, L * F, L * C * F, L * C };                // ff1_w ff1_b ff2_w ff2_b
     size_t i = 0;
     sizes[i++] = V * C;
-    for (int k = 0; k < 4; k++) sizes[i++] = attention[k];  // encoder self-attention
+    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder self-attention
     sizes[i++] = norm; sizes[i++] = norm;
-    for (int k = 0; k < 4; k++) sizes[i++] = ffn[k];
+    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
     sizes[i++] = norm; sizes[i++] = norm;
-    for (int k = 0; k < 4; k++) sizes[i++] = attention[k];  // decoder self-attention
+    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // decoder self-attention
     sizes[i++] = norm; sizes[i++] = norm;
-    for (int k = 0; k < 4; k++) sizes[i++] = attention[k];  // encoder-decoder attention
+    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder-decoder attention
     sizes[i++] = norm; sizes[i++] = norm;
-    for (int k = 0; k < 4; k++) sizes[i++] = ffn[k];
+    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
     sizes[i++] = norm; sizes[i++] = norm;
 }
 
@@ -351,9 +329,10 @@ static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
     for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * a);
 }
 
-// Initialisation: Xavier-uniform for every projection matrix (W^Q, W^K, W^V,
-// W^O each on its own, W_1, W_2), N(0, d_model^-0.5) for the shared embedding,
-// zero biases, layer-norm gain 1 and bias 0.
+// Initialisation (the paper gives none; these are PyTorch's and the common
+// reimplementations'): Xavier-uniform for every projection matrix (W^Q, W^K,
+// W^V, W^O each on its own, W_1, W_2), N(0, d_model^-0.5) for the shared
+// embedding, zero biases, layer-norm gain 1 and bias 0.
 static void initialize_parameters(Transformer *m, uint64_t seed) {
     const TransformerConfig *c = &m->config;
     size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
@@ -367,7 +346,7 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
     real *out[3] = { p->enc_out_w, p->dec_self_out_w, p->dec_cross_out_w };
     for (size_t l = 0; l < L; l++) {
         for (int a = 0; a < 3; a++) {
-            for (int k = 0; k < 3; k++) xavier_uniform(qkv[a] + (l * 3 + k) * C * C, C, C, &rng);
+            for (int t = 0; t < 3; t++) xavier_uniform(qkv[a] + (l * 3 + t) * C * C, C, C, &rng);
             xavier_uniform(out[a] + l * C * C, C, C, &rng);
         }
         xavier_uniform(p->enc_ff1_w + l * F * C, F, C, &rng);
@@ -381,11 +360,1560 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 }
 
 // ============================================================================
-// §3  Linear projections: y = x W^T + b
+// §3  Linear layers: y = x W^T + b
 // Every sub-layer is built from these: the four projections of multi-head
 // attention (§3.2.2), the two of the FFN (§3.3) and the pre-softmax
-// projection through the shared embedding (§3.4).
+// projection through the shared embedding (§3.4). Between them they do
+// nearly all of a training step's arithmetic; Part II does the same sums
+// many times faster (FAST_PATH).
 // ============================================================================
+
+// out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
+static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
+                           int N, int IC, int OC) {
+    FAST_PATH(linear_forward_fast(out, inp, weight, bias, N, IC, OC));
+    OMP(parallel for)
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * IC;
+        for (int o = 0; o < OC; o++) {
+            const real *w = weight + (size_t)o * IC;
+            // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]
+            real sum = 0;
+            for (int i = 0; i < IC; i++) sum += x[i] * w[i];
+            out[(size_t)n * OC + o] = (bias ? bias[o] : 0) + sum;
+        }
+    }
+}
+
+// Differentiates  out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]:
+//   dinp[n,i]    += sum_o dout[n,o] * weight[o,i]      (dinp = dout W)
+//   dweight[o,i] += sum_n dout[n,o] * inp[n,i]         (dW = dout^T inp)
+//   dbias[o]     += sum_n dout[n,o]
+// dinp or dbias may be NULL when not wanted.
+static void linear_backward(real *dinp, real *dweight, real *dbias,
+                            const real *dout, const real *inp, const real *weight,
+                            int N, int IC, int OC) {
+    FAST_PATH(linear_backward_fast(dinp, dweight, dbias, dout, inp, weight, N, IC, OC));
+    if (dinp) {
+        OMP(parallel for)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) {
+                real g = dout[(size_t)n * OC + o];
+                for (int i = 0; i < IC; i++) dinp[(size_t)n * IC + i] += g * weight[(size_t)o * IC + i];
+            }
+    }
+    OMP(parallel for)
+    for (int o = 0; o < OC; o++)
+        for (int n = 0; n < N; n++) {
+            real g = dout[(size_t)n * OC + o];
+            for (int i = 0; i < IC; i++) dweight[(size_t)o * IC + i] += g * inp[(size_t)n * IC + i];
+            if (dbias) dbias[o] += g;
+        }
+}
+
+// ============================================================================
+// §3.1  Residual connection, dropout and layer normalisation
+// "The output of each sub-layer is LayerNorm(x + Sublayer(x))" (§3.1), and
+// "we apply dropout to the output of each sub-layer, before it is added to
+// the sub-layer input and normalized" (§5.4). So every sub-layer ends with
+//     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
+// ============================================================================
+
+// splitmix64's output function: a 64-bit hash whose outputs look independent
+// for consecutive inputs.
+static uint64_t hash64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// Draws a dropout mask: each element is kept with probability 1 - p and then
+// scaled by 1/(1-p) ("inverted dropout", so evaluation needs no rescaling).
+// With training off or p = 0 the mask is all ones. The mask takes one number
+// from the model's generator as its key; element i is then decided by
+// hash64(key + i), uniform in [0, 1) with 53 bits, so that the elements can
+// be drawn in parallel and a seed gives the same masks whatever the thread count.
+static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) {
+    if (!training || p <= 0.0f) {
+        OMP(parallel for)
+        for (size_t i = 0; i < n; i++) mask[i] = 1;
+        return;
+    }
+    uint64_t key = rng_next(rng);
+    real keep_scale = (real)(1.0 / (1.0 - p));
+    double drop = p;
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) {
+        double uniform = (double)(hash64(key + i) >> 11) * (1.0 / 9007199254740992.0);
+        mask[i] = uniform < drop ? 0 : keep_scale;
+    }
+}
+
+// out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
+static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
+}
+
+// Differentiates  out[i] = inp[i] * mask[i]
+static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
+}
+
+// Layer normalisation (Ba, Kiros & Hinton 2016) of one row x of C features:
+//     mean = sum_i x_i / C,   var = sum_i (x_i - mean)^2 / C   (biased, as PyTorch)
+//     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
+//     y_i = gain_i * xhat_i + bias_i
+// y, x, gain and bias are (C); *mean and *rstd get the row's two numbers.
+// (OMP(simd reduction) lets the compiler add in several vector lanes at once.)
+static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
+                                  const real *gain, const real *bias, int C, float eps) {
+    real m = 0;
+    OMP(simd reduction(+ : m))
+    for (int i = 0; i < C; i++) m += x[i];
+    m /= C;
+    real v = 0;
+    OMP(simd reduction(+ : v))
+    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    v /= C;
+    real s = 1 / real_sqrt(v + (real)eps);
+    for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * gain[i] + bias[i];
+    *mean = m;
+    *rstd = s;
+}
+
+// "Add & Norm" (Figure 1) without the drawing of the mask, row by row:
+//     res = residual + sublayer * mask;   out = LayerNorm(res)
+// out, res are (N,C), mean and rstd (N); residual, sublayer, mask are (N,C);
+// gain and bias (C).
+static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *res,
+                                       const real *residual, const real *sublayer, const real *mask,
+                                       const real *gain, const real *bias, int N, int C, float eps) {
+    OMP(parallel for)
+    for (int n = 0; n < N; n++) {
+        size_t row = (size_t)n * C;
+        for (int i = 0; i < C; i++) res[row + i] = residual[row + i] + sublayer[row + i] * mask[row + i];
+        layernorm_row_forward(out + row, &mean[n], &rstd[n], res + row, gain, bias, C, eps);
+    }
+}
+
+// Differentiates the two lines above. For the layer norm,
+//   out_i = gain_i * xhat_i + bias_i,  xhat_i = (res_i - mean) * rstd:
+//   dgain_i += dout_i * xhat_i,   dbias_i += dout_i,   dxhat_i = dout_i * gain_i,
+// and mean and rstd depend on every res_j; with d(mean)/d(res_j) = 1/C and
+// d(rstd)/d(res_j) = -rstd^3 (res_j - mean) / C, collecting terms gives
+//   dres_i = rstd * ( dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j * xhat_j) )
+// Then res = residual + sublayer * mask:
+//   dresidual_i += dres_i,   dsublayer_i += dres_i * mask_i
+// dout, res, mask are (N,C), mean and rstd (N); dresidual and dsublayer (N,C)
+// accumulate, and must not alias dout.
+static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *dgain, real *dbias,
+                                        const real *dout, const real *res, const real *mask,
+                                        const real *gain, const real *mean, const real *rstd,
+                                        int N, int C) {
+    OMP(parallel for)
+    for (int n = 0; n < N; n++) {
+        size_t row = (size_t)n * C;
+        const real *x = res + row, *g = dout + row;
+        real m = mean[n], s = rstd[n];
+        real mean_dxhat = 0, mean_dxhat_xhat = 0;
+        OMP(simd reduction(+ : mean_dxhat, mean_dxhat_xhat))
+        for (int i = 0; i < C; i++) {
+            real dxhat = g[i] * gain[i];
+            mean_dxhat += dxhat;
+            mean_dxhat_xhat += dxhat * (x[i] - m) * s;
+        }
+        mean_dxhat /= C;
+        mean_dxhat_xhat /= C;
+        for (int i = 0; i < C; i++) {
+            real xhat = (x[i] - m) * s;
+            real dres = s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+            dresidual[row + i] += dres;
+            dsublayer[row + i] += dres * mask[row + i];
+        }
+    }
+    // gain and bias are shared by all rows: their gradients sum over the rows
+    for (int n = 0; n < N; n++) {
+        const real *x = res + (size_t)n * C, *g = dout + (size_t)n * C;
+        for (int i = 0; i < C; i++) {
+            dgain[i] += g[i] * (x[i] - mean[n]) * rstd[n];
+            dbias[i] += g[i];
+        }
+    }
+}
+
+// ============================================================================
+// §3.2.1  Scaled dot-product attention
+//     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                 (eq. 1)
+// One head at a time. For query i the scores over keys j are
+//     s_ij = q_i . k_j / sqrt(d_k),   p_ij = exp(s_ij) / sum_j' exp(s_ij'),
+//     out_i = sum_j p_ij v_j
+// Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's
+// self-attention, keys j > i are "illegal connections" to the future. Both
+// get p_ij = 0, exactly what setting s_ij = -inf before the softmax gives.
+//
+//   causal mask (decoder self-attention, T = 4, sentence length 3):
+//              key  0  1  2  3(pad)
+//     query 0       x  .  .  .         x: attended
+//     query 1       x  x  .  .         .: probability 0
+//     query 2       x  x  x  .
+//     query 3(pad)  x  x  x  .         (a padded query's output is never used)
+//
+// The query of row (b, i) starts at q + (b*Tq + i)*q_stride, head h at
+// column h*hs; keys and values likewise with kv_stride. This reads Q, K, V
+// straight out of the fused (B, T, 3C) projection without copying.
+// ============================================================================
+
+// How many keys query i may attend to, the first ones: key_len, those of its
+// own sentence (the padding mask), and with the causal mask (the decoder's
+// self-attention) only positions 0..i, none after it.
+static int visible_keys(int i, int key_len, int causal) {
+    return (causal && i + 1 < key_len) ? i + 1 : key_len;
+}
+
+// p[0..visible-1] holds the scores of the keys a query may see: they become
+// their softmax, and the masked keys p[visible..Tk-1] get exactly 0. With
+// the largest score m subtracted first, exp(s_j - m) is in (0, 1] and the
+// sum cannot overflow; the result is the same. A row with no visible key
+// (never in a valid batch) stays all 0, not NaN.
+static void softmax_visible(real *p, int visible, int Tk) {
+    real largest = -INFINITY;
+    OMP(simd reduction(max : largest))
+    for (int j = 0; j < visible; j++) largest = p[j] > largest ? p[j] : largest;
+    real sum = 0;
+    OMP(simd reduction(+ : sum))
+    for (int j = 0; j < visible; j++) {
+        p[j] = real_exp(p[j] - largest);
+        sum += p[j];
+    }
+    for (int j = 0; j < visible; j++) p[j] /= sum;
+    for (int j = visible; j < Tk; j++) p[j] = 0;
+}
+
+// out is (B, Tq, C), att is (B, NH, Tq, Tk) (the probabilities, kept for
+// the backward pass), key_len is (B); causal: the decoder's mask.
+static void attention_forward(real *out, real *att,
+                              const real *q, const real *k, const real *v,
+                              int q_stride, int kv_stride, const int *key_len, int causal,
+                              int B, int Tq, int Tk, int C, int NH) {
+    FAST_PATH(attention_forward_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH));
+    int hs = C / NH;
+    real scale = 1 / real_sqrt((real)hs);
+    OMP(parallel for collapse(3))
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int i = 0; i < Tq; i++) {
+                int visible = visible_keys(i, key_len[b], causal);   // both masks
+                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
+                real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
+                // s_ij = q_i . k_j / sqrt(d_k)
+                for (int j = 0; j < visible; j++) {
+                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    real dot = 0;
+                    for (int d = 0; d < hs; d++) dot += qi[d] * kj[d];
+                    p[j] = dot * scale;
+                }
+                // p_ij = softmax_j(s_ij), and 0 for the masked keys
+                softmax_visible(p, visible, Tk);
+                // out_i = sum_j p_ij v_j
+                real *o = out + ((size_t)b * Tq + i) * C + h * hs;
+                for (int d = 0; d < hs; d++) o[d] = 0;
+                for (int j = 0; j < visible; j++) {
+                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    for (int d = 0; d < hs; d++) o[d] += p[j] * vj[d];
+                }
+            }
+        }
+    }
+}
+
+// Differentiates, for each head and query i:
+//   out_i = sum_j p_ij v_j         =>  dp_ij = dout_i . v_j,   dv_j += p_ij dout_i
+//   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
+//          (the softmax Jacobian is dp_ij/ds_ik = p_ij ([j==k] - p_ik))
+//   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
+//                                      dk_j += ds_ij q_i / sqrt(d_k)
+// dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
+// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient: the masks
+// are in the saved probabilities att, so the key lengths and the causal flag
+// of the forward pass are not needed again.
+static void attention_backward(real *dq, real *dk, real *dv,
+                               const real *dout, const real *att,
+                               const real *q, const real *k, const real *v,
+                               int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
+    FAST_PATH(attention_backward_fast(dq, dk, dv, dout, att, q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH));
+    int hs = C / NH;
+    real scale = 1 / real_sqrt((real)hs);
+    // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
+    OMP(parallel)
+    {
+        real *dp = checked_calloc(Tk, sizeof(real), "attention scratch");   // one row of dL/dp
+        OMP(for collapse(2))
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int i = 0; i < Tq; i++) {
+                    const real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
+                    const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
+                    const real *douti = dout + ((size_t)b * Tq + i) * C + h * hs;
+                    real *dqi = dq + ((size_t)b * Tq + i) * q_stride + h * hs;
+                    // dp_ij = dout_i . v_j,  dv_j += p_ij dout_i
+                    real sum_p_dp = 0;
+                    for (int j = 0; j < Tk; j++) {
+                        const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                        real *dvj = dv + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                        real dot = 0;
+                        for (int d = 0; d < hs; d++) {
+                            dot += douti[d] * vj[d];
+                            dvj[d] += p[j] * douti[d];
+                        }
+                        dp[j] = dot;
+                        sum_p_dp += p[j] * dot;
+                    }
+                    // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij'), then through s_ij = q_i . k_j / sqrt(d_k)
+                    for (int j = 0; j < Tk; j++) {
+                        real ds = p[j] * (dp[j] - sum_p_dp) * scale;
+                        const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                        real *dkj = dk + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                        for (int d = 0; d < hs; d++) {
+                            dqi[d] += ds * kj[d];
+                            dkj[d] += ds * qi[d];
+                        }
+                    }
+                }
+            }
+        }
+        free(dp);
+    }
+}
+
+// ============================================================================
+// §3.2.2  Multi-head attention
+//     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+//     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+// W_i^Q for all heads together is one (C, C) matrix whose output columns
+// h*hs .. (h+1)*hs-1 belong to head h; likewise W^K and W^V. We stack the
+// three as the rows of one (3C, C) weight, as PyTorch's in_proj_weight, and
+// project with one matrix product. So qkv[b,t] = [q | k | v], each C wide,
+// and head h reads columns h*hs .. (h+1)*hs-1 of each: the "split into heads"
+// is only a way of indexing, and Concat is the same indexing read back.
+//
+//   self-attention (encoder; decoder with the causal mask):
+//     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> (N,C)
+//   encoder-decoder attention (§3.2.3, "queries come from the previous decoder
+//   layer, and the memory keys and values come from the output of the encoder"):
+//     x (B*T,C)      --rows 0..C-1 of W_qkv-->   q  (B*T,C)
+//     memory (B*S,C) --rows C..3C-1 of W_qkv--> kv (B*S,2C)
+// ============================================================================
+
+// One layer's attention parameters (or their gradients: the same layout).
+typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
+
+// out is (B,T,C); qkv (B,T,3C), att (B,NH,T,T), heads (B,T,C) are kept for backward
+static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
+                                   const real *x, AttentionParams w, const int *len, int causal,
+                                   int B, int T, int C, int NH) {
+    linear_forward(qkv, x, w.qkv_w, w.qkv_b, B * T, C, 3 * C);
+    attention_forward(heads, att, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
+    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
+}
+
+// d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
+static void self_attention_backward(real *dx, AttentionParams g, real *d_qkv, real *d_heads,
+                                    const real *dout,
+                                    const real *qkv, const real *att, const real *heads,
+                                    const real *x, AttentionParams w, int B, int T, int C, int NH) {
+    // out = heads W^O^T + b^O
+    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
+    // heads = Attention(q, k, v)
+    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att,
+                       qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, B, T, T, C, NH);
+    // qkv = x W_qkv^T + b_qkv
+    linear_backward(dx, g.qkv_w, g.qkv_b, d_qkv, x, w.qkv_w, B * T, C, 3 * C);
+}
+
+// out is (B,T,C); q (B,T,C), kv (B,S,2C), att (B,NH,T,S), heads (B,T,C) kept for backward
+static void cross_attention_forward(real *out, real *q, real *kv, real *att, real *heads,
+                                    const real *x, const real *memory, AttentionParams w,
+                                    const int *src_len, int B, int T, int S, int C, int NH) {
+    linear_forward(q, x, w.qkv_w, w.qkv_b, B * T, C, C);
+    linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
+    attention_forward(heads, att, q, kv, kv + C, C, 2 * C, src_len, 0, B, T, S, C, NH);
+    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
+}
+
+// d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
+static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
+                                     real *d_q, real *d_kv, real *d_heads,
+                                     const real *dout, const real *q, const real *kv,
+                                     const real *att, const real *heads, const real *x,
+                                     const real *memory, AttentionParams w,
+                                     int B, int T, int S, int C, int NH) {
+    // out = heads W^O^T + b^O
+    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
+    // heads = Attention(q, k, v), keys and values from the encoder
+    attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C,
+                       C, 2 * C, B, T, S, C, NH);
+    // q = x W_q^T + b_q
+    linear_backward(dx, g.qkv_w, g.qkv_b, d_q, x, w.qkv_w, B * T, C, C);
+    // kv = memory W_kv^T + b_kv
+    linear_backward(dmemory, g.qkv_w + (size_t)C * C, g.qkv_b + C, d_kv, memory,
+                    w.qkv_w + (size_t)C * C, B * S, C, 2 * C);
+}
+
+// ============================================================================
+// §3.3  Position-wise feed-forward networks
+//     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                            (eq. 2)
+// "applied to each position separately and identically": one linear layer
+// over all B*T rows at once.
+// ============================================================================
+
+// h = max(0, h) in place
+static void relu_forward(real *h, size_t n) {
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
+}
+
+// Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
+// In place: dh becomes da.
+static void relu_backward(real *dh, const real *h, size_t n) {
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
+}
+
+// One layer's FFN parameters (or their gradients).
+typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
+
+// out is (N,C), h (N,F) = max(0, x W_1^T + b_1) is kept for backward
+static void feed_forward_forward(real *out, real *h, const real *x, FeedForwardParams w,
+                                 int N, int C, int F) {
+    linear_forward(h, x, w.w1, w.b1, N, C, F);
+    relu_forward(h, (size_t)N * F);
+    linear_forward(out, h, w.w2, w.b2, N, F, C);
+}
+
+// d_h (N,F) is zeroed scratch; dx accumulates
+static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, const real *dout,
+                                  const real *h, const real *x, FeedForwardParams w,
+                                  int N, int C, int F) {
+    // out = h W_2^T + b_2
+    linear_backward(d_h, g.w2, g.b2, dout, h, w.w2, N, F, C);
+    // h = max(0, a)
+    relu_backward(d_h, h, (size_t)N * F);
+    // a = x W_1^T + b_1
+    linear_backward(dx, g.w1, g.b1, d_h, x, w.w1, N, C, F);
+}
+
+// ============================================================================
+// §3.4  Embeddings and softmax
+// "we share the same weight matrix between the two embedding layers and the
+// pre-softmax linear transformation ... In the embedding layers, we multiply
+// those weights by sqrt(d_model)." One (V, C) matrix E serves three times:
+//     source:  x = E[token] * sqrt(C) + PE[pos]
+//     target:  y = E[token] * sqrt(C) + PE[pos]
+//     output:  logits = decoder_output E^T
+// ============================================================================
+
+// out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
+static void embedding_forward(real *out, const int *tokens, const real *embedding,
+                              const real *pe, int B, int T, int C) {
+    real scale = real_sqrt((real)C);
+    OMP(parallel for collapse(2))
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const real *e = embedding + (size_t)tokens[b * T + t] * C;
+            const real *pos = pe + (size_t)t * C;
+            real *o = out + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) o[i] = e[i] * scale + pos[i];
+        }
+    }
+}
+
+// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i].
+// Two positions holding the same token add into the same row of the
+// gradient, so this runs on one thread, positions in order.
+static void embedding_backward(real *dembedding, const real *dout, const int *tokens,
+                               int B, int T, int C) {
+    real scale = real_sqrt((real)C);
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            real *de = dembedding + (size_t)tokens[b * T + t] * C;
+            const real *g = dout + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) de[i] += g[i] * scale;
+        }
+    }
+}
+
+// ============================================================================
+// §3.5  Positional encoding
+//     PE(pos, 2i)   = sin(pos / 10000^(2i/d_model))
+//     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
+// Interleaved as in the paper (tensor2tensor's code concatenates the sines and
+// then the cosines instead). Computed once, in double, and added to the
+// embeddings; it has no parameters and so no backward.
+// ============================================================================
+
+// pe is (max_len, C)
+static void positional_encoding_init(real *pe, int max_len, int C) {
+    for (int pos = 0; pos < max_len; pos++) {
+        for (int i = 0; 2 * i < C; i++) {
+            double angle = pos / pow(10000.0, (2.0 * i) / C);
+            pe[(size_t)pos * C + 2 * i] = (real)sin(angle);
+            if (2 * i + 1 < C) pe[(size_t)pos * C + 2 * i + 1] = (real)cos(angle);
+        }
+    }
+}
+
+// ============================================================================
+// §3.1  Encoder and decoder stacks
+// "The encoder is composed of a stack of N identical layers. Each layer has
+// two sub-layers ... multi-head self-attention ... and a simple, position-wise
+// fully connected feed-forward network." The decoder "inserts a third
+// sub-layer, which performs multi-head attention over the output of the
+// encoder stack", and masks its self-attention. Post-norm, as published:
+//
+//   encoder layer                       decoder layer
+//   x ─┬─ self-attention ─ drop ─(+)─ LN    y ─┬─ masked self-attn ─ drop ─(+)─ LN ─┐
+//      └──────────────────────────┘            └──────────────────────────┘        │
+//   ─┬─ FFN ─ drop ─(+)─ LN ─> out       ┌─────────────────────────────────────────┘
+//    └────────────────────┘              ├─ attention over memory ─ drop ─(+)─ LN ─┐
+//                                        └────────────────────────────────┘        │
+//                                        ┌─────────────────────────────────────────┘
+//                                        ├─ FFN ─ drop ─(+)─ LN ─> out
+//                                        └────────────────────┘
+// No layer norm follows the last layer of either stack in the published model.
+// ============================================================================
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    FeedForwardParams ffn;
+    real *ln2_g, *ln2_b;
+} EncoderLayerParams;
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    AttentionParams cross_attn;
+    real *ln2_g, *ln2_b;
+    FeedForwardParams ffn;
+    real *ln3_g, *ln3_b;
+} DecoderLayerParams;
+
+static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
+                                           size_t l, size_t C) {
+    AttentionParams a = { qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
+    return a;
+}
+
+static FeedForwardParams feed_forward_params_at(real *w1, real *b1, real *w2, real *b2,
+                                                size_t l, size_t C, size_t F) {
+    FeedForwardParams f = { w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
+    return f;
+}
+
+// Layer l's view into a ParameterTensors (the parameters or the gradients).
+static EncoderLayerParams encoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
+    size_t l = layer, C = c->d_model, F = c->d_ff;
+    EncoderLayerParams e;
+    e.self_attn = attention_params_at(p->enc_qkv_w, p->enc_qkv_b, p->enc_out_w, p->enc_out_b, l, C);
+    e.ln1_g = p->enc_ln1_g + l * C;
+    e.ln1_b = p->enc_ln1_b + l * C;
+    e.ffn = feed_forward_params_at(p->enc_ff1_w, p->enc_ff1_b, p->enc_ff2_w, p->enc_ff2_b, l, C, F);
+    e.ln2_g = p->enc_ln2_g + l * C;
+    e.ln2_b = p->enc_ln2_b + l * C;
+    return e;
+}
+
+static DecoderLayerParams decoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
+    size_t l = layer, C = c->d_model, F = c->d_ff;
+    DecoderLayerParams d;
+    d.self_attn = attention_params_at(p->dec_self_qkv_w, p->dec_self_qkv_b,
+                                      p->dec_self_out_w, p->dec_self_out_b, l, C);
+    d.ln1_g = p->dec_ln1_g + l * C;
+    d.ln1_b = p->dec_ln1_b + l * C;
+    d.cross_attn = attention_params_at(p->dec_cross_qkv_w, p->dec_cross_qkv_b,
+                                       p->dec_cross_out_w, p->dec_cross_out_b, l, C);
+    d.ln2_g = p->dec_ln2_g + l * C;
+    d.ln2_b = p->dec_ln2_b + l * C;
+    d.ffn = feed_forward_params_at(p->dec_ff1_w, p->dec_ff1_b, p->dec_ff2_w, p->dec_ff2_b, l, C, F);
+    d.ln3_g = p->dec_ln3_g + l * C;
+    d.ln3_b = p->dec_ln3_b + l * C;
+    return d;
+}
+
+// Layer l's slice of the activations.
+typedef struct {
+    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
+} EncoderLayerActs;
+
+typedef struct {
+    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
+         *ln2, *ln2_mean, *ln2_rstd;
+    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
+} DecoderLayerActs;
+
+static EncoderLayerActs encoder_layer_acts(const Transformer *m, int layer) {
+    const ActivationTensors *a = &m->acts;
+    size_t l = layer, B = m->B, S = m->S, C = m->config.d_model, F = m->config.d_ff;
+    size_t NH = m->config.n_heads, BSC = B * S * C, BS = B * S;
+    EncoderLayerActs e = {
+        a->enc_qkv + l * 3 * BSC, a->enc_att + l * B * NH * S * S, a->enc_heads + l * BSC,
+        a->enc_att_proj + l * BSC, a->enc_drop1 + l * BSC, a->enc_res1 + l * BSC,
+        a->enc_ln1 + l * BSC, a->enc_ln1_mean + l * BS, a->enc_ln1_rstd + l * BS,
+        a->enc_ff_h + l * BS * F, a->enc_ff_out + l * BSC, a->enc_drop2 + l * BSC,
+        a->enc_res2 + l * BSC, a->enc_ln2 + l * BSC, a->enc_ln2_mean + l * BS,
+        a->enc_ln2_rstd + l * BS,
+    };
+    return e;
+}
+
+static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
+    const ActivationTensors *a = &m->acts;
+    size_t l = layer, B = m->B, S = m->S, T = m->T, C = m->config.d_model, F = m->config.d_ff;
+    size_t NH = m->config.n_heads, BTC = B * T * C, BT = B * T;
+    DecoderLayerActs d = {
+        a->dec_self_qkv + l * 3 * BTC, a->dec_self_att + l * B * NH * T * T,
+        a->dec_self_heads + l * BTC, a->dec_self_proj + l * BTC, a->dec_drop1 + l * BTC,
+        a->dec_res1 + l * BTC, a->dec_ln1 + l * BTC, a->dec_ln1_mean + l * BT,
+        a->dec_ln1_rstd + l * BT,
+        a->dec_cross_q + l * BTC, a->dec_cross_kv + l * 2 * B * S * C,
+        a->dec_cross_att + l * B * NH * T * S, a->dec_cross_heads + l * BTC,
+        a->dec_cross_proj + l * BTC, a->dec_drop2 + l * BTC, a->dec_res2 + l * BTC,
+        a->dec_ln2 + l * BTC, a->dec_ln2_mean + l * BT, a->dec_ln2_rstd + l * BT,
+        a->dec_ff_h + l * BT * F, a->dec_ff_out + l * BTC, a->dec_drop3 + l * BTC,
+        a->dec_res3 + l * BTC, a->dec_ln3 + l * BTC, a->dec_ln3_mean + l * BT,
+        a->dec_ln3_rstd + l * BT,
+    };
+    return d;
+}
+
+static void zero(real *x, size_t n) {
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) x[i] = 0;
+}
+
+// "Add & Norm" (Figure 1), the end of every sub-layer:
+//     res = x + Dropout(sublayer);   out = LayerNorm(res)
+// out, res, mask are (N,C), mean and rstd (N); x and sublayer are (N,C).
+// The mask drawn here is kept, so the backward pass is residual_layernorm_backward.
+static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask,
+                             const real *x, const real *sublayer, const real *gain,
+                             const real *bias, Transformer *m, int N) {
+    const TransformerConfig *c = &m->config;
+    dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, (size_t)N * c->d_model);
+    residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, c->d_model,
+                               c->layer_norm_eps);
+}
+
+// out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
+static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLayerParams w,
+                                  const int *src_len, Transformer *m, int B, int S) {
+    const TransformerConfig *c = &m->config;
+    int C = c->d_model, N = B * S;
+    // sub-layer 1: ln1 = LayerNorm(x + Dropout(SelfAttention(x)))
+    self_attention_forward(la.att_proj, la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0,
+                           B, S, C, c->n_heads);
+    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, x, la.att_proj,
+                     w.ln1_g, w.ln1_b, m, N);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(FFN(ln1)))
+    feed_forward_forward(la.ff_out, la.ff_h, la.ln1, w.ffn, N, C, c->d_ff);
+    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.ff_out,
+                     w.ln2_g, w.ln2_b, m, N);
+}
+
+// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients.
+// The gradients in between go through m->scratch (transformer.h).
+static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
+                                   EncoderLayerActs la, const real *x, EncoderLayerParams w,
+                                   Transformer *m, int B, int S) {
+    const TransformerConfig *c = &m->config;
+    BackwardScratch *s = &m->scratch;
+    int C = c->d_model, F = c->d_ff, N = B * S;
+    size_t n = (size_t)N * C;
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
+    zero(s->d_ln1, n); zero(s->d_sublayer, n);
+    residual_layernorm_backward(s->d_ln1, s->d_sublayer, g.ln2_g, g.ln2_b, dout, la.res2, la.drop2,
+                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
+    zero(s->d_ff_h, (size_t)N * F);
+    feed_forward_backward(s->d_ln1, g.ffn, s->d_ff_h, s->d_sublayer, la.ff_h, la.ln1, w.ffn, N, C, F);
+    // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
+    zero(s->d_sublayer, n);
+    residual_layernorm_backward(dx, s->d_sublayer, g.ln1_g, g.ln1_b, s->d_ln1, la.res1, la.drop1,
+                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
+    zero(s->d_heads, n); zero(s->d_qkv, 3 * n);
+    self_attention_backward(dx, g.self_attn, s->d_qkv, s->d_heads, s->d_sublayer,
+                            la.qkv, la.att, la.heads, x, w.self_attn, B, S, C, c->n_heads);
+}
+
+// out = la.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
+static void decoder_layer_forward(DecoderLayerActs la, const real *y, const real *memory,
+                                  DecoderLayerParams w, const Batch *batch, Transformer *m) {
+    const TransformerConfig *c = &m->config;
+    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, N = B * T;
+    // sub-layer 1: ln1 = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
+    self_attention_forward(la.self_proj, la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
+                           batch->tgt_len, 1, B, T, C, c->n_heads);
+    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, y, la.self_proj,
+                     w.ln1_g, w.ln1_b, m, N);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
+    cross_attention_forward(la.cross_proj, la.cross_q, la.cross_kv, la.cross_att, la.cross_heads,
+                            la.ln1, memory, w.cross_attn, batch->src_len, B, T, S, C, c->n_heads);
+    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.cross_proj,
+                     w.ln2_g, w.ln2_b, m, N);
+    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(FFN(ln2)))
+    feed_forward_forward(la.ff_out, la.ff_h, la.ln2, w.ffn, N, C, c->d_ff);
+    add_norm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, la.drop3, la.ln2, la.ff_out,
+                     w.ln3_g, w.ln3_b, m, N);
+}
+
+// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3).
+static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g, const real *dout,
+                                   DecoderLayerActs la, const real *y, const real *memory,
+                                   DecoderLayerParams w, const Batch *batch, Transformer *m) {
+    const TransformerConfig *c = &m->config;
+    BackwardScratch *s = &m->scratch;
+    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, F = c->d_ff, N = B * T;
+    size_t n = (size_t)N * C;
+    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
+    zero(s->d_ln2, n); zero(s->d_sublayer, n);
+    residual_layernorm_backward(s->d_ln2, s->d_sublayer, g.ln3_g, g.ln3_b, dout, la.res3, la.drop3,
+                                w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
+    zero(s->d_ff_h, (size_t)N * F);
+    feed_forward_backward(s->d_ln2, g.ffn, s->d_ff_h, s->d_sublayer, la.ff_h, la.ln2, w.ffn, N, C, F);
+    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
+    zero(s->d_sublayer, n); zero(s->d_ln1, n);
+    residual_layernorm_backward(s->d_ln1, s->d_sublayer, g.ln2_g, g.ln2_b, s->d_ln2, la.res2, la.drop2,
+                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
+    zero(s->d_heads, n); zero(s->d_q, n); zero(s->d_kv, (size_t)B * S * 2 * C);
+    cross_attention_backward(s->d_ln1, dmemory, g.cross_attn, s->d_q, s->d_kv, s->d_heads,
+                             s->d_sublayer, la.cross_q, la.cross_kv, la.cross_att,
+                             la.cross_heads, la.ln1, memory, w.cross_attn, B, T, S, C, c->n_heads);
+    // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
+    zero(s->d_sublayer, n);
+    residual_layernorm_backward(dy, s->d_sublayer, g.ln1_g, g.ln1_b, s->d_ln1, la.res1, la.drop1,
+                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
+    zero(s->d_heads, n); zero(s->d_qkv, 3 * n);
+    self_attention_backward(dy, g.self_attn, s->d_qkv, s->d_heads, s->d_sublayer,
+                            la.self_qkv, la.self_att, la.self_heads, y, w.self_attn, B, T, C, c->n_heads);
+}
+
+// ============================================================================
+// §5.4  Label smoothing, and the loss
+// "During training, we employed label smoothing of value eps_ls = 0.1." The
+// target distribution at each position is, as in PyTorch's cross_entropy,
+//     q_v = (1 - eps_ls) [v == y] + eps_ls / V
+// and the loss is the cross-entropy -sum_v q_v log p_v with p = softmax(logits),
+// averaged over the non-padding target positions.
+// ============================================================================
+
+// token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
+// Returns the mean loss; *num_tokens gets the number of non-padding positions.
+static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
+                                    const int *targets, const int *tgt_len, float label_smoothing,
+                                    int B, int T, int V, int *num_tokens) {
+    real eps = (real)label_smoothing;
+    OMP(parallel for)
+    for (int bt = 0; bt < B * T; bt++) {
+        const real *z = logits + (size_t)bt * V;
+        real *p = probs + (size_t)bt * V;
+        if (bt % T >= tgt_len[bt / T]) { // padding: no loss, no probabilities
+            token_loss[bt] = 0;
+            for (int v = 0; v < V; v++) p[v] = 0;
+            continue;
+        }
+        // log p_v = z_v - logsumexp(z), computed around the largest logit
+        real max_z = -INFINITY;
+        OMP(simd reduction(max : max_z))
+        for (int v = 0; v < V; v++) max_z = z[v] > max_z ? z[v] : max_z;
+        real sum = 0, sum_z = 0;
+        OMP(simd reduction(+ : sum, sum_z))
+        for (int v = 0; v < V; v++) {
+            p[v] = real_exp(z[v] - max_z);
+            sum += p[v];
+            sum_z += z[v];
+        }
+        real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
+        for (int v = 0; v < V; v++) p[v] *= inv_sum;
+        // -sum_v q_v log p_v = -(1-eps) log p_y - (eps/V) sum_v log p_v
+        real log_p_target = z[targets[bt]] - log_sum;
+        real sum_log_p = sum_z - V * log_sum;
+        token_loss[bt] = -(1 - eps) * log_p_target - eps / V * sum_log_p;
+    }
+    double total = 0;
+    int count = 0;
+    for (int bt = 0; bt < B * T; bt++) {
+        if (bt % T < tgt_len[bt / T]) { total += token_loss[bt]; count++; }
+    }
+    *num_tokens = count;
+    return count ? total / count : 0.0;
+}
+
+// Differentiates  loss = (1/n) sum_positions -sum_v q_v log softmax(z)_v:
+// for a softmax followed by cross-entropy against a distribution q that sums
+// to one, dloss/dz_v = p_v - q_v, here divided by the n non-padding positions.
+static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets,
+                                   const int *tgt_len, float label_smoothing, int num_tokens,
+                                   int B, int T, int V) {
+    real eps = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
+    OMP(parallel for)
+    for (int bt = 0; bt < B * T; bt++) {
+        if (bt % T >= tgt_len[bt / T]) continue;
+        const real *p = probs + (size_t)bt * V;
+        real *dz = dlogits + (size_t)bt * V;
+        for (int v = 0; v < V; v++) {
+            real q = eps / V + (v == targets[bt] ? 1 - eps : 0);
+            dz[v] += (p[v] - q) * inv_n;
+        }
+    }
+}
+
+// ============================================================================
+// The model: allocation, the whole forward pass, the whole backward pass
+// ============================================================================
+
+// `count` numbers rounded up to whole cache lines, so that the tensor laid
+// out after them in an arena starts on a line too (arena_calloc).
+static size_t whole_lines(size_t count) {
+    size_t per_line = CACHE_LINE / sizeof(real);
+    return (count + per_line - 1) / per_line * per_line;
+}
+
+static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *c,
+                             size_t B, size_t S, size_t T) {
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
+    size_t list[NUM_ACTIVATION_TENSORS] = {
+        BSC, BSC, BSC,                                                  // enc embedded, mask, x0
+        L * 3 * BSC, L * B * NH * S * S, L * BSC, L * BSC, L * BSC, L * BSC,  // qkv .. res1
+        L * BSC, L * BS, L * BS,                                        // ln1
+        L * BS * F, L * BSC, L * BSC, L * BSC,                          // ff_h .. res2
+        L * BSC, L * BS, L * BS,                                        // ln2
+        BTC, BTC, BTC,                                                  // dec embedded, mask, x0
+        L * 3 * BTC, L * B * NH * T * T, L * BTC, L * BTC, L * BTC, L * BTC,  // self qkv .. res1
+        L * BTC, L * BT, L * BT,                                        // ln1
+        L * BTC, L * 2 * BSC, L * B * NH * T * S, L * BTC, L * BTC, L * BTC, L * BTC, // cross
+        L * BTC, L * BT, L * BT,                                        // ln2
+        L * BT * F, L * BTC, L * BTC, L * BTC,                          // ff_h .. res3
+        L * BTC, L * BT, L * BT,                                        // ln3
+        BT * V, BT * V, BT,                                             // logits, probs, token loss
+    };
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
+}
+
+static void point_activations(ActivationTensors *a, real *memory, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
+    real **list[NUM_ACTIVATION_TENSORS] = {
+        &a->enc_embedded, &a->enc_emb_mask, &a->enc_x0,
+        &a->enc_qkv, &a->enc_att, &a->enc_heads, &a->enc_att_proj, &a->enc_drop1, &a->enc_res1,
+        &a->enc_ln1, &a->enc_ln1_mean, &a->enc_ln1_rstd,
+        &a->enc_ff_h, &a->enc_ff_out, &a->enc_drop2, &a->enc_res2,
+        &a->enc_ln2, &a->enc_ln2_mean, &a->enc_ln2_rstd,
+        &a->dec_embedded, &a->dec_emb_mask, &a->dec_x0,
+        &a->dec_self_qkv, &a->dec_self_att, &a->dec_self_heads, &a->dec_self_proj, &a->dec_drop1,
+        &a->dec_res1, &a->dec_ln1, &a->dec_ln1_mean, &a->dec_ln1_rstd,
+        &a->dec_cross_q, &a->dec_cross_kv, &a->dec_cross_att, &a->dec_cross_heads,
+        &a->dec_cross_proj, &a->dec_drop2, &a->dec_res2,
+        &a->dec_ln2, &a->dec_ln2_mean, &a->dec_ln2_rstd,
+        &a->dec_ff_h, &a->dec_ff_out, &a->dec_drop3, &a->dec_res3,
+        &a->dec_ln3, &a->dec_ln3_mean, &a->dec_ln3_rstd,
+        &a->logits, &a->probs, &a->token_loss,
+    };
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
+        *list[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+#define NUM_SCRATCH_TENSORS 13
+static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
+                          size_t B, size_t S, size_t T) {
+    size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    size_t rows = B * (S > T ? S : T);   // the encoder's rows or the decoder's
+    size_t list[NUM_SCRATCH_TENSORS] = {
+        rows * C, rows * C, rows * C, rows * C,   // d_output d_input d_ln1 d_ln2
+        rows * C, rows * C, rows * 3 * C,         // d_sublayer d_heads d_qkv
+        B * T * C, B * S * 2 * C, rows * F,       // d_q d_kv d_ff_h
+        B * S * C, rows * C, B * T * V,           // d_memory d_embedded d_logits
+    };
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
+}
+
+static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
+    real **list[NUM_SCRATCH_TENSORS] = {
+        &s->d_output, &s->d_input, &s->d_ln1, &s->d_ln2, &s->d_sublayer, &s->d_heads, &s->d_qkv,
+        &s->d_q, &s->d_kv, &s->d_ff_h, &s->d_memory, &s->d_embedded, &s->d_logits,
+    };
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
+        *list[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+static size_t sum_sizes(const size_t *sizes, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += sizes[i];
+    return total;
+}
+
+// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
+// A smaller batch reuses them: per-layer offsets are computed from the actual
+// B, S, T, which fit inside every tensor's capacity.
+static void ensure_buffers(Transformer *m, int B, int S, int T) {
+    if (m->acts_memory && B <= m->cap_B && S <= m->cap_S && T <= m->cap_T) return;
+    if (B < m->cap_B) B = m->cap_B;
+    if (S < m->cap_S) S = m->cap_S;
+    if (T < m->cap_T) T = m->cap_T;
+    arena_free(m->acts_memory);
+    arena_free(m->scratch_memory);
+    size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
+    activation_sizes(sizes, &m->config, B, S, T);
+    scratch_sizes(scratch, &m->config, B, S, T);
+    m->acts_memory = arena_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), "activations");
+    m->scratch_memory = arena_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), "backward scratch");
+    point_activations(&m->acts, m->acts_memory, sizes);
+    point_scratch(&m->scratch, m->scratch_memory, scratch);
+    m->cap_B = B; m->cap_S = S; m->cap_T = T;
+}
+
+const char *transformer_build(Transformer *m, const TransformerConfig *config, uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    const char *error = transformer_config_check(config);
+    if (error) return error;
+    m->config = *config;
+    parameter_sizes(m->param_sizes, config);
+    m->num_parameters = sum_sizes(m->param_sizes, NUM_PARAMETER_TENSORS);
+    m->params_memory = arena_calloc(m->num_parameters, "parameters");
+    m->grads_memory = arena_calloc(m->num_parameters, "gradients");
+    m->adam_m = arena_calloc(m->num_parameters, "Adam first moments");
+    m->adam_v = arena_calloc(m->num_parameters, "Adam second moments");
+    point_parameters(&m->params, m->params_memory, m->param_sizes);
+    point_parameters(&m->grads, m->grads_memory, m->param_sizes);
+    m->adam.beta1 = 0.9f;   // §5.3
+    m->adam.beta2 = 0.98f;
+    m->adam.eps = 1e-9f;
+    m->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
+    positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
+    initialize_parameters(m, seed);
+    rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
+    m->training = 1;
+    return NULL;
+}
+
+void transformer_free(Transformer *m) {
+    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, m->positional_encoding,
+                       m->acts_memory, m->scratch_memory };
+    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
+    memset(m, 0, sizeof *m);
+}
+
+// Returns NULL when the batch fits the model, else what is wrong with it.
+const char *batch_check(const Batch *batch, const TransformerConfig *c) {
+    static char message[200];
+    #define BATCH_REQUIRE(cond, ...) do { if (!(cond)) { \
+        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
+    BATCH_REQUIRE(batch->B >= 1 && batch->S >= 1 && batch->T >= 1,
+                  "batch shape %d x %d x %d, expected positive sizes", batch->B, batch->S, batch->T);
+    BATCH_REQUIRE(batch->S <= c->max_len && batch->T <= c->max_len,
+                  "batch lengths %d (source) and %d (target) exceed max_len %d",
+                  batch->S, batch->T, c->max_len);
+    for (int b = 0; b < batch->B; b++) {
+        BATCH_REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= batch->S,
+                      "sentence %d: source length %d, expected 1..%d", b, batch->src_len[b], batch->S);
+        BATCH_REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= batch->T,
+                      "sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b], batch->T);
+        for (int s = 0; s < batch->S; s++) {
+            int tok = batch->src[b * batch->S + s];
+            BATCH_REQUIRE(tok >= 0 && tok < c->vocab_size,
+                          "sentence %d: source token %d at %d outside the vocabulary 0..%d",
+                          b, tok, s, c->vocab_size - 1);
+        }
+        for (int t = 0; t < batch->T; t++) {
+            int in = batch->tgt_in[b * batch->T + t], out = batch->tgt_out[b * batch->T + t];
+            BATCH_REQUIRE(in >= 0 && in < c->vocab_size && out >= 0 && out < c->vocab_size,
+                          "sentence %d: target token %d/%d at %d outside the vocabulary 0..%d",
+                          b, in, out, t, c->vocab_size - 1);
+        }
+    }
+    #undef BATCH_REQUIRE
+    return NULL;
+}
+
+// The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
+static const real *encoder_forward(Transformer *m, const Batch *batch) {
+    const TransformerConfig *c = &m->config;
+    ActivationTensors *a = &m->acts;
+    int B = batch->B, S = batch->S, C = c->d_model;
+    size_t n = (size_t)B * S * C;
+    // §3.4, §3.5: embed, scale, add positions; §5.4: dropout on the sum
+    embedding_forward(a->enc_embedded, batch->src, m->params.embedding, m->positional_encoding, B, S, C);
+    dropout_mask(a->enc_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
+    dropout_forward(a->enc_x0, a->enc_embedded, a->enc_emb_mask, n);
+    const real *x = a->enc_x0;
+    for (int l = 0; l < c->n_layers; l++) {
+        EncoderLayerActs la = encoder_layer_acts(m, l);
+        encoder_layer_forward(la, x, encoder_layer_params(&m->params, c, l), batch->src_len, m, B, S);
+        x = la.ln2;
+    }
+    return x;
+}
+
+// The decoder stack and the output projection: logits = Decoder(target, memory) E^T
+static void decoder_forward(Transformer *m, const Batch *batch, const real *memory) {
+    const TransformerConfig *c = &m->config;
+    ActivationTensors *a = &m->acts;
+    int B = batch->B, T = batch->T, C = c->d_model;
+    size_t n = (size_t)B * T * C;
+    embedding_forward(a->dec_embedded, batch->tgt_in, m->params.embedding, m->positional_encoding, B, T, C);
+    dropout_mask(a->dec_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
+    dropout_forward(a->dec_x0, a->dec_embedded, a->dec_emb_mask, n);
+    const real *y = a->dec_x0;
+    for (int l = 0; l < c->n_layers; l++) {
+        DecoderLayerActs la = decoder_layer_acts(m, l);
+        decoder_layer_forward(la, y, memory, decoder_layer_params(&m->params, c, l), batch, m);
+        y = la.ln3;
+    }
+    // §3.4 the pre-softmax linear transformation shares the embedding matrix
+    linear_forward(a->logits, y, m->params.embedding, NULL, B * T, C, c->vocab_size);
+}
+
+// The whole forward pass; returns the label-smoothed loss (§5.4). The batch
+// must pass batch_check; one that does not stops the program with a message
+// rather than read outside the embedding.
+real transformer_forward(Transformer *m, const Batch *batch) {
+    const char *error = batch_check(batch, &m->config);
+    if (error) {
+        fprintf(stderr, "error: transformer_forward: %s\n", error);
+        exit(1);
+    }
+    ensure_buffers(m, batch->B, batch->S, batch->T);
+    m->B = batch->B; m->S = batch->S; m->T = batch->T;
+    const real *memory = encoder_forward(m, batch);
+    decoder_forward(m, batch, memory);
+    m->loss = (real)cross_entropy_forward(m->acts.token_loss, m->acts.probs, m->acts.logits,
+                                          batch->tgt_out, batch->tgt_len, m->config.label_smoothing,
+                                          batch->B, batch->T, m->config.vocab_size,
+                                          &m->num_target_tokens);
+    return m->loss;
+}
+
+void transformer_zero_grad(Transformer *m) {
+    zero(m->grads_memory, m->num_parameters);
+}
+
+// The whole backward pass, for the batch of the last transformer_forward:
+// accumulates dloss/dparameter into m->grads.
+void transformer_backward(Transformer *m, const Batch *batch) {
+    const TransformerConfig *c = &m->config;
+    ActivationTensors *a = &m->acts;
+    BackwardScratch *s = &m->scratch;
+    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
+    size_t n_dec = (size_t)B * T * C, n_enc = (size_t)B * S * C;
+    if (m->num_target_tokens == 0) return;
+    // loss = CrossEntropy(softmax(logits), q)
+    zero(s->d_logits, (size_t)B * T * V);
+    cross_entropy_backward(s->d_logits, a->probs, batch->tgt_out, batch->tgt_len,
+                           c->label_smoothing, m->num_target_tokens, B, T, V);
+    // logits = decoder_output E^T
+    const real *decoder_output = decoder_layer_acts(m, L - 1).ln3;
+    real *d_out = s->d_output, *d_in = s->d_input;   // swapped after each layer
+    zero(d_out, n_dec);
+    linear_backward(d_out, m->grads.embedding, NULL, s->d_logits, decoder_output,
+                    m->params.embedding, B * T, C, V);
+    // the decoder stack, last layer first
+    const real *memory = encoder_layer_acts(m, L - 1).ln2;
+    zero(s->d_memory, n_enc);
+    for (int l = L - 1; l >= 0; l--) {
+        const real *y = l == 0 ? a->dec_x0 : decoder_layer_acts(m, l - 1).ln3;
+        zero(d_in, n_dec);
+        decoder_layer_backward(d_in, s->d_memory, decoder_layer_params(&m->grads, c, l), d_out,
+                               decoder_layer_acts(m, l), y, memory,
+                               decoder_layer_params(&m->params, c, l), batch, m);
+        real *swap = d_out; d_out = d_in; d_in = swap;
+    }
+    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE)
+    zero(s->d_embedded, n_dec);
+    dropout_backward(s->d_embedded, d_out, a->dec_emb_mask, n_dec);
+    embedding_backward(m->grads.embedding, s->d_embedded, batch->tgt_in, B, T, C);
+    // the encoder stack, starting from the gradient its output got from every decoder layer
+    memcpy(d_out, s->d_memory, n_enc * sizeof(real));
+    for (int l = L - 1; l >= 0; l--) {
+        const real *x = l == 0 ? a->enc_x0 : encoder_layer_acts(m, l - 1).ln2;
+        zero(d_in, n_enc);
+        encoder_layer_backward(d_in, encoder_layer_params(&m->grads, c, l), d_out,
+                               encoder_layer_acts(m, l), x, encoder_layer_params(&m->params, c, l),
+                               m, B, S);
+        real *swap = d_out; d_out = d_in; d_in = swap;
+    }
+    // enc_x0 = Dropout(E[src] sqrt(C) + PE)
+    zero(s->d_embedded, n_enc);
+    dropout_backward(s->d_embedded, d_out, a->enc_emb_mask, n_enc);
+    embedding_backward(m->grads.embedding, s->d_embedded, batch->src, B, S, C);
+}
+
+// ============================================================================
+// §5.3  Optimizer
+// "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and eps = 1e-9.
+// We varied the learning rate over the course of training, according to
+//     lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)"
+// (eq. 3): a linear rise for warmup_steps (4000 in the paper), then a decay
+// with the inverse square root of the step. `factor` scales the whole curve
+// (1 in the paper; larger for tiny models, as many reimplementations do).
+// ============================================================================
+
+double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor) {
+    double s = step < 1 ? 1.0 : (double)step;
+    double rise = s * pow((double)warmup_steps, -1.5), decay = 1.0 / sqrt(s);
+    return factor / sqrt((double)d_model) * (rise < decay ? rise : decay);
+}
+
+// One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter:
+//     m = beta1 m + (1 - beta1) g            (first moment)
+//     v = beta2 v + (1 - beta2) g^2          (second moment)
+//     theta -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// with t the step count; the divisions undo the moments' bias towards 0.
+void adam_update(Transformer *m, double learning_rate) {
+    m->adam_step++;
+    double b1 = m->adam.beta1, b2 = m->adam.beta2;
+    double correction1 = 1.0 - pow(b1, (double)m->adam_step);
+    double correction2 = 1.0 - pow(b2, (double)m->adam_step);
+    real step_size = (real)(learning_rate / correction1);
+    real rsqrt_c2 = (real)(1.0 / sqrt(correction2)), eps = (real)m->adam.eps;
+    real beta1 = (real)b1, beta2 = (real)b2;
+    size_t n = m->num_parameters;
+    real *theta = m->params_memory, *first = m->adam_m, *second = m->adam_v;
+    const real *grad = m->grads_memory;
+    OMP(parallel for)
+    for (size_t i = 0; i < n; i++) {
+        real g = grad[i];
+        real mi = beta1 * first[i] + (1 - beta1) * g;
+        real vi = beta2 * second[i] + (1 - beta2) * g * g;
+        first[i] = mi;
+        second[i] = vi;
+        theta[i] -= step_size * mi / (real_sqrt(vi) * rsqrt_c2 + eps);
+    }
+}
+
+// ============================================================================
+// §6.1  Decoding: greedy with a key/value cache, beam search
+// "We used beam search with a beam size of 4 and length penalty alpha = 0.6
+// ... We set the maximum output length during inference to input length + 50,
+// but terminate early when possible." (§6.1)
+//
+// The decoder writes one token at a time: position t reads the token chosen
+// at t-1 (<s> at t = 0). Run naively, step t recomputes every earlier
+// position of every layer, O(t^2) work per sentence. But under the causal mask
+// (§3.2.3) nothing at positions < t depends on later tokens, so their keys and
+// values never change once computed. A key/value cache keeps them, per
+// decoder layer, and step t computes only row t:
+//
+//   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
+//     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
+//                    cross-attention  q_t against the memory's K, V (made once)
+//
+// The memory's keys and values (rows C..3C-1 of the encoder-decoder W_qkv
+// applied to the encoder output) are the same at every step, so they are
+// computed once per sentence. The step reuses the training functions
+// (linear_forward, attention_forward, residual_layernorm_forward, feed_forward_forward)
+// with one query row per sentence, so it computes what the full pass
+// computes, up to the order of a few sums; test_transformer.c checks the
+// logits against the full pass and the tokens against uncached decoding.
+// ============================================================================
+
+// The decoding state of R rows decoded side by side: R sentences (greedy) or
+// the R beams of one sentence (beam search).
+typedef struct {
+    int rows;           // R
+    int S;              // padded source length
+    int max_T;          // positions the self-attention cache holds
+    int *src_len;       // (R)                real source tokens of each row
+    int *self_len;      // (R)                positions each row's query sees: t + 1
+    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
+    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
+    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
+    real *x;            // (R, C)             a layer's input, then its output
+    real *qkv;          // (R, 3C)
+    real *heads;        // (R, C)
+    real *proj;         // (R, C)
+    real *res;          // (R, C)
+    real *ln1, *ln2;    // (R, C)
+    real *q;            // (R, C)
+    real *ff_h;         // (R, F)
+    real *ff_out;       // (R, C)
+    real *mean, *rstd;  // (R)
+    real *att;          // (R, NH, max(S, max_T))
+    real *ones;         // (R, C)             the dropout mask when not training: all ones
+    real *logits;       // (R, V)
+} DecoderCache;
+
+static void decoder_cache_init(DecoderCache *cache, const Transformer *m, int R, int S, int max_T) {
+    const TransformerConfig *c = &m->config;
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t rows = R, widest = S > max_T ? S : max_T;
+    memset(cache, 0, sizeof *cache);
+    cache->rows = R; cache->S = S; cache->max_T = max_T;
+    cache->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
+    cache->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
+    cache->cross_kv = arena_calloc(L * rows * S * 2 * C, "cross-attention key/value cache");
+    cache->self_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
+    cache->spare_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
+    real **row_buffers[] = { &cache->x, &cache->heads, &cache->proj, &cache->res, &cache->ln1, &cache->ln2,
+                             &cache->q, &cache->ff_out, &cache->ones };
+    for (size_t i = 0; i < sizeof row_buffers / sizeof *row_buffers; i++)
+        *row_buffers[i] = arena_calloc(rows * C, "decoder activations");
+    cache->qkv = arena_calloc(rows * 3 * C, "decoder activations");
+    cache->ff_h = arena_calloc(rows * F, "decoder activations");
+    cache->mean = arena_calloc(rows, "decoder activations");
+    cache->rstd = arena_calloc(rows, "decoder activations");
+    cache->att = arena_calloc(rows * NH * widest, "decoder attention");
+    cache->logits = arena_calloc(rows * V, "decoder logits");
+    for (size_t i = 0; i < rows * C; i++) cache->ones[i] = 1;
+}
+
+static void decoder_cache_free(DecoderCache *cache) {
+    free(cache->src_len);
+    free(cache->self_len);
+    real *all[] = { cache->cross_kv, cache->self_kv, cache->spare_kv, cache->x, cache->qkv, cache->heads,
+                    cache->proj, cache->res, cache->ln1, cache->ln2, cache->q, cache->ff_h, cache->ff_out,
+                    cache->mean, cache->rstd, cache->att, cache->ones, cache->logits };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) arena_free(all[i]);
+    memset(cache, 0, sizeof *cache);
+}
+
+// The encoder runs once per sentence: memory = Encoder(source) (§3.1). Then
+// every decoder layer's keys and values of the memory are computed and kept.
+// src is (B,S), padded, with B == rows (row r decodes sentence r) or B == 1
+// (every row decodes sentence 0: the beams of beam search).
+static void decoder_cache_encode(DecoderCache *cache, Transformer *m, const int *src, const int *src_len, int B) {
+    const TransformerConfig *c = &m->config;
+    int S = cache->S, C = c->d_model;
+    size_t R = cache->rows, row_kv = (size_t)S * 2 * C;
+    Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
+    ensure_buffers(m, B, S, 1);
+    m->B = B; m->S = S; m->T = 1;
+    const real *memory = encoder_forward(m, &batch);
+    for (int l = 0; l < c->n_layers; l++) {
+        AttentionParams w = decoder_layer_params(&m->params, c, l).cross_attn;
+        real *kv = cache->cross_kv + l * R * row_kv;
+        // kv = memory W_kv^T + b_kv, as cross_attention_forward computes it
+        linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
+        for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
+    }
+    for (size_t r = 0; r < R; r++) cache->src_len[r] = src_len[B == 1 ? 0 : r];
+}
+
+// One decoder position t for rows 0..rows-1: tokens (rows) are their inputs
+// at position t. Appends each row's keys and values at t to the cache and
+// leaves the logits of the next token in cache->logits (rows, V). The same
+// sub-layers as decoder_layer_forward, for one position, without dropout.
+static void decoder_step(DecoderCache *cache, Transformer *m, const int *tokens, int t, int rows) {
+    const TransformerConfig *c = &m->config;
+    int C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t R = cache->rows;
+    float eps = c->layer_norm_eps;
+    real *x = cache->x, *ones = cache->ones;
+    // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
+    embedding_forward(x, tokens, m->params.embedding, m->positional_encoding + (size_t)t * C, rows, 1, C);
+    for (int r = 0; r < rows; r++) cache->self_len[r] = t + 1;
+    for (int l = 0; l < c->n_layers; l++) {
+        DecoderLayerParams w = decoder_layer_params(&m->params, c, l);
+        real *self_kv = cache->self_kv + l * R * cache->max_T * 2 * C;
+        real *cross_kv = cache->cross_kv + l * R * cache->S * 2 * C;
+        // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
+        linear_forward(cache->qkv, x, w.self_attn.qkv_w, w.self_attn.qkv_b, rows, C, 3 * C);
+        for (int r = 0; r < rows; r++)
+            memcpy(self_kv + ((size_t)r * cache->max_T + t) * 2 * C, cache->qkv + (size_t)r * 3 * C + C,
+                   2 * (size_t)C * sizeof(real));
+        attention_forward(cache->heads, cache->att, cache->qkv, self_kv, self_kv + C, 3 * C, 2 * C,
+                          cache->self_len, 0, rows, 1, cache->max_T, C, NH);
+        linear_forward(cache->proj, cache->heads, w.self_attn.out_w, w.self_attn.out_b, rows, C, C);
+        residual_layernorm_forward(cache->ln1, cache->mean, cache->rstd, cache->res, x, cache->proj, ones,
+                                   w.ln1_g, w.ln1_b, rows, C, eps);
+        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); keys and values from the cache
+        linear_forward(cache->q, cache->ln1, w.cross_attn.qkv_w, w.cross_attn.qkv_b, rows, C, C);
+        attention_forward(cache->heads, cache->att, cache->q, cross_kv, cross_kv + C, C, 2 * C,
+                          cache->src_len, 0, rows, 1, cache->S, C, NH);
+        linear_forward(cache->proj, cache->heads, w.cross_attn.out_w, w.cross_attn.out_b, rows, C, C);
+        residual_layernorm_forward(cache->ln2, cache->mean, cache->rstd, cache->res, cache->ln1, cache->proj, ones,
+                                   w.ln2_g, w.ln2_b, rows, C, eps);
+        // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
+        feed_forward_forward(cache->ff_out, cache->ff_h, cache->ln2, w.ffn, rows, C, F);
+        residual_layernorm_forward(x, cache->mean, cache->rstd, cache->res, cache->ln2, cache->ff_out, ones,
+                                   w.ln3_g, w.ln3_b, rows, C, eps);
+    }
+    // §3.4: the pre-softmax projection through the shared embedding
+    linear_forward(cache->logits, x, m->params.embedding, NULL, rows, C, V);
+}
+
+// Beam search keeps the best hypotheses, which may extend any of the previous
+// beams: row i continues beam parent[i], so it takes over that beam's cached
+// keys and values of positions 0..positions-1.
+static void decoder_cache_reorder(DecoderCache *cache, const Transformer *m, const int *parent, int rows,
+                                  int positions) {
+    size_t C = m->config.d_model, L = m->config.n_layers, R = cache->rows, T = cache->max_T;
+    for (size_t l = 0; l < L; l++)
+        for (int i = 0; i < rows; i++)
+            memcpy(cache->spare_kv + (l * R + i) * T * 2 * C, cache->self_kv + (l * R + parent[i]) * T * 2 * C,
+                   (size_t)positions * 2 * C * sizeof(real));
+    real *swap = cache->self_kv; cache->self_kv = cache->spare_kv; cache->spare_kv = swap;
+}
+
+// §6.1: "maximum output length ... input length + 50", and never more
+// positions than the positional encoding has. Counts output tokens, </s> included.
+int transformer_decode_limit(const Transformer *m, int src_len) {
+    int limit = src_len + 50;
+    return limit < m->config.max_len ? limit : m->config.max_len;
+}
+
+// The most likely next token. <pad> and <s> are never outputs; the lowest id
+// wins a tie, and a NaN logit never wins (all NaN: </s>).
+_Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
+               "the possible outputs are the ids from </s> on");
+static int greedy_token(const real *logits, int V) {
+    int best = TOKEN_EOS;
+    for (int v = TOKEN_EOS; v < V; v++)
+        if (logits[v] > logits[best] || (logits[best] != logits[best] && logits[v] == logits[v])) best = v;
+    return best;
+}
+
+// Greedy decoding of B sentences side by side: at each position every
+// sentence takes its most likely token, until </s> or the length limit.
+// src is (B,S) padded, src_len (B). out (B, max_out) gets each output
+// without </s>, out_len (B) its length.
+void transformer_greedy_decode(Transformer *m, int *out, int *out_len, int max_out,
+                               const int *src, const int *src_len, int B, int S) {
+    int training = m->training, V = m->config.vocab_size, steps = 0;
+    m->training = 0;
+    int *limit = checked_calloc(B, sizeof(int), "decode limits");
+    int *tokens = checked_calloc(B, sizeof(int), "decode tokens");
+    int *done = checked_calloc(B, sizeof(int), "decode flags");
+    for (int b = 0; b < B; b++) {
+        limit[b] = transformer_decode_limit(m, src_len[b]);
+        if (limit[b] > max_out) limit[b] = max_out;
+        if (limit[b] > steps) steps = limit[b];
+        out_len[b] = 0;
+        tokens[b] = TOKEN_BOS;
+    }
+    DecoderCache cache;
+    decoder_cache_init(&cache, m, B, S, steps);
+    decoder_cache_encode(&cache, m, src, src_len, B);
+    for (int t = 0; t < steps; t++) {
+        decoder_step(&cache, m, tokens, t, B);
+        int active = 0;
+        for (int b = 0; b < B; b++) {
+            if (done[b]) continue;
+            int y = greedy_token(cache.logits + (size_t)b * V, V);
+            if (y == TOKEN_EOS) { done[b] = 1; continue; }
+            out[(size_t)b * max_out + out_len[b]++] = y;
+            tokens[b] = y;
+            if (t + 1 >= limit[b]) done[b] = 1;
+            active += !done[b];
+        }
+        if (!active) break;
+    }
+    decoder_cache_free(&cache);
+    free(limit); free(tokens); free(done);
+    m->training = training;
+}
+
+// §6.1 length penalty, in the form of tensor2tensor (Wu et al. 2016):
+// a hypothesis of `length` tokens (</s> included) scores log P / ((5 + length) / 6)^alpha.
+static double length_penalty(int length, double alpha) {
+    return pow((5.0 + length) / 6.0, alpha);
+}
+
+// A possible extension of a beam: token after beam `row`, with the summed
+// log-probability `score`. The logit breaks ties, then the lower row and
+// token, so that one beam ranks exactly as greedy_token chooses.
+typedef struct { double score; real logit; int row, token; } BeamCandidate;
+
+static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
+    if (a->score != b->score) return a->score > b->score;
+    if (a->logit != b->logit) return a->logit > b->logit;
+    if (a->row != b->row) return a->row < b->row;
+    return a->token < b->token;
+}
+
+// Inserts c into best[0..*count-1], sorted, keeping at most `keep`.
+static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCandidate c) {
+    int i;
+    if (*count < keep) i = (*count)++;
+    else if (candidate_before(&c, &best[keep - 1])) i = keep - 1;
+    else return;
+    while (i > 0 && candidate_before(&c, &best[i - 1])) { best[i] = best[i - 1]; i--; }
+    best[i] = c;
+}
+
+// Every alive beam r proposes every token v with the score
+// alive_score[r] + log softmax(logits[r])_v (in double); keeps the best `keep`
+// in best[], sorted. <pad> and <s> are never proposed. Returns how many.
+static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score,
+                        int num_alive, int V) {
+    int num_best = 0;
+    for (int r = 0; r < num_alive; r++) {
+        const real *z = logits + (size_t)r * V;
+        double max_z = z[0], sum = 0;
+        for (int v = 1; v < V; v++) if (z[v] > max_z) max_z = z[v];
+        for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
+        double log_sum = max_z + log(sum);
+        for (int v = 0; v < V; v++) {
+            if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
+            BeamCandidate c = { alive_score[r] + (z[v] - log_sum), z[v], r, v };
+            candidate_insert(best, &num_best, keep, c);
+        }
+    }
+    return num_best;
+}
+
+// Beam search for one sentence (§6.1). Keeps `beam_size` alive hypotheses.
+// At each position every alive beam proposes every token; the best
+// 2 x beam_size of these (by summed log-probability) are taken in order:
+// one ending in </s> among the first beam_size is finished, with score
+// log P / length_penalty; the others fill the next alive beams. Search stops
+// when beam_size hypotheses have finished ("all beams have ended"), or at the
+// length limit, where the alive beams finish as they are. Returns the length
+// of the best finished hypothesis, written to out (capacity
+// transformer_decode_limit) without </s>; *score gets its score.
+// With beam_size 1 this is exactly greedy decoding.
+int transformer_beam_search(Transformer *m, int *out, double *score, const int *src, int src_len,
+                            int beam_size, double alpha) {
+    int training = m->training, V = m->config.vocab_size;
+    m->training = 0;
+    int limit = transformer_decode_limit(m, src_len);
+    size_t stride = limit;
+    size_t beams = beam_size;
+    int *alive = checked_calloc(beams * stride, sizeof(int), "beams");      // (beams, stride) tokens
+    int *next = checked_calloc(beams * stride, sizeof(int), "beams");
+    int *finished = checked_calloc(beams * stride, sizeof(int), "beams");
+    int *finished_len = checked_calloc(beams, sizeof(int), "beams");
+    double *alive_score = checked_calloc(beams, sizeof(double), "beams");
+    double *next_score = checked_calloc(beams, sizeof(double), "beams");
+    double *finished_score = checked_calloc(beams, sizeof(double), "beams");
+    int *parent = checked_calloc(beams, sizeof(int), "beams"), *tokens = checked_calloc(beams, sizeof(int), "beams");
+    BeamCandidate *best = checked_calloc(2 * beam_size, sizeof(BeamCandidate), "beam candidates");
+    DecoderCache cache;
+    decoder_cache_init(&cache, m, beam_size, src_len, limit);
+    decoder_cache_encode(&cache, m, src, &src_len, 1);
+    int num_alive = 1, num_finished = 0, winner = 0; // winner: the best finished so far (first on ties)
+    finished_score[0] = -INFINITY;
+    tokens[0] = TOKEN_BOS;
+    for (int t = 0; t < limit; t++) {
+        decoder_step(&cache, m, tokens, t, num_alive);
+        int num_best = beam_propose(best, 2 * beam_size, cache.logits, alive_score, num_alive, V);
+        // Each of the beam_size beams ends once: the best `width` candidates, in order,
+        // either end (</s>) or go on, where width is the number of beams that
+        // have not ended yet. An ended beam is not replaced, so a few poor
+        // hypotheses that end early cannot stop the search while a better one
+        // is still going; the search stops when every beam has ended.
+        int width = beam_size - num_finished, num_next = 0;
+        for (int i = 0; i < num_best && i < width; i++) {
+            BeamCandidate c = best[i];
+            if (c.token == TOKEN_EOS) {
+                memcpy(finished + num_finished * stride, alive + c.row * stride, t * sizeof(int));
+                finished_len[num_finished] = t;
+                finished_score[num_finished] = c.score / length_penalty(t + 1, alpha);
+                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
+                num_finished++;
+            } else {
+                memcpy(next + num_next * stride, alive + c.row * stride, t * sizeof(int));
+                next[num_next * stride + t] = c.token;
+                next_score[num_next] = c.score;
+                parent[num_next] = c.row;
+                tokens[num_next++] = c.token;
+            }
+        }
+        if (num_finished == beam_size || num_next == 0) break;
+        if (t + 1 == limit) { // out of positions: the alive beams end here, without </s>
+            for (int i = 0; i < num_next && num_finished < beam_size; i++) {
+                memcpy(finished + num_finished * stride, next + i * stride, (t + 1) * sizeof(int));
+                finished_len[num_finished] = t + 1;
+                finished_score[num_finished] = next_score[i] / length_penalty(t + 1, alpha);
+                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
+                num_finished++;
+            }
+            break;
+        }
+        decoder_cache_reorder(&cache, m, parent, num_next, t + 1);
+        int *swap = alive; alive = next; next = swap;
+        double *swap_score = alive_score; alive_score = next_score; next_score = swap_score;
+        num_alive = num_next;
+    }
+    int length = num_finished ? finished_len[winner] : 0;
+    memcpy(out, finished + winner * stride, length * sizeof(int));
+    if (score) *score = num_finished ? finished_score[winner] : -INFINITY;
+    decoder_cache_free(&cache);
+    free(alive); free(next); free(finished); free(finished_len); free(alive_score); free(next_score);
+    free(finished_score); free(parent); free(tokens); free(best);
+    m->training = training;
+    return length;
+}
+
+
+// ############################################################################
+// PART II   MAKING IT FAST
+// An appendix you may skip: nothing here changes what the model computes,
+// only how fast. Part I's linear layers and attention call these through
+// FAST_PATH; a build with -DTRANSFORMER_PLAIN leaves all of it out.
+// ############################################################################
+#ifndef TRANSFORMER_PLAIN
+
+// e^x for float, in plain arithmetic that the compiler turns into vector
+// instructions; libm's expf is a function call, one number at a time, and the
+// softmaxes of attention and of the loss take 2 million of them per toy
+// training step. Write x = n ln2 + r with n an integer and |r| <= ln2 / 2, so
+// that e^x = 2^n e^r: e^r from its Taylor series to r^7 / 7! (truncation error
+// below 6e-9 of e^r: under float's own rounding), and 2^n by writing n + 127
+// into the exponent bits of a float. Computed on x clamped to [-87, 88],
+// where 2^n is a normal float; an input below -87 gives 0 (e^-87 ~ 1.6e-38),
+// -inf included, as a masked key's score needs; a NaN gives NaN. Here every
+// input is a score minus its row's maximum, so such a value only ever stands
+// for a probability too small to matter beside the row's largest, which is 1.
+static inline float exp_float(float x) {
+    float below = x < -87.0f ? 0.0f : 1.0f;
+    // clamped so that a NaN becomes -87 too: n below must be a small integer
+    float c = x > -87.0f ? x : -87.0f;
+    c = c < 88.0f ? c : 88.0f;
+    // n = round(c / ln 2): adding 1.5 * 2^23 leaves no bits for a fraction
+    float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;
+    // r = c - n ln2, with ln2 in two parts so that n * 0.693359375 is exact
+    float r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
+    float e_r = 1 + r * (1 + r * (1 / 2.0f + r * (1 / 6.0f + r * (1 / 24.0f + r * (1 / 120.0f
+              + r * (1 / 720.0f + r * (1 / 5040.0f)))))));
+    int32_t exponent_bits = ((int32_t)n + 127) << 23;
+    float two_to_n;
+    memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
+    return x != x ? x : e_r * two_to_n * below;   // a NaN stays NaN
+}
+
+// The largest of x[0..n-1], NaNs passed over (-inf if there is nothing
+// else). Kept as 16 running maxima side by side, one per lane of a vector,
+// which compilers vectorise as they are (a maximum taken lane by lane), then
+// halved pairwise: 8, 4, 2, 1.
+// (A single running maximum, even marked OMP(simd reduction(max)), is a
+// chain that clang does not vectorise without -ffast-math.)
+#define MAX_LANES 16
+static real max_of(const real *x, int n) {
+    real lane[MAX_LANES];
+    for (int l = 0; l < MAX_LANES; l++) lane[l] = -INFINITY;
+    int j = 0;
+    for (; j + MAX_LANES <= n; j += MAX_LANES)
+        for (int l = 0; l < MAX_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+    for (int l = 0; j + l < n; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+    for (int width = MAX_LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++) lane[l] = lane[l + width] > lane[l] ? lane[l + width] : lane[l];
+    return lane[0];
+}
+
+// How many cache lines `bytes` bytes take, the last one perhaps in part.
+static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
+
+// Uninitialised memory at a multiple of CACHE_LINE bytes (Part I); free() it.
+static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
+    size_t lines = lines_of(checked_bytes(count, size, what));   // aligned_alloc takes whole lines
+    size_t bytes = checked_bytes(lines, CACHE_LINE, what);
+    return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
+}
 
 // ----------------------------------------------------------------------------
 // The matrix product. Nearly all the arithmetic of a training step is
@@ -895,24 +2423,21 @@ static void matmul_by_this_thread(real *c, size_t ldc, MatrixView a, MatrixView 
 }
 
 // ----------------------------------------------------------------------------
-// The linear layer itself.
+// The linear layer of §3 through the tiles.
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
-static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
-                           int N, int IC, int OC) {
+static int linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
+                               int N, int IC, int OC) {
     // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
     MatrixView x = { inp, (size_t)IC, 1 }, w_transposed = { weight, 1, (size_t)IC };
     matmul_assign(out, (size_t)OC, x, w_transposed, bias, N, OC, IC);
+    return 1;
 }
 
-// Differentiates  out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]:
-//   dinp[n,i]    += sum_o dout[n,o] * weight[o,i]      (dinp = dout W)
-//   dweight[o,i] += sum_n dout[n,o] * inp[n,i]         (dW = dout^T inp)
-//   dbias[o]     += sum_n dout[n,o]
-// dinp or dbias may be NULL when not wanted.
-static void linear_backward(real *dinp, real *dweight, real *dbias,
-                            const real *dout, const real *inp, const real *weight,
-                            int N, int IC, int OC) {
+// linear_backward's three sums: dinp = dout W, dW = dout^T inp, dbias
+static int linear_backward_fast(real *dinp, real *dweight, real *dbias,
+                                const real *dout, const real *inp, const real *weight,
+                                int N, int IC, int OC) {
     MatrixView g = { dout, (size_t)OC, 1 }, g_transposed = { dout, 1, (size_t)OC };
     MatrixView w = { weight, (size_t)IC, 1 }, x = { inp, (size_t)IC, 1 };
     if (dinp) matmul_accumulate(dinp, (size_t)IC, g, w, N, IC, OC);
@@ -928,177 +2453,11 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
             for (int o = 0; o < width; o++) dbias[o0 + o] += sum[o];
         }
     }
+    return 1;
 }
 
-// ============================================================================
-// §3.1  Residual connection, dropout and layer normalisation
-// "The output of each sub-layer is LayerNorm(x + Sublayer(x))" (§3.1), and
-// "we apply dropout to the output of each sub-layer, before it is added to
-// the sub-layer input and normalized" (§5.4). So every sub-layer ends with
-//     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
-// ============================================================================
-
-// splitmix64's output function: a 64-bit hash whose outputs look independent
-// for consecutive inputs.
-static uint64_t hash64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-// Draws a dropout mask: each element is kept with probability 1 - p and then
-// scaled by 1/(1-p) ("inverted dropout", so evaluation needs no rescaling).
-// With training off or p = 0 the mask is all ones. The mask takes one number
-// from the model's generator as its key; element i is then decided by
-// hash64(key + i), uniform in [0, 1) with 53 bits, so that the elements can
-// be drawn in parallel and a seed gives the same masks whatever the thread count.
-static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) {
-    if (!training || p <= 0.0f) {
-        OMP(parallel for)
-        for (size_t i = 0; i < n; i++) mask[i] = 1;
-        return;
-    }
-    uint64_t key = rng_next(rng);
-    real keep_scale = (real)(1.0 / (1.0 - p));
-    double drop = p;
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) {
-        double uniform = (double)(hash64(key + i) >> 11) * (1.0 / 9007199254740992.0);
-        mask[i] = uniform < drop ? 0 : keep_scale;
-    }
-}
-
-// out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
-static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
-}
-
-// Differentiates  out[i] = inp[i] * mask[i]
-static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
-}
-
-// Layer normalisation (Ba, Kiros & Hinton 2016) of one row x of C features:
-//     mean = sum_i x_i / C,   var = sum_i (x_i - mean)^2 / C   (biased, as PyTorch)
-//     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
-//     y_i = gain_i * xhat_i + bias_i
-// y, x, gain and bias are (C); *mean and *rstd get the row's two numbers
-static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
-                                  const real *gain, const real *bias, int C, float eps) {
-    real m = 0;
-    OMP(simd reduction(+ : m))
-    for (int i = 0; i < C; i++) m += x[i];
-    m /= C;
-    real v = 0;
-    OMP(simd reduction(+ : v))
-    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
-    v /= C;
-    real s = 1 / real_sqrt(v + (real)eps);
-    for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * gain[i] + bias[i];
-    *mean = m;
-    *rstd = s;
-}
-
-// "Add & Norm" (Figure 1) without the drawing of the mask, row by row:
-//     res = residual + sublayer * mask;   out = LayerNorm(res)
-// One pass: each row of res is normalised while it is in the level-1 cache.
-// out, res are (N,C), mean and rstd (N); residual, sublayer, mask are (N,C);
-// gain and bias (C).
-static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *res,
-                                       const real *residual, const real *sublayer, const real *mask,
-                                       const real *gain, const real *bias, int N, int C, float eps) {
-    OMP(parallel for)
-    for (int n = 0; n < N; n++) {
-        size_t row = (size_t)n * C;
-        for (int i = 0; i < C; i++) res[row + i] = residual[row + i] + sublayer[row + i] * mask[row + i];
-        layernorm_row_forward(out + row, &mean[n], &rstd[n], res + row, gain, bias, C, eps);
-    }
-}
-
-// Differentiates the two lines above. For the layer norm,
-//   out_i = gain_i * xhat_i + bias_i,  xhat_i = (res_i - mean) * rstd:
-//   dgain_i += dout_i * xhat_i,   dbias_i += dout_i,   dxhat_i = dout_i * gain_i,
-// and mean and rstd depend on every res_j; with d(mean)/d(res_j) = 1/C and
-// d(rstd)/d(res_j) = -rstd^3 (res_j - mean) / C, collecting terms gives
-//   dres_i = rstd * ( dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j * xhat_j) )
-// Then res = residual + sublayer * mask:
-//   dresidual_i += dres_i,   dsublayer_i += dres_i * mask_i
-// dout, res, mask are (N,C), mean and rstd (N); dresidual and dsublayer (N,C)
-// accumulate, and must not alias dout.
-static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *dgain, real *dbias,
-                                        const real *dout, const real *res, const real *mask,
-                                        const real *gain, const real *mean, const real *rstd,
-                                        int N, int C) {
-    OMP(parallel for)
-    for (int n = 0; n < N; n++) {
-        size_t row = (size_t)n * C;
-        const real *x = res + row, *g = dout + row;
-        real m = mean[n], s = rstd[n];
-        real mean_dxhat = 0, mean_dxhat_xhat = 0;
-        OMP(simd reduction(+ : mean_dxhat, mean_dxhat_xhat))
-        for (int i = 0; i < C; i++) {
-            real dxhat = g[i] * gain[i];
-            mean_dxhat += dxhat;
-            mean_dxhat_xhat += dxhat * (x[i] - m) * s;
-        }
-        mean_dxhat /= C;
-        mean_dxhat_xhat /= C;
-        for (int i = 0; i < C; i++) {
-            real xhat = (x[i] - m) * s;
-            real dres = s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
-            dresidual[row + i] += dres;
-            dsublayer[row + i] += dres * mask[row + i];
-        }
-    }
-    // gain and bias are shared by all rows: one thread per block of 32
-    // features, which runs down the rows in order
-    OMP(parallel for)
-    for (int i0 = 0; i0 < C; i0 += 32) {
-        int width = min_int(C - i0, 32);
-        real dg[32] = { 0 }, db[32] = { 0 };
-        for (int n = 0; n < N; n++) {
-            const real *x = res + (size_t)n * C + i0, *g = dout + (size_t)n * C + i0;
-            real m = mean[n], s = rstd[n];
-            for (int i = 0; i < width; i++) {
-                dg[i] += g[i] * (x[i] - m) * s;
-                db[i] += g[i];
-            }
-        }
-        for (int i = 0; i < width; i++) {
-            dgain[i0 + i] += dg[i];
-            dbias[i0 + i] += db[i];
-        }
-    }
-}
-
-// ============================================================================
-// §3.2.1  Scaled dot-product attention
-//     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                 (eq. 1)
-// One head at a time. For query i the scores over keys j are
-//     s_ij = q_i . k_j / sqrt(d_k),   p_ij = exp(s_ij) / sum_j' exp(s_ij'),
-//     out_i = sum_j p_ij v_j
-// Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's
-// self-attention, keys j > i are "illegal connections" to the future. Both
-// get p_ij = 0, exactly what setting s_ij = -inf before the softmax gives.
-//
-//   causal mask (decoder self-attention, T = 4, sentence length 3):
-//              key  0  1  2  3(pad)
-//     query 0       x  .  .  .         x: attended
-//     query 1       x  x  .  .         .: probability 0
-//     query 2       x  x  x  .
-//     query 3(pad)  x  x  x  .         (a padded query's output is never used)
-//
-// The queries of row (b, t) start at q + (b*Tq + t)*q_stride, head h at
-// column h*hs; keys and values likewise with kv_stride. This reads Q, K, V
-// straight out of the fused (B, T, 3C) projection without copying.
-// ============================================================================
-
-// Number of keys query i may attend to.
-static int visible_keys(int i, int key_len, int causal) {
-    return (causal && i + 1 < key_len) ? i + 1 : key_len;
-}
+// ----------------------------------------------------------------------------
+// Scaled dot-product attention (§3.2.1) through the tiles.
 
 // p is one row of dot products q_i . k_j over keys j = 0..Tk-1, of which the
 // first `visible` count: p becomes softmax_j(scale * p) there and exactly 0
@@ -1108,7 +2467,7 @@ static int visible_keys(int i, int key_len, int causal) {
 // is exactly 0; the loops then run over the whole row, a whole number of
 // vectors (Tk = 32 is two), where loops over the first `visible` keys would
 // end with up to 15 keys done one at a time.
-static void softmax_visible(real *p, int visible, int Tk, real scale) {
+static void softmax_visible_scaled(real *p, int visible, int Tk, real scale) {
     if (visible == 0) {   // no key to attend to (never in a valid batch): all 0, not NaN
         for (int j = 0; j < Tk; j++) p[j] = 0;
         return;
@@ -1126,29 +2485,6 @@ static void softmax_visible(real *p, int visible, int Tk, real scale) {
     for (int j = 0; j < Tk; j++) p[j] *= inv_sum;
 }
 
-// Attention for a single query (decoding, §6.1, adds one position at a time):
-// the two products are then a matrix times a vector, done as a dot product
-// per key and a weighted sum of value rows. q and o are (hs); the keys and
-// values are rows kv_stride apart; p (Tk) gets the probabilities.
-static void attention_one_query_forward(real *o, real *p, const real *q, const real *k, const real *v,
-                                        int kv_stride, int visible, int Tk, int hs, real scale) {
-    // s_j = q . k_j
-    for (int j = 0; j < visible; j++) {
-        const real *kj = k + (size_t)j * kv_stride;
-        real dot = 0;
-        OMP(simd reduction(+ : dot))
-        for (int d = 0; d < hs; d++) dot += q[d] * kj[d];
-        p[j] = dot;
-    }
-    softmax_visible(p, visible, Tk, scale);
-    // o = sum_j p_j v_j
-    for (int d = 0; d < hs; d++) o[d] = 0;
-    for (int j = 0; j < visible; j++) {
-        const real *vj = v + (size_t)j * kv_stride;
-        for (int d = 0; d < hs; d++) o[d] += p[j] * vj[d];
-    }
-}
-
 // out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
 //
 // For each (sentence, head) the attention is two matrix products, done with
@@ -1157,10 +2493,11 @@ static void attention_one_query_forward(real *o, real *p, const real *q, const r
 //     out    = P V          (Tq, Tk) x (Tk, hs)
 // Scores are computed for every key, then the masked ones get probability
 // exactly 0: P V adds exact zeros for them, so their values cannot matter.
-static void attention_forward(real *out, real *att,
-                              const real *q, const real *k, const real *v,
-                              int q_stride, int kv_stride, const int *key_len, int causal,
-                              int B, int Tq, int Tk, int C, int NH) {
+static int attention_forward_fast(real *out, real *att,
+                                  const real *q, const real *k, const real *v,
+                                  int q_stride, int kv_stride, const int *key_len, int causal,
+                                  int B, int Tq, int Tk, int C, int NH) {
+    if (Tq == 1) return 0;   // one query (decoding): Part I's loops do as well
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's scores and outputs
@@ -1176,22 +2513,18 @@ static void attention_forward(real *out, real *att,
                 MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * hs, 1, (size_t)kv_stride };
                 MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * hs, (size_t)kv_stride, 1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
-                if (Tq == 1) {
-                    attention_one_query_forward(o, p, qh.data, kh_transposed.data, vh.data, kv_stride,
-                                                visible_keys(0, key_len[b], causal), Tk, hs, scale);
-                    continue;
-                }
                 // s_ij = q_i . k_j / sqrt(d_k)
                 matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, hs, 0, packed_b);
                 // p_ij = softmax_j(s_ij) over the visible keys, s_ij = scale * (q_i . k_j)
                 for (int i = 0; i < Tq; i++)
-                    softmax_visible(p + (size_t)i * Tk, visible_keys(i, key_len[b], causal), Tk, scale);
+                    softmax_visible_scaled(p + (size_t)i * Tk, visible_keys(i, key_len[b], causal), Tk, scale);
                 // out_i = sum_j p_ij v_j
                 matmul_by_this_thread(o, (size_t)C, ph, vh, Tq, hs, Tk, 0, packed_b);
             }
         }
         free(packed_b);
     }
+    return 1;
 }
 
 // Differentiates, for each head:
@@ -1206,10 +2539,10 @@ static void attention_forward(real *out, real *att,
 // p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient: the masks
 // are in the saved probabilities att, so the key lengths and the causal flag
 // of the forward pass are not needed again.
-static void attention_backward(real *dq, real *dk, real *dv,
-                               const real *dout, const real *att,
-                               const real *q, const real *k, const real *v,
-                               int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
+static int attention_backward_fast(real *dq, real *dk, real *dv,
+                                   const real *dout, const real *att,
+                                   const real *q, const real *k, const real *v,
+                                   int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
@@ -1249,1169 +2582,15 @@ static void attention_backward(real *dq, real *dk, real *dv,
         free(ds);
         free(packed_b);
     }
+    return 1;
 }
 
-// ============================================================================
-// §3.2.2  Multi-head attention
-//     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
-//     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
-// W_i^Q for all heads together is one (C, C) matrix whose output columns
-// h*hs .. (h+1)*hs-1 belong to head h; likewise W^K and W^V. We stack the
-// three as the rows of one (3C, C) weight, as PyTorch's in_proj_weight, and
-// project with one matrix product. So qkv[b,t] = [q | k | v], each C wide,
-// and head h reads columns h*hs .. (h+1)*hs-1 of each: the "split into heads"
-// is only a way of indexing, and Concat is the same indexing read back.
-//
-//   self-attention (encoder; decoder with the causal mask):
-//     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> (N,C)
-//   encoder-decoder attention (§3.2.3, "queries come from the previous decoder
-//   layer, and the memory keys and values come from the output of the encoder"):
-//     x (B*T,C)      --rows 0..C-1 of W_qkv-->   q  (B*T,C)
-//     memory (B*S,C) --rows C..3C-1 of W_qkv--> kv (B*S,2C)
-// ============================================================================
-
-// One layer's attention parameters (or their gradients: the same layout).
-typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
-
-// out is (B,T,C); qkv (B,T,3C), att (B,NH,T,T), heads (B,T,C) are kept for backward
-static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
-                                   const real *x, AttentionParams w, const int *len, int causal,
-                                   int B, int T, int C, int NH) {
-    linear_forward(qkv, x, w.qkv_w, w.qkv_b, B * T, C, 3 * C);
-    attention_forward(heads, att, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
-    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
-}
-
-// d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
-static void self_attention_backward(real *dx, AttentionParams g, real *d_qkv, real *d_heads,
-                                    const real *dout,
-                                    const real *qkv, const real *att, const real *heads,
-                                    const real *x, AttentionParams w, int B, int T, int C, int NH) {
-    // out = heads W^O^T + b^O
-    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
-    // heads = Attention(q, k, v)
-    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att,
-                       qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, B, T, T, C, NH);
-    // qkv = x W_qkv^T + b_qkv
-    linear_backward(dx, g.qkv_w, g.qkv_b, d_qkv, x, w.qkv_w, B * T, C, 3 * C);
-}
-
-// out is (B,T,C); q (B,T,C), kv (B,S,2C), att (B,NH,T,S), heads (B,T,C) kept for backward
-static void cross_attention_forward(real *out, real *q, real *kv, real *att, real *heads,
-                                    const real *x, const real *memory, AttentionParams w,
-                                    const int *src_len, int B, int T, int S, int C, int NH) {
-    linear_forward(q, x, w.qkv_w, w.qkv_b, B * T, C, C);
-    linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
-    attention_forward(heads, att, q, kv, kv + C, C, 2 * C, src_len, 0, B, T, S, C, NH);
-    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
-}
-
-// d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
-static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
-                                     real *d_q, real *d_kv, real *d_heads,
-                                     const real *dout, const real *q, const real *kv,
-                                     const real *att, const real *heads, const real *x,
-                                     const real *memory, AttentionParams w,
-                                     int B, int T, int S, int C, int NH) {
-    // out = heads W^O^T + b^O
-    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
-    // heads = Attention(q, k, v), keys and values from the encoder
-    attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C,
-                       C, 2 * C, B, T, S, C, NH);
-    // q = x W_q^T + b_q
-    linear_backward(dx, g.qkv_w, g.qkv_b, d_q, x, w.qkv_w, B * T, C, C);
-    // kv = memory W_kv^T + b_kv
-    linear_backward(dmemory, g.qkv_w + (size_t)C * C, g.qkv_b + C, d_kv, memory,
-                    w.qkv_w + (size_t)C * C, B * S, C, 2 * C);
-}
-
-// ============================================================================
-// §3.3  Position-wise feed-forward networks
-//     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                            (eq. 2)
-// "applied to each position separately and identically": a matrix product
-// over all B*T rows at once.
-// ============================================================================
-
-// h = max(0, h) in place
-static void relu_forward(real *h, size_t n) {
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
-}
-
-// Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
-// In place: dh becomes da.
-static void relu_backward(real *dh, const real *h, size_t n) {
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
-}
-
-// One layer's FFN parameters (or their gradients).
-typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
-
-// out is (N,C), h (N,F) = max(0, x W_1^T + b_1) is kept for backward
-static void feed_forward_forward(real *out, real *h, const real *x, FeedForwardParams w,
-                                 int N, int C, int F) {
-    linear_forward(h, x, w.w1, w.b1, N, C, F);
-    relu_forward(h, (size_t)N * F);
-    linear_forward(out, h, w.w2, w.b2, N, F, C);
-}
-
-// d_h (N,F) is zeroed scratch; dx accumulates
-static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, const real *dout,
-                                  const real *h, const real *x, FeedForwardParams w,
-                                  int N, int C, int F) {
-    // out = h W_2^T + b_2
-    linear_backward(d_h, g.w2, g.b2, dout, h, w.w2, N, F, C);
-    // h = max(0, a)
-    relu_backward(d_h, h, (size_t)N * F);
-    // a = x W_1^T + b_1
-    linear_backward(dx, g.w1, g.b1, d_h, x, w.w1, N, C, F);
-}
-
-// ============================================================================
-// §3.4  Embeddings and softmax
-// "we share the same weight matrix between the two embedding layers and the
-// pre-softmax linear transformation ... In the embedding layers, we multiply
-// those weights by sqrt(d_model)." One (V, C) matrix E serves three times:
-//     source:  x = E[token] * sqrt(C) + PE[pos]
-//     target:  y = E[token] * sqrt(C) + PE[pos]
-//     output:  logits = decoder_output E^T
-// ============================================================================
-
-// out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
-static void embedding_forward(real *out, const int *tokens, const real *embedding,
-                              const real *pe, int B, int T, int C) {
-    real scale = real_sqrt((real)C);
-    OMP(parallel for collapse(2))
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            const real *e = embedding + (size_t)tokens[b * T + t] * C;
-            const real *pos = pe + (size_t)t * C;
-            real *o = out + ((size_t)b * T + t) * C;
-            for (int i = 0; i < C; i++) o[i] = e[i] * scale + pos[i];
-        }
-    }
-}
-
-// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i].
-// Two positions holding the same token add into the same row, so the threads
-// share out the C features, not the positions: each adds every position's
-// gradient into its own columns, positions in order.
-static void embedding_backward(real *dembedding, const real *dout, const int *tokens,
-                               int B, int T, int C) {
-    real scale = real_sqrt((real)C);
-    OMP(parallel)
-    {
-        int first, end;
-        thread_share(C, &first, &end);
-        for (int b = 0; b < B; b++) {
-            for (int t = 0; t < T; t++) {
-                real *de = dembedding + (size_t)tokens[b * T + t] * C;
-                const real *g = dout + ((size_t)b * T + t) * C;
-                for (int i = first; i < end; i++) de[i] += g[i] * scale;
-            }
-        }
-    }
-}
-
-// ============================================================================
-// §3.5  Positional encoding
-//     PE(pos, 2i)   = sin(pos / 10000^(2i/d_model))
-//     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
-// Interleaved as in the paper (tensor2tensor's code concatenates the sines and
-// then the cosines instead). Computed once, in double, and added to the
-// embeddings; it has no parameters and so no backward.
-// ============================================================================
-
-// pe is (max_len, C)
-static void positional_encoding_init(real *pe, int max_len, int C) {
-    for (int pos = 0; pos < max_len; pos++) {
-        for (int i = 0; 2 * i < C; i++) {
-            double angle = pos / pow(10000.0, (2.0 * i) / C);
-            pe[(size_t)pos * C + 2 * i] = (real)sin(angle);
-            if (2 * i + 1 < C) pe[(size_t)pos * C + 2 * i + 1] = (real)cos(angle);
-        }
-    }
-}
-
-// ============================================================================
-// §3.1  Encoder and decoder stacks
-// "The encoder is composed of a stack of N identical layers. Each layer has
-// two sub-layers ... multi-head self-attention ... and a simple, position-wise
-// fully connected feed-forward network." The decoder "inserts a third
-// sub-layer, which performs multi-head attention over the output of the
-// encoder stack", and masks its self-attention. Post-norm, as published:
-//
-//   encoder layer                       decoder layer
-//   x ─┬─ self-attention ─ drop ─(+)─ LN    y ─┬─ masked self-attn ─ drop ─(+)─ LN ─┐
-//      └──────────────────────────┘            └──────────────────────────┘        │
-//   ─┬─ FFN ─ drop ─(+)─ LN ─> out       ┌─────────────────────────────────────────┘
-//    └────────────────────┘              ├─ attention over memory ─ drop ─(+)─ LN ─┐
-//                                        └────────────────────────────────┘        │
-//                                        ┌─────────────────────────────────────────┘
-//                                        ├─ FFN ─ drop ─(+)─ LN ─> out
-//                                        └────────────────────┘
-// No layer norm follows the last layer of either stack in the published model.
-// ============================================================================
-
-typedef struct {
-    AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
-    FeedForwardParams ffn;
-    real *ln2_g, *ln2_b;
-} EncoderLayerParams;
-
-typedef struct {
-    AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
-    AttentionParams cross_attn;
-    real *ln2_g, *ln2_b;
-    FeedForwardParams ffn;
-    real *ln3_g, *ln3_b;
-} DecoderLayerParams;
-
-static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
-                                           size_t l, size_t C) {
-    AttentionParams a = { qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
-    return a;
-}
-
-static FeedForwardParams feed_forward_params_at(real *w1, real *b1, real *w2, real *b2,
-                                                size_t l, size_t C, size_t F) {
-    FeedForwardParams f = { w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
-    return f;
-}
-
-// Layer l's view into a ParameterTensors (the parameters or the gradients).
-static EncoderLayerParams encoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
-    size_t l = layer, C = c->d_model, F = c->d_ff;
-    EncoderLayerParams e;
-    e.self_attn = attention_params_at(p->enc_qkv_w, p->enc_qkv_b, p->enc_out_w, p->enc_out_b, l, C);
-    e.ln1_g = p->enc_ln1_g + l * C;
-    e.ln1_b = p->enc_ln1_b + l * C;
-    e.ffn = feed_forward_params_at(p->enc_ff1_w, p->enc_ff1_b, p->enc_ff2_w, p->enc_ff2_b, l, C, F);
-    e.ln2_g = p->enc_ln2_g + l * C;
-    e.ln2_b = p->enc_ln2_b + l * C;
-    return e;
-}
-
-static DecoderLayerParams decoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
-    size_t l = layer, C = c->d_model, F = c->d_ff;
-    DecoderLayerParams d;
-    d.self_attn = attention_params_at(p->dec_self_qkv_w, p->dec_self_qkv_b,
-                                      p->dec_self_out_w, p->dec_self_out_b, l, C);
-    d.ln1_g = p->dec_ln1_g + l * C;
-    d.ln1_b = p->dec_ln1_b + l * C;
-    d.cross_attn = attention_params_at(p->dec_cross_qkv_w, p->dec_cross_qkv_b,
-                                       p->dec_cross_out_w, p->dec_cross_out_b, l, C);
-    d.ln2_g = p->dec_ln2_g + l * C;
-    d.ln2_b = p->dec_ln2_b + l * C;
-    d.ffn = feed_forward_params_at(p->dec_ff1_w, p->dec_ff1_b, p->dec_ff2_w, p->dec_ff2_b, l, C, F);
-    d.ln3_g = p->dec_ln3_g + l * C;
-    d.ln3_b = p->dec_ln3_b + l * C;
-    return d;
-}
-
-// Layer l's slice of the activations.
-typedef struct {
-    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
-} EncoderLayerActs;
-
-typedef struct {
-    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
-         *ln2, *ln2_mean, *ln2_rstd;
-    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
-} DecoderLayerActs;
-
-static EncoderLayerActs encoder_layer_acts(const Transformer *m, int layer) {
-    const ActivationTensors *a = &m->acts;
-    size_t l = layer, B = m->B, S = m->S, C = m->config.d_model, F = m->config.d_ff;
-    size_t NH = m->config.n_heads, BSC = B * S * C, BS = B * S;
-    EncoderLayerActs e = {
-        a->enc_qkv + l * 3 * BSC, a->enc_att + l * B * NH * S * S, a->enc_heads + l * BSC,
-        a->enc_att_proj + l * BSC, a->enc_drop1 + l * BSC, a->enc_res1 + l * BSC,
-        a->enc_ln1 + l * BSC, a->enc_ln1_mean + l * BS, a->enc_ln1_rstd + l * BS,
-        a->enc_ff_h + l * BS * F, a->enc_ff_out + l * BSC, a->enc_drop2 + l * BSC,
-        a->enc_res2 + l * BSC, a->enc_ln2 + l * BSC, a->enc_ln2_mean + l * BS,
-        a->enc_ln2_rstd + l * BS,
-    };
-    return e;
-}
-
-static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
-    const ActivationTensors *a = &m->acts;
-    size_t l = layer, B = m->B, S = m->S, T = m->T, C = m->config.d_model, F = m->config.d_ff;
-    size_t NH = m->config.n_heads, BTC = B * T * C, BT = B * T;
-    DecoderLayerActs d = {
-        a->dec_self_qkv + l * 3 * BTC, a->dec_self_att + l * B * NH * T * T,
-        a->dec_self_heads + l * BTC, a->dec_self_proj + l * BTC, a->dec_drop1 + l * BTC,
-        a->dec_res1 + l * BTC, a->dec_ln1 + l * BTC, a->dec_ln1_mean + l * BT,
-        a->dec_ln1_rstd + l * BT,
-        a->dec_cross_q + l * BTC, a->dec_cross_kv + l * 2 * B * S * C,
-        a->dec_cross_att + l * B * NH * T * S, a->dec_cross_heads + l * BTC,
-        a->dec_cross_proj + l * BTC, a->dec_drop2 + l * BTC, a->dec_res2 + l * BTC,
-        a->dec_ln2 + l * BTC, a->dec_ln2_mean + l * BT, a->dec_ln2_rstd + l * BT,
-        a->dec_ff_h + l * BT * F, a->dec_ff_out + l * BTC, a->dec_drop3 + l * BTC,
-        a->dec_res3 + l * BTC, a->dec_ln3 + l * BTC, a->dec_ln3_mean + l * BT,
-        a->dec_ln3_rstd + l * BT,
-    };
-    return d;
-}
-
-static void zero(real *x, size_t n) {
-    OMP(parallel for)
-    for (size_t i = 0; i < n; i++) x[i] = 0;
-}
-
-// "Add & Norm" (Figure 1), the end of every sub-layer:
-//     res = x + Dropout(sublayer);   out = LayerNorm(res)
-// out, res, mask are (N,C), mean and rstd (N); x and sublayer are (N,C).
-// The mask drawn here is kept, so the backward pass is residual_layernorm_backward.
-static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask,
-                             const real *x, const real *sublayer, const real *gain,
-                             const real *bias, Transformer *m, int N) {
-    const TransformerConfig *c = &m->config;
-    dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, (size_t)N * c->d_model);
-    residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, c->d_model,
-                               c->layer_norm_eps);
-}
-
-// out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
-static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLayerParams w,
-                                  const int *src_len, Transformer *m, int B, int S) {
-    const TransformerConfig *c = &m->config;
-    int C = c->d_model, N = B * S;
-    // sub-layer 1: ln1 = LayerNorm(x + Dropout(SelfAttention(x)))
-    self_attention_forward(la.att_proj, la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0,
-                           B, S, C, c->n_heads);
-    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, x, la.att_proj,
-                     w.ln1_g, w.ln1_b, m, N);
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(FFN(ln1)))
-    feed_forward_forward(la.ff_out, la.ff_h, la.ln1, w.ffn, N, C, c->d_ff);
-    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.ff_out,
-                     w.ln2_g, w.ln2_b, m, N);
-}
-
-// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients.
-// Scratch: d_b for the gradient between sub-layers, d_c for a sub-layer's
-// output, d_wide for its inside.
-static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
-                                   EncoderLayerActs la, const real *x, EncoderLayerParams w,
-                                   Transformer *m, int B, int S) {
-    const TransformerConfig *c = &m->config;
-    BackwardScratch *s = &m->scratch;
-    int C = c->d_model, F = c->d_ff, N = B * S;
-    size_t n = (size_t)N * C;
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
-    zero(s->d_b, n); zero(s->d_c, n);
-    residual_layernorm_backward(s->d_b, s->d_c, g.ln2_g, g.ln2_b, dout, la.res2, la.drop2,
-                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    zero(s->d_wide, (size_t)N * F);
-    feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln1, w.ffn, N, C, F);
-    // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
-    zero(s->d_c, n);
-    residual_layernorm_backward(dx, s->d_c, g.ln1_g, g.ln1_b, s->d_b, la.res1, la.drop1,
-                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    zero(s->d_b, n); zero(s->d_wide, 3 * n);
-    self_attention_backward(dx, g.self_attn, s->d_wide, s->d_b, s->d_c,
-                            la.qkv, la.att, la.heads, x, w.self_attn, B, S, C, c->n_heads);
-}
-
-// out = la.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
-static void decoder_layer_forward(DecoderLayerActs la, const real *y, const real *memory,
-                                  DecoderLayerParams w, const Batch *batch, Transformer *m) {
-    const TransformerConfig *c = &m->config;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, N = B * T;
-    // sub-layer 1: ln1 = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
-    self_attention_forward(la.self_proj, la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
-                           batch->tgt_len, 1, B, T, C, c->n_heads);
-    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, y, la.self_proj,
-                     w.ln1_g, w.ln1_b, m, N);
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
-    cross_attention_forward(la.cross_proj, la.cross_q, la.cross_kv, la.cross_att, la.cross_heads,
-                            la.ln1, memory, w.cross_attn, batch->src_len, B, T, S, C, c->n_heads);
-    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.cross_proj,
-                     w.ln2_g, w.ln2_b, m, N);
-    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(FFN(ln2)))
-    feed_forward_forward(la.ff_out, la.ff_h, la.ln2, w.ffn, N, C, c->d_ff);
-    add_norm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, la.drop3, la.ln2, la.ff_out,
-                     w.ln3_g, w.ln3_b, m, N);
-}
-
-// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3).
-// Scratch as in encoder_layer_backward, d_d for dL/d(ln1) and d_a for the
-// cross-attention heads.
-static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g, const real *dout,
-                                   DecoderLayerActs la, const real *y, const real *memory,
-                                   DecoderLayerParams w, const Batch *batch, Transformer *m) {
-    const TransformerConfig *c = &m->config;
-    BackwardScratch *s = &m->scratch;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, F = c->d_ff, N = B * T;
-    size_t n = (size_t)N * C;
-    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
-    zero(s->d_b, n); zero(s->d_c, n);
-    residual_layernorm_backward(s->d_b, s->d_c, g.ln3_g, g.ln3_b, dout, la.res3, la.drop3,
-                                w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
-    zero(s->d_wide, (size_t)N * F);
-    feed_forward_backward(s->d_b, g.ffn, s->d_wide, s->d_c, la.ff_h, la.ln2, w.ffn, N, C, F);
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
-    zero(s->d_c, n); zero(s->d_d, n);
-    residual_layernorm_backward(s->d_d, s->d_c, g.ln2_g, g.ln2_b, s->d_b, la.res2, la.drop2,
-                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    zero(s->d_a, n); zero(s->d_wide, n); zero(s->d_kv, (size_t)B * S * 2 * C);
-    cross_attention_backward(s->d_d, dmemory, g.cross_attn, s->d_wide, s->d_kv, s->d_a,
-                             s->d_c, la.cross_q, la.cross_kv, la.cross_att,
-                             la.cross_heads, la.ln1, memory, w.cross_attn, B, T, S, C, c->n_heads);
-    // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
-    zero(s->d_c, n);
-    residual_layernorm_backward(dy, s->d_c, g.ln1_g, g.ln1_b, s->d_d, la.res1, la.drop1,
-                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    zero(s->d_b, n); zero(s->d_wide, 3 * n);
-    self_attention_backward(dy, g.self_attn, s->d_wide, s->d_b, s->d_c,
-                            la.self_qkv, la.self_att, la.self_heads, y, w.self_attn, B, T, C, c->n_heads);
-}
-
-// ============================================================================
-// §5.4  Label smoothing, and the loss
-// "During training, we employed label smoothing of value eps_ls = 0.1." The
-// target distribution at each position is, as in PyTorch's cross_entropy,
-//     q_k = (1 - eps_ls) [k == y] + eps_ls / V
-// and the loss is the cross-entropy -sum_k q_k log p_k with p = softmax(logits),
-// averaged over the non-padding target positions.
-// ============================================================================
-
-// token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
-// Returns the mean loss; *num_tokens gets the number of non-padding positions.
-static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
-                                    const int *targets, const int *tgt_len, float label_smoothing,
-                                    int B, int T, int V, int *num_tokens) {
-    real eps = (real)label_smoothing;
-    OMP(parallel for)
-    for (int bt = 0; bt < B * T; bt++) {
-        const real *z = logits + (size_t)bt * V;
-        real *p = probs + (size_t)bt * V;
-        if (bt % T >= tgt_len[bt / T]) { // padding: no loss, no probabilities
-            token_loss[bt] = 0;
-            for (int k = 0; k < V; k++) p[k] = 0;
-            continue;
-        }
-        // log p_k = z_k - logsumexp(z), computed around the maximum
-        real max_z = max_of(z, V);
-        real sum = 0, sum_z = 0;
-        OMP(simd reduction(+ : sum, sum_z))
-        for (int k = 0; k < V; k++) {
-            p[k] = real_exp(z[k] - max_z);
-            sum += p[k];
-            sum_z += z[k];
-        }
-        real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
-        for (int k = 0; k < V; k++) p[k] *= inv_sum;
-        // -sum_k q_k log p_k = -(1-eps) log p_y - (eps/V) sum_k log p_k
-        real log_p_target = z[targets[bt]] - log_sum;
-        real sum_log_p = sum_z - V * log_sum;
-        token_loss[bt] = -(1 - eps) * log_p_target - eps / V * sum_log_p;
-    }
-    double total = 0;
-    int count = 0;
-    for (int bt = 0; bt < B * T; bt++) {
-        if (bt % T < tgt_len[bt / T]) { total += token_loss[bt]; count++; }
-    }
-    *num_tokens = count;
-    return count ? total / count : 0.0;
-}
-
-// Differentiates  loss = (1/n) sum_positions -sum_k q_k log softmax(z)_k:
-// for a softmax followed by cross-entropy against a distribution q that sums
-// to one, dloss/dz_k = p_k - q_k, here divided by the n non-padding positions.
-static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets,
-                                   const int *tgt_len, float label_smoothing, int num_tokens,
-                                   int B, int T, int V) {
-    real eps = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
-    OMP(parallel for)
-    for (int bt = 0; bt < B * T; bt++) {
-        if (bt % T >= tgt_len[bt / T]) continue;
-        const real *p = probs + (size_t)bt * V;
-        real *dz = dlogits + (size_t)bt * V;
-        for (int k = 0; k < V; k++) {
-            real q = eps / V + (k == targets[bt] ? 1 - eps : 0);
-            dz[k] += (p[k] - q) * inv_n;
-        }
-    }
-}
-
-// ============================================================================
-// The model: allocation, the whole forward pass, the whole backward pass
-// ============================================================================
-
-// `count` numbers rounded up to whole cache lines, so that the tensor laid
-// out after them starts on a line too (CACHE_LINE).
-static size_t whole_lines(size_t count) {
-    size_t per_line = CACHE_LINE / sizeof(real);
-    return (count + per_line - 1) / per_line * per_line;
-}
-
-static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *c,
-                             size_t B, size_t S, size_t T) {
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
-    size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
-    size_t list[NUM_ACTIVATION_TENSORS] = {
-        BSC, BSC, BSC,                                                  // enc embedded, mask, x0
-        L * 3 * BSC, L * B * NH * S * S, L * BSC, L * BSC, L * BSC, L * BSC,  // qkv .. res1
-        L * BSC, L * BS, L * BS,                                        // ln1
-        L * BS * F, L * BSC, L * BSC, L * BSC,                          // ff_h .. res2
-        L * BSC, L * BS, L * BS,                                        // ln2
-        BTC, BTC, BTC,                                                  // dec embedded, mask, x0
-        L * 3 * BTC, L * B * NH * T * T, L * BTC, L * BTC, L * BTC, L * BTC,  // self qkv .. res1
-        L * BTC, L * BT, L * BT,                                        // ln1
-        L * BTC, L * 2 * BSC, L * B * NH * T * S, L * BTC, L * BTC, L * BTC, L * BTC, // cross
-        L * BTC, L * BT, L * BT,                                        // ln2
-        L * BT * F, L * BTC, L * BTC, L * BTC,                          // ff_h .. res3
-        L * BTC, L * BT, L * BT,                                        // ln3
-        BT * V, BT * V, BT,                                             // logits, probs, token loss
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_activations(ActivationTensors *a, real *memory, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
-    real **list[NUM_ACTIVATION_TENSORS] = {
-        &a->enc_embedded, &a->enc_emb_mask, &a->enc_x0,
-        &a->enc_qkv, &a->enc_att, &a->enc_heads, &a->enc_att_proj, &a->enc_drop1, &a->enc_res1,
-        &a->enc_ln1, &a->enc_ln1_mean, &a->enc_ln1_rstd,
-        &a->enc_ff_h, &a->enc_ff_out, &a->enc_drop2, &a->enc_res2,
-        &a->enc_ln2, &a->enc_ln2_mean, &a->enc_ln2_rstd,
-        &a->dec_embedded, &a->dec_emb_mask, &a->dec_x0,
-        &a->dec_self_qkv, &a->dec_self_att, &a->dec_self_heads, &a->dec_self_proj, &a->dec_drop1,
-        &a->dec_res1, &a->dec_ln1, &a->dec_ln1_mean, &a->dec_ln1_rstd,
-        &a->dec_cross_q, &a->dec_cross_kv, &a->dec_cross_att, &a->dec_cross_heads,
-        &a->dec_cross_proj, &a->dec_drop2, &a->dec_res2,
-        &a->dec_ln2, &a->dec_ln2_mean, &a->dec_ln2_rstd,
-        &a->dec_ff_h, &a->dec_ff_out, &a->dec_drop3, &a->dec_res3,
-        &a->dec_ln3, &a->dec_ln3_mean, &a->dec_ln3_rstd,
-        &a->logits, &a->probs, &a->token_loss,
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *list[i] = memory;
-        memory += sizes[i];
-    }
-}
-
-#define NUM_SCRATCH_TENSORS 10
-static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
-                          size_t B, size_t S, size_t T) {
-    size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
-    size_t rows = B * (S > T ? S : T), wide = 3 * C > F ? 3 * C : F;
-    size_t list[NUM_SCRATCH_TENSORS] = {
-        rows * C, rows * C, rows * C, rows * C, rows * C, rows * C, // d_x d_y d_a d_b d_c d_d
-        rows * wide, B * S * 2 * C, B * S * C,             // d_wide d_kv d_memory
-        B * T * V,                                         // d_logits
-    };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
-    real **list[NUM_SCRATCH_TENSORS] = {
-        &s->d_x, &s->d_y, &s->d_a, &s->d_b, &s->d_c, &s->d_d, &s->d_wide, &s->d_kv, &s->d_memory,
-        &s->d_logits,
-    };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
-        *list[i] = memory;
-        memory += sizes[i];
-    }
-}
-
-static size_t sum_sizes(const size_t *sizes, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += sizes[i];
-    return total;
-}
-
-// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
-// A smaller batch reuses them: per-layer offsets are computed from the actual
-// B, S, T, which fit inside every tensor's capacity.
-static void ensure_buffers(Transformer *m, int B, int S, int T) {
-    if (m->acts_memory && B <= m->cap_B && S <= m->cap_S && T <= m->cap_T) return;
-    if (B < m->cap_B) B = m->cap_B;
-    if (S < m->cap_S) S = m->cap_S;
-    if (T < m->cap_T) T = m->cap_T;
-    aligned_free(m->acts_memory);
-    aligned_free(m->scratch_memory);
-    size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
-    activation_sizes(sizes, &m->config, B, S, T);
-    scratch_sizes(scratch, &m->config, B, S, T);
-    m->acts_memory = checked_aligned_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), sizeof(real), "activations");
-    m->scratch_memory = checked_aligned_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), sizeof(real), "backward scratch");
-    point_activations(&m->acts, m->acts_memory, sizes);
-    point_scratch(&m->scratch, m->scratch_memory, scratch);
-    m->cap_B = B; m->cap_S = S; m->cap_T = T;
-}
-
-const char *transformer_build(Transformer *m, const TransformerConfig *config, uint64_t seed) {
-    memset(m, 0, sizeof *m);
-    const char *error = transformer_config_check(config);
-    if (error) return error;
-    m->config = *config;
-    parameter_sizes(m->param_sizes, config);
-    m->num_parameters = sum_sizes(m->param_sizes, NUM_PARAMETER_TENSORS);
-    m->params_memory = checked_aligned_calloc(m->num_parameters, sizeof(real), "parameters");
-    m->grads_memory = checked_aligned_calloc(m->num_parameters, sizeof(real), "gradients");
-    m->adam_m = checked_aligned_calloc(m->num_parameters, sizeof(real), "Adam first moments");
-    m->adam_v = checked_aligned_calloc(m->num_parameters, sizeof(real), "Adam second moments");
-    point_parameters(&m->params, m->params_memory, m->param_sizes);
-    point_parameters(&m->grads, m->grads_memory, m->param_sizes);
-    m->adam.beta1 = 0.9f;   // §5.3
-    m->adam.beta2 = 0.98f;
-    m->adam.eps = 1e-9f;
-    m->positional_encoding = checked_aligned_calloc((size_t)config->max_len * config->d_model, sizeof(real),
-                                                    "positional encoding");
-    positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
-    initialize_parameters(m, seed);
-    rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
-    m->training = 1;
-    return NULL;
-}
-
-void transformer_free(Transformer *m) {
-    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, m->positional_encoding,
-                       m->acts_memory, m->scratch_memory };
-    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) aligned_free(arenas[i]);
-    memset(m, 0, sizeof *m);
-}
-
-// Returns NULL when the batch fits the model, else what is wrong with it.
-const char *batch_check(const Batch *batch, const TransformerConfig *c) {
-    static char message[200];
-    #define BATCH_REQUIRE(cond, ...) do { if (!(cond)) { \
-        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
-    BATCH_REQUIRE(batch->B >= 1 && batch->S >= 1 && batch->T >= 1,
-                  "batch shape %d x %d x %d, expected positive sizes", batch->B, batch->S, batch->T);
-    BATCH_REQUIRE(batch->S <= c->max_len && batch->T <= c->max_len,
-                  "batch lengths %d (source) and %d (target) exceed max_len %d",
-                  batch->S, batch->T, c->max_len);
-    for (int b = 0; b < batch->B; b++) {
-        BATCH_REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= batch->S,
-                      "sentence %d: source length %d, expected 1..%d", b, batch->src_len[b], batch->S);
-        BATCH_REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= batch->T,
-                      "sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b], batch->T);
-        for (int s = 0; s < batch->S; s++) {
-            int tok = batch->src[b * batch->S + s];
-            BATCH_REQUIRE(tok >= 0 && tok < c->vocab_size,
-                          "sentence %d: source token %d at %d outside the vocabulary 0..%d",
-                          b, tok, s, c->vocab_size - 1);
-        }
-        for (int t = 0; t < batch->T; t++) {
-            int in = batch->tgt_in[b * batch->T + t], out = batch->tgt_out[b * batch->T + t];
-            BATCH_REQUIRE(in >= 0 && in < c->vocab_size && out >= 0 && out < c->vocab_size,
-                          "sentence %d: target token %d/%d at %d outside the vocabulary 0..%d",
-                          b, in, out, t, c->vocab_size - 1);
-        }
-    }
-    #undef BATCH_REQUIRE
-    return NULL;
-}
-
-// The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
-static const real *encoder_forward(Transformer *m, const Batch *batch) {
-    const TransformerConfig *c = &m->config;
-    ActivationTensors *a = &m->acts;
-    int B = batch->B, S = batch->S, C = c->d_model;
-    size_t n = (size_t)B * S * C;
-    // §3.4, §3.5: embed, scale, add positions; §5.4: dropout on the sum
-    embedding_forward(a->enc_embedded, batch->src, m->params.embedding, m->positional_encoding, B, S, C);
-    dropout_mask(a->enc_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
-    dropout_forward(a->enc_x0, a->enc_embedded, a->enc_emb_mask, n);
-    const real *x = a->enc_x0;
-    for (int l = 0; l < c->n_layers; l++) {
-        EncoderLayerActs la = encoder_layer_acts(m, l);
-        encoder_layer_forward(la, x, encoder_layer_params(&m->params, c, l), batch->src_len, m, B, S);
-        x = la.ln2;
-    }
-    return x;
-}
-
-// The decoder stack and the output projection: logits = Decoder(target, memory) E^T
-static void decoder_forward(Transformer *m, const Batch *batch, const real *memory) {
-    const TransformerConfig *c = &m->config;
-    ActivationTensors *a = &m->acts;
-    int B = batch->B, T = batch->T, C = c->d_model;
-    size_t n = (size_t)B * T * C;
-    embedding_forward(a->dec_embedded, batch->tgt_in, m->params.embedding, m->positional_encoding, B, T, C);
-    dropout_mask(a->dec_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
-    dropout_forward(a->dec_x0, a->dec_embedded, a->dec_emb_mask, n);
-    const real *y = a->dec_x0;
-    for (int l = 0; l < c->n_layers; l++) {
-        DecoderLayerActs la = decoder_layer_acts(m, l);
-        decoder_layer_forward(la, y, memory, decoder_layer_params(&m->params, c, l), batch, m);
-        y = la.ln3;
-    }
-    // §3.4 the pre-softmax linear transformation shares the embedding matrix
-    linear_forward(a->logits, y, m->params.embedding, NULL, B * T, C, c->vocab_size);
-}
-
-// The whole forward pass; returns the label-smoothed loss (§5.4). The batch
-// must pass batch_check; one that does not stops the program with a message
-// rather than read outside the embedding.
-real transformer_forward(Transformer *m, const Batch *batch) {
-    const char *error = batch_check(batch, &m->config);
-    if (error) {
-        fprintf(stderr, "error: transformer_forward: %s\n", error);
-        exit(1);
-    }
-    ensure_buffers(m, batch->B, batch->S, batch->T);
-    m->B = batch->B; m->S = batch->S; m->T = batch->T;
-    const real *memory = encoder_forward(m, batch);
-    decoder_forward(m, batch, memory);
-    m->loss = (real)cross_entropy_forward(m->acts.token_loss, m->acts.probs, m->acts.logits,
-                                          batch->tgt_out, batch->tgt_len, m->config.label_smoothing,
-                                          batch->B, batch->T, m->config.vocab_size,
-                                          &m->num_target_tokens);
-    return m->loss;
-}
-
-void transformer_zero_grad(Transformer *m) {
-    zero(m->grads_memory, m->num_parameters);
-}
-
-// The whole backward pass, for the batch of the last transformer_forward:
-// accumulates dloss/dparameter into m->grads.
-void transformer_backward(Transformer *m, const Batch *batch) {
-    const TransformerConfig *c = &m->config;
-    ActivationTensors *a = &m->acts;
-    BackwardScratch *s = &m->scratch;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
-    size_t n_dec = (size_t)B * T * C, n_enc = (size_t)B * S * C;
-    if (m->num_target_tokens == 0) return;
-    // loss = CrossEntropy(softmax(logits), q)
-    zero(s->d_logits, (size_t)B * T * V);
-    cross_entropy_backward(s->d_logits, a->probs, batch->tgt_out, batch->tgt_len,
-                           c->label_smoothing, m->num_target_tokens, B, T, V);
-    // logits = decoder_output E^T
-    const real *decoder_output = decoder_layer_acts(m, L - 1).ln3;
-    real *d_out = s->d_x, *d_in = s->d_y;
-    zero(d_out, n_dec);
-    linear_backward(d_out, m->grads.embedding, NULL, s->d_logits, decoder_output,
-                    m->params.embedding, B * T, C, V);
-    // the decoder stack, last layer first
-    const real *memory = encoder_layer_acts(m, L - 1).ln2;
-    zero(s->d_memory, n_enc);
-    for (int l = L - 1; l >= 0; l--) {
-        const real *y = l == 0 ? a->dec_x0 : decoder_layer_acts(m, l - 1).ln3;
-        zero(d_in, n_dec);
-        decoder_layer_backward(d_in, s->d_memory, decoder_layer_params(&m->grads, c, l), d_out,
-                               decoder_layer_acts(m, l), y, memory,
-                               decoder_layer_params(&m->params, c, l), batch, m);
-        real *swap = d_out; d_out = d_in; d_in = swap;
-    }
-    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE)
-    zero(s->d_a, n_dec);
-    dropout_backward(s->d_a, d_out, a->dec_emb_mask, n_dec);
-    embedding_backward(m->grads.embedding, s->d_a, batch->tgt_in, B, T, C);
-    // the encoder stack, starting from the gradient its output got from every decoder layer
-    memcpy(d_out, s->d_memory, n_enc * sizeof(real));
-    for (int l = L - 1; l >= 0; l--) {
-        const real *x = l == 0 ? a->enc_x0 : encoder_layer_acts(m, l - 1).ln2;
-        zero(d_in, n_enc);
-        encoder_layer_backward(d_in, encoder_layer_params(&m->grads, c, l), d_out,
-                               encoder_layer_acts(m, l), x, encoder_layer_params(&m->params, c, l),
-                               m, B, S);
-        real *swap = d_out; d_out = d_in; d_in = swap;
-    }
-    zero(s->d_a, n_enc);
-    dropout_backward(s->d_a, d_out, a->enc_emb_mask, n_enc);
-    embedding_backward(m->grads.embedding, s->d_a, batch->src, B, S, C);
-}
-
-// ============================================================================
-// §5.3  Optimizer
-// "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and eps = 1e-9.
-// We varied the learning rate over the course of training, according to
-//     lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)"
-// (eq. 3): a linear rise for warmup_steps (4000 in the paper), then a decay
-// with the inverse square root of the step. `factor` scales the whole curve
-// (1 in the paper; larger for tiny models, as many reimplementations do).
-// ============================================================================
-
-double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor) {
-    double s = step < 1 ? 1.0 : (double)step;
-    double rise = s * pow((double)warmup_steps, -1.5), decay = 1.0 / sqrt(s);
-    return factor / sqrt((double)d_model) * (rise < decay ? rise : decay);
-}
-
-// One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter:
-//     m = beta1 m + (1 - beta1) g            (first moment)
-//     v = beta2 v + (1 - beta2) g^2          (second moment)
-//     theta -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
-// with t the step count; the divisions undo the moments' bias towards 0.
-void adam_update(Transformer *m, double learning_rate) {
-    m->adam_step++;
-    double b1 = m->adam.beta1, b2 = m->adam.beta2;
-    double correction1 = 1.0 - pow(b1, (double)m->adam_step);
-    double correction2 = 1.0 - pow(b2, (double)m->adam_step);
-    real step_size = (real)(learning_rate / correction1);
-    real rsqrt_c2 = (real)(1.0 / sqrt(correction2)), eps = (real)m->adam.eps;
-    real beta1 = (real)b1, beta2 = (real)b2;
-    size_t n = m->num_parameters;
-    real *theta = m->params_memory, *first = m->adam_m, *second = m->adam_v;
-    const real *grad = m->grads_memory;
-    OMP(parallel for simd)
-    for (size_t i = 0; i < n; i++) {
-        real g = grad[i];
-        real mi = beta1 * first[i] + (1 - beta1) * g;
-        real vi = beta2 * second[i] + (1 - beta2) * g * g;
-        first[i] = mi;
-        second[i] = vi;
-        theta[i] -= step_size * mi / (real_sqrt(vi) * rsqrt_c2 + eps);
-    }
-}
-
-// ============================================================================
-// §6.1  Decoding: greedy with a key/value cache, beam search
-// "We used beam search with a beam size of 4 and length penalty alpha = 0.6
-// ... We set the maximum output length during inference to input length + 50,
-// but terminate early when possible." (§6.1)
-//
-// The decoder writes one token at a time: position t reads the token chosen
-// at t-1 (<s> at t = 0). Run naively, step t recomputes every earlier
-// position of every layer, O(t^2) work per sentence. But under the causal mask
-// (§3.2.3) nothing at positions < t depends on later tokens, so their keys and
-// values never change once computed. A key/value cache keeps them, per
-// decoder layer, and step t computes only row t:
-//
-//   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
-//     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
-//                    cross-attention  q_t against the memory's K, V (made once)
-//
-// The memory's keys and values (rows C..3C-1 of the encoder-decoder W_qkv
-// applied to the encoder output) are the same at every step, so they are
-// computed once per sentence. The step reuses the training functions
-// (linear_forward, attention_forward, residual_layernorm_forward, feed_forward_forward)
-// with one query row per sentence, so it computes what the full pass
-// computes, up to the order of a few sums (attention_forward takes a single
-// query through dot products, not the tiles of §3); test_transformer.c checks
-// the logits against the full pass and the tokens against uncached decoding.
-// ============================================================================
-
-// The decoding state of R rows decoded side by side: R sentences (greedy) or
-// the R beams of one sentence (beam search).
-typedef struct {
-    int rows;           // R
-    int S;              // padded source length
-    int max_T;          // positions the self-attention cache holds
-    int *src_len;       // (R)                real source tokens of each row
-    int *self_len;      // (R)                positions each row's query sees: t + 1
-    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
-    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
-    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
-    real *x;            // (R, C)             a layer's input, then its output
-    real *qkv;          // (R, 3C)
-    real *heads;        // (R, C)
-    real *proj;         // (R, C)
-    real *res;          // (R, C)
-    real *ln1, *ln2;    // (R, C)
-    real *q;            // (R, C)
-    real *ff_h;         // (R, F)
-    real *ff_out;       // (R, C)
-    real *mean, *rstd;  // (R)
-    real *att;          // (R, NH, max(S, max_T))
-    real *ones;         // (R, C)             the dropout mask when not training: all ones
-    real *logits;       // (R, V)
-} DecoderCache;
-
-static void decoder_cache_init(DecoderCache *k, const Transformer *m, int R, int S, int max_T) {
-    const TransformerConfig *c = &m->config;
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
-    size_t rows = R, widest = S > max_T ? S : max_T;
-    memset(k, 0, sizeof *k);
-    k->rows = R; k->S = S; k->max_T = max_T;
-    k->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
-    k->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
-    k->cross_kv = checked_aligned_calloc(L * rows * S * 2 * C, sizeof(real), "cross-attention key/value cache");
-    k->self_kv = checked_aligned_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
-    k->spare_kv = checked_aligned_calloc(L * rows * max_T * 2 * C, sizeof(real), "self-attention key/value cache");
-    real **row_buffers[] = { &k->x, &k->heads, &k->proj, &k->res, &k->ln1, &k->ln2, &k->q, &k->ff_out, &k->ones };
-    for (size_t i = 0; i < sizeof row_buffers / sizeof *row_buffers; i++)
-        *row_buffers[i] = checked_aligned_calloc(rows * C, sizeof(real), "decoder activations");
-    k->qkv = checked_aligned_calloc(rows * 3 * C, sizeof(real), "decoder activations");
-    k->ff_h = checked_aligned_calloc(rows * F, sizeof(real), "decoder activations");
-    k->mean = checked_aligned_calloc(rows, sizeof(real), "decoder activations");
-    k->rstd = checked_aligned_calloc(rows, sizeof(real), "decoder activations");
-    k->att = checked_aligned_calloc(rows * NH * widest, sizeof(real), "decoder attention");
-    k->logits = checked_aligned_calloc(rows * V, sizeof(real), "decoder logits");
-    for (size_t i = 0; i < rows * C; i++) k->ones[i] = 1;
-}
-
-static void decoder_cache_free(DecoderCache *k) {
-    free(k->src_len);
-    free(k->self_len);
-    real *all[] = { k->cross_kv, k->self_kv, k->spare_kv, k->x, k->qkv, k->heads, k->proj, k->res,
-                    k->ln1, k->ln2, k->q, k->ff_h, k->ff_out, k->mean, k->rstd, k->att, k->ones, k->logits };
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) aligned_free(all[i]);
-    memset(k, 0, sizeof *k);
-}
-
-// The encoder runs once per sentence: memory = Encoder(source) (§3.1). Then
-// every decoder layer's keys and values of the memory are computed and kept.
-// src is (B,S), padded, with B == rows (row r decodes sentence r) or B == 1
-// (every row decodes sentence 0: the beams of beam search).
-static void decoder_cache_encode(DecoderCache *k, Transformer *m, const int *src, const int *src_len, int B) {
-    const TransformerConfig *c = &m->config;
-    int S = k->S, C = c->d_model;
-    size_t R = k->rows, row_kv = (size_t)S * 2 * C;
-    Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
-    ensure_buffers(m, B, S, 1);
-    m->B = B; m->S = S; m->T = 1;
-    const real *memory = encoder_forward(m, &batch);
-    for (int l = 0; l < c->n_layers; l++) {
-        AttentionParams w = decoder_layer_params(&m->params, c, l).cross_attn;
-        real *kv = k->cross_kv + l * R * row_kv;
-        // kv = memory W_kv^T + b_kv, as cross_attention_forward computes it
-        linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
-        for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
-    }
-    for (size_t r = 0; r < R; r++) k->src_len[r] = src_len[B == 1 ? 0 : r];
-}
-
-// One decoder position t for rows 0..rows-1: tokens (rows) are their inputs
-// at position t. Appends each row's keys and values at t to the cache and
-// leaves the logits of the next token in k->logits (rows, V). The same
-// sub-layers as decoder_layer_forward, for one position, without dropout.
-static void decoder_step(DecoderCache *k, Transformer *m, const int *tokens, int t, int rows) {
-    const TransformerConfig *c = &m->config;
-    int C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
-    size_t R = k->rows;
-    float eps = c->layer_norm_eps;
-    // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
-    embedding_forward(k->x, tokens, m->params.embedding, m->positional_encoding + (size_t)t * C, rows, 1, C);
-    for (int r = 0; r < rows; r++) k->self_len[r] = t + 1;
-    for (int l = 0; l < c->n_layers; l++) {
-        DecoderLayerParams w = decoder_layer_params(&m->params, c, l);
-        real *self_kv = k->self_kv + l * R * k->max_T * 2 * C;
-        real *cross_kv = k->cross_kv + l * R * k->S * 2 * C;
-        // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
-        linear_forward(k->qkv, k->x, w.self_attn.qkv_w, w.self_attn.qkv_b, rows, C, 3 * C);
-        for (int r = 0; r < rows; r++)
-            memcpy(self_kv + ((size_t)r * k->max_T + t) * 2 * C, k->qkv + (size_t)r * 3 * C + C,
-                   2 * (size_t)C * sizeof(real));
-        attention_forward(k->heads, k->att, k->qkv, self_kv, self_kv + C, 3 * C, 2 * C, k->self_len, 0,
-                          rows, 1, k->max_T, C, NH);
-        linear_forward(k->proj, k->heads, w.self_attn.out_w, w.self_attn.out_b, rows, C, C);
-        residual_layernorm_forward(k->ln1, k->mean, k->rstd, k->res, k->x, k->proj, k->ones,
-                                   w.ln1_g, w.ln1_b, rows, C, eps);
-        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); keys and values from the cache
-        linear_forward(k->q, k->ln1, w.cross_attn.qkv_w, w.cross_attn.qkv_b, rows, C, C);
-        attention_forward(k->heads, k->att, k->q, cross_kv, cross_kv + C, C, 2 * C, k->src_len, 0,
-                          rows, 1, k->S, C, NH);
-        linear_forward(k->proj, k->heads, w.cross_attn.out_w, w.cross_attn.out_b, rows, C, C);
-        residual_layernorm_forward(k->ln2, k->mean, k->rstd, k->res, k->ln1, k->proj, k->ones,
-                                   w.ln2_g, w.ln2_b, rows, C, eps);
-        // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
-        feed_forward_forward(k->ff_out, k->ff_h, k->ln2, w.ffn, rows, C, F);
-        residual_layernorm_forward(k->x, k->mean, k->rstd, k->res, k->ln2, k->ff_out, k->ones,
-                                   w.ln3_g, w.ln3_b, rows, C, eps);
-    }
-    // §3.4: the pre-softmax projection through the shared embedding
-    linear_forward(k->logits, k->x, m->params.embedding, NULL, rows, C, V);
-}
-
-// Beam search keeps the best hypotheses, which may extend any of the previous
-// beams: row i continues beam parent[i], so it takes over that beam's cached
-// keys and values of positions 0..positions-1.
-static void decoder_cache_reorder(DecoderCache *k, const Transformer *m, const int *parent, int rows,
-                                  int positions) {
-    size_t C = m->config.d_model, L = m->config.n_layers, R = k->rows, T = k->max_T;
-    for (size_t l = 0; l < L; l++)
-        for (int i = 0; i < rows; i++)
-            memcpy(k->spare_kv + (l * R + i) * T * 2 * C, k->self_kv + (l * R + parent[i]) * T * 2 * C,
-                   (size_t)positions * 2 * C * sizeof(real));
-    real *swap = k->self_kv; k->self_kv = k->spare_kv; k->spare_kv = swap;
-}
-
-// §6.1: "maximum output length ... input length + 50", and never more
-// positions than the positional encoding has. Counts output tokens, </s> included.
-int transformer_decode_limit(const Transformer *m, int src_len) {
-    int limit = src_len + 50;
-    return limit < m->config.max_len ? limit : m->config.max_len;
-}
-
-// The most likely next token. <pad> and <s> are never outputs; the lowest id wins a tie.
-// (The largest logit first, with max_of, which vectorises, then the first id that has it.)
-_Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
-               "the possible outputs are the ids from </s> on");
-static int greedy_token(const real *logits, int V) {
-    real best = max_of(logits + TOKEN_EOS, V - TOKEN_EOS);
-    for (int v = TOKEN_EOS; v < V; v++)
-        if (logits[v] == best) return v;
-    return TOKEN_EOS;   // every logit is NaN
-}
-
-// Greedy decoding of B sentences side by side: at each position every
-// sentence takes its most likely token, until </s> or the length limit.
-// src is (B,S) padded, src_len (B). out (B, max_out) gets each output
-// without </s>, out_len (B) its length.
-void transformer_greedy_decode(Transformer *m, int *out, int *out_len, int max_out,
-                               const int *src, const int *src_len, int B, int S) {
-    int training = m->training, V = m->config.vocab_size, steps = 0;
-    m->training = 0;
-    int *limit = checked_calloc(B, sizeof(int), "decode limits");
-    int *tokens = checked_calloc(B, sizeof(int), "decode tokens");
-    int *done = checked_calloc(B, sizeof(int), "decode flags");
-    for (int b = 0; b < B; b++) {
-        limit[b] = transformer_decode_limit(m, src_len[b]);
-        if (limit[b] > max_out) limit[b] = max_out;
-        if (limit[b] > steps) steps = limit[b];
-        out_len[b] = 0;
-        tokens[b] = TOKEN_BOS;
-    }
-    DecoderCache k;
-    decoder_cache_init(&k, m, B, S, steps);
-    decoder_cache_encode(&k, m, src, src_len, B);
-    for (int t = 0; t < steps; t++) {
-        decoder_step(&k, m, tokens, t, B);
-        int active = 0;
-        for (int b = 0; b < B; b++) {
-            if (done[b]) continue;
-            int y = greedy_token(k.logits + (size_t)b * V, V);
-            if (y == TOKEN_EOS) { done[b] = 1; continue; }
-            out[(size_t)b * max_out + out_len[b]++] = y;
-            tokens[b] = y;
-            if (t + 1 >= limit[b]) done[b] = 1;
-            active += !done[b];
-        }
-        if (!active) break;
-    }
-    decoder_cache_free(&k);
-    free(limit); free(tokens); free(done);
-    m->training = training;
-}
-
-// §6.1 length penalty, in the form of tensor2tensor (Wu et al. 2016):
-// a hypothesis of `length` tokens (</s> included) scores log P / ((5 + length) / 6)^alpha.
-static double length_penalty(int length, double alpha) {
-    return pow((5.0 + length) / 6.0, alpha);
-}
-
-// A possible extension of a beam: token after beam `row`, with the summed
-// log-probability `score`. The logit breaks ties, then the lower row and
-// token, so that one beam ranks exactly as greedy_token chooses.
-typedef struct { double score; real logit; int row, token; } BeamCandidate;
-
-static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
-    if (a->score != b->score) return a->score > b->score;
-    if (a->logit != b->logit) return a->logit > b->logit;
-    if (a->row != b->row) return a->row < b->row;
-    return a->token < b->token;
-}
-
-// Inserts c into best[0..*count-1], sorted, keeping at most `keep`.
-static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCandidate c) {
-    int i;
-    if (*count < keep) i = (*count)++;
-    else if (candidate_before(&c, &best[keep - 1])) i = keep - 1;
-    else return;
-    while (i > 0 && candidate_before(&c, &best[i - 1])) { best[i] = best[i - 1]; i--; }
-    best[i] = c;
-}
-
-// Every alive beam r proposes every token v with the score
-// alive_score[r] + log softmax(logits[r])_v (in double); keeps the best `keep`
-// in best[], sorted. <pad> and <s> are never proposed. Returns how many.
-static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score,
-                        int num_alive, int V) {
-    int num_best = 0;
-    for (int r = 0; r < num_alive; r++) {
-        const real *z = logits + (size_t)r * V;
-        double max_z = z[0], sum = 0;
-        for (int v = 1; v < V; v++) if (z[v] > max_z) max_z = z[v];
-        for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
-        double log_sum = max_z + log(sum);
-        for (int v = 0; v < V; v++) {
-            if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
-            BeamCandidate c = { alive_score[r] + (z[v] - log_sum), z[v], r, v };
-            candidate_insert(best, &num_best, keep, c);
-        }
-    }
-    return num_best;
-}
-
-// Beam search for one sentence (§6.1). Keeps `beam_size` alive hypotheses.
-// At each position every alive beam proposes every token; the best
-// 2 x beam_size of these (by summed log-probability) are taken in order:
-// one ending in </s> among the first beam_size is finished, with score
-// log P / length_penalty; the others fill the next alive beams. Search stops
-// when beam_size hypotheses have finished ("all beams have ended"), or at the
-// length limit, where the alive beams finish as they are. Returns the length
-// of the best finished hypothesis, written to out (capacity
-// transformer_decode_limit) without </s>; *score gets its score.
-// With beam_size 1 this is exactly greedy decoding.
-int transformer_beam_search(Transformer *m, int *out, double *score, const int *src, int src_len,
-                            int beam_size, double alpha) {
-    int training = m->training, V = m->config.vocab_size, K = beam_size;
-    m->training = 0;
-    int limit = transformer_decode_limit(m, src_len);
-    size_t stride = limit;
-    int *alive = checked_calloc(K * stride, sizeof(int), "beams"), *next = checked_calloc(K * stride, sizeof(int), "beams");
-    int *finished = checked_calloc(K * stride, sizeof(int), "beams"), *finished_len = checked_calloc(K, sizeof(int), "beams");
-    double *alive_score = checked_calloc(K, sizeof(double), "beams"), *next_score = checked_calloc(K, sizeof(double), "beams");
-    double *finished_score = checked_calloc(K, sizeof(double), "beams");
-    int *parent = checked_calloc(K, sizeof(int), "beams"), *tokens = checked_calloc(K, sizeof(int), "beams");
-    BeamCandidate *best = checked_calloc(2 * K, sizeof(BeamCandidate), "beam candidates");
-    DecoderCache k;
-    decoder_cache_init(&k, m, K, src_len, limit);
-    decoder_cache_encode(&k, m, src, &src_len, 1);
-    int num_alive = 1, num_finished = 0, winner = 0; // winner: the best finished so far (first on ties)
-    finished_score[0] = -INFINITY;
-    tokens[0] = TOKEN_BOS;
-    for (int t = 0; t < limit; t++) {
-        decoder_step(&k, m, tokens, t, num_alive);
-        int num_best = beam_propose(best, 2 * K, k.logits, alive_score, num_alive, V);
-        // Each of the K beams ends once: the best `width` candidates, in order,
-        // either end (</s>) or go on, where width is the number of beams that
-        // have not ended yet. An ended beam is not replaced, so a few poor
-        // hypotheses that end early cannot stop the search while a better one
-        // is still going; the search stops when every beam has ended.
-        int width = K - num_finished, num_next = 0;
-        for (int i = 0; i < num_best && i < width; i++) {
-            BeamCandidate c = best[i];
-            if (c.token == TOKEN_EOS) {
-                memcpy(finished + num_finished * stride, alive + c.row * stride, t * sizeof(int));
-                finished_len[num_finished] = t;
-                finished_score[num_finished] = c.score / length_penalty(t + 1, alpha);
-                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
-                num_finished++;
-            } else {
-                memcpy(next + num_next * stride, alive + c.row * stride, t * sizeof(int));
-                next[num_next * stride + t] = c.token;
-                next_score[num_next] = c.score;
-                parent[num_next] = c.row;
-                tokens[num_next++] = c.token;
-            }
-        }
-        if (num_finished == K || num_next == 0) break;
-        if (t + 1 == limit) { // out of positions: the alive beams end here, without </s>
-            for (int i = 0; i < num_next && num_finished < K; i++) {
-                memcpy(finished + num_finished * stride, next + i * stride, (t + 1) * sizeof(int));
-                finished_len[num_finished] = t + 1;
-                finished_score[num_finished] = next_score[i] / length_penalty(t + 1, alpha);
-                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
-                num_finished++;
-            }
-            break;
-        }
-        decoder_cache_reorder(&k, m, parent, num_next, t + 1);
-        int *swap = alive; alive = next; next = swap;
-        double *swap_score = alive_score; alive_score = next_score; next_score = swap_score;
-        num_alive = num_next;
-    }
-    int length = num_finished ? finished_len[winner] : 0;
-    memcpy(out, finished + winner * stride, length * sizeof(int));
-    if (score) *score = num_finished ? finished_score[winner] : -INFINITY;
-    decoder_cache_free(&k);
-    free(alive); free(next); free(finished); free(finished_len); free(alive_score); free(next_score);
-    free(finished_score); free(parent); free(tokens); free(best);
-    m->training = training;
-    return length;
-}
+#endif // TRANSFORMER_PLAIN
+// ############################################################################
+// PART III   THE PROGRAM
+// Data, checkpoints, BLEU, pictures, the command line and the benchmark:
+// what turns the model of Part I into a tool you run.
+// ############################################################################
 
 // ============================================================================
 // Data: vocabulary, TSV files, built-in tasks, batches
@@ -2436,17 +2615,8 @@ static const char *errorf(const char *format, ...) {
 }
 
 static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
-    if (count == 0) count = 1;
-    if (size != 0 && count > SIZE_MAX / size) {
-        fprintf(stderr, "error: %s: %zu x %zu bytes overflows\n", what, count, size);
-        exit(1);
-    }
-    void *q = realloc(p, count * size);
-    if (!q) {
-        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, count * size);
-        exit(1);
-    }
-    return q;
+    size_t bytes = checked_bytes(count, size, what);
+    return allocated(realloc(p, bytes), bytes, what);
 }
 
 static double wall_seconds(void) {
@@ -4627,9 +4797,14 @@ static void format_duration(char *text, size_t n, double seconds) {
     else snprintf(text, n, "%ld:%02ld", s / 60, s % 60);
 }
 
-static int parameters_finite(const Transformer *m) {
-    for (size_t i = 0; i < m->num_parameters; i++) if (!isfinite(m->params_memory[i])) return 0;
-    return 1;
+// The name of the first parameter tensor that holds a NaN or an infinity, or NULL.
+static const char *nonfinite_parameter(Transformer *m) {
+    real **tensors[NUM_PARAMETER_TENSORS];
+    parameter_pointers(tensors, &m->params);
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
+        for (size_t i = 0; i < m->param_sizes[t]; i++)
+            if (!isfinite((*tensors[t])[i])) return parameter_names[t];
+    return NULL;
 }
 
 // The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to be
@@ -4668,9 +4843,10 @@ static void kept_checkpoint_path(char *out, size_t n, const TrainRun *r, long st
 // (Files of earlier sessions are left alone: without a directory listing in
 // the allowed headers, the run only knows the files it wrote itself.)
 static const char *train_save(TrainRun *r) {
-    if (!parameters_finite(&r->model))
-        return errorf("step %ld: a parameter is not finite; %s was not overwritten", r->model.adam_step,
-                      r->checkpoint_path);
+    const char *nonfinite = nonfinite_parameter(&r->model);
+    if (nonfinite)
+        return errorf("step %ld: %s holds a value that is not finite (training diverged); %s was not overwritten",
+                      r->model.adam_step, nonfinite, r->checkpoint_path);
     const char *error = checkpoint_save(r->checkpoint_path, &r->model, &r->vocab, &r->state, r->run_options);
     if (!error) r->last_saved_step = r->model.adam_step;
     if (!error && r->opt.keep_last > 0) {
@@ -5292,12 +5468,6 @@ static long process_status_kb(const char *field) {
     return value;
 }
 
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // CPU time used by all threads of the process so far, in seconds.
 static double cpu_seconds_now(void) {
     struct timespec ts;
@@ -5408,7 +5578,7 @@ static int command_bench(int argc, char **argv) {
     double cpu_start = 0, positions = 0;
     for (int step = 1; step <= warmup + steps; step++) {
         if (step == warmup + 1) cpu_start = cpu_seconds_now();
-        double start = seconds_now();
+        double start = wall_seconds();
         if (decode) {
             transformer_greedy_decode(&model, out, out_len, T, batch.src, batch.src_len, B, S);
         } else {
@@ -5418,7 +5588,7 @@ static int command_bench(int argc, char **argv) {
             transformer_backward(&model, &batch);
             adam_update(&model, transformer_learning_rate(step, d_model, 4000, 1.0));
         }
-        if (step > warmup) times[step - warmup - 1] = seconds_now() - start;
+        if (step > warmup) times[step - warmup - 1] = wall_seconds() - start;
     }
     double cpu_per_step = (cpu_seconds_now() - cpu_start) / steps;
     if (decode) {   // the last run's decoded positions, an ending </s> included

@@ -10,7 +10,7 @@
  *     make test            builds and runs the tests (double-precision gradient
  *                          checks, PyTorch parity, masks, Adam, learning,
  *                          decoding, checkpoints, the command line)
- *     make debug           -O0 -g build for gdb
+ *     make debug           -O0 -g build for gdb, with Part I's plain loops only
  *     cc -O2 transformer.c -lm -o transformer     is all it takes by hand
  *
  * USE (as a library: compile transformer.c with -DTRANSFORMER_NO_MAIN)
@@ -29,10 +29,12 @@
  *     transformer_free(&model);
  *
  * READ
- *     transformer.c from the top: each section is headed by the paper's section
- *     (§3.1 ... §5.4); every layer is a *_forward function followed by its
- *     *_backward, arguments in the order outputs, inputs, sizes. NOTES.md maps
- *     every equation to its function and gives the backward derivations.
+ *     transformer.c from the top: Part I is the model in the paper's order,
+ *     each section headed by the paper's section (§3.1 ... §6.1); every layer
+ *     is a *_forward function followed by its *_backward, arguments in the
+ *     order outputs, inputs, sizes. Part II makes it fast; Part III is the
+ *     program. NOTES.md maps every equation to its function and gives the
+ *     backward derivations.
  *
  * The number type `real` is float; compiling with -DTRANSFORMER_DOUBLE makes it
  * double everywhere, which the gradient checks use.
@@ -180,17 +182,22 @@ typedef struct {
 } ActivationTensors;
 
 // Scratch memory for the backward pass, reused layer after layer, so the
-// backward pass needs only a few buffers of one layer's size.
+// backward pass needs only a few buffers of one layer's size. Each holds the
+// gradient of the loss with respect to the tensor its name says; "rows" are
+// B*S in the encoder and B*T in the decoder (sized for the larger).
 typedef struct {
-    real *d_x;          // (B, max(S,T), C)        gradient of the current layer's output
-    real *d_y;          // (B, max(S,T), C)        gradient of its input (ping-pong with d_x)
-    real *d_a;          // (B, max(S,T), C)
-    real *d_b;          // (B, max(S,T), C)
-    real *d_c;          // (B, max(S,T), C)
-    real *d_d;          // (B, max(S,T), C)
-    real *d_wide;       // (B, max(S,T), max(3C,F))
-    real *d_kv;         // (B, S, 2C)              cross-attention keys and values
-    real *d_memory;     // (B, S, C)               encoder output, summed over decoder layers
+    real *d_output;     // (rows, C)   of a layer's output, and ...
+    real *d_input;      // (rows, C)   ... of its input: the next layer down's output (the two swap)
+    real *d_ln1;        // (rows, C)   of a layer's first Add & Norm output (the second sub-layer's input)
+    real *d_ln2;        // (rows, C)   of a decoder layer's second Add & Norm output
+    real *d_sublayer;   // (rows, C)   of a sub-layer's output, before its Add & Norm
+    real *d_heads;      // (rows, C)   of Concat(head_1, ..., head_h), before W^O
+    real *d_qkv;        // (rows, 3C)  of a self-attention's fused queries, keys and values
+    real *d_q;          // (B, T, C)   of the encoder-decoder attention's queries
+    real *d_kv;         // (B, S, 2C)  of its keys and values
+    real *d_ff_h;       // (rows, F)   of the FFN's hidden layer
+    real *d_memory;     // (B, S, C)   of the encoder output, summed over the decoder layers
+    real *d_embedded;   // (rows, C)   of the scaled embeddings plus positions, before dropout
     real *d_logits;     // (B, T, V)
 } BackwardScratch;
 
@@ -248,7 +255,6 @@ void transformer_zero_grad(Transformer *model);
 void transformer_backward(Transformer *model, const Batch *batch);
 double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor);
 void adam_update(Transformer *model, double learning_rate);
-const char *parameter_tensor_name(int index);
 
 // ----------------------------------------------------------------------------
 // Decoding (§6.1), with a key/value cache: the encoder runs once per sentence
