@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Time the training step of transformer.c's model in PyTorch, for `make bench`.
 
-The same model, batch and step as `./transformer bench` (NOTES.md, section
-"Performance"): PyTorch's own nn.TransformerEncoderLayer / DecoderLayer
+The same model, batch and step as `./transformer bench` (dev/PERFORMANCE.md,
+"Method"): PyTorch's own nn.TransformerEncoderLayer / DecoderLayer
 (batch_first, post-norm, ReLU) called layer by layer, as dev/make_reference.py
 builds them, with one shared embedding matrix (source, target and the tied
 output projection), embeddings x sqrt(d_model) + sinusoidal positions,
@@ -279,7 +279,7 @@ def noam_lr(step, C, warmup=4000, factor=1.0):
 
 
 def training_step_flops(L, C, F_, V, B, S, T):
-    """The same count as training_step_flops in transformer.c (NOTES.md)."""
+    """The same count as training_step_flops in transformer.c (dev/PERFORMANCE.md)."""
     src, tgt = B * S, B * T
     encoder = 2 * src * (3 * C * C + C * C + 2 * C * F_) + 4 * src * S * C
     decoder = (2 * tgt * (3 * C * C + C * C + 2 * C * F_) + 4 * B * T * (T + 1) / 2 * C

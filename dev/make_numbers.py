@@ -13,7 +13,7 @@ Each line is `english<TAB>german`, tokens separated by single spaces, e.g.
     three hundred forty two<TAB>drei hundert zwei und vierzig
 
 German writes the ones before the tens ("zweiundvierzig", two-and-forty), so
-the word order changes between the languages. The rules (NOTES.md, section 6):
+the word order changes between the languages. The rules (in short: NOTES.md, section 6):
 
   * German compounds are split into their parts, one token each:
     zweihundert -> `zwei hundert`, zweiundvierzig -> `zwei und vierzig`,

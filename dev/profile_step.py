@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Where a training step's time goes, function by function (NOTES.md, section 14).
+"""Where a training step's time goes, function by function (dev/PERFORMANCE.md).
 
 perf can say which instructions are hot, but not which layer called the
 matrix product it samples. This script builds a copy of transformer.c in
