@@ -9,7 +9,7 @@
 #                      error messages, Part II against Part I: the default build
 #                      (double and float), without OpenMP, and the plain build
 #   make debug         -O0 -g builds for gdb, Part I only: transformer_debug, test_transformer_debug
-#   make sanitize      the tests under AddressSanitizer and UBSan
+#   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
 #   make bench         training-step speed against PyTorch (needs python3-torch;
 #                      not part of make test): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
 #                      BENCH_THREADS
@@ -110,8 +110,11 @@ sanitize: test_transformer.c $(SOURCES)
 	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -o transformer_asan_plain transformer.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o test_transformer_asan_plain_f64 test_transformer.c $(LDLIBS)
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan_f64
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan
+	TRANSFORMER_BIN=./transformer_asan_plain ./test_transformer_asan_plain_f64
 
 # transformer.c and PyTorch (dev/bench_pytorch.py) alternately, the same model
 # and batch, then a table with the ratio PyTorch time / transformer.c time.
@@ -124,6 +127,6 @@ bench: transformer
 	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS)
 
 clean:
-	rm -f transformer transformer_plain transformer_debug transformer_asan test_transformer test_transformer_f64 \
-	      test_transformer_serial test_transformer_plain_f64 test_transformer_debug test_transformer_asan \
-	      test_transformer_asan_f64 .test_output.log
+	rm -f transformer transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
+	      test_transformer_f64 test_transformer_serial test_transformer_plain_f64 test_transformer_debug \
+	      test_transformer_asan test_transformer_asan_f64 test_transformer_asan_plain_f64 .test_output.log

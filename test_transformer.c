@@ -752,10 +752,10 @@ static void test_learning(void) {
 }
 
 #ifndef TRANSFORMER_PLAIN
-// Random A (M,K) and B (K,N) for a product of the given form, as the layers
-// store them: form 0, A (M,K) and B stored as (N,K), i.e. x W^T; form 1, both
-// row-major, dy W; form 2, A stored as (K,M), i.e. dy^T x. The caller frees
-// av->data and bv->data.
+// Random A (M,K) and B (K,N) for a product of the given form (K: its depth),
+// as the layers store them: form 0, A (M,K) and B stored as (N,K), i.e.
+// x W^T; form 1, both row-major, dy W; form 2, A stored as (K,M), i.e.
+// dy^T x. The caller frees av->data and bv->data.
 static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int N, int K, Rng *rng) {
     real *a = checked_calloc((size_t)M * K, sizeof(real), "test"), *b = checked_calloc((size_t)K * N, sizeof(real), "test");
     for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (real)rng_normal(rng);
@@ -766,15 +766,15 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
     if (form == 2) { av->row_stride = 1; av->col_stride = (size_t)M; }
 }
 
-// The matrix product of transformer.c (§3) works in 8 x 32 tiles (6 x 16 where
-// there are 16 vector registers), or narrow tiles one vector wide (16 x 16)
-// for at most NARROW_COLS columns, blocks of 128 along K and 512 along N,
+// Part II's matrix product works in 8 x 32 tiles (6 x 16 where there are 16
+// vector registers), or narrow tiles one vector wide (16 x 16) for at most
+// NARROW_COLS columns, blocks of 128 along the depth K and 512 along N,
 // shares rows among threads and turns a product of at most 32 rows around.
 // The model tests above use tiny sizes, which never reach a second block, so
 // here it is checked against a plain loop in double precision on sizes that
 // cross every boundary, for the three ways the layers read their matrices
-// (x W^T, dy W, dy^T x), every other product adding to C and the others
-// writing C = bias + A B.
+// (x W^T, dy W, dy^T x), every other product adding to out and the others
+// writing out = bias + A B.
 static void test_matmul_against_plain_loops(void) {
     enum { NM = 4, NN = 5, NK = 3 };
     int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, NARROW_COLS, NARROW_COLS + 1, 33, 530 }, Ks[NK] = { 1, 129, 300 };
@@ -820,11 +820,11 @@ static void test_matmul_against_plain_loops(void) {
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
     check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x %d (every tile edge, depth "
-          "and width block, the narrow tile and its depth limit, the transposed small-row path; C += A B and "
-          "C = bias + A B) match a plain loop in double: worst error %.2g", cases, NARROW_MAX_DEPTH + 5, worst);
+          "and width block, the narrow tile and its depth limit, the transposed small-row path; out += A B and "
+          "out = bias + A B) match a plain loop in double: worst error %.2g", cases, NARROW_MAX_DEPTH + 5, worst);
 }
 
-// The matrix product gives each element of C to one thread, which sums it in
+// The matrix product gives each element of out to one thread, which sums it in
 // the same order whatever the number of threads: 1, 2 and 3 threads must give
 // the same bits, for the three ways the layers read their matrices and for
 // both orientations (a product of at most TILE_COLS rows is done transposed).
@@ -855,69 +855,6 @@ static void test_matmul_thread_count(void) {
     check(identical, "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)", cases);
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
-#endif
-}
-
-// Each thread's share of a product's rows follows its measured speed
-// (weighted_share, update_thread_weights). The weights must move as stated,
-// the shares must cover every row exactly once whatever the weights, and no
-// share may change a bit of the product.
-static void test_matmul_weighted_shares(void) {
-#ifdef _OPENMP
-    // thread 0 three times as fast as thread 1: speeds 1.5 and 0.5 of the mean
-    memset(thread_weight, 0, sizeof thread_weight);
-    double one_second[2] = { 1, 1 };
-    update_thread_weights((int[]){ 30, 10 }, one_second, 2);
-    double first0 = thread_weight[0], first1 = thread_weight[1];
-    // then the other way round: each weight moves 30% of the way
-    update_thread_weights((int[]){ 10, 30 }, one_second, 2);
-    double second0 = thread_weight[0], second1 = thread_weight[1];
-    // a thread that stalls: its weight stops at 0.5
-    for (int i = 0; i < 20; i++) update_thread_weights((int[]){ 100, 1 }, one_second, 2);
-    check(fabs(first0 - 1.5) < 1e-12 && fabs(first1 - 0.5) < 1e-12 && fabs(second0 - 1.2) < 1e-12 &&
-          fabs(second1 - 0.8) < 1e-12 && thread_weight[1] == 0.5,
-          "matmul shares: weights 1.5, 0.5 after a 3:1 product; 1.2, 0.8 after a 1:3 one; "
-          "a stalled thread's weight stays at 0.5 (%.3g)", thread_weight[1]);
-
-    // up to 3 threads weighted 1.7 : 0.5 : 0.8 take every item of 0..40 items
-    // once (fewer if the OpenMP runtime gives fewer: OMP_THREAD_LIMIT)
-    int threads_before = omp_get_max_threads();
-    double weights[3] = { 1.7, 0.5, 0.8 };
-    memcpy(thread_weight, weights, sizeof weights);
-    int covered = 1, team = 0;
-    omp_set_num_threads(3);
-    for (int count = 0; count <= 40; count++) {
-        int first[3] = { 0 }, end[3] = { 0 };
-        OMP(parallel num_threads(3))
-        {
-            int t = omp_get_thread_num();
-            weighted_share(count, &first[t], &end[t]);
-            if (t == 0) team = omp_get_num_threads();
-        }
-        covered &= first[0] == 0 && end[team - 1] == count;
-        for (int t = 0; t + 1 < team; t++) covered &= end[t] == first[t + 1] && first[t] <= end[t];
-    }
-    check(covered, "matmul shares: %d threads weighted 1.7 : 0.5 : 0.8 split 0..40 items into contiguous shares "
-          "that cover each item once", team);
-
-    // a product with shares 2 : 0.5 between 2 threads gives the bits of 1 thread
-    Rng rng; rng_seed(&rng, 13);
-    int M = 97, N = 530, K = 300;
-    MatrixView av, bv;
-    random_operands(&av, &bv, 0, M, N, K, &rng);
-    real *c1 = checked_calloc((size_t)M * N, sizeof(real), "test"), *c2 = checked_calloc((size_t)M * N, sizeof(real), "test");
-    omp_set_num_threads(1);
-    matmul_assign(c1, (size_t)N, av, bv, NULL, M, N, K);
-    omp_set_num_threads(2);
-    thread_weight[0] = 2; thread_weight[1] = 0.5; thread_weight[2] = 0;
-    matmul_assign(c2, (size_t)N, av, bv, NULL, M, N, K);
-    check(memcmp(c1, c2, (size_t)M * N * sizeof(real)) == 0,
-          "matmul shares: 2 threads weighted 2 : 0.5 give the bits of 1 thread (%d x %d x %d)", M, N, K);
-    free((real *)av.data); free((real *)bv.data); free(c1); free(c2);
-    memset(thread_weight, 0, sizeof thread_weight);
-    omp_set_num_threads(threads_before);
-#else
-    printf("     (built without OpenMP: one thread only, nothing to share)\n");
 #endif
 }
 
@@ -982,24 +919,6 @@ static void test_aligned_memory(void) {
 }
 
 #ifndef TRANSFORMER_PLAIN
-// exp_float (the float build's exp, in plain arithmetic) against libm's exp in
-// double, over the whole range it serves; its underflow: exactly 0 below -87
-// and at -inf, which is what a masked attention score needs; and NaN at NaN,
-// so that a diverging loss is still seen.
-static void test_exp_float(void) {
-    double worst = 0;
-    for (int i = 0; i <= 1750000; i++) {
-        float x = -87.0f + (float)i * 1e-4f;
-        double relative = fabs((double)exp_float(x) - exp((double)x)) / exp((double)x);
-        if (relative > worst) worst = relative;
-    }
-    // float rounds to within 2^-24 = 6.0e-8 relative; allow two such roundings
-    check(worst < 1.2e-7, "exp_float: within %.2g of exp over [-87, 88] (1.75 million points)", worst);
-    float nan = NAN;
-    check(exp_float(-87.5f) == 0.0f && exp_float(-1000.0f) == 0.0f && exp_float(-INFINITY) == 0.0f &&
-          exp_float(0.0f) == 1.0f && exp_float(nan) != exp_float(nan),
-          "exp_float: exactly 0 below -87 and at -inf, exactly 1 at 0, NaN at NaN");
-}
 
 // ============================================================================
 // Part II against Part I
@@ -2572,8 +2491,6 @@ int main(int argc, char **argv) {
 #ifndef TRANSFORMER_PLAIN
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
-    test_matmul_weighted_shares();
-    test_exp_float();
     test_fast_linear();
     test_fast_attention();
     test_fast_training_step();

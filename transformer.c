@@ -91,7 +91,7 @@
 
 // Part II, after the model, computes the few kernels that take nearly all of
 // a training step's time again, many times faster, the same numbers up to
-// rounding: the linear layers and attention. FAST_PATH(call) is the first
+// rounding: the linear layers and attention's products. FAST_PATH(call) is the first
 // line of each Part I function that Part II can replace: it runs `call`
 // instead of the loops below it when Part II takes the case (returns 1).
 // Built with -DTRANSFORMER_PLAIN, the file has no Part II and FAST_PATH is
@@ -112,24 +112,15 @@ static int attention_forward_fast(real *out, real *att, const real *q, const rea
 static int attention_backward_fast(real *dq, real *dk, real *dv, const real *dout, const real *att,
                                    const real *q, const real *k, const real *v,
                                    int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH);
-#ifndef TRANSFORMER_DOUBLE
-static inline float exp_float(float x);
-#endif
 #endif
 
-// e^x, ln x and the square root in the precision of `real`. The double
-// build (the gradient checks) and the plain build use libm's; a default
-// float build uses Part II's exp_float, which the compiler can vectorise.
+// libm's e^x, ln x and square root in the precision of `real`
 #ifdef TRANSFORMER_DOUBLE
 #define real_exp exp
 #define real_log log
 #define real_sqrt sqrt
 #else
-#ifdef TRANSFORMER_PLAIN
 #define real_exp expf
-#else
-#define real_exp exp_float
-#endif
 #define real_log logf
 #define real_sqrt sqrtf
 #endif
@@ -579,16 +570,26 @@ static int visible_keys(int i, int key_len, int causal) {
 // (never in a valid batch) stays all 0, not NaN.
 static void softmax_visible(real *p, int visible, int Tk) {
     real largest = -INFINITY;
-    OMP(simd reduction(max : largest))
     for (int j = 0; j < visible; j++) largest = p[j] > largest ? p[j] : largest;
     real sum = 0;
-    OMP(simd reduction(+ : sum))
     for (int j = 0; j < visible; j++) {
         p[j] = real_exp(p[j] - largest);
         sum += p[j];
     }
     for (int j = 0; j < visible; j++) p[j] /= sum;
     for (int j = visible; j < Tk; j++) p[j] = 0;
+}
+
+// Differentiates  p_j = softmax_j(s_j)  over a row of n keys. Its Jacobian
+// is dp_j/ds_k = p_j ([j == k] - p_k), so
+//     ds_j = sum_k dp_k p_k ([k == j] - p_j) = p_j (dp_j - sum_k p_k dp_k)
+// In place: the row d (n) holds dp and becomes ds. A masked key has p_j = 0
+// and so gets ds_j = 0: the masks need no code here.
+static void softmax_backward(real *d, const real *p, int n) {
+    real sum_p_dp = 0;
+    OMP(simd reduction(+ : sum_p_dp))
+    for (int j = 0; j < n; j++) sum_p_dp += p[j] * d[j];
+    for (int j = 0; j < n; j++) d[j] = p[j] * (d[j] - sum_p_dp);
 }
 
 // out is (B, Tq, C), att is (B, NH, Tq, Tk) (the probabilities, kept for
@@ -611,6 +612,7 @@ static void attention_forward(real *out, real *att,
                 for (int j = 0; j < visible; j++) {
                     const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
                     real dot = 0;
+                    OMP(simd reduction(+ : dot))
                     for (int d = 0; d < hs; d++) dot += qi[d] * kj[d];
                     p[j] = dot * scale;
                 }
@@ -630,8 +632,7 @@ static void attention_forward(real *out, real *att,
 
 // Differentiates, for each head and query i:
 //   out_i = sum_j p_ij v_j         =>  dp_ij = dout_i . v_j,   dv_j += p_ij dout_i
-//   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
-//          (the softmax Jacobian is dp_ij/ds_ik = p_ij ([j==k] - p_ik))
+//   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')  (softmax_backward)
 //   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
 //                                      dk_j += ds_ij q_i / sqrt(d_k)
 // dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
@@ -648,7 +649,7 @@ static void attention_backward(real *dq, real *dk, real *dv,
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
     OMP(parallel)
     {
-        real *dp = checked_calloc(Tk, sizeof(real), "attention scratch");   // one row of dL/dp
+        real *d_row = checked_calloc(Tk, sizeof(real), "attention scratch");   // dp_i, then ds_i
         OMP(for collapse(2))
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -658,7 +659,6 @@ static void attention_backward(real *dq, real *dk, real *dv,
                     const real *douti = dout + ((size_t)b * Tq + i) * C + h * hs;
                     real *dqi = dq + ((size_t)b * Tq + i) * q_stride + h * hs;
                     // dp_ij = dout_i . v_j,  dv_j += p_ij dout_i
-                    real sum_p_dp = 0;
                     for (int j = 0; j < Tk; j++) {
                         const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
                         real *dvj = dv + ((size_t)b * Tk + j) * kv_stride + h * hs;
@@ -667,23 +667,23 @@ static void attention_backward(real *dq, real *dk, real *dv,
                             dot += douti[d] * vj[d];
                             dvj[d] += p[j] * douti[d];
                         }
-                        dp[j] = dot;
-                        sum_p_dp += p[j] * dot;
+                        d_row[j] = dot;
                     }
-                    // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij'), then through s_ij = q_i . k_j / sqrt(d_k)
+                    // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
+                    softmax_backward(d_row, p, Tk);
+                    // dq_i += ds_ij k_j / sqrt(d_k),  dk_j += ds_ij q_i / sqrt(d_k)
                     for (int j = 0; j < Tk; j++) {
-                        real ds = p[j] * (dp[j] - sum_p_dp) * scale;
                         const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
                         real *dkj = dk + ((size_t)b * Tk + j) * kv_stride + h * hs;
                         for (int d = 0; d < hs; d++) {
-                            dqi[d] += ds * kj[d];
-                            dkj[d] += ds * qi[d];
+                            dqi[d] += d_row[j] * scale * kj[d];
+                            dkj[d] += d_row[j] * scale * qi[d];
                         }
                     }
                 }
             }
         }
-        free(dp);
+        free(d_row);
     }
 }
 
@@ -1126,10 +1126,8 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
         }
         // log p_v = z_v - logsumexp(z), computed around the largest logit
         real max_z = -INFINITY;
-        OMP(simd reduction(max : max_z))
         for (int v = 0; v < V; v++) max_z = z[v] > max_z ? z[v] : max_z;
         real sum = 0, sum_z = 0;
-        OMP(simd reduction(+ : sum, sum_z))
         for (int v = 0; v < V; v++) {
             p[v] = real_exp(z[v] - max_z);
             sum += p[v];
@@ -1852,159 +1850,101 @@ int transformer_beam_search(Transformer *m, int *out, double *score, const int *
 
 // ############################################################################
 // PART II   MAKING IT FAST
-// An appendix you may skip: nothing here changes what the model computes,
-// only how fast. Part I's linear layers and attention call these through
-// FAST_PATH; a build with -DTRANSFORMER_PLAIN leaves all of it out.
+// An appendix you may skip. Nothing here changes what the model computes,
+// only how fast: the products of the linear layers (§3) and of attention
+// (§3.2.1) as register tiles over packed blocks. Part I calls these through
+// FAST_PATH; -DTRANSFORMER_PLAIN leaves all of it out, and test_transformer.c
+// checks each against Part I's loops. A piece stays here only if it makes a
+// toy or base training step, or decoding, at least 5% faster
+// (dev/PERFORMANCE.md has what each gave and what was tried and dropped).
 // ############################################################################
 #ifndef TRANSFORMER_PLAIN
 
-// e^x for float, in plain arithmetic that the compiler turns into vector
-// instructions; libm's expf is a function call, one number at a time, and the
-// softmaxes of attention and of the loss take 2 million of them per toy
-// training step. Write x = n ln2 + r with n an integer and |r| <= ln2 / 2, so
-// that e^x = 2^n e^r: e^r from its Taylor series to r^7 / 7! (truncation error
-// below 6e-9 of e^r: under float's own rounding), and 2^n by writing n + 127
-// into the exponent bits of a float. Computed on x clamped to [-87, 88],
-// where 2^n is a normal float; an input below -87 gives 0 (e^-87 ~ 1.6e-38),
-// -inf included, as a masked key's score needs; a NaN gives NaN. Here every
-// input is a score minus its row's maximum, so such a value only ever stands
-// for a probability too small to matter beside the row's largest, which is 1.
-static inline float exp_float(float x) {
-    float below = x < -87.0f ? 0.0f : 1.0f;
-    // clamped so that a NaN becomes -87 too: n below must be a small integer
-    float c = x > -87.0f ? x : -87.0f;
-    c = c < 88.0f ? c : 88.0f;
-    // n = round(c / ln 2): adding 1.5 * 2^23 leaves no bits for a fraction
-    float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;
-    // r = c - n ln2, with ln2 in two parts so that n * 0.693359375 is exact
-    float r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
-    float e_r = 1 + r * (1 + r * (1 / 2.0f + r * (1 / 6.0f + r * (1 / 24.0f + r * (1 / 120.0f
-              + r * (1 / 720.0f + r * (1 / 5040.0f)))))));
-    int32_t exponent_bits = ((int32_t)n + 127) << 23;
-    float two_to_n;
-    memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
-    return x != x ? x : e_r * two_to_n * below;   // a NaN stays NaN
-}
-
-// The largest of x[0..n-1], NaNs passed over (-inf if there is nothing
-// else). Kept as 16 running maxima side by side, one per lane of a vector,
-// which compilers vectorise as they are (a maximum taken lane by lane), then
-// halved pairwise: 8, 4, 2, 1.
-// (A single running maximum, even marked OMP(simd reduction(max)), is a
-// chain that clang does not vectorise without -ffast-math.)
-#define MAX_LANES 16
-static real max_of(const real *x, int n) {
-    real lane[MAX_LANES];
-    for (int l = 0; l < MAX_LANES; l++) lane[l] = -INFINITY;
-    int j = 0;
-    for (; j + MAX_LANES <= n; j += MAX_LANES)
-        for (int l = 0; l < MAX_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
-    for (int l = 0; j + l < n; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
-    for (int width = MAX_LANES / 2; width > 0; width /= 2)
-        for (int l = 0; l < width; l++) lane[l] = lane[l + width] > lane[l] ? lane[l + width] : lane[l];
-    return lane[0];
-}
-
-// How many cache lines `bytes` bytes take, the last one perhaps in part.
-static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
-
-// Uninitialised memory at a multiple of CACHE_LINE bytes (Part I); free() it.
-static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
-    size_t lines = lines_of(checked_bytes(count, size, what));   // aligned_alloc takes whole lines
-    size_t bytes = checked_bytes(lines, CACHE_LINE, what);
-    return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
-}
-
 // ----------------------------------------------------------------------------
 // The matrix product. Nearly all the arithmetic of a training step is
-//     C += A B        C is (M, N), A is (M, K), B is (K, N)
+//     out += A B        out is (M, N), A is (M, depth), B is (depth, N)
 // in one of three forms: y = x W^T (forward), dx = dy W and dW = dy^T x
 // (backward). A MatrixView says where element (row, col) of A or B lives, so
 // one function serves all three: a transposed matrix is the same memory with
 // its two strides swapped.
 //
-// Why not the three-line loop  for m, n, k: C[m][n] += A[m][k] B[k][n]?  A
+// Why not the three-line loop  for m, n, d: out[m][n] += A[m][d] B[d][n]?  A
 // core can do 16 or more multiply-adds per cycle on vectors but load only two
 // or three numbers, and that loop loads two numbers per multiply-add and
-// reads B from memory once for every row of C. Three plain-C ideas fix it:
+// reads B from memory once for every row of out. Three ideas, in plain C:
 //
-// 1. Register tiles. C is computed in tiles of TILE_ROWS x TILE_COLS (8 x 32
+// 1. Register tiles. out is computed in tiles of TILE_ROWS x TILE_COLS (8 x 32
 //    floats with AVX-512's 32 vector registers, 6 x 16 with AVX2's 16). The
-//    tile's 256 sums stay in vector registers for the whole k loop; each step
-//    k reads 8 numbers of A and 32 of B, and does 8 x 32 multiply-adds with
-//    them (every A number times the whole B row):
+//    tile's sums stay in vector registers for the whole depth loop; each
+//    step d reads a column of TILE_ROWS numbers of A and a row of TILE_COLS
+//    numbers of B, and does every product of the two:
 //
-//               kc                          TILE_COLS = 32
+//             dc                         TILE_COLS = 32
 //          ┌─────────┐                 ┌──────────────────────┐
-//        8 │ ▓       │   x          kc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │  ->  sum[8][32] += a[.][k] * b[k][.]
+//        8 │ ▓       │   x          dc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │  ->  sum[8][32] += a[.][d] * b[d][.]
 //          └─────────┘                 │                      │
-//          A strip, step k: column ▓    └──────────────────────┘  B strip, step k: row ▓
+//          A strip, step d: column ▓    └──────────────────────┘  B strip, step d: row ▓
 //
-//    The inner loop over the 32 columns is what the compiler turns into
-//    vector instructions; the loops over k and the 8 rows stay loops.
-// 2. Packing. The tile reads B a row of 32 numbers at a time. A block of B
-//    is first copied ("packed") into strips of 32 columns, each strip kc rows
-//    deep and contiguous, in exactly the order the tile reads it: every read
-//    is then sequential whatever the strides of B (W^T in the forward pass is
-//    read down the columns of W). A is read where it lies, 8 numbers per
-//    step, when its rows are contiguous (x in x W^T, dy in dy W); a transposed
-//    A (dy^T in dy^T x) and a last strip of fewer than 8 rows are copied into
-//    a strip of their own, the last one padded with zeros.
-// 3. Cache blocks. K is cut into depth blocks of DEPTH_BLOCK (128) and N into
-//    width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512 floats
-//    = 256 KB, stays in the level-2 cache while the 8-row strips of A pass
-//    by; a strip of A, 8 x 128 floats = 4 KB, stays in the level-1 cache while
-//    it meets the block's 16 strips of B:
+//    The inner loop over the columns is what the compiler turns into vector
+//    instructions; the loops over d and the rows stay loops.
+// 2. Packing. The tile reads B a row of TILE_COLS numbers at a time. A block
+//    of B is first copied ("packed") into strips of TILE_COLS columns, each
+//    dc deep and contiguous, in exactly the order the tile reads them: every
+//    read is then sequential whatever the strides of B (W^T in the forward
+//    pass is read down the columns of W). A is read where it lies, TILE_ROWS
+//    numbers per step, when its rows are contiguous (x in x W^T, dy in dy W,
+//    and the weight of a product turned around in decoding, where copying it
+//    first made base decoding 1.6 times slower); a transposed A (dy^T in
+//    dy^T x) and a last strip of fewer rows are copied into a strip of their
+//    own, the last one padded with zeros.
+// 3. Cache blocks. The depth is cut into blocks of DEPTH_BLOCK (128) and N
+//    into width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512
+//    floats = 256 KB, stays in the level-2 cache while the strips of A pass
+//    by; a strip of A, 8 x 128 floats = 4 KB, stays in the level-1 cache
+//    while it meets the block's 16 strips of B:
 //
 //        for each width block of B (512 columns):
-//          for each depth block (128 values of k):
+//          for each depth block (128 values of d):
 //            pack the 128 x 512 block of B into 16 strips of 128 x 32
 //            for each 8-row strip of A (among this thread's rows):
 //              for each 32-column strip of the packed block:
-//                tile: C[8 rows][32 columns] += A[8][128] B[128][32]
+//                tile: out[8 rows][32 columns] += A[8][128] B[128][32]
 //
-//    C[m][n] receives its depth blocks' sums in order k = 0, 128, 256, ...
+//    out[m][n] receives its depth blocks' sums in order d = 0, 128, 256, ...
 //
-// 4. A variant of 1 for products with few columns: the narrow tile,
-//    NARROW_ROWS x NARROW_COLS (16 x 16 floats with AVX-512, 12 x 8 with
-//    AVX2), as many sums in registers, one vector wide and twice as tall.
-//    Decoding (§6.1, below) multiplies a weight by a few rows, one per
-//    sentence or beam; turned around (C^T = W X^T, see matmul), the product
-//    has that many columns: 8 sentences use a quarter of the 32-wide tile's
-//    multiply-adds and half of the narrow tile's, 4 beams an eighth and a
-//    quarter. Any product of at most NARROW_COLS columns takes it
-//    (attention's per-head products too where the keys or the head size are
-//    few: tiny's 12 keys, 16 per head), unless it is deeper than
-//    NARROW_MAX_DEPTH.
+// Decoding multiplies a weight by one row per sentence or beam: few rows.
+// Such a product is turned around (out^T = B^T A^T, matmul), so that it has
+// few columns, and a product with few columns runs in narrow tiles, one
+// vector wide and twice as tall, NARROW_ROWS x NARROW_COLS (16 x 16 floats
+// with AVX-512, 12 x 8 with AVX2): 8 sentences would fill a quarter of the
+// wide tile's multiply-adds, half of the narrow one's.
 //
-// Threads: each thread takes a share of the strips of C (a strip: the rows
-// of one tile) in proportion to how fast it ran the products before (the
-// cores of a shared machine do not always run at the same speed), and packs
+// Threads: each takes an equal share of the strips of rows of out and packs
 // the blocks of B it needs itself (a little copying done twice, but no
-// thread ever waits for another). Each element of C belongs to one thread
-// and is summed in the same order whatever the number of threads and their
-// shares.
+// thread ever waits for another). Each element of out belongs to one thread
+// and is summed in the same order whatever the number of threads.
 // ----------------------------------------------------------------------------
 
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
 typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
 
 // One product, in the form every caller gives it:
-//     C = bias + A B    (accumulate 0; with bias.data NULL, C = A B)
-//     C += A B          (accumulate 1)
-// C is (M, N), its element (m, n) at c[m * c_row + n * c_col]; A is (M, K), B is (K, N).
-// The bias is a view whose rows are all the same (row stride 0): bias(m, n) = bias[n].
+//     out = bias + A B    (accumulate 0; with bias.data NULL, out = A B)
+//     out += A B          (accumulate 1)
+// out is (M, N), its element (m, n) at out[m * out_row + n * out_col]; A is
+// (M, depth), B is (depth, N). The bias is a view whose rows are all the
+// same (row stride 0): bias(m, n) = bias[n].
 typedef struct {
-    real *c;
-    size_t c_row, c_col;
+    real *out;
+    size_t out_row, out_col;
     MatrixView a, b, bias;
-    int M, N, K, accumulate;
+    int M, N, depth, accumulate;
 } MatrixProduct;
 
 // The tile is two of the machine's vector registers wide and 8 rows tall
 // where there are 32 vector registers (AVX-512, NEON), 6 where there are 16
-// (AVX2, SSE2): its 2 x TILE_ROWS sums then stay in registers, with room for
-// a row of B and a broadcast number of A.
+// (AVX2, SSE2): its 2 x TILE_ROWS registers of sums then stay in registers,
+// with room for a row of B and a number of A.
 #if defined(__AVX512F__)
 #define VECTOR_BYTES 64
 #define VECTOR_REGISTERS 32
@@ -2020,144 +1960,139 @@ typedef struct {
 #endif
 #define TILE_ROWS (VECTOR_REGISTERS == 32 ? 8 : 6)
 #define TILE_COLS (2 * VECTOR_BYTES / (int)sizeof(real))  // AVX-512: 32 floats, 16 doubles
-#define NARROW_ROWS (2 * TILE_ROWS)                       // the narrow tile (4. above)
+#define NARROW_ROWS (2 * TILE_ROWS)                       // the narrow tile
 #define NARROW_COLS (TILE_COLS / 2)                       // one vector
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
-#define SMALL_B_BYTES (32 * 1024)   // a block of B read in place (matmul_rows): fits the level-1 cache
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-// A copy of the rows m0 .. m0+height-1 of A (height: the tile's rows), columns
-// k0 .. k0+kc-1, rows from M on (a last, short strip) zero:
-// strip[k * height + r] = A[m0 + r][k0 + k].
-static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int k0, int kc, int height) {
+// Uninitialised memory at a multiple of CACHE_LINE bytes (see arena_calloc); free() it.
+static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
+    size_t bytes = checked_bytes(count, size, what), lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);
+    bytes = checked_bytes(lines, CACHE_LINE, what);   // aligned_alloc takes whole lines
+    return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
+}
+
+// A copy of the rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, rows
+// from M on (a last, short strip) zero: strip[d * height + r] = A[m0 + r][d0 + d].
+static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int d0, int dc, int height) {
     int rows = min_int(M - m0, height);
-    const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
+    const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)d0 * a.col_stride;
     if (a.row_stride == 1 && rows == height) {
-        // A transposed (dy^T in dW = dy^T x): the strip's numbers for one k
+        // A transposed (dy^T in dW = dy^T x): the strip's numbers for one d
         // lie side by side, so each step is a copy of `height` numbers
-        for (int k = 0; k < kc; k++)
-            for (int r = 0; r < height; r++) strip[k * height + r] = a0[(size_t)k * a.col_stride + r];
+        for (int d = 0; d < dc; d++)
+            for (int r = 0; r < height; r++) strip[d * height + r] = a0[(size_t)d * a.col_stride + r];
         return;
     }
     for (int r = 0; r < height; r++)
-        for (int k = 0; k < kc; k++)
-            strip[k * height + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)k * a.col_stride] : 0;
+        for (int d = 0; d < dc; d++)
+            strip[d * height + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)d * a.col_stride] : 0;
 }
 
-// `count` strips of B side by side, each `width` columns (the tile's) and kc
-// rows deep, the first from column n0: strip s is
-// packed[(s * kc + k) * width + j] = B[k0 + k][n0 + s * width + j], zeros past
-// column N. It reads B along whichever direction B is contiguous in. Rows
-// contiguous: one pass along each row of B for all the strips, which the
-// hardware prefetcher follows (strip by strip, every one of a strip's kc rows
-// would be in new cache lines, row_stride apart: NOTES.md section 14, a
-// training step about 1-3% slower on the AMD Zen 5). Columns contiguous (B
-// a transposed matrix, W^T in x W^T): along each column, strip by strip.
-static inline void pack_b_strips(real *packed, MatrixView b, int n0, int N, int k0, int kc, int width,
-                                 int count) {
+// `count` strips of B side by side, each `width` columns (the tile's) and dc
+// deep, the first from column n0: strip s is
+// packed[(s * dc + d) * width + j] = B[d0 + d][n0 + s * width + j], zeros
+// past column N. It reads B along whichever direction B is contiguous in.
+// Rows contiguous: one pass along each row of B for all the strips, which
+// the hardware prefetcher follows (strip by strip, every row of a strip
+// would start a new cache line). Columns contiguous (B a transposed matrix,
+// W^T in x W^T): along each column, strip by strip.
+static void pack_b_strips(real *packed, MatrixView b, int n0, int N, int d0, int dc, int width, int count) {
     if (b.col_stride == 1) {
         int full = min_int(count, (N - n0) / width);   // strips that lie wholly left of column N
-        for (int k = 0; k < kc; k++) {
-            const real *row = b.data + (size_t)(k0 + k) * b.row_stride;
+        for (int d = 0; d < dc; d++) {
+            const real *row = b.data + (size_t)(d0 + d) * b.row_stride;
             for (int s = 0; s < full; s++)
                 for (int j = 0; j < width; j++)
-                    packed[((size_t)s * kc + k) * width + j] = row[n0 + s * width + j];
+                    packed[((size_t)s * dc + d) * width + j] = row[n0 + s * width + j];
             for (int s = full; s < count; s++)   // a last strip that reaches past column N
                 for (int j = 0; j < width; j++)
-                    packed[((size_t)s * kc + k) * width + j] = n0 + s * width + j < N ? row[n0 + s * width + j] : 0;
+                    packed[((size_t)s * dc + d) * width + j] = n0 + s * width + j < N ? row[n0 + s * width + j] : 0;
         }
         return;
     }
     for (int s = 0; s < count; s++) {
         int j0 = n0 + s * width, cols = min_int(N - j0, width);
-        const real *b0 = b.data + (size_t)k0 * b.row_stride + (size_t)j0 * b.col_stride;
-        real *strip = packed + (size_t)s * kc * width;
+        const real *b0 = b.data + (size_t)d0 * b.row_stride + (size_t)j0 * b.col_stride;
+        real *strip = packed + (size_t)s * dc * width;
         for (int j = 0; j < cols; j++)
-            for (int k = 0; k < kc; k++) strip[k * width + j] = b0[(size_t)j * b.col_stride + (size_t)k * b.row_stride];
-        for (int k = 0; k < kc; k++)
-            for (int j = cols; j < width; j++) strip[k * width + j] = 0;
+            for (int d = 0; d < dc; d++) strip[d * width + j] = b0[(size_t)j * b.col_stride + (size_t)d * b.row_stride];
+        for (int d = 0; d < dc; d++)
+            for (int j = cols; j < width; j++) strip[d * width + j] = 0;
     }
 }
 
-// C[r][j] += sum[r][j] (accumulate) or C[r][j] = bias[r][j] + sum[r][j] (bias
-// NULL: 0) for the first rows x cols of a tile of sums, any strides: C's
-// element (r, j) is c[r * c_row + j * c_col], the sum's sum[r * sum_cols + j].
-static inline void store_tile(real *c, size_t c_row, size_t c_col, const real *sum, int sum_cols,
-                              int rows, int cols, int accumulate, const real *bias,
-                              size_t bias_row, size_t bias_col) {
+// The sums of a tile of `rows` x `cols` over one depth block:
+// sum[r * cols + j] = sum_d A[r][d] * b[d * cols + j], d = 0 .. dc-1 in
+// order, with A's (r, d) at a[r * a_row + d * a_col] and b a packed strip of
+// B. The tiles call it with fixed sizes, so that once inlined its sums are
+// vector registers.
+static inline void tile_sums(real *sum, int rows, int cols, const real *a, size_t a_row, size_t a_col,
+                             const real *b, int dc) {
+    for (int i = 0; i < rows * cols; i++) sum[i] = 0;
+    for (int d = 0; d < dc; d++)
+        for (int r = 0; r < rows; r++) {
+            real ard = a[r * a_row + d * a_col];
+            OMP(simd)
+            for (int j = 0; j < cols; j++) sum[r * cols + j] += ard * b[d * cols + j];
+        }
+}
+
+// out[r][j] += sum[r][j] (accumulate) or out[r][j] = bias[r][j] + sum[r][j]
+// (bias NULL: 0) for the first rows x cols of a tile of sums, any strides:
+// out's element (r, j) is out[r * out_row + j * out_col], the bias's
+// bias[r * bias_row + j * bias_col], the sum's sum[r * sum_cols + j].
+static void store_tile(real *out, size_t out_row, size_t out_col, const real *sum, int sum_cols,
+                       int rows, int cols, int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < cols; j++) {
-            real *cij = c + (size_t)r * c_row + (size_t)j * c_col;
-            real start = accumulate ? *cij : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
-            *cij = start + sum[r * sum_cols + j];
+            real *o = out + (size_t)r * out_row + (size_t)j * out_col;
+            real start = accumulate ? *o : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
+            *o = start + sum[r * sum_cols + j];
         }
 }
 
-// The sums of a tile `rows` x `cols`: sum[r * cols + j] = sum_k A[r][k] b[k][j]
-// for k = 0 .. kc-1, in that order; A's (r, k) is a[r * a_row + k * a_col], b's
-// row k starts at b + k * b_row. The tiles call it with fixed sizes, so that
-// once inlined its sums are vector registers. The first step of k sets the
-// sums, the others add to them. (Setting them to 0 first is the same
-// arithmetic, a*b + 0 = a*b, but compilers turn that loop into a call to
-// memset: 2% of a training step.)
-static inline void tile_sums(real *sum, int rows, int cols, const real *a, size_t a_row, size_t a_col,
-                             const real *b, size_t b_row, int kc) {
-    for (int r = 0; r < rows; r++) {
-        real ar0 = kc > 0 ? a[r * a_row] : 0;
-        for (int j = 0; j < cols; j++) sum[r * cols + j] = kc > 0 ? ar0 * b[j] : 0;
-    }
-    for (int k = 1; k < kc; k++) {
-        for (int r = 0; r < rows; r++) {
-            real ark = a[r * a_row + k * a_col];
-            OMP(simd)
-            for (int j = 0; j < cols; j++) sum[r * cols + j] += ark * b[k * b_row + j];
-        }
-    }
-}
-
-// The register tile: sum[r][j] = sum_k A[r][k] b[k][j] over one depth block,
-// then C[r][j] += sum (accumulate) or C[r][j] = bias[r][j] + sum (bias NULL: 0),
-// for the first rows x cols of the TILE_ROWS x TILE_COLS tile. C's element (r, j)
-// is c[r * c_row + j * c_col], the bias's bias[r * bias_row + j * bias_col]; A's
-// (r, k) is a[r * a_row + k * a_col] and must exist for all TILE_ROWS rows; b is
-// a packed strip kc deep.
-static void matmul_tile(real *c, size_t c_row, size_t c_col, const real *a, size_t a_row, size_t a_col,
-                        const real *b, size_t b_row, int kc, int rows, int cols,
-                        int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
+// The register tile: the sums of a strip of A (TILE_ROWS rows, from
+// a_strip) and a packed strip of B (TILE_COLS columns) over one depth block,
+// stored into the first rows x cols of the tile of out at `out`
+// (store_tile's arguments).
+static void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
+                        const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
+                        size_t bias_row, size_t bias_col) {
     real sum[TILE_ROWS][TILE_COLS];
-    tile_sums(&sum[0][0], TILE_ROWS, TILE_COLS, a, a_row, a_col, b, b_row, kc);
-    if (rows == TILE_ROWS && cols == TILE_COLS && c_col == 1 && (!bias || bias_col == 1)) {
-        // a whole tile with rows of C contiguous (nearly every tile): loops of
-        // fixed length, which the compiler turns into one vector operation per
-        // register of sums, straight from the registers
+    tile_sums(&sum[0][0], TILE_ROWS, TILE_COLS, a, a_row, a_col, b, dc);
+    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1)) {
+        // a whole tile with rows of out contiguous (nearly every tile): loops
+        // of fixed length, which the compiler turns into one vector operation
+        // per register of sums, straight from the registers (through
+        // store_tile they would go through memory: a toy step 1.4 times slower)
         for (int r = 0; r < TILE_ROWS; r++) {
-            real *cr = c + (size_t)r * c_row;
-            const real *biasr = bias ? bias + (size_t)r * bias_row : NULL;
+            real *o = out + (size_t)r * out_row;
+            const real *bias_r = bias ? bias + (size_t)r * bias_row : NULL;
             if (accumulate)
-                for (int j = 0; j < TILE_COLS; j++) cr[j] += sum[r][j];
-            else if (biasr)
-                for (int j = 0; j < TILE_COLS; j++) cr[j] = biasr[j] + sum[r][j];
+                for (int j = 0; j < TILE_COLS; j++) o[j] += sum[r][j];
+            else if (bias_r)
+                for (int j = 0; j < TILE_COLS; j++) o[j] = bias_r[j] + sum[r][j];
             else
-                for (int j = 0; j < TILE_COLS; j++) cr[j] = sum[r][j];
+                for (int j = 0; j < TILE_COLS; j++) o[j] = sum[r][j];
         }
         return;
     }
-    // a tile at the edge of C, or C or the bias transposed
-    store_tile(c, c_row, c_col, &sum[0][0], TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    // a tile at the edge of out, or out or the bias transposed
+    store_tile(out, out_row, out_col, &sum[0][0], TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
-// The narrow tile (4. above): the same sums for a tile NARROW_ROWS tall and
-// NARROW_COLS wide, written through store_tile (its products have few
-// columns, and in decoding C is transposed).
-static void matmul_tile_narrow(real *c, size_t c_row, size_t c_col, const real *a, size_t a_row, size_t a_col,
-                               const real *b, size_t b_row, int kc, int rows, int cols,
-                               int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
+// The narrow tile: the same for NARROW_ROWS x NARROW_COLS, stored through
+// store_tile (its products have few columns, and in decoding out is transposed).
+static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
+                               size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
+                               const real *bias, size_t bias_row, size_t bias_col) {
     real sum[NARROW_ROWS][NARROW_COLS];
-    tile_sums(&sum[0][0], NARROW_ROWS, NARROW_COLS, a, a_row, a_col, b, b_row, kc);
-    store_tile(c, c_row, c_col, &sum[0][0], NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    tile_sums(&sum[0][0], NARROW_ROWS, NARROW_COLS, a, a_row, a_col, b, dc);
+    store_tile(out, out_row, out_col, &sum[0][0], NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
@@ -2165,56 +2100,50 @@ static real *packed_b_alloc(void) {
     return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
 }
 
-// The narrow tile's product (4. above) packs its whole B, K x NARROW_COLS
-// numbers, into the room of one block of B: at most this deep.
+// The narrow tile's product packs its whole B, depth x NARROW_COLS numbers,
+// into the room of one block of B: at most this deep.
 #define NARROW_MAX_DEPTH (DEPTH_BLOCK * WIDTH_BLOCK / NARROW_COLS)
 
 // The rows of the tile a product is done in: the narrow tile's for a
 // product of at most NARROW_COLS columns.
 static int tile_height(const MatrixProduct *p) {
-    return p->N <= NARROW_COLS && p->K <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
+    return p->N <= NARROW_COLS && p->depth <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
 }
 
-// The strip of rows m0 .. m0+height-1 of A, columns k0 .. k0+kc-1, as a tile
-// reads it. It is read where it lies when its rows are contiguous. It is
-// copied into packed_a when A is a transposed matrix (dW = dy^T x), whose
-// strip would be kc rows of A's memory, each read for a few numbers and all
-// in the same few cache sets; and when it is a last, short strip, padded with
-// zero rows. *a_row and *a_col get the strides of what it returns.
+// The strip of rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, as a tile
+// reads it: where it lies when A's rows are contiguous, else copied into
+// packed_a (pack_a_strip). *a_row and *a_col get the strides of what it returns.
 static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixView a,
-                           int m0, int m_end, int k0, int kc, int height) {
+                           int m0, int m_end, int d0, int dc, int height) {
     if (a.col_stride != 1 || m_end - m0 < height) {
-        pack_a_strip(packed_a, a, m0, m_end, k0, kc, height);
+        pack_a_strip(packed_a, a, m0, m_end, d0, dc, height);
         *a_row = 1; *a_col = (size_t)height;
         return packed_a;
     }
-    *a_row = a.row_stride; *a_col = a.col_stride;
-    return a.data + (size_t)m0 * a.row_stride + (size_t)k0 * a.col_stride;
+    *a_row = a.row_stride; *a_col = 1;
+    return a.data + (size_t)m0 * a.row_stride + (size_t)d0;
 }
 
 // Rows [m_first, m_end) of a product in narrow tiles. Its B is packed whole
-// first, depth block after depth block, and each strip of A then goes through
-// all the depth blocks before the next strip starts: in decoding, A is a
-// weight, and each of its rows is then read from start to end, which the
-// hardware prefetcher follows, where the loop order of matmul_rows (depth
-// blocks outside the strips) would jump back to the first row of A at every
-// depth block. The depth blocks still reach each element of C in order.
+// first, and each strip of A then goes through all the depth blocks before
+// the next strip starts: in decoding, A is a weight, and each of its rows
+// is then read from start to end, which the hardware prefetcher follows.
+// The depth blocks still reach each element of out in order.
 static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     _Alignas(CACHE_LINE) real packed_a[NARROW_ROWS * DEPTH_BLOCK];
-    for (int k0 = 0; k0 < p->K; k0 += DEPTH_BLOCK)   // one strip, K rows deep
-        pack_b_strips(packed_b + (size_t)k0 * NARROW_COLS, p->b, 0, p->N, k0,
-                      min_int(p->K - k0, DEPTH_BLOCK), NARROW_COLS, 1);
+    for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK)   // one strip, depth rows deep
+        pack_b_strips(packed_b + (size_t)d0 * NARROW_COLS, p->b, 0, p->N, d0,
+                      min_int(p->depth - d0, DEPTH_BLOCK), NARROW_COLS, 1);
     for (int m0 = m_first; m0 < m_end; m0 += NARROW_ROWS) {
         const real *bias = p->bias.data ? p->bias.data + (size_t)m0 * p->bias.row_stride : NULL;
-        // k0 == 0 runs even when K is 0, so that C = bias is still written
-        for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
-            int kc = min_int(p->K - k0, DEPTH_BLOCK);
+        // d0 == 0 runs even when the depth is 0, so that out = bias is still written
+        for (int d0 = 0; d0 == 0 || d0 < p->depth; d0 += DEPTH_BLOCK) {
+            int dc = min_int(p->depth - d0, DEPTH_BLOCK);
             size_t a_row, a_col;
-            const real *a0 = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, k0, kc, NARROW_ROWS);
-            matmul_tile_narrow(p->c + (size_t)m0 * p->c_row, p->c_row, p->c_col, a0, a_row, a_col,
-                               packed_b + (size_t)k0 * NARROW_COLS, NARROW_COLS, kc,
-                               min_int(m_end - m0, NARROW_ROWS), p->N, p->accumulate || k0 > 0,
-                               bias, p->bias.row_stride, p->bias.col_stride);
+            const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, NARROW_ROWS);
+            matmul_tile_narrow(p->out + (size_t)m0 * p->out_row, p->out_row, p->out_col, a, a_row, a_col,
+                               packed_b + (size_t)d0 * NARROW_COLS, dc, min_int(m_end - m0, NARROW_ROWS), p->N,
+                               p->accumulate || d0 > 0, bias, p->bias.row_stride, p->bias.col_stride);
         }
     }
 }
@@ -2227,45 +2156,22 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
         return;
     }
     _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
-    // Packing B is a pass over it that pays back when many strips of rows
-    // reuse it. For a few strips (attention: the rows of one head) and a
-    // small B, whose block stays in the level-1 cache, a B whose rows are
-    // contiguous is read where it lies instead. (A larger block read in place
-    // is fetched again from further away for every strip, in short pieces of
-    // rows far apart: dW = dy^T x with d_model 128 on 2 threads, 64 rows
-    // each, made toy's step 1-2% slower that way.)
-    size_t b_block_bytes = (size_t)min_int(p->K, DEPTH_BLOCK) * min_int(p->N, WIDTH_BLOCK) * sizeof(real);
-    int b_in_place = p->b.col_stride == 1 && m_end - m_first <= 8 * TILE_ROWS && b_block_bytes <= SMALL_B_BYTES;
     for (int n0 = 0; n0 < p->N; n0 += WIDTH_BLOCK) {
-        int col_strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
-        // k0 == 0 runs even when K is 0, so that C = bias is still written
-        for (int k0 = 0; k0 == 0 || k0 < p->K; k0 += DEPTH_BLOCK) {
-            int kc = min_int(p->K - k0, DEPTH_BLOCK);
-            int accumulate = p->accumulate || k0 > 0;  // later depth blocks add to the first
-            // the strips of B: where they lie (b_in_place: the full strips, the
-            // first `in_place` of them) or packed (the others; a last strip
-            // narrower than the tile always, padded with zeros). b_row is
-            // the distance between a strip's rows.
-            const real *strip[WIDTH_BLOCK / TILE_COLS];
-            size_t b_row[WIDTH_BLOCK / TILE_COLS];
-            int in_place = b_in_place ? min_int(col_strips, (p->N - n0) / TILE_COLS) : 0;
-            pack_b_strips(packed_b + (size_t)in_place * TILE_COLS * kc, p->b, n0 + in_place * TILE_COLS, p->N,
-                          k0, kc, TILE_COLS, col_strips - in_place);
-            for (int s = 0; s < col_strips; s++) {
-                int j0 = n0 + s * TILE_COLS;
-                strip[s] = s < in_place ? p->b.data + (size_t)k0 * p->b.row_stride + j0
-                                        : packed_b + (size_t)s * TILE_COLS * kc;
-                b_row[s] = s < in_place ? p->b.row_stride : TILE_COLS;
-            }
+        int strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
+        // d0 == 0 runs even when the depth is 0, so that out = bias is still written
+        for (int d0 = 0; d0 == 0 || d0 < p->depth; d0 += DEPTH_BLOCK) {
+            int dc = min_int(p->depth - d0, DEPTH_BLOCK);
+            int accumulate = p->accumulate || d0 > 0;   // later depth blocks add to the first
+            pack_b_strips(packed_b, p->b, n0, p->N, d0, dc, TILE_COLS, strips);
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
                 size_t a_row, a_col;
-                const real *a0 = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, k0, kc, TILE_ROWS);
-                for (int s = 0; s < col_strips; s++) {
+                const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, TILE_ROWS);
+                for (int s = 0; s < strips; s++) {
                     int j0 = n0 + s * TILE_COLS;
                     const real *bias = p->bias.data
                         ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
-                    matmul_tile(p->c + (size_t)m0 * p->c_row + (size_t)j0 * p->c_col, p->c_row, p->c_col,
-                                a0, a_row, a_col, strip[s], b_row[s], kc,
+                    matmul_tile(p->out + (size_t)m0 * p->out_row + (size_t)j0 * p->out_col, p->out_row, p->out_col,
+                                a, a_row, a_col, packed_b + (size_t)s * TILE_COLS * dc, dc,
                                 min_int(m_end - m0, TILE_ROWS), min_int(p->N - j0, TILE_COLS),
                                 accumulate, bias, p->bias.row_stride, p->bias.col_stride);
                 }
@@ -2286,85 +2192,13 @@ static void thread_share(int count, int *first, int *end) {
     *end = (int)((long long)count * (thread + 1) / threads);
 }
 
-// Shares of a product's rows by the threads' speeds. The cores of a shared
-// machine do not always run at the same speed: on the development machine
-// one of its two cores was at times 10-25% slower than the other for seconds
-// on end (another tenant's work on the same physical core, presumably;
-// NOTES.md §14), and with equal shares of the rows the faster thread then
-// waited at the end of every product. So each thread's share is in proportion
-// to its weight, a running average of its speed relative to the team's in the
-// products before. Which thread computes a row never changes the row's
-// numbers (each element of C is the same sum in the same order), so the
-// results are the same bits whatever the shares. The threads only read the
-// weights during a product and the calling thread writes them after it,
-// which holds because matmul is never called from inside a parallel region
-// (attention's products per head, which are, use matmul_by_this_thread).
-#define MAX_SHARE_THREADS 64
-static double thread_weight[MAX_SHARE_THREADS];   // 0 until timed: equal shares
-
-#ifdef _OPENMP
-// Where the share of thread t begins when `count` items are shared in
-// proportion to the first `threads` weights (t == threads: count). Thread t
-// ends where thread t+1 begins because both are this same computation.
-static int weighted_boundary(int count, int t, int threads) {
-    double before = 0, total = 0;
-    for (int u = 0; u < threads; u++) {
-        if (u < t) before += thread_weight[u];
-        total += thread_weight[u];
-    }
-    return t == threads ? count : (int)(count * before / total + 0.5);
-}
-#endif
-
-// The part [*first, *end) of `count` items that this thread takes in a
-// parallel region, in proportion to thread_weight; equal shares until every
-// thread of the team has been timed.
-static void weighted_share(int count, int *first, int *end) {
-#ifdef _OPENMP
-    int thread = omp_get_thread_num(), threads = omp_get_num_threads(), timed = threads <= MAX_SHARE_THREADS;
-    for (int t = 0; timed && t < threads; t++) timed = thread_weight[t] > 0;
-    if (timed) {
-        *first = weighted_boundary(count, thread, threads);
-        *end = weighted_boundary(count, thread + 1, threads);
-        return;
-    }
-#endif
-    thread_share(count, first, end);
-}
-
-// After a product: thread t took items[t] items in seconds[t]. Each weight
-// moves 30% of the way to the thread's speed over the team's mean speed,
-// kept within [0.5, 2] so that one stalled product cannot starve a thread.
-static void update_thread_weights(const int *items, const double *seconds, int threads) {
-    if (threads > MAX_SHARE_THREADS) return;
-    double speed[MAX_SHARE_THREADS], mean = 0;
-    for (int t = 0; t < threads; t++) {
-        if (items[t] == 0 || seconds[t] <= 0) return;   // nothing to learn from this product
-        speed[t] = items[t] / seconds[t];
-        mean += speed[t] / threads;
-    }
-    for (int t = 0; t < threads; t++) {
-        double relative = speed[t] / mean, w = thread_weight[t];
-        w = w == 0 ? relative : 0.7 * w + 0.3 * relative;
-        thread_weight[t] = w < 0.5 ? 0.5 : w > 2 ? 2 : w;
-    }
-}
-
-// The whole product p, shared among the threads: each takes a share of the
-// strips of tile_height(&p) rows of C (weighted_share, above) and packs the
-// blocks of B it needs itself (a little copying done twice, but no thread
-// ever waits for another; cutting C by columns instead, so that no strip of
-// B is packed twice, was slower where N is small, 128 say: every thread then
-// reads all of A, and each of its strips meets only a few strips of B).
-// Each element of C belongs to one thread and is summed in the same order
-// whatever the number of threads.
-//
-// A product with few rows (decoding: one row per sentence, M <= TILE_COLS) and
-// more columns is done as its transpose, C^T = B^T A^T: then the big matrix
-// (a weight) is the one read in place and shared out among the threads, and
-// only the few rows are packed. Then, or whenever N <= NARROW_COLS, it runs
-// in narrow tiles (unless K > NARROW_MAX_DEPTH). Every element is the same
-// sum in the same order.
+// The whole product p, shared among the threads by strips of tile_height
+// rows of out. A product with few rows (decoding: one row per sentence,
+// M <= TILE_COLS) and more columns is done as its transpose, out^T = B^T A^T:
+// then the big matrix, a weight, is the one shared out among the threads and
+// read once, and only the few rows are packed whole, in narrow tiles.
+// Without it base decoding took 2.9 times as long. Every element is the
+// same sum in the same order either way.
 static void matmul(MatrixProduct p) {
     if (p.M <= 0 || p.N <= 0) return;
     if (p.M <= TILE_COLS && p.M < p.N) {
@@ -2372,58 +2206,45 @@ static void matmul(MatrixProduct p) {
         p.a = (MatrixView){ b.data, b.col_stride, b.row_stride };
         p.b = (MatrixView){ a.data, a.col_stride, a.row_stride };
         p.bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
-        size_t c_row = p.c_row; p.c_row = p.c_col; p.c_col = c_row;
+        size_t out_row = p.out_row; p.out_row = p.out_col; p.out_col = out_row;
         int M = p.M; p.M = p.N; p.N = M;
     }
-    int height = tile_height(&p), row_strips = (p.M + height - 1) / height;
-    int items[MAX_SHARE_THREADS], threads = 1;
-    double seconds[MAX_SHARE_THREADS];
-#ifdef _OPENMP
-    double start = omp_get_wtime();
-#endif
+    int height = tile_height(&p), strips = (p.M + height - 1) / height;
     OMP(parallel)
     {
         int first, end;
-        weighted_share(row_strips, &first, &end);
+        thread_share(strips, &first, &end);
         if (first < end) {
             real *packed_b = packed_b_alloc();
             matmul_rows(&p, first * height, min_int(end * height, p.M), packed_b);
             free(packed_b);
         }
-#ifdef _OPENMP
-        int thread = omp_get_thread_num();
-        if (thread < MAX_SHARE_THREADS) {
-            items[thread] = end - first;
-            seconds[thread] = omp_get_wtime() - start;
-        }
-        if (thread == 0) threads = omp_get_num_threads();
-#endif
     }
-    if (threads > 1) update_thread_weights(items, seconds, threads);
 }
 
-// C += A B, and C = bias + A B: c is (M, N) with row stride ldc, a is (M, K),
-// b is (K, N); bias is (N) or NULL.
-static void matmul_accumulate(real *c, size_t ldc, MatrixView a, MatrixView b, int M, int N, int K) {
-    MatrixProduct p = { c, ldc, 1, a, b, { NULL, 0, 0 }, M, N, K, 1 };
+// out += A B, and out = bias + A B: out is (M, N) with row stride out_row,
+// a is (M, depth), b is (depth, N); bias is (N) or NULL.
+static void matmul_accumulate(real *out, size_t out_row, MatrixView a, MatrixView b, int M, int N, int depth) {
+    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, M, N, depth, 1 };
     matmul(p);
 }
 
-static void matmul_assign(real *c, size_t ldc, MatrixView a, MatrixView b, const real *bias, int M, int N, int K) {
-    MatrixProduct p = { c, ldc, 1, a, b, { bias, 0, 1 }, M, N, K, 0 };
+static void matmul_assign(real *out, size_t out_row, MatrixView a, MatrixView b, const real *bias,
+                          int M, int N, int depth) {
+    MatrixProduct p = { out, out_row, 1, a, b, { bias, 0, 1 }, M, N, depth, 0 };
     matmul(p);
 }
 
-// The same, by the calling thread alone (attention: one head's small products
-// per thread); packed_b comes from packed_b_alloc.
-static void matmul_by_this_thread(real *c, size_t ldc, MatrixView a, MatrixView b, int M, int N, int K,
+// The same, by the calling thread alone (attention: one head's small
+// products per thread); packed_b comes from packed_b_alloc.
+static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, MatrixView b, int M, int N, int depth,
                                   int accumulate, real *packed_b) {
-    MatrixProduct p = { c, ldc, 1, a, b, { NULL, 0, 0 }, M, N, K, accumulate };
+    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, M, N, depth, accumulate };
     matmul_rows(&p, 0, M, packed_b);
 }
 
 // ----------------------------------------------------------------------------
-// The linear layer of §3 through the tiles.
+// The linear layer of §3 in tiles: linear_forward's and linear_backward's sums.
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static int linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
@@ -2434,70 +2255,36 @@ static int linear_forward_fast(real *out, const real *inp, const real *weight, c
     return 1;
 }
 
-// linear_backward's three sums: dinp = dout W, dW = dout^T inp, dbias
 static int linear_backward_fast(real *dinp, real *dweight, real *dbias,
                                 const real *dout, const real *inp, const real *weight,
                                 int N, int IC, int OC) {
     MatrixView g = { dout, (size_t)OC, 1 }, g_transposed = { dout, 1, (size_t)OC };
     MatrixView w = { weight, (size_t)IC, 1 }, x = { inp, (size_t)IC, 1 };
+    // dinp = dout W,  dW = dout^T inp
     if (dinp) matmul_accumulate(dinp, (size_t)IC, g, w, N, IC, OC);
     matmul_accumulate(dweight, (size_t)IC, g_transposed, x, OC, IC, N);
-    if (dbias) {
-        // one thread per block of 64 columns; rows summed in order
-        OMP(parallel for)
-        for (int o0 = 0; o0 < OC; o0 += 64) {
-            int width = min_int(OC - o0, 64);
-            real sum[64] = { 0 };
-            for (int n = 0; n < N; n++)
-                for (int o = 0; o < width; o++) sum[o] += dout[(size_t)n * OC + o0 + o];
-            for (int o = 0; o < width; o++) dbias[o0 + o] += sum[o];
-        }
-    }
+    // dbias[o] += sum_n dout[n,o], along the rows of dout
+    if (dbias)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
     return 1;
 }
 
 // ----------------------------------------------------------------------------
-// Scaled dot-product attention (§3.2.1) through the tiles.
-
-// p is one row of dot products q_i . k_j over keys j = 0..Tk-1, of which the
-// first `visible` count: p becomes softmax_j(scale * p) there and exactly 0
-// elsewhere. scale (1/sqrt(d_k)) is positive, so the largest scaled score is
-// scale times the largest product, and exp(scale * (p_j - max)) is in [0, 1].
-// The masked keys' scores are set to -inf, as §3.2.3 says, whose exponential
-// is exactly 0; the loops then run over the whole row, a whole number of
-// vectors (Tk = 32 is two), where loops over the first `visible` keys would
-// end with up to 15 keys done one at a time.
-static void softmax_visible_scaled(real *p, int visible, int Tk, real scale) {
-    if (visible == 0) {   // no key to attend to (never in a valid batch): all 0, not NaN
-        for (int j = 0; j < Tk; j++) p[j] = 0;
-        return;
-    }
-    for (int j = visible; j < Tk; j++) p[j] = -INFINITY;
-    real max_score = max_of(p, Tk);
-    real sum = 0;
-    OMP(simd reduction(+ : sum))
-    for (int j = 0; j < Tk; j++) {
-        p[j] = real_exp(scale * (p[j] - max_score));
-        sum += p[j];
-    }
-    real inv_sum = 1 / sum;
-    OMP(simd)
-    for (int j = 0; j < Tk; j++) p[j] *= inv_sum;
-}
-
-// out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
-//
-// For each (sentence, head) the attention is two matrix products, done with
-// the register tiles of §3:
+// Scaled dot-product attention (§3.2.1) in tiles. For each (sentence, head)
+// the attention is two matrix products, with Part I's softmax between them:
 //     scores = Q K^T        (Tq, hs) x (hs, Tk), then x 1/sqrt(d_k), softmax per row
 //     out    = P V          (Tq, Tk) x (Tk, hs)
-// Scores are computed for every key, then the masked ones get probability
-// exactly 0: P V adds exact zeros for them, so their values cannot matter.
+// Scores are computed for every key; softmax_visible gives the masked ones
+// probability exactly 0, so P V adds exact zeros for them. One query
+// (decoding) is left to Part I's loops, which do as well.
+
+// out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
 static int attention_forward_fast(real *out, real *att,
                                   const real *q, const real *k, const real *v,
                                   int q_stride, int kv_stride, const int *key_len, int causal,
                                   int B, int Tq, int Tk, int C, int NH) {
-    if (Tq == 1) return 0;   // one query (decoding): Part I's loops do as well
+    if (Tq == 1) return 0;
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's scores and outputs
@@ -2513,11 +2300,15 @@ static int attention_forward_fast(real *out, real *att,
                 MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * hs, 1, (size_t)kv_stride };
                 MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * hs, (size_t)kv_stride, 1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
-                // s_ij = q_i . k_j / sqrt(d_k)
+                // q_i . k_j
                 matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, hs, 0, packed_b);
-                // p_ij = softmax_j(s_ij) over the visible keys, s_ij = scale * (q_i . k_j)
-                for (int i = 0; i < Tq; i++)
-                    softmax_visible_scaled(p + (size_t)i * Tk, visible_keys(i, key_len[b], causal), Tk, scale);
+                // p_ij = softmax_j(q_i . k_j / sqrt(d_k)) over the visible keys
+                for (int i = 0; i < Tq; i++) {
+                    real *row = p + (size_t)i * Tk;
+                    int visible = visible_keys(i, key_len[b], causal);
+                    for (int j = 0; j < visible; j++) row[j] *= scale;
+                    softmax_visible(row, visible, Tk);
+                }
                 // out_i = sum_j p_ij v_j
                 matmul_by_this_thread(o, (size_t)C, ph, vh, Tq, hs, Tk, 0, packed_b);
             }
@@ -2527,18 +2318,9 @@ static int attention_forward_fast(real *out, real *att,
     return 1;
 }
 
-// Differentiates, for each head:
-//   out_i = sum_j p_ij v_j         =>  dp_ij = dout_i . v_j,   dv_j += p_ij dout_i
-//   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
-//          (the softmax Jacobian is dp_ij/ds_ik = p_ij ([j==k] - p_ik))
-//   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
-//                                      dk_j += ds_ij q_i / sqrt(d_k)
-// As matrix products per head: dP = dOut V^T, dV += P^T dOut, then
-// dQ += dS K and dK += dS^T Q (with the 1/sqrt(d_k) folded into dS).
-// dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
-// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient: the masks
-// are in the saved probabilities att, so the key lengths and the causal flag
-// of the forward pass are not needed again.
+// attention_backward's sums, per head as matrix products: dP = dOut V^T,
+// dV += P^T dOut, then (softmax_backward, and the 1/sqrt(d_k) folded into
+// dS) dQ += dS K and dK += dS^T Q.
 static int attention_backward_fast(real *dq, real *dk, real *dv,
                                    const real *dout, const real *att,
                                    const real *q, const real *k, const real *v,
@@ -2567,12 +2349,9 @@ static int attention_backward_fast(real *dq, real *dk, real *dv,
                 matmul_by_this_thread(dv + kv_head, (size_t)kv_stride, p_transposed, g, Tk, hs, Tq, 1, packed_b);
                 // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
                 for (int i = 0; i < Tq; i++) {
-                    const real *pi = p + (size_t)i * Tk;
-                    real *dsi = ds + (size_t)i * Tk;
-                    real sum_p_dp = 0;   // over the whole row: p_ij = 0 for masked keys
-                    OMP(simd reduction(+ : sum_p_dp))
-                    for (int j = 0; j < Tk; j++) sum_p_dp += pi[j] * dsi[j];
-                    for (int j = 0; j < Tk; j++) dsi[j] = pi[j] * (dsi[j] - sum_p_dp) * scale;
+                    real *row = ds + (size_t)i * Tk;
+                    softmax_backward(row, p + (size_t)i * Tk, Tk);
+                    for (int j = 0; j < Tk; j++) row[j] *= scale;
                 }
                 // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
                 matmul_by_this_thread(dq + q_head, (size_t)q_stride, dsh, kh, Tq, hs, Tk, 1, packed_b);
@@ -2586,6 +2365,7 @@ static int attention_backward_fast(real *dq, real *dk, real *dv,
 }
 
 #endif // TRANSFORMER_PLAIN
+
 // ############################################################################
 // PART III   THE PROGRAM
 // Data, checkpoints, BLEU, pictures, the command line and the benchmark:
