@@ -30,9 +30,9 @@
  *               §6.1   decoding: greedy with a key/value cache, beam search
  *   PART II   MAKING IT FAST, an appendix you may skip: the linear layers'
  *             and attention's matrix products as register tiles over packed
- *             blocks, and e^x in plain arithmetic. Default builds use it;
- *             -DTRANSFORMER_PLAIN leaves it out. The tests check it against
- *             Part I.
+ *             blocks. Default builds use it (FAST_PATH, at the top of Part
+ *             I); -DTRANSFORMER_PLAIN leaves it out. The tests check it
+ *             against Part I.
  *   PART III  THE PROGRAM: data (vocabulary, TSV files, the copy and reverse
  *             tasks, batches by length), checkpoints, §6.1 BLEU, pictures as
  *             SVG, the command line, the benchmark, main.
@@ -153,31 +153,6 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
     return allocated(calloc(bytes, 1), bytes, what);
 }
 
-// The model's tensors (parameters, activations, the decoding cache) live in
-// a few large arenas of zeros, each starting on a 64-byte cache line, the
-// width of the widest vector loads of Part II: a load that straddles two
-// lines costs two. calloc keeps pages that are never written (a run that
-// only decodes never touches the gradients) unbacked by memory, which
-// aligned_alloc and memset would not: so this asks calloc for a line more,
-// returns the first line boundary past the block's start, and keeps the
-// block's own address in the bytes just below it for arena_free.
-#define CACHE_LINE 64
-_Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
-static real *arena_calloc(size_t count, const char *what) {
-    size_t lines = checked_bytes(count, sizeof(real), what) / CACHE_LINE + 2;
-    unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
-    unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
-    memcpy(aligned - sizeof block, &block, sizeof block);
-    return (real *)aligned;
-}
-
-static void arena_free(real *p) {
-    if (!p) return;
-    unsigned char *block;
-    memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
-    free(block);
-}
-
 static void rng_seed(Rng *rng, uint64_t seed) {
     // splitmix64 of the seed, so that nearby seeds give unrelated streams and
     // the xorshift state is never 0
@@ -210,7 +185,8 @@ static int rng_below(Rng *rng, int n) { // uniform integer in [0, n)
 }
 
 // ----------------------------------------------------------------------------
-// The configuration, with the limits that keep every size product in range.
+// The configuration (transformer_config_check, with the model's memory
+// below, says what it may hold).
 
 TransformerConfig transformer_default_config(void) {
     TransformerConfig c;
@@ -224,36 +200,6 @@ TransformerConfig transformer_default_config(void) {
     c.label_smoothing = 0.1f;  // §5.4 eps_ls
     c.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
     return c;
-}
-
-// Returns NULL when the config is usable, else a message naming the bad field.
-const char *transformer_config_check(const TransformerConfig *c) {
-    static char message[200];
-    #define CONFIG_REQUIRE(cond, ...) do { if (!(cond)) { \
-        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
-    CONFIG_REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS,
-                   "n_layers is %d, expected 1..%d", c->n_layers, TRANSFORMER_MAX_LAYERS);
-    CONFIG_REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH,
-                   "d_model is %d, expected 1..%d", c->d_model, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH,
-                   "d_ff is %d, expected 1..%d", c->d_ff, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model,
-                   "n_heads is %d, expected 1..d_model (%d)", c->n_heads, c->d_model);
-    CONFIG_REQUIRE(c->d_model % c->n_heads == 0,
-                   "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
-    CONFIG_REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB,
-                   "vocab_size is %d, expected %d..%d (4 special tokens + words)",
-                   c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
-    CONFIG_REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN,
-                   "max_len is %d, expected 2..%d", c->max_len, TRANSFORMER_MAX_LEN);
-    CONFIG_REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f,
-                   "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
-    CONFIG_REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f,
-                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)c->label_smoothing);
-    CONFIG_REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f,
-                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)c->layer_norm_eps);
-    #undef CONFIG_REQUIRE
-    return NULL;
 }
 
 // ----------------------------------------------------------------------------
@@ -386,6 +332,7 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
                             int N, int IC, int OC) {
     FAST_PATH(linear_backward_fast(dinp, dweight, dbias, dout, inp, weight, N, IC, OC));
     if (dinp) {
+        // row n of dinp: the rows of the weight, each times dout[n,o]
         OMP(parallel for)
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) {
@@ -393,6 +340,7 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
                 for (int i = 0; i < IC; i++) dinp[(size_t)n * IC + i] += g * weight[(size_t)o * IC + i];
             }
     }
+    // row o of dweight: the rows of inp, each times dout[n,o]; dbias[o] their weights' sum
     OMP(parallel for)
     for (int o = 0; o < OC; o++)
         for (int n = 0; n < N; n++) {
@@ -583,13 +531,13 @@ static void softmax_visible(real *p, int visible, int Tk) {
 // Differentiates  p_j = softmax_j(s_j)  over a row of n keys. Its Jacobian
 // is dp_j/ds_k = p_j ([j == k] - p_k), so
 //     ds_j = sum_k dp_k p_k ([k == j] - p_j) = p_j (dp_j - sum_k p_k dp_k)
-// In place: the row d (n) holds dp and becomes ds. A masked key has p_j = 0
-// and so gets ds_j = 0: the masks need no code here.
-static void softmax_backward(real *d, const real *p, int n) {
+// In place: the row grad (n) holds dp and becomes ds. A masked key has
+// p_j = 0 and so gets ds_j = 0: the masks need no code here.
+static void softmax_backward(real *grad, const real *p, int n) {
     real sum_p_dp = 0;
     OMP(simd reduction(+ : sum_p_dp))
-    for (int j = 0; j < n; j++) sum_p_dp += p[j] * d[j];
-    for (int j = 0; j < n; j++) d[j] = p[j] * (d[j] - sum_p_dp);
+    for (int j = 0; j < n; j++) sum_p_dp += p[j] * grad[j];
+    for (int j = 0; j < n; j++) grad[j] = p[j] * (grad[j] - sum_p_dp);
 }
 
 // out is (B, Tq, C), att is (B, NH, Tq, Tk) (the probabilities, kept for
@@ -601,6 +549,7 @@ static void attention_forward(real *out, real *att,
     FAST_PATH(attention_forward_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH));
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
+    // one thread per (b, h, i): it alone writes query i's probabilities and head h's columns of out_i
     OMP(parallel for collapse(3))
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
@@ -1172,6 +1121,34 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 // The model: allocation, the whole forward pass, the whole backward pass
 // ============================================================================
 
+// The model's tensors (parameters, activations, the decoding cache) live in
+// a few large arenas of zeros, each starting on a 64-byte cache line: Part
+// II's vector loads are up to 64 bytes wide, and one that straddles two
+// lines costs two (with malloc's 16-byte alignment, a toy training step took
+// 5% longer on an AVX-512 machine; dev/PERFORMANCE.md). calloc leaves pages
+// that are never written (a run that only decodes never touches the
+// gradients) unbacked by memory, which aligned_alloc and memset would not:
+// so this asks calloc for one line more, returns the first line boundary
+// past the block's start, and keeps the block's own address in the bytes
+// just below it for arena_free.
+#define CACHE_LINE 64
+_Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
+static real *arena_calloc(size_t count, const char *what) {
+    size_t bytes = checked_bytes(count, sizeof(real), what);
+    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0) + 1;
+    unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
+    unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
+    memcpy(aligned - sizeof block, &block, sizeof block);
+    return (real *)aligned;
+}
+
+static void arena_free(real *p) {
+    if (!p) return;
+    unsigned char *block;
+    memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
+    free(block);
+}
+
 // `count` numbers rounded up to whole cache lines, so that the tensor laid
 // out after them in an arena starts on a line too (arena_calloc).
 static size_t whole_lines(size_t count) {
@@ -1304,6 +1281,36 @@ void transformer_free(Transformer *m) {
                        m->acts_memory, m->scratch_memory };
     for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
     memset(m, 0, sizeof *m);
+}
+
+// Returns NULL when the config is usable, else a message naming the bad field.
+const char *transformer_config_check(const TransformerConfig *c) {
+    static char message[200];
+    #define CONFIG_REQUIRE(cond, ...) do { if (!(cond)) { \
+        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
+    CONFIG_REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS,
+                   "n_layers is %d, expected 1..%d", c->n_layers, TRANSFORMER_MAX_LAYERS);
+    CONFIG_REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH,
+                   "d_model is %d, expected 1..%d", c->d_model, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH,
+                   "d_ff is %d, expected 1..%d", c->d_ff, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model,
+                   "n_heads is %d, expected 1..d_model (%d)", c->n_heads, c->d_model);
+    CONFIG_REQUIRE(c->d_model % c->n_heads == 0,
+                   "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
+    CONFIG_REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB,
+                   "vocab_size is %d, expected %d..%d (4 special tokens + words)",
+                   c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
+    CONFIG_REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN,
+                   "max_len is %d, expected 2..%d", c->max_len, TRANSFORMER_MAX_LEN);
+    CONFIG_REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f,
+                   "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
+    CONFIG_REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f,
+                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)c->label_smoothing);
+    CONFIG_REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f,
+                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)c->layer_norm_eps);
+    #undef CONFIG_REQUIRE
+    return NULL;
 }
 
 // Returns NULL when the batch fits the model, else what is wrong with it.
