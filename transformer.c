@@ -2541,9 +2541,9 @@ static uint64_t dataset_hash(const Dataset *d) {
     for (int i = 0; i < d->count; i++) {
         const SentencePair *p = &d->pairs[i];
         int header[2] = { p->src_len, p->tgt_len };
-        for (int k = 0; k < 2 + p->src_len + p->tgt_len; k++) {
-            int x = k < 2 ? header[k] : k < 2 + p->src_len ? d->tokens[p->src + k - 2]
-                                                           : d->tokens[p->tgt + k - 2 - p->src_len];
+        for (int i = 0; i < 2 + p->src_len + p->tgt_len; i++) {
+            int x = i < 2 ? header[i] : i < 2 + p->src_len ? d->tokens[p->src + i - 2]
+                                                           : d->tokens[p->tgt + i - 2 - p->src_len];
             for (int byte = 0; byte < 4; byte++) { h ^= (uint8_t)((uint32_t)x >> (8 * byte)); h *= 0x100000001B3ULL; }
         }
     }
@@ -3330,13 +3330,13 @@ static const char *checkpoint_average(const char *out_path, const char *const *p
             vocab_free(&last_vocab);
             have_last = 0;
         }
-        if (!error) for (size_t k = 0; k < m.num_parameters; k++) sum[k] += (double)m.params_memory[k];
+        if (!error) for (size_t i = 0; i < m.num_parameters; i++) sum[i] += (double)m.params_memory[i];
         // keep this one (for the next comparison, and the last as the result's template)
         last = m; last_vocab = v; have_last = 1;
         if (error) break;
     }
     if (!error) {
-        for (size_t k = 0; k < last.num_parameters; k++) last.params_memory[k] = (real)(sum[k] / n);
+        for (size_t i = 0; i < last.num_parameters; i++) last.params_memory[i] = (real)(sum[i] / n);
         error = checkpoint_save(out_path, &last, &last_vocab, &state, options ? options : "");
     }
     if (have_last) { transformer_free(&last); vocab_free(&last_vocab); }
@@ -3373,8 +3373,8 @@ static const char *checkpoint_average(const char *out_path, const char *const *p
 
 // Do the n tokens at a equal the n tokens at b?
 static int ngram_equal(const int *a, const int *b, int n) {
-    for (int k = 0; k < n; k++)
-        if (a[k] != b[k]) return 0;
+    for (int i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
     return 1;
 }
 
@@ -3504,8 +3504,8 @@ static int utf8_sequence_length(const unsigned char *s) {
     if (s[0] < 0x80) return 1;
     int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
           : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-    for (int k = 1; k < n; k++)
-        if ((s[k] & 0xC0) != 0x80) return 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
     if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
         (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
     return n;
@@ -3606,8 +3606,8 @@ static void colour_at(char out[8], ColourScale scale, double t) {
     if (i >= scale.n - 1) i = scale.n - 2;
     double w = x - i;
     int rgb[3];
-    for (int k = 0; k < 3; k++)
-        rgb[k] = (int)lround((1 - w) * scale.stops[i][k] + w * scale.stops[i + 1][k]);
+    for (int channel = 0; channel < 3; channel++)
+        rgb[channel] = (int)lround((1 - w) * scale.stops[i][channel] + w * scale.stops[i + 1][channel]);
     snprintf(out, 8, "#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
 }
 
@@ -3627,8 +3627,8 @@ static void svg_colour_legend(FILE *f, double x, double y, double height, double
     if (label) svg_text(f, x, y - 10, SVG_FONT, "start", 0, "bold", label);
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"18\" height=\"%.1f\" fill=\"url(#%s)\" "
                "stroke=\"#444\" stroke-width=\"0.8\"/>\n", x, y, height, id);
-    for (int k = 0; k <= 2; k++) {
-        double value = vmax - k * (vmax - vmin) / 2, ty = y + k * height / 2;
+    for (int tick = 0; tick <= 2; tick++) {
+        double value = vmax - tick * (vmax - vmin) / 2, ty = y + tick * height / 2;
         char text[32];
         snprintf(text, sizeof text, "%.3g", value);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", x + 18, ty, x + 23, ty);
@@ -3645,8 +3645,8 @@ static const char *heatmap_label(const char *const *labels, int i, char buffer[1
     return buffer;
 }
 
-// With cells smaller than a line of text, only every k-th label is drawn,
-// k from 1, 2, 5, 10, 20, 50, ...
+// With cells smaller than a line of text, only every step-th label is drawn,
+// the step one of 1, 2, 5, 10, 20, 50, ...
 static int label_step(double cell) {
     double needed = SVG_FONT + 2;
     for (int step = 1;; step *= 10) {
@@ -3743,11 +3743,11 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
     }
     size_t total_cells = 0;
     int most_rows = 1, most_cols = 1;
-    for (int k = 0; k < n_panels; k++) {
-        const SvgHeatmap *p = &panels[k];
+    for (int i = 0; i < n_panels; i++) {
+        const SvgHeatmap *p = &panels[i];
         if (!p->values || p->rows < 1 || p->cols < 1 || p->row_stride < p->cols) {
             fprintf(stderr, "error: %s: panel %d is %d x %d with row stride %d: expected a matrix of at "
-                            "least 1 x 1 with stride >= columns\n", path, k, p->rows, p->cols, p->row_stride);
+                            "least 1 x 1 with stride >= columns\n", path, i, p->rows, p->cols, p->row_stride);
             return 1;
         }
         total_cells += (size_t)p->rows * p->cols;
@@ -3763,9 +3763,9 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
     // px a panel. With text labels (tokens) cells are square and at least a
     // line high, so that every token is written; numbered rows and columns
     // (the positional encoding) get cells of their own width and height, as
-    // small as a pixel, and only every k-th number.
+    // small as a pixel, and only every step-th number.
     int text_labels = 0;
-    for (int k = 0; k < n_panels; k++) text_labels |= panels[k].row_labels || panels[k].col_labels;
+    for (int i = 0; i < n_panels; i++) text_labels |= panels[i].row_labels || panels[i].col_labels;
     double target = n_panels == 1 ? 640 : n_columns >= 4 ? 220 : 300;
     double cell_width, cell_height;
     if (text_labels) {
@@ -3777,8 +3777,8 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
     }
     // slots as large as the largest panel, laid out row by row
     double slot_width = 0, slot_height = 0, gap = 28;
-    for (int k = 0; k < n_panels; k++) {
-        PanelLayout l = heatmap_panel_layout(&panels[k], cell_width, cell_height);
+    for (int i = 0; i < n_panels; i++) {
+        PanelLayout l = heatmap_panel_layout(&panels[i], cell_width, cell_height);
         slot_width = fmax(slot_width, l.width);
         slot_height = fmax(slot_height, l.height);
     }
@@ -3800,11 +3800,11 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
     if (title) { y += SVG_TITLE_FONT; svg_text(f, SVG_MARGIN, y, SVG_TITLE_FONT, "start", 0, "bold", title); y += 10; }
     if (subtitle) { y += SVG_FONT; svg_text(f, SVG_MARGIN, y, SVG_FONT, "start", 0, NULL, subtitle); }
     int tooltips = total_cells <= SVG_CELL_TOOLTIPS;
-    for (int k = 0; k < n_panels; k++) {
-        double px = SVG_MARGIN + (k % n_columns) * (slot_width + gap);
-        double py = header + (k / n_columns) * (slot_height + gap);
-        PanelLayout l = heatmap_panel_layout(&panels[k], cell_width, cell_height);
-        svg_heatmap_panel(f, &panels[k], l, px, py, vmin, vmax, tooltips);
+    for (int i = 0; i < n_panels; i++) {
+        double px = SVG_MARGIN + (i % n_columns) * (slot_width + gap);
+        double py = header + (i / n_columns) * (slot_height + gap);
+        PanelLayout l = heatmap_panel_layout(&panels[i], cell_width, cell_height);
+        svg_heatmap_panel(f, &panels[i], l, px, py, vmin, vmax, tooltips);
     }
     svg_colour_legend(f, SVG_MARGIN + grid_width + 30, header + 24, legend_height, vmin, vmax, scale_label);
     return svg_close(f, path);
@@ -3966,10 +3966,10 @@ static int training_log_append(TrainingLog *log, const double v[TRAINING_LOG_FIE
     if (log->n == log->capacity) {
         int capacity = log->capacity ? 2 * log->capacity : 256;
         double **columns[TRAINING_LOG_FIELDS] = { &log->step, &log->loss, &log->lr, &log->tokens_per_s, &log->heldout };
-        for (int k = 0; k < TRAINING_LOG_FIELDS; k++) {
-            double *grown = realloc(*columns[k], (size_t)capacity * sizeof(double));
+        for (int field = 0; field < TRAINING_LOG_FIELDS; field++) {
+            double *grown = realloc(*columns[field], (size_t)capacity * sizeof(double));
             if (!grown) return 0;
-            *columns[k] = grown;
+            *columns[field] = grown;
         }
         log->capacity = capacity;
     }
@@ -3985,7 +3985,8 @@ static int training_log_read(TrainingLog *log, const char *path, char *error, si
     static const char *defaults[TRAINING_LOG_FIELDS] = { "step", "loss", "lr", "tokens/s", "held-out score" };
     static const char *expected = "step,loss,lr,tokens_per_s,heldout";
     memset(log, 0, sizeof *log);
-    for (int k = 0; k < TRAINING_LOG_FIELDS; k++) snprintf(log->names[k], sizeof log->names[k], "%s", defaults[k]);
+    for (int field = 0; field < TRAINING_LOG_FIELDS; field++)
+        snprintf(log->names[field], sizeof log->names[field], "%s", defaults[field]);
     FILE *f = fopen(path, "r");
     if (!f) { snprintf(error, error_size, "%s: cannot open: %s", path, strerror(errno)); return 0; }
     char *line = NULL;
@@ -4007,18 +4008,19 @@ static int training_log_read(TrainingLog *log, const char *path, char *error, si
         }
         double v[TRAINING_LOG_FIELDS];
         if (header_allowed && !parse_number(fields[0], &v[0])) { // a header: keep the column names
-            for (int k = 0; k < TRAINING_LOG_FIELDS; k++) trim_copy(log->names[k], sizeof log->names[k], fields[k]);
+            for (int field = 0; field < TRAINING_LOG_FIELDS; field++)
+                trim_copy(log->names[field], sizeof log->names[field], fields[field]);
             header_allowed = 0;
             continue;
         }
         header_allowed = 0;
-        for (int k = 0; k < TRAINING_LOG_FIELDS && ok; k++) {
+        for (int field = 0; field < TRAINING_LOG_FIELDS && ok; field++) {
             char shown[32];
-            trim_copy(shown, sizeof shown, fields[k]);
-            if (k == TRAINING_LOG_FIELDS - 1 && shown[0] == '\0') { v[k] = NAN; continue; } // not measured
-            if (!parse_number(fields[k], &v[k]) || (k == 0 && (!isfinite(v[0]) || v[0] < 0))) {
+            trim_copy(shown, sizeof shown, fields[field]);
+            if (field == TRAINING_LOG_FIELDS - 1 && shown[0] == '\0') { v[field] = NAN; continue; } // not measured
+            if (!parse_number(fields[field], &v[field]) || (field == 0 && (!isfinite(v[0]) || v[0] < 0))) {
                 snprintf(error, error_size, "%s:%d: %s '%s' is not a %s", path, line_number,
-                         log->names[k], shown, k == 0 ? "step number (>= 0)" : "number");
+                         log->names[field], shown, field == 0 ? "step number (>= 0)" : "number");
                 ok = 0;
             }
         }
@@ -4084,8 +4086,8 @@ static int chart_ticks(ChartAxis a, double *ticks, int max) {
         return n;
     }
     double step = nice_step(a.hi - a.lo, 5);
-    for (long k = (long)ceil(a.lo / step - 1e-9); k * step <= a.hi + step * 1e-9 && n < max; k++)
-        ticks[n++] = k * step;
+    for (long t = (long)ceil(a.lo / step - 1e-9); t * step <= a.hi + step * 1e-9 && n < max; t++)
+        ticks[n++] = t * step;
     return n;
 }
 
@@ -4099,17 +4101,17 @@ static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
     char text[32];
     svg_text(f, x, y - 10, SVG_PANEL_FONT, "start", 0, "bold", title);
     int nt = chart_ticks(ay, ticks, 40);
-    for (int k = 0; k < nt; k++) {
-        double py = chart_position(ay, ticks[k], y + h, y);
-        snprintf(text, sizeof text, "%.6g", ticks[k]);
+    for (int t = 0; t < nt; t++) {
+        double py = chart_position(ay, ticks[t], y + h, y);
+        snprintf(text, sizeof text, "%.6g", ticks[t]);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x, py, x + w, py);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", x - 5, py, x, py);
         svg_text(f, x - 8, py + SVG_FONT * 0.35, SVG_FONT, "end", 0, NULL, text);
     }
     nt = chart_ticks(ax, ticks, 40);
-    for (int k = 0; k < nt; k++) {
-        double px = chart_position(ax, ticks[k], x, x + w);
-        snprintf(text, sizeof text, "%.6g", ticks[k]);
+    for (int t = 0; t < nt; t++) {
+        double px = chart_position(ax, ticks[t], x, x + w);
+        snprintf(text, sizeof text, "%.6g", ticks[t]);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", px, y, px, y + h);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", px, y + h, px, y + h + 5);
         svg_text(f, px, y + h + 8 + SVG_FONT, SVG_FONT, "middle", 0, NULL, text);
@@ -4174,15 +4176,15 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
     const char *names[3] = { log.names[1], log.names[4], log.names[2] };
     const char *colours[3] = { "#1f5fa8", "#c0392b", "#2e7d32" };
     double y = top;
-    for (int k = 0; k < 3; k++) {
-        if (k == 1 && heldout_points == 0) continue;
+    for (int panel = 0; panel < 3; panel++) {
+        if (panel == 1 && heldout_points == 0) continue;
         static const char *panel_titles[3] = { "training loss", "held-out score", "learning rate (eq. 3)" };
         char panel_title[96];
-        snprintf(panel_title, sizeof panel_title, "%s", panel_titles[k]);
-        ChartAxis ay = chart_axis(series[k], log.n, k == 0);
+        snprintf(panel_title, sizeof panel_title, "%s", panel_titles[panel]);
+        ChartAxis ay = chart_axis(series[panel], log.n, panel == 0);
         if (ay.log_scale) strncat(panel_title, " (log scale)", sizeof panel_title - strlen(panel_title) - 1);
-        svg_chart_panel(f, left, y, plot_width, plot_height, log.step, series[k], log.n, ax, ay, panel_title,
-                        log.names[0], names[k], colours[k], k == 1);
+        svg_chart_panel(f, left, y, plot_width, plot_height, log.step, series[panel], log.n, ax, ay, panel_title,
+                        log.names[0], names[panel], colours[panel], panel == 1);
         y += plot_height + panel_gap;
     }
     training_log_free(&log);
@@ -4289,7 +4291,7 @@ static int parse_options(const char *command, const char *usage, Option *options
             continue;
         }
         Option *o = NULL;
-        for (int k = 0; k < n && !o; k++) if (strcmp(arg, options[k].name) == 0) o = &options[k];
+        for (int i = 0; i < n && !o; i++) if (strcmp(arg, options[i].name) == 0) o = &options[i];
         if (!o) {
             fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
             return 1;
@@ -4385,7 +4387,7 @@ static int train_option_table(Option *t, TrainOptions *o) {
         TEXT_OPTION("--loss-log", &o->loss_log, SESSION, "append 'step loss lr' of every step to this file"),
         TEXT_OPTION("--log", &o->log_csv, SESSION, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
                     "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
-        INT_OPTION("--keep-last", &o->keep_last, 0, 1000, SESSION, "also keep the last K saves as "
+        INT_OPTION("--keep-last", &o->keep_last, 0, 1000, SESSION, "also keep the last N saves as "
                    "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
         INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, SESSION, "held-out evaluation every N steps (0: only at the end)"),
         INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, SESSION, "checkpoint every N steps (0: at each evaluation)"),
@@ -4625,8 +4627,8 @@ static void kept_checkpoint_path(char *out, size_t n, const TrainRun *r, long st
     snprintf(out, n, "%s.step%07ld", r->checkpoint_path, step);
 }
 
-// Writes the checkpoint; with --keep-last K also CHECKPOINT.stepNNNNNNN, and
-// removes the oldest such file this session wrote once there are more than K.
+// Writes the checkpoint; with --keep-last N also CHECKPOINT.stepNNNNNNN, and
+// removes the oldest such file this session wrote once there are more than N.
 // (Files of earlier sessions are left alone: without a directory listing in
 // the allowed headers, the run only knows the files it wrote itself.)
 static const char *train_save(TrainRun *r) {
@@ -4970,7 +4972,7 @@ static int command_average(int argc, char **argv) {
     const char *usage =
         "usage: ./transformer average --out OUT.ckpt A.ckpt B.ckpt ...\n"
         "Averages the parameters of checkpoints of the same config and vocabulary (§6.1: the paper\n"
-        "averaged the last 5 or 20 checkpoints; train --keep-last K keeps them). Adam's moments\n"
+        "averaged the last 5 or 20 checkpoints; train --keep-last N keeps them). Adam's moments\n"
         "and step, the data position and the run options come from the last file named.";
     char **paths = checked_calloc(argc, sizeof(char *), "arguments");
     int n = 0;
@@ -5017,10 +5019,10 @@ static const char *attention_pictures(Transformer *m, const Vocabulary *v, const
     printf("output: ");
     print_tokens(stdout, v, out, out_len);
     printf("\n");
-    for (int k = 0; k < 3 && !error; k++) {
+    for (int kind = 0; kind < 3 && !error; kind++) {
         char path[4200];
-        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
-        if (svg_write_attention(path, m, (AttentionKind)k, 0, source_words, src_len, target_words, out_len))
+        snprintf(path, sizeof path, "%s/%s", dir, names[kind]);
+        if (svg_write_attention(path, m, (AttentionKind)kind, 0, source_words, src_len, target_words, out_len))
             error = errorf("%s: the picture was not written (the line above says why)", path);
         else printf("wrote %s\n", path);
     }
@@ -5192,9 +5194,9 @@ static int command_params(int argc, char **argv) {
     char count[40];
     size_t total = 0;
     for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) {
-        size_t k = parameter_group_count(sizes, g);
-        total += k;
-        format_count(count, sizeof count, k);
+        size_t group_count = parameter_group_count(sizes, g);
+        total += group_count;
+        format_count(count, sizeof count, group_count);
         printf("  %-58s %15s\n", parameter_groups[g].name, count);
     }
     printf("  %-58s %15s\n", "positional encoding: sinusoids (§3.5)", "0");

@@ -121,10 +121,10 @@ static void matmul(MatrixProduct p) {
     int form = p.a.col_stride != 1 ? 2 : p.b.col_stride != 1 ? 0 : 1, i;
     for (i = 0; i < profile_product_count; i++) {
         ProfileProduct *q = &profile_products[i];
-        if (q->M == p.M && q->N == p.N && q->K == p.K && q->form == form) break;
+        if (q->M == p.M && q->N == p.N && q->K == p.depth && q->form == form) break;
     }
     if (i == profile_product_count && i < 256)
-        profile_products[profile_product_count++] = (ProfileProduct){ p.M, p.N, p.K, form, 0, 0 };
+        profile_products[profile_product_count++] = (ProfileProduct){ p.M, p.N, p.depth, form, 0, 0 };
     if (i < 256) { profile_products[i].calls++; profile_products[i].seconds += seconds; }
 }
 static void matmul_impl(MatrixProduct p) {""", 1)
