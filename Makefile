@@ -8,6 +8,8 @@
 #                      error messages: with OpenMP, and once more without it
 #   make debug         -O0 -g builds for gdb: transformer_debug, test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan
+#   make bench-setup   dev/.venv: a virtual environment with PyTorch 2.x from PyPI, for
+#                      make bench (dev/BENCH.md; does nothing when it is already there)
 #   make bench         training-step speed against PyTorch (needs python3-torch;
 #                      not part of make test): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
 #                      BENCH_THREADS
@@ -28,7 +30,7 @@ SOURCES = transformer.c transformer.h
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial
 
-.PHONY: all test demo numbers debug sanitize bench clean
+.PHONY: all test demo numbers debug sanitize bench bench-setup clean
 
 all: transformer
 
@@ -98,6 +100,29 @@ sanitize: test_transformer.c $(SOURCES)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan_f64
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan
+
+# dev/.venv: PyTorch 2.x from PyPI for make bench (dev/BENCH.md). PyPI's x86_64 Linux
+# wheel is built with CUDA and cannot be imported without the nvidia-* libraries it
+# links, so this is the default install, several GB; the CPU-only wheels are not on
+# PyPI. Its CPU side (MKL, oneDNN) is what the benchmark uses. BENCH_PYTHON makes the
+# environment, BENCH_TORCH is what pip installs (with NumPy, which torch.compile warns without).
+BENCH_VENV = dev/.venv
+BENCH_PYTHON ?= python3
+BENCH_TORCH ?= torch==2.15.0
+bench-setup:
+	@if $(BENCH_VENV)/bin/python -c "import torch" 2>/dev/null; then \
+	  echo "bench-setup: $(BENCH_VENV) already has PyTorch $$($(BENCH_VENV)/bin/python -c 'import torch; print(torch.__version__)'); nothing to do"; \
+	else \
+	  set -e; start=$$(date +%s); \
+	  echo "bench-setup: creating the virtual environment $(BENCH_VENV) with $$($(BENCH_PYTHON) --version)"; \
+	  $(BENCH_PYTHON) -m venv $(BENCH_VENV); \
+	  echo "bench-setup: pip install $(BENCH_TORCH) into $(BENCH_VENV) (PyPI's wheel with its CUDA libraries: several GB)"; \
+	  $(BENCH_VENV)/bin/python -m pip install --no-cache-dir --upgrade pip; \
+	  $(BENCH_VENV)/bin/python -m pip install --no-cache-dir "$(BENCH_TORCH)" numpy; \
+	  echo "bench-setup: checking that PyTorch imports and that torch.compile runs on the CPU (compiles a small function)"; \
+	  $(BENCH_VENV)/bin/python dev/bench_pytorch.py --check-setup; \
+	  echo "bench-setup: done in $$(( $$(date +%s) - start )) s; $(BENCH_VENV) takes $$(du -sh $(BENCH_VENV) | cut -f1)"; \
+	fi
 
 # transformer.c and PyTorch (dev/bench_pytorch.py) alternately, the same model
 # and batch, then a table with the ratio PyTorch time / transformer.c time.
