@@ -10,9 +10,10 @@
 #   make sanitize      the tests under AddressSanitizer and UBSan
 #   make bench-setup   dev/.venv: a virtual environment with PyTorch 2.x from PyPI, for
 #                      make bench (dev/BENCH.md; does nothing when it is already there)
-#   make bench         training-step speed against PyTorch (needs python3-torch;
-#                      not part of make test): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
-#                      BENCH_THREADS
+#   make bench         training-step and decoding speed against PyTorch 2.x, eager and
+#                      torch.compile, and Debian's PyTorch 1.13 when installed (not part of
+#                      make test; dev/BENCH.md): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
+#                      BENCH_THREADS, BENCH_COMPILE=0 (no torch.compile runs)
 CC ?= gcc
 OPENMP ?= 1
 # -ffp-contract=fast lets the compiler fuse a*b + c into one FMA instruction
@@ -125,14 +126,18 @@ bench-setup:
 	fi
 
 # transformer.c and PyTorch (dev/bench_pytorch.py) alternately, the same model
-# and batch, then a table with the ratio PyTorch time / transformer.c time.
+# and batch, then tables with the ratios PyTorch time / transformer.c time:
+# PyTorch 2.x from $(BENCH_VENV) (make bench-setup), eager and torch.compile, and
+# Debian's PyTorch 1.13 (/usr/bin/python3 with python3-torch) when it is installed.
 BENCH_CONFIGS ?= tiny,toy,base
 BENCH_DECODE ?= tiny,toy,base
 BENCH_ROUNDS ?= 3
 BENCH_THREADS ?= 2
+BENCH_COMPILE ?= 1
 bench: transformer
 	/usr/bin/python3 dev/bench_compare.py --binary ./transformer --configs $(BENCH_CONFIGS) \
-	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS)
+	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS) \
+	    --python $(BENCH_VENV)/bin/python $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
 
 clean:
 	rm -f transformer transformer_debug transformer_asan test_transformer test_transformer_f64 \
