@@ -20,7 +20,9 @@ kernels (bench_pytorch.py's "blas"). dev/BENCH.md explains every column.
 On a shared machine other processes can take the cores in the middle of a
 run. Each run reports how many cores other processes used meanwhile; a round
 in which any run saw more than --max-background cores of other work is
-thrown away and repeated after a pause (at most --retries times), and the
+thrown away and repeated (at most --retries times). Every round, the first
+try and each repeat, starts once the other processes have used at most that
+over 5 s (waiting --quiet-wait seconds at most), and the
 table's heading says how many were thrown away and the background load of
 the rounds it kept.
 
@@ -69,6 +71,19 @@ def run_json(cmd, env):
     return result
 
 
+def wait_for_quiet(limit, most):
+    """Waits until other processes use at most `most` cores over 5 s (our own runs
+    are between runs here), `limit` seconds at most; returns the seconds waited."""
+    start = time.perf_counter()
+    while True:
+        busy0, wall0 = machine_busy_seconds(), time.perf_counter()
+        time.sleep(5)
+        load = (machine_busy_seconds() - busy0) / (time.perf_counter() - wall0)
+        waited = time.perf_counter() - start
+        if load <= most or waited >= limit:
+            return waited
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -110,6 +125,8 @@ def main(argv=None):
     p.add_argument("--max-background", type=float, default=0.1,
                    help="cores of other work above which a round is repeated")
     p.add_argument("--retries", type=int, default=5, help="repeats of one round at most")
+    p.add_argument("--quiet-wait", type=float, default=600,
+                   help="seconds to wait at most, before a round is repeated, for other processes to go quiet")
     a = p.parse_args(argv)
     # fail before the first run, in one line, if the interpreter of the PyTorch side has no PyTorch
     if not has_torch(a.python):
@@ -165,6 +182,9 @@ def main(argv=None):
         ours, theirs = [], []
         for r in range(a.rounds):
             for attempt in range(a.retries + 1):
+                waited = wait_for_quiet(a.quiet_wait, a.max_background)
+                if waited > 10:
+                    print(f"  (waited {waited:.0f} s for the other processes to go quiet)", file=sys.stderr)
                 c, ts = run_round(name, mode)
                 busy = max(x["background_load"] for x in [c] + list(ts.values())) > a.max_background
                 retry = busy and attempt < a.retries
@@ -176,7 +196,6 @@ def main(argv=None):
                 if not retry:
                     break
                 discarded += 1
-                time.sleep(10)
             ours.append(c)
             theirs.append(ts)
         return name, ours, theirs
