@@ -20,10 +20,10 @@ kernels (bench_pytorch.py's "blas"). dev/BENCH.md explains every column.
 On a shared machine other processes can take the cores in the middle of a
 run. Each run reports how many cores other processes used meanwhile; a round
 in which any run saw more than --max-background cores of other work is
-thrown away and repeated (at most --retries times). Every round starts once
-the other processes have used at most that for 5 s in a row, a repeat once
-they have for 60 s (the machine having shown work that comes and goes; waiting
---quiet-wait seconds at most), and the
+thrown away and repeated (at most --retries times). A round starts once the
+other processes have used at most that for 5 s; a repeat, or a round that
+saw them busier while it waited, once they have for 60 s in a row (work that
+comes and goes has short pauses; waiting --quiet-wait seconds at most), and the
 table's heading says how many were thrown away and the background load of
 the rounds it kept.
 
@@ -73,18 +73,20 @@ def run_json(cmd, env):
 
 
 def wait_for_quiet(limit, most, spell):
-    """Waits until other processes have used at most `most` cores for `spell`
-    seconds in a row (our own runs are between runs here), `limit` seconds at
-    most; returns the seconds waited."""
+    """Waits until other processes have used at most `most` cores for 5 s, or,
+    once they were seen busier or when `spell` says so, for `spell` seconds in a
+    row: work that comes and goes has short pauses. Our own runs are between
+    runs here. `limit` seconds at most; returns the seconds waited."""
     start = time.perf_counter()
-    quiet = 0.0
+    quiet, needed = 0.0, spell
     while True:
         busy0, wall0 = machine_busy_seconds(), time.perf_counter()
         time.sleep(5)
         load = (machine_busy_seconds() - busy0) / (time.perf_counter() - wall0)
         quiet = quiet + 5 if load <= most else 0.0
+        needed = needed if load <= most else 60
         waited = time.perf_counter() - start
-        if quiet >= spell or waited >= limit:
+        if quiet >= needed or waited >= limit:
             return waited
 
 
@@ -186,8 +188,8 @@ def main(argv=None):
         ours, theirs = [], []
         for r in range(a.rounds):
             for attempt in range(a.retries + 1):
-                # a first try needs 5 quiet seconds; a repeat, the machine having shown
-                # other work that comes and goes, a quiet minute
+                # a first try on a quiet machine starts after 5 s; a repeat, or a try that
+                # had to wait, after a quiet minute
                 waited = wait_for_quiet(a.quiet_wait, a.max_background, 5 if attempt == 0 else 60)
                 if waited > 10:
                     print(f"  (waited {waited:.0f} s for the other processes to go quiet)", file=sys.stderr)
