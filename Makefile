@@ -10,9 +10,12 @@
 #                      (double and float), without OpenMP, and the plain build
 #   make debug         -O0 -g builds for gdb, Part I only: transformer_debug, test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
-#   make bench         training-step speed against PyTorch (needs python3-torch;
-#                      not part of make test): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
-#                      BENCH_THREADS
+#   make bench-setup   dev/.venv: a virtual environment with PyTorch 2.x from PyPI, for
+#                      make bench (dev/BENCH.md; does nothing when it is already there)
+#   make bench         training-step and decoding speed against PyTorch 2.x, eager and
+#                      torch.compile, and Debian's PyTorch 1.13 when installed (not part of
+#                      make test; dev/BENCH.md): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
+#                      BENCH_THREADS, BENCH_COMPILE=0 (no torch.compile runs)
 CC ?= gcc
 OPENMP ?= 1
 # -ffp-contract=fast lets the compiler fuse a*b + c into one FMA instruction
@@ -30,7 +33,7 @@ SOURCES = transformer.c transformer.h
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
 
-.PHONY: all test demo numbers debug plain sanitize bench clean
+.PHONY: all test demo numbers debug plain sanitize bench bench-setup clean
 
 all: transformer
 
@@ -116,15 +119,42 @@ sanitize: test_transformer.c $(SOURCES)
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan
 	TRANSFORMER_BIN=./transformer_asan_plain ./test_transformer_asan_plain_f64
 
+# dev/.venv: PyTorch 2.x from PyPI for make bench (dev/BENCH.md). PyPI's x86_64 Linux
+# wheel is built with CUDA and cannot be imported without the nvidia-* libraries it
+# links, so this is the default install, several GB; the CPU-only wheels are not on
+# PyPI. Its CPU side (MKL, oneDNN) is what the benchmark uses. BENCH_PYTHON makes the
+# environment, BENCH_TORCH is what pip installs (with NumPy, which torch.compile warns without).
+BENCH_VENV = dev/.venv
+BENCH_PYTHON ?= python3
+BENCH_TORCH ?= torch==2.15.0
+bench-setup:
+	@if $(BENCH_VENV)/bin/python -c "import torch" 2>/dev/null; then \
+	  echo "bench-setup: $(BENCH_VENV) already has PyTorch $$($(BENCH_VENV)/bin/python -c 'import torch; print(torch.__version__)'); nothing to do"; \
+	else \
+	  set -e; start=$$(date +%s); \
+	  echo "bench-setup: creating the virtual environment $(BENCH_VENV) with $$($(BENCH_PYTHON) --version)"; \
+	  $(BENCH_PYTHON) -m venv $(BENCH_VENV); \
+	  echo "bench-setup: pip install $(BENCH_TORCH) into $(BENCH_VENV) (PyPI's wheel with its CUDA libraries: several GB)"; \
+	  $(BENCH_VENV)/bin/python -m pip install --no-cache-dir --upgrade pip; \
+	  $(BENCH_VENV)/bin/python -m pip install --no-cache-dir "$(BENCH_TORCH)" numpy; \
+	  echo "bench-setup: checking that PyTorch imports and that torch.compile runs on the CPU (compiles a small function)"; \
+	  $(BENCH_VENV)/bin/python dev/bench_pytorch.py --check-setup; \
+	  echo "bench-setup: done in $$(( $$(date +%s) - start )) s; $(BENCH_VENV) takes $$(du -sh $(BENCH_VENV) | cut -f1)"; \
+	fi
+
 # transformer.c and PyTorch (dev/bench_pytorch.py) alternately, the same model
-# and batch, then a table with the ratio PyTorch time / transformer.c time.
+# and batch, then tables with the ratios PyTorch time / transformer.c time:
+# PyTorch 2.x from $(BENCH_VENV) (make bench-setup), eager and torch.compile, and
+# Debian's PyTorch 1.13 (/usr/bin/python3 with python3-torch) when it is installed.
 BENCH_CONFIGS ?= tiny,toy,base
 BENCH_DECODE ?= tiny,toy,base
 BENCH_ROUNDS ?= 3
 BENCH_THREADS ?= 2
+BENCH_COMPILE ?= 1
 bench: transformer
 	/usr/bin/python3 dev/bench_compare.py --binary ./transformer --configs $(BENCH_CONFIGS) \
-	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS)
+	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS) \
+	    --python $(BENCH_VENV)/bin/python $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
 
 clean:
 	rm -f transformer transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \

@@ -15,11 +15,30 @@ before the residual add. PyTorch's layers also drop attention probabilities and
 the FFN's hidden activations; both are switched off here (the attention
 modules' `dropout` set to 0, the layers' inner `dropout` replaced by Identity).
 
-    OMP_NUM_THREADS=2 /usr/bin/python3 dev/bench_pytorch.py --layers 2 --d-model 128 \
-        --d-ff 512 --heads 4 --vocab 1000 --batch 32 --src-len 32 --tgt-len 32 --threads 2
+    OMP_NUM_THREADS=2 dev/.venv/bin/python dev/bench_pytorch.py --layers 2 --d-model 128 \
+        --d-ff 512 --heads 4 --vocab 1000 --batch 32 --src-len 32 --tgt-len 32 --threads 2 [--compile]
 
 prints the same fields as `./transformer bench`; --json prints them as one line.
-Run with Debian's interpreter (/usr/bin/python3), which has python3-torch.
+Run it with the interpreter whose PyTorch is to be timed: dev/.venv/bin/python
+(PyTorch 2.x from PyPI, `make bench-setup`) or Debian's /usr/bin/python3 with
+python3-torch (1.13). `--check-setup` only checks that PyTorch imports and that
+torch.compile runs a small function forward and backward (make bench-setup).
+
+--compile times the step with torch.compile (default inductor backend): the
+forward pass and the loss are one compiled function (AOTAutograd compiles its
+backward with it); loss.backward() runs that compiled backward, zero_grad and
+Adam's step stay eager, as in PyTorch's own tutorials. Compilation happens in
+the first warm-up step; the JSON's "first_step_s" is that step's time
+(inductor keeps compiled kernels on disk, /tmp/torchinductor_$USER, so a
+second process compiles faster). With --decode --kv-cache, --compile compiles
+the encoder (with the memory's keys and values) and the decoding of one
+position over a key/value cache of fixed length T (the positions not yet
+decoded masked out), so that one graph serves every position; it checks that
+it chooses the same tokens as the eager cached decoding (in 90% of the
+sentences at least: the compiled kernels round differently, and a near tie
+between two words can go the other way; "sentences_as_eager" in the JSON). --decode without
+--kv-cache cannot be compiled usefully (every prefix length is a new shape)
+and is refused.
 
 --decode times greedy decoding of the batch's sources instead, T tokens each,
 in eval mode under no_grad: the encoder once, then one token per position,
@@ -35,8 +54,10 @@ early. Two ways:
                        decodes. Before timing, the script checks that both ways
                        choose the same tokens.
 
-The BLAS: PyTorch's products go through the system's libblas.so.3, OpenBLAS
-with libopenblas0-openmp. OpenBLAS picks its kernels from the CPU's model
+The BLAS: PyPI's PyTorch 2.x for x86_64 carries MKL (its float products) and
+oneDNN inside; the JSON field "blas" gives what torch.__config__.show() says.
+Debian's PyTorch's products go through the system's libblas.so.3, OpenBLAS
+with libopenblas0-openmp; for that one only, the following applies. OpenBLAS picks its kernels from the CPU's model
 number, and a release older than the CPU falls back to plain SSE3 kernels
 ("Prescott"): Debian 12's OpenBLAS 0.3.21 does so on Intel's Emerald Rapids,
 where its products then run 3.5x slower. An OPENBLAS_CORETYPE inherited from
@@ -47,12 +68,18 @@ inherits the environment, before PyTorch loads it, which kernels it uses, and
 if they use narrower vectors than the CPU's flags allow (older than AVX2,
 AVX2, AVX-512), sets OPENBLAS_CORETYPE to the widest; kernels whose name it
 does not know are kept. The JSON field "blas" says what was used and why.
+
+The FLOP count (training_step_flops, the same as transformer.c's) is in
+dev/BENCH.md; --count-flops prints it beside the count of PyTorch's
+torch.utils.flop_counter.FlopCounterMode for one forward and backward pass.
 """
 import argparse
 import json
 import math
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,19 +152,49 @@ def choose_openblas_kernels():
     return f"OpenBLAS {best} kernels (OPENBLAS_CORETYPE set here: {detected}, {how}, has narrower vectors)"
 
 
-BLAS = choose_openblas_kernels()
+def system_torch():
+    """True when the torch this interpreter would import is Debian's python3-torch,
+    whose products go through the system's libblas.so.3."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    return spec is not None and spec.origin is not None and spec.origin.startswith("/usr/lib/python3/")
+
+
+OPENBLAS = choose_openblas_kernels() if system_torch() else None
 
 try:
     import torch  # noqa: E402  (after OPENBLAS_CORETYPE is set)
 except ModuleNotFoundError as e:   # not installed; a PyTorch that is there but fails says why itself
     if e.name != "torch":
         raise
-    sys.exit(f"error: {sys.argv[0]} needs PyTorch for {sys.executable}: "
-             "apt-get install python3-torch libopenblas0-openmp (README.md)")
+    if sys.executable.startswith("/usr/bin/"):
+        sys.exit(f"error: {sys.argv[0]} needs PyTorch for {sys.executable}: "
+                 "apt-get install python3-torch libopenblas0-openmp (README.md)")
+    sys.exit(f"error: {sys.argv[0]} needs PyTorch for {sys.executable}: run `make bench-setup` (dev/BENCH.md)")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2
+
+
+def describe_kernels():
+    """One line: the BLAS PyTorch's float products use, oneDNN, the CPU kernels' vectors
+    (from torch.__config__.show())."""
+    text = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", text)
+    parts = [OPENBLAS if OPENBLAS is not None else f"BLAS {blas.group(1) if blas else 'unknown'}"]
+    mkl = re.search(r"Math Kernel Library Version ([\w.]+)", text)
+    if blas and blas.group(1) == "mkl" and mkl:
+        parts[0] = f"MKL {mkl.group(1)}"
+    onednn = re.search(r"(?:MKL-DNN|oneDNN)\s+v?([\d.]+)", text)
+    if torch.backends.mkldnn.is_available():
+        parts.append(f"oneDNN {onednn.group(1)}" if onednn else "oneDNN")
+    else:
+        parts.append("no oneDNN")
+    capability = re.search(r"CPU capability usage: (\w+)", text)
+    if capability:
+        parts.append(f"{capability.group(1)} kernels")
+    return ", ".join(parts)
 
 
 def rss_kb():
@@ -274,6 +331,78 @@ def greedy_decode_cached(model, src, src_pad, T):
     return out
 
 
+def decode_setup(model, src, src_pad):
+    """The encoder's output, and each decoder layer's cross-attention keys and
+    values of it: (B, H, S, dk) each, computed once per batch."""
+    B, C = src.shape[0], model.C
+    H = model.dec[0].self_attn.num_heads
+    memory = model.encode(src, src_pad)
+    cross = []
+    for layer in model.dec:
+        w, b = layer.multihead_attn.in_proj_weight, layer.multihead_attn.in_proj_bias
+        cross.append((F.linear(memory, w[C:2 * C], b[C:2 * C]).view(B, -1, H, C // H).transpose(1, 2),
+                      F.linear(memory, w[2 * C:], b[2 * C:]).view(B, -1, H, C // H).transpose(1, 2)))
+    return cross
+
+
+def decode_position(model, token, t, cross, keys, values, src_pad):
+    """One position of greedy_decode_cached for every sentence, written for
+    torch.compile: the caches have the fixed length T and t is a tensor, so
+    that every position runs the same graph; the positions after t are masked
+    out of the self-attention (their scores -inf, their weights exactly 0).
+    Writes position t's keys and values into the caches; returns the tokens."""
+    B, C = token.shape[0], model.C
+    H = model.dec[0].self_attn.num_heads
+    dk = C // H
+    scale = 1.0 / math.sqrt(dk)
+    T = keys[0].shape[2]
+    at_t = t.view(1)
+    later = (torch.arange(T) > t)[None, None, None, :]
+    y = model.embedding[token] * math.sqrt(C) + model.pe.index_select(0, at_t)
+    memory_mask = src_pad[:, None, None, :]
+    for layer, (ck, cv), k_cache, v_cache in zip(model.dec, cross, keys, values):
+        sa = layer.self_attn
+        q, k, v = F.linear(y, sa.in_proj_weight, sa.in_proj_bias).split(C, dim=-1)
+        k_cache.index_copy_(2, at_t, k.view(B, H, 1, dk))
+        v_cache.index_copy_(2, at_t, v.view(B, H, 1, dk))
+        scores = ((q.view(B, H, 1, dk) * scale) @ k_cache.transpose(-1, -2)).masked_fill(later, -math.inf)
+        a = (scores.softmax(dim=-1) @ v_cache).reshape(B, C)
+        y = layer.norm1(y + sa.out_proj(a))
+        ca = layer.multihead_attn
+        q = F.linear(y, ca.in_proj_weight[:C], ca.in_proj_bias[:C]).view(B, H, 1, dk)
+        scores = ((q * scale) @ ck.transpose(-1, -2)).masked_fill(memory_mask, -math.inf)
+        a = (scores.softmax(dim=-1) @ cv).reshape(B, C)
+        y = layer.norm2(y + ca.out_proj(a))
+        y = layer.norm3(y + layer.linear2(F.relu(layer.linear1(y))))
+    return most_likely(y @ model.embedding.t())
+
+
+class CompiledDecoder:
+    """greedy_decode_cached with torch.compile: decode_setup and decode_position
+    compiled (each once: the shapes do not change from one position or batch
+    to the next), the loop over positions in Python."""
+
+    def __init__(self, model):
+        self.model = model
+        self.setup = torch.compile(lambda src, src_pad: decode_setup(model, src, src_pad))
+        self.position = torch.compile(
+            lambda token, t, cross, keys, values, src_pad: decode_position(model, token, t, cross, keys,
+                                                                           values, src_pad))
+
+    def __call__(self, model, src, src_pad, T):
+        B, C = src.shape[0], model.C
+        H = model.dec[0].self_attn.num_heads
+        cross = self.setup(src, src_pad)
+        keys = [torch.zeros(B, H, T, C // H) for _ in model.dec]
+        values = [torch.zeros(B, H, T, C // H) for _ in model.dec]
+        token = torch.full((B,), BOS, dtype=torch.long)
+        out = torch.empty(B, T, dtype=torch.long)
+        for t in range(T):
+            token = self.position(token, torch.tensor(t), cross, keys, values, src_pad)
+            out[:, t] = token
+        return out
+
+
 def noam_lr(step, C, warmup=4000, factor=1.0):
     return factor * C ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
@@ -286,6 +415,61 @@ def training_step_flops(L, C, F_, V, B, S, T):
                + 2 * tgt * (2 * C * C) + 2 * src * (2 * C * C) + 4 * tgt * S * C)
     output = 2 * tgt * C * V
     return 3 * (L * (encoder + decoder) + output)
+
+
+def forward_loss(model, src, src_pad, tgt_in, tgt_pad, causal, tgt_out, label_smoothing):
+    """The forward pass and the loss of a training step (torch.compile compiles this)."""
+    logits = model(src, src_pad, tgt_in, tgt_pad, causal)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1), ignore_index=PAD,
+                           label_smoothing=label_smoothing)
+
+
+def check_setup():
+    """For make bench-setup: PyTorch imports, and torch.compile compiles a small
+    model's forward and backward on the CPU and agrees with eager."""
+    print(f"PyTorch {torch.__version__} in {sys.executable}; {describe_kernels()}; "
+          f"CUDA build: {torch.version.cuda or 'no'}, GPU available: {torch.cuda.is_available()}")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+
+    def grads(fn):
+        net.zero_grad(set_to_none=True)
+        fn(x).square().mean().backward()
+        return [q.grad.clone() for q in net.parameters()]
+
+    start = time.perf_counter()
+    compiled = grads(torch.compile(net))
+    took = time.perf_counter() - start
+    eager = grads(net)
+    worst = max(float((c - e).abs().max()) for c, e in zip(compiled, eager))
+    if worst > 1e-5:
+        sys.exit(f"error: torch.compile's gradients differ from eager ones by {worst:g}")
+    cxx = os.environ.get("CXX") or shutil.which("g++") or "no g++ found"
+    print(f"torch.compile (inductor, C++ compiler {cxx}): "
+          f"a small model's forward and backward compiled and run in {took:.1f} s, gradients as eager's "
+          f"(largest difference {worst:.1g})")
+    return 0
+
+
+def count_flops(model, a, src, src_pad, tgt_in, tgt_pad, causal, tgt_out):
+    """Prints training_step_flops beside what PyTorch's FlopCounterMode counts for
+    one forward and backward pass of the same model and batch, operation by operation."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with counter:
+        forward_loss(model, src, src_pad, tgt_in, tgt_pad, causal, tgt_out, a.label_smoothing).backward()
+    counted = counter.get_total_flops()
+    ours = training_step_flops(a.layers, a.d_model, a.d_ff, a.vocab, a.batch, a.src_len, a.tgt_len)
+    B, T, C = a.batch, a.tgt_len, a.d_model
+    masked = 3 * a.layers * 4 * B * C * (T * T - T * (T + 1) / 2)   # the causal mask's hidden pairs
+    by_op = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    print(f"FlopCounterMode, forward + backward: {counted * 1e-9:.4f} GFLOP "
+          + ", ".join(f"{op} {n * 1e-9:.4f}" for op, n in sorted(by_op.items())))
+    print(f"training_step_flops:                 {ours * 1e-9:.4f} GFLOP; with the causal mask's hidden "
+          f"query-key pairs counted as PyTorch computes them: {(ours + masked) * 1e-9:.4f} GFLOP "
+          f"(ratio to FlopCounterMode {(ours + masked) / counted:.6f})")
+    return 0
 
 
 def main(argv=None):
@@ -308,9 +492,22 @@ def main(argv=None):
     p.add_argument("--decode", action="store_true", help="time greedy decoding instead of training")
     p.add_argument("--kv-cache", action="store_true",
                    help="with --decode: one position at a time, keys and values kept (as transformer.c)")
+    p.add_argument("--compile", action="store_true", help="torch.compile (inductor): see the module's docstring")
     p.add_argument("--json", action="store_true")
     p.add_argument("--foreach", action="store_true", help="Adam's multi-tensor implementation")
+    p.add_argument("--check-setup", action="store_true",
+                   help="only check that PyTorch and torch.compile work (make bench-setup)")
+    p.add_argument("--count-flops", action="store_true",
+                   help="only print the FLOP count beside PyTorch's FlopCounterMode's")
     a = p.parse_args(argv)
+    if a.check_setup:
+        return check_setup()
+    if a.kv_cache and not a.decode:
+        p.error("--kv-cache needs --decode")
+    if a.compile and a.decode and not a.kv_cache:
+        p.error("--compile --decode needs --kv-cache (the whole-prefix decoding changes shape at every position)")
+    if a.compile and not hasattr(torch, "compile"):
+        sys.exit(f"error: PyTorch {torch.__version__} has no torch.compile")
     if a.decode:
         steps = a.steps or (3 if a.d_model >= 512 else 10)
     else:
@@ -333,10 +530,15 @@ def main(argv=None):
     src_pad = torch.zeros(B, S, dtype=torch.bool)    # no padding, but the masks are passed
     tgt_pad = torch.zeros(B, T, dtype=torch.bool)    # as a real batch needs them
     causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    if a.count_flops:
+        return count_flops(model, a, src, src_pad, tgt_in, tgt_pad, causal, tgt_out)
 
-    if a.kv_cache and not a.decode:
-        p.error("--kv-cache needs --decode")
     decode = greedy_decode_cached if a.kv_cache else greedy_decode
+    loss_fn = forward_loss
+    if a.compile:
+        loss_fn = torch.compile(forward_loss)
+        if a.decode:
+            decode = CompiledDecoder(model)
     if a.decode:
         model.eval()
         with torch.no_grad():
@@ -349,8 +551,23 @@ def main(argv=None):
                     sys.exit(f"error: --kv-cache decoded {by_cache.tolist()} where the layers decoded "
                              f"{by_layers.tolist()}")
 
+
+    if a.compile and a.decode:   # compiled decoding must choose what the eager cached decoding chooses
+        with torch.no_grad():
+            start = time.perf_counter()
+            by_compiled = decode(model, src, src_pad, T)
+            compile_s = time.perf_counter() - start
+            by_eager = greedy_decode_cached(model, src, src_pad, T)
+        # Compiled kernels round differently; a near tie between the two likeliest
+        # words can then go the other way and the sentence continues differently.
+        # A real difference (a wrong mask, say) changes most sentences.
+        differ = int((by_compiled != by_eager).any(dim=1).sum())
+        if differ > 0.1 * B:
+            sys.exit(f"error: the compiled decoding chose other tokens than the eager one in {differ} of {B} "
+                     "sentences")
     times = []
     loss = None
+    first_step = 0.0
     cpu_start = 0.0
     for step in range(1, a.warmup + steps + 1):
         if step == a.warmup + 1:
@@ -362,12 +579,12 @@ def main(argv=None):
         else:
             for g in opt.param_groups:
                 g["lr"] = noam_lr(step, C)
-            logits = model(src, src_pad, tgt_in, tgt_pad, causal)
-            loss = F.cross_entropy(logits.reshape(-1, V), tgt_out.reshape(-1), ignore_index=PAD,
-                                   label_smoothing=a.label_smoothing)
+            loss = loss_fn(model, src, src_pad, tgt_in, tgt_pad, causal, tgt_out, a.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        if step == 1:
+            first_step = time.perf_counter() - start
         if step > a.warmup:
             times.append(time.perf_counter() - start)
 
@@ -376,7 +593,8 @@ def main(argv=None):
     flops = 0.0 if a.decode else training_step_flops(L, C, F_, V, B, S, T)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kB on Linux
     result = {
-        "impl": "pytorch", "mode": ("decode_cached" if a.kv_cache else "decode") if a.decode else "train", "config": a.config, "layers": L, "d_model": C, "d_ff": F_,
+        "impl": "pytorch", "mode": ("decode_cached" if a.kv_cache else "decode") if a.decode else "train",
+        "config": a.config, "layers": L, "d_model": C, "d_ff": F_,
         "heads": H, "vocab": V, "dropout": a.dropout, "label_smoothing": a.label_smoothing,
         "batch": B, "src_len": S, "tgt_len": T, "threads": torch.get_num_threads(),
         "warmup": a.warmup, "steps": steps, "median_ms": median * 1e3, "min_ms": min(times) * 1e3,
@@ -384,17 +602,27 @@ def main(argv=None):
         "tokens": B * T, "tokens_per_s": B * T / median, "gflop_per_step": flops * 1e-9,
         "gflops": flops / median * 1e-9, "peak_mb": peak_kb / 1024,
         "step_mb": (peak_kb - rss_before) / 1024 if rss_before >= 0 else -1,
-        "loss": float(loss) if loss is not None else 0.0, "torch": torch.__version__, "blas": BLAS,
+        "loss": loss.item() if loss is not None else 0.0, "torch": torch.__version__,
+        "blas": describe_kernels(), "python": sys.executable, "compiled": a.compile,
+        "first_step_s": compile_s if a.compile and a.decode else first_step,
     }
+    if a.compile and a.decode:
+        result["sentences_as_eager"] = f"{B - differ} of {B}"
     if a.json:
         print(json.dumps(result))
         return 0
     n_params = sum(q.numel() for q in model.parameters())
     print(f"config {a.config}: N {L}, d_model {C}, d_ff {F_}, h {H}, vocab {V}, dropout {a.dropout:g}, "
-          f"label smoothing {a.label_smoothing:g}, {n_params} parameters (PyTorch {torch.__version__})")
-    print(f"batch {B} sentences x {S} source x {T} target tokens, {torch.get_num_threads()} threads; {BLAS}")
+          f"label smoothing {a.label_smoothing:g}, {n_params} parameters (PyTorch {torch.__version__}"
+          f"{', torch.compile' if a.compile else ', eager'})")
+    print(f"batch {B} sentences x {S} source x {T} target tokens, {torch.get_num_threads()} threads; "
+          f"{result['blas']}")
     what = ("greedy decoding, key/value cache" if a.kv_cache else "greedy decoding, whole prefix") \
         if a.decode else "training"
+    if a.compile:
+        print(f"{'the first decoding' if a.decode else 'the first step'}, compilation included: "
+              f"{result['first_step_s']:.1f} s"
+              + (f"; {result['sentences_as_eager']} sentences decoded as eager decodes them" if a.decode else ""))
     print(f"{what}: median {median * 1e3:.2f} ms per "
           f"{'batch' if a.decode else 'step'} (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}; "
           f"{steps} after {a.warmup} warm-up); CPU time {cpu_per_step * 1e3:.2f} ms each")
