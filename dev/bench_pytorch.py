@@ -285,6 +285,20 @@ def greedy_decode(model, src, src_pad, T):
     return ys[:, 1:]
 
 
+def cross_attention_and_ffn(layer, y, ck, cv, memory_mask, scale):
+    """Sub-layers 2 and 3 of a decoder layer at one position, for every
+    sentence: attention over the memory's keys and values ck, cv (B, H, S,
+    dk), computed once per batch, then the FFN. y is (B, C)."""
+    B, C = y.shape
+    H = ck.shape[1]
+    ca = layer.multihead_attn
+    q = F.linear(y, ca.in_proj_weight[:C], ca.in_proj_bias[:C]).view(B, H, 1, C // H)
+    scores = ((q * scale) @ ck.transpose(-1, -2)).masked_fill(memory_mask, -math.inf)
+    a = (scores.softmax(dim=-1) @ cv).reshape(B, C)
+    y = layer.norm2(y + ca.out_proj(a))
+    return layer.norm3(y + layer.linear2(F.relu(layer.linear1(y))))
+
+
 def greedy_decode_cached(model, src, src_pad, T):
     """The same tokens as greedy_decode, one position at a time: every decoder
     layer keeps the keys and values of the positions before (self-attention)
@@ -320,12 +334,7 @@ def greedy_decode_cached(model, src, src_pad, T):
             scores = (q.view(B, H, 1, dk) * scale) @ k_cache[:, :, :t + 1].transpose(-1, -2)
             a = (scores.softmax(dim=-1) @ v_cache[:, :, :t + 1]).reshape(B, C)
             y = layer.norm1(y + sa.out_proj(a))
-            ca = layer.multihead_attn
-            q = F.linear(y, ca.in_proj_weight[:C], ca.in_proj_bias[:C]).view(B, H, 1, dk)
-            scores = ((q * scale) @ ck.transpose(-1, -2)).masked_fill(memory_mask, -math.inf)
-            a = (scores.softmax(dim=-1) @ cv).reshape(B, C)
-            y = layer.norm2(y + ca.out_proj(a))
-            y = layer.norm3(y + layer.linear2(F.relu(layer.linear1(y))))
+            y = cross_attention_and_ffn(layer, y, ck, cv, memory_mask, scale)
         token = most_likely(y @ model.embedding.t())
         out[:, t] = token
     return out
@@ -368,12 +377,7 @@ def decode_position(model, token, t, cross, keys, values, src_pad):
         scores = ((q.view(B, H, 1, dk) * scale) @ k_cache.transpose(-1, -2)).masked_fill(later, -math.inf)
         a = (scores.softmax(dim=-1) @ v_cache).reshape(B, C)
         y = layer.norm1(y + sa.out_proj(a))
-        ca = layer.multihead_attn
-        q = F.linear(y, ca.in_proj_weight[:C], ca.in_proj_bias[:C]).view(B, H, 1, dk)
-        scores = ((q * scale) @ ck.transpose(-1, -2)).masked_fill(memory_mask, -math.inf)
-        a = (scores.softmax(dim=-1) @ cv).reshape(B, C)
-        y = layer.norm2(y + ca.out_proj(a))
-        y = layer.norm3(y + layer.linear2(F.relu(layer.linear1(y))))
+        y = cross_attention_and_ffn(layer, y, ck, cv, memory_mask, scale)
     return most_likely(y @ model.embedding.t())
 
 
