@@ -153,13 +153,23 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
     return allocated(calloc(bytes, 1), bytes, what);
 }
 
+// splitmix64's output function: a 64-bit hash whose outputs look independent
+// for consecutive inputs.
+static uint64_t hash64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// [0, 1) from the top 53 bits of 64 random ones.
+static double unit_interval(uint64_t bits) {
+    return (double)(bits >> 11) * (1.0 / 9007199254740992.0);
+}
+
 static void rng_seed(Rng *rng, uint64_t seed) {
     // splitmix64 of the seed, so that nearby seeds give unrelated streams and
     // the xorshift state is never 0
-    uint64_t z = seed + 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
+    uint64_t z = hash64(seed + 0x9E3779B97F4A7C15ULL);
     rng->state = z ? z : 0x2545F4914F6CDD1DULL;
 }
 
@@ -170,9 +180,7 @@ static uint64_t rng_next(Rng *rng) { // xorshift64*
     return rng->state * 0x2545F4914F6CDD1DULL;
 }
 
-static double rng_uniform(Rng *rng) { // [0, 1) with 53 random bits
-    return (double)(rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
-}
+static double rng_uniform(Rng *rng) { return unit_interval(rng_next(rng)); }   // [0, 1)
 
 static double rng_normal(Rng *rng) { // Box-Muller
     double u1 = 1.0 - rng_uniform(rng); // (0, 1]: log(u1) is finite
@@ -358,14 +366,6 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 // ============================================================================
 
-// splitmix64's output function: a 64-bit hash whose outputs look independent
-// for consecutive inputs.
-static uint64_t hash64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 // Draws a dropout mask: each element is kept with probability 1 - p and then
 // scaled by 1/(1-p) ("inverted dropout", so evaluation needs no rescaling).
 // With training off or p = 0 the mask is all ones. The mask takes one number
@@ -382,10 +382,7 @@ static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) 
     real keep_scale = (real)(1.0 / (1.0 - p));
     double drop = p;
     OMP(parallel for)
-    for (size_t i = 0; i < n; i++) {
-        double uniform = (double)(hash64(key + i) >> 11) * (1.0 / 9007199254740992.0);
-        mask[i] = uniform < drop ? 0 : keep_scale;
-    }
+    for (size_t i = 0; i < n; i++) mask[i] = unit_interval(hash64(key + i)) < drop ? 0 : keep_scale;
 }
 
 // out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
@@ -1869,7 +1866,7 @@ int transformer_beam_search(Transformer *m, int *out, double *score, const int *
 
 // ----------------------------------------------------------------------------
 // The matrix product. Nearly all the arithmetic of a training step is
-//     out += A B        out is (M, N), A is (M, depth), B is (depth, N)
+//     out += A B        out is (rows, cols), A is (rows, depth), B is (depth, cols)
 // in one of three forms: y = x W^T (forward), dx = dy W and dW = dy^T x
 // (backward). A MatrixView says where element (row, col) of A or B lives, so
 // one function serves all three: a transposed matrix is the same memory with
@@ -1904,8 +1901,8 @@ int transformer_beam_search(Transformer *m, int *out, double *score, const int *
 //    first made base decoding 1.6 times slower); a transposed A (dy^T in
 //    dy^T x) and a last strip of fewer rows are copied into a strip of their
 //    own, the last one padded with zeros.
-// 3. Cache blocks. The depth is cut into blocks of DEPTH_BLOCK (128) and N
-//    into width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512
+// 3. Cache blocks. The depth is cut into blocks of DEPTH_BLOCK (128) and the
+//    columns into width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512
 //    floats = 256 KB, stays in the level-2 cache while the strips of A pass
 //    by; a strip of A, 8 x 128 floats = 4 KB, stays in the level-1 cache
 //    while it meets the block's 16 strips of B:
@@ -1938,14 +1935,14 @@ typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
 // One product, in the form every caller gives it:
 //     out = bias + A B    (accumulate 0; with bias.data NULL, out = A B)
 //     out += A B          (accumulate 1)
-// out is (M, N), its element (m, n) at out[m * out_row + n * out_col]; A is
-// (M, depth), B is (depth, N). The bias is a view whose rows are all the
-// same (row stride 0): bias(m, n) = bias[n].
+// out is (out_rows, out_cols), its element (m, n) at out[m * out_row + n *
+// out_col]; A is (out_rows, depth), B is (depth, out_cols); depth >= 1. The
+// bias is a view whose rows are all the same (row stride 0): bias(m, n) = bias[n].
 typedef struct {
     real *out;
     size_t out_row, out_col;
     MatrixView a, b, bias;
-    int M, N, depth, accumulate;
+    int out_rows, out_cols, depth, accumulate;
 } MatrixProduct;
 
 // The tile is two of the machine's vector registers wide and 8 rows tall
@@ -1983,9 +1980,9 @@ static void *checked_aligned_malloc(size_t count, size_t size, const char *what)
 }
 
 // A copy of the rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, rows
-// from M on (a last, short strip) zero: strip[d * height + r] = A[m0 + r][d0 + d].
-static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int d0, int dc, int height) {
-    int rows = min_int(M - m0, height);
+// from m_end on (a last, short strip) zero: strip[d * height + r] = A[m0 + r][d0 + d].
+static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, int dc, int height) {
+    int rows = min_int(m_end - m0, height);
     const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)d0 * a.col_stride;
     if (a.row_stride == 1 && rows == height) {
         // A transposed (dy^T in dW = dy^T x): the strip's numbers for one d
@@ -2002,27 +1999,27 @@ static void pack_a_strip(real *strip, MatrixView a, int m0, int M, int d0, int d
 // `count` strips of B side by side, each `width` columns (the tile's) and dc
 // deep, the first from column n0: strip s is
 // packed[(s * dc + d) * width + j] = B[d0 + d][n0 + s * width + j], zeros
-// past column N. It reads B along whichever direction B is contiguous in.
+// from column b_cols on. It reads B along whichever direction B is contiguous in.
 // Rows contiguous: one pass along each row of B for all the strips, which
 // the hardware prefetcher follows (strip by strip, every row of a strip
 // would start a new cache line). Columns contiguous (B a transposed matrix,
 // W^T in x W^T): along each column, strip by strip.
-static void pack_b_strips(real *packed, MatrixView b, int n0, int N, int d0, int dc, int width, int count) {
+static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0, int dc, int width, int count) {
     if (b.col_stride == 1) {
-        int full = min_int(count, (N - n0) / width);   // strips that lie wholly left of column N
+        int full = min_int(count, (b_cols - n0) / width);   // strips that lie wholly left of column b_cols
         for (int d = 0; d < dc; d++) {
             const real *row = b.data + (size_t)(d0 + d) * b.row_stride;
             for (int s = 0; s < full; s++)
                 for (int j = 0; j < width; j++)
                     packed[((size_t)s * dc + d) * width + j] = row[n0 + s * width + j];
-            for (int s = full; s < count; s++)   // a last strip that reaches past column N
+            for (int s = full; s < count; s++)   // a last strip that reaches past column b_cols
                 for (int j = 0; j < width; j++)
-                    packed[((size_t)s * dc + d) * width + j] = n0 + s * width + j < N ? row[n0 + s * width + j] : 0;
+                    packed[((size_t)s * dc + d) * width + j] = n0 + s * width + j < b_cols ? row[n0 + s * width + j] : 0;
         }
         return;
     }
     for (int s = 0; s < count; s++) {
-        int j0 = n0 + s * width, cols = min_int(N - j0, width);
+        int j0 = n0 + s * width, cols = min_int(b_cols - j0, width);
         const real *b0 = b.data + (size_t)d0 * b.row_stride + (size_t)j0 * b.col_stride;
         real *strip = packed + (size_t)s * dc * width;
         for (int j = 0; j < cols; j++)
@@ -2114,12 +2111,13 @@ static real *packed_b_alloc(void) {
 // The rows of the tile a product is done in: the narrow tile's for a
 // product of at most NARROW_COLS columns.
 static int tile_height(const MatrixProduct *p) {
-    return p->N <= NARROW_COLS && p->depth <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
+    return p->out_cols <= NARROW_COLS && p->depth <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
 }
 
 // The strip of rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, as a tile
 // reads it: where it lies when A's rows are contiguous, else copied into
-// packed_a (pack_a_strip). *a_row and *a_col get the strides of what it returns.
+// packed_a (pack_a_strip), and so is a last strip of fewer than `height`
+// rows (padded with zeros). *a_row and *a_col get the strides of what it returns.
 static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixView a,
                            int m0, int m_end, int d0, int dc, int height) {
     if (a.col_stride != 1 || m_end - m0 < height) {
@@ -2139,17 +2137,16 @@ static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixV
 static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     _Alignas(CACHE_LINE) real packed_a[NARROW_ROWS * DEPTH_BLOCK];
     for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK)   // one strip, depth rows deep
-        pack_b_strips(packed_b + (size_t)d0 * NARROW_COLS, p->b, 0, p->N, d0,
+        pack_b_strips(packed_b + (size_t)d0 * NARROW_COLS, p->b, 0, p->out_cols, d0,
                       min_int(p->depth - d0, DEPTH_BLOCK), NARROW_COLS, 1);
     for (int m0 = m_first; m0 < m_end; m0 += NARROW_ROWS) {
         const real *bias = p->bias.data ? p->bias.data + (size_t)m0 * p->bias.row_stride : NULL;
-        // d0 == 0 runs even when the depth is 0, so that out = bias is still written
-        for (int d0 = 0; d0 == 0 || d0 < p->depth; d0 += DEPTH_BLOCK) {
+        for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK) {
             int dc = min_int(p->depth - d0, DEPTH_BLOCK);
             size_t a_row, a_col;
             const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, NARROW_ROWS);
             matmul_tile_narrow(p->out + (size_t)m0 * p->out_row, p->out_row, p->out_col, a, a_row, a_col,
-                               packed_b + (size_t)d0 * NARROW_COLS, dc, min_int(m_end - m0, NARROW_ROWS), p->N,
+                               packed_b + (size_t)d0 * NARROW_COLS, dc, min_int(m_end - m0, NARROW_ROWS), p->out_cols,
                                p->accumulate || d0 > 0, bias, p->bias.row_stride, p->bias.col_stride);
         }
     }
@@ -2163,13 +2160,12 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
         return;
     }
     _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
-    for (int n0 = 0; n0 < p->N; n0 += WIDTH_BLOCK) {
-        int strips = (min_int(p->N - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
-        // d0 == 0 runs even when the depth is 0, so that out = bias is still written
-        for (int d0 = 0; d0 == 0 || d0 < p->depth; d0 += DEPTH_BLOCK) {
+    for (int n0 = 0; n0 < p->out_cols; n0 += WIDTH_BLOCK) {
+        int strips = (min_int(p->out_cols - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
+        for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK) {
             int dc = min_int(p->depth - d0, DEPTH_BLOCK);
             int accumulate = p->accumulate || d0 > 0;   // later depth blocks add to the first
-            pack_b_strips(packed_b, p->b, n0, p->N, d0, dc, TILE_COLS, strips);
+            pack_b_strips(packed_b, p->b, n0, p->out_cols, d0, dc, TILE_COLS, strips);
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
                 size_t a_row, a_col;
                 const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, TILE_ROWS);
@@ -2179,7 +2175,7 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
                         ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
                     matmul_tile(p->out + (size_t)m0 * p->out_row + (size_t)j0 * p->out_col, p->out_row, p->out_col,
                                 a, a_row, a_col, packed_b + (size_t)s * TILE_COLS * dc, dc,
-                                min_int(m_end - m0, TILE_ROWS), min_int(p->N - j0, TILE_COLS),
+                                min_int(m_end - m0, TILE_ROWS), min_int(p->out_cols - j0, TILE_COLS),
                                 accumulate, bias, p->bias.row_stride, p->bias.col_stride);
                 }
             }
@@ -2200,54 +2196,54 @@ static void thread_share(int count, int *first, int *end) {
 }
 
 // The whole product p, shared among the threads by strips of tile_height
-// rows of out. A product with few rows (decoding: one row per sentence,
-// M <= TILE_COLS) and more columns is done as its transpose, out^T = B^T A^T:
+// rows of out. A product with few rows (decoding: one row per sentence, at
+// most TILE_COLS of them) and more columns is done as its transpose, out^T = B^T A^T:
 // then the big matrix, a weight, is the one shared out among the threads and
 // read once, and only the few rows are packed whole, in narrow tiles.
 // Without it base decoding took 2.9 times as long. Every element is the
 // same sum in the same order either way.
 static void matmul(MatrixProduct p) {
-    if (p.M <= 0 || p.N <= 0) return;
-    if (p.M <= TILE_COLS && p.M < p.N) {
+    if (p.out_rows <= 0 || p.out_cols <= 0) return;
+    if (p.out_rows <= TILE_COLS && p.out_rows < p.out_cols) {
         MatrixView a = p.a, b = p.b, bias = p.bias;
         p.a = (MatrixView){ b.data, b.col_stride, b.row_stride };
         p.b = (MatrixView){ a.data, a.col_stride, a.row_stride };
         p.bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
         size_t out_row = p.out_row; p.out_row = p.out_col; p.out_col = out_row;
-        int M = p.M; p.M = p.N; p.N = M;
+        int out_rows = p.out_rows; p.out_rows = p.out_cols; p.out_cols = out_rows;
     }
-    int height = tile_height(&p), strips = (p.M + height - 1) / height;
+    int height = tile_height(&p), strips = (p.out_rows + height - 1) / height;
     OMP(parallel)
     {
         int first, end;
         thread_share(strips, &first, &end);
         if (first < end) {
             real *packed_b = packed_b_alloc();
-            matmul_rows(&p, first * height, min_int(end * height, p.M), packed_b);
+            matmul_rows(&p, first * height, min_int(end * height, p.out_rows), packed_b);
             free(packed_b);
         }
     }
 }
 
-// out += A B, and out = bias + A B: out is (M, N) with row stride out_row,
-// a is (M, depth), b is (depth, N); bias is (N) or NULL.
-static void matmul_accumulate(real *out, size_t out_row, MatrixView a, MatrixView b, int M, int N, int depth) {
-    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, M, N, depth, 1 };
+// out += A B, and out = bias + A B: out is (rows, cols) with row stride
+// out_row, a is (rows, depth), b is (depth, cols); bias is (cols) or NULL.
+static void matmul_accumulate(real *out, size_t out_row, MatrixView a, MatrixView b, int rows, int cols, int depth) {
+    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, 1 };
     matmul(p);
 }
 
 static void matmul_assign(real *out, size_t out_row, MatrixView a, MatrixView b, const real *bias,
-                          int M, int N, int depth) {
-    MatrixProduct p = { out, out_row, 1, a, b, { bias, 0, 1 }, M, N, depth, 0 };
+                          int rows, int cols, int depth) {
+    MatrixProduct p = { out, out_row, 1, a, b, { bias, 0, 1 }, rows, cols, depth, 0 };
     matmul(p);
 }
 
 // The same, by the calling thread alone (attention: one head's small
 // products per thread); packed_b comes from packed_b_alloc.
-static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, MatrixView b, int M, int N, int depth,
-                                  int accumulate, real *packed_b) {
-    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, M, N, depth, accumulate };
-    matmul_rows(&p, 0, M, packed_b);
+static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, MatrixView b,
+                                  int rows, int cols, int depth, int accumulate, real *packed_b) {
+    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, accumulate };
+    matmul_rows(&p, 0, rows, packed_b);
 }
 
 // ----------------------------------------------------------------------------
@@ -2541,9 +2537,9 @@ static uint64_t dataset_hash(const Dataset *d) {
     for (int i = 0; i < d->count; i++) {
         const SentencePair *p = &d->pairs[i];
         int header[2] = { p->src_len, p->tgt_len };
-        for (int i = 0; i < 2 + p->src_len + p->tgt_len; i++) {
-            int x = i < 2 ? header[i] : i < 2 + p->src_len ? d->tokens[p->src + i - 2]
-                                                           : d->tokens[p->tgt + i - 2 - p->src_len];
+        for (int field = 0; field < 2 + p->src_len + p->tgt_len; field++) {
+            int x = field < 2 ? header[field] : field < 2 + p->src_len ? d->tokens[p->src + field - 2]
+                                                                       : d->tokens[p->tgt + field - 2 - p->src_len];
             for (int byte = 0; byte < 4; byte++) { h ^= (uint8_t)((uint32_t)x >> (8 * byte)); h *= 0x100000001B3ULL; }
         }
     }
@@ -3330,13 +3326,13 @@ static const char *checkpoint_average(const char *out_path, const char *const *p
             vocab_free(&last_vocab);
             have_last = 0;
         }
-        if (!error) for (size_t i = 0; i < m.num_parameters; i++) sum[i] += (double)m.params_memory[i];
+        if (!error) for (size_t e = 0; e < m.num_parameters; e++) sum[e] += (double)m.params_memory[e];
         // keep this one (for the next comparison, and the last as the result's template)
         last = m; last_vocab = v; have_last = 1;
         if (error) break;
     }
     if (!error) {
-        for (size_t i = 0; i < last.num_parameters; i++) last.params_memory[i] = (real)(sum[i] / n);
+        for (size_t e = 0; e < last.num_parameters; e++) last.params_memory[e] = (real)(sum[e] / n);
         error = checkpoint_save(out_path, &last, &last_vocab, &state, options ? options : "");
     }
     if (have_last) { transformer_free(&last); vocab_free(&last_vocab); }
@@ -4291,7 +4287,8 @@ static int parse_options(const char *command, const char *usage, Option *options
             continue;
         }
         Option *o = NULL;
-        for (int i = 0; i < n && !o; i++) if (strcmp(arg, options[i].name) == 0) o = &options[i];
+        for (int option = 0; option < n && !o; option++)
+            if (strcmp(arg, options[option].name) == 0) o = &options[option];
         if (!o) {
             fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
             return 1;

@@ -39,7 +39,7 @@ static double profile_now(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
-typedef struct { int M, N, K, form, calls; double seconds; } ProfileProduct;
+typedef struct { int rows, cols, depth, form, calls; double seconds; } ProfileProduct;
 static ProfileProduct profile_products[256];
 static int profile_product_count, profile_on;
 """
@@ -76,13 +76,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < PROFILE_NAMES; i++)
         printf("%-28s %10.3f\n", profile_names[i], profile_seconds[i] / steps * 1e3);
     printf("\nmatrix products (forms: 0 = x W^T, 1 = dy W, 2 = dy^T x; attention's per-head products not included)\n");
-    printf("%-24s %5s %10s %9s\n", "M x N x K", "form", "ms/step", "GFLOP/s");
+    printf("%-24s %5s %10s %9s\n", "rows x cols x depth", "form", "ms/step", "GFLOP/s");
     double total = 0, flops = 0;
     for (int i = 0; i < profile_product_count; i++) {
         ProfileProduct *q = &profile_products[i];
-        double f = 2.0 * q->M * q->N * q->K * q->calls;
+        double f = 2.0 * q->rows * q->cols * q->depth * q->calls;
         char shape[64];
-        snprintf(shape, sizeof shape, "%d x %d x %d", q->M, q->N, q->K);
+        snprintf(shape, sizeof shape, "%d x %d x %d", q->rows, q->cols, q->depth);
         printf("%-24s %5d %10.3f %9.1f\n", shape, q->form, q->seconds / steps * 1e3, f / q->seconds * 1e-9);
         total += q->seconds; flops += f;
     }
@@ -121,10 +121,10 @@ static void matmul(MatrixProduct p) {
     int form = p.a.col_stride != 1 ? 2 : p.b.col_stride != 1 ? 0 : 1, i;
     for (i = 0; i < profile_product_count; i++) {
         ProfileProduct *q = &profile_products[i];
-        if (q->M == p.M && q->N == p.N && q->K == p.depth && q->form == form) break;
+        if (q->rows == p.out_rows && q->cols == p.out_cols && q->depth == p.depth && q->form == form) break;
     }
     if (i == profile_product_count && i < 256)
-        profile_products[profile_product_count++] = (ProfileProduct){ p.M, p.N, p.depth, form, 0, 0 };
+        profile_products[profile_product_count++] = (ProfileProduct){ p.out_rows, p.out_cols, p.depth, form, 0, 0 };
     if (i < 256) { profile_products[i].calls++; profile_products[i].seconds += seconds; }
 }
 static void matmul_impl(MatrixProduct p) {""", 1)
