@@ -8,6 +8,11 @@
 #                      learning, decoding, checkpoints, the command line and its
 #                      error messages, Part II against Part I: the default build
 #                      (double and float), without OpenMP, and the plain build
+#   make cuda          ./transformer_cuda: the training steps on a GPU (nvcc, cuBLAS; CUDA_ARCH=sm_80);
+#                      warnings are errors, and a kernel that spills registers fails the build
+#   make cuda-cpu      ./transformer_cuda_cpu: the same companion built for the CPU (cuda_on_cpu.h)
+#   make test-cuda     on a GPU: the tests with the companion built by nvcc, compute-sanitizer,
+#                      the base model's training step against PyTorch eager on the same GPU, make numbers
 #   make debug         -O0 -g builds for gdb, Part I only: transformer_debug, test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
 #   make bench-setup   dev/.venv: a virtual environment with PyTorch 2.x from PyPI, for
@@ -29,11 +34,13 @@ OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h
+# the CUDA companion; the float test builds include it, built for the CPU
+COMPANION = transformer_cuda.cu cuda_on_cpu.h
 
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
 
-.PHONY: all test demo numbers debug plain sanitize bench bench-setup clean
+.PHONY: all test demo numbers debug plain sanitize bench bench-setup clean cuda cuda-cpu test-cuda
 
 all: transformer
 
@@ -46,7 +53,7 @@ plain: transformer_plain
 transformer_plain: $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
 
-test_transformer: test_transformer.c $(SOURCES)
+test_transformer: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
 
 # the same tests with `real` = double, plus the finite-difference gradient checks
@@ -54,7 +61,7 @@ test_transformer_f64: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
 
 # the float tests built without OpenMP: the code must pass either way
-test_transformer_serial: test_transformer.c $(SOURCES)
+test_transformer_serial: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) $(CFLAGS) $(WARNINGS) -o $@ test_transformer.c $(LDLIBS)
 
 # the double tests on Part I alone (the gradient checks of the plain loops);
@@ -92,24 +99,74 @@ demo: transformer
 THREADS ?= 0
 NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --layers 2 --d-model 64 \
           --d-ff 256 --heads 4 --lr 0.003 --warmup 400 --steps 2000 --batch-tokens 1200 --seed 1
+NUMBERS_BIN ?= ./transformer
 numbers: transformer
 	mkdir -p runs && rm -f runs/numbers.csv runs/numbers.ckpt.step*
-	./transformer train $(NUMBERS) --eval-every 250 --log-every 50 --save-every 100 --keep-last 5 \
+	$(NUMBERS_BIN) train $(NUMBERS) --eval-every 250 --log-every 50 --save-every 100 --keep-last 5 \
 	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --threads $(THREADS)
-	./transformer eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
-	./transformer eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
+	$(NUMBERS_BIN) eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
+	$(NUMBERS_BIN) eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
 	./transformer average --out runs/numbers_avg5.ckpt runs/numbers.ckpt.step*
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
 
+# ---- the CUDA companion (transformer_cuda.cu; README, NOTES.md §16) ----
+# transformer.c is compiled as C by $(CC) and linked beside the companion's
+# object; nvcc compiles the .cu as CUDA C++ with every warning an error, and
+# ptxas reports each kernel's registers: a spill fails the build.
+NVCC ?= nvcc
+CUDA_ARCH ?= sm_80
+NVCCFLAGS ?= -O3 -arch=$(CUDA_ARCH)
+NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra -Xptxas -v
+NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lm
+cuda: transformer_cuda
+transformer_cuda: $(COMPANION) $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o transformer.c
+	$(NVCC_CHECKED) -c -o transformer_cuda.o transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
+	@if grep -E '[1-9][0-9]* bytes spill (stores|loads)' .ptxas.log; then \
+	  echo "make cuda: a kernel spills registers (above); expected 0 bytes"; exit 1; fi
+	@echo "make cuda: $$(grep -c 'bytes spill stores' .ptxas.log) kernels, no register spills (ptxas -v)"; rm -f .ptxas.log
+	$(NVCC_LINK) -o $@ transformer_cuda.o transformer_host.o
+
+cuda-cpu: transformer_cuda_cpu
+transformer_cuda_cpu: $(COMPANION) $(SOURCES)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c transformer_cuda.cu -x none transformer.c $(LDLIBS)
+
+# the float tests with the companion built by nvcc instead of for the CPU
+test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
+	$(NVCC_CHECKED) -DTRANSFORMER_CUDA_NO_MAIN -c -o transformer_cuda_test.o transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
+	rm -f .ptxas.log
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o test_transformer.c
+	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o
+
+# On a GPU (not run by make test): the tests, the reference files and training
+# runs against transformer.c included, with the real companion; compute-sanitizer's
+# memcheck on a short training run; the base model's training step beside PyTorch
+# eager on the same GPU (dev/.venv, make bench-setup); the numbers task trained on the GPU.
+BASE_BENCH = --layers 6 --d-model 512 --d-ff 2048 --heads 8 --vocab 8000 --batch 8 --src-len 64 --tgt-len 64
+test-cuda: transformer transformer_cuda test_transformer_cuda
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u
+	TRANSFORMER_BIN=./transformer ./test_transformer_cuda
+	@if command -v compute-sanitizer >/dev/null; then \
+	  compute-sanitizer --tool memcheck --error-exitcode 1 ./transformer_cuda train --task copy --steps 5 \
+	      --eval-every 0 --show 0 --checkpoint runs/sanitized.ckpt; \
+	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped it"; fi
+	mkdir -p runs
+	./transformer_cuda bench --config base --json > runs/bench_cuda.json
+	$(BENCH_VENV)/bin/python dev/bench_pytorch.py --device cuda --config base $(BASE_BENCH) --json > runs/bench_torch_cuda.json
+	@python3 -c 'import json; c = json.load(open("runs/bench_cuda.json")); p = json.load(open("runs/bench_torch_cuda.json")); \
+	  print("base training step on the GPU: transformer_cuda %.0f tokens/s (%.2f ms), PyTorch %s eager %.0f tokens/s (%.2f ms): ratio %.2f" \
+	        % (c["tokens_per_s"], c["median_ms"], p["torch"], p["tokens_per_s"], p["median_ms"], c["tokens_per_s"] / p["tokens_per_s"]))'
+	$(MAKE) numbers NUMBERS_BIN=./transformer_cuda
+
 debug: transformer_debug test_transformer_debug
 transformer_debug: $(SOURCES)
 	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
-test_transformer_debug: test_transformer.c $(SOURCES)
+test_transformer_debug: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ test_transformer.c $(LDLIBS)
 
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
-sanitize: test_transformer.c $(SOURCES)
+sanitize: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
@@ -159,4 +216,5 @@ bench: transformer
 clean:
 	rm -f transformer transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
 	      test_transformer_f64 test_transformer_serial test_transformer_plain_f64 test_transformer_debug \
-	      test_transformer_asan test_transformer_asan_f64 test_transformer_asan_plain_f64 .test_output.log
+	      test_transformer_asan test_transformer_asan_f64 test_transformer_asan_plain_f64 .test_output.log \
+	      transformer_cuda transformer_cuda_cpu test_transformer_cuda *.o .ptxas.log

@@ -21,6 +21,18 @@
  */
 #define TRANSFORMER_NO_MAIN
 #include "transformer.c"
+#if !defined(TRANSFORMER_DOUBLE) && !defined(COMPANION_ON_GPU)
+// The CUDA companion, compiled here for the CPU (cuda_on_cpu.h): in the float
+// builds its training steps are compared with transformer.c's.
+#define CUDA_ON_CPU
+#define TRANSFORMER_CUDA_NO_MAIN
+#include "transformer_cuda.cu"
+#elif defined(COMPANION_ON_GPU)
+// make test-cuda: the same tests with the companion built by nvcc, on a GPU
+const TrainingCompute *transformer_cuda_training(void);
+void transformer_cuda_logits(float *out, size_t n);
+void transformer_cuda_release(void);
+#endif
 #include <fcntl.h>      // open, for capturing stderr in the SVG tests
 #include <unistd.h>     // dup, dup2, getpid
 
@@ -511,9 +523,39 @@ static int compare_tensor(const char *what, const real *ours, const float *ref, 
     return ok;
 }
 
-// Runs our model on a reference file's weights and batch and compares
-// everything. Returns the number of mismatching tensors (0: all agree).
-static int reference_compare(Reference *r, const char *path, int verbose, float perturb) {
+// The logits of the last forward pass: the host model's, or the companion's
+// copied back from its "GPU" (buffer holds B*T*V).
+static const real *last_logits(const TrainingCompute *compute, Transformer *m, real *buffer) {
+#ifndef TRANSFORMER_DOUBLE
+    if (compute == transformer_cuda_training()) {
+        transformer_cuda_logits(buffer, (size_t)m->B * m->T * m->config.vocab_size);
+        return buffer;
+    }
+#endif
+    (void)compute; (void)buffer;
+    return m->acts.logits;
+}
+
+// Marks the key biases (rows C..2C-1 of each qkv bias) to be left out of a
+// comparison after Adam steps: softmax ignores a constant added to every
+// score, so their true gradient is exactly 0 and what either program computes
+// is rounding noise, which Adam turns into full-size steps of random sign.
+static unsigned char *key_bias_skip_mask(Transformer *model) {
+    unsigned char *skip = checked_calloc(model->num_parameters, 1, "skip mask");
+    size_t C = model->config.d_model, L = model->config.n_layers;
+    real *qkv_biases[3] = { model->params.enc_qkv_b, model->params.dec_self_qkv_b, model->params.dec_cross_qkv_b };
+    for (int a = 0; a < 3; a++)
+        for (size_t l = 0; l < L; l++)
+            for (size_t i = C; i < 2 * C; i++)
+                skip[(size_t)(qkv_biases[a] - model->params_memory) + l * 3 * C + i] = 1;
+    return skip;
+}
+
+// Runs a model on a reference file's weights and batch and compares
+// everything: transformer.c's (transformer_cpu_training) or the companion's
+// steps. Returns the number of mismatching tensors (0: all agree).
+static int reference_compare(Reference *r, const char *path, int verbose, float perturb,
+                             const TrainingCompute *compute) {
     Transformer model;
     const char *error = transformer_build(&model, &r->config, 0);
     if (error) { printf("     %s: %s\n", path, error); return 1; }
@@ -525,11 +567,14 @@ static int reference_compare(Reference *r, const char *path, int verbose, float 
     if (bad) { printf("     %s: batch: %s\n", path, bad); transformer_free(&model); return 1; }
     int mismatches = 0;
     size_t BTV = (size_t)r->B * r->T * r->config.vocab_size;
-    real loss = transformer_forward(&model, &batch);
-    mismatches += !compare_tensor("logits", model.acts.logits, r->logits, BTV, REF_TOL_LOGITS, NULL, verbose);
+    real *logits = checked_calloc(BTV, sizeof(real), "logits");
+    compute->begin(&model);
+    real loss = compute->forward(&model, &batch);
+    mismatches += !compare_tensor("logits", last_logits(compute, &model, logits), r->logits, BTV, REF_TOL_LOGITS,
+                                  NULL, verbose);
     mismatches += !compare_tensor("loss", &loss, &r->loss, 1, REF_TOL_LOSS, NULL, verbose);
-    transformer_zero_grad(&model);
-    transformer_backward(&model, &batch);
+    compute->backward(&model, &batch);
+    compute->to_host(&model);
     size_t offset = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         char name[64];
@@ -538,26 +583,16 @@ static int reference_compare(Reference *r, const char *path, int verbose, float 
                                       model.param_sizes[t], REF_TOL_GRADS, NULL, verbose);
         offset += model.param_sizes[t];
     }
-    // Adam steps under the §5.3 schedule, on the same batch. The key biases
-    // (rows C..2C-1 of each qkv bias) are left out: softmax ignores a constant
-    // added to every score, so their true gradient is exactly 0 and what
-    // either program computes is rounding noise, which Adam turns into
-    // full-size steps of random sign.
-    unsigned char *skip = checked_calloc(r->num_parameters, 1, "skip mask");
-    size_t C = r->config.d_model, L = r->config.n_layers;
-    real *qkv_biases[3] = { model.params.enc_qkv_b, model.params.dec_self_qkv_b, model.params.dec_cross_qkv_b };
-    for (int a = 0; a < 3; a++)
-        for (size_t l = 0; l < L; l++)
-            for (size_t i = C; i < 2 * C; i++)
-                skip[(size_t)(qkv_biases[a] - model.params_memory) + l * 3 * C + i] = 1;
+    // Adam steps under the §5.3 schedule, on the same batch, the key biases
+    // left out (key_bias_skip_mask)
+    unsigned char *skip = key_bias_skip_mask(&model);
     real *losses = checked_calloc((size_t)r->adam_steps + 1, sizeof(real), "losses");
-    transformer_zero_grad(&model);
     for (int step = 1; step <= r->adam_steps; step++) {
-        losses[step - 1] = transformer_forward(&model, &batch);
-        transformer_zero_grad(&model);
-        transformer_backward(&model, &batch);
-        adam_update(&model, transformer_learning_rate(step, (int)C, r->warmup, r->lr_factor));
+        losses[step - 1] = compute->forward(&model, &batch);
+        compute->backward(&model, &batch);
+        compute->update(&model, transformer_learning_rate(step, r->config.d_model, r->warmup, r->lr_factor));
     }
+    compute->to_host(&model);
     if (r->adam_steps > 0) {
         mismatches += !compare_tensor("Adam: losses", losses, r->step_losses, (size_t)r->adam_steps,
                                       REF_TOL_LOSS, NULL, verbose);
@@ -572,7 +607,7 @@ static int reference_compare(Reference *r, const char *path, int verbose, float 
                                       REF_TOL_ADAM, skip, verbose);
         free(ours); free(theirs);
     }
-    free(losses); free(skip);
+    free(losses); free(skip); free(logits);
     transformer_free(&model);
     return mismatches;
 }
@@ -583,7 +618,7 @@ static void test_reference_file(const char *path) {
     printf("-- %s: %d layers, d_model %d, d_ff %d, %d heads, vocab %d, batch %d x %d x %d, eps_ls %g\n",
            path, r.config.n_layers, r.config.d_model, r.config.d_ff, r.config.n_heads,
            r.config.vocab_size, r.B, r.S, r.T, (double)r.config.label_smoothing);
-    int mismatches = reference_compare(&r, path, 1, 0.0f);
+    int mismatches = reference_compare(&r, path, 1, 0.0f, &transformer_cpu_training);
     check(mismatches == 0, "reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch",
           path, NUM_PARAMETER_TENSORS, r.adam_steps);
     free(r.data);
@@ -597,7 +632,7 @@ static void test_reference_detects_a_wrong_weight(void) {
     Reference r;
     if (!reference_read(&r, committed_references[0])) { check(0, "reference file unreadable"); free(r.data); return; }
     printf("-- the same comparison with one embedding weight moved by 1e-3 (must mismatch):\n");
-    int mismatches = reference_compare(&r, committed_references[0], 0, 1e-3f);
+    int mismatches = reference_compare(&r, committed_references[0], 0, 1e-3f, &transformer_cpu_training);
     check(mismatches > 0, "reference: one weight perturbed by 1e-3 is caught (%d tensors mismatch)", mismatches);
     free(r.data);
 }
@@ -2533,6 +2568,316 @@ static void run_cli_and_data_tests(void) {
     if (system(command) != 0) printf("     (could not remove %s)\n", test_dir);
 }
 
+#ifndef TRANSFORMER_DOUBLE
+// ============================================================================
+// The CUDA companion on the CPU: transformer_cuda.cu built with cuda_on_cpu.h
+// (its kernels run as loops, its cuBLAS calls as column-major loops, its
+// memory starts as NaN), against plain products and against transformer.c
+// ============================================================================
+
+// Tolerances. The companion sums in other orders than transformer.c (cuBLAS'
+// column-major loops, one thread's row sums), so the two agree to fp32
+// rounding: differences are measured relative to each tensor's largest
+// element. The training runs compare the Adam updates, relative to the
+// largest update, as the reference files do (REF_TOL_ADAM).
+#define COMPANION_TOL_LOSS 1e-5      // relative, each step's loss
+#define COMPANION_TOL_GRADS 1e-5     // each gradient tensor, after one step
+#define COMPANION_TOL_UPDATES 1e-3   // the parameters' change after the run
+#define CUBLAS_MODEL_TOL 1e-5        // the cuBLAS model against plain row-major products
+
+// The largest |a_i - b_i| relative to the largest |b_i|, skipped elements left
+// out; NaN anywhere gives infinity.
+static double scaled_difference(const real *a, const real *b, size_t n, const unsigned char *skip) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (skip && skip[i]) continue;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return worst / (scale > 0 ? scale : 1);
+}
+
+#ifndef COMPANION_ON_GPU
+// Stores the m x k operand `plain` (row-major) the way cuBLAS reads it:
+// column-major with leading dimension ld, or its transpose when op is OP_T.
+// The rest of the buffer (the padding of each column) is NaN: read, it shows.
+static void store_operand(float *stored, size_t stored_size, const float *plain, int rows, int cols,
+                          cublasOperation_t op, int ld) {
+    for (size_t i = 0; i < stored_size; i++) stored[i] = NAN;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++)
+            if (op == CUBLAS_OP_N) stored[i + (size_t)j * ld] = plain[i * cols + j];
+            else stored[j + (size_t)i * ld] = plain[i * cols + j];
+}
+#endif
+
+// One case of C = alpha op(A) op(B) + beta C for `count` batch entries through
+// the cuBLAS model (cublasSgemm when count is 1), against the same product
+// computed plainly in row-major double. The leading dimensions are `pad` more
+// than the least, the batch strides 7 more than a matrix; C's padding holds a
+// sentinel that must survive, and with beta 0, C starts as NaN. lda_error is
+// added to lda when calling (a mutation the comparison must catch). Returns
+// the worst scaled error, or infinity on a refused call or a touched padding.
+#ifndef COMPANION_ON_GPU
+static double cublas_model_case(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int pad,
+                                float beta, int count, int lda_error, Rng *rng) {
+    int lda = (ta == CUBLAS_OP_N ? m : k) + pad, ldb = (tb == CUBLAS_OP_N ? k : n) + pad, ldc = m + pad;
+    long long stride_a = (long long)lda * (ta == CUBLAS_OP_N ? k : m) + 7;
+    long long stride_b = (long long)ldb * (tb == CUBLAS_OP_N ? n : k) + 7, stride_c = (long long)ldc * n + 7;
+    float *A = malloc(sizeof(float) * stride_a * count), *B = malloc(sizeof(float) * stride_b * count);
+    float *C = malloc(sizeof(float) * stride_c * count), *plain_a = malloc(sizeof(float) * m * k);
+    float *plain_b = malloc(sizeof(float) * k * n), *c0 = malloc(sizeof(float) * m * n * count);
+    double *expected = malloc(sizeof(double) * m * n * count);
+    float alpha = 0.75f;
+    for (int e = 0; e < count; e++) {
+        for (int i = 0; i < m * k; i++) plain_a[i] = (float)(2 * rng_uniform(rng) - 1);
+        for (int i = 0; i < k * n; i++) plain_b[i] = (float)(2 * rng_uniform(rng) - 1);
+        store_operand(A + e * stride_a, (size_t)stride_a, plain_a, m, k, ta, lda);
+        store_operand(B + e * stride_b, (size_t)stride_b, plain_b, k, n, tb, ldb);
+        for (long long i = 0; i < stride_c; i++) C[e * stride_c + i] = -7.0f;   // the sentinel
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                float c = beta == 0 ? NAN : (float)(2 * rng_uniform(rng) - 1);
+                C[e * stride_c + i + (size_t)j * ldc] = c;
+                double sum = 0;
+                for (int p = 0; p < k; p++) sum += (double)plain_a[i * k + p] * plain_b[p * n + j];
+                expected[(size_t)e * m * n + i * n + j] = alpha * sum + (beta == 0 ? 0 : (double)beta * c);
+            }
+    }
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    cublasStatus_t status = count == 1
+        ? cublasSgemm(handle, ta, tb, m, n, k, &alpha, A, lda + lda_error, B, ldb, &beta, C, ldc)
+        : cublasSgemmStridedBatched(handle, ta, tb, m, n, k, &alpha, A, lda + lda_error, stride_a, B, ldb, stride_b,
+                                    &beta, C, ldc, stride_c, count);
+    cublasDestroy(handle);
+    double worst = status == CUBLAS_STATUS_SUCCESS ? 0 : INFINITY;
+    for (int e = 0; e < count; e++)
+        for (long long i = 0; i < stride_c; i++) {
+            long long row = i % ldc, col = i / ldc;
+            double got = C[e * stride_c + i];
+            if (row < m && col < n) {
+                double want = expected[(size_t)e * m * n + row * n + col], d = fabs(got - want);
+                worst = fmax(worst, d <= d ? d : INFINITY);
+            } else if (got != -7.0) {
+                worst = INFINITY;   // written outside the m x n matrix
+            }
+        }
+    free(A); free(B); free(C); free(plain_a); free(plain_b); free(c0); free(expected);
+    return worst;
+}
+#endif
+
+#ifndef COMPANION_ON_GPU
+static void test_cublas_model(void) {
+    Rng rng; rng_seed(&rng, 41);
+    const char *names[2] = { "N", "T" };
+    cublasOperation_t ops[2] = { CUBLAS_OP_N, CUBLAS_OP_T };
+    double worst = 0;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int batched = 0; batched < 2; batched++) {
+                double e = fmax(cublas_model_case(ops[a], ops[b], 3, 4, 5, 2, 0.5f, batched ? 3 : 1, 0, &rng),
+                                cublas_model_case(ops[a], ops[b], 4, 3, 6, 1, 0.0f, batched ? 3 : 1, 0, &rng));
+                if (e > worst) worst = e;
+                if (!(e < CUBLAS_MODEL_TOL))
+                    printf("     cuBLAS model: transa %s transb %s %s: error %.2e\n", names[a], names[b],
+                           batched ? "strided batched" : "single", e);
+            }
+    check(worst < CUBLAS_MODEL_TOL, "companion: the cuBLAS model (cuda_on_cpu.h) computes alpha op(A) op(B) + "
+          "beta C as plain row-major products do, for N/T x N/T, padded leading dimensions, batch strides, "
+          "beta 0 with C NaN, never writing C's padding (worst error %.1e, tolerance %.0e)", worst, CUBLAS_MODEL_TOL);
+    double wrong_ld = cublas_model_case(CUBLAS_OP_T, CUBLAS_OP_N, 3, 4, 5, 2, 0.5f, 1, -1, &rng);
+    check(!(wrong_ld < CUBLAS_MODEL_TOL), "companion: a leading dimension one too small is caught (error %.2g)", wrong_ld);
+    float x[4] = { 1, 2, 3, 4 }, y[4] = { 0 }, one = 1, zero = 0;
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    cublasStatus_t refused = cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, x, 1, x, 2, &zero, y, 2);
+    cublasDestroy(handle);
+    check(refused == CUBLAS_STATUS_INVALID_VALUE, "companion: lda 1 for a 2-row A is refused as cuBLAS does (%s)",
+          cublasGetStatusString(refused));
+}
+#endif
+
+// The committed PyTorch reference files through the companion's steps: the
+// same tolerances as transformer.c's (REF_TOL_*)
+static void test_companion_reference_files(void) {
+    for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++) {
+        Reference r;
+        const char *path = committed_references[i];
+        if (!reference_read(&r, path)) { check(0, "companion reference %s: unreadable", path); free(r.data); continue; }
+        printf("-- %s through transformer_cuda.cu\n", path);
+        int mismatches = reference_compare(&r, path, 1, 0.0f, transformer_cuda_training());
+        check(mismatches == 0, "companion: reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch",
+              path, NUM_PARAMETER_TENSORS, r.adam_steps);
+        free(r.data);
+    }
+    transformer_cuda_release();
+}
+
+// transformer.c and the companion side by side for several steps, from the
+// same seed, dropout on (the same masks: the companion draws its keys from
+// the host model's generator), over ragged batches of three shapes (the
+// companion's buffers grow, and a smaller batch reuses them)
+static void test_companion_training_run(void) {
+    TransformerConfig config = small_config();
+    config.d_ff = 24; config.vocab_size = 19; config.max_len = 20;
+    Transformer cpu, dev;
+    transformer_build(&cpu, &config, 5);
+    transformer_build(&dev, &config, 5);
+    real *initial = checked_calloc(cpu.num_parameters, sizeof(real), "initial parameters");
+    memcpy(initial, cpu.params_memory, cpu.num_parameters * sizeof(real));
+    static TestBatch batches[3];
+    int shapes[3][3] = { { 3, 7, 9 }, { 4, 11, 6 }, { 2, 5, 5 } };
+    int src_len[3][4] = { { 7, 3, 5 }, { 11, 2, 9, 6 }, { 5, 1 } }, tgt_len[3][4] = { { 4, 9, 1 }, { 6, 6, 3, 2 }, { 2, 5 } };
+    Rng rng; rng_seed(&rng, 6);
+    for (int i = 0; i < 3; i++)
+        make_test_batch(&batches[i], shapes[i][0], shapes[i][1], shapes[i][2], src_len[i], tgt_len[i],
+                        config.vocab_size, &rng);
+    transformer_cuda_training()->begin(&dev);
+    double worst_loss = 0, worst_grad = 0;
+    const char *worst_grad_name = "";
+    int steps = 6;
+    for (int step = 1; step <= steps; step++) {
+        Batch *batch = &batches[(step - 1) % 3].batch;
+        cpu.training = dev.training = 1;
+        real loss_cpu = transformer_cpu_training.forward(&cpu, batch), loss_dev = transformer_cuda_training()->forward(&dev, batch);
+        double d = fabs((double)loss_dev - loss_cpu) / fabs((double)loss_cpu);
+        worst_loss = d <= worst_loss ? worst_loss : (isnan(d) ? INFINITY : d);
+        transformer_cpu_training.backward(&cpu, batch);
+        transformer_cuda_training()->backward(&dev, batch);
+        if (step <= 3) {   // each batch shape's gradients, tensor by tensor
+            transformer_cuda_training()->to_host(&dev);
+            real **grads[2][NUM_PARAMETER_TENSORS];
+            parameter_pointers(grads[0], &cpu.grads);
+            parameter_pointers(grads[1], &dev.grads);
+            for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+                double e = scaled_difference(*grads[1][t], *grads[0][t], cpu.param_sizes[t], NULL);
+                if (!(e <= worst_grad)) { worst_grad = e; worst_grad_name = parameter_names[t]; }
+            }
+        }
+        double lr = transformer_learning_rate(step, config.d_model, 4, 0.5);
+        transformer_cpu_training.update(&cpu, lr);
+        transformer_cuda_training()->update(&dev, lr);
+    }
+    // an evaluation-mode forward pass (no dropout) of the trained model
+    cpu.training = dev.training = 0;
+    real eval_cpu = transformer_cpu_training.forward(&cpu, &batches[0].batch);
+    real eval_dev = transformer_cuda_training()->forward(&dev, &batches[0].batch);
+    transformer_cuda_training()->to_host(&dev);
+    size_t P = cpu.num_parameters;
+    real *updates[2] = { checked_calloc(P, sizeof(real), "updates"), checked_calloc(P, sizeof(real), "updates") };
+    for (size_t i = 0; i < P; i++) {
+        updates[0][i] = cpu.params_memory[i] - initial[i];
+        updates[1][i] = dev.params_memory[i] - initial[i];
+    }
+    unsigned char *skip = key_bias_skip_mask(&cpu);
+    double worst_update = scaled_difference(updates[1], updates[0], P, skip);
+    double eval_diff = fabs((double)eval_dev - eval_cpu) / fabs((double)eval_cpu);
+    check(worst_loss < COMPANION_TOL_LOSS && worst_grad < COMPANION_TOL_GRADS, "companion: %d training steps "
+          "(2 layers, d_model 16, 4 heads, ragged batches of 3 shapes, dropout on): transformer.c's losses "
+          "(worst %.1e, tolerance %.0e) and, for each shape, all 31 gradients (worst %.1e, %s; tolerance %.0e)",
+          steps, worst_loss, COMPANION_TOL_LOSS, worst_grad, worst_grad_name, COMPANION_TOL_GRADS);
+    check(worst_update < COMPANION_TOL_UPDATES && eval_diff < COMPANION_TOL_LOSS &&
+          cpu.dropout_rng.state == dev.dropout_rng.state && cpu.adam_step == dev.adam_step,
+          "companion: after %d Adam steps the parameters moved as transformer.c's (worst %.1e of the largest "
+          "update; tolerance %.0e), the same evaluation loss (%.1e), the same dropout generator state and step",
+          steps, worst_update, COMPANION_TOL_UPDATES, eval_diff);
+    free(initial); free(updates[0]); free(updates[1]); free(skip);
+    transformer_free(&cpu);
+    transformer_free(&dev);
+    transformer_cuda_release();
+}
+
+// Runs a command line (words separated by single spaces) through
+// transformer_main with the given training steps, its output discarded.
+static int run_command_quietly(const TrainingCompute *compute, const char *command_line) {
+    char text[2048], *argv[64];
+    snprintf(text, sizeof text, "transformer %s", command_line);
+    int argc = 0;
+    for (char *word = strtok(text, " "); word && argc < 63; word = strtok(NULL, " ")) argv[argc++] = word;
+    argv[argc] = NULL;
+    fflush(stdout); fflush(stderr);
+    int saved_out = dup(1), saved_err = dup(2), null_fd = open("/dev/null", O_WRONLY);
+    dup2(null_fd, 1); dup2(null_fd, 2);
+    transformer_training = compute;
+    int status = transformer_main(argc, argv);
+    transformer_training = &transformer_cpu_training;
+    fflush(stdout); fflush(stderr);
+    dup2(saved_out, 1); dup2(saved_err, 2);
+    close(null_fd); close(saved_out); close(saved_err);
+    return status;
+}
+
+// `train` through the companion, as ./transformer_cuda runs it: the same
+// checkpoint as transformer.c's to the tolerance above, and a run stopped at
+// step 6 and resumed from its checkpoint ends exactly where the straight run does
+static void test_companion_train_command(void) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/transformer_cuda_test_XXXXXX");
+    if (!mkdtemp(dir)) { check(0, "companion: cannot make a temporary directory"); return; }
+    const char *run = "train --task copy --words 6 --min-length 2 --max-length 5 --train-size 120 --valid-size 20 "
+                      "--layers 1 --d-model 16 --d-ff 32 --heads 2 --batch-tokens 60 --lr 0.01 --warmup 4 "
+                      "--eval-every 6 --log-every 0 --show 0 --threads 1";
+    char command[1024];
+    const char *names[3] = { "cpu", "gpu", "resumed" };
+    int status[4];
+    snprintf(command, sizeof command, "%s --steps 12 --checkpoint %s/cpu.ckpt", run, dir);
+    status[0] = run_command_quietly(&transformer_cpu_training, command);
+    snprintf(command, sizeof command, "%s --steps 12 --checkpoint %s/gpu.ckpt", run, dir);
+    status[1] = run_command_quietly(transformer_cuda_training(), command);
+    snprintf(command, sizeof command, "%s --steps 6 --checkpoint %s/resumed.ckpt", run, dir);
+    status[2] = run_command_quietly(transformer_cuda_training(), command);
+    snprintf(command, sizeof command, "train --resume %s/resumed.ckpt --steps 12 --log-every 0 --show 0", dir);
+    status[3] = run_command_quietly(transformer_cuda_training(), command);
+    Transformer m[3];
+    Vocabulary v[3];
+    const char *error = NULL;
+    int loaded = 0;
+    for (int i = 0; i < 3 && !error; i++, loaded++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s.ckpt", dir, names[i]);
+        error = checkpoint_load(path, &m[i], &v[i], NULL, NULL);
+    }
+    if (!error && status[0] == 0 && status[1] == 0 && status[2] == 0 && status[3] == 0) {
+        unsigned char *skip = key_bias_skip_mask(&m[0]);
+        double difference = scaled_difference(m[1].params_memory, m[0].params_memory, m[0].num_parameters, skip);
+        size_t bytes = m[1].num_parameters * sizeof(real);
+        int resumed_same = m[2].adam_step == 12 && memcmp(m[1].params_memory, m[2].params_memory, bytes) == 0 &&
+                           memcmp(m[1].adam_v, m[2].adam_v, bytes) == 0;
+        check(difference < COMPANION_TOL_UPDATES && m[1].adam_step == 12,
+              "companion: train --task copy (12 steps) writes transformer.c's checkpoint (parameters within %.1e "
+              "of the largest; tolerance %.0e)", difference, COMPANION_TOL_UPDATES);
+        check(resumed_same, "companion: train stopped at step 6 and resumed (--resume) ends with the straight "
+              "run's parameters and Adam moments, bit for bit");
+        free(skip);
+    } else {
+        check(0, "companion: train runs exit %d %d %d %d; checkpoint: %s", status[0], status[1], status[2], status[3],
+              error ? error : "read");
+    }
+    for (int i = 0; i < loaded; i++) { transformer_free(&m[i]); vocab_free(&v[i]); }
+    transformer_cuda_release();
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    if (system(command) != 0) printf("     (could not remove %s)\n", dir);
+}
+
+static void run_companion_tests(void) {
+#ifdef COMPANION_ON_GPU
+    printf("-- the CUDA companion on the GPU (transformer_cuda.cu built by nvcc; tolerances: losses %g, "
+           "gradients %g, updates %g of the largest)\n", COMPANION_TOL_LOSS, COMPANION_TOL_GRADS, COMPANION_TOL_UPDATES);
+#else
+    printf("-- the CUDA companion on the CPU (transformer_cuda.cu with cuda_on_cpu.h; tolerances: losses %g, "
+           "gradients %g, updates %g of the largest)\n", COMPANION_TOL_LOSS, COMPANION_TOL_GRADS, COMPANION_TOL_UPDATES);
+    test_cublas_model();
+#endif
+    set_threads(1);   // transformer.c's side on one thread: these models are tiny, and the machine may be busy
+    test_companion_reference_files();
+    test_companion_training_run();
+    test_companion_train_command();
+}
+#endif // TRANSFORMER_DOUBLE
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
@@ -2579,6 +2924,9 @@ int main(int argc, char **argv) {
     test_svg_attention();
     test_svg_loss_curve();
     run_cli_and_data_tests();
+#ifndef TRANSFORMER_DOUBLE
+    run_companion_tests();
+#endif
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

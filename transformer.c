@@ -4427,6 +4427,21 @@ static char *format_run_options(const Option *options, int n) {
     return text;
 }
 
+// Where the training steps run (transformer.h): here, Parts I and II on the
+// host, where the parameters always are, so begin and to_host have nothing to do.
+static void cpu_training_nothing_to_copy(Transformer *m) { (void)m; }
+static void cpu_training_backward(Transformer *m, const Batch *batch) {
+    transformer_zero_grad(m);
+    transformer_backward(m, batch);
+}
+const TrainingCompute transformer_cpu_training = {
+    "transformer.c", cpu_training_nothing_to_copy, transformer_forward, cpu_training_backward, adam_update,
+    cpu_training_nothing_to_copy,
+};
+const TrainingCompute *transformer_training = &transformer_cpu_training;
+
+uint64_t transformer_dropout_key(Transformer *m) { return rng_next(&m->dropout_rng); }
+
 // Everything a training run holds.
 typedef struct {
     TrainOptions opt;
@@ -4688,6 +4703,8 @@ static void train_print_header(const TrainRun *r) {
     printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
            "seed %d, %d thread%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)c->dropout,
            (double)c->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s");
+    if (transformer_training != &transformer_cpu_training)
+        printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
     if (o->resume) printf("resume %s at step %ld\n", o->resume, r->model.adam_step);
     printf("checkpoints to %s\n", r->checkpoint_path);
     fflush(stdout);
@@ -4731,6 +4748,8 @@ static const char *train_loop(TrainRun *r) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", m->adam_step, o->steps);
         train_evaluate(r, 1);
     }
+    const TrainingCompute *compute = transformer_training;
+    compute->begin(m);
     double start = wall_seconds(), last_time = start;
     long first_step = m->adam_step, tokens = 0;
     const char *error = NULL;
@@ -4746,7 +4765,7 @@ static const char *train_loop(TrainRun *r) {
         long step = m->adam_step + 1;
         double step_start = wall_seconds();
         m->training = 1;
-        real loss = transformer_forward(m, &r->batch.batch);
+        real loss = compute->forward(m, &r->batch.batch);
         if (!isfinite(loss)) {
             char saved[4300];
             if (r->last_saved_step >= 0)
@@ -4757,10 +4776,9 @@ static const char *train_loop(TrainRun *r) {
                            step, isnan(loss) ? "NaN" : "infinite", saved);
             break;
         }
-        transformer_zero_grad(m);
-        transformer_backward(m, &r->batch.batch);
+        compute->backward(m, &r->batch.batch);
         double lr = transformer_learning_rate(step, m->config.d_model, o->warmup, factor);
-        adam_update(m, lr);
+        compute->update(m, lr);
         tokens += r->batch.tokens;
         if (loss_log) fprintf(loss_log, "%ld %.9g %.9g\n", step, (double)loss, lr);
         csv_loss += loss; csv_steps++; csv_tokens += r->batch.tokens; csv_seconds += wall_seconds() - step_start;
@@ -4773,6 +4791,8 @@ static const char *train_loop(TrainRun *r) {
             tokens = 0;
         }
         int evaluating = (o->eval_every && step % o->eval_every == 0) || last;
+        int saving = (save_every && step % save_every == 0) || last;
+        if (evaluating || saving) compute->to_host(m);   // what the evaluation and the checkpoint read
         double heldout = evaluating ? train_evaluate(r, last) : NAN;
         if (log_csv && ((o->log_every && step % o->log_every == 0) || evaluating)) {
             // the mean training loss of the steps since the last line; tokens/s over the same steps
@@ -4782,7 +4802,7 @@ static const char *train_loop(TrainRun *r) {
             fflush(log_csv);
             csv_loss = 0; csv_steps = 0; csv_tokens = 0; csv_seconds = 0;
         }
-        if ((save_every && step % save_every == 0) || last) error = train_save(r);
+        if (saving) error = train_save(r);
     }
     if (!error && m->adam_step > first_step) {
         char elapsed[32];
@@ -5359,6 +5379,8 @@ static int command_bench(int argc, char **argv) {
         // positive). The positions actually decoded are counted all the same.
         memset(model.params.embedding + (size_t)TOKEN_EOS * d_model, 0, (size_t)d_model * sizeof(real));
     }
+    const TrainingCompute *compute = transformer_training;   // decoding runs on the host
+    if (!decode) compute->begin(&model);
     double *times = checked_calloc((size_t)steps, sizeof(double), "benchmark times");
     real loss = 0;
     double cpu_start = 0, positions = 0;
@@ -5369,10 +5391,9 @@ static int command_bench(int argc, char **argv) {
             transformer_greedy_decode(&model, out, out_len, T, batch.src, batch.src_len, B, S);
         } else {
             model.training = 1;
-            loss = transformer_forward(&model, &batch);
-            transformer_zero_grad(&model);
-            transformer_backward(&model, &batch);
-            adam_update(&model, transformer_learning_rate(step, d_model, 4000, 1.0));
+            loss = compute->forward(&model, &batch);
+            compute->backward(&model, &batch);
+            compute->update(&model, transformer_learning_rate(step, d_model, 4000, 1.0));
         }
         if (step > warmup) times[step - warmup - 1] = wall_seconds() - start;
     }
@@ -5392,13 +5413,13 @@ static int command_bench(int argc, char **argv) {
     double step_mb = rss_before_kb >= 0 ? (resources.ru_maxrss - rss_before_kb) / 1024.0 : -1;
     const char *mode = decode ? "decode" : "train";
     if (json) {
-        printf("{\"impl\": \"transformer.c\", \"mode\": \"%s\", \"config\": \"%s\", \"layers\": %d, \"d_model\": %d, "
+        printf("{\"impl\": \"%s\", \"mode\": \"%s\", \"config\": \"%s\", \"layers\": %d, \"d_model\": %d, "
                "\"d_ff\": %d, \"heads\": %d, \"vocab\": %d, \"dropout\": %g, \"label_smoothing\": %g, "
                "\"batch\": %d, \"src_len\": %d, \"tgt_len\": %d, \"threads\": %d, \"warmup\": %d, "
                "\"steps\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"cpu_ms\": %.3f, \"tokens\": %.0f, "
                "\"tokens_per_s\": %.1f, \"gflop_per_step\": %.4f, \"gflops\": %.2f, \"peak_mb\": %.1f, "
                "\"step_mb\": %.1f, \"loss\": %.4f}\n",
-               mode, preset->name, layers, d_model, d_ff, heads, vocab, (double)config.dropout,
+               decode ? "transformer.c" : compute->name, mode, preset->name, layers, d_model, d_ff, heads, vocab, (double)config.dropout,
                (double)config.label_smoothing, B, S, T, threads, warmup, steps, median * 1e3, times[0] * 1e3,
                cpu_per_step * 1e3, positions, tokens_per_s, flops * 1e-9, gflops, peak_mb, step_mb, (double)loss);
     } else {

@@ -257,6 +257,28 @@ double transformer_learning_rate(long step, int d_model, int warmup_steps, doubl
 void adam_update(Transformer *model, double learning_rate);
 
 // ----------------------------------------------------------------------------
+// Where the training steps of `train` and `bench` run: the loop calls the
+// model through transformer_training, which is transformer.c's own (Parts I
+// and II) unless a program sets it to another. transformer_cuda.cu sets it to
+// a GPU's, which keeps its own copy of the parameters and Adam's moments:
+// begin copies the host model's there (after building or loading it) and
+// to_host copies them, and the gradients, back (before an evaluation or a
+// checkpoint). Everything else (data, decoding, checkpoints) runs on the host.
+typedef struct {
+    const char *name;                                       // printed by train and bench
+    void (*begin)(Transformer *model);
+    real (*forward)(Transformer *model, const Batch *batch);  // as transformer_forward
+    void (*backward)(Transformer *model, const Batch *batch); // zero the gradients, then transformer_backward
+    void (*update)(Transformer *model, double learning_rate); // as adam_update
+    void (*to_host)(Transformer *model);
+} TrainingCompute;
+extern const TrainingCompute transformer_cpu_training;
+extern const TrainingCompute *transformer_training;
+// The key of the model's next dropout mask (dropout_mask draws it the same way),
+// for a program that draws its masks itself.
+uint64_t transformer_dropout_key(Transformer *model);
+
+// ----------------------------------------------------------------------------
 // Decoding (§6.1), with a key/value cache: the encoder runs once per sentence
 // and each decoder layer keeps the keys and values of the positions so far.
 // Outputs never contain <pad>, <s> or </s>; at most transformer_decode_limit

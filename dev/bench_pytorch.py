@@ -498,6 +498,8 @@ def main(argv=None):
                    help="with --decode: one position at a time, keys and values kept (as transformer.c)")
     p.add_argument("--compile", action="store_true", help="torch.compile (inductor): see the module's docstring")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, or cuda: training on the GPU in fp32, TF32 off (make test-cuda, beside ./transformer_cuda bench)")
     p.add_argument("--foreach", action="store_true", help="Adam's multi-tensor implementation")
     p.add_argument("--check-setup", action="store_true",
                    help="only check that PyTorch and torch.compile work (make bench-setup)")
@@ -506,6 +508,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.check_setup:
         return check_setup()
+    if a.device != "cpu" and (a.decode or a.compile):
+        p.error("--device cuda times eager training steps only")
+    if a.device == "cuda":   # fp32 products, as transformer_cuda.cu's cuBLAS calls
+        torch.backends.cuda.matmul.allow_tf32 = False
     if a.kv_cache and not a.decode:
         p.error("--kv-cache needs --decode")
     if a.compile and a.decode and not a.kv_cache:
@@ -534,6 +540,10 @@ def main(argv=None):
     src_pad = torch.zeros(B, S, dtype=torch.bool)    # no padding, but the masks are passed
     tgt_pad = torch.zeros(B, T, dtype=torch.bool)    # as a real batch needs them
     causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    if a.device != "cpu":
+        model.to(a.device)
+        src, tgt_in, tgt_out, src_pad, tgt_pad, causal = (x.to(a.device) for x in
+                                                           (src, tgt_in, tgt_out, src_pad, tgt_pad, causal))
     if a.count_flops:
         return count_flops(model, a, src, src_pad, tgt_in, tgt_pad, causal, tgt_out)
 
@@ -576,6 +586,8 @@ def main(argv=None):
     for step in range(1, a.warmup + steps + 1):
         if step == a.warmup + 1:
             cpu_start = time.process_time()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         if a.decode:
             with torch.no_grad():
@@ -587,6 +599,8 @@ def main(argv=None):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if a.device == "cuda":   # the GPU's work done before the clock is read
+                torch.cuda.synchronize()
         if step == 1:
             first_step = time.perf_counter() - start
         if step > a.warmup:
@@ -607,7 +621,7 @@ def main(argv=None):
         "gflops": flops / median * 1e-9, "peak_mb": peak_kb / 1024,
         "step_mb": (peak_kb - rss_before) / 1024 if rss_before >= 0 else -1,
         "loss": loss.item() if loss is not None else 0.0, "torch": torch.__version__,
-        "blas": describe_kernels(), "python": sys.executable, "compiled": a.compile,
+        "blas": describe_kernels(), "python": sys.executable, "compiled": a.compile, "device": a.device,
         "first_step_s": compile_s if a.compile and a.decode else first_step,
     }
     if a.compile and a.decode:
