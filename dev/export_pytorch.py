@@ -11,7 +11,8 @@
    saves {"config", "vocabulary", "state_dict"} with torch.save to --out.
 3. Makes a padded batch of sentences from the checkpoint's own vocabulary,
    computes PyTorch's logits, loss and every gradient for it, and writes them
-   as a reference file (NOTES.md section 5, with 0 Adam steps) to --reference.
+   as a reference file (NOTES.md section 5: format version 1, float32, 0 Adam
+   steps) to --reference.
 4. Runs `./test_transformer --reference FILE`, which loads the same weights
    into transformer.c and compares logits, loss and all 31 gradients with
    the stated tolerances; the script's exit status is that comparison's.
