@@ -1262,9 +1262,9 @@ const char *transformer_build(Transformer *m, const TransformerConfig *config, u
     m->adam_v = arena_calloc(m->num_parameters, "Adam second moments");
     point_parameters(&m->params, m->params_memory, m->param_sizes);
     point_parameters(&m->grads, m->grads_memory, m->param_sizes);
-    m->adam.beta1 = 0.9f;   // §5.3
-    m->adam.beta2 = 0.98f;
-    m->adam.eps = 1e-9f;
+    m->adam.beta1 = 0.9;    // §5.3
+    m->adam.beta2 = 0.98;
+    m->adam.eps = 1e-9;
     m->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
     positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
     initialize_parameters(m, seed);

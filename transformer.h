@@ -219,7 +219,7 @@ typedef struct {
 typedef struct { uint64_t state; } Rng;
 
 typedef struct {
-    float beta1, beta2, eps;   // §5.3: 0.9, 0.98, 1e-9
+    double beta1, beta2, eps;  // §5.3: 0.9, 0.98, 1e-9 (double: the double build uses these exactly, as PyTorch does)
 } AdamConfig;
 
 typedef struct {

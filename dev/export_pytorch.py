@@ -11,7 +11,8 @@
    saves {"config", "vocabulary", "state_dict"} with torch.save to --out.
 3. Makes a padded batch of sentences from the checkpoint's own vocabulary,
    computes PyTorch's logits, loss and every gradient for it, and writes them
-   as a reference file (NOTES.md section 5, with 0 Adam steps) to --reference.
+   as a reference file (NOTES.md section 5: format version 1, float32, 0 Adam
+   steps) to --reference.
 4. Runs `./test_transformer --reference FILE`, which loads the same weights
    into transformer.c and compares logits, loss and all 31 gradients with
    the stated tolerances; the script's exit status is that comparison's.
@@ -116,8 +117,10 @@ def write_reference(path, model, config, batch, label_smoothing):
     B, S = src.shape
     T = tgt_in.shape[1]
     c = config
+    # format version 1: computed and stored in float32, as the checkpoint's
+    # weights are (no Adam steps, so the parameters appear twice)
     header = ref.MAGIC + struct.pack(
-        "<13i4f", ref.VERSION, c["n_layers"], c["d_model"], c["d_ff"], c["n_heads"],
+        "<13i4f", 1, c["n_layers"], c["d_model"], c["d_ff"], c["n_heads"],
         c["vocab_size"], c["max_len"], B, S, T, 0, 1, 0, label_smoothing, c["layer_norm_eps"], 1.0, 0.0)
     model.zero_grad(set_to_none=False)
     logits = model(src, src_len, tgt_in, tgt_len)

@@ -7,11 +7,18 @@ a plain loop, plus one shared embedding matrix used for the source embedding,
 the target embedding and the tied output projection.  The exact binary layout
 and model definition are in NOTES.md section 5.
 
-Run with Debian's interpreter (the one that has torch):
+Format version 2 (the default): the weights are drawn in float32 and stored
+as float32; everything is then computed in float64 from exactly those weights
+(positional encoding unrounded), and the results are stored as float64,
+including the parameters after every Adam step.  --version 1 writes the old
+format: everything computed and stored in float32, parameters after the last
+step only.
 
-    /usr/bin/python3 dev/make_reference.py --out tiny_data/x.ref [options]
+    dev/.venv/bin/python dev/make_reference.py --out tiny_data/x.ref [options]
 
-Deterministic: the same options give a byte-identical file.
+(the committed files were made with PyTorch 2.15 on the CPU).  Deterministic:
+one thread, deterministic algorithms; the same options and PyTorch version
+give a byte-identical file.
 """
 import argparse
 import math
@@ -24,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MAGIC = b"TREF"
-VERSION = 1
+VERSION = 2   # the default; 1 is still written with --version 1
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
 # Parameter tensors in file order: (name, stack, attribute path inside a layer).
@@ -97,17 +104,20 @@ def n_params(L, C, F_, V):
     return sum(int(np.prod(s)) for s in param_shapes(L, C, F_, V))
 
 
-def file_size(h):
+def file_size(h, version=VERSION):
     """Size in bytes that the format implies for header dict h."""
     P = n_params(h["n_layers"], h["d_model"], h["d_ff"], h["vocab_size"])
-    B, S, T, V = h["B"], h["S"], h["T"], h["vocab_size"]
+    B, S, T, V, K = h["B"], h["S"], h["T"], h["vocab_size"], h["adam_steps"]
     n_int = B * S + B + 2 * B * T + B
-    n_f32 = P + B * T * V + 1 + P + h["adam_steps"] + P
-    return 72 + 4 * (n_int + n_f32)
+    if version == 1:
+        return 72 + 4 * (n_int + P + B * T * V + 1 + P + K + P)
+    # version 2: initial parameters f32; logits, loss, gradients, step losses
+    # and the parameters after each of the K steps f64
+    return 72 + 4 * (n_int + P) + 8 * (B * T * V + 1 + P + K + K * P)
 
 
-def positional_encoding(n_pos, C):
-    """Interleaved sin/cos (paper §3.5), computed in float64, rounded to float32.
+def positional_encoding(n_pos, C, dtype=torch.float32):
+    """Interleaved sin/cos (paper §3.5), computed in float64, rounded to dtype.
     PE[pos, 2i] = sin(pos / 10000^(2i/C)), PE[pos, 2i+1] = cos(same angle)."""
     pe = np.zeros((n_pos, C), dtype=np.float64)
     pos = np.arange(n_pos, dtype=np.float64)[:, None]
@@ -115,11 +125,11 @@ def positional_encoding(n_pos, C):
     angle = pos / np.power(10000.0, two_i / C)
     pe[:, 0::2] = np.sin(angle)
     pe[:, 1::2] = np.cos(angle[:, : C // 2])
-    return torch.from_numpy(pe.astype(np.float32))
+    return torch.from_numpy(pe).to(dtype)
 
 
 class RefModel(nn.Module):
-    def __init__(self, L, C, F_, H, V, max_len, eps):
+    def __init__(self, L, C, F_, H, V, max_len, eps, pe_dtype=torch.float32):
         super().__init__()
         self.C = C
         self.embedding = nn.Parameter(torch.empty(V, C))
@@ -131,7 +141,8 @@ class RefModel(nn.Module):
             nn.TransformerDecoderLayer(C, H, F_, dropout=0.0, activation="relu",
                                        layer_norm_eps=eps, batch_first=True, norm_first=False)
             for _ in range(L)])
-        self.register_buffer("pe", positional_encoding(max_len, C), persistent=False)
+        self.register_buffer("pe", positional_encoding(max_len, C, pe_dtype),
+                             persistent=False)
 
     def init_params(self):
         """Embedding N(0, C^-0.5); PyTorch's default init for the weight
@@ -216,27 +227,33 @@ def make_batch(gen, B, S, T, V):
     return src, src_len.long(), tgt_in, tgt_out, tgt_len.long()
 
 
-def flat_f32(tensors):
-    """Concatenate tensors (tensor-major, layer 0 first) as little-endian f32 bytes."""
-    return b"".join(t.detach().contiguous().numpy().astype("<f4").tobytes() for t in tensors)
+def flat_f32(tensors, fmt="<f4"):
+    """Concatenate tensors (tensor-major, layer 0 first) as little-endian f32
+    (or, with fmt "<f8", f64) bytes."""
+    return b"".join(t.detach().contiguous().numpy().astype(fmt).tobytes() for t in tensors)
 
 
 def i32(t):
     return t.to(torch.int64).numpy().astype("<i4").tobytes()
 
 
-def params_bytes(model):
-    return b"".join(flat_f32(group) for group in model.ordered_params())
+def params_bytes(model, fmt="<f4"):
+    return b"".join(flat_f32(group, fmt) for group in model.ordered_params())
 
 
-def grads_bytes(model):
-    return b"".join(flat_f32([p.grad for p in group]) for group in model.ordered_params())
+def grads_bytes(model, fmt="<f4"):
+    return b"".join(flat_f32([p.grad for p in group], fmt) for group in model.ordered_params())
 
 
 def build(a):
+    """The model with its initial weights, drawn in float32; for version 2
+    converted to float64 (exactly: every weight stays a float32 number)."""
     torch.manual_seed(a.seed)
-    model = RefModel(a.layers, a.d_model, a.d_ff, a.heads, a.vocab, a.max_len, a.ln_eps)
+    pe_dtype = torch.float32 if a.version == 1 else torch.float64
+    model = RefModel(a.layers, a.d_model, a.d_ff, a.heads, a.vocab, a.max_len, a.ln_eps, pe_dtype)
     model.init_params()
+    if a.version == 2:
+        model.double()
     model.train()   # dropout is 0; train() keeps PyTorch off its inference fast path
     return model
 
@@ -258,6 +275,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--lr-factor", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--version", type=int, choices=(1, 2), default=VERSION)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     if a.d_model % a.heads or a.d_model % 2:
@@ -283,12 +301,13 @@ def main(argv=None):
     gen = torch.Generator().manual_seed(a.seed)
     src, src_len, tgt_in, tgt_out, tgt_len = make_batch(
         gen, a.batch, a.src_len, a.tgt_len, a.vocab)
+    real = "<f4" if a.version == 1 else "<f8"   # how results are stored
 
     P = n_params(a.layers, a.d_model, a.d_ff, a.vocab)
     assert P == sum(p.numel() for p in model.parameters()), "parameter count mismatch"
 
     header = MAGIC + struct.pack(
-        "<13i4f", VERSION,
+        "<13i4f", a.version,
         a.layers, a.d_model, a.d_ff, a.heads, a.vocab, a.max_len,
         a.batch, a.src_len, a.tgt_len,
         a.adam_steps, a.warmup, 0,
@@ -297,21 +316,25 @@ def main(argv=None):
 
     chunks = [header, i32(src), i32(src_len), i32(tgt_in), i32(tgt_out), i32(tgt_len)]
 
-    # Forward + backward with the initial parameters.
+    # Forward + backward with the initial parameters (float32 numbers in both
+    # versions, so the file's f32 copy of them is exact).
     chunks.append(params_bytes(model))
+    assert params_bytes(model, "<f8") == np.frombuffer(params_bytes(model), "<f4").astype("<f8").tobytes()
     model.zero_grad(set_to_none=False)
     logits = model(src, src_len, tgt_in, tgt_len)
     loss = loss_fn(logits, tgt_out, a.label_smoothing)
     loss.backward()
-    chunks.append(flat_f32([logits]))
-    chunks.append(flat_f32([loss]))
-    chunks.append(grads_bytes(model))
-    loss0 = float(loss)
+    chunks.append(flat_f32([logits], real))
+    chunks.append(flat_f32([loss], real))
+    chunks.append(grads_bytes(model, real))
+    loss0 = float(loss.detach())
 
-    # Adam steps on the same batch (paper §5.3 schedule).
+    # Adam steps on the same batch (paper §5.3 schedule). Step s: the learning
+    # rate of step s, the loss and gradient at the parameters before the
+    # update (step 1's are the ones above), then the update.
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9,
                            weight_decay=0.0, foreach=False)
-    step_losses = []
+    step_losses, after_each_step = [], []
     for s in range(1, a.adam_steps + 1):
         for g in opt.param_groups:
             g["lr"] = noam_lr(s, a.d_model, a.warmup, a.lr_factor)
@@ -320,17 +343,21 @@ def main(argv=None):
         l.backward()
         step_losses.append(l.detach().clone())
         opt.step()
-    chunks.append(flat_f32(step_losses))
-    chunks.append(params_bytes(model))
+        after_each_step.append(params_bytes(model, real))
+    chunks.append(flat_f32(step_losses, real))
+    if a.version == 1:
+        chunks.append(params_bytes(model))             # after the last step only
+    else:
+        chunks.extend(after_each_step)
 
     data = b"".join(chunks)
     hdr = dict(n_layers=a.layers, d_model=a.d_model, d_ff=a.d_ff, vocab_size=a.vocab,
                B=a.batch, S=a.src_len, T=a.tgt_len, adam_steps=a.adam_steps)
-    assert len(data) == file_size(hdr), (len(data), file_size(hdr))
+    assert len(data) == file_size(hdr, a.version), (len(data), file_size(hdr, a.version))
     with open(a.out, "wb") as f:
         f.write(data)
 
-    print(f"wrote {a.out}: {len(data)} bytes")
+    print(f"wrote {a.out}: {len(data)} bytes, format version {a.version}")
     print(f"  layers={a.layers} d_model={a.d_model} d_ff={a.d_ff} heads={a.heads} "
           f"vocab={a.vocab} max_len={a.max_len} B={a.batch} S={a.src_len} T={a.tgt_len}")
     print(f"  label_smoothing={a.label_smoothing:.9g} ln_eps={a.ln_eps:.9g} adam_steps={a.adam_steps} "
