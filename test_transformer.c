@@ -2052,7 +2052,7 @@ static void test_checkpoint_round_trip(void) {
     check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
     struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
         { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
-        { 4, 2, "checkpoint format version 2; expected version 1", "another version" },
+        { 4, 3, "checkpoint format version 3; expected version 1 or 2", "another version" },
         { 20, 65, "parameters, but its sizes", "a d_ff that disagrees with the parameter count" },
         { 104, 0, "vocabulary", "a vocabulary section 2 bytes longer (and options 2 shorter)" },
         { 8, 5, "5-byte numbers", "an element size of 5" },
