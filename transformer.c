@@ -3030,6 +3030,16 @@ static const char *bpe_learn_from_tsv(Vocabulary *v, const char *path, int held_
     return error;
 }
 
+// The model's vocabulary with merges: every symbol the merges know, the
+// characters of the training words and each merge's result, so that any
+// word made of these characters is written without <unk>, even when it
+// needs a subword that no training word kept (a later merge took it).
+static void vocab_add_subwords(Vocabulary *v) {
+    const Vocabulary *symbols = &v->bpe->symbols;
+    for (int id = NUM_SPECIAL_TOKENS; id < symbols->size; id++)
+        vocab_add(v, symbols->words[id], strlen(symbols->words[id]));
+}
+
 // A model with max_len positions takes sources and targets of up to
 // max_len - 1 tokens: the encoder reads x_1..x_n </s> and the decoder
 // <s> y_1..y_n, n + 1 positions each.
@@ -3047,6 +3057,11 @@ static const char *dataset_check_lengths(const Dataset *d, const char *name, int
                           where, p->tgt_len, max_len, max_len - 1);
     }
     return NULL;
+}
+
+// The tokens as the model sees them, separated by spaces (subwords with their </w>).
+static void print_subwords(FILE *f, const Vocabulary *v, const int *ids, int n) {
+    for (int i = 0; i < n; i++) fprintf(f, "%s%s", i ? " " : "", v->words[ids[i]]);
 }
 
 // The tokens as text: words separated by spaces (subwords joined, §5.1).
@@ -3272,6 +3287,8 @@ typedef struct {
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     BleuStats bleu;          // corpus BLEU of the outputs against the references (§6.1)
+    int exact_words;         // with §5.1 subwords: outputs whose words are the reference's
+    BleuStats bleu_words;    // and BLEU on words (evaluation_score_words)
     int *output;             // (sentences, stride) the decoded outputs
     int *output_len;         // (sentences)
     int stride;
@@ -3349,12 +3366,30 @@ static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count,
     m->training = training;
 }
 
+// With §5.1 subwords the tokens are not the words: joined back into words,
+// an output may spell the reference with other subwords and still be it.
+// Exact match and BLEU on words, from the stored outputs.
+static void evaluation_score_words(Evaluation *e, const Dataset *d, const Vocabulary *v) {
+    e->exact_words = 0;
+    bleu_reset(&e->bleu_words);
+    for (int i = 0; i < e->sentences; i++) {
+        const SentencePair *p = &d->pairs[i];
+        char *output = tokens_to_text(v, e->output + (size_t)i * e->stride, e->output_len[i]);
+        char *reference = tokens_to_text(v, d->tokens + p->tgt, p->tgt_len);
+        e->exact_words += strcmp(output, reference) == 0;
+        bleu_add_sentence_text(&e->bleu_words, output, reference);
+        free(output); free(reference);
+    }
+}
+
 static void print_examples(const Evaluation *e, const Dataset *d, const Vocabulary *v, int show) {
     for (int i = 0; i < show && i < e->sentences; i++) {
         const SentencePair *p = &d->pairs[i];
         const int *out = e->output + (size_t)i * e->stride;
         int n = e->output_len[i];
-        int exact = n == p->tgt_len && memcmp(out, d->tokens + p->tgt, n * sizeof(int)) == 0;
+        char *output = tokens_to_text(v, out, n), *reference = tokens_to_text(v, d->tokens + p->tgt, p->tgt_len);
+        int exact = strcmp(output, reference) == 0; // the same words
+        free(output); free(reference);
         printf("  source     "); print_tokens(stdout, v, d->tokens + p->src, p->src_len);
         printf("\n  reference  "); print_tokens(stdout, v, d->tokens + p->tgt, p->tgt_len);
         printf("\n  output     "); print_tokens(stdout, v, out, n);
@@ -4949,18 +4984,14 @@ static int task_index(const char *name) {
 }
 
 // --bpe N (§5.1): the merges, learned from the training pairs (both sides),
-// and a vocabulary of every symbol they know: the characters of the training
-// words and each merge's result, so that any word made of these characters
-// is written without <unk>, even with a subword no training word ended with.
+// and the vocabulary of every symbol they know (vocab_add_subwords).
 static const char *train_learn_merges(TrainRun *r) {
     int learned = 0;
     double start = wall_seconds();
     const char *error = bpe_learn_from_tsv(&r->vocab, r->opt.train_path, r->opt.valid_path ? 0 : 20, r->opt.bpe,
                                            &learned);
     if (error) return error;
-    const Vocabulary *symbols = &r->vocab.bpe->symbols;
-    for (int id = NUM_SPECIAL_TOKENS; id < symbols->size; id++)
-        vocab_add(&r->vocab, symbols->words[id], strlen(symbols->words[id]));
+    vocab_add_subwords(&r->vocab);
     printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned, r->opt.train_path,
            wall_seconds() - start, r->vocab.size - NUM_SPECIAL_TOKENS);
     if (learned < r->opt.bpe)
@@ -5168,6 +5199,7 @@ static double train_evaluate(TrainRun *r, int final) {
     }
     Evaluation e;
     evaluate(&e, &r->model, &r->valid, r->opt.eval_size, r->opt.batch_tokens, 1, 0.6);
+    if (r->vocab.bpe) { evaluation_score_words(&e, &r->valid, &r->vocab); e.exact = e.exact_words; } // on words
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
            r->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1),
            100.0 * e.exact / e.sentences, e.exact, e.sentences);
@@ -5406,6 +5438,14 @@ static int command_decode(int argc, char **argv) {
 
 // ---- eval -------------------------------------------------------------------------
 
+static void print_bleu(const BleuStats *stats, const char *unit) {
+    double p[BLEU_MAX_ORDER], bp;
+    double score = bleu_score(stats, p, &bp);
+    printf("BLEU            %.2f%s (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
+           "output/reference length %lld/%lld)\n", score, unit, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
+           bp, stats->candidate_length, stats->reference_length);
+}
+
 static int command_eval(int argc, char **argv) {
     const char *checkpoint = NULL, *data = NULL;
     int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
@@ -5442,20 +5482,18 @@ static int command_eval(int argc, char **argv) {
     if (!error) {
         Evaluation e;
         evaluate(&e, &m, &d, 0, batch_tokens, beam, alpha);
+        const char *subwords = v.bpe ? " (subwords)" : "";
+        if (v.bpe) { evaluation_score_words(&e, &d, &v); e.exact = e.exact_words; } // on words
         if (show) print_examples(&e, &d, &v, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
-        printf("token accuracy  %.2f%% (%ld/%ld)\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
-               e.correct, e.compared);
-        printf("exact match     %.2f%% (%d/%d)\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences);
-        printf("loss            %.4f per target token (teacher forcing, label smoothing %g)\n", e.loss,
-               (double)m.config.label_smoothing);
-        if (bleu) {
-            double p[BLEU_MAX_ORDER], bp;
-            double score = bleu_score(&e.bleu, p, &bp);
-            printf("BLEU            %.2f (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
-                   "output/reference length %lld/%lld)\n", score, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
-                   bp, e.bleu.candidate_length, e.bleu.reference_length);
-        }
+        printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
+               e.correct, e.compared, subwords);
+        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences,
+               v.bpe ? " (words)" : "");
+        printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
+               v.bpe ? ", a subword" : "", (double)m.config.label_smoothing);
+        if (bleu) print_bleu(v.bpe ? &e.bleu_words : &e.bleu, v.bpe ? " (words)" : "");
+        if (bleu && v.bpe) print_bleu(&e.bleu, subwords);
         evaluation_free(&e);
     }
     if (error) fprintf(stderr, "error: eval: %s\n", error);
@@ -5521,6 +5559,12 @@ static const char *attention_pictures(Transformer *m, const Vocabulary *v, const
     const char *error = NULL;
     printf("output: ");
     print_tokens(stdout, v, out, out_len);
+    if (v->bpe) {
+        printf("\nsource subwords: ");
+        print_subwords(stdout, v, src, src_len - 1);
+        printf("\noutput subwords: ");
+        print_subwords(stdout, v, out, out_len);
+    }
     printf("\n");
     for (int kind = 0; kind < 3 && !error; kind++) {
         char path[4200];
@@ -5574,6 +5618,72 @@ static int command_attention(int argc, char **argv) {
     }
     if (loaded) { transformer_free(&m); vocab_free(&v); }
     if (error) fprintf(stderr, "error: attention: %s\n", error);
+    free(sentences);
+    return error ? 1 : 0;
+}
+
+// ---- bpe ---------------------------------------------------------------------------------
+
+// One sentence cut into subwords with v's merges, printed on one line.
+static void print_sentence_subwords(Vocabulary *v, char *text, TextSource *from) {
+    int *ids = NULL;
+    size_t capacity = 0;
+    int n = tokenize(text, v, 1, &ids, &capacity, from);
+    print_subwords(stdout, v, ids, n);
+    printf("\n");
+    free(ids);
+}
+
+static int command_bpe(int argc, char **argv) {
+    const char *data = NULL, *checkpoint = NULL;
+    int merges = 0;
+    Option options[] = {
+        TEXT_OPTION("--data", &data, SESSION, "source<TAB>target lines to learn merges from (both sides)"),
+        INT_OPTION("--merges", &merges, 1, 1000000, SESSION, "how many merges to learn from --data"),
+        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "a model trained with --bpe: use its merges"),
+    };
+    const char *usage =
+        "usage: ./transformer bpe --data FILE.tsv --merges N ['SENTENCE' ...]\n"
+        "       ./transformer bpe --checkpoint FILE ['SENTENCE' ...]\n"
+        "§5.1 byte-pair encoding, to look at: learns N merges from both sides of every line of FILE.tsv\n"
+        "and prints them in order (rank, the pair, its count), then cuts each SENTENCE into subwords;\n"
+        "or cuts each SENTENCE, or else each line of standard input, with a checkpoint's merges.\n"
+        "A subword ending in </w> ends a word. (train --bpe N learns from the training lines only.)";
+    char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
+    int num_sentences = 0;
+    int status = parse_options("bpe", usage, options, (int)(sizeof options / sizeof *options), argc, argv,
+                               sentences, &num_sentences);
+    if (status) { free(sentences); return status == 2 ? 0 : 1; }
+    const char *error = !data == !checkpoint ? "expected either --data FILE.tsv --merges N or --checkpoint FILE"
+                      : data && merges == 0 ? "--merges N is required with --data (how many merges to learn)"
+                      : checkpoint && merges ? "--merges goes with --data; a checkpoint has its merges" : NULL;
+    Vocabulary v;
+    vocab_init(&v);
+    if (!error && data) {
+        int learned = 0;
+        double start = wall_seconds();
+        if (!(error = bpe_learn_from_tsv(&v, data, 0, merges, &learned))) {
+            printf("# %d merges learned from %s in %.3f s", learned, data, wall_seconds() - start);
+            if (learned < merges) printf(" (of %d asked for: no pair of symbols occurs twice any more)", merges);
+            printf("\n# rank  left right  (count)\n");
+            for (int r = 0; r < v.bpe->num_merges; r++)
+                printf("%6d  %s %s  (%ld)\n", r + 1, v.bpe->left[r], v.bpe->right[r], v.bpe->frequency[r]);
+        }
+    } else if (!error) {
+        Transformer m;
+        if (!(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) transformer_free(&m);
+        if (!error && !v.bpe) error = errorf("%s: the model has no merges (trained on whole words, without --bpe)", checkpoint);
+    }
+    TextSource from = { "", 0, 0 };
+    for (int i = 0; i < num_sentences && !error; i++) print_sentence_subwords(&v, sentences[i], &from);
+    if (!error && checkpoint && num_sentences == 0) {
+        char *line = NULL;
+        size_t capacity = 0;
+        while (getline(&line, &capacity, stdin) != -1) print_sentence_subwords(&v, line, &from);
+        free(line);
+    }
+    if (error) fprintf(stderr, "error: bpe: %s\n", error);
+    vocab_free(&v);
     free(sentences);
     return error ? 1 : 0;
 }
@@ -5934,6 +6044,7 @@ static int command_bench(int argc, char **argv) {
 //   ./transformer attention  heatmaps of every head for one sentence (SVG)
 //   ./transformer pe       the positional-encoding matrix (SVG)
 //   ./transformer plot     training curves from train --log (SVG)
+//   ./transformer bpe      byte-pair encoding's merges and subwords (§5.1)
 //   ./transformer params   parameter counts (Table 3)
 //   ./transformer bench    training and decoding speed (make bench: side by side with PyTorch)
 // ============================================================================
@@ -5952,6 +6063,7 @@ static const Command commands[] = {
     { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
     { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
     { "plot",   command_plot,   "SVG training curves from the CSV of train --log" },
+    { "bpe",    command_bpe,    "§5.1 byte-pair encoding: learn and print merges from a TSV file, or cut text into subwords" },
     { "params", command_params, "parameter count of a configuration, per component (--preset base|big)" },
     { "bench",  command_bench,  "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };
