@@ -2727,6 +2727,9 @@ static void test_bpe_command_line(void) {
     int status = run_cli("train --train %s --valid %s --bpe 1000 --steps 3 --checkpoint %s " TINY_RUN, tsv, tsv, ckpt);
     check(status == 0 && strstr(cli_output, "bpe    stopped after") && strstr(cli_output, "of the 1000 merges asked for"),
           "cli: train --bpe 1000 on 4 lines stops early and says so (exit %d)", status);
+    status = run_cli("train --resume %s --steps 5 --log-every 0 --eval-every 0 --show 0", ckpt);
+    check(status == 0 && strstr(cli_output, "resume"), "cli: a run on subwords resumes (its merges from the checkpoint) "
+          "(exit %d)", status);
     status = run_cli("decode --checkpoint %s 'vier drei'", ckpt);
     check(status == 0 && !strstr(cli_output, "warning"), "cli: decode with merges: words of seen characters, no <unk> (exit %d)",
           status);

@@ -4877,7 +4877,7 @@ static int train_option_table(Option *t, TrainOptions *o) {
         TEXT_OPTION("--train", &o->train_path, RUN, "training data: a file of source<TAB>target lines"),
         TEXT_OPTION("--valid", &o->valid_path, RUN, "held-out data, same format (default: every 20th line of --train)"),
         INT_OPTION("--bpe", &o->bpe, 1, 1000000, RUN, "§5.1 byte-pair encoding: learn N merges from both sides of "
-                   "--train and train on subwords (default: whole words)"),
+                   "--train and train on subwords (0: whole words)"),
         INT_OPTION("--words", &o->words, 1, 100000, RUN, "task: the words are the numbers 0..N-1"),
         INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: shortest sequence"),
         INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: longest sequence"),
@@ -5464,7 +5464,8 @@ static int command_eval(int argc, char **argv) {
         "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
         "Decodes every source of FILE.tsv and compares the output with the target: token accuracy\n"
         "(positions that agree, over the longer of output and target), exact match and, with\n"
-        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).";
+        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).\n"
+        "With §5.1 merges (train --bpe), exact match and BLEU are on words, BLEU also on subwords.";
     int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
     if (status) return status == 2 ? 0 : 1;
     set_threads(threads);
