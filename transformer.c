@@ -5659,8 +5659,9 @@ static int command_bpe(int argc, char **argv) {
                       : data && merges == 0 ? "--merges N is required with --data (how many merges to learn)"
                       : checkpoint && merges ? "--merges goes with --data; a checkpoint has its merges" : NULL;
     Vocabulary v;
-    vocab_init(&v);
+    memset(&v, 0, sizeof v); // vocab_init below, or checkpoint_load's
     if (!error && data) {
+        vocab_init(&v);
         int learned = 0;
         double start = wall_seconds();
         if (!(error = bpe_learn_from_tsv(&v, data, 0, merges, &learned))) {
