@@ -1,7 +1,8 @@
 # transformer.c: build, test, debug
 #   make demo          builds ./transformer, trains the copy task, shows it decoding
-#   make numbers       trains the English -> German number task (NOTES.md §6), evaluates it on
-#                      the test split (greedy, beam 4, BLEU), averages the last 5 checkpoints
+#   make numbers       trains the English -> German number task (NOTES.md §6) on subwords
+#                      (§5.1 byte-pair encoding, 100 merges), evaluates it on the test split
+#                      (greedy, beam 4, BLEU on words and subwords), averages the last 5 checkpoints
 #   make               ./transformer (OpenMP on; make OPENMP=0 for none)
 #   make plain         ./transformer_plain: Part I's plain loops only (-DTRANSFORMER_PLAIN)
 #   make test          gradient checks (double), PyTorch parity, masks, Adam,
@@ -97,7 +98,7 @@ demo: transformer
 # NOTES.md §6: 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
 # machine); THREADS=1 is faster than two threads on a machine busy with other jobs.
 THREADS ?= 0
-NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --layers 2 --d-model 64 \
+NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --bpe 100 --layers 2 --d-model 64 \
           --d-ff 256 --heads 4 --lr 0.003 --warmup 400 --steps 2000 --batch-tokens 1200 --seed 1
 NUMBERS_BIN ?= ./transformer
 numbers: transformer

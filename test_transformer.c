@@ -2118,9 +2118,9 @@ static char test_dir[256];   // a fresh temporary directory for the files below
 
 // A path in test_dir; each call has its own buffer (up to 64 of them).
 static const char *test_path(const char *name) {
-    static char paths[64][512];
+    static char paths[128][512];
     static int next = 0;
-    if (next == 64) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
+    if (next == 128) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
     char *p = paths[next++];
     snprintf(p, 512, "%s/%s", test_dir, name);
     return p;
@@ -2306,7 +2306,7 @@ static void test_checkpoint_round_trip(void) {
     check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
     struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
         { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
-        { 4, 2, "checkpoint format version 2; expected version 1", "another version" },
+        { 4, 3, "checkpoint format version 3; expected version 1 or 2", "another version" },
         { 20, 65, "parameters, but its sizes", "a d_ff that disagrees with the parameter count" },
         { 104, 0, "vocabulary", "a vocabulary section 2 bytes longer (and options 2 shorter)" },
         { 8, 5, "5-byte numbers", "an element size of 5" },
@@ -2767,6 +2767,275 @@ static void test_evaluation_commands(void) {
     transformer_free(&trained);
 }
 
+// ---- §5.1 byte-pair encoding ------------------------------------------------------
+
+// The subwords bpe_encode_word makes of word, as text separated by spaces.
+static void encode_to_text(char *out, size_t size, const Bpe *b, const char *word) {
+    int n = (int)strlen(word);
+    int *start = checked_calloc((size_t)n + 2, sizeof(int), "test"), *scratch = checked_calloc(2 * ((size_t)n + 2), sizeof(int), "test");
+    char *text = checked_calloc((size_t)n + 5, 1, "test");
+    int count = bpe_encode_word(b, start, word, n, scratch, text);
+    out[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        bpe_symbol_text(text, word, start, count, i);
+        snprintf(out + strlen(out), size - strlen(out), "%s%s", i ? " " : "", text);
+    }
+    free(start); free(scratch); free(text);
+}
+
+// Sennrich, Haddow & Birch (2016), worked by hand with the tie rule (the
+// left symbol first in byte order, then the right): low 5, lower 2, newest 6,
+// widest 3. Pair counts at the start: e s, s t, t </w> 9 each -> (e s); then
+// es t and t </w> 9 -> (es t); est </w> 9; l o and o w 7 -> (l o); lo w 7;
+// then e w, n e, w est</w> 6 -> (e w); ew est</w>; n ewest</w>; low </w> 5;
+// d est</w>, i d, w i 3 -> (d est</w>), (i dest</w>), (w idest</w>); then
+// e r, low e, r </w> 2 -> (e r), (er </w>), (low er</w>): 15 merges, and then
+// every word is one symbol.
+static void test_bpe_learn_and_apply(void) {
+    const char *words[4] = { "low", "lower", "newest", "widest" }, *reversed[4] = { "widest", "newest", "lower", "low" };
+    long counts[4] = { 5, 2, 6, 3 }, reversed_counts[4] = { 3, 6, 2, 5 };
+    static const char *expected[15][2] = {
+        { "e", "s" }, { "es", "t" }, { "est", "</w>" }, { "l", "o" }, { "lo", "w" }, { "e", "w" },
+        { "ew", "est</w>" }, { "n", "ewest</w>" }, { "low", "</w>" }, { "d", "est</w>" }, { "i", "dest</w>" },
+        { "w", "idest</w>" }, { "e", "r" }, { "er", "</w>" }, { "low", "er</w>" },
+    };
+    Bpe b, b2;
+    bpe_init(&b); bpe_init(&b2);
+    int learned = bpe_learn(&b, words, counts, 4, 100);
+    int same = learned == 15;
+    for (int r = 0; r < learned && same; r++)
+        same = strcmp(b.left[r], expected[r][0]) == 0 && strcmp(b.right[r], expected[r][1]) == 0;
+    check(same, "bpe: low 5, lower 2, newest 6, widest 3 (Sennrich et al.): the 15 merges worked by hand, in order "
+          "(learned %d; first %s %s)", learned, learned ? b.left[0] : "-", learned ? b.right[0] : "-");
+    check(learned == 15 && b.frequency[0] == 9 && b.frequency[8] == 5 && b.frequency[14] == 2,
+          "bpe: asked for 100 merges it stops after 15, when every word is one symbol; counts 9, 5, 2 as by hand");
+    int learned2 = bpe_learn(&b2, reversed, reversed_counts, 4, 100);
+    check(learned2 == learned && same_merges(&b, &b2), "bpe: the words in another order give the same merges (the tie rule)");
+    bpe_free(&b2);
+    bpe_init(&b2);
+    check(bpe_learn(&b2, words, counts, 4, 3) == 3 && b2.num_merges == 3, "bpe: asked for 3 merges, it learns 3");
+    bpe_free(&b2);
+    // apply: the merges in the order learned
+    struct { const char *word, *subwords; } cases[] = {
+        { "lowest", "low est</w>" },          // never seen: two subwords
+        { "newer", "n ew er</w>" },
+        { "low", "low</w>" }, { "widest", "widest</w>" },
+        { "l\xc3\xb6w", "l \xc3\xb6 w </w>" }, // o-umlaut: one character, never merged
+        { "\xff\xfelow", "\xff \xfe low</w>" }, // bytes that are not UTF-8: one symbol each
+        { "a\xc3", "a \xc3 </w>" },            // a UTF-8 sequence cut short
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char got[200];
+        encode_to_text(got, sizeof got, &b, cases[i].word);
+        check(strcmp(got, cases[i].subwords) == 0, "bpe: case %zu is cut into '%s' (expected '%s')", i + 1, got,
+              cases[i].subwords);
+    }
+    // joining: tokens ending in </w> end a word
+    Vocabulary v;
+    vocab_init(&v);
+    v.bpe = checked_calloc(1, sizeof(Bpe), "test");
+    *v.bpe = b;
+    vocab_add_subwords(&v);
+    size_t capacity = 0;
+    int *heap = NULL;
+    TextSource from = { "test", 0, 0 };
+    char sentence[] = "lowest newer low";
+    int n = tokenize(sentence, &v, 0, &heap, &capacity, &from);
+    char *joined = tokens_to_text(&v, heap, n);
+    check(n == 6 && strcmp(joined, "lowest newer low") == 0 && from.unknown == 0,
+          "bpe: 'lowest newer low' is 6 subwords, without <unk>, and joins back to the words ('%s')", joined);
+    free(joined); free(heap);
+    vocab_free(&v); // frees the merges too
+}
+
+// Reads the lines of a TSV file (at most max) into lines[], without their newline.
+static int read_lines(const char *path, char **lines, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t capacity = 0;
+    ssize_t length;
+    int n = 0;
+    while (n < max && (length = getline(&line, &capacity, f)) != -1) {
+        if (length > 0 && line[length - 1] == '\n') line[length - 1] = '\0';
+        lines[n++] = strdup(line);
+    }
+    free(line);
+    fclose(f);
+    return n;
+}
+
+// Joining the subwords of every line of the numbers data gives the line back;
+// the test split's German words, none of them a training word, encode
+// without <unk>.
+static void test_bpe_numbers_data(void) {
+    const char *files[3] = { "tiny_data/numbers_train.tsv", "tiny_data/numbers_dev.tsv", "tiny_data/numbers_test.tsv" };
+    Vocabulary v, words;
+    vocab_init(&v); vocab_init(&words);
+    int learned = 0;
+    const char *e = bpe_learn_from_tsv(&v, files[0], 0, 100, &learned);
+    check(!e && learned == 100, "bpe: 100 merges from %s (%s)", files[0], e ? e : "learned");
+    if (e) { vocab_free(&v); vocab_free(&words); return; }
+    vocab_add_subwords(&v);
+    int size = v.size;
+    Dataset train_words;
+    memset(&train_words, 0, sizeof train_words);
+    dataset_read_tsv(&train_words, &words, files[0], 1);
+    static char *lines[6000];
+    for (int f = 0; f < 3; f++) {
+        Dataset d;
+        memset(&d, 0, sizeof d);
+        e = dataset_read_tsv(&d, &v, files[f], 0);
+        int n = read_lines(files[f], lines, 6000), same = !e && n == d.count, unknown = 0, german_seen = 0;
+        for (int i = 0; i < n; i++) {
+            const SentencePair *p = &d.pairs[i];
+            char *tab = strchr(lines[i], '\t');
+            if (same && tab) {
+                *tab = '\0';
+                char *src = tokens_to_text(&v, d.tokens + p->src, p->src_len), *tgt = tokens_to_text(&v, d.tokens + p->tgt, p->tgt_len);
+                same = strcmp(src, lines[i]) == 0 && strcmp(tgt, tab + 1) == 0;
+                german_seen += vocab_find(&words, tab + 1, strlen(tab + 1)) >= 0;
+                free(src); free(tgt);
+            }
+            for (int t = 0; same && t < p->src_len + p->tgt_len; t++) unknown += d.tokens[p->src + t] == TOKEN_UNK;
+            free(lines[i]);
+        }
+        check(same && unknown == 0 && v.size == size, "bpe: %s: all %d lines join back from their subwords exactly, "
+              "no <unk>", files[f], n);
+        if (f == 2)
+            check(german_seen == 0 && unknown == 0, "bpe: none of the %d German words of the test split is a training "
+                  "word (%d are), yet all encode without <unk>", n, german_seen);
+        dataset_free(&d);
+    }
+    dataset_free(&train_words);
+    vocab_free(&words);
+    vocab_free(&v);
+}
+
+// Merges survive a checkpoint round trip; a version-1 file (no merges)
+// still reads; the version-1 writer refuses merges.
+static void test_bpe_checkpoint(void) {
+    TransformerConfig config = decode_config();
+    Vocabulary v, v2;
+    vocab_init(&v);
+    write_text(test_path("bpe.tsv"), "low\tlower\nnewest\twidest\nlow low\tnewest newest\n");
+    int learned = 0;
+    const char *e = bpe_learn_from_tsv(&v, test_path("bpe.tsv"), 0, 1000, &learned);
+    vocab_add_subwords(&v);
+    config.vocab_size = v.size;
+    Transformer m, loaded;
+    transformer_build(&m, &config, 5);
+    TrainingState state = { 1, 2, 3, 4 };
+    const char *path = test_path("bpe.ckpt"), *v1_path = test_path("v1.ckpt");
+    if (!e) e = checkpoint_save(path, &m, &v, &state, "");
+    if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
+    int same = !e && v2.bpe && same_merges(v.bpe, v2.bpe) && v2.size == v.size;
+    char a[100], b[100];
+    if (same) { encode_to_text(a, sizeof a, v.bpe, "lowest"); encode_to_text(b, sizeof b, v2.bpe, "lowest"); }
+    check(same && strcmp(a, b) == 0, "bpe: %d merges survive a checkpoint round trip and cut 'lowest' the same "
+          "(%s)", learned, e ? e : a);
+    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    e = checkpoint_save_version(v1_path, &m, &v, &state, "", 1);
+    check(e && strstr(e, "version 1 cannot hold merges"), "checkpoint: the version-1 writer refuses merges (%s)",
+          e ? e : "written");
+    // the same model and vocabulary without merges, as version 1 and 2
+    Bpe *merges = v.bpe;
+    v.bpe = NULL;
+    e = checkpoint_save_version(v1_path, &m, &v, &state, "--task\ncopy\n", 1);
+    if (!e) e = checkpoint_load(v1_path, &loaded, &v2, &state, NULL);
+    size_t n1 = 0, n2 = 0;
+    unsigned char *f1 = read_file(v1_path, &n1);
+    if (!e) checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
+    unsigned char *f2 = read_file(path, &n2);
+    same = !e && !v2.bpe && v2.size == v.size && memcmp(loaded.params_memory, m.params_memory, m.num_parameters * sizeof(real)) == 0;
+    check(same && f1 && f2 && get_u32(f1 + 4) == 1 && get_u32(f2 + 4) == 2 && n2 == n1 + 8,
+          "checkpoint: a version-1 file (120-byte header, 8 bytes shorter than version 2) still reads (%s)",
+          e ? e : "read");
+    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    free(f1); free(f2);
+    v.bpe = merges;
+    // a damaged merges section is refused
+    checkpoint_save(path, &m, &v, &state, "");
+    size_t size;
+    unsigned char *good = read_file(path, &size);
+    if (good) {
+        good[120] += 1; // merges_bytes one more, the options...: the sizes disagree
+        write_file(test_path("bad_merges.ckpt"), good, size);
+        e = checkpoint_load(test_path("bad_merges.ckpt"), &loaded, &v2, NULL, NULL);
+        check(e && strstr(e, "bad_merges.ckpt"), "checkpoint: a merges section of the wrong size is refused (%s)",
+              e ? e : "accepted");
+        if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+        free(good);
+    }
+    transformer_free(&m);
+    vocab_free(&v);
+}
+
+// train --bpe, decode, eval, attention and the bpe command, as a user runs them.
+static void test_bpe_command_line(void) {
+    const char *tsv = test_path("cli_bpe.tsv"), *ckpt = test_path("cli_bpe.ckpt");
+    write_text(tsv, "zwei drei\tdreiundzwei\nvier zwei\tzweiundvier\ndrei vier\tvierunddrei\nzwei zwei\tzweiundzwei\n");
+    check_cli_error("--bpe 0", "train: --bpe '0' is not valid; expected an integer from 1", "train --train %s --bpe 0", tsv);
+    check_cli_error("--bpe -2", "train: --bpe '-2' is not valid", "train --train %s --bpe -2", tsv);
+    check_cli_error("--bpe with a built-in task", "--bpe goes with --train FILE", "train --task copy --bpe 10");
+    int status = run_cli("train --train %s --valid %s --bpe 1000 --steps 3 --checkpoint %s " TINY_RUN, tsv, tsv, ckpt);
+    check(status == 0 && strstr(cli_output, "bpe    stopped after") && strstr(cli_output, "of the 1000 merges asked for"),
+          "cli: train --bpe 1000 on 4 lines stops early and says so (exit %d)", status);
+    status = run_cli("train --resume %s --steps 5 --log-every 0 --eval-every 0 --show 0", ckpt);
+    check(status == 0 && strstr(cli_output, "resume"), "cli: a run on subwords resumes (its merges from the checkpoint) "
+          "(exit %d)", status);
+    status = run_cli("decode --checkpoint %s 'vier drei'", ckpt);
+    check(status == 0 && !strstr(cli_output, "warning"), "cli: decode with merges: words of seen characters, no <unk> (exit %d)",
+          status);
+    status = run_cli("eval --checkpoint %s --data %s --bleu --show 1", ckpt, tsv);
+    check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "(words)") &&
+          strstr(cli_output, "(subwords)") && strstr(cli_output, "reference  dreiundzwei"),
+          "cli: eval on subwords: exact match and BLEU on words, the examples as words (exit %d)", status);
+    status = run_cli("attention --checkpoint %s --out-dir %s 'zwei vier'", ckpt, test_path("bpe_pictures"));
+    check(status == 0 && strstr(cli_output, "source subwords: zwei</w> vier</w>"),
+          "cli: attention on subwords draws the pictures and names the subwords (exit %d)", status);
+    status = run_cli("bpe --data %s --merges 3", tsv);
+    check(status == 0 && strstr(cli_output, "# 3 merges learned from") && strstr(cli_output, "\n     3  "),
+          "cli: bpe --data --merges 3 prints 3 merges (exit %d)", status);
+    status = run_cli("bpe --data %s --merges 1000", tsv);
+    check(status == 0 && strstr(cli_output, "of 1000 asked for: no pair of symbols occurs twice"),
+          "cli: bpe asked for more merges than there are stops early and says so (exit %d)", status);
+    status = run_cli("bpe --checkpoint %s 'zweiundvier'", ckpt);
+    check(status == 0 && strstr(cli_output, "</w>\n"), "cli: bpe --checkpoint cuts a sentence into subwords (exit %d)", status);
+    check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
+    check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",
+                    test_path("tsv.ckpt"));
+    // bytes that are not UTF-8, in training data and at decode time: symbols of their own
+    write_text(test_path("cli_bytes.tsv"), "a\xff b\tb \xfe" "a\na b\tb a\n\xc3 a\ta \xc3\n");
+    status = run_cli("train --train %s --valid %s --bpe 20 --steps 2 --checkpoint %s " TINY_RUN, test_path("cli_bytes.tsv"),
+                     test_path("cli_bytes.tsv"), test_path("cli_bytes.ckpt"));
+    int trained = status == 0;
+    status = run_cli("decode --checkpoint %s $'\\xfe\\xff a'", test_path("cli_bytes.ckpt"));
+    check(trained && status == 0 && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error"),
+          "cli: bytes that are not UTF-8 train and decode with --bpe, as bytes (exit %d)", status);
+    write_text(test_path("cli_marker.tsv"), "a</w>\tb\n");
+    check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>", "train --train %s --bpe 5",
+                    test_path("cli_marker.tsv"));
+    // a version-1 checkpoint (written by the version-1 path) evaluates and decodes word-level input as its
+    // version-2 twin: the same outputs, token accuracy and loss
+    Transformer m;
+    Vocabulary v;
+    TrainingState state;
+    char *options = NULL;
+    const char *e = checkpoint_load(test_path("tsv.ckpt"), &m, &v, &state, &options);
+    if (!e) e = checkpoint_save_version(test_path("tsv_v1.ckpt"), &m, &v, &state, options, 1);
+    static char v2_output[sizeof cli_output];
+    const char *tsv_words = test_path("cli.tsv");
+    if (!e) {
+        run_cli("eval --checkpoint %s --data %s --show 4", test_path("tsv.ckpt"), tsv_words);
+        memcpy(v2_output, cli_output, sizeof cli_output);
+    }
+    status = e ? -1 : run_cli("eval --checkpoint %s --data %s --show 4", test_path("tsv_v1.ckpt"), tsv_words);
+    check(status == 0 && strcmp(cli_output, v2_output) == 0 && strstr(cli_output, "loss "),
+          "cli: a version-1 checkpoint evaluates word-level input as the same model in version 2 (%s)", e ? e : "read");
+    if (!e) { transformer_free(&m); vocab_free(&v); free(options); }
+}
+
 static void run_cli_and_data_tests(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
     if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
@@ -2780,6 +3049,11 @@ static void run_cli_and_data_tests(void) {
     test_parameter_counts();
     test_nonfinite_parameter();
     test_command_line();
+    printf("-- §5.1 byte-pair encoding\n");
+    test_bpe_learn_and_apply();
+    test_bpe_numbers_data();
+    test_bpe_checkpoint();
+    test_bpe_command_line();
     printf("-- eval --bleu, average, train --log and --keep-last, attention, pe, plot\n");
     test_evaluation_commands();
     char command[600];

@@ -2413,12 +2413,17 @@ static double wall_seconds(void) {
 // data's tokens follow in order of first appearance. Lookup is a hash table
 // with open addressing.
 
+struct Bpe;
+
 typedef struct {
     char **words;    // (size) id -> text
     int size, capacity;
     int *slots;      // (num_slots) ids, -1 when empty; num_slots is a power of two
     size_t num_slots;
+    struct Bpe *bpe; // §5.1 subword merges (below), or NULL: every token is a whole word
 } Vocabulary;
+
+static void bpe_free(struct Bpe *b);
 
 static uint32_t text_hash(const char *s, size_t n) { // FNV-1a
     uint32_t h = 2166136261u;
@@ -2476,10 +2481,325 @@ static void vocab_init(Vocabulary *v) {
 }
 
 static void vocab_free(Vocabulary *v) {
+    if (v->bpe) { bpe_free(v->bpe); free(v->bpe); }
     for (int i = 0; i < v->size; i++) free(v->words[i]);
     free(v->words);
     free(v->slots);
     memset(v, 0, sizeof *v);
+}
+
+// ---- §5.1 byte-pair encoding (Sennrich, Haddow & Birch, ACL 2016) -------------
+// "Sentences were encoded using byte-pair encoding, which has a shared
+// source-target vocabulary of about 37000 tokens." Whole words give every
+// word form its own token, and a word never seen in training becomes <unk>.
+// Byte-pair encoding (Sennrich et al., "Neural Machine Translation of Rare
+// Words with Subword Units") cuts words into subwords instead:
+//
+//   learn: write every word of the training text as its characters followed
+//          by an end-of-word marker, "l o w </w>"; count each adjacent pair of
+//          symbols over the word frequencies; merge the most frequent pair
+//          into one new symbol everywhere ("e s" -> "es"); repeat N times.
+//   apply: cut a word into characters and the marker, then merge in the
+//          order learned: the adjacent pair whose merge came first, all its
+//          occurrences left to right, until no pair of the word was merged.
+//
+// Frequent words end up as one symbol, rare ones as a few subwords, and any
+// word made of characters seen in training can be written: the model never
+// needs <unk> for it. Learning reads the source AND target sides together, so
+// the subwords form one vocabulary, which §3.4's shared embedding needs.
+//
+// Choices the paper leaves open (NOTES.md §6):
+//   * The convention: the end-of-word marker </w> of Sennrich et al. The last
+//     subword of every word ends in </w> ("zwei und vier zig</w>"), so the
+//     tokens join back into words without a second look: append each token;
+//     after one that ends in </w>, drop the marker and start a new word.
+//     Training words must not contain the text "</w>" themselves.
+//   * Symbols start as characters: UTF-8 sequences (u-umlaut is one symbol,
+//     not two bytes); a byte that does not begin a valid sequence is a
+//     symbol of its own, so any input is read, never refused.
+//   * Ties: the most frequent pair is merged; between pairs of the same
+//     frequency the one whose left symbol comes first in byte order (strcmp),
+//     then whose right symbol comes first. The result depends on the words and
+//     their counts only, not on the order of the lines.
+//   * Learning stops early when no pair occurs twice: merging a pair seen
+//     once only memorises that one word.
+// Learning counts pairs once, then after each merge updates the counts of
+// the words that held the merged pair only: O(merges x symbols of the
+// distinct words) in all, about 0.1 s for 1000 merges on the numbers task.
+
+#define BPE_END_OF_WORD "</w>"
+#define BPE_END_OF_WORD_BYTES 4
+
+// A hash table from a pair of symbol ids to an int (open addressing; key 0
+// marks an empty slot).
+typedef struct { uint64_t *keys; int *values; size_t mask, count; } PairTable;
+
+static uint64_t pair_key(int left, int right) { return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1; }
+
+static size_t pair_slot(const PairTable *t, uint64_t key) {
+    size_t i = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 20) & t->mask;
+    while (t->keys[i] != 0 && t->keys[i] != key) i = (i + 1) & t->mask;
+    return i;
+}
+
+// The value stored for (left, right), or -1.
+static int pair_find(const PairTable *t, int left, int right) {
+    if (!t->keys) return -1;
+    size_t i = pair_slot(t, pair_key(left, right));
+    return t->keys[i] ? t->values[i] : -1;
+}
+
+static void pair_insert(PairTable *t, int left, int right, int value) {
+    if (2 * (t->count + 1) > t->mask + 1 || !t->keys) { // keep the table at most half full
+        PairTable bigger = { NULL, NULL, t->keys ? 2 * t->mask + 1 : 255, 0 };
+        bigger.keys = checked_calloc(bigger.mask + 1, sizeof(uint64_t), "pair table");
+        bigger.values = checked_calloc(bigger.mask + 1, sizeof(int), "pair table");
+        for (size_t i = 0; t->keys && i <= t->mask; i++)
+            if (t->keys[i]) {
+                size_t j = pair_slot(&bigger, t->keys[i]);
+                bigger.keys[j] = t->keys[i]; bigger.values[j] = t->values[i]; bigger.count++;
+            }
+        free(t->keys); free(t->values);
+        *t = bigger;
+    }
+    size_t i = pair_slot(t, pair_key(left, right));
+    if (!t->keys[i]) { t->keys[i] = pair_key(left, right); t->count++; }
+    t->values[i] = value;
+}
+
+static void pair_table_free(PairTable *t) { free(t->keys); free(t->values); memset(t, 0, sizeof *t); }
+
+typedef struct Bpe {
+    char **left, **right;  // (num_merges) in the order learned: merge r joins left[r] and right[r]
+    long *frequency;       // (num_merges) the pair's count when it was merged (0 when read from a checkpoint)
+    int *merged;           // (num_merges) the symbol id of left[r] right[r] joined
+    int num_merges, capacity;
+    Vocabulary symbols;    // text <-> id of every symbol a merge reads or makes
+    PairTable ranks;       // (id of left[r], id of right[r]) -> r
+} Bpe;
+
+static void bpe_init(Bpe *b) {
+    memset(b, 0, sizeof *b);
+    vocab_init(&b->symbols);
+}
+
+static void bpe_free(Bpe *b) {
+    for (int r = 0; r < b->num_merges; r++) { free(b->left[r]); free(b->right[r]); }
+    free(b->left); free(b->right); free(b->frequency); free(b->merged);
+    vocab_free(&b->symbols);
+    pair_table_free(&b->ranks);
+    memset(b, 0, sizeof *b);
+}
+
+// Appends the merge (left, right), seen `frequency` times.
+static void bpe_add_merge(Bpe *b, const char *left, const char *right, long frequency) {
+    if (b->num_merges == b->capacity) {
+        b->capacity = b->capacity ? 2 * b->capacity : 64;
+        b->left = checked_realloc(b->left, b->capacity, sizeof(char *), "merges");
+        b->right = checked_realloc(b->right, b->capacity, sizeof(char *), "merges");
+        b->frequency = checked_realloc(b->frequency, b->capacity, sizeof(long), "merges");
+        b->merged = checked_realloc(b->merged, b->capacity, sizeof(int), "merges");
+    }
+    size_t nl = strlen(left), nr = strlen(right);
+    char *joined = checked_calloc(nl + nr + 1, 1, "merges");
+    memcpy(joined, left, nl);
+    memcpy(joined + nl, right, nr);
+    int r = b->num_merges++;
+    b->left[r] = checked_calloc(nl + 1, 1, "merges"); memcpy(b->left[r], left, nl);
+    b->right[r] = checked_calloc(nr + 1, 1, "merges"); memcpy(b->right[r], right, nr);
+    b->frequency[r] = frequency;
+    b->merged[r] = vocab_add(&b->symbols, joined, nl + nr);
+    int l = vocab_add(&b->symbols, left, nl), rt = vocab_add(&b->symbols, right, nr);
+    if (pair_find(&b->ranks, l, rt) < 0) pair_insert(&b->ranks, l, rt, r); // a repeat never applies
+    free(joined);
+}
+
+static int utf8_sequence_length(const unsigned char *s); // Pictures, below
+
+// Cuts the n bytes at word into its first symbols: start[i] is where symbol
+// i begins (start[count] = n); the last symbol, start[count-1] = n, is the
+// end-of-word marker. start has room for n + 2. Returns count.
+static int bpe_characters(int *start, const char *word, int n) {
+    int count = 0;
+    for (int i = 0; i < n; ) {
+        int length = utf8_sequence_length((const unsigned char *)word + i);
+        if (length == 0 || length > n - i) length = 1; // not UTF-8: the byte alone
+        start[count++] = i;
+        i += length;
+    }
+    start[count++] = n; // the marker
+    start[count] = n;
+    return count;
+}
+
+// The text of symbol i of a word cut at start[] (count symbols) into out
+// (n + 5 bytes): the bytes, and </w> for the last symbol.
+static int bpe_symbol_text(char *out, const char *word, const int *start, int count, int i) {
+    int length = start[i + 1] - start[i];
+    memcpy(out, word + start[i], (size_t)length);
+    if (i == count - 1) { memcpy(out + length, BPE_END_OF_WORD, BPE_END_OF_WORD_BYTES); length += BPE_END_OF_WORD_BYTES; }
+    out[length] = '\0';
+    return length;
+}
+
+// apply: cuts the n bytes at word into subwords with b's merges. On return
+// start[0..count] (room for n + 2) says where each subword begins, as in
+// bpe_characters; the last subword also carries </w>. scratch: room for
+// 2 (n + 2) ints and n + 5 chars. Returns count.
+static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, int *scratch, char *text) {
+    int count = bpe_characters(start, word, n);
+    int *id = scratch; // id[i]: symbol i's id in b->symbols, or -1 for a character no merge uses
+    for (int i = 0; i < count; i++) {
+        int length = bpe_symbol_text(text, word, start, count, i);
+        id[i] = vocab_find(&b->symbols, text, (size_t)length);
+    }
+    for (;;) {
+        int best = -1; // the lowest rank of an adjacent pair
+        for (int i = 0; i + 1 < count; i++) {
+            int r = id[i] < 0 || id[i + 1] < 0 ? -1 : pair_find(&b->ranks, id[i], id[i + 1]);
+            if (r >= 0 && (best < 0 || r < best)) best = r;
+        }
+        if (best < 0) return count;
+        int l = vocab_find(&b->symbols, b->left[best], strlen(b->left[best]));
+        int rt = vocab_find(&b->symbols, b->right[best], strlen(b->right[best]));
+        int kept = 0;
+        for (int i = 0; i < count; i++, kept++) { // every occurrence, left to right
+            start[kept] = start[i];
+            id[kept] = id[i];
+            if (i + 1 < count && id[i] == l && id[i + 1] == rt) { id[kept] = b->merged[best]; i++; }
+        }
+        start[kept] = n;
+        count = kept;
+    }
+}
+
+// One distinct word of the training text while merges are learned.
+typedef struct {
+    int *symbols;   // (length) ids in Bpe.symbols
+    int length;
+    long count;     // occurrences in the text
+} BpeWord;
+
+// The pair counts of learning: pair_index maps (left, right) to an index into
+// left, right and count.
+typedef struct {
+    PairTable pair_index;
+    int *left, *right;
+    long *count;
+    int size, capacity;
+} PairCounts;
+
+static void pair_counts_add(PairCounts *pc, int left, int right, long delta) {
+    int i = pair_find(&pc->pair_index, left, right);
+    if (i < 0) {
+        if (pc->size == pc->capacity) {
+            pc->capacity = pc->capacity ? 2 * pc->capacity : 1024;
+            pc->left = checked_realloc(pc->left, pc->capacity, sizeof(int), "pair counts");
+            pc->right = checked_realloc(pc->right, pc->capacity, sizeof(int), "pair counts");
+            pc->count = checked_realloc(pc->count, pc->capacity, sizeof(long), "pair counts");
+        }
+        i = pc->size++;
+        pc->left[i] = left; pc->right[i] = right; pc->count[i] = 0;
+        pair_insert(&pc->pair_index, left, right, i);
+    }
+    pc->count[i] += delta;
+}
+
+static void pair_counts_of_word(PairCounts *pc, const BpeWord *w, long sign) {
+    for (int i = 0; i + 1 < w->length; i++) pair_counts_add(pc, w->symbols[i], w->symbols[i + 1], sign * w->count);
+}
+
+// The most frequent pair (ties: left, then right symbol first in byte order),
+// or -1 when no pair occurs twice.
+static int best_pair(const PairCounts *pc, const Vocabulary *symbols) {
+    int best = -1;
+    for (int i = 0; i < pc->size; i++) {
+        if (pc->count[i] < 2) continue;
+        if (best >= 0 && pc->count[i] < pc->count[best]) continue;
+        if (best >= 0 && pc->count[i] == pc->count[best]) {
+            int order = strcmp(symbols->words[pc->left[i]], symbols->words[pc->left[best]]);
+            if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
+            if (order >= 0) continue;
+        }
+        best = i;
+    }
+    return best;
+}
+
+// learn: up to num_merges merges from n distinct words and their counts,
+// appended to b (empty before). Returns how many were learned: fewer when no
+// pair occurs twice any more.
+static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n, int num_merges) {
+    BpeWord *w = checked_calloc(n > 0 ? n : 1, sizeof(BpeWord), "bpe words");
+    PairCounts pc;
+    memset(&pc, 0, sizeof pc);
+    for (int k = 0; k < n; k++) {
+        int length = (int)strlen(words[k]);
+        int *start = checked_calloc((size_t)length + 2, sizeof(int), "bpe words");
+        char *text = checked_calloc((size_t)length + 5, 1, "bpe words");
+        w[k].length = bpe_characters(start, words[k], length);
+        w[k].symbols = checked_calloc(w[k].length, sizeof(int), "bpe words");
+        w[k].count = counts[k];
+        for (int i = 0; i < w[k].length; i++) {
+            int text_length = bpe_symbol_text(text, words[k], start, w[k].length, i);
+            w[k].symbols[i] = vocab_add(&b->symbols, text, (size_t)text_length);
+        }
+        pair_counts_of_word(&pc, &w[k], 1);
+        free(start); free(text);
+    }
+    int learned = 0;
+    for (; learned < num_merges; learned++) {
+        int best = best_pair(&pc, &b->symbols);
+        if (best < 0) break;
+        int l = pc.left[best], rt = pc.right[best];
+        bpe_add_merge(b, b->symbols.words[l], b->symbols.words[rt], pc.count[best]);
+        int joined = b->merged[b->num_merges - 1];
+        for (int k = 0; k < n; k++) {
+            int holds = 0;
+            for (int i = 0; i + 1 < w[k].length && !holds; i++) holds = w[k].symbols[i] == l && w[k].symbols[i + 1] == rt;
+            if (!holds) continue;
+            pair_counts_of_word(&pc, &w[k], -1);
+            int kept = 0;
+            for (int i = 0; i < w[k].length; i++, kept++) { // every occurrence, left to right
+                w[k].symbols[kept] = w[k].symbols[i];
+                if (i + 1 < w[k].length && w[k].symbols[i] == l && w[k].symbols[i + 1] == rt) {
+                    w[k].symbols[kept] = joined;
+                    i++;
+                }
+            }
+            w[k].length = kept;
+            pair_counts_of_word(&pc, &w[k], 1);
+        }
+    }
+    for (int k = 0; k < n; k++) free(w[k].symbols);
+    free(w);
+    pair_table_free(&pc.pair_index);
+    free(pc.left); free(pc.right); free(pc.count);
+    return learned;
+}
+
+// Joins tokens back into words: each token's text in turn; after a token
+// that ends in </w>, the marker is dropped and a space starts the next word.
+// Tokens without a marker at all (the special tokens, whole words of a
+// vocabulary without merges) are words of their own. Returns a new string.
+static char *tokens_to_text(const Vocabulary *v, const int *ids, int n) {
+    size_t bytes = 1;
+    for (int i = 0; i < n; i++) bytes += strlen(v->words[ids[i]]) + 1;
+    char *text = checked_calloc(bytes, 1, "text"), *out = text;
+    int word_open = 0; // the last token did not end its word
+    for (int i = 0; i < n; i++) {
+        const char *token = v->words[ids[i]];
+        size_t length = strlen(token);
+        int ends = length >= BPE_END_OF_WORD_BYTES && strcmp(token + length - BPE_END_OF_WORD_BYTES, BPE_END_OF_WORD) == 0;
+        int subword = v->bpe && (ends || ids[i] >= NUM_SPECIAL_TOKENS);
+        if (out > text && !word_open) *out++ = ' ';
+        if (subword && ends) length -= BPE_END_OF_WORD_BYTES;
+        memcpy(out, token, length);
+        out += length;
+        word_open = subword && !ends;
+    }
+    *out = '\0';
+    return text;
 }
 
 // ---- sentence pairs ---------------------------------------------------------
@@ -2570,9 +2890,46 @@ typedef struct {
 
 #define MAX_UNKNOWN_WARNINGS 5
 
-// Splits text at spaces into token ids. grow: new tokens join the vocabulary;
-// otherwise they become <unk> with a warning (the first few). Returns the
-// number of tokens; *ids grows as needed.
+// The id of the n bytes at token. grow: a new token joins the vocabulary;
+// otherwise it becomes <unk> with a warning (the first few).
+static int token_id(Vocabulary *v, int grow, const char *token, size_t n, TextSource *from) {
+    int id = grow ? vocab_add(v, token, n) : vocab_find(v, token, n);
+    if (id >= 0) return id;
+    from->unknown++;
+    if (from->warnings++ < MAX_UNKNOWN_WARNINGS)
+        fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
+                from->where, (int)(n < 80 ? n : 80), token);
+    return TOKEN_UNK;
+}
+
+static void push_id(int **ids, size_t *capacity, int n, int id) {
+    if ((size_t)n == *capacity) {
+        *capacity = *capacity ? 2 * *capacity : 64;
+        *ids = checked_realloc(*ids, *capacity, sizeof(int), "token ids");
+    }
+    (*ids)[n] = id;
+}
+
+// The subwords of one word (§5.1, v->bpe's merges), pushed as ids at ids[n..].
+// Returns the new n.
+static int tokenize_subwords(Vocabulary *v, int grow, const char *word, int length, int **ids, size_t *capacity,
+                             int n, TextSource *from) {
+    int *start = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
+    int *scratch = checked_calloc(2 * ((size_t)length + 2), sizeof(int), "subwords");
+    char *text = checked_calloc((size_t)length + 5, 1, "subwords");
+    int count = bpe_encode_word(v->bpe, start, word, length, scratch, text);
+    for (int i = 0; i < count; i++) {
+        int text_length = bpe_symbol_text(text, word, start, count, i);
+        push_id(ids, capacity, n++, token_id(v, grow, text, (size_t)text_length, from));
+    }
+    free(start); free(scratch); free(text);
+    return n;
+}
+
+// Splits text at spaces into token ids: whole words, or with v->bpe each
+// word's subwords. grow: new tokens join the vocabulary; otherwise they
+// become <unk> with a warning (the first few). Returns the number of tokens;
+// *ids grows as needed.
 static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
     char *p = text;
@@ -2582,19 +2939,8 @@ static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capa
         char *start = p;
         while (*p && !isspace((unsigned char)*p)) p++;
         size_t len = (size_t)(p - start);
-        int id = grow ? vocab_add(v, start, len) : vocab_find(v, start, len);
-        if (id < 0) {
-            id = TOKEN_UNK;
-            from->unknown++;
-            if (from->warnings++ < MAX_UNKNOWN_WARNINGS)
-                fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
-                        from->where, (int)(len < 80 ? len : 80), start);
-        }
-        if ((size_t)n == *capacity) {
-            *capacity = *capacity ? 2 * *capacity : 64;
-            *ids = checked_realloc(*ids, *capacity, sizeof(int), "token ids");
-        }
-        (*ids)[n++] = id;
+        if (v->bpe) n = tokenize_subwords(v, grow, start, (int)len, ids, capacity, n, from);
+        else push_id(ids, capacity, n++, token_id(v, grow, start, len, from));
     }
     return n;
 }
@@ -2647,6 +2993,53 @@ static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path,
     return error;
 }
 
+// §5.1: learns up to num_merges merges from the words of both sides of the
+// TSV file at path into v->bpe (v holds no tokens of the data yet). The words
+// are read as dataset_read_tsv reads them, with its checks; held_out_every > 0
+// leaves out the pairs dataset_split would hold out, so that held-out words
+// teach no merges. *learned: how many merges there are (fewer when no pair
+// occurs twice any more).
+static const char *bpe_learn_from_tsv(Vocabulary *v, const char *path, int held_out_every, int num_merges,
+                                      int *learned) {
+    Vocabulary words;
+    Dataset d, held_out;
+    vocab_init(&words);
+    memset(&d, 0, sizeof d);
+    memset(&held_out, 0, sizeof held_out);
+    const char *error = dataset_read_tsv(&d, &words, path, 1);
+    if (!error && held_out_every > 0 && d.count >= held_out_every) dataset_split(&d, &held_out, held_out_every);
+    long *counts = checked_calloc((size_t)words.size, sizeof(long), "word counts");
+    for (size_t i = 0; !error && i < d.num_tokens; i++) counts[d.tokens[i]]++;
+    for (int id = NUM_SPECIAL_TOKENS; !error && id < words.size; id++)
+        if (strstr(words.words[id], BPE_END_OF_WORD))
+            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words without it "
+                           "(with --bpe, a subword ending in %s ends a word)", path, words.words[id],
+                           BPE_END_OF_WORD, BPE_END_OF_WORD);
+    if (!error) {
+        Bpe *b = checked_calloc(1, sizeof(Bpe), "merges");
+        bpe_init(b);
+        int n = words.size - NUM_SPECIAL_TOKENS;
+        *learned = bpe_learn(b, (const char *const *)words.words + NUM_SPECIAL_TOKENS, counts + NUM_SPECIAL_TOKENS,
+                             n, num_merges);
+        if (v->bpe) { bpe_free(v->bpe); free(v->bpe); }
+        v->bpe = b;
+    }
+    free(counts);
+    dataset_free(&d); dataset_free(&held_out);
+    vocab_free(&words);
+    return error;
+}
+
+// The model's vocabulary with merges: every symbol the merges know, the
+// characters of the training words and each merge's result, so that any
+// word made of these characters is written without <unk>, even when it
+// needs a subword that no training word kept (a later merge took it).
+static void vocab_add_subwords(Vocabulary *v) {
+    const Vocabulary *symbols = &v->bpe->symbols;
+    for (int id = NUM_SPECIAL_TOKENS; id < symbols->size; id++)
+        vocab_add(v, symbols->words[id], strlen(symbols->words[id]));
+}
+
 // A model with max_len positions takes sources and targets of up to
 // max_len - 1 tokens: the encoder reads x_1..x_n </s> and the decoder
 // <s> y_1..y_n, n + 1 positions each.
@@ -2666,8 +3059,16 @@ static const char *dataset_check_lengths(const Dataset *d, const char *name, int
     return NULL;
 }
 
-static void print_tokens(FILE *f, const Vocabulary *v, const int *ids, int n) {
+// The tokens as the model sees them, separated by spaces (subwords with their </w>).
+static void print_subwords(FILE *f, const Vocabulary *v, const int *ids, int n) {
     for (int i = 0; i < n; i++) fprintf(f, "%s%s", i ? " " : "", v->words[ids[i]]);
+}
+
+// The tokens as text: words separated by spaces (subwords joined, §5.1).
+static void print_tokens(FILE *f, const Vocabulary *v, const int *ids, int n) {
+    char *text = tokens_to_text(v, ids, n);
+    fputs(text, f);
+    free(text);
 }
 
 // ---- built-in tasks -------------------------------------------------------------
@@ -2886,6 +3287,8 @@ typedef struct {
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     BleuStats bleu;          // corpus BLEU of the outputs against the references (§6.1)
+    int exact_words;         // with §5.1 subwords: outputs whose words are the reference's
+    BleuStats bleu_words;    // and BLEU on words (evaluation_score_words)
     int *output;             // (sentences, stride) the decoded outputs
     int *output_len;         // (sentences)
     int stride;
@@ -2963,12 +3366,30 @@ static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count,
     m->training = training;
 }
 
+// With §5.1 subwords the tokens are not the words: joined back into words,
+// an output may spell the reference with other subwords and still be it.
+// Exact match and BLEU on words, from the stored outputs.
+static void evaluation_score_words(Evaluation *e, const Dataset *d, const Vocabulary *v) {
+    e->exact_words = 0;
+    bleu_reset(&e->bleu_words);
+    for (int i = 0; i < e->sentences; i++) {
+        const SentencePair *p = &d->pairs[i];
+        char *output = tokens_to_text(v, e->output + (size_t)i * e->stride, e->output_len[i]);
+        char *reference = tokens_to_text(v, d->tokens + p->tgt, p->tgt_len);
+        e->exact_words += strcmp(output, reference) == 0;
+        bleu_add_sentence_text(&e->bleu_words, output, reference);
+        free(output); free(reference);
+    }
+}
+
 static void print_examples(const Evaluation *e, const Dataset *d, const Vocabulary *v, int show) {
     for (int i = 0; i < show && i < e->sentences; i++) {
         const SentencePair *p = &d->pairs[i];
         const int *out = e->output + (size_t)i * e->stride;
         int n = e->output_len[i];
-        int exact = n == p->tgt_len && memcmp(out, d->tokens + p->tgt, n * sizeof(int)) == 0;
+        char *output = tokens_to_text(v, out, n), *reference = tokens_to_text(v, d->tokens + p->tgt, p->tgt_len);
+        int exact = strcmp(output, reference) == 0; // the same words
+        free(output); free(reference);
         printf("  source     "); print_tokens(stdout, v, d->tokens + p->src, p->src_len);
         printf("\n  reference  "); print_tokens(stdout, v, d->tokens + p->tgt, p->tgt_len);
         printf("\n  output     "); print_tokens(stdout, v, out, n);
@@ -2991,8 +3412,9 @@ static void print_examples(const Evaluation *e, const Dataset *d, const Vocabula
 // ============================================================================
 
 #define CHECKPOINT_MAGIC "TCKP"
-#define CHECKPOINT_VERSION 1
-#define CHECKPOINT_HEADER_BYTES 120
+#define CHECKPOINT_VERSION 2          // 2 adds the §5.1 merges; version 1 files still read
+#define CHECKPOINT_HEADER_BYTES 128     // version 1: 120 (no merges_bytes field)
+#define CHECKPOINT_HEADER_BYTES_V1 120
 #define CHECKPOINT_CHECKSUM_BYTES 8
 
 // Where a training run stands, besides the model and Adam.
@@ -3084,8 +3506,31 @@ static void read_reals(Reader *r, real *x, size_t n, int real_bytes) {
     }
 }
 
-static const char *checkpoint_save(const char *path, const Transformer *m, const Vocabulary *v,
-                                   const TrainingState *state, const char *run_options) {
+// The merges section (version 2): a u32 count, then per merge the left and
+// the right symbol, each a u32 length and its bytes. None (0 bytes) without merges.
+static uint64_t merges_section_bytes(const Bpe *b) {
+    if (!b || b->num_merges == 0) return 0;
+    uint64_t bytes = 4;
+    for (int r = 0; r < b->num_merges; r++) bytes += 8 + strlen(b->left[r]) + strlen(b->right[r]);
+    return bytes;
+}
+
+static void write_merges(Writer *w, const Bpe *b) {
+    if (merges_section_bytes(b) == 0) return;
+    write_u32(w, (uint32_t)b->num_merges);
+    for (int r = 0; r < b->num_merges; r++) {
+        const char *sides[2] = { b->left[r], b->right[r] };
+        for (int k = 0; k < 2; k++) { write_u32(w, (uint32_t)strlen(sides[k])); write_bytes(w, sides[k], strlen(sides[k])); }
+    }
+}
+
+// Writes a checkpoint in format `version` (2; 1 only for the tests that
+// check that version 1 files still read, and only without merges).
+static const char *checkpoint_save_version(const char *path, const Transformer *m, const Vocabulary *v,
+                                           const TrainingState *state, const char *run_options, int version) {
+    uint64_t merges_bytes = merges_section_bytes(v->bpe);
+    if (version == 1 && merges_bytes)
+        return errorf("%s: checkpoint format version 1 cannot hold merges; expected version 2", path);
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
     FILE *f = fopen(tmp, "wb");
@@ -3095,7 +3540,7 @@ static const char *checkpoint_save(const char *path, const Transformer *m, const
     uint64_t vocab_bytes = 0, options_bytes = strlen(run_options);
     for (int i = 0; i < v->size; i++) vocab_bytes += 4 + strlen(v->words[i]);
     write_bytes(&w, CHECKPOINT_MAGIC, 4);
-    write_u32(&w, CHECKPOINT_VERSION);
+    write_u32(&w, (uint32_t)version);
     write_u32(&w, (uint32_t)sizeof(real));
     int sizes[6] = { c->n_layers, c->d_model, c->d_ff, c->n_heads, c->vocab_size, c->max_len };
     for (int i = 0; i < 6; i++) write_u32(&w, (uint32_t)sizes[i]);
@@ -3106,11 +3551,13 @@ static const char *checkpoint_save(const char *path, const Transformer *m, const
                            state->epoch_rng, state->epoch, state->epoch_batches, state->data_hash,
                            vocab_bytes, options_bytes };
     for (int i = 0; i < 9; i++) write_u64(&w, fields[i]);
+    if (version >= 2) write_u64(&w, merges_bytes);
     write_bytes(&w, run_options, options_bytes);
     for (int i = 0; i < v->size; i++) {
         write_u32(&w, (uint32_t)strlen(v->words[i]));
         write_bytes(&w, v->words[i], strlen(v->words[i]));
     }
+    write_merges(&w, v->bpe);
     write_reals(&w, m->params_memory, m->num_parameters);
     write_reals(&w, m->adam_m, m->num_parameters);
     write_reals(&w, m->adam_v, m->num_parameters);
@@ -3126,6 +3573,11 @@ static const char *checkpoint_save(const char *path, const Transformer *m, const
     return NULL;
 }
 
+static const char *checkpoint_save(const char *path, const Transformer *m, const Vocabulary *v,
+                                   const TrainingState *state, const char *run_options) {
+    return checkpoint_save_version(path, m, v, state, run_options, CHECKPOINT_VERSION);
+}
+
 // The fixed-size header at the start of every checkpoint (offsets in NOTES.md).
 typedef struct {
     uint32_t real_bytes;        // 4 (float) or 8 (double)
@@ -3133,6 +3585,9 @@ typedef struct {
     uint64_t num_parameters, adam_step, dropout_rng;
     TrainingState state;
     uint64_t vocab_bytes, options_bytes;
+    uint32_t version;           // 1 or 2
+    uint64_t header_bytes;      // 120 (version 1) or 128
+    uint64_t merges_bytes;      // version 2; 0 in version 1
 } CheckpointHeader;
 
 // Reads and checks the header from its bytes b (got of them, from a file of
@@ -3145,11 +3600,13 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
         return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x %02x, expected 'TCKP'",
                       path, b[0], b[1], b[2], b[3]);
     if (got < 8) return errorf("%s: truncated: %zu bytes, inside the header", path, got);
-    if (get_u32(b + 4) != CHECKPOINT_VERSION)
-        return errorf("%s: checkpoint format version %u; expected version %d", path, get_u32(b + 4), CHECKPOINT_VERSION);
-    if (got < CHECKPOINT_HEADER_BYTES || size < CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES)
-        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %d", path,
-                      (unsigned long long)size, CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES);
+    h->version = get_u32(b + 4);
+    if (h->version != 1 && h->version != CHECKPOINT_VERSION)
+        return errorf("%s: checkpoint format version %u; expected version 1 or %d", path, h->version, CHECKPOINT_VERSION);
+    h->header_bytes = h->version == 1 ? CHECKPOINT_HEADER_BYTES_V1 : CHECKPOINT_HEADER_BYTES;
+    if (got < h->header_bytes || size < h->header_bytes + CHECKPOINT_CHECKSUM_BYTES)
+        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %llu", path,
+                      (unsigned long long)size, (unsigned long long)(h->header_bytes + CHECKPOINT_CHECKSUM_BYTES));
     h->real_bytes = get_u32(b + 8);
     if (h->real_bytes != 4 && h->real_bytes != 8)
         return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path, h->real_bytes);
@@ -3164,6 +3621,7 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
                             &h->state.epoch, &h->state.epoch_batches, &h->state.data_hash,
                             &h->vocab_bytes, &h->options_bytes };
     for (int i = 0; i < 9; i++) *fields[i] = get_u64(b + 48 + 8 * i);
+    h->merges_bytes = h->version >= 2 ? get_u64(b + 120) : 0;
     size_t sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(sizes, c);
     size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS);
@@ -3176,9 +3634,12 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
     if (h->options_bytes > size)
         return errorf("%s: header: an options section of %llu bytes, but the file has %llu", path,
                       (unsigned long long)h->options_bytes, (unsigned long long)size);
+    if (h->merges_bytes > size || (h->merges_bytes > 0 && h->merges_bytes < 4 + 10))
+        return errorf("%s: header: a merges section of %llu bytes; expected 0 or from 14 up to the file's %llu",
+                      path, (unsigned long long)h->merges_bytes, (unsigned long long)size);
     if (h->dropout_rng == 0) return errorf("%s: header: dropout generator state 0; expected non-zero", path);
-    uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + 3 * P * h->real_bytes
-                      + CHECKPOINT_CHECKSUM_BYTES;
+    uint64_t expected = h->header_bytes + h->options_bytes + h->vocab_bytes + h->merges_bytes
+                      + 3 * P * h->real_bytes + CHECKPOINT_CHECKSUM_BYTES;
     if (size < expected)
         return errorf("%s: truncated: %llu bytes, but its header describes %llu", path,
                       (unsigned long long)size, (unsigned long long)expected);
@@ -3219,6 +3680,49 @@ static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *v, const Ch
     return NULL;
 }
 
+// The merges section (version 2, when its size in the header is not 0): the
+// count, then each merge's two symbols, of 1 byte or more without spaces,
+// lengths adding up to the section's size. Sets v->bpe.
+static const char *checkpoint_read_merges(Reader *r, Vocabulary *v, const CheckpointHeader *h, const char *path) {
+    if (h->merges_bytes == 0) return NULL;
+    unsigned char b[4];
+    read_bytes(r, b, 4);
+    uint32_t count = get_u32(b);
+    uint64_t used = 4;
+    if (count == 0 || count > h->merges_bytes / 10)
+        return errorf("%s: the merges section says %u merges; its %llu bytes hold from 1 to %llu", path, count,
+                      (unsigned long long)h->merges_bytes, (unsigned long long)(h->merges_bytes / 10));
+    Bpe *bpe = checked_calloc(1, sizeof(Bpe), "merges");
+    bpe_init(bpe);
+    v->bpe = bpe; // vocab_free frees it on an error
+    for (uint32_t i = 0; i < count; i++) {
+        char *sides[2] = { NULL, NULL };
+        const char *error = NULL;
+        for (int k = 0; k < 2 && !error; k++) {
+            read_bytes(r, b, 4);
+            uint32_t n = get_u32(b);
+            used += 4 + (uint64_t)n;
+            if (n == 0 || used > h->merges_bytes) {
+                error = errorf("%s: merge %u has a symbol of length %u; the merges section disagrees with its size "
+                               "in the header (%llu bytes)", path, i + 1, n, (unsigned long long)h->merges_bytes);
+                break;
+            }
+            sides[k] = checked_calloc(n + 1, 1, "checkpoint merges");
+            read_bytes(r, sides[k], n);
+            int ok = strlen(sides[k]) == n;
+            for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)sides[k][j]);
+            if (!ok) error = errorf("%s: merge %u has a symbol with a space or a zero byte; expected neither", path, i + 1);
+        }
+        if (!error) bpe_add_merge(bpe, sides[0], sides[1], 0);
+        free(sides[0]); free(sides[1]);
+        if (error) return error;
+    }
+    if (used != h->merges_bytes)
+        return errorf("%s: the merges take %llu bytes, but its header says %llu", path, (unsigned long long)used,
+                      (unsigned long long)h->merges_bytes);
+    return NULL;
+}
+
 // Reads a checkpoint into a new model and vocabulary (and, when not NULL,
 // the training state and the run's options text, which the caller frees).
 // Nothing is allocated before the header has been checked against the
@@ -3243,13 +3747,14 @@ static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary 
     Reader r = { f, FNV_OFFSET, 0 };
     if (!error) { // the body, read from the start again so that the checksum covers every byte
         rewind(f);
-        read_bytes(&r, b, CHECKPOINT_HEADER_BYTES);
+        read_bytes(&r, b, h.header_bytes);
         options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
         read_bytes(&r, options, h.options_bytes);
         if (strlen(options) != h.options_bytes)
             error = errorf("%s: the options section holds a zero byte; expected text", path);
     }
     if (!error) error = checkpoint_read_vocabulary(&r, v, &h, path);
+    if (!error) error = checkpoint_read_merges(&r, v, &h, path);
     if (!error && (error = transformer_build(m, &h.config, 1))) error = errorf("%s: %s", path, error);
     if (!error) {
         size_t P = m->num_parameters;
@@ -3295,6 +3800,14 @@ static int same_config(const TransformerConfig *a, const TransformerConfig *b) {
            a->layer_norm_eps == b->layer_norm_eps;
 }
 
+static int same_merges(const Bpe *a, const Bpe *b) {
+    int na = a ? a->num_merges : 0, nb = b ? b->num_merges : 0;
+    if (na != nb) return 0;
+    for (int r = 0; r < na; r++)
+        if (strcmp(a->left[r], b->left[r]) != 0 || strcmp(a->right[r], b->right[r]) != 0) return 0;
+    return 1;
+}
+
 static const char *checkpoint_average(const char *out_path, const char *const *paths, int n) {
     if (n < 1) return errorf("no checkpoints to average; expected one or more files");
     Transformer m, last;
@@ -3322,6 +3835,8 @@ static const char *checkpoint_average(const char *out_path, const char *const *p
                 if (strcmp(v.words[t], last_vocab.words[t]) != 0)
                     error = errorf("%s: vocabulary token %d is '%s' but '%s' in %s; expected the same vocabulary",
                                    paths[i], t, v.words[t], last_vocab.words[t], paths[0]);
+            if (!error && !same_merges(v.bpe, last_vocab.bpe))
+                error = errorf("%s: its §5.1 merges differ from %s's; expected the same merges", paths[i], paths[0]);
             transformer_free(&last);
             vocab_free(&last_vocab);
             have_last = 0;
@@ -4332,7 +4847,7 @@ static int thread_count(void) {
 typedef struct {
     // data
     const char *task, *train_path, *valid_path;
-    int words, min_length, max_length, train_size, valid_size;
+    int words, min_length, max_length, train_size, valid_size, bpe;
     // model (Table 3's N, d_model, d_ff, h, P_drop, eps_ls)
     int layers, d_model, d_ff, heads, positions;
     double dropout, label_smoothing;
@@ -4361,6 +4876,8 @@ static int train_option_table(Option *t, TrainOptions *o) {
         TEXT_OPTION("--task", &o->task, RUN, "built-in task, copy or reverse (used when there is no --train)"),
         TEXT_OPTION("--train", &o->train_path, RUN, "training data: a file of source<TAB>target lines"),
         TEXT_OPTION("--valid", &o->valid_path, RUN, "held-out data, same format (default: every 20th line of --train)"),
+        INT_OPTION("--bpe", &o->bpe, 1, 1000000, RUN, "§5.1 byte-pair encoding: learn N merges from both sides of "
+                   "--train and train on subwords (0: whole words)"),
         INT_OPTION("--words", &o->words, 1, 100000, RUN, "task: the words are the numbers 0..N-1"),
         INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: shortest sequence"),
         INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: longest sequence"),
@@ -4413,6 +4930,7 @@ static char *format_run_options(const Option *options, int n) {
         const Option *o = &options[i];
         char value[4200];
         if (o->role == SESSION) continue;
+        if (o->kind == OPTION_INT && *(int *)o->value < o->min) continue; // off (--bpe not given): the default
         if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
         else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
         else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
@@ -4480,6 +4998,23 @@ static int task_index(const char *name) {
     return -1;
 }
 
+// --bpe N (§5.1): the merges, learned from the training pairs (both sides),
+// and the vocabulary of every symbol they know (vocab_add_subwords).
+static const char *train_learn_merges(TrainRun *r) {
+    int learned = 0;
+    double start = wall_seconds();
+    const char *error = bpe_learn_from_tsv(&r->vocab, r->opt.train_path, r->opt.valid_path ? 0 : 20, r->opt.bpe,
+                                           &learned);
+    if (error) return error;
+    vocab_add_subwords(&r->vocab);
+    printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned, r->opt.train_path,
+           wall_seconds() - start, r->vocab.size - NUM_SPECIAL_TOKENS);
+    if (learned < r->opt.bpe)
+        printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs twice any more\n",
+               learned, r->opt.bpe);
+    return NULL;
+}
+
 // Builds (or, on resume, rebuilds) the training and held-out pairs. A new run
 // takes its vocabulary from the training data; a resumed run reads the data
 // with the checkpoint's vocabulary and checks that it is the same data.
@@ -4503,6 +5038,7 @@ static const char *train_load_data(TrainRun *r, int resuming) {
     } else {
         snprintf(r->data_name, sizeof r->data_name, "%s", o->train_path);
         if (!resuming) vocab_init(&r->vocab);
+        if (!resuming && o->bpe > 0 && (error = train_learn_merges(r))) return error;
         if ((error = dataset_read_tsv(&r->train, &r->vocab, o->train_path, !resuming))) return error;
         if (o->valid_path) {
             if ((error = dataset_read_tsv(&r->valid, &r->vocab, o->valid_path, 0))) return error;
@@ -4528,6 +5064,7 @@ static const char *train_start(TrainRun *r) {
     const char *error;
     if (o->train_path && find_option(r->table, r->num_options, "--task")->seen)
         return errorf("--task and --train both given; expected one of them");
+    if (o->bpe > 0 && !o->train_path) return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
     if ((error = train_load_data(r, 0))) return error;
     TransformerConfig c = transformer_default_config();
     c.n_layers = o->layers; c.d_model = o->d_model; c.d_ff = o->d_ff; c.n_heads = o->heads;
@@ -4677,6 +5214,7 @@ static double train_evaluate(TrainRun *r, int final) {
     }
     Evaluation e;
     evaluate(&e, &r->model, &r->valid, r->opt.eval_size, r->opt.batch_tokens, 1, 0.6);
+    if (r->vocab.bpe) { evaluation_score_words(&e, &r->valid, &r->vocab); e.exact = e.exact_words; } // on words
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
            r->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1),
            100.0 * e.exact / e.sentences, e.exact, e.sentences);
@@ -4920,6 +5458,14 @@ static int command_decode(int argc, char **argv) {
 
 // ---- eval -------------------------------------------------------------------------
 
+static void print_bleu(const BleuStats *stats, const char *unit) {
+    double p[BLEU_MAX_ORDER], bp;
+    double score = bleu_score(stats, p, &bp);
+    printf("BLEU            %.2f%s (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
+           "output/reference length %lld/%lld)\n", score, unit, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
+           bp, stats->candidate_length, stats->reference_length);
+}
+
 static int command_eval(int argc, char **argv) {
     const char *checkpoint = NULL, *data = NULL;
     int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
@@ -4938,7 +5484,8 @@ static int command_eval(int argc, char **argv) {
         "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
         "Decodes every source of FILE.tsv and compares the output with the target: token accuracy\n"
         "(positions that agree, over the longer of output and target), exact match and, with\n"
-        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).";
+        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).\n"
+        "With §5.1 merges (train --bpe), exact match and BLEU are on words, BLEU also on subwords.";
     int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
     if (status) return status == 2 ? 0 : 1;
     set_threads(threads);
@@ -4956,20 +5503,18 @@ static int command_eval(int argc, char **argv) {
     if (!error) {
         Evaluation e;
         evaluate(&e, &m, &d, 0, batch_tokens, beam, alpha);
+        const char *subwords = v.bpe ? " (subwords)" : "";
+        if (v.bpe) { evaluation_score_words(&e, &d, &v); e.exact = e.exact_words; } // on words
         if (show) print_examples(&e, &d, &v, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
-        printf("token accuracy  %.2f%% (%ld/%ld)\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
-               e.correct, e.compared);
-        printf("exact match     %.2f%% (%d/%d)\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences);
-        printf("loss            %.4f per target token (teacher forcing, label smoothing %g)\n", e.loss,
-               (double)m.config.label_smoothing);
-        if (bleu) {
-            double p[BLEU_MAX_ORDER], bp;
-            double score = bleu_score(&e.bleu, p, &bp);
-            printf("BLEU            %.2f (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
-                   "output/reference length %lld/%lld)\n", score, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
-                   bp, e.bleu.candidate_length, e.bleu.reference_length);
-        }
+        printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
+               e.correct, e.compared, subwords);
+        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences,
+               v.bpe ? " (words)" : "");
+        printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
+               v.bpe ? ", a subword" : "", (double)m.config.label_smoothing);
+        if (bleu) print_bleu(v.bpe ? &e.bleu_words : &e.bleu, v.bpe ? " (words)" : "");
+        if (bleu && v.bpe) print_bleu(&e.bleu, subwords);
         evaluation_free(&e);
     }
     if (error) fprintf(stderr, "error: eval: %s\n", error);
@@ -5035,6 +5580,12 @@ static const char *attention_pictures(Transformer *m, const Vocabulary *v, const
     const char *error = NULL;
     printf("output: ");
     print_tokens(stdout, v, out, out_len);
+    if (v->bpe) {
+        printf("\nsource subwords: ");
+        print_subwords(stdout, v, src, src_len - 1);
+        printf("\noutput subwords: ");
+        print_subwords(stdout, v, out, out_len);
+    }
     printf("\n");
     for (int kind = 0; kind < 3 && !error; kind++) {
         char path[4200];
@@ -5088,6 +5639,73 @@ static int command_attention(int argc, char **argv) {
     }
     if (loaded) { transformer_free(&m); vocab_free(&v); }
     if (error) fprintf(stderr, "error: attention: %s\n", error);
+    free(sentences);
+    return error ? 1 : 0;
+}
+
+// ---- bpe ---------------------------------------------------------------------------------
+
+// One sentence cut into subwords with v's merges, printed on one line.
+static void print_sentence_subwords(Vocabulary *v, char *text, TextSource *from) {
+    int *ids = NULL;
+    size_t capacity = 0;
+    int n = tokenize(text, v, 1, &ids, &capacity, from);
+    print_subwords(stdout, v, ids, n);
+    printf("\n");
+    free(ids);
+}
+
+static int command_bpe(int argc, char **argv) {
+    const char *data = NULL, *checkpoint = NULL;
+    int merges = 0;
+    Option options[] = {
+        TEXT_OPTION("--data", &data, SESSION, "source<TAB>target lines to learn merges from (both sides)"),
+        INT_OPTION("--merges", &merges, 1, 1000000, SESSION, "how many merges to learn from --data"),
+        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "a model trained with --bpe: use its merges"),
+    };
+    const char *usage =
+        "usage: ./transformer bpe --data FILE.tsv --merges N ['SENTENCE' ...]\n"
+        "       ./transformer bpe --checkpoint FILE ['SENTENCE' ...]\n"
+        "§5.1 byte-pair encoding, to look at: learns N merges from both sides of every line of FILE.tsv\n"
+        "and prints them in order (rank, the pair, its count), then cuts each SENTENCE into subwords;\n"
+        "or cuts each SENTENCE, or else each line of standard input, with a checkpoint's merges.\n"
+        "A subword ending in </w> ends a word. (train --bpe N learns from the training lines only.)";
+    char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
+    int num_sentences = 0;
+    int status = parse_options("bpe", usage, options, (int)(sizeof options / sizeof *options), argc, argv,
+                               sentences, &num_sentences);
+    if (status) { free(sentences); return status == 2 ? 0 : 1; }
+    const char *error = !data == !checkpoint ? "expected either --data FILE.tsv --merges N or --checkpoint FILE"
+                      : data && merges == 0 ? "--merges N is required with --data (how many merges to learn)"
+                      : checkpoint && merges ? "--merges goes with --data; a checkpoint has its merges" : NULL;
+    Vocabulary v;
+    memset(&v, 0, sizeof v); // vocab_init below, or checkpoint_load's
+    if (!error && data) {
+        vocab_init(&v);
+        int learned = 0;
+        double start = wall_seconds();
+        if (!(error = bpe_learn_from_tsv(&v, data, 0, merges, &learned))) {
+            printf("# %d merges learned from %s in %.3f s", learned, data, wall_seconds() - start);
+            if (learned < merges) printf(" (of %d asked for: no pair of symbols occurs twice any more)", merges);
+            printf("\n# rank  left right  (count)\n");
+            for (int r = 0; r < v.bpe->num_merges; r++)
+                printf("%6d  %s %s  (%ld)\n", r + 1, v.bpe->left[r], v.bpe->right[r], v.bpe->frequency[r]);
+        }
+    } else if (!error) {
+        Transformer m;
+        if (!(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) transformer_free(&m);
+        if (!error && !v.bpe) error = errorf("%s: the model has no merges (trained on whole words, without --bpe)", checkpoint);
+    }
+    TextSource from = { "", 0, 0 };
+    for (int i = 0; i < num_sentences && !error; i++) print_sentence_subwords(&v, sentences[i], &from);
+    if (!error && checkpoint && num_sentences == 0) {
+        char *line = NULL;
+        size_t capacity = 0;
+        while (getline(&line, &capacity, stdin) != -1) print_sentence_subwords(&v, line, &from);
+        free(line);
+    }
+    if (error) fprintf(stderr, "error: bpe: %s\n", error);
+    vocab_free(&v);
     free(sentences);
     return error ? 1 : 0;
 }
@@ -5449,6 +6067,7 @@ static int command_bench(int argc, char **argv) {
 //   ./transformer attention  heatmaps of every head for one sentence (SVG)
 //   ./transformer pe       the positional-encoding matrix (SVG)
 //   ./transformer plot     training curves from train --log (SVG)
+//   ./transformer bpe      byte-pair encoding's merges and subwords (§5.1)
 //   ./transformer params   parameter counts (Table 3)
 //   ./transformer bench    training and decoding speed (make bench: side by side with PyTorch)
 // ============================================================================
@@ -5467,6 +6086,7 @@ static const Command commands[] = {
     { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
     { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
     { "plot",   command_plot,   "SVG training curves from the CSV of train --log" },
+    { "bpe",    command_bpe,    "§5.1 byte-pair encoding: learn and print merges from a TSV file, or cut text into subwords" },
     { "params", command_params, "parameter count of a configuration, per component (--preset base|big)" },
     { "bench",  command_bench,  "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };

@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_reference as ref  # noqa: E402  (the model and the reference-file writer)
 
 MAGIC = b"TCKP"
-VERSION = 1
-HEADER_BYTES = 120
+VERSIONS = (1, 2)                 # 2 adds the merges of byte-pair encoding (NOTES.md section 11)
+HEADER_BYTES = {1: 120, 2: 128}
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 
@@ -54,29 +54,33 @@ def read_checkpoint(path):
             data = f.read()
     except OSError as e:
         fail(path, f"cannot open: {e.strerror}")
-    if len(data) < HEADER_BYTES + 8:
-        fail(path, f"truncated: {len(data)} bytes, shorter than the {HEADER_BYTES}-byte header")
+    if len(data) < HEADER_BYTES[1] + 8:
+        fail(path, f"truncated: {len(data)} bytes, shorter than the {HEADER_BYTES[1]}-byte header")
     if data[:4] != MAGIC:
         fail(path, f"not a transformer.c checkpoint: it starts with {data[:4]!r}, expected b'TCKP'")
     version, real_bytes = struct.unpack_from("<2I", data, 4)
-    if version != VERSION:
-        fail(path, f"version {version}, expected {VERSION}")
+    if version not in VERSIONS:
+        fail(path, f"version {version}, expected 1 or 2")
+    header_bytes = HEADER_BYTES[version]
+    if len(data) < header_bytes + 8:
+        fail(path, f"truncated: {len(data)} bytes, shorter than the {header_bytes}-byte header")
     if real_bytes not in (4, 8):
         fail(path, f"{real_bytes} bytes per number, expected 4 or 8")
     L, C, F_, H, V, max_len = struct.unpack_from("<6I", data, 12)
     dropout, label_smoothing, ln_eps = struct.unpack_from("<3f", data, 36)
     (num_params, adam_step, _dropout_rng, _epoch_rng, _epoch, _epoch_batches, _data_hash,
      vocab_bytes, options_bytes) = struct.unpack_from("<9Q", data, 48)
+    (merges_bytes,) = struct.unpack_from("<Q", data, 120) if version >= 2 else (0,)
     P = ref.n_params(L, C, F_, V)
     if num_params != P:
         fail(path, f"header says {num_params} parameters, but its sizes give {P}")
-    expected = HEADER_BYTES + options_bytes + vocab_bytes + 3 * P * real_bytes + 8
+    expected = header_bytes + options_bytes + vocab_bytes + merges_bytes + 3 * P * real_bytes + 8
     if len(data) != expected:
         fail(path, f"{len(data)} bytes, but its header implies {expected}")
     (stored_sum,) = struct.unpack_from("<Q", data, len(data) - 8)
     if fnv1a(data[:-8]) != stored_sum:
         fail(path, "checksum mismatch: the file is damaged")
-    pos = HEADER_BYTES
+    pos = header_bytes
     options = data[pos:pos + options_bytes].decode("utf-8", "replace")
     pos += options_bytes
     words = []
@@ -87,6 +91,7 @@ def read_checkpoint(path):
         pos += 4 + n
     if len(words) != V:
         fail(path, f"{len(words)} vocabulary words, expected {V}")
+    pos += merges_bytes  # the merges (subwords): the tokens are the vocabulary's either way
     dtype = "<f4" if real_bytes == 4 else "<f8"
     import numpy as np
     params = np.frombuffer(data, dtype=dtype, count=P, offset=pos).astype(np.float32)

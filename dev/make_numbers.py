@@ -8,35 +8,37 @@ Plain Python 3, no third-party packages. The same --seed gives byte-identical
 files on any Python 3 version: the shuffles use our own generator (splitmix64),
 not the `random` module, whose algorithms may change between versions.
 
-Each line is `english<TAB>german`, tokens separated by single spaces, e.g.
+Each line is `english<TAB>german` in UTF-8, e.g.
 
-    three hundred forty two<TAB>drei hundert zwei und vierzig
+    three hundred forty two<TAB>dreihundertzweiundvierzig
 
-German writes the ones before the tens ("zweiundvierzig", two-and-forty), so
-the word order changes between the languages. The rules (in short: NOTES.md, section 6):
+German writes a number below a million as ONE word, and the ones before the
+tens ("zweiundvierzig", two-and-forty), so the word order changes inside the
+word. Whole words cannot translate this (every number is a word of its own,
+never seen in training); transformer.c's byte-pair encoding (`train --bpe N`,
+NOTES.md section 6) learns subwords such as `hundert`, `und`, `zig`. The rules,
+German standard spelling (Duden) of cardinal numbers:
 
-  * German compounds are split into their parts, one token each:
-    zweihundert -> `zwei hundert`, zweiundvierzig -> `zwei und vierzig`,
-    dreitausend -> `drei tausend`. The teens and the tens stay one token
-    (dreizehn, vierzig), as English keeps thirteen and forty.
-  * Tokens are ASCII: ue for u-umlaut, oe for o-umlaut, ss for sharp s
-    (fuenf, fuenfzehn, fuenfzig, zwoelf, dreissig).
-  * One is `eins` when it stands at the end of the number (eins, ein hundert
-    eins, zwei tausend eins) and `ein` before und / hundert / tausend
-    (ein und zwanzig, ein hundert, ein tausend, ein und dreissig tausend).
-  * Hundreds and thousands always carry their count: 100 -> `ein hundert`
-    (German also allows a bare "hundert"; we always write the count), just as
-    English writes `one hundred`.
-  * 16 is sechzehn and 60 sechzig (not sechs-), 17 siebzehn and 70 siebzig
-    (not sieben-); 11 elf, 12 zwoelf; 0 null.
-  * English follows American usage without "and": `one hundred one`,
-    `twenty one thousand`; tens and ones are two tokens (`forty two`).
+  * One word, no spaces: 342 dreihundertzweiundvierzig, 7001 siebentausendeins,
+    21000 einundzwanzigtausend, 99999 neunundneunzigtausendneunhundertneunundneunzig.
+  * Real letters: fünf, zwölf, dreißig, fünfzehn, fünfzig.
+  * One is `eins` at the end of the number (eins, einhunderteins,
+    zweitausendeins) and `ein` before und / hundert / tausend (einundzwanzig,
+    einhundert, eintausend, einunddreißigtausend).
+  * 100 and 1000 are written with their count, `einhundert`, `eintausend`
+    (German also allows bare "hundert", "tausend"; the count is chosen so that
+    one form stands for each, just as English writes `one hundred`).
+  * 16 sechzehn and 60 sechzig (not sechs-), 17 siebzehn and 70 siebzig (not
+    sieben-), but 7000 siebentausend and 700 siebenhundert; 11 elf, 12 zwölf; 0 null.
+  * English follows American usage without "and", one word per number word:
+    `one hundred one`, `twenty one thousand`, `forty two`.
 
 Numbers come from 0..99999, split into train, dev and test so that no
 number is in two splits; 0 is always in train (no other number has the words
-zero / null), and the script checks that every word of dev and test occurs in train. The split is stratified by size so that every split
-has short and long numbers (a uniform draw from 0..99999 would be 90% five-digit
-numbers): the quotas are in SPLITS below.
+zero / null), and the script checks that every character of dev and test occurs
+in train (so that byte-pair encoding can write every test word). The split is
+stratified by size so that every split has short and long numbers (a uniform
+draw from 0..99999 would be 90% five-digit numbers): the quotas are in SPLITS below.
 """
 import argparse
 import os
@@ -47,10 +49,10 @@ ENGLISH_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "
                 "seventeen", "eighteen", "nineteen"]
 ENGLISH_TENS = [None, None, "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty",
                 "ninety"]
-GERMAN_ONES = ["null", "eins", "zwei", "drei", "vier", "fuenf", "sechs", "sieben", "acht", "neun",
-               "zehn", "elf", "zwoelf", "dreizehn", "vierzehn", "fuenfzehn", "sechzehn",
+GERMAN_ONES = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun",
+               "zehn", "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn",
                "siebzehn", "achtzehn", "neunzehn"]
-GERMAN_TENS = [None, None, "zwanzig", "dreissig", "vierzig", "fuenfzig", "sechzig", "siebzig",
+GERMAN_TENS = [None, None, "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig",
                "achtzig", "neunzig"]
 
 LARGEST = 99999
@@ -92,32 +94,38 @@ def english(n):
 
 
 def german_below_1000(n, final):
-    """German words for 1 <= n <= 999. `final`: nothing follows (so 1 is `eins`)."""
-    words = []
+    """The parts of the German word for 1 <= n <= 999. `final`: nothing follows (so 1 is `eins`)."""
+    parts = []
     if n >= 100:
         hundreds = n // 100
-        words += ["ein" if hundreds == 1 else GERMAN_ONES[hundreds], "hundert"]
+        parts += ["ein" if hundreds == 1 else GERMAN_ONES[hundreds], "hundert"]
         n %= 100
     if n >= 20:
         ones, tens = n % 10, n // 10
         if ones > 0:  # the ones come first: zwei und vierzig
-            words += ["ein" if ones == 1 else GERMAN_ONES[ones], "und"]
-        words.append(GERMAN_TENS[tens])
+            parts += ["ein" if ones == 1 else GERMAN_ONES[ones], "und"]
+        parts.append(GERMAN_TENS[tens])
     elif n > 0:
-        words.append("ein" if n == 1 and not final else GERMAN_ONES[n])
-    return words
+        parts.append("ein" if n == 1 and not final else GERMAN_ONES[n])
+    return parts
+
+
+def german_parts(n):
+    """The German word for n as its parts: 342 -> drei hundert zwei und vierzig."""
+    if n == 0:
+        return ["null"]
+    parts = []
+    if n >= 1000:
+        parts += german_below_1000(n // 1000, final=False) + ["tausend"]
+        n %= 1000
+    if n > 0:
+        parts += german_below_1000(n, final=True)
+    return parts
 
 
 def german(n):
-    if n == 0:
-        return ["null"]
-    words = []
-    if n >= 1000:
-        words += german_below_1000(n // 1000, final=False) + ["tausend"]
-        n %= 1000
-    if n > 0:
-        words += german_below_1000(n, final=True)
-    return words
+    """German writes the number as one word: the parts joined."""
+    return ["".join(german_parts(n))]
 
 
 class SplitMix64:
@@ -156,29 +164,45 @@ def self_check():
         1: ("one", "eins"),
         7: ("seven", "sieben"),
         11: ("eleven", "elf"),
-        12: ("twelve", "zwoelf"),
+        12: ("twelve", "zwölf"),
         16: ("sixteen", "sechzehn"),
         17: ("seventeen", "siebzehn"),
         20: ("twenty", "zwanzig"),
-        21: ("twenty one", "ein und zwanzig"),
-        30: ("thirty", "dreissig"),
-        67: ("sixty seven", "sieben und sechzig"),
-        100: ("one hundred", "ein hundert"),
-        101: ("one hundred one", "ein hundert eins"),
-        111: ("one hundred eleven", "ein hundert elf"),
-        342: ("three hundred forty two", "drei hundert zwei und vierzig"),
-        1000: ("one thousand", "ein tausend"),
-        1001: ("one thousand one", "ein tausend eins"),
-        2021: ("two thousand twenty one", "zwei tausend ein und zwanzig"),
-        16017: ("sixteen thousand seventeen", "sechzehn tausend siebzehn"),
-        21000: ("twenty one thousand", "ein und zwanzig tausend"),
+        21: ("twenty one", "einundzwanzig"),
+        30: ("thirty", "dreißig"),
+        67: ("sixty seven", "siebenundsechzig"),
+        100: ("one hundred", "einhundert"),
+        101: ("one hundred one", "einhunderteins"),
+        111: ("one hundred eleven", "einhundertelf"),
+        342: ("three hundred forty two", "dreihundertzweiundvierzig"),
+        700: ("seven hundred", "siebenhundert"),
+        1000: ("one thousand", "eintausend"),
+        1001: ("one thousand one", "eintausendeins"),
+        2021: ("two thousand twenty one", "zweitausendeinundzwanzig"),
+        7001: ("seven thousand one", "siebentausendeins"),
+        16017: ("sixteen thousand seventeen", "sechzehntausendsiebzehn"),
+        21000: ("twenty one thousand", "einundzwanzigtausend"),
+        31555: ("thirty one thousand five hundred fifty five", "einunddreißigtausendfünfhundertfünfundfünfzig"),
         99999: ("ninety nine thousand nine hundred ninety nine",
-                "neun und neunzig tausend neun hundert neun und neunzig"),
+                "neunundneunzigtausendneunhundertneunundneunzig"),
     }
     for n, (en, de) in cases.items():
         got = (" ".join(english(n)), " ".join(german(n)))
         if got != (en, de):
             sys.exit(f"make_numbers.py: rule check failed for {n}: got {got}, expected {(en, de)}")
+
+
+def german_split(word, parts):
+    """Cuts a German number word into its parts, longest known part first
+    (achtzehn before acht), independently of the rules that joined them."""
+    out = []
+    while word:
+        part = max((p for p in parts if word.startswith(p)), key=len, default=None)
+        if part is None:
+            raise ValueError(word)
+        out.append(part)
+        word = word[len(part):]
+    return out
 
 
 def value_of(tokens, ones, tens, hundred, thousand):
@@ -200,22 +224,26 @@ def value_of(tokens, ones, tens, hundred, thousand):
 
 
 def check_all():
-    """Every number 0..LARGEST: both sides read back to the number; one is
-    `eins` only at the end and `ein` never; `und` stands between a one and a ten."""
+    """Every number 0..LARGEST: both sides read back to the number (the German
+    word cut into its parts anew); one is `eins` only at the end and `ein`
+    never there; `und` stands between a one and a ten."""
     en_ones = {w: i for i, w in enumerate(ENGLISH_ONES)}
     en_tens = {w: 10 * i for i, w in enumerate(ENGLISH_TENS) if w}
     de_ones = {w: i for i, w in enumerate(GERMAN_ONES)}
     de_ones["ein"] = 1
     de_tens = {w: 10 * i for i, w in enumerate(GERMAN_TENS) if w}
+    known_parts = set(de_ones) | set(de_tens) | {"und", "hundert", "tausend"}
     for n in range(LARGEST + 1):
-        en, de = english(n), german(n)
-        ok = value_of(en, en_ones, en_tens, "hundred", "thousand") == n
+        en, (word,) = english(n), german(n)
+        de = german_split(word, known_parts)
+        ok = de == german_parts(n) and " " not in word
+        ok = ok and value_of(en, en_ones, en_tens, "hundred", "thousand") == n
         ok = ok and value_of(de, de_ones, de_tens, "hundert", "tausend") == n
         ok = ok and "eins" not in de[:-1] and de[-1] != "ein"
         ok = ok and all(0 < i < len(de) - 1 and de[i - 1] in de_ones and de[i + 1] in de_tens
                         for i, w in enumerate(de) if w == "und")
         if not ok:
-            sys.exit(f"make_numbers.py: check failed for {n}: {en} -> {de}")
+            sys.exit(f"make_numbers.py: check failed for {n}: {en} -> {word} ({de})")
 
 
 def main():
@@ -238,18 +266,18 @@ def main():
         splits["train"] += pool[:n_train]
         splits["dev"] += pool[n_train:n_train + n_dev]
         splits["test"] += pool[n_train + n_dev:n_train + n_dev + n_test]
-    train_words = {w for n in splits["train"] for w in english(n) + german(n)}
+    train_characters = {c for n in splits["train"] for w in english(n) + german(n) for c in w}
     for name in ("dev", "test"):
-        unseen = {w for n in splits[name] for w in english(n) + german(n)} - train_words
-        if unseen:  # a model could never write a word it was not trained on
-            sys.exit(f"make_numbers.py: seed {args.seed}: {name} has words not in train: {sorted(unseen)}")
+        unseen = {c for n in splits[name] for w in english(n) + german(n) for c in w} - train_characters
+        if unseen:  # byte-pair encoding could not write these words without <unk>
+            sys.exit(f"make_numbers.py: seed {args.seed}: {name} has characters not in train: {sorted(unseen)}")
     seen = set()
     for name, numbers in splits.items():
         assert not seen.intersection(numbers), "a number is in two splits"
         seen.update(numbers)
         rng.shuffle(numbers)  # file order mixes short and long numbers
         path = os.path.join(args.out_dir, f"numbers_{name}.tsv")
-        with open(path, "w", encoding="ascii", newline="\n") as f:
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
             for n in numbers:
                 f.write(" ".join(english(n)) + "\t" + " ".join(german(n)) + "\n")
         print(f"{path}: {len(numbers)} pairs")
