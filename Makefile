@@ -82,10 +82,12 @@ test: $(TESTS) transformer transformer_plain
 
 # The README's main job: train the copy task with the defaults (about 10-12 s
 # on 2 cores), print held-out examples and the exact-match rate, then decode
-# a sentence with beam search from the checkpoint.
+# a sentence with beam search from the checkpoint. The demo is made to be run
+# again: it keeps its own file, runs/demo.ckpt, and replaces it (--force);
+# train refuses to replace any other checkpoint unasked.
 demo: transformer
-	./transformer train --task copy
-	./transformer decode --checkpoint runs/copy.ckpt --beam 4 "3 1 4 1 5 9 2 6"
+	./transformer train --task copy --checkpoint runs/demo.ckpt --force
+	./transformer decode --checkpoint runs/demo.ckpt --beam 4 "3 1 4 1 5 9 2 6"
 
 # NOTES.md §6: 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
 # machine); THREADS=1 is faster than two threads on a machine busy with other jobs.
@@ -93,9 +95,9 @@ THREADS ?= 0
 NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --layers 2 --d-model 64 \
           --d-ff 256 --heads 4 --lr 0.003 --warmup 400 --steps 2000 --batch-tokens 1200 --seed 1
 numbers: transformer
-	mkdir -p runs && rm -f runs/numbers.csv runs/numbers.ckpt.step*
+	mkdir -p runs && rm -f runs/numbers.csv
 	./transformer train $(NUMBERS) --eval-every 250 --log-every 50 --save-every 100 --keep-last 5 \
-	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --threads $(THREADS)
+	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --force --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
 	./transformer average --out runs/numbers_avg5.ckpt runs/numbers.ckpt.step*
