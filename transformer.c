@@ -4836,8 +4836,9 @@ static const char *train_loop(TrainRun *r) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", m->adam_step, o->steps);
         train_evaluate(r, 1);
     }
-    double start = wall_seconds(), last_time = start;
+    double start = wall_seconds(), last_time = start, best_rate = 0; // tokens/s, for the note on a busy machine
     long first_step = m->adam_step, tokens = 0;
+    int hinted = 0;
     const char *error = NULL;
     while (!error && m->adam_step < o->steps) {
         if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
@@ -4871,9 +4872,16 @@ static const char *train_loop(TrainRun *r) {
         csv_loss += loss; csv_steps++; csv_tokens += r->batch.tokens; csv_seconds += wall_seconds() - step_start;
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
-            double now = wall_seconds();
-            print_progress(step, o->steps, loss, lr, tokens / (now - last_time + 1e-9), now - start,
+            double now = wall_seconds(), rate = tokens / (now - last_time + 1e-9);
+            print_progress(step, o->steps, loss, lr, rate, now - start,
                            (now - start) / (step - first_step) * (o->steps - step));
+            if (rate < best_rate / 4 && !hinted && thread_count() > 1) { // once a run
+                printf("note: %.0f%% of this run's best speed: another program is probably busy on these cores; "
+                       "--threads 1 may be faster while it is (on --resume too: the numbers are the same)\n",
+                       100 * rate / best_rate);
+                hinted = 1;
+            }
+            if (rate > best_rate) best_rate = rate;
             last_time = now;
             tokens = 0;
         }
@@ -5673,6 +5681,17 @@ int transformer_main(int argc, char **argv) {
 
 #ifndef TRANSFORMER_NO_MAIN
 int main(int argc, char **argv) {
+#if defined(_OPENMP) && defined(__OPTIMIZE__) && defined(__linux__)
+    // OpenMP's threads wait for the next parallel loop by spinning, for a
+    // while, by default. When another program keeps a core busy, a spinning
+    // thread holds the core the other thread needs and a training step can
+    // take ten times as long (NOTES.md section 9). Waiting asleep, the
+    // "passive" policy, avoids that. The OpenMP library reads its environment
+    // as the program loads, so the program starts again with it set (not in
+    // -O0 builds, for gdb's sake). A user's own OMP_WAIT_POLICY is kept.
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv); // returns only if it failed: go on as we are
+#endif
     return transformer_main(argc, argv);
 }
 #endif
