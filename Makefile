@@ -95,7 +95,7 @@ THREADS ?= 0
 NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --layers 2 --d-model 64 \
           --d-ff 256 --heads 4 --lr 0.003 --warmup 400 --steps 2000 --batch-tokens 1200 --seed 1
 numbers: transformer
-	mkdir -p runs && rm -f runs/numbers.csv
+	mkdir -p runs && rm -f runs/numbers.csv runs/numbers.ckpt.step*
 	./transformer train $(NUMBERS) --eval-every 250 --log-every 50 --save-every 100 --keep-last 5 \
 	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --force --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)

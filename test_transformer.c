@@ -2551,6 +2551,11 @@ static void test_existing_checkpoints_and_keep_last(void) {
     check(status == 0 && checkpoint_file_step(ckpt) == 2 && !file_exists(path),
           "cli: --force replaces the checkpoint (now at step %ld) and its step files (exit %d)",
           checkpoint_file_step(ckpt), status);
+    kept_step_path(path, sizeof path, ckpt, 2, ".tmp"); // killed while writing step 2's file
+    write_text(path, "half a checkpoint");
+    status = run_cli("train --resume %s --steps 3", ckpt);
+    check(status == 0 && !file_exists(path), "cli: --resume without --keep-last also removes a killed save's "
+          "CHECKPOINT.step0000002.tmp (exit %d)", status);
     status = run_cli("train --help");
     check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
     free(before);

@@ -3767,7 +3767,8 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
         const SvgHeatmap *p = &panels[i];
         if (!p->values || p->rows < 1 || p->cols < 1 || p->row_stride < p->cols) {
             fprintf(stderr, "error: %s%s: panel %d is %d x %d with row stride %d: expected a matrix of at "
-                            "least 1 x 1 with stride >= columns\n", error_context, path, i, p->rows, p->cols, p->row_stride);
+                            "least 1 x 1 with stride >= columns\n", error_context, path, i, p->rows, p->cols,
+                    p->row_stride);
             return 1;
         }
         total_cells += (size_t)p->rows * p->cols;
@@ -4730,6 +4731,12 @@ static const char *train_prepare_output(TrainRun *r) {
     }
     if (o->resume && !same) r->last_saved_step = -1;
     if (o->resume && o->keep_last > 0) kept_steps_find(r, r->model.adam_step);
+    else if (o->resume) { // a save killed while writing its step file left CHECKPOINT.stepN.tmp, N the step resumed
+        char step_tmp[sizeof r->checkpoint_path + 40];
+        kept_checkpoint_path(step_tmp, sizeof step_tmp, r, r->model.adam_step);
+        strcat(step_tmp, ".tmp");
+        if (access(step_tmp, F_OK) == 0) remove(step_tmp);
+    }
     r->run_options = format_run_options(r->table, r->num_options);
     return NULL;
 }
@@ -4886,7 +4893,9 @@ static const char *train_loop(TrainRun *r) {
             tokens = 0;
         }
         int evaluating = (o->eval_every && step % o->eval_every == 0) || last;
+        double eval_start = wall_seconds();
         double heldout = evaluating ? train_evaluate(r, last) : NAN;
+        last_time += wall_seconds() - eval_start; // tokens/s in progress lines: the training steps' time only
         if (log_csv && ((o->log_every && step % o->log_every == 0) || evaluating)) {
             // the mean training loss of the steps since the last line; tokens/s over the same steps
             fprintf(log_csv, "%ld,%.6g,%.6g,%.0f,", step, csv_loss / csv_steps, lr, csv_tokens / (csv_seconds + 1e-9));
