@@ -86,6 +86,7 @@ test: $(TESTS) transformer transformer_plain
 # again: it keeps its own file, runs/demo.ckpt, and replaces it (--force);
 # train refuses to replace any other checkpoint unasked.
 demo: transformer
+	mkdir -p runs
 	./transformer train --task copy --checkpoint runs/demo.ckpt --force
 	./transformer decode --checkpoint runs/demo.ckpt --beam 4 "3 1 4 1 5 9 2 6"
 

@@ -5001,7 +5001,8 @@ static int command_decode(int argc, char **argv) {
         "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
         "Translates each SENTENCE (tokens separated by spaces), or else each line of standard input,\n"
         "and prints the output, one line each. Greedy decoding with a key/value cache, or beam\n"
-        "search with --beam; at most source length + 50 tokens (§6.1).";
+        "search with --beam; at most source length + 50 tokens (§6.1). A sentence it cannot take (too\n"
+        "long, a reserved token) gets an error line and an empty output line; then exit status 1.";
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
     int num_sentences = 0, n = (int)(sizeof options / sizeof *options);
     int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);
