@@ -90,10 +90,13 @@ test: $(TESTS) transformer transformer_plain
 
 # The README's main job: train the copy task with the defaults (about 10-12 s
 # on 2 cores), print held-out examples and the exact-match rate, then decode
-# a sentence with beam search from the checkpoint.
+# a sentence with beam search from the checkpoint. The demo is made to be run
+# again: it keeps its own file, runs/demo.ckpt, and replaces it (--force);
+# train refuses to replace any other checkpoint unasked.
 demo: transformer
-	./transformer train --task copy
-	./transformer decode --checkpoint runs/copy.ckpt --beam 4 "3 1 4 1 5 9 2 6"
+	mkdir -p runs
+	./transformer train --task copy --checkpoint runs/demo.ckpt --force
+	./transformer decode --checkpoint runs/demo.ckpt --beam 4 "3 1 4 1 5 9 2 6"
 
 # NOTES.md §6: 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
 # machine); THREADS=1 is faster than two threads on a machine busy with other jobs.
@@ -104,7 +107,7 @@ NUMBERS_BIN ?= ./transformer
 numbers: transformer
 	mkdir -p runs && rm -f runs/numbers.csv runs/numbers.ckpt.step*
 	$(NUMBERS_BIN) train $(NUMBERS) --eval-every 250 --log-every 50 --save-every 100 --keep-last 5 \
-	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --threads $(THREADS)
+	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --force --threads $(THREADS)
 	$(NUMBERS_BIN) eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	$(NUMBERS_BIN) eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
 	./transformer average --out runs/numbers_avg5.ckpt runs/numbers.ckpt.step*

@@ -1861,7 +1861,7 @@ static void test_svg_loss_curve(void) {
     check(status == 0 && svg && printed[0] == '\0', "SVG loss curve: written, nothing printed");
     if (svg) {
         check(count_occurrences(svg, "<polyline") == 3 && strstr(svg, "training loss (log scale)") &&
-              strstr(svg, "held-out score") && strstr(svg, ">dev_exact</text>") && count_occurrences(svg, "<circle") == 2,
+              strstr(svg, "held-out score") && strstr(svg, ">dev exact</text>") && count_occurrences(svg, "<circle") == 2,
               "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning rate");
     }
     free(svg);
@@ -2116,11 +2116,11 @@ static void test_beam_search_is_exhaustive_when_wide(void) {
 
 static char test_dir[256];   // a fresh temporary directory for the files below
 
-// A path in test_dir; each call has its own buffer (up to 64 of them).
+// A path in test_dir; each call has its own buffer (up to 512 of them).
 static const char *test_path(const char *name) {
-    static char paths[128][512];
+    static char paths[512][512];
     static int next = 0;
-    if (next == 128) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
+    if (next == 512) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
     char *p = paths[next++];
     snprintf(p, 512, "%s/%s", test_dir, name);
     return p;
@@ -2751,6 +2751,184 @@ static void test_log_keep_last_and_pictures(const char *ckpt) {
                     "attention --checkpoint %s --out-dir /nonexistent/x '1 2'", ckpt);
 }
 
+// ---- what a new user meets: an existing checkpoint, resumes, odd data, streams ----
+
+static long checkpoint_file_step(const char *path) {
+    Transformer m;
+    Vocabulary v;
+    if (checkpoint_load(path, &m, &v, NULL, NULL)) return -1;
+    long step = m.adam_step;
+    transformer_free(&m); vocab_free(&v);
+    return step;
+}
+
+static void kept_step_path(char *out, size_t n, const char *ckpt, int step, const char *suffix) {
+    snprintf(out, n, "%s.step%07d%s", ckpt, step, suffix);
+}
+
+static void test_existing_checkpoints_and_keep_last(void) {
+    const char *ckpt = test_path("mine.ckpt"), *other = test_path("other.ckpt");
+    char path[600];
+    // a run with --keep-last 2 ...
+    int status = run_cli("train --task copy --steps 4 --save-every 1 --keep-last 2 --checkpoint %s " TINY_RUN, ckpt);
+    size_t size;
+    unsigned char *before = read_file(ckpt, &size);
+    check(status == 0 && before, "cli: a 4-step run with --keep-last 2 (exit %d)", status);
+    if (!before) return;
+    // ... is not replaced by a new run
+    check_cli_error("a new run onto another run's checkpoint", "mine.ckpt is already there (another run's "
+                    "checkpoint?); expected --resume", "train --task copy --steps 2 --checkpoint %s " TINY_RUN, ckpt);
+    size_t after_size;
+    unsigned char *after = read_file(ckpt, &after_size);
+    check(after && after_size == size && memcmp(before, after, size) == 0, "cli: ... and the checkpoint is untouched");
+    free(after);
+    run_cli("train --task copy --steps 2 --checkpoint %s " TINY_RUN, other);
+    check_cli_error("a resumed run onto another run's checkpoint", "other.ckpt is already there",
+                    "train --resume %s --steps 6 --checkpoint %s", ckpt, other);
+    // --keep-last across a resume: the earlier session's files count, a killed save's .tmp goes
+    kept_step_path(path, sizeof path, ckpt, 4, ".tmp");
+    write_text(path, "half a checkpoint");
+    status = run_cli("train --resume %s --steps 7 --save-every 1 --keep-last 2", ckpt);
+    int there[8], tmp_left;
+    for (int step = 1; step <= 7; step++) {
+        kept_step_path(path, sizeof path, ckpt, step, "");
+        there[step] = file_exists(path);
+    }
+    kept_step_path(path, sizeof path, ckpt, 4, ".tmp");
+    tmp_left = file_exists(path);
+    check(status == 0 && !there[3] && !there[4] && !there[5] && there[6] && there[7] && !tmp_left,
+          "cli: --keep-last 2 on --resume leaves steps 6 and 7, not the earlier session's 3 and 4, nor a killed "
+          "save's .tmp (exit %d)", status);
+    // --force replaces the checkpoint and its step files
+    status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
+    kept_step_path(path, sizeof path, ckpt, 7, "");
+    check(status == 0 && checkpoint_file_step(ckpt) == 2 && !file_exists(path),
+          "cli: --force replaces the checkpoint (now at step %ld) and its step files (exit %d)",
+          checkpoint_file_step(ckpt), status);
+    kept_step_path(path, sizeof path, ckpt, 2, ".tmp"); // killed while writing step 2's file
+    write_text(path, "half a checkpoint");
+    status = run_cli("train --resume %s --steps 3", ckpt);
+    check(status == 0 && !file_exists(path), "cli: --resume without --keep-last also removes a killed save's "
+          "CHECKPOINT.step0000002.tmp (exit %d)", status);
+    status = run_cli("train --help");
+    check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
+    free(before);
+}
+
+static void test_moved_data(void) {
+    char from[600], to[600], command[1400];
+    snprintf(from, sizeof from, "%s/moved_data.tsv", test_dir);
+    snprintf(to, sizeof to, "%s/elsewhere.tsv", test_dir);
+    write_text(from, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    const char *ckpt = test_path("moved.ckpt");
+    int status = run_cli("train --train %s --steps 2 --checkpoint %s " TINY_RUN, from, ckpt);
+    snprintf(command, sizeof command, "mv %s %s", from, to);
+    check(status == 0 && system(command) == 0, "cli: a run on a TSV file, whose file then moves (exit %d)", status);
+    check_cli_error("--resume when the data moved", "moved_data.tsv: cannot open: No such file or directory; it is "
+                    "the run's --train", "train --resume %s --steps 4", ckpt);
+    status = run_cli("train --resume %s --steps 4 --train %s", ckpt, to);
+    check(status == 0 && checkpoint_file_step(ckpt) == 4, "cli: --resume --train NEW_PATH takes the same data at its "
+          "new path (exit %d)", status);
+    status = run_cli("train --resume %s --steps 5", ckpt);
+    check(status == 0 && checkpoint_file_step(ckpt) == 5, "cli: ... and the next --resume finds it there (exit %d)",
+          status);
+    write_text(test_path("other_data.tsv"), "a b\tb a\nc d e\te d c\na a\ta a\nb c\tb c\n");
+    check_cli_error("--resume --train with other data", "other_data.tsv: not the training data of the checkpoint",
+                    "train --resume %s --steps 6 --train %s", ckpt, test_path("other_data.tsv"));
+}
+
+static void test_odd_data_and_decode_streams(const char *ckpt) {
+    // a byte-order mark: not part of the first token
+    const char *bom = test_path("bom.tsv"), *bom_ckpt = test_path("bom.ckpt");
+    write_text(bom, "\xEF\xBB\xBFq r\tr q\nr s\ts r\n");
+    int status = run_cli("train --train %s --steps 1 --checkpoint %s " TINY_RUN, bom, bom_ckpt);
+    int status2 = run_cli("decode --checkpoint %s 'q r'", bom_ckpt);
+    check(status == 0 && status2 == 0 && !strstr(cli_output, "not in the vocabulary"),
+          "cli: a UTF-8 byte-order mark is stripped: 'q' is in the vocabulary (exit %d, %d)", status, status2);
+    // the special tokens' text in data is refused
+    write_text(test_path("special.tsv"), "a b\tb a\nc <s> d\td c\n");
+    check_cli_error("<s> in training data", "special.tsv:2: the token '<s>' is reserved (<pad> <s> </s> <unk>",
+                    "train --train %s --steps 1 --checkpoint %s " TINY_RUN, test_path("special.tsv"),
+                    test_path("special.ckpt"));
+    write_text(test_path("special_eval.tsv"), "1 2\t1 2\n1\t1 <unk>\n");
+    check_cli_error("<unk> in held-out data", "special_eval.tsv:2: the token '<unk>' is reserved",
+                    "eval --checkpoint %s --data %s", ckpt, test_path("special_eval.tsv"));
+    check_cli_error("</s> in a sentence to decode", "argument 1: the token '</s>' is reserved",
+                    "decode --checkpoint %s '1 </s> 2'", ckpt);
+    // a stream from stdin goes on past a line it cannot decode
+    char lines[600] = "1 2 3\n";
+    for (int i = 0; i < 25; i++) strcat(lines, "1 ");
+    strcat(lines, "\n<pad>\n3 2 1\n");
+    write_text(test_path("stream.txt"), lines);
+    status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("stream.txt"));
+    const char *e1 = strstr(cli_output, "error: decode: stdin:2: the sentence has 25 tokens");
+    const char *e2 = strstr(cli_output, "error: decode: stdin:3: the token '<pad>' is reserved");
+    int lines_out = count_lines_starting(cli_output, ""), errors = count_lines_starting(cli_output, "error:");
+    int empty = count_lines_starting(cli_output, "\n") + (cli_output[0] == '\n');
+    check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
+          "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line for each, decodes "
+          "lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)", status, lines_out, errors);
+}
+
+static void test_command_names_and_labels(void) {
+    // attention: no folder before the checkpoint has loaded
+    const char *dir = test_path("att_not_made");
+    check_cli_error("attention with a missing checkpoint", "attention: ", "attention --checkpoint %s --out-dir %s '1 2'",
+                    test_path("missing.ckpt"), dir);
+    check(!file_exists(dir), "cli: ... and no output folder is made");
+    // every error names its command, also those printed deep down
+    check_cli_error("pe into a folder that is not there", "error: pe: cannot write /nonexistent/pe.svg",
+                    "pe --out /nonexistent/pe.svg --max-len 4 --d-model 4");
+    char expected[700];
+    snprintf(expected, sizeof expected, "error: plot: %s:2", test_path("plot_bad.csv"));
+    write_text(test_path("plot_bad.csv"), "step,loss,lr,tokens_per_s,heldout\n1,2\n");
+    check_cli_error("plot of a malformed log", expected, "plot --log %s --out %s", test_path("plot_bad.csv"),
+                    test_path("plot_bad.svg"));
+    if (!strstr(cli_binary, "asan")) { // AddressSanitizer needs more address space than this limit
+        char command[1400];
+        snprintf(command, sizeof command, "ulimit -v 400000; %s train --task copy --d-model 4096 --d-ff 16384 "
+                 "--heads 8 --layers 6 --steps 1 --checkpoint %s > %s/oom.out 2>&1", cli_binary,
+                 test_path("oom.ckpt"), test_dir);
+        int status = system(command);
+        char *out = read_text_file(test_path("oom.out"));
+        check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && out && strstr(out, "error: train: out of memory") &&
+              count_lines_starting(out, "error:") == 1,
+              "cli: out of memory names the command (%s)", out ? out : "no output");
+        free(out);
+    }
+    // the plot's axes read as words, not as the log's column names
+    const char *log = test_path("labels.csv"), *svg = test_path("labels.svg");
+    write_text(log, "step,loss,lr,tokens_per_s,heldout_exact_match\n1,2.5,0.001,900,\n2,2.0,0.002,950,12.5\n");
+    int status = run_cli("plot --log %s --out %s", log, svg);
+    char *text = read_text_file(svg);
+    check(status == 0 && text && strstr(text, ">held-out exact match (%)</text>") && strstr(text, ">learning rate</text>")
+          && !strstr(text, ">heldout_exact_match</text>"),
+          "cli: plot labels the held-out axis 'held-out exact match (%%)', not heldout_exact_match (exit %d)", status);
+    free(text);
+}
+
+static void test_bleu_command(void) {
+    const char *hyp = test_path("hyp.txt"), *ref = test_path("ref.txt");
+    // a byte-order mark, \r\n, runs of spaces and tabs, an empty line, sentences shorter than 4
+    write_text(hyp, "\xEF\xBB\xBFthe cat sat on the mat\r\na b  c d e\n\nx y\nthe the the the\tthe\n");
+    write_text(ref, "the cat sat on the mat\r\na b c d f\nempty\nx y z\nthe cat is on the mat\n");
+    const char *pairs[5][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" },
+                                { "", "empty" }, { "x y", "x y z" }, { "the the the the the", "the cat is on the mat" } };
+    BleuStats expected;
+    bleu_reset(&expected);
+    for (int i = 0; i < 5; i++) bleu_add_sentence_text(&expected, pairs[i][0], pairs[i][1]);
+    double want = bleu_score(&expected, NULL, NULL);
+    int status = run_cli("bleu %s %s", hyp, ref);
+    double got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && want > 10 && want < 90 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "5 sentences"),
+          "cli: bleu HYP REF prints %.2f for 5 lines, the corpus BLEU of the same sentences (%.4f)", got, want);
+    write_text(test_path("short.txt"), "the cat\n");
+    check_cli_error("bleu of files of different lengths", "short.txt ends after 1 line but", "bleu %s %s",
+                    test_path("short.txt"), ref);
+    check_cli_error("bleu of one file", "bleu: expected two files", "bleu %s", hyp);
+    check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open", "bleu /nonexistent/h.txt %s", ref);
+}
+
 static void test_evaluation_commands(void) {
     if (access(cli_binary, X_OK) != 0) return; // test_command_line said so
     TransformerConfig config = decode_config();
@@ -2763,6 +2941,12 @@ static void test_evaluation_commands(void) {
         test_eval_bleu(&trained, ckpt);
         test_average(&trained);
         test_log_keep_last_and_pictures(ckpt);
+        printf("-- what a new user meets: existing checkpoints, resumes, odd data, streams, BLEU of files\n");
+        test_existing_checkpoints_and_keep_last();
+        test_moved_data();
+        test_odd_data_and_decode_streams(ckpt);
+        test_command_names_and_labels();
+        test_bleu_command();
     }
     transformer_free(&trained);
 }
@@ -2838,7 +3022,7 @@ static void test_bpe_learn_and_apply(void) {
     vocab_add_subwords(&v);
     size_t capacity = 0;
     int *heap = NULL;
-    TextSource from = { "test", 0, 0 };
+    TextSource from = { "test", 0, 0, NULL };
     char sentence[] = "lowest newer low";
     int n = tokenize(sentence, &v, 0, &heap, &capacity, &from);
     char *joined = tokens_to_text(&v, heap, n);

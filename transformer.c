@@ -129,11 +129,15 @@ static int attention_backward_fast(real *dq, real *dk, real *dv, const real *dou
 // Utilities: allocation that cannot fail silently, and our own random
 // numbers, so that a seed gives the same model on every machine.
 
+// Errors printed where they arise (allocation, pictures) name the command the
+// user ran: transformer_main sets this to e.g. "train: "; "" in a library.
+static char error_context[40] = "";
+
 // count x size bytes, at least 1, or a clear exit if that overflows a size_t.
 static size_t checked_bytes(size_t count, size_t size, const char *what) {
     if (count == 0) count = 1;
     if (size != 0 && count > SIZE_MAX / size) {
-        fprintf(stderr, "error: %s: %zu x %zu bytes overflows\n", what, count, size);
+        fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count, size);
         exit(1);
     }
     return count * size;
@@ -142,7 +146,7 @@ static size_t checked_bytes(size_t count, size_t size, const char *what) {
 // p, the answer of an allocation of `bytes` bytes, or a clear exit if it failed.
 static void *allocated(void *p, size_t bytes, const char *what) {
     if (!p) {
-        fprintf(stderr, "error: out of memory allocating %s (%zu bytes)\n", what, bytes);
+        fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what, bytes);
         exit(1);
     }
     return p;
@@ -1386,7 +1390,7 @@ static void decoder_forward(Transformer *m, const Batch *batch, const real *memo
 real transformer_forward(Transformer *m, const Batch *batch) {
     const char *error = batch_check(batch, &m->config);
     if (error) {
-        fprintf(stderr, "error: transformer_forward: %s\n", error);
+        fprintf(stderr, "error: %stransformer_forward: %s\n", error_context, error);
         exit(1);
     }
     ensure_buffers(m, batch->B, batch->S, batch->T);
@@ -2886,6 +2890,7 @@ typedef struct {
     char where[300];
     int warnings;             // unknown-token warnings printed so far for this input
     long unknown;             // tokens read as <unk>
+    const char *reserved;     // the special token's text that made tokenize refuse the sentence
 } TextSource;
 
 #define MAX_UNKNOWN_WARNINGS 5
@@ -2926,10 +2931,27 @@ static int tokenize_subwords(Vocabulary *v, int grow, const char *word, int leng
     return n;
 }
 
+// The text <pad>, <s>, </s> or <unk> in data is refused rather than read as
+// the special token: the model would learn, or be fed, its own markers.
+static const char *reserved_token_error(const TextSource *from) {
+    return errorf("%s: the token '%s' is reserved (<pad> <s> </s> <unk> are the model's own markers); "
+                  "expected text without them", from->where, from->reserved);
+}
+
+// A UTF-8 byte-order mark (EF BB BF), which some editors write at the start of
+// a file, is not part of the first token: it is removed from a first line.
+static void strip_byte_order_mark(char *line, ssize_t *length) {
+    if (*length >= 3 && memcmp(line, "\xEF\xBB\xBF", 3) == 0) {
+        memmove(line, line + 3, (size_t)*length - 2);
+        *length -= 3;
+    }
+}
+
 // Splits text at spaces into token ids: whole words, or with v->bpe each
 // word's subwords. grow: new tokens join the vocabulary; otherwise they
-// become <unk> with a warning (the first few). Returns the number of tokens;
-// *ids grows as needed.
+// become <unk> with a warning (the first few). Returns the number of tokens
+// (*ids grows as needed), or -1 at a special token's text (from->reserved
+// says which; reserved_token_error is the message).
 static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
     char *p = text;
@@ -2939,6 +2961,11 @@ static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capa
         char *start = p;
         while (*p && !isspace((unsigned char)*p)) p++;
         size_t len = (size_t)(p - start);
+        for (int special = 0; special < NUM_SPECIAL_TOKENS; special++)
+            if (strlen(special_tokens[special]) == len && memcmp(start, special_tokens[special], len) == 0) {
+                from->reserved = special_tokens[special];
+                return -1;
+            }
         if (v->bpe) n = tokenize_subwords(v, grow, start, (int)len, ids, capacity, n, from);
         else push_id(ids, capacity, n++, token_id(v, grow, start, len, from));
     }
@@ -2957,9 +2984,9 @@ static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path,
     int *src = NULL, *tgt = NULL, line_no = 0;
     ssize_t length;
     const char *error = NULL;
-    TextSource from = { "", 0, 0 };
+    TextSource from = { "", 0, 0, NULL };
     while (!error && (length = getline(&line, &line_capacity, f)) != -1) {
-        line_no++;
+        if (++line_no == 1) strip_byte_order_mark(line, &length);
         snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
         while (length > 0 && (line[length - 1] == '\n' || line[length - 1] == '\r')) line[--length] = '\0';
         if (strlen(line) != (size_t)length) { error = errorf("%s: a zero byte; expected text", from.where); break; }
@@ -2971,8 +2998,9 @@ static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path,
         if (strchr(tab + 1, '\t')) { error = errorf("%s: more than one tab; expected source<TAB>target", from.where); break; }
         *tab = '\0';
         int n_src = tokenize(line, v, grow, &src, &src_capacity, &from);
-        int n_tgt = tokenize(tab + 1, v, grow, &tgt, &tgt_capacity, &from);
-        if (n_src == 0) error = errorf("%s: empty source; expected tokens before the tab", from.where);
+        int n_tgt = n_src < 0 ? -1 : tokenize(tab + 1, v, grow, &tgt, &tgt_capacity, &from);
+        if (n_tgt < 0) error = reserved_token_error(&from);
+        else if (n_src == 0) error = errorf("%s: empty source; expected tokens before the tab", from.where);
         else if (n_tgt == 0) error = errorf("%s: empty target; expected tokens after the tab", from.where);
         else if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
             error = errorf("%s: %d tokens; expected at most %d", from.where, n_src > n_tgt ? n_src : n_tgt,
@@ -4069,7 +4097,7 @@ static void svg_text(FILE *f, double x, double y, int font_size, const char *anc
 static FILE *svg_open(const char *path, double width, double height) {
     FILE *f = fopen(path, "w");
     if (!f) {
-        fprintf(stderr, "error: cannot write %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "error: %scannot write %s: %s\n", error_context, path, strerror(errno));
         return NULL;
     }
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -4085,7 +4113,7 @@ static int svg_close(FILE *f, const char *path) {
     fputs("</svg>\n", f);
     int failed = ferror(f);
     if (fclose(f) != 0) failed = 1;
-    if (failed) fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
+    if (failed) fprintf(stderr, "error: %swriting %s failed: %s\n", error_context, path, strerror(errno));
     return failed ? 1 : 0;
 }
 
@@ -4247,8 +4275,8 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
                            const SvgHeatmap *panels, int n_panels, int n_columns,
                            double vmin, double vmax, const char *scale_label) {
     if (n_panels < 1 || n_columns < 1 || !(vmin < vmax) || !isfinite(vmin) || !isfinite(vmax)) {
-        fprintf(stderr, "error: %s: heatmap grid of %d panels in %d columns, scale %g..%g: expected "
-                        "at least one panel and column and a finite scale with min < max\n",
+        fprintf(stderr, "error: %s%s: heatmap grid of %d panels in %d columns, scale %g..%g: expected "
+                        "at least one panel and column and a finite scale with min < max\n", error_context,
                 path, n_panels, n_columns, vmin, vmax);
         return 1;
     }
@@ -4257,8 +4285,9 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
     for (int i = 0; i < n_panels; i++) {
         const SvgHeatmap *p = &panels[i];
         if (!p->values || p->rows < 1 || p->cols < 1 || p->row_stride < p->cols) {
-            fprintf(stderr, "error: %s: panel %d is %d x %d with row stride %d: expected a matrix of at "
-                            "least 1 x 1 with stride >= columns\n", path, i, p->rows, p->cols, p->row_stride);
+            fprintf(stderr, "error: %s%s: panel %d is %d x %d with row stride %d: expected a matrix of at "
+                            "least 1 x 1 with stride >= columns\n", error_context, path, i, p->rows, p->cols,
+                    p->row_stride);
             return 1;
         }
         total_cells += (size_t)p->rows * p->cols;
@@ -4266,7 +4295,7 @@ int svg_write_heatmap_grid(const char *path, const char *title, const char *subt
         if (p->cols > most_cols) most_cols = p->cols;
     }
     if (total_cells > SVG_MAX_CELLS) {
-        fprintf(stderr, "error: %s: %zu heatmap cells, more than the %d one picture may hold\n",
+        fprintf(stderr, "error: %s%s: %zu heatmap cells, more than the %d one picture may hold\n", error_context,
                 path, total_cells, SVG_MAX_CELLS);
         return 1;
     }
@@ -4335,8 +4364,8 @@ int svg_write_heatmap(const char *path, const real *values, int rows, int cols,
 // position, a column per dimension, on the scale -1..1.
 int svg_write_positional_encoding(const char *path, int max_len, int d_model) {
     if (max_len < 1 || d_model < 1 || (double)max_len * d_model > SVG_MAX_CELLS) {
-        fprintf(stderr, "error: %s: positional encoding of %d positions x %d dimensions: expected both >= 1 "
-                        "and at most %d cells\n", path, max_len, d_model, SVG_MAX_CELLS);
+        fprintf(stderr, "error: %s%s: positional encoding of %d positions x %d dimensions: expected both >= 1 "
+                        "and at most %d cells\n", error_context, path, max_len, d_model, SVG_MAX_CELLS);
         return 1;
     }
     real *pe = checked_calloc((size_t)max_len * d_model, sizeof(real), "positional encoding picture");
@@ -4370,9 +4399,9 @@ int svg_write_attention(const char *path, const Transformer *m, AttentionKind ki
     if (kind < ATTENTION_ENCODER || kind > ATTENTION_CROSS || sentence < 0 || sentence >= B ||
         source_len < 1 || source_len > S || target_len < 0 || decoder_positions > T ||
         (target_len > 0 && !target_tokens)) {
-        fprintf(stderr, "error: %s: attention kind %d of sentence %d with %d source and %d+1 target "
+        fprintf(stderr, "error: %s%s: attention kind %d of sentence %d with %d source and %d+1 target "
                         "positions: expected kind 0..2, target tokens, and, from the last forward pass, "
-                        "sentence < %d, source 1..%d, target+1 <= %d\n",
+                        "sentence < %d, source 1..%d, target+1 <= %d\n", error_context,
                 path, (int)kind, sentence, source_len, target_len, B, S, T);
         return 1;
     }
@@ -4652,6 +4681,18 @@ static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
                     chart_position(ax, xs[i], x, x + w), chart_position(ay, ys[i], y + h, y), colour);
 }
 
+// An axis label for a column name of the log: train --log's names read as
+// words; others with their underscores as spaces.
+static void axis_label(char *out, size_t size, const char *column) {
+    static const char *known[][2] = { { "heldout_exact_match", "held-out exact match (%)" },
+                                      { "heldout", "held-out score" }, { "tokens_per_s", "tokens/s" },
+                                      { "lr", "learning rate" } };
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (strcmp(column, known[i][0]) == 0) { snprintf(out, size, "%s", known[i][1]); return; }
+    snprintf(out, size, "%s", column);
+    for (char *p = out; *p; p++) if (*p == '_') *p = ' ';
+}
+
 // The curves of a training log: the loss (log scale when it falls by more
 // than a factor 20), the held-out score where the log has one, and the
 // learning rate of eq. 3, one above the other over the same step axis.
@@ -4659,7 +4700,7 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
     TrainingLog log;
     char error[512];
     if (!training_log_read(&log, csv_path, error, sizeof error)) {
-        fprintf(stderr, "error: %s\n", error);
+        fprintf(stderr, "error: %s%s\n", error_context, error);
         return 1;
     }
     int heldout_points = 0;
@@ -4684,7 +4725,11 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
     ChartAxis ax = chart_axis(log.step, log.n, 0);
     const double *series[3] = { log.loss, log.heldout, log.lr };
-    const char *names[3] = { log.names[1], log.names[4], log.names[2] };
+    char names[3][64], x_name[64];
+    axis_label(names[0], sizeof names[0], log.names[1]);
+    axis_label(names[1], sizeof names[1], log.names[4]);
+    axis_label(names[2], sizeof names[2], log.names[2]);
+    axis_label(x_name, sizeof x_name, log.names[0]);
     const char *colours[3] = { "#1f5fa8", "#c0392b", "#2e7d32" };
     double y = top;
     for (int panel = 0; panel < 3; panel++) {
@@ -4695,7 +4740,7 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
         ChartAxis ay = chart_axis(series[panel], log.n, panel == 0);
         if (ay.log_scale) strncat(panel_title, " (log scale)", sizeof panel_title - strlen(panel_title) - 1);
         svg_chart_panel(f, left, y, plot_width, plot_height, log.step, series[panel], log.n, ax, ay, panel_title,
-                        log.names[0], names[panel], colours[panel], panel == 1);
+                        x_name, names[panel], colours[panel], panel == 1);
         y += plot_height + panel_gap;
     }
     training_log_free(&log);
@@ -4715,8 +4760,10 @@ typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind;
 
 // What a training option belongs to. RUN options define the run (data, model,
 // schedule): they are stored in the checkpoint and cannot change on --resume,
-// except --steps (RUN_EXTENDABLE). SESSION options only affect this process.
-enum { SESSION = 0, RUN = 1, RUN_EXTENDABLE = 2 };
+// except --steps (RUN_EXTENDABLE) and the data files' paths (RUN_DATA_PATH:
+// moved data is accepted when its pairs hash as the checkpoint's did).
+// SESSION options only affect this process.
+enum { SESSION = 0, RUN = 1, RUN_EXTENDABLE = 2, RUN_DATA_PATH = 3 };
 
 typedef struct {
     const char *name;     // "--steps"
@@ -4856,7 +4903,7 @@ typedef struct {
     double lr;
     // this session
     const char *checkpoint, *resume, *loss_log, *log_csv;
-    int eval_every, save_every, log_every, eval_size, show, threads, keep_last;
+    int eval_every, save_every, log_every, eval_size, show, threads, keep_last, force;
 } TrainOptions;
 
 static TrainOptions train_defaults(void) {
@@ -4874,8 +4921,10 @@ static TrainOptions train_defaults(void) {
 static int train_option_table(Option *t, TrainOptions *o) {
     Option list[] = {
         TEXT_OPTION("--task", &o->task, RUN, "built-in task, copy or reverse (used when there is no --train)"),
-        TEXT_OPTION("--train", &o->train_path, RUN, "training data: a file of source<TAB>target lines"),
-        TEXT_OPTION("--valid", &o->valid_path, RUN, "held-out data, same format (default: every 20th line of --train)"),
+        TEXT_OPTION("--train", &o->train_path, RUN_DATA_PATH, "training data: a file of source<TAB>target lines "
+                    "(with --resume: the run's data at a new path)"),
+        TEXT_OPTION("--valid", &o->valid_path, RUN_DATA_PATH, "held-out data, same format (default: every 20th "
+                    "line of --train)"),
         INT_OPTION("--bpe", &o->bpe, 1, 1000000, RUN, "§5.1 byte-pair encoding: learn N merges from both sides of "
                    "--train and train on subwords (0: whole words)"),
         INT_OPTION("--words", &o->words, 1, 100000, RUN, "task: the words are the numbers 0..N-1"),
@@ -4909,6 +4958,8 @@ static int train_option_table(Option *t, TrainOptions *o) {
         INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, SESSION, "held-out pairs to decode at each evaluation (0: all)"),
         INT_OPTION("--show", &o->show, 0, INT_MAX, SESSION, "held-out examples to print at the end"),
         INT_OPTION("--threads", &o->threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+        FLAG_OPTION("--force", &o->force, "write the checkpoint even where a file is already there: it is "
+                    "replaced, with its CHECKPOINT.stepNNNNNNN files (without --force a new run stops there)"),
     };
     int n = (int)(sizeof list / sizeof *list);
     memcpy(t, list, sizeof list);
@@ -4977,7 +5028,7 @@ typedef struct {
     char checkpoint_path[4096];
     char data_name[300];     // for messages: "copy task", "data.tsv"
     long last_saved_step;
-    long *kept_steps;        // --keep-last: the steps of the CHECKPOINT.stepN files this session wrote, oldest first
+    long *kept_steps;        // --keep-last: the steps of the CHECKPOINT.stepN files there are, oldest first
     int num_kept;
 } TrainRun;
 
@@ -5049,7 +5100,7 @@ static const char *train_load_data(TrainRun *r, int resuming) {
     uint64_t hash = dataset_hash(&r->train);
     if (resuming && hash != r->state.data_hash)
         return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
-                      "expected the same data to resume", r->data_name);
+                      "expected the same data to resume (--train may give its new path)", r->data_name);
     r->state.data_hash = hash;
     return NULL;
 }
@@ -5108,11 +5159,18 @@ static const char *train_resume(TrainRun *r, const Option *cli, int n) {
     // then this command line's flags (the same table, so the same positions)
     for (int i = 0; i < n; i++) {
         if (!cli[i].seen) continue;
-        if (cli[i].kind == OPTION_INT) *(int *)r->table[i].value = *(int *)cli[i].value;
+        if (cli[i].kind == OPTION_INT || cli[i].kind == OPTION_FLAG) *(int *)r->table[i].value = *(int *)cli[i].value;
         else if (cli[i].kind == OPTION_NUMBER) *(double *)r->table[i].value = *(double *)cli[i].value;
         else *(const char **)r->table[i].value = *(const char **)cli[i].value;
     }
     if (!find_option(cli, n, "--checkpoint")->seen) r->opt.checkpoint = path; // keep writing where the run was
+    // the data files as the run named them: relative to where it started, or moved since?
+    const char *files[2] = { r->opt.train_path, r->opt.valid_path }, *flags[2] = { "--train", "--valid" };
+    for (int i = 0; i < 2; i++)
+        if (files[i] && !find_option(cli, n, flags[i])->seen && access(files[i], R_OK) != 0)
+            return errorf("%s: cannot open: %s; it is the run's %s as it was given when the run began: if the file "
+                          "moved, or that path was relative to another directory, give it again with %s PATH",
+                          files[i], strerror(errno), flags[i], flags[i]);
     if ((error = train_load_data(r, 1))) return error;
     if ((error = dataset_check_lengths(&r->valid, r->opt.valid_path ? r->opt.valid_path : r->data_name,
                                        r->model.config.max_len))) return error;
@@ -5145,6 +5203,53 @@ static const char *nonfinite_parameter(Transformer *m) {
     return NULL;
 }
 
+static void kept_checkpoint_path(char *out, size_t n, const TrainRun *r, long step) {
+    snprintf(out, n, "%s.step%07ld", r->checkpoint_path, step);
+}
+
+// --keep-last across sessions: finds the CHECKPOINT.stepNNNNNNN files of steps
+// 1..last, oldest first, and removes the .tmp files of saves that were killed.
+// The headers used here have no directory listing, so every step's name is
+// tried (about a microsecond each: a second for a million steps).
+static void kept_steps_find(TrainRun *r, long last) {
+    char path[sizeof r->checkpoint_path + 40];
+    r->num_kept = 0;
+    for (long step = 1; step <= last; step++) {
+        kept_checkpoint_path(path, sizeof path, r, step);
+        if (access(path, F_OK) == 0) {
+            r->kept_steps = checked_realloc(r->kept_steps, (size_t)r->num_kept + 1, sizeof(long), "kept checkpoints");
+            r->kept_steps[r->num_kept++] = step;
+        }
+        strcat(path, ".tmp");
+        if (access(path, F_OK) == 0) remove(path);
+    }
+}
+
+// Removes the oldest kept step files until at most `keep` are left.
+static void kept_steps_trim(TrainRun *r, int keep) {
+    char path[sizeof r->checkpoint_path + 32];
+    int drop = r->num_kept > keep ? r->num_kept - keep : 0;
+    for (int i = 0; i < drop; i++) {
+        kept_checkpoint_path(path, sizeof path, r, r->kept_steps[i]);
+        remove(path);
+    }
+    r->num_kept -= drop;
+    memmove(r->kept_steps, r->kept_steps + drop, (size_t)r->num_kept * sizeof(long));
+}
+
+// The training step of the checkpoint at path, from its header; 0 if it is not one.
+static long checkpoint_step(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    unsigned char b[CHECKPOINT_HEADER_BYTES];
+    struct stat st;
+    CheckpointHeader h;
+    size_t got = fread(b, 1, sizeof b, f);
+    int ok = fstat(fileno(f), &st) == 0 && !checkpoint_parse_header(&h, b, got, (uint64_t)st.st_size, path);
+    fclose(f);
+    return ok ? (long)h.adam_step : 0;
+}
+
 // The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to be
 // writable before any training, and the run options text to store in it.
 static const char *train_prepare_output(TrainRun *r) {
@@ -5161,25 +5266,40 @@ static const char *train_prepare_output(TrainRun *r) {
         if (mkdir("runs", 0777) != 0 && errno != EEXIST) return errorf("runs/: cannot create: %s", strerror(errno));
         snprintf(r->checkpoint_path, sizeof r->checkpoint_path, "runs/%.*s.ckpt", length, name);
     }
+    // Never lose a trained model unasked: a file already at the path is
+    // replaced only when it is the checkpoint being resumed, or with --force.
+    struct stat there, resumed;
+    int exists = stat(r->checkpoint_path, &there) == 0;
+    int same = exists && o->resume && stat(o->resume, &resumed) == 0 && there.st_dev == resumed.st_dev &&
+               there.st_ino == resumed.st_ino;
+    if (exists && !same && !o->force)
+        return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
+                      "--force to replace it, or another --checkpoint", r->checkpoint_path, r->checkpoint_path);
     char tmp[sizeof r->checkpoint_path + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", r->checkpoint_path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", r->checkpoint_path); // also what a killed save left
     FILE *f = fopen(tmp, "wb");
     if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
     fclose(f);
     remove(tmp);
-    if (o->resume && strcmp(o->resume, r->checkpoint_path) != 0) r->last_saved_step = -1;
+    if (exists && !same) { // --force: the replaced run's CHECKPOINT.stepN files go with it
+        kept_steps_find(r, checkpoint_step(r->checkpoint_path));
+        kept_steps_trim(r, 0);
+    }
+    if (o->resume && !same) r->last_saved_step = -1;
+    if (o->resume && o->keep_last > 0) kept_steps_find(r, r->model.adam_step);
+    else if (o->resume) { // a save killed while writing its step file left CHECKPOINT.stepN.tmp, N the step resumed
+        char step_tmp[sizeof r->checkpoint_path + 40];
+        kept_checkpoint_path(step_tmp, sizeof step_tmp, r, r->model.adam_step);
+        strcat(step_tmp, ".tmp");
+        if (access(step_tmp, F_OK) == 0) remove(step_tmp);
+    }
     r->run_options = format_run_options(r->table, r->num_options);
     return NULL;
 }
 
-static void kept_checkpoint_path(char *out, size_t n, const TrainRun *r, long step) {
-    snprintf(out, n, "%s.step%07ld", r->checkpoint_path, step);
-}
-
 // Writes the checkpoint; with --keep-last N also CHECKPOINT.stepNNNNNNN, and
-// removes the oldest such file this session wrote once there are more than N.
-// (Files of earlier sessions are left alone: without a directory listing in
-// the allowed headers, the run only knows the files it wrote itself.)
+// removes the oldest such files once there are more than N (those of earlier
+// sessions included: kept_steps_find found them on --resume).
 static const char *train_save(TrainRun *r) {
     const char *nonfinite = nonfinite_parameter(&r->model);
     if (nonfinite)
@@ -5195,11 +5315,7 @@ static const char *train_save(TrainRun *r) {
         if ((error = checkpoint_save(path, &r->model, &r->vocab, &r->state, r->run_options))) return error;
         r->kept_steps = checked_realloc(r->kept_steps, (size_t)r->num_kept + 1, sizeof(long), "kept checkpoints");
         r->kept_steps[r->num_kept++] = step;
-        if (r->num_kept > r->opt.keep_last) {
-            kept_checkpoint_path(path, sizeof path, r, r->kept_steps[0]);
-            remove(path);
-            memmove(r->kept_steps, r->kept_steps + 1, (size_t)--r->num_kept * sizeof(long));
-        }
+        kept_steps_trim(r, r->opt.keep_last);
     }
     return error;
 }
@@ -5288,8 +5404,9 @@ static const char *train_loop(TrainRun *r) {
     }
     const TrainingCompute *compute = transformer_training;
     compute->begin(m);
-    double start = wall_seconds(), last_time = start;
+    double start = wall_seconds(), last_time = start, best_rate = 0; // tokens/s, for the note on a busy machine
     long first_step = m->adam_step, tokens = 0;
+    int hinted = 0;
     const char *error = NULL;
     while (!error && m->adam_step < o->steps) {
         if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
@@ -5322,16 +5439,25 @@ static const char *train_loop(TrainRun *r) {
         csv_loss += loss; csv_steps++; csv_tokens += r->batch.tokens; csv_seconds += wall_seconds() - step_start;
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
-            double now = wall_seconds();
-            print_progress(step, o->steps, loss, lr, tokens / (now - last_time + 1e-9), now - start,
+            double now = wall_seconds(), rate = tokens / (now - last_time + 1e-9);
+            print_progress(step, o->steps, loss, lr, rate, now - start,
                            (now - start) / (step - first_step) * (o->steps - step));
+            if (rate < best_rate / 4 && !hinted && thread_count() > 1) { // once a run
+                printf("note: %.0f%% of this run's best speed: another program is probably busy on these cores; "
+                       "--threads 1 may be faster while it is (on --resume too: the numbers are the same)\n",
+                       100 * rate / best_rate);
+                hinted = 1;
+            }
+            if (rate > best_rate) best_rate = rate;
             last_time = now;
             tokens = 0;
         }
         int evaluating = (o->eval_every && step % o->eval_every == 0) || last;
         int saving = (save_every && step % save_every == 0) || last;
         if (evaluating || saving) compute->to_host(m);   // what the evaluation and the checkpoint read
+        double eval_start = wall_seconds();
         double heldout = evaluating ? train_evaluate(r, last) : NAN;
+        last_time += wall_seconds() - eval_start; // tokens/s in progress lines: the training steps' time only
         if (log_csv && ((o->log_every && step % o->log_every == 0) || evaluating)) {
             // the mean training loss of the steps since the last line; tokens/s over the same steps
             fprintf(log_csv, "%ld,%.6g,%.6g,%.0f,", step, csv_loss / csv_steps, lr, csv_tokens / (csv_seconds + 1e-9));
@@ -5388,6 +5514,7 @@ static const char *decode_sentence(Transformer *m, Vocabulary *v, char *text, Te
     size_t capacity = 0;
     for (char *p = text; *p; p++) n += !isspace((unsigned char)*p) && (p == text || isspace((unsigned char)p[-1]));
     if (n <= m->config.max_len - 1) n = tokenize(text, v, 0, &ids, &capacity, from);
+    if (n < 0) { free(ids); return reserved_token_error(from); }
     if (n > m->config.max_len - 1) {
         free(ids);
         return errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
@@ -5409,6 +5536,19 @@ static const char *decode_sentence(Transformer *m, Vocabulary *v, char *text, Te
     return NULL;
 }
 
+// A sentence that cannot be decoded (too long, a reserved token) does not stop
+// a stream: its error line goes to stderr, an empty line to stdout (so that
+// output line i still answers input line i), and 1 is returned to count it.
+static int decode_or_report(Transformer *m, Vocabulary *v, char *text, TextSource *from, int beam, double alpha) {
+    const char *error = decode_sentence(m, v, text, from, beam, alpha);
+    if (!error) return 0;
+    fflush(stdout);
+    fprintf(stderr, "error: decode: %s\n", error);
+    printf("\n");
+    fflush(stdout);
+    return 1;
+}
+
 static int command_decode(int argc, char **argv) {
     const char *checkpoint = NULL;
     int beam = 1, threads = 0;
@@ -5423,7 +5563,8 @@ static int command_decode(int argc, char **argv) {
         "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
         "Translates each SENTENCE (tokens separated by spaces), or else each line of standard input,\n"
         "and prints the output, one line each. Greedy decoding with a key/value cache, or beam\n"
-        "search with --beam; at most source length + 50 tokens (§6.1).";
+        "search with --beam; at most source length + 50 tokens (§6.1). A sentence it cannot take (too\n"
+        "long, a reserved token) gets an error line and an empty output line; then exit status 1.";
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
     int num_sentences = 0, n = (int)(sizeof options / sizeof *options);
     int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);
@@ -5433,18 +5574,21 @@ static int command_decode(int argc, char **argv) {
     Vocabulary v;
     const char *error = checkpoint ? checkpoint_load(checkpoint, &m, &v, NULL, NULL)
                                    : "--checkpoint FILE is required (a model written by ./transformer train)";
+    int refused = 0; // sentences not decoded: each got its error line and an empty output line
     if (!error) {
-        TextSource from = { "", 0, 0 };
-        for (int i = 0; i < num_sentences && !error; i++) {
+        TextSource from = { "", 0, 0, NULL };
+        for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            error = decode_sentence(&m, &v, sentences[i], &from, beam, alpha);
+            refused += decode_or_report(&m, &v, sentences[i], &from, beam, alpha);
         }
         if (num_sentences == 0) {
             char *line = NULL;
             size_t capacity = 0;
-            for (int line_no = 1; !error && getline(&line, &capacity, stdin) != -1; line_no++) {
+            ssize_t length;
+            for (int line_no = 1; (length = getline(&line, &capacity, stdin)) != -1; line_no++) {
+                if (line_no == 1) strip_byte_order_mark(line, &length);
                 snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-                error = decode_sentence(&m, &v, line, &from, beam, alpha);
+                refused += decode_or_report(&m, &v, line, &from, beam, alpha);
             }
             free(line);
         }
@@ -5453,11 +5597,55 @@ static int command_decode(int argc, char **argv) {
     }
     if (error) fprintf(stderr, "error: decode: %s\n", error);
     free(sentences);
-    return error ? 1 : 0;
+    return error || refused ? 1 : 0;
 }
 
-// ---- eval -------------------------------------------------------------------------
+// ---- bleu -------------------------------------------------------------------------
 
+// Reads line line_no of a text file into *line, without its line ending (nor,
+// on the first line, a byte-order mark). Returns 1, 0 at the end of the file,
+// or -1 if the line holds a zero byte (not text).
+static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
+    ssize_t length = getline(line, capacity, f);
+    if (length < 0) return 0;
+    if (line_no == 1) strip_byte_order_mark(*line, &length);
+    while (length > 0 && ((*line)[length - 1] == '\n' || (*line)[length - 1] == '\r')) (*line)[--length] = '\0';
+    return strlen(*line) == (size_t)length ? 1 : -1;
+}
+
+// Corpus BLEU of a hypothesis file against a reference file, line by line,
+// exactly as eval --bleu scores decoded outputs: tokens split at white space.
+static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char *ref_path, int *lines) {
+    FILE *hyp = fopen(hyp_path, "r"), *ref = fopen(ref_path, "r");
+    const char *error = !hyp ? errorf("%s: cannot open: %s", hyp_path, strerror(errno))
+                      : !ref ? errorf("%s: cannot open: %s", ref_path, strerror(errno)) : NULL;
+    char *hyp_line = NULL, *ref_line = NULL;
+    size_t hyp_capacity = 0, ref_capacity = 0;
+    bleu_reset(stats);
+    *lines = 0;
+    while (!error) {
+        int h = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
+        int r = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
+        if (!h && !r) break;
+        ++*lines;
+        if (!h || !r)
+            error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line for each "
+                           "reference line", h ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
+                           h ? hyp_path : ref_path);
+        else if (h < 0 || r < 0)
+            error = errorf("%s:%d: a zero byte; expected text", h < 0 ? hyp_path : ref_path, *lines);
+        else bleu_add_sentence_text(stats, hyp_line, ref_line);
+    }
+    if (!error && *lines == 0) error = errorf("%s: no lines; expected one sentence a line", hyp_path);
+    if (!error && (ferror(hyp) || ferror(ref))) error = errorf("%s: read error: %s", ferror(hyp) ? hyp_path : ref_path,
+                                                             strerror(errno));
+    free(hyp_line); free(ref_line);
+    if (hyp) fclose(hyp);
+    if (ref) fclose(ref);
+    return error;
+}
+
+// unit: what was counted, e.g. " (words)", or ""
 static void print_bleu(const BleuStats *stats, const char *unit) {
     double p[BLEU_MAX_ORDER], bp;
     double score = bleu_score(stats, p, &bp);
@@ -5465,6 +5653,30 @@ static void print_bleu(const BleuStats *stats, const char *unit) {
            "output/reference length %lld/%lld)\n", score, unit, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
            bp, stats->candidate_length, stats->reference_length);
 }
+
+static int command_bleu(int argc, char **argv) {
+    const char *usage =
+        "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt\n"
+        "Corpus BLEU-4 of any system's output (section 7 of NOTES.md): one sentence a line in each file,\n"
+        "line i of the first scored against line i of the second, tokens split at white space, one\n"
+        "reference each, no smoothing, no lower-casing: what eval --bleu prints for decoded outputs.";
+    char **paths = checked_calloc(argc, sizeof(char *), "arguments");
+    int n = 0, lines = 0;
+    int status = parse_options("bleu", usage, NULL, 0, argc, argv, paths, &n);
+    if (status) { free(paths); return status == 2 ? 0 : 1; }
+    BleuStats stats;
+    const char *error = n != 2 ? "expected two files, HYPOTHESES.txt REFERENCES.txt"
+                               : bleu_files(&stats, paths[0], paths[1], &lines);
+    if (error) fprintf(stderr, "error: bleu: %s\n", error);
+    else {
+        printf("%s against %s: %d sentences\n", paths[0], paths[1], lines);
+        print_bleu(&stats, "");
+    }
+    free(paths);
+    return error ? 1 : 0;
+}
+
+// ---- eval -------------------------------------------------------------------------
 
 static int command_eval(int argc, char **argv) {
     const char *checkpoint = NULL, *data = NULL;
@@ -5616,17 +5828,19 @@ static int command_attention(int argc, char **argv) {
     const char *error = !checkpoint ? "--checkpoint FILE is required (a model written by ./transformer train)"
                       : !dir ? "--out-dir DIR is required (where the SVG files go)"
                       : n != 1 ? "expected exactly one source sentence (in quotes), after the flags" : NULL;
-    if (!error && mkdir(dir, 0777) != 0 && errno != EEXIST) error = errorf("%s: cannot create: %s", dir, strerror(errno));
     Transformer m;
     Vocabulary v;
     int loaded = 0;
     if (!error && !(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) loaded = 1;
+    // the folder only once the model is there: a failed command leaves nothing behind
+    if (!error && mkdir(dir, 0777) != 0 && errno != EEXIST) error = errorf("%s: cannot create: %s", dir, strerror(errno));
     if (!error) {
-        TextSource from = { "the sentence", 0, 0 };
+        TextSource from = { "the sentence", 0, 0, NULL };
         int *ids = NULL;
         size_t capacity = 0;
         int len = tokenize(sentences[0], &v, 0, &ids, &capacity, &from);
-        if (len == 0) error = "the sentence is empty; expected tokens separated by spaces";
+        if (len < 0) error = reserved_token_error(&from);
+        else if (len == 0) error = "the sentence is empty; expected tokens separated by spaces";
         else if (len > m.config.max_len - 1)
             error = errorf("the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
                            len, m.config.max_len, m.config.max_len - 1);
@@ -5645,14 +5859,18 @@ static int command_attention(int argc, char **argv) {
 
 // ---- bpe ---------------------------------------------------------------------------------
 
-// One sentence cut into subwords with v's merges, printed on one line.
-static void print_sentence_subwords(Vocabulary *v, char *text, TextSource *from) {
+// One sentence cut into subwords with v's merges, printed on one line; or
+// the error of a reserved token's text in it.
+static const char *print_sentence_subwords(Vocabulary *v, char *text, TextSource *from) {
     int *ids = NULL;
     size_t capacity = 0;
     int n = tokenize(text, v, 1, &ids, &capacity, from);
-    print_subwords(stdout, v, ids, n);
-    printf("\n");
+    if (n >= 0) {
+        print_subwords(stdout, v, ids, n);
+        printf("\n");
+    }
     free(ids);
+    return n < 0 ? reserved_token_error(from) : NULL;
 }
 
 static int command_bpe(int argc, char **argv) {
@@ -5696,12 +5914,13 @@ static int command_bpe(int argc, char **argv) {
         if (!(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) transformer_free(&m);
         if (!error && !v.bpe) error = errorf("%s: the model has no merges (trained on whole words, without --bpe)", checkpoint);
     }
-    TextSource from = { "", 0, 0 };
-    for (int i = 0; i < num_sentences && !error; i++) print_sentence_subwords(&v, sentences[i], &from);
+    TextSource from = { "the sentence", 0, 0, NULL };
+    for (int i = 0; i < num_sentences && !error; i++) error = print_sentence_subwords(&v, sentences[i], &from);
     if (!error && checkpoint && num_sentences == 0) {
         char *line = NULL;
         size_t capacity = 0;
-        while (getline(&line, &capacity, stdin) != -1) print_sentence_subwords(&v, line, &from);
+        snprintf(from.where, sizeof from.where, "stdin");
+        while (!error && getline(&line, &capacity, stdin) != -1) error = print_sentence_subwords(&v, line, &from);
         free(line);
     }
     if (error) fprintf(stderr, "error: bpe: %s\n", error);
@@ -6082,6 +6301,7 @@ static const Command commands[] = {
     { "train",  command_train,  "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
     { "decode", command_decode, "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
     { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
+    { "bleu",   command_bleu,   "corpus BLEU of a file of outputs against a file of references, a sentence a line" },
     { "average", command_average, "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
     { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
     { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
@@ -6107,14 +6327,30 @@ int transformer_main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "error: unknown command '%s'; expected train, decode, eval, average, attention, pe, plot, params or bench (see ./transformer --help)\n",
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            snprintf(error_context, sizeof error_context, "%s: ", commands[i].name);
+            int status = commands[i].run(argc - 1, argv + 1);
+            error_context[0] = '\0';
+            return status;
+        }
+    fprintf(stderr, "error: unknown command '%s'; expected train, decode, eval, bleu, average, attention, pe, plot, params or bench (see ./transformer --help)\n",
             argv[1]);
     return 1;
 }
 
 #ifndef TRANSFORMER_NO_MAIN
 int main(int argc, char **argv) {
+#if defined(_OPENMP) && defined(__OPTIMIZE__) && defined(__linux__)
+    // OpenMP's threads wait for the next parallel loop by spinning, for a
+    // while, by default. When another program keeps a core busy, a spinning
+    // thread holds the core the other thread needs and a training step can
+    // take ten times as long (NOTES.md section 9). Waiting asleep, the
+    // "passive" policy, avoids that. The OpenMP library reads its environment
+    // as the program loads, so the program starts again with it set (not in
+    // -O0 builds, for gdb's sake). A user's own OMP_WAIT_POLICY is kept.
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv); // returns only if it failed: go on as we are
+#endif
     return transformer_main(argc, argv);
 }
 #endif

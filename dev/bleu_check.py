@@ -1,15 +1,29 @@
 #!/usr/bin/python3
-"""Corpus BLEU of the test cases in test_transformer.c, computed independently.
+"""Corpus BLEU of the test cases in test_transformer.c, computed independently;
+and `./transformer bleu` against sacreBLEU on random corpora.
 
     /usr/bin/python3 dev/bleu_check.py
+    dev/.venv/bin/python dev/bleu_check.py --sacrebleu ./transformer   # needs pip install sacrebleu
 
 Two computations that share no code with transformer.c: a short one of our own
 below (collections.Counter, the textbook definition), and NLTK's corpus_bleu
 (Debian's python3-nltk; skipped if it is not installed). Both print BLEU on
 the 0..100 scale, with the four n-gram precisions and the brevity penalty.
 The C tests hold the numbers this prints (NOTES.md, section 7).
+
+--sacrebleu BINARY writes random corpora (a few hundred sentence pairs each,
+0 to 30 tokens, short ones included, from small vocabularies so that n-grams
+match), scores them with `BINARY bleu HYP REF` and with sacreBLEU's
+corpus_bleu(tokenize='none', smooth_method='none'), and checks that the two
+agree to 2 decimals. It also prints where the two conventions differ.
 """
 import math
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
 import warnings
 from collections import Counter
 
@@ -75,5 +89,79 @@ def main():
     print(f"mean of the sentence BLEUs of 'two sentences': {averaged:.10f}")
 
 
+def random_corpus(rng, sentences):
+    """Hypothesis and reference lines: a reference of 0..30 tokens (a quarter of
+    them 0..3), and a hypothesis that is the reference with some tokens
+    changed, dropped or added, or an unrelated sentence."""
+    vocabulary = [f"w{i}" for i in range(rng.choice([5, 20, 200]))] + ["der", "Haus", "é", "--", "."]
+    hyps, refs = [], []
+    for _ in range(sentences):
+        length = rng.randint(0, 3) if rng.random() < 0.25 else rng.randint(4, 30)
+        ref = [rng.choice(vocabulary) for _ in range(length)]
+        if rng.random() < 0.1:
+            hyp = [rng.choice(vocabulary) for _ in range(rng.randint(0, 30))]
+        else:
+            hyp = []
+            for token in ref:
+                r = rng.random()
+                if r < 0.1:
+                    continue                              # dropped
+                hyp.append(rng.choice(vocabulary) if r < 0.25 else token)
+                if rng.random() < 0.05:
+                    hyp.append(rng.choice(vocabulary))    # added
+        # white space as a user's files may have it: runs of spaces, tabs, ends
+        spaces = lambda: rng.choice([" ", " ", " ", "  ", "\t"])
+        hyps.append(spaces().join(hyp) + (" " if rng.random() < 0.1 else ""))
+        refs.append(spaces().join(ref))
+    return hyps, refs
+
+
+def binary_bleu(binary, hyps, refs, directory):
+    hyp_path, ref_path = os.path.join(directory, "hyp.txt"), os.path.join(directory, "ref.txt")
+    for path, lines in ((hyp_path, hyps), (ref_path, refs)):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    out = subprocess.run([binary, "bleu", hyp_path, ref_path], capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"^BLEU +([0-9.]+)", out, re.M).group(1))
+
+
+def check_sacrebleu(binary, corpora=20, sentences=300):
+    import sacrebleu
+    rng = random.Random(2017)
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as directory:
+        for corpus in range(corpora):
+            hyps, refs = random_corpus(rng, sentences if corpus else 8)  # the first: 8 sentences
+            ours = binary_bleu(binary, hyps, refs, directory)
+            theirs = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none", force=True).score
+            worst = max(worst, abs(ours - theirs))
+            print(f"corpus {corpus:2d}: {len(hyps):3d} sentences  transformer bleu {ours:6.2f}  "
+                  f"sacreBLEU {theirs:9.5f}  difference {ours - theirs:+.5f}")
+            assert abs(ours - theirs) <= 0.005 + 1e-9, (corpus, ours, theirs)
+    print(f"sacreBLEU {sacrebleu.__version__}: {corpora} corpora agree to 2 decimals "
+          f"(largest difference {worst:.5f}, the rounding of the printed score)")
+    # Where the conventions differ: sacreBLEU's defaults, and what counts as white space.
+    hyps, refs = ["a b c x y"], ["a b c d e"]
+    sentence = ["we see the house. it is red."], ["we see the house . it is red ."]
+    spaced = ["p q r s a\u00a0b"], ["p q r s a b"]
+    with tempfile.TemporaryDirectory() as directory:
+        ours = binary_bleu(binary, hyps, refs, directory)
+        ours_sentence = binary_bleu(binary, *sentence, directory)
+        ours_spaced = binary_bleu(binary, *spaced, directory)
+    print("where the conventions differ (sacreBLEU's defaults are smooth_method='exp', tokenize='13a'):")
+    print(f"  smoothing: '{hyps[0]}' against '{refs[0]}' (no 4-gram matches): "
+          f"{sacrebleu.corpus_bleu(hyps, [refs], tokenize='none').score:.2f} with sacreBLEU's 'exp' smoothing, "
+          f"{ours:.2f} without (ours, as the paper's BLEU and multi-bleu.perl)")
+    print(f"  tokenizing: '{sentence[0][0]}' against '{sentence[1][0]}': "
+          f"{sacrebleu.corpus_bleu(sentence[0], [sentence[1]]).score:.2f} with '13a' (splits punctuation off words), "
+          f"{ours_sentence:.2f} with 'none' and here (tokens are what lies between spaces)")
+    theirs = sacrebleu.corpus_bleu(spaced[0], [spaced[1]], tokenize="none", smooth_method="none").score
+    print(f"  white space: 'p q r s a<U+00A0>b' against '{spaced[1][0]}': {theirs:.2f} in sacreBLEU (Python's "
+          f"str.split splits at Unicode spaces too), {ours_spaced:.2f} here (C's ASCII white space: 'a<U+00A0>b' "
+          f"is one token)")
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--sacrebleu":
+        check_sacrebleu(sys.argv[2])
+    else:
+        main()
