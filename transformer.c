@@ -6340,17 +6340,6 @@ int transformer_main(int argc, char **argv) {
 
 #ifndef TRANSFORMER_NO_MAIN
 int main(int argc, char **argv) {
-#if defined(_OPENMP) && defined(__OPTIMIZE__) && defined(__linux__)
-    // OpenMP's threads wait for the next parallel loop by spinning, for a
-    // while, by default. When another program keeps a core busy, a spinning
-    // thread holds the core the other thread needs and a training step can
-    // take ten times as long (NOTES.md section 9). Waiting asleep, the
-    // "passive" policy, avoids that. The OpenMP library reads its environment
-    // as the program loads, so the program starts again with it set (not in
-    // -O0 builds, for gdb's sake). A user's own OMP_WAIT_POLICY is kept.
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
-        execv("/proc/self/exe", argv); // returns only if it failed: go on as we are
-#endif
     return transformer_main(argc, argv);
 }
 #endif
