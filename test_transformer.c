@@ -2812,6 +2812,9 @@ static void test_existing_checkpoints_and_keep_last(void) {
           "CHECKPOINT.step0000002.tmp (exit %d)", status);
     status = run_cli("train --help");
     check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
+    status = run_cli("bleu --help");
+    check(status == 0 && strstr(cli_output, "usage: ./transformer bleu") && !strstr(cli_output, "options:"),
+          "cli: bleu --help (a command without flags) prints no empty options list");
     free(before);
 }
 

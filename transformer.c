@@ -4836,7 +4836,7 @@ static int parse_options(const char *command, const char *usage, Option *options
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            printf("%s\noptions:\n", usage);
+            printf(n > 0 ? "%s\noptions:\n" : "%s\n", usage);
             print_option_help(options, n);
             return 2;
         }
