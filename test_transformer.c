@@ -842,6 +842,42 @@ static void test_reference_catches_wrong_weights(void) {
 
 // A wrong Adam step (learning rate 1% off, another beta1 or beta2) must pass
 // the comparison before Adam and fail the Adam steps.
+// A reference file cut short, with bytes added, or of another version is
+// refused (reference_read checks the exact size its header implies).
+static void test_reference_refuses_bad_files(void) {
+    const char *path = committed_references[0];   // a version 2 file
+    FILE *f = fopen(path, "rb");
+    if (!f) { check(0, "reference %s: cannot open", path); return; }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    unsigned char *bytes = checked_calloc((size_t)size + 4, 1, "reference bytes");
+    size_t got = fread(bytes, 1, (size_t)size, f);
+    fclose(f);
+    char bad[64];
+    snprintf(bad, sizeof bad, "/tmp/test_transformer_%d.ref", (int)getpid());
+    struct { long length; int version; const char *what; } cases[3] = {
+        { size - 8, 0, "cut short by 8 bytes" }, { size + 4, 0, "with 4 bytes added" }, { size, 3, "of version 3" } };
+    int refused = 0;
+    for (int i = 0; i < 3; i++) {
+        unsigned char kept = bytes[4];
+        if (cases[i].version) bytes[4] = (unsigned char)cases[i].version;   // the version follows "TREF"
+        FILE *out = fopen(bad, "wb");
+        if (out) { fwrite(bytes, 1, (size_t)cases[i].length, out); fclose(out); }
+        bytes[4] = kept;
+        Reference r;
+        printf("     %s: ", cases[i].what);
+        fflush(stdout);
+        int read = reference_read(&r, bad);
+        refused += !read;
+        reference_free(&r);
+    }
+    remove(bad);
+    free(bytes);
+    check(got == (size_t)size && refused == 3,
+          "reference: a version 2 file cut short, lengthened or of another version is refused (%d of 3)", refused);
+}
+
 static void test_reference_catches_wrong_adam(void) {
     Reference r;
     const char *path = committed_references[0];
@@ -3585,6 +3621,7 @@ int main(int argc, char **argv) {
         test_reference_file(committed_references[i]);
     test_reference_catches_wrong_weights();
     test_reference_catches_wrong_adam();
+    test_reference_refuses_bad_files();
     printf("-- configuration, masks, optimizer, learning\n");
     test_config_checks();
     test_masks();
