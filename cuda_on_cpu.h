@@ -32,7 +32,6 @@
 
 #define __global__
 #define __device__
-#define __host__
 
 // ---- threads ----------------------------------------------------------------
 
@@ -61,8 +60,9 @@ static inline const char *cudaGetErrorString(cudaError_t error) {
     return error == cudaSuccess ? "no error" : "out of memory";
 }
 
-// Allocations are whole floats here (the companion allocates nothing else),
-// each set to NaN: never written means never valid.
+// Every allocation is filled with the float NaN bit pattern (its int buffers
+// too, which the companion always writes before reading): never written
+// means never valid.
 static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     float *p = (float *)malloc(bytes ? bytes : 1);
     *pointer = p;
@@ -85,7 +85,7 @@ static inline cudaError_t cudaMemset(void *to, int value, size_t bytes) {
 }
 
 // The "device" is the host; its name says so.
-typedef struct { char name[256]; int major, minor; } cudaDeviceProp;
+typedef struct { char name[256]; } cudaDeviceProp;
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
     (void)device;
     memset(prop, 0, sizeof *prop);

@@ -671,6 +671,7 @@ static int reference_adam_v2(Transformer *model, const Reference *r, Batch *batc
         compute->begin(model);   // the companion: the parameters (and our moments) to its memory
         losses[k - 1] = compute->forward(model, batch);
         compute->backward(model, batch);
+        compute->to_host(model);   // the gradients, read below for the bound
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
             double largest = 0;

@@ -33,9 +33,10 @@
  *             blocks. Default builds use it (FAST_PATH, at the top of Part
  *             I); -DTRANSFORMER_PLAIN leaves it out. The tests check it
  *             against Part I.
- *   PART III  THE PROGRAM: data (vocabulary, TSV files, the copy and reverse
- *             tasks, batches by length), checkpoints, §6.1 BLEU, pictures as
- *             SVG, the command line, the benchmark, main.
+ *   PART III  THE PROGRAM: data (vocabulary, TSV files, §5.1 byte-pair
+ *             encoding, the copy and reverse tasks, batches by length),
+ *             checkpoints, §6.1 BLEU, pictures as SVG, the command line,
+ *             the benchmark, main.
  *
  * CONVENTIONS
  *   Every layer is a `*_forward` function followed by its `*_backward`.
@@ -1134,9 +1135,13 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 // just below it for arena_free.
 #define CACHE_LINE 64
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
+
+// The cache lines that `bytes` bytes fill, the last one perhaps in part.
+static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
+
 static real *arena_calloc(size_t count, const char *what) {
     size_t bytes = checked_bytes(count, sizeof(real), what);
-    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0) + 1;
+    size_t lines = lines_of(bytes) + 1;
     unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
     unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
     memcpy(aligned - sizeof block, &block, sizeof block);
@@ -1978,8 +1983,8 @@ static int min_int(int a, int b) { return a < b ? a : b; }
 
 // Uninitialised memory at a multiple of CACHE_LINE bytes (see arena_calloc); free() it.
 static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
-    size_t bytes = checked_bytes(count, size, what), lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);
-    bytes = checked_bytes(lines, CACHE_LINE, what);   // aligned_alloc takes whole lines
+    size_t bytes = checked_bytes(count, size, what);
+    bytes = checked_bytes(lines_of(bytes), CACHE_LINE, what);   // aligned_alloc takes whole lines
     return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
 }
 
@@ -2113,7 +2118,7 @@ static real *packed_b_alloc(void) {
 #define NARROW_MAX_DEPTH (DEPTH_BLOCK * WIDTH_BLOCK / NARROW_COLS)
 
 // The rows of the tile a product is done in: the narrow tile's for a
-// product of at most NARROW_COLS columns.
+// product of at most NARROW_COLS columns and NARROW_MAX_DEPTH depth.
 static int tile_height(const MatrixProduct *p) {
     return p->out_cols <= NARROW_COLS && p->depth <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
 }
@@ -2380,7 +2385,7 @@ static int attention_backward_fast(real *dq, real *dk, real *dv,
 // ############################################################################
 
 // ============================================================================
-// Data: vocabulary, TSV files, built-in tasks, batches
+// Data: vocabulary, TSV files, §5.1 byte-pair encoding, built-in tasks, batches
 // §3.4: one vocabulary for source and target (the embedding is shared).
 // §5.1: "Sentence pairs were batched together by approximate sequence length.
 // Each training batch contained a set of sentence pairs containing
@@ -2649,7 +2654,7 @@ static int bpe_symbol_text(char *out, const char *word, const int *start, int co
 // apply: cuts the n bytes at word into subwords with b's merges. On return
 // start[0..count] (room for n + 2) says where each subword begins, as in
 // bpe_characters; the last subword also carries </w>. scratch: room for
-// 2 (n + 2) ints and n + 5 chars. Returns count.
+// n + 2 ints (each symbol's id); text: n + 5 chars. Returns count.
 static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, int *scratch, char *text) {
     int count = bpe_characters(start, word, n);
     int *id = scratch; // id[i]: symbol i's id in b->symbols, or -1 for a character no merge uses
@@ -2920,7 +2925,7 @@ static void push_id(int **ids, size_t *capacity, int n, int id) {
 static int tokenize_subwords(Vocabulary *v, int grow, const char *word, int length, int **ids, size_t *capacity,
                              int n, TextSource *from) {
     int *start = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
-    int *scratch = checked_calloc(2 * ((size_t)length + 2), sizeof(int), "subwords");
+    int *scratch = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     char *text = checked_calloc((size_t)length + 5, 1, "subwords");
     int count = bpe_encode_word(v->bpe, start, word, length, scratch, text);
     for (int i = 0; i < count; i++) {
@@ -3315,8 +3320,7 @@ typedef struct {
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     BleuStats bleu;          // corpus BLEU of the outputs against the references (§6.1)
-    int exact_words;         // with §5.1 subwords: outputs whose words are the reference's
-    BleuStats bleu_words;    // and BLEU on words (evaluation_score_words)
+    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (evaluation_score_words)
     int *output;             // (sentences, stride) the decoded outputs
     int *output_len;         // (sentences)
     int stride;
@@ -3396,15 +3400,16 @@ static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count,
 
 // With §5.1 subwords the tokens are not the words: joined back into words,
 // an output may spell the reference with other subwords and still be it.
-// Exact match and BLEU on words, from the stored outputs.
+// Exact match (e->exact, replacing the count on subwords) and BLEU on words,
+// from the stored outputs.
 static void evaluation_score_words(Evaluation *e, const Dataset *d, const Vocabulary *v) {
-    e->exact_words = 0;
+    e->exact = 0;
     bleu_reset(&e->bleu_words);
     for (int i = 0; i < e->sentences; i++) {
         const SentencePair *p = &d->pairs[i];
         char *output = tokens_to_text(v, e->output + (size_t)i * e->stride, e->output_len[i]);
         char *reference = tokens_to_text(v, d->tokens + p->tgt, p->tgt_len);
-        e->exact_words += strcmp(output, reference) == 0;
+        e->exact += strcmp(output, reference) == 0;
         bleu_add_sentence_text(&e->bleu_words, output, reference);
         free(output); free(reference);
     }
@@ -3544,7 +3549,7 @@ static uint64_t merges_section_bytes(const Bpe *b) {
 }
 
 static void write_merges(Writer *w, const Bpe *b) {
-    if (merges_section_bytes(b) == 0) return;
+    if (!b || b->num_merges == 0) return;   // no section (merges_section_bytes 0)
     write_u32(w, (uint32_t)b->num_merges);
     for (int r = 0; r < b->num_merges; r++) {
         const char *sides[2] = { b->left[r], b->right[r] };
@@ -4926,7 +4931,7 @@ static int train_option_table(Option *t, TrainOptions *o) {
         TEXT_OPTION("--valid", &o->valid_path, RUN_DATA_PATH, "held-out data, same format (default: every 20th "
                     "line of --train)"),
         INT_OPTION("--bpe", &o->bpe, 1, 1000000, RUN, "§5.1 byte-pair encoding: learn N merges from both sides of "
-                   "--train and train on subwords (0: whole words)"),
+                   "--train and train on subwords (without it: whole words)"),
         INT_OPTION("--words", &o->words, 1, 100000, RUN, "task: the words are the numbers 0..N-1"),
         INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: shortest sequence"),
         INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: longest sequence"),
@@ -5330,7 +5335,7 @@ static double train_evaluate(TrainRun *r, int final) {
     }
     Evaluation e;
     evaluate(&e, &r->model, &r->valid, r->opt.eval_size, r->opt.batch_tokens, 1, 0.6);
-    if (r->vocab.bpe) { evaluation_score_words(&e, &r->valid, &r->vocab); e.exact = e.exact_words; } // on words
+    if (r->vocab.bpe) evaluation_score_words(&e, &r->valid, &r->vocab);
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
            r->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1),
            100.0 * e.exact / e.sentences, e.exact, e.sentences);
@@ -5716,7 +5721,7 @@ static int command_eval(int argc, char **argv) {
         Evaluation e;
         evaluate(&e, &m, &d, 0, batch_tokens, beam, alpha);
         const char *subwords = v.bpe ? " (subwords)" : "";
-        if (v.bpe) { evaluation_score_words(&e, &d, &v); e.exact = e.exact_words; } // on words
+        if (v.bpe) evaluation_score_words(&e, &d, &v);
         if (show) print_examples(&e, &d, &v, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
         printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
@@ -6333,8 +6338,10 @@ int transformer_main(int argc, char **argv) {
             error_context[0] = '\0';
             return status;
         }
-    fprintf(stderr, "error: unknown command '%s'; expected train, decode, eval, bleu, average, attention, pe, plot, params or bench (see ./transformer --help)\n",
-            argv[1]);
+    fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == sizeof commands / sizeof *commands ? " or" : ",", commands[i].name);
+    fprintf(stderr, " (see ./transformer --help)\n");
     return 1;
 }
 

@@ -892,7 +892,6 @@ static void gpu_begin(Transformer *m) {
     }
     size_t bytes = m->num_parameters * sizeof(float);
     gpu_copy(gpu.params, m->params_memory, bytes, cudaMemcpyHostToDevice);
-    gpu_copy(gpu.grads, m->grads_memory, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_m, m->adam_m, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_v, m->adam_v, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.pe, m->positional_encoding, (size_t)m->config.max_len * m->config.d_model * sizeof(float),
