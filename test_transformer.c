@@ -3226,6 +3226,12 @@ static void test_bpe_command_line(void) {
           "cli: bpe asked for more merges than there are stops early and says so (exit %d)", status);
     status = run_cli("bpe --checkpoint %s 'zweiundvier'", ckpt);
     check(status == 0 && strstr(cli_output, "</w>\n"), "cli: bpe --checkpoint cuts a sentence into subwords (exit %d)", status);
+    char *as_argument = strdup(cli_output);
+    write_text(test_path("bpe_bom.txt"), "\xEF\xBB\xBFzweiundvier\r\n");
+    status = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_bom.txt"));
+    check(status == 0 && strcmp(cli_output, as_argument) == 0,
+          "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order mark, \\r\\n dropped)");
+    free(as_argument);
     check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
     check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",
                     test_path("tsv.ckpt"));

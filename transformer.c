@@ -2977,6 +2977,17 @@ static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capa
     return n;
 }
 
+// Reads line line_no (counted from 1) of f into *line, without its line end
+// and, on line 1, without a byte-order mark. Returns 1, 0 at the end of the
+// file, or -1 for a line holding a zero byte (not text).
+static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
+    ssize_t length = getline(line, capacity, f);
+    if (length < 0) return 0;
+    if (line_no == 1) strip_byte_order_mark(*line, &length);
+    while (length > 0 && ((*line)[length - 1] == '\n' || (*line)[length - 1] == '\r')) (*line)[--length] = '\0';
+    return strlen(*line) == (size_t)length ? 1 : -1;
+}
+
 // Reads `source<TAB>target` lines, tokens separated by spaces, into d. Blank
 // lines are skipped; a line ending in \r\n is read as ending in \n. grow: the
 // vocabulary takes every new token (training data); otherwise unknown tokens
@@ -2986,15 +2997,12 @@ static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path,
     if (!f) return errorf("%s: cannot open: %s", path, strerror(errno));
     char *line = NULL;
     size_t line_capacity = 0, src_capacity = 0, tgt_capacity = 0;
-    int *src = NULL, *tgt = NULL, line_no = 0;
-    ssize_t length;
+    int *src = NULL, *tgt = NULL, line_no = 0, got;
     const char *error = NULL;
     TextSource from = { "", 0, 0, NULL };
-    while (!error && (length = getline(&line, &line_capacity, f)) != -1) {
-        if (++line_no == 1) strip_byte_order_mark(line, &length);
-        snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
-        while (length > 0 && (line[length - 1] == '\n' || line[length - 1] == '\r')) line[--length] = '\0';
-        if (strlen(line) != (size_t)length) { error = errorf("%s: a zero byte; expected text", from.where); break; }
+    while (!error && (got = read_text_line(f, &line, &line_capacity, line_no + 1)) != 0) {
+        snprintf(from.where, sizeof from.where, "%s:%d", path, ++line_no);
+        if (got < 0) { error = errorf("%s: a zero byte; expected text", from.where); break; }
         char *p = line;
         while (*p && isspace((unsigned char)*p) && *p != '\t') p++;
         if (!*p) continue; // blank line
@@ -5544,8 +5552,9 @@ static const char *decode_sentence(Transformer *m, Vocabulary *v, char *text, Te
 // A sentence that cannot be decoded (too long, a reserved token) does not stop
 // a stream: its error line goes to stderr, an empty line to stdout (so that
 // output line i still answers input line i), and 1 is returned to count it.
-static int decode_or_report(Transformer *m, Vocabulary *v, char *text, TextSource *from, int beam, double alpha) {
-    const char *error = decode_sentence(m, v, text, from, beam, alpha);
+static int decode_or_report(Transformer *m, Vocabulary *v, char *text, TextSource *from, int beam, double alpha,
+                            const char *read_error) {
+    const char *error = read_error ? read_error : decode_sentence(m, v, text, from, beam, alpha);
     if (!error) return 0;
     fflush(stdout);
     fprintf(stderr, "error: decode: %s\n", error);
@@ -5584,16 +5593,16 @@ static int command_decode(int argc, char **argv) {
         TextSource from = { "", 0, 0, NULL };
         for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            refused += decode_or_report(&m, &v, sentences[i], &from, beam, alpha);
+            refused += decode_or_report(&m, &v, sentences[i], &from, beam, alpha, NULL);
         }
         if (num_sentences == 0) {
             char *line = NULL;
             size_t capacity = 0;
-            ssize_t length;
-            for (int line_no = 1; (length = getline(&line, &capacity, stdin)) != -1; line_no++) {
-                if (line_no == 1) strip_byte_order_mark(line, &length);
+            int got;
+            for (int line_no = 1; (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
                 snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-                refused += decode_or_report(&m, &v, line, &from, beam, alpha);
+                const char *read_error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL;
+                refused += decode_or_report(&m, &v, line, &from, beam, alpha, read_error);
             }
             free(line);
         }
@@ -5606,17 +5615,6 @@ static int command_decode(int argc, char **argv) {
 }
 
 // ---- bleu -------------------------------------------------------------------------
-
-// Reads line line_no of a text file into *line, without its line ending (nor,
-// on the first line, a byte-order mark). Returns 1, 0 at the end of the file,
-// or -1 if the line holds a zero byte (not text).
-static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
-    ssize_t length = getline(line, capacity, f);
-    if (length < 0) return 0;
-    if (line_no == 1) strip_byte_order_mark(*line, &length);
-    while (length > 0 && ((*line)[length - 1] == '\n' || (*line)[length - 1] == '\r')) (*line)[--length] = '\0';
-    return strlen(*line) == (size_t)length ? 1 : -1;
-}
 
 // Corpus BLEU of a hypothesis file against a reference file, line by line,
 // exactly as eval --bleu scores decoded outputs: tokens split at white space.
@@ -5924,8 +5922,10 @@ static int command_bpe(int argc, char **argv) {
     if (!error && checkpoint && num_sentences == 0) {
         char *line = NULL;
         size_t capacity = 0;
-        snprintf(from.where, sizeof from.where, "stdin");
-        while (!error && getline(&line, &capacity, stdin) != -1) error = print_sentence_subwords(&v, line, &from);
+        for (int line_no = 1, got; !error && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
+            snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
+            error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : print_sentence_subwords(&v, line, &from);
+        }
         free(line);
     }
     if (error) fprintf(stderr, "error: bpe: %s\n", error);
