@@ -337,10 +337,14 @@ static double closest_relu_input(Transformer *m) {
     return closest;
 }
 
-static void test_model_gradients(void) {
+// Every parameter tensor of a whole model, with sinusoids or with learned
+// positions (Table 3, row E: max_len 8 > S, T, so two rows of the table are
+// used by no position and must get no gradient).
+static void test_model_gradients(int positional) {
     TransformerConfig config = transformer_default_config();
     config.n_layers = 2; config.d_model = 8; config.d_ff = 12; config.n_heads = 2;
     config.vocab_size = 11; config.max_len = 8; config.dropout = 0.0f; config.label_smoothing = 0.1f;
+    config.positional = positional;
     int src_len[3] = { 5, 2, 4 }, tgt_len[3] = { 3, 6, 1 };
     Rng rng; rng_seed(&rng, 11);
     static TestBatch tb;
@@ -375,11 +379,16 @@ static void test_model_gradients(void) {
     real **params[NUM_PARAMETER_TENSORS], **grads[NUM_PARAMETER_TENSORS];
     parameter_pointers(params, &model.params);
     parameter_pointers(grads, &model.grads);
+    int empty = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         char name[64];
-        snprintf(name, sizeof name, "model: %s", parameter_names[i]);
-        check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
+        snprintf(name, sizeof name, "model%s: %s", positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
+                 parameter_names[i]);
+        if (model.param_sizes[i] == 0) empty++;
+        else check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
     }
+    int expected_empty = positional == POSITIONAL_LEARNED ? 0 : 1;   // position_embedding, with sinusoids
+    check(empty == expected_empty, "model: %d empty parameter tensors, expected %d", empty, expected_empty);
     transformer_free(&model);
 }
 
@@ -393,7 +402,8 @@ static void run_gradient_checks(void) {
     test_feed_forward_gradients(&rng);
     test_embedding_gradients(&rng);
     test_loss_gradients(&rng);
-    test_model_gradients();
+    test_model_gradients(POSITIONAL_SINUSOID);
+    test_model_gradients(POSITIONAL_LEARNED);
 }
 #endif // TRANSFORMER_DOUBLE
 
@@ -812,6 +822,7 @@ static void test_reference_catches_wrong_weights(void) {
     size_t sizes[NUM_PARAMETER_TENSORS], C = r.config.d_model, offset = 0;
     parameter_sizes(sizes, &r.config);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; offset += sizes[t], t++) {
+        if (sizes[t] == 0) continue;   // position_embedding, with sinusoids
         int fused_w = strstr(parameter_names[t], "qkv_w") != NULL, fused_b = strstr(parameter_names[t], "qkv_b") != NULL;
         // the weight(s) to move: in layer 0's query, key and value blocks of a
         // fused projection (not the key bias); else anywhere in the tensor
@@ -2343,7 +2354,7 @@ static void test_checkpoint_round_trip(void) {
     check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
     struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
         { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
-        { 4, 3, "checkpoint format version 3; expected version 1 or 2", "another version" },
+        { 4, 4, "checkpoint format version 4; expected version 1 to 3", "another version" },
         { 20, 65, "parameters, but its sizes", "a d_ff that disagrees with the parameter count" },
         { 104, 0, "vocabulary", "a vocabulary section 2 bytes longer (and options 2 shorter)" },
         { 8, 5, "5-byte numbers", "an element size of 5" },
@@ -2386,9 +2397,11 @@ static void test_checkpoint_round_trip(void) {
 // has 4 C^2 + 4 C, an FFN 2 C F + F + C, a layer norm 2 C; plus V C.
 // A diverged run must not overwrite its checkpoint: train_save asks
 // nonfinite_parameter, which names the first tensor holding a NaN or an
-// infinity. Each tensor in turn gets one, at its last element.
+// infinity. Each tensor in turn gets one, at its last element (learned
+// positions, so that no tensor is empty).
 static void test_nonfinite_parameter(void) {
     TransformerConfig config = decode_config();
+    config.positional = POSITIONAL_LEARNED;
     Transformer m;
     transformer_build(&m, &config, 5);
     check(nonfinite_parameter(&m) == NULL, "diverged: a freshly built model has only finite parameters");
@@ -2408,6 +2421,84 @@ static void test_nonfinite_parameter(void) {
     transformer_free(&m);
 }
 
+// Learned positions (Table 3, row E): the table trains, survives a checkpoint
+// bit for bit, and is refused by the older formats; a seed gives the same
+// other weights as with sinusoids (the table is drawn last).
+static void test_learned_positions_checkpoint(void) {
+    TransformerConfig config = decode_config(), sinusoid_config = decode_config();
+    config.positional = POSITIONAL_LEARNED;
+    Transformer m, loaded, sinusoid;
+    transformer_build(&m, &config, 3);
+    transformer_build(&sinusoid, &sinusoid_config, 3);
+    size_t table = (size_t)config.max_len * config.d_model, P = m.num_parameters;
+    int same_others = m.param_sizes[1] == table && sinusoid.param_sizes[1] == 0 && P == sinusoid.num_parameters + table &&
+        memcmp(m.params.embedding, sinusoid.params.embedding, m.param_sizes[0] * sizeof(real)) == 0 &&
+        memcmp(m.params.enc_qkv_w, sinusoid.params.enc_qkv_w, (P - m.param_sizes[0] - table) * sizeof(real)) == 0;
+    check(same_others && m.positional_encoding == m.params.position_embedding,
+          "learned positions: a (max_len, d_model) = %zu-number table, the model reads it from the parameters; "
+          "the seed's other weights are the sinusoid model's", table);
+    transformer_free(&sinusoid);
+    real *initial = checked_calloc(table, sizeof(real), "test");
+    memcpy(initial, m.params.position_embedding, table * sizeof(real));
+    int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
+    Rng rng; rng_seed(&rng, 4);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 6, 5, src_len, tgt_len, config.vocab_size, &rng);
+    for (int step = 1; step <= 3; step++) {
+        transformer_forward(&m, &tb.batch);
+        transformer_zero_grad(&m);
+        transformer_backward(&m, &tb.batch);
+        adam_update(&m, 1e-3);
+    }
+    // rows 0..5 are some sentence's position and move; rows 6.. are no one's and stay
+    int moved = 1;
+    for (size_t i = 0; i < table; i++) {
+        int used = i < (size_t)6 * config.d_model;
+        moved &= used ? m.params.position_embedding[i] != initial[i] : m.params.position_embedding[i] == initial[i];
+    }
+    check(moved, "learned positions: Adam moves the rows of the positions used (0..5), no others");
+    free(initial);
+    Vocabulary v, v2;
+    task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
+    TrainingState state = { 1, 2, 3, 4 };
+    const char *path = test_path("learned.ckpt");
+    const char *e = checkpoint_save(path, &m, &v, &state, "");
+    if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
+    int same = !e && loaded.config.positional == POSITIONAL_LEARNED && loaded.num_parameters == P &&
+               loaded.positional_encoding == loaded.params.position_embedding &&
+               memcmp(loaded.params_memory, m.params_memory, P * sizeof(real)) == 0 &&
+               memcmp(loaded.adam_v, m.adam_v, P * sizeof(real)) == 0;
+    if (same) {
+        m.training = loaded.training = 0;
+        size_t n = (size_t)2 * 5 * config.vocab_size;
+        real *logits = checked_calloc(n, sizeof(real), "test");
+        transformer_forward(&m, &tb.batch);
+        memcpy(logits, m.acts.logits, n * sizeof(real));
+        transformer_forward(&loaded, &tb.batch);
+        same = memcmp(logits, loaded.acts.logits, n * sizeof(real)) == 0;
+        free(logits);
+    }
+    check(same, "learned positions: a checkpoint gives back the table, its Adam moments and bit-identical logits (%s)",
+          e ? e : "loaded");
+    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    e = checkpoint_save_version(test_path("learned_v2.ckpt"), &m, &v, &state, "", 2);
+    check(e && strstr(e, "cannot hold learned positions"), "learned positions: the version-2 writer refuses them (%s)",
+          e ? e : "written");
+    size_t size;
+    unsigned char *bytes = read_file(path, &size);
+    if (bytes) {
+        bytes[128] = 2;   // the header's positional kind
+        write_file(test_path("bad_positional.ckpt"), bytes, size);
+        e = checkpoint_load(test_path("bad_positional.ckpt"), &loaded, &v2, NULL, NULL);
+        check(e && strstr(e, "bad_positional.ckpt: header: positional kind 2; expected 0 (sinusoid) or 1 (learned)"),
+              "learned positions: a checkpoint of another kind of positions is refused (%s)", e ? e : "accepted");
+        if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    }
+    free(bytes);
+    vocab_free(&v);
+    transformer_free(&m);
+}
+
 static void test_parameter_counts(void) {
     struct { int L, C, F, H, V; } models[3] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 }, { 2, 64, 256, 4, 14 } };
     for (int i = 0; i < 3; i++) {
@@ -2423,6 +2514,14 @@ static void test_parameter_counts(void) {
         check(groups == by_hand && sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand,
               "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand",
               models[i].L, models[i].C, models[i].F, models[i].V, by_hand);
+        // Table 3, row E: learned positions add max_len x d_model
+        c.positional = POSITIONAL_LEARNED;
+        c.max_len = 100;
+        parameter_sizes(sizes, &c);
+        groups = 0;
+        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) groups += parameter_group_count(sizes, g);
+        check(groups == by_hand + 100 * C && sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand + 100 * C,
+              "params: the same with learned positions, max_len 100: %zu more", 100 * C);
     }
 }
 
@@ -3162,21 +3261,29 @@ static void test_bpe_checkpoint(void) {
     e = checkpoint_save_version(v1_path, &m, &v, &state, "", 1);
     check(e && strstr(e, "version 1 cannot hold merges"), "checkpoint: the version-1 writer refuses merges (%s)",
           e ? e : "written");
-    // the same model and vocabulary without merges, as version 1 and 2
+    // the same model and vocabulary without merges, as version 1, 2 and 3
     Bpe *merges = v.bpe;
     v.bpe = NULL;
-    e = checkpoint_save_version(v1_path, &m, &v, &state, "--task\ncopy\n", 1);
-    if (!e) e = checkpoint_load(v1_path, &loaded, &v2, &state, NULL);
-    size_t n1 = 0, n2 = 0;
-    unsigned char *f1 = read_file(v1_path, &n1);
-    if (!e) checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
-    unsigned char *f2 = read_file(path, &n2);
-    same = !e && !v2.bpe && v2.size == v.size && memcmp(loaded.params_memory, m.params_memory, m.num_parameters * sizeof(real)) == 0;
-    check(same && f1 && f2 && get_u32(f1 + 4) == 1 && get_u32(f2 + 4) == 2 && n2 == n1 + 8,
-          "checkpoint: a version-1 file (120-byte header, 8 bytes shorter than version 2) still reads (%s)",
-          e ? e : "read");
-    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
-    free(f1); free(f2);
+    const char *v2_path = test_path("v2.ckpt");
+    size_t n[3] = { 0 };
+    unsigned char *f[3] = { NULL };
+    int all_read = 1;
+    e = NULL;
+    for (int version = 1; version <= 3 && !e; version++) {
+        const char *at = version == 1 ? v1_path : version == 2 ? v2_path : path;
+        e = checkpoint_save_version(at, &m, &v, &state, "--task\ncopy\n", version);
+        if (!e) e = checkpoint_load(at, &loaded, &v2, &state, NULL);
+        if (e) break;
+        f[version - 1] = read_file(at, &n[version - 1]);
+        all_read &= !v2.bpe && v2.size == v.size && loaded.config.positional == POSITIONAL_SINUSOID &&
+                    memcmp(loaded.params_memory, m.params_memory, m.num_parameters * sizeof(real)) == 0 &&
+                    f[version - 1] && get_u32(f[version - 1] + 4) == (uint32_t)version;
+        transformer_free(&loaded); vocab_free(&v2);
+    }
+    check(!e && all_read && n[1] == n[0] + 8 && n[2] == n[1] + 8,
+          "checkpoint: version-1 and version-2 files (120- and 128-byte headers, %zu and %zu bytes; version 3: "
+          "%zu) still read (%s)", n[0], n[1], n[2], e ? e : "read");
+    for (int i = 0; i < 3; i++) free(f[i]);
     v.bpe = merges;
     // a damaged merges section is refused
     checkpoint_save(path, &m, &v, &state, "");
@@ -3276,6 +3383,7 @@ static void run_cli_and_data_tests(void) {
     test_tsv_reading();
     test_tasks_and_batches();
     test_checkpoint_round_trip();
+    test_learned_positions_checkpoint();
     test_parameter_counts();
     test_nonfinite_parameter();
     test_command_line();

@@ -209,6 +209,7 @@ TransformerConfig transformer_default_config(void) {
     c.n_heads = 4;
     c.vocab_size = 32;
     c.max_len = 64;
+    c.positional = POSITIONAL_SINUSOID;  // §3.5; POSITIONAL_LEARNED is Table 3's row E
     c.dropout = 0.1f;          // §5.4 P_drop for the base model
     c.label_smoothing = 0.1f;  // §5.4 eps_ls
     c.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
@@ -220,7 +221,7 @@ TransformerConfig transformer_default_config(void) {
 // (the tensors and their shapes are listed in transformer.h).
 
 static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
-    "embedding",
+    "embedding", "position_embedding",
     "enc_qkv_w", "enc_qkv_b", "enc_out_w", "enc_out_b", "enc_ln1_g", "enc_ln1_b",
     "enc_ff1_w", "enc_ff1_b", "enc_ff2_w", "enc_ff2_b", "enc_ln2_g", "enc_ln2_b",
     "dec_self_qkv_w", "dec_self_qkv_b", "dec_self_out_w", "dec_self_out_b", "dec_ln1_g", "dec_ln1_b",
@@ -235,6 +236,7 @@ static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const Transform
     size_t ffn[4] = { L * F * C, L * F, L * C * F, L * C };                // ff1_w ff1_b ff2_w ff2_b
     size_t i = 0;
     sizes[i++] = V * C;
+    sizes[i++] = c->positional == POSITIONAL_LEARNED ? (size_t)c->max_len * C : 0;
     for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder self-attention
     sizes[i++] = norm; sizes[i++] = norm;
     for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
@@ -250,7 +252,7 @@ static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const Transform
 // The named pointers of a ParameterTensors, in storage order.
 static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *p) {
     real **list[NUM_PARAMETER_TENSORS] = {
-        &p->embedding,
+        &p->embedding, &p->position_embedding,
         &p->enc_qkv_w, &p->enc_qkv_b, &p->enc_out_w, &p->enc_out_b, &p->enc_ln1_g, &p->enc_ln1_b,
         &p->enc_ff1_w, &p->enc_ff1_b, &p->enc_ff2_w, &p->enc_ff2_b, &p->enc_ln2_g, &p->enc_ln2_b,
         &p->dec_self_qkv_w, &p->dec_self_qkv_b, &p->dec_self_out_w, &p->dec_self_out_b,
@@ -282,7 +284,9 @@ static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
 // Initialisation (the paper gives none; these are PyTorch's and the common
 // reimplementations'): Xavier-uniform for every projection matrix (W^Q, W^K,
 // W^V, W^O each on its own, W_1, W_2), N(0, d_model^-0.5) for the shared
-// embedding, zero biases, layer-norm gain 1 and bias 0.
+// embedding and for learned positions (as tensor2tensor and fairseq do), zero
+// biases, layer-norm gain 1 and bias 0. The positions are drawn last, so that
+// a seed gives the same other weights with either kind of positions.
 static void initialize_parameters(Transformer *m, uint64_t seed) {
     const TransformerConfig *c = &m->config;
     size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
@@ -307,6 +311,8 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
     real *gains[5] = { p->enc_ln1_g, p->enc_ln2_g, p->dec_ln1_g, p->dec_ln2_g, p->dec_ln3_g };
     for (int g = 0; g < 5; g++)
         for (size_t i = 0; i < L * C; i++) gains[g][i] = 1;
+    if (c->positional == POSITIONAL_LEARNED)
+        for (size_t i = 0; i < (size_t)c->max_len * C; i++) p->position_embedding[i] = (real)(std * rng_normal(&rng));
 }
 
 // ============================================================================
@@ -802,6 +808,14 @@ static void embedding_backward(real *dembedding, const real *dout, const int *to
 // Interleaved as in the paper (tensor2tensor's code concatenates the sines and
 // then the cosines instead). Computed once, in double, and added to the
 // embeddings; it has no parameters and so no backward.
+//
+// "We also experimented with using learned positional embeddings instead,
+// and found that the two versions produced nearly identical results"
+// (Table 3, row E). With config.positional = POSITIONAL_LEARNED the table is
+// a parameter, params.position_embedding (max_len, C), one table for source
+// and target as the sinusoids are (fairseq keeps two), added unscaled in
+// embedding_forward's place of PE. Its gradient is that of every position
+// that added its row: position_embedding_backward.
 // ============================================================================
 
 // pe is (max_len, C)
@@ -811,6 +825,19 @@ static void positional_encoding_init(real *pe, int max_len, int C) {
             double angle = pos / pow(10000.0, (2.0 * i) / C);
             pe[(size_t)pos * C + 2 * i] = (real)sin(angle);
             if (2 * i + 1 < C) pe[(size_t)pos * C + 2 * i + 1] = (real)cos(angle);
+        }
+    }
+}
+
+// Differentiates, for the learned table pe (max_len, C) (Table 3, row E),
+//     out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]
+// dout is (B,T,C): row t of the gradient gets every sentence's position t.
+static void position_embedding_backward(real *dpe, const real *dout, int B, int T, int C) {
+    OMP(parallel for)
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) {
+            const real *g = dout + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) dpe[(size_t)t * C + i] += g[i];
         }
     }
 }
@@ -1274,8 +1301,12 @@ const char *transformer_build(Transformer *m, const TransformerConfig *config, u
     m->adam.beta1 = 0.9;    // §5.3
     m->adam.beta2 = 0.98;
     m->adam.eps = 1e-9;
-    m->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
-    positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
+    if (config->positional == POSITIONAL_LEARNED) {
+        m->positional_encoding = m->params.position_embedding;   // a parameter (Table 3, row E)
+    } else {
+        m->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
+        positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
+    }
     initialize_parameters(m, seed);
     rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
     m->training = 1;
@@ -1283,7 +1314,8 @@ const char *transformer_build(Transformer *m, const TransformerConfig *config, u
 }
 
 void transformer_free(Transformer *m) {
-    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, m->positional_encoding,
+    real *sinusoids = m->config.positional == POSITIONAL_SINUSOID ? m->positional_encoding : NULL;
+    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, sinusoids,
                        m->acts_memory, m->scratch_memory };
     for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
     memset(m, 0, sizeof *m);
@@ -1309,6 +1341,9 @@ const char *transformer_config_check(const TransformerConfig *c) {
                    c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
     CONFIG_REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN,
                    "max_len is %d, expected 2..%d", c->max_len, TRANSFORMER_MAX_LEN);
+    CONFIG_REQUIRE(c->positional == POSITIONAL_SINUSOID || c->positional == POSITIONAL_LEARNED,
+                   "positional is %d, expected %d (sinusoid) or %d (learned)", c->positional,
+                   POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
     CONFIG_REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f,
                    "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
     CONFIG_REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f,
@@ -1447,6 +1482,8 @@ void transformer_backward(Transformer *m, const Batch *batch) {
     zero(s->d_embedded, n_dec);
     dropout_backward(s->d_embedded, d_out, a->dec_emb_mask, n_dec);
     embedding_backward(m->grads.embedding, s->d_embedded, batch->tgt_in, B, T, C);
+    if (c->positional == POSITIONAL_LEARNED)
+        position_embedding_backward(m->grads.position_embedding, s->d_embedded, B, T, C);
     // the encoder stack, starting from the gradient its output got from every decoder layer
     memcpy(d_out, s->d_memory, n_enc * sizeof(real));
     for (int l = L - 1; l >= 0; l--) {
@@ -1461,6 +1498,8 @@ void transformer_backward(Transformer *m, const Batch *batch) {
     zero(s->d_embedded, n_enc);
     dropout_backward(s->d_embedded, d_out, a->enc_emb_mask, n_enc);
     embedding_backward(m->grads.embedding, s->d_embedded, batch->src, B, S, C);
+    if (c->positional == POSITIONAL_LEARNED)
+        position_embedding_backward(m->grads.position_embedding, s->d_embedded, B, S, C);
 }
 
 // ============================================================================
@@ -3453,8 +3492,9 @@ static void print_examples(const Evaluation *e, const Dataset *d, const Vocabula
 // ============================================================================
 
 #define CHECKPOINT_MAGIC "TCKP"
-#define CHECKPOINT_VERSION 2          // 2 adds the §5.1 merges; version 1 files still read
-#define CHECKPOINT_HEADER_BYTES 128     // version 1: 120 (no merges_bytes field)
+#define CHECKPOINT_VERSION 3   // 2 added the §5.1 merges, 3 the kind of positions; 1 and 2 still read
+#define CHECKPOINT_HEADER_BYTES 136     // version 2: 128 (no positional field), version 1: 120 (nor merges_bytes)
+#define CHECKPOINT_HEADER_BYTES_V2 128
 #define CHECKPOINT_HEADER_BYTES_V1 120
 #define CHECKPOINT_CHECKSUM_BYTES 8
 
@@ -3565,13 +3605,16 @@ static void write_merges(Writer *w, const Bpe *b) {
     }
 }
 
-// Writes a checkpoint in format `version` (2; 1 only for the tests that
-// check that version 1 files still read, and only without merges).
+// Writes a checkpoint in format `version` (3; 1 and 2 only for the tests
+// that check that older files still read: 1 without merges, both only with
+// sinusoids).
 static const char *checkpoint_save_version(const char *path, const Transformer *m, const Vocabulary *v,
                                            const TrainingState *state, const char *run_options, int version) {
     uint64_t merges_bytes = merges_section_bytes(v->bpe);
     if (version == 1 && merges_bytes)
         return errorf("%s: checkpoint format version 1 cannot hold merges; expected version 2", path);
+    if (version < 3 && m->config.positional != POSITIONAL_SINUSOID)
+        return errorf("%s: checkpoint format version %d cannot hold learned positions; expected version 3", path, version);
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
     FILE *f = fopen(tmp, "wb");
@@ -3593,6 +3636,7 @@ static const char *checkpoint_save_version(const char *path, const Transformer *
                            vocab_bytes, options_bytes };
     for (int i = 0; i < 9; i++) write_u64(&w, fields[i]);
     if (version >= 2) write_u64(&w, merges_bytes);
+    if (version >= 3) write_u64(&w, (uint64_t)c->positional);
     write_bytes(&w, run_options, options_bytes);
     for (int i = 0; i < v->size; i++) {
         write_u32(&w, (uint32_t)strlen(v->words[i]));
@@ -3626,9 +3670,9 @@ typedef struct {
     uint64_t num_parameters, adam_step, dropout_rng;
     TrainingState state;
     uint64_t vocab_bytes, options_bytes;
-    uint32_t version;           // 1 or 2
-    uint64_t header_bytes;      // 120 (version 1) or 128
-    uint64_t merges_bytes;      // version 2; 0 in version 1
+    uint32_t version;           // 1, 2 or 3
+    uint64_t header_bytes;      // 120 (version 1), 128 (2) or 136 (3)
+    uint64_t merges_bytes;      // from version 2; 0 in version 1
 } CheckpointHeader;
 
 // Reads and checks the header from its bytes b (got of them, from a file of
@@ -3642,9 +3686,10 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
                       path, b[0], b[1], b[2], b[3]);
     if (got < 8) return errorf("%s: truncated: %zu bytes, inside the header", path, got);
     h->version = get_u32(b + 4);
-    if (h->version != 1 && h->version != CHECKPOINT_VERSION)
-        return errorf("%s: checkpoint format version %u; expected version 1 or %d", path, h->version, CHECKPOINT_VERSION);
-    h->header_bytes = h->version == 1 ? CHECKPOINT_HEADER_BYTES_V1 : CHECKPOINT_HEADER_BYTES;
+    if (h->version < 1 || h->version > CHECKPOINT_VERSION)
+        return errorf("%s: checkpoint format version %u; expected version 1 to %d", path, h->version, CHECKPOINT_VERSION);
+    h->header_bytes = h->version == 1 ? CHECKPOINT_HEADER_BYTES_V1
+                    : h->version == 2 ? CHECKPOINT_HEADER_BYTES_V2 : CHECKPOINT_HEADER_BYTES;
     if (got < h->header_bytes || size < h->header_bytes + CHECKPOINT_CHECKSUM_BYTES)
         return errorf("%s: truncated: %llu bytes; the header and checksum alone take %llu", path,
                       (unsigned long long)size, (unsigned long long)(h->header_bytes + CHECKPOINT_CHECKSUM_BYTES));
@@ -3656,6 +3701,11 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
     c->d_ff = (int32_t)get_u32(b + 20); c->n_heads = (int32_t)get_u32(b + 24);
     c->vocab_size = (int32_t)get_u32(b + 28); c->max_len = (int32_t)get_u32(b + 32);
     c->dropout = get_f32(b + 36); c->label_smoothing = get_f32(b + 40); c->layer_norm_eps = get_f32(b + 44);
+    uint64_t positional = h->version >= 3 ? get_u64(b + 128) : POSITIONAL_SINUSOID;
+    if (positional != POSITIONAL_SINUSOID && positional != POSITIONAL_LEARNED)
+        return errorf("%s: header: positional kind %llu; expected %d (sinusoid) or %d (learned)", path,
+                      (unsigned long long)positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+    c->positional = (int)positional;
     const char *error = transformer_config_check(c);
     if (error) return errorf("%s: header: %s", path, error);
     uint64_t *fields[9] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng,
@@ -4910,6 +4960,7 @@ typedef struct {
     int words, min_length, max_length, train_size, valid_size, bpe;
     // model (Table 3's N, d_model, d_ff, h, P_drop, eps_ls)
     int layers, d_model, d_ff, heads, positions;
+    const char *positional;
     double dropout, label_smoothing;
     // schedule (§5.3)
     int steps, warmup, batch_tokens, seed;
@@ -4924,7 +4975,7 @@ static TrainOptions train_defaults(void) {
     memset(&o, 0, sizeof o);
     o.task = "copy";
     o.words = 10; o.min_length = 1; o.max_length = 10; o.train_size = 10000; o.valid_size = 200;
-    o.layers = 2; o.d_model = 64; o.d_ff = 256; o.heads = 4; o.positions = 0;
+    o.layers = 2; o.d_model = 64; o.d_ff = 256; o.heads = 4; o.positions = 0; o.positional = "sinusoid";
     o.dropout = 0.1; o.label_smoothing = 0.1;
     o.steps = 1500; o.warmup = 50; o.batch_tokens = 600; o.seed = 1; o.lr = 3e-3;
     o.eval_every = 250; o.save_every = 0; o.log_every = 50; o.eval_size = 0; o.show = 5; o.threads = 0;
@@ -4951,6 +5002,8 @@ static int train_option_table(Option *t, TrainOptions *o) {
         INT_OPTION("--heads", &o->heads, 1, TRANSFORMER_MAX_WIDTH, RUN, "h, attention heads"),
         INT_OPTION("--positions", &o->positions, 0, TRANSFORMER_MAX_LEN, RUN,
                    "maximum sentence length the model takes; 0: the longest in the data + 50"),
+        TEXT_OPTION("--positional", &o->positional, RUN, "positions: sinusoid (§3.5) or learned (a trained "
+                    "table, Table 3 row E)"),
         NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, RUN, "P_drop (§5.4)"),
         NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, RUN, "eps_ls (§5.4)"),
         INT_OPTION("--steps", &o->steps, 1, 1000000000, RUN_EXTENDABLE, "training steps (may be raised on --resume)"),
@@ -5132,6 +5185,9 @@ static const char *train_start(TrainRun *r) {
     if ((error = train_load_data(r, 0))) return error;
     TransformerConfig c = transformer_default_config();
     c.n_layers = o->layers; c.d_model = o->d_model; c.d_ff = o->d_ff; c.n_heads = o->heads;
+    if (strcmp(o->positional, "learned") == 0) c.positional = POSITIONAL_LEARNED;
+    else if (strcmp(o->positional, "sinusoid") != 0)
+        return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", o->positional);
     c.vocab_size = r->vocab.size;
     c.dropout = (float)o->dropout; c.label_smoothing = (float)o->label_smoothing;
     int longest = r->train.longest_src > r->train.longest_tgt ? r->train.longest_src : r->train.longest_tgt;
@@ -5984,13 +6040,14 @@ typedef struct { const char *name; int tensors[6]; int count; } ParameterGroup;
 
 static const ParameterGroup parameter_groups[] = {
     { "embedding, shared by source, target and pre-softmax (§3.4)", { 0 }, 1 },
-    { "encoder self-attention: W^Q W^K W^V W^O and biases", { 1, 2, 3, 4 }, 4 },
-    { "encoder feed-forward: W_1 W_2 and biases", { 7, 8, 9, 10 }, 4 },
-    { "encoder layer norms: gain and bias, 2 per layer", { 5, 6, 11, 12 }, 4 },
-    { "decoder masked self-attention", { 13, 14, 15, 16 }, 4 },
-    { "decoder encoder-decoder attention", { 19, 20, 21, 22 }, 4 },
-    { "decoder feed-forward", { 25, 26, 27, 28 }, 4 },
-    { "decoder layer norms, 3 per layer", { 17, 18, 23, 24, 29, 30 }, 6 },
+    { "encoder self-attention: W^Q W^K W^V W^O and biases", { 2, 3, 4, 5 }, 4 },
+    { "encoder feed-forward: W_1 W_2 and biases", { 8, 9, 10, 11 }, 4 },
+    { "encoder layer norms: gain and bias, 2 per layer", { 6, 7, 12, 13 }, 4 },
+    { "decoder masked self-attention", { 14, 15, 16, 17 }, 4 },
+    { "decoder encoder-decoder attention", { 20, 21, 22, 23 }, 4 },
+    { "decoder feed-forward", { 26, 27, 28, 29 }, 4 },
+    { "decoder layer norms, 3 per layer", { 18, 19, 24, 25, 30, 31 }, 6 },
+    { "positions: none for sinusoids, max_len x C if learned (row E)", { 1 }, 1 },
 };
 #define NUM_PARAMETER_GROUPS ((int)(sizeof parameter_groups / sizeof *parameter_groups))
 
@@ -6014,6 +6071,8 @@ static int command_params(int argc, char **argv) {
     TransformerConfig c = transformer_default_config();
     const char *preset = NULL;
     int layers = c.n_layers, d_model = c.d_model, d_ff = c.d_ff, heads = c.n_heads, vocab = NUM_SPECIAL_TOKENS + 10;
+    int max_len = c.max_len;
+    const char *positional = "sinusoid";
     Option options[] = {
         TEXT_OPTION("--preset", &preset, SESSION, "base or big: Table 3's sizes, vocabulary 37000"),
         INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, SESSION, "N"),
@@ -6022,9 +6081,12 @@ static int command_params(int argc, char **argv) {
         INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, SESSION, "h"),
         INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, SESSION,
                    "shared vocabulary size, special tokens included"),
+        TEXT_OPTION("--positional", &positional, SESSION, "sinusoid or learned (Table 3, row E)"),
+        INT_OPTION("--max-len", &max_len, 2, TRANSFORMER_MAX_LEN, SESSION, "rows of a learned position table"),
     };
     const char *usage =
         "usage: ./transformer params [--preset base|big] [--layers N --d-model N --d-ff N --heads N --vocab N]\n"
+        "                            [--positional learned --max-len N]\n"
         "Counts the parameters of a model, per component and in total (flags override the preset).";
     int n = (int)(sizeof options / sizeof *options);
     int status = parse_options("params", usage, options, n, argc, argv, NULL, NULL);
@@ -6044,6 +6106,13 @@ static int command_params(int argc, char **argv) {
         paper = big ? "213M" : "65M";
     }
     c.n_layers = layers; c.d_model = d_model; c.d_ff = d_ff; c.n_heads = heads; c.vocab_size = vocab;
+    c.max_len = max_len;
+    if (strcmp(positional, "learned") == 0) c.positional = POSITIONAL_LEARNED;
+    else if (strcmp(positional, "sinusoid") != 0) {
+        fprintf(stderr, "error: params: --positional '%s' is not a kind of positions; expected sinusoid or learned\n",
+                positional);
+        return 1;
+    }
     const char *error = transformer_config_check(&c);
     if (error) { fprintf(stderr, "error: params: %s\n", error); return 1; }
     size_t sizes[NUM_PARAMETER_TENSORS];
@@ -6058,7 +6127,6 @@ static int command_params(int argc, char **argv) {
         format_count(count, sizeof count, group_count);
         printf("  %-58s %15s\n", parameter_groups[g].name, count);
     }
-    printf("  %-58s %15s\n", "positional encoding: sinusoids (§3.5)", "0");
     format_count(count, sizeof count, total);
     printf("  %-58s %15s  (%.1fM)\n", "total", count, total / 1e6);
     if (paper) printf("paper, Table 3: %s\n", paper);

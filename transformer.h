@@ -54,6 +54,9 @@ typedef float real;
 // The four special tokens every vocabulary starts with.
 enum { TOKEN_PAD = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_UNK = 3, NUM_SPECIAL_TOKENS = 4 };
 
+// §3.5: the positions are sinusoids, or (Table 3, row E) a learned table.
+enum { POSITIONAL_SINUSOID = 0, POSITIONAL_LEARNED = 1 };
+
 // ----------------------------------------------------------------------------
 // The model's sizes (Table 3 of the paper names them N, d_model, d_ff, h, P_drop, eps_ls)
 
@@ -64,6 +67,7 @@ typedef struct {
     int n_heads;          // h: attention heads; d_k = d_v = d_model / h
     int vocab_size;       // shared source/target vocabulary (§3.4), specials included
     int max_len;          // longest sentence (positional-encoding rows)
+    int positional;       // POSITIONAL_SINUSOID (§3.5, the default) or POSITIONAL_LEARNED (Table 3, row E)
     float dropout;        // P_drop (§5.4)
     float label_smoothing;// eps_ls (§5.4)
     float layer_norm_eps; // not in the paper; PyTorch's default 1e-5
@@ -81,9 +85,11 @@ typedef struct {
 // holds all N layers (layer 0 first). Weights are stored as PyTorch stores
 // them, (out_features, in_features): a linear layer computes y = x W^T + b.
 
-#define NUM_PARAMETER_TENSORS 31
+#define NUM_PARAMETER_TENSORS 32
 typedef struct {
     real *embedding;        // (V, C)       shared: source, target, pre-softmax (§3.4)
+    real *position_embedding; // (max_len, C) learned positions (Table 3, row E), source and
+                            //              target; empty (0 numbers) with sinusoids (§3.5)
     // encoder, §3.1
     real *enc_qkv_w;        // (L, 3C, C)   W^Q, W^K, W^V stacked as rows (§3.2.2)
     real *enc_qkv_b;        // (L, 3C)
@@ -231,7 +237,7 @@ typedef struct {
     real *params_memory, *grads_memory, *adam_m, *adam_v;
     AdamConfig adam;
     long adam_step;             // steps taken so far; the next update is step adam_step+1
-    real *positional_encoding;  // (max_len, C), §3.5
+    real *positional_encoding;  // (max_len, C), §3.5: the sinusoids, or params.position_embedding
     // activations, allocated for the largest batch seen so far
     ActivationTensors acts;
     real *acts_memory;
