@@ -3,6 +3,9 @@
 #   make numbers       trains the English -> German number task (NOTES.md §6) on subwords
 #                      (§5.1 byte-pair encoding, 100 merges), evaluates it on the test split
 #                      (greedy, beam 4, BLEU on words and subwords), averages the last 5 checkpoints
+#   make table3        the paper's Table 3 on the numbers task: the base model (3 seeds) and one
+#                      variant per row entry, (A) heads, (C) size, (D) dropout and label smoothing,
+#                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
 #   make               ./transformer (OpenMP on; make OPENMP=0 for none)
 #   make plain         ./transformer_plain: Part I's plain loops only (-DTRANSFORMER_PLAIN)
 #   make test          gradient checks (double), PyTorch parity, masks, Adam,
@@ -41,7 +44,7 @@ COMPANION = transformer_cuda.cu cuda_on_cpu.h
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
 
-.PHONY: all test demo numbers debug plain sanitize bench bench-setup clean cuda cuda-cpu test-cuda
+.PHONY: all test demo numbers table3 debug plain sanitize bench bench-setup clean cuda cuda-cpu test-cuda
 
 all: transformer
 
@@ -113,6 +116,46 @@ numbers: transformer
 	./transformer average --out runs/numbers_avg5.ckpt runs/numbers.ckpt.step*
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
+
+# ---- Table 3 on a laptop (NOTES.md §7) ----
+# Every run is the base model of make numbers with a shorter budget (the base
+# has not learned the task yet: differences show) and one change, named
+# table3_RUN; the runs train TABLE3_JOBS at a time, one thread each (results do
+# not depend on the thread count), then ./transformer table3 scores them all.
+TABLE3_DIR = runs/table3
+TABLE3_JOBS ?= 2
+TABLE3_TRAIN = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --bpe 100 --layers 2 \
+               --d-model 64 --d-ff 256 --heads 4 --dropout 0.1 --label-smoothing 0.1 --lr 0.003 --warmup 100 \
+               --steps 200 --batch-tokens 1200 --seed 1
+TABLE3_RUNS = base seed2 seed3 A_h1 A_h2 A_h8 A_h16 C_N1 C_N4 C_d32 C_d128 C_ff128 C_ff1024 \
+              D_drop0 D_drop2 D_ls0 D_ls2 E_learned
+table3_seed2 = --seed 2
+table3_seed3 = --seed 3
+table3_A_h1 = --heads 1
+table3_A_h2 = --heads 2
+table3_A_h8 = --heads 8
+table3_A_h16 = --heads 16
+table3_C_N1 = --layers 1
+table3_C_N4 = --layers 4
+table3_C_d32 = --d-model 32
+table3_C_d128 = --d-model 128
+table3_C_ff128 = --d-ff 128
+table3_C_ff1024 = --d-ff 1024
+table3_D_drop0 = --dropout 0
+table3_D_drop2 = --dropout 0.2
+table3_D_ls0 = --label-smoothing 0
+table3_D_ls2 = --label-smoothing 0.2
+table3_E_learned = --positional learned
+TABLE3_CHECKPOINTS = $(TABLE3_RUNS:%=$(TABLE3_DIR)/%.ckpt)
+table3: transformer
+	@mkdir -p $(TABLE3_DIR) docs && rm -f $(TABLE3_CHECKPOINTS) && start=$$(date +%s) && \
+	$(MAKE) --no-print-directory -j$(TABLE3_JOBS) $(TABLE3_CHECKPOINTS) && \
+	./transformer table3 --dev tiny_data/numbers_dev.tsv --test tiny_data/numbers_test.tsv \
+	    --svg docs/table3.svg --title "Table 3 on the numbers task" $(TABLE3_CHECKPOINTS) && \
+	echo "make table3: $$(( $$(date +%s) - start )) s in all"
+$(TABLE3_DIR)/%.ckpt:
+	./transformer train $(TABLE3_TRAIN) $(table3_$*) --eval-every 0 --eval-size 50 --log-every 0 --show 0 \
+	    --threads 1 --force --checkpoint $@ > $(TABLE3_DIR)/$*.log
 
 # ---- the CUDA companion (transformer_cuda.cu; README, NOTES.md §16) ----
 # transformer.c is compiled as C by $(CC) and linked beside the companion's

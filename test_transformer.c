@@ -3373,6 +3373,90 @@ static void test_bpe_command_line(void) {
     if (!e) { transformer_free(&m); vocab_free(&v); free(options); }
 }
 
+// make table3's pieces on a tiny budget, so that they cannot rot: variants
+// named by what differs from the base, the table laid out as the paper's, the
+// chart with a bar per run; the perplexity is exp of the unsmoothed loss.
+static void test_table3(void) {
+    if (access(cli_binary, X_OK) != 0) return; // test_command_line said so
+    // the perplexity's loss: with eps_ls = 0 the training loss is -log p(reference) itself
+    TransformerConfig config = decode_config();
+    config.label_smoothing = 0.0f;
+    Transformer m;
+    transformer_build(&m, &config, 8);
+    m.training = 0;
+    int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
+    Rng rng; rng_seed(&rng, 9);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 6, 5, src_len, tgt_len, config.vocab_size, &rng);
+    double loss = transformer_forward(&m, &tb.batch) * m.num_target_tokens, log_loss = reference_log_loss(&m, &tb.batch);
+    check(fabs(loss - log_loss) <= 1e-5 * fabs(loss), "table3: -log p(reference) summed over 8 target tokens (%.9g) "
+          "is the loss without label smoothing (%.9g)", log_loss, loss);
+    transformer_free(&m);
+    // naming: one change, several changes, another seed
+    Table3Run base = { 0 }, run = { 0 };
+    base.config = decode_config(); base.seed = 1;
+    run.config = base.config; run.seed = 1; run.config.n_heads = 2; run.config.d_ff = 99;
+    table3_name_variant(&run, &base);
+    int named = strcmp(run.row, "(A,C)") == 0 && strcmp(run.label, "h=2 d_ff=99") == 0;
+    run.config = base.config; run.seed = 7;
+    table3_name_variant(&run, &base);
+    named &= strcmp(run.row, "base") == 0 && strcmp(run.label, "seed 7") == 0;
+    run.config.positional = POSITIONAL_LEARNED;
+    table3_name_variant(&run, &base);
+    named &= strcmp(run.row, "(E)") == 0 && strcmp(run.label, "learned positions seed 7") == 0;
+    char value[32];
+    named &= stored_option("--train\na.tsv\n--seed\n42\n", "--seed", value, sizeof value) && strcmp(value, "42") == 0 &&
+             !stored_option("--train\na.tsv\n", "--seed", value, sizeof value);
+    check(named, "table3: runs are named by what differs from the base: (A,C) h=2 d_ff=99, base seed 7, (E)");
+    // five runs of 3 steps on the numbers task, scored on 12 dev and 12 test pairs
+    const char *dev = test_path("t3_dev.tsv"), *test = test_path("t3_test.tsv"), *svg = test_path("t3.svg");
+    char text[4096] = "";
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(k ? "tiny_data/numbers_test.tsv" : "tiny_data/numbers_dev.tsv", "r");
+        char line[256];
+        text[0] = '\0';
+        for (int i = 0; f && i < 12 && fgets(line, sizeof line, f); i++) strcat(text, line);
+        if (f) fclose(f);
+        write_text(k ? test : dev, text);
+    }
+    const char *runs[5][2] = { { "base", "" }, { "seed2", "--seed 2" }, { "h1", "--heads 1" },
+                               { "drop0", "--dropout 0" }, { "learned", "--positional learned" } };
+    char paths[5][600], list[3200] = "";
+    int trained = 0;
+    for (int r = 0; r < 5; r++) {
+        snprintf(paths[r], sizeof paths[r], "%s", test_path(runs[r][0]));
+        strcat(paths[r], ".ckpt");
+        trained += run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 "
+                           "--d-ff 16 --heads 2 --steps 3 --batch-tokens 200 --warmup 2 --eval-every 0 --eval-size 1 "
+                           "--log-every 0 --show 0 --force --checkpoint %s %s", dev, paths[r], runs[r][1]) == 0;
+        snprintf(list + strlen(list), sizeof list - strlen(list), " %s", paths[r]);
+    }
+    int status = run_cli("table3 --dev %s --test %s --svg %s%s", dev, test, svg, list);
+    size_t n = 0;
+    unsigned char *picture = read_file(svg, &n);
+    int bars = 0;
+    for (const char *p = picture ? (const char *)picture : ""; (p = strstr(p, "class=\"bar\"")); p++) bars++;
+    int ok = trained == 5 && status == 0 && strstr(cli_output, "5 runs of 3 steps each") &&
+             strstr(cli_output, "PPL(dev) BLEU(dev) exact(test)") && strstr(cli_output, "base   seed 1") &&
+             strstr(cli_output, "       seed 2") && strstr(cli_output, "(A)    h=1") &&
+             strstr(cli_output, "(D)    P_drop=0") && strstr(cli_output, "(E)    learned positions") &&
+             strstr(cli_output, "base over 2 seeds") && picture && strstr((char *)picture, "Table 3 on a laptop") &&
+             bars == 5 && strstr((char *)picture, "</svg>");
+    check(ok, "table3: 5 runs of 3 steps trained (%d), scored in a table with rows base, (A), (D), (E), and a chart of "
+          "%d bars (exit %d)%s%s", trained, bars, status, ok ? "" : "\n", ok ? "" : cli_output);
+    free(picture);
+    // another budget, no checkpoints, no --dev
+    char other[600];
+    snprintf(other, sizeof other, "%s", test_path("longer.ckpt"));
+    run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 --heads 2 "
+            "--steps 4 --batch-tokens 200 --eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s",
+            dev, other);
+    check_cli_error("table3 of runs with different budgets", "longer.ckpt: trained 4 steps, the base",
+                    "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
+    check_cli_error("table3 without checkpoints", "table3: no checkpoints given", "table3 --dev %s --test %s", dev, test);
+    check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required", "table3 --test %s %s", test, paths[0]);
+}
+
 static void run_cli_and_data_tests(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
     if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
@@ -3394,6 +3478,8 @@ static void run_cli_and_data_tests(void) {
     test_bpe_command_line();
     printf("-- eval --bleu, average, train --log and --keep-last, attention, pe, plot\n");
     test_evaluation_commands();
+    printf("-- Table 3's model variations (make table3) on a tiny budget\n");
+    test_table3();
     char command[600];
     snprintf(command, sizeof command, "rm -rf %s", test_dir);
     if (system(command) != 0) printf("     (could not remove %s)\n", test_dir);

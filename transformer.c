@@ -3360,10 +3360,13 @@ static void batch_buffer_free(BatchBuffer *bb) {
 //                   longer of the two, summed over sentences (a missing or
 //                   an extra token counts as wrong); a reference token not in
 //                   the vocabulary (<unk>) never counts as right.
-// Also the teacher-forced loss (label-smoothed, as in training, no dropout).
+// Also the teacher-forced loss (label-smoothed, as in training, no dropout)
+// and the model's own -log p(reference token) without smoothing, whose
+// exponential is the perplexity of Table 3.
 
 typedef struct {
     double loss;             // mean per target token
+    double log_loss;         // mean -log p(reference token), no smoothing: perplexity = exp(log_loss)
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     BleuStats bleu;          // corpus BLEU of the outputs against the references (§6.1)
@@ -3385,6 +3388,23 @@ static void score_output(Evaluation *e, const int *output, int output_len, const
     e->compared += longer;
     e->exact += same == ref_len && output_len == ref_len;
     bleu_add_sentence(&e->bleu, output, output_len, ref, ref_len);
+}
+
+// The sum over the batch's target tokens of -log p(reference token), from the
+// logits of the last forward pass (log-sum-exp in double, no label smoothing).
+static double reference_log_loss(const Transformer *m, const Batch *batch) {
+    int T = batch->T, V = m->config.vocab_size;
+    double total = 0;
+    for (int b = 0; b < batch->B; b++) {
+        for (int t = 0; t < batch->tgt_len[b]; t++) {
+            const real *z = m->acts.logits + ((size_t)b * T + t) * V;
+            double largest = z[0], sum = 0;
+            for (int i = 1; i < V; i++) largest = fmax(largest, z[i]);
+            for (int i = 0; i < V; i++) sum += exp(z[i] - largest);
+            total += largest + log(sum) - z[batch->tgt_out[b * T + t]];
+        }
+    }
+    return total;
 }
 
 // Evaluates the first `count` pairs of d (all when count <= 0), decoding
@@ -3412,7 +3432,7 @@ static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count,
     int num_spans = cut_into_batches(spans, d, order, count, batch_tokens);
     BatchBuffer bb;
     memset(&bb, 0, sizeof bb);
-    double total_loss = 0;
+    double total_loss = 0, total_log_loss = 0;
     long total_tokens = 0;
     int *out = NULL, *out_len = NULL;
     for (int s = 0; s < num_spans; s++) {
@@ -3420,6 +3440,7 @@ static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count,
         int B = spans[s].count;
         batch_fill(&bb, d, indices, B);
         total_loss += (double)transformer_forward(m, &bb.batch) * m->num_target_tokens;
+        total_log_loss += reference_log_loss(m, &bb.batch);
         total_tokens += m->num_target_tokens;
         int S = bb.batch.S, max_out = transformer_decode_limit(m, S);
         out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
@@ -3440,6 +3461,7 @@ static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count,
         }
     }
     e->loss = total_tokens ? total_loss / total_tokens : 0;
+    e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;
     free(keys); free(order); free(spans); free(out); free(out_len);
     batch_buffer_free(&bb);
     m->training = training;
@@ -4810,6 +4832,70 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
     return svg_close(f, svg_path);
 }
 
+// ---- Table 3: one bar per model variant ---------------------------------------
+// Horizontal bars, one score per run (make table3 draws dev perplexity), from
+// `origin` (perplexity 1: every reference token certain), coloured by the row
+// of the paper's table the run belongs to; a grey band behind them marks the
+// spread of the base model over its seeds, the yardstick for every difference.
+
+typedef struct { char label[64]; char group[16]; double value; } ChartBar;
+
+int svg_write_bar_chart(const char *path, const char *title, const char *subtitle, const char *axis_name,
+                        const ChartBar *bars, int n, double origin, double band_lo, double band_hi) {
+    if (n < 1 || n > 1000) {
+        fprintf(stderr, "error: %s%s: a bar chart of %d bars; expected 1 to 1000\n", error_context, path, n);
+        return 1;
+    }
+    double *values = checked_calloc((size_t)n + 3, sizeof(double), "bar chart");
+    for (int i = 0; i < n; i++) values[i] = bars[i].value;
+    values[n] = origin; values[n + 1] = band_lo; values[n + 2] = band_hi;
+    ChartAxis ax = chart_axis(values, n + 3, 0);
+    free(values);
+    double label_width = 0;
+    for (int i = 0; i < n; i++) label_width = fmax(label_width, svg_text_width(bars[i].label, SVG_FONT));
+    double bar_height = 18, gap = 6, left = SVG_MARGIN + label_width + 12, plot_width = 560;
+    double top = SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT + 20, plot_height = n * (bar_height + gap) + gap;
+    FILE *f = svg_open(path, left + plot_width + 80, top + plot_height + 60);
+    if (!f) return 1;
+    svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT, SVG_TITLE_FONT, "start", 0, "bold", title);
+    svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
+    double x0 = chart_position(ax, origin, left, left + plot_width);
+    if (isfinite(band_lo) && isfinite(band_hi) && band_lo <= band_hi) {
+        double a = chart_position(ax, band_lo, left, left + plot_width), b = chart_position(ax, band_hi, left, left + plot_width);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#e4e4e4\"/>\n",
+                a, top, fmax(b - a, 1.0), plot_height);
+    }
+    double ticks[16];
+    int n_ticks = chart_ticks(ax, ticks, 16);
+    for (int t = 0; t < n_ticks; t++) {
+        double px = chart_position(ax, ticks[t], left, left + plot_width);
+        char text[32];
+        snprintf(text, sizeof text, "%g", ticks[t]);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ccc\"/>\n", px, top, px,
+                top + plot_height + 5);
+        svg_text(f, px, top + plot_height + 8 + SVG_FONT, SVG_FONT, "middle", 0, NULL, text);
+    }
+    svg_text(f, left + plot_width / 2, top + plot_height + 14 + 2 * SVG_FONT, SVG_FONT, "middle", 0, NULL, axis_name);
+    static const char *palette[] = { "#7f7f7f", "#1f5fa8", "#c0392b", "#2e7d32", "#8e44ad", "#d35400", "#16a085" };
+    const char *groups[7] = { NULL };
+    for (int i = 0; i < n; i++) {
+        int g = 0;
+        while (g < 6 && groups[g] && strcmp(groups[g], bars[i].group) != 0) g++;
+        if (!groups[g]) groups[g] = bars[i].group;
+        double y = top + gap + i * (bar_height + gap);
+        svg_text(f, left - 8, y + bar_height - 4, SVG_FONT, "end", 0, NULL, bars[i].label);
+        char value[32];
+        if (!isfinite(bars[i].value)) { svg_text(f, x0 + 4, y + bar_height - 4, SVG_FONT, "start", 0, NULL, "n/a"); continue; }
+        double x1 = chart_position(ax, bars[i].value, left, left + plot_width);
+        fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
+                x0, y, fmax(x1 - x0, 0.5), bar_height, palette[g]);
+        snprintf(value, sizeof value, "%.3f", bars[i].value);
+        svg_text(f, x1 + 4, y + bar_height - 4, SVG_FONT, "start", 0, NULL, value);
+    }
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\"/>\n", x0, top, x0, top + plot_height);
+    return svg_close(f, path);
+}
+
 // ============================================================================
 // Command line
 // One function per command: command_train, command_decode, command_eval,
@@ -5784,6 +5870,8 @@ static int command_eval(int argc, char **argv) {
                v.bpe ? " (words)" : "");
         printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
                v.bpe ? ", a subword" : "", (double)m.config.label_smoothing);
+        printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
+               exp(e.log_loss), v.bpe ? ", a subword" : "");
         if (bleu) print_bleu(v.bpe ? &e.bleu_words : &e.bleu, v.bpe ? " (words)" : "");
         if (bleu && v.bpe) print_bleu(&e.bleu, subwords);
         evaluation_free(&e);
@@ -6133,6 +6221,214 @@ static int command_params(int argc, char **argv) {
     return 0;
 }
 
+// ---- table3 ------------------------------------------------------------------------
+// Table 3 of the paper changes one thing at a time in the base model and
+// reports dev perplexity and BLEU: (A) the heads at fixed computation, (C)
+// the model's size, (D) dropout and label smoothing, (E) learned positions.
+// make table3 trains such variants on the numbers task (the Makefile names
+// them); this command evaluates their checkpoints, the base model first, and
+// names every other run by what differs from the base.
+
+typedef struct {
+    const char *path;
+    TransformerConfig config;
+    int seed;
+    long steps;
+    size_t parameters;
+    double perplexity;   // dev: exp(mean -log p(reference token)), per token of the model (a subword with merges)
+    double bleu;         // dev: corpus BLEU over the model's tokens
+    double exact;        // test: exact match in %, on words
+    char row[16];        // "base", "(A)", "(C)", "(D)", "(E)", or several: "(A,C)"
+    char label[64];      // "seed 2", "h=1", "d_model=32", "learned positions", ...
+} Table3Run;
+
+// The value of a run option ("--seed") in a checkpoint's stored options, or NULL.
+static const char *stored_option(const char *options, const char *name, char *value, size_t n) {
+    size_t length = strlen(name);
+    for (const char *p = options; p && *p; ) {
+        const char *end = strchr(p, '\n');
+        if (!end) return NULL;
+        const char *next = end + 1, *value_end = strchr(next, '\n');
+        if ((size_t)(end - p) == length && strncmp(p, name, length) == 0 && value_end) {
+            snprintf(value, n, "%.*s", (int)(value_end - next), next);
+            return value;
+        }
+        p = value_end ? value_end + 1 : NULL;
+    }
+    return NULL;
+}
+
+// Fills r->row and r->label from what differs between r's config and the base's.
+static void table3_name_variant(Table3Run *r, const Table3Run *base) {
+    const TransformerConfig *c = &r->config, *b = &base->config;
+    char letters[8] = "", label[64] = "";
+    #define VARIANT(differs, letter, ...) do { if (differs) { \
+        if (!strchr(letters, letter)) { size_t k = strlen(letters); letters[k] = letter; letters[k + 1] = '\0'; } \
+        snprintf(label + strlen(label), sizeof label - strlen(label), __VA_ARGS__); } } while (0)
+    VARIANT(c->n_heads != b->n_heads, 'A', "%sh=%d", label[0] ? " " : "", c->n_heads);
+    VARIANT(c->n_layers != b->n_layers, 'C', "%sN=%d", label[0] ? " " : "", c->n_layers);
+    VARIANT(c->d_model != b->d_model, 'C', "%sd_model=%d", label[0] ? " " : "", c->d_model);
+    VARIANT(c->d_ff != b->d_ff, 'C', "%sd_ff=%d", label[0] ? " " : "", c->d_ff);
+    VARIANT(c->dropout != b->dropout, 'D', "%sP_drop=%g", label[0] ? " " : "", (double)c->dropout);
+    VARIANT(c->label_smoothing != b->label_smoothing, 'D', "%seps_ls=%g", label[0] ? " " : "", (double)c->label_smoothing);
+    VARIANT(c->positional != b->positional, 'E', "%s%s positions", label[0] ? " " : "",
+            c->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid");
+    VARIANT(c->max_len != b->max_len, 'X', "%smax_len=%d", label[0] ? " " : "", c->max_len);
+    #undef VARIANT
+    if (!letters[0]) {
+        snprintf(r->row, sizeof r->row, "base");
+        snprintf(r->label, sizeof r->label, "seed %d", r->seed);
+        return;
+    }
+    if (r->seed != base->seed) snprintf(label + strlen(label), sizeof label - strlen(label), " seed %d", r->seed);
+    size_t k = 0;
+    r->row[k++] = '(';
+    for (int i = 0; letters[i] && k + 3 < sizeof r->row; i++) { if (i) r->row[k++] = ','; r->row[k++] = letters[i]; }
+    r->row[k++] = ')'; r->row[k] = '\0';
+    snprintf(r->label, sizeof r->label, "%s", label);
+}
+
+// Loads one run's checkpoint and scores it: dev perplexity and BLEU, test exact match.
+static const char *table3_evaluate(Table3Run *r, const char *dev_path, const char *test_path, int batch_tokens) {
+    Transformer m;
+    Vocabulary v;
+    Dataset dev, test;
+    memset(&dev, 0, sizeof dev); memset(&test, 0, sizeof test);
+    char *options = NULL, seed[32];
+    const char *error = checkpoint_load(r->path, &m, &v, NULL, &options);
+    if (error) return error;
+    r->config = m.config;
+    r->steps = m.adam_step;
+    r->parameters = m.num_parameters;
+    r->seed = stored_option(options, "--seed", seed, sizeof seed) ? atoi(seed) : 1;  // train's default seed
+    free(options);
+    if (!(error = dataset_read_tsv(&dev, &v, dev_path, 0)) && !(error = dataset_check_lengths(&dev, dev_path, m.config.max_len)) &&
+        !(error = dataset_read_tsv(&test, &v, test_path, 0)))
+        error = dataset_check_lengths(&test, test_path, m.config.max_len);
+    if (!error) {
+        Evaluation e;
+        evaluate(&e, &m, &dev, 0, batch_tokens, 1, 0);
+        r->perplexity = exp(e.log_loss);
+        r->bleu = bleu_score(&e.bleu, NULL, NULL);
+        evaluation_free(&e);
+        evaluate(&e, &m, &test, 0, batch_tokens, 1, 0);
+        if (v.bpe) evaluation_score_words(&e, &test, &v);
+        r->exact = 100.0 * e.exact / (e.sentences ? e.sentences : 1);
+        evaluation_free(&e);
+    }
+    dataset_free(&dev); dataset_free(&test);
+    transformer_free(&m);
+    vocab_free(&v);
+    return error;
+}
+
+// The table, laid out as the paper's: the base row in full, and in the other
+// rows only what differs from it (and every run's scores).
+static void table3_print(FILE *f, const Table3Run *runs, int n) {
+    fprintf(f, "%-6s %-20s %2s %7s %5s %3s %4s %6s %6s %-9s %9s %9s %9s %11s\n", "", "", "N", "d_model", "d_ff",
+            "h", "d_k", "P_drop", "eps_ls", "positions", "params", "PPL(dev)", "BLEU(dev)", "exact(test)");
+    const TransformerConfig *b = &runs[0].config;
+    for (int i = 0; i < n; i++) {
+        const TransformerConfig *c = &runs[i].config;
+        int all = i == 0;
+        char cells[8][16] = { "" }, params[32];
+        #define CELL(k, differs, ...) do { if (all || (differs)) snprintf(cells[k], sizeof cells[k], __VA_ARGS__); } while (0)
+        CELL(0, c->n_layers != b->n_layers, "%d", c->n_layers);
+        CELL(1, c->d_model != b->d_model, "%d", c->d_model);
+        CELL(2, c->d_ff != b->d_ff, "%d", c->d_ff);
+        CELL(3, c->n_heads != b->n_heads, "%d", c->n_heads);
+        CELL(4, c->d_model / c->n_heads != b->d_model / b->n_heads, "%d", c->d_model / c->n_heads);
+        CELL(5, c->dropout != b->dropout, "%g", (double)c->dropout);
+        CELL(6, c->label_smoothing != b->label_smoothing, "%g", (double)c->label_smoothing);
+        CELL(7, c->positional != b->positional, "%s", c->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid");
+        #undef CELL
+        format_count(params, sizeof params, runs[i].parameters);
+        int same_row = i > 0 && strcmp(runs[i].row, runs[i - 1].row) == 0;
+        fprintf(f, "%-6s %-20s %2s %7s %5s %3s %4s %6s %6s %-9s %9s %9.3f %9.2f %10.1f%%\n",
+                same_row ? "" : runs[i].row, runs[i].label, cells[0], cells[1], cells[2], cells[3], cells[4],
+                cells[5], cells[6], cells[7], params, runs[i].perplexity, runs[i].bleu, runs[i].exact);
+    }
+}
+
+// The spread of the base model over its seeds: min and max of each score.
+typedef struct { int seeds; double perplexity[2], bleu[2], exact[2]; } Table3Spread;
+
+static Table3Spread table3_spread(const Table3Run *runs, int n) {
+    Table3Spread s = { 0, { INFINITY, -INFINITY }, { INFINITY, -INFINITY }, { INFINITY, -INFINITY } };
+    for (int i = 0; i < n; i++) {
+        if (strcmp(runs[i].row, "base") != 0) continue;
+        s.seeds++;
+        double *ranges[3] = { s.perplexity, s.bleu, s.exact }, values[3] = { runs[i].perplexity, runs[i].bleu, runs[i].exact };
+        for (int k = 0; k < 3; k++) { ranges[k][0] = fmin(ranges[k][0], values[k]); ranges[k][1] = fmax(ranges[k][1], values[k]); }
+    }
+    return s;
+}
+
+static int command_table3(int argc, char **argv) {
+    const char *dev = NULL, *test = NULL, *svg = NULL, *title = "Table 3 on a laptop";
+    int threads = 0, batch_tokens = 2000;
+    Option options[] = {
+        TEXT_OPTION("--dev", &dev, SESSION, "held-out pairs for perplexity and BLEU (required)"),
+        TEXT_OPTION("--test", &test, SESSION, "pairs for exact match (required)"),
+        TEXT_OPTION("--svg", &svg, SESSION, "also draw dev perplexity per run into this SVG file"),
+        TEXT_OPTION("--title", &title, SESSION, "the picture's title"),
+        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, SESSION, "tokens decoded side by side"),
+        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+    };
+    const char *usage =
+        "usage: ./transformer table3 --dev FILE.tsv --test FILE.tsv [--svg FILE.svg] BASE.ckpt VARIANT.ckpt ...\n"
+        "The paper's Table 3 for checkpoints trained with the same number of steps (make table3): the\n"
+        "first is the base model; each other is named by what differs from it ((A) heads, (C) size,\n"
+        "(D) dropout and label smoothing, (E) positions; the same config is the base with another seed).\n"
+        "Perplexity and BLEU on --dev (greedy decoding, BLEU over the model's tokens), exact match on --test.";
+    char *paths[256];
+    int n = 0;
+    int status = parse_options("table3", usage, options, (int)(sizeof options / sizeof *options), argc, argv, paths, &n);
+    if (status) return status == 2 ? 0 : 1;
+    if (!dev || !test) { fprintf(stderr, "error: table3: %s is required\n", !dev ? "--dev FILE.tsv" : "--test FILE.tsv"); return 1; }
+    if (n < 1) { fprintf(stderr, "error: table3: no checkpoints given; expected BASE.ckpt and its variants\n"); return 1; }
+    set_threads(threads);
+    Table3Run *runs = checked_calloc(n, sizeof(Table3Run), "table3 runs");
+    const char *error = NULL;
+    double start = wall_seconds();
+    for (int i = 0; i < n && !error; i++) {
+        runs[i].path = paths[i];
+        if ((error = table3_evaluate(&runs[i], dev, test, batch_tokens))) break;
+        if (runs[i].steps != runs[0].steps)
+            error = errorf("%s: trained %ld steps, the base %s %ld; expected the same budget for every run",
+                           paths[i], runs[i].steps, paths[0], runs[0].steps);
+        else table3_name_variant(&runs[i], &runs[0]);
+    }
+    if (error) { fprintf(stderr, "error: table3: %s\n", error); free(runs); return 1; }
+    printf("Table 3 (the paper's model variations): %d runs of %ld steps each; perplexity and BLEU on %s, "
+           "exact match on %s (greedy decoding; evaluated in %.0f s)\n", n, runs[0].steps, dev, test,
+           wall_seconds() - start);
+    table3_print(stdout, runs, n);
+    Table3Spread s = table3_spread(runs, n);
+    if (s.seeds > 1)
+        printf("base over %d seeds: PPL %.3f to %.3f, BLEU %.2f to %.2f, exact match %.1f%% to %.1f%%: smaller "
+               "differences are within the noise\n", s.seeds, s.perplexity[0], s.perplexity[1], s.bleu[0], s.bleu[1],
+               s.exact[0], s.exact[1]);
+    int failed = 0;
+    if (svg) {
+        ChartBar *bars = checked_calloc(n, sizeof(ChartBar), "table3 chart");
+        for (int i = 0; i < n; i++) {
+            snprintf(bars[i].label, sizeof bars[i].label, "%s %s", runs[i].row, runs[i].label);
+            snprintf(bars[i].group, sizeof bars[i].group, "%s", runs[i].row);
+            bars[i].value = runs[i].perplexity;
+        }
+        char subtitle[256];
+        snprintf(subtitle, sizeof subtitle, "dev perplexity per token after %ld steps (%s); grey: the base model "
+                 "over %d seed%s", runs[0].steps, dev, s.seeds, s.seeds == 1 ? "" : "s");
+        failed = svg_write_bar_chart(svg, title, subtitle, "dev perplexity (1: every reference token certain)",
+                                     bars, n, 1.0, s.perplexity[0], s.perplexity[1]);
+        if (!failed) printf("wrote %s\n", svg);
+        free(bars);
+    }
+    free(runs);
+    return failed;
+}
+
 // ---- bench -----------------------------------------------------------------------
 // `./transformer bench` times whole training steps (forward, backward, Adam)
 // on a synthetic batch, or with --decode greedy decoding of the batch's
@@ -6361,6 +6657,7 @@ static int command_bench(int argc, char **argv) {
 //   ./transformer plot     training curves from train --log (SVG)
 //   ./transformer bpe      byte-pair encoding's merges and subwords (§5.1)
 //   ./transformer params   parameter counts (Table 3)
+//   ./transformer table3   Table 3's model variations, scored side by side (make table3)
 //   ./transformer bench    training and decoding speed (make bench: side by side with PyTorch)
 // ============================================================================
 
@@ -6381,6 +6678,7 @@ static const Command commands[] = {
     { "plot",   command_plot,   "SVG training curves from the CSV of train --log" },
     { "bpe",    command_bpe,    "§5.1 byte-pair encoding: learn and print merges from a TSV file, or cut text into subwords" },
     { "params", command_params, "parameter count of a configuration, per component (--preset base|big)" },
+    { "table3", command_table3, "the paper's Table 3 for checkpoints of model variations (make table3)" },
     { "bench",  command_bench,  "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };
 
