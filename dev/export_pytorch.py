@@ -7,14 +7,15 @@
    magic, version, sizes and FNV-1a checksum.
 2. Loads the weights into the same PyTorch model dev/make_reference.py builds
    (nn.TransformerEncoderLayer / nn.TransformerDecoderLayer, post-norm, shared
-   embedding x sqrt(d_model), sinusoidal encoding, tied output projection) and
-   saves {"config", "vocabulary", "state_dict"} with torch.save to --out.
+   embedding x sqrt(d_model), sinusoids or the learned position table (Table 3,
+   row E; in the state_dict as position_embedding), tied output projection)
+   and saves {"config", "vocabulary", "state_dict"} with torch.save to --out.
 3. Makes a padded batch of sentences from the checkpoint's own vocabulary,
    computes PyTorch's logits, loss and every gradient for it, and writes them
    as a reference file (NOTES.md section 5: format version 1, float32, 0 Adam
-   steps) to --reference.
+   steps, the checkpoint's kind of positions) to --reference.
 4. Runs `./test_transformer --reference FILE`, which loads the same weights
-   into transformer.c and compares logits, loss and all 31 gradients with
+   into transformer.c and compares logits, loss and every gradient with
    the stated tolerances; the script's exit status is that comparison's.
 
 Use Debian's python3-torch with /usr/bin/python3.
@@ -31,8 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_reference as ref  # noqa: E402  (the model and the reference-file writer)
 
 MAGIC = b"TCKP"
-VERSIONS = (1, 2)                 # 2 adds the merges of byte-pair encoding (NOTES.md section 11)
-HEADER_BYTES = {1: 120, 2: 128}
+VERSIONS = (1, 2, 3)   # 2 adds the merges of byte-pair encoding, 3 the kind of positions (NOTES.md section 11)
+HEADER_BYTES = {1: 120, 2: 128, 3: 136}
+POSITIONAL_NAMES = {0: "sinusoid", 1: "learned"}
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 
@@ -60,7 +62,7 @@ def read_checkpoint(path):
         fail(path, f"not a transformer.c checkpoint: it starts with {data[:4]!r}, expected b'TCKP'")
     version, real_bytes = struct.unpack_from("<2I", data, 4)
     if version not in VERSIONS:
-        fail(path, f"version {version}, expected 1 or 2")
+        fail(path, f"version {version}, expected 1, 2 or 3")
     header_bytes = HEADER_BYTES[version]
     if len(data) < header_bytes + 8:
         fail(path, f"truncated: {len(data)} bytes, shorter than the {header_bytes}-byte header")
@@ -71,7 +73,10 @@ def read_checkpoint(path):
     (num_params, adam_step, _dropout_rng, _epoch_rng, _epoch, _epoch_batches, _data_hash,
      vocab_bytes, options_bytes) = struct.unpack_from("<9Q", data, 48)
     (merges_bytes,) = struct.unpack_from("<Q", data, 120) if version >= 2 else (0,)
-    P = ref.n_params(L, C, F_, V)
+    (positional,) = struct.unpack_from("<Q", data, 128) if version >= 3 else (0,)
+    if positional not in POSITIONAL_NAMES:
+        fail(path, f"header: positional kind {positional}, expected 0 (sinusoid) or 1 (learned)")
+    P = ref.n_params(L, C, F_, V, max_len if positional == 1 else 0)
     if num_params != P:
         fail(path, f"header says {num_params} parameters, but its sizes give {P}")
     expected = header_bytes + options_bytes + vocab_bytes + merges_bytes + 3 * P * real_bytes + 8
@@ -96,7 +101,7 @@ def read_checkpoint(path):
     import numpy as np
     params = np.frombuffer(data, dtype=dtype, count=P, offset=pos).astype(np.float32)
     config = dict(n_layers=L, d_model=C, d_ff=F_, n_heads=H, vocab_size=V, max_len=max_len,
-                  dropout=dropout, label_smoothing=label_smoothing, layer_norm_eps=ln_eps,
+                  positional=POSITIONAL_NAMES[positional], dropout=dropout, label_smoothing=label_smoothing, layer_norm_eps=ln_eps,
                   adam_step=adam_step)
     return config, words, torch.from_numpy(params.copy()), options
 
@@ -104,7 +109,7 @@ def read_checkpoint(path):
 def load_into_pytorch(config, params):
     c = config
     model = ref.RefModel(c["n_layers"], c["d_model"], c["d_ff"], c["n_heads"], c["vocab_size"],
-                         c["max_len"], c["layer_norm_eps"])
+                         c["max_len"], c["layer_norm_eps"], learned=c["positional"] == "learned")
     offset = 0
     with torch.no_grad():
         for group in model.ordered_params():       # tensor-major, layer 0 first
@@ -126,7 +131,7 @@ def write_reference(path, model, config, batch, label_smoothing):
     # weights are (no Adam steps, so the parameters appear twice)
     header = ref.MAGIC + struct.pack(
         "<13i4f", 1, c["n_layers"], c["d_model"], c["d_ff"], c["n_heads"],
-        c["vocab_size"], c["max_len"], B, S, T, 0, 1, 0, label_smoothing, c["layer_norm_eps"], 1.0, 0.0)
+        c["vocab_size"], c["max_len"], B, S, T, 0, 1, ref.POSITIONAL[c["positional"]], label_smoothing, c["layer_norm_eps"], 1.0, 0.0)
     model.zero_grad(set_to_none=False)
     logits = model(src, src_len, tgt_in, tgt_len)
     loss = ref.loss_fn(logits, tgt_out, label_smoothing)
@@ -136,7 +141,7 @@ def write_reference(path, model, config, batch, label_smoothing):
               params, ref.flat_f32([logits]), ref.flat_f32([loss]), ref.grads_bytes(model), params]
     with open(path, "wb") as f:
         f.write(b"".join(chunks))
-    return float(loss)
+    return float(loss.detach())
 
 
 def main():
@@ -160,7 +165,7 @@ def main():
     torch.save({"config": config, "vocabulary": words, "state_dict": model.state_dict(),
                 "transformer_c_options": options}, out)
     print(f"wrote {out}: {config['n_layers']} layers, d_model {config['d_model']}, "
-          f"{config['n_heads']} heads, vocabulary {config['vocab_size']}, {params.numel()} parameters")
+          f"{config['n_heads']} heads, {config['positional']} positions, vocabulary {config['vocab_size']}, {params.numel()} parameters")
 
     length = max(2, min(a.length, config["max_len"]))
     gen = torch.Generator().manual_seed(a.seed)

@@ -4,8 +4,10 @@
 The model is built from PyTorch's own layers (nn.TransformerEncoderLayer /
 nn.TransformerDecoderLayer, post-norm, ReLU, dropout 0), called one by one in
 a plain loop, plus one shared embedding matrix used for the source embedding,
-the target embedding and the tied output projection.  The exact binary layout
-and model definition are in NOTES.md section 5.
+the target embedding and the tied output projection; the positions are
+sinusoids (paper section 3.5) or, with --positional learned, one learned table
+for source and target (Table 3, row E), stored after the embedding.  The exact
+binary layout and model definition are in NOTES.md section 5.
 
 Format version 2 (the default): the weights are drawn in float32 and stored
 as float32; everything is then computed in float64 from exactly those weights
@@ -33,11 +35,14 @@ import torch.nn.functional as F
 MAGIC = b"TREF"
 VERSION = 2   # the default; 1 is still written with --version 1
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
+POSITIONAL = {"sinusoid": 0, "learned": 1}   # the header's int32 at offset 52
 
 # Parameter tensors in file order: (name, stack, attribute path inside a layer).
-# stack is None for the shared embedding.
+# stack is None for the shared embedding and the learned positions (no
+# numbers with sinusoids: the file then holds the other 31).
 PARAM_SPEC = [
     ("embedding", None, None),
+    ("position_embedding", None, None),
     ("enc_qkv_w", "enc", "self_attn.in_proj_weight"),
     ("enc_qkv_b", "enc", "self_attn.in_proj_bias"),
     ("enc_out_w", "enc", "self_attn.out_proj.weight"),
@@ -69,7 +74,7 @@ PARAM_SPEC = [
     ("dec_ln3_g", "dec", "norm3.weight"),
     ("dec_ln3_b", "dec", "norm3.bias"),
 ]
-assert len(PARAM_SPEC) == 31
+assert len(PARAM_SPEC) == 32
 
 
 def get_attr(obj, path):
@@ -78,8 +83,9 @@ def get_attr(obj, path):
     return obj
 
 
-def param_shapes(L, C, F_, V):
-    """Shape of each of the 31 stored tensors, in file order."""
+def param_shapes(L, C, F_, V, positions=0):
+    """Shape of each of the 32 tensors, in file order; positions: the rows of
+    the learned table (max_len), 0 with sinusoids (the table is then (0, C))."""
     per_layer = {
         "qkv_w": (3 * C, C), "qkv_b": (3 * C,), "out_w": (C, C), "out_b": (C,),
         "ln": (C,), "ff1_w": (F_, C), "ff1_b": (F_,), "ff2_w": (C, F_), "ff2_b": (C,),
@@ -87,7 +93,7 @@ def param_shapes(L, C, F_, V):
     shapes = []
     for name, stack, _ in PARAM_SPEC:
         if stack is None:
-            shapes.append((V, C))
+            shapes.append((V, C) if name == "embedding" else (positions, C))
             continue
         key = name.split("_", 1)[1]            # e.g. "self_qkv_w", "ln1_g"
         for suffix in ("qkv_w", "qkv_b", "out_w", "out_b", "ff1_w", "ff1_b", "ff2_w", "ff2_b"):
@@ -100,13 +106,18 @@ def param_shapes(L, C, F_, V):
     return shapes
 
 
-def n_params(L, C, F_, V):
-    return sum(int(np.prod(s)) for s in param_shapes(L, C, F_, V))
+def n_params(L, C, F_, V, positions=0):
+    return sum(int(np.prod(s)) for s in param_shapes(L, C, F_, V, positions))
+
+
+def header_positions(h):
+    """The learned table's rows for header dict h: max_len if learned, else 0."""
+    return h["max_len"] if h.get("positional", 0) == POSITIONAL["learned"] else 0
 
 
 def file_size(h, version=VERSION):
     """Size in bytes that the format implies for header dict h."""
-    P = n_params(h["n_layers"], h["d_model"], h["d_ff"], h["vocab_size"])
+    P = n_params(h["n_layers"], h["d_model"], h["d_ff"], h["vocab_size"], header_positions(h))
     B, S, T, V, K = h["B"], h["S"], h["T"], h["vocab_size"], h["adam_steps"]
     n_int = B * S + B + 2 * B * T + B
     if version == 1:
@@ -129,10 +140,12 @@ def positional_encoding(n_pos, C, dtype=torch.float32):
 
 
 class RefModel(nn.Module):
-    def __init__(self, L, C, F_, H, V, max_len, eps, pe_dtype=torch.float32):
+    def __init__(self, L, C, F_, H, V, max_len, eps, pe_dtype=torch.float32, learned=False):
         super().__init__()
         self.C = C
         self.embedding = nn.Parameter(torch.empty(V, C))
+        # Table 3, row E: one (max_len, C) table for source and target
+        self.position_embedding = nn.Parameter(torch.empty(max_len, C)) if learned else None
         self.enc = nn.ModuleList([
             nn.TransformerEncoderLayer(C, H, F_, dropout=0.0, activation="relu",
                                        layer_norm_eps=eps, batch_first=True, norm_first=False)
@@ -141,13 +154,15 @@ class RefModel(nn.Module):
             nn.TransformerDecoderLayer(C, H, F_, dropout=0.0, activation="relu",
                                        layer_norm_eps=eps, batch_first=True, norm_first=False)
             for _ in range(L)])
-        self.register_buffer("pe", positional_encoding(max_len, C, pe_dtype),
-                             persistent=False)
+        if not learned:
+            self.register_buffer("pe", positional_encoding(max_len, C, pe_dtype),
+                                 persistent=False)
 
     def init_params(self):
         """Embedding N(0, C^-0.5); PyTorch's default init for the weight
         matrices; biases and layer-norm gains/biases perturbed so that their
-        gradients are exercised."""
+        gradients are exercised; learned positions N(0, C^-0.5), drawn last
+        (a seed gives the same other weights with either kind)."""
         with torch.no_grad():
             self.embedding.normal_(0.0, self.C ** -0.5)
             for layer in list(self.enc) + list(self.dec):
@@ -159,12 +174,16 @@ class RefModel(nn.Module):
                             p.copy_(0.1 * torch.randn_like(p))
                     elif name.endswith("bias"):
                         p.copy_(0.05 * torch.randn_like(p))
+            if self.position_embedding is not None:
+                self.position_embedding.normal_(0.0, self.C ** -0.5)
 
     def ordered_params(self):
         """The parameters in file order, per stored tensor a list of per-layer tensors."""
         out = []
         for name, stack, path in PARAM_SPEC:
-            if stack is None:
+            if name == "position_embedding":
+                out.append([] if self.position_embedding is None else [self.position_embedding])
+            elif stack is None:
                 out.append([self.embedding])
             else:
                 out.append([get_attr(layer, path) for layer in getattr(self, stack)])
@@ -172,8 +191,10 @@ class RefModel(nn.Module):
 
     def embed(self, tokens):
         n = tokens.shape[1]
-        # embedding * sqrt(C) (sqrt(C) is rounded to float32 by the multiply) + PE
-        return self.embedding[tokens] * math.sqrt(self.C) + self.pe[:n]
+        # embedding * sqrt(C) (sqrt(C) is rounded to float32 by the multiply)
+        # + PE, or + the learned table's first n rows (unscaled)
+        pe = self.pe if self.position_embedding is None else self.position_embedding
+        return self.embedding[tokens] * math.sqrt(self.C) + pe[:n]
 
     def forward(self, src, src_len, tgt_in, tgt_len):
         B, S = src.shape
@@ -250,7 +271,8 @@ def build(a):
     converted to float64 (exactly: every weight stays a float32 number)."""
     torch.manual_seed(a.seed)
     pe_dtype = torch.float32 if a.version == 1 else torch.float64
-    model = RefModel(a.layers, a.d_model, a.d_ff, a.heads, a.vocab, a.max_len, a.ln_eps, pe_dtype)
+    model = RefModel(a.layers, a.d_model, a.d_ff, a.heads, a.vocab, a.max_len, a.ln_eps, pe_dtype,
+                     a.positional == "learned")
     model.init_params()
     if a.version == 2:
         model.double()
@@ -275,6 +297,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--lr-factor", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--positional", choices=tuple(POSITIONAL), default="sinusoid",
+                   help="sinusoids (section 3.5) or a learned table (Table 3, row E)")
     p.add_argument("--version", type=int, choices=(1, 2), default=VERSION)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -303,14 +327,14 @@ def main(argv=None):
         gen, a.batch, a.src_len, a.tgt_len, a.vocab)
     real = "<f4" if a.version == 1 else "<f8"   # how results are stored
 
-    P = n_params(a.layers, a.d_model, a.d_ff, a.vocab)
+    P = n_params(a.layers, a.d_model, a.d_ff, a.vocab, a.max_len if a.positional == "learned" else 0)
     assert P == sum(p.numel() for p in model.parameters()), "parameter count mismatch"
 
     header = MAGIC + struct.pack(
         "<13i4f", a.version,
         a.layers, a.d_model, a.d_ff, a.heads, a.vocab, a.max_len,
         a.batch, a.src_len, a.tgt_len,
-        a.adam_steps, a.warmup, 0,
+        a.adam_steps, a.warmup, POSITIONAL[a.positional],
         a.label_smoothing, a.ln_eps, a.lr_factor, 0.0)
     assert len(header) == 72
 
@@ -352,14 +376,14 @@ def main(argv=None):
 
     data = b"".join(chunks)
     hdr = dict(n_layers=a.layers, d_model=a.d_model, d_ff=a.d_ff, vocab_size=a.vocab,
-               B=a.batch, S=a.src_len, T=a.tgt_len, adam_steps=a.adam_steps)
+               max_len=a.max_len, positional=POSITIONAL[a.positional], B=a.batch, S=a.src_len, T=a.tgt_len, adam_steps=a.adam_steps)
     assert len(data) == file_size(hdr, a.version), (len(data), file_size(hdr, a.version))
     with open(a.out, "wb") as f:
         f.write(data)
 
     print(f"wrote {a.out}: {len(data)} bytes, format version {a.version}")
     print(f"  layers={a.layers} d_model={a.d_model} d_ff={a.d_ff} heads={a.heads} "
-          f"vocab={a.vocab} max_len={a.max_len} B={a.batch} S={a.src_len} T={a.tgt_len}")
+          f"vocab={a.vocab} max_len={a.max_len} positional={a.positional} B={a.batch} S={a.src_len} T={a.tgt_len}")
     print(f"  label_smoothing={a.label_smoothing:.9g} ln_eps={a.ln_eps:.9g} adam_steps={a.adam_steps} "
           f"warmup={a.warmup} lr_factor={a.lr_factor} seed={a.seed}")
     print(f"  src_len={src_len.tolist()} tgt_len={tgt_len.tolist()} "

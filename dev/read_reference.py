@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_reference as mr  # noqa: E402
 
 HEADER_FIELDS = ["version", "n_layers", "d_model", "d_ff", "n_heads", "vocab_size", "max_len",
-                 "B", "S", "T", "adam_steps", "warmup_steps", "reserved_i",
+                 "B", "S", "T", "adam_steps", "warmup_steps", "positional",
                  "label_smoothing", "layer_norm_eps", "lr_factor", "reserved_f"]
 
 
@@ -49,13 +49,15 @@ def parse(path):
     h = dict(zip(HEADER_FIELDS, vals))
     if h["version"] not in (1, 2):
         raise ValueError(f"unsupported version {h['version']}")
+    if h["positional"] not in mr.POSITIONAL.values():
+        raise ValueError(f"positional kind {h['positional']}, expected 0 (sinusoid) or 1 (learned)")
     expect = mr.file_size(h, h["version"])
     if len(data) != expect:
         raise ValueError(f"size {len(data)} != {expect} implied by the header")
     L, C, F_, V = h["n_layers"], h["d_model"], h["d_ff"], h["vocab_size"]
     B, S, T = h["B"], h["S"], h["T"]
-    shapes = mr.param_shapes(L, C, F_, V)
-    P = mr.n_params(L, C, F_, V)
+    shapes = mr.param_shapes(L, C, F_, V, mr.header_positions(h))
+    P = mr.n_params(L, C, F_, V, mr.header_positions(h))
     r = Reader(data)
     r.pos = 72
     f = {}
@@ -113,15 +115,17 @@ def recompute(h, f):
     L, C, F_, H, V = h["n_layers"], h["d_model"], h["d_ff"], h["n_heads"], h["vocab_size"]
     v2 = h["version"] == 2
     model = mr.RefModel(L, C, F_, H, V, h["max_len"], h["layer_norm_eps"],
-                        torch.float64 if v2 else torch.float32)
+                        torch.float64 if v2 else torch.float32, h["positional"] == 1)
     if v2:
         model.double()
     model.train()
     real = "<f8" if v2 else "<f4"
     with torch.no_grad():
-        for group, arr in zip(model.ordered_params(), split(f["params"], f["shapes"])):
-            if len(group) == 1 and arr.ndim == 2 and group[0] is model.embedding:
-                group[0].copy_(torch.from_numpy(arr).to(group[0].dtype))
+        for (_, stack, _), group, arr in zip(mr.PARAM_SPEC, model.ordered_params(),
+                                             split(f["params"], f["shapes"])):
+            if stack is None:                      # the embedding; the learned table if any
+                for p in group:
+                    p.copy_(torch.from_numpy(arr).to(p.dtype))
             else:
                 for l, p in enumerate(group):
                     p.copy_(torch.from_numpy(arr[l]).to(p.dtype))
@@ -187,6 +191,7 @@ def independent_f64(h, f):
     pe = torch.stack([torch.sin(ang), torch.cos(ang)], -1).reshape(-1, C)
     if h["version"] == 1:
         pe = pe.float().double()                    # version 1 rounds PE to f32
+    learned = h["positional"] == 1
 
     def ln(x, g, b):
         mu = x.mean(-1, keepdim=True)
@@ -207,14 +212,15 @@ def independent_f64(h, f):
         return o @ wo.T + bo
 
     def forward(P):
-        E = P[0]
-        x = E[src] * np.sqrt(C) + pe[:S]
+        E, pos = P[0], (P[1] if learned else pe)   # P[1]: the learned table, empty with sinusoids
+        P = P[1:]                                   # so that P[1..30] are the layers' tensors
+        x = E[src] * np.sqrt(C) + pos[:S]
         m_src = src_pad[:, None, :].expand(B, S, S)
         for l in range(L):
             x = ln(x + mha(x, x, P[1][l], P[2][l], P[3][l], P[4][l], m_src), P[5][l], P[6][l])
             ff = torch.relu(x @ P[7][l].T + P[8][l]) @ P[9][l].T + P[10][l]
             x = ln(x + ff, P[11][l], P[12][l])
-        y = E[tgt_in] * np.sqrt(C) + pe[:T]
+        y = E[tgt_in] * np.sqrt(C) + pos[:T]
         m_self = causal[None] | tgt_pad[:, None, :]
         m_cross = src_pad[:, None, :].expand(B, T, S)
         for l in range(L):
@@ -235,7 +241,7 @@ def independent_f64(h, f):
     logits, loss = forward(P)
     loss.backward()
     out = {"logits": logits.detach().numpy(), "loss": loss.item(),
-           "grads": np.concatenate([p.grad.numpy().ravel() for p in P])}
+           "grads": np.concatenate([p.grad.numpy().ravel() for p in P if p.numel()])}
     # Adam, written out (betas 0.9/0.98, eps 1e-9, bias-corrected).
     m = [torch.zeros_like(p) for p in P]
     v = [torch.zeros_like(p) for p in P]
@@ -249,6 +255,8 @@ def independent_f64(h, f):
         steps.append(l.item())
         with torch.no_grad():
             for p, mi, vi in zip(P, m, v):
+                if not p.numel():
+                    continue
                 mi.mul_(0.9).add_(0.1 * p.grad)
                 vi.mul_(0.98).add_(0.02 * p.grad * p.grad)
                 mhat = mi / (1 - 0.9 ** s)
@@ -291,7 +299,7 @@ def compare_f64(h, f, ind):
         ok &= good
         print(f"  independent f64 {key:12s}: max|diff|/max|x| = {r:.2e} "
               f"{'ok' if good else 'MISMATCH'} (tol {tol:g})")
-    # The key bias (rows C..2C-1 of every in_proj_bias, tensors 2, 14, 20) has
+    # The key bias (rows C..2C-1 of every in_proj_bias, tensors 3, 15, 21) has
     # an exactly-zero true gradient: q.(k_j + b_k) shifts every score of a
     # query by the same q.b_k, which softmax ignores.  Its computed gradient is
     # rounding noise, which Adam turns into steps of random sign: ~lr in

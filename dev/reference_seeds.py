@@ -8,12 +8,13 @@ test_transformer.c's tolerances are set (NOTES.md sections 3 and 5).
     dev/.venv/bin/python dev/reference_seeds.py [tiny_data/*.ref]
 
 Without arguments it makes the files in a temporary folder: the 3-layer,
-d_model 40 configuration for seeds 101-106 (3.3 MB each) and the two
-configurations of the committed files made from seeds 89 and 42, for seeds
-1-15. With arguments it checks those files instead. Prints, per build and
-format version, the largest difference of each quantity relative to its
-tensor's largest magnitude, and for the Adam steps the largest update
-difference relative to the learning rate and to the element's bound.
+d_model 40 configuration for seeds 101-106 (3.3 MB each), the two
+configurations of the committed files made from seeds 89 and 42 for seeds
+1-15, and the learned-positions one (committed with seed 7) for seeds 1-6.
+With arguments it checks those files instead. Prints, per build and format
+version, the largest difference of each quantity relative to its tensor's
+largest magnitude, and for the Adam steps the largest update difference
+relative to the learning rate and to the element's bound.
 """
 import collections
 import contextlib
@@ -34,6 +35,8 @@ CONFIGS = [
                      "--src-len 6 --tgt-len 5 --adam-steps 2 --warmup 2", range(1, 16)),
     ("1layer_4head", "--layers 1 --d-model 16 --d-ff 16 --heads 4 --vocab 11 --max-len 8 --batch 3 "
                      "--src-len 5 --tgt-len 6 --adam-steps 2 --warmup 2", range(1, 16)),
+    ("learned", "--positional learned --layers 2 --d-model 24 --d-ff 40 --heads 4 --vocab 19 --max-len 16 "
+                "--batch 3 --src-len 7 --tgt-len 6 --adam-steps 3 --warmup 4", range(1, 7)),
 ]
 TENSOR = re.compile(r"\s+(logits|loss|grad \S+|Adam: losses|Adam: parameter updates)\s+max abs diff \S+"
                     r"\s+max rel diff (\S+)")
