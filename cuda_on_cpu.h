@@ -6,7 +6,8 @@
  *   - a kernel is an ordinary function, and LAUNCH (in transformer_cuda.cu) runs
  *     it once for every thread of the grid, with blockIdx, threadIdx, blockDim and
  *     gridDim set. Blocks and threads run one after another, last first: a kernel
- *     that only works when its threads run in order shows it;
+ *     that only works when its threads run in order shows it. A test may name a
+ *     kernel whose launches are skipped (cpu_launch_skipped), a fault to catch;
  *   - device memory is host memory. cudaMalloc fills what it returns with NaN, so
  *     an element that a kernel should have written and did not poisons every
  *     result that reads it, and the tests see NaN;
@@ -38,9 +39,15 @@
 typedef struct { unsigned x, y, z; } dim3;
 static dim3 blockIdx, threadIdx, blockDim, gridDim;
 
+// A fault for the tests to inject: every launch of the kernel named here is
+// skipped (NULL, the default: none), so that a test can show that its
+// comparison catches a kernel not launched.
+static const char *cpu_launch_skipped;
+
 // Runs kernel(arguments...) for every thread of a one-dimensional grid of
 // `blocks` blocks of `threads` threads, the last thread first.
 #define CPU_LAUNCH(kernel, blocks, threads, ...) do {                                     \
+        if (cpu_launch_skipped && strcmp(cpu_launch_skipped, #kernel) == 0) break;        \
         gridDim.x = (unsigned)(blocks); blockDim.x = (unsigned)(threads);                \
         gridDim.y = gridDim.z = blockDim.y = blockDim.z = 1;                              \
         blockIdx.y = blockIdx.z = threadIdx.y = threadIdx.z = 0;                          \

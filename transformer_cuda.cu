@@ -240,6 +240,7 @@ static __global__ void relu_backward_kernel(float *dh, const float *h, size_t n)
 }
 
 // embedding_forward, one thread per element: out[b,t,i] = E[token, i] * sqrt(C) + pe[t, i]
+// (pe: the sinusoids, or the learned table of Table 3, row E)
 static __global__ void embedding_forward_kernel(float *out, const int *tokens, const float *embedding,
                                                 const float *pe, int B, int T, int C) {
     size_t e = THREAD_INDEX;
@@ -260,6 +261,16 @@ static __global__ void embedding_backward_kernel(float *dembedding, const float 
     float scale = sqrtf((float)C);
     for (size_t bt = 0; bt < (size_t)B * T; bt++)
         dembedding[(size_t)tokens[bt] * C + i] += dout[bt * C + i] * scale;
+}
+
+// position_embedding_backward (Table 3, row E), one thread per element (t, i)
+// of the learned table, sentences in order as the host loop adds them:
+//   dpe[t, i] += dout[b,t,i]  for b = 0 .. B-1
+static __global__ void position_embedding_backward_kernel(float *dpe, const float *dout, int B, int T, int C) {
+    size_t e = THREAD_INDEX;
+    if (e >= (size_t)T * C) return;
+    size_t t = e / C, i = e % C;
+    for (int b = 0; b < B; b++) dpe[e] += dout[((size_t)b * T + t) * C + i];
 }
 
 // cross_entropy_forward, one thread per target position (b, t): probabilities
@@ -356,7 +367,8 @@ typedef struct {
     cublasHandle_t cublas;
     TransformerConfig config;
     size_t num_parameters;
-    float *params, *grads, *adam_m, *adam_v, *pe;   // params .. adam_v: the host's layout
+    float *params, *grads, *adam_m, *adam_v;   // the host's layout
+    float *pe;   // (max_len, C): the sinusoids, or learned positions' table inside params
     Allocations model_memory, batch_memory;
     // the batch and the activations, sized for cap_B x cap_S x cap_T
     int cap_B, cap_S, cap_T;
@@ -811,6 +823,8 @@ static void gpu_backward(Transformer *m, const Batch *batch) {
     if (m->num_target_tokens == 0) return;
     float *embedding = on_gpu(gpu.params, m, m->params.embedding, 0, 0);
     float *d_embedding = on_gpu(gpu.grads, m, m->params.embedding, 0, 0);
+    float *d_positions = on_gpu(gpu.grads, m, m->params.position_embedding, 0, 0);   // learned positions only
+    int learned = c->positional == POSITIONAL_LEARNED;
     gpu_zero(s->d_logits, (size_t)B * T * V);
     LAUNCH_FOR((size_t)B * T * V, cross_entropy_backward_kernel, s->d_logits, gpu.probs, gpu.tgt_out, gpu.tgt_len,
                c->label_smoothing, (float)(1.0 / m->num_target_tokens), B, T, V);
@@ -830,6 +844,7 @@ static void gpu_backward(Transformer *m, const Batch *batch) {
     gpu_zero(s->d_embedded, n_dec);
     LAUNCH_FOR(n_dec, dropout_backward_kernel, s->d_embedded, d_out, gpu.dec_emb_mask, n_dec);
     LAUNCH_FOR(C, embedding_backward_kernel, d_embedding, s->d_embedded, gpu.tgt_in, B, T, C);
+    if (learned) LAUNCH_FOR((size_t)T * C, position_embedding_backward_kernel, d_positions, s->d_embedded, B, T, C);
     gpu_copy(d_out, s->d_memory, n_enc * sizeof(float), cudaMemcpyDeviceToDevice);
     for (int l = L - 1; l >= 0; l--) {
         const float *x = l == 0 ? gpu.enc_x0 : gpu.enc[l - 1].ln2;
@@ -841,6 +856,7 @@ static void gpu_backward(Transformer *m, const Batch *batch) {
     gpu_zero(s->d_embedded, n_enc);
     LAUNCH_FOR(n_enc, dropout_backward_kernel, s->d_embedded, d_out, gpu.enc_emb_mask, n_enc);
     LAUNCH_FOR(C, embedding_backward_kernel, d_embedding, s->d_embedded, gpu.src, B, S, C);
+    if (learned) LAUNCH_FOR((size_t)S * C, position_embedding_backward_kernel, d_positions, s->d_embedded, B, S, C);
 }
 
 // adam_update: the bias corrections on the host, in double, as transformer.c; then
@@ -871,8 +887,8 @@ static void gpu_release(void) {
     gpu.tf32 = tf32;
 }
 
-// begin: memory for the model's parameters, gradients, moments and positional
-// encoding on the GPU (again when the model's shape changed), and their values
+// begin: memory for the model's parameters, gradients, moments and sinusoids on
+// the GPU (again when the model's shape changed), and their values
 static void gpu_begin(Transformer *m) {
     if (gpu.ready && memcmp(&gpu.config, &m->config, sizeof gpu.config) != 0) gpu_release();
     if (!gpu.ready) {
@@ -888,14 +904,19 @@ static void gpu_begin(Transformer *m) {
         gpu.num_parameters = m->num_parameters;
         float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
         for (int i = 0; i < 4; i++) *arenas[i] = gpu_floats(&gpu.model_memory, m->num_parameters);
-        gpu.pe = gpu_floats(&gpu.model_memory, (size_t)m->config.max_len * m->config.d_model);
+        // learned positions are a parameter that Adam moves on the GPU: the forward
+        // reads them where Adam writes them, as m->positional_encoding on the host
+        gpu.pe = m->config.positional == POSITIONAL_LEARNED
+               ? on_gpu(gpu.params, m, m->params.position_embedding, 0, 0)
+               : gpu_floats(&gpu.model_memory, (size_t)m->config.max_len * m->config.d_model);
     }
     size_t bytes = m->num_parameters * sizeof(float);
     gpu_copy(gpu.params, m->params_memory, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_m, m->adam_m, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_v, m->adam_v, bytes, cudaMemcpyHostToDevice);
-    gpu_copy(gpu.pe, m->positional_encoding, (size_t)m->config.max_len * m->config.d_model * sizeof(float),
-             cudaMemcpyHostToDevice);
+    if (m->config.positional == POSITIONAL_SINUSOID)
+        gpu_copy(gpu.pe, m->positional_encoding, (size_t)m->config.max_len * m->config.d_model * sizeof(float),
+                 cudaMemcpyHostToDevice);
 }
 
 // to_host: the parameters, gradients and moments back into the host model
