@@ -117,7 +117,7 @@ numbers: transformer
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
 
-# ---- Table 3 on a laptop (NOTES.md §7) ----
+# ---- Table 3 on a laptop (NOTES.md §12) ----
 # Every run is the base model of make numbers with a shorter budget (the base
 # has not learned the task yet: differences show) and one change, named
 # table3_RUN; the runs train TABLE3_JOBS at a time, one thread each (results do
