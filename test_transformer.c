@@ -3483,6 +3483,12 @@ static void test_table3(void) {
             dev, other);
     check_cli_error("table3 of runs with different budgets", "longer.ckpt: trained 4 steps, the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
+    snprintf(other, sizeof other, "%s", test_path("other_merges.ckpt"));
+    run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 30 --layers 1 --d-model 8 --d-ff 16 --heads 2 "
+            "--steps 3 --batch-tokens 200 --eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s",
+            dev, other);
+    check_cli_error("table3 of runs with other merges", "other_merges.ckpt: its vocabulary cuts",
+                    "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     check_cli_error("table3 without checkpoints", "table3: no checkpoints given", "table3 --dev %s --test %s", dev, test);
     check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required", "table3 --test %s %s", test, paths[0]);
 }

@@ -6235,6 +6235,7 @@ typedef struct {
     int seed;
     long steps;
     size_t parameters;
+    uint64_t dev_hash;   // dataset_hash of dev as this run's vocabulary cuts it into tokens
     double perplexity;   // dev: exp(mean -log p(reference token)), per token of the model (a subword with merges)
     double bleu;         // dev: corpus BLEU over the model's tokens
     double exact;        // test: exact match in %, on words
@@ -6307,6 +6308,7 @@ static const char *table3_evaluate(Table3Run *r, const char *dev_path, const cha
         error = dataset_check_lengths(&test, test_path, m.config.max_len);
     if (!error) {
         Evaluation e;
+        r->dev_hash = dataset_hash(&dev);
         evaluate(&e, &m, &dev, 0, batch_tokens, 1, 0);
         r->perplexity = exp(e.log_loss);
         r->bleu = bleu_score(&e.bleu, NULL, NULL);
@@ -6381,12 +6383,18 @@ static int command_table3(int argc, char **argv) {
         "first is the base model; each other is named by what differs from it ((A) heads, (C) size,\n"
         "(D) dropout and label smoothing, (E) positions; the same config is the base with another seed).\n"
         "Perplexity and BLEU on --dev (greedy decoding, BLEU over the model's tokens), exact match on --test.";
-    char *paths[256];
+    char **paths = checked_calloc(argc, sizeof(char *), "arguments");   // room for every argument
     int n = 0;
     int status = parse_options("table3", usage, options, (int)(sizeof options / sizeof *options), argc, argv, paths, &n);
-    if (status) return status == 2 ? 0 : 1;
-    if (!dev || !test) { fprintf(stderr, "error: table3: %s is required\n", !dev ? "--dev FILE.tsv" : "--test FILE.tsv"); return 1; }
-    if (n < 1) { fprintf(stderr, "error: table3: no checkpoints given; expected BASE.ckpt and its variants\n"); return 1; }
+    if (!status && (!dev || !test)) {
+        fprintf(stderr, "error: table3: %s is required\n", !dev ? "--dev FILE.tsv" : "--test FILE.tsv");
+        status = 1;
+    }
+    if (!status && n < 1) {
+        fprintf(stderr, "error: table3: no checkpoints given; expected BASE.ckpt and its variants\n");
+        status = 1;
+    }
+    if (status) { free(paths); return status == 2 ? 0 : 1; }
     set_threads(threads);
     Table3Run *runs = checked_calloc(n, sizeof(Table3Run), "table3 runs");
     const char *error = NULL;
@@ -6397,9 +6405,13 @@ static int command_table3(int argc, char **argv) {
         if (runs[i].steps != runs[0].steps)
             error = errorf("%s: trained %ld steps, the base %s %ld; expected the same budget for every run",
                            paths[i], runs[i].steps, paths[0], runs[0].steps);
+        else if (runs[i].dev_hash != runs[0].dev_hash)
+            error = errorf("%s: its vocabulary cuts %s into other tokens than the base %s's; expected runs on the "
+                           "same data and merges (perplexities per token must count the same tokens)", paths[i], dev,
+                           paths[0]);
         else table3_name_variant(&runs[i], &runs[0]);
     }
-    if (error) { fprintf(stderr, "error: table3: %s\n", error); free(runs); return 1; }
+    if (error) { fprintf(stderr, "error: table3: %s\n", error); free(runs); free(paths); return 1; }
     printf("Table 3 (the paper's model variations): %d runs of %ld steps each; perplexity and BLEU on %s, "
            "exact match on %s (greedy decoding; evaluated in %.0f s)\n", n, runs[0].steps, dev, test,
            wall_seconds() - start);
@@ -6426,6 +6438,7 @@ static int command_table3(int argc, char **argv) {
         free(bars);
     }
     free(runs);
+    free(paths);
     return failed;
 }
 
