@@ -3489,6 +3489,19 @@ static void test_table3(void) {
             dev, other);
     check_cli_error("table3 of runs with other merges", "other_merges.ckpt: its vocabulary cuts",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
+    snprintf(other, sizeof other, "%s", test_path("other_lr.ckpt"));
+    run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 --heads 2 "
+            "--steps 3 --batch-tokens 200 --eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s "
+            "--lr 0.002", dev, other);
+    check_cli_error("table3 of runs with another schedule", "other_lr.ckpt: its --lr differs from the base",
+                    "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
+    // average: a sinusoid and a learned-position checkpoint are not one run
+    check_cli_error("average of sinusoid and learned positions", "positions learned, not sinusoid as in",
+                    "average --out %s %s %s", test_path("mixed_avg.ckpt"), paths[0], paths[4]);
+    status = run_cli("average --out %s %s %s", test_path("learned_avg.ckpt"), paths[4], paths[4]);
+    if (status == 0) status = run_cli("eval --checkpoint %s --data %s", test_path("learned_avg.ckpt"), dev);
+    check(status == 0 && strstr(cli_output, "perplexity"), "cli: average of learned-position checkpoints, then eval "
+          "(exit %d)", status);
     check_cli_error("table3 without checkpoints", "table3: no checkpoints given", "table3 --dev %s --test %s", dev, test);
     check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required", "table3 --test %s %s", test, paths[0]);
 }

@@ -3513,6 +3513,11 @@ static void print_examples(const Evaluation *e, const Dataset *d, const Vocabula
 // either the old checkpoint or the new one, never half of either.
 // ============================================================================
 
+// The kind of positions (§3.5, or Table 3's row E) as messages name it.
+static const char *positional_name(int positional) {
+    return positional == POSITIONAL_LEARNED ? "learned" : "sinusoid";
+}
+
 #define CHECKPOINT_MAGIC "TCKP"
 #define CHECKPOINT_VERSION 3   // 2 added the §5.1 merges, 3 the kind of positions; 1 and 2 still read
 #define CHECKPOINT_HEADER_BYTES 136     // version 2: 128 (no positional field), version 1: 120 (nor merges_bytes)
@@ -3739,8 +3744,9 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
     parameter_sizes(sizes, c);
     size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS);
     if (h->num_parameters != P)
-        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d) give %zu",
-                      path, (unsigned long long)h->num_parameters, c->n_layers, c->d_model, c->d_ff, c->vocab_size, P);
+        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d, max_len %d, "
+                      "%s positions) give %zu", path, (unsigned long long)h->num_parameters, c->n_layers, c->d_model,
+                      c->d_ff, c->vocab_size, c->max_len, positional_name(c->positional), P);
     if (h->vocab_bytes > size || h->vocab_bytes < 5 * (uint64_t)c->vocab_size)
         return errorf("%s: header: a vocabulary section of %llu bytes cannot hold %d tokens", path,
                       (unsigned long long)h->vocab_bytes, c->vocab_size);
@@ -3906,12 +3912,30 @@ static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary 
 // LAST checkpoint named: the result is that checkpoint with averaged weights,
 // so it decodes like any other and `train --resume` goes on from its step.
 
-static int same_config(const TransformerConfig *a, const TransformerConfig *b) {
-    return a->n_layers == b->n_layers && a->d_model == b->d_model && a->d_ff == b->d_ff &&
-           a->n_heads == b->n_heads && a->vocab_size == b->vocab_size && a->max_len == b->max_len &&
-           a->dropout == b->dropout && a->label_smoothing == b->label_smoothing &&
-           a->layer_norm_eps == b->layer_norm_eps;
+// Writes the first field in which config b differs from a ("d_ff 48, not
+// 64") into text; returns 0 when they are the same config.
+static int config_difference(char *text, size_t n, const TransformerConfig *b, const TransformerConfig *a) {
+    const int ints[7][2] = { { b->n_layers, a->n_layers }, { b->d_model, a->d_model }, { b->d_ff, a->d_ff },
+                             { b->n_heads, a->n_heads }, { b->vocab_size, a->vocab_size },
+                             { b->max_len, a->max_len }, { b->positional, a->positional } };
+    const char *int_names[7] = { "N", "d_model", "d_ff", "h", "vocabulary size", "max_len", "positions" };
+    for (int i = 0; i < 7; i++) {
+        if (ints[i][0] == ints[i][1]) continue;
+        if (i == 6) snprintf(text, n, "positions %s, not %s", positional_name(b->positional), positional_name(a->positional));
+        else snprintf(text, n, "%s %d, not %d", int_names[i], ints[i][0], ints[i][1]);
+        return 1;
+    }
+    const float floats[3][2] = { { b->dropout, a->dropout }, { b->label_smoothing, a->label_smoothing },
+                                 { b->layer_norm_eps, a->layer_norm_eps } };
+    const char *float_names[3] = { "P_drop", "eps_ls", "layer_norm_eps" };
+    for (int i = 0; i < 3; i++)
+        if (floats[i][0] != floats[i][1]) {
+            snprintf(text, n, "%s %g, not %g", float_names[i], (double)floats[i][0], (double)floats[i][1]);
+            return 1;
+        }
+    return 0;
 }
+
 
 static int same_merges(const Bpe *a, const Bpe *b) {
     int na = a ? a->num_merges : 0, nb = b ? b->num_merges : 0;
@@ -3935,15 +3959,9 @@ static const char *checkpoint_average(const char *out_path, const char *const *p
         if (i == 0) {
             sum = checked_calloc(m.num_parameters, sizeof(double), "checkpoint average");
         } else {
-            const TransformerConfig *a = &last.config, *b = &m.config;
-            if (!same_config(a, b)) {
-                error = errorf("%s: config N=%d d_model=%d d_ff=%d h=%d vocab %d max_len %d P_drop %g eps_ls %g "
-                               "differs from %s's (N=%d d_model=%d d_ff=%d h=%d vocab %d max_len %d P_drop %g "
-                               "eps_ls %g); expected the same config", paths[i], b->n_layers, b->d_model, b->d_ff,
-                               b->n_heads, b->vocab_size, b->max_len, (double)b->dropout, (double)b->label_smoothing,
-                               paths[0], a->n_layers, a->d_model, a->d_ff, a->n_heads, a->vocab_size, a->max_len,
-                               (double)a->dropout, (double)a->label_smoothing);
-            }
+            char difference[96];
+            if (config_difference(difference, sizeof difference, &m.config, &last.config))
+                error = errorf("%s: %s as in %s; expected the same config", paths[i], difference, paths[0]);
             for (int t = 0; t < v.size && !error; t++)
                 if (strcmp(v.words[t], last_vocab.words[t]) != 0)
                     error = errorf("%s: vocabulary token %d is '%s' but '%s' in %s; expected the same vocabulary",
@@ -4840,7 +4858,7 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
 
 typedef struct { char label[64]; char group[16]; double value; } ChartBar;
 
-int svg_write_bar_chart(const char *path, const char *title, const char *subtitle, const char *axis_name,
+static int svg_write_bar_chart(const char *path, const char *title, const char *subtitle, const char *axis_name,
                         const ChartBar *bars, int n, double origin, double band_lo, double band_hi) {
     if (n < 1 || n > 1000) {
         fprintf(stderr, "error: %s%s: a bar chart of %d bars; expected 1 to 1000\n", error_context, path, n);
@@ -5507,8 +5525,8 @@ static void train_print_header(const TrainRun *r) {
     const TransformerConfig *c = &r->model.config;
     printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", r->data_name, r->train.count,
            r->valid.count, r->vocab.size);
-    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d: %zu parameters\n", c->n_layers, c->d_model,
-           c->d_ff, c->n_heads, c->max_len, r->model.num_parameters);
+    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n", c->n_layers,
+           c->d_model, c->d_ff, c->n_heads, c->max_len, positional_name(c->positional), r->model.num_parameters);
     printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
            "seed %d, %d thread%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)c->dropout,
            (double)c->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s");
@@ -6135,7 +6153,7 @@ static const ParameterGroup parameter_groups[] = {
     { "decoder encoder-decoder attention", { 20, 21, 22, 23 }, 4 },
     { "decoder feed-forward", { 26, 27, 28, 29 }, 4 },
     { "decoder layer norms, 3 per layer", { 18, 19, 24, 25, 30, 31 }, 6 },
-    { "positions: none for sinusoids, max_len x C if learned (row E)", { 1 }, 1 },
+    { "positions: sinusoids none, learned max_len x C (row E)", { 1 }, 1 },
 };
 #define NUM_PARAMETER_GROUPS ((int)(sizeof parameter_groups / sizeof *parameter_groups))
 
@@ -6205,8 +6223,10 @@ static int command_params(int argc, char **argv) {
     if (error) { fprintf(stderr, "error: params: %s\n", error); return 1; }
     size_t sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(sizes, &c);
-    printf("model: N=%d d_model=%d d_ff=%d h=%d (d_k = d_v = %d) vocabulary %d\n", layers, d_model, d_ff, heads,
-           d_model / heads, vocab);
+    printf("model: N=%d d_model=%d d_ff=%d h=%d (d_k = d_v = %d) vocabulary %d, %s positions", layers, d_model,
+           d_ff, heads, d_model / heads, vocab, positional_name(c.positional));
+    if (c.positional == POSITIONAL_LEARNED) printf(" (max_len %d)", max_len);
+    printf("\n");
     char count[40];
     size_t total = 0;
     for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) {
@@ -6236,6 +6256,8 @@ typedef struct {
     long steps;
     size_t parameters;
     uint64_t dev_hash;   // dataset_hash of dev as this run's vocabulary cuts it into tokens
+    uint64_t data_hash;  // of its training pairs (TrainingState)
+    char *options;       // its run options, as stored in the checkpoint
     double perplexity;   // dev: exp(mean -log p(reference token)), per token of the model (a subword with merges)
     double bleu;         // dev: corpus BLEU over the model's tokens
     double exact;        // test: exact match in %, on words
@@ -6259,6 +6281,34 @@ static const char *stored_option(const char *options, const char *name, char *va
     return NULL;
 }
 
+// The run options that may differ within one table: the model's sizes,
+// regularisation and positions (the variants) and the seed. Every other one
+// (data, merges, schedule) must be the base's, or the rows would not compare.
+static int table3_may_differ(const char *name) {
+    static const char *flags[] = { "--seed", "--layers", "--d-model", "--d-ff", "--heads", "--dropout",
+                                   "--label-smoothing", "--positional" };
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) if (strcmp(name, flags[i]) == 0) return 1;
+    return 0;
+}
+
+// The first run option, other than those, that `options` gives differently
+// from (or that is missing in) `other`: its name goes to name; 0 if none.
+static int table3_other_option(const char *options, const char *other, char *name, size_t n) {
+    for (const char *p = options; p && *p; ) {
+        const char *end = strchr(p, '\n');
+        if (!end) break;
+        snprintf(name, n, "%.*s", (int)(end - p), p);
+        const char *value = end + 1, *value_end = strchr(value, '\n');
+        if (!value_end) break;
+        char theirs[4200];
+        if (!table3_may_differ(name) && (!stored_option(other, name, theirs, sizeof theirs) ||
+                                         strlen(theirs) != (size_t)(value_end - value) ||
+                                         strncmp(theirs, value, (size_t)(value_end - value)) != 0)) return 1;
+        p = value_end + 1;
+    }
+    return 0;
+}
+
 // Fills r->row and r->label from what differs between r's config and the base's.
 static void table3_name_variant(Table3Run *r, const Table3Run *base) {
     const TransformerConfig *c = &r->config, *b = &base->config;
@@ -6274,7 +6324,6 @@ static void table3_name_variant(Table3Run *r, const Table3Run *base) {
     VARIANT(c->label_smoothing != b->label_smoothing, 'D', "%seps_ls=%g", label[0] ? " " : "", (double)c->label_smoothing);
     VARIANT(c->positional != b->positional, 'E', "%s%s positions", label[0] ? " " : "",
             c->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid");
-    VARIANT(c->max_len != b->max_len, 'X', "%smax_len=%d", label[0] ? " " : "", c->max_len);
     #undef VARIANT
     if (!letters[0]) {
         snprintf(r->row, sizeof r->row, "base");
@@ -6295,14 +6344,15 @@ static const char *table3_evaluate(Table3Run *r, const char *dev_path, const cha
     Vocabulary v;
     Dataset dev, test;
     memset(&dev, 0, sizeof dev); memset(&test, 0, sizeof test);
-    char *options = NULL, seed[32];
-    const char *error = checkpoint_load(r->path, &m, &v, NULL, &options);
+    TrainingState state;
+    char seed[32];
+    const char *error = checkpoint_load(r->path, &m, &v, &state, &r->options);
     if (error) return error;
+    r->data_hash = state.data_hash;
     r->config = m.config;
     r->steps = m.adam_step;
     r->parameters = m.num_parameters;
-    r->seed = stored_option(options, "--seed", seed, sizeof seed) ? atoi(seed) : 1;  // train's default seed
-    free(options);
+    r->seed = stored_option(r->options, "--seed", seed, sizeof seed) ? atoi(seed) : 1;  // train's default seed
     if (!(error = dataset_read_tsv(&dev, &v, dev_path, 0)) && !(error = dataset_check_lengths(&dev, dev_path, m.config.max_len)) &&
         !(error = dataset_read_tsv(&test, &v, test_path, 0)))
         error = dataset_check_lengths(&test, test_path, m.config.max_len);
@@ -6398,6 +6448,7 @@ static int command_table3(int argc, char **argv) {
     set_threads(threads);
     Table3Run *runs = checked_calloc(n, sizeof(Table3Run), "table3 runs");
     const char *error = NULL;
+    char option[64];
     double start = wall_seconds();
     for (int i = 0; i < n && !error; i++) {
         runs[i].path = paths[i];
@@ -6409,9 +6460,22 @@ static int command_table3(int argc, char **argv) {
             error = errorf("%s: its vocabulary cuts %s into other tokens than the base %s's; expected runs on the "
                            "same data and merges (perplexities per token must count the same tokens)", paths[i], dev,
                            paths[0]);
+        else if (runs[i].data_hash != runs[0].data_hash)
+            error = errorf("%s: trained on other sentence pairs than the base %s; expected the same training data",
+                           paths[i], paths[0]);
+        else if (table3_other_option(runs[i].options, runs[0].options, option, sizeof option) ||
+                 table3_other_option(runs[0].options, runs[i].options, option, sizeof option))
+            error = errorf("%s: its %s differs from the base %s's; expected the same data and schedule for every "
+                           "run (only the model's sizes, dropout, label smoothing, positions and seed may differ)",
+                           paths[i], option, paths[0]);
         else table3_name_variant(&runs[i], &runs[0]);
     }
-    if (error) { fprintf(stderr, "error: table3: %s\n", error); free(runs); free(paths); return 1; }
+    if (error) {
+        fprintf(stderr, "error: table3: %s\n", error);
+        for (int i = 0; i < n; i++) free(runs[i].options);
+        free(runs); free(paths);
+        return 1;
+    }
     printf("Table 3 (the paper's model variations): %d runs of %ld steps each; perplexity and BLEU on %s, "
            "exact match on %s (greedy decoding; evaluated in %.0f s)\n", n, runs[0].steps, dev, test,
            wall_seconds() - start);
@@ -6437,6 +6501,7 @@ static int command_table3(int argc, char **argv) {
         if (!failed) printf("wrote %s\n", svg);
         free(bars);
     }
+    for (int i = 0; i < n; i++) free(runs[i].options);
     free(runs);
     free(paths);
     return failed;
