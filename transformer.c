@@ -4856,7 +4856,7 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
 // of the paper's table the run belongs to; a grey band behind them marks the
 // spread of the base model over its seeds, the yardstick for every difference.
 
-typedef struct { char label[64]; char group[16]; double value; } ChartBar;
+typedef struct { char label[96]; char group[16]; double value; } ChartBar;
 
 static int svg_write_bar_chart(const char *path, const char *title, const char *subtitle, const char *axis_name,
                         const ChartBar *bars, int n, double origin, double band_lo, double band_hi) {
@@ -5406,6 +5406,7 @@ static void kept_steps_trim(TrainRun *r, int keep) {
         kept_checkpoint_path(path, sizeof path, r, r->kept_steps[i]);
         remove(path);
     }
+    if (drop == 0) return;   // (kept_steps may be NULL: none were ever found)
     r->num_kept -= drop;
     memmove(r->kept_steps, r->kept_steps + drop, (size_t)r->num_kept * sizeof(long));
 }
