@@ -2327,21 +2327,40 @@ static void test_tasks_and_batches(void) {
     dataset_free(&train); dataset_free(&valid);
 }
 
+// Three Adam steps on one ragged batch of two sentences (S 6, T 5), which
+// stays in tb for the caller: a model with moments and a step to save.
+static void three_adam_steps(Transformer *m, TestBatch *tb) {
+    int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
+    Rng rng; rng_seed(&rng, 4);
+    make_test_batch(tb, 2, 6, 5, src_len, tgt_len, m->config.vocab_size, &rng);
+    for (int step = 1; step <= 3; step++) {
+        transformer_forward(m, &tb->batch);
+        transformer_zero_grad(m);
+        transformer_backward(m, &tb->batch);
+        adam_update(m, 1e-3);
+    }
+}
+
+// Whether two models give bit-identical logits for the batch, without dropout.
+static int same_logits(Transformer *a, Transformer *b, const Batch *batch) {
+    a->training = b->training = 0;
+    size_t n = (size_t)batch->B * batch->T * a->config.vocab_size;
+    real *logits = checked_calloc(n, sizeof(real), "test");
+    transformer_forward(a, batch);
+    memcpy(logits, a->acts.logits, n * sizeof(real));
+    transformer_forward(b, batch);
+    int same = memcmp(logits, b->acts.logits, n * sizeof(real)) == 0;
+    free(logits);
+    return same;
+}
+
 // A saved and loaded model: bit-identical parameters, Adam state and logits.
 static void test_checkpoint_round_trip(void) {
     TransformerConfig config = decode_config();
     Transformer m, loaded;
     transformer_build(&m, &config, 3);
-    int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
-    Rng rng; rng_seed(&rng, 4);
     static TestBatch tb;
-    make_test_batch(&tb, 2, 6, 5, src_len, tgt_len, config.vocab_size, &rng);
-    for (int step = 1; step <= 3; step++) {
-        transformer_forward(&m, &tb.batch);
-        transformer_zero_grad(&m);
-        transformer_backward(&m, &tb.batch);
-        adam_update(&m, 1e-3);
-    }
+    three_adam_steps(&m, &tb);
     Vocabulary v, v2;
     task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
     TrainingState state = { 123, 4, 5, 678 }, state2;
@@ -2358,14 +2377,8 @@ static void test_checkpoint_round_trip(void) {
     check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and options come back (%s)",
           e ? e : "loaded");
     if (e) { transformer_free(&m); vocab_free(&v); return; }
-    m.training = loaded.training = 0;
-    size_t n = (size_t)2 * 5 * config.vocab_size;
-    real *logits = checked_calloc(n, sizeof(real), "test");
-    transformer_forward(&m, &tb.batch);
-    memcpy(logits, m.acts.logits, n * sizeof(real));
-    transformer_forward(&loaded, &tb.batch);
-    check(memcmp(logits, loaded.acts.logits, n * sizeof(real)) == 0, "checkpoint: a loaded model gives bit-identical logits");
-    free(logits); free(options);
+    check(same_logits(&m, &loaded, &tb.batch), "checkpoint: a loaded model gives bit-identical logits");
+    free(options);
     transformer_free(&loaded); vocab_free(&v2);
 
     // damaged and foreign files: one message each, naming the file
@@ -2470,16 +2483,8 @@ static void test_learned_positions_checkpoint(void) {
     transformer_free(&sinusoid);
     real *initial = checked_calloc(table, sizeof(real), "test");
     memcpy(initial, m.params.position_embedding, table * sizeof(real));
-    int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
-    Rng rng; rng_seed(&rng, 4);
     static TestBatch tb;
-    make_test_batch(&tb, 2, 6, 5, src_len, tgt_len, config.vocab_size, &rng);
-    for (int step = 1; step <= 3; step++) {
-        transformer_forward(&m, &tb.batch);
-        transformer_zero_grad(&m);
-        transformer_backward(&m, &tb.batch);
-        adam_update(&m, 1e-3);
-    }
+    three_adam_steps(&m, &tb);
     // rows 0..5 are some sentence's position and move; rows 6.. are no one's and stay
     int moved = 1;
     for (size_t i = 0; i < table; i++) {
@@ -2498,16 +2503,7 @@ static void test_learned_positions_checkpoint(void) {
                loaded.positional_encoding == loaded.params.position_embedding &&
                memcmp(loaded.params_memory, m.params_memory, P * sizeof(real)) == 0 &&
                memcmp(loaded.adam_v, m.adam_v, P * sizeof(real)) == 0;
-    if (same) {
-        m.training = loaded.training = 0;
-        size_t n = (size_t)2 * 5 * config.vocab_size;
-        real *logits = checked_calloc(n, sizeof(real), "test");
-        transformer_forward(&m, &tb.batch);
-        memcpy(logits, m.acts.logits, n * sizeof(real));
-        transformer_forward(&loaded, &tb.batch);
-        same = memcmp(logits, loaded.acts.logits, n * sizeof(real)) == 0;
-        free(logits);
-    }
+    if (same) same = same_logits(&m, &loaded, &tb.batch);
     check(same, "learned positions: a checkpoint gives back the table, its Adam moments and bit-identical logits (%s)",
           e ? e : "loaded");
     if (!e) { transformer_free(&loaded); vocab_free(&v2); }
@@ -3408,6 +3404,14 @@ static void test_bpe_command_line(void) {
     if (!e) { transformer_free(&m); vocab_free(&v); free(options); }
 }
 
+// A 3-step run of a tiny model on the numbers task, to `path`; `changes` are
+// flags after the common ones (a later flag wins). Returns train's exit status.
+static int train_tiny_numbers_run(const char *path, const char *dev, const char *changes) {
+    return run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 "
+                   "--heads 2 --steps 3 --batch-tokens 200 --warmup 2 --eval-every 0 --eval-size 1 --log-every 0 "
+                   "--show 0 --force --checkpoint %s %s", dev, path, changes);
+}
+
 // make table3's pieces on a tiny budget, so that they cannot rot: variants
 // named by what differs from the base, the table laid out as the paper's, the
 // chart with a bar per run; the perplexity is exp of the unsmoothed loss.
@@ -3462,9 +3466,7 @@ static void test_table3(void) {
     for (int r = 0; r < 5; r++) {
         snprintf(paths[r], sizeof paths[r], "%s", test_path(runs[r][0]));
         strcat(paths[r], ".ckpt");
-        trained += run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 "
-                           "--d-ff 16 --heads 2 --steps 3 --batch-tokens 200 --warmup 2 --eval-every 0 --eval-size 1 "
-                           "--log-every 0 --show 0 --force --checkpoint %s %s", dev, paths[r], runs[r][1]) == 0;
+        trained += train_tiny_numbers_run(paths[r], dev, runs[r][1]) == 0;
         snprintf(list + strlen(list), sizeof list - strlen(list), " %s", paths[r]);
     }
     int status = run_cli("table3 --dev %s --test %s --svg %s%s", dev, test, svg, list);
@@ -3484,21 +3486,15 @@ static void test_table3(void) {
     // another budget, no checkpoints, no --dev
     char other[600];
     snprintf(other, sizeof other, "%s", test_path("longer.ckpt"));
-    run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 --heads 2 "
-            "--steps 4 --batch-tokens 200 --eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s",
-            dev, other);
+    train_tiny_numbers_run(other, dev, "--steps 4");
     check_cli_error("table3 of runs with different budgets", "longer.ckpt: trained 4 steps, the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_merges.ckpt"));
-    run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 30 --layers 1 --d-model 8 --d-ff 16 --heads 2 "
-            "--steps 3 --batch-tokens 200 --eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s",
-            dev, other);
+    train_tiny_numbers_run(other, dev, "--bpe 30");
     check_cli_error("table3 of runs with other merges", "other_merges.ckpt: its vocabulary cuts",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_lr.ckpt"));
-    run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 --heads 2 "
-            "--steps 3 --batch-tokens 200 --eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s "
-            "--lr 0.002", dev, other);
+    train_tiny_numbers_run(other, dev, "--lr 0.002");
     check_cli_error("table3 of runs with another schedule", "other_lr.ckpt: its --lr differs from the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     // average: a sinusoid and a learned-position checkpoint are not one run
