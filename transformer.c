@@ -22,7 +22,7 @@
  *               §3.2.2 multi-head attention
  *               §3.3   position-wise feed-forward networks
  *               §3.4   embeddings and the shared pre-softmax projection
- *               §3.5   positional encoding
+ *               §3.5   positional encoding (or, Table 3 row E, a learned table)
  *               §3.1   the encoder and decoder stacks, built from the above
  *               §5.4   label-smoothed cross-entropy
  *                      the model: memory, the whole forward and backward pass
@@ -3390,20 +3390,15 @@ static void score_output(Evaluation *e, const int *output, int output_len, const
     bleu_add_sentence(&e->bleu, output, output_len, ref, ref_len);
 }
 
-// The sum over the batch's target tokens of -log p(reference token), from the
-// logits of the last forward pass (log-sum-exp in double, no label smoothing).
+// The sum over the batch's target tokens of -log p(reference token), without
+// label smoothing, from the probabilities of the last forward pass (acts.probs,
+// (B,T,V), which cross_entropy_forward computed from the logits).
 static double reference_log_loss(const Transformer *m, const Batch *batch) {
     int T = batch->T, V = m->config.vocab_size;
     double total = 0;
-    for (int b = 0; b < batch->B; b++) {
-        for (int t = 0; t < batch->tgt_len[b]; t++) {
-            const real *z = m->acts.logits + ((size_t)b * T + t) * V;
-            double largest = z[0], sum = 0;
-            for (int i = 1; i < V; i++) largest = fmax(largest, z[i]);
-            for (int i = 0; i < V; i++) sum += exp(z[i] - largest);
-            total += largest + log(sum) - z[batch->tgt_out[b * T + t]];
-        }
-    }
+    for (int b = 0; b < batch->B; b++)
+        for (int t = 0; t < batch->tgt_len[b]; t++)
+            total -= log((double)m->acts.probs[((size_t)b * T + t) * V + batch->tgt_out[b * T + t]]);
     return total;
 }
 
@@ -3513,9 +3508,14 @@ static void print_examples(const Evaluation *e, const Dataset *d, const Vocabula
 // either the old checkpoint or the new one, never half of either.
 // ============================================================================
 
-// The kind of positions (§3.5, or Table 3's row E) as messages name it.
+// The kind of positions (§3.5, or Table 3's row E) by name, as the flags
+// --positional take it and messages print it; -1 for a name that is neither.
 static const char *positional_name(int positional) {
     return positional == POSITIONAL_LEARNED ? "learned" : "sinusoid";
+}
+
+static int positional_from_name(const char *name) {
+    return strcmp(name, "learned") == 0 ? POSITIONAL_LEARNED : strcmp(name, "sinusoid") == 0 ? POSITIONAL_SINUSOID : -1;
 }
 
 #define CHECKPOINT_MAGIC "TCKP"
@@ -5289,8 +5289,7 @@ static const char *train_start(TrainRun *r) {
     if ((error = train_load_data(r, 0))) return error;
     TransformerConfig c = transformer_default_config();
     c.n_layers = o->layers; c.d_model = o->d_model; c.d_ff = o->d_ff; c.n_heads = o->heads;
-    if (strcmp(o->positional, "learned") == 0) c.positional = POSITIONAL_LEARNED;
-    else if (strcmp(o->positional, "sinusoid") != 0)
+    if ((c.positional = positional_from_name(o->positional)) < 0)
         return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", o->positional);
     c.vocab_size = r->vocab.size;
     c.dropout = (float)o->dropout; c.label_smoothing = (float)o->label_smoothing;
@@ -6214,8 +6213,7 @@ static int command_params(int argc, char **argv) {
     }
     c.n_layers = layers; c.d_model = d_model; c.d_ff = d_ff; c.n_heads = heads; c.vocab_size = vocab;
     c.max_len = max_len;
-    if (strcmp(positional, "learned") == 0) c.positional = POSITIONAL_LEARNED;
-    else if (strcmp(positional, "sinusoid") != 0) {
+    if ((c.positional = positional_from_name(positional)) < 0) {
         fprintf(stderr, "error: params: --positional '%s' is not a kind of positions; expected sinusoid or learned\n",
                 positional);
         return 1;
@@ -6324,7 +6322,7 @@ static void table3_name_variant(Table3Run *r, const Table3Run *base) {
     VARIANT(c->dropout != b->dropout, 'D', "%sP_drop=%g", label[0] ? " " : "", (double)c->dropout);
     VARIANT(c->label_smoothing != b->label_smoothing, 'D', "%seps_ls=%g", label[0] ? " " : "", (double)c->label_smoothing);
     VARIANT(c->positional != b->positional, 'E', "%s%s positions", label[0] ? " " : "",
-            c->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid");
+            positional_name(c->positional));
     #undef VARIANT
     if (!letters[0]) {
         snprintf(r->row, sizeof r->row, "base");
@@ -6393,7 +6391,7 @@ static void table3_print(FILE *f, const Table3Run *runs, int n) {
         CELL(4, c->d_model / c->n_heads != b->d_model / b->n_heads, "%d", c->d_model / c->n_heads);
         CELL(5, c->dropout != b->dropout, "%g", (double)c->dropout);
         CELL(6, c->label_smoothing != b->label_smoothing, "%g", (double)c->label_smoothing);
-        CELL(7, c->positional != b->positional, "%s", c->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid");
+        CELL(7, c->positional != b->positional, "%s", positional_name(c->positional));
         #undef CELL
         format_count(params, sizeof params, runs[i].parameters);
         int same_row = i > 0 && strcmp(runs[i].row, runs[i - 1].row) == 0;
