@@ -1546,6 +1546,23 @@ void adam_update(Transformer *m, double learning_rate) {
 }
 
 // ============================================================================
+// §5  The training step
+// "We trained the models ... using the Adam optimizer" on batches of sentence
+// pairs (§5.1-§5.3): a forward pass to the loss, the backward pass to every
+// parameter's gradient, one Adam update at eq. 3's rate. The step number t
+// of eq. 3 is the update's own: adam_step + 1.
+// ============================================================================
+
+real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor) {
+    real loss = transformer_forward(model, batch);      // Figure 1, bottom to top, and §5.4's loss
+    transformer_zero_grad(model);                        // the backward passes accumulate (+=)
+    transformer_backward(model, batch);                  // top to bottom: dloss/d(every parameter)
+    double lr = transformer_learning_rate(model->adam_step + 1, model->config.d_model, warmup_steps, lr_factor);
+    adam_update(model, lr);                              // §5.3, at eq. 3's rate
+    return loss;
+}
+
+// ============================================================================
 // §6.1  Decoding: greedy with a key/value cache, beam search
 // "We used beam search with a beam size of 4 and length penalty alpha = 0.6
 // ... We set the maximum output length during inference to input length + 50,
@@ -5169,13 +5186,8 @@ static char *format_run_options(const Option *options, int n) {
 // Where the training steps run (transformer.h): here, Parts I and II on the
 // host, where the parameters always are, so begin and to_host have nothing to do.
 static void cpu_training_nothing_to_copy(Transformer *m) { (void)m; }
-static void cpu_training_backward(Transformer *m, const Batch *batch) {
-    transformer_zero_grad(m);
-    transformer_backward(m, batch);
-}
 const TrainingCompute transformer_cpu_training = {
-    "transformer.c", cpu_training_nothing_to_copy, transformer_forward, cpu_training_backward, adam_update,
-    cpu_training_nothing_to_copy,
+    "transformer.c", cpu_training_nothing_to_copy, transformer_train_step, cpu_training_nothing_to_copy,
 };
 const TrainingCompute *transformer_training = &transformer_cpu_training;
 
@@ -5593,7 +5605,8 @@ static const char *train_loop(TrainRun *r) {
         long step = m->adam_step + 1;
         double step_start = wall_seconds();
         m->training = 1;
-        real loss = compute->forward(m, &r->batch.batch);
+        real loss = compute->train_step(m, &r->batch.batch, o->warmup, factor);
+        double lr = transformer_learning_rate(step, m->config.d_model, o->warmup, factor);
         if (!isfinite(loss)) {
             char saved[4300];
             if (r->last_saved_step >= 0)
@@ -5604,9 +5617,6 @@ static const char *train_loop(TrainRun *r) {
                            step, isnan(loss) ? "NaN" : "infinite", saved);
             break;
         }
-        compute->backward(m, &r->batch.batch);
-        double lr = transformer_learning_rate(step, m->config.d_model, o->warmup, factor);
-        compute->update(m, lr);
         tokens += r->batch.tokens;
         if (loss_log) fprintf(loss_log, "%ld %.9g %.9g\n", step, (double)loss, lr);
         csv_loss += loss; csv_steps++; csv_tokens += r->batch.tokens; csv_seconds += wall_seconds() - step_start;
@@ -6674,9 +6684,7 @@ static int command_bench(int argc, char **argv) {
             transformer_greedy_decode(&model, out, out_len, T, batch.src, batch.src_len, B, S);
         } else {
             model.training = 1;
-            loss = compute->forward(&model, &batch);
-            compute->backward(&model, &batch);
-            compute->update(&model, transformer_learning_rate(step, d_model, 4000, 1.0));
+            loss = compute->train_step(&model, &batch, 4000, 1.0);
         }
         if (step > warmup) times[step - warmup - 1] = wall_seconds() - start;
     }

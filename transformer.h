@@ -21,11 +21,8 @@
  *     if (error) { fprintf(stderr, "%s\n", error); exit(1); }
  *     for (step = 1; ...) {
  *         model.training = 1;                    // dropout on
- *         real loss = transformer_forward(&model, &batch);
- *         transformer_zero_grad(&model);
- *         transformer_backward(&model, &batch);
- *         adam_update(&model, transformer_learning_rate(step, ...));
- *     }
+ *         real loss = transformer_train_step(&model, &batch, warmup_steps, 1.0);
+ *     }                      // forward, zero_grad, backward, eq. 3's rate, Adam
  *     transformer_free(&model);
  *
  * READ
@@ -261,6 +258,9 @@ void transformer_zero_grad(Transformer *model);
 void transformer_backward(Transformer *model, const Batch *batch);
 double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor);
 void adam_update(Transformer *model, double learning_rate);
+// One training step: transformer_forward, transformer_zero_grad, transformer_backward,
+// then adam_update at eq. 3's rate for step adam_step + 1. Returns the loss.
+real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor);
 
 // ----------------------------------------------------------------------------
 // Where the training steps of `train` and `bench` run: the loop calls the
@@ -273,9 +273,8 @@ void adam_update(Transformer *model, double learning_rate);
 typedef struct {
     const char *name;                                       // printed by train and bench
     void (*begin)(Transformer *model);
-    real (*forward)(Transformer *model, const Batch *batch);  // as transformer_forward
-    void (*backward)(Transformer *model, const Batch *batch); // zero the gradients, then transformer_backward
-    void (*update)(Transformer *model, double learning_rate); // as adam_update
+    real (*train_step)(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor);
+                                                            // as transformer_train_step
     void (*to_host)(Transformer *model);
 } TrainingCompute;
 extern const TrainingCompute transformer_cpu_training;

@@ -928,8 +928,17 @@ static void gpu_to_host(Transformer *m) {
     gpu_copy(m->adam_v, gpu.adam_v, bytes, cudaMemcpyDeviceToHost);
 }
 
+// transformer_train_step on the GPU: the forward pass, the backward pass (the
+// gradients zeroed first), Adam at eq. 3's rate for step adam_step + 1
+static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps, double lr_factor) {
+    real loss = gpu_forward(m, batch);
+    gpu_backward(m, batch);
+    gpu_update(m, transformer_learning_rate(m->adam_step + 1, m->config.d_model, warmup_steps, lr_factor));
+    return loss;
+}
+
 static const TrainingCompute gpu_training = {
-    "transformer_cuda", gpu_begin, gpu_forward, gpu_backward, gpu_update, gpu_to_host,
+    "transformer_cuda", gpu_begin, gpu_train_step, gpu_to_host,
 };
 
 // For test_transformer.c, which includes this file in its CPU build and is
