@@ -6,7 +6,9 @@
 #   make table3        the paper's Table 3 on the numbers task: the base model (3 seeds) and one
 #                      variant per row entry, (A) heads, (C) size, (D) dropout and label smoothing,
 #                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
-#   make               ./transformer (OpenMP on; make OPENMP=0 for none)
+#   make               ./transformer: transformer.c and its lab (transformer_lab.c), OpenMP on
+#                      (make OPENMP=0 for none)
+#   make minimal       ./transformer_minimal: transformer.c alone, as `cc -O2 transformer.c -lm` builds it
 #   make plain         ./transformer_plain: Part I's plain loops only (-DTRANSFORMER_PLAIN)
 #   make test          gradient checks (double), PyTorch parity, masks, Adam,
 #                      learning, decoding, checkpoints, the command line and its
@@ -17,7 +19,8 @@
 #   make cuda-cpu      ./transformer_cuda_cpu: the same companion built for the CPU (cuda_on_cpu.h)
 #   make test-cuda     on a GPU: the tests with the companion built by nvcc, compute-sanitizer,
 #                      the base model's training step against PyTorch eager on the same GPU, make numbers
-#   make debug         -O0 -g builds for gdb, Part I only: transformer_debug, test_transformer_debug
+#   make debug         -O0 -g builds for gdb, Part I only, without OpenMP: transformer_debug
+#                      (transformer.c alone), test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
 #   make bench-setup   dev/.venv: a virtual environment with PyTorch 2.x from PyPI, for
 #                      make bench (dev/BENCH.md; does nothing when it is already there)
@@ -37,25 +40,32 @@ ifeq ($(OPENMP),1)
 OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
-SOURCES = transformer.c transformer.h
+SOURCES = transformer.c transformer.h transformer_lab.c
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = transformer_cuda.cu cuda_on_cpu.h
 
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
 
-.PHONY: all test demo numbers table3 debug plain sanitize bench bench-setup clean cuda cuda-cpu test-cuda
+.PHONY: all test demo numbers table3 debug plain minimal sanitize bench bench-setup clean cuda cuda-cpu test-cuda
 
 all: transformer
 
+# the program with every command: transformer_lab.c includes transformer.c
 transformer: $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ transformer.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ transformer_lab.c $(LDLIBS)
 
-# Part I alone: the model's plain loops, no Part II (transformer.c's FAST_PATH)
+# transformer.c alone, the smallest complete program (train, decode, eval);
+# make test runs it, so that the one file keeps building and training by itself
+minimal: transformer_minimal
+transformer_minimal: transformer.c transformer.h
+	$(CC) -O2 $(WARNINGS) -o $@ transformer.c $(LDLIBS)
+
+# Part I alone: the model's plain loops, no Part II
 PLAIN = -DTRANSFORMER_PLAIN
 plain: transformer_plain
 transformer_plain: $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer_lab.c $(LDLIBS)
 
 test_transformer: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
@@ -76,12 +86,13 @@ test_transformer_plain_f64: test_transformer.c $(SOURCES)
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
 # A binary that crashes before its summary counts as one failure. The tests
 # also run ./transformer itself, as a user would (bad input, resume).
-test: $(TESTS) transformer transformer_plain
+test: $(TESTS) transformer transformer_plain transformer_minimal
 	@passed=0; failed=0; status=0; \
 	for t in $(TESTS); do \
 	  echo "== ./$$t"; \
 	  case $$t in *plain*) bin=./transformer_plain;; *) bin=./transformer;; esac; \
-	  TRANSFORMER_BIN=$$bin ./$$t > .test_output.log 2>&1; code=$$?; cat .test_output.log; \
+	  TRANSFORMER_BIN=$$bin TRANSFORMER_MINIMAL_BIN=./transformer_minimal ./$$t > .test_output.log 2>&1; code=$$?; \
+	  cat .test_output.log; \
 	  [ $$code -eq 0 ] || status=1; \
 	  counts=$$(sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$$/\1 \2/p' .test_output.log | tail -n 1); \
 	  if [ -z "$$counts" ]; then failed=$$((failed + 1)); echo "FAIL ./$$t ended without its summary (exit $$code)"; \
@@ -158,7 +169,7 @@ $(TABLE3_DIR)/%.ckpt:
 	    --threads 1 --force --checkpoint $@ > $(TABLE3_DIR)/$*.log
 
 # ---- the CUDA companion (transformer_cuda.cu; README, NOTES.md §16) ----
-# transformer.c is compiled as C by $(CC) and linked beside the companion's
+# transformer.c with its lab is compiled as C by $(CC) and linked beside the companion's
 # object; nvcc compiles the .cu as CUDA C++ with every warning an error, and
 # ptxas reports each kernel's registers: a spill fails the build.
 NVCC ?= nvcc
@@ -168,7 +179,7 @@ NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextr
 NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lm
 cuda: transformer_cuda
 transformer_cuda: $(COMPANION) $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o transformer.c
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o transformer_lab.c
 	$(NVCC_CHECKED) -c -o transformer_cuda.o transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
 	@if grep -E '[1-9][0-9]* bytes spill (stores|loads)' .ptxas.log; then \
 	  echo "make cuda: a kernel spills registers (above); expected 0 bytes"; exit 1; fi
@@ -177,7 +188,7 @@ transformer_cuda: $(COMPANION) $(SOURCES)
 
 cuda-cpu: transformer_cuda_cpu
 transformer_cuda_cpu: $(COMPANION) $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c transformer_cuda.cu -x none transformer.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c transformer_cuda.cu -x none transformer_lab.c $(LDLIBS)
 
 # the float tests with the companion built by nvcc instead of for the CPU
 test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
@@ -206,18 +217,20 @@ test-cuda: transformer transformer_cuda test_transformer_cuda
 	        % (c["tokens_per_s"], c["median_ms"], p["torch"], p["tokens_per_s"], p["median_ms"], c["tokens_per_s"] / p["tokens_per_s"]))'
 	$(MAKE) numbers NUMBERS_BIN=./transformer_cuda
 
+# No OpenMP here: with it, each parallel loop's body would be a separate
+# function run by libgomp, and gdb's `next` would step over the whole loop.
 debug: transformer_debug test_transformer_debug
-transformer_debug: $(SOURCES)
-	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
+transformer_debug: transformer.c transformer.h
+	$(CC) -O0 -g $(WARNINGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
 test_transformer_debug: test_transformer.c $(SOURCES) $(COMPANION)
-	$(CC) -O0 -g $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ test_transformer.c $(LDLIBS)
+	$(CC) -O0 -g $(WARNINGS) $(PLAIN) -o $@ test_transformer.c $(LDLIBS)
 
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 sanitize: test_transformer.c $(SOURCES) $(COMPANION)
-	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan transformer.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan transformer_lab.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
-	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -o transformer_asan_plain transformer.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -o transformer_asan_plain transformer_lab.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o test_transformer_asan_plain_f64 test_transformer.c $(LDLIBS)
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan_f64
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan
@@ -261,7 +274,7 @@ bench: transformer
 	    --python $(BENCH_VENV)/bin/python $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
 
 clean:
-	rm -f transformer transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
+	rm -f transformer transformer_minimal transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
 	      test_transformer_f64 test_transformer_serial test_transformer_plain_f64 test_transformer_debug \
 	      test_transformer_asan test_transformer_asan_f64 test_transformer_asan_plain_f64 .test_output.log \
 	      transformer_cuda transformer_cuda_cpu test_transformer_cuda *.o .ptxas.log

@@ -20,7 +20,7 @@
  * absolute and relative difference.
  */
 #define TRANSFORMER_NO_MAIN
-#include "transformer.c"
+#include "transformer_lab.c"   // transformer.c and the lab's instruments
 #if !defined(TRANSFORMER_DOUBLE) && !defined(COMPANION_ON_GPU)
 // The CUDA companion, compiled here for the CPU (cuda_on_cpu.h): in the float
 // builds its training steps are compared with transformer.c's.
@@ -3512,6 +3512,36 @@ static void test_table3(void) {
     check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required", "table3 --test %s %s", test, paths[0]);
 }
 
+// transformer.c alone (make minimal: `cc -O2 transformer.c -lm`), the smallest
+// complete program: it trains the copy task, writes a checkpoint the full
+// program reads, decodes with it, and refuses the lab's commands by name.
+static void test_minimal_program(void) {
+    const char *minimal = getenv("TRANSFORMER_MINIMAL_BIN"), *full = cli_binary;
+    if (!minimal) { printf("     (TRANSFORMER_MINIMAL_BIN not set: transformer.c alone not run; make test sets it)\n"); return; }
+    if (access(minimal, X_OK) != 0) { check(0, "minimal: %s is not there (make minimal)", minimal); return; }
+    cli_binary = minimal;
+    const char *ckpt = test_path("minimal.ckpt");
+    int trained = run_cli("train --task copy " TINY_RUN " --steps 20 --checkpoint %s", ckpt);
+    int has_model = strstr(cli_output, "checkpoint") != NULL;
+    int decoded = run_cli("decode --checkpoint %s --beam 2 \"3 1 4\"", ckpt);
+    int one_line = strchr(cli_output, '\n') != NULL && !strstr(cli_output, "error");
+    int help = run_cli("--help");
+    int lists = strstr(cli_output, "train") && strstr(cli_output, "decode") && strstr(cli_output, "eval") &&
+                !strstr(cli_output, "bench") && !strstr(cli_output, "table3");
+    cli_binary = full;
+    Transformer m;
+    Vocabulary v;
+    const char *error = checkpoint_load(ckpt, &m, &v, NULL, NULL);
+    if (!error) { transformer_free(&m); vocab_free(&v); }
+    check(trained == 0 && has_model && decoded == 0 && one_line && help == 0 && lists && !error,
+          "minimal: transformer.c alone trains the copy task (exit %d), writes a checkpoint the full program "
+          "reads (%s), decodes with it (exit %d) and lists train, decode, eval only", trained,
+          error ? error : "yes", decoded);
+    cli_binary = minimal;
+    check_cli_error("the lab's bench in transformer.c alone", "unknown command 'bench'", "bench");
+    cli_binary = full;
+}
+
 static void run_cli_and_data_tests(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
     if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
@@ -3526,6 +3556,7 @@ static void run_cli_and_data_tests(void) {
     test_parameter_counts();
     test_nonfinite_parameter();
     test_command_line();
+    test_minimal_program();
     printf("-- §5.1 byte-pair encoding\n");
     test_bpe_learn_and_apply();
     test_bpe_numbers_data();

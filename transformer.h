@@ -322,43 +322,12 @@ void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char 
 double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty);
 
 // ----------------------------------------------------------------------------
-// Pictures as SVG files. Each writer returns 0 on success; on failure it
-// prints one line (file and reason) to stderr and returns 1.
-
-// One matrix of a heatmap: values[i * row_stride + j], i < rows, j < cols.
-// Labels may be NULL: the rows or columns are then numbered from 0.
-typedef struct {
-    const real *values;
-    int rows, cols, row_stride;
-    const char *const *row_labels;
-    const char *const *col_labels;
-    const char *title;              // above the panel, or NULL
-} SvgHeatmap;
-
-// The colour scale is blue-white-red when vmin < 0 < vmax, else white to blue.
-int svg_write_heatmap(const char *path, const real *values, int rows, int cols,
-                      const char *const *row_labels, const char *const *col_labels,
-                      const char *title, double vmin, double vmax);
-int svg_write_heatmap_grid(const char *path, const char *title, const char *subtitle,
-                           const SvgHeatmap *panels, int n_panels, int n_columns,
-                           double vmin, double vmax, const char *scale_label);
-// §3.5: the (max_len, d_model) positional-encoding matrix, scale -1..1.
-int svg_write_positional_encoding(const char *path, int max_len, int d_model);
-
-// Every head of every layer, for sentence `sentence` of the batch of the last
-// transformer_forward. target_tokens: y_1..y_n without <s> and </s>, the
-// decoder having read <s> y_1..y_n.
-typedef enum { ATTENTION_ENCODER = 0, ATTENTION_DECODER = 1, ATTENTION_CROSS = 2 } AttentionKind;
-int svg_write_attention(const char *path, const Transformer *model, AttentionKind kind, int sentence,
-                        const char *const *source_tokens, int source_len,
-                        const char *const *target_tokens, int target_len);
-
-// The training log (CSV: step,loss,lr,tokens_per_s,heldout; optional header
-// line; heldout may be empty) drawn as curves of loss, held-out score and
-// learning rate over the steps.
-int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char *title);
-
-// The command line (train, decode, eval, params, bench): what main runs; returns the exit status.
+// The command line: transformer_main runs transformer.c's own commands (train,
+// decode, eval) and is main; transformer_lab_main, in transformer_lab.c, runs
+// those and the lab's instruments (average, bleu, attention, pe, plot, bpe,
+// params, table3, bench): ./transformer as make builds it. Each returns the
+// exit status.
 int transformer_main(int argc, char **argv);
+int transformer_lab_main(int argc, char **argv);
 
 #endif // TRANSFORMER_H

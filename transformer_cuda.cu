@@ -965,7 +965,7 @@ int main(int argc, char **argv) {
     }
     argv[kept] = NULL;
     transformer_training = &gpu_training;
-    int status = transformer_main(kept, argv);
+    int status = transformer_lab_main(kept, argv);
     gpu_release();
     return status;
 }
