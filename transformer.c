@@ -81,39 +81,15 @@
 // PART I   THE MODEL
 // ############################################################################
 
-// OpenMP is optional: OMP(parallel for) is `#pragma omp parallel for` when
-// compiled with -fopenmp, and nothing otherwise.
-#ifdef _OPENMP
-#define OMP_PRAGMA(text) _Pragma(#text)
-#define OMP(directive) OMP_PRAGMA(omp directive)
-#else
-#define OMP(directive)
-#endif
-
-// Part II, after the model, computes the few kernels that take nearly all of
-// a training step's time again, many times faster, the same numbers up to
-// rounding: the linear layers and attention's products. FAST_PATH(call) is the first
-// line of each Part I function that Part II can replace: it runs `call`
-// instead of the loops below it when Part II takes the case (returns 1).
-// Built with -DTRANSFORMER_PLAIN, the file has no Part II and FAST_PATH is
-// nothing, so every call runs the loops you read. The tests compare the two
-// in one program by setting use_fast_path to 0.
-#ifdef TRANSFORMER_PLAIN
-#define FAST_PATH(call)
-#else
-static int use_fast_path = 1;
-#define FAST_PATH(call) do { if (use_fast_path && (call)) return; } while (0)
-static int linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
-                               int N, int IC, int OC);
-static int linear_backward_fast(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
-                                const real *weight, int N, int IC, int OC);
-static int attention_forward_fast(real *out, real *att, const real *q, const real *k, const real *v,
-                                  int q_stride, int kv_stride, const int *key_len, int causal,
-                                  int B, int Tq, int Tk, int C, int NH);
-static int attention_backward_fast(real *dq, real *dk, real *dv, const real *dout, const real *att,
-                                   const real *q, const real *k, const real *v,
-                                   int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH);
-#endif
+// What the layers need from the machinery at the end of Part I:
+static char error_context[40] = "";     // "train: ": errors name the command (a library: "")
+static void *checked_calloc(size_t count, size_t size, const char *what);   // calloc, or exit with a message
+static real *arena_calloc(size_t count, const char *what);                // zeros, starting on a cache line
+static void arena_free(real *p);
+static uint64_t rng_next(Rng *rng);                                       // xorshift64*
+static uint64_t hash64(uint64_t z);                                       // splitmix64's mixer
+static double unit_interval(uint64_t bits);                               // [0, 1) from 53 random bits
+static void ensure_buffers(Transformer *model, int B, int S, int T);      // activations for a (B,S,T) batch
 
 // libm's e^x, ln x and square root in the precision of `real`
 #ifdef TRANSFORMER_DOUBLE
@@ -126,194 +102,32 @@ static int attention_backward_fast(real *dq, real *dk, real *dv, const real *dou
 #define real_sqrt sqrtf
 #endif
 
-// ----------------------------------------------------------------------------
-// Utilities: allocation that cannot fail silently, and our own random
-// numbers, so that a seed gives the same model on every machine.
+// OpenMP is optional: built without -fopenmp, the `#pragma omp` lines are
+// ignored (and this says so to the compiler, which would warn about each).
+#ifndef _OPENMP
+#pragma GCC diagnostic ignored "-Wunknown-pragmas"
+#endif
 
-// Errors printed where they arise (allocation, pictures) name the command the
-// user ran: transformer_main sets this to e.g. "train: "; "" in a library.
-static char error_context[40] = "";
-
-// count x size bytes, at least 1, or a clear exit if that overflows a size_t.
-static size_t checked_bytes(size_t count, size_t size, const char *what) {
-    if (count == 0) count = 1;
-    if (size != 0 && count > SIZE_MAX / size) {
-        fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count, size);
-        exit(1);
-    }
-    return count * size;
-}
-
-// p, the answer of an allocation of `bytes` bytes, or a clear exit if it failed.
-static void *allocated(void *p, size_t bytes, const char *what) {
-    if (!p) {
-        fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what, bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static void *checked_calloc(size_t count, size_t size, const char *what) {
-    size_t bytes = checked_bytes(count, size, what);
-    return allocated(calloc(bytes, 1), bytes, what);
-}
-
-// splitmix64's output function: a 64-bit hash whose outputs look independent
-// for consecutive inputs.
-static uint64_t hash64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-// [0, 1) from the top 53 bits of 64 random ones.
-static double unit_interval(uint64_t bits) {
-    return (double)(bits >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static void rng_seed(Rng *rng, uint64_t seed) {
-    // splitmix64 of the seed, so that nearby seeds give unrelated streams and
-    // the xorshift state is never 0
-    uint64_t z = hash64(seed + 0x9E3779B97F4A7C15ULL);
-    rng->state = z ? z : 0x2545F4914F6CDD1DULL;
-}
-
-static uint64_t rng_next(Rng *rng) { // xorshift64*
-    rng->state ^= rng->state >> 12;
-    rng->state ^= rng->state << 25;
-    rng->state ^= rng->state >> 27;
-    return rng->state * 0x2545F4914F6CDD1DULL;
-}
-
-static double rng_uniform(Rng *rng) { return unit_interval(rng_next(rng)); }   // [0, 1)
-
-static double rng_normal(Rng *rng) { // Box-Muller
-    double u1 = 1.0 - rng_uniform(rng); // (0, 1]: log(u1) is finite
-    double u2 = rng_uniform(rng);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static int rng_below(Rng *rng, int n) { // uniform integer in [0, n)
-    return (int)(rng_uniform(rng) * n);
-}
-
-// ----------------------------------------------------------------------------
-// The configuration (transformer_config_check, with the model's memory
-// below, says what it may hold).
-
-TransformerConfig transformer_default_config(void) {
-    TransformerConfig c;
-    c.n_layers = 2;
-    c.d_model = 64;
-    c.d_ff = 256;
-    c.n_heads = 4;
-    c.vocab_size = 32;
-    c.max_len = 64;
-    c.positional = POSITIONAL_SINUSOID;  // §3.5; POSITIONAL_LEARNED is Table 3's row E
-    c.dropout = 0.1f;          // §5.4 P_drop for the base model
-    c.label_smoothing = 0.1f;  // §5.4 eps_ls
-    c.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
-    return c;
-}
-
-// ----------------------------------------------------------------------------
-// Parameters: sizes, names, one allocation with named pointers into it
-// (the tensors and their shapes are listed in transformer.h).
-
-static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
-    "embedding", "position_embedding",
-    "enc_qkv_w", "enc_qkv_b", "enc_out_w", "enc_out_b", "enc_ln1_g", "enc_ln1_b",
-    "enc_ff1_w", "enc_ff1_b", "enc_ff2_w", "enc_ff2_b", "enc_ln2_g", "enc_ln2_b",
-    "dec_self_qkv_w", "dec_self_qkv_b", "dec_self_out_w", "dec_self_out_b", "dec_ln1_g", "dec_ln1_b",
-    "dec_cross_qkv_w", "dec_cross_qkv_b", "dec_cross_out_w", "dec_cross_out_b", "dec_ln2_g", "dec_ln2_b",
-    "dec_ff1_w", "dec_ff1_b", "dec_ff2_w", "dec_ff2_b", "dec_ln3_g", "dec_ln3_b",
-};
-
-static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *c) {
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
-    size_t attention[4] = { L * 3 * C * C, L * 3 * C, L * C * C, L * C }; // qkv_w qkv_b out_w out_b
-    size_t norm = L * C;
-    size_t ffn[4] = { L * F * C, L * F, L * C * F, L * C };                // ff1_w ff1_b ff2_w ff2_b
-    size_t i = 0;
-    sizes[i++] = V * C;
-    sizes[i++] = c->positional == POSITIONAL_LEARNED ? (size_t)c->max_len * C : 0;
-    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder self-attention
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // decoder self-attention
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder-decoder attention
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
-    sizes[i++] = norm; sizes[i++] = norm;
-}
-
-// The named pointers of a ParameterTensors, in storage order.
-static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *p) {
-    real **list[NUM_PARAMETER_TENSORS] = {
-        &p->embedding, &p->position_embedding,
-        &p->enc_qkv_w, &p->enc_qkv_b, &p->enc_out_w, &p->enc_out_b, &p->enc_ln1_g, &p->enc_ln1_b,
-        &p->enc_ff1_w, &p->enc_ff1_b, &p->enc_ff2_w, &p->enc_ff2_b, &p->enc_ln2_g, &p->enc_ln2_b,
-        &p->dec_self_qkv_w, &p->dec_self_qkv_b, &p->dec_self_out_w, &p->dec_self_out_b,
-        &p->dec_ln1_g, &p->dec_ln1_b,
-        &p->dec_cross_qkv_w, &p->dec_cross_qkv_b, &p->dec_cross_out_w, &p->dec_cross_out_b,
-        &p->dec_ln2_g, &p->dec_ln2_b,
-        &p->dec_ff1_w, &p->dec_ff1_b, &p->dec_ff2_w, &p->dec_ff2_b, &p->dec_ln3_g, &p->dec_ln3_b,
-    };
-    memcpy(ptrs, list, sizeof list);
-}
-
-// Points the named tensors into memory laid out in the order above.
-static void point_parameters(ParameterTensors *p, real *memory, const size_t sizes[NUM_PARAMETER_TENSORS]) {
-    real **ptrs[NUM_PARAMETER_TENSORS];
-    parameter_pointers(ptrs, p);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
-    }
-}
-
-// Xavier-uniform (Glorot & Bengio 2010): U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
-// for a (rows, cols) matrix inside w.
-static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
-    double a = sqrt(6.0 / (double)(rows + cols));
-    for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * a);
-}
-
-// Initialisation (the paper gives none; these are PyTorch's and the common
-// reimplementations'): Xavier-uniform for every projection matrix (W^Q, W^K,
-// W^V, W^O each on its own, W_1, W_2), N(0, d_model^-0.5) for the shared
-// embedding and for learned positions (as tensor2tensor and fairseq do), zero
-// biases, layer-norm gain 1 and bias 0. The positions are drawn last, so that
-// a seed gives the same other weights with either kind of positions.
-static void initialize_parameters(Transformer *m, uint64_t seed) {
-    const TransformerConfig *c = &m->config;
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
-    ParameterTensors *p = &m->params;
-    Rng rng;
-    rng_seed(&rng, seed);
-    memset(m->params_memory, 0, m->num_parameters * sizeof(real));
-    double std = 1.0 / sqrt((double)C);
-    for (size_t i = 0; i < V * C; i++) p->embedding[i] = (real)(std * rng_normal(&rng));
-    real *qkv[3] = { p->enc_qkv_w, p->dec_self_qkv_w, p->dec_cross_qkv_w };
-    real *out[3] = { p->enc_out_w, p->dec_self_out_w, p->dec_cross_out_w };
-    for (size_t l = 0; l < L; l++) {
-        for (int a = 0; a < 3; a++) {
-            for (int t = 0; t < 3; t++) xavier_uniform(qkv[a] + (l * 3 + t) * C * C, C, C, &rng);
-            xavier_uniform(out[a] + l * C * C, C, C, &rng);
-        }
-        xavier_uniform(p->enc_ff1_w + l * F * C, F, C, &rng);
-        xavier_uniform(p->enc_ff2_w + l * C * F, C, F, &rng);
-        xavier_uniform(p->dec_ff1_w + l * F * C, F, C, &rng);
-        xavier_uniform(p->dec_ff2_w + l * C * F, C, F, &rng);
-    }
-    real *gains[5] = { p->enc_ln1_g, p->enc_ln2_g, p->dec_ln1_g, p->dec_ln2_g, p->dec_ln3_g };
-    for (int g = 0; g < 5; g++)
-        for (size_t i = 0; i < L * C; i++) gains[g][i] = 1;
-    if (c->positional == POSITIONAL_LEARNED)
-        for (size_t i = 0; i < (size_t)c->max_len * C; i++) p->position_embedding[i] = (real)(std * rng_normal(&rng));
-}
+// Part II, after the model, computes the products that take nearly all of a
+// training step's time again, many times faster, the same sums up to
+// rounding. The four Part I functions it can replace, linear_forward and
+// _backward, attention_forward and _backward, hand their call to it on
+// their first line, where you see it. -DTRANSFORMER_PLAIN (make plain, make
+// debug) leaves Part II out, and every call runs the loops you read; the
+// tests compare the two in one program by setting use_fast_path to 0.
+#ifndef TRANSFORMER_PLAIN
+static int use_fast_path = 1;
+static void linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
+                                int N, int IC, int OC);
+static void linear_backward_fast(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
+                                 const real *weight, int N, int IC, int OC);
+static void attention_forward_fast(real *out, real *att, const real *q, const real *k, const real *v,
+                                   int q_stride, int kv_stride, const int *key_len, int causal,
+                                   int B, int Tq, int Tk, int C, int NH);
+static void attention_backward_fast(real *dq, real *dk, real *dv, const real *dout, const real *att,
+                                    const real *q, const real *k, const real *v,
+                                    int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH);
+#endif
 
 // ============================================================================
 // §3  Linear layers: y = x W^T + b
@@ -327,8 +141,10 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
                            int N, int IC, int OC) {
-    FAST_PATH(linear_forward_fast(out, inp, weight, bias, N, IC, OC));
-    OMP(parallel for)
+#ifndef TRANSFORMER_PLAIN
+    if (use_fast_path) { linear_forward_fast(out, inp, weight, bias, N, IC, OC); return; }   // Part II
+#endif
+    #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const real *x = inp + (size_t)n * IC;
         for (int o = 0; o < OC; o++) {
@@ -349,10 +165,12 @@ static void linear_forward(real *out, const real *inp, const real *weight, const
 static void linear_backward(real *dinp, real *dweight, real *dbias,
                             const real *dout, const real *inp, const real *weight,
                             int N, int IC, int OC) {
-    FAST_PATH(linear_backward_fast(dinp, dweight, dbias, dout, inp, weight, N, IC, OC));
+#ifndef TRANSFORMER_PLAIN
+    if (use_fast_path) { linear_backward_fast(dinp, dweight, dbias, dout, inp, weight, N, IC, OC); return; }
+#endif
     if (dinp) {
         // row n of dinp: the rows of the weight, each times dout[n,o]
-        OMP(parallel for)
+        #pragma omp parallel for
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) {
                 real g = dout[(size_t)n * OC + o];
@@ -360,7 +178,7 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
             }
     }
     // row o of dweight: the rows of inp, each times dout[n,o]; dbias[o] their weights' sum
-    OMP(parallel for)
+    #pragma omp parallel for
     for (int o = 0; o < OC; o++)
         for (int n = 0; n < N; n++) {
             real g = dout[(size_t)n * OC + o];
@@ -385,26 +203,26 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
 // be drawn in parallel and a seed gives the same masks whatever the thread count.
 static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) {
     if (!training || p <= 0.0f) {
-        OMP(parallel for)
+        #pragma omp parallel for
         for (size_t i = 0; i < n; i++) mask[i] = 1;
         return;
     }
     uint64_t key = rng_next(rng);
     real keep_scale = (real)(1.0 / (1.0 - p));
     double drop = p;
-    OMP(parallel for)
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) mask[i] = unit_interval(hash64(key + i)) < drop ? 0 : keep_scale;
 }
 
 // out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
 static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
 }
 
 // Differentiates  out[i] = inp[i] * mask[i]
 static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
 }
 
@@ -417,11 +235,11 @@ static void dropout_backward(real *dinp, const real *dout, const real *mask, siz
 static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
                                   const real *gain, const real *bias, int C, float eps) {
     real m = 0;
-    OMP(simd reduction(+ : m))
+    #pragma omp simd reduction(+ : m)
     for (int i = 0; i < C; i++) m += x[i];
     m /= C;
     real v = 0;
-    OMP(simd reduction(+ : v))
+    #pragma omp simd reduction(+ : v)
     for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
     v /= C;
     real s = 1 / real_sqrt(v + (real)eps);
@@ -437,7 +255,7 @@ static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x
 static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *res,
                                        const real *residual, const real *sublayer, const real *mask,
                                        const real *gain, const real *bias, int N, int C, float eps) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
         for (int i = 0; i < C; i++) res[row + i] = residual[row + i] + sublayer[row + i] * mask[row + i];
@@ -459,13 +277,13 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
                                         const real *dout, const real *res, const real *mask,
                                         const real *gain, const real *mean, const real *rstd,
                                         int N, int C) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
         const real *x = res + row, *g = dout + row;
         real m = mean[n], s = rstd[n];
         real mean_dxhat = 0, mean_dxhat_xhat = 0;
-        OMP(simd reduction(+ : mean_dxhat, mean_dxhat_xhat))
+        #pragma omp simd reduction(+ : mean_dxhat, mean_dxhat_xhat)
         for (int i = 0; i < C; i++) {
             real dxhat = g[i] * gain[i];
             mean_dxhat += dxhat;
@@ -543,7 +361,7 @@ static void softmax_visible(real *p, int visible, int Tk) {
 // p_j = 0 and so gets ds_j = 0: the masks need no code here.
 static void softmax_backward(real *grad, const real *p, int n) {
     real sum_p_dp = 0;
-    OMP(simd reduction(+ : sum_p_dp))
+    #pragma omp simd reduction(+ : sum_p_dp)
     for (int j = 0; j < n; j++) sum_p_dp += p[j] * grad[j];
     for (int j = 0; j < n; j++) grad[j] = p[j] * (grad[j] - sum_p_dp);
 }
@@ -554,11 +372,16 @@ static void attention_forward(real *out, real *att,
                               const real *q, const real *k, const real *v,
                               int q_stride, int kv_stride, const int *key_len, int causal,
                               int B, int Tq, int Tk, int C, int NH) {
-    FAST_PATH(attention_forward_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH));
+#ifndef TRANSFORMER_PLAIN
+    if (use_fast_path && Tq > 1) {   // Part II; one query (decoding) runs these loops, which do as well
+        attention_forward_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
+        return;
+    }
+#endif
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h, i): it alone writes query i's probabilities and head h's columns of out_i
-    OMP(parallel for collapse(3))
+    #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int i = 0; i < Tq; i++) {
@@ -569,7 +392,7 @@ static void attention_forward(real *out, real *att,
                 for (int j = 0; j < visible; j++) {
                     const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
                     real dot = 0;
-                    OMP(simd reduction(+ : dot))
+                    #pragma omp simd reduction(+ : dot)
                     for (int d = 0; d < hs; d++) dot += qi[d] * kj[d];
                     p[j] = dot * scale;
                 }
@@ -600,14 +423,19 @@ static void attention_backward(real *dq, real *dk, real *dv,
                                const real *dout, const real *att,
                                const real *q, const real *k, const real *v,
                                int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
-    FAST_PATH(attention_backward_fast(dq, dk, dv, dout, att, q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH));
+#ifndef TRANSFORMER_PLAIN
+    if (use_fast_path) {   // Part II
+        attention_backward_fast(dq, dk, dv, dout, att, q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
+        return;
+    }
+#endif
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
-    OMP(parallel)
+    #pragma omp parallel
     {
         real *d_row = checked_calloc(Tk, sizeof(real), "attention scratch");   // dp_i, then ds_i
-        OMP(for collapse(2))
+        #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 for (int i = 0; i < Tq; i++) {
@@ -727,14 +555,14 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
 
 // h = max(0, h) in place
 static void relu_forward(real *h, size_t n) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
 }
 
 // Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
 // In place: dh becomes da.
 static void relu_backward(real *dh, const real *h, size_t n) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
 }
 
@@ -775,7 +603,7 @@ static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, cons
 static void embedding_forward(real *out, const int *tokens, const real *embedding,
                               const real *pe, int B, int T, int C) {
     real scale = real_sqrt((real)C);
-    OMP(parallel for collapse(2))
+    #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             const real *e = embedding + (size_t)tokens[b * T + t] * C;
@@ -833,11 +661,79 @@ static void positional_encoding_init(real *pe, int max_len, int C) {
 //     out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]
 // dout is (B,T,C): row t of the gradient gets every sentence's position t.
 static void position_embedding_backward(real *dpe, const real *dout, int B, int T, int C) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (int t = 0; t < T; t++) {
         for (int b = 0; b < B; b++) {
             const real *g = dout + ((size_t)b * T + t) * C;
             for (int i = 0; i < C; i++) dpe[(size_t)t * C + i] += g[i];
+        }
+    }
+}
+
+// ============================================================================
+// §5.4  Label smoothing, and the loss
+// "During training, we employed label smoothing of value eps_ls = 0.1." The
+// target distribution at each position is, as in PyTorch's cross_entropy,
+//     q_v = (1 - eps_ls) [v == y] + eps_ls / V
+// and the loss is the cross-entropy -sum_v q_v log p_v with p = softmax(logits),
+// averaged over the non-padding target positions.
+// ============================================================================
+
+// token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
+// Returns the mean loss; *num_tokens gets the number of non-padding positions.
+static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
+                                    const int *targets, const int *tgt_len, float label_smoothing,
+                                    int B, int T, int V, int *num_tokens) {
+    real eps = (real)label_smoothing;
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const real *z = logits + (size_t)bt * V;
+        real *p = probs + (size_t)bt * V;
+        if (bt % T >= tgt_len[bt / T]) { // padding: no loss, no probabilities
+            token_loss[bt] = 0;
+            for (int v = 0; v < V; v++) p[v] = 0;
+            continue;
+        }
+        // log p_v = z_v - logsumexp(z), computed around the largest logit
+        real max_z = -INFINITY;
+        for (int v = 0; v < V; v++) max_z = z[v] > max_z ? z[v] : max_z;
+        real sum = 0, sum_z = 0;
+        for (int v = 0; v < V; v++) {
+            p[v] = real_exp(z[v] - max_z);
+            sum += p[v];
+            sum_z += z[v];
+        }
+        real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
+        for (int v = 0; v < V; v++) p[v] *= inv_sum;
+        // -sum_v q_v log p_v = -(1-eps) log p_y - (eps/V) sum_v log p_v
+        real log_p_target = z[targets[bt]] - log_sum;
+        real sum_log_p = sum_z - V * log_sum;
+        token_loss[bt] = -(1 - eps) * log_p_target - eps / V * sum_log_p;
+    }
+    double total = 0;
+    int count = 0;
+    for (int bt = 0; bt < B * T; bt++) {
+        if (bt % T < tgt_len[bt / T]) { total += token_loss[bt]; count++; }
+    }
+    *num_tokens = count;
+    return count ? total / count : 0.0;
+}
+
+// Differentiates  loss = (1/n) sum_positions -sum_v q_v log softmax(z)_v:
+// for a softmax followed by cross-entropy against a distribution q that sums
+// to one, dloss/dz_v = p_v - q_v, here divided by the n non-padding positions.
+static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets,
+                                   const int *tgt_len, float label_smoothing, int num_tokens,
+                                   int B, int T, int V) {
+    real eps = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        if (bt % T >= tgt_len[bt / T]) continue;
+        const real *p = probs + (size_t)bt * V;
+        real *dz = dlogits + (size_t)bt * V;
+        for (int v = 0; v < V; v++) {
+            real q = eps / V + (v == targets[bt] ? 1 - eps : 0);
+            dz[v] += (p[v] - q) * inv_n;
         }
     }
 }
@@ -969,7 +865,7 @@ static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
 }
 
 static void zero(real *x, size_t n) {
-    OMP(parallel for)
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) x[i] = 0;
 }
 
@@ -1079,312 +975,11 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
 }
 
 // ============================================================================
-// §5.4  Label smoothing, and the loss
-// "During training, we employed label smoothing of value eps_ls = 0.1." The
-// target distribution at each position is, as in PyTorch's cross_entropy,
-//     q_v = (1 - eps_ls) [v == y] + eps_ls / V
-// and the loss is the cross-entropy -sum_v q_v log p_v with p = softmax(logits),
-// averaged over the non-padding target positions.
+// The whole model (Figure 1): the encoder stack, the decoder stack and the
+// output projection, then the loss; and the backward pass, the same path in
+// reverse
 // ============================================================================
 
-// token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
-// Returns the mean loss; *num_tokens gets the number of non-padding positions.
-static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
-                                    const int *targets, const int *tgt_len, float label_smoothing,
-                                    int B, int T, int V, int *num_tokens) {
-    real eps = (real)label_smoothing;
-    OMP(parallel for)
-    for (int bt = 0; bt < B * T; bt++) {
-        const real *z = logits + (size_t)bt * V;
-        real *p = probs + (size_t)bt * V;
-        if (bt % T >= tgt_len[bt / T]) { // padding: no loss, no probabilities
-            token_loss[bt] = 0;
-            for (int v = 0; v < V; v++) p[v] = 0;
-            continue;
-        }
-        // log p_v = z_v - logsumexp(z), computed around the largest logit
-        real max_z = -INFINITY;
-        for (int v = 0; v < V; v++) max_z = z[v] > max_z ? z[v] : max_z;
-        real sum = 0, sum_z = 0;
-        for (int v = 0; v < V; v++) {
-            p[v] = real_exp(z[v] - max_z);
-            sum += p[v];
-            sum_z += z[v];
-        }
-        real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
-        for (int v = 0; v < V; v++) p[v] *= inv_sum;
-        // -sum_v q_v log p_v = -(1-eps) log p_y - (eps/V) sum_v log p_v
-        real log_p_target = z[targets[bt]] - log_sum;
-        real sum_log_p = sum_z - V * log_sum;
-        token_loss[bt] = -(1 - eps) * log_p_target - eps / V * sum_log_p;
-    }
-    double total = 0;
-    int count = 0;
-    for (int bt = 0; bt < B * T; bt++) {
-        if (bt % T < tgt_len[bt / T]) { total += token_loss[bt]; count++; }
-    }
-    *num_tokens = count;
-    return count ? total / count : 0.0;
-}
-
-// Differentiates  loss = (1/n) sum_positions -sum_v q_v log softmax(z)_v:
-// for a softmax followed by cross-entropy against a distribution q that sums
-// to one, dloss/dz_v = p_v - q_v, here divided by the n non-padding positions.
-static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets,
-                                   const int *tgt_len, float label_smoothing, int num_tokens,
-                                   int B, int T, int V) {
-    real eps = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
-    OMP(parallel for)
-    for (int bt = 0; bt < B * T; bt++) {
-        if (bt % T >= tgt_len[bt / T]) continue;
-        const real *p = probs + (size_t)bt * V;
-        real *dz = dlogits + (size_t)bt * V;
-        for (int v = 0; v < V; v++) {
-            real q = eps / V + (v == targets[bt] ? 1 - eps : 0);
-            dz[v] += (p[v] - q) * inv_n;
-        }
-    }
-}
-
-// ============================================================================
-// The model: allocation, the whole forward pass, the whole backward pass
-// ============================================================================
-
-// The model's tensors (parameters, activations, the decoding cache) live in
-// a few large arenas of zeros, each starting on a 64-byte cache line: Part
-// II's vector loads are up to 64 bytes wide, and one that straddles two
-// lines costs two (with malloc's 16-byte alignment, a toy training step took
-// 5% longer on an AVX-512 machine; dev/PERFORMANCE.md). calloc leaves pages
-// that are never written (a run that only decodes never touches the
-// gradients) unbacked by memory, which aligned_alloc and memset would not:
-// so this asks calloc for one line more, returns the first line boundary
-// past the block's start, and keeps the block's own address in the bytes
-// just below it for arena_free.
-#define CACHE_LINE 64
-_Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
-
-// The cache lines that `bytes` bytes fill, the last one perhaps in part.
-static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
-
-static real *arena_calloc(size_t count, const char *what) {
-    size_t bytes = checked_bytes(count, sizeof(real), what);
-    size_t lines = lines_of(bytes) + 1;
-    unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
-    unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
-    memcpy(aligned - sizeof block, &block, sizeof block);
-    return (real *)aligned;
-}
-
-static void arena_free(real *p) {
-    if (!p) return;
-    unsigned char *block;
-    memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
-    free(block);
-}
-
-// `count` numbers rounded up to whole cache lines, so that the tensor laid
-// out after them in an arena starts on a line too (arena_calloc).
-static size_t whole_lines(size_t count) {
-    size_t per_line = CACHE_LINE / sizeof(real);
-    return (count + per_line - 1) / per_line * per_line;
-}
-
-static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *c,
-                             size_t B, size_t S, size_t T) {
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
-    size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
-    size_t list[NUM_ACTIVATION_TENSORS] = {
-        BSC, BSC, BSC,                                                  // enc embedded, mask, x0
-        L * 3 * BSC, L * B * NH * S * S, L * BSC, L * BSC, L * BSC, L * BSC,  // qkv .. res1
-        L * BSC, L * BS, L * BS,                                        // ln1
-        L * BS * F, L * BSC, L * BSC, L * BSC,                          // ff_h .. res2
-        L * BSC, L * BS, L * BS,                                        // ln2
-        BTC, BTC, BTC,                                                  // dec embedded, mask, x0
-        L * 3 * BTC, L * B * NH * T * T, L * BTC, L * BTC, L * BTC, L * BTC,  // self qkv .. res1
-        L * BTC, L * BT, L * BT,                                        // ln1
-        L * BTC, L * 2 * BSC, L * B * NH * T * S, L * BTC, L * BTC, L * BTC, L * BTC, // cross
-        L * BTC, L * BT, L * BT,                                        // ln2
-        L * BT * F, L * BTC, L * BTC, L * BTC,                          // ff_h .. res3
-        L * BTC, L * BT, L * BT,                                        // ln3
-        BT * V, BT * V, BT,                                             // logits, probs, token loss
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_activations(ActivationTensors *a, real *memory, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
-    real **list[NUM_ACTIVATION_TENSORS] = {
-        &a->enc_embedded, &a->enc_emb_mask, &a->enc_x0,
-        &a->enc_qkv, &a->enc_att, &a->enc_heads, &a->enc_att_proj, &a->enc_drop1, &a->enc_res1,
-        &a->enc_ln1, &a->enc_ln1_mean, &a->enc_ln1_rstd,
-        &a->enc_ff_h, &a->enc_ff_out, &a->enc_drop2, &a->enc_res2,
-        &a->enc_ln2, &a->enc_ln2_mean, &a->enc_ln2_rstd,
-        &a->dec_embedded, &a->dec_emb_mask, &a->dec_x0,
-        &a->dec_self_qkv, &a->dec_self_att, &a->dec_self_heads, &a->dec_self_proj, &a->dec_drop1,
-        &a->dec_res1, &a->dec_ln1, &a->dec_ln1_mean, &a->dec_ln1_rstd,
-        &a->dec_cross_q, &a->dec_cross_kv, &a->dec_cross_att, &a->dec_cross_heads,
-        &a->dec_cross_proj, &a->dec_drop2, &a->dec_res2,
-        &a->dec_ln2, &a->dec_ln2_mean, &a->dec_ln2_rstd,
-        &a->dec_ff_h, &a->dec_ff_out, &a->dec_drop3, &a->dec_res3,
-        &a->dec_ln3, &a->dec_ln3_mean, &a->dec_ln3_rstd,
-        &a->logits, &a->probs, &a->token_loss,
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *list[i] = memory;
-        memory += sizes[i];
-    }
-}
-
-#define NUM_SCRATCH_TENSORS 13
-static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
-                          size_t B, size_t S, size_t T) {
-    size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
-    size_t rows = B * (S > T ? S : T);   // the encoder's rows or the decoder's
-    size_t list[NUM_SCRATCH_TENSORS] = {
-        rows * C, rows * C, rows * C, rows * C,   // d_output d_input d_ln1 d_ln2
-        rows * C, rows * C, rows * 3 * C,         // d_sublayer d_heads d_qkv
-        B * T * C, B * S * 2 * C, rows * F,       // d_q d_kv d_ff_h
-        B * S * C, rows * C, B * T * V,           // d_memory d_embedded d_logits
-    };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
-    real **list[NUM_SCRATCH_TENSORS] = {
-        &s->d_output, &s->d_input, &s->d_ln1, &s->d_ln2, &s->d_sublayer, &s->d_heads, &s->d_qkv,
-        &s->d_q, &s->d_kv, &s->d_ff_h, &s->d_memory, &s->d_embedded, &s->d_logits,
-    };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
-        *list[i] = memory;
-        memory += sizes[i];
-    }
-}
-
-static size_t sum_sizes(const size_t *sizes, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += sizes[i];
-    return total;
-}
-
-// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
-// A smaller batch reuses them: per-layer offsets are computed from the actual
-// B, S, T, which fit inside every tensor's capacity.
-static void ensure_buffers(Transformer *m, int B, int S, int T) {
-    if (m->acts_memory && B <= m->cap_B && S <= m->cap_S && T <= m->cap_T) return;
-    if (B < m->cap_B) B = m->cap_B;
-    if (S < m->cap_S) S = m->cap_S;
-    if (T < m->cap_T) T = m->cap_T;
-    arena_free(m->acts_memory);
-    arena_free(m->scratch_memory);
-    size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
-    activation_sizes(sizes, &m->config, B, S, T);
-    scratch_sizes(scratch, &m->config, B, S, T);
-    m->acts_memory = arena_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), "activations");
-    m->scratch_memory = arena_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), "backward scratch");
-    point_activations(&m->acts, m->acts_memory, sizes);
-    point_scratch(&m->scratch, m->scratch_memory, scratch);
-    m->cap_B = B; m->cap_S = S; m->cap_T = T;
-}
-
-const char *transformer_build(Transformer *m, const TransformerConfig *config, uint64_t seed) {
-    memset(m, 0, sizeof *m);
-    const char *error = transformer_config_check(config);
-    if (error) return error;
-    m->config = *config;
-    parameter_sizes(m->param_sizes, config);
-    m->num_parameters = sum_sizes(m->param_sizes, NUM_PARAMETER_TENSORS);
-    m->params_memory = arena_calloc(m->num_parameters, "parameters");
-    m->grads_memory = arena_calloc(m->num_parameters, "gradients");
-    m->adam_m = arena_calloc(m->num_parameters, "Adam first moments");
-    m->adam_v = arena_calloc(m->num_parameters, "Adam second moments");
-    point_parameters(&m->params, m->params_memory, m->param_sizes);
-    point_parameters(&m->grads, m->grads_memory, m->param_sizes);
-    m->adam.beta1 = 0.9;    // §5.3
-    m->adam.beta2 = 0.98;
-    m->adam.eps = 1e-9;
-    if (config->positional == POSITIONAL_LEARNED) {
-        m->positional_encoding = m->params.position_embedding;   // a parameter (Table 3, row E)
-    } else {
-        m->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
-        positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
-    }
-    initialize_parameters(m, seed);
-    rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
-    m->training = 1;
-    return NULL;
-}
-
-void transformer_free(Transformer *m) {
-    real *sinusoids = m->config.positional == POSITIONAL_SINUSOID ? m->positional_encoding : NULL;
-    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, sinusoids,
-                       m->acts_memory, m->scratch_memory };
-    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
-    memset(m, 0, sizeof *m);
-}
-
-// Returns NULL when the config is usable, else a message naming the bad field.
-const char *transformer_config_check(const TransformerConfig *c) {
-    static char message[200];
-    #define CONFIG_REQUIRE(cond, ...) do { if (!(cond)) { \
-        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
-    CONFIG_REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS,
-                   "n_layers is %d, expected 1..%d", c->n_layers, TRANSFORMER_MAX_LAYERS);
-    CONFIG_REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH,
-                   "d_model is %d, expected 1..%d", c->d_model, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH,
-                   "d_ff is %d, expected 1..%d", c->d_ff, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model,
-                   "n_heads is %d, expected 1..d_model (%d)", c->n_heads, c->d_model);
-    CONFIG_REQUIRE(c->d_model % c->n_heads == 0,
-                   "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
-    CONFIG_REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB,
-                   "vocab_size is %d, expected %d..%d (4 special tokens + words)",
-                   c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
-    CONFIG_REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN,
-                   "max_len is %d, expected 2..%d", c->max_len, TRANSFORMER_MAX_LEN);
-    CONFIG_REQUIRE(c->positional == POSITIONAL_SINUSOID || c->positional == POSITIONAL_LEARNED,
-                   "positional is %d, expected %d (sinusoid) or %d (learned)", c->positional,
-                   POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    CONFIG_REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f,
-                   "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
-    CONFIG_REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f,
-                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)c->label_smoothing);
-    CONFIG_REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f,
-                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)c->layer_norm_eps);
-    #undef CONFIG_REQUIRE
-    return NULL;
-}
-
-// Returns NULL when the batch fits the model, else what is wrong with it.
-const char *batch_check(const Batch *batch, const TransformerConfig *c) {
-    static char message[200];
-    #define BATCH_REQUIRE(cond, ...) do { if (!(cond)) { \
-        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
-    BATCH_REQUIRE(batch->B >= 1 && batch->S >= 1 && batch->T >= 1,
-                  "batch shape %d x %d x %d, expected positive sizes", batch->B, batch->S, batch->T);
-    BATCH_REQUIRE(batch->S <= c->max_len && batch->T <= c->max_len,
-                  "batch lengths %d (source) and %d (target) exceed max_len %d",
-                  batch->S, batch->T, c->max_len);
-    for (int b = 0; b < batch->B; b++) {
-        BATCH_REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= batch->S,
-                      "sentence %d: source length %d, expected 1..%d", b, batch->src_len[b], batch->S);
-        BATCH_REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= batch->T,
-                      "sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b], batch->T);
-        for (int s = 0; s < batch->S; s++) {
-            int tok = batch->src[b * batch->S + s];
-            BATCH_REQUIRE(tok >= 0 && tok < c->vocab_size,
-                          "sentence %d: source token %d at %d outside the vocabulary 0..%d",
-                          b, tok, s, c->vocab_size - 1);
-        }
-        for (int t = 0; t < batch->T; t++) {
-            int in = batch->tgt_in[b * batch->T + t], out = batch->tgt_out[b * batch->T + t];
-            BATCH_REQUIRE(in >= 0 && in < c->vocab_size && out >= 0 && out < c->vocab_size,
-                          "sentence %d: target token %d/%d at %d outside the vocabulary 0..%d",
-                          b, in, out, t, c->vocab_size - 1);
-        }
-    }
-    #undef BATCH_REQUIRE
-    return NULL;
-}
 
 // The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
 static const real *encoder_forward(Transformer *m, const Batch *batch) {
@@ -1534,7 +1129,7 @@ void adam_update(Transformer *m, double learning_rate) {
     size_t n = m->num_parameters;
     real *theta = m->params_memory, *first = m->adam_m, *second = m->adam_v;
     const real *grad = m->grads_memory;
-    OMP(parallel for)
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         real g = grad[i];
         real mi = beta1 * first[i] + (1 - beta1) * g;
@@ -1917,6 +1512,438 @@ int transformer_beam_search(Transformer *m, int *out, double *score, const int *
 }
 
 
+// ============================================================================
+// The machinery: memory and numbers
+// What the model above takes for granted: allocation that cannot fail
+// silently, our own random numbers, the parameters' names, sizes and initial
+// values, the memory of the activations, and the checks of a configuration
+// and of a batch.
+// ============================================================================
+
+// ----------------------------------------------------------------------------
+// Allocation that cannot fail silently, and our own random numbers, so that a
+// seed gives the same model on every machine.
+
+// count x size bytes, at least 1, or a clear exit if that overflows a size_t.
+static size_t checked_bytes(size_t count, size_t size, const char *what) {
+    if (count == 0) count = 1;
+    if (size != 0 && count > SIZE_MAX / size) {
+        fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count, size);
+        exit(1);
+    }
+    return count * size;
+}
+
+// p, the answer of an allocation of `bytes` bytes, or a clear exit if it failed.
+static void *allocated(void *p, size_t bytes, const char *what) {
+    if (!p) {
+        fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what, bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static void *checked_calloc(size_t count, size_t size, const char *what) {
+    size_t bytes = checked_bytes(count, size, what);
+    return allocated(calloc(bytes, 1), bytes, what);
+}
+
+// splitmix64's output function: a 64-bit hash whose outputs look independent
+// for consecutive inputs.
+static uint64_t hash64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// [0, 1) from the top 53 bits of 64 random ones.
+static double unit_interval(uint64_t bits) {
+    return (double)(bits >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void rng_seed(Rng *rng, uint64_t seed) {
+    // splitmix64 of the seed, so that nearby seeds give unrelated streams and
+    // the xorshift state is never 0
+    uint64_t z = hash64(seed + 0x9E3779B97F4A7C15ULL);
+    rng->state = z ? z : 0x2545F4914F6CDD1DULL;
+}
+
+static uint64_t rng_next(Rng *rng) { // xorshift64*
+    rng->state ^= rng->state >> 12;
+    rng->state ^= rng->state << 25;
+    rng->state ^= rng->state >> 27;
+    return rng->state * 0x2545F4914F6CDD1DULL;
+}
+
+static double rng_uniform(Rng *rng) { return unit_interval(rng_next(rng)); }   // [0, 1)
+
+static double rng_normal(Rng *rng) { // Box-Muller
+    double u1 = 1.0 - rng_uniform(rng); // (0, 1]: log(u1) is finite
+    double u2 = rng_uniform(rng);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static int rng_below(Rng *rng, int n) { // uniform integer in [0, n)
+    return (int)(rng_uniform(rng) * n);
+}
+
+// ----------------------------------------------------------------------------
+// The configuration (transformer_config_check, with the model's memory
+// below, says what it may hold).
+
+TransformerConfig transformer_default_config(void) {
+    TransformerConfig c;
+    c.n_layers = 2;
+    c.d_model = 64;
+    c.d_ff = 256;
+    c.n_heads = 4;
+    c.vocab_size = 32;
+    c.max_len = 64;
+    c.positional = POSITIONAL_SINUSOID;  // §3.5; POSITIONAL_LEARNED is Table 3's row E
+    c.dropout = 0.1f;          // §5.4 P_drop for the base model
+    c.label_smoothing = 0.1f;  // §5.4 eps_ls
+    c.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
+    return c;
+}
+
+// ----------------------------------------------------------------------------
+// Parameters: sizes, names, one allocation with named pointers into it
+// (the tensors and their shapes are listed in transformer.h).
+
+static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
+    "embedding", "position_embedding",
+    "enc_qkv_w", "enc_qkv_b", "enc_out_w", "enc_out_b", "enc_ln1_g", "enc_ln1_b",
+    "enc_ff1_w", "enc_ff1_b", "enc_ff2_w", "enc_ff2_b", "enc_ln2_g", "enc_ln2_b",
+    "dec_self_qkv_w", "dec_self_qkv_b", "dec_self_out_w", "dec_self_out_b", "dec_ln1_g", "dec_ln1_b",
+    "dec_cross_qkv_w", "dec_cross_qkv_b", "dec_cross_out_w", "dec_cross_out_b", "dec_ln2_g", "dec_ln2_b",
+    "dec_ff1_w", "dec_ff1_b", "dec_ff2_w", "dec_ff2_b", "dec_ln3_g", "dec_ln3_b",
+};
+
+static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *c) {
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    size_t attention[4] = { L * 3 * C * C, L * 3 * C, L * C * C, L * C }; // qkv_w qkv_b out_w out_b
+    size_t norm = L * C;
+    size_t ffn[4] = { L * F * C, L * F, L * C * F, L * C };                // ff1_w ff1_b ff2_w ff2_b
+    size_t i = 0;
+    sizes[i++] = V * C;
+    sizes[i++] = c->positional == POSITIONAL_LEARNED ? (size_t)c->max_len * C : 0;
+    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder self-attention
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // decoder self-attention
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder-decoder attention
+    sizes[i++] = norm; sizes[i++] = norm;
+    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
+    sizes[i++] = norm; sizes[i++] = norm;
+}
+
+// The named pointers of a ParameterTensors, in storage order.
+static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *p) {
+    real **list[NUM_PARAMETER_TENSORS] = {
+        &p->embedding, &p->position_embedding,
+        &p->enc_qkv_w, &p->enc_qkv_b, &p->enc_out_w, &p->enc_out_b, &p->enc_ln1_g, &p->enc_ln1_b,
+        &p->enc_ff1_w, &p->enc_ff1_b, &p->enc_ff2_w, &p->enc_ff2_b, &p->enc_ln2_g, &p->enc_ln2_b,
+        &p->dec_self_qkv_w, &p->dec_self_qkv_b, &p->dec_self_out_w, &p->dec_self_out_b,
+        &p->dec_ln1_g, &p->dec_ln1_b,
+        &p->dec_cross_qkv_w, &p->dec_cross_qkv_b, &p->dec_cross_out_w, &p->dec_cross_out_b,
+        &p->dec_ln2_g, &p->dec_ln2_b,
+        &p->dec_ff1_w, &p->dec_ff1_b, &p->dec_ff2_w, &p->dec_ff2_b, &p->dec_ln3_g, &p->dec_ln3_b,
+    };
+    memcpy(ptrs, list, sizeof list);
+}
+
+// Points the named tensors into memory laid out in the order above.
+static void point_parameters(ParameterTensors *p, real *memory, const size_t sizes[NUM_PARAMETER_TENSORS]) {
+    real **ptrs[NUM_PARAMETER_TENSORS];
+    parameter_pointers(ptrs, p);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+// Xavier-uniform (Glorot & Bengio 2010): U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
+// for a (rows, cols) matrix inside w.
+static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
+    double a = sqrt(6.0 / (double)(rows + cols));
+    for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * a);
+}
+
+// Initialisation (the paper gives none; these are PyTorch's and the common
+// reimplementations'): Xavier-uniform for every projection matrix (W^Q, W^K,
+// W^V, W^O each on its own, W_1, W_2), N(0, d_model^-0.5) for the shared
+// embedding and for learned positions (as tensor2tensor and fairseq do), zero
+// biases, layer-norm gain 1 and bias 0. The positions are drawn last, so that
+// a seed gives the same other weights with either kind of positions.
+static void initialize_parameters(Transformer *m, uint64_t seed) {
+    const TransformerConfig *c = &m->config;
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    ParameterTensors *p = &m->params;
+    Rng rng;
+    rng_seed(&rng, seed);
+    memset(m->params_memory, 0, m->num_parameters * sizeof(real));
+    double std = 1.0 / sqrt((double)C);
+    for (size_t i = 0; i < V * C; i++) p->embedding[i] = (real)(std * rng_normal(&rng));
+    real *qkv[3] = { p->enc_qkv_w, p->dec_self_qkv_w, p->dec_cross_qkv_w };
+    real *out[3] = { p->enc_out_w, p->dec_self_out_w, p->dec_cross_out_w };
+    for (size_t l = 0; l < L; l++) {
+        for (int a = 0; a < 3; a++) {
+            for (int t = 0; t < 3; t++) xavier_uniform(qkv[a] + (l * 3 + t) * C * C, C, C, &rng);
+            xavier_uniform(out[a] + l * C * C, C, C, &rng);
+        }
+        xavier_uniform(p->enc_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(p->enc_ff2_w + l * C * F, C, F, &rng);
+        xavier_uniform(p->dec_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(p->dec_ff2_w + l * C * F, C, F, &rng);
+    }
+    real *gains[5] = { p->enc_ln1_g, p->enc_ln2_g, p->dec_ln1_g, p->dec_ln2_g, p->dec_ln3_g };
+    for (int g = 0; g < 5; g++)
+        for (size_t i = 0; i < L * C; i++) gains[g][i] = 1;
+    if (c->positional == POSITIONAL_LEARNED)
+        for (size_t i = 0; i < (size_t)c->max_len * C; i++) p->position_embedding[i] = (real)(std * rng_normal(&rng));
+}
+
+// ----------------------------------------------------------------------------
+// The model's memory: arenas sized by the batch, building and freeing a model,
+// and the checks of a configuration and a batch.
+
+// The model's tensors (parameters, activations, the decoding cache) live in
+// a few large arenas of zeros, each starting on a 64-byte cache line: Part
+// II's vector loads are up to 64 bytes wide, and one that straddles two
+// lines costs two (with malloc's 16-byte alignment, a toy training step took
+// 5% longer on an AVX-512 machine; dev/PERFORMANCE.md). calloc leaves pages
+// that are never written (a run that only decodes never touches the
+// gradients) unbacked by memory, which aligned_alloc and memset would not:
+// so this asks calloc for one line more, returns the first line boundary
+// past the block's start, and keeps the block's own address in the bytes
+// just below it for arena_free.
+#define CACHE_LINE 64
+_Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
+
+// The cache lines that `bytes` bytes fill, the last one perhaps in part.
+static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
+
+static real *arena_calloc(size_t count, const char *what) {
+    size_t bytes = checked_bytes(count, sizeof(real), what);
+    size_t lines = lines_of(bytes) + 1;
+    unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
+    unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
+    memcpy(aligned - sizeof block, &block, sizeof block);
+    return (real *)aligned;
+}
+
+static void arena_free(real *p) {
+    if (!p) return;
+    unsigned char *block;
+    memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
+    free(block);
+}
+
+// `count` numbers rounded up to whole cache lines, so that the tensor laid
+// out after them in an arena starts on a line too (arena_calloc).
+static size_t whole_lines(size_t count) {
+    size_t per_line = CACHE_LINE / sizeof(real);
+    return (count + per_line - 1) / per_line * per_line;
+}
+
+static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *c,
+                             size_t B, size_t S, size_t T) {
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
+    size_t list[NUM_ACTIVATION_TENSORS] = {
+        BSC, BSC, BSC,                                                  // enc embedded, mask, x0
+        L * 3 * BSC, L * B * NH * S * S, L * BSC, L * BSC, L * BSC, L * BSC,  // qkv .. res1
+        L * BSC, L * BS, L * BS,                                        // ln1
+        L * BS * F, L * BSC, L * BSC, L * BSC,                          // ff_h .. res2
+        L * BSC, L * BS, L * BS,                                        // ln2
+        BTC, BTC, BTC,                                                  // dec embedded, mask, x0
+        L * 3 * BTC, L * B * NH * T * T, L * BTC, L * BTC, L * BTC, L * BTC,  // self qkv .. res1
+        L * BTC, L * BT, L * BT,                                        // ln1
+        L * BTC, L * 2 * BSC, L * B * NH * T * S, L * BTC, L * BTC, L * BTC, L * BTC, // cross
+        L * BTC, L * BT, L * BT,                                        // ln2
+        L * BT * F, L * BTC, L * BTC, L * BTC,                          // ff_h .. res3
+        L * BTC, L * BT, L * BT,                                        // ln3
+        BT * V, BT * V, BT,                                             // logits, probs, token loss
+    };
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
+}
+
+static void point_activations(ActivationTensors *a, real *memory, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
+    real **list[NUM_ACTIVATION_TENSORS] = {
+        &a->enc_embedded, &a->enc_emb_mask, &a->enc_x0,
+        &a->enc_qkv, &a->enc_att, &a->enc_heads, &a->enc_att_proj, &a->enc_drop1, &a->enc_res1,
+        &a->enc_ln1, &a->enc_ln1_mean, &a->enc_ln1_rstd,
+        &a->enc_ff_h, &a->enc_ff_out, &a->enc_drop2, &a->enc_res2,
+        &a->enc_ln2, &a->enc_ln2_mean, &a->enc_ln2_rstd,
+        &a->dec_embedded, &a->dec_emb_mask, &a->dec_x0,
+        &a->dec_self_qkv, &a->dec_self_att, &a->dec_self_heads, &a->dec_self_proj, &a->dec_drop1,
+        &a->dec_res1, &a->dec_ln1, &a->dec_ln1_mean, &a->dec_ln1_rstd,
+        &a->dec_cross_q, &a->dec_cross_kv, &a->dec_cross_att, &a->dec_cross_heads,
+        &a->dec_cross_proj, &a->dec_drop2, &a->dec_res2,
+        &a->dec_ln2, &a->dec_ln2_mean, &a->dec_ln2_rstd,
+        &a->dec_ff_h, &a->dec_ff_out, &a->dec_drop3, &a->dec_res3,
+        &a->dec_ln3, &a->dec_ln3_mean, &a->dec_ln3_rstd,
+        &a->logits, &a->probs, &a->token_loss,
+    };
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
+        *list[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+#define NUM_SCRATCH_TENSORS 13
+static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
+                          size_t B, size_t S, size_t T) {
+    size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    size_t rows = B * (S > T ? S : T);   // the encoder's rows or the decoder's
+    size_t list[NUM_SCRATCH_TENSORS] = {
+        rows * C, rows * C, rows * C, rows * C,   // d_output d_input d_ln1 d_ln2
+        rows * C, rows * C, rows * 3 * C,         // d_sublayer d_heads d_qkv
+        B * T * C, B * S * 2 * C, rows * F,       // d_q d_kv d_ff_h
+        B * S * C, rows * C, B * T * V,           // d_memory d_embedded d_logits
+    };
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
+}
+
+static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
+    real **list[NUM_SCRATCH_TENSORS] = {
+        &s->d_output, &s->d_input, &s->d_ln1, &s->d_ln2, &s->d_sublayer, &s->d_heads, &s->d_qkv,
+        &s->d_q, &s->d_kv, &s->d_ff_h, &s->d_memory, &s->d_embedded, &s->d_logits,
+    };
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
+        *list[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+static size_t sum_sizes(const size_t *sizes, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += sizes[i];
+    return total;
+}
+
+// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
+// A smaller batch reuses them: per-layer offsets are computed from the actual
+// B, S, T, which fit inside every tensor's capacity.
+static void ensure_buffers(Transformer *m, int B, int S, int T) {
+    if (m->acts_memory && B <= m->cap_B && S <= m->cap_S && T <= m->cap_T) return;
+    if (B < m->cap_B) B = m->cap_B;
+    if (S < m->cap_S) S = m->cap_S;
+    if (T < m->cap_T) T = m->cap_T;
+    arena_free(m->acts_memory);
+    arena_free(m->scratch_memory);
+    size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
+    activation_sizes(sizes, &m->config, B, S, T);
+    scratch_sizes(scratch, &m->config, B, S, T);
+    m->acts_memory = arena_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), "activations");
+    m->scratch_memory = arena_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), "backward scratch");
+    point_activations(&m->acts, m->acts_memory, sizes);
+    point_scratch(&m->scratch, m->scratch_memory, scratch);
+    m->cap_B = B; m->cap_S = S; m->cap_T = T;
+}
+
+const char *transformer_build(Transformer *m, const TransformerConfig *config, uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    const char *error = transformer_config_check(config);
+    if (error) return error;
+    m->config = *config;
+    parameter_sizes(m->param_sizes, config);
+    m->num_parameters = sum_sizes(m->param_sizes, NUM_PARAMETER_TENSORS);
+    m->params_memory = arena_calloc(m->num_parameters, "parameters");
+    m->grads_memory = arena_calloc(m->num_parameters, "gradients");
+    m->adam_m = arena_calloc(m->num_parameters, "Adam first moments");
+    m->adam_v = arena_calloc(m->num_parameters, "Adam second moments");
+    point_parameters(&m->params, m->params_memory, m->param_sizes);
+    point_parameters(&m->grads, m->grads_memory, m->param_sizes);
+    m->adam.beta1 = 0.9;    // §5.3
+    m->adam.beta2 = 0.98;
+    m->adam.eps = 1e-9;
+    if (config->positional == POSITIONAL_LEARNED) {
+        m->positional_encoding = m->params.position_embedding;   // a parameter (Table 3, row E)
+    } else {
+        m->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
+        positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
+    }
+    initialize_parameters(m, seed);
+    rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
+    m->training = 1;
+    return NULL;
+}
+
+void transformer_free(Transformer *m) {
+    real *sinusoids = m->config.positional == POSITIONAL_SINUSOID ? m->positional_encoding : NULL;
+    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, sinusoids,
+                       m->acts_memory, m->scratch_memory };
+    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
+    memset(m, 0, sizeof *m);
+}
+
+// Returns NULL when the config is usable, else a message naming the bad field.
+const char *transformer_config_check(const TransformerConfig *c) {
+    static char message[200];
+    #define CONFIG_REQUIRE(cond, ...) do { if (!(cond)) { \
+        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
+    CONFIG_REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS,
+                   "n_layers is %d, expected 1..%d", c->n_layers, TRANSFORMER_MAX_LAYERS);
+    CONFIG_REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH,
+                   "d_model is %d, expected 1..%d", c->d_model, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH,
+                   "d_ff is %d, expected 1..%d", c->d_ff, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model,
+                   "n_heads is %d, expected 1..d_model (%d)", c->n_heads, c->d_model);
+    CONFIG_REQUIRE(c->d_model % c->n_heads == 0,
+                   "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
+    CONFIG_REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB,
+                   "vocab_size is %d, expected %d..%d (4 special tokens + words)",
+                   c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
+    CONFIG_REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN,
+                   "max_len is %d, expected 2..%d", c->max_len, TRANSFORMER_MAX_LEN);
+    CONFIG_REQUIRE(c->positional == POSITIONAL_SINUSOID || c->positional == POSITIONAL_LEARNED,
+                   "positional is %d, expected %d (sinusoid) or %d (learned)", c->positional,
+                   POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+    CONFIG_REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f,
+                   "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
+    CONFIG_REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f,
+                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)c->label_smoothing);
+    CONFIG_REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f,
+                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)c->layer_norm_eps);
+    #undef CONFIG_REQUIRE
+    return NULL;
+}
+
+// Returns NULL when the batch fits the model, else what is wrong with it.
+const char *batch_check(const Batch *batch, const TransformerConfig *c) {
+    static char message[200];
+    #define BATCH_REQUIRE(cond, ...) do { if (!(cond)) { \
+        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
+    BATCH_REQUIRE(batch->B >= 1 && batch->S >= 1 && batch->T >= 1,
+                  "batch shape %d x %d x %d, expected positive sizes", batch->B, batch->S, batch->T);
+    BATCH_REQUIRE(batch->S <= c->max_len && batch->T <= c->max_len,
+                  "batch lengths %d (source) and %d (target) exceed max_len %d",
+                  batch->S, batch->T, c->max_len);
+    for (int b = 0; b < batch->B; b++) {
+        BATCH_REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= batch->S,
+                      "sentence %d: source length %d, expected 1..%d", b, batch->src_len[b], batch->S);
+        BATCH_REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= batch->T,
+                      "sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b], batch->T);
+        for (int s = 0; s < batch->S; s++) {
+            int tok = batch->src[b * batch->S + s];
+            BATCH_REQUIRE(tok >= 0 && tok < c->vocab_size,
+                          "sentence %d: source token %d at %d outside the vocabulary 0..%d",
+                          b, tok, s, c->vocab_size - 1);
+        }
+        for (int t = 0; t < batch->T; t++) {
+            int in = batch->tgt_in[b * batch->T + t], out = batch->tgt_out[b * batch->T + t];
+            BATCH_REQUIRE(in >= 0 && in < c->vocab_size && out >= 0 && out < c->vocab_size,
+                          "sentence %d: target token %d/%d at %d outside the vocabulary 0..%d",
+                          b, in, out, t, c->vocab_size - 1);
+        }
+    }
+    #undef BATCH_REQUIRE
+    return NULL;
+}
 // ############################################################################
 // PART II   MAKING IT FAST
 // An appendix you may skip. Nothing here changes what the model computes,
@@ -2105,7 +2132,7 @@ static inline void tile_sums(real *sum, int rows, int cols, const real *a, size_
     for (int d = 0; d < dc; d++)
         for (int r = 0; r < rows; r++) {
             real ard = a[r * a_row + d * a_col];
-            OMP(simd)
+            #pragma omp simd
             for (int j = 0; j < cols; j++) sum[r * cols + j] += ard * b[d * cols + j];
         }
 }
@@ -2278,7 +2305,7 @@ static void matmul(MatrixProduct p) {
         int out_rows = p.out_rows; p.out_rows = p.out_cols; p.out_cols = out_rows;
     }
     int height = tile_height(&p), strips = (p.out_rows + height - 1) / height;
-    OMP(parallel)
+    #pragma omp parallel
     {
         int first, end;
         thread_share(strips, &first, &end);
@@ -2315,17 +2342,16 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // The linear layer of §3 in tiles: linear_forward's and linear_backward's sums.
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
-static int linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
-                               int N, int IC, int OC) {
+static void linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
+                                int N, int IC, int OC) {
     // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
     MatrixView x = { inp, (size_t)IC, 1 }, w_transposed = { weight, 1, (size_t)IC };
     matmul_assign(out, (size_t)OC, x, w_transposed, bias, N, OC, IC);
-    return 1;
 }
 
-static int linear_backward_fast(real *dinp, real *dweight, real *dbias,
-                                const real *dout, const real *inp, const real *weight,
-                                int N, int IC, int OC) {
+static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
+                                 const real *dout, const real *inp, const real *weight,
+                                 int N, int IC, int OC) {
     MatrixView g = { dout, (size_t)OC, 1 }, g_transposed = { dout, 1, (size_t)OC };
     MatrixView w = { weight, (size_t)IC, 1 }, x = { inp, (size_t)IC, 1 };
     // dinp = dout W,  dW = dout^T inp
@@ -2335,7 +2361,6 @@ static int linear_backward_fast(real *dinp, real *dweight, real *dbias,
     if (dbias)
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
-    return 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -2348,18 +2373,17 @@ static int linear_backward_fast(real *dinp, real *dweight, real *dbias,
 // (decoding) is left to Part I's loops, which do as well.
 
 // out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
-static int attention_forward_fast(real *out, real *att,
-                                  const real *q, const real *k, const real *v,
-                                  int q_stride, int kv_stride, const int *key_len, int causal,
-                                  int B, int Tq, int Tk, int C, int NH) {
-    if (Tq == 1) return 0;
+static void attention_forward_fast(real *out, real *att,
+                                   const real *q, const real *k, const real *v,
+                                   int q_stride, int kv_stride, const int *key_len, int causal,
+                                   int B, int Tq, int Tk, int C, int NH) {
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's scores and outputs
-    OMP(parallel)
+    #pragma omp parallel
     {
         real *packed_b = packed_b_alloc();
-        OMP(for collapse(2))
+        #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 real *p = att + ((size_t)b * NH + h) * Tq * Tk;           // (Tq, Tk)
@@ -2383,24 +2407,23 @@ static int attention_forward_fast(real *out, real *att,
         }
         free(packed_b);
     }
-    return 1;
 }
 
 // attention_backward's sums, per head as matrix products: dP = dOut V^T,
 // dV += P^T dOut, then (softmax_backward, and the 1/sqrt(d_k) folded into
 // dS) dQ += dS K and dK += dS^T Q.
-static int attention_backward_fast(real *dq, real *dk, real *dv,
-                                   const real *dout, const real *att,
-                                   const real *q, const real *k, const real *v,
-                                   int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
+static void attention_backward_fast(real *dq, real *dk, real *dv,
+                                    const real *dout, const real *att,
+                                    const real *q, const real *k, const real *v,
+                                    int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
     int hs = C / NH;
     real scale = 1 / real_sqrt((real)hs);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
-    OMP(parallel)
+    #pragma omp parallel
     {
         real *packed_b = packed_b_alloc();
         real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
-        OMP(for collapse(2))
+        #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 const real *p = att + ((size_t)b * NH + h) * Tq * Tk;
@@ -2429,7 +2452,6 @@ static int attention_backward_fast(real *dq, real *dk, real *dv,
         free(ds);
         free(packed_b);
     }
-    return 1;
 }
 
 #endif // TRANSFORMER_PLAIN
