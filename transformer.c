@@ -134,8 +134,8 @@ static void attention_backward_fast(real *dq, real *dk, real *dv, const real *do
 // Every sub-layer is built from these: the four projections of multi-head
 // attention (§3.2.2), the two of the FFN (§3.3) and the pre-softmax
 // projection through the shared embedding (§3.4). Between them they do
-// nearly all of a training step's arithmetic; Part II does the same sums
-// many times faster (FAST_PATH).
+// nearly all of a training step's arithmetic, and Part II does the same sums
+// many times faster.
 // ============================================================================
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
@@ -146,12 +146,10 @@ static void linear_forward(real *out, const real *inp, const real *weight, const
 #endif
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const real *x = inp + (size_t)n * IC;
         for (int o = 0; o < OC; o++) {
-            const real *w = weight + (size_t)o * IC;
             // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]
             real sum = 0;
-            for (int i = 0; i < IC; i++) sum += x[i] * w[i];
+            for (int i = 0; i < IC; i++) sum += inp[(size_t)n * IC + i] * weight[(size_t)o * IC + i];
             out[(size_t)n * OC + o] = (bias ? bias[o] : 0) + sum;
         }
     }
@@ -173,17 +171,17 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
         #pragma omp parallel for
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) {
-                real g = dout[(size_t)n * OC + o];
-                for (int i = 0; i < IC; i++) dinp[(size_t)n * IC + i] += g * weight[(size_t)o * IC + i];
+                real dout_no = dout[(size_t)n * OC + o];
+                for (int i = 0; i < IC; i++) dinp[(size_t)n * IC + i] += dout_no * weight[(size_t)o * IC + i];
             }
     }
     // row o of dweight: the rows of inp, each times dout[n,o]; dbias[o] their weights' sum
     #pragma omp parallel for
     for (int o = 0; o < OC; o++)
         for (int n = 0; n < N; n++) {
-            real g = dout[(size_t)n * OC + o];
-            for (int i = 0; i < IC; i++) dweight[(size_t)o * IC + i] += g * inp[(size_t)n * IC + i];
-            if (dbias) dbias[o] += g;
+            real dout_no = dout[(size_t)n * OC + o];
+            for (int i = 0; i < IC; i++) dweight[(size_t)o * IC + i] += dout_no * inp[(size_t)n * IC + i];
+            if (dbias) dbias[o] += dout_no;
         }
 }
 
@@ -195,34 +193,32 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 // ============================================================================
 
-// Draws a dropout mask: each element is kept with probability 1 - p and then
-// scaled by 1/(1-p) ("inverted dropout", so evaluation needs no rescaling).
-// With training off or p = 0 the mask is all ones. The mask takes one number
-// from the model's generator as its key; element i is then decided by
-// hash64(key + i), uniform in [0, 1) with 53 bits, so that the elements can
-// be drawn in parallel and a seed gives the same masks whatever the thread count.
-static void dropout_mask(real *mask, float p, int training, Rng *rng, size_t n) {
-    if (!training || p <= 0.0f) {
-        #pragma omp parallel for
+// Draws a dropout mask: each element is kept with probability 1 - p_drop and
+// then scaled by 1/(1 - p_drop) ("inverted dropout", so evaluation needs no
+// rescaling). With training off or p_drop = 0 the mask is all ones. The mask
+// takes one number from the model's generator as its key; element i is then
+// decided by hash64(key + i), uniform in [0, 1) with 53 bits, so that the
+// elements can be drawn in parallel and a seed gives the same masks whatever
+// the thread count.
+static void dropout_mask(real *mask, float p_drop, int training, Rng *rng, size_t n) {
+    if (!training || p_drop <= 0.0f) {
         for (size_t i = 0; i < n; i++) mask[i] = 1;
         return;
     }
     uint64_t key = rng_next(rng);
-    real keep_scale = (real)(1.0 / (1.0 - p));
-    double drop = p;
+    real keep_scale = (real)(1.0 / (1.0 - p_drop));
+    double drop = p_drop;
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) mask[i] = unit_interval(hash64(key + i)) < drop ? 0 : keep_scale;
 }
 
 // out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
 static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
-    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
 }
 
 // Differentiates  out[i] = inp[i] * mask[i]
 static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
-    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
 }
 
@@ -231,21 +227,17 @@ static void dropout_backward(real *dinp, const real *dout, const real *mask, siz
 //     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
 //     y_i = gain_i * xhat_i + bias_i
 // y, x, gain and bias are (C); *mean and *rstd get the row's two numbers.
-// (OMP(simd reduction) lets the compiler add in several vector lanes at once.)
 static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
                                   const real *gain, const real *bias, int C, float eps) {
-    real m = 0;
-    #pragma omp simd reduction(+ : m)
-    for (int i = 0; i < C; i++) m += x[i];
-    m /= C;
-    real v = 0;
-    #pragma omp simd reduction(+ : v)
-    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
-    v /= C;
-    real s = 1 / real_sqrt(v + (real)eps);
-    for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * gain[i] + bias[i];
-    *mean = m;
-    *rstd = s;
+    real sum = 0;
+    for (int i = 0; i < C; i++) sum += x[i];
+    real row_mean = sum / C;
+    real squares = 0;
+    for (int i = 0; i < C; i++) squares += (x[i] - row_mean) * (x[i] - row_mean);
+    real row_rstd = 1 / real_sqrt(squares / C + (real)eps);
+    for (int i = 0; i < C; i++) y[i] = (x[i] - row_mean) * row_rstd * gain[i] + bias[i];
+    *mean = row_mean;
+    *rstd = row_rstd;
 }
 
 // "Add & Norm" (Figure 1) without the drawing of the mask, row by row:
@@ -280,30 +272,27 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
-        const real *x = res + row, *g = dout + row;
-        real m = mean[n], s = rstd[n];
         real mean_dxhat = 0, mean_dxhat_xhat = 0;
-        #pragma omp simd reduction(+ : mean_dxhat, mean_dxhat_xhat)
         for (int i = 0; i < C; i++) {
-            real dxhat = g[i] * gain[i];
+            real dxhat = dout[row + i] * gain[i];
             mean_dxhat += dxhat;
-            mean_dxhat_xhat += dxhat * (x[i] - m) * s;
+            mean_dxhat_xhat += dxhat * (res[row + i] - mean[n]) * rstd[n];
         }
         mean_dxhat /= C;
         mean_dxhat_xhat /= C;
         for (int i = 0; i < C; i++) {
-            real xhat = (x[i] - m) * s;
-            real dres = s * (g[i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+            real xhat = (res[row + i] - mean[n]) * rstd[n];
+            real dres = rstd[n] * (dout[row + i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
             dresidual[row + i] += dres;
             dsublayer[row + i] += dres * mask[row + i];
         }
     }
     // gain and bias are shared by all rows: their gradients sum over the rows
     for (int n = 0; n < N; n++) {
-        const real *x = res + (size_t)n * C, *g = dout + (size_t)n * C;
+        size_t row = (size_t)n * C;
         for (int i = 0; i < C; i++) {
-            dgain[i] += g[i] * (x[i] - mean[n]) * rstd[n];
-            dbias[i] += g[i];
+            dgain[i] += dout[row + i] * (res[row + i] - mean[n]) * rstd[n];
+            dbias[i] += dout[row + i];
         }
     }
 }
@@ -314,6 +303,16 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 // One head at a time. For query i the scores over keys j are
 //     s_ij = q_i . k_j / sqrt(d_k),   p_ij = exp(s_ij) / sum_j' exp(s_ij'),
 //     out_i = sum_j p_ij v_j
+// Why divide by sqrt(d_k)? "We suspect that for large values of d_k, the dot
+// products grow large in magnitude, pushing the softmax function into regions
+// where it has extremely small gradients." Footnote 4: if the components of
+// q and k are independent with mean 0 and variance 1, then q . k = sum of
+// d_k products q_d k_d, each of variance 1, has variance d_k. Its typical
+// size grows like sqrt(d_k) (8 for the base model's d_k = 64), and a softmax
+// over scores that far apart puts nearly all the probability on one key,
+// where its gradient p_j ([j == k] - p_k) is nearly 0. Dividing by sqrt(d_k)
+// brings the variance back to 1, whatever the head size.
+//
 // Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's
 // self-attention, keys j > i are "illegal connections" to the future. Both
 // get p_ij = 0, exactly what setting s_ij = -inf before the softmax gives.
@@ -326,7 +325,7 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 //     query 3(pad)  x  x  x  .         (a padded query's output is never used)
 //
 // The query of row (b, i) starts at q + (b*Tq + i)*q_stride, head h at
-// column h*hs; keys and values likewise with kv_stride. This reads Q, K, V
+// column h*d_k; keys and values likewise with kv_stride. This reads Q, K, V
 // straight out of the fused (B, T, 3C) projection without copying.
 // ============================================================================
 
@@ -339,9 +338,9 @@ static int visible_keys(int i, int key_len, int causal) {
 
 // p[0..visible-1] holds the scores of the keys a query may see: they become
 // their softmax, and the masked keys p[visible..Tk-1] get exactly 0. With
-// the largest score m subtracted first, exp(s_j - m) is in (0, 1] and the
-// sum cannot overflow; the result is the same. A row with no visible key
-// (never in a valid batch) stays all 0, not NaN.
+// the largest score subtracted first, every exp(s_j - largest) is in (0, 1]
+// and the sum cannot overflow; the result is the same. A row with no
+// visible key (never in a valid batch) stays all 0, not NaN.
 static void softmax_visible(real *p, int visible, int Tk) {
     real largest = -INFINITY;
     for (int j = 0; j < visible; j++) largest = p[j] > largest ? p[j] : largest;
@@ -361,7 +360,6 @@ static void softmax_visible(real *p, int visible, int Tk) {
 // p_j = 0 and so gets ds_j = 0: the masks need no code here.
 static void softmax_backward(real *grad, const real *p, int n) {
     real sum_p_dp = 0;
-    #pragma omp simd reduction(+ : sum_p_dp)
     for (int j = 0; j < n; j++) sum_p_dp += p[j] * grad[j];
     for (int j = 0; j < n; j++) grad[j] = p[j] * (grad[j] - sum_p_dp);
 }
@@ -378,32 +376,31 @@ static void attention_forward(real *out, real *att,
         return;
     }
 #endif
-    int hs = C / NH;
-    real scale = 1 / real_sqrt((real)hs);
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, h, i): it alone writes query i's probabilities and head h's columns of out_i
     #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int i = 0; i < Tq; i++) {
                 int visible = visible_keys(i, key_len[b], causal);   // both masks
-                const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
+                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + h * d_k;
                 real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
                 // s_ij = q_i . k_j / sqrt(d_k)
                 for (int j = 0; j < visible; j++) {
-                    const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
+                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
                     real dot = 0;
-                    #pragma omp simd reduction(+ : dot)
-                    for (int d = 0; d < hs; d++) dot += qi[d] * kj[d];
+                    for (int d = 0; d < d_k; d++) dot += q_i[d] * k_j[d];
                     p[j] = dot * scale;
                 }
                 // p_ij = softmax_j(s_ij), and 0 for the masked keys
                 softmax_visible(p, visible, Tk);
                 // out_i = sum_j p_ij v_j
-                real *o = out + ((size_t)b * Tq + i) * C + h * hs;
-                for (int d = 0; d < hs; d++) o[d] = 0;
+                real *out_i = out + ((size_t)b * Tq + i) * C + h * d_k;
+                for (int d = 0; d < d_k; d++) out_i[d] = 0;
                 for (int j = 0; j < visible; j++) {
-                    const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                    for (int d = 0; d < hs; d++) o[d] += p[j] * vj[d];
+                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    for (int d = 0; d < d_k; d++) out_i[d] += p[j] * v_j[d];
                 }
             }
         }
@@ -429,46 +426,42 @@ static void attention_backward(real *dq, real *dk, real *dv,
         return;
     }
 #endif
-    int hs = C / NH;
-    real scale = 1 / real_sqrt((real)hs);
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
-    #pragma omp parallel
-    {
-        real *d_row = checked_calloc(Tk, sizeof(real), "attention scratch");   // dp_i, then ds_i
-        #pragma omp for collapse(2)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                for (int i = 0; i < Tq; i++) {
-                    const real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
-                    const real *qi = q + ((size_t)b * Tq + i) * q_stride + h * hs;
-                    const real *douti = dout + ((size_t)b * Tq + i) * C + h * hs;
-                    real *dqi = dq + ((size_t)b * Tq + i) * q_stride + h * hs;
-                    // dp_ij = dout_i . v_j,  dv_j += p_ij dout_i
-                    for (int j = 0; j < Tk; j++) {
-                        const real *vj = v + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                        real *dvj = dv + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                        real dot = 0;
-                        for (int d = 0; d < hs; d++) {
-                            dot += douti[d] * vj[d];
-                            dvj[d] += p[j] * douti[d];
-                        }
-                        d_row[j] = dot;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int i = 0; i < Tq; i++) {
+                const real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
+                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + h * d_k;
+                const real *dout_i = dout + ((size_t)b * Tq + i) * C + h * d_k;
+                real *dq_i = dq + ((size_t)b * Tq + i) * q_stride + h * d_k;
+                real ds[Tk];   // dp_ij for this query, then ds_ij
+                // dp_ij = dout_i . v_j,  dv_j += p_ij dout_i
+                for (int j = 0; j < Tk; j++) {
+                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    real *dv_j = dv + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    real dot = 0;
+                    for (int d = 0; d < d_k; d++) {
+                        dot += dout_i[d] * v_j[d];
+                        dv_j[d] += p[j] * dout_i[d];
                     }
-                    // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
-                    softmax_backward(d_row, p, Tk);
-                    // dq_i += ds_ij k_j / sqrt(d_k),  dk_j += ds_ij q_i / sqrt(d_k)
-                    for (int j = 0; j < Tk; j++) {
-                        const real *kj = k + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                        real *dkj = dk + ((size_t)b * Tk + j) * kv_stride + h * hs;
-                        for (int d = 0; d < hs; d++) {
-                            dqi[d] += d_row[j] * scale * kj[d];
-                            dkj[d] += d_row[j] * scale * qi[d];
-                        }
+                    ds[j] = dot;
+                }
+                // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
+                softmax_backward(ds, p, Tk);
+                // dq_i += ds_ij k_j / sqrt(d_k),  dk_j += ds_ij q_i / sqrt(d_k)
+                for (int j = 0; j < Tk; j++) {
+                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    real *dk_j = dk + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    for (int d = 0; d < d_k; d++) {
+                        dq_i[d] += ds[j] * scale * k_j[d];
+                        dk_j[d] += ds[j] * scale * q_i[d];
                     }
                 }
             }
         }
-        free(d_row);
     }
 }
 
@@ -476,12 +469,22 @@ static void attention_backward(real *dq, real *dk, real *dv,
 // §3.2.2  Multi-head attention
 //     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
 //     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+// Why several heads of d_k = d_model / h each, rather than one of d_model?
+// "Multi-head attention allows the model to jointly attend to information
+// from different representation subspaces at different positions. With a
+// single attention head, averaging inhibits this." One head's output for a
+// query is one weighted average of the values; h heads project into h
+// different d_k-wide subspaces and can each put their weight on another
+// position (one on the previous word, one on the verb, ...), at the same
+// total cost as one full-width head. Table 3 (A): one head is 0.9 BLEU
+// worse than the best; `make table3` runs row A on the numbers task.
+//
 // W_i^Q for all heads together is one (C, C) matrix whose output columns
-// h*hs .. (h+1)*hs-1 belong to head h; likewise W^K and W^V. We stack the
+// h*d_k .. (h+1)*d_k-1 belong to head h; likewise W^K and W^V. We stack the
 // three as the rows of one (3C, C) weight, as PyTorch's in_proj_weight, and
 // project with one matrix product. So qkv[b,t] = [q | k | v], each C wide,
-// and head h reads columns h*hs .. (h+1)*hs-1 of each: the "split into heads"
-// is only a way of indexing, and Concat is the same indexing read back.
+// and head h reads columns h*d_k .. (h+1)*d_k-1 of each: the "split into
+// heads" is only a way of indexing, and Concat is the same indexing read back.
 //
 //   self-attention (encoder; decoder with the causal mask):
 //     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> (N,C)
@@ -489,61 +492,77 @@ static void attention_backward(real *dq, real *dk, real *dv,
 //   layer, and the memory keys and values come from the output of the encoder"):
 //     x (B*T,C)      --rows 0..C-1 of W_qkv-->   q  (B*T,C)
 //     memory (B*S,C) --rows C..3C-1 of W_qkv--> kv (B*S,2C)
+// Both end in the same two steps, attend_and_project: eq. 1 per head over
+// projected queries, keys and values wherever they lie, then W^O. Decoding
+// (§6.1) calls it too, with keys and values from its cache.
 // ============================================================================
 
 // One layer's attention parameters (or their gradients: the same layout).
 typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
 
+// out = Concat(heads) W^O + b^O with heads = Attention(q, k, v) per head:
+// out and heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward reads them.
+static void attend_and_project(real *out, real *att, real *heads, const real *q, const real *k, const real *v,
+                               int q_stride, int kv_stride, const int *key_len, int causal,
+                               AttentionParams weights, int B, int Tq, int Tk, int C, int NH) {
+    attention_forward(heads, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
+    linear_forward(out, heads, weights.out_w, weights.out_b, B * Tq, C, C);
+}
+
 // out is (B,T,C); qkv (B,T,3C), att (B,NH,T,T), heads (B,T,C) are kept for backward
 static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
-                                   const real *x, AttentionParams w, const int *len, int causal,
+                                   const real *x, AttentionParams weights, const int *len, int causal,
                                    int B, int T, int C, int NH) {
-    linear_forward(qkv, x, w.qkv_w, w.qkv_b, B * T, C, 3 * C);
-    attention_forward(heads, att, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, B, T, T, C, NH);
-    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
+    linear_forward(qkv, x, weights.qkv_w, weights.qkv_b, B * T, C, 3 * C);
+    attend_and_project(out, att, heads, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, weights,
+                       B, T, T, C, NH);
 }
 
 // d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
-static void self_attention_backward(real *dx, AttentionParams g, real *d_qkv, real *d_heads,
+static void self_attention_backward(real *dx, AttentionParams grads, real *d_qkv, real *d_heads,
                                     const real *dout,
                                     const real *qkv, const real *att, const real *heads,
-                                    const real *x, AttentionParams w, int B, int T, int C, int NH) {
+                                    const real *x, AttentionParams weights, int B, int T, int C, int NH) {
     // out = heads W^O^T + b^O
-    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
+    linear_backward(d_heads, grads.out_w, grads.out_b, dout, heads, weights.out_w, B * T, C, C);
     // heads = Attention(q, k, v)
     attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att,
                        qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, B, T, T, C, NH);
     // qkv = x W_qkv^T + b_qkv
-    linear_backward(dx, g.qkv_w, g.qkv_b, d_qkv, x, w.qkv_w, B * T, C, 3 * C);
+    linear_backward(dx, grads.qkv_w, grads.qkv_b, d_qkv, x, weights.qkv_w, B * T, C, 3 * C);
+}
+
+// The encoder-decoder attention's keys and values: kv (B,S,2C) = memory W_kv^T + b_kv
+static void memory_keys_values(real *kv, const real *memory, AttentionParams weights, int B, int S, int C) {
+    linear_forward(kv, memory, weights.qkv_w + (size_t)C * C, weights.qkv_b + C, B * S, C, 2 * C);
 }
 
 // out is (B,T,C); q (B,T,C), kv (B,S,2C), att (B,NH,T,S), heads (B,T,C) kept for backward
 static void cross_attention_forward(real *out, real *q, real *kv, real *att, real *heads,
-                                    const real *x, const real *memory, AttentionParams w,
+                                    const real *x, const real *memory, AttentionParams weights,
                                     const int *src_len, int B, int T, int S, int C, int NH) {
-    linear_forward(q, x, w.qkv_w, w.qkv_b, B * T, C, C);
-    linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
-    attention_forward(heads, att, q, kv, kv + C, C, 2 * C, src_len, 0, B, T, S, C, NH);
-    linear_forward(out, heads, w.out_w, w.out_b, B * T, C, C);
+    linear_forward(q, x, weights.qkv_w, weights.qkv_b, B * T, C, C);
+    memory_keys_values(kv, memory, weights, B, S, C);
+    attend_and_project(out, att, heads, q, kv, kv + C, C, 2 * C, src_len, 0, weights, B, T, S, C, NH);
 }
 
 // d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
-static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
+static void cross_attention_backward(real *dx, real *dmemory, AttentionParams grads,
                                      real *d_q, real *d_kv, real *d_heads,
                                      const real *dout, const real *q, const real *kv,
                                      const real *att, const real *heads, const real *x,
-                                     const real *memory, AttentionParams w,
+                                     const real *memory, AttentionParams weights,
                                      int B, int T, int S, int C, int NH) {
     // out = heads W^O^T + b^O
-    linear_backward(d_heads, g.out_w, g.out_b, dout, heads, w.out_w, B * T, C, C);
+    linear_backward(d_heads, grads.out_w, grads.out_b, dout, heads, weights.out_w, B * T, C, C);
     // heads = Attention(q, k, v), keys and values from the encoder
     attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C,
                        C, 2 * C, B, T, S, C, NH);
     // q = x W_q^T + b_q
-    linear_backward(dx, g.qkv_w, g.qkv_b, d_q, x, w.qkv_w, B * T, C, C);
+    linear_backward(dx, grads.qkv_w, grads.qkv_b, d_q, x, weights.qkv_w, B * T, C, C);
     // kv = memory W_kv^T + b_kv
-    linear_backward(dmemory, g.qkv_w + (size_t)C * C, g.qkv_b + C, d_kv, memory,
-                    w.qkv_w + (size_t)C * C, B * S, C, 2 * C);
+    linear_backward(dmemory, grads.qkv_w + (size_t)C * C, grads.qkv_b + C, d_kv, memory,
+                    weights.qkv_w + (size_t)C * C, B * S, C, 2 * C);
 }
 
 // ============================================================================
@@ -555,14 +574,12 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams g,
 
 // h = max(0, h) in place
 static void relu_forward(real *h, size_t n) {
-    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
 }
 
 // Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
 // In place: dh becomes da.
 static void relu_backward(real *dh, const real *h, size_t n) {
-    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
 }
 
@@ -570,23 +587,23 @@ static void relu_backward(real *dh, const real *h, size_t n) {
 typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
 
 // out is (N,C), h (N,F) = max(0, x W_1^T + b_1) is kept for backward
-static void feed_forward_forward(real *out, real *h, const real *x, FeedForwardParams w,
+static void feed_forward_forward(real *out, real *h, const real *x, FeedForwardParams weights,
                                  int N, int C, int F) {
-    linear_forward(h, x, w.w1, w.b1, N, C, F);
+    linear_forward(h, x, weights.w1, weights.b1, N, C, F);
     relu_forward(h, (size_t)N * F);
-    linear_forward(out, h, w.w2, w.b2, N, F, C);
+    linear_forward(out, h, weights.w2, weights.b2, N, F, C);
 }
 
 // d_h (N,F) is zeroed scratch; dx accumulates
-static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, const real *dout,
-                                  const real *h, const real *x, FeedForwardParams w,
+static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_h, const real *dout,
+                                  const real *h, const real *x, FeedForwardParams weights,
                                   int N, int C, int F) {
     // out = h W_2^T + b_2
-    linear_backward(d_h, g.w2, g.b2, dout, h, w.w2, N, F, C);
+    linear_backward(d_h, grads.w2, grads.b2, dout, h, weights.w2, N, F, C);
     // h = max(0, a)
     relu_backward(d_h, h, (size_t)N * F);
     // a = x W_1^T + b_1
-    linear_backward(dx, g.w1, g.b1, d_h, x, w.w1, N, C, F);
+    linear_backward(dx, grads.w1, grads.b1, d_h, x, weights.w1, N, C, F);
 }
 
 // ============================================================================
@@ -596,20 +613,18 @@ static void feed_forward_backward(real *dx, FeedForwardParams g, real *d_h, cons
 // those weights by sqrt(d_model)." One (V, C) matrix E serves three times:
 //     source:  x = E[token] * sqrt(C) + PE[pos]
 //     target:  y = E[token] * sqrt(C) + PE[pos]
-//     output:  logits = decoder_output E^T
+//     output:  logits = decoder_output E^T,  then softmax (§5.4's loss, below)
 // ============================================================================
 
 // out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
 static void embedding_forward(real *out, const int *tokens, const real *embedding,
                               const real *pe, int B, int T, int C) {
     real scale = real_sqrt((real)C);
-    #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
-            const real *e = embedding + (size_t)tokens[b * T + t] * C;
-            const real *pos = pe + (size_t)t * C;
-            real *o = out + ((size_t)b * T + t) * C;
-            for (int i = 0; i < C; i++) o[i] = e[i] * scale + pos[i];
+            const real *row = embedding + (size_t)tokens[b * T + t] * C;
+            for (int i = 0; i < C; i++)
+                out[((size_t)b * T + t) * C + i] = row[i] * scale + pe[(size_t)t * C + i];
         }
     }
 }
@@ -622,9 +637,8 @@ static void embedding_backward(real *dembedding, const real *dout, const int *to
     real scale = real_sqrt((real)C);
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
-            real *de = dembedding + (size_t)tokens[b * T + t] * C;
-            const real *g = dout + ((size_t)b * T + t) * C;
-            for (int i = 0; i < C; i++) de[i] += g[i] * scale;
+            real *drow = dembedding + (size_t)tokens[b * T + t] * C;
+            for (int i = 0; i < C; i++) drow[i] += dout[((size_t)b * T + t) * C + i] * scale;
         }
     }
 }
@@ -636,6 +650,20 @@ static void embedding_backward(real *dembedding, const real *dout, const int *to
 // Interleaved as in the paper (tensor2tensor's code concatenates the sines and
 // then the cosines instead). Computed once, in double, and added to the
 // embeddings; it has no parameters and so no backward.
+//
+// Why sinusoids? "We chose this function because we hypothesized it would
+// allow the model to easily learn to attend by relative positions, since for
+// any fixed offset k, PE(pos+k) can be represented as a linear function of
+// PE(pos)." Each pair of dimensions (2i, 2i+1) turns at one frequency
+// w_i = 1 / 10000^(2i/d_model), and moving k positions on is a rotation by
+// the angle w_i k, whatever pos is:
+//     sin(w (pos+k)) =  cos(wk) sin(w pos) + sin(wk) cos(w pos)
+//     cos(w (pos+k)) = -sin(wk) sin(w pos) + cos(wk) cos(w pos)
+// So PE(pos+k) = M_k PE(pos) with M_k made of these 2x2 rotations: one
+// matrix for "k words later" at every position, which a projection such as
+// W^Q or W^K can learn. The wavelengths go from 2 pi to 10000 * 2 pi, so
+// some pairs tell near positions apart and others far ones. (The tests check
+// the formula and this rotation on positional_encoding_init's table.)
 //
 // "We also experimented with using learned positional embeddings instead,
 // and found that the two versions produced nearly identical results"
@@ -661,13 +689,9 @@ static void positional_encoding_init(real *pe, int max_len, int C) {
 //     out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]
 // dout is (B,T,C): row t of the gradient gets every sentence's position t.
 static void position_embedding_backward(real *dpe, const real *dout, int B, int T, int C) {
-    #pragma omp parallel for
-    for (int t = 0; t < T; t++) {
-        for (int b = 0; b < B; b++) {
-            const real *g = dout + ((size_t)b * T + t) * C;
-            for (int i = 0; i < C; i++) dpe[(size_t)t * C + i] += g[i];
-        }
-    }
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < C; i++) dpe[(size_t)t * C + i] += dout[((size_t)b * T + t) * C + i];
 }
 
 // ============================================================================
@@ -676,7 +700,8 @@ static void position_embedding_backward(real *dpe, const real *dout, int B, int 
 // target distribution at each position is, as in PyTorch's cross_entropy,
 //     q_v = (1 - eps_ls) [v == y] + eps_ls / V
 // and the loss is the cross-entropy -sum_v q_v log p_v with p = softmax(logits),
-// averaged over the non-padding target positions.
+// averaged over the non-padding target positions. "This hurts perplexity, as
+// the model learns to be more unsure, but improves accuracy and BLEU score."
 // ============================================================================
 
 // token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
@@ -691,20 +716,20 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
         real *p = probs + (size_t)bt * V;
         if (bt % T >= tgt_len[bt / T]) { // padding: no loss, no probabilities
             token_loss[bt] = 0;
-            for (int v = 0; v < V; v++) p[v] = 0;
+            for (int token = 0; token < V; token++) p[token] = 0;
             continue;
         }
         // log p_v = z_v - logsumexp(z), computed around the largest logit
         real max_z = -INFINITY;
-        for (int v = 0; v < V; v++) max_z = z[v] > max_z ? z[v] : max_z;
+        for (int token = 0; token < V; token++) max_z = z[token] > max_z ? z[token] : max_z;
         real sum = 0, sum_z = 0;
-        for (int v = 0; v < V; v++) {
-            p[v] = real_exp(z[v] - max_z);
-            sum += p[v];
-            sum_z += z[v];
+        for (int token = 0; token < V; token++) {
+            p[token] = real_exp(z[token] - max_z);
+            sum += p[token];
+            sum_z += z[token];
         }
         real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
-        for (int v = 0; v < V; v++) p[v] *= inv_sum;
+        for (int token = 0; token < V; token++) p[token] *= inv_sum;
         // -sum_v q_v log p_v = -(1-eps) log p_y - (eps/V) sum_v log p_v
         real log_p_target = z[targets[bt]] - log_sum;
         real sum_log_p = sum_z - V * log_sum;
@@ -731,9 +756,9 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
         if (bt % T >= tgt_len[bt / T]) continue;
         const real *p = probs + (size_t)bt * V;
         real *dz = dlogits + (size_t)bt * V;
-        for (int v = 0; v < V; v++) {
-            real q = eps / V + (v == targets[bt] ? 1 - eps : 0);
-            dz[v] += (p[v] - q) * inv_n;
+        for (int token = 0; token < V; token++) {
+            real q_v = eps / V + (token == targets[bt] ? 1 - eps : 0);
+            dz[token] += (p[token] - q_v) * inv_n;
         }
     }
 }
@@ -776,44 +801,49 @@ typedef struct {
 
 static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
                                            size_t l, size_t C) {
-    AttentionParams a = { qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
-    return a;
+    AttentionParams at = { qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
+    return at;
 }
 
 static FeedForwardParams feed_forward_params_at(real *w1, real *b1, real *w2, real *b2,
                                                 size_t l, size_t C, size_t F) {
-    FeedForwardParams f = { w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
-    return f;
+    FeedForwardParams at = { w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
+    return at;
 }
 
 // Layer l's view into a ParameterTensors (the parameters or the gradients).
-static EncoderLayerParams encoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
-    size_t l = layer, C = c->d_model, F = c->d_ff;
-    EncoderLayerParams e;
-    e.self_attn = attention_params_at(p->enc_qkv_w, p->enc_qkv_b, p->enc_out_w, p->enc_out_b, l, C);
-    e.ln1_g = p->enc_ln1_g + l * C;
-    e.ln1_b = p->enc_ln1_b + l * C;
-    e.ffn = feed_forward_params_at(p->enc_ff1_w, p->enc_ff1_b, p->enc_ff2_w, p->enc_ff2_b, l, C, F);
-    e.ln2_g = p->enc_ln2_g + l * C;
-    e.ln2_b = p->enc_ln2_b + l * C;
-    return e;
+static EncoderLayerParams encoder_layer_params(ParameterTensors *tensors, const TransformerConfig *config,
+                                               int l) {
+    size_t C = config->d_model, F = config->d_ff;
+    EncoderLayerParams layer;
+    layer.self_attn = attention_params_at(tensors->enc_qkv_w, tensors->enc_qkv_b,
+                                          tensors->enc_out_w, tensors->enc_out_b, l, C);
+    layer.ln1_g = tensors->enc_ln1_g + l * C;
+    layer.ln1_b = tensors->enc_ln1_b + l * C;
+    layer.ffn = feed_forward_params_at(tensors->enc_ff1_w, tensors->enc_ff1_b,
+                                       tensors->enc_ff2_w, tensors->enc_ff2_b, l, C, F);
+    layer.ln2_g = tensors->enc_ln2_g + l * C;
+    layer.ln2_b = tensors->enc_ln2_b + l * C;
+    return layer;
 }
 
-static DecoderLayerParams decoder_layer_params(ParameterTensors *p, const TransformerConfig *c, int layer) {
-    size_t l = layer, C = c->d_model, F = c->d_ff;
-    DecoderLayerParams d;
-    d.self_attn = attention_params_at(p->dec_self_qkv_w, p->dec_self_qkv_b,
-                                      p->dec_self_out_w, p->dec_self_out_b, l, C);
-    d.ln1_g = p->dec_ln1_g + l * C;
-    d.ln1_b = p->dec_ln1_b + l * C;
-    d.cross_attn = attention_params_at(p->dec_cross_qkv_w, p->dec_cross_qkv_b,
-                                       p->dec_cross_out_w, p->dec_cross_out_b, l, C);
-    d.ln2_g = p->dec_ln2_g + l * C;
-    d.ln2_b = p->dec_ln2_b + l * C;
-    d.ffn = feed_forward_params_at(p->dec_ff1_w, p->dec_ff1_b, p->dec_ff2_w, p->dec_ff2_b, l, C, F);
-    d.ln3_g = p->dec_ln3_g + l * C;
-    d.ln3_b = p->dec_ln3_b + l * C;
-    return d;
+static DecoderLayerParams decoder_layer_params(ParameterTensors *tensors, const TransformerConfig *config,
+                                               int l) {
+    size_t C = config->d_model, F = config->d_ff;
+    DecoderLayerParams layer;
+    layer.self_attn = attention_params_at(tensors->dec_self_qkv_w, tensors->dec_self_qkv_b,
+                                          tensors->dec_self_out_w, tensors->dec_self_out_b, l, C);
+    layer.ln1_g = tensors->dec_ln1_g + l * C;
+    layer.ln1_b = tensors->dec_ln1_b + l * C;
+    layer.cross_attn = attention_params_at(tensors->dec_cross_qkv_w, tensors->dec_cross_qkv_b,
+                                           tensors->dec_cross_out_w, tensors->dec_cross_out_b, l, C);
+    layer.ln2_g = tensors->dec_ln2_g + l * C;
+    layer.ln2_b = tensors->dec_ln2_b + l * C;
+    layer.ffn = feed_forward_params_at(tensors->dec_ff1_w, tensors->dec_ff1_b,
+                                       tensors->dec_ff2_w, tensors->dec_ff2_b, l, C, F);
+    layer.ln3_g = tensors->dec_ln3_g + l * C;
+    layer.ln3_b = tensors->dec_ln3_b + l * C;
+    return layer;
 }
 
 // Layer l's slice of the activations.
@@ -829,44 +859,43 @@ typedef struct {
     real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
 } DecoderLayerActs;
 
-static EncoderLayerActs encoder_layer_acts(const Transformer *m, int layer) {
-    const ActivationTensors *a = &m->acts;
-    size_t l = layer, B = m->B, S = m->S, C = m->config.d_model, F = m->config.d_ff;
-    size_t NH = m->config.n_heads, BSC = B * S * C, BS = B * S;
-    EncoderLayerActs e = {
-        a->enc_qkv + l * 3 * BSC, a->enc_att + l * B * NH * S * S, a->enc_heads + l * BSC,
-        a->enc_att_proj + l * BSC, a->enc_drop1 + l * BSC, a->enc_res1 + l * BSC,
-        a->enc_ln1 + l * BSC, a->enc_ln1_mean + l * BS, a->enc_ln1_rstd + l * BS,
-        a->enc_ff_h + l * BS * F, a->enc_ff_out + l * BSC, a->enc_drop2 + l * BSC,
-        a->enc_res2 + l * BSC, a->enc_ln2 + l * BSC, a->enc_ln2_mean + l * BS,
-        a->enc_ln2_rstd + l * BS,
+static EncoderLayerActs encoder_layer_acts(const Transformer *model, int layer) {
+    const ActivationTensors *all = &model->acts;
+    size_t l = layer, B = model->B, S = model->S, C = model->config.d_model, F = model->config.d_ff;
+    size_t NH = model->config.n_heads, BSC = B * S * C, BS = B * S;
+    EncoderLayerActs acts = {
+        all->enc_qkv + l * 3 * BSC, all->enc_att + l * B * NH * S * S, all->enc_heads + l * BSC,
+        all->enc_att_proj + l * BSC, all->enc_drop1 + l * BSC, all->enc_res1 + l * BSC,
+        all->enc_ln1 + l * BSC, all->enc_ln1_mean + l * BS, all->enc_ln1_rstd + l * BS,
+        all->enc_ff_h + l * BS * F, all->enc_ff_out + l * BSC, all->enc_drop2 + l * BSC,
+        all->enc_res2 + l * BSC, all->enc_ln2 + l * BSC, all->enc_ln2_mean + l * BS,
+        all->enc_ln2_rstd + l * BS,
     };
-    return e;
+    return acts;
 }
 
-static DecoderLayerActs decoder_layer_acts(const Transformer *m, int layer) {
-    const ActivationTensors *a = &m->acts;
-    size_t l = layer, B = m->B, S = m->S, T = m->T, C = m->config.d_model, F = m->config.d_ff;
-    size_t NH = m->config.n_heads, BTC = B * T * C, BT = B * T;
-    DecoderLayerActs d = {
-        a->dec_self_qkv + l * 3 * BTC, a->dec_self_att + l * B * NH * T * T,
-        a->dec_self_heads + l * BTC, a->dec_self_proj + l * BTC, a->dec_drop1 + l * BTC,
-        a->dec_res1 + l * BTC, a->dec_ln1 + l * BTC, a->dec_ln1_mean + l * BT,
-        a->dec_ln1_rstd + l * BT,
-        a->dec_cross_q + l * BTC, a->dec_cross_kv + l * 2 * B * S * C,
-        a->dec_cross_att + l * B * NH * T * S, a->dec_cross_heads + l * BTC,
-        a->dec_cross_proj + l * BTC, a->dec_drop2 + l * BTC, a->dec_res2 + l * BTC,
-        a->dec_ln2 + l * BTC, a->dec_ln2_mean + l * BT, a->dec_ln2_rstd + l * BT,
-        a->dec_ff_h + l * BT * F, a->dec_ff_out + l * BTC, a->dec_drop3 + l * BTC,
-        a->dec_res3 + l * BTC, a->dec_ln3 + l * BTC, a->dec_ln3_mean + l * BT,
-        a->dec_ln3_rstd + l * BT,
+static DecoderLayerActs decoder_layer_acts(const Transformer *model, int layer) {
+    const ActivationTensors *all = &model->acts;
+    size_t l = layer, B = model->B, S = model->S, T = model->T, C = model->config.d_model;
+    size_t F = model->config.d_ff, NH = model->config.n_heads, BTC = B * T * C, BT = B * T;
+    DecoderLayerActs acts = {
+        all->dec_self_qkv + l * 3 * BTC, all->dec_self_att + l * B * NH * T * T,
+        all->dec_self_heads + l * BTC, all->dec_self_proj + l * BTC, all->dec_drop1 + l * BTC,
+        all->dec_res1 + l * BTC, all->dec_ln1 + l * BTC, all->dec_ln1_mean + l * BT,
+        all->dec_ln1_rstd + l * BT,
+        all->dec_cross_q + l * BTC, all->dec_cross_kv + l * 2 * B * S * C,
+        all->dec_cross_att + l * B * NH * T * S, all->dec_cross_heads + l * BTC,
+        all->dec_cross_proj + l * BTC, all->dec_drop2 + l * BTC, all->dec_res2 + l * BTC,
+        all->dec_ln2 + l * BTC, all->dec_ln2_mean + l * BT, all->dec_ln2_rstd + l * BT,
+        all->dec_ff_h + l * BT * F, all->dec_ff_out + l * BTC, all->dec_drop3 + l * BTC,
+        all->dec_res3 + l * BTC, all->dec_ln3 + l * BTC, all->dec_ln3_mean + l * BT,
+        all->dec_ln3_rstd + l * BT,
     };
-    return d;
+    return acts;
 }
 
 static void zero(real *x, size_t n) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) x[i] = 0;
+    memset(x, 0, n * sizeof(real));
 }
 
 // "Add & Norm" (Figure 1), the end of every sub-layer:
@@ -875,103 +904,107 @@ static void zero(real *x, size_t n) {
 // The mask drawn here is kept, so the backward pass is residual_layernorm_backward.
 static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask,
                              const real *x, const real *sublayer, const real *gain,
-                             const real *bias, Transformer *m, int N) {
-    const TransformerConfig *c = &m->config;
-    dropout_mask(mask, c->dropout, m->training, &m->dropout_rng, (size_t)N * c->d_model);
-    residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, c->d_model,
-                               c->layer_norm_eps);
+                             const real *bias, Transformer *model, int N) {
+    const TransformerConfig *config = &model->config;
+    dropout_mask(mask, config->dropout, model->training, &model->dropout_rng, (size_t)N * config->d_model);
+    residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, config->d_model,
+                               config->layer_norm_eps);
 }
 
-// out = la.ln2, the layer's output; x is (B,S,C), src_len is (B)
-static void encoder_layer_forward(EncoderLayerActs la, const real *x, EncoderLayerParams w,
-                                  const int *src_len, Transformer *m, int B, int S) {
-    const TransformerConfig *c = &m->config;
-    int C = c->d_model, N = B * S;
+// out = acts.ln2, the layer's output; x is (B,S,C), src_len is (B)
+static void encoder_layer_forward(EncoderLayerActs acts, const real *x, EncoderLayerParams weights,
+                                  const int *src_len, Transformer *model, int B, int S) {
+    const TransformerConfig *config = &model->config;
+    int C = config->d_model, N = B * S;
     // sub-layer 1: ln1 = LayerNorm(x + Dropout(SelfAttention(x)))
-    self_attention_forward(la.att_proj, la.qkv, la.att, la.heads, x, w.self_attn, src_len, 0,
-                           B, S, C, c->n_heads);
-    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, x, la.att_proj,
-                     w.ln1_g, w.ln1_b, m, N);
+    self_attention_forward(acts.att_proj, acts.qkv, acts.att, acts.heads, x, weights.self_attn, src_len, 0,
+                           B, S, C, config->n_heads);
+    add_norm_forward(acts.ln1, acts.ln1_mean, acts.ln1_rstd, acts.res1, acts.drop1, x, acts.att_proj,
+                     weights.ln1_g, weights.ln1_b, model, N);
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(FFN(ln1)))
-    feed_forward_forward(la.ff_out, la.ff_h, la.ln1, w.ffn, N, C, c->d_ff);
-    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.ff_out,
-                     w.ln2_g, w.ln2_b, m, N);
+    feed_forward_forward(acts.ff_out, acts.ff_h, acts.ln1, weights.ffn, N, C, config->d_ff);
+    add_norm_forward(acts.ln2, acts.ln2_mean, acts.ln2_rstd, acts.res2, acts.drop2, acts.ln1, acts.ff_out,
+                     weights.ln2_g, weights.ln2_b, model, N);
 }
 
-// dx accumulates dL/dx given dout = dL/d(la.ln2); g accumulates the parameter gradients.
-// The gradients in between go through m->scratch (transformer.h).
-static void encoder_layer_backward(real *dx, EncoderLayerParams g, const real *dout,
-                                   EncoderLayerActs la, const real *x, EncoderLayerParams w,
-                                   Transformer *m, int B, int S) {
-    const TransformerConfig *c = &m->config;
-    BackwardScratch *s = &m->scratch;
-    int C = c->d_model, F = c->d_ff, N = B * S;
+// dx accumulates dL/dx given dout = dL/d(acts.ln2); grads accumulates the
+// parameter gradients. The gradients in between go through model->scratch
+// (transformer.h).
+static void encoder_layer_backward(real *dx, EncoderLayerParams grads, const real *dout,
+                                   EncoderLayerActs acts, const real *x, EncoderLayerParams weights,
+                                   Transformer *model, int B, int S) {
+    const TransformerConfig *config = &model->config;
+    BackwardScratch *scratch = &model->scratch;
+    int C = config->d_model, F = config->d_ff, N = B * S;
     size_t n = (size_t)N * C;
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
-    zero(s->d_ln1, n); zero(s->d_sublayer, n);
-    residual_layernorm_backward(s->d_ln1, s->d_sublayer, g.ln2_g, g.ln2_b, dout, la.res2, la.drop2,
-                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    zero(s->d_ff_h, (size_t)N * F);
-    feed_forward_backward(s->d_ln1, g.ffn, s->d_ff_h, s->d_sublayer, la.ff_h, la.ln1, w.ffn, N, C, F);
+    zero(scratch->d_ln1, n); zero(scratch->d_sublayer, n);
+    residual_layernorm_backward(scratch->d_ln1, scratch->d_sublayer, grads.ln2_g, grads.ln2_b, dout,
+                                acts.res2, acts.drop2, weights.ln2_g, acts.ln2_mean, acts.ln2_rstd, N, C);
+    zero(scratch->d_ff_h, (size_t)N * F);
+    feed_forward_backward(scratch->d_ln1, grads.ffn, scratch->d_ff_h, scratch->d_sublayer, acts.ff_h, acts.ln1,
+                          weights.ffn, N, C, F);
     // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
-    zero(s->d_sublayer, n);
-    residual_layernorm_backward(dx, s->d_sublayer, g.ln1_g, g.ln1_b, s->d_ln1, la.res1, la.drop1,
-                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    zero(s->d_heads, n); zero(s->d_qkv, 3 * n);
-    self_attention_backward(dx, g.self_attn, s->d_qkv, s->d_heads, s->d_sublayer,
-                            la.qkv, la.att, la.heads, x, w.self_attn, B, S, C, c->n_heads);
+    zero(scratch->d_sublayer, n);
+    residual_layernorm_backward(dx, scratch->d_sublayer, grads.ln1_g, grads.ln1_b, scratch->d_ln1,
+                                acts.res1, acts.drop1, weights.ln1_g, acts.ln1_mean, acts.ln1_rstd, N, C);
+    zero(scratch->d_heads, n); zero(scratch->d_qkv, 3 * n);
+    self_attention_backward(dx, grads.self_attn, scratch->d_qkv, scratch->d_heads, scratch->d_sublayer,
+                            acts.qkv, acts.att, acts.heads, x, weights.self_attn, B, S, C, config->n_heads);
 }
 
-// out = la.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
-static void decoder_layer_forward(DecoderLayerActs la, const real *y, const real *memory,
-                                  DecoderLayerParams w, const Batch *batch, Transformer *m) {
-    const TransformerConfig *c = &m->config;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, N = B * T;
+// out = acts.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
+static void decoder_layer_forward(DecoderLayerActs acts, const real *y, const real *memory,
+                                  DecoderLayerParams weights, const Batch *batch, Transformer *model) {
+    const TransformerConfig *config = &model->config;
+    int B = batch->B, S = batch->S, T = batch->T, C = config->d_model, N = B * T;
     // sub-layer 1: ln1 = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
-    self_attention_forward(la.self_proj, la.self_qkv, la.self_att, la.self_heads, y, w.self_attn,
-                           batch->tgt_len, 1, B, T, C, c->n_heads);
-    add_norm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.res1, la.drop1, y, la.self_proj,
-                     w.ln1_g, w.ln1_b, m, N);
+    self_attention_forward(acts.self_proj, acts.self_qkv, acts.self_att, acts.self_heads, y, weights.self_attn,
+                           batch->tgt_len, 1, B, T, C, config->n_heads);
+    add_norm_forward(acts.ln1, acts.ln1_mean, acts.ln1_rstd, acts.res1, acts.drop1, y, acts.self_proj,
+                     weights.ln1_g, weights.ln1_b, model, N);
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
-    cross_attention_forward(la.cross_proj, la.cross_q, la.cross_kv, la.cross_att, la.cross_heads,
-                            la.ln1, memory, w.cross_attn, batch->src_len, B, T, S, C, c->n_heads);
-    add_norm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, la.drop2, la.ln1, la.cross_proj,
-                     w.ln2_g, w.ln2_b, m, N);
+    cross_attention_forward(acts.cross_proj, acts.cross_q, acts.cross_kv, acts.cross_att, acts.cross_heads,
+                            acts.ln1, memory, weights.cross_attn, batch->src_len, B, T, S, C, config->n_heads);
+    add_norm_forward(acts.ln2, acts.ln2_mean, acts.ln2_rstd, acts.res2, acts.drop2, acts.ln1, acts.cross_proj,
+                     weights.ln2_g, weights.ln2_b, model, N);
     // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(FFN(ln2)))
-    feed_forward_forward(la.ff_out, la.ff_h, la.ln2, w.ffn, N, C, c->d_ff);
-    add_norm_forward(la.ln3, la.ln3_mean, la.ln3_rstd, la.res3, la.drop3, la.ln2, la.ff_out,
-                     w.ln3_g, w.ln3_b, m, N);
+    feed_forward_forward(acts.ff_out, acts.ff_h, acts.ln2, weights.ffn, N, C, config->d_ff);
+    add_norm_forward(acts.ln3, acts.ln3_mean, acts.ln3_rstd, acts.res3, acts.drop3, acts.ln2, acts.ff_out,
+                     weights.ln3_g, weights.ln3_b, model, N);
 }
 
-// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(la.ln3).
-static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g, const real *dout,
-                                   DecoderLayerActs la, const real *y, const real *memory,
-                                   DecoderLayerParams w, const Batch *batch, Transformer *m) {
-    const TransformerConfig *c = &m->config;
-    BackwardScratch *s = &m->scratch;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, F = c->d_ff, N = B * T;
+// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(acts.ln3).
+static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams grads, const real *dout,
+                                   DecoderLayerActs acts, const real *y, const real *memory,
+                                   DecoderLayerParams weights, const Batch *batch, Transformer *model) {
+    const TransformerConfig *config = &model->config;
+    BackwardScratch *scratch = &model->scratch;
+    int B = batch->B, S = batch->S, T = batch->T, C = config->d_model, F = config->d_ff, N = B * T;
     size_t n = (size_t)N * C;
     // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
-    zero(s->d_ln2, n); zero(s->d_sublayer, n);
-    residual_layernorm_backward(s->d_ln2, s->d_sublayer, g.ln3_g, g.ln3_b, dout, la.res3, la.drop3,
-                                w.ln3_g, la.ln3_mean, la.ln3_rstd, N, C);
-    zero(s->d_ff_h, (size_t)N * F);
-    feed_forward_backward(s->d_ln2, g.ffn, s->d_ff_h, s->d_sublayer, la.ff_h, la.ln2, w.ffn, N, C, F);
+    zero(scratch->d_ln2, n); zero(scratch->d_sublayer, n);
+    residual_layernorm_backward(scratch->d_ln2, scratch->d_sublayer, grads.ln3_g, grads.ln3_b, dout,
+                                acts.res3, acts.drop3, weights.ln3_g, acts.ln3_mean, acts.ln3_rstd, N, C);
+    zero(scratch->d_ff_h, (size_t)N * F);
+    feed_forward_backward(scratch->d_ln2, grads.ffn, scratch->d_ff_h, scratch->d_sublayer, acts.ff_h, acts.ln2,
+                          weights.ffn, N, C, F);
     // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
-    zero(s->d_sublayer, n); zero(s->d_ln1, n);
-    residual_layernorm_backward(s->d_ln1, s->d_sublayer, g.ln2_g, g.ln2_b, s->d_ln2, la.res2, la.drop2,
-                                w.ln2_g, la.ln2_mean, la.ln2_rstd, N, C);
-    zero(s->d_heads, n); zero(s->d_q, n); zero(s->d_kv, (size_t)B * S * 2 * C);
-    cross_attention_backward(s->d_ln1, dmemory, g.cross_attn, s->d_q, s->d_kv, s->d_heads,
-                             s->d_sublayer, la.cross_q, la.cross_kv, la.cross_att,
-                             la.cross_heads, la.ln1, memory, w.cross_attn, B, T, S, C, c->n_heads);
+    zero(scratch->d_sublayer, n); zero(scratch->d_ln1, n);
+    residual_layernorm_backward(scratch->d_ln1, scratch->d_sublayer, grads.ln2_g, grads.ln2_b, scratch->d_ln2,
+                                acts.res2, acts.drop2, weights.ln2_g, acts.ln2_mean, acts.ln2_rstd, N, C);
+    zero(scratch->d_heads, n); zero(scratch->d_q, n); zero(scratch->d_kv, (size_t)B * S * 2 * C);
+    cross_attention_backward(scratch->d_ln1, dmemory, grads.cross_attn, scratch->d_q, scratch->d_kv,
+                             scratch->d_heads, scratch->d_sublayer, acts.cross_q, acts.cross_kv, acts.cross_att,
+                             acts.cross_heads, acts.ln1, memory, weights.cross_attn, B, T, S, C, config->n_heads);
     // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
-    zero(s->d_sublayer, n);
-    residual_layernorm_backward(dy, s->d_sublayer, g.ln1_g, g.ln1_b, s->d_ln1, la.res1, la.drop1,
-                                w.ln1_g, la.ln1_mean, la.ln1_rstd, N, C);
-    zero(s->d_heads, n); zero(s->d_qkv, 3 * n);
-    self_attention_backward(dy, g.self_attn, s->d_qkv, s->d_heads, s->d_sublayer,
-                            la.self_qkv, la.self_att, la.self_heads, y, w.self_attn, B, T, C, c->n_heads);
+    zero(scratch->d_sublayer, n);
+    residual_layernorm_backward(dy, scratch->d_sublayer, grads.ln1_g, grads.ln1_b, scratch->d_ln1,
+                                acts.res1, acts.drop1, weights.ln1_g, acts.ln1_mean, acts.ln1_rstd, N, C);
+    zero(scratch->d_heads, n); zero(scratch->d_qkv, 3 * n);
+    self_attention_backward(dy, grads.self_attn, scratch->d_qkv, scratch->d_heads, scratch->d_sublayer,
+                            acts.self_qkv, acts.self_att, acts.self_heads, y, weights.self_attn,
+                            B, T, C, config->n_heads);
 }
 
 // ============================================================================
@@ -980,121 +1013,122 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
 // reverse
 // ============================================================================
 
-
 // The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
-static const real *encoder_forward(Transformer *m, const Batch *batch) {
-    const TransformerConfig *c = &m->config;
-    ActivationTensors *a = &m->acts;
-    int B = batch->B, S = batch->S, C = c->d_model;
+static const real *encoder_forward(Transformer *model, const Batch *batch) {
+    const TransformerConfig *config = &model->config;
+    ActivationTensors *acts = &model->acts;
+    int B = batch->B, S = batch->S, C = config->d_model;
     size_t n = (size_t)B * S * C;
     // §3.4, §3.5: embed, scale, add positions; §5.4: dropout on the sum
-    embedding_forward(a->enc_embedded, batch->src, m->params.embedding, m->positional_encoding, B, S, C);
-    dropout_mask(a->enc_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
-    dropout_forward(a->enc_x0, a->enc_embedded, a->enc_emb_mask, n);
-    const real *x = a->enc_x0;
-    for (int l = 0; l < c->n_layers; l++) {
-        EncoderLayerActs la = encoder_layer_acts(m, l);
-        encoder_layer_forward(la, x, encoder_layer_params(&m->params, c, l), batch->src_len, m, B, S);
-        x = la.ln2;
+    embedding_forward(acts->enc_embedded, batch->src, model->params.embedding, model->positional_encoding, B, S, C);
+    dropout_mask(acts->enc_emb_mask, config->dropout, model->training, &model->dropout_rng, n);
+    dropout_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, n);
+    const real *x = acts->enc_x0;
+    for (int l = 0; l < config->n_layers; l++) {
+        EncoderLayerActs layer_acts = encoder_layer_acts(model, l);
+        encoder_layer_forward(layer_acts, x, encoder_layer_params(&model->params, config, l), batch->src_len,
+                              model, B, S);
+        x = layer_acts.ln2;
     }
     return x;
 }
 
 // The decoder stack and the output projection: logits = Decoder(target, memory) E^T
-static void decoder_forward(Transformer *m, const Batch *batch, const real *memory) {
-    const TransformerConfig *c = &m->config;
-    ActivationTensors *a = &m->acts;
-    int B = batch->B, T = batch->T, C = c->d_model;
+static void decoder_forward(Transformer *model, const Batch *batch, const real *memory) {
+    const TransformerConfig *config = &model->config;
+    ActivationTensors *acts = &model->acts;
+    int B = batch->B, T = batch->T, C = config->d_model;
     size_t n = (size_t)B * T * C;
-    embedding_forward(a->dec_embedded, batch->tgt_in, m->params.embedding, m->positional_encoding, B, T, C);
-    dropout_mask(a->dec_emb_mask, c->dropout, m->training, &m->dropout_rng, n);
-    dropout_forward(a->dec_x0, a->dec_embedded, a->dec_emb_mask, n);
-    const real *y = a->dec_x0;
-    for (int l = 0; l < c->n_layers; l++) {
-        DecoderLayerActs la = decoder_layer_acts(m, l);
-        decoder_layer_forward(la, y, memory, decoder_layer_params(&m->params, c, l), batch, m);
-        y = la.ln3;
+    embedding_forward(acts->dec_embedded, batch->tgt_in, model->params.embedding, model->positional_encoding, B, T, C);
+    dropout_mask(acts->dec_emb_mask, config->dropout, model->training, &model->dropout_rng, n);
+    dropout_forward(acts->dec_x0, acts->dec_embedded, acts->dec_emb_mask, n);
+    const real *y = acts->dec_x0;
+    for (int l = 0; l < config->n_layers; l++) {
+        DecoderLayerActs layer_acts = decoder_layer_acts(model, l);
+        decoder_layer_forward(layer_acts, y, memory, decoder_layer_params(&model->params, config, l), batch, model);
+        y = layer_acts.ln3;
     }
     // §3.4 the pre-softmax linear transformation shares the embedding matrix
-    linear_forward(a->logits, y, m->params.embedding, NULL, B * T, C, c->vocab_size);
+    linear_forward(acts->logits, y, model->params.embedding, NULL, B * T, C, config->vocab_size);
 }
 
 // The whole forward pass; returns the label-smoothed loss (§5.4). The batch
 // must pass batch_check; one that does not stops the program with a message
 // rather than read outside the embedding.
-real transformer_forward(Transformer *m, const Batch *batch) {
-    const char *error = batch_check(batch, &m->config);
+real transformer_forward(Transformer *model, const Batch *batch) {
+    const char *error = batch_check(batch, &model->config);
     if (error) {
         fprintf(stderr, "error: %stransformer_forward: %s\n", error_context, error);
         exit(1);
     }
-    ensure_buffers(m, batch->B, batch->S, batch->T);
-    m->B = batch->B; m->S = batch->S; m->T = batch->T;
-    const real *memory = encoder_forward(m, batch);
-    decoder_forward(m, batch, memory);
-    m->loss = (real)cross_entropy_forward(m->acts.token_loss, m->acts.probs, m->acts.logits,
-                                          batch->tgt_out, batch->tgt_len, m->config.label_smoothing,
-                                          batch->B, batch->T, m->config.vocab_size,
-                                          &m->num_target_tokens);
-    return m->loss;
+    ensure_buffers(model, batch->B, batch->S, batch->T);
+    model->B = batch->B; model->S = batch->S; model->T = batch->T;
+    const real *memory = encoder_forward(model, batch);
+    decoder_forward(model, batch, memory);
+    model->loss = (real)cross_entropy_forward(model->acts.token_loss, model->acts.probs, model->acts.logits,
+                                              batch->tgt_out, batch->tgt_len, model->config.label_smoothing,
+                                              batch->B, batch->T, model->config.vocab_size,
+                                              &model->num_target_tokens);
+    return model->loss;
 }
 
-void transformer_zero_grad(Transformer *m) {
-    zero(m->grads_memory, m->num_parameters);
+void transformer_zero_grad(Transformer *model) {
+    zero(model->grads_memory, model->num_parameters);
 }
 
 // The whole backward pass, for the batch of the last transformer_forward:
-// accumulates dloss/dparameter into m->grads.
-void transformer_backward(Transformer *m, const Batch *batch) {
-    const TransformerConfig *c = &m->config;
-    ActivationTensors *a = &m->acts;
-    BackwardScratch *s = &m->scratch;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
+// accumulates dloss/dparameter into model->grads.
+void transformer_backward(Transformer *model, const Batch *batch) {
+    const TransformerConfig *config = &model->config;
+    ActivationTensors *acts = &model->acts;
+    BackwardScratch *scratch = &model->scratch;
+    int B = batch->B, S = batch->S, T = batch->T, C = config->d_model, V = config->vocab_size;
+    int L = config->n_layers;
     size_t n_dec = (size_t)B * T * C, n_enc = (size_t)B * S * C;
-    if (m->num_target_tokens == 0) return;
+    if (model->num_target_tokens == 0) return;
     // loss = CrossEntropy(softmax(logits), q)
-    zero(s->d_logits, (size_t)B * T * V);
-    cross_entropy_backward(s->d_logits, a->probs, batch->tgt_out, batch->tgt_len,
-                           c->label_smoothing, m->num_target_tokens, B, T, V);
+    zero(scratch->d_logits, (size_t)B * T * V);
+    cross_entropy_backward(scratch->d_logits, acts->probs, batch->tgt_out, batch->tgt_len,
+                           config->label_smoothing, model->num_target_tokens, B, T, V);
     // logits = decoder_output E^T
-    const real *decoder_output = decoder_layer_acts(m, L - 1).ln3;
-    real *d_out = s->d_output, *d_in = s->d_input;   // swapped after each layer
+    const real *decoder_output = decoder_layer_acts(model, L - 1).ln3;
+    real *d_out = scratch->d_output, *d_in = scratch->d_input;   // swapped after each layer
     zero(d_out, n_dec);
-    linear_backward(d_out, m->grads.embedding, NULL, s->d_logits, decoder_output,
-                    m->params.embedding, B * T, C, V);
+    linear_backward(d_out, model->grads.embedding, NULL, scratch->d_logits, decoder_output,
+                    model->params.embedding, B * T, C, V);
     // the decoder stack, last layer first
-    const real *memory = encoder_layer_acts(m, L - 1).ln2;
-    zero(s->d_memory, n_enc);
+    const real *memory = encoder_layer_acts(model, L - 1).ln2;
+    zero(scratch->d_memory, n_enc);
     for (int l = L - 1; l >= 0; l--) {
-        const real *y = l == 0 ? a->dec_x0 : decoder_layer_acts(m, l - 1).ln3;
+        const real *y = l == 0 ? acts->dec_x0 : decoder_layer_acts(model, l - 1).ln3;
         zero(d_in, n_dec);
-        decoder_layer_backward(d_in, s->d_memory, decoder_layer_params(&m->grads, c, l), d_out,
-                               decoder_layer_acts(m, l), y, memory,
-                               decoder_layer_params(&m->params, c, l), batch, m);
+        decoder_layer_backward(d_in, scratch->d_memory, decoder_layer_params(&model->grads, config, l), d_out,
+                               decoder_layer_acts(model, l), y, memory,
+                               decoder_layer_params(&model->params, config, l), batch, model);
         real *swap = d_out; d_out = d_in; d_in = swap;
     }
     // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE)
-    zero(s->d_embedded, n_dec);
-    dropout_backward(s->d_embedded, d_out, a->dec_emb_mask, n_dec);
-    embedding_backward(m->grads.embedding, s->d_embedded, batch->tgt_in, B, T, C);
-    if (c->positional == POSITIONAL_LEARNED)
-        position_embedding_backward(m->grads.position_embedding, s->d_embedded, B, T, C);
+    zero(scratch->d_embedded, n_dec);
+    dropout_backward(scratch->d_embedded, d_out, acts->dec_emb_mask, n_dec);
+    embedding_backward(model->grads.embedding, scratch->d_embedded, batch->tgt_in, B, T, C);
+    if (config->positional == POSITIONAL_LEARNED)
+        position_embedding_backward(model->grads.position_embedding, scratch->d_embedded, B, T, C);
     // the encoder stack, starting from the gradient its output got from every decoder layer
-    memcpy(d_out, s->d_memory, n_enc * sizeof(real));
+    memcpy(d_out, scratch->d_memory, n_enc * sizeof(real));
     for (int l = L - 1; l >= 0; l--) {
-        const real *x = l == 0 ? a->enc_x0 : encoder_layer_acts(m, l - 1).ln2;
+        const real *x = l == 0 ? acts->enc_x0 : encoder_layer_acts(model, l - 1).ln2;
         zero(d_in, n_enc);
-        encoder_layer_backward(d_in, encoder_layer_params(&m->grads, c, l), d_out,
-                               encoder_layer_acts(m, l), x, encoder_layer_params(&m->params, c, l),
-                               m, B, S);
+        encoder_layer_backward(d_in, encoder_layer_params(&model->grads, config, l), d_out,
+                               encoder_layer_acts(model, l), x, encoder_layer_params(&model->params, config, l),
+                               model, B, S);
         real *swap = d_out; d_out = d_in; d_in = swap;
     }
     // enc_x0 = Dropout(E[src] sqrt(C) + PE)
-    zero(s->d_embedded, n_enc);
-    dropout_backward(s->d_embedded, d_out, a->enc_emb_mask, n_enc);
-    embedding_backward(m->grads.embedding, s->d_embedded, batch->src, B, S, C);
-    if (c->positional == POSITIONAL_LEARNED)
-        position_embedding_backward(m->grads.position_embedding, s->d_embedded, B, S, C);
+    zero(scratch->d_embedded, n_enc);
+    dropout_backward(scratch->d_embedded, d_out, acts->enc_emb_mask, n_enc);
+    embedding_backward(model->grads.embedding, scratch->d_embedded, batch->src, B, S, C);
+    if (config->positional == POSITIONAL_LEARNED)
+        position_embedding_backward(model->grads.position_embedding, scratch->d_embedded, B, S, C);
 }
 
 // ============================================================================
@@ -1113,30 +1147,30 @@ double transformer_learning_rate(long step, int d_model, int warmup_steps, doubl
     return factor / sqrt((double)d_model) * (rise < decay ? rise : decay);
 }
 
-// One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter:
+// One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter theta
+// with gradient g:
 //     m = beta1 m + (1 - beta1) g            (first moment)
 //     v = beta2 v + (1 - beta2) g^2          (second moment)
 //     theta -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
 // with t the step count; the divisions undo the moments' bias towards 0.
-void adam_update(Transformer *m, double learning_rate) {
-    m->adam_step++;
-    double b1 = m->adam.beta1, b2 = m->adam.beta2;
-    double correction1 = 1.0 - pow(b1, (double)m->adam_step);
-    double correction2 = 1.0 - pow(b2, (double)m->adam_step);
+void adam_update(Transformer *model, double learning_rate) {
+    model->adam_step++;
+    double b1 = model->adam.beta1, b2 = model->adam.beta2;
+    double correction1 = 1.0 - pow(b1, (double)model->adam_step);
+    double correction2 = 1.0 - pow(b2, (double)model->adam_step);
     real step_size = (real)(learning_rate / correction1);
-    real rsqrt_c2 = (real)(1.0 / sqrt(correction2)), eps = (real)m->adam.eps;
+    real rsqrt_c2 = (real)(1.0 / sqrt(correction2)), eps = (real)model->adam.eps;
     real beta1 = (real)b1, beta2 = (real)b2;
-    size_t n = m->num_parameters;
-    real *theta = m->params_memory, *first = m->adam_m, *second = m->adam_v;
-    const real *grad = m->grads_memory;
+    real *theta = model->params_memory, *first = model->adam_m, *second = model->adam_v;
+    const real *grad = model->grads_memory;
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < model->num_parameters; i++) {
         real g = grad[i];
-        real mi = beta1 * first[i] + (1 - beta1) * g;
-        real vi = beta2 * second[i] + (1 - beta2) * g * g;
-        first[i] = mi;
-        second[i] = vi;
-        theta[i] -= step_size * mi / (real_sqrt(vi) * rsqrt_c2 + eps);
+        real moment1 = beta1 * first[i] + (1 - beta1) * g;
+        real moment2 = beta2 * second[i] + (1 - beta2) * g * g;
+        first[i] = moment1;
+        second[i] = moment2;
+        theta[i] -= step_size * moment1 / (real_sqrt(moment2) * rsqrt_c2 + eps);
     }
 }
 
@@ -1174,13 +1208,14 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 //     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
 //                    cross-attention  q_t against the memory's K, V (made once)
 //
-// The memory's keys and values (rows C..3C-1 of the encoder-decoder W_qkv
-// applied to the encoder output) are the same at every step, so they are
-// computed once per sentence. The step reuses the training functions
-// (linear_forward, attention_forward, residual_layernorm_forward, feed_forward_forward)
-// with one query row per sentence, so it computes what the full pass
-// computes, up to the order of a few sums; test_transformer.c checks the
-// logits against the full pass and the tokens against uncached decoding.
+// The memory's keys and values (memory_keys_values) are the same at every
+// step, so they are computed once per sentence. decoder_step is
+// decoder_layer_forward for one position: the same sub-layer functions
+// (attend_and_project, feed_forward_forward, add_norm_forward, whose
+// dropout is off), except that the keys and values come from the cache
+// instead of self_attention_forward's and cross_attention_forward's own
+// projections. test_transformer.c checks its logits against the full pass
+// and its tokens against uncached decoding.
 // ============================================================================
 
 // The decoding state of R rows decoded side by side: R sentences (greedy) or
@@ -1205,13 +1240,13 @@ typedef struct {
     real *ff_out;       // (R, C)
     real *mean, *rstd;  // (R)
     real *att;          // (R, NH, max(S, max_T))
-    real *ones;         // (R, C)             the dropout mask when not training: all ones
+    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
     real *logits;       // (R, V)
 } DecoderCache;
 
-static void decoder_cache_init(DecoderCache *cache, const Transformer *m, int R, int S, int max_T) {
-    const TransformerConfig *c = &m->config;
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S, int max_T) {
+    const TransformerConfig *config = &model->config;
+    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads;
     size_t rows = R, widest = S > max_T ? S : max_T;
     memset(cache, 0, sizeof *cache);
     cache->rows = R; cache->S = S; cache->max_T = max_T;
@@ -1221,7 +1256,7 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *m, int R,
     cache->self_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
     cache->spare_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
     real **row_buffers[] = { &cache->x, &cache->heads, &cache->proj, &cache->res, &cache->ln1, &cache->ln2,
-                             &cache->q, &cache->ff_out, &cache->ones };
+                             &cache->q, &cache->ff_out, &cache->mask };
     for (size_t i = 0; i < sizeof row_buffers / sizeof *row_buffers; i++)
         *row_buffers[i] = arena_calloc(rows * C, "decoder activations");
     cache->qkv = arena_calloc(rows * 3 * C, "decoder activations");
@@ -1229,8 +1264,7 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *m, int R,
     cache->mean = arena_calloc(rows, "decoder activations");
     cache->rstd = arena_calloc(rows, "decoder activations");
     cache->att = arena_calloc(rows * NH * widest, "decoder attention");
-    cache->logits = arena_calloc(rows * V, "decoder logits");
-    for (size_t i = 0; i < rows * C; i++) cache->ones[i] = 1;
+    cache->logits = arena_calloc(rows * config->vocab_size, "decoder logits");
 }
 
 static void decoder_cache_free(DecoderCache *cache) {
@@ -1238,7 +1272,7 @@ static void decoder_cache_free(DecoderCache *cache) {
     free(cache->self_len);
     real *all[] = { cache->cross_kv, cache->self_kv, cache->spare_kv, cache->x, cache->qkv, cache->heads,
                     cache->proj, cache->res, cache->ln1, cache->ln2, cache->q, cache->ff_h, cache->ff_out,
-                    cache->mean, cache->rstd, cache->att, cache->ones, cache->logits };
+                    cache->mean, cache->rstd, cache->att, cache->mask, cache->logits };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) arena_free(all[i]);
     memset(cache, 0, sizeof *cache);
 }
@@ -1247,19 +1281,18 @@ static void decoder_cache_free(DecoderCache *cache) {
 // every decoder layer's keys and values of the memory are computed and kept.
 // src is (B,S), padded, with B == rows (row r decodes sentence r) or B == 1
 // (every row decodes sentence 0: the beams of beam search).
-static void decoder_cache_encode(DecoderCache *cache, Transformer *m, const int *src, const int *src_len, int B) {
-    const TransformerConfig *c = &m->config;
-    int S = cache->S, C = c->d_model;
+static void decoder_cache_encode(DecoderCache *cache, Transformer *model, const int *src, const int *src_len,
+                                 int B) {
+    const TransformerConfig *config = &model->config;
+    int S = cache->S, C = config->d_model;
     size_t R = cache->rows, row_kv = (size_t)S * 2 * C;
     Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
-    ensure_buffers(m, B, S, 1);
-    m->B = B; m->S = S; m->T = 1;
-    const real *memory = encoder_forward(m, &batch);
-    for (int l = 0; l < c->n_layers; l++) {
-        AttentionParams w = decoder_layer_params(&m->params, c, l).cross_attn;
+    ensure_buffers(model, B, S, 1);
+    model->B = B; model->S = S; model->T = 1;
+    const real *memory = encoder_forward(model, &batch);
+    for (int l = 0; l < config->n_layers; l++) {
         real *kv = cache->cross_kv + l * R * row_kv;
-        // kv = memory W_kv^T + b_kv, as cross_attention_forward computes it
-        linear_forward(kv, memory, w.qkv_w + (size_t)C * C, w.qkv_b + C, B * S, C, 2 * C);
+        memory_keys_values(kv, memory, decoder_layer_params(&model->params, config, l).cross_attn, B, S, C);
         for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
     }
     for (size_t r = 0; r < R; r++) cache->src_len[r] = src_len[B == 1 ? 0 : r];
@@ -1267,53 +1300,50 @@ static void decoder_cache_encode(DecoderCache *cache, Transformer *m, const int 
 
 // One decoder position t for rows 0..rows-1: tokens (rows) are their inputs
 // at position t. Appends each row's keys and values at t to the cache and
-// leaves the logits of the next token in cache->logits (rows, V). The same
-// sub-layers as decoder_layer_forward, for one position, without dropout.
-static void decoder_step(DecoderCache *cache, Transformer *m, const int *tokens, int t, int rows) {
-    const TransformerConfig *c = &m->config;
-    int C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+// leaves the logits of the next token in cache->logits (rows, V).
+static void decoder_step(DecoderCache *cache, Transformer *model, const int *tokens, int t, int rows) {
+    const TransformerConfig *config = &model->config;
+    int C = config->d_model, NH = config->n_heads;
     size_t R = cache->rows;
-    float eps = c->layer_norm_eps;
-    real *x = cache->x, *ones = cache->ones;
+    real *x = cache->x;
     // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
-    embedding_forward(x, tokens, m->params.embedding, m->positional_encoding + (size_t)t * C, rows, 1, C);
+    embedding_forward(x, tokens, model->params.embedding, model->positional_encoding + (size_t)t * C, rows, 1, C);
     for (int r = 0; r < rows; r++) cache->self_len[r] = t + 1;
-    for (int l = 0; l < c->n_layers; l++) {
-        DecoderLayerParams w = decoder_layer_params(&m->params, c, l);
+    for (int l = 0; l < config->n_layers; l++) {
+        DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
         real *self_kv = cache->self_kv + l * R * cache->max_T * 2 * C;
         real *cross_kv = cache->cross_kv + l * R * cache->S * 2 * C;
         // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
-        linear_forward(cache->qkv, x, w.self_attn.qkv_w, w.self_attn.qkv_b, rows, C, 3 * C);
-        for (int r = 0; r < rows; r++)
+        linear_forward(cache->qkv, x, weights.self_attn.qkv_w, weights.self_attn.qkv_b, rows, C, 3 * C);
+        for (int r = 0; r < rows; r++)   // k_t, v_t into the cache
             memcpy(self_kv + ((size_t)r * cache->max_T + t) * 2 * C, cache->qkv + (size_t)r * 3 * C + C,
                    2 * (size_t)C * sizeof(real));
-        attention_forward(cache->heads, cache->att, cache->qkv, self_kv, self_kv + C, 3 * C, 2 * C,
-                          cache->self_len, 0, rows, 1, cache->max_T, C, NH);
-        linear_forward(cache->proj, cache->heads, w.self_attn.out_w, w.self_attn.out_b, rows, C, C);
-        residual_layernorm_forward(cache->ln1, cache->mean, cache->rstd, cache->res, x, cache->proj, ones,
-                                   w.ln1_g, w.ln1_b, rows, C, eps);
-        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); keys and values from the cache
-        linear_forward(cache->q, cache->ln1, w.cross_attn.qkv_w, w.cross_attn.qkv_b, rows, C, C);
-        attention_forward(cache->heads, cache->att, cache->q, cross_kv, cross_kv + C, C, 2 * C,
-                          cache->src_len, 0, rows, 1, cache->S, C, NH);
-        linear_forward(cache->proj, cache->heads, w.cross_attn.out_w, w.cross_attn.out_b, rows, C, C);
-        residual_layernorm_forward(cache->ln2, cache->mean, cache->rstd, cache->res, cache->ln1, cache->proj, ones,
-                                   w.ln2_g, w.ln2_b, rows, C, eps);
+        attend_and_project(cache->proj, cache->att, cache->heads, cache->qkv, self_kv, self_kv + C, 3 * C, 2 * C,
+                           cache->self_len, 0, weights.self_attn, rows, 1, cache->max_T, C, NH);
+        add_norm_forward(cache->ln1, cache->mean, cache->rstd, cache->res, cache->mask, x, cache->proj,
+                         weights.ln1_g, weights.ln1_b, model, rows);
+        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); q = ln1 W_q^T + b_q as in
+        // cross_attention_forward, keys and values from the cache
+        linear_forward(cache->q, cache->ln1, weights.cross_attn.qkv_w, weights.cross_attn.qkv_b, rows, C, C);
+        attend_and_project(cache->proj, cache->att, cache->heads, cache->q, cross_kv, cross_kv + C, C, 2 * C,
+                           cache->src_len, 0, weights.cross_attn, rows, 1, cache->S, C, NH);
+        add_norm_forward(cache->ln2, cache->mean, cache->rstd, cache->res, cache->mask, cache->ln1, cache->proj,
+                         weights.ln2_g, weights.ln2_b, model, rows);
         // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
-        feed_forward_forward(cache->ff_out, cache->ff_h, cache->ln2, w.ffn, rows, C, F);
-        residual_layernorm_forward(x, cache->mean, cache->rstd, cache->res, cache->ln2, cache->ff_out, ones,
-                                   w.ln3_g, w.ln3_b, rows, C, eps);
+        feed_forward_forward(cache->ff_out, cache->ff_h, cache->ln2, weights.ffn, rows, C, config->d_ff);
+        add_norm_forward(x, cache->mean, cache->rstd, cache->res, cache->mask, cache->ln2, cache->ff_out,
+                         weights.ln3_g, weights.ln3_b, model, rows);
     }
     // §3.4: the pre-softmax projection through the shared embedding
-    linear_forward(cache->logits, x, m->params.embedding, NULL, rows, C, V);
+    linear_forward(cache->logits, x, model->params.embedding, NULL, rows, C, config->vocab_size);
 }
 
 // Beam search keeps the best hypotheses, which may extend any of the previous
 // beams: row i continues beam parent[i], so it takes over that beam's cached
 // keys and values of positions 0..positions-1.
-static void decoder_cache_reorder(DecoderCache *cache, const Transformer *m, const int *parent, int rows,
+static void decoder_cache_reorder(DecoderCache *cache, const Transformer *model, const int *parent, int rows,
                                   int positions) {
-    size_t C = m->config.d_model, L = m->config.n_layers, R = cache->rows, T = cache->max_T;
+    size_t C = model->config.d_model, L = model->config.n_layers, R = cache->rows, T = cache->max_T;
     for (size_t l = 0; l < L; l++)
         for (int i = 0; i < rows; i++)
             memcpy(cache->spare_kv + (l * R + i) * T * 2 * C, cache->self_kv + (l * R + parent[i]) * T * 2 * C,
@@ -1323,9 +1353,9 @@ static void decoder_cache_reorder(DecoderCache *cache, const Transformer *m, con
 
 // §6.1: "maximum output length ... input length + 50", and never more
 // positions than the positional encoding has. Counts output tokens, </s> included.
-int transformer_decode_limit(const Transformer *m, int src_len) {
+int transformer_decode_limit(const Transformer *model, int src_len) {
     int limit = src_len + 50;
-    return limit < m->config.max_len ? limit : m->config.max_len;
+    return limit < model->config.max_len ? limit : model->config.max_len;
 }
 
 // The most likely next token. <pad> and <s> are never outputs; the lowest id
@@ -1334,8 +1364,9 @@ _Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
                "the possible outputs are the ids from </s> on");
 static int greedy_token(const real *logits, int V) {
     int best = TOKEN_EOS;
-    for (int v = TOKEN_EOS; v < V; v++)
-        if (logits[v] > logits[best] || (logits[best] != logits[best] && logits[v] == logits[v])) best = v;
+    for (int token = TOKEN_EOS; token < V; token++)
+        if (logits[token] > logits[best] || (logits[best] != logits[best] && logits[token] == logits[token]))
+            best = token;
     return best;
 }
 
@@ -1343,25 +1374,25 @@ static int greedy_token(const real *logits, int V) {
 // sentence takes its most likely token, until </s> or the length limit.
 // src is (B,S) padded, src_len (B). out (B, max_out) gets each output
 // without </s>, out_len (B) its length.
-void transformer_greedy_decode(Transformer *m, int *out, int *out_len, int max_out,
+void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
                                const int *src, const int *src_len, int B, int S) {
-    int training = m->training, V = m->config.vocab_size, steps = 0;
-    m->training = 0;
+    int training = model->training, V = model->config.vocab_size, steps = 0;
+    model->training = 0;
     int *limit = checked_calloc(B, sizeof(int), "decode limits");
     int *tokens = checked_calloc(B, sizeof(int), "decode tokens");
     int *done = checked_calloc(B, sizeof(int), "decode flags");
     for (int b = 0; b < B; b++) {
-        limit[b] = transformer_decode_limit(m, src_len[b]);
+        limit[b] = transformer_decode_limit(model, src_len[b]);
         if (limit[b] > max_out) limit[b] = max_out;
         if (limit[b] > steps) steps = limit[b];
         out_len[b] = 0;
         tokens[b] = TOKEN_BOS;
     }
     DecoderCache cache;
-    decoder_cache_init(&cache, m, B, S, steps);
-    decoder_cache_encode(&cache, m, src, src_len, B);
+    decoder_cache_init(&cache, model, B, S, steps);
+    decoder_cache_encode(&cache, model, src, src_len, B);
     for (int t = 0; t < steps; t++) {
-        decoder_step(&cache, m, tokens, t, B);
+        decoder_step(&cache, model, tokens, t, B);
         int active = 0;
         for (int b = 0; b < B; b++) {
             if (done[b]) continue;
@@ -1376,7 +1407,7 @@ void transformer_greedy_decode(Transformer *m, int *out, int *out_len, int max_o
     }
     decoder_cache_free(&cache);
     free(limit); free(tokens); free(done);
-    m->training = training;
+    model->training = training;
 }
 
 // §6.1 length penalty, in the form of tensor2tensor (Wu et al. 2016):
@@ -1397,35 +1428,51 @@ static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
     return a->token < b->token;
 }
 
-// Inserts c into best[0..*count-1], sorted, keeping at most `keep`.
-static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCandidate c) {
+// Inserts candidate into best[0..*count-1], sorted, keeping at most `keep`.
+static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCandidate candidate) {
     int i;
     if (*count < keep) i = (*count)++;
-    else if (candidate_before(&c, &best[keep - 1])) i = keep - 1;
+    else if (candidate_before(&candidate, &best[keep - 1])) i = keep - 1;
     else return;
-    while (i > 0 && candidate_before(&c, &best[i - 1])) { best[i] = best[i - 1]; i--; }
-    best[i] = c;
+    while (i > 0 && candidate_before(&candidate, &best[i - 1])) { best[i] = best[i - 1]; i--; }
+    best[i] = candidate;
 }
 
-// Every alive beam r proposes every token v with the score
-// alive_score[r] + log softmax(logits[r])_v (in double); keeps the best `keep`
-// in best[], sorted. <pad> and <s> are never proposed. Returns how many.
+// Every alive beam r proposes every token with the score
+// alive_score[r] + log softmax(logits[r])_token (in double); keeps the best
+// `keep` in best[], sorted. <pad> and <s> are never proposed. Returns how many.
 static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score,
                         int num_alive, int V) {
     int num_best = 0;
     for (int r = 0; r < num_alive; r++) {
         const real *z = logits + (size_t)r * V;
         double max_z = z[0], sum = 0;
-        for (int v = 1; v < V; v++) if (z[v] > max_z) max_z = z[v];
-        for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
+        for (int token = 1; token < V; token++) if (z[token] > max_z) max_z = z[token];
+        for (int token = 0; token < V; token++) sum += exp(z[token] - max_z);
         double log_sum = max_z + log(sum);
-        for (int v = 0; v < V; v++) {
-            if (v == TOKEN_PAD || v == TOKEN_BOS) continue;
-            BeamCandidate c = { alive_score[r] + (z[v] - log_sum), z[v], r, v };
-            candidate_insert(best, &num_best, keep, c);
+        for (int token = 0; token < V; token++) {
+            if (token == TOKEN_PAD || token == TOKEN_BOS) continue;
+            BeamCandidate candidate = { alive_score[r] + (z[token] - log_sum), z[token], r, token };
+            candidate_insert(best, &num_best, keep, candidate);
         }
     }
     return num_best;
+}
+
+// The hypotheses that have ended: each one's tokens (without </s>) at
+// tokens + i * stride, its length, and its score log P / length_penalty;
+// best is the index of the highest score so far (the first of equals).
+typedef struct { int *tokens, *length; double *score; int count, best; size_t stride; } FinishedHypotheses;
+
+// Ends a hypothesis of `length` tokens whose summed log-probability is log_p;
+// its penalty counts `penalized` tokens (</s> included when there is one).
+static void finish_hypothesis(FinishedHypotheses *finished, const int *tokens, int length, double log_p,
+                              int penalized, double alpha) {
+    int i = finished->count++;
+    memcpy(finished->tokens + i * finished->stride, tokens, (size_t)length * sizeof(int));
+    finished->length[i] = length;
+    finished->score[i] = log_p / length_penalty(penalized, alpha);
+    if (finished->score[i] > finished->score[finished->best]) finished->best = i;
 }
 
 // Beam search for one sentence (§6.1). Keeps `beam_size` alive hypotheses.
@@ -1438,79 +1485,68 @@ static int beam_propose(BeamCandidate *best, int keep, const real *logits, const
 // of the best finished hypothesis, written to out (capacity
 // transformer_decode_limit) without </s>; *score gets its score.
 // With beam_size 1 this is exactly greedy decoding.
-int transformer_beam_search(Transformer *m, int *out, double *score, const int *src, int src_len,
+int transformer_beam_search(Transformer *model, int *out, double *score, const int *src, int src_len,
                             int beam_size, double alpha) {
-    int training = m->training, V = m->config.vocab_size;
-    m->training = 0;
-    int limit = transformer_decode_limit(m, src_len);
-    size_t stride = limit;
-    size_t beams = beam_size;
+    int training = model->training, V = model->config.vocab_size;
+    model->training = 0;
+    int limit = transformer_decode_limit(model, src_len);
+    size_t stride = limit, beams = beam_size;
     int *alive = checked_calloc(beams * stride, sizeof(int), "beams");      // (beams, stride) tokens
     int *next = checked_calloc(beams * stride, sizeof(int), "beams");
-    int *finished = checked_calloc(beams * stride, sizeof(int), "beams");
-    int *finished_len = checked_calloc(beams, sizeof(int), "beams");
     double *alive_score = checked_calloc(beams, sizeof(double), "beams");
     double *next_score = checked_calloc(beams, sizeof(double), "beams");
-    double *finished_score = checked_calloc(beams, sizeof(double), "beams");
     int *parent = checked_calloc(beams, sizeof(int), "beams"), *tokens = checked_calloc(beams, sizeof(int), "beams");
-    BeamCandidate *best = checked_calloc(2 * beam_size, sizeof(BeamCandidate), "beam candidates");
+    BeamCandidate *best = checked_calloc(2 * beams, sizeof(BeamCandidate), "beam candidates");
+    FinishedHypotheses finished = { checked_calloc(beams * stride, sizeof(int), "beams"),
+                                    checked_calloc(beams, sizeof(int), "beams"),
+                                    checked_calloc(beams, sizeof(double), "beams"), 0, 0, stride };
+    finished.score[0] = -INFINITY;
     DecoderCache cache;
-    decoder_cache_init(&cache, m, beam_size, src_len, limit);
-    decoder_cache_encode(&cache, m, src, &src_len, 1);
-    int num_alive = 1, num_finished = 0, winner = 0; // winner: the best finished so far (first on ties)
-    finished_score[0] = -INFINITY;
+    decoder_cache_init(&cache, model, beam_size, src_len, limit);
+    decoder_cache_encode(&cache, model, src, &src_len, 1);
+    int num_alive = 1;
     tokens[0] = TOKEN_BOS;
     for (int t = 0; t < limit; t++) {
-        decoder_step(&cache, m, tokens, t, num_alive);
+        decoder_step(&cache, model, tokens, t, num_alive);
         int num_best = beam_propose(best, 2 * beam_size, cache.logits, alive_score, num_alive, V);
         // Each of the beam_size beams ends once: the best `width` candidates, in order,
         // either end (</s>) or go on, where width is the number of beams that
         // have not ended yet. An ended beam is not replaced, so a few poor
         // hypotheses that end early cannot stop the search while a better one
         // is still going; the search stops when every beam has ended.
-        int width = beam_size - num_finished, num_next = 0;
+        int width = beam_size - finished.count, num_next = 0;
         for (int i = 0; i < num_best && i < width; i++) {
-            BeamCandidate c = best[i];
-            if (c.token == TOKEN_EOS) {
-                memcpy(finished + num_finished * stride, alive + c.row * stride, t * sizeof(int));
-                finished_len[num_finished] = t;
-                finished_score[num_finished] = c.score / length_penalty(t + 1, alpha);
-                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
-                num_finished++;
+            BeamCandidate candidate = best[i];
+            if (candidate.token == TOKEN_EOS) {
+                finish_hypothesis(&finished, alive + candidate.row * stride, t, candidate.score, t + 1, alpha);
             } else {
-                memcpy(next + num_next * stride, alive + c.row * stride, t * sizeof(int));
-                next[num_next * stride + t] = c.token;
-                next_score[num_next] = c.score;
-                parent[num_next] = c.row;
-                tokens[num_next++] = c.token;
+                memcpy(next + num_next * stride, alive + candidate.row * stride, t * sizeof(int));
+                next[num_next * stride + t] = candidate.token;
+                next_score[num_next] = candidate.score;
+                parent[num_next] = candidate.row;
+                tokens[num_next++] = candidate.token;
             }
         }
-        if (num_finished == beam_size || num_next == 0) break;
+        if (finished.count == beam_size || num_next == 0) break;
         if (t + 1 == limit) { // out of positions: the alive beams end here, without </s>
-            for (int i = 0; i < num_next && num_finished < beam_size; i++) {
-                memcpy(finished + num_finished * stride, next + i * stride, (t + 1) * sizeof(int));
-                finished_len[num_finished] = t + 1;
-                finished_score[num_finished] = next_score[i] / length_penalty(t + 1, alpha);
-                if (finished_score[num_finished] > finished_score[winner]) winner = num_finished;
-                num_finished++;
-            }
+            for (int i = 0; i < num_next && finished.count < beam_size; i++)
+                finish_hypothesis(&finished, next + i * stride, t + 1, next_score[i], t + 1, alpha);
             break;
         }
-        decoder_cache_reorder(&cache, m, parent, num_next, t + 1);
+        decoder_cache_reorder(&cache, model, parent, num_next, t + 1);
         int *swap = alive; alive = next; next = swap;
         double *swap_score = alive_score; alive_score = next_score; next_score = swap_score;
         num_alive = num_next;
     }
-    int length = num_finished ? finished_len[winner] : 0;
-    memcpy(out, finished + winner * stride, length * sizeof(int));
-    if (score) *score = num_finished ? finished_score[winner] : -INFINITY;
+    int length = finished.count ? finished.length[finished.best] : 0;
+    memcpy(out, finished.tokens + finished.best * stride, length * sizeof(int));
+    if (score) *score = finished.count ? finished.score[finished.best] : -INFINITY;
     decoder_cache_free(&cache);
-    free(alive); free(next); free(finished); free(finished_len); free(alive_score); free(next_score);
-    free(finished_score); free(parent); free(tokens); free(best);
-    m->training = training;
+    free(alive); free(next); free(alive_score); free(next_score); free(parent); free(tokens); free(best);
+    free(finished.tokens); free(finished.length); free(finished.score);
+    model->training = training;
     return length;
 }
-
 
 // ============================================================================
 // The machinery: memory and numbers
@@ -1592,18 +1628,18 @@ static int rng_below(Rng *rng, int n) { // uniform integer in [0, n)
 // below, says what it may hold).
 
 TransformerConfig transformer_default_config(void) {
-    TransformerConfig c;
-    c.n_layers = 2;
-    c.d_model = 64;
-    c.d_ff = 256;
-    c.n_heads = 4;
-    c.vocab_size = 32;
-    c.max_len = 64;
-    c.positional = POSITIONAL_SINUSOID;  // §3.5; POSITIONAL_LEARNED is Table 3's row E
-    c.dropout = 0.1f;          // §5.4 P_drop for the base model
-    c.label_smoothing = 0.1f;  // §5.4 eps_ls
-    c.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
-    return c;
+    TransformerConfig config;
+    config.n_layers = 2;
+    config.d_model = 64;
+    config.d_ff = 256;
+    config.n_heads = 4;
+    config.vocab_size = 32;
+    config.max_len = 64;
+    config.positional = POSITIONAL_SINUSOID;  // §3.5; POSITIONAL_LEARNED is Table 3's row E
+    config.dropout = 0.1f;          // §5.4 P_drop for the base model
+    config.label_smoothing = 0.1f;  // §5.4 eps_ls
+    config.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
+    return config;
 }
 
 // ----------------------------------------------------------------------------
@@ -1619,14 +1655,14 @@ static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
     "dec_ff1_w", "dec_ff1_b", "dec_ff2_w", "dec_ff2_b", "dec_ln3_g", "dec_ln3_b",
 };
 
-static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *c) {
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *config) {
+    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
     size_t attention[4] = { L * 3 * C * C, L * 3 * C, L * C * C, L * C }; // qkv_w qkv_b out_w out_b
     size_t norm = L * C;
     size_t ffn[4] = { L * F * C, L * F, L * C * F, L * C };                // ff1_w ff1_b ff2_w ff2_b
     size_t i = 0;
     sizes[i++] = V * C;
-    sizes[i++] = c->positional == POSITIONAL_LEARNED ? (size_t)c->max_len * C : 0;
+    sizes[i++] = config->positional == POSITIONAL_LEARNED ? (size_t)config->max_len * C : 0;
     for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder self-attention
     sizes[i++] = norm; sizes[i++] = norm;
     for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
@@ -1677,13 +1713,13 @@ static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
 // embedding and for learned positions (as tensor2tensor and fairseq do), zero
 // biases, layer-norm gain 1 and bias 0. The positions are drawn last, so that
 // a seed gives the same other weights with either kind of positions.
-static void initialize_parameters(Transformer *m, uint64_t seed) {
-    const TransformerConfig *c = &m->config;
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
-    ParameterTensors *p = &m->params;
+static void initialize_parameters(Transformer *model, uint64_t seed) {
+    const TransformerConfig *config = &model->config;
+    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
+    ParameterTensors *p = &model->params;
     Rng rng;
     rng_seed(&rng, seed);
-    memset(m->params_memory, 0, m->num_parameters * sizeof(real));
+    memset(model->params_memory, 0, model->num_parameters * sizeof(real));
     double std = 1.0 / sqrt((double)C);
     for (size_t i = 0; i < V * C; i++) p->embedding[i] = (real)(std * rng_normal(&rng));
     real *qkv[3] = { p->enc_qkv_w, p->dec_self_qkv_w, p->dec_cross_qkv_w };
@@ -1701,8 +1737,8 @@ static void initialize_parameters(Transformer *m, uint64_t seed) {
     real *gains[5] = { p->enc_ln1_g, p->enc_ln2_g, p->dec_ln1_g, p->dec_ln2_g, p->dec_ln3_g };
     for (int g = 0; g < 5; g++)
         for (size_t i = 0; i < L * C; i++) gains[g][i] = 1;
-    if (c->positional == POSITIONAL_LEARNED)
-        for (size_t i = 0; i < (size_t)c->max_len * C; i++) p->position_embedding[i] = (real)(std * rng_normal(&rng));
+    if (config->positional == POSITIONAL_LEARNED)
+        for (size_t i = 0; i < (size_t)config->max_len * C; i++) p->position_embedding[i] = (real)(std * rng_normal(&rng));
 }
 
 // ----------------------------------------------------------------------------
@@ -1748,9 +1784,9 @@ static size_t whole_lines(size_t count) {
     return (count + per_line - 1) / per_line * per_line;
 }
 
-static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *c,
+static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *config,
                              size_t B, size_t S, size_t T) {
-    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
+    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads, V = config->vocab_size;
     size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
     size_t list[NUM_ACTIVATION_TENSORS] = {
         BSC, BSC, BSC,                                                  // enc embedded, mask, x0
@@ -1794,9 +1830,9 @@ static void point_activations(ActivationTensors *a, real *memory, const size_t s
 }
 
 #define NUM_SCRATCH_TENSORS 13
-static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *c,
+static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *config,
                           size_t B, size_t S, size_t T) {
-    size_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    size_t C = config->d_model, F = config->d_ff, V = config->vocab_size;
     size_t rows = B * (S > T ? S : T);   // the encoder's rows or the decoder's
     size_t list[NUM_SCRATCH_TENSORS] = {
         rows * C, rows * C, rows * C, rows * C,   // d_output d_input d_ln1 d_ln2
@@ -1827,102 +1863,102 @@ static size_t sum_sizes(const size_t *sizes, int n) {
 // Makes the activation and scratch buffers big enough for a (B, S, T) batch.
 // A smaller batch reuses them: per-layer offsets are computed from the actual
 // B, S, T, which fit inside every tensor's capacity.
-static void ensure_buffers(Transformer *m, int B, int S, int T) {
-    if (m->acts_memory && B <= m->cap_B && S <= m->cap_S && T <= m->cap_T) return;
-    if (B < m->cap_B) B = m->cap_B;
-    if (S < m->cap_S) S = m->cap_S;
-    if (T < m->cap_T) T = m->cap_T;
-    arena_free(m->acts_memory);
-    arena_free(m->scratch_memory);
+static void ensure_buffers(Transformer *model, int B, int S, int T) {
+    if (model->acts_memory && B <= model->cap_B && S <= model->cap_S && T <= model->cap_T) return;
+    if (B < model->cap_B) B = model->cap_B;
+    if (S < model->cap_S) S = model->cap_S;
+    if (T < model->cap_T) T = model->cap_T;
+    arena_free(model->acts_memory);
+    arena_free(model->scratch_memory);
     size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
-    activation_sizes(sizes, &m->config, B, S, T);
-    scratch_sizes(scratch, &m->config, B, S, T);
-    m->acts_memory = arena_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), "activations");
-    m->scratch_memory = arena_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), "backward scratch");
-    point_activations(&m->acts, m->acts_memory, sizes);
-    point_scratch(&m->scratch, m->scratch_memory, scratch);
-    m->cap_B = B; m->cap_S = S; m->cap_T = T;
+    activation_sizes(sizes, &model->config, B, S, T);
+    scratch_sizes(scratch, &model->config, B, S, T);
+    model->acts_memory = arena_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), "activations");
+    model->scratch_memory = arena_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), "backward scratch");
+    point_activations(&model->acts, model->acts_memory, sizes);
+    point_scratch(&model->scratch, model->scratch_memory, scratch);
+    model->cap_B = B; model->cap_S = S; model->cap_T = T;
 }
 
-const char *transformer_build(Transformer *m, const TransformerConfig *config, uint64_t seed) {
-    memset(m, 0, sizeof *m);
+const char *transformer_build(Transformer *model, const TransformerConfig *config, uint64_t seed) {
+    memset(model, 0, sizeof *model);
     const char *error = transformer_config_check(config);
     if (error) return error;
-    m->config = *config;
-    parameter_sizes(m->param_sizes, config);
-    m->num_parameters = sum_sizes(m->param_sizes, NUM_PARAMETER_TENSORS);
-    m->params_memory = arena_calloc(m->num_parameters, "parameters");
-    m->grads_memory = arena_calloc(m->num_parameters, "gradients");
-    m->adam_m = arena_calloc(m->num_parameters, "Adam first moments");
-    m->adam_v = arena_calloc(m->num_parameters, "Adam second moments");
-    point_parameters(&m->params, m->params_memory, m->param_sizes);
-    point_parameters(&m->grads, m->grads_memory, m->param_sizes);
-    m->adam.beta1 = 0.9;    // §5.3
-    m->adam.beta2 = 0.98;
-    m->adam.eps = 1e-9;
+    model->config = *config;
+    parameter_sizes(model->param_sizes, config);
+    model->num_parameters = sum_sizes(model->param_sizes, NUM_PARAMETER_TENSORS);
+    model->params_memory = arena_calloc(model->num_parameters, "parameters");
+    model->grads_memory = arena_calloc(model->num_parameters, "gradients");
+    model->adam_m = arena_calloc(model->num_parameters, "Adam first moments");
+    model->adam_v = arena_calloc(model->num_parameters, "Adam second moments");
+    point_parameters(&model->params, model->params_memory, model->param_sizes);
+    point_parameters(&model->grads, model->grads_memory, model->param_sizes);
+    model->adam.beta1 = 0.9;    // §5.3
+    model->adam.beta2 = 0.98;
+    model->adam.eps = 1e-9;
     if (config->positional == POSITIONAL_LEARNED) {
-        m->positional_encoding = m->params.position_embedding;   // a parameter (Table 3, row E)
+        model->positional_encoding = model->params.position_embedding;   // a parameter (Table 3, row E)
     } else {
-        m->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
-        positional_encoding_init(m->positional_encoding, config->max_len, config->d_model);
+        model->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
+        positional_encoding_init(model->positional_encoding, config->max_len, config->d_model);
     }
-    initialize_parameters(m, seed);
-    rng_seed(&m->dropout_rng, seed ^ 0xD0D0D0D0ULL);
-    m->training = 1;
+    initialize_parameters(model, seed);
+    rng_seed(&model->dropout_rng, seed ^ 0xD0D0D0D0ULL);
+    model->training = 1;
     return NULL;
 }
 
-void transformer_free(Transformer *m) {
-    real *sinusoids = m->config.positional == POSITIONAL_SINUSOID ? m->positional_encoding : NULL;
-    real *arenas[] = { m->params_memory, m->grads_memory, m->adam_m, m->adam_v, sinusoids,
-                       m->acts_memory, m->scratch_memory };
+void transformer_free(Transformer *model) {
+    real *sinusoids = model->config.positional == POSITIONAL_SINUSOID ? model->positional_encoding : NULL;
+    real *arenas[] = { model->params_memory, model->grads_memory, model->adam_m, model->adam_v, sinusoids,
+                       model->acts_memory, model->scratch_memory };
     for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
-    memset(m, 0, sizeof *m);
+    memset(model, 0, sizeof *model);
 }
 
 // Returns NULL when the config is usable, else a message naming the bad field.
-const char *transformer_config_check(const TransformerConfig *c) {
+const char *transformer_config_check(const TransformerConfig *config) {
     static char message[200];
     #define CONFIG_REQUIRE(cond, ...) do { if (!(cond)) { \
         snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
-    CONFIG_REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS,
-                   "n_layers is %d, expected 1..%d", c->n_layers, TRANSFORMER_MAX_LAYERS);
-    CONFIG_REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH,
-                   "d_model is %d, expected 1..%d", c->d_model, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH,
-                   "d_ff is %d, expected 1..%d", c->d_ff, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model,
-                   "n_heads is %d, expected 1..d_model (%d)", c->n_heads, c->d_model);
-    CONFIG_REQUIRE(c->d_model % c->n_heads == 0,
-                   "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
-    CONFIG_REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB,
+    CONFIG_REQUIRE(config->n_layers >= 1 && config->n_layers <= TRANSFORMER_MAX_LAYERS,
+                   "n_layers is %d, expected 1..%d", config->n_layers, TRANSFORMER_MAX_LAYERS);
+    CONFIG_REQUIRE(config->d_model >= 1 && config->d_model <= TRANSFORMER_MAX_WIDTH,
+                   "d_model is %d, expected 1..%d", config->d_model, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(config->d_ff >= 1 && config->d_ff <= TRANSFORMER_MAX_WIDTH,
+                   "d_ff is %d, expected 1..%d", config->d_ff, TRANSFORMER_MAX_WIDTH);
+    CONFIG_REQUIRE(config->n_heads >= 1 && config->n_heads <= config->d_model,
+                   "n_heads is %d, expected 1..d_model (%d)", config->n_heads, config->d_model);
+    CONFIG_REQUIRE(config->d_model % config->n_heads == 0,
+                   "d_model (%d) is not divisible by n_heads (%d)", config->d_model, config->n_heads);
+    CONFIG_REQUIRE(config->vocab_size > NUM_SPECIAL_TOKENS && config->vocab_size <= TRANSFORMER_MAX_VOCAB,
                    "vocab_size is %d, expected %d..%d (4 special tokens + words)",
-                   c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
-    CONFIG_REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN,
-                   "max_len is %d, expected 2..%d", c->max_len, TRANSFORMER_MAX_LEN);
-    CONFIG_REQUIRE(c->positional == POSITIONAL_SINUSOID || c->positional == POSITIONAL_LEARNED,
-                   "positional is %d, expected %d (sinusoid) or %d (learned)", c->positional,
+                   config->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
+    CONFIG_REQUIRE(config->max_len >= 2 && config->max_len <= TRANSFORMER_MAX_LEN,
+                   "max_len is %d, expected 2..%d", config->max_len, TRANSFORMER_MAX_LEN);
+    CONFIG_REQUIRE(config->positional == POSITIONAL_SINUSOID || config->positional == POSITIONAL_LEARNED,
+                   "positional is %d, expected %d (sinusoid) or %d (learned)", config->positional,
                    POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    CONFIG_REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f,
-                   "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
-    CONFIG_REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f,
-                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)c->label_smoothing);
-    CONFIG_REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f,
-                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)c->layer_norm_eps);
+    CONFIG_REQUIRE(config->dropout >= 0.0f && config->dropout < 1.0f,
+                   "dropout is %g, expected 0 <= dropout < 1", (double)config->dropout);
+    CONFIG_REQUIRE(config->label_smoothing >= 0.0f && config->label_smoothing < 1.0f,
+                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)config->label_smoothing);
+    CONFIG_REQUIRE(config->layer_norm_eps > 0.0f && config->layer_norm_eps < 1.0f,
+                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)config->layer_norm_eps);
     #undef CONFIG_REQUIRE
     return NULL;
 }
 
 // Returns NULL when the batch fits the model, else what is wrong with it.
-const char *batch_check(const Batch *batch, const TransformerConfig *c) {
+const char *batch_check(const Batch *batch, const TransformerConfig *config) {
     static char message[200];
     #define BATCH_REQUIRE(cond, ...) do { if (!(cond)) { \
         snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
     BATCH_REQUIRE(batch->B >= 1 && batch->S >= 1 && batch->T >= 1,
                   "batch shape %d x %d x %d, expected positive sizes", batch->B, batch->S, batch->T);
-    BATCH_REQUIRE(batch->S <= c->max_len && batch->T <= c->max_len,
+    BATCH_REQUIRE(batch->S <= config->max_len && batch->T <= config->max_len,
                   "batch lengths %d (source) and %d (target) exceed max_len %d",
-                  batch->S, batch->T, c->max_len);
+                  batch->S, batch->T, config->max_len);
     for (int b = 0; b < batch->B; b++) {
         BATCH_REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= batch->S,
                       "sentence %d: source length %d, expected 1..%d", b, batch->src_len[b], batch->S);
@@ -1930,15 +1966,15 @@ const char *batch_check(const Batch *batch, const TransformerConfig *c) {
                       "sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b], batch->T);
         for (int s = 0; s < batch->S; s++) {
             int tok = batch->src[b * batch->S + s];
-            BATCH_REQUIRE(tok >= 0 && tok < c->vocab_size,
+            BATCH_REQUIRE(tok >= 0 && tok < config->vocab_size,
                           "sentence %d: source token %d at %d outside the vocabulary 0..%d",
-                          b, tok, s, c->vocab_size - 1);
+                          b, tok, s, config->vocab_size - 1);
         }
         for (int t = 0; t < batch->T; t++) {
             int in = batch->tgt_in[b * batch->T + t], out = batch->tgt_out[b * batch->T + t];
-            BATCH_REQUIRE(in >= 0 && in < c->vocab_size && out >= 0 && out < c->vocab_size,
+            BATCH_REQUIRE(in >= 0 && in < config->vocab_size && out >= 0 && out < config->vocab_size,
                           "sentence %d: target token %d/%d at %d outside the vocabulary 0..%d",
-                          b, in, out, t, c->vocab_size - 1);
+                          b, in, out, t, config->vocab_size - 1);
         }
     }
     #undef BATCH_REQUIRE
@@ -2519,60 +2555,60 @@ static uint32_t text_hash(const char *s, size_t n) { // FNV-1a
 }
 
 // The id of the n bytes at word, or -1.
-static int vocab_find(const Vocabulary *v, const char *word, size_t n) {
-    size_t mask = v->num_slots - 1;
+static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) {
+    size_t mask = vocab->num_slots - 1;
     for (size_t i = text_hash(word, n) & mask;; i = (i + 1) & mask) {
-        int id = v->slots[i];
+        int id = vocab->slots[i];
         if (id < 0) return -1;
-        if (strncmp(v->words[id], word, n) == 0 && v->words[id][n] == '\0') return id;
+        if (strncmp(vocab->words[id], word, n) == 0 && vocab->words[id][n] == '\0') return id;
     }
 }
 
-static void vocab_insert_slot(Vocabulary *v, int id) {
-    const char *w = v->words[id];
-    size_t mask = v->num_slots - 1, i = text_hash(w, strlen(w)) & mask;
-    while (v->slots[i] >= 0) i = (i + 1) & mask;
-    v->slots[i] = id;
+static void vocab_insert_slot(Vocabulary *vocab, int id) {
+    const char *w = vocab->words[id];
+    size_t mask = vocab->num_slots - 1, i = text_hash(w, strlen(w)) & mask;
+    while (vocab->slots[i] >= 0) i = (i + 1) & mask;
+    vocab->slots[i] = id;
 }
 
 // The id of the n bytes at word, added to the vocabulary if new.
-static int vocab_add(Vocabulary *v, const char *word, size_t n) {
-    int id = vocab_find(v, word, n);
+static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
+    int id = vocab_find(vocab, word, n);
     if (id >= 0) return id;
-    if (v->size == v->capacity) {
-        v->capacity = v->capacity ? 2 * v->capacity : 64;
-        v->words = checked_realloc(v->words, v->capacity, sizeof(char *), "vocabulary");
+    if (vocab->size == vocab->capacity) {
+        vocab->capacity = vocab->capacity ? 2 * vocab->capacity : 64;
+        vocab->words = checked_realloc(vocab->words, vocab->capacity, sizeof(char *), "vocabulary");
     }
-    if (2 * (size_t)(v->size + 1) > v->num_slots) { // keep the table at most half full
-        free(v->slots);
-        v->num_slots *= 2;
-        v->slots = checked_calloc(v->num_slots, sizeof(int), "vocabulary table");
-        for (size_t i = 0; i < v->num_slots; i++) v->slots[i] = -1;
-        for (int i = 0; i < v->size; i++) vocab_insert_slot(v, i);
+    if (2 * (size_t)(vocab->size + 1) > vocab->num_slots) { // keep the table at most half full
+        free(vocab->slots);
+        vocab->num_slots *= 2;
+        vocab->slots = checked_calloc(vocab->num_slots, sizeof(int), "vocabulary table");
+        for (size_t i = 0; i < vocab->num_slots; i++) vocab->slots[i] = -1;
+        for (int i = 0; i < vocab->size; i++) vocab_insert_slot(vocab, i);
     }
     char *copy = checked_calloc(n + 1, 1, "vocabulary word");
     memcpy(copy, word, n);
-    v->words[v->size] = copy;
-    vocab_insert_slot(v, v->size);
-    return v->size++;
+    vocab->words[vocab->size] = copy;
+    vocab_insert_slot(vocab, vocab->size);
+    return vocab->size++;
 }
 
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
-static void vocab_init(Vocabulary *v) {
-    memset(v, 0, sizeof *v);
-    v->num_slots = 64;
-    v->slots = checked_calloc(v->num_slots, sizeof(int), "vocabulary table");
-    for (size_t i = 0; i < v->num_slots; i++) v->slots[i] = -1;
-    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) vocab_add(v, special_tokens[i], strlen(special_tokens[i]));
+static void vocab_init(Vocabulary *vocab) {
+    memset(vocab, 0, sizeof *vocab);
+    vocab->num_slots = 64;
+    vocab->slots = checked_calloc(vocab->num_slots, sizeof(int), "vocabulary table");
+    for (size_t i = 0; i < vocab->num_slots; i++) vocab->slots[i] = -1;
+    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) vocab_add(vocab, special_tokens[i], strlen(special_tokens[i]));
 }
 
-static void vocab_free(Vocabulary *v) {
-    if (v->bpe) { bpe_free(v->bpe); free(v->bpe); }
-    for (int i = 0; i < v->size; i++) free(v->words[i]);
-    free(v->words);
-    free(v->slots);
-    memset(v, 0, sizeof *v);
+static void vocab_free(Vocabulary *vocab) {
+    if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
+    for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
+    free(vocab->words);
+    free(vocab->slots);
+    memset(vocab, 0, sizeof *vocab);
 }
 
 // ---- §5.1 byte-pair encoding (Sennrich, Haddow & Birch, ACL 2016) -------------
@@ -2880,16 +2916,16 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
 // that ends in </w>, the marker is dropped and a space starts the next word.
 // Tokens without a marker at all (the special tokens, whole words of a
 // vocabulary without merges) are words of their own. Returns a new string.
-static char *tokens_to_text(const Vocabulary *v, const int *ids, int n) {
+static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
     size_t bytes = 1;
-    for (int i = 0; i < n; i++) bytes += strlen(v->words[ids[i]]) + 1;
+    for (int i = 0; i < n; i++) bytes += strlen(vocab->words[ids[i]]) + 1;
     char *text = checked_calloc(bytes, 1, "text"), *out = text;
     int word_open = 0; // the last token did not end its word
     for (int i = 0; i < n; i++) {
-        const char *token = v->words[ids[i]];
+        const char *token = vocab->words[ids[i]];
         size_t length = strlen(token);
         int ends = length >= BPE_END_OF_WORD_BYTES && strcmp(token + length - BPE_END_OF_WORD_BYTES, BPE_END_OF_WORD) == 0;
-        int subword = v->bpe && (ends || ids[i] >= NUM_SPECIAL_TOKENS);
+        int subword = vocab->bpe && (ends || ids[i] >= NUM_SPECIAL_TOKENS);
         if (out > text && !word_open) *out++ = ' ';
         if (subword && ends) length -= BPE_END_OF_WORD_BYTES;
         memcpy(out, token, length);
@@ -2916,48 +2952,48 @@ typedef struct {
     int longest_src, longest_tgt;
 } Dataset;
 
-static void dataset_free(Dataset *d) {
-    free(d->pairs);
-    free(d->tokens);
-    memset(d, 0, sizeof *d);
+static void dataset_free(Dataset *dataset) {
+    free(dataset->pairs);
+    free(dataset->tokens);
+    memset(dataset, 0, sizeof *dataset);
 }
 
-static void dataset_push_tokens(Dataset *d, const int *tokens, int n) {
-    if (d->num_tokens + n > d->tokens_capacity) {
-        d->tokens_capacity = 2 * (d->num_tokens + n) + 1024;
-        d->tokens = checked_realloc(d->tokens, d->tokens_capacity, sizeof(int), "sentence tokens");
+static void dataset_push_tokens(Dataset *dataset, const int *tokens, int n) {
+    if (dataset->num_tokens + n > dataset->tokens_capacity) {
+        dataset->tokens_capacity = 2 * (dataset->num_tokens + n) + 1024;
+        dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int), "sentence tokens");
     }
-    memcpy(d->tokens + d->num_tokens, tokens, n * sizeof(int));
-    d->num_tokens += n;
+    memcpy(dataset->tokens + dataset->num_tokens, tokens, n * sizeof(int));
+    dataset->num_tokens += n;
 }
 
-static void dataset_add(Dataset *d, const int *src, int src_len, const int *tgt, int tgt_len, int line) {
-    if (d->count == d->capacity) {
-        d->capacity = d->capacity ? 2 * d->capacity : 256;
-        d->pairs = checked_realloc(d->pairs, d->capacity, sizeof(SentencePair), "sentence pairs");
+static void dataset_add(Dataset *dataset, const int *src, int src_len, const int *tgt, int tgt_len, int line) {
+    if (dataset->count == dataset->capacity) {
+        dataset->capacity = dataset->capacity ? 2 * dataset->capacity : 256;
+        dataset->pairs = checked_realloc(dataset->pairs, dataset->capacity, sizeof(SentencePair), "sentence pairs");
     }
-    SentencePair *p = &d->pairs[d->count++];
-    p->src = d->num_tokens;
-    dataset_push_tokens(d, src, src_len);
-    p->tgt = d->num_tokens;
-    dataset_push_tokens(d, tgt, tgt_len);
+    SentencePair *p = &dataset->pairs[dataset->count++];
+    p->src = dataset->num_tokens;
+    dataset_push_tokens(dataset, src, src_len);
+    p->tgt = dataset->num_tokens;
+    dataset_push_tokens(dataset, tgt, tgt_len);
     p->src_len = src_len;
     p->tgt_len = tgt_len;
     p->line = line;
-    if (src_len > d->longest_src) d->longest_src = src_len;
-    if (tgt_len > d->longest_tgt) d->longest_tgt = tgt_len;
+    if (src_len > dataset->longest_src) dataset->longest_src = src_len;
+    if (tgt_len > dataset->longest_tgt) dataset->longest_tgt = tgt_len;
 }
 
 // FNV-1a over every pair's tokens: tells whether two datasets are the same
 // (a resumed run checks that its training data has not changed).
-static uint64_t dataset_hash(const Dataset *d) {
+static uint64_t dataset_hash(const Dataset *dataset) {
     uint64_t h = 0xCBF29CE484222325ULL;
-    for (int i = 0; i < d->count; i++) {
-        const SentencePair *p = &d->pairs[i];
+    for (int i = 0; i < dataset->count; i++) {
+        const SentencePair *p = &dataset->pairs[i];
         int header[2] = { p->src_len, p->tgt_len };
         for (int field = 0; field < 2 + p->src_len + p->tgt_len; field++) {
-            int x = field < 2 ? header[field] : field < 2 + p->src_len ? d->tokens[p->src + field - 2]
-                                                                       : d->tokens[p->tgt + field - 2 - p->src_len];
+            int x = field < 2 ? header[field] : field < 2 + p->src_len ? dataset->tokens[p->src + field - 2]
+                                                                       : dataset->tokens[p->tgt + field - 2 - p->src_len];
             for (int byte = 0; byte < 4; byte++) { h ^= (uint8_t)((uint32_t)x >> (8 * byte)); h *= 0x100000001B3ULL; }
         }
     }
@@ -2965,16 +3001,16 @@ static uint64_t dataset_hash(const Dataset *d) {
 }
 
 // Moves every `every`-th pair (the every-th, 2·every-th, ...) of d into held_out.
-static void dataset_split(Dataset *d, Dataset *held_out, int every) {
+static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
     Dataset kept;
     memset(&kept, 0, sizeof kept);
-    for (int i = 0; i < d->count; i++) {
-        const SentencePair *p = &d->pairs[i];
-        dataset_add((i + 1) % every == 0 ? held_out : &kept, d->tokens + p->src, p->src_len,
-                    d->tokens + p->tgt, p->tgt_len, p->line);
+    for (int i = 0; i < dataset->count; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        dataset_add((i + 1) % every == 0 ? held_out : &kept, dataset->tokens + p->src, p->src_len,
+                    dataset->tokens + p->tgt, p->tgt_len, p->line);
     }
-    dataset_free(d);
-    *d = kept;
+    dataset_free(dataset);
+    *dataset = kept;
 }
 
 // ---- reading text -------------------------------------------------------------
@@ -2991,8 +3027,8 @@ typedef struct {
 
 // The id of the n bytes at token. grow: a new token joins the vocabulary;
 // otherwise it becomes <unk> with a warning (the first few).
-static int token_id(Vocabulary *v, int grow, const char *token, size_t n, TextSource *from) {
-    int id = grow ? vocab_add(v, token, n) : vocab_find(v, token, n);
+static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
+    int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
     if (id >= 0) return id;
     from->unknown++;
     if (from->warnings++ < MAX_UNKNOWN_WARNINGS)
@@ -3011,15 +3047,15 @@ static void push_id(int **ids, size_t *capacity, int n, int id) {
 
 // The subwords of one word (§5.1, v->bpe's merges), pushed as ids at ids[n..].
 // Returns the new n.
-static int tokenize_subwords(Vocabulary *v, int grow, const char *word, int length, int **ids, size_t *capacity,
+static int tokenize_subwords(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
                              int n, TextSource *from) {
     int *start = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     int *scratch = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     char *text = checked_calloc((size_t)length + 5, 1, "subwords");
-    int count = bpe_encode_word(v->bpe, start, word, length, scratch, text);
+    int count = bpe_encode_word(vocab->bpe, start, word, length, scratch, text);
     for (int i = 0; i < count; i++) {
         int text_length = bpe_symbol_text(text, word, start, count, i);
-        push_id(ids, capacity, n++, token_id(v, grow, text, (size_t)text_length, from));
+        push_id(ids, capacity, n++, token_id(vocab, grow, text, (size_t)text_length, from));
     }
     free(start); free(scratch); free(text);
     return n;
@@ -3046,7 +3082,7 @@ static void strip_byte_order_mark(char *line, ssize_t *length) {
 // become <unk> with a warning (the first few). Returns the number of tokens
 // (*ids grows as needed), or -1 at a special token's text (from->reserved
 // says which; reserved_token_error is the message).
-static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capacity, TextSource *from) {
+static int tokenize(char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
     char *p = text;
     for (;;) {
@@ -3060,8 +3096,8 @@ static int tokenize(char *text, Vocabulary *v, int grow, int **ids, size_t *capa
                 from->reserved = special_tokens[special];
                 return -1;
             }
-        if (v->bpe) n = tokenize_subwords(v, grow, start, (int)len, ids, capacity, n, from);
-        else push_id(ids, capacity, n++, token_id(v, grow, start, len, from));
+        if (vocab->bpe) n = tokenize_subwords(vocab, grow, start, (int)len, ids, capacity, n, from);
+        else push_id(ids, capacity, n++, token_id(vocab, grow, start, len, from));
     }
     return n;
 }
@@ -3081,7 +3117,7 @@ static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
 // lines are skipped; a line ending in \r\n is read as ending in \n. grow: the
 // vocabulary takes every new token (training data); otherwise unknown tokens
 // become <unk> with a warning.
-static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path, int grow) {
+static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
     FILE *f = fopen(path, "r");
     if (!f) return errorf("%s: cannot open: %s", path, strerror(errno));
     char *line = NULL;
@@ -3099,20 +3135,20 @@ static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path,
         if (!tab) { error = errorf("%s: no tab; expected source<TAB>target", from.where); break; }
         if (strchr(tab + 1, '\t')) { error = errorf("%s: more than one tab; expected source<TAB>target", from.where); break; }
         *tab = '\0';
-        int n_src = tokenize(line, v, grow, &src, &src_capacity, &from);
-        int n_tgt = n_src < 0 ? -1 : tokenize(tab + 1, v, grow, &tgt, &tgt_capacity, &from);
+        int n_src = tokenize(line, vocab, grow, &src, &src_capacity, &from);
+        int n_tgt = n_src < 0 ? -1 : tokenize(tab + 1, vocab, grow, &tgt, &tgt_capacity, &from);
         if (n_tgt < 0) error = reserved_token_error(&from);
         else if (n_src == 0) error = errorf("%s: empty source; expected tokens before the tab", from.where);
         else if (n_tgt == 0) error = errorf("%s: empty target; expected tokens after the tab", from.where);
         else if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
             error = errorf("%s: %d tokens; expected at most %d", from.where, n_src > n_tgt ? n_src : n_tgt,
                            TRANSFORMER_MAX_LEN);
-        else if (v->size > TRANSFORMER_MAX_VOCAB)
+        else if (vocab->size > TRANSFORMER_MAX_VOCAB)
             error = errorf("%s: more than %d distinct tokens; expected fewer", from.where, TRANSFORMER_MAX_VOCAB);
-        else dataset_add(d, src, n_src, tgt, n_tgt, line_no);
+        else dataset_add(dataset, src, n_src, tgt, n_tgt, line_no);
     }
     if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
-    if (!error && d->count == 0)
+    if (!error && dataset->count == 0)
         error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target",
                        path, line_no == 0 ? "the file is empty" : "only blank lines");
     if (!error && from.warnings > MAX_UNKNOWN_WARNINGS)
@@ -3129,17 +3165,17 @@ static const char *dataset_read_tsv(Dataset *d, Vocabulary *v, const char *path,
 // leaves out the pairs dataset_split would hold out, so that held-out words
 // teach no merges. *learned: how many merges there are (fewer when no pair
 // occurs twice any more).
-static const char *bpe_learn_from_tsv(Vocabulary *v, const char *path, int held_out_every, int num_merges,
+static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int held_out_every, int num_merges,
                                       int *learned) {
     Vocabulary words;
-    Dataset d, held_out;
+    Dataset dataset, held_out;
     vocab_init(&words);
-    memset(&d, 0, sizeof d);
+    memset(&dataset, 0, sizeof dataset);
     memset(&held_out, 0, sizeof held_out);
-    const char *error = dataset_read_tsv(&d, &words, path, 1);
-    if (!error && held_out_every > 0 && d.count >= held_out_every) dataset_split(&d, &held_out, held_out_every);
+    const char *error = dataset_read_tsv(&dataset, &words, path, 1);
+    if (!error && held_out_every > 0 && dataset.count >= held_out_every) dataset_split(&dataset, &held_out, held_out_every);
     long *counts = checked_calloc((size_t)words.size, sizeof(long), "word counts");
-    for (size_t i = 0; !error && i < d.num_tokens; i++) counts[d.tokens[i]]++;
+    for (size_t i = 0; !error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
     for (int id = NUM_SPECIAL_TOKENS; !error && id < words.size; id++)
         if (strstr(words.words[id], BPE_END_OF_WORD))
             error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words without it "
@@ -3151,11 +3187,11 @@ static const char *bpe_learn_from_tsv(Vocabulary *v, const char *path, int held_
         int n = words.size - NUM_SPECIAL_TOKENS;
         *learned = bpe_learn(b, (const char *const *)words.words + NUM_SPECIAL_TOKENS, counts + NUM_SPECIAL_TOKENS,
                              n, num_merges);
-        if (v->bpe) { bpe_free(v->bpe); free(v->bpe); }
-        v->bpe = b;
+        if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
+        vocab->bpe = b;
     }
     free(counts);
-    dataset_free(&d); dataset_free(&held_out);
+    dataset_free(&dataset); dataset_free(&held_out);
     vocab_free(&words);
     return error;
 }
@@ -3164,18 +3200,18 @@ static const char *bpe_learn_from_tsv(Vocabulary *v, const char *path, int held_
 // characters of the training words and each merge's result, so that any
 // word made of these characters is written without <unk>, even when it
 // needs a subword that no training word kept (a later merge took it).
-static void vocab_add_subwords(Vocabulary *v) {
-    const Vocabulary *symbols = &v->bpe->symbols;
+static void vocab_add_subwords(Vocabulary *vocab) {
+    const Vocabulary *symbols = &vocab->bpe->symbols;
     for (int id = NUM_SPECIAL_TOKENS; id < symbols->size; id++)
-        vocab_add(v, symbols->words[id], strlen(symbols->words[id]));
+        vocab_add(vocab, symbols->words[id], strlen(symbols->words[id]));
 }
 
 // A model with max_len positions takes sources and targets of up to
 // max_len - 1 tokens: the encoder reads x_1..x_n </s> and the decoder
 // <s> y_1..y_n, n + 1 positions each.
-static const char *dataset_check_lengths(const Dataset *d, const char *name, int max_len) {
-    for (int i = 0; i < d->count; i++) {
-        const SentencePair *p = &d->pairs[i];
+static const char *dataset_check_lengths(const Dataset *dataset, const char *name, int max_len) {
+    for (int i = 0; i < dataset->count; i++) {
+        const SentencePair *p = &dataset->pairs[i];
         char where[300];
         if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
         else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
@@ -3190,8 +3226,8 @@ static const char *dataset_check_lengths(const Dataset *d, const char *name, int
 }
 
 // The tokens as text: words separated by spaces (subwords joined, §5.1).
-static void print_tokens(FILE *f, const Vocabulary *v, const int *ids, int n) {
-    char *text = tokens_to_text(v, ids, n);
+static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n) {
+    char *text = tokens_to_text(vocab, ids, n);
     fputs(text, f);
     free(text);
 }
@@ -3206,12 +3242,12 @@ static void print_tokens(FILE *f, const Vocabulary *v, const int *ids, int n) {
 enum { TASK_COPY, TASK_REVERSE, NUM_TASKS };
 static const char *task_names[NUM_TASKS] = { "copy", "reverse" };
 
-static void task_vocabulary(Vocabulary *v, int words) {
-    vocab_init(v);
+static void task_vocabulary(Vocabulary *vocab, int words) {
+    vocab_init(vocab);
     for (int w = 0; w < words; w++) {
         char text[16];
         int n = snprintf(text, sizeof text, "%d", w);
-        vocab_add(v, text, (size_t)n);
+        vocab_add(vocab, text, (size_t)n);
     }
 }
 
@@ -3293,12 +3329,12 @@ static int compare_length_keys(const void *pa, const void *pb) {
 // Cuts order[0..count-1] (already grouped by length) into batches of at most
 // batch_tokens padded tokens each (at least one pair per batch): B x (S + T)
 // with S = longest source + 1 (</s>), T = longest target + 1 (<s> or </s>).
-static int cut_into_batches(BatchSpan *spans, const Dataset *d, const int *order, int count, int batch_tokens) {
+static int cut_into_batches(BatchSpan *spans, const Dataset *dataset, const int *order, int count, int batch_tokens) {
     int num_spans = 0;
     for (int i = 0; i < count; ) {
         int S = 0, T = 0, n = 0;
         while (i + n < count) {
-            const SentencePair *p = &d->pairs[order[i + n]];
+            const SentencePair *p = &dataset->pairs[order[i + n]];
             int S2 = p->src_len + 1 > S ? p->src_len + 1 : S, T2 = p->tgt_len + 1 > T ? p->tgt_len + 1 : T;
             if (n > 0 && (long)(n + 1) * (S2 + T2) > batch_tokens) break;
             S = S2; T = T2; n++;
@@ -3311,20 +3347,20 @@ static int cut_into_batches(BatchSpan *spans, const Dataset *d, const int *order
 }
 
 // Draws the next epoch's batches from rng (serially: the same on any thread count).
-static void epoch_plan_make(EpochPlan *plan, const Dataset *d, int batch_tokens, Rng *rng) {
-    LengthKey *keys = checked_calloc(d->count, sizeof(LengthKey), "epoch order");
-    for (int i = 0; i < d->count; i++) {
-        keys[i].src_len = d->pairs[i].src_len;
-        keys[i].tgt_len = d->pairs[i].tgt_len;
+static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_tokens, Rng *rng) {
+    LengthKey *keys = checked_calloc(dataset->count, sizeof(LengthKey), "epoch order");
+    for (int i = 0; i < dataset->count; i++) {
+        keys[i].src_len = dataset->pairs[i].src_len;
+        keys[i].tgt_len = dataset->pairs[i].tgt_len;
         keys[i].key = rng_next(rng);
         keys[i].index = i;
     }
-    qsort(keys, d->count, sizeof(LengthKey), compare_length_keys);
-    plan->order = checked_realloc(plan->order, d->count, sizeof(int), "epoch order");
-    plan->spans = checked_realloc(plan->spans, d->count, sizeof(BatchSpan), "epoch batches");
-    for (int i = 0; i < d->count; i++) plan->order[i] = keys[i].index;
+    qsort(keys, dataset->count, sizeof(LengthKey), compare_length_keys);
+    plan->order = checked_realloc(plan->order, dataset->count, sizeof(int), "epoch order");
+    plan->spans = checked_realloc(plan->spans, dataset->count, sizeof(BatchSpan), "epoch batches");
+    for (int i = 0; i < dataset->count; i++) plan->order[i] = keys[i].index;
     free(keys);
-    plan->num_spans = cut_into_batches(plan->spans, d, plan->order, d->count, batch_tokens);
+    plan->num_spans = cut_into_batches(plan->spans, dataset, plan->order, dataset->count, batch_tokens);
     for (int i = plan->num_spans - 1; i > 0; i--) { // Fisher-Yates shuffle of the batches
         int j = rng_below(rng, i + 1);
         BatchSpan swap = plan->spans[i]; plan->spans[i] = plan->spans[j]; plan->spans[j] = swap;
@@ -3350,10 +3386,10 @@ typedef struct {
 // tensor2tensor and fairseq (the paper does not say): it marks where the
 // sentence ends, which the encoder otherwise has to infer from the padding
 // mask alone. On the copy task it made learning faster (NOTES.md).
-static void batch_fill(BatchBuffer *bb, const Dataset *d, const int *indices, int count) {
+static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indices, int count) {
     int S = 1, T = 1;
     for (int i = 0; i < count; i++) {
-        const SentencePair *p = &d->pairs[indices[i]];
+        const SentencePair *p = &dataset->pairs[indices[i]];
         if (p->src_len + 1 > S) S = p->src_len + 1;
         if (p->tgt_len + 1 > T) T = p->tgt_len + 1;
     }
@@ -3377,8 +3413,8 @@ static void batch_fill(BatchBuffer *bb, const Dataset *d, const int *indices, in
     memset(bb->tgt_out, 0, B * T * sizeof(int));
     bb->tokens = 0;
     for (size_t b = 0; b < B; b++) {
-        const SentencePair *p = &d->pairs[indices[b]];
-        const int *x = d->tokens + p->src, *y = d->tokens + p->tgt;
+        const SentencePair *p = &dataset->pairs[indices[b]];
+        const int *x = dataset->tokens + p->src, *y = dataset->tokens + p->tgt;
         memcpy(bb->src + b * S, x, p->src_len * sizeof(int));
         bb->src[b * S + p->src_len] = TOKEN_EOS;
         bb->src_len[b] = p->src_len + 1;
@@ -3438,38 +3474,38 @@ static void score_output(Evaluation *e, const int *output, int output_len, const
 // The sum over the batch's target tokens of -log p(reference token), without
 // label smoothing, from the probabilities of the last forward pass (acts.probs,
 // (B,T,V), which cross_entropy_forward computed from the logits).
-static double reference_log_loss(const Transformer *m, const Batch *batch) {
-    int T = batch->T, V = m->config.vocab_size;
+static double reference_log_loss(const Transformer *model, const Batch *batch) {
+    int T = batch->T, V = model->config.vocab_size;
     double total = 0;
     for (int b = 0; b < batch->B; b++)
         for (int t = 0; t < batch->tgt_len[b]; t++)
-            total -= log((double)m->acts.probs[((size_t)b * T + t) * V + batch->tgt_out[b * T + t]]);
+            total -= log((double)model->acts.probs[((size_t)b * T + t) * V + batch->tgt_out[b * T + t]]);
     return total;
 }
 
 // Evaluates the first `count` pairs of d (all when count <= 0), decoding
 // greedily (beam_size 1, many sentences side by side) or with beam search.
-static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count, int batch_tokens,
+static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
                      int beam_size, double alpha) {
     memset(e, 0, sizeof *e);
-    if (count <= 0 || count > d->count) count = d->count;
+    if (count <= 0 || count > dataset->count) count = dataset->count;
     e->sentences = count;
-    e->stride = m->config.max_len;
+    e->stride = model->config.max_len;
     e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
     e->output_len = checked_calloc(count, sizeof(int), "decoded outputs");
-    int training = m->training;
-    m->training = 0;
+    int training = model->training;
+    model->training = 0;
     // sorted by length, so that the sentences decoded side by side have little padding
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "evaluation order");
     int *order = checked_calloc(count, sizeof(int), "evaluation order");
     BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
     for (int i = 0; i < count; i++) {
-        LengthKey key = { d->pairs[i].src_len, d->pairs[i].tgt_len, 0, i };
+        LengthKey key = { dataset->pairs[i].src_len, dataset->pairs[i].tgt_len, 0, i };
         keys[i] = key;
     }
     qsort(keys, count, sizeof(LengthKey), compare_length_keys);
     for (int i = 0; i < count; i++) order[i] = keys[i].index;
-    int num_spans = cut_into_batches(spans, d, order, count, batch_tokens);
+    int num_spans = cut_into_batches(spans, dataset, order, count, batch_tokens);
     BatchBuffer bb;
     memset(&bb, 0, sizeof bb);
     double total_loss = 0, total_log_loss = 0;
@@ -3478,63 +3514,63 @@ static void evaluate(Evaluation *e, Transformer *m, const Dataset *d, int count,
     for (int s = 0; s < num_spans; s++) {
         const int *indices = order + spans[s].start;
         int B = spans[s].count;
-        batch_fill(&bb, d, indices, B);
-        total_loss += (double)transformer_forward(m, &bb.batch) * m->num_target_tokens;
-        total_log_loss += reference_log_loss(m, &bb.batch);
-        total_tokens += m->num_target_tokens;
-        int S = bb.batch.S, max_out = transformer_decode_limit(m, S);
+        batch_fill(&bb, dataset, indices, B);
+        total_loss += (double)transformer_forward(model, &bb.batch) * model->num_target_tokens;
+        total_log_loss += reference_log_loss(model, &bb.batch);
+        total_tokens += model->num_target_tokens;
+        int S = bb.batch.S, max_out = transformer_decode_limit(model, S);
         out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
         out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
         if (beam_size <= 1) {
-            transformer_greedy_decode(m, out, out_len, max_out, bb.src, bb.src_len, B, S);
+            transformer_greedy_decode(model, out, out_len, max_out, bb.src, bb.src_len, B, S);
         } else {
             for (int b = 0; b < B; b++)
-                out_len[b] = transformer_beam_search(m, out + (size_t)b * max_out, NULL, bb.src + (size_t)b * S,
+                out_len[b] = transformer_beam_search(model, out + (size_t)b * max_out, NULL, bb.src + (size_t)b * S,
                                                      bb.src_len[b], beam_size, alpha);
         }
         for (int b = 0; b < B; b++) {
-            const SentencePair *p = &d->pairs[indices[b]];
+            const SentencePair *p = &dataset->pairs[indices[b]];
             int n = out_len[b] < e->stride ? out_len[b] : e->stride;
             memcpy(e->output + (size_t)indices[b] * e->stride, out + (size_t)b * max_out, n * sizeof(int));
             e->output_len[indices[b]] = n;
-            score_output(e, out + (size_t)b * max_out, out_len[b], d->tokens + p->tgt, p->tgt_len);
+            score_output(e, out + (size_t)b * max_out, out_len[b], dataset->tokens + p->tgt, p->tgt_len);
         }
     }
     e->loss = total_tokens ? total_loss / total_tokens : 0;
     e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;
     free(keys); free(order); free(spans); free(out); free(out_len);
     batch_buffer_free(&bb);
-    m->training = training;
+    model->training = training;
 }
 
 // With §5.1 subwords the tokens are not the words: joined back into words,
 // an output may spell the reference with other subwords and still be it.
 // Exact match (e->exact, replacing the count on subwords) and BLEU on words,
 // from the stored outputs.
-static void evaluation_score_words(Evaluation *e, const Dataset *d, const Vocabulary *v) {
+static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
     e->exact = 0;
     bleu_reset(&e->bleu_words);
     for (int i = 0; i < e->sentences; i++) {
-        const SentencePair *p = &d->pairs[i];
-        char *output = tokens_to_text(v, e->output + (size_t)i * e->stride, e->output_len[i]);
-        char *reference = tokens_to_text(v, d->tokens + p->tgt, p->tgt_len);
+        const SentencePair *p = &dataset->pairs[i];
+        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
+        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
         e->exact += strcmp(output, reference) == 0;
         bleu_add_sentence_text(&e->bleu_words, output, reference);
         free(output); free(reference);
     }
 }
 
-static void print_examples(const Evaluation *e, const Dataset *d, const Vocabulary *v, int show) {
+static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab, int show) {
     for (int i = 0; i < show && i < e->sentences; i++) {
-        const SentencePair *p = &d->pairs[i];
+        const SentencePair *p = &dataset->pairs[i];
         const int *out = e->output + (size_t)i * e->stride;
         int n = e->output_len[i];
-        char *output = tokens_to_text(v, out, n), *reference = tokens_to_text(v, d->tokens + p->tgt, p->tgt_len);
+        char *output = tokens_to_text(vocab, out, n), *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
         int exact = strcmp(output, reference) == 0; // the same words
         free(output); free(reference);
-        printf("  source     "); print_tokens(stdout, v, d->tokens + p->src, p->src_len);
-        printf("\n  reference  "); print_tokens(stdout, v, d->tokens + p->tgt, p->tgt_len);
-        printf("\n  output     "); print_tokens(stdout, v, out, n);
+        printf("  source     "); print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
+        printf("\n  reference  "); print_tokens(stdout, vocab, dataset->tokens + p->tgt, p->tgt_len);
+        printf("\n  output     "); print_tokens(stdout, vocab, out, n);
         printf("   (%s)\n", exact ? "exact" : "WRONG");
     }
 }
@@ -3680,44 +3716,44 @@ static void write_merges(Writer *w, const Bpe *b) {
 // Writes a checkpoint in format `version` (3; 1 and 2 only for the tests
 // that check that older files still read: 1 without merges, both only with
 // sinusoids).
-static const char *checkpoint_save_version(const char *path, const Transformer *m, const Vocabulary *v,
+static const char *checkpoint_save_version(const char *path, const Transformer *model, const Vocabulary *vocab,
                                            const TrainingState *state, const char *run_options, int version) {
-    uint64_t merges_bytes = merges_section_bytes(v->bpe);
+    uint64_t merges_bytes = merges_section_bytes(vocab->bpe);
     if (version == 1 && merges_bytes)
         return errorf("%s: checkpoint format version 1 cannot hold merges; expected version 2", path);
-    if (version < 3 && m->config.positional != POSITIONAL_SINUSOID)
+    if (version < 3 && model->config.positional != POSITIONAL_SINUSOID)
         return errorf("%s: checkpoint format version %d cannot hold learned positions; expected version 3", path, version);
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
     Writer w = { f, FNV_OFFSET, 0 };
-    const TransformerConfig *c = &m->config;
+    const TransformerConfig *config = &model->config;
     uint64_t vocab_bytes = 0, options_bytes = strlen(run_options);
-    for (int i = 0; i < v->size; i++) vocab_bytes += 4 + strlen(v->words[i]);
+    for (int i = 0; i < vocab->size; i++) vocab_bytes += 4 + strlen(vocab->words[i]);
     write_bytes(&w, CHECKPOINT_MAGIC, 4);
     write_u32(&w, (uint32_t)version);
     write_u32(&w, (uint32_t)sizeof(real));
-    int sizes[6] = { c->n_layers, c->d_model, c->d_ff, c->n_heads, c->vocab_size, c->max_len };
+    int sizes[6] = { config->n_layers, config->d_model, config->d_ff, config->n_heads, config->vocab_size, config->max_len };
     for (int i = 0; i < 6; i++) write_u32(&w, (uint32_t)sizes[i]);
-    write_f32(&w, c->dropout);
-    write_f32(&w, c->label_smoothing);
-    write_f32(&w, c->layer_norm_eps);
-    uint64_t fields[9] = { m->num_parameters, (uint64_t)m->adam_step, m->dropout_rng.state,
+    write_f32(&w, config->dropout);
+    write_f32(&w, config->label_smoothing);
+    write_f32(&w, config->layer_norm_eps);
+    uint64_t fields[9] = { model->num_parameters, (uint64_t)model->adam_step, model->dropout_rng.state,
                            state->epoch_rng, state->epoch, state->epoch_batches, state->data_hash,
                            vocab_bytes, options_bytes };
     for (int i = 0; i < 9; i++) write_u64(&w, fields[i]);
     if (version >= 2) write_u64(&w, merges_bytes);
-    if (version >= 3) write_u64(&w, (uint64_t)c->positional);
+    if (version >= 3) write_u64(&w, (uint64_t)config->positional);
     write_bytes(&w, run_options, options_bytes);
-    for (int i = 0; i < v->size; i++) {
-        write_u32(&w, (uint32_t)strlen(v->words[i]));
-        write_bytes(&w, v->words[i], strlen(v->words[i]));
+    for (int i = 0; i < vocab->size; i++) {
+        write_u32(&w, (uint32_t)strlen(vocab->words[i]));
+        write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
     }
-    write_merges(&w, v->bpe);
-    write_reals(&w, m->params_memory, m->num_parameters);
-    write_reals(&w, m->adam_m, m->num_parameters);
-    write_reals(&w, m->adam_v, m->num_parameters);
+    write_merges(&w, vocab->bpe);
+    write_reals(&w, model->params_memory, model->num_parameters);
+    write_reals(&w, model->adam_m, model->num_parameters);
+    write_reals(&w, model->adam_v, model->num_parameters);
     write_u64(&w, w.hash);
     int error = w.failed ? (errno ? errno : EIO) : 0;
     if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) error = errno;
@@ -3730,9 +3766,9 @@ static const char *checkpoint_save_version(const char *path, const Transformer *
     return NULL;
 }
 
-static const char *checkpoint_save(const char *path, const Transformer *m, const Vocabulary *v,
+static const char *checkpoint_save(const char *path, const Transformer *model, const Vocabulary *vocab,
                                    const TrainingState *state, const char *run_options) {
-    return checkpoint_save_version(path, m, v, state, run_options, CHECKPOINT_VERSION);
+    return checkpoint_save_version(path, model, vocab, state, run_options, CHECKPOINT_VERSION);
 }
 
 // The fixed-size header at the start of every checkpoint (offsets in NOTES.md).
@@ -3768,17 +3804,17 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
     h->real_bytes = get_u32(b + 8);
     if (h->real_bytes != 4 && h->real_bytes != 8)
         return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path, h->real_bytes);
-    TransformerConfig *c = &h->config;
-    c->n_layers = (int32_t)get_u32(b + 12); c->d_model = (int32_t)get_u32(b + 16);
-    c->d_ff = (int32_t)get_u32(b + 20); c->n_heads = (int32_t)get_u32(b + 24);
-    c->vocab_size = (int32_t)get_u32(b + 28); c->max_len = (int32_t)get_u32(b + 32);
-    c->dropout = get_f32(b + 36); c->label_smoothing = get_f32(b + 40); c->layer_norm_eps = get_f32(b + 44);
+    TransformerConfig *config = &h->config;
+    config->n_layers = (int32_t)get_u32(b + 12); config->d_model = (int32_t)get_u32(b + 16);
+    config->d_ff = (int32_t)get_u32(b + 20); config->n_heads = (int32_t)get_u32(b + 24);
+    config->vocab_size = (int32_t)get_u32(b + 28); config->max_len = (int32_t)get_u32(b + 32);
+    config->dropout = get_f32(b + 36); config->label_smoothing = get_f32(b + 40); config->layer_norm_eps = get_f32(b + 44);
     uint64_t positional = h->version >= 3 ? get_u64(b + 128) : POSITIONAL_SINUSOID;
     if (positional != POSITIONAL_SINUSOID && positional != POSITIONAL_LEARNED)
         return errorf("%s: header: positional kind %llu; expected %d (sinusoid) or %d (learned)", path,
                       (unsigned long long)positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    c->positional = (int)positional;
-    const char *error = transformer_config_check(c);
+    config->positional = (int)positional;
+    const char *error = transformer_config_check(config);
     if (error) return errorf("%s: header: %s", path, error);
     uint64_t *fields[9] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng,
                             &h->state.epoch, &h->state.epoch_batches, &h->state.data_hash,
@@ -3786,15 +3822,15 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
     for (int i = 0; i < 9; i++) *fields[i] = get_u64(b + 48 + 8 * i);
     h->merges_bytes = h->version >= 2 ? get_u64(b + 120) : 0;
     size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, c);
+    parameter_sizes(sizes, config);
     size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS);
     if (h->num_parameters != P)
         return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d, max_len %d, "
-                      "%s positions) give %zu", path, (unsigned long long)h->num_parameters, c->n_layers, c->d_model,
-                      c->d_ff, c->vocab_size, c->max_len, positional_name(c->positional), P);
-    if (h->vocab_bytes > size || h->vocab_bytes < 5 * (uint64_t)c->vocab_size)
+                      "%s positions) give %zu", path, (unsigned long long)h->num_parameters, config->n_layers, config->d_model,
+                      config->d_ff, config->vocab_size, config->max_len, positional_name(config->positional), P);
+    if (h->vocab_bytes > size || h->vocab_bytes < 5 * (uint64_t)config->vocab_size)
         return errorf("%s: header: a vocabulary section of %llu bytes cannot hold %d tokens", path,
-                      (unsigned long long)h->vocab_bytes, c->vocab_size);
+                      (unsigned long long)h->vocab_bytes, config->vocab_size);
     if (h->options_bytes > size)
         return errorf("%s: header: an options section of %llu bytes, but the file has %llu", path,
                       (unsigned long long)h->options_bytes, (unsigned long long)size);
@@ -3816,7 +3852,7 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
 // The vocabulary section: for each id a u32 length and the token's bytes; the
 // four special tokens first, no repeats, no spaces, lengths adding up to the
 // section's size in the header. v starts as vocab_init leaves it.
-static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *v, const CheckpointHeader *h, const char *path) {
+static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *vocab, const CheckpointHeader *h, const char *path) {
     uint64_t used = 0;
     for (int i = 0; i < h->config.vocab_size; i++) {
         unsigned char b[4];
@@ -3828,10 +3864,10 @@ static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *v, const Ch
                           "size in the header (%llu bytes)", path, i, n, (unsigned long long)h->vocab_bytes);
         char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
         read_bytes(r, word, n);
-        int known = vocab_find(v, word, n), ok = strlen(word) == n;
+        int known = vocab_find(vocab, word, n), ok = strlen(word) == n;
         for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
         ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
-        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(v, word, n);
+        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(vocab, word, n);
         free(word);
         if (!ok)
             return errorf("%s: vocabulary token %d is %s; expected %s", path, i,
@@ -3847,7 +3883,7 @@ static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *v, const Ch
 // The merges section (version 2, when its size in the header is not 0): the
 // count, then each merge's two symbols, of 1 byte or more without spaces,
 // lengths adding up to the section's size. Sets v->bpe.
-static const char *checkpoint_read_merges(Reader *r, Vocabulary *v, const CheckpointHeader *h, const char *path) {
+static const char *checkpoint_read_merges(Reader *r, Vocabulary *vocab, const CheckpointHeader *h, const char *path) {
     if (h->merges_bytes == 0) return NULL;
     unsigned char b[4];
     read_bytes(r, b, 4);
@@ -3858,7 +3894,7 @@ static const char *checkpoint_read_merges(Reader *r, Vocabulary *v, const Checkp
                       (unsigned long long)h->merges_bytes, (unsigned long long)(h->merges_bytes / 10));
     Bpe *bpe = checked_calloc(1, sizeof(Bpe), "merges");
     bpe_init(bpe);
-    v->bpe = bpe; // vocab_free frees it on an error
+    vocab->bpe = bpe; // vocab_free frees it on an error
     for (uint32_t i = 0; i < count; i++) {
         char *sides[2] = { NULL, NULL };
         const char *error = NULL;
@@ -3891,13 +3927,13 @@ static const char *checkpoint_read_merges(Reader *r, Vocabulary *v, const Checkp
 // the training state and the run's options text, which the caller frees).
 // Nothing is allocated before the header has been checked against the
 // file's length; the checksum, last, covers every byte.
-static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary *v, TrainingState *state,
+static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab, TrainingState *state,
                                    char **run_options) {
-    memset(m, 0, sizeof *m);
-    vocab_init(v);
+    memset(model, 0, sizeof *model);
+    vocab_init(vocab);
     if (run_options) *run_options = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) { vocab_free(v); return errorf("%s: cannot open: %s", path, strerror(errno)); }
+    if (!f) { vocab_free(vocab); return errorf("%s: cannot open: %s", path, strerror(errno)); }
     struct stat st;
     unsigned char b[CHECKPOINT_HEADER_BYTES];
     CheckpointHeader h;
@@ -3917,14 +3953,14 @@ static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary 
         if (strlen(options) != h.options_bytes)
             error = errorf("%s: the options section holds a zero byte; expected text", path);
     }
-    if (!error) error = checkpoint_read_vocabulary(&r, v, &h, path);
-    if (!error) error = checkpoint_read_merges(&r, v, &h, path);
-    if (!error && (error = transformer_build(m, &h.config, 1))) error = errorf("%s: %s", path, error);
+    if (!error) error = checkpoint_read_vocabulary(&r, vocab, &h, path);
+    if (!error) error = checkpoint_read_merges(&r, vocab, &h, path);
+    if (!error && (error = transformer_build(model, &h.config, 1))) error = errorf("%s: %s", path, error);
     if (!error) {
-        size_t P = m->num_parameters;
-        read_reals(&r, m->params_memory, P, h.real_bytes);
-        read_reals(&r, m->adam_m, P, h.real_bytes);
-        read_reals(&r, m->adam_v, P, h.real_bytes);
+        size_t P = model->num_parameters;
+        read_reals(&r, model->params_memory, P, h.real_bytes);
+        read_reals(&r, model->adam_m, P, h.real_bytes);
+        read_reals(&r, model->adam_v, P, h.real_bytes);
         uint64_t computed = r.hash;
         unsigned char checksum[8];
         read_bytes(&r, checksum, 8);
@@ -3934,12 +3970,12 @@ static const char *checkpoint_load(const char *path, Transformer *m, Vocabulary 
     fclose(f);
     if (error) {
         free(options);
-        transformer_free(m);
-        vocab_free(v);
+        transformer_free(model);
+        vocab_free(vocab);
         return error;
     }
-    m->adam_step = (long)h.adam_step;
-    m->dropout_rng.state = h.dropout_rng;
+    model->adam_step = (long)h.adam_step;
+    model->dropout_rng.state = h.dropout_rng;
     if (state) *state = h.state;
     if (run_options) *run_options = options; else free(options);
     return NULL;
@@ -4072,8 +4108,8 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
         if (precisions) precisions[n] = p;
         if (p == 0) any_zero = 1; else log_sum += log(p);
     }
-    double c = (double)stats->candidate_length, r = (double)stats->reference_length;
-    double bp = c > r ? 1.0 : (c > 0 ? exp(1.0 - r / c) : 0.0);
+    double candidate = (double)stats->candidate_length, reference = (double)stats->reference_length;
+    double bp = candidate > reference ? 1.0 : (candidate > 0 ? exp(1.0 - reference / candidate) : 0.0);
     if (brevity_penalty) *brevity_penalty = bp;
     if (any_zero) return 0.0;
     return 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
@@ -4333,13 +4369,13 @@ static char *format_run_options(const Option *options, int n) {
 
 // Where the training steps run (transformer.h): here, Parts I and II on the
 // host, where the parameters always are, so begin and to_host have nothing to do.
-static void cpu_training_nothing_to_copy(Transformer *m) { (void)m; }
+static void cpu_training_nothing_to_copy(Transformer *model) { (void)model; }
 const TrainingCompute transformer_cpu_training = {
     "transformer.c", cpu_training_nothing_to_copy, transformer_train_step, cpu_training_nothing_to_copy,
 };
 const TrainingCompute *transformer_training = &transformer_cpu_training;
 
-uint64_t transformer_dropout_key(Transformer *m) { return rng_next(&m->dropout_rng); }
+uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
 
 // Everything a training run holds.
 typedef struct {
@@ -4447,20 +4483,20 @@ static const char *train_start(TrainRun *r) {
         return errorf("--task and --train both given; expected one of them");
     if (o->bpe > 0 && !o->train_path) return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
     if ((error = train_load_data(r, 0))) return error;
-    TransformerConfig c = transformer_default_config();
-    c.n_layers = o->layers; c.d_model = o->d_model; c.d_ff = o->d_ff; c.n_heads = o->heads;
-    if ((c.positional = positional_from_name(o->positional)) < 0)
+    TransformerConfig config = transformer_default_config();
+    config.n_layers = o->layers; config.d_model = o->d_model; config.d_ff = o->d_ff; config.n_heads = o->heads;
+    if ((config.positional = positional_from_name(o->positional)) < 0)
         return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", o->positional);
-    c.vocab_size = r->vocab.size;
-    c.dropout = (float)o->dropout; c.label_smoothing = (float)o->label_smoothing;
+    config.vocab_size = r->vocab.size;
+    config.dropout = (float)o->dropout; config.label_smoothing = (float)o->label_smoothing;
     int longest = r->train.longest_src > r->train.longest_tgt ? r->train.longest_src : r->train.longest_tgt;
-    c.max_len = o->positions ? o->positions : longest + 1 + 50;
-    if (c.max_len > TRANSFORMER_MAX_LEN) c.max_len = TRANSFORMER_MAX_LEN;
-    if ((error = transformer_config_check(&c))) return errorf("model: %s", error);
-    if ((error = dataset_check_lengths(&r->train, r->data_name, c.max_len))) return error;
-    if ((error = dataset_check_lengths(&r->valid, o->valid_path ? o->valid_path : r->data_name, c.max_len)))
+    config.max_len = o->positions ? o->positions : longest + 1 + 50;
+    if (config.max_len > TRANSFORMER_MAX_LEN) config.max_len = TRANSFORMER_MAX_LEN;
+    if ((error = transformer_config_check(&config))) return errorf("model: %s", error);
+    if ((error = dataset_check_lengths(&r->train, r->data_name, config.max_len))) return error;
+    if ((error = dataset_check_lengths(&r->valid, o->valid_path ? o->valid_path : r->data_name, config.max_len)))
         return error;
-    if ((error = transformer_build(&r->model, &c, (uint64_t)o->seed))) return errorf("model: %s", error);
+    if ((error = transformer_build(&r->model, &config, (uint64_t)o->seed))) return errorf("model: %s", error);
     rng_seed(&r->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
     r->last_saved_step = -1;
     return NULL;
@@ -4526,11 +4562,11 @@ static void format_duration(char *text, size_t n, double seconds) {
 }
 
 // The name of the first parameter tensor that holds a NaN or an infinity, or NULL.
-static const char *nonfinite_parameter(Transformer *m) {
+static const char *nonfinite_parameter(Transformer *model) {
     real **tensors[NUM_PARAMETER_TENSORS];
-    parameter_pointers(tensors, &m->params);
+    parameter_pointers(tensors, &model->params);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
-        for (size_t i = 0; i < m->param_sizes[t]; i++)
+        for (size_t i = 0; i < model->param_sizes[t]; i++)
             if (!isfinite((*tensors[t])[i])) return parameter_names[t];
     return NULL;
 }
@@ -4682,14 +4718,14 @@ static double train_evaluate(TrainRun *r, int final) {
 
 static void train_print_header(const TrainRun *r) {
     const TrainOptions *o = &r->opt;
-    const TransformerConfig *c = &r->model.config;
+    const TransformerConfig *config = &r->model.config;
     printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", r->data_name, r->train.count,
            r->valid.count, r->vocab.size);
-    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n", c->n_layers,
-           c->d_model, c->d_ff, c->n_heads, c->max_len, positional_name(c->positional), r->model.num_parameters);
+    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n", config->n_layers,
+           config->d_model, config->d_ff, config->n_heads, config->max_len, positional_name(config->positional), r->model.num_parameters);
     printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
-           "seed %d, %d thread%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)c->dropout,
-           (double)c->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s");
+           "seed %d, %d thread%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)config->dropout,
+           (double)config->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s");
     if (transformer_training != &transformer_cpu_training)
         printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
     if (o->resume) printf("resume %s at step %ld\n", o->resume, r->model.adam_step);
@@ -4712,9 +4748,9 @@ static void print_progress(long step, int steps, real loss, double lr, double to
 // warm-up schedule of eq. 3, scaled so that it peaks at --lr.
 static const char *train_loop(TrainRun *r) {
     TrainOptions *o = &r->opt;
-    Transformer *m = &r->model;
+    Transformer *model = &r->model;
     // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5, so this factor makes the peak --lr
-    double factor = o->lr * sqrt((double)m->config.d_model * o->warmup);
+    double factor = o->lr * sqrt((double)model->config.d_model * o->warmup);
     int save_every = o->save_every ? o->save_every : o->eval_every;
     FILE *loss_log = NULL, *log_csv = NULL;
     if (o->loss_log && !(loss_log = fopen(o->loss_log, "a")))
@@ -4731,17 +4767,17 @@ static const char *train_loop(TrainRun *r) {
     double csv_loss = 0, csv_seconds = 0; // tokens/s in the log counts the training steps' time only
     long csv_steps = 0, csv_tokens = 0;
     train_print_header(r);
-    if (m->adam_step >= o->steps) {
-        printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", m->adam_step, o->steps);
+    if (model->adam_step >= o->steps) {
+        printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", model->adam_step, o->steps);
         train_evaluate(r, 1);
     }
     const TrainingCompute *compute = transformer_training;
-    compute->begin(m);
+    compute->begin(model);
     double start = wall_seconds(), last_time = start, best_rate = 0; // tokens/s, for the note on a busy machine
-    long first_step = m->adam_step, tokens = 0;
+    long first_step = model->adam_step, tokens = 0;
     int hinted = 0;
     const char *error = NULL;
-    while (!error && m->adam_step < o->steps) {
+    while (!error && model->adam_step < o->steps) {
         if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
             r->state.epoch_rng = r->data_rng.state;
             epoch_plan_make(&r->plan, &r->train, o->batch_tokens, &r->data_rng);
@@ -4750,11 +4786,11 @@ static const char *train_loop(TrainRun *r) {
         }
         BatchSpan span = r->plan.spans[r->state.epoch_batches++];
         batch_fill(&r->batch, &r->train, r->plan.order + span.start, span.count);
-        long step = m->adam_step + 1;
+        long step = model->adam_step + 1;
         double step_start = wall_seconds();
-        m->training = 1;
-        real loss = compute->train_step(m, &r->batch.batch, o->warmup, factor);
-        double lr = transformer_learning_rate(step, m->config.d_model, o->warmup, factor);
+        model->training = 1;
+        real loss = compute->train_step(model, &r->batch.batch, o->warmup, factor);
+        double lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
         if (!isfinite(loss)) {
             char saved[4300];
             if (r->last_saved_step >= 0)
@@ -4785,7 +4821,7 @@ static const char *train_loop(TrainRun *r) {
         }
         int evaluating = (o->eval_every && step % o->eval_every == 0) || last;
         int saving = (save_every && step % save_every == 0) || last;
-        if (evaluating || saving) compute->to_host(m);   // what the evaluation and the checkpoint read
+        if (evaluating || saving) compute->to_host(model);   // what the evaluation and the checkpoint read
         double eval_start = wall_seconds();
         double heldout = evaluating ? train_evaluate(r, last) : NAN;
         last_time += wall_seconds() - eval_start; // tokens/s in progress lines: the training steps' time only
@@ -4799,10 +4835,10 @@ static const char *train_loop(TrainRun *r) {
         }
         if (saving) error = train_save(r);
     }
-    if (!error && m->adam_step > first_step) {
+    if (!error && model->adam_step > first_step) {
         char elapsed[32];
         format_duration(elapsed, sizeof elapsed, wall_seconds() - start);
-        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, m->adam_step, elapsed,
+        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, model->adam_step, elapsed,
                wall_seconds() - start, r->checkpoint_path);
     }
     if (loss_log) fclose(loss_log);
@@ -4839,26 +4875,26 @@ static int command_train(int argc, char **argv) {
 // ---- decode ---------------------------------------------------------------------
 
 // Decodes one sentence of text and prints the output on one line.
-static const char *decode_sentence(Transformer *m, Vocabulary *v, char *text, TextSource *from,
+static const char *decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from,
                                    int beam, double alpha) {
     int *ids = NULL, n = 0;
     size_t capacity = 0;
     for (char *p = text; *p; p++) n += !isspace((unsigned char)*p) && (p == text || isspace((unsigned char)p[-1]));
-    if (n <= m->config.max_len - 1) n = tokenize(text, v, 0, &ids, &capacity, from);
+    if (n <= model->config.max_len - 1) n = tokenize(text, vocab, 0, &ids, &capacity, from);
     if (n < 0) { free(ids); return reserved_token_error(from); }
-    if (n > m->config.max_len - 1) {
+    if (n > model->config.max_len - 1) {
         free(ids);
         return errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
-                      from->where, n, m->config.max_len, m->config.max_len - 1);
+                      from->where, n, model->config.max_len, model->config.max_len - 1);
     }
     if (n > 0) {
         if ((size_t)n == capacity) ids = checked_realloc(ids, n + 1, sizeof(int), "token ids");
         ids[n++] = TOKEN_EOS; // the source ends with </s>, as in training (batch_fill)
-        int limit = transformer_decode_limit(m, n), length;
+        int limit = transformer_decode_limit(model, n), length;
         int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
-        if (beam <= 1) transformer_greedy_decode(m, out, &length, limit, ids, &n, 1, n);
-        else length = transformer_beam_search(m, out, NULL, ids, n, beam, alpha);
-        print_tokens(stdout, v, out, length);
+        if (beam <= 1) transformer_greedy_decode(model, out, &length, limit, ids, &n, 1, n);
+        else length = transformer_beam_search(model, out, NULL, ids, n, beam, alpha);
+        print_tokens(stdout, vocab, out, length);
         free(out);
     }
     printf("\n");
@@ -4870,9 +4906,9 @@ static const char *decode_sentence(Transformer *m, Vocabulary *v, char *text, Te
 // A sentence that cannot be decoded (too long, a reserved token) does not stop
 // a stream: its error line goes to stderr, an empty line to stdout (so that
 // output line i still answers input line i), and 1 is returned to count it.
-static int decode_or_report(Transformer *m, Vocabulary *v, char *text, TextSource *from, int beam, double alpha,
+static int decode_or_report(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam, double alpha,
                             const char *read_error) {
-    const char *error = read_error ? read_error : decode_sentence(m, v, text, from, beam, alpha);
+    const char *error = read_error ? read_error : decode_sentence(model, vocab, text, from, beam, alpha);
     if (!error) return 0;
     fflush(stdout);
     fprintf(stderr, "error: decode: %s\n", error);
@@ -4902,16 +4938,16 @@ static int command_decode(int argc, char **argv) {
     int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);
     if (status) { free(sentences); return status == 2 ? 0 : 1; }
     set_threads(threads);
-    Transformer m;
-    Vocabulary v;
-    const char *error = checkpoint ? checkpoint_load(checkpoint, &m, &v, NULL, NULL)
+    Transformer model;
+    Vocabulary vocab;
+    const char *error = checkpoint ? checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)
                                    : "--checkpoint FILE is required (a model written by ./transformer train)";
     int refused = 0; // sentences not decoded: each got its error line and an empty output line
     if (!error) {
         TextSource from = { "", 0, 0, NULL };
         for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            refused += decode_or_report(&m, &v, sentences[i], &from, beam, alpha, NULL);
+            refused += decode_or_report(&model, &vocab, sentences[i], &from, beam, alpha, NULL);
         }
         if (num_sentences == 0) {
             char *line = NULL;
@@ -4920,12 +4956,12 @@ static int command_decode(int argc, char **argv) {
             for (int line_no = 1; (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
                 snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
                 const char *read_error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL;
-                refused += decode_or_report(&m, &v, line, &from, beam, alpha, read_error);
+                refused += decode_or_report(&model, &vocab, line, &from, beam, alpha, read_error);
             }
             free(line);
         }
-        transformer_free(&m);
-        vocab_free(&v);
+        transformer_free(&model);
+        vocab_free(&vocab);
     }
     if (error) fprintf(stderr, "error: decode: %s\n", error);
     free(sentences);
@@ -4970,36 +5006,36 @@ static int command_eval(int argc, char **argv) {
         fprintf(stderr, "error: eval: %s is required\n", !checkpoint ? "--checkpoint FILE" : "--data FILE.tsv");
         return 1;
     }
-    Transformer m;
-    Vocabulary v;
-    Dataset d;
-    memset(&d, 0, sizeof d);
-    const char *error = checkpoint_load(checkpoint, &m, &v, NULL, NULL);
+    Transformer model;
+    Vocabulary vocab;
+    Dataset dataset;
+    memset(&dataset, 0, sizeof dataset);
+    const char *error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL);
     if (error) { fprintf(stderr, "error: eval: %s\n", error); return 1; }
-    if (!(error = dataset_read_tsv(&d, &v, data, 0))) error = dataset_check_lengths(&d, data, m.config.max_len);
+    if (!(error = dataset_read_tsv(&dataset, &vocab, data, 0))) error = dataset_check_lengths(&dataset, data, model.config.max_len);
     if (!error) {
         Evaluation e;
-        evaluate(&e, &m, &d, 0, batch_tokens, beam, alpha);
-        const char *subwords = v.bpe ? " (subwords)" : "";
-        if (v.bpe) evaluation_score_words(&e, &d, &v);
-        if (show) print_examples(&e, &d, &v, show);
+        evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
+        const char *subwords = vocab.bpe ? " (subwords)" : "";
+        if (vocab.bpe) evaluation_score_words(&e, &dataset, &vocab);
+        if (show) print_examples(&e, &dataset, &vocab, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
         printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
                e.correct, e.compared, subwords);
         printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences,
-               v.bpe ? " (words)" : "");
+               vocab.bpe ? " (words)" : "");
         printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
-               v.bpe ? ", a subword" : "", (double)m.config.label_smoothing);
+               vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
         printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
-               exp(e.log_loss), v.bpe ? ", a subword" : "");
-        if (bleu) print_bleu(v.bpe ? &e.bleu_words : &e.bleu, v.bpe ? " (words)" : "");
-        if (bleu && v.bpe) print_bleu(&e.bleu, subwords);
+               exp(e.log_loss), vocab.bpe ? ", a subword" : "");
+        if (bleu) print_bleu(vocab.bpe ? &e.bleu_words : &e.bleu, vocab.bpe ? " (words)" : "");
+        if (bleu && vocab.bpe) print_bleu(&e.bleu, subwords);
         evaluation_free(&e);
     }
     if (error) fprintf(stderr, "error: eval: %s\n", error);
-    dataset_free(&d);
-    transformer_free(&m);
-    vocab_free(&v);
+    dataset_free(&dataset);
+    transformer_free(&model);
+    vocab_free(&vocab);
     return error ? 1 : 0;
 }
 

@@ -110,34 +110,34 @@ static int same_merges(const Bpe *a, const Bpe *b) {
 
 static const char *checkpoint_average(const char *out_path, const char *const *paths, int n) {
     if (n < 1) return errorf("no checkpoints to average; expected one or more files");
-    Transformer m, last;
-    Vocabulary v, last_vocab;
+    Transformer model, last;
+    Vocabulary vocab, last_vocab;
     TrainingState state;
     char *options = NULL;
     double *sum = NULL;
     const char *error = NULL;
     int have_last = 0;
     for (int i = 0; i < n && !error; i++) {
-        if ((error = checkpoint_load(paths[i], &m, &v, &state, i == n - 1 ? &options : NULL))) break;
+        if ((error = checkpoint_load(paths[i], &model, &vocab, &state, i == n - 1 ? &options : NULL))) break;
         if (i == 0) {
-            sum = checked_calloc(m.num_parameters, sizeof(double), "checkpoint average");
+            sum = checked_calloc(model.num_parameters, sizeof(double), "checkpoint average");
         } else {
             char difference[96];
-            if (config_difference(difference, sizeof difference, &m.config, &last.config))
+            if (config_difference(difference, sizeof difference, &model.config, &last.config))
                 error = errorf("%s: %s as in %s; expected the same config", paths[i], difference, paths[0]);
-            for (int t = 0; t < v.size && !error; t++)
-                if (strcmp(v.words[t], last_vocab.words[t]) != 0)
+            for (int t = 0; t < vocab.size && !error; t++)
+                if (strcmp(vocab.words[t], last_vocab.words[t]) != 0)
                     error = errorf("%s: vocabulary token %d is '%s' but '%s' in %s; expected the same vocabulary",
-                                   paths[i], t, v.words[t], last_vocab.words[t], paths[0]);
-            if (!error && !same_merges(v.bpe, last_vocab.bpe))
+                                   paths[i], t, vocab.words[t], last_vocab.words[t], paths[0]);
+            if (!error && !same_merges(vocab.bpe, last_vocab.bpe))
                 error = errorf("%s: its §5.1 merges differ from %s's; expected the same merges", paths[i], paths[0]);
             transformer_free(&last);
             vocab_free(&last_vocab);
             have_last = 0;
         }
-        if (!error) for (size_t e = 0; e < m.num_parameters; e++) sum[e] += (double)m.params_memory[e];
+        if (!error) for (size_t e = 0; e < model.num_parameters; e++) sum[e] += (double)model.params_memory[e];
         // keep this one (for the next comparison, and the last as the result's template)
-        last = m; last_vocab = v; have_last = 1;
+        last = model; last_vocab = vocab; have_last = 1;
         if (error) break;
     }
     if (!error) {
@@ -511,10 +511,10 @@ int svg_write_positional_encoding(const char *path, int max_len, int d_model) {
 // each position PREDICTS, since that is what a reader asks about ("to write
 // `zwei`, which source word did it look at?"); decoder self-attention columns
 // (keys) with the token each position READ.
-int svg_write_attention(const char *path, const Transformer *m, AttentionKind kind, int sentence,
+int svg_write_attention(const char *path, const Transformer *model, AttentionKind kind, int sentence,
                         const char *const *source_tokens, int source_len,
                         const char *const *target_tokens, int target_len) {
-    int L = m->config.n_layers, NH = m->config.n_heads, B = m->B, S = m->S, T = m->T;
+    int L = model->config.n_layers, NH = model->config.n_heads, B = model->B, S = model->S, T = model->T;
     int decoder_positions = target_len + 1;
     if (kind < ATTENTION_ENCODER || kind > ATTENTION_CROSS || sentence < 0 || sentence >= B ||
         source_len < 1 || source_len > S || target_len < 0 || decoder_positions > T ||
@@ -540,13 +540,13 @@ int svg_write_attention(const char *path, const Transformer *m, AttentionKind ki
             char *title = titles + (size_t)(l * NH + h) * 40;
             snprintf(title, 40, "layer %d, head %d", l + 1, h + 1);
             if (kind == ATTENTION_ENCODER) {        // enc_att is (L, B, NH, S, S)
-                *p = (SvgHeatmap){ m->acts.enc_att + head * S * S, source_len, source_len, S,
+                *p = (SvgHeatmap){ model->acts.enc_att + head * S * S, source_len, source_len, S,
                                    source_tokens, source_tokens, title };
             } else if (kind == ATTENTION_DECODER) { // dec_self_att is (L, B, NH, T, T)
-                *p = (SvgHeatmap){ m->acts.dec_self_att + head * T * T, decoder_positions, decoder_positions,
+                *p = (SvgHeatmap){ model->acts.dec_self_att + head * T * T, decoder_positions, decoder_positions,
                                    T, predicted, read, title };
             } else {                                // dec_cross_att is (L, B, NH, T, S)
-                *p = (SvgHeatmap){ m->acts.dec_cross_att + head * T * S, decoder_positions, source_len, S,
+                *p = (SvgHeatmap){ model->acts.dec_cross_att + head * T * S, decoder_positions, source_len, S,
                                    predicted, source_tokens, title };
             }
         }
@@ -932,8 +932,8 @@ static int svg_write_bar_chart(const char *path, const char *title, const char *
 }
 
 // The tokens as the model sees them, separated by spaces (subwords with their </w>).
-static void print_subwords(FILE *f, const Vocabulary *v, const int *ids, int n) {
-    for (int i = 0; i < n; i++) fprintf(f, "%s%s", i ? " " : "", v->words[ids[i]]);
+static void print_subwords(FILE *f, const Vocabulary *vocab, const int *ids, int n) {
+    for (int i = 0; i < n; i++) fprintf(f, "%s%s", i ? " " : "", vocab->words[ids[i]]);
 }
 
 // ---- bleu -------------------------------------------------------------------------
@@ -1022,15 +1022,15 @@ static int command_average(int argc, char **argv) {
 // Decodes one sentence greedily, runs the (source, output) pair through
 // transformer_forward in evaluation mode, and writes the attention
 // probabilities of every head of every layer as three SVG files.
-static const char *attention_pictures(Transformer *m, const Vocabulary *v, const int *src, int src_len,
+static const char *attention_pictures(Transformer *model, const Vocabulary *vocab, const int *src, int src_len,
                                       const char *dir) {
-    int limit = transformer_decode_limit(m, src_len), out_len;
+    int limit = transformer_decode_limit(model, src_len), out_len;
     int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
-    transformer_greedy_decode(m, out, &out_len, limit, src, &src_len, 1, src_len);
-    if (out_len + 1 > m->config.max_len) {
+    transformer_greedy_decode(model, out, &out_len, limit, src, &src_len, 1, src_len);
+    if (out_len + 1 > model->config.max_len) {
         free(out);
         return errorf("the output has %d tokens; with </s> that is more than the model's maximum length %d",
-                      out_len, m->config.max_len);
+                      out_len, model->config.max_len);
     }
     int T = out_len + 1, tgt_len = T;
     int *tgt_in = checked_calloc(T, sizeof(int), "attention batch"), *tgt_out = checked_calloc(T, sizeof(int), "attention batch");
@@ -1038,27 +1038,27 @@ static const char *attention_pictures(Transformer *m, const Vocabulary *v, const
     for (int t = 0; t < out_len; t++) { tgt_in[t + 1] = out[t]; tgt_out[t] = out[t]; }
     tgt_out[out_len] = TOKEN_EOS;
     Batch batch = { 1, src_len, T, (int *)src, &src_len, tgt_in, tgt_out, &tgt_len };
-    m->training = 0;
-    transformer_forward(m, &batch);
+    model->training = 0;
+    transformer_forward(model, &batch);
     const char **source_words = checked_calloc(src_len, sizeof(char *), "labels");
     const char **target_words = checked_calloc(T, sizeof(char *), "labels");
-    for (int i = 0; i < src_len; i++) source_words[i] = v->words[src[i]];
-    for (int t = 0; t < out_len; t++) target_words[t] = v->words[out[t]];
+    for (int i = 0; i < src_len; i++) source_words[i] = vocab->words[src[i]];
+    for (int t = 0; t < out_len; t++) target_words[t] = vocab->words[out[t]];
     static const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg", "cross_attention.svg" };
     const char *error = NULL;
     printf("output: ");
-    print_tokens(stdout, v, out, out_len);
-    if (v->bpe) {
+    print_tokens(stdout, vocab, out, out_len);
+    if (vocab->bpe) {
         printf("\nsource subwords: ");
-        print_subwords(stdout, v, src, src_len - 1);
+        print_subwords(stdout, vocab, src, src_len - 1);
         printf("\noutput subwords: ");
-        print_subwords(stdout, v, out, out_len);
+        print_subwords(stdout, vocab, out, out_len);
     }
     printf("\n");
     for (int kind = 0; kind < 3 && !error; kind++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, names[kind]);
-        if (svg_write_attention(path, m, (AttentionKind)kind, 0, source_words, src_len, target_words, out_len))
+        if (svg_write_attention(path, model, (AttentionKind)kind, 0, source_words, src_len, target_words, out_len))
             error = errorf("%s: the picture was not written (the line above says why)", path);
         else printf("wrote %s\n", path);
     }
@@ -1084,30 +1084,30 @@ static int command_attention(int argc, char **argv) {
     const char *error = !checkpoint ? "--checkpoint FILE is required (a model written by ./transformer train)"
                       : !dir ? "--out-dir DIR is required (where the SVG files go)"
                       : n != 1 ? "expected exactly one source sentence (in quotes), after the flags" : NULL;
-    Transformer m;
-    Vocabulary v;
+    Transformer model;
+    Vocabulary vocab;
     int loaded = 0;
-    if (!error && !(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) loaded = 1;
+    if (!error && !(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL))) loaded = 1;
     // the folder only once the model is there: a failed command leaves nothing behind
     if (!error && mkdir(dir, 0777) != 0 && errno != EEXIST) error = errorf("%s: cannot create: %s", dir, strerror(errno));
     if (!error) {
         TextSource from = { "the sentence", 0, 0, NULL };
         int *ids = NULL;
         size_t capacity = 0;
-        int len = tokenize(sentences[0], &v, 0, &ids, &capacity, &from);
+        int len = tokenize(sentences[0], &vocab, 0, &ids, &capacity, &from);
         if (len < 0) error = reserved_token_error(&from);
         else if (len == 0) error = "the sentence is empty; expected tokens separated by spaces";
-        else if (len > m.config.max_len - 1)
+        else if (len > model.config.max_len - 1)
             error = errorf("the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
-                           len, m.config.max_len, m.config.max_len - 1);
+                           len, model.config.max_len, model.config.max_len - 1);
         if (!error) {
             ids = checked_realloc(ids, (size_t)len + 1, sizeof(int), "token ids");
             ids[len++] = TOKEN_EOS; // as in training (batch_fill)
-            error = attention_pictures(&m, &v, ids, len, dir);
+            error = attention_pictures(&model, &vocab, ids, len, dir);
         }
         free(ids);
     }
-    if (loaded) { transformer_free(&m); vocab_free(&v); }
+    if (loaded) { transformer_free(&model); vocab_free(&vocab); }
     if (error) fprintf(stderr, "error: attention: %s\n", error);
     free(sentences);
     return error ? 1 : 0;
@@ -1117,12 +1117,12 @@ static int command_attention(int argc, char **argv) {
 
 // One sentence cut into subwords with v's merges, printed on one line; or
 // the error of a reserved token's text in it.
-static const char *print_sentence_subwords(Vocabulary *v, char *text, TextSource *from) {
+static const char *print_sentence_subwords(Vocabulary *vocab, char *text, TextSource *from) {
     int *ids = NULL;
     size_t capacity = 0;
-    int n = tokenize(text, v, 1, &ids, &capacity, from);
+    int n = tokenize(text, vocab, 1, &ids, &capacity, from);
     if (n >= 0) {
-        print_subwords(stdout, v, ids, n);
+        print_subwords(stdout, vocab, ids, n);
         printf("\n");
     }
     free(ids);
@@ -1152,37 +1152,37 @@ static int command_bpe(int argc, char **argv) {
     const char *error = !data == !checkpoint ? "expected either --data FILE.tsv --merges N or --checkpoint FILE"
                       : data && merges == 0 ? "--merges N is required with --data (how many merges to learn)"
                       : checkpoint && merges ? "--merges goes with --data; a checkpoint has its merges" : NULL;
-    Vocabulary v;
-    memset(&v, 0, sizeof v); // vocab_init below, or checkpoint_load's
+    Vocabulary vocab;
+    memset(&vocab, 0, sizeof vocab); // vocab_init below, or checkpoint_load's
     if (!error && data) {
-        vocab_init(&v);
+        vocab_init(&vocab);
         int learned = 0;
         double start = wall_seconds();
-        if (!(error = bpe_learn_from_tsv(&v, data, 0, merges, &learned))) {
+        if (!(error = bpe_learn_from_tsv(&vocab, data, 0, merges, &learned))) {
             printf("# %d merges learned from %s in %.3f s", learned, data, wall_seconds() - start);
             if (learned < merges) printf(" (of %d asked for: no pair of symbols occurs twice any more)", merges);
             printf("\n# rank  left right  (count)\n");
-            for (int r = 0; r < v.bpe->num_merges; r++)
-                printf("%6d  %s %s  (%ld)\n", r + 1, v.bpe->left[r], v.bpe->right[r], v.bpe->frequency[r]);
+            for (int r = 0; r < vocab.bpe->num_merges; r++)
+                printf("%6d  %s %s  (%ld)\n", r + 1, vocab.bpe->left[r], vocab.bpe->right[r], vocab.bpe->frequency[r]);
         }
     } else if (!error) {
-        Transformer m;
-        if (!(error = checkpoint_load(checkpoint, &m, &v, NULL, NULL))) transformer_free(&m);
-        if (!error && !v.bpe) error = errorf("%s: the model has no merges (trained on whole words, without --bpe)", checkpoint);
+        Transformer model;
+        if (!(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL))) transformer_free(&model);
+        if (!error && !vocab.bpe) error = errorf("%s: the model has no merges (trained on whole words, without --bpe)", checkpoint);
     }
     TextSource from = { "the sentence", 0, 0, NULL };
-    for (int i = 0; i < num_sentences && !error; i++) error = print_sentence_subwords(&v, sentences[i], &from);
+    for (int i = 0; i < num_sentences && !error; i++) error = print_sentence_subwords(&vocab, sentences[i], &from);
     if (!error && checkpoint && num_sentences == 0) {
         char *line = NULL;
         size_t capacity = 0;
         for (int line_no = 1, got; !error && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
             snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-            error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : print_sentence_subwords(&v, line, &from);
+            error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : print_sentence_subwords(&vocab, line, &from);
         }
         free(line);
     }
     if (error) fprintf(stderr, "error: bpe: %s\n", error);
-    vocab_free(&v);
+    vocab_free(&vocab);
     free(sentences);
     return error ? 1 : 0;
 }
@@ -1265,10 +1265,10 @@ static void format_count(char *text, size_t n, size_t count) { // 65012345 -> "6
 }
 
 static int command_params(int argc, char **argv) {
-    TransformerConfig c = transformer_default_config();
+    TransformerConfig config = transformer_default_config();
     const char *preset = NULL;
-    int layers = c.n_layers, d_model = c.d_model, d_ff = c.d_ff, heads = c.n_heads, vocab = NUM_SPECIAL_TOKENS + 10;
-    int max_len = c.max_len;
+    int layers = config.n_layers, d_model = config.d_model, d_ff = config.d_ff, heads = config.n_heads, vocab = NUM_SPECIAL_TOKENS + 10;
+    int max_len = config.max_len;
     const char *positional = "sinusoid";
     Option options[] = {
         TEXT_OPTION("--preset", &preset, SESSION, "base or big: Table 3's sizes, vocabulary 37000"),
@@ -1302,20 +1302,20 @@ static int command_params(int argc, char **argv) {
         for (int i = 0; i < 5; i++) if (!options[i + 1].seen) *targets[i] = values[i];
         paper = big ? "213M" : "65M";
     }
-    c.n_layers = layers; c.d_model = d_model; c.d_ff = d_ff; c.n_heads = heads; c.vocab_size = vocab;
-    c.max_len = max_len;
-    if ((c.positional = positional_from_name(positional)) < 0) {
+    config.n_layers = layers; config.d_model = d_model; config.d_ff = d_ff; config.n_heads = heads; config.vocab_size = vocab;
+    config.max_len = max_len;
+    if ((config.positional = positional_from_name(positional)) < 0) {
         fprintf(stderr, "error: params: --positional '%s' is not a kind of positions; expected sinusoid or learned\n",
                 positional);
         return 1;
     }
-    const char *error = transformer_config_check(&c);
+    const char *error = transformer_config_check(&config);
     if (error) { fprintf(stderr, "error: params: %s\n", error); return 1; }
     size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, &c);
+    parameter_sizes(sizes, &config);
     printf("model: N=%d d_model=%d d_ff=%d h=%d (d_k = d_v = %d) vocabulary %d, %s positions", layers, d_model,
-           d_ff, heads, d_model / heads, vocab, positional_name(c.positional));
-    if (c.positional == POSITIONAL_LEARNED) printf(" (max_len %d)", max_len);
+           d_ff, heads, d_model / heads, vocab, positional_name(config.positional));
+    if (config.positional == POSITIONAL_LEARNED) printf(" (max_len %d)", max_len);
     printf("\n");
     char count[40];
     size_t total = 0;
@@ -1401,19 +1401,19 @@ static int table3_other_option(const char *options, const char *other, char *nam
 
 // Fills r->row and r->label from what differs between r's config and the base's.
 static void table3_name_variant(Table3Run *r, const Table3Run *base) {
-    const TransformerConfig *c = &r->config, *b = &base->config;
+    const TransformerConfig *config = &r->config, *b = &base->config;
     char letters[8] = "", label[64] = "";
     #define VARIANT(differs, letter, ...) do { if (differs) { \
         if (!strchr(letters, letter)) { size_t k = strlen(letters); letters[k] = letter; letters[k + 1] = '\0'; } \
         snprintf(label + strlen(label), sizeof label - strlen(label), __VA_ARGS__); } } while (0)
-    VARIANT(c->n_heads != b->n_heads, 'A', "%sh=%d", label[0] ? " " : "", c->n_heads);
-    VARIANT(c->n_layers != b->n_layers, 'C', "%sN=%d", label[0] ? " " : "", c->n_layers);
-    VARIANT(c->d_model != b->d_model, 'C', "%sd_model=%d", label[0] ? " " : "", c->d_model);
-    VARIANT(c->d_ff != b->d_ff, 'C', "%sd_ff=%d", label[0] ? " " : "", c->d_ff);
-    VARIANT(c->dropout != b->dropout, 'D', "%sP_drop=%g", label[0] ? " " : "", (double)c->dropout);
-    VARIANT(c->label_smoothing != b->label_smoothing, 'D', "%seps_ls=%g", label[0] ? " " : "", (double)c->label_smoothing);
-    VARIANT(c->positional != b->positional, 'E', "%s%s positions", label[0] ? " " : "",
-            positional_name(c->positional));
+    VARIANT(config->n_heads != b->n_heads, 'A', "%sh=%d", label[0] ? " " : "", config->n_heads);
+    VARIANT(config->n_layers != b->n_layers, 'C', "%sN=%d", label[0] ? " " : "", config->n_layers);
+    VARIANT(config->d_model != b->d_model, 'C', "%sd_model=%d", label[0] ? " " : "", config->d_model);
+    VARIANT(config->d_ff != b->d_ff, 'C', "%sd_ff=%d", label[0] ? " " : "", config->d_ff);
+    VARIANT(config->dropout != b->dropout, 'D', "%sP_drop=%g", label[0] ? " " : "", (double)config->dropout);
+    VARIANT(config->label_smoothing != b->label_smoothing, 'D', "%seps_ls=%g", label[0] ? " " : "", (double)config->label_smoothing);
+    VARIANT(config->positional != b->positional, 'E', "%s%s positions", label[0] ? " " : "",
+            positional_name(config->positional));
     #undef VARIANT
     if (!letters[0]) {
         snprintf(r->row, sizeof r->row, "base");
@@ -1430,37 +1430,37 @@ static void table3_name_variant(Table3Run *r, const Table3Run *base) {
 
 // Loads one run's checkpoint and scores it: dev perplexity and BLEU, test exact match.
 static const char *table3_evaluate(Table3Run *r, const char *dev_path, const char *test_path, int batch_tokens) {
-    Transformer m;
-    Vocabulary v;
+    Transformer model;
+    Vocabulary vocab;
     Dataset dev, test;
     memset(&dev, 0, sizeof dev); memset(&test, 0, sizeof test);
     TrainingState state;
     char seed[32];
-    const char *error = checkpoint_load(r->path, &m, &v, &state, &r->options);
+    const char *error = checkpoint_load(r->path, &model, &vocab, &state, &r->options);
     if (error) return error;
     r->data_hash = state.data_hash;
-    r->config = m.config;
-    r->steps = m.adam_step;
-    r->parameters = m.num_parameters;
+    r->config = model.config;
+    r->steps = model.adam_step;
+    r->parameters = model.num_parameters;
     r->seed = stored_option(r->options, "--seed", seed, sizeof seed) ? atoi(seed) : 1;  // train's default seed
-    if (!(error = dataset_read_tsv(&dev, &v, dev_path, 0)) && !(error = dataset_check_lengths(&dev, dev_path, m.config.max_len)) &&
-        !(error = dataset_read_tsv(&test, &v, test_path, 0)))
-        error = dataset_check_lengths(&test, test_path, m.config.max_len);
+    if (!(error = dataset_read_tsv(&dev, &vocab, dev_path, 0)) && !(error = dataset_check_lengths(&dev, dev_path, model.config.max_len)) &&
+        !(error = dataset_read_tsv(&test, &vocab, test_path, 0)))
+        error = dataset_check_lengths(&test, test_path, model.config.max_len);
     if (!error) {
         Evaluation e;
         r->dev_hash = dataset_hash(&dev);
-        evaluate(&e, &m, &dev, 0, batch_tokens, 1, 0);
+        evaluate(&e, &model, &dev, 0, batch_tokens, 1, 0);
         r->perplexity = exp(e.log_loss);
         r->bleu = bleu_score(&e.bleu, NULL, NULL);
         evaluation_free(&e);
-        evaluate(&e, &m, &test, 0, batch_tokens, 1, 0);
-        if (v.bpe) evaluation_score_words(&e, &test, &v);
+        evaluate(&e, &model, &test, 0, batch_tokens, 1, 0);
+        if (vocab.bpe) evaluation_score_words(&e, &test, &vocab);
         r->exact = 100.0 * e.exact / (e.sentences ? e.sentences : 1);
         evaluation_free(&e);
     }
     dataset_free(&dev); dataset_free(&test);
-    transformer_free(&m);
-    vocab_free(&v);
+    transformer_free(&model);
+    vocab_free(&vocab);
     return error;
 }
 
@@ -1471,18 +1471,18 @@ static void table3_print(FILE *f, const Table3Run *runs, int n) {
             "h", "d_k", "P_drop", "eps_ls", "positions", "params", "PPL(dev)", "BLEU(dev)", "exact(test)");
     const TransformerConfig *b = &runs[0].config;
     for (int i = 0; i < n; i++) {
-        const TransformerConfig *c = &runs[i].config;
+        const TransformerConfig *config = &runs[i].config;
         int all = i == 0;
         char cells[8][16] = { "" }, params[32];
         #define CELL(k, differs, ...) do { if (all || (differs)) snprintf(cells[k], sizeof cells[k], __VA_ARGS__); } while (0)
-        CELL(0, c->n_layers != b->n_layers, "%d", c->n_layers);
-        CELL(1, c->d_model != b->d_model, "%d", c->d_model);
-        CELL(2, c->d_ff != b->d_ff, "%d", c->d_ff);
-        CELL(3, c->n_heads != b->n_heads, "%d", c->n_heads);
-        CELL(4, c->d_model / c->n_heads != b->d_model / b->n_heads, "%d", c->d_model / c->n_heads);
-        CELL(5, c->dropout != b->dropout, "%g", (double)c->dropout);
-        CELL(6, c->label_smoothing != b->label_smoothing, "%g", (double)c->label_smoothing);
-        CELL(7, c->positional != b->positional, "%s", positional_name(c->positional));
+        CELL(0, config->n_layers != b->n_layers, "%d", config->n_layers);
+        CELL(1, config->d_model != b->d_model, "%d", config->d_model);
+        CELL(2, config->d_ff != b->d_ff, "%d", config->d_ff);
+        CELL(3, config->n_heads != b->n_heads, "%d", config->n_heads);
+        CELL(4, config->d_model / config->n_heads != b->d_model / b->n_heads, "%d", config->d_model / config->n_heads);
+        CELL(5, config->dropout != b->dropout, "%g", (double)config->dropout);
+        CELL(6, config->label_smoothing != b->label_smoothing, "%g", (double)config->label_smoothing);
+        CELL(7, config->positional != b->positional, "%s", positional_name(config->positional));
         #undef CELL
         format_count(params, sizeof params, runs[i].parameters);
         int same_row = i > 0 && strcmp(runs[i].row, runs[i - 1].row) == 0;
@@ -1622,8 +1622,8 @@ static const BenchPreset bench_presets[] = {
 // visible query-key pairs. Every sentence has its full length. The backward
 // pass of a product Y = X W^T is two products of the same size (dX = dY W,
 // dW = dY^T X), and that of attention likewise, so a step is 3 forward passes.
-static double training_step_flops(const TransformerConfig *c, int B, int S, int T) {
-    double L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+static double training_step_flops(const TransformerConfig *config, int B, int S, int T) {
+    double L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
     double src = (double)B * S, tgt = (double)B * T;
     double encoder = 2 * src * (3 * C * C + C * C + 2 * C * F)   // W_qkv, W^O, W_1, W_2
                    + 4 * src * S * C;                             // Q K^T and P V
