@@ -2,41 +2,44 @@
  *
  * Vaswani, Shazeer, Parmar, Uszkoreit, Jones, Gomez, Kaiser, Polosukhin,
  * NeurIPS 2017, arXiv 1706.03762. The whole encoder-decoder model, its
- * hand-derived backward pass and the paper's Adam schedule, one loop at a time.
+ * hand-derived backward pass and the paper's Adam schedule, one loop at a
+ * time, and the smallest program that trains it and decodes with it.
  *
- * BUILD  make               ./transformer (or by hand: cc -O2 transformer.c -lm)
- *        make OPENMP=0      without OpenMP: the same code on one thread
- *        make debug         -O0 -g and Part I only: gdb lands on the math
- *        make plain         ./transformer_plain, optimised, Part I only
+ * BUILD  cc -O2 transformer.c -lm -o transformer     this file alone: train, decode, eval
+ *        make               ./transformer with the lab's instruments too (transformer_lab.c:
+ *                           pictures, BLEU of files, averaging, Table 3, parameter counts, bench)
+ *        make debug         -O0 -g, Part I only, no OpenMP: gdb's `next` walks every loop
  * TEST   make test
  * RUN    make demo          trains the copy task and decodes held-out examples
- *        ./transformer --help
- * USE    as a library: see transformer.h (compile with -DTRANSFORMER_NO_MAIN)
+ *        ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt "3 1 4"
+ * USE    as a library: transformer.h (compile with -DTRANSFORMER_NO_MAIN)
  *
- * READ   Top to bottom, beside the paper. The file has three parts:
+ * READ   Top to bottom, beside the paper (NOTES.md has a reading path):
  *   PART I    THE MODEL, in the paper's order, in plain loops
- *               the configuration, the parameters, their initialisation
  *               §3     linear layers, the building block of every sub-layer
  *               §3.1   residual connection, dropout, layer normalisation
- *               §3.2.1 scaled dot-product attention, with both masks
- *               §3.2.2 multi-head attention
+ *               §3.2.1 scaled dot-product attention, both masks; why sqrt(d_k)
+ *               §3.2.2 multi-head attention; why several heads
  *               §3.3   position-wise feed-forward networks
  *               §3.4   embeddings and the shared pre-softmax projection
- *               §3.5   positional encoding (or, Table 3 row E, a learned table)
+ *               §3.5   positional encoding; why sinusoids (or, Table 3 row E, a learned table)
+ *               §5.4   label smoothing and the loss
  *               §3.1   the encoder and decoder stacks, built from the above
- *               §5.4   label-smoothed cross-entropy
- *                      the model: memory, the whole forward and backward pass
- *               §5.3   Adam and the warm-up learning-rate schedule
+ *                      the whole model: forward pass, backward pass
+ *               §5.3   Adam and the warm-up learning-rate schedule (eq. 3)
+ *               §5     the training step: transformer_train_step
  *               §6.1   decoding: greedy with a key/value cache, beam search
+ *                      the machinery: allocation, random numbers, parameter
+ *                      tables and initialisation, activation memory, checks
  *   PART II   MAKING IT FAST, an appendix you may skip: the linear layers'
- *             and attention's matrix products as register tiles over packed
- *             blocks. Default builds use it (FAST_PATH, at the top of Part
- *             I); -DTRANSFORMER_PLAIN leaves it out. The tests check it
+ *             and attention's products as register tiles over packed blocks.
+ *             Four Part I functions hand their call to it on their first
+ *             line; -DTRANSFORMER_PLAIN leaves it out. The tests check it
  *             against Part I.
  *   PART III  THE PROGRAM: data (vocabulary, TSV files, §5.1 byte-pair
  *             encoding, the copy and reverse tasks, batches by length),
- *             checkpoints, §6.1 BLEU, pictures as SVG, the command line,
- *             the benchmark, main.
+ *             evaluation and §6.1 BLEU, checkpoints, the command line (train,
+ *             decode, eval), main.
  *
  * CONVENTIONS
  *   Every layer is a `*_forward` function followed by its `*_backward`.
@@ -44,15 +47,16 @@
  *   function quotes the forward line it differentiates and ACCUMULATES (+=)
  *   into its gradient outputs; the caller zeroes them.
  *   Shapes: B sentences, S source length, T target length, C = d_model,
- *   F = d_ff, NH = h heads, hs = C/NH = d_k = d_v, V vocabulary, L layers.
+ *   F = d_ff, NH = h heads, d_k = d_v = C/NH, V vocabulary, L layers.
  *   A linear layer stores W as (out_features, in_features), as PyTorch does,
  *   and computes y = x W^T + b; the paper writes x W with W (in, out): the
  *   same numbers, transposed.
  *   Masking: the paper sets illegal attention scores to -inf before the
  *   softmax; we skip masked keys and give them probability exactly 0, which
  *   is the same thing without infinities in the arithmetic.
- *   Parallel loops give every output element to one thread, which sums in a
- *   fixed order: results are bit-identical for any number of threads.
+ *   Parallel loops (#pragma omp parallel for) give every output element to
+ *   one thread, which sums in a fixed order: results are bit-identical for
+ *   any number of threads.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -214,11 +218,13 @@ static void dropout_mask(real *mask, float p_drop, int training, Rng *rng, size_
 
 // out = inp * mask  (the dropout on embeddings + positional encodings, §5.4)
 static void dropout_forward(real *out, const real *inp, const real *mask, size_t n) {
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = inp[i] * mask[i];
 }
 
 // Differentiates  out[i] = inp[i] * mask[i]
 static void dropout_backward(real *dinp, const real *dout, const real *mask, size_t n) {
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * mask[i];
 }
 
@@ -371,7 +377,7 @@ static void attention_forward(real *out, real *att,
                               int q_stride, int kv_stride, const int *key_len, int causal,
                               int B, int Tq, int Tk, int C, int NH) {
 #ifndef TRANSFORMER_PLAIN
-    if (use_fast_path && Tq > 1) {   // Part II; one query (decoding) runs these loops, which do as well
+    if (use_fast_path) {   // Part II
         attention_forward_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
         return;
     }
@@ -574,12 +580,14 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams gr
 
 // h = max(0, h) in place
 static void relu_forward(real *h, size_t n) {
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
 }
 
 // Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
 // In place: dh becomes da.
 static void relu_backward(real *dh, const real *h, size_t n) {
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
 }
 
@@ -620,6 +628,7 @@ static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_h, 
 static void embedding_forward(real *out, const int *tokens, const real *embedding,
                               const real *pe, int B, int T, int C) {
     real scale = real_sqrt((real)C);
+    #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             const real *row = embedding + (size_t)tokens[b * T + t] * C;
@@ -895,7 +904,8 @@ static DecoderLayerActs decoder_layer_acts(const Transformer *model, int layer) 
 }
 
 static void zero(real *x, size_t n) {
-    memset(x, 0, n * sizeof(real));
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] = 0;
 }
 
 // "Add & Norm" (Figure 1), the end of every sub-layer:
@@ -1984,9 +1994,10 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 // PART II   MAKING IT FAST
 // An appendix you may skip. Nothing here changes what the model computes,
 // only how fast: the products of the linear layers (§3) and of attention
-// (§3.2.1) as register tiles over packed blocks. Part I calls these through
-// FAST_PATH; -DTRANSFORMER_PLAIN leaves all of it out, and test_transformer.c
-// checks each against Part I's loops. A piece stays here only if it makes a
+// (§3.2.1) as register tiles over packed blocks. Part I's linear_forward,
+// linear_backward, attention_forward and attention_backward hand their calls
+// to these on their first line; -DTRANSFORMER_PLAIN leaves all of it out, and
+// test_transformer.c checks each against Part I's loops. A piece stays here only if it makes a
 // toy or base training step, or decoding, at least 5% faster
 // (dev/PERFORMANCE.md has what each gave and what was tried and dropped).
 // ############################################################################
@@ -2402,19 +2413,56 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
 // ----------------------------------------------------------------------------
 // Scaled dot-product attention (§3.2.1) in tiles. For each (sentence, head)
 // the attention is two matrix products, with Part I's softmax between them:
-//     scores = Q K^T        (Tq, hs) x (hs, Tk), then x 1/sqrt(d_k), softmax per row
-//     out    = P V          (Tq, Tk) x (Tk, hs)
+//     scores = Q K^T        (Tq, d_k) x (d_k, Tk), then x 1/sqrt(d_k), softmax per row
+//     out    = P V          (Tq, Tk) x (Tk, d_k)
 // Scores are computed for every key; softmax_visible gives the masked ones
-// probability exactly 0, so P V adds exact zeros for them. One query
-// (decoding) is left to Part I's loops, which do as well.
+// probability exactly 0, so P V adds exact zeros for them.
+//
+// One query per sentence (decoding, §6.1) makes each product a row times a
+// matrix, too thin for tiles (they made toy decoding 14% slower than these
+// loops): attention_one_query_fast is Part I's loops with the dot products
+// summed in vector registers (omp simd), which toy decoding needs to run 20%
+// faster than Part I's scalar sums.
+static void attention_one_query_fast(real *out, real *att, const real *q, const real *k, const real *v,
+                                     int q_stride, int kv_stride, const int *key_len, int causal,
+                                     int B, int Tk, int C, int NH) {
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            int visible = visible_keys(0, key_len[b], causal);
+            const real *q_b = q + (size_t)b * q_stride + h * d_k;
+            real *p = att + ((size_t)b * NH + h) * Tk;
+            for (int j = 0; j < visible; j++) {
+                const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                real dot = 0;
+                #pragma omp simd reduction(+ : dot)
+                for (int d = 0; d < d_k; d++) dot += q_b[d] * k_j[d];
+                p[j] = dot * scale;
+            }
+            softmax_visible(p, visible, Tk);
+            real *out_b = out + (size_t)b * C + h * d_k;
+            for (int d = 0; d < d_k; d++) out_b[d] = 0;
+            for (int j = 0; j < visible; j++) {
+                const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                for (int d = 0; d < d_k; d++) out_b[d] += p[j] * v_j[d];
+            }
+        }
+    }
+}
 
 // out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
 static void attention_forward_fast(real *out, real *att,
                                    const real *q, const real *k, const real *v,
                                    int q_stride, int kv_stride, const int *key_len, int causal,
                                    int B, int Tq, int Tk, int C, int NH) {
-    int hs = C / NH;
-    real scale = 1 / real_sqrt((real)hs);
+    if (Tq == 1) {
+        attention_one_query_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tk, C, NH);
+        return;
+    }
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, h): it alone writes that head's scores and outputs
     #pragma omp parallel
     {
@@ -2423,13 +2471,13 @@ static void attention_forward_fast(real *out, real *att,
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 real *p = att + ((size_t)b * NH + h) * Tq * Tk;           // (Tq, Tk)
-                real *o = out + (size_t)b * Tq * C + h * hs;             // (Tq, hs), row stride C
-                MatrixView qh = { q + (size_t)b * Tq * q_stride + h * hs, (size_t)q_stride, 1 };
-                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * hs, 1, (size_t)kv_stride };
-                MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * hs, (size_t)kv_stride, 1 };
+                real *o = out + (size_t)b * Tq * C + h * d_k;             // (Tq, d_k), row stride C
+                MatrixView qh = { q + (size_t)b * Tq * q_stride + h * d_k, (size_t)q_stride, 1 };
+                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * d_k, 1, (size_t)kv_stride };
+                MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * d_k, (size_t)kv_stride, 1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
                 // q_i . k_j
-                matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, hs, 0, packed_b);
+                matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, d_k, 0, packed_b);
                 // p_ij = softmax_j(q_i . k_j / sqrt(d_k)) over the visible keys
                 for (int i = 0; i < Tq; i++) {
                     real *row = p + (size_t)i * Tk;
@@ -2438,7 +2486,7 @@ static void attention_forward_fast(real *out, real *att,
                     softmax_visible(row, visible, Tk);
                 }
                 // out_i = sum_j p_ij v_j
-                matmul_by_this_thread(o, (size_t)C, ph, vh, Tq, hs, Tk, 0, packed_b);
+                matmul_by_this_thread(o, (size_t)C, ph, vh, Tq, d_k, Tk, 0, packed_b);
             }
         }
         free(packed_b);
@@ -2452,8 +2500,8 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
                                     const real *dout, const real *att,
                                     const real *q, const real *k, const real *v,
                                     int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
-    int hs = C / NH;
-    real scale = 1 / real_sqrt((real)hs);
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
     #pragma omp parallel
     {
@@ -2463,17 +2511,17 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 const real *p = att + ((size_t)b * NH + h) * Tq * Tk;
-                size_t q_head = (size_t)b * Tq * q_stride + h * hs, kv_head = (size_t)b * Tk * kv_stride + h * hs;
-                MatrixView g = { dout + (size_t)b * Tq * C + h * hs, (size_t)C, 1 };
+                size_t q_head = (size_t)b * Tq * q_stride + h * d_k, kv_head = (size_t)b * Tk * kv_stride + h * d_k;
+                MatrixView g = { dout + (size_t)b * Tq * C + h * d_k, (size_t)C, 1 };
                 MatrixView vh_transposed = { v + kv_head, 1, (size_t)kv_stride };
                 MatrixView p_transposed = { p, 1, (size_t)Tk };
                 MatrixView qh = { q + q_head, (size_t)q_stride, 1 };
                 MatrixView kh = { k + kv_head, (size_t)kv_stride, 1 };
                 MatrixView dsh = { ds, (size_t)Tk, 1 }, ds_transposed = { ds, 1, (size_t)Tk };
                 // dp_ij = dout_i . v_j  (into ds, which it becomes below)
-                matmul_by_this_thread(ds, (size_t)Tk, g, vh_transposed, Tq, Tk, hs, 0, packed_b);
+                matmul_by_this_thread(ds, (size_t)Tk, g, vh_transposed, Tq, Tk, d_k, 0, packed_b);
                 // dv_j += sum_i p_ij dout_i
-                matmul_by_this_thread(dv + kv_head, (size_t)kv_stride, p_transposed, g, Tk, hs, Tq, 1, packed_b);
+                matmul_by_this_thread(dv + kv_head, (size_t)kv_stride, p_transposed, g, Tk, d_k, Tq, 1, packed_b);
                 // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
                 for (int i = 0; i < Tq; i++) {
                     real *row = ds + (size_t)i * Tk;
@@ -2481,8 +2529,8 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
                     for (int j = 0; j < Tk; j++) row[j] *= scale;
                 }
                 // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
-                matmul_by_this_thread(dq + q_head, (size_t)q_stride, dsh, kh, Tq, hs, Tk, 1, packed_b);
-                matmul_by_this_thread(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, Tk, hs, Tq, 1, packed_b);
+                matmul_by_this_thread(dq + q_head, (size_t)q_stride, dsh, kh, Tq, d_k, Tk, 1, packed_b);
+                matmul_by_this_thread(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, Tk, d_k, Tq, 1, packed_b);
             }
         }
         free(ds);
@@ -2494,8 +2542,9 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
 
 // ############################################################################
 // PART III   THE PROGRAM
-// Data, checkpoints, BLEU, pictures, the command line and the benchmark:
-// what turns the model of Part I into a tool you run.
+// Data, evaluation, checkpoints and the command line: what turns the model
+// of Part I into a program that trains and translates. The instruments that
+// study it (pictures, Table 3, the benchmark) are in transformer_lab.c.
 // ############################################################################
 
 // ============================================================================
