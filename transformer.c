@@ -5109,35 +5109,52 @@ static const Command commands[] = {
     { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
 };
 
-static void print_usage(FILE *f, const Command *table, int n) {
+#define NUM_COMMANDS ((int)(sizeof commands / sizeof *commands))
+
+// The command named `name`: one of this file's, or one of `more` (a program
+// built on this file adds its own: transformer_lab.c); NULL if none.
+static const Command *find_command(const char *name, const Command *more, int num_more) {
+    for (int i = 0; i < NUM_COMMANDS + num_more; i++) {
+        const Command *command = i < NUM_COMMANDS ? &commands[i] : &more[i - NUM_COMMANDS];
+        if (strcmp(name, command->name) == 0) return command;
+    }
+    return NULL;
+}
+
+static void print_usage(FILE *f, const Command *more, int num_more) {
     fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
-    for (int i = 0; i < n; i++) fprintf(f, "  %-9s %s\n", table[i].name, table[i].summary);
+    for (int i = 0; i < NUM_COMMANDS + num_more; i++) {
+        const Command *command = i < NUM_COMMANDS ? &commands[i] : &more[i - NUM_COMMANDS];
+        fprintf(f, "  %-9s %s\n", command->name, command->summary);
+    }
     fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
 }
 
-// Runs the command argv[1] of the table with its arguments. Returns the exit
-// status: 0, or 1 after a one-line error.
-static int run_command(const Command *table, int n, int argc, char **argv) {
-    if (argc < 2) { print_usage(stderr, table, n); return 1; }
+// Runs the command argv[1], this file's or one of `more`, with its
+// arguments. Returns the exit status: 0, or 1 after a one-line error.
+static int run_command(const Command *more, int num_more, int argc, char **argv) {
+    if (argc < 2) { print_usage(stderr, more, num_more); return 1; }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
-        print_usage(stdout, table, n);
+        print_usage(stdout, more, num_more);
         return 0;
     }
-    for (int i = 0; i < n; i++)
-        if (strcmp(argv[1], table[i].name) == 0) {
-            snprintf(error_context, sizeof error_context, "%s: ", table[i].name);
-            int status = table[i].run(argc - 1, argv + 1);
-            error_context[0] = '\0';
-            return status;
-        }
-    fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
-    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == n ? " or" : ",", table[i].name);
-    fprintf(stderr, " (see ./transformer --help)\n");
-    return 1;
+    const Command *command = find_command(argv[1], more, num_more);
+    if (!command) {
+        fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
+        for (int i = 0; i < NUM_COMMANDS + num_more; i++)
+            fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == NUM_COMMANDS + num_more ? " or" : ",",
+                    i < NUM_COMMANDS ? commands[i].name : more[i - NUM_COMMANDS].name);
+        fprintf(stderr, " (see ./transformer --help)\n");
+        return 1;
+    }
+    snprintf(error_context, sizeof error_context, "%s: ", command->name);
+    int status = command->run(argc - 1, argv + 1);
+    error_context[0] = '\0';
+    return status;
 }
 
 int transformer_main(int argc, char **argv) {
-    return run_command(commands, (int)(sizeof commands / sizeof *commands), argc, argv);
+    return run_command(NULL, 0, argc, argv);
 }
 
 #ifndef TRANSFORMER_NO_MAIN

@@ -1817,10 +1817,8 @@ static int command_bench(int argc, char **argv) {
 // main: transformer.c's commands and the lab's
 // ============================================================================
 
+// After transformer.c's train, decode and eval (its `commands`)
 static const Command lab_commands[] = {
-    { "train",  command_train,  "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
-    { "decode", command_decode, "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
-    { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
     { "bleu",   command_bleu,   "corpus BLEU of a file of outputs against a file of references, a sentence a line" },
     { "average", command_average, "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
     { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
