@@ -5,13 +5,15 @@
  * Adam, in plain C loops that read top to bottom in the paper's order.
  *
  * BUILD
- *     make                 builds ./transformer (OpenMP on; `make OPENMP=0` for none)
+ *     cc -O2 transformer.c -lm -o transformer     transformer.c alone: train, decode, eval
+ *     make                 ./transformer from transformer_lab.c, which includes
+ *                          transformer.c and adds the instruments (OpenMP on;
+ *                          `make OPENMP=0` for none)
  *     make demo            builds, trains the copy task, decodes held-out examples
  *     make test            builds and runs the tests (double-precision gradient
  *                          checks, PyTorch parity, masks, Adam, learning,
  *                          decoding, checkpoints, the command line)
- *     make debug           -O0 -g build for gdb, with Part I's plain loops only
- *     cc -O2 transformer.c -lm -o transformer     is all it takes by hand
+ *     make debug           -O0 -g, Part I's plain loops only, no OpenMP: for gdb
  *
  * USE (as a library: compile transformer.c with -DTRANSFORMER_NO_MAIN)
  *     TransformerConfig config = transformer_default_config();
@@ -30,8 +32,8 @@
  *     each section headed by the paper's section (§3.1 ... §6.1); every layer
  *     is a *_forward function followed by its *_backward, arguments in the
  *     order outputs, inputs, sizes. Part II makes it fast; Part III is the
- *     program. NOTES.md maps every equation to its function and gives the
- *     backward derivations.
+ *     program. NOTES.md gives a reading path, maps every equation to its
+ *     function and gives the backward derivations.
  *
  * The number type `real` is float; compiling with -DTRANSFORMER_DOUBLE makes it
  * double everywhere, which the gradient checks use.
