@@ -5,7 +5,7 @@
  * hand-derived backward pass and the paper's Adam schedule, one loop at a
  * time, and the smallest program that trains it and decodes with it.
  *
- * BUILD  cc -O2 transformer.c -lm -o transformer     this file alone: train, decode, eval
+ * BUILD  cc -O2 transformer.c -lm -o transformer_minimal   this file alone: train, decode, eval
  *        make               ./transformer with the lab's instruments too (transformer_lab.c:
  *                           pictures, BLEU of files, averaging, Table 3, parameter counts, bench)
  *        make debug         -O0 -g, Part I only, no OpenMP: gdb's `next` walks every loop
@@ -2680,7 +2680,7 @@ static void vocab_free(Vocabulary *vocab) {
 // needs <unk> for it. Learning reads the source AND target sides together, so
 // the subwords form one vocabulary, which §3.4's shared embedding needs.
 //
-// Choices the paper leaves open (NOTES.md §6):
+// Choices the paper leaves open (NOTES.md, "The toy translation task"):
 //   * The convention: the end-of-word marker </w> of Sennrich et al. The last
 //     subword of every word ends in </w> ("zwei und vier zig</w>"), so the
 //     tokens join back into words without a second look: append each token;

@@ -1602,7 +1602,7 @@ static int command_table3(int argc, char **argv) {
 // on a synthetic batch, or with --decode greedy decoding of the batch's
 // sources with the key/value cache; dev/bench_pytorch.py times the same in
 // PyTorch, and `make bench` runs both and prints the ratio (NOTES.md,
-// section 14).
+// "Performance"; dev/PERFORMANCE.md).
 
 typedef struct {
     const char *name;
