@@ -10,9 +10,10 @@
  *                               alone, its gradient checks and everything else
  *   and then in each: the PyTorch reference files, masks, Adam, the schedule,
  *   dropout, thread determinism, learning, Part II against Part I (in the
- *   default builds), decoding, BLEU, pictures, checkpoints and the command
- *   line, which runs the binary TRANSFORMER_BIN names (./transformer, or
- *   ./transformer_plain for the plain build).
+ *   default builds), §3.5's positional encoding worked by hand, decoding,
+ *   BLEU, pictures, checkpoints and the command line, which runs the binary
+ *   TRANSFORMER_BIN names (./transformer, or ./transformer_plain for the plain
+ *   build).
  * Each ends with the line "N passed, M failed" and exits non-zero on a failure.
  *
  *   ./test_transformer --reference tiny_data/ref_2layer_5head.ref
@@ -1625,6 +1626,131 @@ static void test_dropout_training_and_evaluation(void) {
     check(train1 != train2, "dropout: training draws new masks each pass");
     check(zeros > n / 4 && zeros < 3 * n / 4, "dropout: P_drop 0.5 drops %zu of %zu embedding elements", zeros, n);
     transformer_free(&m);
+}
+
+// ============================================================================
+// §3.5 worked by hand: the sinusoids' formula and their rotation property on
+// positional_encoding_init's table
+// ============================================================================
+
+// The most an entry of row pos of positional_encoding_init's table may differ
+// from the exact sin or cos, for the tests below. The table computes the angle
+// pos / 10000^(2i/d_model) in double: 2i/d_model rounds (relative error u =
+// 2^-53, times ln 10000 * 2i/d_model < 9.3 through pow's exponent), pow adds
+// under 2u and the division u, so the angle is within 12.3u of its exact value
+// relative, i.e. 12.3u pos absolute, and its sine or cosine (derivative <= 1,
+// one more ulp for the function itself) within 12.3u pos + u. The bound takes
+// 16u (1 + pos) = 8 DBL_EPSILON (1 + pos). In float the double is then rounded
+// to float, at most half an ulp of a number of magnitude <= 1, 2^-25; the
+// bound allows one ulp, 2^-24 (so a correctly rounded table measures about 0.5).
+static double pe_tolerance(int pos) {
+    return (sizeof(real) == sizeof(float) ? FLT_EPSILON / 2 : 0) + 8 * DBL_EPSILON * (1 + pos);
+}
+
+// The worst |PE(pos, d) - exact| / pe_tolerance(pos) over a (max_len, C) table,
+// with exact PE(pos, 2i) = sin(pos / divisor[i]), PE(pos, 2i+1) = cos(pos /
+// divisor[i]) in long double.
+static double pe_worst_error(const real *pe, int max_len, int C, const long double *divisor) {
+    double worst = 0;
+    for (int pos = 0; pos < max_len; pos++) {
+        for (int d = 0; d < C; d++) {
+            long double angle = pos / divisor[d / 2];
+            long double exact = d % 2 == 0 ? sinl(angle) : cosl(angle);
+            double error = (double)fabsl((long double)pe[(size_t)pos * C + d] - exact) / pe_tolerance(pos);
+            if (!(error <= worst)) worst = error;   // NaN counts as the worst
+        }
+    }
+    return worst;
+}
+
+// §3.5:  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+// d_model 8 by hand: 10000^(2i/8) = 10^i, so the four pairs turn at 1, 1/10,
+// 1/100 and 1/1000 radians per position: PE(pos) = (sin pos, cos pos,
+// sin(pos/10), cos(pos/10), sin(pos/100), cos(pos/100), sin(pos/1000),
+// cos(pos/1000)), e.g. PE(0) = (0, 1, 0, 1, 0, 1, 0, 1) exactly. An odd
+// d_model (7) ends with a sine that has no cosine: PE(pos, 6) = sin(pos /
+// 10000^(6/7)), and the table's rows are 7 numbers (a guard after the table
+// stays untouched). d_model 512 (the base model's), every entry of 256
+// positions. Exact values in long double; the tolerance is pe_tolerance's.
+static void test_positional_encoding_formula(void) {
+    enum { LEN8 = 120, LEN7 = 60, LEN512 = 256 };
+    long double tens[4] = { 1, 10, 100, 1000 }, divisor[256];
+    real pe8[LEN8 * 8];
+    positional_encoding_init(pe8, LEN8, 8);
+    double worst8 = pe_worst_error(pe8, LEN8, 8, tens);
+    int zero_row = 1;
+    for (int d = 0; d < 8; d++) zero_row &= pe8[d] == (d % 2 ? 1 : 0);
+    check(worst8 < 1 && zero_row, "positional encoding (§3.5), d_model 8: PE(pos) = (sin pos, cos pos, sin pos/10, "
+          "cos pos/10, ..., cos pos/1000) at positions 0..%d, PE(0) = (0, 1, 0, 1, ...) exactly (worst error %.2f of "
+          "the tolerance)", LEN8 - 1, worst8);
+    real pe7[LEN7 * 7 + 1];
+    pe7[LEN7 * 7] = 12345;   // the guard
+    for (int i = 0; i < 4; i++) divisor[i] = powl(10000.0L, 2.0L * i / 7);
+    positional_encoding_init(pe7, LEN7, 7);
+    double worst7 = pe_worst_error(pe7, LEN7, 7, divisor);
+    check(worst7 < 1 && pe7[LEN7 * 7] == 12345, "positional encoding (§3.5), odd d_model 7: sin and cos pairs, then "
+          "PE(pos, 6) = sin(pos / 10000^(6/7)) alone, rows of 7, nothing written past the table (worst error %.2f of "
+          "the tolerance)", worst7);
+    real *pe512 = checked_calloc((size_t)LEN512 * 512, sizeof(real), "test");
+    for (int i = 0; i < 256; i++) divisor[i] = powl(10000.0L, 2.0L * i / 512);
+    positional_encoding_init(pe512, LEN512, 512);
+    double worst512 = pe_worst_error(pe512, LEN512, 512, divisor);
+    check(worst512 < 1, "positional encoding (§3.5), d_model 512: all %d x 512 entries against sin and cos in long "
+          "double (worst error %.2f of the tolerance, %.1e at position %d)", LEN512, worst512,
+          pe_tolerance(LEN512 - 1), LEN512 - 1);
+    free(pe512);
+}
+
+// The worst |PE(pos+k) - M PE(pos)| / (3 pe_tolerance(pos+k)) over the given
+// positions, where M is block-diagonal with the 2x2 rotations
+//     [ c_i  s_i ]      c_i = cos(w_i k'),  s_i = sin(w_i k'),  w_i = 10000^(-2i/C),
+//     [-s_i  c_i ]
+// on each pair (2i, 2i+1), one matrix for every pos; k' = k gives M_k.
+static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const int *positions, int count) {
+    long double c[256], s[256];
+    for (int i = 0; 2 * i < C; i++) {
+        long double w = powl(10000.0L, -2.0L * i / C);
+        c[i] = cosl(w * k_prime);
+        s[i] = sinl(w * k_prime);
+    }
+    double worst = 0;
+    for (int n = 0; n < count; n++) {
+        int pos = positions[n];
+        const real *from = pe + (size_t)pos * C, *to = pe + (size_t)(pos + k) * C;
+        for (int i = 0; 2 * i + 1 < C; i++) {
+            long double x = from[2 * i], y = from[2 * i + 1];
+            long double rx = c[i] * x + s[i] * y, ry = -s[i] * x + c[i] * y;
+            double error = (double)fmaxl(fabsl(rx - to[2 * i]), fabsl(ry - to[2 * i + 1])) / (3 * pe_tolerance(pos + k));
+            if (!(error <= worst)) worst = error;
+        }
+    }
+    return worst;
+}
+
+// §3.5's reason for sinusoids, on the table: "for any fixed offset k,
+// PE(pos+k) can be represented as a linear function of PE(pos)", namely M_k
+// (the rotations above, transformer.c's §3.5 derives them), the same M_k at
+// every position. d_model 64, offsets k = 1, 2, 7, 50 and positions 0, 3, 31,
+// 100, 149. Tolerance: each table entry is within pe_tolerance of exact and a
+// rotation's row has |c| + |s| <= sqrt 2, so M_k PE(pos) from the table is
+// within sqrt 2 pe_tolerance(pos) of the exact PE(pos+k), and the table's
+// PE(pos+k) within pe_tolerance(pos+k): under 3 pe_tolerance(pos+k) apart
+// (at pos + k = 199: 1.8e-7 in float, 1.1e-12 in double). To show
+// that the check can fail, M_{k+1} must miss PE(pos+k) by far more.
+static void test_positional_encoding_rotation(void) {
+    enum { C = 64, LEN = 200 };
+    real *pe = checked_calloc((size_t)LEN * C, sizeof(real), "test");
+    positional_encoding_init(pe, LEN, C);
+    int offsets[4] = { 1, 2, 7, 50 }, positions[5] = { 0, 3, 31, 100, 149 };
+    double worst = 0, wrong = INFINITY;
+    for (int n = 0; n < 4; n++) {
+        worst = fmax(worst, pe_rotation_error(pe, C, offsets[n], offsets[n], positions, 5));
+        wrong = fmin(wrong, pe_rotation_error(pe, C, offsets[n], offsets[n] + 1, positions, 5));
+    }
+    check(worst < 1 && wrong > 1000, "positional encoding (§3.5): PE(pos+k) = M_k PE(pos), M_k block-diagonal 2x2 "
+          "rotations by w_i k, the same for pos 0, 3, 31, 100, 149, at k = 1, 2, 7, 50, d_model %d (worst error "
+          "%.2f of the tolerance; M_{k+1} misses by %.1e times it)", C, worst, wrong);
+    free(pe);
 }
 
 // ============================================================================
@@ -3970,6 +4096,9 @@ int main(int argc, char **argv) {
     test_greedy_token();
     test_thread_determinism();
     test_learning();
+    printf("-- worked by hand: §3.5's positional encoding\n");
+    test_positional_encoding_formula();
+    test_positional_encoding_rotation();
     printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");
     test_bleu();
     test_svg_heatmap();
