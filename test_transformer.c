@@ -10,10 +10,10 @@
  *                               alone, its gradient checks and everything else
  *   and then in each: the PyTorch reference files, masks, Adam, the schedule,
  *   dropout, thread determinism, learning, Part II against Part I (in the
- *   default builds), §3.5's positional encoding worked by hand, decoding,
- *   BLEU, pictures, checkpoints and the command line, which runs the binary
- *   TRANSFORMER_BIN names (./transformer, or ./transformer_plain for the plain
- *   build).
+ *   default builds), §3.5's positional encoding and a 2x2 attention worked by
+ *   hand, decoding, BLEU, pictures, checkpoints and the command line, which
+ *   runs the binary TRANSFORMER_BIN names (./transformer, or
+ *   ./transformer_plain for the plain build).
  * Each ends with the line "N passed, M failed" and exits non-zero on a failure.
  *
  *   ./test_transformer --reference tiny_data/ref_2layer_5head.ref
@@ -1629,8 +1629,9 @@ static void test_dropout_training_and_evaluation(void) {
 }
 
 // ============================================================================
-// §3.5 worked by hand: the sinusoids' formula and their rotation property on
-// positional_encoding_init's table
+// §3.5 and §3.2.1 worked by hand: the sinusoids' formula and their rotation
+// property on positional_encoding_init's table; a 2x2 attention, forward and
+// backward, with both masks
 // ============================================================================
 
 // The most an entry of row pos of positional_encoding_init's table may differ
@@ -1751,6 +1752,127 @@ static void test_positional_encoding_rotation(void) {
           "rotations by w_i k, the same for pos 0, 3, 31, 100, 149, at k = 1, 2, 7, 50, d_model %d (worst error "
           "%.2f of the tolerance; M_{k+1} misses by %.1e times it)", C, worst, wrong);
     free(pe);
+}
+
+// The worst |got - expected| / max(1, |expected|) of n numbers; *exact is
+// cleared if one expected to be exactly 0 (or, with ones, exactly 1) is not.
+static double by_hand_error(const real *got, const double *expected, int n, int ones, int *exact) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double error = fabs((double)got[i] - expected[i]) / fmax(1, fabs(expected[i]));
+        if (!(error <= worst)) worst = error;
+        if ((expected[i] == 0 || (ones && expected[i] == 1)) && (double)got[i] != expected[i]) *exact = 0;
+    }
+    return worst;
+}
+
+// Scaled dot-product attention (eq. 1) and attention_backward worked by hand:
+// one sentence, one head, d_k = d_model = 2, so 1/sqrt(d_k) = 1/sqrt 2; with
+// L = ln 3 and a = sqrt(2) L,
+//     keys     k_0 = (0, 0),  k_1 = (1, 0)
+//     queries  q_0 = (a, 0),  q_1 = (-a, a)
+//     values   v_0 = (4, 0),  v_1 = (0, 4)
+// Scores s_ij = q_i . k_j / sqrt 2:  s_0 = (0, a / sqrt 2) = (0, ln 3),  s_1 = (0, -ln 3).
+// Softmax:  p_0 = (e^0, e^ln 3) / (1 + 3) = (1/4, 3/4),  p_1 = (1, 1/3) / (4/3) = (3/4, 1/4).
+// out_i = sum_j p_ij v_j:  out_0 = (1, 3),  out_1 = (3, 1).
+// Backward, from dout_0 = (1, 0), dout_1 = (0, 1), by attention_backward's formulas:
+//     dp_ij = dout_i . v_j:        dp_0 = (4, 0),  dp_1 = (0, 4)
+//     dv_j = sum_i p_ij dout_i:    dv_0 = 1/4 (1, 0) + 3/4 (0, 1) = (1/4, 3/4),  dv_1 = (3/4, 1/4)
+//     ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij'), and both sums are 1:
+//                                  ds_0 = (1/4 (4 - 1), 3/4 (0 - 1)) = (3/4, -3/4)
+//                                  ds_1 = (3/4 (0 - 1), 1/4 (4 - 1)) = (-3/4, 3/4)
+//     dq_i = sum_j ds_ij k_j / sqrt 2 = ds_i1 (1, 0) / sqrt 2:
+//                                  dq_0 = (-3/(4 sqrt 2), 0),  dq_1 = (3/(4 sqrt 2), 0)
+//     dk_j = sum_i ds_ij q_i / sqrt 2, with a / sqrt 2 = L:
+//                                  dk_0 = 3/4 ((a, 0) - (-a, a)) / sqrt 2 = (3L/2, -3L/4)
+//                                  dk_1 = 3/4 (-(a, 0) + (-a, a)) / sqrt 2 = (-3L/2, 3L/4)
+// The padding mask, key_len 1: both queries see key 0 alone, p_i = (1, 0)
+// exactly and out_i = v_0 = (4, 0); ds_i0 = 1 (dp_i0 - dp_i0) = 0 and
+// ds_i1 = 0, so dq = dk = 0 exactly, dv_0 = dout_0 + dout_1 = (1, 1) and the
+// masked key's dv_1 = 0 exactly.
+// The causal mask: query 0 sees key 0 alone, p_0 = (1, 0) exactly, out_0 =
+// (4, 0) and ds_0 = (0, 0); query 1 sees both, as before. So dq_0 = 0 exactly,
+// dq_1 = (3/(4 sqrt 2), 0); dk_j = ds_1j q_1 / sqrt 2: dk_0 = (3L/4, -3L/4),
+// dk_1 = (-3L/4, 3L/4); dv_0 = (1, 0) + 3/4 (0, 1) = (1, 3/4), dv_1 =
+// 1/4 (0, 1) = (0, 1/4).
+// Decoding's shape, one query per sentence (Part II: attention_one_query_fast):
+// sentence 0 is query 0 over both keys, p = (1/4, 3/4), out = (1, 3); sentence
+// 1 the same with key_len 1, p = (1, 0), out = (4, 0).
+// attend_and_project in the fused (T, 3C) layout of self-attention, row t =
+// [q_t | k_t | v_t], causal, with W^O = [[0, 1], [1, 0]] (swaps the two
+// columns) and b^O = (1/2, -1/2): out_i = (1/2 + heads_i1, -1/2 + heads_i0),
+// heads = the causal case's out (4, 0) and (3, 1): (1/2, 7/2) and (3/2, 5/2).
+// Every number expected to be exactly 0 (and every probability expected to be
+// exactly 1) must come out exact; the others within 16 ulp of `real` (of
+// max(1, |x|)): a and 1/sqrt 2 are rounded, the score is their product, and
+// exp, the sum and the division each round again, a few ulp in all.
+// Through Part I's loops (use_fast_path = 0) and, in the default builds,
+// through Part II's (use_fast_path = 1).
+typedef struct {
+    const char *name;
+    int key_len, causal;
+    double att[4], out[4], dq[4], dk[4], dv[4];   // (2 queries or keys) x 2
+} AttentionByHand;
+
+static void test_attention_by_hand(void) {
+    const double L = log(3.0), r = 1 / sqrt(2.0), tolerance = 16 * (sizeof(real) == sizeof(float) ? FLT_EPSILON : DBL_EPSILON);
+    real a = (real)(sqrt(2.0) * L);
+    real q[4] = { a, 0, -a, a }, k[4] = { 0, 0, 1, 0 }, v[4] = { 4, 0, 0, 4 }, dout[4] = { 1, 0, 0, 1 };
+    AttentionByHand cases[3] = {
+        { "no mask", 2, 0, { 0.25, 0.75, 0.75, 0.25 }, { 1, 3, 3, 1 },
+          { -0.75 * r, 0, 0.75 * r, 0 }, { 1.5 * L, -0.75 * L, -1.5 * L, 0.75 * L }, { 0.25, 0.75, 0.75, 0.25 } },
+        { "padding mask, key_len 1", 1, 0, { 1, 0, 1, 0 }, { 4, 0, 4, 0 },
+          { 0, 0, 0, 0 }, { 0, 0, 0, 0 }, { 1, 1, 0, 0 } },
+        { "causal mask", 2, 1, { 1, 0, 0.75, 0.25 }, { 4, 0, 3, 1 },
+          { 0, 0, 0.75 * r, 0 }, { 0.75 * L, -0.75 * L, -0.75 * L, 0.75 * L }, { 1, 0.75, 0, 0.25 } },
+    };
+#ifdef TRANSFORMER_PLAIN
+    const int paths = 1;
+#else
+    const int paths = 2;
+#endif
+    const char *path_names[2] = { "Part I", "Part II" };
+    for (int path = 0; path < paths; path++) {
+#ifndef TRANSFORMER_PLAIN
+        use_fast_path = path;
+#endif
+        for (int n = 0; n < 3; n++) {
+            const AttentionByHand *c = &cases[n];
+            real out[4], att[4], dq[4] = { 0 }, dk[4] = { 0 }, dv[4] = { 0 };
+            int key_len = c->key_len, exact = 1;
+            attention_forward(out, att, q, k, v, 2, 2, &key_len, c->causal, 1, 2, 2, 2, 1);
+            attention_backward(dq, dk, dv, dout, att, q, k, v, 2, 2, 1, 2, 2, 2, 1);
+            double worst = fmax(by_hand_error(att, c->att, 4, 1, &exact), by_hand_error(out, c->out, 4, 0, &exact));
+            worst = fmax(worst, by_hand_error(dq, c->dq, 4, 0, &exact));
+            worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact), by_hand_error(dv, c->dv, 4, 0, &exact)));
+            check(worst <= tolerance && exact, "attention by hand, 2 queries x 2 keys (%s, %s): p = (%.7g, %.7g; %.7g, "
+                  "%.7g), out, dq, dk, dv as worked out (worst %.1e, tolerance %.0e), its 0s and 1s exact", path_names[path],
+                  c->name, (double)att[0], (double)att[1], (double)att[2], (double)att[3], worst, tolerance);
+        }
+        // decoding's shape: one query per sentence
+        real q1[4] = { a, 0, a, 0 }, k1[8] = { 0, 0, 1, 0, 0, 0, 1, 0 }, v1[8] = { 4, 0, 0, 4, 4, 0, 0, 4 };
+        real out1[4], att1[4];
+        int key_len1[2] = { 2, 1 }, exact1 = 1;
+        double expected_att1[4] = { 0.25, 0.75, 1, 0 }, expected_out1[4] = { 1, 3, 4, 0 };
+        attention_forward(out1, att1, q1, k1, v1, 2, 2, key_len1, 0, 2, 1, 2, 2, 1);
+        double worst1 = fmax(by_hand_error(att1, expected_att1, 4, 1, &exact1),
+                             by_hand_error(out1, expected_out1, 4, 0, &exact1));
+        check(worst1 <= tolerance && exact1, "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len "
+              "1, (1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
+        // attend_and_project, self-attention's fused layout, causal
+        real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 }, out_b[2] = { 0.5, -0.5 };
+        real out2[4], att2[4], heads[4];
+        int key_len2 = 2, exact2 = 1;
+        double expected_out2[4] = { 0.5, 3.5, 1.5, 2.5 };
+        AttentionParams weights = { NULL, NULL, out_w, out_b };
+        attend_and_project(out2, att2, heads, qkv, qkv + 2, qkv + 4, 6, 6, &key_len2, 1, weights, 1, 2, 2, 2, 1);
+        double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2), by_hand_error(out2, expected_out2, 4, 0, &exact2));
+        check(worst2 <= tolerance && exact2, "attend_and_project by hand (%s): the causal case read from a fused (T, 3C) "
+              "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
+    }
+#ifndef TRANSFORMER_PLAIN
+    use_fast_path = 1;
+#endif
 }
 
 // ============================================================================
@@ -4096,9 +4218,10 @@ int main(int argc, char **argv) {
     test_greedy_token();
     test_thread_determinism();
     test_learning();
-    printf("-- worked by hand: §3.5's positional encoding\n");
+    printf("-- worked by hand: §3.5's positional encoding, a 2x2 attention (§3.2.1)\n");
     test_positional_encoding_formula();
     test_positional_encoding_rotation();
+    test_attention_by_hand();
     printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");
     test_bleu();
     test_svg_heatmap();
