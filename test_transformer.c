@@ -13,7 +13,9 @@
  *   default builds), §3.5's positional encoding and a 2x2 attention worked by
  *   hand, decoding, BLEU, pictures, checkpoints and the command line, which
  *   runs the binary TRANSFORMER_BIN names (./transformer, or
- *   ./transformer_plain for the plain build).
+ *   ./transformer_plain for the plain build), and transformer.c alone
+ *   (TRANSFORMER_MINIMAL_BIN); the plain build also walks make debug's
+ *   binary (TRANSFORMER_DEBUG_BIN) in gdb, where gdb is on the PATH.
  * Each ends with the line "N passed, M failed" and exits non-zero on a failure.
  *
  *   ./test_transformer --reference tiny_data/ref_2layer_5head.ref
@@ -3787,6 +3789,108 @@ static void test_minimal_program(void) {
     cli_binary = full;
 }
 
+#ifdef TRANSFORMER_PLAIN   // the gdb walk runs once, in the plain build (transformer_debug is Part I alone too)
+// The line number of the first line holding `text` after the first line
+// holding `after`, in the file at path; 0 if there is none.
+static int source_line(const char *path, const char *after, const char *text) {
+    char *source = read_text_file(path);
+    if (!source) return 0;
+    const char *start = strstr(source, after), *at = start ? strstr(start, text) : NULL;
+    int line = 0;
+    if (at) {
+        line = 1;
+        for (const char *c = source; c < at; c++) line += *c == '\n';
+    }
+    free(source);
+    return line;
+}
+
+// The integer after "\n<name> = " in text (a line of gdb's `info locals`);
+// 0 and *found cleared if there is none.
+static long gdb_local(const char *text, const char *name, int *found) {
+    char key[64];
+    snprintf(key, sizeof key, "\n%s = ", name);
+    const char *at = text ? strstr(text, key) : NULL;
+    if (!at) { *found = 0; return 0; }
+    return strtol(at + strlen(key), NULL, 10);
+}
+
+// make debug's transformer_debug (transformer.c alone, -O0 -g, Part I only,
+// no OpenMP) in gdb, as NOTES.md §15 walks it: break in attention_forward
+// during a one-step training run, `next` line by line until the line that
+// computes s_ij (p[j] = dot * scale), then `info locals`. Built with OpenMP,
+// the loop body would be an outlined attention_forward._omp_fn.0 and `next`
+// would step over the whole loop (issue 26), never reaching that line.
+// Checks that the walk reaches the score line through the loop's lines, that
+// `info locals` shows b, h, i (the first sentence, head and query: 0, 0, 0)
+// and visible (1 to Tk keys), and that no _omp_fn frame appears. Skipped,
+// with a line saying so, where gdb is not on the PATH or may not trace.
+static void test_debugger_walk(void) {
+    const char *debug = getenv("TRANSFORMER_DEBUG_BIN");
+    if (!debug) { printf("     (TRANSFORMER_DEBUG_BIN not set: the gdb walk not run; make test sets it)\n"); return; }
+    if (system("command -v gdb > /dev/null 2>&1") != 0) {
+        printf("     (gdb is not on the PATH: the walk through transformer_debug in gdb is skipped)\n");
+        return;
+    }
+    if (access(debug, X_OK) != 0) { check(0, "gdb: %s is not there (make debug)", debug); return; }
+    int score_line = source_line("transformer.c", "static void attention_forward(", "p[j] = dot * scale;");
+    if (!score_line) { check(0, "gdb: no line `p[j] = dot * scale;` in attention_forward in transformer.c"); return; }
+    const char *script = test_path("walk.gdb"), *output_path = test_path("walk.out");
+    char text[2048];
+    snprintf(text, sizeof text,
+             "set pagination off\nset confirm off\nset width 0\n"
+             "break attention_forward\n"
+             "run train --task copy --steps 1 " TINY_RUN " --threads 1 --checkpoint %s\n"
+             "info line transformer.c:%d\n"                  // sets $_ to the line's first address
+             "set $score_line = $_\nset $steps = 0\n"
+             "while $pc != $score_line && $steps < 200\nnext\nset $steps = $steps + 1\nend\n"
+             "printf \"==steps %%d\\n\", $steps\n"
+             "echo ==frame\\n\nframe\necho ==locals\\n\ninfo locals\necho ==bt\\n\nbt\necho ==end\\n\n",
+             test_path("gdb.ckpt"), score_line);
+    write_text(script, text);
+    char command[1600];
+    snprintf(command, sizeof command, "DEBUGINFOD_URLS= timeout 120 gdb -batch -nx -x %s %s > %s 2>&1",
+             script, debug, output_path);
+    fflush(stdout);
+    int status = system(command);
+    int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    char *output = read_text_file(output_path);
+    if (output && strstr(output, "ptrace:")) {
+        printf("     (gdb may not trace processes here (ptrace): the walk is skipped)\n");
+        free(output);
+        return;
+    }
+    const char *steps_at = output ? strstr(output, "==steps ") : NULL, *frame = output ? strstr(output, "==frame") : NULL;
+    const char *locals = output ? strstr(output, "==locals") : NULL, *bt = output ? strstr(output, "==bt") : NULL;
+    int steps = steps_at ? atoi(steps_at + 8) : -1;
+    char at_line[64];
+    snprintf(at_line, sizeof at_line, "at transformer.c:%d\n", score_line);
+    // the frame after the walk: attention_forward, at the score line
+    int reached = frame && locals && strstr(frame, "attention_forward (") && strstr(frame, at_line) &&
+                  strstr(frame, at_line) < locals && strstr(frame, "p[j] = dot * scale;");
+    // the walk went through the loop body's lines, `next` by `next`
+    const char *walked = output ? strstr(output, "visible_keys(i, key_len[b], causal)") : NULL;
+    int through_loop = walked && steps_at && walked < steps_at && steps >= 5 && steps < 200;
+    int found = 1;
+    long b = gdb_local(locals, "b", &found), h = gdb_local(locals, "h", &found), i = gdb_local(locals, "i", &found);
+    long visible = gdb_local(locals, "visible", &found);
+    const char *tk_at = frame ? strstr(frame, "Tk=") : NULL;
+    long Tk = tk_at ? strtol(tk_at + 3, NULL, 10) : 0;
+    int locals_ok = locals && bt && found && b == 0 && h == 0 && i == 0 && visible >= 1 && visible <= Tk;
+    int no_omp = output && !strstr(output, "_omp_fn") && bt && strstr(bt, "self_attention_forward");
+    check(exit_code == 0 && reached && through_loop && locals_ok && no_omp,
+          "gdb: in %s, `next` walks attention_forward line by line to the s_ij line %d (%s after %d steps, %s), "
+          "`info locals` shows b = %ld, h = %ld, i = %ld, visible = %ld (of Tk = %ld)%s; %s (gdb exit %d%s)", debug,
+          score_line, reached ? "reached" : "NOT reached", steps,
+          through_loop ? "through visible_keys" : "NOT through the loop body", b, h, i, visible, Tk,
+          found ? "" : " (some NOT shown)", no_omp ? "no _omp_fn frame" : "an _omp_fn frame or no backtrace",
+          exit_code, exit_code == 124 ? ": timed out after 120 s" : "");
+    if (!(reached && through_loop && locals_ok && no_omp) && output)
+        printf("     gdb printed:\n%s\n", output);
+    free(output);
+}
+#endif // TRANSFORMER_PLAIN
+
 static void run_cli_and_data_tests(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
     if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
@@ -3802,6 +3906,10 @@ static void run_cli_and_data_tests(void) {
     test_nonfinite_parameter();
     test_command_line();
     test_minimal_program();
+#ifdef TRANSFORMER_PLAIN
+    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md §15), once, in the plain build\n");
+    test_debugger_walk();
+#endif
     printf("-- §5.1 byte-pair encoding\n");
     test_bpe_learn_and_apply();
     test_bpe_numbers_data();
