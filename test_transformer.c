@@ -22,6 +22,69 @@
  * checks one PyTorch reference file and prints, per tensor, the largest
  * absolute and relative difference.
  */
+
+/* INDEX: each function of transformer.c's Part I (and Part II) -> the tests
+ * that prove it, by the name of their function below. FD: finite differences
+ * (run_gradient_checks, the double builds). MODEL: the whole model, which
+ * runs every layer: test_model_gradients (FD of every parameter tensor,
+ * sinusoids and learned positions) and test_reference_file (PyTorch's
+ * logits, loss, every gradient and the Adam steps; every build), with
+ * test_reference_catches_wrong_weights (a 1e-3 move of one weight in any
+ * tensor or q, k, v block fails them). In the default builds every test runs
+ * Part II wherever the dispatch hands a call to it; the plain build runs
+ * Part I alone.
+ *
+ *   §3     linear_forward, _backward        test_linear_gradients (FD); test_fast_linear, test_fast_dispatch; MODEL
+ *   §3.1   dropout_mask                     test_dropout_training_and_evaluation (off in evaluation, redrawn each
+ *                                           pass, P_drop 0.5 drops about half); test_thread_determinism (1 and 3
+ *                                           threads, bit for bit); test_add_norm_gradients (as the residual's mask)
+ *          dropout_forward, _backward       test_fast_training_step, test_thread_determinism (dropout on);
+ *                                           no FD with P_drop > 0: the MODEL checks run with dropout off
+ *          layernorm_row_forward,           test_add_norm_gradients (FD, with a dropout mask); MODEL
+ *          residual_layernorm_forward, _backward
+ *   §3.2.1 visible_keys                     test_attention_by_hand (padding and causal masks give exact 1 and 0);
+ *                                           test_attention_gradients; test_masks (a padded or later token moves
+ *                                           no logit it must not)
+ *          softmax_visible                  test_softmax_visible; test_attention_by_hand
+ *          softmax_backward                 test_attention_by_hand, test_attention_gradients (in attention_backward)
+ *          attention_forward, _backward     test_attention_by_hand (2 queries x 2 keys by hand, both masks, Part I
+ *                                           and II); test_attention_gradients (FD: causal, fused q|k|v, padded
+ *                                           keys get exactly 0); test_fast_attention, test_fast_dispatch; MODEL
+ *   §3.2.2 attend_and_project               test_attention_by_hand (fused layout, W^O, b^O); MODEL
+ *          self_attention_*, cross_attention_*, memory_keys_values     MODEL; test_masks
+ *   §3.3   relu_*, feed_forward_*           test_feed_forward_gradients (FD, ReLU inputs off the kink); MODEL
+ *   §3.4   embedding_forward, _backward     test_embedding_gradients (FD, a token 3 times: rows add); MODEL
+ *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8 by hand, odd 7,
+ *                                           512), test_positional_encoding_rotation (PE(pos+k) = M_k PE(pos));
+ *                                           test_svg_positional_encoding
+ *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED) (FD; unused rows get 0);
+ *                                           test_reference_file (ref_learned_positions.ref)
+ *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform logits: log V); MODEL
+ *   §3.1   add_norm_forward, encoder_layer_*, decoder_layer_*, encoder_forward, decoder_forward    MODEL; test_masks
+ *          transformer_forward, _zero_grad, _backward    MODEL; test_learning (300 steps fit a batch);
+ *                                           test_fast_training_step; test_thread_determinism; test_masks
+ *   §5.3   transformer_learning_rate        test_schedule (eq. 3 by hand); test_reference_file (the Adam steps)
+ *          adam_update                      test_adam_by_hand (two steps by hand); test_reference_file,
+ *                                           test_reference_catches_wrong_adam (lr 1%, beta1, beta2 caught)
+ *   §5     transformer_train_step           test_reference_file, test_reference_catches_wrong_* (the step PyTorch's
+ *                                           files are compared through); test_companion_training_run,
+ *                                           test_companion_train_command (the CUDA companion's step, float builds)
+ *   §6.1   decoder_cache_init, _encode, _free, decoder_step    test_cached_logits (the full pass's logits)
+ *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding (cached = uncached,
+ *                                           side by side = one by one, the trained model copies); test_greedy_token
+ *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis, decoder_cache_reorder,
+ *          length_penalty                   test_decoding (beam 1 = greedy, beam 4 copies);
+ *                                           test_beam_search_is_exhaustive_when_wide (the enumerated best)
+ *          machinery                        test_config_checks (transformer_config_check, transformer_build);
+ *                                           test_parameter_counts (parameter_sizes); test_aligned_memory (arenas);
+ *                                           test_tasks_and_batches (batch_check)
+ *   II     linear_forward_fast, _backward_fast    test_fast_linear, test_fast_dispatch, test_fast_training_step
+ *          attention_forward_fast, _backward_fast test_fast_attention, test_attention_by_hand, test_fast_dispatch,
+ *                                           test_fast_training_step
+ *          attention_one_query_fast         test_fast_attention (one query), test_attention_by_hand, test_cached_logits
+ *          matmul and its tiles             test_matmul_against_plain_loops, test_matmul_thread_count
+ *   make debug: transformer_debug in gdb    test_debugger_walk (plain build)
+ */
 #define TRANSFORMER_NO_MAIN
 #include "transformer_lab.c"   // transformer.c and the lab's instruments
 #if !defined(TRANSFORMER_DOUBLE) && !defined(COMPANION_ON_GPU)
