@@ -12,8 +12,9 @@
 #   make plain         ./transformer_plain: Part I's plain loops only (-DTRANSFORMER_PLAIN)
 #   make test          gradient checks (double), PyTorch parity, masks, Adam,
 #                      learning, decoding, checkpoints, the command line and its
-#                      error messages, Part II against Part I: the default build
-#                      (double and float), without OpenMP, and the plain build
+#                      error messages, Part II against Part I, the gdb walk of
+#                      make debug: the default build (double and float), without
+#                      OpenMP, and the plain build
 #   make cuda          ./transformer_cuda: the training steps on a GPU (nvcc, cuBLAS; CUDA_ARCH=sm_80);
 #                      warnings are errors, and a kernel that spills registers fails the build
 #   make cuda-cpu      ./transformer_cuda_cpu: the same companion built for the CPU (cuda_on_cpu.h)
@@ -85,13 +86,15 @@ test_transformer_plain_f64: test_transformer.c $(SOURCES)
 
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
 # A binary that crashes before its summary counts as one failure. The tests
-# also run ./transformer itself, as a user would (bad input, resume).
-test: $(TESTS) transformer transformer_plain transformer_minimal
+# also run ./transformer itself, as a user would (bad input, resume), and the
+# plain build walks ./transformer_debug in gdb (skipped where gdb is absent).
+test: $(TESTS) transformer transformer_plain transformer_minimal transformer_debug
 	@passed=0; failed=0; status=0; \
 	for t in $(TESTS); do \
 	  echo "== ./$$t"; \
 	  case $$t in *plain*) bin=./transformer_plain;; *) bin=./transformer;; esac; \
-	  TRANSFORMER_BIN=$$bin TRANSFORMER_MINIMAL_BIN=./transformer_minimal ./$$t > .test_output.log 2>&1; code=$$?; \
+	  TRANSFORMER_BIN=$$bin TRANSFORMER_MINIMAL_BIN=./transformer_minimal TRANSFORMER_DEBUG_BIN=./transformer_debug \
+	    ./$$t > .test_output.log 2>&1; code=$$?; \
 	  cat .test_output.log; \
 	  [ $$code -eq 0 ] || status=1; \
 	  counts=$$(sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$$/\1 \2/p' .test_output.log | tail -n 1); \

@@ -10,14 +10,80 @@
  *                               alone, its gradient checks and everything else
  *   and then in each: the PyTorch reference files, masks, Adam, the schedule,
  *   dropout, thread determinism, learning, Part II against Part I (in the
- *   default builds), decoding, BLEU, pictures, checkpoints and the command
- *   line, which runs the binary TRANSFORMER_BIN names (./transformer, or
- *   ./transformer_plain for the plain build).
+ *   default builds), §3.5's positional encoding and a 2x2 attention worked by
+ *   hand, decoding, BLEU, pictures, checkpoints and the command line, which
+ *   runs the binary TRANSFORMER_BIN names (./transformer, or
+ *   ./transformer_plain for the plain build), and transformer.c alone
+ *   (TRANSFORMER_MINIMAL_BIN); the plain build also walks make debug's
+ *   binary (TRANSFORMER_DEBUG_BIN) in gdb, where gdb is on the PATH.
  * Each ends with the line "N passed, M failed" and exits non-zero on a failure.
  *
  *   ./test_transformer --reference tiny_data/ref_2layer_5head.ref
  * checks one PyTorch reference file and prints, per tensor, the largest
  * absolute and relative difference.
+ */
+
+/* INDEX: each function of transformer.c's Part I (and Part II) -> the tests
+ * that prove it, by the name of their function below. FD: finite differences
+ * (run_gradient_checks, the double builds). MODEL: the whole model, which
+ * runs every layer: test_model_gradients (FD of every parameter tensor,
+ * sinusoids and learned positions) and test_reference_file (PyTorch's
+ * logits, loss, every gradient and the Adam steps; every build), with
+ * test_reference_catches_wrong_weights (a 1e-3 move of one weight in any
+ * tensor or q, k, v block fails them). In the default builds every test runs
+ * Part II wherever the dispatch hands a call to it; the plain build runs
+ * Part I alone.
+ *
+ *   §3     linear_forward, _backward        test_linear_gradients (FD); test_fast_linear, test_fast_dispatch; MODEL
+ *   §3.1   dropout_mask                     test_dropout_training_and_evaluation (off in evaluation, redrawn each
+ *                                           pass, P_drop 0.5 drops about half); test_thread_determinism (1 and 3
+ *                                           threads, bit for bit); test_add_norm_gradients (as the residual's mask)
+ *          dropout_forward, _backward       test_fast_training_step, test_thread_determinism (dropout on);
+ *                                           no FD with P_drop > 0: the MODEL checks run with dropout off
+ *          layernorm_row_forward,           test_add_norm_gradients (FD, with a dropout mask); MODEL
+ *          residual_layernorm_forward, _backward
+ *   §3.2.1 visible_keys                     test_attention_by_hand (padding and causal masks give exact 1 and 0);
+ *                                           test_attention_gradients; test_masks (a padded or later token moves
+ *                                           no logit it must not)
+ *          softmax_visible                  test_softmax_visible; test_attention_by_hand
+ *          softmax_backward                 test_attention_by_hand, test_attention_gradients (in attention_backward)
+ *          attention_forward, _backward     test_attention_by_hand (2 queries x 2 keys by hand, both masks, Part I
+ *                                           and II); test_attention_gradients (FD: causal, fused q|k|v, padded
+ *                                           keys get exactly 0); test_fast_attention, test_fast_dispatch; MODEL
+ *   §3.2.2 attend_and_project               test_attention_by_hand (fused layout, W^O, b^O); MODEL
+ *          self_attention_*, cross_attention_*, memory_keys_values     MODEL; test_masks
+ *   §3.3   relu_*, feed_forward_*           test_feed_forward_gradients (FD, ReLU inputs off the kink); MODEL
+ *   §3.4   embedding_forward, _backward     test_embedding_gradients (FD, a token 3 times: rows add); MODEL
+ *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8 by hand, odd 7,
+ *                                           512), test_positional_encoding_rotation (PE(pos+k) = M_k PE(pos));
+ *                                           test_svg_positional_encoding
+ *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED) (FD; unused rows get 0);
+ *                                           test_reference_file (ref_learned_positions.ref)
+ *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform logits: log V); MODEL
+ *   §3.1   add_norm_forward, encoder_layer_*, decoder_layer_*, encoder_forward, decoder_forward    MODEL; test_masks
+ *          transformer_forward, _zero_grad, _backward    MODEL; test_learning (300 steps fit a batch);
+ *                                           test_fast_training_step; test_thread_determinism; test_masks
+ *   §5.3   transformer_learning_rate        test_schedule (eq. 3 by hand); test_reference_file (the Adam steps)
+ *          adam_update                      test_adam_by_hand (two steps by hand); test_reference_file,
+ *                                           test_reference_catches_wrong_adam (lr 1%, beta1, beta2 caught)
+ *   §5     transformer_train_step           test_reference_file, test_reference_catches_wrong_* (the step PyTorch's
+ *                                           files are compared through); test_companion_training_run,
+ *                                           test_companion_train_command (the CUDA companion's step, float builds)
+ *   §6.1   decoder_cache_init, _encode, _free, decoder_step    test_cached_logits (the full pass's logits)
+ *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding (cached = uncached,
+ *                                           side by side = one by one, the trained model copies); test_greedy_token
+ *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis, decoder_cache_reorder,
+ *          length_penalty                   test_decoding (beam 1 = greedy, beam 4 copies);
+ *                                           test_beam_search_is_exhaustive_when_wide (the enumerated best)
+ *          machinery                        test_config_checks (transformer_config_check, transformer_build);
+ *                                           test_parameter_counts (parameter_sizes); test_aligned_memory (arenas);
+ *                                           test_tasks_and_batches (batch_check)
+ *   II     linear_forward_fast, _backward_fast    test_fast_linear, test_fast_dispatch, test_fast_training_step
+ *          attention_forward_fast, _backward_fast test_fast_attention, test_attention_by_hand, test_fast_dispatch,
+ *                                           test_fast_training_step
+ *          attention_one_query_fast         test_fast_attention (one query), test_attention_by_hand, test_cached_logits
+ *          matmul and its tiles             test_matmul_against_plain_loops, test_matmul_thread_count
+ *   make debug: transformer_debug in gdb    test_debugger_walk (plain build)
  */
 #define TRANSFORMER_NO_MAIN
 #include "transformer_lab.c"   // transformer.c and the lab's instruments
@@ -1625,6 +1691,253 @@ static void test_dropout_training_and_evaluation(void) {
     check(train1 != train2, "dropout: training draws new masks each pass");
     check(zeros > n / 4 && zeros < 3 * n / 4, "dropout: P_drop 0.5 drops %zu of %zu embedding elements", zeros, n);
     transformer_free(&m);
+}
+
+// ============================================================================
+// §3.5 and §3.2.1 worked by hand: the sinusoids' formula and their rotation
+// property on positional_encoding_init's table; a 2x2 attention, forward and
+// backward, with both masks
+// ============================================================================
+
+// The most an entry of row pos of positional_encoding_init's table may differ
+// from the exact sin or cos, for the tests below. The table computes the angle
+// pos / 10000^(2i/d_model) in double: 2i/d_model rounds (relative error u =
+// 2^-53, times ln 10000 * 2i/d_model < 9.3 through pow's exponent), pow adds
+// under 2u and the division u, so the angle is within 12.3u of its exact value
+// relative, i.e. 12.3u pos absolute, and its sine or cosine (derivative <= 1,
+// one more ulp for the function itself) within 12.3u pos + u. The bound takes
+// 16u (1 + pos) = 8 DBL_EPSILON (1 + pos). In float the double is then rounded
+// to float, at most half an ulp of a number of magnitude <= 1, 2^-25; the
+// bound allows one ulp, 2^-24 (so a correctly rounded table measures about 0.5).
+static double pe_tolerance(int pos) {
+    return (sizeof(real) == sizeof(float) ? FLT_EPSILON / 2 : 0) + 8 * DBL_EPSILON * (1 + pos);
+}
+
+// The worst |PE(pos, d) - exact| / pe_tolerance(pos) over a (max_len, C) table,
+// with exact PE(pos, 2i) = sin(pos / divisor[i]), PE(pos, 2i+1) = cos(pos /
+// divisor[i]) in long double.
+static double pe_worst_error(const real *pe, int max_len, int C, const long double *divisor) {
+    double worst = 0;
+    for (int pos = 0; pos < max_len; pos++) {
+        for (int d = 0; d < C; d++) {
+            long double angle = pos / divisor[d / 2];
+            long double exact = d % 2 == 0 ? sinl(angle) : cosl(angle);
+            double error = (double)fabsl((long double)pe[(size_t)pos * C + d] - exact) / pe_tolerance(pos);
+            if (!(error <= worst)) worst = error;   // NaN counts as the worst
+        }
+    }
+    return worst;
+}
+
+// §3.5:  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+// d_model 8 by hand: 10000^(2i/8) = 10^i, so the four pairs turn at 1, 1/10,
+// 1/100 and 1/1000 radians per position: PE(pos) = (sin pos, cos pos,
+// sin(pos/10), cos(pos/10), sin(pos/100), cos(pos/100), sin(pos/1000),
+// cos(pos/1000)), e.g. PE(0) = (0, 1, 0, 1, 0, 1, 0, 1) exactly. An odd
+// d_model (7) ends with a sine that has no cosine: PE(pos, 6) = sin(pos /
+// 10000^(6/7)), and the table's rows are 7 numbers (a guard after the table
+// stays untouched). d_model 512 (the base model's), every entry of 256
+// positions. Exact values in long double; the tolerance is pe_tolerance's.
+static void test_positional_encoding_formula(void) {
+    enum { LEN8 = 120, LEN7 = 60, LEN512 = 256 };
+    long double tens[4] = { 1, 10, 100, 1000 }, divisor[256];
+    real pe8[LEN8 * 8];
+    positional_encoding_init(pe8, LEN8, 8);
+    double worst8 = pe_worst_error(pe8, LEN8, 8, tens);
+    int zero_row = 1;
+    for (int d = 0; d < 8; d++) zero_row &= pe8[d] == (d % 2 ? 1 : 0);
+    check(worst8 < 1 && zero_row, "positional encoding (§3.5), d_model 8: PE(pos) = (sin pos, cos pos, sin pos/10, "
+          "cos pos/10, ..., cos pos/1000) at positions 0..%d, PE(0) = (0, 1, 0, 1, ...) exactly (worst error %.2f of "
+          "the tolerance)", LEN8 - 1, worst8);
+    real pe7[LEN7 * 7 + 1];
+    pe7[LEN7 * 7] = 12345;   // the guard
+    for (int i = 0; i < 4; i++) divisor[i] = powl(10000.0L, 2.0L * i / 7);
+    positional_encoding_init(pe7, LEN7, 7);
+    double worst7 = pe_worst_error(pe7, LEN7, 7, divisor);
+    check(worst7 < 1 && pe7[LEN7 * 7] == 12345, "positional encoding (§3.5), odd d_model 7: sin and cos pairs, then "
+          "PE(pos, 6) = sin(pos / 10000^(6/7)) alone, rows of 7, nothing written past the table (worst error %.2f of "
+          "the tolerance)", worst7);
+    real *pe512 = checked_calloc((size_t)LEN512 * 512, sizeof(real), "test");
+    for (int i = 0; i < 256; i++) divisor[i] = powl(10000.0L, 2.0L * i / 512);
+    positional_encoding_init(pe512, LEN512, 512);
+    double worst512 = pe_worst_error(pe512, LEN512, 512, divisor);
+    check(worst512 < 1, "positional encoding (§3.5), d_model 512: all %d x 512 entries against sin and cos in long "
+          "double (worst error %.2f of the tolerance, %.1e at position %d)", LEN512, worst512,
+          pe_tolerance(LEN512 - 1), LEN512 - 1);
+    free(pe512);
+}
+
+// The worst |PE(pos+k) - M PE(pos)| / (3 pe_tolerance(pos+k)) over the given
+// positions, where M is block-diagonal with the 2x2 rotations
+//     [ c_i  s_i ]      c_i = cos(w_i k'),  s_i = sin(w_i k'),  w_i = 10000^(-2i/C),
+//     [-s_i  c_i ]
+// on each pair (2i, 2i+1), one matrix for every pos; k' = k gives M_k.
+static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const int *positions, int count) {
+    long double c[256], s[256];
+    for (int i = 0; 2 * i < C; i++) {
+        long double w = powl(10000.0L, -2.0L * i / C);
+        c[i] = cosl(w * k_prime);
+        s[i] = sinl(w * k_prime);
+    }
+    double worst = 0;
+    for (int n = 0; n < count; n++) {
+        int pos = positions[n];
+        const real *from = pe + (size_t)pos * C, *to = pe + (size_t)(pos + k) * C;
+        for (int i = 0; 2 * i + 1 < C; i++) {
+            long double x = from[2 * i], y = from[2 * i + 1];
+            long double rx = c[i] * x + s[i] * y, ry = -s[i] * x + c[i] * y;
+            double error = (double)fmaxl(fabsl(rx - to[2 * i]), fabsl(ry - to[2 * i + 1])) / (3 * pe_tolerance(pos + k));
+            if (!(error <= worst)) worst = error;
+        }
+    }
+    return worst;
+}
+
+// §3.5's reason for sinusoids, on the table: "for any fixed offset k,
+// PE(pos+k) can be represented as a linear function of PE(pos)", namely M_k
+// (the rotations above, transformer.c's §3.5 derives them), the same M_k at
+// every position. d_model 64, offsets k = 1, 2, 7, 50 and positions 0, 3, 31,
+// 100, 149. Tolerance: each table entry is within pe_tolerance of exact and a
+// rotation's row has |c| + |s| <= sqrt 2, so M_k PE(pos) from the table is
+// within sqrt 2 pe_tolerance(pos) of the exact PE(pos+k), and the table's
+// PE(pos+k) within pe_tolerance(pos+k): under 3 pe_tolerance(pos+k) apart
+// (at pos + k = 199: 1.8e-7 in float, 1.1e-12 in double). To show
+// that the check can fail, M_{k+1} must miss PE(pos+k) by far more.
+static void test_positional_encoding_rotation(void) {
+    enum { C = 64, LEN = 200 };
+    real *pe = checked_calloc((size_t)LEN * C, sizeof(real), "test");
+    positional_encoding_init(pe, LEN, C);
+    int offsets[4] = { 1, 2, 7, 50 }, positions[5] = { 0, 3, 31, 100, 149 };
+    double worst = 0, wrong = INFINITY;
+    for (int n = 0; n < 4; n++) {
+        worst = fmax(worst, pe_rotation_error(pe, C, offsets[n], offsets[n], positions, 5));
+        wrong = fmin(wrong, pe_rotation_error(pe, C, offsets[n], offsets[n] + 1, positions, 5));
+    }
+    check(worst < 1 && wrong > 1000, "positional encoding (§3.5): PE(pos+k) = M_k PE(pos), M_k block-diagonal 2x2 "
+          "rotations by w_i k, the same for pos 0, 3, 31, 100, 149, at k = 1, 2, 7, 50, d_model %d (worst error "
+          "%.2f of the tolerance; M_{k+1} misses by %.1e times it)", C, worst, wrong);
+    free(pe);
+}
+
+// The worst |got - expected| / max(1, |expected|) of n numbers; *exact is
+// cleared if one expected to be exactly 0 (or, with ones, exactly 1) is not.
+static double by_hand_error(const real *got, const double *expected, int n, int ones, int *exact) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double error = fabs((double)got[i] - expected[i]) / fmax(1, fabs(expected[i]));
+        if (!(error <= worst)) worst = error;
+        if ((expected[i] == 0 || (ones && expected[i] == 1)) && (double)got[i] != expected[i]) *exact = 0;
+    }
+    return worst;
+}
+
+// Scaled dot-product attention (eq. 1) and attention_backward worked by hand:
+// one sentence, one head, d_k = d_model = 2, so 1/sqrt(d_k) = 1/sqrt 2; with
+// L = ln 3 and a = sqrt(2) L,
+//     keys     k_0 = (0, 0),  k_1 = (1, 0)
+//     queries  q_0 = (a, 0),  q_1 = (-a, a)
+//     values   v_0 = (4, 0),  v_1 = (0, 4)
+// Scores s_ij = q_i . k_j / sqrt 2:  s_0 = (0, a / sqrt 2) = (0, ln 3),  s_1 = (0, -ln 3).
+// Softmax:  p_0 = (e^0, e^ln 3) / (1 + 3) = (1/4, 3/4),  p_1 = (1, 1/3) / (4/3) = (3/4, 1/4).
+// out_i = sum_j p_ij v_j:  out_0 = (1, 3),  out_1 = (3, 1).
+// Backward, from dout_0 = (1, 0), dout_1 = (0, 1), by attention_backward's formulas:
+//     dp_ij = dout_i . v_j:        dp_0 = (4, 0),  dp_1 = (0, 4)
+//     dv_j = sum_i p_ij dout_i:    dv_0 = 1/4 (1, 0) + 3/4 (0, 1) = (1/4, 3/4),  dv_1 = (3/4, 1/4)
+//     ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij'), and both sums are 1:
+//                                  ds_0 = (1/4 (4 - 1), 3/4 (0 - 1)) = (3/4, -3/4)
+//                                  ds_1 = (3/4 (0 - 1), 1/4 (4 - 1)) = (-3/4, 3/4)
+//     dq_i = sum_j ds_ij k_j / sqrt 2 = ds_i1 (1, 0) / sqrt 2:
+//                                  dq_0 = (-3/(4 sqrt 2), 0),  dq_1 = (3/(4 sqrt 2), 0)
+//     dk_j = sum_i ds_ij q_i / sqrt 2, with a / sqrt 2 = L:
+//                                  dk_0 = 3/4 ((a, 0) - (-a, a)) / sqrt 2 = (3L/2, -3L/4)
+//                                  dk_1 = 3/4 (-(a, 0) + (-a, a)) / sqrt 2 = (-3L/2, 3L/4)
+// The padding mask, key_len 1: both queries see key 0 alone, p_i = (1, 0)
+// exactly and out_i = v_0 = (4, 0); ds_i0 = 1 (dp_i0 - dp_i0) = 0 and
+// ds_i1 = 0, so dq = dk = 0 exactly, dv_0 = dout_0 + dout_1 = (1, 1) and the
+// masked key's dv_1 = 0 exactly.
+// The causal mask: query 0 sees key 0 alone, p_0 = (1, 0) exactly, out_0 =
+// (4, 0) and ds_0 = (0, 0); query 1 sees both, as before. So dq_0 = 0 exactly,
+// dq_1 = (3/(4 sqrt 2), 0); dk_j = ds_1j q_1 / sqrt 2: dk_0 = (3L/4, -3L/4),
+// dk_1 = (-3L/4, 3L/4); dv_0 = (1, 0) + 3/4 (0, 1) = (1, 3/4), dv_1 =
+// 1/4 (0, 1) = (0, 1/4).
+// Decoding's shape, one query per sentence (Part II: attention_one_query_fast):
+// sentence 0 is query 0 over both keys, p = (1/4, 3/4), out = (1, 3); sentence
+// 1 the same with key_len 1, p = (1, 0), out = (4, 0).
+// attend_and_project in the fused (T, 3C) layout of self-attention, row t =
+// [q_t | k_t | v_t], causal, with W^O = [[0, 1], [1, 0]] (swaps the two
+// columns) and b^O = (1/2, -1/2): out_i = (1/2 + heads_i1, -1/2 + heads_i0),
+// heads = the causal case's out (4, 0) and (3, 1): (1/2, 7/2) and (3/2, 5/2).
+// Every number expected to be exactly 0 (and every probability expected to be
+// exactly 1) must come out exact; the others within 16 ulp of `real` (of
+// max(1, |x|)): a and 1/sqrt 2 are rounded, the score is their product, and
+// exp, the sum and the division each round again, a few ulp in all.
+// Through Part I's loops (use_fast_path = 0) and, in the default builds,
+// through Part II's (use_fast_path = 1).
+typedef struct {
+    const char *name;
+    int key_len, causal;
+    double att[4], out[4], dq[4], dk[4], dv[4];   // (2 queries or keys) x 2
+} AttentionByHand;
+
+static void test_attention_by_hand(void) {
+    const double L = log(3.0), r = 1 / sqrt(2.0), tolerance = 16 * (sizeof(real) == sizeof(float) ? FLT_EPSILON : DBL_EPSILON);
+    real a = (real)(sqrt(2.0) * L);
+    real q[4] = { a, 0, -a, a }, k[4] = { 0, 0, 1, 0 }, v[4] = { 4, 0, 0, 4 }, dout[4] = { 1, 0, 0, 1 };
+    AttentionByHand cases[3] = {
+        { "no mask", 2, 0, { 0.25, 0.75, 0.75, 0.25 }, { 1, 3, 3, 1 },
+          { -0.75 * r, 0, 0.75 * r, 0 }, { 1.5 * L, -0.75 * L, -1.5 * L, 0.75 * L }, { 0.25, 0.75, 0.75, 0.25 } },
+        { "padding mask, key_len 1", 1, 0, { 1, 0, 1, 0 }, { 4, 0, 4, 0 },
+          { 0, 0, 0, 0 }, { 0, 0, 0, 0 }, { 1, 1, 0, 0 } },
+        { "causal mask", 2, 1, { 1, 0, 0.75, 0.25 }, { 4, 0, 3, 1 },
+          { 0, 0, 0.75 * r, 0 }, { 0.75 * L, -0.75 * L, -0.75 * L, 0.75 * L }, { 1, 0.75, 0, 0.25 } },
+    };
+#ifdef TRANSFORMER_PLAIN
+    const int paths = 1;
+#else
+    const int paths = 2;
+#endif
+    const char *path_names[2] = { "Part I", "Part II" };
+    for (int path = 0; path < paths; path++) {
+#ifndef TRANSFORMER_PLAIN
+        use_fast_path = path;
+#endif
+        for (int n = 0; n < 3; n++) {
+            const AttentionByHand *c = &cases[n];
+            real out[4], att[4], dq[4] = { 0 }, dk[4] = { 0 }, dv[4] = { 0 };
+            int key_len = c->key_len, exact = 1;
+            attention_forward(out, att, q, k, v, 2, 2, &key_len, c->causal, 1, 2, 2, 2, 1);
+            attention_backward(dq, dk, dv, dout, att, q, k, v, 2, 2, 1, 2, 2, 2, 1);
+            double worst = fmax(by_hand_error(att, c->att, 4, 1, &exact), by_hand_error(out, c->out, 4, 0, &exact));
+            worst = fmax(worst, by_hand_error(dq, c->dq, 4, 0, &exact));
+            worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact), by_hand_error(dv, c->dv, 4, 0, &exact)));
+            check(worst <= tolerance && exact, "attention by hand, 2 queries x 2 keys (%s, %s): p = (%.7g, %.7g; %.7g, "
+                  "%.7g), out, dq, dk, dv as worked out (worst %.1e, tolerance %.0e), its 0s and 1s exact", path_names[path],
+                  c->name, (double)att[0], (double)att[1], (double)att[2], (double)att[3], worst, tolerance);
+        }
+        // decoding's shape: one query per sentence
+        real q1[4] = { a, 0, a, 0 }, k1[8] = { 0, 0, 1, 0, 0, 0, 1, 0 }, v1[8] = { 4, 0, 0, 4, 4, 0, 0, 4 };
+        real out1[4], att1[4];
+        int key_len1[2] = { 2, 1 }, exact1 = 1;
+        double expected_att1[4] = { 0.25, 0.75, 1, 0 }, expected_out1[4] = { 1, 3, 4, 0 };
+        attention_forward(out1, att1, q1, k1, v1, 2, 2, key_len1, 0, 2, 1, 2, 2, 1);
+        double worst1 = fmax(by_hand_error(att1, expected_att1, 4, 1, &exact1),
+                             by_hand_error(out1, expected_out1, 4, 0, &exact1));
+        check(worst1 <= tolerance && exact1, "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len "
+              "1, (1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
+        // attend_and_project, self-attention's fused layout, causal
+        real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 }, out_b[2] = { 0.5, -0.5 };
+        real out2[4], att2[4], heads[4];
+        int key_len2 = 2, exact2 = 1;
+        double expected_out2[4] = { 0.5, 3.5, 1.5, 2.5 };
+        AttentionParams weights = { NULL, NULL, out_w, out_b };
+        attend_and_project(out2, att2, heads, qkv, qkv + 2, qkv + 4, 6, 6, &key_len2, 1, weights, 1, 2, 2, 2, 1);
+        double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2), by_hand_error(out2, expected_out2, 4, 0, &exact2));
+        check(worst2 <= tolerance && exact2, "attend_and_project by hand (%s): the causal case read from a fused (T, 3C) "
+              "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
+    }
+#ifndef TRANSFORMER_PLAIN
+    use_fast_path = 1;
+#endif
 }
 
 // ============================================================================
@@ -3539,6 +3852,108 @@ static void test_minimal_program(void) {
     cli_binary = full;
 }
 
+#ifdef TRANSFORMER_PLAIN   // the gdb walk runs once, in the plain build (transformer_debug is Part I alone too)
+// The line number of the first line holding `text` after the first line
+// holding `after`, in the file at path; 0 if there is none.
+static int source_line(const char *path, const char *after, const char *text) {
+    char *source = read_text_file(path);
+    if (!source) return 0;
+    const char *start = strstr(source, after), *at = start ? strstr(start, text) : NULL;
+    int line = 0;
+    if (at) {
+        line = 1;
+        for (const char *c = source; c < at; c++) line += *c == '\n';
+    }
+    free(source);
+    return line;
+}
+
+// The integer after "\n<name> = " in text (a line of gdb's `info locals`);
+// 0 and *found cleared if there is none.
+static long gdb_local(const char *text, const char *name, int *found) {
+    char key[64];
+    snprintf(key, sizeof key, "\n%s = ", name);
+    const char *at = text ? strstr(text, key) : NULL;
+    if (!at) { *found = 0; return 0; }
+    return strtol(at + strlen(key), NULL, 10);
+}
+
+// make debug's transformer_debug (transformer.c alone, -O0 -g, Part I only,
+// no OpenMP) in gdb, as NOTES.md §15 walks it: break in attention_forward
+// during a one-step training run, `next` line by line until the line that
+// computes s_ij (p[j] = dot * scale), then `info locals`. Built with OpenMP,
+// the loop body would be an outlined attention_forward._omp_fn.0 and `next`
+// would step over the whole loop (issue 26), never reaching that line.
+// Checks that the walk reaches the score line through the loop's lines, that
+// `info locals` shows b, h, i (the first sentence, head and query: 0, 0, 0)
+// and visible (1 to Tk keys), and that no _omp_fn frame appears. Skipped,
+// with a line saying so, where gdb is not on the PATH or may not trace.
+static void test_debugger_walk(void) {
+    const char *debug = getenv("TRANSFORMER_DEBUG_BIN");
+    if (!debug) { printf("     (TRANSFORMER_DEBUG_BIN not set: the gdb walk not run; make test sets it)\n"); return; }
+    if (system("command -v gdb > /dev/null 2>&1") != 0) {
+        printf("     (gdb is not on the PATH: the walk through transformer_debug in gdb is skipped)\n");
+        return;
+    }
+    if (access(debug, X_OK) != 0) { check(0, "gdb: %s is not there (make debug)", debug); return; }
+    int score_line = source_line("transformer.c", "static void attention_forward(", "p[j] = dot * scale;");
+    if (!score_line) { check(0, "gdb: no line `p[j] = dot * scale;` in attention_forward in transformer.c"); return; }
+    const char *script = test_path("walk.gdb"), *output_path = test_path("walk.out");
+    char text[2048];
+    snprintf(text, sizeof text,
+             "set pagination off\nset confirm off\nset width 0\n"
+             "break attention_forward\n"
+             "run train --task copy --steps 1 " TINY_RUN " --threads 1 --checkpoint %s\n"
+             "info line transformer.c:%d\n"                  // sets $_ to the line's first address
+             "set $score_line = $_\nset $steps = 0\n"
+             "while $pc != $score_line && $steps < 200\nnext\nset $steps = $steps + 1\nend\n"
+             "printf \"==steps %%d\\n\", $steps\n"
+             "echo ==frame\\n\nframe\necho ==locals\\n\ninfo locals\necho ==bt\\n\nbt\necho ==end\\n\n",
+             test_path("gdb.ckpt"), score_line);
+    write_text(script, text);
+    char command[1600];
+    snprintf(command, sizeof command, "DEBUGINFOD_URLS= timeout 120 gdb -batch -nx -x %s %s > %s 2>&1",
+             script, debug, output_path);
+    fflush(stdout);
+    int status = system(command);
+    int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    char *output = read_text_file(output_path);
+    if (output && strstr(output, "ptrace:")) {
+        printf("     (gdb may not trace processes here (ptrace): the walk is skipped)\n");
+        free(output);
+        return;
+    }
+    const char *steps_at = output ? strstr(output, "==steps ") : NULL, *frame = output ? strstr(output, "==frame") : NULL;
+    const char *locals = output ? strstr(output, "==locals") : NULL, *bt = output ? strstr(output, "==bt") : NULL;
+    int steps = steps_at ? atoi(steps_at + 8) : -1;
+    char at_line[64];
+    snprintf(at_line, sizeof at_line, "at transformer.c:%d\n", score_line);
+    // the frame after the walk: attention_forward, at the score line
+    int reached = frame && locals && strstr(frame, "attention_forward (") && strstr(frame, at_line) &&
+                  strstr(frame, at_line) < locals && strstr(frame, "p[j] = dot * scale;");
+    // the walk went through the loop body's lines, `next` by `next`
+    const char *walked = output ? strstr(output, "visible_keys(i, key_len[b], causal)") : NULL;
+    int through_loop = walked && steps_at && walked < steps_at && steps >= 5 && steps < 200;
+    int found = 1;
+    long b = gdb_local(locals, "b", &found), h = gdb_local(locals, "h", &found), i = gdb_local(locals, "i", &found);
+    long visible = gdb_local(locals, "visible", &found);
+    const char *tk_at = frame ? strstr(frame, "Tk=") : NULL;
+    long Tk = tk_at ? strtol(tk_at + 3, NULL, 10) : 0;
+    int locals_ok = locals && bt && found && b == 0 && h == 0 && i == 0 && visible >= 1 && visible <= Tk;
+    int no_omp = output && !strstr(output, "_omp_fn") && bt && strstr(bt, "self_attention_forward");
+    check(exit_code == 0 && reached && through_loop && locals_ok && no_omp,
+          "gdb: in %s, `next` walks attention_forward line by line to the s_ij line %d (%s after %d steps, %s), "
+          "`info locals` shows b = %ld, h = %ld, i = %ld, visible = %ld (of Tk = %ld)%s; %s (gdb exit %d%s)", debug,
+          score_line, reached ? "reached" : "NOT reached", steps,
+          through_loop ? "through visible_keys" : "NOT through the loop body", b, h, i, visible, Tk,
+          found ? "" : " (some NOT shown)", no_omp ? "no _omp_fn frame" : "an _omp_fn frame or no backtrace",
+          exit_code, exit_code == 124 ? ": timed out after 120 s" : "");
+    if (!(reached && through_loop && locals_ok && no_omp) && output)
+        printf("     gdb printed:\n%s\n", output);
+    free(output);
+}
+#endif // TRANSFORMER_PLAIN
+
 static void run_cli_and_data_tests(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
     if (!mkdtemp(test_dir)) { perror("mkdtemp"); check(0, "cli: cannot make a temporary directory"); return; }
@@ -3554,6 +3969,10 @@ static void run_cli_and_data_tests(void) {
     test_nonfinite_parameter();
     test_command_line();
     test_minimal_program();
+#ifdef TRANSFORMER_PLAIN
+    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md §15), once, in the plain build\n");
+    test_debugger_walk();
+#endif
     printf("-- §5.1 byte-pair encoding\n");
     test_bpe_learn_and_apply();
     test_bpe_numbers_data();
@@ -3970,6 +4389,10 @@ int main(int argc, char **argv) {
     test_greedy_token();
     test_thread_determinism();
     test_learning();
+    printf("-- worked by hand: §3.5's positional encoding, a 2x2 attention (§3.2.1)\n");
+    test_positional_encoding_formula();
+    test_positional_encoding_rotation();
+    test_attention_by_hand();
     printf("-- evaluation (§6.1 BLEU) and pictures (SVG)\n");
     test_bleu();
     test_svg_heatmap();
