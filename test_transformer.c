@@ -38,8 +38,9 @@
  *   §3.1   dropout_mask                     test_dropout_training_and_evaluation (off in evaluation, redrawn each
  *                                           pass, P_drop 0.5 drops about half); test_thread_determinism (1 and 3
  *                                           threads, bit for bit); test_add_norm_gradients (as the residual's mask)
- *          dropout_forward, _backward       test_fast_training_step, test_thread_determinism (dropout on);
- *                                           no FD with P_drop > 0: the MODEL checks run with dropout off
+ *          dropout_forward, _backward       test_model_gradients with P_drop 0.3 (FD of the whole model, the
+ *                                           same masks in every evaluation); test_fast_training_step,
+ *                                           test_thread_determinism (dropout on)
  *          layernorm_row_forward,           test_add_norm_gradients (FD, with a dropout mask); MODEL
  *          residual_layernorm_forward, _backward
  *   §3.2.1 visible_keys                     test_attention_by_hand (padding and causal masks give exact 1 and 0);
@@ -57,7 +58,7 @@
  *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8 by hand, odd 7,
  *                                           512), test_positional_encoding_rotation (PE(pos+k) = M_k PE(pos));
  *                                           test_svg_positional_encoding
- *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED) (FD; unused rows get 0);
+ *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED, 0) (FD; unused rows get 0);
  *                                           test_reference_file (ref_learned_positions.ref)
  *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform logits: log V); MODEL
  *   §3.1   add_norm_forward, encoder_layer_*, decoder_layer_*, encoder_forward, decoder_forward    MODEL; test_masks
@@ -377,9 +378,13 @@ static void test_loss_gradients(Rng *rng) {
 }
 
 // ---- the whole model -----------------------------------------------------------
-typedef struct { Transformer *model; const Batch *batch; } ModelCase;
+// dropout_state: with dropout on, the dropout generator's state before each
+// forward pass, so that every evaluation of the objective draws the same masks
+// (0: dropout off)
+typedef struct { Transformer *model; const Batch *batch; uint64_t dropout_state; } ModelCase;
 static double model_objective(void *p) {
     ModelCase *c = p;
+    if (c->dropout_state) c->model->dropout_rng.state = c->dropout_state;
     return transformer_forward(c->model, c->batch);
 }
 
@@ -405,11 +410,14 @@ static double closest_relu_input(Transformer *m) {
 
 // Every parameter tensor of a whole model, with sinusoids or with learned
 // positions (Table 3, row E: max_len 8 > S, T, so two rows of the table are
-// used by no position and must get no gradient).
-static void test_model_gradients(int positional) {
+// used by no position and must get no gradient), with dropout off or on
+// (P_drop 0.3 on the embeddings and every sub-layer, the same masks in every
+// evaluation: dropout_forward and _backward, and the residual's masks, inside
+// the whole model).
+static void test_model_gradients(int positional, float dropout) {
     TransformerConfig config = transformer_default_config();
     config.n_layers = 2; config.d_model = 8; config.d_ff = 12; config.n_heads = 2;
-    config.vocab_size = 11; config.max_len = 8; config.dropout = 0.0f; config.label_smoothing = 0.1f;
+    config.vocab_size = 11; config.max_len = 8; config.dropout = dropout; config.label_smoothing = 0.1f;
     config.positional = positional;
     int src_len[3] = { 5, 2, 4 }, tgt_len[3] = { 3, 6, 1 };
     Rng rng; rng_seed(&rng, 11);
@@ -430,7 +438,8 @@ static void test_model_gradients(int positional) {
             if (name[len - 1] == 'b') fill_uniform(*ptrs[i], model.param_sizes[i], -0.2, 0.2, &rng);
             if (name[len - 1] == 'g') fill_uniform(*ptrs[i], model.param_sizes[i], 0.7, 1.3, &rng);
         }
-        model.training = 0;
+        model.training = dropout > 0;
+        if (dropout > 0) model.dropout_rng.state = 0x5EED;
         transformer_forward(&model, &tb.batch);
         closest = closest_relu_input(&model);
         if (closest > 1e-3) break;
@@ -438,18 +447,18 @@ static void test_model_gradients(int positional) {
     }
     check(closest > 1e-3, "model: seed %d keeps every ReLU input %.1e or more from the kink",
           (int)seed, closest);
-    transformer_forward(&model, &tb.batch);
+    ModelCase mc = { &model, &tb.batch, dropout > 0 ? 0x5EED : 0 };
+    model_objective(&mc);
     transformer_zero_grad(&model);
     transformer_backward(&model, &tb.batch);
-    ModelCase mc = { &model, &tb.batch };
     real **params[NUM_PARAMETER_TENSORS], **grads[NUM_PARAMETER_TENSORS];
     parameter_pointers(params, &model.params);
     parameter_pointers(grads, &model.grads);
     int empty = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         char name[64];
-        snprintf(name, sizeof name, "model%s: %s", positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
-                 parameter_names[i]);
+        snprintf(name, sizeof name, "model%s%s: %s", positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
+                 dropout > 0 ? " (dropout)" : "", parameter_names[i]);
         if (model.param_sizes[i] == 0) empty++;
         else check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
     }
@@ -468,8 +477,9 @@ static void run_gradient_checks(void) {
     test_feed_forward_gradients(&rng);
     test_embedding_gradients(&rng);
     test_loss_gradients(&rng);
-    test_model_gradients(POSITIONAL_SINUSOID);
-    test_model_gradients(POSITIONAL_LEARNED);
+    test_model_gradients(POSITIONAL_SINUSOID, 0.0f);
+    test_model_gradients(POSITIONAL_LEARNED, 0.0f);
+    test_model_gradients(POSITIONAL_SINUSOID, 0.3f);
 }
 #endif // TRANSFORMER_DOUBLE
 
