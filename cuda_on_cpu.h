@@ -50,9 +50,9 @@
  * kernel's own. nvcc never sees any of this.
  *
  * For the tests: faults to inject (cpu_test_faults: a kernel's launches
- * skipped or replaced, its barriers skipped, its shared memory one float
+ * skipped or replaced, its barriers skipped, its shared memory 16 bytes
  * short), cpu_catches_fault() that runs a function and reports a fault
- * instead of stopping, cpu_seed() for the thread order, and cpu.execute = 0,
+ * instead of stopping, cpu_seed() for the thread order, and cuda_on_cpu.execute = 0,
  * which checks and counts every call but computes nothing (the benchmark's
  * counts of a model too large to run here).
  * What this cannot show is what only a GPU does: its speed, its own rounding
@@ -191,7 +191,7 @@ static inline const char *cudaGetErrorString(cudaError_t error) {
 // ---- the emulator's state -----------------------------------------------------
 
 typedef struct {
-    char *start;          // its pages: [start, start + span), then an unmapped guard page
+    char *start;          // its pages: [start, start + span), then a page never made readable
     size_t span;
     char *pointer;        // what cudaMalloc returned: its last byte ends the span (to 256 bytes)
     size_t bytes;         // asked for
@@ -201,9 +201,10 @@ typedef struct {
 static struct {
     const char *launch_skipped;            // every launch of the kernel named here does nothing
     const char *barriers_skipped;          // __syncthreads does nothing in this kernel
-    const char *shared_memory_short;       // this kernel gets one float less shared memory than it asks
-    const char *launch_replaced;           // a launch of this kernel calls replacement(its arguments)
-    void (*replacement)(const void *args); //   instead (which may launch kernels of its own)
+    const char *shared_memory_short;       // this kernel gets 16 bytes less shared memory than it asks
+                                           // (a multiple of 16 keeps the alignment a GPU gives)
+    const char *launch_replaced;           // this kernel's threads run another kernel's of the same
+    void (*replacement)(const void *args); //   parameters instead (its kernel_cpu_thread)
 } cpu_test_faults;
 
 static struct {
@@ -216,7 +217,6 @@ static struct {
     size_t reserved_size, reserved_used;
     CpuAllocation *allocations;   // the live ones
     int allocation_count, allocation_capacity;
-    size_t bytes_held;
     const char *open_for;         // the copy, kernel or cuBLAS call that device memory is open for; NULL: closed
     cudaError_t last_error, sticky_error;
     char message[512];            // the last fault or refusal, said in full
@@ -227,13 +227,13 @@ static struct {
     size_t shared_region_size;
     struct { const char *kernel; int bytes; } shared_opt_in[32];
     int shared_opt_in_count;
-} cpu = { .execute = 1, .zero_file = -1 };
+} cuda_on_cpu = { .execute = 1, .zero_file = -1 };
 
-static inline void cpu_seed(uint64_t seed) { cpu.random = seed * 0x9E3779B97F4A7C15ULL + 1; }
+static inline void cpu_seed(uint64_t seed) { cuda_on_cpu.random = seed * 0x9E3779B97F4A7C15ULL + 1; }
 
 // splitmix64: the next random number below n
 static inline unsigned cpu_random_below(unsigned n) {
-    uint64_t z = (cpu.random += 0x9E3779B97F4A7C15ULL);
+    uint64_t z = (cuda_on_cpu.random += 0x9E3779B97F4A7C15ULL);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return (unsigned)((z ^ (z >> 31)) % n);
@@ -246,7 +246,7 @@ static inline _Noreturn void cpu_die(const char *what) {
 
 // Anonymous memory (POSIX has /dev/zero; MAP_ANONYMOUS is not in _POSIX_C_SOURCE).
 static inline char *cpu_map(char *at, size_t bytes, int protection) {
-    void *p = mmap(at, bytes, protection, MAP_PRIVATE | (at ? MAP_FIXED : 0), cpu.zero_file, 0);
+    void *p = mmap(at, bytes, protection, MAP_PRIVATE | (at ? MAP_FIXED : 0), cuda_on_cpu.zero_file, 0);
     return p == MAP_FAILED ? NULL : (char *)p;
 }
 
@@ -259,24 +259,25 @@ static inline void cpu_fault_finish(int in_launch);
 static inline void cpu_segv(int signal_number, siginfo_t *info, void *context);
 
 static inline void cpu_start(void) {
-    if (cpu.ready) return;
-    cpu.ready = 1;
-    cpu.page = (size_t)sysconf(_SC_PAGESIZE);
-    cpu.zero_file = open("/dev/zero", O_RDWR);
-    if (cpu.zero_file < 0) cpu_die("cannot open /dev/zero");
+    if (cuda_on_cpu.ready) return;
+    cuda_on_cpu.ready = 1;
+    cuda_on_cpu.page = (size_t)sysconf(_SC_PAGESIZE);
+    cuda_on_cpu.zero_file = open("/dev/zero", O_RDWR);
+    if (cuda_on_cpu.zero_file < 0) cpu_die("cannot open /dev/zero");
     // Address space only (nothing is committed until an allocation is opened):
     // 256 GB, or as much as the system allows.
-    for (cpu.reserved_size = (size_t)1 << 38; cpu.reserved_size >= ((size_t)1 << 30); cpu.reserved_size /= 2)
-        if ((cpu.reserved = cpu_map(NULL, cpu.reserved_size, PROT_NONE)) != NULL) break;
-    if (!cpu.reserved) cpu_die("cannot reserve address space for device memory");
+    size_t *size = &cuda_on_cpu.reserved_size;
+    for (*size = (size_t)1 << 38; *size >= ((size_t)1 << 30); *size /= 2)
+        if ((cuda_on_cpu.reserved = cpu_map(NULL, *size, PROT_NONE)) != NULL) break;
+    if (!cuda_on_cpu.reserved) cpu_die("cannot reserve address space for device memory");
     const char *seed = getenv("CUDA_ON_CPU_SEED");
-    if (!cpu.random) cpu_seed(seed ? strtoull(seed, NULL, 10) : 1);
+    if (!cuda_on_cpu.random) cpu_seed(seed ? strtoull(seed, NULL, 10) : 1);
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_sigaction = cpu_segv;
     action.sa_flags = SA_SIGINFO | SA_NODEFER;   // NODEFER: the handler may jump out of itself
     sigemptyset(&action.sa_mask);
-    sigaction(SIGSEGV, &action, &cpu.earlier_segv);
+    sigaction(SIGSEGV, &action, &cuda_on_cpu.earlier_segv);
 }
 
 // ---- device memory --------------------------------------------------------------
@@ -286,25 +287,26 @@ static inline size_t cpu_round_up(size_t n, size_t unit) { return (n + unit - 1)
 // Device memory readable and writable for `what` (a copy, a kernel, a cuBLAS
 // call), or unreadable again (what NULL).
 static inline void cpu_device_open(const char *what) {
-    cpu.open_for = what;
-    if (!cpu.execute) return;
+    cuda_on_cpu.open_for = what;
+    if (!cuda_on_cpu.execute) return;
     int protection = what ? PROT_READ | PROT_WRITE : PROT_NONE;
-    for (int i = 0; i < cpu.allocation_count; i++)
-        cpu_protect(cpu.allocations[i].start, cpu.allocations[i].span, protection);
+    for (int i = 0; i < cuda_on_cpu.allocation_count; i++)
+        cpu_protect(cuda_on_cpu.allocations[i].start, cuda_on_cpu.allocations[i].span, protection);
 }
 
 // The live allocation holding [p, p + bytes), or NULL.
 static inline const CpuAllocation *cpu_allocation_of(const void *p, size_t bytes) {
     const char *c = (const char *)p;
-    for (int i = 0; i < cpu.allocation_count; i++) {
-        const CpuAllocation *a = &cpu.allocations[i];
+    for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
+        const CpuAllocation *a = &cuda_on_cpu.allocations[i];
         if (c >= a->pointer && c <= a->pointer + a->bytes && bytes <= (size_t)(a->pointer + a->bytes - c)) return a;
     }
     return NULL;
 }
 
 static inline int cpu_in_reserved(const void *p) {
-    return cpu.reserved && (const char *)p >= cpu.reserved && (const char *)p < cpu.reserved + cpu.reserved_size;
+    const char *c = (const char *)p, *start = cuda_on_cpu.reserved;
+    return start && c >= start && c < start + cuda_on_cpu.reserved_size;
 }
 
 // Every allocation is its own pages, its end at their end, then a page never
@@ -314,37 +316,37 @@ static inline int cpu_in_reserved(const void *p) {
 static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     cpu_start();
     *pointer = NULL;
-    if (cpu.sticky_error) return cpu.sticky_error;
-    size_t rounded = cpu_round_up(bytes ? bytes : 1, 256), span = cpu_round_up(rounded, cpu.page);
-    if (span + cpu.page > cpu.reserved_size - cpu.reserved_used) return cudaErrorMemoryAllocation;
-    if (cpu.allocation_count == cpu.allocation_capacity) {
-        cpu.allocation_capacity = cpu.allocation_capacity ? 2 * cpu.allocation_capacity : 64;
-        cpu.allocations = (CpuAllocation *)realloc(cpu.allocations, (size_t)cpu.allocation_capacity * sizeof(CpuAllocation));
-        if (!cpu.allocations) cpu_die("out of memory for the list of allocations");
+    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
+    size_t rounded = cpu_round_up(bytes ? bytes : 1, 256), span = cpu_round_up(rounded, cuda_on_cpu.page);
+    if (span + cuda_on_cpu.page > cuda_on_cpu.reserved_size - cuda_on_cpu.reserved_used) return cudaErrorMemoryAllocation;
+    int *capacity = &cuda_on_cpu.allocation_capacity;
+    if (cuda_on_cpu.allocation_count == *capacity) {
+        *capacity = *capacity ? 2 * *capacity : 64;
+        size_t bytes_of_list = (size_t)*capacity * sizeof(CpuAllocation);
+        cuda_on_cpu.allocations = (CpuAllocation *)realloc(cuda_on_cpu.allocations, bytes_of_list);
+        if (!cuda_on_cpu.allocations) cpu_die("out of memory for the list of allocations");
     }
-    CpuAllocation a = { cpu.reserved + cpu.reserved_used, span, NULL, bytes };
+    CpuAllocation a = { cuda_on_cpu.reserved + cuda_on_cpu.reserved_used, span, NULL, bytes };
     a.pointer = a.start + span - rounded;
-    cpu.reserved_used += span + cpu.page;
-    if (cpu.execute) {
+    cuda_on_cpu.reserved_used += span + cuda_on_cpu.page;
+    if (cuda_on_cpu.execute) {
         cpu_protect(a.start, span, PROT_READ | PROT_WRITE);
         float *f = (float *)a.pointer;
         for (size_t i = 0; i < rounded / sizeof(float); i++) f[i] = NAN;
         cpu_protect(a.start, span, PROT_NONE);
     }
-    cpu.allocations[cpu.allocation_count++] = a;
-    cpu.bytes_held += bytes;
+    cuda_on_cpu.allocations[cuda_on_cpu.allocation_count++] = a;
     *pointer = a.pointer;
     return cudaSuccess;
 }
 
 static inline cudaError_t cudaFree(void *pointer) {
     if (!pointer) return cudaSuccess;
-    for (int i = 0; i < cpu.allocation_count; i++) {
-        CpuAllocation *a = &cpu.allocations[i];
+    for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
+        CpuAllocation *a = &cuda_on_cpu.allocations[i];
         if (a->pointer != (char *)pointer) continue;
         if (!cpu_map(a->start, a->span, PROT_NONE)) cpu_die("cannot unmap freed device memory");
-        cpu.bytes_held -= a->bytes;
-        *a = cpu.allocations[--cpu.allocation_count];
+        *a = cuda_on_cpu.allocations[--cuda_on_cpu.allocation_count];
         return cudaSuccess;
     }
     return cudaErrorInvalidValue;   // not from cudaMalloc, or freed already
@@ -352,26 +354,26 @@ static inline cudaError_t cudaFree(void *pointer) {
 
 // A copy's or a memset's device side: all of it inside one allocation.
 static inline cudaError_t cpu_check_device(const void *p, size_t bytes, const char *call, const char *side) {
-    if (cpu.sticky_error) return cpu.sticky_error;
+    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
     if (bytes == 0 || cpu_allocation_of(p, bytes)) return cudaSuccess;
-    snprintf(cpu.message, sizeof cpu.message, "%s: its %s (%p, %zu bytes) is not inside one device allocation",
-             call, side, p, bytes);
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+             "%s: its %s (%p, %zu bytes) is not inside one device allocation", call, side, p, bytes);
     return cudaErrorInvalidValue;
 }
 
 // A copy's host side: host memory, not device memory.
 static inline cudaError_t cpu_check_host(const void *p, size_t bytes, const char *call, const char *side) {
     if (bytes == 0 || !cpu_in_reserved(p)) return cudaSuccess;
-    snprintf(cpu.message, sizeof cpu.message, "%s: its %s (%p) is device memory, where host memory is expected",
-             call, side, p);
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+             "%s: its %s (%p) is device memory, where host memory is expected", call, side, p);
     return cudaErrorInvalidValue;
 }
 
 typedef enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 } cudaMemcpyKind;
 
 // The two sides of a copy of `bytes` bytes (its last row, for cudaMemcpy2D: first..last).
-static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *from, size_t from_bytes, cudaMemcpyKind kind,
-                                  const char *call) {
+static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *from, size_t from_bytes,
+                                         cudaMemcpyKind kind, const char *call) {
     cudaError_t e = kind == cudaMemcpyDeviceToHost ? cpu_check_host(to, to_bytes, call, "destination")
                                                    : cpu_check_device(to, to_bytes, call, "destination");
     if (e == cudaSuccess)
@@ -382,7 +384,7 @@ static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *
 
 static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
     cudaError_t e = cpu_check_copy(to, bytes, from, bytes, kind, "cudaMemcpy");
-    if (e != cudaSuccess || !cpu.execute || bytes == 0) return e;
+    if (e != cudaSuccess || !cuda_on_cpu.execute || bytes == 0) return e;
     cpu_device_open("cudaMemcpy");
     memcpy(to, from, bytes);
     cpu_device_open(NULL);
@@ -393,9 +395,10 @@ static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes, c
 static inline cudaError_t cudaMemcpy2D(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
                                        size_t height, cudaMemcpyKind kind) {
     if (width > to_pitch || width > from_pitch) return cudaErrorInvalidValue;
-    size_t to_span = height ? (height - 1) * to_pitch + width : 0, from_span = height ? (height - 1) * from_pitch + width : 0;
+    size_t to_span = height ? (height - 1) * to_pitch + width : 0;
+    size_t from_span = height ? (height - 1) * from_pitch + width : 0;
     cudaError_t e = cpu_check_copy(to, to_span, from, from_span, kind, "cudaMemcpy2D");
-    if (e != cudaSuccess || !cpu.execute || width == 0) return e;
+    if (e != cudaSuccess || !cuda_on_cpu.execute || width == 0) return e;
     cpu_device_open("cudaMemcpy2D");
     for (size_t row = 0; row < height; row++)
         memcpy((char *)to + row * to_pitch, (const char *)from + row * from_pitch, width);
@@ -405,7 +408,7 @@ static inline cudaError_t cudaMemcpy2D(void *to, size_t to_pitch, const void *fr
 
 static inline cudaError_t cudaMemset(void *to, int value, size_t bytes) {
     cudaError_t e = cpu_check_device(to, bytes, "cudaMemset", "destination");
-    if (e != cudaSuccess || !cpu.execute || bytes == 0) return e;
+    if (e != cudaSuccess || !cuda_on_cpu.execute || bytes == 0) return e;
     cpu_device_open("cudaMemset");
     memset(to, value, bytes);
     cpu_device_open(NULL);
@@ -433,11 +436,11 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int devi
 // A GPU reports an error of an asynchronous kernel at a later call; here the
 // kernel has finished when its launch returns, so the next check sees it.
 static inline cudaError_t cudaGetLastError(void) {
-    cudaError_t e = cpu.last_error ? cpu.last_error : cpu.sticky_error;
-    cpu.last_error = cudaSuccess;
+    cudaError_t e = cuda_on_cpu.last_error ? cuda_on_cpu.last_error : cuda_on_cpu.sticky_error;
+    cuda_on_cpu.last_error = cudaSuccess;
     return e;
 }
-static inline cudaError_t cudaDeviceSynchronize(void) { return cpu.sticky_error; }
+static inline cudaError_t cudaDeviceSynchronize(void) { return cuda_on_cpu.sticky_error; }
 
 typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
 // The kernel by name: C cannot take a kernel's address as CUDA's template does.
@@ -445,11 +448,14 @@ typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribu
 static inline cudaError_t cpu_func_set_attribute(const char *kernel, cudaFuncAttribute attribute, int value) {
     if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > CPU_SHARED_OPT_IN_MAX)
         return cudaErrorInvalidValue;
-    for (int i = 0; i < cpu.shared_opt_in_count; i++)
-        if (strcmp(cpu.shared_opt_in[i].kernel, kernel) == 0) { cpu.shared_opt_in[i].bytes = value; return cudaSuccess; }
-    if (cpu.shared_opt_in_count == 32) return cudaErrorInvalidValue;
-    cpu.shared_opt_in[cpu.shared_opt_in_count].kernel = kernel;
-    cpu.shared_opt_in[cpu.shared_opt_in_count++].bytes = value;
+    for (int i = 0; i < cuda_on_cpu.shared_opt_in_count; i++)
+        if (strcmp(cuda_on_cpu.shared_opt_in[i].kernel, kernel) == 0) {
+            cuda_on_cpu.shared_opt_in[i].bytes = value;
+            return cudaSuccess;
+        }
+    if (cuda_on_cpu.shared_opt_in_count == 32) return cudaErrorInvalidValue;
+    cuda_on_cpu.shared_opt_in[cuda_on_cpu.shared_opt_in_count].kernel = kernel;
+    cuda_on_cpu.shared_opt_in[cuda_on_cpu.shared_opt_in_count++].bytes = value;
     return cudaSuccess;
 }
 
@@ -463,17 +469,17 @@ static inline cudaError_t cpu_func_set_attribute(const char *kernel, cudaFuncAtt
 // catching faults gets control back instead, in cpu_catches_fault.
 static inline void cpu_fault_finish(int in_launch) {
     cpu_device_open(NULL);
-    if (cpu.catching) siglongjmp(cpu.recovery, 1);
-    fprintf(stderr, "error: cuda_on_cpu.h: %s\n", cpu.message);
+    if (cuda_on_cpu.catching) siglongjmp(cuda_on_cpu.recovery, 1);
+    fprintf(stderr, "error: cuda_on_cpu.h: %s\n", cuda_on_cpu.message);
     if (!in_launch) abort();
 }
 
 static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ...) {
     va_list args;
     va_start(args, format);
-    vsnprintf(cpu.message, sizeof cpu.message, format, args);
+    vsnprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, format, args);
     va_end(args);
-    cpu.sticky_error = error;
+    cuda_on_cpu.sticky_error = error;
     if (cpu_block_running()) cpu_block_abandon();   // to the launch, never back
     cpu_fault_finish(0);
     abort();
@@ -483,34 +489,35 @@ static inline void cpu_segv(int signal_number, siginfo_t *info, void *context) {
     const char *address = (const char *)info->si_addr;
     if (cpu_in_reserved(address)) {
         const CpuAllocation *a = cpu_allocation_of(address, 1);
-        if (!cpu.open_for && a)
+        if (!cuda_on_cpu.open_for && a)
             cpu_fault(cudaErrorIllegalAddress, "host code read or wrote device memory at %p (byte %zu of an "
                       "allocation of %zu bytes): only copies, kernels and cuBLAS calls may", (const void *)address,
                       (size_t)(address - a->pointer), a->bytes);
         cpu_fault(cudaErrorIllegalAddress, "%s touched %p, outside every device allocation",
-                  cpu.open_for ? cpu.open_for : "host code", (const void *)address);
+                  cuda_on_cpu.open_for ? cuda_on_cpu.open_for : "host code", (const void *)address);
     }
-    if (cpu_block_running() && address >= cpu.shared_region && address < cpu.shared_region + cpu.shared_region_size)
+    const char *shared = cuda_on_cpu.shared_region;
+    if (cpu_block_running() && address >= shared && address < shared + cuda_on_cpu.shared_region_size)
         cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): shared memory index out of "
-                  "bounds (%zu bytes given at launch)", cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y,
-                  cpu_block.shared_bytes);
+                  "bounds (%zu bytes given at launch)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x,
+                  threadIdx.y, cpu_block.shared_bytes);
     // Not the emulator's: the fault runs again under the handler there was before (or none).
     (void)signal_number; (void)context;
-    sigaction(SIGSEGV, &cpu.earlier_segv, NULL);
+    sigaction(SIGSEGV, &cuda_on_cpu.earlier_segv, NULL);
 }
 
 // For the tests: runs run(context) and returns 1 if the emulator caught a fault in
-// it (cpu.message says which), 0 if none; after a fault the "GPU" works again.
+// it (cuda_on_cpu.message says which), 0 if none; after a fault the "GPU" works again.
 static inline int cpu_catches_fault(void (*run)(void *), void *context) {
     cpu_start();
-    cpu.catching = 1;
-    if (sigsetjmp(cpu.recovery, 1) == 0) {
+    cuda_on_cpu.catching = 1;
+    if (sigsetjmp(cuda_on_cpu.recovery, 1) == 0) {
         run(context);
-        cpu.catching = 0;
+        cuda_on_cpu.catching = 0;
         return 0;
     }
-    cpu.catching = 0;
-    cpu.sticky_error = cpu.last_error = cudaSuccess;
+    cuda_on_cpu.catching = 0;
+    cuda_on_cpu.sticky_error = cuda_on_cpu.last_error = cudaSuccess;
     return 1;
 }
 
@@ -526,9 +533,10 @@ static inline const char *cpu_launch_refusal(const char *kernel, dim3 grid, dim3
         snprintf(why, sizeof why, "blocks of %u x %u x %u threads (at most 1024)", block.x, block.y, block.z);
     else {
         size_t limit = CPU_SHARED_DEFAULT;
-        for (int i = 0; i < cpu.shared_opt_in_count; i++)
-            if (strcmp(cpu.shared_opt_in[i].kernel, kernel) == 0 && (size_t)cpu.shared_opt_in[i].bytes > limit)
-                limit = (size_t)cpu.shared_opt_in[i].bytes;
+        for (int i = 0; i < cuda_on_cpu.shared_opt_in_count; i++) {
+            size_t opted = (size_t)cuda_on_cpu.shared_opt_in[i].bytes;
+            if (strcmp(cuda_on_cpu.shared_opt_in[i].kernel, kernel) == 0 && opted > limit) limit = opted;
+        }
         if (shared_bytes <= limit) return NULL;
         snprintf(why, sizeof why, "%zu bytes of shared memory (at most %zu%s)", shared_bytes, limit,
                  limit == CPU_SHARED_DEFAULT ? " without cudaFuncSetAttribute" : "");
@@ -541,25 +549,29 @@ static inline const char *cpu_launch_refusal(const char *kernel, dim3 grid, dim3
 static inline void cpu_launch(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid, dim3 block,
                        size_t shared_bytes) {
     cpu_start();
-    if (cpu.sticky_error) { cpu.last_error = cpu.sticky_error; return; }
+    if (cuda_on_cpu.sticky_error) { cuda_on_cpu.last_error = cuda_on_cpu.sticky_error; return; }
     const char *refusal = cpu_launch_refusal(kernel, grid, block, shared_bytes);
     if (refusal) {
-        snprintf(cpu.message, sizeof cpu.message, "the launch of %s was refused: %s", kernel, refusal);
-        cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared") ? cudaErrorInvalidValue
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "the launch of %s was refused: %s", kernel, refusal);
+        cuda_on_cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared") ? cudaErrorInvalidValue
                                                                                       : cudaErrorInvalidConfiguration;
         return;
     }
-    if (!cpu.execute) return;
+    if (!cuda_on_cpu.execute) return;
     if (cpu_test_faults.launch_skipped && strcmp(cpu_test_faults.launch_skipped, kernel) == 0) return;
-    if (cpu_test_faults.launch_replaced && strcmp(cpu_test_faults.launch_replaced, kernel) == 0) {
-        cpu_test_faults.replacement(args);
-        return;
-    }
+    if (cpu_test_faults.launch_replaced && strcmp(cpu_test_faults.launch_replaced, kernel) == 0)
+        thread = cpu_test_faults.replacement;
     int short_one = cpu_test_faults.shared_memory_short && strcmp(cpu_test_faults.shared_memory_short, kernel) == 0;
-    size_t given = shared_bytes >= sizeof(float) && short_one ? shared_bytes - sizeof(float) : shared_bytes;
+    size_t given = !short_one ? shared_bytes : shared_bytes >= 16 ? shared_bytes - 16 : 0;
     size_t blocks = (size_t)grid.x * grid.y * grid.z;
-    unsigned *order = (unsigned *)malloc(blocks * sizeof(unsigned));   // a random order of the blocks
-    if (!order) cpu_die("out of memory for a launch's block order");
+    static unsigned *order;   // a random order of the blocks
+    static size_t order_size;
+    if (blocks > order_size) {
+        free(order);
+        order_size = blocks;
+        order = (unsigned *)malloc(blocks * sizeof(unsigned));
+        if (!order) cpu_die("out of memory for a launch's block order");
+    }
     for (size_t i = 0; i < blocks; i++) {
         size_t j = cpu_random_below((unsigned)(i + 1));
         order[i] = order[j];
@@ -570,10 +582,9 @@ static inline void cpu_launch(const char *kernel, void (*thread)(const void *), 
     for (size_t i = 0; i < blocks; i++) {
         dim3 b = { order[i] % grid.x, order[i] / grid.x % grid.y, (unsigned)(order[i] / ((size_t)grid.x * grid.y)) };
         cpu_block_run(b);
-        if (cpu.sticky_error) break;   // a fault stopped the launch
+        if (cuda_on_cpu.sticky_error) break;   // a fault stopped the launch
     }
     cpu_device_open(NULL);
-    free(order);
 }
 
 // ---- cuBLAS -------------------------------------------------------------------
@@ -649,8 +660,8 @@ static int cpu_operand_fits(const float *X, int rows, int cols, int ld, long lon
     if (rows == 0 || cols == 0 || count == 0) return 1;
     long long last = (long long)(count - 1) * stride + (long long)(cols - 1) * ld + rows - 1;
     if (stride >= 0 && cpu_allocation_of(X, ((size_t)last + 1) * sizeof(float))) return 1;
-    snprintf(cpu.message, sizeof cpu.message, "%s: %s (%d x %d, leading dimension %d, %d of them %lld apart) "
-             "reaches outside its device allocation", call, name, rows, cols, ld, count, stride);
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: %s (%d x %d, leading dimension %d, %d of them "
+             "%lld apart) reaches outside its device allocation", call, name, rows, cols, ld, count, stride);
     return 0;
 }
 
@@ -661,13 +672,13 @@ static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t hand
                                     const float *beta, float *C, int ldc, long long stride_c, int count) {
     cublasStatus_t status = cpu_sgemm_check(handle, transa, transb, m, n, k, lda, ldb, ldc, count);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
-    if (cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
     int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
     if (!cpu_operand_fits(A, k ? a_rows : 0, transa == CUBLAS_OP_N ? k : m, lda, stride_a, count, call, "A") ||
         !cpu_operand_fits(B, k ? b_rows : 0, transb == CUBLAS_OP_N ? n : k, ldb, stride_b, count, call, "B") ||
         !cpu_operand_fits(C, m, n, ldc, stride_c, count, call, "C"))
         return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (!cpu.execute) return CUBLAS_STATUS_SUCCESS;
+    if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
     cpu_device_open(call);
     for (int i = 0; i < count; i++)
         cpu_sgemm(transa, transb, m, n, k, *alpha, A + i * stride_a, lda, B + i * stride_b, ldb, *beta,

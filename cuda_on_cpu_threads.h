@@ -17,7 +17,8 @@
  * through swapcontext.
  *
  * POSIX threads (-DCUDA_ON_CPU_THREADS): one thread per thread of the block,
- * all running at once under one lock for the emulator's own state; the
+ * all running at once, each woken by a condition variable of its own; one
+ * lock guards the emulator's own state; the
  * kernels' memory accesses are unsynchronised, as on a GPU, so that
  * ThreadSanitizer sees every race between threads of a block. Blocks still
  * run one after another.
@@ -57,7 +58,9 @@ static inline dim3 cpu_thread_index(unsigned t) {
                t / (cpu_block.block.x * cpu_block.block.y) };
     return i;
 }
-static inline unsigned cpu_linear_thread(void) { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+static inline unsigned cpu_linear_thread(void) {
+    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
 static inline int cpu_block_running(void) { return cpu_block.running; }
 
 // The block's dynamic shared memory (extern __shared__ on a GPU).
@@ -65,19 +68,23 @@ static inline float *cpu_dynamic_shared(void) { return cpu_block.shared; }
 
 static inline void cpu_release(unsigned t);
 static inline void cpu_wait(unsigned t);
+static inline void cpu_lock_block(void);
+static inline void cpu_unlock_block(void);
 
 // A launch's blocks share its kernel, arguments, shape and shared memory size.
 static inline void cpu_block_prepare(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid,
                               dim3 block, size_t shared_bytes) {
-    size_t need = cpu_round_up(shared_bytes, cpu.page) + cpu.page;
-    if (need > cpu.shared_region_size) {
-        if (cpu.shared_region) munmap(cpu.shared_region, cpu.shared_region_size);
-        cpu.shared_region = cpu_map(NULL, need, PROT_READ | PROT_WRITE);
-        if (!cpu.shared_region) cpu_die("cannot map shared memory");
-        cpu.shared_region_size = need;
-        cpu_protect(cpu.shared_region + need - cpu.page, cpu.page, PROT_NONE);
+    cpu_lock_block();   // threads waiting for a block read its size
+    size_t need = cpu_round_up(shared_bytes, cuda_on_cpu.page) + cuda_on_cpu.page;
+    if (need > cuda_on_cpu.shared_region_size) {
+        if (cuda_on_cpu.shared_region) munmap(cuda_on_cpu.shared_region, cuda_on_cpu.shared_region_size);
+        cuda_on_cpu.shared_region = cpu_map(NULL, need, PROT_READ | PROT_WRITE);
+        if (!cuda_on_cpu.shared_region) cpu_die("cannot map shared memory");
+        cuda_on_cpu.shared_region_size = need;
+        cpu_protect(cuda_on_cpu.shared_region + need - cuda_on_cpu.page, cuda_on_cpu.page, PROT_NONE);
     }
-    cpu_block.shared = (float *)(cpu.shared_region + cpu.shared_region_size - cpu.page - shared_bytes);
+    char *guard = cuda_on_cpu.shared_region + cuda_on_cpu.shared_region_size - cuda_on_cpu.page;
+    cpu_block.shared = (float *)(guard - shared_bytes);
     cpu_block.shared_bytes = shared_bytes;
     cpu_block.kernel = kernel;
     cpu_block.thread = thread;
@@ -88,6 +95,7 @@ static inline void cpu_block_prepare(const char *kernel, void (*thread)(const vo
     cpu_block.skip_barriers = cpu_test_faults.barriers_skipped && strcmp(cpu_test_faults.barriers_skipped, kernel) == 0;
     blockDim = block;
     gridDim = grid;
+    cpu_unlock_block();
 }
 
 static inline void cpu_block_reset(dim3 index) {
@@ -200,10 +208,10 @@ static inline void cpu_fiber_reset(CpuFiber *f) {
 static inline CpuFiber *cpu_fiber_get(void) {
     if (cpu_free_count) return cpu_free_fibers[--cpu_free_count];
     CpuFiber *f = (CpuFiber *)calloc(1, sizeof *f);
-    char *stack = cpu_map(NULL, CPU_FIBER_STACK + cpu.page, PROT_READ | PROT_WRITE);
+    char *stack = cpu_map(NULL, CPU_FIBER_STACK + cuda_on_cpu.page, PROT_READ | PROT_WRITE);
     if (!f || !stack) cpu_die("out of memory for a fiber");
-    cpu_protect(stack, cpu.page, PROT_NONE);   // an overflow stops at once
-    f->stack = stack + cpu.page;
+    cpu_protect(stack, cuda_on_cpu.page, PROT_NONE);   // an overflow stops at once
+    f->stack = stack + cuda_on_cpu.page;
     f->stack_size = CPU_FIBER_STACK;
     cpu_fiber_reset(f);
     return f;
@@ -318,7 +326,8 @@ static inline void cpu_block_run(dim3 index) {
 // ============================================================================
 
 static pthread_mutex_t cpu_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cpu_changed = PTHREAD_COND_INITIALIZER;   // a block started, a thread released or returned
+static pthread_cond_t cpu_wake[CPU_MAX_THREADS];   // worker t's: its block started, or it was released
+static pthread_cond_t cpu_block_done = PTHREAD_COND_INITIALIZER;
 static pthread_t cpu_workers[CPU_MAX_THREADS];
 static unsigned cpu_worker_count;
 static unsigned long cpu_blocks_started;
@@ -329,13 +338,13 @@ static inline void cpu_unlock_block(void) { pthread_mutex_unlock(&cpu_lock); }
 static inline void cpu_release(unsigned t) {
     cpu_block.state[t] = CPU_RUNNABLE;
     cpu_block.blocked--;
-    pthread_cond_broadcast(&cpu_changed);
+    pthread_cond_signal(&cpu_wake[t]);
 }
 
 // With the lock held: until t is released.
 static inline void cpu_wait(unsigned t) {
     cpu_deadlock_check();
-    while (cpu_block.state[t] != CPU_RUNNABLE) pthread_cond_wait(&cpu_changed, &cpu_lock);
+    while (cpu_block.state[t] != CPU_RUNNABLE) pthread_cond_wait(&cpu_wake[t], &cpu_lock);
     cpu_block.state[t] = CPU_RUNNING;
 }
 
@@ -345,9 +354,11 @@ static inline void *cpu_worker(void *index) {
     unsigned long seen = 0;
     pthread_mutex_lock(&cpu_lock);
     for (;;) {
-        while (cpu_blocks_started == seen) pthread_cond_wait(&cpu_changed, &cpu_lock);
+        while (cpu_blocks_started == seen || t >= cpu_block.threads) {
+            if (t >= cpu_block.threads) seen = cpu_blocks_started;   // a block without thread t
+            pthread_cond_wait(&cpu_wake[t], &cpu_lock);
+        }
         seen = cpu_blocks_started;
-        if (t >= cpu_block.threads) continue;
         threadIdx = cpu_thread_index(t);
         blockIdx = cpu_block.index;
         blockDim = cpu_block.block;
@@ -357,13 +368,13 @@ static inline void *cpu_worker(void *index) {
         cpu_block.thread(cpu_block.args);
         pthread_mutex_lock(&cpu_lock);
         cpu_thread_returned(t);
-        pthread_cond_broadcast(&cpu_changed);
+        if (cpu_block.live == 0) pthread_cond_signal(&cpu_block_done);
     }
     return NULL;
 }
 
 static inline _Noreturn void cpu_block_abandon(void) {
-    fprintf(stderr, "error: cuda_on_cpu.h: %s\n", cpu.message);
+    fprintf(stderr, "error: cuda_on_cpu.h: %s\n", cuda_on_cpu.message);
     abort();
 }
 
@@ -373,6 +384,7 @@ static inline void cpu_block_run(dim3 index) {
         pthread_attr_t attributes;
         pthread_attr_init(&attributes);
         pthread_attr_setstacksize(&attributes, (size_t)1 << 18);
+        pthread_cond_init(&cpu_wake[cpu_worker_count], NULL);
         if (pthread_create(&cpu_workers[cpu_worker_count], &attributes, cpu_worker, (void *)(uintptr_t)cpu_worker_count))
             cpu_die("cannot start a thread");
         pthread_attr_destroy(&attributes);
@@ -381,8 +393,8 @@ static inline void cpu_block_run(dim3 index) {
     cpu_block_reset(index);
     cpu_block.running = 1;
     cpu_blocks_started++;
-    pthread_cond_broadcast(&cpu_changed);
-    while (cpu_block.live > 0) pthread_cond_wait(&cpu_changed, &cpu_lock);
+    for (unsigned t = 0; t < cpu_block.threads; t++) pthread_cond_signal(&cpu_wake[t]);
+    while (cpu_block.live > 0) pthread_cond_wait(&cpu_block_done, &cpu_lock);
     cpu_block.running = 0;
     pthread_mutex_unlock(&cpu_lock);
 }

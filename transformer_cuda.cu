@@ -133,10 +133,10 @@ static GpuCounts gpu_counts;
 #define LAUNCH_ELEMENTS(n, kernel, ...) LAUNCH(kernel, blocks_for((size_t)(n), THREADS), THREADS, 0, __VA_ARGS__)
 // One warp per row of `rows`
 #define LAUNCH_ROWS(rows, kernel, ...) LAUNCH(kernel, blocks_for((size_t)(rows), ROWS_PER_BLOCK), THREADS, 0, __VA_ARGS__)
-// One thread per column of `columns` (`layers` sets of them), rows in ROW_GROUPS groups
-#define LAUNCH_COLUMNS(columns, layers, kernel, ...)                                                     \
-    LAUNCH(kernel, xyz(blocks_for((size_t)(columns), WARP), (unsigned)(layers), 1), xyz(WARP, ROW_GROUPS, 1), \
-           WARP * ROW_GROUPS * sizeof(float), __VA_ARGS__)
+// One thread per column of `columns`, their rows in ROW_GROUPS groups
+#define LAUNCH_COLUMNS(columns, kernel, ...)                                                             \
+    LAUNCH(kernel, blocks_for((size_t)(columns), WARP), xyz(WARP, ROW_GROUPS, 1), WARP * ROW_GROUPS * sizeof(float), \
+           __VA_ARGS__)
 #define ELEMENT_INDEX ((size_t)blockIdx.x * blockDim.x + threadIdx.x)
 
 static unsigned blocks_for(size_t n, size_t per_block) { return (unsigned)((n + per_block - 1) / per_block); }
@@ -297,7 +297,7 @@ static __global__ void layernorm_params_backward_kernel(float *dgain, float *dbi
     int i = blockIdx.x * WARP + threadIdx.x;
     float gain_sum = 0, bias_sum = 0, sublayer_sum = 0;
     if (i < C)
-        for (int n = threadIdx.y; n < N; n += ROW_GROUPS) {
+        for (int n = threadIdx.y; n < N; n += blockDim.y) {
             size_t at = (size_t)n * C + i;
             gain_sum += dout[at] * (res[at] - mean[n]) * rstd[n];
             bias_sum += dout[at];
@@ -346,30 +346,28 @@ CPU_KERNEL(rows_from_heads_kernel, float *, const float *, int, int, int, int)
 
 // attention_backward's dq, dk, dv, back in the projection's rows (the inverse
 // of heads_from_rows_kernel), and linear_backward's bias: their column sums
-//     drows[(b*T + t)*ld + layer*layer_columns + column] = dheads[part][b][h][t][d],
-//     dbias[layer*layer_bias + column] = sum over (b, t),   column = part*C + h*hs + d
-// A thread per column (of parts*C), rows in ROW_GROUPS groups; blockIdx.y a layer.
+//     drows[(b*T + t)*ld + column] = dheads[part][b][h][t][d],  dbias[column] = sum over (b, t),
+//     column = part*C + h*hs + d
+// A thread per column (of parts*C), rows in ROW_GROUPS groups.
 static __global__ void rows_from_heads_bias_backward_kernel(float *drows, float *dbias, const float *dheads, int ld,
-                                                            int parts, int layer_columns, int layer_bias,
-                                                            size_t layer_heads, int B, int T, int C, int NH) {
+                                                            int parts, int B, int T, int C, int NH) {
     SHARED_FLOATS(shared);
-    int column = blockIdx.x * WARP + threadIdx.x, layer = blockIdx.y, hs = C / NH, N = B * T;
+    int column = blockIdx.x * WARP + threadIdx.x, hs = C / NH, N = B * T;
     float sum = 0;
     if (column < parts * C) {
         int part = column / C, h = column % C / hs, d = column % hs;
-        const float *from = dheads + (size_t)layer * layer_heads + (size_t)part * N * C;
-        for (int n = threadIdx.y; n < N; n += ROW_GROUPS) {
+        const float *from = dheads + (size_t)part * N * C;
+        for (int n = threadIdx.y; n < N; n += blockDim.y) {
             int b = n / T, t = n % T;
             float g = from[(((size_t)b * NH + h) * T + t) * hs + d];
-            drows[(size_t)n * ld + (size_t)layer * layer_columns + column] = g;
+            drows[(size_t)n * ld + column] = g;
             sum += g;
         }
     }
     sum = sum_of_row_groups(sum, shared);
-    if (threadIdx.y == 0 && column < parts * C) dbias[(size_t)layer * layer_bias + column] = sum;
+    if (threadIdx.y == 0 && column < parts * C) dbias[column] = sum;
 }
-CPU_KERNEL(rows_from_heads_bias_backward_kernel, float *, float *, const float *, int, int, int, int, size_t, int, int,
-           int, int)
+CPU_KERNEL(rows_from_heads_bias_backward_kernel, float *, float *, const float *, int, int, int, int, int, int)
 
 // attention_forward's softmax_visible, a warp per query row (b, h, i): the
 // scores of the keys it may see (visible_keys: padding and causal masks)
@@ -423,7 +421,7 @@ static __global__ void relu_bias_backward_kernel(float *dh, float *dbias, const 
     int f = blockIdx.x * WARP + threadIdx.x;
     float sum = 0;
     if (f < F)
-        for (int n = threadIdx.y; n < N; n += ROW_GROUPS) {
+        for (int n = threadIdx.y; n < N; n += blockDim.y) {
             size_t at = (size_t)n * F + f;
             float g = h[at] > 0 ? dh[at] : 0.0f;
             dh[at] = g;
@@ -589,7 +587,7 @@ typedef struct {
     float *d_sublayer;   // (rows, C) of a sub-layer's output; forward: the output itself, before its norm
     float *d_heads;      // (rows, C) of Concat(heads) before W^O; forward: the cross-attention's queries
     float *d_heads_hm;   // (rows, C) the same head-major; forward: attention's output head-major
-    float *d_qkv_hm;     // (3 rows C) of q, k, v head-major; cross-attention: of q, then of k, v
+    float *d_qkv_hm;     // (3, rows, C) of q, k, v head-major; cross-attention: of q, then of k and v
     float *d_qkv;        // (rows, 3C) the same in rows; forward: the self-attention's projection
     float *d_ff_h;       // (rows, F)
     float *d_att;        // (B, NH, Tq, Tk) of the scores: dp, then ds
@@ -612,9 +610,12 @@ typedef struct {
     size_t batch_capacity;   // floats
     int *batch_ints;         // the batch's tokens and the embedding gradient's lists, one copy per step
     size_t ints_capacity;
-    int *host_ints, *token_count, distinct_tokens;
-    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len, *token_ids, *token_first, *token_rows;
-    float *enc_x0, *dec_x0, *memory_kv, *logits, *token_loss, *loss;
+    int *host_ints;          // its host side
+    int *token_count;        // (V) gpu_upload_batch's counting sort
+    int distinct_tokens;
+    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len, *token_ids, *token_first, *token_rows;   // in batch_ints
+    float *enc_x0, *dec_x0, *logits, *token_loss, *loss;
+    float *memory_kv;        // (L, 2, B, NH, S, hs): each decoder layer's keys and values of the memory
     Dropout enc_drop, dec_drop;
     GpuEncoderActs *enc;   // (L) on the host, pointing to the GPU
     GpuDecoderActs *dec;
@@ -705,7 +706,7 @@ static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, 
                                             float *dsublayer_bias, const float *dout, const float *res, Dropout drop,
                                             const float *gain, const float *mean, const float *rstd, int N, int C) {
     LAUNCH_ROWS(N, residual_layernorm_backward_kernel, dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C);
-    LAUNCH_COLUMNS(C, 1, layernorm_params_backward_kernel, dgain, dbias, dsublayer_bias, dout, res, mean, rstd,
+    LAUNCH_COLUMNS(C, layernorm_params_backward_kernel, dgain, dbias, dsublayer_bias, dout, res, mean, rstd,
                    dsublayer, N, C);
 }
 
@@ -760,8 +761,8 @@ static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att
 // `column0`, and their bias's gradient
 static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, float *dbias, const float *dheads,
                                          int parts, int B, int T, int C, int NH) {
-    LAUNCH_COLUMNS((size_t)parts * C, 1, rows_from_heads_bias_backward_kernel, drows + column0, dbias, dheads, ld,
-                   parts, 0, 0, (size_t)0, B, T, C, NH);
+    LAUNCH_COLUMNS((size_t)parts * C, rows_from_heads_bias_backward_kernel, drows + column0, dbias, dheads, ld, parts,
+                   B, T, C, NH);
 }
 
 // self_attention_forward: qkv = x W_qkv^T + b;  heads = Attention(q, k, v);  out = heads W^O^T (+ b^O by the norm)
@@ -833,7 +834,7 @@ static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *
                                       GpuLayerParams w, int N, int C, int F) {
     float *d_h = gpu.scratch.d_ff_h;
     gpu_linear_backward(d_h, 0, g.ff2_w, dout, h, w.ff2_w, N, F, C);
-    LAUNCH_COLUMNS(F, 1, relu_bias_backward_kernel, d_h, g.ff1_b, h, N, F);
+    LAUNCH_COLUMNS(F, relu_bias_backward_kernel, d_h, g.ff1_b, h, N, F);
     gpu_linear_backward(dx, 1, g.ff1_w, d_h, x, w.ff1_w, N, C, F);
 }
 
@@ -1137,7 +1138,9 @@ static real gpu_forward(Transformer *m, const Batch *batch) {
     // §3.4: logits = y E^T; then cross_entropy_forward, and its backward's dlogits already
     gpu_linear_forward(gpu.logits, y, embedding, B * T, C, V);
     float inv_n = m->num_target_tokens ? (float)(1.0 / m->num_target_tokens) : 0.0f;
+    // a thread per 4 logits, up to 1024; at least two warps, so that block_sum's barrier always matters
     unsigned threads = V >= 4 * 1024 ? 1024 : blocks_for((size_t)V, 4 * WARP) * WARP;
+    if (threads < 2 * WARP) threads = 2 * WARP;
     LAUNCH(cross_entropy_kernel, (unsigned)(B * T), threads, threads / WARP * sizeof(float), gpu.token_loss,
            gpu.scratch.d_logits, gpu.logits, gpu.tgt_out, gpu.tgt_len, c->label_smoothing, inv_n, T, V);
     LAUNCH(mean_loss_kernel, 1, THREADS, THREADS * sizeof(double), gpu.loss, gpu.token_loss, (size_t)B * T,
@@ -1344,7 +1347,7 @@ int main(int argc, char **argv) {
     }
     argv[kept] = NULL;
 #ifdef CUDA_ON_CPU
-    if (gpu.count) cpu.execute = 0;
+    if (gpu.count) cuda_on_cpu.execute = 0;
 #endif
     transformer_training = &gpu_training;
     int status = transformer_main(kept, argv);
