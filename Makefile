@@ -194,7 +194,7 @@ test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
 # POSIX threads running at once (cuda_on_cpu.h built with -DCUDA_ON_CPU_THREADS, test_cuda_threads.c),
 # under ThreadSanitizer, which must report no data race; then three steps with a racy += put in
 # (test_transformer.c's racy_embedding_backward_kernel), which it must report. Without OpenMP:
-# ThreadSanitizer does not see libgomp's own synchronisation.
+# ThreadSanitizer does not see libgomp's own synchronisation. About 4 minutes on 2 cores.
 .PHONY: test-threads clean-companion
 TSAN = -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 test_cuda_threads: test_cuda_threads.c test_transformer.c $(COMPANION) $(SOURCES)

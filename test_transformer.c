@@ -4100,7 +4100,14 @@ static void test_emulator_threads(void) {
     check(total[1] == (float)expected && !(total[0] == (float)expected), "emulator: a block's sum through shuffles, "
           "shared memory and __syncthreads is right (%g, expected %g); with its barriers left out the warps read "
           "shared memory before it is written: %g", total[1], expected, total[0]);
+    cudaFree(x);
+}
 
+// What a GPU punishes, caught: host code reading device memory, an index past
+// shared memory, a shuffle missing lanes, a cuBLAS operand past its allocation
+static void test_emulator_faults(void) {
+    float *x;
+    cudaMalloc((void **)&x, 129 * sizeof(float));
     emulator_device_floats = x;
     int caught = cpu_catches_fault(read_device_memory, NULL);
     check(caught && strstr(cuda_on_cpu.message, "host code read"), "emulator: host code reading device memory is "
@@ -4108,7 +4115,8 @@ static void test_emulator_threads(void) {
     caught = cpu_catches_fault(launch_block_total_short, NULL);
     cpu_test_faults.shared_memory_short = NULL;
     check(caught && strstr(cuda_on_cpu.message, "shared memory index out of bounds"), "emulator: an index past a "
-          "block's shared memory (given 16 bytes less than the kernel uses) is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+          "block's shared memory (given 16 bytes less than the kernel uses) is caught (%s)",
+          caught ? cuda_on_cpu.message : "not caught");
     caught = cpu_catches_fault(launch_half_warp_shuffle, NULL);
     check(caught && strstr(cuda_on_cpu.message, "returned"), "emulator: a shuffle whose warp has lost half its "
           "lanes is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
@@ -4229,6 +4237,7 @@ static void run_companion_tests(void) {
     test_emulator_launch_checks();
 #ifndef CUDA_ON_CPU_THREADS   // faults caught and thread orders drawn: the fibers' (make test-threads has threads)
     test_emulator_threads();
+    test_emulator_faults();
 #endif
 #endif
     set_threads(1);   // transformer.c's side on one thread: these models are tiny, and the machine may be busy
