@@ -18,8 +18,9 @@
 #   make cuda          ./transformer_cuda: the training steps on a GPU (nvcc, cuBLAS; CUDA_ARCH=sm_80);
 #                      warnings are errors, and a kernel that spills registers fails the build
 #   make cuda-cpu      ./transformer_cuda_cpu: the same companion built for the CPU (cuda_on_cpu.h)
+#   make test-threads  the companion's tests with real threads under ThreadSanitizer
 #   make test-cuda     on a GPU: the tests with the companion built by nvcc, compute-sanitizer,
-#                      the base model's training step against PyTorch eager on the same GPU, make numbers
+#                      the training steps beside PyTorch on the same GPU (a table), make numbers
 #   make debug         -O0 -g builds for gdb, Part I only, without OpenMP: transformer_debug
 #                      (transformer.c alone), test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
@@ -43,7 +44,7 @@ endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h transformer_lab.c
 # the CUDA companion; the float test builds include it, built for the CPU
-COMPANION = transformer_cuda.cu cuda_on_cpu.h
+COMPANION = transformer_cuda.cu cuda_on_cpu.h cuda_on_cpu_threads.h
 
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
@@ -177,7 +178,8 @@ $(TABLE3_DIR)/%.ckpt:
 # ptxas reports each kernel's registers: a spill fails the build.
 NVCC ?= nvcc
 CUDA_ARCH ?= sm_80
-NVCCFLAGS ?= -O3 -arch=$(CUDA_ARCH)
+NVCC_ARCH ?= -arch=$(CUDA_ARCH)
+NVCCFLAGS ?= -O3 $(NVCC_ARCH)
 NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra -Xptxas -v
 NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lm
 cuda: transformer_cuda
@@ -189,6 +191,8 @@ transformer_cuda: $(COMPANION) $(SOURCES)
 	@echo "make cuda: $$(grep -c 'bytes spill stores' .ptxas.log) kernels, no register spills (ptxas -v)"; rm -f .ptxas.log
 	$(NVCC_LINK) -o $@ transformer_cuda.o transformer_host.o
 
+# the companion built for the CPU (cuda_on_cpu.h): ./transformer_cuda_cpu bench --config base --count
+# prints what one training step launches, copies and holds, without computing it
 cuda-cpu: transformer_cuda_cpu
 transformer_cuda_cpu: $(COMPANION) $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c transformer_cuda.cu -x none transformer_lab.c $(LDLIBS)
@@ -200,25 +204,53 @@ test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o test_transformer.c
 	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o
 
-# On a GPU (not run by make test): the tests, the reference files and training
-# runs against transformer.c included, with the real companion; compute-sanitizer's
-# memcheck on a short training run; the base model's training step beside PyTorch
-# eager on the same GPU (dev/.venv, make bench-setup); the numbers task trained on the GPU.
-BASE_BENCH = --layers 6 --d-model 512 --d-ff 2048 --heads 8 --vocab 8000 --batch 8 --src-len 64 --tgt-len 64
-test-cuda: transformer transformer_cuda test_transformer_cuda
-	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u
+# make test-threads (not part of make test): the companion's tests with each block's threads as
+# POSIX threads running at once (cuda_on_cpu.h built with -DCUDA_ON_CPU_THREADS, test_cuda_threads.c),
+# under ThreadSanitizer, which must report no data race; then three steps with a racy += put in
+# (test_transformer.c's racy_embedding_backward_kernel), which it must report. Without OpenMP:
+# ThreadSanitizer does not see libgomp's own synchronisation. About 4 minutes on 2 cores.
+.PHONY: test-threads clean-companion
+TSAN = -O1 -g -fno-omit-frame-pointer -fsanitize=thread
+test_cuda_threads: test_cuda_threads.c test_transformer.c $(COMPANION) $(SOURCES)
+	$(CC) $(TSAN) $(WARNINGS) -DCUDA_ON_CPU_THREADS -pthread -o $@ test_cuda_threads.c $(LDLIBS)
+test-threads: test_cuda_threads transformer
+	TRANSFORMER_BIN=./transformer ./test_cuda_threads
+	@if ./test_cuda_threads --racy > .tsan_racy.log 2>&1 || ! grep -q 'ThreadSanitizer: data race' .tsan_racy.log; then \
+	  cat .tsan_racy.log; echo "test-threads: ThreadSanitizer did not report the racy +="; exit 1; fi
+	@echo "test-threads: ThreadSanitizer reports the racy += of racy_embedding_backward_kernel:"; \
+	  grep -m 2 -A 2 'WARNING: ThreadSanitizer: data race' .tsan_racy.log; rm -f .tsan_racy.log
+
+# make test-cuda, on a GPU machine (not part of make test), offline:
+#   - everything built for this GPU (nvidia-smi's compute capability; where it cannot tell, one
+#     binary for sm_80 and sm_90), the tests with the companion built by nvcc: the reference
+#     files, the training runs against transformer.c, train and --resume;
+#   - compute-sanitizer's memcheck and racecheck on a short training run;
+#   - dev/bench_gpu.py: ./transformer_cuda beside PyTorch eager and torch.compile on the same GPU
+#     (fp32, PyTorch's default foreach Adam), tiny, toy and base, a table with the GPU's name and
+#     the date, kept in runs/gpu_table.md; PyTorch from dev/.venv when its torch sees the GPU, else
+#     from the first python3 on the PATH whose does, else the table has ours alone and says why;
+#   - make numbers trained on the GPU.
+GPU_CAPABILITY = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+GPU_NVCC_ARCH = $(if $(GPU_CAPABILITY),-arch=sm_$(GPU_CAPABILITY),-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90)
+TORCH_PYTHON = $(shell for p in $(BENCH_VENV)/bin/python $$(which -a python3 2>/dev/null); do \
+                 if $$p -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then \
+                   echo $$p; break; fi; done)
+SANITIZED_RUN = train --task copy --steps 3 --eval-every 0 --show 0 --log-every 0 --force --checkpoint runs/sanitized.ckpt
+test-cuda: transformer
+	mkdir -p runs
+	nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader; date -u
+	$(MAKE) --no-print-directory -B NVCC_ARCH="$(GPU_NVCC_ARCH)" transformer_cuda test_transformer_cuda
 	TRANSFORMER_BIN=./transformer ./test_transformer_cuda
 	@if command -v compute-sanitizer >/dev/null; then \
-	  compute-sanitizer --tool memcheck --error-exitcode 1 ./transformer_cuda train --task copy --steps 5 \
-	      --eval-every 0 --show 0 --checkpoint runs/sanitized.ckpt; \
-	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped it"; fi
-	mkdir -p runs
-	./transformer_cuda bench --config base --json > runs/bench_cuda.json
-	$(BENCH_VENV)/bin/python dev/bench_pytorch.py --device cuda --config base $(BASE_BENCH) --json > runs/bench_torch_cuda.json
-	@python3 -c 'import json; c = json.load(open("runs/bench_cuda.json")); p = json.load(open("runs/bench_torch_cuda.json")); \
-	  print("base training step on the GPU: transformer_cuda %.0f tokens/s (%.2f ms), PyTorch %s eager %.0f tokens/s (%.2f ms): ratio %.2f" \
-	        % (c["tokens_per_s"], c["median_ms"], p["torch"], p["tokens_per_s"], p["median_ms"], c["tokens_per_s"] / p["tokens_per_s"]))'
-	$(MAKE) numbers NUMBERS_BIN=./transformer_cuda
+	  compute-sanitizer --tool memcheck --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) && \
+	  compute-sanitizer --tool racecheck --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN); \
+	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped memcheck and racecheck"; fi
+	python3 dev/bench_gpu.py --binary ./transformer_cuda --python "$(TORCH_PYTHON)" | tee runs/gpu_table.md
+	$(MAKE) --no-print-directory numbers NUMBERS_BIN=./transformer_cuda
+
+clean: clean-companion
+clean-companion:
+	rm -f test_cuda_threads .tsan_racy.log
 
 # No OpenMP here: with it, each parallel loop's body would be a separate
 # function run by libgomp, and gdb's `next` would step over the whole loop.

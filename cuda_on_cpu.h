@@ -1,112 +1,597 @@
-/* cuda_on_cpu.h: just enough of CUDA and cuBLAS to run transformer_cuda.cu on the CPU
+/* cuda_on_cpu.h: enough of CUDA and cuBLAS to run transformer_cuda.cu on the CPU, the way a GPU would
  *
  * transformer_cuda.cu is written in the part of C that CUDA C++ shares, so the
- * host C compiler can build it too: with -DCUDA_ON_CPU it includes this header
- * instead of the CUDA ones, and then
- *   - a kernel is an ordinary function, and LAUNCH (in transformer_cuda.cu) runs
- *     it once for every thread of the grid, with blockIdx, threadIdx, blockDim and
- *     gridDim set. Blocks and threads run one after another, last first: a kernel
- *     that only works when its threads run in order shows it. A test may name a
- *     kernel whose launches are skipped (cpu_launch_skipped), a fault to catch;
- *   - device memory is host memory. cudaMalloc fills what it returns with NaN, so
- *     an element that a kernel should have written and did not poisons every
- *     result that reads it, and the tests see NaN;
- *   - cublasSgemm and cublasSgemmStridedBatched are plain column-major loops that
- *     honour the transposes, the leading dimensions, alpha, beta and the batch
+ * host C compiler builds it too: with -DCUDA_ON_CPU it includes this header
+ * instead of the CUDA ones. The tests then run its kernels, and what a GPU
+ * would do differently from a loop is made to show:
+ *
+ *   - Threads. Each thread of a block is a context of its own (a fiber: its
+ *     own stack), and a block's threads run in a different random order at
+ *     each launch (the blocks too). A thread runs until it waits: at
+ *     __syncthreads, which releases the block's threads once all that have not
+ *     returned have arrived, and at a warp shuffle (__shfl_xor_sync, ...),
+ *     which releases the 32 lanes of a warp once all have arrived, each with
+ *     its value; then the next thread is drawn at random among those that can
+ *     run. So shared memory, barriers and shuffles work as on a GPU, and a
+ *     kernel that reads what another thread has not yet written (a missing
+ *     barrier) reads NaN or another run's value. A shuffle whose warp is not
+ *     whole, and threads that all wait for each other, are faults.
+ *     Built with -DCUDA_ON_CPU_THREADS, a block's threads are POSIX threads
+ *     instead, all running at once (make test-threads runs the companion's
+ *     tests so under ThreadSanitizer, which then sees any data race).
+ *   - Memory. Device memory and shared memory start as NaN, so a value that
+ *     should have been written and was not poisons every result that reads it.
+ *     Device memory is mapped unreadable except during a copy, a kernel or a
+ *     cuBLAS call: host code that reads it (loss = *device_pointer) stops with
+ *     a message naming the allocation. A block's shared memory ends at an
+ *     unreadable page: an index past it stops the launch as an illegal
+ *     address. A cuBLAS call whose operands reach outside their allocations,
+ *     or a copy that does, is refused.
+ *   - Launches are checked as a GPU checks them: a grid of at least one block
+ *     (at most 2^31 - 1 by 65535 by 65535), at most 1024 threads per block, at
+ *     most 48 KB of dynamic shared memory unless the kernel opted in with
+ *     cudaFuncSetAttribute (then up to 227 KB, an H100's limit). A refused
+ *     launch, or a fault, is returned by cudaGetLastError as on a GPU; a fault
+ *     is sticky: every later call returns it.
+ *   - cublasSgemm and cublasSgemmStridedBatched are plain column-major loops
+ *     that honour the transposes, leading dimensions, alpha, beta and batch
  *     strides as the cuBLAS documentation defines them:
  *         C = alpha op(A) op(B) + beta C,   op(X) = X or X^T,
  *         op(A) is m x k, op(B) is k x n, C is m x n, all column-major:
  *         element (i, j) of a matrix X with leading dimension ldx is X[i + j*ldx];
- *     when beta is 0, C is not read (it may hold NaN); and a call cuBLAS would
- *     refuse (a negative size, a leading dimension too small for its matrix)
- *     returns CUBLAS_STATUS_INVALID_VALUE here too.
- * What this cannot show is what only a GPU does: threads running at once, the
- * GPU's own rounding and speed. `make test-cuda` runs the real thing.
+ *     when beta is 0, C is not read (it may hold NaN); a call cuBLAS would
+ *     refuse (a negative size, a leading dimension too small) returns
+ *     CUBLAS_STATUS_INVALID_VALUE here too.
+ *
+ * A kernel is an ordinary C function. Each one is followed in transformer_cuda.cu
+ * by CPU_KERNEL(name, its parameter types...), which makes the function that
+ * starts one thread of it from a packed copy of the launch's arguments
+ * (C has no closures); a static assertion checks the types against the
+ * kernel's own. nvcc never sees any of this.
+ *
+ * For the tests: faults to inject (cpu_test_faults: a kernel's launches
+ * skipped or replaced, its barriers skipped, its shared memory 16 bytes
+ * short), cpu_catches_fault() that runs a function and reports a fault
+ * instead of stopping, cpu_seed() for the thread order, and cuda_on_cpu.execute = 0,
+ * which checks and counts every call but computes nothing (the benchmark's
+ * counts of a model too large to run here).
+ * What this cannot show is what only a GPU does: its speed, its own rounding
+ * (TF32, fused multiply-adds, the order cuBLAS sums in), and races between
+ * threads of different blocks. `make test-cuda` runs the real thing.
  */
 #ifndef CUDA_ON_CPU_H
 #define CUDA_ON_CPU_H
 
+#include <fcntl.h>
 #include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#ifdef CUDA_ON_CPU_THREADS
+#include <pthread.h>
+#else
+#include <ucontext.h>
+#endif
 
 #define __global__
 #define __device__
+#define __forceinline__ inline
 
-// ---- threads ----------------------------------------------------------------
+// ---- AddressSanitizer and fibers ----------------------------------------------
+// A switch from one stack to another is announced to AddressSanitizer, which
+// otherwise takes the other stack for an overflow of this one.
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CPU_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(CUDA_ON_CPU_THREADS)
+#error "ThreadSanitizer needs the threads of cuda_on_cpu.h: build with -DCUDA_ON_CPU_THREADS"
+#endif
+#ifdef CPU_ASAN
+void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
+void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old, size_t *size_old);
+#endif
+
+// ---- dim3, the thread's indices, the kernels' argument packs ------------------
 
 typedef struct { unsigned x, y, z; } dim3;
-static dim3 blockIdx, threadIdx, blockDim, gridDim;
+// Each thread's own: in the fiber build the scheduler sets them before a thread runs or resumes.
+static _Thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-// A fault for the tests to inject: every launch of the kernel named here is
-// skipped (NULL, the default: none), so that a test can show that its
-// comparison catches a kernel not launched.
-static const char *cpu_launch_skipped;
+static inline dim3 cpu_dim3_same(dim3 d) { return d; }
+static inline dim3 cpu_dim3_x(unsigned x) { dim3 d = { x, 1, 1 }; return d; }
+// A launch's grid or block: a dim3, or a number of blocks or threads along x.
+#define CPU_DIM3(v) _Generic((v), dim3: cpu_dim3_same, default: cpu_dim3_x)(v)
 
-// Runs kernel(arguments...) for every thread of a one-dimensional grid of
-// `blocks` blocks of `threads` threads, the last thread first.
-#define CPU_LAUNCH(kernel, blocks, threads, ...) do {                                     \
-        if (cpu_launch_skipped && strcmp(cpu_launch_skipped, #kernel) == 0) break;        \
-        gridDim.x = (unsigned)(blocks); blockDim.x = (unsigned)(threads);                \
-        gridDim.y = gridDim.z = blockDim.y = blockDim.z = 1;                              \
-        blockIdx.y = blockIdx.z = threadIdx.y = threadIdx.z = 0;                          \
-        for (unsigned block_ = gridDim.x; block_-- > 0; )                                 \
-            for (unsigned thread_ = blockDim.x; thread_-- > 0; ) {                        \
-                blockIdx.x = block_; threadIdx.x = thread_;                               \
-                kernel(__VA_ARGS__);                                                      \
-            }                                                                             \
-    } while (0)
+// CPU_KERNEL(kernel, T1, T2, ...): the struct kernel_cpu_args { T1 a2; T2 a1; } holding
+// one launch's arguments (members numbered down), and kernel_cpu_thread(args), which
+// calls kernel(args->a2, args->a1) as one thread. Up to 20 parameters.
+#define CPU_COUNT(...) CPU_COUNT_(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define CPU_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, n, ...) n
+#define CPU_CAT(a, b) CPU_CAT_(a, b)
+#define CPU_CAT_(a, b) a##b
+#define CPU_MEMBERS_1(t) t a1;
+#define CPU_MEMBERS_2(t, ...) t a2; CPU_MEMBERS_1(__VA_ARGS__)
+#define CPU_MEMBERS_3(t, ...) t a3; CPU_MEMBERS_2(__VA_ARGS__)
+#define CPU_MEMBERS_4(t, ...) t a4; CPU_MEMBERS_3(__VA_ARGS__)
+#define CPU_MEMBERS_5(t, ...) t a5; CPU_MEMBERS_4(__VA_ARGS__)
+#define CPU_MEMBERS_6(t, ...) t a6; CPU_MEMBERS_5(__VA_ARGS__)
+#define CPU_MEMBERS_7(t, ...) t a7; CPU_MEMBERS_6(__VA_ARGS__)
+#define CPU_MEMBERS_8(t, ...) t a8; CPU_MEMBERS_7(__VA_ARGS__)
+#define CPU_MEMBERS_9(t, ...) t a9; CPU_MEMBERS_8(__VA_ARGS__)
+#define CPU_MEMBERS_10(t, ...) t a10; CPU_MEMBERS_9(__VA_ARGS__)
+#define CPU_MEMBERS_11(t, ...) t a11; CPU_MEMBERS_10(__VA_ARGS__)
+#define CPU_MEMBERS_12(t, ...) t a12; CPU_MEMBERS_11(__VA_ARGS__)
+#define CPU_MEMBERS_13(t, ...) t a13; CPU_MEMBERS_12(__VA_ARGS__)
+#define CPU_MEMBERS_14(t, ...) t a14; CPU_MEMBERS_13(__VA_ARGS__)
+#define CPU_MEMBERS_15(t, ...) t a15; CPU_MEMBERS_14(__VA_ARGS__)
+#define CPU_MEMBERS_16(t, ...) t a16; CPU_MEMBERS_15(__VA_ARGS__)
+#define CPU_MEMBERS_17(t, ...) t a17; CPU_MEMBERS_16(__VA_ARGS__)
+#define CPU_MEMBERS_18(t, ...) t a18; CPU_MEMBERS_17(__VA_ARGS__)
+#define CPU_MEMBERS_19(t, ...) t a19; CPU_MEMBERS_18(__VA_ARGS__)
+#define CPU_MEMBERS_20(t, ...) t a20; CPU_MEMBERS_19(__VA_ARGS__)
+#define CPU_VALUES_1(t) a->a1
+#define CPU_VALUES_2(t, ...) a->a2, CPU_VALUES_1(__VA_ARGS__)
+#define CPU_VALUES_3(t, ...) a->a3, CPU_VALUES_2(__VA_ARGS__)
+#define CPU_VALUES_4(t, ...) a->a4, CPU_VALUES_3(__VA_ARGS__)
+#define CPU_VALUES_5(t, ...) a->a5, CPU_VALUES_4(__VA_ARGS__)
+#define CPU_VALUES_6(t, ...) a->a6, CPU_VALUES_5(__VA_ARGS__)
+#define CPU_VALUES_7(t, ...) a->a7, CPU_VALUES_6(__VA_ARGS__)
+#define CPU_VALUES_8(t, ...) a->a8, CPU_VALUES_7(__VA_ARGS__)
+#define CPU_VALUES_9(t, ...) a->a9, CPU_VALUES_8(__VA_ARGS__)
+#define CPU_VALUES_10(t, ...) a->a10, CPU_VALUES_9(__VA_ARGS__)
+#define CPU_VALUES_11(t, ...) a->a11, CPU_VALUES_10(__VA_ARGS__)
+#define CPU_VALUES_12(t, ...) a->a12, CPU_VALUES_11(__VA_ARGS__)
+#define CPU_VALUES_13(t, ...) a->a13, CPU_VALUES_12(__VA_ARGS__)
+#define CPU_VALUES_14(t, ...) a->a14, CPU_VALUES_13(__VA_ARGS__)
+#define CPU_VALUES_15(t, ...) a->a15, CPU_VALUES_14(__VA_ARGS__)
+#define CPU_VALUES_16(t, ...) a->a16, CPU_VALUES_15(__VA_ARGS__)
+#define CPU_VALUES_17(t, ...) a->a17, CPU_VALUES_16(__VA_ARGS__)
+#define CPU_VALUES_18(t, ...) a->a18, CPU_VALUES_17(__VA_ARGS__)
+#define CPU_VALUES_19(t, ...) a->a19, CPU_VALUES_18(__VA_ARGS__)
+#define CPU_VALUES_20(t, ...) a->a20, CPU_VALUES_19(__VA_ARGS__)
 
-// ---- memory -------------------------------------------------------------------
+#define CPU_KERNEL(kernel, ...)                                                                          \
+    typedef struct { CPU_CAT(CPU_MEMBERS_, CPU_COUNT(__VA_ARGS__))(__VA_ARGS__) } kernel##_cpu_args;     \
+    static void kernel##_cpu_thread(const void *args) {                                                \
+        const kernel##_cpu_args *a = (const kernel##_cpu_args *)args;                                   \
+        kernel(CPU_CAT(CPU_VALUES_, CPU_COUNT(__VA_ARGS__))(__VA_ARGS__));                              \
+    }                                                                                                   \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&kernel), void (*)(__VA_ARGS__)),            \
+                   "CPU_KERNEL(" #kernel ", ...): the types differ from the kernel's parameters");
 
-typedef enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 } cudaError_t;
-typedef enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 } cudaMemcpyKind;
+// ---- errors -------------------------------------------------------------------
+
+typedef enum {
+    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
+    cudaErrorIllegalAddress = 700
+} cudaError_t;
 
 static inline const char *cudaGetErrorString(cudaError_t error) {
-    return error == cudaSuccess ? "no error" : "out of memory";
+    switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    }
+    return "unknown error";
 }
 
-// Every allocation is filled with the float NaN bit pattern (its int buffers
-// too, which the companion always writes before reading): never written
-// means never valid.
+// ---- the emulator's state -----------------------------------------------------
+
+typedef struct {
+    char *start;          // its pages: [start, start + span), then a page never made readable
+    size_t span;
+    char *pointer;        // what cudaMalloc returned: its last byte ends the span (to 256 bytes)
+    size_t bytes;         // asked for
+} CpuAllocation;
+
+// Faults the tests inject, to show that a check catches them (NULL: none).
+static struct {
+    const char *launch_skipped;            // every launch of the kernel named here does nothing
+    const char *barriers_skipped;          // __syncthreads does nothing in this kernel
+    const char *shared_memory_short;       // this kernel gets 16 bytes less shared memory than it asks
+                                           // (a multiple of 16 keeps the alignment a GPU gives)
+    const char *launch_replaced;           // this kernel's threads run another kernel's of the same
+    void (*replacement)(const void *args); //   parameters instead (its kernel_cpu_thread)
+} cpu_test_faults;
+
+static struct {
+    int ready;
+    int execute;                  // 1: compute; 0: check and count only (the benchmark's --count)
+    uint64_t random;              // the thread order's generator
+    size_t page;
+    int zero_file;                // /dev/zero, mapped for memory
+    char *reserved;               // device memory's address range, unreadable unless open
+    size_t reserved_size, reserved_used;
+    CpuAllocation *allocations;   // the live ones
+    int allocation_count, allocation_capacity;
+    const char *open_for;         // the copy, kernel or cuBLAS call that device memory is open for; NULL: closed
+    cudaError_t last_error, sticky_error;
+    char message[512];            // the last fault or refusal, said in full
+    sigjmp_buf recovery;          // cpu_catches_fault's
+    volatile sig_atomic_t catching;
+    struct sigaction earlier_segv;
+    char *shared_region;          // shared memory: a block's bytes end at the region's last page, unreadable
+    size_t shared_region_size;
+    struct { const char *kernel; int bytes; } shared_opt_in[32];
+    int shared_opt_in_count;
+} cuda_on_cpu = { .execute = 1, .zero_file = -1 };
+
+static inline void cpu_seed(uint64_t seed) { cuda_on_cpu.random = seed * 0x9E3779B97F4A7C15ULL + 1; }
+
+// splitmix64: the next random number below n
+static inline unsigned cpu_random_below(unsigned n) {
+    uint64_t z = (cuda_on_cpu.random += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return (unsigned)((z ^ (z >> 31)) % n);
+}
+
+static inline _Noreturn void cpu_die(const char *what) {
+    fprintf(stderr, "error: cuda_on_cpu.h: %s\n", what);
+    abort();
+}
+
+// Anonymous memory (POSIX has /dev/zero; MAP_ANONYMOUS is not in _POSIX_C_SOURCE).
+static inline char *cpu_map(char *at, size_t bytes, int protection) {
+    void *p = mmap(at, bytes, protection, MAP_PRIVATE | (at ? MAP_FIXED : 0), cuda_on_cpu.zero_file, 0);
+    return p == MAP_FAILED ? NULL : (char *)p;
+}
+
+static inline void cpu_protect(char *start, size_t bytes, int protection) {
+    if (mprotect(start, bytes, protection) != 0) cpu_die("mprotect failed");
+}
+
+static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ...);
+static inline void cpu_fault_finish(int in_launch);
+static inline void cpu_segv(int signal_number, siginfo_t *info, void *context);
+
+static inline void cpu_start(void) {
+    if (cuda_on_cpu.ready) return;
+    cuda_on_cpu.ready = 1;
+    cuda_on_cpu.page = (size_t)sysconf(_SC_PAGESIZE);
+    cuda_on_cpu.zero_file = open("/dev/zero", O_RDWR);
+    if (cuda_on_cpu.zero_file < 0) cpu_die("cannot open /dev/zero");
+    // Address space only (nothing is committed until an allocation is opened):
+    // 256 GB, or as much as the system allows.
+    size_t *size = &cuda_on_cpu.reserved_size;
+    for (*size = (size_t)1 << 38; *size >= ((size_t)1 << 30); *size /= 2)
+        if ((cuda_on_cpu.reserved = cpu_map(NULL, *size, PROT_NONE)) != NULL) break;
+    if (!cuda_on_cpu.reserved) cpu_die("cannot reserve address space for device memory");
+    const char *seed = getenv("CUDA_ON_CPU_SEED");
+    if (!cuda_on_cpu.random) cpu_seed(seed ? strtoull(seed, NULL, 10) : 1);
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = cpu_segv;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;   // NODEFER: the handler may jump out of itself
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, &cuda_on_cpu.earlier_segv);
+}
+
+// ---- device memory --------------------------------------------------------------
+
+static inline size_t cpu_round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+
+// Device memory readable and writable for `what` (a copy, a kernel, a cuBLAS
+// call), or unreadable again (what NULL).
+static inline void cpu_device_open(const char *what) {
+    cuda_on_cpu.open_for = what;
+    if (!cuda_on_cpu.execute) return;
+    int protection = what ? PROT_READ | PROT_WRITE : PROT_NONE;
+    for (int i = 0; i < cuda_on_cpu.allocation_count; i++)
+        cpu_protect(cuda_on_cpu.allocations[i].start, cuda_on_cpu.allocations[i].span, protection);
+}
+
+// The live allocation holding [p, p + bytes), or NULL.
+static inline const CpuAllocation *cpu_allocation_of(const void *p, size_t bytes) {
+    const char *c = (const char *)p;
+    for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
+        const CpuAllocation *a = &cuda_on_cpu.allocations[i];
+        if (c >= a->pointer && c <= a->pointer + a->bytes && bytes <= (size_t)(a->pointer + a->bytes - c)) return a;
+    }
+    return NULL;
+}
+
+static inline int cpu_in_reserved(const void *p) {
+    const char *c = (const char *)p, *start = cuda_on_cpu.reserved;
+    return start && c >= start && c < start + cuda_on_cpu.reserved_size;
+}
+
+// Every allocation is its own pages, its end at their end, then a page never
+// mapped readable; it is filled with the float NaN bit pattern (int buffers
+// too, which the companion always writes before reading): never written means
+// never valid. Freed pages are mapped anew, unreadable, and never reused.
 static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
-    float *p = (float *)malloc(bytes ? bytes : 1);
-    *pointer = p;
-    if (!p) return cudaErrorMemoryAllocation;
-    for (size_t i = 0; i < bytes / sizeof(float); i++) p[i] = NAN;
+    cpu_start();
+    *pointer = NULL;
+    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
+    size_t rounded = cpu_round_up(bytes ? bytes : 1, 256), span = cpu_round_up(rounded, cuda_on_cpu.page);
+    if (span + cuda_on_cpu.page > cuda_on_cpu.reserved_size - cuda_on_cpu.reserved_used) return cudaErrorMemoryAllocation;
+    int *capacity = &cuda_on_cpu.allocation_capacity;
+    if (cuda_on_cpu.allocation_count == *capacity) {
+        *capacity = *capacity ? 2 * *capacity : 64;
+        size_t bytes_of_list = (size_t)*capacity * sizeof(CpuAllocation);
+        cuda_on_cpu.allocations = (CpuAllocation *)realloc(cuda_on_cpu.allocations, bytes_of_list);
+        if (!cuda_on_cpu.allocations) cpu_die("out of memory for the list of allocations");
+    }
+    CpuAllocation a = { cuda_on_cpu.reserved + cuda_on_cpu.reserved_used, span, NULL, bytes };
+    a.pointer = a.start + span - rounded;
+    cuda_on_cpu.reserved_used += span + cuda_on_cpu.page;
+    if (cuda_on_cpu.execute) {
+        cpu_protect(a.start, span, PROT_READ | PROT_WRITE);
+        float *f = (float *)a.pointer;
+        for (size_t i = 0; i < rounded / sizeof(float); i++) f[i] = NAN;
+        cpu_protect(a.start, span, PROT_NONE);
+    }
+    cuda_on_cpu.allocations[cuda_on_cpu.allocation_count++] = a;
+    *pointer = a.pointer;
     return cudaSuccess;
 }
 
-static inline cudaError_t cudaFree(void *pointer) { free(pointer); return cudaSuccess; }
+static inline cudaError_t cudaFree(void *pointer) {
+    if (!pointer) return cudaSuccess;
+    for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
+        CpuAllocation *a = &cuda_on_cpu.allocations[i];
+        if (a->pointer != (char *)pointer) continue;
+        if (!cpu_map(a->start, a->span, PROT_NONE)) cpu_die("cannot unmap freed device memory");
+        *a = cuda_on_cpu.allocations[--cuda_on_cpu.allocation_count];
+        return cudaSuccess;
+    }
+    return cudaErrorInvalidValue;   // not from cudaMalloc, or freed already
+}
+
+// A copy's or a memset's device side: all of it inside one allocation.
+static inline cudaError_t cpu_check_device(const void *p, size_t bytes, const char *call, const char *side) {
+    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
+    if (bytes == 0 || cpu_allocation_of(p, bytes)) return cudaSuccess;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+             "%s: its %s (%p, %zu bytes) is not inside one device allocation", call, side, p, bytes);
+    return cudaErrorInvalidValue;
+}
+
+// A copy's host side: host memory, not device memory.
+static inline cudaError_t cpu_check_host(const void *p, size_t bytes, const char *call, const char *side) {
+    if (bytes == 0 || !cpu_in_reserved(p)) return cudaSuccess;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+             "%s: its %s (%p) is device memory, where host memory is expected", call, side, p);
+    return cudaErrorInvalidValue;
+}
+
+typedef enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 } cudaMemcpyKind;
+
+// The two sides of a copy of `bytes` bytes (its last row, for cudaMemcpy2D: first..last).
+static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *from, size_t from_bytes,
+                                         cudaMemcpyKind kind, const char *call) {
+    cudaError_t e = kind == cudaMemcpyDeviceToHost ? cpu_check_host(to, to_bytes, call, "destination")
+                                                   : cpu_check_device(to, to_bytes, call, "destination");
+    if (e == cudaSuccess)
+        e = kind == cudaMemcpyHostToDevice ? cpu_check_host(from, from_bytes, call, "source")
+                                           : cpu_check_device(from, from_bytes, call, "source");
+    return e;
+}
 
 static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
-    (void)kind;
-    if (bytes) memcpy(to, from, bytes);
+    cudaError_t e = cpu_check_copy(to, bytes, from, bytes, kind, "cudaMemcpy");
+    if (e != cudaSuccess || !cuda_on_cpu.execute || bytes == 0) return e;
+    cpu_device_open("cudaMemcpy");
+    memcpy(to, from, bytes);
+    cpu_device_open(NULL);
+    return cudaSuccess;
+}
+
+// `height` rows of `width` bytes, `pitch` bytes apart on each side
+static inline cudaError_t cudaMemcpy2D(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
+                                       size_t height, cudaMemcpyKind kind) {
+    if (width > to_pitch || width > from_pitch) return cudaErrorInvalidValue;
+    size_t to_span = height ? (height - 1) * to_pitch + width : 0;
+    size_t from_span = height ? (height - 1) * from_pitch + width : 0;
+    cudaError_t e = cpu_check_copy(to, to_span, from, from_span, kind, "cudaMemcpy2D");
+    if (e != cudaSuccess || !cuda_on_cpu.execute || width == 0) return e;
+    cpu_device_open("cudaMemcpy2D");
+    for (size_t row = 0; row < height; row++)
+        memcpy((char *)to + row * to_pitch, (const char *)from + row * from_pitch, width);
+    cpu_device_open(NULL);
     return cudaSuccess;
 }
 
 static inline cudaError_t cudaMemset(void *to, int value, size_t bytes) {
+    cudaError_t e = cpu_check_device(to, bytes, "cudaMemset", "destination");
+    if (e != cudaSuccess || !cuda_on_cpu.execute || bytes == 0) return e;
+    cpu_device_open("cudaMemset");
     memset(to, value, bytes);
+    cpu_device_open(NULL);
     return cudaSuccess;
 }
 
-// The "device" is the host; its name says so.
-typedef struct { char name[256]; } cudaDeviceProp;
+// The "device" is the host; its name says so. The limits are an H100's.
+typedef struct {
+    char name[256];
+    int multiProcessorCount;
+    size_t sharedMemPerBlock, sharedMemPerBlockOptin;
+} cudaDeviceProp;
+#define CPU_SHARED_DEFAULT 49152
+#define CPU_SHARED_OPT_IN_MAX 232448
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
     (void)device;
     memset(prop, 0, sizeof *prop);
     strcpy(prop->name, "the CPU (cuda_on_cpu.h)");
+    prop->multiProcessorCount = 132;
+    prop->sharedMemPerBlock = CPU_SHARED_DEFAULT;
+    prop->sharedMemPerBlockOptin = CPU_SHARED_OPT_IN_MAX;
     return cudaSuccess;
 }
 
-static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+// A GPU reports an error of an asynchronous kernel at a later call; here the
+// kernel has finished when its launch returns, so the next check sees it.
+static inline cudaError_t cudaGetLastError(void) {
+    cudaError_t e = cuda_on_cpu.last_error ? cuda_on_cpu.last_error : cuda_on_cpu.sticky_error;
+    cuda_on_cpu.last_error = cudaSuccess;
+    return e;
+}
+static inline cudaError_t cudaDeviceSynchronize(void) { return cuda_on_cpu.sticky_error; }
+
+typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
+// The kernel by name: C cannot take a kernel's address as CUDA's template does.
+#define cudaFuncSetAttribute(kernel, attribute, value) cpu_func_set_attribute(#kernel, attribute, value)
+static inline cudaError_t cpu_func_set_attribute(const char *kernel, cudaFuncAttribute attribute, int value) {
+    if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > CPU_SHARED_OPT_IN_MAX)
+        return cudaErrorInvalidValue;
+    for (int i = 0; i < cuda_on_cpu.shared_opt_in_count; i++)
+        if (strcmp(cuda_on_cpu.shared_opt_in[i].kernel, kernel) == 0) {
+            cuda_on_cpu.shared_opt_in[i].bytes = value;
+            return cudaSuccess;
+        }
+    if (cuda_on_cpu.shared_opt_in_count == 32) return cudaErrorInvalidValue;
+    cuda_on_cpu.shared_opt_in[cuda_on_cpu.shared_opt_in_count].kernel = kernel;
+    cuda_on_cpu.shared_opt_in[cuda_on_cpu.shared_opt_in_count++].bytes = value;
+    return cudaSuccess;
+}
+
+#include "cuda_on_cpu_threads.h"
+
+// ---- faults ---------------------------------------------------------------------
+
+// What a GPU calls an illegal address, a deadlock or a bad shuffle, said in full.
+// Within a block, the block stops and its launch fails (cpu_fault_finish); in
+// host code (which read device memory) the program stops. A test that is
+// catching faults gets control back instead, in cpu_catches_fault.
+static inline void cpu_fault_finish(int in_launch) {
+    cpu_device_open(NULL);
+    if (cuda_on_cpu.catching) siglongjmp(cuda_on_cpu.recovery, 1);
+    fprintf(stderr, "error: cuda_on_cpu.h: %s\n", cuda_on_cpu.message);
+    if (!in_launch) abort();
+}
+
+static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, format, args);
+    va_end(args);
+    cuda_on_cpu.sticky_error = error;
+    if (cpu_block_running()) cpu_block_abandon();   // to the launch, never back
+    cpu_fault_finish(0);
+    abort();
+}
+
+static inline void cpu_segv(int signal_number, siginfo_t *info, void *context) {
+    const char *address = (const char *)info->si_addr;
+    if (cpu_in_reserved(address)) {
+        const CpuAllocation *a = cpu_allocation_of(address, 1);
+        if (!cuda_on_cpu.open_for && a)
+            cpu_fault(cudaErrorIllegalAddress, "host code read or wrote device memory at %p (byte %zu of an "
+                      "allocation of %zu bytes): only copies, kernels and cuBLAS calls may", (const void *)address,
+                      (size_t)(address - a->pointer), a->bytes);
+        cpu_fault(cudaErrorIllegalAddress, "%s touched %p, outside every device allocation",
+                  cuda_on_cpu.open_for ? cuda_on_cpu.open_for : "host code", (const void *)address);
+    }
+    const char *shared = cuda_on_cpu.shared_region;
+    if (cpu_block_running() && address >= shared && address < shared + cuda_on_cpu.shared_region_size)
+        cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): shared memory index out of "
+                  "bounds (%zu bytes given at launch)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x,
+                  threadIdx.y, cpu_block.shared_bytes);
+    // Not the emulator's: the fault runs again under the handler there was before (or none).
+    (void)signal_number; (void)context;
+    sigaction(SIGSEGV, &cuda_on_cpu.earlier_segv, NULL);
+}
+
+// For the tests: runs run(context) and returns 1 if the emulator caught a fault in
+// it (cuda_on_cpu.message says which), 0 if none; after a fault the "GPU" works again.
+static inline int cpu_catches_fault(void (*run)(void *), void *context) {
+    cpu_start();
+    cuda_on_cpu.catching = 1;
+    if (sigsetjmp(cuda_on_cpu.recovery, 1) == 0) {
+        run(context);
+        cuda_on_cpu.catching = 0;
+        return 0;
+    }
+    cuda_on_cpu.catching = 0;
+    cuda_on_cpu.sticky_error = cuda_on_cpu.last_error = cudaSuccess;
+    return 1;
+}
+
+// ---- launches -------------------------------------------------------------------
+
+// Why a GPU would refuse this launch; NULL if it would not.
+static inline const char *cpu_launch_refusal(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+    static char why[256];
+    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+        snprintf(why, sizeof why, "a grid of %u x %u x %u blocks", grid.x, grid.y, grid.z);
+    else if (block.x < 1 || block.y < 1 || block.z < 1 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+             (size_t)block.x * block.y * block.z > 1024)
+        snprintf(why, sizeof why, "blocks of %u x %u x %u threads (at most 1024)", block.x, block.y, block.z);
+    else {
+        size_t limit = CPU_SHARED_DEFAULT;
+        for (int i = 0; i < cuda_on_cpu.shared_opt_in_count; i++) {
+            size_t opted = (size_t)cuda_on_cpu.shared_opt_in[i].bytes;
+            if (strcmp(cuda_on_cpu.shared_opt_in[i].kernel, kernel) == 0 && opted > limit) limit = opted;
+        }
+        if (shared_bytes <= limit) return NULL;
+        snprintf(why, sizeof why, "%zu bytes of shared memory (at most %zu%s)", shared_bytes, limit,
+                 limit == CPU_SHARED_DEFAULT ? " without cudaFuncSetAttribute" : "");
+    }
+    return why;
+}
+
+// kernel<<<grid, block, shared_bytes>>>(arguments): checked as a GPU checks it,
+// then every block in random order; its error, if any, for cudaGetLastError.
+static inline void cpu_launch(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid, dim3 block,
+                       size_t shared_bytes) {
+    cpu_start();
+    if (cuda_on_cpu.sticky_error) { cuda_on_cpu.last_error = cuda_on_cpu.sticky_error; return; }
+    const char *refusal = cpu_launch_refusal(kernel, grid, block, shared_bytes);
+    if (refusal) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "the launch of %s was refused: %s", kernel, refusal);
+        cuda_on_cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared") ? cudaErrorInvalidValue
+                                                                                      : cudaErrorInvalidConfiguration;
+        return;
+    }
+    if (!cuda_on_cpu.execute) return;
+    if (cpu_test_faults.launch_skipped && strcmp(cpu_test_faults.launch_skipped, kernel) == 0) return;
+    if (cpu_test_faults.launch_replaced && strcmp(cpu_test_faults.launch_replaced, kernel) == 0)
+        thread = cpu_test_faults.replacement;
+    int short_one = cpu_test_faults.shared_memory_short && strcmp(cpu_test_faults.shared_memory_short, kernel) == 0;
+    size_t given = !short_one ? shared_bytes : shared_bytes >= 16 ? shared_bytes - 16 : 0;
+    size_t blocks = (size_t)grid.x * grid.y * grid.z;
+    static unsigned *order;   // a random order of the blocks
+    static size_t order_size;
+    if (blocks > order_size) {
+        free(order);
+        order_size = blocks;
+        order = (unsigned *)malloc(blocks * sizeof(unsigned));
+        if (!order) cpu_die("out of memory for a launch's block order");
+    }
+    for (size_t i = 0; i < blocks; i++) {
+        size_t j = cpu_random_below((unsigned)(i + 1));
+        order[i] = order[j];
+        order[j] = (unsigned)i;
+    }
+    cpu_block_prepare(kernel, thread, args, grid, block, given);
+    cpu_device_open(kernel);
+    for (size_t i = 0; i < blocks; i++) {
+        dim3 b = { order[i] % grid.x, order[i] / grid.x % grid.y, (unsigned)(order[i] / ((size_t)grid.x * grid.y)) };
+        cpu_block_run(b);
+        if (cuda_on_cpu.sticky_error) break;   // a fault stopped the launch
+    }
+    cpu_device_open(NULL);
+}
 
 // ---- cuBLAS -------------------------------------------------------------------
 
 typedef enum {
-    CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_INVALID_VALUE = 7
+    CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 } cublasMath_t;
@@ -115,7 +600,7 @@ typedef struct { int created; cublasMath_t math; } *cublasHandle_t;
 static inline const char *cublasGetStatusString(cublasStatus_t status) {
     return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS"
          : status == CUBLAS_STATUS_NOT_INITIALIZED ? "CUBLAS_STATUS_NOT_INITIALIZED"
-         : "CUBLAS_STATUS_INVALID_VALUE";
+         : status == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE" : "CUBLAS_STATUS_EXECUTION_FAILED";
 }
 
 static inline cublasStatus_t cublasCreate(cublasHandle_t *handle) {
@@ -139,8 +624,8 @@ static inline int cublas_max1(int a) { return a > 1 ? a : 1; }
 
 // The product of one batch entry; the arguments as cublasSgemm's.
 static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                      float alpha, const float *A, int lda, const float *B, int ldb,
-                      float beta, float *C, int ldc) {
+                             float alpha, const float *A, int lda, const float *B, int ldb,
+                             float beta, float *C, int ldc) {
     for (int j = 0; j < n; j++) {
         for (int i = 0; i < m; i++) {
             float sum = 0;
@@ -157,7 +642,7 @@ static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb,
 
 // What cuBLAS checks before it computes anything.
 static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                      int m, int n, int k, int lda, int ldb, int ldc, int batch_count) {
+                                             int m, int n, int k, int lda, int ldb, int ldc, int batch_count) {
     if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
     if ((transa != CUBLAS_OP_N && transa != CUBLAS_OP_T) || (transb != CUBLAS_OP_N && transb != CUBLAS_OP_T))
         return CUBLAS_STATUS_INVALID_VALUE;
@@ -168,26 +653,55 @@ static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperat
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// A stored operand of `rows` x `cols` (as stored: column-major, leading dimension
+// ld), `count` of them `stride` apart, all inside one allocation.
+static int cpu_operand_fits(const float *X, int rows, int cols, int ld, long long stride, int count, const char *call,
+                            const char *name) {
+    if (rows == 0 || cols == 0 || count == 0) return 1;
+    long long last = (long long)(count - 1) * stride + (long long)(cols - 1) * ld + rows - 1;
+    if (stride >= 0 && cpu_allocation_of(X, ((size_t)last + 1) * sizeof(float))) return 1;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: %s (%d x %d, leading dimension %d, %d of them "
+             "%lld apart) reaches outside its device allocation", call, name, rows, cols, ld, count, stride);
+    return 0;
+}
+
+// One call's checks, its operands' extents, and its products.
+static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t handle, cublasOperation_t transa,
+                                    cublasOperation_t transb, int m, int n, int k, const float *alpha, const float *A,
+                                    int lda, long long stride_a, const float *B, int ldb, long long stride_b,
+                                    const float *beta, float *C, int ldc, long long stride_c, int count) {
+    cublasStatus_t status = cpu_sgemm_check(handle, transa, transb, m, n, k, lda, ldb, ldc, count);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
+    int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
+    if (!cpu_operand_fits(A, k ? a_rows : 0, transa == CUBLAS_OP_N ? k : m, lda, stride_a, count, call, "A") ||
+        !cpu_operand_fits(B, k ? b_rows : 0, transb == CUBLAS_OP_N ? n : k, ldb, stride_b, count, call, "B") ||
+        !cpu_operand_fits(C, m, n, ldc, stride_c, count, call, "C"))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
+    cpu_device_open(call);
+    for (int i = 0; i < count; i++)
+        cpu_sgemm(transa, transb, m, n, k, *alpha, A + i * stride_a, lda, B + i * stride_b, ldb, *beta,
+                  C + i * stride_c, ldc);
+    cpu_device_open(NULL);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 static inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                  int m, int n, int k, const float *alpha, const float *A, int lda,
-                                  const float *B, int ldb, const float *beta, float *C, int ldc) {
-    cublasStatus_t status = cpu_sgemm_check(handle, transa, transb, m, n, k, lda, ldb, ldc, 1);
-    if (status == CUBLAS_STATUS_SUCCESS) cpu_sgemm(transa, transb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
-    return status;
+                                         int m, int n, int k, const float *alpha, const float *A, int lda,
+                                         const float *B, int ldb, const float *beta, float *C, int ldc) {
+    return cpu_gemm_call("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc,
+                         0, 1);
 }
 
 // Entry i multiplies A + i*strideA and B + i*strideB into C + i*strideC.
 static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
-                                                cublasOperation_t transb, int m, int n, int k,
-                                                const float *alpha, const float *A, int lda, long long strideA,
-                                                const float *B, int ldb, long long strideB, const float *beta,
-                                                float *C, int ldc, long long strideC, int batch_count) {
-    cublasStatus_t status = cpu_sgemm_check(handle, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
-    if (status != CUBLAS_STATUS_SUCCESS) return status;
-    for (int i = 0; i < batch_count; i++)
-        cpu_sgemm(transa, transb, m, n, k, *alpha, A + i * strideA, lda, B + i * strideB, ldb, *beta,
-                  C + i * strideC, ldc);
-    return CUBLAS_STATUS_SUCCESS;
+                                                       cublasOperation_t transb, int m, int n, int k,
+                                                       const float *alpha, const float *A, int lda, long long strideA,
+                                                       const float *B, int ldb, long long strideB, const float *beta,
+                                                       float *C, int ldc, long long strideC, int batch_count) {
+    return cpu_gemm_call("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb,
+                         strideB, beta, C, ldc, strideC, batch_count);
 }
 
 #endif // CUDA_ON_CPU_H

@@ -4075,13 +4075,23 @@ static double cublas_model_case(cublasOperation_t ta, cublasOperation_t tb, int 
                 expected[(size_t)e * m * n + i * n + j] = alpha * sum + (beta == 0 ? 0 : (double)beta * c);
             }
     }
+    // on the "GPU": the emulator refuses operands outside device memory
+    float *dA, *dB, *dC;
+    size_t a_bytes = sizeof(float) * stride_a * count, b_bytes = sizeof(float) * stride_b * count;
+    size_t c_bytes = sizeof(float) * stride_c * count;
+    cudaMalloc((void **)&dA, a_bytes); cudaMalloc((void **)&dB, b_bytes); cudaMalloc((void **)&dC, c_bytes);
+    cudaMemcpy(dA, A, a_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B, b_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dC, C, c_bytes, cudaMemcpyHostToDevice);
     cublasHandle_t handle;
     cublasCreate(&handle);
     cublasStatus_t status = count == 1
-        ? cublasSgemm(handle, ta, tb, m, n, k, &alpha, A, lda + lda_error, B, ldb, &beta, C, ldc)
-        : cublasSgemmStridedBatched(handle, ta, tb, m, n, k, &alpha, A, lda + lda_error, stride_a, B, ldb, stride_b,
-                                    &beta, C, ldc, stride_c, count);
+        ? cublasSgemm(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, dB, ldb, &beta, dC, ldc)
+        : cublasSgemmStridedBatched(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, stride_a, dB, ldb, stride_b,
+                                    &beta, dC, ldc, stride_c, count);
     cublasDestroy(handle);
+    cudaMemcpy(C, dC, c_bytes, cudaMemcpyDeviceToHost);
+    cudaFree(dA); cudaFree(dB); cudaFree(dC);
     double worst = status == CUBLAS_STATUS_SUCCESS ? 0 : INFINITY;
     for (int e = 0; e < count; e++)
         for (long long i = 0; i < stride_c; i++) {
@@ -4132,20 +4142,21 @@ static void test_cublas_model(void) {
 
 // The committed PyTorch reference files through the companion's steps: the
 // same tolerances as transformer.c's (reference_tolerances), learned positions included.
-static void test_companion_reference_files(void) {
-    for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++) {
-        Reference r;
-        const char *path = committed_references[i];
-        if (!reference_read(&r, path)) { check(0, "companion reference %s: unreadable", path); reference_free(&r); continue; }
-        printf("-- %s through transformer_cuda.cu\n", path);
-        RefMutation none = { 0 };
-        RefMismatches m = reference_compare(&r, path, 1, &none, transformer_cuda_training());
-        check(m.before_adam == 0 && m.adam == 0,
-              "companion: reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch",
-              path, nonempty_tensors(&r.config), r.adam_steps);
-        reference_free(&r);
-    }
+static void test_companion_reference_file(const char *path) {
+    Reference r;
+    if (!reference_read(&r, path)) { check(0, "companion reference %s: unreadable", path); reference_free(&r); return; }
+    printf("-- %s through transformer_cuda.cu\n", path);
+    RefMutation none = { 0 };
+    RefMismatches m = reference_compare(&r, path, 1, &none, transformer_cuda_training());
+    check(m.before_adam == 0 && m.adam == 0, "companion: reference %s: logits, loss, %d gradients, %d Adam steps "
+          "match PyTorch", path, nonempty_tensors(&r.config), r.adam_steps);
+    reference_free(&r);
     transformer_cuda_release();
+}
+
+static void test_companion_reference_files(void) {
+    for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++)
+        test_companion_reference_file(committed_references[i]);
 }
 
 // transformer.c and the companion side by side for several steps, from the
@@ -4161,22 +4172,31 @@ typedef struct {
     int same_state;                    // the same dropout generator state and Adam step
 } CompanionRun;
 
-static CompanionRun companion_training_run(int positional) {
+// The training runs' model and their ragged batches of three shapes.
+static TransformerConfig companion_config(int positional) {
     TransformerConfig config = small_config();
     config.d_ff = 24; config.vocab_size = 19; config.max_len = 20; config.positional = positional;
+    return config;
+}
+static TestBatch *companion_batches(void) {
+    static TestBatch batches[3];
+    int shapes[3][3] = { { 3, 7, 9 }, { 4, 11, 6 }, { 2, 5, 5 } };
+    int src_len[3][4] = { { 7, 3, 5 }, { 11, 2, 9, 6 }, { 5, 1 } }, tgt_len[3][4] = { { 4, 9, 1 }, { 6, 6, 3, 2 }, { 2, 5 } };
+    Rng rng; rng_seed(&rng, 6);
+    for (int i = 0; i < 3; i++)
+        make_test_batch(&batches[i], shapes[i][0], shapes[i][1], shapes[i][2], src_len[i], tgt_len[i], 19, &rng);
+    return batches;
+}
+
+static CompanionRun companion_training_run(int positional) {
+    TransformerConfig config = companion_config(positional);
     CompanionRun r = { 0, 0, 0, "", 0, 0, 0 };
     Transformer cpu, dev;
     transformer_build(&cpu, &config, 5);
     transformer_build(&dev, &config, 5);
     real *initial = checked_calloc(cpu.num_parameters, sizeof(real), "initial parameters");
     memcpy(initial, cpu.params_memory, cpu.num_parameters * sizeof(real));
-    static TestBatch batches[3];
-    int shapes[3][3] = { { 3, 7, 9 }, { 4, 11, 6 }, { 2, 5, 5 } };
-    int src_len[3][4] = { { 7, 3, 5 }, { 11, 2, 9, 6 }, { 5, 1 } }, tgt_len[3][4] = { { 4, 9, 1 }, { 6, 6, 3, 2 }, { 2, 5 } };
-    Rng rng; rng_seed(&rng, 6);
-    for (int i = 0; i < 3; i++)
-        make_test_batch(&batches[i], shapes[i][0], shapes[i][1], shapes[i][2], src_len[i], tgt_len[i],
-                        config.vocab_size, &rng);
+    TestBatch *batches = companion_batches();
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) r.tensors += cpu.param_sizes[t] > 0;
     transformer_cuda_training()->begin(&dev);
     for (int step = 1; step <= COMPANION_STEPS; step++) {
@@ -4234,9 +4254,9 @@ static void test_companion_training_run(void) {
 #ifndef COMPANION_ON_GPU
     // A fault the comparison must catch: learned positions' backward kernel never launched
     // (cuda_on_cpu.h skips it), so the table gets no gradient and Adam never moves it.
-    cpu_launch_skipped = "position_embedding_backward_kernel";
+    cpu_test_faults.launch_skipped = "position_embedding_backward_kernel";
     CompanionRun r = companion_training_run(POSITIONAL_LEARNED);
-    cpu_launch_skipped = NULL;
+    cpu_test_faults.launch_skipped = NULL;
     check(!(r.grad < COMPANION_TOL_GRADS) && strcmp(r.grad_name, "position_embedding") == 0 &&
           !(r.update < COMPANION_TOL_UPDATES), "companion: position_embedding_backward_kernel not launched is "
           "caught (gradient of %s off by %.2g of its largest, updates by %.2g)", r.grad_name, r.grad, r.update);
@@ -4337,6 +4357,332 @@ static void test_companion_train_command(void) {
     if (system(command) != 0) printf("     (could not remove %s)\n", dir);
 }
 
+#ifndef COMPANION_ON_GPU
+// ============================================================================
+// The emulator (cuda_on_cpu.h) behaves as a GPU where it matters, and the
+// faults a GPU would punish are caught: launches a GPU refuses, threads in
+// another order at each launch, a barrier left out, a shuffle missing a lane,
+// an index past shared memory, host code reading device memory, a cuBLAS
+// operand outside its allocation; then the same faults put into the companion
+// itself, and a racy +=
+// ============================================================================
+
+// The tests' own kernels
+static __global__ void fill_kernel(float *x, float value, size_t n) {
+    size_t i = ELEMENT_INDEX;
+    if (i < n) x[i] = value;
+}
+CPU_KERNEL(fill_kernel, float *, float, size_t)
+
+static void test_emulator_launch_checks(void) {
+    float *x;
+    cudaMalloc((void **)&x, 1024 * sizeof(float));
+    struct { const char *what; unsigned grid, block; size_t shared; cudaError_t expected; } cases[] = {
+        { "a grid of 0 blocks", 0, 32, 0, cudaErrorInvalidConfiguration },
+        { "1025 threads per block", 1, 1025, 0, cudaErrorInvalidConfiguration },
+        { "48 KB + 4 bytes of shared memory without opting in", 1, 32, 49156, cudaErrorInvalidValue },
+        { "1024 threads and 48 KB of shared memory", 4, 1024, 49152, cudaSuccess },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        LAUNCH_KERNEL(fill_kernel, cases[i].grid, cases[i].block, cases[i].shared, x, 1.0f, (size_t)1024);
+        cudaError_t e = cudaGetLastError(), after = cudaGetLastError();
+        check(e == cases[i].expected && after == cudaSuccess, "emulator: a launch with %s: %s (%s), as a GPU; "
+              "cudaGetLastError clears it (%s)", cases[i].what, cudaGetErrorString(e),
+              e ? cuda_on_cpu.message : "launched", cudaGetErrorString(after));
+    }
+    cudaError_t opt_in = cudaFuncSetAttribute(fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
+    LAUNCH_KERNEL(fill_kernel, 1, 32, 65536, x, 1.0f, (size_t)1024);
+    cudaError_t within = cudaGetLastError();
+    LAUNCH_KERNEL(fill_kernel, 1, 32, 65540, x, 1.0f, (size_t)1024);
+    cudaError_t beyond = cudaGetLastError();
+    cudaError_t too_much = cudaFuncSetAttribute(fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232449);
+    check(opt_in == cudaSuccess && within == cudaSuccess && beyond == cudaErrorInvalidValue &&
+          too_much == cudaErrorInvalidValue, "emulator: cudaFuncSetAttribute opts a kernel in to 64 KB of shared "
+          "memory (%s), not 4 bytes more (%s), nor anyone beyond an H100's 227 KB (%s)",
+          cudaGetErrorString(within), cudaGetErrorString(beyond), cudaGetErrorString(too_much));
+    cudaFree(x);
+}
+
+// embedding_backward_kernel as it must not be: the threads of a block share
+// out the token's positions and each adds its share straight into dE (+=,
+// unsynchronised). On a GPU, adds are lost; here, each launch adds in another
+// order and the rounding differs.
+static __global__ void racy_embedding_backward_kernel(float *dembedding, const float *d_dec_x0,
+                                                      const float *d_enc_x0, const int *token_ids,
+                                                      const int *token_first, const int *rows, Dropout dec_drop,
+                                                      Dropout enc_drop, int BT, int C) {
+    int k = blockIdx.x, token = token_ids[k], sharers = (int)blockDim.x / C, i = (int)threadIdx.x % C;
+    int share = (int)threadIdx.x / C;
+    if (share >= sharers) return;
+    float sum = 0;
+    for (int r = token_first[k] + share; r < token_first[k + 1]; r += sharers) {
+        int row = rows[r];
+        size_t at = row < BT ? (size_t)row * C + i : (size_t)(row - BT) * C + i;
+        float g = row < BT ? d_dec_x0[at] * dropout_keep(dec_drop, at) : d_enc_x0[at] * dropout_keep(enc_drop, at);
+        sum += g * sqrtf((float)C);
+    }
+    dembedding[(size_t)token * C + i] += sum;
+}
+CPU_KERNEL(racy_embedding_backward_kernel, float *, const float *, const float *, const int *, const int *,
+           const int *, Dropout, Dropout, int, int)
+
+// The companion's parameters and second moments after 3 training steps on
+// companion_batches, with the thread order drawn from `seed`.
+static real *companion_state_after(uint64_t seed) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    Transformer dev;
+    transformer_build(&dev, &config, 5);
+    TestBatch *batches = companion_batches();
+    cpu_seed(seed);
+    transformer_cuda_training()->begin(&dev);
+    for (int step = 0; step < 3; step++) {
+        dev.training = 1;
+        transformer_cuda_training()->train_step(&dev, &batches[step].batch, 4, 0.5);
+    }
+    transformer_cuda_training()->to_host(&dev);
+    size_t P = dev.num_parameters;
+    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
+    memcpy(state, dev.params_memory, P * sizeof(real));
+    memcpy(state + P, dev.adam_v, P * sizeof(real));
+    transformer_free(&dev);
+    transformer_cuda_release();
+    return state;
+}
+
+// What one training step asks of the "GPU" with L layers and B sentences of
+// 8 + 8 tokens, counted without computing (cuda_on_cpu.execute = 0): the
+// second step's (the first allocates).
+static GpuCounts companion_step_counts(int layers, int B) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    config.n_layers = layers;
+    Transformer dev;
+    transformer_build(&dev, &config, 5);
+    TestBatch batch;
+    int lengths[64];
+    for (int b = 0; b < B; b++) lengths[b] = 8;
+    Rng rng; rng_seed(&rng, 3);
+    make_test_batch(&batch, B, 8, 8, lengths, lengths, config.vocab_size, &rng);
+    cuda_on_cpu.execute = 0;
+    transformer_cuda_training()->begin(&dev);
+    for (int step = 0; step < 2; step++) transformer_cuda_training()->train_step(&dev, &batch.batch, 4, 0.5);
+    GpuCounts counts = gpu.step_counts;
+    transformer_cuda_release();
+    cuda_on_cpu.execute = 1;
+    transformer_free(&dev);
+    return counts;
+}
+
+static void test_companion_counts(void) {
+    GpuCounts base[2] = { companion_step_counts(6, 4), companion_step_counts(6, 40) };
+    GpuCounts tiny = companion_step_counts(2, 40);
+    long base_calls = base[0].launches + base[0].gemms, tiny_calls = tiny.launches + tiny.gemms;
+    check(base_calls <= 600 && base[1].launches == base[0].launches && base[1].gemms == base[0].gemms &&
+          base[0].allocations == 0 && base[1].allocations == 0 && base[0].memsets == 0,
+          "companion: a 6-layer training step is %ld kernel launches and %ld cuBLAS calls (at most 600 in all), "
+          "the same for 4 and 40 sentences, no allocation and no memset after the first step",
+          base[0].launches, base[0].gemms);
+    check(tiny_calls <= 250, "companion: a 2-layer training step is %ld launches and cuBLAS calls (at most 250)",
+          tiny_calls);
+}
+#ifndef CUDA_ON_CPU_THREADS   // the fibers of make test only: faults caught, thread orders drawn
+// Each thread writes down its place in the block's order; it never waits, so
+// it runs whole, and the order is the one the emulator drew.
+static __global__ void thread_order_kernel(int *order, int *next) { order[(*next)++] = (int)threadIdx.x; }
+CPU_KERNEL(thread_order_kernel, int *, int *)
+
+// block_sum (shuffles, then a barrier and shared memory) of x[0..n), one block
+static __global__ void block_total_kernel(float *total, const float *x, int n) {
+    SHARED_FLOATS(shared);
+    float v = block_sum((int)threadIdx.x < n ? x[threadIdx.x] : 0.0f, shared);
+    if (threadIdx.x == 0) *total = v;
+}
+CPU_KERNEL(block_total_kernel, float *, const float *, int)
+
+// Half of each warp returns before a shuffle that names every lane.
+static __global__ void half_warp_shuffle_kernel(float *x) {
+    if (threadIdx.x % WARP >= WARP / 2) return;
+    x[threadIdx.x] = __shfl_xor_sync(FULL_WARP, 1.0f, 1);
+}
+CPU_KERNEL(half_warp_shuffle_kernel, float *)
+
+// What cpu_catches_fault runs
+static float *emulator_device_floats;
+static void read_device_memory(void *unused) {
+    (void)unused;
+    volatile float v = *emulator_device_floats;   // host code reading device memory, as `loss = *gpu.loss` would
+    (void)v;
+}
+static void launch_block_total_short(void *unused) {
+    (void)unused;
+    cpu_test_faults.shared_memory_short = "block_total_kernel";
+    LAUNCH_KERNEL(block_total_kernel, 1, 128, 4 * sizeof(float), emulator_device_floats, emulator_device_floats, 128);
+}
+static void launch_half_warp_shuffle(void *unused) {
+    (void)unused;
+    LAUNCH_KERNEL(half_warp_shuffle_kernel, 1, 64, 0, emulator_device_floats);
+}
+
+static void test_emulator_threads(void) {
+    int *order, *next, zero = 0, seen[2][128];
+    cudaMalloc((void **)&order, sizeof seen[0]);
+    cudaMalloc((void **)&next, sizeof(int));
+    for (int launch = 0; launch < 2; launch++) {
+        cudaMemcpy(next, &zero, sizeof(int), cudaMemcpyHostToDevice);
+        LAUNCH_KERNEL(thread_order_kernel, 1, 128, 0, order, next);
+        cudaMemcpy(seen[launch], order, sizeof seen[launch], cudaMemcpyDeviceToHost);
+    }
+    int in_order = 1, same = 1, all[128] = { 0 }, permutation = 1;
+    for (int i = 0; i < 128; i++) {
+        in_order &= seen[0][i] == i;
+        same &= seen[0][i] == seen[1][i];
+        if (seen[0][i] >= 0 && seen[0][i] < 128) all[seen[0][i]]++;
+    }
+    for (int i = 0; i < 128; i++) permutation &= all[i] == 1;
+    check(permutation && !in_order && !same, "emulator: a block's 128 threads each ran once, in a random order "
+          "(first %d %d %d ...) and in another at the next launch (%d %d %d ...)", seen[0][0], seen[0][1],
+          seen[0][2], seen[1][0], seen[1][1], seen[1][2]);
+    cudaFree(order); cudaFree(next);
+
+    float host[128], total[2], *x;
+    double expected = 0;
+    for (int i = 0; i < 128; i++) { host[i] = (float)(i % 9) - 3.5f; expected += host[i]; }
+    cudaMalloc((void **)&x, sizeof host + sizeof(float));
+    cudaMemcpy(x, host, sizeof host, cudaMemcpyHostToDevice);
+    for (int barriers = 1; barriers >= 0; barriers--) {
+        cpu_test_faults.barriers_skipped = barriers ? NULL : "block_total_kernel";
+        LAUNCH_KERNEL(block_total_kernel, 1, 128, 4 * sizeof(float), x + 128, x, 128);
+        cudaMemcpy(&total[barriers], x + 128, sizeof(float), cudaMemcpyDeviceToHost);
+    }
+    cpu_test_faults.barriers_skipped = NULL;
+    check(total[1] == (float)expected && !(total[0] == (float)expected), "emulator: a block's sum through shuffles, "
+          "shared memory and __syncthreads is right (%g, expected %g); with its barriers left out the warps read "
+          "shared memory before it is written: %g", total[1], expected, total[0]);
+    cudaFree(x);
+}
+
+// What a GPU punishes, caught: host code reading device memory, an index past
+// shared memory, a shuffle missing lanes, a cuBLAS operand past its allocation
+static void test_emulator_faults(void) {
+    float *x;
+    cudaMalloc((void **)&x, 129 * sizeof(float));
+    emulator_device_floats = x;
+    int caught = cpu_catches_fault(read_device_memory, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "host code read"), "emulator: host code reading device memory is "
+          "caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    caught = cpu_catches_fault(launch_block_total_short, NULL);
+    cpu_test_faults.shared_memory_short = NULL;
+    check(caught && strstr(cuda_on_cpu.message, "shared memory index out of bounds"), "emulator: an index past a "
+          "block's shared memory (given 16 bytes less than the kernel uses) is caught (%s)",
+          caught ? cuda_on_cpu.message : "not caught");
+    caught = cpu_catches_fault(launch_half_warp_shuffle, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "returned"), "emulator: a shuffle whose warp has lost half its "
+          "lanes is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    float one = 1, nothing = 0;
+    cublasStatus_t beyond = cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, x, 8, x + 72, 8, &nothing,
+                                        x, 8);   // B's 64 floats start 57 before the end of x's 129
+    cublasDestroy(handle);
+    check(beyond == CUBLAS_STATUS_EXECUTION_FAILED && strstr(cuda_on_cpu.message, "outside"), "emulator: a cuBLAS "
+          "operand that reaches past its allocation is refused (%s)", cuda_on_cpu.message);
+    cudaFree(x);
+}
+
+// ---- the companion with a fault put in ------------------------------------------
+
+typedef struct { Transformer *model; Batch *batch; real loss; } CompanionStep;
+static void companion_step(void *step) {
+    CompanionStep *s = (CompanionStep *)step;
+    s->loss = transformer_cuda_training()->train_step(s->model, s->batch, 4, 0.5);
+}
+
+// One training step of transformer.c and of the companion from the same
+// weights (companion_config, its first batch): the worst difference of the
+// loss and of every gradient tensor, relative to their largest; infinity when
+// the emulator caught a fault (cuda_on_cpu.message says which).
+static double companion_step_difference(int *faulted) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    Transformer cpu, dev;
+    transformer_build(&cpu, &config, 5);
+    transformer_build(&dev, &config, 5);
+    cpu.training = dev.training = 1;
+    Batch *batch = &companion_batches()[0].batch;
+    real loss = transformer_train_step(&cpu, batch, 4, 0.5);
+    transformer_cuda_training()->begin(&dev);
+    CompanionStep step = { &dev, batch, 0 };
+    *faulted = cpu_catches_fault(companion_step, &step);
+    double worst = INFINITY;
+    if (!*faulted) {
+        transformer_cuda_training()->to_host(&dev);
+        worst = fabs((double)step.loss - loss) / fabs((double)loss);
+        if (!(worst <= INFINITY)) worst = INFINITY;
+        real **grads[2][NUM_PARAMETER_TENSORS];
+        parameter_pointers(grads[0], &cpu.grads);
+        parameter_pointers(grads[1], &dev.grads);
+        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
+            worst = fmax(worst, scaled_difference(*grads[1][t], *grads[0][t], cpu.param_sizes[t], NULL));
+    }
+    transformer_free(&cpu);
+    transformer_free(&dev);
+    transformer_cuda_release();
+    return worst;
+}
+
+// The kernels that wait at __syncthreads, and those with shared memory
+static const char *const companion_cooperative_kernels[] = {
+    "layernorm_params_backward_kernel", "rows_from_heads_bias_backward_kernel", "relu_bias_backward_kernel",
+    "cross_entropy_kernel", "mean_loss_kernel",
+};
+
+static void test_companion_faults(void) {
+    int faulted;
+    double clean = companion_step_difference(&faulted);
+    check(!faulted && clean < COMPANION_TOL_GRADS, "companion: one training step as transformer.c's (loss and all "
+          "gradients within %.1e of their largest; tolerance %.0e)", clean, COMPANION_TOL_GRADS);
+    size_t n = sizeof companion_cooperative_kernels / sizeof *companion_cooperative_kernels;
+    for (size_t k = 0; k < n; k++) {
+        cpu_test_faults.barriers_skipped = companion_cooperative_kernels[k];
+        double missing_barrier = companion_step_difference(&faulted);
+        cpu_test_faults.barriers_skipped = NULL;
+        check(!(missing_barrier < COMPANION_TOL_GRADS), "companion: %s without its __syncthreads is caught (%s %.2g)",
+              companion_cooperative_kernels[k], faulted ? "a fault:" : "the step is off by",
+              faulted ? 0.0 : missing_barrier);
+        cpu_test_faults.shared_memory_short = companion_cooperative_kernels[k];
+        companion_step_difference(&faulted);
+        cpu_test_faults.shared_memory_short = NULL;
+        check(faulted && strstr(cuda_on_cpu.message, "out of bounds"), "companion: %s indexing past its shared memory "
+              "(given 16 bytes less than it uses) is caught (%s)", companion_cooperative_kernels[k],
+              faulted ? cuda_on_cpu.message : "not caught");
+    }
+}
+
+static void test_companion_deterministic(void) {
+    size_t bytes = 2 * sizeof(real);
+    {
+        Transformer probe;
+        TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+        transformer_build(&probe, &config, 5);
+        bytes *= probe.num_parameters;
+        transformer_free(&probe);
+    }
+    real *first = companion_state_after(1), *second = companion_state_after(2);
+    check(memcmp(first, second, bytes) == 0, "companion: 3 training steps with the threads in two other random "
+          "orders end with the same parameters and moments, bit for bit");
+    cpu_test_faults.launch_replaced = "embedding_backward_kernel";
+    cpu_test_faults.replacement = racy_embedding_backward_kernel_cpu_thread;
+    real *racy[2] = { companion_state_after(1), companion_state_after(2) };
+    cpu_test_faults.launch_replaced = NULL;
+    size_t differing = 0;
+    for (size_t i = 0; i < bytes / sizeof(real); i++) differing += memcmp(&racy[0][i], &racy[1][i], sizeof(real)) != 0;
+    check(differing > 0, "companion: a racy += in the embedding's gradient is caught: two thread orders end with "
+          "%zu of %zu numbers different", differing, bytes / sizeof(real));
+    cpu_seed(1);
+    free(first); free(second); free(racy[0]); free(racy[1]);
+}
+
+#endif
+#endif
+
 static void run_companion_tests(void) {
 #ifdef COMPANION_ON_GPU
     printf("-- the CUDA companion on the GPU (transformer_cuda.cu built by nvcc; tolerances: losses %g, "
@@ -4345,10 +4691,22 @@ static void run_companion_tests(void) {
     printf("-- the CUDA companion on the CPU (transformer_cuda.cu with cuda_on_cpu.h; tolerances: losses %g, "
            "gradients %g, updates %g of the largest)\n", COMPANION_TOL_LOSS, COMPANION_TOL_GRADS, COMPANION_TOL_UPDATES);
     test_cublas_model();
+    test_emulator_launch_checks();
+#ifndef CUDA_ON_CPU_THREADS   // faults caught and thread orders drawn: the fibers' (make test-threads has threads)
+    test_emulator_threads();
+    test_emulator_faults();
+#endif
 #endif
     set_threads(1);   // transformer.c's side on one thread: these models are tiny, and the machine may be busy
     test_companion_reference_files();
     test_companion_training_run();
+#ifndef COMPANION_ON_GPU
+#ifndef CUDA_ON_CPU_THREADS
+    test_companion_faults();
+    test_companion_deterministic();
+#endif
+    test_companion_counts();
+#endif
     test_companion_train_command();
 }
 #endif // TRANSFORMER_DOUBLE

@@ -23,8 +23,9 @@
  */
 #ifdef TRANSFORMER_NO_MAIN
 #define TRANSFORMER_LAB_NO_MAIN   // a program that includes this file has its own main
-#endif
+#else
 #define TRANSFORMER_NO_MAIN       // transformer.c's main is transformer_main; the lab's is below
+#endif
 #include "transformer.c"
 
 // Pictures as SVG files. Each writer returns 0 on success; on failure it
