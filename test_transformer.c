@@ -1644,6 +1644,86 @@ static double bleu_of_text(const char *const pairs[][2], int n, double precision
     return bleu_score(&stats, precisions, bp);
 }
 
+// White space is the set Python's str.split() splits at (sacreBLEU's
+// tokenize='none'), as UTF-8: each of its 29 characters between "a" and "b"
+// makes two words; look-alikes that are not white space (zero-width space
+// U+200B, U+180E, the byte-order mark U+FEFF) and the bytes 0x85 and 0xA0
+// alone (Latin-1's next line and no-break space, not UTF-8) make one.
+static void test_bleu_white_space(void) {
+    static const char *const white[] = {
+        "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80",
+        "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
+        "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+        "\xe2\x81\x9f", "\xe3\x80\x80",
+    };
+    static const char *const not_white[] = { "\xe2\x80\x8b", "\xe1\xa0\x8e", "\xef\xbb\xbf", "\x85", "\xa0", "\xe3\x80" };
+    int n_white = (int)(sizeof white / sizeof *white), n_not = (int)(sizeof not_white / sizeof *not_white);
+    int splits = 0, joins = 0;
+    char text[32];
+    for (int i = 0; i < n_white + n_not; i++) {
+        snprintf(text, sizeof text, "a%sb", i < n_white ? white[i] : not_white[i - n_white]);
+        BleuStats stats;
+        bleu_reset(&stats);
+        bleu_add_sentence_text(&stats, text, "a b");
+        if (i < n_white) splits += stats.candidate_length == 2 && stats.matches[1] == 1;
+        else joins += stats.candidate_length == 1 && stats.matches[0] == 0;
+    }
+    check(splits == n_white && joins == n_not, "BLEU: each of the %d white-space characters of Python's str.split() "
+          "separates two words (%d did), and %d look-alikes do not (%d)", n_white, splits, n_not, joins);
+    // A sentence written with U+3000 (ideographic space) and U+00A0 (no-break
+    // space) scores as its twin with ASCII spaces. By hand: the first pair is
+    // 6 equal words (6/6 5/5 4/4 3/3); the second "a b c d e" against
+    // "a b c d f" matches 4/5 3/4 2/3 1/2; c = r = 11, BP = 1, so
+    // BLEU = 100 (10/11 8/9 6/7 4/5)^(1/4).
+    const char *const unicode[][2] = {
+        { "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat", "the cat\xc2\xa0sat on the mat" },
+        { "\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80", "a b c d f" },
+    };
+    const char *const ascii[][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" } };
+    double p[4], bp, by_hand = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
+    double bleu = bleu_of_text(unicode, 2, p, &bp), twin = bleu_of_text(ascii, 2, NULL, NULL);
+    check(bleu == twin && near(bleu, by_hand, 1e-9) && near(p[0], 10.0 / 11, 1e-15) && near(p[3], 4.0 / 5, 1e-15) &&
+          bp == 1, "BLEU: text with U+00A0 and U+3000 scores %.10f, as its ASCII twin (%.10f) and as by hand (%.10f)",
+          bleu, twin, by_hand);
+}
+
+// Counting is linear in a line's length (a hash table, as sacreBLEU's
+// Counter): one line of 40,000 tokens, the hypothesis its reference with every
+// 7th word changed. By hand, per order n the hypothesis has 40001 - n n-grams;
+// an n-gram misses when it covers a changed word (positions 6, 13, ...: every
+// 7th), i.e. n of each 7 starting positions, so about (7 - n)/7 match. With
+// 1000 distinct words cycling, each n-gram's count is the same on both sides
+// or higher in the reference, so clipping never bites. It took 4.8 s when
+// every n-gram was compared with every other; the bound is 1 s of processor
+// time (not wall time: another program on the machine does not count).
+static void test_bleu_long_line(void) {
+    enum { TOKENS = 40000 };
+    char *hyp = checked_calloc(TOKENS * 8, 1, "test"), *ref = checked_calloc(TOKENS * 8, 1, "test");
+    size_t h = 0, r = 0;
+    for (int i = 0; i < TOKENS; i++) {
+        h += (size_t)sprintf(hyp + h, i % 7 == 6 ? "x%d " : "w%d ", i % 1000);
+        r += (size_t)sprintf(ref + r, "w%d ", i % 1000);
+    }
+    clock_t start = clock();
+    BleuStats stats;
+    bleu_reset(&stats);
+    bleu_add_sentence_text(&stats, hyp, ref);
+    double seconds = (double)(clock() - start) / CLOCKS_PER_SEC;
+    int counts_right = 1;
+    for (int n = 1; n <= 4; n++) {
+        long long total = TOKENS - n + 1, missing = 0;
+        for (int i = 0; i + n <= TOKENS; i++) {
+            int covers_changed = 0;
+            for (int k = i; k < i + n; k++) covers_changed |= k % 7 == 6;
+            missing += covers_changed;
+        }
+        counts_right &= stats.totals[n - 1] == total && stats.matches[n - 1] == total - missing;
+    }
+    check(counts_right && seconds < 1.0, "BLEU: one line of %d tokens in %.3f s (bound 1 s), its n-gram counts as by hand",
+          TOKENS, seconds);
+    free(hyp); free(ref);
+}
+
 static void test_bleu(void) {
     double p[4], bp, bleu;
     // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
@@ -1719,6 +1799,8 @@ static void test_bleu(void) {
     bleu = bleu_of_text(spaces, 1, p, &bp);
     check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
           "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+    test_bleu_white_space();
+    test_bleu_long_line();
 }
 
 // ============================================================================
@@ -2252,6 +2334,17 @@ static void test_tsv_reading(void) {
     }
     e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
     check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
+    // white space is Python's str.split()'s in data too: U+3000, U+00A0 and U+2003 separate tokens,
+    // and a line of U+3000 alone is blank
+    Vocabulary words;
+    vocab_init(&words);
+    write_text(test_path("unicode_spaces.tsv"), "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
+    e = dataset_read_tsv(&d, &words, test_path("unicode_spaces.tsv"), 1);
+    check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 && words.size == NUM_SPECIAL_TOKENS + 3,
+          "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank (%s)",
+          e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&words);
     // unknown tokens with a fixed vocabulary become <unk>
     write_text(test_path("unknown.tsv"), "a zz\tb\n");
     int size = v.size;
@@ -3097,6 +3190,16 @@ static void test_bleu_command(void) {
     check_cli_error("bleu of files of different lengths", "short.txt ends after 1 line but", "bleu %s %s",
                     test_path("short.txt"), ref);
     check_cli_error("bleu of one file", "bleu: expected two files", "bleu %s", hyp);
+    // U+00A0 and U+3000 separate words as sacreBLEU's tokenize='none' (Python's str.split()) separates them:
+    // the corpus of test_bleu_white_space, whose BLEU by hand is 100 (10/11 8/9 6/7 4/5)^(1/4) = 86.28
+    write_text(hyp, "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat\n\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80"
+                    "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80\n");
+    write_text(ref, "the cat\xc2\xa0sat on the mat\na b c d f\n");
+    want = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
+    status = run_cli("bleu %s %s", hyp, ref);
+    got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "output/reference length 11/11"),
+          "cli: bleu of text with U+00A0 and U+3000 prints %.2f, as by hand (%.4f) and as sacreBLEU", got, want);
     check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open", "bleu /nonexistent/h.txt %s", ref);
 }
 
@@ -3370,6 +3473,14 @@ static void test_bpe_command_line(void) {
     status = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_bom.txt"));
     check(status == 0 && strcmp(cli_output, as_argument) == 0,
           "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order mark, \\r\\n dropped)");
+    free(as_argument);
+    // white space beyond ASCII separates words at decode time too
+    status = run_cli("bpe --checkpoint %s 'zwei vier'", ckpt);
+    as_argument = strdup(cli_output);
+    write_text(test_path("bpe_ideographic.txt"), "zwei\xe3\x80\x80vier\xc2\xa0\n");
+    int ideographic = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_ideographic.txt"));
+    check(status == 0 && ideographic == 0 && strcmp(cli_output, as_argument) == 0,
+          "cli: bpe cuts 'zwei<U+3000>vier<U+00A0>' as 'zwei vier': %s", cli_output);
     free(as_argument);
     check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
     check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",

@@ -591,12 +591,11 @@ static void training_log_free(TrainingLog *log) {
 // Parses the whole of text (after trimming blanks) as a number; 1 on success.
 static int parse_number(const char *text, double *value) {
     char *end;
-    while (is_blank(*text)) text++;
+    text = skip_white_space(text);
     if (!*text) return 0;
     errno = 0;
     *value = strtod(text, &end);
-    while (is_blank(*end)) end++;
-    return *end == '\0' && errno != ERANGE;
+    return *skip_white_space(end) == '\0' && errno != ERANGE;
 }
 
 // Splits a line at commas in place; returns the number of fields (fills at most max).
@@ -613,12 +612,14 @@ static int split_commas(char *line, char **fields, int max) {
     }
 }
 
+// text without white space at either end, cut to size - 1 bytes, into out
 static void trim_copy(char *out, size_t size, const char *text) {
-    while (is_blank(*text)) text++;
-    size_t n = strlen(text);
-    while (n > 0 && is_blank(text[n - 1])) n--;
+    const char *start = skip_white_space(text), *end = start;
+    size_t length;
+    for (const char *p = start; (p = next_token(p, &length)) != NULL; p += length) end = p + length;
+    size_t n = (size_t)(end - start);
     if (n >= size) n = size - 1;
-    memcpy(out, text, n);
+    memcpy(out, start, n);
     out[n] = '\0';
 }
 
@@ -655,8 +656,7 @@ static int training_log_read(TrainingLog *log, const char *path, char *error, si
     while (ok && getline(&line, &line_capacity, f) != -1) {
         line_number++;
         line[strcspn(line, "\r\n")] = '\0';
-        const char *first = line;
-        while (is_blank(*first)) first++;
+        const char *first = skip_white_space(line);
         if (*first == '\0' || *first == '#') continue;
         char *fields[TRAINING_LOG_FIELDS];
         int n = split_commas(line, fields, TRAINING_LOG_FIELDS);
