@@ -2334,6 +2334,9 @@ static void test_tsv_reading(void) {
     }
     e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
     check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
+    e = dataset_read_tsv(&d, &v, test_dir, 1);
+    check(e && strstr(e, ": is a directory; expected a text file"), "data: a directory is refused as one (%s)",
+          e ? e : "accepted");
     // white space is Python's str.split()'s in data too: U+3000, U+00A0 and U+2003 separate tokens,
     // and a line of U+3000 alone is blank
     Vocabulary words;
@@ -3132,6 +3135,9 @@ static void test_odd_data_and_decode_streams(const char *ckpt) {
     check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
           "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line for each, decodes "
           "lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)", status, lines_out, errors);
+    // a read that fails is not the end of the stream (it ended it, exit 0)
+    check_cli_error("decode of a directory on stdin", "decode: stdin: read error after 0 lines: Is a directory",
+                    "decode --checkpoint %s < /tmp", ckpt);
 }
 
 static void test_command_names_and_labels(void) {
@@ -3201,6 +3207,23 @@ static void test_bleu_command(void) {
     check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "output/reference length 11/11"),
           "cli: bleu of text with U+00A0 and U+3000 prints %.2f, as by hand (%.4f) and as sacreBLEU", got, want);
     check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open", "bleu /nonexistent/h.txt %s", ref);
+    // a directory is named as one (it read as a file of 0 lines); a read that fails is not the end of a file
+    check_cli_error("bleu of a directory", "bleu: /tmp: is a directory; expected a text file", "bleu /tmp %s", ref);
+    check_cli_error("bleu against a directory", "bleu: /tmp: is a directory", "bleu %s /tmp", hyp);
+    if (access("/proc/self/mem", R_OK) == 0)
+        check_cli_error("bleu of a file whose reading fails", "bleu: /proc/self/mem: read error after 0 lines",
+                        "bleu /proc/self/mem %s", ref);
+    // text that is not UTF-8 is refused with its file and line, as sacreBLEU refuses it: Latin-1, a binary file
+    write_text(test_path("latin1.txt"), "the cat\ncaf\xe9 au lait\n");
+    write_text(test_path("two.txt"), "the cat\ncafe au lait\n");
+    check_cli_error("bleu of Latin-1 text", "latin1.txt:2: byte 4 of the line, 0xe9, is not UTF-8; expected UTF-8 text",
+                    "bleu %s %s", test_path("two.txt"), test_path("latin1.txt"));
+    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\x00>\x00", 12);
+    check_cli_error("bleu of a binary file", "binary.txt:2: a zero byte; expected text", "bleu %s %s",
+                    test_path("binary.txt"), test_path("two.txt"));
+    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\xc0>\x80", 12);
+    check_cli_error("bleu of a binary file without zero bytes", "binary.txt:2: byte 2 of the line, 0xc0, is not UTF-8",
+                    "bleu %s %s", test_path("binary.txt"), test_path("two.txt"));
 }
 
 static void test_evaluation_commands(void) {
@@ -3482,6 +3505,8 @@ static void test_bpe_command_line(void) {
     check(status == 0 && ideographic == 0 && strcmp(cli_output, as_argument) == 0,
           "cli: bpe cuts 'zwei<U+3000>vier<U+00A0>' as 'zwei vier': %s", cli_output);
     free(as_argument);
+    check_cli_error("bpe of a directory on stdin", "bpe: stdin: read error after 0 lines: Is a directory",
+                    "bpe --checkpoint %s < /tmp", ckpt);
     check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
     check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",
                     test_path("tsv.ckpt"));

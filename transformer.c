@@ -3215,18 +3215,33 @@ static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     return strlen(*line) == (size_t)length ? 1 : -1;
 }
 
+// Opens a text file to read, or sets *error: fopen opens a directory too,
+// and its first read fails, which a loop reading lines would take for the
+// end of an empty file.
+static FILE *open_text_file(const char *path, const char **error) {
+    FILE *f = fopen(path, "r");
+    struct stat st;
+    if (!f) *error = errorf("%s: cannot open: %s", path, strerror(errno));
+    else if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        f = NULL;
+        *error = errorf("%s: is a directory; expected a text file", path);
+    }
+    return f;
+}
+
 // Reads `source<TAB>target` lines, tokens separated by white space (above),
 // into d. Blank lines (white space only, no tab) are skipped; a line ending in
 // \r\n is read as ending in \n. grow: the
 // vocabulary takes every new token (training data); otherwise unknown tokens
 // become <unk> with a warning.
 static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
-    FILE *f = fopen(path, "r");
-    if (!f) return errorf("%s: cannot open: %s", path, strerror(errno));
+    const char *error = NULL;
+    FILE *f = open_text_file(path, &error);
+    if (!f) return error;
     char *line = NULL;
     size_t line_capacity = 0, src_capacity = 0, tgt_capacity = 0;
     int *src = NULL, *tgt = NULL, line_no = 0, got;
-    const char *error = NULL;
     TextSource from = { "", 0, 0, NULL };
     while (!error && (got = read_text_line(f, &line, &line_capacity, line_no + 1)) != 0) {
         snprintf(from.where, sizeof from.where, "%s:%d", path, ++line_no);
@@ -3953,7 +3968,11 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
 
 // The vocabulary section: for each id a u32 length and the token's bytes; the
 // four special tokens first, no repeats, no spaces, lengths adding up to the
-// section's size in the header. v starts as vocab_init leaves it.
+// section's size in the header. v starts as vocab_init leaves it. "Spaces"
+// here are ASCII's (isspace), not all of the white space that separates
+// tokens: a model trained before white space was Unicode's may hold tokens
+// with a U+00A0 or a U+3000 inside; it still loads, and text no longer
+// splits into such tokens. The merges section is read the same way.
 static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *vocab, const CheckpointHeader *h, const char *path) {
     uint64_t used = 0;
     for (int i = 0; i < h->config.vocab_size; i++) {
@@ -5049,12 +5068,14 @@ static int command_decode(int argc, char **argv) {
         if (num_sentences == 0) {
             char *line = NULL;
             size_t capacity = 0;
-            int got;
-            for (int line_no = 1; (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
+            int got, line_no;
+            for (line_no = 1; (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
                 snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
                 const char *read_error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL;
                 refused += decode_or_report(&model, &vocab, line, &from, beam, alpha, read_error);
             }
+            // a read that failed (stdin a directory, say) is not the end of the input
+            if (ferror(stdin)) error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
             free(line);
         }
         transformer_free(&model);

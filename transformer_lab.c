@@ -938,12 +938,30 @@ static void print_subwords(FILE *f, const Vocabulary *vocab, const int *ids, int
 
 // ---- bleu -------------------------------------------------------------------------
 
+// The offset in bytes (from 1) of the first byte of text that does not
+// begin a valid UTF-8 sequence (utf8_sequence_length), or 0 when all of it is UTF-8.
+static size_t first_byte_not_utf8(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; s[i]; ) {
+        int n = utf8_sequence_length(s + i);
+        if (n == 0) return i + 1;
+        i += (size_t)n;
+    }
+    return 0;
+}
+
 // Corpus BLEU of a hypothesis file against a reference file, line by line,
 // exactly as eval --bleu scores decoded outputs: tokens split at white space.
+// The files are read as sacreBLEU reads them, UTF-8 text split into lines at
+// \n only, and a line that is not UTF-8 (Latin-1 text, a binary file) is
+// refused as sacreBLEU refuses it, naming the file and line: scoring its
+// bytes would split words where sacreBLEU does not, or not at all. (Two
+// differences, both about what is not text: a \r before the \n and a
+// byte-order mark at the start of a file are dropped, where sacreBLEU keeps
+// the mark as part of the first word.)
 static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char *ref_path, int *lines) {
-    FILE *hyp = fopen(hyp_path, "r"), *ref = fopen(ref_path, "r");
-    const char *error = !hyp ? errorf("%s: cannot open: %s", hyp_path, strerror(errno))
-                      : !ref ? errorf("%s: cannot open: %s", ref_path, strerror(errno)) : NULL;
+    const char *error = NULL;
+    FILE *hyp = open_text_file(hyp_path, &error), *ref = hyp ? open_text_file(ref_path, &error) : NULL;
     char *hyp_line = NULL, *ref_line = NULL;
     size_t hyp_capacity = 0, ref_capacity = 0;
     bleu_reset(stats);
@@ -951,6 +969,11 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
     while (!error) {
         int h = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
         int r = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
+        if ((!h && ferror(hyp)) || (!r && ferror(ref))) { // not the end: a read that failed
+            error = errorf("%s: read error after %d lines: %s", !h && ferror(hyp) ? hyp_path : ref_path, *lines,
+                           strerror(errno));
+            break;
+        }
         if (!h && !r) break;
         ++*lines;
         if (!h || !r)
@@ -959,11 +982,16 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
                            h ? hyp_path : ref_path);
         else if (h < 0 || r < 0)
             error = errorf("%s:%d: a zero byte; expected text", h < 0 ? hyp_path : ref_path, *lines);
-        else bleu_add_sentence_text(stats, hyp_line, ref_line);
+        else {
+            size_t hyp_bad = first_byte_not_utf8(hyp_line), ref_bad = hyp_bad ? 0 : first_byte_not_utf8(ref_line);
+            if (hyp_bad || ref_bad)
+                error = errorf("%s:%d: byte %zu of the line, 0x%02x, is not UTF-8; expected UTF-8 text, as sacreBLEU "
+                               "reads it", hyp_bad ? hyp_path : ref_path, *lines, hyp_bad ? hyp_bad : ref_bad,
+                               (unsigned char)(hyp_bad ? hyp_line[hyp_bad - 1] : ref_line[ref_bad - 1]));
+            else bleu_add_sentence_text(stats, hyp_line, ref_line);
+        }
     }
     if (!error && *lines == 0) error = errorf("%s: no lines; expected one sentence a line", hyp_path);
-    if (!error && (ferror(hyp) || ferror(ref))) error = errorf("%s: read error: %s", ferror(hyp) ? hyp_path : ref_path,
-                                                             strerror(errno));
     free(hyp_line); free(ref_line);
     if (hyp) fclose(hyp);
     if (ref) fclose(ref);
@@ -973,9 +1001,10 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
 static int command_bleu(int argc, char **argv) {
     const char *usage =
         "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt\n"
-        "Corpus BLEU-4 of any system's output (section 7 of NOTES.md): one sentence a line in each file,\n"
-        "line i of the first scored against line i of the second, tokens split at white space, one\n"
-        "reference each, no smoothing, no lower-casing: what eval --bleu prints for decoded outputs.";
+        "Corpus BLEU-4 of any system's output (section 7 of NOTES.md): one sentence a line in each file\n"
+        "(UTF-8 text), line i of the first scored against line i of the second, tokens split at white\n"
+        "space as Python's str.split() splits, one reference each, no smoothing, no lower-casing: what\n"
+        "eval --bleu prints for decoded outputs, and sacreBLEU's tokenize='none', smooth_method='none'.";
     char **paths = checked_calloc(argc, sizeof(char *), "arguments");
     int n = 0, lines = 0;
     int status = parse_options("bleu", usage, NULL, 0, argc, argv, paths, &n);
@@ -1175,10 +1204,13 @@ static int command_bpe(int argc, char **argv) {
     if (!error && checkpoint && num_sentences == 0) {
         char *line = NULL;
         size_t capacity = 0;
-        for (int line_no = 1, got; !error && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
+        int line_no, got;
+        for (line_no = 1; !error && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
             snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
             error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : print_sentence_subwords(&vocab, line, &from);
         }
+        // a read that failed (stdin a directory, say) is not the end of the input
+        if (!error && ferror(stdin)) error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
         free(line);
     }
     if (error) fprintf(stderr, "error: bpe: %s\n", error);
