@@ -3393,6 +3393,77 @@ static void test_bpe_numbers_data(void) {
     vocab_free(&v);
 }
 
+// How many of the space-separated tokens of text are a special token's text.
+static int special_tokens_in(const char *text) {
+    int n = 0;
+    char *copy = strdup(text), *saved = NULL;
+    for (char *t = strtok_r(copy, " \n", &saved); t; t = strtok_r(NULL, " \n", &saved))
+        for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) n += strcmp(t, special_tokens[i]) == 0;
+    free(copy);
+    return n;
+}
+
+// §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
+// "<pad>e", "x<pad>", "<unk>f" (every pair inside them occurring twice) learn
+// no merge that makes "<s>", "</s>", "<pad>" or "<unk>", and read as
+// training data their subwords hold no special token's id: "<s>a" was cut
+// into "<s>" (the id of <s>, a start-of-sentence marker inside a sentence)
+// and "a</w>". A checkpoint whose merges make "<s>" is refused.
+static void test_bpe_never_makes_special_tokens(void) {
+    const char *path = test_path("bpe_special.tsv");
+    const char *text = "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n";
+    write_text(path, text);
+    Vocabulary v;
+    vocab_init(&v);
+    int learned = 0, makes_special = 0, special_ids = 0, joins_back = 1;
+    const char *e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    char joined[64];
+    for (int r = 0; !e && r < v.bpe->num_merges; r++) {
+        snprintf(joined, sizeof joined, "%s%s", v.bpe->left[r], v.bpe->right[r]);
+        makes_special += special_tokens_in(joined);
+    }
+    Dataset d;
+    memset(&d, 0, sizeof d);
+    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 0); }
+    for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
+    for (int i = 0; !e && i < d.count; i++) {
+        char *src = tokens_to_text(&v, d.tokens + d.pairs[i].src, d.pairs[i].src_len);
+        char *tgt = tokens_to_text(&v, d.tokens + d.pairs[i].tgt, d.pairs[i].tgt_len);
+        char line[128];
+        snprintf(line, sizeof line, "%s\t%s\n", src, tgt);
+        joins_back &= strstr(text, line) != NULL;
+        free(src); free(tgt);
+    }
+    check(!e && learned > 0 && makes_special == 0 && special_ids == 0 && joins_back && d.count == 4,
+          "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's text (%d did), and "
+          "their subwords hold no special id (%d did) and join back to the words (%s)", learned, makes_special,
+          special_ids, e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&v);
+    // a checkpoint whose merges make "<s>"
+    vocab_init(&v);
+    v.bpe = checked_calloc(1, sizeof(Bpe), "test");
+    bpe_init(v.bpe);
+    bpe_add_merge(v.bpe, "<", "s", 2);
+    bpe_add_merge(v.bpe, "<s", ">", 2);
+    vocab_add_subwords(&v);
+    TransformerConfig config = decode_config();
+    config.vocab_size = v.size + 1;
+    vocab_add(&v, "a", 1);
+    Transformer m, loaded;
+    Vocabulary v2;
+    transformer_build(&m, &config, 5);
+    TrainingState state = { 1, 0, 0, 4 };
+    const char *ckpt = test_path("bpe_special.ckpt");
+    e = checkpoint_save(ckpt, &m, &v, &state, "");
+    const char *refused = e ? e : checkpoint_load(ckpt, &loaded, &v2, NULL, NULL);
+    check(!e && refused && strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
+          "checkpoint: merges that make '<s>' are refused (%s)", refused ? refused : "loaded");
+    if (!refused) { transformer_free(&loaded); vocab_free(&v2); }
+    transformer_free(&m);
+    vocab_free(&v);
+}
+
 // Merges survive a checkpoint round trip; a version-1 file (no merges)
 // still reads; the version-1 writer refuses merges.
 static void test_bpe_checkpoint(void) {
@@ -3458,6 +3529,7 @@ static void test_bpe_checkpoint(void) {
     }
     transformer_free(&m);
     vocab_free(&v);
+    test_bpe_never_makes_special_tokens();
 }
 
 // train --bpe, decode, eval, attention and the bpe command, as a user runs them.
@@ -3518,6 +3590,14 @@ static void test_bpe_command_line(void) {
     status = run_cli("decode --checkpoint %s $'\\xfe\\xff a'", test_path("cli_bytes.ckpt"));
     check(trained && status == 0 && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error"),
           "cli: bytes that are not UTF-8 train and decode with --bpe, as bytes (exit %d)", status);
+    // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s> and "a</w>"
+    write_text(test_path("cli_special.tsv"), "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
+    status = run_cli("train --train %s --valid %s --bpe 100 --steps 1 --checkpoint %s " TINY_RUN,
+                     test_path("cli_special.tsv"), test_path("cli_special.tsv"), test_path("cli_special.ckpt"));
+    int special_trained = status == 0;
+    status = run_cli("bpe --checkpoint %s '<s>a </s>b <pad>e x<pad> <unk>f'", test_path("cli_special.ckpt"));
+    check(special_trained && status == 0 && special_tokens_in(cli_output) == 0,
+          "cli: train --bpe on words holding <s> </s> <pad> <unk>: no subword is a special token: %s", cli_output);
     write_text(test_path("cli_marker.tsv"), "a</w>\tb\n");
     check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>", "train --train %s --bpe 5",
                     test_path("cli_marker.tsv"));

@@ -2695,6 +2695,13 @@ static void vocab_free(Vocabulary *vocab) {
 //     their counts only, not on the order of the lines.
 //   * Learning stops early when no pair occurs twice: merging a pair seen
 //     once only memorises that one word.
+//   * No merge makes the text of a special token, <pad> <s> </s> <unk>: the
+//     vocabulary gives a text one id, so a subword "<s>", cut from a word of
+//     the data such as "<s>0" or "x<s>", would be the start-of-sentence
+//     marker inside a sentence. Whole words with that text are refused
+//     (tokenize); inside a word, learning passes over such a pair (the next
+//     most frequent one is merged), and a checkpoint whose merges make one
+//     is refused.
 // Learning counts pairs once, then after each merge updates the counts of
 // the words that held the merged pair only: O(merges x symbols of the
 // distinct words) in all, about 0.1 s for 1000 merges on the numbers task.
@@ -2892,8 +2899,16 @@ static void pair_counts_of_word(PairCounts *pc, const BpeWord *w, long sign) {
     for (int i = 0; i + 1 < w->length; i++) pair_counts_add(pc, w->symbols[i], w->symbols[i + 1], sign * w->count);
 }
 
-// The most frequent pair (ties: left, then right symbol first in byte order),
-// or -1 when no pair occurs twice.
+// Is left and right joined the text of a special token (<pad> <s> </s> <unk>)?
+static int joins_to_special_token(const char *left, const char *right) {
+    size_t n = strlen(left);
+    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++)
+        if (strncmp(special_tokens[i], left, n) == 0 && strcmp(special_tokens[i] + n, right) == 0) return 1;
+    return 0;
+}
+
+// The most frequent pair (ties: left, then right symbol first in byte order)
+// that does not make a special token's text, or -1 when no pair occurs twice.
 static int best_pair(const PairCounts *pc, const Vocabulary *symbols) {
     int best = -1;
     for (int i = 0; i < pc->size; i++) {
@@ -2904,6 +2919,7 @@ static int best_pair(const PairCounts *pc, const Vocabulary *symbols) {
             if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
             if (order >= 0) continue;
         }
+        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]])) continue;
         best = i;
     }
     return best;
@@ -4034,6 +4050,9 @@ static const char *checkpoint_read_merges(Reader *r, Vocabulary *vocab, const Ch
             for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)sides[k][j]);
             if (!ok) error = errorf("%s: merge %u has a symbol with a space or a zero byte; expected neither", path, i + 1);
         }
+        if (!error && joins_to_special_token(sides[0], sides[1]))
+            error = errorf("%s: merge %u makes '%s%s', a special token's text; expected merges that make none (§5.1)",
+                           path, i + 1, sides[0], sides[1]);
         if (!error) bpe_add_merge(bpe, sides[0], sides[1], 0);
         free(sides[0]); free(sides[1]);
         if (error) return error;
