@@ -2452,6 +2452,52 @@ static int same_logits(Transformer *a, Transformer *b, const Batch *batch) {
 }
 
 // A saved and loaded model: bit-identical parameters, Adam state and logits.
+// Writes the checkpoint good (size bytes) to path with the 8 bytes at offset
+// set to value and the checksum made to match: a file that only the header's
+// own checks can refuse.
+static void write_checkpoint_with_field(const char *path, const unsigned char *good, size_t size, size_t offset,
+                                        uint64_t value) {
+    unsigned char *copy = checked_calloc(size, 1, "test");
+    memcpy(copy, good, size);
+    for (int i = 0; i < 8; i++) copy[offset + i] = (unsigned char)(value >> (8 * i));
+    uint64_t hash = FNV_OFFSET;
+    for (size_t i = 0; i + CHECKPOINT_CHECKSUM_BYTES < size; i++) hash = (hash ^ copy[i]) * FNV_PRIME;
+    for (int i = 0; i < 8; i++) copy[size - 8 + i] = (unsigned char)(hash >> (8 * i));
+    write_file(path, copy, size);
+    free(copy);
+}
+
+// The header's counts, each against its range, in files whose checksum
+// matches: Adam's step at 2^63 (INT64_MIN as a signed number: it resumed at
+// "step -9223372036854775806" into a NaN loss) and at 2^63 - 1, an epoch and
+// a batch count beyond the steps trained, a data-order generator state of 0.
+// good: a checkpoint after 3 steps, in epoch 2 (its first batch done).
+static void test_checkpoint_counts(const unsigned char *good, size_t size) {
+    const char *bad = test_path("bad_counts.ckpt");
+    Transformer loaded;
+    Vocabulary v;
+    write_checkpoint_with_field(bad, good, size, 56, 3); // the step it has: still loads
+    const char *e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
+    check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to match, loads (%s)",
+          e ? e : "loaded");
+    if (!e) { transformer_free(&loaded); vocab_free(&v); }
+    struct { size_t offset; uint64_t value; const char *what, *expected; } cases[] = {
+        { 56, 0x8000000000000000ULL, "Adam step INT64_MIN", "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
+        { 56, 0x7FFFFFFFFFFFFFFFULL, "Adam step INT64_MAX", "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
+        { 56, 1000000001, "Adam step 10^9 + 1", "header: Adam step 1000000001; expected 0 to 1000000000" },
+        { 80, 4, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
+        { 88, UINT64_MAX, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
+        { 72, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_checkpoint_with_field(bad, good, size, cases[i].offset, cases[i].value);
+        e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
+        check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, cases[i].expected), "checkpoint: %s is refused (%s)",
+              cases[i].what, e ? e : "loaded");
+        if (!e) { transformer_free(&loaded); vocab_free(&v); }
+    }
+}
+
 static void test_checkpoint_round_trip(void) {
     TransformerConfig config = decode_config();
     Transformer m, loaded;
@@ -2460,7 +2506,7 @@ static void test_checkpoint_round_trip(void) {
     three_adam_steps(&m, &tb);
     Vocabulary v, v2;
     task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 123, 4, 5, 678 }, state2;
+    TrainingState state = { 123, 2, 1, 678 }, state2; // after 3 steps: epoch 2 begun, its first batch done
     char *options = NULL;
     const char *path = test_path("model.ckpt");
     const char *e = checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
@@ -2492,6 +2538,7 @@ static void test_checkpoint_round_trip(void) {
         if (!e) transformer_free(&loaded), vocab_free(&v2);
     }
     check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
+    test_checkpoint_counts(good, size);
     struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
         { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
         { 4, 4, "checkpoint format version 4; expected version 1 to 3", "another version" },
@@ -2803,6 +2850,18 @@ static void test_command_line(void) {
     if (!ea && !eb) { transformer_free(&mb); vocab_free(&vb); }
     check_cli_error("--resume with a changed run option", "--lr cannot change on --resume",
                     "train --resume %s --lr 0.1", b_ckpt);
+    // the header's step count against its range (it resumed at step -9223372036854775806 into a NaN loss)
+    good = read_file(b_ckpt, &size);
+    if (good) {
+        const char *far = test_path("far.ckpt");
+        write_checkpoint_with_field(far, good, size, 56, 0x8000000000000000ULL);
+        check_cli_error("--resume at Adam step INT64_MIN", "far.ckpt: header: Adam step 9223372036854775808; expected 0 "
+                        "to 1000000000", "train --resume %s --steps 8", far);
+        write_checkpoint_with_field(far, good, size, 56, 0x7FFFFFFFFFFFFFFFULL);
+        check_cli_error("--resume at Adam step INT64_MAX", "far.ckpt: header: Adam step 9223372036854775807",
+                        "train --resume %s --steps 8", far);
+        free(good);
+    }
     // the same seed repeats the run, with one thread or two
     const char *c_log = test_path("c.log");
     remove(c_log);
@@ -2833,7 +2892,7 @@ static int file_exists(const char *path) { return access(path, F_OK) == 0; }
 static const char *save_copy_checkpoint(const char *path, const Transformer *m) {
     Vocabulary v;
     task_vocabulary(&v, m->config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 1, 1, 0, 0 };
+    TrainingState state = { 1, m->adam_step > 0, 0, 0 }; // the first epoch begun, unless no step was trained
     const char *e = checkpoint_save(path, m, &v, &state, "--task\ncopy\n");
     vocab_free(&v);
     return e;
@@ -3477,7 +3536,7 @@ static void test_bpe_checkpoint(void) {
     config.vocab_size = v.size;
     Transformer m, loaded;
     transformer_build(&m, &config, 5);
-    TrainingState state = { 1, 2, 3, 4 };
+    TrainingState state = { 1, 0, 0, 4 }; // no step trained: no epoch begun
     const char *path = test_path("bpe.ckpt"), *v1_path = test_path("v1.ckpt");
     if (!e) e = checkpoint_save(path, &m, &v, &state, "");
     if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);

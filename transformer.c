@@ -3738,6 +3738,7 @@ static int positional_from_name(const char *name) {
 #define CHECKPOINT_HEADER_BYTES_V2 128
 #define CHECKPOINT_HEADER_BYTES_V1 120
 #define CHECKPOINT_CHECKSUM_BYTES 8
+#define MAX_TRAINING_STEPS 1000000000   // train --steps at most; a checkpoint's Adam step too
 
 // Where a training run stands, besides the model and Adam.
 typedef struct {
@@ -3971,6 +3972,23 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
         return errorf("%s: header: a merges section of %llu bytes; expected 0 or from 14 up to the file's %llu",
                       path, (unsigned long long)h->merges_bytes, (unsigned long long)size);
     if (h->dropout_rng == 0) return errorf("%s: header: dropout generator state 0; expected non-zero", path);
+    // The run's counts, each in the range training reaches: --steps goes up
+    // to MAX_TRAINING_STEPS, and every epoch begun and every batch of the
+    // current epoch trained is at least one step. (A step count of 2^63,
+    // read as signed, would resume at "step -9223372036854775806", with a
+    // learning rate and a NaN loss to match; one of 2^63 - 1 would run eq. 3
+    // and Adam's bias correction on a step far past any schedule.)
+    if (h->adam_step > MAX_TRAINING_STEPS)
+        return errorf("%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)", path,
+                      (unsigned long long)h->adam_step, MAX_TRAINING_STEPS);
+    if (h->state.epoch > h->adam_step)
+        return errorf("%s: header: epoch %llu after %llu steps; expected at most one epoch begun per step", path,
+                      (unsigned long long)h->state.epoch, (unsigned long long)h->adam_step);
+    if (h->state.epoch_batches > h->adam_step)
+        return errorf("%s: header: %llu batches of the current epoch done after %llu steps; expected at most one "
+                      "batch per step", path, (unsigned long long)h->state.epoch_batches,
+                      (unsigned long long)h->adam_step);
+    if (h->state.epoch_rng == 0) return errorf("%s: header: data-order generator state 0; expected non-zero", path);
     uint64_t expected = h->header_bytes + h->options_bytes + h->vocab_bytes + h->merges_bytes
                       + 3 * P * h->real_bytes + CHECKPOINT_CHECKSUM_BYTES;
     if (size < expected)
@@ -4445,7 +4463,7 @@ static int train_option_table(Option *t, TrainOptions *o) {
                     "table, Table 3 row E)"),
         NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, RUN, "P_drop (§5.4)"),
         NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, RUN, "eps_ls (§5.4)"),
-        INT_OPTION("--steps", &o->steps, 1, 1000000000, RUN_EXTENDABLE, "training steps (may be raised on --resume)"),
+        INT_OPTION("--steps", &o->steps, 1, MAX_TRAINING_STEPS, RUN_EXTENDABLE, "training steps (may be raised on --resume)"),
         NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, RUN, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
         INT_OPTION("--warmup", &o->warmup, 1, 1000000000, RUN, "warmup_steps of eq. 3"),
         INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, RUN, "tokens per batch, source + target, padding included"),
