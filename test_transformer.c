@@ -2010,6 +2010,70 @@ static void write_text_file(const char *path, const char *text) {
     if (f) { fputs(text, f); fclose(f); }
 }
 
+// Are all numbers in the SVG's attributes (coordinates, sizes, points) finite
+// and inside the picture, give or take? A NaN or infinite axis once gave
+// "nan" coordinates.
+static int svg_numbers_in_picture(const char *svg) {
+    for (const char *p = svg; (p = strstr(p, "=\"")) != NULL; ) {
+        p += 2;
+        while (*p && *p != '"') {
+            char *end;
+            double v = strtod(p, &end);
+            if (end == p) break; // not a number: a colour, an anchor
+            if (!isfinite(v) || fabs(v) > 1e5) return 0;
+            p = end;
+            while (*p == ',' || *p == ' ') p++;
+        }
+    }
+    return 1;
+}
+
+// Logs with extreme values: each axis spans a finite, representable range
+// (tick steps and counts stay in range: a NaN or infinite tick reached a
+// conversion to long, undefined behaviour, and the SVG held "nan"), and a
+// value beyond what a chart draws is refused with its line.
+static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) {
+    static const char *drawn[] = {
+        "1,5,0,1,0x1p-1070\n",                                                 // a subnormal held-out score (fuzzing)
+        "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",                   // a span of one rounding step
+        "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",                                   // 600 decades on the log scale
+        "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",                         // values below a double's normal range
+        "0,-1e300,-1e300,-1e300,-1e300\n1e300,1e300,1e300,1e300,1e300\n",     // the widest drawable span
+        "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",                               // gaps
+    };
+    char printed[512];
+    int good = 0, n = (int)(sizeof drawn / sizeof *drawn);
+    for (int k = 0; k < n; k++) {
+        write_text_file(csv, drawn[k]);
+        int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        char *svg = read_text_file(svg_path);
+        int ok = status == 0 && svg && printed[0] == '\0' && svg_numbers_in_picture(svg) &&
+                 count_occurrences(svg, "<polyline") >= 2;
+        if (!ok) printf("     log %d: exit %d, %s\n", k + 1, status, printed[0] ? printed : "a picture with numbers "
+                        "outside it");
+        good += ok;
+        free(svg);
+        remove(svg_path);
+    }
+    check(good == n, "SVG loss curve: %d of %d logs with extreme values (a subnormal, a one-ulp span, 600 decades, "
+          "+-1e300, gaps) drawn with finite coordinates inside the picture", good, n);
+    struct { const char *text, *message; } refused[] = {
+        { "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n",
+          ":1: loss '-1e308' is beyond what a chart draws; expected a number from -1e+300 to 1e+300" },
+        { "1,2,0.1,1,\n2,2,1e999,1,\n", ":2: lr '1e999' is beyond what a chart draws" },
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
+        write_text_file(csv, refused[k].text);
+        int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        char expected[512];
+        snprintf(expected, sizeof expected, "error: %s%s", csv, refused[k].message);
+        check(status == 1 && one_error_line(printed, expected) && access(svg_path, F_OK) != 0,
+              "SVG loss curve: a value beyond +-1e300 is refused with its line: %.*s", (int)strcspn(printed, "\n"),
+              printed);
+        remove(svg_path);
+    }
+}
+
 static void test_svg_loss_curve(void) {
     char csv[256], svg_path[256], printed[512], expected[512];
     svg_test_path(csv, sizeof csv, "log.csv");
@@ -2055,6 +2119,7 @@ static void test_svg_loss_curve(void) {
         if (f) fclose(f);
         remove(svg_path);
     }
+    test_svg_loss_curve_extremes(csv, svg_path);
     remove(csv);
     status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
     snprintf(expected, sizeof expected, "error: %s: cannot open: ", csv);
@@ -3234,6 +3299,16 @@ static void test_command_names_and_labels(void) {
           && !strstr(text, ">heldout_exact_match</text>"),
           "cli: plot labels the held-out axis 'held-out exact match (%%)', not heldout_exact_match (exit %d)", status);
     free(text);
+    // the fuzzing finds: a subnormal held-out score is drawn; losses of -1e308 and 1e308 are refused
+    write_text(log, "1,5,0,1,0x1p-1070\n");
+    status = run_cli("plot --log %s --out %s", log, svg);
+    text = read_text_file(svg);
+    check(status == 0 && text && svg_numbers_in_picture(text) && !strstr(cli_output, "runtime error"),
+          "cli: plot of a log holding 0x1p-1070 draws finite axes (exit %d) %s", status, cli_output);
+    free(text);
+    write_text(log, "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n");
+    snprintf(expected, sizeof expected, "error: plot: %s:1: loss '-1e308' is beyond what a chart draws", log);
+    check_cli_error("plot of a log holding -1e308", expected, "plot --log %s --out %s", log, svg);
 }
 
 static void test_bleu_command(void) {

@@ -577,6 +577,19 @@ int svg_write_attention(const char *path, const Transformer *model, AttentionKin
 
 #define TRAINING_LOG_FIELDS 5
 
+// What a chart draws: finite values of at most CHART_LIMIT in size (inf and
+// nan, which a diverged run writes, break a curve), on axes that span at
+// least CHART_SMALLEST and at least 1e-4 of their values' size (so that the
+// 6 significant digits of a tick label tell the ticks apart). Within these
+// bounds an axis's ends, its tick step and their ratios are normal doubles
+// far from overflow: no tick is NaN or infinite, no tick count overflows. A
+// log file with a larger value (train writes none: losses, learning rates,
+// tokens/s and percentages) is refused, naming the line.
+#define CHART_LIMIT 1e300
+#define CHART_SMALLEST 1e-300   // the smallest span of an axis, and the lowest value of a log scale
+
+static int chart_drawable(double v) { return isfinite(v) && fabs(v) <= CHART_LIMIT; }
+
 typedef struct {
     int n, capacity;
     double *step, *loss, *lr, *tokens_per_s, *heldout; // heldout is NaN where it was left empty
@@ -588,14 +601,19 @@ static void training_log_free(TrainingLog *log) {
     memset(log, 0, sizeof *log);
 }
 
-// Parses the whole of text (after trimming blanks) as a number; 1 on success.
+// Parses the whole of text (after trimming white space) as a number; 1 on
+// success. Out of a double's range, strtod says ERANGE: a number too small
+// (4.9e-324) is read as the nearest double, which a chart draws as such; one
+// too large (1e999) as DBL_MAX, which the caller refuses as beyond a chart
+// (not as infinite, which the log writes as "inf").
 static int parse_number(const char *text, double *value) {
     char *end;
     text = skip_white_space(text);
     if (!*text) return 0;
     errno = 0;
     *value = strtod(text, &end);
-    return *skip_white_space(end) == '\0' && errno != ERANGE;
+    if (errno == ERANGE && fabs(*value) > 1) *value = copysign(DBL_MAX, *value);
+    return *skip_white_space(end) == '\0';
 }
 
 // Splits a line at commas in place; returns the number of fields (fills at most max).
@@ -682,6 +700,11 @@ static int training_log_read(TrainingLog *log, const char *path, char *error, si
                 snprintf(error, error_size, "%s:%d: %s '%s' is not a %s", path, line_number,
                          log->names[field], shown, field == 0 ? "step number (>= 0)" : "number");
                 ok = 0;
+            } else if (isfinite(v[field]) && !chart_drawable(v[field])) {
+                snprintf(error, error_size, "%s:%d: %s '%s' is beyond what a chart draws; expected a number from "
+                         "-%g to %g (inf and nan are drawn as gaps)", path, line_number, log->names[field], shown,
+                         CHART_LIMIT, CHART_LIMIT);
+                ok = 0;
             }
         }
         if (ok && !training_log_append(log, v)) {
@@ -709,17 +732,20 @@ static double nice_step(double range, int count) {
     return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * magnitude;
 }
 
-// The axis for the finite values of v: a log scale when asked for, all values
-// are positive and they span more than a factor 20; else linear, widened to
-// whole multiples of a nice step.
+// The axis for the drawable values of v (chart_drawable): a log scale when
+// asked for, all values are at least CHART_SMALLEST and they span more than
+// a factor 20; else linear, at least as wide as the bounds above CHART_LIMIT
+// ask, widened to whole multiples of a nice step.
 static ChartAxis chart_axis(const double *v, int n, int allow_log) {
     double lo = INFINITY, hi = -INFINITY;
     for (int i = 0; i < n; i++)
-        if (isfinite(v[i])) { lo = fmin(lo, v[i]); hi = fmax(hi, v[i]); }
-    if (!(lo <= hi)) return (ChartAxis){ 0, 1, 0 }; // no finite values
-    if (allow_log && lo > 0 && hi / lo > 20)
+        if (chart_drawable(v[i])) { lo = fmin(lo, v[i]); hi = fmax(hi, v[i]); }
+    if (!(lo <= hi)) return (ChartAxis){ 0, 1, 0 }; // nothing to draw
+    if (allow_log && lo >= CHART_SMALLEST && hi / lo > 20)
         return (ChartAxis){ pow(10, floor(log10(lo))), pow(10, ceil(log10(hi))), 1 };
     if (hi == lo) { double pad = lo != 0 ? fabs(lo) * 0.1 : 1; lo -= pad; hi += pad; }
+    double least = fmax(1e-4 * fmax(fabs(lo), fabs(hi)), CHART_SMALLEST);
+    if (hi - lo < least) { double middle = lo / 2 + hi / 2; lo = middle - least / 2; hi = middle + least / 2; }
     double step = nice_step(hi - lo, 5);
     return (ChartAxis){ floor(lo / step) * step, ceil(hi / step) * step, 0 };
 }
@@ -731,12 +757,13 @@ static double chart_position(ChartAxis a, double v, double p0, double p1) {
 }
 
 // Tick values: multiples of a nice step, or powers of ten (with 2x and 5x
-// when there are few decades). Returns how many were written.
+// when there are few decades; every stride-th power when there are more
+// than 10). Returns how many were written.
 static int chart_ticks(ChartAxis a, double *ticks, int max) {
     int n = 0;
     if (a.log_scale) {
-        int decades = (int)lround(log10(a.hi / a.lo));
-        for (double p = a.lo; p <= a.hi * 1.0001 && n < max; p *= 10) {
+        int decades = (int)lround(log10(a.hi) - log10(a.lo)), stride = decades > 10 ? (decades + 9) / 10 : 1;
+        for (double p = a.lo; p <= a.hi * 1.0001 && n < max; p *= pow(10, stride)) {
             ticks[n++] = p;
             if (decades <= 3 && p < a.hi * 0.999) {
                 if (n < max) ticks[n++] = 2 * p;
@@ -784,7 +811,7 @@ static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
     // scores, measured now and then) joins the points it has and marks them.
     int open = 0;
     for (int i = 0; i < n; i++) {
-        int drawable = isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0);
+        int drawable = chart_drawable(xs[i]) && chart_drawable(ys[i]) && (!ay.log_scale || ys[i] > 0);
         if (!drawable) {
             if (open && !sparse) { fputs("\"/>\n", f); open = 0; }
             continue;
@@ -796,7 +823,7 @@ static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
     }
     if (open) fputs("\"/>\n", f);
     for (int i = 0; sparse && i < n; i++)
-        if (isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0))
+        if (chart_drawable(xs[i]) && chart_drawable(ys[i]) && (!ay.log_scale || ys[i] > 0))
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
                     chart_position(ax, xs[i], x, x + w), chart_position(ay, ys[i], y + h, y), colour);
 }
@@ -824,11 +851,11 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
         return 1;
     }
     int heldout_points = 0;
-    double tokens_sum = 0;
+    double tokens_mean = 0; // a running mean: a sum of values up to CHART_LIMIT could overflow
     int tokens_count = 0;
     for (int i = 0; i < log.n; i++) {
         heldout_points += isfinite(log.heldout[i]) != 0;
-        if (isfinite(log.tokens_per_s[i])) { tokens_sum += log.tokens_per_s[i]; tokens_count++; }
+        if (isfinite(log.tokens_per_s[i])) tokens_mean += (log.tokens_per_s[i] - tokens_mean) / ++tokens_count;
     }
     int n_panels = heldout_points > 0 ? 3 : 2;
     double left = SVG_MARGIN + 80, plot_width = 720, plot_height = 210, panel_gap = 96;
@@ -839,7 +866,7 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
     char subtitle[256];
     snprintf(subtitle, sizeof subtitle, "%s: %d lines, %s %.6g..%.6g, last %s %.4g, mean %s %.0f",
              csv_path, log.n, log.names[0], log.step[0], log.step[log.n - 1], log.names[1],
-             log.loss[log.n - 1], log.names[3], tokens_count ? tokens_sum / tokens_count : NAN);
+             log.loss[log.n - 1], log.names[3], tokens_count ? tokens_mean : NAN);
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT, SVG_TITLE_FONT, "start", 0, "bold",
              title ? title : "Training");
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
@@ -895,7 +922,7 @@ static int svg_write_bar_chart(const char *path, const char *title, const char *
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT, SVG_TITLE_FONT, "start", 0, "bold", title);
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
     double x0 = chart_position(ax, origin, left, left + plot_width);
-    if (isfinite(band_lo) && isfinite(band_hi) && band_lo <= band_hi) {
+    if (chart_drawable(band_lo) && chart_drawable(band_hi) && band_lo <= band_hi) {
         double a = chart_position(ax, band_lo, left, left + plot_width), b = chart_position(ax, band_hi, left, left + plot_width);
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#e4e4e4\"/>\n",
                 a, top, fmax(b - a, 1.0), plot_height);
@@ -920,7 +947,7 @@ static int svg_write_bar_chart(const char *path, const char *title, const char *
         double y = top + gap + i * (bar_height + gap);
         svg_text(f, left - 8, y + bar_height - 4, SVG_FONT, "end", 0, NULL, bars[i].label);
         char value[32];
-        if (!isfinite(bars[i].value)) { svg_text(f, x0 + 4, y + bar_height - 4, SVG_FONT, "start", 0, NULL, "n/a"); continue; }
+        if (!chart_drawable(bars[i].value)) { svg_text(f, x0 + 4, y + bar_height - 4, SVG_FONT, "start", 0, NULL, "n/a"); continue; }
         double x1 = chart_position(ax, bars[i].value, left, left + plot_width);
         fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
                 x0, y, fmax(x1 - x0, 0.5), bar_height, palette[g]);
