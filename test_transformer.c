@@ -2034,7 +2034,7 @@ static int svg_numbers_in_picture(const char *svg) {
 // value beyond what a chart draws is refused with its line.
 static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) {
     static const char *drawn[] = {
-        "1,5,0,1,0x1p-1070\n",                                                 // a subnormal held-out score (fuzzing)
+        "1,5,0,1,0x1p-1070\n",                                                 // a subnormal held-out score (make fuzz)
         "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",                   // a span of one rounding step
         "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",                                   // 600 decades on the log scale
         "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",                         // values below a double's normal range
@@ -2550,6 +2550,7 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
         { 56, 0x8000000000000000ULL, "Adam step INT64_MIN", "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
         { 56, 0x7FFFFFFFFFFFFFFFULL, "Adam step INT64_MAX", "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
         { 56, 1000000001, "Adam step 10^9 + 1", "header: Adam step 1000000001; expected 0 to 1000000000" },
+        // (make fuzz, before the fix, found a file with epoch 9 after 1 step: dev/fuzz/fuzz_checkpoint.c)
         { 80, 4, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
         { 88, UINT64_MAX, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
         { 72, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
@@ -3572,6 +3573,17 @@ static void test_bpe_never_makes_special_tokens(void) {
           "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's text (%d did), and "
           "their subwords hold no special id (%d did) and join back to the words (%s)", learned, makes_special,
           special_ids, e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&v);
+    // the input make fuzz minimized (dev/fuzz/fuzz_tsv_bpe.c, before the fix): one line, 9 bytes
+    write_text(path, "<s>x\t<s>c");
+    vocab_init(&v);
+    special_ids = 0;
+    e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 1); }
+    for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
+    check(!e && special_ids == 0 && d.num_tokens >= 4, "bpe: '<s>x<TAB><s>c' (found by make fuzz) is cut into %zu "
+          "subwords, %d of them a special token's id (%s)", d.num_tokens, special_ids, e ? e : "read");
     dataset_free(&d);
     vocab_free(&v);
     // a checkpoint whose merges make "<s>"
