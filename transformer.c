@@ -5082,10 +5082,11 @@ static int command_decode(int argc, char **argv) {
     };
     const char *usage =
         "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
-        "Translates each SENTENCE (tokens separated by spaces), or else each line of standard input,\n"
-        "and prints the output, one line each. Greedy decoding with a key/value cache, or beam\n"
-        "search with --beam; at most source length + 50 tokens (§6.1). A sentence it cannot take (too\n"
-        "long, a reserved token) gets an error line and an empty output line; then exit status 1.";
+        "Translates each SENTENCE (tokens separated by white space, Unicode's spaces included), or else\n"
+        "each line of standard input, and prints the output, one line each. Greedy decoding with a\n"
+        "key/value cache, or beam search with --beam; at most source length + 50 tokens (§6.1). A\n"
+        "sentence it cannot take (too long, a reserved token) gets an error line and an empty output\n"
+        "line; then exit status 1.";
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
     int num_sentences = 0, n = (int)(sizeof options / sizeof *options);
     int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);

@@ -1152,7 +1152,7 @@ static int command_attention(int argc, char **argv) {
         size_t capacity = 0;
         int len = tokenize(sentences[0], &vocab, 0, &ids, &capacity, &from);
         if (len < 0) error = reserved_token_error(&from);
-        else if (len == 0) error = "the sentence is empty; expected tokens separated by spaces";
+        else if (len == 0) error = "the sentence is empty; expected tokens separated by white space";
         else if (len > model.config.max_len - 1)
             error = errorf("the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
                            len, model.config.max_len, model.config.max_len - 1);
