@@ -24,6 +24,10 @@
 #   make debug         -O0 -g builds for gdb, Part I only, without OpenMP: transformer_debug
 #                      (transformer.c alone), test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
+#   make fuzz          a libFuzzer target per parser of outside input (checkpoints, TSV data and
+#                      §5.1 merges, text cut into subwords, BLEU's files, plot's training log, the
+#                      PyTorch reference files), clang with AddressSanitizer and UBSan, each run
+#                      FUZZ_SECONDS (60) from seeds; findings under runs/fuzz/ (not part of make test)
 #   make bench-setup   dev/.venv: a virtual environment with PyTorch 2.x from PyPI, for
 #                      make bench (dev/BENCH.md; does nothing when it is already there)
 #   make bench         training-step and decoding speed against PyTorch 2.x, eager and
@@ -49,7 +53,7 @@ COMPANION = transformer_cuda.cu cuda_on_cpu.h cuda_on_cpu_threads.h
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
 
-.PHONY: all test demo numbers table3 debug plain minimal sanitize bench bench-setup clean cuda cuda-cpu test-cuda
+.PHONY: all test demo numbers table3 debug plain minimal sanitize fuzz bench bench-setup clean cuda cuda-cpu test-cuda
 
 all: transformer
 
@@ -260,7 +264,9 @@ transformer_debug: transformer.c transformer.h
 test_transformer_debug: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) -O0 -g $(WARNINGS) $(PLAIN) -o $@ test_transformer.c $(LDLIBS)
 
-SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+# float-cast-overflow: gcc's undefined does not include it (clang's does): a
+# NaN or an infinity converted to an integer, as a chart's ticks once were
+SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 sanitize: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan transformer_lab.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
@@ -270,6 +276,23 @@ sanitize: test_transformer.c $(SOURCES) $(COMPANION)
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan_f64
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan
 	TRANSFORMER_BIN=./transformer_asan_plain ./test_transformer_asan_plain_f64
+
+# ---- fuzzing (dev/fuzz/) ----
+# Each target (dev/fuzz/fuzz_TARGET.c) includes the program and feeds the
+# fuzzer's bytes to one parser; dev/fuzz/run.sh makes the seeds, runs each for
+# FUZZ_SECONDS and prints a summary; an input that fails is kept as
+# runs/fuzz/TARGET/crash-* (and make fuzz fails). clang 14's libFuzzer may need
+# apt-get install libclang-rt-14-dev.
+FUZZ_TARGETS = checkpoint tsv_bpe bpe_apply bleu training_log reference
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZ_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined,float-cast-overflow \
+             -fno-sanitize-recover=all
+fuzz: transformer $(FUZZ_TARGETS:%=runs/fuzz/fuzz_%)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) dev/fuzz/run.sh $(FUZZ_TARGETS)
+runs/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz.h test_transformer.c $(SOURCES) $(COMPANION)
+	@mkdir -p runs/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(WARNINGS) -I. -o $@ $< $(LDLIBS)
 
 # dev/.venv: PyTorch 2.x from PyPI for make bench (dev/BENCH.md). PyPI's x86_64 Linux
 # wheel is built with CUDA and cannot be imported without the nvidia-* libraries it

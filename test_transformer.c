@@ -1967,6 +1967,86 @@ static double bleu_of_text(const char *const pairs[][2], int n, double precision
     return bleu_score(&stats, precisions, bp);
 }
 
+// White space is the set Python's str.split() splits at (sacreBLEU's
+// tokenize='none'), as UTF-8: each of its 29 characters between "a" and "b"
+// makes two words; look-alikes that are not white space (zero-width space
+// U+200B, U+180E, the byte-order mark U+FEFF) and the bytes 0x85 and 0xA0
+// alone (Latin-1's next line and no-break space, not UTF-8) make one.
+static void test_bleu_white_space(void) {
+    static const char *const white[] = {
+        "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80",
+        "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
+        "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+        "\xe2\x81\x9f", "\xe3\x80\x80",
+    };
+    static const char *const not_white[] = { "\xe2\x80\x8b", "\xe1\xa0\x8e", "\xef\xbb\xbf", "\x85", "\xa0", "\xe3\x80" };
+    int n_white = (int)(sizeof white / sizeof *white), n_not = (int)(sizeof not_white / sizeof *not_white);
+    int splits = 0, joins = 0;
+    char text[32];
+    for (int i = 0; i < n_white + n_not; i++) {
+        snprintf(text, sizeof text, "a%sb", i < n_white ? white[i] : not_white[i - n_white]);
+        BleuStats stats;
+        bleu_reset(&stats);
+        bleu_add_sentence_text(&stats, text, "a b");
+        if (i < n_white) splits += stats.candidate_length == 2 && stats.matches[1] == 1;
+        else joins += stats.candidate_length == 1 && stats.matches[0] == 0;
+    }
+    check(splits == n_white && joins == n_not, "BLEU: each of the %d white-space characters of Python's str.split() "
+          "separates two words (%d did), and %d look-alikes do not (%d)", n_white, splits, n_not, joins);
+    // A sentence written with U+3000 (ideographic space) and U+00A0 (no-break
+    // space) scores as its twin with ASCII spaces. By hand: the first pair is
+    // 6 equal words (6/6 5/5 4/4 3/3); the second "a b c d e" against
+    // "a b c d f" matches 4/5 3/4 2/3 1/2; c = r = 11, BP = 1, so
+    // BLEU = 100 (10/11 8/9 6/7 4/5)^(1/4).
+    const char *const unicode[][2] = {
+        { "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat", "the cat\xc2\xa0sat on the mat" },
+        { "\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80", "a b c d f" },
+    };
+    const char *const ascii[][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" } };
+    double p[4], bp, by_hand = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
+    double bleu = bleu_of_text(unicode, 2, p, &bp), twin = bleu_of_text(ascii, 2, NULL, NULL);
+    check(bleu == twin && near(bleu, by_hand, 1e-9) && near(p[0], 10.0 / 11, 1e-15) && near(p[3], 4.0 / 5, 1e-15) &&
+          bp == 1, "BLEU: text with U+00A0 and U+3000 scores %.10f, as its ASCII twin (%.10f) and as by hand (%.10f)",
+          bleu, twin, by_hand);
+}
+
+// Counting is linear in a line's length (a hash table, as sacreBLEU's
+// Counter): one line of 40,000 tokens, the hypothesis its reference with every
+// 7th word changed. By hand, per order n the hypothesis has 40001 - n n-grams;
+// an n-gram misses when it covers a changed word (positions 6, 13, ...: every
+// 7th), i.e. n of each 7 starting positions, so about (7 - n)/7 match. With
+// 1000 distinct words cycling, each n-gram's count is the same on both sides
+// or higher in the reference, so clipping never bites. It took 4.8 s when
+// every n-gram was compared with every other; the bound is 1 s of processor
+// time (not wall time: another program on the machine does not count).
+static void test_bleu_long_line(void) {
+    enum { TOKENS = 40000 };
+    char *hyp = checked_calloc(TOKENS * 8, 1, "test"), *ref = checked_calloc(TOKENS * 8, 1, "test");
+    size_t h = 0, r = 0;
+    for (int i = 0; i < TOKENS; i++) {
+        h += (size_t)sprintf(hyp + h, i % 7 == 6 ? "x%d " : "w%d ", i % 1000);
+        r += (size_t)sprintf(ref + r, "w%d ", i % 1000);
+    }
+    clock_t start = clock();
+    BleuStats stats;
+    bleu_reset(&stats);
+    bleu_add_sentence_text(&stats, hyp, ref);
+    double seconds = (double)(clock() - start) / CLOCKS_PER_SEC;
+    int counts_right = 1;
+    for (int n = 1; n <= 4; n++) {
+        long long total = TOKENS - n + 1, missing = 0;
+        for (int i = 0; i + n <= TOKENS; i++) {
+            int covers_changed = 0;
+            for (int k = i; k < i + n; k++) covers_changed |= k % 7 == 6;
+            missing += covers_changed;
+        }
+        counts_right &= stats.totals[n - 1] == total && stats.matches[n - 1] == total - missing;
+    }
+    check(counts_right && seconds < 1.0, "BLEU: one line of %d tokens in %.3f s (bound 1 s), its n-gram counts as by hand",
+          TOKENS, seconds);
+    free(hyp); free(ref);
+}
+
 static void test_bleu(void) {
     double p[4], bp, bleu;
     // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
@@ -2042,6 +2122,8 @@ static void test_bleu(void) {
     bleu = bleu_of_text(spaces, 1, p, &bp);
     check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
           "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+    test_bleu_white_space();
+    test_bleu_long_line();
 }
 
 // ============================================================================
@@ -2251,6 +2333,70 @@ static void write_text_file(const char *path, const char *text) {
     if (f) { fputs(text, f); fclose(f); }
 }
 
+// Are all numbers in the SVG's attributes (coordinates, sizes, points) finite
+// and inside the picture, give or take? A NaN or infinite axis once gave
+// "nan" coordinates.
+static int svg_numbers_in_picture(const char *svg) {
+    for (const char *p = svg; (p = strstr(p, "=\"")) != NULL; ) {
+        p += 2;
+        while (*p && *p != '"') {
+            char *end;
+            double v = strtod(p, &end);
+            if (end == p) break; // not a number: a colour, an anchor
+            if (!isfinite(v) || fabs(v) > 1e5) return 0;
+            p = end;
+            while (*p == ',' || *p == ' ') p++;
+        }
+    }
+    return 1;
+}
+
+// Logs with extreme values: each axis spans a finite, representable range
+// (tick steps and counts stay in range: a NaN or infinite tick reached a
+// conversion to long, undefined behaviour, and the SVG held "nan"), and a
+// value beyond what a chart draws is refused with its line.
+static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) {
+    static const char *drawn[] = {
+        "1,5,0,1,0x1p-1070\n",                                                 // a subnormal held-out score (make fuzz)
+        "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",                   // a span of one rounding step
+        "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",                                   // 600 decades on the log scale
+        "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",                         // values below a double's normal range
+        "0,-1e300,-1e300,-1e300,-1e300\n1e300,1e300,1e300,1e300,1e300\n",     // the widest drawable span
+        "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",                               // gaps
+    };
+    char printed[512];
+    int good = 0, n = (int)(sizeof drawn / sizeof *drawn);
+    for (int k = 0; k < n; k++) {
+        write_text_file(csv, drawn[k]);
+        int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        char *svg = read_text_file(svg_path);
+        int ok = status == 0 && svg && printed[0] == '\0' && svg_numbers_in_picture(svg) &&
+                 count_occurrences(svg, "<polyline") >= 2;
+        if (!ok) printf("     log %d: exit %d, %s\n", k + 1, status, printed[0] ? printed : "a picture with numbers "
+                        "outside it");
+        good += ok;
+        free(svg);
+        remove(svg_path);
+    }
+    check(good == n, "SVG loss curve: %d of %d logs with extreme values (a subnormal, a one-ulp span, 600 decades, "
+          "+-1e300, gaps) drawn with finite coordinates inside the picture", good, n);
+    struct { const char *text, *message; } refused[] = {
+        { "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n",
+          ":1: loss '-1e308' is beyond what a chart draws; expected a number from -1e+300 to 1e+300" },
+        { "1,2,0.1,1,\n2,2,1e999,1,\n", ":2: lr '1e999' is beyond what a chart draws" },
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
+        write_text_file(csv, refused[k].text);
+        int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        char expected[512];
+        snprintf(expected, sizeof expected, "error: %s%s", csv, refused[k].message);
+        check(status == 1 && one_error_line(printed, expected) && access(svg_path, F_OK) != 0,
+              "SVG loss curve: a value beyond +-1e300 is refused with its line: %.*s", (int)strcspn(printed, "\n"),
+              printed);
+        remove(svg_path);
+    }
+}
+
 static void test_svg_loss_curve(void) {
     char csv[256], svg_path[256], printed[512], expected[512];
     svg_test_path(csv, sizeof csv, "log.csv");
@@ -2296,6 +2442,7 @@ static void test_svg_loss_curve(void) {
         if (f) fclose(f);
         remove(svg_path);
     }
+    test_svg_loss_curve_extremes(csv, svg_path);
     remove(csv);
     status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
     snprintf(expected, sizeof expected, "error: %s: cannot open: ", csv);
@@ -2575,6 +2722,20 @@ static void test_tsv_reading(void) {
     }
     e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
     check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
+    e = dataset_read_tsv(&d, &v, test_dir, 1);
+    check(e && strstr(e, ": is a directory; expected a text file"), "data: a directory is refused as one (%s)",
+          e ? e : "accepted");
+    // white space is Python's str.split()'s in data too: U+3000, U+00A0 and U+2003 separate tokens,
+    // and a line of U+3000 alone is blank
+    Vocabulary words;
+    vocab_init(&words);
+    write_text(test_path("unicode_spaces.tsv"), "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
+    e = dataset_read_tsv(&d, &words, test_path("unicode_spaces.tsv"), 1);
+    check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 && words.size == NUM_SPECIAL_TOKENS + 3,
+          "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank (%s)",
+          e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&words);
     // unknown tokens with a fixed vocabulary become <unk>
     write_text(test_path("unknown.tsv"), "a zz\tb\n");
     int size = v.size;
@@ -2679,6 +2840,53 @@ static int same_logits(Transformer *a, Transformer *b, const Batch *batch) {
 }
 
 // A saved and loaded model: bit-identical parameters, Adam state and logits.
+// Writes the checkpoint good (size bytes) to path with the 8 bytes at offset
+// set to value and the checksum made to match: a file that only the header's
+// own checks can refuse.
+static void write_checkpoint_with_field(const char *path, const unsigned char *good, size_t size, size_t offset,
+                                        uint64_t value) {
+    unsigned char *copy = checked_calloc(size, 1, "test");
+    memcpy(copy, good, size);
+    for (int i = 0; i < 8; i++) copy[offset + i] = (unsigned char)(value >> (8 * i));
+    uint64_t hash = FNV_OFFSET;
+    for (size_t i = 0; i + CHECKPOINT_CHECKSUM_BYTES < size; i++) hash = (hash ^ copy[i]) * FNV_PRIME;
+    for (int i = 0; i < 8; i++) copy[size - 8 + i] = (unsigned char)(hash >> (8 * i));
+    write_file(path, copy, size);
+    free(copy);
+}
+
+// The header's counts, each against its range, in files whose checksum
+// matches: Adam's step at 2^63 (INT64_MIN as a signed number: it resumed at
+// "step -9223372036854775806" into a NaN loss) and at 2^63 - 1, an epoch and
+// a batch count beyond the steps trained, a data-order generator state of 0.
+// good: a checkpoint after 3 steps, in epoch 2 (its first batch done).
+static void test_checkpoint_counts(const unsigned char *good, size_t size) {
+    const char *bad = test_path("bad_counts.ckpt");
+    Transformer loaded;
+    Vocabulary v;
+    write_checkpoint_with_field(bad, good, size, 56, 3); // the step it has: still loads
+    const char *e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
+    check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to match, loads (%s)",
+          e ? e : "loaded");
+    if (!e) { transformer_free(&loaded); vocab_free(&v); }
+    struct { size_t offset; uint64_t value; const char *what, *expected; } cases[] = {
+        { 56, 0x8000000000000000ULL, "Adam step INT64_MIN", "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
+        { 56, 0x7FFFFFFFFFFFFFFFULL, "Adam step INT64_MAX", "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
+        { 56, 1000000001, "Adam step 10^9 + 1", "header: Adam step 1000000001; expected 0 to 1000000000" },
+        // (make fuzz, before the fix, found a file with epoch 9 after 1 step: dev/fuzz/fuzz_checkpoint.c)
+        { 80, 4, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
+        { 88, UINT64_MAX, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
+        { 72, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_checkpoint_with_field(bad, good, size, cases[i].offset, cases[i].value);
+        e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
+        check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, cases[i].expected), "checkpoint: %s is refused (%s)",
+              cases[i].what, e ? e : "loaded");
+        if (!e) { transformer_free(&loaded); vocab_free(&v); }
+    }
+}
+
 static void test_checkpoint_round_trip(void) {
     TransformerConfig config = decode_config();
     Transformer m, loaded;
@@ -2687,7 +2895,7 @@ static void test_checkpoint_round_trip(void) {
     three_adam_steps(&m, &tb);
     Vocabulary v, v2;
     task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 123, 4, 5, 678 }, state2;
+    TrainingState state = { 123, 2, 1, 678 }, state2; // after 3 steps: epoch 2 begun, its first batch done
     char *options = NULL;
     const char *path = test_path("model.ckpt");
     const char *e = checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
@@ -2719,6 +2927,7 @@ static void test_checkpoint_round_trip(void) {
         if (!e) transformer_free(&loaded), vocab_free(&v2);
     }
     check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
+    test_checkpoint_counts(good, size);
     struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
         { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
         { 4, 4, "checkpoint format version 4; expected version 1 to 3", "another version" },
@@ -3030,6 +3239,18 @@ static void test_command_line(void) {
     if (!ea && !eb) { transformer_free(&mb); vocab_free(&vb); }
     check_cli_error("--resume with a changed run option", "--lr cannot change on --resume",
                     "train --resume %s --lr 0.1", b_ckpt);
+    // the header's step count against its range (it resumed at step -9223372036854775806 into a NaN loss)
+    good = read_file(b_ckpt, &size);
+    if (good) {
+        const char *far = test_path("far.ckpt");
+        write_checkpoint_with_field(far, good, size, 56, 0x8000000000000000ULL);
+        check_cli_error("--resume at Adam step INT64_MIN", "far.ckpt: header: Adam step 9223372036854775808; expected 0 "
+                        "to 1000000000", "train --resume %s --steps 8", far);
+        write_checkpoint_with_field(far, good, size, 56, 0x7FFFFFFFFFFFFFFFULL);
+        check_cli_error("--resume at Adam step INT64_MAX", "far.ckpt: header: Adam step 9223372036854775807",
+                        "train --resume %s --steps 8", far);
+        free(good);
+    }
     // the same seed repeats the run, with one thread or two
     const char *c_log = test_path("c.log");
     remove(c_log);
@@ -3060,7 +3281,7 @@ static int file_exists(const char *path) { return access(path, F_OK) == 0; }
 static const char *save_copy_checkpoint(const char *path, const Transformer *m) {
     Vocabulary v;
     task_vocabulary(&v, m->config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 1, 1, 0, 0 };
+    TrainingState state = { 1, m->adam_step > 0, 0, 0 }; // the first epoch begun, unless no step was trained
     const char *e = checkpoint_save(path, m, &v, &state, "--task\ncopy\n");
     vocab_free(&v);
     return e;
@@ -3362,6 +3583,9 @@ static void test_odd_data_and_decode_streams(const char *ckpt) {
     check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
           "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line for each, decodes "
           "lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)", status, lines_out, errors);
+    // a read that fails is not the end of the stream (it ended it, exit 0)
+    check_cli_error("decode of a directory on stdin", "decode: stdin: read error after 0 lines: Is a directory",
+                    "decode --checkpoint %s < /tmp", ckpt);
 }
 
 static void test_command_names_and_labels(void) {
@@ -3399,6 +3623,16 @@ static void test_command_names_and_labels(void) {
           && !strstr(text, ">heldout_exact_match</text>"),
           "cli: plot labels the held-out axis 'held-out exact match (%%)', not heldout_exact_match (exit %d)", status);
     free(text);
+    // the fuzzing finds: a subnormal held-out score is drawn; losses of -1e308 and 1e308 are refused
+    write_text(log, "1,5,0,1,0x1p-1070\n");
+    status = run_cli("plot --log %s --out %s", log, svg);
+    text = read_text_file(svg);
+    check(status == 0 && text && svg_numbers_in_picture(text) && !strstr(cli_output, "runtime error"),
+          "cli: plot of a log holding 0x1p-1070 draws finite axes (exit %d) %s", status, cli_output);
+    free(text);
+    write_text(log, "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n");
+    snprintf(expected, sizeof expected, "error: plot: %s:1: loss '-1e308' is beyond what a chart draws", log);
+    check_cli_error("plot of a log holding -1e308", expected, "plot --log %s --out %s", log, svg);
 }
 
 static void test_bleu_command(void) {
@@ -3420,7 +3654,34 @@ static void test_bleu_command(void) {
     check_cli_error("bleu of files of different lengths", "short.txt ends after 1 line but", "bleu %s %s",
                     test_path("short.txt"), ref);
     check_cli_error("bleu of one file", "bleu: expected two files", "bleu %s", hyp);
+    // U+00A0 and U+3000 separate words as sacreBLEU's tokenize='none' (Python's str.split()) separates them:
+    // the corpus of test_bleu_white_space, whose BLEU by hand is 100 (10/11 8/9 6/7 4/5)^(1/4) = 86.28
+    write_text(hyp, "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat\n\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80"
+                    "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80\n");
+    write_text(ref, "the cat\xc2\xa0sat on the mat\na b c d f\n");
+    want = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
+    status = run_cli("bleu %s %s", hyp, ref);
+    got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "output/reference length 11/11"),
+          "cli: bleu of text with U+00A0 and U+3000 prints %.2f, as by hand (%.4f) and as sacreBLEU", got, want);
     check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open", "bleu /nonexistent/h.txt %s", ref);
+    // a directory is named as one (it read as a file of 0 lines); a read that fails is not the end of a file
+    check_cli_error("bleu of a directory", "bleu: /tmp: is a directory; expected a text file", "bleu /tmp %s", ref);
+    check_cli_error("bleu against a directory", "bleu: /tmp: is a directory", "bleu %s /tmp", hyp);
+    if (access("/proc/self/mem", R_OK) == 0)
+        check_cli_error("bleu of a file whose reading fails", "bleu: /proc/self/mem: read error after 0 lines",
+                        "bleu /proc/self/mem %s", ref);
+    // text that is not UTF-8 is refused with its file and line, as sacreBLEU refuses it: Latin-1, a binary file
+    write_text(test_path("latin1.txt"), "the cat\ncaf\xe9 au lait\n");
+    write_text(test_path("two.txt"), "the cat\ncafe au lait\n");
+    check_cli_error("bleu of Latin-1 text", "latin1.txt:2: byte 4 of the line, 0xe9, is not UTF-8; expected UTF-8 text",
+                    "bleu %s %s", test_path("two.txt"), test_path("latin1.txt"));
+    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\x00>\x00", 12);
+    check_cli_error("bleu of a binary file", "binary.txt:2: a zero byte; expected text", "bleu %s %s",
+                    test_path("binary.txt"), test_path("two.txt"));
+    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\xc0>\x80", 12);
+    check_cli_error("bleu of a binary file without zero bytes", "binary.txt:2: byte 2 of the line, 0xc0, is not UTF-8",
+                    "bleu %s %s", test_path("binary.txt"), test_path("two.txt"));
 }
 
 static void test_evaluation_commands(void) {
@@ -3590,6 +3851,88 @@ static void test_bpe_numbers_data(void) {
     vocab_free(&v);
 }
 
+// How many of the space-separated tokens of text are a special token's text.
+static int special_tokens_in(const char *text) {
+    int n = 0;
+    char *copy = strdup(text), *saved = NULL;
+    for (char *t = strtok_r(copy, " \n", &saved); t; t = strtok_r(NULL, " \n", &saved))
+        for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) n += strcmp(t, special_tokens[i]) == 0;
+    free(copy);
+    return n;
+}
+
+// §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
+// "<pad>e", "x<pad>", "<unk>f" (every pair inside them occurring twice) learn
+// no merge that makes "<s>", "</s>", "<pad>" or "<unk>", and read as
+// training data their subwords hold no special token's id: "<s>a" was cut
+// into "<s>" (the id of <s>, a start-of-sentence marker inside a sentence)
+// and "a</w>". A checkpoint whose merges make "<s>" is refused.
+static void test_bpe_never_makes_special_tokens(void) {
+    const char *path = test_path("bpe_special.tsv");
+    const char *text = "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n";
+    write_text(path, text);
+    Vocabulary v;
+    vocab_init(&v);
+    int learned = 0, makes_special = 0, special_ids = 0, joins_back = 1;
+    const char *e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    char joined[64];
+    for (int r = 0; !e && r < v.bpe->num_merges; r++) {
+        snprintf(joined, sizeof joined, "%s%s", v.bpe->left[r], v.bpe->right[r]);
+        makes_special += special_tokens_in(joined);
+    }
+    Dataset d;
+    memset(&d, 0, sizeof d);
+    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 0); }
+    for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
+    for (int i = 0; !e && i < d.count; i++) {
+        char *src = tokens_to_text(&v, d.tokens + d.pairs[i].src, d.pairs[i].src_len);
+        char *tgt = tokens_to_text(&v, d.tokens + d.pairs[i].tgt, d.pairs[i].tgt_len);
+        char line[128];
+        snprintf(line, sizeof line, "%s\t%s\n", src, tgt);
+        joins_back &= strstr(text, line) != NULL;
+        free(src); free(tgt);
+    }
+    check(!e && learned > 0 && makes_special == 0 && special_ids == 0 && joins_back && d.count == 4,
+          "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's text (%d did), and "
+          "their subwords hold no special id (%d did) and join back to the words (%s)", learned, makes_special,
+          special_ids, e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&v);
+    // the input make fuzz minimized (dev/fuzz/fuzz_tsv_bpe.c, before the fix): one line, 9 bytes
+    write_text(path, "<s>x\t<s>c");
+    vocab_init(&v);
+    special_ids = 0;
+    e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 1); }
+    for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
+    check(!e && special_ids == 0 && d.num_tokens >= 4, "bpe: '<s>x<TAB><s>c' (found by make fuzz) is cut into %zu "
+          "subwords, %d of them a special token's id (%s)", d.num_tokens, special_ids, e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&v);
+    // a checkpoint whose merges make "<s>"
+    vocab_init(&v);
+    v.bpe = checked_calloc(1, sizeof(Bpe), "test");
+    bpe_init(v.bpe);
+    bpe_add_merge(v.bpe, "<", "s", 2);
+    bpe_add_merge(v.bpe, "<s", ">", 2);
+    vocab_add_subwords(&v);
+    TransformerConfig config = decode_config();
+    config.vocab_size = v.size + 1;
+    vocab_add(&v, "a", 1);
+    Transformer m, loaded;
+    Vocabulary v2;
+    transformer_build(&m, &config, 5);
+    TrainingState state = { 1, 0, 0, 4 };
+    const char *ckpt = test_path("bpe_special.ckpt");
+    e = checkpoint_save(ckpt, &m, &v, &state, "");
+    const char *refused = e ? e : checkpoint_load(ckpt, &loaded, &v2, NULL, NULL);
+    check(!e && refused && strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
+          "checkpoint: merges that make '<s>' are refused (%s)", refused ? refused : "loaded");
+    if (!refused) { transformer_free(&loaded); vocab_free(&v2); }
+    transformer_free(&m);
+    vocab_free(&v);
+}
+
 // Merges survive a checkpoint round trip; a version-1 file (no merges)
 // still reads; the version-1 writer refuses merges.
 static void test_bpe_checkpoint(void) {
@@ -3603,7 +3946,7 @@ static void test_bpe_checkpoint(void) {
     config.vocab_size = v.size;
     Transformer m, loaded;
     transformer_build(&m, &config, 5);
-    TrainingState state = { 1, 2, 3, 4 };
+    TrainingState state = { 1, 0, 0, 4 }; // no step trained: no epoch begun
     const char *path = test_path("bpe.ckpt"), *v1_path = test_path("v1.ckpt");
     if (!e) e = checkpoint_save(path, &m, &v, &state, "");
     if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
@@ -3655,6 +3998,7 @@ static void test_bpe_checkpoint(void) {
     }
     transformer_free(&m);
     vocab_free(&v);
+    test_bpe_never_makes_special_tokens();
 }
 
 // train --bpe, decode, eval, attention and the bpe command, as a user runs them.
@@ -3694,6 +4038,16 @@ static void test_bpe_command_line(void) {
     check(status == 0 && strcmp(cli_output, as_argument) == 0,
           "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order mark, \\r\\n dropped)");
     free(as_argument);
+    // white space beyond ASCII separates words at decode time too
+    status = run_cli("bpe --checkpoint %s 'zwei vier'", ckpt);
+    as_argument = strdup(cli_output);
+    write_text(test_path("bpe_ideographic.txt"), "zwei\xe3\x80\x80vier\xc2\xa0\n");
+    int ideographic = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_ideographic.txt"));
+    check(status == 0 && ideographic == 0 && strcmp(cli_output, as_argument) == 0,
+          "cli: bpe cuts 'zwei<U+3000>vier<U+00A0>' as 'zwei vier': %s", cli_output);
+    free(as_argument);
+    check_cli_error("bpe of a directory on stdin", "bpe: stdin: read error after 0 lines: Is a directory",
+                    "bpe --checkpoint %s < /tmp", ckpt);
     check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
     check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",
                     test_path("tsv.ckpt"));
@@ -3705,6 +4059,14 @@ static void test_bpe_command_line(void) {
     status = run_cli("decode --checkpoint %s $'\\xfe\\xff a'", test_path("cli_bytes.ckpt"));
     check(trained && status == 0 && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error"),
           "cli: bytes that are not UTF-8 train and decode with --bpe, as bytes (exit %d)", status);
+    // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s> and "a</w>"
+    write_text(test_path("cli_special.tsv"), "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
+    status = run_cli("train --train %s --valid %s --bpe 100 --steps 1 --checkpoint %s " TINY_RUN,
+                     test_path("cli_special.tsv"), test_path("cli_special.tsv"), test_path("cli_special.ckpt"));
+    int special_trained = status == 0;
+    status = run_cli("bpe --checkpoint %s '<s>a </s>b <pad>e x<pad> <unk>f'", test_path("cli_special.ckpt"));
+    check(special_trained && status == 0 && special_tokens_in(cli_output) == 0,
+          "cli: train --bpe on words holding <s> </s> <pad> <unk>: no subword is a special token: %s", cli_output);
     write_text(test_path("cli_marker.tsv"), "a</w>\tb\n");
     check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>", "train --train %s --bpe 5",
                     test_path("cli_marker.tsv"));

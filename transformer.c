@@ -2695,6 +2695,13 @@ static void vocab_free(Vocabulary *vocab) {
 //     their counts only, not on the order of the lines.
 //   * Learning stops early when no pair occurs twice: merging a pair seen
 //     once only memorises that one word.
+//   * No merge makes the text of a special token, <pad> <s> </s> <unk>: the
+//     vocabulary gives a text one id, so a subword "<s>", cut from a word of
+//     the data such as "<s>0" or "x<s>", would be the start-of-sentence
+//     marker inside a sentence. Whole words with that text are refused
+//     (tokenize); inside a word, learning passes over such a pair (the next
+//     most frequent one is merged), and a checkpoint whose merges make one
+//     is refused.
 // Learning counts pairs once, then after each merge updates the counts of
 // the words that held the merged pair only: O(merges x symbols of the
 // distinct words) in all, about 0.1 s for 1000 merges on the numbers task.
@@ -2892,8 +2899,16 @@ static void pair_counts_of_word(PairCounts *pc, const BpeWord *w, long sign) {
     for (int i = 0; i + 1 < w->length; i++) pair_counts_add(pc, w->symbols[i], w->symbols[i + 1], sign * w->count);
 }
 
-// The most frequent pair (ties: left, then right symbol first in byte order),
-// or -1 when no pair occurs twice.
+// Is left and right joined the text of a special token (<pad> <s> </s> <unk>)?
+static int joins_to_special_token(const char *left, const char *right) {
+    size_t n = strlen(left);
+    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++)
+        if (strncmp(special_tokens[i], left, n) == 0 && strcmp(special_tokens[i] + n, right) == 0) return 1;
+    return 0;
+}
+
+// The most frequent pair (ties: left, then right symbol first in byte order)
+// that does not make a special token's text, or -1 when no pair occurs twice.
 static int best_pair(const PairCounts *pc, const Vocabulary *symbols) {
     int best = -1;
     for (int i = 0; i < pc->size; i++) {
@@ -2904,6 +2919,7 @@ static int best_pair(const PairCounts *pc, const Vocabulary *symbols) {
             if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
             if (order >= 0) continue;
         }
+        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]])) continue;
         best = i;
     }
     return best;
@@ -3062,6 +3078,64 @@ static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
     *dataset = kept;
 }
 
+// ---- white space ----------------------------------------------------------------
+// Tokens are separated by white space, and white space is one set of
+// characters wherever it separates them: training and evaluation data,
+// decode's input, the bpe command, BLEU. The set is the one Python's
+// str.split() splits at, Unicode's White_Space characters and the four
+// separators U+001C..U+001F, so that `bleu` counts the tokens sacreBLEU's
+// tokenize='none' counts, and a sentence written with an ideographic space
+// (U+3000, as CJK text is) or a no-break space (U+00A0, as French text puts
+// before ':' and '?') splits where it would with ASCII spaces:
+//   U+0009..U+000D  tab, line feed, line tabulation, form feed, carriage return
+//   U+001C..U+001F  the file, group, record and unit separators
+//   U+0020          space
+//   U+0085          next line
+//   U+00A0          no-break space
+//   U+1680          Ogham space mark
+//   U+2000..U+200A  en quad .. hair space
+//   U+2028 U+2029   the line and the paragraph separator
+//   U+202F          narrow no-break space
+//   U+205F          medium mathematical space
+//   U+3000          ideographic space
+// (not U+180E, nor the zero-width space U+200B: neither is white space.)
+// A character above U+007F counts only as the UTF-8 sequence that encodes it:
+// a lone byte 0x85 or 0xA0 (of Latin-1 text, say) is not white space but a
+// byte like any other, which §5.1 reads as a symbol of its own.
+
+// The length in bytes of the white-space character that begins the
+// zero-terminated text, or 0 when it begins none. (A byte after the first
+// is read only when the bytes before it matched: never past the end.)
+static int white_space_bytes(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
+    if (s[0] == 0xC2) return s[1] == 0x85 || s[1] == 0xA0 ? 2 : 0;                // U+0085 U+00A0
+    if (s[0] == 0xE1) return s[1] == 0x9A && s[2] == 0x80 ? 3 : 0;                // U+1680
+    if (s[0] == 0xE2 && s[1] == 0x80)                                             // U+2000..U+202F
+        return (s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF ? 3 : 0;
+    if (s[0] == 0xE2 && s[1] == 0x81) return s[2] == 0x9F ? 3 : 0;                // U+205F
+    if (s[0] == 0xE3) return s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;                // U+3000
+    return 0;
+}
+
+// text from its first character that is not white space on
+static const char *skip_white_space(const char *text) {
+    for (int n; (n = white_space_bytes(text)) > 0; ) text += n;
+    return text;
+}
+
+// The first token of the zero-terminated text: where it starts, its length
+// in bytes in *length; NULL when the text holds only white space. Stepping a
+// byte at a time inside a token is safe: white space begins with an ASCII
+// byte or a lead byte (C2, E1, E2, E3), never with a continuation byte.
+static const char *next_token(const char *text, size_t *length) {
+    const char *start = skip_white_space(text), *end = start;
+    if (!*start) return NULL;
+    while (*end && !white_space_bytes(end)) end++;
+    *length = (size_t)(end - start);
+    return start;
+}
+
 // ---- reading text -------------------------------------------------------------
 
 // Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
@@ -3126,20 +3200,15 @@ static void strip_byte_order_mark(char *line, ssize_t *length) {
     }
 }
 
-// Splits text at spaces into token ids: whole words, or with v->bpe each
-// word's subwords. grow: new tokens join the vocabulary; otherwise they
-// become <unk> with a warning (the first few). Returns the number of tokens
-// (*ids grows as needed), or -1 at a special token's text (from->reserved
-// says which; reserved_token_error is the message).
-static int tokenize(char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
+// Splits text at white space (above) into token ids: whole words, or with
+// v->bpe each word's subwords. grow: new tokens join the vocabulary;
+// otherwise they become <unk> with a warning (the first few). Returns the
+// number of tokens (*ids grows as needed), or -1 at a special token's text
+// (from->reserved says which; reserved_token_error is the message).
+static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
-    char *p = text;
-    for (;;) {
-        while (*p && isspace((unsigned char)*p)) p++;
-        if (!*p) break;
-        char *start = p;
-        while (*p && !isspace((unsigned char)*p)) p++;
-        size_t len = (size_t)(p - start);
+    size_t len;
+    for (const char *start = text; (start = next_token(start, &len)) != NULL; start += len) {
         for (int special = 0; special < NUM_SPECIAL_TOKENS; special++)
             if (strlen(special_tokens[special]) == len && memcmp(start, special_tokens[special], len) == 0) {
                 from->reserved = special_tokens[special];
@@ -3162,25 +3231,40 @@ static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     return strlen(*line) == (size_t)length ? 1 : -1;
 }
 
-// Reads `source<TAB>target` lines, tokens separated by spaces, into d. Blank
-// lines are skipped; a line ending in \r\n is read as ending in \n. grow: the
+// Opens a text file to read, or sets *error: fopen opens a directory too,
+// and its first read fails, which a loop reading lines would take for the
+// end of an empty file.
+static FILE *open_text_file(const char *path, const char **error) {
+    FILE *f = fopen(path, "r");
+    struct stat st;
+    if (!f) *error = errorf("%s: cannot open: %s", path, strerror(errno));
+    else if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        f = NULL;
+        *error = errorf("%s: is a directory; expected a text file", path);
+    }
+    return f;
+}
+
+// Reads `source<TAB>target` lines, tokens separated by white space (above),
+// into d. Blank lines (white space only, no tab) are skipped; a line ending in
+// \r\n is read as ending in \n. grow: the
 // vocabulary takes every new token (training data); otherwise unknown tokens
 // become <unk> with a warning.
 static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
-    FILE *f = fopen(path, "r");
-    if (!f) return errorf("%s: cannot open: %s", path, strerror(errno));
+    const char *error = NULL;
+    FILE *f = open_text_file(path, &error);
+    if (!f) return error;
     char *line = NULL;
     size_t line_capacity = 0, src_capacity = 0, tgt_capacity = 0;
     int *src = NULL, *tgt = NULL, line_no = 0, got;
-    const char *error = NULL;
     TextSource from = { "", 0, 0, NULL };
     while (!error && (got = read_text_line(f, &line, &line_capacity, line_no + 1)) != 0) {
         snprintf(from.where, sizeof from.where, "%s:%d", path, ++line_no);
         if (got < 0) { error = errorf("%s: a zero byte; expected text", from.where); break; }
-        char *p = line;
-        while (*p && isspace((unsigned char)*p) && *p != '\t') p++;
-        if (!*p) continue; // blank line
+        size_t unused;
         char *tab = strchr(line, '\t');
+        if (!tab && !next_token(line, &unused)) continue; // blank line
         if (!tab) { error = errorf("%s: no tab; expected source<TAB>target", from.where); break; }
         if (strchr(tab + 1, '\t')) { error = errorf("%s: more than one tab; expected source<TAB>target", from.where); break; }
         *tab = '\0';
@@ -3654,6 +3738,7 @@ static int positional_from_name(const char *name) {
 #define CHECKPOINT_HEADER_BYTES_V2 128
 #define CHECKPOINT_HEADER_BYTES_V1 120
 #define CHECKPOINT_CHECKSUM_BYTES 8
+#define MAX_TRAINING_STEPS 1000000000   // train --steps at most; a checkpoint's Adam step too
 
 // Where a training run stands, besides the model and Adam.
 typedef struct {
@@ -3887,6 +3972,23 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
         return errorf("%s: header: a merges section of %llu bytes; expected 0 or from 14 up to the file's %llu",
                       path, (unsigned long long)h->merges_bytes, (unsigned long long)size);
     if (h->dropout_rng == 0) return errorf("%s: header: dropout generator state 0; expected non-zero", path);
+    // The run's counts, each in the range training reaches: --steps goes up
+    // to MAX_TRAINING_STEPS, and every epoch begun and every batch of the
+    // current epoch trained is at least one step. (A step count of 2^63,
+    // read as signed, would resume at "step -9223372036854775806", with a
+    // learning rate and a NaN loss to match; one of 2^63 - 1 would run eq. 3
+    // and Adam's bias correction on a step far past any schedule.)
+    if (h->adam_step > MAX_TRAINING_STEPS)
+        return errorf("%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)", path,
+                      (unsigned long long)h->adam_step, MAX_TRAINING_STEPS);
+    if (h->state.epoch > h->adam_step)
+        return errorf("%s: header: epoch %llu after %llu steps; expected at most one epoch begun per step", path,
+                      (unsigned long long)h->state.epoch, (unsigned long long)h->adam_step);
+    if (h->state.epoch_batches > h->adam_step)
+        return errorf("%s: header: %llu batches of the current epoch done after %llu steps; expected at most one "
+                      "batch per step", path, (unsigned long long)h->state.epoch_batches,
+                      (unsigned long long)h->adam_step);
+    if (h->state.epoch_rng == 0) return errorf("%s: header: data-order generator state 0; expected non-zero", path);
     uint64_t expected = h->header_bytes + h->options_bytes + h->vocab_bytes + h->merges_bytes
                       + 3 * P * h->real_bytes + CHECKPOINT_CHECKSUM_BYTES;
     if (size < expected)
@@ -3900,7 +4002,11 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
 
 // The vocabulary section: for each id a u32 length and the token's bytes; the
 // four special tokens first, no repeats, no spaces, lengths adding up to the
-// section's size in the header. v starts as vocab_init leaves it.
+// section's size in the header. v starts as vocab_init leaves it. "Spaces"
+// here are ASCII's (isspace), not all of the white space that separates
+// tokens: a model trained before white space was Unicode's may hold tokens
+// with a U+00A0 or a U+3000 inside; it still loads, and text no longer
+// splits into such tokens. The merges section is read the same way.
 static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *vocab, const CheckpointHeader *h, const char *path) {
     uint64_t used = 0;
     for (int i = 0; i < h->config.vocab_size; i++) {
@@ -3962,6 +4068,9 @@ static const char *checkpoint_read_merges(Reader *r, Vocabulary *vocab, const Ch
             for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)sides[k][j]);
             if (!ok) error = errorf("%s: merge %u has a symbol with a space or a zero byte; expected neither", path, i + 1);
         }
+        if (!error && joins_to_special_token(sides[0], sides[1]))
+            error = errorf("%s: merge %u makes '%s%s', a special token's text; expected merges that make none (§5.1)",
+                           path, i + 1, sides[0], sides[1]);
         if (!error) bpe_add_merge(bpe, sides[0], sides[1], 0);
         free(sides[0]); free(sides[1]);
         if (error) return error;
@@ -4063,28 +4172,39 @@ static int ngram_equal(const int *a, const int *b, int n) {
     return 1;
 }
 
-// How many times the n-gram `gram` occurs in tokens[0..len)
-static long long ngram_count(const int *gram, int n, const int *tokens, int len) {
-    long long count = 0;
-    for (int i = 0; i + n <= len; i++) count += ngram_equal(gram, tokens + i, n);
-    return count;
+// One distinct n-gram of a sentence pair: where it first occurs, and how
+// many times it occurs in the candidate and in the reference.
+typedef struct { const int *gram; int in_candidate, in_reference; } NgramCount;
+
+static uint64_t ngram_hash(const int *gram, int n) {
+    uint64_t h = 0;
+    for (int i = 0; i < n; i++) h = hash64(h ^ (uint32_t)gram[i]);
+    return h;
 }
 
 // Clipped matches of order n: for each DISTINCT n-gram of the candidate,
-// min(its count in the candidate, its count in the reference). Plain loops,
-// O(c (c + r)) per order: a few thousand comparisons for a sentence.
-static long long clipped_ngram_matches(const int *candidate, int candidate_len,
+// min(its count in the candidate, its count in the reference). The counts
+// are kept in a hash table (table: mask + 1 slots, a power of two at least
+// twice the n-grams of both sentences), as sacreBLEU keeps them in a Python
+// Counter: time linear in the sentences' lengths, so that a line of 40,000
+// tokens takes milliseconds (comparing every n-gram with every other took
+// seconds).
+static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int *candidate, int candidate_len,
                                        const int *reference, int reference_len, int n) {
-    long long matches = 0;
-    for (int i = 0; i + n <= candidate_len; i++) {
-        const int *gram = candidate + i;
-        int seen_before = 0;
-        for (int j = 0; j < i && !seen_before; j++) seen_before = ngram_equal(candidate + j, gram, n);
-        if (seen_before) continue; // counted at its first occurrence
-        long long in_candidate = ngram_count(gram, n, candidate + i, candidate_len - i);
-        long long in_reference = ngram_count(gram, n, reference, reference_len);
-        matches += in_candidate < in_reference ? in_candidate : in_reference;
+    memset(table, 0, (mask + 1) * sizeof *table);
+    for (int side = 0; side < 2; side++) {
+        const int *tokens = side == 0 ? candidate : reference;
+        int length = side == 0 ? candidate_len : reference_len;
+        for (int i = 0; i + n <= length; i++) {
+            size_t k = (size_t)ngram_hash(tokens + i, n) & mask;
+            while (table[k].gram && !ngram_equal(table[k].gram, tokens + i, n)) k = (k + 1) & mask;
+            if (!table[k].gram) table[k].gram = tokens + i;
+            if (side == 0) table[k].in_candidate++; else table[k].in_reference++;
+        }
     }
+    long long matches = 0;
+    for (size_t k = 0; k <= mask; k++)
+        matches += table[k].in_candidate < table[k].in_reference ? table[k].in_candidate : table[k].in_reference;
     return matches;
 }
 
@@ -4095,55 +4215,38 @@ void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len
                        const int *reference, int reference_len) {
     if (candidate_len < 0) candidate_len = 0;
     if (reference_len < 0) reference_len = 0;
+    size_t slots = 4;
+    while (slots < 2 * ((size_t)candidate_len + (size_t)reference_len)) slots *= 2;
+    NgramCount *table = checked_calloc(slots, sizeof *table, "BLEU n-gram counts");
     for (int n = 1; n <= BLEU_MAX_ORDER; n++) {
-        stats->matches[n - 1] += clipped_ngram_matches(candidate, candidate_len, reference, reference_len, n);
+        stats->matches[n - 1] += clipped_ngram_matches(table, slots - 1, candidate, candidate_len, reference,
+                                                       reference_len, n);
         stats->totals[n - 1] += candidate_len >= n ? candidate_len - n + 1 : 0;
     }
+    free(table);
     stats->candidate_length += candidate_len;
     stats->reference_length += reference_len;
     stats->sentences++;
 }
 
-static int is_blank(char ch) {
-    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
-}
-
-// Splits text on white space; returns the number of words, and with `start`
-// and `length` non-NULL fills them in (first call counts, second fills).
-static int split_words(const char *text, const char **start, int *length) {
-    int count = 0;
-    const char *p = text;
-    while (*p) {
-        while (*p && is_blank(*p)) p++;
-        if (!*p) break;
-        const char *word = p;
-        while (*p && !is_blank(*p)) p++;
-        if (start) { start[count] = word; length[count] = (int)(p - word); }
-        count++;
-    }
-    return count;
-}
-
-// The same for two strings of words separated by white space: each distinct
-// word of the pair gets a small integer, then the counts are those of the ids.
+// The same for two strings of tokens separated by white space (the set
+// defined under "white space" above, Python's str.split()'s): each distinct
+// word of the pair gets an id from a vocabulary of its own (whose first ids
+// are <pad> <s> </s> <unk>: any text, those included, gets one id, all that
+// counting needs), then the counts are those of the ids.
 void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
-    int nc = split_words(candidate, NULL, NULL), nr = split_words(reference, NULL, NULL), n = nc + nr;
-    const char **start = checked_calloc((size_t)n, sizeof *start, "BLEU words");
-    int *length = checked_calloc((size_t)n, sizeof *length, "BLEU words");
-    int *ids = checked_calloc((size_t)n, sizeof *ids, "BLEU words");
-    split_words(candidate, start, length);
-    split_words(reference, start + nc, length + nc);
-    for (int i = 0; i < n; i++) {
-        ids[i] = i; // a new word gets its own position as id; a repeat gets its first one's
-        for (int j = 0; j < i; j++) {
-            if (length[j] == length[i] && memcmp(start[j], start[i], (size_t)length[i]) == 0) {
-                ids[i] = ids[j];
-                break;
-            }
-        }
+    Vocabulary words;
+    vocab_init(&words);
+    size_t capacity = 1, length;
+    int *ids = checked_calloc(capacity, sizeof *ids, "BLEU words"), n = 0, candidate_len = 0;
+    for (int side = 0; side < 2; side++) {
+        for (const char *p = side == 0 ? candidate : reference; (p = next_token(p, &length)) != NULL; p += length)
+            push_id(&ids, &capacity, n++, vocab_add(&words, p, length));
+        if (side == 0) candidate_len = n;
     }
-    bleu_add_sentence(stats, ids, nc, ids + nc, nr);
-    free(start); free(length); free(ids);
+    bleu_add_sentence(stats, ids, candidate_len, ids + candidate_len, n - candidate_len);
+    free(ids);
+    vocab_free(&words);
 }
 
 // Corpus BLEU of everything added so far, on the 0..100 scale the paper uses.
@@ -4360,7 +4463,7 @@ static int train_option_table(Option *t, TrainOptions *o) {
                     "table, Table 3 row E)"),
         NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, RUN, "P_drop (§5.4)"),
         NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, RUN, "eps_ls (§5.4)"),
-        INT_OPTION("--steps", &o->steps, 1, 1000000000, RUN_EXTENDABLE, "training steps (may be raised on --resume)"),
+        INT_OPTION("--steps", &o->steps, 1, MAX_TRAINING_STEPS, RUN_EXTENDABLE, "training steps (may be raised on --resume)"),
         NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, RUN, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
         INT_OPTION("--warmup", &o->warmup, 1, 1000000000, RUN, "warmup_steps of eq. 3"),
         INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, RUN, "tokens per batch, source + target, padding included"),
@@ -4928,7 +5031,8 @@ static const char *decode_sentence(Transformer *model, Vocabulary *vocab, char *
                                    int beam, double alpha) {
     int *ids = NULL, n = 0;
     size_t capacity = 0;
-    for (char *p = text; *p; p++) n += !isspace((unsigned char)*p) && (p == text || isspace((unsigned char)p[-1]));
+    size_t length;
+    for (const char *p = text; (p = next_token(p, &length)) != NULL; p += length) n++;
     if (n <= model->config.max_len - 1) n = tokenize(text, vocab, 0, &ids, &capacity, from);
     if (n < 0) { free(ids); return reserved_token_error(from); }
     if (n > model->config.max_len - 1) {
@@ -4978,10 +5082,11 @@ static int command_decode(int argc, char **argv) {
     };
     const char *usage =
         "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
-        "Translates each SENTENCE (tokens separated by spaces), or else each line of standard input,\n"
-        "and prints the output, one line each. Greedy decoding with a key/value cache, or beam\n"
-        "search with --beam; at most source length + 50 tokens (§6.1). A sentence it cannot take (too\n"
-        "long, a reserved token) gets an error line and an empty output line; then exit status 1.";
+        "Translates each SENTENCE (tokens separated by white space, Unicode's spaces included), or else\n"
+        "each line of standard input, and prints the output, one line each. Greedy decoding with a\n"
+        "key/value cache, or beam search with --beam; at most source length + 50 tokens (§6.1). A\n"
+        "sentence it cannot take (too long, a reserved token) gets an error line and an empty output\n"
+        "line; then exit status 1.";
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
     int num_sentences = 0, n = (int)(sizeof options / sizeof *options);
     int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);
@@ -5001,12 +5106,14 @@ static int command_decode(int argc, char **argv) {
         if (num_sentences == 0) {
             char *line = NULL;
             size_t capacity = 0;
-            int got;
-            for (int line_no = 1; (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
+            int got, line_no;
+            for (line_no = 1; (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
                 snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
                 const char *read_error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL;
                 refused += decode_or_report(&model, &vocab, line, &from, beam, alpha, read_error);
             }
+            // a read that failed (stdin a directory, say) is not the end of the input
+            if (ferror(stdin)) error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
             free(line);
         }
         transformer_free(&model);

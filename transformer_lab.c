@@ -578,6 +578,19 @@ int svg_write_attention(const char *path, const Transformer *model, AttentionKin
 
 #define TRAINING_LOG_FIELDS 5
 
+// What a chart draws: finite values of at most CHART_LIMIT in size (inf and
+// nan, which a diverged run writes, break a curve), on axes that span at
+// least CHART_SMALLEST and at least 1e-4 of their values' size (so that the
+// 6 significant digits of a tick label tell the ticks apart). Within these
+// bounds an axis's ends, its tick step and their ratios are normal doubles
+// far from overflow: no tick is NaN or infinite, no tick count overflows. A
+// log file with a larger value (train writes none: losses, learning rates,
+// tokens/s and percentages) is refused, naming the line.
+#define CHART_LIMIT 1e300
+#define CHART_SMALLEST 1e-300   // the smallest span of an axis, and the lowest value of a log scale
+
+static int chart_drawable(double v) { return isfinite(v) && fabs(v) <= CHART_LIMIT; }
+
 typedef struct {
     int n, capacity;
     double *step, *loss, *lr, *tokens_per_s, *heldout; // heldout is NaN where it was left empty
@@ -589,15 +602,19 @@ static void training_log_free(TrainingLog *log) {
     memset(log, 0, sizeof *log);
 }
 
-// Parses the whole of text (after trimming blanks) as a number; 1 on success.
+// Parses the whole of text (after trimming white space) as a number; 1 on
+// success. Out of a double's range, strtod says ERANGE: a number too small
+// (4.9e-324) is read as the nearest double, which a chart draws as such; one
+// too large (1e999) as DBL_MAX, which the caller refuses as beyond a chart
+// (not as infinite, which the log writes as "inf").
 static int parse_number(const char *text, double *value) {
     char *end;
-    while (is_blank(*text)) text++;
+    text = skip_white_space(text);
     if (!*text) return 0;
     errno = 0;
     *value = strtod(text, &end);
-    while (is_blank(*end)) end++;
-    return *end == '\0' && errno != ERANGE;
+    if (errno == ERANGE && fabs(*value) > 1) *value = copysign(DBL_MAX, *value);
+    return *skip_white_space(end) == '\0';
 }
 
 // Splits a line at commas in place; returns the number of fields (fills at most max).
@@ -614,12 +631,14 @@ static int split_commas(char *line, char **fields, int max) {
     }
 }
 
+// text without white space at either end, cut to size - 1 bytes, into out
 static void trim_copy(char *out, size_t size, const char *text) {
-    while (is_blank(*text)) text++;
-    size_t n = strlen(text);
-    while (n > 0 && is_blank(text[n - 1])) n--;
+    const char *start = skip_white_space(text), *end = start;
+    size_t length;
+    for (const char *p = start; (p = next_token(p, &length)) != NULL; p += length) end = p + length;
+    size_t n = (size_t)(end - start);
     if (n >= size) n = size - 1;
-    memcpy(out, text, n);
+    memcpy(out, start, n);
     out[n] = '\0';
 }
 
@@ -656,8 +675,7 @@ static int training_log_read(TrainingLog *log, const char *path, char *error, si
     while (ok && getline(&line, &line_capacity, f) != -1) {
         line_number++;
         line[strcspn(line, "\r\n")] = '\0';
-        const char *first = line;
-        while (is_blank(*first)) first++;
+        const char *first = skip_white_space(line);
         if (*first == '\0' || *first == '#') continue;
         char *fields[TRAINING_LOG_FIELDS];
         int n = split_commas(line, fields, TRAINING_LOG_FIELDS);
@@ -682,6 +700,11 @@ static int training_log_read(TrainingLog *log, const char *path, char *error, si
             if (!parse_number(fields[field], &v[field]) || (field == 0 && (!isfinite(v[0]) || v[0] < 0))) {
                 snprintf(error, error_size, "%s:%d: %s '%s' is not a %s", path, line_number,
                          log->names[field], shown, field == 0 ? "step number (>= 0)" : "number");
+                ok = 0;
+            } else if (isfinite(v[field]) && !chart_drawable(v[field])) {
+                snprintf(error, error_size, "%s:%d: %s '%s' is beyond what a chart draws; expected a number from "
+                         "-%g to %g (inf and nan are drawn as gaps)", path, line_number, log->names[field], shown,
+                         CHART_LIMIT, CHART_LIMIT);
                 ok = 0;
             }
         }
@@ -710,17 +733,20 @@ static double nice_step(double range, int count) {
     return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * magnitude;
 }
 
-// The axis for the finite values of v: a log scale when asked for, all values
-// are positive and they span more than a factor 20; else linear, widened to
-// whole multiples of a nice step.
+// The axis for the drawable values of v (chart_drawable): a log scale when
+// asked for, all values are at least CHART_SMALLEST and they span more than
+// a factor 20; else linear, at least as wide as the bounds above CHART_LIMIT
+// ask, widened to whole multiples of a nice step.
 static ChartAxis chart_axis(const double *v, int n, int allow_log) {
     double lo = INFINITY, hi = -INFINITY;
     for (int i = 0; i < n; i++)
-        if (isfinite(v[i])) { lo = fmin(lo, v[i]); hi = fmax(hi, v[i]); }
-    if (!(lo <= hi)) return (ChartAxis){ 0, 1, 0 }; // no finite values
-    if (allow_log && lo > 0 && hi / lo > 20)
+        if (chart_drawable(v[i])) { lo = fmin(lo, v[i]); hi = fmax(hi, v[i]); }
+    if (!(lo <= hi)) return (ChartAxis){ 0, 1, 0 }; // nothing to draw
+    if (allow_log && lo >= CHART_SMALLEST && hi / lo > 20)
         return (ChartAxis){ pow(10, floor(log10(lo))), pow(10, ceil(log10(hi))), 1 };
     if (hi == lo) { double pad = lo != 0 ? fabs(lo) * 0.1 : 1; lo -= pad; hi += pad; }
+    double least = fmax(1e-4 * fmax(fabs(lo), fabs(hi)), CHART_SMALLEST);
+    if (hi - lo < least) { double middle = lo / 2 + hi / 2; lo = middle - least / 2; hi = middle + least / 2; }
     double step = nice_step(hi - lo, 5);
     return (ChartAxis){ floor(lo / step) * step, ceil(hi / step) * step, 0 };
 }
@@ -732,12 +758,13 @@ static double chart_position(ChartAxis a, double v, double p0, double p1) {
 }
 
 // Tick values: multiples of a nice step, or powers of ten (with 2x and 5x
-// when there are few decades). Returns how many were written.
+// when there are few decades; every stride-th power when there are more
+// than 10). Returns how many were written.
 static int chart_ticks(ChartAxis a, double *ticks, int max) {
     int n = 0;
     if (a.log_scale) {
-        int decades = (int)lround(log10(a.hi / a.lo));
-        for (double p = a.lo; p <= a.hi * 1.0001 && n < max; p *= 10) {
+        int decades = (int)lround(log10(a.hi) - log10(a.lo)), stride = decades > 10 ? (decades + 9) / 10 : 1;
+        for (double p = a.lo; p <= a.hi * 1.0001 && n < max; p *= pow(10, stride)) {
             ticks[n++] = p;
             if (decades <= 3 && p < a.hi * 0.999) {
                 if (n < max) ticks[n++] = 2 * p;
@@ -785,7 +812,7 @@ static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
     // scores, measured now and then) joins the points it has and marks them.
     int open = 0;
     for (int i = 0; i < n; i++) {
-        int drawable = isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0);
+        int drawable = chart_drawable(xs[i]) && chart_drawable(ys[i]) && (!ay.log_scale || ys[i] > 0);
         if (!drawable) {
             if (open && !sparse) { fputs("\"/>\n", f); open = 0; }
             continue;
@@ -797,7 +824,7 @@ static void svg_chart_panel(FILE *f, double x, double y, double w, double h,
     }
     if (open) fputs("\"/>\n", f);
     for (int i = 0; sparse && i < n; i++)
-        if (isfinite(xs[i]) && isfinite(ys[i]) && (!ay.log_scale || ys[i] > 0))
+        if (chart_drawable(xs[i]) && chart_drawable(ys[i]) && (!ay.log_scale || ys[i] > 0))
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
                     chart_position(ax, xs[i], x, x + w), chart_position(ay, ys[i], y + h, y), colour);
 }
@@ -825,11 +852,11 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
         return 1;
     }
     int heldout_points = 0;
-    double tokens_sum = 0;
+    double tokens_mean = 0; // a running mean: a sum of values up to CHART_LIMIT could overflow
     int tokens_count = 0;
     for (int i = 0; i < log.n; i++) {
         heldout_points += isfinite(log.heldout[i]) != 0;
-        if (isfinite(log.tokens_per_s[i])) { tokens_sum += log.tokens_per_s[i]; tokens_count++; }
+        if (isfinite(log.tokens_per_s[i])) tokens_mean += (log.tokens_per_s[i] - tokens_mean) / ++tokens_count;
     }
     int n_panels = heldout_points > 0 ? 3 : 2;
     double left = SVG_MARGIN + 80, plot_width = 720, plot_height = 210, panel_gap = 96;
@@ -840,7 +867,7 @@ int svg_write_loss_curve(const char *svg_path, const char *csv_path, const char 
     char subtitle[256];
     snprintf(subtitle, sizeof subtitle, "%s: %d lines, %s %.6g..%.6g, last %s %.4g, mean %s %.0f",
              csv_path, log.n, log.names[0], log.step[0], log.step[log.n - 1], log.names[1],
-             log.loss[log.n - 1], log.names[3], tokens_count ? tokens_sum / tokens_count : NAN);
+             log.loss[log.n - 1], log.names[3], tokens_count ? tokens_mean : NAN);
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT, SVG_TITLE_FONT, "start", 0, "bold",
              title ? title : "Training");
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
@@ -896,7 +923,7 @@ static int svg_write_bar_chart(const char *path, const char *title, const char *
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT, SVG_TITLE_FONT, "start", 0, "bold", title);
     svg_text(f, SVG_MARGIN, SVG_MARGIN + SVG_TITLE_FONT + 10 + SVG_FONT, SVG_FONT, "start", 0, NULL, subtitle);
     double x0 = chart_position(ax, origin, left, left + plot_width);
-    if (isfinite(band_lo) && isfinite(band_hi) && band_lo <= band_hi) {
+    if (chart_drawable(band_lo) && chart_drawable(band_hi) && band_lo <= band_hi) {
         double a = chart_position(ax, band_lo, left, left + plot_width), b = chart_position(ax, band_hi, left, left + plot_width);
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#e4e4e4\"/>\n",
                 a, top, fmax(b - a, 1.0), plot_height);
@@ -921,7 +948,7 @@ static int svg_write_bar_chart(const char *path, const char *title, const char *
         double y = top + gap + i * (bar_height + gap);
         svg_text(f, left - 8, y + bar_height - 4, SVG_FONT, "end", 0, NULL, bars[i].label);
         char value[32];
-        if (!isfinite(bars[i].value)) { svg_text(f, x0 + 4, y + bar_height - 4, SVG_FONT, "start", 0, NULL, "n/a"); continue; }
+        if (!chart_drawable(bars[i].value)) { svg_text(f, x0 + 4, y + bar_height - 4, SVG_FONT, "start", 0, NULL, "n/a"); continue; }
         double x1 = chart_position(ax, bars[i].value, left, left + plot_width);
         fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
                 x0, y, fmax(x1 - x0, 0.5), bar_height, palette[g]);
@@ -939,12 +966,30 @@ static void print_subwords(FILE *f, const Vocabulary *vocab, const int *ids, int
 
 // ---- bleu -------------------------------------------------------------------------
 
+// The offset in bytes (from 1) of the first byte of text that does not
+// begin a valid UTF-8 sequence (utf8_sequence_length), or 0 when all of it is UTF-8.
+static size_t first_byte_not_utf8(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; s[i]; ) {
+        int n = utf8_sequence_length(s + i);
+        if (n == 0) return i + 1;
+        i += (size_t)n;
+    }
+    return 0;
+}
+
 // Corpus BLEU of a hypothesis file against a reference file, line by line,
 // exactly as eval --bleu scores decoded outputs: tokens split at white space.
+// The files are read as sacreBLEU reads them, UTF-8 text split into lines at
+// \n only, and a line that is not UTF-8 (Latin-1 text, a binary file) is
+// refused as sacreBLEU refuses it, naming the file and line: scoring its
+// bytes would split words where sacreBLEU does not, or not at all. (Two
+// differences, both about what is not text: a \r before the \n and a
+// byte-order mark at the start of a file are dropped, where sacreBLEU keeps
+// the mark as part of the first word.)
 static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char *ref_path, int *lines) {
-    FILE *hyp = fopen(hyp_path, "r"), *ref = fopen(ref_path, "r");
-    const char *error = !hyp ? errorf("%s: cannot open: %s", hyp_path, strerror(errno))
-                      : !ref ? errorf("%s: cannot open: %s", ref_path, strerror(errno)) : NULL;
+    const char *error = NULL;
+    FILE *hyp = open_text_file(hyp_path, &error), *ref = hyp ? open_text_file(ref_path, &error) : NULL;
     char *hyp_line = NULL, *ref_line = NULL;
     size_t hyp_capacity = 0, ref_capacity = 0;
     bleu_reset(stats);
@@ -952,6 +997,11 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
     while (!error) {
         int h = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
         int r = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
+        if ((!h && ferror(hyp)) || (!r && ferror(ref))) { // not the end: a read that failed
+            error = errorf("%s: read error after %d lines: %s", !h && ferror(hyp) ? hyp_path : ref_path, *lines,
+                           strerror(errno));
+            break;
+        }
         if (!h && !r) break;
         ++*lines;
         if (!h || !r)
@@ -960,11 +1010,16 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
                            h ? hyp_path : ref_path);
         else if (h < 0 || r < 0)
             error = errorf("%s:%d: a zero byte; expected text", h < 0 ? hyp_path : ref_path, *lines);
-        else bleu_add_sentence_text(stats, hyp_line, ref_line);
+        else {
+            size_t hyp_bad = first_byte_not_utf8(hyp_line), ref_bad = hyp_bad ? 0 : first_byte_not_utf8(ref_line);
+            if (hyp_bad || ref_bad)
+                error = errorf("%s:%d: byte %zu of the line, 0x%02x, is not UTF-8; expected UTF-8 text, as sacreBLEU "
+                               "reads it", hyp_bad ? hyp_path : ref_path, *lines, hyp_bad ? hyp_bad : ref_bad,
+                               (unsigned char)(hyp_bad ? hyp_line[hyp_bad - 1] : ref_line[ref_bad - 1]));
+            else bleu_add_sentence_text(stats, hyp_line, ref_line);
+        }
     }
     if (!error && *lines == 0) error = errorf("%s: no lines; expected one sentence a line", hyp_path);
-    if (!error && (ferror(hyp) || ferror(ref))) error = errorf("%s: read error: %s", ferror(hyp) ? hyp_path : ref_path,
-                                                             strerror(errno));
     free(hyp_line); free(ref_line);
     if (hyp) fclose(hyp);
     if (ref) fclose(ref);
@@ -974,9 +1029,10 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
 static int command_bleu(int argc, char **argv) {
     const char *usage =
         "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt\n"
-        "Corpus BLEU-4 of any system's output (section 7 of NOTES.md): one sentence a line in each file,\n"
-        "line i of the first scored against line i of the second, tokens split at white space, one\n"
-        "reference each, no smoothing, no lower-casing: what eval --bleu prints for decoded outputs.";
+        "Corpus BLEU-4 of any system's output (section 7 of NOTES.md): one sentence a line in each file\n"
+        "(UTF-8 text), line i of the first scored against line i of the second, tokens split at white\n"
+        "space as Python's str.split() splits, one reference each, no smoothing, no lower-casing: what\n"
+        "eval --bleu prints for decoded outputs, and sacreBLEU's tokenize='none', smooth_method='none'.";
     char **paths = checked_calloc(argc, sizeof(char *), "arguments");
     int n = 0, lines = 0;
     int status = parse_options("bleu", usage, NULL, 0, argc, argv, paths, &n);
@@ -1097,7 +1153,7 @@ static int command_attention(int argc, char **argv) {
         size_t capacity = 0;
         int len = tokenize(sentences[0], &vocab, 0, &ids, &capacity, &from);
         if (len < 0) error = reserved_token_error(&from);
-        else if (len == 0) error = "the sentence is empty; expected tokens separated by spaces";
+        else if (len == 0) error = "the sentence is empty; expected tokens separated by white space";
         else if (len > model.config.max_len - 1)
             error = errorf("the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
                            len, model.config.max_len, model.config.max_len - 1);
@@ -1176,10 +1232,13 @@ static int command_bpe(int argc, char **argv) {
     if (!error && checkpoint && num_sentences == 0) {
         char *line = NULL;
         size_t capacity = 0;
-        for (int line_no = 1, got; !error && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
+        int line_no, got;
+        for (line_no = 1; !error && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
             snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
             error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : print_sentence_subwords(&vocab, line, &from);
         }
+        // a read that failed (stdin a directory, say) is not the end of the input
+        if (!error && ferror(stdin)) error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
         free(line);
     }
     if (error) fprintf(stderr, "error: bpe: %s\n", error);

@@ -109,8 +109,11 @@ def random_corpus(rng, sentences):
                 hyp.append(rng.choice(vocabulary) if r < 0.25 else token)
                 if rng.random() < 0.05:
                     hyp.append(rng.choice(vocabulary))    # added
-        # white space as a user's files may have it: runs of spaces, tabs, ends
-        spaces = lambda: rng.choice([" ", " ", " ", "  ", "\t"])
+        # white space as a user's files may have it: runs of spaces, tabs, ends, and now and then
+        # the other characters Python's str.split() splits at (no-break and ideographic spaces,
+        # U+2003, U+2028, U+0085, the separators U+001C..U+001F, vertical tab, form feed)
+        other = ["\u00a0", "\u3000", "\u2003", "\u2028", "\u0085", "\x1c", "\x1f", "\x0b", "\x0c", "\u202f"]
+        spaces = lambda: rng.choice([" ", " ", " ", "  ", "\t", rng.choice(other)])
         hyps.append(spaces().join(hyp) + (" " if rng.random() < 0.1 else ""))
         refs.append(spaces().join(ref))
     return hyps, refs
@@ -156,9 +159,9 @@ def check_sacrebleu(binary, corpora=20, sentences=300):
           f"{sacrebleu.corpus_bleu(sentence[0], [sentence[1]]).score:.2f} with '13a' (splits punctuation off words), "
           f"{ours_sentence:.2f} with 'none' and here (tokens are what lies between spaces)")
     theirs = sacrebleu.corpus_bleu(spaced[0], [spaced[1]], tokenize="none", smooth_method="none").score
-    print(f"  white space: 'p q r s a<U+00A0>b' against '{spaced[1][0]}': {theirs:.2f} in sacreBLEU (Python's "
-          f"str.split splits at Unicode spaces too), {ours_spaced:.2f} here (C's ASCII white space: 'a<U+00A0>b' "
-          f"is one token)")
+    print(f"  white space is the same: 'p q r s a<U+00A0>b' against '{spaced[1][0]}': {theirs:.2f} in sacreBLEU "
+          f"and {ours_spaced:.2f} here (both split at the characters Python's str.split() splits at)")
+    assert abs(ours_spaced - theirs) <= 0.005 + 1e-9, (ours_spaced, theirs)
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--sacrebleu":

@@ -1,0 +1,47 @@
+// Training data: a TSV file read as train reads it (dataset_read_tsv), and
+// §5.1's merges learned from it (bpe_learn_from_tsv) and applied to it as
+// train --bpe does. What training relies on: no sentence holds the id of a
+// special token (<pad> <s> </s> <unk>), every subword of a training word is
+// in the vocabulary, and the subwords join back into tokens that cut into
+// the same subwords.
+#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *path = fuzz_file(0, data, size, ".tsv");
+    Vocabulary words, vocab;
+    Dataset dataset;
+    vocab_init(&words);
+    memset(&dataset, 0, sizeof dataset);
+    const char *words_error = dataset_read_tsv(&dataset, &words, path, 1);
+    for (size_t i = 0; !words_error && i < dataset.num_tokens; i++)
+        fuzz_require(dataset.tokens[i] >= NUM_SPECIAL_TOKENS && dataset.tokens[i] < words.size, "a word's id out of range");
+    dataset_free(&dataset);
+    vocab_free(&words);
+    vocab_init(&vocab);
+    int learned = 0;
+    const char *error = bpe_learn_from_tsv(&vocab, path, 20, 40, &learned);
+    if (!error) {
+        fuzz_require(!words_error, "merges learned from a file that does not read");
+        vocab_add_subwords(&vocab);
+        int size_before = vocab.size;
+        error = dataset_read_tsv(&dataset, &vocab, path, 1);
+        for (size_t i = 0; !error && i < dataset.num_tokens; i++)
+            fuzz_require(dataset.tokens[i] >= NUM_SPECIAL_TOKENS, "a subword with a special token's id");
+        fuzz_require(error || vocab.size == size_before, "a training word's subword not in the vocabulary");
+        int *ids = NULL;
+        size_t capacity = 0;
+        for (int p = 0; !error && p < dataset.count; p++) {
+            const SentencePair *pair = &dataset.pairs[p];
+            char *text = tokens_to_text(&vocab, dataset.tokens + pair->src, pair->src_len);
+            TextSource from = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
+            int n = tokenize(text, &vocab, 0, &ids, &capacity, &from);
+            fuzz_require(n == pair->src_len && memcmp(ids, dataset.tokens + pair->src, (size_t)n * sizeof(int)) == 0,
+                         "subwords joined and cut again differ");
+            free(text);
+        }
+        free(ids);
+        dataset_free(&dataset);
+    }
+    vocab_free(&vocab);
+    return 0;
+}
