@@ -489,7 +489,7 @@ static void run_gradient_checks(void) {
 
 // Tolerances, relative to the largest magnitude in each tensor: 10 times the
 // largest difference measured over the committed files and the 42 files of
-// dev/reference_seeds.py, rounded up (NOTES.md section 3 gives the
+// dev/reference_seeds.py, rounded up (NOTES.md, "How it is proven", gives the
 // measurements; version 1: the committed file). Version 2 files hold PyTorch's float64
 // results, so what is left is this build's own rounding; version 1 files hold
 // PyTorch's float32 results, whose rounding dominates in either build.
@@ -714,7 +714,7 @@ static unsigned char *key_bias_skip_mask(Transformer *model) {
 // relative to the largest update, the key biases left out (their true
 // gradient is 0, so their steps are rounding noise of random sign). Not exact
 // by design: an element whose gradient the arithmetic cannot resolve still
-// moves a full step (NOTES.md section 5); version 2 files avoid this.
+// moves a full step (NOTES.md, "Reference files"); version 2 files avoid this.
 // The first step, taken by reference_compare, gave first_loss.
 static int reference_adam_v1(Transformer *model, const Reference *r, Batch *batch, RefTolerances tol,
                              real first_loss, double lr_factor, const TrainingCompute *compute, int verbose) {
@@ -753,7 +753,7 @@ static double adam_ratio_limit(int k, double beta1, double beta2) {
 // Version 2: step k starts from the reference's parameters before it (so a
 // difference at one step cannot grow through the later ones), computes our
 // loss and gradient there and our Adam update with our own moments; each
-// element's update must be within the bound derived in NOTES.md section 5:
+// element's update must be within the bound derived in NOTES.md, "Reference files":
 //     lr_k min(|r| + rho_k, (1 + rho_k) delta_t / (s + eps)) + rounding
 // with s = sqrt(v_hat) and r = m_hat / (s + eps) ours, delta_t the gradient
 // tolerance times tensor t's largest |gradient| (an absolute bound on each
@@ -4251,7 +4251,7 @@ static long gdb_local(const char *text, const char *name, int *found) {
 }
 
 // make debug's transformer_debug (transformer.c alone, -O0 -g, Part I only,
-// no OpenMP) in gdb, as NOTES.md §15 walks it: break in attention_forward
+// no OpenMP) in gdb, as NOTES.md, "A walk through the code in gdb", walks it: break in attention_forward
 // during a one-step training run, `next` line by line until the line that
 // computes s_ij (p[j] = dot * scale), then `info locals`. Built with OpenMP,
 // the loop body would be an outlined attention_forward._omp_fn.0 and `next`
@@ -4342,7 +4342,7 @@ static void run_cli_and_data_tests(void) {
     test_command_line();
     test_minimal_program();
 #ifdef TRANSFORMER_PLAIN
-    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md §15), once, in the plain build\n");
+    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md, \"A walk through the code in gdb\"), once, in the plain build\n");
     test_debugger_walk();
 #endif
     printf("-- §5.1 byte-pair encoding\n");
@@ -5091,7 +5091,7 @@ int main(int argc, char **argv) {
 #endif
     RefTolerances v2 = reference_tolerances(2), v1 = reference_tolerances(1);
     printf("-- PyTorch reference files (tolerances, relative to each tensor's largest: version 2: logits %g,"
-           " loss %g, gradients %g, step losses %g, Adam updates per element (NOTES.md section 5);"
+           " loss %g, gradients %g, step losses %g, Adam updates per element (NOTES.md, \"Reference files\");"
            " version 1: %g, %g, %g, %g, Adam updates %g)\n", v2.logits, v2.loss, v2.grads, v2.step_losses,
            v1.logits, v1.loss, v1.grads, v1.step_losses, v1.adam_v1);
     for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++)

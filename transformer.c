@@ -8,7 +8,7 @@
  * BUILD  cc -O2 transformer.c -lm -o transformer_minimal   this file alone: train, decode, eval
  *        make               ./transformer with the lab's instruments too (transformer_lab.c:
  *                           pictures, BLEU of files, averaging, Table 3, parameter counts, bench)
- *        make debug         -O0 -g, Part I only, no OpenMP: gdb's `next` walks every loop
+ *        make debug         -O0 -g, without Part II or OpenMP: gdb's `next` walks every loop
  * TEST   make test
  * RUN    make demo          trains the copy task and decodes held-out examples
  *        ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt "3 1 4"
@@ -38,7 +38,7 @@
  *             against Part I.
  *   PART III  THE PROGRAM: data (vocabulary, TSV files, §5.1 byte-pair
  *             encoding, the copy and reverse tasks, batches by length),
- *             evaluation and §6.1 BLEU, checkpoints, the command line (train,
+ *             evaluation, checkpoints, §6.1 BLEU, the command line (train,
  *             decode, eval), main.
  *
  * CONVENTIONS
@@ -481,8 +481,9 @@ static void attention_backward(real *dq, real *dk, real *dv,
 // single attention head, averaging inhibits this." One head's output for a
 // query is one weighted average of the values; h heads project into h
 // different d_k-wide subspaces and can each put their weight on another
-// position (one on the previous word, one on the verb, ...), at the same
-// total cost as one full-width head. Table 3 (A): one head is 0.9 BLEU
+// position, at the same total cost as one full-width head (the paper's
+// Figures 3-5 show heads of one layer following a long-distance dependency
+// and resolving an anaphora). Table 3 (A): one head is 0.9 BLEU
 // worse than the best; `make table3` runs row A on the numbers task.
 //
 // W_i^Q for all heads together is one (C, C) matrix whose output columns
@@ -578,40 +579,40 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams gr
 // over all B*T rows at once.
 // ============================================================================
 
-// h = max(0, h) in place
-static void relu_forward(real *h, size_t n) {
+// hidden = max(0, hidden) in place
+static void relu_forward(real *hidden, size_t n) {
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
+    for (size_t i = 0; i < n; i++) hidden[i] = hidden[i] > 0 ? hidden[i] : 0;
 }
 
-// Differentiates  h = max(0, a): da = dh where h > 0 (the same as a > 0), else 0.
-// In place: dh becomes da.
-static void relu_backward(real *dh, const real *h, size_t n) {
+// Differentiates  hidden = max(0, a): da = dhidden where hidden > 0 (the same
+// as a > 0), else 0. In place: dhidden becomes da.
+static void relu_backward(real *dhidden, const real *hidden, size_t n) {
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) if (!(h[i] > 0)) dh[i] = 0;
+    for (size_t i = 0; i < n; i++) if (!(hidden[i] > 0)) dhidden[i] = 0;
 }
 
 // One layer's FFN parameters (or their gradients).
 typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
 
-// out is (N,C), h (N,F) = max(0, x W_1^T + b_1) is kept for backward
-static void feed_forward_forward(real *out, real *h, const real *x, FeedForwardParams weights,
+// out is (N,C), hidden (N,F) = max(0, x W_1^T + b_1) is kept for backward
+static void feed_forward_forward(real *out, real *hidden, const real *x, FeedForwardParams weights,
                                  int N, int C, int F) {
-    linear_forward(h, x, weights.w1, weights.b1, N, C, F);
-    relu_forward(h, (size_t)N * F);
-    linear_forward(out, h, weights.w2, weights.b2, N, F, C);
+    linear_forward(hidden, x, weights.w1, weights.b1, N, C, F);
+    relu_forward(hidden, (size_t)N * F);
+    linear_forward(out, hidden, weights.w2, weights.b2, N, F, C);
 }
 
-// d_h (N,F) is zeroed scratch; dx accumulates
-static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_h, const real *dout,
-                                  const real *h, const real *x, FeedForwardParams weights,
+// d_hidden (N,F) is zeroed scratch; dx accumulates
+static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_hidden, const real *dout,
+                                  const real *hidden, const real *x, FeedForwardParams weights,
                                   int N, int C, int F) {
-    // out = h W_2^T + b_2
-    linear_backward(d_h, grads.w2, grads.b2, dout, h, weights.w2, N, F, C);
-    // h = max(0, a)
-    relu_backward(d_h, h, (size_t)N * F);
+    // out = hidden W_2^T + b_2
+    linear_backward(d_hidden, grads.w2, grads.b2, dout, hidden, weights.w2, N, F, C);
+    // hidden = max(0, a)
+    relu_backward(d_hidden, hidden, (size_t)N * F);
     // a = x W_1^T + b_1
-    linear_backward(dx, grads.w1, grads.b1, d_h, x, weights.w1, N, C, F);
+    linear_backward(dx, grads.w1, grads.b1, d_hidden, x, weights.w1, N, C, F);
 }
 
 // ============================================================================
@@ -627,13 +628,13 @@ static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_h, 
 // out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
 static void embedding_forward(real *out, const int *tokens, const real *embedding,
                               const real *pe, int B, int T, int C) {
-    real scale = real_sqrt((real)C);
+    real sqrt_d_model = real_sqrt((real)C);
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             const real *row = embedding + (size_t)tokens[b * T + t] * C;
             for (int i = 0; i < C; i++)
-                out[((size_t)b * T + t) * C + i] = row[i] * scale + pe[(size_t)t * C + i];
+                out[((size_t)b * T + t) * C + i] = row[i] * sqrt_d_model + pe[(size_t)t * C + i];
         }
     }
 }
@@ -643,11 +644,11 @@ static void embedding_forward(real *out, const int *tokens, const real *embeddin
 // gradient, so this runs on one thread, positions in order.
 static void embedding_backward(real *dembedding, const real *dout, const int *tokens,
                                int B, int T, int C) {
-    real scale = real_sqrt((real)C);
+    real sqrt_d_model = real_sqrt((real)C);
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             real *drow = dembedding + (size_t)tokens[b * T + t] * C;
-            for (int i = 0; i < C; i++) drow[i] += dout[((size_t)b * T + t) * C + i] * scale;
+            for (int i = 0; i < C; i++) drow[i] += dout[((size_t)b * T + t) * C + i] * sqrt_d_model;
         }
     }
 }
@@ -718,7 +719,7 @@ static void position_embedding_backward(real *dpe, const real *dout, int B, int 
 static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
                                     const int *targets, const int *tgt_len, float label_smoothing,
                                     int B, int T, int V, int *num_tokens) {
-    real eps = (real)label_smoothing;
+    real eps_ls = (real)label_smoothing;
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
         const real *z = logits + (size_t)bt * V;
@@ -739,10 +740,10 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
         }
         real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
         for (int token = 0; token < V; token++) p[token] *= inv_sum;
-        // -sum_v q_v log p_v = -(1-eps) log p_y - (eps/V) sum_v log p_v
+        // -sum_v q_v log p_v = -(1-eps_ls) log p_y - (eps_ls/V) sum_v log p_v
         real log_p_target = z[targets[bt]] - log_sum;
         real sum_log_p = sum_z - V * log_sum;
-        token_loss[bt] = -(1 - eps) * log_p_target - eps / V * sum_log_p;
+        token_loss[bt] = -(1 - eps_ls) * log_p_target - eps_ls / V * sum_log_p;
     }
     double total = 0;
     int count = 0;
@@ -759,14 +760,14 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
 static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets,
                                    const int *tgt_len, float label_smoothing, int num_tokens,
                                    int B, int T, int V) {
-    real eps = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
+    real eps_ls = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
         if (bt % T >= tgt_len[bt / T]) continue;
         const real *p = probs + (size_t)bt * V;
         real *dz = dlogits + (size_t)bt * V;
         for (int token = 0; token < V; token++) {
-            real q_v = eps / V + (token == targets[bt] ? 1 - eps : 0);
+            real q_v = eps_ls / V + (token == targets[bt] ? 1 - eps_ls : 0);
             dz[token] += (p[token] - q_v) * inv_n;
         }
     }
@@ -1152,44 +1153,44 @@ void transformer_backward(Transformer *model, const Batch *batch) {
 // ============================================================================
 
 double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor) {
-    double s = step < 1 ? 1.0 : (double)step;
-    double rise = s * pow((double)warmup_steps, -1.5), decay = 1.0 / sqrt(s);
+    double step_num = step < 1 ? 1.0 : (double)step;
+    double rise = step_num * pow((double)warmup_steps, -1.5), decay = 1.0 / sqrt(step_num);
     return factor / sqrt((double)d_model) * (rise < decay ? rise : decay);
 }
 
 // One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter theta
 // with gradient g:
-//     m = beta1 m + (1 - beta1) g            (first moment)
-//     v = beta2 v + (1 - beta2) g^2          (second moment)
+//     m = beta1 m + (1 - beta1) g            (first moment: adam_m, moment1 below)
+//     v = beta2 v + (1 - beta2) g^2          (second moment: adam_v, moment2 below)
 //     theta -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
-// with t the step count; the divisions undo the moments' bias towards 0.
+// with t the step count; the divisions undo the moments' bias towards 0. The
+// corrections are computed once, in double, and applied in `real`.
 void adam_update(Transformer *model, double learning_rate) {
     model->adam_step++;
-    double b1 = model->adam.beta1, b2 = model->adam.beta2;
-    double correction1 = 1.0 - pow(b1, (double)model->adam_step);
-    double correction2 = 1.0 - pow(b2, (double)model->adam_step);
-    real step_size = (real)(learning_rate / correction1);
-    real rsqrt_c2 = (real)(1.0 / sqrt(correction2)), eps = (real)model->adam.eps;
-    real beta1 = (real)b1, beta2 = (real)b2;
-    real *theta = model->params_memory, *first = model->adam_m, *second = model->adam_v;
+    const AdamConfig *adam = &model->adam;
+    double t = (double)model->adam_step;
+    real step_size = (real)(learning_rate / (1.0 - pow(adam->beta1, t)));   // lr / (1 - beta1^t)
+    real rsqrt_correction2 = (real)(1.0 / sqrt(1.0 - pow(adam->beta2, t)));  // 1 / sqrt(1 - beta2^t)
+    real beta1 = (real)adam->beta1, beta2 = (real)adam->beta2, eps = (real)adam->eps;
+    real *theta = model->params_memory, *moment1 = model->adam_m, *moment2 = model->adam_v;
     const real *grad = model->grads_memory;
     #pragma omp parallel for
     for (size_t i = 0; i < model->num_parameters; i++) {
         real g = grad[i];
-        real moment1 = beta1 * first[i] + (1 - beta1) * g;
-        real moment2 = beta2 * second[i] + (1 - beta2) * g * g;
-        first[i] = moment1;
-        second[i] = moment2;
-        theta[i] -= step_size * moment1 / (real_sqrt(moment2) * rsqrt_c2 + eps);
+        moment1[i] = beta1 * moment1[i] + (1 - beta1) * g;
+        moment2[i] = beta2 * moment2[i] + (1 - beta2) * g * g;
+        theta[i] -= step_size * moment1[i] / (real_sqrt(moment2[i]) * rsqrt_correction2 + eps);
     }
 }
 
 // ============================================================================
 // §5  The training step
-// "We trained the models ... using the Adam optimizer" on batches of sentence
-// pairs (§5.1-§5.3): a forward pass to the loss, the backward pass to every
-// parameter's gradient, one Adam update at eq. 3's rate. The step number t
-// of eq. 3 is the update's own: adam_step + 1.
+// §5 of the paper describes training piece by piece: batches of sentence
+// pairs (§5.1), "the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and
+// eps = 10^-9" at eq. 3's rate (§5.3), dropout and label smoothing (§5.4).
+// One step: a forward pass to the loss, the backward pass to every
+// parameter's gradient, one Adam update. The step number t of eq. 3 is the
+// update's own: adam_step + 1.
 // ============================================================================
 
 real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor) {
@@ -1315,22 +1316,22 @@ static void decoder_step(DecoderCache *cache, Transformer *model, const int *tok
     const TransformerConfig *config = &model->config;
     int C = config->d_model, NH = config->n_heads;
     size_t R = cache->rows;
-    real *x = cache->x;
+    real *y = cache->x;   // the layer's input y, then its output
     // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
-    embedding_forward(x, tokens, model->params.embedding, model->positional_encoding + (size_t)t * C, rows, 1, C);
+    embedding_forward(y, tokens, model->params.embedding, model->positional_encoding + (size_t)t * C, rows, 1, C);
     for (int r = 0; r < rows; r++) cache->self_len[r] = t + 1;
     for (int l = 0; l < config->n_layers; l++) {
         DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
         real *self_kv = cache->self_kv + l * R * cache->max_T * 2 * C;
         real *cross_kv = cache->cross_kv + l * R * cache->S * 2 * C;
         // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
-        linear_forward(cache->qkv, x, weights.self_attn.qkv_w, weights.self_attn.qkv_b, rows, C, 3 * C);
+        linear_forward(cache->qkv, y, weights.self_attn.qkv_w, weights.self_attn.qkv_b, rows, C, 3 * C);
         for (int r = 0; r < rows; r++)   // k_t, v_t into the cache
             memcpy(self_kv + ((size_t)r * cache->max_T + t) * 2 * C, cache->qkv + (size_t)r * 3 * C + C,
                    2 * (size_t)C * sizeof(real));
         attend_and_project(cache->proj, cache->att, cache->heads, cache->qkv, self_kv, self_kv + C, 3 * C, 2 * C,
                            cache->self_len, 0, weights.self_attn, rows, 1, cache->max_T, C, NH);
-        add_norm_forward(cache->ln1, cache->mean, cache->rstd, cache->res, cache->mask, x, cache->proj,
+        add_norm_forward(cache->ln1, cache->mean, cache->rstd, cache->res, cache->mask, y, cache->proj,
                          weights.ln1_g, weights.ln1_b, model, rows);
         // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); q = ln1 W_q^T + b_q as in
         // cross_attention_forward, keys and values from the cache
@@ -1341,11 +1342,11 @@ static void decoder_step(DecoderCache *cache, Transformer *model, const int *tok
                          weights.ln2_g, weights.ln2_b, model, rows);
         // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
         feed_forward_forward(cache->ff_out, cache->ff_h, cache->ln2, weights.ffn, rows, C, config->d_ff);
-        add_norm_forward(x, cache->mean, cache->rstd, cache->res, cache->mask, cache->ln2, cache->ff_out,
+        add_norm_forward(y, cache->mean, cache->rstd, cache->res, cache->mask, cache->ln2, cache->ff_out,
                          weights.ln3_g, weights.ln3_b, model, rows);
     }
     // §3.4: the pre-softmax projection through the shared embedding
-    linear_forward(cache->logits, x, model->params.embedding, NULL, rows, C, config->vocab_size);
+    linear_forward(cache->logits, y, model->params.embedding, NULL, rows, C, config->vocab_size);
 }
 
 // Beam search keeps the best hypotheses, which may extend any of the previous
@@ -1406,10 +1407,10 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
         int active = 0;
         for (int b = 0; b < B; b++) {
             if (done[b]) continue;
-            int y = greedy_token(cache.logits + (size_t)b * V, V);
-            if (y == TOKEN_EOS) { done[b] = 1; continue; }
-            out[(size_t)b * max_out + out_len[b]++] = y;
-            tokens[b] = y;
+            int token = greedy_token(cache.logits + (size_t)b * V, V);
+            if (token == TOKEN_EOS) { done[b] = 1; continue; }
+            out[(size_t)b * max_out + out_len[b]++] = token;
+            tokens[b] = token;
             if (t + 1 >= limit[b]) done[b] = 1;
             active += !done[b];
         }
@@ -1487,11 +1488,11 @@ static void finish_hypothesis(FinishedHypotheses *finished, const int *tokens, i
 
 // Beam search for one sentence (§6.1). Keeps `beam_size` alive hypotheses.
 // At each position every alive beam proposes every token; the best
-// 2 x beam_size of these (by summed log-probability) are taken in order:
-// one ending in </s> among the first beam_size is finished, with score
-// log P / length_penalty; the others fill the next alive beams. Search stops
-// when beam_size hypotheses have finished ("all beams have ended"), or at the
-// length limit, where the alive beams finish as they are. Returns the length
+// beam_size - (hypotheses finished so far) of these, by summed
+// log-probability, are taken in order: one ending in </s> is finished, with
+// score log P / length_penalty; the others fill the next alive beams. Search
+// stops when beam_size hypotheses have finished ("all beams have ended"), or
+// at the length limit, where the alive beams finish as they are. Returns the length
 // of the best finished hypothesis, written to out (capacity
 // transformer_decode_limit) without </s>; *score gets its score.
 // With beam_size 1 this is exactly greedy decoding.
@@ -1506,7 +1507,7 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     double *alive_score = checked_calloc(beams, sizeof(double), "beams");
     double *next_score = checked_calloc(beams, sizeof(double), "beams");
     int *parent = checked_calloc(beams, sizeof(int), "beams"), *tokens = checked_calloc(beams, sizeof(int), "beams");
-    BeamCandidate *best = checked_calloc(2 * beams, sizeof(BeamCandidate), "beam candidates");
+    BeamCandidate *best = checked_calloc(beams, sizeof(BeamCandidate), "beam candidates");
     FinishedHypotheses finished = { checked_calloc(beams * stride, sizeof(int), "beams"),
                                     checked_calloc(beams, sizeof(int), "beams"),
                                     checked_calloc(beams, sizeof(double), "beams"), 0, 0, stride };
@@ -1518,14 +1519,14 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     tokens[0] = TOKEN_BOS;
     for (int t = 0; t < limit; t++) {
         decoder_step(&cache, model, tokens, t, num_alive);
-        int num_best = beam_propose(best, 2 * beam_size, cache.logits, alive_score, num_alive, V);
         // Each of the beam_size beams ends once: the best `width` candidates, in order,
         // either end (</s>) or go on, where width is the number of beams that
         // have not ended yet. An ended beam is not replaced, so a few poor
         // hypotheses that end early cannot stop the search while a better one
         // is still going; the search stops when every beam has ended.
         int width = beam_size - finished.count, num_next = 0;
-        for (int i = 0; i < num_best && i < width; i++) {
+        int num_best = beam_propose(best, width, cache.logits, alive_score, num_alive, V);
+        for (int i = 0; i < num_best; i++) {
             BeamCandidate candidate = best[i];
             if (candidate.token == TOKEN_EOS) {
                 finish_hypothesis(&finished, alive + candidate.row * stride, t, candidate.score, t + 1, alpha);
@@ -1686,69 +1687,73 @@ static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const Transform
 }
 
 // The named pointers of a ParameterTensors, in storage order.
-static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *p) {
+static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *tensors) {
+    ParameterTensors *of = tensors;
     real **list[NUM_PARAMETER_TENSORS] = {
-        &p->embedding, &p->position_embedding,
-        &p->enc_qkv_w, &p->enc_qkv_b, &p->enc_out_w, &p->enc_out_b, &p->enc_ln1_g, &p->enc_ln1_b,
-        &p->enc_ff1_w, &p->enc_ff1_b, &p->enc_ff2_w, &p->enc_ff2_b, &p->enc_ln2_g, &p->enc_ln2_b,
-        &p->dec_self_qkv_w, &p->dec_self_qkv_b, &p->dec_self_out_w, &p->dec_self_out_b,
-        &p->dec_ln1_g, &p->dec_ln1_b,
-        &p->dec_cross_qkv_w, &p->dec_cross_qkv_b, &p->dec_cross_out_w, &p->dec_cross_out_b,
-        &p->dec_ln2_g, &p->dec_ln2_b,
-        &p->dec_ff1_w, &p->dec_ff1_b, &p->dec_ff2_w, &p->dec_ff2_b, &p->dec_ln3_g, &p->dec_ln3_b,
+        &of->embedding, &of->position_embedding,
+        &of->enc_qkv_w, &of->enc_qkv_b, &of->enc_out_w, &of->enc_out_b, &of->enc_ln1_g, &of->enc_ln1_b,
+        &of->enc_ff1_w, &of->enc_ff1_b, &of->enc_ff2_w, &of->enc_ff2_b, &of->enc_ln2_g, &of->enc_ln2_b,
+        &of->dec_self_qkv_w, &of->dec_self_qkv_b, &of->dec_self_out_w, &of->dec_self_out_b,
+        &of->dec_ln1_g, &of->dec_ln1_b,
+        &of->dec_cross_qkv_w, &of->dec_cross_qkv_b, &of->dec_cross_out_w, &of->dec_cross_out_b,
+        &of->dec_ln2_g, &of->dec_ln2_b,
+        &of->dec_ff1_w, &of->dec_ff1_b, &of->dec_ff2_w, &of->dec_ff2_b, &of->dec_ln3_g, &of->dec_ln3_b,
     };
     memcpy(ptrs, list, sizeof list);
 }
 
 // Points the named tensors into memory laid out in the order above.
-static void point_parameters(ParameterTensors *p, real *memory, const size_t sizes[NUM_PARAMETER_TENSORS]) {
+static void point_parameters(ParameterTensors *tensors, real *block, const size_t sizes[NUM_PARAMETER_TENSORS]) {
     real **ptrs[NUM_PARAMETER_TENSORS];
-    parameter_pointers(ptrs, p);
+    parameter_pointers(ptrs, tensors);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
+        *ptrs[i] = block;
+        block += sizes[i];
     }
 }
 
 // Xavier-uniform (Glorot & Bengio 2010): U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
 // for a (rows, cols) matrix inside w.
 static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
-    double a = sqrt(6.0 / (double)(rows + cols));
-    for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * a);
+    double bound = sqrt(6.0 / (double)(rows + cols));
+    for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * bound);
 }
 
 // Initialisation (the paper gives none; these are PyTorch's and the common
 // reimplementations'): Xavier-uniform for every projection matrix (W^Q, W^K,
-// W^V, W^O each on its own, W_1, W_2), N(0, d_model^-0.5) for the shared
-// embedding and for learned positions (as tensor2tensor and fairseq do), zero
-// biases, layer-norm gain 1 and bias 0. The positions are drawn last, so that
-// a seed gives the same other weights with either kind of positions.
+// W^V, W^O each on its own, W_1, W_2); for the shared embedding and learned
+// positions, normal with mean 0 and standard deviation d_model^-0.5 (as
+// tensor2tensor and fairseq do); zero biases, layer-norm gain 1 and bias 0.
+// The positions are drawn last, so that a seed gives the same other weights
+// with either kind of positions.
 static void initialize_parameters(Transformer *model, uint64_t seed) {
     const TransformerConfig *config = &model->config;
     size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
-    ParameterTensors *p = &model->params;
+    ParameterTensors *params = &model->params;
     Rng rng;
     rng_seed(&rng, seed);
     memset(model->params_memory, 0, model->num_parameters * sizeof(real));
     double std = 1.0 / sqrt((double)C);
-    for (size_t i = 0; i < V * C; i++) p->embedding[i] = (real)(std * rng_normal(&rng));
-    real *qkv[3] = { p->enc_qkv_w, p->dec_self_qkv_w, p->dec_cross_qkv_w };
-    real *out[3] = { p->enc_out_w, p->dec_self_out_w, p->dec_cross_out_w };
+    for (size_t i = 0; i < V * C; i++) params->embedding[i] = (real)(std * rng_normal(&rng));
+    real *qkv[3] = { params->enc_qkv_w, params->dec_self_qkv_w, params->dec_cross_qkv_w };
+    real *out[3] = { params->enc_out_w, params->dec_self_out_w, params->dec_cross_out_w };
     for (size_t l = 0; l < L; l++) {
-        for (int a = 0; a < 3; a++) {
-            for (int t = 0; t < 3; t++) xavier_uniform(qkv[a] + (l * 3 + t) * C * C, C, C, &rng);
-            xavier_uniform(out[a] + l * C * C, C, C, &rng);
+        for (int kind = 0; kind < 3; kind++) {   // encoder, decoder self-, encoder-decoder attention
+            for (int part = 0; part < 3; part++)   // W^Q, W^K, W^V
+                xavier_uniform(qkv[kind] + (l * 3 + part) * C * C, C, C, &rng);
+            xavier_uniform(out[kind] + l * C * C, C, C, &rng);
         }
-        xavier_uniform(p->enc_ff1_w + l * F * C, F, C, &rng);
-        xavier_uniform(p->enc_ff2_w + l * C * F, C, F, &rng);
-        xavier_uniform(p->dec_ff1_w + l * F * C, F, C, &rng);
-        xavier_uniform(p->dec_ff2_w + l * C * F, C, F, &rng);
+        xavier_uniform(params->enc_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(params->enc_ff2_w + l * C * F, C, F, &rng);
+        xavier_uniform(params->dec_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(params->dec_ff2_w + l * C * F, C, F, &rng);
     }
-    real *gains[5] = { p->enc_ln1_g, p->enc_ln2_g, p->dec_ln1_g, p->dec_ln2_g, p->dec_ln3_g };
-    for (int g = 0; g < 5; g++)
-        for (size_t i = 0; i < L * C; i++) gains[g][i] = 1;
+    real *gains[5] = { params->enc_ln1_g, params->enc_ln2_g, params->dec_ln1_g, params->dec_ln2_g, params->dec_ln3_g };
+    for (int gain = 0; gain < 5; gain++)
+        for (size_t i = 0; i < L * C; i++) gains[gain][i] = 1;
     if (config->positional == POSITIONAL_LEARNED)
-        for (size_t i = 0; i < (size_t)config->max_len * C; i++) p->position_embedding[i] = (real)(std * rng_normal(&rng));
+        for (size_t i = 0; i < (size_t)config->max_len * C; i++)
+            params->position_embedding[i] = (real)(std * rng_normal(&rng));
 }
 
 // ----------------------------------------------------------------------------
@@ -1816,26 +1821,26 @@ static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const Transfo
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
 }
 
-static void point_activations(ActivationTensors *a, real *memory, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
+static void point_activations(ActivationTensors *acts, real *block, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
     real **list[NUM_ACTIVATION_TENSORS] = {
-        &a->enc_embedded, &a->enc_emb_mask, &a->enc_x0,
-        &a->enc_qkv, &a->enc_att, &a->enc_heads, &a->enc_att_proj, &a->enc_drop1, &a->enc_res1,
-        &a->enc_ln1, &a->enc_ln1_mean, &a->enc_ln1_rstd,
-        &a->enc_ff_h, &a->enc_ff_out, &a->enc_drop2, &a->enc_res2,
-        &a->enc_ln2, &a->enc_ln2_mean, &a->enc_ln2_rstd,
-        &a->dec_embedded, &a->dec_emb_mask, &a->dec_x0,
-        &a->dec_self_qkv, &a->dec_self_att, &a->dec_self_heads, &a->dec_self_proj, &a->dec_drop1,
-        &a->dec_res1, &a->dec_ln1, &a->dec_ln1_mean, &a->dec_ln1_rstd,
-        &a->dec_cross_q, &a->dec_cross_kv, &a->dec_cross_att, &a->dec_cross_heads,
-        &a->dec_cross_proj, &a->dec_drop2, &a->dec_res2,
-        &a->dec_ln2, &a->dec_ln2_mean, &a->dec_ln2_rstd,
-        &a->dec_ff_h, &a->dec_ff_out, &a->dec_drop3, &a->dec_res3,
-        &a->dec_ln3, &a->dec_ln3_mean, &a->dec_ln3_rstd,
-        &a->logits, &a->probs, &a->token_loss,
+        &acts->enc_embedded, &acts->enc_emb_mask, &acts->enc_x0,
+        &acts->enc_qkv, &acts->enc_att, &acts->enc_heads, &acts->enc_att_proj, &acts->enc_drop1, &acts->enc_res1,
+        &acts->enc_ln1, &acts->enc_ln1_mean, &acts->enc_ln1_rstd,
+        &acts->enc_ff_h, &acts->enc_ff_out, &acts->enc_drop2, &acts->enc_res2,
+        &acts->enc_ln2, &acts->enc_ln2_mean, &acts->enc_ln2_rstd,
+        &acts->dec_embedded, &acts->dec_emb_mask, &acts->dec_x0,
+        &acts->dec_self_qkv, &acts->dec_self_att, &acts->dec_self_heads, &acts->dec_self_proj, &acts->dec_drop1,
+        &acts->dec_res1, &acts->dec_ln1, &acts->dec_ln1_mean, &acts->dec_ln1_rstd,
+        &acts->dec_cross_q, &acts->dec_cross_kv, &acts->dec_cross_att, &acts->dec_cross_heads,
+        &acts->dec_cross_proj, &acts->dec_drop2, &acts->dec_res2,
+        &acts->dec_ln2, &acts->dec_ln2_mean, &acts->dec_ln2_rstd,
+        &acts->dec_ff_h, &acts->dec_ff_out, &acts->dec_drop3, &acts->dec_res3,
+        &acts->dec_ln3, &acts->dec_ln3_mean, &acts->dec_ln3_rstd,
+        &acts->logits, &acts->probs, &acts->token_loss,
     };
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *list[i] = memory;
-        memory += sizes[i];
+        *list[i] = block;
+        block += sizes[i];
     }
 }
 
@@ -1853,14 +1858,15 @@ static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerCo
     for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
 }
 
-static void point_scratch(BackwardScratch *s, real *memory, const size_t sizes[NUM_SCRATCH_TENSORS]) {
+static void point_scratch(BackwardScratch *scratch, real *block, const size_t sizes[NUM_SCRATCH_TENSORS]) {
+    BackwardScratch *of = scratch;
     real **list[NUM_SCRATCH_TENSORS] = {
-        &s->d_output, &s->d_input, &s->d_ln1, &s->d_ln2, &s->d_sublayer, &s->d_heads, &s->d_qkv,
-        &s->d_q, &s->d_kv, &s->d_ff_h, &s->d_memory, &s->d_embedded, &s->d_logits,
+        &of->d_output, &of->d_input, &of->d_ln1, &of->d_ln2, &of->d_sublayer, &of->d_heads, &of->d_qkv,
+        &of->d_q, &of->d_kv, &of->d_ff_h, &of->d_memory, &of->d_embedded, &of->d_logits,
     };
     for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
-        *list[i] = memory;
-        memory += sizes[i];
+        *list[i] = block;
+        block += sizes[i];
     }
 }
 
@@ -3065,7 +3071,7 @@ static uint64_t dataset_hash(const Dataset *dataset) {
     return h;
 }
 
-// Moves every `every`-th pair (the every-th, 2·every-th, ...) of d into held_out.
+// Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out.
 static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
     Dataset kept;
     memset(&kept, 0, sizeof kept);
@@ -3168,7 +3174,7 @@ static void push_id(int **ids, size_t *capacity, int n, int id) {
     (*ids)[n] = id;
 }
 
-// The subwords of one word (§5.1, v->bpe's merges), pushed as ids at ids[n..].
+// The subwords of one word (§5.1, vocab->bpe's merges), pushed as ids at ids[n..].
 // Returns the new n.
 static int tokenize_subwords(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
                              int n, TextSource *from) {
@@ -3201,7 +3207,7 @@ static void strip_byte_order_mark(char *line, ssize_t *length) {
 }
 
 // Splits text at white space (above) into token ids: whole words, or with
-// v->bpe each word's subwords. grow: new tokens join the vocabulary;
+// vocab->bpe each word's subwords. grow: new tokens join the vocabulary;
 // otherwise they become <unk> with a warning (the first few). Returns the
 // number of tokens (*ids grows as needed), or -1 at a special token's text
 // (from->reserved says which; reserved_token_error is the message).
@@ -3247,7 +3253,7 @@ static FILE *open_text_file(const char *path, const char **error) {
 }
 
 // Reads `source<TAB>target` lines, tokens separated by white space (above),
-// into d. Blank lines (white space only, no tab) are skipped; a line ending in
+// into dataset. Blank lines (white space only, no tab) are skipped; a line ending in
 // \r\n is read as ending in \n. grow: the
 // vocabulary takes every new token (training data); otherwise unknown tokens
 // become <unk> with a warning.
@@ -3293,7 +3299,7 @@ static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const c
 }
 
 // §5.1: learns up to num_merges merges from the words of both sides of the
-// TSV file at path into v->bpe (v holds no tokens of the data yet). The words
+// TSV file at path into vocab->bpe (vocab holds no tokens of the data yet). The words
 // are read as dataset_read_tsv reads them, with its checks; held_out_every > 0
 // leaves out the pairs dataset_split would hold out, so that held-out words
 // teach no merges. *learned: how many merges there are (fewer when no pair
@@ -3514,8 +3520,9 @@ typedef struct {
     long tokens;   // source and target positions without padding, for tokens/s
 } BatchBuffer;
 
-// Teacher forcing (§5): the decoder reads tgt_in = <s> y_1 .. y_n and must
-// predict tgt_out = y_1 .. y_n </s>. The source ends with </s> too, as in
+// Teacher forcing (§3.1: "the output embeddings are offset by one
+// position"): the decoder reads tgt_in = <s> y_1 .. y_n and must predict
+// tgt_out = y_1 .. y_n </s>. The source ends with </s> too, as in
 // tensor2tensor and fairseq (the paper does not say): it marks where the
 // sentence ends, which the encoder otherwise has to infer from the padding
 // mask alone. On the copy task it made learning faster (NOTES.md).
@@ -3616,7 +3623,7 @@ static double reference_log_loss(const Transformer *model, const Batch *batch) {
     return total;
 }
 
-// Evaluates the first `count` pairs of d (all when count <= 0), decoding
+// Evaluates the first `count` pairs of dataset (all when count <= 0), decoding
 // greedily (beam_size 1, many sentences side by side) or with beam search.
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
                      int beam_size, double alpha) {
@@ -4002,7 +4009,7 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
 
 // The vocabulary section: for each id a u32 length and the token's bytes; the
 // four special tokens first, no repeats, no spaces, lengths adding up to the
-// section's size in the header. v starts as vocab_init leaves it. "Spaces"
+// section's size in the header. vocab starts as vocab_init leaves it. "Spaces"
 // here are ASCII's (isspace), not all of the white space that separates
 // tokens: a model trained before white space was Unicode's may hold tokens
 // with a U+00A0 or a U+3000 inside; it still loads, and text no longer
@@ -4037,7 +4044,7 @@ static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *vocab, cons
 
 // The merges section (version 2, when its size in the header is not 0): the
 // count, then each merge's two symbols, of 1 byte or more without spaces,
-// lengths adding up to the section's size. Sets v->bpe.
+// lengths adding up to the section's size. Sets vocab->bpe.
 static const char *checkpoint_read_merges(Reader *r, Vocabulary *vocab, const CheckpointHeader *h, const char *path) {
     if (h->merges_bytes == 0) return NULL;
     unsigned char b[4];
@@ -4269,11 +4276,11 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
 
 // ============================================================================
 // Command line
-// One function per command: command_train, command_decode, command_eval,
-// command_params. Each reads its flags from a table (name, kind, where the
-// value goes, the accepted range, help) with checked number parsing, so a
-// bad flag gets one line naming it and its value and saying what was
-// expected, and `--help` prints the table with the defaults.
+// One function per command: command_train, command_decode, command_eval.
+// Each reads its flags from a table (name, kind, where the value goes, the
+// accepted range, help) with checked number parsing, so a bad flag gets one
+// line naming it and its value and saying what was expected, and `--help`
+// prints the table with the defaults.
 // ============================================================================
 
 typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind; // FLAG: no value, sets an int to 1

@@ -5,7 +5,7 @@
  * Adam, in plain C loops that read top to bottom in the paper's order.
  *
  * BUILD
- *     cc -O2 transformer.c -lm -o transformer     transformer.c alone: train, decode, eval
+ *     cc -O2 transformer.c -lm -o transformer_minimal   transformer.c alone: train, decode, eval
  *     make                 ./transformer from transformer_lab.c, which includes
  *                          transformer.c and adds the instruments (OpenMP on;
  *                          `make OPENMP=0` for none)
@@ -13,7 +13,7 @@
  *     make test            builds and runs the tests (double-precision gradient
  *                          checks, PyTorch parity, masks, Adam, learning,
  *                          decoding, checkpoints, the command line)
- *     make debug           -O0 -g, Part I's plain loops only, no OpenMP: for gdb
+ *     make debug           -O0 -g, without Part II or OpenMP: for gdb
  *
  * USE (as a library: compile transformer.c with -DTRANSFORMER_NO_MAIN)
  *     TransformerConfig config = transformer_default_config();
@@ -208,7 +208,7 @@ typedef struct {
 
 // ----------------------------------------------------------------------------
 // A batch of sentence pairs, padded to the longest: src[b*S + s] for s <
-// src_len[b] are real tokens, the rest TOKEN_PAD. Teacher forcing (§5): the
+// src_len[b] are real tokens, the rest TOKEN_PAD. Teacher forcing (§3.1): the
 // decoder reads tgt_in = <s> y_1 .. y_{n-1} and must predict tgt_out = y_1 ..
 // y_{n-1} </s>; positions t >= tgt_len[b] are padding and carry no loss.
 

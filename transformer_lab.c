@@ -1029,7 +1029,7 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
 static int command_bleu(int argc, char **argv) {
     const char *usage =
         "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt\n"
-        "Corpus BLEU-4 of any system's output (section 7 of NOTES.md): one sentence a line in each file\n"
+        "Corpus BLEU-4 of any system's output (NOTES.md, \"Evaluation: BLEU\"): one sentence a line in each file\n"
         "(UTF-8 text), line i of the first scored against line i of the second, tokens split at white\n"
         "space as Python's str.split() splits, one reference each, no smoothing, no lower-casing: what\n"
         "eval --bleu prints for decoded outputs, and sacreBLEU's tokenize='none', smooth_method='none'.";
@@ -1172,7 +1172,7 @@ static int command_attention(int argc, char **argv) {
 
 // ---- bpe ---------------------------------------------------------------------------------
 
-// One sentence cut into subwords with v's merges, printed on one line; or
+// One sentence cut into subwords with vocab's merges, printed on one line; or
 // the error of a reserved token's text in it.
 static const char *print_sentence_subwords(Vocabulary *vocab, char *text, TextSource *from) {
     int *ids = NULL;

@@ -12,7 +12,7 @@
    and saves {"config", "vocabulary", "state_dict"} with torch.save to --out.
 3. Makes a padded batch of sentences from the checkpoint's own vocabulary,
    computes PyTorch's logits, loss and every gradient for it, and writes them
-   as a reference file (NOTES.md section 5: format version 1, float32, 0 Adam
+   as a reference file (NOTES.md, "Reference files": format version 1, float32, 0 Adam
    steps, the checkpoint's kind of positions) to --reference.
 4. Runs `./test_transformer --reference FILE`, which loads the same weights
    into transformer.c and compares logits, loss and every gradient with
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_reference as ref  # noqa: E402  (the model and the reference-file writer)
 
 MAGIC = b"TCKP"
-VERSIONS = (1, 2, 3)   # 2 adds the merges of byte-pair encoding, 3 the kind of positions (NOTES.md section 11)
+VERSIONS = (1, 2, 3)   # 2 adds the merges of byte-pair encoding, 3 the kind of positions (NOTES.md, "Checkpoint format")
 HEADER_BYTES = {1: 120, 2: 128, 3: 136}
 POSITIONAL_NAMES = {0: "sinusoid", 1: "learned"}
 FNV_OFFSET = 0xCBF29CE484222325

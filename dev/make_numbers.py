@@ -16,7 +16,7 @@ German writes a number below a million as ONE word, and the ones before the
 tens ("zweiundvierzig", two-and-forty), so the word order changes inside the
 word. Whole words cannot translate this (every number is a word of its own,
 never seen in training); transformer.c's byte-pair encoding (`train --bpe N`,
-NOTES.md section 6) learns subwords such as `hundert`, `und`, `zig`. The rules,
+NOTES.md, "The toy translation task") learns subwords such as `hundert`, `und`, `zig`. The rules,
 German standard spelling (Duden) of cardinal numbers:
 
   * One word, no spaces: 342 dreihundertzweiundvierzig, 7001 siebentausendeins,

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Parse a reference file (NOTES.md section 5), check its size against the
+"""Parse a reference file (NOTES.md, "Reference files"), check its size against the
 size its header implies, print the header and the loss, and recompute in
 PyTorch, from the stored parameters and batch, the logits, the loss, the
 gradients, the Adam step losses and the final parameters, checking that they
@@ -170,7 +170,7 @@ def recompute(h, f):
 
 def independent_f64(h, f):
     """Second, independent implementation of the model written from
-    NOTES.md section 5 alone (no nn.Transformer*Layer, no F.cross_entropy, no
+    NOTES.md's "Reference files" alone (no nn.Transformer*Layer, no F.cross_entropy, no
     torch.optim), in float64 from the stored f32 parameters: checks that the
     file's layout (tensor order, q/k/v row blocks, head split) and the model
     definition agree.  Returns logits, loss, grads, step losses, final params."""
