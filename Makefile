@@ -228,7 +228,8 @@ test-threads: test_cuda_threads transformer
 #   - everything built for this GPU (nvidia-smi's compute capability; where it cannot tell, one
 #     binary for sm_80 and sm_90), the tests with the companion built by nvcc: the reference
 #     files, the training runs against transformer.c, train and --resume;
-#   - compute-sanitizer's memcheck and racecheck on a short training run;
+#   - two 40-step training runs that must write the same checkpoint, bit for bit;
+#   - compute-sanitizer's memcheck, racecheck, initcheck and synccheck on a short training run;
 #   - dev/bench_gpu.py: ./transformer_cuda beside PyTorch eager and torch.compile on the same GPU
 #     (fp32, PyTorch's default foreach Adam), tiny, toy and base, a table with the GPU's name and
 #     the date, kept in runs/gpu_table.md; PyTorch from dev/.venv when its torch sees the GPU, else
@@ -240,16 +241,21 @@ TORCH_PYTHON = $(shell for p in $(BENCH_VENV)/bin/python $$(which -a python3 2>/
                  if $$p -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then \
                    echo $$p; break; fi; done)
 SANITIZED_RUN = train --task copy --steps 3 --eval-every 0 --show 0 --log-every 0 --force --checkpoint runs/sanitized.ckpt
+RERUN = train --task copy --steps 40 --eval-every 0 --show 0 --log-every 0 --force
 test-cuda: transformer
 	mkdir -p runs
 	nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader; date -u
 	$(MAKE) --no-print-directory -B NVCC_ARCH="$(GPU_NVCC_ARCH)" transformer_cuda test_transformer_cuda
 	TRANSFORMER_BIN=./transformer ./test_transformer_cuda
+	./transformer_cuda $(RERUN) --checkpoint runs/rerun_a.ckpt && \
+	  ./transformer_cuda $(RERUN) --checkpoint runs/rerun_b.ckpt && \
+	  cmp runs/rerun_a.ckpt runs/rerun_b.ckpt && echo "test-cuda: two runs wrote the same checkpoint, bit for bit"
 	@if command -v compute-sanitizer >/dev/null; then \
-	  compute-sanitizer --tool memcheck --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) && \
-	  compute-sanitizer --tool racecheck --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN); \
-	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped memcheck and racecheck"; fi
-	python3 dev/bench_gpu.py --binary ./transformer_cuda --python "$(TORCH_PYTHON)" | tee runs/gpu_table.md
+	  for tool in memcheck racecheck initcheck synccheck; do \
+	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) || exit 1; done; \
+	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped its four checks"; fi
+	python3 dev/bench_gpu.py --binary ./transformer_cuda --python "$(TORCH_PYTHON)" > runs/gpu_table.md; \
+	  status=$$?; cat runs/gpu_table.md; exit $$status
 	$(MAKE) --no-print-directory numbers NUMBERS_BIN=./transformer_cuda
 
 clean: clean-companion

@@ -19,8 +19,9 @@
  * Each kernel computes a Part I loop of transformer.c and names it. What makes
  * a step fast on a GPU, and the same in every run:
  *   - a step is about 500 launches and cuBLAS calls however many sentences the
- *     batch holds (NOTES.md §16 counts them): the linear layers are one cuBLAS
- *     call each; attention's four products one strided batched call each over
+ *     batch holds (NOTES.md, "The CUDA companion", counts them): the linear
+ *     layers are one cuBLAS call each; attention's four products one strided
+ *     batched call each over
  *     every sentence and head, which heads_from_rows_kernel lays out one after
  *     another; the keys and values of the memory for all decoder layers one call;
  *   - rows (layer norm, softmax, the loss over the vocabulary) are a warp or a
