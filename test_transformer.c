@@ -84,6 +84,7 @@
  *                                           test_fast_training_step
  *          attention_one_query_fast         test_fast_attention (one query), test_attention_by_hand, test_cached_logits
  *          matmul and its tiles             test_matmul_against_plain_loops, test_matmul_thread_count
+ *   III    train's thread count: others_running, threads_for_free_cores, free_cores_follow    test_free_cores
  *   make debug: transformer_debug in gdb    test_debugger_walk (plain build)
  */
 #define TRANSFORMER_NO_MAIN
@@ -101,7 +102,9 @@ void transformer_cuda_logits(float *out, size_t n);
 void transformer_cuda_release(void);
 #endif
 #include <fcntl.h>      // open, for capturing stderr in the SVG tests
-#include <unistd.h>     // dup, dup2, getpid
+#include <unistd.h>     // dup, dup2, getpid, fork
+#include <signal.h>     // kill, for the busy neighbours of test_free_cores
+#include <sys/wait.h>   // waitpid
 
 static int tests_passed = 0, tests_failed = 0;
 
@@ -5073,6 +5076,49 @@ static void run_companion_tests(void) {
 }
 #endif // TRANSFORMER_DOUBLE
 
+// Training follows the cores that other programs leave free (--threads 0):
+// beside as many busy processes as the machine has cores, others_running sees
+// them and one thread is chosen; free_cores_follow switches only when two looks
+// in a row agree; --threads N is left alone. Linux only (/proc).
+static void test_free_cores(void) {
+#ifdef _OPENMP
+    int cores = omp_get_num_procs(), threads_before = omp_get_max_threads();
+    if (others_running(cores) < 0 || cores > 16) {
+        printf("skip free cores: /proc/stat cannot tell this program's share of %d cores\n", cores);
+        return;
+    }
+    pid_t busy[16];
+    int started = 0;
+    for (; started < cores; started++) {
+        if ((busy[started] = fork()) == 0) {   // a busy neighbour, ended by the kill below (or in 10 s)
+            alarm(10);
+            for (volatile unsigned spin = 0;; spin++) {}
+        }
+        if (busy[started] < 0) break;
+    }
+    nanosleep(&(struct timespec){ 0, 50000000 }, NULL);   // 50 ms: the neighbours are running
+    int others = others_running(cores), chosen = threads_for_free_cores(cores);
+    FreeCores follow = { cores, cores, cores, 0 };
+    int first = free_cores_follow(&follow);
+    follow.next_look = 0;                                  // the next look, without waiting a second
+    int second = free_cores_follow(&follow);
+    for (int i = 0; i < started; i++) { kill(busy[i], SIGKILL); waitpid(busy[i], NULL, 0); }
+    check(started == cores && others >= cores && chosen == 1,
+          "free cores: beside %d busy processes on %d cores, %d others running seen, %d thread chosen",
+          started, cores, others, chosen);
+    check(cores == 1 || (!first && second && follow.threads == 1 && omp_get_max_threads() == 1),
+          "free cores: the count follows at the second look that agrees (first look %s, second %s, %d thread%s)",
+          first ? "changed it" : "kept it", second ? "changed it" : "kept it", follow.threads,
+          follow.threads == 1 ? "" : "s");
+    FreeCores fixed;
+    free_cores_start(&fixed, 2);
+    check(fixed.cores == 0 && !free_cores_follow(&fixed), "free cores: --threads 2 is not followed");
+    omp_set_num_threads(threads_before);
+#else
+    printf("     (built without OpenMP: one thread, nothing to follow)\n");
+#endif
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
@@ -5118,6 +5164,7 @@ int main(int argc, char **argv) {
     test_softmax_visible();
     test_greedy_token();
     test_thread_determinism();
+    test_free_cores();
     test_learning();
     printf("-- worked by hand: §3.5's positional encoding, a 2x2 attention (§3.2.1)\n");
     test_positional_encoding_formula();

@@ -71,6 +71,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -4416,6 +4417,91 @@ static int thread_count(void) {
 #endif
 }
 
+// ---- threads on a busy machine ------------------------------------------------
+// Each parallel loop ends at a barrier, so a step goes at the pace of its
+// slowest thread. When another program keeps a core busy, the thread sharing
+// that core waits for a time slice at each of a step's hundreds of barriers,
+// and the others wait for it: on 2 cores beside `yes`, two threads made a toy
+// step 19 times slower than idle, where one thread is not even 2 times slower
+// (dev/PERFORMANCE.md, "A busy machine"). So with --threads 0, training uses
+// the cores no other program is running on: all of them on an idle machine,
+// fewer while something else runs, re-counted every second between steps. The
+// numbers are the same for any thread count, so the switch changes no result.
+
+// How many tasks of other programs are running now: Linux's count of running
+// tasks (/proc/stat) less this program's own (/proc/self/task/*/stat, state R);
+// -1 where that cannot be told (no /proc, or a container whose /proc/stat
+// counts a larger machine than the cores this program may use).
+static int others_running(int cores) {
+    int own = 0, running = -1, cpus = 0;
+    DIR *tasks = opendir("/proc/self/task");
+    if (!tasks) return -1;
+    for (struct dirent *task; (task = readdir(tasks)) != NULL;) {
+        char path[300], line[512];
+        if (task->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", task->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        const char *state = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL; // "tid (name) S ..."
+        if (state && state[1] == ' ' && state[2] == 'R') own++;
+        fclose(f);
+    }
+    closedir(tasks);
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) cpus++;
+        else sscanf(line, "procs_running %d", &running);
+    }
+    fclose(f);
+    if (running < 0 || cpus > cores) return -1;
+    return running > own ? running - own : 0;
+}
+
+// The thread count for the cores free now, between 1 and all of them.
+static int threads_for_free_cores(int cores) {
+    int others = others_running(cores);
+    if (others < 0) return cores;
+    return others >= cores ? 1 : cores - others;
+}
+
+// Follows the free cores during training (--threads 0): a count taken at the
+// start (the least of three looks, so that a program passing by is not taken
+// for a busy neighbour), then one look a second, a change made when two looks
+// in a row agree on it. Returns 1 when it changed the count.
+typedef struct { int cores, threads, proposed; double next_look; } FreeCores;
+
+static void free_cores_start(FreeCores *follow, int threads_option) {
+    *follow = (FreeCores){ 0, 0, 0, 0 };
+#ifdef _OPENMP
+    if (threads_option != 0) return;   // --threads N: N threads, whatever else runs
+    follow->cores = omp_get_num_procs();
+    follow->threads = follow->cores;
+    for (int look = 0; look < 3; look++) {
+        int threads = threads_for_free_cores(follow->cores);
+        if (threads < follow->threads) follow->threads = threads;
+        if (look < 2) nanosleep(&(struct timespec){ 0, 10000000 }, NULL);   // 10 ms
+    }
+    follow->proposed = follow->threads;
+    follow->next_look = wall_seconds() + 1;
+    set_threads(follow->threads);
+#else
+    (void)threads_option;
+#endif
+}
+
+static int free_cores_follow(FreeCores *follow) {
+    if (follow->cores < 2 || wall_seconds() < follow->next_look) return 0;
+    follow->next_look = wall_seconds() + 1;
+    int threads = threads_for_free_cores(follow->cores), agreed = threads == follow->proposed;
+    follow->proposed = threads;
+    if (!agreed || threads == follow->threads) return 0;
+    follow->threads = threads;
+    set_threads(threads);
+    return 1;
+}
+
 // ---- train ----------------------------------------------------------------------
 
 typedef struct {
@@ -4487,7 +4573,7 @@ static int train_option_table(Option *t, TrainOptions *o) {
         INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, SESSION, "progress line every N steps (0: none)"),
         INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, SESSION, "held-out pairs to decode at each evaluation (0: all)"),
         INT_OPTION("--show", &o->show, 0, INT_MAX, SESSION, "held-out examples to print at the end"),
-        INT_OPTION("--threads", &o->threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+        INT_OPTION("--threads", &o->threads, 0, 1024, SESSION, "OpenMP threads (0: the cores free of other programs, counted again each second)"),
         FLAG_OPTION("--force", &o->force, "write the checkpoint even where a file is already there: it is "
                     "replaced, with its CHECKPOINT.stepNNNNNNN files (without --force a new run stops there)"),
     };
@@ -4875,7 +4961,7 @@ static double train_evaluate(TrainRun *r, int final) {
     return exact;
 }
 
-static void train_print_header(const TrainRun *r) {
+static void train_print_header(const TrainRun *r, const FreeCores *follow) {
     const TrainOptions *o = &r->opt;
     const TransformerConfig *config = &r->model.config;
     printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", r->data_name, r->train.count,
@@ -4883,8 +4969,9 @@ static void train_print_header(const TrainRun *r) {
     printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n", config->n_layers,
            config->d_model, config->d_ff, config->n_heads, config->max_len, positional_name(config->positional), r->model.num_parameters);
     printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
-           "seed %d, %d thread%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)config->dropout,
-           (double)config->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s");
+           "seed %d, %d thread%s%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)config->dropout,
+           (double)config->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s",
+           follow->cores > 1 ? " (the cores free of other programs, counted again each second)" : "");
     if (transformer_training != &transformer_cpu_training)
         printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
     if (o->resume) printf("resume %s at step %ld\n", o->resume, r->model.adam_step);
@@ -4925,7 +5012,9 @@ static const char *train_loop(TrainRun *r) {
     }
     double csv_loss = 0, csv_seconds = 0; // tokens/s in the log counts the training steps' time only
     long csv_steps = 0, csv_tokens = 0;
-    train_print_header(r);
+    FreeCores follow;
+    free_cores_start(&follow, o->threads);
+    train_print_header(r, &follow);
     if (model->adam_step >= o->steps) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", model->adam_step, o->steps);
         train_evaluate(r, 1);
@@ -4934,9 +5023,13 @@ static const char *train_loop(TrainRun *r) {
     compute->begin(model);
     double start = wall_seconds(), last_time = start, best_rate = 0; // tokens/s, for the note on a busy machine
     long first_step = model->adam_step, tokens = 0;
-    int hinted = 0;
+    int hinted = 0, thread_changes = 0;
     const char *error = NULL;
     while (!error && model->adam_step < o->steps) {
+        if (free_cores_follow(&follow) && ++thread_changes <= 3)
+            printf("note: %d thread%s now: %d of %d cores %s free of other programs%s\n", follow.threads,
+                   follow.threads == 1 ? "" : "s", follow.threads, follow.cores, follow.threads == 1 ? "is" : "are",
+                   thread_changes == 3 ? " (further changes are not shown)" : "");
         if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
             r->state.epoch_rng = r->data_rng.state;
             epoch_plan_make(&r->plan, &r->train, o->batch_tokens, &r->data_rng);
