@@ -235,6 +235,7 @@ test-threads: test_cuda_threads transformer
 #     the date, kept in runs/gpu_table.md; PyTorch from dev/.venv when its torch sees the GPU, else
 #     from the first python3 on the PATH whose does, else the table has ours alone and says why;
 #   - make numbers trained on the GPU.
+# GPU_BENCH: more options for dev/bench_gpu.py (e.g. "--rounds 1" or "--no-compile" for a short lease)
 GPU_CAPABILITY = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 GPU_NVCC_ARCH = $(if $(GPU_CAPABILITY),-arch=sm_$(GPU_CAPABILITY),-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90)
 TORCH_PYTHON = $(shell for p in $(BENCH_VENV)/bin/python $$(which -a python3 2>/dev/null); do \
@@ -254,7 +255,7 @@ test-cuda: transformer
 	  for tool in memcheck racecheck initcheck synccheck; do \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) || exit 1; done; \
 	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped its four checks"; fi
-	python3 dev/bench_gpu.py --binary ./transformer_cuda --python "$(TORCH_PYTHON)" > runs/gpu_table.md; \
+	python3 dev/bench_gpu.py --binary ./transformer_cuda --python "$(TORCH_PYTHON)" $(GPU_BENCH) > runs/gpu_table.md; \
 	  status=$$?; cat runs/gpu_table.md; exit $$status
 	$(MAKE) --no-print-directory numbers NUMBERS_BIN=./transformer_cuda
 

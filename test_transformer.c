@@ -5167,7 +5167,7 @@ static void test_free_cores(void) {
     }
     nanosleep(&(struct timespec){ 0, 50000000 }, NULL);   // 50 ms: the neighbours are running
     int others = others_running(cores), chosen = threads_for_free_cores(cores);
-    FreeCores follow = { cores, cores, cores, 0 };
+    FreeCores follow = { cores, cores, cores, 0, 0 };
     int first = free_cores_follow(&follow);
     follow.next_look = 0;                                  // the next look, without waiting a second
     int second = free_cores_follow(&follow);

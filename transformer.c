@@ -4428,11 +4428,11 @@ static int thread_count(void) {
 // fewer while something else runs, re-counted every second between steps. The
 // numbers are the same for any thread count, so the switch changes no result.
 
-// How many tasks of other programs are running now: Linux's count of running
-// tasks (/proc/stat) less this program's own (/proc/self/task/*/stat, state R);
-// -1 where that cannot be told (no /proc, or a container whose /proc/stat
-// counts a larger machine than the cores this program may use).
-static int others_running(int cores) {
+// How many tasks of other programs are running at this instant: Linux's count
+// of running tasks (/proc/stat) less this program's own (/proc/self/task/*/stat,
+// state R); -1 where that cannot be told (no /proc, or a container whose
+// /proc/stat counts a larger machine than the cores this program may use).
+static int others_running_now(int cores) {
     int own = 0, running = -1, cpus = 0;
     DIR *tasks = opendir("/proc/self/task");
     if (!tasks) return -1;
@@ -4459,6 +4459,19 @@ static int others_running(int cores) {
     return running > own ? running - own : 0;
 }
 
+// The same, the least of three looks 1 ms apart: the kernel's own short tasks
+// (a kworker's once-a-second statistics, say) are running at one look now and
+// then, a busy program at all three.
+static int others_running(int cores) {
+    int least = others_running_now(cores);
+    for (int look = 1; look < 3 && least > 0; look++) {
+        nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
+        int others = others_running_now(cores);
+        if (others < least) least = others;
+    }
+    return least;
+}
+
 // The thread count for the cores free now, between 1 and all of them.
 static int threads_for_free_cores(int cores) {
     int others = others_running(cores);
@@ -4467,13 +4480,14 @@ static int threads_for_free_cores(int cores) {
 }
 
 // Follows the free cores during training (--threads 0): a count taken at the
-// start (the least of three looks, so that a program passing by is not taken
-// for a busy neighbour), then one look a second, a change made when two looks
-// in a row agree on it. Returns 1 when it changed the count.
-typedef struct { int cores, threads, proposed; double next_look; } FreeCores;
+// start (the least of three looks 10 ms apart, so that a program passing by is
+// not taken for a busy neighbour), then one look a second, a change made when
+// two looks in a row agree on it; the first three changes are noted. Returns 1
+// when it changed the count.
+typedef struct { int cores, threads, proposed, changes; double next_look; } FreeCores;
 
 static void free_cores_start(FreeCores *follow, int threads_option) {
-    *follow = (FreeCores){ 0, 0, 0, 0 };
+    *follow = (FreeCores){ 0, 0, 0, 0, 0 };
 #ifdef _OPENMP
     if (threads_option != 0) return;   // --threads N: N threads, whatever else runs
     follow->cores = omp_get_num_procs();
@@ -4499,6 +4513,9 @@ static int free_cores_follow(FreeCores *follow) {
     if (!agreed || threads == follow->threads) return 0;
     follow->threads = threads;
     set_threads(threads);
+    if (++follow->changes <= 3)
+        printf("note: %d thread%s now: %d of %d cores %s free of other programs%s\n", threads, threads == 1 ? "" : "s",
+               threads, follow->cores, threads == 1 ? "is" : "are", follow->changes == 3 ? " (further changes are not shown)" : "");
     return 1;
 }
 
@@ -4992,6 +5009,46 @@ static void print_progress(long step, int steps, real loss, double lr, double to
 
 // The training loop (§5): batches by length, teacher forcing, Adam with the
 // warm-up schedule of eq. 3, scaled so that it peaks at --lr.
+// --loss-log and --log, opened to append (--resume goes on in the same files)
+static const char *train_open_logs(const TrainOptions *o, FILE **loss_log, FILE **log_csv) {
+    if (o->loss_log && !(*loss_log = fopen(o->loss_log, "a")))
+        return errorf("%s: cannot write: %s", o->loss_log, strerror(errno));
+    if (o->log_csv) {
+        if (!(*log_csv = fopen(o->log_csv, "a"))) {
+            if (*loss_log) fclose(*loss_log);
+            *loss_log = NULL;
+            return errorf("%s: cannot write: %s", o->log_csv, strerror(errno));
+        }
+        // the column names once, at the top of a new file
+        if (fseek(*log_csv, 0, SEEK_END) == 0 && ftell(*log_csv) == 0)
+            fprintf(*log_csv, "step,loss,lr,tokens_per_s,heldout_exact_match\n");
+    }
+    return NULL;
+}
+
+// The next batch of the epoch's plan (a new epoch's plan when the last is used up)
+static void train_next_batch(TrainRun *r) {
+    if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
+        r->state.epoch_rng = r->data_rng.state;
+        epoch_plan_make(&r->plan, &r->train, r->opt.batch_tokens, &r->data_rng);
+        r->state.epoch++;
+        r->state.epoch_batches = 0;
+    }
+    BatchSpan span = r->plan.spans[r->state.epoch_batches++];
+    batch_fill(&r->batch, &r->train, r->plan.order + span.start, span.count);
+}
+
+// A loss that is not finite stops training; the last checkpoint is not overwritten
+static const char *train_bad_loss(const TrainRun *r, long step, real loss) {
+    char saved[4300];
+    if (r->last_saved_step >= 0)
+        snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
+                 r->checkpoint_path, r->last_saved_step);
+    else snprintf(saved, sizeof saved, "no checkpoint was written");
+    return errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
+                  isnan(loss) ? "NaN" : "infinite", saved);
+}
+
 static const char *train_loop(TrainRun *r) {
     TrainOptions *o = &r->opt;
     Transformer *model = &r->model;
@@ -4999,17 +5056,8 @@ static const char *train_loop(TrainRun *r) {
     double factor = o->lr * sqrt((double)model->config.d_model * o->warmup);
     int save_every = o->save_every ? o->save_every : o->eval_every;
     FILE *loss_log = NULL, *log_csv = NULL;
-    if (o->loss_log && !(loss_log = fopen(o->loss_log, "a")))
-        return errorf("%s: cannot write: %s", o->loss_log, strerror(errno));
-    if (o->log_csv) {
-        if (!(log_csv = fopen(o->log_csv, "a"))) {
-            if (loss_log) fclose(loss_log);
-            return errorf("%s: cannot write: %s", o->log_csv, strerror(errno));
-        }
-        // the column names once, at the top of a new file (--resume appends to the same file)
-        if (fseek(log_csv, 0, SEEK_END) == 0 && ftell(log_csv) == 0)
-            fprintf(log_csv, "step,loss,lr,tokens_per_s,heldout_exact_match\n");
-    }
+    const char *error = train_open_logs(o, &loss_log, &log_csv);
+    if (error) return error;
     double csv_loss = 0, csv_seconds = 0; // tokens/s in the log counts the training steps' time only
     long csv_steps = 0, csv_tokens = 0;
     FreeCores follow;
@@ -5023,34 +5071,17 @@ static const char *train_loop(TrainRun *r) {
     compute->begin(model);
     double start = wall_seconds(), last_time = start, best_rate = 0; // tokens/s, for the note on a busy machine
     long first_step = model->adam_step, tokens = 0;
-    int hinted = 0, thread_changes = 0;
-    const char *error = NULL;
+    int hinted = 0;
     while (!error && model->adam_step < o->steps) {
-        if (free_cores_follow(&follow) && ++thread_changes <= 3)
-            printf("note: %d thread%s now: %d of %d cores %s free of other programs%s\n", follow.threads,
-                   follow.threads == 1 ? "" : "s", follow.threads, follow.cores, follow.threads == 1 ? "is" : "are",
-                   thread_changes == 3 ? " (further changes are not shown)" : "");
-        if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
-            r->state.epoch_rng = r->data_rng.state;
-            epoch_plan_make(&r->plan, &r->train, o->batch_tokens, &r->data_rng);
-            r->state.epoch++;
-            r->state.epoch_batches = 0;
-        }
-        BatchSpan span = r->plan.spans[r->state.epoch_batches++];
-        batch_fill(&r->batch, &r->train, r->plan.order + span.start, span.count);
+        free_cores_follow(&follow);
+        train_next_batch(r);
         long step = model->adam_step + 1;
         double step_start = wall_seconds();
         model->training = 1;
         real loss = compute->train_step(model, &r->batch.batch, o->warmup, factor);
         double lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
         if (!isfinite(loss)) {
-            char saved[4300];
-            if (r->last_saved_step >= 0)
-                snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
-                         r->checkpoint_path, r->last_saved_step);
-            else snprintf(saved, sizeof saved, "no checkpoint was written");
-            error = errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s",
-                           step, isnan(loss) ? "NaN" : "infinite", saved);
+            error = train_bad_loss(r, step, loss);
             break;
         }
         tokens += r->batch.tokens;
