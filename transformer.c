@@ -4422,16 +4422,32 @@ static int thread_count(void) {
 // slowest thread. When another program keeps a core busy, the thread sharing
 // that core waits for a time slice at each of a step's hundreds of barriers,
 // and the others wait for it: on 2 cores beside `yes`, two threads made a toy
-// step 19 times slower than idle, where one thread is not even 2 times slower
-// (dev/PERFORMANCE.md, "A busy machine"). So with --threads 0, training uses
-// the cores no other program is running on: all of them on an idle machine,
-// fewer while something else runs, re-counted every second between steps. The
-// numbers are the same for any thread count, so the switch changes no result.
+// step 8.4 times slower than idle, one thread 1.9 times (dev/PERFORMANCE.md,
+// "A busy machine"). So with --threads 0, training uses the cores no other
+// program is running on: all of them on an idle machine, fewer while something
+// else runs, counted again every second between steps. The numbers are the
+// same for any thread count, so a switch changes no result.
+
+// Whether a line of /proc/PID/task/TID/stat, "tid (name) S ...", says running
+// (R); the name may hold spaces and parentheses, the state follows the last ')'.
+static int task_line_running(const char *line) {
+    const char *name_end = strrchr(line, ')');
+    return name_end && name_end[1] == ' ' && name_end[2] == 'R';
+}
+
+// One line of /proc/stat: "cpuN ..." counts a core ("cpu ..." is their sum),
+// "procs_running N" the tasks running on all of them.
+static void proc_stat_line(const char *line, int *cpus, int *running) {
+    if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) (*cpus)++;
+    else sscanf(line, "procs_running %d", running);
+}
 
 // How many tasks of other programs are running at this instant: Linux's count
-// of running tasks (/proc/stat) less this program's own (/proc/self/task/*/stat,
-// state R); -1 where that cannot be told (no /proc, or a container whose
-// /proc/stat counts a larger machine than the cores this program may use).
+// of running tasks less this program's own; -1 where that cannot be told (no
+// /proc, or a container whose /proc/stat counts more cores than this program
+// may use). Not seen: a container whose /proc/stat shows its own cores but the
+// host's running tasks (lxcfs), a CPU quota (cgroup cpu.max), and that a
+// program at the lowest priority (nice 19) takes little from us.
 static int others_running_now(int cores) {
     int own = 0, running = -1, cpus = 0;
     DIR *tasks = opendir("/proc/self/task");
@@ -4442,80 +4458,87 @@ static int others_running_now(int cores) {
         snprintf(path, sizeof path, "/proc/self/task/%s/stat", task->d_name);
         FILE *f = fopen(path, "r");
         if (!f) continue;
-        const char *state = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL; // "tid (name) S ..."
-        if (state && state[1] == ' ' && state[2] == 'R') own++;
+        if (fgets(line, sizeof line, f) && task_line_running(line)) own++;
         fclose(f);
     }
     closedir(tasks);
     FILE *f = fopen("/proc/stat", "r");
     if (!f) return -1;
     char line[4096];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) cpus++;
-        else sscanf(line, "procs_running %d", &running);
-    }
+    while (fgets(line, sizeof line, f)) proc_stat_line(line, &cpus, &running);
     fclose(f);
     if (running < 0 || cpus > cores) return -1;
     return running > own ? running - own : 0;
 }
 
-// The same, the least of three looks 1 ms apart: the kernel's own short tasks
-// (a kworker's once-a-second statistics, say) are running at one look now and
-// then, a busy program at all three.
+// The same, the least of three readings 1 ms apart: the kernel's own short
+// tasks (a kworker's once-a-second statistics, say) are running at one reading
+// now and then, a busy program at all three.
 static int others_running(int cores) {
     int least = others_running_now(cores);
-    for (int look = 1; look < 3 && least > 0; look++) {
+    for (int reading = 1; reading < 3 && least > 0; reading++) {
         nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
         int others = others_running_now(cores);
-        if (others < least) least = others;
+        if (others >= 0 && others < least) least = others;
     }
     return least;
 }
 
-// The thread count for the cores free now, between 1 and all of them.
-static int threads_for_free_cores(int cores) {
-    int others = others_running(cores);
-    if (others < 0) return cores;
-    return others >= cores ? 1 : cores - others;
+// Following the free cores during training (--threads 0): a look at the start
+// and one a second between steps (free_cores_follow).
+typedef struct {
+    int following;      // 0: --threads N was given, no OpenMP, or /proc cannot tell
+    int cores, limit;   // the machine's cores; at most `limit` threads (OMP_NUM_THREADS, or the cores)
+    int threads, proposed, others, changes;
+    double next_look;   // wall_seconds() of the next look
+} FreeCores;
+
+// The thread count for the cores free now, between 1 and the limit; -1 where
+// /proc cannot tell.
+static int threads_for_free_cores(FreeCores *follow) {
+    int others = others_running(follow->cores);
+    if (others < 0) return -1;
+    follow->others = others;
+    int free_cores = others >= follow->cores ? 1 : follow->cores - others;
+    return free_cores < follow->limit ? free_cores : follow->limit;
 }
 
-// Follows the free cores during training (--threads 0): a count taken at the
-// start (the least of three looks 10 ms apart, so that a program passing by is
-// not taken for a busy neighbour), then one look a second, a change made when
-// two looks in a row agree on it; the first three changes are noted. Returns 1
-// when it changed the count.
-typedef struct { int cores, threads, proposed, changes; double next_look; } FreeCores;
-
 static void free_cores_start(FreeCores *follow, int threads_option) {
-    *follow = (FreeCores){ 0, 0, 0, 0, 0 };
+    *follow = (FreeCores){ .following = 0 };
 #ifdef _OPENMP
     if (threads_option != 0) return;   // --threads N: N threads, whatever else runs
     follow->cores = omp_get_num_procs();
-    follow->threads = follow->cores;
-    for (int look = 0; look < 3; look++) {
-        int threads = threads_for_free_cores(follow->cores);
-        if (threads < follow->threads) follow->threads = threads;
-        if (look < 2) nanosleep(&(struct timespec){ 0, 10000000 }, NULL);   // 10 ms
-    }
-    follow->proposed = follow->threads;
+    follow->limit = omp_get_max_threads();
+    if (follow->limit < 2) return;
+    int threads = threads_for_free_cores(follow);
+    if (threads < 0) return;
+    follow->following = 1;
+    follow->threads = follow->proposed = threads;
     follow->next_look = wall_seconds() + 1;
-    set_threads(follow->threads);
+    set_threads(threads);
 #else
     (void)threads_option;
 #endif
 }
 
+// A look, once a second: the count changes when two looks in a row agree on
+// it; it drops at once, and grows by one thread a change, so that two runs
+// that follow the cores settle on a share each instead of swinging between
+// one thread and all. The first three changes are noted. Returns 1 when it
+// changed the count.
 static int free_cores_follow(FreeCores *follow) {
-    if (follow->cores < 2 || wall_seconds() < follow->next_look) return 0;
+    if (!follow->following || wall_seconds() < follow->next_look) return 0;
     follow->next_look = wall_seconds() + 1;
-    int threads = threads_for_free_cores(follow->cores), agreed = threads == follow->proposed;
+    int threads = threads_for_free_cores(follow), agreed = threads == follow->proposed;
     follow->proposed = threads;
-    if (!agreed || threads == follow->threads) return 0;
+    if (threads < 0 || !agreed || threads == follow->threads) return 0;
+    if (threads > follow->threads) threads = follow->threads + 1;
     follow->threads = threads;
     set_threads(threads);
     if (++follow->changes <= 3)
-        printf("note: %d thread%s now: %d of %d cores %s free of other programs%s\n", threads, threads == 1 ? "" : "s",
-               threads, follow->cores, threads == 1 ? "is" : "are", follow->changes == 3 ? " (further changes are not shown)" : "");
+        printf("note: %d thread%s now: other programs are running %d task%s on %d cores%s\n", threads,
+               threads == 1 ? "" : "s", follow->others, follow->others == 1 ? "" : "s", follow->cores,
+               follow->changes == 3 ? " (further changes are not noted)" : "");
     return 1;
 }
 
@@ -4988,7 +5011,7 @@ static void train_print_header(const TrainRun *r, const FreeCores *follow) {
     printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
            "seed %d, %d thread%s%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)config->dropout,
            (double)config->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s",
-           follow->cores > 1 ? " (the cores free of other programs, counted again each second)" : "");
+           follow->following ? " (the cores free of other programs, counted again each second)" : "");
     if (transformer_training != &transformer_cpu_training)
         printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
     if (o->resume) printf("resume %s at step %ld\n", o->resume, r->model.adam_step);
@@ -5007,8 +5030,6 @@ static void print_progress(long step, int steps, real loss, double lr, double to
     fflush(stdout);
 }
 
-// The training loop (§5): batches by length, teacher forcing, Adam with the
-// warm-up schedule of eq. 3, scaled so that it peaks at --lr.
 // --loss-log and --log, opened to append (--resume goes on in the same files)
 static const char *train_open_logs(const TrainOptions *o, FILE **loss_log, FILE **log_csv) {
     if (o->loss_log && !(*loss_log = fopen(o->loss_log, "a")))
@@ -5049,6 +5070,8 @@ static const char *train_bad_loss(const TrainRun *r, long step, real loss) {
                   isnan(loss) ? "NaN" : "infinite", saved);
 }
 
+// The training loop (§5): batches by length, teacher forcing, Adam with the
+// warm-up schedule of eq. 3, scaled so that it peaks at --lr.
 static const char *train_loop(TrainRun *r) {
     TrainOptions *o = &r->opt;
     Transformer *model = &r->model;
@@ -5092,7 +5115,7 @@ static const char *train_loop(TrainRun *r) {
             double now = wall_seconds(), rate = tokens / (now - last_time + 1e-9);
             print_progress(step, o->steps, loss, lr, rate, now - start,
                            (now - start) / (step - first_step) * (o->steps - step));
-            if (rate < best_rate / 4 && !hinted && thread_count() > 1) { // once a run
+            if (rate < best_rate / 4 && !hinted && !follow.following && thread_count() > 1) { // once a run
                 printf("note: %.0f%% of this run's best speed: another program is probably busy on these cores; "
                        "--threads 1 may be faster while it is (on --resume too: the numbers are the same)\n",
                        100 * rate / best_rate);
