@@ -39,7 +39,7 @@
  *   PART III  THE PROGRAM: data (vocabulary, TSV files, §5.1 byte-pair
  *             encoding, the copy and reverse tasks, batches by length),
  *             evaluation, checkpoints, §6.1 BLEU, the command line (train,
- *             decode, eval), main.
+ *             decode, eval), training's threads on a busy machine, main.
  *
  * CONVENTIONS
  *   Every layer is a `*_forward` function followed by its `*_backward`.
