@@ -5192,16 +5192,16 @@ static void test_free_cores(void) {
     check(!first && second && dropped_to == chosen && omp_get_max_threads() == chosen,
           "free cores: the count drops at the second look that agrees (first look %s, second %s, %d thread%s)",
           first ? "changed it" : "kept it", second ? "changed it" : "kept it", dropped_to, dropped_to == 1 ? "" : "s");
-    // grows one thread a change: taken for a machine of 64 cores (most of them
-    // free whatever else runs here), from 1 thread two agreeing looks give 2, the next 3
-    follow = (FreeCores){ .following = 1, .cores = 64, .limit = 64, .threads = 1 };
-    follow.proposed = threads_for_free_cores(&follow);
+    // grows one thread a change: taken for a machine of 64 cores with a limit of
+    // 3 threads (so every look sees 3 free, whatever else runs here), from 1
+    // thread the agreeing looks give 2, then 3
+    follow = (FreeCores){ .following = 1, .cores = 64, .limit = 3, .threads = 1, .proposed = 3 };
     int grew = 1;
     for (int step = 2; step <= 3; step++) {
         follow.next_look = 0;
         grew &= free_cores_follow(&follow) && follow.threads == step;
     }
-    check(grew, "free cores: the count grows by one thread a change (1, 2, then 3 of %d free)", follow.proposed);
+    check(grew, "free cores: the count grows by one thread a change (1, 2, then 3 when 3 are free)");
     omp_set_num_threads(threads_before);
 #else
     printf("     (built without OpenMP: one thread, nothing to follow)\n");
