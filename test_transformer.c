@@ -84,7 +84,7 @@
  *                                           test_fast_training_step
  *          attention_one_query_fast         test_fast_attention (one query), test_attention_by_hand, test_cached_logits
  *          matmul and its tiles             test_matmul_against_plain_loops, test_matmul_thread_count
- *   III    train's thread count: others_running, threads_for_free_cores, free_cores_follow    test_free_cores
+ *   III    train's thread count: cpu_times, others_busy_cores, free_cores_wanted, _decide    test_free_cores
  *   make debug: transformer_debug in gdb    test_debugger_walk (plain build)
  */
 #define TRANSFORMER_NO_MAIN
@@ -104,7 +104,6 @@ void transformer_cuda_release(void);
 #include <fcntl.h>      // open, for capturing stderr in the SVG tests
 #include <unistd.h>     // dup, dup2, getpid, fork
 #include <signal.h>     // kill, for the busy neighbours of test_free_cores
-#include <sys/wait.h>   // waitpid
 
 static int tests_passed = 0, tests_failed = 0;
 
@@ -5146,30 +5145,46 @@ static void run_companion_tests(void) {
 #endif // TRANSFORMER_DOUBLE
 
 // Training follows the cores that other programs leave free (--threads 0).
-// The /proc lines are read right (a task name with ") R (" in it; "cpu" is
-// the sum of the "cpuN" lines); beside as many busy processes as the machine
-// has cores, others_running sees them and fewer threads are chosen (a CPU
-// quota may hide some of them, so not necessarily one); free_cores_follow
-// switches only when two looks in a row agree, and grows one thread at a time;
-// --threads N is left alone. The busy part needs Linux's /proc.
+// By hand: /proc/stat's lines give the busy ticks ("cpu": user + nice +
+// system + irq + softirq) and the cores ("cpuN"); the others' cores are the
+// machine's busy time less ours over the wall time; a core counts as busy
+// above a quarter; the count changes when two looks agree, drops at once and
+// grows one thread a change; --threads N is not followed. Then, on Linux,
+// beside as many busy processes as the machine has cores, one thread.
 static void test_free_cores(void) {
-    int cpus = 0, running = -1;
-    const char *stat_lines[] = { "cpu  10 0 5 100 0 0 0 0 0 0\n", "cpu0 5 0 2 50 0 0 0 0 0 0\n",
-                                 "cpu1 5 0 3 50 0 0 0 0 0 0\n", "ctxt 1234\n", "procs_running 3\n" };
-    for (size_t i = 0; i < sizeof stat_lines / sizeof *stat_lines; i++) proc_stat_line(stat_lines[i], &cpus, &running);
-    check(cpus == 2 && running == 3 && task_line_running("12 (a) R (b) S 1 2 3") == 0 &&
-          task_line_running("12 (name) R) R 1 2 3") == 1 && task_line_running("12 (name) S 1 2") == 0,
-          "free cores: /proc/stat lines give 2 cores and 3 running tasks; a task's state follows the last ')'");
+    double busy_ticks = -1;
+    int cpus = 0;
+    const char *stat_lines[] = { "cpu  100 20 30 900 7 4 6 0 0 0\n", "cpu0 50 10 15 450 3 2 3 0 0 0\n",
+                                 "cpu1 50 10 15 450 4 2 3 0 0 0\n", "ctxt 1234\n", "procs_running 3\n" };
+    for (size_t i = 0; i < sizeof stat_lines / sizeof *stat_lines; i++) proc_stat_line(stat_lines[i], &busy_ticks, &cpus);
+    CpuTimes then = { .machine = 10, .own = 1, .wall = 100 }, now = { .machine = 12.5, .own = 2, .wall = 101 };
+    double others = others_busy_cores(&then, &now);
+    FreeCores two = { .following = 1, .cores = 2, .limit = 2 }, eight = { .following = 1, .cores = 8, .limit = 4 };
+    check(busy_ticks == 160 && cpus == 2 && fabs(others - 1.5) < 1e-12 && free_cores_wanted(&two, 0.2) == 2 &&
+          free_cores_wanted(&two, 0.3) == 1 && free_cores_wanted(&two, 3.0) == 1 && free_cores_wanted(&eight, 1) == 4 &&
+          free_cores_wanted(&eight, 6) == 2,
+          "free cores: /proc/stat gives 160 busy ticks of 2 cores; others kept %.2f cores busy (1.5); "
+          "the thread counts for 0.2, 0.3, 3 of 2 cores and 1, 6 of 8 (limit 4)", others);
+    FreeCores follow = { .following = 1, .cores = 8, .limit = 8, .threads = 8, .proposed = 8 };
+    int first = free_cores_decide(&follow, 1), second = free_cores_decide(&follow, 1), dropped_to = follow.threads;
+    int grew = free_cores_decide(&follow, 4) == 0;             // the first look that wants 4
+    for (int expected = 2; expected <= 4; expected++) grew &= free_cores_decide(&follow, 4) && follow.threads == expected;
+    grew &= free_cores_decide(&follow, 4) == 0;                // there: nothing to change
+    check(!first && second && dropped_to == 1 && grew,
+          "free cores: the count drops to 1 at the second look that wants it, then grows 2, 3, 4, one a look");
 #ifdef _OPENMP
     int cores = omp_get_num_procs(), threads_before = omp_get_max_threads();
     FreeCores fixed;
     free_cores_start(&fixed, 2);
     check(!fixed.following && !free_cores_follow(&fixed), "free cores: --threads 2 is not followed");
-    if (others_running(cores) < 0 || cores > 16 || cores < 2) {
+    CpuTimes reading;
+    if (!cpu_times(&reading) || reading.cpus > cores || cores > 16 || cores < 2) {
         printf("skip free cores beside busy processes: /proc/stat cannot tell this program's share of %d cores "
                "(or more than 16)\n", cores);
+        omp_set_num_threads(threads_before);
         return;
     }
+    signal(SIGCHLD, SIG_IGN);   // the neighbours end without being waited for
     pid_t busy[16];
     int started = 0;
     for (; started < cores; started++) {
@@ -5179,32 +5194,19 @@ static void test_free_cores(void) {
         }
         if (busy[started] < 0) break;
     }
-    nanosleep(&(struct timespec){ 0, 50000000 }, NULL);   // 50 ms: the neighbours are running
-    FreeCores follow = { .following = 1, .cores = cores, .limit = cores, .threads = cores, .proposed = cores };
-    int others = others_running(cores), chosen = threads_for_free_cores(&follow);
-    int first = free_cores_follow(&follow);
-    follow.next_look = 0;                                  // the next look, without waiting a second
-    int second = free_cores_follow(&follow), dropped_to = follow.threads;
-    for (int i = 0; i < started; i++) { kill(busy[i], SIGKILL); waitpid(busy[i], NULL, 0); }
-    check(started == cores && others >= 1 && chosen >= 1 && chosen < cores,
-          "free cores: beside %d busy processes on %d cores, %d others running seen, %d thread%s chosen",
-          started, cores, others, chosen, chosen == 1 ? "" : "s");
-    check(!first && second && dropped_to == chosen && omp_get_max_threads() == chosen,
-          "free cores: the count drops at the second look that agrees (first look %s, second %s, %d thread%s)",
-          first ? "changed it" : "kept it", second ? "changed it" : "kept it", dropped_to, dropped_to == 1 ? "" : "s");
-    // grows one thread a change: taken for a machine of 64 cores with a limit of
-    // 3 threads (so every look sees 3 free, whatever else runs here), from 1
-    // thread the agreeing looks give 2, then 3
-    follow = (FreeCores){ .following = 1, .cores = 64, .limit = 3, .threads = 1, .proposed = 3 };
-    int grew = 1;
-    for (int step = 2; step <= 3; step++) {
-        follow.next_look = 0;
-        grew &= free_cores_follow(&follow) && follow.threads == step;
-    }
-    check(grew, "free cores: the count grows by one thread a change (1, 2, then 3 when 3 are free)");
+    nanosleep(&(struct timespec){ 0, 50000000 }, NULL);    // 50 ms: the neighbours are running
+    cpu_times(&then);
+    nanosleep(&(struct timespec){ 0, 300000000 }, NULL);   // 300 ms of them
+    cpu_times(&now);
+    for (int i = 0; i < started; i++) kill(busy[i], SIGKILL);
+    nanosleep(&(struct timespec){ 0, 20000000 }, NULL);
+    signal(SIGCHLD, SIG_DFL);
+    FreeCores live = { .following = 1, .cores = cores, .limit = cores };
+    others = others_busy_cores(&then, &now);
+    check(started == cores && others > cores - 0.5 && free_cores_wanted(&live, others) == 1,
+          "free cores: beside %d busy processes on %d cores, others kept %.2f cores busy: 1 thread", started, cores,
+          others);
     omp_set_num_threads(threads_before);
-#else
-    printf("     (built without OpenMP: one thread, nothing to follow)\n");
 #endif
 }
 

@@ -71,7 +71,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -4423,84 +4422,78 @@ static int thread_count(void) {
 // that core waits for a time slice at each of a step's hundreds of barriers,
 // and the others wait for it: on 2 cores beside `yes`, two threads made a toy
 // step 8.4 times slower than idle, one thread 1.9 times (dev/PERFORMANCE.md,
-// "A busy machine"). So with --threads 0, training uses the cores no other
-// program is running on: all of them on an idle machine, fewer while something
-// else runs, counted again every second between steps. The numbers are the
+// "A busy machine"). So with --threads 0, training uses the cores that other
+// programs leave free: all of them on an idle machine, fewer while something
+// else runs, measured again every second between steps. The numbers are the
 // same for any thread count, so a switch changes no result.
 
-// Whether a line of /proc/PID/task/TID/stat, "tid (name) S ...", says running
-// (R); the name may hold spaces and parentheses, the state follows the last ')'.
-static int task_line_running(const char *line) {
-    const char *name_end = strrchr(line, ')');
-    return name_end && name_end[1] == ' ' && name_end[2] == 'R';
+// CPU seconds spent so far: by all the machine's cores (Linux's /proc/stat,
+// its first line's user, nice, system, irq and softirq ticks) and by this
+// program's threads; and how many cores /proc/stat counts ("cpuN" lines).
+typedef struct { double machine, own, wall; int cpus; } CpuTimes;
+
+// One line of /proc/stat into busy ticks and the count of cores
+static void proc_stat_line(const char *line, double *busy_ticks, int *cpus) {
+    double user, nice, system, idle, iowait, irq, softirq;
+    if (strncmp(line, "cpu ", 4) == 0 &&
+        sscanf(line + 4, "%lf %lf %lf %lf %lf %lf %lf", &user, &nice, &system, &idle, &iowait, &irq, &softirq) == 7)
+        *busy_ticks = user + nice + system + irq + softirq;
+    else if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) (*cpus)++;
 }
 
-// One line of /proc/stat: "cpuN ..." counts a core ("cpu ..." is their sum),
-// "procs_running N" the tasks running on all of them.
-static void proc_stat_line(const char *line, int *cpus, int *running) {
-    if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) (*cpus)++;
-    else sscanf(line, "procs_running %d", running);
-}
-
-// How many tasks of other programs are running at this instant: Linux's count
-// of running tasks less this program's own; -1 where that cannot be told (no
-// /proc, or a container whose /proc/stat counts more cores than this program
-// may use). Not seen: a container whose /proc/stat shows its own cores but the
-// host's running tasks (lxcfs), a CPU quota (cgroup cpu.max), and that a
-// program at the lowest priority (nice 19) takes little from us.
-static int others_running_now(int cores) {
-    int own = 0, running = -1, cpus = 0;
-    DIR *tasks = opendir("/proc/self/task");
-    if (!tasks) return -1;
-    for (struct dirent *task; (task = readdir(tasks)) != NULL;) {
-        char path[300], line[512];
-        if (task->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "/proc/self/task/%s/stat", task->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        if (fgets(line, sizeof line, f) && task_line_running(line)) own++;
-        fclose(f);
-    }
-    closedir(tasks);
+// 0 where /proc/stat cannot be read (another system)
+static int cpu_times(CpuTimes *now) {
     FILE *f = fopen("/proc/stat", "r");
-    if (!f) return -1;
+    if (!f) return 0;
     char line[4096];
-    while (fgets(line, sizeof line, f)) proc_stat_line(line, &cpus, &running);
+    double busy_ticks = -1;
+    now->cpus = 0;
+    while (fgets(line, sizeof line, f)) proc_stat_line(line, &busy_ticks, &now->cpus);
     fclose(f);
-    if (running < 0 || cpus > cores) return -1;
-    return running > own ? running - own : 0;
+    struct timespec own;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &own);
+    now->machine = busy_ticks / (double)sysconf(_SC_CLK_TCK);
+    now->own = (double)own.tv_sec + 1e-9 * (double)own.tv_nsec;
+    now->wall = wall_seconds();
+    return busy_ticks >= 0;
 }
 
-// The same, the least of three readings 1 ms apart: the kernel's own short
-// tasks (a kworker's once-a-second statistics, say) are running at one reading
-// now and then, a busy program at all three.
-static int others_running(int cores) {
-    int least = others_running_now(cores);
-    for (int reading = 1; reading < 3 && least > 0; reading++) {
-        nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
-        int others = others_running_now(cores);
-        if (others >= 0 && others < least) least = others;
-    }
-    return least;
+// The cores other programs kept busy between two readings: the machine's
+// busy time less this program's, over the time between them.
+static double others_busy_cores(const CpuTimes *then, const CpuTimes *now) {
+    double others = (now->machine - then->machine) - (now->own - then->own);
+    return others > 0 ? others / (now->wall - then->wall) : 0;
 }
 
-// Following the free cores during training (--threads 0): a look at the start
-// and one a second between steps (free_cores_follow).
+// Following the free cores during training (--threads 0): a reading at the
+// start and a look a second between steps (free_cores_follow).
 typedef struct {
     int following;      // 0: --threads N was given, no OpenMP, or /proc cannot tell
     int cores, limit;   // the machine's cores; at most `limit` threads (OMP_NUM_THREADS, or the cores)
-    int threads, proposed, others, changes;
-    double next_look;   // wall_seconds() of the next look
+    int threads, proposed, changes;
+    CpuTimes last;      // the reading the next look measures from
 } FreeCores;
 
-// The thread count for the cores free now, between 1 and the limit; -1 where
-// /proc cannot tell.
-static int threads_for_free_cores(FreeCores *follow) {
-    int others = others_running(follow->cores);
-    if (others < 0) return -1;
-    follow->others = others;
-    int free_cores = others >= follow->cores ? 1 : follow->cores - others;
+// The thread count for the cores other programs left free since the last
+// reading, between 1 and the limit. A core counts as busy when they used more
+// than a quarter of it: beside two of our threads, whose waits spin, `yes`
+// gets only about half a core.
+static int free_cores_wanted(const FreeCores *follow, double others) {
+    int busy = (int)(others + 0.75), free_cores = busy >= follow->cores ? 1 : follow->cores - busy;
     return free_cores < follow->limit ? free_cores : follow->limit;
+}
+
+// A look's verdict: the count changes when two looks in a row want the same;
+// it drops at once, and grows by one thread a change, so that two runs that
+// follow the cores settle on a share each instead of swinging between one
+// thread and all. Returns 1 when it changed the count.
+static int free_cores_decide(FreeCores *follow, int wanted) {
+    int agreed = wanted == follow->proposed;
+    follow->proposed = wanted;
+    if (!agreed || wanted == follow->threads) return 0;
+    follow->threads = wanted > follow->threads ? follow->threads + 1 : wanted;
+    set_threads(follow->threads);
+    return 1;
 }
 
 static void free_cores_start(FreeCores *follow, int threads_option) {
@@ -4509,35 +4502,28 @@ static void free_cores_start(FreeCores *follow, int threads_option) {
     if (threads_option != 0) return;   // --threads N: N threads, whatever else runs
     follow->cores = omp_get_num_procs();
     follow->limit = omp_get_max_threads();
-    if (follow->limit < 2) return;
-    int threads = threads_for_free_cores(follow);
-    if (threads < 0) return;
+    CpuTimes then;
+    // a container whose /proc/stat counts more cores than this program may use cannot tell
+    if (follow->limit < 2 || !cpu_times(&then) || then.cpus > follow->cores) return;
+    nanosleep(&(struct timespec){ 0, 50000000 }, NULL);   // 50 ms of the others alone
+    if (!cpu_times(&follow->last)) return;
     follow->following = 1;
-    follow->threads = follow->proposed = threads;
-    follow->next_look = wall_seconds() + 1;
-    set_threads(threads);
+    follow->threads = follow->proposed = free_cores_wanted(follow, others_busy_cores(&then, &follow->last));
+    set_threads(follow->threads);
 #else
     (void)threads_option;
 #endif
 }
 
-// A look, once a second: the count changes when two looks in a row agree on
-// it; it drops at once, and grows by one thread a change, so that two runs
-// that follow the cores settle on a share each instead of swinging between
-// one thread and all. The first three changes are noted. Returns 1 when it
-// changed the count.
 static int free_cores_follow(FreeCores *follow) {
-    if (!follow->following || wall_seconds() < follow->next_look) return 0;
-    follow->next_look = wall_seconds() + 1;
-    int threads = threads_for_free_cores(follow), agreed = threads == follow->proposed;
-    follow->proposed = threads;
-    if (threads < 0 || !agreed || threads == follow->threads) return 0;
-    if (threads > follow->threads) threads = follow->threads + 1;
-    follow->threads = threads;
-    set_threads(threads);
+    CpuTimes now;
+    if (!follow->following || wall_seconds() < follow->last.wall + 1 || !cpu_times(&now)) return 0;
+    double others = others_busy_cores(&follow->last, &now);
+    follow->last = now;
+    if (!free_cores_decide(follow, free_cores_wanted(follow, others))) return 0;
     if (++follow->changes <= 3)
-        printf("note: %d thread%s now: other programs are running %d task%s on %d cores%s\n", threads,
-               threads == 1 ? "" : "s", follow->others, follow->others == 1 ? "" : "s", follow->cores,
+        printf("note: %d thread%s now: other programs kept %.1f of %d cores busy%s\n", follow->threads,
+               follow->threads == 1 ? "" : "s", others, follow->cores,
                follow->changes == 3 ? " (further changes are not noted)" : "");
     return 1;
 }
@@ -5092,9 +5078,8 @@ static const char *train_loop(TrainRun *r) {
     }
     const TrainingCompute *compute = transformer_training;
     compute->begin(model);
-    double start = wall_seconds(), last_time = start, best_rate = 0; // tokens/s, for the note on a busy machine
+    double start = wall_seconds(), last_time = start;
     long first_step = model->adam_step, tokens = 0;
-    int hinted = 0;
     while (!error && model->adam_step < o->steps) {
         free_cores_follow(&follow);
         train_next_batch(r);
@@ -5115,13 +5100,6 @@ static const char *train_loop(TrainRun *r) {
             double now = wall_seconds(), rate = tokens / (now - last_time + 1e-9);
             print_progress(step, o->steps, loss, lr, rate, now - start,
                            (now - start) / (step - first_step) * (o->steps - step));
-            if (rate < best_rate / 4 && !hinted && !follow.following && thread_count() > 1) { // once a run
-                printf("note: %.0f%% of this run's best speed: another program is probably busy on these cores; "
-                       "--threads 1 may be faster while it is (on --resume too: the numbers are the same)\n",
-                       100 * rate / best_rate);
-                hinted = 1;
-            }
-            if (rate > best_rate) best_rate = rate;
             last_time = now;
             tokens = 0;
         }
