@@ -46,9 +46,9 @@ ifeq ($(OPENMP),1)
 OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
-SOURCES = transformer.c transformer.h transformer_lab.c
+SOURCES = transformer.c transformer.h lab/lab.c
 # the CUDA companion; the float test builds include it, built for the CPU
-COMPANION = transformer_cuda.cu cuda_on_cpu.h cuda_on_cpu_threads.h
+COMPANION = cuda/transformer_cuda.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
 # the test binaries `make test` runs, in this order
 TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
@@ -59,7 +59,7 @@ all: transformer
 
 # the program with every command: transformer_lab.c includes transformer.c
 transformer: $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ transformer_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/lab.c $(LDLIBS)
 
 # transformer.c alone, the smallest complete program (train, decode, eval);
 # make test runs it, so that the one file keeps building and training by itself
@@ -71,7 +71,7 @@ transformer_minimal: transformer.c transformer.h
 PLAIN = -DTRANSFORMER_PLAIN
 plain: transformer_plain
 transformer_plain: $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ transformer_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ lab/lab.c $(LDLIBS)
 
 test_transformer: test_transformer.c $(SOURCES) $(COMPANION)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
@@ -188,8 +188,8 @@ NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextr
 NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lm
 cuda: transformer_cuda
 transformer_cuda: $(COMPANION) $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o transformer_lab.c
-	$(NVCC_CHECKED) -c -o transformer_cuda.o transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
+	$(NVCC_CHECKED) -c -o transformer_cuda.o cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
 	@if grep -E '[1-9][0-9]* bytes spill (stores|loads)' .ptxas.log; then \
 	  echo "make cuda: a kernel spills registers (above); expected 0 bytes"; exit 1; fi
 	@echo "make cuda: $$(grep -c 'bytes spill stores' .ptxas.log) kernels, no register spills (ptxas -v)"; rm -f .ptxas.log
@@ -199,11 +199,11 @@ transformer_cuda: $(COMPANION) $(SOURCES)
 # prints what one training step launches, copies and holds, without computing it
 cuda-cpu: transformer_cuda_cpu
 transformer_cuda_cpu: $(COMPANION) $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c transformer_cuda.cu -x none transformer_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c cuda/transformer_cuda.cu -x none lab/lab.c $(LDLIBS)
 
 # the float tests with the companion built by nvcc instead of for the CPU
 test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
-	$(NVCC_CHECKED) -DTRANSFORMER_CUDA_NO_MAIN -c -o transformer_cuda_test.o transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
+	$(NVCC_CHECKED) -DTRANSFORMER_CUDA_NO_MAIN -c -o transformer_cuda_test.o cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
 	rm -f .ptxas.log
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o test_transformer.c
 	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o
@@ -215,8 +215,8 @@ test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
 # ThreadSanitizer does not see libgomp's own synchronisation. About 4 minutes on 2 cores.
 .PHONY: test-threads clean-companion
 TSAN = -O1 -g -fno-omit-frame-pointer -fsanitize=thread
-test_cuda_threads: test_cuda_threads.c test_transformer.c $(COMPANION) $(SOURCES)
-	$(CC) $(TSAN) $(WARNINGS) -DCUDA_ON_CPU_THREADS -pthread -o $@ test_cuda_threads.c $(LDLIBS)
+test_cuda_threads: cuda/test_cuda_threads.c test_transformer.c $(COMPANION) $(SOURCES)
+	$(CC) $(TSAN) $(WARNINGS) -DCUDA_ON_CPU_THREADS -pthread -o $@ cuda/test_cuda_threads.c $(LDLIBS)
 test-threads: test_cuda_threads transformer
 	TRANSFORMER_BIN=./transformer ./test_cuda_threads
 	@if ./test_cuda_threads --racy > .tsan_racy.log 2>&1 || ! grep -q 'ThreadSanitizer: data race' .tsan_racy.log; then \
@@ -275,10 +275,10 @@ test_transformer_debug: test_transformer.c $(SOURCES) $(COMPANION)
 # NaN or an infinity converted to an integer, as a chart's ticks once were
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 sanitize: test_transformer.c $(SOURCES) $(COMPANION)
-	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan transformer_lab.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan lab/lab.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
-	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -o transformer_asan_plain transformer_lab.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -o transformer_asan_plain lab/lab.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o test_transformer_asan_plain_f64 test_transformer.c $(LDLIBS)
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan_f64
 	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan

@@ -88,13 +88,13 @@
  *   make debug: transformer_debug in gdb    test_debugger_walk (plain build)
  */
 #define TRANSFORMER_NO_MAIN
-#include "transformer_lab.c"   // transformer.c and the lab's instruments
+#include "lab/lab.c"   // transformer.c and the lab's instruments
 #if !defined(TRANSFORMER_DOUBLE) && !defined(COMPANION_ON_GPU)
 // The CUDA companion, compiled here for the CPU (cuda_on_cpu.h): in the float
 // builds its training steps are compared with transformer.c's.
 #define CUDA_ON_CPU
 #define TRANSFORMER_CUDA_NO_MAIN
-#include "transformer_cuda.cu"
+#include "cuda/transformer_cuda.cu"
 #elif defined(COMPANION_ON_GPU)
 // make test-cuda: the same tests with the companion built by nvcc, on a GPU
 const TrainingCompute *transformer_cuda_training(void);
@@ -1410,7 +1410,7 @@ static void test_aligned_memory(void) {
 // The default build computes the linear layers and attention with Part II's
 // tiles; Part I's loops are the reference. Each comparison below calls Part
 // II's function itself (linear_forward_fast, ...) and Part I's with
-// use_fast_path = 0, on the same numbers; test_fast_dispatch checks that the
+// fast_path_use(0), on the same numbers; test_fast_dispatch checks that the
 // default build's calls do reach Part II. The two sum in different orders,
 // so they agree to rounding: an element that sums n products differs by at
 // most a few n u sum_i |term_i| (u: the unit roundoff, 6e-8 in float), and
@@ -1483,7 +1483,7 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, Rn
         dinp[plain] = copy_of(dinp0, n_in); dw[plain] = copy_of(dw0, n_w); db[plain] = copy_of(db0, OC);
         real *dbias = with_bias ? db[plain] : NULL;
         if (plain) {
-            use_fast_path = 0;
+            fast_path_use(0);
             linear_forward(out[1], x, w, bias, N, IC, OC);
             linear_backward(dinp[1], dw[1], dbias, dout, x, w, N, IC, OC);
         } else {
@@ -1497,7 +1497,7 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, Rn
     real *s_dinp = absolute_of(dinp0, n_in), *s_dw = absolute_of(dw0, n_w), *s_db = absolute_of(db0, OC);
     linear_forward(s_out, ax, aw, with_bias ? ab : NULL, N, IC, OC);
     linear_backward(s_dinp, s_dw, s_db, adout, ax, aw, N, IC, OC);
-    use_fast_path = 1;
+    fast_path_use(1);
     double worst = fmax(fmax(worst_scaled_difference(out[0], out[1], s_out, n_out),
                              worst_scaled_difference(dinp[0], dinp[1], s_dinp, n_in)),
                         fmax(worst_scaled_difference(dw[0], dw[1], s_dw, n_w),
@@ -1555,7 +1555,7 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
         dq[plain] = checked_calloc(n_q, sizeof(real), "test");
         dkv[plain] = self ? dq[plain] : checked_calloc(n_kv, sizeof(real), "test");
         real *dk = self ? dq[plain] + C : dkv[plain], *dv = self ? dq[plain] + 2 * C : dkv[plain] + C;
-        use_fast_path = 0;
+        fast_path_use(0);
         if (plain) {
             attention_forward(out[1], att[1], q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
             attention_backward(dq[1], dk, dv, dout, att[1], q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
@@ -1564,7 +1564,7 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
             attention_backward_fast(dq[0], dk, dv, dout, att[0], q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
         }
     }
-    use_fast_path = 1;
+    fast_path_use(1);
     double worst = fmax(relative_difference(out[0], out[1], n_out), relative_difference(att[0], att[1], n_att));
     worst = fmax(worst, relative_difference(dq[0], dq[1], n_q));   // dq, and dk and dv when fused
     if (!self) worst = fmax(worst, relative_difference(dkv[0], dkv[1], n_kv));
@@ -1599,7 +1599,7 @@ static void test_fast_attention(void) {
           FAST_STEP_TOLERANCE);
 }
 
-// The default build's calls reach Part II: with use_fast_path = 1,
+// The default build's calls reach Part II: with fast_path_use(1),
 // linear_forward and attention_forward give the bits of linear_forward_fast
 // and attention_forward_fast. The product's bits differ from Part I's in at
 // least one element (Part II sums a depth of 300 in blocks of 128, Part I in
@@ -1616,7 +1616,7 @@ static void test_fast_dispatch(void) {
         out[way] = checked_calloc((size_t)N * OC, sizeof(real), "test");
         att[way] = checked_calloc((size_t)B * NH * T * T, sizeof(real), "test");
         heads[way] = checked_calloc((size_t)B * T * C, sizeof(real), "test");
-        use_fast_path = way < 2;
+        fast_path_use(way < 2);
         if (way == 0) {
             linear_forward_fast(out[0], x, w, NULL, N, IC, OC);
             attention_forward_fast(heads[0], att[0], qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, 1, B, T, T, C, NH);
@@ -1625,7 +1625,7 @@ static void test_fast_dispatch(void) {
             attention_forward(heads[way], att[way], qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, 1, B, T, T, C, NH);
         }
     }
-    use_fast_path = 1;
+    fast_path_use(1);
     size_t n_out = (size_t)N * OC * sizeof(real), n_heads = (size_t)B * T * C * sizeof(real);
     check(memcmp(out[0], out[1], n_out) == 0 && memcmp(heads[0], heads[1], n_heads) == 0 &&
           memcmp(out[1], out[2], n_out) != 0,
@@ -1651,14 +1651,14 @@ static void test_fast_training_step(void) {
     Transformer m[2];
     real loss[2];
     for (int plain = 0; plain < 2; plain++) {
-        use_fast_path = !plain;
+        fast_path_use(!plain);
         transformer_build(&m[plain], &config, 34);
         m[plain].training = 1;   // dropout on: the same masks both ways (the same seed)
         loss[plain] = transformer_forward(&m[plain], &tb.batch);
         transformer_zero_grad(&m[plain]);
         transformer_backward(&m[plain], &tb.batch);
     }
-    use_fast_path = 1;
+    fast_path_use(1);
     double logits = relative_difference(m[0].acts.logits, m[1].acts.logits, (size_t)3 * 19 * config.vocab_size);
     double worst_grad = 0;
     const char *worst_name = "";
@@ -1951,8 +1951,8 @@ static double by_hand_error(const real *got, const double *expected, int n, int 
 // exactly 1) must come out exact; the others within 16 ulp of `real` (of
 // max(1, |x|)): a and 1/sqrt 2 are rounded, the score is their product, and
 // exp, the sum and the division each round again, a few ulp in all.
-// Through Part I's loops (use_fast_path = 0) and, in the default builds,
-// through Part II's (use_fast_path = 1).
+// Through Part I's loops (fast_path_use(0)) and, in the default builds,
+// through Part II's (fast_path_use(1)).
 typedef struct {
     const char *name;
     int key_len, causal;
@@ -1979,7 +1979,7 @@ static void test_attention_by_hand(void) {
     const char *path_names[2] = { "Part I", "Part II" };
     for (int path = 0; path < paths; path++) {
 #ifndef TRANSFORMER_PLAIN
-        use_fast_path = path;
+        fast_path_use(path);
 #endif
         for (int n = 0; n < 3; n++) {
             const AttentionByHand *c = &cases[n];
@@ -2016,7 +2016,7 @@ static void test_attention_by_hand(void) {
               "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
     }
 #ifndef TRANSFORMER_PLAIN
-    use_fast_path = 1;
+    fast_path_use(1);
 #endif
 }
 
@@ -5223,6 +5223,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s [--reference FILE.ref]\n", argv[0]);
         return 2;
     }
+#ifndef TRANSFORMER_PLAIN
+    fast_path_use(1);   // as make's ./transformer runs: Part I's products through lab/fast_path.c
+#endif
 #ifdef TRANSFORMER_DOUBLE
     run_gradient_checks();
 #endif

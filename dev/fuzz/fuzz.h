@@ -10,7 +10,7 @@
 
 #define TRANSFORMER_NO_MAIN
 #ifndef FUZZ_WITH_TESTS
-#include "transformer_lab.c"
+#include "lab/lab.c"
 #endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

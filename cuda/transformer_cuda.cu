@@ -77,7 +77,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "transformer.h"
+#include "../transformer.h"
 #ifdef __cplusplus
 }
 #endif

@@ -16,7 +16,7 @@
 #error "build with -DCUDA_ON_CPU_THREADS (make test-threads)"
 #endif
 #define main test_transformer_main
-#include "test_transformer.c"
+#include "../test_transformer.c"
 #undef main
 
 int main(int argc, char **argv) {

@@ -1,0 +1,560 @@
+/* lab/fast_path.c: transformer.c's products, many times faster
+ *
+ * Nothing here changes what the model computes, only how fast: the products
+ * of the linear layers (§3) and of attention (§3.2.1) as register tiles over
+ * packed blocks. transformer.c's linear_forward, linear_backward,
+ * attention_forward and attention_backward hand their calls to these on
+ * their first line once fast_path_use(1) has set transformer.c's
+ * `fast_path` hooks (lab.c does, for make's ./transformer); transformer.c
+ * alone runs its own loops. The tests check each against those loops. A
+ * piece stays here only if it makes a toy or base training step, or
+ * decoding, at least 5% faster (dev/PERFORMANCE.md has what each gave and
+ * what was tried and dropped).
+ *
+ * BUILD  included by lab/lab.c after transformer.c (it uses transformer.c's
+ *        visible_keys, softmax_visible, softmax_backward and allocation)
+ */
+
+// ----------------------------------------------------------------------------
+// The matrix product. Nearly all the arithmetic of a training step is
+//     out += A B        out is (rows, cols), A is (rows, depth), B is (depth, cols)
+// in one of three forms: y = x W^T (forward), dx = dy W and dW = dy^T x
+// (backward). A MatrixView says where element (row, col) of A or B lives, so
+// one function serves all three: a transposed matrix is the same memory with
+// its two strides swapped.
+//
+// Why not the three-line loop  for m, n, d: out[m][n] += A[m][d] B[d][n]?  A
+// core can do 16 or more multiply-adds per cycle on vectors but load only two
+// or three numbers, and that loop loads two numbers per multiply-add and
+// reads B from memory once for every row of out. Three ideas, in plain C:
+//
+// 1. Register tiles. out is computed in tiles of TILE_ROWS x TILE_COLS (8 x 32
+//    floats with AVX-512's 32 vector registers, 6 x 16 with AVX2's 16). The
+//    tile's sums stay in vector registers for the whole depth loop; each
+//    step d reads a column of TILE_ROWS numbers of A and a row of TILE_COLS
+//    numbers of B, and does every product of the two:
+//
+//             dc                         TILE_COLS = 32
+//          ┌─────────┐                 ┌──────────────────────┐
+//        8 │ ▓       │   x          dc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │  ->  sum[8][32] += a[.][d] * b[d][.]
+//          └─────────┘                 │                      │
+//          A strip, step d: column ▓    └──────────────────────┘  B strip, step d: row ▓
+//
+//    The inner loop over the columns is what the compiler turns into vector
+//    instructions; the loops over d and the rows stay loops.
+// 2. Packing. The tile reads B a row of TILE_COLS numbers at a time. A block
+//    of B is first copied ("packed") into strips of TILE_COLS columns, each
+//    dc deep and contiguous, in exactly the order the tile reads them: every
+//    read is then sequential whatever the strides of B (W^T in the forward
+//    pass is read down the columns of W). A is read where it lies, TILE_ROWS
+//    numbers per step, when its rows are contiguous (x in x W^T, dy in dy W,
+//    and the weight of a product turned around in decoding, where copying it
+//    first made base decoding 1.6 times slower); a transposed A (dy^T in
+//    dy^T x) and a last strip of fewer rows are copied into a strip of their
+//    own, the last one padded with zeros.
+// 3. Cache blocks. The depth is cut into blocks of DEPTH_BLOCK (128) and the
+//    columns into width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512
+//    floats = 256 KB, stays in the level-2 cache while the strips of A pass
+//    by; a strip of A, 8 x 128 floats = 4 KB, stays in the level-1 cache
+//    while it meets the block's 16 strips of B:
+//
+//        for each width block of B (512 columns):
+//          for each depth block (128 values of d):
+//            pack the 128 x 512 block of B into 16 strips of 128 x 32
+//            for each 8-row strip of A (among this thread's rows):
+//              for each 32-column strip of the packed block:
+//                tile: out[8 rows][32 columns] += A[8][128] B[128][32]
+//
+//    out[m][n] receives its depth blocks' sums in order d = 0, 128, 256, ...
+//
+// Decoding multiplies a weight by one row per sentence or beam: few rows.
+// Such a product is turned around (out^T = B^T A^T, matmul), so that it has
+// few columns, and a product with few columns runs in narrow tiles, one
+// vector wide and twice as tall, NARROW_ROWS x NARROW_COLS (16 x 16 floats
+// with AVX-512, 12 x 8 with AVX2): 8 sentences would fill a quarter of the
+// wide tile's multiply-adds, half of the narrow one's.
+//
+// Threads: each takes an equal share of the strips of rows of out and packs
+// the blocks of B it needs itself (a little copying done twice, but no
+// thread ever waits for another). Each element of out belongs to one thread
+// and is summed in the same order whatever the number of threads.
+// ----------------------------------------------------------------------------
+
+// Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
+typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
+
+// One product, in the form every caller gives it:
+//     out = bias + A B    (accumulate 0; with bias.data NULL, out = A B)
+//     out += A B          (accumulate 1)
+// out is (out_rows, out_cols), its element (m, n) at out[m * out_row + n *
+// out_col]; A is (out_rows, depth), B is (depth, out_cols); depth >= 1. The
+// bias is a view whose rows are all the same (row stride 0): bias(m, n) = bias[n].
+typedef struct {
+    real *out;
+    size_t out_row, out_col;
+    MatrixView a, b, bias;
+    int out_rows, out_cols, depth, accumulate;
+} MatrixProduct;
+
+// The tile is two of the machine's vector registers wide and 8 rows tall
+// where there are 32 vector registers (AVX-512, NEON), 6 where there are 16
+// (AVX2, SSE2): its 2 x TILE_ROWS registers of sums then stay in registers,
+// with room for a row of B and a number of A.
+#if defined(__AVX512F__)
+#define VECTOR_BYTES 64
+#define VECTOR_REGISTERS 32
+#elif defined(__AVX__)
+#define VECTOR_BYTES 32
+#define VECTOR_REGISTERS 16
+#elif defined(__aarch64__)
+#define VECTOR_BYTES 16
+#define VECTOR_REGISTERS 32
+#else
+#define VECTOR_BYTES 16
+#define VECTOR_REGISTERS 16
+#endif
+#define TILE_ROWS (VECTOR_REGISTERS == 32 ? 8 : 6)
+#define TILE_COLS (2 * VECTOR_BYTES / (int)sizeof(real))  // AVX-512: 32 floats, 16 doubles
+#define NARROW_ROWS (2 * TILE_ROWS)                       // the narrow tile
+#define NARROW_COLS (TILE_COLS / 2)                       // one vector
+#define DEPTH_BLOCK 128
+#define WIDTH_BLOCK 512
+_Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+// Uninitialised memory at a multiple of CACHE_LINE bytes (see arena_calloc); free() it.
+static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
+    size_t bytes = checked_bytes(count, size, what);
+    bytes = checked_bytes(lines_of(bytes), CACHE_LINE, what);   // aligned_alloc takes whole lines
+    return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
+}
+
+// A copy of the rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, rows
+// from m_end on (a last, short strip) zero: strip[d * height + r] = A[m0 + r][d0 + d].
+static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, int dc, int height) {
+    int rows = min_int(m_end - m0, height);
+    const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)d0 * a.col_stride;
+    if (a.row_stride == 1 && rows == height) {
+        // A transposed (dy^T in dW = dy^T x): the strip's numbers for one d
+        // lie side by side, so each step is a copy of `height` numbers
+        for (int d = 0; d < dc; d++)
+            for (int r = 0; r < height; r++) strip[d * height + r] = a0[(size_t)d * a.col_stride + r];
+        return;
+    }
+    for (int r = 0; r < height; r++)
+        for (int d = 0; d < dc; d++)
+            strip[d * height + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)d * a.col_stride] : 0;
+}
+
+// `count` strips of B side by side, each `width` columns (the tile's) and dc
+// deep, the first from column n0: strip s is
+// packed[(s * dc + d) * width + j] = B[d0 + d][n0 + s * width + j], zeros
+// from column b_cols on. It reads B along whichever direction B is contiguous in.
+// Rows contiguous: one pass along each row of B for all the strips, which
+// the hardware prefetcher follows (strip by strip, every row of a strip
+// would start a new cache line). Columns contiguous (B a transposed matrix,
+// W^T in x W^T): along each column, strip by strip.
+static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0, int dc, int width, int count) {
+    if (b.col_stride == 1) {
+        int full = min_int(count, (b_cols - n0) / width);   // strips that lie wholly left of column b_cols
+        for (int d = 0; d < dc; d++) {
+            const real *row = b.data + (size_t)(d0 + d) * b.row_stride;
+            for (int s = 0; s < full; s++)
+                for (int j = 0; j < width; j++)
+                    packed[((size_t)s * dc + d) * width + j] = row[n0 + s * width + j];
+            for (int s = full; s < count; s++)   // a last strip that reaches past column b_cols
+                for (int j = 0; j < width; j++)
+                    packed[((size_t)s * dc + d) * width + j] = n0 + s * width + j < b_cols ? row[n0 + s * width + j] : 0;
+        }
+        return;
+    }
+    for (int s = 0; s < count; s++) {
+        int j0 = n0 + s * width, cols = min_int(b_cols - j0, width);
+        const real *b0 = b.data + (size_t)d0 * b.row_stride + (size_t)j0 * b.col_stride;
+        real *strip = packed + (size_t)s * dc * width;
+        for (int j = 0; j < cols; j++)
+            for (int d = 0; d < dc; d++) strip[d * width + j] = b0[(size_t)j * b.col_stride + (size_t)d * b.row_stride];
+        for (int d = 0; d < dc; d++)
+            for (int j = cols; j < width; j++) strip[d * width + j] = 0;
+    }
+}
+
+// The sums of a tile of `rows` x `cols` over one depth block:
+// sum[r * cols + j] = sum_d A[r][d] * b[d * cols + j], d = 0 .. dc-1 in
+// order, with A's (r, d) at a[r * a_row + d * a_col] and b a packed strip of
+// B. The tiles call it with fixed sizes, so that once inlined its sums are
+// vector registers.
+static inline void tile_sums(real *sum, int rows, int cols, const real *a, size_t a_row, size_t a_col,
+                             const real *b, int dc) {
+    for (int i = 0; i < rows * cols; i++) sum[i] = 0;
+    for (int d = 0; d < dc; d++)
+        for (int r = 0; r < rows; r++) {
+            real ard = a[r * a_row + d * a_col];
+            #pragma omp simd
+            for (int j = 0; j < cols; j++) sum[r * cols + j] += ard * b[d * cols + j];
+        }
+}
+
+// out[r][j] += sum[r][j] (accumulate) or out[r][j] = bias[r][j] + sum[r][j]
+// (bias NULL: 0) for the first rows x cols of a tile of sums, any strides:
+// out's element (r, j) is out[r * out_row + j * out_col], the bias's
+// bias[r * bias_row + j * bias_col], the sum's sum[r * sum_cols + j].
+static void store_tile(real *out, size_t out_row, size_t out_col, const real *sum, int sum_cols,
+                       int rows, int cols, int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) {
+            real *o = out + (size_t)r * out_row + (size_t)j * out_col;
+            real start = accumulate ? *o : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
+            *o = start + sum[r * sum_cols + j];
+        }
+}
+
+// The register tile: the sums of a strip of A (TILE_ROWS rows, from
+// a_strip) and a packed strip of B (TILE_COLS columns) over one depth block,
+// stored into the first rows x cols of the tile of out at `out`
+// (store_tile's arguments).
+static void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
+                        const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
+                        size_t bias_row, size_t bias_col) {
+    real sum[TILE_ROWS][TILE_COLS];
+    tile_sums(&sum[0][0], TILE_ROWS, TILE_COLS, a, a_row, a_col, b, dc);
+    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1)) {
+        // a whole tile with rows of out contiguous (nearly every tile): loops
+        // of fixed length, which the compiler turns into one vector operation
+        // per register of sums, straight from the registers (through
+        // store_tile they would go through memory: a toy step 1.4 times slower)
+        for (int r = 0; r < TILE_ROWS; r++) {
+            real *o = out + (size_t)r * out_row;
+            const real *bias_r = bias ? bias + (size_t)r * bias_row : NULL;
+            if (accumulate)
+                for (int j = 0; j < TILE_COLS; j++) o[j] += sum[r][j];
+            else if (bias_r)
+                for (int j = 0; j < TILE_COLS; j++) o[j] = bias_r[j] + sum[r][j];
+            else
+                for (int j = 0; j < TILE_COLS; j++) o[j] = sum[r][j];
+        }
+        return;
+    }
+    // a tile at the edge of out, or out or the bias transposed
+    store_tile(out, out_row, out_col, &sum[0][0], TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+}
+
+// The narrow tile: the same for NARROW_ROWS x NARROW_COLS, stored through
+// store_tile (its products have few columns, and in decoding out is transposed).
+static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
+                               size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
+                               const real *bias, size_t bias_row, size_t bias_col) {
+    real sum[NARROW_ROWS][NARROW_COLS];
+    tile_sums(&sum[0][0], NARROW_ROWS, NARROW_COLS, a, a_row, a_col, b, dc);
+    store_tile(out, out_row, out_col, &sum[0][0], NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+}
+
+// Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
+static real *packed_b_alloc(void) {
+    return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
+}
+
+// The narrow tile's product packs its whole B, depth x NARROW_COLS numbers,
+// into the room of one block of B: at most this deep.
+#define NARROW_MAX_DEPTH (DEPTH_BLOCK * WIDTH_BLOCK / NARROW_COLS)
+
+// The rows of the tile a product is done in: the narrow tile's for a
+// product of at most NARROW_COLS columns and NARROW_MAX_DEPTH depth.
+static int tile_height(const MatrixProduct *p) {
+    return p->out_cols <= NARROW_COLS && p->depth <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
+}
+
+// The strip of rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, as a tile
+// reads it: where it lies when A's rows are contiguous, else copied into
+// packed_a (pack_a_strip), and so is a last strip of fewer than `height`
+// rows (padded with zeros). *a_row and *a_col get the strides of what it returns.
+static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixView a,
+                           int m0, int m_end, int d0, int dc, int height) {
+    if (a.col_stride != 1 || m_end - m0 < height) {
+        pack_a_strip(packed_a, a, m0, m_end, d0, dc, height);
+        *a_row = 1; *a_col = (size_t)height;
+        return packed_a;
+    }
+    *a_row = a.row_stride; *a_col = 1;
+    return a.data + (size_t)m0 * a.row_stride + (size_t)d0;
+}
+
+// Rows [m_first, m_end) of a product in narrow tiles. Its B is packed whole
+// first, and each strip of A then goes through all the depth blocks before
+// the next strip starts: in decoding, A is a weight, and each of its rows
+// is then read from start to end, which the hardware prefetcher follows.
+// The depth blocks still reach each element of out in order.
+static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
+    _Alignas(CACHE_LINE) real packed_a[NARROW_ROWS * DEPTH_BLOCK];
+    for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK)   // one strip, depth rows deep
+        pack_b_strips(packed_b + (size_t)d0 * NARROW_COLS, p->b, 0, p->out_cols, d0,
+                      min_int(p->depth - d0, DEPTH_BLOCK), NARROW_COLS, 1);
+    for (int m0 = m_first; m0 < m_end; m0 += NARROW_ROWS) {
+        const real *bias = p->bias.data ? p->bias.data + (size_t)m0 * p->bias.row_stride : NULL;
+        for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK) {
+            int dc = min_int(p->depth - d0, DEPTH_BLOCK);
+            size_t a_row, a_col;
+            const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, NARROW_ROWS);
+            matmul_tile_narrow(p->out + (size_t)m0 * p->out_row, p->out_row, p->out_col, a, a_row, a_col,
+                               packed_b + (size_t)d0 * NARROW_COLS, dc, min_int(m_end - m0, NARROW_ROWS), p->out_cols,
+                               p->accumulate || d0 > 0, bias, p->bias.row_stride, p->bias.col_stride);
+        }
+    }
+}
+
+// Rows [m_first, m_end) of the product p, by the calling thread alone;
+// packed_b comes from packed_b_alloc.
+static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
+    if (tile_height(p) == NARROW_ROWS) {
+        matmul_rows_narrow(p, m_first, m_end, packed_b);
+        return;
+    }
+    _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
+    for (int n0 = 0; n0 < p->out_cols; n0 += WIDTH_BLOCK) {
+        int strips = (min_int(p->out_cols - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
+        for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK) {
+            int dc = min_int(p->depth - d0, DEPTH_BLOCK);
+            int accumulate = p->accumulate || d0 > 0;   // later depth blocks add to the first
+            pack_b_strips(packed_b, p->b, n0, p->out_cols, d0, dc, TILE_COLS, strips);
+            for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
+                size_t a_row, a_col;
+                const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, TILE_ROWS);
+                for (int s = 0; s < strips; s++) {
+                    int j0 = n0 + s * TILE_COLS;
+                    const real *bias = p->bias.data
+                        ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
+                    matmul_tile(p->out + (size_t)m0 * p->out_row + (size_t)j0 * p->out_col, p->out_row, p->out_col,
+                                a, a_row, a_col, packed_b + (size_t)s * TILE_COLS * dc, dc,
+                                min_int(m_end - m0, TILE_ROWS), min_int(p->out_cols - j0, TILE_COLS),
+                                accumulate, bias, p->bias.row_stride, p->bias.col_stride);
+                }
+            }
+        }
+    }
+}
+
+// The part [*first, *end) of `count` items that this thread takes in a
+// parallel region: equal contiguous shares, the first share to thread 0.
+static void thread_share(int count, int *first, int *end) {
+#ifdef _OPENMP
+    int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+#else
+    int thread = 0, threads = 1;
+#endif
+    *first = (int)((long long)count * thread / threads);
+    *end = (int)((long long)count * (thread + 1) / threads);
+}
+
+// The whole product p, shared among the threads by strips of tile_height
+// rows of out. A product with few rows (decoding: one row per sentence, at
+// most TILE_COLS of them) and more columns is done as its transpose, out^T = B^T A^T:
+// then the big matrix, a weight, is the one shared out among the threads and
+// read once, and only the few rows are packed whole, in narrow tiles.
+// Without it base decoding took 2.9 times as long. Every element is the
+// same sum in the same order either way.
+static void matmul(MatrixProduct p) {
+    if (p.out_rows <= 0 || p.out_cols <= 0) return;
+    if (p.out_rows <= TILE_COLS && p.out_rows < p.out_cols) {
+        MatrixView a = p.a, b = p.b, bias = p.bias;
+        p.a = (MatrixView){ b.data, b.col_stride, b.row_stride };
+        p.b = (MatrixView){ a.data, a.col_stride, a.row_stride };
+        p.bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
+        size_t out_row = p.out_row; p.out_row = p.out_col; p.out_col = out_row;
+        int out_rows = p.out_rows; p.out_rows = p.out_cols; p.out_cols = out_rows;
+    }
+    int height = tile_height(&p), strips = (p.out_rows + height - 1) / height;
+    #pragma omp parallel
+    {
+        int first, end;
+        thread_share(strips, &first, &end);
+        if (first < end) {
+            real *packed_b = packed_b_alloc();
+            matmul_rows(&p, first * height, min_int(end * height, p.out_rows), packed_b);
+            free(packed_b);
+        }
+    }
+}
+
+// out += A B, and out = bias + A B: out is (rows, cols) with row stride
+// out_row, a is (rows, depth), b is (depth, cols); bias is (cols) or NULL.
+static void matmul_accumulate(real *out, size_t out_row, MatrixView a, MatrixView b, int rows, int cols, int depth) {
+    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, 1 };
+    matmul(p);
+}
+
+static void matmul_assign(real *out, size_t out_row, MatrixView a, MatrixView b, const real *bias,
+                          int rows, int cols, int depth) {
+    MatrixProduct p = { out, out_row, 1, a, b, { bias, 0, 1 }, rows, cols, depth, 0 };
+    matmul(p);
+}
+
+// The same, by the calling thread alone (attention: one head's small
+// products per thread); packed_b comes from packed_b_alloc.
+static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, MatrixView b,
+                                  int rows, int cols, int depth, int accumulate, real *packed_b) {
+    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, accumulate };
+    matmul_rows(&p, 0, rows, packed_b);
+}
+
+// ----------------------------------------------------------------------------
+// The linear layer of §3 in tiles: linear_forward's and linear_backward's sums.
+
+// out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
+static void linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
+                                int N, int IC, int OC) {
+    // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
+    MatrixView x = { inp, (size_t)IC, 1 }, w_transposed = { weight, 1, (size_t)IC };
+    matmul_assign(out, (size_t)OC, x, w_transposed, bias, N, OC, IC);
+}
+
+static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
+                                 const real *dout, const real *inp, const real *weight,
+                                 int N, int IC, int OC) {
+    MatrixView g = { dout, (size_t)OC, 1 }, g_transposed = { dout, 1, (size_t)OC };
+    MatrixView w = { weight, (size_t)IC, 1 }, x = { inp, (size_t)IC, 1 };
+    // dinp = dout W,  dW = dout^T inp
+    if (dinp) matmul_accumulate(dinp, (size_t)IC, g, w, N, IC, OC);
+    matmul_accumulate(dweight, (size_t)IC, g_transposed, x, OC, IC, N);
+    // dbias[o] += sum_n dout[n,o], along the rows of dout
+    if (dbias)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
+}
+
+// ----------------------------------------------------------------------------
+// Scaled dot-product attention (§3.2.1) in tiles. For each (sentence, head)
+// the attention is two matrix products, with Part I's softmax between them:
+//     scores = Q K^T        (Tq, d_k) x (d_k, Tk), then x 1/sqrt(d_k), softmax per row
+//     out    = P V          (Tq, Tk) x (Tk, d_k)
+// Scores are computed for every key; softmax_visible gives the masked ones
+// probability exactly 0, so P V adds exact zeros for them.
+//
+// One query per sentence (decoding, §6.1) makes each product a row times a
+// matrix, too thin for tiles (they made toy decoding 14% slower than these
+// loops): attention_one_query_fast is Part I's loops with the dot products
+// summed in vector registers (omp simd), which toy decoding needs to run 20%
+// faster than Part I's scalar sums.
+static void attention_one_query_fast(real *out, real *att, const real *q, const real *k, const real *v,
+                                     int q_stride, int kv_stride, const int *key_len, int causal,
+                                     int B, int Tk, int C, int NH) {
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            int visible = visible_keys(0, key_len[b], causal);
+            const real *q_b = q + (size_t)b * q_stride + h * d_k;
+            real *p = att + ((size_t)b * NH + h) * Tk;
+            for (int j = 0; j < visible; j++) {
+                const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                real dot = 0;
+                #pragma omp simd reduction(+ : dot)
+                for (int d = 0; d < d_k; d++) dot += q_b[d] * k_j[d];
+                p[j] = dot * scale;
+            }
+            softmax_visible(p, visible, Tk);
+            real *out_b = out + (size_t)b * C + h * d_k;
+            for (int d = 0; d < d_k; d++) out_b[d] = 0;
+            for (int j = 0; j < visible; j++) {
+                const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                for (int d = 0; d < d_k; d++) out_b[d] += p[j] * v_j[d];
+            }
+        }
+    }
+}
+
+// out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
+static void attention_forward_fast(real *out, real *att,
+                                   const real *q, const real *k, const real *v,
+                                   int q_stride, int kv_stride, const int *key_len, int causal,
+                                   int B, int Tq, int Tk, int C, int NH) {
+    if (Tq == 1) {
+        attention_one_query_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tk, C, NH);
+        return;
+    }
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
+    // one thread per (b, h): it alone writes that head's scores and outputs
+    #pragma omp parallel
+    {
+        real *packed_b = packed_b_alloc();
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                real *p = att + ((size_t)b * NH + h) * Tq * Tk;           // (Tq, Tk)
+                real *o = out + (size_t)b * Tq * C + h * d_k;             // (Tq, d_k), row stride C
+                MatrixView qh = { q + (size_t)b * Tq * q_stride + h * d_k, (size_t)q_stride, 1 };
+                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * d_k, 1, (size_t)kv_stride };
+                MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * d_k, (size_t)kv_stride, 1 };
+                MatrixView ph = { p, (size_t)Tk, 1 };
+                // q_i . k_j
+                matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, d_k, 0, packed_b);
+                // p_ij = softmax_j(q_i . k_j / sqrt(d_k)) over the visible keys
+                for (int i = 0; i < Tq; i++) {
+                    real *row = p + (size_t)i * Tk;
+                    int visible = visible_keys(i, key_len[b], causal);
+                    for (int j = 0; j < visible; j++) row[j] *= scale;
+                    softmax_visible(row, visible, Tk);
+                }
+                // out_i = sum_j p_ij v_j
+                matmul_by_this_thread(o, (size_t)C, ph, vh, Tq, d_k, Tk, 0, packed_b);
+            }
+        }
+        free(packed_b);
+    }
+}
+
+// attention_backward's sums, per head as matrix products: dP = dOut V^T,
+// dV += P^T dOut, then (softmax_backward, and the 1/sqrt(d_k) folded into
+// dS) dQ += dS K and dK += dS^T Q.
+static void attention_backward_fast(real *dq, real *dk, real *dv,
+                                    const real *dout, const real *att,
+                                    const real *q, const real *k, const real *v,
+                                    int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
+    int d_k = C / NH;
+    real scale = 1 / real_sqrt((real)d_k);
+    // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
+    #pragma omp parallel
+    {
+        real *packed_b = packed_b_alloc();
+        real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const real *p = att + ((size_t)b * NH + h) * Tq * Tk;
+                size_t q_head = (size_t)b * Tq * q_stride + h * d_k, kv_head = (size_t)b * Tk * kv_stride + h * d_k;
+                MatrixView g = { dout + (size_t)b * Tq * C + h * d_k, (size_t)C, 1 };
+                MatrixView vh_transposed = { v + kv_head, 1, (size_t)kv_stride };
+                MatrixView p_transposed = { p, 1, (size_t)Tk };
+                MatrixView qh = { q + q_head, (size_t)q_stride, 1 };
+                MatrixView kh = { k + kv_head, (size_t)kv_stride, 1 };
+                MatrixView dsh = { ds, (size_t)Tk, 1 }, ds_transposed = { ds, 1, (size_t)Tk };
+                // dp_ij = dout_i . v_j  (into ds, which it becomes below)
+                matmul_by_this_thread(ds, (size_t)Tk, g, vh_transposed, Tq, Tk, d_k, 0, packed_b);
+                // dv_j += sum_i p_ij dout_i
+                matmul_by_this_thread(dv + kv_head, (size_t)kv_stride, p_transposed, g, Tk, d_k, Tq, 1, packed_b);
+                // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
+                for (int i = 0; i < Tq; i++) {
+                    real *row = ds + (size_t)i * Tk;
+                    softmax_backward(row, p + (size_t)i * Tk, Tk);
+                    for (int j = 0; j < Tk; j++) row[j] *= scale;
+                }
+                // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
+                matmul_by_this_thread(dq + q_head, (size_t)q_stride, dsh, kh, Tq, d_k, Tk, 1, packed_b);
+                matmul_by_this_thread(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, Tk, d_k, Tq, 1, packed_b);
+            }
+        }
+        free(ds);
+        free(packed_b);
+    }
+}
+
+// Hands transformer.c's four products to the functions above (on = 1), or
+// back to transformer.c's own loops (on = 0, as the tests compare them).
+static void fast_path_use(int on) {
+    fast_path.linear_forward = on ? linear_forward_fast : NULL;
+    fast_path.linear_backward = on ? linear_backward_fast : NULL;
+    fast_path.attention_forward = on ? attention_forward_fast : NULL;
+    fast_path.attention_backward = on ? attention_backward_fast : NULL;
+}
