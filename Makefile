@@ -51,7 +51,7 @@ SOURCES = transformer.c transformer.h lab/lab.c
 COMPANION = cuda/transformer_cuda.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
 # the test binaries `make test` runs, in this order
-TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64
+TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64 test_cuda test_cuda_serial
 
 .PHONY: all test demo numbers table3 debug plain minimal sanitize fuzz bench bench-setup clean cuda cuda-cpu test-cuda
 
@@ -73,7 +73,7 @@ plain: transformer_plain
 transformer_plain: $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ lab/lab.c $(LDLIBS)
 
-test_transformer: test_transformer.c $(SOURCES) $(COMPANION)
+test_transformer: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
 
 # the same tests with `real` = double, plus the finite-difference gradient checks
@@ -81,13 +81,19 @@ test_transformer_f64: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
 
 # the float tests built without OpenMP: the code must pass either way
-test_transformer_serial: test_transformer.c $(SOURCES) $(COMPANION)
+test_transformer_serial: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) -o $@ test_transformer.c $(LDLIBS)
 
 # the double tests on Part I alone (the gradient checks of the plain loops);
 # its command-line tests run ./transformer_plain
 test_transformer_plain_f64: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
+
+# the CUDA companion built for the CPU (cuda/cuda_on_cpu.h) against transformer.c, with and without OpenMP
+test_cuda: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ cuda/test_cuda.c $(LDLIBS)
+test_cuda_serial: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
+	$(CC) $(CFLAGS) $(WARNINGS) -o $@ cuda/test_cuda.c $(LDLIBS)
 
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
 # A binary that crashes before its summary counts as one failure. The tests
@@ -202,10 +208,10 @@ transformer_cuda_cpu: $(COMPANION) $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c cuda/transformer_cuda.cu -x none lab/lab.c $(LDLIBS)
 
 # the float tests with the companion built by nvcc instead of for the CPU
-test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
+test_transformer_cuda: cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES)
 	$(NVCC_CHECKED) -DTRANSFORMER_CUDA_NO_MAIN -c -o transformer_cuda_test.o cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
 	rm -f .ptxas.log
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o test_transformer.c
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o cuda/test_cuda.c
 	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o
 
 # make test-threads (not part of make test): the companion's tests with each block's threads as
@@ -215,7 +221,7 @@ test_transformer_cuda: test_transformer.c $(COMPANION) $(SOURCES)
 # ThreadSanitizer does not see libgomp's own synchronisation. About 4 minutes on 2 cores.
 .PHONY: test-threads clean-companion
 TSAN = -O1 -g -fno-omit-frame-pointer -fsanitize=thread
-test_cuda_threads: cuda/test_cuda_threads.c test_transformer.c $(COMPANION) $(SOURCES)
+test_cuda_threads: cuda/test_cuda_threads.c cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES)
 	$(CC) $(TSAN) $(WARNINGS) -DCUDA_ON_CPU_THREADS -pthread -o $@ cuda/test_cuda_threads.c $(LDLIBS)
 test-threads: test_cuda_threads transformer
 	TRANSFORMER_BIN=./transformer ./test_cuda_threads
@@ -268,7 +274,7 @@ clean-companion:
 debug: transformer_debug test_transformer_debug
 transformer_debug: transformer.c transformer.h
 	$(CC) -O0 -g $(WARNINGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
-test_transformer_debug: test_transformer.c $(SOURCES) $(COMPANION)
+test_transformer_debug: test_transformer.c $(SOURCES)
 	$(CC) -O0 -g $(WARNINGS) $(PLAIN) -o $@ test_transformer.c $(LDLIBS)
 
 # float-cast-overflow: gcc's undefined does not include it (clang's does): a
@@ -342,4 +348,4 @@ clean:
 	rm -f transformer transformer_minimal transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
 	      test_transformer_f64 test_transformer_serial test_transformer_plain_f64 test_transformer_debug \
 	      test_transformer_asan test_transformer_asan_f64 test_transformer_asan_plain_f64 .test_output.log \
-	      transformer_cuda transformer_cuda_cpu test_transformer_cuda *.o .ptxas.log
+	      transformer_cuda transformer_cuda_cpu test_transformer_cuda test_cuda test_cuda_serial *.o .ptxas.log

@@ -1,6 +1,6 @@
 /* test_cuda_threads.c: the CUDA companion's tests with real threads, for ThreadSanitizer (make test-threads)
  *
- * test_transformer.c's companion tests, with cuda_on_cpu.h built with
+ * test_cuda.c's companion tests, with cuda_on_cpu.h built with
  * -DCUDA_ON_CPU_THREADS: every thread of a block is a POSIX thread and all of
  * a block's run at once, so ThreadSanitizer reports any data race between
  * them (a missing barrier, a racy +=). Every kernel runs, in fewer steps than
@@ -9,15 +9,14 @@
  * need make test's fibers and are left out here.
  *   ./test_cuda_threads           the tests: ThreadSanitizer must report nothing
  *   ./test_cuda_threads --racy    three training steps with the racy kernel of
- *                                 test_transformer.c (racy_embedding_backward_kernel):
+ *                                 test_cuda.c (racy_embedding_backward_kernel):
  *                                 ThreadSanitizer must report a data race
  */
 #ifndef CUDA_ON_CPU_THREADS
 #error "build with -DCUDA_ON_CPU_THREADS (make test-threads)"
 #endif
-#define main test_transformer_main
-#include "../test_transformer.c"
-#undef main
+#define TEST_CUDA_LIBRARY
+#include "test_cuda.c"
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--racy") == 0) {

@@ -1,0 +1,756 @@
+/* cuda/test_cuda.c: the CUDA companion's proofs, without a GPU
+ *
+ * transformer_cuda.cu built for the CPU with cuda_on_cpu.h (its kernels run
+ * as loops, a block's threads as fibers in random order, its cuBLAS calls as
+ * column-major loops, its memory starts as NaN), against plain products,
+ * against transformer.c and against the PyTorch reference files; the
+ * emulator's own checks (launches, barriers, shared memory, host reads of
+ * device memory); faults put in on purpose, each of which must be caught.
+ * Built by make test (OpenMP on and off); make test-cuda builds the same
+ * tests with the companion compiled by nvcc (-DCOMPANION_ON_GPU) and runs them
+ * on a GPU; cuda/test_cuda_threads.c runs them with real threads under
+ * ThreadSanitizer. Ends with "N passed, M failed".
+ */
+#define TRANSFORMER_NO_MAIN
+#include "../lab/lab.c"               // transformer.c, the fast path and the lab
+#define TEST_TRANSFORMER_LIBRARY
+#include "../test_transformer.c"      // check(), the reference files, transformer.c's tests
+#ifndef COMPANION_ON_GPU
+// The CUDA companion, compiled here for the CPU (cuda_on_cpu.h)
+#define CUDA_ON_CPU
+#define TRANSFORMER_CUDA_NO_MAIN
+#include "transformer_cuda.cu"
+#else
+// make test-cuda: the same tests with the companion built by nvcc, on a GPU
+const TrainingCompute *transformer_cuda_training(void);
+void transformer_cuda_logits(float *out, size_t n);
+void transformer_cuda_release(void);
+#endif
+#ifdef TRANSFORMER_DOUBLE
+#error "the companion computes in float: build without -DTRANSFORMER_DOUBLE"
+#endif
+
+// ============================================================================
+// The CUDA companion on the CPU: transformer_cuda.cu built with cuda_on_cpu.h
+// (its kernels run as loops, its cuBLAS calls as column-major loops, its
+// memory starts as NaN), against plain products and against transformer.c
+// ============================================================================
+
+// Tolerances. The companion sums in other orders than transformer.c (cuBLAS'
+// column-major loops, one thread's row sums), so the two agree to fp32
+// rounding: differences are measured relative to each tensor's largest
+// element. The training runs compare the Adam updates, relative to the
+// largest update, the key biases left out: fixed runs, measured (free-running
+// steps have no bound in general; NOTES.md, "Reference files").
+#define COMPANION_TOL_LOSS 1e-5      // relative, each step's loss
+#define COMPANION_TOL_GRADS 1e-5     // each gradient tensor, after one step
+#define COMPANION_TOL_UPDATES 1e-3   // the parameters' change after the run
+#define CUBLAS_MODEL_TOL 1e-5        // the cuBLAS model against plain row-major products
+#define COMPANION_STEPS 6            // the training runs' steps
+
+// The largest |a_i - b_i| relative to the largest |b_i|, skipped elements left
+// out; NaN anywhere gives infinity.
+static double scaled_difference(const real *a, const real *b, size_t n, const unsigned char *skip) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (skip && skip[i]) continue;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return worst / (scale > 0 ? scale : 1);
+}
+
+#ifndef COMPANION_ON_GPU
+// Stores the m x k operand `plain` (row-major) the way cuBLAS reads it:
+// column-major with leading dimension ld, or its transpose when op is OP_T.
+// The rest of the buffer (the padding of each column) is NaN: read, it shows.
+static void store_operand(float *stored, size_t stored_size, const float *plain, int rows, int cols,
+                          cublasOperation_t op, int ld) {
+    for (size_t i = 0; i < stored_size; i++) stored[i] = NAN;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++)
+            if (op == CUBLAS_OP_N) stored[i + (size_t)j * ld] = plain[i * cols + j];
+            else stored[j + (size_t)i * ld] = plain[i * cols + j];
+}
+#endif
+
+// One case of C = alpha op(A) op(B) + beta C for `count` batch entries through
+// the cuBLAS model (cublasSgemm when count is 1), against the same product
+// computed plainly in row-major double. The leading dimensions are `pad` more
+// than the least, the batch strides 7 more than a matrix; C's padding holds a
+// sentinel that must survive, and with beta 0, C starts as NaN. lda_error is
+// added to lda when calling (a mutation the comparison must catch). Returns
+// the worst scaled error, or infinity on a refused call or a touched padding.
+#ifndef COMPANION_ON_GPU
+static double cublas_model_case(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int pad,
+                                float beta, int count, int lda_error, Rng *rng) {
+    int lda = (ta == CUBLAS_OP_N ? m : k) + pad, ldb = (tb == CUBLAS_OP_N ? k : n) + pad, ldc = m + pad;
+    long long stride_a = (long long)lda * (ta == CUBLAS_OP_N ? k : m) + 7;
+    long long stride_b = (long long)ldb * (tb == CUBLAS_OP_N ? n : k) + 7, stride_c = (long long)ldc * n + 7;
+    float *A = malloc(sizeof(float) * stride_a * count), *B = malloc(sizeof(float) * stride_b * count);
+    float *C = malloc(sizeof(float) * stride_c * count), *plain_a = malloc(sizeof(float) * m * k);
+    float *plain_b = malloc(sizeof(float) * k * n), *c0 = malloc(sizeof(float) * m * n * count);
+    double *expected = malloc(sizeof(double) * m * n * count);
+    float alpha = 0.75f;
+    for (int e = 0; e < count; e++) {
+        for (int i = 0; i < m * k; i++) plain_a[i] = (float)(2 * rng_uniform(rng) - 1);
+        for (int i = 0; i < k * n; i++) plain_b[i] = (float)(2 * rng_uniform(rng) - 1);
+        store_operand(A + e * stride_a, (size_t)stride_a, plain_a, m, k, ta, lda);
+        store_operand(B + e * stride_b, (size_t)stride_b, plain_b, k, n, tb, ldb);
+        for (long long i = 0; i < stride_c; i++) C[e * stride_c + i] = -7.0f;   // the sentinel
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                float c = beta == 0 ? NAN : (float)(2 * rng_uniform(rng) - 1);
+                C[e * stride_c + i + (size_t)j * ldc] = c;
+                double sum = 0;
+                for (int p = 0; p < k; p++) sum += (double)plain_a[i * k + p] * plain_b[p * n + j];
+                expected[(size_t)e * m * n + i * n + j] = alpha * sum + (beta == 0 ? 0 : (double)beta * c);
+            }
+    }
+    // on the "GPU": the emulator refuses operands outside device memory
+    float *dA, *dB, *dC;
+    size_t a_bytes = sizeof(float) * stride_a * count, b_bytes = sizeof(float) * stride_b * count;
+    size_t c_bytes = sizeof(float) * stride_c * count;
+    cudaMalloc((void **)&dA, a_bytes); cudaMalloc((void **)&dB, b_bytes); cudaMalloc((void **)&dC, c_bytes);
+    cudaMemcpy(dA, A, a_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B, b_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dC, C, c_bytes, cudaMemcpyHostToDevice);
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    cublasStatus_t status = count == 1
+        ? cublasSgemm(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, dB, ldb, &beta, dC, ldc)
+        : cublasSgemmStridedBatched(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, stride_a, dB, ldb, stride_b,
+                                    &beta, dC, ldc, stride_c, count);
+    cublasDestroy(handle);
+    cudaMemcpy(C, dC, c_bytes, cudaMemcpyDeviceToHost);
+    cudaFree(dA); cudaFree(dB); cudaFree(dC);
+    double worst = status == CUBLAS_STATUS_SUCCESS ? 0 : INFINITY;
+    for (int e = 0; e < count; e++)
+        for (long long i = 0; i < stride_c; i++) {
+            long long row = i % ldc, col = i / ldc;
+            double got = C[e * stride_c + i];
+            if (row < m && col < n) {
+                double want = expected[(size_t)e * m * n + row * n + col], d = fabs(got - want);
+                worst = fmax(worst, d <= d ? d : INFINITY);
+            } else if (got != -7.0) {
+                worst = INFINITY;   // written outside the m x n matrix
+            }
+        }
+    free(A); free(B); free(C); free(plain_a); free(plain_b); free(c0); free(expected);
+    return worst;
+}
+#endif
+
+#ifndef COMPANION_ON_GPU
+static void test_cublas_model(void) {
+    Rng rng; rng_seed(&rng, 41);
+    const char *names[2] = { "N", "T" };
+    cublasOperation_t ops[2] = { CUBLAS_OP_N, CUBLAS_OP_T };
+    double worst = 0;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int batched = 0; batched < 2; batched++) {
+                double e = fmax(cublas_model_case(ops[a], ops[b], 3, 4, 5, 2, 0.5f, batched ? 3 : 1, 0, &rng),
+                                cublas_model_case(ops[a], ops[b], 4, 3, 6, 1, 0.0f, batched ? 3 : 1, 0, &rng));
+                if (e > worst) worst = e;
+                if (!(e < CUBLAS_MODEL_TOL))
+                    printf("     cuBLAS model: transa %s transb %s %s: error %.2e\n", names[a], names[b],
+                           batched ? "strided batched" : "single", e);
+            }
+    check(worst < CUBLAS_MODEL_TOL, "companion: the cuBLAS model (cuda_on_cpu.h) computes alpha op(A) op(B) + "
+          "beta C as plain row-major products do, for N/T x N/T, padded leading dimensions, batch strides, "
+          "beta 0 with C NaN, never writing C's padding (worst error %.1e, tolerance %.0e)", worst, CUBLAS_MODEL_TOL);
+    double wrong_ld = cublas_model_case(CUBLAS_OP_T, CUBLAS_OP_N, 3, 4, 5, 2, 0.5f, 1, -1, &rng);
+    check(!(wrong_ld < CUBLAS_MODEL_TOL), "companion: a leading dimension one too small is caught (error %.2g)", wrong_ld);
+    float x[4] = { 1, 2, 3, 4 }, y[4] = { 0 }, one = 1, zero = 0;
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    cublasStatus_t refused = cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, x, 1, x, 2, &zero, y, 2);
+    cublasDestroy(handle);
+    check(refused == CUBLAS_STATUS_INVALID_VALUE, "companion: lda 1 for a 2-row A is refused as cuBLAS does (%s)",
+          cublasGetStatusString(refused));
+}
+#endif
+
+// The committed PyTorch reference files through the companion's steps: the
+// same tolerances as transformer.c's (reference_tolerances), learned positions included.
+static void test_companion_reference_file(const char *path) {
+    Reference r;
+    if (!reference_read(&r, path)) { check(0, "companion reference %s: unreadable", path); reference_free(&r); return; }
+    printf("-- %s through transformer_cuda.cu\n", path);
+    RefMutation none = { 0 };
+    RefMismatches m = reference_compare(&r, path, 1, &none, transformer_cuda_training());
+    check(m.before_adam == 0 && m.adam == 0, "companion: reference %s: logits, loss, %d gradients, %d Adam steps "
+          "match PyTorch", path, nonempty_tensors(&r.config), r.adam_steps);
+    reference_free(&r);
+    transformer_cuda_release();
+}
+
+static void test_companion_reference_files(void) {
+    for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++)
+        test_companion_reference_file(committed_references[i]);
+}
+
+// transformer.c and the companion side by side for several steps, from the
+// same seed, dropout on (the same masks: the companion draws its keys from
+// the host model's generator), over ragged batches of three shapes (the
+// companion's buffers grow, and a smaller batch reuses them), with sinusoids
+// or learned positions: the worst differences found
+typedef struct {
+    double loss, grad, update;         // relative: losses, gradients and updates to their largest
+    const char *grad_name;             // the tensor of the worst gradient
+    double positions_grad;             // learned positions' gradient alone (0 with sinusoids)
+    int tensors;                       // gradient tensors compared (not empty)
+    int same_state;                    // the same dropout generator state and Adam step
+} CompanionRun;
+
+// The training runs' model and their ragged batches of three shapes.
+static TransformerConfig companion_config(int positional) {
+    TransformerConfig config = small_config();
+    config.d_ff = 24; config.vocab_size = 19; config.max_len = 20; config.positional = positional;
+    return config;
+}
+static TestBatch *companion_batches(void) {
+    static TestBatch batches[3];
+    int shapes[3][3] = { { 3, 7, 9 }, { 4, 11, 6 }, { 2, 5, 5 } };
+    int src_len[3][4] = { { 7, 3, 5 }, { 11, 2, 9, 6 }, { 5, 1 } }, tgt_len[3][4] = { { 4, 9, 1 }, { 6, 6, 3, 2 }, { 2, 5 } };
+    Rng rng; rng_seed(&rng, 6);
+    for (int i = 0; i < 3; i++)
+        make_test_batch(&batches[i], shapes[i][0], shapes[i][1], shapes[i][2], src_len[i], tgt_len[i], 19, &rng);
+    return batches;
+}
+
+static CompanionRun companion_training_run(int positional) {
+    TransformerConfig config = companion_config(positional);
+    CompanionRun r = { 0, 0, 0, "", 0, 0, 0 };
+    Transformer cpu, dev;
+    transformer_build(&cpu, &config, 5);
+    transformer_build(&dev, &config, 5);
+    real *initial = checked_calloc(cpu.num_parameters, sizeof(real), "initial parameters");
+    memcpy(initial, cpu.params_memory, cpu.num_parameters * sizeof(real));
+    TestBatch *batches = companion_batches();
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) r.tensors += cpu.param_sizes[t] > 0;
+    transformer_cuda_training()->begin(&dev);
+    for (int step = 1; step <= COMPANION_STEPS; step++) {
+        Batch *batch = &batches[(step - 1) % 3].batch;
+        cpu.training = dev.training = 1;
+        real loss_cpu = transformer_train_step(&cpu, batch, 4, 0.5);
+        real loss_dev = transformer_cuda_training()->train_step(&dev, batch, 4, 0.5);
+        double d = fabs((double)loss_dev - loss_cpu) / fabs((double)loss_cpu);
+        r.loss = d <= r.loss ? r.loss : (isnan(d) ? INFINITY : d);
+        if (step <= 3) {   // each batch shape's gradients, tensor by tensor
+            transformer_cuda_training()->to_host(&dev);
+            real **grads[2][NUM_PARAMETER_TENSORS];
+            parameter_pointers(grads[0], &cpu.grads);
+            parameter_pointers(grads[1], &dev.grads);
+            for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+                double e = scaled_difference(*grads[1][t], *grads[0][t], cpu.param_sizes[t], NULL);
+                if (!(e <= r.grad)) { r.grad = e; r.grad_name = parameter_names[t]; }
+                if (grads[0][t] == &cpu.grads.position_embedding && !(e <= r.positions_grad)) r.positions_grad = e;
+            }
+        }
+    }
+    transformer_cuda_training()->to_host(&dev);
+    size_t P = cpu.num_parameters;
+    real *updates[2] = { checked_calloc(P, sizeof(real), "updates"), checked_calloc(P, sizeof(real), "updates") };
+    for (size_t i = 0; i < P; i++) {
+        updates[0][i] = cpu.params_memory[i] - initial[i];
+        updates[1][i] = dev.params_memory[i] - initial[i];
+    }
+    unsigned char *skip = key_bias_skip_mask(&cpu);
+    r.update = scaled_difference(updates[1], updates[0], P, skip);
+    r.same_state = cpu.dropout_rng.state == dev.dropout_rng.state && cpu.adam_step == dev.adam_step;
+    free(initial); free(updates[0]); free(updates[1]); free(skip);
+    transformer_free(&cpu);
+    transformer_free(&dev);
+    transformer_cuda_release();
+    return r;
+}
+
+static void test_companion_training_run(void) {
+    for (int positional = POSITIONAL_SINUSOID; positional <= POSITIONAL_LEARNED; positional++) {
+        const char *kind = positional == POSITIONAL_LEARNED ? "learned positions (Table 3, row E)" : "sinusoids";
+        CompanionRun r = companion_training_run(positional);
+        char positions[64] = "";
+        if (positional == POSITIONAL_LEARNED) snprintf(positions, sizeof positions, "; position_embedding %.1e", r.positions_grad);
+        check(r.loss < COMPANION_TOL_LOSS && r.grad < COMPANION_TOL_GRADS, "companion: %d training steps with %s "
+              "(2 layers, d_model 16, 4 heads, ragged batches of 3 shapes, dropout on): transformer.c's losses "
+              "(worst %.1e, tolerance %.0e) and, for each shape, all %d gradients (worst %.1e, %s%s; tolerance %.0e)",
+              COMPANION_STEPS, kind, r.loss, COMPANION_TOL_LOSS, r.tensors, r.grad, r.grad_name, positions,
+              COMPANION_TOL_GRADS);
+        check(r.update < COMPANION_TOL_UPDATES && r.same_state,
+              "companion: with %s, after %d Adam steps the parameters moved as transformer.c's (worst %.1e of the "
+              "largest update; tolerance %.0e), the same dropout generator state and step", kind,
+              COMPANION_STEPS, r.update, COMPANION_TOL_UPDATES);
+    }
+#ifndef COMPANION_ON_GPU
+    // A fault the comparison must catch: learned positions' backward kernel never launched
+    // (cuda_on_cpu.h skips it), so the table gets no gradient and Adam never moves it.
+    cpu_test_faults.launch_skipped = "position_embedding_backward_kernel";
+    CompanionRun r = companion_training_run(POSITIONAL_LEARNED);
+    cpu_test_faults.launch_skipped = NULL;
+    check(!(r.grad < COMPANION_TOL_GRADS) && strcmp(r.grad_name, "position_embedding") == 0 &&
+          !(r.update < COMPANION_TOL_UPDATES), "companion: position_embedding_backward_kernel not launched is "
+          "caught (gradient of %s off by %.2g of its largest, updates by %.2g)", r.grad_name, r.grad, r.update);
+#endif
+}
+
+// Runs a command line (words separated by single spaces) through
+// transformer_main with the given training steps, its output discarded.
+static int run_command_quietly(const TrainingCompute *compute, const char *command_line) {
+    char text[2048], *argv[64];
+    snprintf(text, sizeof text, "transformer %s", command_line);
+    int argc = 0;
+    for (char *word = strtok(text, " "); word && argc < 63; word = strtok(NULL, " ")) argv[argc++] = word;
+    argv[argc] = NULL;
+    fflush(stdout); fflush(stderr);
+    int saved_out = dup(1), saved_err = dup(2), null_fd = open("/dev/null", O_WRONLY);
+    dup2(null_fd, 1); dup2(null_fd, 2);
+    transformer_training = compute;
+    int status = transformer_main(argc, argv);
+    transformer_training = &transformer_cpu_training;
+    fflush(stdout); fflush(stderr);
+    dup2(saved_out, 1); dup2(saved_err, 2);
+    close(null_fd); close(saved_out); close(saved_err);
+    return status;
+}
+
+// `train` through the companion, as ./transformer_cuda runs it: the same
+// checkpoint as transformer.c's to the tolerance above, with sinusoids and with
+// learned positions, and a run stopped at step 6 and resumed from its
+// checkpoint ends exactly where the straight run does
+static void test_companion_train_command(void) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/transformer_cuda_test_XXXXXX");
+    if (!mkdtemp(dir)) { check(0, "companion: cannot make a temporary directory"); return; }
+    const char *run = "train --task copy --words 6 --min-length 2 --max-length 5 --train-size 120 --valid-size 20 "
+                      "--layers 1 --d-model 16 --d-ff 32 --heads 2 --batch-tokens 60 --lr 0.01 --warmup 4 "
+                      "--eval-every 6 --log-every 0 --show 0 --threads 1";
+    char command[1024];
+    enum { CPU, GPU, RESUMED, CPU_LEARNED, GPU_LEARNED, RUNS };
+    const char *names[RUNS] = { "cpu", "gpu", "resumed", "cpu_learned", "gpu_learned" };
+    int status[RUNS + 1];
+    snprintf(command, sizeof command, "%s --steps 12 --checkpoint %s/cpu.ckpt", run, dir);
+    status[0] = run_command_quietly(&transformer_cpu_training, command);
+    snprintf(command, sizeof command, "%s --steps 12 --checkpoint %s/gpu.ckpt", run, dir);
+    status[1] = run_command_quietly(transformer_cuda_training(), command);
+    snprintf(command, sizeof command, "%s --steps 6 --checkpoint %s/resumed.ckpt", run, dir);
+    status[2] = run_command_quietly(transformer_cuda_training(), command);
+    snprintf(command, sizeof command, "train --resume %s/resumed.ckpt --steps 12 --log-every 0 --show 0", dir);
+    status[3] = run_command_quietly(transformer_cuda_training(), command);
+    snprintf(command, sizeof command, "%s --positional learned --steps 12 --checkpoint %s/cpu_learned.ckpt", run, dir);
+    status[4] = run_command_quietly(&transformer_cpu_training, command);
+    snprintf(command, sizeof command, "%s --positional learned --steps 12 --checkpoint %s/gpu_learned.ckpt", run, dir);
+    status[5] = run_command_quietly(transformer_cuda_training(), command);
+    Transformer m[RUNS];
+    Vocabulary v[RUNS];
+    const char *error = NULL;
+    int loaded = 0, ran = 1;
+    for (int i = 0; i < RUNS + 1; i++) ran = ran && status[i] == 0;
+    for (int i = 0; i < RUNS && !error; i++, loaded++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s.ckpt", dir, names[i]);
+        error = checkpoint_load(path, &m[i], &v[i], NULL, NULL);
+    }
+    if (!error && ran) {
+        unsigned char *skip = key_bias_skip_mask(&m[CPU]);
+        double difference = scaled_difference(m[GPU].params_memory, m[CPU].params_memory, m[CPU].num_parameters, skip);
+        size_t bytes = m[GPU].num_parameters * sizeof(real);
+        int resumed_same = m[RESUMED].adam_step == 12 &&
+                           memcmp(m[GPU].params_memory, m[RESUMED].params_memory, bytes) == 0 &&
+                           memcmp(m[GPU].adam_v, m[RESUMED].adam_v, bytes) == 0;
+        check(difference < COMPANION_TOL_UPDATES && m[GPU].adam_step == 12,
+              "companion: train --task copy (12 steps) writes transformer.c's checkpoint (parameters within %.1e "
+              "of the largest; tolerance %.0e)", difference, COMPANION_TOL_UPDATES);
+        check(resumed_same, "companion: train stopped at step 6 and resumed (--resume) ends with the straight "
+              "run's parameters and Adam moments, bit for bit");
+        free(skip);
+        skip = key_bias_skip_mask(&m[CPU_LEARNED]);
+        int learned = m[CPU_LEARNED].config.positional == POSITIONAL_LEARNED &&
+                      m[GPU_LEARNED].config.positional == POSITIONAL_LEARNED &&
+                      m[GPU_LEARNED].num_parameters == m[CPU_LEARNED].num_parameters && m[GPU_LEARNED].adam_step == 12;
+        difference = learned ? scaled_difference(m[GPU_LEARNED].params_memory, m[CPU_LEARNED].params_memory,
+                                                 m[CPU_LEARNED].num_parameters, skip) : INFINITY;
+        size_t rows = (size_t)m[CPU_LEARNED].config.max_len * m[CPU_LEARNED].config.d_model;
+        double positions = learned ? scaled_difference(m[GPU_LEARNED].params.position_embedding,
+                                                       m[CPU_LEARNED].params.position_embedding, rows, NULL) : INFINITY;
+        check(difference < COMPANION_TOL_UPDATES && positions < COMPANION_TOL_UPDATES,
+              "companion: train --positional learned (12 steps) writes transformer.c's checkpoint (parameters "
+              "within %.1e of the largest, the position table within %.1e of its largest; tolerance %.0e)",
+              difference, positions, COMPANION_TOL_UPDATES);
+        free(skip);
+    } else {
+        check(0, "companion: train runs exit %d %d %d %d %d %d; checkpoint: %s", status[0], status[1], status[2],
+              status[3], status[4], status[5], error ? error : "read");
+    }
+    for (int i = 0; i < loaded; i++) { transformer_free(&m[i]); vocab_free(&v[i]); }
+    transformer_cuda_release();
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    if (system(command) != 0) printf("     (could not remove %s)\n", dir);
+}
+
+#ifndef COMPANION_ON_GPU
+// ============================================================================
+// The emulator (cuda_on_cpu.h) behaves as a GPU where it matters, and the
+// faults a GPU would punish are caught: launches a GPU refuses, threads in
+// another order at each launch, a barrier left out, a shuffle missing a lane,
+// an index past shared memory, host code reading device memory, a cuBLAS
+// operand outside its allocation; then the same faults put into the companion
+// itself, and a racy +=
+// ============================================================================
+
+// The tests' own kernels
+static __global__ void fill_kernel(float *x, float value, size_t n) {
+    size_t i = ELEMENT_INDEX;
+    if (i < n) x[i] = value;
+}
+CPU_KERNEL(fill_kernel, float *, float, size_t)
+
+static void test_emulator_launch_checks(void) {
+    float *x;
+    cudaMalloc((void **)&x, 1024 * sizeof(float));
+    struct { const char *what; unsigned grid, block; size_t shared; cudaError_t expected; } cases[] = {
+        { "a grid of 0 blocks", 0, 32, 0, cudaErrorInvalidConfiguration },
+        { "1025 threads per block", 1, 1025, 0, cudaErrorInvalidConfiguration },
+        { "48 KB + 4 bytes of shared memory without opting in", 1, 32, 49156, cudaErrorInvalidValue },
+        { "1024 threads and 48 KB of shared memory", 4, 1024, 49152, cudaSuccess },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        LAUNCH_KERNEL(fill_kernel, cases[i].grid, cases[i].block, cases[i].shared, x, 1.0f, (size_t)1024);
+        cudaError_t e = cudaGetLastError(), after = cudaGetLastError();
+        check(e == cases[i].expected && after == cudaSuccess, "emulator: a launch with %s: %s (%s), as a GPU; "
+              "cudaGetLastError clears it (%s)", cases[i].what, cudaGetErrorString(e),
+              e ? cuda_on_cpu.message : "launched", cudaGetErrorString(after));
+    }
+    cudaError_t opt_in = cudaFuncSetAttribute(fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
+    LAUNCH_KERNEL(fill_kernel, 1, 32, 65536, x, 1.0f, (size_t)1024);
+    cudaError_t within = cudaGetLastError();
+    LAUNCH_KERNEL(fill_kernel, 1, 32, 65540, x, 1.0f, (size_t)1024);
+    cudaError_t beyond = cudaGetLastError();
+    cudaError_t too_much = cudaFuncSetAttribute(fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232449);
+    check(opt_in == cudaSuccess && within == cudaSuccess && beyond == cudaErrorInvalidValue &&
+          too_much == cudaErrorInvalidValue, "emulator: cudaFuncSetAttribute opts a kernel in to 64 KB of shared "
+          "memory (%s), not 4 bytes more (%s), nor anyone beyond an H100's 227 KB (%s)",
+          cudaGetErrorString(within), cudaGetErrorString(beyond), cudaGetErrorString(too_much));
+    cudaFree(x);
+}
+
+// embedding_backward_kernel as it must not be: the threads of a block share
+// out the token's positions and each adds its share straight into dE (+=,
+// unsynchronised). On a GPU, adds are lost; here, each launch adds in another
+// order and the rounding differs.
+static __global__ void racy_embedding_backward_kernel(float *dembedding, const float *d_dec_x0,
+                                                      const float *d_enc_x0, const int *token_ids,
+                                                      const int *token_first, const int *rows, Dropout dec_drop,
+                                                      Dropout enc_drop, int BT, int C) {
+    int k = blockIdx.x, token = token_ids[k], sharers = (int)blockDim.x / C, i = (int)threadIdx.x % C;
+    int share = (int)threadIdx.x / C;
+    if (share >= sharers) return;
+    float sum = 0;
+    for (int r = token_first[k] + share; r < token_first[k + 1]; r += sharers) {
+        int row = rows[r];
+        size_t at = row < BT ? (size_t)row * C + i : (size_t)(row - BT) * C + i;
+        float g = row < BT ? d_dec_x0[at] * dropout_keep(dec_drop, at) : d_enc_x0[at] * dropout_keep(enc_drop, at);
+        sum += g * sqrtf((float)C);
+    }
+    dembedding[(size_t)token * C + i] += sum;
+}
+CPU_KERNEL(racy_embedding_backward_kernel, float *, const float *, const float *, const int *, const int *,
+           const int *, Dropout, Dropout, int, int)
+
+// The companion's parameters and second moments after 3 training steps on
+// companion_batches, with the thread order drawn from `seed`.
+static real *companion_state_after(uint64_t seed) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    Transformer dev;
+    transformer_build(&dev, &config, 5);
+    TestBatch *batches = companion_batches();
+    cpu_seed(seed);
+    transformer_cuda_training()->begin(&dev);
+    for (int step = 0; step < 3; step++) {
+        dev.training = 1;
+        transformer_cuda_training()->train_step(&dev, &batches[step].batch, 4, 0.5);
+    }
+    transformer_cuda_training()->to_host(&dev);
+    size_t P = dev.num_parameters;
+    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
+    memcpy(state, dev.params_memory, P * sizeof(real));
+    memcpy(state + P, dev.adam_v, P * sizeof(real));
+    transformer_free(&dev);
+    transformer_cuda_release();
+    return state;
+}
+
+// What one training step asks of the "GPU" with L layers and B sentences of
+// 8 + 8 tokens, counted without computing (cuda_on_cpu.execute = 0): the
+// second step's (the first allocates).
+static GpuCounts companion_step_counts(int layers, int B) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    config.n_layers = layers;
+    Transformer dev;
+    transformer_build(&dev, &config, 5);
+    TestBatch batch;
+    int lengths[64];
+    for (int b = 0; b < B; b++) lengths[b] = 8;
+    Rng rng; rng_seed(&rng, 3);
+    make_test_batch(&batch, B, 8, 8, lengths, lengths, config.vocab_size, &rng);
+    cuda_on_cpu.execute = 0;
+    transformer_cuda_training()->begin(&dev);
+    for (int step = 0; step < 2; step++) transformer_cuda_training()->train_step(&dev, &batch.batch, 4, 0.5);
+    GpuCounts counts = gpu.step_counts;
+    transformer_cuda_release();
+    cuda_on_cpu.execute = 1;
+    transformer_free(&dev);
+    return counts;
+}
+
+static void test_companion_counts(void) {
+    GpuCounts base[2] = { companion_step_counts(6, 4), companion_step_counts(6, 40) };
+    GpuCounts tiny = companion_step_counts(2, 40);
+    long base_calls = base[0].launches + base[0].gemms, tiny_calls = tiny.launches + tiny.gemms;
+    check(base_calls <= 600 && base[1].launches == base[0].launches && base[1].gemms == base[0].gemms &&
+          base[0].allocations == 0 && base[1].allocations == 0 && base[0].memsets == 0,
+          "companion: a 6-layer training step is %ld kernel launches and %ld cuBLAS calls (at most 600 in all), "
+          "the same for 4 and 40 sentences, no allocation and no memset after the first step",
+          base[0].launches, base[0].gemms);
+    check(tiny_calls <= 250, "companion: a 2-layer training step is %ld launches and cuBLAS calls (at most 250)",
+          tiny_calls);
+}
+#ifndef CUDA_ON_CPU_THREADS   // the fibers of make test only: faults caught, thread orders drawn
+// Each thread writes down its place in the block's order; it never waits, so
+// it runs whole, and the order is the one the emulator drew.
+static __global__ void thread_order_kernel(int *order, int *next) { order[(*next)++] = (int)threadIdx.x; }
+CPU_KERNEL(thread_order_kernel, int *, int *)
+
+// block_sum (shuffles, then a barrier and shared memory) of x[0..n), one block
+static __global__ void block_total_kernel(float *total, const float *x, int n) {
+    SHARED_FLOATS(shared);
+    float v = block_sum((int)threadIdx.x < n ? x[threadIdx.x] : 0.0f, shared);
+    if (threadIdx.x == 0) *total = v;
+}
+CPU_KERNEL(block_total_kernel, float *, const float *, int)
+
+// Half of each warp returns before a shuffle that names every lane.
+static __global__ void half_warp_shuffle_kernel(float *x) {
+    if (threadIdx.x % WARP >= WARP / 2) return;
+    x[threadIdx.x] = __shfl_xor_sync(FULL_WARP, 1.0f, 1);
+}
+CPU_KERNEL(half_warp_shuffle_kernel, float *)
+
+// What cpu_catches_fault runs
+static float *emulator_device_floats;
+static void read_device_memory(void *unused) {
+    (void)unused;
+    volatile float v = *emulator_device_floats;   // host code reading device memory, as `loss = *gpu.loss` would
+    (void)v;
+}
+static void launch_block_total_short(void *unused) {
+    (void)unused;
+    cpu_test_faults.shared_memory_short = "block_total_kernel";
+    LAUNCH_KERNEL(block_total_kernel, 1, 128, 4 * sizeof(float), emulator_device_floats, emulator_device_floats, 128);
+}
+static void launch_half_warp_shuffle(void *unused) {
+    (void)unused;
+    LAUNCH_KERNEL(half_warp_shuffle_kernel, 1, 64, 0, emulator_device_floats);
+}
+
+static void test_emulator_threads(void) {
+    int *order, *next, zero = 0, seen[2][128];
+    cudaMalloc((void **)&order, sizeof seen[0]);
+    cudaMalloc((void **)&next, sizeof(int));
+    for (int launch = 0; launch < 2; launch++) {
+        cudaMemcpy(next, &zero, sizeof(int), cudaMemcpyHostToDevice);
+        LAUNCH_KERNEL(thread_order_kernel, 1, 128, 0, order, next);
+        cudaMemcpy(seen[launch], order, sizeof seen[launch], cudaMemcpyDeviceToHost);
+    }
+    int in_order = 1, same = 1, all[128] = { 0 }, permutation = 1;
+    for (int i = 0; i < 128; i++) {
+        in_order &= seen[0][i] == i;
+        same &= seen[0][i] == seen[1][i];
+        if (seen[0][i] >= 0 && seen[0][i] < 128) all[seen[0][i]]++;
+    }
+    for (int i = 0; i < 128; i++) permutation &= all[i] == 1;
+    check(permutation && !in_order && !same, "emulator: a block's 128 threads each ran once, in a random order "
+          "(first %d %d %d ...) and in another at the next launch (%d %d %d ...)", seen[0][0], seen[0][1],
+          seen[0][2], seen[1][0], seen[1][1], seen[1][2]);
+    cudaFree(order); cudaFree(next);
+
+    float host[128], total[2], *x;
+    double expected = 0;
+    for (int i = 0; i < 128; i++) { host[i] = (float)(i % 9) - 3.5f; expected += host[i]; }
+    cudaMalloc((void **)&x, sizeof host + sizeof(float));
+    cudaMemcpy(x, host, sizeof host, cudaMemcpyHostToDevice);
+    for (int barriers = 1; barriers >= 0; barriers--) {
+        cpu_test_faults.barriers_skipped = barriers ? NULL : "block_total_kernel";
+        LAUNCH_KERNEL(block_total_kernel, 1, 128, 4 * sizeof(float), x + 128, x, 128);
+        cudaMemcpy(&total[barriers], x + 128, sizeof(float), cudaMemcpyDeviceToHost);
+    }
+    cpu_test_faults.barriers_skipped = NULL;
+    check(total[1] == (float)expected && !(total[0] == (float)expected), "emulator: a block's sum through shuffles, "
+          "shared memory and __syncthreads is right (%g, expected %g); with its barriers left out the warps read "
+          "shared memory before it is written: %g", total[1], expected, total[0]);
+    cudaFree(x);
+}
+
+// What a GPU punishes, caught: host code reading device memory, an index past
+// shared memory, a shuffle missing lanes, a cuBLAS operand past its allocation
+static void test_emulator_faults(void) {
+    float *x;
+    cudaMalloc((void **)&x, 129 * sizeof(float));
+    emulator_device_floats = x;
+    int caught = cpu_catches_fault(read_device_memory, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "host code read"), "emulator: host code reading device memory is "
+          "caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    caught = cpu_catches_fault(launch_block_total_short, NULL);
+    cpu_test_faults.shared_memory_short = NULL;
+    check(caught && strstr(cuda_on_cpu.message, "shared memory index out of bounds"), "emulator: an index past a "
+          "block's shared memory (given 16 bytes less than the kernel uses) is caught (%s)",
+          caught ? cuda_on_cpu.message : "not caught");
+    caught = cpu_catches_fault(launch_half_warp_shuffle, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "returned"), "emulator: a shuffle whose warp has lost half its "
+          "lanes is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    float one = 1, nothing = 0;
+    cublasStatus_t beyond = cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, x, 8, x + 72, 8, &nothing,
+                                        x, 8);   // B's 64 floats start 57 before the end of x's 129
+    cublasDestroy(handle);
+    check(beyond == CUBLAS_STATUS_EXECUTION_FAILED && strstr(cuda_on_cpu.message, "outside"), "emulator: a cuBLAS "
+          "operand that reaches past its allocation is refused (%s)", cuda_on_cpu.message);
+    cudaFree(x);
+}
+
+// ---- the companion with a fault put in ------------------------------------------
+
+typedef struct { Transformer *model; Batch *batch; real loss; } CompanionStep;
+static void companion_step(void *step) {
+    CompanionStep *s = (CompanionStep *)step;
+    s->loss = transformer_cuda_training()->train_step(s->model, s->batch, 4, 0.5);
+}
+
+// One training step of transformer.c and of the companion from the same
+// weights (companion_config, its first batch): the worst difference of the
+// loss and of every gradient tensor, relative to their largest; infinity when
+// the emulator caught a fault (cuda_on_cpu.message says which).
+static double companion_step_difference(int *faulted) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    Transformer cpu, dev;
+    transformer_build(&cpu, &config, 5);
+    transformer_build(&dev, &config, 5);
+    cpu.training = dev.training = 1;
+    Batch *batch = &companion_batches()[0].batch;
+    real loss = transformer_train_step(&cpu, batch, 4, 0.5);
+    transformer_cuda_training()->begin(&dev);
+    CompanionStep step = { &dev, batch, 0 };
+    *faulted = cpu_catches_fault(companion_step, &step);
+    double worst = INFINITY;
+    if (!*faulted) {
+        transformer_cuda_training()->to_host(&dev);
+        worst = fabs((double)step.loss - loss) / fabs((double)loss);
+        if (!(worst <= INFINITY)) worst = INFINITY;
+        real **grads[2][NUM_PARAMETER_TENSORS];
+        parameter_pointers(grads[0], &cpu.grads);
+        parameter_pointers(grads[1], &dev.grads);
+        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
+            worst = fmax(worst, scaled_difference(*grads[1][t], *grads[0][t], cpu.param_sizes[t], NULL));
+    }
+    transformer_free(&cpu);
+    transformer_free(&dev);
+    transformer_cuda_release();
+    return worst;
+}
+
+// The kernels that wait at __syncthreads, and those with shared memory
+static const char *const companion_cooperative_kernels[] = {
+    "layernorm_params_backward_kernel", "rows_from_heads_bias_backward_kernel", "relu_bias_backward_kernel",
+    "cross_entropy_kernel", "mean_loss_kernel",
+};
+
+static void test_companion_faults(void) {
+    int faulted;
+    double clean = companion_step_difference(&faulted);
+    check(!faulted && clean < COMPANION_TOL_GRADS, "companion: one training step as transformer.c's (loss and all "
+          "gradients within %.1e of their largest; tolerance %.0e)", clean, COMPANION_TOL_GRADS);
+    size_t n = sizeof companion_cooperative_kernels / sizeof *companion_cooperative_kernels;
+    for (size_t k = 0; k < n; k++) {
+        cpu_test_faults.barriers_skipped = companion_cooperative_kernels[k];
+        double missing_barrier = companion_step_difference(&faulted);
+        cpu_test_faults.barriers_skipped = NULL;
+        check(!(missing_barrier < COMPANION_TOL_GRADS), "companion: %s without its __syncthreads is caught (%s %.2g)",
+              companion_cooperative_kernels[k], faulted ? "a fault:" : "the step is off by",
+              faulted ? 0.0 : missing_barrier);
+        cpu_test_faults.shared_memory_short = companion_cooperative_kernels[k];
+        companion_step_difference(&faulted);
+        cpu_test_faults.shared_memory_short = NULL;
+        check(faulted && strstr(cuda_on_cpu.message, "out of bounds"), "companion: %s indexing past its shared memory "
+              "(given 16 bytes less than it uses) is caught (%s)", companion_cooperative_kernels[k],
+              faulted ? cuda_on_cpu.message : "not caught");
+    }
+}
+
+static void test_companion_deterministic(void) {
+    size_t bytes = 2 * sizeof(real);
+    {
+        Transformer probe;
+        TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+        transformer_build(&probe, &config, 5);
+        bytes *= probe.num_parameters;
+        transformer_free(&probe);
+    }
+    real *first = companion_state_after(1), *second = companion_state_after(2);
+    check(memcmp(first, second, bytes) == 0, "companion: 3 training steps with the threads in two other random "
+          "orders end with the same parameters and moments, bit for bit");
+    cpu_test_faults.launch_replaced = "embedding_backward_kernel";
+    cpu_test_faults.replacement = racy_embedding_backward_kernel_cpu_thread;
+    real *racy[2] = { companion_state_after(1), companion_state_after(2) };
+    cpu_test_faults.launch_replaced = NULL;
+    size_t differing = 0;
+    for (size_t i = 0; i < bytes / sizeof(real); i++) differing += memcmp(&racy[0][i], &racy[1][i], sizeof(real)) != 0;
+    check(differing > 0, "companion: a racy += in the embedding's gradient is caught: two thread orders end with "
+          "%zu of %zu numbers different", differing, bytes / sizeof(real));
+    cpu_seed(1);
+    free(first); free(second); free(racy[0]); free(racy[1]);
+}
+
+#endif
+#endif
+
+void run_companion_tests(void) {
+#ifdef COMPANION_ON_GPU
+    printf("-- the CUDA companion on the GPU (transformer_cuda.cu built by nvcc; tolerances: losses %g, "
+           "gradients %g, updates %g of the largest)\n", COMPANION_TOL_LOSS, COMPANION_TOL_GRADS, COMPANION_TOL_UPDATES);
+#else
+    printf("-- the CUDA companion on the CPU (transformer_cuda.cu with cuda_on_cpu.h; tolerances: losses %g, "
+           "gradients %g, updates %g of the largest)\n", COMPANION_TOL_LOSS, COMPANION_TOL_GRADS, COMPANION_TOL_UPDATES);
+    test_cublas_model();
+    test_emulator_launch_checks();
+#ifndef CUDA_ON_CPU_THREADS   // faults caught and thread orders drawn: the fibers' (make test-threads has threads)
+    test_emulator_threads();
+    test_emulator_faults();
+#endif
+#endif
+    set_threads(1);   // transformer.c's side on one thread: these models are tiny, and the machine may be busy
+    test_companion_reference_files();
+    test_companion_training_run();
+#ifndef COMPANION_ON_GPU
+#ifndef CUDA_ON_CPU_THREADS
+    test_companion_faults();
+    test_companion_deterministic();
+#endif
+    test_companion_counts();
+#endif
+    test_companion_train_command();
+}
+
+#ifndef TEST_CUDA_LIBRARY   // (test_cuda_threads.c has its own main)
+int main(void) {
+#ifndef TRANSFORMER_PLAIN
+    fast_path_use(1);   // transformer.c's side as make's ./transformer runs it
+#endif
+    companion_logits = transformer_cuda_logits;
+    run_companion_tests();
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
+}
+#endif
