@@ -46,12 +46,13 @@ ifeq ($(OPENMP),1)
 OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
-SOURCES = transformer.c transformer.h lab/lab.c
+SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
 # the test binaries `make test` runs, in this order
-TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64 test_cuda test_cuda_serial
+TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64 test_lab_f64 test_lab test_lab_serial \
+        test_cuda test_cuda_serial
 
 .PHONY: all test demo numbers table3 debug plain minimal sanitize fuzz bench bench-setup clean cuda cuda-cpu test-cuda
 
@@ -88,6 +89,15 @@ test_transformer_serial: test_transformer.c $(SOURCES)
 # its command-line tests run ./transformer_plain
 test_transformer_plain_f64: test_transformer.c $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
+
+# the lab and the fast path against transformer.c: in double, in float, and without OpenMP
+LAB_TEST = lab/test_lab.c test_transformer.c lab/fast_path.c $(SOURCES)
+test_lab_f64: $(LAB_TEST)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ lab/test_lab.c $(LDLIBS)
+test_lab: $(LAB_TEST)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/test_lab.c $(LDLIBS)
+test_lab_serial: $(LAB_TEST)
+	$(CC) $(CFLAGS) $(WARNINGS) -o $@ lab/test_lab.c $(LDLIBS)
 
 # the CUDA companion built for the CPU (cuda/cuda_on_cpu.h) against transformer.c, with and without OpenMP
 test_cuda: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
@@ -348,4 +358,4 @@ clean:
 	rm -f transformer transformer_minimal transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
 	      test_transformer_f64 test_transformer_serial test_transformer_plain_f64 test_transformer_debug \
 	      test_transformer_asan test_transformer_asan_f64 test_transformer_asan_plain_f64 .test_output.log \
-	      transformer_cuda transformer_cuda_cpu test_transformer_cuda test_cuda test_cuda_serial *.o .ptxas.log
+	      transformer_cuda transformer_cuda_cpu test_transformer_cuda test_cuda test_cuda_serial test_lab test_lab_f64 test_lab_serial *.o .ptxas.log
