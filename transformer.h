@@ -46,8 +46,14 @@
 
 #ifdef TRANSFORMER_DOUBLE
 typedef double real;
+#define real_exp exp    // libm's e^x, ln x and square root in the precision of `real`
+#define real_log log
+#define real_sqrt sqrt
 #else
 typedef float real;
+#define real_exp expf
+#define real_log logf
+#define real_sqrt sqrtf
 #endif
 
 // The four special tokens every vocabulary starts with.

@@ -745,9 +745,7 @@ void run_companion_tests(void) {
 
 #ifndef TEST_CUDA_LIBRARY   // (test_cuda_threads.c has its own main)
 int main(void) {
-#ifndef TRANSFORMER_PLAIN
-    fast_path_use(1);   // transformer.c's side as make's ./transformer runs it
-#endif
+    lab_plug_in();   // transformer.c's side as make's ./transformer runs it
     companion_logits = transformer_cuda_logits;
     run_companion_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
