@@ -1959,16 +1959,16 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 // PART II   THE PROGRAM
 // The smallest program that trains the model of Part I and translates with
 // it: the copy and reverse tasks or a TSV file of sentence pairs, batches by
-// length (§5.1), the training loop with held-out evaluation, one checkpoint
-// format, and the commands train, decode (greedy or --beam) and eval (exact
-// match, BLEU). The functions that can fail return NULL, or one line saying
-// what is wrong: the file (and line) or the value, and what was expected.
-// lab/lab.c builds more on it through the hooks of "where the lab plugs in".
+// length (§5.1), the training loop with held-out evaluation, checkpoints,
+// and the commands train, decode (greedy or --beam) and eval (exact match,
+// BLEU). What can fail returns NULL, or one line saying what is wrong: the
+// file (and line) or the value, and what was expected. The companions in
+// lab/ add to it through the hooks of "where the lab plugs in".
 // ############################################################################
 
 static char error_buffer[1024];   // the last error's text, until the next error
 static const char *errorf(const char *format, ...) {
-    char text[sizeof error_buffer];
+    char text[sizeof error_buffer];   // (an argument may be the last error itself)
     va_list args;
     va_start(args, format);
     vsnprintf(text, sizeof text, format, args);
@@ -1988,27 +1988,18 @@ static double wall_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void set_threads(int threads) {
 #ifdef _OPENMP
-    if (threads > 0) omp_set_num_threads(threads);
+static void set_threads(int threads) { if (threads > 0) omp_set_num_threads(threads); }   // 0: all cores
+static int thread_count(void) { return omp_get_max_threads(); }
 #else
-    (void)threads;
+static void set_threads(int threads) { (void)threads; }
+static int thread_count(void) { return 1; }
 #endif
-}
-
-static int thread_count(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
 
 // ---- vocabulary -------------------------------------------------------------
-// §3.4: one vocabulary for source and target (the embedding is shared).
-// Token text <-> id: ids 0..3 are <pad> <s> </s> <unk> (transformer.h), the
-// data's tokens follow in order of first appearance. Lookup is a hash table
-// with open addressing.
+// §3.4: one vocabulary for source and target (the embedding is shared). Ids
+// 0..3 are <pad> <s> </s> <unk> (transformer.h), the data's tokens follow in
+// order of first appearance; text -> id is a hash table, open addressing.
 
 typedef struct {
     char **words;       // (size) id -> text
@@ -2020,27 +2011,19 @@ typedef struct {
 
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
-static uint32_t text_hash(const char *s, size_t n) {   // FNV-1a
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)s[i]; h *= 16777619u; }
-    return h;
+// The slot of the n bytes at word: where its id is, or the empty slot where it would go.
+static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
+    uint32_t hash = 2166136261u;   // FNV-1a
+    for (size_t i = 0; i < n; i++) { hash ^= (unsigned char)word[i]; hash *= 16777619u; }
+    size_t mask = vocab->num_slots - 1, i = hash & mask;
+    for (int id; (id = vocab->slots[i]) >= 0; i = (i + 1) & mask)
+        if (strncmp(vocab->words[id], word, n) == 0 && vocab->words[id][n] == '\0') break;
+    return i;
 }
 
 // The id of the n bytes at word, or -1.
 static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) {
-    size_t mask = vocab->num_slots - 1;
-    for (size_t i = text_hash(word, n) & mask;; i = (i + 1) & mask) {
-        int id = vocab->slots[i];
-        if (id < 0) return -1;
-        if (strncmp(vocab->words[id], word, n) == 0 && vocab->words[id][n] == '\0') return id;
-    }
-}
-
-static void vocab_insert_slot(Vocabulary *vocab, int id) {
-    const char *w = vocab->words[id];
-    size_t mask = vocab->num_slots - 1, i = text_hash(w, strlen(w)) & mask;
-    while (vocab->slots[i] >= 0) i = (i + 1) & mask;
-    vocab->slots[i] = id;
+    return vocab->slots[vocab_slot(vocab, word, n)];
 }
 
 // The id of the n bytes at word, added to the vocabulary if new.
@@ -2056,12 +2039,12 @@ static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
         vocab->num_slots *= 2;
         vocab->slots = checked_calloc(vocab->num_slots, sizeof(int), "vocabulary table");
         for (size_t i = 0; i < vocab->num_slots; i++) vocab->slots[i] = -1;
-        for (int i = 0; i < vocab->size; i++) vocab_insert_slot(vocab, i);
+        for (int i = 0; i < vocab->size; i++)
+            vocab->slots[vocab_slot(vocab, vocab->words[i], strlen(vocab->words[i]))] = i;
     }
-    char *copy = checked_calloc(n + 1, 1, "vocabulary word");
-    memcpy(copy, word, n);
-    vocab->words[vocab->size] = copy;
-    vocab_insert_slot(vocab, vocab->size);
+    vocab->words[vocab->size] = checked_calloc(n + 1, 1, "vocabulary word");
+    memcpy(vocab->words[vocab->size], word, n);
+    vocab->slots[vocab_slot(vocab, word, n)] = vocab->size;
     return vocab->size++;
 }
 
@@ -2074,10 +2057,9 @@ static void vocab_init(Vocabulary *vocab) {
 }
 
 // ---- the command line -------------------------------------------------------
-// Each command reads its flags from a table (name, kind, where the value
-// goes, the accepted range, help), so that a bad flag gets one line naming
-// it and its value and saying what was expected, and --help prints the
-// table with the defaults.
+// Each command reads its flags from a table, so that a bad flag gets one line
+// naming it and its value and saying what was expected, and --help prints
+// the table with the defaults.
 
 typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind;   // FLAG: no value, sets an int to 1
 
@@ -2098,49 +2080,40 @@ typedef struct {
 #define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, 0, help, 0 }
 #define MAX_OPTIONS 48
 
-static void describe_expected(char *text, size_t n, const Option *o) {
-    if (o->kind == OPTION_INT && o->max >= INT_MAX) snprintf(text, n, "an integer >= %.0f", o->min);
-    else if (o->kind == OPTION_INT) snprintf(text, n, "an integer from %.0f to %.0f", o->min, o->max);
-    else if (o->kind == OPTION_NUMBER && o->max >= DBL_MAX) snprintf(text, n, "a number %s %g", o->above_min ? ">" : ">=", o->min);
-    else if (o->kind == OPTION_NUMBER) snprintf(text, n, "a number %s %g and <= %g", o->above_min ? ">" : ">=", o->min, o->max);
-    else snprintf(text, n, "a value");
-}
-
-// Parses text as an option's value; returns 0 if it is not one.
-static int parse_option_value(const Option *o, const char *text) {
+// Reads text into the option's value; returns 0 (and writes, in expected, what would do) if it is not one.
+static int parse_option_value(const Option *o, const char *text, char *expected, size_t size) {
+    const char *above = o->above_min ? ">" : ">=";
+    if (o->kind == OPTION_INT && o->max >= INT_MAX) snprintf(expected, size, "an integer >= %.0f", o->min);
+    else if (o->kind == OPTION_INT) snprintf(expected, size, "an integer from %.0f to %.0f", o->min, o->max);
+    else if (o->max >= DBL_MAX) snprintf(expected, size, "a number %s %g", above, o->min);
+    else snprintf(expected, size, "a number %s %g and <= %g", above, o->min, o->max);
+    if (!text) return 0;
     if (o->kind == OPTION_TEXT) { *(const char **)o->value = text; return 1; }
     char *end;
     errno = 0;
-    if (o->kind == OPTION_INT) {
-        long x = strtol(text, &end, 10);
-        if (end == text || *end || errno || x < o->min || x > o->max) return 0;
-        *(int *)o->value = (int)x;
-    } else {
-        double x = strtod(text, &end);
-        if (end == text || *end || errno || !isfinite(x) || x < o->min || x > o->max) return 0;
-        if (o->above_min && !(x > o->min)) return 0;
-        *(double *)o->value = x;
-    }
+    double x = o->kind == OPTION_INT ? (double)strtol(text, &end, 10) : strtod(text, &end);
+    if (end == text || *end || errno || !isfinite(x) || x < o->min || x > o->max || (o->above_min && !(x > o->min)))
+        return 0;
+    if (o->kind == OPTION_INT) *(int *)o->value = (int)x; else *(double *)o->value = x;
     return 1;
 }
 
 static void print_option_help(const Option *options, int n) {
-    for (int i = 0; i < n; i++) {
-        const Option *o = &options[i];
+    for (const Option *o = options; o < options + n; o++) {
         char left[64], value[64] = "";
-        snprintf(left, sizeof left, "%s %s", o->name, o->kind == OPTION_INT ? "N" : o->kind == OPTION_NUMBER ? "X"
-                                                    : o->kind == OPTION_FLAG ? "" : "TEXT");
+        const char *kinds[] = { "N", "X", "TEXT", "" };
+        snprintf(left, sizeof left, "%s %s", o->name, kinds[o->kind]);
         if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
         else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
-        else if (o->kind == OPTION_TEXT) snprintf(value, sizeof value, "%s", *(const char **)o->value ? *(const char **)o->value : "");
+        else if (o->kind == OPTION_TEXT && *(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
         if (value[0]) printf("  %-22s %s (default %s)\n", left, o->help, value);
         else printf("  %-22s %s\n", left, o->help);
     }
 }
 
-// Reads argv[1..argc-1] into the options. Arguments that are not flags go
-// to positional (when it is not NULL). Returns 0 on success, 1 after printing
-// a one-line error, 2 after printing the help.
+// Reads argv[1..argc-1] into the options; arguments that are not flags go to
+// positional (when it is not NULL). Returns 0, or 1 after printing a
+// one-line error, or 2 after printing the help.
 static int parse_options(const char *command, const char *usage, Option *options, int n,
                          int argc, char **argv, char **positional, int *num_positional) {
     if (num_positional) *num_positional = 0;
@@ -2152,33 +2125,25 @@ static int parse_options(const char *command, const char *usage, Option *options
             return 2;
         }
         if (arg[0] != '-' || arg[1] == '\0' || (positional && isdigit((unsigned char)arg[1]))) {
-            if (!positional) {
-                fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n", command, arg, command);
-                return 1;
-            }
-            positional[(*num_positional)++] = argv[i];
-            continue;
+            if (positional) { positional[(*num_positional)++] = argv[i]; continue; }
+            fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n", command, arg, command);
+            return 1;
         }
-        Option *o = NULL;
-        for (int k = 0; k < n && !o; k++) if (strcmp(arg, options[k].name) == 0) o = &options[k];
-        if (!o) {
+        Option *o = options;
+        while (o < options + n && strcmp(arg, o->name) != 0) o++;
+        if (o == options + n) {
             fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
             return 1;
         }
-        if (o->kind == OPTION_FLAG) { *(int *)o->value = 1; o->seen = 1; continue; }
-        char expected[96];
-        describe_expected(expected, sizeof expected, o);
-        if (i + 1 >= argc || (o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0)) {
-            if (o->kind == OPTION_TEXT) fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
-            else fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
-            return 1;
-        }
-        const char *text = argv[++i];
-        if (!parse_option_value(o, text)) {
-            fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text, expected);
-            return 1;
-        }
         o->seen = 1;
+        if (o->kind == OPTION_FLAG) { *(int *)o->value = 1; continue; }
+        char expected[96];
+        const char *text = i + 1 < argc && !(o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0) ? argv[++i] : NULL;
+        if (parse_option_value(o, text, expected, sizeof expected)) continue;
+        if (!text && o->kind == OPTION_TEXT) fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
+        else if (!text) fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
+        else fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text, expected);
+        return 1;
     }
     return 0;
 }
@@ -2202,7 +2167,7 @@ typedef struct {
 typedef struct TrainRun TrainRun;
 typedef struct TrainOptions TrainOptions;
 typedef struct TextSource TextSource;
-// The stages of `train` the lab hears of (train_event)
+// The stages of `train` the lab hears of
 typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED, TRAIN_END } TrainEvent;
 
 static struct {
@@ -2233,19 +2198,18 @@ static void vocab_free(Vocabulary *vocab) {
 
 // ---- white space ------------------------------------------------------------
 // Tokens are separated by white space, and white space is one set of
-// characters wherever it separates them (training and evaluation data,
-// decode's input, BLEU): the set Python's str.split() splits at, so that
-// BLEU counts the tokens sacreBLEU's tokenize='none' counts. ASCII's tab,
-// line feed, vertical tab, form feed, carriage return and space, the
-// separators U+001C..U+001F, and Unicode's White_Space characters: U+0085,
-// U+00A0 (no-break space), U+1680, U+2000..U+200A, U+2028, U+2029, U+202F,
-// U+205F and U+3000 (the ideographic space of CJK text); not the zero-width
-// space U+200B. A character above U+007F counts only as the UTF-8 sequence
-// that encodes it: a lone byte 0x85 or 0xA0 (of Latin-1 text) is not white space.
+// characters wherever it separates them (data, decode's input, BLEU): the
+// set Python's str.split() splits at, so that BLEU counts the tokens
+// sacreBLEU's tokenize='none' counts. ASCII's \t \n \v \f \r and space,
+// U+001C..U+001F, and Unicode's White_Space: U+0085, U+00A0 (no-break
+// space), U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F and U+3000
+// (the ideographic space of CJK text); not the zero-width space U+200B.
+// Above U+007F only the UTF-8 sequence counts: a lone byte 0xA0 (of Latin-1
+// text) is not white space.
 
 // The length in bytes of the white-space character that begins the
-// zero-terminated text, or 0 when it begins none. (A byte after the first
-// is read only when the bytes before it matched: never past the end.)
+// zero-terminated text, or 0. (A byte after the first is read only when the
+// bytes before it matched: never past the end.)
 static int white_space_bytes(const char *text) {
     const unsigned char *s = (const unsigned char *)text;
     if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
@@ -2258,16 +2222,14 @@ static int white_space_bytes(const char *text) {
     return 0;
 }
 
-// skip_white_space: text from its first character that is not white space on.
-// next_token: the first token of the zero-terminated text: where it starts, its length
-// in bytes in *length; NULL when the text holds only white space. Stepping a
-// byte at a time inside a token is safe: white space begins with an ASCII
-// byte or a lead byte (C2, E1, E2, E3), never with a continuation byte.
 static const char *skip_white_space(const char *text) {
     for (int n; (n = white_space_bytes(text)) > 0; ) text += n;
     return text;
 }
 
+// The first token of the zero-terminated text: where it starts, its length
+// in bytes in *length; NULL when there is none. (Stepping a byte at a time
+// is safe: white space never begins with a UTF-8 continuation byte.)
 static const char *next_token(const char *text, size_t *length) {
     const char *start = skip_white_space(text), *end = start;
     if (!*start) return NULL;
@@ -2298,28 +2260,20 @@ static void dataset_free(Dataset *dataset) {
     memset(dataset, 0, sizeof *dataset);
 }
 
-static void dataset_push_tokens(Dataset *dataset, const int *tokens, int n) {
-    if (dataset->num_tokens + n > dataset->tokens_capacity) {
-        dataset->tokens_capacity = 2 * (dataset->num_tokens + n) + 1024;
-        dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int), "sentence tokens");
-    }
-    memcpy(dataset->tokens + dataset->num_tokens, tokens, n * sizeof(int));
-    dataset->num_tokens += n;
-}
-
 static void dataset_add(Dataset *dataset, const int *src, int src_len, const int *tgt, int tgt_len, int line) {
     if (dataset->count == dataset->capacity) {
         dataset->capacity = dataset->capacity ? 2 * dataset->capacity : 256;
         dataset->pairs = checked_realloc(dataset->pairs, dataset->capacity, sizeof(SentencePair), "sentence pairs");
     }
-    SentencePair *p = &dataset->pairs[dataset->count++];
-    p->src = dataset->num_tokens;
-    dataset_push_tokens(dataset, src, src_len);
-    p->tgt = dataset->num_tokens;
-    dataset_push_tokens(dataset, tgt, tgt_len);
-    p->src_len = src_len;
-    p->tgt_len = tgt_len;
-    p->line = line;
+    if (dataset->num_tokens + src_len + tgt_len > dataset->tokens_capacity) {
+        dataset->tokens_capacity = 2 * (dataset->num_tokens + src_len + tgt_len) + 1024;
+        dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int), "sentence tokens");
+    }
+    SentencePair pair = { dataset->num_tokens, dataset->num_tokens + src_len, src_len, tgt_len, line };
+    dataset->pairs[dataset->count++] = pair;
+    memcpy(dataset->tokens + pair.src, src, src_len * sizeof(int));
+    memcpy(dataset->tokens + pair.tgt, tgt, tgt_len * sizeof(int));
+    dataset->num_tokens += src_len + tgt_len;
     if (src_len > dataset->longest_src) dataset->longest_src = src_len;
     if (tgt_len > dataset->longest_tgt) dataset->longest_tgt = tgt_len;
 }
@@ -2352,18 +2306,15 @@ struct TextSource {
 static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
     int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
     if (id >= 0) return id;
-    from->unknown++;
     if (from->warnings++ < MAX_UNKNOWN_WARNINGS)
         fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
                 from->where, (int)(n < 80 ? n : 80), token);
+    from->unknown++;
     return TOKEN_UNK;
 }
 
 static void push_id(int **ids, size_t *capacity, int n, int id) {
-    if ((size_t)n == *capacity) {
-        *capacity = *capacity ? 2 * *capacity : 64;
-        *ids = checked_realloc(*ids, *capacity, sizeof(int), "token ids");
-    }
+    if ((size_t)n == *capacity) *ids = checked_realloc(*ids, *capacity = *capacity ? 2 * *capacity : 64, sizeof(int), "token ids");
     (*ids)[n] = id;
 }
 
@@ -2376,9 +2327,8 @@ static const char *reserved_token_error(const TextSource *from) {
 
 // Splits text at white space into token ids: whole words, or with the lab's
 // §5.1 merges each word's subwords. grow: new tokens join the vocabulary;
-// otherwise they become <unk> with a warning (the first few). Returns the
-// number of tokens (*ids grows as needed), or -1 at a special token's text
-// (from->reserved says which; reserved_token_error is the message).
+// otherwise they become <unk>. Returns the number of tokens (*ids grows as
+// needed), or -1 at a special token's text (from->reserved says which).
 static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
     size_t len;
@@ -2394,8 +2344,8 @@ static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, si
     return n;
 }
 
-// The tokens as text, words separated by spaces (with §5.1 merges, subwords
-// joined into words by the lab). Returns a new string.
+// The tokens as text, separated by spaces (with §5.1 merges, subwords joined
+// into words by the lab). Returns a new string.
 static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
     if (vocab->bpe && lab.join_tokens) return lab.join_tokens(vocab, ids, n);   // lab: §5.1
     size_t bytes = 1;
@@ -2411,10 +2361,9 @@ static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n
     free(text);
 }
 
-// Reads line line_no (counted from 1) of f into *line, without its line end
-// and, on line 1, without a UTF-8 byte-order mark (EF BB BF, which some
-// editors write at the start of a file). Returns 1, 0 at the end of the
-// file, or -1 for a line holding a zero byte (not text).
+// Reads line line_no (from 1) of f into *line, without its line end and, on
+// line 1, without a UTF-8 byte-order mark (EF BB BF, which some editors
+// write first). Returns 1, 0 at the end, or -1 for a line holding a zero byte.
 static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     ssize_t length = getline(line, capacity, f);
     if (length < 0) return 0;
@@ -2426,9 +2375,8 @@ static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     return strlen(*line) == (size_t)length ? 1 : -1;
 }
 
-// Opens a text file to read, or sets *error: fopen opens a directory too,
-// and its first read fails, which a loop reading lines would take for the
-// end of an empty file.
+// Opens a text file to read, or sets *error (fopen opens a directory too, and
+// a loop reading lines would take its failed first read for an empty file).
 static FILE *open_text_file(const char *path, const char **error) {
     FILE *f = fopen(path, "r");
     struct stat st;
@@ -2441,10 +2389,9 @@ static FILE *open_text_file(const char *path, const char **error) {
     return f;
 }
 
-// Reads `source<TAB>target` lines, tokens separated by white space, into
-// dataset. Blank lines (white space only, no tab) are skipped; a line ending
-// in \r\n is read as ending in \n. grow: the vocabulary takes every new
-// token (training data); otherwise unknown tokens become <unk> with a warning.
+// Reads `source<TAB>target` lines into dataset. Blank lines (white space,
+// no tab) are skipped; \r\n ends a line as \n does. grow: the vocabulary takes
+// every new token (training data); otherwise unknown tokens become <unk>.
 static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
@@ -2487,20 +2434,18 @@ static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const c
 }
 
 // A model with max_len positions takes sources and targets of up to
-// max_len - 1 tokens: the encoder reads x_1..x_n </s> and the decoder
-// <s> y_1..y_n, n + 1 positions each.
+// max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder <s> y_1..y_n.
 static const char *dataset_check_lengths(const Dataset *dataset, const char *name, int max_len) {
     for (int i = 0; i < dataset->count; i++) {
         const SentencePair *p = &dataset->pairs[i];
+        int longer = p->src_len > p->tgt_len ? p->src_len : p->tgt_len;
+        if (longer <= max_len - 1) continue;
         char where[300];
         if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
         else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
-        if (p->src_len > max_len - 1)
-            return errorf("%s: the source has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
-                          where, p->src_len, max_len, max_len - 1);
-        if (p->tgt_len > max_len - 1)
-            return errorf("%s: the target has %d tokens; the model's maximum length %d allows %d (one position is <s>)",
-                          where, p->tgt_len, max_len, max_len - 1);
+        int source = p->src_len > max_len - 1;
+        return errorf("%s: the %s has %d tokens; the model's maximum length %d allows %d (one position is %s)", where,
+                      source ? "source" : "target", longer, max_len, max_len - 1, source ? "</s>" : "<s>");
     }
     return NULL;
 }
@@ -2508,12 +2453,11 @@ static const char *dataset_check_lengths(const Dataset *dataset, const char *nam
 // ---- the copy and reverse tasks ---------------------------------------------
 // copy: the target is the source; reverse: the source backwards. Words are
 // the numbers 0..words-1, so `./transformer decode ... "3 1 4 1 5"` reads
-// naturally. The held-out pairs are drawn after the training pairs and none
-// of their sources appears among the training sources: the model is tested
-// on sequences it never saw.
+// naturally. The held-out pairs are drawn after the training pairs, and none
+// of their sources is a training source: the model is tested on sequences it
+// never saw.
 
-enum { TASK_COPY, TASK_REVERSE, NUM_TASKS };
-static const char *task_names[NUM_TASKS] = { "copy", "reverse" };
+enum { TASK_COPY, TASK_REVERSE };
 
 static void task_vocabulary(Vocabulary *vocab, int words) {
     vocab_init(vocab);
@@ -2523,18 +2467,11 @@ static void task_vocabulary(Vocabulary *vocab, int words) {
     }
 }
 
-// A hash of a sequence, never 0 (the empty slot of task_generate's set)
-static uint64_t sequence_hash(const int *tokens, int n) {
-    uint64_t h = 0xCBF29CE484222325ULL ^ (uint64_t)n;
-    for (int i = 0; i < n; i++) { h ^= (uint64_t)(uint32_t)tokens[i]; h *= 0x100000001B3ULL; h ^= h >> 29; }
-    return h ? h : 1;
-}
-
 static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len,
                                  int max_len, int train_size, int valid_size, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
-    size_t slots = 16;   // a set of the sources' hashes, open addressing
+    size_t slots = 16;   // a set of the sources' hashes, open addressing (0: an empty slot)
     while (slots < 4 * ((size_t)train_size + valid_size)) slots *= 2;
     uint64_t *seen = checked_calloc(slots, sizeof(uint64_t), "task hash set");
     int *src = checked_calloc(max_len, sizeof(int), "task sentence"), *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
@@ -2544,11 +2481,12 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
         int n = min_len + rng_below(&rng, max_len - min_len + 1);
         for (int t = 0; t < n; t++) src[t] = NUM_SPECIAL_TOKENS + rng_below(&rng, words);
         for (int t = 0; t < n; t++) tgt[t] = task == TASK_COPY ? src[t] : src[n - 1 - t];
-        uint64_t h = sequence_hash(src, n);
-        size_t k = h & (slots - 1);
-        while (seen[k] != 0 && seen[k] != h) k = (k + 1) & (slots - 1);
+        uint64_t hash = 0xCBF29CE484222325ULL ^ (uint64_t)n;
+        for (int t = 0; t < n; t++) { hash ^= (uint32_t)src[t]; hash *= 0x100000001B3ULL; hash ^= hash >> 29; }
+        size_t k = (hash = hash ? hash : 1) & (slots - 1);
+        while (seen[k] != 0 && seen[k] != hash) k = (k + 1) & (slots - 1);
         int is_new = seen[k] == 0;
-        seen[k] = h;
+        seen[k] = hash;
         if (i < train_size) {
             dataset_add(train, src, n, tgt, n, 0);
             i++;
@@ -2572,8 +2510,7 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
 // approximately 25000 source tokens and 25000 target tokens." An epoch visits
 // every training pair once: the pairs are sorted by length (source, then
 // target, random among equals), cut into batches of at most batch_tokens
-// tokens counting padding (B x (S + T)), and the batches are visited in
-// random order.
+// tokens counting padding (B x (S + T)), and the batches visited in random order.
 
 typedef struct { int start, count; } BatchSpan;   // order[start .. start + count - 1]
 
@@ -2593,11 +2530,10 @@ static int compare_length_keys(const void *pa, const void *pb) {
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
-// The first `count` pairs of dataset sorted by length (keys from rng, or
-// none: then by index among equals) into order, cut into batches of at most
-// batch_tokens padded tokens each (at least one pair per batch): B x (S + T)
-// with S = longest source + 1 (</s>), T = longest target + 1 (<s> or </s>).
-// Returns the number of batches.
+// The first `count` pairs sorted by length (among equals by a key from rng,
+// or by index when rng is NULL) into order, then cut into batches of at most
+// batch_tokens padded tokens (and at least one pair): B x (S + T), S the
+// longest source + 1 (</s>), T the longest target + 1. Returns how many.
 static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count, int batch_tokens, Rng *rng) {
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
     for (int i = 0; i < count; i++) {
@@ -2638,7 +2574,7 @@ static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_t
 typedef struct {
     Batch batch;
     int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
-    size_t src_capacity, tgt_capacity, rows_capacity;
+    size_t rows_capacity, src_capacity, tgt_capacity;
     long tokens;   // source and target positions without padding, for tokens/s
 } BatchBuffer;
 
@@ -2646,25 +2582,21 @@ typedef struct {
 // position"): the decoder reads tgt_in = <s> y_1 .. y_n and must predict
 // tgt_out = y_1 .. y_n </s>. The source ends with </s> too, as in
 // tensor2tensor and fairseq (the paper does not say): it marks where the
-// sentence ends, which the encoder otherwise has to infer from the padding
-// mask alone. On the copy task it made learning faster.
+// sentence ends, which the encoder otherwise infers from the padding mask
+// alone; on the copy task it made learning faster.
 static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indices, int count) {
-    int S = 1, T = 1;
-    for (int i = 0; i < count; i++) {
-        const SentencePair *p = &dataset->pairs[indices[i]];
-        if (p->src_len + 1 > S) S = p->src_len + 1;
-        if (p->tgt_len + 1 > T) T = p->tgt_len + 1;
+    size_t B = count, S = 1, T = 1;
+    for (size_t b = 0; b < B; b++) {
+        const SentencePair *p = &dataset->pairs[indices[b]];
+        if ((size_t)p->src_len + 1 > S) S = p->src_len + 1;
+        if ((size_t)p->tgt_len + 1 > T) T = p->tgt_len + 1;
     }
-    size_t B = count;
     if (B > bb->rows_capacity) {
         bb->rows_capacity = B;
         bb->src_len = checked_realloc(bb->src_len, B, sizeof(int), "batch");
         bb->tgt_len = checked_realloc(bb->tgt_len, B, sizeof(int), "batch");
     }
-    if (B * S > bb->src_capacity) {
-        bb->src_capacity = B * S;
-        bb->src = checked_realloc(bb->src, B * S, sizeof(int), "batch");
-    }
+    if (B * S > bb->src_capacity) bb->src = checked_realloc(bb->src, bb->src_capacity = B * S, sizeof(int), "batch");
     if (B * T > bb->tgt_capacity) {
         bb->tgt_capacity = B * T;
         bb->tgt_in = checked_realloc(bb->tgt_in, B * T, sizeof(int), "batch");
@@ -2687,7 +2619,7 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
         bb->tgt_len[b] = p->tgt_len + 1;
         bb->tokens += p->src_len + 1 + p->tgt_len + 1;
     }
-    Batch batch = { count, S, T, bb->src, bb->src_len, bb->tgt_in, bb->tgt_out, bb->tgt_len };
+    Batch batch = { count, (int)S, (int)T, bb->src, bb->src_len, bb->tgt_in, bb->tgt_out, bb->tgt_len };
     bb->batch = batch;
 }
 
@@ -2700,49 +2632,35 @@ static void batch_buffer_free(BatchBuffer *bb) {
 // The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
 // newstest2014: 27.3 (base) and 28.4 (big) for English-German. Corpus-level
 // BLEU-4 with one reference per sentence:
-//   p_n  = sum over sentences of the CLIPPED n-gram matches
-//          / sum over sentences of the output's n-grams,          n = 1..4
-//          (an n-gram counts at most as often as the reference has it:
-//          "the the the the" against "the cat" matches one "the");
+//   p_n  = (clipped n-gram matches, summed over the sentences)
+//          / (the output's n-grams, summed over the sentences),      n = 1..4,
+//          where an n-gram counts at most as often as the reference has it
+//          ("the the the the" against "the cat" matches one "the");
 //   BP   = 1 if c > r, else exp(1 - r/c)   (c, r: output and reference lengths
-//          summed over the corpus);   BLEU = BP * exp((1/4) sum_n log p_n) * 100.
-// The sums run over the corpus before dividing, so corpus BLEU is not the
-// mean of sentence BLEUs. No smoothing: if any p_n is 0, BLEU is 0. Tokens
-// are token ids, or words separated by white space; no <s>, </s> or padding.
-
-// Do the n tokens at a equal the n tokens at b?
-static int ngram_equal(const int *a, const int *b, int n) {
-    for (int i = 0; i < n; i++)
-        if (a[i] != b[i]) return 0;
-    return 1;
-}
+//          summed over the corpus);   BLEU = 100 BP exp((1/4) sum_n log p_n).
+// Corpus BLEU is not the mean of sentence BLEUs. No smoothing: a p_n of 0
+// gives BLEU 0. Tokens are token ids, or words separated by white space.
 
 // One distinct n-gram of a sentence pair: where it first occurs, and how
 // many times it occurs in the candidate and in the reference.
 typedef struct { const int *gram; int in_candidate, in_reference; } NgramCount;
 
-static uint64_t ngram_hash(const int *gram, int n) {
-    uint64_t h = 0;
-    for (int i = 0; i < n; i++) h = hash64(h ^ (uint32_t)gram[i]);
-    return h;
-}
-
 // Clipped matches of order n: for each distinct n-gram of the candidate,
-// min(its count in the candidate, its count in the reference), counted in a
-// hash table (mask + 1 slots, at least twice the n-grams of both) as
-// sacreBLEU counts in a Python Counter: linear time, so that a line of
-// 40,000 tokens takes milliseconds.
+// min(its count in the candidate, in the reference), counted in a hash table
+// (mask + 1 slots, at least twice the n-grams of both) as sacreBLEU counts
+// in a Python Counter: linear time, milliseconds for a line of 40,000 tokens.
 static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int *candidate, int candidate_len,
                                        const int *reference, int reference_len, int n) {
     memset(table, 0, (mask + 1) * sizeof *table);
     for (int side = 0; side < 2; side++) {
         const int *tokens = side == 0 ? candidate : reference;
-        int length = side == 0 ? candidate_len : reference_len;
-        for (int i = 0; i + n <= length; i++) {
-            size_t k = (size_t)ngram_hash(tokens + i, n) & mask;
-            while (table[k].gram && !ngram_equal(table[k].gram, tokens + i, n)) k = (k + 1) & mask;
-            if (!table[k].gram) table[k].gram = tokens + i;
-            if (side == 0) table[k].in_candidate++; else table[k].in_reference++;
+        for (int i = 0; i + n <= (side == 0 ? candidate_len : reference_len); i++) {
+            uint64_t hash = 0;
+            for (int k = 0; k < n; k++) hash = hash64(hash ^ (uint32_t)tokens[i + k]);
+            size_t slot = (size_t)hash & mask;
+            while (table[slot].gram && memcmp(table[slot].gram, tokens + i, n * sizeof(int)) != 0) slot = (slot + 1) & mask;
+            if (!table[slot].gram) table[slot].gram = tokens + i;
+            if (side == 0) table[slot].in_candidate++; else table[slot].in_reference++;
         }
     }
     long long matches = 0;
@@ -2773,8 +2691,7 @@ void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len
 }
 
 // The same for two strings of tokens separated by white space: each distinct
-// word of the pair gets an id from a vocabulary of its own, then the counts
-// are those of the ids.
+// word gets an id from a vocabulary of the pair's own.
 void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
     Vocabulary words;
     vocab_init(&words);
@@ -2790,9 +2707,9 @@ void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char 
     vocab_free(&words);
 }
 
-// Corpus BLEU of everything added so far, on the paper's 0..100 scale.
-// precisions (may be NULL) gets p_1..p_4 as fractions; brevity_penalty (may
-// be NULL) gets BP. Empty candidates (c = 0) give BP = 0 and BLEU = 0.
+// Corpus BLEU of everything added so far, 0..100. precisions (may be NULL)
+// gets p_1..p_4, brevity_penalty (may be NULL) BP; no output at all (c = 0)
+// gives BP = 0 and BLEU = 0.
 double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
     double log_sum = 0;
     int any_zero = 0;
@@ -2804,30 +2721,24 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
     double candidate = (double)stats->candidate_length, reference = (double)stats->reference_length;
     double bp = candidate > reference ? 1.0 : (candidate > 0 ? exp(1.0 - reference / candidate) : 0.0);
     if (brevity_penalty) *brevity_penalty = bp;
-    if (any_zero) return 0.0;
-    return 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
+    return any_zero ? 0.0 : 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
 }
 
-// unit: what was counted, e.g. " (words)", or ""
-static void print_bleu(const BleuStats *stats, const char *unit) {
-    double p[BLEU_MAX_ORDER], bp;
-    double score = bleu_score(stats, p, &bp);
+static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " (words)", or ""
+    double p[BLEU_MAX_ORDER], bp, score = bleu_score(stats, p, &bp);
     printf("BLEU            %.2f%s (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
            "output/reference length %lld/%lld)\n", score, unit, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
            bp, stats->candidate_length, stats->reference_length);
 }
 
 // ---- evaluation -------------------------------------------------------------
-// Decodes held-out sources and compares with the references:
-//   exact match     the output is the reference, token for token
-//   token accuracy  positions where output and reference agree, over the
-//                   longer of the two, summed over sentences (a missing or
-//                   an extra token counts as wrong); a reference token not in
-//                   the vocabulary (<unk>) never counts as right
-//   BLEU            as above.
-// Also the teacher-forced loss (label-smoothed, as in training, no dropout)
-// and the model's own -log p(reference token) without smoothing, whose
-// exponential is the perplexity of Table 3.
+// Decodes held-out sources and compares with the references: exact match
+// (the output is the reference), token accuracy (positions where output and
+// reference agree, over the longer of the two, summed over sentences; a
+// reference <unk> never counts as right), BLEU; and the teacher-forced loss
+// (label-smoothed, as in training, no dropout) and the model's own
+// -log p(reference token) without smoothing, whose exponential is the
+// perplexity of Table 3.
 
 typedef struct {
     double loss;             // mean per target token
@@ -2846,29 +2757,9 @@ static void evaluation_free(Evaluation *e) {
     memset(e, 0, sizeof *e);
 }
 
-static void score_output(Evaluation *e, const int *output, int output_len, const int *ref, int ref_len) {
-    int longer = output_len > ref_len ? output_len : ref_len, same = 0;
-    for (int i = 0; i < output_len && i < ref_len; i++) same += output[i] == ref[i] && ref[i] != TOKEN_UNK;
-    e->correct += same;
-    e->compared += longer;
-    e->exact += same == ref_len && output_len == ref_len;
-    bleu_add_sentence(&e->bleu, output, output_len, ref, ref_len);
-}
-
-// The sum over the batch's target tokens of -log p(reference token), without
-// label smoothing, from the probabilities of the last forward pass.
-static double reference_log_loss(const Transformer *model, const Batch *batch) {
-    int T = batch->T, V = model->config.vocab_size;
-    double total = 0;
-    for (int b = 0; b < batch->B; b++)
-        for (int t = 0; t < batch->tgt_len[b]; t++)
-            total -= log((double)model->acts.probs[((size_t)b * T + t) * V + batch->tgt_out[b * T + t]]);
-    return total;
-}
-
 // Evaluates the first `count` pairs of dataset (all when count <= 0), decoding
-// greedily (beam_size 1, many sentences side by side, sorted by length so
-// that they have little padding) or with beam search.
+// greedily (beam_size 1, sentences side by side, sorted by length so that
+// they have little padding) or with beam search.
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
                      int beam_size, double alpha) {
     memset(e, 0, sizeof *e);
@@ -2877,7 +2768,7 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
     e->stride = model->config.max_len;
     e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
     e->output_len = checked_calloc(count, sizeof(int), "decoded outputs");
-    int training = model->training;
+    int training = model->training, V = model->config.vocab_size, *out = NULL, *out_len = NULL;
     model->training = 0;
     int *order = checked_calloc(count, sizeof(int), "evaluation order");
     BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
@@ -2886,15 +2777,17 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
     memset(&bb, 0, sizeof bb);
     double total_loss = 0, total_log_loss = 0;
     long total_tokens = 0;
-    int *out = NULL, *out_len = NULL;
     for (int s = 0; s < num_spans; s++) {
         const int *indices = order + spans[s].start;
         int B = spans[s].count;
         batch_fill(&bb, dataset, indices, B);
-        total_loss += (double)transformer_forward(model, &bb.batch) * model->num_target_tokens;
-        total_log_loss += reference_log_loss(model, &bb.batch);
+        const Batch *batch = &bb.batch;
+        total_loss += (double)transformer_forward(model, batch) * model->num_target_tokens;
         total_tokens += model->num_target_tokens;
-        int S = bb.batch.S, max_out = transformer_decode_limit(model, S);
+        for (int b = 0; b < B; b++)   // -log p(reference token) from the forward pass's probabilities
+            for (int t = 0; t < batch->tgt_len[b]; t++)
+                total_log_loss -= log((double)model->acts.probs[((size_t)b * batch->T + t) * V + batch->tgt_out[b * batch->T + t]]);
+        int S = batch->S, max_out = transformer_decode_limit(model, S);
         out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
         out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
         if (beam_size <= 1) transformer_greedy_decode(model, out, out_len, max_out, bb.src, bb.src_len, B, S);
@@ -2903,10 +2796,15 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
                                                  bb.src_len[b], beam_size, alpha);
         for (int b = 0; b < B; b++) {
             const SentencePair *p = &dataset->pairs[indices[b]];
-            int n = out_len[b] < e->stride ? out_len[b] : e->stride;
-            memcpy(e->output + (size_t)indices[b] * e->stride, out + (size_t)b * max_out, n * sizeof(int));
+            const int *output = out + (size_t)b * max_out, *ref = dataset->tokens + p->tgt;
+            int n = out_len[b] < e->stride ? out_len[b] : e->stride, same = 0;
+            memcpy(e->output + (size_t)indices[b] * e->stride, output, n * sizeof(int));
             e->output_len[indices[b]] = n;
-            score_output(e, out + (size_t)b * max_out, out_len[b], dataset->tokens + p->tgt, p->tgt_len);
+            for (int i = 0; i < out_len[b] && i < p->tgt_len; i++) same += output[i] == ref[i] && ref[i] != TOKEN_UNK;
+            e->correct += same;
+            e->compared += out_len[b] > p->tgt_len ? out_len[b] : p->tgt_len;
+            e->exact += same == p->tgt_len && out_len[b] == p->tgt_len;
+            bleu_add_sentence(&e->bleu, output, out_len[b], ref, p->tgt_len);
         }
     }
     e->loss = total_tokens ? total_loss / total_tokens : 0;
@@ -2936,32 +2834,31 @@ static void print_examples(const Evaluation *e, const Dataset *dataset, const Vo
     for (int i = 0; i < show && i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
         const int *out = e->output + (size_t)i * e->stride;
-        int n = e->output_len[i];
-        char *output = tokens_to_text(vocab, out, n), *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
-        int exact = strcmp(output, reference) == 0;   // the same words
-        free(output); free(reference);
+        char *output = tokens_to_text(vocab, out, e->output_len[i]);
+        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
         printf("  source     "); print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
-        printf("\n  reference  "); print_tokens(stdout, vocab, dataset->tokens + p->tgt, p->tgt_len);
-        printf("\n  output     "); print_tokens(stdout, vocab, out, n);
-        printf("   (%s)\n", exact ? "exact" : "WRONG");
+        printf("\n  reference  %s\n  output     %s   (%s)\n", reference, output,
+               strcmp(output, reference) == 0 ? "exact" : "WRONG");   // the same words
+        free(output); free(reference);
     }
 }
 
 // ---- checkpoints ------------------------------------------------------------
 // One file holds what a run needs to go on where it stopped: the config, the
 // vocabulary, the parameters, Adam's moments and step, the random
-// generators' states, the position in the current epoch, the run's options
+// generators' states, the place in the current epoch, and the run's options
 // as text (the byte layout: dev/FORMATS.md). Numbers are little-endian; the
-// last 8 bytes are an FNV-1a checksum of everything before them. A save
-// writes PATH.tmp, flushes it to the disk and renames it over PATH: rename
-// replaces a file in one step, so PATH is at every moment either the old
-// checkpoint or the new one, never half of either.
+// last 8 bytes are an FNV-1a checksum of all before them. A save writes
+// PATH.tmp, flushes it to the disk and renames it over PATH: rename replaces
+// a file in one step, so PATH is at every moment the old checkpoint or the
+// new one, never half of either.
 
 #define CHECKPOINT_MAGIC "TCKP"
-#define CHECKPOINT_VERSION 3   // versions 1 and 2 (before the merges and the kind of positions) are refused
+#define CHECKPOINT_VERSION 3   // versions 1 and 2 (before the §5.1 merges and the kind of positions) are refused
 #define CHECKPOINT_HEADER_BYTES 136
-#define CHECKPOINT_CHECKSUM_BYTES 8
 #define MAX_TRAINING_STEPS 1000000000   // train --steps at most; a checkpoint's Adam step too
+#define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a, 64 bits
+#define FNV_PRIME 0x100000001B3ULL
 
 // Where a training run stands in its data, besides the model and Adam.
 typedef struct {
@@ -2971,109 +2868,82 @@ typedef struct {
     uint64_t data_hash;      // the training pairs' hash, which the lab's --resume checks (0: none)
 } TrainingState;
 
-#define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a 64
-#define FNV_PRIME 0x100000001B3ULL
-
 // A checkpoint file being written or read, and the FNV-1a hash of its bytes so far
 typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;
 
 static void write_bytes(CheckpointFile *w, const void *data, size_t n) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ p[i]) * FNV_PRIME;
-    if (!w->failed && fwrite(data, 1, n, w->f) != n) w->failed = 1;
+    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ ((const unsigned char *)data)[i]) * FNV_PRIME;
+    if (!w->failed && n && fwrite(data, 1, n, w->f) != n) w->failed = 1;
 }
 
-static void write_u64(CheckpointFile *w, uint64_t x, int bytes) {   // the low `bytes` bytes, little-endian
+static void write_number(CheckpointFile *w, uint64_t x, int bytes) {   // the low `bytes` bytes, little-endian
     unsigned char b[8];
     for (int i = 0; i < bytes; i++) b[i] = (unsigned char)(x >> (8 * i));
     write_bytes(w, b, (size_t)bytes);
 }
 
-static uint32_t float_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-
 static void read_bytes(CheckpointFile *r, void *data, size_t n) {
-    if (!r->failed && fread(data, 1, n, r->f) != n) { r->failed = 1; memset(data, 0, n); }
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ p[i]) * FNV_PRIME;
+    if (r->failed || fread(data, 1, n, r->f) != n) { r->failed = 1; memset(data, 0, n); }
+    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ ((unsigned char *)data)[i]) * FNV_PRIME;
 }
 
-static uint64_t get_u64(const unsigned char *b, int bytes) {   // `bytes` bytes, little-endian
+static uint64_t get_number(const unsigned char *b, int bytes) {   // `bytes` bytes, little-endian
     uint64_t x = 0;
     for (int i = bytes - 1; i >= 0; i--) x = x << 8 | b[i];
     return x;
 }
 
-static float get_f32(const unsigned char *b) { uint32_t u = (uint32_t)get_u64(b, 4); float x; memcpy(&x, &u, 4); return x; }
-
-// n numbers of type real, as IEEE-754 binary32 (float builds) or binary64 (double builds)
-static void write_reals(CheckpointFile *w, const real *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)x[i];
-        uint64_t u;
-        memcpy(&u, &d, 8);
-        if (sizeof(real) == 4) write_u64(w, float_bits((float)x[i]), 4);
-        else write_u64(w, u, 8);
-    }
-}
-
-// n numbers stored with real_bytes (4 or 8) bytes each, converted to real
-static void read_reals(CheckpointFile *r, real *x, size_t n, int real_bytes) {
-    unsigned char b[8];
-    for (size_t i = 0; i < n; i++) {
-        read_bytes(r, b, real_bytes);
-        uint64_t u = get_u64(b, real_bytes);
-        double d;
-        memcpy(&d, &u, 8);
-        x[i] = real_bytes == 4 ? (real)get_f32(b) : (real)d;
-    }
-}
+static uint32_t float_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float bits_float(uint64_t u) { uint32_t u32 = (uint32_t)u; float x; memcpy(&x, &u32, 4); return x; }
+static double bits_double(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
 
 static const char *checkpoint_save(const char *path, const Transformer *model, const Vocabulary *vocab,
                                    const TrainingState *state, const char *run_options) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
-    size_t merges_bytes = 0;
-    unsigned char *merges = vocab->bpe && lab.merges_section ? lab.merges_section(vocab, &merges_bytes) : NULL;
     FILE *f = fopen(tmp, "wb");
-    if (!f) { free(merges); return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path); }
+    if (!f) return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
+    size_t merges_bytes = 0;
+    unsigned char *merges = vocab->bpe && lab.merges_section ? lab.merges_section(vocab, &merges_bytes) : NULL;   // lab: §5.1
     CheckpointFile w = { f, FNV_OFFSET, 0 };
     const TransformerConfig *config = &model->config;
     uint64_t vocab_bytes = 0, options_bytes = strlen(run_options);
     for (int i = 0; i < vocab->size; i++) vocab_bytes += 4 + strlen(vocab->words[i]);
-    write_bytes(&w, CHECKPOINT_MAGIC, 4);
-    write_u64(&w, CHECKPOINT_VERSION, 4);
-    write_u64(&w, sizeof(real), 4);
-    int sizes[6] = { config->n_layers, config->d_model, config->d_ff, config->n_heads, config->vocab_size, config->max_len };
-    for (int i = 0; i < 6; i++) write_u64(&w, (uint32_t)sizes[i], 4);
-    float numbers[3] = { config->dropout, config->label_smoothing, config->layer_norm_eps };
-    for (int i = 0; i < 3; i++) write_u64(&w, float_bits(numbers[i]), 4);
-    uint64_t fields[11] = { model->num_parameters, (uint64_t)model->adam_step, model->dropout_rng.state,
+    uint32_t head[11] = { CHECKPOINT_VERSION, sizeof(real), config->n_layers, config->d_model, config->d_ff,
+                          config->n_heads, config->vocab_size, config->max_len, float_bits(config->dropout),
+                          float_bits(config->label_smoothing), float_bits(config->layer_norm_eps) };
+    uint64_t counts[11] = { model->num_parameters, (uint64_t)model->adam_step, model->dropout_rng.state,
                             state->epoch_rng, state->epoch, state->epoch_batches, state->data_hash,
                             vocab_bytes, options_bytes, merges_bytes, (uint64_t)config->positional };
-    for (int i = 0; i < 11; i++) write_u64(&w, fields[i], 8);
+    write_bytes(&w, CHECKPOINT_MAGIC, 4);
+    for (int i = 0; i < 11; i++) write_number(&w, head[i], 4);
+    for (int i = 0; i < 11; i++) write_number(&w, counts[i], 8);
     write_bytes(&w, run_options, options_bytes);
     for (int i = 0; i < vocab->size; i++) {
-        write_u64(&w, strlen(vocab->words[i]), 4);
+        write_number(&w, strlen(vocab->words[i]), 4);
         write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
     }
     write_bytes(&w, merges, merges_bytes);
-    write_reals(&w, model->params_memory, model->num_parameters);
-    write_reals(&w, model->adam_m, model->num_parameters);
-    write_reals(&w, model->adam_v, model->num_parameters);
-    write_u64(&w, w.hash, 8);
+    const real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
+    for (int k = 0; k < 3; k++)   // IEEE-754 binary32 (float builds) or binary64 (double builds)
+        for (size_t i = 0; i < model->num_parameters; i++) {
+            double x = (double)arrays[k][i];
+            uint64_t u;
+            memcpy(&u, &x, 8);
+            write_number(&w, sizeof(real) == 4 ? float_bits((float)arrays[k][i]) : u, (int)sizeof(real));
+        }
+    write_number(&w, w.hash, 8);
     free(merges);
     int error = w.failed ? (errno ? errno : EIO) : 0;
     if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) error = errno;
     if (fclose(f) != 0 && !error) error = errno;
     if (!error && rename(tmp, path) != 0) error = errno;
-    if (error) {
-        remove(tmp);
-        return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp, strerror(error), path);
-    }
-    return NULL;
+    if (!error) return NULL;
+    remove(tmp);
+    return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp, strerror(error), path);
 }
 
-// The fixed-size header at the start of every checkpoint (offsets in dev/FORMATS.md).
+// The fixed-size header at the start of every checkpoint (the layout is checkpoint_save's).
 typedef struct {
     uint32_t real_bytes;        // 4 (float) or 8 (double)
     TransformerConfig config;
@@ -3082,84 +2952,76 @@ typedef struct {
     uint64_t vocab_bytes, options_bytes, merges_bytes;
 } CheckpointHeader;
 
+#define CHECKPOINT_REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)
+
 // Reads and checks the header from its bytes b (got of them, from a file of
 // `size` bytes): the magic, the version, the config, the parameter count the
 // config gives, the run's counts, and the file's length against what the
 // header describes.
 static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got,
                                            uint64_t size, const char *path) {
-    if (got < 4) return errorf("%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
-    if (memcmp(b, CHECKPOINT_MAGIC, 4) != 0)
-        return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x %02x, expected 'TCKP'",
-                      path, b[0], b[1], b[2], b[3]);
-    if (got < 8) return errorf("%s: truncated: %zu bytes, inside the header", path, got);
-    uint64_t version = get_u64(b + 4, 4);
-    if (version != CHECKPOINT_VERSION)
-        return errorf("%s: checkpoint format version %llu; expected version %d (versions 1 and 2 are no longer read)",
-                      path, (unsigned long long)version, CHECKPOINT_VERSION);
-    if (got < CHECKPOINT_HEADER_BYTES || size < CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES)
-        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %d", path,
-                      (unsigned long long)size, CHECKPOINT_HEADER_BYTES + CHECKPOINT_CHECKSUM_BYTES);
-    h->real_bytes = (uint32_t)get_u64(b + 8, 4);
-    if (h->real_bytes != 4 && h->real_bytes != 8)
-        return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path, h->real_bytes);
+    typedef unsigned long long u64;
+    CHECKPOINT_REQUIRE(got >= 4, "%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
+    CHECKPOINT_REQUIRE(memcmp(b, CHECKPOINT_MAGIC, 4) == 0, "%s: not a transformer.c checkpoint: it starts with bytes "
+                   "%02x %02x %02x %02x, expected 'TCKP'", path, b[0], b[1], b[2], b[3]);
+    CHECKPOINT_REQUIRE(got >= 8, "%s: truncated: %zu bytes, inside the header", path, got);
+    CHECKPOINT_REQUIRE(get_number(b + 4, 4) == CHECKPOINT_VERSION, "%s: checkpoint format version %u; expected version %d "
+                   "(versions 1 and 2 are no longer read)", path, (unsigned)get_number(b + 4, 4), CHECKPOINT_VERSION);
+    CHECKPOINT_REQUIRE(got >= CHECKPOINT_HEADER_BYTES && size >= CHECKPOINT_HEADER_BYTES + 8, "%s: truncated: %llu bytes; "
+                   "the header and checksum alone take %d", path, (u64)size, CHECKPOINT_HEADER_BYTES + 8);
+    h->real_bytes = (uint32_t)get_number(b + 8, 4);
+    CHECKPOINT_REQUIRE(h->real_bytes == 4 || h->real_bytes == 8, "%s: header: %u-byte numbers; expected 4 (float) or 8 "
+                   "(double)", path, h->real_bytes);
     TransformerConfig *config = &h->config;
     int *sizes[6] = { &config->n_layers, &config->d_model, &config->d_ff, &config->n_heads, &config->vocab_size,
                       &config->max_len };
-    for (int i = 0; i < 6; i++) *sizes[i] = (int32_t)get_u64(b + 12 + 4 * i, 4);
-    config->dropout = get_f32(b + 36); config->label_smoothing = get_f32(b + 40); config->layer_norm_eps = get_f32(b + 44);
-    uint64_t *fields[9] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng,
-                            &h->state.epoch, &h->state.epoch_batches, &h->state.data_hash,
-                            &h->vocab_bytes, &h->options_bytes };
-    for (int i = 0; i < 9; i++) *fields[i] = get_u64(b + 48 + 8 * i, 8);
-    h->merges_bytes = get_u64(b + 120, 8);
-    uint64_t positional = get_u64(b + 128, 8);
-    if (positional != POSITIONAL_SINUSOID && positional != POSITIONAL_LEARNED)
-        return errorf("%s: header: positional kind %llu; expected %d (sinusoid) or %d (learned)", path,
-                      (unsigned long long)positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+    for (int i = 0; i < 6; i++) *sizes[i] = (int32_t)get_number(b + 12 + 4 * i, 4);
+    config->dropout = bits_float(get_number(b + 36, 4));
+    config->label_smoothing = bits_float(get_number(b + 40, 4));
+    config->layer_norm_eps = bits_float(get_number(b + 44, 4));
+    uint64_t *counts[10] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng, &h->state.epoch,
+                             &h->state.epoch_batches, &h->state.data_hash, &h->vocab_bytes, &h->options_bytes,
+                             &h->merges_bytes };
+    for (int i = 0; i < 10; i++) *counts[i] = get_number(b + 48 + 8 * i, 8);
+    uint64_t positional = get_number(b + 128, 8);
+    CHECKPOINT_REQUIRE(positional == POSITIONAL_SINUSOID || positional == POSITIONAL_LEARNED, "%s: header: positional "
+                   "kind %llu; expected %d (sinusoid) or %d (learned)", path, (u64)positional, POSITIONAL_SINUSOID,
+                   POSITIONAL_LEARNED);
     config->positional = (int)positional;
     const char *error = transformer_config_check(config);
-    if (error) return errorf("%s: header: %s", path, error);
+    CHECKPOINT_REQUIRE(!error, "%s: header: %s", path, error);
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(param_sizes, config);
     size_t P = sum_sizes(param_sizes, NUM_PARAMETER_TENSORS);
-    if (h->num_parameters != P)
-        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d, max_len %d, "
-                      "%s positions) give %zu", path, (unsigned long long)h->num_parameters, config->n_layers, config->d_model,
-                      config->d_ff, config->vocab_size, config->max_len,
-                      positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
-    if (h->vocab_bytes > size || h->vocab_bytes < 5 * (uint64_t)config->vocab_size)
-        return errorf("%s: header: a vocabulary section of %llu bytes cannot hold %d tokens", path,
-                      (unsigned long long)h->vocab_bytes, config->vocab_size);
-    if (h->options_bytes > size)
-        return errorf("%s: header: an options section of %llu bytes, but the file has %llu", path,
-                      (unsigned long long)h->options_bytes, (unsigned long long)size);
-    if (h->merges_bytes > size || (h->merges_bytes > 0 && h->merges_bytes < 4 + 10))
-        return errorf("%s: header: a merges section of %llu bytes; expected 0 or from 14 up to the file's %llu",
-                      path, (unsigned long long)h->merges_bytes, (unsigned long long)size);
-    if (h->dropout_rng == 0) return errorf("%s: header: dropout generator state 0; expected non-zero", path);
+    CHECKPOINT_REQUIRE(h->num_parameters == P, "%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab "
+                   "%d, max_len %d, %s positions) give %zu", path, (u64)h->num_parameters, config->n_layers,
+                   config->d_model, config->d_ff, config->vocab_size, config->max_len,
+                   positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
+    CHECKPOINT_REQUIRE(h->vocab_bytes <= size && h->vocab_bytes >= 5 * (uint64_t)config->vocab_size, "%s: header: a "
+                   "vocabulary section of %llu bytes cannot hold %d tokens", path, (u64)h->vocab_bytes, config->vocab_size);
+    CHECKPOINT_REQUIRE(h->options_bytes <= size, "%s: header: an options section of %llu bytes, but the file has %llu",
+                   path, (u64)h->options_bytes, (u64)size);
+    CHECKPOINT_REQUIRE(h->merges_bytes <= size && (h->merges_bytes == 0 || h->merges_bytes >= 4 + 10), "%s: header: a "
+                   "merges section of %llu bytes; expected 0 or from 14 up to the file's %llu", path,
+                   (u64)h->merges_bytes, (u64)size);
+    CHECKPOINT_REQUIRE(h->dropout_rng != 0, "%s: header: dropout generator state 0; expected non-zero", path);
     // The run's counts, each in the range training reaches: --steps goes up
     // to MAX_TRAINING_STEPS, and every epoch begun and every batch of the
-    // current epoch trained is at least one step. (A step count of 2^63,
-    // read as signed, would resume at "step -9223372036854775806", with a
-    // learning rate and a NaN loss to match.)
-    if (h->adam_step > MAX_TRAINING_STEPS)
-        return errorf("%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)", path,
-                      (unsigned long long)h->adam_step, MAX_TRAINING_STEPS);
-    if (h->state.epoch > h->adam_step)
-        return errorf("%s: header: epoch %llu after %llu steps; expected at most one epoch begun per step", path,
-                      (unsigned long long)h->state.epoch, (unsigned long long)h->adam_step);
-    if (h->state.epoch_batches > h->adam_step)
-        return errorf("%s: header: %llu batches of the current epoch done after %llu steps; expected at most one "
-                      "batch per step", path, (unsigned long long)h->state.epoch_batches,
-                      (unsigned long long)h->adam_step);
-    if (h->state.epoch_rng == 0) return errorf("%s: header: data-order generator state 0; expected non-zero", path);
+    // current epoch trained is a step. (A step count of 2^63, read as signed,
+    // would resume at "step -9223372036854775806", into a NaN loss.)
+    CHECKPOINT_REQUIRE(h->adam_step <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most "
+                   "--steps allows)", path, (u64)h->adam_step, MAX_TRAINING_STEPS);
+    CHECKPOINT_REQUIRE(h->state.epoch <= h->adam_step, "%s: header: epoch %llu after %llu steps; expected at most one "
+                   "epoch begun per step", path, (u64)h->state.epoch, (u64)h->adam_step);
+    CHECKPOINT_REQUIRE(h->state.epoch_batches <= h->adam_step, "%s: header: %llu batches of the current epoch done after "
+                   "%llu steps; expected at most one batch per step", path, (u64)h->state.epoch_batches, (u64)h->adam_step);
+    CHECKPOINT_REQUIRE(h->state.epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
     uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + h->merges_bytes
-                      + 3 * P * h->real_bytes + CHECKPOINT_CHECKSUM_BYTES;
-    if (size != expected)
-        return errorf(size < expected ? "%s: truncated: %llu bytes, but its header describes %llu"
-                                      : "%s: %llu bytes, but its header describes %llu: the sizes disagree",
-                      path, (unsigned long long)size, (unsigned long long)expected);
+                      + 3 * P * h->real_bytes + 8;
+    CHECKPOINT_REQUIRE(size >= expected, "%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
+                   (u64)expected);
+    CHECKPOINT_REQUIRE(size <= expected, "%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
+                   (u64)size, (u64)expected);
     return NULL;
 }
 
@@ -3172,11 +3034,11 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
     for (int i = 0; i < h->config.vocab_size; i++) {
         unsigned char b[4];
         read_bytes(r, b, 4);
-        uint32_t n = (uint32_t)get_u64(b, 4);
+        uint32_t n = (uint32_t)get_number(b, 4);
         used += 4 + (uint64_t)n;
-        if (n == 0 || used > h->vocab_bytes)
-            return errorf("%s: vocabulary token %d has length %u; the vocabulary section disagrees with its "
-                          "size in the header (%llu bytes)", path, i, n, (unsigned long long)h->vocab_bytes);
+        CHECKPOINT_REQUIRE(n > 0 && used <= h->vocab_bytes, "%s: vocabulary token %d has length %u; the vocabulary "
+                       "section disagrees with its size in the header (%llu bytes)", path, i, n,
+                       (unsigned long long)h->vocab_bytes);
         char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
         read_bytes(r, word, n);
         int known = vocab_find(vocab, word, n), ok = strlen(word) == n;
@@ -3184,14 +3046,12 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
         ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
         if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(vocab, word, n);
         free(word);
-        if (!ok)
-            return errorf("%s: vocabulary token %d is %s; expected %s", path, i,
-                          known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
-                          i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
+        CHECKPOINT_REQUIRE(ok, "%s: vocabulary token %d is %s; expected %s", path, i,
+                       known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
+                       i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
     }
-    if (used != h->vocab_bytes)
-        return errorf("%s: the vocabulary takes %llu bytes, but its header says %llu", path,
-                      (unsigned long long)used, (unsigned long long)h->vocab_bytes);
+    CHECKPOINT_REQUIRE(used == h->vocab_bytes, "%s: the vocabulary takes %llu bytes, but its header says %llu", path,
+                   (unsigned long long)used, (unsigned long long)h->vocab_bytes);
     return NULL;
 }
 
@@ -3222,8 +3082,7 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
         read_bytes(&r, b, CHECKPOINT_HEADER_BYTES);
         options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
         read_bytes(&r, options, h.options_bytes);
-        if (strlen(options) != h.options_bytes)
-            error = errorf("%s: the options section holds a zero byte; expected text", path);
+        if (strlen(options) != h.options_bytes) error = errorf("%s: the options section holds a zero byte; expected text", path);
     }
     if (!error) error = checkpoint_read_vocabulary(&r, vocab, &h, path);
     if (!error && h.merges_bytes > 0) {
@@ -3232,17 +3091,19 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
         error = lab.read_merges_section(vocab, merges, h.merges_bytes, path);   // lab: §5.1
     }
     if (!error && (error = transformer_build(model, &h.config, 1))) error = errorf("%s: %s", path, error);
-    if (!error) {
-        size_t P = model->num_parameters;
-        read_reals(&r, model->params_memory, P, h.real_bytes);
-        read_reals(&r, model->adam_m, P, h.real_bytes);
-        read_reals(&r, model->adam_v, P, h.real_bytes);
-        uint64_t computed = r.hash;
-        unsigned char checksum[8];
-        read_bytes(&r, checksum, 8);
-        if (r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
-        else if (get_u64(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
-    }
+    real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
+    for (int k = 0; k < 3 && !error; k++)
+        for (size_t i = 0; i < model->num_parameters; i++) {
+            unsigned char x[8] = { 0 };
+            read_bytes(&r, x, h.real_bytes);
+            uint64_t u = get_number(x, (int)h.real_bytes);
+            arrays[k][i] = h.real_bytes == 4 ? (real)bits_float(u) : (real)bits_double(u);
+        }
+    uint64_t computed = r.hash;
+    unsigned char checksum[8];
+    if (!error) read_bytes(&r, checksum, 8);
+    if (!error && r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
+    else if (!error && get_number(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
     fclose(f);
     free(merges);
     if (error) {
@@ -3261,38 +3122,28 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
 // ---- train ------------------------------------------------------------------
 
 struct TrainOptions {
-    // data: a built-in task or a TSV file
-    const char *task, *train_path, *valid_path;
-    int words, min_length, max_length, train_size, valid_size;
-    // model (Table 3's N, d_model, d_ff, h, P_drop, eps_ls) and the longest sentence it takes
-    int layers, d_model, d_ff, heads, positions, positional;
-    double dropout, label_smoothing;
-    // schedule (§5.3)
-    int steps, warmup, batch_tokens, seed;
+    const char *task, *train_path, *valid_path;                 // a built-in task, or TSV files
+    int words, min_length, max_length, train_size, valid_size;   // the task's words and sizes
+    int layers, d_model, d_ff, heads, positions, positional;     // Table 3's N, d_model, d_ff, h; max_len
+    double dropout, label_smoothing;                             // P_drop, eps_ls
+    int steps, warmup, batch_tokens, seed;                       // §5.3's schedule, peaking at lr
     double lr;
-    // this session
-    const char *checkpoint;
+    const char *checkpoint;                                      // this session only:
     int eval_every, save_every, log_every, eval_size, show, threads, force;
 };
 
-static TrainOptions train_defaults(void) {
-    TrainOptions o;
-    memset(&o, 0, sizeof o);
-    o.task = "copy";
-    o.words = 10; o.min_length = 1; o.max_length = 10; o.train_size = 10000; o.valid_size = 200;
-    o.layers = 2; o.d_model = 64; o.d_ff = 256; o.heads = 4; o.positions = 0; o.positional = POSITIONAL_SINUSOID;
-    o.dropout = 0.1; o.label_smoothing = 0.1;
-    o.steps = 1500; o.warmup = 50; o.batch_tokens = 600; o.seed = 1; o.lr = 3e-3;
-    o.eval_every = 250; o.save_every = 0; o.log_every = 50; o.eval_size = 0; o.show = 5; o.threads = 0;
-    return o;
-}
+static const TrainOptions train_defaults = {
+    .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000, .valid_size = 200,
+    .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4, .positional = POSITIONAL_SINUSOID,
+    .dropout = 0.1, .label_smoothing = 0.1, .steps = 1500, .warmup = 50, .batch_tokens = 600, .seed = 1,
+    .lr = 3e-3, .eval_every = 250, .log_every = 50, .show = 5,
+};
 
 // transformer.c's train flags; the lab adds the rest (lab.train_options)
 static int train_option_table(Option *table, TrainOptions *o) {
     Option list[] = {
         TEXT_OPTION("--task", &o->task, 1, "built-in task, copy or reverse (used when there is no --train)"),
-        TEXT_OPTION("--train", &o->train_path, 1, "training data: a file of source<TAB>target lines "
-                    "(with --resume: the run's data at a new path)"),
+        TEXT_OPTION("--train", &o->train_path, 1, "training data: a file of source<TAB>target lines"),
         TEXT_OPTION("--valid", &o->valid_path, 1, "held-out data, same format (default: every 20th line of --train)"),
         INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS, 1, "N, layers in the encoder and in the decoder"),
         INT_OPTION("--d-model", &o->d_model, 1, TRANSFORMER_MAX_WIDTH, 1, "d_model"),
@@ -3309,8 +3160,7 @@ static int train_option_table(Option *table, TrainOptions *o) {
         INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, 0, "held-out evaluation every N steps (0: only at the end)"),
         INT_OPTION("--show", &o->show, 0, INT_MAX, 0, "held-out examples to print at the end"),
         INT_OPTION("--threads", &o->threads, 0, 1024, 0, "OpenMP threads (0: all cores)"),
-        FLAG_OPTION("--force", &o->force, "write the checkpoint even where a file is already there: it is "
-                    "replaced (without --force a new run stops there)"),
+        FLAG_OPTION("--force", &o->force, "replace a file already at the checkpoint's path (without it, train stops there)"),
     };
     memcpy(table, list, sizeof list);
     return (int)(sizeof list / sizeof *list);
@@ -3322,16 +3172,14 @@ static const char *train_usage =
     "dropout (§5.4), on a built-in task or on source<TAB>target lines; evaluates on held-out\n"
     "pairs as it goes and writes checkpoints.";
 
-// The run's options (those stored) as text, one argument per line, for the
-// checkpoint: the lab's --resume reads them back with the same table.
+// The options that define the run, as text, one argument per line, for the
+// checkpoint (the lab's --resume reads them back with the same table).
 static char *format_run_options(const Option *options, int n) {
     size_t capacity = 256, used = 0;
     char *text = checked_calloc(capacity, 1, "run options");
-    for (int i = 0; i < n; i++) {
-        const Option *o = &options[i];
+    for (const Option *o = options; o < options + n; o++) {
         char value[4200];
-        if (!o->stored) continue;
-        if (o->kind == OPTION_INT && *(int *)o->value < o->min) continue;   // off (--bpe not given): the default
+        if (!o->stored || (o->kind == OPTION_INT && *(int *)o->value < o->min)) continue;   // (below min: off)
         if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
         else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
         else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
@@ -3370,23 +3218,14 @@ struct TrainRun {
     char data_name[300];          // for messages: "copy task", "data.tsv"
     long last_saved_step;         // -1: none saved by this run yet
     const char *resumed_from;     // the checkpoint the lab's --resume read the run from, or NULL
-    const char *threads_note;     // how the lab counts the threads, for the header, or ""
-    // the step just taken, for the lab's logs (TRAIN_STEPPED)
+    const char *threads_note;     // how the lab counts the threads, for the header, or NULL
+    // the step just taken, for the lab (TRAIN_STEPPED): loss, learning rate, its
+    // seconds and tokens, and the held-out exact match % (NaN when not evaluated)
     real loss;
-    double lr, seconds, heldout;  // heldout: exact match %, NaN when not evaluated
+    double lr, seconds, heldout;
     long tokens;
     int evaluated;
 };
-
-static void train_run_free(TrainRun *run) {
-    vocab_free(&run->vocab);
-    dataset_free(&run->train);
-    dataset_free(&run->valid);
-    transformer_free(&run->model);
-    free(run->plan.order); free(run->plan.spans);
-    batch_buffer_free(&run->batch);
-    free(run->run_options);
-}
 
 static const char *train_event(TrainRun *run, TrainEvent event) {
     return lab.train_event ? lab.train_event(run, event) : NULL;
@@ -3398,8 +3237,7 @@ static const char *train_load_data(TrainRun *run, int grow) {
     TrainOptions *o = &run->opt;
     const char *error;
     if (!o->train_path) {
-        int task = -1;
-        for (int i = 0; i < NUM_TASKS; i++) if (strcmp(o->task, task_names[i]) == 0) task = i;
+        int task = strcmp(o->task, "copy") == 0 ? TASK_COPY : strcmp(o->task, "reverse") == 0 ? TASK_REVERSE : -1;
         if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
         if (o->min_length > o->max_length)
             return errorf("--min-length %d is above --max-length %d; expected min <= max", o->min_length, o->max_length);
@@ -3420,8 +3258,7 @@ static const char *train_load_data(TrainRun *run, int grow) {
     return NULL;
 }
 
-// A new run: its data, then a model of the size asked for, then the
-// generator of the batches' order.
+// A new run: its data, a model of the size asked for, the batches' generator.
 static const char *train_start(TrainRun *run) {
     TrainOptions *o = &run->opt;
     const char *error;
@@ -3437,8 +3274,8 @@ static const char *train_start(TrainRun *run) {
     config.max_len = o->positions ? o->positions : longest + 1 + 50;   // §6.1's input length + 50
     if (config.max_len > TRANSFORMER_MAX_LEN) config.max_len = TRANSFORMER_MAX_LEN;
     if ((error = transformer_config_check(&config))) return errorf("model: %s", error);
-    if ((error = dataset_check_lengths(&run->train, run->data_name, config.max_len))) return error;
-    if ((error = dataset_check_lengths(&run->valid, o->valid_path ? o->valid_path : run->data_name, config.max_len)))
+    if ((error = dataset_check_lengths(&run->train, run->data_name, config.max_len)) ||
+        (error = dataset_check_lengths(&run->valid, o->valid_path ? o->valid_path : run->data_name, config.max_len)))
         return error;
     if ((error = transformer_build(&run->model, &config, (uint64_t)o->seed))) return errorf("model: %s", error);
     rng_seed(&run->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
@@ -3457,9 +3294,8 @@ static const char *train_prepare_output(TrainRun *run) {
         if (slash) name = slash + 1;
         const char *dot = strrchr(name, '.');
         int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
-        if (length > 200) length = 200;
         if (mkdir("runs", 0777) != 0 && errno != EEXIST) return errorf("runs/: cannot create: %s", strerror(errno));
-        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length, name);
+        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length > 200 ? 200 : length, name);
     }
     // Never lose a trained model unasked: a file already at the path is
     // replaced only when it is the checkpoint being resumed, or with --force.
@@ -3491,6 +3327,7 @@ static const char *nonfinite_parameter(Transformer *model) {
     return NULL;
 }
 
+// The checkpoint, unless training diverged: a good one is never overwritten by a bad one.
 static const char *train_save(TrainRun *run) {
     const char *nonfinite = nonfinite_parameter(&run->model);
     if (nonfinite)
@@ -3502,8 +3339,8 @@ static const char *train_save(TrainRun *run) {
 }
 
 // Held-out loss, token accuracy and exact match of greedy decoding; at the
-// end of the run also a few decoded examples. Returns the exact match in
-// percent, or NAN when there are no held-out pairs.
+// end of the run also a few decoded examples. Returns the exact match in %,
+// or NAN when there are no held-out pairs.
 static double train_evaluate(TrainRun *run, int final) {
     if (run->valid.count == 0) {
         printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", run->model.adam_step);
@@ -3512,18 +3349,16 @@ static double train_evaluate(TrainRun *run, int final) {
     Evaluation e;
     evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
     if (run->vocab.bpe) evaluation_score_words(&e, &run->valid, &run->vocab);
+    double exact = 100.0 * e.exact / e.sentences;
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
-           run->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1),
-           100.0 * e.exact / e.sentences, e.exact, e.sentences);
+           run->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1), exact, e.exact, e.sentences);
     if (final && run->opt.show > 0) {
         printf("held-out examples, greedy decoding:\n");
         print_examples(&e, &run->valid, &run->vocab, run->opt.show);
         printf("exact match on %d held-out %s: %.1f%% (%d/%d)\n", e.sentences,
-               run->opt.train_path ? "pairs" : "sequences never seen in training",
-               100.0 * e.exact / e.sentences, e.exact, e.sentences);
+               run->opt.train_path ? "pairs" : "sequences never seen in training", exact, e.exact, e.sentences);
     }
     fflush(stdout);
-    double exact = 100.0 * e.exact / e.sentences;
     evaluation_free(&e);
     return exact;
 }
@@ -3547,21 +3382,11 @@ static void train_print_header(const TrainRun *run) {
     fflush(stdout);
 }
 
-static void format_duration(char *text, size_t n, double seconds) {
+static char *duration(char *text, double seconds) {   // "1:23:45" or "2:05"; text holds 32
     long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(text, n, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else snprintf(text, n, "%ld:%02ld", s / 60, s % 60);
-}
-
-// step 400/1500 | loss 0.8978 | lr 1.06e-03 | 15.6k tok/s | elapsed 0:14 | left 0:38
-static void print_progress(long step, int steps, real loss, double lr, double tokens_per_second,
-                           double elapsed_seconds, double left_seconds) {
-    char elapsed[32], left[32];
-    format_duration(elapsed, sizeof elapsed, elapsed_seconds);
-    format_duration(left, sizeof left, left_seconds);
-    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, steps,
-           (double)loss, lr, tokens_per_second / 1000, elapsed, left);
-    fflush(stdout);
+    if (s >= 3600) snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
+    return text;
 }
 
 // The next batch of the epoch's plan (a new epoch's plan when the last is used up)
@@ -3574,16 +3399,6 @@ static void train_next_batch(TrainRun *run) {
     }
     BatchSpan span = run->plan.spans[run->state.epoch_batches++];
     batch_fill(&run->batch, &run->train, run->plan.order + span.start, span.count);
-}
-
-// A loss that is not finite stops training; the last checkpoint is not overwritten
-static const char *train_bad_loss(const TrainRun *run, long step) {
-    char saved[4300] = "no checkpoint was written";
-    if (run->last_saved_step >= 0)
-        snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
-                 run->checkpoint_path, run->last_saved_step);
-    return errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
-                  isnan(run->loss) ? "NaN" : "infinite", saved);
 }
 
 // The training loop (§5): batches by length, teacher forcing, Adam with the
@@ -3601,29 +3416,39 @@ static const char *train_loop(TrainRun *run) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", model->adam_step, o->steps);
         train_evaluate(run, 1);
     }
-    const TrainingCompute *compute = transformer_training;
+    const TrainingCompute *compute = transformer_training;   // transformer_train_step, or the CUDA companion's
     compute->begin(model);
     double start = wall_seconds(), last_time = start;
     long first_step = model->adam_step, tokens = 0;
-    while (!error && model->adam_step < o->steps && !(error = train_event(run, TRAIN_STEP))) {   // lab: threads
+    while (model->adam_step < o->steps) {
+        if ((error = train_event(run, TRAIN_STEP))) break;   // lab: the thread count
         train_next_batch(run);
         long step = model->adam_step + 1;
         double step_start = wall_seconds();
         model->training = 1;
-        run->loss = compute->train_step(model, &run->batch.batch, o->warmup, factor);   // transformer_train_step
+        run->loss = compute->train_step(model, &run->batch.batch, o->warmup, factor);
         run->lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
         run->seconds = wall_seconds() - step_start;
         run->tokens = run->batch.tokens;
-        if (!isfinite(run->loss)) {
-            error = train_bad_loss(run, step);
+        if (!isfinite(run->loss)) {   // stop; the last checkpoint is left as it was
+            char saved[4300] = "no checkpoint was written";
+            if (run->last_saved_step >= 0)
+                snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
+                         run->checkpoint_path, run->last_saved_step);
+            error = errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
+                           isnan(run->loss) ? "NaN" : "infinite", saved);
             break;
         }
         tokens += run->batch.tokens;
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
-            double now = wall_seconds(), rate = tokens / (now - last_time + 1e-9);
-            print_progress(step, o->steps, run->loss, run->lr, rate, now - start,
-                           (now - start) / (step - first_step) * (o->steps - step));
+            // step 400/1500 | loss 0.8978 | lr 1.06e-03 | 15.6k tok/s | elapsed 0:14 | left 0:38
+            double now = wall_seconds();
+            char elapsed[32], left[32];
+            printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, o->steps,
+                   (double)run->loss, run->lr, tokens / (now - last_time + 1e-9) / 1000, duration(elapsed, now - start),
+                   duration(left, (now - start) / (step - first_step) * (o->steps - step)));
+            fflush(stdout);
             last_time = now;
             tokens = 0;
         }
@@ -3633,22 +3458,19 @@ static const char *train_loop(TrainRun *run) {
         double eval_start = wall_seconds();
         run->heldout = run->evaluated ? train_evaluate(run, last) : NAN;
         last_time += wall_seconds() - eval_start;   // tokens/s in progress lines: the training steps' time only
-        error = train_event(run, TRAIN_STEPPED);     // lab: --log, --loss-log
-        if (!error && saving && !(error = train_save(run))) error = train_event(run, TRAIN_SAVED);   // lab: --keep-last
+        if ((error = train_event(run, TRAIN_STEPPED))) break;   // lab: --log, --loss-log
+        if (saving && ((error = train_save(run)) || (error = train_event(run, TRAIN_SAVED)))) break;   // lab: --keep-last
     }
-    if (!error && model->adam_step > first_step) {
-        char elapsed[32];
-        format_duration(elapsed, sizeof elapsed, wall_seconds() - start);
-        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, model->adam_step, elapsed,
-               wall_seconds() - start, run->checkpoint_path);
-    }
-    const char *end_error = train_event(run, TRAIN_END);   // lab: closes the logs
-    return error ? error : end_error;
+    char elapsed[32];
+    if (!error && model->adam_step > first_step)
+        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, model->adam_step,
+               duration(elapsed, wall_seconds() - start), wall_seconds() - start, run->checkpoint_path);
+    return error;
 }
 
 static int command_train(int argc, char **argv) {
     TrainRun *run = checked_calloc(1, sizeof(TrainRun), "training run");
-    run->opt = train_defaults();
+    run->opt = train_defaults;
     run->num_options = train_option_table(run->options, &run->opt);
     if (lab.train_options) run->num_options = lab.train_options(run->options, run->num_options, &run->opt);   // lab
     int status = parse_options("train", train_usage, run->options, run->num_options, argc, argv, NULL, NULL);
@@ -3660,31 +3482,39 @@ static int command_train(int argc, char **argv) {
         if (!error && !run->resumed_from) error = train_start(run);
         if (!error) error = train_prepare_output(run);
         if (!error) error = train_loop(run);
+        const char *end_error = train_event(run, TRAIN_END);   // lab: closes its logs, frees what it held
+        if (!error) error = end_error;
         if (error) fprintf(stderr, "error: train: %s\n", error);
     }
-    train_run_free(run);
+    vocab_free(&run->vocab);
+    dataset_free(&run->train);
+    dataset_free(&run->valid);
+    transformer_free(&run->model);
+    free(run->plan.order); free(run->plan.spans);
+    batch_buffer_free(&run->batch);
+    free(run->run_options);
     free(run);
     return status == 2 ? 0 : status || error ? 1 : 0;
 }
 
 // ---- decode -----------------------------------------------------------------
 
-// Decodes one sentence of text and prints the output on one line.
-static const char *decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from,
-                                   int beam, double alpha) {
-    int *ids = NULL, n = 0;
+// Decodes one sentence of text and prints the output on one line. A sentence
+// it cannot take (too long, a reserved token) does not stop a stream: its
+// error line goes to stderr, an empty line to stdout (so that output line i
+// still answers input line i), and 1 is returned to count it.
+static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam,
+                           double alpha, const char *error) {
+    int *ids = NULL, n = 0, max_len = model->config.max_len;
     size_t capacity = 0, length;
-    for (const char *p = text; (p = next_token(p, &length)) != NULL; p += length) n++;
-    if (n <= model->config.max_len - 1) n = tokenize(text, vocab, 0, &ids, &capacity, from);
-    if (n < 0) { free(ids); return reserved_token_error(from); }
-    if (n > model->config.max_len - 1) {
-        free(ids);
-        return errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
-                      from->where, n, model->config.max_len, model->config.max_len - 1);
-    }
-    if (n > 0) {
-        if ((size_t)n == capacity) ids = checked_realloc(ids, n + 1, sizeof(int), "token ids");
-        ids[n++] = TOKEN_EOS;   // the source ends with </s>, as in training (batch_fill)
+    for (const char *p = text; !error && (p = next_token(p, &length)) != NULL; p += length) n++;
+    if (!error && n <= max_len - 1 && (n = tokenize(text, vocab, 0, &ids, &capacity, from)) < 0)
+        error = reserved_token_error(from);
+    else if (!error && n > max_len - 1)
+        error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
+                       from->where, n, max_len, max_len - 1);
+    if (!error && n > 0) {
+        push_id(&ids, &capacity, n++, TOKEN_EOS);   // the source ends with </s>, as in training (batch_fill)
         int limit = transformer_decode_limit(model, n), out_len;
         int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
         if (beam <= 1) transformer_greedy_decode(model, out, &out_len, limit, ids, &n, 1, n);
@@ -3692,24 +3522,12 @@ static const char *decode_sentence(Transformer *model, Vocabulary *vocab, char *
         print_tokens(stdout, vocab, out, out_len);
         free(out);
     }
-    printf("\n");
-    fflush(stdout);
     free(ids);
-    return NULL;
-}
-
-// A sentence that cannot be decoded (too long, a reserved token) does not stop
-// a stream: its error line goes to stderr, an empty line to stdout (so that
-// output line i still answers input line i), and 1 is returned to count it.
-static int decode_or_report(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam, double alpha,
-                            const char *read_error) {
-    const char *error = read_error ? read_error : decode_sentence(model, vocab, text, from, beam, alpha);
-    if (!error) return 0;
     fflush(stdout);
-    fprintf(stderr, "error: decode: %s\n", error);
+    if (error) fprintf(stderr, "error: decode: %s\n", error);
     printf("\n");
     fflush(stdout);
-    return 1;
+    return error != NULL;
 }
 
 static int command_decode(int argc, char **argv) {
@@ -3730,31 +3548,29 @@ static int command_decode(int argc, char **argv) {
         "sentence it cannot take (too long, a reserved token) gets an error line and an empty output\n"
         "line; then exit status 1.";
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
-    int num_sentences = 0, n = (int)(sizeof options / sizeof *options);
-    int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);
+    int num_sentences = 0, refused = 0;   // refused: sentences that got an error line and an empty output line
+    int status = parse_options("decode", usage, options, (int)(sizeof options / sizeof *options), argc, argv, sentences, &num_sentences);
     if (status) { free(sentences); return status == 2 ? 0 : 1; }
     set_threads(threads);
     Transformer model;
     Vocabulary vocab;
     const char *error = checkpoint ? checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)
                                    : "--checkpoint FILE is required (a model written by ./transformer train)";
-    int refused = 0;   // sentences not decoded: each got its error line and an empty output line
     if (!error) {
         TextSource from = { "", 0, 0, NULL };
         for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            refused += decode_or_report(&model, &vocab, sentences[i], &from, beam, alpha, NULL);
+            refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha, NULL);
         }
         char *line = NULL;
         size_t capacity = 0;
         int got, line_no = 1;
         for (; num_sentences == 0 && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
             snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-            const char *read_error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL;
-            refused += decode_or_report(&model, &vocab, line, &from, beam, alpha, read_error);
+            refused += decode_sentence(&model, &vocab, line, &from, beam, alpha,
+                                       got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL);
         }
-        // a read that failed (stdin a directory, say) is not the end of the input
-        if (num_sentences == 0 && ferror(stdin))
+        if (num_sentences == 0 && ferror(stdin))   // a read that failed (stdin a directory, say) is not the end
             error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
         free(line);
         transformer_free(&model);
@@ -3804,19 +3620,18 @@ static int command_eval(int argc, char **argv) {
     if (!error) {
         Evaluation e;
         evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
-        const char *subwords = vocab.bpe ? " (subwords)" : "";
+        const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
         if (vocab.bpe) evaluation_score_words(&e, &dataset, &vocab);
         if (show) print_examples(&e, &dataset, &vocab, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
         printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
                e.correct, e.compared, subwords);
-        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences,
-               vocab.bpe ? " (words)" : "");
+        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences, words);
         printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
                vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
         printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
                exp(e.log_loss), vocab.bpe ? ", a subword" : "");
-        if (bleu) print_bleu(vocab.bpe ? &e.bleu_words : &e.bleu, vocab.bpe ? " (words)" : "");
+        if (bleu) print_bleu(vocab.bpe ? &e.bleu_words : &e.bleu, words);
         if (bleu && vocab.bpe) print_bleu(&e.bleu, subwords);
         evaluation_free(&e);
     }
@@ -3840,26 +3655,20 @@ static const Command commands[] = {
     { "decode", command_decode, "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
     { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
 };
-#define NUM_COMMANDS ((int)(sizeof commands / sizeof *commands))
 
-// Command i: transformer.c's, then the lab's.
-static const Command *command_at(int i) { return i < NUM_COMMANDS ? &commands[i] : &lab.commands[i - NUM_COMMANDS]; }
-
-static void print_usage(FILE *f) {
-    fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
-    for (int i = 0; i < NUM_COMMANDS + lab.num_commands; i++)
-        fprintf(f, "  %-9s %s\n", command_at(i)->name, command_at(i)->summary);
-    fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
-}
+static const Command *command_at(int i) { return i < 3 ? &commands[i] : &lab.commands[i - 3]; }   // then the lab's
 
 // Runs the command argv[1] with its arguments. Returns the exit status: 0, or
 // 1 after a one-line error.
 int transformer_main(int argc, char **argv) {
-    int count = NUM_COMMANDS + lab.num_commands;
-    if (argc < 2) { print_usage(stderr); return 1; }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
-        print_usage(stdout);
-        return 0;
+    int count = 3 + lab.num_commands;
+    int help = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0);
+    if (argc < 2 || help) {
+        FILE *f = help ? stdout : stderr;
+        fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
+        for (int i = 0; i < count; i++) fprintf(f, "  %-9s %s\n", command_at(i)->name, command_at(i)->summary);
+        fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
+        return !help;
     }
     for (int i = 0; i < count; i++) {
         if (strcmp(argv[1], command_at(i)->name) != 0) continue;
@@ -3869,8 +3678,7 @@ int transformer_main(int argc, char **argv) {
         return status;
     }
     fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
-    for (int i = 0; i < count; i++)
-        fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == count ? " or" : ",", command_at(i)->name);
+    for (int i = 0; i < count; i++) fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == count ? " or" : ",", command_at(i)->name);
     fprintf(stderr, " (see ./transformer --help)\n");
     return 1;
 }

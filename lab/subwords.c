@@ -456,7 +456,7 @@ static unsigned char *bpe_merges_section(const Vocabulary *vocab, size_t *bytes)
 // section's size; no merge may make a special token's text.
 static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned char *section, size_t bytes,
                                            const char *path) {
-    uint32_t count = (uint32_t)get_u64(section, 4);
+    uint32_t count = (uint32_t)get_number(section, 4);
     uint64_t used = 4;
     if (count == 0 || count > bytes / 10)
         return errorf("%s: the merges section says %u merges; its %llu bytes hold from 1 to %llu", path, count,
@@ -468,7 +468,7 @@ static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned cha
         char *sides[2] = { NULL, NULL };
         const char *error = NULL;
         for (int k = 0; k < 2 && !error; k++) {
-            uint32_t n = used + 4 <= bytes ? (uint32_t)get_u64(section + used, 4) : 0;
+            uint32_t n = used + 4 <= bytes ? (uint32_t)get_number(section + used, 4) : 0;
             used += 4 + (uint64_t)n;
             if (n == 0 || used > bytes) {
                 error = errorf("%s: merge %u has a symbol of length %u; the merges section disagrees with its size "
