@@ -1184,7 +1184,8 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 
 // From the machinery: allocation that cannot fail silently
 static void *checked_calloc(size_t count, size_t size, const char *what);   // calloc, or exit with a message
-static real *arena_calloc(size_t count, const char *what);                // zeros, starting on a cache line
+typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers
+static real *arena_of(Tensor *tensors, int n, const char *what);           // one arena of zeros for them all
 static void arena_free(real *p);
 
 // The decoding state of R rows decoded side by side: R sentences (greedy) or
@@ -1211,6 +1212,7 @@ typedef struct {
     real *att;          // (R, NH, max(S, max_T))
     real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
     real *logits;       // (R, V)
+    real *memory;       // the arena of all the above
 } DecoderCache;
 
 static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S, int max_T) {
@@ -1221,28 +1223,21 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *model, in
     cache->rows = R; cache->S = S; cache->max_T = max_T;
     cache->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
     cache->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
-    cache->cross_kv = arena_calloc(L * rows * S * 2 * C, "cross-attention key/value cache");
-    cache->self_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
-    cache->spare_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
-    real **row_buffers[] = { &cache->x, &cache->heads, &cache->proj, &cache->res, &cache->ln1, &cache->ln2,
-                             &cache->q, &cache->ff_out, &cache->mask };
-    for (size_t i = 0; i < sizeof row_buffers / sizeof *row_buffers; i++)
-        *row_buffers[i] = arena_calloc(rows * C, "decoder activations");
-    cache->qkv = arena_calloc(rows * 3 * C, "decoder activations");
-    cache->ff_h = arena_calloc(rows * F, "decoder activations");
-    cache->mean = arena_calloc(rows, "decoder activations");
-    cache->rstd = arena_calloc(rows, "decoder activations");
-    cache->att = arena_calloc(rows * NH * widest, "decoder attention");
-    cache->logits = arena_calloc(rows * config->vocab_size, "decoder logits");
+    Tensor tensors[] = {
+        { &cache->cross_kv, L * rows * S * 2 * C }, { &cache->self_kv, L * rows * max_T * 2 * C },
+        { &cache->spare_kv, L * rows * max_T * 2 * C }, { &cache->x, rows * C }, { &cache->qkv, rows * 3 * C },
+        { &cache->heads, rows * C }, { &cache->proj, rows * C }, { &cache->res, rows * C }, { &cache->ln1, rows * C },
+        { &cache->ln2, rows * C }, { &cache->q, rows * C }, { &cache->ff_h, rows * F }, { &cache->ff_out, rows * C },
+        { &cache->mean, rows }, { &cache->rstd, rows }, { &cache->att, rows * NH * widest }, { &cache->mask, rows * C },
+        { &cache->logits, rows * config->vocab_size },
+    };
+    cache->memory = arena_of(tensors, (int)(sizeof tensors / sizeof *tensors), "decoder cache");
 }
 
 static void decoder_cache_free(DecoderCache *cache) {
     free(cache->src_len);
     free(cache->self_len);
-    real *all[] = { cache->cross_kv, cache->self_kv, cache->spare_kv, cache->x, cache->qkv, cache->heads,
-                    cache->proj, cache->res, cache->ln1, cache->ln2, cache->q, cache->ff_h, cache->ff_out,
-                    cache->mean, cache->rstd, cache->att, cache->mask, cache->logits };
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) arena_free(all[i]);
+    arena_free(cache->memory);
     memset(cache, 0, sizeof *cache);
 }
 
@@ -1757,101 +1752,68 @@ static size_t whole_lines(size_t count) {
     return (count + per_line - 1) / per_line * per_line;
 }
 
-static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *config,
-                             size_t B, size_t S, size_t T) {
-    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads, V = config->vocab_size;
-    size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
-    size_t list[NUM_ACTIVATION_TENSORS] = {
-        BSC, BSC, BSC,                                                  // enc embedded, mask, x0
-        L * 3 * BSC, L * B * NH * S * S, L * BSC, L * BSC, L * BSC, L * BSC,  // qkv .. res1
-        L * BSC, L * BS, L * BS,                                        // ln1
-        L * BS * F, L * BSC, L * BSC, L * BSC,                          // ff_h .. res2
-        L * BSC, L * BS, L * BS,                                        // ln2
-        BTC, BTC, BTC,                                                  // dec embedded, mask, x0
-        L * 3 * BTC, L * B * NH * T * T, L * BTC, L * BTC, L * BTC, L * BTC,  // self qkv .. res1
-        L * BTC, L * BT, L * BT,                                        // ln1
-        L * BTC, L * 2 * BSC, L * B * NH * T * S, L * BTC, L * BTC, L * BTC, L * BTC, // cross
-        L * BTC, L * BT, L * BT,                                        // ln2
-        L * BT * F, L * BTC, L * BTC, L * BTC,                          // ff_h .. res3
-        L * BTC, L * BT, L * BT,                                        // ln3
-        BT * V, BT * V, BT,                                             // logits, probs, token loss
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_activations(ActivationTensors *acts, real *block, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
-    real **list[NUM_ACTIVATION_TENSORS] = {
-        &acts->enc_embedded, &acts->enc_emb_mask, &acts->enc_x0,
-        &acts->enc_qkv, &acts->enc_att, &acts->enc_heads, &acts->enc_att_proj, &acts->enc_drop1, &acts->enc_res1,
-        &acts->enc_ln1, &acts->enc_ln1_mean, &acts->enc_ln1_rstd,
-        &acts->enc_ff_h, &acts->enc_ff_out, &acts->enc_drop2, &acts->enc_res2,
-        &acts->enc_ln2, &acts->enc_ln2_mean, &acts->enc_ln2_rstd,
-        &acts->dec_embedded, &acts->dec_emb_mask, &acts->dec_x0,
-        &acts->dec_self_qkv, &acts->dec_self_att, &acts->dec_self_heads, &acts->dec_self_proj, &acts->dec_drop1,
-        &acts->dec_res1, &acts->dec_ln1, &acts->dec_ln1_mean, &acts->dec_ln1_rstd,
-        &acts->dec_cross_q, &acts->dec_cross_kv, &acts->dec_cross_att, &acts->dec_cross_heads,
-        &acts->dec_cross_proj, &acts->dec_drop2, &acts->dec_res2,
-        &acts->dec_ln2, &acts->dec_ln2_mean, &acts->dec_ln2_rstd,
-        &acts->dec_ff_h, &acts->dec_ff_out, &acts->dec_drop3, &acts->dec_res3,
-        &acts->dec_ln3, &acts->dec_ln3_mean, &acts->dec_ln3_rstd,
-        &acts->logits, &acts->probs, &acts->token_loss,
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *list[i] = block;
-        block += sizes[i];
+// One new arena for the n tensors, each at a cache line (sizes rounded up to
+// whole lines), in the order given.
+static real *arena_of(Tensor *tensors, int n, const char *what) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += whole_lines(tensors[i].size);
+    real *arena = arena_calloc(total, what), *next = arena;
+    for (int i = 0; i < n; i++) {
+        *tensors[i].tensor = next;
+        next += whole_lines(tensors[i].size);
     }
+    return arena;
 }
 
-#define NUM_SCRATCH_TENSORS 13
-static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *config,
-                          size_t B, size_t S, size_t T) {
-    size_t C = config->d_model, F = config->d_ff, V = config->vocab_size;
-    size_t rows = B * (S > T ? S : T);   // the encoder's rows or the decoder's
-    size_t list[NUM_SCRATCH_TENSORS] = {
-        rows * C, rows * C, rows * C, rows * C,   // d_output d_input d_ln1 d_ln2
-        rows * C, rows * C, rows * 3 * C,         // d_sublayer d_heads d_qkv
-        B * T * C, B * S * 2 * C, rows * F,       // d_q d_kv d_ff_h
-        B * S * C, rows * C, B * T * V,           // d_memory d_embedded d_logits
+// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
+// A smaller batch reuses them: per-layer offsets are computed from the actual
+// B, S, T, which fit inside every tensor's capacity.
+static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int batch_T) {
+    if (model->acts_memory && batch_B <= model->cap_B && batch_S <= model->cap_S && batch_T <= model->cap_T) return;
+    const TransformerConfig *config = &model->config;
+    size_t B = batch_B > model->cap_B ? batch_B : model->cap_B, S = batch_S > model->cap_S ? batch_S : model->cap_S;
+    size_t T = batch_T > model->cap_T ? batch_T : model->cap_T, L = config->n_layers, C = config->d_model;
+    size_t F = config->d_ff, NH = config->n_heads, V = config->vocab_size;
+    size_t x = B * S * C, y = B * T * C, xs = B * S, ys = B * T, rows = B * (S > T ? S : T);
+    ActivationTensors *a = &model->acts;
+    BackwardScratch *d = &model->scratch;
+    Tensor acts[] = {   // in the order of ActivationTensors (transformer.h)
+        { &a->enc_embedded, x }, { &a->enc_emb_mask, x }, { &a->enc_x0, x },
+        { &a->enc_qkv, L * 3 * x }, { &a->enc_att, L * B * NH * S * S }, { &a->enc_heads, L * x },
+        { &a->enc_att_proj, L * x }, { &a->enc_drop1, L * x }, { &a->enc_res1, L * x },
+        { &a->enc_ln1, L * x }, { &a->enc_ln1_mean, L * xs }, { &a->enc_ln1_rstd, L * xs },
+        { &a->enc_ff_h, L * xs * F }, { &a->enc_ff_out, L * x }, { &a->enc_drop2, L * x }, { &a->enc_res2, L * x },
+        { &a->enc_ln2, L * x }, { &a->enc_ln2_mean, L * xs }, { &a->enc_ln2_rstd, L * xs },
+        { &a->dec_embedded, y }, { &a->dec_emb_mask, y }, { &a->dec_x0, y },
+        { &a->dec_self_qkv, L * 3 * y }, { &a->dec_self_att, L * B * NH * T * T }, { &a->dec_self_heads, L * y },
+        { &a->dec_self_proj, L * y }, { &a->dec_drop1, L * y }, { &a->dec_res1, L * y },
+        { &a->dec_ln1, L * y }, { &a->dec_ln1_mean, L * ys }, { &a->dec_ln1_rstd, L * ys },
+        { &a->dec_cross_q, L * y }, { &a->dec_cross_kv, L * 2 * x }, { &a->dec_cross_att, L * B * NH * T * S },
+        { &a->dec_cross_heads, L * y }, { &a->dec_cross_proj, L * y }, { &a->dec_drop2, L * y }, { &a->dec_res2, L * y },
+        { &a->dec_ln2, L * y }, { &a->dec_ln2_mean, L * ys }, { &a->dec_ln2_rstd, L * ys },
+        { &a->dec_ff_h, L * ys * F }, { &a->dec_ff_out, L * y }, { &a->dec_drop3, L * y }, { &a->dec_res3, L * y },
+        { &a->dec_ln3, L * y }, { &a->dec_ln3_mean, L * ys }, { &a->dec_ln3_rstd, L * ys },
+        { &a->logits, ys * V }, { &a->probs, ys * V }, { &a->token_loss, ys },
     };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_scratch(BackwardScratch *scratch, real *block, const size_t sizes[NUM_SCRATCH_TENSORS]) {
-    BackwardScratch *of = scratch;
-    real **list[NUM_SCRATCH_TENSORS] = {
-        &of->d_output, &of->d_input, &of->d_ln1, &of->d_ln2, &of->d_sublayer, &of->d_heads, &of->d_qkv,
-        &of->d_q, &of->d_kv, &of->d_ff_h, &of->d_memory, &of->d_embedded, &of->d_logits,
+    Tensor scratch[] = {   // "rows": the encoder's B*S or the decoder's B*T, whichever is more
+        { &d->d_output, rows * C }, { &d->d_input, rows * C }, { &d->d_ln1, rows * C }, { &d->d_ln2, rows * C },
+        { &d->d_sublayer, rows * C }, { &d->d_heads, rows * C }, { &d->d_qkv, rows * 3 * C }, { &d->d_q, y },
+        { &d->d_kv, 2 * x }, { &d->d_ff_h, rows * F }, { &d->d_memory, x }, { &d->d_embedded, rows * C },
+        { &d->d_logits, ys * V },
     };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
-        *list[i] = block;
-        block += sizes[i];
-    }
+    _Static_assert(sizeof acts / sizeof *acts == NUM_ACTIVATION_TENSORS, "every activation tensor, once");
+    _Static_assert(sizeof scratch / sizeof *scratch == NUM_SCRATCH_TENSORS, "every scratch tensor, once");
+    arena_free(model->acts_memory);
+    arena_free(model->scratch_memory);
+    model->acts_memory = arena_of(acts, NUM_ACTIVATION_TENSORS, "activations");
+    model->scratch_memory = arena_of(scratch, NUM_SCRATCH_TENSORS, "backward scratch");
+    model->cap_B = (int)B; model->cap_S = (int)S; model->cap_T = (int)T;
 }
 
 static size_t sum_sizes(const size_t *sizes, int n) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += sizes[i];
     return total;
-}
-
-// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
-// A smaller batch reuses them: per-layer offsets are computed from the actual
-// B, S, T, which fit inside every tensor's capacity.
-static void ensure_buffers(Transformer *model, int B, int S, int T) {
-    if (model->acts_memory && B <= model->cap_B && S <= model->cap_S && T <= model->cap_T) return;
-    if (B < model->cap_B) B = model->cap_B;
-    if (S < model->cap_S) S = model->cap_S;
-    if (T < model->cap_T) T = model->cap_T;
-    arena_free(model->acts_memory);
-    arena_free(model->scratch_memory);
-    size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
-    activation_sizes(sizes, &model->config, B, S, T);
-    scratch_sizes(scratch, &model->config, B, S, T);
-    model->acts_memory = arena_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), "activations");
-    model->scratch_memory = arena_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), "backward scratch");
-    point_activations(&model->acts, model->acts_memory, sizes);
-    point_scratch(&model->scratch, model->scratch_memory, scratch);
-    model->cap_B = B; model->cap_S = S; model->cap_T = T;
 }
 
 const char *transformer_build(Transformer *model, const TransformerConfig *config, uint64_t seed) {

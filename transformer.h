@@ -196,6 +196,7 @@ typedef struct {
 // backward pass needs only a few buffers of one layer's size. Each holds the
 // gradient of the loss with respect to the tensor its name says; "rows" are
 // B*S in the encoder and B*T in the decoder (sized for the larger).
+#define NUM_SCRATCH_TENSORS 13
 typedef struct {
     real *d_output;     // (rows, C)   of a layer's output, and ...
     real *d_input;      // (rows, C)   ... of its input: the next layer down's output (the two swap)
