@@ -1963,14 +1963,6 @@ static int thread_count(void) { return 1; }
 // 0..3 are <pad> <s> </s> <unk> (transformer.h), the data's tokens follow in
 // order of first appearance; text -> id is a hash table, open addressing.
 
-typedef struct {
-    char **words;       // (size) id -> text
-    int size, capacity;
-    int *slots;         // (num_slots) ids, -1 when empty; num_slots is a power of two
-    size_t num_slots;
-    struct Bpe *bpe;    // the lab's §5.1 subword merges, or NULL: every token is a whole word
-} Vocabulary;
-
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
 // The slot of the n bytes at word: where its id is, or the empty slot where it would go.
@@ -2022,25 +2014,6 @@ static void vocab_init(Vocabulary *vocab) {
 // Each command reads its flags from a table, so that a bad flag gets one line
 // naming it and its value and saying what was expected, and --help prints
 // the table with the defaults.
-
-typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind;   // FLAG: no value, sets an int to 1
-
-typedef struct {
-    const char *name;     // "--steps"
-    OptionKind kind;
-    void *value;          // int *, double * or const char **
-    double min, max;      // the accepted range of a number
-    int above_min;        // 1: the value must be > min (not >=)
-    int stored;           // 1: it defines the run (data, model, schedule) and is stored in the checkpoint
-    const char *help;
-    int seen;             // given on this command line
-} Option;
-
-#define INT_OPTION(name, value, lo, hi, stored, help) { name, OPTION_INT, value, lo, hi, 0, stored, help, 0 }
-#define NUMBER_OPTION(name, value, lo, hi, above, stored, help) { name, OPTION_NUMBER, value, lo, hi, above, stored, help, 0 }
-#define TEXT_OPTION(name, value, stored, help) { name, OPTION_TEXT, value, 0, 0, 0, stored, help, 0 }
-#define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, 0, help, 0 }
-#define MAX_OPTIONS 48
 
 // Reads text into the option's value; returns 0 (and writes, in expected, what would do) if it is not one.
 static int parse_option_value(const Option *o, const char *text, char *expected, size_t size) {
@@ -2115,22 +2088,10 @@ static Option *find_option(Option *options, int n, const char *name) {
     return NULL;
 }
 
-typedef struct {
-    const char *name;
-    int (*run)(int argc, char **argv);   // argv[0] is the command's name
-    const char *summary;
-} Command;
-
 // ---- where the lab plugs in -------------------------------------------------
 // lab/lab.c, which make builds into ./transformer, fills this in before it
 // runs a command; transformer.c alone leaves it empty. Each hook is called at
 // one place, on a line marked "lab:".
-
-typedef struct TrainRun TrainRun;
-typedef struct TrainOptions TrainOptions;
-typedef struct TextSource TextSource;
-// The stages of `train` the lab hears of
-typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED, TRAIN_END } TrainEvent;
 
 static struct {
     // more commands: bleu, average, attention, pe, plot, bpe, params, table3, bench
@@ -2202,20 +2163,6 @@ static const char *next_token(const char *text, size_t *length) {
 
 // ---- sentence pairs, and reading them ---------------------------------------
 
-typedef struct {
-    size_t src, tgt;          // offsets of the tokens in Dataset.tokens
-    int src_len, tgt_len;     // tokens, without <s> or </s>
-    int line;                 // line in its file (1 = first), 0 for generated data
-} SentencePair;
-
-typedef struct {
-    SentencePair *pairs;
-    int count, capacity;
-    int *tokens;
-    size_t num_tokens, tokens_capacity;
-    int longest_src, longest_tgt;
-} Dataset;
-
 static void dataset_free(Dataset *dataset) {
     free(dataset->pairs);
     free(dataset->tokens);
@@ -2252,14 +2199,6 @@ static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
     dataset_free(dataset);
     *dataset = kept;
 }
-
-// Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
-struct TextSource {
-    char where[300];
-    int warnings;             // unknown-token warnings printed so far for this input
-    long unknown;             // tokens read as <unk>
-    const char *reserved;     // the special token's text that made tokenize refuse the sentence
-};
 
 #define MAX_UNKNOWN_WARNINGS 5
 
@@ -2474,14 +2413,6 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
 // target, random among equals), cut into batches of at most batch_tokens
 // tokens counting padding (B x (S + T)), and the batches visited in random order.
 
-typedef struct { int start, count; } BatchSpan;   // order[start .. start + count - 1]
-
-typedef struct {
-    int *order;          // (pairs) pair indices, grouped by length
-    BatchSpan *spans;    // the batches, in the order they are visited
-    int num_spans;
-} EpochPlan;
-
 typedef struct { int src_len, tgt_len; uint64_t key; int index; } LengthKey;
 
 static int compare_length_keys(const void *pa, const void *pb) {
@@ -2531,14 +2462,6 @@ static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_t
         BatchSpan swap = plan->spans[i]; plan->spans[i] = plan->spans[j]; plan->spans[j] = swap;
     }
 }
-
-// A Batch and the memory behind it, grown as needed.
-typedef struct {
-    Batch batch;
-    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
-    size_t rows_capacity, src_capacity, tgt_capacity;
-    long tokens;   // source and target positions without padding, for tokens/s
-} BatchBuffer;
 
 // Teacher forcing (§3.1: "the output embeddings are offset by one
 // position"): the decoder reads tgt_in = <s> y_1 .. y_n and must predict
@@ -2702,18 +2625,6 @@ static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " 
 // -log p(reference token) without smoothing, whose exponential is the
 // perplexity of Table 3.
 
-typedef struct {
-    double loss;             // mean per target token
-    double log_loss;         // mean -log p(reference token), no smoothing: perplexity = exp(log_loss)
-    long correct, compared;  // token accuracy = correct / compared
-    int exact, sentences;
-    BleuStats bleu;          // corpus BLEU of the outputs against the references
-    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (evaluation_score_words)
-    int *output;             // (sentences, stride) the decoded outputs
-    int *output_len;         // (sentences)
-    int stride;
-} Evaluation;
-
 static void evaluation_free(Evaluation *e) {
     free(e->output); free(e->output_len);
     memset(e, 0, sizeof *e);
@@ -2821,14 +2732,6 @@ static void print_examples(const Evaluation *e, const Dataset *dataset, const Vo
 #define MAX_TRAINING_STEPS 1000000000   // train --steps at most; a checkpoint's Adam step too
 #define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a, 64 bits
 #define FNV_PRIME 0x100000001B3ULL
-
-// Where a training run stands in its data, besides the model and Adam.
-typedef struct {
-    uint64_t epoch_rng;      // the data-order generator's state when the current epoch was drawn
-    uint64_t epoch;          // epochs begun (the first is 1)
-    uint64_t epoch_batches;  // batches of the current epoch already trained on
-    uint64_t data_hash;      // the training pairs' hash, which the lab's --resume checks (0: none)
-} TrainingState;
 
 // A checkpoint file being written or read, and the FNV-1a hash of its bytes so far
 typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;
@@ -3083,17 +2986,6 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
 
 // ---- train ------------------------------------------------------------------
 
-struct TrainOptions {
-    const char *task, *train_path, *valid_path;                 // a built-in task, or TSV files
-    int words, min_length, max_length, train_size, valid_size;   // the task's words and sizes
-    int layers, d_model, d_ff, heads, positions, positional;     // Table 3's N, d_model, d_ff, h; max_len
-    double dropout, label_smoothing;                             // P_drop, eps_ls
-    int steps, warmup, batch_tokens, seed;                       // §5.3's schedule, peaking at lr
-    double lr;
-    const char *checkpoint;                                      // this session only:
-    int eval_every, save_every, log_every, eval_size, show, threads, force;
-};
-
 static const TrainOptions train_defaults = {
     .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000, .valid_size = 200,
     .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4, .positional = POSITIONAL_SINUSOID,
@@ -3104,24 +2996,24 @@ static const TrainOptions train_defaults = {
 // transformer.c's train flags; the lab adds the rest (lab.train_options)
 static int train_option_table(Option *table, TrainOptions *o) {
     Option list[] = {
-        TEXT_OPTION("--task", &o->task, 1, "built-in task, copy or reverse (used when there is no --train)"),
-        TEXT_OPTION("--train", &o->train_path, 1, "training data: a file of source<TAB>target lines"),
-        TEXT_OPTION("--valid", &o->valid_path, 1, "held-out data, same format (default: every 20th line of --train)"),
-        INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS, 1, "N, layers in the encoder and in the decoder"),
-        INT_OPTION("--d-model", &o->d_model, 1, TRANSFORMER_MAX_WIDTH, 1, "d_model"),
-        INT_OPTION("--d-ff", &o->d_ff, 1, TRANSFORMER_MAX_WIDTH, 1, "d_ff, the feed-forward inner width"),
-        INT_OPTION("--heads", &o->heads, 1, TRANSFORMER_MAX_WIDTH, 1, "h, attention heads"),
-        NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, 1, "P_drop (§5.4)"),
-        NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, 1, "eps_ls (§5.4)"),
-        INT_OPTION("--steps", &o->steps, 1, MAX_TRAINING_STEPS, 1, "training steps"),
-        NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, 1, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
-        INT_OPTION("--warmup", &o->warmup, 1, 1000000000, 1, "warmup_steps of eq. 3"),
-        INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, 1, "tokens per batch, source + target, padding included"),
-        INT_OPTION("--seed", &o->seed, 0, INT_MAX, 1, "seed of the data, the initial weights and dropout"),
-        TEXT_OPTION("--checkpoint", &o->checkpoint, 0, "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)"),
-        INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, 0, "held-out evaluation every N steps (0: only at the end)"),
-        INT_OPTION("--show", &o->show, 0, INT_MAX, 0, "held-out examples to print at the end"),
-        INT_OPTION("--threads", &o->threads, 0, 1024, 0, "OpenMP threads (0: all cores)"),
+        TEXT_OPTION("--task", &o->task, "built-in task, copy or reverse (used when there is no --train)"),
+        TEXT_OPTION("--train", &o->train_path, "training data: a file of source<TAB>target lines"),
+        TEXT_OPTION("--valid", &o->valid_path, "held-out data, same format (default: every 20th line of --train)"),
+        INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS, "N, layers in the encoder and in the decoder"),
+        INT_OPTION("--d-model", &o->d_model, 1, TRANSFORMER_MAX_WIDTH, "d_model"),
+        INT_OPTION("--d-ff", &o->d_ff, 1, TRANSFORMER_MAX_WIDTH, "d_ff, the feed-forward inner width"),
+        INT_OPTION("--heads", &o->heads, 1, TRANSFORMER_MAX_WIDTH, "h, attention heads"),
+        NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, "P_drop (§5.4)"),
+        NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, "eps_ls (§5.4)"),
+        INT_OPTION("--steps", &o->steps, 1, MAX_TRAINING_STEPS, "training steps"),
+        NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
+        INT_OPTION("--warmup", &o->warmup, 1, 1000000000, "warmup_steps of eq. 3"),
+        INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, "tokens per batch, source + target, padding included"),
+        INT_OPTION("--seed", &o->seed, 0, INT_MAX, "seed of the data, the initial weights and dropout"),
+        TEXT_OPTION("--checkpoint", &o->checkpoint, "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)"),
+        INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, "held-out evaluation every N steps (0: only at the end)"),
+        INT_OPTION("--show", &o->show, 0, INT_MAX, "held-out examples to print at the end"),
+        INT_OPTION("--threads", &o->threads, 0, 1024, "OpenMP threads (0: all cores)"),
         FLAG_OPTION("--force", &o->force, "replace a file already at the checkpoint's path (without it, train stops there)"),
     };
     memcpy(table, list, sizeof list);
@@ -3134,25 +3026,6 @@ static const char *train_usage =
     "dropout (§5.4), on a built-in task or on source<TAB>target lines; evaluates on held-out\n"
     "pairs as it goes and writes checkpoints.";
 
-// The options that define the run, as text, one argument per line, for the
-// checkpoint (the lab's --resume reads them back with the same table).
-static char *format_run_options(const Option *options, int n) {
-    size_t capacity = 256, used = 0;
-    char *text = checked_calloc(capacity, 1, "run options");
-    for (const Option *o = options; o < options + n; o++) {
-        char value[4200];
-        if (!o->stored || (o->kind == OPTION_INT && *(int *)o->value < o->min)) continue;   // (below min: off)
-        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
-        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
-        else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
-        else continue;
-        size_t need = strlen(o->name) + strlen(value) + 3;
-        if (used + need >= capacity) text = checked_realloc(text, capacity = 2 * (used + need), 1, "run options");
-        used += (size_t)sprintf(text + used, "%s\n%s\n", o->name, value);
-    }
-    return text;
-}
-
 // Where the training steps run (transformer.h): here, on the host, where the
 // parameters always are, so begin and to_host have nothing to do.
 static void cpu_training_nothing_to_copy(Transformer *model) { (void)model; }
@@ -3162,32 +3035,6 @@ const TrainingCompute transformer_cpu_training = {
 const TrainingCompute *transformer_training = &transformer_cpu_training;
 
 uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
-
-// Everything a training run holds.
-struct TrainRun {
-    TrainOptions opt;
-    Option options[MAX_OPTIONS];  // train's flags: transformer.c's, then the lab's
-    int num_options;
-    Vocabulary vocab;
-    Dataset train, valid;
-    Transformer model;
-    TrainingState state;
-    Rng data_rng;                 // draws each epoch's batch order
-    EpochPlan plan;
-    BatchBuffer batch;
-    char *run_options;            // format_run_options, stored in every checkpoint
-    char checkpoint_path[4096];
-    char data_name[300];          // for messages: "copy task", "data.tsv"
-    long last_saved_step;         // -1: none saved by this run yet
-    const char *resumed_from;     // the checkpoint the lab's --resume read the run from, or NULL
-    const char *threads_note;     // how the lab counts the threads, for the header, or NULL
-    // the step just taken, for the lab (TRAIN_STEPPED): loss, learning rate, its
-    // seconds and tokens, and the held-out exact match % (NaN when not evaluated)
-    real loss;
-    double lr, seconds, heldout;
-    long tokens;
-    int evaluated;
-};
 
 static const char *train_event(TrainRun *run, TrainEvent event) {
     return lab.train_event ? lab.train_event(run, event) : NULL;
@@ -3245,7 +3092,7 @@ static const char *train_start(TrainRun *run) {
 }
 
 // The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to
-// be writable before any training, and the run options text to store in it.
+// be writable before any training.
 static const char *train_prepare_output(TrainRun *run) {
     TrainOptions *o = &run->opt;
     if (o->checkpoint) {
@@ -3275,7 +3122,6 @@ static const char *train_prepare_output(TrainRun *run) {
     fclose(f);
     remove(tmp);
     if (!same) run->last_saved_step = -1;
-    run->run_options = format_run_options(run->options, run->num_options);
     return NULL;
 }
 
@@ -3295,7 +3141,7 @@ static const char *train_save(TrainRun *run) {
     if (nonfinite)
         return errorf("step %ld: %s holds a value that is not finite (training diverged); %s was not overwritten",
                       run->model.adam_step, nonfinite, run->checkpoint_path);
-    const char *error = checkpoint_save(run->checkpoint_path, &run->model, &run->vocab, &run->state, run->run_options);
+    const char *error = checkpoint_save(run->checkpoint_path, &run->model, &run->vocab, &run->state, run->run_options ? run->run_options : "");
     if (!error) run->last_saved_step = run->model.adam_step;
     return error;
 }
@@ -3497,10 +3343,10 @@ static int command_decode(int argc, char **argv) {
     int beam = 1, threads = 0;
     double alpha = 0.6;
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, 0, "the trained model (required)"),
-        INT_OPTION("--beam", &beam, 1, 1000, 0, "beam size; 1 is greedy decoding (the paper used 4)"),
-        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, 0, "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
-        INT_OPTION("--threads", &threads, 0, 1024, 0, "OpenMP threads (0: all cores)"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding (the paper used 4)"),
+        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
     };
     const char *usage =
         "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
@@ -3550,14 +3396,14 @@ static int command_eval(int argc, char **argv) {
     int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
     double alpha = 0.6;
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, 0, "the trained model (required)"),
-        TEXT_OPTION("--data", &data, 0, "source<TAB>target lines to evaluate on (required)"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        TEXT_OPTION("--data", &data, "source<TAB>target lines to evaluate on (required)"),
         FLAG_OPTION("--bleu", &bleu, "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
-        INT_OPTION("--beam", &beam, 1, 1000, 0, "beam size; 1 is greedy decoding"),
-        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, 0, "length penalty exponent of beam search"),
-        INT_OPTION("--show", &show, 0, INT_MAX, 0, "print the first N decoded pairs"),
-        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, 0, "tokens decoded side by side"),
-        INT_OPTION("--threads", &threads, 0, 1024, 0, "OpenMP threads (0: all cores)"),
+        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding"),
+        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty exponent of beam search"),
+        INT_OPTION("--show", &show, 0, INT_MAX, "print the first N decoded pairs"),
+        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
     };
     const char *usage =
         "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"

@@ -333,6 +333,141 @@ void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char 
 double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty);
 
 // ----------------------------------------------------------------------------
+// The program (transformer.c, Part II): its data, options, evaluation and
+// training run. The companions in lab/ include transformer.c and work on the
+// same types through its hooks (transformer.c, "where the lab plugs in").
+
+typedef struct {
+    char **words;       // (size) id -> text
+    int size, capacity;
+    int *slots;         // (num_slots) ids, -1 when empty; num_slots is a power of two
+    size_t num_slots;
+    struct Bpe *bpe;    // the lab's §5.1 subword merges, or NULL: every token is a whole word
+} Vocabulary;
+
+typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind;   // FLAG: no value, sets an int to 1
+
+typedef struct {
+    const char *name;     // "--steps"
+    OptionKind kind;
+    void *value;          // int *, double * or const char **
+    double min, max;      // the accepted range of a number
+    int above_min;        // 1: the value must be > min (not >=)
+    const char *help;
+    int seen;             // given on this command line
+} Option;
+
+#define INT_OPTION(name, value, lo, hi, help) { name, OPTION_INT, value, lo, hi, 0, help, 0 }
+#define NUMBER_OPTION(name, value, lo, hi, above, help) { name, OPTION_NUMBER, value, lo, hi, above, help, 0 }
+#define TEXT_OPTION(name, value, help) { name, OPTION_TEXT, value, 0, 0, 0, help, 0 }
+#define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, help, 0 }
+#define MAX_OPTIONS 48
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);   // argv[0] is the command's name
+    const char *summary;
+} Command;
+
+// Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
+typedef struct TextSource {
+    char where[300];
+    int warnings;             // unknown-token warnings printed so far for this input
+    long unknown;             // tokens read as <unk>
+    const char *reserved;     // the special token's text that made tokenize refuse the sentence
+} TextSource;
+
+typedef struct {
+    size_t src, tgt;          // offsets of the tokens in Dataset.tokens
+    int src_len, tgt_len;     // tokens, without <s> or </s>
+    int line;                 // line in its file (1 = first), 0 for generated data
+} SentencePair;
+
+typedef struct {
+    SentencePair *pairs;
+    int count, capacity;
+    int *tokens;
+    size_t num_tokens, tokens_capacity;
+    int longest_src, longest_tgt;
+} Dataset;
+
+typedef struct { int start, count; } BatchSpan;   // order[start .. start + count - 1]
+
+typedef struct {
+    int *order;          // (pairs) pair indices, grouped by length
+    BatchSpan *spans;    // the batches, in the order they are visited
+    int num_spans;
+} EpochPlan;
+
+// A Batch and the memory behind it, grown as needed.
+typedef struct {
+    Batch batch;
+    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
+    size_t rows_capacity, src_capacity, tgt_capacity;
+    long tokens;   // source and target positions without padding, for tokens/s
+} BatchBuffer;
+
+typedef struct {
+    double loss;             // mean per target token
+    double log_loss;         // mean -log p(reference token), no smoothing: perplexity = exp(log_loss)
+    long correct, compared;  // token accuracy = correct / compared
+    int exact, sentences;
+    BleuStats bleu;          // corpus BLEU of the outputs against the references
+    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (evaluation_score_words)
+    int *output;             // (sentences, stride) the decoded outputs
+    int *output_len;         // (sentences)
+    int stride;
+} Evaluation;
+
+// Where a training run stands in its data, besides the model and Adam.
+typedef struct {
+    uint64_t epoch_rng;      // the data-order generator's state when the current epoch was drawn
+    uint64_t epoch;          // epochs begun (the first is 1)
+    uint64_t epoch_batches;  // batches of the current epoch already trained on
+    uint64_t data_hash;      // the training pairs' hash, which the lab's --resume checks (0: none)
+} TrainingState;
+
+typedef struct TrainOptions {
+    const char *task, *train_path, *valid_path;                 // a built-in task, or TSV files
+    int words, min_length, max_length, train_size, valid_size;   // the task's words and sizes
+    int layers, d_model, d_ff, heads, positions, positional;     // Table 3's N, d_model, d_ff, h; max_len
+    double dropout, label_smoothing;                             // P_drop, eps_ls
+    int steps, warmup, batch_tokens, seed;                       // §5.3's schedule, peaking at lr
+    double lr;
+    const char *checkpoint;                                      // this session only:
+    int eval_every, save_every, log_every, eval_size, show, threads, force;
+} TrainOptions;
+
+// Everything a training run holds.
+typedef struct TrainRun {
+    TrainOptions opt;
+    Option options[MAX_OPTIONS];  // train's flags: transformer.c's, then the lab's
+    int num_options;
+    Vocabulary vocab;
+    Dataset train, valid;
+    Transformer model;
+    TrainingState state;
+    Rng data_rng;                 // draws each epoch's batch order
+    EpochPlan plan;
+    BatchBuffer batch;
+    char *run_options;            // the run's flags as text, for the lab's --resume (NULL: none), stored in checkpoints
+    char checkpoint_path[4096];
+    char data_name[300];          // for messages: "copy task", "data.tsv"
+    long last_saved_step;         // -1: none saved by this run yet
+    const char *resumed_from;     // the checkpoint the lab's --resume read the run from, or NULL
+    const char *threads_note;     // how the lab counts the threads, for the header, or NULL
+    // the step just taken, for the lab (TRAIN_STEPPED): loss, learning rate, its
+    // seconds and tokens, and the held-out exact match % (NaN when not evaluated)
+    real loss;
+    double lr, seconds, heldout;
+    long tokens;
+    int evaluated;
+} TrainRun;
+
+// The stages of `train` the lab hears of (transformer.c's train_event calls)
+typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED, TRAIN_END } TrainEvent;
+
+// ----------------------------------------------------------------------------
 // The command line: transformer_main runs transformer.c's own commands (train,
 // decode, eval) and is main; transformer_lab_main, in transformer_lab.c, runs
 // those and the lab's instruments (average, bleu, attention, pe, plot, bpe,

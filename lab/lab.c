@@ -1065,7 +1065,7 @@ static int command_bleu(int argc, char **argv) {
 static int command_average(int argc, char **argv) {
     const char *out = NULL;
     Option options[] = {
-        TEXT_OPTION("--out", &out, 0, "the averaged checkpoint to write (required)"),
+        TEXT_OPTION("--out", &out, "the averaged checkpoint to write (required)"),
     };
     const char *usage =
         "usage: ./transformer average --out OUT.ckpt A.ckpt B.ckpt ...\n"
@@ -1137,8 +1137,8 @@ static const char *attention_pictures(Transformer *model, const Vocabulary *voca
 static int command_attention(int argc, char **argv) {
     const char *checkpoint = NULL, *dir = NULL;
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, 0, "the trained model (required)"),
-        TEXT_OPTION("--out-dir", &dir, 0, "directory for the three SVG files (required; made if missing)"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        TEXT_OPTION("--out-dir", &dir, "directory for the three SVG files (required; made if missing)"),
     };
     const char *usage =
         "usage: ./transformer attention --checkpoint FILE --out-dir DIR \"source sentence\"\n"
@@ -1201,9 +1201,9 @@ static int command_bpe(int argc, char **argv) {
     const char *data = NULL, *checkpoint = NULL;
     int merges = 0;
     Option options[] = {
-        TEXT_OPTION("--data", &data, 0, "source<TAB>target lines to learn merges from (both sides)"),
-        INT_OPTION("--merges", &merges, 1, 1000000, 0, "how many merges to learn from --data"),
-        TEXT_OPTION("--checkpoint", &checkpoint, 0, "a model trained with --bpe: use its merges"),
+        TEXT_OPTION("--data", &data, "source<TAB>target lines to learn merges from (both sides)"),
+        INT_OPTION("--merges", &merges, 1, 1000000, "how many merges to learn from --data"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "a model trained with --bpe: use its merges"),
     };
     const char *usage =
         "usage: ./transformer bpe --data FILE.tsv --merges N ['SENTENCE' ...]\n"
@@ -1264,9 +1264,9 @@ static int command_pe(int argc, char **argv) {
     const char *out = NULL;
     int max_len = 100, d_model = 512;
     Option options[] = {
-        TEXT_OPTION("--out", &out, 0, "the SVG file to write (required)"),
-        INT_OPTION("--max-len", &max_len, 1, TRANSFORMER_MAX_LEN, 0, "positions (rows)"),
-        INT_OPTION("--d-model", &d_model, 2, TRANSFORMER_MAX_WIDTH, 0, "dimensions (columns)"),
+        TEXT_OPTION("--out", &out, "the SVG file to write (required)"),
+        INT_OPTION("--max-len", &max_len, 1, TRANSFORMER_MAX_LEN, "positions (rows)"),
+        INT_OPTION("--d-model", &d_model, 2, TRANSFORMER_MAX_WIDTH, "dimensions (columns)"),
     };
     const char *usage =
         "usage: ./transformer pe --out FILE.svg [--max-len 100] [--d-model 512]\n"
@@ -1282,9 +1282,9 @@ static int command_pe(int argc, char **argv) {
 static int command_plot(int argc, char **argv) {
     const char *out = NULL, *log = NULL, *title = "Training";
     Option options[] = {
-        TEXT_OPTION("--log", &log, 0, "the CSV that train --log wrote (required)"),
-        TEXT_OPTION("--out", &out, 0, "the SVG file to write (required)"),
-        TEXT_OPTION("--title", &title, 0, "the picture's title"),
+        TEXT_OPTION("--log", &log, "the CSV that train --log wrote (required)"),
+        TEXT_OPTION("--out", &out, "the SVG file to write (required)"),
+        TEXT_OPTION("--title", &title, "the picture's title"),
     };
     const char *usage =
         "usage: ./transformer plot --log FILE.csv --out FILE.svg [--title TEXT]\n"
@@ -1342,15 +1342,15 @@ static int command_params(int argc, char **argv) {
     int max_len = config.max_len;
     const char *positional = "sinusoid";
     Option options[] = {
-        TEXT_OPTION("--preset", &preset, 0, "base or big: Table 3's sizes, vocabulary 37000"),
-        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, 0, "N"),
-        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, 0, "d_model"),
-        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, 0, "d_ff"),
-        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, 0, "h"),
-        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, 0,
+        TEXT_OPTION("--preset", &preset, "base or big: Table 3's sizes, vocabulary 37000"),
+        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, "N"),
+        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, "d_model"),
+        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, "d_ff"),
+        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, "h"),
+        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB,
                    "shared vocabulary size, special tokens included"),
-        TEXT_OPTION("--positional", &positional, 0, "sinusoid or learned (Table 3, row E)"),
-        INT_OPTION("--max-len", &max_len, 2, TRANSFORMER_MAX_LEN, 0, "rows of a learned position table"),
+        TEXT_OPTION("--positional", &positional, "sinusoid or learned (Table 3, row E)"),
+        INT_OPTION("--max-len", &max_len, 2, TRANSFORMER_MAX_LEN, "rows of a learned position table"),
     };
     const char *usage =
         "usage: ./transformer params [--preset base|big] [--layers N --d-model N --d-ff N --heads N --vocab N]\n"
@@ -1581,12 +1581,12 @@ static int command_table3(int argc, char **argv) {
     const char *dev = NULL, *test = NULL, *svg = NULL, *title = "Table 3 on a laptop";
     int threads = 0, batch_tokens = 2000;
     Option options[] = {
-        TEXT_OPTION("--dev", &dev, 0, "held-out pairs for perplexity and BLEU (required)"),
-        TEXT_OPTION("--test", &test, 0, "pairs for exact match (required)"),
-        TEXT_OPTION("--svg", &svg, 0, "also draw dev perplexity per run into this SVG file"),
-        TEXT_OPTION("--title", &title, 0, "the picture's title"),
-        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, 0, "tokens decoded side by side"),
-        INT_OPTION("--threads", &threads, 0, 1024, 0, "OpenMP threads (0: all cores)"),
+        TEXT_OPTION("--dev", &dev, "held-out pairs for perplexity and BLEU (required)"),
+        TEXT_OPTION("--test", &test, "pairs for exact match (required)"),
+        TEXT_OPTION("--svg", &svg, "also draw dev perplexity per run into this SVG file"),
+        TEXT_OPTION("--title", &title, "the picture's title"),
+        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
     };
     const char *usage =
         "usage: ./transformer table3 --dev FILE.tsv --test FILE.tsv [--svg FILE.svg] BASE.ckpt VARIANT.ckpt ...\n"
@@ -1759,20 +1759,20 @@ static int command_bench(int argc, char **argv) {
     int layers = preset->layers, d_model = preset->d_model, d_ff = preset->d_ff, heads = preset->heads;
     int vocab = preset->vocab, B = preset->B, S = preset->S, T = preset->T;
     Option options[] = {
-        TEXT_OPTION("--config", &config_name, 0, "tiny, toy or base; the flags below override its sizes"),
-        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, 0, "N"),
-        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, 0, "d_model"),
-        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, 0, "d_ff"),
-        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, 0, "h"),
-        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, 0, "vocabulary size"),
-        INT_OPTION("--batch", &B, 1, 65536, 0, "B, sentences per batch"),
-        INT_OPTION("--src-len", &S, 2, TRANSFORMER_MAX_LEN, 0, "S, source tokens per sentence"),
-        INT_OPTION("--tgt-len", &T, 2, TRANSFORMER_MAX_LEN, 0, "T, target tokens per sentence"),
+        TEXT_OPTION("--config", &config_name, "tiny, toy or base; the flags below override its sizes"),
+        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, "N"),
+        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, "d_model"),
+        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, "d_ff"),
+        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, "h"),
+        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, "vocabulary size"),
+        INT_OPTION("--batch", &B, 1, 65536, "B, sentences per batch"),
+        INT_OPTION("--src-len", &S, 2, TRANSFORMER_MAX_LEN, "S, source tokens per sentence"),
+        INT_OPTION("--tgt-len", &T, 2, TRANSFORMER_MAX_LEN, "T, target tokens per sentence"),
         FLAG_OPTION("--decode", &decode, "time greedy decoding of the sources, T tokens each, instead of training"),
-        INT_OPTION("--steps", &steps, 0, 100000, 0,
+        INT_OPTION("--steps", &steps, 0, 100000,
                    "timed steps (0: 20, or 10 when d_model >= 512; decoding: 10, or 3)"),
-        INT_OPTION("--warmup", &warmup, 0, 100000, 0, "untimed steps first (decoding: 1)"),
-        INT_OPTION("--threads", &threads, 0, 1024, 0, "OpenMP threads (0: all cores)"),
+        INT_OPTION("--warmup", &warmup, 0, 100000, "untimed steps first (decoding: 1)"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
         FLAG_OPTION("--json", &json, "print the results as one JSON line"),
     };
     const char *usage =

@@ -52,26 +52,26 @@ static int lab_train_options(Option *table, int count, TrainOptions *o) {
     memset(&lab_run, 0, sizeof lab_run);
     lab_run.positional = "sinusoid";
     Option list[] = {
-        INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000, 1, "§5.1 byte-pair encoding: learn N merges from both sides of "
+        INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000, "§5.1 byte-pair encoding: learn N merges from both sides of "
                    "--train and train on subwords (without it: whole words)"),
-        INT_OPTION("--words", &o->words, 1, 100000, 1, "task: the words are the numbers 0..N-1"),
-        INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, 1, "task: shortest sequence"),
-        INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, 1, "task: longest sequence"),
-        INT_OPTION("--train-size", &o->train_size, 1, 10000000, 1, "task: training pairs"),
-        INT_OPTION("--valid-size", &o->valid_size, 1, 100000, 1, "task: held-out pairs, none of them seen in training"),
-        INT_OPTION("--positions", &o->positions, 0, TRANSFORMER_MAX_LEN, 1,
+        INT_OPTION("--words", &o->words, 1, 100000, "task: the words are the numbers 0..N-1"),
+        INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, "task: shortest sequence"),
+        INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, "task: longest sequence"),
+        INT_OPTION("--train-size", &o->train_size, 1, 10000000, "task: training pairs"),
+        INT_OPTION("--valid-size", &o->valid_size, 1, 100000, "task: held-out pairs, none of them seen in training"),
+        INT_OPTION("--positions", &o->positions, 0, TRANSFORMER_MAX_LEN,
                    "maximum sentence length the model takes; 0: the longest in the data + 50"),
-        TEXT_OPTION("--positional", &lab_run.positional, 1, "positions: sinusoid (§3.5) or learned (a trained "
+        TEXT_OPTION("--positional", &lab_run.positional, "positions: sinusoid (§3.5) or learned (a trained "
                     "table, Table 3 row E)"),
-        TEXT_OPTION("--resume", &lab_run.resume, 0, "go on with the run in this checkpoint (--steps may be raised)"),
-        TEXT_OPTION("--loss-log", &lab_run.loss_log, 0, "append 'step loss lr' of every step to this file"),
-        TEXT_OPTION("--log", &lab_run.log_csv, 0, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
+        TEXT_OPTION("--resume", &lab_run.resume, "go on with the run in this checkpoint (--steps may be raised)"),
+        TEXT_OPTION("--loss-log", &lab_run.loss_log, "append 'step loss lr' of every step to this file"),
+        TEXT_OPTION("--log", &lab_run.log_csv, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
                     "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
-        INT_OPTION("--keep-last", &lab_run.keep_last, 0, 1000, 0, "also keep the last N saves as "
+        INT_OPTION("--keep-last", &lab_run.keep_last, 0, 1000, "also keep the last N saves as "
                    "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
-        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, 0, "checkpoint every N steps (0: at each evaluation)"),
-        INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, 0, "progress line every N steps (0: none)"),
-        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, 0, "held-out pairs to decode at each evaluation (0: all)"),
+        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, "checkpoint every N steps (0: at each evaluation)"),
+        INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, "progress line every N steps (0: none)"),
+        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (0: all)"),
     };
     int n = (int)(sizeof list / sizeof *list);
     memcpy(table + count, list, sizeof list);
@@ -83,6 +83,35 @@ static int lab_train_options(Option *table, int count, TrainOptions *o) {
 }
 
 // ---- --resume ---------------------------------------------------------------
+
+// train's flags that are not stored in checkpoints: they belong to one session
+static const char *session_flags[] = { "--checkpoint", "--eval-every", "--show", "--threads", "--force", "--resume",
+                                       "--loss-log", "--log", "--keep-last", "--save-every", "--log-every", "--eval-size" };
+
+static int stored_flag(const Option *o) {
+    for (size_t i = 0; i < sizeof session_flags / sizeof *session_flags; i++)
+        if (strcmp(o->name, session_flags[i]) == 0) return 0;
+    return 1;
+}
+
+// The flags that define the run (data, model, schedule) as text, one
+// argument per line, for the checkpoint: --resume reads them back with the same table.
+static char *format_run_options(const Option *options, int n) {
+    size_t capacity = 256, used = 0;
+    char *text = checked_calloc(capacity, 1, "run options");
+    for (const Option *o = options; o < options + n; o++) {
+        char value[4200];
+        if (!stored_flag(o) || (o->kind == OPTION_INT && *(int *)o->value < o->min)) continue;   // (below min: off)
+        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
+        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
+        else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
+        else continue;
+        size_t need = strlen(o->name) + strlen(value) + 3;
+        if (used + need >= capacity) text = checked_realloc(text, capacity = 2 * (used + need), 1, "run options");
+        used += (size_t)sprintf(text + used, "%s\n%s\n", o->name, value);
+    }
+    return text;
+}
 
 typedef union { int number; double real_number; const char *text; } OptionValue;
 
@@ -109,7 +138,7 @@ static const char *lab_resume(TrainRun *run) {
     OptionValue given[MAX_OPTIONS];
     for (int i = 0; i < n; i++) {
         const Option *o = &run->options[i];
-        if (o->seen && o->stored && strcmp(o->name, "--steps") != 0 && strcmp(o->name, "--train") != 0 &&
+        if (o->seen && stored_flag(o) && strcmp(o->name, "--steps") != 0 && strcmp(o->name, "--train") != 0 &&
             strcmp(o->name, "--valid") != 0)
             return errorf("%s cannot change on --resume: the checkpoint fixes the run's data, model and "
                           "schedule; expected only --steps and session flags", o->name);
@@ -426,7 +455,8 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
         if (lab_run.bpe > 0 && !run->opt.train_path)
             return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
         return lab_run.bpe > 0 ? lab_learn_merges(run) : NULL;
-    case TRAIN_BEGIN:   // built, before the header: the data's hash, kept checkpoints, the logs, the threads
+    case TRAIN_BEGIN:   // built, before the header: the run's flags and data's hash, kept checkpoints, the logs, the threads
+        run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)
         if (!run->resumed_from) run->state.data_hash = dataset_hash(&run->train);
         lab_kept_steps_begin(run);
         if ((error = lab_open_logs())) return error;
