@@ -41,7 +41,7 @@ void transformer_cuda_release(void);
 // rounding: differences are measured relative to each tensor's largest
 // element. The training runs compare the Adam updates, relative to the
 // largest update, the key biases left out: fixed runs, measured (free-running
-// steps have no bound in general; NOTES.md, "Reference files").
+// steps have no bound in general; dev/FORMATS.md, "Reference files").
 #define COMPANION_TOL_LOSS 1e-5      // relative, each step's loss
 #define COMPANION_TOL_GRADS 1e-5     // each gradient tensor, after one step
 #define COMPANION_TOL_UPDATES 1e-3   // the parameters' change after the run

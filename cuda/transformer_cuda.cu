@@ -19,7 +19,7 @@
  * Each kernel computes a Part I loop of transformer.c and names it. What makes
  * a step fast on a GPU, and the same in every run:
  *   - a step is about 500 launches and cuBLAS calls however many sentences the
- *     batch holds (NOTES.md, "The CUDA companion", counts them): the linear
+ *     batch holds (cuda/NOTES.md counts them): the linear
  *     layers are one cuBLAS call each; attention's four products one strided
  *     batched call each over
  *     every sentence and head, which heads_from_rows_kernel lays out one after
@@ -42,7 +42,7 @@
  * host C compiler builds it against cuda_on_cpu.h, which runs every thread
  * of a block as a fiber of its own in random order (shared memory, barriers
  * and shuffles as on a GPU) and every cuBLAS call as a column-major loop;
- * test_transformer.c then compares it with transformer.c. A kernel is
+ * cuda/test_cuda.c then compares it with transformer.c. A kernel is
  * followed by CPU_KERNEL(name, its parameter types), which only that build reads.
  *
  * Row-major data, column-major cuBLAS. transformer.c stores a matrix X of

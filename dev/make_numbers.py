@@ -15,8 +15,8 @@ Each line is `english<TAB>german` in UTF-8, e.g.
 German writes a number below a million as ONE word, and the ones before the
 tens ("zweiundvierzig", two-and-forty), so the word order changes inside the
 word. Whole words cannot translate this (every number is a word of its own,
-never seen in training); transformer.c's byte-pair encoding (`train --bpe N`,
-NOTES.md, "The toy translation task") learns subwords such as `hundert`, `und`, `zig`. The rules,
+never seen in training); the lab's byte-pair encoding (`train --bpe N`,
+lab/NOTES.md, "§5.1 subwords"; the task: dev/RESULTS.md) learns subwords such as `hundert`, `und`, `zig`. The rules,
 German standard spelling (Duden) of cardinal numbers:
 
   * One word, no spaces: 342 dreihundertzweiundvierzig, 7001 siebentausendeins,
