@@ -1040,7 +1040,7 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
 static int command_bleu(int argc, char **argv) {
     const char *usage =
         "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt\n"
-        "Corpus BLEU-4 of any system's output (NOTES.md, \"Evaluation: BLEU\"): one sentence a line in each file\n"
+        "Corpus BLEU-4 of any system's output (lab/NOTES.md, \"BLEU of files\"): one sentence a line in each file\n"
         "(UTF-8 text), line i of the first scored against line i of the second, tokens split at white\n"
         "space as Python's str.split() splits, one reference each, no smoothing, no lower-casing: what\n"
         "eval --bleu prints for decoded outputs, and sacreBLEU's tokenize='none', smooth_method='none'.";
@@ -1672,8 +1672,8 @@ static int command_table3(int argc, char **argv) {
 // `./transformer bench` times whole training steps (forward, backward, Adam)
 // on a synthetic batch, or with --decode greedy decoding of the batch's
 // sources with the key/value cache; dev/bench_pytorch.py times the same in
-// PyTorch, and `make bench` runs both and prints the ratio (NOTES.md,
-// "Performance"; dev/PERFORMANCE.md).
+// PyTorch, and `make bench` runs both and prints the ratio (dev/BENCH.md;
+// the record: dev/PERFORMANCE.md).
 
 typedef struct {
     const char *name;

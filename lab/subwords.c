@@ -32,7 +32,7 @@
 // needs <unk> for it. Learning reads the source AND target sides together, so
 // the subwords form one vocabulary, which §3.4's shared embedding needs.
 //
-// Choices the paper leaves open (NOTES.md, "The toy translation task"):
+// Choices the paper leaves open (lab/NOTES.md, "§5.1 subwords"):
 //   * The convention: the end-of-word marker </w> of Sennrich et al. The last
 //     subword of every word ends in </w> ("zwei und vier zig</w>"), so the
 //     tokens join back into words without a second look: append each token;
