@@ -546,19 +546,19 @@ int svg_write_attention(const char *path, const Transformer *model, AttentionKin
     SvgHeatmap *panels = checked_calloc((size_t)L * NH, sizeof *panels, "attention panels");
     char *titles = checked_calloc((size_t)L * NH, 40, "attention panel titles");
     for (int l = 0; l < L; l++) {
-        for (int h = 0; h < NH; h++) {
-            SvgHeatmap *p = &panels[l * NH + h];
-            size_t head = ((size_t)l * B + sentence) * NH + h; // index of (l, b, h) in (L, B, NH, ..)
-            char *title = titles + (size_t)(l * NH + h) * 40;
-            snprintf(title, 40, "layer %d, head %d", l + 1, h + 1);
+        for (int head = 0; head < NH; head++) {
+            SvgHeatmap *p = &panels[l * NH + head];
+            size_t matrix = ((size_t)l * B + sentence) * NH + head;   // index of (l, b, head) in (L, B, NH, ..)
+            char *title = titles + (size_t)(l * NH + head) * 40;
+            snprintf(title, 40, "layer %d, head %d", l + 1, head + 1);
             if (kind == ATTENTION_ENCODER) {        // enc_att is (L, B, NH, S, S)
-                *p = (SvgHeatmap){ model->acts.enc_att + head * S * S, source_len, source_len, S,
+                *p = (SvgHeatmap){ model->acts.enc_att + matrix * S * S, source_len, source_len, S,
                                    source_tokens, source_tokens, title };
             } else if (kind == ATTENTION_DECODER) { // dec_self_att is (L, B, NH, T, T)
-                *p = (SvgHeatmap){ model->acts.dec_self_att + head * T * T, decoder_positions, decoder_positions,
+                *p = (SvgHeatmap){ model->acts.dec_self_att + matrix * T * T, decoder_positions, decoder_positions,
                                    T, predicted, read, title };
             } else {                                // dec_cross_att is (L, B, NH, T, S)
-                *p = (SvgHeatmap){ model->acts.dec_cross_att + head * T * S, decoder_positions, source_len, S,
+                *p = (SvgHeatmap){ model->acts.dec_cross_att + matrix * T * S, decoder_positions, source_len, S,
                                    predicted, source_tokens, title };
             }
         }
@@ -1006,21 +1006,21 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
     bleu_reset(stats);
     *lines = 0;
     while (!error) {
-        int h = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
-        int r = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
-        if ((!h && ferror(hyp)) || (!r && ferror(ref))) { // not the end: a read that failed
-            error = errorf("%s: read error after %d lines: %s", !h && ferror(hyp) ? hyp_path : ref_path, *lines,
-                           strerror(errno));
+        int got_hypothesis = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
+        int got_reference = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
+        if ((!got_hypothesis && ferror(hyp)) || (!got_reference && ferror(ref))) { // not the end: a read that failed
+            error = errorf("%s: read error after %d lines: %s", !got_hypothesis && ferror(hyp) ? hyp_path : ref_path,
+                           *lines, strerror(errno));
             break;
         }
-        if (!h && !r) break;
+        if (!got_hypothesis && !got_reference) break;
         ++*lines;
-        if (!h || !r)
+        if (!got_hypothesis || !got_reference)
             error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line for each "
-                           "reference line", h ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
-                           h ? hyp_path : ref_path);
-        else if (h < 0 || r < 0)
-            error = errorf("%s:%d: a zero byte; expected text", h < 0 ? hyp_path : ref_path, *lines);
+                           "reference line", got_hypothesis ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
+                           got_hypothesis ? hyp_path : ref_path);
+        else if (got_hypothesis < 0 || got_reference < 0)
+            error = errorf("%s:%d: a zero byte; expected text", got_hypothesis < 0 ? hyp_path : ref_path, *lines);
         else {
             size_t hyp_bad = first_byte_not_utf8(hyp_line), ref_bad = hyp_bad ? 0 : first_byte_not_utf8(ref_line);
             if (hyp_bad || ref_bad)
