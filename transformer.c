@@ -67,19 +67,12 @@
 // PART I   THE MODEL
 // ############################################################################
 
-// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: it
-// sets these, and the four functions of the same names below hand it their
-// call on their first line. Left NULL, every call runs the loops you read.
-static struct {
-    void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC);
-    void (*linear_backward)(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
-                            const real *weight, int N, int IC, int OC);
-    void (*attention_forward)(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
-                              int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C, int NH);
-    void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
-                               const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
-                               int C, int NH);
-} fast_path;
+// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: it sets
+// these four (transformer.h, FastPath), and linear_forward, linear_backward,
+// attention_forward and attention_backward below hand it their call on their
+// first line. Left NULL, every call runs the loops you read.
+static FastPath fast_path;
+
 
 // ============================================================================
 // §3  Linear layers: y = x W^T + b
@@ -2089,27 +2082,12 @@ static Option *find_option(Option *options, int n, const char *name) {
 }
 
 // ---- where the lab plugs in -------------------------------------------------
-// lab/lab.c, which make builds into ./transformer, fills this in before it
-// runs a command; transformer.c alone leaves it empty. Each hook is called at
-// one place, on a line marked "lab:".
+// lab/lab.c, which make builds into ./transformer, fills in these hooks
+// (transformer.h, LabHooks: more commands, more train flags, the stages of
+// training, §5.1 subwords) before it runs a command; transformer.c alone leaves
+// them empty. Each is called at one place, on a line marked "lab:".
+static LabHooks lab;
 
-static struct {
-    // more commands: bleu, average, attention, pe, plot, bpe, params, table3, bench
-    const Command *commands;
-    int num_commands;
-    // more train flags after table[0..count-1] (--bpe, --resume, --keep-last, --log, ...); returns the new count
-    int (*train_options)(Option *table, int count, TrainOptions *options);
-    // each stage of training: §5.1 merges or --resume (TRAIN_START), the logs, kept checkpoints, the thread count
-    const char *(*train_event)(TrainRun *run, TrainEvent event);
-    // §5.1 subwords: a word's subword ids pushed at ids[n..] (returns the new n), ids back into words,
-    // the merges freed, and the merges as a checkpoint section (written, read back)
-    int (*split_word)(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
-                      int n, TextSource *from);
-    char *(*join_tokens)(const Vocabulary *vocab, const int *ids, int n);
-    void (*free_merges)(struct Bpe *bpe);
-    unsigned char *(*merges_section)(const Vocabulary *vocab, size_t *bytes);
-    const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section, size_t bytes, const char *path);
-} lab;
 
 static void vocab_free(Vocabulary *vocab) {
     if (vocab->bpe && lab.free_merges) lab.free_merges(vocab->bpe);   // lab: §5.1 merges

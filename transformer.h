@@ -1,19 +1,21 @@
-/* transformer.h: the public interface of transformer.c
+/* transformer.h: every type of transformer.c, and its public interface
  *
  * transformer.c is the Transformer of "Attention Is All You Need" (Vaswani et
  * al., 2017), encoder and decoder, forward pass, hand-derived backward pass and
- * Adam, in plain C loops that read top to bottom in the paper's order.
+ * Adam, in plain C loops, and the smallest program that trains it (Part II).
+ * This header holds the types both use: the model's (the configuration, the
+ * tensors with their shapes, the batch, the model), the program's (data,
+ * options, evaluation, a training run), and the hooks where the companions
+ * beside it (lab/, cuda/) plug in.
  *
  * BUILD
  *     cc -O2 transformer.c -lm -o transformer_minimal   transformer.c alone: train, decode, eval
- *     make                 ./transformer from transformer_lab.c, which includes
- *                          transformer.c and adds the instruments (OpenMP on;
- *                          `make OPENMP=0` for none)
+ *     make                 ./transformer from lab/lab.c, which includes transformer.c and
+ *                          plugs in the fast path, §5.1 subwords, --resume and the
+ *                          instruments (OpenMP on; `make OPENMP=0` for none)
  *     make demo            builds, trains the copy task, decodes held-out examples
- *     make test            builds and runs the tests (double-precision gradient
- *                          checks, PyTorch parity, masks, Adam, learning,
- *                          decoding, checkpoints, the command line)
- *     make debug           -O0 -g, without Part II or OpenMP: for gdb
+ *     make test            builds and runs the tests
+ *     make debug           -O0 -g, transformer.c alone without OpenMP: for gdb
  *
  * USE (as a library: compile transformer.c with -DTRANSFORMER_NO_MAIN)
  *     TransformerConfig config = transformer_default_config();
@@ -28,12 +30,12 @@
  *     transformer_free(&model);
  *
  * READ
- *     transformer.c from the top: Part I is the model in the paper's order,
- *     each section headed by the paper's section (§3.1 ... §6.1); every layer
- *     is a *_forward function followed by its *_backward, arguments in the
- *     order outputs, inputs, sizes. Part II makes it fast; Part III is the
- *     program. NOTES.md gives a reading path, maps every equation to its
- *     function and gives the backward derivations.
+ *     transformer.c from the top: Part I is the model, building blocks first,
+ *     each section headed by the paper's (§3 ... §6.1); every layer is a
+ *     *_forward function followed by its *_backward, arguments in the order
+ *     outputs, inputs, sizes. Part II is the program. NOTES.md gives a
+ *     reading path, maps every equation to its function and gives the
+ *     backward derivations.
  *
  * The number type `real` is float; compiling with -DTRANSFORMER_DOUBLE makes it
  * double everywhere, which the gradient checks use.
@@ -273,8 +275,9 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 
 // ----------------------------------------------------------------------------
 // Where the training steps of `train` and `bench` run: the loop calls the
-// model through transformer_training, which is transformer.c's own (Parts I
-// and II) unless a program sets it to another. transformer_cuda.cu sets it to
+// model through transformer_training, which is transformer.c's own
+// (transformer_train_step) unless a program sets it to another. The CUDA
+// companion (cuda/transformer_cuda.cu) sets it to
 // a GPU's, which keeps its own copy of the parameters and Adam's moments:
 // begin copies the host model's there (after building or loading it) and
 // to_host copies them, and the gradients, back (before an evaluation or a
@@ -468,9 +471,48 @@ typedef struct TrainRun {
 typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED, TRAIN_END } TrainEvent;
 
 // ----------------------------------------------------------------------------
+// Where the companions plug in. transformer.c alone leaves these empty and
+// runs its own loops and commands; lab/lab.c (make's ./transformer) fills them
+// in: its fast path (lab/fast_path.c) the four products of FastPath, the rest
+// of the lab the program's hooks of LabHooks. (The CUDA companion plugs in
+// through transformer_training, above.)
+
+// The products that take nearly all of a training step's time; each is called
+// in place of transformer.c's function of the same name when it is set.
+typedef struct {
+    void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC);
+    void (*linear_backward)(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
+                            const real *weight, int N, int IC, int OC);
+    void (*attention_forward)(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
+                              int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C, int NH);
+    void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
+                               const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
+                               int C, int NH);
+} FastPath;
+
+// The program's hooks, each called at one place in transformer.c (a line marked "lab:")
+typedef struct {
+    // more commands: bleu, average, attention, pe, plot, bpe, params, table3, bench
+    const Command *commands;
+    int num_commands;
+    // more train flags after table[0..count-1] (--bpe, --resume, --keep-last, --log, ...); returns the new count
+    int (*train_options)(Option *table, int count, TrainOptions *options);
+    // each stage of training: §5.1 merges or --resume (TRAIN_START), the logs, kept checkpoints, the thread count
+    const char *(*train_event)(TrainRun *run, TrainEvent event);
+    // §5.1 subwords: a word's subword ids pushed at ids[n..] (returns the new n), ids back into words,
+    // the merges freed, and the merges as a checkpoint section (written, read back)
+    int (*split_word)(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
+                      int n, TextSource *from);
+    char *(*join_tokens)(const Vocabulary *vocab, const int *ids, int n);
+    void (*free_merges)(struct Bpe *bpe);
+    unsigned char *(*merges_section)(const Vocabulary *vocab, size_t *bytes);
+    const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section, size_t bytes, const char *path);
+} LabHooks;
+
+// ----------------------------------------------------------------------------
 // The command line: transformer_main runs transformer.c's own commands (train,
-// decode, eval) and is main; transformer_lab_main, in transformer_lab.c, runs
-// those and the lab's instruments (average, bleu, attention, pe, plot, bpe,
+// decode, eval) and is main; transformer_lab_main, in lab/lab.c, plugs the lab
+// in and runs those and the lab's instruments (average, bleu, attention, pe, plot, bpe,
 // params, table3, bench): ./transformer as make builds it. Each returns the
 // exit status.
 int transformer_main(int argc, char **argv);

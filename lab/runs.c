@@ -146,6 +146,9 @@ static const char *lab_resume(TrainRun *run) {
         given[i] = option_value(o);
     }
     if ((error = checkpoint_load(path, &run->model, &run->vocab, &run->state, &lab_run.stored_options))) return error;
+    if (!lab_run.stored_options[0])
+        return errorf("%s: the checkpoint holds no run options (transformer.c alone wrote it); expected one that "
+                      "./transformer train wrote", path);
     // the stored options, one argument per line, read with the same table; then the command line's again
     char *args[2 * MAX_OPTIONS + 1];
     int argc = 1;
@@ -224,7 +227,8 @@ static void kept_steps_find(const TrainRun *run, long last) {
     for (long step = 1; step <= last; step++) {
         kept_checkpoint_path(path, sizeof path, run, step);
         if (access(path, F_OK) == 0) {
-            lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1, sizeof(long), "kept checkpoints");
+            lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1, sizeof(long),
+                                                 "kept checkpoints");
             lab_run.kept_steps[lab_run.num_kept++] = step;
         }
         strcat(path, ".tmp");
