@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         snprintf(sentence, sizeof sentence, "%s %s", vocab.words[vocab.size - 1], vocab.words[vocab.size > 5 ? 5 : 4]);
         TextSource from = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
         decode_sentence(&model, &vocab, sentence, &from, 1, 0.6);
-        if (get_u32(bytes + 4) == CHECKPOINT_VERSION && get_u32(bytes + 8) == sizeof(real)) {
+        if (get_u64(bytes + 4, 4) == CHECKPOINT_VERSION && get_u64(bytes + 8, 4) == sizeof(real)) {
             const char *saved = fuzz_file(1, NULL, 0, ".ckpt");
             fuzz_require(!checkpoint_save(saved, &model, &vocab, &state, options), "a loaded checkpoint cannot be saved");
             FILE *f = fopen(saved, "rb");
