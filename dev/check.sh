@@ -48,7 +48,12 @@ gpu() { python3 dev/bench_gpu.py --binary ./transformer --configs tiny --rounds 
 run bench_gpu.py "its table on the CPU: ./transformer for ./transformer_cuda, no PyTorch (the GPU runs: make test-cuda)" gpu
 fma() { gcc -O3 -march=native -funroll-loops -fopenmp -o "$tmp/fma_peak" dev/fma_peak.c && OMP_NUM_THREADS=1 "$tmp/fma_peak"; }
 run fma_peak.c "built and run on one thread" fma
-skip fuzz/ "make fuzz builds six clang libFuzzer targets (minutes): run make fuzz FUZZ_SECONDS=5"
+fuzz() {
+    local cc=clang t; command -v clang > /dev/null || cc=gcc
+    bash -n dev/fuzz/run.sh &&
+    for t in dev/fuzz/fuzz_*.c; do "$cc" -fsyntax-only -std=c11 -Wall -Wextra -Werror -I. "$t" || return 1; done
+}
+run fuzz/ "each target compiled (-fsyntax-only, no warning); make fuzz FUZZ_SECONDS=5 builds and runs them (minutes)" fuzz
 
 # ---- PyTorch 2.x in dev/.venv ----
 SMALL="--layers 1 --d-model 16 --d-ff 32 --heads 2 --vocab 20 --batch 2 --src-len 4 --tgt-len 4 --threads 1 --warmup 1 --steps 2 --json"
