@@ -354,6 +354,14 @@ bench: transformer
 	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS) \
 	    --python $(BENCH_VENV)/bin/python $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
 
+# make dev-check (not part of make test; no network): each script in dev/ on its smallest case, as
+# its docstring runs it (dev/check.sh: seconds each, a line per script; about 3 minutes on 2 busy
+# cores); a script whose Python is not installed (PyTorch 2.x in $(BENCH_VENV), Debian's
+# python3-torch at /usr/bin/python3) is skipped with a line saying so. Fails if any script fails.
+.PHONY: dev-check
+dev-check: transformer test_transformer test_transformer_f64
+	DEV_VENV=$(BENCH_VENV) dev/check.sh
+
 clean:
 	rm -f transformer transformer_minimal transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
 	      test_transformer_f64 test_transformer_serial test_transformer_plain_f64 test_transformer_debug \

@@ -4,7 +4,9 @@
     /usr/bin/python3 dev/export_pytorch.py runs/demo.ckpt --out runs/demo.pt
 
 1. Reads the checkpoint (format: dev/FORMATS.md, "Checkpoint format"), checking its
-   magic, version, sizes and FNV-1a checksum.
+   magic, version, sizes and FNV-1a checksum. transformer.c writes and reads
+   version 3 only; versions 1 and 2 (before the merges of §5.1 and the kind of
+   positions) are still read here.
 2. Loads the weights into the same PyTorch model dev/make_reference.py builds
    (nn.TransformerEncoderLayer / nn.TransformerDecoderLayer, post-norm, shared
    embedding x sqrt(d_model), sinusoids or the learned position table (Table 3,

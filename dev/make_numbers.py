@@ -271,6 +271,7 @@ def main():
         unseen = {c for n in splits[name] for w in english(n) + german(n) for c in w} - train_characters
         if unseen:  # byte-pair encoding could not write these words without <unk>
             sys.exit(f"make_numbers.py: seed {args.seed}: {name} has characters not in train: {sorted(unseen)}")
+    os.makedirs(args.out_dir, exist_ok=True)
     seen = set()
     for name, numbers in splits.items():
         assert not seen.intersection(numbers), "a number is in two splits"
