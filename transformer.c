@@ -73,7 +73,6 @@
 // first line. Left NULL, every call runs the loops you read.
 static FastPath fast_path;
 
-
 // ============================================================================
 // §3  Linear layers: y = x W^T + b
 // Every sub-layer is built from these: the four projections of multi-head
@@ -442,11 +441,9 @@ static void attention_backward(real *dq, real *dk, real *dv,
 // (§6.1) calls it too, with keys and values from its cache.
 // ============================================================================
 
-// One layer's attention parameters (or their gradients: the same layout).
-typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
-
 // out = Concat(heads) W^O + b^O with heads = Attention(q, k, v) per head:
-// out and heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward reads them.
+// out and heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward
+// reads them. weights: one layer's AttentionParams (transformer.h).
 static void attend_and_project(real *out, real *att, real *heads, const real *q, const real *k, const real *v,
                                int q_stride, int kv_stride, const int *key_len, int causal,
                                AttentionParams weights, int B, int Tq, int Tk, int C, int NH) {
@@ -529,9 +526,6 @@ static void relu_backward(real *dhidden, const real *hidden, size_t n) {
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) if (!(hidden[i] > 0)) dhidden[i] = 0;
 }
-
-// One layer's FFN parameters (or their gradients).
-typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
 
 // out is (N,C), hidden (N,F) = max(0, x W_1^T + b_1) is kept for backward
 static void feed_forward_forward(real *out, real *hidden, const real *x, FeedForwardParams weights,
@@ -729,23 +723,10 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 //                                        ├─ FFN ─ drop ─(+)─ LN ─> out
 //                                        └────────────────────┘
 // No layer norm follows the last layer of either stack in the published model.
+// A layer takes its parameters and activations as views of the model's
+// tensors (transformer.h: EncoderLayerParams, DecoderLayerActs, ...), each
+// tensor holding all N layers.
 // ============================================================================
-
-typedef struct {
-    AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
-    FeedForwardParams ffn;
-    real *ln2_g, *ln2_b;
-} EncoderLayerParams;
-
-typedef struct {
-    AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
-    AttentionParams cross_attn;
-    real *ln2_g, *ln2_b;
-    FeedForwardParams ffn;
-    real *ln3_g, *ln3_b;
-} DecoderLayerParams;
 
 static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
                                            size_t l, size_t C) {
@@ -795,18 +776,6 @@ static DecoderLayerParams decoder_layer_params(ParameterTensors *tensors, const 
 }
 
 // Layer l's slice of the activations.
-typedef struct {
-    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
-} EncoderLayerActs;
-
-typedef struct {
-    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
-         *ln2, *ln2_mean, *ln2_rstd;
-    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
-} DecoderLayerActs;
-
 static EncoderLayerActs encoder_layer_acts(const Transformer *model, int layer) {
     const ActivationTensors *all = &model->acts;
     size_t l = layer, B = model->B, S = model->S, C = model->config.d_model, F = model->config.d_ff;
@@ -1181,33 +1150,10 @@ typedef struct { real **tensor; size_t size; } Tensor;                     // a 
 static real *arena_of(Tensor *tensors, int n, const char *what);           // one arena of zeros for them all
 static void arena_free(real *p);
 
-// The decoding state of R rows decoded side by side: R sentences (greedy) or
-// the R beams of one sentence (beam search).
-typedef struct {
-    int rows;           // R
-    int S;              // padded source length
-    int max_T;          // positions the self-attention cache holds
-    int *src_len;       // (R)                real source tokens of each row
-    int *self_len;      // (R)                positions each row's query sees: t + 1
-    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
-    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
-    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
-    real *x;            // (R, C)             a layer's input, then its output
-    real *qkv;          // (R, 3C)
-    real *heads;        // (R, C)
-    real *proj;         // (R, C)
-    real *res;          // (R, C)
-    real *ln1, *ln2;    // (R, C)
-    real *q;            // (R, C)
-    real *ff_h;         // (R, F)
-    real *ff_out;       // (R, C)
-    real *mean, *rstd;  // (R)
-    real *att;          // (R, NH, max(S, max_T))
-    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
-    real *logits;       // (R, V)
-    real *memory;       // the arena of all the above
-} DecoderCache;
-
+// The state of R rows decoded side by side (R sentences, greedy, or the R
+// beams of one sentence) is a DecoderCache (transformer.h): each row's key
+// and value cache per decoder layer, the memory's keys and values, and one
+// position's activations, all in one arena.
 static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S, int max_T) {
     const TransformerConfig *config = &model->config;
     size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads;
@@ -2087,7 +2033,6 @@ static Option *find_option(Option *options, int n, const char *name) {
 // training, §5.1 subwords) before it runs a command; transformer.c alone leaves
 // them empty. Each is called at one place, on a line marked "lab:".
 static LabHooks lab;
-
 
 static void vocab_free(Vocabulary *vocab) {
     if (vocab->bpe && lab.free_merges) lab.free_merges(vocab->bpe);   // lab: §5.1 merges

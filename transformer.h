@@ -216,6 +216,73 @@ typedef struct {
 } BackwardScratch;
 
 // ----------------------------------------------------------------------------
+// One layer's views of the tensors above, as transformer.c's layers take them
+// (the parameters or their gradients: the same layout), and the state of
+// decoding with a key/value cache (transformer.c, §6.1).
+
+// One layer's attention parameters: W^Q, W^K, W^V stacked (3C, C) and their
+// biases, then W^O and its bias (§3.2.2)
+typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
+// One layer's feed-forward network (§3.3): W_1, b_1, W_2, b_2
+typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    FeedForwardParams ffn;
+    real *ln2_g, *ln2_b;
+} EncoderLayerParams;
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    AttentionParams cross_attn;
+    real *ln2_g, *ln2_b;
+    FeedForwardParams ffn;
+    real *ln3_g, *ln3_b;
+} DecoderLayerParams;
+
+// Layer l's slice of the activations (encoder_layer_acts, decoder_layer_acts).
+typedef struct {
+    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
+} EncoderLayerActs;
+
+typedef struct {
+    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
+         *ln2, *ln2_mean, *ln2_rstd;
+    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
+} DecoderLayerActs;
+
+// The decoding state of R rows decoded side by side: R sentences (greedy) or
+// the R beams of one sentence (beam search).
+typedef struct {
+    int rows;           // R
+    int S;              // padded source length
+    int max_T;          // positions the self-attention cache holds
+    int *src_len;       // (R)                real source tokens of each row
+    int *self_len;      // (R)                positions each row's query sees: t + 1
+    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
+    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
+    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
+    real *x;            // (R, C)             a layer's input, then its output
+    real *qkv;          // (R, 3C)
+    real *heads;        // (R, C)
+    real *proj;         // (R, C)
+    real *res;          // (R, C)
+    real *ln1, *ln2;    // (R, C)
+    real *q;            // (R, C)
+    real *ff_h;         // (R, F)
+    real *ff_out;       // (R, C)
+    real *mean, *rstd;  // (R)
+    real *att;          // (R, NH, max(S, max_T))
+    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
+    real *logits;       // (R, V)
+    real *memory;       // the arena of all the above
+} DecoderCache;
+
+// ----------------------------------------------------------------------------
 // A batch of sentence pairs, padded to the longest: src[b*S + s] for s <
 // src_len[b] are real tokens, the rest TOKEN_PAD. Teacher forcing (§3.1): the
 // decoder reads tgt_in = <s> y_1 .. y_{n-1} and must predict tgt_out = y_1 ..
