@@ -2386,6 +2386,11 @@ static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_t
     }
 }
 
+static void batch_buffer_free(BatchBuffer *bb) {
+    free(bb->src); free(bb->src_len); free(bb->tgt_in); free(bb->tgt_out); free(bb->tgt_len);
+    memset(bb, 0, sizeof *bb);
+}
+
 // Teacher forcing (§3.1: "the output embeddings are offset by one
 // position"): the decoder reads tgt_in = <s> y_1 .. y_n and must predict
 // tgt_out = y_1 .. y_n </s>. The source ends with </s> too, as in
@@ -2399,20 +2404,10 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
         if ((size_t)p->src_len + 1 > S) S = p->src_len + 1;
         if ((size_t)p->tgt_len + 1 > T) T = p->tgt_len + 1;
     }
-    if (B > bb->rows_capacity) {
-        bb->rows_capacity = B;
-        bb->src_len = checked_realloc(bb->src_len, B, sizeof(int), "batch");
-        bb->tgt_len = checked_realloc(bb->tgt_len, B, sizeof(int), "batch");
-    }
-    if (B * S > bb->src_capacity) bb->src = checked_realloc(bb->src, bb->src_capacity = B * S, sizeof(int), "batch");
-    if (B * T > bb->tgt_capacity) {
-        bb->tgt_capacity = B * T;
-        bb->tgt_in = checked_realloc(bb->tgt_in, B * T, sizeof(int), "batch");
-        bb->tgt_out = checked_realloc(bb->tgt_out, B * T, sizeof(int), "batch");
-    }
-    memset(bb->src, 0, B * S * sizeof(int));
-    memset(bb->tgt_in, 0, B * T * sizeof(int));
-    memset(bb->tgt_out, 0, B * T * sizeof(int));
+    batch_buffer_free(bb);   // a new batch's arrays, of zeros: <pad> where no token goes
+    bb->src = checked_calloc(B * S, sizeof(int), "batch"), bb->src_len = checked_calloc(B, sizeof(int), "batch");
+    bb->tgt_in = checked_calloc(B * T, sizeof(int), "batch"), bb->tgt_out = checked_calloc(B * T, sizeof(int), "batch");
+    bb->tgt_len = checked_calloc(B, sizeof(int), "batch");
     bb->tokens = 0;
     for (size_t b = 0; b < B; b++) {
         const SentencePair *p = &dataset->pairs[indices[b]];
@@ -2431,10 +2426,6 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
     bb->batch = batch;
 }
 
-static void batch_buffer_free(BatchBuffer *bb) {
-    free(bb->src); free(bb->src_len); free(bb->tgt_in); free(bb->tgt_out); free(bb->tgt_len);
-    memset(bb, 0, sizeof *bb);
-}
 
 // ---- §6.1 BLEU --------------------------------------------------------------
 // The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
@@ -2640,14 +2631,11 @@ static void print_examples(const Evaluation *e, const Dataset *dataset, const Vo
 }
 
 // ---- checkpoints ------------------------------------------------------------
-// One file holds what a run needs to go on where it stopped: the config, the
-// vocabulary, the parameters, Adam's moments and step, the random
-// generators' states, the place in the current epoch, and the run's options
-// as text (the byte layout: dev/FORMATS.md). Numbers are little-endian; the
-// last 8 bytes are an FNV-1a checksum of all before them. A save writes
-// PATH.tmp, flushes it to the disk and renames it over PATH: rename replaces
-// a file in one step, so PATH is at every moment the old checkpoint or the
-// new one, never half of either.
+// A run's config, vocabulary, parameters, Adam's moments and step, generator
+// states, place in its epoch and options, in one file (dev/FORMATS.md):
+// little-endian, the last 8 bytes an FNV-1a checksum of all before. A save
+// writes PATH.tmp, flushes it to the disk and renames it over PATH, which
+// replaces a file in one step: PATH is always the old checkpoint or the new.
 
 #define CHECKPOINT_MAGIC "TCKP"
 #define CHECKPOINT_VERSION 3   // versions 1 and 2 (before the §5.1 merges and the kind of positions) are refused
@@ -2785,13 +2773,14 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
                    "%d, max_len %d, %s positions) give %zu", path, (u64)h->num_parameters, config->n_layers,
                    config->d_model, config->d_ff, config->vocab_size, config->max_len,
                    positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
-    CHECKPOINT_REQUIRE(h->vocab_bytes <= size && h->vocab_bytes >= 5 * (uint64_t)config->vocab_size, "%s: header: a "
-                   "vocabulary section of %llu bytes cannot hold %d tokens", path, (u64)h->vocab_bytes, config->vocab_size);
-    CHECKPOINT_REQUIRE(h->options_bytes <= size, "%s: header: an options section of %llu bytes, but the file has %llu",
-                   path, (u64)h->options_bytes, (u64)size);
-    CHECKPOINT_REQUIRE(h->merges_bytes <= size && (h->merges_bytes == 0 || h->merges_bytes >= 4 + 10), "%s: header: a "
-                   "merges section of %llu bytes; expected 0 or from 14 up to the file's %llu", path,
-                   (u64)h->merges_bytes, (u64)size);
+    // each section at most the file (so that their sum cannot overflow), and big enough for what it holds
+    uint64_t sections[3] = { h->vocab_bytes, h->options_bytes, h->merges_bytes };
+    uint64_t least[3] = { 5 * (uint64_t)config->vocab_size, 0, h->merges_bytes ? 4 + 10 : 0 };
+    const char *names[3] = { "vocabulary", "options", "merges" };
+    for (int i = 0; i < 3; i++)
+        CHECKPOINT_REQUIRE(sections[i] <= size && sections[i] >= least[i], "%s: header: a %s section of %llu bytes; "
+                           "expected from %llu bytes up to the file's %llu", path, names[i], (u64)sections[i],
+                           (u64)least[i], (u64)size);
     CHECKPOINT_REQUIRE(h->dropout_rng != 0, "%s: header: dropout generator state 0; expected non-zero", path);
     // The run's counts, each in the range training reaches: --steps goes up
     // to MAX_TRAINING_STEPS, and every epoch begun and every batch of the

@@ -469,11 +469,10 @@ typedef struct {
     int num_spans;
 } EpochPlan;
 
-// A Batch and the memory behind it, grown as needed.
+// A Batch and the memory behind it
 typedef struct {
     Batch batch;
     int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
-    size_t rows_capacity, src_capacity, tgt_capacity;
     long tokens;   // source and target positions without padding, for tokens/s
 } BatchBuffer;
 
