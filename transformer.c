@@ -2084,6 +2084,34 @@ static const char *next_token(const char *text, size_t *length) {
     return start;
 }
 
+// Every text input (data, decode's input, BLEU's files) is UTF-8: a byte that
+// is not (Latin-1 text, a binary file) is refused with its file and line.
+
+// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
+// (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
+static int utf8_sequence_length(const unsigned char *s) {
+    if (s[0] < 0x80) return 1;
+    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
+        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
+    return n;
+}
+
+// NULL for a line of UTF-8 text, else one line (where: "data.tsv:12") naming the
+// first byte that is not. got: read_text_line's answer (-1: a zero byte).
+static const char *text_error(const char *line, int got, const char *where) {
+    if (got < 0) return errorf("%s: a zero byte; expected text", where);
+    for (const unsigned char *s = (const unsigned char *)line; *s; ) {
+        int n = utf8_sequence_length(s);
+        if (n == 0) return errorf("%s: byte %zu of the line, 0x%02x, is not UTF-8; expected UTF-8 text", where,
+                                  (size_t)(s - (const unsigned char *)line) + 1, *s);
+        s += n;
+    }
+    return NULL;
+}
+
 // ---- sentence pairs, and reading them ---------------------------------------
 
 static void dataset_free(Dataset *dataset) {
@@ -2226,10 +2254,10 @@ static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const c
     TextSource from = { "", 0, 0, NULL };
     while (!error && (got = read_text_line(f, &line, &line_capacity, line_no + 1)) != 0) {
         snprintf(from.where, sizeof from.where, "%s:%d", path, ++line_no);
-        char *tab = got < 0 ? NULL : strchr(line, '\t');
-        if (got < 0) error = errorf("%s: a zero byte; expected text", from.where);
-        else if (!tab && !next_token(line, &unused)) continue;   // a blank line
-        else if (!tab) error = errorf("%s: no tab; expected source<TAB>target", from.where);
+        char *tab = strchr(line, '\t');
+        if ((error = text_error(line, got, from.where))) break;
+        if (!tab && !next_token(line, &unused)) continue;   // a blank line
+        if (!tab) error = errorf("%s: no tab; expected source<TAB>target", from.where);
         else if (strchr(tab + 1, '\t')) error = errorf("%s: more than one tab; expected source<TAB>target", from.where);
         if (error) break;
         *tab = '\0';
@@ -2792,6 +2820,8 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
                    "epoch begun per step", path, (u64)h->state.epoch, (u64)h->adam_step);
     CHECKPOINT_REQUIRE(h->state.epoch_batches <= h->adam_step, "%s: header: %llu batches of the current epoch done after "
                    "%llu steps; expected at most one batch per step", path, (u64)h->state.epoch_batches, (u64)h->adam_step);
+    CHECKPOINT_REQUIRE(h->state.epoch > 0 || h->state.epoch_batches == 0, "%s: header: %llu batches done in epoch 0; "
+                       "expected none before the first epoch", path, (u64)h->state.epoch_batches);
     CHECKPOINT_REQUIRE(h->state.epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
     uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + h->merges_bytes
                       + 3 * P * h->real_bytes + 8;
@@ -3280,15 +3310,15 @@ static int command_decode(int argc, char **argv) {
         TextSource from = { "", 0, 0, NULL };
         for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha, NULL);
+            refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha,
+                                       text_error(sentences[i], 1, from.where));
         }
         char *line = NULL;
         size_t capacity = 0;
         int got, line_no = 1;
         for (; num_sentences == 0 && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
             snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-            refused += decode_sentence(&model, &vocab, line, &from, beam, alpha,
-                                       got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL);
+            refused += decode_sentence(&model, &vocab, line, &from, beam, alpha, text_error(line, got, from.where));
         }
         if (num_sentences == 0 && ferror(stdin))   // a read that failed (stdin a directory, say) is not the end
             error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));

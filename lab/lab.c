@@ -977,23 +977,13 @@ static void print_subwords(FILE *f, const Vocabulary *vocab, const int *ids, int
 
 // ---- bleu -------------------------------------------------------------------------
 
-// The offset in bytes (from 1) of the first byte of text that does not
-// begin a valid UTF-8 sequence (utf8_sequence_length), or 0 when all of it is UTF-8.
-static size_t first_byte_not_utf8(const char *text) {
-    const unsigned char *s = (const unsigned char *)text;
-    for (size_t i = 0; s[i]; ) {
-        int n = utf8_sequence_length(s + i);
-        if (n == 0) return i + 1;
-        i += (size_t)n;
-    }
-    return 0;
-}
 
 // Corpus BLEU of a hypothesis file against a reference file, line by line,
 // exactly as eval --bleu scores decoded outputs: tokens split at white space.
 // The files are read as sacreBLEU reads them, UTF-8 text split into lines at
 // \n only, and a line that is not UTF-8 (Latin-1 text, a binary file) is
-// refused as sacreBLEU refuses it, naming the file and line: scoring its
+// refused, as every text input is (text_error) and as sacreBLEU refuses it,
+// naming the file and line: scoring its
 // bytes would split words where sacreBLEU does not, or not at all. (Two
 // differences, both about what is not text: a \r before the \n and a
 // byte-order mark at the start of a file are dropped, where sacreBLEU keeps
@@ -1019,15 +1009,13 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
             error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line for each "
                            "reference line", got_hypothesis ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
                            got_hypothesis ? hyp_path : ref_path);
-        else if (got_hypothesis < 0 || got_reference < 0)
-            error = errorf("%s:%d: a zero byte; expected text", got_hypothesis < 0 ? hyp_path : ref_path, *lines);
         else {
-            size_t hyp_bad = first_byte_not_utf8(hyp_line), ref_bad = hyp_bad ? 0 : first_byte_not_utf8(ref_line);
-            if (hyp_bad || ref_bad)
-                error = errorf("%s:%d: byte %zu of the line, 0x%02x, is not UTF-8; expected UTF-8 text, as sacreBLEU "
-                               "reads it", hyp_bad ? hyp_path : ref_path, *lines, hyp_bad ? hyp_bad : ref_bad,
-                               (unsigned char)(hyp_bad ? hyp_line[hyp_bad - 1] : ref_line[ref_bad - 1]));
-            else bleu_add_sentence_text(stats, hyp_line, ref_line);
+            char where[2][300];
+            snprintf(where[0], sizeof where[0], "%s:%d", hyp_path, *lines);
+            snprintf(where[1], sizeof where[1], "%s:%d", ref_path, *lines);
+            if (!(error = text_error(hyp_line, got_hypothesis, where[0])) &&
+                !(error = text_error(ref_line, got_reference, where[1])))
+                bleu_add_sentence_text(stats, hyp_line, ref_line);
         }
     }
     if (!error && *lines == 0) error = errorf("%s: no lines; expected one sentence a line", hyp_path);
@@ -1239,14 +1227,17 @@ static int command_bpe(int argc, char **argv) {
         if (!error && !vocab.bpe) error = errorf("%s: the model has no merges (trained on whole words, without --bpe)", checkpoint);
     }
     TextSource from = { "the sentence", 0, 0, NULL };
-    for (int i = 0; i < num_sentences && !error; i++) error = print_sentence_subwords(&vocab, sentences[i], &from);
+    for (int i = 0; i < num_sentences && !error; i++) {
+        snprintf(from.where, sizeof from.where, "argument %d", i + 1);
+        if (!(error = text_error(sentences[i], 1, from.where))) error = print_sentence_subwords(&vocab, sentences[i], &from);
+    }
     if (!error && checkpoint && num_sentences == 0) {
         char *line = NULL;
         size_t capacity = 0;
         int line_no, got;
         for (line_no = 1; !error && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
             snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-            error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : print_sentence_subwords(&vocab, line, &from);
+            if (!(error = text_error(line, got, from.where))) error = print_sentence_subwords(&vocab, line, &from);
         }
         // a read that failed (stdin a directory, say) is not the end of the input
         if (!error && ferror(stdin)) error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));

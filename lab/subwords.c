@@ -39,8 +39,9 @@
 //     after one that ends in </w>, drop the marker and start a new word.
 //     Training words must not contain the text "</w>" themselves.
 //   * Symbols start as characters: UTF-8 sequences (u-umlaut is one symbol,
-//     not two bytes); a byte that does not begin a valid sequence is a
-//     symbol of its own, so any input is read, never refused.
+//     not two bytes). Text that is not UTF-8 is refused before it gets here
+//     (transformer.c's text_error); a byte that does not begin a valid
+//     sequence (in merges read from a checkpoint, say) is a symbol of its own.
 //   * Ties: the most frequent pair is merged; between pairs of the same
 //     frequency the one whose left symbol comes first in byte order (strcmp),
 //     then whose right symbol comes first. The result depends on the words and
@@ -143,19 +144,6 @@ static void bpe_add_merge(Bpe *b, const char *left, const char *right, long freq
     int l = vocab_add(&b->symbols, left, nl), rt = vocab_add(&b->symbols, right, nr);
     if (pair_find(&b->ranks, l, rt) < 0) pair_insert(&b->ranks, l, rt, r); // a repeat never applies
     free(joined);
-}
-
-// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
-// (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
-static int utf8_sequence_length(const unsigned char *s) {
-    if (s[0] < 0x80) return 1;
-    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
-        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
-    return n;
 }
 
 // Cuts the n bytes at word into its first symbols: start[i] is where symbol
