@@ -195,20 +195,31 @@ $(TABLE3_DIR)/%.ckpt:
 # ---- the CUDA companion (transformer_cuda.cu; README, NOTES.md, "The CUDA companion") ----
 # transformer.c with its lab is compiled as C by $(CC) and linked beside the companion's
 # object; nvcc compiles the .cu as CUDA C++ with every warning an error, and
-# ptxas reports each kernel's registers: a spill fails the build.
+# ptxas reports each kernel's registers: a spill fails the build, and so does a
+# kernel whose largest block (its __launch_bounds__, else 1024 threads) would
+# need more registers than a block may have (cuda/check_registers.awk, which
+# reads the bounds from the PTX that nvcc -keep leaves in $(NVCC_KEEP)).
 NVCC ?= nvcc
 CUDA_ARCH ?= sm_80
 NVCC_ARCH ?= -arch=$(CUDA_ARCH)
 NVCCFLAGS ?= -O3 $(NVCC_ARCH)
 NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra -Xptxas -v
 NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lm
-cuda: transformer_cuda
-transformer_cuda: $(COMPANION) $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
-	$(NVCC_CHECKED) -c -o transformer_cuda.o cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
+NVCC_KEEP = .nvcc_keep
+# $(call cuda_compile,OUTPUT.o,EXTRA FLAGS): cuda/transformer_cuda.cu compiled and its registers checked
+define cuda_compile
+	rm -rf $(NVCC_KEEP) && mkdir -p $(NVCC_KEEP)
+	$(NVCC_CHECKED) $(2) -keep -keep-dir $(NVCC_KEEP) -c -o $(1) cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
 	@if grep -E '[1-9][0-9]* bytes spill (stores|loads)' .ptxas.log; then \
 	  echo "make cuda: a kernel spills registers (above); expected 0 bytes"; exit 1; fi
-	@echo "make cuda: $$(grep -c 'bytes spill stores' .ptxas.log) kernels, no register spills (ptxas -v)"; rm -f .ptxas.log
+	@awk -f cuda/check_registers.awk $(NVCC_KEEP)/*.ptx .ptxas.log
+	@echo "make cuda: $$(grep -c 'bytes spill stores' .ptxas.log) kernels, no register spills (ptxas -v)"
+	@rm -rf $(NVCC_KEEP) .ptxas.log
+endef
+cuda: transformer_cuda
+transformer_cuda: $(COMPANION) $(SOURCES) cuda/check_registers.awk
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
+	$(call cuda_compile,transformer_cuda.o,)
 	$(NVCC_LINK) -o $@ transformer_cuda.o transformer_host.o
 
 # the companion built for the CPU (cuda_on_cpu.h): ./transformer_cuda_cpu bench --config base --count
@@ -218,9 +229,8 @@ transformer_cuda_cpu: $(COMPANION) $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c cuda/transformer_cuda.cu -x none lab/lab.c $(LDLIBS)
 
 # the float tests with the companion built by nvcc instead of for the CPU
-test_transformer_cuda: cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES)
-	$(NVCC_CHECKED) -DTRANSFORMER_CUDA_NO_MAIN -c -o transformer_cuda_test.o cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
-	rm -f .ptxas.log
+test_transformer_cuda: cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES) cuda/check_registers.awk
+	$(call cuda_compile,transformer_cuda_test.o,-DTRANSFORMER_CUDA_NO_MAIN)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o cuda/test_cuda.c
 	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o
 
@@ -277,7 +287,7 @@ test-cuda: transformer
 
 clean: clean-companion
 clean-companion:
-	rm -f test_cuda_threads .tsan_racy.log
+	rm -rf test_cuda_threads .tsan_racy.log $(NVCC_KEEP)
 
 # No OpenMP here: with it, each parallel loop's body would be a separate
 # function run by libgomp, and gdb's `next` would step over the whole loop.

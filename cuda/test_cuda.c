@@ -929,6 +929,91 @@ static void test_emulator_graphs(void) {
     cudaStreamDestroy(stream);
 }
 
+// ---- make cuda's register check (cuda/check_registers.awk) -----------------------------
+
+// Runs the check on a PTX file and a ptxas -v log written from these strings:
+// its exit status (0: it passes them), its output in `said`.
+static int register_check(const char *dir, const char *ptx, const char *log, char *said, size_t said_size) {
+    char path[256], command[1024];
+    snprintf(path, sizeof path, "%s/kernels.ptx", dir);
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(ptx, f); fclose(f); }
+    snprintf(path, sizeof path, "%s/ptxas.log", dir);
+    f = fopen(path, "w");
+    if (f) { fputs(log, f); fclose(f); }
+    snprintf(command, sizeof command, "awk -f cuda/check_registers.awk %s/kernels.ptx %s/ptxas.log > %s/said 2>&1",
+             dir, dir, dir);
+    int status = system(command);
+    snprintf(path, sizeof path, "%s/said", dir);
+    said[0] = 0;
+    f = fopen(path, "r");
+    if (f) { size_t n = fread(said, 1, said_size - 1, f); said[n] = 0; fclose(f); }
+    said[strcspn(said, "\n")] = 0;   // its first line
+    return status;
+}
+
+// nvcc compiles cuda/register_probe.cu (a thread of it needs about 120
+// registers) with `flags` and the check reads its report: the exit status.
+static int register_probe(const char *dir, const char *flags, char *said, size_t said_size) {
+    char command[1024], path[256];
+    snprintf(command, sizeof command, "rm -rf %s/keep && mkdir %s/keep && nvcc -arch=sm_80 %s -Xptxas -v -keep "
+             "-keep-dir %s/keep -c -o %s/keep/probe.o cuda/register_probe.cu 2> %s/keep/ptxas.log && "
+             "awk -f cuda/check_registers.awk %s/keep/*.ptx %s/keep/ptxas.log > %s/said 2>&1", dir, dir, flags, dir,
+             dir, dir, dir, dir, dir);
+    int status = system(command);
+    snprintf(path, sizeof path, "%s/said", dir);
+    said[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (f) { size_t n = fread(said, 1, said_size - 1, f); said[n] = 0; fclose(f); }
+    said[strcspn(said, "\n")] = 0;   // its first line
+    return status;
+}
+
+static void test_register_check(void) {
+    char dir[64] = "/tmp/register_check_XXXXXX", said[2048];
+    if (!mkdtemp(dir)) { check(0, "register check: cannot make a temporary directory"); return; }
+    const char *ptx =
+        ".visible .entry _Z11wide_kernelPf(\n\t.param .u64 _Z11wide_kernelPf_param_0\n)\n{\n\tret;\n}\n"
+        ".visible .entry _Z14bounded_kernelPf(\n\t.param .u64 _Z14bounded_kernelPf_param_0\n)\n"
+        ".maxntid 256, 1, 1\n{\n\tret;\n}\n";
+    const char *log_format =
+        "ptxas info    : Compiling entry function '_Z11wide_kernelPf' for 'sm_80'\n"
+        "ptxas info    : Function properties for _Z11wide_kernelPf\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used %d registers, used 0 barriers, 360 bytes cmem[0]\n"
+        "ptxas info    : Compiling entry function '_Z14bounded_kernelPf' for 'sm_80'\n"
+        "ptxas info    : Used %d registers, used 0 barriers, 360 bytes cmem[0]\n";
+    // a 1024-thread block of 64 registers a thread needs 65536; of 72, 73728. A
+    // 256-thread block (its __launch_bounds__) of 255 registers needs 65536.
+    struct { int wide, bounded, passes; } cases[] = { { 64, 255, 1 }, { 72, 40, 0 }, { 40, 256, 1 } };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char log[1024];
+        snprintf(log, sizeof log, log_format, cases[i].wide, cases[i].bounded);
+        int status = register_check(dir, ptx, log, said, sizeof said);
+        int right = cases[i].passes ? status == 0 && strstr(said, "2 kernels")
+                                    : status != 0 && strstr(said, "wide_kernel (sm_80) uses 72 registers");
+        check(right, "register check: a kernel of %d registers and no __launch_bounds__ (a block of up to 1024 "
+              "threads), one of %d with __launch_bounds__(256): %s (%s)", cases[i].wide, cases[i].bounded,
+              cases[i].passes ? "passed" : "refused", said);
+    }
+#ifdef _OPENMP   // once in make test: nvcc takes seconds
+    if (system("command -v nvcc > /dev/null 2>&1") == 0) {
+        int refused = register_probe(dir, "", said, sizeof said) != 0 &&
+                      strstr(said, "many_registers_kernel") && strstr(said, "more than the 65536");
+        char refusal[1024];
+        snprintf(refusal, sizeof refusal, "%s", said);
+        int bounded = register_probe(dir, "-DPROBE_THREADS=256", said, sizeof said) == 0;
+        check(refused && bounded, "register check: nvcc's build of cuda/register_probe.cu is refused without "
+              "__launch_bounds__ (%s) and passed with __launch_bounds__(256)", refusal);
+    } else {
+        printf("     (nvcc is not on the PATH: the register check was tried on written reports only)\n");
+    }
+#endif
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    if (system(command) != 0) printf("     (could not remove %s)\n", dir);
+}
+
 // ---- the companion with a fault put in ------------------------------------------
 
 typedef struct { Transformer *model; Batch *batch; real loss; } CompanionStep;
@@ -1140,6 +1225,7 @@ void run_companion_tests(void) {
     test_emulator_audit();
     test_emulator_warps();
     test_emulator_graphs();
+    test_register_check();
 #endif
 #endif
     set_threads(1);   // transformer.c's side on one thread: these models are tiny, and the machine may be busy
