@@ -1026,6 +1026,7 @@ static void companion_step(void *step) {
 // weights (companion_config) on `batch`: the worst difference of the
 // loss and of every gradient tensor, relative to their largest; infinity when
 // the emulator caught a fault (cuda_on_cpu.message says which).
+static size_t companion_shared_limit;   // when set, the opt-in limit companion_step_difference gives the "GPU"
 static double companion_step_difference(Batch *batch, int *faulted) {
     TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
     Transformer cpu, dev;
@@ -1034,6 +1035,7 @@ static double companion_step_difference(Batch *batch, int *faulted) {
     cpu.training = dev.training = 1;
     real loss = transformer_train_step(&cpu, batch, 4, 0.5);
     transformer_cuda_training()->begin(&dev);
+    if (companion_shared_limit) gpu.shared_opt_in = companion_shared_limit;
     CompanionStep step = { &dev, batch, 0 };
     *faulted = cpu_catches_fault(companion_step, &step);
     double worst = INFINITY;
@@ -1107,6 +1109,13 @@ static void test_companion_column_chunks(void) {
     check(chunks > 1 && !faulted && wide < COMPANION_TOL_GRADS, "companion: one training step on 40 ragged sentences "
           "(the column sums in %u chunks of rows) as transformer.c's (loss and all gradients within %.1e of their "
           "largest; tolerance %.0e)", chunks, wide, COMPANION_TOL_GRADS);
+    // a device whose blocks cannot hold a row of logits (V = 19 floats and the warps' sums) in shared memory
+    companion_shared_limit = 32;
+    double uncached = companion_step_difference(companion_wide_batch(), &faulted);
+    companion_shared_limit = 0;
+    check(!faulted && uncached < COMPANION_TOL_GRADS, "companion: cross_entropy_kernel reading its rows from device "
+          "memory (they do not fit a block's shared memory) gives transformer.c's loss and gradients (within %.1e)",
+          uncached);
 }
 
 // Nine training steps over the three ragged shapes of companion_batches with

@@ -546,10 +546,13 @@ CPU_KERNEL(relu_bias_backward_kernel, float *, float *, ColumnScratch, const flo
 // target position bt over its V logits z (probabilities are never stored):
 //   token_loss = -(1-eps) log p_y - (eps/V) sum_v log p_v,  log p_v = z_v - log sum_w exp(z_w)
 //   dlogits_v = (p_v - q_v) / n,   q_v = (1-eps) [v == y] + eps/V
-// padding positions get 0 for both. shared: a float per warp.
+// padding positions get 0 for both. shared: a float per warp, then, when
+// row_in_shared, the row's V logits: read from device memory once (the largest
+// first), then read again from there by the thread that wrote each (no
+// barrier needed), instead of three times from device memory.
 static __global__ void __launch_bounds__(1024)
 cross_entropy_kernel(float *token_loss, float *dlogits, const float *logits, const int *targets, const int *tgt_len,
-                     const StepValues *step, float eps, int T, int V) {
+                     const StepValues *step, float eps, int T, int V, int row_in_shared) {
     SHARED_FLOATS(shared);
     size_t bt = blockIdx.x;
     const float *z = logits + bt * V;
@@ -559,26 +562,32 @@ cross_entropy_kernel(float *token_loss, float *dlogits, const float *logits, con
         if (threadIdx.x == 0) token_loss[bt] = 0;
         return;
     }
+    float *cached = shared + blockDim.x / WARP;
     float largest = -INFINITY, sum = 0, sum_z = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) largest = fmaxf(largest, z[v]);
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float zv = z[v];
+        if (row_in_shared) cached[v] = zv;
+        largest = fmaxf(largest, zv);
+    }
+    const float *row = row_in_shared ? cached : z;
     largest = block_max(largest, shared);
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        sum += expf(z[v] - largest);
-        sum_z += z[v];
+        sum += expf(row[v] - largest);
+        sum_z += row[v];
     }
     sum = block_sum(sum, shared);
     sum_z = block_sum(sum_z, shared);
     int y = targets[bt];
     float inv_sum = 1 / sum, smooth = eps / V, inv_n = step->inv_n;
     for (int v = threadIdx.x; v < V; v += blockDim.x)
-        dz[v] = (expf(z[v] - largest) * inv_sum - (smooth + (v == y ? 1 - eps : 0.0f))) * inv_n;
+        dz[v] = (expf(row[v] - largest) * inv_sum - (smooth + (v == y ? 1 - eps : 0.0f))) * inv_n;
     if (threadIdx.x == 0) {
         float log_sum = largest + logf(sum), log_p_target = z[y] - log_sum, sum_log_p = sum_z - V * log_sum;
         token_loss[bt] = -(1 - eps) * log_p_target - smooth * sum_log_p;
     }
 }
 CPU_KERNEL(cross_entropy_kernel, float *, float *, const float *, const int *, const int *, const StepValues *, float,
-           int, int)
+           int, int, int)
 
 // cross_entropy_forward's mean over the n non-padding positions (padding's
 // token_loss is 0), in double as the host: one block, each thread a strided
@@ -727,6 +736,7 @@ typedef struct {
 
 typedef struct {
     int ready, tf32, count;
+    size_t shared_opt_in;    // the dynamic shared memory cross_entropy_kernel may have (the device's opt-in limit)
     cublasHandle_t cublas;
     void *cublas_workspace;  // set explicitly: cuBLAS then allocates nothing inside a capture
     TransformerConfig config;
@@ -1371,11 +1381,15 @@ static void gpu_forward_work(Transformer *m) {
     }
     // §3.4: logits = y E^T; then cross_entropy_forward, and its backward's dlogits already
     gpu_linear_forward(gpu.logits, y, embedding, B * T, C, V);
-    // a thread per 4 logits, up to 1024; at least two warps, so that block_sum's barrier always matters
+    // a thread per 4 logits, up to 1024; at least two warps, so that block_sum's barrier always matters;
+    // each row kept in shared memory when it fits (gpu_begin opted the kernel in to gpu.shared_opt_in bytes)
     unsigned threads = V >= 4 * 1024 ? 1024 : blocks_for((size_t)V, 4 * WARP) * WARP;
     if (threads < 2 * WARP) threads = 2 * WARP;
-    LAUNCH(cross_entropy_kernel, (unsigned)(B * T), threads, threads / WARP * sizeof(float), gpu.token_loss,
-           gpu.scratch.d_logits, gpu.logits, gpu.tgt_out, gpu.tgt_len, gpu.step, c->label_smoothing, T, V);
+    size_t warps_bytes = threads / WARP * sizeof(float), with_row = warps_bytes + (size_t)V * sizeof(float);
+    int row_in_shared = with_row <= gpu.shared_opt_in;
+    LAUNCH(cross_entropy_kernel, (unsigned)(B * T), threads, row_in_shared ? with_row : warps_bytes, gpu.token_loss,
+           gpu.scratch.d_logits, gpu.logits, gpu.tgt_out, gpu.tgt_len, gpu.step, c->label_smoothing, T, V,
+           row_in_shared);
     LAUNCH(mean_loss_kernel, 1, THREADS, THREADS * sizeof(double), gpu.loss, gpu.token_loss, (size_t)B * T, gpu.step);
 }
 
@@ -1584,6 +1598,9 @@ static void gpu_begin(Transformer *m) {
         gpu.num_parameters = m->num_parameters;
         gpu_allocate_model(m);
         gpu_start_cublas();
+        gpu.shared_opt_in = prop.sharedMemPerBlockOptin;
+        CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)gpu.shared_opt_in));
         fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s\n", prop.name,
                 gpu.tf32 ? "TF32 (--tf32)" : "fp32", gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)");
     }
