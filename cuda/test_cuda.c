@@ -4,8 +4,12 @@
  * as loops, a block's threads as fibers in random order, its cuBLAS calls as
  * column-major loops, its memory starts as NaN), against plain products,
  * against transformer.c and against the PyTorch reference files; the
- * emulator's own checks (launches, barriers, shared memory, host reads of
- * device memory); faults put in on purpose, each of which must be caught.
+ * companion's steps replayed from CUDA graphs against the same steps launched
+ * one by one, bit for bit; the emulator's own checks (launches, barriers and
+ * their call sites, warp exchanges with masks, shared memory at both ends,
+ * per-tensor bounds inside an allocation, host reads of device memory, what a
+ * graph capture forbids); make cuda's register check; faults put in on
+ * purpose, each of which must be caught.
  * Built by make test (OpenMP on and off); make test-cuda builds the same
  * tests with the companion compiled by nvcc (-DCOMPANION_ON_GPU) and runs them
  * on a GPU; cuda/test_cuda_threads.c runs them with real threads under
