@@ -862,32 +862,25 @@ static void launch_freed_graph(void *unused) {
     cpu_fault(cudaErrorIllegalAddress, "cudaGraphLaunch: %s", why);
 }
 
-static void test_emulator_graphs(void) {
-    float *x, *host_pinned, pageable[4] = { 5, 6, 7, 8 }, got[4];
-    cudaStream_t stream;
+// A copy from page-locked memory, a launch and a cuBLAS call, captured: nothing
+// runs until the graph does, which then uses the launch's arguments and cuBLAS's
+// alpha as they were at the capture, and the host memory as it is at the launch
+static void test_emulator_graph_replay(cudaStream_t stream, cublasHandle_t handle) {
+    float *x, *host_pinned, got[4];
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    cudaStreamCreate(&stream);
     cudaMalloc((void **)&x, 8 * sizeof(float));
     cudaMallocHost((void **)&host_pinned, 4 * sizeof(float));
     for (int i = 0; i < 4; i++) host_pinned[i] = (float)(i + 1);
-    // a copy from page-locked memory, a launch and a cuBLAS call, recorded: nothing runs until the graph does
-    cublasHandle_t handle;
-    cublasCreate(&handle);
-    cublasSetStream(handle, stream);
-    float alpha = 2.0f, zero = 0.0f;
-    cudaStream_t saved = gpu_stream;
-    gpu_stream = stream;
+    float alpha = 2.0f, zero = 0.0f, factor = 3.0f;
     cudaError_t begun = cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
     cudaMemcpyAsync(x, host_pinned, 4 * sizeof(float), cudaMemcpyHostToDevice, stream);
-    float factor = 3.0f;
     LAUNCH_KERNEL(scale_kernel, 1, 32, 0, x, factor, (size_t)4);
-    cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 1, &alpha, x, 4, x, 1, &zero,
-                x + 4, 4);   // x[4..8) = alpha * x[0..4) * x[0]
+    cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 1, &alpha, x, 4, x, 1, &zero, x + 4, 4);   // x[4..8) = alpha x[0..4) x[0]
     cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
-    factor = 5.0f; alpha = 7.0f;              // the graph keeps what they were
+    factor = 5.0f; alpha = 7.0f;                                          // the graph keeps what they were
     for (int i = 0; i < 4; i++) host_pinned[i] = (float)(10 * (i + 1));   // the graph reads this when it runs
     cudaError_t launched = cudaGraphLaunch(exec, stream);
     cudaMemcpy(got, x + 4, sizeof got, cudaMemcpyDeviceToHost);
@@ -897,39 +890,53 @@ static void test_emulator_graphs(void) {
           "page-locked memory, a launch, a cuBLAS call) runs only when launched, with the kernel's arguments and "
           "cuBLAS's alpha as they were at the capture and the host memory as it is at the launch (%g %g %g %g)",
           got[0], got[1], got[2], got[3]);
-    // what a capture refuses: each spoils it
-    struct { const char *what; cudaError_t refused, ended; } refusals[4];
-    for (int r = 0; r < 4; r++) {
-        cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
-        cudaError_t e = cudaSuccess;
-        if (r == 0) { refusals[r].what = "a blocking cudaMemcpy"; e = cudaMemcpy(got, x, sizeof got, cudaMemcpyDeviceToHost); }
-        if (r == 1) {
-            refusals[r].what = "a launch on the legacy stream";
-            gpu_stream = NULL;
-            LAUNCH_KERNEL(scale_kernel, 1, 32, 0, x, 1.0f, (size_t)4);
-            gpu_stream = stream;
-            e = cudaGetLastError();
-        }
-        if (r == 2) {
-            refusals[r].what = "an asynchronous copy of pageable host memory";
-            e = cudaMemcpyAsync(x, pageable, sizeof pageable, cudaMemcpyHostToDevice, stream);
-        }
-        if (r == 3) { refusals[r].what = "cudaStreamSynchronize"; e = cudaStreamSynchronize(stream); }
-        refusals[r].refused = e;
-        refusals[r].ended = cudaStreamEndCapture(stream, &graph);
-        check(e != cudaSuccess && refusals[r].ended == cudaErrorStreamCaptureInvalidated && graph == NULL,
-              "emulator: %s during a capture is refused (%s) and the capture fails (%s)", refusals[r].what,
-              cudaGetErrorString(e), cudaGetErrorString(refusals[r].ended));
-    }
-    gpu_stream = saved;
-    cudaFree(x);
+    cudaFree(x);   // the graph's memory: its next launch must fault
     freed_graph = exec;
     int caught = cpu_catches_fault(launch_freed_graph, NULL);
     check(caught && strstr(cuda_on_cpu.message, "outside"), "emulator: a graph launched after its memory was freed "
           "is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
     cudaGraphExecDestroy(exec);
-    cublasDestroy(handle);
     cudaFreeHost(host_pinned);
+}
+
+// What a capture forbids, each refused and spoiling it
+static void test_emulator_graph_refusals(cudaStream_t stream) {
+    const char *what[4] = { "a blocking cudaMemcpy", "a launch on the legacy stream",
+                            "an asynchronous copy of pageable host memory", "cudaStreamSynchronize" };
+    float *x, pageable[4] = { 5, 6, 7, 8 }, got[4];
+    cudaMalloc((void **)&x, 4 * sizeof(float));
+    for (int r = 0; r < 4; r++) {
+        cudaGraph_t graph;
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+        cudaError_t e = cudaSuccess;
+        if (r == 0) e = cudaMemcpy(got, x, sizeof got, cudaMemcpyDeviceToHost);
+        if (r == 1) {
+            gpu_stream = NULL;
+            LAUNCH_KERNEL(scale_kernel, 1, 32, 0, x, 1.0f, (size_t)4);
+            gpu_stream = stream;
+            e = cudaGetLastError();
+        }
+        if (r == 2) e = cudaMemcpyAsync(x, pageable, sizeof pageable, cudaMemcpyHostToDevice, stream);
+        if (r == 3) e = cudaStreamSynchronize(stream);
+        cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+        check(e != cudaSuccess && ended == cudaErrorStreamCaptureInvalidated && graph == NULL,
+              "emulator: %s during a capture is refused (%s) and the capture fails (%s)", what[r],
+              cudaGetErrorString(e), cudaGetErrorString(ended));
+    }
+    cudaFree(x);
+}
+
+static void test_emulator_graphs(void) {
+    cudaStream_t stream, saved = gpu_stream;
+    cudaStreamCreate(&stream);
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    cublasSetStream(handle, stream);
+    gpu_stream = stream;   // LAUNCH_KERNEL's
+    test_emulator_graph_replay(stream, handle);
+    test_emulator_graph_refusals(stream);
+    gpu_stream = saved;
+    cublasDestroy(handle);
     cudaStreamDestroy(stream);
 }
 

@@ -1693,22 +1693,26 @@ static int compare_seconds(const void *a, const void *b) {
 #ifdef __cplusplus
 extern "C"
 #endif
-int transformer_cuda_sgemm(int argc, char **argv) {
-    int n = 8192, repeats = 10, json = 0;
+// sgemm's options; 0 if they are wrong (it says why)
+static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json) {
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) json = 1;
-        else if (i + 1 < argc && strcmp(argv[i], "--size") == 0) n = atoi(argv[++i]);
-        else if (i + 1 < argc && strcmp(argv[i], "--repeats") == 0) repeats = atoi(argv[++i]);
+        if (strcmp(argv[i], "--json") == 0) *json = 1;
+        else if (i + 1 < argc && strcmp(argv[i], "--size") == 0) *n = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--repeats") == 0) *repeats = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] [--tf32]\n"
                             "cuBLAS's SGEMM C = A B on N x N matrices (default 8192), in TFLOP/s\n");
-            return 1;
+            return 0;
         }
     }
-    if (n < 1 || n > 65536 || repeats < 1 || repeats > 1000) {
-        fprintf(stderr, "error: sgemm: --size must be 1 to 65536 and --repeats 1 to 1000\n");
-        return 1;
-    }
+    if (*n >= 1 && *n <= 65536 && *repeats >= 1 && *repeats <= 1000) return 1;
+    fprintf(stderr, "error: sgemm: --size must be 1 to 65536 and --repeats 1 to 1000\n");
+    return 0;
+}
+
+int transformer_cuda_sgemm(int argc, char **argv) {
+    int n = 8192, repeats = 10, json = 0;
+    if (!sgemm_options(argc, argv, &n, &repeats, &json)) return 1;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     CUDA_CHECK(cudaStreamCreate(&gpu_stream));

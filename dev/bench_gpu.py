@@ -425,6 +425,11 @@ def main(argv=None):
                                     (["--tf32"] if precision == "tf32" else []), a.timeout)
         if log:
             log.write(json.dumps({"precision": precision, "column": "sgemm", **sgemm[precision]}) + "\n")
+    if "tf32" in precisions and "error" in sgemm["tf32"]:   # not ./transformer_cuda (./transformer has no --tf32)
+        print(f"{a.binary} has no sgemm command: it is not the CUDA companion, and has no TF32 either; "
+              "fp32 alone\n")
+        precisions = [p for p in precisions if p != "tf32"] or ["fp32"]
+        sgemm.setdefault("fp32", sgemm["tf32"])
     # the configs in the order given, each in every precision, so that a budget spends itself on the first
     results = {(name, precision): measure(a, name, precision == "tf32", columns,
                                           lambda: time.monotonic() - started, log)
