@@ -1,6 +1,6 @@
 # transformer.c: build, test, debug
 #   make demo          builds ./transformer, trains the copy task, shows it decoding
-#   make numbers       trains the English -> German number task (NOTES.md, "The toy translation task") on subwords
+#   make numbers       trains the English -> German number task (dev/RESULTS.md, "The toy translation task") on subwords
 #                      (§5.1 byte-pair encoding, 100 merges), evaluates it on the test split
 #                      (greedy, beam 4, BLEU on words and subwords), averages the last 5 checkpoints
 #   make table3        the paper's Table 3 on the numbers task: the base model (3 seeds) and one
@@ -40,14 +40,14 @@ OPENMP ?= 1
 # -ffp-contract=fast lets the compiler fuse a*b + c into one FMA instruction
 # (one rounding instead of two): twice the multiply-adds per cycle in the
 # matrix products. Safe here: every result stays deterministic for a given
-# binary and thread count, and the tests hold (NOTES.md, Performance).
+# binary and thread count, and the tests hold (dev/PERFORMANCE.md, "Floating point").
 CFLAGS ?= -O3 -march=native -ffp-contract=fast -fno-math-errno
 WARNINGS = -std=c11 -Wall -Wextra
 ifeq ($(OPENMP),1)
 OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
-SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c
+SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/subwords.c lab/runs.c
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
@@ -137,7 +137,7 @@ demo: transformer
 	./transformer train --task copy --checkpoint runs/demo.ckpt --force
 	./transformer decode --checkpoint runs/demo.ckpt --beam 4 "3 1 4 1 5 9 2 6"
 
-# NOTES.md, "The toy translation task": 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
+# dev/RESULTS.md, "The toy translation task": 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
 # machine); THREADS=1 is faster than two threads on a machine busy with other jobs.
 THREADS ?= 0
 NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --bpe 100 --layers 2 --d-model 64 \
@@ -153,7 +153,7 @@ numbers: transformer
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
 
-# ---- Table 3 on a laptop (NOTES.md, "Results") ----
+# ---- Table 3 on a laptop (dev/RESULTS.md, "Table 3 on a laptop") ----
 # Every run is the base model of make numbers with a shorter budget (the base
 # has not learned the task yet: differences show) and one change, named
 # table3_RUN; the runs train TABLE3_JOBS at a time, one thread each (results do
@@ -193,7 +193,7 @@ $(TABLE3_DIR)/%.ckpt:
 	./transformer train $(TABLE3_TRAIN) $(table3_$*) --eval-every 0 --eval-size 50 --log-every 0 --show 0 \
 	    --threads 1 --force --checkpoint $@ > $(TABLE3_DIR)/$*.log
 
-# ---- the CUDA companion (transformer_cuda.cu; README, NOTES.md, "The CUDA companion") ----
+# ---- the CUDA companion (cuda/transformer_cuda.cu; README, cuda/NOTES.md) ----
 # transformer.c with its lab is compiled as C by $(CC) and linked beside the companion's
 # object; nvcc compiles the .cu as CUDA C++ with every warning an error, and
 # ptxas reports each kernel's registers: a spill fails the build, and so does a
@@ -381,6 +381,14 @@ bench: transformer
 	/usr/bin/python3 dev/bench_compare.py --binary ./transformer --configs $(BENCH_CONFIGS) \
 	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS) \
 	    --python $(BENCH_VENV)/bin/python $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
+
+# make dev-check (not part of make test; no network): each script in dev/ on its smallest case, as
+# its docstring runs it (dev/check.sh: seconds each, a line per script; about 3 minutes on 2 busy
+# cores); a script whose Python is not installed (PyTorch 2.x in $(BENCH_VENV), Debian's
+# python3-torch at /usr/bin/python3) is skipped with a line saying so. Fails if any script fails.
+.PHONY: dev-check
+dev-check: transformer test_transformer test_transformer_f64
+	DEV_VENV=$(BENCH_VENV) dev/check.sh
 
 clean:
 	rm -f transformer transformer_minimal transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \

@@ -3,60 +3,41 @@
  * Vaswani, Shazeer, Parmar, Uszkoreit, Jones, Gomez, Kaiser, Polosukhin,
  * NeurIPS 2017, arXiv 1706.03762. The whole encoder-decoder model, its
  * hand-derived backward pass and the paper's Adam schedule, one loop at a
- * time, and the smallest program that trains it and decodes with it.
+ * time, and the smallest program that trains it and translates with it.
  *
- * BUILD  cc -O2 transformer.c -lm -o transformer_minimal   this file alone: train, decode, eval
- *        make               ./transformer with the lab's instruments too (transformer_lab.c:
- *                           pictures, BLEU of files, averaging, Table 3, parameter counts, bench)
- *        make debug         -O0 -g, without Part II or OpenMP: gdb's `next` walks every loop
+ * BUILD  cc -O2 transformer.c -lm       this file alone: train, decode, eval, in the plain loops below
+ *        make                           ./transformer: this file with its companions in lab/ (the fast
+ *                                       path: a toy training step about 7 times faster; §5.1 subwords,
+ *                                       --resume, logs, pictures, Table 3, the benchmark); OpenMP on
+ *        make debug                     -O0 -g, this file alone without OpenMP: gdb's `next` walks every loop
  * TEST   make test
- * RUN    make demo          trains the copy task and decodes held-out examples
- *        ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt "3 1 4"
+ * RUN    ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt "3 1 4"
  * USE    as a library: transformer.h (compile with -DTRANSFORMER_NO_MAIN)
- *
- * READ   Top to bottom, beside the paper (NOTES.md has a reading path):
- *   PART I    THE MODEL, in the paper's order, in plain loops
- *               §3     linear layers, the building block of every sub-layer
- *               §3.1   residual connection, dropout, layer normalisation
- *               §3.2.1 scaled dot-product attention, both masks; why sqrt(d_k)
- *               §3.2.2 multi-head attention; why several heads
- *               §3.3   position-wise feed-forward networks
- *               §3.4   embeddings and the shared pre-softmax projection
- *               §3.5   positional encoding; why sinusoids (or, Table 3 row E, a learned table)
- *               §5.4   label smoothing and the loss
- *               §3.1   the encoder and decoder stacks, built from the above
- *                      the whole model: forward pass, backward pass
- *               §5.3   Adam and the warm-up learning-rate schedule (eq. 3)
- *               §5     the training step: transformer_train_step
- *               §6.1   decoding: greedy with a key/value cache, beam search
- *                      the machinery: allocation, random numbers, parameter
- *                      tables and initialisation, activation memory, checks
- *   PART II   MAKING IT FAST, an appendix you may skip: the linear layers'
- *             and attention's products as register tiles over packed blocks.
- *             Four Part I functions hand their call to it on their first
- *             line; -DTRANSFORMER_PLAIN leaves it out. The tests check it
- *             against Part I.
- *   PART III  THE PROGRAM: data (vocabulary, TSV files, §5.1 byte-pair
- *             encoding, the copy and reverse tasks, batches by length),
- *             evaluation, checkpoints, §6.1 BLEU, the command line (train,
- *             decode, eval), training's threads on a busy machine, main.
- *
+ * READ   from the top, beside the paper (NOTES.md has a reading path):
+ *   PART I   THE MODEL, in plain loops: the building blocks first, each under
+ *            the paper's section (§3 linear layers; §3.1 residual, dropout and
+ *            layer norm; §3.2.1 scaled dot-product attention and its masks;
+ *            §3.2.2 multi-head attention; §3.3 the FFN; §3.4 embeddings; §3.5
+ *            positional encoding; §5.4 label smoothing and the loss), then the
+ *            §3.1 stacks built from them, the whole model forward and
+ *            backward, §5.3 Adam and eq. 3's schedule, §5 the training step,
+ *            §6.1 decoding (greedy with a key/value cache, beam search), and
+ *            last the machinery (memory, random numbers, parameter tables).
+ *   PART II  THE PROGRAM: data (the copy and reverse tasks, TSV files,
+ *            batches by length), evaluation and BLEU, checkpoints, the
+ *            commands train, decode and eval, main; and the hooks where the
+ *            companions in lab/ plug in.
  * CONVENTIONS
- *   Every layer is a `*_forward` function followed by its `*_backward`.
- *   Arguments come outputs first, then inputs, then sizes. A backward
- *   function quotes the forward line it differentiates and ACCUMULATES (+=)
- *   into its gradient outputs; the caller zeroes them.
- *   Shapes: B sentences, S source length, T target length, C = d_model,
- *   F = d_ff, NH = h heads, d_k = d_v = C/NH, V vocabulary, L layers.
- *   A linear layer stores W as (out_features, in_features), as PyTorch does,
- *   and computes y = x W^T + b; the paper writes x W with W (in, out): the
- *   same numbers, transposed.
- *   Masking: the paper sets illegal attention scores to -inf before the
- *   softmax; we skip masked keys and give them probability exactly 0, which
- *   is the same thing without infinities in the arithmetic.
- *   Parallel loops (#pragma omp parallel for) give every output element to
- *   one thread, which sums in a fixed order: results are bit-identical for
- *   any number of threads.
+ *   Every layer is a `*_forward` function followed by its `*_backward`,
+ *   arguments outputs first, then inputs, then sizes. A backward function
+ *   quotes the forward line it differentiates and ACCUMULATES (+=) into its
+ *   gradient outputs; the caller zeroes them. Shapes: B sentences, S source
+ *   length, T target length, C = d_model, F = d_ff, NH = h heads,
+ *   d_k = d_v = C/NH, V vocabulary, L layers. A linear layer stores W as
+ *   (out, in), as PyTorch does, and computes y = x W^T + b (the paper's x W).
+ *   Masked keys get probability exactly 0 (the paper's -inf before the
+ *   softmax, without infinities). A parallel loop gives each output element
+ *   to one thread, summing in a fixed order: the same bits on any thread count.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -65,75 +46,40 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/types.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
 #include "transformer.h"
-
-// ############################################################################
-// PART I   THE MODEL
-// ############################################################################
-
-// What the layers need from the machinery at the end of Part I:
-static char error_context[40] = "";     // "train: ": errors name the command (a library: "")
-static void *checked_calloc(size_t count, size_t size, const char *what);   // calloc, or exit with a message
-static real *arena_calloc(size_t count, const char *what);                // zeros, starting on a cache line
-static void arena_free(real *p);
-static uint64_t rng_next(Rng *rng);                                       // xorshift64*
-static uint64_t hash64(uint64_t z);                                       // splitmix64's mixer
-static double unit_interval(uint64_t bits);                               // [0, 1) from 53 random bits
-static void ensure_buffers(Transformer *model, int B, int S, int T);      // activations for a (B,S,T) batch
-
-// libm's e^x, ln x and square root in the precision of `real`
-#ifdef TRANSFORMER_DOUBLE
-#define real_exp exp
-#define real_log log
-#define real_sqrt sqrt
-#else
-#define real_exp expf
-#define real_log logf
-#define real_sqrt sqrtf
-#endif
-
 // OpenMP is optional: built without -fopenmp, the `#pragma omp` lines are
 // ignored (and this says so to the compiler, which would warn about each).
 #ifndef _OPENMP
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"
 #endif
 
-// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: it
-// sets these four, and linear_forward, linear_backward, attention_forward and
-// attention_backward hand it their call on their first line. transformer.c
-// alone leaves them NULL, and every call runs the loops you read.
-static struct {
-    void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC);
-    void (*linear_backward)(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
-                            const real *weight, int N, int IC, int OC);
-    void (*attention_forward)(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
-                              int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C, int NH);
-    void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
-                               const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
-                               int C, int NH);
-} fast_path;
+// ############################################################################
+// PART I   THE MODEL
+// ############################################################################
+
+// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: it sets
+// these four (transformer.h, FastPath), and linear_forward, linear_backward,
+// attention_forward and attention_backward below hand it their call on their
+// first line. Left NULL, every call runs the loops you read.
+static FastPath fast_path;
 
 // ============================================================================
 // §3  Linear layers: y = x W^T + b
 // Every sub-layer is built from these: the four projections of multi-head
 // attention (§3.2.2), the two of the FFN (§3.3) and the pre-softmax
 // projection through the shared embedding (§3.4). Between them they do
-// nearly all of a training step's arithmetic, and Part II does the same sums
-// many times faster.
+// nearly all of a training step's arithmetic (the fast path, lab/fast_path.c,
+// does the same sums many times faster).
 // ============================================================================
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
@@ -186,6 +132,11 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
 // the sub-layer input and normalized" (§5.4). So every sub-layer ends with
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 // ============================================================================
+
+// From the machinery at the end of Part I: our own random numbers
+static uint64_t rng_next(Rng *rng);            // xorshift64*
+static uint64_t hash64(uint64_t z);            // splitmix64's mixer
+static double unit_interval(uint64_t bits);    // [0, 1) from 53 random bits
 
 // Draws a dropout mask: each element is kept with probability 1 - p_drop and
 // then scaled by 1/(1 - p_drop) ("inverted dropout", so evaluation needs no
@@ -320,8 +271,8 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 //     query 2       x  x  x  .
 //     query 3(pad)  x  x  x  .         (a padded query's output is never used)
 //
-// The query of row (b, i) starts at q + (b*Tq + i)*q_stride, head h at
-// column h*d_k; keys and values likewise with kv_stride. This reads Q, K, V
+// The query of row (b, i) starts at q + (b*Tq + i)*q_stride, its head `head`
+// at column head*d_k; keys and values likewise with kv_stride. This reads Q, K, V
 // straight out of the fused (B, T, 3C) projection without copying.
 // ============================================================================
 
@@ -372,17 +323,17 @@ static void attention_forward(real *out, real *att,
     }
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    // one thread per (b, h, i): it alone writes query i's probabilities and head h's columns of out_i
+    // one thread per (b, head, i): it alone writes query i's probabilities and the head's columns of out_i
     #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
+        for (int head = 0; head < NH; head++) {
             for (int i = 0; i < Tq; i++) {
                 int visible = visible_keys(i, key_len[b], causal);   // both masks
-                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + h * d_k;
-                real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
+                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + head * d_k;
+                real *p = att + (((size_t)b * NH + head) * Tq + i) * Tk;
                 // s_ij = q_i . k_j / sqrt(d_k)
                 for (int j = 0; j < visible; j++) {
-                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + head * d_k;
                     real dot = 0;
                     for (int d = 0; d < d_k; d++) dot += q_i[d] * k_j[d];
                     p[j] = dot * scale;
@@ -390,10 +341,10 @@ static void attention_forward(real *out, real *att,
                 // p_ij = softmax_j(s_ij), and 0 for the masked keys
                 softmax_visible(p, visible, Tk);
                 // out_i = sum_j p_ij v_j
-                real *out_i = out + ((size_t)b * Tq + i) * C + h * d_k;
+                real *out_i = out + ((size_t)b * Tq + i) * C + head * d_k;
                 for (int d = 0; d < d_k; d++) out_i[d] = 0;
                 for (int j = 0; j < visible; j++) {
-                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + head * d_k;
                     for (int d = 0; d < d_k; d++) out_i[d] += p[j] * v_j[d];
                 }
             }
@@ -420,20 +371,20 @@ static void attention_backward(real *dq, real *dk, real *dv,
     }
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
+    // one thread per (b, head): it alone writes that head's columns of dq, dk, dv
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
+        for (int head = 0; head < NH; head++) {
             for (int i = 0; i < Tq; i++) {
-                const real *p = att + (((size_t)b * NH + h) * Tq + i) * Tk;
-                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + h * d_k;
-                const real *dout_i = dout + ((size_t)b * Tq + i) * C + h * d_k;
-                real *dq_i = dq + ((size_t)b * Tq + i) * q_stride + h * d_k;
+                const real *p = att + (((size_t)b * NH + head) * Tq + i) * Tk;
+                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + head * d_k;
+                const real *dout_i = dout + ((size_t)b * Tq + i) * C + head * d_k;
+                real *dq_i = dq + ((size_t)b * Tq + i) * q_stride + head * d_k;
                 real ds[Tk];   // dp_ij for this query, then ds_ij
                 // dp_ij = dout_i . v_j,  dv_j += p_ij dout_i
                 for (int j = 0; j < Tk; j++) {
-                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
-                    real *dv_j = dv + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + head * d_k;
+                    real *dv_j = dv + ((size_t)b * Tk + j) * kv_stride + head * d_k;
                     real dot = 0;
                     for (int d = 0; d < d_k; d++) {
                         dot += dout_i[d] * v_j[d];
@@ -445,8 +396,8 @@ static void attention_backward(real *dq, real *dk, real *dv,
                 softmax_backward(ds, p, Tk);
                 // dq_i += ds_ij k_j / sqrt(d_k),  dk_j += ds_ij q_i / sqrt(d_k)
                 for (int j = 0; j < Tk; j++) {
-                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
-                    real *dk_j = dk + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + head * d_k;
+                    real *dk_j = dk + ((size_t)b * Tk + j) * kv_stride + head * d_k;
                     for (int d = 0; d < d_k; d++) {
                         dq_i[d] += ds[j] * scale * k_j[d];
                         dk_j[d] += ds[j] * scale * q_i[d];
@@ -473,10 +424,10 @@ static void attention_backward(real *dq, real *dk, real *dv,
 // worse than the best; `make table3` runs row A on the numbers task.
 //
 // W_i^Q for all heads together is one (C, C) matrix whose output columns
-// h*d_k .. (h+1)*d_k-1 belong to head h; likewise W^K and W^V. We stack the
+// i*d_k .. (i+1)*d_k-1 belong to head_i; likewise W^K and W^V. We stack the
 // three as the rows of one (3C, C) weight, as PyTorch's in_proj_weight, and
 // project with one matrix product. So qkv[b,t] = [q | k | v], each C wide,
-// and head h reads columns h*d_k .. (h+1)*d_k-1 of each: the "split into
+// and head_i reads columns i*d_k .. (i+1)*d_k-1 of each: the "split into
 // heads" is only a way of indexing, and Concat is the same indexing read back.
 //
 //   self-attention (encoder; decoder with the causal mask):
@@ -490,11 +441,9 @@ static void attention_backward(real *dq, real *dk, real *dv,
 // (§6.1) calls it too, with keys and values from its cache.
 // ============================================================================
 
-// One layer's attention parameters (or their gradients: the same layout).
-typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
-
 // out = Concat(heads) W^O + b^O with heads = Attention(q, k, v) per head:
-// out and heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward reads them.
+// out and heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward
+// reads them. weights: one layer's AttentionParams (transformer.h).
 static void attend_and_project(real *out, real *att, real *heads, const real *q, const real *k, const real *v,
                                int q_stride, int kv_stride, const int *key_len, int causal,
                                AttentionParams weights, int B, int Tq, int Tk, int C, int NH) {
@@ -577,9 +526,6 @@ static void relu_backward(real *dhidden, const real *hidden, size_t n) {
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) if (!(hidden[i] > 0)) dhidden[i] = 0;
 }
-
-// One layer's FFN parameters (or their gradients).
-typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
 
 // out is (N,C), hidden (N,F) = max(0, x W_1^T + b_1) is kept for backward
 static void feed_forward_forward(real *out, real *hidden, const real *x, FeedForwardParams weights,
@@ -777,23 +723,10 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 //                                        ├─ FFN ─ drop ─(+)─ LN ─> out
 //                                        └────────────────────┘
 // No layer norm follows the last layer of either stack in the published model.
+// A layer takes its parameters and activations as views of the model's
+// tensors (transformer.h: EncoderLayerParams, DecoderLayerActs, ...), each
+// tensor holding all N layers.
 // ============================================================================
-
-typedef struct {
-    AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
-    FeedForwardParams ffn;
-    real *ln2_g, *ln2_b;
-} EncoderLayerParams;
-
-typedef struct {
-    AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
-    AttentionParams cross_attn;
-    real *ln2_g, *ln2_b;
-    FeedForwardParams ffn;
-    real *ln3_g, *ln3_b;
-} DecoderLayerParams;
 
 static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
                                            size_t l, size_t C) {
@@ -843,51 +776,44 @@ static DecoderLayerParams decoder_layer_params(ParameterTensors *tensors, const 
 }
 
 // Layer l's slice of the activations.
-typedef struct {
-    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
-} EncoderLayerActs;
-
-typedef struct {
-    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
-         *ln2, *ln2_mean, *ln2_rstd;
-    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
-} DecoderLayerActs;
-
 static EncoderLayerActs encoder_layer_acts(const Transformer *model, int layer) {
     const ActivationTensors *all = &model->acts;
     size_t l = layer, B = model->B, S = model->S, C = model->config.d_model, F = model->config.d_ff;
-    size_t NH = model->config.n_heads, BSC = B * S * C, BS = B * S;
-    EncoderLayerActs acts = {
-        all->enc_qkv + l * 3 * BSC, all->enc_att + l * B * NH * S * S, all->enc_heads + l * BSC,
-        all->enc_att_proj + l * BSC, all->enc_drop1 + l * BSC, all->enc_res1 + l * BSC,
-        all->enc_ln1 + l * BSC, all->enc_ln1_mean + l * BS, all->enc_ln1_rstd + l * BS,
-        all->enc_ff_h + l * BS * F, all->enc_ff_out + l * BSC, all->enc_drop2 + l * BSC,
-        all->enc_res2 + l * BSC, all->enc_ln2 + l * BSC, all->enc_ln2_mean + l * BS,
-        all->enc_ln2_rstd + l * BS,
+    size_t NH = model->config.n_heads, x = B * S * C, row = B * S;   // x: one (B,S,C) tensor; row: one number a position
+    return (EncoderLayerActs){
+        .qkv = all->enc_qkv + l * 3 * x,       .att = all->enc_att + l * B * NH * S * S,
+        .heads = all->enc_heads + l * x,       .att_proj = all->enc_att_proj + l * x,
+        .drop1 = all->enc_drop1 + l * x,       .res1 = all->enc_res1 + l * x,
+        .ln1 = all->enc_ln1 + l * x,           .ln1_mean = all->enc_ln1_mean + l * row,
+        .ln1_rstd = all->enc_ln1_rstd + l * row,
+        .ff_h = all->enc_ff_h + l * row * F,   .ff_out = all->enc_ff_out + l * x,
+        .drop2 = all->enc_drop2 + l * x,       .res2 = all->enc_res2 + l * x,
+        .ln2 = all->enc_ln2 + l * x,           .ln2_mean = all->enc_ln2_mean + l * row,
+        .ln2_rstd = all->enc_ln2_rstd + l * row,
     };
-    return acts;
 }
 
 static DecoderLayerActs decoder_layer_acts(const Transformer *model, int layer) {
     const ActivationTensors *all = &model->acts;
     size_t l = layer, B = model->B, S = model->S, T = model->T, C = model->config.d_model;
-    size_t F = model->config.d_ff, NH = model->config.n_heads, BTC = B * T * C, BT = B * T;
-    DecoderLayerActs acts = {
-        all->dec_self_qkv + l * 3 * BTC, all->dec_self_att + l * B * NH * T * T,
-        all->dec_self_heads + l * BTC, all->dec_self_proj + l * BTC, all->dec_drop1 + l * BTC,
-        all->dec_res1 + l * BTC, all->dec_ln1 + l * BTC, all->dec_ln1_mean + l * BT,
-        all->dec_ln1_rstd + l * BT,
-        all->dec_cross_q + l * BTC, all->dec_cross_kv + l * 2 * B * S * C,
-        all->dec_cross_att + l * B * NH * T * S, all->dec_cross_heads + l * BTC,
-        all->dec_cross_proj + l * BTC, all->dec_drop2 + l * BTC, all->dec_res2 + l * BTC,
-        all->dec_ln2 + l * BTC, all->dec_ln2_mean + l * BT, all->dec_ln2_rstd + l * BT,
-        all->dec_ff_h + l * BT * F, all->dec_ff_out + l * BTC, all->dec_drop3 + l * BTC,
-        all->dec_res3 + l * BTC, all->dec_ln3 + l * BTC, all->dec_ln3_mean + l * BT,
-        all->dec_ln3_rstd + l * BT,
+    size_t F = model->config.d_ff, NH = model->config.n_heads, y = B * T * C, row = B * T;   // y: one (B,T,C) tensor
+    return (DecoderLayerActs){
+        .self_qkv = all->dec_self_qkv + l * 3 * y,    .self_att = all->dec_self_att + l * B * NH * T * T,
+        .self_heads = all->dec_self_heads + l * y,    .self_proj = all->dec_self_proj + l * y,
+        .drop1 = all->dec_drop1 + l * y,              .res1 = all->dec_res1 + l * y,
+        .ln1 = all->dec_ln1 + l * y,                  .ln1_mean = all->dec_ln1_mean + l * row,
+        .ln1_rstd = all->dec_ln1_rstd + l * row,
+        .cross_q = all->dec_cross_q + l * y,          .cross_kv = all->dec_cross_kv + l * 2 * B * S * C,
+        .cross_att = all->dec_cross_att + l * B * NH * T * S,
+        .cross_heads = all->dec_cross_heads + l * y,  .cross_proj = all->dec_cross_proj + l * y,
+        .drop2 = all->dec_drop2 + l * y,              .res2 = all->dec_res2 + l * y,
+        .ln2 = all->dec_ln2 + l * y,                  .ln2_mean = all->dec_ln2_mean + l * row,
+        .ln2_rstd = all->dec_ln2_rstd + l * row,
+        .ff_h = all->dec_ff_h + l * row * F,          .ff_out = all->dec_ff_out + l * y,
+        .drop3 = all->dec_drop3 + l * y,              .res3 = all->dec_res3 + l * y,
+        .ln3 = all->dec_ln3 + l * y,                  .ln3_mean = all->dec_ln3_mean + l * row,
+        .ln3_rstd = all->dec_ln3_rstd + l * row,
     };
-    return acts;
 }
 
 static void zero(real *x, size_t n) {
@@ -1048,6 +974,9 @@ static void decoder_forward(Transformer *model, const Batch *batch, const real *
     // §3.4 the pre-softmax linear transformation shares the embedding matrix
     linear_forward(acts->logits, y, model->params.embedding, NULL, B * T, C, config->vocab_size);
 }
+
+static char error_context[40] = "";   // "train: ": errors name the command (a library: "")
+static void ensure_buffers(Transformer *model, int B, int S, int T);   // activations for a (B,S,T) batch (machinery)
 
 // The whole forward pass; returns the label-smoothed loss (§5.4). The batch
 // must pass batch_check; one that does not stops the program with a message
@@ -1215,32 +1144,16 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 // and its tokens against uncached decoding.
 // ============================================================================
 
-// The decoding state of R rows decoded side by side: R sentences (greedy) or
-// the R beams of one sentence (beam search).
-typedef struct {
-    int rows;           // R
-    int S;              // padded source length
-    int max_T;          // positions the self-attention cache holds
-    int *src_len;       // (R)                real source tokens of each row
-    int *self_len;      // (R)                positions each row's query sees: t + 1
-    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
-    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
-    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
-    real *x;            // (R, C)             a layer's input, then its output
-    real *qkv;          // (R, 3C)
-    real *heads;        // (R, C)
-    real *proj;         // (R, C)
-    real *res;          // (R, C)
-    real *ln1, *ln2;    // (R, C)
-    real *q;            // (R, C)
-    real *ff_h;         // (R, F)
-    real *ff_out;       // (R, C)
-    real *mean, *rstd;  // (R)
-    real *att;          // (R, NH, max(S, max_T))
-    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
-    real *logits;       // (R, V)
-} DecoderCache;
+// From the machinery: allocation that cannot fail silently
+static void *checked_calloc(size_t count, size_t size, const char *what);   // calloc, or exit with a message
+typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers
+static real *arena_of(Tensor *tensors, int n, const char *what);           // one arena of zeros for them all
+static void arena_free(real *p);
 
+// The state of R rows decoded side by side (R sentences, greedy, or the R
+// beams of one sentence) is a DecoderCache (transformer.h): each row's key
+// and value cache per decoder layer, the memory's keys and values, and one
+// position's activations, all in one arena.
 static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S, int max_T) {
     const TransformerConfig *config = &model->config;
     size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads;
@@ -1249,28 +1162,21 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *model, in
     cache->rows = R; cache->S = S; cache->max_T = max_T;
     cache->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
     cache->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
-    cache->cross_kv = arena_calloc(L * rows * S * 2 * C, "cross-attention key/value cache");
-    cache->self_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
-    cache->spare_kv = arena_calloc(L * rows * max_T * 2 * C, "self-attention key/value cache");
-    real **row_buffers[] = { &cache->x, &cache->heads, &cache->proj, &cache->res, &cache->ln1, &cache->ln2,
-                             &cache->q, &cache->ff_out, &cache->mask };
-    for (size_t i = 0; i < sizeof row_buffers / sizeof *row_buffers; i++)
-        *row_buffers[i] = arena_calloc(rows * C, "decoder activations");
-    cache->qkv = arena_calloc(rows * 3 * C, "decoder activations");
-    cache->ff_h = arena_calloc(rows * F, "decoder activations");
-    cache->mean = arena_calloc(rows, "decoder activations");
-    cache->rstd = arena_calloc(rows, "decoder activations");
-    cache->att = arena_calloc(rows * NH * widest, "decoder attention");
-    cache->logits = arena_calloc(rows * config->vocab_size, "decoder logits");
+    Tensor tensors[] = {
+        { &cache->cross_kv, L * rows * S * 2 * C }, { &cache->self_kv, L * rows * max_T * 2 * C },
+        { &cache->spare_kv, L * rows * max_T * 2 * C }, { &cache->x, rows * C }, { &cache->qkv, rows * 3 * C },
+        { &cache->heads, rows * C }, { &cache->proj, rows * C }, { &cache->res, rows * C }, { &cache->ln1, rows * C },
+        { &cache->ln2, rows * C }, { &cache->q, rows * C }, { &cache->ff_h, rows * F }, { &cache->ff_out, rows * C },
+        { &cache->mean, rows }, { &cache->rstd, rows }, { &cache->att, rows * NH * widest }, { &cache->mask, rows * C },
+        { &cache->logits, rows * config->vocab_size },
+    };
+    cache->memory = arena_of(tensors, (int)(sizeof tensors / sizeof *tensors), "decoder cache");
 }
 
 static void decoder_cache_free(DecoderCache *cache) {
     free(cache->src_len);
     free(cache->self_len);
-    real *all[] = { cache->cross_kv, cache->self_kv, cache->spare_kv, cache->x, cache->qkv, cache->heads,
-                    cache->proj, cache->res, cache->ln1, cache->ln2, cache->q, cache->ff_h, cache->ff_out,
-                    cache->mean, cache->rstd, cache->att, cache->mask, cache->logits };
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) arena_free(all[i]);
+    arena_free(cache->memory);
     memset(cache, 0, sizeof *cache);
 }
 
@@ -1785,101 +1691,68 @@ static size_t whole_lines(size_t count) {
     return (count + per_line - 1) / per_line * per_line;
 }
 
-static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const TransformerConfig *config,
-                             size_t B, size_t S, size_t T) {
-    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads, V = config->vocab_size;
-    size_t BSC = B * S * C, BTC = B * T * C, BS = B * S, BT = B * T;
-    size_t list[NUM_ACTIVATION_TENSORS] = {
-        BSC, BSC, BSC,                                                  // enc embedded, mask, x0
-        L * 3 * BSC, L * B * NH * S * S, L * BSC, L * BSC, L * BSC, L * BSC,  // qkv .. res1
-        L * BSC, L * BS, L * BS,                                        // ln1
-        L * BS * F, L * BSC, L * BSC, L * BSC,                          // ff_h .. res2
-        L * BSC, L * BS, L * BS,                                        // ln2
-        BTC, BTC, BTC,                                                  // dec embedded, mask, x0
-        L * 3 * BTC, L * B * NH * T * T, L * BTC, L * BTC, L * BTC, L * BTC,  // self qkv .. res1
-        L * BTC, L * BT, L * BT,                                        // ln1
-        L * BTC, L * 2 * BSC, L * B * NH * T * S, L * BTC, L * BTC, L * BTC, L * BTC, // cross
-        L * BTC, L * BT, L * BT,                                        // ln2
-        L * BT * F, L * BTC, L * BTC, L * BTC,                          // ff_h .. res3
-        L * BTC, L * BT, L * BT,                                        // ln3
-        BT * V, BT * V, BT,                                             // logits, probs, token loss
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_activations(ActivationTensors *acts, real *block, const size_t sizes[NUM_ACTIVATION_TENSORS]) {
-    real **list[NUM_ACTIVATION_TENSORS] = {
-        &acts->enc_embedded, &acts->enc_emb_mask, &acts->enc_x0,
-        &acts->enc_qkv, &acts->enc_att, &acts->enc_heads, &acts->enc_att_proj, &acts->enc_drop1, &acts->enc_res1,
-        &acts->enc_ln1, &acts->enc_ln1_mean, &acts->enc_ln1_rstd,
-        &acts->enc_ff_h, &acts->enc_ff_out, &acts->enc_drop2, &acts->enc_res2,
-        &acts->enc_ln2, &acts->enc_ln2_mean, &acts->enc_ln2_rstd,
-        &acts->dec_embedded, &acts->dec_emb_mask, &acts->dec_x0,
-        &acts->dec_self_qkv, &acts->dec_self_att, &acts->dec_self_heads, &acts->dec_self_proj, &acts->dec_drop1,
-        &acts->dec_res1, &acts->dec_ln1, &acts->dec_ln1_mean, &acts->dec_ln1_rstd,
-        &acts->dec_cross_q, &acts->dec_cross_kv, &acts->dec_cross_att, &acts->dec_cross_heads,
-        &acts->dec_cross_proj, &acts->dec_drop2, &acts->dec_res2,
-        &acts->dec_ln2, &acts->dec_ln2_mean, &acts->dec_ln2_rstd,
-        &acts->dec_ff_h, &acts->dec_ff_out, &acts->dec_drop3, &acts->dec_res3,
-        &acts->dec_ln3, &acts->dec_ln3_mean, &acts->dec_ln3_rstd,
-        &acts->logits, &acts->probs, &acts->token_loss,
-    };
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *list[i] = block;
-        block += sizes[i];
+// One new arena for the n tensors, each at a cache line (sizes rounded up to
+// whole lines), in the order given.
+static real *arena_of(Tensor *tensors, int n, const char *what) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += whole_lines(tensors[i].size);
+    real *arena = arena_calloc(total, what), *next = arena;
+    for (int i = 0; i < n; i++) {
+        *tensors[i].tensor = next;
+        next += whole_lines(tensors[i].size);
     }
+    return arena;
 }
 
-#define NUM_SCRATCH_TENSORS 13
-static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const TransformerConfig *config,
-                          size_t B, size_t S, size_t T) {
-    size_t C = config->d_model, F = config->d_ff, V = config->vocab_size;
-    size_t rows = B * (S > T ? S : T);   // the encoder's rows or the decoder's
-    size_t list[NUM_SCRATCH_TENSORS] = {
-        rows * C, rows * C, rows * C, rows * C,   // d_output d_input d_ln1 d_ln2
-        rows * C, rows * C, rows * 3 * C,         // d_sublayer d_heads d_qkv
-        B * T * C, B * S * 2 * C, rows * F,       // d_q d_kv d_ff_h
-        B * S * C, rows * C, B * T * V,           // d_memory d_embedded d_logits
+// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
+// A smaller batch reuses them: per-layer offsets are computed from the actual
+// B, S, T, which fit inside every tensor's capacity.
+static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int batch_T) {
+    if (model->acts_memory && batch_B <= model->cap_B && batch_S <= model->cap_S && batch_T <= model->cap_T) return;
+    const TransformerConfig *config = &model->config;
+    size_t B = batch_B > model->cap_B ? batch_B : model->cap_B, S = batch_S > model->cap_S ? batch_S : model->cap_S;
+    size_t T = batch_T > model->cap_T ? batch_T : model->cap_T, L = config->n_layers, C = config->d_model;
+    size_t F = config->d_ff, NH = config->n_heads, V = config->vocab_size;
+    size_t x = B * S * C, y = B * T * C, xs = B * S, ys = B * T, rows = B * (S > T ? S : T);
+    ActivationTensors *a = &model->acts;
+    BackwardScratch *d = &model->scratch;
+    Tensor acts[] = {   // in the order of ActivationTensors (transformer.h)
+        { &a->enc_embedded, x }, { &a->enc_emb_mask, x }, { &a->enc_x0, x },
+        { &a->enc_qkv, L * 3 * x }, { &a->enc_att, L * B * NH * S * S }, { &a->enc_heads, L * x },
+        { &a->enc_att_proj, L * x }, { &a->enc_drop1, L * x }, { &a->enc_res1, L * x },
+        { &a->enc_ln1, L * x }, { &a->enc_ln1_mean, L * xs }, { &a->enc_ln1_rstd, L * xs },
+        { &a->enc_ff_h, L * xs * F }, { &a->enc_ff_out, L * x }, { &a->enc_drop2, L * x }, { &a->enc_res2, L * x },
+        { &a->enc_ln2, L * x }, { &a->enc_ln2_mean, L * xs }, { &a->enc_ln2_rstd, L * xs },
+        { &a->dec_embedded, y }, { &a->dec_emb_mask, y }, { &a->dec_x0, y },
+        { &a->dec_self_qkv, L * 3 * y }, { &a->dec_self_att, L * B * NH * T * T }, { &a->dec_self_heads, L * y },
+        { &a->dec_self_proj, L * y }, { &a->dec_drop1, L * y }, { &a->dec_res1, L * y },
+        { &a->dec_ln1, L * y }, { &a->dec_ln1_mean, L * ys }, { &a->dec_ln1_rstd, L * ys },
+        { &a->dec_cross_q, L * y }, { &a->dec_cross_kv, L * 2 * x }, { &a->dec_cross_att, L * B * NH * T * S },
+        { &a->dec_cross_heads, L * y }, { &a->dec_cross_proj, L * y }, { &a->dec_drop2, L * y }, { &a->dec_res2, L * y },
+        { &a->dec_ln2, L * y }, { &a->dec_ln2_mean, L * ys }, { &a->dec_ln2_rstd, L * ys },
+        { &a->dec_ff_h, L * ys * F }, { &a->dec_ff_out, L * y }, { &a->dec_drop3, L * y }, { &a->dec_res3, L * y },
+        { &a->dec_ln3, L * y }, { &a->dec_ln3_mean, L * ys }, { &a->dec_ln3_rstd, L * ys },
+        { &a->logits, ys * V }, { &a->probs, ys * V }, { &a->token_loss, ys },
     };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) sizes[i] = whole_lines(list[i]);
-}
-
-static void point_scratch(BackwardScratch *scratch, real *block, const size_t sizes[NUM_SCRATCH_TENSORS]) {
-    BackwardScratch *of = scratch;
-    real **list[NUM_SCRATCH_TENSORS] = {
-        &of->d_output, &of->d_input, &of->d_ln1, &of->d_ln2, &of->d_sublayer, &of->d_heads, &of->d_qkv,
-        &of->d_q, &of->d_kv, &of->d_ff_h, &of->d_memory, &of->d_embedded, &of->d_logits,
+    Tensor scratch[] = {   // "rows": the encoder's B*S or the decoder's B*T, whichever is more
+        { &d->d_output, rows * C }, { &d->d_input, rows * C }, { &d->d_ln1, rows * C }, { &d->d_ln2, rows * C },
+        { &d->d_sublayer, rows * C }, { &d->d_heads, rows * C }, { &d->d_qkv, rows * 3 * C }, { &d->d_q, y },
+        { &d->d_kv, 2 * x }, { &d->d_ff_h, rows * F }, { &d->d_memory, x }, { &d->d_embedded, rows * C },
+        { &d->d_logits, ys * V },
     };
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
-        *list[i] = block;
-        block += sizes[i];
-    }
+    _Static_assert(sizeof acts / sizeof *acts == NUM_ACTIVATION_TENSORS, "every activation tensor, once");
+    _Static_assert(sizeof scratch / sizeof *scratch == NUM_SCRATCH_TENSORS, "every scratch tensor, once");
+    arena_free(model->acts_memory);
+    arena_free(model->scratch_memory);
+    model->acts_memory = arena_of(acts, NUM_ACTIVATION_TENSORS, "activations");
+    model->scratch_memory = arena_of(scratch, NUM_SCRATCH_TENSORS, "backward scratch");
+    model->cap_B = (int)B; model->cap_S = (int)S; model->cap_T = (int)T;
 }
 
 static size_t sum_sizes(const size_t *sizes, int n) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += sizes[i];
     return total;
-}
-
-// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
-// A smaller batch reuses them: per-layer offsets are computed from the actual
-// B, S, T, which fit inside every tensor's capacity.
-static void ensure_buffers(Transformer *model, int B, int S, int T) {
-    if (model->acts_memory && B <= model->cap_B && S <= model->cap_S && T <= model->cap_T) return;
-    if (B < model->cap_B) B = model->cap_B;
-    if (S < model->cap_S) S = model->cap_S;
-    if (T < model->cap_T) T = model->cap_T;
-    arena_free(model->acts_memory);
-    arena_free(model->scratch_memory);
-    size_t sizes[NUM_ACTIVATION_TENSORS], scratch[NUM_SCRATCH_TENSORS];
-    activation_sizes(sizes, &model->config, B, S, T);
-    scratch_sizes(scratch, &model->config, B, S, T);
-    model->acts_memory = arena_calloc(sum_sizes(sizes, NUM_ACTIVATION_TENSORS), "activations");
-    model->scratch_memory = arena_calloc(sum_sizes(scratch, NUM_SCRATCH_TENSORS), "backward scratch");
-    point_activations(&model->acts, model->acts_memory, sizes);
-    point_scratch(&model->scratch, model->scratch_memory, scratch);
-    model->cap_B = B; model->cap_S = S; model->cap_T = T;
 }
 
 const char *transformer_build(Transformer *model, const TransformerConfig *config, uint64_t seed) {
@@ -1984,26 +1857,19 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 }
 
 // ############################################################################
-// PART III   THE PROGRAM
-// Data, evaluation, checkpoints and the command line: what turns the model
-// of Part I into a program that trains and translates. The instruments that
-// study it (pictures, Table 3, the benchmark) are in transformer_lab.c.
+// PART II   THE PROGRAM
+// The smallest program that trains the model of Part I and translates with
+// it: the copy and reverse tasks or a TSV file of sentence pairs, batches by
+// length (§5.1), the training loop with held-out evaluation, checkpoints,
+// and the commands train, decode (greedy or --beam) and eval (exact match,
+// BLEU). What can fail returns NULL, or one line saying what is wrong: the
+// file (and line) or the value, and what was expected. The companions in
+// lab/ add to it through the hooks of "where the lab plugs in".
 // ############################################################################
 
-// ============================================================================
-// Data: vocabulary, TSV files, §5.1 byte-pair encoding, built-in tasks, batches
-// §3.4: one vocabulary for source and target (the embedding is shared).
-// §5.1: "Sentence pairs were batched together by approximate sequence length.
-// Each training batch contained a set of sentence pairs containing
-// approximately 25000 source tokens and 25000 target tokens."
-// ============================================================================
-
-// The functions from here on that can fail return NULL on success, or one
-// line saying what is wrong: the file (and line) or value, and what was
-// expected. The text lives in this buffer until the next error.
-static char error_buffer[1024];
+static char error_buffer[1024];   // the last error's text, until the next error
 static const char *errorf(const char *format, ...) {
-    char text[sizeof error_buffer];
+    char text[sizeof error_buffer];   // (an argument may be the last error itself)
     va_list args;
     va_start(args, format);
     vsnprintf(text, sizeof text, format, args);
@@ -2023,44 +1889,34 @@ static double wall_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+#ifdef _OPENMP
+static void set_threads(int threads) { if (threads > 0) omp_set_num_threads(threads); }   // 0: all cores
+static int thread_count(void) { return omp_get_max_threads(); }
+#else
+static void set_threads(int threads) { (void)threads; }
+static int thread_count(void) { return 1; }
+#endif
+
 // ---- vocabulary -------------------------------------------------------------
-// Token text <-> id. Ids 0..3 are <pad> <s> </s> <unk> (transformer.h); the
-// data's tokens follow in order of first appearance. Lookup is a hash table
-// with open addressing.
+// §3.4: one vocabulary for source and target (the embedding is shared). Ids
+// 0..3 are <pad> <s> </s> <unk> (transformer.h), the data's tokens follow in
+// order of first appearance; text -> id is a hash table, open addressing.
 
-struct Bpe;
+static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
-typedef struct {
-    char **words;    // (size) id -> text
-    int size, capacity;
-    int *slots;      // (num_slots) ids, -1 when empty; num_slots is a power of two
-    size_t num_slots;
-    struct Bpe *bpe; // §5.1 subword merges (below), or NULL: every token is a whole word
-} Vocabulary;
-
-static void bpe_free(struct Bpe *b);
-
-static uint32_t text_hash(const char *s, size_t n) { // FNV-1a
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)s[i]; h *= 16777619u; }
-    return h;
+// The slot of the n bytes at word: where its id is, or the empty slot where it would go.
+static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
+    uint32_t hash = 2166136261u;   // FNV-1a
+    for (size_t i = 0; i < n; i++) { hash ^= (unsigned char)word[i]; hash *= 16777619u; }
+    size_t mask = vocab->num_slots - 1, i = hash & mask;
+    for (int id; (id = vocab->slots[i]) >= 0; i = (i + 1) & mask)
+        if (strncmp(vocab->words[id], word, n) == 0 && vocab->words[id][n] == '\0') break;
+    return i;
 }
 
 // The id of the n bytes at word, or -1.
 static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) {
-    size_t mask = vocab->num_slots - 1;
-    for (size_t i = text_hash(word, n) & mask;; i = (i + 1) & mask) {
-        int id = vocab->slots[i];
-        if (id < 0) return -1;
-        if (strncmp(vocab->words[id], word, n) == 0 && vocab->words[id][n] == '\0') return id;
-    }
-}
-
-static void vocab_insert_slot(Vocabulary *vocab, int id) {
-    const char *w = vocab->words[id];
-    size_t mask = vocab->num_slots - 1, i = text_hash(w, strlen(w)) & mask;
-    while (vocab->slots[i] >= 0) i = (i + 1) & mask;
-    vocab->slots[i] = id;
+    return vocab->slots[vocab_slot(vocab, word, n)];
 }
 
 // The id of the n bytes at word, added to the vocabulary if new.
@@ -2071,21 +1927,19 @@ static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
         vocab->capacity = vocab->capacity ? 2 * vocab->capacity : 64;
         vocab->words = checked_realloc(vocab->words, vocab->capacity, sizeof(char *), "vocabulary");
     }
-    if (2 * (size_t)(vocab->size + 1) > vocab->num_slots) { // keep the table at most half full
+    if (2 * (size_t)(vocab->size + 1) > vocab->num_slots) {   // keep the table at most half full
         free(vocab->slots);
         vocab->num_slots *= 2;
         vocab->slots = checked_calloc(vocab->num_slots, sizeof(int), "vocabulary table");
         for (size_t i = 0; i < vocab->num_slots; i++) vocab->slots[i] = -1;
-        for (int i = 0; i < vocab->size; i++) vocab_insert_slot(vocab, i);
+        for (int i = 0; i < vocab->size; i++)
+            vocab->slots[vocab_slot(vocab, vocab->words[i], strlen(vocab->words[i]))] = i;
     }
-    char *copy = checked_calloc(n + 1, 1, "vocabulary word");
-    memcpy(copy, word, n);
-    vocab->words[vocab->size] = copy;
-    vocab_insert_slot(vocab, vocab->size);
+    vocab->words[vocab->size] = checked_calloc(n + 1, 1, "vocabulary word");
+    memcpy(vocab->words[vocab->size], word, n);
+    vocab->slots[vocab_slot(vocab, word, n)] = vocab->size;
     return vocab->size++;
 }
-
-static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
 static void vocab_init(Vocabulary *vocab) {
     memset(vocab, 0, sizeof *vocab);
@@ -2095,370 +1949,142 @@ static void vocab_init(Vocabulary *vocab) {
     for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) vocab_add(vocab, special_tokens[i], strlen(special_tokens[i]));
 }
 
+// ---- the command line -------------------------------------------------------
+// Each command reads its flags from a table, so that a bad flag gets one line
+// naming it and its value and saying what was expected, and --help prints
+// the table with the defaults.
+
+// Reads text into the option's value; returns 0 (and writes, in expected, what would do) if it is not one.
+static int parse_option_value(const Option *o, const char *text, char *expected, size_t size) {
+    const char *above = o->above_min ? ">" : ">=";
+    if (o->kind == OPTION_INT && o->max >= INT_MAX) snprintf(expected, size, "an integer >= %.0f", o->min);
+    else if (o->kind == OPTION_INT) snprintf(expected, size, "an integer from %.0f to %.0f", o->min, o->max);
+    else if (o->max >= DBL_MAX) snprintf(expected, size, "a number %s %g", above, o->min);
+    else snprintf(expected, size, "a number %s %g and <= %g", above, o->min, o->max);
+    if (!text) return 0;
+    if (o->kind == OPTION_TEXT) { *(const char **)o->value = text; return 1; }
+    char *end;
+    errno = 0;
+    double x = o->kind == OPTION_INT ? (double)strtol(text, &end, 10) : strtod(text, &end);
+    if (end == text || *end || errno || !isfinite(x) || x < o->min || x > o->max || (o->above_min && !(x > o->min)))
+        return 0;
+    if (o->kind == OPTION_INT) *(int *)o->value = (int)x; else *(double *)o->value = x;
+    return 1;
+}
+
+static void print_option_help(const Option *options, int n) {
+    for (const Option *o = options; o < options + n; o++) {
+        char left[64], value[64] = "";
+        const char *kinds[] = { "N", "X", "TEXT", "" };
+        snprintf(left, sizeof left, "%s %s", o->name, kinds[o->kind]);
+        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
+        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
+        else if (o->kind == OPTION_TEXT && *(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
+        if (value[0]) printf("  %-22s %s (default %s)\n", left, o->help, value);
+        else printf("  %-22s %s\n", left, o->help);
+    }
+}
+
+// Reads argv[1..argc-1] into the options; arguments that are not flags go to
+// positional (when it is not NULL). Returns 0, or 1 after printing a
+// one-line error, or 2 after printing the help.
+static int parse_options(const char *command, const char *usage, Option *options, int n,
+                         int argc, char **argv, char **positional, int *num_positional) {
+    if (num_positional) *num_positional = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            printf(n > 0 ? "%s\noptions:\n" : "%s\n", usage);
+            print_option_help(options, n);
+            return 2;
+        }
+        if (arg[0] != '-' || arg[1] == '\0' || (positional && isdigit((unsigned char)arg[1]))) {
+            if (positional) { positional[(*num_positional)++] = argv[i]; continue; }
+            fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n", command, arg, command);
+            return 1;
+        }
+        Option *o = options;
+        while (o < options + n && strcmp(arg, o->name) != 0) o++;
+        if (o == options + n) {
+            fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
+            return 1;
+        }
+        o->seen = 1;
+        if (o->kind == OPTION_FLAG) { *(int *)o->value = 1; continue; }
+        char expected[96];
+        const char *text = i + 1 < argc && !(o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0) ? argv[++i] : NULL;
+        if (parse_option_value(o, text, expected, sizeof expected)) continue;
+        if (!text && o->kind == OPTION_TEXT) fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
+        else if (!text) fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
+        else fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text, expected);
+        return 1;
+    }
+    return 0;
+}
+
+static Option *find_option(Option *options, int n, const char *name) {
+    for (int i = 0; i < n; i++) if (strcmp(options[i].name, name) == 0) return &options[i];
+    return NULL;
+}
+
+// ---- where the lab plugs in -------------------------------------------------
+// lab/lab.c, which make builds into ./transformer, fills in these hooks
+// (transformer.h, LabHooks: more commands, more train flags, the stages of
+// training, §5.1 subwords) before it runs a command; transformer.c alone leaves
+// them empty. Each is called at one place, on a line marked "lab:".
+static LabHooks lab;
+
 static void vocab_free(Vocabulary *vocab) {
-    if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
+    if (vocab->bpe && lab.free_merges) lab.free_merges(vocab->bpe);   // lab: §5.1 merges
     for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
     free(vocab->words);
     free(vocab->slots);
     memset(vocab, 0, sizeof *vocab);
 }
 
-// ---- §5.1 byte-pair encoding (Sennrich, Haddow & Birch, ACL 2016) -------------
-// "Sentences were encoded using byte-pair encoding, which has a shared
-// source-target vocabulary of about 37000 tokens." Whole words give every
-// word form its own token, and a word never seen in training becomes <unk>.
-// Byte-pair encoding (Sennrich et al., "Neural Machine Translation of Rare
-// Words with Subword Units") cuts words into subwords instead:
-//
-//   learn: write every word of the training text as its characters followed
-//          by an end-of-word marker, "l o w </w>"; count each adjacent pair of
-//          symbols over the word frequencies; merge the most frequent pair
-//          into one new symbol everywhere ("e s" -> "es"); repeat N times.
-//   apply: cut a word into characters and the marker, then merge in the
-//          order learned: the adjacent pair whose merge came first, all its
-//          occurrences left to right, until no pair of the word was merged.
-//
-// Frequent words end up as one symbol, rare ones as a few subwords, and any
-// word made of characters seen in training can be written: the model never
-// needs <unk> for it. Learning reads the source AND target sides together, so
-// the subwords form one vocabulary, which §3.4's shared embedding needs.
-//
-// Choices the paper leaves open (NOTES.md, "The toy translation task"):
-//   * The convention: the end-of-word marker </w> of Sennrich et al. The last
-//     subword of every word ends in </w> ("zwei und vier zig</w>"), so the
-//     tokens join back into words without a second look: append each token;
-//     after one that ends in </w>, drop the marker and start a new word.
-//     Training words must not contain the text "</w>" themselves.
-//   * Symbols start as characters: UTF-8 sequences (u-umlaut is one symbol,
-//     not two bytes); a byte that does not begin a valid sequence is a
-//     symbol of its own, so any input is read, never refused.
-//   * Ties: the most frequent pair is merged; between pairs of the same
-//     frequency the one whose left symbol comes first in byte order (strcmp),
-//     then whose right symbol comes first. The result depends on the words and
-//     their counts only, not on the order of the lines.
-//   * Learning stops early when no pair occurs twice: merging a pair seen
-//     once only memorises that one word.
-//   * No merge makes the text of a special token, <pad> <s> </s> <unk>: the
-//     vocabulary gives a text one id, so a subword "<s>", cut from a word of
-//     the data such as "<s>0" or "x<s>", would be the start-of-sentence
-//     marker inside a sentence. Whole words with that text are refused
-//     (tokenize); inside a word, learning passes over such a pair (the next
-//     most frequent one is merged), and a checkpoint whose merges make one
-//     is refused.
-// Learning counts pairs once, then after each merge updates the counts of
-// the words that held the merged pair only: O(merges x symbols of the
-// distinct words) in all, about 0.1 s for 1000 merges on the numbers task.
+// ---- white space ------------------------------------------------------------
+// Tokens are separated by white space, and white space is one set of
+// characters wherever it separates them (data, decode's input, BLEU): the
+// set Python's str.split() splits at, so that BLEU counts the tokens
+// sacreBLEU's tokenize='none' counts. ASCII's \t \n \v \f \r and space,
+// U+001C..U+001F, and Unicode's White_Space: U+0085, U+00A0 (no-break
+// space), U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F and U+3000
+// (the ideographic space of CJK text); not the zero-width space U+200B.
+// Above U+007F only the UTF-8 sequence counts: a lone byte 0xA0 (of Latin-1
+// text) is not white space.
 
-#define BPE_END_OF_WORD "</w>"
-#define BPE_END_OF_WORD_BYTES 4
-
-// A hash table from a pair of symbol ids to an int (open addressing; key 0
-// marks an empty slot).
-typedef struct { uint64_t *keys; int *values; size_t mask, count; } PairTable;
-
-static uint64_t pair_key(int left, int right) { return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1; }
-
-static size_t pair_slot(const PairTable *t, uint64_t key) {
-    size_t i = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 20) & t->mask;
-    while (t->keys[i] != 0 && t->keys[i] != key) i = (i + 1) & t->mask;
-    return i;
-}
-
-// The value stored for (left, right), or -1.
-static int pair_find(const PairTable *t, int left, int right) {
-    if (!t->keys) return -1;
-    size_t i = pair_slot(t, pair_key(left, right));
-    return t->keys[i] ? t->values[i] : -1;
-}
-
-static void pair_insert(PairTable *t, int left, int right, int value) {
-    if (2 * (t->count + 1) > t->mask + 1 || !t->keys) { // keep the table at most half full
-        PairTable bigger = { NULL, NULL, t->keys ? 2 * t->mask + 1 : 255, 0 };
-        bigger.keys = checked_calloc(bigger.mask + 1, sizeof(uint64_t), "pair table");
-        bigger.values = checked_calloc(bigger.mask + 1, sizeof(int), "pair table");
-        for (size_t i = 0; t->keys && i <= t->mask; i++)
-            if (t->keys[i]) {
-                size_t j = pair_slot(&bigger, t->keys[i]);
-                bigger.keys[j] = t->keys[i]; bigger.values[j] = t->values[i]; bigger.count++;
-            }
-        free(t->keys); free(t->values);
-        *t = bigger;
-    }
-    size_t i = pair_slot(t, pair_key(left, right));
-    if (!t->keys[i]) { t->keys[i] = pair_key(left, right); t->count++; }
-    t->values[i] = value;
-}
-
-static void pair_table_free(PairTable *t) { free(t->keys); free(t->values); memset(t, 0, sizeof *t); }
-
-typedef struct Bpe {
-    char **left, **right;  // (num_merges) in the order learned: merge r joins left[r] and right[r]
-    long *frequency;       // (num_merges) the pair's count when it was merged (0 when read from a checkpoint)
-    int *merged;           // (num_merges) the symbol id of left[r] right[r] joined
-    int num_merges, capacity;
-    Vocabulary symbols;    // text <-> id of every symbol a merge reads or makes
-    PairTable ranks;       // (id of left[r], id of right[r]) -> r
-} Bpe;
-
-static void bpe_init(Bpe *b) {
-    memset(b, 0, sizeof *b);
-    vocab_init(&b->symbols);
-}
-
-static void bpe_free(Bpe *b) {
-    for (int r = 0; r < b->num_merges; r++) { free(b->left[r]); free(b->right[r]); }
-    free(b->left); free(b->right); free(b->frequency); free(b->merged);
-    vocab_free(&b->symbols);
-    pair_table_free(&b->ranks);
-    memset(b, 0, sizeof *b);
-}
-
-// Appends the merge (left, right), seen `frequency` times.
-static void bpe_add_merge(Bpe *b, const char *left, const char *right, long frequency) {
-    if (b->num_merges == b->capacity) {
-        b->capacity = b->capacity ? 2 * b->capacity : 64;
-        b->left = checked_realloc(b->left, b->capacity, sizeof(char *), "merges");
-        b->right = checked_realloc(b->right, b->capacity, sizeof(char *), "merges");
-        b->frequency = checked_realloc(b->frequency, b->capacity, sizeof(long), "merges");
-        b->merged = checked_realloc(b->merged, b->capacity, sizeof(int), "merges");
-    }
-    size_t nl = strlen(left), nr = strlen(right);
-    char *joined = checked_calloc(nl + nr + 1, 1, "merges");
-    memcpy(joined, left, nl);
-    memcpy(joined + nl, right, nr);
-    int r = b->num_merges++;
-    b->left[r] = checked_calloc(nl + 1, 1, "merges"); memcpy(b->left[r], left, nl);
-    b->right[r] = checked_calloc(nr + 1, 1, "merges"); memcpy(b->right[r], right, nr);
-    b->frequency[r] = frequency;
-    b->merged[r] = vocab_add(&b->symbols, joined, nl + nr);
-    int l = vocab_add(&b->symbols, left, nl), rt = vocab_add(&b->symbols, right, nr);
-    if (pair_find(&b->ranks, l, rt) < 0) pair_insert(&b->ranks, l, rt, r); // a repeat never applies
-    free(joined);
-}
-
-// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
-// (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
-static int utf8_sequence_length(const unsigned char *s) {
-    if (s[0] < 0x80) return 1;
-    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
-        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
-    return n;
-}
-
-// Cuts the n bytes at word into its first symbols: start[i] is where symbol
-// i begins (start[count] = n); the last symbol, start[count-1] = n, is the
-// end-of-word marker. start has room for n + 2. Returns count.
-static int bpe_characters(int *start, const char *word, int n) {
-    int count = 0;
-    for (int i = 0; i < n; ) {
-        int length = utf8_sequence_length((const unsigned char *)word + i);
-        if (length == 0 || length > n - i) length = 1; // not UTF-8: the byte alone
-        start[count++] = i;
-        i += length;
-    }
-    start[count++] = n; // the marker
-    start[count] = n;
-    return count;
-}
-
-// The text of symbol i of a word cut at start[] (count symbols) into out
-// (n + 5 bytes): the bytes, and </w> for the last symbol.
-static int bpe_symbol_text(char *out, const char *word, const int *start, int count, int i) {
-    int length = start[i + 1] - start[i];
-    memcpy(out, word + start[i], (size_t)length);
-    if (i == count - 1) { memcpy(out + length, BPE_END_OF_WORD, BPE_END_OF_WORD_BYTES); length += BPE_END_OF_WORD_BYTES; }
-    out[length] = '\0';
-    return length;
-}
-
-// apply: cuts the n bytes at word into subwords with b's merges. On return
-// start[0..count] (room for n + 2) says where each subword begins, as in
-// bpe_characters; the last subword also carries </w>. scratch: room for
-// n + 2 ints (each symbol's id); text: n + 5 chars. Returns count.
-static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, int *scratch, char *text) {
-    int count = bpe_characters(start, word, n);
-    int *id = scratch; // id[i]: symbol i's id in b->symbols, or -1 for a character no merge uses
-    for (int i = 0; i < count; i++) {
-        int length = bpe_symbol_text(text, word, start, count, i);
-        id[i] = vocab_find(&b->symbols, text, (size_t)length);
-    }
-    for (;;) {
-        int best = -1; // the lowest rank of an adjacent pair
-        for (int i = 0; i + 1 < count; i++) {
-            int r = id[i] < 0 || id[i + 1] < 0 ? -1 : pair_find(&b->ranks, id[i], id[i + 1]);
-            if (r >= 0 && (best < 0 || r < best)) best = r;
-        }
-        if (best < 0) return count;
-        int l = vocab_find(&b->symbols, b->left[best], strlen(b->left[best]));
-        int rt = vocab_find(&b->symbols, b->right[best], strlen(b->right[best]));
-        int kept = 0;
-        for (int i = 0; i < count; i++, kept++) { // every occurrence, left to right
-            start[kept] = start[i];
-            id[kept] = id[i];
-            if (i + 1 < count && id[i] == l && id[i + 1] == rt) { id[kept] = b->merged[best]; i++; }
-        }
-        start[kept] = n;
-        count = kept;
-    }
-}
-
-// One distinct word of the training text while merges are learned.
-typedef struct {
-    int *symbols;   // (length) ids in Bpe.symbols
-    int length;
-    long count;     // occurrences in the text
-} BpeWord;
-
-// The pair counts of learning: pair_index maps (left, right) to an index into
-// left, right and count.
-typedef struct {
-    PairTable pair_index;
-    int *left, *right;
-    long *count;
-    int size, capacity;
-} PairCounts;
-
-static void pair_counts_add(PairCounts *pc, int left, int right, long delta) {
-    int i = pair_find(&pc->pair_index, left, right);
-    if (i < 0) {
-        if (pc->size == pc->capacity) {
-            pc->capacity = pc->capacity ? 2 * pc->capacity : 1024;
-            pc->left = checked_realloc(pc->left, pc->capacity, sizeof(int), "pair counts");
-            pc->right = checked_realloc(pc->right, pc->capacity, sizeof(int), "pair counts");
-            pc->count = checked_realloc(pc->count, pc->capacity, sizeof(long), "pair counts");
-        }
-        i = pc->size++;
-        pc->left[i] = left; pc->right[i] = right; pc->count[i] = 0;
-        pair_insert(&pc->pair_index, left, right, i);
-    }
-    pc->count[i] += delta;
-}
-
-static void pair_counts_of_word(PairCounts *pc, const BpeWord *w, long sign) {
-    for (int i = 0; i + 1 < w->length; i++) pair_counts_add(pc, w->symbols[i], w->symbols[i + 1], sign * w->count);
-}
-
-// Is left and right joined the text of a special token (<pad> <s> </s> <unk>)?
-static int joins_to_special_token(const char *left, const char *right) {
-    size_t n = strlen(left);
-    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++)
-        if (strncmp(special_tokens[i], left, n) == 0 && strcmp(special_tokens[i] + n, right) == 0) return 1;
+// The length in bytes of the white-space character that begins the
+// zero-terminated text, or 0. (A byte after the first is read only when the
+// bytes before it matched: never past the end.)
+static int white_space_bytes(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
+    if (s[0] == 0xC2) return s[1] == 0x85 || s[1] == 0xA0 ? 2 : 0;                // U+0085 U+00A0
+    if (s[0] == 0xE1) return s[1] == 0x9A && s[2] == 0x80 ? 3 : 0;                // U+1680
+    if (s[0] == 0xE2 && s[1] == 0x80)                                             // U+2000..U+202F
+        return (s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF ? 3 : 0;
+    if (s[0] == 0xE2 && s[1] == 0x81) return s[2] == 0x9F ? 3 : 0;                // U+205F
+    if (s[0] == 0xE3) return s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;                // U+3000
     return 0;
 }
 
-// The most frequent pair (ties: left, then right symbol first in byte order)
-// that does not make a special token's text, or -1 when no pair occurs twice.
-static int best_pair(const PairCounts *pc, const Vocabulary *symbols) {
-    int best = -1;
-    for (int i = 0; i < pc->size; i++) {
-        if (pc->count[i] < 2) continue;
-        if (best >= 0 && pc->count[i] < pc->count[best]) continue;
-        if (best >= 0 && pc->count[i] == pc->count[best]) {
-            int order = strcmp(symbols->words[pc->left[i]], symbols->words[pc->left[best]]);
-            if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
-            if (order >= 0) continue;
-        }
-        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]])) continue;
-        best = i;
-    }
-    return best;
-}
-
-// learn: up to num_merges merges from n distinct words and their counts,
-// appended to b (empty before). Returns how many were learned: fewer when no
-// pair occurs twice any more.
-static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n, int num_merges) {
-    BpeWord *w = checked_calloc(n > 0 ? n : 1, sizeof(BpeWord), "bpe words");
-    PairCounts pc;
-    memset(&pc, 0, sizeof pc);
-    for (int k = 0; k < n; k++) {
-        int length = (int)strlen(words[k]);
-        int *start = checked_calloc((size_t)length + 2, sizeof(int), "bpe words");
-        char *text = checked_calloc((size_t)length + 5, 1, "bpe words");
-        w[k].length = bpe_characters(start, words[k], length);
-        w[k].symbols = checked_calloc(w[k].length, sizeof(int), "bpe words");
-        w[k].count = counts[k];
-        for (int i = 0; i < w[k].length; i++) {
-            int text_length = bpe_symbol_text(text, words[k], start, w[k].length, i);
-            w[k].symbols[i] = vocab_add(&b->symbols, text, (size_t)text_length);
-        }
-        pair_counts_of_word(&pc, &w[k], 1);
-        free(start); free(text);
-    }
-    int learned = 0;
-    for (; learned < num_merges; learned++) {
-        int best = best_pair(&pc, &b->symbols);
-        if (best < 0) break;
-        int l = pc.left[best], rt = pc.right[best];
-        bpe_add_merge(b, b->symbols.words[l], b->symbols.words[rt], pc.count[best]);
-        int joined = b->merged[b->num_merges - 1];
-        for (int k = 0; k < n; k++) {
-            int holds = 0;
-            for (int i = 0; i + 1 < w[k].length && !holds; i++) holds = w[k].symbols[i] == l && w[k].symbols[i + 1] == rt;
-            if (!holds) continue;
-            pair_counts_of_word(&pc, &w[k], -1);
-            int kept = 0;
-            for (int i = 0; i < w[k].length; i++, kept++) { // every occurrence, left to right
-                w[k].symbols[kept] = w[k].symbols[i];
-                if (i + 1 < w[k].length && w[k].symbols[i] == l && w[k].symbols[i + 1] == rt) {
-                    w[k].symbols[kept] = joined;
-                    i++;
-                }
-            }
-            w[k].length = kept;
-            pair_counts_of_word(&pc, &w[k], 1);
-        }
-    }
-    for (int k = 0; k < n; k++) free(w[k].symbols);
-    free(w);
-    pair_table_free(&pc.pair_index);
-    free(pc.left); free(pc.right); free(pc.count);
-    return learned;
-}
-
-// Joins tokens back into words: each token's text in turn; after a token
-// that ends in </w>, the marker is dropped and a space starts the next word.
-// Tokens without a marker at all (the special tokens, whole words of a
-// vocabulary without merges) are words of their own. Returns a new string.
-static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
-    size_t bytes = 1;
-    for (int i = 0; i < n; i++) bytes += strlen(vocab->words[ids[i]]) + 1;
-    char *text = checked_calloc(bytes, 1, "text"), *out = text;
-    int word_open = 0; // the last token did not end its word
-    for (int i = 0; i < n; i++) {
-        const char *token = vocab->words[ids[i]];
-        size_t length = strlen(token);
-        int ends = length >= BPE_END_OF_WORD_BYTES && strcmp(token + length - BPE_END_OF_WORD_BYTES, BPE_END_OF_WORD) == 0;
-        int subword = vocab->bpe && (ends || ids[i] >= NUM_SPECIAL_TOKENS);
-        if (out > text && !word_open) *out++ = ' ';
-        if (subword && ends) length -= BPE_END_OF_WORD_BYTES;
-        memcpy(out, token, length);
-        out += length;
-        word_open = subword && !ends;
-    }
-    *out = '\0';
+static const char *skip_white_space(const char *text) {
+    for (int n; (n = white_space_bytes(text)) > 0; ) text += n;
     return text;
 }
 
-// ---- sentence pairs ---------------------------------------------------------
+// The first token of the zero-terminated text: where it starts, its length
+// in bytes in *length; NULL when there is none. (Stepping a byte at a time
+// is safe: white space never begins with a UTF-8 continuation byte.)
+static const char *next_token(const char *text, size_t *length) {
+    const char *start = skip_white_space(text), *end = start;
+    if (!*start) return NULL;
+    while (*end && !white_space_bytes(end)) end++;
+    *length = (size_t)(end - start);
+    return start;
+}
 
-typedef struct {
-    size_t src, tgt;          // offsets of the tokens in Dataset.tokens
-    int src_len, tgt_len;     // tokens, without <s> or </s>
-    int line;                 // line in its file (1 = first), 0 for generated data
-} SentencePair;
-
-typedef struct {
-    SentencePair *pairs;
-    int count, capacity;
-    int *tokens;
-    size_t num_tokens, tokens_capacity;
-    int longest_src, longest_tgt;
-} Dataset;
+// ---- sentence pairs, and reading them ---------------------------------------
 
 static void dataset_free(Dataset *dataset) {
     free(dataset->pairs);
@@ -2466,46 +2092,22 @@ static void dataset_free(Dataset *dataset) {
     memset(dataset, 0, sizeof *dataset);
 }
 
-static void dataset_push_tokens(Dataset *dataset, const int *tokens, int n) {
-    if (dataset->num_tokens + n > dataset->tokens_capacity) {
-        dataset->tokens_capacity = 2 * (dataset->num_tokens + n) + 1024;
-        dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int), "sentence tokens");
-    }
-    memcpy(dataset->tokens + dataset->num_tokens, tokens, n * sizeof(int));
-    dataset->num_tokens += n;
-}
-
 static void dataset_add(Dataset *dataset, const int *src, int src_len, const int *tgt, int tgt_len, int line) {
     if (dataset->count == dataset->capacity) {
         dataset->capacity = dataset->capacity ? 2 * dataset->capacity : 256;
         dataset->pairs = checked_realloc(dataset->pairs, dataset->capacity, sizeof(SentencePair), "sentence pairs");
     }
-    SentencePair *p = &dataset->pairs[dataset->count++];
-    p->src = dataset->num_tokens;
-    dataset_push_tokens(dataset, src, src_len);
-    p->tgt = dataset->num_tokens;
-    dataset_push_tokens(dataset, tgt, tgt_len);
-    p->src_len = src_len;
-    p->tgt_len = tgt_len;
-    p->line = line;
+    if (dataset->num_tokens + src_len + tgt_len > dataset->tokens_capacity) {
+        dataset->tokens_capacity = 2 * (dataset->num_tokens + src_len + tgt_len) + 1024;
+        dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int), "sentence tokens");
+    }
+    SentencePair pair = { dataset->num_tokens, dataset->num_tokens + src_len, src_len, tgt_len, line };
+    dataset->pairs[dataset->count++] = pair;
+    memcpy(dataset->tokens + pair.src, src, src_len * sizeof(int));
+    memcpy(dataset->tokens + pair.tgt, tgt, tgt_len * sizeof(int));
+    dataset->num_tokens += src_len + tgt_len;
     if (src_len > dataset->longest_src) dataset->longest_src = src_len;
     if (tgt_len > dataset->longest_tgt) dataset->longest_tgt = tgt_len;
-}
-
-// FNV-1a over every pair's tokens: tells whether two datasets are the same
-// (a resumed run checks that its training data has not changed).
-static uint64_t dataset_hash(const Dataset *dataset) {
-    uint64_t h = 0xCBF29CE484222325ULL;
-    for (int i = 0; i < dataset->count; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        int header[2] = { p->src_len, p->tgt_len };
-        for (int field = 0; field < 2 + p->src_len + p->tgt_len; field++) {
-            int x = field < 2 ? header[field] : field < 2 + p->src_len ? dataset->tokens[p->src + field - 2]
-                                                                       : dataset->tokens[p->tgt + field - 2 - p->src_len];
-            for (int byte = 0; byte < 4; byte++) { h ^= (uint8_t)((uint32_t)x >> (8 * byte)); h *= 0x100000001B3ULL; }
-        }
-    }
-    return h;
 }
 
 // Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out.
@@ -2521,74 +2123,6 @@ static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
     *dataset = kept;
 }
 
-// ---- white space ----------------------------------------------------------------
-// Tokens are separated by white space, and white space is one set of
-// characters wherever it separates them: training and evaluation data,
-// decode's input, the bpe command, BLEU. The set is the one Python's
-// str.split() splits at, Unicode's White_Space characters and the four
-// separators U+001C..U+001F, so that `bleu` counts the tokens sacreBLEU's
-// tokenize='none' counts, and a sentence written with an ideographic space
-// (U+3000, as CJK text is) or a no-break space (U+00A0, as French text puts
-// before ':' and '?') splits where it would with ASCII spaces:
-//   U+0009..U+000D  tab, line feed, line tabulation, form feed, carriage return
-//   U+001C..U+001F  the file, group, record and unit separators
-//   U+0020          space
-//   U+0085          next line
-//   U+00A0          no-break space
-//   U+1680          Ogham space mark
-//   U+2000..U+200A  en quad .. hair space
-//   U+2028 U+2029   the line and the paragraph separator
-//   U+202F          narrow no-break space
-//   U+205F          medium mathematical space
-//   U+3000          ideographic space
-// (not U+180E, nor the zero-width space U+200B: neither is white space.)
-// A character above U+007F counts only as the UTF-8 sequence that encodes it:
-// a lone byte 0x85 or 0xA0 (of Latin-1 text, say) is not white space but a
-// byte like any other, which §5.1 reads as a symbol of its own.
-
-// The length in bytes of the white-space character that begins the
-// zero-terminated text, or 0 when it begins none. (A byte after the first
-// is read only when the bytes before it matched: never past the end.)
-static int white_space_bytes(const char *text) {
-    const unsigned char *s = (const unsigned char *)text;
-    if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
-    if (s[0] == 0xC2) return s[1] == 0x85 || s[1] == 0xA0 ? 2 : 0;                // U+0085 U+00A0
-    if (s[0] == 0xE1) return s[1] == 0x9A && s[2] == 0x80 ? 3 : 0;                // U+1680
-    if (s[0] == 0xE2 && s[1] == 0x80)                                             // U+2000..U+202F
-        return (s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF ? 3 : 0;
-    if (s[0] == 0xE2 && s[1] == 0x81) return s[2] == 0x9F ? 3 : 0;                // U+205F
-    if (s[0] == 0xE3) return s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;                // U+3000
-    return 0;
-}
-
-// text from its first character that is not white space on
-static const char *skip_white_space(const char *text) {
-    for (int n; (n = white_space_bytes(text)) > 0; ) text += n;
-    return text;
-}
-
-// The first token of the zero-terminated text: where it starts, its length
-// in bytes in *length; NULL when the text holds only white space. Stepping a
-// byte at a time inside a token is safe: white space begins with an ASCII
-// byte or a lead byte (C2, E1, E2, E3), never with a continuation byte.
-static const char *next_token(const char *text, size_t *length) {
-    const char *start = skip_white_space(text), *end = start;
-    if (!*start) return NULL;
-    while (*end && !white_space_bytes(end)) end++;
-    *length = (size_t)(end - start);
-    return start;
-}
-
-// ---- reading text -------------------------------------------------------------
-
-// Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
-typedef struct {
-    char where[300];
-    int warnings;             // unknown-token warnings printed so far for this input
-    long unknown;             // tokens read as <unk>
-    const char *reserved;     // the special token's text that made tokenize refuse the sentence
-} TextSource;
-
 #define MAX_UNKNOWN_WARNINGS 5
 
 // The id of the n bytes at token. grow: a new token joins the vocabulary;
@@ -2596,35 +2130,16 @@ typedef struct {
 static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
     int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
     if (id >= 0) return id;
-    from->unknown++;
     if (from->warnings++ < MAX_UNKNOWN_WARNINGS)
         fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
                 from->where, (int)(n < 80 ? n : 80), token);
+    from->unknown++;
     return TOKEN_UNK;
 }
 
 static void push_id(int **ids, size_t *capacity, int n, int id) {
-    if ((size_t)n == *capacity) {
-        *capacity = *capacity ? 2 * *capacity : 64;
-        *ids = checked_realloc(*ids, *capacity, sizeof(int), "token ids");
-    }
+    if ((size_t)n == *capacity) *ids = checked_realloc(*ids, *capacity = *capacity ? 2 * *capacity : 64, sizeof(int), "token ids");
     (*ids)[n] = id;
-}
-
-// The subwords of one word (§5.1, vocab->bpe's merges), pushed as ids at ids[n..].
-// Returns the new n.
-static int tokenize_subwords(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
-                             int n, TextSource *from) {
-    int *start = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
-    int *scratch = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
-    char *text = checked_calloc((size_t)length + 5, 1, "subwords");
-    int count = bpe_encode_word(vocab->bpe, start, word, length, scratch, text);
-    for (int i = 0; i < count; i++) {
-        int text_length = bpe_symbol_text(text, word, start, count, i);
-        push_id(ids, capacity, n++, token_id(vocab, grow, text, (size_t)text_length, from));
-    }
-    free(start); free(scratch); free(text);
-    return n;
 }
 
 // The text <pad>, <s>, </s> or <unk> in data is refused rather than read as
@@ -2634,20 +2149,10 @@ static const char *reserved_token_error(const TextSource *from) {
                   "expected text without them", from->where, from->reserved);
 }
 
-// A UTF-8 byte-order mark (EF BB BF), which some editors write at the start of
-// a file, is not part of the first token: it is removed from a first line.
-static void strip_byte_order_mark(char *line, ssize_t *length) {
-    if (*length >= 3 && memcmp(line, "\xEF\xBB\xBF", 3) == 0) {
-        memmove(line, line + 3, (size_t)*length - 2);
-        *length -= 3;
-    }
-}
-
-// Splits text at white space (above) into token ids: whole words, or with
-// vocab->bpe each word's subwords. grow: new tokens join the vocabulary;
-// otherwise they become <unk> with a warning (the first few). Returns the
-// number of tokens (*ids grows as needed), or -1 at a special token's text
-// (from->reserved says which; reserved_token_error is the message).
+// Splits text at white space into token ids: whole words, or with the lab's
+// §5.1 merges each word's subwords. grow: new tokens join the vocabulary;
+// otherwise they become <unk>. Returns the number of tokens (*ids grows as
+// needed), or -1 at a special token's text (from->reserved says which).
 static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
     size_t len;
@@ -2657,26 +2162,45 @@ static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, si
                 from->reserved = special_tokens[special];
                 return -1;
             }
-        if (vocab->bpe) n = tokenize_subwords(vocab, grow, start, (int)len, ids, capacity, n, from);
+        if (vocab->bpe && lab.split_word) n = lab.split_word(vocab, grow, start, (int)len, ids, capacity, n, from);   // lab: §5.1
         else push_id(ids, capacity, n++, token_id(vocab, grow, start, len, from));
     }
     return n;
 }
 
-// Reads line line_no (counted from 1) of f into *line, without its line end
-// and, on line 1, without a byte-order mark. Returns 1, 0 at the end of the
-// file, or -1 for a line holding a zero byte (not text).
+// The tokens as text, separated by spaces (with §5.1 merges, subwords joined
+// into words by the lab). Returns a new string.
+static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
+    if (vocab->bpe && lab.join_tokens) return lab.join_tokens(vocab, ids, n);   // lab: §5.1
+    size_t bytes = 1;
+    for (int i = 0; i < n; i++) bytes += strlen(vocab->words[ids[i]]) + 1;
+    char *text = checked_calloc(bytes, 1, "text"), *out = text;
+    for (int i = 0; i < n; i++) out += sprintf(out, i ? " %s" : "%s", vocab->words[ids[i]]);
+    return text;
+}
+
+static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n) {
+    char *text = tokens_to_text(vocab, ids, n);
+    fputs(text, f);
+    free(text);
+}
+
+// Reads line line_no (from 1) of f into *line, without its line end and, on
+// line 1, without a UTF-8 byte-order mark (EF BB BF, which some editors
+// write first). Returns 1, 0 at the end, or -1 for a line holding a zero byte.
 static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     ssize_t length = getline(line, capacity, f);
     if (length < 0) return 0;
-    if (line_no == 1) strip_byte_order_mark(*line, &length);
+    if (line_no == 1 && length >= 3 && memcmp(*line, "\xEF\xBB\xBF", 3) == 0) {
+        memmove(*line, *line + 3, (size_t)length - 2);
+        length -= 3;
+    }
     while (length > 0 && ((*line)[length - 1] == '\n' || (*line)[length - 1] == '\r')) (*line)[--length] = '\0';
     return strlen(*line) == (size_t)length ? 1 : -1;
 }
 
-// Opens a text file to read, or sets *error: fopen opens a directory too,
-// and its first read fails, which a loop reading lines would take for the
-// end of an empty file.
+// Opens a text file to read, or sets *error (fopen opens a directory too, and
+// a loop reading lines would take its failed first read for an empty file).
 static FILE *open_text_file(const char *path, const char **error) {
     FILE *f = fopen(path, "r");
     struct stat st;
@@ -2689,27 +2213,25 @@ static FILE *open_text_file(const char *path, const char **error) {
     return f;
 }
 
-// Reads `source<TAB>target` lines, tokens separated by white space (above),
-// into dataset. Blank lines (white space only, no tab) are skipped; a line ending in
-// \r\n is read as ending in \n. grow: the
-// vocabulary takes every new token (training data); otherwise unknown tokens
-// become <unk> with a warning.
+// Reads `source<TAB>target` lines into dataset. Blank lines (white space,
+// no tab) are skipped; \r\n ends a line as \n does. grow: the vocabulary takes
+// every new token (training data); otherwise unknown tokens become <unk>.
 static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
     if (!f) return error;
     char *line = NULL;
-    size_t line_capacity = 0, src_capacity = 0, tgt_capacity = 0;
+    size_t line_capacity = 0, src_capacity = 0, tgt_capacity = 0, unused;
     int *src = NULL, *tgt = NULL, line_no = 0, got;
     TextSource from = { "", 0, 0, NULL };
     while (!error && (got = read_text_line(f, &line, &line_capacity, line_no + 1)) != 0) {
         snprintf(from.where, sizeof from.where, "%s:%d", path, ++line_no);
-        if (got < 0) { error = errorf("%s: a zero byte; expected text", from.where); break; }
-        size_t unused;
-        char *tab = strchr(line, '\t');
-        if (!tab && !next_token(line, &unused)) continue; // blank line
-        if (!tab) { error = errorf("%s: no tab; expected source<TAB>target", from.where); break; }
-        if (strchr(tab + 1, '\t')) { error = errorf("%s: more than one tab; expected source<TAB>target", from.where); break; }
+        char *tab = got < 0 ? NULL : strchr(line, '\t');
+        if (got < 0) error = errorf("%s: a zero byte; expected text", from.where);
+        else if (!tab && !next_token(line, &unused)) continue;   // a blank line
+        else if (!tab) error = errorf("%s: no tab; expected source<TAB>target", from.where);
+        else if (strchr(tab + 1, '\t')) error = errorf("%s: more than one tab; expected source<TAB>target", from.where);
+        if (error) break;
         *tab = '\0';
         int n_src = tokenize(line, vocab, grow, &src, &src_capacity, &from);
         int n_tgt = n_src < 0 ? -1 : tokenize(tab + 1, vocab, grow, &tgt, &tgt_capacity, &from);
@@ -2735,112 +2257,37 @@ static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const c
     return error;
 }
 
-// §5.1: learns up to num_merges merges from the words of both sides of the
-// TSV file at path into vocab->bpe (vocab holds no tokens of the data yet). The words
-// are read as dataset_read_tsv reads them, with its checks; held_out_every > 0
-// leaves out the pairs dataset_split would hold out, so that held-out words
-// teach no merges. *learned: how many merges there are (fewer when no pair
-// occurs twice any more).
-static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int held_out_every, int num_merges,
-                                      int *learned) {
-    Vocabulary words;
-    Dataset dataset, held_out;
-    vocab_init(&words);
-    memset(&dataset, 0, sizeof dataset);
-    memset(&held_out, 0, sizeof held_out);
-    const char *error = dataset_read_tsv(&dataset, &words, path, 1);
-    if (!error && held_out_every > 0 && dataset.count >= held_out_every) dataset_split(&dataset, &held_out, held_out_every);
-    long *counts = checked_calloc((size_t)words.size, sizeof(long), "word counts");
-    for (size_t i = 0; !error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
-    for (int id = NUM_SPECIAL_TOKENS; !error && id < words.size; id++)
-        if (strstr(words.words[id], BPE_END_OF_WORD))
-            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words without it "
-                           "(with --bpe, a subword ending in %s ends a word)", path, words.words[id],
-                           BPE_END_OF_WORD, BPE_END_OF_WORD);
-    if (!error) {
-        Bpe *b = checked_calloc(1, sizeof(Bpe), "merges");
-        bpe_init(b);
-        int n = words.size - NUM_SPECIAL_TOKENS;
-        *learned = bpe_learn(b, (const char *const *)words.words + NUM_SPECIAL_TOKENS, counts + NUM_SPECIAL_TOKENS,
-                             n, num_merges);
-        if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
-        vocab->bpe = b;
-    }
-    free(counts);
-    dataset_free(&dataset); dataset_free(&held_out);
-    vocab_free(&words);
-    return error;
-}
-
-// The model's vocabulary with merges: every symbol the merges know, the
-// characters of the training words and each merge's result, so that any
-// word made of these characters is written without <unk>, even when it
-// needs a subword that no training word kept (a later merge took it).
-static void vocab_add_subwords(Vocabulary *vocab) {
-    const Vocabulary *symbols = &vocab->bpe->symbols;
-    for (int id = NUM_SPECIAL_TOKENS; id < symbols->size; id++)
-        vocab_add(vocab, symbols->words[id], strlen(symbols->words[id]));
-}
-
 // A model with max_len positions takes sources and targets of up to
-// max_len - 1 tokens: the encoder reads x_1..x_n </s> and the decoder
-// <s> y_1..y_n, n + 1 positions each.
+// max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder <s> y_1..y_n.
 static const char *dataset_check_lengths(const Dataset *dataset, const char *name, int max_len) {
     for (int i = 0; i < dataset->count; i++) {
         const SentencePair *p = &dataset->pairs[i];
+        int longer = p->src_len > p->tgt_len ? p->src_len : p->tgt_len;
+        if (longer <= max_len - 1) continue;
         char where[300];
         if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
         else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
-        if (p->src_len > max_len - 1)
-            return errorf("%s: the source has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
-                          where, p->src_len, max_len, max_len - 1);
-        if (p->tgt_len > max_len - 1)
-            return errorf("%s: the target has %d tokens; the model's maximum length %d allows %d (one position is <s>)",
-                          where, p->tgt_len, max_len, max_len - 1);
+        int source = p->src_len > max_len - 1;
+        return errorf("%s: the %s has %d tokens; the model's maximum length %d allows %d (one position is %s)", where,
+                      source ? "source" : "target", longer, max_len, max_len - 1, source ? "</s>" : "<s>");
     }
     return NULL;
 }
 
-// The tokens as text: words separated by spaces (subwords joined, §5.1).
-static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n) {
-    char *text = tokens_to_text(vocab, ids, n);
-    fputs(text, f);
-    free(text);
-}
-
-// ---- built-in tasks -------------------------------------------------------------
+// ---- the copy and reverse tasks ---------------------------------------------
 // copy: the target is the source; reverse: the source backwards. Words are
 // the numbers 0..words-1, so `./transformer decode ... "3 1 4 1 5"` reads
-// naturally. The held-out pairs are drawn after the training pairs and
-// none of their sources appears among the training sources: the model is
-// tested on sequences it never saw.
+// naturally. The held-out pairs are drawn after the training pairs, and none
+// of their sources is a training source: the model is tested on sequences it
+// never saw.
 
-enum { TASK_COPY, TASK_REVERSE, NUM_TASKS };
-static const char *task_names[NUM_TASKS] = { "copy", "reverse" };
+enum { TASK_COPY, TASK_REVERSE };
 
 static void task_vocabulary(Vocabulary *vocab, int words) {
     vocab_init(vocab);
     for (int w = 0; w < words; w++) {
         char text[16];
-        int n = snprintf(text, sizeof text, "%d", w);
-        vocab_add(vocab, text, (size_t)n);
-    }
-}
-
-// A set of 64-bit hashes (open addressing; 0 marks an empty slot).
-typedef struct { uint64_t *slots; size_t mask; } HashSet;
-
-static uint64_t sequence_hash(const int *tokens, int n) {
-    uint64_t h = 0xCBF29CE484222325ULL ^ (uint64_t)n;
-    for (int i = 0; i < n; i++) { h ^= (uint64_t)(uint32_t)tokens[i]; h *= 0x100000001B3ULL; h ^= h >> 29; }
-    return h ? h : 1;
-}
-
-// Adds h; returns 1 if it was new, 0 if it was there already.
-static int hash_set_add(HashSet *s, uint64_t h) {
-    for (size_t i = h & s->mask;; i = (i + 1) & s->mask) {
-        if (s->slots[i] == h) return 0;
-        if (s->slots[i] == 0) { s->slots[i] = h; return 1; }
+        vocab_add(vocab, text, (size_t)snprintf(text, sizeof text, "%d", w));
     }
 }
 
@@ -2848,11 +2295,9 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
                                  int max_len, int train_size, int valid_size, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
-    HashSet seen;
-    size_t slots = 16;
+    size_t slots = 16;   // a set of the sources' hashes, open addressing (0: an empty slot)
     while (slots < 4 * ((size_t)train_size + valid_size)) slots *= 2;
-    seen.slots = checked_calloc(slots, sizeof(uint64_t), "task hash set");
-    seen.mask = slots - 1;
+    uint64_t *seen = checked_calloc(slots, sizeof(uint64_t), "task hash set");
     int *src = checked_calloc(max_len, sizeof(int), "task sentence"), *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
     const char *error = NULL;
     long attempts = 0, max_attempts = 1000L * valid_size + 1000;
@@ -2860,11 +2305,16 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
         int n = min_len + rng_below(&rng, max_len - min_len + 1);
         for (int t = 0; t < n; t++) src[t] = NUM_SPECIAL_TOKENS + rng_below(&rng, words);
         for (int t = 0; t < n; t++) tgt[t] = task == TASK_COPY ? src[t] : src[n - 1 - t];
-        int is_new = hash_set_add(&seen, sequence_hash(src, n));
+        uint64_t hash = 0xCBF29CE484222325ULL ^ (uint64_t)n;
+        for (int t = 0; t < n; t++) { hash ^= (uint32_t)src[t]; hash *= 0x100000001B3ULL; hash ^= hash >> 29; }
+        size_t k = (hash = hash ? hash : 1) & (slots - 1);
+        while (seen[k] != 0 && seen[k] != hash) k = (k + 1) & (slots - 1);
+        int is_new = seen[k] == 0;
+        seen[k] = hash;
         if (i < train_size) {
             dataset_add(train, src, n, tgt, n, 0);
             i++;
-        } else if (is_new) { // held out: a source the training set does not have, and no repeats
+        } else if (is_new) {   // held out: a source the training set does not have, and no repeats
             dataset_add(valid, src, n, tgt, n, 0);
             i++;
         } else if (++attempts > max_attempts) {
@@ -2874,23 +2324,17 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
             break;
         }
     }
-    free(seen.slots); free(src); free(tgt);
+    free(seen); free(src); free(tgt);
     return error;
 }
 
-// ---- batches ------------------------------------------------------------------
-// An epoch visits every training pair once. The pairs are sorted by length
-// (source, then target, random among equals), cut into batches of at most
-// batch_tokens tokens counting padding (B x (S + T)), and the batches are
-// visited in random order: §5.1's batching by approximate length.
-
-typedef struct { int start, count; } BatchSpan;   // order[start .. start + count - 1]
-
-typedef struct {
-    int *order;          // (pairs) pair indices, grouped by length
-    BatchSpan *spans;    // the batches, in the order they are visited
-    int num_spans;
-} EpochPlan;
+// ---- batches ----------------------------------------------------------------
+// §5.1: "Sentence pairs were batched together by approximate sequence length.
+// Each training batch contained a set of sentence pairs containing
+// approximately 25000 source tokens and 25000 target tokens." An epoch visits
+// every training pair once: the pairs are sorted by length (source, then
+// target, random among equals), cut into batches of at most batch_tokens
+// tokens counting padding (B x (S + T)), and the batches visited in random order.
 
 typedef struct { int src_len, tgt_len; uint64_t key; int index; } LengthKey;
 
@@ -2902,10 +2346,19 @@ static int compare_length_keys(const void *pa, const void *pb) {
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
-// Cuts order[0..count-1] (already grouped by length) into batches of at most
-// batch_tokens padded tokens each (at least one pair per batch): B x (S + T)
-// with S = longest source + 1 (</s>), T = longest target + 1 (<s> or </s>).
-static int cut_into_batches(BatchSpan *spans, const Dataset *dataset, const int *order, int count, int batch_tokens) {
+// The first `count` pairs sorted by length (among equals by a key from rng,
+// or by index when rng is NULL) into order, then cut into batches of at most
+// batch_tokens padded tokens (and at least one pair): B x (S + T), S the
+// longest source + 1 (</s>), T the longest target + 1. Returns how many.
+static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count, int batch_tokens, Rng *rng) {
+    LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
+    for (int i = 0; i < count; i++) {
+        LengthKey key = { dataset->pairs[i].src_len, dataset->pairs[i].tgt_len, rng ? rng_next(rng) : 0, i };
+        keys[i] = key;
+    }
+    qsort(keys, count, sizeof(LengthKey), compare_length_keys);
+    for (int i = 0; i < count; i++) order[i] = keys[i].index;
+    free(keys);
     int num_spans = 0;
     for (int i = 0; i < count; ) {
         int S = 0, T = 0, n = 0;
@@ -2924,62 +2377,34 @@ static int cut_into_batches(BatchSpan *spans, const Dataset *dataset, const int 
 
 // Draws the next epoch's batches from rng (serially: the same on any thread count).
 static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_tokens, Rng *rng) {
-    LengthKey *keys = checked_calloc(dataset->count, sizeof(LengthKey), "epoch order");
-    for (int i = 0; i < dataset->count; i++) {
-        keys[i].src_len = dataset->pairs[i].src_len;
-        keys[i].tgt_len = dataset->pairs[i].tgt_len;
-        keys[i].key = rng_next(rng);
-        keys[i].index = i;
-    }
-    qsort(keys, dataset->count, sizeof(LengthKey), compare_length_keys);
     plan->order = checked_realloc(plan->order, dataset->count, sizeof(int), "epoch order");
     plan->spans = checked_realloc(plan->spans, dataset->count, sizeof(BatchSpan), "epoch batches");
-    for (int i = 0; i < dataset->count; i++) plan->order[i] = keys[i].index;
-    free(keys);
-    plan->num_spans = cut_into_batches(plan->spans, dataset, plan->order, dataset->count, batch_tokens);
-    for (int i = plan->num_spans - 1; i > 0; i--) { // Fisher-Yates shuffle of the batches
+    plan->num_spans = sort_and_cut(plan->order, plan->spans, dataset, dataset->count, batch_tokens, rng);
+    for (int i = plan->num_spans - 1; i > 0; i--) {   // Fisher-Yates shuffle of the batches
         int j = rng_below(rng, i + 1);
         BatchSpan swap = plan->spans[i]; plan->spans[i] = plan->spans[j]; plan->spans[j] = swap;
     }
 }
 
-static void epoch_plan_free(EpochPlan *plan) {
-    free(plan->order);
-    free(plan->spans);
-    memset(plan, 0, sizeof *plan);
-}
-
-// A Batch and the memory behind it, grown as needed.
-typedef struct {
-    Batch batch;
-    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
-    size_t src_capacity, tgt_capacity, rows_capacity;
-    long tokens;   // source and target positions without padding, for tokens/s
-} BatchBuffer;
-
 // Teacher forcing (§3.1: "the output embeddings are offset by one
 // position"): the decoder reads tgt_in = <s> y_1 .. y_n and must predict
 // tgt_out = y_1 .. y_n </s>. The source ends with </s> too, as in
 // tensor2tensor and fairseq (the paper does not say): it marks where the
-// sentence ends, which the encoder otherwise has to infer from the padding
-// mask alone. On the copy task it made learning faster (NOTES.md).
+// sentence ends, which the encoder otherwise infers from the padding mask
+// alone; on the copy task it made learning faster.
 static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indices, int count) {
-    int S = 1, T = 1;
-    for (int i = 0; i < count; i++) {
-        const SentencePair *p = &dataset->pairs[indices[i]];
-        if (p->src_len + 1 > S) S = p->src_len + 1;
-        if (p->tgt_len + 1 > T) T = p->tgt_len + 1;
+    size_t B = count, S = 1, T = 1;
+    for (size_t b = 0; b < B; b++) {
+        const SentencePair *p = &dataset->pairs[indices[b]];
+        if ((size_t)p->src_len + 1 > S) S = p->src_len + 1;
+        if ((size_t)p->tgt_len + 1 > T) T = p->tgt_len + 1;
     }
-    size_t B = count;
     if (B > bb->rows_capacity) {
         bb->rows_capacity = B;
         bb->src_len = checked_realloc(bb->src_len, B, sizeof(int), "batch");
         bb->tgt_len = checked_realloc(bb->tgt_len, B, sizeof(int), "batch");
     }
-    if (B * S > bb->src_capacity) {
-        bb->src_capacity = B * S;
-        bb->src = checked_realloc(bb->src, B * S, sizeof(int), "batch");
-    }
+    if (B * S > bb->src_capacity) bb->src = checked_realloc(bb->src, bb->src_capacity = B * S, sizeof(int), "batch");
     if (B * T > bb->tgt_capacity) {
         bb->tgt_capacity = B * T;
         bb->tgt_in = checked_realloc(bb->tgt_in, B * T, sizeof(int), "batch");
@@ -3002,7 +2427,7 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
         bb->tgt_len[b] = p->tgt_len + 1;
         bb->tokens += p->src_len + 1 + p->tgt_len + 1;
     }
-    Batch batch = { count, S, T, bb->src, bb->src_len, bb->tgt_in, bb->tgt_out, bb->tgt_len };
+    Batch batch = { count, (int)S, (int)T, bb->src, bb->src_len, bb->tgt_in, bb->tgt_out, bb->tgt_len };
     bb->batch = batch;
 }
 
@@ -3011,639 +2436,39 @@ static void batch_buffer_free(BatchBuffer *bb) {
     memset(bb, 0, sizeof *bb);
 }
 
-// ---- evaluation -------------------------------------------------------------------
-// Decodes held-out sources and compares with the references:
-//   exact match     the output is the reference, token for token
-//   token accuracy  positions where output and reference agree, over the
-//                   longer of the two, summed over sentences (a missing or
-//                   an extra token counts as wrong); a reference token not in
-//                   the vocabulary (<unk>) never counts as right.
-// Also the teacher-forced loss (label-smoothed, as in training, no dropout)
-// and the model's own -log p(reference token) without smoothing, whose
-// exponential is the perplexity of Table 3.
-
-typedef struct {
-    double loss;             // mean per target token
-    double log_loss;         // mean -log p(reference token), no smoothing: perplexity = exp(log_loss)
-    long correct, compared;  // token accuracy = correct / compared
-    int exact, sentences;
-    BleuStats bleu;          // corpus BLEU of the outputs against the references (§6.1)
-    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (evaluation_score_words)
-    int *output;             // (sentences, stride) the decoded outputs
-    int *output_len;         // (sentences)
-    int stride;
-} Evaluation;
-
-static void evaluation_free(Evaluation *e) {
-    free(e->output); free(e->output_len);
-    memset(e, 0, sizeof *e);
-}
-
-static void score_output(Evaluation *e, const int *output, int output_len, const int *ref, int ref_len) {
-    int longer = output_len > ref_len ? output_len : ref_len, same = 0;
-    for (int i = 0; i < output_len && i < ref_len; i++) same += output[i] == ref[i] && ref[i] != TOKEN_UNK;
-    e->correct += same;
-    e->compared += longer;
-    e->exact += same == ref_len && output_len == ref_len;
-    bleu_add_sentence(&e->bleu, output, output_len, ref, ref_len);
-}
-
-// The sum over the batch's target tokens of -log p(reference token), without
-// label smoothing, from the probabilities of the last forward pass (acts.probs,
-// (B,T,V), which cross_entropy_forward computed from the logits).
-static double reference_log_loss(const Transformer *model, const Batch *batch) {
-    int T = batch->T, V = model->config.vocab_size;
-    double total = 0;
-    for (int b = 0; b < batch->B; b++)
-        for (int t = 0; t < batch->tgt_len[b]; t++)
-            total -= log((double)model->acts.probs[((size_t)b * T + t) * V + batch->tgt_out[b * T + t]]);
-    return total;
-}
-
-// Evaluates the first `count` pairs of dataset (all when count <= 0), decoding
-// greedily (beam_size 1, many sentences side by side) or with beam search.
-static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
-                     int beam_size, double alpha) {
-    memset(e, 0, sizeof *e);
-    if (count <= 0 || count > dataset->count) count = dataset->count;
-    e->sentences = count;
-    e->stride = model->config.max_len;
-    e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
-    e->output_len = checked_calloc(count, sizeof(int), "decoded outputs");
-    int training = model->training;
-    model->training = 0;
-    // sorted by length, so that the sentences decoded side by side have little padding
-    LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "evaluation order");
-    int *order = checked_calloc(count, sizeof(int), "evaluation order");
-    BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
-    for (int i = 0; i < count; i++) {
-        LengthKey key = { dataset->pairs[i].src_len, dataset->pairs[i].tgt_len, 0, i };
-        keys[i] = key;
-    }
-    qsort(keys, count, sizeof(LengthKey), compare_length_keys);
-    for (int i = 0; i < count; i++) order[i] = keys[i].index;
-    int num_spans = cut_into_batches(spans, dataset, order, count, batch_tokens);
-    BatchBuffer bb;
-    memset(&bb, 0, sizeof bb);
-    double total_loss = 0, total_log_loss = 0;
-    long total_tokens = 0;
-    int *out = NULL, *out_len = NULL;
-    for (int s = 0; s < num_spans; s++) {
-        const int *indices = order + spans[s].start;
-        int B = spans[s].count;
-        batch_fill(&bb, dataset, indices, B);
-        total_loss += (double)transformer_forward(model, &bb.batch) * model->num_target_tokens;
-        total_log_loss += reference_log_loss(model, &bb.batch);
-        total_tokens += model->num_target_tokens;
-        int S = bb.batch.S, max_out = transformer_decode_limit(model, S);
-        out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
-        out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
-        if (beam_size <= 1) {
-            transformer_greedy_decode(model, out, out_len, max_out, bb.src, bb.src_len, B, S);
-        } else {
-            for (int b = 0; b < B; b++)
-                out_len[b] = transformer_beam_search(model, out + (size_t)b * max_out, NULL, bb.src + (size_t)b * S,
-                                                     bb.src_len[b], beam_size, alpha);
-        }
-        for (int b = 0; b < B; b++) {
-            const SentencePair *p = &dataset->pairs[indices[b]];
-            int n = out_len[b] < e->stride ? out_len[b] : e->stride;
-            memcpy(e->output + (size_t)indices[b] * e->stride, out + (size_t)b * max_out, n * sizeof(int));
-            e->output_len[indices[b]] = n;
-            score_output(e, out + (size_t)b * max_out, out_len[b], dataset->tokens + p->tgt, p->tgt_len);
-        }
-    }
-    e->loss = total_tokens ? total_loss / total_tokens : 0;
-    e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;
-    free(keys); free(order); free(spans); free(out); free(out_len);
-    batch_buffer_free(&bb);
-    model->training = training;
-}
-
-// With §5.1 subwords the tokens are not the words: joined back into words,
-// an output may spell the reference with other subwords and still be it.
-// Exact match (e->exact, replacing the count on subwords) and BLEU on words,
-// from the stored outputs.
-static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
-    e->exact = 0;
-    bleu_reset(&e->bleu_words);
-    for (int i = 0; i < e->sentences; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
-        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
-        e->exact += strcmp(output, reference) == 0;
-        bleu_add_sentence_text(&e->bleu_words, output, reference);
-        free(output); free(reference);
-    }
-}
-
-static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab, int show) {
-    for (int i = 0; i < show && i < e->sentences; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        const int *out = e->output + (size_t)i * e->stride;
-        int n = e->output_len[i];
-        char *output = tokens_to_text(vocab, out, n), *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
-        int exact = strcmp(output, reference) == 0; // the same words
-        free(output); free(reference);
-        printf("  source     "); print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
-        printf("\n  reference  "); print_tokens(stdout, vocab, dataset->tokens + p->tgt, p->tgt_len);
-        printf("\n  output     "); print_tokens(stdout, vocab, out, n);
-        printf("   (%s)\n", exact ? "exact" : "WRONG");
-    }
-}
-
-// ============================================================================
-// Checkpoints
-// One file holds everything a run needs to go on exactly where it stopped:
-// the config, the vocabulary, the parameters, Adam's moments and step, the
-// random generators' states, the position in the current epoch, and the
-// run's own options (data, model, schedule) as text. The byte layout is in
-// NOTES.md ("Checkpoint format"). All numbers are little-endian; the last 8
-// bytes are an FNV-1a checksum of everything before them.
-//
-// Writing goes to PATH.tmp, which is flushed to the disk and then renamed
-// over PATH: rename replaces a file in one step, so PATH is at every moment
-// either the old checkpoint or the new one, never half of either.
-// ============================================================================
-
-// The kind of positions (§3.5, or Table 3's row E) by name, as the flags
-// --positional take it and messages print it; -1 for a name that is neither.
-static const char *positional_name(int positional) {
-    return positional == POSITIONAL_LEARNED ? "learned" : "sinusoid";
-}
-
-static int positional_from_name(const char *name) {
-    return strcmp(name, "learned") == 0 ? POSITIONAL_LEARNED : strcmp(name, "sinusoid") == 0 ? POSITIONAL_SINUSOID : -1;
-}
-
-#define CHECKPOINT_MAGIC "TCKP"
-#define CHECKPOINT_VERSION 3   // 2 added the §5.1 merges, 3 the kind of positions; 1 and 2 still read
-#define CHECKPOINT_HEADER_BYTES 136     // version 2: 128 (no positional field), version 1: 120 (nor merges_bytes)
-#define CHECKPOINT_HEADER_BYTES_V2 128
-#define CHECKPOINT_HEADER_BYTES_V1 120
-#define CHECKPOINT_CHECKSUM_BYTES 8
-#define MAX_TRAINING_STEPS 1000000000   // train --steps at most; a checkpoint's Adam step too
-
-// Where a training run stands, besides the model and Adam.
-typedef struct {
-    uint64_t epoch_rng;      // the data-order generator's state when the current epoch was drawn
-    uint64_t epoch;          // epochs begun (the first is 1)
-    uint64_t epoch_batches;  // batches of the current epoch already trained on
-    uint64_t data_hash;      // dataset_hash of the training pairs
-} TrainingState;
-
-#define FNV_OFFSET 0xCBF29CE484222325ULL
-#define FNV_PRIME 0x100000001B3ULL
-
-typedef struct { FILE *f; uint64_t hash; int failed; } Writer;
-
-static void write_bytes(Writer *w, const void *data, size_t n) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ p[i]) * FNV_PRIME;
-    if (!w->failed && fwrite(data, 1, n, w->f) != n) w->failed = 1;
-}
-
-static void write_u32(Writer *w, uint32_t x) {
-    unsigned char b[4];
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(x >> (8 * i));
-    write_bytes(w, b, 4);
-}
-
-static void write_u64(Writer *w, uint64_t x) {
-    unsigned char b[8];
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(x >> (8 * i));
-    write_bytes(w, b, 8);
-}
-
-static void write_f32(Writer *w, float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    write_u32(w, u);
-}
-
-// n numbers of type real, as IEEE-754 binary32 (float builds) or binary64 (double builds)
-static void write_reals(Writer *w, const real *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-#ifdef TRANSFORMER_DOUBLE
-        uint64_t u;
-        memcpy(&u, &x[i], 8);
-        write_u64(w, u);
-#else
-        write_f32(w, x[i]);
-#endif
-    }
-}
-
-static uint32_t get_u32(const unsigned char *b) {
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-static uint64_t get_u64(const unsigned char *b) {
-    return (uint64_t)get_u32(b) | (uint64_t)get_u32(b + 4) << 32;
-}
-
-static float get_f32(const unsigned char *b) {
-    uint32_t u = get_u32(b);
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
-typedef struct { FILE *f; uint64_t hash; int failed; } Reader;
-
-static void read_bytes(Reader *r, void *data, size_t n) {
-    if (!r->failed && fread(data, 1, n, r->f) != n) { r->failed = 1; memset(data, 0, n); }
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ p[i]) * FNV_PRIME;
-}
-
-// n numbers stored with real_bytes (4 or 8) bytes each, converted to real
-static void read_reals(Reader *r, real *x, size_t n, int real_bytes) {
-    unsigned char b[8];
-    for (size_t i = 0; i < n; i++) {
-        read_bytes(r, b, real_bytes);
-        if (real_bytes == 4) {
-            x[i] = (real)get_f32(b);
-        } else {
-            uint64_t u = get_u64(b);
-            double d;
-            memcpy(&d, &u, 8);
-            x[i] = (real)d;
-        }
-    }
-}
-
-// The merges section (version 2): a u32 count, then per merge the left and
-// the right symbol, each a u32 length and its bytes. None (0 bytes) without merges.
-static uint64_t merges_section_bytes(const Bpe *b) {
-    if (!b || b->num_merges == 0) return 0;
-    uint64_t bytes = 4;
-    for (int r = 0; r < b->num_merges; r++) bytes += 8 + strlen(b->left[r]) + strlen(b->right[r]);
-    return bytes;
-}
-
-static void write_merges(Writer *w, const Bpe *b) {
-    if (!b || b->num_merges == 0) return;   // no section (merges_section_bytes 0)
-    write_u32(w, (uint32_t)b->num_merges);
-    for (int r = 0; r < b->num_merges; r++) {
-        const char *sides[2] = { b->left[r], b->right[r] };
-        for (int k = 0; k < 2; k++) { write_u32(w, (uint32_t)strlen(sides[k])); write_bytes(w, sides[k], strlen(sides[k])); }
-    }
-}
-
-// Writes a checkpoint in format `version` (3; 1 and 2 only for the tests
-// that check that older files still read: 1 without merges, both only with
-// sinusoids).
-static const char *checkpoint_save_version(const char *path, const Transformer *model, const Vocabulary *vocab,
-                                           const TrainingState *state, const char *run_options, int version) {
-    uint64_t merges_bytes = merges_section_bytes(vocab->bpe);
-    if (version == 1 && merges_bytes)
-        return errorf("%s: checkpoint format version 1 cannot hold merges; expected version 2", path);
-    if (version < 3 && model->config.positional != POSITIONAL_SINUSOID)
-        return errorf("%s: checkpoint format version %d cannot hold learned positions; expected version 3", path, version);
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
-    Writer w = { f, FNV_OFFSET, 0 };
-    const TransformerConfig *config = &model->config;
-    uint64_t vocab_bytes = 0, options_bytes = strlen(run_options);
-    for (int i = 0; i < vocab->size; i++) vocab_bytes += 4 + strlen(vocab->words[i]);
-    write_bytes(&w, CHECKPOINT_MAGIC, 4);
-    write_u32(&w, (uint32_t)version);
-    write_u32(&w, (uint32_t)sizeof(real));
-    int sizes[6] = { config->n_layers, config->d_model, config->d_ff, config->n_heads, config->vocab_size, config->max_len };
-    for (int i = 0; i < 6; i++) write_u32(&w, (uint32_t)sizes[i]);
-    write_f32(&w, config->dropout);
-    write_f32(&w, config->label_smoothing);
-    write_f32(&w, config->layer_norm_eps);
-    uint64_t fields[9] = { model->num_parameters, (uint64_t)model->adam_step, model->dropout_rng.state,
-                           state->epoch_rng, state->epoch, state->epoch_batches, state->data_hash,
-                           vocab_bytes, options_bytes };
-    for (int i = 0; i < 9; i++) write_u64(&w, fields[i]);
-    if (version >= 2) write_u64(&w, merges_bytes);
-    if (version >= 3) write_u64(&w, (uint64_t)config->positional);
-    write_bytes(&w, run_options, options_bytes);
-    for (int i = 0; i < vocab->size; i++) {
-        write_u32(&w, (uint32_t)strlen(vocab->words[i]));
-        write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
-    }
-    write_merges(&w, vocab->bpe);
-    write_reals(&w, model->params_memory, model->num_parameters);
-    write_reals(&w, model->adam_m, model->num_parameters);
-    write_reals(&w, model->adam_v, model->num_parameters);
-    write_u64(&w, w.hash);
-    int error = w.failed ? (errno ? errno : EIO) : 0;
-    if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) error = errno;
-    if (fclose(f) != 0 && !error) error = errno;
-    if (!error && rename(tmp, path) != 0) error = errno;
-    if (error) {
-        remove(tmp);
-        return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp, strerror(error), path);
-    }
-    return NULL;
-}
-
-static const char *checkpoint_save(const char *path, const Transformer *model, const Vocabulary *vocab,
-                                   const TrainingState *state, const char *run_options) {
-    return checkpoint_save_version(path, model, vocab, state, run_options, CHECKPOINT_VERSION);
-}
-
-// The fixed-size header at the start of every checkpoint (offsets in NOTES.md).
-typedef struct {
-    uint32_t real_bytes;        // 4 (float) or 8 (double)
-    TransformerConfig config;
-    uint64_t num_parameters, adam_step, dropout_rng;
-    TrainingState state;
-    uint64_t vocab_bytes, options_bytes;
-    uint32_t version;           // 1, 2 or 3
-    uint64_t header_bytes;      // 120 (version 1), 128 (2) or 136 (3)
-    uint64_t merges_bytes;      // from version 2; 0 in version 1
-} CheckpointHeader;
-
-// Reads and checks the header from its bytes b (got of them, from a file of
-// `size` bytes): the magic, the version, the config, the parameter count the
-// config gives, and the file's length against what the header describes.
-static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got,
-                                           uint64_t size, const char *path) {
-    if (got < 4) return errorf("%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
-    if (memcmp(b, CHECKPOINT_MAGIC, 4) != 0)
-        return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x %02x, expected 'TCKP'",
-                      path, b[0], b[1], b[2], b[3]);
-    if (got < 8) return errorf("%s: truncated: %zu bytes, inside the header", path, got);
-    h->version = get_u32(b + 4);
-    if (h->version < 1 || h->version > CHECKPOINT_VERSION)
-        return errorf("%s: checkpoint format version %u; expected version 1 to %d", path, h->version, CHECKPOINT_VERSION);
-    h->header_bytes = h->version == 1 ? CHECKPOINT_HEADER_BYTES_V1
-                    : h->version == 2 ? CHECKPOINT_HEADER_BYTES_V2 : CHECKPOINT_HEADER_BYTES;
-    if (got < h->header_bytes || size < h->header_bytes + CHECKPOINT_CHECKSUM_BYTES)
-        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %llu", path,
-                      (unsigned long long)size, (unsigned long long)(h->header_bytes + CHECKPOINT_CHECKSUM_BYTES));
-    h->real_bytes = get_u32(b + 8);
-    if (h->real_bytes != 4 && h->real_bytes != 8)
-        return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path, h->real_bytes);
-    TransformerConfig *config = &h->config;
-    config->n_layers = (int32_t)get_u32(b + 12); config->d_model = (int32_t)get_u32(b + 16);
-    config->d_ff = (int32_t)get_u32(b + 20); config->n_heads = (int32_t)get_u32(b + 24);
-    config->vocab_size = (int32_t)get_u32(b + 28); config->max_len = (int32_t)get_u32(b + 32);
-    config->dropout = get_f32(b + 36); config->label_smoothing = get_f32(b + 40); config->layer_norm_eps = get_f32(b + 44);
-    uint64_t positional = h->version >= 3 ? get_u64(b + 128) : POSITIONAL_SINUSOID;
-    if (positional != POSITIONAL_SINUSOID && positional != POSITIONAL_LEARNED)
-        return errorf("%s: header: positional kind %llu; expected %d (sinusoid) or %d (learned)", path,
-                      (unsigned long long)positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    config->positional = (int)positional;
-    const char *error = transformer_config_check(config);
-    if (error) return errorf("%s: header: %s", path, error);
-    uint64_t *fields[9] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng,
-                            &h->state.epoch, &h->state.epoch_batches, &h->state.data_hash,
-                            &h->vocab_bytes, &h->options_bytes };
-    for (int i = 0; i < 9; i++) *fields[i] = get_u64(b + 48 + 8 * i);
-    h->merges_bytes = h->version >= 2 ? get_u64(b + 120) : 0;
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, config);
-    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS);
-    if (h->num_parameters != P)
-        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d, max_len %d, "
-                      "%s positions) give %zu", path, (unsigned long long)h->num_parameters, config->n_layers, config->d_model,
-                      config->d_ff, config->vocab_size, config->max_len, positional_name(config->positional), P);
-    if (h->vocab_bytes > size || h->vocab_bytes < 5 * (uint64_t)config->vocab_size)
-        return errorf("%s: header: a vocabulary section of %llu bytes cannot hold %d tokens", path,
-                      (unsigned long long)h->vocab_bytes, config->vocab_size);
-    if (h->options_bytes > size)
-        return errorf("%s: header: an options section of %llu bytes, but the file has %llu", path,
-                      (unsigned long long)h->options_bytes, (unsigned long long)size);
-    if (h->merges_bytes > size || (h->merges_bytes > 0 && h->merges_bytes < 4 + 10))
-        return errorf("%s: header: a merges section of %llu bytes; expected 0 or from 14 up to the file's %llu",
-                      path, (unsigned long long)h->merges_bytes, (unsigned long long)size);
-    if (h->dropout_rng == 0) return errorf("%s: header: dropout generator state 0; expected non-zero", path);
-    // The run's counts, each in the range training reaches: --steps goes up
-    // to MAX_TRAINING_STEPS, and every epoch begun and every batch of the
-    // current epoch trained is at least one step. (A step count of 2^63,
-    // read as signed, would resume at "step -9223372036854775806", with a
-    // learning rate and a NaN loss to match; one of 2^63 - 1 would run eq. 3
-    // and Adam's bias correction on a step far past any schedule.)
-    if (h->adam_step > MAX_TRAINING_STEPS)
-        return errorf("%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)", path,
-                      (unsigned long long)h->adam_step, MAX_TRAINING_STEPS);
-    if (h->state.epoch > h->adam_step)
-        return errorf("%s: header: epoch %llu after %llu steps; expected at most one epoch begun per step", path,
-                      (unsigned long long)h->state.epoch, (unsigned long long)h->adam_step);
-    if (h->state.epoch_batches > h->adam_step)
-        return errorf("%s: header: %llu batches of the current epoch done after %llu steps; expected at most one "
-                      "batch per step", path, (unsigned long long)h->state.epoch_batches,
-                      (unsigned long long)h->adam_step);
-    if (h->state.epoch_rng == 0) return errorf("%s: header: data-order generator state 0; expected non-zero", path);
-    uint64_t expected = h->header_bytes + h->options_bytes + h->vocab_bytes + h->merges_bytes
-                      + 3 * P * h->real_bytes + CHECKPOINT_CHECKSUM_BYTES;
-    if (size < expected)
-        return errorf("%s: truncated: %llu bytes, but its header describes %llu", path,
-                      (unsigned long long)size, (unsigned long long)expected);
-    if (size > expected)
-        return errorf("%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
-                      (unsigned long long)size, (unsigned long long)expected);
-    return NULL;
-}
-
-// The vocabulary section: for each id a u32 length and the token's bytes; the
-// four special tokens first, no repeats, no spaces, lengths adding up to the
-// section's size in the header. vocab starts as vocab_init leaves it. "Spaces"
-// here are ASCII's (isspace), not all of the white space that separates
-// tokens: a model trained before white space was Unicode's may hold tokens
-// with a U+00A0 or a U+3000 inside; it still loads, and text no longer
-// splits into such tokens. The merges section is read the same way.
-static const char *checkpoint_read_vocabulary(Reader *r, Vocabulary *vocab, const CheckpointHeader *h, const char *path) {
-    uint64_t used = 0;
-    for (int i = 0; i < h->config.vocab_size; i++) {
-        unsigned char b[4];
-        read_bytes(r, b, 4);
-        uint32_t n = get_u32(b);
-        used += 4 + (uint64_t)n;
-        if (n == 0 || used > h->vocab_bytes)
-            return errorf("%s: vocabulary token %d has length %u; the vocabulary section disagrees with its "
-                          "size in the header (%llu bytes)", path, i, n, (unsigned long long)h->vocab_bytes);
-        char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
-        read_bytes(r, word, n);
-        int known = vocab_find(vocab, word, n), ok = strlen(word) == n;
-        for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
-        ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
-        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(vocab, word, n);
-        free(word);
-        if (!ok)
-            return errorf("%s: vocabulary token %d is %s; expected %s", path, i,
-                          known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
-                          i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
-    }
-    if (used != h->vocab_bytes)
-        return errorf("%s: the vocabulary takes %llu bytes, but its header says %llu", path,
-                      (unsigned long long)used, (unsigned long long)h->vocab_bytes);
-    return NULL;
-}
-
-// The merges section (version 2, when its size in the header is not 0): the
-// count, then each merge's two symbols, of 1 byte or more without spaces,
-// lengths adding up to the section's size. Sets vocab->bpe.
-static const char *checkpoint_read_merges(Reader *r, Vocabulary *vocab, const CheckpointHeader *h, const char *path) {
-    if (h->merges_bytes == 0) return NULL;
-    unsigned char b[4];
-    read_bytes(r, b, 4);
-    uint32_t count = get_u32(b);
-    uint64_t used = 4;
-    if (count == 0 || count > h->merges_bytes / 10)
-        return errorf("%s: the merges section says %u merges; its %llu bytes hold from 1 to %llu", path, count,
-                      (unsigned long long)h->merges_bytes, (unsigned long long)(h->merges_bytes / 10));
-    Bpe *bpe = checked_calloc(1, sizeof(Bpe), "merges");
-    bpe_init(bpe);
-    vocab->bpe = bpe; // vocab_free frees it on an error
-    for (uint32_t i = 0; i < count; i++) {
-        char *sides[2] = { NULL, NULL };
-        const char *error = NULL;
-        for (int k = 0; k < 2 && !error; k++) {
-            read_bytes(r, b, 4);
-            uint32_t n = get_u32(b);
-            used += 4 + (uint64_t)n;
-            if (n == 0 || used > h->merges_bytes) {
-                error = errorf("%s: merge %u has a symbol of length %u; the merges section disagrees with its size "
-                               "in the header (%llu bytes)", path, i + 1, n, (unsigned long long)h->merges_bytes);
-                break;
-            }
-            sides[k] = checked_calloc(n + 1, 1, "checkpoint merges");
-            read_bytes(r, sides[k], n);
-            int ok = strlen(sides[k]) == n;
-            for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)sides[k][j]);
-            if (!ok) error = errorf("%s: merge %u has a symbol with a space or a zero byte; expected neither", path, i + 1);
-        }
-        if (!error && joins_to_special_token(sides[0], sides[1]))
-            error = errorf("%s: merge %u makes '%s%s', a special token's text; expected merges that make none (§5.1)",
-                           path, i + 1, sides[0], sides[1]);
-        if (!error) bpe_add_merge(bpe, sides[0], sides[1], 0);
-        free(sides[0]); free(sides[1]);
-        if (error) return error;
-    }
-    if (used != h->merges_bytes)
-        return errorf("%s: the merges take %llu bytes, but its header says %llu", path, (unsigned long long)used,
-                      (unsigned long long)h->merges_bytes);
-    return NULL;
-}
-
-// Reads a checkpoint into a new model and vocabulary (and, when not NULL,
-// the training state and the run's options text, which the caller frees).
-// Nothing is allocated before the header has been checked against the
-// file's length; the checksum, last, covers every byte.
-static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab, TrainingState *state,
-                                   char **run_options) {
-    memset(model, 0, sizeof *model);
-    vocab_init(vocab);
-    if (run_options) *run_options = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) { vocab_free(vocab); return errorf("%s: cannot open: %s", path, strerror(errno)); }
-    struct stat st;
-    unsigned char b[CHECKPOINT_HEADER_BYTES];
-    CheckpointHeader h;
-    char *options = NULL;
-    const char *error = NULL;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) error = errorf("%s: not a regular file", path);
-    if (!error) {
-        size_t got = fread(b, 1, sizeof b, f);
-        error = checkpoint_parse_header(&h, b, got, (uint64_t)st.st_size, path);
-    }
-    Reader r = { f, FNV_OFFSET, 0 };
-    if (!error) { // the body, read from the start again so that the checksum covers every byte
-        rewind(f);
-        read_bytes(&r, b, h.header_bytes);
-        options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
-        read_bytes(&r, options, h.options_bytes);
-        if (strlen(options) != h.options_bytes)
-            error = errorf("%s: the options section holds a zero byte; expected text", path);
-    }
-    if (!error) error = checkpoint_read_vocabulary(&r, vocab, &h, path);
-    if (!error) error = checkpoint_read_merges(&r, vocab, &h, path);
-    if (!error && (error = transformer_build(model, &h.config, 1))) error = errorf("%s: %s", path, error);
-    if (!error) {
-        size_t P = model->num_parameters;
-        read_reals(&r, model->params_memory, P, h.real_bytes);
-        read_reals(&r, model->adam_m, P, h.real_bytes);
-        read_reals(&r, model->adam_v, P, h.real_bytes);
-        uint64_t computed = r.hash;
-        unsigned char checksum[8];
-        read_bytes(&r, checksum, 8);
-        if (r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
-        else if (get_u64(checksum) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
-    }
-    fclose(f);
-    if (error) {
-        free(options);
-        transformer_free(model);
-        vocab_free(vocab);
-        return error;
-    }
-    model->adam_step = (long)h.adam_step;
-    model->dropout_rng.state = h.dropout_rng;
-    if (state) *state = h.state;
-    if (run_options) *run_options = options; else free(options);
-    return NULL;
-}
-
-// ============================================================================
-// §6.1  Evaluation: BLEU
+// ---- §6.1 BLEU --------------------------------------------------------------
 // The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
 // newstest2014: 27.3 (base) and 28.4 (big) for English-German. Corpus-level
-// BLEU-4 with one reference per sentence, computed the standard way:
-//
-//   p_n = sum over sentences of the CLIPPED n-gram matches
-//         / sum over sentences of the candidate's n-grams,       n = 1..4
-//   where an n-gram of the candidate counts at most as often as it occurs in
-//   the reference ("the the the the" against "the cat" matches one "the");
-//
-//   BP  = 1 if c > r, else exp(1 - r/c)    c, r: total candidate and reference
-//                                           lengths over the whole corpus
-//   BLEU = BP * exp( (1/4) sum_n log p_n ),  reported times 100.
-//
-// The sums run over the corpus BEFORE dividing, so corpus BLEU is not the mean
-// of sentence BLEUs. No smoothing: if any p_n is 0 (no 4-gram of the whole
-// corpus matches, or the candidates hold no 4-gram at all) then BLEU is 0, as
-// the geometric mean gives. Tokens are whatever the caller splits on: token
-// ids, or words separated by white space; the caller leaves out <s>, </s>
-// and padding.
-//
-// Streaming: bleu_add_sentence adds one sentence pair's counts to a BleuStats,
-// bleu_score turns the totals into the score at any point.
-// ============================================================================
-
-// Do the n tokens at a equal the n tokens at b?
-static int ngram_equal(const int *a, const int *b, int n) {
-    for (int i = 0; i < n; i++)
-        if (a[i] != b[i]) return 0;
-    return 1;
-}
+// BLEU-4 with one reference per sentence:
+//   p_n  = (clipped n-gram matches, summed over the sentences)
+//          / (the output's n-grams, summed over the sentences),      n = 1..4,
+//          where an n-gram counts at most as often as the reference has it
+//          ("the the the the" against "the cat" matches one "the");
+//   BP   = 1 if c > r, else exp(1 - r/c)   (c, r: output and reference lengths
+//          summed over the corpus);   BLEU = 100 BP exp((1/4) sum_n log p_n).
+// Corpus BLEU is not the mean of sentence BLEUs. No smoothing: a p_n of 0
+// gives BLEU 0. Tokens are token ids, or words separated by white space.
 
 // One distinct n-gram of a sentence pair: where it first occurs, and how
 // many times it occurs in the candidate and in the reference.
 typedef struct { const int *gram; int in_candidate, in_reference; } NgramCount;
 
-static uint64_t ngram_hash(const int *gram, int n) {
-    uint64_t h = 0;
-    for (int i = 0; i < n; i++) h = hash64(h ^ (uint32_t)gram[i]);
-    return h;
-}
-
-// Clipped matches of order n: for each DISTINCT n-gram of the candidate,
-// min(its count in the candidate, its count in the reference). The counts
-// are kept in a hash table (table: mask + 1 slots, a power of two at least
-// twice the n-grams of both sentences), as sacreBLEU keeps them in a Python
-// Counter: time linear in the sentences' lengths, so that a line of 40,000
-// tokens takes milliseconds (comparing every n-gram with every other took
-// seconds).
+// Clipped matches of order n: for each distinct n-gram of the candidate,
+// min(its count in the candidate, in the reference), counted in a hash table
+// (mask + 1 slots, at least twice the n-grams of both) as sacreBLEU counts
+// in a Python Counter: linear time, milliseconds for a line of 40,000 tokens.
 static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int *candidate, int candidate_len,
                                        const int *reference, int reference_len, int n) {
     memset(table, 0, (mask + 1) * sizeof *table);
     for (int side = 0; side < 2; side++) {
         const int *tokens = side == 0 ? candidate : reference;
-        int length = side == 0 ? candidate_len : reference_len;
-        for (int i = 0; i + n <= length; i++) {
-            size_t k = (size_t)ngram_hash(tokens + i, n) & mask;
-            while (table[k].gram && !ngram_equal(table[k].gram, tokens + i, n)) k = (k + 1) & mask;
-            if (!table[k].gram) table[k].gram = tokens + i;
-            if (side == 0) table[k].in_candidate++; else table[k].in_reference++;
+        for (int i = 0; i + n <= (side == 0 ? candidate_len : reference_len); i++) {
+            uint64_t hash = 0;
+            for (int k = 0; k < n; k++) hash = hash64(hash ^ (uint32_t)tokens[i + k]);
+            size_t slot = (size_t)hash & mask;
+            while (table[slot].gram && memcmp(table[slot].gram, tokens + i, n * sizeof(int)) != 0) slot = (slot + 1) & mask;
+            if (!table[slot].gram) table[slot].gram = tokens + i;
+            if (side == 0) table[slot].in_candidate++; else table[slot].in_reference++;
         }
     }
     long long matches = 0;
@@ -3673,11 +2498,8 @@ void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len
     stats->sentences++;
 }
 
-// The same for two strings of tokens separated by white space (the set
-// defined under "white space" above, Python's str.split()'s): each distinct
-// word of the pair gets an id from a vocabulary of its own (whose first ids
-// are <pad> <s> </s> <unk>: any text, those included, gets one id, all that
-// counting needs), then the counts are those of the ids.
+// The same for two strings of tokens separated by white space: each distinct
+// word gets an id from a vocabulary of the pair's own.
 void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
     Vocabulary words;
     vocab_init(&words);
@@ -3693,9 +2515,9 @@ void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char 
     vocab_free(&words);
 }
 
-// Corpus BLEU of everything added so far, on the 0..100 scale the paper uses.
-// precisions (may be NULL) gets p_1..p_4 as fractions; brevity_penalty (may
-// be NULL) gets BP. Empty candidates (c = 0) give BP = 0 and BLEU = 0.
+// Corpus BLEU of everything added so far, 0..100. precisions (may be NULL)
+// gets p_1..p_4, brevity_penalty (may be NULL) BP; no output at all (c = 0)
+// gives BP = 0 and BLEU = 0.
 double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
     double log_sum = 0;
     int any_zero = 0;
@@ -3707,376 +2529,428 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
     double candidate = (double)stats->candidate_length, reference = (double)stats->reference_length;
     double bp = candidate > reference ? 1.0 : (candidate > 0 ? exp(1.0 - reference / candidate) : 0.0);
     if (brevity_penalty) *brevity_penalty = bp;
-    if (any_zero) return 0.0;
-    return 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
+    return any_zero ? 0.0 : 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
 }
 
-// ============================================================================
-// Command line
-// One function per command: command_train, command_decode, command_eval.
-// Each reads its flags from a table (name, kind, where the value goes, the
-// accepted range, help) with checked number parsing, so a bad flag gets one
-// line naming it and its value and saying what was expected, and `--help`
-// prints the table with the defaults.
-// ============================================================================
+static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " (words)", or ""
+    double p[BLEU_MAX_ORDER], bp, score = bleu_score(stats, p, &bp);
+    printf("BLEU            %.2f%s (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
+           "output/reference length %lld/%lld)\n", score, unit, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
+           bp, stats->candidate_length, stats->reference_length);
+}
 
-typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind; // FLAG: no value, sets an int to 1
+// ---- evaluation -------------------------------------------------------------
+// Decodes held-out sources and compares with the references: exact match
+// (the output is the reference), token accuracy (positions where output and
+// reference agree, over the longer of the two, summed over sentences; a
+// reference <unk> never counts as right), BLEU; and the teacher-forced loss
+// (label-smoothed, as in training, no dropout) and the model's own
+// -log p(reference token) without smoothing, whose exponential is the
+// perplexity of Table 3.
 
-// What a training option belongs to. RUN options define the run (data, model,
-// schedule): they are stored in the checkpoint and cannot change on --resume,
-// except --steps (RUN_EXTENDABLE) and the data files' paths (RUN_DATA_PATH:
-// moved data is accepted when its pairs hash as the checkpoint's did).
-// SESSION options only affect this process.
-enum { SESSION = 0, RUN = 1, RUN_EXTENDABLE = 2, RUN_DATA_PATH = 3 };
+static void evaluation_free(Evaluation *e) {
+    free(e->output); free(e->output_len);
+    memset(e, 0, sizeof *e);
+}
 
+// Evaluates the first `count` pairs of dataset (all when count <= 0), decoding
+// greedily (beam_size 1, sentences side by side, sorted by length so that
+// they have little padding) or with beam search.
+static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
+                     int beam_size, double alpha) {
+    memset(e, 0, sizeof *e);
+    if (count <= 0 || count > dataset->count) count = dataset->count;
+    e->sentences = count;
+    e->stride = model->config.max_len;
+    e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
+    e->output_len = checked_calloc(count, sizeof(int), "decoded outputs");
+    int training = model->training, V = model->config.vocab_size, *out = NULL, *out_len = NULL;
+    model->training = 0;
+    int *order = checked_calloc(count, sizeof(int), "evaluation order");
+    BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
+    int num_spans = sort_and_cut(order, spans, dataset, count, batch_tokens, NULL);
+    BatchBuffer bb;
+    memset(&bb, 0, sizeof bb);
+    double total_loss = 0, total_log_loss = 0;
+    long total_tokens = 0;
+    for (int s = 0; s < num_spans; s++) {
+        const int *indices = order + spans[s].start;
+        int B = spans[s].count;
+        batch_fill(&bb, dataset, indices, B);
+        const Batch *batch = &bb.batch;
+        total_loss += (double)transformer_forward(model, batch) * model->num_target_tokens;
+        total_tokens += model->num_target_tokens;
+        for (int b = 0; b < B; b++)   // -log p(reference token) from the forward pass's probabilities
+            for (int t = 0; t < batch->tgt_len[b]; t++)
+                total_log_loss -= log((double)model->acts.probs[((size_t)b * batch->T + t) * V + batch->tgt_out[b * batch->T + t]]);
+        int S = batch->S, max_out = transformer_decode_limit(model, S);
+        out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
+        out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
+        if (beam_size <= 1) transformer_greedy_decode(model, out, out_len, max_out, bb.src, bb.src_len, B, S);
+        else for (int b = 0; b < B; b++)
+            out_len[b] = transformer_beam_search(model, out + (size_t)b * max_out, NULL, bb.src + (size_t)b * S,
+                                                 bb.src_len[b], beam_size, alpha);
+        for (int b = 0; b < B; b++) {
+            const SentencePair *p = &dataset->pairs[indices[b]];
+            const int *output = out + (size_t)b * max_out, *ref = dataset->tokens + p->tgt;
+            int n = out_len[b] < e->stride ? out_len[b] : e->stride, same = 0;
+            memcpy(e->output + (size_t)indices[b] * e->stride, output, n * sizeof(int));
+            e->output_len[indices[b]] = n;
+            for (int i = 0; i < out_len[b] && i < p->tgt_len; i++) same += output[i] == ref[i] && ref[i] != TOKEN_UNK;
+            e->correct += same;
+            e->compared += out_len[b] > p->tgt_len ? out_len[b] : p->tgt_len;
+            e->exact += same == p->tgt_len && out_len[b] == p->tgt_len;
+            bleu_add_sentence(&e->bleu, output, out_len[b], ref, p->tgt_len);
+        }
+    }
+    e->loss = total_tokens ? total_loss / total_tokens : 0;
+    e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;
+    free(order); free(spans); free(out); free(out_len);
+    batch_buffer_free(&bb);
+    model->training = training;
+}
+
+// With §5.1 subwords the tokens are not the words: joined back into words,
+// an output may spell the reference with other subwords and still be it.
+// Exact match (e->exact, replacing the count on subwords) and BLEU on words.
+static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
+    e->exact = 0;
+    bleu_reset(&e->bleu_words);
+    for (int i = 0; i < e->sentences; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
+        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
+        e->exact += strcmp(output, reference) == 0;
+        bleu_add_sentence_text(&e->bleu_words, output, reference);
+        free(output); free(reference);
+    }
+}
+
+static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab, int show) {
+    for (int i = 0; i < show && i < e->sentences; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        const int *out = e->output + (size_t)i * e->stride;
+        char *output = tokens_to_text(vocab, out, e->output_len[i]);
+        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
+        printf("  source     "); print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
+        printf("\n  reference  %s\n  output     %s   (%s)\n", reference, output,
+               strcmp(output, reference) == 0 ? "exact" : "WRONG");   // the same words
+        free(output); free(reference);
+    }
+}
+
+// ---- checkpoints ------------------------------------------------------------
+// One file holds what a run needs to go on where it stopped: the config, the
+// vocabulary, the parameters, Adam's moments and step, the random
+// generators' states, the place in the current epoch, and the run's options
+// as text (the byte layout: dev/FORMATS.md). Numbers are little-endian; the
+// last 8 bytes are an FNV-1a checksum of all before them. A save writes
+// PATH.tmp, flushes it to the disk and renames it over PATH: rename replaces
+// a file in one step, so PATH is at every moment the old checkpoint or the
+// new one, never half of either.
+
+#define CHECKPOINT_MAGIC "TCKP"
+#define CHECKPOINT_VERSION 3   // versions 1 and 2 (before the §5.1 merges and the kind of positions) are refused
+#define CHECKPOINT_HEADER_BYTES 136
+#define MAX_TRAINING_STEPS 1000000000   // train --steps at most; a checkpoint's Adam step too
+#define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a, 64 bits
+#define FNV_PRIME 0x100000001B3ULL
+
+// A checkpoint file being written or read, and the FNV-1a hash of its bytes so far
+typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;
+
+static void write_bytes(CheckpointFile *w, const void *data, size_t n) {
+    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ ((const unsigned char *)data)[i]) * FNV_PRIME;
+    if (!w->failed && n && fwrite(data, 1, n, w->f) != n) w->failed = 1;
+}
+
+static void write_number(CheckpointFile *w, uint64_t x, int bytes) {   // the low `bytes` bytes, little-endian
+    unsigned char b[8];
+    for (int i = 0; i < bytes; i++) b[i] = (unsigned char)(x >> (8 * i));
+    write_bytes(w, b, (size_t)bytes);
+}
+
+static void read_bytes(CheckpointFile *r, void *data, size_t n) {
+    if (r->failed || fread(data, 1, n, r->f) != n) { r->failed = 1; memset(data, 0, n); }
+    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ ((unsigned char *)data)[i]) * FNV_PRIME;
+}
+
+static uint64_t get_number(const unsigned char *b, int bytes) {   // `bytes` bytes, little-endian
+    uint64_t x = 0;
+    for (int i = bytes - 1; i >= 0; i--) x = x << 8 | b[i];
+    return x;
+}
+
+static uint32_t float_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float bits_float(uint64_t u) { uint32_t u32 = (uint32_t)u; float x; memcpy(&x, &u32, 4); return x; }
+static double bits_double(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
+
+static const char *checkpoint_save(const char *path, const Transformer *model, const Vocabulary *vocab,
+                                   const TrainingState *state, const char *run_options) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
+    size_t merges_bytes = 0;
+    unsigned char *merges = vocab->bpe && lab.merges_section ? lab.merges_section(vocab, &merges_bytes) : NULL;   // lab: §5.1
+    CheckpointFile w = { f, FNV_OFFSET, 0 };
+    const TransformerConfig *config = &model->config;
+    uint64_t vocab_bytes = 0, options_bytes = strlen(run_options);
+    for (int i = 0; i < vocab->size; i++) vocab_bytes += 4 + strlen(vocab->words[i]);
+    uint32_t head[11] = { CHECKPOINT_VERSION, sizeof(real), config->n_layers, config->d_model, config->d_ff,
+                          config->n_heads, config->vocab_size, config->max_len, float_bits(config->dropout),
+                          float_bits(config->label_smoothing), float_bits(config->layer_norm_eps) };
+    uint64_t counts[11] = { model->num_parameters, (uint64_t)model->adam_step, model->dropout_rng.state,
+                            state->epoch_rng, state->epoch, state->epoch_batches, state->data_hash,
+                            vocab_bytes, options_bytes, merges_bytes, (uint64_t)config->positional };
+    write_bytes(&w, CHECKPOINT_MAGIC, 4);
+    for (int i = 0; i < 11; i++) write_number(&w, head[i], 4);
+    for (int i = 0; i < 11; i++) write_number(&w, counts[i], 8);
+    write_bytes(&w, run_options, options_bytes);
+    for (int i = 0; i < vocab->size; i++) {
+        write_number(&w, strlen(vocab->words[i]), 4);
+        write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
+    }
+    write_bytes(&w, merges, merges_bytes);
+    const real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
+    for (int k = 0; k < 3; k++)   // IEEE-754 binary32 (float builds) or binary64 (double builds)
+        for (size_t i = 0; i < model->num_parameters; i++) {
+            double x = (double)arrays[k][i];
+            uint64_t u;
+            memcpy(&u, &x, 8);
+            write_number(&w, sizeof(real) == 4 ? float_bits((float)arrays[k][i]) : u, (int)sizeof(real));
+        }
+    write_number(&w, w.hash, 8);
+    free(merges);
+    int error = w.failed ? (errno ? errno : EIO) : 0;
+    if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) error = errno;
+    if (fclose(f) != 0 && !error) error = errno;
+    if (!error && rename(tmp, path) != 0) error = errno;
+    if (!error) return NULL;
+    remove(tmp);
+    return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp, strerror(error), path);
+}
+
+// The fixed-size header at the start of every checkpoint (the layout is checkpoint_save's).
 typedef struct {
-    const char *name;     // "--steps"
-    OptionKind kind;
-    void *value;          // int *, double * or const char **
-    double min, max;      // the accepted range of a number
-    int above_min;        // 1: the value must be > min (not >=)
-    int role;             // SESSION, RUN or RUN_EXTENDABLE
-    const char *help;
-    int seen;             // given on this command line
-} Option;
+    uint32_t real_bytes;        // 4 (float) or 8 (double)
+    TransformerConfig config;
+    uint64_t num_parameters, adam_step, dropout_rng;
+    TrainingState state;
+    uint64_t vocab_bytes, options_bytes, merges_bytes;
+} CheckpointHeader;
 
-#define INT_OPTION(name, value, lo, hi, role, help) { name, OPTION_INT, value, lo, hi, 0, role, help, 0 }
-#define NUMBER_OPTION(name, value, lo, hi, above, role, help) { name, OPTION_NUMBER, value, lo, hi, above, role, help, 0 }
-#define TEXT_OPTION(name, value, role, help) { name, OPTION_TEXT, value, 0, 0, 0, role, help, 0 }
-#define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, SESSION, help, 0 }
-#define MAX_OPTIONS 48
+#define CHECKPOINT_REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)
 
-static void describe_expected(char *text, size_t n, const Option *o) {
-    if (o->kind == OPTION_INT) {
-        if (o->max >= INT_MAX) snprintf(text, n, "an integer >= %.0f", o->min);
-        else snprintf(text, n, "an integer from %.0f to %.0f", o->min, o->max);
-    } else if (o->kind == OPTION_NUMBER) {
-        if (o->max >= DBL_MAX) snprintf(text, n, "a number %s %g", o->above_min ? ">" : ">=", o->min);
-        else snprintf(text, n, "a number %s %g and <= %g", o->above_min ? ">" : ">=", o->min, o->max);
-    } else {
-        snprintf(text, n, "a value");
+// Reads and checks the header from its bytes b (got of them, from a file of
+// `size` bytes): the magic, the version, the config, the parameter count the
+// config gives, the run's counts, and the file's length against what the
+// header describes.
+static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got,
+                                           uint64_t size, const char *path) {
+    typedef unsigned long long u64;
+    CHECKPOINT_REQUIRE(got >= 4, "%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
+    CHECKPOINT_REQUIRE(memcmp(b, CHECKPOINT_MAGIC, 4) == 0, "%s: not a transformer.c checkpoint: it starts with bytes "
+                   "%02x %02x %02x %02x, expected 'TCKP'", path, b[0], b[1], b[2], b[3]);
+    CHECKPOINT_REQUIRE(got >= 8, "%s: truncated: %zu bytes, inside the header", path, got);
+    CHECKPOINT_REQUIRE(get_number(b + 4, 4) == CHECKPOINT_VERSION, "%s: checkpoint format version %u; expected version %d "
+                   "(versions 1 and 2 are no longer read)", path, (unsigned)get_number(b + 4, 4), CHECKPOINT_VERSION);
+    CHECKPOINT_REQUIRE(got >= CHECKPOINT_HEADER_BYTES && size >= CHECKPOINT_HEADER_BYTES + 8, "%s: truncated: %llu bytes; "
+                   "the header and checksum alone take %d", path, (u64)size, CHECKPOINT_HEADER_BYTES + 8);
+    h->real_bytes = (uint32_t)get_number(b + 8, 4);
+    CHECKPOINT_REQUIRE(h->real_bytes == 4 || h->real_bytes == 8, "%s: header: %u-byte numbers; expected 4 (float) or 8 "
+                   "(double)", path, h->real_bytes);
+    TransformerConfig *config = &h->config;
+    int *sizes[6] = { &config->n_layers, &config->d_model, &config->d_ff, &config->n_heads, &config->vocab_size,
+                      &config->max_len };
+    for (int i = 0; i < 6; i++) *sizes[i] = (int32_t)get_number(b + 12 + 4 * i, 4);
+    config->dropout = bits_float(get_number(b + 36, 4));
+    config->label_smoothing = bits_float(get_number(b + 40, 4));
+    config->layer_norm_eps = bits_float(get_number(b + 44, 4));
+    uint64_t *counts[10] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng, &h->state.epoch,
+                             &h->state.epoch_batches, &h->state.data_hash, &h->vocab_bytes, &h->options_bytes,
+                             &h->merges_bytes };
+    for (int i = 0; i < 10; i++) *counts[i] = get_number(b + 48 + 8 * i, 8);
+    uint64_t positional = get_number(b + 128, 8);
+    CHECKPOINT_REQUIRE(positional == POSITIONAL_SINUSOID || positional == POSITIONAL_LEARNED, "%s: header: positional "
+                   "kind %llu; expected %d (sinusoid) or %d (learned)", path, (u64)positional, POSITIONAL_SINUSOID,
+                   POSITIONAL_LEARNED);
+    config->positional = (int)positional;
+    const char *error = transformer_config_check(config);
+    CHECKPOINT_REQUIRE(!error, "%s: header: %s", path, error);
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(param_sizes, config);
+    size_t P = sum_sizes(param_sizes, NUM_PARAMETER_TENSORS);
+    CHECKPOINT_REQUIRE(h->num_parameters == P, "%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab "
+                   "%d, max_len %d, %s positions) give %zu", path, (u64)h->num_parameters, config->n_layers,
+                   config->d_model, config->d_ff, config->vocab_size, config->max_len,
+                   positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
+    CHECKPOINT_REQUIRE(h->vocab_bytes <= size && h->vocab_bytes >= 5 * (uint64_t)config->vocab_size, "%s: header: a "
+                   "vocabulary section of %llu bytes cannot hold %d tokens", path, (u64)h->vocab_bytes, config->vocab_size);
+    CHECKPOINT_REQUIRE(h->options_bytes <= size, "%s: header: an options section of %llu bytes, but the file has %llu",
+                   path, (u64)h->options_bytes, (u64)size);
+    CHECKPOINT_REQUIRE(h->merges_bytes <= size && (h->merges_bytes == 0 || h->merges_bytes >= 4 + 10), "%s: header: a "
+                   "merges section of %llu bytes; expected 0 or from 14 up to the file's %llu", path,
+                   (u64)h->merges_bytes, (u64)size);
+    CHECKPOINT_REQUIRE(h->dropout_rng != 0, "%s: header: dropout generator state 0; expected non-zero", path);
+    // The run's counts, each in the range training reaches: --steps goes up
+    // to MAX_TRAINING_STEPS, and every epoch begun and every batch of the
+    // current epoch trained is a step. (A step count of 2^63, read as signed,
+    // would resume at "step -9223372036854775806", into a NaN loss.)
+    CHECKPOINT_REQUIRE(h->adam_step <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most "
+                   "--steps allows)", path, (u64)h->adam_step, MAX_TRAINING_STEPS);
+    CHECKPOINT_REQUIRE(h->state.epoch <= h->adam_step, "%s: header: epoch %llu after %llu steps; expected at most one "
+                   "epoch begun per step", path, (u64)h->state.epoch, (u64)h->adam_step);
+    CHECKPOINT_REQUIRE(h->state.epoch_batches <= h->adam_step, "%s: header: %llu batches of the current epoch done after "
+                   "%llu steps; expected at most one batch per step", path, (u64)h->state.epoch_batches, (u64)h->adam_step);
+    CHECKPOINT_REQUIRE(h->state.epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
+    uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + h->merges_bytes
+                      + 3 * P * h->real_bytes + 8;
+    CHECKPOINT_REQUIRE(size >= expected, "%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
+                   (u64)expected);
+    CHECKPOINT_REQUIRE(size <= expected, "%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
+                   (u64)size, (u64)expected);
+    return NULL;
+}
+
+// The vocabulary section: for each id a u32 length and the token's bytes; the
+// four special tokens first, no repeats, no (ASCII) spaces, lengths adding up
+// to the section's size in the header. vocab starts as vocab_init leaves it.
+static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *vocab, const CheckpointHeader *h,
+                                              const char *path) {
+    uint64_t used = 0;
+    for (int i = 0; i < h->config.vocab_size; i++) {
+        unsigned char b[4];
+        read_bytes(r, b, 4);
+        uint32_t n = (uint32_t)get_number(b, 4);
+        used += 4 + (uint64_t)n;
+        CHECKPOINT_REQUIRE(n > 0 && used <= h->vocab_bytes, "%s: vocabulary token %d has length %u; the vocabulary "
+                       "section disagrees with its size in the header (%llu bytes)", path, i, n,
+                       (unsigned long long)h->vocab_bytes);
+        char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
+        read_bytes(r, word, n);
+        int known = vocab_find(vocab, word, n), ok = strlen(word) == n;
+        for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
+        ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
+        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(vocab, word, n);
+        free(word);
+        CHECKPOINT_REQUIRE(ok, "%s: vocabulary token %d is %s; expected %s", path, i,
+                       known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
+                       i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
     }
+    CHECKPOINT_REQUIRE(used == h->vocab_bytes, "%s: the vocabulary takes %llu bytes, but its header says %llu", path,
+                   (unsigned long long)used, (unsigned long long)h->vocab_bytes);
+    return NULL;
 }
 
-// Parses text as an option's value; returns 0 if it is not one.
-static int parse_option_value(const Option *o, const char *text) {
-    if (o->kind == OPTION_TEXT) { *(const char **)o->value = text; return 1; }
-    char *end;
-    errno = 0;
-    if (o->kind == OPTION_INT) {
-        long x = strtol(text, &end, 10);
-        if (end == text || *end || errno || x < o->min || x > o->max) return 0;
-        *(int *)o->value = (int)x;
-    } else {
-        double x = strtod(text, &end);
-        if (end == text || *end || errno || !isfinite(x) || x < o->min || x > o->max) return 0;
-        if (o->above_min && !(x > o->min)) return 0;
-        *(double *)o->value = x;
+// Reads a checkpoint into a new model and vocabulary (and, when not NULL,
+// the training state and the run's options text, which the caller frees).
+// Nothing is allocated before the header has been checked against the
+// file's length; the checksum, last, covers every byte.
+static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab, TrainingState *state,
+                                   char **run_options) {
+    memset(model, 0, sizeof *model);
+    vocab_init(vocab);
+    if (run_options) *run_options = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) { vocab_free(vocab); return errorf("%s: cannot open: %s", path, strerror(errno)); }
+    struct stat st;
+    unsigned char b[CHECKPOINT_HEADER_BYTES], *merges = NULL;
+    CheckpointHeader h;
+    char *options = NULL;
+    const char *error = NULL;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) error = errorf("%s: not a regular file", path);
+    if (!error) error = checkpoint_parse_header(&h, b, fread(b, 1, sizeof b, f), (uint64_t)st.st_size, path);
+    if (!error && h.merges_bytes > 0 && !lab.read_merges_section)
+        error = errorf("%s: holds §5.1 subword merges, which transformer.c alone does not read; "
+                       "expected make's ./transformer", path);
+    CheckpointFile r = { f, FNV_OFFSET, 0 };
+    if (!error) {   // the body, read from the start again so that the checksum covers every byte
+        rewind(f);
+        read_bytes(&r, b, CHECKPOINT_HEADER_BYTES);
+        options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
+        read_bytes(&r, options, h.options_bytes);
+        if (strlen(options) != h.options_bytes) error = errorf("%s: the options section holds a zero byte; expected text", path);
     }
-    return 1;
-}
-
-static void print_option_help(const Option *options, int n) {
-    for (int i = 0; i < n; i++) {
-        const Option *o = &options[i];
-        char left[64], value[64];
-        snprintf(left, sizeof left, "%s %s", o->name, o->kind == OPTION_INT ? "N" : o->kind == OPTION_NUMBER ? "X"
-                                                    : o->kind == OPTION_FLAG ? "" : "TEXT");
-        if (o->kind == OPTION_FLAG) value[0] = '\0';
-        else if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
-        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
-        else snprintf(value, sizeof value, "%s", *(const char **)o->value ? *(const char **)o->value : "");
-        if (value[0]) printf("  %-22s %s (default %s)\n", left, o->help, value);
-        else printf("  %-22s %s\n", left, o->help);
+    if (!error) error = checkpoint_read_vocabulary(&r, vocab, &h, path);
+    if (!error && h.merges_bytes > 0) {
+        merges = checked_calloc(h.merges_bytes, 1, "checkpoint merges");
+        read_bytes(&r, merges, h.merges_bytes);
+        error = lab.read_merges_section(vocab, merges, h.merges_bytes, path);   // lab: §5.1
     }
-}
-
-// Reads argv[1..argc-1] into the options. Arguments that are not flags go
-// to positional (when it is not NULL). Returns 0 on success, 1 after printing
-// a one-line error, 2 after printing the help.
-static int parse_options(const char *command, const char *usage, Option *options, int n,
-                         int argc, char **argv, char **positional, int *num_positional) {
-    if (num_positional) *num_positional = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            printf(n > 0 ? "%s\noptions:\n" : "%s\n", usage);
-            print_option_help(options, n);
-            return 2;
+    if (!error && (error = transformer_build(model, &h.config, 1))) error = errorf("%s: %s", path, error);
+    real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
+    for (int k = 0; k < 3 && !error; k++)
+        for (size_t i = 0; i < model->num_parameters; i++) {
+            unsigned char x[8] = { 0 };
+            read_bytes(&r, x, h.real_bytes);
+            uint64_t u = get_number(x, (int)h.real_bytes);
+            arrays[k][i] = h.real_bytes == 4 ? (real)bits_float(u) : (real)bits_double(u);
         }
-        if (arg[0] != '-' || arg[1] == '\0' || (positional && isdigit((unsigned char)arg[1]))) {
-            if (!positional) {
-                fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n", command, arg, command);
-                return 1;
-            }
-            positional[(*num_positional)++] = argv[i];
-            continue;
-        }
-        Option *o = NULL;
-        for (int option = 0; option < n && !o; option++)
-            if (strcmp(arg, options[option].name) == 0) o = &options[option];
-        if (!o) {
-            fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
-            return 1;
-        }
-        if (o->kind == OPTION_FLAG) { *(int *)o->value = 1; o->seen = 1; continue; }
-        char expected[96];
-        describe_expected(expected, sizeof expected, o);
-        if (i + 1 >= argc || (o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0)) {
-            if (o->kind == OPTION_TEXT) fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
-            else fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
-            return 1;
-        }
-        const char *text = argv[++i];
-        if (!parse_option_value(o, text)) {
-            fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text, expected);
-            return 1;
-        }
-        o->seen = 1;
-    }
-    return 0;
-}
-
-static void set_threads(int threads) {
-#ifdef _OPENMP
-    if (threads > 0) omp_set_num_threads(threads);
-#else
-    (void)threads;
-#endif
-}
-
-static int thread_count(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
-// ---- threads on a busy machine ------------------------------------------------
-// Each parallel loop ends at a barrier, so a step goes at the pace of its
-// slowest thread. When another program keeps a core busy, the thread sharing
-// that core waits for a time slice at each of a step's hundreds of barriers,
-// and the others wait for it: on 2 cores beside `yes`, two threads made a toy
-// step 8.4 times slower than idle, one thread 1.9 times (dev/PERFORMANCE.md,
-// "A busy machine"). So with --threads 0, training uses the cores that other
-// programs leave free: all of them on an idle machine, fewer while something
-// else runs, measured again every second between steps. The numbers are the
-// same for any thread count, so a switch changes no result.
-
-// CPU seconds spent so far: by all the machine's cores (Linux's /proc/stat,
-// its first line's user, nice, system, irq and softirq ticks) and by this
-// program's threads; and how many cores /proc/stat counts ("cpuN" lines).
-typedef struct { double machine, own, wall; int cpus; } CpuTimes;
-
-// One line of /proc/stat into busy ticks and the count of cores
-static void proc_stat_line(const char *line, double *busy_ticks, int *cpus) {
-    double user, nice, system, idle, iowait, irq, softirq;
-    if (strncmp(line, "cpu ", 4) == 0 &&
-        sscanf(line + 4, "%lf %lf %lf %lf %lf %lf %lf", &user, &nice, &system, &idle, &iowait, &irq, &softirq) == 7)
-        *busy_ticks = user + nice + system + irq + softirq;
-    else if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) (*cpus)++;
-}
-
-// 0 where /proc/stat cannot be read (another system)
-static int cpu_times(CpuTimes *now) {
-    FILE *f = fopen("/proc/stat", "r");
-    if (!f) return 0;
-    char line[4096];
-    double busy_ticks = -1;
-    now->cpus = 0;
-    while (fgets(line, sizeof line, f)) proc_stat_line(line, &busy_ticks, &now->cpus);
+    uint64_t computed = r.hash;
+    unsigned char checksum[8];
+    if (!error) read_bytes(&r, checksum, 8);
+    if (!error && r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
+    else if (!error && get_number(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
     fclose(f);
-    struct timespec own;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &own);
-    now->machine = busy_ticks / (double)sysconf(_SC_CLK_TCK);
-    now->own = (double)own.tv_sec + 1e-9 * (double)own.tv_nsec;
-    now->wall = wall_seconds();
-    return busy_ticks >= 0;
+    free(merges);
+    if (error) {
+        free(options);
+        transformer_free(model);
+        vocab_free(vocab);
+        return error;
+    }
+    model->adam_step = (long)h.adam_step;
+    model->dropout_rng.state = h.dropout_rng;
+    if (state) *state = h.state;
+    if (run_options) *run_options = options; else free(options);
+    return NULL;
 }
 
-// The cores other programs kept busy between two readings: the machine's
-// busy time less this program's, over the time between them.
-static double others_busy_cores(const CpuTimes *then, const CpuTimes *now) {
-    double others = (now->machine - then->machine) - (now->own - then->own);
-    return others > 0 ? others / (now->wall - then->wall) : 0;
-}
+// ---- train ------------------------------------------------------------------
 
-// Following the free cores during training (--threads 0): a reading at the
-// start and a look a second between steps (free_cores_follow).
-typedef struct {
-    int following;      // 0: --threads N was given, no OpenMP, or /proc cannot tell
-    int cores, limit;   // the machine's cores; at most `limit` threads (OMP_NUM_THREADS, or the cores)
-    int threads, proposed, changes;
-    CpuTimes last;      // the reading the next look measures from
-} FreeCores;
+static const TrainOptions train_defaults = {
+    .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000, .valid_size = 200,
+    .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4, .positional = POSITIONAL_SINUSOID,
+    .dropout = 0.1, .label_smoothing = 0.1, .steps = 1500, .warmup = 50, .batch_tokens = 600, .seed = 1,
+    .lr = 3e-3, .eval_every = 250, .log_every = 50, .show = 5,
+};
 
-// The thread count for the cores other programs left free since the last
-// reading, between 1 and the limit. A core counts as busy when they used more
-// than a quarter of it: beside two of our threads, whose waits spin, `yes`
-// gets only about half a core.
-static int free_cores_wanted(const FreeCores *follow, double others) {
-    int busy = (int)(others + 0.75), free_cores = busy >= follow->cores ? 1 : follow->cores - busy;
-    return free_cores < follow->limit ? free_cores : follow->limit;
-}
-
-// A look's verdict: the count changes when two looks in a row want the same;
-// it drops at once, and grows by one thread a change, so that two runs that
-// follow the cores settle on a share each instead of swinging between one
-// thread and all. Returns 1 when it changed the count.
-static int free_cores_decide(FreeCores *follow, int wanted) {
-    int agreed = wanted == follow->proposed;
-    follow->proposed = wanted;
-    if (!agreed || wanted == follow->threads) return 0;
-    follow->threads = wanted > follow->threads ? follow->threads + 1 : wanted;
-    set_threads(follow->threads);
-    return 1;
-}
-
-static void free_cores_start(FreeCores *follow, int threads_option) {
-    *follow = (FreeCores){ .following = 0 };
-#ifdef _OPENMP
-    if (threads_option != 0) return;   // --threads N: N threads, whatever else runs
-    follow->cores = omp_get_num_procs();
-    follow->limit = omp_get_max_threads();
-    CpuTimes then;
-    // a container whose /proc/stat counts more cores than this program may use cannot tell
-    if (follow->limit < 2 || !cpu_times(&then) || then.cpus > follow->cores) return;
-    nanosleep(&(struct timespec){ 0, 50000000 }, NULL);   // 50 ms of the others alone
-    if (!cpu_times(&follow->last)) return;
-    follow->following = 1;
-    follow->threads = follow->proposed = free_cores_wanted(follow, others_busy_cores(&then, &follow->last));
-    set_threads(follow->threads);
-#else
-    (void)threads_option;
-#endif
-}
-
-static int free_cores_follow(FreeCores *follow) {
-    CpuTimes now;
-    if (!follow->following || wall_seconds() < follow->last.wall + 1 || !cpu_times(&now)) return 0;
-    double others = others_busy_cores(&follow->last, &now);
-    follow->last = now;
-    if (!free_cores_decide(follow, free_cores_wanted(follow, others))) return 0;
-    if (++follow->changes <= 3)
-        printf("note: %d thread%s now: other programs kept %.1f of %d cores busy%s\n", follow->threads,
-               follow->threads == 1 ? "" : "s", others, follow->cores,
-               follow->changes == 3 ? " (further changes are not noted)" : "");
-    return 1;
-}
-
-// ---- train ----------------------------------------------------------------------
-
-typedef struct {
-    // data
-    const char *task, *train_path, *valid_path;
-    int words, min_length, max_length, train_size, valid_size, bpe;
-    // model (Table 3's N, d_model, d_ff, h, P_drop, eps_ls)
-    int layers, d_model, d_ff, heads, positions;
-    const char *positional;
-    double dropout, label_smoothing;
-    // schedule (§5.3)
-    int steps, warmup, batch_tokens, seed;
-    double lr;
-    // this session
-    const char *checkpoint, *resume, *loss_log, *log_csv;
-    int eval_every, save_every, log_every, eval_size, show, threads, keep_last, force;
-} TrainOptions;
-
-static TrainOptions train_defaults(void) {
-    TrainOptions o;
-    memset(&o, 0, sizeof o);
-    o.task = "copy";
-    o.words = 10; o.min_length = 1; o.max_length = 10; o.train_size = 10000; o.valid_size = 200;
-    o.layers = 2; o.d_model = 64; o.d_ff = 256; o.heads = 4; o.positions = 0; o.positional = "sinusoid";
-    o.dropout = 0.1; o.label_smoothing = 0.1;
-    o.steps = 1500; o.warmup = 50; o.batch_tokens = 600; o.seed = 1; o.lr = 3e-3;
-    o.eval_every = 250; o.save_every = 0; o.log_every = 50; o.eval_size = 0; o.show = 5; o.threads = 0;
-    return o;
-}
-
-static int train_option_table(Option *t, TrainOptions *o) {
+// transformer.c's train flags; the lab adds the rest (lab.train_options)
+static int train_option_table(Option *table, TrainOptions *o) {
     Option list[] = {
-        TEXT_OPTION("--task", &o->task, RUN, "built-in task, copy or reverse (used when there is no --train)"),
-        TEXT_OPTION("--train", &o->train_path, RUN_DATA_PATH, "training data: a file of source<TAB>target lines "
-                    "(with --resume: the run's data at a new path)"),
-        TEXT_OPTION("--valid", &o->valid_path, RUN_DATA_PATH, "held-out data, same format (default: every 20th "
-                    "line of --train)"),
-        INT_OPTION("--bpe", &o->bpe, 1, 1000000, RUN, "§5.1 byte-pair encoding: learn N merges from both sides of "
-                   "--train and train on subwords (without it: whole words)"),
-        INT_OPTION("--words", &o->words, 1, 100000, RUN, "task: the words are the numbers 0..N-1"),
-        INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: shortest sequence"),
-        INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, RUN, "task: longest sequence"),
-        INT_OPTION("--train-size", &o->train_size, 1, 10000000, RUN, "task: training pairs"),
-        INT_OPTION("--valid-size", &o->valid_size, 1, 100000, RUN, "task: held-out pairs, none of them seen in training"),
-        INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS, RUN, "N, layers in the encoder and in the decoder"),
-        INT_OPTION("--d-model", &o->d_model, 1, TRANSFORMER_MAX_WIDTH, RUN, "d_model"),
-        INT_OPTION("--d-ff", &o->d_ff, 1, TRANSFORMER_MAX_WIDTH, RUN, "d_ff, the feed-forward inner width"),
-        INT_OPTION("--heads", &o->heads, 1, TRANSFORMER_MAX_WIDTH, RUN, "h, attention heads"),
-        INT_OPTION("--positions", &o->positions, 0, TRANSFORMER_MAX_LEN, RUN,
-                   "maximum sentence length the model takes; 0: the longest in the data + 50"),
-        TEXT_OPTION("--positional", &o->positional, RUN, "positions: sinusoid (§3.5) or learned (a trained "
-                    "table, Table 3 row E)"),
-        NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, RUN, "P_drop (§5.4)"),
-        NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, RUN, "eps_ls (§5.4)"),
-        INT_OPTION("--steps", &o->steps, 1, MAX_TRAINING_STEPS, RUN_EXTENDABLE, "training steps (may be raised on --resume)"),
-        NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, RUN, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
-        INT_OPTION("--warmup", &o->warmup, 1, 1000000000, RUN, "warmup_steps of eq. 3"),
-        INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, RUN, "tokens per batch, source + target, padding included"),
-        INT_OPTION("--seed", &o->seed, 0, INT_MAX, RUN, "seed of the data, the initial weights and dropout"),
-        TEXT_OPTION("--checkpoint", &o->checkpoint, SESSION, "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)"),
-        TEXT_OPTION("--resume", &o->resume, SESSION, "go on with the run in this checkpoint"),
-        TEXT_OPTION("--loss-log", &o->loss_log, SESSION, "append 'step loss lr' of every step to this file"),
-        TEXT_OPTION("--log", &o->log_csv, SESSION, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
-                    "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
-        INT_OPTION("--keep-last", &o->keep_last, 0, 1000, SESSION, "also keep the last N saves as "
-                   "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
-        INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, SESSION, "held-out evaluation every N steps (0: only at the end)"),
-        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, SESSION, "checkpoint every N steps (0: at each evaluation)"),
-        INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, SESSION, "progress line every N steps (0: none)"),
-        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, SESSION, "held-out pairs to decode at each evaluation (0: all)"),
-        INT_OPTION("--show", &o->show, 0, INT_MAX, SESSION, "held-out examples to print at the end"),
-        INT_OPTION("--threads", &o->threads, 0, 1024, SESSION, "OpenMP threads (0: the cores free of other programs, counted again each second)"),
-        FLAG_OPTION("--force", &o->force, "write the checkpoint even where a file is already there: it is "
-                    "replaced, with its CHECKPOINT.stepNNNNNNN files (without --force a new run stops there)"),
+        TEXT_OPTION("--task", &o->task, "built-in task, copy or reverse (used when there is no --train)"),
+        TEXT_OPTION("--train", &o->train_path, "training data: a file of source<TAB>target lines"),
+        TEXT_OPTION("--valid", &o->valid_path, "held-out data, same format (default: every 20th line of --train)"),
+        INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS, "N, layers in the encoder and in the decoder"),
+        INT_OPTION("--d-model", &o->d_model, 1, TRANSFORMER_MAX_WIDTH, "d_model"),
+        INT_OPTION("--d-ff", &o->d_ff, 1, TRANSFORMER_MAX_WIDTH, "d_ff, the feed-forward inner width"),
+        INT_OPTION("--heads", &o->heads, 1, TRANSFORMER_MAX_WIDTH, "h, attention heads"),
+        NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, "P_drop (§5.4)"),
+        NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, "eps_ls (§5.4)"),
+        INT_OPTION("--steps", &o->steps, 1, MAX_TRAINING_STEPS, "training steps"),
+        NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
+        INT_OPTION("--warmup", &o->warmup, 1, 1000000000, "warmup_steps of eq. 3"),
+        INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, "tokens per batch, source + target, padding included"),
+        INT_OPTION("--seed", &o->seed, 0, INT_MAX, "seed of the data, the initial weights and dropout"),
+        TEXT_OPTION("--checkpoint", &o->checkpoint, "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)"),
+        INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, "held-out evaluation every N steps (0: only at the end)"),
+        INT_OPTION("--show", &o->show, 0, INT_MAX, "held-out examples to print at the end"),
+        INT_OPTION("--threads", &o->threads, 0, 1024, "OpenMP threads (0: all cores)"),
+        FLAG_OPTION("--force", &o->force, "replace a file already at the checkpoint's path (without it, train stops there)"),
     };
-    int n = (int)(sizeof list / sizeof *list);
-    memcpy(t, list, sizeof list);
-    return n;
+    memcpy(table, list, sizeof list);
+    return (int)(sizeof list / sizeof *list);
 }
 
 static const char *train_usage =
     "usage: ./transformer train [--task copy|reverse | --train FILE.tsv] [options]\n"
     "Trains a Transformer with Adam and the warm-up schedule of §5.3, label smoothing and\n"
     "dropout (§5.4), on a built-in task or on source<TAB>target lines; evaluates on held-out\n"
-    "pairs as it goes and writes checkpoints (resume with --resume FILE).";
+    "pairs as it goes and writes checkpoints.";
 
-// The run options as text, one argument per line, for the checkpoint:
-// --resume reads them back with the same table.
-static char *format_run_options(const Option *options, int n) {
-    size_t capacity = 256, used = 0;
-    char *text = checked_calloc(capacity, 1, "run options");
-    for (int i = 0; i < n; i++) {
-        const Option *o = &options[i];
-        char value[4200];
-        if (o->role == SESSION) continue;
-        if (o->kind == OPTION_INT && *(int *)o->value < o->min) continue; // off (--bpe not given): the default
-        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
-        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
-        else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
-        else continue;
-        size_t need = strlen(o->name) + strlen(value) + 3;
-        if (used + need >= capacity) {
-            capacity = 2 * (used + need);
-            text = checked_realloc(text, capacity, 1, "run options");
-        }
-        used += (size_t)sprintf(text + used, "%s\n%s\n", o->name, value);
-    }
-    return text;
-}
-
-// Where the training steps run (transformer.h): here, Parts I and II on the
-// host, where the parameters always are, so begin and to_host have nothing to do.
+// Where the training steps run (transformer.h): here, on the host, where the
+// parameters always are, so begin and to_host have nothing to do.
 static void cpu_training_nothing_to_copy(Transformer *model) { (void)model; }
 const TrainingCompute transformer_cpu_training = {
     "transformer.c", cpu_training_nothing_to_copy, transformer_train_step, cpu_training_nothing_to_copy,
@@ -4085,188 +2959,93 @@ const TrainingCompute *transformer_training = &transformer_cpu_training;
 
 uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
 
-// Everything a training run holds.
-typedef struct {
-    TrainOptions opt;
-    Option table[MAX_OPTIONS];
-    int num_options;
-    Vocabulary vocab;
-    Dataset train, valid;
-    Transformer model;
-    TrainingState state;
-    Rng data_rng;            // draws each epoch's batch order
-    EpochPlan plan;
-    BatchBuffer batch;
-    char *run_options;       // format_run_options, stored in every checkpoint
-    char *stored_options;    // the checkpoint's, on --resume (text options point into it)
-    char checkpoint_path[4096];
-    char data_name[300];     // for messages: "copy task", "data.tsv"
-    long last_saved_step;
-    long *kept_steps;        // --keep-last: the steps of the CHECKPOINT.stepN files there are, oldest first
-    int num_kept;
-} TrainRun;
-
-static void train_run_free(TrainRun *r) {
-    vocab_free(&r->vocab);
-    dataset_free(&r->train);
-    dataset_free(&r->valid);
-    transformer_free(&r->model);
-    epoch_plan_free(&r->plan);
-    batch_buffer_free(&r->batch);
-    free(r->run_options);
-    free(r->stored_options);
-    free(r->kept_steps);
+static const char *train_event(TrainRun *run, TrainEvent event) {
+    return lab.train_event ? lab.train_event(run, event) : NULL;
 }
 
-static int task_index(const char *name) {
-    for (int i = 0; i < NUM_TASKS; i++) if (strcmp(name, task_names[i]) == 0) return i;
-    return -1;
-}
-
-// --bpe N (§5.1): the merges, learned from the training pairs (both sides),
-// and the vocabulary of every symbol they know (vocab_add_subwords).
-static const char *train_learn_merges(TrainRun *r) {
-    int learned = 0;
-    double start = wall_seconds();
-    const char *error = bpe_learn_from_tsv(&r->vocab, r->opt.train_path, r->opt.valid_path ? 0 : 20, r->opt.bpe,
-                                           &learned);
-    if (error) return error;
-    vocab_add_subwords(&r->vocab);
-    printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned, r->opt.train_path,
-           wall_seconds() - start, r->vocab.size - NUM_SPECIAL_TOKENS);
-    if (learned < r->opt.bpe)
-        printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs twice any more\n",
-               learned, r->opt.bpe);
-    return NULL;
-}
-
-// Builds (or, on resume, rebuilds) the training and held-out pairs. A new run
-// takes its vocabulary from the training data; a resumed run reads the data
-// with the checkpoint's vocabulary and checks that it is the same data.
-static const char *train_load_data(TrainRun *r, int resuming) {
-    TrainOptions *o = &r->opt;
+// The training and held-out pairs: of a task, or of TSV files. The
+// vocabulary grows with the training data, unless it is a resumed run's.
+static const char *train_load_data(TrainRun *run, int grow) {
+    TrainOptions *o = &run->opt;
     const char *error;
     if (!o->train_path) {
-        int task = task_index(o->task);
+        int task = strcmp(o->task, "copy") == 0 ? TASK_COPY : strcmp(o->task, "reverse") == 0 ? TASK_REVERSE : -1;
         if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
         if (o->min_length > o->max_length)
             return errorf("--min-length %d is above --max-length %d; expected min <= max", o->min_length, o->max_length);
         if (o->valid_path) return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
-        if (!resuming) task_vocabulary(&r->vocab, o->words);
-        else if (r->vocab.size != NUM_SPECIAL_TOKENS + o->words)
+        if (grow) task_vocabulary(&run->vocab, o->words);
+        else if (run->vocab.size != NUM_SPECIAL_TOKENS + o->words)
             return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d has %d",
-                          r->vocab.size, o->task, o->words, NUM_SPECIAL_TOKENS + o->words);
-        snprintf(r->data_name, sizeof r->data_name, "%s task", o->task);
-        error = task_generate(&r->train, &r->valid, task, o->words, o->min_length, o->max_length,
-                              o->train_size, o->valid_size, (uint64_t)o->seed);
-        if (error) return error;
-    } else {
-        snprintf(r->data_name, sizeof r->data_name, "%s", o->train_path);
-        if (!resuming) vocab_init(&r->vocab);
-        if (!resuming && o->bpe > 0 && (error = train_learn_merges(r))) return error;
-        if ((error = dataset_read_tsv(&r->train, &r->vocab, o->train_path, !resuming))) return error;
-        if (o->valid_path) {
-            if ((error = dataset_read_tsv(&r->valid, &r->vocab, o->valid_path, 0))) return error;
-        } else if (r->train.count >= 20) {
-            dataset_split(&r->train, &r->valid, 20);
-        }
+                          run->vocab.size, o->task, o->words, NUM_SPECIAL_TOKENS + o->words);
+        snprintf(run->data_name, sizeof run->data_name, "%s task", o->task);
+        return task_generate(&run->train, &run->valid, task, o->words, o->min_length, o->max_length,
+                             o->train_size, o->valid_size, (uint64_t)o->seed);
     }
-    uint64_t hash = dataset_hash(&r->train);
-    if (resuming && hash != r->state.data_hash)
-        return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
-                      "expected the same data to resume (--train may give its new path)", r->data_name);
-    r->state.data_hash = hash;
+    snprintf(run->data_name, sizeof run->data_name, "%s", o->train_path);
+    if (!run->vocab.words) vocab_init(&run->vocab);   // (the lab's §5.1 subwords may be there already)
+    if ((error = dataset_read_tsv(&run->train, &run->vocab, o->train_path, grow))) return error;
+    if (o->valid_path) return dataset_read_tsv(&run->valid, &run->vocab, o->valid_path, 0);
+    if (run->train.count >= 20) dataset_split(&run->train, &run->valid, 20);
     return NULL;
 }
 
-static const Option *find_option(const Option *options, int n, const char *name) {
-    for (int i = 0; i < n; i++) if (strcmp(options[i].name, name) == 0) return &options[i];
-    return NULL;
-}
-
-static const char *train_start(TrainRun *r) {
-    TrainOptions *o = &r->opt;
+// A new run: its data, a model of the size asked for, the batches' generator.
+static const char *train_start(TrainRun *run) {
+    TrainOptions *o = &run->opt;
     const char *error;
-    if (o->train_path && find_option(r->table, r->num_options, "--task")->seen)
+    if (o->train_path && find_option(run->options, run->num_options, "--task")->seen)
         return errorf("--task and --train both given; expected one of them");
-    if (o->bpe > 0 && !o->train_path) return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
-    if ((error = train_load_data(r, 0))) return error;
+    if ((error = train_load_data(run, 1))) return error;
     TransformerConfig config = transformer_default_config();
     config.n_layers = o->layers; config.d_model = o->d_model; config.d_ff = o->d_ff; config.n_heads = o->heads;
-    if ((config.positional = positional_from_name(o->positional)) < 0)
-        return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", o->positional);
-    config.vocab_size = r->vocab.size;
+    config.positional = o->positional;
+    config.vocab_size = run->vocab.size;
     config.dropout = (float)o->dropout; config.label_smoothing = (float)o->label_smoothing;
-    int longest = r->train.longest_src > r->train.longest_tgt ? r->train.longest_src : r->train.longest_tgt;
-    config.max_len = o->positions ? o->positions : longest + 1 + 50;
+    int longest = run->train.longest_src > run->train.longest_tgt ? run->train.longest_src : run->train.longest_tgt;
+    config.max_len = o->positions ? o->positions : longest + 1 + 50;   // §6.1's input length + 50
     if (config.max_len > TRANSFORMER_MAX_LEN) config.max_len = TRANSFORMER_MAX_LEN;
     if ((error = transformer_config_check(&config))) return errorf("model: %s", error);
-    if ((error = dataset_check_lengths(&r->train, r->data_name, config.max_len))) return error;
-    if ((error = dataset_check_lengths(&r->valid, o->valid_path ? o->valid_path : r->data_name, config.max_len)))
+    if ((error = dataset_check_lengths(&run->train, run->data_name, config.max_len)) ||
+        (error = dataset_check_lengths(&run->valid, o->valid_path ? o->valid_path : run->data_name, config.max_len)))
         return error;
-    if ((error = transformer_build(&r->model, &config, (uint64_t)o->seed))) return errorf("model: %s", error);
-    rng_seed(&r->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
-    r->last_saved_step = -1;
+    if ((error = transformer_build(&run->model, &config, (uint64_t)o->seed))) return errorf("model: %s", error);
+    rng_seed(&run->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
     return NULL;
 }
 
-// --resume: the run's options come from the checkpoint; the command line may
-// add only --steps and session flags (cli, the parsed command line).
-static const char *train_resume(TrainRun *r, const Option *cli, int n) {
-    const char *error, *path = *(const char **)find_option(cli, n, "--resume")->value;
-    for (int i = 0; i < n; i++)
-        if (cli[i].seen && cli[i].role == RUN)
-            return errorf("%s cannot change on --resume: the checkpoint fixes the run's data, model and "
-                          "schedule; expected only --steps and session flags", cli[i].name);
-    if ((error = checkpoint_load(path, &r->model, &r->vocab, &r->state, &r->stored_options))) return error;
-    // the stored options, one argument per line, read with the same table
-    char *args[2 * MAX_OPTIONS + 1];
-    int argc = 1;
-    args[0] = "train";
-    for (char *p = r->stored_options; *p && argc < 2 * MAX_OPTIONS + 1; ) {
-        args[argc++] = p;
-        char *end = strchr(p, '\n');
-        if (!end) break;
-        *end = '\0';
-        p = end + 1;
+// The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to
+// be writable before any training.
+static const char *train_prepare_output(TrainRun *run) {
+    TrainOptions *o = &run->opt;
+    if (o->checkpoint) {
+        if (strlen(o->checkpoint) + 5 >= sizeof run->checkpoint_path) return errorf("--checkpoint: path too long");
+        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "%s", o->checkpoint);
+    } else {
+        const char *name = o->train_path ? o->train_path : o->task, *slash = strrchr(name, '/');
+        if (slash) name = slash + 1;
+        const char *dot = strrchr(name, '.');
+        int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
+        if (mkdir("runs", 0777) != 0 && errno != EEXIST) return errorf("runs/: cannot create: %s", strerror(errno));
+        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length > 200 ? 200 : length, name);
     }
-    if (parse_options("train", train_usage, r->table, r->num_options, argc, args, NULL, NULL) != 0)
-        return errorf("%s: the run options stored in the checkpoint are not readable", path);
-    // then this command line's flags (the same table, so the same positions)
-    for (int i = 0; i < n; i++) {
-        if (!cli[i].seen) continue;
-        if (cli[i].kind == OPTION_INT || cli[i].kind == OPTION_FLAG) *(int *)r->table[i].value = *(int *)cli[i].value;
-        else if (cli[i].kind == OPTION_NUMBER) *(double *)r->table[i].value = *(double *)cli[i].value;
-        else *(const char **)r->table[i].value = *(const char **)cli[i].value;
-    }
-    if (!find_option(cli, n, "--checkpoint")->seen) r->opt.checkpoint = path; // keep writing where the run was
-    // the data files as the run named them: relative to where it started, or moved since?
-    const char *files[2] = { r->opt.train_path, r->opt.valid_path }, *flags[2] = { "--train", "--valid" };
-    for (int i = 0; i < 2; i++)
-        if (files[i] && !find_option(cli, n, flags[i])->seen && access(files[i], R_OK) != 0)
-            return errorf("%s: cannot open: %s; it is the run's %s as it was given when the run began: if the file "
-                          "moved, or that path was relative to another directory, give it again with %s PATH",
-                          files[i], strerror(errno), flags[i], flags[i]);
-    if ((error = train_load_data(r, 1))) return error;
-    if ((error = dataset_check_lengths(&r->valid, r->opt.valid_path ? r->opt.valid_path : r->data_name,
-                                       r->model.config.max_len))) return error;
-    // the data order: redraw the current epoch from the generator state it was drawn with
-    r->data_rng.state = r->state.epoch_rng;
-    if (r->state.epoch > 0) {
-        epoch_plan_make(&r->plan, &r->train, r->opt.batch_tokens, &r->data_rng);
-        if (r->state.epoch_batches > (uint64_t)r->plan.num_spans)
-            return errorf("%s: %llu batches done in an epoch of %d; the checkpoint does not fit the data", path,
-                          (unsigned long long)r->state.epoch_batches, r->plan.num_spans);
-    }
-    r->last_saved_step = r->model.adam_step;
+    // Never lose a trained model unasked: a file already at the path is
+    // replaced only when it is the checkpoint being resumed, or with --force.
+    struct stat there, resumed;
+    int exists = stat(run->checkpoint_path, &there) == 0;
+    int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
+               there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
+    if (exists && !same && !o->force)
+        return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
+                      "--force to replace it, or another --checkpoint", run->checkpoint_path, run->checkpoint_path);
+    char tmp[sizeof run->checkpoint_path + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", run->checkpoint_path);   // also what a killed save left
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    if (!same) run->last_saved_step = -1;
     return NULL;
-}
-
-
-static void format_duration(char *text, size_t n, double seconds) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(text, n, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else snprintf(text, n, "%ld:%02ld", s / 60, s % 60);
 }
 
 // The name of the first parameter tensor that holds a NaN or an infinity, or NULL.
@@ -4279,364 +3058,207 @@ static const char *nonfinite_parameter(Transformer *model) {
     return NULL;
 }
 
-static void kept_checkpoint_path(char *out, size_t n, const TrainRun *r, long step) {
-    snprintf(out, n, "%s.step%07ld", r->checkpoint_path, step);
-}
-
-// --keep-last across sessions: finds the CHECKPOINT.stepNNNNNNN files of steps
-// 1..last, oldest first, and removes the .tmp files of saves that were killed.
-// The headers used here have no directory listing, so every step's name is
-// tried (about a microsecond each: a second for a million steps).
-static void kept_steps_find(TrainRun *r, long last) {
-    char path[sizeof r->checkpoint_path + 40];
-    r->num_kept = 0;
-    for (long step = 1; step <= last; step++) {
-        kept_checkpoint_path(path, sizeof path, r, step);
-        if (access(path, F_OK) == 0) {
-            r->kept_steps = checked_realloc(r->kept_steps, (size_t)r->num_kept + 1, sizeof(long), "kept checkpoints");
-            r->kept_steps[r->num_kept++] = step;
-        }
-        strcat(path, ".tmp");
-        if (access(path, F_OK) == 0) remove(path);
-    }
-}
-
-// Removes the oldest kept step files until at most `keep` are left.
-static void kept_steps_trim(TrainRun *r, int keep) {
-    char path[sizeof r->checkpoint_path + 32];
-    int drop = r->num_kept > keep ? r->num_kept - keep : 0;
-    for (int i = 0; i < drop; i++) {
-        kept_checkpoint_path(path, sizeof path, r, r->kept_steps[i]);
-        remove(path);
-    }
-    if (drop == 0) return;   // (kept_steps may be NULL: none were ever found)
-    r->num_kept -= drop;
-    memmove(r->kept_steps, r->kept_steps + drop, (size_t)r->num_kept * sizeof(long));
-}
-
-// The training step of the checkpoint at path, from its header; 0 if it is not one.
-static long checkpoint_step(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    unsigned char b[CHECKPOINT_HEADER_BYTES];
-    struct stat st;
-    CheckpointHeader h;
-    size_t got = fread(b, 1, sizeof b, f);
-    int ok = fstat(fileno(f), &st) == 0 && !checkpoint_parse_header(&h, b, got, (uint64_t)st.st_size, path);
-    fclose(f);
-    return ok ? (long)h.adam_step : 0;
-}
-
-// The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to be
-// writable before any training, and the run options text to store in it.
-static const char *train_prepare_output(TrainRun *r) {
-    TrainOptions *o = &r->opt;
-    if (o->checkpoint) {
-        if (strlen(o->checkpoint) + 5 >= sizeof r->checkpoint_path) return errorf("--checkpoint: path too long");
-        snprintf(r->checkpoint_path, sizeof r->checkpoint_path, "%s", o->checkpoint);
-    } else {
-        const char *name = o->train_path ? o->train_path : o->task, *slash = strrchr(name, '/');
-        if (slash) name = slash + 1;
-        const char *dot = strrchr(name, '.');
-        int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
-        if (length > 200) length = 200;
-        if (mkdir("runs", 0777) != 0 && errno != EEXIST) return errorf("runs/: cannot create: %s", strerror(errno));
-        snprintf(r->checkpoint_path, sizeof r->checkpoint_path, "runs/%.*s.ckpt", length, name);
-    }
-    // Never lose a trained model unasked: a file already at the path is
-    // replaced only when it is the checkpoint being resumed, or with --force.
-    struct stat there, resumed;
-    int exists = stat(r->checkpoint_path, &there) == 0;
-    int same = exists && o->resume && stat(o->resume, &resumed) == 0 && there.st_dev == resumed.st_dev &&
-               there.st_ino == resumed.st_ino;
-    if (exists && !same && !o->force)
-        return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
-                      "--force to replace it, or another --checkpoint", r->checkpoint_path, r->checkpoint_path);
-    char tmp[sizeof r->checkpoint_path + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", r->checkpoint_path); // also what a killed save left
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
-    fclose(f);
-    remove(tmp);
-    if (exists && !same) { // --force: the replaced run's CHECKPOINT.stepN files go with it
-        kept_steps_find(r, checkpoint_step(r->checkpoint_path));
-        kept_steps_trim(r, 0);
-    }
-    if (o->resume && !same) r->last_saved_step = -1;
-    if (o->resume && o->keep_last > 0) kept_steps_find(r, r->model.adam_step);
-    else if (o->resume) { // a save killed while writing its step file left CHECKPOINT.stepN.tmp, N the step resumed
-        char step_tmp[sizeof r->checkpoint_path + 40];
-        kept_checkpoint_path(step_tmp, sizeof step_tmp, r, r->model.adam_step);
-        strcat(step_tmp, ".tmp");
-        if (access(step_tmp, F_OK) == 0) remove(step_tmp);
-    }
-    r->run_options = format_run_options(r->table, r->num_options);
-    return NULL;
-}
-
-// Writes the checkpoint; with --keep-last N also CHECKPOINT.stepNNNNNNN, and
-// removes the oldest such files once there are more than N (those of earlier
-// sessions included: kept_steps_find found them on --resume).
-static const char *train_save(TrainRun *r) {
-    const char *nonfinite = nonfinite_parameter(&r->model);
+// The checkpoint, unless training diverged: a good one is never overwritten by a bad one.
+static const char *train_save(TrainRun *run) {
+    const char *nonfinite = nonfinite_parameter(&run->model);
     if (nonfinite)
         return errorf("step %ld: %s holds a value that is not finite (training diverged); %s was not overwritten",
-                      r->model.adam_step, nonfinite, r->checkpoint_path);
-    const char *error = checkpoint_save(r->checkpoint_path, &r->model, &r->vocab, &r->state, r->run_options);
-    if (!error) r->last_saved_step = r->model.adam_step;
-    if (!error && r->opt.keep_last > 0) {
-        char path[sizeof r->checkpoint_path + 32];
-        long step = r->model.adam_step;
-        if (r->num_kept > 0 && r->kept_steps[r->num_kept - 1] == step) return NULL; // saved already
-        kept_checkpoint_path(path, sizeof path, r, step);
-        if ((error = checkpoint_save(path, &r->model, &r->vocab, &r->state, r->run_options))) return error;
-        r->kept_steps = checked_realloc(r->kept_steps, (size_t)r->num_kept + 1, sizeof(long), "kept checkpoints");
-        r->kept_steps[r->num_kept++] = step;
-        kept_steps_trim(r, r->opt.keep_last);
-    }
+                      run->model.adam_step, nonfinite, run->checkpoint_path);
+    const char *error = checkpoint_save(run->checkpoint_path, &run->model, &run->vocab, &run->state, run->run_options ? run->run_options : "");
+    if (!error) run->last_saved_step = run->model.adam_step;
     return error;
 }
 
 // Held-out loss, token accuracy and exact match of greedy decoding; at the
-// end of the run also a few decoded examples. Returns the exact match in
-// percent, or NAN when there are no held-out pairs.
-static double train_evaluate(TrainRun *r, int final) {
-    if (r->valid.count == 0) {
-        printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", r->model.adam_step);
+// end of the run also a few decoded examples. Returns the exact match in %,
+// or NAN when there are no held-out pairs.
+static double train_evaluate(TrainRun *run, int final) {
+    if (run->valid.count == 0) {
+        printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", run->model.adam_step);
         return NAN;
     }
     Evaluation e;
-    evaluate(&e, &r->model, &r->valid, r->opt.eval_size, r->opt.batch_tokens, 1, 0.6);
-    if (r->vocab.bpe) evaluation_score_words(&e, &r->valid, &r->vocab);
+    evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
+    if (run->vocab.bpe) evaluation_score_words(&e, &run->valid, &run->vocab);
+    double exact = 100.0 * e.exact / e.sentences;
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
-           r->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1),
-           100.0 * e.exact / e.sentences, e.exact, e.sentences);
-    if (final && r->opt.show > 0) {
+           run->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1), exact, e.exact, e.sentences);
+    if (final && run->opt.show > 0) {
         printf("held-out examples, greedy decoding:\n");
-        print_examples(&e, &r->valid, &r->vocab, r->opt.show);
+        print_examples(&e, &run->valid, &run->vocab, run->opt.show);
         printf("exact match on %d held-out %s: %.1f%% (%d/%d)\n", e.sentences,
-               r->opt.train_path ? "pairs" : "sequences never seen in training",
-               100.0 * e.exact / e.sentences, e.exact, e.sentences);
+               run->opt.train_path ? "pairs" : "sequences never seen in training", exact, e.exact, e.sentences);
     }
     fflush(stdout);
-    double exact = 100.0 * e.exact / e.sentences;
     evaluation_free(&e);
     return exact;
 }
 
-static void train_print_header(const TrainRun *r, const FreeCores *follow) {
-    const TrainOptions *o = &r->opt;
-    const TransformerConfig *config = &r->model.config;
-    printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", r->data_name, r->train.count,
-           r->valid.count, r->vocab.size);
+static void train_print_header(const TrainRun *run) {
+    const TrainOptions *o = &run->opt;
+    const TransformerConfig *config = &run->model.config;
+    printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", run->data_name, run->train.count,
+           run->valid.count, run->vocab.size);
     printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n", config->n_layers,
-           config->d_model, config->d_ff, config->n_heads, config->max_len, positional_name(config->positional), r->model.num_parameters);
+           config->d_model, config->d_ff, config->n_heads, config->max_len,
+           config->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", run->model.num_parameters);
     printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
            "seed %d, %d thread%s%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)config->dropout,
            (double)config->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s",
-           follow->following ? " (the cores free of other programs, counted again each second)" : "");
+           run->threads_note ? run->threads_note : "");
     if (transformer_training != &transformer_cpu_training)
         printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
-    if (o->resume) printf("resume %s at step %ld\n", o->resume, r->model.adam_step);
-    printf("checkpoints to %s\n", r->checkpoint_path);
+    if (run->resumed_from) printf("resume %s at step %ld\n", run->resumed_from, run->model.adam_step);
+    printf("checkpoints to %s\n", run->checkpoint_path);
     fflush(stdout);
 }
 
-// step 400/1500 | loss 0.8978 | lr 1.06e-03 | 15.6k tok/s | elapsed 0:14 | left 0:38
-static void print_progress(long step, int steps, real loss, double lr, double tokens_per_second,
-                           double elapsed_seconds, double left_seconds) {
-    char elapsed[32], left[32];
-    format_duration(elapsed, sizeof elapsed, elapsed_seconds);
-    format_duration(left, sizeof left, left_seconds);
-    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, steps,
-           (double)loss, lr, tokens_per_second / 1000, elapsed, left);
-    fflush(stdout);
-}
-
-// --loss-log and --log, opened to append (--resume goes on in the same files)
-static const char *train_open_logs(const TrainOptions *o, FILE **loss_log, FILE **log_csv) {
-    if (o->loss_log && !(*loss_log = fopen(o->loss_log, "a")))
-        return errorf("%s: cannot write: %s", o->loss_log, strerror(errno));
-    if (o->log_csv) {
-        if (!(*log_csv = fopen(o->log_csv, "a"))) {
-            if (*loss_log) fclose(*loss_log);
-            *loss_log = NULL;
-            return errorf("%s: cannot write: %s", o->log_csv, strerror(errno));
-        }
-        // the column names once, at the top of a new file
-        if (fseek(*log_csv, 0, SEEK_END) == 0 && ftell(*log_csv) == 0)
-            fprintf(*log_csv, "step,loss,lr,tokens_per_s,heldout_exact_match\n");
-    }
-    return NULL;
+static char *duration(char *text, double seconds) {   // "1:23:45" or "2:05"; text holds 32
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
+    return text;
 }
 
 // The next batch of the epoch's plan (a new epoch's plan when the last is used up)
-static void train_next_batch(TrainRun *r) {
-    if (r->state.epoch == 0 || r->state.epoch_batches == (uint64_t)r->plan.num_spans) {
-        r->state.epoch_rng = r->data_rng.state;
-        epoch_plan_make(&r->plan, &r->train, r->opt.batch_tokens, &r->data_rng);
-        r->state.epoch++;
-        r->state.epoch_batches = 0;
+static void train_next_batch(TrainRun *run) {
+    if (run->state.epoch == 0 || run->state.epoch_batches == (uint64_t)run->plan.num_spans) {
+        run->state.epoch_rng = run->data_rng.state;
+        epoch_plan_make(&run->plan, &run->train, run->opt.batch_tokens, &run->data_rng);
+        run->state.epoch++;
+        run->state.epoch_batches = 0;
     }
-    BatchSpan span = r->plan.spans[r->state.epoch_batches++];
-    batch_fill(&r->batch, &r->train, r->plan.order + span.start, span.count);
-}
-
-// A loss that is not finite stops training; the last checkpoint is not overwritten
-static const char *train_bad_loss(const TrainRun *r, long step, real loss) {
-    char saved[4300];
-    if (r->last_saved_step >= 0)
-        snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
-                 r->checkpoint_path, r->last_saved_step);
-    else snprintf(saved, sizeof saved, "no checkpoint was written");
-    return errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
-                  isnan(loss) ? "NaN" : "infinite", saved);
+    BatchSpan span = run->plan.spans[run->state.epoch_batches++];
+    batch_fill(&run->batch, &run->train, run->plan.order + span.start, span.count);
 }
 
 // The training loop (§5): batches by length, teacher forcing, Adam with the
 // warm-up schedule of eq. 3, scaled so that it peaks at --lr.
-static const char *train_loop(TrainRun *r) {
-    TrainOptions *o = &r->opt;
-    Transformer *model = &r->model;
+static const char *train_loop(TrainRun *run) {
+    TrainOptions *o = &run->opt;
+    Transformer *model = &run->model;
     // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5, so this factor makes the peak --lr
     double factor = o->lr * sqrt((double)model->config.d_model * o->warmup);
     int save_every = o->save_every ? o->save_every : o->eval_every;
-    FILE *loss_log = NULL, *log_csv = NULL;
-    const char *error = train_open_logs(o, &loss_log, &log_csv);
+    const char *error = train_event(run, TRAIN_BEGIN);   // lab: the logs, kept checkpoints, the thread count
     if (error) return error;
-    double csv_loss = 0, csv_seconds = 0; // tokens/s in the log counts the training steps' time only
-    long csv_steps = 0, csv_tokens = 0;
-    FreeCores follow;
-    free_cores_start(&follow, o->threads);
-    train_print_header(r, &follow);
+    train_print_header(run);
     if (model->adam_step >= o->steps) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", model->adam_step, o->steps);
-        train_evaluate(r, 1);
+        train_evaluate(run, 1);
     }
-    const TrainingCompute *compute = transformer_training;
+    const TrainingCompute *compute = transformer_training;   // transformer_train_step, or the CUDA companion's
     compute->begin(model);
     double start = wall_seconds(), last_time = start;
     long first_step = model->adam_step, tokens = 0;
-    while (!error && model->adam_step < o->steps) {
-        free_cores_follow(&follow);
-        train_next_batch(r);
+    while (model->adam_step < o->steps) {
+        if ((error = train_event(run, TRAIN_STEP))) break;   // lab: the thread count
+        train_next_batch(run);
         long step = model->adam_step + 1;
         double step_start = wall_seconds();
         model->training = 1;
-        real loss = compute->train_step(model, &r->batch.batch, o->warmup, factor);
-        double lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
-        if (!isfinite(loss)) {
-            error = train_bad_loss(r, step, loss);
+        run->loss = compute->train_step(model, &run->batch.batch, o->warmup, factor);
+        run->lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
+        run->seconds = wall_seconds() - step_start;
+        run->tokens = run->batch.tokens;
+        if (!isfinite(run->loss)) {   // stop; the last checkpoint is left as it was
+            char saved[4300] = "no checkpoint was written";
+            if (run->last_saved_step >= 0)
+                snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
+                         run->checkpoint_path, run->last_saved_step);
+            error = errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
+                           isnan(run->loss) ? "NaN" : "infinite", saved);
             break;
         }
-        tokens += r->batch.tokens;
-        if (loss_log) fprintf(loss_log, "%ld %.9g %.9g\n", step, (double)loss, lr);
-        csv_loss += loss; csv_steps++; csv_tokens += r->batch.tokens; csv_seconds += wall_seconds() - step_start;
+        tokens += run->batch.tokens;
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
-            double now = wall_seconds(), rate = tokens / (now - last_time + 1e-9);
-            print_progress(step, o->steps, loss, lr, rate, now - start,
-                           (now - start) / (step - first_step) * (o->steps - step));
+            // step 400/1500 | loss 0.8978 | lr 1.06e-03 | 15.6k tok/s | elapsed 0:14 | left 0:38
+            double now = wall_seconds();
+            char elapsed[32], left[32];
+            printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, o->steps,
+                   (double)run->loss, run->lr, tokens / (now - last_time + 1e-9) / 1000, duration(elapsed, now - start),
+                   duration(left, (now - start) / (step - first_step) * (o->steps - step)));
+            fflush(stdout);
             last_time = now;
             tokens = 0;
         }
-        int evaluating = (o->eval_every && step % o->eval_every == 0) || last;
+        run->evaluated = (o->eval_every && step % o->eval_every == 0) || last;
         int saving = (save_every && step % save_every == 0) || last;
-        if (evaluating || saving) compute->to_host(model);   // what the evaluation and the checkpoint read
+        if (run->evaluated || saving) compute->to_host(model);   // what the evaluation and the checkpoint read
         double eval_start = wall_seconds();
-        double heldout = evaluating ? train_evaluate(r, last) : NAN;
-        last_time += wall_seconds() - eval_start; // tokens/s in progress lines: the training steps' time only
-        if (log_csv && ((o->log_every && step % o->log_every == 0) || evaluating)) {
-            // the mean training loss of the steps since the last line; tokens/s over the same steps
-            fprintf(log_csv, "%ld,%.6g,%.6g,%.0f,", step, csv_loss / csv_steps, lr, csv_tokens / (csv_seconds + 1e-9));
-            if (isfinite(heldout)) fprintf(log_csv, "%.2f", heldout);
-            fprintf(log_csv, "\n");
-            fflush(log_csv);
-            csv_loss = 0; csv_steps = 0; csv_tokens = 0; csv_seconds = 0;
-        }
-        if (saving) error = train_save(r);
+        run->heldout = run->evaluated ? train_evaluate(run, last) : NAN;
+        last_time += wall_seconds() - eval_start;   // tokens/s in progress lines: the training steps' time only
+        if ((error = train_event(run, TRAIN_STEPPED))) break;   // lab: --log, --loss-log
+        if (saving && ((error = train_save(run)) || (error = train_event(run, TRAIN_SAVED)))) break;   // lab: --keep-last
     }
-    if (!error && model->adam_step > first_step) {
-        char elapsed[32];
-        format_duration(elapsed, sizeof elapsed, wall_seconds() - start);
-        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, model->adam_step, elapsed,
-               wall_seconds() - start, r->checkpoint_path);
-    }
-    if (loss_log) fclose(loss_log);
-    if (log_csv) fclose(log_csv);
+    char elapsed[32];
+    if (!error && model->adam_step > first_step)
+        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, model->adam_step,
+               duration(elapsed, wall_seconds() - start), wall_seconds() - start, run->checkpoint_path);
     return error;
 }
 
 static int command_train(int argc, char **argv) {
-    TrainOptions cli_values = train_defaults();
-    Option cli[MAX_OPTIONS];
-    int n = train_option_table(cli, &cli_values);
-    int status = parse_options("train", train_usage, cli, n, argc, argv, NULL, NULL);
-    if (status) return status == 2 ? 0 : 1;
-    set_threads(cli_values.threads);
-    TrainRun *r = checked_calloc(1, sizeof(TrainRun), "training run");
-    r->opt = train_defaults();
-    r->num_options = train_option_table(r->table, &r->opt);
-    const char *error;
-    if (cli_values.resume) {
-        error = train_resume(r, cli, n);
-    } else {
-        r->opt = cli_values;
-        for (int i = 0; i < n; i++) r->table[i].seen = cli[i].seen;
-        error = train_start(r);
+    TrainRun *run = checked_calloc(1, sizeof(TrainRun), "training run");
+    run->opt = train_defaults;
+    run->num_options = train_option_table(run->options, &run->opt);
+    if (lab.train_options) run->num_options = lab.train_options(run->options, run->num_options, &run->opt);   // lab
+    int status = parse_options("train", train_usage, run->options, run->num_options, argc, argv, NULL, NULL);
+    const char *error = NULL;
+    if (status == 0) {
+        set_threads(run->opt.threads);
+        run->last_saved_step = -1;
+        error = train_event(run, TRAIN_START);   // lab: §5.1 merges (--bpe), or the run read back (--resume)
+        if (!error && !run->resumed_from) error = train_start(run);
+        if (!error) error = train_prepare_output(run);
+        if (!error) error = train_loop(run);
+        const char *end_error = train_event(run, TRAIN_END);   // lab: closes its logs, frees what it held
+        if (!error) error = end_error;
+        if (error) fprintf(stderr, "error: train: %s\n", error);
     }
-    if (!error) error = train_prepare_output(r);
-    if (!error) error = train_loop(r);
-    if (error) fprintf(stderr, "error: train: %s\n", error);
-    train_run_free(r);
-    free(r);
-    return error ? 1 : 0;
+    vocab_free(&run->vocab);
+    dataset_free(&run->train);
+    dataset_free(&run->valid);
+    transformer_free(&run->model);
+    free(run->plan.order); free(run->plan.spans);
+    batch_buffer_free(&run->batch);
+    free(run->run_options);
+    free(run);
+    return status == 2 ? 0 : status || error ? 1 : 0;
 }
 
-// ---- decode ---------------------------------------------------------------------
+// ---- decode -----------------------------------------------------------------
 
-// Decodes one sentence of text and prints the output on one line.
-static const char *decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from,
-                                   int beam, double alpha) {
-    int *ids = NULL, n = 0;
-    size_t capacity = 0;
-    size_t length;
-    for (const char *p = text; (p = next_token(p, &length)) != NULL; p += length) n++;
-    if (n <= model->config.max_len - 1) n = tokenize(text, vocab, 0, &ids, &capacity, from);
-    if (n < 0) { free(ids); return reserved_token_error(from); }
-    if (n > model->config.max_len - 1) {
-        free(ids);
-        return errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
-                      from->where, n, model->config.max_len, model->config.max_len - 1);
-    }
-    if (n > 0) {
-        if ((size_t)n == capacity) ids = checked_realloc(ids, n + 1, sizeof(int), "token ids");
-        ids[n++] = TOKEN_EOS; // the source ends with </s>, as in training (batch_fill)
-        int limit = transformer_decode_limit(model, n), length;
+// Decodes one sentence of text and prints the output on one line. A sentence
+// it cannot take (too long, a reserved token) does not stop a stream: its
+// error line goes to stderr, an empty line to stdout (so that output line i
+// still answers input line i), and 1 is returned to count it.
+static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam,
+                           double alpha, const char *error) {
+    int *ids = NULL, n = 0, max_len = model->config.max_len;
+    size_t capacity = 0, length;
+    for (const char *p = text; !error && (p = next_token(p, &length)) != NULL; p += length) n++;
+    if (!error && n <= max_len - 1 && (n = tokenize(text, vocab, 0, &ids, &capacity, from)) < 0)
+        error = reserved_token_error(from);
+    else if (!error && n > max_len - 1)
+        error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
+                       from->where, n, max_len, max_len - 1);
+    if (!error && n > 0) {
+        push_id(&ids, &capacity, n++, TOKEN_EOS);   // the source ends with </s>, as in training (batch_fill)
+        int limit = transformer_decode_limit(model, n), out_len;
         int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
-        if (beam <= 1) transformer_greedy_decode(model, out, &length, limit, ids, &n, 1, n);
-        else length = transformer_beam_search(model, out, NULL, ids, n, beam, alpha);
-        print_tokens(stdout, vocab, out, length);
+        if (beam <= 1) transformer_greedy_decode(model, out, &out_len, limit, ids, &n, 1, n);
+        else out_len = transformer_beam_search(model, out, NULL, ids, n, beam, alpha);
+        print_tokens(stdout, vocab, out, out_len);
         free(out);
     }
-    printf("\n");
-    fflush(stdout);
     free(ids);
-    return NULL;
-}
-
-// A sentence that cannot be decoded (too long, a reserved token) does not stop
-// a stream: its error line goes to stderr, an empty line to stdout (so that
-// output line i still answers input line i), and 1 is returned to count it.
-static int decode_or_report(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam, double alpha,
-                            const char *read_error) {
-    const char *error = read_error ? read_error : decode_sentence(model, vocab, text, from, beam, alpha);
-    if (!error) return 0;
     fflush(stdout);
-    fprintf(stderr, "error: decode: %s\n", error);
+    if (error) fprintf(stderr, "error: decode: %s\n", error);
     printf("\n");
     fflush(stdout);
-    return 1;
+    return error != NULL;
 }
 
 static int command_decode(int argc, char **argv) {
@@ -4644,10 +3266,10 @@ static int command_decode(int argc, char **argv) {
     int beam = 1, threads = 0;
     double alpha = 0.6;
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
-        INT_OPTION("--beam", &beam, 1, 1000, SESSION, "beam size; 1 is greedy decoding (the paper used 4)"),
-        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, SESSION, "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
-        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding (the paper used 4)"),
+        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
     };
     const char *usage =
         "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
@@ -4657,34 +3279,31 @@ static int command_decode(int argc, char **argv) {
         "sentence it cannot take (too long, a reserved token) gets an error line and an empty output\n"
         "line; then exit status 1.";
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
-    int num_sentences = 0, n = (int)(sizeof options / sizeof *options);
-    int status = parse_options("decode", usage, options, n, argc, argv, sentences, &num_sentences);
+    int num_sentences = 0, refused = 0;   // refused: sentences that got an error line and an empty output line
+    int status = parse_options("decode", usage, options, (int)(sizeof options / sizeof *options), argc, argv, sentences, &num_sentences);
     if (status) { free(sentences); return status == 2 ? 0 : 1; }
     set_threads(threads);
     Transformer model;
     Vocabulary vocab;
     const char *error = checkpoint ? checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)
                                    : "--checkpoint FILE is required (a model written by ./transformer train)";
-    int refused = 0; // sentences not decoded: each got its error line and an empty output line
     if (!error) {
         TextSource from = { "", 0, 0, NULL };
         for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            refused += decode_or_report(&model, &vocab, sentences[i], &from, beam, alpha, NULL);
+            refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha, NULL);
         }
-        if (num_sentences == 0) {
-            char *line = NULL;
-            size_t capacity = 0;
-            int got, line_no;
-            for (line_no = 1; (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
-                snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-                const char *read_error = got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL;
-                refused += decode_or_report(&model, &vocab, line, &from, beam, alpha, read_error);
-            }
-            // a read that failed (stdin a directory, say) is not the end of the input
-            if (ferror(stdin)) error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
-            free(line);
+        char *line = NULL;
+        size_t capacity = 0;
+        int got, line_no = 1;
+        for (; num_sentences == 0 && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
+            snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
+            refused += decode_sentence(&model, &vocab, line, &from, beam, alpha,
+                                       got < 0 ? errorf("%s: a zero byte; expected text", from.where) : NULL);
         }
+        if (num_sentences == 0 && ferror(stdin))   // a read that failed (stdin a directory, say) is not the end
+            error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
+        free(line);
         transformer_free(&model);
         vocab_free(&vocab);
     }
@@ -4693,30 +3312,21 @@ static int command_decode(int argc, char **argv) {
     return error || refused ? 1 : 0;
 }
 
-// unit: what was counted, e.g. " (words)", or ""
-static void print_bleu(const BleuStats *stats, const char *unit) {
-    double p[BLEU_MAX_ORDER], bp;
-    double score = bleu_score(stats, p, &bp);
-    printf("BLEU            %.2f%s (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
-           "output/reference length %lld/%lld)\n", score, unit, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
-           bp, stats->candidate_length, stats->reference_length);
-}
-
-// ---- eval -------------------------------------------------------------------------
+// ---- eval -------------------------------------------------------------------
 
 static int command_eval(int argc, char **argv) {
     const char *checkpoint = NULL, *data = NULL;
     int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
     double alpha = 0.6;
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
-        TEXT_OPTION("--data", &data, SESSION, "source<TAB>target lines to evaluate on (required)"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        TEXT_OPTION("--data", &data, "source<TAB>target lines to evaluate on (required)"),
         FLAG_OPTION("--bleu", &bleu, "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
-        INT_OPTION("--beam", &beam, 1, 1000, SESSION, "beam size; 1 is greedy decoding"),
-        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, SESSION, "length penalty exponent of beam search"),
-        INT_OPTION("--show", &show, 0, INT_MAX, SESSION, "print the first N decoded pairs"),
-        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, SESSION, "tokens decoded side by side"),
-        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding"),
+        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty exponent of beam search"),
+        INT_OPTION("--show", &show, 0, INT_MAX, "print the first N decoded pairs"),
+        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
     };
     const char *usage =
         "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
@@ -4741,19 +3351,18 @@ static int command_eval(int argc, char **argv) {
     if (!error) {
         Evaluation e;
         evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
-        const char *subwords = vocab.bpe ? " (subwords)" : "";
+        const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
         if (vocab.bpe) evaluation_score_words(&e, &dataset, &vocab);
         if (show) print_examples(&e, &dataset, &vocab, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
         printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
                e.correct, e.compared, subwords);
-        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences,
-               vocab.bpe ? " (words)" : "");
+        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences, words);
         printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
                vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
         printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
                exp(e.log_loss), vocab.bpe ? ", a subword" : "");
-        if (bleu) print_bleu(vocab.bpe ? &e.bleu_words : &e.bleu, vocab.bpe ? " (words)" : "");
+        if (bleu) print_bleu(vocab.bpe ? &e.bleu_words : &e.bleu, words);
         if (bleu && vocab.bpe) print_bleu(&e.bleu, subwords);
         evaluation_free(&e);
     }
@@ -4769,15 +3378,8 @@ static int command_eval(int argc, char **argv) {
 //   ./transformer train    learn a task (§5): copy, reverse or a TSV file
 //   ./transformer decode   translate with a checkpoint (§6.1)
 //   ./transformer eval     token accuracy, exact match and BLEU on a TSV file
-// The lab (transformer_lab.c, built by make) adds the instruments: averaging,
-// BLEU of files, pictures, parameter counts, Table 3 and the benchmark.
+// lab/lab.c adds its commands after these (lab.commands).
 // ============================================================================
-
-typedef struct {
-    const char *name;
-    int (*run)(int argc, char **argv);   // argv[0] is the command's name
-    const char *summary;
-} Command;
 
 static const Command commands[] = {
     { "train",  command_train,  "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
@@ -4785,52 +3387,31 @@ static const Command commands[] = {
     { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
 };
 
-#define NUM_COMMANDS ((int)(sizeof commands / sizeof *commands))
+static const Command *command_at(int i) { return i < 3 ? &commands[i] : &lab.commands[i - 3]; }   // then the lab's
 
-// The command named `name`: one of this file's, or one of `more` (a program
-// built on this file adds its own: transformer_lab.c); NULL if none.
-static const Command *find_command(const char *name, const Command *more, int num_more) {
-    for (int i = 0; i < NUM_COMMANDS + num_more; i++) {
-        const Command *command = i < NUM_COMMANDS ? &commands[i] : &more[i - NUM_COMMANDS];
-        if (strcmp(name, command->name) == 0) return command;
-    }
-    return NULL;
-}
-
-static void print_usage(FILE *f, const Command *more, int num_more) {
-    fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
-    for (int i = 0; i < NUM_COMMANDS + num_more; i++) {
-        const Command *command = i < NUM_COMMANDS ? &commands[i] : &more[i - NUM_COMMANDS];
-        fprintf(f, "  %-9s %s\n", command->name, command->summary);
-    }
-    fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
-}
-
-// Runs the command argv[1], this file's or one of `more`, with its
-// arguments. Returns the exit status: 0, or 1 after a one-line error.
-static int run_command(const Command *more, int num_more, int argc, char **argv) {
-    if (argc < 2) { print_usage(stderr, more, num_more); return 1; }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
-        print_usage(stdout, more, num_more);
-        return 0;
-    }
-    const Command *command = find_command(argv[1], more, num_more);
-    if (!command) {
-        fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
-        for (int i = 0; i < NUM_COMMANDS + num_more; i++)
-            fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == NUM_COMMANDS + num_more ? " or" : ",",
-                    i < NUM_COMMANDS ? commands[i].name : more[i - NUM_COMMANDS].name);
-        fprintf(stderr, " (see ./transformer --help)\n");
-        return 1;
-    }
-    snprintf(error_context, sizeof error_context, "%s: ", command->name);
-    int status = command->run(argc - 1, argv + 1);
-    error_context[0] = '\0';
-    return status;
-}
-
+// Runs the command argv[1] with its arguments. Returns the exit status: 0, or
+// 1 after a one-line error.
 int transformer_main(int argc, char **argv) {
-    return run_command(NULL, 0, argc, argv);
+    int count = 3 + lab.num_commands;
+    int help = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0);
+    if (argc < 2 || help) {
+        FILE *f = help ? stdout : stderr;
+        fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
+        for (int i = 0; i < count; i++) fprintf(f, "  %-9s %s\n", command_at(i)->name, command_at(i)->summary);
+        fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
+        return !help;
+    }
+    for (int i = 0; i < count; i++) {
+        if (strcmp(argv[1], command_at(i)->name) != 0) continue;
+        snprintf(error_context, sizeof error_context, "%s: ", command_at(i)->name);
+        int status = command_at(i)->run(argc - 1, argv + 1);
+        error_context[0] = '\0';
+        return status;
+    }
+    fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
+    for (int i = 0; i < count; i++) fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == count ? " or" : ",", command_at(i)->name);
+    fprintf(stderr, " (see ./transformer --help)\n");
+    return 1;
 }
 
 #ifndef TRANSFORMER_NO_MAIN

@@ -1,19 +1,21 @@
-/* transformer.h: the public interface of transformer.c
+/* transformer.h: every type of transformer.c, and its public interface
  *
  * transformer.c is the Transformer of "Attention Is All You Need" (Vaswani et
  * al., 2017), encoder and decoder, forward pass, hand-derived backward pass and
- * Adam, in plain C loops that read top to bottom in the paper's order.
+ * Adam, in plain C loops, and the smallest program that trains it (Part II).
+ * This header holds the types both use: the model's (the configuration, the
+ * tensors with their shapes, the batch, the model), the program's (data,
+ * options, evaluation, a training run), and the hooks where the companions
+ * beside it (lab/, cuda/) plug in.
  *
  * BUILD
  *     cc -O2 transformer.c -lm -o transformer_minimal   transformer.c alone: train, decode, eval
- *     make                 ./transformer from transformer_lab.c, which includes
- *                          transformer.c and adds the instruments (OpenMP on;
- *                          `make OPENMP=0` for none)
+ *     make                 ./transformer from lab/lab.c, which includes transformer.c and
+ *                          plugs in the fast path, §5.1 subwords, --resume and the
+ *                          instruments (OpenMP on; `make OPENMP=0` for none)
  *     make demo            builds, trains the copy task, decodes held-out examples
- *     make test            builds and runs the tests (double-precision gradient
- *                          checks, PyTorch parity, masks, Adam, learning,
- *                          decoding, checkpoints, the command line)
- *     make debug           -O0 -g, without Part II or OpenMP: for gdb
+ *     make test            builds and runs the tests
+ *     make debug           -O0 -g, transformer.c alone without OpenMP: for gdb
  *
  * USE (as a library: compile transformer.c with -DTRANSFORMER_NO_MAIN)
  *     TransformerConfig config = transformer_default_config();
@@ -28,12 +30,12 @@
  *     transformer_free(&model);
  *
  * READ
- *     transformer.c from the top: Part I is the model in the paper's order,
- *     each section headed by the paper's section (§3.1 ... §6.1); every layer
- *     is a *_forward function followed by its *_backward, arguments in the
- *     order outputs, inputs, sizes. Part II makes it fast; Part III is the
- *     program. NOTES.md gives a reading path, maps every equation to its
- *     function and gives the backward derivations.
+ *     transformer.c from the top: Part I is the model, building blocks first,
+ *     each section headed by the paper's (§3 ... §6.1); every layer is a
+ *     *_forward function followed by its *_backward, arguments in the order
+ *     outputs, inputs, sizes. Part II is the program. NOTES.md gives a
+ *     reading path, maps every equation to its function and gives the
+ *     backward derivations.
  *
  * The number type `real` is float; compiling with -DTRANSFORMER_DOUBLE makes it
  * double everywhere, which the gradient checks use.
@@ -46,8 +48,14 @@
 
 #ifdef TRANSFORMER_DOUBLE
 typedef double real;
+#define real_exp exp    // libm's e^x, ln x and square root in the precision of `real`
+#define real_log log
+#define real_sqrt sqrt
 #else
 typedef float real;
+#define real_exp expf
+#define real_log logf
+#define real_sqrt sqrtf
 #endif
 
 // The four special tokens every vocabulary starts with.
@@ -190,6 +198,7 @@ typedef struct {
 // backward pass needs only a few buffers of one layer's size. Each holds the
 // gradient of the loss with respect to the tensor its name says; "rows" are
 // B*S in the encoder and B*T in the decoder (sized for the larger).
+#define NUM_SCRATCH_TENSORS 13
 typedef struct {
     real *d_output;     // (rows, C)   of a layer's output, and ...
     real *d_input;      // (rows, C)   ... of its input: the next layer down's output (the two swap)
@@ -205,6 +214,73 @@ typedef struct {
     real *d_embedded;   // (rows, C)   of the scaled embeddings plus positions, before dropout
     real *d_logits;     // (B, T, V)
 } BackwardScratch;
+
+// ----------------------------------------------------------------------------
+// One layer's views of the tensors above, as transformer.c's layers take them
+// (the parameters or their gradients: the same layout), and the state of
+// decoding with a key/value cache (transformer.c, §6.1).
+
+// One layer's attention parameters: W^Q, W^K, W^V stacked (3C, C) and their
+// biases, then W^O and its bias (§3.2.2)
+typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
+// One layer's feed-forward network (§3.3): W_1, b_1, W_2, b_2
+typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    FeedForwardParams ffn;
+    real *ln2_g, *ln2_b;
+} EncoderLayerParams;
+
+typedef struct {
+    AttentionParams self_attn;
+    real *ln1_g, *ln1_b;
+    AttentionParams cross_attn;
+    real *ln2_g, *ln2_b;
+    FeedForwardParams ffn;
+    real *ln3_g, *ln3_b;
+} DecoderLayerParams;
+
+// Layer l's slice of the activations (encoder_layer_acts, decoder_layer_acts).
+typedef struct {
+    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
+} EncoderLayerActs;
+
+typedef struct {
+    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
+    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
+         *ln2, *ln2_mean, *ln2_rstd;
+    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
+} DecoderLayerActs;
+
+// The decoding state of R rows decoded side by side: R sentences (greedy) or
+// the R beams of one sentence (beam search).
+typedef struct {
+    int rows;           // R
+    int S;              // padded source length
+    int max_T;          // positions the self-attention cache holds
+    int *src_len;       // (R)                real source tokens of each row
+    int *self_len;      // (R)                positions each row's query sees: t + 1
+    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
+    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
+    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
+    real *x;            // (R, C)             a layer's input, then its output
+    real *qkv;          // (R, 3C)
+    real *heads;        // (R, C)
+    real *proj;         // (R, C)
+    real *res;          // (R, C)
+    real *ln1, *ln2;    // (R, C)
+    real *q;            // (R, C)
+    real *ff_h;         // (R, F)
+    real *ff_out;       // (R, C)
+    real *mean, *rstd;  // (R)
+    real *att;          // (R, NH, max(S, max_T))
+    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
+    real *logits;       // (R, V)
+    real *memory;       // the arena of all the above
+} DecoderCache;
 
 // ----------------------------------------------------------------------------
 // A batch of sentence pairs, padded to the longest: src[b*S + s] for s <
@@ -266,8 +342,9 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 
 // ----------------------------------------------------------------------------
 // Where the training steps of `train` and `bench` run: the loop calls the
-// model through transformer_training, which is transformer.c's own (Parts I
-// and II) unless a program sets it to another. transformer_cuda.cu sets it to
+// model through transformer_training, which is transformer.c's own
+// (transformer_train_step) unless a program sets it to another. The CUDA
+// companion (cuda/transformer_cuda.cu) sets it to
 // a GPU's, which keeps its own copy of the parameters and Adam's moments:
 // begin copies the host model's there (after building or loading it) and
 // to_host copies them, and the gradients, back (before an evaluation or a
@@ -326,9 +403,183 @@ void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char 
 double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty);
 
 // ----------------------------------------------------------------------------
+// The program (transformer.c, Part II): its data, options, evaluation and
+// training run. The companions in lab/ include transformer.c and work on the
+// same types through its hooks (transformer.c, "where the lab plugs in").
+
+typedef struct {
+    char **words;       // (size) id -> text
+    int size, capacity;
+    int *slots;         // (num_slots) ids, -1 when empty; num_slots is a power of two
+    size_t num_slots;
+    struct Bpe *bpe;    // the lab's §5.1 subword merges, or NULL: every token is a whole word
+} Vocabulary;
+
+typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind;   // FLAG: no value, sets an int to 1
+
+typedef struct {
+    const char *name;     // "--steps"
+    OptionKind kind;
+    void *value;          // int *, double * or const char **
+    double min, max;      // the accepted range of a number
+    int above_min;        // 1: the value must be > min (not >=)
+    const char *help;
+    int seen;             // given on this command line
+} Option;
+
+#define INT_OPTION(name, value, lo, hi, help) { name, OPTION_INT, value, lo, hi, 0, help, 0 }
+#define NUMBER_OPTION(name, value, lo, hi, above, help) { name, OPTION_NUMBER, value, lo, hi, above, help, 0 }
+#define TEXT_OPTION(name, value, help) { name, OPTION_TEXT, value, 0, 0, 0, help, 0 }
+#define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, help, 0 }
+#define MAX_OPTIONS 48
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);   // argv[0] is the command's name
+    const char *summary;
+} Command;
+
+// Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
+typedef struct TextSource {
+    char where[300];
+    int warnings;             // unknown-token warnings printed so far for this input
+    long unknown;             // tokens read as <unk>
+    const char *reserved;     // the special token's text that made tokenize refuse the sentence
+} TextSource;
+
+typedef struct {
+    size_t src, tgt;          // offsets of the tokens in Dataset.tokens
+    int src_len, tgt_len;     // tokens, without <s> or </s>
+    int line;                 // line in its file (1 = first), 0 for generated data
+} SentencePair;
+
+typedef struct {
+    SentencePair *pairs;
+    int count, capacity;
+    int *tokens;
+    size_t num_tokens, tokens_capacity;
+    int longest_src, longest_tgt;
+} Dataset;
+
+typedef struct { int start, count; } BatchSpan;   // order[start .. start + count - 1]
+
+typedef struct {
+    int *order;          // (pairs) pair indices, grouped by length
+    BatchSpan *spans;    // the batches, in the order they are visited
+    int num_spans;
+} EpochPlan;
+
+// A Batch and the memory behind it, grown as needed.
+typedef struct {
+    Batch batch;
+    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
+    size_t rows_capacity, src_capacity, tgt_capacity;
+    long tokens;   // source and target positions without padding, for tokens/s
+} BatchBuffer;
+
+typedef struct {
+    double loss;             // mean per target token
+    double log_loss;         // mean -log p(reference token), no smoothing: perplexity = exp(log_loss)
+    long correct, compared;  // token accuracy = correct / compared
+    int exact, sentences;
+    BleuStats bleu;          // corpus BLEU of the outputs against the references
+    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (evaluation_score_words)
+    int *output;             // (sentences, stride) the decoded outputs
+    int *output_len;         // (sentences)
+    int stride;
+} Evaluation;
+
+// Where a training run stands in its data, besides the model and Adam.
+typedef struct {
+    uint64_t epoch_rng;      // the data-order generator's state when the current epoch was drawn
+    uint64_t epoch;          // epochs begun (the first is 1)
+    uint64_t epoch_batches;  // batches of the current epoch already trained on
+    uint64_t data_hash;      // the training pairs' hash, which the lab's --resume checks (0: none)
+} TrainingState;
+
+typedef struct TrainOptions {
+    const char *task, *train_path, *valid_path;                 // a built-in task, or TSV files
+    int words, min_length, max_length, train_size, valid_size;   // the task's words and sizes
+    int layers, d_model, d_ff, heads, positions, positional;     // Table 3's N, d_model, d_ff, h; max_len
+    double dropout, label_smoothing;                             // P_drop, eps_ls
+    int steps, warmup, batch_tokens, seed;                       // §5.3's schedule, peaking at lr
+    double lr;
+    const char *checkpoint;                                      // this session only:
+    int eval_every, save_every, log_every, eval_size, show, threads, force;
+} TrainOptions;
+
+// Everything a training run holds.
+typedef struct TrainRun {
+    TrainOptions opt;
+    Option options[MAX_OPTIONS];  // train's flags: transformer.c's, then the lab's
+    int num_options;
+    Vocabulary vocab;
+    Dataset train, valid;
+    Transformer model;
+    TrainingState state;
+    Rng data_rng;                 // draws each epoch's batch order
+    EpochPlan plan;
+    BatchBuffer batch;
+    char *run_options;            // the run's flags as text, for the lab's --resume (NULL: none), stored in checkpoints
+    char checkpoint_path[4096];
+    char data_name[300];          // for messages: "copy task", "data.tsv"
+    long last_saved_step;         // -1: none saved by this run yet
+    const char *resumed_from;     // the checkpoint the lab's --resume read the run from, or NULL
+    const char *threads_note;     // how the lab counts the threads, for the header, or NULL
+    // the step just taken, for the lab (TRAIN_STEPPED): loss, learning rate, its
+    // seconds and tokens, and the held-out exact match % (NaN when not evaluated)
+    real loss;
+    double lr, seconds, heldout;
+    long tokens;
+    int evaluated;
+} TrainRun;
+
+// The stages of `train` the lab hears of (transformer.c's train_event calls)
+typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED, TRAIN_END } TrainEvent;
+
+// ----------------------------------------------------------------------------
+// Where the companions plug in. transformer.c alone leaves these empty and
+// runs its own loops and commands; lab/lab.c (make's ./transformer) fills them
+// in: its fast path (lab/fast_path.c) the four products of FastPath, the rest
+// of the lab the program's hooks of LabHooks. (The CUDA companion plugs in
+// through transformer_training, above.)
+
+// The products that take nearly all of a training step's time; each is called
+// in place of transformer.c's function of the same name when it is set.
+typedef struct {
+    void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC);
+    void (*linear_backward)(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
+                            const real *weight, int N, int IC, int OC);
+    void (*attention_forward)(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
+                              int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C, int NH);
+    void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
+                               const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
+                               int C, int NH);
+} FastPath;
+
+// The program's hooks, each called at one place in transformer.c (a line marked "lab:")
+typedef struct {
+    // more commands: bleu, average, attention, pe, plot, bpe, params, table3, bench
+    const Command *commands;
+    int num_commands;
+    // more train flags after table[0..count-1] (--bpe, --resume, --keep-last, --log, ...); returns the new count
+    int (*train_options)(Option *table, int count, TrainOptions *options);
+    // each stage of training: §5.1 merges or --resume (TRAIN_START), the logs, kept checkpoints, the thread count
+    const char *(*train_event)(TrainRun *run, TrainEvent event);
+    // §5.1 subwords: a word's subword ids pushed at ids[n..] (returns the new n), ids back into words,
+    // the merges freed, and the merges as a checkpoint section (written, read back)
+    int (*split_word)(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
+                      int n, TextSource *from);
+    char *(*join_tokens)(const Vocabulary *vocab, const int *ids, int n);
+    void (*free_merges)(struct Bpe *bpe);
+    unsigned char *(*merges_section)(const Vocabulary *vocab, size_t *bytes);
+    const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section, size_t bytes, const char *path);
+} LabHooks;
+
+// ----------------------------------------------------------------------------
 // The command line: transformer_main runs transformer.c's own commands (train,
-// decode, eval) and is main; transformer_lab_main, in transformer_lab.c, runs
-// those and the lab's instruments (average, bleu, attention, pe, plot, bpe,
+// decode, eval) and is main; transformer_lab_main, in lab/lab.c, plugs the lab
+// in and runs those and the lab's instruments (average, bleu, attention, pe, plot, bpe,
 // params, table3, bench): ./transformer as make builds it. Each returns the
 // exit status.
 int transformer_main(int argc, char **argv);

@@ -46,7 +46,7 @@ int transformer_cuda_sgemm(int argc, char **argv);
 // rounding: differences are measured relative to each tensor's largest
 // element. The training runs compare the Adam updates, relative to the
 // largest update, the key biases left out: fixed runs, measured (free-running
-// steps have no bound in general; NOTES.md, "Reference files").
+// steps have no bound in general; dev/FORMATS.md, "Reference files").
 #define COMPANION_TOL_LOSS 1e-5      // relative, each step's loss
 #define COMPANION_TOL_GRADS 1e-5     // each gradient tensor, after one step
 #define COMPANION_TOL_UPDATES 1e-3   // the parameters' change after the run
@@ -1266,9 +1266,7 @@ void run_companion_tests(void) {
 
 #ifndef TEST_CUDA_LIBRARY   // (test_cuda_threads.c has its own main)
 int main(void) {
-#ifndef TRANSFORMER_PLAIN
-    fast_path_use(1);   // transformer.c's side as make's ./transformer runs it
-#endif
+    lab_plug_in();   // transformer.c's side as make's ./transformer runs it
     companion_logits = transformer_cuda_logits;
     run_companion_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);

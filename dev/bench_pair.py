@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Paired runs: two builds of transformer.c timed alternately on the same work.
 
-A change to the fast path (Part II of transformer.c) stays only if it pays
+A change to the fast path (lab/fast_path.c) stays only if it pays
 (dev/PERFORMANCE.md). On a shared machine single timings drift by more than
 the effects measured, so the two binaries run alternately, OLD NEW OLD NEW
 ..., each `./transformer bench --config C --json` in its own process, and

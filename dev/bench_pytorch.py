@@ -69,7 +69,7 @@ if they use narrower vectors than the CPU's flags allow (older than AVX2,
 AVX2, AVX-512), sets OPENBLAS_CORETYPE to the widest; kernels whose name it
 does not know are kept. The JSON field "blas" says what was used and why.
 
-The FLOP count (training_step_flops, the same as transformer.c's) is in
+The FLOP count (training_step_flops, the same as lab/lab.c's) is in
 dev/BENCH.md; --count-flops prints it beside the count of PyTorch's
 torch.utils.flop_counter.FlopCounterMode for one forward and backward pass.
 """
@@ -169,7 +169,7 @@ except ModuleNotFoundError as e:   # not installed; a PyTorch that is there but 
         raise
     if sys.executable.startswith("/usr/bin/"):
         sys.exit(f"error: {sys.argv[0]} needs PyTorch for {sys.executable}: "
-                 "apt-get install python3-torch libopenblas0-openmp (README.md)")
+                 "apt-get install python3-torch libopenblas0-openmp (dev/BENCH.md)")
     sys.exit(f"error: {sys.argv[0]} needs PyTorch for {sys.executable}: run `make bench-setup` (dev/BENCH.md)")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -412,7 +412,7 @@ def noam_lr(step, C, warmup=4000, factor=1.0):
 
 
 def training_step_flops(L, C, F_, V, B, S, T):
-    """The same count as training_step_flops in transformer.c (dev/PERFORMANCE.md)."""
+    """The same count as training_step_flops in lab/lab.c (dev/PERFORMANCE.md)."""
     src, tgt = B * S, B * T
     encoder = 2 * src * (3 * C * C + C * C + 2 * C * F_) + 4 * src * S * C
     decoder = (2 * tgt * (3 * C * C + C * C + 2 * C * F_) + 4 * B * T * (T + 1) / 2 * C
@@ -511,7 +511,7 @@ def main(argv=None):
         return check_setup()
     if a.device != "cpu" and a.decode:
         p.error("--device cuda times training steps only")
-    if a.device == "cuda":   # fp32 products, as transformer_cuda.cu's cuBLAS calls
+    if a.device == "cuda":   # fp32 products, as cuda/transformer_cuda.cu's cuBLAS calls
         torch.backends.cuda.matmul.allow_tf32 = False
     if a.kv_cache and not a.decode:
         p.error("--kv-cache needs --decode")

@@ -9,7 +9,8 @@ Two computations that share no code with transformer.c: a short one of our own
 below (collections.Counter, the textbook definition), and NLTK's corpus_bleu
 (Debian's python3-nltk; skipped if it is not installed). Both print BLEU on
 the 0..100 scale, with the four n-gram precisions and the brevity penalty.
-The C tests hold the numbers this prints (NOTES.md, "Evaluation: BLEU").
+The C tests hold the numbers this prints (the definition: NOTES.md, "The program";
+the bleu command: lab/NOTES.md, "BLEU of files").
 
 --sacrebleu BINARY writes random corpora (a few hundred sentence pairs each,
 0 to 30 tokens, short ones included, from small vocabularies so that n-grams

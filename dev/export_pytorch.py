@@ -3,8 +3,10 @@
 
     /usr/bin/python3 dev/export_pytorch.py runs/demo.ckpt --out runs/demo.pt
 
-1. Reads the checkpoint (format: NOTES.md, "Checkpoint format"), checking its
-   magic, version, sizes and FNV-1a checksum.
+1. Reads the checkpoint (format: dev/FORMATS.md, "Checkpoint format"), checking its
+   magic, version, sizes and FNV-1a checksum. transformer.c writes and reads
+   version 3 only; versions 1 and 2 (before the merges of §5.1 and the kind of
+   positions) are still read here.
 2. Loads the weights into the same PyTorch model dev/make_reference.py builds
    (nn.TransformerEncoderLayer / nn.TransformerDecoderLayer, post-norm, shared
    embedding x sqrt(d_model), sinusoids or the learned position table (Table 3,
@@ -12,7 +14,7 @@
    and saves {"config", "vocabulary", "state_dict"} with torch.save to --out.
 3. Makes a padded batch of sentences from the checkpoint's own vocabulary,
    computes PyTorch's logits, loss and every gradient for it, and writes them
-   as a reference file (NOTES.md, "Reference files": format version 1, float32, 0 Adam
+   as a reference file (dev/FORMATS.md, "Reference files": format version 1, float32, 0 Adam
    steps, the checkpoint's kind of positions) to --reference.
 4. Runs `./test_transformer --reference FILE`, which loads the same weights
    into transformer.c and compares logits, loss and every gradient with
@@ -32,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_reference as ref  # noqa: E402  (the model and the reference-file writer)
 
 MAGIC = b"TCKP"
-VERSIONS = (1, 2, 3)   # 2 adds the merges of byte-pair encoding, 3 the kind of positions (NOTES.md, "Checkpoint format")
+VERSIONS = (1, 2, 3)   # 2 adds the merges of byte-pair encoding, 3 the kind of positions (dev/FORMATS.md, "Checkpoint format");
+                       # transformer.c reads 3 only, this script all three
 HEADER_BYTES = {1: 120, 2: 128, 3: 136}
 POSITIONAL_NAMES = {0: "sinusoid", 1: "learned"}
 FNV_OFFSET = 0xCBF29CE484222325

@@ -15,8 +15,8 @@ Each line is `english<TAB>german` in UTF-8, e.g.
 German writes a number below a million as ONE word, and the ones before the
 tens ("zweiundvierzig", two-and-forty), so the word order changes inside the
 word. Whole words cannot translate this (every number is a word of its own,
-never seen in training); transformer.c's byte-pair encoding (`train --bpe N`,
-NOTES.md, "The toy translation task") learns subwords such as `hundert`, `und`, `zig`. The rules,
+never seen in training); the lab's byte-pair encoding (`train --bpe N`,
+lab/NOTES.md, "§5.1 subwords"; the task: dev/RESULTS.md) learns subwords such as `hundert`, `und`, `zig`. The rules,
 German standard spelling (Duden) of cardinal numbers:
 
   * One word, no spaces: 342 dreihundertzweiundvierzig, 7001 siebentausendeins,
@@ -271,6 +271,7 @@ def main():
         unseen = {c for n in splits[name] for w in english(n) + german(n) for c in w} - train_characters
         if unseen:  # byte-pair encoding could not write these words without <unk>
             sys.exit(f"make_numbers.py: seed {args.seed}: {name} has characters not in train: {sorted(unseen)}")
+    os.makedirs(args.out_dir, exist_ok=True)
     seen = set()
     for name, numbers in splits.items():
         assert not seen.intersection(numbers), "a number is in two splits"

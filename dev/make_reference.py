@@ -7,7 +7,7 @@ a plain loop, plus one shared embedding matrix used for the source embedding,
 the target embedding and the tied output projection; the positions are
 sinusoids (paper section 3.5) or, with --positional learned, one learned table
 for source and target (Table 3, row E), stored after the embedding.  The exact
-binary layout and model definition are in NOTES.md, "Reference files".
+binary layout and model definition are in dev/FORMATS.md, "Reference files".
 
 Format version 2 (the default): the weights are drawn in float32 and stored
 as float32; everything is then computed in float64 from exactly those weights
@@ -20,7 +20,10 @@ step only.
 
 (the committed files were made with PyTorch 2.15 on the CPU).  Deterministic:
 one thread, deterministic algorithms; the same options and PyTorch version
-give a byte-identical file.
+give a byte-identical file on the same machine.  On another CPU the float64
+results can differ in their last bits (MKL picks its kernels by CPU): the
+batch and the initial weights stay the same (drawn in float32 from the seed),
+and the tests' tolerances are far above such differences.
 """
 import argparse
 import math

@@ -2,24 +2,30 @@
 """Where a training step's time goes, function by function (dev/PERFORMANCE.md).
 
 perf can say which instructions are hot, but not which layer called the
-matrix product it samples. This script builds a copy of transformer.c in
-which each of the functions below is renamed NAME_impl and replaced by a
-wrapper that adds the wall time of the call to a counter, and every product
-(matmul) also adds its time and size to a table keyed by its shape. It then
+matrix product it samples. This script builds a copy of ./transformer's
+sources (transformer.c and the lab, lab/lab.c, whose fast path,
+lab/fast_path.c, does the products) in which each of the functions below
+(transformer.c's) is renamed NAME_impl and replaced by a wrapper that adds
+the wall time of the call to a counter, and every product (the fast path's
+matmul) also adds its time and size to a table keyed by its shape. It then
 runs warm-up and timed training steps of a bench config (the same model and
-batch as `./transformer bench`) and prints the milliseconds per step of each
-function, and each product shape's time and GFLOP/s.
+batch as `./transformer bench`, lab/lab.c's bench_presets and bench_batch)
+and prints the milliseconds per step of each function, and each product
+shape's time and GFLOP/s.
 
 Calls nest (linear_backward contains two products and the bias gradient;
 add_norm_forward contains dropout_mask), so the rows do not add up to the
 step. The timers cost a little; the step is a few per cent slower than
 `./transformer bench`. Nothing here is used by the build or the tests.
 
-    /usr/bin/python3 dev/profile_step.py [--config toy] [--steps 20] [--threads 2] [--cc gcc] [--source FILE]
+    python3 dev/profile_step.py [--config toy] [--steps 20] [--threads 2] [--cc gcc] [--source FILE]
+
+Plain Python 3 and a C compiler with OpenMP; no third-party packages.
 """
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,18 +51,24 @@ static int profile_product_count, profile_on;
 """
 
 MAIN = r"""
+#define TRANSFORMER_NO_MAIN
+#include "lab/lab.c"
+#include <omp.h>
+
 int main(int argc, char **argv) {
-    const char *config = argv[1];
-    int steps = atoi(argv[2]);
     const BenchPreset *p = NULL;
-    for (int i = 0; i < NUM_BENCH_PRESETS; i++)
-        if (strcmp(bench_presets[i].name, config) == 0) p = &bench_presets[i];
-    if (!p || argc != 3) { fprintf(stderr, "usage: profile CONFIG STEPS\n"); return 1; }
+    for (int i = 0; argc == 3 && i < NUM_BENCH_PRESETS; i++)
+        if (strcmp(bench_presets[i].name, argv[1]) == 0) p = &bench_presets[i];
+    if (!p) { fprintf(stderr, "usage: profile CONFIG STEPS (CONFIG: tiny, toy or base)\n"); return 1; }
+    const char *config_name = argv[1];
+    int steps = atoi(argv[2]);
+    fast_path_use(1);   // as ./transformer: the products on the fast path
     TransformerConfig c = transformer_default_config();
     c.n_layers = p->layers; c.d_model = p->d_model; c.d_ff = p->d_ff; c.n_heads = p->heads;
     c.vocab_size = p->vocab; c.dropout = 0.1f; c.label_smoothing = 0.1f; c.max_len = p->S > p->T ? p->S : p->T;
     Transformer model;
-    transformer_build(&model, &c, 1);
+    const char *error = transformer_build(&model, &c, 1);
+    if (error) { fprintf(stderr, "error: profile: %s\n", error); return 1; }
     int *tokens = checked_calloc((size_t)p->B * (p->S + 2 * p->T + 2), sizeof(int), "batch");
     Batch batch = bench_batch(tokens, p->B, p->S, p->T, c.vocab_size);
     double step_seconds = 0;
@@ -64,14 +76,11 @@ int main(int argc, char **argv) {
         profile_on = step > 3;
         double start = profile_now();
         model.training = 1;
-        transformer_forward(&model, &batch);
-        transformer_zero_grad(&model);
-        transformer_backward(&model, &batch);
-        adam_update(&model, transformer_learning_rate(step, c.d_model, 4000, 1.0));
+        transformer_train_step(&model, &batch, 4000, 1.0);   // as ./transformer bench
         if (profile_on) step_seconds += profile_now() - start;
     }
     printf("config %s, %d threads: %.2f ms per step (the mean of %d timed steps)\n",
-           config, thread_count(), step_seconds / steps * 1e3, steps);
+           config_name, omp_get_max_threads(), step_seconds / steps * 1e3, steps);
     printf("\n%-28s %10s\n", "function", "ms/step");
     for (int i = 0; i < PROFILE_NAMES; i++)
         printf("%-28s %10.3f\n", profile_names[i], profile_seconds[i] / steps * 1e3);
@@ -87,13 +96,15 @@ int main(int argc, char **argv) {
         total += q->seconds; flops += f;
     }
     printf("%-24s %5s %10.3f %9.1f\n", "all products", "", total / steps * 1e3, flops / total * 1e-9);
+    transformer_free(&model);
+    free(tokens);
     return 0;
 }
 """
 
 
-def instrument(source):
-    """transformer.c with timing wrappers around TIMED and around matmul."""
+def instrument_model(source):
+    """transformer.c with timing wrappers around TIMED."""
     source = source.replace('#include "transformer.h"', '#include "transformer.h"\n' + PRELUDE, 1)
     for index, name in enumerate(TIMED):
         match = re.search(r"\n((?:static )?(void|double|real) )" + name + r"\(([^)]*)\) \{", source)
@@ -109,9 +120,15 @@ def instrument(source):
         wrapper = (f"{prefix}{name}({params}) {{ double t0 = profile_now(); {keep}{name}_impl({args}); "
                    f"if (profile_on) profile_seconds[{index}] += profile_now() - t0;{give} }}\n")
         source = source[:end] + wrapper + source[end:]
+    names = ", ".join(f'"{n}"' for n in TIMED)
+    return source + f"\n#define PROFILE_NAMES {len(TIMED)}\nstatic const char *profile_names[] = {{ {names} }};\n"
+
+
+def instrument_products(source):
+    """lab/fast_path.c with a timing wrapper around matmul that records each product's shape."""
     old = "static void matmul(MatrixProduct p) {"
     if old not in source:
-        sys.exit("error: profile_step.py: no matmul(MatrixProduct p) in transformer.c")
+        sys.exit("error: profile_step.py: no matmul(MatrixProduct p) in lab/fast_path.c")
     source = source.replace(old, r"""static void matmul_impl(MatrixProduct p);
 static void matmul(MatrixProduct p) {
     double t0 = profile_now();
@@ -128,9 +145,7 @@ static void matmul(MatrixProduct p) {
     if (i < 256) { profile_products[i].calls++; profile_products[i].seconds += seconds; }
 }
 static void matmul_impl(MatrixProduct p) {""", 1)
-    names = ", ".join(f'"{n}"' for n in TIMED)
-    source += f"\n#define PROFILE_NAMES {len(TIMED)}\nstatic const char *profile_names[] = {{ {names} }};\n"
-    return source + MAIN
+    return source
 
 
 def main(argv=None):
@@ -140,18 +155,28 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cc", default="gcc")
     p.add_argument("--source", default=os.path.join(HERE, "..", "transformer.c"),
-                   help="the transformer.c to profile (a variant, say); transformer.h is taken from beside it")
+                   help="the transformer.c to profile (a variant, say); transformer.h and the lab (lab/*.c) "
+                        "are taken from beside it")
     a = p.parse_args(argv)
+    root = os.path.dirname(os.path.abspath(a.source))
     with open(a.source) as f:
-        source = instrument(f.read())
+        model = instrument_model(f.read())
     with tempfile.TemporaryDirectory() as tmp:
-        c_file, binary = os.path.join(tmp, "transformer.c"), os.path.join(tmp, "profile")
+        # the copy keeps the layout: transformer.c and transformer.h, lab/ beside them
+        shutil.copytree(os.path.join(root, "lab"), os.path.join(tmp, "lab"))
+        shutil.copy(os.path.join(root, "transformer.h"), tmp)
+        with open(os.path.join(tmp, "transformer.c"), "w") as f:
+            f.write(model)
+        fast_path = os.path.join(tmp, "lab", "fast_path.c")
+        with open(fast_path) as f:
+            products = instrument_products(f.read())
+        with open(fast_path, "w") as f:
+            f.write(products)
+        c_file, binary = os.path.join(tmp, "profile.c"), os.path.join(tmp, "profile")
         with open(c_file, "w") as f:
-            f.write(source)
-        include = os.path.dirname(os.path.abspath(a.source))
+            f.write(MAIN)
         subprocess.run([a.cc, "-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-std=c11",
-                        "-fopenmp", "-DTRANSFORMER_NO_MAIN", "-I", include, "-o", binary, c_file, "-lm"],
-                       check=True)
+                        "-fopenmp", "-o", binary, c_file, "-lm"], check=True)
         env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
         return subprocess.run([binary, a.config, str(a.steps)], env=env).returncode
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Parse a reference file (NOTES.md, "Reference files"), check its size against the
+"""Parse a reference file (dev/FORMATS.md, "Reference files"), check its size against the
 size its header implies, print the header and the loss, and recompute in
 PyTorch, from the stored parameters and batch, the logits, the loss, the
 gradients, the Adam step losses and the final parameters, checking that they
@@ -170,7 +170,7 @@ def recompute(h, f):
 
 def independent_f64(h, f):
     """Second, independent implementation of the model written from
-    NOTES.md's "Reference files" alone (no nn.Transformer*Layer, no F.cross_entropy, no
+    dev/FORMATS.md's "Reference files" alone (no nn.Transformer*Layer, no F.cross_entropy, no
     torch.optim), in float64 from the stored f32 parameters: checks that the
     file's layout (tensor order, q/k/v row blocks, head split) and the model
     definition agree.  Returns logits, loss, grads, step losses, final params."""
@@ -312,7 +312,7 @@ def compare_f64(h, f, ind):
     # float32 (noise above eps = 1e-9), ~1e-8 lr in float64 (noise below eps).
     # Version 2 compares every step's update from the same starting point;
     # version 1 with one step holds each update to test_transformer.c's bound
-    # (NOTES.md, "Reference files"), which allows such a step; version 1 with
+    # (dev/FORMATS.md, "Reference files"), which allows such a step; version 1 with
     # more steps reports the updates after the last without the key biases, not
     # failed: an element whose gradient is within rounding of zero (not only a
     # key bias) moves about lr either way, and float32 and float64 runs

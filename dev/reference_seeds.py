@@ -2,7 +2,7 @@
 """Reference files (format version 2) for many seeds, not committed, each
 checked by the double and the float test programs: the evidence that the
 comparison holds whatever the seed, and the measured differences from which
-test_transformer.c's tolerances are set (NOTES.md sections 3 and 5).
+test_transformer.c's tolerances are set (dev/FORMATS.md, "How the test compares").
 
     make test_transformer test_transformer_f64
     dev/.venv/bin/python dev/reference_seeds.py [tiny_data/*.ref]
@@ -23,7 +23,7 @@ V1_CONFIGS (the four above and the committed version 1 file's, each with its
 own steps, and ref_1layer_4head's with one step, as ref_v1_one_step.ref), and
 for each the same options in version 2 (PyTorch in float64), to print how far
 PyTorch's own float32 run is from its float64 run; then checks the version 1
-files with both builds (NOTES.md, "Reference files", has the result).
+files with both builds (dev/FORMATS.md, "Reference files", has the result).
 """
 import collections
 import contextlib

@@ -27,7 +27,17 @@
 #define TRANSFORMER_NO_MAIN       // transformer.c's main is transformer_main; the lab's is below
 #endif
 #include "../transformer.c"
+#include <sys/resource.h>    // getrusage: bench's peak memory
 #include "fast_path.c"       // the products many times faster (transformer.c's fast_path hooks)
+// The kind of positions (§3.5, or Table 3's row E) by name, as --positional
+// takes it and messages print it; -1 for a name that is neither.
+static const char *positional_name(int positional) { return positional == POSITIONAL_LEARNED ? "learned" : "sinusoid"; }
+static int positional_from_name(const char *name) {
+    return strcmp(name, "learned") == 0 ? POSITIONAL_LEARNED : strcmp(name, "sinusoid") == 0 ? POSITIONAL_SINUSOID : -1;
+}
+#include "subwords.c"        // §5.1 byte-pair encoding (transformer.c's subword hooks)
+#include "runs.c"            // --resume, --keep-last, --log, --threads 0, ... (transformer.c's train hooks)
+
 
 // Pictures as SVG files. Each writer returns 0 on success; on failure it
 // prints one line (file and reason) to stderr and returns 1.
@@ -536,19 +546,19 @@ int svg_write_attention(const char *path, const Transformer *model, AttentionKin
     SvgHeatmap *panels = checked_calloc((size_t)L * NH, sizeof *panels, "attention panels");
     char *titles = checked_calloc((size_t)L * NH, 40, "attention panel titles");
     for (int l = 0; l < L; l++) {
-        for (int h = 0; h < NH; h++) {
-            SvgHeatmap *p = &panels[l * NH + h];
-            size_t head = ((size_t)l * B + sentence) * NH + h; // index of (l, b, h) in (L, B, NH, ..)
-            char *title = titles + (size_t)(l * NH + h) * 40;
-            snprintf(title, 40, "layer %d, head %d", l + 1, h + 1);
+        for (int head = 0; head < NH; head++) {
+            SvgHeatmap *p = &panels[l * NH + head];
+            size_t matrix = ((size_t)l * B + sentence) * NH + head;   // index of (l, b, head) in (L, B, NH, ..)
+            char *title = titles + (size_t)(l * NH + head) * 40;
+            snprintf(title, 40, "layer %d, head %d", l + 1, head + 1);
             if (kind == ATTENTION_ENCODER) {        // enc_att is (L, B, NH, S, S)
-                *p = (SvgHeatmap){ model->acts.enc_att + head * S * S, source_len, source_len, S,
+                *p = (SvgHeatmap){ model->acts.enc_att + matrix * S * S, source_len, source_len, S,
                                    source_tokens, source_tokens, title };
             } else if (kind == ATTENTION_DECODER) { // dec_self_att is (L, B, NH, T, T)
-                *p = (SvgHeatmap){ model->acts.dec_self_att + head * T * T, decoder_positions, decoder_positions,
+                *p = (SvgHeatmap){ model->acts.dec_self_att + matrix * T * T, decoder_positions, decoder_positions,
                                    T, predicted, read, title };
             } else {                                // dec_cross_att is (L, B, NH, T, S)
-                *p = (SvgHeatmap){ model->acts.dec_cross_att + head * T * S, decoder_positions, source_len, S,
+                *p = (SvgHeatmap){ model->acts.dec_cross_att + matrix * T * S, decoder_positions, source_len, S,
                                    predicted, source_tokens, title };
             }
         }
@@ -996,21 +1006,21 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
     bleu_reset(stats);
     *lines = 0;
     while (!error) {
-        int h = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
-        int r = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
-        if ((!h && ferror(hyp)) || (!r && ferror(ref))) { // not the end: a read that failed
-            error = errorf("%s: read error after %d lines: %s", !h && ferror(hyp) ? hyp_path : ref_path, *lines,
-                           strerror(errno));
+        int got_hypothesis = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
+        int got_reference = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
+        if ((!got_hypothesis && ferror(hyp)) || (!got_reference && ferror(ref))) { // not the end: a read that failed
+            error = errorf("%s: read error after %d lines: %s", !got_hypothesis && ferror(hyp) ? hyp_path : ref_path,
+                           *lines, strerror(errno));
             break;
         }
-        if (!h && !r) break;
+        if (!got_hypothesis && !got_reference) break;
         ++*lines;
-        if (!h || !r)
+        if (!got_hypothesis || !got_reference)
             error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line for each "
-                           "reference line", h ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
-                           h ? hyp_path : ref_path);
-        else if (h < 0 || r < 0)
-            error = errorf("%s:%d: a zero byte; expected text", h < 0 ? hyp_path : ref_path, *lines);
+                           "reference line", got_hypothesis ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
+                           got_hypothesis ? hyp_path : ref_path);
+        else if (got_hypothesis < 0 || got_reference < 0)
+            error = errorf("%s:%d: a zero byte; expected text", got_hypothesis < 0 ? hyp_path : ref_path, *lines);
         else {
             size_t hyp_bad = first_byte_not_utf8(hyp_line), ref_bad = hyp_bad ? 0 : first_byte_not_utf8(ref_line);
             if (hyp_bad || ref_bad)
@@ -1030,7 +1040,7 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
 static int command_bleu(int argc, char **argv) {
     const char *usage =
         "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt\n"
-        "Corpus BLEU-4 of any system's output (NOTES.md, \"Evaluation: BLEU\"): one sentence a line in each file\n"
+        "Corpus BLEU-4 of any system's output (lab/NOTES.md, \"BLEU of files\"): one sentence a line in each file\n"
         "(UTF-8 text), line i of the first scored against line i of the second, tokens split at white\n"
         "space as Python's str.split() splits, one reference each, no smoothing, no lower-casing: what\n"
         "eval --bleu prints for decoded outputs, and sacreBLEU's tokenize='none', smooth_method='none'.";
@@ -1055,7 +1065,7 @@ static int command_bleu(int argc, char **argv) {
 static int command_average(int argc, char **argv) {
     const char *out = NULL;
     Option options[] = {
-        TEXT_OPTION("--out", &out, SESSION, "the averaged checkpoint to write (required)"),
+        TEXT_OPTION("--out", &out, "the averaged checkpoint to write (required)"),
     };
     const char *usage =
         "usage: ./transformer average --out OUT.ckpt A.ckpt B.ckpt ...\n"
@@ -1127,8 +1137,8 @@ static const char *attention_pictures(Transformer *model, const Vocabulary *voca
 static int command_attention(int argc, char **argv) {
     const char *checkpoint = NULL, *dir = NULL;
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "the trained model (required)"),
-        TEXT_OPTION("--out-dir", &dir, SESSION, "directory for the three SVG files (required; made if missing)"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        TEXT_OPTION("--out-dir", &dir, "directory for the three SVG files (required; made if missing)"),
     };
     const char *usage =
         "usage: ./transformer attention --checkpoint FILE --out-dir DIR \"source sentence\"\n"
@@ -1191,9 +1201,9 @@ static int command_bpe(int argc, char **argv) {
     const char *data = NULL, *checkpoint = NULL;
     int merges = 0;
     Option options[] = {
-        TEXT_OPTION("--data", &data, SESSION, "source<TAB>target lines to learn merges from (both sides)"),
-        INT_OPTION("--merges", &merges, 1, 1000000, SESSION, "how many merges to learn from --data"),
-        TEXT_OPTION("--checkpoint", &checkpoint, SESSION, "a model trained with --bpe: use its merges"),
+        TEXT_OPTION("--data", &data, "source<TAB>target lines to learn merges from (both sides)"),
+        INT_OPTION("--merges", &merges, 1, 1000000, "how many merges to learn from --data"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "a model trained with --bpe: use its merges"),
     };
     const char *usage =
         "usage: ./transformer bpe --data FILE.tsv --merges N ['SENTENCE' ...]\n"
@@ -1254,9 +1264,9 @@ static int command_pe(int argc, char **argv) {
     const char *out = NULL;
     int max_len = 100, d_model = 512;
     Option options[] = {
-        TEXT_OPTION("--out", &out, SESSION, "the SVG file to write (required)"),
-        INT_OPTION("--max-len", &max_len, 1, TRANSFORMER_MAX_LEN, SESSION, "positions (rows)"),
-        INT_OPTION("--d-model", &d_model, 2, TRANSFORMER_MAX_WIDTH, SESSION, "dimensions (columns)"),
+        TEXT_OPTION("--out", &out, "the SVG file to write (required)"),
+        INT_OPTION("--max-len", &max_len, 1, TRANSFORMER_MAX_LEN, "positions (rows)"),
+        INT_OPTION("--d-model", &d_model, 2, TRANSFORMER_MAX_WIDTH, "dimensions (columns)"),
     };
     const char *usage =
         "usage: ./transformer pe --out FILE.svg [--max-len 100] [--d-model 512]\n"
@@ -1272,9 +1282,9 @@ static int command_pe(int argc, char **argv) {
 static int command_plot(int argc, char **argv) {
     const char *out = NULL, *log = NULL, *title = "Training";
     Option options[] = {
-        TEXT_OPTION("--log", &log, SESSION, "the CSV that train --log wrote (required)"),
-        TEXT_OPTION("--out", &out, SESSION, "the SVG file to write (required)"),
-        TEXT_OPTION("--title", &title, SESSION, "the picture's title"),
+        TEXT_OPTION("--log", &log, "the CSV that train --log wrote (required)"),
+        TEXT_OPTION("--out", &out, "the SVG file to write (required)"),
+        TEXT_OPTION("--title", &title, "the picture's title"),
     };
     const char *usage =
         "usage: ./transformer plot --log FILE.csv --out FILE.svg [--title TEXT]\n"
@@ -1332,15 +1342,15 @@ static int command_params(int argc, char **argv) {
     int max_len = config.max_len;
     const char *positional = "sinusoid";
     Option options[] = {
-        TEXT_OPTION("--preset", &preset, SESSION, "base or big: Table 3's sizes, vocabulary 37000"),
-        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, SESSION, "N"),
-        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_model"),
-        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_ff"),
-        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, SESSION, "h"),
-        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, SESSION,
+        TEXT_OPTION("--preset", &preset, "base or big: Table 3's sizes, vocabulary 37000"),
+        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, "N"),
+        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, "d_model"),
+        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, "d_ff"),
+        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, "h"),
+        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB,
                    "shared vocabulary size, special tokens included"),
-        TEXT_OPTION("--positional", &positional, SESSION, "sinusoid or learned (Table 3, row E)"),
-        INT_OPTION("--max-len", &max_len, 2, TRANSFORMER_MAX_LEN, SESSION, "rows of a learned position table"),
+        TEXT_OPTION("--positional", &positional, "sinusoid or learned (Table 3, row E)"),
+        INT_OPTION("--max-len", &max_len, 2, TRANSFORMER_MAX_LEN, "rows of a learned position table"),
     };
     const char *usage =
         "usage: ./transformer params [--preset base|big] [--layers N --d-model N --d-ff N --heads N --vocab N]\n"
@@ -1571,12 +1581,12 @@ static int command_table3(int argc, char **argv) {
     const char *dev = NULL, *test = NULL, *svg = NULL, *title = "Table 3 on a laptop";
     int threads = 0, batch_tokens = 2000;
     Option options[] = {
-        TEXT_OPTION("--dev", &dev, SESSION, "held-out pairs for perplexity and BLEU (required)"),
-        TEXT_OPTION("--test", &test, SESSION, "pairs for exact match (required)"),
-        TEXT_OPTION("--svg", &svg, SESSION, "also draw dev perplexity per run into this SVG file"),
-        TEXT_OPTION("--title", &title, SESSION, "the picture's title"),
-        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, SESSION, "tokens decoded side by side"),
-        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+        TEXT_OPTION("--dev", &dev, "held-out pairs for perplexity and BLEU (required)"),
+        TEXT_OPTION("--test", &test, "pairs for exact match (required)"),
+        TEXT_OPTION("--svg", &svg, "also draw dev perplexity per run into this SVG file"),
+        TEXT_OPTION("--title", &title, "the picture's title"),
+        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
     };
     const char *usage =
         "usage: ./transformer table3 --dev FILE.tsv --test FILE.tsv [--svg FILE.svg] BASE.ckpt VARIANT.ckpt ...\n"
@@ -1662,8 +1672,8 @@ static int command_table3(int argc, char **argv) {
 // `./transformer bench` times whole training steps (forward, backward, Adam)
 // on a synthetic batch, or with --decode greedy decoding of the batch's
 // sources with the key/value cache; dev/bench_pytorch.py times the same in
-// PyTorch, and `make bench` runs both and prints the ratio (NOTES.md,
-// "Performance"; dev/PERFORMANCE.md).
+// PyTorch, and `make bench` runs both and prints the ratio (dev/BENCH.md;
+// the record: dev/PERFORMANCE.md).
 
 typedef struct {
     const char *name;
@@ -1749,20 +1759,20 @@ static int command_bench(int argc, char **argv) {
     int layers = preset->layers, d_model = preset->d_model, d_ff = preset->d_ff, heads = preset->heads;
     int vocab = preset->vocab, B = preset->B, S = preset->S, T = preset->T;
     Option options[] = {
-        TEXT_OPTION("--config", &config_name, SESSION, "tiny, toy or base; the flags below override its sizes"),
-        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, SESSION, "N"),
-        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_model"),
-        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, SESSION, "d_ff"),
-        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, SESSION, "h"),
-        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, SESSION, "vocabulary size"),
-        INT_OPTION("--batch", &B, 1, 65536, SESSION, "B, sentences per batch"),
-        INT_OPTION("--src-len", &S, 2, TRANSFORMER_MAX_LEN, SESSION, "S, source tokens per sentence"),
-        INT_OPTION("--tgt-len", &T, 2, TRANSFORMER_MAX_LEN, SESSION, "T, target tokens per sentence"),
+        TEXT_OPTION("--config", &config_name, "tiny, toy or base; the flags below override its sizes"),
+        INT_OPTION("--layers", &layers, 1, TRANSFORMER_MAX_LAYERS, "N"),
+        INT_OPTION("--d-model", &d_model, 1, TRANSFORMER_MAX_WIDTH, "d_model"),
+        INT_OPTION("--d-ff", &d_ff, 1, TRANSFORMER_MAX_WIDTH, "d_ff"),
+        INT_OPTION("--heads", &heads, 1, TRANSFORMER_MAX_WIDTH, "h"),
+        INT_OPTION("--vocab", &vocab, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB, "vocabulary size"),
+        INT_OPTION("--batch", &B, 1, 65536, "B, sentences per batch"),
+        INT_OPTION("--src-len", &S, 2, TRANSFORMER_MAX_LEN, "S, source tokens per sentence"),
+        INT_OPTION("--tgt-len", &T, 2, TRANSFORMER_MAX_LEN, "T, target tokens per sentence"),
         FLAG_OPTION("--decode", &decode, "time greedy decoding of the sources, T tokens each, instead of training"),
-        INT_OPTION("--steps", &steps, 0, 100000, SESSION,
+        INT_OPTION("--steps", &steps, 0, 100000,
                    "timed steps (0: 20, or 10 when d_model >= 512; decoding: 10, or 3)"),
-        INT_OPTION("--warmup", &warmup, 0, 100000, SESSION, "untimed steps first (decoding: 1)"),
-        INT_OPTION("--threads", &threads, 0, 1024, SESSION, "OpenMP threads (0: all cores)"),
+        INT_OPTION("--warmup", &warmup, 0, 100000, "untimed steps first (decoding: 1)"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
         FLAG_OPTION("--json", &json, "print the results as one JSON line"),
     };
     const char *usage =
@@ -1891,11 +1901,21 @@ static const Command lab_commands[] = {
     { "bench",  command_bench,  "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };
 
-int transformer_lab_main(int argc, char **argv) {
+// Plugs the lab into transformer.c's hooks: the fast path, §5.1 subwords,
+// train's further flags and stages, and the commands above.
+static void lab_plug_in(void) {
 #ifndef TRANSFORMER_PLAIN
     fast_path_use(1);
 #endif
-    return run_command(lab_commands, (int)(sizeof lab_commands / sizeof *lab_commands), argc, argv);
+    subwords_plug_in();
+    runs_plug_in();
+    lab.commands = lab_commands;
+    lab.num_commands = (int)(sizeof lab_commands / sizeof *lab_commands);
+}
+
+int transformer_lab_main(int argc, char **argv) {
+    lab_plug_in();
+    return transformer_main(argc, argv);
 }
 
 #ifndef TRANSFORMER_LAB_NO_MAIN

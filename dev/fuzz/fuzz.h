@@ -1,19 +1,29 @@
 // dev/fuzz: libFuzzer targets for transformer.c's parsers of input from
 // outside (make fuzz, dev/fuzz/run.sh). Each target includes the program
-// (transformer.c and its lab; the reference target the tests) so that it
-// calls the parser itself, static functions and all, on the fuzzer's bytes;
-// AddressSanitizer and UBSan report what goes wrong inside, and
-// fuzz_require what a parser's caller relies on (an invariant that fails
-// aborts, and libFuzzer keeps the input as a crash-* file).
+// (lab/lab.c: transformer.c and its lab; the reference target includes
+// test_transformer.c after it) so that it calls the parser itself, static
+// functions and all, on the fuzzer's bytes; AddressSanitizer and UBSan
+// report what goes wrong inside, and fuzz_require what a parser's caller
+// relies on (an invariant that fails aborts, and libFuzzer keeps the input
+// as a crash-* file).
 #ifndef FUZZ_H
 #define FUZZ_H
 
 #define TRANSFORMER_NO_MAIN
-#ifndef FUZZ_WITH_TESTS
 #include "lab/lab.c"
-#endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+// Once, before the first input: the lab's hooks plugged into transformer.c as
+// make's ./transformer has them (§5.1 subwords, train's further stages, the
+// fast path); without them a checkpoint's or a TSV file's subwords would be
+// read as whole words.
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc; (void)argv;
+    lab_plug_in();
+    return 0;
+}
 
 #define fuzz_require(condition, what) do { if (!(condition)) { \
     fprintf(stderr, "fuzz: %s:%d: %s\n", __FILE__, __LINE__, what); abort(); } } while (0)

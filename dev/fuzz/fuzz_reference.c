@@ -1,11 +1,9 @@
 // The reader of PyTorch reference files in test_transformer.c
 // (reference_read), and the check of the batch it holds (batch_check), which
 // the comparison runs before any forward pass.
-#define FUZZ_WITH_TESTS
-#define main test_transformer_main   // the tests' own main, unused here
+#include "fuzz.h"                   // the program: transformer.c and its lab
+#define TEST_TRANSFORMER_LIBRARY    // test_transformer.c without its main, after the program (as lab/test_lab.c)
 #include "test_transformer.c"
-#undef main
-#include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_file(0, data, size, ".ref");

@@ -1,0 +1,492 @@
+/* lab/runs.c: a training run beyond one session, for make's ./transformer
+ *
+ * train's further flags and what they do, through transformer.c's train hooks
+ * (lab.train_options, lab.train_event; lab.c sets them):
+ *   --resume FILE     go on with the run in a checkpoint, exactly where it stopped
+ *   --keep-last N     also keep the last N saves as CHECKPOINT.stepNNNNNNN (for `average`)
+ *   --log, --loss-log a CSV line at each progress line and evaluation (`plot` draws it);
+ *                     "step loss lr" of every step
+ *   --threads 0       the cores other programs leave free, counted again each second
+ *   --bpe N           §5.1 subwords (lab/subwords.c): N merges learned from --train
+ *   --words, --min-length, --max-length, --train-size, --valid-size (the tasks),
+ *   --positions, --positional (Table 3 row E), --save-every, --log-every, --eval-size
+ *
+ * BUILD  included by lab/lab.c after transformer.c and lab/subwords.c
+ */
+
+// What the lab holds of the run being trained (one per process).
+static struct {
+    // flags
+    int bpe, keep_last;
+    const char *positional, *resume, *loss_log, *log_csv;
+    // --log, --loss-log: the files, and the steps since the last CSV line
+    FILE *loss_log_file, *log_file;
+    double csv_loss, csv_seconds;
+    long csv_steps, csv_tokens;
+    // --keep-last: the steps of the CHECKPOINT.stepN files there are, oldest first
+    long *kept_steps;
+    int num_kept;
+    char *stored_options;   // --resume: the checkpoint's options text (the text options point into it)
+} lab_run;
+
+// FNV-1a over every pair's tokens: tells whether two datasets are the same
+// (a resumed run checks that its training data has not changed).
+static uint64_t dataset_hash(const Dataset *dataset) {
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (int i = 0; i < dataset->count; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        int header[2] = { p->src_len, p->tgt_len };
+        for (int field = 0; field < 2 + p->src_len + p->tgt_len; field++) {
+            int x = field < 2 ? header[field] : field < 2 + p->src_len ? dataset->tokens[p->src + field - 2]
+                                                                       : dataset->tokens[p->tgt + field - 2 - p->src_len];
+            for (int byte = 0; byte < 4; byte++) { h ^= (uint8_t)((uint32_t)x >> (8 * byte)); h *= 0x100000001B3ULL; }
+        }
+    }
+    return h;
+}
+
+// ---- train's further flags --------------------------------------------------
+
+static int lab_train_options(Option *table, int count, TrainOptions *o) {
+    free(lab_run.kept_steps); free(lab_run.stored_options);
+    memset(&lab_run, 0, sizeof lab_run);
+    lab_run.positional = "sinusoid";
+    Option list[] = {
+        INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000, "§5.1 byte-pair encoding: learn N merges from both sides of "
+                   "--train and train on subwords (without it: whole words)"),
+        INT_OPTION("--words", &o->words, 1, 100000, "task: the words are the numbers 0..N-1"),
+        INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, "task: shortest sequence"),
+        INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, "task: longest sequence"),
+        INT_OPTION("--train-size", &o->train_size, 1, 10000000, "task: training pairs"),
+        INT_OPTION("--valid-size", &o->valid_size, 1, 100000, "task: held-out pairs, none of them seen in training"),
+        INT_OPTION("--positions", &o->positions, 0, TRANSFORMER_MAX_LEN,
+                   "maximum sentence length the model takes; 0: the longest in the data + 50"),
+        TEXT_OPTION("--positional", &lab_run.positional, "positions: sinusoid (§3.5) or learned (a trained "
+                    "table, Table 3 row E)"),
+        TEXT_OPTION("--resume", &lab_run.resume, "go on with the run in this checkpoint (--steps may be raised)"),
+        TEXT_OPTION("--loss-log", &lab_run.loss_log, "append 'step loss lr' of every step to this file"),
+        TEXT_OPTION("--log", &lab_run.log_csv, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
+                    "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
+        INT_OPTION("--keep-last", &lab_run.keep_last, 0, 1000, "also keep the last N saves as "
+                   "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
+        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, "checkpoint every N steps (0: at each evaluation)"),
+        INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, "progress line every N steps (0: none)"),
+        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (0: all)"),
+    };
+    int n = (int)(sizeof list / sizeof *list);
+    memcpy(table + count, list, sizeof list);
+    Option *threads = find_option(table, count, "--threads"), *force = find_option(table, count, "--force");
+    if (threads) threads->help = "OpenMP threads (0: the cores free of other programs, counted again each second)";
+    if (force) force->help = "write the checkpoint even where a file is already there: it is replaced, with its "
+                             "CHECKPOINT.stepNNNNNNN files (without --force a new run stops there)";
+    return count + n;
+}
+
+// ---- --resume ---------------------------------------------------------------
+
+// train's flags that are not stored in checkpoints: they belong to one session
+static const char *session_flags[] = { "--checkpoint", "--eval-every", "--show", "--threads", "--force", "--resume",
+                                       "--loss-log", "--log", "--keep-last", "--save-every", "--log-every", "--eval-size" };
+
+static int stored_flag(const Option *o) {
+    for (size_t i = 0; i < sizeof session_flags / sizeof *session_flags; i++)
+        if (strcmp(o->name, session_flags[i]) == 0) return 0;
+    return 1;
+}
+
+// The flags that define the run (data, model, schedule) as text, one
+// argument per line, for the checkpoint: --resume reads them back with the same table.
+static char *format_run_options(const Option *options, int n) {
+    size_t capacity = 256, used = 0;
+    char *text = checked_calloc(capacity, 1, "run options");
+    for (const Option *o = options; o < options + n; o++) {
+        char value[4200];
+        if (!stored_flag(o) || (o->kind == OPTION_INT && *(int *)o->value < o->min)) continue;   // (below min: off)
+        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
+        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
+        else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
+        else continue;
+        size_t need = strlen(o->name) + strlen(value) + 3;
+        if (used + need >= capacity) text = checked_realloc(text, capacity = 2 * (used + need), 1, "run options");
+        used += (size_t)sprintf(text + used, "%s\n%s\n", o->name, value);
+    }
+    return text;
+}
+
+typedef union { int number; double real_number; const char *text; } OptionValue;
+
+static OptionValue option_value(const Option *o) {
+    OptionValue v;
+    if (o->kind == OPTION_INT || o->kind == OPTION_FLAG) v.number = *(int *)o->value;
+    else if (o->kind == OPTION_NUMBER) v.real_number = *(double *)o->value;
+    else v.text = *(const char **)o->value;
+    return v;
+}
+
+static void set_option_value(const Option *o, OptionValue v) {
+    if (o->kind == OPTION_INT || o->kind == OPTION_FLAG) *(int *)o->value = v.number;
+    else if (o->kind == OPTION_NUMBER) *(double *)o->value = v.real_number;
+    else *(const char **)o->value = v.text;
+}
+
+// The run's options come from the checkpoint; the command line may add only
+// --steps (to train longer), the data files' paths (moved data is accepted
+// when its pairs hash as the checkpoint's did) and session flags.
+static const char *lab_resume(TrainRun *run) {
+    const char *error, *path = lab_run.resume;
+    int n = run->num_options, seen[MAX_OPTIONS];
+    OptionValue given[MAX_OPTIONS];
+    for (int i = 0; i < n; i++) {
+        const Option *o = &run->options[i];
+        if (o->seen && stored_flag(o) && strcmp(o->name, "--steps") != 0 && strcmp(o->name, "--train") != 0 &&
+            strcmp(o->name, "--valid") != 0)
+            return errorf("%s cannot change on --resume: the checkpoint fixes the run's data, model and "
+                          "schedule; expected only --steps and session flags", o->name);
+        seen[i] = o->seen;
+        given[i] = option_value(o);
+    }
+    if ((error = checkpoint_load(path, &run->model, &run->vocab, &run->state, &lab_run.stored_options))) return error;
+    if (!lab_run.stored_options[0])
+        return errorf("%s: the checkpoint holds no run options (transformer.c alone wrote it); expected one that "
+                      "./transformer train wrote", path);
+    // the stored options, one argument per line, read with the same table; then the command line's again
+    char *args[2 * MAX_OPTIONS + 1];
+    int argc = 1;
+    args[0] = "train";
+    for (char *p = lab_run.stored_options; *p && argc < 2 * MAX_OPTIONS + 1; ) {
+        args[argc++] = p;
+        char *end = strchr(p, '\n');
+        if (!end) break;
+        *end = '\0';
+        p = end + 1;
+    }
+    if (parse_options("train", train_usage, run->options, n, argc, args, NULL, NULL) != 0)
+        return errorf("%s: the run options stored in the checkpoint are not readable", path);
+    for (int i = 0; i < n; i++) {
+        run->options[i].seen = seen[i];
+        if (seen[i]) set_option_value(&run->options[i], given[i]);
+    }
+    if (!find_option(run->options, n, "--checkpoint")->seen) run->opt.checkpoint = path;   // keep writing where the run was
+    // the data files as the run named them: relative to where it started, or moved since?
+    const char *files[2] = { run->opt.train_path, run->opt.valid_path }, *flags[2] = { "--train", "--valid" };
+    for (int i = 0; i < 2; i++)
+        if (files[i] && !find_option(run->options, n, flags[i])->seen && access(files[i], R_OK) != 0)
+            return errorf("%s: cannot open: %s; it is the run's %s as it was given when the run began: if the file "
+                          "moved, or that path was relative to another directory, give it again with %s PATH",
+                          files[i], strerror(errno), flags[i], flags[i]);
+    if ((error = train_load_data(run, 0))) return error;
+    if (dataset_hash(&run->train) != run->state.data_hash)
+        return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
+                      "expected the same data to resume (--train may give its new path)", run->data_name);
+    if ((error = dataset_check_lengths(&run->valid, run->opt.valid_path ? run->opt.valid_path : run->data_name,
+                                       run->model.config.max_len))) return error;
+    // the data order: redraw the current epoch from the generator state it was drawn with
+    run->data_rng.state = run->state.epoch_rng;
+    if (run->state.epoch > 0) {
+        epoch_plan_make(&run->plan, &run->train, run->opt.batch_tokens, &run->data_rng);
+        if (run->state.epoch_batches > (uint64_t)run->plan.num_spans)
+            return errorf("%s: %llu batches done in an epoch of %d; the checkpoint does not fit the data", path,
+                          (unsigned long long)run->state.epoch_batches, run->plan.num_spans);
+    }
+    run->last_saved_step = run->model.adam_step;
+    run->resumed_from = path;
+    return NULL;
+}
+
+// --bpe N (§5.1): the merges, learned from the training pairs (both sides),
+// and the vocabulary of every symbol they know (vocab_add_subwords).
+static const char *lab_learn_merges(TrainRun *run) {
+    int learned = 0;
+    double start = wall_seconds();
+    vocab_init(&run->vocab);
+    const char *error = bpe_learn_from_tsv(&run->vocab, run->opt.train_path, run->opt.valid_path ? 0 : 20,
+                                           lab_run.bpe, &learned);
+    if (error) return error;
+    vocab_add_subwords(&run->vocab);
+    printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned, run->opt.train_path,
+           wall_seconds() - start, run->vocab.size - NUM_SPECIAL_TOKENS);
+    if (learned < lab_run.bpe)
+        printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs twice any more\n",
+               learned, lab_run.bpe);
+    return NULL;
+}
+
+// ---- --keep-last ------------------------------------------------------------
+
+static void kept_checkpoint_path(char *out, size_t n, const TrainRun *run, long step) {
+    snprintf(out, n, "%s.step%07ld", run->checkpoint_path, step);
+}
+
+// --keep-last across sessions: finds the CHECKPOINT.stepNNNNNNN files of steps
+// 1..last, oldest first, and removes the .tmp files of saves that were killed.
+// The headers used here have no directory listing, so every step's name is
+// tried (about a microsecond each: a second for a million steps).
+static void kept_steps_find(const TrainRun *run, long last) {
+    char path[sizeof run->checkpoint_path + 40];
+    lab_run.num_kept = 0;
+    for (long step = 1; step <= last; step++) {
+        kept_checkpoint_path(path, sizeof path, run, step);
+        if (access(path, F_OK) == 0) {
+            lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1, sizeof(long),
+                                                 "kept checkpoints");
+            lab_run.kept_steps[lab_run.num_kept++] = step;
+        }
+        strcat(path, ".tmp");
+        if (access(path, F_OK) == 0) remove(path);
+    }
+}
+
+// Removes the oldest kept step files until at most `keep` are left.
+static void kept_steps_trim(const TrainRun *run, int keep) {
+    char path[sizeof run->checkpoint_path + 32];
+    int drop = lab_run.num_kept > keep ? lab_run.num_kept - keep : 0;
+    for (int i = 0; i < drop; i++) {
+        kept_checkpoint_path(path, sizeof path, run, lab_run.kept_steps[i]);
+        remove(path);
+    }
+    if (drop == 0) return;   // (kept_steps may be NULL: none were ever found)
+    lab_run.num_kept -= drop;
+    memmove(lab_run.kept_steps, lab_run.kept_steps + drop, (size_t)lab_run.num_kept * sizeof(long));
+}
+
+// The training step of the checkpoint at path, from its header; 0 if it is not one.
+static long checkpoint_step(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    unsigned char b[CHECKPOINT_HEADER_BYTES];
+    struct stat st;
+    CheckpointHeader h;
+    size_t got = fread(b, 1, sizeof b, f);
+    int ok = fstat(fileno(f), &st) == 0 && !checkpoint_parse_header(&h, b, got, (uint64_t)st.st_size, path);
+    fclose(f);
+    return ok ? (long)h.adam_step : 0;
+}
+
+// The checkpoint at the run's path when this run began: the resumed one (or
+// none), or another run's, which --force replaces with its step files.
+static void lab_kept_steps_begin(const TrainRun *run) {
+    struct stat there, resumed;
+    int exists = stat(run->checkpoint_path, &there) == 0;
+    int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
+               there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
+    if (exists && !same) {   // --force: the replaced run's CHECKPOINT.stepN files go with it
+        kept_steps_find(run, checkpoint_step(run->checkpoint_path));
+        kept_steps_trim(run, 0);
+    }
+    if (run->resumed_from && lab_run.keep_last > 0) kept_steps_find(run, run->model.adam_step);
+    else if (run->resumed_from) {   // a save killed while writing its step file left CHECKPOINT.stepN.tmp
+        char step_tmp[sizeof run->checkpoint_path + 40];
+        kept_checkpoint_path(step_tmp, sizeof step_tmp, run, run->model.adam_step);
+        strcat(step_tmp, ".tmp");
+        if (access(step_tmp, F_OK) == 0) remove(step_tmp);
+    }
+}
+
+// After a save, with --keep-last N: CHECKPOINT.stepNNNNNNN too, and the oldest
+// such files removed once there are more than N (those of earlier sessions
+// included: lab_kept_steps_begin found them on --resume).
+static const char *lab_keep_last(const TrainRun *run) {
+    char path[sizeof run->checkpoint_path + 32];
+    long step = run->model.adam_step;
+    if (lab_run.keep_last == 0 || (lab_run.num_kept > 0 && lab_run.kept_steps[lab_run.num_kept - 1] == step))
+        return NULL;   // none kept, or saved already
+    kept_checkpoint_path(path, sizeof path, run, step);
+    const char *error = checkpoint_save(path, &run->model, &run->vocab, &run->state, run->run_options);
+    if (error) return error;
+    lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1, sizeof(long), "kept checkpoints");
+    lab_run.kept_steps[lab_run.num_kept++] = step;
+    kept_steps_trim(run, lab_run.keep_last);
+    return NULL;
+}
+
+// ---- --log, --loss-log ------------------------------------------------------
+
+// Opened to append (--resume goes on in the same files)
+static const char *lab_open_logs(void) {
+    if (lab_run.loss_log && !(lab_run.loss_log_file = fopen(lab_run.loss_log, "a")))
+        return errorf("%s: cannot write: %s", lab_run.loss_log, strerror(errno));
+    if (lab_run.log_csv) {
+        if (!(lab_run.log_file = fopen(lab_run.log_csv, "a")))
+            return errorf("%s: cannot write: %s", lab_run.log_csv, strerror(errno));
+        // the column names once, at the top of a new file
+        if (fseek(lab_run.log_file, 0, SEEK_END) == 0 && ftell(lab_run.log_file) == 0)
+            fprintf(lab_run.log_file, "step,loss,lr,tokens_per_s,heldout_exact_match\n");
+    }
+    return NULL;
+}
+
+// After each step: its loss to --loss-log; to --log, at each progress line
+// and evaluation, the mean training loss of the steps since the last line and
+// tokens/s over the same steps' time (evaluations left out)
+static void lab_log_step(const TrainRun *run) {
+    long step = run->model.adam_step;
+    int log_every = run->opt.log_every;
+    if (lab_run.loss_log_file) fprintf(lab_run.loss_log_file, "%ld %.9g %.9g\n", step, (double)run->loss, run->lr);
+    lab_run.csv_loss += run->loss; lab_run.csv_steps++; lab_run.csv_tokens += run->tokens;
+    lab_run.csv_seconds += run->seconds;
+    if (!lab_run.log_file || !((log_every && step % log_every == 0) || run->evaluated)) return;
+    fprintf(lab_run.log_file, "%ld,%.6g,%.6g,%.0f,", step, lab_run.csv_loss / lab_run.csv_steps, run->lr,
+            lab_run.csv_tokens / (lab_run.csv_seconds + 1e-9));
+    if (isfinite(run->heldout)) fprintf(lab_run.log_file, "%.2f", run->heldout);
+    fprintf(lab_run.log_file, "\n");
+    fflush(lab_run.log_file);
+    lab_run.csv_loss = 0; lab_run.csv_steps = 0; lab_run.csv_tokens = 0; lab_run.csv_seconds = 0;
+}
+
+// ---- threads on a busy machine ----------------------------------------------
+// Each parallel loop ends at a barrier, so a step goes at the pace of its
+// slowest thread. When another program keeps a core busy, the thread sharing
+// that core waits for a time slice at each of a step's hundreds of barriers,
+// and the others wait for it: on 2 cores beside `yes`, two threads made a toy
+// step 8.4 times slower than idle, one thread 1.9 times (dev/PERFORMANCE.md,
+// "A busy machine"). So with --threads 0, training uses the cores that other
+// programs leave free: all of them on an idle machine, fewer while something
+// else runs, measured again every second between steps. The numbers are the
+// same for any thread count, so a switch changes no result.
+
+// CPU seconds spent so far: by all the machine's cores (Linux's /proc/stat,
+// its first line's user, nice, system, irq and softirq ticks) and by this
+// program's threads; and how many cores /proc/stat counts ("cpuN" lines).
+typedef struct { double machine, own, wall; int cpus; } CpuTimes;
+
+// One line of /proc/stat into busy ticks and the count of cores
+static void proc_stat_line(const char *line, double *busy_ticks, int *cpus) {
+    double user, nice, system, idle, iowait, irq, softirq;
+    if (strncmp(line, "cpu ", 4) == 0 &&
+        sscanf(line + 4, "%lf %lf %lf %lf %lf %lf %lf", &user, &nice, &system, &idle, &iowait, &irq, &softirq) == 7)
+        *busy_ticks = user + nice + system + irq + softirq;
+    else if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) (*cpus)++;
+}
+
+// 0 where /proc/stat cannot be read (another system)
+static int cpu_times(CpuTimes *now) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return 0;
+    char line[4096];
+    double busy_ticks = -1;
+    now->cpus = 0;
+    while (fgets(line, sizeof line, f)) proc_stat_line(line, &busy_ticks, &now->cpus);
+    fclose(f);
+    struct timespec own;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &own);
+    now->machine = busy_ticks / (double)sysconf(_SC_CLK_TCK);
+    now->own = (double)own.tv_sec + 1e-9 * (double)own.tv_nsec;
+    now->wall = wall_seconds();
+    return busy_ticks >= 0;
+}
+
+// The cores other programs kept busy between two readings: the machine's
+// busy time less this program's, over the time between them.
+static double others_busy_cores(const CpuTimes *then, const CpuTimes *now) {
+    double others = (now->machine - then->machine) - (now->own - then->own);
+    return others > 0 ? others / (now->wall - then->wall) : 0;
+}
+
+// Following the free cores during training (--threads 0): a reading at the
+// start and a look a second between steps (free_cores_follow).
+typedef struct {
+    int following;      // 0: --threads N was given, no OpenMP, or /proc cannot tell
+    int cores, limit;   // the machine's cores; at most `limit` threads (OMP_NUM_THREADS, or the cores)
+    int threads, proposed, changes;
+    CpuTimes last;      // the reading the next look measures from
+} FreeCores;
+
+// The thread count for the cores other programs left free since the last
+// reading, between 1 and the limit. A core counts as busy when they used more
+// than a quarter of it: beside two of our threads, whose waits spin, `yes`
+// gets only about half a core.
+static int free_cores_wanted(const FreeCores *follow, double others) {
+    int busy = (int)(others + 0.75), free_cores = busy >= follow->cores ? 1 : follow->cores - busy;
+    return free_cores < follow->limit ? free_cores : follow->limit;
+}
+
+// A look's verdict: the count changes when two looks in a row want the same;
+// it drops at once, and grows by one thread a change, so that two runs that
+// follow the cores settle on a share each instead of swinging between one
+// thread and all. Returns 1 when it changed the count.
+static int free_cores_decide(FreeCores *follow, int wanted) {
+    int agreed = wanted == follow->proposed;
+    follow->proposed = wanted;
+    if (!agreed || wanted == follow->threads) return 0;
+    follow->threads = wanted > follow->threads ? follow->threads + 1 : wanted;
+    set_threads(follow->threads);
+    return 1;
+}
+
+static void free_cores_start(FreeCores *follow, int threads_option) {
+    *follow = (FreeCores){ .following = 0 };
+#ifdef _OPENMP
+    if (threads_option != 0) return;   // --threads N: N threads, whatever else runs
+    follow->cores = omp_get_num_procs();
+    follow->limit = omp_get_max_threads();
+    CpuTimes then;
+    // a container whose /proc/stat counts more cores than this program may use cannot tell
+    if (follow->limit < 2 || !cpu_times(&then) || then.cpus > follow->cores) return;
+    nanosleep(&(struct timespec){ 0, 50000000 }, NULL);   // 50 ms of the others alone
+    if (!cpu_times(&follow->last)) return;
+    follow->following = 1;
+    follow->threads = follow->proposed = free_cores_wanted(follow, others_busy_cores(&then, &follow->last));
+    set_threads(follow->threads);
+#else
+    (void)threads_option;
+#endif
+}
+
+static int free_cores_follow(FreeCores *follow) {
+    CpuTimes now;
+    if (!follow->following || wall_seconds() < follow->last.wall + 1 || !cpu_times(&now)) return 0;
+    double others = others_busy_cores(&follow->last, &now);
+    follow->last = now;
+    if (!free_cores_decide(follow, free_cores_wanted(follow, others))) return 0;
+    if (++follow->changes <= 3)
+        printf("note: %d thread%s now: other programs kept %.1f of %d cores busy%s\n", follow->threads,
+               follow->threads == 1 ? "" : "s", others, follow->cores,
+               follow->changes == 3 ? " (further changes are not noted)" : "");
+    return 1;
+}
+
+// ---- transformer.c's train hooks --------------------------------------------
+
+static FreeCores lab_free_cores;
+
+static const char *lab_train_event(TrainRun *run, TrainEvent event) {
+    const char *error = NULL;
+    switch (event) {
+    case TRAIN_START:   // before the run is built: read back (--resume), or --positional and §5.1's merges
+        if (lab_run.resume) return lab_resume(run);
+        if ((run->opt.positional = positional_from_name(lab_run.positional)) < 0)
+            return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", lab_run.positional);
+        if (lab_run.bpe > 0 && !run->opt.train_path)
+            return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
+        return lab_run.bpe > 0 ? lab_learn_merges(run) : NULL;
+    case TRAIN_BEGIN:   // built, before the header: the run's flags and data's hash, kept checkpoints, the logs, the threads
+        run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)
+        if (!run->resumed_from) run->state.data_hash = dataset_hash(&run->train);
+        lab_kept_steps_begin(run);
+        if ((error = lab_open_logs())) return error;
+        free_cores_start(&lab_free_cores, run->opt.threads);
+        run->threads_note = lab_free_cores.following ? " (the cores free of other programs, counted again each second)" : "";
+        return NULL;
+    case TRAIN_STEP:
+        free_cores_follow(&lab_free_cores);
+        return NULL;
+    case TRAIN_STEPPED:
+        lab_log_step(run);
+        return NULL;
+    case TRAIN_SAVED:
+        return lab_keep_last(run);
+    case TRAIN_END:     // after the run, or its error
+        if (lab_run.loss_log_file) fclose(lab_run.loss_log_file);
+        if (lab_run.log_file) fclose(lab_run.log_file);
+        free(lab_run.kept_steps); free(lab_run.stored_options);
+        memset(&lab_run, 0, sizeof lab_run);
+        return NULL;
+    }
+    return NULL;
+}
+
+// Plugs train's further flags and stages into transformer.c (lab.c calls it).
+static void runs_plug_in(void) {
+    lab.train_options = lab_train_options;
+    lab.train_event = lab_train_event;
+}
