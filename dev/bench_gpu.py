@@ -40,11 +40,13 @@ and the table goes on.
     dev/bench_gpu.py [--binary ./transformer_cuda] [--python PYTHON] [--configs tiny,toy,base,base-25k,big-25k]
                      [--precisions fp32,tf32] [--columns eager,graph,compile,reduce-overhead,max-autotune]
                      [--rounds 3] [--compiled-rounds 1] [--no-compile] [--sgemm-size 8192]
-                     [--timeout 600] [--budget SECONDS] [--log FILE]
+                     [--timeout 600] [--budget SECONDS] [--log FILE] [--tf32-configs base-25k]
 
-The configs run in the order given, each in every precision. --budget: after
-that many seconds no further PyTorch run starts (it shows as skipped), so that
-a short lease ends with a table; --log keeps each run's JSON as it ends. PyTorch comes from --python
+The configs run in the order given, each in every precision (TF32 only for
+--tf32-configs when given). --budget: after that many seconds no further run
+starts (ours neither; what was not run shows as skipped), so that a short
+lease ends with a table within the budget and one run's --timeout; --log keeps
+each run's JSON as it ends. PyTorch comes from --python
 (make test-cuda passes dev/.venv's interpreter when it imports torch, else the
 first python3 on the PATH that does); with none, --python '' prints ours alone
 and one line saying why PyTorch is missing. Exits 1 only when ours fails.
@@ -317,6 +319,8 @@ def measure(a, name, tf32, columns, clock, log):
             log.flush()
 
     for r in range(a.rounds):
+        if a.budget and clock() > a.budget:   # no run starts after the budget, ours neither
+            break
         ours = run_json(ours_cmd, a.timeout)
         keep("ours", ours)
         if "error" in ours:
@@ -349,6 +353,9 @@ def table(a, precision, rows, columns, sgemm):
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for name, runs in rows:
+        if not runs["ours"]:
+            print(f"| {name} | skipped: the budget was spent before it |" + " |" * (len(columns) + 5))
+            continue
         ours = runs["ours"][0]
         ms, gflops = median_of(runs["ours"], "median_ms"), median_of(runs["ours"], "gflops")
         tokens = f"{ours['batch'] * ours['src_len']:,} + {ours['batch'] * ours['tgt_len']:,}"
@@ -393,6 +400,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=600, help="seconds one run may take")
     p.add_argument("--budget", type=int, default=0, help="seconds after which no PyTorch run starts (0: none)")
     p.add_argument("--log", default="", help="a file for each run's JSON, a line as it ends")
+    p.add_argument("--tf32-configs", default="", help="the configs timed with TF32 too (default: all)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)   # cpu: to try the script without a GPU
     # --torch-worker: this script as one PyTorch run (with the interpreter to be timed)
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
@@ -431,13 +439,15 @@ def main(argv=None):
         precisions = [p for p in precisions if p != "tf32"] or ["fp32"]
         sgemm.setdefault("fp32", sgemm["tf32"])
     # the configs in the order given, each in every precision, so that a budget spends itself on the first
+    tf32_configs = a.tf32_configs.split(",") if a.tf32_configs else a.configs.split(",")
     results = {(name, precision): measure(a, name, precision == "tf32", columns,
                                           lambda: time.monotonic() - started, log)
-               for name in a.configs.split(",") for precision in precisions}
+               for name in a.configs.split(",") for precision in precisions
+               if precision == "fp32" or name in tf32_configs}
     if log:
         log.close()
     for precision in precisions:
-        rows = [(name, results[(name, precision)]) for name in a.configs.split(",")]
+        rows = [(name, results[(name, precision)]) for name in a.configs.split(",") if (name, precision) in results]
         versions = {r.get("torch") for _, runs in rows for c in columns for r in runs[c] if "torch" in r}
         if columns:
             print(f"PyTorch {', '.join(sorted(versions)) or '(no run succeeded)'}; medians of {a.rounds} rounds "
