@@ -274,8 +274,9 @@ test-threads: test_cuda_threads transformer
 # starts; each may take --timeout): the goals' configs and PyTorch's likely fastest columns. With
 # time to spare: --configs base-25k,tiny,toy,big-25k --rounds 3 (all five columns, TF32 everywhere).
 # GPU_BENCH_LOG: each run's JSON, a line as it ends (what a cut run leaves).
-GPU_BENCH ?= --configs base-25k,tiny,toy --tf32-configs base-25k --columns eager,graph,compile,reduce-overhead \
-             --rounds 1 --budget 270 --timeout 180
+GPU_BENCH ?= --configs base-25k,tiny,toy --tf32-configs base-25k --columns eager,graph,compile \
+             --columns-for tiny=eager,graph,reduce-overhead --columns-for toy=eager,graph,reduce-overhead \
+             --rounds 1 --budget 240 --timeout 180
 GPU_BENCH_LOG ?= runs/gpu_runs.jsonl
 GPU_CAPABILITY = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 GPU_NVCC_ARCH = $(if $(GPU_CAPABILITY),-arch=sm_$(GPU_CAPABILITY),-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90)

@@ -7,8 +7,9 @@
 #       same checkpoint bit for bit, compute-sanitizer's memcheck, racecheck, initcheck, synccheck
 #   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes)
 #       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32 and
-#       TF32, then tiny and toy in fp32; ours, PyTorch eager, a captured step, torch.compile default
-#       and reduce-overhead; cuBLAS's SGEMM 8192^3; no run starts after 270 s, each at most 180 s
+#       TF32 (ours, PyTorch eager, a captured step, torch.compile), then tiny and toy in fp32 (eager,
+#       a captured step, reduce-overhead); cuBLAS's SGEMM 8192^3; no run starts after 240 s, each
+#       may take 180 s
 #
 # Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
 # one: proofs.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON as it ended

@@ -41,6 +41,7 @@ and the table goes on.
                      [--precisions fp32,tf32] [--columns eager,graph,compile,reduce-overhead,max-autotune]
                      [--rounds 3] [--compiled-rounds 1] [--no-compile] [--sgemm-size 8192]
                      [--timeout 600] [--budget SECONDS] [--log FILE] [--tf32-configs base-25k]
+                     [--columns-for tiny=eager,graph,reduce-overhead ...]
 
 The configs run in the order given, each in every precision (TF32 only for
 --tf32-configs when given). --budget: after that many seconds no further run
@@ -362,8 +363,10 @@ def table(a, precision, rows, columns, sgemm):
         cells = [name, tokens, f"{ms:.2f}", f"{gflops / 1e3:.1f}", f"{gflops / 1e3 / limit:.0%}" if limit else "?"]
         fastest = None   # (ms, column)
         for c in columns:
-            t = median_of(runs[c], "median_ms")
-            if t is None:
+            t = median_of(runs.get(c, []), "median_ms")
+            if c not in runs:
+                cells.append("")
+            elif t is None:
                 failed = next((r["error"] for r in runs[c] if "error" in r), "not run")
                 cells.append("failed: " + failed.replace("|", "/"))
             else:
@@ -401,6 +404,8 @@ def main(argv=None):
     p.add_argument("--budget", type=int, default=0, help="seconds after which no PyTorch run starts (0: none)")
     p.add_argument("--log", default="", help="a file for each run's JSON, a line as it ends")
     p.add_argument("--tf32-configs", default="", help="the configs timed with TF32 too (default: all)")
+    p.add_argument("--columns-for", action="append", default=[], metavar="CONFIG=COLUMNS",
+                   help="another choice of columns for one config (repeatable)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)   # cpu: to try the script without a GPU
     # --torch-worker: this script as one PyTorch run (with the interpreter to be timed)
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
@@ -416,15 +421,23 @@ def main(argv=None):
     if a.torch_worker:
         return torch_worker(a)
     started = time.monotonic()
-    columns = [c for c in a.columns.split(",") if c and not (a.no_compile and c in COMPILED)]
-    unknown = [c for c in columns if c not in COLUMNS] + [n for n in a.configs.split(",") if n not in CONFIGS]
+    def chosen(names):
+        return [c for c in names.split(",") if c and not (a.no_compile and c in COMPILED)]
+    columns = chosen(a.columns)
+    columns_of = {}   # --columns-for CONFIG=COLUMNS
+    for spec in a.columns_for:
+        name, _, names = spec.partition("=")
+        columns_of[name] = chosen(names)
+    every = columns + [c for cs in columns_of.values() for c in cs]
+    unknown = [c for c in every if c not in COLUMNS] + [n for n in list(columns_of) + a.configs.split(",")
+                                                         if n not in CONFIGS]
     if unknown:
         p.error(f"unknown columns or configs: {', '.join(unknown)}")
     print(f"## Training step on {gpu_name()}, {datetime.date.today().isoformat()}\n")
     if not a.python:
         print("PyTorch: skipped, no python3 here imports torch (make bench-setup builds dev/.venv where PyPI "
               "is reachable)\n")
-        columns = []
+        columns, columns_of = [], {}
     precisions = a.precisions.split(",")
     log = open(a.log, "w") if a.log else None
     sgemm = {}   # the yardstick first: a second or two each
@@ -440,20 +453,21 @@ def main(argv=None):
         sgemm.setdefault("fp32", sgemm["tf32"])
     # the configs in the order given, each in every precision, so that a budget spends itself on the first
     tf32_configs = a.tf32_configs.split(",") if a.tf32_configs else a.configs.split(",")
-    results = {(name, precision): measure(a, name, precision == "tf32", columns,
+    results = {(name, precision): measure(a, name, precision == "tf32", columns_of.get(name, columns),
                                           lambda: time.monotonic() - started, log)
                for name in a.configs.split(",") for precision in precisions
                if precision == "fp32" or name in tf32_configs}
     if log:
         log.close()
+    shown = [c for c in COLUMNS if c in every]   # a table's columns: every one any config ran
     for precision in precisions:
         rows = [(name, results[(name, precision)]) for name in a.configs.split(",") if (name, precision) in results]
-        versions = {r.get("torch") for _, runs in rows for c in columns for r in runs[c] if "torch" in r}
-        if columns:
+        versions = {r.get("torch") for _, runs in rows for r in sum(runs.values(), []) if "torch" in r}
+        if shown:
             print(f"PyTorch {', '.join(sorted(versions)) or '(no run succeeded)'}; medians of {a.rounds} rounds "
                   f"(torch.compile columns: {a.compiled_rounds}); ratio = the fastest PyTorch column's time / ours "
                   "(above 1: ours faster); TFLOP/s count the matrix products (training_step_flops)\n")
-        table(a, precision, rows, columns, sgemm[precision])
+        table(a, precision, rows, shown, sgemm[precision])
     print(f"({time.monotonic() - started:.0f} s in all)")
     return 0
 
