@@ -21,6 +21,7 @@
 #   make test-threads  the companion's tests with real threads under ThreadSanitizer
 #   make test-cuda     on a GPU: the tests with the companion built by nvcc, compute-sanitizer,
 #                      the training steps beside PyTorch on the same GPU (a table), make numbers
+#                      (make test-cuda-proofs and test-cuda-bench: its two parts; cuda/gpu_session.sh)
 #   make debug         -O0 -g builds for gdb, Part I only, without OpenMP: transformer_debug
 #                      (transformer.c alone), test_transformer_debug
 #   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
@@ -195,20 +196,33 @@ $(TABLE3_DIR)/%.ckpt:
 # ---- the CUDA companion (cuda/transformer_cuda.cu; README, cuda/NOTES.md) ----
 # transformer.c with its lab is compiled as C by $(CC) and linked beside the companion's
 # object; nvcc compiles the .cu as CUDA C++ with every warning an error, and
-# ptxas reports each kernel's registers: a spill fails the build.
+# ptxas reports each kernel's registers: a spill fails the build, and so does a
+# kernel whose largest block (its __launch_bounds__, else 1024 threads) would
+# need more registers than a block may have (cuda/check_registers.awk, which
+# reads the bounds from the PTX that nvcc -keep leaves in $(NVCC_KEEP)).
 NVCC ?= nvcc
 CUDA_ARCH ?= sm_80
 NVCC_ARCH ?= -arch=$(CUDA_ARCH)
 NVCCFLAGS ?= -O3 $(NVCC_ARCH)
 NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra -Xptxas -v
 NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lm
-cuda: transformer_cuda
-transformer_cuda: $(COMPANION) $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
-	$(NVCC_CHECKED) -c -o transformer_cuda.o cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
-	@if grep -E '[1-9][0-9]* bytes spill (stores|loads)' .ptxas.log; then \
+NVCC_KEEP = .nvcc_keep
+# $(call cuda_compile,OUTPUT.o,EXTRA FLAGS): cuda/transformer_cuda.cu compiled and its registers
+# checked (its own kept files and log, so that make -j can build both objects at once)
+define cuda_compile
+	rm -rf $(NVCC_KEEP)/$(1) && mkdir -p $(NVCC_KEEP)/$(1)
+	$(NVCC_CHECKED) $(2) -keep -keep-dir $(NVCC_KEEP)/$(1) -c -o $(1) cuda/transformer_cuda.cu \
+	  2> $(NVCC_KEEP)/$(1).ptxas.log || { cat $(NVCC_KEEP)/$(1).ptxas.log; exit 1; }
+	@if grep -E '[1-9][0-9]* bytes spill (stores|loads)' $(NVCC_KEEP)/$(1).ptxas.log; then \
 	  echo "make cuda: a kernel spills registers (above); expected 0 bytes"; exit 1; fi
-	@echo "make cuda: $$(grep -c 'bytes spill stores' .ptxas.log) kernels, no register spills (ptxas -v)"; rm -f .ptxas.log
+	@awk -f cuda/check_registers.awk $(NVCC_KEEP)/$(1)/*.ptx $(NVCC_KEEP)/$(1).ptxas.log
+	@echo "make cuda: $$(grep -c 'bytes spill stores' $(NVCC_KEEP)/$(1).ptxas.log) kernels, no register spills (ptxas -v)"
+	@rm -rf $(NVCC_KEEP)/$(1) $(NVCC_KEEP)/$(1).ptxas.log
+endef
+cuda: transformer_cuda
+transformer_cuda: $(COMPANION) $(SOURCES) cuda/check_registers.awk
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
+	$(call cuda_compile,transformer_cuda.o,)
 	$(NVCC_LINK) -o $@ transformer_cuda.o transformer_host.o
 
 # the companion built for the CPU (cuda_on_cpu.h): ./transformer_cuda_cpu bench --config base --count
@@ -218,9 +232,8 @@ transformer_cuda_cpu: $(COMPANION) $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c cuda/transformer_cuda.cu -x none lab/lab.c $(LDLIBS)
 
 # the float tests with the companion built by nvcc instead of for the CPU
-test_transformer_cuda: cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES)
-	$(NVCC_CHECKED) -DTRANSFORMER_CUDA_NO_MAIN -c -o transformer_cuda_test.o cuda/transformer_cuda.cu 2> .ptxas.log || { cat .ptxas.log; exit 1; }
-	rm -f .ptxas.log
+test_transformer_cuda: cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES) cuda/check_registers.awk
+	$(call cuda_compile,transformer_cuda_test.o,-DTRANSFORMER_CUDA_NO_MAIN)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o cuda/test_cuda.c
 	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o
 
@@ -240,18 +253,31 @@ test-threads: test_cuda_threads transformer
 	@echo "test-threads: ThreadSanitizer reports the racy += of racy_embedding_backward_kernel:"; \
 	  grep -m 2 -A 2 'WARNING: ThreadSanitizer: data race' .tsan_racy.log; rm -f .tsan_racy.log
 
-# make test-cuda, on a GPU machine (not part of make test), offline:
+# make test-cuda, on a GPU machine (not part of make test), offline, in two parts that each fit
+# one command of a short lease (cuda/gpu_session.sh runs them so), then make numbers:
+#   make test-cuda-proofs (about 5 minutes):
 #   - everything built for this GPU (nvidia-smi's compute capability; where it cannot tell, one
 #     binary for sm_80 and sm_90), the tests with the companion built by nvcc: the reference
 #     files, the training runs against transformer.c, train and --resume;
-#   - two 40-step training runs that must write the same checkpoint, bit for bit;
-#   - compute-sanitizer's memcheck, racecheck, initcheck and synccheck on a short training run;
-#   - dev/bench_gpu.py: ./transformer_cuda beside PyTorch eager and torch.compile on the same GPU
-#     (fp32, PyTorch's default foreach Adam), tiny, toy and base, a table with the GPU's name and
-#     the date, kept in runs/gpu_table.md; PyTorch from dev/.venv when its torch sees the GPU, else
-#     from the first python3 on the PATH whose does, else the table has ours alone and says why;
-#   - make numbers trained on the GPU.
-# GPU_BENCH: more options for dev/bench_gpu.py (e.g. "--rounds 1" or "--no-compile" for a short lease)
+#   - two 40-step training runs that must write the same checkpoint, bit for bit, and a third
+#     without CUDA graphs (--no-graph) that must write it too;
+#   - compute-sanitizer's memcheck, racecheck, initcheck and synccheck on a short training run
+#     (its third step replays the graph captured at its second);
+#   make test-cuda-bench: dev/bench_gpu.py: ./transformer_cuda beside PyTorch at its best on the
+#     same GPU (fused Adam and SDPA, eager, a captured whole step, torch.compile's modes), fp32
+#     and TF32, the base model at the paper's batch (base-25k) first, cuBLAS's SGEMM as the
+#     yardstick, tables with the GPU's name and the date, kept in runs/gpu_table.md (each run's
+#     JSON in GPU_BENCH_LOG as it ends); PyTorch from dev/.venv when its torch sees the GPU,
+#     else from the first python3 on the PATH whose does, else the tables have ours alone and say why;
+#   make test-cuda: both, then make numbers trained on the GPU.
+# GPU_BENCH: dev/bench_gpu.py's options, sized for a 15-minute lease (after --budget seconds no run
+# starts; each may take --timeout): the goals' configs and PyTorch's likely fastest columns. With
+# time to spare: --configs base-25k,tiny,toy,big-25k --rounds 3 (all five columns, TF32 everywhere).
+# GPU_BENCH_LOG: each run's JSON, a line as it ends (what a cut run leaves).
+GPU_BENCH ?= --configs base-25k,tiny,toy --tf32-configs base-25k --columns eager,graph,compile \
+             --columns-for tiny=eager,graph,reduce-overhead --columns-for toy=eager,graph,reduce-overhead \
+             --rounds 1 --budget 240 --timeout 180
+GPU_BENCH_LOG ?= runs/gpu_runs.jsonl
 GPU_CAPABILITY = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 GPU_NVCC_ARCH = $(if $(GPU_CAPABILITY),-arch=sm_$(GPU_CAPABILITY),-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90)
 TORCH_PYTHON = $(shell for p in $(BENCH_VENV)/bin/python $$(which -a python3 2>/dev/null); do \
@@ -259,7 +285,8 @@ TORCH_PYTHON = $(shell for p in $(BENCH_VENV)/bin/python $$(which -a python3 2>/
                    echo $$p; break; fi; done)
 SANITIZED_RUN = train --task copy --steps 3 --eval-every 0 --show 0 --log-every 0 --force --checkpoint runs/sanitized.ckpt
 RERUN = train --task copy --steps 40 --eval-every 0 --show 0 --log-every 0 --force
-test-cuda: transformer
+.PHONY: test-cuda-proofs test-cuda-bench
+test-cuda-proofs: transformer
 	mkdir -p runs
 	nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader; date -u
 	$(MAKE) --no-print-directory -B NVCC_ARCH="$(GPU_NVCC_ARCH)" transformer_cuda test_transformer_cuda
@@ -267,17 +294,24 @@ test-cuda: transformer
 	./transformer_cuda $(RERUN) --checkpoint runs/rerun_a.ckpt && \
 	  ./transformer_cuda $(RERUN) --checkpoint runs/rerun_b.ckpt && \
 	  cmp runs/rerun_a.ckpt runs/rerun_b.ckpt && echo "test-cuda: two runs wrote the same checkpoint, bit for bit"
+	./transformer_cuda $(RERUN) --no-graph --checkpoint runs/rerun_eager.ckpt && \
+	  cmp runs/rerun_a.ckpt runs/rerun_eager.ckpt && \
+	  echo "test-cuda: a run without CUDA graphs wrote the same checkpoint as with them, bit for bit"
 	@if command -v compute-sanitizer >/dev/null; then \
 	  for tool in memcheck racecheck initcheck synccheck; do \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) || exit 1; done; \
 	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped its four checks"; fi
-	python3 dev/bench_gpu.py --binary ./transformer_cuda --python "$(TORCH_PYTHON)" $(GPU_BENCH) > runs/gpu_table.md; \
-	  status=$$?; cat runs/gpu_table.md; exit $$status
+test-cuda-bench: transformer
+	mkdir -p runs
+	@if [ ! -x ./transformer_cuda ]; then $(MAKE) --no-print-directory NVCC_ARCH="$(GPU_NVCC_ARCH)" transformer_cuda; fi
+	python3 dev/bench_gpu.py --binary ./transformer_cuda --python "$(TORCH_PYTHON)" --log $(GPU_BENCH_LOG) \
+	    $(GPU_BENCH) > runs/gpu_table.md; status=$$?; cat runs/gpu_table.md; exit $$status
+test-cuda: test-cuda-proofs test-cuda-bench
 	$(MAKE) --no-print-directory numbers NUMBERS_BIN=./transformer_cuda
 
 clean: clean-companion
 clean-companion:
-	rm -f test_cuda_threads .tsan_racy.log
+	rm -rf test_cuda_threads .tsan_racy.log $(NVCC_KEEP)
 
 # No OpenMP here: with it, each parallel loop's body would be a separate
 # function run by libgomp, and gdb's `next` would step over the whole loop.

@@ -9,13 +9,17 @@
  *     own stack), and a block's threads run in a different random order at
  *     each launch (the blocks too). A thread runs until it waits: at
  *     __syncthreads, which releases the block's threads once all that have not
- *     returned have arrived, and at a warp shuffle (__shfl_xor_sync, ...),
- *     which releases the 32 lanes of a warp once all have arrived, each with
- *     its value; then the next thread is drawn at random among those that can
- *     run. So shared memory, barriers and shuffles work as on a GPU, and a
- *     kernel that reads what another thread has not yet written (a missing
- *     barrier) reads NaN or another run's value. A shuffle whose warp is not
- *     whole, and threads that all wait for each other, are faults.
+ *     returned have arrived (all at the same __syncthreads: two call sites are
+ *     two barriers on a GPU, and a fault here), and at a warp exchange (a
+ *     shuffle such as __shfl_xor_sync, or __syncwarp), which releases the
+ *     lanes its mask names once all have arrived with the same mask, each
+ *     with the value of the lane it read (a lane outside the mask reads NaN:
+ *     undefined on a GPU); then the next thread is drawn at random among
+ *     those that can run. So shared memory, barriers and shuffles work as on a
+ *     GPU, and a kernel that reads what another thread has not yet written (a
+ *     missing barrier) reads NaN or another run's value. Lanes that disagree on
+ *     a mask, a mask naming a lane that has returned or does not exist, and
+ *     threads that all wait for each other, are faults.
  *     Built with -DCUDA_ON_CPU_THREADS, a block's threads are POSIX threads
  *     instead, all running at once (make test-threads runs the companion's
  *     tests so under ThreadSanitizer, which then sees any data race).
@@ -23,16 +27,33 @@
  *     should have been written and was not poisons every result that reads it.
  *     Device memory is mapped unreadable except during a copy, a kernel or a
  *     cuBLAS call: host code that reads it (loss = *device_pointer) stops with
- *     a message naming the allocation. A block's shared memory ends at an
- *     unreadable page: an index past it stops the launch as an illegal
- *     address. A cuBLAS call whose operands reach outside their allocations,
- *     or a copy that does, is refused.
+ *     a message naming the allocation. Each allocation ends at an unreadable
+ *     page; a program that carves tensors out of one allocation names them
+ *     (cpu_guard_tensor), and each then ends at an unreadable page of its own,
+ *     so that a kernel, copy or cuBLAS call reaching past one tensor into its
+ *     neighbour stops there, named. A block's shared memory ends at an
+ *     unreadable page (an index past it stops the launch as an illegal
+ *     address) and starts after a band of marked bytes that ends at one
+ *     below: a write below the start is caught when the block ends, a read
+ *     there reads NaN. A cuBLAS call whose operands reach outside their
+ *     allocation or tensor, or a copy that does, is refused.
  *   - Launches are checked as a GPU checks them: a grid of at least one block
  *     (at most 2^31 - 1 by 65535 by 65535), at most 1024 threads per block, at
  *     most 48 KB of dynamic shared memory unless the kernel opted in with
  *     cudaFuncSetAttribute (then up to 227 KB, an H100's limit). A refused
  *     launch, or a fault, is returned by cudaGetLastError as on a GPU; a fault
  *     is sticky: every later call returns it.
+ *   - Streams and CUDA graphs. Work on a stream runs when it is asked for (the
+ *     emulator is synchronous), except while the stream captures a graph
+ *     (cudaStreamBeginCapture): then kernels, cuBLAS calls, copies and memsets
+ *     are recorded, with their arguments as they are at that moment (cuBLAS's
+ *     alpha and beta too), and cudaGraphLaunch replays the record. Whatever a
+ *     captured step reads from host variables is therefore frozen, as on a
+ *     GPU. What a capture in cudaStreamCaptureModeGlobal forbids is refused and
+ *     spoils the capture (cudaStreamEndCapture then fails): a blocking copy or
+ *     memset, cudaMalloc, cudaFree, a synchronisation, work on the legacy
+ *     default stream (a launch or cuBLAS call without the stream), and an
+ *     asynchronous copy from host memory that cudaMallocHost did not give.
  *   - cublasSgemm and cublasSgemmStridedBatched are plain column-major loops
  *     that honour the transposes, leading dimensions, alpha, beta and batch
  *     strides as the cuBLAS documentation defines them:
@@ -41,23 +62,26 @@
  *         element (i, j) of a matrix X with leading dimension ldx is X[i + j*ldx];
  *     when beta is 0, C is not read (it may hold NaN); a call cuBLAS would
  *     refuse (a negative size, a leading dimension too small) returns
- *     CUBLAS_STATUS_INVALID_VALUE here too.
+ *     CUBLAS_STATUS_INVALID_VALUE here too. They run on the handle's stream
+ *     (cublasSetStream); cublasSetWorkspace must give device memory.
  *
  * A kernel is an ordinary C function. Each one is followed in transformer_cuda.cu
  * by CPU_KERNEL(name, its parameter types...), which makes the function that
  * starts one thread of it from a packed copy of the launch's arguments
  * (C has no closures); a static assertion checks the types against the
- * kernel's own. nvcc never sees any of this.
+ * kernel's own. nvcc never sees any of this. __launch_bounds__ is nvcc's alone
+ * (make cuda checks each kernel's registers against it).
  *
  * For the tests: faults to inject (cpu_test_faults: a kernel's launches
  * skipped or replaced, its barriers skipped, its shared memory 16 bytes
  * short), cpu_catches_fault() that runs a function and reports a fault
- * instead of stopping, cpu_seed() for the thread order, and cuda_on_cpu.execute = 0,
- * which checks and counts every call but computes nothing (the benchmark's
- * counts of a model too large to run here).
+ * instead of stopping, cpu_seed() for the thread order, and
+ * cuda_on_cpu.execute = 0, which checks and counts every call but computes
+ * nothing (the benchmark's counts of a model too large to run here).
  * What this cannot show is what only a GPU does: its speed, its own rounding
- * (TF32, fused multiply-adds, the order cuBLAS sums in), and races between
- * threads of different blocks. `make test-cuda` runs the real thing.
+ * (TF32, fused multiply-adds, the order cuBLAS sums in), races between
+ * threads of different blocks, and races between threads of one block in the
+ * fibers (make test-threads shows those). `make test-cuda` runs the real thing.
  */
 #ifndef CUDA_ON_CPU_H
 #define CUDA_ON_CPU_H
@@ -83,6 +107,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(...)   // nvcc's: make cuda checks each kernel's registers against it
 
 // ---- AddressSanitizer and fibers ----------------------------------------------
 // A switch from one stack to another is announced to AddressSanitizer, which
@@ -174,7 +199,8 @@ static inline dim3 cpu_dim3_x(unsigned x) { dim3 d = { x, 1, 1 }; return d; }
 
 typedef enum {
     cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
-    cudaErrorIllegalAddress = 700
+    cudaErrorIllegalState = 401, cudaErrorIllegalAddress = 700, cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901, cudaErrorStreamCaptureImplicit = 906
 } cudaError_t;
 
 static inline const char *cudaGetErrorString(cudaError_t error) {
@@ -183,29 +209,77 @@ static inline const char *cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing "
+                                                "blocking stream";
     }
     return "unknown error";
 }
 
 // ---- the emulator's state -----------------------------------------------------
 
+// A tensor a program carved out of an allocation and named (cpu_guard_tensor):
+// [start, start + bytes), then a page that no kernel, copy or cuBLAS call may touch.
+typedef struct { const char *name; char *start; size_t bytes; } CpuTensor;
+
 typedef struct {
     char *start;          // its pages: [start, start + span), then a page never made readable
     size_t span;
     char *pointer;        // what cudaMalloc returned: its last byte ends the span (to 256 bytes)
     size_t bytes;         // asked for
+    CpuTensor *tensors;   // carved inside it, in address order; none: the allocation is one region
+    int tensor_count, tensor_capacity;
 } CpuAllocation;
 
 // Faults the tests inject, to show that a check catches them (NULL: none).
 static struct {
     const char *launch_skipped;            // every launch of the kernel named here does nothing
-    const char *barriers_skipped;          // __syncthreads does nothing in this kernel
+    const char *barriers_skipped;          // __syncthreads and __syncwarp do nothing in this kernel
     const char *shared_memory_short;       // this kernel gets 16 bytes less shared memory than it asks
                                            // (a multiple of 16 keeps the alignment a GPU gives)
     const char *launch_replaced;           // this kernel's threads run another kernel's of the same
     void (*replacement)(const void *args); //   parameters instead (its kernel_cpu_thread)
 } cpu_test_faults;
+
+// One piece of work a stream runs, as a graph records it: a kernel launch
+// (its arguments copied), a cuBLAS call (its scalars read, as cuBLAS reads
+// host scalars at the call), a copy of `height` rows of `width` bytes, rows
+// `to_pitch` and `from_pitch` apart (one row: a plain copy), or a memset of
+// `width` bytes to `value`.
+typedef struct {
+    const char *call;
+    void *handle;   // a cublasHandle_t
+    int transa, transb, m, n, k, lda, ldb, ldc, count;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    long long stride_a, stride_b, stride_c;
+} CpuGemm;
+typedef enum { CPU_WORK_KERNEL, CPU_WORK_GEMM, CPU_WORK_COPY, CPU_WORK_MEMSET } CpuWorkKind;
+typedef struct {
+    CpuWorkKind kind;
+    const char *call;   // a copy's or memset's name, for messages
+    const char *kernel;
+    void (*thread)(const void *);
+    void *args;
+    size_t args_size;
+    dim3 grid, block;
+    size_t shared_bytes;
+    CpuGemm gemm;
+    void *to;
+    const void *from;
+    size_t to_pitch, from_pitch, width, height;
+    int copy_kind, value;
+} CpuWork;
+typedef struct CpuGraph { CpuWork *work; int count, capacity; } CpuGraph;
+typedef struct CpuGraph *cudaGraph_t;
+typedef struct CpuGraphExec { CpuGraph graph; } *cudaGraphExec_t;
+// A stream: capturing into `graph` between cudaStreamBeginCapture and
+// cudaStreamEndCapture; spoilt by a call the capture refused.
+typedef struct CpuStream { int capturing, spoilt; CpuGraph *graph; } *cudaStream_t;   // NULL: the legacy stream
 
 static struct {
     int ready;
@@ -218,16 +292,22 @@ static struct {
     CpuAllocation *allocations;   // the live ones
     int allocation_count, allocation_capacity;
     const char *open_for;         // the copy, kernel or cuBLAS call that device memory is open for; NULL: closed
+    struct { char *start; size_t bytes; } *pinned;   // cudaMallocHost's blocks
+    int pinned_count, pinned_capacity;
+    cudaStream_t capturing;       // the stream capturing a graph (one at a time here); NULL: none
     cudaError_t last_error, sticky_error;
     char message[512];            // the last fault or refusal, said in full
     sigjmp_buf recovery;          // cpu_catches_fault's
     volatile sig_atomic_t catching;
     struct sigaction earlier_segv;
-    char *shared_region;          // shared memory: a block's bytes end at the region's last page, unreadable
+    int pkey;                     // the protection key of device memory's pages; -1: none (mprotect instead)
+    char *shared_region;          // shared memory: a guard page, a marked band, a block's bytes, a guard page
     size_t shared_region_size;
+    struct { size_t pages; char *region; } shared_regions[8];   // one such region per size, in pages
+    int shared_region_count;
     struct { const char *kernel; int bytes; } shared_opt_in[32];
     int shared_opt_in_count;
-} cuda_on_cpu = { .execute = 1, .zero_file = -1 };
+} cuda_on_cpu = { .execute = 1, .zero_file = -1, .pkey = -1 };
 
 static inline void cpu_seed(uint64_t seed) { cuda_on_cpu.random = seed * 0x9E3779B97F4A7C15ULL + 1; }
 
@@ -254,8 +334,25 @@ static inline void cpu_protect(char *start, size_t bytes, int protection) {
     if (mprotect(start, bytes, protection) != 0) cpu_die("mprotect failed");
 }
 
+// Grows a list of `size`-byte items to hold one more (C has no templates).
+static inline void *cpu_grow(void *list, int count, int *capacity, size_t size, const char *what) {
+    if (count < *capacity) return list;
+    *capacity = *capacity ? 2 * *capacity : 16;
+    list = realloc(list, (size_t)*capacity * size);
+    if (!list) cpu_die(what);
+    return list;
+}
+
+// Memory protection keys (x86's PKU, Linux 4.9 on, glibc 2.27 on): weak, so
+// that the emulator builds and runs where they are missing (then NULL).
+int pkey_alloc(unsigned int flags, unsigned int access_rights) __attribute__((weak));
+int pkey_set(int pkey, unsigned int access_rights) __attribute__((weak));
+int pkey_mprotect(void *address, size_t bytes, int protection, int pkey) __attribute__((weak));
+#define CPU_PKEY_DISABLE_ACCESS 1u
+
 static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ...);
 static inline void cpu_fault_finish(int in_launch);
+static inline void cpu_fault_after_block(cudaError_t error, const char *format, ...);
 static inline void cpu_segv(int signal_number, siginfo_t *info, void *context);
 
 static inline void cpu_start(void) {
@@ -270,6 +367,11 @@ static inline void cpu_start(void) {
     for (*size = (size_t)1 << 38; *size >= ((size_t)1 << 30); *size /= 2)
         if ((cuda_on_cpu.reserved = cpu_map(NULL, *size, PROT_NONE)) != NULL) break;
     if (!cuda_on_cpu.reserved) cpu_die("cannot reserve address space for device memory");
+    // Closing and opening device memory happens at every kernel, copy and
+    // cuBLAS call: with a protection key it is one write of this thread's key
+    // register, no system call (CUDA_ON_CPU_NO_PKEYS=1: mprotect, as where there are none).
+    if (pkey_alloc && pkey_set && pkey_mprotect && !getenv("CUDA_ON_CPU_NO_PKEYS"))
+        cuda_on_cpu.pkey = pkey_alloc(0, CPU_PKEY_DISABLE_ACCESS);
     const char *seed = getenv("CUDA_ON_CPU_SEED");
     if (!cuda_on_cpu.random) cpu_seed(seed ? strtoull(seed, NULL, 10) : 1);
     struct sigaction action;
@@ -280,33 +382,135 @@ static inline void cpu_start(void) {
     sigaction(SIGSEGV, &action, &cuda_on_cpu.earlier_segv);
 }
 
+// The page size, in bytes: a program that carves tensors for cpu_guard_tensor lays them out by it.
+static inline size_t cpu_page_bytes(void) { cpu_start(); return cuda_on_cpu.page; }
+
 // ---- device memory --------------------------------------------------------------
 
 static inline size_t cpu_round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 
+// Device memory is closed (unreadable) except while a copy, a kernel or a
+// cuBLAS call runs. With a protection key every device page carries the key,
+// each guard page is PROT_NONE for good, and opening or closing is one write
+// of the thread's key register. Without one, each allocation's pages are
+// mprotect-ed: closed at once, opened piece by piece around its guard pages.
+static inline void cpu_key_access(int open) {
+    if (pkey_set(cuda_on_cpu.pkey, open ? 0 : CPU_PKEY_DISABLE_ACCESS) != 0) cpu_die("pkey_set failed");
+}
+static inline void cpu_key_protect(char *start, size_t bytes, int protection) {
+    if (pkey_mprotect(start, bytes, protection, cuda_on_cpu.pkey) != 0) cpu_die("pkey_mprotect failed");
+}
+
+// An allocation's pages readable and writable, except each named tensor's guard page (no key).
+static inline void cpu_open_allocation(const CpuAllocation *a) {
+    char *from = a->start;
+    for (int t = 0; t < a->tensor_count; t++) {
+        char *guard = a->tensors[t].start + a->tensors[t].bytes;
+        if (guard > from) cpu_protect(from, (size_t)(guard - from), PROT_READ | PROT_WRITE);
+        from = guard + cuda_on_cpu.page;
+    }
+    if (a->start + a->span > from) cpu_protect(from, (size_t)(a->start + a->span - from), PROT_READ | PROT_WRITE);
+}
+
 // Device memory readable and writable for `what` (a copy, a kernel, a cuBLAS
 // call), or unreadable again (what NULL).
 static inline void cpu_device_open(const char *what) {
+    int was_open = cuda_on_cpu.open_for != NULL;
     cuda_on_cpu.open_for = what;
-    if (!cuda_on_cpu.execute) return;
-    int protection = what ? PROT_READ | PROT_WRITE : PROT_NONE;
-    for (int i = 0; i < cuda_on_cpu.allocation_count; i++)
-        cpu_protect(cuda_on_cpu.allocations[i].start, cuda_on_cpu.allocations[i].span, protection);
-}
-
-// The live allocation holding [p, p + bytes), or NULL.
-static inline const CpuAllocation *cpu_allocation_of(const void *p, size_t bytes) {
-    const char *c = (const char *)p;
+    if (!cuda_on_cpu.execute || was_open == (what != NULL)) return;
+    if (cuda_on_cpu.pkey >= 0) { cpu_key_access(what != NULL); return; }
     for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
         const CpuAllocation *a = &cuda_on_cpu.allocations[i];
-        if (c >= a->pointer && c <= a->pointer + a->bytes && bytes <= (size_t)(a->pointer + a->bytes - c)) return a;
+        if (what) cpu_open_allocation(a);
+        else cpu_protect(a->start, a->span, PROT_NONE);
+    }
+}
+
+// The live allocation whose pages hold p (its guard pages included), or NULL.
+static inline CpuAllocation *cpu_allocation_at(const void *p) {
+    const char *c = (const char *)p;
+    for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
+        CpuAllocation *a = &cuda_on_cpu.allocations[i];
+        if (c >= a->start && c < a->start + a->span) return a;
     }
     return NULL;
+}
+
+// The region [p, p + bytes) must stay in: the named tensor of an allocation
+// that holds p, or the allocation when it has none; NULL when p is in neither
+// (outside every allocation, or in a guard page). *end is where it ends.
+static inline const char *cpu_region_of(const void *p, const char **end, const char **tensor_name) {
+    const char *c = (const char *)p;
+    const CpuAllocation *a = cpu_allocation_at(p);
+    *tensor_name = NULL;
+    if (!a || c < a->pointer) return NULL;
+    if (a->tensor_count == 0) { *end = a->pointer + a->bytes; return a->pointer; }
+    for (int t = 0; t < a->tensor_count; t++) {
+        const CpuTensor *x = &a->tensors[t];
+        if (c >= x->start && c <= x->start + x->bytes) { *end = x->start + x->bytes; *tensor_name = x->name; return x->start; }
+    }
+    return NULL;
+}
+
+// Whether [p, p + bytes) lies inside one region (cpu_region_of); if not, `why`
+// gets the tensor or allocation it reaches out of.
+static inline int cpu_inside_region(const void *p, size_t bytes, char *why, size_t why_size) {
+    const char *end, *name;
+    const char *start = cpu_region_of(p, &end, &name);
+    if (start && bytes <= (size_t)(end - (const char *)p)) return 1;
+    if (!start) snprintf(why, why_size, "outside every device allocation and tensor");
+    else if (name) snprintf(why, why_size, "outside tensor %s (%zu bytes) of its device allocation", name,
+                            (size_t)(end - start));
+    else snprintf(why, why_size, "outside its device allocation (%zu bytes)", (size_t)(end - start));
+    return 0;
 }
 
 static inline int cpu_in_reserved(const void *p) {
     const char *c = (const char *)p, *start = cuda_on_cpu.reserved;
     return start && c >= start && c < start + cuda_on_cpu.reserved_size;
+}
+
+// For a program that carves tensors out of one allocation (transformer_cuda.cu's
+// carve): the `bytes` at start are a tensor called `name`, and the page after
+// them a guard no kernel, copy or cuBLAS call may touch. The tensor must end
+// where a page starts, that page must be in the allocation, and tensors must
+// be named in address order. cpu_forget_tensors(allocation) drops them all
+// (before the allocation is carved again another way).
+static inline void cpu_guard_tensor(const void *start, size_t bytes, const char *name) {
+    char *c = (char *)start;
+    CpuAllocation *a = cpu_allocation_at(start);
+    if (!a || c + bytes < a->pointer || c + bytes + cuda_on_cpu.page > a->start + a->span)
+        cpu_die("cpu_guard_tensor: the tensor and its guard page are not inside one allocation");
+    if ((uintptr_t)(c + bytes) % cuda_on_cpu.page != 0) cpu_die("cpu_guard_tensor: the tensor does not end at a page");
+    if (a->tensor_count > 0) {
+        const CpuTensor *last = &a->tensors[a->tensor_count - 1];
+        if (c < last->start + last->bytes + cuda_on_cpu.page) cpu_die("cpu_guard_tensor: tensors out of address order");
+    }
+    a->tensors = (CpuTensor *)cpu_grow(a->tensors, a->tensor_count, &a->tensor_capacity, sizeof(CpuTensor),
+                                       "out of memory for the list of tensors");
+    CpuTensor t = { name, c, bytes };
+    a->tensors[a->tensor_count++] = t;
+    if (!cuda_on_cpu.execute) return;
+    if (cuda_on_cpu.pkey >= 0) cpu_key_protect(c + bytes, cuda_on_cpu.page, PROT_NONE);
+    else if (cuda_on_cpu.open_for) cpu_protect(c + bytes, cuda_on_cpu.page, PROT_NONE);
+}
+static inline void cpu_forget_tensors(const void *allocation) {
+    CpuAllocation *a = cpu_allocation_at(allocation);
+    if (!a) return;
+    for (int t = 0; t < a->tensor_count && cuda_on_cpu.execute && cuda_on_cpu.pkey >= 0; t++)
+        cpu_key_protect(a->tensors[t].start + a->tensors[t].bytes, cuda_on_cpu.page, PROT_READ | PROT_WRITE);
+    a->tensor_count = 0;
+}
+
+// The capture under way refuses `call` (it would not be recorded, or it waits
+// for the GPU: cudaStreamCaptureModeGlobal) and is spoilt; cudaSuccess when
+// no capture is under way.
+static inline cudaError_t cpu_capture_forbids(const char *call) {
+    if (!cuda_on_cpu.capturing) return cudaSuccess;
+    cuda_on_cpu.capturing->spoilt = 1;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s while a stream captures a graph: a GPU refuses "
+             "it (cudaStreamCaptureModeGlobal), and the capture fails", call);
+    return cudaErrorStreamCaptureUnsupported;
 }
 
 // Every allocation is its own pages, its end at their end, then a page never
@@ -316,24 +520,25 @@ static inline int cpu_in_reserved(const void *p) {
 static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     cpu_start();
     *pointer = NULL;
+    cudaError_t refused = cpu_capture_forbids("cudaMalloc");
+    if (refused) return refused;
     if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
     size_t rounded = cpu_round_up(bytes ? bytes : 1, 256), span = cpu_round_up(rounded, cuda_on_cpu.page);
     if (span + cuda_on_cpu.page > cuda_on_cpu.reserved_size - cuda_on_cpu.reserved_used) return cudaErrorMemoryAllocation;
-    int *capacity = &cuda_on_cpu.allocation_capacity;
-    if (cuda_on_cpu.allocation_count == *capacity) {
-        *capacity = *capacity ? 2 * *capacity : 64;
-        size_t bytes_of_list = (size_t)*capacity * sizeof(CpuAllocation);
-        cuda_on_cpu.allocations = (CpuAllocation *)realloc(cuda_on_cpu.allocations, bytes_of_list);
-        if (!cuda_on_cpu.allocations) cpu_die("out of memory for the list of allocations");
-    }
-    CpuAllocation a = { cuda_on_cpu.reserved + cuda_on_cpu.reserved_used, span, NULL, bytes };
+    cuda_on_cpu.allocations = (CpuAllocation *)cpu_grow(cuda_on_cpu.allocations, cuda_on_cpu.allocation_count,
+                                                        &cuda_on_cpu.allocation_capacity, sizeof(CpuAllocation),
+                                                        "out of memory for the list of allocations");
+    CpuAllocation a = { cuda_on_cpu.reserved + cuda_on_cpu.reserved_used, span, NULL, bytes, NULL, 0, 0 };
     a.pointer = a.start + span - rounded;
     cuda_on_cpu.reserved_used += span + cuda_on_cpu.page;
     if (cuda_on_cpu.execute) {
-        cpu_protect(a.start, span, PROT_READ | PROT_WRITE);
+        int key = cuda_on_cpu.pkey >= 0;
+        if (key) { cpu_key_protect(a.start, span, PROT_READ | PROT_WRITE); cpu_key_access(1); }
+        else cpu_protect(a.start, span, PROT_READ | PROT_WRITE);
         float *f = (float *)a.pointer;
         for (size_t i = 0; i < rounded / sizeof(float); i++) f[i] = NAN;
-        cpu_protect(a.start, span, PROT_NONE);
+        if (key) cpu_key_access(cuda_on_cpu.open_for != NULL);
+        else cpu_protect(a.start, span, cuda_on_cpu.open_for ? PROT_READ | PROT_WRITE : PROT_NONE);
     }
     cuda_on_cpu.allocations[cuda_on_cpu.allocation_count++] = a;
     *pointer = a.pointer;
@@ -342,22 +547,62 @@ static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
 
 static inline cudaError_t cudaFree(void *pointer) {
     if (!pointer) return cudaSuccess;
+    cudaError_t refused = cpu_capture_forbids("cudaFree");
+    if (refused) return refused;
     for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
         CpuAllocation *a = &cuda_on_cpu.allocations[i];
         if (a->pointer != (char *)pointer) continue;
         if (!cpu_map(a->start, a->span, PROT_NONE)) cpu_die("cannot unmap freed device memory");
+        free(a->tensors);
         *a = cuda_on_cpu.allocations[--cuda_on_cpu.allocation_count];
         return cudaSuccess;
     }
     return cudaErrorInvalidValue;   // not from cudaMalloc, or freed already
 }
 
-// A copy's or a memset's device side: all of it inside one allocation.
+// Page-locked host memory (cudaMallocHost): plain memory here, listed, because
+// a graph may copy only from or to such memory.
+static inline cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
+    cpu_start();
+    *pointer = NULL;
+    cudaError_t refused = cpu_capture_forbids("cudaMallocHost");
+    if (refused) return refused;
+    char *block = (char *)malloc(bytes ? bytes : 1);
+    if (!block) return cudaErrorMemoryAllocation;
+    cuda_on_cpu.pinned = cpu_grow(cuda_on_cpu.pinned, cuda_on_cpu.pinned_count, &cuda_on_cpu.pinned_capacity,
+                                  sizeof *cuda_on_cpu.pinned, "out of memory for the list of host blocks");
+    cuda_on_cpu.pinned[cuda_on_cpu.pinned_count].start = block;
+    cuda_on_cpu.pinned[cuda_on_cpu.pinned_count++].bytes = bytes;
+    *pointer = block;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaFreeHost(void *pointer) {
+    if (!pointer) return cudaSuccess;
+    cudaError_t refused = cpu_capture_forbids("cudaFreeHost");
+    if (refused) return refused;
+    for (int i = 0; i < cuda_on_cpu.pinned_count; i++)
+        if (cuda_on_cpu.pinned[i].start == (char *)pointer) {
+            free(pointer);
+            cuda_on_cpu.pinned[i] = cuda_on_cpu.pinned[--cuda_on_cpu.pinned_count];
+            return cudaSuccess;
+        }
+    return cudaErrorInvalidValue;
+}
+static inline int cpu_pinned(const void *p, size_t bytes) {
+    const char *c = (const char *)p;
+    for (int i = 0; i < cuda_on_cpu.pinned_count; i++)
+        if (c >= cuda_on_cpu.pinned[i].start && bytes <= cuda_on_cpu.pinned[i].bytes &&
+            c - cuda_on_cpu.pinned[i].start <= (ptrdiff_t)(cuda_on_cpu.pinned[i].bytes - bytes)) return 1;
+    return 0;
+}
+
+// A copy's or a memset's device side: all of it inside one region (an allocation, or a tensor of one).
 static inline cudaError_t cpu_check_device(const void *p, size_t bytes, const char *call, const char *side) {
     if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
-    if (bytes == 0 || cpu_allocation_of(p, bytes)) return cudaSuccess;
-    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
-             "%s: its %s (%p, %zu bytes) is not inside one device allocation", call, side, p, bytes);
+    char why[160];
+    if (bytes == 0 || cpu_inside_region(p, bytes, why, sizeof why)) return cudaSuccess;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: its %s (%p, %zu bytes) reaches %s", call, side, p,
+             bytes, why);
     return cudaErrorInvalidValue;
 }
 
@@ -382,37 +627,215 @@ static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *
     return e;
 }
 
-static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
-    cudaError_t e = cpu_check_copy(to, bytes, from, bytes, kind, "cudaMemcpy");
-    if (e != cudaSuccess || !cuda_on_cpu.execute || bytes == 0) return e;
-    cpu_device_open("cudaMemcpy");
-    memcpy(to, from, bytes);
-    cpu_device_open(NULL);
+// ---- streams and graph capture --------------------------------------------------
+
+// Where work given to stream s goes: 1, into the graph s is capturing; 0, run
+// now; -1, refused: the legacy stream while another stream captures (it would
+// wait for that stream's work, which never runs: cudaErrorStreamCaptureImplicit),
+// which spoils the capture.
+static inline int cpu_stream_route(cudaStream_t s, const char *call) {
+    if (s && s->capturing) return 1;
+    if (s || !cuda_on_cpu.capturing) return 0;
+    cuda_on_cpu.capturing->spoilt = 1;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on the legacy default stream while a stream "
+             "captures a graph (give it the capturing stream): a GPU refuses it, and the capture fails", call);
+    return -1;
+}
+
+// A new piece of work at the end of the graph s is capturing.
+static inline CpuWork *cpu_record(cudaStream_t s, CpuWorkKind kind) {
+    CpuGraph *g = s->graph;
+    g->work = (CpuWork *)cpu_grow(g->work, g->count, &g->capacity, sizeof(CpuWork), "out of memory for a graph");
+    CpuWork *w = &g->work[g->count++];
+    memset(w, 0, sizeof *w);
+    w->kind = kind;
+    return w;
+}
+
+static inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    cpu_start();
+    *s = (cudaStream_t)calloc(1, sizeof **s);
+    return *s ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+static inline void cpu_graph_free(CpuGraph *g) {
+    for (int i = 0; g && i < g->count; i++) free(g->work[i].args);
+    if (g) free(g->work);
+}
+
+static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return cudaErrorInvalidValue;
+    if (s->capturing) return cudaErrorIllegalState;
+    free(s);
     return cudaSuccess;
 }
 
-// `height` rows of `width` bytes, `pitch` bytes apart on each side
-static inline cudaError_t cudaMemcpy2D(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
-                                       size_t height, cudaMemcpyKind kind) {
-    if (width > to_pitch || width > from_pitch) return cudaErrorInvalidValue;
-    size_t to_span = height ? (height - 1) * to_pitch + width : 0;
-    size_t from_span = height ? (height - 1) * from_pitch + width : 0;
-    cudaError_t e = cpu_check_copy(to, to_span, from, from_span, kind, "cudaMemcpy2D");
-    if (e != cudaSuccess || !cuda_on_cpu.execute || width == 0) return e;
-    cpu_device_open("cudaMemcpy2D");
+// The emulator's work is done when it is asked for (or recorded): waiting
+// returns the sticky error, except during a capture, which forbids it.
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    (void)s;
+    cudaError_t refused = cpu_capture_forbids("cudaStreamSynchronize");
+    return refused ? refused : cuda_on_cpu.sticky_error;
+}
+static inline cudaError_t cudaDeviceSynchronize(void) {
+    cudaError_t refused = cpu_capture_forbids("cudaDeviceSynchronize");
+    return refused ? refused : cuda_on_cpu.sticky_error;
+}
+
+typedef enum {
+    cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2
+} cudaStreamCaptureMode;
+
+static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    if (!s) return cudaErrorStreamCaptureUnsupported;   // the legacy stream cannot capture
+    if (mode != cudaStreamCaptureModeGlobal) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamBeginCapture: the emulator models "
+                 "cudaStreamCaptureModeGlobal only");
+        return cudaErrorInvalidValue;
+    }
+    if (cuda_on_cpu.capturing) return cudaErrorIllegalState;   // one capture at a time here
+    s->graph = (CpuGraph *)calloc(1, sizeof(CpuGraph));
+    if (!s->graph) return cudaErrorMemoryAllocation;
+    s->capturing = 1;
+    s->spoilt = 0;
+    cuda_on_cpu.capturing = s;
+    return cudaSuccess;
+}
+
+// The graph recorded since cudaStreamBeginCapture, or NULL and
+// cudaErrorStreamCaptureInvalidated when a refused call spoilt it.
+static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    *graph = NULL;
+    if (!s || !s->capturing) return cudaErrorIllegalState;
+    s->capturing = 0;
+    cuda_on_cpu.capturing = NULL;
+    if (s->spoilt) {
+        cpu_graph_free(s->graph);
+        free(s->graph);
+        s->graph = NULL;
+        return cudaErrorStreamCaptureInvalidated;
+    }
+    *graph = s->graph;
+    s->graph = NULL;
+    return cudaSuccess;
+}
+
+static inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    cpu_graph_free(graph);
+    free(graph);
+    return cudaSuccess;
+}
+
+// An executable copy of the graph (its launches' arguments copied too): the
+// graph may be destroyed and the copy still runs.
+static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    *exec = NULL;
+    if (!graph || flags != 0) return cudaErrorInvalidValue;
+    cudaGraphExec_t e = (cudaGraphExec_t)calloc(1, sizeof *e);
+    if (!e) return cudaErrorMemoryAllocation;
+    e->graph.count = e->graph.capacity = graph->count;
+    e->graph.work = (CpuWork *)calloc((size_t)(graph->count ? graph->count : 1), sizeof(CpuWork));
+    if (!e->graph.work) cpu_die("out of memory for a graph");
+    for (int i = 0; i < graph->count; i++) {
+        CpuWork *w = &e->graph.work[i];
+        *w = graph->work[i];
+        if (!w->args) continue;
+        w->args = malloc(w->args_size);
+        if (!w->args) cpu_die("out of memory for a graph");
+        memcpy(w->args, graph->work[i].args, w->args_size);
+    }
+    *exec = e;
+    return cudaSuccess;
+}
+
+// ---- copies and memsets ---------------------------------------------------------
+
+// A copy's bytes, once checked: `height` rows of `width` bytes, `pitch` apart on each side.
+static inline void cpu_copy_run(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
+                                size_t height, const char *call) {
+    if (!cuda_on_cpu.execute || width == 0) return;
+    cpu_device_open(call);
     for (size_t row = 0; row < height; row++)
         memcpy((char *)to + row * to_pitch, (const char *)from + row * from_pitch, width);
     cpu_device_open(NULL);
+}
+
+// Every copy: checked, then run now or recorded into the capturing stream's
+// graph. `blocking`: cudaMemcpy and cudaMemcpy2D, which a capture forbids; an
+// asynchronous copy captured into a graph must have its host side in
+// cudaMallocHost's memory (the graph reads or writes it when it runs).
+static inline cudaError_t cpu_copy(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
+                                   size_t height, cudaMemcpyKind kind, cudaStream_t stream, int blocking,
+                                   const char *call) {
+    if (width > to_pitch || width > from_pitch) return cudaErrorInvalidValue;
+    cudaError_t e = blocking ? cpu_capture_forbids(call) : cudaSuccess;
+    if (e != cudaSuccess) return e;
+    size_t to_span = height ? (height - 1) * to_pitch + width : 0;
+    size_t from_span = height ? (height - 1) * from_pitch + width : 0;
+    e = cpu_check_copy(to, to_span, from, from_span, kind, call);
+    if (e != cudaSuccess) return e;
+    int route = blocking ? 0 : cpu_stream_route(stream, call);
+    if (route < 0) return cudaErrorStreamCaptureImplicit;
+    if (route > 0) {
+        const void *host = kind == cudaMemcpyHostToDevice ? from : kind == cudaMemcpyDeviceToHost ? to : NULL;
+        if (host && !cpu_pinned(host, kind == cudaMemcpyHostToDevice ? from_span : to_span)) {
+            stream->spoilt = 1;
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s of host memory that cudaMallocHost did "
+                     "not give, into a graph: a GPU refuses it, and the capture fails", call);
+            return cudaErrorStreamCaptureUnsupported;
+        }
+        CpuWork *w = cpu_record(stream, CPU_WORK_COPY);
+        w->call = call; w->to = to; w->from = from; w->to_pitch = to_pitch; w->from_pitch = from_pitch;
+        w->width = width; w->height = height; w->copy_kind = (int)kind;
+        return cudaSuccess;
+    }
+    cpu_copy_run(to, to_pitch, from, from_pitch, width, height, call);
     return cudaSuccess;
 }
 
-static inline cudaError_t cudaMemset(void *to, int value, size_t bytes) {
-    cudaError_t e = cpu_check_device(to, bytes, "cudaMemset", "destination");
-    if (e != cudaSuccess || !cuda_on_cpu.execute || bytes == 0) return e;
-    cpu_device_open("cudaMemset");
+static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
+    return cpu_copy(to, bytes, from, bytes, bytes, 1, kind, NULL, 1, "cudaMemcpy");
+}
+static inline cudaError_t cudaMemcpyAsync(void *to, const void *from, size_t bytes, cudaMemcpyKind kind,
+                                          cudaStream_t stream) {
+    return cpu_copy(to, bytes, from, bytes, bytes, 1, kind, stream, 0, "cudaMemcpyAsync");
+}
+// `height` rows of `width` bytes, `pitch` bytes apart on each side
+static inline cudaError_t cudaMemcpy2D(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
+                                       size_t height, cudaMemcpyKind kind) {
+    return cpu_copy(to, to_pitch, from, from_pitch, width, height, kind, NULL, 1, "cudaMemcpy2D");
+}
+static inline cudaError_t cudaMemcpy2DAsync(void *to, size_t to_pitch, const void *from, size_t from_pitch,
+                                            size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream) {
+    return cpu_copy(to, to_pitch, from, from_pitch, width, height, kind, stream, 0, "cudaMemcpy2DAsync");
+}
+
+static inline void cpu_memset_run(void *to, int value, size_t bytes, const char *call) {
+    if (!cuda_on_cpu.execute || bytes == 0) return;
+    cpu_device_open(call);
     memset(to, value, bytes);
     cpu_device_open(NULL);
+}
+static inline cudaError_t cpu_memset(void *to, int value, size_t bytes, cudaStream_t stream, int blocking,
+                                     const char *call) {
+    cudaError_t e = blocking ? cpu_capture_forbids(call) : cudaSuccess;
+    if (e == cudaSuccess) e = cpu_check_device(to, bytes, call, "destination");
+    if (e != cudaSuccess) return e;
+    int route = blocking ? 0 : cpu_stream_route(stream, call);
+    if (route < 0) return cudaErrorStreamCaptureImplicit;
+    if (route > 0) {
+        CpuWork *w = cpu_record(stream, CPU_WORK_MEMSET);
+        w->call = call; w->to = to; w->value = value; w->width = bytes;
+        return cudaSuccess;
+    }
+    cpu_memset_run(to, value, bytes, call);
     return cudaSuccess;
+}
+static inline cudaError_t cudaMemset(void *to, int value, size_t bytes) {
+    return cpu_memset(to, value, bytes, NULL, 1, "cudaMemset");
+}
+static inline cudaError_t cudaMemsetAsync(void *to, int value, size_t bytes, cudaStream_t stream) {
+    return cpu_memset(to, value, bytes, stream, 0, "cudaMemsetAsync");
 }
 
 // The "device" is the host; its name says so. The limits are an H100's.
@@ -440,7 +863,6 @@ static inline cudaError_t cudaGetLastError(void) {
     cuda_on_cpu.last_error = cudaSuccess;
     return e;
 }
-static inline cudaError_t cudaDeviceSynchronize(void) { return cuda_on_cpu.sticky_error; }
 
 typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
 // The kernel by name: C cannot take a kernel's address as CUDA's template does.
@@ -485,22 +907,54 @@ static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ..
     abort();
 }
 
+// A fault found when a block has ended (a write below its shared memory): the
+// launch fails with it, as with a fault inside the block.
+static inline void cpu_fault_after_block(cudaError_t error, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, format, args);
+    va_end(args);
+    cuda_on_cpu.sticky_error = error;
+    cpu_fault_finish(1);
+}
+
+// The tensor whose guard page holds `address`, or NULL.
+static inline const CpuTensor *cpu_guarded_tensor(const char *address) {
+    const CpuAllocation *a = cpu_allocation_at(address);
+    for (int t = 0; a && t < a->tensor_count; t++) {
+        const char *guard = a->tensors[t].start + a->tensors[t].bytes;
+        if (address >= guard && address < guard + cuda_on_cpu.page) return &a->tensors[t];
+    }
+    return NULL;
+}
+
 static inline void cpu_segv(int signal_number, siginfo_t *info, void *context) {
     const char *address = (const char *)info->si_addr;
     if (cpu_in_reserved(address)) {
-        const CpuAllocation *a = cpu_allocation_of(address, 1);
-        if (!cuda_on_cpu.open_for && a)
+        const CpuAllocation *a = cpu_allocation_at(address);
+        const CpuTensor *past = cuda_on_cpu.open_for ? cpu_guarded_tensor(address) : NULL;
+        if (past && cpu_block_running())
+            cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): byte %zu past the end of tensor "
+                      "%s (%zu bytes), in the guard page before its neighbour", cuda_on_cpu.open_for, blockIdx.x,
+                      blockIdx.y, threadIdx.x, threadIdx.y, (size_t)(address - past->start - past->bytes), past->name,
+                      past->bytes);
+        if (past)
+            cpu_fault(cudaErrorIllegalAddress, "%s: byte %zu past the end of tensor %s (%zu bytes), in the guard page "
+                      "before its neighbour", cuda_on_cpu.open_for, (size_t)(address - past->start - past->bytes),
+                      past->name, past->bytes);
+        if (!cuda_on_cpu.open_for && a && address >= a->pointer)
             cpu_fault(cudaErrorIllegalAddress, "host code read or wrote device memory at %p (byte %zu of an "
                       "allocation of %zu bytes): only copies, kernels and cuBLAS calls may", (const void *)address,
                       (size_t)(address - a->pointer), a->bytes);
         cpu_fault(cudaErrorIllegalAddress, "%s touched %p, outside every device allocation",
                   cuda_on_cpu.open_for ? cuda_on_cpu.open_for : "host code", (const void *)address);
     }
-    const char *shared = cuda_on_cpu.shared_region;
-    if (cpu_block_running() && address >= shared && address < shared + cuda_on_cpu.shared_region_size)
+    const char *region = cuda_on_cpu.shared_region;
+    if (cpu_block_running() && address >= region && address < region + cuda_on_cpu.shared_region_size)
         cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): shared memory index out of "
-                  "bounds (%zu bytes given at launch)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x,
-                  threadIdx.y, cpu_block.shared_bytes);
+                  "bounds, %s (%zu bytes given at launch)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x,
+                  threadIdx.y, address < (const char *)cpu_block.shared ? "below its start" : "past its end",
+                  cpu_block.shared_bytes);
     // Not the emulator's: the fault runs again under the handler there was before (or none).
     (void)signal_number; (void)context;
     sigaction(SIGSEGV, &cuda_on_cpu.earlier_segv, NULL);
@@ -544,19 +998,9 @@ static inline const char *cpu_launch_refusal(const char *kernel, dim3 grid, dim3
     return why;
 }
 
-// kernel<<<grid, block, shared_bytes>>>(arguments): checked as a GPU checks it,
-// then every block in random order; its error, if any, for cudaGetLastError.
-static inline void cpu_launch(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid, dim3 block,
-                       size_t shared_bytes) {
-    cpu_start();
-    if (cuda_on_cpu.sticky_error) { cuda_on_cpu.last_error = cuda_on_cpu.sticky_error; return; }
-    const char *refusal = cpu_launch_refusal(kernel, grid, block, shared_bytes);
-    if (refusal) {
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "the launch of %s was refused: %s", kernel, refusal);
-        cuda_on_cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared") ? cudaErrorInvalidValue
-                                                                                      : cudaErrorInvalidConfiguration;
-        return;
-    }
+// A launch, checked: every block in random order.
+static inline void cpu_launch_run(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid,
+                                  dim3 block, size_t shared_bytes) {
     if (!cuda_on_cpu.execute) return;
     if (cpu_test_faults.launch_skipped && strcmp(cpu_test_faults.launch_skipped, kernel) == 0) return;
     if (cpu_test_faults.launch_replaced && strcmp(cpu_test_faults.launch_replaced, kernel) == 0)
@@ -587,6 +1031,35 @@ static inline void cpu_launch(const char *kernel, void (*thread)(const void *), 
     cpu_device_open(NULL);
 }
 
+// kernel<<<grid, block, shared_bytes, stream>>>(arguments): checked as a GPU
+// checks it, then run, or recorded (its arguments copied) when the stream
+// captures a graph; its error, if any, for cudaGetLastError.
+static inline void cpu_launch(const char *kernel, void (*thread)(const void *), const void *args, size_t args_size,
+                              dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {
+    cpu_start();
+    if (cuda_on_cpu.sticky_error) { cuda_on_cpu.last_error = cuda_on_cpu.sticky_error; return; }
+    const char *refusal = cpu_launch_refusal(kernel, grid, block, shared_bytes);
+    if (refusal) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "the launch of %s was refused: %s", kernel, refusal);
+        cuda_on_cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared") ? cudaErrorInvalidValue
+                                                                                      : cudaErrorInvalidConfiguration;
+        if (stream && stream->capturing) stream->spoilt = 1;
+        return;
+    }
+    int route = cpu_stream_route(stream, kernel);
+    if (route < 0) { cuda_on_cpu.last_error = cudaErrorStreamCaptureImplicit; return; }
+    if (route > 0) {
+        CpuWork *w = cpu_record(stream, CPU_WORK_KERNEL);
+        w->kernel = kernel; w->thread = thread; w->grid = grid; w->block = block; w->shared_bytes = shared_bytes;
+        w->args_size = args_size;
+        w->args = malloc(args_size);
+        if (!w->args) cpu_die("out of memory for a graph");
+        memcpy(w->args, args, args_size);
+        return;
+    }
+    cpu_launch_run(kernel, thread, args, grid, block, shared_bytes);
+}
+
 // ---- cuBLAS -------------------------------------------------------------------
 
 typedef enum {
@@ -595,7 +1068,10 @@ typedef enum {
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 } cublasMath_t;
-typedef struct { int created; cublasMath_t math; } *cublasHandle_t;
+// stream: where its calls run (cublasSetStream; NULL: the legacy stream); workspace: device memory given by
+// cublasSetWorkspace, NULL for cuBLAS's own
+typedef struct { int created; cublasMath_t math; cudaStream_t stream; void *workspace; size_t workspace_bytes; }
+    *cublasHandle_t;
 
 static inline const char *cublasGetStatusString(cublasStatus_t status) {
     return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS"
@@ -617,6 +1093,30 @@ static inline cublasStatus_t cublasDestroy(cublasHandle_t handle) { free(handle)
 static inline cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
     if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
     handle->math = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// As cuBLAS's: the stream for the calls that follow, and (cuBLAS's documentation
+// says so) back to cuBLAS's own workspace: cublasSetWorkspace comes after.
+static inline cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->stream = stream;
+    handle->workspace = NULL;
+    handle->workspace_bytes = 0;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The workspace must be device memory of that size, 256-byte aligned.
+static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t bytes) {
+    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    char why[160];
+    if (bytes > 0 && ((uintptr_t)workspace % 256 != 0 || !cpu_inside_region(workspace, bytes, why, sizeof why))) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cublasSetWorkspace: %zu bytes at %p are not "
+                 "256-byte aligned device memory", bytes, workspace);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    handle->workspace = workspace;
+    handle->workspace_bytes = bytes;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -654,18 +1154,40 @@ static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperat
 }
 
 // A stored operand of `rows` x `cols` (as stored: column-major, leading dimension
-// ld), `count` of them `stride` apart, all inside one allocation.
+// ld), `count` of them `stride` apart, all inside one region (an allocation, or a tensor of one).
 static int cpu_operand_fits(const float *X, int rows, int cols, int ld, long long stride, int count, const char *call,
                             const char *name) {
     if (rows == 0 || cols == 0 || count == 0) return 1;
     long long last = (long long)(count - 1) * stride + (long long)(cols - 1) * ld + rows - 1;
-    if (stride >= 0 && cpu_allocation_of(X, ((size_t)last + 1) * sizeof(float))) return 1;
+    char why[160] = "at a negative stride";
+    if (stride >= 0 && cpu_inside_region(X, ((size_t)last + 1) * sizeof(float), why, sizeof why)) return 1;
     snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: %s (%d x %d, leading dimension %d, %d of them "
-             "%lld apart) reaches outside its device allocation", call, name, rows, cols, ld, count, stride);
+             "%lld apart) reaches %s", call, name, rows, cols, ld, count, stride, why);
     return 0;
 }
 
-// One call's checks, its operands' extents, and its products.
+// A checked call's operands' extents, then its products.
+static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
+    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
+    cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
+    int a_rows = transa == CUBLAS_OP_N ? g->m : g->k, b_rows = transb == CUBLAS_OP_N ? g->k : g->n;
+    if (!cpu_operand_fits(g->A, g->k ? a_rows : 0, transa == CUBLAS_OP_N ? g->k : g->m, g->lda, g->stride_a, g->count,
+                          g->call, "A") ||
+        !cpu_operand_fits(g->B, g->k ? b_rows : 0, transb == CUBLAS_OP_N ? g->n : g->k, g->ldb, g->stride_b, g->count,
+                          g->call, "B") ||
+        !cpu_operand_fits(g->C, g->m, g->n, g->ldc, g->stride_c, g->count, g->call, "C"))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
+    cpu_device_open(g->call);
+    for (int i = 0; i < g->count; i++)
+        cpu_sgemm(transa, transb, g->m, g->n, g->k, g->alpha, g->A + i * g->stride_a, g->lda, g->B + i * g->stride_b,
+                  g->ldb, g->beta, g->C + i * g->stride_c, g->ldc);
+    cpu_device_open(NULL);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// One call: cuBLAS's checks, then the products now, or recorded with alpha and
+// beta as they are now when the handle's stream captures a graph.
 static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t handle, cublasOperation_t transa,
                                     cublasOperation_t transb, int m, int n, int k, const float *alpha, const float *A,
                                     int lda, long long stride_a, const float *B, int ldb, long long stride_b,
@@ -673,18 +1195,15 @@ static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t hand
     cublasStatus_t status = cpu_sgemm_check(handle, transa, transb, m, n, k, lda, ldb, ldc, count);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
     if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
-    int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
-    if (!cpu_operand_fits(A, k ? a_rows : 0, transa == CUBLAS_OP_N ? k : m, lda, stride_a, count, call, "A") ||
-        !cpu_operand_fits(B, k ? b_rows : 0, transb == CUBLAS_OP_N ? n : k, ldb, stride_b, count, call, "B") ||
-        !cpu_operand_fits(C, m, n, ldc, stride_c, count, call, "C"))
-        return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
-    cpu_device_open(call);
-    for (int i = 0; i < count; i++)
-        cpu_sgemm(transa, transb, m, n, k, *alpha, A + i * stride_a, lda, B + i * stride_b, ldb, *beta,
-                  C + i * stride_c, ldc);
-    cpu_device_open(NULL);
-    return CUBLAS_STATUS_SUCCESS;
+    CpuGemm g = { call, handle, (int)transa, (int)transb, m, n, k, lda, ldb, ldc, count, *alpha, *beta, A, B, C,
+                  stride_a, stride_b, stride_c };
+    int route = cpu_stream_route(handle->stream, call);
+    if (route < 0) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (route > 0) {
+        cpu_record(handle->stream, CPU_WORK_GEMM)->gemm = g;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return cpu_gemm_run(&g);
 }
 
 static inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
@@ -702,6 +1221,41 @@ static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cu
                                                        float *C, int ldc, long long strideC, int batch_count) {
     return cpu_gemm_call("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb,
                          strideB, beta, C, ldc, strideC, batch_count);
+}
+
+// ---- graphs run -----------------------------------------------------------------
+
+// The recorded work, in order, each piece checked again (the memory it names may
+// have been freed since): the first fault stops the rest, as on a GPU.
+static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    cudaError_t refused = cpu_capture_forbids("cudaGraphLaunch (a graph inside a graph is not modelled)");
+    if (refused) return refused;
+    (void)stream;
+    if (!exec) return cudaErrorInvalidValue;
+    for (int i = 0; i < exec->graph.count && !cuda_on_cpu.sticky_error; i++) {
+        const CpuWork *w = &exec->graph.work[i];
+        cudaError_t e = cudaSuccess;
+        if (w->kind == CPU_WORK_KERNEL) {
+            cpu_launch_run(w->kernel, w->thread, w->args, w->grid, w->block, w->shared_bytes);
+        } else if (w->kind == CPU_WORK_GEMM) {
+            if (cpu_gemm_run(&w->gemm) != CUBLAS_STATUS_SUCCESS) e = cudaErrorIllegalAddress;
+        } else if (w->kind == CPU_WORK_COPY) {
+            size_t to_span = (w->height - 1) * w->to_pitch + w->width, from_span = (w->height - 1) * w->from_pitch + w->width;
+            e = cpu_check_copy(w->to, to_span, w->from, from_span, (cudaMemcpyKind)w->copy_kind, w->call);
+            if (e == cudaSuccess) cpu_copy_run(w->to, w->to_pitch, w->from, w->from_pitch, w->width, w->height, w->call);
+        } else {
+            e = cpu_check_device(w->to, w->width, w->call, "destination");
+            if (e == cudaSuccess) cpu_memset_run(w->to, w->value, w->width, w->call);
+        }
+        if (e != cudaSuccess) cuda_on_cpu.sticky_error = e;   // its message is in cuda_on_cpu.message
+    }
+    return cuda_on_cpu.sticky_error;
+}
+
+static inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    if (exec) cpu_graph_free(&exec->graph);
+    free(exec);
+    return cudaSuccess;
 }
 
 #endif // CUDA_ON_CPU_H

@@ -3,8 +3,10 @@
  * Included by cuda_on_cpu.h (its header comment says what this shows). Each
  * thread is a context of its own, so that it can wait in the middle of a
  * kernel: at __syncthreads until every thread of the block that has not
- * returned arrives, at a warp shuffle until the 32 lanes of its warp have
- * arrived (then each reads the value of the lane it named).
+ * returned arrives (at the same call site: __syncthreads is a macro here that
+ * passes its file and line), at a warp exchange (a shuffle or __syncwarp)
+ * until the lanes its mask names have arrived with that mask (then each
+ * shuffling lane reads the value of the lane it named).
  *
  * Fibers (the default): the threads take turns on one CPU thread. Whenever a
  * thread returns or waits, the next is drawn at random among those that can
@@ -22,19 +24,20 @@
  * kernels' memory accesses are unsynchronised, as on a GPU, so that
  * ThreadSanitizer sees every race between threads of a block. Blocks still
  * run one after another.
+ *
+ * Shared memory: one region, a guard page, then the block's bytes ending at
+ * another guard page; the bytes between the first guard and the block's
+ * start (less than a page) are a band marked with CPU_BAND_WORD, checked when
+ * the block ends.
  */
 
 enum { CPU_UNSTARTED, CPU_RUNNABLE, CPU_RUNNING, CPU_AT_BARRIER, CPU_AT_SHUFFLE, CPU_RETURNED };
 #define CPU_MAX_THREADS 1024
 #define CPU_WARP 32
 
-typedef struct {
-    // a shuffle's values, by lane; two, as a lane may go on to its next shuffle
-    // before the last lane has read this one's (it cannot go further: that one
-    // waits for the slow lane)
-    float value[2][CPU_WARP];
-    unsigned arrived[2];
-} CpuWarp;
+#define CPU_BAND_WORD 0x7FC0DEADu   // a NaN, in the band below a block's shared memory
+
+enum { CPU_SHUFFLE, CPU_SYNCWARP };   // the kinds of warp exchange
 
 static struct {
     const char *kernel;
@@ -47,10 +50,21 @@ static struct {
     int skip_barriers;              // a test's fault
     volatile int running;           // a block is running: a fault stops its launch
     unsigned live;                  // threads that have not returned
-    unsigned at_barrier, blocked;   // waiting at __syncthreads; at it or at a shuffle
+    unsigned at_barrier, blocked;   // waiting at __syncthreads; at it or at a warp exchange
+    const char *barrier_file;       // the __syncthreads the threads at_barrier wait at
+    int barrier_line;
     unsigned char state[CPU_MAX_THREADS];
-    unsigned shuffles[CPU_MAX_THREADS];   // warp shuffles each thread has done
-    CpuWarp warp[CPU_MAX_THREADS / CPU_WARP];
+    // a thread waiting at a warp exchange (state CPU_AT_SHUFFLE): what it
+    // gives, the lane it reads (CPU_WARP or more: its own value), and, once
+    // released, what it read
+    unsigned exchange_source[CPU_MAX_THREADS];
+    float exchange_value[CPU_MAX_THREADS], exchange_result[CPU_MAX_THREADS];
+    // each warp's exchanges gathering now (lanes of one never in another), and its lanes that returned
+    struct {
+        struct { unsigned mask, arrived; int kind; } pending[CPU_WARP];
+        int pending_count;
+        unsigned returned;
+    } warp[CPU_MAX_THREADS / CPU_WARP];
 } cpu_block;
 
 static inline dim3 cpu_thread_index(unsigned t) {
@@ -71,18 +85,33 @@ static inline void cpu_wait(unsigned t);
 static inline void cpu_lock_block(void);
 static inline void cpu_unlock_block(void);
 
+// The shared memory region of `pages` pages between its two guard pages,
+// mapped at its first use and kept (a few sizes serve every kernel): its band
+// below the block's bytes is then less than a page.
+static inline void cpu_use_shared_region(size_t pages) {
+    size_t page = cuda_on_cpu.page, size = (pages + 2) * page;
+    int n = cuda_on_cpu.shared_region_count, found = -1;
+    for (int i = 0; i < n; i++) if (cuda_on_cpu.shared_regions[i].pages == pages) found = i;
+    if (found < 0) {
+        int max = (int)(sizeof cuda_on_cpu.shared_regions / sizeof *cuda_on_cpu.shared_regions);
+        found = n < max ? cuda_on_cpu.shared_region_count++ : 0;
+        if (n == max) munmap(cuda_on_cpu.shared_regions[0].region, (cuda_on_cpu.shared_regions[0].pages + 2) * page);
+        char *region = cpu_map(NULL, size, PROT_READ | PROT_WRITE);
+        if (!region) cpu_die("cannot map shared memory");
+        cpu_protect(region, page, PROT_NONE);
+        cpu_protect(region + size - page, page, PROT_NONE);
+        cuda_on_cpu.shared_regions[found].pages = pages;
+        cuda_on_cpu.shared_regions[found].region = region;
+    }
+    cuda_on_cpu.shared_region = cuda_on_cpu.shared_regions[found].region;
+    cuda_on_cpu.shared_region_size = size;
+}
+
 // A launch's blocks share its kernel, arguments, shape and shared memory size.
 static inline void cpu_block_prepare(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid,
                               dim3 block, size_t shared_bytes) {
     cpu_lock_block();   // threads waiting for a block read its size
-    size_t need = cpu_round_up(shared_bytes, cuda_on_cpu.page) + cuda_on_cpu.page;
-    if (need > cuda_on_cpu.shared_region_size) {
-        if (cuda_on_cpu.shared_region) munmap(cuda_on_cpu.shared_region, cuda_on_cpu.shared_region_size);
-        cuda_on_cpu.shared_region = cpu_map(NULL, need, PROT_READ | PROT_WRITE);
-        if (!cuda_on_cpu.shared_region) cpu_die("cannot map shared memory");
-        cuda_on_cpu.shared_region_size = need;
-        cpu_protect(cuda_on_cpu.shared_region + need - cuda_on_cpu.page, cuda_on_cpu.page, PROT_NONE);
-    }
+    cpu_use_shared_region(cpu_round_up(shared_bytes, cuda_on_cpu.page) / cuda_on_cpu.page);
     char *guard = cuda_on_cpu.shared_region + cuda_on_cpu.shared_region_size - cuda_on_cpu.page;
     cpu_block.shared = (float *)(guard - shared_bytes);
     cpu_block.shared_bytes = shared_bytes;
@@ -98,14 +127,47 @@ static inline void cpu_block_prepare(const char *kernel, void (*thread)(const vo
     cpu_unlock_block();
 }
 
+// The band below the block's shared memory: from the page after the first
+// guard to the block's first byte. Byte at address a holds byte a % 4 of
+// CPU_BAND_WORD (little-endian), so a float read from it is that NaN.
+static inline unsigned char cpu_band_byte(const unsigned char *a) {
+    return (unsigned char)(CPU_BAND_WORD >> (8 * ((uintptr_t)a % 4)));
+}
+static inline unsigned char *cpu_band_start(void) {
+    return (unsigned char *)cuda_on_cpu.shared_region + cuda_on_cpu.page;
+}
+
 static inline void cpu_block_reset(dim3 index) {
     cpu_block.index = index;
     cpu_block.live = cpu_block.threads;
     cpu_block.at_barrier = cpu_block.blocked = 0;
     memset(cpu_block.state, CPU_UNSTARTED, cpu_block.threads);
-    memset(cpu_block.shuffles, 0, cpu_block.threads * sizeof(unsigned));
-    memset(cpu_block.warp, 0, sizeof cpu_block.warp);
+    for (unsigned w = 0; w < (cpu_block.threads + CPU_WARP - 1) / CPU_WARP; w++) {
+        cpu_block.warp[w].pending_count = 0;
+        cpu_block.warp[w].returned = 0;
+    }
+    unsigned char *b = cpu_band_start(), *end = (unsigned char *)cpu_block.shared;
+    for (; b + 4 <= end; b += 4) memcpy(b, &(uint32_t){ CPU_BAND_WORD }, 4);   // from a page: aligned words
+    for (; b < end; b++) *b = cpu_band_byte(b);
     for (size_t i = 0; i < cpu_block.shared_bytes / sizeof(float); i++) cpu_block.shared[i] = NAN;
+}
+
+// After a block: the lowest byte below its shared memory that a thread wrote; NULL if none.
+static inline const unsigned char *cpu_band_written(void) {
+    const unsigned char *b = cpu_band_start(), *end = (const unsigned char *)cpu_block.shared;
+    for (; b + 4 <= end; b += 4)
+        if (*(const uint32_t *)(const void *)b != CPU_BAND_WORD) break;
+    for (; b < end; b++)
+        if (*b != cpu_band_byte(b)) return b;
+    return NULL;
+}
+static inline void cpu_block_check_band(void) {
+    const unsigned char *written = cpu_band_written();
+    if (written)
+        cpu_fault_after_block(cudaErrorIllegalAddress, "%s, block (%u, %u): a thread wrote below the block's shared "
+                              "memory, %zu bytes before its start (%zu bytes given at launch)", cpu_block.kernel,
+                              cpu_block.index.x, cpu_block.index.y,
+                              (size_t)((const unsigned char *)cpu_block.shared - written), cpu_block.shared_bytes);
 }
 
 // The barrier opens when every thread that has not returned waits at it.
@@ -127,11 +189,12 @@ static inline void cpu_deadlock_check(void) {
 static inline void cpu_thread_returned(unsigned t) {
     cpu_block.state[t] = CPU_RETURNED;
     cpu_block.live--;
-    unsigned first = t / CPU_WARP * CPU_WARP;
-    for (unsigned l = first; l < first + CPU_WARP && l < cpu_block.threads; l++)
-        if (cpu_block.state[l] == CPU_AT_SHUFFLE)
-            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u returned while thread %u of its warp waits at a "
-                      "shuffle that names it", cpu_block.kernel, t, l);
+    unsigned lane = t % CPU_WARP, w = t / CPU_WARP;
+    cpu_block.warp[w].returned |= 1u << lane;
+    for (int i = 0; i < cpu_block.warp[w].pending_count; i++)
+        if (cpu_block.warp[w].pending[i].mask >> lane & 1)
+            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u returned while threads of its warp wait at a shuffle "
+                      "(mask %#x) that names it", cpu_block.kernel, t, cpu_block.warp[w].pending[i].mask);
     cpu_barrier_check();
     cpu_deadlock_check();
 }
@@ -306,7 +369,7 @@ static inline void cpu_block_run(dim3 index) {
     cpu_current = &cpu_host;
     cpu_switch(cpu_fiber_for(cpu_pick()));   // back when the block is done, or has faulted
     cpu_block.running = 0;
-    if (!cpu_faulted_fiber) return;
+    if (!cpu_faulted_fiber) { cpu_block_check_band(); return; }
     for (unsigned t = 0; t < cpu_block.threads; t++)
         if (cpu_fiber_of[t] && cpu_fiber_of[t] != cpu_faulted_fiber) {
             cpu_fiber_reset(cpu_fiber_of[t]);
@@ -397,15 +460,27 @@ static inline void cpu_block_run(dim3 index) {
     while (cpu_block.live > 0) pthread_cond_wait(&cpu_block_done, &cpu_lock);
     cpu_block.running = 0;
     pthread_mutex_unlock(&cpu_lock);
+    cpu_block_check_band();
 }
 #endif
 
-// ---- barriers and shuffles ----------------------------------------------------
+// ---- barriers and warp exchanges --------------------------------------------
 
-static inline void __syncthreads(void) {
+// __syncthreads: the threads of a block meet here, all at the same call site
+// (two are two barriers on a GPU: a hang, or threads let through early).
+#define __syncthreads() cpu_syncthreads(__FILE__, __LINE__)
+static inline void cpu_syncthreads(const char *file, int line) {
     if (cpu_block.skip_barriers) return;
     cpu_lock_block();
     unsigned t = cpu_linear_thread();
+    if (cpu_block.at_barrier == 0) {
+        cpu_block.barrier_file = file;
+        cpu_block.barrier_line = line;
+    } else if (line != cpu_block.barrier_line || strcmp(file, cpu_block.barrier_file) != 0) {
+        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u waits at the __syncthreads of %s:%d while other threads of "
+                  "its block wait at the one of %s:%d: on a GPU these are two barriers (a hang, or threads let "
+                  "through early)", cpu_block.kernel, t, file, line, cpu_block.barrier_file, cpu_block.barrier_line);
+    }
     cpu_block.state[t] = CPU_AT_BARRIER;
     cpu_block.at_barrier++;
     cpu_block.blocked++;
@@ -414,40 +489,78 @@ static inline void __syncthreads(void) {
     cpu_unlock_block();
 }
 
-// One warp shuffle: every lane gives `value` and gets the one `source_lane` gave.
-static inline float cpu_shuffle(unsigned mask, float value, unsigned source_lane) {
-    unsigned t = cpu_linear_thread(), lane = t % CPU_WARP, w = t / CPU_WARP;
-    if (mask != 0xffffffffu || (w + 1) * CPU_WARP > cpu_block.threads)
-        cpu_fault(cudaErrorIllegalAddress, "%s: a shuffle with mask %#x in a block of %u threads: the emulator runs "
-                  "whole-warp shuffles only", cpu_block.kernel, mask, cpu_block.threads);
+// The exchange gathering in thread t's warp that t joins with `mask`: the one
+// with that mask, or a new one. Faults: a mask that leaves t out or names lanes
+// the block does not have or that have returned; an exchange gathering with
+// another mask that shares lanes with this one, or of another kind.
+static inline int cpu_exchange_join(unsigned t, unsigned mask, int kind) {
+    unsigned lane = t % CPU_WARP, first = t - lane, lanes = cpu_block.threads - first, w = t / CPU_WARP;
+    unsigned existing = lanes >= CPU_WARP ? 0xffffffffu : (1u << lanes) - 1;
+    const char *what = kind == CPU_SHUFFLE ? "a shuffle" : "__syncwarp";
+    if (!(mask >> lane & 1))
+        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x, which leaves it out",
+                  cpu_block.kernel, t, what, mask);
+    if (mask & ~existing)
+        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x in a block of %u threads: it names "
+                  "lanes past the block's last thread", cpu_block.kernel, t, what, mask, cpu_block.threads);
+    unsigned gone = mask & cpu_block.warp[w].returned;
+    if (gone)
+        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u waits at a shuffle that names thread %u, which has returned",
+                  cpu_block.kernel, t, first + (unsigned)__builtin_ctz(gone));
+    int n = cpu_block.warp[w].pending_count;
+    for (int i = 0; i < n; i++) {
+        unsigned other = cpu_block.warp[w].pending[i].mask;
+        if (!(other & mask)) continue;
+        if (other != mask || cpu_block.warp[w].pending[i].kind != kind)
+            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x while lanes of its warp wait at "
+                      "%s with mask %#x: a GPU's lanes must all reach the same one", cpu_block.kernel, t, what, mask,
+                      cpu_block.warp[w].pending[i].kind == CPU_SHUFFLE ? "a shuffle" : "__syncwarp", other);
+        return i;
+    }
+    cpu_block.warp[w].pending[n].mask = mask;
+    cpu_block.warp[w].pending[n].arrived = 0;
+    cpu_block.warp[w].pending[n].kind = kind;
+    cpu_block.warp[w].pending_count = n + 1;
+    return n;
+}
+
+// Thread t meets the lanes `mask` names: it gives `value` and, once all have
+// arrived, gets the value of lane `source` (CPU_WARP or more: its own; a lane
+// outside the mask: NaN, undefined on a GPU).
+static inline float cpu_warp_exchange(int kind, unsigned mask, float value, unsigned source) {
+    unsigned t = cpu_linear_thread(), lane = t % CPU_WARP, first = t - lane, w = t / CPU_WARP;
     cpu_lock_block();
-    CpuWarp *warp = &cpu_block.warp[w];
-    unsigned slot = cpu_block.shuffles[t]++ & 1;
-    warp->value[slot][lane] = value;
-    warp->arrived[slot] |= 1u << lane;
+    int i = cpu_exchange_join(t, mask, kind);
+    cpu_block.exchange_source[t] = source;
+    cpu_block.exchange_value[t] = value;
     cpu_block.state[t] = CPU_AT_SHUFFLE;
     cpu_block.blocked++;
-    for (unsigned l = w * CPU_WARP; l < (w + 1) * CPU_WARP; l++)
-        if (cpu_block.state[l] == CPU_RETURNED)
-            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u waits at a shuffle that names thread %u, which has "
-                      "returned", cpu_block.kernel, t, l);
-    if (warp->arrived[slot] == 0xffffffffu) {
-        for (unsigned l = w * CPU_WARP; l < (w + 1) * CPU_WARP; l++) cpu_release(l);
-        warp->arrived[slot] = 0;
+    if ((cpu_block.warp[w].pending[i].arrived |= 1u << lane) == mask) {
+        for (unsigned l = 0; l < CPU_WARP; l++) {
+            if (!(mask >> l & 1)) continue;
+            unsigned u = first + l, from = cpu_block.exchange_source[u];
+            cpu_block.exchange_result[u] = from >= CPU_WARP ? cpu_block.exchange_value[u]
+                                         : mask >> from & 1 ? cpu_block.exchange_value[first + from] : NAN;
+            cpu_release(u);
+        }
+        cpu_block.warp[w].pending[i] = cpu_block.warp[w].pending[--cpu_block.warp[w].pending_count];
     }
     cpu_wait(t);
-    float result = warp->value[slot][source_lane % CPU_WARP];
+    float result = cpu_block.exchange_result[t];
     cpu_unlock_block();
     return result;
 }
 
 static inline float __shfl_xor_sync(unsigned mask, float value, int lane_mask) {
-    return cpu_shuffle(mask, value, (cpu_linear_thread() % CPU_WARP) ^ (unsigned)lane_mask);
+    return cpu_warp_exchange(CPU_SHUFFLE, mask, value, ((cpu_linear_thread() % CPU_WARP) ^ (unsigned)lane_mask) % CPU_WARP);
 }
+// A lane whose lane + delta is past the warp keeps its own value.
 static inline float __shfl_down_sync(unsigned mask, float value, unsigned delta) {
-    unsigned lane = cpu_linear_thread() % CPU_WARP;
-    return cpu_shuffle(mask, value, lane + delta < CPU_WARP ? lane + delta : lane);
+    return cpu_warp_exchange(CPU_SHUFFLE, mask, value, cpu_linear_thread() % CPU_WARP + delta);
 }
 static inline float __shfl_sync(unsigned mask, float value, int source_lane) {
-    return cpu_shuffle(mask, value, (unsigned)source_lane);
+    return cpu_warp_exchange(CPU_SHUFFLE, mask, value, (unsigned)source_lane % CPU_WARP);
+}
+static inline void __syncwarp(unsigned mask) {
+    if (!cpu_block.skip_barriers) cpu_warp_exchange(CPU_SYNCWARP, mask, 0.0f, CPU_WARP);
 }

@@ -4,8 +4,12 @@
  * as loops, a block's threads as fibers in random order, its cuBLAS calls as
  * column-major loops, its memory starts as NaN), against plain products,
  * against transformer.c and against the PyTorch reference files; the
- * emulator's own checks (launches, barriers, shared memory, host reads of
- * device memory); faults put in on purpose, each of which must be caught.
+ * companion's steps replayed from CUDA graphs against the same steps launched
+ * one by one, bit for bit; the emulator's own checks (launches, barriers and
+ * their call sites, warp exchanges with masks, shared memory at both ends,
+ * per-tensor bounds inside an allocation, host reads of device memory, what a
+ * graph capture forbids); make cuda's register check; faults put in on
+ * purpose, each of which must be caught.
  * Built by make test (OpenMP on and off); make test-cuda builds the same
  * tests with the companion compiled by nvcc (-DCOMPANION_ON_GPU) and runs them
  * on a GPU; cuda/test_cuda_threads.c runs them with real threads under
@@ -25,6 +29,7 @@
 const TrainingCompute *transformer_cuda_training(void);
 void transformer_cuda_logits(float *out, size_t n);
 void transformer_cuda_release(void);
+int transformer_cuda_sgemm(int argc, char **argv);
 #endif
 #ifdef TRANSFORMER_DOUBLE
 #error "the companion computes in float: build without -DTRANSFORMER_DOUBLE"
@@ -442,9 +447,12 @@ static void test_emulator_launch_checks(void) {
 // order and the rounding differs.
 static __global__ void racy_embedding_backward_kernel(float *dembedding, const float *d_dec_x0,
                                                       const float *d_enc_x0, const int *token_ids,
-                                                      const int *token_first, const int *rows, Dropout dec_drop,
-                                                      Dropout enc_drop, int BT, int C) {
-    int k = blockIdx.x, token = token_ids[k], sharers = (int)blockDim.x / C, i = (int)threadIdx.x % C;
+                                                      const int *token_first, const int *rows,
+                                                      const StepValues *step, Dropout dec_drop, Dropout enc_drop,
+                                                      int BT, int C) {
+    int k = blockIdx.x;
+    if (k >= step->distinct_tokens) return;
+    int token = token_ids[k], sharers = (int)blockDim.x / C, i = (int)threadIdx.x % C;
     int share = (int)threadIdx.x / C;
     if (share >= sharers) return;
     float sum = 0;
@@ -457,11 +465,11 @@ static __global__ void racy_embedding_backward_kernel(float *dembedding, const f
     dembedding[(size_t)token * C + i] += sum;
 }
 CPU_KERNEL(racy_embedding_backward_kernel, float *, const float *, const float *, const int *, const int *,
-           const int *, Dropout, Dropout, int, int)
+           const int *, const StepValues *, Dropout, Dropout, int, int)
 
 // The companion's parameters and second moments after 3 training steps on
-// companion_batches, with the thread order drawn from `seed`.
-static real *companion_state_after(uint64_t seed) {
+// `wide` (NULL: companion_batches, one each), with the thread order drawn from `seed`.
+static real *companion_state_after_batch(uint64_t seed, Batch *wide) {
     TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
     Transformer dev;
     transformer_build(&dev, &config, 5);
@@ -470,7 +478,7 @@ static real *companion_state_after(uint64_t seed) {
     transformer_cuda_training()->begin(&dev);
     for (int step = 0; step < 3; step++) {
         dev.training = 1;
-        transformer_cuda_training()->train_step(&dev, &batches[step].batch, 4, 0.5);
+        transformer_cuda_training()->train_step(&dev, wide ? wide : &batches[step].batch, 4, 0.5);
     }
     transformer_cuda_training()->to_host(&dev);
     size_t P = dev.num_parameters;
@@ -481,11 +489,13 @@ static real *companion_state_after(uint64_t seed) {
     transformer_cuda_release();
     return state;
 }
+static real *companion_state_after(uint64_t seed) { return companion_state_after_batch(seed, NULL); }
 
 // What one training step asks of the "GPU" with L layers and B sentences of
 // 8 + 8 tokens, counted without computing (cuda_on_cpu.execute = 0): the
-// second step's (the first allocates).
-static GpuCounts companion_step_counts(int layers, int B) {
+// third step's (the first allocates; the second captures the step's graph,
+// unless graph_after is 0: no graphs).
+static GpuCounts companion_step_counts(int layers, int B, int graph_after) {
     TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
     config.n_layers = layers;
     Transformer dev;
@@ -496,26 +506,43 @@ static GpuCounts companion_step_counts(int layers, int B) {
     Rng rng; rng_seed(&rng, 3);
     make_test_batch(&batch, B, 8, 8, lengths, lengths, config.vocab_size, &rng);
     cuda_on_cpu.execute = 0;
+    int saved = gpu_graph_after;
+    gpu_graph_after = graph_after;
     transformer_cuda_training()->begin(&dev);
-    for (int step = 0; step < 2; step++) transformer_cuda_training()->train_step(&dev, &batch.batch, 4, 0.5);
+    for (int step = 0; step < 3; step++) transformer_cuda_training()->train_step(&dev, &batch.batch, 4, 0.5);
     GpuCounts counts = gpu.step_counts;
     transformer_cuda_release();
+    gpu_graph_after = saved;
     cuda_on_cpu.execute = 1;
     transformer_free(&dev);
     return counts;
 }
 
 static void test_companion_counts(void) {
-    GpuCounts base[2] = { companion_step_counts(6, 4), companion_step_counts(6, 40) };
-    GpuCounts tiny = companion_step_counts(2, 40);
+    GpuCounts base[2] = { companion_step_counts(6, 4, 0), companion_step_counts(6, 40, 0) };
+    GpuCounts tiny = companion_step_counts(2, 40, 0);
     long base_calls = base[0].launches + base[0].gemms, tiny_calls = tiny.launches + tiny.gemms;
     check(base_calls <= 600 && base[1].launches == base[0].launches && base[1].gemms == base[0].gemms &&
-          base[0].allocations == 0 && base[1].allocations == 0 && base[0].memsets == 0,
-          "companion: a 6-layer training step is %ld kernel launches and %ld cuBLAS calls (at most 600 in all), "
-          "the same for 4 and 40 sentences, no allocation and no memset after the first step",
-          base[0].launches, base[0].gemms);
-    check(tiny_calls <= 250, "companion: a 2-layer training step is %ld launches and cuBLAS calls (at most 250)",
-          tiny_calls);
+          base[0].allocations == 0 && base[1].allocations == 0 && base[0].memsets == 0 &&
+          base[0].host_calls == base_calls + base[0].copies + 1,
+          "companion without graphs: a 6-layer training step is %ld kernel launches and %ld cuBLAS calls (at most 600 "
+          "in all), the same for 4 and 40 sentences, no allocation and no memset after the first step; %ld calls "
+          "from the host (each launch and call, %ld copies, one wait)", base[0].launches, base[0].gemms,
+          base[0].host_calls, base[0].copies);
+    check(tiny_calls <= 250, "companion without graphs: a 2-layer training step is %ld launches and cuBLAS calls "
+          "(at most 250)", tiny_calls);
+    GpuCounts graphed[2] = { companion_step_counts(6, 4, 2), companion_step_counts(6, 40, 2) };
+    GpuCounts first_sight = companion_step_counts(2, 40, 1);
+    int same_work = 1;
+    for (int i = 0; i < 2; i++)
+        same_work &= graphed[i].launches == base[i].launches && graphed[i].gemms == base[i].gemms &&
+                     graphed[i].copies == base[i].copies && graphed[i].graph_launches == 1 &&
+                     graphed[i].host_calls == 4 && graphed[i].allocations == 0;
+    check(same_work && first_sight.graph_launches == 1 && first_sight.host_calls == 4,
+          "companion with graphs: a 6-layer training step is one CUDA graph launch holding the same %ld kernels and "
+          "%ld cuBLAS calls, for 4 and 40 sentences; the host makes %ld calls (the upload, the launch, the loss, the "
+          "wait), whether the graph was captured at a shape's first step or its second", graphed[0].launches,
+          graphed[0].gemms, graphed[0].host_calls);
 }
 #ifndef CUDA_ON_CPU_THREADS   // the fibers of make test only: faults caught, thread orders drawn
 // Each thread writes down its place in the block's order; it never waits, so
@@ -621,6 +648,383 @@ static void test_emulator_faults(void) {
     cudaFree(x);
 }
 
+// ---- what the audit of the emulator found (issue 33): each once ran with "no error" ----
+
+// Thread 0 writes (or reads) element n of x: one past the end of a tensor of n floats
+static __global__ void write_past_kernel(float *x, size_t n) {
+    if (threadIdx.x == 0) x[n] = 1.0f;
+}
+CPU_KERNEL(write_past_kernel, float *, size_t)
+static __global__ void read_past_kernel(float *out, const float *x, size_t n) {
+    if (threadIdx.x == 0) *out = x[n];
+}
+CPU_KERNEL(read_past_kernel, float *, const float *, size_t)
+
+// Thread 0 writes below the block's shared memory: s[-3]
+static __global__ void shared_underflow_kernel(float *out) {
+    SHARED_FLOATS(s);
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    if (threadIdx.x == 0) s[-3] = 2.0f;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x];
+}
+CPU_KERNEL(shared_underflow_kernel, float *)
+
+// The first warp waits at one __syncthreads, the second at another: on a GPU
+// the two are different barriers (undefined: a hang or a wrong result)
+static __global__ void divergent_barrier_kernel(float *x) {
+    SHARED_FLOATS(s);
+    s[threadIdx.x] = 1.0f;
+    if (threadIdx.x < WARP) __syncthreads();
+    else __syncthreads();
+    x[threadIdx.x] = s[(threadIdx.x + WARP) % blockDim.x];
+}
+CPU_KERNEL(divergent_barrier_kernel, float *)
+
+// A training step's activations on the "GPU", carved from one allocation: a
+// kernel writes or reads one float past one of them (the first encoder layer's
+// layer-norm means, B*S floats), into its neighbour
+static Transformer audit_model;
+static float *audit_out;
+static void audit_model_step(void) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    transformer_build(&audit_model, &config, 5);
+    audit_model.training = 1;
+    transformer_cuda_training()->begin(&audit_model);
+    transformer_cuda_training()->train_step(&audit_model, &companion_batches()[0].batch, 4, 0.5);
+}
+static void launch_write_past_tensor(void *unused) {
+    (void)unused;
+    size_t n = (size_t)gpu.B * gpu.S;
+    LAUNCH_KERNEL(write_past_kernel, 1, 32, 0, gpu.enc[0].ln1_mean, n);
+}
+static void launch_read_past_tensor(void *unused) {
+    (void)unused;
+    size_t n = (size_t)gpu.B * gpu.S;
+    LAUNCH_KERNEL(read_past_kernel, 1, 32, 0, audit_out, gpu.enc[0].ln1_mean, n);
+}
+static void launch_shared_underflow(void *unused) {
+    (void)unused;
+    LAUNCH_KERNEL(shared_underflow_kernel, 1, 64, 64 * sizeof(float), emulator_device_floats);
+}
+static void launch_divergent_barrier(void *unused) {
+    (void)unused;
+    LAUNCH_KERNEL(divergent_barrier_kernel, 1, 64, 64 * sizeof(float), emulator_device_floats);
+}
+
+static void test_emulator_audit(void) {
+    float *x;
+    cudaMalloc((void **)&x, 129 * sizeof(float));
+    emulator_device_floats = x;
+    audit_model_step();
+    audit_out = x + 128;
+    int caught = cpu_catches_fault(launch_write_past_tensor, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "enc.ln1_mean"), "emulator: a write one float past a tensor of the "
+          "companion's activations (enc[0].ln1_mean), inside their one allocation, is caught (%s)",
+          caught ? cuda_on_cpu.message : "not caught");
+    caught = cpu_catches_fault(launch_read_past_tensor, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "enc.ln1_mean"), "emulator: a read one float past a tensor of the "
+          "companion's activations is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    transformer_free(&audit_model);
+    transformer_cuda_release();
+    caught = cpu_catches_fault(launch_shared_underflow, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "below"), "emulator: a write below a block's shared memory "
+          "(s[-3]) is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    caught = cpu_catches_fault(launch_divergent_barrier, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "__syncthreads"), "emulator: two warps of a block waiting at "
+          "two different __syncthreads is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    cudaFree(x);
+}
+
+// ---- warp exchanges with masks, and __syncwarp -------------------------------------
+
+// Each half of each warp sums its 16 lanes' values with shuffles that name that half only
+static __global__ void half_warp_sums_kernel(float *out, const float *x) {
+    unsigned lane = threadIdx.x % WARP, half = lane < 16 ? 0x0000ffffu : 0xffff0000u;
+    float v = x[threadIdx.x];
+    for (int offset = 8; offset > 0; offset /= 2) v += __shfl_xor_sync(half, v, offset);
+    out[threadIdx.x] = v;
+}
+CPU_KERNEL(half_warp_sums_kernel, float *, const float *)
+
+// A block of 48 threads: its second warp has 16 lanes, and its shuffles name those (mask 0xffff), or,
+// when `whole` is set, all 32 lanes
+static __global__ void short_warp_sum_kernel(float *out, int whole) {
+    unsigned lanes = threadIdx.x < WARP ? FULL_WARP : whole ? FULL_WARP : 0x0000ffffu;
+    float v = (float)threadIdx.x;
+    for (int offset = threadIdx.x < WARP ? 16 : 8; offset > 0; offset /= 2) v += __shfl_xor_sync(lanes, v, offset);
+    out[threadIdx.x] = v;
+}
+CPU_KERNEL(short_warp_sum_kernel, float *, int)
+
+// Each lane writes its place in shared memory, waits at __syncwarp, and reads its neighbour's
+static __global__ void syncwarp_kernel(float *out) {
+    SHARED_FLOATS(s);
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncwarp(FULL_WARP);
+    out[threadIdx.x] = s[threadIdx.x ^ 1];
+}
+CPU_KERNEL(syncwarp_kernel, float *)
+
+// Lanes 0 to 15 read lane 20, outside their mask (undefined on a GPU: NaN here)
+static __global__ void outside_mask_kernel(float *out) {
+    if (threadIdx.x >= 16) return;
+    out[threadIdx.x] = __shfl_sync(0x0000ffffu, 1.0f, 20);
+}
+CPU_KERNEL(outside_mask_kernel, float *)
+
+// Lanes 0 and 1 shuffle with mask 0x3, lane 2 with mask 0x7, which names them too
+static __global__ void mismatched_masks_kernel(float *out) {
+    unsigned lane = threadIdx.x % WARP;
+    if (lane < 2) out[threadIdx.x] = __shfl_xor_sync(0x3u, 1.0f, 1);
+    else if (lane == 2) out[threadIdx.x] = __shfl_xor_sync(0x7u, 1.0f, 1);
+}
+CPU_KERNEL(mismatched_masks_kernel, float *)
+
+static void launch_short_warp_whole_mask(void *unused) {
+    (void)unused;
+    LAUNCH_KERNEL(short_warp_sum_kernel, 1, 48, 0, emulator_device_floats, 1);
+}
+static void launch_mismatched_masks(void *unused) {
+    (void)unused;
+    LAUNCH_KERNEL(mismatched_masks_kernel, 1, 32, 0, emulator_device_floats);
+}
+
+static void test_emulator_warps(void) {
+    float host[64], out[64], *x, *y;
+    cudaMalloc((void **)&x, sizeof host);
+    cudaMalloc((void **)&y, sizeof host);
+    emulator_device_floats = y;
+    for (int i = 0; i < 64; i++) host[i] = (float)(i * 7 % 13);
+    cudaMemcpy(x, host, sizeof host, cudaMemcpyHostToDevice);
+    LAUNCH_KERNEL(half_warp_sums_kernel, 1, 64, 0, y, x);
+    cudaError_t e = cudaGetLastError();
+    cudaMemcpy(out, y, sizeof out, cudaMemcpyDeviceToHost);
+    int right = e == cudaSuccess;
+    for (int i = 0; i < 64; i++) {
+        float half = 0;
+        for (int j = i / 16 * 16; j < i / 16 * 16 + 16; j++) half += host[j];
+        right &= out[i] == half;
+    }
+    check(right, "emulator: two groups of 16 lanes in each warp shuffle apart (masks 0xffff and 0xffff0000), each "
+          "summing its own (%s)", e ? cuda_on_cpu.message : "the sums are right");
+    LAUNCH_KERNEL(short_warp_sum_kernel, 1, 48, 0, y, 0);
+    e = cudaGetLastError();
+    cudaMemcpy(out, y, sizeof out, cudaMemcpyDeviceToHost);
+    check(e == cudaSuccess && out[0] == 496 && out[47] == 32 * 16 + 120, "emulator: a block of 48 threads: its "
+          "second warp's 16 lanes shuffle with mask 0xffff (sums %g and %g, expected 496 and 632)", out[0], out[47]);
+    int caught = cpu_catches_fault(launch_short_warp_whole_mask, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "past the block's last thread"), "emulator: a shuffle whose mask "
+          "names lanes a 48-thread block does not have is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    for (int skipped = 0; skipped < 2; skipped++) {
+        cpu_test_faults.barriers_skipped = skipped ? "syncwarp_kernel" : NULL;
+        LAUNCH_KERNEL(syncwarp_kernel, 1, 64, 64 * sizeof(float), y);
+        e = cudaGetLastError();
+        cudaMemcpy(out, y, sizeof out, cudaMemcpyDeviceToHost);
+        int neighbours = e == cudaSuccess, nans = 0;
+        for (int i = 0; i < 64; i++) { neighbours &= out[i] == (float)(i ^ 1); nans += isnan(out[i]); }
+        if (!skipped)
+            check(neighbours, "emulator: __syncwarp: each lane reads what its neighbour wrote before it");
+        else
+            check(nans > 0, "emulator: without its __syncwarp, %d of 64 lanes read their neighbour's shared memory "
+                  "before it was written (NaN)", nans);
+    }
+    cpu_test_faults.barriers_skipped = NULL;
+    LAUNCH_KERNEL(outside_mask_kernel, 1, 32, 0, y);
+    e = cudaGetLastError();
+    cudaMemcpy(out, y, sizeof out, cudaMemcpyDeviceToHost);
+    int all_nan = e == cudaSuccess;
+    for (int i = 0; i < 16; i++) all_nan &= isnan(out[i]);
+    check(all_nan, "emulator: a lane that reads a lane outside its shuffle's mask reads NaN (undefined on a GPU)");
+    caught = cpu_catches_fault(launch_mismatched_masks, NULL);
+    check(caught, "emulator: lanes of a warp at shuffles whose masks share lanes but differ (0x3 and 0x7) are caught "
+          "(%s)", caught ? cuda_on_cpu.message : "not caught");
+    cudaFree(x);
+    cudaFree(y);
+}
+
+// ---- CUDA graphs: capture, then replay ------------------------------------------------
+
+static __global__ void scale_kernel(float *x, float factor, size_t n) {
+    size_t i = ELEMENT_INDEX;
+    if (i < n) x[i] *= factor;
+}
+CPU_KERNEL(scale_kernel, float *, float, size_t)
+
+// What cpu_catches_fault runs: a graph launched after the memory it works on was freed
+static cudaGraphExec_t freed_graph;
+static void launch_freed_graph(void *unused) {
+    (void)unused;
+    if (cudaGraphLaunch(freed_graph, NULL) == cudaSuccess) return;
+    char why[sizeof cuda_on_cpu.message];
+    snprintf(why, sizeof why, "%s", cuda_on_cpu.message);
+    cpu_fault(cudaErrorIllegalAddress, "cudaGraphLaunch: %s", why);
+}
+
+// A copy from page-locked memory, a launch and a cuBLAS call, captured: nothing
+// runs until the graph does, which then uses the launch's arguments and cuBLAS's
+// alpha as they were at the capture, and the host memory as it is at the launch
+static void test_emulator_graph_replay(cudaStream_t stream, cublasHandle_t handle) {
+    float *x, *host_pinned, got[4];
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaMalloc((void **)&x, 8 * sizeof(float));
+    cudaMallocHost((void **)&host_pinned, 4 * sizeof(float));
+    for (int i = 0; i < 4; i++) host_pinned[i] = (float)(i + 1);
+    float alpha = 2.0f, zero = 0.0f, factor = 3.0f;
+    cudaError_t begun = cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+    cudaMemcpyAsync(x, host_pinned, 4 * sizeof(float), cudaMemcpyHostToDevice, stream);
+    LAUNCH_KERNEL(scale_kernel, 1, 32, 0, x, factor, (size_t)4);
+    cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 1, &alpha, x, 4, x, 1, &zero, x + 4, 4);   // x[4..8) = alpha x[0..4) x[0]
+    cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    factor = 5.0f; alpha = 7.0f;                                          // the graph keeps what they were
+    for (int i = 0; i < 4; i++) host_pinned[i] = (float)(10 * (i + 1));   // the graph reads this when it runs
+    cudaError_t launched = cudaGraphLaunch(exec, stream);
+    cudaMemcpy(got, x + 4, sizeof got, cudaMemcpyDeviceToHost);
+    int replayed = 1;
+    for (int i = 0; i < 4; i++) replayed &= got[i] == 2.0f * (30.0f * (i + 1)) * 30.0f;
+    check(!begun && !ended && !instantiated && !launched && replayed, "emulator: a captured graph (a copy from "
+          "page-locked memory, a launch, a cuBLAS call) runs only when launched, with the kernel's arguments and "
+          "cuBLAS's alpha as they were at the capture and the host memory as it is at the launch (%g %g %g %g)",
+          got[0], got[1], got[2], got[3]);
+    cudaFree(x);   // the graph's memory: its next launch must fault
+    freed_graph = exec;
+    int caught = cpu_catches_fault(launch_freed_graph, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "outside"), "emulator: a graph launched after its memory was freed "
+          "is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    cudaGraphExecDestroy(exec);
+    cudaFreeHost(host_pinned);
+}
+
+// What a capture forbids, each refused and spoiling it
+static void test_emulator_graph_refusals(cudaStream_t stream) {
+    const char *what[4] = { "a blocking cudaMemcpy", "a launch on the legacy stream",
+                            "an asynchronous copy of pageable host memory", "cudaStreamSynchronize" };
+    float *x, pageable[4] = { 5, 6, 7, 8 }, got[4];
+    cudaMalloc((void **)&x, 4 * sizeof(float));
+    for (int r = 0; r < 4; r++) {
+        cudaGraph_t graph;
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+        cudaError_t e = cudaSuccess;
+        if (r == 0) e = cudaMemcpy(got, x, sizeof got, cudaMemcpyDeviceToHost);
+        if (r == 1) {
+            gpu_stream = NULL;
+            LAUNCH_KERNEL(scale_kernel, 1, 32, 0, x, 1.0f, (size_t)4);
+            gpu_stream = stream;
+            e = cudaGetLastError();
+        }
+        if (r == 2) e = cudaMemcpyAsync(x, pageable, sizeof pageable, cudaMemcpyHostToDevice, stream);
+        if (r == 3) e = cudaStreamSynchronize(stream);
+        cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+        check(e != cudaSuccess && ended == cudaErrorStreamCaptureInvalidated && graph == NULL,
+              "emulator: %s during a capture is refused (%s) and the capture fails (%s)", what[r],
+              cudaGetErrorString(e), cudaGetErrorString(ended));
+    }
+    cudaFree(x);
+}
+
+static void test_emulator_graphs(void) {
+    cudaStream_t stream, saved = gpu_stream;
+    cudaStreamCreate(&stream);
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    cublasSetStream(handle, stream);
+    gpu_stream = stream;   // LAUNCH_KERNEL's
+    test_emulator_graph_replay(stream, handle);
+    test_emulator_graph_refusals(stream);
+    gpu_stream = saved;
+    cublasDestroy(handle);
+    cudaStreamDestroy(stream);
+}
+
+// ---- make cuda's register check (cuda/check_registers.awk) -----------------------------
+
+// Runs the check on a PTX file and a ptxas -v log written from these strings:
+// its exit status (0: it passes them), its output in `said`.
+static int register_check(const char *dir, const char *ptx, const char *log, char *said, size_t said_size) {
+    char path[256], command[1024];
+    snprintf(path, sizeof path, "%s/kernels.ptx", dir);
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(ptx, f); fclose(f); }
+    snprintf(path, sizeof path, "%s/ptxas.log", dir);
+    f = fopen(path, "w");
+    if (f) { fputs(log, f); fclose(f); }
+    snprintf(command, sizeof command, "awk -f cuda/check_registers.awk %s/kernels.ptx %s/ptxas.log > %s/said 2>&1",
+             dir, dir, dir);
+    int status = system(command);
+    snprintf(path, sizeof path, "%s/said", dir);
+    said[0] = 0;
+    f = fopen(path, "r");
+    if (f) { size_t n = fread(said, 1, said_size - 1, f); said[n] = 0; fclose(f); }
+    said[strcspn(said, "\n")] = 0;   // its first line
+    return status;
+}
+
+// nvcc compiles cuda/register_probe.cu (a thread of it needs about 120
+// registers) with `flags` and the check reads its report: the exit status.
+static int register_probe(const char *dir, const char *flags, char *said, size_t said_size) {
+    char command[1024], path[256];
+    snprintf(command, sizeof command, "rm -rf %s/keep && mkdir %s/keep && nvcc -arch=sm_80 %s -Xptxas -v -keep "
+             "-keep-dir %s/keep -c -o %s/keep/probe.o cuda/register_probe.cu 2> %s/keep/ptxas.log && "
+             "awk -f cuda/check_registers.awk %s/keep/*.ptx %s/keep/ptxas.log > %s/said 2>&1", dir, dir, flags, dir,
+             dir, dir, dir, dir, dir);
+    int status = system(command);
+    snprintf(path, sizeof path, "%s/said", dir);
+    said[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (f) { size_t n = fread(said, 1, said_size - 1, f); said[n] = 0; fclose(f); }
+    said[strcspn(said, "\n")] = 0;   // its first line
+    return status;
+}
+
+static void test_register_check(void) {
+    char dir[64] = "/tmp/register_check_XXXXXX", said[2048];
+    if (!mkdtemp(dir)) { check(0, "register check: cannot make a temporary directory"); return; }
+    const char *ptx =
+        ".visible .entry _Z11wide_kernelPf(\n\t.param .u64 _Z11wide_kernelPf_param_0\n)\n{\n\tret;\n}\n"
+        ".visible .entry _Z14bounded_kernelPf(\n\t.param .u64 _Z14bounded_kernelPf_param_0\n)\n"
+        ".maxntid 256, 1, 1\n{\n\tret;\n}\n";
+    const char *log_format =
+        "ptxas info    : Compiling entry function '_Z11wide_kernelPf' for 'sm_80'\n"
+        "ptxas info    : Function properties for _Z11wide_kernelPf\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used %d registers, used 0 barriers, 360 bytes cmem[0]\n"
+        "ptxas info    : Compiling entry function '_Z14bounded_kernelPf' for 'sm_80'\n"
+        "ptxas info    : Used %d registers, used 0 barriers, 360 bytes cmem[0]\n";
+    // a 1024-thread block of 64 registers a thread needs 65536; of 72, 73728. A
+    // 256-thread block (its __launch_bounds__) of 255 registers needs 65536.
+    struct { int wide, bounded, passes; } cases[] = { { 64, 255, 1 }, { 72, 40, 0 }, { 40, 256, 1 } };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char log[1024];
+        snprintf(log, sizeof log, log_format, cases[i].wide, cases[i].bounded);
+        int status = register_check(dir, ptx, log, said, sizeof said);
+        int right = cases[i].passes ? status == 0 && strstr(said, "2 kernels")
+                                    : status != 0 && strstr(said, "wide_kernel (sm_80) uses 72 registers");
+        check(right, "register check: a kernel of %d registers and no __launch_bounds__ (a block of up to 1024 "
+              "threads), one of %d with __launch_bounds__(256): %s (%s)", cases[i].wide, cases[i].bounded,
+              cases[i].passes ? "passed" : "refused", said);
+    }
+#ifdef _OPENMP   // once in make test: nvcc takes seconds
+    if (system("command -v nvcc > /dev/null 2>&1") == 0) {
+        int refused = register_probe(dir, "", said, sizeof said) != 0 &&
+                      strstr(said, "many_registers_kernel") && strstr(said, "more than the 65536");
+        char refusal[1024];
+        snprintf(refusal, sizeof refusal, "%s", said);
+        int bounded = register_probe(dir, "-DPROBE_THREADS=256", said, sizeof said) == 0;
+        check(refused && bounded, "register check: nvcc's build of cuda/register_probe.cu is refused without "
+              "__launch_bounds__ (%s) and passed with __launch_bounds__(256)", refusal);
+    } else {
+        printf("     (nvcc is not on the PATH: the register check was tried on written reports only)\n");
+    }
+#endif
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    if (system(command) != 0) printf("     (could not remove %s)\n", dir);
+}
+
 // ---- the companion with a fault put in ------------------------------------------
 
 typedef struct { Transformer *model; Batch *batch; real loss; } CompanionStep;
@@ -630,18 +1034,19 @@ static void companion_step(void *step) {
 }
 
 // One training step of transformer.c and of the companion from the same
-// weights (companion_config, its first batch): the worst difference of the
+// weights (companion_config) on `batch`: the worst difference of the
 // loss and of every gradient tensor, relative to their largest; infinity when
 // the emulator caught a fault (cuda_on_cpu.message says which).
-static double companion_step_difference(int *faulted) {
+static size_t companion_shared_limit;   // when set, the opt-in limit companion_step_difference gives the "GPU"
+static double companion_step_difference(Batch *batch, int *faulted) {
     TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
     Transformer cpu, dev;
     transformer_build(&cpu, &config, 5);
     transformer_build(&dev, &config, 5);
     cpu.training = dev.training = 1;
-    Batch *batch = &companion_batches()[0].batch;
     real loss = transformer_train_step(&cpu, batch, 4, 0.5);
     transformer_cuda_training()->begin(&dev);
+    if (companion_shared_limit) gpu.shared_opt_in = companion_shared_limit;
     CompanionStep step = { &dev, batch, 0 };
     *faulted = cpu_catches_fault(companion_step, &step);
     double worst = INFINITY;
@@ -669,24 +1074,119 @@ static const char *const companion_cooperative_kernels[] = {
 
 static void test_companion_faults(void) {
     int faulted;
-    double clean = companion_step_difference(&faulted);
+    double clean = companion_step_difference(&companion_batches()[0].batch, &faulted);
     check(!faulted && clean < COMPANION_TOL_GRADS, "companion: one training step as transformer.c's (loss and all "
           "gradients within %.1e of their largest; tolerance %.0e)", clean, COMPANION_TOL_GRADS);
     size_t n = sizeof companion_cooperative_kernels / sizeof *companion_cooperative_kernels;
     for (size_t k = 0; k < n; k++) {
         cpu_test_faults.barriers_skipped = companion_cooperative_kernels[k];
-        double missing_barrier = companion_step_difference(&faulted);
+        double missing_barrier = companion_step_difference(&companion_batches()[0].batch, &faulted);
         cpu_test_faults.barriers_skipped = NULL;
         check(!(missing_barrier < COMPANION_TOL_GRADS), "companion: %s without its __syncthreads is caught (%s %.2g)",
               companion_cooperative_kernels[k], faulted ? "a fault:" : "the step is off by",
               faulted ? 0.0 : missing_barrier);
         cpu_test_faults.shared_memory_short = companion_cooperative_kernels[k];
-        companion_step_difference(&faulted);
+        companion_step_difference(&companion_batches()[0].batch, &faulted);
         cpu_test_faults.shared_memory_short = NULL;
         check(faulted && strstr(cuda_on_cpu.message, "out of bounds"), "companion: %s indexing past its shared memory "
               "(given 16 bytes less than it uses) is caught (%s)", companion_cooperative_kernels[k],
               faulted ? cuda_on_cpu.message : "not caught");
     }
+}
+
+// 40 ragged sentences (up to 9 source and 8 target tokens): 320 target rows,
+// so that the column kernels cut their rows into chunks (column_chunks)
+static Batch *companion_wide_batch(void) {
+    static TestBatch wide;
+    static int made;
+    if (!made) {
+        int src_len[40], tgt_len[40];
+        Rng rng; rng_seed(&rng, 11);
+        for (int b = 0; b < 40; b++) { src_len[b] = 1 + (int)rng_below(&rng, 9); tgt_len[b] = 1 + (int)rng_below(&rng, 8); }
+        src_len[0] = 9; tgt_len[0] = 8;
+        make_test_batch(&wide, 40, 9, 8, src_len, tgt_len, 19, &rng);
+        made = 1;
+    }
+    return &wide.batch;
+}
+
+// The column kernels' chunks (finish_column_sums): a batch whose rows they cut
+// into several chunks gives transformer.c's gradients, and the same bits
+// whichever block finishes last (two thread and block orders)
+static void test_companion_column_chunks(void) {
+    unsigned chunks = column_chunks(16, 40 * 8);
+    int faulted;
+    double wide = companion_step_difference(companion_wide_batch(), &faulted);
+    check(chunks > 1 && !faulted && wide < COMPANION_TOL_GRADS, "companion: one training step on 40 ragged sentences "
+          "(the column sums in %u chunks of rows) as transformer.c's (loss and all gradients within %.1e of their "
+          "largest; tolerance %.0e)", chunks, wide, COMPANION_TOL_GRADS);
+    // a device whose blocks cannot hold a row of logits (V = 19 floats and the warps' sums) in shared memory
+    companion_shared_limit = 32;
+    double uncached = companion_step_difference(companion_wide_batch(), &faulted);
+    companion_shared_limit = 0;
+    check(!faulted && uncached < COMPANION_TOL_GRADS, "companion: cross_entropy_kernel reading its rows from device "
+          "memory (they do not fit a block's shared memory) gives transformer.c's loss and gradients (within %.1e)",
+          uncached);
+}
+
+// Nine training steps over the three ragged shapes of companion_batches with
+// graphs captured at a shape's graph_after-th step (0: none): the losses, the
+// graphs launched, then the parameters and second moments. With graph_after 2,
+// steps 7 to 9 replay graphs captured at steps 4 to 6; with 1, steps 4 to 9
+// replay those of steps 1 to 3: the learning rate (warm-up), the dropout keys
+// and the batch all differ from the step of the capture.
+enum { GRAPH_RUN_STEPS = 9 };
+static real *companion_graph_run(int graph_after, real losses[GRAPH_RUN_STEPS], long *graph_launches) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    Transformer dev;
+    transformer_build(&dev, &config, 5);
+    TestBatch *batches = companion_batches();
+    int saved = gpu_graph_after;
+    gpu_graph_after = graph_after;
+    cpu_seed(1);
+    *graph_launches = 0;
+    transformer_cuda_training()->begin(&dev);
+    for (int step = 0; step < GRAPH_RUN_STEPS; step++) {
+        dev.training = 1;
+        losses[step] = transformer_cuda_training()->train_step(&dev, &batches[step % 3].batch, 4, 0.5);
+        *graph_launches += gpu.step_counts.graph_launches;
+    }
+    transformer_cuda_training()->to_host(&dev);
+    gpu_graph_after = saved;
+    size_t P = dev.num_parameters;
+    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
+    memcpy(state, dev.params_memory, P * sizeof(real));
+    memcpy(state + P, dev.adam_v, P * sizeof(real));
+    transformer_free(&dev);
+    transformer_cuda_release();
+    return state;
+}
+
+// A step replayed from its graph is the step launched kernel by kernel, bit for
+// bit: whatever changes between steps is read from device memory, not frozen
+// into the graph at its capture
+static void test_companion_graphs(void) {
+    real losses[3][GRAPH_RUN_STEPS];
+    long launches[3];
+    int after[3] = { 0, 2, 1 };
+    real *state[3];
+    for (int i = 0; i < 3; i++) state[i] = companion_graph_run(after[i], losses[i], &launches[i]);
+    size_t bytes;
+    {
+        Transformer probe;
+        TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+        transformer_build(&probe, &config, 5);
+        bytes = 2 * probe.num_parameters * sizeof(real);
+        transformer_free(&probe);
+    }
+    for (int i = 1; i < 3; i++)
+        check(memcmp(state[i], state[0], bytes) == 0 && memcmp(losses[i], losses[0], sizeof losses[0]) == 0 &&
+              launches[0] == 0 && launches[i] == (i == 1 ? 6 : 9),
+              "companion: %d training steps over 3 batch shapes with CUDA graphs captured at a shape's %s step (%ld "
+              "graph launches, %d replays of a graph captured steps before) end with the losses, parameters and "
+              "moments of the steps launched kernel by kernel, bit for bit", GRAPH_RUN_STEPS,
+              after[i] == 1 ? "first" : "second", launches[i], after[i] == 1 ? 6 : 3);
+    for (int i = 0; i < 3; i++) free(state[i]);
 }
 
 static void test_companion_deterministic(void) {
@@ -701,6 +1201,11 @@ static void test_companion_deterministic(void) {
     real *first = companion_state_after(1), *second = companion_state_after(2);
     check(memcmp(first, second, bytes) == 0, "companion: 3 training steps with the threads in two other random "
           "orders end with the same parameters and moments, bit for bit");
+    real *wide[2] = { companion_state_after_batch(1, companion_wide_batch()), companion_state_after_batch(2, companion_wide_batch()) };
+    check(memcmp(wide[0], wide[1], bytes) == 0, "companion: 3 training steps on 40 sentences (the column sums in "
+          "chunks, the last block to finish adding them) with the threads and blocks in two other random orders end "
+          "with the same parameters and moments, bit for bit");
+    free(wide[0]); free(wide[1]);
     cpu_test_faults.launch_replaced = "embedding_backward_kernel";
     cpu_test_faults.replacement = racy_embedding_backward_kernel_cpu_thread;
     real *racy[2] = { companion_state_after(1), companion_state_after(2) };
@@ -716,6 +1221,15 @@ static void test_companion_deterministic(void) {
 #endif
 #endif
 
+// ./transformer_cuda sgemm, the benchmark's yardstick, runs (a small product) and refuses a size of 0
+static void test_companion_sgemm(void) {
+    char *run[] = { "sgemm", "--size", "48", "--repeats", "1", NULL }, *bad[] = { "sgemm", "--size", "0", NULL };
+    fflush(stdout);
+    int ran = transformer_cuda_sgemm(5, run), refused = transformer_cuda_sgemm(3, bad);
+    check(ran == 0 && refused != 0, "companion: ./transformer_cuda sgemm times cuBLAS's 48 x 48 x 48 product (exit %d) "
+          "and refuses --size 0 (exit %d)", ran, refused);
+}
+
 void run_companion_tests(void) {
 #ifdef COMPANION_ON_GPU
     printf("-- the CUDA companion on the GPU (transformer_cuda.cu built by nvcc; tolerances: losses %g, "
@@ -728,6 +1242,10 @@ void run_companion_tests(void) {
 #ifndef CUDA_ON_CPU_THREADS   // faults caught and thread orders drawn: the fibers' (make test-threads has threads)
     test_emulator_threads();
     test_emulator_faults();
+    test_emulator_audit();
+    test_emulator_warps();
+    test_emulator_graphs();
+    test_register_check();
 #endif
 #endif
     set_threads(1);   // transformer.c's side on one thread: these models are tiny, and the machine may be busy
@@ -736,11 +1254,14 @@ void run_companion_tests(void) {
 #ifndef COMPANION_ON_GPU
 #ifndef CUDA_ON_CPU_THREADS
     test_companion_faults();
+    test_companion_column_chunks();
+    test_companion_graphs();
     test_companion_deterministic();
 #endif
     test_companion_counts();
 #endif
     test_companion_train_command();
+    test_companion_sgemm();
 }
 
 #ifndef TEST_CUDA_LIBRARY   // (test_cuda_threads.c has its own main)

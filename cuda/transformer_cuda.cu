@@ -13,23 +13,37 @@
  *     ./transformer_cuda train --task copy        as ./transformer, steps on the GPU
  *     ./transformer_cuda bench --config base      training steps timed on the GPU
  *     ./transformer_cuda ... --tf32               cuBLAS may use TF32 tensor cores
+ *     ./transformer_cuda ... --no-graph           every step launched kernel by kernel
  *     ./transformer_cuda bench ... --count        and what one step launches, copies and holds
+ *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
  *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
  *
  * Each kernel computes a Part I loop of transformer.c and names it. What makes
  * a step fast on a GPU, and the same in every run:
- *   - a step is about 500 launches and cuBLAS calls however many sentences the
- *     batch holds (cuda/NOTES.md counts them): the linear
- *     layers are one cuBLAS call each; attention's four products one strided
- *     batched call each over
- *     every sentence and head, which heads_from_rows_kernel lays out one after
- *     another; the keys and values of the memory for all decoder layers one call;
+ *   - a step is one CUDA graph launch (cuda/GRAPHS.md): the kernels and cuBLAS
+ *     calls of a step are captured once per batch shape, at the second step of
+ *     that shape, and replayed at every later one, so a small model is not
+ *     bound by the host's launches. Whatever changes from step to step lives
+ *     in device memory, copied there before the launch in the one copy of the
+ *     step: the batch's tokens, the dropout keys, Adam's step size and bias
+ *     correction, 1/n for the loss. The loss comes back in the one copy after
+ *     it; nothing in between waits for the GPU;
+ *   - a step is about 200 (2 layers) to 500 (6 layers) kernels and cuBLAS calls
+ *     however many sentences the batch holds (dev/PERFORMANCE.md counts them):
+ *     the linear layers are one cuBLAS call each; attention's four products
+ *     one strided batched call each over every sentence and head, which
+ *     heads_from_rows_kernel lays out one after another; the keys and values
+ *     of the memory for all decoder layers one call;
  *   - rows (layer norm, softmax, the loss over the vocabulary) are a warp or a
  *     block each: neighbouring threads read neighbouring numbers, and a row's
  *     sum is a fixed tree of warp shuffles;
  *   - sums over rows (the gradients of biases, gains, embedding rows) are a
  *     thread per column adding its rows in registers, then a fixed tree in
- *     shared memory; no atomics, so a run is the same bit for bit every time;
+ *     shared memory; the rows are cut into chunks, a block each, so that a
+ *     batch of 25,000 tokens keeps every multiprocessor busy, and the block
+ *     that finishes last adds the chunks' sums in chunk order. No atomics in
+ *     any sum (one counts the finished blocks), so a run is the same bit for
+ *     bit every time;
  *   - biases and dropout live in the kernels around the products: the bias of
  *     a projection that feeds a layer norm is added by the norm's kernel, and
  *     a dropout mask is recomputed from its key (dropout_mask's hash) wherever
@@ -41,9 +55,12 @@
  * The file is written in the C that CUDA C++ shares: with -DCUDA_ON_CPU the
  * host C compiler builds it against cuda_on_cpu.h, which runs every thread
  * of a block as a fiber of its own in random order (shared memory, barriers
- * and shuffles as on a GPU) and every cuBLAS call as a column-major loop;
- * cuda/test_cuda.c then compares it with transformer.c. A kernel is
- * followed by CPU_KERNEL(name, its parameter types), which only that build reads.
+ * and shuffles as on a GPU), every cuBLAS call as a column-major loop, and a
+ * captured graph by replaying what it recorded; cuda/test_cuda.c then
+ * compares it with transformer.c. A kernel is followed by CPU_KERNEL(name,
+ * its parameter types), which only that build reads. In that build every
+ * tensor cut from the batch's allocation ends at a guard page of its own
+ * (carve), so a kernel that reaches past one into the next stops, named.
  *
  * Row-major data, column-major cuBLAS. transformer.c stores a matrix X of
  * r rows and c columns row by row: X[i*c + j]. cuBLAS reads matrices column
@@ -66,6 +83,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef CUDA_ON_CPU
 #include "cuda_on_cpu.h"
@@ -99,29 +117,47 @@ static void cublas_check(cublasStatus_t status, const char *call, int line) {
 #define CUBLAS_CHECK(call) cublas_check((call), #call, __LINE__)
 
 // What one training step asks of the GPU (./transformer_cuda bench --count).
+// The work, wherever the host gave it: kernels, cuBLAS calls, memsets and
+// copies, one by one or inside the CUDA graphs launched; and the host's own
+// calls to the GPU (a graph launch is one, whatever it holds; the waits too).
 typedef struct {
     long launches, gemms, memsets, copies, allocations;
+    long graph_launches, host_calls;
     double bytes_set, bytes_copied;
 } GpuCounts;
 static GpuCounts gpu_counts;
+// Where the calls are counted: gpu_counts, or while a graph is captured, the
+// graph's own counts (added to gpu_counts at each of its launches).
+static GpuCounts *gpu_counting = &gpu_counts;
+
+// The stream the companion gives all its work to (NULL, the legacy stream, until gpu_begin makes one).
+static cudaStream_t gpu_stream;
 
 // LAUNCH(kernel, grid, block, shared_bytes, arguments...) is
-// kernel<<<grid, block, shared_bytes>>>(arguments...), then a check that it
-// launched; grid and block are numbers (along x) or dim3. SHARED_FLOATS(name)
-// declares the block's dynamic shared memory.
+// kernel<<<grid, block, shared_bytes, gpu_stream>>>(arguments...), then a
+// check that it launched; grid and block are numbers (along x) or dim3.
+// SHARED_FLOATS(name) declares the block's dynamic shared memory.
 #ifdef CUDA_ON_CPU
-#define LAUNCH_KERNEL(kernel, grid, block, shared_bytes, ...)                                         \
-    cpu_launch(#kernel, kernel##_cpu_thread, &(kernel##_cpu_args){ __VA_ARGS__ }, CPU_DIM3(grid),   \
-               CPU_DIM3(block), (shared_bytes))
+#define LAUNCH_KERNEL(kernel, grid, block, shared_bytes, ...)                                                 \
+    cpu_launch(#kernel, kernel##_cpu_thread, &(kernel##_cpu_args){ __VA_ARGS__ }, sizeof(kernel##_cpu_args), \
+               CPU_DIM3(grid), CPU_DIM3(block), (shared_bytes), gpu_stream)
 #define SHARED_FLOATS(name) float *name = cpu_dynamic_shared()
+// __threadfence and atomicAdd: the blocks run one after another here
+#define __threadfence()
+static inline unsigned atomicAdd(unsigned *address, unsigned value) { return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST); }
+#define LOAD_FROM_OTHER_BLOCKS(pointer) (*(pointer))
 #else
 #define CPU_KERNEL(kernel, ...)
-#define LAUNCH_KERNEL(kernel, grid, block, shared_bytes, ...) kernel<<<(grid), (block), (shared_bytes)>>>(__VA_ARGS__)
+#define LAUNCH_KERNEL(kernel, grid, block, shared_bytes, ...) \
+    kernel<<<(grid), (block), (shared_bytes), gpu_stream>>>(__VA_ARGS__)
 #define SHARED_FLOATS(name) extern __shared__ float name[]
+// a load that bypasses the multiprocessor's L1 (not coherent between blocks): what other blocks wrote
+#define LOAD_FROM_OTHER_BLOCKS(pointer) __ldcg(pointer)
 #endif
 #define LAUNCH(kernel, grid, block, shared_bytes, ...) do {                                  \
         LAUNCH_KERNEL(kernel, grid, block, shared_bytes, __VA_ARGS__);                       \
-        gpu_counts.launches++;                                                                \
+        gpu_counting->launches++;                                                             \
+        gpu_counting->host_calls++;                                                           \
         cuda_check(cudaGetLastError(), "the launch of " #kernel, __LINE__);                   \
     } while (0)
 
@@ -130,14 +166,17 @@ static GpuCounts gpu_counts;
 #define THREADS 256                       // an elementwise kernel's block
 #define ROWS_PER_BLOCK (THREADS / WARP)   // a row kernel's block: a warp per row
 #define ROW_GROUPS 16                     // a column kernel's block: 32 columns by 16 groups of rows
+#define COLUMN_BLOCK (WARP * ROW_GROUPS)
+#define EMBEDDING_THREADS (4 * WARP)      // embedding_backward_kernel's block
+#define MIN_CHUNK_ROWS (8 * ROW_GROUPS)   // a column kernel's chunk of rows: at least 8 a thread
 // One thread per element of n
 #define LAUNCH_ELEMENTS(n, kernel, ...) LAUNCH(kernel, blocks_for((size_t)(n), THREADS), THREADS, 0, __VA_ARGS__)
 // One warp per row of `rows`
 #define LAUNCH_ROWS(rows, kernel, ...) LAUNCH(kernel, blocks_for((size_t)(rows), ROWS_PER_BLOCK), THREADS, 0, __VA_ARGS__)
-// One thread per column of `columns`, their rows in ROW_GROUPS groups
-#define LAUNCH_COLUMNS(columns, kernel, ...)                                                             \
-    LAUNCH(kernel, blocks_for((size_t)(columns), WARP), xyz(WARP, ROW_GROUPS, 1), WARP * ROW_GROUPS * sizeof(float), \
-           __VA_ARGS__)
+// One thread per column of `columns` and chunk of `rows` rows, its chunk's rows in ROW_GROUPS groups
+#define LAUNCH_COLUMNS(columns, rows, kernel, ...)                                                        \
+    LAUNCH(kernel, xyz(blocks_for((size_t)(columns), WARP), column_chunks((size_t)(columns), (size_t)(rows)), 1), \
+           xyz(WARP, ROW_GROUPS, 1), COLUMN_BLOCK * sizeof(float), __VA_ARGS__)
 #define ELEMENT_INDEX ((size_t)blockIdx.x * blockDim.x + threadIdx.x)
 
 static unsigned blocks_for(size_t n, size_t per_block) { return (unsigned)((n + per_block - 1) / per_block); }
@@ -191,6 +230,55 @@ static __device__ float sum_of_row_groups(float partial, float *shared) {
     return total;
 }
 
+// The column kernels' chunks of rows (blockIdx.y): as many as fill
+// COLUMN_TARGET_BLOCKS blocks, each of at least MIN_CHUNK_ROWS rows. The count
+// depends on the shapes alone, so every GPU sums in the same order.
+#define COLUMN_TARGET_BLOCKS 1024
+static unsigned column_chunks(size_t columns, size_t rows) {
+    size_t by_rows = blocks_for(rows, MIN_CHUNK_ROWS), by_target = COLUMN_TARGET_BLOCKS / blocks_for(columns, WARP);
+    size_t chunks = by_rows < by_target ? by_rows : by_target;
+    return chunks > 0 ? (unsigned)chunks : 1;
+}
+
+// Where the column kernels keep each chunk's sums (partials: `sums` x chunks x
+// columns), and a count per column block of its chunks that are done (zero
+// between launches: the block that finishes last sets it back).
+typedef struct { float *partials; unsigned *chunks_done; } ColumnScratch;
+
+// A column kernel's end: `sums` totals of this block's rows (group 0's threads
+// hold them) become its chunk's partials; the block whose chunk is the last to
+// finish adds all chunks' partials, in chunk order, into out[s][column]. Which
+// block does it is decided by an atomic count, but not the order of the sum:
+// the same bits every run. shared: COLUMN_BLOCK floats, free on entry.
+static __device__ void finish_column_sums(const float *totals, int sums, float *out0, float *out1, float *out2,
+                                          ColumnScratch scratch, int column, int columns, float *shared) {
+    unsigned chunks = gridDim.y, chunk = blockIdx.y;
+    float *out[3] = { out0, out1, out2 };
+    if (threadIdx.y == 0 && column < columns)
+        for (int s = 0; s < sums; s++) scratch.partials[((size_t)s * chunks + chunk) * columns + column] = totals[s];
+    __threadfence();   // the partials reach every block before the count says they are there
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+        shared[0] = atomicAdd(&scratch.chunks_done[blockIdx.x], 1u) == chunks - 1 ? 1.0f : 0.0f;
+    __syncthreads();
+    if (shared[0] == 0.0f) return;   // the whole block
+    if (threadIdx.y == 0 && column < columns)
+        for (int s = 0; s < sums; s++) {
+            float total = 0;
+            for (unsigned c = 0; c < chunks; c++)
+                total += LOAD_FROM_OTHER_BLOCKS(&scratch.partials[((size_t)s * chunks + c) * columns + column]);
+            out[s][column] = total;
+        }
+    if (threadIdx.x == 0 && threadIdx.y == 0) scratch.chunks_done[blockIdx.x] = 0;
+}
+
+// A column kernel's rows: those of its chunk (blockIdx.y), `first` to `end`.
+static __device__ void chunk_rows(int N, int *first, int *end) {
+    int per_chunk = (int)((N + gridDim.y - 1) / gridDim.y);
+    *first = (int)blockIdx.y * per_chunk;
+    *end = *first + per_chunk < N ? *first + per_chunk : N;
+}
+
 // ============================================================================
 // Dropout (§5.4): dropout_mask's elements, recomputed wherever they are needed
 // ============================================================================
@@ -198,8 +286,10 @@ static __device__ float sum_of_row_groups(float partial, float *shared) {
 // One mask: element i is kept (times scale) unless hash64(key + i) falls below
 // the threshold. dropout_mask keeps i when unit_interval(hash64(key + i)) >= p,
 // that is when (hash64(key + i) >> 11) >= p * 2^53, an integer comparison with
-// threshold = ceil(p * 2^53). No dropout: threshold 0 and scale 1.
-typedef struct { uint64_t key, threshold; float scale; } Dropout;
+// threshold = ceil(p * 2^53). No dropout: threshold 0 and scale 1. The key is
+// in device memory (each step's, copied there before the step): a captured
+// step reads the new one at every replay.
+typedef struct { const uint64_t *key; uint64_t threshold; float scale; } Dropout;
 
 // transformer.c's hash64, the same bits on the GPU
 static __device__ uint64_t dropout_hash64(uint64_t z) {
@@ -208,8 +298,18 @@ static __device__ uint64_t dropout_hash64(uint64_t z) {
     return z ^ (z >> 31);
 }
 static __device__ float dropout_keep(Dropout d, size_t i) {
-    return (dropout_hash64(d.key + i) >> 11) < d.threshold ? 0.0f : d.scale;
+    if (d.threshold == 0) return d.scale;
+    return (dropout_hash64(*d.key + i) >> 11) < d.threshold ? 0.0f : d.scale;
 }
+
+// What the step's kernels read from device memory, besides its tensors: the
+// values that change from step to step (StepValues), copied with the batch.
+typedef struct {
+    float adam_step_size;     // eq. 3's rate / (1 - beta1^t), t the step
+    float adam_rsqrt_c2;      // 1 / sqrt(1 - beta2^t)
+    float inv_n;              // 1 / n, n the batch's target tokens (0 when none)
+    int distinct_tokens;      // embedding_backward_kernel's blocks that have a token
+} StepValues;
 
 // ============================================================================
 // The kernels, in Part I's order
@@ -220,9 +320,9 @@ static __device__ float dropout_keep(Dropout d, size_t i) {
 //     x0[b,t,i] = (E[token, i] * sqrt(C) + pe[t, i]) * mask
 // (pe: the sinusoids, or the learned table of Table 3, row E). One thread per
 // element; the source's B*S*C come first, then the target's B*T*C.
-static __global__ void embedding_forward_kernel(float *enc_x0, float *dec_x0, const int *src, const int *tgt_in,
-                                                const float *embedding, const float *pe, Dropout enc_drop,
-                                                Dropout dec_drop, int B, int S, int T, int C) {
+static __global__ void __launch_bounds__(THREADS)
+embedding_forward_kernel(float *enc_x0, float *dec_x0, const int *src, const int *tgt_in, const float *embedding,
+                         const float *pe, Dropout enc_drop, Dropout dec_drop, int B, int S, int T, int C) {
     size_t e = ELEMENT_INDEX, n_src = (size_t)B * S * C;
     if (e >= n_src + (size_t)B * T * C) return;
     int source = e < n_src, length = source ? S : T;
@@ -239,10 +339,10 @@ CPU_KERNEL(embedding_forward_kernel, float *, float *, const int *, const int *,
 // mask drawn by dropout_keep), with the sub-layer's bias from linear_forward:
 //     res = residual + (sublayer + sublayer_bias) * mask;   out = LayerNorm(res)
 // A warp per row n, its lanes striding over the C features.
-static __global__ void residual_layernorm_forward_kernel(float *out, float *mean, float *rstd, float *res,
-                                                         const float *residual, const float *sublayer,
-                                                         const float *sublayer_bias, Dropout drop, const float *gain,
-                                                         const float *bias, int N, int C, float eps) {
+static __global__ void __launch_bounds__(THREADS)
+residual_layernorm_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *residual,
+                                  const float *sublayer, const float *sublayer_bias, Dropout drop, const float *gain,
+                                  const float *bias, int N, int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N) return;   // the whole warp
     size_t at = (size_t)row * C;
@@ -265,9 +365,10 @@ CPU_KERNEL(residual_layernorm_forward_kernel, float *, float *, float *, float *
 //   dres_i = rstd * (dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j xhat_j)),  dxhat = dout * gain
 //   dresidual_i = dres_i,   dsublayer_i = dres_i * mask_i
 // (written, not added: the products that add to dresidual come after)
-static __global__ void residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const float *dout,
-                                                          const float *res, Dropout drop, const float *gain,
-                                                          const float *mean, const float *rstd, int N, int C) {
+static __global__ void __launch_bounds__(THREADS)
+residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const float *dout, const float *res,
+                                   Dropout drop, const float *gain, const float *mean, const float *rstd, int N,
+                                   int C) {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N) return;
     size_t at = (size_t)row * C;
@@ -290,27 +391,28 @@ CPU_KERNEL(residual_layernorm_backward_kernel, float *, float *, const float *, 
 
 // residual_layernorm_backward's gain and bias, and linear_backward's bias of
 // the sub-layer before the norm: sums over the N rows, a thread per column
+// and chunk of rows (finish_column_sums adds the chunks)
 //   dgain_i = sum_n dout_ni xhat_ni,  dbias_i = sum_n dout_ni,  dsublayer_bias_i = sum_n dsublayer_ni
-static __global__ void layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias,
-                                                        const float *dout, const float *res, const float *mean,
-                                                        const float *rstd, const float *dsublayer, int N, int C) {
+static __global__ void __launch_bounds__(COLUMN_BLOCK)
+layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias, ColumnScratch scratch,
+                                 const float *dout, const float *res, const float *mean, const float *rstd,
+                                 const float *dsublayer, int N, int C) {
     SHARED_FLOATS(shared);
-    int i = blockIdx.x * WARP + threadIdx.x;
-    float gain_sum = 0, bias_sum = 0, sublayer_sum = 0;
+    int i = blockIdx.x * WARP + threadIdx.x, first, end;
+    chunk_rows(N, &first, &end);
+    float sums[3] = { 0, 0, 0 };
     if (i < C)
-        for (int n = threadIdx.y; n < N; n += blockDim.y) {
+        for (int n = first + (int)threadIdx.y; n < end; n += blockDim.y) {
             size_t at = (size_t)n * C + i;
-            gain_sum += dout[at] * (res[at] - mean[n]) * rstd[n];
-            bias_sum += dout[at];
-            sublayer_sum += dsublayer[at];
+            sums[0] += dout[at] * (res[at] - mean[n]) * rstd[n];
+            sums[1] += dout[at];
+            sums[2] += dsublayer[at];
         }
-    gain_sum = sum_of_row_groups(gain_sum, shared);
-    bias_sum = sum_of_row_groups(bias_sum, shared);
-    sublayer_sum = sum_of_row_groups(sublayer_sum, shared);
-    if (threadIdx.y == 0 && i < C) { dgain[i] = gain_sum; dbias[i] = bias_sum; dsublayer_bias[i] = sublayer_sum; }
+    for (int s = 0; s < 3; s++) sums[s] = sum_of_row_groups(sums[s], shared);
+    finish_column_sums(sums, 3, dgain, dbias, dsublayer_bias, scratch, i, C, shared);
 }
-CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, const float *, const float *, const float *,
-           const float *, const float *, int, int)
+CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, ColumnScratch, const float *, const float *,
+           const float *, const float *, const float *, int, int)
 
 // attention_forward reads head h of query (b, t) at column h*hs of the
 // projection's row; cuBLAS's batched products need each (sentence, head) as
@@ -320,9 +422,9 @@ CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, const fl
 // layer (the memory's keys and values for every decoder layer at once): its
 // columns start layer_columns further in each row, its bias layer_bias further,
 // its output layer_out further. bias NULL: none (a gradient laid out the same way).
-static __global__ void heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, int parts,
-                                              int layer_columns, int layer_bias, size_t layer_out,
-                                              int B, int T, int C, int NH) {
+static __global__ void __launch_bounds__(THREADS)
+heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, int parts, int layer_columns,
+                       int layer_bias, size_t layer_out, int B, int T, int C, int NH) {
     size_t e = ELEMENT_INDEX;
     int hs = C / NH, layer = blockIdx.y;
     if (e >= (size_t)parts * B * T * C) return;
@@ -336,7 +438,8 @@ CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, i
 
 // attention_forward's output back in rows, Concat(head_1, ..., head_h):
 //     out[(b*T + t)*C + h*hs + d] = heads[b][h][t][d]
-static __global__ void rows_from_heads_kernel(float *out, const float *heads, int B, int T, int C, int NH) {
+static __global__ void __launch_bounds__(THREADS)
+rows_from_heads_kernel(float *out, const float *heads, int B, int T, int C, int NH) {
     size_t e = ELEMENT_INDEX;
     if (e >= (size_t)B * T * C) return;
     int hs = C / NH, c = (int)(e % C), h = c / hs, d = c % hs;
@@ -349,16 +452,18 @@ CPU_KERNEL(rows_from_heads_kernel, float *, const float *, int, int, int, int)
 // of heads_from_rows_kernel), and linear_backward's bias: their column sums
 //     drows[(b*T + t)*ld + column] = dheads[part][b][h][t][d],  dbias[column] = sum over (b, t),
 //     column = part*C + h*hs + d
-// A thread per column (of parts*C), rows in ROW_GROUPS groups.
-static __global__ void rows_from_heads_bias_backward_kernel(float *drows, float *dbias, const float *dheads, int ld,
-                                                            int parts, int B, int T, int C, int NH) {
+// A thread per column (of parts*C) and chunk of rows.
+static __global__ void __launch_bounds__(COLUMN_BLOCK)
+rows_from_heads_bias_backward_kernel(float *drows, float *dbias, ColumnScratch scratch, const float *dheads, int ld,
+                                     int parts, int B, int T, int C, int NH) {
     SHARED_FLOATS(shared);
-    int column = blockIdx.x * WARP + threadIdx.x, hs = C / NH, N = B * T;
+    int column = blockIdx.x * WARP + threadIdx.x, hs = C / NH, first, end;
+    chunk_rows(B * T, &first, &end);
     float sum = 0;
     if (column < parts * C) {
         int part = column / C, h = column % C / hs, d = column % hs;
-        const float *from = dheads + (size_t)part * N * C;
-        for (int n = threadIdx.y; n < N; n += blockDim.y) {
+        const float *from = dheads + (size_t)part * B * T * C;
+        for (int n = first + (int)threadIdx.y; n < end; n += blockDim.y) {
             int b = n / T, t = n % T;
             float g = from[(((size_t)b * NH + h) * T + t) * hs + d];
             drows[(size_t)n * ld + column] = g;
@@ -366,15 +471,16 @@ static __global__ void rows_from_heads_bias_backward_kernel(float *drows, float 
         }
     }
     sum = sum_of_row_groups(sum, shared);
-    if (threadIdx.y == 0 && column < parts * C) dbias[column] = sum;
+    finish_column_sums(&sum, 1, dbias, NULL, NULL, scratch, column, parts * C, shared);
 }
-CPU_KERNEL(rows_from_heads_bias_backward_kernel, float *, float *, const float *, int, int, int, int, int, int)
+CPU_KERNEL(rows_from_heads_bias_backward_kernel, float *, float *, ColumnScratch, const float *, int, int, int, int,
+           int, int)
 
 // attention_forward's softmax_visible, a warp per query row (b, h, i): the
 // scores of the keys it may see (visible_keys: padding and causal masks)
 // become their softmax, the masked keys get exactly 0.
-static __global__ void softmax_forward_kernel(float *att, const int *key_len, int causal, int B, int NH, int Tq,
-                                              int Tk) {
+static __global__ void __launch_bounds__(THREADS)
+softmax_forward_kernel(float *att, const int *key_len, int causal, int B, int NH, int Tq, int Tk) {
     size_t r = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (r >= (size_t)B * NH * Tq) return;
@@ -394,7 +500,8 @@ CPU_KERNEL(softmax_forward_kernel, float *, const int *, int, int, int, int, int
 
 // attention_backward's softmax_backward, a warp per query row: grad holds dp
 // and becomes ds_j = p_j (dp_j - sum_k p_k dp_k)
-static __global__ void softmax_backward_kernel(float *grad, const float *att, size_t rows, int Tk) {
+static __global__ void __launch_bounds__(THREADS)
+softmax_backward_kernel(float *grad, const float *att, size_t rows, int Tk) {
     size_t r = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (r >= rows) return;
@@ -407,7 +514,7 @@ static __global__ void softmax_backward_kernel(float *grad, const float *att, si
 CPU_KERNEL(softmax_backward_kernel, float *, const float *, size_t, int)
 
 // feed_forward_forward's relu_forward, with linear_forward's bias: h = max(0, h + bias)
-static __global__ void bias_relu_forward_kernel(float *h, const float *bias, size_t N, int F) {
+static __global__ void __launch_bounds__(THREADS) bias_relu_forward_kernel(float *h, const float *bias, size_t N, int F) {
     size_t e = ELEMENT_INDEX;
     if (e >= N * F) return;
     float v = h[e] + bias[e % F];
@@ -416,31 +523,36 @@ static __global__ void bias_relu_forward_kernel(float *h, const float *bias, siz
 CPU_KERNEL(bias_relu_forward_kernel, float *, const float *, size_t, int)
 
 // feed_forward_backward's relu_backward (dh = 0 where h <= 0) and
-// linear_backward's bias of W_1: dbias_f = sum_n dh_nf. A thread per column f.
-static __global__ void relu_bias_backward_kernel(float *dh, float *dbias, const float *h, int N, int F) {
+// linear_backward's bias of W_1: dbias_f = sum_n dh_nf. A thread per column f and chunk of rows.
+static __global__ void __launch_bounds__(COLUMN_BLOCK)
+relu_bias_backward_kernel(float *dh, float *dbias, ColumnScratch scratch, const float *h, int N, int F) {
     SHARED_FLOATS(shared);
-    int f = blockIdx.x * WARP + threadIdx.x;
+    int f = blockIdx.x * WARP + threadIdx.x, first, end;
+    chunk_rows(N, &first, &end);
     float sum = 0;
     if (f < F)
-        for (int n = threadIdx.y; n < N; n += blockDim.y) {
+        for (int n = first + (int)threadIdx.y; n < end; n += blockDim.y) {
             size_t at = (size_t)n * F + f;
             float g = h[at] > 0 ? dh[at] : 0.0f;
             dh[at] = g;
             sum += g;
         }
     sum = sum_of_row_groups(sum, shared);
-    if (threadIdx.y == 0 && f < F) dbias[f] = sum;
+    finish_column_sums(&sum, 1, dbias, NULL, NULL, scratch, f, F, shared);
 }
-CPU_KERNEL(relu_bias_backward_kernel, float *, float *, const float *, int, int)
+CPU_KERNEL(relu_bias_backward_kernel, float *, float *, ColumnScratch, const float *, int, int)
 
 // cross_entropy_forward and cross_entropy_backward together, a block per
 // target position bt over its V logits z (probabilities are never stored):
 //   token_loss = -(1-eps) log p_y - (eps/V) sum_v log p_v,  log p_v = z_v - log sum_w exp(z_w)
 //   dlogits_v = (p_v - q_v) / n,   q_v = (1-eps) [v == y] + eps/V
-// padding positions get 0 for both. shared: a float per warp.
-static __global__ void cross_entropy_kernel(float *token_loss, float *dlogits, const float *logits,
-                                            const int *targets, const int *tgt_len, float eps, float inv_n,
-                                            int T, int V) {
+// padding positions get 0 for both. shared: a float per warp, then, when
+// row_in_shared, the row's V logits: read from device memory once (the largest
+// first), then read again from there by the thread that wrote each (no
+// barrier needed), instead of three times from device memory.
+static __global__ void __launch_bounds__(1024)
+cross_entropy_kernel(float *token_loss, float *dlogits, const float *logits, const int *targets, const int *tgt_len,
+                     const StepValues *step, float eps, int T, int V, int row_in_shared) {
     SHARED_FLOATS(shared);
     size_t bt = blockIdx.x;
     const float *z = logits + bt * V;
@@ -450,30 +562,38 @@ static __global__ void cross_entropy_kernel(float *token_loss, float *dlogits, c
         if (threadIdx.x == 0) token_loss[bt] = 0;
         return;
     }
+    float *cached = shared + blockDim.x / WARP;
     float largest = -INFINITY, sum = 0, sum_z = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) largest = fmaxf(largest, z[v]);
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float zv = z[v];
+        if (row_in_shared) cached[v] = zv;
+        largest = fmaxf(largest, zv);
+    }
+    const float *row = row_in_shared ? cached : z;
     largest = block_max(largest, shared);
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        sum += expf(z[v] - largest);
-        sum_z += z[v];
+        sum += expf(row[v] - largest);
+        sum_z += row[v];
     }
     sum = block_sum(sum, shared);
     sum_z = block_sum(sum_z, shared);
     int y = targets[bt];
-    float inv_sum = 1 / sum, smooth = eps / V;
+    float inv_sum = 1 / sum, smooth = eps / V, inv_n = step->inv_n;
     for (int v = threadIdx.x; v < V; v += blockDim.x)
-        dz[v] = (expf(z[v] - largest) * inv_sum - (smooth + (v == y ? 1 - eps : 0.0f))) * inv_n;
+        dz[v] = (expf(row[v] - largest) * inv_sum - (smooth + (v == y ? 1 - eps : 0.0f))) * inv_n;
     if (threadIdx.x == 0) {
         float log_sum = largest + logf(sum), log_p_target = z[y] - log_sum, sum_log_p = sum_z - V * log_sum;
         token_loss[bt] = -(1 - eps) * log_p_target - smooth * sum_log_p;
     }
 }
-CPU_KERNEL(cross_entropy_kernel, float *, float *, const float *, const int *, const int *, float, float, int, int)
+CPU_KERNEL(cross_entropy_kernel, float *, float *, const float *, const int *, const int *, const StepValues *, float,
+           int, int, int)
 
 // cross_entropy_forward's mean over the n non-padding positions (padding's
 // token_loss is 0), in double as the host: one block, each thread a strided
 // share, then thread 0 adds the shares in order. shared: a double per thread.
-static __global__ void mean_loss_kernel(float *loss, const float *token_loss, size_t count, float inv_n) {
+static __global__ void __launch_bounds__(THREADS)
+mean_loss_kernel(float *loss, const float *token_loss, size_t count, const StepValues *step) {
     SHARED_FLOATS(shared);
     double *shares = (double *)shared, sum = 0;
     for (size_t i = threadIdx.x; i < count; i += blockDim.x) sum += token_loss[i];
@@ -482,20 +602,24 @@ static __global__ void mean_loss_kernel(float *loss, const float *token_loss, si
     if (threadIdx.x != 0) return;
     double total = 0;
     for (unsigned t = 0; t < blockDim.x; t++) total += shares[t];
-    *loss = (float)(total * inv_n);
+    *loss = (float)(total * step->inv_n);
 }
-CPU_KERNEL(mean_loss_kernel, float *, const float *, size_t, float)
+CPU_KERNEL(mean_loss_kernel, float *, const float *, size_t, const StepValues *)
 
 // embedding_backward for both stacks, with dropout_backward's masks:
 //     dE[token, i] += sum over the positions holding token of d_x0[position, i] * mask * sqrt(C)
-// A block per distinct token of the batch, a thread per feature. The host
-// lists each token's positions (rows: the target's 0..B*T-1 first, then the
-// source's, B*T + b*S + s), so each sum runs in one thread in a fixed order:
-// no two threads ever add to one element.
-static __global__ void embedding_backward_kernel(float *dembedding, const float *d_dec_x0, const float *d_enc_x0,
-                                                 const int *token_ids, const int *token_first, const int *rows,
-                                                 Dropout dec_drop, Dropout enc_drop, int BT, int C) {
-    int k = blockIdx.x, token = token_ids[k];
+// A block per distinct token of the batch (the grid holds as many blocks as a
+// batch of this shape could have distinct tokens; the rest return), a thread
+// per feature. The host lists each token's positions (rows: the target's
+// 0..B*T-1 first, then the source's, B*T + b*S + s), so each sum runs in one
+// thread in a fixed order: no two threads ever add to one element.
+static __global__ void __launch_bounds__(EMBEDDING_THREADS)
+embedding_backward_kernel(float *dembedding, const float *d_dec_x0, const float *d_enc_x0, const int *token_ids,
+                          const int *token_first, const int *rows, const StepValues *step, Dropout dec_drop,
+                          Dropout enc_drop, int BT, int C) {
+    int k = blockIdx.x;
+    if (k >= step->distinct_tokens) return;
+    int token = token_ids[k];
     float scale = sqrtf((float)C);
     for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < C; i += gridDim.y * blockDim.x) {
         float sum = 0;
@@ -509,15 +633,15 @@ static __global__ void embedding_backward_kernel(float *dembedding, const float 
     }
 }
 CPU_KERNEL(embedding_backward_kernel, float *, const float *, const float *, const int *, const int *, const int *,
-           Dropout, Dropout, int, int)
+           const StepValues *, Dropout, Dropout, int, int)
 
 // position_embedding_backward (Table 3, row E) for both stacks, one thread per
 // element (t, i) of the learned table, sentences in order:
 //     dpe[t, i] = sum_b d_dec_x0[b,t,i] * mask + sum_b d_enc_x0[b,t,i] * mask
 // (rows past both lengths get 0: the whole table is written)
-static __global__ void position_embedding_backward_kernel(float *dpe, const float *d_dec_x0, const float *d_enc_x0,
-                                                          Dropout dec_drop, Dropout enc_drop, int max_len, int B,
-                                                          int S, int T, int C) {
+static __global__ void __launch_bounds__(THREADS)
+position_embedding_backward_kernel(float *dpe, const float *d_dec_x0, const float *d_enc_x0, Dropout dec_drop,
+                                   Dropout enc_drop, int max_len, int B, int S, int T, int C) {
     size_t e = ELEMENT_INDEX;
     if (e >= (size_t)max_len * C) return;
     int t = (int)(e / C), i = (int)(e % C);
@@ -537,9 +661,11 @@ static __global__ void position_embedding_backward_kernel(float *dpe, const floa
 CPU_KERNEL(position_embedding_backward_kernel, float *, const float *, const float *, Dropout, Dropout, int, int, int,
            int, int)
 
-// adam_update, one thread per parameter
-static __global__ void adam_kernel(float *theta, float *first, float *second, const float *grad, size_t n,
-                                   float beta1, float beta2, float step_size, float rsqrt_c2, float eps) {
+// adam_update, one thread per parameter; the step size and bias correction
+// of this step from device memory (StepValues)
+static __global__ void __launch_bounds__(THREADS)
+adam_kernel(float *theta, float *first, float *second, const float *grad, size_t n, float beta1, float beta2,
+            float eps, const StepValues *step) {
     size_t i = ELEMENT_INDEX;
     if (i >= n) return;
     float g = grad[i];
@@ -547,9 +673,9 @@ static __global__ void adam_kernel(float *theta, float *first, float *second, co
     float vi = beta2 * second[i] + (1 - beta2) * g * g;
     first[i] = mi;
     second[i] = vi;
-    theta[i] -= step_size * mi / (sqrtf(vi) * rsqrt_c2 + eps);
+    theta[i] -= step->adam_step_size * mi / (sqrtf(vi) * step->adam_rsqrt_c2 + eps);
 }
-CPU_KERNEL(adam_kernel, float *, float *, float *, const float *, size_t, float, float, float, float, float)
+CPU_KERNEL(adam_kernel, float *, float *, float *, const float *, size_t, float, float, float, const StepValues *)
 
 // ============================================================================
 // The GPU's model: its memory, and the matrix products through cuBLAS
@@ -596,55 +722,95 @@ typedef struct {
     float *d_logits;     // (B*T, V)
 } GpuScratch;
 
+// A captured step: the shape it was captured for (and whether dropout was on),
+// the graph to launch, what it holds, and when it was last launched.
+typedef struct {
+    int B, S, T, dropout;
+    cudaGraphExec_t exec;
+    GpuCounts counts;
+    long last_used;
+} GpuGraph;
+#define GPU_GRAPHS 16          // the graphs kept, the least recently launched replaced first
+#define GPU_SHAPES_SEEN 64     // the shapes remembered until their graph is captured
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)   // cuBLAS's recommendation for Hopper (4 MB before it)
+
 typedef struct {
     int ready, tf32, count;
+    size_t shared_opt_in;    // the dynamic shared memory cross_entropy_kernel may have (the device's opt-in limit)
     cublasHandle_t cublas;
+    void *cublas_workspace;  // set explicitly: cuBLAS then allocates nothing inside a capture
     TransformerConfig config;
     size_t num_parameters;
     float *params, *grads, *adam_m, *adam_v;   // the host's layout
     float *pe;            // (max_len, C): the sinusoids, or learned positions' table inside params
     float *memory_kv_w;   // (L, 2C, C): each decoder layer's W^K, W^V, gathered for one product
+    ColumnScratch columns;   // the column kernels' chunk sums (finish_column_sums)
     void *model_memory;   // the above, one allocation
     // the batch, its activations and the scratch, carved for (B, S, T) from one allocation
     int B, S, T;
     float *batch_memory;
     size_t batch_capacity;   // floats
-    int *batch_ints;         // the batch's tokens and the embedding gradient's lists, one copy per step
-    size_t ints_capacity;
-    int *host_ints;          // its host side
-    int *token_count;        // (V) gpu_upload_batch's counting sort
-    int distinct_tokens;
-    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len, *token_ids, *token_first, *token_rows;   // in batch_ints
+    // the step's one copy to the GPU: StepValues, the dropout keys, then the
+    // batch's tokens and the embedding gradient's lists; its host side is page-locked
+    unsigned char *upload, *upload_host;
+    size_t upload_capacity, upload_bytes;
+    StepValues *step;        // in upload: the step's values, and their host copy
+    StepValues *step_host;
+    uint64_t *dropout_keys, *dropout_keys_host;   // in upload: the step's keys, in transformer.c's order
+    int *token_count;        // (V) gpu_prepare_step's counting sort
+    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len, *token_ids, *token_first, *token_rows;   // in upload
     float *enc_x0, *dec_x0, *logits, *token_loss, *loss;
+    float *loss_host;        // page-locked: the loss, copied back at the end of the step
     float *memory_kv;        // (L, 2, B, NH, S, hs): each decoder layer's keys and values of the memory
     Dropout enc_drop, dec_drop;
     GpuEncoderActs *enc;   // (L) on the host, pointing to the GPU
     GpuDecoderActs *dec;
     GpuScratch scratch;
     size_t activation_floats, scratch_floats;   // of batch_memory, for --count
+    GpuGraph graphs[GPU_GRAPHS];
+    int graph_count;
+    struct { int B, S, T, dropout, steps; } seen[GPU_SHAPES_SEEN];   // steps of shapes not captured yet
+    int seen_next;
+    long steps;              // training steps so far, for the graphs' last use
     GpuCounts step_counts;   // the last training step's
 } GpuModel;
 
 static GpuModel gpu;
+// A shape's graph is captured at its gpu_graph_after-th step (0: never, --no-graph):
+// the second, so that a shape seen once costs no capture.
+static int gpu_graph_after = 2;
 
 static void *gpu_alloc(size_t bytes) {
     void *p = NULL;
     CUDA_CHECK(cudaMalloc(&p, bytes));
     gpu_counts.allocations++;
+    gpu_counts.host_calls++;
     return p;
 }
 
+// A copy that waits for the GPU (the model's memory to and from the host)
 static void gpu_copy(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
     CUDA_CHECK(cudaMemcpy(to, from, bytes, kind));
     gpu_counts.copies++;
+    gpu_counts.host_calls++;
     gpu_counts.bytes_copied += (double)bytes;
+}
+
+// A copy in the stream's order, from or to page-locked host memory: the host
+// goes on at once (a step's upload and its loss)
+static void gpu_copy_async(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
+    CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, gpu_stream));
+    gpu_counting->copies++;
+    gpu_counting->host_calls++;
+    gpu_counting->bytes_copied += (double)bytes;
 }
 
 // C = alpha op(A) op(B) + beta C, column-major (cuda_on_cpu.h says it exactly)
 static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     CUBLAS_CHECK(cublasSgemm(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc));
-    gpu_counts.gemms++;
+    gpu_counting->gemms++;
+    gpu_counting->host_calls++;
 }
 
 // The same for `count` products, the i-th at A + i*stride_a, B + i*stride_b, C + i*stride_c
@@ -653,7 +819,8 @@ static void gemm_batched(cublasOperation_t transa, cublasOperation_t transb, int
                          float beta, float *C, int ldc, long long stride_c, int count) {
     CUBLAS_CHECK(cublasSgemmStridedBatched(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, stride_a,
                                            B, ldb, stride_b, &beta, C, ldc, stride_c, count));
-    gpu_counts.gemms++;
+    gpu_counting->gemms++;
+    gpu_counting->host_calls++;
 }
 
 // the two operations, short: OP_N uses a matrix as stored, OP_T its transpose
@@ -681,13 +848,13 @@ static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, co
     gemm(OP_N, OP_T, IC, OC, N, 1.0f, inp, IC, dout, OC, 0.0f, dweight, IC);
 }
 
-// dropout_mask's key: drawn from the host model's generator when the model
-// trains with dropout, as transformer.c draws it, so the masks are its masks
-static Dropout gpu_dropout(Transformer *m) {
-    Dropout d = { 0, 0, 1.0f };
+// A dropout mask whose key is number `index` of the step's (gpu_prepare_step
+// writes them in transformer.c's order); no dropout when the model is not
+// training or P_drop is 0 (transformer.c draws no key then).
+static Dropout gpu_dropout(const Transformer *m, int index) {
+    Dropout d = { gpu.dropout_keys + index, 0, 1.0f };
     float p = m->config.dropout;
     if (!m->training || p <= 0.0f) return d;
-    d.key = transformer_dropout_key(m);
     d.threshold = (uint64_t)ceil((double)p * 9007199254740992.0);
     d.scale = (float)(1.0 / (1.0 - p));
     return d;
@@ -707,8 +874,8 @@ static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, 
                                             float *dsublayer_bias, const float *dout, const float *res, Dropout drop,
                                             const float *gain, const float *mean, const float *rstd, int N, int C) {
     LAUNCH_ROWS(N, residual_layernorm_backward_kernel, dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C);
-    LAUNCH_COLUMNS(C, layernorm_params_backward_kernel, dgain, dbias, dsublayer_bias, dout, res, mean, rstd,
-                   dsublayer, N, C);
+    LAUNCH_COLUMNS(C, N, layernorm_params_backward_kernel, dgain, dbias, dsublayer_bias, gpu.columns, dout, res, mean,
+                   rstd, dsublayer, N, C);
 }
 
 // A projection's rows (N, ld) to `parts` head-major tensors, with its bias (NULL: none)
@@ -762,8 +929,8 @@ static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att
 // `column0`, and their bias's gradient
 static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, float *dbias, const float *dheads,
                                          int parts, int B, int T, int C, int NH) {
-    LAUNCH_COLUMNS((size_t)parts * C, rows_from_heads_bias_backward_kernel, drows + column0, dbias, dheads, ld, parts,
-                   B, T, C, NH);
+    LAUNCH_COLUMNS((size_t)parts * C, (size_t)B * T, rows_from_heads_bias_backward_kernel, drows + column0, dbias,
+                   gpu.columns, dheads, ld, parts, B, T, C, NH);
 }
 
 // self_attention_forward: qkv = x W_qkv^T + b;  heads = Attention(q, k, v);  out = heads W^O^T (+ b^O by the norm)
@@ -835,7 +1002,7 @@ static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *
                                       GpuLayerParams w, int N, int C, int F) {
     float *d_h = gpu.scratch.d_ff_h;
     gpu_linear_backward(d_h, 0, g.ff2_w, dout, h, w.ff2_w, N, F, C);
-    LAUNCH_COLUMNS(F, relu_bias_backward_kernel, d_h, g.ff1_b, h, N, F);
+    LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_h, g.ff1_b, gpu.columns, h, N, F);
     gpu_linear_backward(dx, 1, g.ff1_w, d_h, x, w.ff1_w, N, C, F);
 }
 
@@ -888,91 +1055,153 @@ static GpuLayerParams gpu_decoder_params(float *arena, const Transformer *m, siz
 
 // ---- the batch's memory -----------------------------------------------------------
 
-// Tensors cut one after another from an allocation (base NULL: only counts),
-// each starting on a 256-byte boundary as cudaMalloc's do.
+
+// ---- the batch's memory -----------------------------------------------------------
+
+// Tensors cut one after another from an allocation (base NULL: only counts).
+// On a GPU each starts on a 256-byte boundary, as cudaMalloc's do. On the CPU
+// (cuda_on_cpu.h) each ends where a page starts and is followed by a guard
+// page of its own (cpu_guard_tensor, `name` in its messages), so that a kernel
+// reaching past one tensor into the next stops there; the allocation then
+// starts on a page (its size is a multiple of the page: arena_floats).
 typedef struct { float *base; size_t used; } Carver;
-static float *carve(Carver *c, size_t floats) {
+static float *carve(Carver *c, size_t floats, const char *name) {
+#ifdef CUDA_ON_CPU
+    size_t page = cpu_page_bytes() / sizeof(float), start = (c->used + floats + page - 1) / page * page - floats;
+    c->used = start + floats + page;
+    if (c->base) cpu_guard_tensor(c->base + start, floats * sizeof(float), name);
+#else
     size_t start = c->used;
     c->used += (floats + 63) / 64 * 64;
+    (void)name;
+#endif
     return c->base ? c->base + start : NULL;
+}
+static size_t arena_floats(size_t floats) {
+#ifdef CUDA_ON_CPU
+    size_t page = cpu_page_bytes() / sizeof(float);
+    return (floats + page - 1) / page * page;
+#else
+    return floats;
+#endif
 }
 
 // The activations of a (B, S, T) batch, then the scratch; returns the floats used.
 static size_t gpu_carve_batch(Carver *a, const TransformerConfig *c, int B, int S, int T) {
     size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
     size_t BS = (size_t)B * S, BT = (size_t)B * T, rows = BS > BT ? BS : BT, longest = S > T ? S : T;
-    gpu.enc_x0 = carve(a, BS * C); gpu.dec_x0 = carve(a, BT * C);
+    gpu.enc_x0 = carve(a, BS * C, "enc_x0"); gpu.dec_x0 = carve(a, BT * C, "dec_x0");
     for (size_t l = 0; l < L; l++) {
         GpuEncoderActs *e = &gpu.enc[l];
-        e->qkv = carve(a, 3 * BS * C); e->att = carve(a, B * NH * S * S); e->heads = carve(a, BS * C);
-        e->res1 = carve(a, BS * C); e->ln1 = carve(a, BS * C); e->ln1_mean = carve(a, BS); e->ln1_rstd = carve(a, BS);
-        e->ff_h = carve(a, BS * F);
-        e->res2 = carve(a, BS * C); e->ln2 = carve(a, BS * C); e->ln2_mean = carve(a, BS); e->ln2_rstd = carve(a, BS);
+        e->qkv = carve(a, 3 * BS * C, "enc.qkv"); e->att = carve(a, B * NH * S * S, "enc.att");
+        e->heads = carve(a, BS * C, "enc.heads"); e->res1 = carve(a, BS * C, "enc.res1");
+        e->ln1 = carve(a, BS * C, "enc.ln1"); e->ln1_mean = carve(a, BS, "enc.ln1_mean");
+        e->ln1_rstd = carve(a, BS, "enc.ln1_rstd"); e->ff_h = carve(a, BS * F, "enc.ff_h");
+        e->res2 = carve(a, BS * C, "enc.res2"); e->ln2 = carve(a, BS * C, "enc.ln2");
+        e->ln2_mean = carve(a, BS, "enc.ln2_mean"); e->ln2_rstd = carve(a, BS, "enc.ln2_rstd");
         GpuDecoderActs *d = &gpu.dec[l];
-        d->self_qkv = carve(a, 3 * BT * C); d->self_att = carve(a, B * NH * T * T); d->self_heads = carve(a, BT * C);
-        d->res1 = carve(a, BT * C); d->ln1 = carve(a, BT * C); d->ln1_mean = carve(a, BT); d->ln1_rstd = carve(a, BT);
-        d->cross_q = carve(a, BT * C); d->cross_att = carve(a, B * NH * T * S); d->cross_heads = carve(a, BT * C);
-        d->res2 = carve(a, BT * C); d->ln2 = carve(a, BT * C); d->ln2_mean = carve(a, BT); d->ln2_rstd = carve(a, BT);
-        d->ff_h = carve(a, BT * F);
-        d->res3 = carve(a, BT * C); d->ln3 = carve(a, BT * C); d->ln3_mean = carve(a, BT); d->ln3_rstd = carve(a, BT);
+        d->self_qkv = carve(a, 3 * BT * C, "dec.self_qkv"); d->self_att = carve(a, B * NH * T * T, "dec.self_att");
+        d->self_heads = carve(a, BT * C, "dec.self_heads"); d->res1 = carve(a, BT * C, "dec.res1");
+        d->ln1 = carve(a, BT * C, "dec.ln1"); d->ln1_mean = carve(a, BT, "dec.ln1_mean");
+        d->ln1_rstd = carve(a, BT, "dec.ln1_rstd"); d->cross_q = carve(a, BT * C, "dec.cross_q");
+        d->cross_att = carve(a, B * NH * T * S, "dec.cross_att"); d->cross_heads = carve(a, BT * C, "dec.cross_heads");
+        d->res2 = carve(a, BT * C, "dec.res2"); d->ln2 = carve(a, BT * C, "dec.ln2");
+        d->ln2_mean = carve(a, BT, "dec.ln2_mean"); d->ln2_rstd = carve(a, BT, "dec.ln2_rstd");
+        d->ff_h = carve(a, BT * F, "dec.ff_h"); d->res3 = carve(a, BT * C, "dec.res3");
+        d->ln3 = carve(a, BT * C, "dec.ln3"); d->ln3_mean = carve(a, BT, "dec.ln3_mean");
+        d->ln3_rstd = carve(a, BT, "dec.ln3_rstd");
     }
-    gpu.memory_kv = carve(a, L * 2 * BS * C);
-    gpu.logits = carve(a, BT * V); gpu.token_loss = carve(a, BT); gpu.loss = carve(a, 1);
+    gpu.memory_kv = carve(a, L * 2 * BS * C, "memory_kv");
+    gpu.logits = carve(a, BT * V, "logits"); gpu.token_loss = carve(a, BT, "token_loss"); gpu.loss = carve(a, 1, "loss");
     gpu.activation_floats = a->used;
     GpuScratch *s = &gpu.scratch;
-    s->d_dec = carve(a, BT * C); s->d_enc = carve(a, BS * C); s->d_mid1 = carve(a, rows * C);
-    s->d_mid2 = carve(a, BT * C); s->d_sublayer = carve(a, rows * C); s->d_heads = carve(a, rows * C);
-    s->d_heads_hm = carve(a, rows * C); s->d_qkv_hm = carve(a, 3 * rows * C); s->d_qkv = carve(a, 3 * rows * C);
-    s->d_ff_h = carve(a, rows * F); s->d_att = carve(a, B * NH * longest * longest);
-    s->d_memory_kv = carve(a, BS * L * 2 * C); s->d_logits = carve(a, BT * V);
+    s->d_dec = carve(a, BT * C, "d_dec"); s->d_enc = carve(a, BS * C, "d_enc"); s->d_mid1 = carve(a, rows * C, "d_mid1");
+    s->d_mid2 = carve(a, BT * C, "d_mid2"); s->d_sublayer = carve(a, rows * C, "d_sublayer");
+    s->d_heads = carve(a, rows * C, "d_heads"); s->d_heads_hm = carve(a, rows * C, "d_heads_hm");
+    s->d_qkv_hm = carve(a, 3 * rows * C, "d_qkv_hm"); s->d_qkv = carve(a, 3 * rows * C, "d_qkv");
+    s->d_ff_h = carve(a, rows * F, "d_ff_h"); s->d_att = carve(a, B * NH * longest * longest, "d_att");
+    s->d_memory_kv = carve(a, BS * L * 2 * C, "d_memory_kv"); s->d_logits = carve(a, BT * V, "d_logits");
     gpu.scratch_floats = a->used - gpu.activation_floats;
     return a->used;
 }
 
+static void gpu_forget_graphs(void);
+
+// The step's upload, laid out for (B, S, T): StepValues, the dropout keys (8-byte
+// aligned), then the ints: the tokens and lengths, and for embedding_backward_kernel
+// the token ids, where each token's rows start (and the end), the rows. Its bytes
+// (base NULL: only counts); sets gpu's device pointers into it when base is given.
+static size_t gpu_lay_out_upload(unsigned char *base, int B, int S, int T, int L) {
+    size_t keys = 2 + 5 * (size_t)L, tokens = (size_t)B * (S + T);
+    size_t key_at = (sizeof(StepValues) + 7) / 8 * 8, ints_at = key_at + keys * sizeof(uint64_t);
+    size_t ints = tokens + (size_t)B * T + 2 * (size_t)B + 3 * tokens + 1;
+    if (base) {
+        gpu.step = (StepValues *)base;
+        gpu.dropout_keys = (uint64_t *)(base + key_at);
+        int *at = (int *)(base + ints_at);
+        gpu.src = at; at += (size_t)B * S;
+        gpu.tgt_in = at; at += (size_t)B * T;
+        gpu.tgt_out = at; at += (size_t)B * T;
+        gpu.src_len = at; at += B;
+        gpu.tgt_len = at; at += B;
+        gpu.token_ids = at; at += tokens;
+        gpu.token_first = at; at += tokens + 1;
+        gpu.token_rows = at;
+    }
+    return ints_at + ints * sizeof(int);
+}
+
 // The batch's memory on the GPU: the activations and scratch for this (B, S,
 // T), cut from one allocation that is replaced only when a batch needs more
-// than it holds (then a quarter more, for the batches to come), and the int
-// arrays of gpu_upload_batch.
+// than it holds (then a quarter more, for the batches to come), and the
+// step's upload (gpu_lay_out_upload), grown the same way. The tensors are cut
+// again only when the shape changes. When either allocation moves, the
+// captured steps, which point into it, are dropped.
 static void gpu_ensure_batch(const TransformerConfig *c, int B, int S, int T) {
+    if (gpu.batch_memory && B == gpu.B && S == gpu.S && T == gpu.T) return;
     Carver count = { NULL, 0 };
     size_t need = gpu_carve_batch(&count, c, B, S, T);
     if (need > gpu.batch_capacity) {
+        gpu_forget_graphs();
         CUDA_CHECK(cudaFree(gpu.batch_memory));
-        gpu.batch_capacity = gpu.batch_memory ? need + need / 4 : need;
+        gpu.batch_capacity = arena_floats(gpu.batch_memory ? need + need / 4 : need);
         gpu.batch_memory = (float *)gpu_alloc(gpu.batch_capacity * sizeof(float));
     }
+#ifdef CUDA_ON_CPU
+    cpu_forget_tensors(gpu.batch_memory);   // the guards of the last shape's tensors
+#endif
     Carver cut = { gpu.batch_memory, 0 };
     gpu_carve_batch(&cut, c, B, S, T);
-    // the tokens and lengths, then the lists: token ids, where each token's rows start (and the end), the rows
-    size_t tokens = (size_t)B * (S + T), ints = tokens + (size_t)B * T + 2 * (size_t)B + 3 * tokens + 1;
-    if (ints > gpu.ints_capacity) {
-        CUDA_CHECK(cudaFree(gpu.batch_ints));
-        free(gpu.host_ints);
-        gpu.ints_capacity = gpu.batch_ints ? ints + ints / 4 : ints;
-        gpu.batch_ints = (int *)gpu_alloc(gpu.ints_capacity * sizeof(int));
-        gpu.host_ints = (int *)malloc(gpu.ints_capacity * sizeof(int));
-        if (!gpu.host_ints) { fprintf(stderr, "error: out of memory (the batch's host copy)\n"); exit(1); }
+    size_t upload = gpu_lay_out_upload(NULL, B, S, T, c->n_layers);
+    if (upload > gpu.upload_capacity) {
+        gpu_forget_graphs();
+        CUDA_CHECK(cudaFree(gpu.upload));
+        CUDA_CHECK(cudaFreeHost(gpu.upload_host));
+        gpu.upload_capacity = gpu.upload ? upload + upload / 4 : upload;
+        gpu.upload = (unsigned char *)gpu_alloc(gpu.upload_capacity);
+        CUDA_CHECK(cudaMallocHost((void **)&gpu.upload_host, gpu.upload_capacity));
+        gpu_counts.allocations++;
     }
+    gpu.upload_bytes = gpu_lay_out_upload(gpu.upload, B, S, T, c->n_layers);
     gpu.B = B; gpu.S = S; gpu.T = T;
 }
 
-// The batch to the GPU in one copy: its tokens and lengths, and for
-// embedding_backward_kernel each distinct token's positions (rows: the
-// target's first, then the source's, in order), by counting sort.
-static void gpu_upload_batch(const Batch *batch) {
-    int B = batch->B, S = batch->S, T = batch->T, BT = B * T, rows = B * (S + T);
-    int *h = gpu.host_ints, *count = gpu.token_count, distinct = 0;
-    size_t at = 0;
-    int *fields[5] = { batch->src, batch->tgt_in, batch->tgt_out, batch->src_len, batch->tgt_len };
+// Everything of a step that the host decides, into the upload's host side:
+// the batch, each distinct token's positions for embedding_backward_kernel
+// (rows: the target's first, then the source's, in order, by counting sort),
+// the dropout keys (drawn from the host model's generator as transformer.c
+// draws them, so the masks are its masks), Adam's step size and bias
+// correction for step adam_step + 1 at `learning_rate` (in double, as
+// transformer.c), and 1/n. Counts the step (adam_step) and its target tokens.
+static void gpu_prepare_step(Transformer *m, const Batch *batch, double learning_rate) {
+    int B = batch->B, S = batch->S, T = batch->T, BT = B * T, rows = B * (S + T), L = m->config.n_layers;
+    unsigned char *host = gpu.upload_host;
+    size_t ints_at = (size_t)((unsigned char *)gpu.src - gpu.upload);
+    int *h = (int *)(host + ints_at), *count = gpu.token_count, distinct = 0;
+    const int *fields[5] = { batch->src, batch->tgt_in, batch->tgt_out, batch->src_len, batch->tgt_len };
     size_t sizes[5] = { (size_t)B * S, (size_t)BT, (size_t)BT, (size_t)B, (size_t)B };
-    int **device[5] = { &gpu.src, &gpu.tgt_in, &gpu.tgt_out, &gpu.src_len, &gpu.tgt_len };
-    for (int f = 0; f < 5; f++) {
-        memcpy(h + at, fields[f], sizes[f] * sizeof(int));
-        *device[f] = gpu.batch_ints + at;
-        at += sizes[f];
-    }
-    int *ids = h + at, *first = ids + rows, *list = first + rows + 1;
-    gpu.token_ids = gpu.batch_ints + at; gpu.token_first = gpu.token_ids + rows; gpu.token_rows = gpu.token_first + rows + 1;
+    for (int f = 0; f < 5; f++) { memcpy(h, fields[f], sizes[f] * sizeof(int)); h += sizes[f]; }
+    int *ids = h, *first = ids + rows, *list = first + rows + 1;
     for (int r = 0; r < rows; r++) {
         int token = r < BT ? batch->tgt_in[r] : batch->src[r - BT];
         if (count[token]++ == 0) ids[distinct++] = token;
@@ -984,10 +1213,37 @@ static void gpu_upload_batch(const Batch *batch) {
         list[count[token]++] = r;
     }
     for (int k = 0; k < distinct; k++) count[ids[k]] = 0;
-    gpu.distinct_tokens = distinct;
-    gpu_copy(gpu.batch_ints, h, (size_t)(list + rows - h) * sizeof(int), cudaMemcpyHostToDevice);
+    // the dropout keys: the source's embeddings, each encoder layer's two sub-layers,
+    // the target's embeddings, each decoder layer's three
+    uint64_t *keys = (uint64_t *)(host + ((unsigned char *)gpu.dropout_keys - gpu.upload));
+    int dropout = m->training && m->config.dropout > 0.0f;
+    for (int k = 0; k < 2 + 5 * L; k++) keys[k] = dropout ? transformer_dropout_key(m) : 0;
+    m->B = B; m->S = S; m->T = T;
+    m->num_target_tokens = 0;
+    for (int b = 0; b < B; b++) m->num_target_tokens += batch->tgt_len[b];
+    m->adam_step++;
+    double b1 = m->adam.beta1, b2 = m->adam.beta2;
+    double correction1 = 1.0 - pow(b1, (double)m->adam_step), correction2 = 1.0 - pow(b2, (double)m->adam_step);
+    StepValues *step = (StepValues *)host;
+    step->adam_step_size = (float)(learning_rate / correction1);
+    step->adam_rsqrt_c2 = (float)(1.0 / sqrt(correction2));
+    step->inv_n = m->num_target_tokens ? (float)(1.0 / m->num_target_tokens) : 0.0f;
+    step->distinct_tokens = distinct;
 }
 
+// The Dropout of each sub-layer (its key's place among the step's, its rate):
+// the same for every step of a model that trains, or does not.
+static void gpu_set_dropouts(const Transformer *m) {
+    int L = m->config.n_layers;
+    gpu.enc_drop = gpu_dropout(m, 0);
+    for (int l = 0; l < L; l++) { gpu.enc[l].drop1 = gpu_dropout(m, 1 + 2 * l); gpu.enc[l].drop2 = gpu_dropout(m, 2 + 2 * l); }
+    gpu.dec_drop = gpu_dropout(m, 1 + 2 * L);
+    for (int l = 0; l < L; l++) {
+        gpu.dec[l].drop1 = gpu_dropout(m, 2 + 2 * L + 3 * l);
+        gpu.dec[l].drop2 = gpu_dropout(m, 3 + 2 * L + 3 * l);
+        gpu.dec[l].drop3 = gpu_dropout(m, 4 + 2 * L + 3 * l);
+    }
+}
 // ============================================================================
 // The layers, the whole forward pass, the whole backward pass, Adam
 // ============================================================================
@@ -1068,10 +1324,12 @@ static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S
     float *cross_w = on_gpu(gpu.params, m, m->params.dec_cross_qkv_w, 0, 0);
     float *cross_b = on_gpu(gpu.params, m, m->params.dec_cross_qkv_b, 0, 0);
     size_t layer_weights = (size_t)3 * C * C, kv_weights = (size_t)2 * C * C;
-    CUDA_CHECK(cudaMemcpy2D(gpu.memory_kv_w, kv_weights * sizeof(float), cross_w + (size_t)C * C,
-                            layer_weights * sizeof(float), kv_weights * sizeof(float), L, cudaMemcpyDeviceToDevice));
-    gpu_counts.copies++;
-    gpu_counts.bytes_copied += (double)L * kv_weights * sizeof(float);
+    CUDA_CHECK(cudaMemcpy2DAsync(gpu.memory_kv_w, kv_weights * sizeof(float), cross_w + (size_t)C * C,
+                                 layer_weights * sizeof(float), kv_weights * sizeof(float), L,
+                                 cudaMemcpyDeviceToDevice, gpu_stream));
+    gpu_counting->copies++;
+    gpu_counting->host_calls++;
+    gpu_counting->bytes_copied += (double)L * kv_weights * sizeof(float);
     float *projected = gpu.scratch.d_memory_kv;
     gpu_linear_forward(projected, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
     LAUNCH(heads_from_rows_kernel, xyz(blocks_for((size_t)2 * NS * C, THREADS), L, 1), THREADS, 0, gpu.memory_kv,
@@ -1093,33 +1351,18 @@ static void gpu_memory_backward(float *d_memory, const float *memory, Transforme
                  3LL * C * C, L);
 }
 
-// Every dropout key of a forward pass, in the order transformer.c draws them:
-// the source's embeddings, each encoder layer's two sub-layers, the target's
-// embeddings, each decoder layer's three (the embeddings of both stacks are
-// then one launch).
-static void gpu_draw_dropout_keys(Transformer *m) {
-    int L = m->config.n_layers;
-    gpu.enc_drop = gpu_dropout(m);
-    for (int l = 0; l < L; l++) { gpu.enc[l].drop1 = gpu_dropout(m); gpu.enc[l].drop2 = gpu_dropout(m); }
-    gpu.dec_drop = gpu_dropout(m);
-    for (int l = 0; l < L; l++) {
-        gpu.dec[l].drop1 = gpu_dropout(m); gpu.dec[l].drop2 = gpu_dropout(m); gpu.dec[l].drop3 = gpu_dropout(m);
-    }
-}
 
-// transformer_forward: the batch to the GPU, the encoder, the decoder, the loss;
-// returns the loss, copied back (the one number that crosses each step)
-static real gpu_forward(Transformer *m, const Batch *batch) {
-    const char *error = batch_check(batch, &m->config);
-    if (error) { fprintf(stderr, "error: transformer_cuda forward: %s\n", error); exit(1); }
+// ============================================================================
+// A training step: its work on the GPU (the forward pass, the backward pass,
+// Adam), launched one by one or captured as a graph
+// ============================================================================
+
+// transformer_forward's work for the batch of this step (gpu_prepare_step):
+// the encoder, the decoder, the loss into gpu.loss (and cross_entropy_backward's
+// dlogits already)
+static void gpu_forward_work(Transformer *m) {
     const TransformerConfig *c = &m->config;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
-    gpu_ensure_batch(c, B, S, T);
-    gpu_upload_batch(batch);
-    m->B = B; m->S = S; m->T = T;
-    m->num_target_tokens = 0;
-    for (int b = 0; b < B; b++) m->num_target_tokens += batch->tgt_len[b];
-    gpu_draw_dropout_keys(m);
+    int B = gpu.B, S = gpu.S, T = gpu.T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
     float *embedding = on_gpu(gpu.params, m, m->params.embedding, 0, 0);
     LAUNCH_ELEMENTS((size_t)B * (S + T) * C, embedding_forward_kernel, gpu.enc_x0, gpu.dec_x0, gpu.src, gpu.tgt_in,
                     embedding, gpu.pe, gpu.enc_drop, gpu.dec_drop, B, S, T, C);
@@ -1138,33 +1381,25 @@ static real gpu_forward(Transformer *m, const Batch *batch) {
     }
     // §3.4: logits = y E^T; then cross_entropy_forward, and its backward's dlogits already
     gpu_linear_forward(gpu.logits, y, embedding, B * T, C, V);
-    float inv_n = m->num_target_tokens ? (float)(1.0 / m->num_target_tokens) : 0.0f;
-    // a thread per 4 logits, up to 1024; at least two warps, so that block_sum's barrier always matters
+    // a thread per 4 logits, up to 1024; at least two warps, so that block_sum's barrier always matters;
+    // each row kept in shared memory when it fits (gpu_begin opted the kernel in to gpu.shared_opt_in bytes)
     unsigned threads = V >= 4 * 1024 ? 1024 : blocks_for((size_t)V, 4 * WARP) * WARP;
     if (threads < 2 * WARP) threads = 2 * WARP;
-    LAUNCH(cross_entropy_kernel, (unsigned)(B * T), threads, threads / WARP * sizeof(float), gpu.token_loss,
-           gpu.scratch.d_logits, gpu.logits, gpu.tgt_out, gpu.tgt_len, c->label_smoothing, inv_n, T, V);
-    LAUNCH(mean_loss_kernel, 1, THREADS, THREADS * sizeof(double), gpu.loss, gpu.token_loss, (size_t)B * T,
-           (float)inv_n);
-    float loss = 0;
-    gpu_copy(&loss, gpu.loss, sizeof loss, cudaMemcpyDeviceToHost);
-    m->loss = loss;
-    return loss;
+    size_t warps_bytes = threads / WARP * sizeof(float), with_row = warps_bytes + (size_t)V * sizeof(float);
+    int row_in_shared = with_row <= gpu.shared_opt_in;
+    LAUNCH(cross_entropy_kernel, (unsigned)(B * T), threads, row_in_shared ? with_row : warps_bytes, gpu.token_loss,
+           gpu.scratch.d_logits, gpu.logits, gpu.tgt_out, gpu.tgt_len, gpu.step, c->label_smoothing, T, V,
+           row_in_shared);
+    LAUNCH(mean_loss_kernel, 1, THREADS, THREADS * sizeof(double), gpu.loss, gpu.token_loss, (size_t)B * T, gpu.step);
 }
 
-// transformer_zero_grad and transformer_backward, for the batch of the last
-// gpu_forward. Every gradient is written once (products with beta 0, kernels
-// with =), the embedding's then added to, so nothing needs zeroing.
-static void gpu_backward(Transformer *m, const Batch *batch) {
+// transformer_backward's work, after gpu_forward_work. Every gradient is
+// written once (products with beta 0, kernels with =), the embedding's then
+// added to, so nothing needs zeroing (transformer_zero_grad).
+static void gpu_backward_work(Transformer *m) {
     const TransformerConfig *c = &m->config;
     GpuScratch *s = &gpu.scratch;
-    int B = batch->B, S = batch->S, T = batch->T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
-    if (m->num_target_tokens == 0) {   // transformer_backward leaves the zeroed gradients
-        CUDA_CHECK(cudaMemset(gpu.grads, 0, gpu.num_parameters * sizeof(float)));
-        gpu_counts.memsets++;
-        gpu_counts.bytes_set += (double)gpu.num_parameters * sizeof(float);
-        return;
-    }
+    int B = gpu.B, S = gpu.S, T = gpu.T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
     float *embedding = on_gpu(gpu.params, m, m->params.embedding, 0, 0);
     float *d_embedding = on_gpu(gpu.grads, m, m->params.embedding, 0, 0);
     // logits = decoder_output E^T (d_logits: cross_entropy_kernel's)
@@ -1182,27 +1417,101 @@ static void gpu_backward(Transformer *m, const Batch *batch) {
         gpu_encoder_layer_backward(s->d_enc, gpu_encoder_params(gpu.grads, m, l), s->d_enc, &gpu.enc[l], x,
                                    gpu_encoder_params(gpu.params, m, l), c, B, S);
     }
-    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE), enc_x0 likewise: s->d_dec and s->d_enc hold their gradients
-    LAUNCH(embedding_backward_kernel, xyz((unsigned)gpu.distinct_tokens, blocks_for((size_t)C, 4 * WARP), 1), 4 * WARP,
-           0, d_embedding, s->d_dec, s->d_enc, gpu.token_ids, gpu.token_first, gpu.token_rows, gpu.dec_drop,
-           gpu.enc_drop, B * T, C);
+    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE), enc_x0 likewise: s->d_dec and s->d_enc hold their gradients.
+    // A block for each distinct token the batch can hold: the step's count is in device memory.
+    int rows = B * (S + T), most_tokens = rows < V ? rows : V;
+    LAUNCH(embedding_backward_kernel, xyz((unsigned)most_tokens, blocks_for((size_t)C, EMBEDDING_THREADS), 1),
+           EMBEDDING_THREADS, 0, d_embedding, s->d_dec, s->d_enc, gpu.token_ids, gpu.token_first, gpu.token_rows,
+           gpu.step, gpu.dec_drop, gpu.enc_drop, B * T, C);
     if (c->positional == POSITIONAL_LEARNED)
         LAUNCH_ELEMENTS((size_t)c->max_len * C, position_embedding_backward_kernel,
                         on_gpu(gpu.grads, m, m->params.position_embedding, 0, 0), s->d_dec, s->d_enc, gpu.dec_drop,
                         gpu.enc_drop, c->max_len, B, S, T, C);
 }
 
-// adam_update: the bias corrections on the host, in double, as transformer.c; then
-// the GPU waits for the step to finish, so that a step's time is the step's and
-// an error of any kernel is reported at the step where it happened
-static void gpu_update(Transformer *m, double learning_rate) {
-    m->adam_step++;
-    double b1 = m->adam.beta1, b2 = m->adam.beta2;
-    double correction1 = 1.0 - pow(b1, (double)m->adam_step), correction2 = 1.0 - pow(b2, (double)m->adam_step);
+// adam_update's work: its step size and bias correction are the step's (StepValues)
+static void gpu_update_work(const Transformer *m) {
     LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.adam_m, gpu.adam_v, gpu.grads, gpu.num_parameters,
-                    (float)b1, (float)b2, (float)(learning_rate / correction1), (float)(1.0 / sqrt(correction2)),
-                    (float)m->adam.eps);
-    CUDA_CHECK(cudaDeviceSynchronize());
+                    (float)m->adam.beta1, (float)m->adam.beta2, (float)m->adam.eps, gpu.step);
+}
+
+// A whole step's work: what a graph captures
+static void gpu_step_work(Transformer *m) {
+    gpu_forward_work(m);
+    gpu_backward_work(m);
+    gpu_update_work(m);
+}
+
+// ---- the captured steps ---------------------------------------------------------
+
+// The captured steps dropped (the memory they point into moves, or goes); the
+// shapes' step counts stay, so that a shape seen before is captured again at once.
+static void gpu_forget_graphs(void) {
+    for (int i = 0; i < gpu.graph_count; i++) CUDA_CHECK(cudaGraphExecDestroy(gpu.graphs[i].exec));
+    gpu.graph_count = 0;
+}
+
+// How many steps of this shape have run without a graph (this one counted)
+static int gpu_shape_steps(int dropout) {
+    for (int i = 0; i < GPU_SHAPES_SEEN; i++)
+        if (gpu.seen[i].steps && gpu.seen[i].B == gpu.B && gpu.seen[i].S == gpu.S && gpu.seen[i].T == gpu.T &&
+            gpu.seen[i].dropout == dropout)
+            return ++gpu.seen[i].steps;
+    int i = gpu.seen_next++ % GPU_SHAPES_SEEN;   // the oldest goes
+    gpu.seen[i].B = gpu.B; gpu.seen[i].S = gpu.S; gpu.seen[i].T = gpu.T; gpu.seen[i].dropout = dropout;
+    return gpu.seen[i].steps = 1;
+}
+
+// The step's work captured into a graph (nothing runs): what it holds is counted as the graph's
+static GpuGraph gpu_capture(Transformer *m, int dropout) {
+    GpuGraph g;
+    memset(&g, 0, sizeof g);
+    g.B = gpu.B; g.S = gpu.S; g.T = gpu.T; g.dropout = dropout;
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(gpu_stream, cudaStreamCaptureModeGlobal));
+    gpu_counting = &g.counts;
+    gpu_step_work(m);
+    gpu_counting = &gpu_counts;
+    CUDA_CHECK(cudaStreamEndCapture(gpu_stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    gpu_counts.host_calls += 4;   // the capture's begin and end, the instantiation, the graph's destruction
+    return g;
+}
+
+// The graph of this step's shape: the one captured, or captured now when this
+// is the shape's graph_after-th step; NULL: this step runs without one.
+static const GpuGraph *gpu_graph_for(Transformer *m) {
+    int dropout = m->training && m->config.dropout > 0.0f;
+    gpu.steps++;
+    for (int i = 0; i < gpu.graph_count; i++) {
+        GpuGraph *g = &gpu.graphs[i];
+        if (g->B == gpu.B && g->S == gpu.S && g->T == gpu.T && g->dropout == dropout) {
+            g->last_used = gpu.steps;
+            return g;
+        }
+    }
+    if (gpu_graph_after == 0 || gpu_shape_steps(dropout) < gpu_graph_after) return NULL;
+    int slot = gpu.graph_count;
+    if (slot == GPU_GRAPHS) {   // the least recently launched makes room
+        slot = 0;
+        for (int i = 1; i < GPU_GRAPHS; i++) if (gpu.graphs[i].last_used < gpu.graphs[slot].last_used) slot = i;
+        CUDA_CHECK(cudaGraphExecDestroy(gpu.graphs[slot].exec));
+    } else {
+        gpu.graph_count++;
+    }
+    gpu.graphs[slot] = gpu_capture(m, dropout);
+    gpu.graphs[slot].last_used = gpu.steps;
+    return &gpu.graphs[slot];
+}
+
+static void gpu_launch_graph(const GpuGraph *g) {
+    CUDA_CHECK(cudaGraphLaunch(g->exec, gpu_stream));
+    const GpuCounts *k = &g->counts;
+    gpu_counts.launches += k->launches; gpu_counts.gemms += k->gemms; gpu_counts.memsets += k->memsets;
+    gpu_counts.copies += k->copies; gpu_counts.bytes_set += k->bytes_set; gpu_counts.bytes_copied += k->bytes_copied;
+    gpu_counts.graph_launches++;
+    gpu_counts.host_calls++;
 }
 
 // ============================================================================
@@ -1211,12 +1520,18 @@ static void gpu_update(Transformer *m, double learning_rate) {
 
 static void gpu_release(void) {
     if (gpu.ready) {
+        gpu_forget_graphs();
         CUDA_CHECK(cudaFree(gpu.batch_memory));
-        CUDA_CHECK(cudaFree(gpu.batch_ints));
+        CUDA_CHECK(cudaFree(gpu.upload));
+        CUDA_CHECK(cudaFreeHost(gpu.upload_host));
+        CUDA_CHECK(cudaFreeHost(gpu.loss_host));
         CUDA_CHECK(cudaFree(gpu.model_memory));
+        CUDA_CHECK(cudaFree(gpu.cublas_workspace));
         CUBLAS_CHECK(cublasDestroy(gpu.cublas));
+        CUDA_CHECK(cudaStreamDestroy(gpu_stream));
+        gpu_stream = NULL;
     }
-    free(gpu.enc); free(gpu.dec); free(gpu.host_ints); free(gpu.token_count);
+    free(gpu.enc); free(gpu.dec); free(gpu.token_count);
     int tf32 = gpu.tf32, count = gpu.count;
     memset(&gpu, 0, sizeof gpu);
     gpu.tf32 = tf32;
@@ -1224,28 +1539,50 @@ static void gpu_release(void) {
 }
 
 // The model's memory on the GPU, one allocation: its parameters, gradients,
-// Adam's moments, the sinusoids and the gathered W^K, W^V of gpu_memory_forward.
+// Adam's moments, the sinusoids, the gathered W^K, W^V of gpu_memory_forward,
+// and the column kernels' scratch (its counts zeroed once, here)
 static void gpu_allocate_model(const Transformer *m) {
     const TransformerConfig *c = &m->config;
-    size_t P = m->num_parameters, pe = (size_t)c->max_len * c->d_model;
-    size_t kv_w = (size_t)c->n_layers * 2 * c->d_model * c->d_model;
+    size_t P = m->num_parameters, C = c->d_model, pe = (size_t)c->max_len * C;
+    size_t kv_w = (size_t)c->n_layers * 2 * C * C;
+    size_t widest = 3 * C > (size_t)c->d_ff ? 3 * C : (size_t)c->d_ff;   // the most columns a column kernel sums
+    size_t column_blocks = blocks_for(widest, WARP), partials = (size_t)COLUMN_TARGET_BLOCKS * WARP;
+    if (partials < column_blocks * WARP) partials = column_blocks * WARP;
     Carver count = { NULL, 0 };
-    for (int i = 0; i < 4; i++) carve(&count, P);
-    carve(&count, pe);
-    carve(&count, kv_w);
+    const char *names[4] = { "params", "grads", "adam_m", "adam_v" };
+    for (int i = 0; i < 4; i++) carve(&count, P, names[i]);
+    carve(&count, pe, "pe");
+    carve(&count, kv_w, "memory_kv_w");
+    carve(&count, 3 * partials, "column_partials");
+    carve(&count, column_blocks, "column_chunks_done");
     gpu.model_memory = gpu_alloc(count.used * sizeof(float));
     Carver cut = { (float *)gpu.model_memory, 0 };
     float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
-    for (int i = 0; i < 4; i++) *arenas[i] = carve(&cut, P);
+    for (int i = 0; i < 4; i++) *arenas[i] = carve(&cut, P, names[i]);
     // learned positions are a parameter that Adam moves on the GPU: the forward
     // reads them where Adam writes them, as m->positional_encoding on the host
-    gpu.pe = carve(&cut, pe);
+    gpu.pe = carve(&cut, pe, "pe");
     if (c->positional == POSITIONAL_LEARNED) gpu.pe = on_gpu(gpu.params, m, m->params.position_embedding, 0, 0);
-    gpu.memory_kv_w = carve(&cut, kv_w);
+    gpu.memory_kv_w = carve(&cut, kv_w, "memory_kv_w");
+    gpu.columns.partials = carve(&cut, 3 * partials, "column_partials");
+    gpu.columns.chunks_done = (unsigned *)carve(&cut, column_blocks, "column_chunks_done");
+    CUDA_CHECK(cudaMemset(gpu.columns.chunks_done, 0, column_blocks * sizeof(unsigned)));
+    gpu.cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
+    CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
     gpu.enc = (GpuEncoderActs *)calloc((size_t)c->n_layers, sizeof(GpuEncoderActs));
     gpu.dec = (GpuDecoderActs *)calloc((size_t)c->n_layers, sizeof(GpuDecoderActs));
     gpu.token_count = (int *)calloc((size_t)c->vocab_size, sizeof(int));
     if (!gpu.enc || !gpu.dec || !gpu.token_count) { fprintf(stderr, "error: out of memory (the GPU's host lists)\n"); exit(1); }
+}
+
+// cuBLAS on the companion's stream, with a workspace of its own (so that
+// nothing is allocated inside a capture; cublasSetStream resets it, so it comes after)
+static void gpu_start_cublas(void) {
+    CUBLAS_CHECK(cublasCreate(&gpu.cublas));
+    CUBLAS_CHECK(cublasSetStream(gpu.cublas, gpu_stream));
+    CUBLAS_CHECK(cublasSetWorkspace(gpu.cublas, gpu.cublas_workspace, CUBLAS_WORKSPACE_BYTES));
+    // fp32 products as transformer.c's; TF32 tensor cores only when asked (--tf32)
+    CUBLAS_CHECK(cublasSetMathMode(gpu.cublas, gpu.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
 // begin: the model's memory on the GPU (again when the model's shape changed),
@@ -1255,17 +1592,20 @@ static void gpu_begin(Transformer *m) {
     if (!gpu.ready) {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        CUBLAS_CHECK(cublasCreate(&gpu.cublas));
-        // fp32 products as transformer.c's; TF32 tensor cores only when asked (--tf32)
-        CUBLAS_CHECK(cublasSetMathMode(gpu.cublas, gpu.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-        fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s\n", prop.name,
-                gpu.tf32 ? "TF32 (--tf32)" : "fp32");
+        CUDA_CHECK(cudaStreamCreate(&gpu_stream));
         gpu.ready = 1;
         gpu.config = m->config;
         gpu.num_parameters = m->num_parameters;
         gpu_allocate_model(m);
+        gpu_start_cublas();
+        gpu.shared_opt_in = prop.sharedMemPerBlockOptin;
+        CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)gpu.shared_opt_in));
+        fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s\n", prop.name,
+                gpu.tf32 ? "TF32 (--tf32)" : "fp32", gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)");
     }
     size_t bytes = m->num_parameters * sizeof(float);
+    CUDA_CHECK(cudaStreamSynchronize(gpu_stream));   // the last step's work is done before the host's copies
     gpu_copy(gpu.params, m->params_memory, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_m, m->adam_m, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_v, m->adam_v, bytes, cudaMemcpyHostToDevice);
@@ -1277,6 +1617,7 @@ static void gpu_begin(Transformer *m) {
 // to_host: the parameters, gradients and moments back into the host model
 static void gpu_to_host(Transformer *m) {
     size_t bytes = m->num_parameters * sizeof(float);
+    CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
     gpu_copy(m->params_memory, gpu.params, bytes, cudaMemcpyDeviceToHost);
     gpu_copy(m->grads_memory, gpu.grads, bytes, cudaMemcpyDeviceToHost);
     gpu_copy(m->adam_m, gpu.adam_m, bytes, cudaMemcpyDeviceToHost);
@@ -1284,24 +1625,131 @@ static void gpu_to_host(Transformer *m) {
 }
 
 // transformer_train_step on the GPU: the forward pass, the backward pass (the
-// gradients zeroed first), Adam at eq. 3's rate for step adam_step + 1.
-// gpu.step_counts gets what the step asked of the GPU.
+// gradients zeroed first), Adam at eq. 3's rate for step adam_step + 1. The
+// host prepares the step, copies it to the GPU, launches the step's graph (or
+// its work one by one), copies the loss back and waits: the one wait of the
+// step. A batch without target tokens (all padding) runs without a graph: its
+// gradients are zero (a memset) and Adam still moves the parameters, as
+// transformer.c's. gpu.step_counts gets what the step asked of the GPU.
 static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps, double lr_factor) {
     GpuCounts before = gpu_counts;
-    real loss = gpu_forward(m, batch);
-    gpu_backward(m, batch);
-    gpu_update(m, transformer_learning_rate(m->adam_step + 1, m->config.d_model, warmup_steps, lr_factor));
+    const char *error = batch_check(batch, &m->config);
+    if (error) { fprintf(stderr, "error: transformer_cuda train step: %s\n", error); exit(1); }
+    gpu_ensure_batch(&m->config, batch->B, batch->S, batch->T);
+    double learning_rate = transformer_learning_rate(m->adam_step + 1, m->config.d_model, warmup_steps, lr_factor);
+    gpu_prepare_step(m, batch, learning_rate);
+    gpu_set_dropouts(m);
+    gpu_copy_async(gpu.upload, gpu.upload_host, gpu.upload_bytes, cudaMemcpyHostToDevice);
+    if (m->num_target_tokens == 0) {
+        gpu_forward_work(m);
+        CUDA_CHECK(cudaMemsetAsync(gpu.grads, 0, gpu.num_parameters * sizeof(float), gpu_stream));
+        gpu_counts.memsets++;
+        gpu_counts.host_calls++;
+        gpu_counts.bytes_set += (double)gpu.num_parameters * sizeof(float);
+        gpu_update_work(m);
+    } else {
+        const GpuGraph *graph = gpu_graph_for(m);
+        if (graph) gpu_launch_graph(graph);
+        else gpu_step_work(m);
+    }
+    gpu_copy_async(gpu.loss_host, gpu.loss, sizeof(float), cudaMemcpyDeviceToHost);
+    CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
+    gpu_counts.host_calls++;
+    m->loss = *gpu.loss_host;
     GpuCounts *after = &gpu.step_counts;
     *after = gpu_counts;
     after->launches -= before.launches; after->gemms -= before.gemms; after->memsets -= before.memsets;
     after->copies -= before.copies; after->allocations -= before.allocations;
+    after->graph_launches -= before.graph_launches; after->host_calls -= before.host_calls;
     after->bytes_set -= before.bytes_set; after->bytes_copied -= before.bytes_copied;
-    return loss;
+    return m->loss;
 }
 
 static const TrainingCompute gpu_training = {
     "transformer_cuda", gpu_begin, gpu_train_step, gpu_to_host,
 };
+
+// Numbers in [-1, 1) from a hash of their index: the operands of `sgemm`
+static __global__ void __launch_bounds__(THREADS) fill_uniform_kernel(float *x, size_t n, uint64_t seed) {
+    size_t i = ELEMENT_INDEX;
+    if (i < n) x[i] = (float)(dropout_hash64(seed + i) >> 40) / (float)(1 << 23) - 1.0f;
+}
+CPU_KERNEL(fill_uniform_kernel, float *, size_t, uint64_t)
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static int compare_seconds(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// ./transformer_cuda sgemm [--size N] [--repeats R] [--json] (with --tf32: TF32 tensor cores), argv[0] "sgemm":
+// cuBLAS's own C = A B on n x n matrices, the practical limit of the step's
+// products (dev/bench_gpu.py prints our TFLOP/s beside it); the median of R
+// timed products after 3 untimed ones, each waited for.
+#ifdef __cplusplus
+extern "C"
+#endif
+// sgemm's options; 0 if they are wrong (it says why)
+static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) *json = 1;
+        else if (i + 1 < argc && strcmp(argv[i], "--size") == 0) *n = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--repeats") == 0) *repeats = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] [--tf32]\n"
+                            "cuBLAS's SGEMM C = A B on N x N matrices (default 8192), in TFLOP/s\n");
+            return 0;
+        }
+    }
+    if (*n >= 1 && *n <= 65536 && *repeats >= 1 && *repeats <= 1000) return 1;
+    fprintf(stderr, "error: sgemm: --size must be 1 to 65536 and --repeats 1 to 1000\n");
+    return 0;
+}
+
+int transformer_cuda_sgemm(int argc, char **argv) {
+    int n = 8192, repeats = 10, json = 0;
+    if (!sgemm_options(argc, argv, &n, &repeats, &json)) return 1;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaStreamCreate(&gpu_stream));
+    size_t elements = (size_t)n * n;
+    float *a = (float *)gpu_alloc(3 * elements * sizeof(float)), *b = a + elements, *c = b + elements;
+    LAUNCH_ELEMENTS(2 * elements, fill_uniform_kernel, a, 2 * elements, (uint64_t)12345);
+    gpu.cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
+    gpu_start_cublas();
+    double *times = (double *)calloc((size_t)repeats, sizeof(double));
+    if (!times) { fprintf(stderr, "error: out of memory\n"); return 1; }
+    for (int r = -3; r < repeats; r++) {
+        CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
+        double start = seconds_now();
+        gemm(OP_N, OP_N, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
+        if (r >= 0) times[r] = seconds_now() - start;
+    }
+    qsort(times, (size_t)repeats, sizeof(double), compare_seconds);
+    double median = repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
+    double tflops = 2.0 * n * (double)n * n / median * 1e-12;
+    if (json)
+        printf("{\"impl\": \"cublas_sgemm\", \"n\": %d, \"tf32\": %d, \"repeats\": %d, \"median_ms\": %.3f, "
+               "\"min_ms\": %.3f, \"tflops\": %.2f, \"gpu\": \"%s\"}\n", n, gpu.tf32, repeats, median * 1e3,
+               times[0] * 1e3, tflops, prop.name);
+    else
+        printf("cuBLAS SGEMM %d x %d x %d (%s) on %s: median %.3f ms of %d (min %.3f), %.2f TFLOP/s\n", n, n, n,
+               gpu.tf32 ? "TF32" : "fp32", prop.name, median * 1e3, repeats, times[0] * 1e3, tflops);
+    free(times);
+    CUBLAS_CHECK(cublasDestroy(gpu.cublas));
+    CUDA_CHECK(cudaFree(gpu.cublas_workspace));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaStreamDestroy(gpu_stream));
+    gpu_stream = NULL;
+    gpu.cublas = NULL;
+    gpu.cublas_workspace = NULL;
+    return 0;
+}
 
 // For test_transformer.c, which includes this file in its CPU build and is
 // linked with it built by nvcc for make test-cuda: the hook, the logits of the
@@ -1323,10 +1771,14 @@ static void gpu_print_counts(void) {
     double mb = 1.0 / (1024 * 1024), f = sizeof(float);
     double model = ((double)gpu.num_parameters * 4 + (double)gpu.config.max_len * gpu.config.d_model +
                     (double)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model) * f;
-    double held = model + (double)gpu.batch_capacity * f + (double)gpu.ints_capacity * sizeof(int);
-    printf("per step: %ld kernel launches, %ld cuBLAS calls, %ld memsets, %.1f MB set, %.1f MB copied, "
-           "%.1f MB device memory held\n", k->launches, k->gemms, k->memsets, k->bytes_set * mb, k->bytes_copied * mb,
-           held * mb);
+    double held = model + (double)gpu.batch_capacity * f + (double)gpu.upload_capacity + CUBLAS_WORKSPACE_BYTES;
+    char graphs[96];
+    if (k->graph_launches) snprintf(graphs, sizeof graphs, "in %ld CUDA graph launch%s", k->graph_launches,
+                                    k->graph_launches == 1 ? "" : "es");
+    else snprintf(graphs, sizeof graphs, "no CUDA graph");
+    printf("per step: %ld kernel launches, %ld cuBLAS calls, %ld memsets, %ld copies (%s); %ld calls from the host; "
+           "%.1f MB set, %.1f MB copied, %.1f MB device memory held\n", k->launches, k->gemms, k->memsets, k->copies,
+           graphs, k->host_calls, k->bytes_set * mb, k->bytes_copied * mb, held * mb);
     printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments); for this %d x %d x %d batch "
            "%.1f MB activations kept for the backward pass and %.1f MB scratch (%.2f x the activations), in an "
            "allocation of %.1f MB; %ld allocations in the last step\n", model * mb, gpu.B, gpu.S, gpu.T,
@@ -1335,18 +1787,20 @@ static void gpu_print_counts(void) {
            (double)gpu.batch_capacity * f * mb, k->allocations);
 }
 
-// ./transformer_cuda COMMAND [options] [--tf32] [--count]: transformer.c's command
-// line, with the training steps on the GPU. --count prints what the last
-// training step asked of the GPU (cuda_on_cpu.h's build then computes nothing:
-// the counts of a model too large to run on the CPU).
+// ./transformer_cuda COMMAND [options] [--tf32] [--no-graph] [--count]: transformer.c's
+// command line, with the training steps on the GPU; or `sgemm`. --count prints
+// what the last training step asked of the GPU (cuda_on_cpu.h's build then
+// computes nothing: the counts of a model too large to run on the CPU).
 int main(int argc, char **argv) {
     int kept = 0;
     for (int i = 0; i < argc; i++) {
         if (i > 0 && strcmp(argv[i], "--tf32") == 0) gpu.tf32 = 1;
         else if (i > 0 && strcmp(argv[i], "--count") == 0) gpu.count = 1;
+        else if (i > 0 && strcmp(argv[i], "--no-graph") == 0) gpu_graph_after = 0;
         else argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
+    if (kept >= 2 && strcmp(argv[1], "sgemm") == 0) return transformer_cuda_sgemm(kept - 1, argv + 1);
 #ifdef CUDA_ON_CPU
     if (gpu.count) cuda_on_cpu.execute = 0;
 #endif

@@ -1,0 +1,37 @@
+#!/bin/bash
+# cuda/gpu_session.sh: issue 33's measurement on a lent H100 or H200, in two commands of the device tool
+#
+#   bash cuda/gpu_session.sh proofs    (timeout_s 360; about 4 to 5 minutes)
+#       make -j16 test-cuda-proofs: ./transformer_cuda and the tests built by nvcc for this GPU,
+#       the tests on the GPU, two 40-step runs and one without CUDA graphs that must write the
+#       same checkpoint bit for bit, compute-sanitizer's memcheck, racecheck, initcheck, synccheck
+#   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes)
+#       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32 and
+#       TF32 (ours, PyTorch eager, a captured step, torch.compile), then tiny and toy in fp32 (eager,
+#       a captured step, reduce-overhead); cuBLAS's SGEMM 8192^3; no run starts after 240 s, each
+#       may take 180 s
+#
+# Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
+# one: proofs.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON as it ended
+# (what a cut run leaves). The machine's start (about 1.5 minutes) and both commands take about 14
+# of a session's 15 minutes of device time: run them back to back on the warm machine, give it back.
+# GPU_BENCH="..." in the environment replaces the Makefile's (dev/bench_gpu.py's options).
+set -o pipefail
+out=${OUT:-runs}
+mkdir -p "$out" runs
+case "${1:-}" in
+proofs)
+    make -j16 test-cuda-proofs 2>&1 | tee "$out/proofs.log"
+    ;;
+bench)
+    status=0
+    make test-cuda-bench GPU_BENCH_LOG="$out/gpu_runs.jsonl" ${GPU_BENCH:+GPU_BENCH="$GPU_BENCH"} 2>&1 |
+        tee "$out/bench.log" || status=$?
+    cp runs/gpu_table.md "$out/" 2>/dev/null
+    exit $status
+    ;;
+*)
+    echo "usage: bash cuda/gpu_session.sh proofs|bench (the header says what each runs)" >&2
+    exit 2
+    ;;
+esac
