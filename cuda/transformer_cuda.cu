@@ -20,7 +20,7 @@
  *
  * Each kernel computes a Part I loop of transformer.c and names it. What makes
  * a step fast on a GPU, and the same in every run:
- *   - a step is one CUDA graph launch (cuda/GRAPHS.md): the kernels and cuBLAS
+ *   - a step is one CUDA graph launch (cuda/NOTES.md): the kernels and cuBLAS
  *     calls of a step are captured once per batch shape, at the second step of
  *     that shape, and replayed at every later one, so a small model is not
  *     bound by the host's launches. Whatever changes from step to step lives
