@@ -126,6 +126,18 @@ static void check(int ok, const char *format, ...) {
     fflush(stdout);
 }
 
+// Tiny models that run thousands of passes (the finite differences) or
+// hundreds of steps (learning, the trained copy models) run them on one
+// thread: their results do not depend on the thread count
+// (test_thread_determinism proves it), and a second thread would only make
+// each of a pass's loops wait for it, for milliseconds each on a machine busy
+// with other programs. Returns the thread count to give back to set_threads.
+static int one_thread(void) {
+    int threads = thread_count();
+    set_threads(1);
+    return threads;
+}
+
 // A batch with padding on both sides: B sentences with the given lengths,
 // random word tokens, tgt_in = <s> y.., tgt_out = ..y </s>.
 typedef struct {
@@ -478,6 +490,7 @@ static void test_model_gradients(int positional, float dropout) {
 
 static void run_gradient_checks(void) {
     printf("-- finite-difference gradient checks, double precision (tolerance %g)\n", GRAD_TOLERANCE);
+    int threads = one_thread();
     Rng rng;
     rng_seed(&rng, 2017);
     test_linear_gradients(&rng);
@@ -489,6 +502,7 @@ static void run_gradient_checks(void) {
     test_model_gradients(POSITIONAL_SINUSOID, 0.0f);
     test_model_gradients(POSITIONAL_LEARNED, 0.0f);
     test_model_gradients(POSITIONAL_SINUSOID, 0.3f);
+    set_threads(threads);
 }
 #endif // TRANSFORMER_DOUBLE
 
@@ -1261,6 +1275,7 @@ static void test_learning(void) {
         }
     }
     real first = 0, last = 0;
+    int threads = one_thread();
     for (int step = 1; step <= 300; step++) {
         real loss = transformer_forward(&m, &tb.batch);
         if (step == 1) first = loss;
@@ -1271,6 +1286,7 @@ static void test_learning(void) {
         // builds), so whether step 300 is below 0.02 would hang on rounding
         adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 0.5));
     }
+    set_threads(threads);
     check(last < 0.02, "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f", first, last);
     transformer_free(&m);
 }
@@ -1848,7 +1864,7 @@ static void train_small_copy_model(Transformer *m, TransformerConfig config, int
     Rng rng; rng_seed(&rng, 7);
     EpochPlan plan; memset(&plan, 0, sizeof plan);
     BatchBuffer bb; memset(&bb, 0, sizeof bb);
-    int next = 0;
+    int next = 0, threads = one_thread();
     for (int step = 1; step <= steps; step++) {
         if (next == plan.num_spans) { epoch_plan_make(&plan, &train, 120, &rng); next = 0; }
         BatchSpan span = plan.spans[next++];
@@ -1858,6 +1874,7 @@ static void train_small_copy_model(Transformer *m, TransformerConfig config, int
         transformer_backward(m, &bb.batch);
         adam_update(m, transformer_learning_rate(step, config.d_model, 30, 3e-3 * sqrt(config.d_model * 30.0)));
     }
+    set_threads(threads);
     free(plan.order); free(plan.spans); batch_buffer_free(&bb); dataset_free(&train); dataset_free(&valid);
 }
 
