@@ -2119,10 +2119,6 @@ void run_model_tests(void) {
 // Part II, the program: data, checkpoints, the command line
 // ############################################################################
 
-// ============================================================================
-// Data, checkpoints and the command line
-// ============================================================================
-
 static char test_dir[256];   // a fresh temporary directory for the files below
 
 // A path in test_dir; each call has its own buffer (up to 512 of them).
@@ -2571,7 +2567,6 @@ static int files_equal(const char *a, const char *b) {
     free(x); free(y);
     return same;
 }
-
 
 // A tiny model on the copy task of transformer.c's default size, with
 // transformer.c's own flags (the lab's TINY_RUN also makes the task smaller)
