@@ -9,12 +9,13 @@
 #   make               ./transformer: transformer.c and its lab (transformer_lab.c), OpenMP on
 #                      (make OPENMP=0 for none)
 #   make minimal       ./transformer_minimal: transformer.c alone, as `cc -O2 transformer.c -lm` builds it
-#   make plain         ./transformer_plain: Part I's plain loops only (-DTRANSFORMER_PLAIN)
-#   make test          gradient checks (double), PyTorch parity, masks, Adam,
-#                      learning, decoding, checkpoints, the command line and its
-#                      error messages, Part II against Part I, the gdb walk of
-#                      make debug: the default build (double and float), without
-#                      OpenMP, and the plain build
+#   make test          test_transformer.c on transformer.c alone (gradient checks in double, PyTorch parity,
+#                      masks, Adam, learning, decoding, BLEU, data, checkpoints, ./transformer_minimal's
+#                      command line and its error messages, the gdb walk of make debug); lab/test_lab.c on
+#                      the lab (the same model tests through the fast path, the fast path against the
+#                      loops, pictures, §5.1 BPE, ./transformer's command line); cuda/test_cuda.c on the
+#                      CUDA companion built for the CPU. Each in double, float and float without OpenMP
+#                      (the companion: float, with and without OpenMP); one summed "N passed, M failed"
 #   make cuda          ./transformer_cuda: the training steps on a GPU (nvcc, cuBLAS; CUDA_ARCH=sm_80);
 #                      warnings are errors, and a kernel that spills registers fails the build
 #   make cuda-cpu      ./transformer_cuda_cpu: the same companion built for the CPU (cuda_on_cpu.h)
@@ -22,9 +23,10 @@
 #   make test-cuda     on a GPU: the tests with the companion built by nvcc, compute-sanitizer,
 #                      the training steps beside PyTorch on the same GPU (a table), make numbers
 #                      (make test-cuda-proofs and test-cuda-bench: its two parts; cuda/gpu_session.sh)
-#   make debug         -O0 -g builds for gdb, Part I only, without OpenMP: transformer_debug
-#                      (transformer.c alone), test_transformer_debug
-#   make sanitize      the tests under AddressSanitizer and UBSan (default and plain builds)
+#   make debug         -O0 -g builds for gdb, without OpenMP: transformer_debug (transformer.c alone),
+#                      test_transformer_debug (its tests)
+#   make sanitize      the tests under AddressSanitizer and UBSan: transformer.c alone (double) and the
+#                      lab (double and float), each against its program built the same way
 #   make fuzz          a libFuzzer target per parser of outside input (checkpoints, TSV data and
 #                      §5.1 merges, text cut into subwords, BLEU's files, plot's training log, the
 #                      PyTorch reference files), clang with AddressSanitizer and UBSan, each run
@@ -51,11 +53,12 @@ SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/subwords.c l
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
-# the test binaries `make test` runs, in this order
-TESTS = test_transformer_f64 test_transformer test_transformer_serial test_transformer_plain_f64 test_lab_f64 test_lab test_lab_serial \
+# the test binaries `make test` runs, in this order: transformer.c alone (its command-line tests run
+# ./transformer_minimal), the lab (./transformer), the CUDA companion built for the CPU
+TESTS = test_transformer_f64 test_transformer test_transformer_serial test_lab_f64 test_lab test_lab_serial \
         test_cuda test_cuda_serial
 
-.PHONY: all test demo numbers table3 debug plain minimal sanitize fuzz bench bench-setup clean cuda cuda-cpu test-cuda
+.PHONY: all test demo numbers table3 debug minimal sanitize fuzz bench bench-setup clean cuda cuda-cpu test-cuda
 
 all: transformer
 
@@ -69,30 +72,20 @@ minimal: transformer_minimal
 transformer_minimal: transformer.c transformer.h
 	$(CC) -O2 $(WARNINGS) -o $@ transformer.c $(LDLIBS)
 
-# Part I alone: the model's plain loops, no Part II
-PLAIN = -DTRANSFORMER_PLAIN
-plain: transformer_plain
-transformer_plain: $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -o $@ lab/lab.c $(LDLIBS)
-
-test_transformer: test_transformer.c $(SOURCES)
+# transformer.c alone, with its tests (test_transformer.c): in float, as users run it; in double, with
+# the finite-difference gradient checks; in float without OpenMP (as `cc transformer.c` builds it):
+# the code must pass each way. Their command-line tests run ./transformer_minimal.
+TRANSFORMER_TEST = test_transformer.c transformer.c transformer.h
+test_transformer: $(TRANSFORMER_TEST)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ test_transformer.c $(LDLIBS)
-
-# the same tests with `real` = double, plus the finite-difference gradient checks
-test_transformer_f64: test_transformer.c $(SOURCES)
+test_transformer_f64: $(TRANSFORMER_TEST)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
-
-# the float tests built without OpenMP: the code must pass either way
-test_transformer_serial: test_transformer.c $(SOURCES)
+test_transformer_serial: $(TRANSFORMER_TEST)
 	$(CC) $(CFLAGS) $(WARNINGS) -o $@ test_transformer.c $(LDLIBS)
 
-# the double tests on Part I alone (the gradient checks of the plain loops);
-# its command-line tests run ./transformer_plain
-test_transformer_plain_f64: test_transformer.c $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o $@ test_transformer.c $(LDLIBS)
-
-# the lab and the fast path against transformer.c: in double, in float, and without OpenMP
-LAB_TEST = lab/test_lab.c test_transformer.c lab/fast_path.c $(SOURCES)
+# the lab and the fast path (lab/test_lab.c, which runs test_transformer.c's model tests again through
+# the fast path): in double, in float, and without OpenMP. Their command-line tests run ./transformer.
+LAB_TEST = lab/test_lab.c $(TRANSFORMER_TEST) $(SOURCES)
 test_lab_f64: $(LAB_TEST)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ lab/test_lab.c $(LDLIBS)
 test_lab: $(LAB_TEST)
@@ -108,15 +101,24 @@ test_cuda_serial: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
 
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
 # A binary that crashes before its summary counts as one failure. The tests
-# also run ./transformer itself, as a user would (bad input, resume), and the
-# plain build walks ./transformer_debug in gdb (skipped where gdb is absent).
-test: $(TESTS) transformer transformer_plain transformer_minimal transformer_debug
+# also run the programs themselves, as a user would (bad input, resume):
+# transformer.c's tests ./transformer_minimal, the others ./transformer; and
+# test_transformer_serial walks ./transformer_debug in gdb (once: skipped
+# where gdb is absent). Their threads wait at OpenMP's barriers asleep
+# (OMP_WAIT_POLICY=passive), not spinning: the models are tiny, and on a
+# machine busy with other programs a spinning thread burns its core waiting
+# for one that is not running (test_lab took 33 s of CPU time instead of 16,
+# and one table3 command 17 s instead of 0.2). TEST_OMP_WAIT= leaves libgomp's
+# default.
+TEST_OMP_WAIT ?= passive
+test: $(TESTS) transformer transformer_minimal transformer_debug
 	@passed=0; failed=0; status=0; \
 	for t in $(TESTS); do \
 	  echo "== ./$$t"; \
-	  case $$t in *plain*) bin=./transformer_plain;; *) bin=./transformer;; esac; \
-	  TRANSFORMER_BIN=$$bin TRANSFORMER_MINIMAL_BIN=./transformer_minimal TRANSFORMER_DEBUG_BIN=./transformer_debug \
-	    ./$$t > .test_output.log 2>&1; code=$$?; \
+	  case $$t in test_transformer*) bin=./transformer_minimal;; *) bin=./transformer;; esac; \
+	  case $$t in test_transformer_serial) debug=./transformer_debug;; *) debug=;; esac; \
+	  TRANSFORMER_BIN=$$bin TRANSFORMER_MINIMAL_BIN=./transformer_minimal TRANSFORMER_DEBUG_BIN=$$debug \
+	    OMP_WAIT_POLICY=$(TEST_OMP_WAIT) ./$$t > .test_output.log 2>&1; code=$$?; \
 	  cat .test_output.log; \
 	  [ $$code -eq 0 ] || status=1; \
 	  counts=$$(sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$$/\1 \2/p' .test_output.log | tail -n 1); \
@@ -317,22 +319,24 @@ clean-companion:
 # function run by libgomp, and gdb's `next` would step over the whole loop.
 debug: transformer_debug test_transformer_debug
 transformer_debug: transformer.c transformer.h
-	$(CC) -O0 -g $(WARNINGS) $(PLAIN) -o $@ transformer.c $(LDLIBS)
-test_transformer_debug: test_transformer.c $(SOURCES)
-	$(CC) -O0 -g $(WARNINGS) $(PLAIN) -o $@ test_transformer.c $(LDLIBS)
+	$(CC) -O0 -g $(WARNINGS) -o $@ transformer.c $(LDLIBS)
+test_transformer_debug: $(TRANSFORMER_TEST)
+	$(CC) -O0 -g $(WARNINGS) -o $@ test_transformer.c $(LDLIBS)
 
 # float-cast-overflow: gcc's undefined does not include it (clang's does): a
 # NaN or an infinity converted to an integer, as a chart's ticks once were
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
-sanitize: test_transformer.c $(SOURCES) $(COMPANION)
+# transformer.c alone in double (Part I's loops, its program against ./transformer_minimal_asan), the lab
+# in double and in float (the fast path, the lab against ./transformer_asan)
+sanitize: $(LAB_TEST)
+	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_minimal_asan transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o transformer_asan lab/lab.c $(LDLIBS)
-	$(CC) $(SANITIZE) $(WARNINGS) -o test_transformer_asan test_transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
-	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -o transformer_asan_plain lab/lab.c $(LDLIBS)
-	$(CC) $(SANITIZE) $(WARNINGS) $(PLAIN) -DTRANSFORMER_DOUBLE -o test_transformer_asan_plain_f64 test_transformer.c $(LDLIBS)
-	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan_f64
-	TRANSFORMER_BIN=./transformer_asan ./test_transformer_asan
-	TRANSFORMER_BIN=./transformer_asan_plain ./test_transformer_asan_plain_f64
+	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_lab_asan_f64 lab/test_lab.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) -o test_lab_asan lab/test_lab.c $(LDLIBS)
+	TRANSFORMER_BIN=./transformer_minimal_asan ./test_transformer_asan_f64
+	TRANSFORMER_BIN=./transformer_asan TRANSFORMER_MINIMAL_BIN=./transformer_minimal_asan ./test_lab_asan_f64
+	TRANSFORMER_BIN=./transformer_asan TRANSFORMER_MINIMAL_BIN=./transformer_minimal_asan ./test_lab_asan
 
 # ---- fuzzing (dev/fuzz/) ----
 # Each target (dev/fuzz/fuzz_TARGET.c) includes the program and feeds the
@@ -397,7 +401,7 @@ dev-check: transformer test_transformer test_transformer_f64
 	DEV_VENV=$(BENCH_VENV) dev/check.sh
 
 clean:
-	rm -f transformer transformer_minimal transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
-	      test_transformer_f64 test_transformer_serial test_transformer_plain_f64 test_transformer_debug \
-	      test_transformer_asan test_transformer_asan_f64 test_transformer_asan_plain_f64 .test_output.log \
+	rm -f transformer transformer_minimal transformer_debug transformer_asan transformer_minimal_asan test_transformer \
+	      test_transformer_f64 test_transformer_serial test_transformer_debug test_transformer_asan_f64 \
+	      test_lab_asan test_lab_asan_f64 .test_output.log \
 	      transformer_cuda transformer_cuda_cpu test_transformer_cuda test_cuda test_cuda_serial test_lab test_lab_f64 test_lab_serial *.o .ptxas.log

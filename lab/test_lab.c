@@ -1,19 +1,58 @@
-/* lab/test_lab.c: the proofs of the lab (lab/lab.c) and of the fast path (lab/fast_path.c)
+/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c) and of the fast path (lab/fast_path.c)
  *
- * The fast path against transformer.c's loops: the matrix product against
- * plain loops for every shape and form, any thread count giving the same
- * bits, the linear layers and attention element by element (to rounding),
- * the dispatch reaching it, and whole training steps. Built by make test
- * in double, in float, and in float without OpenMP. Ends with
- * "N passed, M failed".
+ * Built by make test in double (test_lab_f64), in float (test_lab) and in
+ * float without OpenMP (test_lab_serial), with the lab plugged in as make's
+ * ./transformer runs (lab_plug_in); each ends with "N passed, M failed":
+ *   - the fast path against transformer.c's loops: the matrix product against
+ *     plain loops for every shape and form, any thread count giving the same
+ *     bits, the linear layers and attention element by element (to rounding),
+ *     the dispatch reaching it, and whole training steps;
+ *   - transformer.c's Part I tests again (test_transformer.c's
+ *     run_model_tests: gradient checks in double, the PyTorch reference files,
+ *     masks, learning, decoding...), now with every product and attention
+ *     through the fast path, and the tests worked by hand through both;
+ *   - the lab: its SVG pictures; §5.1 byte-pair encoding (merges learned and
+ *     applied, in checkpoints); the busy-machine thread count (--threads 0);
+ *     and the command line, run as a user runs it: the binary TRANSFORMER_BIN
+ *     names (make test: ./transformer), with transformer.c's commands
+ *     (test_transformer.c's run_command_line_tests), then train's further flags
+ *     (--resume, --keep-last, --save-every, --log, --loss-log, --positions,
+ *     --bpe, --train-size...), the lab's commands (average, bleu, attention,
+ *     pe, plot, bpe, params, table3), and checkpoints written by transformer.c
+ *     alone (TRANSFORMER_MINIMAL_BIN, make test: ./transformer_minimal).
+ *
+ * INDEX: each piece of the lab -> the tests that prove it
+ *   fast_path.c  linear_forward_fast, _backward_fast     test_fast_linear, test_fast_dispatch, test_fast_training_step;
+ *                                                        the model tests (reference files, gradient checks in double)
+ *                attention_forward_fast, _backward_fast  test_fast_attention, test_fast_dispatch,
+ *                                                        test_fast_training_step, test_attention_by_hand
+ *                attention_one_query_fast                test_fast_attention (one query), test_attention_by_hand,
+ *                                                        test_cached_logits
+ *                matmul and its tiles                    test_matmul_against_plain_loops, test_matmul_thread_count
+ *                checked_aligned_malloc                  test_fast_aligned_memory
+ *   lab.c        svg_write_heatmap, _grid, _positional_encoding, _attention, _loss_curve    test_svg_*
+ *                checkpoint_average, average             test_average; test_table3 (learned positions)
+ *                bleu                                    test_bleu_command
+ *                attention, pe, plot                     test_log_keep_last_and_pictures, test_command_names_and_labels
+ *                params, parameter_group_count           test_parameter_groups, test_lab_command_line
+ *                table3 (table3_name_variant, stored_option)    test_table3
+ *                commands, labels, errors naming them    test_command_names_and_labels, test_lab_reads_minimal_checkpoints
+ *                (bench has no test: make bench runs it)
+ *   subwords.c   bpe_learn, bpe_encode_word, bpe_join_tokens    test_bpe_learn_and_apply, test_bpe_numbers_data
+ *                the merges in checkpoints, special tokens      test_bpe_checkpoint, test_bpe_never_makes_special_tokens
+ *                train --bpe, bpe                        test_bpe_command_line
+ *   runs.c       --resume                                test_lab_command_line, test_existing_checkpoints_and_keep_last,
+ *                                                        test_moved_data, test_bpe_command_line
+ *                --keep-last, --save-every               test_log_keep_last_and_pictures,
+ *                                                        test_existing_checkpoints_and_keep_last
+ *                --log, --loss-log, --positions          test_log_keep_last_and_pictures, test_lab_command_line
+ *                --threads 0: cpu_times, others_busy_cores, free_cores_wanted, _decide    test_free_cores
  */
 #define TRANSFORMER_NO_MAIN
 #include "lab.c"                      // transformer.c, the fast path and the lab
 #define TEST_TRANSFORMER_LIBRARY
 #include "../test_transformer.c"      // check(), test batches and configurations, transformer.c's tests
-#ifdef TRANSFORMER_PLAIN
-#error "the lab's tests test the fast path: build without -DTRANSFORMER_PLAIN"
-#endif
+#include <signal.h>                   // kill, for the busy neighbours of test_free_cores
 
 // Random A (rows, depth) and B (depth, cols) for a product of the given
 // form, as the layers store them: form 0, A (rows, depth) and B stored as
@@ -411,8 +450,1315 @@ static void test_fast_training_step(void) {
     transformer_free(&m[1]);
 }
 
+// ============================================================================
+// Pictures: the SVG writers
+// The files are checked as text: the number of <rect> elements (one per
+// heatmap cell, plus the background, one frame per panel and the colour bar),
+// labels escaped for XML, the colour scale present, errors as one line.
+// ============================================================================
+
+static int count_occurrences(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what)) n++;
+    return n;
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+static void svg_test_path(char *out, size_t size, const char *name) {
+    snprintf(out, size, "/tmp/test_transformer_%ld_%s", (long)getpid(), name);
+}
+
+// Sends stderr to a file between capture_begin and capture_end, which returns
+// what was printed, so that a test can check an error message.
+static int captured_fd = -1, saved_stderr = -1;
+static char captured_path[256];
+
+static void capture_begin(void) {
+    svg_test_path(captured_path, sizeof captured_path, "stderr.txt");
+    fflush(stderr);
+    saved_stderr = dup(2);
+    captured_fd = open(captured_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(captured_fd, 2);
+}
+
+static void capture_end(char *printed, size_t size) {
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(captured_fd); close(saved_stderr);
+    char *text = read_text_file(captured_path);
+    snprintf(printed, size, "%s", text ? text : "");
+    free(text);
+    remove(captured_path);
+}
+
+// One line, starting with `start`.
+static int one_error_line(const char *printed, const char *start) {
+    return strncmp(printed, start, strlen(start)) == 0 && count_occurrences(printed, "\n") == 1;
+}
+
+static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed, size_t size) {
+    capture_begin();
+    int status = svg_write_loss_curve(svg_path, csv_path, "test");
+    capture_end(printed, size);
+    return status;
+}
+
+static void test_svg_heatmap(void) {
+    char path[256];
+    svg_test_path(path, sizeof path, "heatmap.svg");
+    const real values[6] = { 0, 0.5, 1, 0.25, 0.75, 0.1 };
+    const char *rows[2] = { "<s>", "a&b" }, *cols[3] = { "x", "\"q\"", "it's" };
+    int status = svg_write_heatmap(path, values, 2, 3, rows, cols, "tokens <s> & </s>", 0, 1);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG heatmap: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 6 + 3, "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
+              count_occurrences(svg, "<rect"));
+        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") && strstr(svg, ">&quot;q&quot;<") &&
+              strstr(svg, ">it&apos;s<") && strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
+              "SVG heatmap: labels and title escaped for XML (&lt;s&gt;, a&amp;b, &quot;q&quot;)");
+        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") && strstr(svg, ">0</text>") &&
+              strstr(svg, ">1</text>") && strstr(svg, ">0.5</text>"),
+              "SVG heatmap: colour scale with its min 0, middle 0.5 and max 1");
+        // value 1 is the darkest blue, 0 white; each cell's tooltip names its row and column
+        check(strstr(svg, "fill=\"#08306b\"><title>&lt;s&gt; | it&apos;s: 1</title>") &&
+              strstr(svg, "fill=\"#ffffff\"><title>&lt;s&gt; | x: 0</title>"),
+              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | column tooltips");
+        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") && count_occurrences(svg, "<text") ==
+              count_occurrences(svg, "</text>"), "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
+    }
+    free(svg);
+    remove(path);
+    // UTF-8 passes through; bytes that are not UTF-8 (a lone 0xFF, the overlong
+    // 0xC0 0xAF, a surrogate 0xED 0xA0 0x80) and control characters become '?'
+    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" }, *utf8_cols[3] = { "x\x01", "y", "z" };
+    status = svg_write_heatmap(path, values, 2, 3, utf8_rows, utf8_cols, NULL, 0, 1);
+    svg = read_text_file(path);
+    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") && strstr(svg, ">a?b?" "?c?" "?" "?</text>") &&
+          strstr(svg, ">x?</text>"), "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
+    free(svg);
+    remove(path);
+    // bad input: one line naming the file, status 1
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 0, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: a 0 x 3 matrix is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap(path, values, 2, 3, NULL, NULL, "x", 1, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG heatmap: an empty scale 1..1 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+    capture_begin();
+    status = svg_write_heatmap("/nonexistent-directory/x.svg", values, 2, 3, NULL, NULL, "x", 0, 1);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
+          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_positional_encoding(void) {
+    char path[256];
+    svg_test_path(path, sizeof path, "pe.svg");
+    int status = svg_write_positional_encoding(path, 20, 16);
+    char *svg = read_text_file(path);
+    check(status == 0 && svg != NULL, "SVG positional encoding: written");
+    if (svg) {
+        check(count_occurrences(svg, "<rect") == 20 * 16 + 3, "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
+              count_occurrences(svg, "<rect"));
+        // PE(0, 0) = sin 0 = 0: the white middle of the scale; PE(0, 1) = cos 0 = 1: darkest red
+        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") && strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
+              "SVG positional encoding: PE(0,0) = 0 white, PE(0,1) = 1 darkest red");
+        check(strstr(svg, ">-1</text>") && strstr(svg, ">1</text>") && strstr(svg, "PE(pos, i)"),
+              "SVG positional encoding: colour scale -1..1 shown");
+    }
+    free(svg);
+    remove(path);
+    char printed[512], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    status = svg_write_positional_encoding(path, 0, 16);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG positional encoding: max_len 0 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
+}
+
+static void test_svg_attention(void) {
+    TransformerConfig config = small_config(); // 2 layers, 2 heads
+    Transformer m;
+    transformer_build(&m, &config, 4);
+    int src_len[2] = { 5, 4 }, tgt_len[2] = { 4, 6 };
+    Rng rng; rng_seed(&rng, 8);
+    static TestBatch tb;
+    make_test_batch(&tb, 2, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
+    m.training = 0;
+    transformer_forward(&m, &tb.batch);
+    // sentence 1: 4 source tokens, target y1..y5 (the decoder read <s> y1..y5: 6 positions)
+    const char *source[4] = { "three", "<unk>", "forty", "two" };
+    const char *target[5] = { "drei", "hundert", "zwei", "und", "vierzig" };
+    const char *kinds[3] = { "encoder", "decoder", "cross" };
+    int cells[3] = { 4 * 4, 6 * 6, 6 * 4 }, L = config.n_layers, NH = config.n_heads;
+    for (int kind = 0; kind < 3; kind++) {
+        char path[256], name[32];
+        snprintf(name, sizeof name, "attention_%s.svg", kinds[kind]);
+        svg_test_path(path, sizeof path, name);
+        int status = svg_write_attention(path, &m, (AttentionKind)kind, 1, source, 4, target, 5);
+        char *svg = read_text_file(path);
+        check(status == 0 && svg && count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
+              "SVG attention %s: %d heads x %d cells", kinds[kind], L * NH, cells[kind]);
+        if (svg && kind == ATTENTION_CROSS) {
+            // layer 2, head 2 of sentence 1, query 2 (it predicts "zwei"), key 3 ("two"):
+            // dec_cross_att is (L, B, NH, T, S)
+            int B = 2, S = 5, T = 6;
+            double p = m.acts.dec_cross_att[((((size_t)1 * B + 1) * NH + 1) * T + 2) * S + 3];
+            char expected[96];
+            snprintf(expected, sizeof expected, "<title>zwei | two: %.4g</title>", p);
+            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") && strstr(svg, "&lt;unk&gt;"),
+                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its probability %.4g", p);
+        }
+        if (svg && kind == ATTENTION_DECODER) {
+            check(strstr(svg, ">&lt;s&gt;</text>") && strstr(svg, ">&lt;/s&gt;</text>") &&
+                  strstr(svg, "<title>drei | &lt;s&gt;: 1</title>"),
+                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees only <s>");
+        }
+        free(svg);
+        remove(path);
+    }
+    char path[256];
+    svg_test_path(path, sizeof path, "attention_bad.svg");
+    char printed[1024], start[300];
+    snprintf(start, sizeof start, "error: %s: ", path);
+    capture_begin();
+    int status = svg_write_attention(path, &m, ATTENTION_CROSS, 2, source, 4, target, 5);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: sentence 2 of a batch of 2 is refused");
+    capture_begin();
+    status = svg_write_attention(path, &m, ATTENTION_CROSS, 1, source, 4, target, 6);
+    capture_end(printed, sizeof printed);
+    check(status == 1 && one_error_line(printed, start), "SVG attention: 6+1 target positions of 6 are refused");
+    transformer_free(&m);
+}
+
+static void write_text_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+// Are all numbers in the SVG's attributes (coordinates, sizes, points) finite
+// and inside the picture, give or take? A NaN or infinite axis once gave
+// "nan" coordinates.
+static int svg_numbers_in_picture(const char *svg) {
+    for (const char *p = svg; (p = strstr(p, "=\"")) != NULL; ) {
+        p += 2;
+        while (*p && *p != '"') {
+            char *end;
+            double v = strtod(p, &end);
+            if (end == p) break; // not a number: a colour, an anchor
+            if (!isfinite(v) || fabs(v) > 1e5) return 0;
+            p = end;
+            while (*p == ',' || *p == ' ') p++;
+        }
+    }
+    return 1;
+}
+
+// Logs with extreme values: each axis spans a finite, representable range
+// (tick steps and counts stay in range: a NaN or infinite tick reached a
+// conversion to long, undefined behaviour, and the SVG held "nan"), and a
+// value beyond what a chart draws is refused with its line.
+static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) {
+    static const char *drawn[] = {
+        "1,5,0,1,0x1p-1070\n",                                                 // a subnormal held-out score (make fuzz)
+        "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",                   // a span of one rounding step
+        "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",                                   // 600 decades on the log scale
+        "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",                         // values below a double's normal range
+        "0,-1e300,-1e300,-1e300,-1e300\n1e300,1e300,1e300,1e300,1e300\n",     // the widest drawable span
+        "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",                               // gaps
+    };
+    char printed[512];
+    int good = 0, n = (int)(sizeof drawn / sizeof *drawn);
+    for (int k = 0; k < n; k++) {
+        write_text_file(csv, drawn[k]);
+        int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        char *svg = read_text_file(svg_path);
+        int ok = status == 0 && svg && printed[0] == '\0' && svg_numbers_in_picture(svg) &&
+                 count_occurrences(svg, "<polyline") >= 2;
+        if (!ok) printf("     log %d: exit %d, %s\n", k + 1, status, printed[0] ? printed : "a picture with numbers "
+                        "outside it");
+        good += ok;
+        free(svg);
+        remove(svg_path);
+    }
+    check(good == n, "SVG loss curve: %d of %d logs with extreme values (a subnormal, a one-ulp span, 600 decades, "
+          "+-1e300, gaps) drawn with finite coordinates inside the picture", good, n);
+    struct { const char *text, *message; } refused[] = {
+        { "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n",
+          ":1: loss '-1e308' is beyond what a chart draws; expected a number from -1e+300 to 1e+300" },
+        { "1,2,0.1,1,\n2,2,1e999,1,\n", ":2: lr '1e999' is beyond what a chart draws" },
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
+        write_text_file(csv, refused[k].text);
+        int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        char expected[512];
+        snprintf(expected, sizeof expected, "error: %s%s", csv, refused[k].message);
+        check(status == 1 && one_error_line(printed, expected) && access(svg_path, F_OK) != 0,
+              "SVG loss curve: a value beyond +-1e300 is refused with its line: %.*s", (int)strcspn(printed, "\n"),
+              printed);
+        remove(svg_path);
+    }
+}
+
+static void test_svg_loss_curve(void) {
+    char csv[256], svg_path[256], printed[512], expected[512];
+    svg_test_path(csv, sizeof csv, "log.csv");
+    svg_test_path(svg_path, sizeof svg_path, "loss.svg");
+    // a header, a comment, held-out scores on some lines only
+    write_text_file(csv, "step,loss,lr,tokens_per_s,dev_exact\n# a comment\n"
+                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
+    int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    char *svg = read_text_file(svg_path);
+    check(status == 0 && svg && printed[0] == '\0', "SVG loss curve: written, nothing printed");
+    if (svg) {
+        check(count_occurrences(svg, "<polyline") == 3 && strstr(svg, "training loss (log scale)") &&
+              strstr(svg, "held-out score") && strstr(svg, ">dev exact</text>") && count_occurrences(svg, "<circle") == 2,
+              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning rate");
+    }
+    free(svg);
+    remove(svg_path);
+    // without held-out scores: two panels
+    write_text_file(csv, "1,3.5,0.0001,1000,\n2,3.4,0.0002,1000,\n");
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    svg = read_text_file(svg_path);
+    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 && !strstr(svg, "held-out") &&
+          !strstr(svg, "log scale"), "SVG loss curve: no held-out scores, two panels, linear loss axis");
+    free(svg);
+    remove(svg_path);
+    // malformed logs: one line naming file and line, status 1, no picture
+    struct { const char *text, *message; } bad[] = {
+        { "step,loss,lr,tokens_per_s,heldout\n1,2.5,0.001,1000\n",
+          ":2: 4 comma-separated fields, expected 5 (step,loss,lr,tokens_per_s,heldout)" },
+        { "1,2.5,0.001,1000,\n\n2,abc,0.001,1000,\n", ":3: loss 'abc' is not a number" },
+        { "1,2.5,0.001,1000,\n-5,2.5,0.001,1000,\n", ":2: step '-5' is not a step number (>= 0)" },
+        { "1,2.5,0.001,1000,0.5x\n", ":1: held-out score '0.5x' is not a number" },
+        { "1,2.5,0.001,1000,,\n", ":1: 6 comma-separated fields, expected 5" },
+        { "# only a comment\n", ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        write_text_file(csv, bad[k].text);
+        status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+        snprintf(expected, sizeof expected, "error: %s%s", csv, bad[k].message);
+        FILE *f = fopen(svg_path, "r");
+        check(status == 1 && one_error_line(printed, expected) && !f,
+              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1, (int)strcspn(printed, "\n"), printed);
+        if (f) fclose(f);
+        remove(svg_path);
+    }
+    test_svg_loss_curve_extremes(csv, svg_path);
+    remove(csv);
+    status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
+    snprintf(expected, sizeof expected, "error: %s: cannot open: ", csv);
+    check(status == 1 && one_error_line(printed, expected),
+          "SVG loss curve: a missing log is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+}
+
+// ============================================================================
+// The lab's command line, run as a user runs ./transformer (cli_binary):
+// train's further flags, the lab's commands. Files in test_dir; the tests of
+// transformer.c's commands (run_command_line_tests) run first and leave theirs
+// there (cli.tsv, tsv.ckpt: a TSV file and a word-level checkpoint).
+// ============================================================================
+
+// A tiny model on a copy task made small with the lab's flags
+#define TINY_RUN "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 " \
+                 "--batch-tokens 80 --warmup 5 --log-every 0 --eval-every 0 --show 0"
+
+// train's flags that the lab adds: --positions, --resume and its checks,
+// --loss-log (the same seed's losses with any thread count), --save-every; params.
+static void test_lab_command_line(void) {
+    const char *tsv = test_path("cli.tsv");
+    check_cli_error("a training line longer than --positions allows", "cli.tsv:2: the source has 3 tokens; the model's "
+                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1", tsv);
+    size_t size;
+    unsigned char *good = read_file(test_path("tsv.ckpt"), &size);
+    if (!good) { check(0, "cli: no checkpoint tsv.ckpt from transformer.c's tests; the --resume tests need one"); return; }
+    const char *bad = test_path("cli_bad.ckpt");
+    good[12] = 2; write_file(bad, good, size);   // a header whose sizes disagree with the parameters
+    check_cli_error("--resume from a damaged checkpoint", "cli_bad.ckpt: header", "train --resume %s", bad);
+    free(good);
+
+    // resume: 3 steps, stop, 3 more == 6 unbroken steps (losses and final weights)
+    const char *a_ckpt = test_path("a.ckpt"), *b_ckpt = test_path("b.ckpt");
+    const char *a_log = test_path("a.log"), *b_log = test_path("b.log");
+    remove(a_log); remove(b_log);
+    int s1 = run_cli("train --task copy --steps 6 --checkpoint %s --loss-log %s " TINY_RUN, a_ckpt, a_log);
+    int s2 = run_cli("train --task copy --steps 3 --checkpoint %s --loss-log %s " TINY_RUN, b_ckpt, b_log);
+    int s3 = run_cli("train --resume %s --steps 6 --loss-log %s", b_ckpt, b_log);
+    size_t log_size;
+    unsigned char *log = read_file(a_log, &log_size);
+    int lines = count_lines_starting((char *)log, "");
+    free(log);
+    Transformer ma, mb;
+    Vocabulary va, vb;
+    const char *ea = checkpoint_load(a_ckpt, &ma, &va, NULL, NULL), *eb = ea ? ea : checkpoint_load(b_ckpt, &mb, &vb, NULL, NULL);
+    int same_weights = !ea && !eb && ma.adam_step == 6 && mb.adam_step == 6 &&
+                       memcmp(ma.params_memory, mb.params_memory, ma.num_parameters * sizeof(real)) == 0 &&
+                       memcmp(ma.adam_v, mb.adam_v, ma.num_parameters * sizeof(real)) == 0;
+    check(s1 == 0 && s2 == 0 && s3 == 0 && lines == 6 && files_equal(a_log, b_log),
+          "cli: 3 steps + --resume 3 steps give the losses of 6 unbroken steps, to the last digit");
+    check(same_weights, "cli: ... and bit-identical weights and Adam state at step 6 (%s)",
+          ea ? ea : eb ? eb : "both loaded");
+    if (!ea) { transformer_free(&ma); vocab_free(&va); }
+    if (!ea && !eb) { transformer_free(&mb); vocab_free(&vb); }
+    check_cli_error("--resume with a changed run option", "--lr cannot change on --resume",
+                    "train --resume %s --lr 0.1", b_ckpt);
+    // the header's step count against its range (it resumed at step -9223372036854775806 into a NaN loss)
+    good = read_file(b_ckpt, &size);
+    if (good) {
+        const char *far = test_path("far.ckpt");
+        write_checkpoint_with_field(far, good, size, 56, 0x8000000000000000ULL);
+        check_cli_error("--resume at Adam step INT64_MIN", "far.ckpt: header: Adam step 9223372036854775808; expected 0 "
+                        "to 1000000000", "train --resume %s --steps 8", far);
+        write_checkpoint_with_field(far, good, size, 56, 0x7FFFFFFFFFFFFFFFULL);
+        check_cli_error("--resume at Adam step INT64_MAX", "far.ckpt: header: Adam step 9223372036854775807",
+                        "train --resume %s --steps 8", far);
+        free(good);
+    }
+    // the same seed repeats the run, with one thread or two
+    const char *c_log = test_path("c.log");
+    remove(c_log);
+    int status = run_cli("train --task copy --steps 6 --threads 1 --checkpoint %s --loss-log %s " TINY_RUN,
+                         test_path("c.ckpt"), c_log);
+    check(status == 0 && files_equal(a_log, c_log), "cli: --seed repeats a run exactly (losses with 1 thread and with all)");
+    // a NaN loss stops training and leaves the last good checkpoint, written by --save-every
+    const char *nan_ckpt = test_path("nan_save_every.ckpt");
+    check_cli_error("a loss that becomes NaN or infinite, with --save-every 1", "(step 1), is left as it was",
+                    "train --task copy --steps 50 --lr 1e30 --save-every 1 --checkpoint %s " TINY_RUN, nan_ckpt);
+    status = run_cli("decode --checkpoint %s '1 2'", nan_ckpt);
+    check(status == 0, "cli: ... and that checkpoint still loads (exit %d)", status);
+    status = run_cli("params --preset big");
+    check(status == 0 && strstr(cli_output, "214,245,376") && strstr(cli_output, "paper, Table 3: 213M"),
+          "cli: params --preset big prints 214,245,376 next to the paper's 213M");
+}
+
+// ---- what a new user meets: runs kept and resumed, moved data --------------------
+
+static void kept_step_path(char *out, size_t n, const char *ckpt, int step, const char *suffix) {
+    snprintf(out, n, "%s.step%07d%s", ckpt, step, suffix);
+}
+
+static void test_existing_checkpoints_and_keep_last(void) {
+    const char *ckpt = test_path("mine.ckpt"), *other = test_path("other.ckpt");
+    char path[600];
+    // a run with --keep-last 2 ...
+    int status = run_cli("train --task copy --steps 4 --save-every 1 --keep-last 2 --checkpoint %s " TINY_RUN, ckpt);
+    size_t size;
+    unsigned char *before = read_file(ckpt, &size);
+    check(status == 0 && before, "cli: a 4-step run with --keep-last 2 (exit %d)", status);
+    if (!before) return;
+    // (that a new run does not replace it: test_existing_checkpoint)
+    run_cli("train --task copy --steps 2 --checkpoint %s " TINY_RUN, other);
+    check_cli_error("a resumed run onto another run's checkpoint", "other.ckpt is already there",
+                    "train --resume %s --steps 6 --checkpoint %s", ckpt, other);
+    // --keep-last across a resume: the earlier session's files count, a killed save's .tmp goes
+    kept_step_path(path, sizeof path, ckpt, 4, ".tmp");
+    write_text(path, "half a checkpoint");
+    status = run_cli("train --resume %s --steps 7 --save-every 1 --keep-last 2", ckpt);
+    int there[8], tmp_left;
+    for (int step = 1; step <= 7; step++) {
+        kept_step_path(path, sizeof path, ckpt, step, "");
+        there[step] = file_exists(path);
+    }
+    kept_step_path(path, sizeof path, ckpt, 4, ".tmp");
+    tmp_left = file_exists(path);
+    check(status == 0 && !there[3] && !there[4] && !there[5] && there[6] && there[7] && !tmp_left,
+          "cli: --keep-last 2 on --resume leaves steps 6 and 7, not the earlier session's 3 and 4, nor a killed "
+          "save's .tmp (exit %d)", status);
+    // --force replaces the checkpoint and its step files
+    status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
+    kept_step_path(path, sizeof path, ckpt, 7, "");
+    check(status == 0 && checkpoint_file_step(ckpt) == 2 && !file_exists(path),
+          "cli: --force replaces the checkpoint (now at step %ld) and its step files (exit %d)",
+          checkpoint_file_step(ckpt), status);
+    // and again, now that it has no step files (nothing to remove: under the
+    // sanitizers this once stopped on a memmove from a NULL list)
+    status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
+    check(status == 0 && checkpoint_file_step(ckpt) == 2, "cli: --force over a checkpoint without step files (exit %d)",
+          status);
+    kept_step_path(path, sizeof path, ckpt, 2, ".tmp"); // killed while writing step 2's file
+    write_text(path, "half a checkpoint");
+    status = run_cli("train --resume %s --steps 3", ckpt);
+    check(status == 0 && !file_exists(path), "cli: --resume without --keep-last also removes a killed save's "
+          "CHECKPOINT.step0000002.tmp (exit %d)", status);
+    status = run_cli("bleu --help");
+    check(status == 0 && strstr(cli_output, "usage: ./transformer bleu") && !strstr(cli_output, "options:"),
+          "cli: bleu --help (a command without flags) prints no empty options list");
+    free(before);
+}
+
+static void test_moved_data(void) {
+    char from[600], to[600], command[1400];
+    snprintf(from, sizeof from, "%s/moved_data.tsv", test_dir);
+    snprintf(to, sizeof to, "%s/elsewhere.tsv", test_dir);
+    write_text(from, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    const char *ckpt = test_path("moved.ckpt");
+    int status = run_cli("train --train %s --steps 2 --checkpoint %s " TINY_RUN, from, ckpt);
+    snprintf(command, sizeof command, "mv %s %s", from, to);
+    check(status == 0 && system(command) == 0, "cli: a run on a TSV file, whose file then moves (exit %d)", status);
+    check_cli_error("--resume when the data moved", "moved_data.tsv: cannot open: No such file or directory; it is "
+                    "the run's --train", "train --resume %s --steps 4", ckpt);
+    status = run_cli("train --resume %s --steps 4 --train %s", ckpt, to);
+    check(status == 0 && checkpoint_file_step(ckpt) == 4, "cli: --resume --train NEW_PATH takes the same data at its "
+          "new path (exit %d)", status);
+    status = run_cli("train --resume %s --steps 5", ckpt);
+    check(status == 0 && checkpoint_file_step(ckpt) == 5, "cli: ... and the next --resume finds it there (exit %d)",
+          status);
+    write_text(test_path("other_data.tsv"), "a b\tb a\nc d e\te d c\na a\ta a\nb c\tb c\n");
+    check_cli_error("--resume --train with other data", "other_data.tsv: not the training data of the checkpoint",
+                    "train --resume %s --steps 6 --train %s", ckpt, test_path("other_data.tsv"));
+}
+
+static void test_average(const Transformer *trained) {
+    TransformerConfig config = trained->config;
+    Transformer other;
+    transformer_build(&other, &config, 12);
+    other.adam_step = 7;
+    for (size_t k = 0; k < other.num_parameters; k++) other.adam_m[k] = (real)(0.001 * (double)(k % 13));
+    const char *a = test_path("avg_a.ckpt"), *b = test_path("avg_b.ckpt"), *out = test_path("avg_out.ckpt");
+    const char *e = save_copy_checkpoint(a, trained);
+    if (!e) e = save_copy_checkpoint(b, &other);
+    const char *paths[2] = { a, b };
+    if (!e) e = checkpoint_average(out, paths, 2);
+    Transformer avg;
+    Vocabulary v;
+    if (!e) e = checkpoint_load(out, &avg, &v, NULL, NULL);
+    if (e) { check(0, "average: %s", e); transformer_free(&other); return; }
+    size_t wrong = 0, P = avg.num_parameters;
+    for (size_t k = 0; k < P; k++) {
+        real mean = (real)(((double)trained->params_memory[k] + (double)other.params_memory[k]) / 2);
+        wrong += avg.params_memory[k] != mean;
+    }
+    int moved = 0; // the test can fail: the mean differs from both inputs almost everywhere
+    for (size_t k = 0; k < P; k++) moved += avg.params_memory[k] != trained->params_memory[k];
+    check(wrong == 0 && moved > (int)(P / 2), "average: every parameter of 2 checkpoints is their mean (%zu of %zu "
+          "differ; %d differ from the first input)", wrong, P, moved);
+    check(avg.adam_step == 7 && memcmp(avg.adam_m, other.adam_m, P * sizeof(real)) == 0,
+          "average: Adam's step and moments are the last checkpoint's");
+    transformer_free(&avg); vocab_free(&v);
+    const char *cli_out = test_path("avg_cli.ckpt");
+    int status = run_cli("average --out %s %s %s", cli_out, a, b);
+    // the binary is a float build: in the double test build its file holds floats, so compare loosely there
+    Transformer m1, m2;
+    Vocabulary v1, v2;
+    double largest = INFINITY;
+    if (status == 0 && !checkpoint_load(out, &m1, &v1, NULL, NULL)) {
+        if (!checkpoint_load(cli_out, &m2, &v2, NULL, NULL)) {
+            largest = 0;
+            for (size_t k = 0; k < P; k++) largest = fmax(largest, fabs((double)m1.params_memory[k] - (double)m2.params_memory[k]));
+            transformer_free(&m2); vocab_free(&v2);
+        }
+        transformer_free(&m1); vocab_free(&v1);
+    }
+    check(largest <= (sizeof(real) == 4 ? 0 : 1e-6), "cli: average --out writes the same average (largest "
+          "difference %g, exit %d)", largest, status);
+    // mismatched config and vocabulary
+    TransformerConfig wide = config;
+    wide.d_ff = 48;
+    Transformer w;
+    transformer_build(&w, &wide, 13);
+    const char *c = test_path("avg_wide.ckpt"), *d = test_path("avg_vocab.ckpt"), *none = test_path("avg_none.ckpt");
+    save_copy_checkpoint(c, &w);
+    transformer_free(&w);
+    Vocabulary letters;
+    vocab_init(&letters);
+    for (int i = 0; i < config.vocab_size - NUM_SPECIAL_TOKENS; i++) { char t[2] = { (char)('a' + i), 0 }; vocab_add(&letters, t, 1); }
+    TrainingState state = { 1, 1, 0, 0 };
+    checkpoint_save(d, &other, &letters, &state, "--task\ncopy\n");
+    vocab_free(&letters);
+    check_cli_error("average of different configs", "expected the same config", "average --out %s %s %s", none, a, c);
+    check(!file_exists(none), "cli: ... and writes no file");
+    check_cli_error("average of different vocabularies", "vocabulary token 4 is 'a' but '0'", "average --out %s %s %s",
+                    none, a, d);
+    check_cli_error("average without --out", "average: --out FILE is required", "average %s %s", a, b);
+    check_cli_error("average without files", "average: no checkpoints given", "average --out %s", none);
+    check_cli_error("average of a missing file", "avg_missing.ckpt: cannot open", "average --out %s %s %s", none, a,
+                    test_path("avg_missing.ckpt"));
+    check(!file_exists(none), "cli: no file from a failed average");
+    transformer_free(&other);
+}
+
+static void test_log_keep_last_and_pictures(const char *ckpt) {
+    // train --log and --keep-last
+    const char *run = test_path("log.ckpt"), *log = test_path("log.csv");
+    remove(log);
+    int status = run_cli("train --task copy --steps 6 --save-every 2 --keep-last 2 --checkpoint %s --log %s "
+                         "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 "
+                         "--batch-tokens 80 --warmup 5 --log-every 2 --eval-every 3 --show 0", run, log);
+    char kept[3][400];
+    for (int i = 0; i < 3; i++) snprintf(kept[i], sizeof kept[i], "%s.step%07d", run, 2 * (i + 1));
+    check(status == 0 && !file_exists(kept[0]) && file_exists(kept[1]) && file_exists(kept[2]),
+          "cli: train --keep-last 2 leaves the checkpoints of steps 4 and 6, not 2 (exit %d)", status);
+    char *csv = read_text_file(log);
+    // lines at steps 2, 3 (evaluation), 4, 6 (both)
+    int lines = count_lines_starting(csv, ""), header = csv && strncmp(csv, "step,loss,lr,tokens_per_s,heldout", 33) == 0;
+    int eval_line = csv && strstr(csv, "\n3,") && strstr(strstr(csv, "\n3,"), ",0.00\n") != NULL;
+    int plain_line = csv && strstr(csv, "\n2,") && strchr(strstr(csv, "\n2,") + 1, '\n')[-1] == ',';
+    check(header && lines == 5 && eval_line && plain_line,
+          "cli: train --log writes a header and a CSV line at each progress line and evaluation, the held-out "
+          "score only where measured (%d lines)", lines);
+    free(csv);
+    const char *svg = test_path("curve.svg");
+    status = run_cli("plot --log %s --out %s", log, svg);
+    char *text = read_text_file(svg);
+    check(status == 0 && text && strstr(text, "<polyline"), "cli: plot draws the log (exit %d)", status);
+    free(text);
+    write_text(test_path("bad.csv"), "step,loss,lr,tokens_per_s,heldout\n1,abc,0.1,5,\n");
+    check_cli_error("plot of a malformed log", "bad.csv:2: loss 'abc' is not a number", "plot --log %s --out %s",
+                    test_path("bad.csv"), svg);
+    check_cli_error("plot without --log", "plot: --log FILE.csv is required", "plot --out %s", svg);
+    // pe
+    const char *pe = test_path("pe_cli.svg");
+    status = run_cli("pe --out %s --max-len 10 --d-model 8", pe);
+    text = read_text_file(pe);
+    check(status == 0 && text && count_occurrences(text, "<rect") == 10 * 8 + 3, "cli: pe draws a 10 x 8 matrix");
+    free(text);
+    check_cli_error("pe without --out", "pe: --out FILE.svg is required", "pe --max-len 5");
+    check_cli_error("pe --d-model 0", "pe: --d-model '0' is not valid", "pe --out %s --d-model 0", pe);
+    // attention
+    const char *dir = test_path("att");
+    status = run_cli("attention --checkpoint %s --out-dir %s '1 2 3'", ckpt, dir);
+    int written = 0;
+    const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg", "cross_attention.svg" };
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        text = read_text_file(path);
+        written += text && strstr(text, "layer 2, head 4") && strstr(text, ">&lt;/s&gt;</text>");
+        free(text);
+    }
+    check(status == 0 && written == 3, "cli: attention writes the 3 pictures, every head of every layer (%d, exit %d)",
+          written, status);
+    check_cli_error("attention without --out-dir", "attention: --out-dir DIR is required", "attention --checkpoint %s '1 2'", ckpt);
+    check_cli_error("attention with two sentences", "expected exactly one source sentence",
+                    "attention --checkpoint %s --out-dir %s '1 2' '3'", ckpt, dir);
+    check_cli_error("attention of an empty sentence", "the sentence is empty", "attention --checkpoint %s --out-dir %s ' '",
+                    ckpt, dir);
+    check_cli_error("attention of a too long sentence", "the sentence has 25 tokens; the model's maximum length 20",
+                    "attention --checkpoint %s --out-dir %s '1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5'", ckpt, dir);
+    check_cli_error("attention into a directory that cannot be made", "/nonexistent/x: cannot create",
+                    "attention --checkpoint %s --out-dir /nonexistent/x '1 2'", ckpt);
+}
+
+static void test_command_names_and_labels(void) {
+    // attention: no folder before the checkpoint has loaded
+    const char *dir = test_path("att_not_made");
+    check_cli_error("attention with a missing checkpoint", "attention: ", "attention --checkpoint %s --out-dir %s '1 2'",
+                    test_path("missing.ckpt"), dir);
+    check(!file_exists(dir), "cli: ... and no output folder is made");
+    // every error names its command, also those printed deep down
+    check_cli_error("pe into a folder that is not there", "error: pe: cannot write /nonexistent/pe.svg",
+                    "pe --out /nonexistent/pe.svg --max-len 4 --d-model 4");
+    char expected[700];
+    snprintf(expected, sizeof expected, "error: plot: %s:2", test_path("plot_bad.csv"));
+    write_text(test_path("plot_bad.csv"), "step,loss,lr,tokens_per_s,heldout\n1,2\n");
+    check_cli_error("plot of a malformed log", expected, "plot --log %s --out %s", test_path("plot_bad.csv"),
+                    test_path("plot_bad.svg"));
+    // (out of memory names the command too: test_out_of_memory)
+    // the plot's axes read as words, not as the log's column names
+    const char *log = test_path("labels.csv"), *svg = test_path("labels.svg");
+    write_text(log, "step,loss,lr,tokens_per_s,heldout_exact_match\n1,2.5,0.001,900,\n2,2.0,0.002,950,12.5\n");
+    int status = run_cli("plot --log %s --out %s", log, svg);
+    char *text = read_text_file(svg);
+    check(status == 0 && text && strstr(text, ">held-out exact match (%)</text>") && strstr(text, ">learning rate</text>")
+          && !strstr(text, ">heldout_exact_match</text>"),
+          "cli: plot labels the held-out axis 'held-out exact match (%%)', not heldout_exact_match (exit %d)", status);
+    free(text);
+    // the fuzzing finds: a subnormal held-out score is drawn; losses of -1e308 and 1e308 are refused
+    write_text(log, "1,5,0,1,0x1p-1070\n");
+    status = run_cli("plot --log %s --out %s", log, svg);
+    text = read_text_file(svg);
+    check(status == 0 && text && svg_numbers_in_picture(text) && !strstr(cli_output, "runtime error"),
+          "cli: plot of a log holding 0x1p-1070 draws finite axes (exit %d) %s", status, cli_output);
+    free(text);
+    write_text(log, "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n");
+    snprintf(expected, sizeof expected, "error: plot: %s:1: loss '-1e308' is beyond what a chart draws", log);
+    check_cli_error("plot of a log holding -1e308", expected, "plot --log %s --out %s", log, svg);
+}
+
+static void test_bleu_command(void) {
+    const char *hyp = test_path("hyp.txt"), *ref = test_path("ref.txt");
+    // a byte-order mark, \r\n, runs of spaces and tabs, an empty line, sentences shorter than 4
+    write_text(hyp, "\xEF\xBB\xBFthe cat sat on the mat\r\na b  c d e\n\nx y\nthe the the the\tthe\n");
+    write_text(ref, "the cat sat on the mat\r\na b c d f\nempty\nx y z\nthe cat is on the mat\n");
+    const char *pairs[5][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" },
+                                { "", "empty" }, { "x y", "x y z" }, { "the the the the the", "the cat is on the mat" } };
+    BleuStats expected;
+    bleu_reset(&expected);
+    for (int i = 0; i < 5; i++) bleu_add_sentence_text(&expected, pairs[i][0], pairs[i][1]);
+    double want = bleu_score(&expected, NULL, NULL);
+    int status = run_cli("bleu %s %s", hyp, ref);
+    double got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && want > 10 && want < 90 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "5 sentences"),
+          "cli: bleu HYP REF prints %.2f for 5 lines, the corpus BLEU of the same sentences (%.4f)", got, want);
+    write_text(test_path("short.txt"), "the cat\n");
+    check_cli_error("bleu of files of different lengths", "short.txt ends after 1 line but", "bleu %s %s",
+                    test_path("short.txt"), ref);
+    check_cli_error("bleu of one file", "bleu: expected two files", "bleu %s", hyp);
+    // U+00A0 and U+3000 separate words as sacreBLEU's tokenize='none' (Python's str.split()) separates them:
+    // the corpus of test_bleu_white_space, whose BLEU by hand is 100 (10/11 8/9 6/7 4/5)^(1/4) = 86.28
+    write_text(hyp, "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat\n\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80"
+                    "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80\n");
+    write_text(ref, "the cat\xc2\xa0sat on the mat\na b c d f\n");
+    want = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
+    status = run_cli("bleu %s %s", hyp, ref);
+    got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "output/reference length 11/11"),
+          "cli: bleu of text with U+00A0 and U+3000 prints %.2f, as by hand (%.4f) and as sacreBLEU", got, want);
+    check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open", "bleu /nonexistent/h.txt %s", ref);
+    // a directory is named as one (it read as a file of 0 lines); a read that fails is not the end of a file
+    check_cli_error("bleu of a directory", "bleu: /tmp: is a directory; expected a text file", "bleu /tmp %s", ref);
+    check_cli_error("bleu against a directory", "bleu: /tmp: is a directory", "bleu %s /tmp", hyp);
+    if (access("/proc/self/mem", R_OK) == 0)
+        check_cli_error("bleu of a file whose reading fails", "bleu: /proc/self/mem: read error after 0 lines",
+                        "bleu /proc/self/mem %s", ref);
+    // text that is not UTF-8 is refused with its file and line, as sacreBLEU refuses it: Latin-1, a binary file
+    write_text(test_path("latin1.txt"), "the cat\ncaf\xe9 au lait\n");
+    write_text(test_path("two.txt"), "the cat\ncafe au lait\n");
+    check_cli_error("bleu of Latin-1 text", "latin1.txt:2: byte 4 of the line, 0xe9, is not UTF-8; expected UTF-8 text",
+                    "bleu %s %s", test_path("two.txt"), test_path("latin1.txt"));
+    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\x00>\x00", 12);
+    check_cli_error("bleu of a binary file", "binary.txt:2: a zero byte; expected text", "bleu %s %s",
+                    test_path("binary.txt"), test_path("two.txt"));
+    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\xc0>\x80", 12);
+    check_cli_error("bleu of a binary file without zero bytes", "binary.txt:2: byte 2 of the line, 0xc0, is not UTF-8",
+                    "bleu %s %s", test_path("binary.txt"), test_path("two.txt"));
+}
+
+// The lab's commands on the small trained copy model (trained_copy_model)
+// and its checkpoint, which transformer.c's tests wrote (run_command_line_tests):
+// average, train --log and --keep-last with plot, pe and attention; then what
+// a new user meets: runs kept and resumed, moved data, commands named in their
+// errors, BLEU of files.
+static void test_lab_evaluation_commands(void) {
+    const char *ckpt = test_path("copy_small.ckpt");
+    if (!file_exists(ckpt)) { check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt); return; }
+    test_average(trained_copy_model());
+    test_log_keep_last_and_pictures(ckpt);
+    printf("-- what a new user meets: runs kept and resumed, moved data, commands named, BLEU of files\n");
+    test_existing_checkpoints_and_keep_last();
+    test_moved_data();
+    test_command_names_and_labels();
+    test_bleu_command();
+}
+
+// ---- §5.1 byte-pair encoding ------------------------------------------------------
+
+// The subwords bpe_encode_word makes of word, as text separated by spaces.
+static void encode_to_text(char *out, size_t size, const Bpe *b, const char *word) {
+    int n = (int)strlen(word);
+    int *start = checked_calloc((size_t)n + 2, sizeof(int), "test"), *scratch = checked_calloc(2 * ((size_t)n + 2), sizeof(int), "test");
+    char *text = checked_calloc((size_t)n + 5, 1, "test");
+    int count = bpe_encode_word(b, start, word, n, scratch, text);
+    out[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        bpe_symbol_text(text, word, start, count, i);
+        snprintf(out + strlen(out), size - strlen(out), "%s%s", i ? " " : "", text);
+    }
+    free(start); free(scratch); free(text);
+}
+
+// Sennrich, Haddow & Birch (2016), worked by hand with the tie rule (the
+// left symbol first in byte order, then the right): low 5, lower 2, newest 6,
+// widest 3. Pair counts at the start: e s, s t, t </w> 9 each -> (e s); then
+// es t and t </w> 9 -> (es t); est </w> 9; l o and o w 7 -> (l o); lo w 7;
+// then e w, n e, w est</w> 6 -> (e w); ew est</w>; n ewest</w>; low </w> 5;
+// d est</w>, i d, w i 3 -> (d est</w>), (i dest</w>), (w idest</w>); then
+// e r, low e, r </w> 2 -> (e r), (er </w>), (low er</w>): 15 merges, and then
+// every word is one symbol.
+static void test_bpe_learn_and_apply(void) {
+    const char *words[4] = { "low", "lower", "newest", "widest" }, *reversed[4] = { "widest", "newest", "lower", "low" };
+    long counts[4] = { 5, 2, 6, 3 }, reversed_counts[4] = { 3, 6, 2, 5 };
+    static const char *expected[15][2] = {
+        { "e", "s" }, { "es", "t" }, { "est", "</w>" }, { "l", "o" }, { "lo", "w" }, { "e", "w" },
+        { "ew", "est</w>" }, { "n", "ewest</w>" }, { "low", "</w>" }, { "d", "est</w>" }, { "i", "dest</w>" },
+        { "w", "idest</w>" }, { "e", "r" }, { "er", "</w>" }, { "low", "er</w>" },
+    };
+    Bpe b, b2;
+    bpe_init(&b); bpe_init(&b2);
+    int learned = bpe_learn(&b, words, counts, 4, 100);
+    int same = learned == 15;
+    for (int r = 0; r < learned && same; r++)
+        same = strcmp(b.left[r], expected[r][0]) == 0 && strcmp(b.right[r], expected[r][1]) == 0;
+    check(same, "bpe: low 5, lower 2, newest 6, widest 3 (Sennrich et al.): the 15 merges worked by hand, in order "
+          "(learned %d; first %s %s)", learned, learned ? b.left[0] : "-", learned ? b.right[0] : "-");
+    check(learned == 15 && b.frequency[0] == 9 && b.frequency[8] == 5 && b.frequency[14] == 2,
+          "bpe: asked for 100 merges it stops after 15, when every word is one symbol; counts 9, 5, 2 as by hand");
+    int learned2 = bpe_learn(&b2, reversed, reversed_counts, 4, 100);
+    check(learned2 == learned && same_merges(&b, &b2), "bpe: the words in another order give the same merges (the tie rule)");
+    bpe_free(&b2);
+    bpe_init(&b2);
+    check(bpe_learn(&b2, words, counts, 4, 3) == 3 && b2.num_merges == 3, "bpe: asked for 3 merges, it learns 3");
+    bpe_free(&b2);
+    // apply: the merges in the order learned
+    struct { const char *word, *subwords; } cases[] = {
+        { "lowest", "low est</w>" },          // never seen: two subwords
+        { "newer", "n ew er</w>" },
+        { "low", "low</w>" }, { "widest", "widest</w>" },
+        { "l\xc3\xb6w", "l \xc3\xb6 w </w>" }, // o-umlaut: one character, never merged
+        { "\xff\xfelow", "\xff \xfe low</w>" }, // bytes that are not UTF-8: one symbol each
+        { "a\xc3", "a \xc3 </w>" },            // a UTF-8 sequence cut short
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char got[200];
+        encode_to_text(got, sizeof got, &b, cases[i].word);
+        check(strcmp(got, cases[i].subwords) == 0, "bpe: case %zu is cut into '%s' (expected '%s')", i + 1, got,
+              cases[i].subwords);
+    }
+    // joining: tokens ending in </w> end a word
+    Vocabulary v;
+    vocab_init(&v);
+    v.bpe = checked_calloc(1, sizeof(Bpe), "test");
+    *v.bpe = b;
+    vocab_add_subwords(&v);
+    size_t capacity = 0;
+    int *heap = NULL;
+    TextSource from = { "test", 0, 0, NULL };
+    char sentence[] = "lowest newer low";
+    int n = tokenize(sentence, &v, 0, &heap, &capacity, &from);
+    char *joined = tokens_to_text(&v, heap, n);
+    check(n == 6 && strcmp(joined, "lowest newer low") == 0 && from.unknown == 0,
+          "bpe: 'lowest newer low' is 6 subwords, without <unk>, and joins back to the words ('%s')", joined);
+    free(joined); free(heap);
+    vocab_free(&v); // frees the merges too
+}
+
+// Reads the lines of a TSV file (at most max) into lines[], without their newline.
+static int read_lines(const char *path, char **lines, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t capacity = 0;
+    ssize_t length;
+    int n = 0;
+    while (n < max && (length = getline(&line, &capacity, f)) != -1) {
+        if (length > 0 && line[length - 1] == '\n') line[length - 1] = '\0';
+        lines[n++] = strdup(line);
+    }
+    free(line);
+    fclose(f);
+    return n;
+}
+
+// Joining the subwords of every line of the numbers data gives the line back;
+// the test split's German words, none of them a training word, encode
+// without <unk>.
+static void test_bpe_numbers_data(void) {
+    const char *files[3] = { "tiny_data/numbers_train.tsv", "tiny_data/numbers_dev.tsv", "tiny_data/numbers_test.tsv" };
+    Vocabulary v, words;
+    vocab_init(&v); vocab_init(&words);
+    int learned = 0;
+    const char *e = bpe_learn_from_tsv(&v, files[0], 0, 100, &learned);
+    check(!e && learned == 100, "bpe: 100 merges from %s (%s)", files[0], e ? e : "learned");
+    if (e) { vocab_free(&v); vocab_free(&words); return; }
+    vocab_add_subwords(&v);
+    int size = v.size;
+    Dataset train_words;
+    memset(&train_words, 0, sizeof train_words);
+    dataset_read_tsv(&train_words, &words, files[0], 1);
+    static char *lines[6000];
+    for (int f = 0; f < 3; f++) {
+        Dataset d;
+        memset(&d, 0, sizeof d);
+        e = dataset_read_tsv(&d, &v, files[f], 0);
+        int n = read_lines(files[f], lines, 6000), same = !e && n == d.count, unknown = 0, german_seen = 0;
+        for (int i = 0; i < n; i++) {
+            const SentencePair *p = &d.pairs[i];
+            char *tab = strchr(lines[i], '\t');
+            if (same && tab) {
+                *tab = '\0';
+                char *src = tokens_to_text(&v, d.tokens + p->src, p->src_len), *tgt = tokens_to_text(&v, d.tokens + p->tgt, p->tgt_len);
+                same = strcmp(src, lines[i]) == 0 && strcmp(tgt, tab + 1) == 0;
+                german_seen += vocab_find(&words, tab + 1, strlen(tab + 1)) >= 0;
+                free(src); free(tgt);
+            }
+            for (int t = 0; same && t < p->src_len + p->tgt_len; t++) unknown += d.tokens[p->src + t] == TOKEN_UNK;
+            free(lines[i]);
+        }
+        check(same && unknown == 0 && v.size == size, "bpe: %s: all %d lines join back from their subwords exactly, "
+              "no <unk>", files[f], n);
+        if (f == 2)
+            check(german_seen == 0 && unknown == 0, "bpe: none of the %d German words of the test split is a training "
+                  "word (%d are), yet all encode without <unk>", n, german_seen);
+        dataset_free(&d);
+    }
+    dataset_free(&train_words);
+    vocab_free(&words);
+    vocab_free(&v);
+}
+
+// How many of the space-separated tokens of text are a special token's text.
+static int special_tokens_in(const char *text) {
+    int n = 0;
+    char *copy = strdup(text), *saved = NULL;
+    for (char *t = strtok_r(copy, " \n", &saved); t; t = strtok_r(NULL, " \n", &saved))
+        for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) n += strcmp(t, special_tokens[i]) == 0;
+    free(copy);
+    return n;
+}
+
+// §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
+// "<pad>e", "x<pad>", "<unk>f" (every pair inside them occurring twice) learn
+// no merge that makes "<s>", "</s>", "<pad>" or "<unk>", and read as
+// training data their subwords hold no special token's id: "<s>a" was cut
+// into "<s>" (the id of <s>, a start-of-sentence marker inside a sentence)
+// and "a</w>". A checkpoint whose merges make "<s>" is refused.
+static void test_bpe_never_makes_special_tokens(void) {
+    const char *path = test_path("bpe_special.tsv");
+    const char *text = "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n";
+    write_text(path, text);
+    Vocabulary v;
+    vocab_init(&v);
+    int learned = 0, makes_special = 0, special_ids = 0, joins_back = 1;
+    const char *e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    char joined[64];
+    for (int r = 0; !e && r < v.bpe->num_merges; r++) {
+        snprintf(joined, sizeof joined, "%s%s", v.bpe->left[r], v.bpe->right[r]);
+        makes_special += special_tokens_in(joined);
+    }
+    Dataset d;
+    memset(&d, 0, sizeof d);
+    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 0); }
+    for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
+    for (int i = 0; !e && i < d.count; i++) {
+        char *src = tokens_to_text(&v, d.tokens + d.pairs[i].src, d.pairs[i].src_len);
+        char *tgt = tokens_to_text(&v, d.tokens + d.pairs[i].tgt, d.pairs[i].tgt_len);
+        char line[128];
+        snprintf(line, sizeof line, "%s\t%s\n", src, tgt);
+        joins_back &= strstr(text, line) != NULL;
+        free(src); free(tgt);
+    }
+    check(!e && learned > 0 && makes_special == 0 && special_ids == 0 && joins_back && d.count == 4,
+          "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's text (%d did), and "
+          "their subwords hold no special id (%d did) and join back to the words (%s)", learned, makes_special,
+          special_ids, e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&v);
+    // the input make fuzz minimized (dev/fuzz/fuzz_tsv_bpe.c, before the fix): one line, 9 bytes
+    write_text(path, "<s>x\t<s>c");
+    vocab_init(&v);
+    special_ids = 0;
+    e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 1); }
+    for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
+    check(!e && special_ids == 0 && d.num_tokens >= 4, "bpe: '<s>x<TAB><s>c' (found by make fuzz) is cut into %zu "
+          "subwords, %d of them a special token's id (%s)", d.num_tokens, special_ids, e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&v);
+    // a checkpoint whose merges make "<s>"
+    vocab_init(&v);
+    v.bpe = checked_calloc(1, sizeof(Bpe), "test");
+    bpe_init(v.bpe);
+    bpe_add_merge(v.bpe, "<", "s", 2);
+    bpe_add_merge(v.bpe, "<s", ">", 2);
+    vocab_add_subwords(&v);
+    TransformerConfig config = decode_config();
+    config.vocab_size = v.size + 1;
+    vocab_add(&v, "a", 1);
+    Transformer m, loaded;
+    Vocabulary v2;
+    transformer_build(&m, &config, 5);
+    TrainingState state = { 1, 0, 0, 4 };
+    const char *ckpt = test_path("bpe_special.ckpt");
+    e = checkpoint_save(ckpt, &m, &v, &state, "");
+    const char *refused = e ? e : checkpoint_load(ckpt, &loaded, &v2, NULL, NULL);
+    check(!e && refused && strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
+          "checkpoint: merges that make '<s>' are refused (%s)", refused ? refused : "loaded");
+    if (!refused) { transformer_free(&loaded); vocab_free(&v2); }
+    transformer_free(&m);
+    vocab_free(&v);
+}
+
+// Merges survive a checkpoint round trip; a version-1 file (no merges)
+// still reads; the version-1 writer refuses merges.
+static void test_bpe_checkpoint(void) {
+    TransformerConfig config = decode_config();
+    Vocabulary v, v2;
+    vocab_init(&v);
+    write_text(test_path("bpe.tsv"), "low\tlower\nnewest\twidest\nlow low\tnewest newest\n");
+    int learned = 0;
+    const char *e = bpe_learn_from_tsv(&v, test_path("bpe.tsv"), 0, 1000, &learned);
+    vocab_add_subwords(&v);
+    config.vocab_size = v.size;
+    Transformer m, loaded;
+    transformer_build(&m, &config, 5);
+    TrainingState state = { 1, 0, 0, 4 }; // no step trained: no epoch begun
+    const char *path = test_path("bpe.ckpt");
+    if (!e) e = checkpoint_save(path, &m, &v, &state, "");
+    if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
+    int same = !e && v2.bpe && same_merges(v.bpe, v2.bpe) && v2.size == v.size;
+    char a[100], b[100];
+    if (same) { encode_to_text(a, sizeof a, v.bpe, "lowest"); encode_to_text(b, sizeof b, v2.bpe, "lowest"); }
+    check(same && strcmp(a, b) == 0, "bpe: %d merges survive a checkpoint round trip and cut 'lowest' the same "
+          "(%s)", learned, e ? e : a);
+    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    // a damaged merges section is refused
+    checkpoint_save(path, &m, &v, &state, "");
+    size_t size;
+    unsigned char *good = read_file(path, &size);
+    if (good) {
+        good[120] += 1; // merges_bytes one more, the options...: the sizes disagree
+        write_file(test_path("bad_merges.ckpt"), good, size);
+        e = checkpoint_load(test_path("bad_merges.ckpt"), &loaded, &v2, NULL, NULL);
+        check(e && strstr(e, "bad_merges.ckpt"), "checkpoint: a merges section of the wrong size is refused (%s)",
+              e ? e : "accepted");
+        if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+        free(good);
+    }
+    transformer_free(&m);
+    vocab_free(&v);
+    test_bpe_never_makes_special_tokens();
+}
+
+// train --bpe, decode, eval, attention and the bpe command, as a user runs them.
+static void test_bpe_command_line(void) {
+    const char *tsv = test_path("cli_bpe.tsv"), *ckpt = test_path("cli_bpe.ckpt");
+    write_text(tsv, "zwei drei\tdreiundzwei\nvier zwei\tzweiundvier\ndrei vier\tvierunddrei\nzwei zwei\tzweiundzwei\n");
+    check_cli_error("--bpe 0", "train: --bpe '0' is not valid; expected an integer from 1", "train --train %s --bpe 0", tsv);
+    check_cli_error("--bpe -2", "train: --bpe '-2' is not valid", "train --train %s --bpe -2", tsv);
+    check_cli_error("--bpe with a built-in task", "--bpe goes with --train FILE", "train --task copy --bpe 10");
+    int status = run_cli("train --train %s --valid %s --bpe 1000 --steps 3 --checkpoint %s " TINY_RUN, tsv, tsv, ckpt);
+    check(status == 0 && strstr(cli_output, "bpe    stopped after") && strstr(cli_output, "of the 1000 merges asked for"),
+          "cli: train --bpe 1000 on 4 lines stops early and says so (exit %d)", status);
+    status = run_cli("train --resume %s --steps 5 --log-every 0 --eval-every 0 --show 0", ckpt);
+    check(status == 0 && strstr(cli_output, "resume"), "cli: a run on subwords resumes (its merges from the checkpoint) "
+          "(exit %d)", status);
+    status = run_cli("decode --checkpoint %s 'vier drei'", ckpt);
+    check(status == 0 && !strstr(cli_output, "warning"), "cli: decode with merges: words of seen characters, no <unk> (exit %d)",
+          status);
+    status = run_cli("eval --checkpoint %s --data %s --bleu --show 1", ckpt, tsv);
+    check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "(words)") &&
+          strstr(cli_output, "(subwords)") && strstr(cli_output, "reference  dreiundzwei"),
+          "cli: eval on subwords: exact match and BLEU on words, the examples as words (exit %d)", status);
+    status = run_cli("attention --checkpoint %s --out-dir %s 'zwei vier'", ckpt, test_path("bpe_pictures"));
+    check(status == 0 && strstr(cli_output, "source subwords: zwei</w> vier</w>"),
+          "cli: attention on subwords draws the pictures and names the subwords (exit %d)", status);
+    status = run_cli("bpe --data %s --merges 3", tsv);
+    check(status == 0 && strstr(cli_output, "# 3 merges learned from") && strstr(cli_output, "\n     3  "),
+          "cli: bpe --data --merges 3 prints 3 merges (exit %d)", status);
+    status = run_cli("bpe --data %s --merges 1000", tsv);
+    check(status == 0 && strstr(cli_output, "of 1000 asked for: no pair of symbols occurs twice"),
+          "cli: bpe asked for more merges than there are stops early and says so (exit %d)", status);
+    status = run_cli("bpe --checkpoint %s 'zweiundvier'", ckpt);
+    check(status == 0 && strstr(cli_output, "</w>\n"), "cli: bpe --checkpoint cuts a sentence into subwords (exit %d)", status);
+    char *as_argument = strdup(cli_output);
+    write_text(test_path("bpe_bom.txt"), "\xEF\xBB\xBFzweiundvier\r\n");
+    status = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_bom.txt"));
+    check(status == 0 && strcmp(cli_output, as_argument) == 0,
+          "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order mark, \\r\\n dropped)");
+    free(as_argument);
+    // white space beyond ASCII separates words at decode time too
+    status = run_cli("bpe --checkpoint %s 'zwei vier'", ckpt);
+    as_argument = strdup(cli_output);
+    write_text(test_path("bpe_ideographic.txt"), "zwei\xe3\x80\x80vier\xc2\xa0\n");
+    int ideographic = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_ideographic.txt"));
+    check(status == 0 && ideographic == 0 && strcmp(cli_output, as_argument) == 0,
+          "cli: bpe cuts 'zwei<U+3000>vier<U+00A0>' as 'zwei vier': %s", cli_output);
+    free(as_argument);
+    check_cli_error("bpe of a directory on stdin", "bpe: stdin: read error after 0 lines: Is a directory",
+                    "bpe --checkpoint %s < /tmp", ckpt);
+    check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
+    check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",
+                    test_path("tsv.ckpt"));
+    // bytes that are not UTF-8, in training data and at decode time, are refused with their line (one rule for
+    // every text input, issue 34; they were symbols of their own, as bpe_encode_word still makes them)
+    write_text(test_path("cli_bytes.tsv"), "a\xff b\tb \xfe" "a\na b\tb a\n\xc3 a\ta \xc3\n");
+    check_cli_error("--bpe on training data holding a byte that is not UTF-8", "cli_bytes.tsv:1: byte 2 of the line, "
+                    "0xff, is not UTF-8; expected UTF-8 text", "train --train %s --valid %s --bpe 20 --steps 2 --checkpoint "
+                    "%s " TINY_RUN, test_path("cli_bytes.tsv"), test_path("cli_bytes.tsv"), test_path("cli_bytes.ckpt"));
+    check_cli_error("decode with subwords of a sentence holding bytes that are not UTF-8", "decode: argument 1: byte 1 "
+                    "of the line, 0xfe, is not UTF-8", "decode --checkpoint %s \"$(printf '\\376\\377 a')\"", ckpt);
+    // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s> and "a</w>"
+    write_text(test_path("cli_special.tsv"), "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
+    status = run_cli("train --train %s --valid %s --bpe 100 --steps 1 --checkpoint %s " TINY_RUN,
+                     test_path("cli_special.tsv"), test_path("cli_special.tsv"), test_path("cli_special.ckpt"));
+    int special_trained = status == 0;
+    status = run_cli("bpe --checkpoint %s '<s>a </s>b <pad>e x<pad> <unk>f'", test_path("cli_special.ckpt"));
+    check(special_trained && status == 0 && special_tokens_in(cli_output) == 0,
+          "cli: train --bpe on words holding <s> </s> <pad> <unk>: no subword is a special token: %s", cli_output);
+    write_text(test_path("cli_marker.tsv"), "a</w>\tb\n");
+    check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>", "train --train %s --bpe 5",
+                    test_path("cli_marker.tsv"));
+}
+
+// A 3-step run of a tiny model on the numbers task, to `path`; `changes` are
+// flags after the common ones (a later flag wins). Returns train's exit status.
+static int train_tiny_numbers_run(const char *path, const char *dev, const char *changes) {
+    return run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 "
+                   "--heads 2 --steps 3 --batch-tokens 200 --warmup 2 --eval-every 0 --eval-size 1 --log-every 0 "
+                   "--show 0 --force --checkpoint %s %s", dev, path, changes);
+}
+
+// make table3's pieces on a tiny budget, so that they cannot rot: variants
+// named by what differs from the base, the table laid out as the paper's, the
+// chart with a bar per run; the perplexity is exp of the unsmoothed loss.
+static void test_table3(void) {
+    // the perplexity's loss: with eps_ls = 0 the training loss is -log p(reference) itself
+    TransformerConfig config = decode_config();
+    config.label_smoothing = 0.0f;
+    Transformer m;
+    transformer_build(&m, &config, 8);
+    Dataset pairs, held_out;
+    memset(&pairs, 0, sizeof pairs); memset(&held_out, 0, sizeof held_out);
+    task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 2, 6, 8, 1, 9);
+    Evaluation e;
+    evaluate(&e, &m, &pairs, 0, 100, 1, 0.6);
+    check(fabs(e.loss - e.log_loss) <= 1e-5 * fabs(e.loss), "table3: eval's -log p(reference) per token (%.9g) "
+          "is the loss without label smoothing (%.9g), 8 pairs", e.log_loss, e.loss);
+    evaluation_free(&e); dataset_free(&pairs); dataset_free(&held_out);
+    transformer_free(&m);
+    // naming: one change, several changes, another seed
+    Table3Run base = { 0 }, run = { 0 };
+    base.config = decode_config(); base.seed = 1;
+    run.config = base.config; run.seed = 1; run.config.n_heads = 2; run.config.d_ff = 99;
+    table3_name_variant(&run, &base);
+    int named = strcmp(run.row, "(A,C)") == 0 && strcmp(run.label, "h=2 d_ff=99") == 0;
+    run.config = base.config; run.seed = 7;
+    table3_name_variant(&run, &base);
+    named &= strcmp(run.row, "base") == 0 && strcmp(run.label, "seed 7") == 0;
+    run.config.positional = POSITIONAL_LEARNED;
+    table3_name_variant(&run, &base);
+    named &= strcmp(run.row, "(E)") == 0 && strcmp(run.label, "learned positions seed 7") == 0;
+    char value[32];
+    named &= stored_option("--train\na.tsv\n--seed\n42\n", "--seed", value, sizeof value) && strcmp(value, "42") == 0 &&
+             !stored_option("--train\na.tsv\n", "--seed", value, sizeof value);
+    check(named, "table3: runs are named by what differs from the base: (A,C) h=2 d_ff=99, base seed 7, (E)");
+    // five runs of 3 steps on the numbers task, scored on 12 dev and 12 test pairs
+    const char *dev = test_path("t3_dev.tsv"), *test = test_path("t3_test.tsv"), *svg = test_path("t3.svg");
+    char text[4096] = "";
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(k ? "tiny_data/numbers_test.tsv" : "tiny_data/numbers_dev.tsv", "r");
+        char line[256];
+        text[0] = '\0';
+        for (int i = 0; f && i < 12 && fgets(line, sizeof line, f); i++) strcat(text, line);
+        if (f) fclose(f);
+        write_text(k ? test : dev, text);
+    }
+    // (their own names: --force over another test's checkpoint is tested elsewhere)
+    const char *runs[5][2] = { { "t3_base", "" }, { "t3_seed2", "--seed 2" }, { "t3_h1", "--heads 1" },
+                               { "t3_drop0", "--dropout 0" }, { "t3_learned", "--positional learned" } };
+    char paths[5][600], list[3200] = "";
+    int trained = 0;
+    for (int r = 0; r < 5; r++) {
+        snprintf(paths[r], sizeof paths[r], "%s", test_path(runs[r][0]));
+        strcat(paths[r], ".ckpt");
+        trained += train_tiny_numbers_run(paths[r], dev, runs[r][1]) == 0;
+        snprintf(list + strlen(list), sizeof list - strlen(list), " %s", paths[r]);
+    }
+    int status = run_cli("table3 --dev %s --test %s --svg %s%s", dev, test, svg, list);
+    size_t n = 0;
+    unsigned char *picture = read_file(svg, &n);
+    int bars = 0;
+    for (const char *p = picture ? (const char *)picture : ""; (p = strstr(p, "class=\"bar\"")); p++) bars++;
+    int ok = trained == 5 && status == 0 && strstr(cli_output, "5 runs of 3 steps each") &&
+             strstr(cli_output, "PPL(dev) BLEU(dev) exact(test)") && strstr(cli_output, "base   seed 1") &&
+             strstr(cli_output, "       seed 2") && strstr(cli_output, "(A)    h=1") &&
+             strstr(cli_output, "(D)    P_drop=0") && strstr(cli_output, "(E)    learned positions") &&
+             strstr(cli_output, "base over 2 seeds") && picture && strstr((char *)picture, "Table 3 on a laptop") &&
+             bars == 5 && strstr((char *)picture, "</svg>");
+    check(ok, "table3: 5 runs of 3 steps trained (%d), scored in a table with rows base, (A), (D), (E), and a chart of "
+          "%d bars (exit %d)%s%s", trained, bars, status, ok ? "" : "\n", ok ? "" : cli_output);
+    free(picture);
+    // another budget, no checkpoints, no --dev
+    char other[600];
+    snprintf(other, sizeof other, "%s", test_path("longer.ckpt"));
+    train_tiny_numbers_run(other, dev, "--steps 4");
+    check_cli_error("table3 of runs with different budgets", "longer.ckpt: trained 4 steps, the base",
+                    "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
+    snprintf(other, sizeof other, "%s", test_path("other_merges.ckpt"));
+    train_tiny_numbers_run(other, dev, "--bpe 30");
+    check_cli_error("table3 of runs with other merges", "other_merges.ckpt: its vocabulary cuts",
+                    "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
+    snprintf(other, sizeof other, "%s", test_path("other_lr.ckpt"));
+    train_tiny_numbers_run(other, dev, "--lr 0.002");
+    check_cli_error("table3 of runs with another schedule", "other_lr.ckpt: its --lr differs from the base",
+                    "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
+    // average: a sinusoid and a learned-position checkpoint are not one run
+    check_cli_error("average of sinusoid and learned positions", "positions learned, not sinusoid as in",
+                    "average --out %s %s %s", test_path("mixed_avg.ckpt"), paths[0], paths[4]);
+    status = run_cli("average --out %s %s %s", test_path("learned_avg.ckpt"), paths[4], paths[4]);
+    if (status == 0) status = run_cli("eval --checkpoint %s --data %s", test_path("learned_avg.ckpt"), dev);
+    check(status == 0 && strstr(cli_output, "perplexity"), "cli: average of learned-position checkpoints, then eval "
+          "(exit %d)", status);
+    check_cli_error("table3 without checkpoints", "table3: no checkpoints given", "table3 --dev %s --test %s", dev, test);
+    check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required", "table3 --test %s %s", test, paths[0]);
+}
+
+
+// ./transformer reads what transformer.c alone (TRANSFORMER_MINIMAL_BIN)
+// writes: it decodes and evaluates with its checkpoint, and lists its own
+// commands after transformer.c's.
+static void test_lab_reads_minimal_checkpoints(void) {
+    const char *minimal = getenv("TRANSFORMER_MINIMAL_BIN"), *lab_binary = cli_binary;
+    if (!minimal || !*minimal) minimal = "./transformer_minimal";
+    if (access(minimal, X_OK) != 0) { check(0, "minimal: %s is not there (make minimal)", minimal); return; }
+    const char *tsv = test_path("minimal.tsv"), *ckpt = test_path("minimal.ckpt");
+    write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    cli_binary = minimal;
+    int trained = run_cli("train --train %s --steps 3 --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
+    cli_binary = lab_binary;
+    int decoded = run_cli("decode --checkpoint %s --beam 2 'a b'", ckpt);
+    int one_line = count_lines_starting(cli_output, "") == 1 && !strstr(cli_output, "error");
+    int evaluated = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, tsv);
+    int scored = strstr(cli_output, "BLEU") != NULL;
+    int help = run_cli("--help");
+    const char *lab_commands[] = { "bleu", "average", "attention", "pe", "plot", "bpe", "params", "table3", "bench" };
+    int listed = strstr(cli_output, "train") && strstr(cli_output, "decode") && strstr(cli_output, "eval");
+    for (size_t i = 0; i < sizeof lab_commands / sizeof *lab_commands; i++) {
+        char line[32];
+        snprintf(line, sizeof line, "\n  %s ", lab_commands[i]);
+        listed &= strstr(cli_output, line) != NULL;
+    }
+    check(trained == 0 && decoded == 0 && one_line && evaluated == 0 && scored && help == 0 && listed,
+          "lab: %s decodes (beam 2) and evaluates (--bleu) with a checkpoint of transformer.c alone (exit %d, %d, %d) "
+          "and lists train, decode, eval and the lab's 9 commands", cli_binary, trained, decoded, evaluated);
+}
+
+// ---- the busy machine: --threads 0 ---------------------------------------------------
+
+// Training follows the cores that other programs leave free (--threads 0).
+// By hand: /proc/stat's lines give the busy ticks ("cpu": user + nice +
+// system + irq + softirq) and the cores ("cpuN"); the others' cores are the
+// machine's busy time less ours over the wall time; a core counts as busy
+// above a quarter; the count changes when two looks agree, drops at once and
+// grows one thread a change; --threads N is not followed. Then, on Linux,
+// beside as many busy processes as the machine has cores, one thread.
+static void test_free_cores(void) {
+    double busy_ticks = -1;
+    int cpus = 0;
+    const char *stat_lines[] = { "cpu  100 20 30 900 7 4 6 0 0 0\n", "cpu0 50 10 15 450 3 2 3 0 0 0\n",
+                                 "cpu1 50 10 15 450 4 2 3 0 0 0\n", "ctxt 1234\n", "procs_running 3\n" };
+    for (size_t i = 0; i < sizeof stat_lines / sizeof *stat_lines; i++) proc_stat_line(stat_lines[i], &busy_ticks, &cpus);
+    CpuTimes then = { .machine = 10, .own = 1, .wall = 100 }, now = { .machine = 12.5, .own = 2, .wall = 101 };
+    double others = others_busy_cores(&then, &now);
+    FreeCores two = { .following = 1, .cores = 2, .limit = 2 }, eight = { .following = 1, .cores = 8, .limit = 4 };
+    check(busy_ticks == 160 && cpus == 2 && fabs(others - 1.5) < 1e-12 && free_cores_wanted(&two, 0.2) == 2 &&
+          free_cores_wanted(&two, 0.3) == 1 && free_cores_wanted(&two, 3.0) == 1 && free_cores_wanted(&eight, 1) == 4 &&
+          free_cores_wanted(&eight, 6) == 2,
+          "free cores: /proc/stat gives 160 busy ticks of 2 cores; others kept %.2f cores busy (1.5); "
+          "the thread counts for 0.2, 0.3, 3 of 2 cores and 1, 6 of 8 (limit 4)", others);
+    FreeCores follow = { .following = 1, .cores = 8, .limit = 8, .threads = 8, .proposed = 8 };
+    int first = free_cores_decide(&follow, 1), second = free_cores_decide(&follow, 1), dropped_to = follow.threads;
+    int grew = free_cores_decide(&follow, 4) == 0;             // the first look that wants 4
+    for (int expected = 2; expected <= 4; expected++) grew &= free_cores_decide(&follow, 4) && follow.threads == expected;
+    grew &= free_cores_decide(&follow, 4) == 0;                // there: nothing to change
+    check(!first && second && dropped_to == 1 && grew,
+          "free cores: the count drops to 1 at the second look that wants it, then grows 2, 3, 4, one a look");
+#ifdef _OPENMP
+    int cores = omp_get_num_procs(), threads_before = omp_get_max_threads();
+    FreeCores fixed;
+    free_cores_start(&fixed, 2);
+    check(!fixed.following && !free_cores_follow(&fixed), "free cores: --threads 2 is not followed");
+    CpuTimes reading;
+    if (!cpu_times(&reading) || reading.cpus > cores || cores > 16 || cores < 2) {
+        printf("skip free cores beside busy processes: /proc/stat cannot tell this program's share of %d cores "
+               "(or more than 16)\n", cores);
+        omp_set_num_threads(threads_before);
+        return;
+    }
+    signal(SIGCHLD, SIG_IGN);   // the neighbours end without being waited for
+    pid_t busy[16];
+    int started = 0;
+    for (; started < cores; started++) {
+        if ((busy[started] = fork()) == 0) {   // a busy neighbour, ended by the kill below (or in 10 s)
+            alarm(10);
+            for (volatile unsigned spin = 0;; spin++) {}
+        }
+        if (busy[started] < 0) break;
+    }
+    nanosleep(&(struct timespec){ 0, 50000000 }, NULL);    // 50 ms: the neighbours are running
+    cpu_times(&then);
+    nanosleep(&(struct timespec){ 0, 300000000 }, NULL);   // 300 ms of them
+    cpu_times(&now);
+    for (int i = 0; i < started; i++) kill(busy[i], SIGKILL);
+    nanosleep(&(struct timespec){ 0, 20000000 }, NULL);
+    signal(SIGCHLD, SIG_DFL);
+    FreeCores live = { .following = 1, .cores = cores, .limit = cores };
+    others = others_busy_cores(&then, &now);
+    check(started == cores && others > cores - 0.5 && free_cores_wanted(&live, others) == 1,
+          "free cores: beside %d busy processes on %d cores, others kept %.2f cores busy: 1 thread", started, cores,
+          others);
+    omp_set_num_threads(threads_before);
+#endif
+}
+
+
+// ---- params: the parameter count by component --------------------------------------
+
+// The components params prints (parameter_group_count) add up to the
+// paper's count by hand, as transformer.c's parameter_sizes does
+// (test_parameter_counts): per layer an attention block has 4 C^2 + 4 C, an
+// FFN 2 C F + F + C, a layer norm 2 C; plus V C; learned positions (Table 3,
+// row E) add max_len x d_model.
+static void test_parameter_groups(void) {
+    struct { int L, C, F, H, V; } models[3] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 }, { 2, 64, 256, 4, 14 } };
+    for (int i = 0; i < 3; i++) {
+        TransformerConfig c = transformer_default_config();
+        c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
+        c.vocab_size = models[i].V;
+        size_t L = c.n_layers, C = c.d_model, F = c.d_ff, V = c.vocab_size;
+        size_t attention = 4 * C * C + 4 * C, ffn = 2 * C * F + F + C, norm = 2 * C;
+        size_t by_hand = V * C + L * (attention + ffn + 2 * norm) + L * (2 * attention + ffn + 3 * norm);
+        size_t sizes[NUM_PARAMETER_TENSORS], groups = 0;
+        parameter_sizes(sizes, &c);
+        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) groups += parameter_group_count(sizes, g);
+        c.positional = POSITIONAL_LEARNED;
+        c.max_len = 100;
+        parameter_sizes(sizes, &c);
+        size_t learned_groups = 0;
+        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) learned_groups += parameter_group_count(sizes, g);
+        check(groups == by_hand && learned_groups == by_hand + 100 * C,
+              "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand, and with learned "
+              "positions (max_len 100) to %zu more", models[i].L, models[i].C, models[i].F, models[i].V, by_hand,
+              100 * C);
+    }
+}
+
+// ============================================================================
+// The lab's tests, in order
+// ============================================================================
+
+static void run_lab_tests(void) {
+    printf("-- the lab's pictures (SVG)\n");
+    test_svg_heatmap();
+    test_svg_positional_encoding();
+    test_svg_attention();
+    test_svg_loss_curve();
+    printf("-- §5.1 byte-pair encoding\n");
+    test_bpe_learn_and_apply();
+    test_bpe_numbers_data();
+    test_parameter_groups();
+    printf("-- the busy machine: train --threads 0 follows the free cores\n");
+    test_free_cores();
+    if (!make_test_dir()) return;
+    printf("-- files in %s\n", test_dir);
+    test_bpe_checkpoint();
+    if (cli_binary_found("./transformer")) {
+        run_command_line_tests();   // transformer.c's commands, through ./transformer
+        printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");
+        test_lab_command_line();
+        test_lab_evaluation_commands();
+        test_bpe_command_line();
+        printf("-- Table 3's model variations (make table3) on a tiny budget\n");
+        test_table3();
+        test_lab_reads_minimal_checkpoints();
+    }
+    remove_test_dir();
+}
+
 int main(void) {
-    fast_path_use(1);   // as make's ./transformer runs
+    lab_plug_in();   // as make's ./transformer runs: the lab's hooks, Part I's products through lab/fast_path.c
+    fast_path_switch = fast_path_use;   // the tests worked by hand run through Part I's loops and the fast path
     printf("-- the fast path (lab/fast_path.c) against transformer.c's loops\n");
     test_fast_aligned_memory();
     test_matmul_against_plain_loops();
@@ -421,6 +1767,9 @@ int main(void) {
     test_fast_attention();
     test_fast_dispatch();
     test_fast_training_step();
+    printf("-- transformer.c's Part I again, through the fast path (test_transformer.c's run_model_tests)\n");
+    run_model_tests();
+    run_lab_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }
