@@ -80,6 +80,22 @@
 // and is summed in the same order whatever the number of threads.
 // ----------------------------------------------------------------------------
 
+// gcc tuned for an Intel AVX-512 core (-march=native on a Skylake-X,
+// Cascade Lake, Ice Lake ...) vectorises with 256-bit registers unless told
+// otherwise, and the tile below, sized for 32 registers of 512 bits, then
+// needs 64 half-width ones and spills its sums to the stack: a toy step
+// took 1.4 times as long on a Cascade Lake. So the matrix product, from here
+// to matmul_by_this_thread, is compiled for the full width. Only the
+// product: its sums keep their order at any width, while a loop that sums
+// across its vector lanes (attention's dot products in decoding, the
+// softmax's sums that gcc inlines into attention) would add in another
+// order, and give other bits, if its lanes changed.
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("prefer-vector-width=512")
+#define PRODUCT_AT_FULL_WIDTH
+#endif
+
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
 typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
 
@@ -396,6 +412,10 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
     MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, accumulate };
     matmul_rows(&p, 0, rows, packed_b);
 }
+
+#ifdef PRODUCT_AT_FULL_WIDTH
+#pragma GCC pop_options
+#endif
 
 // ----------------------------------------------------------------------------
 // The linear layer of §3 in tiles: linear_forward's and linear_backward's sums.
