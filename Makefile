@@ -352,7 +352,7 @@ BENCH_COMPILE ?= 1
 bench: transformer
 	/usr/bin/python3 dev/bench_compare.py --binary ./transformer --configs $(BENCH_CONFIGS) \
 	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS) \
-	    --python $(BENCH_VENV)/bin/python $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
+	    --python $(BENCH_VENV)/bin/python --cc $(CC) $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
 
 clean:
 	rm -f transformer transformer_minimal transformer_plain transformer_debug transformer_asan transformer_asan_plain test_transformer \
