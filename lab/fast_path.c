@@ -80,22 +80,6 @@
 // and is summed in the same order whatever the number of threads.
 // ----------------------------------------------------------------------------
 
-// gcc tuned for an Intel AVX-512 core (-march=native on a Skylake-X,
-// Cascade Lake, Ice Lake ...) vectorises with 256-bit registers unless told
-// otherwise, and the tile below, sized for 32 registers of 512 bits, then
-// needs 64 half-width ones and spills its sums to the stack: a toy step
-// took 1.4 times as long on a Cascade Lake. So the matrix product, from here
-// to matmul_by_this_thread, is compiled for the full width. Only the
-// product: its sums keep their order at any width, while a loop that sums
-// across its vector lanes (attention's dot products in decoding, the
-// softmax's sums that gcc inlines into attention) would add in another
-// order, and give other bits, if its lanes changed.
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("prefer-vector-width=512")
-#define PRODUCT_AT_FULL_WIDTH
-#endif
-
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
 typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
 
@@ -136,6 +120,18 @@ typedef struct {
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
+
+// A vector register of VECTOR_LANES numbers, as gcc's and clang's vector
+// extension writes it. The tiles hold their sums in arrays of these: a
+// fixed count of vectors, which the compiler keeps in registers from the
+// first step to the store. (With the sums as an array of numbers, gcc
+// zeroed the array in memory with a call to memset, and stored the sums
+// there before adding them to out: 16% of the tile's time in a toy step.)
+// Loads and stores go through memcpy, which assumes no alignment.
+typedef real Vector __attribute__((vector_size(VECTOR_BYTES)));
+#define VECTOR_LANES (VECTOR_BYTES / (int)sizeof(real))
+static inline Vector vector_load(const real *p) { Vector v; memcpy(&v, p, sizeof v); return v; }
+static inline void vector_store(real *p, Vector v) { memcpy(p, &v, sizeof v); }
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -196,20 +192,24 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
     }
 }
 
-// The sums of a tile of `rows` x `cols` over one depth block:
-// sum[r * cols + j] = sum_d A[r][d] * b[d * cols + j], d = 0 .. dc-1 in
-// order, with A's (r, d) at a[r * a_row + d * a_col] and b a packed strip of
-// B. The tiles call it with fixed sizes, so that once inlined its sums are
-// vector registers.
-static inline void tile_sums(real *sum, int rows, int cols, const real *a, size_t a_row, size_t a_col,
+// The sums of a tile of `rows` x `vectors` vectors over one depth block:
+// sum[r * vectors + v] lane i = sum_d A[r][d] * b[(d * vectors + v) * VECTOR_LANES + i],
+// d = 0 .. dc-1 in order, with A's (r, d) at a[r * a_row + d * a_col] and b a
+// packed strip of B. The tiles call it with fixed sizes, and its loops over
+// them unrolled, so that once inlined its sums are vector registers.
+static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row, size_t a_col,
                              const real *b, int dc) {
-    for (int i = 0; i < rows * cols; i++) sum[i] = 0;
-    for (int d = 0; d < dc; d++)
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows * vectors; i++) sum[i] = (Vector){ 0 };
+    for (int d = 0; d < dc; d++) {
+        #pragma GCC unroll 16
         for (int r = 0; r < rows; r++) {
             real ard = a[r * a_row + d * a_col];
-            #pragma omp simd
-            for (int j = 0; j < cols; j++) sum[r * cols + j] += ard * b[d * cols + j];
+            #pragma GCC unroll 2
+            for (int v = 0; v < vectors; v++)
+                sum[r * vectors + v] += ard * vector_load(b + ((size_t)d * vectors + v) * VECTOR_LANES);
         }
+    }
 }
 
 // out[r][j] += sum[r][j] (accumulate) or out[r][j] = bias[r][j] + sum[r][j]
@@ -226,44 +226,56 @@ static void store_tile(real *out, size_t out_row, size_t out_col, const real *su
         }
 }
 
-// The register tile: the sums of a strip of A (TILE_ROWS rows, from
-// a_strip) and a packed strip of B (TILE_COLS columns) over one depth block,
-// stored into the first rows x cols of the tile of out at `out`
-// (store_tile's arguments).
-static void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
-                        const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
-                        size_t bias_row, size_t bias_col) {
-    real sum[TILE_ROWS][TILE_COLS];
-    tile_sums(&sum[0][0], TILE_ROWS, TILE_COLS, a, a_row, a_col, b, dc);
-    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1)) {
-        // a whole tile with rows of out contiguous (nearly every tile): loops
-        // of fixed length, which the compiler turns into one vector operation
-        // per register of sums, straight from the registers (through
-        // store_tile they would go through memory: a toy step 1.4 times slower)
-        for (int r = 0; r < TILE_ROWS; r++) {
-            real *o = out + (size_t)r * out_row;
-            const real *bias_r = bias ? bias + (size_t)r * bias_row : NULL;
-            if (accumulate)
-                for (int j = 0; j < TILE_COLS; j++) o[j] += sum[r][j];
-            else if (bias_r)
-                for (int j = 0; j < TILE_COLS; j++) o[j] = bias_r[j] + sum[r][j];
-            else
-                for (int j = 0; j < TILE_COLS; j++) o[j] = sum[r][j];
+// The register tile where it is whole and the rows of out (and of the bias)
+// are contiguous, nearly every tile: the sums of a strip of A (TILE_ROWS
+// rows, from a_strip) and a packed strip of B (TILE_COLS columns) over one
+// depth block, added to out (accumulate) or stored as bias + sum (bias NULL:
+// the sum), straight from the registers.
+__attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_row, const real *a, size_t a_row, size_t a_col,
+                              const real *b, int dc, int accumulate, const real *bias, size_t bias_row) {
+    enum { VECTORS = TILE_COLS / VECTOR_LANES };
+    Vector sum[TILE_ROWS * VECTORS];
+    tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
+    #pragma GCC unroll 16
+    for (int r = 0; r < TILE_ROWS; r++)
+        #pragma GCC unroll 2
+        for (int v = 0; v < VECTORS; v++) {
+            real *o = out + (size_t)r * out_row + v * VECTOR_LANES;
+            Vector s = sum[r * VECTORS + v];
+            if (accumulate) vector_store(o, vector_load(o) + s);
+            else if (bias) vector_store(o, vector_load(bias + (size_t)r * bias_row + v * VECTOR_LANES) + s);
+            else vector_store(o, s);
         }
-        return;
-    }
-    // a tile at the edge of out, or out or the bias transposed
-    store_tile(out, out_row, out_col, &sum[0][0], TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
-// The narrow tile: the same for NARROW_ROWS x NARROW_COLS, stored through
-// store_tile (its products have few columns, and in decoding out is transposed).
-static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
+// The register tile at the edge of out, or with out or the bias
+// transposed: the same sums, stored into the first rows x cols of the tile
+// of out at `out` (store_tile's arguments).
+__attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
+                        const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
+                        size_t bias_row, size_t bias_col) {
+    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1)) {
+        matmul_tile_whole(out, out_row, a, a_row, a_col, b, dc, accumulate, bias, bias_row);
+        return;
+    }
+    Vector sum[TILE_ROWS * TILE_COLS / VECTOR_LANES];
+    tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
+    real stored[TILE_ROWS * TILE_COLS];
+    memcpy(stored, sum, sizeof stored);
+    store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+}
+
+// The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector),
+// stored through store_tile (its products have few columns, and in
+// decoding out is transposed).
+__attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
                                size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
                                const real *bias, size_t bias_row, size_t bias_col) {
-    real sum[NARROW_ROWS][NARROW_COLS];
-    tile_sums(&sum[0][0], NARROW_ROWS, NARROW_COLS, a, a_row, a_col, b, dc);
-    store_tile(out, out_row, out_col, &sum[0][0], NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    Vector sum[NARROW_ROWS];
+    tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc);
+    real stored[NARROW_ROWS * NARROW_COLS];
+    memcpy(stored, sum, sizeof stored);
+    store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
@@ -412,10 +424,6 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
     MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, accumulate };
     matmul_rows(&p, 0, rows, packed_b);
 }
-
-#ifdef PRODUCT_AT_FULL_WIDTH
-#pragma GCC pop_options
-#endif
 
 // ----------------------------------------------------------------------------
 // The linear layer of §3 in tiles: linear_forward's and linear_backward's sums.
