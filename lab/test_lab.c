@@ -29,10 +29,18 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
     if (form == 2) { av->row_stride = 1; av->col_stride = (size_t)M; }
 }
 
+// n normally distributed numbers, none of them 0 (the packing's padding)
+static real *random_reals_for_packing(size_t n, Rng *rng) {
+    real *x = checked_calloc(n, sizeof(real), "test");
+    for (size_t i = 0; i < n; i++) x[i] = (real)rng_normal(rng) + (real)10;
+    return x;
+}
+
 // Part II's matrix product works in TILE_ROWS x TILE_COLS tiles, or narrow
 // tiles NARROW_ROWS x NARROW_COLS for at most NARROW_COLS columns, blocks of
 // DEPTH_BLOCK along the depth and WIDTH_BLOCK along the columns, shares rows
-// among threads and turns a product of at most TILE_COLS rows around.
+// among threads (and the packing of a B of SHARED_PACKING_NUMBERS or more)
+// and turns a product of at most TILE_COLS rows around.
 // The model tests above use tiny sizes, which never reach a second block, so
 // here it is checked against a plain loop in double precision on sizes that
 // cross every boundary, for the three ways the layers read their matrices
@@ -41,10 +49,10 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
 static void test_matmul_against_plain_loops(void) {
     enum { NM = 4, NN = 5, ND = 3 };
     int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, NARROW_COLS, NARROW_COLS + 1, 33, 530 }, depths[ND] = { 1, 129, 300 };
-    // and products with few columns (directly, and turned around) as deep as
-    // the narrow tile's packing of the whole B holds, and deeper: those take
-    // the wide path
-    int extra[][3] = { { 40, 7, NARROW_MAX_DEPTH }, { 40, 7, NARROW_MAX_DEPTH + 5 }, { 7, 40, NARROW_MAX_DEPTH + 5 } };
+    // and products with few columns (directly, and turned around) 64 depth
+    // blocks deep and more: the narrow tile's B, packed whole, is as deep
+    enum { NARROW_DEEP = 64 * DEPTH_BLOCK };
+    int extra[][3] = { { 40, 7, NARROW_DEEP }, { 40, 7, NARROW_DEEP + 5 }, { 7, 40, NARROW_DEEP + 5 } };
     int grid = NM * NN * ND, shapes = grid + (int)(sizeof extra / sizeof *extra);
     Rng rng; rng_seed(&rng, 11);
     double worst = 0;
@@ -71,7 +79,7 @@ static void test_matmul_against_plain_loops(void) {
                            bv.data[d * bv.row_stride + n * bv.col_stride];
                 expected[(size_t)m * N + n] = sum;
             }
-        if (accumulate) matmul_accumulate(c, (size_t)N, av, bv, M, N, depth);
+        if (accumulate) matmul((MatrixProduct){ c, (size_t)N, 1, av, bv, { NULL, 0, 0 }, M, N, depth, 1 });
         else matmul_assign(c, (size_t)N, av, bv, bias, M, N, depth);
         // relative to the size of a sum of depth products of N(0,1) numbers
         for (size_t i = 0; i < (size_t)M * N; i++) {
@@ -83,8 +91,8 @@ static void test_matmul_against_plain_loops(void) {
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
     check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x %d (every tile edge, depth "
-          "and width block, the narrow tile and its depth limit, the transposed small-row path; out += A B and "
-          "out = bias + A B) match a plain loop in double: worst error %.2g", cases, NARROW_MAX_DEPTH + 5, worst);
+          "and width block, the narrow tile deep, the transposed small-row path; out += A B and "
+          "out = bias + A B) match a plain loop in double: worst error %.2g", cases, NARROW_DEEP + 5, worst);
 }
 
 // The matrix product gives each element of out to one thread, which sums it in
@@ -119,6 +127,42 @@ static void test_matmul_thread_count(void) {
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
 #endif
+}
+
+// B packed whole, by one part or shared among 2 and 3 (as the threads share
+// it): every number where the tiles read it, B[d][n] at packed[(s * depth +
+// d) * width + j] for column n = s * width + j, zeros past the last column,
+// whichever direction B is contiguous in, for the wide and the narrow tile.
+// A part that missed its share, or wrote another's, shows here; in the
+// products, a number no part wrote could happen to hold the right value.
+static void test_pack_b_parts(void) {
+    int shapes[][2] = { { 300, 530 }, { 129, 33 }, { 7, NARROW_COLS }, { 300, NARROW_COLS - 3 }, { 1, 1 } };
+    Rng rng; rng_seed(&rng, 13);
+    int right = 1, cases = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    for (int transposed = 0; transposed < 2; transposed++) {
+        int depth = shapes[i][0], cols = shapes[i][1];
+        real *b = random_reals_for_packing((size_t)depth * cols, &rng);
+        MatrixView bv = transposed ? (MatrixView){ b, 1, (size_t)depth } : (MatrixView){ b, (size_t)cols, 1 };
+        MatrixProduct p = { NULL, 0, 1, { NULL, 0, 0 }, bv, { NULL, 0, 0 }, 4, cols, depth, 0 };
+        int width = strip_width(&p);
+        size_t numbers = packed_b_numbers(&p);
+        for (int parts = 1; parts <= 3; parts++) {
+            real *packed = checked_calloc(numbers, sizeof(real), "test");
+            for (size_t k = 0; k < numbers; k++) packed[k] = (real)-1e30;   // no part wrote it
+            for (int part = 0; part < parts; part++) pack_b_part(&p, packed, part, parts);
+            for (size_t k = 0; k < numbers; k++) {
+                int j = (int)(k % width), d = (int)(k / width % depth), n = (int)(k / width / depth) * width + j;
+                real expected = n < cols ? b[d * bv.row_stride + n * bv.col_stride] : 0;
+                right &= packed[k] == expected;
+            }
+            free(packed);
+            cases++;
+        }
+        free(b);
+    }
+    check(right, "matmul: B packed whole in 1, 2 and 3 parts puts every number where the tiles read it, zeros past "
+          "its last column (%d packings: rows or columns contiguous, wide and narrow strips)", cases);
 }
 
 // The fast path's scratch memory starts on a cache line, as transformer.c's arenas do.
@@ -198,9 +242,9 @@ static double relative_difference(const real *a, const real *b, size_t n) {
 }
 
 // One linear layer, forward and backward: Part II's functions, then Part
-// I's loops. Returns the worst scaled difference over out, dinp, dweight and
-// dbias.
-static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, Rng *rng) {
+// I's loops, with a bias or without, asking for dinp or not (NULL). Returns
+// the worst scaled difference over out, dinp (when asked for), dweight and dbias.
+static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, int with_dinp, Rng *rng) {
     size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
     real *x = random_reals(n_in, rng), *w = random_reals(n_w, rng), *b = random_reals(OC, rng);
     real *dout = random_reals(n_out, rng);
@@ -211,14 +255,14 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, Rn
     for (int plain = 0; plain < 2; plain++) {
         out[plain] = checked_calloc(n_out, sizeof(real), "test");
         dinp[plain] = copy_of(dinp0, n_in); dw[plain] = copy_of(dw0, n_w); db[plain] = copy_of(db0, OC);
-        real *dbias = with_bias ? db[plain] : NULL;
+        real *dbias = with_bias ? db[plain] : NULL, *dx = with_dinp ? dinp[plain] : NULL;
         if (plain) {
             fast_path_use(0);
             linear_forward(out[1], x, w, bias, N, IC, OC);
-            linear_backward(dinp[1], dw[1], dbias, dout, x, w, N, IC, OC);
+            linear_backward(dx, dw[1], dbias, dout, x, w, N, IC, OC);
         } else {
             linear_forward_fast(out[0], x, w, bias, N, IC, OC);
-            linear_backward_fast(dinp[0], dw[0], dbias, dout, x, w, N, IC, OC);
+            linear_backward_fast(dx, dw[0], dbias, dout, x, w, N, IC, OC);
         }
     }
     // the scale of each element: Part I on |operands|, starting from |what it added to|
@@ -258,9 +302,11 @@ static void test_fast_linear(void) {
     double worst = 0;
     int count = (int)(sizeof shapes / sizeof *shapes);
     for (int s = 0; s < count; s++)
-        worst = fmax(worst, linear_fast_against_plain(shapes[s][0], shapes[s][1], shapes[s][2], s % 4 != 3, &rng));
-    check(worst < FAST_TOLERANCE, "Part II: linear_forward_fast and linear_backward_fast (out, dinp, dW, dbias) of %d "
-          "shapes (tiny, toy, base, decoding, every tile and block edge) agree with Part I's loops: worst %.2g of "
+        worst = fmax(worst, linear_fast_against_plain(shapes[s][0], shapes[s][1], shapes[s][2], s % 4 != 3, s % 5 != 4,
+                                                      &rng));
+    check(worst < FAST_TOLERANCE, "Part II: linear_forward_fast and linear_backward_fast (out, dinp, dW, dbias; "
+          "without a bias, or dinp, in some) of %d shapes (tiny, toy, base, decoding, every tile and block edge) "
+          "agree with Part I's loops: worst %.2g of "
           "the sum of |terms| (tolerance %.0e)", count, worst, FAST_TOLERANCE);
 }
 
@@ -415,6 +461,7 @@ int main(void) {
     fast_path_use(1);   // as make's ./transformer runs
     printf("-- the fast path (lab/fast_path.c) against transformer.c's loops\n");
     test_fast_aligned_memory();
+    test_pack_b_parts();
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
     test_fast_linear();
