@@ -19,7 +19,10 @@ deciding whether a change pays.
 
 A pair in which other processes took more than --max-background cores
 during either run (read from /proc/stat, as dev/bench_compare.py does) is
-thrown away and run again, at most --retries times in all.
+thrown away and run again, at most --retries times in all. --wait-quiet S
+starts each pair only once the other processes have used at most that for S
+seconds in a row (checked every second), for a machine whose quiet spells
+are short and far apart; with a large --retries such a run can take hours.
 
 Prints one line per config: the two median ratios, their ranges, and each
 side's times. Nothing here is used by the build or the tests.
@@ -70,6 +73,17 @@ def bench_ms(binary, config, decode, threads):
     return result["median_ms"], result["min_ms"], background, result["cpu_ms"]
 
 
+def wait_for_quiet(seconds, most):
+    """Returns once the other processes have used at most `most` cores for
+    `seconds` seconds in a row (this script runs nothing meanwhile)."""
+    quiet = 0
+    while quiet < seconds:
+        busy0, wall0 = machine_busy_seconds(), time.perf_counter()
+        time.sleep(1)
+        load = (machine_busy_seconds() - busy0) / (time.perf_counter() - wall0)
+        quiet = quiet + 1 if load <= most else 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old")
@@ -81,6 +95,8 @@ def main():
     p.add_argument("--max-background", type=float, default=0.25,
                    help="cores of other work allowed during a run before its pair is run again")
     p.add_argument("--retries", type=int, default=10)
+    p.add_argument("--wait-quiet", type=int, default=0, metavar="S",
+                   help="start each pair after S seconds in a row of at most --max-background cores of other work")
     p.add_argument("--cpu", action="store_true",
                    help="also the ratio of CPU time per step, and no pair run again for the others' load (one thread)")
     args = p.parse_args()
@@ -89,6 +105,8 @@ def main():
     for config, decode in work:
         old_ms, new_ms, retries = [], [], 0
         while len(old_ms) < args.pairs:
+            if args.wait_quiet:
+                wait_for_quiet(args.wait_quiet, args.max_background)
             old = bench_ms(args.old, config, decode, args.threads)
             new = bench_ms(args.new, config, decode, args.threads)
             if not args.cpu and max(old[2], new[2]) > args.max_background and retries < args.retries:
