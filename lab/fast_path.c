@@ -2,7 +2,8 @@
  *
  * Nothing here changes what the model computes, only how fast: the products
  * of the linear layers (§3) and of attention (§3.2.1) as register tiles over
- * packed blocks. transformer.c's linear_forward, linear_backward,
+ * packed blocks, each number of a product the same sum in the same order
+ * whatever the number of threads. transformer.c's linear_forward, linear_backward,
  * attention_forward and attention_backward hand their calls to these on
  * their first line once fast_path_use(1) has set transformer.c's
  * `fast_path` hooks (lab.c does, for make's ./transformer); transformer.c
@@ -26,13 +27,14 @@
 // Why not the three-line loop  for m, n, d: out[m][n] += A[m][d] B[d][n]?  A
 // core can do 16 or more multiply-adds per cycle on vectors but load only two
 // or three numbers, and that loop loads two numbers per multiply-add and
-// reads B from memory once for every row of out. Three ideas, in plain C:
+// reads B from memory once for every row of out. Three ideas, in C with one
+// extension of gcc and clang, vectors of numbers (Vector, below):
 //
 // 1. Register tiles. out is computed in tiles of TILE_ROWS x TILE_COLS (8 x 32
 //    floats with AVX-512's 32 vector registers, 6 x 16 with AVX2's 16). The
-//    tile's sums stay in vector registers for the whole depth loop; each
-//    step d reads a column of TILE_ROWS numbers of A and a row of TILE_COLS
-//    numbers of B, and does every product of the two:
+//    tile's sums are vector registers from the first step of the depth loop
+//    to the store; each step d reads a column of TILE_ROWS numbers of A and
+//    a row of TILE_COLS numbers of B, and does every product of the two:
 //
 //             dc                         TILE_COLS = 32
 //          ┌─────────┐                 ┌──────────────────────┐
@@ -40,8 +42,7 @@
 //          └─────────┘                 │                      │
 //          A strip, step d: column ▓    └──────────────────────┘  B strip, step d: row ▓
 //
-//    The inner loop over the columns is what the compiler turns into vector
-//    instructions; the loops over d and the rows stay loops.
+//    A row of B is two vectors; each number of A is multiplied by both.
 // 2. Packing. The tile reads B a row of TILE_COLS numbers at a time. A block
 //    of B is first copied ("packed") into strips of TILE_COLS columns, each
 //    dc deep and contiguous, in exactly the order the tile reads them: every
@@ -76,8 +77,10 @@
 //
 // Threads: each takes an equal share of the strips of rows of out and packs
 // the blocks of B it needs itself (a little copying done twice, but no
-// thread ever waits for another). Each element of out belongs to one thread
-// and is summed in the same order whatever the number of threads.
+// thread ever waits for another; B packed whole, once, by the threads
+// together made one thread's product 15% slower, dev/PERFORMANCE.md). Each
+// element of out belongs to one thread and is summed in the same order
+// whatever the number of threads.
 // ----------------------------------------------------------------------------
 
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
@@ -159,34 +162,32 @@ static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, i
             strip[d * height + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)d * a.col_stride] : 0;
 }
 
-// `count` strips of B, each `width` columns (the tile's) wide, the first from
-// column n0, their rows d0 .. d0+dc-1: row d of strip s goes to
-// packed[s * strip_stride + d * width .. + width-1], B[d0 + d][n0 + s * width + j]
-// at j, zeros from column b_cols on. It reads B along whichever direction B
-// is contiguous in. Rows contiguous: one pass along each row of B for all
-// the strips, which the hardware prefetcher follows (strip by strip, every
-// row of a strip would start a new cache line). Columns contiguous (B a
-// transposed matrix, W^T in x W^T): along each column, strip by strip.
-static void pack_b_strips(real *packed, size_t strip_stride, MatrixView b, int b_cols, int n0, int count,
-                          int width, int d0, int dc) {
+// `count` strips of B side by side, each `width` columns (the tile's) and dc
+// deep, the first from column n0: strip s is
+// packed[(s * dc + d) * width + j] = B[d0 + d][n0 + s * width + j], zeros
+// from column b_cols on. It reads B along whichever direction B is contiguous in.
+// Rows contiguous: one pass along each row of B for all the strips, which
+// the hardware prefetcher follows (strip by strip, every row of a strip
+// would start a new cache line). Columns contiguous (B a transposed matrix,
+// W^T in x W^T): along each column, strip by strip.
+static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0, int dc, int width, int count) {
     if (b.col_stride == 1) {
         int full = min_int(count, (b_cols - n0) / width);   // strips that lie wholly left of column b_cols
         for (int d = 0; d < dc; d++) {
             const real *row = b.data + (size_t)(d0 + d) * b.row_stride;
             for (int s = 0; s < full; s++)
                 for (int j = 0; j < width; j++)
-                    packed[s * strip_stride + (size_t)d * width + j] = row[n0 + s * width + j];
+                    packed[((size_t)s * dc + d) * width + j] = row[n0 + s * width + j];
             for (int s = full; s < count; s++)   // a last strip that reaches past column b_cols
                 for (int j = 0; j < width; j++)
-                    packed[s * strip_stride + (size_t)d * width + j] =
-                        n0 + s * width + j < b_cols ? row[n0 + s * width + j] : 0;
+                    packed[((size_t)s * dc + d) * width + j] = n0 + s * width + j < b_cols ? row[n0 + s * width + j] : 0;
         }
         return;
     }
     for (int s = 0; s < count; s++) {
         int j0 = n0 + s * width, cols = min_int(b_cols - j0, width);
         const real *b0 = b.data + (size_t)d0 * b.row_stride + (size_t)j0 * b.col_stride;
-        real *strip = packed + s * strip_stride;
+        real *strip = packed + (size_t)s * dc * width;
         for (int j = 0; j < cols; j++)
             for (int d = 0; d < dc; d++) strip[d * width + j] = b0[(size_t)j * b.col_stride + (size_t)d * b.row_stride];
         for (int d = 0; d < dc; d++)
@@ -280,49 +281,19 @@ __attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_r
     store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
+// Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
+static real *packed_b_alloc(void) {
+    return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
+}
+
+// The narrow tile's product packs its whole B, depth x NARROW_COLS numbers,
+// into the room of one block of B: at most this deep.
+#define NARROW_MAX_DEPTH (DEPTH_BLOCK * WIDTH_BLOCK / NARROW_COLS)
+
 // The rows of the tile a product is done in: the narrow tile's for a
-// product of at most NARROW_COLS columns.
+// product of at most NARROW_COLS columns and NARROW_MAX_DEPTH depth.
 static int tile_height(const MatrixProduct *p) {
-    return p->out_cols <= NARROW_COLS ? NARROW_ROWS : TILE_ROWS;
-}
-
-// The columns of the strips B is packed in: the tile's.
-static int strip_width(const MatrixProduct *p) {
-    return tile_height(p) == NARROW_ROWS ? NARROW_COLS : TILE_COLS;
-}
-
-// B is packed whole before the product starts, strip by strip: strip s
-// (columns s * width .. s * width + width-1, zeros past the last column) is
-// depth x width numbers, its row d at packed[(s * depth + d) * width]. This
-// many numbers:
-static size_t packed_b_numbers(const MatrixProduct *p) {
-    int width = strip_width(p), strips = (p->out_cols + width - 1) / width;
-    return (size_t)strips * p->depth * width;
-}
-
-// The part [*first, *end) of `count` items that part `part` of `parts`
-// takes: equal contiguous shares, the first to part 0.
-static void share(int count, int part, int parts, int *first, int *end) {
-    *first = (int)((long long)count * part / parts);
-    *end = (int)((long long)count * (part + 1) / parts);
-}
-
-// Part `part` of `parts` of packing B whole (packed_b_numbers): the rows of
-// B shared out when they are contiguous, the strips when the columns are,
-// so that each part reads B along its contiguous direction and writes its
-// own numbers of `packed`.
-static void pack_b_part(const MatrixProduct *p, real *packed, int part, int parts) {
-    int width = strip_width(p), strips = (p->out_cols + width - 1) / width, first, end;
-    size_t strip_stride = (size_t)p->depth * width;
-    if (p->b.col_stride == 1) {
-        share(p->depth, part, parts, &first, &end);
-        pack_b_strips(packed + (size_t)first * width, strip_stride, p->b, p->out_cols, 0, strips, width,
-                      first, end - first);
-    } else {
-        share(strips, part, parts, &first, &end);
-        pack_b_strips(packed + first * strip_stride, strip_stride, p->b, p->out_cols, first * width, end - first,
-                      width, 0, p->depth);
-    }
+    return p->out_cols <= NARROW_COLS && p->depth <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
 }
 
 // The strip of rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, as a tile
@@ -340,13 +311,16 @@ static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixV
     return a.data + (size_t)m0 * a.row_stride + (size_t)d0;
 }
 
-// Rows [m_first, m_end) of a product in narrow tiles, its B packed whole
-// (one strip). Each strip of A goes through all the depth blocks before the
-// next strip starts: in decoding, A is a weight, and each of its rows is
-// then read from start to end, which the hardware prefetcher follows. The
-// depth blocks still reach each element of out in order.
-static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, const real *packed_b) {
+// Rows [m_first, m_end) of a product in narrow tiles. Its B is packed whole
+// first, and each strip of A then goes through all the depth blocks before
+// the next strip starts: in decoding, A is a weight, and each of its rows
+// is then read from start to end, which the hardware prefetcher follows.
+// The depth blocks still reach each element of out in order.
+static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     _Alignas(CACHE_LINE) real packed_a[NARROW_ROWS * DEPTH_BLOCK];
+    for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK)   // one strip, depth rows deep
+        pack_b_strips(packed_b + (size_t)d0 * NARROW_COLS, p->b, 0, p->out_cols, d0,
+                      min_int(p->depth - d0, DEPTH_BLOCK), NARROW_COLS, 1);
     for (int m0 = m_first; m0 < m_end; m0 += NARROW_ROWS) {
         const real *bias = p->bias.data ? p->bias.data + (size_t)m0 * p->bias.row_stride : NULL;
         for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK) {
@@ -360,23 +334,20 @@ static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, c
     }
 }
 
-// Rows [m_first, m_end) of the product p, by the calling thread alone, with
-// B packed whole in packed_b (pack_b_part). The loops go over blocks of
-// B, WIDTH_BLOCK columns by DEPTH_BLOCK rows, which stay in the level-2
-// cache while the strips of A pass by.
-static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, const real *packed_b) {
+// Rows [m_first, m_end) of the product p, by the calling thread alone;
+// packed_b comes from packed_b_alloc.
+static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
     if (tile_height(p) == NARROW_ROWS) {
         matmul_rows_narrow(p, m_first, m_end, packed_b);
         return;
     }
     _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
-    size_t strip_stride = (size_t)p->depth * TILE_COLS;
     for (int n0 = 0; n0 < p->out_cols; n0 += WIDTH_BLOCK) {
         int strips = (min_int(p->out_cols - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
-        const real *block_b = packed_b + (size_t)(n0 / TILE_COLS) * strip_stride;
         for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK) {
             int dc = min_int(p->depth - d0, DEPTH_BLOCK);
             int accumulate = p->accumulate || d0 > 0;   // later depth blocks add to the first
+            pack_b_strips(packed_b, p->b, n0, p->out_cols, d0, dc, TILE_COLS, strips);
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
                 size_t a_row, a_col;
                 const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, TILE_ROWS);
@@ -385,7 +356,7 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, const re
                     const real *bias = p->bias.data
                         ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
                     matmul_tile(p->out + (size_t)m0 * p->out_row + (size_t)j0 * p->out_col, p->out_row, p->out_col,
-                                a, a_row, a_col, block_b + s * strip_stride + (size_t)d0 * TILE_COLS, dc,
+                                a, a_row, a_col, packed_b + (size_t)s * TILE_COLS * dc, dc,
                                 min_int(m_end - m0, TILE_ROWS), min_int(p->out_cols - j0, TILE_COLS),
                                 accumulate, bias, p->bias.row_stride, p->bias.col_stride);
                 }
@@ -395,86 +366,55 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, const re
 }
 
 // The part [*first, *end) of `count` items that this thread takes in a
-// parallel region (share).
+// parallel region: equal contiguous shares, the first share to thread 0.
 static void thread_share(int count, int *first, int *end) {
-#ifdef _OPENMP
-    share(count, omp_get_thread_num(), omp_get_num_threads(), first, end);
-#else
-    share(count, 0, 1, first, end);
-#endif
-}
-
-// B packed by all the threads together, each its share, when it holds at
-// least this many numbers; a smaller B (decoding's few rows, turned around
-// below) each thread packs whole for itself, which costs less than making
-// the threads wait for each other's share.
-#define SHARED_PACKING_NUMBERS (DEPTH_BLOCK * WIDTH_BLOCK / 4)
-
-// Makes p ready for products_by_this_thread: a product with few rows
-// (decoding: one row per sentence, at most TILE_COLS of them) and more
-// columns is turned around, done as its transpose out^T = B^T A^T: then the
-// big matrix, a weight, is the one shared out among the threads and read
-// once, and only the few rows are packed whole, in narrow tiles. Without it
-// base decoding took 2.9 times as long. Every element is the same sum in the
-// same order either way. Returns the room for B packed by all the threads
-// together (free() it after the parallel region), or NULL where each
-// thread packs its own.
-static real *product_prepare(MatrixProduct *p) {
-    if (p->out_rows <= TILE_COLS && p->out_rows < p->out_cols) {
-        MatrixView a = p->a, b = p->b, bias = p->bias;
-        p->a = (MatrixView){ b.data, b.col_stride, b.row_stride };
-        p->b = (MatrixView){ a.data, a.col_stride, a.row_stride };
-        p->bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
-        size_t out_row = p->out_row; p->out_row = p->out_col; p->out_col = out_row;
-        int out_rows = p->out_rows; p->out_rows = p->out_cols; p->out_cols = out_rows;
-    }
-    size_t numbers = packed_b_numbers(p);
-    if (p->out_rows <= 0 || p->out_cols <= 0 || numbers < SHARED_PACKING_NUMBERS) return NULL;
-    return checked_aligned_malloc(numbers, sizeof(real), "matrix product scratch");
-}
-
-// This thread's part of `count` products that write different outputs
-// (product_prepare'd, shared_b[i] what it returned for p[i]), called by
-// every thread of a parallel region: first its share of packing each B
-// that the threads pack together, then, once all have packed, its share of
-// the strips of tile_height rows of each product, with each B packed whole.
-// One parallel region and one wait for all of them.
-static void products_by_this_thread(const MatrixProduct *p, real *const *shared_b, int count) {
 #ifdef _OPENMP
     int thread = omp_get_thread_num(), threads = omp_get_num_threads();
 #else
     int thread = 0, threads = 1;
 #endif
-    int any_shared = 0;
-    for (int i = 0; i < count; i++)
-        if (shared_b[i]) {
-            pack_b_part(&p[i], shared_b[i], thread, threads);
-            any_shared = 1;
-        }
-    if (any_shared) {
-        #pragma omp barrier
-    }
+    *first = (int)((long long)count * thread / threads);
+    *end = (int)((long long)count * (thread + 1) / threads);
+}
+
+// A product with few rows (decoding: one row per sentence, at most
+// TILE_COLS of them) and more columns is done as its transpose, out^T =
+// B^T A^T: then the big matrix, a weight, is the one shared out among the
+// threads and read once, and only the few rows are packed whole, in narrow
+// tiles. Without it base decoding took 2.9 times as long. Every element is
+// the same sum in the same order either way.
+static void turn_around_if_few_rows(MatrixProduct *p) {
+    if (p->out_rows > TILE_COLS || p->out_rows >= p->out_cols) return;
+    MatrixView a = p->a, b = p->b, bias = p->bias;
+    p->a = (MatrixView){ b.data, b.col_stride, b.row_stride };
+    p->b = (MatrixView){ a.data, a.col_stride, a.row_stride };
+    p->bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
+    size_t out_row = p->out_row; p->out_row = p->out_col; p->out_col = out_row;
+    int out_rows = p->out_rows; p->out_rows = p->out_cols; p->out_cols = out_rows;
+}
+
+// This thread's share of `count` products that write different outputs
+// (each turned around if it has few rows), called by every thread of one
+// parallel region: an equal share of the strips of tile_height rows of out
+// of each product. No thread waits for another.
+static void products_by_this_thread(const MatrixProduct *p, int count) {
+    real *packed_b = NULL;
     for (int i = 0; i < count; i++) {
         if (p[i].out_rows <= 0 || p[i].out_cols <= 0) continue;
         int height = tile_height(&p[i]), first, end;
-        share((p[i].out_rows + height - 1) / height, thread, threads, &first, &end);
+        thread_share((p[i].out_rows + height - 1) / height, &first, &end);
         if (first == end) continue;
-        real *packed_b = shared_b[i];
-        if (!packed_b) {
-            packed_b = checked_aligned_malloc(packed_b_numbers(&p[i]), sizeof(real), "matrix product scratch");
-            pack_b_part(&p[i], packed_b, 0, 1);
-        }
+        if (!packed_b) packed_b = packed_b_alloc();
         matmul_rows(&p[i], first * height, min_int(end * height, p[i].out_rows), packed_b);
-        if (!shared_b[i]) free(packed_b);
     }
+    free(packed_b);
 }
 
 // The whole product p, shared among the threads.
 static void matmul(MatrixProduct p) {
-    real *shared_b = product_prepare(&p);
+    turn_around_if_few_rows(&p);
     #pragma omp parallel
-    products_by_this_thread(&p, &shared_b, 1);
-    free(shared_b);
+    products_by_this_thread(&p, 1);
 }
 
 // out = bias + A B: out is (rows, cols) with row stride out_row, a is
@@ -486,19 +426,11 @@ static void matmul_assign(real *out, size_t out_row, MatrixView a, MatrixView b,
 }
 
 // The same, by the calling thread alone (attention: one head's small
-// products per thread), B packed into packed_b, which holds at least
-// matmul_scratch_numbers(cols, depth) numbers.
+// products per thread); packed_b comes from packed_b_alloc.
 static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, MatrixView b,
                                   int rows, int cols, int depth, int accumulate, real *packed_b) {
     MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, accumulate };
-    pack_b_part(&p, packed_b, 0, 1);
     matmul_rows(&p, 0, rows, packed_b);
-}
-
-// The numbers of packed B that matmul_by_this_thread needs for a product of
-// `cols` columns and `depth`: enough for either tile.
-static size_t matmul_scratch_numbers(int cols, int depth) {
-    return (size_t)((cols + TILE_COLS - 1) / TILE_COLS) * TILE_COLS * depth;
 }
 
 // ----------------------------------------------------------------------------
@@ -523,11 +455,10 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
         { dinp, (size_t)IC, 1, g, w, { NULL, 0, 0 }, N, IC, OC, 1 },
     };
     int count = dinp ? 2 : 1;
-    real *shared_b[2] = { NULL, NULL };
-    for (int i = 0; i < count; i++) shared_b[i] = product_prepare(&products[i]);
+    for (int i = 0; i < count; i++) turn_around_if_few_rows(&products[i]);
     #pragma omp parallel
     {
-        products_by_this_thread(products, shared_b, count);
+        products_by_this_thread(products, count);
         // dbias[o] += sum_n dout[n,o], n in order: each thread its share of the columns
         if (dbias) {
             int first, end;
@@ -536,8 +467,6 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
                 for (int o = first; o < end; o++) dbias[o] += dout[(size_t)n * OC + o];
         }
     }
-    free(shared_b[0]);
-    free(shared_b[1]);
 }
 
 // ----------------------------------------------------------------------------
@@ -594,11 +523,9 @@ static void attention_forward_fast(real *out, real *att,
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, h): it alone writes that head's scores and outputs
-    size_t scratch = matmul_scratch_numbers(Tk, d_k);   // Q K^T; P V, at most as much:
-    if (matmul_scratch_numbers(d_k, Tk) > scratch) scratch = matmul_scratch_numbers(d_k, Tk);
     #pragma omp parallel
     {
-        real *packed_b = checked_aligned_malloc(scratch, sizeof(real), "attention scratch");
+        real *packed_b = packed_b_alloc();
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -635,12 +562,9 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
-    size_t scratch = matmul_scratch_numbers(Tk, d_k);   // dOut V^T; the other three, d_k columns:
-    int deepest = Tq > Tk ? Tq : Tk;
-    if (matmul_scratch_numbers(d_k, deepest) > scratch) scratch = matmul_scratch_numbers(d_k, deepest);
     #pragma omp parallel
     {
-        real *packed_b = checked_aligned_malloc(scratch, sizeof(real), "attention scratch");
+        real *packed_b = packed_b_alloc();
         real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {

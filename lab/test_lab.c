@@ -29,18 +29,10 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
     if (form == 2) { av->row_stride = 1; av->col_stride = (size_t)M; }
 }
 
-// n normally distributed numbers, none of them 0 (the packing's padding)
-static real *random_reals_for_packing(size_t n, Rng *rng) {
-    real *x = checked_calloc(n, sizeof(real), "test");
-    for (size_t i = 0; i < n; i++) x[i] = (real)rng_normal(rng) + (real)10;
-    return x;
-}
-
 // Part II's matrix product works in TILE_ROWS x TILE_COLS tiles, or narrow
 // tiles NARROW_ROWS x NARROW_COLS for at most NARROW_COLS columns, blocks of
 // DEPTH_BLOCK along the depth and WIDTH_BLOCK along the columns, shares rows
-// among threads (and the packing of a B of SHARED_PACKING_NUMBERS or more)
-// and turns a product of at most TILE_COLS rows around.
+// among threads and turns a product of at most TILE_COLS rows around.
 // The model tests above use tiny sizes, which never reach a second block, so
 // here it is checked against a plain loop in double precision on sizes that
 // cross every boundary, for the three ways the layers read their matrices
@@ -49,10 +41,10 @@ static real *random_reals_for_packing(size_t n, Rng *rng) {
 static void test_matmul_against_plain_loops(void) {
     enum { NM = 4, NN = 5, ND = 3 };
     int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, NARROW_COLS, NARROW_COLS + 1, 33, 530 }, depths[ND] = { 1, 129, 300 };
-    // and products with few columns (directly, and turned around) 64 depth
-    // blocks deep and more: the narrow tile's B, packed whole, is as deep
-    enum { NARROW_DEEP = 64 * DEPTH_BLOCK };
-    int extra[][3] = { { 40, 7, NARROW_DEEP }, { 40, 7, NARROW_DEEP + 5 }, { 7, 40, NARROW_DEEP + 5 } };
+    // and products with few columns (directly, and turned around) as deep as
+    // the narrow tile's packing of the whole B holds, and deeper: those take
+    // the wide path
+    int extra[][3] = { { 40, 7, NARROW_MAX_DEPTH }, { 40, 7, NARROW_MAX_DEPTH + 5 }, { 7, 40, NARROW_MAX_DEPTH + 5 } };
     int grid = NM * NN * ND, shapes = grid + (int)(sizeof extra / sizeof *extra);
     Rng rng; rng_seed(&rng, 11);
     double worst = 0;
@@ -91,8 +83,8 @@ static void test_matmul_against_plain_loops(void) {
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
     check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x %d (every tile edge, depth "
-          "and width block, the narrow tile deep, the transposed small-row path; out += A B and "
-          "out = bias + A B) match a plain loop in double: worst error %.2g", cases, NARROW_DEEP + 5, worst);
+          "and width block, the narrow tile and its depth limit, the transposed small-row path; out += A B and "
+          "out = bias + A B) match a plain loop in double: worst error %.2g", cases, NARROW_MAX_DEPTH + 5, worst);
 }
 
 // The matrix product gives each element of out to one thread, which sums it in
@@ -127,42 +119,6 @@ static void test_matmul_thread_count(void) {
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
 #endif
-}
-
-// B packed whole, by one part or shared among 2 and 3 (as the threads share
-// it): every number where the tiles read it, B[d][n] at packed[(s * depth +
-// d) * width + j] for column n = s * width + j, zeros past the last column,
-// whichever direction B is contiguous in, for the wide and the narrow tile.
-// A part that missed its share, or wrote another's, shows here; in the
-// products, a number no part wrote could happen to hold the right value.
-static void test_pack_b_parts(void) {
-    int shapes[][2] = { { 300, 530 }, { 129, 33 }, { 7, NARROW_COLS }, { 300, NARROW_COLS - 3 }, { 1, 1 } };
-    Rng rng; rng_seed(&rng, 13);
-    int right = 1, cases = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-    for (int transposed = 0; transposed < 2; transposed++) {
-        int depth = shapes[i][0], cols = shapes[i][1];
-        real *b = random_reals_for_packing((size_t)depth * cols, &rng);
-        MatrixView bv = transposed ? (MatrixView){ b, 1, (size_t)depth } : (MatrixView){ b, (size_t)cols, 1 };
-        MatrixProduct p = { NULL, 0, 1, { NULL, 0, 0 }, bv, { NULL, 0, 0 }, 4, cols, depth, 0 };
-        int width = strip_width(&p);
-        size_t numbers = packed_b_numbers(&p);
-        for (int parts = 1; parts <= 3; parts++) {
-            real *packed = checked_calloc(numbers, sizeof(real), "test");
-            for (size_t k = 0; k < numbers; k++) packed[k] = (real)-1e30;   // no part wrote it
-            for (int part = 0; part < parts; part++) pack_b_part(&p, packed, part, parts);
-            for (size_t k = 0; k < numbers; k++) {
-                int j = (int)(k % width), d = (int)(k / width % depth), n = (int)(k / width / depth) * width + j;
-                real expected = n < cols ? b[d * bv.row_stride + n * bv.col_stride] : 0;
-                right &= packed[k] == expected;
-            }
-            free(packed);
-            cases++;
-        }
-        free(b);
-    }
-    check(right, "matmul: B packed whole in 1, 2 and 3 parts puts every number where the tiles read it, zeros past "
-          "its last column (%d packings: rows or columns contiguous, wide and narrow strips)", cases);
 }
 
 // The fast path's scratch memory starts on a cache line, as transformer.c's arenas do.
@@ -461,7 +417,6 @@ int main(void) {
     fast_path_use(1);   // as make's ./transformer runs
     printf("-- the fast path (lab/fast_path.c) against transformer.c's loops\n");
     test_fast_aligned_memory();
-    test_pack_b_parts();
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
     test_fast_linear();
