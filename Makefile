@@ -390,7 +390,7 @@ BENCH_COMPILE ?= 1
 bench: transformer
 	/usr/bin/python3 dev/bench_compare.py --binary ./transformer --configs $(BENCH_CONFIGS) \
 	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS) \
-	    --python $(BENCH_VENV)/bin/python $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
+	    --python $(BENCH_VENV)/bin/python --cc $(CC) $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
 
 # make dev-check (not part of make test; no network): each script in dev/ on its smallest case, as
 # its docstring runs it (dev/check.sh: seconds each, a line per script; about 3 minutes on 2 busy

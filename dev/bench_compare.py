@@ -17,6 +17,12 @@ time, and the ratios PyTorch time / transformer.c time (above 1:
 transformer.c is faster). The heading names each PyTorch's version, BLAS and
 kernels (bench_pytorch.py's "blas"). dev/BENCH.md explains every column.
 
+The machine's FMA peak is measured in the same run: dev/fma_peak.c, built
+with --cc, runs with the same thread count at the start of each training
+round (2 x 10^8 steps of each chain, about a second), and each config's
+GFLOP/s is given as a percentage of the median of its rounds' peaks, so
+that a slow phase of a shared machine slows both.
+
 On a shared machine other processes can take the cores in the middle of a
 run. Each run reports how many cores other processes used meanwhile; a round
 in which any run saw more than --max-background cores of other work is
@@ -28,16 +34,18 @@ table's heading says how many were thrown away and the background load of
 the rounds it kept.
 
     /usr/bin/python3 dev/bench_compare.py [--configs tiny,toy,base] [--decode-configs tiny,toy,base]
-                                          [--rounds 3] [--threads 2] [--no-compile]
+                                          [--rounds 3] [--threads 2] [--no-compile] [--cc cc]
                                           [--python dev/.venv/bin/python] [--system-python /usr/bin/python3]
 """
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,6 +98,36 @@ def wait_for_quiet(limit, most, spell):
             return waited
 
 
+FMA_PEAK_SOURCE = os.path.join(HERE, "fma_peak.c")
+FMA_PEAK_STEPS = "200000000"   # steps of each chain: about a second on 2 cores
+
+
+def build_fma_peak(cc, directory):
+    """Builds dev/fma_peak.c as its comment says; returns the binary's path, or
+    None with a note on stderr when the compiler fails (the table then has no
+    percentages of the peak)."""
+    binary = os.path.join(directory, "fma_peak")
+    cmd = [cc, "-O3", "-march=native", "-funroll-loops", "-fopenmp", "-o", binary, FMA_PEAK_SOURCE]
+    built = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if built.returncode != 0:
+        print(f"note: {' '.join(cmd)} failed, so no FMA peak:\n{built.stdout}", file=sys.stderr)
+        return None
+    return binary
+
+
+def fma_peak(binary, env):
+    """The machine's FMA peak now, GFLOP/s for all threads together (dev/fma_peak.c's
+    "... GFLOP/s in all"), with the other processes' load meanwhile, as run_json gives it."""
+    busy0, ours0, wall0 = machine_busy_seconds(), children_cpu_seconds(), time.perf_counter()
+    out = subprocess.run([binary, FMA_PEAK_STEPS], env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    busy1, ours1, wall1 = machine_busy_seconds(), children_cpu_seconds(), time.perf_counter()
+    found = re.search(r"([0-9.]+) GFLOP/s in all", out)
+    if not found:
+        sys.exit(f"error: no peak in the output of {binary}: {out}")
+    return {"gflops": float(found.group(1)),
+            "background_load": max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0)}
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -128,6 +166,7 @@ def main(argv=None):
     p.add_argument("--system-python", default=SYSTEM_PYTHON,
                    help="the interpreter with Debian's PyTorch 1.13, timed too when it has torch ('' for none)")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile runs")
+    p.add_argument("--cc", default="cc", help="the C compiler that builds dev/fma_peak.c ('' for no FMA peak)")
     p.add_argument("--max-background", type=float, default=0.1,
                    help="cores of other work above which a round is repeated")
     p.add_argument("--retries", type=int, default=5, help="repeats of one round at most")
@@ -147,6 +186,8 @@ def main(argv=None):
                        "libopenblas0-openmp); its columns are left out")
     discarded = 0
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    scratch = tempfile.TemporaryDirectory(prefix="bench_compare_")
+    peak_binary = build_fma_peak(a.cc, scratch.name) if a.cc else None
     # Inductor compiles in this process rather than in a pool of worker processes,
     # whose CPU time the background-load check would count as another process's.
     compile_env = dict(env, TORCHINDUCTOR_COMPILE_THREADS="1")
@@ -162,9 +203,11 @@ def main(argv=None):
         decode_runs.append(("system", a.system_python, ["--kv-cache"]))
 
     def run_round(name, mode):
-        """transformer.c then PyTorch, the same config: their JSON results, PyTorch's
-        a dict by run (train_runs or decode_runs)."""
+        """The machine's FMA peak (training rounds, when built), then transformer.c,
+        then PyTorch, the same config: the peak (or None) and their JSON results,
+        PyTorch's a dict by run (train_runs or decode_runs)."""
         flag = ["--decode"] if mode == "decode" else []
+        peak = fma_peak(peak_binary, env) if peak_binary and mode == "train" else None
         c = run_json([a.binary, "bench", "--config", name, "--threads", str(a.threads), "--json"] + flag, env)
         sizes = ["--json", "--config", name, "--layers", str(c["layers"]), "--d-model", str(c["d_model"]),
                  "--d-ff", str(c["d_ff"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
@@ -180,10 +223,13 @@ def main(argv=None):
                     1e-3 * c["gflop_per_step"]:
                 sys.exit(f"error: {name}: PyTorch ({key}) counts {theirs[key]['gflop_per_step']} GFLOP per step, "
                          f"transformer.c {c['gflop_per_step']}: the two FLOP counts must be the same")
-        return c, theirs
+        return peak, c, theirs
+
+    peaks = {}   # config name: the FMA peaks measured in its training rounds kept
 
     def run_config(name, mode):
-        """The rounds of one config; the results kept, transformer.c's and PyTorch's."""
+        """The rounds of one config; the results kept, transformer.c's and PyTorch's
+        (and the peaks, in `peaks`)."""
         nonlocal discarded
         ours, theirs = [], []
         for r in range(a.rounds):
@@ -193,19 +239,24 @@ def main(argv=None):
                 waited = wait_for_quiet(a.quiet_wait, a.max_background, 5 if attempt == 0 else 60)
                 if waited > 10:
                     print(f"  (waited {waited:.0f} s for the other processes to go quiet)", file=sys.stderr)
-                c, ts = run_round(name, mode)
-                busy = max(x["background_load"] for x in [c] + list(ts.values())) > a.max_background
+                peak, c, ts = run_round(name, mode)
+                runs = ([peak] if peak else []) + [c] + list(ts.values())
+                busy = max(x["background_load"] for x in runs) > a.max_background
                 retry = busy and attempt < a.retries
-                print(f"  {name} {mode} round {r + 1}: transformer.c {c['median_ms']:.1f} ms, PyTorch "
+                print(f"  {name} {mode} round {r + 1}: "
+                      + (f"FMA peak {peak['gflops']:.1f} GFLOP/s, " if peak else "")
+                      + f"transformer.c {c['median_ms']:.1f} ms, PyTorch "
                       + ", ".join(f"{k} {t['median_ms']:.1f} ms" for k, t in ts.items())
                       + " (other processes meanwhile: "
-                      + ", ".join(f"{x['background_load']:.2f}" for x in [c] + list(ts.values())) + " cores)"
+                      + ", ".join(f"{x['background_load']:.2f}" for x in runs) + " cores)"
                       + ("; repeating it" if retry else ""), file=sys.stderr)
                 if not retry:
                     break
                 discarded += 1
             ours.append(c)
             theirs.append(ts)
+            if peak:
+                peaks.setdefault(name, []).append(peak["gflops"])
         return name, ours, theirs
 
     train = [run_config(name, "train") for name in a.configs.split(",") if name]
@@ -244,6 +295,14 @@ def main(argv=None):
              "over a key/value cache of fixed length compiled; under \"first s\": the first compiled "
              "step or decoding, compilation included (less when inductor's disk cache has it)") + ".")
     print(f"- PyTorch {v1}: {old['torch']} ({old['python']}), {old['blas']}; eager" if old else f"- {system_note}")
+    all_peaks = [g for name in peaks for g in peaks[name]]
+    if all_peaks:
+        print(f"- FMA peak (dev/fma_peak.c, {a.threads} threads, at the start of each training round): "
+              f"{statistics.median(all_peaks):.1f} GFLOP/s, median of {len(all_peaks)} "
+              f"({min(all_peaks):.1f}-{max(all_peaks):.1f}); each config's % of peak is its GFLOP/s over the "
+              "median of its own rounds' peaks.")
+    elif train:
+        print("- FMA peak: not measured (--cc '' or dev/fma_peak.c did not build); no % of peak.")
     compiled = not a.no_compile
     if train:
         print("\nTraining step (forward, backward, Adam); ratios PyTorch time / transformer.c time:\n")
@@ -253,7 +312,8 @@ def main(argv=None):
         cols += [f"PyTorch {v1} ms/step"] if old else []
         cols += [f"{v2} eager / ours"] + ([f"{v2} compiled / ours"] if compiled else []) \
             + ([f"{v1} / ours"] if old else [])
-        cols += ["ours GFLOP/s", f"{v2} eager GFLOP/s"] + ([f"{v2} compiled GFLOP/s"] if compiled else []) \
+        cols += ["ours GFLOP/s"] + (["FMA peak GFLOP/s", "ours % of peak"] if all_peaks else []) \
+            + [f"{v2} eager GFLOP/s"] + ([f"{v2} compiled GFLOP/s"] if compiled else []) \
             + ([f"{v1} GFLOP/s"] if old else [])
         cols += [f"{v2} compiled first s"] if compiled else []
         cols += ["ours peak MB (step)", f"{v2} eager peak MB (step)"] \
@@ -268,7 +328,11 @@ def main(argv=None):
             row += "".join(f" {t:.1f} |" for t in times)
             row += "".join(f" **{t / mo:.2f}** |" if k in ("eager", "compiled") else f" {t / mo:.2f} |"
                            for (k, _, _), t in zip(train_runs, times))
-            row += f" {med(ours, 'gflops'):.1f} |" + "".join(f" {med(r, 'gflops'):.1f} |" for r in runs)
+            row += f" {med(ours, 'gflops'):.1f} |"
+            if all_peaks:
+                peak = statistics.median(peaks[name])
+                row += f" {peak:.1f} | **{100 * med(ours, 'gflops') / peak:.0f}%** |"
+            row += "".join(f" {med(r, 'gflops'):.1f} |" for r in runs)
             if compiled:
                 row += f" {med(pick(theirs, 'compiled'), 'first_step_s'):.1f} |"
             row += memory(ours) + "".join(memory(r) for r in runs)

@@ -19,10 +19,23 @@ deciding whether a change pays.
 
 A pair in which other processes took more than --max-background cores
 during either run (read from /proc/stat, as dev/bench_compare.py does) is
-thrown away and run again, at most --retries times in all.
+thrown away and run again, at most --retries times in all. --wait-quiet S
+starts each pair only once the other processes have used at most that for S
+seconds in a row (checked every second), for a machine whose quiet spells
+are short and far apart; with a large --retries such a run can take hours.
 
 Prints one line per config: the two median ratios, their ranges, and each
 side's times. Nothing here is used by the build or the tests.
+
+--cpu adds a third ratio, of the CPU time per step (cpu_ms), and lets every
+pair count whatever the other processes did: for a machine too busy for
+quiet pairs. A thread's CPU time does not count the time it waits while
+other processes run, as its wall time does (what it still counts: the caches
+the others took, and time the hypervisor takes). With two threads, run it
+under OMP_WAIT_POLICY=passive (the environment passes to both binaries), so
+that a thread waiting at a barrier sleeps instead of spinning, which would
+count as CPU time. Measured on a machine with other developers' builds and
+tests on both cores: still 0.65-1.3 from pair to pair, so many pairs.
 """
 import argparse
 import json
@@ -47,7 +60,7 @@ def children_cpu_seconds():
 
 
 def bench_ms(binary, config, decode, threads):
-    """(median_ms, min_ms, background cores) of one run of `binary bench`."""
+    """(median_ms, min_ms, background cores, cpu_ms) of one run of `binary bench`."""
     cmd = [binary, "bench", "--config", config, "--json", "--threads", str(threads)]
     if decode:
         cmd.append("--decode")
@@ -59,7 +72,18 @@ def bench_ms(binary, config, decode, threads):
     if not lines:
         sys.exit(f"error: bench_pair.py: no JSON line from: {' '.join(cmd)}")
     result = json.loads(lines[-1])
-    return result["median_ms"], result["min_ms"], background
+    return result["median_ms"], result["min_ms"], background, result["cpu_ms"]
+
+
+def wait_for_quiet(seconds, most):
+    """Returns once the other processes have used at most `most` cores for
+    `seconds` seconds in a row (this script runs nothing meanwhile)."""
+    quiet = 0
+    while quiet < seconds:
+        busy0, wall0 = machine_busy_seconds(), time.perf_counter()
+        time.sleep(1)
+        load = (machine_busy_seconds() - busy0) / (time.perf_counter() - wall0)
+        quiet = quiet + 1 if load <= most else 0
 
 
 def main():
@@ -73,22 +97,30 @@ def main():
     p.add_argument("--max-background", type=float, default=0.25,
                    help="cores of other work allowed during a run before its pair is run again")
     p.add_argument("--retries", type=int, default=10)
+    p.add_argument("--wait-quiet", type=int, default=0, metavar="S",
+                   help="start each pair after S seconds in a row of at most --max-background cores of other work")
+    p.add_argument("--cpu", action="store_true",
+                   help="also the ratio of CPU time per step, and no pair run again for the others' load")
     args = p.parse_args()
     work = [(c, False) for c in args.configs.split(",") if c] + \
            [(c, True) for c in args.decode_configs.split(",") if c]
     for config, decode in work:
         old_ms, new_ms, retries = [], [], 0
         while len(old_ms) < args.pairs:
+            if args.wait_quiet:
+                wait_for_quiet(args.wait_quiet, args.max_background)
             old = bench_ms(args.old, config, decode, args.threads)
             new = bench_ms(args.new, config, decode, args.threads)
-            if max(old[2], new[2]) > args.max_background and retries < args.retries:
+            if not args.cpu and max(old[2], new[2]) > args.max_background and retries < args.retries:
                 retries += 1
                 time.sleep(2)
                 continue
             old_ms.append(old)
             new_ms.append(new)
-        line = f"{config:5s} {'decoding' if decode else 'training'}, {args.pairs} pairs ({retries} run again):"
-        for k, name in ((0, "median"), (1, "fastest")):
+        background = statistics.mean(x[2] for x in old_ms + new_ms)
+        line = (f"{config:5s} {'decoding' if decode else 'training'}, {args.pairs} pairs ({retries} run again; "
+                f"other processes {background:.2f} cores):")
+        for k, name in ((0, "median"), (1, "fastest")) + (((3, "CPU time"),) if args.cpu else ()):
             ratios = sorted(n[k] / o[k] for n, o in zip(new_ms, old_ms))
             line += (f"  {name} step new/old {statistics.median(ratios):.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f}; "
                      f"old {statistics.median(o[k] for o in old_ms):.2f} ms, "

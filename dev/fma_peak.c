@@ -2,9 +2,12 @@
 // core: OMP_NUM_THREADS) runs independent chains of vector FMAs on registers,
 // enough of them to cover the FMA latency on both FMA units.
 //   gcc -O3 -march=native -funroll-loops -fopenmp -o /tmp/fma_peak dev/fma_peak.c && OMP_NUM_THREADS=2 /tmp/fma_peak
+// An argument sets the steps of each chain (default 10^9, about 5 s on 2
+// cores; make bench, dev/bench_compare.py, runs 2 x 10^8 in each round).
 // 12 chains fit the 16 registers of AVX2 with the two operands (16 chains did
 // not: gcc kept some in memory); AVX-512 has 32.
 #include <stdio.h>
+#include <stdlib.h>
 #include <omp.h>
 
 #ifdef __AVX512F__
@@ -15,8 +18,9 @@
 #define CHAINS 12
 typedef float vec __attribute__((vector_size(WIDTH * sizeof(float))));
 
-int main(void) {
-    const long iterations = 1000000000L;
+int main(int argc, char **argv) {
+    const long iterations = argc > 1 ? atol(argv[1]) : 1000000000L;
+    if (iterations < 1) { fprintf(stderr, "usage: fma_peak [steps per chain, at least 1]\n"); return 1; }
     double total = 0, start = omp_get_wtime();
     float checksum = 0;
 #pragma omp parallel reduction(+ : checksum)

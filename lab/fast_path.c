@@ -2,7 +2,8 @@
  *
  * Nothing here changes what the model computes, only how fast: the products
  * of the linear layers (§3) and of attention (§3.2.1) as register tiles over
- * packed blocks. transformer.c's linear_forward, linear_backward,
+ * packed blocks, each number of a product the same sum in the same order
+ * whatever the number of threads. transformer.c's linear_forward, linear_backward,
  * attention_forward and attention_backward hand their calls to these on
  * their first line once fast_path_use(1) has set transformer.c's
  * `fast_path` hooks (lab.c does, for make's ./transformer); transformer.c
@@ -26,13 +27,14 @@
 // Why not the three-line loop  for m, n, d: out[m][n] += A[m][d] B[d][n]?  A
 // core can do 16 or more multiply-adds per cycle on vectors but load only two
 // or three numbers, and that loop loads two numbers per multiply-add and
-// reads B from memory once for every row of out. Three ideas, in plain C:
+// reads B from memory once for every row of out. Three ideas, in C with one
+// extension of gcc and clang, vectors of numbers (Vector, below):
 //
 // 1. Register tiles. out is computed in tiles of TILE_ROWS x TILE_COLS (8 x 32
 //    floats with AVX-512's 32 vector registers, 6 x 16 with AVX2's 16). The
-//    tile's sums stay in vector registers for the whole depth loop; each
-//    step d reads a column of TILE_ROWS numbers of A and a row of TILE_COLS
-//    numbers of B, and does every product of the two:
+//    tile's sums are vector registers from the first step of the depth loop
+//    to the store; each step d reads a column of TILE_ROWS numbers of A and
+//    a row of TILE_COLS numbers of B, and does every product of the two:
 //
 //             dc                         TILE_COLS = 32
 //          ┌─────────┐                 ┌──────────────────────┐
@@ -40,8 +42,7 @@
 //          └─────────┘                 │                      │
 //          A strip, step d: column ▓    └──────────────────────┘  B strip, step d: row ▓
 //
-//    The inner loop over the columns is what the compiler turns into vector
-//    instructions; the loops over d and the rows stay loops.
+//    A row of B is two vectors; each number of A is multiplied by both.
 // 2. Packing. The tile reads B a row of TILE_COLS numbers at a time. A block
 //    of B is first copied ("packed") into strips of TILE_COLS columns, each
 //    dc deep and contiguous, in exactly the order the tile reads them: every
@@ -76,8 +77,10 @@
 //
 // Threads: each takes an equal share of the strips of rows of out and packs
 // the blocks of B it needs itself (a little copying done twice, but no
-// thread ever waits for another). Each element of out belongs to one thread
-// and is summed in the same order whatever the number of threads.
+// thread ever waits for another; B packed whole, once, by the threads
+// together made one thread's product 15% slower, dev/PERFORMANCE.md). Each
+// element of out belongs to one thread and is summed in the same order
+// whatever the number of threads.
 // ----------------------------------------------------------------------------
 
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
@@ -120,6 +123,18 @@ typedef struct {
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
+
+// A vector register of VECTOR_LANES numbers, as gcc's and clang's vector
+// extension writes it. The tiles hold their sums in arrays of these: a
+// fixed count of vectors, which the compiler keeps in registers from the
+// first step to the store. (With the sums as an array of numbers, gcc
+// zeroed the array in memory with a call to memset, and stored the sums
+// there before adding them to out: 16% of the tile's time in a toy step.)
+// Loads and stores go through memcpy, which assumes no alignment.
+typedef real Vector __attribute__((vector_size(VECTOR_BYTES)));
+#define VECTOR_LANES (VECTOR_BYTES / (int)sizeof(real))
+static inline Vector vector_load(const real *p) { Vector v; memcpy(&v, p, sizeof v); return v; }
+static inline void vector_store(real *p, Vector v) { memcpy(p, &v, sizeof v); }
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -180,20 +195,24 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
     }
 }
 
-// The sums of a tile of `rows` x `cols` over one depth block:
-// sum[r * cols + j] = sum_d A[r][d] * b[d * cols + j], d = 0 .. dc-1 in
-// order, with A's (r, d) at a[r * a_row + d * a_col] and b a packed strip of
-// B. The tiles call it with fixed sizes, so that once inlined its sums are
-// vector registers.
-static inline void tile_sums(real *sum, int rows, int cols, const real *a, size_t a_row, size_t a_col,
+// The sums of a tile of `rows` x `vectors` vectors over one depth block:
+// sum[r * vectors + v] lane i = sum_d A[r][d] * b[(d * vectors + v) * VECTOR_LANES + i],
+// d = 0 .. dc-1 in order, with A's (r, d) at a[r * a_row + d * a_col] and b a
+// packed strip of B. The tiles call it with fixed sizes, and its loops over
+// them unrolled, so that once inlined its sums are vector registers.
+static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row, size_t a_col,
                              const real *b, int dc) {
-    for (int i = 0; i < rows * cols; i++) sum[i] = 0;
-    for (int d = 0; d < dc; d++)
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows * vectors; i++) sum[i] = (Vector){ 0 };
+    for (int d = 0; d < dc; d++) {
+        #pragma GCC unroll 16
         for (int r = 0; r < rows; r++) {
             real ard = a[r * a_row + d * a_col];
-            #pragma omp simd
-            for (int j = 0; j < cols; j++) sum[r * cols + j] += ard * b[d * cols + j];
+            #pragma GCC unroll 2
+            for (int v = 0; v < vectors; v++)
+                sum[r * vectors + v] += ard * vector_load(b + ((size_t)d * vectors + v) * VECTOR_LANES);
         }
+    }
 }
 
 // out[r][j] += sum[r][j] (accumulate) or out[r][j] = bias[r][j] + sum[r][j]
@@ -210,44 +229,56 @@ static void store_tile(real *out, size_t out_row, size_t out_col, const real *su
         }
 }
 
-// The register tile: the sums of a strip of A (TILE_ROWS rows, from
-// a_strip) and a packed strip of B (TILE_COLS columns) over one depth block,
-// stored into the first rows x cols of the tile of out at `out`
-// (store_tile's arguments).
-static void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
-                        const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
-                        size_t bias_row, size_t bias_col) {
-    real sum[TILE_ROWS][TILE_COLS];
-    tile_sums(&sum[0][0], TILE_ROWS, TILE_COLS, a, a_row, a_col, b, dc);
-    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1)) {
-        // a whole tile with rows of out contiguous (nearly every tile): loops
-        // of fixed length, which the compiler turns into one vector operation
-        // per register of sums, straight from the registers (through
-        // store_tile they would go through memory: a toy step 1.4 times slower)
-        for (int r = 0; r < TILE_ROWS; r++) {
-            real *o = out + (size_t)r * out_row;
-            const real *bias_r = bias ? bias + (size_t)r * bias_row : NULL;
-            if (accumulate)
-                for (int j = 0; j < TILE_COLS; j++) o[j] += sum[r][j];
-            else if (bias_r)
-                for (int j = 0; j < TILE_COLS; j++) o[j] = bias_r[j] + sum[r][j];
-            else
-                for (int j = 0; j < TILE_COLS; j++) o[j] = sum[r][j];
+// The register tile where it is whole and the rows of out (and of the bias)
+// are contiguous, nearly every tile: the sums of a strip of A (TILE_ROWS
+// rows, from a_strip) and a packed strip of B (TILE_COLS columns) over one
+// depth block, added to out (accumulate) or stored as bias + sum (bias NULL:
+// the sum), straight from the registers.
+__attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_row, const real *a, size_t a_row, size_t a_col,
+                              const real *b, int dc, int accumulate, const real *bias, size_t bias_row) {
+    enum { VECTORS = TILE_COLS / VECTOR_LANES };
+    Vector sum[TILE_ROWS * VECTORS];
+    tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
+    #pragma GCC unroll 16
+    for (int r = 0; r < TILE_ROWS; r++)
+        #pragma GCC unroll 2
+        for (int v = 0; v < VECTORS; v++) {
+            real *o = out + (size_t)r * out_row + v * VECTOR_LANES;
+            Vector s = sum[r * VECTORS + v];
+            if (accumulate) vector_store(o, vector_load(o) + s);
+            else if (bias) vector_store(o, vector_load(bias + (size_t)r * bias_row + v * VECTOR_LANES) + s);
+            else vector_store(o, s);
         }
-        return;
-    }
-    // a tile at the edge of out, or out or the bias transposed
-    store_tile(out, out_row, out_col, &sum[0][0], TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
-// The narrow tile: the same for NARROW_ROWS x NARROW_COLS, stored through
-// store_tile (its products have few columns, and in decoding out is transposed).
-static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
+// The register tile at the edge of out, or with out or the bias
+// transposed: the same sums, stored into the first rows x cols of the tile
+// of out at `out` (store_tile's arguments).
+__attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
+                        const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
+                        size_t bias_row, size_t bias_col) {
+    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1)) {
+        matmul_tile_whole(out, out_row, a, a_row, a_col, b, dc, accumulate, bias, bias_row);
+        return;
+    }
+    Vector sum[TILE_ROWS * TILE_COLS / VECTOR_LANES];
+    tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
+    real stored[TILE_ROWS * TILE_COLS];
+    memcpy(stored, sum, sizeof stored);
+    store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+}
+
+// The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector),
+// stored through store_tile (its products have few columns, and in
+// decoding out is transposed).
+__attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
                                size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
                                const real *bias, size_t bias_row, size_t bias_col) {
-    real sum[NARROW_ROWS][NARROW_COLS];
-    tile_sums(&sum[0][0], NARROW_ROWS, NARROW_COLS, a, a_row, a_col, b, dc);
-    store_tile(out, out_row, out_col, &sum[0][0], NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    Vector sum[NARROW_ROWS];
+    tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc);
+    real stored[NARROW_ROWS * NARROW_COLS];
+    memcpy(stored, sum, sizeof stored);
+    store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
@@ -346,43 +377,48 @@ static void thread_share(int count, int *first, int *end) {
     *end = (int)((long long)count * (thread + 1) / threads);
 }
 
-// The whole product p, shared among the threads by strips of tile_height
-// rows of out. A product with few rows (decoding: one row per sentence, at
-// most TILE_COLS of them) and more columns is done as its transpose, out^T = B^T A^T:
-// then the big matrix, a weight, is the one shared out among the threads and
-// read once, and only the few rows are packed whole, in narrow tiles.
-// Without it base decoding took 2.9 times as long. Every element is the
-// same sum in the same order either way.
+// A product with few rows (decoding: one row per sentence, at most
+// TILE_COLS of them) and more columns is done as its transpose, out^T =
+// B^T A^T: then the big matrix, a weight, is the one shared out among the
+// threads and read once, and only the few rows are packed whole, in narrow
+// tiles. Without it base decoding took 2.9 times as long. Every element is
+// the same sum in the same order either way.
+static void turn_around_if_few_rows(MatrixProduct *p) {
+    if (p->out_rows > TILE_COLS || p->out_rows >= p->out_cols) return;
+    MatrixView a = p->a, b = p->b, bias = p->bias;
+    p->a = (MatrixView){ b.data, b.col_stride, b.row_stride };
+    p->b = (MatrixView){ a.data, a.col_stride, a.row_stride };
+    p->bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
+    size_t out_row = p->out_row; p->out_row = p->out_col; p->out_col = out_row;
+    int out_rows = p->out_rows; p->out_rows = p->out_cols; p->out_cols = out_rows;
+}
+
+// This thread's share of `count` products that write different outputs
+// (each turned around if it has few rows), called by every thread of one
+// parallel region: an equal share of the strips of tile_height rows of out
+// of each product. No thread waits for another.
+static void products_by_this_thread(const MatrixProduct *p, int count) {
+    real *packed_b = NULL;
+    for (int i = 0; i < count; i++) {
+        if (p[i].out_rows <= 0 || p[i].out_cols <= 0) continue;
+        int height = tile_height(&p[i]), first, end;
+        thread_share((p[i].out_rows + height - 1) / height, &first, &end);
+        if (first == end) continue;
+        if (!packed_b) packed_b = packed_b_alloc();
+        matmul_rows(&p[i], first * height, min_int(end * height, p[i].out_rows), packed_b);
+    }
+    free(packed_b);
+}
+
+// The whole product p, shared among the threads.
 static void matmul(MatrixProduct p) {
-    if (p.out_rows <= 0 || p.out_cols <= 0) return;
-    if (p.out_rows <= TILE_COLS && p.out_rows < p.out_cols) {
-        MatrixView a = p.a, b = p.b, bias = p.bias;
-        p.a = (MatrixView){ b.data, b.col_stride, b.row_stride };
-        p.b = (MatrixView){ a.data, a.col_stride, a.row_stride };
-        p.bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
-        size_t out_row = p.out_row; p.out_row = p.out_col; p.out_col = out_row;
-        int out_rows = p.out_rows; p.out_rows = p.out_cols; p.out_cols = out_rows;
-    }
-    int height = tile_height(&p), strips = (p.out_rows + height - 1) / height;
+    turn_around_if_few_rows(&p);
     #pragma omp parallel
-    {
-        int first, end;
-        thread_share(strips, &first, &end);
-        if (first < end) {
-            real *packed_b = packed_b_alloc();
-            matmul_rows(&p, first * height, min_int(end * height, p.out_rows), packed_b);
-            free(packed_b);
-        }
-    }
+    products_by_this_thread(&p, 1);
 }
 
-// out += A B, and out = bias + A B: out is (rows, cols) with row stride
-// out_row, a is (rows, depth), b is (depth, cols); bias is (cols) or NULL.
-static void matmul_accumulate(real *out, size_t out_row, MatrixView a, MatrixView b, int rows, int cols, int depth) {
-    MatrixProduct p = { out, out_row, 1, a, b, { NULL, 0, 0 }, rows, cols, depth, 1 };
-    matmul(p);
-}
-
+// out = bias + A B: out is (rows, cols) with row stride out_row, a is
+// (rows, depth), b is (depth, cols); bias is (cols) or NULL.
 static void matmul_assign(real *out, size_t out_row, MatrixView a, MatrixView b, const real *bias,
                           int rows, int cols, int depth) {
     MatrixProduct p = { out, out_row, 1, a, b, { bias, 0, 1 }, rows, cols, depth, 0 };
@@ -413,13 +449,24 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
                                  int N, int IC, int OC) {
     MatrixView g = { dout, (size_t)OC, 1 }, g_transposed = { dout, 1, (size_t)OC };
     MatrixView w = { weight, (size_t)IC, 1 }, x = { inp, (size_t)IC, 1 };
-    // dinp = dout W,  dW = dout^T inp
-    if (dinp) matmul_accumulate(dinp, (size_t)IC, g, w, N, IC, OC);
-    matmul_accumulate(dweight, (size_t)IC, g_transposed, x, OC, IC, N);
-    // dbias[o] += sum_n dout[n,o], along the rows of dout
-    if (dbias)
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
+    // dW += dout^T inp,  dinp += dout W (when asked for), in one parallel region
+    MatrixProduct products[2] = {
+        { dweight, (size_t)IC, 1, g_transposed, x, { NULL, 0, 0 }, OC, IC, N, 1 },
+        { dinp, (size_t)IC, 1, g, w, { NULL, 0, 0 }, N, IC, OC, 1 },
+    };
+    int count = dinp ? 2 : 1;
+    for (int i = 0; i < count; i++) turn_around_if_few_rows(&products[i]);
+    #pragma omp parallel
+    {
+        products_by_this_thread(products, count);
+        // dbias[o] += sum_n dout[n,o], n in order: each thread its share of the columns
+        if (dbias) {
+            int first, end;
+            thread_share(OC, &first, &end);
+            for (int n = 0; n < N; n++)
+                for (int o = first; o < end; o++) dbias[o] += dout[(size_t)n * OC + o];
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------
