@@ -77,7 +77,8 @@
  *                                           side by side = one by one, the trained model copies); test_greedy_token
  *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis, decoder_cache_reorder,
  *          length_penalty                   test_decoding (beam 1 = greedy, beam 4 copies);
- *                                           test_beam_search_is_exhaustive_when_wide (the enumerated best)
+ *                                           test_beam_search_is_exhaustive_when_wide (the enumerated best);
+ *                                           test_length_penalty_by_hand (GNMT's formula, </s> counted)
  *          machinery                        test_config_checks (transformer_config_check, transformer_build);
  *                                           test_parameter_counts (parameter_sizes, by hand); test_aligned_memory
  *                                           (arenas); test_tasks_and_batches (batch_check)
@@ -2000,6 +2001,29 @@ static void test_decoding(void) {
 // full forward pass. Vocabulary: 4 specials + 2 words, max_len 5, so the
 // candidates at each step are </s>, <unk>, 4, 5: 121 outputs end with </s>
 // and 243 run to the limit, 364 in all.
+// GNMT's length penalty (Wu et al. 2016, eq. 14), the one §6.1's alpha belongs to, written
+// out again here so that the exhaustive test does not check length_penalty against itself:
+// lp(Y) = (5 + |Y|)^alpha / (5 + 1)^alpha, |Y| counting </s> as tensor2tensor's beam search
+// does (its step i scores the (i + 1)-th token, </s> or not).
+static double gnmt_penalty(int length, double alpha) { return pow(5.0 + length, alpha) / pow(6.0, alpha); }
+
+// length_penalty against values worked by hand: (5+7)/6 = 2 and 2^0.6 = 1.5157165665...; (5+13)/6 = 3;
+// (5+25)/6 = 5 and 5^0.5 = 2.2360679775; (5+1)/6 = 1 whatever alpha; alpha 0 turns it off.
+static void test_length_penalty_by_hand(void) {
+    struct { int length; double alpha, by_hand; } cases[] = {
+        { 7, 0.6, 1.5157165665103982 }, { 13, 1.0, 3.0 }, { 25, 0.5, 2.2360679774997898 }, { 1, 0.6, 1.0 }, { 40, 0.0, 1.0 },
+    };
+    int wrong = 0;
+    double worst = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double got = length_penalty(cases[i].length, cases[i].alpha), error = fabs(got - cases[i].by_hand);
+        wrong += error > 1e-12;
+        worst = fmax(worst, error);
+    }
+    check(wrong == 0, "beam: length_penalty is ((5 + |Y|) / 6)^alpha (Wu et al. 2016): |Y| = 7, alpha 0.6 gives 2^0.6 = "
+          "1.5157 and 4 more worked by hand (%d differ, largest error %.1e)", wrong, worst);
+}
+
 static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     m->training = 0;
     int src[4] = { 4, 5, 4, TOKEN_EOS }, S = 4, V = 6, T = 5, B = 243;
@@ -2027,14 +2051,14 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
             double score;
             int first_with_these_words = b < (int)lround(pow(3, t)); // each output once
             if (t == T) {
-                score = log_p / length_penalty(T, alpha); // all positions used, no </s>
+                score = log_p / gnmt_penalty(T, alpha); // all positions used, no </s>
             } else {
                 const real *z = m->acts.logits + ((size_t)b * T + t) * V;
                 double max_z = z[0], sum = 0;
                 for (int v = 1; v < V; v++) max_z = fmax(max_z, z[v]);
                 for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
                 double log_sum = max_z + log(sum);
-                score = (log_p + z[TOKEN_EOS] - log_sum) / length_penalty(t + 1, alpha); // t words, then </s>
+                score = (log_p + z[TOKEN_EOS] - log_sum) / gnmt_penalty(t + 1, alpha); // t words, then </s>
                 log_p += z[tgt_out[b * T + t]] - log_sum;
             }
             if (!first_with_these_words && t < T) continue;
@@ -2112,6 +2136,7 @@ void run_model_tests(void) {
     test_bleu();
     printf("-- decoding (§6.1)\n");
     test_decoding();
+    test_length_penalty_by_hand();
     test_beam_search_is_exhaustive_when_wide();
 }
 
@@ -2333,6 +2358,8 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
         { 80, 4, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
         { 88, UINT64_MAX, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
         { 72, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
+        { 80, 0, "epoch 0 with a batch of it done", "header: epoch 0 with batches of it done (1); expected none before "
+          "the first epoch" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         write_checkpoint_with_field(bad, good, size, cases[i].offset, cases[i].value);
@@ -2728,6 +2755,14 @@ static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
     double got = printed_number_after(cli_output, "BLEU            ");
     check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && want > 0 && want < 100,
           "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 exact)", got, want, exact);
+    // which BLEU it is, in sacreBLEU's signature, and the precisions to two decimals as sacreBLEU gives them
+    char precisions[64];
+    snprintf(precisions, sizeof precisions, "precisions %.2f/%.2f/%.2f/%.2f,", 100.0 * expected.matches[0] / expected.totals[0],
+             100.0 * expected.matches[1] / expected.totals[1], 100.0 * expected.matches[2] / expected.totals[2],
+             100.0 * expected.matches[3] / expected.totals[3]);
+    check(strstr(cli_output, "(nrefs:1|case:mixed|eff:no|tok:none|smooth:none; ") && strstr(cli_output, precisions),
+          "cli: eval --bleu names what it computed, sacreBLEU's signature nrefs:1|case:mixed|eff:no|tok:none|"
+          "smooth:none, and its %s", precisions);
     status = run_cli("eval --checkpoint %s --data %s --bleu --beam 3", ckpt, path);
     got = printed_number_after(cli_output, "BLEU            ");
     check(status == 0 && strstr(cli_output, "beam search") && got >= 0 && got <= 100,
@@ -2789,6 +2824,25 @@ static void test_odd_data_and_decode_streams(const char *ckpt) {
                     "eval --checkpoint %s --data %s", ckpt, test_path("special_eval.tsv"));
     check_cli_error("</s> in a sentence to decode", "argument 1: the token '</s>' is reserved",
                     "decode --checkpoint %s '1 </s> 2'", ckpt);
+    // one rule for text (issue 34): every input is UTF-8, and a byte that is not is refused with its
+    // file and line, or argument, in every command: Latin-1's é, a lone continuation byte, a zero byte
+    write_text(test_path("latin1.tsv"), "1 2\t1 2\ncaf\xe9 1\t1\n");
+    check_cli_error("a training file in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8; expected "
+                    "UTF-8 text", "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, test_path("latin1.tsv"),
+                    test_path("latin1.ckpt"));
+    check(access(test_path("latin1.ckpt"), F_OK) != 0, "cli: ... and no checkpoint is written");
+    check_cli_error("held-out data in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8",
+                    "eval --checkpoint %s --data %s", ckpt, test_path("latin1.tsv"));
+    write_file(test_path("zero.tsv"), "1 2\t1 2\n3\t3\0\n", 13);
+    check_cli_error("a zero byte in held-out data", "zero.tsv:2: a zero byte; expected text", "eval --checkpoint %s "
+                    "--data %s", ckpt, test_path("zero.tsv"));
+    check_cli_error("a sentence to decode that is not UTF-8", "decode: argument 2: byte 3 of the line, 0x80, is not "
+                    "UTF-8", "decode --checkpoint %s '1 2' \"$(printf '1 \\200')\"", ckpt);
+    write_text(test_path("latin1_stdin.txt"), "1 2\n3 \xff\n2 1\n");
+    status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("latin1_stdin.txt"));
+    check(status == 1 && strstr(cli_output, "error: decode: stdin:2: byte 3 of the line, 0xff, is not UTF-8") &&
+          count_lines_starting(cli_output, "error:") == 1, "cli: decode from stdin refuses line 2, not UTF-8, "
+          "decodes lines 1 and 3 and exits 1 (exit %d)", status);
     // a stream from stdin goes on past a line it cannot decode
     char lines[600] = "1 2 3\n";
     for (int i = 0; i < 25; i++) strcat(lines, "1 ");

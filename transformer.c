@@ -2551,11 +2551,16 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
     return any_zero ? 0.0 : 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
 }
 
+// Printed with sacreBLEU's signature of what it computed (no tokenizer of
+// its own, no smoothing: the lab's `bleu` has both) and its precisions,
+// 100 matches / n-grams, to two decimals.
 static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " (words)", or ""
-    double p[BLEU_MAX_ORDER], bp, score = bleu_score(stats, p, &bp);
-    printf("BLEU            %.2f%s (1-4 gram precisions %.1f/%.1f/%.1f/%.1f, brevity penalty %.4f, "
-           "output/reference length %lld/%lld)\n", score, unit, 100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3],
-           bp, stats->candidate_length, stats->reference_length);
+    double p[BLEU_MAX_ORDER], bp, score = bleu_score(stats, NULL, &bp);
+    for (int n = 0; n < BLEU_MAX_ORDER; n++)
+        p[n] = stats->totals[n] > 0 ? 100.0 * (double)stats->matches[n] / (double)stats->totals[n] : 0.0;
+    printf("BLEU            %.2f%s (nrefs:1|case:mixed|eff:no|tok:none|smooth:none; precisions %.2f/%.2f/%.2f/%.2f, "
+           "BP %.3f, output/reference length %lld/%lld)\n", score, unit, p[0], p[1], p[2], p[3], bp,
+           stats->candidate_length, stats->reference_length);
 }
 
 // ---- evaluation -------------------------------------------------------------
@@ -2727,7 +2732,7 @@ static const char *checkpoint_save(const char *path, const Transformer *model, c
         write_number(&w, strlen(vocab->words[i]), 4);
         write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
     }
-    write_bytes(&w, merges, merges_bytes);
+    if (merges) write_bytes(&w, merges, merges_bytes);
     const real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
     for (int k = 0; k < 3; k++)   // IEEE-754 binary32 (float builds) or binary64 (double builds)
         for (size_t i = 0; i < model->num_parameters; i++) {
@@ -2820,8 +2825,8 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
                    "epoch begun per step", path, (u64)h->state.epoch, (u64)h->adam_step);
     CHECKPOINT_REQUIRE(h->state.epoch_batches <= h->adam_step, "%s: header: %llu batches of the current epoch done after "
                    "%llu steps; expected at most one batch per step", path, (u64)h->state.epoch_batches, (u64)h->adam_step);
-    CHECKPOINT_REQUIRE(h->state.epoch > 0 || h->state.epoch_batches == 0, "%s: header: %llu batches done in epoch 0; "
-                       "expected none before the first epoch", path, (u64)h->state.epoch_batches);
+    CHECKPOINT_REQUIRE(h->state.epoch > 0 || h->state.epoch_batches == 0, "%s: header: epoch 0 with batches of it done "
+                       "(%llu); expected none before the first epoch", path, (u64)h->state.epoch_batches);
     CHECKPOINT_REQUIRE(h->state.epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
     uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + h->merges_bytes
                       + 3 * P * h->real_bytes + 8;

@@ -37,6 +37,7 @@ static int positional_from_name(const char *name) {
 }
 #include "subwords.c"        // §5.1 byte-pair encoding (transformer.c's subword hooks)
 #include "runs.c"            // --resume, --keep-last, --log, --threads 0, ... (transformer.c's train hooks)
+#include "bleu.c"            // BLEU of files as sacreBLEU computes it: its 13a tokenizer, its smoothing, its signature
 
 
 // Pictures as SVG files. Each writer returns 0 on success; on failure it
@@ -973,79 +974,6 @@ static int svg_write_bar_chart(const char *path, const char *title, const char *
 // The tokens as the model sees them, separated by spaces (subwords with their </w>).
 static void print_subwords(FILE *f, const Vocabulary *vocab, const int *ids, int n) {
     for (int i = 0; i < n; i++) fprintf(f, "%s%s", i ? " " : "", vocab->words[ids[i]]);
-}
-
-// ---- bleu -------------------------------------------------------------------------
-
-
-// Corpus BLEU of a hypothesis file against a reference file, line by line,
-// exactly as eval --bleu scores decoded outputs: tokens split at white space.
-// The files are read as sacreBLEU reads them, UTF-8 text split into lines at
-// \n only, and a line that is not UTF-8 (Latin-1 text, a binary file) is
-// refused, as every text input is (text_error) and as sacreBLEU refuses it,
-// naming the file and line: scoring its
-// bytes would split words where sacreBLEU does not, or not at all. (Two
-// differences, both about what is not text: a \r before the \n and a
-// byte-order mark at the start of a file are dropped, where sacreBLEU keeps
-// the mark as part of the first word.)
-static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char *ref_path, int *lines) {
-    const char *error = NULL;
-    FILE *hyp = open_text_file(hyp_path, &error), *ref = hyp ? open_text_file(ref_path, &error) : NULL;
-    char *hyp_line = NULL, *ref_line = NULL;
-    size_t hyp_capacity = 0, ref_capacity = 0;
-    bleu_reset(stats);
-    *lines = 0;
-    while (!error) {
-        int got_hypothesis = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
-        int got_reference = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
-        if ((!got_hypothesis && ferror(hyp)) || (!got_reference && ferror(ref))) { // not the end: a read that failed
-            error = errorf("%s: read error after %d lines: %s", !got_hypothesis && ferror(hyp) ? hyp_path : ref_path,
-                           *lines, strerror(errno));
-            break;
-        }
-        if (!got_hypothesis && !got_reference) break;
-        ++*lines;
-        if (!got_hypothesis || !got_reference)
-            error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line for each "
-                           "reference line", got_hypothesis ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
-                           got_hypothesis ? hyp_path : ref_path);
-        else {
-            char where[2][300];
-            snprintf(where[0], sizeof where[0], "%s:%d", hyp_path, *lines);
-            snprintf(where[1], sizeof where[1], "%s:%d", ref_path, *lines);
-            if (!(error = text_error(hyp_line, got_hypothesis, where[0])) &&
-                !(error = text_error(ref_line, got_reference, where[1])))
-                bleu_add_sentence_text(stats, hyp_line, ref_line);
-        }
-    }
-    if (!error && *lines == 0) error = errorf("%s: no lines; expected one sentence a line", hyp_path);
-    free(hyp_line); free(ref_line);
-    if (hyp) fclose(hyp);
-    if (ref) fclose(ref);
-    return error;
-}
-
-static int command_bleu(int argc, char **argv) {
-    const char *usage =
-        "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt\n"
-        "Corpus BLEU-4 of any system's output (lab/NOTES.md, \"BLEU of files\"): one sentence a line in each file\n"
-        "(UTF-8 text), line i of the first scored against line i of the second, tokens split at white\n"
-        "space as Python's str.split() splits, one reference each, no smoothing, no lower-casing: what\n"
-        "eval --bleu prints for decoded outputs, and sacreBLEU's tokenize='none', smooth_method='none'.";
-    char **paths = checked_calloc(argc, sizeof(char *), "arguments");
-    int n = 0, lines = 0;
-    int status = parse_options("bleu", usage, NULL, 0, argc, argv, paths, &n);
-    if (status) { free(paths); return status == 2 ? 0 : 1; }
-    BleuStats stats;
-    const char *error = n != 2 ? "expected two files, HYPOTHESES.txt REFERENCES.txt"
-                               : bleu_files(&stats, paths[0], paths[1], &lines);
-    if (error) fprintf(stderr, "error: bleu: %s\n", error);
-    else {
-        printf("%s against %s: %d sentences\n", paths[0], paths[1], lines);
-        print_bleu(&stats, "");
-    }
-    free(paths);
-    return error ? 1 : 0;
 }
 
 // ---- average ----------------------------------------------------------------------

@@ -894,8 +894,9 @@ static void test_existing_checkpoints_and_keep_last(void) {
     check(status == 0 && !file_exists(path), "cli: --resume without --keep-last also removes a killed save's "
           "CHECKPOINT.step0000002.tmp (exit %d)", status);
     status = run_cli("bleu --help");
-    check(status == 0 && strstr(cli_output, "usage: ./transformer bleu") && !strstr(cli_output, "options:"),
-          "cli: bleu --help (a command without flags) prints no empty options list");
+    check(status == 0 && strstr(cli_output, "usage: ./transformer bleu") && strstr(cli_output, "(default 13a)") &&
+          strstr(cli_output, "(default exp)") && !strstr(cli_output, "(default -"),
+          "cli: bleu --help names sacreBLEU's defaults, --tokenize 13a and --smooth exp");
     free(before);
 }
 
@@ -1099,8 +1100,8 @@ static void test_bleu_command(void) {
     bleu_reset(&expected);
     for (int i = 0; i < 5; i++) bleu_add_sentence_text(&expected, pairs[i][0], pairs[i][1]);
     double want = bleu_score(&expected, NULL, NULL);
-    int status = run_cli("bleu %s %s", hyp, ref);
-    double got = printed_number_after(cli_output, "BLEU            ");
+    int status = run_cli("bleu %s %s --tokenize none --smooth none", hyp, ref);
+    double got = printed_number_after(cli_output, "smooth:none = ");
     check(status == 0 && want > 10 && want < 90 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "5 sentences"),
           "cli: bleu HYP REF prints %.2f for 5 lines, the corpus BLEU of the same sentences (%.4f)", got, want);
     write_text(test_path("short.txt"), "the cat\n");
@@ -1113,9 +1114,9 @@ static void test_bleu_command(void) {
                     "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80\n");
     write_text(ref, "the cat\xc2\xa0sat on the mat\na b c d f\n");
     want = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
-    status = run_cli("bleu %s %s", hyp, ref);
-    got = printed_number_after(cli_output, "BLEU            ");
-    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "output/reference length 11/11"),
+    status = run_cli("bleu --tokenize none --smooth none %s %s", hyp, ref);
+    got = printed_number_after(cli_output, "smooth:none = ");
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "hyp_len = 11 ref_len = 11"),
           "cli: bleu of text with U+00A0 and U+3000 prints %.2f, as by hand (%.4f) and as sacreBLEU", got, want);
     check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open", "bleu /nonexistent/h.txt %s", ref);
     // a directory is named as one (it read as a file of 0 lines); a read that fails is not the end of a file
@@ -1137,6 +1138,104 @@ static void test_bleu_command(void) {
                     "bleu %s %s", test_path("binary.txt"), test_path("two.txt"));
 }
 
+// lab/bleu.c against sacreBLEU itself: every corpus of lab/sacrebleu_cases.txt
+// (written once by dev/sacrebleu_cases.py with sacreBLEU 2.6.0) read from
+// files by bleu_files and scored with each tokenizer and smoothing there;
+// the score, the four precisions and BP must be sacreBLEU's to rounding
+// (1e-9 relative: the same operations in the same order give the same bits),
+// and the signature its signature. Then the command's line, as
+// `sacrebleu -f text` prints it, and its refusals.
+typedef struct { char tokenize[8], smooth[8], value[16], signature[128]; double score, p[BLEU_MAX_ORDER], bp; } SacrebleuCase;
+
+static void copy_file_for_cli(const char *from, const char *to) {
+    size_t n;
+    unsigned char *data = read_file(from, &n);
+    write_file(to, data ? (const char *)data : "", data ? n : 0);
+    free(data);
+}
+
+static int close_to(double got, double want) { return fabs(got - want) <= 1e-9 * fmax(1.0, fabs(want)); }
+
+// Scores one case from the files hyp and ref; 1 if it agrees with sacreBLEU (else *why says what differs).
+static int bleu_case_agrees(const SacrebleuCase *c, const char *hyp, const char *ref, char *why, size_t why_size) {
+    BleuStats stats;
+    int lines, tok13a = strcmp(c->tokenize, "13a") == 0, method = 0;
+    while (method < 4 && strcmp(c->smooth, smoothing_names[method]) != 0) method++;
+    double value = strcmp(c->value, "-") == 0 ? smoothing_defaults[method] : atof(c->value);
+    const char *error = method < 4 ? bleu_files(&stats, hyp, ref, tok13a, &lines) : "unknown smoothing";
+    if (error) { snprintf(why, why_size, "%s", error); return 0; }
+    double p[BLEU_MAX_ORDER], bp, score = bleu_smoothed(&stats, (Smoothing)method, value, p, &bp);
+    char signature[160];
+    bleu_signature(signature, sizeof signature, tok13a, (Smoothing)method, value);
+    int agrees = close_to(score, c->score) && close_to(bp, c->bp) && strcmp(signature, c->signature) == 0;
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) agrees &= close_to(p[n], c->p[n]);
+    snprintf(why, why_size, "%s: BLEU %.10g, sacreBLEU %.10g; p %.4f/%.4f/%.4f/%.4f, sacreBLEU %.4f/%.4f/%.4f/%.4f; "
+             "BP %.6f, %.6f", signature, score, c->score, p[0], p[1], p[2], p[3], c->p[0], c->p[1], c->p[2], c->p[3],
+             bp, c->bp);
+    return agrees;
+}
+
+static void test_bleu_against_sacrebleu(void) {
+    FILE *f = fopen("lab/sacrebleu_cases.txt", "r");
+    if (!f) { check(0, "bleu: lab/sacrebleu_cases.txt: cannot open (run the tests from the repository's top)"); return; }
+    const char *hyp = test_path("sb_hyp.txt"), *ref = test_path("sb_ref.txt");
+    char *line = NULL, why[600] = "", first_disagreement[700] = "";
+    size_t capacity = 0;
+    FILE *hyp_file = NULL, *ref_file = NULL;
+    int cases = 0, disagree = 0, corpora = 0, smoothing_matters = 0, nonzero = 0;
+    double none_score = 0;
+    SacrebleuCase last = { "", "", "", "", 0, { 0 }, 0 };
+    while (getline(&line, &capacity, f) > 0) {
+        line[strcspn(line, "\n")] = 0;
+        if (strncmp(line, "corpus ", 7) == 0) {
+            hyp_file = fopen(hyp, "w"); ref_file = fopen(ref, "w");
+            corpora++;
+        } else if ((line[0] == 'h' || line[0] == 'r') && line[1] == ' ' && hyp_file && ref_file) {
+            fprintf(line[0] == 'h' ? hyp_file : ref_file, "%s\n", line + 2);
+        } else if (strncmp(line, "score ", 6) == 0) {
+            if (hyp_file) { fclose(hyp_file); fclose(ref_file); hyp_file = ref_file = NULL; }
+            SacrebleuCase c;
+            int fields = sscanf(line, "score %7s %7s %15s %lf %lf %lf %lf %lf %lf %127s", c.tokenize, c.smooth, c.value,
+                                &c.score, &c.p[0], &c.p[1], &c.p[2], &c.p[3], &c.bp, c.signature);
+            cases++;
+            if (fields != 10 || !bleu_case_agrees(&c, hyp, ref, why, sizeof why)) {
+                if (!disagree++)
+                    snprintf(first_disagreement, sizeof first_disagreement, "corpus %d: %s", corpora,
+                             fields != 10 ? line : why);
+            }
+            if (strcmp(c.smooth, "none") == 0 && strcmp(c.tokenize, "none") == 0) none_score = c.score;
+            if (strcmp(c.smooth, "exp") == 0 && strcmp(c.tokenize, "none") == 0 && none_score == 0 && c.score > 0)
+                smoothing_matters++;
+            nonzero += c.score > 0;
+            if (strcmp(c.tokenize, "13a") == 0 && strcmp(c.smooth, "exp") == 0 && c.score > 0) {
+                last = c;   // the last corpus scored above 0 with sacreBLEU's defaults, for the command line below
+                copy_file_for_cli(hyp, test_path("sb_last_hyp.txt"));
+                copy_file_for_cli(ref, test_path("sb_last_ref.txt"));
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+    check(cases == 600 && corpora == 60 && disagree == 0 && smoothing_matters >= 5 && nonzero >= 400,
+          "bleu: %d scores of %d corpora (--tokenize none and 13a, --smooth none, exp, floor, add-k) equal sacreBLEU "
+          "2.6.0's, precisions, BP and signature included (%d differ%s%s; %d corpora score 0 unsmoothed and above 0 "
+          "with exp)", cases, corpora, disagree, disagree ? ": " : "", first_disagreement, smoothing_matters);
+    // the command's line, as `sacrebleu -f text` prints it, the precisions to two decimals
+    char expected[400];
+    snprintf(expected, sizeof expected, "BLEU|%s = %.2f %.2f/%.2f/%.2f/%.2f (BP = %.3f", last.signature, last.score,
+             last.p[0], last.p[1], last.p[2], last.p[3], last.bp);
+    int status = run_cli("bleu %s %s", test_path("sb_last_hyp.txt"), test_path("sb_last_ref.txt"));
+    check(status == 0 && last.score > 0 && strstr(cli_output, expected),
+          "cli: bleu with sacreBLEU's defaults prints \"%s ...\" as sacreBLEU scores it", expected);
+    check_cli_error("bleu --tokenize intl", "bleu: --tokenize 'intl' is not a tokenizer; expected 13a or none",
+                    "bleu --tokenize intl %s %s", hyp, ref);
+    check_cli_error("bleu --smooth laplace", "bleu: --smooth 'laplace' is not a smoothing method", "bleu --smooth laplace %s %s",
+                    hyp, ref);
+    check_cli_error("bleu --smooth exp --smooth-value 2", "bleu: --smooth-value goes with --smooth floor or add-k",
+                    "bleu --smooth exp --smooth-value 2 %s %s", hyp, ref);
+    check_cli_error("bleu --smooth-value -1", "--smooth-value", "bleu --smooth floor --smooth-value -1 %s %s", hyp, ref);
+}
+
 // The lab's commands on the small trained copy model (trained_copy_model)
 // and its checkpoint, which transformer.c's tests wrote (run_command_line_tests):
 // average, train --log and --keep-last with plot, pe and attention; then what
@@ -1152,6 +1251,7 @@ static void test_lab_evaluation_commands(void) {
     test_moved_data();
     test_command_names_and_labels();
     test_bleu_command();
+    test_bleu_against_sacrebleu();
 }
 
 // ---- §5.1 byte-pair encoding ------------------------------------------------------

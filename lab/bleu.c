@@ -1,0 +1,266 @@
+/* lab/bleu.c: `./transformer bleu`, BLEU of files as the field computes it
+ *
+ * transformer.c's eval --bleu scores the model's own tokens: BLEU-4 (§6.1)
+ * with no tokenizer of its own and no smoothing. A user who checks a score
+ * runs sacreBLEU (Post, WMT 2018), `sacrebleu REF < HYP`, whose defaults are
+ * the 13a tokenizer of mteval-v13a.pl and exponential smoothing. This file
+ * gives `bleu` both: --tokenize none|13a and --smooth none|exp|floor|add-k,
+ * with sacreBLEU's defaults (13a, exp), and prints the score the way
+ * `sacrebleu -f text` prints it, its signature first:
+ *
+ *   BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp = 34.33 60.00/40.00/28.75/16.67 (BP = 1.000 ...)
+ *
+ * (the precisions to two decimals, where sacreBLEU rounds them to one; no
+ * `version:` field: this is not sacreBLEU, it computes what sacreBLEU 2.6.0
+ * computes). lab/test_lab.c holds the proof: 60 generated corpora, each
+ * scored with the 8 combinations, against sacreBLEU's own scores and
+ * signatures, written once by dev/sacrebleu_cases.py into
+ * lab/sacrebleu_cases.txt.
+ *
+ * Which compares with the paper's 27.3 and 28.4: those were computed on
+ * tokenized text (the WMT sets after the Moses tokenizer, as
+ * tensor2tensor's and multi-bleu.perl's scripts score), with no smoothing:
+ * `--tokenize none --smooth none` on tokenized files, which is what
+ * eval --bleu computes on the model's tokens. sacreBLEU's default on
+ * detokenized text is the field's number since 2018, and is usually lower.
+ *
+ * BUILD  included by lab/lab.c after transformer.c
+ */
+
+// ---- sacreBLEU's 13a tokenizer ----------------------------------------------------
+// sacreBLEU's tokenizer_13a.py and tokenizer_re.py, rule for rule:
+//   remove "<skipped>"; replace &quot; &amp; &lt; &gt; (in that order) by " & < >;
+//   pad the line with a space at each end; then four regular expressions, each
+//   applied left to right to the whole line (Python's re.sub):
+//   1. ([{-~[-` -&(-+:-@/])   -> " \1 "    ASCII punctuation but ' - . , alone
+//   2. ([^0-9])([.,])         -> "\1 \2 "  a period or comma after a non-digit
+//   3. ([.,])([^0-9])         -> " \1 \2"  ... or before one
+//   4. ([0-9])(-)             -> "\1 \2 "  a dash after a digit
+// and the words are what white space separates (next_token, str.split()).
+// The classes name ASCII bytes only, so the rules can run on UTF-8 bytes: a
+// byte of a multi-byte character is never a digit, a period or a comma, and
+// matches [^0-9] exactly where its character would. (The first two rules of
+// 13a, "-\n" and "\n", concern text with line breaks inside; a line has none.)
+
+static int is_digit_byte(int c) { return c >= '0' && c <= '9'; }
+static int is_not_digit_byte(int c) { return !is_digit_byte(c); }
+static int is_period_or_comma(int c) { return c == '.' || c == ','; }
+static int is_dash(int c) { return c == '-'; }
+static int is_13a_punctuation(int c) {
+    return (c >= '{' && c <= '~') || (c >= '[' && c <= '`') || (c >= ' ' && c <= '&') || (c >= '(' && c <= '+') ||
+           (c >= ':' && c <= '@') || c == '/';
+}
+
+// Every `from` in text replaced by `to`, left to right (Python's str.replace);
+// to is not longer than from, so it is done in place.
+static void replace_all(char *text, const char *from, const char *to) {
+    size_t from_length = strlen(from), to_length = strlen(to);
+    char *read = text, *write = text;
+    while (*read) {
+        if (strncmp(read, from, from_length) == 0) { memcpy(write, to, to_length); write += to_length; read += from_length; }
+        else *write++ = *read++;
+    }
+    *write = 0;
+}
+
+// Rules 2 to 4: wherever a byte of class `first` is followed by one of
+// class `second` (scanning on after each match, as re.sub does), the two
+// with a space between them, and one more before (space_before) or after.
+// Frees text; returns the new line.
+static char *separate_pairs(char *text, int (*first)(int), int (*second)(int), int space_before) {
+    size_t length = strlen(text);
+    char *out = checked_calloc(2 * length + 1, 1, "13a tokens"), *o = out;
+    for (size_t i = 0; i < length;) {
+        unsigned char a = (unsigned char)text[i], b = (unsigned char)text[i + 1];
+        if (i + 1 < length && first(a) && second(b)) {
+            if (space_before) *o++ = ' ';
+            *o++ = (char)a; *o++ = ' '; *o++ = (char)b;
+            if (!space_before) *o++ = ' ';
+            i += 2;
+        } else *o++ = text[i++];
+    }
+    *o = 0;
+    free(text);
+    return out;
+}
+
+// The line as 13a tokenizes it (its words separated by white space), a new string.
+static char *tokenize_13a(const char *line) {
+    size_t length = strlen(line);
+    char *text = checked_calloc(length + 1, 1, "13a tokens");
+    memcpy(text, line, length + 1);
+    replace_all(text, "<skipped>", "");
+    replace_all(text, "&quot;", "\"");
+    replace_all(text, "&amp;", "&");
+    replace_all(text, "&lt;", "<");
+    replace_all(text, "&gt;", ">");
+    length = strlen(text);
+    char *padded = checked_calloc(length + 3, 1, "13a tokens");   // " line ", then rule 1 on every byte of it
+    snprintf(padded, length + 3, " %s ", text);
+    free(text);
+    char *spaced = checked_calloc(3 * (length + 2) + 1, 1, "13a tokens"), *o = spaced;
+    for (const char *c = padded; *c; c++) {
+        if (is_13a_punctuation((unsigned char)*c)) { *o++ = ' '; *o++ = *c; *o++ = ' '; }
+        else *o++ = *c;
+    }
+    *o = 0;
+    free(padded);
+    spaced = separate_pairs(spaced, is_not_digit_byte, is_period_or_comma, 0);
+    spaced = separate_pairs(spaced, is_period_or_comma, is_not_digit_byte, 1);
+    return separate_pairs(spaced, is_digit_byte, is_dash, 0);
+}
+
+// ---- sacreBLEU's smoothing -----------------------------------------------------------
+// BLEU.compute_bleu of sacreBLEU, step for step and in its order of
+// operations, so that the scores agree to the last bits, not only to two
+// decimals. Boxing Chen and Colin Cherry (WMT 2014) name the methods:
+//   none   a p_n of 0 gives BLEU 0 (transformer.c's bleu_score)
+//   exp    mteval-v13a's: the k-th order with no match counts 1/2^k of a match
+//   floor  an order with no match counts `value` matches (default 0.1)
+//   add-k  orders 2 to 4 get `value` matches and n-grams more (default 1)
+// A corpus with no match at all scores 0 whatever the method.
+typedef enum { SMOOTH_NONE, SMOOTH_EXP, SMOOTH_FLOOR, SMOOTH_ADD_K } Smoothing;
+static const char *smoothing_names[] = { "none", "exp", "floor", "add-k" };
+static const double smoothing_defaults[] = { -1, -1, 0.1, 1 };   // -1: the method takes no value
+
+// precisions[] gets p_1..p_4 in percent, *brevity_penalty BP; returns BLEU, 0..100.
+static double bleu_smoothed(const BleuStats *stats, Smoothing method, double value,
+                            double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
+    long long sys_length = stats->candidate_length, ref_length = stats->reference_length;
+    double bp = 1.0;
+    if (sys_length < ref_length) bp = sys_length > 0 ? exp(1 - (double)ref_length / (double)sys_length) : 0.0;
+    *brevity_penalty = bp;
+    int any_match = 0;
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) { precisions[n] = 0; any_match |= stats->matches[n] > 0; }
+    if (!any_match) return 0.0;
+    double mteval = 1, log_sum = 0;
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) {
+        double correct = (double)stats->matches[n], total = (double)stats->totals[n];
+        if (method == SMOOTH_ADD_K && n > 0) { correct += value; total += value; }
+        if (total == 0) break;   // no n-grams of this order or higher: their precisions stay 0
+        if (correct > 0) precisions[n] = 100.0 * correct / total;
+        else if (method == SMOOTH_EXP) { mteval *= 2; precisions[n] = 100.0 / (mteval * total); }
+        else if (method == SMOOTH_FLOOR) precisions[n] = 100.0 * value / total;
+    }
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) log_sum += precisions[n] == 0 ? -9999999999.0 : log(precisions[n]);
+    return bp * exp(log_sum / BLEU_MAX_ORDER);   // sacreBLEU's my_log: log 0 is -9999999999
+}
+
+// sacreBLEU's signature of a score: "nrefs:1|case:mixed|eff:no|tok:13a|smooth:floor[0.10]".
+static void bleu_signature(char *out, size_t size, int tokenize_13a_rules, Smoothing method, double value) {
+    char smooth[64];
+    if (smoothing_defaults[method] < 0) snprintf(smooth, sizeof smooth, "%s", smoothing_names[method]);
+    else snprintf(smooth, sizeof smooth, "%s[%.2f]", smoothing_names[method], value);
+    snprintf(out, size, "nrefs:1|case:mixed|eff:no|tok:%s|smooth:%s", tokenize_13a_rules ? "13a" : "none", smooth);
+}
+
+// ---- bleu -----------------------------------------------------------------------------
+// Corpus BLEU of a hypothesis file against a reference file, line by line.
+// The files are read as sacreBLEU reads them, UTF-8 text split into lines at
+// \n only, and a line that is not UTF-8 (Latin-1 text, a binary file) is
+// refused, as every text input is (text_error) and as sacreBLEU refuses it,
+// naming the file and line: scoring its bytes would split words where
+// sacreBLEU does not, or not at all. (Two differences, both about what is
+// not text: a \r before the \n and a byte-order mark at the start of a file
+// are dropped, where sacreBLEU keeps the \r until it strips the line's end,
+// and keeps the mark as part of the first word.)
+static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char *ref_path, int tokenize_13a_rules,
+                              int *lines) {
+    const char *error = NULL;
+    FILE *hyp = open_text_file(hyp_path, &error), *ref = hyp ? open_text_file(ref_path, &error) : NULL;
+    char *hyp_line = NULL, *ref_line = NULL;
+    size_t hyp_capacity = 0, ref_capacity = 0;
+    bleu_reset(stats);
+    *lines = 0;
+    while (!error) {
+        int got_hypothesis = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
+        int got_reference = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
+        if ((!got_hypothesis && ferror(hyp)) || (!got_reference && ferror(ref))) { // not the end: a read that failed
+            error = errorf("%s: read error after %d lines: %s", !got_hypothesis && ferror(hyp) ? hyp_path : ref_path,
+                           *lines, strerror(errno));
+            break;
+        }
+        if (!got_hypothesis && !got_reference) break;
+        ++*lines;
+        if (!got_hypothesis || !got_reference) {
+            error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line for each "
+                           "reference line", got_hypothesis ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
+                           got_hypothesis ? hyp_path : ref_path);
+            break;
+        }
+        char where[2][300];
+        snprintf(where[0], sizeof where[0], "%s:%d", hyp_path, *lines);
+        snprintf(where[1], sizeof where[1], "%s:%d", ref_path, *lines);
+        if ((error = text_error(hyp_line, got_hypothesis, where[0])) ||
+            (error = text_error(ref_line, got_reference, where[1])))
+            break;
+        if (tokenize_13a_rules) {
+            char *hyp_tokens = tokenize_13a(hyp_line), *ref_tokens = tokenize_13a(ref_line);
+            bleu_add_sentence_text(stats, hyp_tokens, ref_tokens);
+            free(hyp_tokens); free(ref_tokens);
+        } else bleu_add_sentence_text(stats, hyp_line, ref_line);
+    }
+    if (!error && *lines == 0) error = errorf("%s: no lines; expected one sentence a line", hyp_path);
+    free(hyp_line); free(ref_line);
+    if (hyp) fclose(hyp);
+    if (ref) fclose(ref);
+    return error;
+}
+
+// The line `sacrebleu -f text` prints, with the precisions to two decimals.
+static void print_sacrebleu_line(const BleuStats *stats, int tokenize_13a_rules, Smoothing method, double value) {
+    double p[BLEU_MAX_ORDER], bp, score = bleu_smoothed(stats, method, value, p, &bp);
+    char signature[160];
+    bleu_signature(signature, sizeof signature, tokenize_13a_rules, method, value);
+    long long sys_length = stats->candidate_length, ref_length = stats->reference_length;
+    printf("BLEU|%s = %.2f %.2f/%.2f/%.2f/%.2f (BP = %.3f ratio = %.3f hyp_len = %lld ref_len = %lld)\n", signature,
+           score, p[0], p[1], p[2], p[3], bp, ref_length ? (double)sys_length / (double)ref_length : 0.0, sys_length,
+           ref_length);
+}
+
+static int command_bleu(int argc, char **argv) {
+    const char *usage =
+        "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt [--tokenize 13a|none] [--smooth exp|none|floor|add-k]\n"
+        "Corpus BLEU-4 of any system's output, as sacreBLEU computes it (lab/bleu.c): one sentence a line in each\n"
+        "file (UTF-8 text), line i of the first scored against line i of the second, one reference each, no\n"
+        "lower-casing; printed as `sacrebleu -f text` prints it, with its signature. The defaults are\n"
+        "sacreBLEU's: `sacrebleu REF < HYP` gives the same score. --tokenize none --smooth none scores words\n"
+        "split at white space as they are: what eval --bleu prints, and what the paper's BLEU on tokenized\n"
+        "text compares with.";
+    const char *tokenize = "13a", *smooth = "exp";
+    const char *value_text = NULL;
+    Option options[] = {
+        TEXT_OPTION("--tokenize", &tokenize, "13a (mteval-v13a's rules, sacreBLEU's default) or none (split at white space)"),
+        TEXT_OPTION("--smooth", &smooth, "exp (sacreBLEU's default), none, floor or add-k"),
+        TEXT_OPTION("--smooth-value", &value_text, "X, floor's (default 0.1) or add-k's (default 1)"),
+    };
+    char **paths = checked_calloc(argc, sizeof(char *), "arguments");
+    int n = 0, lines = 0;
+    int status = parse_options("bleu", usage, options, sizeof options / sizeof options[0], argc, argv, paths, &n);
+    if (status) { free(paths); return status == 2 ? 0 : 1; }
+    int method = 0;
+    while (method < 4 && strcmp(smooth, smoothing_names[method]) != 0) method++;
+    BleuStats stats;
+    const char *error = NULL;
+    char *end = NULL;
+    double value = value_text ? strtod(value_text, &end) : -1;
+    if (value_text && (end == value_text || *end || !isfinite(value) || value < 0))
+        error = errorf("--smooth-value '%s' is not valid; expected a number >= 0", value_text);
+    else if (strcmp(tokenize, "13a") != 0 && strcmp(tokenize, "none") != 0)
+        error = errorf("--tokenize '%s' is not a tokenizer; expected 13a or none", tokenize);
+    else if (method == 4)
+        error = errorf("--smooth '%s' is not a smoothing method; expected exp, none, floor or add-k", smooth);
+    else if (value_text && smoothing_defaults[method] < 0)
+        error = errorf("--smooth-value goes with --smooth floor or add-k; %s takes no value", smooth);
+    else if (n != 2) error = "expected two files, HYPOTHESES.txt REFERENCES.txt";
+    else error = bleu_files(&stats, paths[0], paths[1], strcmp(tokenize, "13a") == 0, &lines);
+    if (error) fprintf(stderr, "error: bleu: %s\n", error);
+    else {
+        printf("%s against %s: %d sentences\n", paths[0], paths[1], lines);
+        print_sacrebleu_line(&stats, strcmp(tokenize, "13a") == 0, (Smoothing)method,
+                             value >= 0 ? value : smoothing_defaults[method]);
+    }
+    free(paths);
+    return error ? 1 : 0;
+}
+
