@@ -14,9 +14,11 @@ the bleu command: lab/NOTES.md, "BLEU of files").
 
 --sacrebleu BINARY writes random corpora (a few hundred sentence pairs each,
 0 to 30 tokens, short ones included, from small vocabularies so that n-grams
-match), scores them with `BINARY bleu HYP REF` and with sacreBLEU's
-corpus_bleu(tokenize='none', smooth_method='none'), and checks that the two
-agree to 2 decimals. It also prints where the two conventions differ.
+match), scores them with `BINARY bleu HYP REF --tokenize T --smooth S` for
+each tokenizer (none, 13a) and smoothing (none, exp, floor, add-k) and with
+sacreBLEU's corpus_bleu(tokenize=T, smooth_method=S), and checks that the two
+agree to 2 decimals; then that bleu's defaults are sacreBLEU's. (The test
+with every digit: lab/sacrebleu_cases.txt, dev/sacrebleu_cases.py.)
 """
 import math
 import os
@@ -120,49 +122,44 @@ def random_corpus(rng, sentences):
     return hyps, refs
 
 
-def binary_bleu(binary, hyps, refs, directory):
+def binary_bleu(binary, hyps, refs, directory, flags=()):
     hyp_path, ref_path = os.path.join(directory, "hyp.txt"), os.path.join(directory, "ref.txt")
     for path, lines in ((hyp_path, hyps), (ref_path, refs)):
         with open(path, "w", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in lines))
-    out = subprocess.run([binary, "bleu", hyp_path, ref_path], capture_output=True, text=True, check=True).stdout
-    return float(re.search(r"^BLEU +([0-9.]+)", out, re.M).group(1))
+    out = subprocess.run([binary, "bleu", hyp_path, ref_path, *flags], capture_output=True, text=True,
+                         check=True).stdout
+    return float(re.search(r"^BLEU\|\S* = ([0-9.]+)", out, re.M).group(1))
 
 
 def check_sacrebleu(binary, corpora=20, sentences=300):
+    """`BINARY bleu` with each --tokenize and --smooth against sacreBLEU's corpus_bleu, to 2 decimals."""
     import sacrebleu
     rng = random.Random(2017)
     worst = 0.0
     with tempfile.TemporaryDirectory() as directory:
         for corpus in range(corpora):
             hyps, refs = random_corpus(rng, sentences if corpus else 8)  # the first: 8 sentences
-            ours = binary_bleu(binary, hyps, refs, directory)
-            theirs = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none", force=True).score
-            worst = max(worst, abs(ours - theirs))
-            print(f"corpus {corpus:2d}: {len(hyps):3d} sentences  transformer bleu {ours:6.2f}  "
-                  f"sacreBLEU {theirs:9.5f}  difference {ours - theirs:+.5f}")
-            assert abs(ours - theirs) <= 0.005 + 1e-9, (corpus, ours, theirs)
-    print(f"sacreBLEU {sacrebleu.__version__}: {corpora} corpora agree to 2 decimals "
+            line = f"corpus {corpus:2d}: {len(hyps):3d} sentences "
+            for tok in ("none", "13a"):
+                for smooth in ("none", "exp", "floor", "add-k"):
+                    ours = binary_bleu(binary, hyps, refs, directory, ("--tokenize", tok, "--smooth", smooth))
+                    theirs = sacrebleu.corpus_bleu(hyps, [refs], tokenize=tok, smooth_method=smooth,
+                                                   force=True).score
+                    worst = max(worst, abs(ours - theirs))
+                    assert abs(ours - theirs) <= 0.005 + 1e-9, (corpus, tok, smooth, ours, theirs)
+                    line += f" {tok}/{smooth} {ours:.2f}"
+            print(line)
+    print(f"sacreBLEU {sacrebleu.__version__}: {corpora} corpora, 8 combinations each, agree to 2 decimals "
           f"(largest difference {worst:.5f}, the rounding of the printed score)")
-    # Where the conventions differ: sacreBLEU's defaults, and what counts as white space.
-    hyps, refs = ["a b c x y"], ["a b c d e"]
-    sentence = ["we see the house. it is red."], ["we see the house . it is red ."]
-    spaced = ["p q r s a\u00a0b"], ["p q r s a b"]
+    # sacreBLEU's defaults are bleu's: the same score without flags
+    hyps, refs = ["we see the house. it is red.", "a b c x y"], ["we see the house . it is red .", "a b c d e"]
     with tempfile.TemporaryDirectory() as directory:
         ours = binary_bleu(binary, hyps, refs, directory)
-        ours_sentence = binary_bleu(binary, *sentence, directory)
-        ours_spaced = binary_bleu(binary, *spaced, directory)
-    print("where the conventions differ (sacreBLEU's defaults are smooth_method='exp', tokenize='13a'):")
-    print(f"  smoothing: '{hyps[0]}' against '{refs[0]}' (no 4-gram matches): "
-          f"{sacrebleu.corpus_bleu(hyps, [refs], tokenize='none').score:.2f} with sacreBLEU's 'exp' smoothing, "
-          f"{ours:.2f} without (ours, as the paper's BLEU and multi-bleu.perl)")
-    print(f"  tokenizing: '{sentence[0][0]}' against '{sentence[1][0]}': "
-          f"{sacrebleu.corpus_bleu(sentence[0], [sentence[1]]).score:.2f} with '13a' (splits punctuation off words), "
-          f"{ours_sentence:.2f} with 'none' and here (tokens are what lies between spaces)")
-    theirs = sacrebleu.corpus_bleu(spaced[0], [spaced[1]], tokenize="none", smooth_method="none").score
-    print(f"  white space is the same: 'p q r s a<U+00A0>b' against '{spaced[1][0]}': {theirs:.2f} in sacreBLEU "
-          f"and {ours_spaced:.2f} here (both split at the characters Python's str.split() splits at)")
-    assert abs(ours_spaced - theirs) <= 0.005 + 1e-9, (ours_spaced, theirs)
+    theirs = sacrebleu.corpus_bleu(hyps, [refs]).score
+    print(f"defaults (13a, exp): '{hyps[0]}' against '{refs[0]}' and a pair with no 4-gram match: "
+          f"{ours:.2f} here, {theirs:.2f} in sacreBLEU")
+    assert abs(ours - theirs) <= 0.005 + 1e-9, (ours, theirs)
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--sacrebleu":
