@@ -8,7 +8,7 @@
  * (train, decode, eval) and these:
  *
  *   average    the mean of several checkpoints' weights (§6.1)
- *   bleu       corpus BLEU of a file of outputs against a file of references
+ *   bleu       corpus BLEU of a file of outputs against a file of references, as sacreBLEU computes it (lab/bleu.c)
  *   attention  SVG heatmaps of every attention head for one sentence
  *   pe         SVG picture of the positional-encoding matrix (§3.5)
  *   plot       SVG training curves from the CSV of train --log
@@ -1809,7 +1809,7 @@ static int command_bench(int argc, char **argv) {
 
 // After transformer.c's train, decode and eval (its `commands`)
 static const Command lab_commands[] = {
-    { "bleu",   command_bleu,   "corpus BLEU of a file of outputs against a file of references, a sentence a line" },
+    { "bleu",   command_bleu,   "corpus BLEU of a file of outputs against a file of references, as sacreBLEU computes it" },
     { "average", command_average, "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
     { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
     { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
