@@ -1580,6 +1580,15 @@ static void test_bpe_command_line(void) {
                     "%s " TINY_RUN, test_path("cli_bytes.tsv"), test_path("cli_bytes.tsv"), test_path("cli_bytes.ckpt"));
     check_cli_error("decode with subwords of a sentence holding bytes that are not UTF-8", "decode: argument 1: byte 1 "
                     "of the line, 0xfe, is not UTF-8", "decode --checkpoint %s \"$(printf '\\376\\377 a')\"", ckpt);
+    check_cli_error("bpe --data of a file holding a byte that is not UTF-8", "bpe: " /* the file's path */,
+                    "bpe --data %s --merges 3", test_path("cli_bytes.tsv"));
+    check(strstr(cli_output, "cli_bytes.tsv:1: byte 2 of the line, 0xff, is not UTF-8") != NULL,
+          "cli: ... naming the file, the line and the byte");
+    check_cli_error("bpe of a sentence argument that is not UTF-8", "bpe: argument 2: byte 3 of the line, 0xe9, is not "
+                    "UTF-8", "bpe --checkpoint %s 'a b' \"$(printf 'ca\\351')\"", ckpt);
+    write_text(test_path("cli_bytes_stdin.txt"), "a b\n\xc3\n");
+    check_cli_error("bpe of a line of stdin that is not UTF-8", "bpe: stdin:2: byte 1 of the line, 0xc3, is not UTF-8",
+                    "bpe --checkpoint %s < %s", ckpt, test_path("cli_bytes_stdin.txt"));
     // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s> and "a</w>"
     write_text(test_path("cli_special.tsv"), "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
     status = run_cli("train --train %s --valid %s --bpe 100 --steps 1 --checkpoint %s " TINY_RUN,
