@@ -489,22 +489,22 @@ static void attention_one_query_fast(real *out, real *att, const real *q, const 
     real scale = 1 / real_sqrt((real)d_k);
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
+        for (int head = 0; head < NH; head++) {
             int visible = visible_keys(0, key_len[b], causal);
-            const real *q_b = q + (size_t)b * q_stride + h * d_k;
-            real *p = att + ((size_t)b * NH + h) * Tk;
+            const real *q_b = q + (size_t)b * q_stride + head * d_k;
+            real *p = att + ((size_t)b * NH + head) * Tk;
             for (int j = 0; j < visible; j++) {
-                const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + head * d_k;
                 real dot = 0;
                 #pragma omp simd reduction(+ : dot)
                 for (int d = 0; d < d_k; d++) dot += q_b[d] * k_j[d];
                 p[j] = dot * scale;
             }
             softmax_visible(p, visible, Tk);
-            real *out_b = out + (size_t)b * C + h * d_k;
+            real *out_b = out + (size_t)b * C + head * d_k;
             for (int d = 0; d < d_k; d++) out_b[d] = 0;
             for (int j = 0; j < visible; j++) {
-                const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
+                const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + head * d_k;
                 for (int d = 0; d < d_k; d++) out_b[d] += p[j] * v_j[d];
             }
         }
@@ -522,18 +522,18 @@ static void attention_forward_fast(real *out, real *att,
     }
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    // one thread per (b, h): it alone writes that head's scores and outputs
+    // one thread per (b, head): it alone writes that head's scores and outputs
     #pragma omp parallel
     {
         real *packed_b = packed_b_alloc();
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                real *p = att + ((size_t)b * NH + h) * Tq * Tk;           // (Tq, Tk)
-                real *o = out + (size_t)b * Tq * C + h * d_k;             // (Tq, d_k), row stride C
-                MatrixView qh = { q + (size_t)b * Tq * q_stride + h * d_k, (size_t)q_stride, 1 };
-                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * d_k, 1, (size_t)kv_stride };
-                MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * d_k, (size_t)kv_stride, 1 };
+            for (int head = 0; head < NH; head++) {
+                real *p = att + ((size_t)b * NH + head) * Tq * Tk;        // (Tq, Tk)
+                real *o = out + (size_t)b * Tq * C + head * d_k;          // (Tq, d_k), row stride C
+                MatrixView qh = { q + (size_t)b * Tq * q_stride + head * d_k, (size_t)q_stride, 1 };
+                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + head * d_k, 1, (size_t)kv_stride };
+                MatrixView vh = { v + (size_t)b * Tk * kv_stride + head * d_k, (size_t)kv_stride, 1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
                 // q_i . k_j
                 matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, d_k, 0, packed_b);
@@ -561,17 +561,17 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
                                     int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
+    // one thread per (b, head): it alone writes that head's columns of dq, dk, dv
     #pragma omp parallel
     {
         real *packed_b = packed_b_alloc();
         real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                const real *p = att + ((size_t)b * NH + h) * Tq * Tk;
-                size_t q_head = (size_t)b * Tq * q_stride + h * d_k, kv_head = (size_t)b * Tk * kv_stride + h * d_k;
-                MatrixView g = { dout + (size_t)b * Tq * C + h * d_k, (size_t)C, 1 };
+            for (int head = 0; head < NH; head++) {
+                const real *p = att + ((size_t)b * NH + head) * Tq * Tk;
+                size_t q_head = (size_t)b * Tq * q_stride + head * d_k, kv_head = (size_t)b * Tk * kv_stride + head * d_k;
+                MatrixView g = { dout + (size_t)b * Tq * C + head * d_k, (size_t)C, 1 };
                 MatrixView vh_transposed = { v + kv_head, 1, (size_t)kv_stride };
                 MatrixView p_transposed = { p, 1, (size_t)Tk };
                 MatrixView qh = { q + q_head, (size_t)q_stride, 1 };
