@@ -229,6 +229,24 @@ static void store_tile(real *out, size_t out_row, size_t out_col, const real *su
         }
 }
 
+// store_tile for a tile whose every one of `height` rows is stored and whose
+// out is transposed (out_row 1: a product turned around, in decoding): each
+// column j of the tile is `height` numbers side by side in out, at
+// out[j * out_col], stored as one vector; the bias, if any, is bias[r]
+// (a row stride of 1 and a column stride of 0). The same sums as store_tile.
+static inline void store_tile_transposed(real *out, size_t out_col, const real *sum, int sum_cols, int height,
+                                         int cols, int accumulate, const real *bias) {
+    for (int j = 0; j < cols; j++) {
+        real *o = out + (size_t)j * out_col;
+        if (accumulate)
+            for (int r = 0; r < height; r++) o[r] = o[r] + sum[r * sum_cols + j];
+        else if (bias)
+            for (int r = 0; r < height; r++) o[r] = bias[r] + sum[r * sum_cols + j];
+        else
+            for (int r = 0; r < height; r++) o[r] = sum[r * sum_cols + j];
+    }
+}
+
 // The register tile where it is whole and the rows of out (and of the bias)
 // are contiguous, nearly every tile: the sums of a strip of A (TILE_ROWS
 // rows, from a_strip) and a packed strip of B (TILE_COLS columns) over one
@@ -265,7 +283,10 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
     tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
     real stored[TILE_ROWS * TILE_COLS];
     memcpy(stored, sum, sizeof stored);
-    store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    if (out_row == 1 && rows == TILE_ROWS && (!bias || (bias_row == 1 && bias_col == 0)))
+        store_tile_transposed(out, out_col, stored, TILE_COLS, TILE_ROWS, cols, accumulate, bias);
+    else
+        store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector),
@@ -278,7 +299,10 @@ __attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_r
     tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc);
     real stored[NARROW_ROWS * NARROW_COLS];
     memcpy(stored, sum, sizeof stored);
-    store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    if (out_row == 1 && rows == NARROW_ROWS && (!bias || (bias_row == 1 && bias_col == 0)))
+        store_tile_transposed(out, out_col, stored, NARROW_COLS, NARROW_ROWS, cols, accumulate, bias);
+    else
+        store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
