@@ -229,6 +229,24 @@ static void store_tile(real *out, size_t out_row, size_t out_col, const real *su
         }
 }
 
+// store_tile for a tile whose every one of `height` rows is stored and whose
+// out is transposed (out_row 1: a product turned around, in decoding): each
+// column j of the tile is `height` numbers side by side in out, at
+// out[j * out_col], stored as one vector; the bias, if any, is bias[r]
+// (a row stride of 1 and a column stride of 0). The same sums as store_tile.
+static inline void store_tile_transposed(real *out, size_t out_col, const real *sum, int sum_cols, int height,
+                                         int cols, int accumulate, const real *bias) {
+    for (int j = 0; j < cols; j++) {
+        real *o = out + (size_t)j * out_col;
+        if (accumulate)
+            for (int r = 0; r < height; r++) o[r] = o[r] + sum[r * sum_cols + j];
+        else if (bias)
+            for (int r = 0; r < height; r++) o[r] = bias[r] + sum[r * sum_cols + j];
+        else
+            for (int r = 0; r < height; r++) o[r] = sum[r * sum_cols + j];
+    }
+}
+
 // The register tile where it is whole and the rows of out (and of the bias)
 // are contiguous, nearly every tile: the sums of a strip of A (TILE_ROWS
 // rows, from a_strip) and a packed strip of B (TILE_COLS columns) over one
@@ -265,7 +283,10 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
     tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
     real stored[TILE_ROWS * TILE_COLS];
     memcpy(stored, sum, sizeof stored);
-    store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    if (out_row == 1 && rows == TILE_ROWS && (!bias || (bias_row == 1 && bias_col == 0)))
+        store_tile_transposed(out, out_col, stored, TILE_COLS, TILE_ROWS, cols, accumulate, bias);
+    else
+        store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector),
@@ -278,7 +299,10 @@ __attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_r
     tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc);
     real stored[NARROW_ROWS * NARROW_COLS];
     memcpy(stored, sum, sizeof stored);
-    store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    if (out_row == 1 && rows == NARROW_ROWS && (!bias || (bias_row == 1 && bias_col == 0)))
+        store_tile_transposed(out, out_col, stored, NARROW_COLS, NARROW_ROWS, cols, accumulate, bias);
+    else
+        store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
@@ -482,30 +506,83 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
 // loops): attention_one_query_fast is Part I's loops with the dot products
 // summed in vector registers (omp simd), which toy decoding needs to run 20%
 // faster than Part I's scalar sums.
+//
+// It takes the heads of a sentence in groups of ONE_QUERY_GROUP numbers of a
+// row (whole heads; toy's 4 of 32, base's 2 of 64): the scores of key j for
+// every head of the group, then the next key, so that each row of the cache
+// is read along ONE_QUERY_GROUP numbers side by side, which the hardware
+// prefetches, instead of d_k numbers one row of the cache (2 d_model numbers)
+// apart; and the group's outputs sum_j p_j v_j are summed in registers, j in
+// order. Each number is the same sum, in the same order, as per head.
+#define ONE_QUERY_GROUP 128
+
+// out[i] = sum_j p_i[j] v_j[i], j = 0 .. visible-1 in order, for `vectors`
+// vectors of out (a constant where it is called, at most 8, so that the
+// sums are registers), where p_i is the probabilities of the head that
+// number `first + i` of the group belongs to (d_k a multiple of
+// VECTOR_LANES: each vector within one head).
+__attribute__((always_inline)) static inline void one_query_pv(real *out, const real *v, size_t kv_stride,
+                                                               const real *p, int Tk, int d_k, int first,
+                                                               int visible, int vectors) {
+    Vector sum[8];
+    const real *p_of[8];
+    #pragma GCC unroll 8
+    for (int i = 0; i < vectors; i++) {
+        sum[i] = (Vector){ 0 };
+        p_of[i] = p + (size_t)((first + i * VECTOR_LANES) / d_k) * Tk;
+    }
+    for (int j = 0; j < visible; j++) {
+        const real *v_j = v + (size_t)j * kv_stride;
+        #pragma GCC unroll 8
+        for (int i = 0; i < vectors; i++) sum[i] += p_of[i][j] * vector_load(v_j + i * VECTOR_LANES);
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < vectors; i++) vector_store(out + i * VECTOR_LANES, sum[i]);
+}
+
 static void attention_one_query_fast(real *out, real *att, const real *q, const real *k, const real *v,
                                      int q_stride, int kv_stride, const int *key_len, int causal,
                                      int B, int Tk, int C, int NH) {
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
+    int group_heads = d_k >= ONE_QUERY_GROUP ? 1 : ONE_QUERY_GROUP / d_k, groups = (NH + group_heads - 1) / group_heads;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
+        for (int group = 0; group < groups; group++) {
+            int head0 = group * group_heads, heads = min_int(group_heads, NH - head0), width = heads * d_k;
             int visible = visible_keys(0, key_len[b], causal);
-            const real *q_b = q + (size_t)b * q_stride + h * d_k;
-            real *p = att + ((size_t)b * NH + h) * Tk;
+            const real *q_b = q + (size_t)b * q_stride + head0 * d_k;
+            const real *k_b = k + (size_t)b * Tk * kv_stride + head0 * d_k;
+            const real *v_b = v + (size_t)b * Tk * kv_stride + head0 * d_k;
+            real *p = att + ((size_t)b * NH + head0) * Tk;   // head0 + head's: p + head * Tk
+            real *out_b = out + (size_t)b * C + head0 * d_k;
             for (int j = 0; j < visible; j++) {
-                const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + h * d_k;
-                real dot = 0;
-                #pragma omp simd reduction(+ : dot)
-                for (int d = 0; d < d_k; d++) dot += q_b[d] * k_j[d];
-                p[j] = dot * scale;
+                const real *k_j = k_b + (size_t)j * kv_stride;
+                for (int head = 0; head < heads; head++) {
+                    const real *q_h = q_b + head * d_k, *k_h = k_j + head * d_k;
+                    real dot = 0;
+                    #pragma omp simd reduction(+ : dot)
+                    for (int d = 0; d < d_k; d++) dot += q_h[d] * k_h[d];
+                    p[(size_t)head * Tk + j] = dot * scale;
+                }
             }
-            softmax_visible(p, visible, Tk);
-            real *out_b = out + (size_t)b * C + h * d_k;
-            for (int d = 0; d < d_k; d++) out_b[d] = 0;
-            for (int j = 0; j < visible; j++) {
-                const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + h * d_k;
-                for (int d = 0; d < d_k; d++) out_b[d] += p[j] * v_j[d];
+            for (int head = 0; head < heads; head++) softmax_visible(p + (size_t)head * Tk, visible, Tk);
+            if (d_k % VECTOR_LANES == 0) {
+                int i = 0;
+                for (; i + 8 * VECTOR_LANES <= width; i += 8 * VECTOR_LANES)
+                    one_query_pv(out_b + i, v_b + i, (size_t)kv_stride, p, Tk, d_k, i, visible, 8);
+                for (; i + 2 * VECTOR_LANES <= width; i += 2 * VECTOR_LANES)
+                    one_query_pv(out_b + i, v_b + i, (size_t)kv_stride, p, Tk, d_k, i, visible, 2);
+                for (; i < width; i += VECTOR_LANES)
+                    one_query_pv(out_b + i, v_b + i, (size_t)kv_stride, p, Tk, d_k, i, visible, 1);
+            } else {
+                for (int i = 0; i < width; i++) out_b[i] = 0;
+                for (int j = 0; j < visible; j++) {
+                    const real *v_j = v_b + (size_t)j * kv_stride;
+                    for (int head = 0; head < heads; head++)
+                        for (int d = 0; d < d_k; d++)
+                            out_b[head * d_k + d] += p[(size_t)head * Tk + j] * v_j[head * d_k + d];
+                }
             }
         }
     }
@@ -522,18 +599,18 @@ static void attention_forward_fast(real *out, real *att,
     }
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    // one thread per (b, h): it alone writes that head's scores and outputs
+    // one thread per (b, head): it alone writes that head's scores and outputs
     #pragma omp parallel
     {
         real *packed_b = packed_b_alloc();
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                real *p = att + ((size_t)b * NH + h) * Tq * Tk;           // (Tq, Tk)
-                real *o = out + (size_t)b * Tq * C + h * d_k;             // (Tq, d_k), row stride C
-                MatrixView qh = { q + (size_t)b * Tq * q_stride + h * d_k, (size_t)q_stride, 1 };
-                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + h * d_k, 1, (size_t)kv_stride };
-                MatrixView vh = { v + (size_t)b * Tk * kv_stride + h * d_k, (size_t)kv_stride, 1 };
+            for (int head = 0; head < NH; head++) {
+                real *p = att + ((size_t)b * NH + head) * Tq * Tk;        // (Tq, Tk)
+                real *o = out + (size_t)b * Tq * C + head * d_k;          // (Tq, d_k), row stride C
+                MatrixView qh = { q + (size_t)b * Tq * q_stride + head * d_k, (size_t)q_stride, 1 };
+                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + head * d_k, 1, (size_t)kv_stride };
+                MatrixView vh = { v + (size_t)b * Tk * kv_stride + head * d_k, (size_t)kv_stride, 1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
                 // q_i . k_j
                 matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, d_k, 0, packed_b);
@@ -561,17 +638,17 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
                                     int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    // one thread per (b, h): it alone writes that head's columns of dq, dk, dv
+    // one thread per (b, head): it alone writes that head's columns of dq, dk, dv
     #pragma omp parallel
     {
         real *packed_b = packed_b_alloc();
         real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                const real *p = att + ((size_t)b * NH + h) * Tq * Tk;
-                size_t q_head = (size_t)b * Tq * q_stride + h * d_k, kv_head = (size_t)b * Tk * kv_stride + h * d_k;
-                MatrixView g = { dout + (size_t)b * Tq * C + h * d_k, (size_t)C, 1 };
+            for (int head = 0; head < NH; head++) {
+                const real *p = att + ((size_t)b * NH + head) * Tq * Tk;
+                size_t q_head = (size_t)b * Tq * q_stride + head * d_k, kv_head = (size_t)b * Tk * kv_stride + head * d_k;
+                MatrixView g = { dout + (size_t)b * Tq * C + head * d_k, (size_t)C, 1 };
                 MatrixView vh_transposed = { v + kv_head, 1, (size_t)kv_stride };
                 MatrixView p_transposed = { p, 1, (size_t)Tk };
                 MatrixView qh = { q + q_head, (size_t)q_stride, 1 };

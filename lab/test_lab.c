@@ -292,6 +292,7 @@ static void test_fast_linear(void) {
         { 512, 512, 2048 }, { 512, 2048, 512 }, { 64, 512, 8000 }, { 8, 512, 1536 },
         { TILE_ROWS + 1, DEPTH_BLOCK + 1, WIDTH_BLOCK + TILE_COLS + 1 }, { TILE_COLS, 129, NARROW_COLS },
         { TILE_COLS + 1, 7, NARROW_COLS + 1 }, { 3, 300, 530 }, { 97, 1, 33 }, { NARROW_ROWS + 1, 40, 1 },
+        { TILE_COLS, 128, 384 }, { NARROW_COLS + 4, 64, 100 },   // turned around into the wide tile (toy decoding)
     };
     Rng rng; rng_seed(&rng, 31);
     double worst = 0;
@@ -360,6 +361,17 @@ static void test_fast_attention(void) {
     worst = fmax(worst, attention_fast_against_plain(3, 9, TILE_COLS + 3, 24, 3, 0, 0, wide, &rng)); // cross
     worst = fmax(worst, attention_fast_against_plain(3, TILE_COLS + 3, TILE_COLS + 3, 16, 1, 1, 1, wide, &rng));
     worst = fmax(worst, attention_fast_against_plain(2, 1, 9, 32, 4, 0, 0, one, &rng));        // one query
+    // one query with the head groups of attention_one_query_fast: toy's, base's, tiny's head sizes,
+    // a head wider than a group, a group of 3 vectors, and a causal self-attention (one key)
+    int one_toy[3] = { 32, 7, 1 };
+    worst = fmax(worst, attention_fast_against_plain(3, 1, 32, 128, 4, 0, 0, one_toy, &rng));
+    worst = fmax(worst, attention_fast_against_plain(3, 1, 32, 512, 8, 0, 0, one_toy, &rng));
+    worst = fmax(worst, attention_fast_against_plain(3, 1, 32, 64, 4, 0, 0, one_toy, &rng));
+    worst = fmax(worst, attention_fast_against_plain(2, 1, 32, 512, 2, 0, 0, one_toy, &rng));
+    worst = fmax(worst, attention_fast_against_plain(3, 1, 32, 48, 1, 0, 0, one_toy, &rng));
+    worst = fmax(worst, attention_fast_against_plain(3, 1, 32, 96, 3, 0, 0, one_toy, &rng));
+    int one_key[3] = { 1, 1, 1 };
+    worst = fmax(worst, attention_fast_against_plain(3, 1, 1, 128, 4, 1, 1, one_key, &rng));
     worst = fmax(worst, attention_fast_against_plain(3, 32, 32, 128, 4, 1, 1, toy, &rng));     // toy's sizes
     worst = fmax(worst, attention_fast_against_plain(3, 20, 32, 128, 4, 0, 0, toy, &rng));
     worst = fmax(worst, attention_fast_against_plain(2, 64, 64, 512, 8, 1, 1, base, &rng));    // base's
