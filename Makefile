@@ -6,8 +6,8 @@
 #   make table3        the paper's Table 3 on the numbers task: the base model (3 seeds) and one
 #                      variant per row entry, (A) heads, (C) size, (D) dropout and label smoothing,
 #                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
-#   make               ./transformer: transformer.c and its lab (transformer_lab.c), OpenMP on
-#                      (make OPENMP=0 for none)
+#   make               ./transformer: lab/lab.c, which includes transformer.c and the lab's files
+#                      (lab/fast_path.c, lab/subwords.c, lab/runs.c); OpenMP on (make OPENMP=0 for none)
 #   make minimal       ./transformer_minimal: transformer.c alone, as `cc -O2 transformer.c -lm` builds it
 #   make test          test_transformer.c on transformer.c alone (gradient checks in double, PyTorch parity,
 #                      masks, Adam, learning, decoding, BLEU, data, checkpoints, ./transformer_minimal's
@@ -37,6 +37,9 @@
 #                      torch.compile, and Debian's PyTorch 1.13 when installed (not part of
 #                      make test; dev/BENCH.md): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
 #                      BENCH_THREADS, BENCH_COMPILE=0 (no torch.compile runs)
+#   make dev-check     each script in dev/ on its smallest case (dev/check.sh; no network, not part
+#                      of make test); a script whose Python is not installed is skipped
+#   make clean         removes the programs and test binaries built here (not runs/, not dev/.venv)
 CC ?= gcc
 OPENMP ?= 1
 # -ffp-contract=fast lets the compiler fuse a*b + c into one FMA instruction
@@ -62,7 +65,7 @@ TESTS = test_transformer_f64 test_transformer test_transformer_serial test_lab_f
 
 all: transformer
 
-# the program with every command: transformer_lab.c includes transformer.c
+# the program with every command: lab/lab.c includes transformer.c, lab/fast_path.c, lab/subwords.c, lab/runs.c
 transformer: $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/lab.c $(LDLIBS)
 
