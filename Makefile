@@ -132,9 +132,10 @@ test: $(TESTS) transformer transformer_minimal transformer_debug
 	echo "$$passed passed, $$failed failed"; \
 	exit $$status
 
-# The README's main job: train the copy task with the defaults (about 10-12 s
-# on 2 cores), print held-out examples and the exact-match rate, then decode
-# a sentence with beam search from the checkpoint. The demo is made to be run
+# The README's main job: train the copy task with the defaults (9-11 s on 2
+# idle cores, dev/RESULTS.md; about 30 s on 2 cores busy with other work),
+# print held-out examples and the exact-match rate, then decode a sentence
+# with beam search from the checkpoint. The demo is made to be run
 # again: it keeps its own file, runs/demo.ckpt, and replaces it (--force);
 # train refuses to replace any other checkpoint unasked.
 demo: transformer
@@ -142,8 +143,8 @@ demo: transformer
 	./transformer train --task copy --checkpoint runs/demo.ckpt --force
 	./transformer decode --checkpoint runs/demo.ckpt --beam 4 "3 1 4 1 5 9 2 6"
 
-# dev/RESULTS.md, "The toy translation task": 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
-# machine); THREADS=1 is faster than two threads on a machine busy with other jobs.
+# dev/RESULTS.md, "The toy translation task": 2 layers, d_model 64, 2000 steps (64 s on one core of a 2-core Xeon,
+# 110 s with the four evaluations, 2026-11-28); THREADS=1 is faster than two threads on a machine busy with other jobs.
 THREADS ?= 0
 NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --bpe 100 --layers 2 --d-model 64 \
           --d-ff 256 --heads 4 --lr 0.003 --warmup 400 --steps 2000 --batch-tokens 1200 --seed 1
