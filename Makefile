@@ -6,8 +6,8 @@
 #   make table3        the paper's Table 3 on the numbers task: the base model (3 seeds) and one
 #                      variant per row entry, (A) heads, (C) size, (D) dropout and label smoothing,
 #                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
-#   make               ./transformer: lab/lab.c, which includes transformer.c and the lab's files
-#                      (lab/fast_path.c, lab/subwords.c, lab/runs.c); OpenMP on (make OPENMP=0 for none)
+#   make               ./transformer: lab/lab.c, which includes transformer.c and the lab's files (lab/fast_path.c,
+#                      lab/subwords.c, lab/runs.c, lab/bleu.c); OpenMP on (make OPENMP=0 for none)
 #   make minimal       ./transformer_minimal: transformer.c alone, as `cc -O2 transformer.c -lm` builds it
 #   make test          test_transformer.c on transformer.c alone (gradient checks in double, PyTorch parity,
 #                      masks, Adam, learning, decoding, BLEU, data, checkpoints, ./transformer_minimal's
@@ -65,7 +65,7 @@ TESTS = test_transformer_f64 test_transformer test_transformer_serial test_lab_f
 
 all: transformer
 
-# the program with every command: lab/lab.c includes transformer.c, lab/fast_path.c, lab/subwords.c, lab/runs.c
+# the program with every command: lab/lab.c includes transformer.c and the other files of $(SOURCES)
 transformer: $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/lab.c $(LDLIBS)
 
