@@ -6,8 +6,8 @@
 #   make table3        the paper's Table 3 on the numbers task: the base model (3 seeds) and one
 #                      variant per row entry, (A) heads, (C) size, (D) dropout and label smoothing,
 #                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
-#   make               ./transformer: transformer.c and its lab (transformer_lab.c), OpenMP on
-#                      (make OPENMP=0 for none)
+#   make               ./transformer: lab/lab.c, which includes transformer.c and the lab's files (lab/fast_path.c,
+#                      lab/subwords.c, lab/runs.c, lab/bleu.c); OpenMP on (make OPENMP=0 for none)
 #   make minimal       ./transformer_minimal: transformer.c alone, as `cc -O2 transformer.c -lm` builds it
 #   make test          test_transformer.c on transformer.c alone (gradient checks in double, PyTorch parity,
 #                      masks, Adam, learning, decoding, BLEU, data, checkpoints, ./transformer_minimal's
@@ -37,6 +37,9 @@
 #                      torch.compile, and Debian's PyTorch 1.13 when installed (not part of
 #                      make test; dev/BENCH.md): BENCH_CONFIGS, BENCH_DECODE, BENCH_ROUNDS,
 #                      BENCH_THREADS, BENCH_COMPILE=0 (no torch.compile runs)
+#   make dev-check     each script in dev/ on its smallest case (dev/check.sh; no network, not part
+#                      of make test); a script whose Python is not installed is skipped
+#   make clean         removes the programs and test binaries built here (not runs/, not dev/.venv)
 CC ?= gcc
 OPENMP ?= 1
 # -ffp-contract=fast lets the compiler fuse a*b + c into one FMA instruction
@@ -62,7 +65,7 @@ TESTS = test_transformer_f64 test_transformer test_transformer_serial test_lab_f
 
 all: transformer
 
-# the program with every command: transformer_lab.c includes transformer.c
+# the program with every command: lab/lab.c includes transformer.c and the other files of $(SOURCES)
 transformer: $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/lab.c $(LDLIBS)
 
@@ -129,9 +132,10 @@ test: $(TESTS) transformer transformer_minimal transformer_debug
 	echo "$$passed passed, $$failed failed"; \
 	exit $$status
 
-# The README's main job: train the copy task with the defaults (about 10-12 s
-# on 2 cores), print held-out examples and the exact-match rate, then decode
-# a sentence with beam search from the checkpoint. The demo is made to be run
+# The README's main job: train the copy task with the defaults (9-11 s on 2
+# idle cores, dev/RESULTS.md; about 30 s on 2 cores busy with other work),
+# print held-out examples and the exact-match rate, then decode a sentence
+# with beam search from the checkpoint. The demo is made to be run
 # again: it keeps its own file, runs/demo.ckpt, and replaces it (--force);
 # train refuses to replace any other checkpoint unasked.
 demo: transformer
@@ -139,8 +143,8 @@ demo: transformer
 	./transformer train --task copy --checkpoint runs/demo.ckpt --force
 	./transformer decode --checkpoint runs/demo.ckpt --beam 4 "3 1 4 1 5 9 2 6"
 
-# dev/RESULTS.md, "The toy translation task": 2 layers, d_model 64, 2000 steps (about 75 s on one core of the development
-# machine); THREADS=1 is faster than two threads on a machine busy with other jobs.
+# dev/RESULTS.md, "The toy translation task": 2 layers, d_model 64, 2000 steps (64 s on one core of a 2-core Xeon,
+# 110 s with the four evaluations, 2026-11-28); THREADS=1 is faster than two threads on a machine busy with other jobs.
 THREADS ?= 0
 NUMBERS = --train tiny_data/numbers_train.tsv --valid tiny_data/numbers_dev.tsv --bpe 100 --layers 2 --d-model 64 \
           --d-ff 256 --heads 4 --lr 0.003 --warmup 400 --steps 2000 --batch-tokens 1200 --seed 1
