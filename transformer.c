@@ -7,7 +7,7 @@
  *
  * BUILD  cc -O2 transformer.c -lm       this file alone: train, decode, eval, in the plain loops below
  *        make                           ./transformer: this file with its companions in lab/ (the fast
- *                                       path: a toy training step about 7 times faster; §5.1 subwords,
+ *                                       path: a training step about 12 times faster; §5.1 subwords,
  *                                       --resume, logs, pictures, Table 3, the benchmark); OpenMP on
  *        make debug                     -O0 -g, this file alone without OpenMP: gdb's `next` walks every loop
  * TEST   make test

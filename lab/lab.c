@@ -1,11 +1,14 @@
-/* transformer_lab.c: the instruments beside transformer.c
+/* lab/lab.c: ./transformer, transformer.c with its companions and instruments
  *
  * transformer.c is the paper's model and the smallest program that trains it
  * and decodes with it. This file is everything that studies, draws, compares
  * and times that model, built on transformer.c the way test_transformer.c
  * is: it includes the whole of transformer.c and uses its functions as they
- * are. `make` builds ./transformer from this file: transformer.c's commands
- * (train, decode, eval) and these:
+ * are, and plugs into its hooks (transformer.c, "where the lab plugs in"):
+ * the fast path (fast_path.c), §5.1 subwords (subwords.c), train's further
+ * flags (runs.c) and BLEU as sacreBLEU computes it (bleu.c). `make` builds
+ * ./transformer from this file: transformer.c's commands (train, decode,
+ * eval) and these:
  *
  *   average    the mean of several checkpoints' weights (§6.1)
  *   bleu       corpus BLEU of a file of outputs against a file of references, as sacreBLEU computes it (lab/bleu.c)
@@ -18,7 +21,7 @@
  *   bench      training-step and decoding speed (make bench: beside PyTorch)
  *
  * BUILD  make                 ./transformer (this file; OpenMP on, make OPENMP=0 for none)
- *        cc -O2 transformer_lab.c -lm -o transformer     by hand
+ *        cc -O2 -fopenmp lab/lab.c -lm -o transformer      by hand (make adds -march=native and more)
  * READ   transformer.c first; the sections here are independent of each other.
  */
 #ifdef TRANSFORMER_NO_MAIN
@@ -1823,9 +1826,7 @@ static const Command lab_commands[] = {
 // Plugs the lab into transformer.c's hooks: the fast path, §5.1 subwords,
 // train's further flags and stages, and the commands above.
 static void lab_plug_in(void) {
-#ifndef TRANSFORMER_PLAIN
     fast_path_use(1);
-#endif
     subwords_plug_in();
     runs_plug_in();
     lab.commands = lab_commands;
