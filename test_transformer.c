@@ -1141,25 +1141,38 @@ static void test_config_checks(void) {
 // has 4 C^2 + 4 C, an FFN 2 C F + F + C, a layer norm 2 C; plus V C; learned
 // positions (Table 3, row E) add max_len x d_model. (The lab's params command
 // adds them up by component: lab/test_lab.c, test_parameter_groups.)
+enum { COUNTED_MODELS = 3 };
+
+// Model i of the counted ones: base and big (Table 3, 37000 subwords), and a tiny one.
+static TransformerConfig counted_model(int i) {
+    struct { int L, C, F, H, V; } models[COUNTED_MODELS] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 },
+                                                              { 2, 64, 256, 4, 14 } };
+    TransformerConfig c = transformer_default_config();
+    c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
+    c.vocab_size = models[i].V;
+    return c;
+}
+
+// The parameters of a model with sinusoidal positions, by hand.
+static size_t parameters_by_hand(const TransformerConfig *c) {
+    size_t L = c->n_layers, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    size_t attention = 4 * C * C + 4 * C, ffn = 2 * C * F + F + C, norm = 2 * C;
+    return V * C + L * (attention + ffn + 2 * norm) + L * (2 * attention + ffn + 3 * norm);
+}
+
 static void test_parameter_counts(void) {
-    struct { int L, C, F, H, V; } models[3] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 }, { 2, 64, 256, 4, 14 } };
-    for (int i = 0; i < 3; i++) {
-        TransformerConfig c = transformer_default_config();
-        c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
-        c.vocab_size = models[i].V;
-        size_t L = c.n_layers, C = c.d_model, F = c.d_ff, V = c.vocab_size;
-        size_t attention = 4 * C * C + 4 * C, ffn = 2 * C * F + F + C, norm = 2 * C;
-        size_t by_hand = V * C + L * (attention + ffn + 2 * norm) + L * (2 * attention + ffn + 3 * norm);
-        size_t sizes[NUM_PARAMETER_TENSORS];
+    for (int i = 0; i < COUNTED_MODELS; i++) {
+        TransformerConfig c = counted_model(i);
+        size_t by_hand = parameters_by_hand(&c), sizes[NUM_PARAMETER_TENSORS];
         parameter_sizes(sizes, &c);
         check(sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand,
               "params: N=%d d_model=%d d_ff=%d vocab %d: the tensors add up to %zu, as by hand",
-              models[i].L, models[i].C, models[i].F, models[i].V, by_hand);
+              c.n_layers, c.d_model, c.d_ff, c.vocab_size, by_hand);
         c.positional = POSITIONAL_LEARNED;
         c.max_len = 100;
         parameter_sizes(sizes, &c);
-        check(sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand + 100 * C,
-              "params: the same with learned positions, max_len 100: %zu more", 100 * C);
+        check(sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand + 100 * (size_t)c.d_model,
+              "params: the same with learned positions, max_len 100: %zu more", 100 * (size_t)c.d_model);
     }
 }
 

@@ -2084,8 +2084,9 @@ static const char *next_token(const char *text, size_t *length) {
     return start;
 }
 
-// Every text input (data, decode's input, BLEU's files) is UTF-8: a byte that
-// is not (Latin-1 text, a binary file) is refused with its file and line.
+// Every text input (data, decode's input, the lab's bleu and bpe) is UTF-8: a
+// byte that is not (Latin-1 text, a binary file) is refused with its file and
+// line, as a program that splits words at Unicode's spaces must (NOTES.md §7).
 
 // Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
 // (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
@@ -2454,7 +2455,6 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
     bb->batch = batch;
 }
 
-
 // ---- §6.1 BLEU --------------------------------------------------------------
 // The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
 // newstest2014: 27.3 (base) and 28.4 (big) for English-German. Corpus-level
@@ -2552,8 +2552,9 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
 }
 
 // Printed with sacreBLEU's signature of what it computed (no tokenizer of
-// its own, no smoothing: the lab's `bleu` has both) and its precisions,
-// 100 matches / n-grams, to two decimals.
+// its own, no smoothing: the lab's `bleu` has both) and its precisions to
+// two decimals, divided as sacreBLEU divides, 100 matches / n-grams (23/80
+// gives 28.75 exactly, 100 * (23/80) gives 28.749999999999996).
 static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " (words)", or ""
     double p[BLEU_MAX_ORDER], bp, score = bleu_score(stats, NULL, &bp);
     for (int n = 0; n < BLEU_MAX_ORDER; n++)

@@ -467,6 +467,18 @@ static __global__ void racy_embedding_backward_kernel(float *dembedding, const f
 CPU_KERNEL(racy_embedding_backward_kernel, float *, const float *, const float *, const int *, const int *,
            const int *, const StepValues *, Dropout, Dropout, int, int)
 
+// The parameters and Adam's second moments of a model the companion trained
+// (P numbers each, one array), after which the model and the companion are freed.
+static real *companion_state_released(Transformer *dev) {
+    size_t P = dev->num_parameters;
+    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
+    memcpy(state, dev->params_memory, P * sizeof(real));
+    memcpy(state + P, dev->adam_v, P * sizeof(real));
+    transformer_free(dev);
+    transformer_cuda_release();
+    return state;
+}
+
 // The companion's parameters and second moments after 3 training steps on
 // `wide` (NULL: companion_batches, one each), with the thread order drawn from `seed`.
 static real *companion_state_after_batch(uint64_t seed, Batch *wide) {
@@ -481,13 +493,7 @@ static real *companion_state_after_batch(uint64_t seed, Batch *wide) {
         transformer_cuda_training()->train_step(&dev, wide ? wide : &batches[step].batch, 4, 0.5);
     }
     transformer_cuda_training()->to_host(&dev);
-    size_t P = dev.num_parameters;
-    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
-    memcpy(state, dev.params_memory, P * sizeof(real));
-    memcpy(state + P, dev.adam_v, P * sizeof(real));
-    transformer_free(&dev);
-    transformer_cuda_release();
-    return state;
+    return companion_state_released(&dev);
 }
 static real *companion_state_after(uint64_t seed) { return companion_state_after_batch(seed, NULL); }
 
@@ -1153,13 +1159,7 @@ static real *companion_graph_run(int graph_after, real losses[GRAPH_RUN_STEPS], 
     }
     transformer_cuda_training()->to_host(&dev);
     gpu_graph_after = saved;
-    size_t P = dev.num_parameters;
-    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
-    memcpy(state, dev.params_memory, P * sizeof(real));
-    memcpy(state + P, dev.adam_v, P * sizeof(real));
-    transformer_free(&dev);
-    transformer_cuda_release();
-    return state;
+    return companion_state_released(&dev);
 }
 
 // A step replayed from its graph is the step launched kernel by kernel, bit for

@@ -269,6 +269,18 @@ __attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_ro
         }
 }
 
+// A tile's sums (tile_rows x tile_cols, row by row in `stored`) into the
+// first rows x cols of the tile of out: a whole column at a time where out
+// is transposed (a turned-around product: decoding), else number by number.
+static inline void store_tile_sums(real *out, size_t out_row, size_t out_col, const real *stored, int tile_rows,
+                                   int tile_cols, int rows, int cols, int accumulate, const real *bias,
+                                   size_t bias_row, size_t bias_col) {
+    if (out_row == 1 && rows == tile_rows && (!bias || (bias_row == 1 && bias_col == 0)))
+        store_tile_transposed(out, out_col, stored, tile_cols, tile_rows, cols, accumulate, bias);
+    else
+        store_tile(out, out_row, out_col, stored, tile_cols, rows, cols, accumulate, bias, bias_row, bias_col);
+}
+
 // The register tile at the edge of out, or with out or the bias
 // transposed: the same sums, stored into the first rows x cols of the tile
 // of out at `out` (store_tile's arguments).
@@ -283,15 +295,11 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
     tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
     real stored[TILE_ROWS * TILE_COLS];
     memcpy(stored, sum, sizeof stored);
-    if (out_row == 1 && rows == TILE_ROWS && (!bias || (bias_row == 1 && bias_col == 0)))
-        store_tile_transposed(out, out_col, stored, TILE_COLS, TILE_ROWS, cols, accumulate, bias);
-    else
-        store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    store_tile_sums(out, out_row, out_col, stored, TILE_ROWS, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
-// The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector),
-// stored through store_tile (its products have few columns, and in
-// decoding out is transposed).
+// The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector), for
+// products with few columns (in decoding, turned around: out transposed).
 __attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
                                size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
                                const real *bias, size_t bias_row, size_t bias_col) {
@@ -299,10 +307,8 @@ __attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_r
     tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc);
     real stored[NARROW_ROWS * NARROW_COLS];
     memcpy(stored, sum, sizeof stored);
-    if (out_row == 1 && rows == NARROW_ROWS && (!bias || (bias_row == 1 && bias_col == 0)))
-        store_tile_transposed(out, out_col, stored, NARROW_COLS, NARROW_ROWS, cols, accumulate, bias);
-    else
-        store_tile(out, out_row, out_col, stored, NARROW_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    store_tile_sums(out, out_row, out_col, stored, NARROW_ROWS, NARROW_COLS, rows, cols, accumulate, bias, bias_row,
+                    bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).

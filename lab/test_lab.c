@@ -1819,31 +1819,22 @@ static void test_free_cores(void) {
 // ---- params: the parameter count by component --------------------------------------
 
 // The components params prints (parameter_group_count) add up to the
-// paper's count by hand, as transformer.c's parameter_sizes does
-// (test_parameter_counts): per layer an attention block has 4 C^2 + 4 C, an
-// FFN 2 C F + F + C, a layer norm 2 C; plus V C; learned positions (Table 3,
-// row E) add max_len x d_model.
+// paper's count by hand (test_transformer.c's parameters_by_hand), as
+// transformer.c's parameter_sizes does (test_parameter_counts).
 static void test_parameter_groups(void) {
-    struct { int L, C, F, H, V; } models[3] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 }, { 2, 64, 256, 4, 14 } };
-    for (int i = 0; i < 3; i++) {
-        TransformerConfig c = transformer_default_config();
-        c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
-        c.vocab_size = models[i].V;
-        size_t L = c.n_layers, C = c.d_model, F = c.d_ff, V = c.vocab_size;
-        size_t attention = 4 * C * C + 4 * C, ffn = 2 * C * F + F + C, norm = 2 * C;
-        size_t by_hand = V * C + L * (attention + ffn + 2 * norm) + L * (2 * attention + ffn + 3 * norm);
-        size_t sizes[NUM_PARAMETER_TENSORS], groups = 0;
+    for (int i = 0; i < COUNTED_MODELS; i++) {
+        TransformerConfig c = counted_model(i);
+        size_t by_hand = parameters_by_hand(&c), sizes[NUM_PARAMETER_TENSORS], groups = 0, learned_groups = 0;
         parameter_sizes(sizes, &c);
         for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) groups += parameter_group_count(sizes, g);
         c.positional = POSITIONAL_LEARNED;
         c.max_len = 100;
         parameter_sizes(sizes, &c);
-        size_t learned_groups = 0;
         for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) learned_groups += parameter_group_count(sizes, g);
-        check(groups == by_hand && learned_groups == by_hand + 100 * C,
+        check(groups == by_hand && learned_groups == by_hand + 100 * (size_t)c.d_model,
               "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand, and with learned "
-              "positions (max_len 100) to %zu more", models[i].L, models[i].C, models[i].F, models[i].V, by_hand,
-              100 * C);
+              "positions (max_len 100) to %zu more", c.n_layers, c.d_model, c.d_ff, c.vocab_size, by_hand,
+              100 * (size_t)c.d_model);
     }
 }
 
