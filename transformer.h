@@ -242,7 +242,9 @@ typedef struct {
     real *ln3_g, *ln3_b;
 } DecoderLayerParams;
 
-// Layer l's slice of the activations (encoder_layer_acts, decoder_layer_acts).
+// Layer l's slice of the activations (encoder_layer_acts, decoder_layer_acts):
+// each field is ActivationTensors' field of the same name after enc_ or dec_,
+// its shape without the leading L, e.g. qkv (B,S,3C), att (B,NH,S,S), ff_h (B,S,F).
 typedef struct {
     real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
     real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
