@@ -948,6 +948,19 @@ static void test_emulator_graphs(void) {
 
 // ---- make cuda's register check (cuda/check_registers.awk) -----------------------------
 
+// Runs a shell command that writes the check's output to DIR/said: its exit
+// status, and the output's first line in `said`.
+static int run_and_read_said(const char *command, const char *dir, char *said, size_t said_size) {
+    int status = system(command);
+    char path[256];
+    snprintf(path, sizeof path, "%s/said", dir);
+    said[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (f) { size_t n = fread(said, 1, said_size - 1, f); said[n] = 0; fclose(f); }
+    said[strcspn(said, "\n")] = 0;
+    return status;
+}
+
 // Runs the check on a PTX file and a ptxas -v log written from these strings:
 // its exit status (0: it passes them), its output in `said`.
 static int register_check(const char *dir, const char *ptx, const char *log, char *said, size_t said_size) {
@@ -960,31 +973,21 @@ static int register_check(const char *dir, const char *ptx, const char *log, cha
     if (f) { fputs(log, f); fclose(f); }
     snprintf(command, sizeof command, "awk -f cuda/check_registers.awk %s/kernels.ptx %s/ptxas.log > %s/said 2>&1",
              dir, dir, dir);
-    int status = system(command);
-    snprintf(path, sizeof path, "%s/said", dir);
-    said[0] = 0;
-    f = fopen(path, "r");
-    if (f) { size_t n = fread(said, 1, said_size - 1, f); said[n] = 0; fclose(f); }
-    said[strcspn(said, "\n")] = 0;   // its first line
-    return status;
+    return run_and_read_said(command, dir, said, said_size);
 }
 
+#ifdef _OPENMP   // (the probe runs in one build of make test: nvcc takes seconds)
 // nvcc compiles cuda/register_probe.cu (a thread of it needs about 120
 // registers) with `flags` and the check reads its report: the exit status.
 static int register_probe(const char *dir, const char *flags, char *said, size_t said_size) {
-    char command[1024], path[256];
+    char command[1024];
     snprintf(command, sizeof command, "rm -rf %s/keep && mkdir %s/keep && nvcc -arch=sm_80 %s -Xptxas -v -keep "
              "-keep-dir %s/keep -c -o %s/keep/probe.o cuda/register_probe.cu 2> %s/keep/ptxas.log && "
              "awk -f cuda/check_registers.awk %s/keep/*.ptx %s/keep/ptxas.log > %s/said 2>&1", dir, dir, flags, dir,
              dir, dir, dir, dir, dir);
-    int status = system(command);
-    snprintf(path, sizeof path, "%s/said", dir);
-    said[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (f) { size_t n = fread(said, 1, said_size - 1, f); said[n] = 0; fclose(f); }
-    said[strcspn(said, "\n")] = 0;   // its first line
-    return status;
+    return run_and_read_said(command, dir, said, said_size);
 }
+#endif
 
 static void test_register_check(void) {
     char dir[64] = "/tmp/register_check_XXXXXX", said[2048];
