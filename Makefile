@@ -225,7 +225,9 @@ define cuda_compile
 	@echo "make cuda: $$(grep -c 'bytes spill stores' $(NVCC_KEEP)/$(1).ptxas.log) kernels, no register spills (ptxas -v)"
 	@rm -rf $(NVCC_KEEP)/$(1) $(NVCC_KEEP)/$(1).ptxas.log
 endef
-cuda: transformer_cuda
+# make cuda also links the GPU tests' binary: a symbol it cannot find (as
+# transformer_cuda_sgemm without extern "C" once was) fails here, not on a lent GPU
+cuda: transformer_cuda test_transformer_cuda
 transformer_cuda: $(COMPANION) $(SOURCES) cuda/check_registers.awk
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
 	$(call cuda_compile,transformer_cuda.o,)

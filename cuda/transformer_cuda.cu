@@ -1690,9 +1690,6 @@ static int compare_seconds(const void *a, const void *b) {
 // cuBLAS's own C = A B on n x n matrices, the practical limit of the step's
 // products (dev/bench_gpu.py prints our TFLOP/s beside it); the median of R
 // timed products after 3 untimed ones, each waited for.
-#ifdef __cplusplus
-extern "C"
-#endif
 // sgemm's options; 0 if they are wrong (it says why)
 static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json) {
     for (int i = 1; i < argc; i++) {
@@ -1710,6 +1707,9 @@ static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json)
     return 0;
 }
 
+#ifdef __cplusplus
+extern "C"   // test_cuda.c, a C program, calls it (make test-cuda)
+#endif
 int transformer_cuda_sgemm(int argc, char **argv) {
     int n = 8192, repeats = 10, json = 0;
     if (!sgemm_options(argc, argv, &n, &repeats, &json)) return 1;
