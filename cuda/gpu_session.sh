@@ -11,6 +11,10 @@
 #       a captured step, reduce-overhead); cuBLAS's SGEMM 8192^3; no run starts after 240 s, each
 #       may take 180 s
 #
+#   bash cuda/gpu_session.sh profile   (timeout_s 240; about 1 minute after proofs, on the warm machine)
+#       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
+#       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32 and in TF32; then tiny's
+#
 # Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
 # one: proofs.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON as it ended
 # (what a cut run leaves). The machine's start (about 1.5 minutes) and both commands take about 14
@@ -30,8 +34,19 @@ bench)
     cp runs/gpu_table.md "$out/" 2>/dev/null
     exit $status
     ;;
+profile)
+    [ -x ./transformer_cuda ] || make -j16 transformer_cuda NVCC_ARCH="-arch=sm_$(nvidia-smi --query-gpu=compute_cap \
+        --format=csv,noheader | head -n 1 | tr -d ' .')" || exit 1
+    {
+        for precision in "" --tf32; do
+            ./transformer_cuda bench --config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000 --warmup 1 --steps 3 \
+                --profile $precision || exit 1
+        done
+        ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile || exit 1
+    } 2>&1 | tee "$out/profile.log"
+    ;;
 *)
-    echo "usage: bash cuda/gpu_session.sh proofs|bench (the header says what each runs)" >&2
+    echo "usage: bash cuda/gpu_session.sh proofs|bench|profile (the header says what each runs)" >&2
     exit 2
     ;;
 esac

@@ -550,6 +550,28 @@ static void test_companion_counts(void) {
           "wait), whether the graph was captured at a shape's first step or its second", graphed[0].launches,
           graphed[0].gemms, graphed[0].host_calls);
 }
+// --profile (./transformer_cuda bench --profile): every call of the steps after
+// the first is timed under its name, and the names' calls add up to what the
+// step asked of the GPU (--count's launches, cuBLAS calls and copies)
+static void test_companion_profile(void) {
+    memset(&gpu_profile, 0, sizeof gpu_profile);
+    gpu_profile.requested = 1;
+    GpuCounts counts = companion_step_counts(2, 4, 0);
+    long calls = 0, per_step = counts.launches + counts.gemms + counts.copies;
+    int whole_steps = 1, named = 0;
+    for (int i = 0; i < gpu_profile.count; i++) {
+        const ProfileEntry *e = &gpu_profile.entries[i];
+        calls += e->calls;
+        whole_steps &= e->calls % 2 == 0 && e->seconds >= 0;
+        named += strcmp(e->name, "cross_entropy_kernel") == 0 || strcmp(e->name, "adam_kernel") == 0 ||
+                 strncmp(e->name, "cuBLAS sgemm m=", 15) == 0;
+    }
+    check(gpu_profile.steps == 2 && !gpu_profile.on && calls == 2 * per_step && whole_steps && named >= 3,
+          "companion --profile: of 3 steps, the last %ld timed call by call under %d names (kernels, product "
+          "shapes, copies): %ld calls, 2 x the %ld launches, cuBLAS calls and copies --count gives a step",
+          gpu_profile.steps, gpu_profile.count, calls, per_step);
+    memset(&gpu_profile, 0, sizeof gpu_profile);
+}
 #ifndef CUDA_ON_CPU_THREADS   // the fibers of make test only: faults caught, thread orders drawn
 // Each thread writes down its place in the block's order; it never waits, so
 // it runs whole, and the order is the one the emulator drew.
@@ -1262,6 +1284,7 @@ void run_companion_tests(void) {
     test_companion_deterministic();
 #endif
     test_companion_counts();
+    test_companion_profile();
 #endif
     test_companion_train_command();
     test_companion_sgemm();

@@ -15,6 +15,7 @@
  *     ./transformer_cuda ... --tf32               cuBLAS may use TF32 tensor cores
  *     ./transformer_cuda ... --no-graph           every step launched kernel by kernel
  *     ./transformer_cuda bench ... --count        and what one step launches, copies and holds
+ *     ./transformer_cuda bench ... --profile      and where a step's time goes, call by call
  *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
  *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
  *
@@ -79,6 +80,7 @@
 #endif
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +135,52 @@ static GpuCounts *gpu_counting = &gpu_counts;
 // The stream the companion gives all its work to (NULL, the legacy stream, until gpu_begin makes one).
 static cudaStream_t gpu_stream;
 
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// --profile: where a training step's time goes on the GPU. In every step but
+// the first (which allocates and sets cuBLAS up), each kernel, cuBLAS call and
+// copy is timed alone: the host waits for the stream before and after it, so
+// a step runs without a CUDA graph (--profile implies --no-graph), and each
+// figure includes a wait's few microseconds. Summed by name: a kernel's, or a
+// product's shape.
+#define PROFILE_NAMES 128
+typedef struct { char name[96]; double seconds; long calls; } ProfileEntry;
+static struct {
+    int requested, on;         // --profile was given; the step under way is timed
+    long steps_seen, steps;    // training steps run, and timed
+    int count;                 // entries used
+    ProfileEntry entries[PROFILE_NAMES];
+} gpu_profile;
+
+static double profile_start(void) {
+    if (!gpu_profile.on) return 0;
+    CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
+    return seconds_now();
+}
+
+// The call that began at start has been given to the stream: wait for it and
+// add its time to its name's entry (printf's format and arguments).
+static void profile_stop(double start, const char *format, ...) {
+    if (!gpu_profile.on) return;
+    CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
+    double seconds = seconds_now() - start;
+    char name[sizeof gpu_profile.entries[0].name];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(name, sizeof name, format, args);
+    va_end(args);
+    int i = 0;
+    while (i < gpu_profile.count && strcmp(gpu_profile.entries[i].name, name) != 0) i++;
+    if (i == PROFILE_NAMES) { i = PROFILE_NAMES - 1; snprintf(name, sizeof name, "(other names)"); }
+    if (i == gpu_profile.count) { snprintf(gpu_profile.entries[i].name, sizeof name, "%s", name); gpu_profile.count++; }
+    gpu_profile.entries[i].seconds += seconds;
+    gpu_profile.entries[i].calls++;
+}
+
 // LAUNCH(kernel, grid, block, shared_bytes, arguments...) is
 // kernel<<<grid, block, shared_bytes, gpu_stream>>>(arguments...), then a
 // check that it launched; grid and block are numbers (along x) or dim3.
@@ -155,10 +203,12 @@ static inline unsigned atomicAdd(unsigned *address, unsigned value) { return __a
 #define LOAD_FROM_OTHER_BLOCKS(pointer) __ldcg(pointer)
 #endif
 #define LAUNCH(kernel, grid, block, shared_bytes, ...) do {                                  \
+        double profile_began = profile_start();                                               \
         LAUNCH_KERNEL(kernel, grid, block, shared_bytes, __VA_ARGS__);                       \
         gpu_counting->launches++;                                                             \
         gpu_counting->host_calls++;                                                           \
         cuda_check(cudaGetLastError(), "the launch of " #kernel, __LINE__);                   \
+        profile_stop(profile_began, "%s", #kernel);                                           \
     } while (0)
 
 #define WARP 32
@@ -799,7 +849,9 @@ static void gpu_copy(void *to, const void *from, size_t bytes, cudaMemcpyKind ki
 // A copy in the stream's order, from or to page-locked host memory: the host
 // goes on at once (a step's upload and its loss)
 static void gpu_copy_async(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
+    double profile_began = profile_start();
     CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, gpu_stream));
+    profile_stop(profile_began, "copy %s, %zu bytes", kind == cudaMemcpyHostToDevice ? "to the GPU" : "from the GPU", bytes);
     gpu_counting->copies++;
     gpu_counting->host_calls++;
     gpu_counting->bytes_copied += (double)bytes;
@@ -808,7 +860,10 @@ static void gpu_copy_async(void *to, const void *from, size_t bytes, cudaMemcpyK
 // C = alpha op(A) op(B) + beta C, column-major (cuda_on_cpu.h says it exactly)
 static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    double profile_began = profile_start();
     CUBLAS_CHECK(cublasSgemm(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc));
+    profile_stop(profile_began, "cuBLAS sgemm m=%d n=%d k=%d (%c%c)", m, n, k, transa == CUBLAS_OP_T ? 'T' : 'N',
+                 transb == CUBLAS_OP_T ? 'T' : 'N');
     gpu_counting->gemms++;
     gpu_counting->host_calls++;
 }
@@ -817,8 +872,11 @@ static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int 
 static void gemm_batched(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
                          const float *A, int lda, long long stride_a, const float *B, int ldb, long long stride_b,
                          float beta, float *C, int ldc, long long stride_c, int count) {
+    double profile_began = profile_start();
     CUBLAS_CHECK(cublasSgemmStridedBatched(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, stride_a,
                                            B, ldb, stride_b, &beta, C, ldc, stride_c, count));
+    profile_stop(profile_began, "cuBLAS sgemm %d batched, m=%d n=%d k=%d (%c%c)", count, m, n, k,
+                 transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
     gpu_counting->gemms++;
     gpu_counting->host_calls++;
 }
@@ -1324,9 +1382,11 @@ static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S
     float *cross_w = on_gpu(gpu.params, m, m->params.dec_cross_qkv_w, 0, 0);
     float *cross_b = on_gpu(gpu.params, m, m->params.dec_cross_qkv_b, 0, 0);
     size_t layer_weights = (size_t)3 * C * C, kv_weights = (size_t)2 * C * C;
+    double profile_began = profile_start();
     CUDA_CHECK(cudaMemcpy2DAsync(gpu.memory_kv_w, kv_weights * sizeof(float), cross_w + (size_t)C * C,
                                  layer_weights * sizeof(float), kv_weights * sizeof(float), L,
                                  cudaMemcpyDeviceToDevice, gpu_stream));
+    profile_stop(profile_began, "copy on the GPU: the decoder's W^K, W^V gathered");
     gpu_counting->copies++;
     gpu_counting->host_calls++;
     gpu_counting->bytes_copied += (double)L * kv_weights * sizeof(float);
@@ -1633,6 +1693,8 @@ static void gpu_to_host(Transformer *m) {
 // transformer.c's. gpu.step_counts gets what the step asked of the GPU.
 static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps, double lr_factor) {
     GpuCounts before = gpu_counts;
+    gpu_profile.on = gpu_profile.requested && gpu_profile.steps_seen++ > 0;
+    gpu_profile.steps += gpu_profile.on;
     const char *error = batch_check(batch, &m->config);
     if (error) { fprintf(stderr, "error: transformer_cuda train step: %s\n", error); exit(1); }
     gpu_ensure_batch(&m->config, batch->B, batch->S, batch->T);
@@ -1662,6 +1724,7 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     after->copies -= before.copies; after->allocations -= before.allocations;
     after->graph_launches -= before.graph_launches; after->host_calls -= before.host_calls;
     after->bytes_set -= before.bytes_set; after->bytes_copied -= before.bytes_copied;
+    gpu_profile.on = 0;
     return m->loss;
 }
 
@@ -1676,11 +1739,6 @@ static __global__ void __launch_bounds__(THREADS) fill_uniform_kernel(float *x, 
 }
 CPU_KERNEL(fill_uniform_kernel, float *, size_t, uint64_t)
 
-static double seconds_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 static int compare_seconds(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -1787,16 +1845,50 @@ static void gpu_print_counts(void) {
            (double)gpu.batch_capacity * f * mb, k->allocations);
 }
 
-// ./transformer_cuda COMMAND [options] [--tf32] [--no-graph] [--count]: transformer.c's
-// command line, with the training steps on the GPU; or `sgemm`. --count prints
-// what the last training step asked of the GPU (cuda_on_cpu.h's build then
-// computes nothing: the counts of a model too large to run on the CPU).
+static int compare_profile_entries(const void *a, const void *b) {
+    double x = ((const ProfileEntry *)a)->seconds, y = ((const ProfileEntry *)b)->seconds;
+    return (x < y) - (x > y);   // the longest first
+}
+
+// --profile: the timed steps' calls by name, the longest first, per step; then
+// the kernels', cuBLAS's and the copies' totals
+static void gpu_print_profile(void) {
+    long steps = gpu_profile.steps;
+    if (steps == 0) { printf("profile: no training step after the first; nothing was timed\n"); return; }
+    ProfileEntry sorted[PROFILE_NAMES];
+    memcpy(sorted, gpu_profile.entries, sizeof sorted);
+    qsort(sorted, (size_t)gpu_profile.count, sizeof *sorted, compare_profile_entries);
+    double total = 0, group_ms[3] = { 0 };
+    long group_calls[3] = { 0 };
+    for (int i = 0; i < gpu_profile.count; i++) total += sorted[i].seconds;
+    printf("profile: %ld step%s after the first, each call timed alone (a wait before and after it, no CUDA graph); "
+           "per step:\n      ms   share  calls  what\n", steps, steps == 1 ? "" : "s");
+    for (int i = 0; i < gpu_profile.count; i++) {
+        const ProfileEntry *e = &sorted[i];
+        int group = strncmp(e->name, "cuBLAS", 6) == 0 ? 1 : strncmp(e->name, "copy", 4) == 0 ? 2 : 0;
+        group_ms[group] += 1e3 * e->seconds / steps;
+        group_calls[group] += e->calls;
+        printf("%8.3f %6.1f%% %6.1f  %s\n", 1e3 * e->seconds / steps, 100 * e->seconds / total,
+               (double)e->calls / steps, e->name);
+    }
+    printf("%8.3f  100.0%% %6.1f  in all: kernels %.3f ms (%.0f calls), cuBLAS %.3f ms (%.0f), copies %.3f ms (%.0f)\n",
+           1e3 * total / steps, (double)(group_calls[0] + group_calls[1] + group_calls[2]) / steps, group_ms[0],
+           (double)group_calls[0] / steps, group_ms[1], (double)group_calls[1] / steps, group_ms[2],
+           (double)group_calls[2] / steps);
+}
+
+// ./transformer_cuda COMMAND [options] [--tf32] [--no-graph] [--count] [--profile]:
+// transformer.c's command line, with the training steps on the GPU; or `sgemm`.
+// --count prints what the last training step asked of the GPU (cuda_on_cpu.h's
+// build then computes nothing: the counts of a model too large to run on the
+// CPU); --profile, where the steps' time went (gpu_profile).
 int main(int argc, char **argv) {
     int kept = 0;
     for (int i = 0; i < argc; i++) {
         if (i > 0 && strcmp(argv[i], "--tf32") == 0) gpu.tf32 = 1;
         else if (i > 0 && strcmp(argv[i], "--count") == 0) gpu.count = 1;
         else if (i > 0 && strcmp(argv[i], "--no-graph") == 0) gpu_graph_after = 0;
+        else if (i > 0 && strcmp(argv[i], "--profile") == 0) gpu_profile.requested = 1, gpu_graph_after = 0;
         else argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
@@ -1807,6 +1899,7 @@ int main(int argc, char **argv) {
     transformer_training = &gpu_training;
     int status = transformer_lab_main(kept, argv);
     if (gpu.count && status == 0) gpu_print_counts();
+    if (gpu_profile.requested && status == 0) gpu_print_profile();
     gpu_release();
     return status;
 }
