@@ -305,10 +305,17 @@ test-cuda-proofs: transformer
 	./transformer_cuda $(RERUN) --no-graph --checkpoint runs/rerun_eager.ckpt && \
 	  cmp runs/rerun_a.ckpt runs/rerun_eager.ckpt && \
 	  echo "test-cuda: a run without CUDA graphs wrote the same checkpoint as with them, bit for bit"
+	./transformer_cuda $(RERUN) --fused-attention --checkpoint runs/rerun_fused_a.ckpt && \
+	  ./transformer_cuda $(RERUN) --fused-attention --no-graph --checkpoint runs/rerun_fused_b.ckpt && \
+	  cmp runs/rerun_fused_a.ckpt runs/rerun_fused_b.ckpt && \
+	  echo "test-cuda: two runs with --fused-attention, with and without CUDA graphs, wrote the same checkpoint"
 	@if command -v compute-sanitizer >/dev/null; then \
 	  for tool in memcheck racecheck initcheck synccheck; do \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) || exit 1; done; \
-	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped its four checks"; fi
+	  for tool in memcheck racecheck; do \
+	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) --fused-attention \
+	      || exit 1; done; \
+	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped its checks"; fi
 test-cuda-bench: transformer
 	mkdir -p runs
 	@if [ ! -x ./transformer_cuda ]; then $(MAKE) --no-print-directory NVCC_ARCH="$(GPU_NVCC_ARCH)" transformer_cuda; fi

@@ -1,24 +1,28 @@
 #!/bin/bash
-# cuda/gpu_session.sh: issue 33's measurement on a lent H100 or H200, in two commands of the device tool
+# cuda/gpu_session.sh: issue 33's measurement on a lent H100 or H200, in three commands of the device tool
 #
-#   bash cuda/gpu_session.sh proofs    (timeout_s 360; about 4 to 5 minutes)
+#   bash cuda/gpu_session.sh proofs    (timeout_s 360; about 1 to 2 minutes on 2026-11-28)
 #       make -j16 test-cuda-proofs: ./transformer_cuda and the tests built by nvcc for this GPU,
 #       the tests on the GPU, two 40-step runs and one without CUDA graphs that must write the
-#       same checkpoint bit for bit, compute-sanitizer's memcheck, racecheck, initcheck, synccheck
+#       same checkpoint bit for bit (and two with --fused-attention), compute-sanitizer's
+#       memcheck, racecheck, initcheck, synccheck (memcheck and racecheck again with --fused-attention)
 #   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes)
 #       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32 and
 #       TF32 (ours, PyTorch eager, a captured step, torch.compile), then tiny and toy in fp32 (eager,
 #       a captured step, reduce-overhead); cuBLAS's SGEMM 8192^3; no run starts after 240 s, each
 #       may take 180 s
 #
-#   bash cuda/gpu_session.sh profile   (timeout_s 240; about 1 minute after proofs, on the warm machine)
+#   bash cuda/gpu_session.sh profile   (timeout_s 300; about 2 minutes after proofs, on the warm machine)
 #       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
-#       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32 and in TF32; then tiny's
+#       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32, in TF32 and with --fused-attention;
+#       tiny's; then --fused-attention against the batched products, tiny, toy and base at the
+#       paper's batch, 3 alternating rounds (each line a bench's JSON)
 #
 # Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
-# one: proofs.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON as it ended
-# (what a cut run leaves). The machine's start (about 1.5 minutes) and both commands take about 14
-# of a session's 15 minutes of device time: run them back to back on the warm machine, give it back.
+# one: proofs.log; profile.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON as it ended
+# (what a cut run leaves). On 2026-11-28 the machine's start, proofs and bench took 6.6 of a session's
+# 15 minutes of device time; profile adds about 2: run them back to back on the warm machine (proofs,
+# profile, bench), then give it back.
 # GPU_BENCH="..." in the environment replaces the Makefile's (dev/bench_gpu.py's options).
 set -o pipefail
 out=${OUT:-runs}
@@ -37,12 +41,22 @@ bench)
 profile)
     [ -x ./transformer_cuda ] || make -j16 transformer_cuda NVCC_ARCH="-arch=sm_$(nvidia-smi --query-gpu=compute_cap \
         --format=csv,noheader | head -n 1 | tr -d ' .')" || exit 1
+    paper="--config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000"
     {
         for precision in "" --tf32; do
-            ./transformer_cuda bench --config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000 --warmup 1 --steps 3 \
-                --profile $precision || exit 1
+            ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile $precision || exit 1
         done
+        ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile --fused-attention || exit 1
         ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile || exit 1
+        # --fused-attention against cuBLAS's batched attention, alternating, 3 rounds (JSON lines)
+        for round in 1 2 3; do
+            for config in "--config tiny" "--config toy" "$paper"; do
+                for variant in "" --fused-attention; do
+                    echo "fused-pair round $round $config ${variant:-batched}: $(./transformer_cuda bench $config \
+                        --json $variant | tail -n 1)"
+                done
+            done
+        done
     } 2>&1 | tee "$out/profile.log"
     ;;
 *)

@@ -29,6 +29,7 @@
 const TrainingCompute *transformer_cuda_training(void);
 void transformer_cuda_logits(float *out, size_t n);
 void transformer_cuda_release(void);
+void transformer_cuda_fuse_attention(int on);
 int transformer_cuda_sgemm(int argc, char **argv);
 #endif
 #ifdef TRANSFORMER_DOUBLE
@@ -298,6 +299,32 @@ static void test_companion_training_run(void) {
     check(!(r.grad < COMPANION_TOL_GRADS) && strcmp(r.grad_name, "position_embedding") == 0 &&
           !(r.update < COMPANION_TOL_UPDATES), "companion: position_embedding_backward_kernel not launched is "
           "caught (gradient of %s off by %.2g of its largest, updates by %.2g)", r.grad_name, r.grad, r.update);
+#endif
+}
+
+// --fused-attention: attention in one kernel each way (fused_attention_forward_kernel,
+// fused_attention_backward_kernel) gives transformer.c's losses, gradients and
+// updates as cuBLAS's batched products do, with 8 fewer launches and cuBLAS
+// calls for each attention sub-layer (3 forward, 5 backward)
+#ifndef COMPANION_ON_GPU
+static GpuCounts companion_step_counts(int layers, int B, int graph_after);   // (below)
+#endif
+static void test_companion_fused_attention(void) {
+    transformer_cuda_fuse_attention(1);
+    CompanionRun r = companion_training_run(POSITIONAL_SINUSOID);
+    transformer_cuda_fuse_attention(0);
+    check(r.loss < COMPANION_TOL_LOSS && r.grad < COMPANION_TOL_GRADS && r.update < COMPANION_TOL_UPDATES &&
+          r.same_state, "companion --fused-attention: %d training steps (2 layers, d_model 16, 4 heads, ragged batches "
+          "of 3 shapes): transformer.c's losses (worst %.1e), all %d gradients (worst %.1e, %s) and updates (worst "
+          "%.1e of the largest)", COMPANION_STEPS, r.loss, r.tensors, r.grad, r.grad_name, r.update);
+#ifndef COMPANION_ON_GPU
+    GpuCounts plain = companion_step_counts(2, 4, 0);
+    transformer_cuda_fuse_attention(1);
+    GpuCounts fused = companion_step_counts(2, 4, 0);
+    transformer_cuda_fuse_attention(0);
+    long fewer = plain.launches + plain.gemms - fused.launches - fused.gemms;
+    check(fewer == 8 * 3 * 2, "companion --fused-attention: a 2-layer step is %ld launches and cuBLAS calls, %ld fewer "
+          "than without (8 for each of its 6 attention sub-layers)", fused.launches + fused.gemms, fewer);
 #endif
 }
 
@@ -1276,6 +1303,7 @@ void run_companion_tests(void) {
     set_threads(1);   // transformer.c's side on one thread: these models are tiny, and the machine may be busy
     test_companion_reference_files();
     test_companion_training_run();
+    test_companion_fused_attention();
 #ifndef COMPANION_ON_GPU
 #ifndef CUDA_ON_CPU_THREADS
     test_companion_faults();

@@ -42,6 +42,7 @@ int main(int argc, char **argv) {
           "dropout, as transformer.c's (losses %.1e, gradients %.1e, updates %.1e)", COMPANION_STEPS, r.loss, r.grad,
           r.update);
     test_companion_counts();
+    test_companion_fused_attention();   // its shared memory and barriers with the block's threads at once
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

@@ -16,6 +16,7 @@
  *     ./transformer_cuda ... --no-graph           every step launched kernel by kernel
  *     ./transformer_cuda bench ... --count        and what one step launches, copies and holds
  *     ./transformer_cuda bench ... --profile      and where a step's time goes, call by call
+ *     ./transformer_cuda ... --fused-attention    attention in one kernel each way, where it fits
  *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
  *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
  *
@@ -563,6 +564,129 @@ softmax_backward_kernel(float *grad, const float *att, size_t rows, int Tk) {
 }
 CPU_KERNEL(softmax_backward_kernel, float *, const float *, size_t, int)
 
+// --fused-attention: attention_forward and attention_backward whole, a block
+// per (sentence, head), for models whose keys and values of one head fit the
+// 48 KB of shared memory a block may have without asking (gpu_fused_fits).
+// One launch replaces the two batched products, the softmax and the copy back
+// into rows of the forward pass, and the copy into heads, the four products and
+// the softmax of the backward pass: a small model's step is its launches. Each
+// sum is one thread's loop, in index order: the same bits every run. Rows of
+// the matrices in shared memory are padded by one float, so that the lanes of
+// a warp reading one column hit 32 different banks.
+#define FUSED_SHARED_LIMIT 49152
+
+// out = softmax(q k^T / sqrt(d_k), over the visible keys) v, a warp per query
+// row i: its scores in p_row, then its probabilities (kept in att for the
+// backward pass; masked keys exactly 0), then its head's part of out's row.
+// q is (B, NH, Tq, hs) head-major, k and v (B, NH, Tk, hs); out (B, Tq, C).
+static __global__ void __launch_bounds__(THREADS)
+fused_attention_forward_kernel(float *out, float *att, const float *q, const float *k, const float *v,
+                               const int *key_len, int causal, int NH, int Tq, int Tk, int hs) {
+    SHARED_FLOATS(shared);
+    int bh = (int)blockIdx.x, b = bh / NH, h = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
+    int ld = hs + 1;
+    float *ks = shared, *vs = ks + (size_t)Tk * ld;
+    float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs, *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs + (size_t)warp * Tk;
+    const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
+    for (int e = (int)threadIdx.x; e < Tk * hs; e += (int)blockDim.x) {
+        ks[(e / hs) * ld + e % hs] = kb[e];
+        vs[(e / hs) * ld + e % hs] = vb[e];
+    }
+    __syncthreads();
+    float scale = 1 / sqrtf((float)hs);
+    for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
+        for (int d = lane; d < hs; d += WARP) q_row[d] = qb[(size_t)i * hs + d];
+        __syncwarp(FULL_WARP);
+        int visible = (causal && i + 1 < key_len[b]) ? i + 1 : key_len[b];
+        float largest = -INFINITY, sum = 0;
+        for (int j = lane; j < visible; j += WARP) {
+            float dot = 0;
+            for (int d = 0; d < hs; d++) dot += q_row[d] * ks[j * ld + d];
+            p_row[j] = dot * scale;
+            largest = fmaxf(largest, p_row[j]);
+        }
+        largest = warp_max(largest);
+        for (int j = lane; j < visible; j += WARP) {
+            p_row[j] = expf(p_row[j] - largest);
+            sum += p_row[j];
+        }
+        sum = warp_sum(sum);
+        float *p = att + ((size_t)bh * Tq + i) * Tk;
+        for (int j = lane; j < Tk; j += WARP) p[j] = p_row[j] = j < visible ? p_row[j] / sum : 0.0f;
+        __syncwarp(FULL_WARP);
+        for (int d = lane; d < hs; d += WARP) {
+            float o = 0;
+            for (int j = 0; j < visible; j++) o += p_row[j] * vs[j * ld + d];
+            out[((size_t)b * Tq + i) * NH * hs + (size_t)h * hs + d] = o;
+        }
+        __syncwarp(FULL_WARP);   // q_row and p_row are free for the warp's next row
+    }
+}
+CPU_KERNEL(fused_attention_forward_kernel, float *, float *, const float *, const float *, const float *, const int *,
+           int, int, int, int, int)
+
+// attention_backward whole, given dout in rows (B, Tq, C) and the forward's
+// probabilities p in att; dq, dk, dv head-major; ds (B, NH, Tq, Tk) is scratch.
+// First k and v in shared memory, a warp per query row i:
+//     dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik),   dq_i = sum_j ds_ij k_j / sqrt(d_k)
+// then q and dout in shared memory, a warp per key j:
+//     dv_j = sum_i p_ij dout_i,   dk_j = sum_i ds_ij q_i / sqrt(d_k)
+static __global__ void __launch_bounds__(THREADS)
+fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, const float *dout, const float *att,
+                                const float *q, const float *k, const float *v, int NH, int Tq, int Tk, int hs) {
+    SHARED_FLOATS(shared);
+    int bh = (int)blockIdx.x, b = bh / NH, h = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
+    int ld = hs + 1, C = NH * hs, most = Tq > Tk ? Tq : Tk;
+    float *xs = shared, *ys = xs + (size_t)most * ld, *dout_row = ys + (size_t)most * ld + (size_t)warp * hs;
+    const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
+    const float *pb = att + (size_t)bh * Tq * Tk;
+    float *dsb = ds + (size_t)bh * Tq * Tk, scale = 1 / sqrtf((float)hs);
+    for (int e = (int)threadIdx.x; e < Tk * hs; e += (int)blockDim.x) {
+        xs[(e / hs) * ld + e % hs] = kb[e];
+        ys[(e / hs) * ld + e % hs] = vb[e];
+    }
+    __syncthreads();
+    for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
+        for (int d = lane; d < hs; d += WARP) dout_row[d] = dout[((size_t)b * Tq + i) * C + (size_t)h * hs + d];
+        __syncwarp(FULL_WARP);
+        const float *p = pb + (size_t)i * Tk;
+        float *ds_row = dsb + (size_t)i * Tk, sum_p_dp = 0;
+        for (int j = lane; j < Tk; j += WARP) {
+            float dp = 0;
+            for (int d = 0; d < hs; d++) dp += dout_row[d] * ys[j * ld + d];
+            ds_row[j] = dp;
+            sum_p_dp += p[j] * dp;
+        }
+        sum_p_dp = warp_sum(sum_p_dp);
+        for (int j = lane; j < Tk; j += WARP) ds_row[j] = p[j] * (ds_row[j] - sum_p_dp);
+        __syncwarp(FULL_WARP);
+        for (int d = lane; d < hs; d += WARP) {
+            float g = 0;
+            for (int j = 0; j < Tk; j++) g += ds_row[j] * xs[j * ld + d];
+            dq[((size_t)bh * Tq + i) * hs + d] = g * scale;
+        }
+        __syncwarp(FULL_WARP);   // dout_row is free for the warp's next row
+    }
+    __syncthreads();   // every ds written; k and v no longer read
+    for (int e = (int)threadIdx.x; e < Tq * hs; e += (int)blockDim.x) {
+        xs[(e / hs) * ld + e % hs] = qb[e];
+        ys[(e / hs) * ld + e % hs] = dout[((size_t)b * Tq + e / hs) * C + (size_t)h * hs + e % hs];
+    }
+    __syncthreads();
+    for (int j = warp; j < Tk; j += ROWS_PER_BLOCK)
+        for (int d = lane; d < hs; d += WARP) {
+            float gv = 0, gk = 0;
+            for (int i = 0; i < Tq; i++) {
+                gv += pb[(size_t)i * Tk + j] * ys[i * ld + d];
+                gk += dsb[(size_t)i * Tk + j] * xs[i * ld + d];
+            }
+            dv[((size_t)bh * Tk + j) * hs + d] = gv;
+            dk[((size_t)bh * Tk + j) * hs + d] = gk * scale;
+        }
+}
+CPU_KERNEL(fused_attention_backward_kernel, float *, float *, float *, float *, const float *, const float *,
+           const float *, const float *, const float *, int, int, int, int)
+
 // feed_forward_forward's relu_forward, with linear_forward's bias: h = max(0, h + bias)
 static __global__ void __launch_bounds__(THREADS) bias_relu_forward_kernel(float *h, const float *bias, size_t N, int F) {
     size_t e = ELEMENT_INDEX;
@@ -830,6 +954,22 @@ static GpuModel gpu;
 // the second, so that a shape seen once costs no capture.
 static int gpu_graph_after = 2;
 
+// --fused-attention: attention through fused_attention_forward_kernel and
+// fused_attention_backward_kernel where a head fits their shared memory; off,
+// cuBLAS's batched products and the row kernels around them. Off by default
+// until a GPU has timed both (cuda/NOTES.md).
+static int gpu_fused_attention;
+static size_t fused_forward_bytes(int Tk, int hs) {
+    return ((size_t)2 * Tk * (hs + 1) + (size_t)ROWS_PER_BLOCK * (hs + Tk)) * sizeof(float);
+}
+static size_t fused_backward_bytes(int Tq, int Tk, int hs) {
+    return ((size_t)2 * (Tq > Tk ? Tq : Tk) * (hs + 1) + (size_t)ROWS_PER_BLOCK * hs) * sizeof(float);
+}
+static int gpu_fused_fits(int Tq, int Tk, int hs) {
+    return gpu_fused_attention && fused_forward_bytes(Tk, hs) <= FUSED_SHARED_LIMIT &&
+           fused_backward_bytes(Tq, Tk, hs) <= FUSED_SHARED_LIMIT;
+}
+
 static void *gpu_alloc(size_t bytes) {
     void *p = NULL;
     CUDA_CHECK(cudaMalloc(&p, bytes));
@@ -950,6 +1090,11 @@ static void gpu_attention_forward(float *out, float *att, float *heads_hm, const
                                   const float *v, const int *key_len, int causal, int B, int Tq, int Tk, int C,
                                   int NH) {
     int hs = C / NH, count = B * NH;
+    if (gpu_fused_fits(Tq, Tk, hs)) {
+        LAUNCH(fused_attention_forward_kernel, count, THREADS, fused_forward_bytes(Tk, hs), out, att, q, k, v, key_len,
+               causal, NH, Tq, Tk, hs);
+        return;
+    }
     long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
     // s = Q K^T / sqrt(d_k), (Tq x Tk) each: s^T (Tk x Tq) = K (Tk x hs, stored K^T: T) Q^T (hs x Tq, N)
     gemm_batched(OP_T, OP_N, Tk, Tq, hs, 1 / sqrtf((float)hs), k, hs, kv_stride, q, hs, q_stride, 0.0f, att, Tk,
@@ -961,13 +1106,19 @@ static void gpu_attention_forward(float *out, float *att, float *heads_hm, const
     LAUNCH_ELEMENTS((size_t)B * Tq * C, rows_from_heads_kernel, out, heads_hm, B, Tq, C, NH);
 }
 
-// attention_backward for every sentence and head at once, head-major: dout_hm
-// (B, NH, Tq, hs) in, dq (B, NH, Tq, hs), dk and dv (B, NH, Tk, hs) written;
-// d_att (B, NH, Tq, Tk) holds dp, then ds.
-static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att, const float *dout_hm,
+// attention_backward for every sentence and head at once: dout (B, Tq, C) in
+// rows, dq (B, NH, Tq, hs), dk and dv (B, NH, Tk, hs) written head-major;
+// d_att (B, NH, Tq, Tk) holds dp, then ds; dout_hm is scratch (B, NH, Tq, hs).
+static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att, float *dout_hm, const float *dout,
                                    const float *att, const float *q, const float *k, const float *v, int B, int Tq,
                                    int Tk, int C, int NH) {
     int hs = C / NH, count = B * NH;
+    if (gpu_fused_fits(Tq, Tk, hs)) {
+        LAUNCH(fused_attention_backward_kernel, count, THREADS, fused_backward_bytes(Tq, Tk, hs), dq, dk, dv, d_att,
+               dout, att, q, k, v, NH, Tq, Tk, hs);
+        return;
+    }
+    gpu_heads_from_rows(dout_hm, dout, NULL, C, 1, B, Tq, C, NH);
     long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
     float scale = 1 / sqrtf((float)hs);
     // dp_ij = dout_i . v_j:  dp^T (Tk x Tq) = V (Tk x hs, stored V^T: T) dout^T (hs x Tq, N)
@@ -1009,9 +1160,8 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
     GpuScratch *s = &gpu.scratch;
     size_t n = (size_t)B * T * C;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
-    gpu_heads_from_rows(s->d_heads_hm, s->d_heads, NULL, C, 1, B, T, C, NH);
-    gpu_attention_backward(s->d_qkv_hm, s->d_qkv_hm + n, s->d_qkv_hm + 2 * n, s->d_att, s->d_heads_hm, att, qkv_hm,
-                           qkv_hm + n, qkv_hm + 2 * n, B, T, T, C, NH);
+    gpu_attention_backward(s->d_qkv_hm, s->d_qkv_hm + n, s->d_qkv_hm + 2 * n, s->d_att, s->d_heads_hm, s->d_heads, att,
+                           qkv_hm, qkv_hm + n, qkv_hm + 2 * n, B, T, T, C, NH);
     gpu_rows_from_heads_backward(s->d_qkv, 3 * C, 0, g.qkv_b, s->d_qkv_hm, 3, B, T, C, NH);
     gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
 }
@@ -1040,9 +1190,8 @@ static void gpu_cross_attention_backward(float *dx, GpuAttentionParams g, int la
     size_t n_q = (size_t)B * T * C, n_kv = (size_t)B * S * C;
     float *dq_hm = s->d_qkv_hm, *dk_hm = dq_hm + n_q, *dv_hm = dk_hm + n_kv;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
-    gpu_heads_from_rows(s->d_heads_hm, s->d_heads, NULL, C, 1, B, T, C, NH);
-    gpu_attention_backward(dq_hm, dk_hm, dv_hm, s->d_att, s->d_heads_hm, att, q_hm, kv_hm, kv_hm + n_kv, B, T, S, C,
-                           NH);
+    gpu_attention_backward(dq_hm, dk_hm, dv_hm, s->d_att, s->d_heads_hm, s->d_heads, att, q_hm, kv_hm, kv_hm + n_kv,
+                           B, T, S, C, NH);
     gpu_rows_from_heads_backward(s->d_heads, C, 0, g.qkv_b, dq_hm, 1, B, T, C, NH);
     gpu_rows_from_heads_backward(s->d_memory_kv, 2 * C * L, 2 * C * layer, g.qkv_b + C, dk_hm, 2, B, S, C, NH);
     gpu_linear_backward(dx, 1, g.qkv_w, s->d_heads, x, w.qkv_w, B * T, C, C);
@@ -1811,13 +1960,15 @@ int transformer_cuda_sgemm(int argc, char **argv) {
 
 // For test_transformer.c, which includes this file in its CPU build and is
 // linked with it built by nvcc for make test-cuda: the hook, the logits of the
-// last forward pass (n of them), and the GPU's memory given back.
+// last forward pass (n of them), the GPU's memory given back, and the switch
+// of --fused-attention.
 #ifdef __cplusplus
 extern "C" {
 #endif
 const TrainingCompute *transformer_cuda_training(void) { return &gpu_training; }
 void transformer_cuda_logits(float *out, size_t n) { gpu_copy(out, gpu.logits, n * sizeof(float), cudaMemcpyDeviceToHost); }
 void transformer_cuda_release(void) { gpu_release(); }
+void transformer_cuda_fuse_attention(int on) { gpu_fused_attention = on; }   // --fused-attention
 #ifdef __cplusplus
 }
 #endif
@@ -1889,6 +2040,7 @@ int main(int argc, char **argv) {
         else if (i > 0 && strcmp(argv[i], "--count") == 0) gpu.count = 1;
         else if (i > 0 && strcmp(argv[i], "--no-graph") == 0) gpu_graph_after = 0;
         else if (i > 0 && strcmp(argv[i], "--profile") == 0) gpu_profile.requested = 1, gpu_graph_after = 0;
+        else if (i > 0 && strcmp(argv[i], "--fused-attention") == 0) gpu_fused_attention = 1;
         else argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
