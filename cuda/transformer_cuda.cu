@@ -465,10 +465,10 @@ layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bi
 CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, ColumnScratch, const float *, const float *,
            const float *, const float *, const float *, int, int)
 
-// attention_forward reads head h of query (b, t) at column h*hs of the
+// attention_forward reads head `head` of query (b, t) at column head*hs of the
 // projection's row; cuBLAS's batched products need each (sentence, head) as
 // one (T, hs) matrix, all of them one after another (head-major):
-//     out[part][b][h][t][d] = in[(b*T + t)*ld + part*C + h*hs + d] + bias[part*C + h*hs + d]
+//     out[part][b][head][t][d] = in[(b*T + t)*ld + part*C + head*hs + d] + bias[part*C + head*hs + d]
 // for `parts` of C columns each (q, k, v: 3; k, v: 2; q: 1). blockIdx.y is a
 // layer (the memory's keys and values for every decoder layer at once): its
 // columns start layer_columns further in each row, its bias layer_bias further,
@@ -479,30 +479,30 @@ heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, i
     size_t e = ELEMENT_INDEX;
     int hs = C / NH, layer = blockIdx.y;
     if (e >= (size_t)parts * B * T * C) return;
-    int d = (int)(e % hs), t = (int)(e / hs % T), h = (int)(e / ((size_t)hs * T) % NH);
+    int d = (int)(e % hs), t = (int)(e / hs % T), head = (int)(e / ((size_t)hs * T) % NH);
     int b = (int)(e / ((size_t)C * T) % B), part = (int)(e / ((size_t)B * T * C));
-    int column = part * C + h * hs + d;
+    int column = part * C + head * hs + d;
     float v = in[((size_t)b * T + t) * ld + (size_t)layer * layer_columns + column];
     out[(size_t)layer * layer_out + e] = bias ? v + bias[(size_t)layer * layer_bias + column] : v;
 }
 CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, int, int, int, size_t, int, int, int, int)
 
 // attention_forward's output back in rows, Concat(head_1, ..., head_h):
-//     out[(b*T + t)*C + h*hs + d] = heads[b][h][t][d]
+//     out[(b*T + t)*C + head*hs + d] = heads[b][head][t][d]
 static __global__ void __launch_bounds__(THREADS)
 rows_from_heads_kernel(float *out, const float *heads, int B, int T, int C, int NH) {
     size_t e = ELEMENT_INDEX;
     if (e >= (size_t)B * T * C) return;
-    int hs = C / NH, c = (int)(e % C), h = c / hs, d = c % hs;
+    int hs = C / NH, c = (int)(e % C), head = c / hs, d = c % hs;
     size_t bt = e / C, b = bt / T, t = bt % T;
-    out[e] = heads[((b * NH + h) * T + t) * hs + d];
+    out[e] = heads[((b * NH + head) * T + t) * hs + d];
 }
 CPU_KERNEL(rows_from_heads_kernel, float *, const float *, int, int, int, int)
 
 // attention_backward's dq, dk, dv, back in the projection's rows (the inverse
 // of heads_from_rows_kernel), and linear_backward's bias: their column sums
-//     drows[(b*T + t)*ld + column] = dheads[part][b][h][t][d],  dbias[column] = sum over (b, t),
-//     column = part*C + h*hs + d
+//     drows[(b*T + t)*ld + column] = dheads[part][b][head][t][d],  dbias[column] = sum over (b, t),
+//     column = part*C + head*hs + d
 // A thread per column (of parts*C) and chunk of rows.
 static __global__ void __launch_bounds__(COLUMN_BLOCK)
 rows_from_heads_bias_backward_kernel(float *drows, float *dbias, ColumnScratch scratch, const float *dheads, int ld,
@@ -512,11 +512,11 @@ rows_from_heads_bias_backward_kernel(float *drows, float *dbias, ColumnScratch s
     chunk_rows(B * T, &first, &end);
     float sum = 0;
     if (column < parts * C) {
-        int part = column / C, h = column % C / hs, d = column % hs;
+        int part = column / C, head = column % C / hs, d = column % hs;
         const float *from = dheads + (size_t)part * B * T * C;
         for (int n = first + (int)threadIdx.y; n < end; n += blockDim.y) {
             int b = n / T, t = n % T;
-            float g = from[(((size_t)b * NH + h) * T + t) * hs + d];
+            float g = from[(((size_t)b * NH + head) * T + t) * hs + d];
             drows[(size_t)n * ld + column] = g;
             sum += g;
         }
@@ -527,7 +527,7 @@ rows_from_heads_bias_backward_kernel(float *drows, float *dbias, ColumnScratch s
 CPU_KERNEL(rows_from_heads_bias_backward_kernel, float *, float *, ColumnScratch, const float *, int, int, int, int,
            int, int)
 
-// attention_forward's softmax_visible, a warp per query row (b, h, i): the
+// attention_forward's softmax_visible, a warp per query row (b, head, i): the
 // scores of the keys it may see (visible_keys: padding and causal masks)
 // become their softmax, the masked keys get exactly 0.
 static __global__ void __launch_bounds__(THREADS)
@@ -583,10 +583,11 @@ static __global__ void __launch_bounds__(THREADS)
 fused_attention_forward_kernel(float *out, float *att, const float *q, const float *k, const float *v,
                                const int *key_len, int causal, int NH, int Tq, int Tk, int hs) {
     SHARED_FLOATS(shared);
-    int bh = (int)blockIdx.x, b = bh / NH, h = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
+    int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
     int ld = hs + 1;
     float *ks = shared, *vs = ks + (size_t)Tk * ld;
-    float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs, *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs + (size_t)warp * Tk;
+    float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs;                          // (ROWS_PER_BLOCK, hs)
+    float *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs + (size_t)warp * Tk;    // (ROWS_PER_BLOCK, Tk)
     const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
     for (int e = (int)threadIdx.x; e < Tk * hs; e += (int)blockDim.x) {
         ks[(e / hs) * ld + e % hs] = kb[e];
@@ -617,7 +618,7 @@ fused_attention_forward_kernel(float *out, float *att, const float *q, const flo
         for (int d = lane; d < hs; d += WARP) {
             float o = 0;
             for (int j = 0; j < visible; j++) o += p_row[j] * vs[j * ld + d];
-            out[((size_t)b * Tq + i) * NH * hs + (size_t)h * hs + d] = o;
+            out[((size_t)b * Tq + i) * NH * hs + (size_t)head * hs + d] = o;
         }
         __syncwarp(FULL_WARP);   // q_row and p_row are free for the warp's next row
     }
@@ -635,7 +636,7 @@ static __global__ void __launch_bounds__(THREADS)
 fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, const float *dout, const float *att,
                                 const float *q, const float *k, const float *v, int NH, int Tq, int Tk, int hs) {
     SHARED_FLOATS(shared);
-    int bh = (int)blockIdx.x, b = bh / NH, h = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
+    int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
     int ld = hs + 1, C = NH * hs, most = Tq > Tk ? Tq : Tk;
     float *xs = shared, *ys = xs + (size_t)most * ld, *dout_row = ys + (size_t)most * ld + (size_t)warp * hs;
     const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
@@ -647,7 +648,7 @@ fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, cons
     }
     __syncthreads();
     for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
-        for (int d = lane; d < hs; d += WARP) dout_row[d] = dout[((size_t)b * Tq + i) * C + (size_t)h * hs + d];
+        for (int d = lane; d < hs; d += WARP) dout_row[d] = dout[((size_t)b * Tq + i) * C + (size_t)head * hs + d];
         __syncwarp(FULL_WARP);
         const float *p = pb + (size_t)i * Tk;
         float *ds_row = dsb + (size_t)i * Tk, sum_p_dp = 0;
@@ -670,7 +671,7 @@ fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, cons
     __syncthreads();   // every ds written; k and v no longer read
     for (int e = (int)threadIdx.x; e < Tq * hs; e += (int)blockDim.x) {
         xs[(e / hs) * ld + e % hs] = qb[e];
-        ys[(e / hs) * ld + e % hs] = dout[((size_t)b * Tq + e / hs) * C + (size_t)h * hs + e % hs];
+        ys[(e / hs) * ld + e % hs] = dout[((size_t)b * Tq + e / hs) * C + (size_t)head * hs + e % hs];
     }
     __syncthreads();
     for (int j = warp; j < Tk; j += ROWS_PER_BLOCK)
@@ -687,19 +688,20 @@ fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, cons
 CPU_KERNEL(fused_attention_backward_kernel, float *, float *, float *, float *, const float *, const float *,
            const float *, const float *, const float *, int, int, int, int)
 
-// feed_forward_forward's relu_forward, with linear_forward's bias: h = max(0, h + bias)
-static __global__ void __launch_bounds__(THREADS) bias_relu_forward_kernel(float *h, const float *bias, size_t N, int F) {
+// feed_forward_forward's relu_forward, with linear_forward's bias: hidden = max(0, hidden + bias)
+static __global__ void __launch_bounds__(THREADS)
+bias_relu_forward_kernel(float *hidden, const float *bias, size_t N, int F) {
     size_t e = ELEMENT_INDEX;
     if (e >= N * F) return;
-    float v = h[e] + bias[e % F];
-    h[e] = v > 0 ? v : 0;
+    float v = hidden[e] + bias[e % F];
+    hidden[e] = v > 0 ? v : 0;
 }
 CPU_KERNEL(bias_relu_forward_kernel, float *, const float *, size_t, int)
 
-// feed_forward_backward's relu_backward (dh = 0 where h <= 0) and
+// feed_forward_backward's relu_backward (dhidden = 0 where hidden <= 0) and
 // linear_backward's bias of W_1: dbias_f = sum_n dh_nf. A thread per column f and chunk of rows.
 static __global__ void __launch_bounds__(COLUMN_BLOCK)
-relu_bias_backward_kernel(float *dh, float *dbias, ColumnScratch scratch, const float *h, int N, int F) {
+relu_bias_backward_kernel(float *dhidden, float *dbias, ColumnScratch scratch, const float *hidden, int N, int F) {
     SHARED_FLOATS(shared);
     int f = blockIdx.x * WARP + threadIdx.x, first, end;
     chunk_rows(N, &first, &end);
@@ -707,8 +709,8 @@ relu_bias_backward_kernel(float *dh, float *dbias, ColumnScratch scratch, const 
     if (f < F)
         for (int n = first + (int)threadIdx.y; n < end; n += blockDim.y) {
             size_t at = (size_t)n * F + f;
-            float g = h[at] > 0 ? dh[at] : 0.0f;
-            dh[at] = g;
+            float g = hidden[at] > 0 ? dhidden[at] : 0.0f;
+            dhidden[at] = g;
             sum += g;
         }
     sum = sum_of_row_groups(sum, shared);
@@ -1197,20 +1199,20 @@ static void gpu_cross_attention_backward(float *dx, GpuAttentionParams g, int la
     gpu_linear_backward(dx, 1, g.qkv_w, s->d_heads, x, w.qkv_w, B * T, C, C);
 }
 
-// feed_forward_forward: h = max(0, x W_1^T + b_1);  out = h W_2^T (+ b_2 by the norm)
-static void gpu_feed_forward_forward(float *out, float *h, const float *x, GpuLayerParams w, int N, int C, int F) {
-    gpu_linear_forward(h, x, w.ff1_w, N, C, F);
-    LAUNCH_ELEMENTS((size_t)N * F, bias_relu_forward_kernel, h, w.ff1_b, (size_t)N, F);
-    gpu_linear_forward(out, h, w.ff2_w, N, F, C);
+// feed_forward_forward: hidden = max(0, x W_1^T + b_1);  out = hidden W_2^T (+ b_2 by the norm)
+static void gpu_feed_forward_forward(float *out, float *hidden, const float *x, GpuLayerParams w, int N, int C, int F) {
+    gpu_linear_forward(hidden, x, w.ff1_w, N, C, F);
+    LAUNCH_ELEMENTS((size_t)N * F, bias_relu_forward_kernel, hidden, w.ff1_b, (size_t)N, F);
+    gpu_linear_forward(out, hidden, w.ff2_w, N, F, C);
 }
 
 // feed_forward_backward: dx += ...
-static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *dout, const float *h, const float *x,
+static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *dout, const float *hidden, const float *x,
                                       GpuLayerParams w, int N, int C, int F) {
-    float *d_h = gpu.scratch.d_ff_h;
-    gpu_linear_backward(d_h, 0, g.ff2_w, dout, h, w.ff2_w, N, F, C);
-    LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_h, g.ff1_b, gpu.columns, h, N, F);
-    gpu_linear_backward(dx, 1, g.ff1_w, d_h, x, w.ff1_w, N, C, F);
+    float *d_hidden = gpu.scratch.d_ff_h;
+    gpu_linear_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C);
+    LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_hidden, g.ff1_b, gpu.columns, hidden, N, F);
+    gpu_linear_backward(dx, 1, g.ff1_w, d_hidden, x, w.ff1_w, N, C, F);
 }
 
 // ---- the layers' parameters ----------------------------------------------------
@@ -1404,11 +1406,11 @@ static void gpu_prepare_step(Transformer *m, const Batch *batch, double learning
     int B = batch->B, S = batch->S, T = batch->T, BT = B * T, rows = B * (S + T), L = m->config.n_layers;
     unsigned char *host = gpu.upload_host;
     size_t ints_at = (size_t)((unsigned char *)gpu.src - gpu.upload);
-    int *h = (int *)(host + ints_at), *count = gpu.token_count, distinct = 0;
+    int *next = (int *)(host + ints_at), *count = gpu.token_count, distinct = 0;
     const int *fields[5] = { batch->src, batch->tgt_in, batch->tgt_out, batch->src_len, batch->tgt_len };
     size_t sizes[5] = { (size_t)B * S, (size_t)BT, (size_t)BT, (size_t)B, (size_t)B };
-    for (int f = 0; f < 5; f++) { memcpy(h, fields[f], sizes[f] * sizeof(int)); h += sizes[f]; }
-    int *ids = h, *first = ids + rows, *list = first + rows + 1;
+    for (int f = 0; f < 5; f++) { memcpy(next, fields[f], sizes[f] * sizeof(int)); next += sizes[f]; }
+    int *ids = next, *first = ids + rows, *list = first + rows + 1;
     for (int r = 0; r < rows; r++) {
         int token = r < BT ? batch->tgt_in[r] : batch->src[r - BT];
         if (count[token]++ == 0) ids[distinct++] = token;
