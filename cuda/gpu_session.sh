@@ -1,7 +1,7 @@
 #!/bin/bash
 # cuda/gpu_session.sh: issue 33's measurement on a lent H100 or H200, in three commands of the device tool
 #
-#   bash cuda/gpu_session.sh proofs    (timeout_s 360; about 1 to 2 minutes on 2026-11-28)
+#   bash cuda/gpu_session.sh proofs    (timeout_s 360; 55 s on 2026-11-28, before the --fused-attention runs)
 #       make -j16 test-cuda-proofs: ./transformer_cuda and the tests built by nvcc for this GPU,
 #       the tests on the GPU, two 40-step runs and one without CUDA graphs that must write the
 #       same checkpoint bit for bit (and two with --fused-attention), compute-sanitizer's
@@ -39,9 +39,11 @@ bench)
     exit $status
     ;;
 profile)
-    [ -x ./transformer_cuda ] || make -j16 transformer_cuda NVCC_ARCH="-arch=sm_$(nvidia-smi --query-gpu=compute_cap \
-        --format=csv,noheader | head -n 1 | tr -d ' .')" || exit 1
+    # make rebuilds it only when a source changed since (proofs builds it for this GPU)
+    make -j16 transformer_cuda NVCC_ARCH="-arch=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader |
+        head -n 1 | tr -d ' .')" || exit 1
     paper="--config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000"
+    status=0
     {
         for precision in "" --tf32; do
             ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile $precision || exit 1
@@ -49,15 +51,20 @@ profile)
         ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile --fused-attention || exit 1
         ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile || exit 1
         # --fused-attention against cuBLAS's batched attention, alternating, 3 rounds (JSON lines)
+        # (the order of the two alternates from round to round)
         for round in 1 2 3; do
+            order="batched fused"; [ $((round % 2)) -eq 0 ] && order="fused batched"
             for config in "--config tiny" "--config toy" "$paper"; do
-                for variant in "" --fused-attention; do
-                    echo "fused-pair round $round $config ${variant:-batched}: $(./transformer_cuda bench $config \
-                        --json $variant | tail -n 1)"
+                for variant in $order; do
+                    flag=; [ $variant = fused ] && flag=--fused-attention
+                    json=$(./transformer_cuda bench $config --json $flag | tail -n 1) || json=FAILED
+                    echo "fused-pair round $round $config $variant: $json"
                 done
             done
         done
-    } 2>&1 | tee "$out/profile.log"
+    } 2>&1 | tee "$out/profile.log" || status=1
+    grep -q 'FAILED' "$out/profile.log" && status=1
+    exit $status
     ;;
 *)
     echo "usage: bash cuda/gpu_session.sh proofs|bench|profile (the header says what each runs)" >&2

@@ -176,8 +176,14 @@ static void profile_stop(double start, const char *format, ...) {
     va_end(args);
     int i = 0;
     while (i < gpu_profile.count && strcmp(gpu_profile.entries[i].name, name) != 0) i++;
-    if (i == PROFILE_NAMES) { i = PROFILE_NAMES - 1; snprintf(name, sizeof name, "(other names)"); }
-    if (i == gpu_profile.count) { snprintf(gpu_profile.entries[i].name, sizeof name, "%s", name); gpu_profile.count++; }
+    if (i >= PROFILE_NAMES - 1) {   // the last entry gathers every name past the others
+        i = PROFILE_NAMES - 1;
+        snprintf(gpu_profile.entries[i].name, sizeof name, "(other names)");
+        gpu_profile.count = PROFILE_NAMES;
+    } else if (i == gpu_profile.count) {
+        snprintf(gpu_profile.entries[i].name, sizeof name, "%s", name);
+        gpu_profile.count++;
+    }
     gpu_profile.entries[i].seconds += seconds;
     gpu_profile.entries[i].calls++;
 }
@@ -1702,7 +1708,8 @@ static const GpuGraph *gpu_graph_for(Transformer *m) {
             return g;
         }
     }
-    if (gpu_graph_after == 0 || gpu_shape_steps(dropout) < gpu_graph_after) return NULL;
+    // (--profile waits for each call, which a capture forbids: it runs without graphs)
+    if (gpu_graph_after == 0 || gpu_profile.requested || gpu_shape_steps(dropout) < gpu_graph_after) return NULL;
     int slot = gpu.graph_count;
     if (slot == GPU_GRAPHS) {   // the least recently launched makes room
         slot = 0;
@@ -1855,7 +1862,9 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     gpu_copy_async(gpu.upload, gpu.upload_host, gpu.upload_bytes, cudaMemcpyHostToDevice);
     if (m->num_target_tokens == 0) {
         gpu_forward_work(m);
+        double profile_began = profile_start();
         CUDA_CHECK(cudaMemsetAsync(gpu.grads, 0, gpu.num_parameters * sizeof(float), gpu_stream));
+        profile_stop(profile_began, "copy: memset of the gradients (a batch without target tokens)");
         gpu_counts.memsets++;
         gpu_counts.host_calls++;
         gpu_counts.bytes_set += (double)gpu.num_parameters * sizeof(float);
