@@ -249,7 +249,7 @@ test_transformer_cuda: cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCE
 # POSIX threads running at once (cuda_on_cpu.h built with -DCUDA_ON_CPU_THREADS, test_cuda_threads.c),
 # under ThreadSanitizer, which must report no data race; then three steps with a racy += put in
 # (test_transformer.c's racy_embedding_backward_kernel), which it must report. Without OpenMP:
-# ThreadSanitizer does not see libgomp's own synchronisation. About 4 minutes on 2 cores.
+# ThreadSanitizer does not see libgomp's own synchronisation. About 15 minutes on 2 cores (2026-11-28).
 .PHONY: test-threads clean-companion
 TSAN = -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 test_cuda_threads: cuda/test_cuda_threads.c cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES)
