@@ -581,9 +581,17 @@ CPU_KERNEL(softmax_backward_kernel, float *, const float *, size_t, int)
 // a warp reading one column hit 32 different banks.
 #define FUSED_SHARED_LIMIT 49152
 
-// out = softmax(q k^T / sqrt(d_k), over the visible keys) v, a warp per query
-// row i: its scores in p_row, then its probabilities (kept in att for the
-// backward pass; masked keys exactly 0), then its head's part of out's row.
+// rows (rows, hs) of a matrix whose rows start `stride` floats apart, into
+// shared memory with rows of hs + 1; the block's threads share the copying
+static __device__ void rows_to_shared(float *to, const float *from, size_t stride, int rows, int hs) {
+    for (int e = (int)threadIdx.x; e < rows * hs; e += (int)blockDim.x)
+        to[(e / hs) * (hs + 1) + e % hs] = from[(size_t)(e / hs) * stride + e % hs];
+}
+
+// §3.2.1, eq. 1: out = softmax(q k^T / sqrt(d_k), over the visible keys) v,
+// a warp per query row i: its scores in p_row, then its probabilities (kept in
+// att for the backward pass; masked keys exactly 0), then its head's part of
+// out's row.
 // q is (B, NH, Tq, hs) head-major, k and v (B, NH, Tk, hs); out (B, Tq, C).
 static __global__ void __launch_bounds__(THREADS)
 fused_attention_forward_kernel(float *out, float *att, const float *q, const float *k, const float *v,
@@ -591,14 +599,12 @@ fused_attention_forward_kernel(float *out, float *att, const float *q, const flo
     SHARED_FLOATS(shared);
     int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
     int ld = hs + 1;
-    float *ks = shared, *vs = ks + (size_t)Tk * ld;
+    float *ks = shared, *vs = ks + (size_t)Tk * ld;                                  // (Tk, hs + 1) each
     float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs;                          // (ROWS_PER_BLOCK, hs)
     float *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs + (size_t)warp * Tk;    // (ROWS_PER_BLOCK, Tk)
     const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
-    for (int e = (int)threadIdx.x; e < Tk * hs; e += (int)blockDim.x) {
-        ks[(e / hs) * ld + e % hs] = kb[e];
-        vs[(e / hs) * ld + e % hs] = vb[e];
-    }
+    rows_to_shared(ks, kb, hs, Tk, hs);
+    rows_to_shared(vs, vb, hs, Tk, hs);
     __syncthreads();
     float scale = 1 / sqrtf((float)hs);
     for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
@@ -632,7 +638,8 @@ fused_attention_forward_kernel(float *out, float *att, const float *q, const flo
 CPU_KERNEL(fused_attention_forward_kernel, float *, float *, const float *, const float *, const float *, const int *,
            int, int, int, int, int)
 
-// attention_backward whole, given dout in rows (B, Tq, C) and the forward's
+// attention_backward whole (eq. 1 differentiated as transformer.c's attention_backward
+// does), given dout in rows (B, Tq, C) and the forward's
 // probabilities p in att; dq, dk, dv head-major; ds (B, NH, Tq, Tk) is scratch.
 // First k and v in shared memory, a warp per query row i:
 //     dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik),   dq_i = sum_j ds_ij k_j / sqrt(d_k)
@@ -644,14 +651,13 @@ fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, cons
     SHARED_FLOATS(shared);
     int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
     int ld = hs + 1, C = NH * hs, most = Tq > Tk ? Tq : Tk;
+    // xs, ys (most, hs + 1): k and v, then q and dout; dout_row (ROWS_PER_BLOCK, hs)
     float *xs = shared, *ys = xs + (size_t)most * ld, *dout_row = ys + (size_t)most * ld + (size_t)warp * hs;
     const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
     const float *pb = att + (size_t)bh * Tq * Tk;
     float *dsb = ds + (size_t)bh * Tq * Tk, scale = 1 / sqrtf((float)hs);
-    for (int e = (int)threadIdx.x; e < Tk * hs; e += (int)blockDim.x) {
-        xs[(e / hs) * ld + e % hs] = kb[e];
-        ys[(e / hs) * ld + e % hs] = vb[e];
-    }
+    rows_to_shared(xs, kb, hs, Tk, hs);
+    rows_to_shared(ys, vb, hs, Tk, hs);
     __syncthreads();
     for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
         for (int d = lane; d < hs; d += WARP) dout_row[d] = dout[((size_t)b * Tq + i) * C + (size_t)head * hs + d];
@@ -675,10 +681,8 @@ fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, cons
         __syncwarp(FULL_WARP);   // dout_row is free for the warp's next row
     }
     __syncthreads();   // every ds written; k and v no longer read
-    for (int e = (int)threadIdx.x; e < Tq * hs; e += (int)blockDim.x) {
-        xs[(e / hs) * ld + e % hs] = qb[e];
-        ys[(e / hs) * ld + e % hs] = dout[((size_t)b * Tq + e / hs) * C + (size_t)head * hs + e % hs];
-    }
+    rows_to_shared(xs, qb, hs, Tq, hs);
+    rows_to_shared(ys, dout + (size_t)b * Tq * C + (size_t)head * hs, C, Tq, hs);
     __syncthreads();
     for (int j = warp; j < Tk; j += ROWS_PER_BLOCK)
         for (int d = lane; d < hs; d += WARP) {
