@@ -5,28 +5,24 @@
  * hand-derived backward pass and the paper's Adam schedule, one loop at a
  * time, and the smallest program that trains it and translates with it.
  *
- * BUILD  cc -O2 transformer.c -lm       this file alone: train, decode, eval, in the plain loops below
- *        make                           ./transformer: this file with its companions in lab/ (the fast
- *                                       path: a training step about 12 times faster; §5.1 subwords,
- *                                       --resume, logs, pictures, Table 3, the benchmark); OpenMP on
- *        make debug                     -O0 -g, this file alone without OpenMP: gdb's `next` walks every loop
+ * BUILD  cc -O2 transformer.c -lm   this file alone: train, decode, eval, in the plain loops below
+ *        make                       ./transformer: this file with its companions in lab/ (the fast path,
+ *                                   a training step about 12 times faster; §5.1 subwords, --resume, logs,
+ *                                   pictures, Table 3, the benchmark); OpenMP on
+ *        make debug                 -O0 -g, this file alone without OpenMP: gdb's `next` walks every loop
  * TEST   make test
  * RUN    ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt "3 1 4"
  * USE    as a library: transformer.h (compile with -DTRANSFORMER_NO_MAIN)
  * READ   from the top, beside the paper (NOTES.md has a reading path):
  *   PART I   THE MODEL, in plain loops: the building blocks first, each under
- *            the paper's section (§3 linear layers; §3.1 residual, dropout and
- *            layer norm; §3.2.1 scaled dot-product attention and its masks;
- *            §3.2.2 multi-head attention; §3.3 the FFN; §3.4 embeddings; §3.5
- *            positional encoding; §5.4 label smoothing and the loss), then the
- *            §3.1 stacks built from them, the whole model forward and
- *            backward, §5.3 Adam and eq. 3's schedule, §5 the training step,
- *            §6.1 decoding (greedy with a key/value cache, beam search), and
- *            last the machinery (memory, random numbers, parameter tables).
- *   PART II  THE PROGRAM: data (the copy and reverse tasks, TSV files,
- *            batches by length), evaluation and BLEU, checkpoints, the
- *            commands train, decode and eval, main; and the hooks where the
- *            companions in lab/ plug in.
+ *            its section of the paper (§3 linear layers to §5.4 the loss), then
+ *            the §3.1 stacks built from them, the whole model forward and
+ *            backward, §5.3 Adam, §5 the training step, §6.1 decoding (greedy
+ *            with a key/value cache, beam search); last the machinery
+ *            (memory, random numbers, parameter tables).
+ *   PART II  THE PROGRAM: data (copy and reverse tasks, TSV files, batches by
+ *            length), evaluation and BLEU, checkpoints, the commands train,
+ *            decode and eval, main; and the hooks where lab/ plugs in.
  * CONVENTIONS
  *   Every layer is a `*_forward` function followed by its `*_backward`,
  *   arguments outputs first, then inputs, then sizes. A backward function
@@ -36,8 +32,8 @@
  *   d_k = d_v = C/NH, V vocabulary, L layers. A linear layer stores W as
  *   (out, in), as PyTorch does, and computes y = x W^T + b (the paper's x W).
  *   Masked keys get probability exactly 0 (the paper's -inf before the
- *   softmax, without infinities). A parallel loop gives each output element
- *   to one thread, summing in a fixed order: the same bits on any thread count.
+ *   softmax). A parallel loop gives each output element to one thread,
+ *   summing in a fixed order: the same bits on any thread count.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -57,9 +53,7 @@
 #include <omp.h>
 #endif
 #include "transformer.h"
-// OpenMP is optional: built without -fopenmp, the `#pragma omp` lines are
-// ignored (and this says so to the compiler, which would warn about each).
-#ifndef _OPENMP
+#ifndef _OPENMP   // OpenMP is optional: without -fopenmp the `#pragma omp` lines are ignored
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"
 #endif
 
@@ -67,34 +61,29 @@
 // PART I   THE MODEL
 // ############################################################################
 
-// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: it sets
-// these four (transformer.h, FastPath), and linear_forward, linear_backward,
-// attention_forward and attention_backward below hand it their call on their
-// first line. Left NULL, every call runs the loops you read.
+// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
+// linear_backward, attention_forward and attention_backward hand it their call on their
+// first line. Left NULL (transformer.c alone), every call runs the loops you read.
 static FastPath fast_path;
 
 // ============================================================================
 // §3  Linear layers: y = x W^T + b
-// Every sub-layer is built from these: the four projections of multi-head
-// attention (§3.2.2), the two of the FFN (§3.3) and the pre-softmax
-// projection through the shared embedding (§3.4). Between them they do
-// nearly all of a training step's arithmetic (the fast path, lab/fast_path.c,
-// does the same sums many times faster).
+// The four projections of multi-head attention (§3.2.2), the two of the FFN
+// (§3.3) and the pre-softmax projection (§3.4): nearly all of a training step's
+// arithmetic (the fast path does the same sums many times faster).
 // ============================================================================
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
-static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
-                           int N, int IC, int OC) {
+static void linear_forward(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC) {
     if (fast_path.linear_forward) { fast_path.linear_forward(out, inp, weight, bias, N, IC, OC); return; }
     #pragma omp parallel for
-    for (int n = 0; n < N; n++) {
+    for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]
             real sum = 0;
             for (int i = 0; i < IC; i++) sum += inp[(size_t)n * IC + i] * weight[(size_t)o * IC + i];
             out[(size_t)n * OC + o] = (bias ? bias[o] : 0) + sum;
         }
-    }
 }
 
 // Differentiates  out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]:
@@ -102,9 +91,8 @@ static void linear_forward(real *out, const real *inp, const real *weight, const
 //   dweight[o,i] += sum_n dout[n,o] * inp[n,i]         (dW = dout^T inp)
 //   dbias[o]     += sum_n dout[n,o]
 // dinp or dbias may be NULL when not wanted.
-static void linear_backward(real *dinp, real *dweight, real *dbias,
-                            const real *dout, const real *inp, const real *weight,
-                            int N, int IC, int OC) {
+static void linear_backward(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
+                            const real *weight, int N, int IC, int OC) {
     if (fast_path.linear_backward) { fast_path.linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC); return; }
     if (dinp) {
         // row n of dinp: the rows of the weight, each times dout[n,o]
@@ -133,18 +121,15 @@ static void linear_backward(real *dinp, real *dweight, real *dbias,
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 // ============================================================================
 
-// From the machinery at the end of Part I: our own random numbers
-static uint64_t rng_next(Rng *rng);            // xorshift64*
-static uint64_t hash64(uint64_t z);            // splitmix64's mixer
+static uint64_t rng_next(Rng *rng);            // from the machinery: xorshift64*,
+static uint64_t hash64(uint64_t z);            // splitmix64's mixer,
 static double unit_interval(uint64_t bits);    // [0, 1) from 53 random bits
 
-// Draws a dropout mask: each element is kept with probability 1 - p_drop and
-// then scaled by 1/(1 - p_drop) ("inverted dropout", so evaluation needs no
-// rescaling). With training off or p_drop = 0 the mask is all ones. The mask
-// takes one number from the model's generator as its key; element i is then
-// decided by hash64(key + i), uniform in [0, 1) with 53 bits, so that the
-// elements can be drawn in parallel and a seed gives the same masks whatever
-// the thread count.
+// A dropout mask: each element kept with probability 1 - p_drop and scaled by
+// 1/(1 - p_drop) ("inverted dropout": evaluation needs no rescaling); all ones
+// with training off or p_drop = 0. Element i is decided by hash64(key + i), the
+// key one number from the model's generator: drawn in parallel, a seed gives
+// the same masks whatever the thread count.
 static void dropout_mask(real *mask, float p_drop, int training, Rng *rng, size_t n) {
     if (!training || p_drop <= 0.0f) {
         for (size_t i = 0; i < n; i++) mask[i] = 1;
@@ -174,8 +159,8 @@ static void dropout_backward(real *dinp, const real *dout, const real *mask, siz
 //     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
 //     y_i = gain_i * xhat_i + bias_i
 // y, x, gain and bias are (C); *mean and *rstd get the row's two numbers.
-static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
-                                  const real *gain, const real *bias, int C, float eps) {
+static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x, const real *gain, const real *bias,
+                                  int C, float eps) {
     real sum = 0;
     for (int i = 0; i < C; i++) sum += x[i];
     real row_mean = sum / C;
@@ -187,13 +172,12 @@ static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x
     *rstd = row_rstd;
 }
 
-// "Add & Norm" (Figure 1) without the drawing of the mask, row by row:
+// "Add & Norm" (Figure 1) with a drawn mask, row by row:
 //     res = residual + sublayer * mask;   out = LayerNorm(res)
-// out, res are (N,C), mean and rstd (N); residual, sublayer, mask are (N,C);
-// gain and bias (C).
-static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *res,
-                                       const real *residual, const real *sublayer, const real *mask,
-                                       const real *gain, const real *bias, int N, int C, float eps) {
+// out, res, residual, sublayer, mask are (N,C), mean and rstd (N), gain and bias (C).
+static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *res, const real *residual,
+                                       const real *sublayer, const real *mask, const real *gain, const real *bias,
+                                       int N, int C, float eps) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
@@ -210,12 +194,10 @@ static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *
 //   dres_i = rstd * ( dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j * xhat_j) )
 // Then res = residual + sublayer * mask:
 //   dresidual_i += dres_i,   dsublayer_i += dres_i * mask_i
-// dout, res, mask are (N,C), mean and rstd (N); dresidual and dsublayer (N,C)
-// accumulate, and must not alias dout.
-static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *dgain, real *dbias,
-                                        const real *dout, const real *res, const real *mask,
-                                        const real *gain, const real *mean, const real *rstd,
-                                        int N, int C) {
+// dresidual and dsublayer (N,C) accumulate, and must not alias dout.
+static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *dgain, real *dbias, const real *dout,
+                                        const real *res, const real *mask, const real *gain, const real *mean,
+                                        const real *rstd, int N, int C) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
@@ -253,16 +235,15 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 // Why divide by sqrt(d_k)? "We suspect that for large values of d_k, the dot
 // products grow large in magnitude, pushing the softmax function into regions
 // where it has extremely small gradients." Footnote 4: if the components of
-// q and k are independent with mean 0 and variance 1, then q . k = sum of
-// d_k products q_d k_d, each of variance 1, has variance d_k. Its typical
-// size grows like sqrt(d_k) (8 for the base model's d_k = 64), and a softmax
-// over scores that far apart puts nearly all the probability on one key,
-// where its gradient p_j ([j == k] - p_k) is nearly 0. Dividing by sqrt(d_k)
-// brings the variance back to 1, whatever the head size.
+// q and k are independent with mean 0 and variance 1, q . k (a sum of d_k
+// products of variance 1) has variance d_k: scores sqrt(d_k) apart (8 for the
+// base model's d_k = 64) put nearly all the probability on one key, where the
+// gradient p_j ([j == k] - p_k) is nearly 0. Dividing by sqrt(d_k) brings the
+// variance back to 1, whatever the head size.
 //
 // Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's
 // self-attention, keys j > i are "illegal connections" to the future. Both
-// get p_ij = 0, exactly what setting s_ij = -inf before the softmax gives.
+// get p_ij = 0, exactly what s_ij = -inf before the softmax gives.
 //
 //   causal mask (decoder self-attention, T = 4, sentence length 3):
 //              key  0  1  2  3(pad)
@@ -272,22 +253,19 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 //     query 3(pad)  x  x  x  .         (a padded query's output is never used)
 //
 // The query of row (b, i) starts at q + (b*Tq + i)*q_stride, its head `head`
-// at column head*d_k; keys and values likewise with kv_stride. This reads Q, K, V
+// at column head*d_k; keys and values likewise with kv_stride: Q, K, V are read
 // straight out of the fused (B, T, 3C) projection without copying.
 // ============================================================================
 
-// How many keys query i may attend to, the first ones: key_len, those of its
-// own sentence (the padding mask), and with the causal mask (the decoder's
-// self-attention) only positions 0..i, none after it.
+// How many keys (the first ones) query i may attend to: key_len, its own
+// sentence's, and with the causal mask only positions 0..i.
 static int visible_keys(int i, int key_len, int causal) {
     return (causal && i + 1 < key_len) ? i + 1 : key_len;
 }
 
-// p[0..visible-1] holds the scores of the keys a query may see: they become
-// their softmax, and the masked keys p[visible..Tk-1] get exactly 0. With
-// the largest score subtracted first, every exp(s_j - largest) is in (0, 1]
-// and the sum cannot overflow; the result is the same. A row with no
-// visible key (never in a valid batch) stays all 0, not NaN.
+// The scores p[0..visible-1] become their softmax, the masked p[visible..Tk-1]
+// exactly 0. With the largest score subtracted first every exp(s_j - largest) is
+// in (0, 1] and the sum cannot overflow. A row with no visible key stays 0, not NaN.
 static void softmax_visible(real *p, int visible, int Tk) {
     real largest = -INFINITY;
     for (int j = 0; j < visible; j++) largest = p[j] > largest ? p[j] : largest;
@@ -313,10 +291,8 @@ static void softmax_backward(real *grad, const real *p, int n) {
 
 // out is (B, Tq, C), att is (B, NH, Tq, Tk) (the probabilities, kept for
 // the backward pass), key_len is (B); causal: the decoder's mask.
-static void attention_forward(real *out, real *att,
-                              const real *q, const real *k, const real *v,
-                              int q_stride, int kv_stride, const int *key_len, int causal,
-                              int B, int Tq, int Tk, int C, int NH) {
+static void attention_forward(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
+                              int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C, int NH) {
     if (fast_path.attention_forward) {
         fast_path.attention_forward(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
         return;
@@ -357,14 +333,11 @@ static void attention_forward(real *out, real *att,
 //   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')  (softmax_backward)
 //   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
 //                                      dk_j += ds_ij q_i / sqrt(d_k)
-// dq, dk, dv have the same layout (strides) as q, k, v. A masked key has
-// p_ij = 0, so ds_ij = 0 too and it receives exactly zero gradient: the masks
-// are in the saved probabilities att, so the key lengths and the causal flag
-// of the forward pass are not needed again.
-static void attention_backward(real *dq, real *dk, real *dv,
-                               const real *dout, const real *att,
-                               const real *q, const real *k, const real *v,
-                               int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
+// dq, dk, dv have the strides of q, k, v. A masked key has p_ij = 0, so ds_ij = 0
+// and it gets exactly zero gradient: the masks are in the saved probabilities.
+static void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
+                               const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
+                               int C, int NH) {
     if (fast_path.attention_backward) {
         fast_path.attention_backward(dq, dk, dv, dout, att, q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
         return;
@@ -415,20 +388,17 @@ static void attention_backward(real *dq, real *dk, real *dv,
 // Why several heads of d_k = d_model / h each, rather than one of d_model?
 // "Multi-head attention allows the model to jointly attend to information
 // from different representation subspaces at different positions. With a
-// single attention head, averaging inhibits this." One head's output for a
-// query is one weighted average of the values; h heads project into h
-// different d_k-wide subspaces and can each put their weight on another
-// position, at the same total cost as one full-width head (the paper's
-// Figures 3-5 show heads of one layer following a long-distance dependency
-// and resolving an anaphora). Table 3 (A): one head is 0.9 BLEU
-// worse than the best; `make table3` runs row A on the numbers task.
+// single attention head, averaging inhibits this." One head's output is one
+// weighted average of the values; h heads, each in its own d_k-wide subspace,
+// can each weigh another position, at the cost of one full-width head
+// (Figures 3-5: heads following a long-distance dependency, resolving an
+// anaphora). Table 3 (A): one head is 0.9 BLEU worse than the best.
 //
-// W_i^Q for all heads together is one (C, C) matrix whose output columns
-// i*d_k .. (i+1)*d_k-1 belong to head_i; likewise W^K and W^V. We stack the
-// three as the rows of one (3C, C) weight, as PyTorch's in_proj_weight, and
-// project with one matrix product. So qkv[b,t] = [q | k | v], each C wide,
-// and head_i reads columns i*d_k .. (i+1)*d_k-1 of each: the "split into
-// heads" is only a way of indexing, and Concat is the same indexing read back.
+// W_i^Q for all heads is one (C, C) matrix whose output columns i*d_k ..
+// (i+1)*d_k-1 belong to head_i; likewise W^K, W^V. The three are stacked as
+// the rows of one (3C, C) weight (PyTorch's in_proj_weight): qkv[b,t] =
+// [q | k | v], and head_i reads columns i*d_k .. (i+1)*d_k-1 of each. The
+// "split into heads" is only indexing, and Concat the same indexing read back.
 //
 //   self-attention (encoder; decoder with the causal mask):
 //     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> (N,C)
@@ -436,14 +406,12 @@ static void attention_backward(real *dq, real *dk, real *dv,
 //   layer, and the memory keys and values come from the output of the encoder"):
 //     x (B*T,C)      --rows 0..C-1 of W_qkv-->   q  (B*T,C)
 //     memory (B*S,C) --rows C..3C-1 of W_qkv--> kv (B*S,2C)
-// Both end in the same two steps, attend_and_project: eq. 1 per head over
-// projected queries, keys and values wherever they lie, then W^O. Decoding
-// (§6.1) calls it too, with keys and values from its cache.
+// Both end in attend_and_project: eq. 1 per head, then W^O. Decoding (§6.1)
+// calls it too, with keys and values from its cache.
 // ============================================================================
 
-// out = Concat(heads) W^O + b^O with heads = Attention(q, k, v) per head:
-// out and heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward
-// reads them. weights: one layer's AttentionParams (transformer.h).
+// out = Concat(heads) W^O + b^O with heads = Attention(q, k, v) per head: out and
+// heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward reads them.
 static void attend_and_project(real *out, real *att, real *heads, const real *q, const real *k, const real *v,
                                int q_stride, int kv_stride, const int *key_len, int causal,
                                AttentionParams weights, int B, int Tq, int Tk, int C, int NH) {
@@ -452,24 +420,22 @@ static void attend_and_project(real *out, real *att, real *heads, const real *q,
 }
 
 // out is (B,T,C); qkv (B,T,3C), att (B,NH,T,T), heads (B,T,C) are kept for backward
-static void self_attention_forward(real *out, real *qkv, real *att, real *heads,
-                                   const real *x, AttentionParams weights, const int *len, int causal,
-                                   int B, int T, int C, int NH) {
+static void self_attention_forward(real *out, real *qkv, real *att, real *heads, const real *x,
+                                   AttentionParams weights, const int *len, int causal, int B, int T, int C, int NH) {
     linear_forward(qkv, x, weights.qkv_w, weights.qkv_b, B * T, C, 3 * C);
     attend_and_project(out, att, heads, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, weights,
                        B, T, T, C, NH);
 }
 
 // d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
-static void self_attention_backward(real *dx, AttentionParams grads, real *d_qkv, real *d_heads,
-                                    const real *dout,
-                                    const real *qkv, const real *att, const real *heads,
-                                    const real *x, AttentionParams weights, int B, int T, int C, int NH) {
+static void self_attention_backward(real *dx, AttentionParams grads, real *d_qkv, real *d_heads, const real *dout,
+                                    const real *qkv, const real *att, const real *heads, const real *x,
+                                    AttentionParams weights, int B, int T, int C, int NH) {
     // out = heads W^O^T + b^O
     linear_backward(d_heads, grads.out_w, grads.out_b, dout, heads, weights.out_w, B * T, C, C);
     // heads = Attention(q, k, v)
-    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att,
-                       qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, B, T, T, C, NH);
+    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C,
+                       B, T, T, C, NH);
     // qkv = x W_qkv^T + b_qkv
     linear_backward(dx, grads.qkv_w, grads.qkv_b, d_qkv, x, weights.qkv_w, B * T, C, 3 * C);
 }
@@ -480,26 +446,23 @@ static void memory_keys_values(real *kv, const real *memory, AttentionParams wei
 }
 
 // out is (B,T,C); q (B,T,C), kv (B,S,2C), att (B,NH,T,S), heads (B,T,C) kept for backward
-static void cross_attention_forward(real *out, real *q, real *kv, real *att, real *heads,
-                                    const real *x, const real *memory, AttentionParams weights,
-                                    const int *src_len, int B, int T, int S, int C, int NH) {
+static void cross_attention_forward(real *out, real *q, real *kv, real *att, real *heads, const real *x,
+                                    const real *memory, AttentionParams weights, const int *src_len,
+                                    int B, int T, int S, int C, int NH) {
     linear_forward(q, x, weights.qkv_w, weights.qkv_b, B * T, C, C);
     memory_keys_values(kv, memory, weights, B, S, C);
     attend_and_project(out, att, heads, q, kv, kv + C, C, 2 * C, src_len, 0, weights, B, T, S, C, NH);
 }
 
 // d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
-static void cross_attention_backward(real *dx, real *dmemory, AttentionParams grads,
-                                     real *d_q, real *d_kv, real *d_heads,
-                                     const real *dout, const real *q, const real *kv,
-                                     const real *att, const real *heads, const real *x,
-                                     const real *memory, AttentionParams weights,
+static void cross_attention_backward(real *dx, real *dmemory, AttentionParams grads, real *d_q, real *d_kv,
+                                     real *d_heads, const real *dout, const real *q, const real *kv, const real *att,
+                                     const real *heads, const real *x, const real *memory, AttentionParams weights,
                                      int B, int T, int S, int C, int NH) {
     // out = heads W^O^T + b^O
     linear_backward(d_heads, grads.out_w, grads.out_b, dout, heads, weights.out_w, B * T, C, C);
     // heads = Attention(q, k, v), keys and values from the encoder
-    attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C,
-                       C, 2 * C, B, T, S, C, NH);
+    attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C, C, 2 * C, B, T, S, C, NH);
     // q = x W_q^T + b_q
     linear_backward(dx, grads.qkv_w, grads.qkv_b, d_q, x, weights.qkv_w, B * T, C, C);
     // kv = memory W_kv^T + b_kv
@@ -528,8 +491,7 @@ static void relu_backward(real *dhidden, const real *hidden, size_t n) {
 }
 
 // out is (N,C), hidden (N,F) = max(0, x W_1^T + b_1) is kept for backward
-static void feed_forward_forward(real *out, real *hidden, const real *x, FeedForwardParams weights,
-                                 int N, int C, int F) {
+static void feed_forward_forward(real *out, real *hidden, const real *x, FeedForwardParams weights, int N, int C, int F) {
     linear_forward(hidden, x, weights.w1, weights.b1, N, C, F);
     relu_forward(hidden, (size_t)N * F);
     linear_forward(out, hidden, weights.w2, weights.b2, N, F, C);
@@ -537,8 +499,7 @@ static void feed_forward_forward(real *out, real *hidden, const real *x, FeedFor
 
 // d_hidden (N,F) is zeroed scratch; dx accumulates
 static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_hidden, const real *dout,
-                                  const real *hidden, const real *x, FeedForwardParams weights,
-                                  int N, int C, int F) {
+                                  const real *hidden, const real *x, FeedForwardParams weights, int N, int C, int F) {
     // out = hidden W_2^T + b_2
     linear_backward(d_hidden, grads.w2, grads.b2, dout, hidden, weights.w2, N, F, C);
     // hidden = max(0, a)
@@ -558,78 +519,65 @@ static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_hid
 // ============================================================================
 
 // out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
-static void embedding_forward(real *out, const int *tokens, const real *embedding,
-                              const real *pe, int B, int T, int C) {
+static void embedding_forward(real *out, const int *tokens, const real *embedding, const real *pe, int B, int T, int C) {
     real sqrt_d_model = real_sqrt((real)C);
     #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const real *row = embedding + (size_t)tokens[b * T + t] * C;
             for (int i = 0; i < C; i++)
                 out[((size_t)b * T + t) * C + i] = row[i] * sqrt_d_model + pe[(size_t)t * C + i];
         }
-    }
 }
 
-// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i].
-// Two positions holding the same token add into the same row of the
-// gradient, so this runs on one thread, positions in order.
-static void embedding_backward(real *dembedding, const real *dout, const int *tokens,
-                               int B, int T, int C) {
+// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]. Two positions
+// of the same token add into the same row: one thread, positions in order.
+static void embedding_backward(real *dembedding, const real *dout, const int *tokens, int B, int T, int C) {
     real sqrt_d_model = real_sqrt((real)C);
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             real *drow = dembedding + (size_t)tokens[b * T + t] * C;
             for (int i = 0; i < C; i++) drow[i] += dout[((size_t)b * T + t) * C + i] * sqrt_d_model;
         }
-    }
 }
 
 // ============================================================================
 // §3.5  Positional encoding
 //     PE(pos, 2i)   = sin(pos / 10000^(2i/d_model))
 //     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
-// Interleaved as in the paper (tensor2tensor's code concatenates the sines and
-// then the cosines instead). Computed once, in double, and added to the
-// embeddings; it has no parameters and so no backward.
+// Interleaved as in the paper (tensor2tensor concatenates sines, then cosines).
+// Computed once, in double; no parameters, so no backward.
 //
 // Why sinusoids? "We chose this function because we hypothesized it would
 // allow the model to easily learn to attend by relative positions, since for
 // any fixed offset k, PE(pos+k) can be represented as a linear function of
 // PE(pos)." Each pair of dimensions (2i, 2i+1) turns at one frequency
-// w_i = 1 / 10000^(2i/d_model), and moving k positions on is a rotation by
-// the angle w_i k, whatever pos is:
+// w_i = 1 / 10000^(2i/d_model), and k positions on is a rotation by w_i k:
 //     sin(w (pos+k)) =  cos(wk) sin(w pos) + sin(wk) cos(w pos)
 //     cos(w (pos+k)) = -sin(wk) sin(w pos) + cos(wk) cos(w pos)
-// So PE(pos+k) = M_k PE(pos) with M_k made of these 2x2 rotations: one
-// matrix for "k words later" at every position, which a projection such as
-// W^Q or W^K can learn. The wavelengths go from 2 pi to 10000 * 2 pi, so
-// some pairs tell near positions apart and others far ones. (The tests check
-// the formula and this rotation on positional_encoding_init's table.)
+// So PE(pos+k) = M_k PE(pos), M_k made of these 2x2 rotations: one matrix for
+// "k words later" at every position, which W^Q or W^K can learn. Wavelengths
+// from 2 pi to 10000 * 2 pi tell near positions apart and far ones.
 //
 // "We also experimented with using learned positional embeddings instead,
 // and found that the two versions produced nearly identical results"
 // (Table 3, row E). With config.positional = POSITIONAL_LEARNED the table is
-// a parameter, params.position_embedding (max_len, C), one table for source
-// and target as the sinusoids are (fairseq keeps two), added unscaled in
-// embedding_forward's place of PE. Its gradient is that of every position
-// that added its row: position_embedding_backward.
+// a parameter, params.position_embedding (max_len, C), one for source and
+// target as the sinusoids, added in PE's place; position_embedding_backward.
 // ============================================================================
 
 // pe is (max_len, C)
 static void positional_encoding_init(real *pe, int max_len, int C) {
-    for (int pos = 0; pos < max_len; pos++) {
+    for (int pos = 0; pos < max_len; pos++)
         for (int i = 0; 2 * i < C; i++) {
             double angle = pos / pow(10000.0, (2.0 * i) / C);
             pe[(size_t)pos * C + 2 * i] = (real)sin(angle);
             if (2 * i + 1 < C) pe[(size_t)pos * C + 2 * i + 1] = (real)cos(angle);
         }
-    }
 }
 
-// Differentiates, for the learned table pe (max_len, C) (Table 3, row E),
-//     out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]
-// dout is (B,T,C): row t of the gradient gets every sentence's position t.
+// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]  for the
+// learned table pe (max_len, C): row t gets every sentence's position t of dout (B,T,C).
 static void position_embedding_backward(real *dpe, const real *dout, int B, int T, int C) {
     for (int t = 0; t < T; t++)
         for (int b = 0; b < B; b++)
@@ -648,9 +596,8 @@ static void position_embedding_backward(real *dpe, const real *dout, int B, int 
 
 // token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
 // Returns the mean loss; *num_tokens gets the number of non-padding positions.
-static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
-                                    const int *targets, const int *tgt_len, float label_smoothing,
-                                    int B, int T, int V, int *num_tokens) {
+static double cross_entropy_forward(real *token_loss, real *probs, const real *logits, const int *targets,
+                                    const int *tgt_len, float label_smoothing, int B, int T, int V, int *num_tokens) {
     real eps_ls = (real)label_smoothing;
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
@@ -679,9 +626,8 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
     }
     double total = 0;
     int count = 0;
-    for (int bt = 0; bt < B * T; bt++) {
+    for (int bt = 0; bt < B * T; bt++)
         if (bt % T < tgt_len[bt / T]) { total += token_loss[bt]; count++; }
-    }
     *num_tokens = count;
     return count ? total / count : 0.0;
 }
@@ -689,9 +635,8 @@ static double cross_entropy_forward(real *token_loss, real *probs, const real *l
 // Differentiates  loss = (1/n) sum_positions -sum_v q_v log softmax(z)_v:
 // for a softmax followed by cross-entropy against a distribution q that sums
 // to one, dloss/dz_v = p_v - q_v, here divided by the n non-padding positions.
-static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets,
-                                   const int *tgt_len, float label_smoothing, int num_tokens,
-                                   int B, int T, int V) {
+static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets, const int *tgt_len,
+                                   float label_smoothing, int num_tokens, int B, int T, int V) {
     real eps_ls = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
@@ -728,51 +673,37 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 // tensor holding all N layers.
 // ============================================================================
 
-static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
-                                           size_t l, size_t C) {
-    AttentionParams at = { qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
-    return at;
+static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b, size_t l, size_t C) {
+    return (AttentionParams){ qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
 }
 
-static FeedForwardParams feed_forward_params_at(real *w1, real *b1, real *w2, real *b2,
-                                                size_t l, size_t C, size_t F) {
-    FeedForwardParams at = { w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
-    return at;
+static FeedForwardParams feed_forward_params_at(real *w1, real *b1, real *w2, real *b2, size_t l, size_t C, size_t F) {
+    return (FeedForwardParams){ w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
 }
 
 // Layer l's view into a ParameterTensors (the parameters or the gradients).
-static EncoderLayerParams encoder_layer_params(ParameterTensors *tensors, const TransformerConfig *config,
-                                               int l) {
+static EncoderLayerParams encoder_layer_params(ParameterTensors *of, const TransformerConfig *config, int l) {
     size_t C = config->d_model, F = config->d_ff;
-    EncoderLayerParams layer;
-    layer.self_attn = attention_params_at(tensors->enc_qkv_w, tensors->enc_qkv_b,
-                                          tensors->enc_out_w, tensors->enc_out_b, l, C);
-    layer.ln1_g = tensors->enc_ln1_g + l * C;
-    layer.ln1_b = tensors->enc_ln1_b + l * C;
-    layer.ffn = feed_forward_params_at(tensors->enc_ff1_w, tensors->enc_ff1_b,
-                                       tensors->enc_ff2_w, tensors->enc_ff2_b, l, C, F);
-    layer.ln2_g = tensors->enc_ln2_g + l * C;
-    layer.ln2_b = tensors->enc_ln2_b + l * C;
-    return layer;
+    return (EncoderLayerParams){
+        .self_attn = attention_params_at(of->enc_qkv_w, of->enc_qkv_b, of->enc_out_w, of->enc_out_b, l, C),
+        .ln1_g = of->enc_ln1_g + l * C, .ln1_b = of->enc_ln1_b + l * C,
+        .ffn = feed_forward_params_at(of->enc_ff1_w, of->enc_ff1_b, of->enc_ff2_w, of->enc_ff2_b, l, C, F),
+        .ln2_g = of->enc_ln2_g + l * C, .ln2_b = of->enc_ln2_b + l * C,
+    };
 }
 
-static DecoderLayerParams decoder_layer_params(ParameterTensors *tensors, const TransformerConfig *config,
-                                               int l) {
+static DecoderLayerParams decoder_layer_params(ParameterTensors *of, const TransformerConfig *config, int l) {
     size_t C = config->d_model, F = config->d_ff;
-    DecoderLayerParams layer;
-    layer.self_attn = attention_params_at(tensors->dec_self_qkv_w, tensors->dec_self_qkv_b,
-                                          tensors->dec_self_out_w, tensors->dec_self_out_b, l, C);
-    layer.ln1_g = tensors->dec_ln1_g + l * C;
-    layer.ln1_b = tensors->dec_ln1_b + l * C;
-    layer.cross_attn = attention_params_at(tensors->dec_cross_qkv_w, tensors->dec_cross_qkv_b,
-                                           tensors->dec_cross_out_w, tensors->dec_cross_out_b, l, C);
-    layer.ln2_g = tensors->dec_ln2_g + l * C;
-    layer.ln2_b = tensors->dec_ln2_b + l * C;
-    layer.ffn = feed_forward_params_at(tensors->dec_ff1_w, tensors->dec_ff1_b,
-                                       tensors->dec_ff2_w, tensors->dec_ff2_b, l, C, F);
-    layer.ln3_g = tensors->dec_ln3_g + l * C;
-    layer.ln3_b = tensors->dec_ln3_b + l * C;
-    return layer;
+    return (DecoderLayerParams){
+        .self_attn = attention_params_at(of->dec_self_qkv_w, of->dec_self_qkv_b, of->dec_self_out_w, of->dec_self_out_b,
+                                         l, C),
+        .ln1_g = of->dec_ln1_g + l * C, .ln1_b = of->dec_ln1_b + l * C,
+        .cross_attn = attention_params_at(of->dec_cross_qkv_w, of->dec_cross_qkv_b, of->dec_cross_out_w,
+                                          of->dec_cross_out_b, l, C),
+        .ln2_g = of->dec_ln2_g + l * C, .ln2_b = of->dec_ln2_b + l * C,
+        .ffn = feed_forward_params_at(of->dec_ff1_w, of->dec_ff1_b, of->dec_ff2_w, of->dec_ff2_b, l, C, F),
+        .ln3_g = of->dec_ln3_g + l * C, .ln3_b = of->dec_ln3_b + l * C,
+    };
 }
 
 // Layer l's slice of the activations.
@@ -821,13 +752,11 @@ static void zero(real *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = 0;
 }
 
-// "Add & Norm" (Figure 1), the end of every sub-layer:
-//     res = x + Dropout(sublayer);   out = LayerNorm(res)
-// out, res, mask are (N,C), mean and rstd (N); x and sublayer are (N,C).
-// The mask drawn here is kept, so the backward pass is residual_layernorm_backward.
-static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask,
-                             const real *x, const real *sublayer, const real *gain,
-                             const real *bias, Transformer *model, int N) {
+// "Add & Norm" (Figure 1), the end of every sub-layer: res = x + Dropout(sublayer),
+// out = LayerNorm(res); all (N,C) but mean and rstd (N). The mask drawn here is kept
+// for residual_layernorm_backward.
+static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask, const real *x,
+                             const real *sublayer, const real *gain, const real *bias, Transformer *model, int N) {
     const TransformerConfig *config = &model->config;
     dropout_mask(mask, config->dropout, model->training, &model->dropout_rng, (size_t)N * config->d_model);
     residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, config->d_model,
@@ -835,8 +764,8 @@ static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real 
 }
 
 // out = acts.ln2, the layer's output; x is (B,S,C), src_len is (B)
-static void encoder_layer_forward(EncoderLayerActs acts, const real *x, EncoderLayerParams weights,
-                                  const int *src_len, Transformer *model, int B, int S) {
+static void encoder_layer_forward(EncoderLayerActs acts, const real *x, EncoderLayerParams weights, const int *src_len,
+                                  Transformer *model, int B, int S) {
     const TransformerConfig *config = &model->config;
     int C = config->d_model, N = B * S;
     // sub-layer 1: ln1 = LayerNorm(x + Dropout(SelfAttention(x)))
@@ -850,12 +779,10 @@ static void encoder_layer_forward(EncoderLayerActs acts, const real *x, EncoderL
                      weights.ln2_g, weights.ln2_b, model, N);
 }
 
-// dx accumulates dL/dx given dout = dL/d(acts.ln2); grads accumulates the
-// parameter gradients. The gradients in between go through model->scratch
-// (transformer.h).
-static void encoder_layer_backward(real *dx, EncoderLayerParams grads, const real *dout,
-                                   EncoderLayerActs acts, const real *x, EncoderLayerParams weights,
-                                   Transformer *model, int B, int S) {
+// dx accumulates dL/dx given dout = dL/d(acts.ln2), grads the parameters'; the
+// gradients in between go through model->scratch (transformer.h).
+static void encoder_layer_backward(real *dx, EncoderLayerParams grads, const real *dout, EncoderLayerActs acts,
+                                   const real *x, EncoderLayerParams weights, Transformer *model, int B, int S) {
     const TransformerConfig *config = &model->config;
     BackwardScratch *scratch = &model->scratch;
     int C = config->d_model, F = config->d_ff, N = B * S;
@@ -877,8 +804,8 @@ static void encoder_layer_backward(real *dx, EncoderLayerParams grads, const rea
 }
 
 // out = acts.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
-static void decoder_layer_forward(DecoderLayerActs acts, const real *y, const real *memory,
-                                  DecoderLayerParams weights, const Batch *batch, Transformer *model) {
+static void decoder_layer_forward(DecoderLayerActs acts, const real *y, const real *memory, DecoderLayerParams weights,
+                                  const Batch *batch, Transformer *model) {
     const TransformerConfig *config = &model->config;
     int B = batch->B, S = batch->S, T = batch->T, C = config->d_model, N = B * T;
     // sub-layer 1: ln1 = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
@@ -931,9 +858,8 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
 }
 
 // ============================================================================
-// The whole model (Figure 1): the encoder stack, the decoder stack and the
-// output projection, then the loss; and the backward pass, the same path in
-// reverse
+// The whole model (Figure 1): the encoder stack, the decoder stack and the output
+// projection, then the loss; and the backward pass, the same path in reverse
 // ============================================================================
 
 // The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
@@ -978,9 +904,8 @@ static void decoder_forward(Transformer *model, const Batch *batch, const real *
 static char error_context[40] = "";   // "train: ": errors name the command (a library: "")
 static void ensure_buffers(Transformer *model, int B, int S, int T);   // activations for a (B,S,T) batch (machinery)
 
-// The whole forward pass; returns the label-smoothed loss (§5.4). The batch
-// must pass batch_check; one that does not stops the program with a message
-// rather than read outside the embedding.
+// The whole forward pass; returns the label-smoothed loss (§5.4). A batch that fails
+// batch_check stops the program with a message rather than read outside the embedding.
 real transformer_forward(Transformer *model, const Batch *batch) {
     const char *error = batch_check(batch, &model->config);
     if (error) {
@@ -1073,8 +998,7 @@ double transformer_learning_rate(long step, int d_model, int warmup_steps, doubl
     return factor / sqrt((double)d_model) * (rise < decay ? rise : decay);
 }
 
-// One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter theta
-// with gradient g:
+// One Adam step (Kingma & Ba 2015, Algorithm 1) on every parameter theta with gradient g:
 //     m = beta1 m + (1 - beta1) g            (first moment: adam_m, moment1 below)
 //     v = beta2 v + (1 - beta2) g^2          (second moment: adam_v, moment2 below)
 //     theta -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
@@ -1100,12 +1024,9 @@ void adam_update(Transformer *model, double learning_rate) {
 
 // ============================================================================
 // §5  The training step
-// §5 of the paper describes training piece by piece: batches of sentence
-// pairs (§5.1), "the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and
-// eps = 10^-9" at eq. 3's rate (§5.3), dropout and label smoothing (§5.4).
-// One step: a forward pass to the loss, the backward pass to every
-// parameter's gradient, one Adam update. The step number t of eq. 3 is the
-// update's own: adam_step + 1.
+// §5 describes training piece by piece: batches by length (§5.1), Adam at eq. 3's
+// rate (§5.3), dropout and label smoothing (§5.4). One step: a forward pass to the
+// loss, the backward pass to every gradient, one Adam update (eq. 3's t: adam_step + 1).
 // ============================================================================
 
 real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor) {
@@ -1124,36 +1045,28 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 // but terminate early when possible." (§6.1)
 //
 // The decoder writes one token at a time: position t reads the token chosen
-// at t-1 (<s> at t = 0). Run naively, step t recomputes every earlier
-// position of every layer, O(t^2) work per sentence. But under the causal mask
-// (§3.2.3) nothing at positions < t depends on later tokens, so their keys and
-// values never change once computed. A key/value cache keeps them, per
-// decoder layer, and step t computes only row t:
+// at t-1 (<s> at t = 0). Run naively, step t recomputes every earlier position
+// of every layer, O(t^2) work per sentence. But under the causal mask (§3.2.3)
+// nothing at positions < t depends on later tokens, so their keys and values
+// never change: a key/value cache keeps them, per layer, and step t computes
+// only row t:
 //
 //   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
 //     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
 //                    cross-attention  q_t against the memory's K, V (made once)
 //
-// The memory's keys and values (memory_keys_values) are the same at every
-// step, so they are computed once per sentence. decoder_step is
-// decoder_layer_forward for one position: the same sub-layer functions
-// (attend_and_project, feed_forward_forward, add_norm_forward, whose
-// dropout is off), except that the keys and values come from the cache
-// instead of self_attention_forward's and cross_attention_forward's own
-// projections. test_transformer.c checks its logits against the full pass
-// and its tokens against uncached decoding.
+// decoder_step is decoder_layer_forward for one position, with the same
+// sub-layer functions (dropout off); only the keys and values come from the cache.
 // ============================================================================
 
-// From the machinery: allocation that cannot fail silently
-static void *checked_calloc(size_t count, size_t size, const char *what);   // calloc, or exit with a message
-typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers
+static void *checked_calloc(size_t count, size_t size, const char *what);   // from the machinery: calloc or exit,
+typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers,
 static real *arena_of(Tensor *tensors, int n, const char *what);           // one arena of zeros for them all
 static void arena_free(real *p);
 
-// The state of R rows decoded side by side (R sentences, greedy, or the R
-// beams of one sentence) is a DecoderCache (transformer.h): each row's key
-// and value cache per decoder layer, the memory's keys and values, and one
-// position's activations, all in one arena.
+// R rows decoded side by side (R sentences, greedy, or the R beams of one
+// sentence): each row's key/value cache per layer, the memory's keys and
+// values, and one position's activations, in one arena (transformer.h).
 static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S, int max_T) {
     const TransformerConfig *config = &model->config;
     size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads;
@@ -1180,12 +1093,10 @@ static void decoder_cache_free(DecoderCache *cache) {
     memset(cache, 0, sizeof *cache);
 }
 
-// The encoder runs once per sentence: memory = Encoder(source) (§3.1). Then
-// every decoder layer's keys and values of the memory are computed and kept.
-// src is (B,S), padded, with B == rows (row r decodes sentence r) or B == 1
+// memory = Encoder(source) (§3.1), once per sentence, and every decoder layer's keys and
+// values of it. src is (B,S), padded; B == rows (row r decodes sentence r) or B == 1
 // (every row decodes sentence 0: the beams of beam search).
-static void decoder_cache_encode(DecoderCache *cache, Transformer *model, const int *src, const int *src_len,
-                                 int B) {
+static void decoder_cache_encode(DecoderCache *cache, Transformer *model, const int *src, const int *src_len, int B) {
     const TransformerConfig *config = &model->config;
     int S = cache->S, C = config->d_model;
     size_t R = cache->rows, row_kv = (size_t)S * 2 * C;
@@ -1201,9 +1112,8 @@ static void decoder_cache_encode(DecoderCache *cache, Transformer *model, const 
     for (size_t r = 0; r < R; r++) cache->src_len[r] = src_len[B == 1 ? 0 : r];
 }
 
-// One decoder position t for rows 0..rows-1: tokens (rows) are their inputs
-// at position t. Appends each row's keys and values at t to the cache and
-// leaves the logits of the next token in cache->logits (rows, V).
+// One decoder position t for rows 0..rows-1, tokens (rows) their inputs: appends each
+// row's keys and values at t to the cache, leaves the next token's logits in cache->logits.
 static void decoder_step(DecoderCache *cache, Transformer *model, const int *tokens, int t, int rows) {
     const TransformerConfig *config = &model->config;
     int C = config->d_model, NH = config->n_heads;
@@ -1241,11 +1151,9 @@ static void decoder_step(DecoderCache *cache, Transformer *model, const int *tok
     linear_forward(cache->logits, y, model->params.embedding, NULL, rows, C, config->vocab_size);
 }
 
-// Beam search keeps the best hypotheses, which may extend any of the previous
-// beams: row i continues beam parent[i], so it takes over that beam's cached
-// keys and values of positions 0..positions-1.
-static void decoder_cache_reorder(DecoderCache *cache, const Transformer *model, const int *parent, int rows,
-                                  int positions) {
+// Row i continues beam parent[i] (beam search): it takes over that beam's cached keys and
+// values of positions 0..positions-1.
+static void decoder_cache_reorder(DecoderCache *cache, const Transformer *model, const int *parent, int rows, int positions) {
     size_t C = model->config.d_model, L = model->config.n_layers, R = cache->rows, T = cache->max_T;
     for (size_t l = 0; l < L; l++)
         for (int i = 0; i < rows; i++)
@@ -1261,8 +1169,7 @@ int transformer_decode_limit(const Transformer *model, int src_len) {
     return limit < model->config.max_len ? limit : model->config.max_len;
 }
 
-// The most likely next token. <pad> and <s> are never outputs; the lowest id
-// wins a tie, and a NaN logit never wins (all NaN: </s>).
+// The most likely next token, never <pad> or <s>; the lowest id wins a tie, a NaN never (all NaN: </s>).
 _Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
                "the possible outputs are the ids from </s> on");
 static int greedy_token(const real *logits, int V) {
@@ -1273,12 +1180,11 @@ static int greedy_token(const real *logits, int V) {
     return best;
 }
 
-// Greedy decoding of B sentences side by side: at each position every
-// sentence takes its most likely token, until </s> or the length limit.
-// src is (B,S) padded, src_len (B). out (B, max_out) gets each output
-// without </s>, out_len (B) its length.
-void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
-                               const int *src, const int *src_len, int B, int S) {
+// Greedy decoding of B sentences side by side: at each position every sentence takes its
+// most likely token, until </s> or the length limit. src is (B,S) padded, src_len (B);
+// out (B, max_out) gets each output without </s>, out_len (B) its length.
+void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out, const int *src,
+                               const int *src_len, int B, int S) {
     int training = model->training, V = model->config.vocab_size, steps = 0;
     model->training = 0;
     int *limit = checked_calloc(B, sizeof(int), "decode limits");
@@ -1313,15 +1219,12 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
     model->training = training;
 }
 
-// §6.1 length penalty, in the form of tensor2tensor (Wu et al. 2016):
-// a hypothesis of `length` tokens (</s> included) scores log P / ((5 + length) / 6)^alpha.
-static double length_penalty(int length, double alpha) {
-    return pow((5.0 + length) / 6.0, alpha);
-}
+// §6.1 length penalty, as tensor2tensor's (Wu et al. 2016): a hypothesis of `length`
+// tokens (</s> included) scores log P / ((5 + length) / 6)^alpha.
+static double length_penalty(int length, double alpha) { return pow((5.0 + length) / 6.0, alpha); }
 
-// A possible extension of a beam: token after beam `row`, with the summed
-// log-probability `score`. The logit breaks ties, then the lower row and
-// token, so that one beam ranks exactly as greedy_token chooses.
+// A possible extension: token after beam `row`, summed log-probability `score`. The logit
+// breaks ties, then the lower row and token, so that one beam ranks as greedy_token chooses.
 typedef struct { double score; real logit; int row, token; } BeamCandidate;
 
 static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
@@ -1341,11 +1244,10 @@ static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCand
     best[i] = candidate;
 }
 
-// Every alive beam r proposes every token with the score
-// alive_score[r] + log softmax(logits[r])_token (in double); keeps the best
-// `keep` in best[], sorted. <pad> and <s> are never proposed. Returns how many.
-static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score,
-                        int num_alive, int V) {
+// Every alive beam r proposes every token but <pad> and <s>, scored alive_score[r] +
+// log softmax(logits[r])_token (in double); the best `keep` go to best[], sorted. Returns how many.
+static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score, int num_alive,
+                        int V) {
     int num_best = 0;
     for (int r = 0; r < num_alive; r++) {
         const real *z = logits + (size_t)r * V;
@@ -1362,15 +1264,14 @@ static int beam_propose(BeamCandidate *best, int keep, const real *logits, const
     return num_best;
 }
 
-// The hypotheses that have ended: each one's tokens (without </s>) at
-// tokens + i * stride, its length, and its score log P / length_penalty;
-// best is the index of the highest score so far (the first of equals).
+// The ended hypotheses: tokens (without </s>) at tokens + i * stride, length, score
+// log P / length_penalty; best is the index of the highest score (the first of equals).
 typedef struct { int *tokens, *length; double *score; int count, best; size_t stride; } FinishedHypotheses;
 
-// Ends a hypothesis of `length` tokens whose summed log-probability is log_p;
-// its penalty counts `penalized` tokens (</s> included when there is one).
-static void finish_hypothesis(FinishedHypotheses *finished, const int *tokens, int length, double log_p,
-                              int penalized, double alpha) {
+// Ends a hypothesis of `length` tokens and summed log-probability log_p; its penalty counts
+// `penalized` tokens (</s> included when there is one).
+static void finish_hypothesis(FinishedHypotheses *finished, const int *tokens, int length, double log_p, int penalized,
+                              double alpha) {
     int i = finished->count++;
     memcpy(finished->tokens + i * finished->stride, tokens, (size_t)length * sizeof(int));
     finished->length[i] = length;
@@ -1378,16 +1279,13 @@ static void finish_hypothesis(FinishedHypotheses *finished, const int *tokens, i
     if (finished->score[i] > finished->score[finished->best]) finished->best = i;
 }
 
-// Beam search for one sentence (§6.1). Keeps `beam_size` alive hypotheses.
-// At each position every alive beam proposes every token; the best
-// beam_size - (hypotheses finished so far) of these, by summed
-// log-probability, are taken in order: one ending in </s> is finished, with
-// score log P / length_penalty; the others fill the next alive beams. Search
-// stops when beam_size hypotheses have finished ("all beams have ended"), or
-// at the length limit, where the alive beams finish as they are. Returns the length
-// of the best finished hypothesis, written to out (capacity
-// transformer_decode_limit) without </s>; *score gets its score.
-// With beam_size 1 this is exactly greedy decoding.
+// Beam search for one sentence (§6.1). At each position every alive beam proposes every
+// token; the best beam_size - (hypotheses finished so far), by summed log-probability,
+// are taken in order: one ending in </s> is finished, scored log P / length_penalty; the
+// others are the next alive beams. Search stops when beam_size hypotheses have finished,
+// or at the length limit, where the alive beams finish as they are. Returns the length of
+// the best, written to out (capacity transformer_decode_limit) without </s>; *score gets
+// its score. With beam_size 1 this is exactly greedy decoding.
 int transformer_beam_search(Transformer *model, int *out, double *score, const int *src, int src_len,
                             int beam_size, double alpha) {
     int training = model->training, V = model->config.vocab_size;
@@ -1411,11 +1309,9 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     tokens[0] = TOKEN_BOS;
     for (int t = 0; t < limit; t++) {
         decoder_step(&cache, model, tokens, t, num_alive);
-        // Each of the beam_size beams ends once: the best `width` candidates, in order,
-        // either end (</s>) or go on, where width is the number of beams that
-        // have not ended yet. An ended beam is not replaced, so a few poor
-        // hypotheses that end early cannot stop the search while a better one
-        // is still going; the search stops when every beam has ended.
+        // Each beam ends once: the best `width` (beams not ended yet) candidates end (</s>) or go
+        // on. An ended beam is not replaced, so poor hypotheses that end early cannot stop the
+        // search while a better one is still going.
         int width = beam_size - finished.count, num_next = 0;
         int num_best = beam_propose(best, width, cache.logits, alive_score, num_alive, V);
         for (int i = 0; i < num_best; i++) {
@@ -1452,16 +1348,11 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
 }
 
 // ============================================================================
-// The machinery: memory and numbers
-// What the model above takes for granted: allocation that cannot fail
-// silently, our own random numbers, the parameters' names, sizes and initial
-// values, the memory of the activations, and the checks of a configuration
-// and of a batch.
+// The machinery: what the model above takes for granted. Allocation that
+// cannot fail silently, our own random numbers (a seed gives the same model on
+// every machine), the parameters' names, sizes and initial values, the memory
+// of the activations, and the checks of a configuration and of a batch.
 // ============================================================================
-
-// ----------------------------------------------------------------------------
-// Allocation that cannot fail silently, and our own random numbers, so that a
-// seed gives the same model on every machine.
 
 // count x size bytes, at least 1, or a clear exit if that overflows a size_t.
 static size_t checked_bytes(size_t count, size_t size, const char *what) {
@@ -1487,22 +1378,17 @@ static void *checked_calloc(size_t count, size_t size, const char *what) {
     return allocated(calloc(bytes, 1), bytes, what);
 }
 
-// splitmix64's output function: a 64-bit hash whose outputs look independent
-// for consecutive inputs.
+// splitmix64's output function: outputs that look independent for consecutive inputs
 static uint64_t hash64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
 
-// [0, 1) from the top 53 bits of 64 random ones.
-static double unit_interval(uint64_t bits) {
-    return (double)(bits >> 11) * (1.0 / 9007199254740992.0);
-}
+// [0, 1) from the top 53 bits of 64 random ones
+static double unit_interval(uint64_t bits) { return (double)(bits >> 11) * (1.0 / 9007199254740992.0); }
 
-static void rng_seed(Rng *rng, uint64_t seed) {
-    // splitmix64 of the seed, so that nearby seeds give unrelated streams and
-    // the xorshift state is never 0
+static void rng_seed(Rng *rng, uint64_t seed) {   // nearby seeds give unrelated streams; the state is never 0
     uint64_t z = hash64(seed + 0x9E3779B97F4A7C15ULL);
     rng->state = z ? z : 0x2545F4914F6CDD1DULL;
 }
@@ -1522,27 +1408,18 @@ static double rng_normal(Rng *rng) { // Box-Muller
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-static int rng_below(Rng *rng, int n) { // uniform integer in [0, n)
-    return (int)(rng_uniform(rng) * n);
-}
+static int rng_below(Rng *rng, int n) { return (int)(rng_uniform(rng) * n); }   // uniform integer in [0, n)
 
 // ----------------------------------------------------------------------------
-// The configuration (transformer_config_check, with the model's memory
-// below, says what it may hold).
+// The configuration (transformer_config_check, below, says what it may hold).
 
 TransformerConfig transformer_default_config(void) {
-    TransformerConfig config;
-    config.n_layers = 2;
-    config.d_model = 64;
-    config.d_ff = 256;
-    config.n_heads = 4;
-    config.vocab_size = 32;
-    config.max_len = 64;
-    config.positional = POSITIONAL_SINUSOID;  // §3.5; POSITIONAL_LEARNED is Table 3's row E
-    config.dropout = 0.1f;          // §5.4 P_drop for the base model
-    config.label_smoothing = 0.1f;  // §5.4 eps_ls
-    config.layer_norm_eps = 1e-5f;  // PyTorch's default; the paper gives none
-    return config;
+    return (TransformerConfig){
+        .n_layers = 2, .d_model = 64, .d_ff = 256, .n_heads = 4, .vocab_size = 32, .max_len = 64,
+        .positional = POSITIONAL_SINUSOID,   // §3.5; POSITIONAL_LEARNED is Table 3's row E
+        .dropout = 0.1f, .label_smoothing = 0.1f,   // §5.4 P_drop and eps_ls of the base model
+        .layer_norm_eps = 1e-5f,   // PyTorch's default; the paper gives none
+    };
 }
 
 // ----------------------------------------------------------------------------
@@ -1604,20 +1481,17 @@ static void point_parameters(ParameterTensors *tensors, real *block, const size_
     }
 }
 
-// Xavier-uniform (Glorot & Bengio 2010): U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
-// for a (rows, cols) matrix inside w.
+// Xavier-uniform (Glorot & Bengio 2010) of a (rows, cols) matrix: U(-a, a), a = sqrt(6 / (fan_in + fan_out))
 static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
     double bound = sqrt(6.0 / (double)(rows + cols));
     for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * bound);
 }
 
-// Initialisation (the paper gives none; these are PyTorch's and the common
-// reimplementations'): Xavier-uniform for every projection matrix (W^Q, W^K,
-// W^V, W^O each on its own, W_1, W_2); for the shared embedding and learned
-// positions, normal with mean 0 and standard deviation d_model^-0.5 (as
-// tensor2tensor and fairseq do); zero biases, layer-norm gain 1 and bias 0.
-// The positions are drawn last, so that a seed gives the same other weights
-// with either kind of positions.
+// Initialisation (the paper gives none; PyTorch's and the common reimplementations'):
+// Xavier-uniform for every projection matrix (W^Q, W^K, W^V, W^O each on its own, W_1,
+// W_2); the shared embedding and learned positions normal, standard deviation
+// d_model^-0.5 (tensor2tensor, fairseq); zero biases, layer-norm gain 1. The positions
+// are drawn last: a seed gives the same other weights with either kind of positions.
 static void initialize_parameters(Transformer *model, uint64_t seed) {
     const TransformerConfig *config = &model->config;
     size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
@@ -1652,15 +1526,12 @@ static void initialize_parameters(Transformer *model, uint64_t seed) {
 // The model's memory: arenas sized by the batch, building and freeing a model,
 // and the checks of a configuration and a batch.
 
-// The model's tensors (parameters, activations, the decoding cache) live in
-// a few large arenas of zeros, each starting on a 64-byte cache line: Part
-// II's vector loads are up to 64 bytes wide, and one that straddles two
-// lines costs two (with malloc's 16-byte alignment, a toy training step took
-// 5% longer on an AVX-512 machine; dev/PERFORMANCE.md). calloc leaves pages
-// that are never written (a run that only decodes never touches the
-// gradients) unbacked by memory, which aligned_alloc and memset would not:
-// so this asks calloc for one line more, returns the first line boundary
-// past the block's start, and keeps the block's own address in the bytes
+// The model's tensors live in a few arenas of zeros, each tensor on a 64-byte
+// cache line: the fast path's vector loads are up to 64 bytes wide, and one that
+// straddles two lines costs two (5% of a toy step on AVX-512; dev/PERFORMANCE.md).
+// calloc leaves pages never written (decoding never touches the gradients)
+// unbacked, as aligned_alloc and memset would not: so this asks calloc for one
+// line more, returns the first line boundary in it, and keeps calloc's address
 // just below it for arena_free.
 #define CACHE_LINE 64
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
@@ -1684,15 +1555,13 @@ static void arena_free(real *p) {
     free(block);
 }
 
-// `count` numbers rounded up to whole cache lines, so that the tensor laid
-// out after them in an arena starts on a line too (arena_calloc).
+// `count` numbers rounded up to whole cache lines: the next tensor of an arena starts on a line too
 static size_t whole_lines(size_t count) {
     size_t per_line = CACHE_LINE / sizeof(real);
     return (count + per_line - 1) / per_line * per_line;
 }
 
-// One new arena for the n tensors, each at a cache line (sizes rounded up to
-// whole lines), in the order given.
+// One new arena for the n tensors, in the order given, each at a cache line
 static real *arena_of(Tensor *tensors, int n, const char *what) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += whole_lines(tensors[i].size);
@@ -1704,9 +1573,8 @@ static real *arena_of(Tensor *tensors, int n, const char *what) {
     return arena;
 }
 
-// Makes the activation and scratch buffers big enough for a (B, S, T) batch.
-// A smaller batch reuses them: per-layer offsets are computed from the actual
-// B, S, T, which fit inside every tensor's capacity.
+// Makes the activations and scratch big enough for a (B, S, T) batch. A smaller batch
+// reuses them: the per-layer offsets come from its own B, S, T.
 static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int batch_T) {
     if (model->acts_memory && batch_B <= model->cap_B && batch_S <= model->cap_S && batch_T <= model->cap_T) return;
     const TransformerConfig *config = &model->config;
@@ -1791,80 +1659,68 @@ void transformer_free(Transformer *model) {
     memset(model, 0, sizeof *model);
 }
 
+// Returns NULL when cond holds, else the message (kept until the next) from the format and its values
+static char check_message[200];
+#define REQUIRE(cond, ...) do { if (!(cond)) { \
+    snprintf(check_message, sizeof check_message, __VA_ARGS__); return check_message; } } while (0)
+
 // Returns NULL when the config is usable, else a message naming the bad field.
 const char *transformer_config_check(const TransformerConfig *config) {
-    static char message[200];
-    #define CONFIG_REQUIRE(cond, ...) do { if (!(cond)) { \
-        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
-    CONFIG_REQUIRE(config->n_layers >= 1 && config->n_layers <= TRANSFORMER_MAX_LAYERS,
-                   "n_layers is %d, expected 1..%d", config->n_layers, TRANSFORMER_MAX_LAYERS);
-    CONFIG_REQUIRE(config->d_model >= 1 && config->d_model <= TRANSFORMER_MAX_WIDTH,
-                   "d_model is %d, expected 1..%d", config->d_model, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(config->d_ff >= 1 && config->d_ff <= TRANSFORMER_MAX_WIDTH,
-                   "d_ff is %d, expected 1..%d", config->d_ff, TRANSFORMER_MAX_WIDTH);
-    CONFIG_REQUIRE(config->n_heads >= 1 && config->n_heads <= config->d_model,
-                   "n_heads is %d, expected 1..d_model (%d)", config->n_heads, config->d_model);
-    CONFIG_REQUIRE(config->d_model % config->n_heads == 0,
-                   "d_model (%d) is not divisible by n_heads (%d)", config->d_model, config->n_heads);
-    CONFIG_REQUIRE(config->vocab_size > NUM_SPECIAL_TOKENS && config->vocab_size <= TRANSFORMER_MAX_VOCAB,
-                   "vocab_size is %d, expected %d..%d (4 special tokens + words)",
-                   config->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
-    CONFIG_REQUIRE(config->max_len >= 2 && config->max_len <= TRANSFORMER_MAX_LEN,
-                   "max_len is %d, expected 2..%d", config->max_len, TRANSFORMER_MAX_LEN);
-    CONFIG_REQUIRE(config->positional == POSITIONAL_SINUSOID || config->positional == POSITIONAL_LEARNED,
-                   "positional is %d, expected %d (sinusoid) or %d (learned)", config->positional,
-                   POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    CONFIG_REQUIRE(config->dropout >= 0.0f && config->dropout < 1.0f,
-                   "dropout is %g, expected 0 <= dropout < 1", (double)config->dropout);
-    CONFIG_REQUIRE(config->label_smoothing >= 0.0f && config->label_smoothing < 1.0f,
-                   "label_smoothing is %g, expected 0 <= eps_ls < 1", (double)config->label_smoothing);
-    CONFIG_REQUIRE(config->layer_norm_eps > 0.0f && config->layer_norm_eps < 1.0f,
-                   "layer_norm_eps is %g, expected 0 < eps < 1", (double)config->layer_norm_eps);
-    #undef CONFIG_REQUIRE
+    const TransformerConfig *c = config;
+    REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS, "n_layers is %d, expected 1..%d",
+            c->n_layers, TRANSFORMER_MAX_LAYERS);
+    REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH, "d_model is %d, expected 1..%d", c->d_model,
+            TRANSFORMER_MAX_WIDTH);
+    REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH, "d_ff is %d, expected 1..%d", c->d_ff,
+            TRANSFORMER_MAX_WIDTH);
+    REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model, "n_heads is %d, expected 1..d_model (%d)", c->n_heads,
+            c->d_model);
+    REQUIRE(c->d_model % c->n_heads == 0, "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
+    REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB, "vocab_size is %d, "
+            "expected %d..%d (4 special tokens + words)", c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
+    REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN, "max_len is %d, expected 2..%d", c->max_len,
+            TRANSFORMER_MAX_LEN);
+    REQUIRE(c->positional == POSITIONAL_SINUSOID || c->positional == POSITIONAL_LEARNED, "positional is %d, "
+            "expected %d (sinusoid) or %d (learned)", c->positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+    REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f, "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
+    REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f, "label_smoothing is %g, expected 0 <= eps_ls < 1",
+            (double)c->label_smoothing);
+    REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f, "layer_norm_eps is %g, expected 0 < eps < 1",
+            (double)c->layer_norm_eps);
     return NULL;
 }
 
 // Returns NULL when the batch fits the model, else what is wrong with it.
 const char *batch_check(const Batch *batch, const TransformerConfig *config) {
-    static char message[200];
-    #define BATCH_REQUIRE(cond, ...) do { if (!(cond)) { \
-        snprintf(message, sizeof message, __VA_ARGS__); return message; } } while (0)
-    BATCH_REQUIRE(batch->B >= 1 && batch->S >= 1 && batch->T >= 1,
-                  "batch shape %d x %d x %d, expected positive sizes", batch->B, batch->S, batch->T);
-    BATCH_REQUIRE(batch->S <= config->max_len && batch->T <= config->max_len,
-                  "batch lengths %d (source) and %d (target) exceed max_len %d",
-                  batch->S, batch->T, config->max_len);
-    for (int b = 0; b < batch->B; b++) {
-        BATCH_REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= batch->S,
-                      "sentence %d: source length %d, expected 1..%d", b, batch->src_len[b], batch->S);
-        BATCH_REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= batch->T,
-                      "sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b], batch->T);
-        for (int s = 0; s < batch->S; s++) {
-            int tok = batch->src[b * batch->S + s];
-            BATCH_REQUIRE(tok >= 0 && tok < config->vocab_size,
-                          "sentence %d: source token %d at %d outside the vocabulary 0..%d",
-                          b, tok, s, config->vocab_size - 1);
+    int B = batch->B, S = batch->S, T = batch->T, V = config->vocab_size;
+    REQUIRE(B >= 1 && S >= 1 && T >= 1, "batch shape %d x %d x %d, expected positive sizes", B, S, T);
+    REQUIRE(S <= config->max_len && T <= config->max_len, "batch lengths %d (source) and %d (target) exceed max_len %d",
+            S, T, config->max_len);
+    for (int b = 0; b < B; b++) {
+        REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= S, "sentence %d: source length %d, expected 1..%d", b,
+                batch->src_len[b], S);
+        REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= T, "sentence %d: target length %d, expected 1..%d", b,
+                batch->tgt_len[b], T);
+        for (int s = 0; s < S; s++) {
+            int token = batch->src[b * S + s];
+            REQUIRE(token >= 0 && token < V, "sentence %d: source token %d at %d outside the vocabulary 0..%d", b,
+                    token, s, V - 1);
         }
-        for (int t = 0; t < batch->T; t++) {
-            int in = batch->tgt_in[b * batch->T + t], out = batch->tgt_out[b * batch->T + t];
-            BATCH_REQUIRE(in >= 0 && in < config->vocab_size && out >= 0 && out < config->vocab_size,
-                          "sentence %d: target token %d/%d at %d outside the vocabulary 0..%d",
-                          b, in, out, t, config->vocab_size - 1);
+        for (int t = 0; t < T; t++) {
+            int in = batch->tgt_in[b * T + t], out = batch->tgt_out[b * T + t];
+            REQUIRE(in >= 0 && in < V && out >= 0 && out < V, "sentence %d: target token %d/%d at %d outside the "
+                    "vocabulary 0..%d", b, in, out, t, V - 1);
         }
     }
-    #undef BATCH_REQUIRE
     return NULL;
 }
 
 // ############################################################################
 // PART II   THE PROGRAM
 // The smallest program that trains the model of Part I and translates with
-// it: the copy and reverse tasks or a TSV file of sentence pairs, batches by
-// length (§5.1), the training loop with held-out evaluation, checkpoints,
-// and the commands train, decode (greedy or --beam) and eval (exact match,
-// BLEU). What can fail returns NULL, or one line saying what is wrong: the
-// file (and line) or the value, and what was expected. The companions in
-// lab/ add to it through the hooks of "where the lab plugs in".
+// it. What can fail returns NULL, or one line saying what is wrong: the file
+// (and line) or the value, and what was expected. The companions in lab/ add
+// to it through the hooks of "where the lab plugs in".
 // ############################################################################
 
 static char error_buffer[1024];   // the last error's text, until the next error
@@ -1950,9 +1806,8 @@ static void vocab_init(Vocabulary *vocab) {
 }
 
 // ---- the command line -------------------------------------------------------
-// Each command reads its flags from a table, so that a bad flag gets one line
-// naming it and its value and saying what was expected, and --help prints
-// the table with the defaults.
+// Each command reads its flags from a table: a bad flag gets one line naming it
+// and saying what was expected, and --help prints the table with the defaults.
 
 // Reads text into the option's value; returns 0 (and writes, in expected, what would do) if it is not one.
 static int parse_option_value(const Option *o, const char *text, char *expected, size_t size) {
@@ -2028,10 +1883,9 @@ static Option *find_option(Option *options, int n, const char *name) {
 }
 
 // ---- where the lab plugs in -------------------------------------------------
-// lab/lab.c, which make builds into ./transformer, fills in these hooks
-// (transformer.h, LabHooks: more commands, more train flags, the stages of
-// training, §5.1 subwords) before it runs a command; transformer.c alone leaves
-// them empty. Each is called at one place, on a line marked "lab:".
+// lab/lab.c (make's ./transformer) fills in these hooks (transformer.h, LabHooks:
+// more commands, more train flags, the stages of training, §5.1 subwords);
+// transformer.c alone leaves them empty. Each is called on a line marked "lab:".
 static LabHooks lab;
 
 static void vocab_free(Vocabulary *vocab) {
@@ -2043,19 +1897,14 @@ static void vocab_free(Vocabulary *vocab) {
 }
 
 // ---- white space ------------------------------------------------------------
-// Tokens are separated by white space, and white space is one set of
-// characters wherever it separates them (data, decode's input, BLEU): the
-// set Python's str.split() splits at, so that BLEU counts the tokens
+// One set of white-space characters separates tokens everywhere (data, decode's
+// input, BLEU): the set Python's str.split() splits at, so that BLEU counts what
 // sacreBLEU's tokenize='none' counts. ASCII's \t \n \v \f \r and space,
-// U+001C..U+001F, and Unicode's White_Space: U+0085, U+00A0 (no-break
-// space), U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F and U+3000
-// (the ideographic space of CJK text); not the zero-width space U+200B.
-// Above U+007F only the UTF-8 sequence counts: a lone byte 0xA0 (of Latin-1
-// text) is not white space.
+// U+001C..U+001F, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029,
+// U+202F, U+205F and U+3000; not U+200B. Above U+007F only UTF-8 counts.
 
-// The length in bytes of the white-space character that begins the
-// zero-terminated text, or 0. (A byte after the first is read only when the
-// bytes before it matched: never past the end.)
+// The length in bytes of the white-space character that begins the text, or 0
+// (a byte after the first is read only when the bytes before it matched).
 static int white_space_bytes(const char *text) {
     const unsigned char *s = (const unsigned char *)text;
     if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
@@ -2073,9 +1922,8 @@ static const char *skip_white_space(const char *text) {
     return text;
 }
 
-// The first token of the zero-terminated text: where it starts, its length
-// in bytes in *length; NULL when there is none. (Stepping a byte at a time
-// is safe: white space never begins with a UTF-8 continuation byte.)
+// The first token of the text and its length in bytes (*length), or NULL. (A byte at
+// a time is safe: white space never begins with a UTF-8 continuation byte.)
 static const char *next_token(const char *text, size_t *length) {
     const char *start = skip_white_space(text), *end = start;
     if (!*start) return NULL;
@@ -2084,12 +1932,11 @@ static const char *next_token(const char *text, size_t *length) {
     return start;
 }
 
-// Every text input (data, decode's input, the lab's bleu and bpe) is UTF-8: a
-// byte that is not (Latin-1 text, a binary file) is refused with its file and
-// line, as a program that splits words at Unicode's spaces must (NOTES.md §7).
+// Every text input is UTF-8: a byte that is not (Latin-1, a binary file) is refused
+// with its file and line, as a program that splits at Unicode's spaces must (NOTES §7).
 
-// Length in bytes of the valid UTF-8 sequence at s, or 0 if it is not one
-// (RFC 3629: no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
+// Length in bytes of the valid UTF-8 sequence at s, or 0 (RFC 3629: no overlong
+// forms, no UTF-16 surrogates, nothing above U+10FFFF).
 static int utf8_sequence_length(const unsigned char *s) {
     if (s[0] < 0x80) return 1;
     int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
@@ -2100,8 +1947,8 @@ static int utf8_sequence_length(const unsigned char *s) {
     return n;
 }
 
-// NULL for a line of UTF-8 text, else one line (where: "data.tsv:12") naming the
-// first byte that is not. got: read_text_line's answer (-1: a zero byte).
+// NULL for a line of UTF-8 text, else the first byte that is not, at `where` ("data.tsv:12").
+// got: read_text_line's answer (-1: a zero byte).
 static const char *text_error(const char *line, int got, const char *where) {
     if (got < 0) return errorf("%s: a zero byte; expected text", where);
     for (const unsigned char *s = (const unsigned char *)line; *s; ) {
@@ -2116,8 +1963,7 @@ static const char *text_error(const char *line, int got, const char *where) {
 // ---- sentence pairs, and reading them ---------------------------------------
 
 static void dataset_free(Dataset *dataset) {
-    free(dataset->pairs);
-    free(dataset->tokens);
+    free(dataset->pairs); free(dataset->tokens);
     memset(dataset, 0, sizeof *dataset);
 }
 
@@ -2154,8 +2000,8 @@ static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
 
 #define MAX_UNKNOWN_WARNINGS 5
 
-// The id of the n bytes at token. grow: a new token joins the vocabulary;
-// otherwise it becomes <unk> with a warning (the first few).
+// The id of the n bytes at token. grow: a new token joins the vocabulary; otherwise
+// it becomes <unk> with a warning (the first few).
 static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
     int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
     if (id >= 0) return id;
@@ -2171,17 +2017,15 @@ static void push_id(int **ids, size_t *capacity, int n, int id) {
     (*ids)[n] = id;
 }
 
-// The text <pad>, <s>, </s> or <unk> in data is refused rather than read as
-// the special token: the model would learn, or be fed, its own markers.
+// The text <pad>, <s>, </s> or <unk> in data is refused: the model would learn, or be fed, its own markers.
 static const char *reserved_token_error(const TextSource *from) {
     return errorf("%s: the token '%s' is reserved (<pad> <s> </s> <unk> are the model's own markers); "
                   "expected text without them", from->where, from->reserved);
 }
 
-// Splits text at white space into token ids: whole words, or with the lab's
-// §5.1 merges each word's subwords. grow: new tokens join the vocabulary;
-// otherwise they become <unk>. Returns the number of tokens (*ids grows as
-// needed), or -1 at a special token's text (from->reserved says which).
+// Splits text at white space into token ids (*ids grows as needed): whole words, or
+// with the lab's §5.1 merges subwords; grow as token_id. Returns the number of
+// tokens, or -1 at a special token's text (from->reserved says which).
 static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
     size_t len;
@@ -2197,8 +2041,7 @@ static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, si
     return n;
 }
 
-// The tokens as text, separated by spaces (with §5.1 merges, subwords joined
-// into words by the lab). Returns a new string.
+// The tokens as a new string, separated by spaces (with §5.1 merges, joined into words by the lab)
 static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
     if (vocab->bpe && lab.join_tokens) return lab.join_tokens(vocab, ids, n);   // lab: §5.1
     size_t bytes = 1;
@@ -2214,9 +2057,8 @@ static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n
     free(text);
 }
 
-// Reads line line_no (from 1) of f into *line, without its line end and, on
-// line 1, without a UTF-8 byte-order mark (EF BB BF, which some editors
-// write first). Returns 1, 0 at the end, or -1 for a line holding a zero byte.
+// Reads line line_no (from 1) of f into *line, without its line end and, on line 1, a
+// UTF-8 byte-order mark (EF BB BF). Returns 1, 0 at the end, -1 for a line with a zero byte.
 static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     ssize_t length = getline(line, capacity, f);
     if (length < 0) return 0;
@@ -2228,8 +2070,7 @@ static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     return strlen(*line) == (size_t)length ? 1 : -1;
 }
 
-// Opens a text file to read, or sets *error (fopen opens a directory too, and
-// a loop reading lines would take its failed first read for an empty file).
+// Opens a text file to read, or sets *error (fopen opens a directory too, read as empty).
 static FILE *open_text_file(const char *path, const char **error) {
     FILE *f = fopen(path, "r");
     struct stat st;
@@ -2242,9 +2083,8 @@ static FILE *open_text_file(const char *path, const char **error) {
     return f;
 }
 
-// Reads `source<TAB>target` lines into dataset. Blank lines (white space,
-// no tab) are skipped; \r\n ends a line as \n does. grow: the vocabulary takes
-// every new token (training data); otherwise unknown tokens become <unk>.
+// Reads `source<TAB>target` lines into dataset; blank lines are skipped, \r\n ends a line
+// as \n does. grow: the vocabulary takes every new token; otherwise they become <unk>.
 static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
@@ -2286,8 +2126,7 @@ static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const c
     return error;
 }
 
-// A model with max_len positions takes sources and targets of up to
-// max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder <s> y_1..y_n.
+// max_len positions take up to max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder <s> y_1..y_n.
 static const char *dataset_check_lengths(const Dataset *dataset, const char *name, int max_len) {
     for (int i = 0; i < dataset->count; i++) {
         const SentencePair *p = &dataset->pairs[i];
@@ -2304,11 +2143,9 @@ static const char *dataset_check_lengths(const Dataset *dataset, const char *nam
 }
 
 // ---- the copy and reverse tasks ---------------------------------------------
-// copy: the target is the source; reverse: the source backwards. Words are
-// the numbers 0..words-1, so `./transformer decode ... "3 1 4 1 5"` reads
-// naturally. The held-out pairs are drawn after the training pairs, and none
-// of their sources is a training source: the model is tested on sequences it
-// never saw.
+// copy: the target is the source; reverse: the source backwards. Words are the
+// numbers 0..words-1 (`decode ... "3 1 4 1 5"`). No held-out source is a training
+// source: the model is tested on sequences it never saw.
 
 enum { TASK_COPY, TASK_REVERSE };
 
@@ -2360,10 +2197,9 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
 // ---- batches ----------------------------------------------------------------
 // §5.1: "Sentence pairs were batched together by approximate sequence length.
 // Each training batch contained a set of sentence pairs containing
-// approximately 25000 source tokens and 25000 target tokens." An epoch visits
-// every training pair once: the pairs are sorted by length (source, then
-// target, random among equals), cut into batches of at most batch_tokens
-// tokens counting padding (B x (S + T)), and the batches visited in random order.
+// approximately 25000 source tokens and 25000 target tokens." An epoch sorts the
+// pairs by length (source, then target, random among equals), cuts them into
+// batches of at most batch_tokens counting padding, and visits those in random order.
 
 typedef struct { int src_len, tgt_len; uint64_t key; int index; } LengthKey;
 
@@ -2375,10 +2211,9 @@ static int compare_length_keys(const void *pa, const void *pb) {
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
-// The first `count` pairs sorted by length (among equals by a key from rng,
-// or by index when rng is NULL) into order, then cut into batches of at most
-// batch_tokens padded tokens (and at least one pair): B x (S + T), S the
-// longest source + 1 (</s>), T the longest target + 1. Returns how many.
+// The first `count` pairs sorted by length (among equals by a key from rng, or by index
+// when rng is NULL) into order, cut into batches of at least one pair and at most
+// batch_tokens = B x (S + T), S the longest source + 1 (</s>), T the longest target + 1.
 static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count, int batch_tokens, Rng *rng) {
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
     for (int i = 0; i < count; i++) {
@@ -2420,12 +2255,10 @@ static void batch_buffer_free(BatchBuffer *bb) {
     memset(bb, 0, sizeof *bb);
 }
 
-// Teacher forcing (§3.1: "the output embeddings are offset by one
-// position"): the decoder reads tgt_in = <s> y_1 .. y_n and must predict
-// tgt_out = y_1 .. y_n </s>. The source ends with </s> too, as in
-// tensor2tensor and fairseq (the paper does not say): it marks where the
-// sentence ends, which the encoder otherwise infers from the padding mask
-// alone; on the copy task it made learning faster.
+// Teacher forcing (§3.1: "the output embeddings are offset by one position"): the
+// decoder reads tgt_in = <s> y_1 .. y_n and must predict tgt_out = y_1 .. y_n </s>.
+// The source ends with </s> too, as in tensor2tensor and fairseq (the paper does
+// not say); on the copy task it made learning faster.
 static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indices, int count) {
     size_t B = count, S = 1, T = 1;
     for (size_t b = 0; b < B; b++) {
@@ -2458,24 +2291,19 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
 // ---- §6.1 BLEU --------------------------------------------------------------
 // The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
 // newstest2014: 27.3 (base) and 28.4 (big) for English-German. Corpus-level
-// BLEU-4 with one reference per sentence:
-//   p_n  = (clipped n-gram matches, summed over the sentences)
-//          / (the output's n-grams, summed over the sentences),      n = 1..4,
-//          where an n-gram counts at most as often as the reference has it
-//          ("the the the the" against "the cat" matches one "the");
+// BLEU-4 with one reference per sentence, no smoothing (a p_n of 0 gives 0):
+//   p_n  = (clipped n-gram matches) / (the output's n-grams), both summed over
+//          the sentences, n = 1..4; an n-gram counts at most as often as the
+//          reference has it ("the the the" against "the cat" matches one "the");
 //   BP   = 1 if c > r, else exp(1 - r/c)   (c, r: output and reference lengths
 //          summed over the corpus);   BLEU = 100 BP exp((1/4) sum_n log p_n).
-// Corpus BLEU is not the mean of sentence BLEUs. No smoothing: a p_n of 0
-// gives BLEU 0. Tokens are token ids, or words separated by white space.
 
-// One distinct n-gram of a sentence pair: where it first occurs, and how
-// many times it occurs in the candidate and in the reference.
+// One distinct n-gram of a sentence pair: where it first occurs, its counts on each side.
 typedef struct { const int *gram; int in_candidate, in_reference; } NgramCount;
 
-// Clipped matches of order n: for each distinct n-gram of the candidate,
-// min(its count in the candidate, in the reference), counted in a hash table
-// (mask + 1 slots, at least twice the n-grams of both) as sacreBLEU counts
-// in a Python Counter: linear time, milliseconds for a line of 40,000 tokens.
+// Clipped matches of order n: sum over the candidate's distinct n-grams of
+// min(count in candidate, count in reference), in a hash table of mask + 1 slots
+// (at least twice the n-grams of both), as sacreBLEU's Counter: linear time.
 static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int *candidate, int candidate_len,
                                        const int *reference, int reference_len, int n) {
     memset(table, 0, (mask + 1) * sizeof *table);
@@ -2551,10 +2379,8 @@ double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], dou
     return any_zero ? 0.0 : 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
 }
 
-// Printed with sacreBLEU's signature of what it computed (no tokenizer of
-// its own, no smoothing: the lab's `bleu` has both) and its precisions to
-// two decimals, divided as sacreBLEU divides, 100 matches / n-grams (23/80
-// gives 28.75 exactly, 100 * (23/80) gives 28.749999999999996).
+// With sacreBLEU's signature (the lab's `bleu` has its tokenizer and smoothing) and precisions
+// divided as it divides, 100 matches / n-grams (23/80: 28.75, where 100 * (23/80) is 28.7499...).
 static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " (words)", or ""
     double p[BLEU_MAX_ORDER], bp, score = bleu_score(stats, NULL, &bp);
     for (int n = 0; n < BLEU_MAX_ORDER; n++)
@@ -2565,13 +2391,10 @@ static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " 
 }
 
 // ---- evaluation -------------------------------------------------------------
-// Decodes held-out sources and compares with the references: exact match
-// (the output is the reference), token accuracy (positions where output and
-// reference agree, over the longer of the two, summed over sentences; a
-// reference <unk> never counts as right), BLEU; and the teacher-forced loss
-// (label-smoothed, as in training, no dropout) and the model's own
-// -log p(reference token) without smoothing, whose exponential is the
-// perplexity of Table 3.
+// Decodes held-out sources and compares with the references: exact match, token
+// accuracy (positions that agree over the longer of the two; a reference <unk> is
+// never right), BLEU; and the teacher-forced loss (label-smoothed, no dropout) and
+// -log p(reference token) without smoothing, whose exponential is Table 3's perplexity.
 
 static void evaluation_free(Evaluation *e) {
     free(e->output); free(e->output_len);
@@ -2635,22 +2458,6 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
     model->training = training;
 }
 
-// With §5.1 subwords the tokens are not the words: joined back into words,
-// an output may spell the reference with other subwords and still be it.
-// Exact match (e->exact, replacing the count on subwords) and BLEU on words.
-static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
-    e->exact = 0;
-    bleu_reset(&e->bleu_words);
-    for (int i = 0; i < e->sentences; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
-        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
-        e->exact += strcmp(output, reference) == 0;
-        bleu_add_sentence_text(&e->bleu_words, output, reference);
-        free(output); free(reference);
-    }
-}
-
 static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab, int show) {
     for (int i = 0; i < show && i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
@@ -2665,11 +2472,10 @@ static void print_examples(const Evaluation *e, const Dataset *dataset, const Vo
 }
 
 // ---- checkpoints ------------------------------------------------------------
-// A run's config, vocabulary, parameters, Adam's moments and step, generator
-// states, place in its epoch and options, in one file (dev/FORMATS.md):
-// little-endian, the last 8 bytes an FNV-1a checksum of all before. A save
-// writes PATH.tmp, flushes it to the disk and renames it over PATH, which
-// replaces a file in one step: PATH is always the old checkpoint or the new.
+// A run's config, vocabulary, parameters, Adam's moments and step, generator states,
+// place in its epoch and options, in one file (dev/FORMATS.md): little-endian, the
+// last 8 bytes an FNV-1a checksum of all before. A save writes PATH.tmp, flushes it
+// and renames it over PATH in one step: PATH is always the old checkpoint or the new.
 
 #define CHECKPOINT_MAGIC "TCKP"
 #define CHECKPOINT_VERSION 3   // versions 1 and 2 (before the §5.1 merges and the kind of positions) are refused
@@ -2678,8 +2484,7 @@ static void print_examples(const Evaluation *e, const Dataset *dataset, const Vo
 #define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a, 64 bits
 #define FNV_PRIME 0x100000001B3ULL
 
-// A checkpoint file being written or read, and the FNV-1a hash of its bytes so far
-typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;
+typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;   // and the FNV-1a hash of its bytes so far
 
 static void write_bytes(CheckpointFile *w, const void *data, size_t n) {
     for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ ((const unsigned char *)data)[i]) * FNV_PRIME;
@@ -2757,17 +2562,15 @@ static const char *checkpoint_save(const char *path, const Transformer *model, c
 typedef struct {
     uint32_t real_bytes;        // 4 (float) or 8 (double)
     TransformerConfig config;
-    uint64_t num_parameters, adam_step, dropout_rng;
+    uint64_t num_parameters, adam_step, dropout_rng, vocab_bytes, options_bytes, merges_bytes;
     TrainingState state;
-    uint64_t vocab_bytes, options_bytes, merges_bytes;
 } CheckpointHeader;
 
 #define CHECKPOINT_REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)
 
-// Reads and checks the header from its bytes b (got of them, from a file of
-// `size` bytes): the magic, the version, the config, the parameter count the
-// config gives, the run's counts, and the file's length against what the
-// header describes.
+// Reads and checks the header from its bytes b (got of them, from a file of `size`
+// bytes): magic, version, config, the parameter count, the run's counts, and the
+// file's length against what the header describes.
 static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got,
                                            uint64_t size, const char *path) {
     typedef unsigned long long u64;
@@ -2838,9 +2641,8 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
     return NULL;
 }
 
-// The vocabulary section: for each id a u32 length and the token's bytes; the
-// four special tokens first, no repeats, no (ASCII) spaces, lengths adding up
-// to the section's size in the header. vocab starts as vocab_init leaves it.
+// The vocabulary section: for each id a u32 length and the token's bytes; the special
+// tokens first, no repeats, no (ASCII) spaces, adding up to the header's size.
 static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *vocab, const CheckpointHeader *h,
                                               const char *path) {
     uint64_t used = 0;
@@ -2868,10 +2670,9 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
     return NULL;
 }
 
-// Reads a checkpoint into a new model and vocabulary (and, when not NULL,
-// the training state and the run's options text, which the caller frees).
-// Nothing is allocated before the header has been checked against the
-// file's length; the checksum, last, covers every byte.
+// Reads a checkpoint into a new model and vocabulary (and, when not NULL, the training
+// state and the run's options text, which the caller frees). Nothing is allocated
+// before the header has been checked against the file's length; the checksum covers all.
 static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab, TrainingState *state,
                                    char **run_options) {
     memset(model, 0, sizeof *model);
@@ -2974,8 +2775,7 @@ static const char *train_usage =
     "dropout (§5.4), on a built-in task or on source<TAB>target lines; evaluates on held-out\n"
     "pairs as it goes and writes checkpoints.";
 
-// Where the training steps run (transformer.h): here, on the host, where the
-// parameters always are, so begin and to_host have nothing to do.
+// Where the training steps run (transformer.h): here, where the parameters are, with nothing to copy.
 static void cpu_training_nothing_to_copy(Transformer *model) { (void)model; }
 const TrainingCompute transformer_cpu_training = {
     "transformer.c", cpu_training_nothing_to_copy, transformer_train_step, cpu_training_nothing_to_copy,
@@ -2988,8 +2788,7 @@ static const char *train_event(TrainRun *run, TrainEvent event) {
     return lab.train_event ? lab.train_event(run, event) : NULL;
 }
 
-// The training and held-out pairs: of a task, or of TSV files. The
-// vocabulary grows with the training data, unless it is a resumed run's.
+// The training and held-out pairs, of a task or TSV files; the vocabulary grows with them (grow) or is a resumed run's.
 static const char *train_load_data(TrainRun *run, int grow) {
     TrainOptions *o = &run->opt;
     const char *error;
@@ -3039,8 +2838,7 @@ static const char *train_start(TrainRun *run) {
     return NULL;
 }
 
-// The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to
-// be writable before any training.
+// The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to be writable before any training.
 static const char *train_prepare_output(TrainRun *run) {
     TrainOptions *o = &run->opt;
     if (o->checkpoint) {
@@ -3066,9 +2864,7 @@ static const char *train_prepare_output(TrainRun *run) {
     char tmp[sizeof run->checkpoint_path + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", run->checkpoint_path);   // also what a killed save left
     FILE *f = fopen(tmp, "wb");
-    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
-    fclose(f);
-    remove(tmp);
+    if (!f || fclose(f) || remove(tmp)) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
     if (!same) run->last_saved_step = -1;
     return NULL;
 }
@@ -3094,9 +2890,8 @@ static const char *train_save(TrainRun *run) {
     return error;
 }
 
-// Held-out loss, token accuracy and exact match of greedy decoding; at the
-// end of the run also a few decoded examples. Returns the exact match in %,
-// or NAN when there are no held-out pairs.
+// Held-out loss, token accuracy and exact match of greedy decoding, at the end a few
+// examples. Returns the exact match in %, or NAN when there are no held-out pairs.
 static double train_evaluate(TrainRun *run, int final) {
     if (run->valid.count == 0) {
         printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", run->model.adam_step);
@@ -3104,7 +2899,7 @@ static double train_evaluate(TrainRun *run, int final) {
     }
     Evaluation e;
     evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
-    if (run->vocab.bpe) evaluation_score_words(&e, &run->valid, &run->vocab);
+    if (run->vocab.bpe) lab.score_words(&e, &run->valid, &run->vocab);   // lab: §5.1, on words
     double exact = 100.0 * e.exact / e.sentences;
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
            run->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1), exact, e.exact, e.sentences);
@@ -3188,9 +2983,8 @@ static const char *train_loop(TrainRun *run) {
         run->tokens = run->batch.tokens;
         if (!isfinite(run->loss)) {   // stop; the last checkpoint is left as it was
             char saved[4300] = "no checkpoint was written";
-            if (run->last_saved_step >= 0)
-                snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
-                         run->checkpoint_path, run->last_saved_step);
+            if (run->last_saved_step >= 0) snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), "
+                                                    "is left as it was", run->checkpoint_path, run->last_saved_step);
             error = errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
                            isnan(run->loss) ? "NaN" : "infinite", saved);
             break;
@@ -3255,10 +3049,9 @@ static int command_train(int argc, char **argv) {
 
 // ---- decode -----------------------------------------------------------------
 
-// Decodes one sentence of text and prints the output on one line. A sentence
-// it cannot take (too long, a reserved token) does not stop a stream: its
-// error line goes to stderr, an empty line to stdout (so that output line i
-// still answers input line i), and 1 is returned to count it.
+// Decodes one sentence of text and prints the output on one line. A sentence it cannot
+// take (too long, a reserved token) does not stop a stream: an error line to stderr, an
+// empty line to stdout (output line i still answers input line i), and 1 returned.
 static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam,
                            double alpha, const char *error) {
     int *ids = NULL, n = 0, max_len = model->config.max_len;
@@ -3308,12 +3101,12 @@ static int command_decode(int argc, char **argv) {
     int status = parse_options("decode", usage, options, (int)(sizeof options / sizeof *options), argc, argv, sentences, &num_sentences);
     if (status) { free(sentences); return status == 2 ? 0 : 1; }
     set_threads(threads);
-    Transformer model;
-    Vocabulary vocab;
+    Transformer model = { 0 };
+    Vocabulary vocab = { 0 };
     const char *error = checkpoint ? checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)
                                    : "--checkpoint FILE is required (a model written by ./transformer train)";
+    TextSource from = { "", 0, 0, NULL };
     if (!error) {
-        TextSource from = { "", 0, 0, NULL };
         for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
             refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha,
@@ -3329,10 +3122,10 @@ static int command_decode(int argc, char **argv) {
         if (num_sentences == 0 && ferror(stdin))   // a read that failed (stdin a directory, say) is not the end
             error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
         free(line);
-        transformer_free(&model);
-        vocab_free(&vocab);
     }
     if (error) fprintf(stderr, "error: decode: %s\n", error);
+    transformer_free(&model);
+    vocab_free(&vocab);
     free(sentences);
     return error || refused ? 1 : 0;
 }
@@ -3340,7 +3133,7 @@ static int command_decode(int argc, char **argv) {
 // ---- eval -------------------------------------------------------------------
 
 static int command_eval(int argc, char **argv) {
-    const char *checkpoint = NULL, *data = NULL;
+    const char *checkpoint = NULL, *data = NULL, *error = NULL;
     int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
     double alpha = 0.6;
     Option options[] = {
@@ -3362,22 +3155,18 @@ static int command_eval(int argc, char **argv) {
     int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
     if (status) return status == 2 ? 0 : 1;
     set_threads(threads);
-    if (!checkpoint || !data) {
-        fprintf(stderr, "error: eval: %s is required\n", !checkpoint ? "--checkpoint FILE" : "--data FILE.tsv");
-        return 1;
-    }
-    Transformer model;
-    Vocabulary vocab;
-    Dataset dataset;
-    memset(&dataset, 0, sizeof dataset);
-    const char *error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL);
-    if (error) { fprintf(stderr, "error: eval: %s\n", error); return 1; }
-    if (!(error = dataset_read_tsv(&dataset, &vocab, data, 0))) error = dataset_check_lengths(&dataset, data, model.config.max_len);
+    Transformer model = { 0 };
+    Vocabulary vocab = { 0 };
+    Dataset dataset = { 0 };
+    if (!checkpoint || !data) error = !checkpoint ? "--checkpoint FILE is required" : "--data FILE.tsv is required";
+    else if (!(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)) &&
+             !(error = dataset_read_tsv(&dataset, &vocab, data, 0)))
+        error = dataset_check_lengths(&dataset, data, model.config.max_len);
     if (!error) {
         Evaluation e;
         evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
         const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
-        if (vocab.bpe) evaluation_score_words(&e, &dataset, &vocab);
+        if (vocab.bpe) lab.score_words(&e, &dataset, &vocab);   // lab: §5.1, on words
         if (show) print_examples(&e, &dataset, &vocab, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
         printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),

@@ -484,7 +484,7 @@ typedef struct {
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     BleuStats bleu;          // corpus BLEU of the outputs against the references
-    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (evaluation_score_words)
+    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (lab.score_words)
     int *output;             // (sentences, stride) the decoded outputs
     int *output_len;         // (sentences)
     int stride;
@@ -575,6 +575,8 @@ typedef struct {
     void (*free_merges)(struct Bpe *bpe);
     unsigned char *(*merges_section)(const Vocabulary *vocab, size_t *bytes);
     const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section, size_t bytes, const char *path);
+    // with §5.1 subwords, an evaluation's exact match and BLEU (bleu_words) on the words
+    void (*score_words)(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab);
 } LabHooks;
 
 // ----------------------------------------------------------------------------
