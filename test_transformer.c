@@ -89,7 +89,7 @@
  *                                           test_odd_data_and_decode_streams (a byte-order mark, reserved tokens)
  *   task_generate, epoch_plan_make, batch_fill    test_tasks_and_batches (held-out pairs unseen, every pair
  *                                           once an epoch, the token budget, the batch's layout)
- *   bleu_reset, bleu_add_sentence(_text), bleu_score    test_bleu (by hand: clipping, brevity, corpus
+ *   bleu_reset, bleu_add_sentence, bleu_score     test_bleu (by hand: clipping, brevity, corpus
  *                                           against sentence BLEU, Unicode white space, a 40,000-token line)
  *   evaluate                                test_eval_bleu (eval --bleu = the BLEU of greedy outputs one by one)
  *   checkpoint_save, checkpoint_load        test_checkpoint_round_trip (bit for bit; truncated, foreign and
@@ -1697,11 +1697,26 @@ static void test_attention_by_hand(void) {
 
 static int near(double a, double b, double tolerance) { return fabs(a - b) <= tolerance; }
 
+// Adds a candidate and its reference, read as transformer.c reads text (tokenize:
+// split at white space, each new word an id of the pair's own vocabulary).
+static void bleu_add_texts(BleuStats *stats, const char *candidate, const char *reference) {
+    Vocabulary vocab;
+    vocab_init(&vocab);
+    TextSource from = { "test", 0, 0, NULL };
+    int *ids[2] = { NULL, NULL }, n[2];
+    size_t capacity[2] = { 0, 0 };
+    for (int side = 0; side < 2; side++)
+        n[side] = tokenize(side ? reference : candidate, &vocab, 1, &ids[side], &capacity[side], &from);
+    bleu_add_sentence(stats, ids[0], n[0], ids[1], n[1]);
+    free(ids[0]); free(ids[1]);
+    vocab_free(&vocab);
+}
+
 // Corpus BLEU of n (candidate, reference) string pairs.
 static double bleu_of_text(const char *const pairs[][2], int n, double precisions[4], double *bp) {
     BleuStats stats;
     bleu_reset(&stats);
-    for (int i = 0; i < n; i++) bleu_add_sentence_text(&stats, pairs[i][0], pairs[i][1]);
+    for (int i = 0; i < n; i++) bleu_add_texts(&stats, pairs[i][0], pairs[i][1]);
     return bleu_score(&stats, precisions, bp);
 }
 
@@ -1725,7 +1740,7 @@ static void test_bleu_white_space(void) {
         snprintf(text, sizeof text, "a%sb", i < n_white ? white[i] : not_white[i - n_white]);
         BleuStats stats;
         bleu_reset(&stats);
-        bleu_add_sentence_text(&stats, text, "a b");
+        bleu_add_texts(&stats, text, "a b");
         if (i < n_white) splits += stats.candidate_length == 2 && stats.matches[1] == 1;
         else joins += stats.candidate_length == 1 && stats.matches[0] == 0;
     }
@@ -1768,7 +1783,7 @@ static void test_bleu_long_line(void) {
     clock_t start = clock();
     BleuStats stats;
     bleu_reset(&stats);
-    bleu_add_sentence_text(&stats, hyp, ref);
+    bleu_add_texts(&stats, hyp, ref);
     double seconds = (double)(clock() - start) / CLOCKS_PER_SEC;
     int counts_right = 1;
     for (int n = 1; n <= 4; n++) {

@@ -1659,10 +1659,18 @@ void transformer_free(Transformer *model) {
     memset(model, 0, sizeof *model);
 }
 
-// Returns NULL when cond holds, else the message (kept until the next) from the format and its values
-static char check_message[200];
-#define REQUIRE(cond, ...) do { if (!(cond)) { \
-    snprintf(check_message, sizeof check_message, __VA_ARGS__); return check_message; } } while (0)
+// An error's one line, from a format and its values: kept until the next error
+static char error_buffer[1024];
+static const char *errorf(const char *format, ...) {
+    char text[sizeof error_buffer];   // (an argument may be the last error itself)
+    va_list args;
+    va_start(args, format);
+    vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+    memcpy(error_buffer, text, sizeof text);
+    return error_buffer;
+}
+#define REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)   // the error unless cond
 
 // Returns NULL when the config is usable, else a message naming the bad field.
 const char *transformer_config_check(const TransformerConfig *config) {
@@ -1722,17 +1730,6 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 // (and line) or the value, and what was expected. The companions in lab/ add
 // to it through the hooks of "where the lab plugs in".
 // ############################################################################
-
-static char error_buffer[1024];   // the last error's text, until the next error
-static const char *errorf(const char *format, ...) {
-    char text[sizeof error_buffer];   // (an argument may be the last error itself)
-    va_list args;
-    va_start(args, format);
-    vsnprintf(text, sizeof text, format, args);
-    va_end(args);
-    memcpy(error_buffer, text, sizeof text);
-    return error_buffer;
-}
 
 static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
     size_t bytes = checked_bytes(count, size, what);
@@ -2345,23 +2342,6 @@ void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len
     stats->sentences++;
 }
 
-// The same for two strings of tokens separated by white space: each distinct
-// word gets an id from a vocabulary of the pair's own.
-void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
-    Vocabulary words;
-    vocab_init(&words);
-    size_t capacity = 1, length;
-    int *ids = checked_calloc(capacity, sizeof *ids, "BLEU words"), n = 0, candidate_len = 0;
-    for (int side = 0; side < 2; side++) {
-        for (const char *p = side == 0 ? candidate : reference; (p = next_token(p, &length)) != NULL; p += length)
-            push_id(&ids, &capacity, n++, vocab_add(&words, p, length));
-        if (side == 0) candidate_len = n;
-    }
-    bleu_add_sentence(stats, ids, candidate_len, ids + candidate_len, n - candidate_len);
-    free(ids);
-    vocab_free(&words);
-}
-
 // Corpus BLEU of everything added so far, 0..100. precisions (may be NULL)
 // gets p_1..p_4, brevity_penalty (may be NULL) BP; no output at all (c = 0)
 // gives BP = 0 and BLEU = 0.
@@ -2509,6 +2489,7 @@ static uint64_t get_number(const unsigned char *b, int bytes) {   // `bytes` byt
 }
 
 static uint32_t float_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static uint64_t double_bits(double x) { uint64_t u; memcpy(&u, &x, 8); return u; }
 static float bits_float(uint64_t u) { uint32_t u32 = (uint32_t)u; float x; memcpy(&x, &u32, 4); return x; }
 static double bits_double(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
 
@@ -2541,12 +2522,9 @@ static const char *checkpoint_save(const char *path, const Transformer *model, c
     if (merges) write_bytes(&w, merges, merges_bytes);
     const real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
     for (int k = 0; k < 3; k++)   // IEEE-754 binary32 (float builds) or binary64 (double builds)
-        for (size_t i = 0; i < model->num_parameters; i++) {
-            double x = (double)arrays[k][i];
-            uint64_t u;
-            memcpy(&u, &x, 8);
-            write_number(&w, sizeof(real) == 4 ? float_bits((float)arrays[k][i]) : u, (int)sizeof(real));
-        }
+        for (size_t i = 0; i < model->num_parameters; i++)
+            write_number(&w, sizeof(real) == 4 ? float_bits((float)arrays[k][i]) : double_bits((double)arrays[k][i]),
+                         (int)sizeof(real));
     write_number(&w, w.hash, 8);
     free(merges);
     int error = w.failed ? (errno ? errno : EIO) : 0;
@@ -2566,78 +2544,70 @@ typedef struct {
     TrainingState state;
 } CheckpointHeader;
 
-#define CHECKPOINT_REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)
-
 // Reads and checks the header from its bytes b (got of them, from a file of `size`
 // bytes): magic, version, config, the parameter count, the run's counts, and the
 // file's length against what the header describes.
-static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got,
-                                           uint64_t size, const char *path) {
+static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got, uint64_t size,
+                                           const char *path) {
     typedef unsigned long long u64;
-    CHECKPOINT_REQUIRE(got >= 4, "%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
-    CHECKPOINT_REQUIRE(memcmp(b, CHECKPOINT_MAGIC, 4) == 0, "%s: not a transformer.c checkpoint: it starts with bytes "
-                   "%02x %02x %02x %02x, expected 'TCKP'", path, b[0], b[1], b[2], b[3]);
-    CHECKPOINT_REQUIRE(got >= 8, "%s: truncated: %zu bytes, inside the header", path, got);
-    CHECKPOINT_REQUIRE(get_number(b + 4, 4) == CHECKPOINT_VERSION, "%s: checkpoint format version %u; expected version %d "
-                   "(versions 1 and 2 are no longer read)", path, (unsigned)get_number(b + 4, 4), CHECKPOINT_VERSION);
-    CHECKPOINT_REQUIRE(got >= CHECKPOINT_HEADER_BYTES && size >= CHECKPOINT_HEADER_BYTES + 8, "%s: truncated: %llu bytes; "
-                   "the header and checksum alone take %d", path, (u64)size, CHECKPOINT_HEADER_BYTES + 8);
+    REQUIRE(got >= 4, "%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
+    REQUIRE(memcmp(b, CHECKPOINT_MAGIC, 4) == 0, "%s: not a transformer.c checkpoint: it starts with bytes "
+            "%02x %02x %02x %02x, expected 'TCKP'", path, b[0], b[1], b[2], b[3]);
+    REQUIRE(got >= 8, "%s: truncated: %zu bytes, inside the header", path, got);
+    REQUIRE(get_number(b + 4, 4) == CHECKPOINT_VERSION, "%s: checkpoint format version %u; expected version %d "
+            "(versions 1 and 2 are no longer read)", path, (unsigned)get_number(b + 4, 4), CHECKPOINT_VERSION);
+    REQUIRE(got >= CHECKPOINT_HEADER_BYTES && size >= CHECKPOINT_HEADER_BYTES + 8, "%s: truncated: %llu bytes; "
+            "the header and checksum alone take %d", path, (u64)size, CHECKPOINT_HEADER_BYTES + 8);
     h->real_bytes = (uint32_t)get_number(b + 8, 4);
-    CHECKPOINT_REQUIRE(h->real_bytes == 4 || h->real_bytes == 8, "%s: header: %u-byte numbers; expected 4 (float) or 8 "
-                   "(double)", path, h->real_bytes);
+    REQUIRE(h->real_bytes == 4 || h->real_bytes == 8, "%s: header: %u-byte numbers; expected 4 (float) or 8 (double)",
+            path, h->real_bytes);
     TransformerConfig *config = &h->config;
     int *sizes[6] = { &config->n_layers, &config->d_model, &config->d_ff, &config->n_heads, &config->vocab_size,
                       &config->max_len };
     for (int i = 0; i < 6; i++) *sizes[i] = (int32_t)get_number(b + 12 + 4 * i, 4);
-    config->dropout = bits_float(get_number(b + 36, 4));
-    config->label_smoothing = bits_float(get_number(b + 40, 4));
-    config->layer_norm_eps = bits_float(get_number(b + 44, 4));
+    float *numbers[3] = { &config->dropout, &config->label_smoothing, &config->layer_norm_eps };
+    for (int i = 0; i < 3; i++) *numbers[i] = bits_float(get_number(b + 36 + 4 * i, 4));
     uint64_t *counts[10] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng, &h->state.epoch,
                              &h->state.epoch_batches, &h->state.data_hash, &h->vocab_bytes, &h->options_bytes,
                              &h->merges_bytes };
     for (int i = 0; i < 10; i++) *counts[i] = get_number(b + 48 + 8 * i, 8);
     uint64_t positional = get_number(b + 128, 8);
-    CHECKPOINT_REQUIRE(positional == POSITIONAL_SINUSOID || positional == POSITIONAL_LEARNED, "%s: header: positional "
-                   "kind %llu; expected %d (sinusoid) or %d (learned)", path, (u64)positional, POSITIONAL_SINUSOID,
-                   POSITIONAL_LEARNED);
+    REQUIRE(positional == POSITIONAL_SINUSOID || positional == POSITIONAL_LEARNED, "%s: header: positional kind %llu; "
+            "expected %d (sinusoid) or %d (learned)", path, (u64)positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
     config->positional = (int)positional;
     const char *error = transformer_config_check(config);
-    CHECKPOINT_REQUIRE(!error, "%s: header: %s", path, error);
+    REQUIRE(!error, "%s: header: %s", path, error);
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(param_sizes, config);
     size_t P = sum_sizes(param_sizes, NUM_PARAMETER_TENSORS);
-    CHECKPOINT_REQUIRE(h->num_parameters == P, "%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab "
-                   "%d, max_len %d, %s positions) give %zu", path, (u64)h->num_parameters, config->n_layers,
-                   config->d_model, config->d_ff, config->vocab_size, config->max_len,
-                   positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
+    REQUIRE(h->num_parameters == P, "%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d, "
+            "max_len %d, %s positions) give %zu", path, (u64)h->num_parameters, config->n_layers, config->d_model,
+            config->d_ff, config->vocab_size, config->max_len, positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
     // each section at most the file (so that their sum cannot overflow), and big enough for what it holds
     uint64_t sections[3] = { h->vocab_bytes, h->options_bytes, h->merges_bytes };
     uint64_t least[3] = { 5 * (uint64_t)config->vocab_size, 0, h->merges_bytes ? 4 + 10 : 0 };
     const char *names[3] = { "vocabulary", "options", "merges" };
     for (int i = 0; i < 3; i++)
-        CHECKPOINT_REQUIRE(sections[i] <= size && sections[i] >= least[i], "%s: header: a %s section of %llu bytes; "
-                           "expected from %llu bytes up to the file's %llu", path, names[i], (u64)sections[i],
-                           (u64)least[i], (u64)size);
-    CHECKPOINT_REQUIRE(h->dropout_rng != 0, "%s: header: dropout generator state 0; expected non-zero", path);
-    // The run's counts, each in the range training reaches: --steps goes up
-    // to MAX_TRAINING_STEPS, and every epoch begun and every batch of the
-    // current epoch trained is a step. (A step count of 2^63, read as signed,
-    // would resume at "step -9223372036854775806", into a NaN loss.)
-    CHECKPOINT_REQUIRE(h->adam_step <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most "
-                   "--steps allows)", path, (u64)h->adam_step, MAX_TRAINING_STEPS);
-    CHECKPOINT_REQUIRE(h->state.epoch <= h->adam_step, "%s: header: epoch %llu after %llu steps; expected at most one "
-                   "epoch begun per step", path, (u64)h->state.epoch, (u64)h->adam_step);
-    CHECKPOINT_REQUIRE(h->state.epoch_batches <= h->adam_step, "%s: header: %llu batches of the current epoch done after "
-                   "%llu steps; expected at most one batch per step", path, (u64)h->state.epoch_batches, (u64)h->adam_step);
-    CHECKPOINT_REQUIRE(h->state.epoch > 0 || h->state.epoch_batches == 0, "%s: header: epoch 0 with batches of it done "
-                       "(%llu); expected none before the first epoch", path, (u64)h->state.epoch_batches);
-    CHECKPOINT_REQUIRE(h->state.epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
+        REQUIRE(sections[i] <= size && sections[i] >= least[i], "%s: header: a %s section of %llu bytes; expected "
+                "from %llu bytes up to the file's %llu", path, names[i], (u64)sections[i], (u64)least[i], (u64)size);
+    // The run's counts, each in the range training reaches: every epoch begun and every
+    // batch of it is a step. (Adam step 2^63, read as signed, resumed into a NaN loss.)
+    REQUIRE(h->dropout_rng != 0, "%s: header: dropout generator state 0; expected non-zero", path);
+    REQUIRE(h->adam_step <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most --steps "
+            "allows)", path, (u64)h->adam_step, MAX_TRAINING_STEPS);
+    REQUIRE(h->state.epoch <= h->adam_step, "%s: header: epoch %llu after %llu steps; expected at most one epoch "
+            "begun per step", path, (u64)h->state.epoch, (u64)h->adam_step);
+    REQUIRE(h->state.epoch_batches <= h->adam_step, "%s: header: %llu batches of the current epoch done after %llu "
+            "steps; expected at most one batch per step", path, (u64)h->state.epoch_batches, (u64)h->adam_step);
+    REQUIRE(h->state.epoch > 0 || h->state.epoch_batches == 0, "%s: header: epoch 0 with batches of it done (%llu); "
+            "expected none before the first epoch", path, (u64)h->state.epoch_batches);
+    REQUIRE(h->state.epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
     uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + h->merges_bytes
                       + 3 * P * h->real_bytes + 8;
-    CHECKPOINT_REQUIRE(size >= expected, "%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
-                   (u64)expected);
-    CHECKPOINT_REQUIRE(size <= expected, "%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
-                   (u64)size, (u64)expected);
+    REQUIRE(size >= expected, "%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
+            (u64)expected);
+    REQUIRE(size <= expected, "%s: %llu bytes, but its header describes %llu: the sizes disagree", path, (u64)size,
+            (u64)expected);
     return NULL;
 }
 
@@ -2651,9 +2621,8 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
         read_bytes(r, b, 4);
         uint32_t n = (uint32_t)get_number(b, 4);
         used += 4 + (uint64_t)n;
-        CHECKPOINT_REQUIRE(n > 0 && used <= h->vocab_bytes, "%s: vocabulary token %d has length %u; the vocabulary "
-                       "section disagrees with its size in the header (%llu bytes)", path, i, n,
-                       (unsigned long long)h->vocab_bytes);
+        REQUIRE(n > 0 && used <= h->vocab_bytes, "%s: vocabulary token %d has length %u; the vocabulary section "
+                "disagrees with its size in the header (%llu bytes)", path, i, n, (unsigned long long)h->vocab_bytes);
         char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
         read_bytes(r, word, n);
         int known = vocab_find(vocab, word, n), ok = strlen(word) == n;
@@ -2661,12 +2630,11 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
         ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
         if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(vocab, word, n);
         free(word);
-        CHECKPOINT_REQUIRE(ok, "%s: vocabulary token %d is %s; expected %s", path, i,
-                       known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
-                       i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
+        REQUIRE(ok, "%s: vocabulary token %d is %s; expected %s", path, i, known >= 0 && i >= NUM_SPECIAL_TOKENS ?
+                "a repeat" : "not valid", i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
     }
-    CHECKPOINT_REQUIRE(used == h->vocab_bytes, "%s: the vocabulary takes %llu bytes, but its header says %llu", path,
-                   (unsigned long long)used, (unsigned long long)h->vocab_bytes);
+    REQUIRE(used == h->vocab_bytes, "%s: the vocabulary takes %llu bytes, but its header says %llu", path,
+            (unsigned long long)used, (unsigned long long)h->vocab_bytes);
     return NULL;
 }
 
@@ -2707,11 +2675,10 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
     if (!error && (error = transformer_build(model, &h.config, 1))) error = errorf("%s: %s", path, error);
     real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
     for (int k = 0; k < 3 && !error; k++)
-        for (size_t i = 0; i < model->num_parameters; i++) {
+        for (size_t i = 0; i < model->num_parameters; i++) {   // binary32 or binary64, as the file says
             unsigned char x[8] = { 0 };
             read_bytes(&r, x, h.real_bytes);
-            uint64_t u = get_number(x, (int)h.real_bytes);
-            arrays[k][i] = h.real_bytes == 4 ? (real)bits_float(u) : (real)bits_double(u);
+            arrays[k][i] = h.real_bytes == 4 ? (real)bits_float(get_number(x, 4)) : (real)bits_double(get_number(x, 8));
         }
     uint64_t computed = r.hash;
     unsigned char checksum[8];
@@ -2720,12 +2687,7 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
     else if (!error && get_number(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
     fclose(f);
     free(merges);
-    if (error) {
-        free(options);
-        transformer_free(model);
-        vocab_free(vocab);
-        return error;
-    }
+    if (error) { free(options); transformer_free(model); vocab_free(vocab); return error; }
     model->adam_step = (long)h.adam_step;
     model->dropout_rng.state = h.dropout_rng;
     if (state) *state = h.state;

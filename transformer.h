@@ -399,9 +399,6 @@ typedef struct {
 void bleu_reset(BleuStats *stats);
 void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
                        const int *reference, int reference_len);
-// The same for UTF-8 text, tokens split at white space as Python's str.split() splits
-// (the set is listed in transformer.c, "white space"): sacreBLEU's tokenize='none'.
-void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference);
 double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty);
 
 // ----------------------------------------------------------------------------

@@ -27,6 +27,42 @@
  * BUILD  included by lab/lab.c after transformer.c
  */
 
+// ---- BLEU of words ------------------------------------------------------------------
+// BLEU of two strings of tokens separated by white space (transformer.c's one
+// rule, next_token: sacreBLEU's tokenize='none'): each distinct word gets an id
+// from a vocabulary of the pair's own, and the ids are scored as transformer.c
+// scores the model's tokens (bleu_add_sentence).
+static void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
+    Vocabulary words;
+    vocab_init(&words);
+    size_t capacity = 1, length;
+    int *ids = checked_calloc(capacity, sizeof *ids, "BLEU words"), n = 0, candidate_len = 0;
+    for (int side = 0; side < 2; side++) {
+        for (const char *p = side == 0 ? candidate : reference; (p = next_token(p, &length)) != NULL; p += length)
+            push_id(&ids, &capacity, n++, vocab_add(&words, p, length));
+        if (side == 0) candidate_len = n;
+    }
+    bleu_add_sentence(stats, ids, candidate_len, ids + candidate_len, n - candidate_len);
+    free(ids);
+    vocab_free(&words);
+}
+
+// With subwords the tokens are not the words: joined back into words, an
+// output may spell the reference with other subwords and still be it. Exact
+// match (e->exact, replacing the count on subwords) and BLEU on words.
+static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
+    e->exact = 0;
+    bleu_reset(&e->bleu_words);
+    for (int i = 0; i < e->sentences; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
+        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
+        e->exact += strcmp(output, reference) == 0;
+        bleu_add_sentence_text(&e->bleu_words, output, reference);
+        free(output); free(reference);
+    }
+}
+
 // ---- sacreBLEU's 13a tokenizer ----------------------------------------------------
 // sacreBLEU's tokenizer_13a.py and tokenizer_re.py, rule for rule:
 //   remove "<skipped>"; replace &quot; &amp; &lt; &gt; (in that order) by " & < >;

@@ -1828,6 +1828,7 @@ static const Command lab_commands[] = {
 static void lab_plug_in(void) {
     fast_path_use(1);
     subwords_plug_in();
+    lab.score_words = evaluation_score_words;   // §5.1's exact match and BLEU on words (bleu.c)
     runs_plug_in();
     lab.commands = lab_commands;
     lab.num_commands = (int)(sizeof lab_commands / sizeof *lab_commands);

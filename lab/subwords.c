@@ -5,8 +5,9 @@
  * text the same way; `./transformer bpe` prints the merges or cuts text.
  * transformer.c reads whole words; this file plugs into its hooks (lab.c
  * sets them): split_word and join_tokens (a word into subwords and back),
- * free_merges, the checkpoint's merges section (merges_section,
- * read_merges_section), and exact match and BLEU on words (score_words).
+ * free_merges, and the checkpoint's merges section (merges_section,
+ * read_merges_section); exact match and BLEU on words (score_words) are in
+ * lab/bleu.c.
  * train's --bpe flag and the learning before the data is read are in
  * lab/runs.c's train hooks.
  *
@@ -483,22 +484,6 @@ static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned cha
     return NULL;
 }
 
-// With subwords the tokens are not the words: joined back into words, an
-// output may spell the reference with other subwords and still be it. Exact
-// match (e->exact, replacing the count on subwords) and BLEU on words.
-static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
-    e->exact = 0;
-    bleu_reset(&e->bleu_words);
-    for (int i = 0; i < e->sentences; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
-        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
-        e->exact += strcmp(output, reference) == 0;
-        bleu_add_sentence_text(&e->bleu_words, output, reference);
-        free(output); free(reference);
-    }
-}
-
 // Plugs the functions above into transformer.c (lab.c calls it).
 static void subwords_plug_in(void) {
     lab.split_word = bpe_split_word;
@@ -506,5 +491,4 @@ static void subwords_plug_in(void) {
     lab.free_merges = bpe_free_merges;
     lab.merges_section = bpe_merges_section;
     lab.read_merges_section = bpe_read_merges_section;
-    lab.score_words = evaluation_score_words;
 }
