@@ -2364,11 +2364,25 @@ static void write_checkpoint_with_field(const char *path, const unsigned char *g
     free(copy);
 }
 
-// The header's counts, each against its range, in files whose checksum
-// matches: Adam's step at 2^63 (INT64_MIN as a signed number: it resumed at
-// "step -9223372036854775806" into a NaN loss) and at 2^63 - 1, an epoch and
-// a batch count beyond the steps trained, a data-order generator state of 0.
-// good: a checkpoint after 3 steps, in epoch 2 (its first batch done).
+// The header's counts out of their range, in files whose checksum matches: Adam's step
+// at 2^63 (INT64_MIN as a signed number: it resumed at "step -9223372036854775806" into
+// a NaN loss) and at 2^63 - 1, an epoch and a batch count beyond the steps trained, a
+// data-order generator state of 0. Only the lab's --resume reads them, and refuses
+// them (lab/runs.c, training_state_error; lab/test_lab.c, test_resume_counts).
+static const struct { size_t offset; uint64_t value; const char *what, *expected; } checkpoint_count_cases[] = {
+    { 56, 0x8000000000000000ULL, "Adam step INT64_MIN", "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
+    { 56, 0x7FFFFFFFFFFFFFFFULL, "Adam step INT64_MAX", "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
+    { 56, 1000000001, "Adam step 10^9 + 1", "header: Adam step 1000000001; expected 0 to 1000000000" },
+    // (make fuzz, before the fix, found a file with epoch 9 after 1 step: dev/fuzz/fuzz_checkpoint.c)
+    { 80, 4, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
+    { 88, UINT64_MAX, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
+    { 72, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
+    { 80, 0, "epoch 0 with a batch of it done", "header: epoch 0 with batches of it done (1); expected none before "
+      "the first epoch" },
+};
+
+// good: a checkpoint after 3 steps, in epoch 2 (its first batch done). transformer.c
+// loads every field as it is: decode and eval never read the run's counts.
 static void test_checkpoint_counts(const unsigned char *good, size_t size) {
     const char *bad = test_path("bad_counts.ckpt");
     Transformer loaded;
@@ -2378,24 +2392,15 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
     check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to match, loads (%s)",
           e ? e : "loaded");
     if (!e) { transformer_free(&loaded); vocab_free(&v); }
-    struct { size_t offset; uint64_t value; const char *what, *expected; } cases[] = {
-        { 56, 0x8000000000000000ULL, "Adam step INT64_MIN", "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
-        { 56, 0x7FFFFFFFFFFFFFFFULL, "Adam step INT64_MAX", "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
-        { 56, 1000000001, "Adam step 10^9 + 1", "header: Adam step 1000000001; expected 0 to 1000000000" },
-        // (make fuzz, before the fix, found a file with epoch 9 after 1 step: dev/fuzz/fuzz_checkpoint.c)
-        { 80, 4, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
-        { 88, UINT64_MAX, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
-        { 72, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
-        { 80, 0, "epoch 0 with a batch of it done", "header: epoch 0 with batches of it done (1); expected none before "
-          "the first epoch" },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        write_checkpoint_with_field(bad, good, size, cases[i].offset, cases[i].value);
+    int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases), loads = 0;
+    for (int i = 0; i < n; i++) {
+        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset, checkpoint_count_cases[i].value);
         e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
-        check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, cases[i].expected), "checkpoint: %s is refused (%s)",
-              cases[i].what, e ? e : "loaded");
+        loads += !e;
         if (!e) { transformer_free(&loaded); vocab_free(&v); }
     }
+    check(loads == n, "checkpoint: %d of %d headers with the run's counts out of range load for decode and eval "
+          "(only --resume reads the counts)", loads, n);
 }
 
 static void test_checkpoint_round_trip(void) {

@@ -129,6 +129,26 @@ static void set_option_value(const Option *o, OptionValue v) {
     else *(const char **)o->value = v.text;
 }
 
+// The run's counts in a checkpoint, which only --resume reads, each in the range
+// training reaches: --steps goes up to MAX_TRAINING_STEPS, and every epoch begun
+// and every batch of it trained is a step. (Adam step 2^63, read as signed,
+// resumed at "step -9223372036854775806" into a NaN loss.)
+static const char *training_state_error(const char *path, const Transformer *model, const TrainingState *state) {
+    typedef unsigned long long u64;
+    u64 steps = (u64)model->adam_step;
+    REQUIRE(model->dropout_rng.state != 0, "%s: header: dropout generator state 0; expected non-zero", path);
+    REQUIRE(steps <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)",
+            path, steps, MAX_TRAINING_STEPS);
+    REQUIRE(state->epoch <= steps, "%s: header: epoch %llu after %llu steps; expected at most one epoch begun per "
+            "step", path, (u64)state->epoch, steps);
+    REQUIRE(state->epoch_batches <= steps, "%s: header: %llu batches of the current epoch done after %llu steps; "
+            "expected at most one batch per step", path, (u64)state->epoch_batches, steps);
+    REQUIRE(state->epoch > 0 || state->epoch_batches == 0, "%s: header: epoch 0 with batches of it done (%llu); "
+            "expected none before the first epoch", path, (u64)state->epoch_batches);
+    REQUIRE(state->epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
+    return NULL;
+}
+
 // The run's options come from the checkpoint; the command line may add only
 // --steps (to train longer), the data files' paths (moved data is accepted
 // when its pairs hash as the checkpoint's did) and session flags.
@@ -146,6 +166,7 @@ static const char *lab_resume(TrainRun *run) {
         given[i] = option_value(o);
     }
     if ((error = checkpoint_load(path, &run->model, &run->vocab, &run->state, &lab_run.stored_options))) return error;
+    if ((error = training_state_error(path, &run->model, &run->state))) return error;
     if (!lab_run.stored_options[0])
         return errorf("%s: the checkpoint holds no run options (transformer.c alone wrote it); expected one that "
                       "./transformer train wrote", path);

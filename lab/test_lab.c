@@ -788,6 +788,38 @@ static void test_svg_loss_curve(void) {
 #define TINY_RUN "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 " \
                  "--batch-tokens 80 --warmup 5 --log-every 0 --eval-every 0 --show 0"
 
+// The header's counts that only --resume reads, out of their range (test_transformer.c's
+// checkpoint_count_cases, in a checkpoint after 3 steps in epoch 2): each refused with
+// its file and what was expected.
+static void test_resume_counts(void) {
+    TransformerConfig config = decode_config();
+    Transformer model, loaded;
+    transformer_build(&model, &config, 3);
+    static TestBatch tb;
+    three_adam_steps(&model, &tb);
+    Vocabulary vocab, v;
+    task_vocabulary(&vocab, config.vocab_size - NUM_SPECIAL_TOKENS);
+    TrainingState state = { 123, 2, 1, 678 }, read_back;
+    const char *good_path = test_path("counts.ckpt"), *bad = test_path("bad_counts.ckpt");
+    const char *saved = checkpoint_save(good_path, &model, &vocab, &state, ""), *e;
+    size_t size;
+    unsigned char *good = saved ? NULL : read_file(good_path, &size);
+    int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases);
+    for (int i = 0; good && i < n; i++) {
+        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset, checkpoint_count_cases[i].value);
+        e = checkpoint_load(bad, &loaded, &v, &read_back, NULL);
+        if (!e) {
+            e = training_state_error(bad, &loaded, &read_back);
+            transformer_free(&loaded); vocab_free(&v);
+        }
+        check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, checkpoint_count_cases[i].expected),
+              "--resume: %s is refused (%s)", checkpoint_count_cases[i].what, e ? e : "accepted");
+    }
+    check(good != NULL, "--resume: a checkpoint to forge the counts of was written (%s)", saved ? saved : "yes");
+    free(good);
+    transformer_free(&model); vocab_free(&vocab);
+}
+
 // train's flags that the lab adds: --positions, --resume and its checks,
 // --loss-log (the same seed's losses with any thread count), --save-every; params.
 static void test_lab_command_line(void) {
@@ -1861,6 +1893,7 @@ static void run_lab_tests(void) {
         run_command_line_tests();   // transformer.c's commands, through ./transformer
         printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");
         test_lab_command_line();
+        test_resume_counts();
         test_lab_evaluation_commands();
         test_bpe_command_line();
         printf("-- Table 3's model variations (make table3) on a tiny budget\n");
