@@ -1426,49 +1426,21 @@ TransformerConfig transformer_default_config(void) {
 // Parameters: sizes, names, one allocation with named pointers into it
 // (the tensors and their shapes are listed in transformer.h).
 
-static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
-    "embedding", "position_embedding",
-    "enc_qkv_w", "enc_qkv_b", "enc_out_w", "enc_out_b", "enc_ln1_g", "enc_ln1_b",
-    "enc_ff1_w", "enc_ff1_b", "enc_ff2_w", "enc_ff2_b", "enc_ln2_g", "enc_ln2_b",
-    "dec_self_qkv_w", "dec_self_qkv_b", "dec_self_out_w", "dec_self_out_b", "dec_ln1_g", "dec_ln1_b",
-    "dec_cross_qkv_w", "dec_cross_qkv_b", "dec_cross_out_w", "dec_cross_out_b", "dec_ln2_g", "dec_ln2_b",
-    "dec_ff1_w", "dec_ff1_b", "dec_ff2_w", "dec_ff2_b", "dec_ln3_g", "dec_ln3_b",
-};
+#define PARAMETER_NAME(name, numbers) #name,
+static const char *parameter_names[NUM_PARAMETER_TENSORS] = { PARAMETER_TENSORS(PARAMETER_NAME) };
 
 static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *config) {
-    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
-    size_t attention[4] = { L * 3 * C * C, L * 3 * C, L * C * C, L * C }; // qkv_w qkv_b out_w out_b
-    size_t norm = L * C;
-    size_t ffn[4] = { L * F * C, L * F, L * C * F, L * C };                // ff1_w ff1_b ff2_w ff2_b
-    size_t i = 0;
-    sizes[i++] = V * C;
-    sizes[i++] = config->positional == POSITIONAL_LEARNED ? (size_t)config->max_len * C : 0;
-    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder self-attention
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // decoder self-attention
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = attention[t];  // encoder-decoder attention
-    sizes[i++] = norm; sizes[i++] = norm;
-    for (int t = 0; t < 4; t++) sizes[i++] = ffn[t];
-    sizes[i++] = norm; sizes[i++] = norm;
+    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size, i = 0;
+    size_t learned_rows = config->positional == POSITIONAL_LEARNED ? (size_t)config->max_len : 0;
+    #define PARAMETER_SIZE(name, numbers) sizes[i++] = numbers;
+    PARAMETER_TENSORS(PARAMETER_SIZE)
 }
 
 // The named pointers of a ParameterTensors, in storage order.
-static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *tensors) {
-    ParameterTensors *of = tensors;
-    real **list[NUM_PARAMETER_TENSORS] = {
-        &of->embedding, &of->position_embedding,
-        &of->enc_qkv_w, &of->enc_qkv_b, &of->enc_out_w, &of->enc_out_b, &of->enc_ln1_g, &of->enc_ln1_b,
-        &of->enc_ff1_w, &of->enc_ff1_b, &of->enc_ff2_w, &of->enc_ff2_b, &of->enc_ln2_g, &of->enc_ln2_b,
-        &of->dec_self_qkv_w, &of->dec_self_qkv_b, &of->dec_self_out_w, &of->dec_self_out_b,
-        &of->dec_ln1_g, &of->dec_ln1_b,
-        &of->dec_cross_qkv_w, &of->dec_cross_qkv_b, &of->dec_cross_out_w, &of->dec_cross_out_b,
-        &of->dec_ln2_g, &of->dec_ln2_b,
-        &of->dec_ff1_w, &of->dec_ff1_b, &of->dec_ff2_w, &of->dec_ff2_b, &of->dec_ln3_g, &of->dec_ln3_b,
-    };
-    memcpy(ptrs, list, sizeof list);
+static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *of) {
+    int i = 0;
+    #define PARAMETER_POINTER(name, numbers) ptrs[i++] = &of->name;
+    PARAMETER_TENSORS(PARAMETER_POINTER)
 }
 
 // Points the named tensors into memory laid out in the order above.
@@ -1580,36 +1552,12 @@ static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int bat
     const TransformerConfig *config = &model->config;
     size_t B = batch_B > model->cap_B ? batch_B : model->cap_B, S = batch_S > model->cap_S ? batch_S : model->cap_S;
     size_t T = batch_T > model->cap_T ? batch_T : model->cap_T, L = config->n_layers, C = config->d_model;
-    size_t F = config->d_ff, NH = config->n_heads, V = config->vocab_size;
-    size_t x = B * S * C, y = B * T * C, xs = B * S, ys = B * T, rows = B * (S > T ? S : T);
+    size_t F = config->d_ff, NH = config->n_heads, V = config->vocab_size, rows = B * (S > T ? S : T);
     ActivationTensors *a = &model->acts;
     BackwardScratch *d = &model->scratch;
-    Tensor acts[] = {   // in the order of ActivationTensors (transformer.h)
-        { &a->enc_embedded, x }, { &a->enc_emb_mask, x }, { &a->enc_x0, x },
-        { &a->enc_qkv, L * 3 * x }, { &a->enc_att, L * B * NH * S * S }, { &a->enc_heads, L * x },
-        { &a->enc_att_proj, L * x }, { &a->enc_drop1, L * x }, { &a->enc_res1, L * x },
-        { &a->enc_ln1, L * x }, { &a->enc_ln1_mean, L * xs }, { &a->enc_ln1_rstd, L * xs },
-        { &a->enc_ff_h, L * xs * F }, { &a->enc_ff_out, L * x }, { &a->enc_drop2, L * x }, { &a->enc_res2, L * x },
-        { &a->enc_ln2, L * x }, { &a->enc_ln2_mean, L * xs }, { &a->enc_ln2_rstd, L * xs },
-        { &a->dec_embedded, y }, { &a->dec_emb_mask, y }, { &a->dec_x0, y },
-        { &a->dec_self_qkv, L * 3 * y }, { &a->dec_self_att, L * B * NH * T * T }, { &a->dec_self_heads, L * y },
-        { &a->dec_self_proj, L * y }, { &a->dec_drop1, L * y }, { &a->dec_res1, L * y },
-        { &a->dec_ln1, L * y }, { &a->dec_ln1_mean, L * ys }, { &a->dec_ln1_rstd, L * ys },
-        { &a->dec_cross_q, L * y }, { &a->dec_cross_kv, L * 2 * x }, { &a->dec_cross_att, L * B * NH * T * S },
-        { &a->dec_cross_heads, L * y }, { &a->dec_cross_proj, L * y }, { &a->dec_drop2, L * y }, { &a->dec_res2, L * y },
-        { &a->dec_ln2, L * y }, { &a->dec_ln2_mean, L * ys }, { &a->dec_ln2_rstd, L * ys },
-        { &a->dec_ff_h, L * ys * F }, { &a->dec_ff_out, L * y }, { &a->dec_drop3, L * y }, { &a->dec_res3, L * y },
-        { &a->dec_ln3, L * y }, { &a->dec_ln3_mean, L * ys }, { &a->dec_ln3_rstd, L * ys },
-        { &a->logits, ys * V }, { &a->probs, ys * V }, { &a->token_loss, ys },
-    };
-    Tensor scratch[] = {   // "rows": the encoder's B*S or the decoder's B*T, whichever is more
-        { &d->d_output, rows * C }, { &d->d_input, rows * C }, { &d->d_ln1, rows * C }, { &d->d_ln2, rows * C },
-        { &d->d_sublayer, rows * C }, { &d->d_heads, rows * C }, { &d->d_qkv, rows * 3 * C }, { &d->d_q, y },
-        { &d->d_kv, 2 * x }, { &d->d_ff_h, rows * F }, { &d->d_memory, x }, { &d->d_embedded, rows * C },
-        { &d->d_logits, ys * V },
-    };
-    _Static_assert(sizeof acts / sizeof *acts == NUM_ACTIVATION_TENSORS, "every activation tensor, once");
-    _Static_assert(sizeof scratch / sizeof *scratch == NUM_SCRATCH_TENSORS, "every scratch tensor, once");
+    #define ACTIVATION_SIZE(name, numbers) { &a->name, numbers },
+    #define SCRATCH_SIZE(name, numbers) { &d->name, numbers },
+    Tensor acts[] = { ACTIVATION_TENSORS(ACTIVATION_SIZE) }, scratch[] = { SCRATCH_TENSORS(SCRATCH_SIZE) };
     arena_free(model->acts_memory);
     arena_free(model->scratch_memory);
     model->acts_memory = arena_of(acts, NUM_ACTIVATION_TENSORS, "activations");
@@ -1984,8 +1932,7 @@ static void dataset_add(Dataset *dataset, const int *src, int src_len, const int
 
 // Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out.
 static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
-    Dataset kept;
-    memset(&kept, 0, sizeof kept);
+    Dataset kept = { 0 };
     for (int i = 0; i < dataset->count; i++) {
         const SentencePair *p = &dataset->pairs[i];
         dataset_add((i + 1) % every == 0 ? held_out : &kept, dataset->tokens + p->src, p->src_len,
@@ -2154,8 +2101,8 @@ static void task_vocabulary(Vocabulary *vocab, int words) {
     }
 }
 
-static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len,
-                                 int max_len, int train_size, int valid_size, uint64_t seed) {
+static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len, int max_len,
+                                 int train_size, int valid_size, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
     size_t slots = 16;   // a set of the sources' hashes, open addressing (0: an empty slot)
@@ -2174,16 +2121,12 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
         while (seen[k] != 0 && seen[k] != hash) k = (k + 1) & (slots - 1);
         int is_new = seen[k] == 0;
         seen[k] = hash;
-        if (i < train_size) {
-            dataset_add(train, src, n, tgt, n, 0);
-            i++;
-        } else if (is_new) {   // held out: a source the training set does not have, and no repeats
-            dataset_add(valid, src, n, tgt, n, 0);
+        if (i < train_size || is_new) {   // held out: a source the training set does not have, and no repeats
+            dataset_add(i < train_size ? train : valid, src, n, tgt, n, 0);
             i++;
         } else if (++attempts > max_attempts) {
-            error = errorf("cannot find %d held-out sequences outside the %d training sequences "
-                           "(found %d); expected more --words or a larger --max-length",
-                           valid_size, train_size, valid->count);
+            error = errorf("cannot find %d held-out sequences outside the %d training sequences (found %d); expected "
+                           "more --words or a larger --max-length", valid_size, train_size, valid->count);
             break;
         }
     }

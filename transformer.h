@@ -92,44 +92,50 @@ typedef struct {
 // holds all N layers (layer 0 first). Weights are stored as PyTorch stores
 // them, (out_features, in_features): a linear layer computes y = x W^T + b.
 
+// Every parameter tensor once, in storage order (checkpoints keep it): its name
+// and its number of values, from L, C, F, V and learned_rows (max_len with
+// learned positions, else 0). transformer.c expands the list into the struct's
+// fields, the names and the sizes.
+#define PARAMETER_TENSORS(X) \
+    X(embedding, V * C)                 /* (V, C)       shared: source, target, pre-softmax (§3.4) */ \
+    X(position_embedding, learned_rows * C) /* (max_len, C) learned positions (Table 3, row E) */ \
+    /* encoder, §3.1 */ \
+    X(enc_qkv_w, L * 3 * C * C)         /* (L, 3C, C)   W^Q, W^K, W^V stacked as rows (§3.2.2) */ \
+    X(enc_qkv_b, L * 3 * C)             /* (L, 3C) */ \
+    X(enc_out_w, L * C * C)             /* (L, C, C)    W^O */ \
+    X(enc_out_b, L * C)                 /* (L, C) */ \
+    X(enc_ln1_g, L * C)                 /* (L, C)       layer norm after self-attention */ \
+    X(enc_ln1_b, L * C)                 /* (L, C) */ \
+    X(enc_ff1_w, L * F * C)             /* (L, F, C)    W_1 (§3.3) */ \
+    X(enc_ff1_b, L * F)                 /* (L, F) */ \
+    X(enc_ff2_w, L * C * F)             /* (L, C, F)    W_2 */ \
+    X(enc_ff2_b, L * C)                 /* (L, C) */ \
+    X(enc_ln2_g, L * C)                 /* (L, C)       layer norm after the FFN */ \
+    X(enc_ln2_b, L * C)                 /* (L, C) */ \
+    /* decoder, §3.1 */ \
+    X(dec_self_qkv_w, L * 3 * C * C)    /* (L, 3C, C)   masked self-attention */ \
+    X(dec_self_qkv_b, L * 3 * C)        /* (L, 3C) */ \
+    X(dec_self_out_w, L * C * C)        /* (L, C, C) */ \
+    X(dec_self_out_b, L * C)            /* (L, C) */ \
+    X(dec_ln1_g, L * C)                 /* (L, C) */ \
+    X(dec_ln1_b, L * C)                 /* (L, C) */ \
+    X(dec_cross_qkv_w, L * 3 * C * C)   /* (L, 3C, C)   encoder-decoder attention: rows 0..C-1 make */ \
+    X(dec_cross_qkv_b, L * 3 * C)       /* (L, 3C)      queries from the decoder, rows C..3C-1 keys */ \
+    X(dec_cross_out_w, L * C * C)       /* (L, C, C)    and values from the encoder output */ \
+    X(dec_cross_out_b, L * C)           /* (L, C) */ \
+    X(dec_ln2_g, L * C)                 /* (L, C) */ \
+    X(dec_ln2_b, L * C)                 /* (L, C) */ \
+    X(dec_ff1_w, L * F * C)             /* (L, F, C) */ \
+    X(dec_ff1_b, L * F)                 /* (L, F) */ \
+    X(dec_ff2_w, L * C * F)             /* (L, C, F) */ \
+    X(dec_ff2_b, L * C)                 /* (L, C) */ \
+    X(dec_ln3_g, L * C)                 /* (L, C) */ \
+    X(dec_ln3_b, L * C)                 /* (L, C) */
+
 #define NUM_PARAMETER_TENSORS 32
-typedef struct {
-    real *embedding;        // (V, C)       shared: source, target, pre-softmax (§3.4)
-    real *position_embedding; // (max_len, C) learned positions (Table 3, row E), source and
-                            //              target; empty (0 numbers) with sinusoids (§3.5)
-    // encoder, §3.1
-    real *enc_qkv_w;        // (L, 3C, C)   W^Q, W^K, W^V stacked as rows (§3.2.2)
-    real *enc_qkv_b;        // (L, 3C)
-    real *enc_out_w;        // (L, C, C)    W^O
-    real *enc_out_b;        // (L, C)
-    real *enc_ln1_g;        // (L, C)       layer norm after self-attention
-    real *enc_ln1_b;        // (L, C)
-    real *enc_ff1_w;        // (L, F, C)    W_1 (§3.3)
-    real *enc_ff1_b;        // (L, F)
-    real *enc_ff2_w;        // (L, C, F)    W_2
-    real *enc_ff2_b;        // (L, C)
-    real *enc_ln2_g;        // (L, C)       layer norm after the FFN
-    real *enc_ln2_b;        // (L, C)
-    // decoder, §3.1
-    real *dec_self_qkv_w;   // (L, 3C, C)   masked self-attention
-    real *dec_self_qkv_b;   // (L, 3C)
-    real *dec_self_out_w;   // (L, C, C)
-    real *dec_self_out_b;   // (L, C)
-    real *dec_ln1_g;        // (L, C)
-    real *dec_ln1_b;        // (L, C)
-    real *dec_cross_qkv_w;  // (L, 3C, C)   encoder-decoder attention: rows 0..C-1 make
-    real *dec_cross_qkv_b;  // (L, 3C)      queries from the decoder, rows C..3C-1 keys
-    real *dec_cross_out_w;  // (L, C, C)    and values from the encoder output
-    real *dec_cross_out_b;  // (L, C)
-    real *dec_ln2_g;        // (L, C)
-    real *dec_ln2_b;        // (L, C)
-    real *dec_ff1_w;        // (L, F, C)
-    real *dec_ff1_b;        // (L, F)
-    real *dec_ff2_w;        // (L, C, F)
-    real *dec_ff2_b;        // (L, C)
-    real *dec_ln3_g;        // (L, C)
-    real *dec_ln3_b;        // (L, C)
-} ParameterTensors;
+#define PARAMETER_FIELD(name, numbers) real *name;
+typedef struct { PARAMETER_TENSORS(PARAMETER_FIELD) } ParameterTensors;
+_Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *), "one count for the list above");
 
 // ----------------------------------------------------------------------------
 // Everything the forward pass computes, kept for the backward pass and for
@@ -137,83 +143,91 @@ typedef struct {
 // Shapes: B sentences, S padded source length, T padded target length,
 // NH heads, F = d_ff, V vocabulary.
 
+// Each activation tensor once, in the order of its arena: its name and number
+// of values, for a batch of B, S, T (transformer.c expands the list into the
+// struct's fields and the arena's sizes).
+#define ACTIVATION_TENSORS(X) \
+    /* encoder */ \
+    X(enc_embedded, B * S * C)          /* (B, S, C)      token embedding * sqrt(C) + PE */ \
+    X(enc_emb_mask, B * S * C)          /* (B, S, C)      dropout mask: 0 or 1/(1-P_drop) */ \
+    X(enc_x0, B * S * C)                /* (B, S, C)      input of encoder layer 0 */ \
+    X(enc_qkv, L * B * S * 3 * C)       /* (L, B, S, 3C) */ \
+    X(enc_att, L * B * NH * S * S)      /* (L, B, NH, S, S) attention probabilities */ \
+    X(enc_heads, L * B * S * C)         /* (L, B, S, C)   Concat(head_1..head_h) */ \
+    X(enc_att_proj, L * B * S * C)      /* (L, B, S, C)   ... W^O */ \
+    X(enc_drop1, L * B * S * C)         /* (L, B, S, C)   dropout mask */ \
+    X(enc_res1, L * B * S * C)          /* (L, B, S, C)   x + Dropout(Sublayer(x)) */ \
+    X(enc_ln1, L * B * S * C)           /* (L, B, S, C) */ \
+    X(enc_ln1_mean, L * B * S)          /* (L, B, S) */ \
+    X(enc_ln1_rstd, L * B * S)          /* (L, B, S) */ \
+    X(enc_ff_h, L * B * S * F)          /* (L, B, S, F)   max(0, x W_1 + b_1) */ \
+    X(enc_ff_out, L * B * S * C)        /* (L, B, S, C) */ \
+    X(enc_drop2, L * B * S * C)         /* (L, B, S, C) */ \
+    X(enc_res2, L * B * S * C)          /* (L, B, S, C) */ \
+    X(enc_ln2, L * B * S * C)           /* (L, B, S, C)   layer output; the last is the memory */ \
+    X(enc_ln2_mean, L * B * S)          /* (L, B, S) */ \
+    X(enc_ln2_rstd, L * B * S)          /* (L, B, S) */ \
+    /* decoder */ \
+    X(dec_embedded, B * T * C)          /* (B, T, C) */ \
+    X(dec_emb_mask, B * T * C)          /* (B, T, C) */ \
+    X(dec_x0, B * T * C)                /* (B, T, C) */ \
+    X(dec_self_qkv, L * B * T * 3 * C)  /* (L, B, T, 3C) */ \
+    X(dec_self_att, L * B * NH * T * T) /* (L, B, NH, T, T) */ \
+    X(dec_self_heads, L * B * T * C)    /* (L, B, T, C) */ \
+    X(dec_self_proj, L * B * T * C)     /* (L, B, T, C) */ \
+    X(dec_drop1, L * B * T * C)         /* (L, B, T, C) */ \
+    X(dec_res1, L * B * T * C)          /* (L, B, T, C) */ \
+    X(dec_ln1, L * B * T * C)           /* (L, B, T, C) */ \
+    X(dec_ln1_mean, L * B * T)          /* (L, B, T) */ \
+    X(dec_ln1_rstd, L * B * T)          /* (L, B, T) */ \
+    X(dec_cross_q, L * B * T * C)       /* (L, B, T, C) */ \
+    X(dec_cross_kv, L * B * S * 2 * C)  /* (L, B, S, 2C) */ \
+    X(dec_cross_att, L * B * NH * T * S) /* (L, B, NH, T, S) */ \
+    X(dec_cross_heads, L * B * T * C)   /* (L, B, T, C) */ \
+    X(dec_cross_proj, L * B * T * C)    /* (L, B, T, C) */ \
+    X(dec_drop2, L * B * T * C)         /* (L, B, T, C) */ \
+    X(dec_res2, L * B * T * C)          /* (L, B, T, C) */ \
+    X(dec_ln2, L * B * T * C)           /* (L, B, T, C) */ \
+    X(dec_ln2_mean, L * B * T)          /* (L, B, T) */ \
+    X(dec_ln2_rstd, L * B * T)          /* (L, B, T) */ \
+    X(dec_ff_h, L * B * T * F)          /* (L, B, T, F) */ \
+    X(dec_ff_out, L * B * T * C)        /* (L, B, T, C) */ \
+    X(dec_drop3, L * B * T * C)         /* (L, B, T, C) */ \
+    X(dec_res3, L * B * T * C)          /* (L, B, T, C) */ \
+    X(dec_ln3, L * B * T * C)           /* (L, B, T, C)   layer output; the last feeds the softmax */ \
+    X(dec_ln3_mean, L * B * T)          /* (L, B, T) */ \
+    X(dec_ln3_rstd, L * B * T)          /* (L, B, T) */ \
+    X(logits, B * T * V)                /* (B, T, V) */ \
+    X(probs, B * T * V)                 /* (B, T, V)      softmax(logits) */ \
+    X(token_loss, B * T)                /* (B, T)         label-smoothed loss per target position */
+
 #define NUM_ACTIVATION_TENSORS 51
-typedef struct {
-    // encoder
-    real *enc_embedded;     // (B, S, C)      token embedding * sqrt(C) + PE
-    real *enc_emb_mask;     // (B, S, C)      dropout mask: 0 or 1/(1-P_drop)
-    real *enc_x0;           // (B, S, C)      input of encoder layer 0
-    real *enc_qkv;          // (L, B, S, 3C)
-    real *enc_att;          // (L, B, NH, S, S) attention probabilities
-    real *enc_heads;        // (L, B, S, C)   Concat(head_1..head_h)
-    real *enc_att_proj;     // (L, B, S, C)   ... W^O
-    real *enc_drop1;        // (L, B, S, C)   dropout mask
-    real *enc_res1;         // (L, B, S, C)   x + Dropout(Sublayer(x))
-    real *enc_ln1;          // (L, B, S, C)
-    real *enc_ln1_mean;     // (L, B, S)
-    real *enc_ln1_rstd;     // (L, B, S)
-    real *enc_ff_h;         // (L, B, S, F)   max(0, x W_1 + b_1)
-    real *enc_ff_out;       // (L, B, S, C)
-    real *enc_drop2;        // (L, B, S, C)
-    real *enc_res2;         // (L, B, S, C)
-    real *enc_ln2;          // (L, B, S, C)   layer output; the last is the memory
-    real *enc_ln2_mean;     // (L, B, S)
-    real *enc_ln2_rstd;     // (L, B, S)
-    // decoder
-    real *dec_embedded;     // (B, T, C)
-    real *dec_emb_mask;     // (B, T, C)
-    real *dec_x0;           // (B, T, C)
-    real *dec_self_qkv;     // (L, B, T, 3C)
-    real *dec_self_att;     // (L, B, NH, T, T)
-    real *dec_self_heads;   // (L, B, T, C)
-    real *dec_self_proj;    // (L, B, T, C)
-    real *dec_drop1;        // (L, B, T, C)
-    real *dec_res1;         // (L, B, T, C)
-    real *dec_ln1;          // (L, B, T, C)
-    real *dec_ln1_mean;     // (L, B, T)
-    real *dec_ln1_rstd;     // (L, B, T)
-    real *dec_cross_q;      // (L, B, T, C)
-    real *dec_cross_kv;     // (L, B, S, 2C)
-    real *dec_cross_att;    // (L, B, NH, T, S)
-    real *dec_cross_heads;  // (L, B, T, C)
-    real *dec_cross_proj;   // (L, B, T, C)
-    real *dec_drop2;        // (L, B, T, C)
-    real *dec_res2;         // (L, B, T, C)
-    real *dec_ln2;          // (L, B, T, C)
-    real *dec_ln2_mean;     // (L, B, T)
-    real *dec_ln2_rstd;     // (L, B, T)
-    real *dec_ff_h;         // (L, B, T, F)
-    real *dec_ff_out;       // (L, B, T, C)
-    real *dec_drop3;        // (L, B, T, C)
-    real *dec_res3;         // (L, B, T, C)
-    real *dec_ln3;          // (L, B, T, C)   layer output; the last feeds the softmax
-    real *dec_ln3_mean;     // (L, B, T)
-    real *dec_ln3_rstd;     // (L, B, T)
-    real *logits;           // (B, T, V)
-    real *probs;            // (B, T, V)      softmax(logits)
-    real *token_loss;       // (B, T)         label-smoothed loss per target position
-} ActivationTensors;
+#define ACTIVATION_FIELD(name, numbers) real *name;
+typedef struct { ACTIVATION_TENSORS(ACTIVATION_FIELD) } ActivationTensors;
+_Static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(real *), "one count for the list above");
 
 // Scratch memory for the backward pass, reused layer after layer, so the
 // backward pass needs only a few buffers of one layer's size. Each holds the
 // gradient of the loss with respect to the tensor its name says; "rows" are
 // B*S in the encoder and B*T in the decoder (sized for the larger).
+#define SCRATCH_TENSORS(X) \
+    X(d_output, rows * C)       /* of a layer's output, and ... */ \
+    X(d_input, rows * C)        /* ... of its input: the next layer down's output (the two swap) */ \
+    X(d_ln1, rows * C)          /* of a layer's first Add & Norm output (the second sub-layer's input) */ \
+    X(d_ln2, rows * C)          /* of a decoder layer's second Add & Norm output */ \
+    X(d_sublayer, rows * C)     /* of a sub-layer's output, before its Add & Norm */ \
+    X(d_heads, rows * C)        /* of Concat(head_1, ..., head_h), before W^O */ \
+    X(d_qkv, rows * 3 * C)      /* of a self-attention's fused queries, keys and values */ \
+    X(d_q, B * T * C)           /* of the encoder-decoder attention's queries */ \
+    X(d_kv, B * S * 2 * C)      /* of its keys and values */ \
+    X(d_ff_h, rows * F)         /* of the FFN's hidden layer */ \
+    X(d_memory, B * S * C)      /* of the encoder output, summed over the decoder layers */ \
+    X(d_embedded, rows * C)     /* of the scaled embeddings plus positions, before dropout */ \
+    X(d_logits, B * T * V)
+
 #define NUM_SCRATCH_TENSORS 13
-typedef struct {
-    real *d_output;     // (rows, C)   of a layer's output, and ...
-    real *d_input;      // (rows, C)   ... of its input: the next layer down's output (the two swap)
-    real *d_ln1;        // (rows, C)   of a layer's first Add & Norm output (the second sub-layer's input)
-    real *d_ln2;        // (rows, C)   of a decoder layer's second Add & Norm output
-    real *d_sublayer;   // (rows, C)   of a sub-layer's output, before its Add & Norm
-    real *d_heads;      // (rows, C)   of Concat(head_1, ..., head_h), before W^O
-    real *d_qkv;        // (rows, 3C)  of a self-attention's fused queries, keys and values
-    real *d_q;          // (B, T, C)   of the encoder-decoder attention's queries
-    real *d_kv;         // (B, S, 2C)  of its keys and values
-    real *d_ff_h;       // (rows, F)   of the FFN's hidden layer
-    real *d_memory;     // (B, S, C)   of the encoder output, summed over the decoder layers
-    real *d_embedded;   // (rows, C)   of the scaled embeddings plus positions, before dropout
-    real *d_logits;     // (B, T, V)
-} BackwardScratch;
+typedef struct { SCRATCH_TENSORS(ACTIVATION_FIELD) } BackwardScratch;
+_Static_assert(sizeof(BackwardScratch) == NUM_SCRATCH_TENSORS * sizeof(real *), "one count for the list above");
 
 // ----------------------------------------------------------------------------
 // One layer's views of the tensors above, as transformer.c's layers take them
