@@ -66,12 +66,10 @@
 // first line. Left NULL (transformer.c alone), every call runs the loops you read.
 static FastPath fast_path;
 
-// ============================================================================
-// §3  Linear layers: y = x W^T + b
+// ==== §3  Linear layers: y = x W^T + b =======================================
 // The four projections of multi-head attention (§3.2.2), the two of the FFN
 // (§3.3) and the pre-softmax projection (§3.4): nearly all of a training step's
 // arithmetic (the fast path does the same sums many times faster).
-// ============================================================================
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC) {
@@ -113,23 +111,20 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
         }
 }
 
-// ============================================================================
-// §3.1  Residual connection, dropout and layer normalisation
+// ==== §3.1  Residual connection, dropout and layer normalisation =============
 // "The output of each sub-layer is LayerNorm(x + Sublayer(x))" (§3.1), and
 // "we apply dropout to the output of each sub-layer, before it is added to
 // the sub-layer input and normalized" (§5.4). So every sub-layer ends with
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
-// ============================================================================
 
 static uint64_t rng_next(Rng *rng);            // from the machinery: xorshift64*,
 static uint64_t hash64(uint64_t z);            // splitmix64's mixer,
 static double unit_interval(uint64_t bits);    // [0, 1) from 53 random bits
 
-// A dropout mask: each element kept with probability 1 - p_drop and scaled by
-// 1/(1 - p_drop) ("inverted dropout": evaluation needs no rescaling); all ones
-// with training off or p_drop = 0. Element i is decided by hash64(key + i), the
-// key one number from the model's generator: drawn in parallel, a seed gives
-// the same masks whatever the thread count.
+// A dropout mask: each element kept with probability 1 - p_drop and scaled by 1/(1 - p_drop)
+// ("inverted dropout": evaluation needs no rescaling); all ones with training off or p_drop = 0.
+// Element i is decided by hash64(key + i), the key one number from the model's generator: drawn in
+// parallel, a seed gives the same masks whatever the thread count.
 static void dropout_mask(real *mask, float p_drop, int training, Rng *rng, size_t n) {
     if (!training || p_drop <= 0.0f) {
         for (size_t i = 0; i < n; i++) mask[i] = 1;
@@ -226,20 +221,17 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
     }
 }
 
-// ============================================================================
-// §3.2.1  Scaled dot-product attention
+// ==== §3.2.1  Scaled dot-product attention ===================================
 //     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                 (eq. 1)
 // One head at a time. For query i the scores over keys j are
 //     s_ij = q_i . k_j / sqrt(d_k),   p_ij = exp(s_ij) / sum_j' exp(s_ij'),
 //     out_i = sum_j p_ij v_j
-// Why divide by sqrt(d_k)? "We suspect that for large values of d_k, the dot
-// products grow large in magnitude, pushing the softmax function into regions
-// where it has extremely small gradients." Footnote 4: if the components of
-// q and k are independent with mean 0 and variance 1, q . k (a sum of d_k
-// products of variance 1) has variance d_k: scores sqrt(d_k) apart (8 for the
-// base model's d_k = 64) put nearly all the probability on one key, where the
-// gradient p_j ([j == k] - p_k) is nearly 0. Dividing by sqrt(d_k) brings the
-// variance back to 1, whatever the head size.
+// Why divide by sqrt(d_k)? "We suspect that for large values of d_k, the dot products grow large in
+// magnitude, pushing the softmax function into regions where it has extremely small gradients."
+// Footnote 4: if the components of q and k are independent with mean 0 and variance 1, q . k (a sum
+// of d_k products of variance 1) has variance d_k: scores sqrt(d_k) apart (8 for the base model's
+// d_k = 64) put nearly all the probability on one key, where the gradient p_j ([j == k] - p_k) is
+// nearly 0. Dividing by sqrt(d_k) brings the variance back to 1, whatever the head size.
 //
 // Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's
 // self-attention, keys j > i are "illegal connections" to the future. Both
@@ -255,7 +247,6 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 // The query of row (b, i) starts at q + (b*Tq + i)*q_stride, its head `head`
 // at column head*d_k; keys and values likewise with kv_stride: Q, K, V are read
 // straight out of the fused (B, T, 3C) projection without copying.
-// ============================================================================
 
 // How many keys (the first ones) query i may attend to: key_len, its own
 // sentence's, and with the causal mask only positions 0..i.
@@ -381,24 +372,21 @@ static void attention_backward(real *dq, real *dk, real *dv, const real *dout, c
     }
 }
 
-// ============================================================================
-// §3.2.2  Multi-head attention
+// ==== §3.2.2  Multi-head attention ===========================================
 //     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
 //     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
-// Why several heads of d_k = d_model / h each, rather than one of d_model?
-// "Multi-head attention allows the model to jointly attend to information
-// from different representation subspaces at different positions. With a
-// single attention head, averaging inhibits this." One head's output is one
-// weighted average of the values; h heads, each in its own d_k-wide subspace,
-// can each weigh another position, at the cost of one full-width head
-// (Figures 3-5: heads following a long-distance dependency, resolving an
-// anaphora). Table 3 (A): one head is 0.9 BLEU worse than the best.
+// Why several heads of d_k = d_model / h each, rather than one of d_model? "Multi-head attention
+// allows the model to jointly attend to information from different representation subspaces at
+// different positions. With a single attention head, averaging inhibits this." One head's output is
+// one weighted average of the values; h heads, each in its own d_k-wide subspace, can each weigh
+// another position, at the cost of one full-width head (Figures 3-5: heads following a
+// long-distance dependency, resolving an anaphora). Table 3 (A): one head is 0.9 BLEU worse than
+// the best.
 //
-// W_i^Q for all heads is one (C, C) matrix whose output columns i*d_k ..
-// (i+1)*d_k-1 belong to head_i; likewise W^K, W^V. The three are stacked as
-// the rows of one (3C, C) weight (PyTorch's in_proj_weight): qkv[b,t] =
-// [q | k | v], and head_i reads columns i*d_k .. (i+1)*d_k-1 of each. The
-// "split into heads" is only indexing, and Concat the same indexing read back.
+// W_i^Q for all heads is one (C, C) matrix whose output columns i*d_k .. (i+1)*d_k-1 belong to
+// head_i; likewise W^K, W^V. The three are stacked as the rows of one (3C, C) weight (PyTorch's
+// in_proj_weight): qkv[b,t] = [q | k | v], and head_i reads columns i*d_k .. (i+1)*d_k-1 of each.
+// The "split into heads" is only indexing, and Concat the same indexing read back.
 //
 //   self-attention (encoder; decoder with the causal mask):
 //     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> (N,C)
@@ -408,7 +396,6 @@ static void attention_backward(real *dq, real *dk, real *dv, const real *dout, c
 //     memory (B*S,C) --rows C..3C-1 of W_qkv--> kv (B*S,2C)
 // Both end in attend_and_project: eq. 1 per head, then W^O. Decoding (§6.1)
 // calls it too, with keys and values from its cache.
-// ============================================================================
 
 // out = Concat(heads) W^O + b^O with heads = Attention(q, k, v) per head: out and
 // heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward reads them.
@@ -470,12 +457,10 @@ static void cross_attention_backward(real *dx, real *dmemory, AttentionParams gr
                     weights.qkv_w + (size_t)C * C, B * S, C, 2 * C);
 }
 
-// ============================================================================
-// §3.3  Position-wise feed-forward networks
+// ==== §3.3  Position-wise feed-forward networks ==============================
 //     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                            (eq. 2)
 // "applied to each position separately and identically": one linear layer
 // over all B*T rows at once.
-// ============================================================================
 
 // hidden = max(0, hidden) in place
 static void relu_forward(real *hidden, size_t n) {
@@ -508,15 +493,13 @@ static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_hid
     linear_backward(dx, grads.w1, grads.b1, d_hidden, x, weights.w1, N, C, F);
 }
 
-// ============================================================================
-// §3.4  Embeddings and softmax
+// ==== §3.4  Embeddings and softmax ===========================================
 // "we share the same weight matrix between the two embedding layers and the
 // pre-softmax linear transformation ... In the embedding layers, we multiply
 // those weights by sqrt(d_model)." One (V, C) matrix E serves three times:
 //     source:  x = E[token] * sqrt(C) + PE[pos]
 //     target:  y = E[token] * sqrt(C) + PE[pos]
 //     output:  logits = decoder_output E^T,  then softmax (§5.4's loss, below)
-// ============================================================================
 
 // out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
 static void embedding_forward(real *out, const int *tokens, const real *embedding, const real *pe, int B, int T, int C) {
@@ -541,17 +524,15 @@ static void embedding_backward(real *dembedding, const real *dout, const int *to
         }
 }
 
-// ============================================================================
-// §3.5  Positional encoding
+// ==== §3.5  Positional encoding ==============================================
 //     PE(pos, 2i)   = sin(pos / 10000^(2i/d_model))
 //     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
 // Interleaved as in the paper (tensor2tensor concatenates sines, then cosines).
 // Computed once, in double; no parameters, so no backward.
 //
-// Why sinusoids? "We chose this function because we hypothesized it would
-// allow the model to easily learn to attend by relative positions, since for
-// any fixed offset k, PE(pos+k) can be represented as a linear function of
-// PE(pos)." Each pair of dimensions (2i, 2i+1) turns at one frequency
+// Why sinusoids? "We chose this function because we hypothesized it would allow the model to easily
+// learn to attend by relative positions, since for any fixed offset k, PE(pos+k) can be represented
+// as a linear function of PE(pos)." Each pair of dimensions (2i, 2i+1) turns at one frequency
 // w_i = 1 / 10000^(2i/d_model), and k positions on is a rotation by w_i k:
 //     sin(w (pos+k)) =  cos(wk) sin(w pos) + sin(wk) cos(w pos)
 //     cos(w (pos+k)) = -sin(wk) sin(w pos) + cos(wk) cos(w pos)
@@ -559,12 +540,10 @@ static void embedding_backward(real *dembedding, const real *dout, const int *to
 // "k words later" at every position, which W^Q or W^K can learn. Wavelengths
 // from 2 pi to 10000 * 2 pi tell near positions apart and far ones.
 //
-// "We also experimented with using learned positional embeddings instead,
-// and found that the two versions produced nearly identical results"
-// (Table 3, row E). With config.positional = POSITIONAL_LEARNED the table is
-// a parameter, params.position_embedding (max_len, C), one for source and
-// target as the sinusoids, added in PE's place; position_embedding_backward.
-// ============================================================================
+// "We also experimented with using learned positional embeddings instead, and found that the two
+// versions produced nearly identical results" (Table 3, row E). With config.positional =
+// POSITIONAL_LEARNED the table is a parameter, params.position_embedding (max_len, C), one for
+// source and target as the sinusoids, added in PE's place; position_embedding_backward.
 
 // pe is (max_len, C)
 static void positional_encoding_init(real *pe, int max_len, int C) {
@@ -584,15 +563,13 @@ static void position_embedding_backward(real *dpe, const real *dout, int B, int 
             for (int i = 0; i < C; i++) dpe[(size_t)t * C + i] += dout[((size_t)b * T + t) * C + i];
 }
 
-// ============================================================================
-// §5.4  Label smoothing, and the loss
+// ==== §5.4  Label smoothing, and the loss ====================================
 // "During training, we employed label smoothing of value eps_ls = 0.1." The
 // target distribution at each position is, as in PyTorch's cross_entropy,
 //     q_v = (1 - eps_ls) [v == y] + eps_ls / V
 // and the loss is the cross-entropy -sum_v q_v log p_v with p = softmax(logits),
 // averaged over the non-padding target positions. "This hurts perplexity, as
 // the model learns to be more unsure, but improves accuracy and BLEU score."
-// ============================================================================
 
 // token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
 // Returns the mean loss; *num_tokens gets the number of non-padding positions.
@@ -650,13 +627,11 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
     }
 }
 
-// ============================================================================
-// §3.1  Encoder and decoder stacks
-// "The encoder is composed of a stack of N identical layers. Each layer has
-// two sub-layers ... multi-head self-attention ... and a simple, position-wise
-// fully connected feed-forward network." The decoder "inserts a third
-// sub-layer, which performs multi-head attention over the output of the
-// encoder stack", and masks its self-attention. Post-norm, as published:
+// ==== §3.1  Encoder and decoder stacks =======================================
+// "The encoder is composed of a stack of N identical layers. Each layer has two sub-layers ...
+// multi-head self-attention ... and a simple, position-wise fully connected feed-forward network."
+// The decoder "inserts a third sub-layer, which performs multi-head attention over the output of
+// the encoder stack", and masks its self-attention. Post-norm, as published:
 //
 //   encoder layer                       decoder layer
 //   x ─┬─ self-attention ─ drop ─(+)─ LN    y ─┬─ masked self-attn ─ drop ─(+)─ LN ─┐
@@ -667,11 +642,9 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 //                                        ┌─────────────────────────────────────────┘
 //                                        ├─ FFN ─ drop ─(+)─ LN ─> out
 //                                        └────────────────────┘
-// No layer norm follows the last layer of either stack in the published model.
-// A layer takes its parameters and activations as views of the model's
-// tensors (transformer.h: EncoderLayerParams, DecoderLayerActs, ...), each
-// tensor holding all N layers.
-// ============================================================================
+// No layer norm follows the last layer of either stack in the published model. A layer takes its
+// parameters and activations as views of the model's tensors (transformer.h: EncoderLayerParams,
+// DecoderLayerActs, ...), each tensor holding all N layers.
 
 static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b, size_t l, size_t C) {
     return (AttentionParams){ qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
@@ -857,10 +830,9 @@ static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams g
                             B, T, C, config->n_heads);
 }
 
-// ============================================================================
-// The whole model (Figure 1): the encoder stack, the decoder stack and the output
-// projection, then the loss; and the backward pass, the same path in reverse
-// ============================================================================
+// ==== The whole model (Figure 1) =============================================
+// The encoder stack, the decoder stack and the output projection, then the
+// loss; and the backward pass, the same path in reverse.
 
 // The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
 static const real *encoder_forward(Transformer *model, const Batch *batch) {
@@ -982,15 +954,13 @@ void transformer_backward(Transformer *model, const Batch *batch) {
         position_embedding_backward(model->grads.position_embedding, scratch->d_embedded, B, S, C);
 }
 
-// ============================================================================
-// §5.3  Optimizer
+// ==== §5.3  Optimizer ========================================================
 // "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and eps = 1e-9.
 // We varied the learning rate over the course of training, according to
 //     lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)"
 // (eq. 3): a linear rise for warmup_steps (4000 in the paper), then a decay
 // with the inverse square root of the step. `factor` scales the whole curve
 // (1 in the paper; larger for tiny models, as many reimplementations do).
-// ============================================================================
 
 double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor) {
     double step_num = step < 1 ? 1.0 : (double)step;
@@ -1022,12 +992,10 @@ void adam_update(Transformer *model, double learning_rate) {
     }
 }
 
-// ============================================================================
-// §5  The training step
+// ==== §5  The training step ==================================================
 // §5 describes training piece by piece: batches by length (§5.1), Adam at eq. 3's
 // rate (§5.3), dropout and label smoothing (§5.4). One step: a forward pass to the
 // loss, the backward pass to every gradient, one Adam update (eq. 3's t: adam_step + 1).
-// ============================================================================
 
 real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor) {
     real loss = transformer_forward(model, batch);      // Figure 1, bottom to top, and §5.4's loss
@@ -1038,18 +1006,15 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
     return loss;
 }
 
-// ============================================================================
-// §6.1  Decoding: greedy with a key/value cache, beam search
-// "We used beam search with a beam size of 4 and length penalty alpha = 0.6
-// ... We set the maximum output length during inference to input length + 50,
-// but terminate early when possible." (§6.1)
+// ==== §6.1  Decoding: greedy with a key/value cache, beam search =============
+// "We used beam search with a beam size of 4 and length penalty alpha = 0.6 ... We set the maximum
+// output length during inference to input length + 50, but terminate early when possible." (§6.1)
 //
-// The decoder writes one token at a time: position t reads the token chosen
-// at t-1 (<s> at t = 0). Run naively, step t recomputes every earlier position
-// of every layer, O(t^2) work per sentence. But under the causal mask (§3.2.3)
-// nothing at positions < t depends on later tokens, so their keys and values
-// never change: a key/value cache keeps them, per layer, and step t computes
-// only row t:
+// The decoder writes one token at a time: position t reads the token chosen at t-1 (<s> at t = 0).
+// Run naively, step t recomputes every earlier position of every layer, O(t^2) work per sentence.
+// But under the causal mask (§3.2.3) nothing at positions < t depends on later tokens, so their
+// keys and values never change: a key/value cache keeps them, per layer, and step t computes only
+// row t:
 //
 //   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
 //     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
@@ -1057,7 +1022,6 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 //
 // decoder_step is decoder_layer_forward for one position, with the same
 // sub-layer functions (dropout off); only the keys and values come from the cache.
-// ============================================================================
 
 static void *checked_calloc(size_t count, size_t size, const char *what);   // from the machinery: calloc or exit,
 typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers,
@@ -1347,12 +1311,10 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     return length;
 }
 
-// ============================================================================
-// The machinery: what the model above takes for granted. Allocation that
-// cannot fail silently, our own random numbers (a seed gives the same model on
-// every machine), the parameters' names, sizes and initial values, the memory
-// of the activations, and the checks of a configuration and of a batch.
-// ============================================================================
+// ==== The machinery ==========================================================
+// What the model above takes for granted: allocation that cannot fail silently, our own random
+// numbers (a seed gives the same model on every machine), the parameters' names, sizes and initial
+// values, the memory of the activations, and the checks of a configuration and of a batch.
 
 // count x size bytes, at least 1, or a clear exit if that overflows a size_t.
 static size_t checked_bytes(size_t count, size_t size, const char *what) {
@@ -1410,8 +1372,7 @@ static double rng_normal(Rng *rng) { // Box-Muller
 
 static int rng_below(Rng *rng, int n) { return (int)(rng_uniform(rng) * n); }   // uniform integer in [0, n)
 
-// ----------------------------------------------------------------------------
-// The configuration (transformer_config_check, below, says what it may hold).
+// ---- the configuration (transformer_config_check, below, says what it may hold) ----
 
 TransformerConfig transformer_default_config(void) {
     return (TransformerConfig){
@@ -1422,9 +1383,8 @@ TransformerConfig transformer_default_config(void) {
     };
 }
 
-// ----------------------------------------------------------------------------
-// Parameters: sizes, names, one allocation with named pointers into it
-// (the tensors and their shapes are listed in transformer.h).
+// ---- parameters: sizes, names, one allocation with named pointers into it -------
+// (the tensors and their shapes are listed in transformer.h)
 
 #define PARAMETER_NAME(name, numbers) #name,
 static const char *parameter_names[NUM_PARAMETER_TENSORS] = { PARAMETER_TENSORS(PARAMETER_NAME) };
@@ -1494,17 +1454,14 @@ static void initialize_parameters(Transformer *model, uint64_t seed) {
             params->position_embedding[i] = (real)(std * rng_normal(&rng));
 }
 
-// ----------------------------------------------------------------------------
-// The model's memory: arenas sized by the batch, building and freeing a model,
-// and the checks of a configuration and a batch.
+// ---- the model's memory: arenas, building and freeing a model, the checks ------
 
-// The model's tensors live in a few arenas of zeros, each tensor on a 64-byte
-// cache line: the fast path's vector loads are up to 64 bytes wide, and one that
-// straddles two lines costs two (5% of a toy step on AVX-512; dev/PERFORMANCE.md).
-// calloc leaves pages never written (decoding never touches the gradients)
-// unbacked, as aligned_alloc and memset would not: so this asks calloc for one
-// line more, returns the first line boundary in it, and keeps calloc's address
-// just below it for arena_free.
+// The model's tensors live in a few arenas of zeros, each tensor on a 64-byte cache line: the fast
+// path's vector loads are up to 64 bytes wide, and one that straddles two lines costs two (5% of a
+// toy step on AVX-512; dev/PERFORMANCE.md). calloc leaves pages never written (decoding never
+// touches the gradients) unbacked, as aligned_alloc and memset would not: so this asks calloc for
+// one line more, returns the first line boundary in it, and keeps calloc's address just below it
+// for arena_free.
 #define CACHE_LINE 64
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
 
@@ -1672,11 +1629,10 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 }
 
 // ############################################################################
-// PART II   THE PROGRAM
-// The smallest program that trains the model of Part I and translates with
-// it. What can fail returns NULL, or one line saying what is wrong: the file
-// (and line) or the value, and what was expected. The companions in lab/ add
-// to it through the hooks of "where the lab plugs in".
+// PART II   THE PROGRAM The smallest program that trains the model of Part I and translates with
+// it. What can fail returns NULL, or one line saying what is wrong: the file (and line) or the
+// value, and what was expected. The companions in lab/ add to it through the hooks of "where the
+// lab plugs in".
 // ############################################################################
 
 static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
@@ -1772,6 +1728,11 @@ static int parse_option_value(const Option *o, const char *text, char *expected,
     return 1;
 }
 
+static Option *find_option(Option *options, int n, const char *name) {
+    for (int i = 0; i < n; i++) if (strcmp(options[i].name, name) == 0) return &options[i];
+    return NULL;
+}
+
 static void print_option_help(const Option *options, int n) {
     for (const Option *o = options; o < options + n; o++) {
         char left[64], value[64] = "";
@@ -1785,9 +1746,8 @@ static void print_option_help(const Option *options, int n) {
     }
 }
 
-// Reads argv[1..argc-1] into the options; arguments that are not flags go to
-// positional (when it is not NULL). Returns 0, or 1 after printing a
-// one-line error, or 2 after printing the help.
+// Reads argv[1..argc-1] into the options; arguments that are not flags go to positional (when it is
+// not NULL). Returns 0, or 1 after printing a one-line error, or 2 after printing the help.
 static int parse_options(const char *command, const char *usage, Option *options, int n,
                          int argc, char **argv, char **positional, int *num_positional) {
     if (num_positional) *num_positional = 0;
@@ -1803,9 +1763,8 @@ static int parse_options(const char *command, const char *usage, Option *options
             fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n", command, arg, command);
             return 1;
         }
-        Option *o = options;
-        while (o < options + n && strcmp(arg, o->name) != 0) o++;
-        if (o == options + n) {
+        Option *o = find_option(options, n, arg);
+        if (!o) {
             fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
             return 1;
         }
@@ -1822,10 +1781,6 @@ static int parse_options(const char *command, const char *usage, Option *options
     return 0;
 }
 
-static Option *find_option(Option *options, int n, const char *name) {
-    for (int i = 0; i < n; i++) if (strcmp(options[i].name, name) == 0) return &options[i];
-    return NULL;
-}
 
 // ---- where the lab plugs in -------------------------------------------------
 // lab/lab.c (make's ./transformer) fills in these hooks (transformer.h, LabHooks:
@@ -1842,11 +1797,10 @@ static void vocab_free(Vocabulary *vocab) {
 }
 
 // ---- white space ------------------------------------------------------------
-// One set of white-space characters separates tokens everywhere (data, decode's
-// input, BLEU): the set Python's str.split() splits at, so that BLEU counts what
-// sacreBLEU's tokenize='none' counts. ASCII's \t \n \v \f \r and space,
-// U+001C..U+001F, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029,
-// U+202F, U+205F and U+3000; not U+200B. Above U+007F only UTF-8 counts.
+// One set of white-space characters separates tokens everywhere (data, decode's input, BLEU): the
+// set Python's str.split() splits at, so that BLEU counts what sacreBLEU's tokenize='none' counts.
+// ASCII's \t \n \v \f \r and space, U+001C..U+001F, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
+// U+2029, U+202F, U+205F and U+3000; not U+200B. Above U+007F only UTF-8 counts.
 
 // The length in bytes of the white-space character that begins the text, or 0
 // (a byte after the first is read only when the bytes before it matched).
@@ -1907,10 +1861,7 @@ static const char *text_error(const char *line, int got, const char *where) {
 
 // ---- sentence pairs, and reading them ---------------------------------------
 
-static void dataset_free(Dataset *dataset) {
-    free(dataset->pairs); free(dataset->tokens);
-    memset(dataset, 0, sizeof *dataset);
-}
+static void dataset_free(Dataset *dataset) { free(dataset->pairs); free(dataset->tokens); memset(dataset, 0, sizeof *dataset); }
 
 static void dataset_add(Dataset *dataset, const int *src, int src_len, const int *tgt, int tgt_len, int line) {
     if (dataset->count == dataset->capacity) {
@@ -2135,11 +2086,10 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
 }
 
 // ---- batches ----------------------------------------------------------------
-// §5.1: "Sentence pairs were batched together by approximate sequence length.
-// Each training batch contained a set of sentence pairs containing
-// approximately 25000 source tokens and 25000 target tokens." An epoch sorts the
-// pairs by length (source, then target, random among equals), cuts them into
-// batches of at most batch_tokens counting padding, and visits those in random order.
+// §5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
+// contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
+// tokens." An epoch sorts the pairs by length (source, then target, random among equals), cuts them
+// into batches of at most batch_tokens counting padding, and visits those in random order.
 
 typedef struct { int src_len, tgt_len; uint64_t key; int index; } LengthKey;
 
@@ -2156,10 +2106,8 @@ static int compare_length_keys(const void *pa, const void *pb) {
 // batch_tokens = B x (S + T), S the longest source + 1 (</s>), T the longest target + 1.
 static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count, int batch_tokens, Rng *rng) {
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
-    for (int i = 0; i < count; i++) {
-        LengthKey key = { dataset->pairs[i].src_len, dataset->pairs[i].tgt_len, rng ? rng_next(rng) : 0, i };
-        keys[i] = key;
-    }
+    for (int i = 0; i < count; i++)
+        keys[i] = (LengthKey){ dataset->pairs[i].src_len, dataset->pairs[i].tgt_len, rng ? rng_next(rng) : 0, i };
     qsort(keys, count, sizeof(LengthKey), compare_length_keys);
     for (int i = 0; i < count; i++) order[i] = keys[i].index;
     free(keys);
@@ -2172,8 +2120,7 @@ static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, in
             if (n > 0 && (long)(n + 1) * (S2 + T2) > batch_tokens) break;
             S = S2; T = T2; n++;
         }
-        spans[num_spans].start = i;
-        spans[num_spans++].count = n;
+        spans[num_spans++] = (BatchSpan){ i, n };
         i += n;
     }
     return num_spans;
@@ -2191,8 +2138,7 @@ static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_t
 }
 
 static void batch_buffer_free(BatchBuffer *bb) {
-    free(bb->src); free(bb->src_len); free(bb->tgt_in); free(bb->tgt_out); free(bb->tgt_len);
-    memset(bb, 0, sizeof *bb);
+    free(bb->src); free(bb->src_len); free(bb->tgt_in); free(bb->tgt_out); free(bb->tgt_len); memset(bb, 0, sizeof *bb);
 }
 
 // Teacher forcing (§3.1: "the output embeddings are offset by one position"): the
@@ -2285,9 +2231,8 @@ void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len
     stats->sentences++;
 }
 
-// Corpus BLEU of everything added so far, 0..100. precisions (may be NULL)
-// gets p_1..p_4, brevity_penalty (may be NULL) BP; no output at all (c = 0)
-// gives BP = 0 and BLEU = 0.
+// Corpus BLEU of everything added so far, 0..100. precisions (may be NULL) gets p_1..p_4,
+// brevity_penalty (may be NULL) BP; no output at all (c = 0) gives BP = 0 and BLEU = 0.
 double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
     double log_sum = 0;
     int any_zero = 0;
@@ -2319,10 +2264,7 @@ static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " 
 // never right), BLEU; and the teacher-forced loss (label-smoothed, no dropout) and
 // -log p(reference token) without smoothing, whose exponential is Table 3's perplexity.
 
-static void evaluation_free(Evaluation *e) {
-    free(e->output); free(e->output_len);
-    memset(e, 0, sizeof *e);
-}
+static void evaluation_free(Evaluation *e) { free(e->output); free(e->output_len); memset(e, 0, sizeof *e); }
 
 // Evaluates the first `count` pairs of dataset (all when count <= 0), decoding
 // greedily (beam_size 1, sentences side by side, sorted by length so that
@@ -2340,8 +2282,7 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
     int *order = checked_calloc(count, sizeof(int), "evaluation order");
     BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
     int num_spans = sort_and_cut(order, spans, dataset, count, batch_tokens, NULL);
-    BatchBuffer bb;
-    memset(&bb, 0, sizeof bb);
+    BatchBuffer bb = { 0 };
     double total_loss = 0, total_log_loss = 0;
     long total_tokens = 0;
     for (int s = 0; s < num_spans; s++) {
@@ -2384,8 +2325,7 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
 static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab, int show) {
     for (int i = 0; i < show && i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
-        const int *out = e->output + (size_t)i * e->stride;
-        char *output = tokens_to_text(vocab, out, e->output_len[i]);
+        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
         char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
         printf("  source     "); print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
         printf("\n  reference  %s\n  output     %s   (%s)\n", reference, output,
@@ -3081,13 +3021,11 @@ static int command_eval(int argc, char **argv) {
     return error ? 1 : 0;
 }
 
-// ============================================================================
-// main: the table of contents
+// ==== main: the table of contents ============================================
 //   ./transformer train    learn a task (§5): copy, reverse or a TSV file
 //   ./transformer decode   translate with a checkpoint (§6.1)
 //   ./transformer eval     token accuracy, exact match and BLEU on a TSV file
 // lab/lab.c adds its commands after these (lab.commands).
-// ============================================================================
 
 static const Command commands[] = {
     { "train",  command_train,  "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
