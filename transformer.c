@@ -24,16 +24,14 @@
  *            length), evaluation and BLEU, checkpoints, the commands train,
  *            decode and eval, main; and the hooks where lab/ plugs in.
  * CONVENTIONS
- *   Every layer is a `*_forward` function followed by its `*_backward`,
- *   arguments outputs first, then inputs, then sizes. A backward function
- *   quotes the forward line it differentiates and ACCUMULATES (+=) into its
- *   gradient outputs; the caller zeroes them. Shapes: B sentences, S source
- *   length, T target length, C = d_model, F = d_ff, NH = h heads,
- *   d_k = d_v = C/NH, V vocabulary, L layers. A linear layer stores W as
- *   (out, in), as PyTorch does, and computes y = x W^T + b (the paper's x W).
- *   Masked keys get probability exactly 0 (the paper's -inf before the
- *   softmax). A parallel loop gives each output element to one thread,
- *   summing in a fixed order: the same bits on any thread count.
+ *   Every layer is a `*_forward` function followed by its `*_backward`, arguments outputs
+ *   first, then inputs, then sizes. A backward function quotes the forward line it
+ *   differentiates and ACCUMULATES (+=) into its gradient outputs; the caller zeroes them.
+ *   Shapes: B sentences, S source length, T target length, C = d_model, F = d_ff, NH = h
+ *   heads, d_k = d_v = C/NH, V vocabulary, L layers. A linear layer stores W as (out, in),
+ *   as PyTorch does, and computes y = x W^T + b (the paper's x W). Masked keys get
+ *   probability exactly 0 (the paper's -inf before the softmax). A parallel loop gives each
+ *   output element to one thread, summing in a fixed order: the same bits on any thread count.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -57,9 +55,7 @@
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"
 #endif
 
-// ############################################################################
-// PART I   THE MODEL
-// ############################################################################
+// ######## PART I   THE MODEL ################################################
 
 // The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
 // linear_backward, attention_forward and attention_backward hand it their call on their
@@ -410,8 +406,7 @@ static void attend_and_project(real *out, real *att, real *heads, const real *q,
 static void self_attention_forward(real *out, real *qkv, real *att, real *heads, const real *x,
                                    AttentionParams weights, const int *len, int causal, int B, int T, int C, int NH) {
     linear_forward(qkv, x, weights.qkv_w, weights.qkv_b, B * T, C, 3 * C);
-    attend_and_project(out, att, heads, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, weights,
-                       B, T, T, C, NH);
+    attend_and_project(out, att, heads, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, weights, B, T, T, C, NH);
 }
 
 // d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
@@ -890,14 +885,11 @@ real transformer_forward(Transformer *model, const Batch *batch) {
     decoder_forward(model, batch, memory);
     model->loss = (real)cross_entropy_forward(model->acts.token_loss, model->acts.probs, model->acts.logits,
                                               batch->tgt_out, batch->tgt_len, model->config.label_smoothing,
-                                              batch->B, batch->T, model->config.vocab_size,
-                                              &model->num_target_tokens);
+                                              batch->B, batch->T, model->config.vocab_size, &model->num_target_tokens);
     return model->loss;
 }
 
-void transformer_zero_grad(Transformer *model) {
-    zero(model->grads_memory, model->num_parameters);
-}
+void transformer_zero_grad(Transformer *model) { zero(model->grads_memory, model->num_parameters); }
 
 // The whole backward pass, for the batch of the last transformer_forward:
 // accumulates dloss/dparameter into model->grads.
@@ -1051,10 +1043,7 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *model, in
 }
 
 static void decoder_cache_free(DecoderCache *cache) {
-    free(cache->src_len);
-    free(cache->self_len);
-    arena_free(cache->memory);
-    memset(cache, 0, sizeof *cache);
+    free(cache->src_len); free(cache->self_len); arena_free(cache->memory); memset(cache, 0, sizeof *cache);
 }
 
 // memory = Encoder(source) (§3.1), once per sentence, and every decoder layer's keys and
@@ -1151,9 +1140,8 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
                                const int *src_len, int B, int S) {
     int training = model->training, V = model->config.vocab_size, steps = 0;
     model->training = 0;
-    int *limit = checked_calloc(B, sizeof(int), "decode limits");
-    int *tokens = checked_calloc(B, sizeof(int), "decode tokens");
-    int *done = checked_calloc(B, sizeof(int), "decode flags");
+    int *limit = checked_calloc(B, sizeof(int), "decoding"), *tokens = checked_calloc(B, sizeof(int), "decoding");
+    int *done = checked_calloc(B, sizeof(int), "decoding");
     for (int b = 0; b < B; b++) {
         limit[b] = transformer_decode_limit(model, src_len[b]);
         if (limit[b] > max_out) limit[b] = max_out;
@@ -1243,13 +1231,12 @@ static void finish_hypothesis(FinishedHypotheses *finished, const int *tokens, i
     if (finished->score[i] > finished->score[finished->best]) finished->best = i;
 }
 
-// Beam search for one sentence (§6.1). At each position every alive beam proposes every
-// token; the best beam_size - (hypotheses finished so far), by summed log-probability,
-// are taken in order: one ending in </s> is finished, scored log P / length_penalty; the
-// others are the next alive beams. Search stops when beam_size hypotheses have finished,
-// or at the length limit, where the alive beams finish as they are. Returns the length of
-// the best, written to out (capacity transformer_decode_limit) without </s>; *score gets
-// its score. With beam_size 1 this is exactly greedy decoding.
+// Beam search for one sentence (§6.1). At each position every alive beam proposes every token; the
+// best beam_size - (hypotheses finished so far), by summed log-probability, are taken in order: one
+// ending in </s> is finished, scored log P / length_penalty, the others are the next alive beams.
+// Search stops when beam_size hypotheses have finished, or at the length limit, where the alive
+// beams finish as they are. Returns the length of the best, written to out (capacity
+// transformer_decode_limit) without </s>; *score gets its score. Beam size 1 is greedy decoding.
 int transformer_beam_search(Transformer *model, int *out, double *score, const int *src, int src_len,
                             int beam_size, double alpha) {
     int training = model->training, V = model->config.vocab_size;
@@ -1363,14 +1350,13 @@ static uint64_t rng_next(Rng *rng) { // xorshift64*
 }
 
 static double rng_uniform(Rng *rng) { return unit_interval(rng_next(rng)); }   // [0, 1)
+static int rng_below(Rng *rng, int n) { return (int)(rng_uniform(rng) * n); }   // uniform integer in [0, n)
 
 static double rng_normal(Rng *rng) { // Box-Muller
     double u1 = 1.0 - rng_uniform(rng); // (0, 1]: log(u1) is finite
     double u2 = rng_uniform(rng);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
-
-static int rng_below(Rng *rng, int n) { return (int)(rng_uniform(rng) * n); }   // uniform integer in [0, n)
 
 // ---- the configuration (transformer_config_check, below, says what it may hold) ----
 
@@ -1383,8 +1369,7 @@ TransformerConfig transformer_default_config(void) {
     };
 }
 
-// ---- parameters: sizes, names, one allocation with named pointers into it -------
-// (the tensors and their shapes are listed in transformer.h)
+// ---- parameters: sizes, names, one allocation with named pointers (the list: transformer.h) ----
 
 #define PARAMETER_NAME(name, numbers) #name,
 static const char *parameter_names[NUM_PARAMETER_TENSORS] = { PARAMETER_TENSORS(PARAMETER_NAME) };
@@ -1407,10 +1392,7 @@ static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTens
 static void point_parameters(ParameterTensors *tensors, real *block, const size_t sizes[NUM_PARAMETER_TENSORS]) {
     real **ptrs[NUM_PARAMETER_TENSORS];
     parameter_pointers(ptrs, tensors);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = block;
-        block += sizes[i];
-    }
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { *ptrs[i] = block; block += sizes[i]; }
 }
 
 // Xavier-uniform (Glorot & Bengio 2010) of a (rows, cols) matrix: U(-a, a), a = sqrt(6 / (fan_in + fan_out))
@@ -1419,11 +1401,10 @@ static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
     for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * bound);
 }
 
-// Initialisation (the paper gives none; PyTorch's and the common reimplementations'):
-// Xavier-uniform for every projection matrix (W^Q, W^K, W^V, W^O each on its own, W_1,
-// W_2); the shared embedding and learned positions normal, standard deviation
-// d_model^-0.5 (tensor2tensor, fairseq); zero biases, layer-norm gain 1. The positions
-// are drawn last: a seed gives the same other weights with either kind of positions.
+// Initialisation (the paper gives none; PyTorch's and the common reimplementations'): Xavier-uniform
+// for every projection matrix (W^Q, W^K, W^V, W^O each on its own, W_1, W_2); the embedding and
+// learned positions normal, standard deviation d_model^-0.5 (tensor2tensor, fairseq); zero biases,
+// layer-norm gain 1. The positions come last: a seed gives the same other weights with either kind.
 static void initialize_parameters(Transformer *model, uint64_t seed) {
     const TransformerConfig *config = &model->config;
     size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
@@ -1456,22 +1437,16 @@ static void initialize_parameters(Transformer *model, uint64_t seed) {
 
 // ---- the model's memory: arenas, building and freeing a model, the checks ------
 
-// The model's tensors live in a few arenas of zeros, each tensor on a 64-byte cache line: the fast
-// path's vector loads are up to 64 bytes wide, and one that straddles two lines costs two (5% of a
-// toy step on AVX-512; dev/PERFORMANCE.md). calloc leaves pages never written (decoding never
-// touches the gradients) unbacked, as aligned_alloc and memset would not: so this asks calloc for
-// one line more, returns the first line boundary in it, and keeps calloc's address just below it
-// for arena_free.
+// The model's tensors live in arenas of zeros, each tensor on a 64-byte cache line: the fast path's
+// vector loads straddling two lines cost two (5% of a toy step; dev/PERFORMANCE.md). calloc leaves
+// pages never written unbacked (decoding never touches the gradients), so this asks it for one line
+// more, returns the first line boundary in it, and keeps calloc's address below it for arena_free.
 #define CACHE_LINE 64
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
 
-// The cache lines that `bytes` bytes fill, the last one perhaps in part.
-static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }
-
 static real *arena_calloc(size_t count, const char *what) {
     size_t bytes = checked_bytes(count, sizeof(real), what);
-    size_t lines = lines_of(bytes) + 1;
-    unsigned char *block = checked_calloc(lines, CACHE_LINE, what);
+    unsigned char *block = checked_calloc(bytes / CACHE_LINE + 2, CACHE_LINE, what);   // the lines it fills, one more
     unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
     memcpy(aligned - sizeof block, &block, sizeof block);
     return (real *)aligned;
@@ -1495,10 +1470,7 @@ static real *arena_of(Tensor *tensors, int n, const char *what) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += whole_lines(tensors[i].size);
     real *arena = arena_calloc(total, what), *next = arena;
-    for (int i = 0; i < n; i++) {
-        *tensors[i].tensor = next;
-        next += whole_lines(tensors[i].size);
-    }
+    for (int i = 0; i < n; i++) { *tensors[i].tensor = next; next += whole_lines(tensors[i].size); }
     return arena;
 }
 
@@ -1541,9 +1513,7 @@ const char *transformer_build(Transformer *model, const TransformerConfig *confi
     model->adam_v = arena_calloc(model->num_parameters, "Adam second moments");
     point_parameters(&model->params, model->params_memory, model->param_sizes);
     point_parameters(&model->grads, model->grads_memory, model->param_sizes);
-    model->adam.beta1 = 0.9;    // §5.3
-    model->adam.beta2 = 0.98;
-    model->adam.eps = 1e-9;
+    model->adam = (AdamConfig){ .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9 };   // §5.3
     if (config->positional == POSITIONAL_LEARNED) {
         model->positional_encoding = model->params.position_embedding;   // a parameter (Table 3, row E)
     } else {
@@ -1628,12 +1598,10 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
     return NULL;
 }
 
-// ############################################################################
-// PART II   THE PROGRAM The smallest program that trains the model of Part I and translates with
-// it. What can fail returns NULL, or one line saying what is wrong: the file (and line) or the
-// value, and what was expected. The companions in lab/ add to it through the hooks of "where the
-// lab plugs in".
-// ############################################################################
+// ######## PART II   THE PROGRAM #############################################
+// The smallest program that trains the model of Part I and translates with it. What can fail
+// returns NULL, or one line saying what is wrong: the file (and line) or the value, and what was
+// expected. The companions in lab/ add to it through the hooks of "where the lab plugs in".
 
 static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
     size_t bytes = checked_bytes(count, size, what);
@@ -1655,9 +1623,8 @@ static int thread_count(void) { return 1; }
 #endif
 
 // ---- vocabulary -------------------------------------------------------------
-// §3.4: one vocabulary for source and target (the embedding is shared). Ids
-// 0..3 are <pad> <s> </s> <unk> (transformer.h), the data's tokens follow in
-// order of first appearance; text -> id is a hash table, open addressing.
+// §3.4: one vocabulary for source and target (the embedding is shared): ids 0..3 are <pad> <s>
+// </s> <unk>, then the data's tokens in order of first appearance; text -> id by open addressing.
 
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
@@ -1672,9 +1639,7 @@ static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
 }
 
 // The id of the n bytes at word, or -1.
-static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) {
-    return vocab->slots[vocab_slot(vocab, word, n)];
-}
+static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) { return vocab->slots[vocab_slot(vocab, word, n)]; }
 
 // The id of the n bytes at word, added to the vocabulary if new.
 static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
@@ -1707,8 +1672,8 @@ static void vocab_init(Vocabulary *vocab) {
 }
 
 // ---- the command line -------------------------------------------------------
-// Each command reads its flags from a table: a bad flag gets one line naming it
-// and saying what was expected, and --help prints the table with the defaults.
+// Each command reads its flags from a table: a bad flag gets one line naming it and saying what
+// was expected, and --help prints the table with the defaults.
 
 // Reads text into the option's value; returns 0 (and writes, in expected, what would do) if it is not one.
 static int parse_option_value(const Option *o, const char *text, char *expected, size_t size) {
@@ -1781,11 +1746,9 @@ static int parse_options(const char *command, const char *usage, Option *options
     return 0;
 }
 
-
 // ---- where the lab plugs in -------------------------------------------------
-// lab/lab.c (make's ./transformer) fills in these hooks (transformer.h, LabHooks:
-// more commands, more train flags, the stages of training, §5.1 subwords);
-// transformer.c alone leaves them empty. Each is called on a line marked "lab:".
+// lab/lab.c (make's ./transformer) fills in these hooks (transformer.h, LabHooks: commands, train
+// flags, the stages of training, §5.1 subwords); alone they are empty. Each is on a line marked "lab:".
 static LabHooks lab;
 
 static void vocab_free(Vocabulary *vocab) {
@@ -1802,8 +1765,7 @@ static void vocab_free(Vocabulary *vocab) {
 // ASCII's \t \n \v \f \r and space, U+001C..U+001F, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
 // U+2029, U+202F, U+205F and U+3000; not U+200B. Above U+007F only UTF-8 counts.
 
-// The length in bytes of the white-space character that begins the text, or 0
-// (a byte after the first is read only when the bytes before it matched).
+// The length of the white-space character that begins the text, or 0 (never reads past the end)
 static int white_space_bytes(const char *text) {
     const unsigned char *s = (const unsigned char *)text;
     if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
@@ -1821,8 +1783,8 @@ static const char *skip_white_space(const char *text) {
     return text;
 }
 
-// The first token of the text and its length in bytes (*length), or NULL. (A byte at
-// a time is safe: white space never begins with a UTF-8 continuation byte.)
+// The first token of the text and its length in bytes (*length), or NULL. (A byte at a time is
+// safe: white space never begins with a UTF-8 continuation byte.)
 static const char *next_token(const char *text, size_t *length) {
     const char *start = skip_white_space(text), *end = start;
     if (!*start) return NULL;
@@ -1831,11 +1793,9 @@ static const char *next_token(const char *text, size_t *length) {
     return start;
 }
 
-// Every text input is UTF-8: a byte that is not (Latin-1, a binary file) is refused
-// with its file and line, as a program that splits at Unicode's spaces must (NOTES §7).
-
-// Length in bytes of the valid UTF-8 sequence at s, or 0 (RFC 3629: no overlong
-// forms, no UTF-16 surrogates, nothing above U+10FFFF).
+// Every text input is UTF-8: a byte that is not (Latin-1, a binary file) is refused with its file
+// and line, as a program that splits at Unicode's spaces must (NOTES §7). The length of the valid
+// UTF-8 sequence at s, or 0 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
 static int utf8_sequence_length(const unsigned char *s) {
     if (s[0] < 0x80) return 1;
     int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
@@ -1895,8 +1855,7 @@ static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
 
 #define MAX_UNKNOWN_WARNINGS 5
 
-// The id of the n bytes at token. grow: a new token joins the vocabulary; otherwise
-// it becomes <unk> with a warning (the first few).
+// The id of the n bytes at token. grow: a new token joins the vocabulary; else it is <unk>, warned of.
 static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
     int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
     if (id >= 0) return id;
@@ -1918,9 +1877,8 @@ static const char *reserved_token_error(const TextSource *from) {
                   "expected text without them", from->where, from->reserved);
 }
 
-// Splits text at white space into token ids (*ids grows as needed): whole words, or
-// with the lab's §5.1 merges subwords; grow as token_id. Returns the number of
-// tokens, or -1 at a special token's text (from->reserved says which).
+// Splits text at white space into token ids (*ids grows as needed): whole words, or with the lab's
+// §5.1 merges subwords. Returns the number of tokens, or -1 at a special token (from->reserved).
 static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
     int n = 0;
     size_t len;
@@ -1952,8 +1910,8 @@ static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n
     free(text);
 }
 
-// Reads line line_no (from 1) of f into *line, without its line end and, on line 1, a
-// UTF-8 byte-order mark (EF BB BF). Returns 1, 0 at the end, -1 for a line with a zero byte.
+// Line line_no (from 1) of f into *line, without its end and (line 1) a UTF-8 byte-order mark.
+// Returns 1, 0 at the end, -1 for a line with a zero byte.
 static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     ssize_t length = getline(line, capacity, f);
     if (length < 0) return 0;
@@ -1978,8 +1936,7 @@ static FILE *open_text_file(const char *path, const char **error) {
     return f;
 }
 
-// Reads `source<TAB>target` lines into dataset; blank lines are skipped, \r\n ends a line
-// as \n does. grow: the vocabulary takes every new token; otherwise they become <unk>.
+// Reads `source<TAB>target` lines into dataset (blank lines skipped; \r\n ends a line); grow as token_id.
 static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
@@ -2038,9 +1995,8 @@ static const char *dataset_check_lengths(const Dataset *dataset, const char *nam
 }
 
 // ---- the copy and reverse tasks ---------------------------------------------
-// copy: the target is the source; reverse: the source backwards. Words are the
-// numbers 0..words-1 (`decode ... "3 1 4 1 5"`). No held-out source is a training
-// source: the model is tested on sequences it never saw.
+// copy: the target is the source; reverse: the source backwards. Words are the numbers
+// 0..words-1. No held-out source is a training source: the model is tested on unseen sequences.
 
 enum { TASK_COPY, TASK_REVERSE };
 
@@ -2101,9 +2057,8 @@ static int compare_length_keys(const void *pa, const void *pb) {
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
-// The first `count` pairs sorted by length (among equals by a key from rng, or by index
-// when rng is NULL) into order, cut into batches of at least one pair and at most
-// batch_tokens = B x (S + T), S the longest source + 1 (</s>), T the longest target + 1.
+// The first `count` pairs sorted by length (among equals by a key from rng, or by index) into
+// order, cut into batches of B x (S + T) <= batch_tokens (S, T: the longest + 1), or one pair.
 static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count, int batch_tokens, Rng *rng) {
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
     for (int i = 0; i < count; i++)
@@ -2141,10 +2096,9 @@ static void batch_buffer_free(BatchBuffer *bb) {
     free(bb->src); free(bb->src_len); free(bb->tgt_in); free(bb->tgt_out); free(bb->tgt_len); memset(bb, 0, sizeof *bb);
 }
 
-// Teacher forcing (§3.1: "the output embeddings are offset by one position"): the
-// decoder reads tgt_in = <s> y_1 .. y_n and must predict tgt_out = y_1 .. y_n </s>.
-// The source ends with </s> too, as in tensor2tensor and fairseq (the paper does
-// not say); on the copy task it made learning faster.
+// Teacher forcing (§3.1: "the output embeddings are offset by one position"): the decoder reads
+// tgt_in = <s> y_1 .. y_n and must predict tgt_out = y_1 .. y_n </s>. The source ends with </s>
+// too, as in tensor2tensor and fairseq (the paper does not say): the copy task learns faster.
 static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indices, int count) {
     size_t B = count, S = 1, T = 1;
     for (size_t b = 0; b < B; b++) {
@@ -2175,9 +2129,8 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
 }
 
 // ---- §6.1 BLEU --------------------------------------------------------------
-// The paper reports BLEU (Papineni, Roukos, Ward & Zhu, ACL 2002) on
-// newstest2014: 27.3 (base) and 28.4 (big) for English-German. Corpus-level
-// BLEU-4 with one reference per sentence, no smoothing (a p_n of 0 gives 0):
+// The paper reports BLEU (Papineni et al., ACL 2002) on newstest2014: 27.3 (base) and 28.4 (big)
+// for English-German. Corpus-level BLEU-4, one reference per sentence, no smoothing:
 //   p_n  = (clipped n-gram matches) / (the output's n-grams), both summed over
 //          the sentences, n = 1..4; an n-gram counts at most as often as the
 //          reference has it ("the the the" against "the cat" matches one "the");
@@ -2187,9 +2140,8 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
 // One distinct n-gram of a sentence pair: where it first occurs, its counts on each side.
 typedef struct { const int *gram; int in_candidate, in_reference; } NgramCount;
 
-// Clipped matches of order n: sum over the candidate's distinct n-grams of
-// min(count in candidate, count in reference), in a hash table of mask + 1 slots
-// (at least twice the n-grams of both), as sacreBLEU's Counter: linear time.
+// Clipped matches of order n: over the candidate's distinct n-grams, the sum of min(count in
+// candidate, count in reference), counted in a hash table (mask + 1 slots): linear time.
 static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int *candidate, int candidate_len,
                                        const int *reference, int reference_len, int n) {
     memset(table, 0, (mask + 1) * sizeof *table);
@@ -2259,16 +2211,14 @@ static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " 
 }
 
 // ---- evaluation -------------------------------------------------------------
-// Decodes held-out sources and compares with the references: exact match, token
-// accuracy (positions that agree over the longer of the two; a reference <unk> is
-// never right), BLEU; and the teacher-forced loss (label-smoothed, no dropout) and
-// -log p(reference token) without smoothing, whose exponential is Table 3's perplexity.
+// Decodes held-out sources and compares with the references: exact match, token accuracy (positions
+// that agree over the longer of the two; a reference <unk> is never right), BLEU; and the teacher-
+// forced loss and -log p(reference token) without smoothing (its exponential: Table 3's perplexity).
 
 static void evaluation_free(Evaluation *e) { free(e->output); free(e->output_len); memset(e, 0, sizeof *e); }
 
-// Evaluates the first `count` pairs of dataset (all when count <= 0), decoding
-// greedily (beam_size 1, sentences side by side, sorted by length so that
-// they have little padding) or with beam search.
+// The first `count` pairs of dataset (all when count <= 0), decoded greedily (beam_size 1,
+// sentences side by side, sorted by length: little padding) or with beam search.
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
                      int beam_size, double alpha) {
     memset(e, 0, sizeof *e);
@@ -2398,9 +2348,8 @@ static const char *checkpoint_save(const char *path, const Transformer *model, c
     for (int i = 0; i < 11; i++) write_number(&w, head[i], 4);
     for (int i = 0; i < 11; i++) write_number(&w, counts[i], 8);
     write_bytes(&w, run_options, options_bytes);
-    for (int i = 0; i < vocab->size; i++) {
-        write_number(&w, strlen(vocab->words[i]), 4);
-        write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
+    for (int i = 0; i < vocab->size; i++) {   // each token: its length, its bytes
+        write_number(&w, strlen(vocab->words[i]), 4); write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
     }
     if (merges) write_bytes(&w, merges, merges_bytes);
     const real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
@@ -2427,9 +2376,8 @@ typedef struct {
     TrainingState state;
 } CheckpointHeader;
 
-// Reads and checks the header from its bytes b (got of them, from a file of `size`
-// bytes): magic, version, config, the parameter count, the run's counts, and the
-// file's length against what the header describes.
+// Reads and checks the header from its bytes b (got of them, of a file of `size` bytes): magic,
+// version, config, the parameter count, and the file's length against what the header describes.
 static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got, uint64_t size,
                                            const char *path) {
     typedef unsigned long long u64;
@@ -2510,9 +2458,8 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
     return NULL;
 }
 
-// Reads a checkpoint into a new model and vocabulary (and, when not NULL, the training
-// state and the run's options text, which the caller frees). Nothing is allocated
-// before the header has been checked against the file's length; the checksum covers all.
+// Reads a checkpoint into a new model and vocabulary (and, when not NULL, the training state and the
+// options text, which the caller frees); nothing is allocated before the header has been checked.
 static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab, TrainingState *state,
                                    char **run_options) {
     memset(model, 0, sizeof *model);
@@ -2618,24 +2565,17 @@ const TrainingCompute *transformer_training = &transformer_cpu_training;
 
 uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
 
-static const char *train_event(TrainRun *run, TrainEvent event) {
-    return lab.train_event ? lab.train_event(run, event) : NULL;
-}
+static const char *train_event(TrainRun *run, TrainEvent event) { return lab.train_event ? lab.train_event(run, event) : NULL; }
 
-// The training and held-out pairs, of a task or TSV files; the vocabulary grows with them (grow) or is a resumed run's.
+// The training and held-out pairs, of a task or TSV files; the vocabulary grows with them (grow).
 static const char *train_load_data(TrainRun *run, int grow) {
     TrainOptions *o = &run->opt;
     const char *error;
     if (!o->train_path) {
         int task = strcmp(o->task, "copy") == 0 ? TASK_COPY : strcmp(o->task, "reverse") == 0 ? TASK_REVERSE : -1;
         if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
-        if (o->min_length > o->max_length)
-            return errorf("--min-length %d is above --max-length %d; expected min <= max", o->min_length, o->max_length);
         if (o->valid_path) return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
-        if (grow) task_vocabulary(&run->vocab, o->words);
-        else if (run->vocab.size != NUM_SPECIAL_TOKENS + o->words)
-            return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d has %d",
-                          run->vocab.size, o->task, o->words, NUM_SPECIAL_TOKENS + o->words);
+        if (grow) task_vocabulary(&run->vocab, o->words);   // (a resumed run has its checkpoint's)
         snprintf(run->data_name, sizeof run->data_name, "%s task", o->task);
         return task_generate(&run->train, &run->valid, task, o->words, o->min_length, o->max_length,
                              o->train_size, o->valid_size, (uint64_t)o->seed);
@@ -2686,8 +2626,7 @@ static const char *train_prepare_output(TrainRun *run) {
         if (mkdir("runs", 0777) != 0 && errno != EEXIST) return errorf("runs/: cannot create: %s", strerror(errno));
         snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length > 200 ? 200 : length, name);
     }
-    // Never lose a trained model unasked: a file already at the path is
-    // replaced only when it is the checkpoint being resumed, or with --force.
+    // Never lose a trained model unasked: only the checkpoint being resumed, or --force, replaces one.
     struct stat there, resumed;
     int exists = stat(run->checkpoint_path, &there) == 0;
     int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
@@ -2724,8 +2663,8 @@ static const char *train_save(TrainRun *run) {
     return error;
 }
 
-// Held-out loss, token accuracy and exact match of greedy decoding, at the end a few
-// examples. Returns the exact match in %, or NAN when there are no held-out pairs.
+// Held-out loss, token accuracy and exact match of greedy decoding (at the end, examples too).
+// Returns the exact match in %, or NAN when there are no held-out pairs.
 static double train_evaluate(TrainRun *run, int final) {
     if (run->valid.count == 0) {
         printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", run->model.adam_step);
@@ -2786,8 +2725,7 @@ static void train_next_batch(TrainRun *run) {
     batch_fill(&run->batch, &run->train, run->plan.order + span.start, span.count);
 }
 
-// The training loop (§5): batches by length, teacher forcing, Adam with the
-// warm-up schedule of eq. 3, scaled so that it peaks at --lr.
+// The training loop (§5): batches by length, teacher forcing, Adam with eq. 3's schedule peaking at --lr.
 static const char *train_loop(TrainRun *run) {
     TrainOptions *o = &run->opt;
     Transformer *model = &run->model;
@@ -2870,22 +2808,15 @@ static int command_train(int argc, char **argv) {
         if (!error) error = end_error;
         if (error) fprintf(stderr, "error: train: %s\n", error);
     }
-    vocab_free(&run->vocab);
-    dataset_free(&run->train);
-    dataset_free(&run->valid);
-    transformer_free(&run->model);
-    free(run->plan.order); free(run->plan.spans);
-    batch_buffer_free(&run->batch);
-    free(run->run_options);
-    free(run);
+    vocab_free(&run->vocab); dataset_free(&run->train); dataset_free(&run->valid); transformer_free(&run->model);
+    free(run->plan.order); free(run->plan.spans); batch_buffer_free(&run->batch); free(run->run_options); free(run);
     return status == 2 ? 0 : status || error ? 1 : 0;
 }
 
 // ---- decode -----------------------------------------------------------------
 
-// Decodes one sentence of text and prints the output on one line. A sentence it cannot
-// take (too long, a reserved token) does not stop a stream: an error line to stderr, an
-// empty line to stdout (output line i still answers input line i), and 1 returned.
+// Decodes one sentence of text, printing the output on one line. A sentence it cannot take does not
+// stop a stream: an error line, an empty output line (line i still answers line i), 1 returned.
 static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam,
                            double alpha, const char *error) {
     int *ids = NULL, n = 0, max_len = model->config.max_len;
@@ -2943,8 +2874,7 @@ static int command_decode(int argc, char **argv) {
     if (!error) {
         for (int i = 0; i < num_sentences; i++) {
             snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha,
-                                       text_error(sentences[i], 1, from.where));
+            refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha, text_error(sentences[i], 1, from.where));
         }
         char *line = NULL;
         size_t capacity = 0;
@@ -3035,8 +2965,7 @@ static const Command commands[] = {
 
 static const Command *command_at(int i) { return i < 3 ? &commands[i] : &lab.commands[i - 3]; }   // then the lab's
 
-// Runs the command argv[1] with its arguments. Returns the exit status: 0, or
-// 1 after a one-line error.
+// Runs the command argv[1] with its arguments. Returns 0, or 1 after a one-line error.
 int transformer_main(int argc, char **argv) {
     int count = 3 + lab.num_commands;
     int help = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0);
@@ -3061,7 +2990,5 @@ int transformer_main(int argc, char **argv) {
 }
 
 #ifndef TRANSFORMER_NO_MAIN
-int main(int argc, char **argv) {
-    return transformer_main(argc, argv);
-}
+int main(int argc, char **argv) { return transformer_main(argc, argv); }
 #endif

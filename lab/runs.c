@@ -195,6 +195,10 @@ static const char *lab_resume(TrainRun *run) {
             return errorf("%s: cannot open: %s; it is the run's %s as it was given when the run began: if the file "
                           "moved, or that path was relative to another directory, give it again with %s PATH",
                           files[i], strerror(errno), flags[i], flags[i]);
+    const TrainOptions *o = &run->opt;
+    if (!o->train_path && run->vocab.size != NUM_SPECIAL_TOKENS + o->words)
+        return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d has %d", run->vocab.size,
+                      o->task, o->words, NUM_SPECIAL_TOKENS + o->words);
     if ((error = train_load_data(run, 0))) return error;
     if (dataset_hash(&run->train) != run->state.data_hash)
         return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
@@ -479,6 +483,9 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
             return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", lab_run.positional);
         if (lab_run.bpe > 0 && !run->opt.train_path)
             return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
+        if (!run->opt.train_path && run->opt.min_length > run->opt.max_length)
+            return errorf("--min-length %d is above --max-length %d; expected min <= max", run->opt.min_length,
+                          run->opt.max_length);
         return lab_run.bpe > 0 ? lab_learn_merges(run) : NULL;
     case TRAIN_BEGIN:   // built, before the header: the run's flags and data's hash, kept checkpoints, the logs, the threads
         run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)

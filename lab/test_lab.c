@@ -857,6 +857,8 @@ static void test_lab_command_line(void) {
           ea ? ea : eb ? eb : "both loaded");
     if (!ea) { transformer_free(&ma); vocab_free(&va); }
     if (!ea && !eb) { transformer_free(&mb); vocab_free(&vb); }
+    check_cli_error("a task's --min-length above its --max-length", "--min-length 5 is above --max-length 3; expected "
+                    "min <= max", "train --task copy --min-length 5 --max-length 3 --steps 1");
     check_cli_error("--resume with a changed run option", "--lr cannot change on --resume",
                     "train --resume %s --lr 0.1", b_ckpt);
     // the header's step count against its range (it resumed at step -9223372036854775806 into a NaN loss)
