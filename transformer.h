@@ -135,7 +135,6 @@ typedef struct {
 #define NUM_PARAMETER_TENSORS 32
 #define PARAMETER_FIELD(name, numbers) real *name;
 typedef struct { PARAMETER_TENSORS(PARAMETER_FIELD) } ParameterTensors;
-_Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *), "one count for the list above");
 
 // ----------------------------------------------------------------------------
 // Everything the forward pass computes, kept for the backward pass and for
@@ -204,7 +203,6 @@ _Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *
 #define NUM_ACTIVATION_TENSORS 51
 #define ACTIVATION_FIELD(name, numbers) real *name;
 typedef struct { ACTIVATION_TENSORS(ACTIVATION_FIELD) } ActivationTensors;
-_Static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(real *), "one count for the list above");
 
 // Scratch memory for the backward pass, reused layer after layer, so the
 // backward pass needs only a few buffers of one layer's size. Each holds the
@@ -227,7 +225,11 @@ _Static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(real
 
 #define NUM_SCRATCH_TENSORS 13
 typedef struct { SCRATCH_TENSORS(ACTIVATION_FIELD) } BackwardScratch;
-_Static_assert(sizeof(BackwardScratch) == NUM_SCRATCH_TENSORS * sizeof(real *), "one count for the list above");
+#ifndef __cplusplus   // each count is the length of its list (C++, the CUDA companion, has static_assert instead)
+_Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *), "the parameter list's count");
+_Static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(real *), "the activation list's count");
+_Static_assert(sizeof(BackwardScratch) == NUM_SCRATCH_TENSORS * sizeof(real *), "the scratch list's count");
+#endif
 
 // ----------------------------------------------------------------------------
 // One layer's views of the tensors above, as transformer.c's layers take them
