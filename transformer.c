@@ -113,8 +113,9 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
 // the sub-layer input and normalized" (§5.4). So every sub-layer ends with
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 
-static uint64_t rng_next(Rng *rng);            // from the machinery: xorshift64*,
-static uint64_t hash64(uint64_t z);            // splitmix64's mixer,
+// From the machinery at the end of Part I: our own random numbers
+static uint64_t rng_next(Rng *rng);            // xorshift64*
+static uint64_t hash64(uint64_t z);            // splitmix64's mixer
 static double unit_interval(uint64_t bits);    // [0, 1) from 53 random bits
 
 // A dropout mask: each element kept with probability 1 - p_drop and scaled by 1/(1 - p_drop)
@@ -533,12 +534,12 @@ static void embedding_backward(real *dembedding, const real *dout, const int *to
 //     cos(w (pos+k)) = -sin(wk) sin(w pos) + cos(wk) cos(w pos)
 // So PE(pos+k) = M_k PE(pos), M_k made of these 2x2 rotations: one matrix for
 // "k words later" at every position, which W^Q or W^K can learn. Wavelengths
-// from 2 pi to 10000 * 2 pi tell near positions apart and far ones.
+// from 2 pi to 10000 * 2 pi: some pairs tell near positions apart, others far ones.
 //
 // "We also experimented with using learned positional embeddings instead, and found that the two
 // versions produced nearly identical results" (Table 3, row E). With config.positional =
 // POSITIONAL_LEARNED the table is a parameter, params.position_embedding (max_len, C), one for
-// source and target as the sinusoids, added in PE's place; position_embedding_backward.
+// source and target as the sinusoids, added unscaled in PE's place (its gradient: below).
 
 // pe is (max_len, C)
 static void positional_encoding_init(real *pe, int max_len, int C) {
@@ -875,10 +876,7 @@ static void ensure_buffers(Transformer *model, int B, int S, int T);   // activa
 // batch_check stops the program with a message rather than read outside the embedding.
 real transformer_forward(Transformer *model, const Batch *batch) {
     const char *error = batch_check(batch, &model->config);
-    if (error) {
-        fprintf(stderr, "error: %stransformer_forward: %s\n", error_context, error);
-        exit(1);
-    }
+    if (error) { fprintf(stderr, "error: %stransformer_forward: %s\n", error_context, error); exit(1); }
     ensure_buffers(model, batch->B, batch->S, batch->T);
     model->B = batch->B; model->S = batch->S; model->T = batch->T;
     const real *memory = encoder_forward(model, batch);
@@ -1015,8 +1013,9 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 // decoder_step is decoder_layer_forward for one position, with the same
 // sub-layer functions (dropout off); only the keys and values come from the cache.
 
-static void *checked_calloc(size_t count, size_t size, const char *what);   // from the machinery: calloc or exit,
-typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers,
+// From the machinery: allocation that cannot fail silently
+static void *checked_calloc(size_t count, size_t size, const char *what);   // calloc, or exit with a message
+typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers
 static real *arena_of(Tensor *tensors, int n, const char *what);           // one arena of zeros for them all
 static void arena_free(real *p);
 
@@ -1140,8 +1139,8 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
                                const int *src_len, int B, int S) {
     int training = model->training, V = model->config.vocab_size, steps = 0;
     model->training = 0;
-    int *limit = checked_calloc(B, sizeof(int), "decoding"), *tokens = checked_calloc(B, sizeof(int), "decoding");
-    int *done = checked_calloc(B, sizeof(int), "decoding");
+    int *limit = checked_calloc(B, sizeof(int), "decode limits");
+    int *tokens = checked_calloc(B, sizeof(int), "decode tokens"), *done = checked_calloc(B, sizeof(int), "decode flags");
     for (int b = 0; b < B; b++) {
         limit[b] = transformer_decode_limit(model, src_len[b]);
         if (limit[b] > max_out) limit[b] = max_out;
@@ -1315,10 +1314,7 @@ static size_t checked_bytes(size_t count, size_t size, const char *what) {
 
 // p, the answer of an allocation of `bytes` bytes, or a clear exit if it failed.
 static void *allocated(void *p, size_t bytes, const char *what) {
-    if (!p) {
-        fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what, bytes);
-        exit(1);
-    }
+    if (!p) { fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what, bytes); exit(1); }
     return p;
 }
 
@@ -1444,9 +1440,11 @@ static void initialize_parameters(Transformer *model, uint64_t seed) {
 #define CACHE_LINE 64
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
 
+static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }   // the lines bytes fill
+
 static real *arena_calloc(size_t count, const char *what) {
     size_t bytes = checked_bytes(count, sizeof(real), what);
-    unsigned char *block = checked_calloc(bytes / CACHE_LINE + 2, CACHE_LINE, what);   // the lines it fills, one more
+    unsigned char *block = checked_calloc(lines_of(bytes) + 1, CACHE_LINE, what);
     unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
     memcpy(aligned - sizeof block, &block, sizeof block);
     return (real *)aligned;
@@ -1549,27 +1547,28 @@ static const char *errorf(const char *format, ...) {
 
 // Returns NULL when the config is usable, else a message naming the bad field.
 const char *transformer_config_check(const TransformerConfig *config) {
-    const TransformerConfig *c = config;
-    REQUIRE(c->n_layers >= 1 && c->n_layers <= TRANSFORMER_MAX_LAYERS, "n_layers is %d, expected 1..%d",
-            c->n_layers, TRANSFORMER_MAX_LAYERS);
-    REQUIRE(c->d_model >= 1 && c->d_model <= TRANSFORMER_MAX_WIDTH, "d_model is %d, expected 1..%d", c->d_model,
+    REQUIRE(config->n_layers >= 1 && config->n_layers <= TRANSFORMER_MAX_LAYERS, "n_layers is %d, expected 1..%d",
+            config->n_layers, TRANSFORMER_MAX_LAYERS);
+    REQUIRE(config->d_model >= 1 && config->d_model <= TRANSFORMER_MAX_WIDTH, "d_model is %d, expected 1..%d",
+            config->d_model, TRANSFORMER_MAX_WIDTH);
+    REQUIRE(config->d_ff >= 1 && config->d_ff <= TRANSFORMER_MAX_WIDTH, "d_ff is %d, expected 1..%d", config->d_ff,
             TRANSFORMER_MAX_WIDTH);
-    REQUIRE(c->d_ff >= 1 && c->d_ff <= TRANSFORMER_MAX_WIDTH, "d_ff is %d, expected 1..%d", c->d_ff,
-            TRANSFORMER_MAX_WIDTH);
-    REQUIRE(c->n_heads >= 1 && c->n_heads <= c->d_model, "n_heads is %d, expected 1..d_model (%d)", c->n_heads,
-            c->d_model);
-    REQUIRE(c->d_model % c->n_heads == 0, "d_model (%d) is not divisible by n_heads (%d)", c->d_model, c->n_heads);
-    REQUIRE(c->vocab_size > NUM_SPECIAL_TOKENS && c->vocab_size <= TRANSFORMER_MAX_VOCAB, "vocab_size is %d, "
-            "expected %d..%d (4 special tokens + words)", c->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
-    REQUIRE(c->max_len >= 2 && c->max_len <= TRANSFORMER_MAX_LEN, "max_len is %d, expected 2..%d", c->max_len,
-            TRANSFORMER_MAX_LEN);
-    REQUIRE(c->positional == POSITIONAL_SINUSOID || c->positional == POSITIONAL_LEARNED, "positional is %d, "
-            "expected %d (sinusoid) or %d (learned)", c->positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    REQUIRE(c->dropout >= 0.0f && c->dropout < 1.0f, "dropout is %g, expected 0 <= dropout < 1", (double)c->dropout);
-    REQUIRE(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f, "label_smoothing is %g, expected 0 <= eps_ls < 1",
-            (double)c->label_smoothing);
-    REQUIRE(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f, "layer_norm_eps is %g, expected 0 < eps < 1",
-            (double)c->layer_norm_eps);
+    REQUIRE(config->n_heads >= 1 && config->n_heads <= config->d_model, "n_heads is %d, expected 1..d_model (%d)",
+            config->n_heads, config->d_model);
+    REQUIRE(config->d_model % config->n_heads == 0, "d_model (%d) is not divisible by n_heads (%d)", config->d_model,
+            config->n_heads);
+    REQUIRE(config->vocab_size > NUM_SPECIAL_TOKENS && config->vocab_size <= TRANSFORMER_MAX_VOCAB, "vocab_size is %d, "
+            "expected %d..%d (4 special tokens + words)", config->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
+    REQUIRE(config->max_len >= 2 && config->max_len <= TRANSFORMER_MAX_LEN, "max_len is %d, expected 2..%d",
+            config->max_len, TRANSFORMER_MAX_LEN);
+    REQUIRE(config->positional == POSITIONAL_SINUSOID || config->positional == POSITIONAL_LEARNED, "positional is %d, "
+            "expected %d (sinusoid) or %d (learned)", config->positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+    REQUIRE(config->dropout >= 0.0f && config->dropout < 1.0f, "dropout is %g, expected 0 <= dropout < 1",
+            (double)config->dropout);
+    REQUIRE(config->label_smoothing >= 0.0f && config->label_smoothing < 1.0f, "label_smoothing is %g, expected "
+            "0 <= eps_ls < 1", (double)config->label_smoothing);
+    REQUIRE(config->layer_norm_eps > 0.0f && config->layer_norm_eps < 1.0f, "layer_norm_eps is %g, expected 0 < eps < 1",
+            (double)config->layer_norm_eps);
     return NULL;
 }
 
@@ -1763,7 +1762,7 @@ static void vocab_free(Vocabulary *vocab) {
 // One set of white-space characters separates tokens everywhere (data, decode's input, BLEU): the
 // set Python's str.split() splits at, so that BLEU counts what sacreBLEU's tokenize='none' counts.
 // ASCII's \t \n \v \f \r and space, U+001C..U+001F, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
-// U+2029, U+202F, U+205F and U+3000; not U+200B. Above U+007F only UTF-8 counts.
+// U+2029, U+202F, U+205F and U+3000; not the zero-width space U+200B, nor a lone Latin-1 0xA0.
 
 // The length of the white-space character that begins the text, or 0 (never reads past the end)
 static int white_space_bytes(const char *text) {
@@ -2028,7 +2027,7 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
         while (seen[k] != 0 && seen[k] != hash) k = (k + 1) & (slots - 1);
         int is_new = seen[k] == 0;
         seen[k] = hash;
-        if (i < train_size || is_new) {   // held out: a source the training set does not have, and no repeats
+        if (i < train_size || is_new) {   // the training pairs, then held-out ones with a new source (no repeat)
             dataset_add(i < train_size ? train : valid, src, n, tgt, n, 0);
             i++;
         } else if (++attempts > max_attempts) {
@@ -2297,7 +2296,7 @@ static void print_examples(const Evaluation *e, const Dataset *dataset, const Vo
 #define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a, 64 bits
 #define FNV_PRIME 0x100000001B3ULL
 
-typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;   // and the FNV-1a hash of its bytes so far
+typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;   // a file being written or read, its FNV-1a so far
 
 static void write_bytes(CheckpointFile *w, const void *data, size_t n) {
     for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ ((const unsigned char *)data)[i]) * FNV_PRIME;
@@ -2421,7 +2420,8 @@ static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned c
     for (int i = 0; i < 3; i++)
         REQUIRE(sections[i] <= size && sections[i] >= least[i], "%s: header: a %s section of %llu bytes; expected "
                 "from %llu bytes up to the file's %llu", path, names[i], (u64)sections[i], (u64)least[i], (u64)size);
-    // (the run's counts, read only by the lab's --resume, are checked there: lab/runs.c)
+    REQUIRE(h->adam_step <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most --steps "
+            "allows)", path, (u64)h->adam_step, MAX_TRAINING_STEPS);   // (the epoch counts: the lab's --resume)
     uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + h->merges_bytes
                       + 3 * P * h->real_bytes + 8;
     REQUIRE(size >= expected, "%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
@@ -2574,6 +2574,8 @@ static const char *train_load_data(TrainRun *run, int grow) {
     if (!o->train_path) {
         int task = strcmp(o->task, "copy") == 0 ? TASK_COPY : strcmp(o->task, "reverse") == 0 ? TASK_REVERSE : -1;
         if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
+        if (o->min_length > o->max_length)
+            return errorf("--min-length %d is above --max-length %d; expected min <= max", o->min_length, o->max_length);
         if (o->valid_path) return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
         if (grow) task_vocabulary(&run->vocab, o->words);   // (a resumed run has its checkpoint's)
         snprintf(run->data_name, sizeof run->data_name, "%s task", o->task);
@@ -2637,7 +2639,8 @@ static const char *train_prepare_output(TrainRun *run) {
     char tmp[sizeof run->checkpoint_path + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", run->checkpoint_path);   // also what a killed save left
     FILE *f = fopen(tmp, "wb");
-    if (!f || fclose(f) || remove(tmp)) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
+    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
+    fclose(f); remove(tmp);
     if (!same) run->last_saved_step = -1;
     return NULL;
 }
@@ -2672,7 +2675,7 @@ static double train_evaluate(TrainRun *run, int final) {
     }
     Evaluation e;
     evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
-    if (run->vocab.bpe) lab.score_words(&e, &run->valid, &run->vocab);   // lab: §5.1, on words
+    if (run->vocab.bpe && lab.score_words) lab.score_words(&e, &run->valid, &run->vocab);   // lab: §5.1, on words
     double exact = 100.0 * e.exact / e.sentences;
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
            run->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1), exact, e.exact, e.sentences);
@@ -2930,7 +2933,7 @@ static int command_eval(int argc, char **argv) {
         Evaluation e;
         evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
         const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
-        if (vocab.bpe) lab.score_words(&e, &dataset, &vocab);   // lab: §5.1, on words
+        if (vocab.bpe && lab.score_words) lab.score_words(&e, &dataset, &vocab);   // lab: §5.1, on words
         if (show) print_examples(&e, &dataset, &vocab, show);
         printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
         printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),

@@ -132,9 +132,10 @@ typedef struct {
     X(dec_ln3_g, L * C)                 /* (L, C) */ \
     X(dec_ln3_b, L * C)                 /* (L, C) */
 
-#define NUM_PARAMETER_TENSORS 32
-#define PARAMETER_FIELD(name, numbers) real *name;
-typedef struct { PARAMETER_TENSORS(PARAMETER_FIELD) } ParameterTensors;
+#define TENSOR_FIELD(name, numbers) real *name;   // a list's entry as a struct's field
+#define TENSOR_COUNT(name, numbers) + 1             // ... as one more in its count
+enum { NUM_PARAMETER_TENSORS = 0 PARAMETER_TENSORS(TENSOR_COUNT) };   // 32
+typedef struct { PARAMETER_TENSORS(TENSOR_FIELD) } ParameterTensors;
 
 // ----------------------------------------------------------------------------
 // Everything the forward pass computes, kept for the backward pass and for
@@ -200,9 +201,8 @@ typedef struct { PARAMETER_TENSORS(PARAMETER_FIELD) } ParameterTensors;
     X(probs, B * T * V)                 /* (B, T, V)      softmax(logits) */ \
     X(token_loss, B * T)                /* (B, T)         label-smoothed loss per target position */
 
-#define NUM_ACTIVATION_TENSORS 51
-#define ACTIVATION_FIELD(name, numbers) real *name;
-typedef struct { ACTIVATION_TENSORS(ACTIVATION_FIELD) } ActivationTensors;
+enum { NUM_ACTIVATION_TENSORS = 0 ACTIVATION_TENSORS(TENSOR_COUNT) };   // 51
+typedef struct { ACTIVATION_TENSORS(TENSOR_FIELD) } ActivationTensors;
 
 // Scratch memory for the backward pass, reused layer after layer, so the
 // backward pass needs only a few buffers of one layer's size. Each holds the
@@ -223,13 +223,8 @@ typedef struct { ACTIVATION_TENSORS(ACTIVATION_FIELD) } ActivationTensors;
     X(d_embedded, rows * C)     /* of the scaled embeddings plus positions, before dropout */ \
     X(d_logits, B * T * V)
 
-#define NUM_SCRATCH_TENSORS 13
-typedef struct { SCRATCH_TENSORS(ACTIVATION_FIELD) } BackwardScratch;
-#ifndef __cplusplus   // each count is the length of its list (C++, the CUDA companion, has static_assert instead)
-_Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *), "the parameter list's count");
-_Static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(real *), "the activation list's count");
-_Static_assert(sizeof(BackwardScratch) == NUM_SCRATCH_TENSORS * sizeof(real *), "the scratch list's count");
-#endif
+enum { NUM_SCRATCH_TENSORS = 0 SCRATCH_TENSORS(TENSOR_COUNT) };   // 13
+typedef struct { SCRATCH_TENSORS(TENSOR_FIELD) } BackwardScratch;
 
 // ----------------------------------------------------------------------------
 // One layer's views of the tensors above, as transformer.c's layers take them

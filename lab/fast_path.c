@@ -141,7 +141,7 @@ static int min_int(int a, int b) { return a < b ? a : b; }
 // Uninitialised memory at a multiple of CACHE_LINE bytes (see arena_calloc); free() it.
 static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
     size_t bytes = checked_bytes(count, size, what);
-    bytes = checked_bytes(bytes / CACHE_LINE + (bytes % CACHE_LINE != 0), CACHE_LINE, what);   // whole lines for aligned_alloc
+    bytes = checked_bytes(lines_of(bytes), CACHE_LINE, what);   // aligned_alloc takes whole lines
     return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
 }
 

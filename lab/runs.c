@@ -129,16 +129,13 @@ static void set_option_value(const Option *o, OptionValue v) {
     else *(const char **)o->value = v.text;
 }
 
-// The run's counts in a checkpoint, which only --resume reads, each in the range
-// training reaches: --steps goes up to MAX_TRAINING_STEPS, and every epoch begun
-// and every batch of it trained is a step. (Adam step 2^63, read as signed,
-// resumed at "step -9223372036854775806" into a NaN loss.)
+// A checkpoint's generator states and epoch counts, which only --resume reads (its
+// Adam step, at most MAX_TRAINING_STEPS, transformer.c checks as it loads): each in
+// the range training reaches, where every epoch begun and every batch of it is a step.
 static const char *training_state_error(const char *path, const Transformer *model, const TrainingState *state) {
     typedef unsigned long long u64;
     u64 steps = (u64)model->adam_step;
     REQUIRE(model->dropout_rng.state != 0, "%s: header: dropout generator state 0; expected non-zero", path);
-    REQUIRE(steps <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)",
-            path, steps, MAX_TRAINING_STEPS);
     REQUIRE(state->epoch <= steps, "%s: header: epoch %llu after %llu steps; expected at most one epoch begun per "
             "step", path, (u64)state->epoch, steps);
     REQUIRE(state->epoch_batches <= steps, "%s: header: %llu batches of the current epoch done after %llu steps; "
