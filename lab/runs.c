@@ -480,9 +480,6 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
             return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", lab_run.positional);
         if (lab_run.bpe > 0 && !run->opt.train_path)
             return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
-        if (!run->opt.train_path && run->opt.min_length > run->opt.max_length)
-            return errorf("--min-length %d is above --max-length %d; expected min <= max", run->opt.min_length,
-                          run->opt.max_length);
         return lab_run.bpe > 0 ? lab_learn_merges(run) : NULL;
     case TRAIN_BEGIN:   // built, before the header: the run's flags and data's hash, kept checkpoints, the logs, the threads
         run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)
