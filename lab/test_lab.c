@@ -1783,13 +1783,35 @@ static void test_lab_reads_minimal_checkpoints(void) {
 
 // ---- the busy machine: --threads 0 ---------------------------------------------------
 
+#ifdef _OPENMP
+// The CPU seconds that processes pid[0..count-1] have run (Linux's
+// /proc/PID/stat, utime and stime); a process it cannot read counts 0.
+static double processes_cpu_seconds(const pid_t *pid, int count) {
+    double ticks = 0;
+    for (int i = 0; i < count; i++) {
+        char path[64], line[1024];
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid[i]);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        const char *fields = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;   // after "pid (name)"
+        unsigned long user, system;
+        if (fields && sscanf(fields + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &user, &system) == 2)
+            ticks += (double)user + (double)system;
+        fclose(f);
+    }
+    return ticks / (double)sysconf(_SC_CLK_TCK);
+}
+#endif
+
 // Training follows the cores that other programs leave free (--threads 0).
 // By hand: /proc/stat's lines give the busy ticks ("cpu": user + nice +
 // system + irq + softirq) and the cores ("cpuN"); the others' cores are the
 // machine's busy time less ours over the wall time; a core counts as busy
 // above a quarter; the count changes when two looks agree, drops at once and
 // grows one thread a change; --threads N is not followed. Then, on Linux,
-// beside as many busy processes as the machine has cores, one thread.
+// beside as many busy processes as the machine has cores, one thread, and
+// the others' cores read as what those processes ran (their own CPU time:
+// a virtual machine's host may give them less than the cores they ask for).
 static void test_free_cores(void) {
     double busy_ticks = -1;
     int cpus = 0;
@@ -1835,16 +1857,23 @@ static void test_free_cores(void) {
     }
     nanosleep(&(struct timespec){ 0, 50000000 }, NULL);    // 50 ms: the neighbours are running
     cpu_times(&then);
+    double ran = -processes_cpu_seconds(busy, started);
     nanosleep(&(struct timespec){ 0, 300000000 }, NULL);   // 300 ms of them
+    ran += processes_cpu_seconds(busy, started);
     cpu_times(&now);
     for (int i = 0; i < started; i++) kill(busy[i], SIGKILL);
     nanosleep(&(struct timespec){ 0, 20000000 }, NULL);
     signal(SIGCHLD, SIG_DFL);
     FreeCores live = { .following = 1, .cores = cores, .limit = cores };
     others = others_busy_cores(&then, &now);
-    check(started == cores && others > cores - 0.5 && free_cores_wanted(&live, others) == 1,
-          "free cores: beside %d busy processes on %d cores, others kept %.2f cores busy: 1 thread", started, cores,
-          others);
+    ran /= now.wall - then.wall;   // the cores the neighbours got, by their own CPU time
+    // A virtual machine's host can hold back its cores (steal time): then the
+    // neighbours ran less than they asked, and the reading must say what they got.
+    int held_back = ran < cores - 0.5;
+    check(started == cores && fabs(others - ran) < 0.3 && (held_back || free_cores_wanted(&live, others) == 1),
+          "free cores: beside %d busy processes on %d cores, which ran %.2f cores, others kept %.2f cores busy%s",
+          started, cores, ran, others, held_back ? " (the host held the cores back: the thread count is not "
+          "tested)" : ": 1 thread");
     omp_set_num_threads(threads_before);
 #endif
 }
