@@ -200,11 +200,16 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
 // d = 0 .. dc-1 in order, with A's (r, d) at a[r * a_row + d * a_col] and b a
 // packed strip of B. The tiles call it with fixed sizes, and its loops over
 // them unrolled, so that once inlined its sums are vector registers.
+// With `next` (not NULL), the strip of A that comes after this one (the same
+// rows further on, a_col 1) is fetched into the cache meanwhile, a line a
+// step: its row d % rows, line d / rows, which covers its first dc numbers.
 static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row, size_t a_col,
-                             const real *b, int dc) {
+                             const real *b, int dc, const real *next) {
+    enum { LINE = CACHE_LINE / (int)sizeof(real) };
     #pragma GCC unroll 16
     for (int i = 0; i < rows * vectors; i++) sum[i] = (Vector){ 0 };
     for (int d = 0; d < dc; d++) {
+        if (next && d / rows * LINE < dc) __builtin_prefetch(next + (size_t)(d % rows) * a_row + d / rows * LINE);
         #pragma GCC unroll 16
         for (int r = 0; r < rows; r++) {
             real ard = a[r * a_row + d * a_col];
@@ -256,7 +261,7 @@ __attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_ro
                               const real *b, int dc, int accumulate, const real *bias, size_t bias_row) {
     enum { VECTORS = TILE_COLS / VECTOR_LANES };
     Vector sum[TILE_ROWS * VECTORS];
-    tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
+    tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc, NULL);
     #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS; r++)
         #pragma GCC unroll 2
@@ -292,19 +297,37 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
         return;
     }
     Vector sum[TILE_ROWS * TILE_COLS / VECTOR_LANES];
-    tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
+    tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc, NULL);
     real stored[TILE_ROWS * TILE_COLS];
     memcpy(stored, sum, sizeof stored);
     store_tile_sums(out, out_row, out_col, stored, TILE_ROWS, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector), for
-// products with few columns (in decoding, turned around: out transposed).
+// products with few columns (in decoding, turned around: out transposed),
+// and `next` as tile_sums takes it.
+//
+// In decoding its A is a weight, read where it lies: NARROW_ROWS rows a_row
+// apart, each a number a step. Were a_row a variable, the compiler would keep
+// a pointer per row, more than x86-64's 16 general registers hold beside the
+// loop's own (6 of the 16 were loaded again from the stack at every step);
+// a constant a_row makes every row one pointer plus a constant offset. So the
+// rows of the models' weights (64 to 2048 numbers) get a loop each, by name.
+// Base decoding (8 sentences: every product in this tile) took 1.10 times as
+// long without them, 1.08 without `next`, 1.18 without both (dev/PERFORMANCE.md).
+#define NARROW_SUMS(row_length) tile_sums(sum, NARROW_ROWS, 1, a, row_length, 1, b, dc, next)
 __attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
                                size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
-                               const real *bias, size_t bias_row, size_t bias_col) {
+                               const real *bias, size_t bias_row, size_t bias_col, const real *next) {
     Vector sum[NARROW_ROWS];
-    tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc);
+    if (a_col == 1 && a_row == 64) NARROW_SUMS(64);
+    else if (a_col == 1 && a_row == 128) NARROW_SUMS(128);
+    else if (a_col == 1 && a_row == 256) NARROW_SUMS(256);
+    else if (a_col == 1 && a_row == 512) NARROW_SUMS(512);
+    else if (a_col == 1 && a_row == 1024) NARROW_SUMS(1024);
+    else if (a_col == 1 && a_row == 2048) NARROW_SUMS(2048);
+    else tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc, next);
+#undef NARROW_SUMS
     real stored[NARROW_ROWS * NARROW_COLS];
     memcpy(stored, sum, sizeof stored);
     store_tile_sums(out, out_row, out_col, stored, NARROW_ROWS, NARROW_COLS, rows, cols, accumulate, bias, bias_row,
@@ -357,9 +380,11 @@ static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, r
             int dc = min_int(p->depth - d0, DEPTH_BLOCK);
             size_t a_row, a_col;
             const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, NARROW_ROWS);
+            // A read where it lies (a weight, in decoding): the same block of its next strip is fetched meanwhile
+            const real *next = a != packed_a && m0 + 2 * NARROW_ROWS <= m_end ? a + NARROW_ROWS * a_row : NULL;
             matmul_tile_narrow(p->out + (size_t)m0 * p->out_row, p->out_row, p->out_col, a, a_row, a_col,
                                packed_b + (size_t)d0 * NARROW_COLS, dc, min_int(m_end - m0, NARROW_ROWS), p->out_cols,
-                               p->accumulate || d0 > 0, bias, p->bias.row_stride, p->bias.col_stride);
+                               p->accumulate || d0 > 0, bias, p->bias.row_stride, p->bias.col_stride, next);
         }
     }
 }

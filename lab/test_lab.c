@@ -160,6 +160,36 @@ static void test_matmul_thread_count(void) {
 #endif
 }
 
+// The narrow tile has a loop of its own for each of the models' row lengths
+// of a weight (64 to 2048), where the rows lie that far apart: each must give
+// the bits of the general loop, which reads the same numbers laid out with
+// rows 3 numbers further apart. 40 rows: two whole strips, the first of
+// which fetches the second into the cache meanwhile, then a short strip (copied).
+static void test_narrow_row_lengths(void) {
+    int lengths[] = { 64, 128, 256, 512, 1024, 2048 }, count = (int)(sizeof lengths / sizeof *lengths);
+    int rows = 2 * NARROW_ROWS + 8, cols = NARROW_COLS / 2, identical = 1;
+    Rng rng; rng_seed(&rng, 13);
+    for (int i = 0; i < count; i++) {
+        int depth = lengths[i];
+        size_t apart = (size_t)depth + 3;
+        real *a = checked_calloc((size_t)rows * depth, sizeof(real), "test");
+        real *b = checked_calloc((size_t)depth * cols, sizeof(real), "test");
+        for (size_t j = 0; j < (size_t)rows * depth; j++) a[j] = (real)rng_normal(&rng);
+        for (size_t j = 0; j < (size_t)depth * cols; j++) b[j] = (real)rng_normal(&rng);
+        real *a_apart = checked_calloc((size_t)rows * apart, sizeof(real), "test");
+        for (int r = 0; r < rows; r++) memcpy(a_apart + r * apart, a + (size_t)r * depth, (size_t)depth * sizeof(real));
+        real *out = checked_calloc((size_t)rows * cols, sizeof(real), "test");
+        real *out_apart = checked_calloc((size_t)rows * cols, sizeof(real), "test");
+        MatrixView bv = { b, (size_t)cols, 1 };
+        matmul_assign(out, (size_t)cols, (MatrixView){ a, (size_t)depth, 1 }, bv, NULL, rows, cols, depth);
+        matmul_assign(out_apart, (size_t)cols, (MatrixView){ a_apart, apart, 1 }, bv, NULL, rows, cols, depth);
+        identical &= memcmp(out, out_apart, (size_t)rows * cols * sizeof(real)) == 0;
+        free(a); free(b); free(a_apart); free(out); free(out_apart);
+    }
+    check(identical, "matmul: the narrow tile's loops for rows of 64, 128, 256, 512, 1024 and 2048 numbers give the "
+          "bits of its general loop (%d x %d x depth, the rows 3 numbers further apart)", rows, cols);
+}
+
 // The fast path's scratch memory starts on a cache line, as transformer.c's arenas do.
 static void test_fast_aligned_memory(void) {
     int aligned = 1;
@@ -1941,6 +1971,7 @@ int main(void) {
     test_fast_aligned_memory();
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
+    test_narrow_row_lengths();
     test_fast_linear();
     test_fast_attention();
     test_fast_dispatch();
