@@ -545,7 +545,14 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
 // prefetches, instead of d_k numbers one row of the cache (2 d_model numbers)
 // apart; and the group's outputs sum_j p_j v_j are summed in registers, j in
 // order. Each number is the same sum, in the same order, as per head.
+//
+// The group's numbers of one key lie kv_stride numbers (2 d_model) after the
+// last key's: in base, 4 KB, a new page of memory each key, and the hardware
+// prefetcher does not follow a stream from one page into the next. So the
+// loop over the keys fetches the group's key and value ONE_QUERY_AHEAD keys
+// on into the cache as it goes (base decoding 1.08 times as long without).
 #define ONE_QUERY_GROUP 128
+#define ONE_QUERY_AHEAD 8
 
 // out[i] = sum_j p_i[j] v_j[i], j = 0 .. visible-1 in order, for `vectors`
 // vectors of out (a constant where it is called, at most 8, so that the
@@ -589,6 +596,11 @@ static void attention_one_query_fast(real *out, real *att, const real *q, const 
             real *out_b = out + (size_t)b * C + head0 * d_k;
             for (int j = 0; j < visible; j++) {
                 const real *k_j = k_b + (size_t)j * kv_stride;
+                if (j + ONE_QUERY_AHEAD < visible)   // the group's numbers of key and value j + ONE_QUERY_AHEAD
+                    for (int i = 0; i < width; i += CACHE_LINE / (int)sizeof(real)) {
+                        __builtin_prefetch(k_j + (size_t)ONE_QUERY_AHEAD * kv_stride + i);
+                        __builtin_prefetch(v_b + (size_t)(j + ONE_QUERY_AHEAD) * kv_stride + i);
+                    }
                 for (int head = 0; head < heads; head++) {
                     const real *q_h = q_b + head * d_k, *k_h = k_j + head * d_k;
                     real dot = 0;
