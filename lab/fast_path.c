@@ -202,7 +202,8 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
 // them unrolled, so that once inlined its sums are vector registers.
 // With `next` (not NULL), the strip of A that comes after this one (the same
 // rows further on, a_col 1) is fetched into the cache meanwhile, a line a
-// step: its row d % rows, line d / rows, which covers its first dc numbers.
+// step: its row d % rows, line d / rows, as many of each row's lines as dc
+// steps reach (all its dc numbers with floats and 16 rows).
 static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row, size_t a_col,
                              const real *b, int dc, const real *next) {
     enum { LINE = CACHE_LINE / (int)sizeof(real) };
@@ -549,8 +550,9 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
 // The group's numbers of one key lie kv_stride numbers (2 d_model) after the
 // last key's: in base, 4 KB, a new page of memory each key, and the hardware
 // prefetcher does not follow a stream from one page into the next. So the
-// loop over the keys fetches the group's key and value ONE_QUERY_AHEAD keys
-// on into the cache as it goes (base decoding 1.08 times as long without).
+// loop over the keys' scores fetches the group's key ONE_QUERY_AHEAD keys on
+// into the cache, and the value too, for the P V loop after it (base
+// decoding 1.08 times as long without).
 #define ONE_QUERY_GROUP 128
 #define ONE_QUERY_AHEAD 8
 
