@@ -120,6 +120,7 @@ typedef struct {
 #define TILE_COLS (2 * VECTOR_BYTES / (int)sizeof(real))  // AVX-512: 32 floats, 16 doubles
 #define NARROW_ROWS (2 * TILE_ROWS)                       // the narrow tile
 #define NARROW_COLS (TILE_COLS / 2)                       // one vector
+#define LINE_NUMBERS (CACHE_LINE / (int)sizeof(real))   // the numbers of one cache line, the unit of a prefetch
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
@@ -206,11 +207,11 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
 // steps reach (all its dc numbers with floats and 16 rows).
 static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row, size_t a_col,
                              const real *b, int dc, const real *next) {
-    enum { LINE = CACHE_LINE / (int)sizeof(real) };
     #pragma GCC unroll 16
     for (int i = 0; i < rows * vectors; i++) sum[i] = (Vector){ 0 };
     for (int d = 0; d < dc; d++) {
-        if (next && d / rows * LINE < dc) __builtin_prefetch(next + (size_t)(d % rows) * a_row + d / rows * LINE);
+        if (next && d / rows * LINE_NUMBERS < dc)
+            __builtin_prefetch(next + (size_t)(d % rows) * a_row + d / rows * LINE_NUMBERS);
         #pragma GCC unroll 16
         for (int r = 0; r < rows; r++) {
             real ard = a[r * a_row + d * a_col];
@@ -314,20 +315,22 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
 // loop's own (6 of the 16 were loaded again from the stack at every step);
 // a constant a_row makes every row one pointer plus a constant offset. So the
 // rows of the models' weights (64 to 2048 numbers) get a loop each, by name.
-// Base decoding (8 sentences: every product in this tile) took 1.10 times as
+// Base decoding (8 sentences: every product in this tile) took 1.11 times as
 // long without them, 1.08 without `next`, 1.18 without both (dev/PERFORMANCE.md).
 #define NARROW_SUMS(row_length) tile_sums(sum, NARROW_ROWS, 1, a, row_length, 1, b, dc, next)
 __attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
                                size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
                                const real *bias, size_t bias_row, size_t bias_col, const real *next) {
     Vector sum[NARROW_ROWS];
-    if (a_col == 1 && a_row == 64) NARROW_SUMS(64);
-    else if (a_col == 1 && a_row == 128) NARROW_SUMS(128);
-    else if (a_col == 1 && a_row == 256) NARROW_SUMS(256);
-    else if (a_col == 1 && a_row == 512) NARROW_SUMS(512);
-    else if (a_col == 1 && a_row == 1024) NARROW_SUMS(1024);
-    else if (a_col == 1 && a_row == 2048) NARROW_SUMS(2048);
-    else tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc, next);
+    switch (a_col == 1 ? a_row : 0) {   // a copied strip (a_col NARROW_ROWS) takes the general loop
+    case 64: NARROW_SUMS(64); break;
+    case 128: NARROW_SUMS(128); break;
+    case 256: NARROW_SUMS(256); break;
+    case 512: NARROW_SUMS(512); break;
+    case 1024: NARROW_SUMS(1024); break;
+    case 2048: NARROW_SUMS(2048); break;
+    default: tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc, next);
+    }
 #undef NARROW_SUMS
     real stored[NARROW_ROWS * NARROW_COLS];
     memcpy(stored, sum, sizeof stored);
@@ -599,7 +602,7 @@ static void attention_one_query_fast(real *out, real *att, const real *q, const 
             for (int j = 0; j < visible; j++) {
                 const real *k_j = k_b + (size_t)j * kv_stride;
                 if (j + ONE_QUERY_AHEAD < visible)   // the group's numbers of key and value j + ONE_QUERY_AHEAD
-                    for (int i = 0; i < width; i += CACHE_LINE / (int)sizeof(real)) {
+                    for (int i = 0; i < width; i += LINE_NUMBERS) {
                         __builtin_prefetch(k_j + (size_t)ONE_QUERY_AHEAD * kv_stride + i);
                         __builtin_prefetch(v_b + (size_t)(j + ONE_QUERY_AHEAD) * kv_stride + i);
                     }

@@ -178,19 +178,17 @@ static void test_narrow_row_lengths(void) {
     for (int i = 0; i < count; i++) {
         int depth = lengths[i];
         size_t apart = (size_t)depth + 3;
-        real *a = checked_calloc((size_t)rows * depth, sizeof(real), "test");
-        real *b = checked_calloc((size_t)depth * cols, sizeof(real), "test");
-        for (size_t j = 0; j < (size_t)rows * depth; j++) a[j] = (real)rng_normal(&rng);
-        for (size_t j = 0; j < (size_t)depth * cols; j++) b[j] = (real)rng_normal(&rng);
+        MatrixView av, bv;   // A (rows, depth) with rows depth apart, B (depth, cols)
+        random_operands(&av, &bv, 1, rows, cols, depth, &rng);
         real *a_apart = checked_calloc((size_t)rows * apart, sizeof(real), "test");
-        for (int r = 0; r < rows; r++) memcpy(a_apart + r * apart, a + (size_t)r * depth, (size_t)depth * sizeof(real));
+        for (int r = 0; r < rows; r++)
+            memcpy(a_apart + r * apart, av.data + (size_t)r * depth, (size_t)depth * sizeof(real));
         real *out = checked_calloc((size_t)rows * cols, sizeof(real), "test");
         real *out_apart = checked_calloc((size_t)rows * cols, sizeof(real), "test");
-        MatrixView bv = { b, (size_t)cols, 1 };
-        matmul_assign(out, (size_t)cols, (MatrixView){ a, (size_t)depth, 1 }, bv, NULL, rows, cols, depth);
+        matmul_assign(out, (size_t)cols, av, bv, NULL, rows, cols, depth);
         matmul_assign(out_apart, (size_t)cols, (MatrixView){ a_apart, apart, 1 }, bv, NULL, rows, cols, depth);
         identical &= memcmp(out, out_apart, (size_t)rows * cols * sizeof(real)) == 0;
-        free(a); free(b); free(a_apart); free(out); free(out_apart);
+        free((real *)av.data); free((real *)bv.data); free(a_apart); free(out); free(out_apart);
     }
 #ifdef _OPENMP
     omp_set_num_threads(threads_before);
@@ -1851,8 +1849,8 @@ static double processes_cpu_seconds(const pid_t *pid, int count) {
 // above a quarter; the count changes when two looks agree, drops at once and
 // grows one thread a change; --threads N is not followed. Then, on Linux,
 // beside as many busy processes as the machine has cores, one thread, and
-// the others' cores read as what those processes ran (their own CPU time:
-// a virtual machine's host may give them less than the cores they ask for).
+// the others' cores read as at least what those processes ran (their own
+// CPU time: a virtual machine's host may give them less than they ask for).
 static void test_free_cores(void) {
     double busy_ticks = -1;
     int cpus = 0;
