@@ -58,8 +58,8 @@
 // ######## PART I   THE MODEL ################################################
 
 // The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
-// linear_backward, attention_forward and attention_backward hand it their call on their
-// first line. Left NULL (transformer.c alone), every call runs the loops you read.
+// linear_backward, attention_forward and attention_backward hand it their call on their first
+// line (decoder_cache_init and _free tell it too). Left NULL (transformer.c alone), the loops you read run.
 static FastPath fast_path;
 
 // ==== §3  Linear layers: y = x W^T + b =======================================
@@ -1027,6 +1027,7 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *model, in
     size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads;
     size_t rows = R, widest = S > max_T ? S : max_T;
     memset(cache, 0, sizeof *cache);
+    if (fast_path.decoding) fast_path.decoding(1);   // the weights stay as they are until decoder_cache_free
     cache->rows = R; cache->S = S; cache->max_T = max_T;
     cache->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
     cache->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
@@ -1043,6 +1044,7 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *model, in
 
 static void decoder_cache_free(DecoderCache *cache) {
     free(cache->src_len); free(cache->self_len); arena_free(cache->memory); memset(cache, 0, sizeof *cache);
+    if (fast_path.decoding) fast_path.decoding(0);
 }
 
 // memory = Encoder(source) (§3.1), once per sentence, and every decoder layer's keys and

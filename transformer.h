@@ -554,7 +554,8 @@ typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED,
 // through transformer_training, above.)
 
 // The products that take nearly all of a training step's time; each is called
-// in place of transformer.c's function of the same name when it is set.
+// in place of transformer.c's function of the same name when it is set. And
+// decoding's beginning and end, when the fast path may pack the weights its way.
 typedef struct {
     void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC);
     void (*linear_backward)(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
@@ -564,6 +565,9 @@ typedef struct {
     void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
                                const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
                                int C, int NH);
+    // Decoding begins (1) or ends (0) (decoder_cache_init, decoder_cache_free): the weights
+    // stay as they are in between, so the fast path may use copies of them arranged its way.
+    void (*decoding)(int begins);
 } FastPath;
 
 // The program's hooks, each called at one place in transformer.c (a line marked "lab:")

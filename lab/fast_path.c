@@ -73,7 +73,9 @@
 // few columns, and a product with few columns runs in narrow tiles, one
 // vector wide and twice as tall, NARROW_ROWS x NARROW_COLS (16 x 16 floats
 // with AVX-512, 12 x 8 with AVX2): 8 sentences would fill a quarter of the
-// wide tile's multiply-adds, half of the narrow one's.
+// wide tile's multiply-adds, half of the narrow one's. From a weight's
+// second product in one decoding on, its W^T is packed once for the rest of
+// the decoding, and the wide tile reads it (linear_forward_packed, below).
 //
 // Threads: each takes an equal share of the strips of rows of out and packs
 // the blocks of B it needs itself (a little copying done twice, but no
@@ -495,9 +497,118 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // ----------------------------------------------------------------------------
 // The linear layer of §3 in tiles: linear_forward's and linear_backward's sums.
 
+// Decoding multiplies each weight by a few rows (one per sentence or beam) at
+// every position, and the weights stay as they are from the first position
+// to the last. Turned around (above), such a product spends a multiply-add
+// instruction on each number of the weight, its vector of sentences at most
+// half full (base's 8 sentences in 16 lanes). So while transformer.c decodes
+// (from decoder_cache_init to decoder_cache_free, which call
+// fast_path_decoding), the second product of a weight (the decoder's, at
+// the second position: the encoder's products come once) packs all of W^T
+// into strips of TILE_COLS columns the whole depth deep, and that and every
+// later product read them in the wide tile, out = x W^T with x's rows as A:
+// each multiply-add takes TILE_COLS numbers of the weight, in 8-row strips
+// that base's 8 sentences fill. out[n][o] receives the same depth blocks'
+// sums, each in the same order, as in the turned-around product: the same bits.
+typedef struct { const real *weight; int IC, OC; real *strips; } DecodingWeight;   // strips NULL: met once
+typedef struct { size_t numbers; real *strips; int in_use; } PackMemory;
+static struct {
+    int depth;                                 // decoder_cache_init calls less decoder_cache_free calls
+    int count, capacity; DecodingWeight *met;  // the weights of this decoding's products of few rows
+    int blocks; PackMemory *memory;            // the packs' memory, kept from one decoding to the next
+} decoding_weights;
+
+// transformer.c's hook: decoding begins (1) or ends (0). At the end the
+// weights may change before the next decoding, so what was met and packed is
+// forgotten, but the memory stays for the next decoding's packs of the same
+// sizes (the same model): the operating system's first touch of new memory
+// took longer than the packing.
+static void fast_path_decoding(int begins) {
+    decoding_weights.depth += begins ? 1 : -1;
+    if (decoding_weights.depth > 0) return;
+    decoding_weights.depth = decoding_weights.count = 0;
+    for (int i = 0; i < decoding_weights.blocks; i++) decoding_weights.memory[i].in_use = 0;
+}
+
+// Memory for `numbers` numbers of packed strips: a past decoding's, or new.
+static real *pack_memory(size_t numbers) {
+    for (int i = 0; i < decoding_weights.blocks; i++) {
+        PackMemory *block = &decoding_weights.memory[i];
+        if (!block->in_use && block->numbers == numbers) { block->in_use = 1; return block->strips; }
+    }
+    int i = decoding_weights.blocks++;
+    decoding_weights.memory = checked_realloc(decoding_weights.memory, decoding_weights.blocks, sizeof(PackMemory),
+                                              "packed weights");
+    decoding_weights.memory[i] = (PackMemory){ numbers, checked_aligned_malloc(numbers, sizeof(real), "packed weights"), 1 };
+    return decoding_weights.memory[i].strips;
+}
+
+// The packed strips of W^T for weight (OC, IC) from its second product of
+// this decoding on (NULL before: the first is turned around), packed by the
+// threads together: strip s, depth d, column j is
+// strips[(s * IC + d) * TILE_COLS + j] = weight[s * TILE_COLS + j][d] (0 from row OC on),
+// copied a cache line of each of the strip's rows of the weight at a time.
+static const real *packed_weight(const real *weight, int IC, int OC) {
+    DecodingWeight *w = NULL;
+    for (int i = 0; i < decoding_weights.count && !w; i++)
+        if (decoding_weights.met[i].weight == weight && decoding_weights.met[i].IC == IC && decoding_weights.met[i].OC == OC)
+            w = &decoding_weights.met[i];
+    if (!w) {   // met for the first time
+        if (decoding_weights.count == decoding_weights.capacity) {
+            decoding_weights.capacity = decoding_weights.capacity ? 2 * decoding_weights.capacity : 64;
+            decoding_weights.met = checked_realloc(decoding_weights.met, decoding_weights.capacity,
+                                                   sizeof(DecodingWeight), "packed weights");
+        }
+        decoding_weights.met[decoding_weights.count++] = (DecodingWeight){ weight, IC, OC, NULL };
+        return NULL;
+    }
+    if (w->strips) return w->strips;
+    int count = (OC + TILE_COLS - 1) / TILE_COLS;
+    real *strips = w->strips = pack_memory((size_t)count * TILE_COLS * IC);
+    #pragma omp parallel for
+    for (int s = 0; s < count; s++) {
+        real *strip = strips + (size_t)s * TILE_COLS * IC;
+        const real *rows = weight + (size_t)s * TILE_COLS * IC;
+        int height = min_int(OC - s * TILE_COLS, TILE_COLS);
+        for (int d0 = 0; d0 < IC; d0 += LINE_NUMBERS)
+            for (int j = 0; j < TILE_COLS; j++)
+                for (int d = d0; d < min_int(d0 + LINE_NUMBERS, IC); d++)
+                    strip[(size_t)d * TILE_COLS + j] = j < height ? rows[(size_t)j * IC + d] : 0;
+    }
+    return strips;
+}
+
+// out = bias + inp W^T from W^T's packed strips, each thread an equal share of the strips.
+static void linear_forward_packed(real *out, const real *inp, const real *strips, const real *bias,
+                                  int N, int IC, int OC) {
+    int count = (OC + TILE_COLS - 1) / TILE_COLS;
+    MatrixView x = { inp, (size_t)IC, 1 };
+    #pragma omp parallel
+    {
+        _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
+        int first, end;
+        thread_share(count, &first, &end);
+        for (int s = first; s < end; s++) {
+            int j0 = s * TILE_COLS;
+            for (int m0 = 0; m0 < N; m0 += TILE_ROWS)
+                for (int d0 = 0; d0 < IC; d0 += DEPTH_BLOCK) {
+                    int dc = min_int(IC - d0, DEPTH_BLOCK);
+                    size_t a_row, a_col;
+                    const real *a = a_strip(&a_row, &a_col, packed_a, x, m0, N, d0, dc, TILE_ROWS);
+                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, a, a_row, a_col,
+                                strips + ((size_t)s * IC + d0) * TILE_COLS, dc, min_int(N - m0, TILE_ROWS),
+                                min_int(OC - j0, TILE_COLS), d0 > 0, bias ? bias + j0 : NULL, 0, 1);
+                }
+        }
+    }
+}
+
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
                                 int N, int IC, int OC) {
+    const real *strips = decoding_weights.depth > 0 && N <= TILE_COLS && N < OC   // what matmul would turn around
+                       ? packed_weight(weight, IC, OC) : NULL;
+    if (strips) { linear_forward_packed(out, inp, strips, bias, N, IC, OC); return; }
     // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
     MatrixView x = { inp, (size_t)IC, 1 }, w_transposed = { weight, 1, (size_t)IC };
     matmul_assign(out, (size_t)OC, x, w_transposed, bias, N, OC, IC);
@@ -722,11 +833,13 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
     }
 }
 
-// Hands transformer.c's four products to the functions above (on = 1), or
-// back to transformer.c's own loops (on = 0, as the tests compare them).
+// Hands transformer.c's four products, and its word of when decoding begins
+// and ends, to the functions above (on = 1), or the products back to
+// transformer.c's own loops (on = 0, as the tests compare them).
 static void fast_path_use(int on) {
     fast_path.linear_forward = on ? linear_forward_fast : NULL;
     fast_path.linear_backward = on ? linear_backward_fast : NULL;
     fast_path.attention_forward = on ? attention_forward_fast : NULL;
     fast_path.attention_backward = on ? attention_backward_fast : NULL;
+    fast_path.decoding = on ? fast_path_decoding : NULL;
 }

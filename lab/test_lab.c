@@ -30,6 +30,8 @@
  *                                                        test_cached_logits
  *                matmul and its tiles                    test_matmul_against_plain_loops, test_matmul_thread_count,
  *                                                        test_narrow_row_lengths
+ *                linear_forward_packed, packed_weight,   test_decoding_weights, test_decoding_hook
+ *                pack_memory, fast_path_decoding
  *                checked_aligned_malloc                  test_fast_aligned_memory
  *   lab.c        svg_write_heatmap, _grid, _positional_encoding, _attention, _loss_curve    test_svg_*
  *                checkpoint_average, average             test_average; test_table3 (learned positions)
@@ -454,6 +456,93 @@ static void test_fast_dispatch(void) {
         printf("     (this build's Part II attention gives Part I's exact bits)\n");
     for (int way = 0; way < 3; way++) { free(out[way]); free(att[way]); free(heads[way]); }
     free(x); free(w); free(qkv);
+}
+
+// The weights that decoding's products of few rows (fast_path_decoding(1) ..
+// (0)) have packed, and those they have met.
+static int decoding_weights_packed(void) {
+    int packed = 0;
+    for (int i = 0; i < decoding_weights.count; i++) packed += decoding_weights.met[i].strips != NULL;
+    return packed;
+}
+
+// While transformer.c decodes, linear_forward_fast packs a weight on its
+// second product and reads the packed strips in the wide tile: the bits of
+// the turned-around product they replace (decoding off), on the call that
+// packs and on later ones, with 1, 2 and 3 threads, for few rows (1, 4, 7,
+// 8, TILE_COLS: short and whole strips of rows), short last strips of
+// columns and depths that end in a short block. Decoding's end forgets the
+// packs, so a weight changed in the same memory between two decodings is
+// packed anew, into the same memory.
+static void test_decoding_weights(void) {
+    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { TILE_COLS, 128, 1000 } };
+    Rng rng; rng_seed(&rng, 14);
+    int identical = 1, packed_once = 1, forgotten = 1, memory_kept = 1, cases = 0;
+#ifdef _OPENMP
+    int threads_before = omp_get_max_threads();
+#endif
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        int N = shapes[i][0], IC = shapes[i][1], OC = shapes[i][2];
+        size_t n_out = (size_t)N * OC;
+        real *x = random_reals((size_t)N * IC, &rng), *w = random_reals((size_t)OC * IC, &rng);
+        real *b = random_reals(OC, &rng), *bias = with_bias ? b : NULL;
+        real *turned = checked_calloc(n_out, sizeof(real), "test"), *packed = checked_calloc(n_out, sizeof(real), "test");
+        for (int changed = 0; changed < 2; changed++) {
+            if (changed)   // the same memory, another weight
+                for (size_t k = 0; k < (size_t)OC * IC; k++) w[k] = -w[k] / 2;
+            linear_forward_fast(turned, x, w, bias, N, IC, OC);   // not decoding: turned around
+            int blocks_before = decoding_weights.blocks;
+            fast_path_decoding(1);
+            for (int call = 0; call < 4; call++) {   // met, packed, then read twice
+#ifdef _OPENMP
+                omp_set_num_threads(call % 3 + 1);
+#endif
+                memset(packed, 0, n_out * sizeof(real));
+                linear_forward_fast(packed, x, w, bias, N, IC, OC);
+                identical &= memcmp(turned, packed, n_out * sizeof(real)) == 0;
+                packed_once &= decoding_weights_packed() == (call > 0);
+            }
+            fast_path_decoding(0);
+            forgotten &= decoding_weights.count == 0 && decoding_weights.depth == 0;
+            if (changed) memory_kept &= decoding_weights.blocks == blocks_before;
+        }
+        cases++;
+        free(x); free(w); free(b); free(turned); free(packed);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(threads_before);
+#endif
+    check(identical && packed_once && forgotten && memory_kept, "decoding: products of few rows from a weight packed "
+          "on its second product give the turned-around product's bits (%d shapes and biases, 1-3 threads; a weight "
+          "changed between decodings too), packed once, forgotten when decoding ends, its memory used again", cases);
+}
+
+// decoder_cache_init and decoder_cache_free tell the fast path that decoding
+// begins and ends (transformer.c's hook): at the second position every
+// weight of the decoder has been packed (6 a layer, and the output
+// projection's), the encoder's none (their one product was at encoding),
+// and after, nothing is remembered.
+static void test_decoding_hook(void) {
+    TransformerConfig config = decode_config();
+    Transformer model;
+    transformer_build(&model, &config, 15);
+    model.training = 0;
+    int S = 5, src[5] = { 3, 4, 5, 6, 7 }, tokens[2] = { TOKEN_BOS, 5 };
+    DecoderCache cache;
+    decoder_cache_init(&cache, &model, 1, S, 4);
+    int began = decoding_weights.depth == 1;
+    decoder_cache_encode(&cache, &model, src, &S, 1);
+    decoder_step(&cache, &model, &tokens[0], 0, 1);
+    int at_first = decoding_weights_packed();
+    decoder_step(&cache, &model, &tokens[1], 1, 1);
+    int at_second = decoding_weights_packed(), expected = 6 * config.n_layers + 1;
+    decoder_cache_free(&cache);
+    int ended = decoding_weights.depth == 0 && decoding_weights.count == 0;
+    check(began && at_first == 0 && at_second == expected && ended, "decoding: decoder_cache_init and _free tell the "
+          "fast path (decoding %s; weights packed: %d at the first position, %d at the second, %d expected; %s after)",
+          began ? "began" : "did not begin", at_first, at_second, expected, ended ? "none" : "some");
+    transformer_free(&model);
 }
 
 // A whole training step of a model, Part II against Part I: the loss, the
@@ -1988,6 +2077,8 @@ int main(void) {
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
     test_narrow_row_lengths();
+    test_decoding_weights();
+    test_decoding_hook();
     test_fast_linear();
     test_fast_attention();
     test_fast_dispatch();
