@@ -48,11 +48,9 @@
 //    dc deep and contiguous, in exactly the order the tile reads them: every
 //    read is then sequential whatever the strides of B (W^T in the forward
 //    pass is read down the columns of W). A is read where it lies, TILE_ROWS
-//    numbers per step, when its rows are contiguous (x in x W^T, dy in dy W,
-//    and the weight of a product turned around in decoding, where copying it
-//    first made base decoding 1.6 times slower); a transposed A (dy^T in
-//    dy^T x) and a last strip of fewer rows are copied into a strip of their
-//    own, the last one padded with zeros.
+//    numbers per step, when its rows are contiguous (x in x W^T, dy in dy W);
+//    a transposed A (dy^T in dy^T x) and a last strip of fewer rows are
+//    copied into a strip of their own, the last one padded with zeros.
 // 3. Cache blocks. The depth is cut into blocks of DEPTH_BLOCK (128) and the
 //    columns into width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512
 //    floats = 256 KB, stays in the level-2 cache while the strips of A pass
@@ -68,14 +66,9 @@
 //
 //    out[m][n] receives its depth blocks' sums in order d = 0, 128, 256, ...
 //
-// Decoding multiplies a weight by one row per sentence or beam: few rows.
-// Such a product is turned around (out^T = B^T A^T, matmul), so that it has
-// few columns, and a product with few columns runs in narrow tiles, one
-// vector wide and twice as tall, NARROW_ROWS x NARROW_COLS (16 x 16 floats
-// with AVX-512, 12 x 8 with AVX2): 8 sentences would fill a quarter of the
-// wide tile's multiply-adds, half of the narrow one's. From a weight's
-// second product in one decoding on, its W^T is packed once for the rest of
-// the decoding, and the wide tile reads it (linear_forward_packed, below).
+// Decoding multiplies each weight by one row per sentence or beam at every
+// position: the weight is packed once for the whole decoding, and its
+// products share out its strips among the threads (linear_forward_packed).
 //
 // Threads: each takes an equal share of the strips of rows of out and packs
 // the blocks of B it needs itself (a little copying done twice, but no
@@ -120,9 +113,7 @@ typedef struct {
 #endif
 #define TILE_ROWS (VECTOR_REGISTERS == 32 ? 8 : 6)
 #define TILE_COLS (2 * VECTOR_BYTES / (int)sizeof(real))  // AVX-512: 32 floats, 16 doubles
-#define NARROW_ROWS (2 * TILE_ROWS)                       // the narrow tile
-#define NARROW_COLS (TILE_COLS / 2)                       // one vector
-#define LINE_NUMBERS (CACHE_LINE / (int)sizeof(real))   // the numbers of one cache line, the unit of a prefetch
+#define LINE_NUMBERS (CACHE_LINE / (int)sizeof(real))   // the numbers of one cache line
 #define DEPTH_BLOCK 128
 #define WIDTH_BLOCK 512
 _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strips");
@@ -203,17 +194,11 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
 // d = 0 .. dc-1 in order, with A's (r, d) at a[r * a_row + d * a_col] and b a
 // packed strip of B. The tiles call it with fixed sizes, and its loops over
 // them unrolled, so that once inlined its sums are vector registers.
-// With `next` (not NULL), the strip of A that comes after this one (the same
-// rows further on, a_col 1) is fetched into the cache meanwhile, a line a
-// step: its row d % rows, line d / rows, as many of each row's lines as dc
-// steps reach (all its dc numbers with floats and 16 rows).
 static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row, size_t a_col,
-                             const real *b, int dc, const real *next) {
+                             const real *b, int dc) {
     #pragma GCC unroll 16
     for (int i = 0; i < rows * vectors; i++) sum[i] = (Vector){ 0 };
     for (int d = 0; d < dc; d++) {
-        if (next && d / rows * LINE_NUMBERS < dc)
-            __builtin_prefetch(next + (size_t)(d % rows) * a_row + d / rows * LINE_NUMBERS);
         #pragma GCC unroll 16
         for (int r = 0; r < rows; r++) {
             real ard = a[r * a_row + d * a_col];
@@ -238,24 +223,6 @@ static void store_tile(real *out, size_t out_row, size_t out_col, const real *su
         }
 }
 
-// store_tile for a tile whose every one of `height` rows is stored and whose
-// out is transposed (out_row 1: a product turned around, in decoding): each
-// column j of the tile is `height` numbers side by side in out, at
-// out[j * out_col], stored as one vector; the bias, if any, is bias[r]
-// (a row stride of 1 and a column stride of 0). The same sums as store_tile.
-static inline void store_tile_transposed(real *out, size_t out_col, const real *sum, int sum_cols, int height,
-                                         int cols, int accumulate, const real *bias) {
-    for (int j = 0; j < cols; j++) {
-        real *o = out + (size_t)j * out_col;
-        if (accumulate)
-            for (int r = 0; r < height; r++) o[r] = o[r] + sum[r * sum_cols + j];
-        else if (bias)
-            for (int r = 0; r < height; r++) o[r] = bias[r] + sum[r * sum_cols + j];
-        else
-            for (int r = 0; r < height; r++) o[r] = sum[r * sum_cols + j];
-    }
-}
-
 // The register tile where it is whole and the rows of out (and of the bias)
 // are contiguous, nearly every tile: the sums of a strip of A (TILE_ROWS
 // rows, from a_strip) and a packed strip of B (TILE_COLS columns) over one
@@ -265,7 +232,7 @@ __attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_ro
                               const real *b, int dc, int accumulate, const real *bias, size_t bias_row) {
     enum { VECTORS = TILE_COLS / VECTOR_LANES };
     Vector sum[TILE_ROWS * VECTORS];
-    tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc, NULL);
+    tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
     #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS; r++)
         #pragma GCC unroll 2
@@ -276,18 +243,6 @@ __attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_ro
             else if (bias) vector_store(o, vector_load(bias + (size_t)r * bias_row + v * VECTOR_LANES) + s);
             else vector_store(o, s);
         }
-}
-
-// A tile's sums (tile_rows x tile_cols, row by row in `stored`) into the
-// first rows x cols of the tile of out: a whole column at a time where out
-// is transposed (a turned-around product: decoding), else number by number.
-static inline void store_tile_sums(real *out, size_t out_row, size_t out_col, const real *stored, int tile_rows,
-                                   int tile_cols, int rows, int cols, int accumulate, const real *bias,
-                                   size_t bias_row, size_t bias_col) {
-    if (out_row == 1 && rows == tile_rows && (!bias || (bias_row == 1 && bias_col == 0)))
-        store_tile_transposed(out, out_col, stored, tile_cols, tile_rows, cols, accumulate, bias);
-    else
-        store_tile(out, out_row, out_col, stored, tile_cols, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // The register tile at the edge of out, or with out or the bias
@@ -301,58 +256,15 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
         return;
     }
     Vector sum[TILE_ROWS * TILE_COLS / VECTOR_LANES];
-    tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc, NULL);
+    tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
     real stored[TILE_ROWS * TILE_COLS];
     memcpy(stored, sum, sizeof stored);
-    store_tile_sums(out, out_row, out_col, stored, TILE_ROWS, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
-}
-
-// The narrow tile: the same for NARROW_ROWS x NARROW_COLS (one vector), for
-// products with few columns (in decoding, turned around: out transposed),
-// and `next` as tile_sums takes it.
-//
-// In decoding its A is a weight, read where it lies: NARROW_ROWS rows a_row
-// apart, each a number a step. Were a_row a variable, the compiler would keep
-// a pointer per row, more than x86-64's 16 general registers hold beside the
-// loop's own (6 of the 16 were loaded again from the stack at every step);
-// a constant a_row makes every row one pointer plus a constant offset. So the
-// rows of the models' weights (64 to 2048 numbers) get a loop each, by name.
-// Base decoding (8 sentences: every product in this tile) took 1.11 times as
-// long without them, 1.08 without `next`, 1.18 without both (dev/PERFORMANCE.md).
-#define NARROW_SUMS(row_length) tile_sums(sum, NARROW_ROWS, 1, a, row_length, 1, b, dc, next)
-__attribute__((noinline)) static void matmul_tile_narrow(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row,
-                               size_t a_col, const real *b, int dc, int rows, int cols, int accumulate,
-                               const real *bias, size_t bias_row, size_t bias_col, const real *next) {
-    Vector sum[NARROW_ROWS];
-    switch (a_col == 1 ? a_row : 0) {   // a copied strip (a_col NARROW_ROWS) takes the general loop
-    case 64: NARROW_SUMS(64); break;
-    case 128: NARROW_SUMS(128); break;
-    case 256: NARROW_SUMS(256); break;
-    case 512: NARROW_SUMS(512); break;
-    case 1024: NARROW_SUMS(1024); break;
-    case 2048: NARROW_SUMS(2048); break;
-    default: tile_sums(sum, NARROW_ROWS, 1, a, a_row, a_col, b, dc, next);
-    }
-#undef NARROW_SUMS
-    real stored[NARROW_ROWS * NARROW_COLS];
-    memcpy(stored, sum, sizeof stored);
-    store_tile_sums(out, out_row, out_col, stored, NARROW_ROWS, NARROW_COLS, rows, cols, accumulate, bias, bias_row,
-                    bias_col);
+    store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
 static real *packed_b_alloc(void) {
     return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
-}
-
-// The narrow tile's product packs its whole B, depth x NARROW_COLS numbers,
-// into the room of one block of B: at most this deep.
-#define NARROW_MAX_DEPTH (DEPTH_BLOCK * WIDTH_BLOCK / NARROW_COLS)
-
-// The rows of the tile a product is done in: the narrow tile's for a
-// product of at most NARROW_COLS columns and NARROW_MAX_DEPTH depth.
-static int tile_height(const MatrixProduct *p) {
-    return p->out_cols <= NARROW_COLS && p->depth <= NARROW_MAX_DEPTH ? NARROW_ROWS : TILE_ROWS;
 }
 
 // The strip of rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, as a tile
@@ -370,38 +282,9 @@ static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixV
     return a.data + (size_t)m0 * a.row_stride + (size_t)d0;
 }
 
-// Rows [m_first, m_end) of a product in narrow tiles. Its B is packed whole
-// first, and each strip of A then goes through all the depth blocks before
-// the next strip starts: in decoding, A is a weight, and each of its rows
-// is then read from start to end, which the hardware prefetcher follows.
-// The depth blocks still reach each element of out in order.
-static void matmul_rows_narrow(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
-    _Alignas(CACHE_LINE) real packed_a[NARROW_ROWS * DEPTH_BLOCK];
-    for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK)   // one strip, depth rows deep
-        pack_b_strips(packed_b + (size_t)d0 * NARROW_COLS, p->b, 0, p->out_cols, d0,
-                      min_int(p->depth - d0, DEPTH_BLOCK), NARROW_COLS, 1);
-    for (int m0 = m_first; m0 < m_end; m0 += NARROW_ROWS) {
-        const real *bias = p->bias.data ? p->bias.data + (size_t)m0 * p->bias.row_stride : NULL;
-        for (int d0 = 0; d0 < p->depth; d0 += DEPTH_BLOCK) {
-            int dc = min_int(p->depth - d0, DEPTH_BLOCK);
-            size_t a_row, a_col;
-            const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, NARROW_ROWS);
-            // A read where it lies (a weight, in decoding): the same block of its next strip is fetched meanwhile
-            const real *next = a != packed_a && m0 + 2 * NARROW_ROWS <= m_end ? a + NARROW_ROWS * a_row : NULL;
-            matmul_tile_narrow(p->out + (size_t)m0 * p->out_row, p->out_row, p->out_col, a, a_row, a_col,
-                               packed_b + (size_t)d0 * NARROW_COLS, dc, min_int(m_end - m0, NARROW_ROWS), p->out_cols,
-                               p->accumulate || d0 > 0, bias, p->bias.row_stride, p->bias.col_stride, next);
-        }
-    }
-}
-
 // Rows [m_first, m_end) of the product p, by the calling thread alone;
 // packed_b comes from packed_b_alloc.
 static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *packed_b) {
-    if (tile_height(p) == NARROW_ROWS) {
-        matmul_rows_narrow(p, m_first, m_end, packed_b);
-        return;
-    }
     _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
     for (int n0 = 0; n0 < p->out_cols; n0 += WIDTH_BLOCK) {
         int strips = (min_int(p->out_cols - n0, WIDTH_BLOCK) + TILE_COLS - 1) / TILE_COLS;
@@ -438,42 +321,24 @@ static void thread_share(int count, int *first, int *end) {
     *end = (int)((long long)count * (thread + 1) / threads);
 }
 
-// A product with few rows (decoding: one row per sentence, at most
-// TILE_COLS of them) and more columns is done as its transpose, out^T =
-// B^T A^T: then the big matrix, a weight, is the one shared out among the
-// threads and read once, and only the few rows are packed whole, in narrow
-// tiles. Without it base decoding took 2.9 times as long. Every element is
-// the same sum in the same order either way.
-static void turn_around_if_few_rows(MatrixProduct *p) {
-    if (p->out_rows > TILE_COLS || p->out_rows >= p->out_cols) return;
-    MatrixView a = p->a, b = p->b, bias = p->bias;
-    p->a = (MatrixView){ b.data, b.col_stride, b.row_stride };
-    p->b = (MatrixView){ a.data, a.col_stride, a.row_stride };
-    p->bias = (MatrixView){ bias.data, bias.col_stride, bias.row_stride };
-    size_t out_row = p->out_row; p->out_row = p->out_col; p->out_col = out_row;
-    int out_rows = p->out_rows; p->out_rows = p->out_cols; p->out_cols = out_rows;
-}
-
-// This thread's share of `count` products that write different outputs
-// (each turned around if it has few rows), called by every thread of one
-// parallel region: an equal share of the strips of tile_height rows of out
-// of each product. No thread waits for another.
+// This thread's share of `count` products that write different outputs,
+// called by every thread of one parallel region: an equal share of the
+// strips of TILE_ROWS rows of out of each product. No thread waits for another.
 static void products_by_this_thread(const MatrixProduct *p, int count) {
     real *packed_b = NULL;
     for (int i = 0; i < count; i++) {
         if (p[i].out_rows <= 0 || p[i].out_cols <= 0) continue;
-        int height = tile_height(&p[i]), first, end;
-        thread_share((p[i].out_rows + height - 1) / height, &first, &end);
+        int first, end;
+        thread_share((p[i].out_rows + TILE_ROWS - 1) / TILE_ROWS, &first, &end);
         if (first == end) continue;
         if (!packed_b) packed_b = packed_b_alloc();
-        matmul_rows(&p[i], first * height, min_int(end * height, p[i].out_rows), packed_b);
+        matmul_rows(&p[i], first * TILE_ROWS, min_int(end * TILE_ROWS, p[i].out_rows), packed_b);
     }
     free(packed_b);
 }
 
 // The whole product p, shared among the threads.
 static void matmul(MatrixProduct p) {
-    turn_around_if_few_rows(&p);
     #pragma omp parallel
     products_by_this_thread(&p, 1);
 }
@@ -499,72 +364,53 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 
 // Decoding multiplies each weight by a few rows (one per sentence or beam) at
 // every position, and the weights stay as they are from the first position
-// to the last. Turned around (above), such a product spends a multiply-add
-// instruction on each number of the weight, its vector of sentences at most
-// half full (base's 8 sentences in 16 lanes). So while transformer.c decodes
-// (from decoder_cache_init to decoder_cache_free, which call
-// fast_path_decoding), the second product of a weight (the decoder's, at
-// the second position: the encoder's products come once) packs all of W^T
-// into strips of TILE_COLS columns the whole depth deep, and that and every
-// later product read them in the wide tile, out = x W^T with x's rows as A:
-// each multiply-add takes TILE_COLS numbers of the weight, in 8-row strips
-// that base's 8 sentences fill. out[n][o] receives the same depth blocks'
-// sums, each in the same order, as in the turned-around product: the same bits.
-typedef struct { const real *weight; int IC, OC; real *strips; } DecodingWeight;   // strips NULL: met once
-typedef struct { size_t numbers; real *strips; int in_use; } PackMemory;
-static struct {
-    int depth;                                 // decoder_cache_init calls less decoder_cache_free calls
-    int count, capacity; DecodingWeight *met;  // the weights of this decoding's products of few rows
-    int blocks; PackMemory *memory;            // the packs' memory, kept from one decoding to the next
-} decoding_weights;
+// to the last. matmul would pack W^T again at every position, for a few
+// multiply-adds per number packed, by one thread where the rows make one
+// strip (base's 8 sentences). So while transformer.c decodes (from
+// decoder_cache_init to decoder_cache_free, which call fast_path_decoding),
+// the first product of each weight packs all of its W^T, the threads
+// together, into strips of TILE_COLS columns the whole depth deep, and every
+// product of the decoding reads them: the threads share out the strips, and
+// each strip meets every strip of TILE_ROWS rows of x in the wide tile.
+// out[n][o] receives the same depth blocks' sums, each in the same order, as
+// from matmul: the same bits.
+//
+// When decoding ends the packs are forgotten (the weights may change before
+// the next decoding) but their memory is kept for the next decoding's packs
+// of the same sizes (the same model): the operating system's first touch of
+// new memory took longer than the packing itself.
+typedef struct { const real *weight; int IC, OC; size_t numbers; real *strips; } PackedWeight;   // weight NULL: free
+static struct { int depth, count; PackedWeight *packed; } decoding_weights;
 
-// transformer.c's hook: decoding begins (1) or ends (0). At the end the
-// weights may change before the next decoding, so what was met and packed is
-// forgotten, but the memory stays for the next decoding's packs of the same
-// sizes (the same model): the operating system's first touch of new memory
-// took longer than the packing.
+// transformer.c's hook: decoding begins (1) or ends (0).
 static void fast_path_decoding(int begins) {
     decoding_weights.depth += begins ? 1 : -1;
     if (decoding_weights.depth > 0) return;
-    decoding_weights.depth = decoding_weights.count = 0;
-    for (int i = 0; i < decoding_weights.blocks; i++) decoding_weights.memory[i].in_use = 0;
+    decoding_weights.depth = 0;
+    for (int i = 0; i < decoding_weights.count; i++) decoding_weights.packed[i].weight = NULL;
 }
 
-// Memory for `numbers` numbers of packed strips: a past decoding's, or new.
-static real *pack_memory(size_t numbers) {
-    for (int i = 0; i < decoding_weights.blocks; i++) {
-        PackMemory *block = &decoding_weights.memory[i];
-        if (!block->in_use && block->numbers == numbers) { block->in_use = 1; return block->strips; }
-    }
-    int i = decoding_weights.blocks++;
-    decoding_weights.memory = checked_realloc(decoding_weights.memory, decoding_weights.blocks, sizeof(PackMemory),
-                                              "packed weights");
-    decoding_weights.memory[i] = (PackMemory){ numbers, checked_aligned_malloc(numbers, sizeof(real), "packed weights"), 1 };
-    return decoding_weights.memory[i].strips;
-}
-
-// The packed strips of W^T for weight (OC, IC) from its second product of
-// this decoding on (NULL before: the first is turned around), packed by the
-// threads together: strip s, depth d, column j is
+// The packed strips of W^T for weight (OC, IC) in this decoding, packed on
+// the first call by the threads together: strip s, depth d, column j is
 // strips[(s * IC + d) * TILE_COLS + j] = weight[s * TILE_COLS + j][d] (0 from row OC on),
 // copied a cache line of each of the strip's rows of the weight at a time.
 static const real *packed_weight(const real *weight, int IC, int OC) {
-    DecodingWeight *w = NULL;
-    for (int i = 0; i < decoding_weights.count && !w; i++)
-        if (decoding_weights.met[i].weight == weight && decoding_weights.met[i].IC == IC && decoding_weights.met[i].OC == OC)
-            w = &decoding_weights.met[i];
-    if (!w) {   // met for the first time
-        if (decoding_weights.count == decoding_weights.capacity) {
-            decoding_weights.capacity = decoding_weights.capacity ? 2 * decoding_weights.capacity : 64;
-            decoding_weights.met = checked_realloc(decoding_weights.met, decoding_weights.capacity,
-                                                   sizeof(DecodingWeight), "packed weights");
-        }
-        decoding_weights.met[decoding_weights.count++] = (DecodingWeight){ weight, IC, OC, NULL };
-        return NULL;
-    }
-    if (w->strips) return w->strips;
     int count = (OC + TILE_COLS - 1) / TILE_COLS;
-    real *strips = w->strips = pack_memory((size_t)count * TILE_COLS * IC);
+    size_t numbers = (size_t)count * TILE_COLS * IC;
+    PackedWeight *free_one = NULL;
+    for (int i = 0; i < decoding_weights.count; i++) {
+        PackedWeight *p = &decoding_weights.packed[i];
+        if (p->weight == weight && p->IC == IC && p->OC == OC) return p->strips;
+        if (!p->weight && p->numbers == numbers) free_one = p;
+    }
+    if (!free_one) {
+        decoding_weights.packed = checked_realloc(decoding_weights.packed, decoding_weights.count + 1,
+                                                  sizeof(PackedWeight), "packed weights");
+        free_one = &decoding_weights.packed[decoding_weights.count++];
+        *free_one = (PackedWeight){ NULL, 0, 0, numbers, checked_aligned_malloc(numbers, sizeof(real), "packed weights") };
+    }
+    *free_one = (PackedWeight){ weight, IC, OC, numbers, free_one->strips };
+    real *strips = free_one->strips;
     #pragma omp parallel for
     for (int s = 0; s < count; s++) {
         real *strip = strips + (size_t)s * TILE_COLS * IC;
@@ -606,9 +452,10 @@ static void linear_forward_packed(real *out, const real *inp, const real *strips
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
                                 int N, int IC, int OC) {
-    const real *strips = decoding_weights.depth > 0 && N <= TILE_COLS && N < OC   // what matmul would turn around
-                       ? packed_weight(weight, IC, OC) : NULL;
-    if (strips) { linear_forward_packed(out, inp, strips, bias, N, IC, OC); return; }
+    if (decoding_weights.depth > 0 && N <= TILE_COLS) {   // decoding up to TILE_COLS sentences or beams
+        linear_forward_packed(out, inp, packed_weight(weight, IC, OC), bias, N, IC, OC);
+        return;
+    }
     // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]: A = inp, B = weight^T
     MatrixView x = { inp, (size_t)IC, 1 }, w_transposed = { weight, 1, (size_t)IC };
     matmul_assign(out, (size_t)OC, x, w_transposed, bias, N, OC, IC);
@@ -625,7 +472,6 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
         { dinp, (size_t)IC, 1, g, w, { NULL, 0, 0 }, N, IC, OC, 1 },
     };
     int count = dinp ? 2 : 1;
-    for (int i = 0; i < count; i++) turn_around_if_few_rows(&products[i]);
     #pragma omp parallel
     {
         products_by_this_thread(products, count);

@@ -28,10 +28,9 @@
  *                                                        test_fast_training_step, test_attention_by_hand
  *                attention_one_query_fast                test_fast_attention (one query), test_attention_by_hand,
  *                                                        test_cached_logits
- *                matmul and its tiles                    test_matmul_against_plain_loops, test_matmul_thread_count,
- *                                                        test_narrow_row_lengths
+ *                matmul and its tiles                    test_matmul_against_plain_loops, test_matmul_thread_count
  *                linear_forward_packed, packed_weight,   test_decoding_weights, test_decoding_hook
- *                pack_memory, fast_path_decoding
+ *                fast_path_decoding
  *                checked_aligned_malloc                  test_fast_aligned_memory
  *   lab.c        svg_write_heatmap, _grid, _positional_encoding, _attention, _loss_curve    test_svg_*
  *                checkpoint_average, average             test_average; test_table3 (learned positions)
@@ -71,10 +70,9 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
     if (form == 2) { av->row_stride = 1; av->col_stride = (size_t)M; }
 }
 
-// Part II's matrix product works in TILE_ROWS x TILE_COLS tiles, or narrow
-// tiles NARROW_ROWS x NARROW_COLS for at most NARROW_COLS columns, blocks of
-// DEPTH_BLOCK along the depth and WIDTH_BLOCK along the columns, shares rows
-// among threads and turns a product of at most TILE_COLS rows around.
+// Part II's matrix product works in TILE_ROWS x TILE_COLS tiles, blocks of
+// DEPTH_BLOCK along the depth and WIDTH_BLOCK along the columns, and shares
+// strips of rows among threads.
 // The model tests above use tiny sizes, which never reach a second block, so
 // here it is checked against a plain loop in double precision on sizes that
 // cross every boundary, for the three ways the layers read their matrices
@@ -82,11 +80,8 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
 // writing out = bias + A B.
 static void test_matmul_against_plain_loops(void) {
     enum { NM = 4, NN = 5, ND = 3 };
-    int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, NARROW_COLS, NARROW_COLS + 1, 33, 530 }, depths[ND] = { 1, 129, 300 };
-    // and products with few columns (directly, and turned around) as deep as
-    // the narrow tile's packing of the whole B holds, and deeper: those take
-    // the wide path
-    int extra[][3] = { { 40, 7, NARROW_MAX_DEPTH }, { 40, 7, NARROW_MAX_DEPTH + 5 }, { 7, 40, NARROW_MAX_DEPTH + 5 } };
+    int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, 16, 17, 33, 530 }, depths[ND] = { 1, 129, 300 };
+    int extra[][3] = { { 40, 7, 4101 }, { 7, 40, 4101 } };   // and deep ones: 33 depth blocks, the last of 5
     int grid = NM * NN * ND, shapes = grid + (int)(sizeof extra / sizeof *extra);
     Rng rng; rng_seed(&rng, 11);
     double worst = 0;
@@ -124,20 +119,18 @@ static void test_matmul_against_plain_loops(void) {
         free((real *)av.data); free((real *)bv.data); free(c); free(bias); free(expected);
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
-    check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x %d (every tile edge, depth "
-          "and width block, the narrow tile and its depth limit, the transposed small-row path; out += A B and "
-          "out = bias + A B) match a plain loop in double: worst error %.2g", cases, NARROW_MAX_DEPTH + 5, worst);
+    check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x 4101 (every tile edge, depth "
+          "and width block; out += A B and out = bias + A B) match a plain loop in double: worst error %.2g",
+          cases, worst);
 }
 
 // The matrix product gives each element of out to one thread, which sums it in
 // the same order whatever the number of threads: 1, 2 and 3 threads must give
-// the same bits, for the three ways the layers read their matrices and for
-// both orientations (a product of at most TILE_COLS rows is done transposed).
+// the same bits, for the three ways the layers read their matrices.
 static void test_matmul_thread_count(void) {
 #ifdef _OPENMP
-    // rows, cols, depth: wide tiles; turned around (7 rows) into narrow tiles; wide
-    // tiles with a short last strip; narrow tiles
-    int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 }, { 97, NARROW_COLS, 300 } };
+    // rows, cols, depth: many strips; fewer rows than a strip; a short last strip of columns; few columns
+    int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 }, { 97, 16, 300 } };
     Rng rng; rng_seed(&rng, 12);
     int identical = 1, cases = 0, threads_before = omp_get_max_threads();
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
@@ -161,42 +154,6 @@ static void test_matmul_thread_count(void) {
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
 #endif
-}
-
-// The narrow tile has a loop of its own for each of the models' row lengths
-// of a weight (64 to 2048), where the rows lie that far apart: each must give
-// the bits of the general loop, which reads the same numbers laid out with
-// rows 3 numbers further apart. 2 NARROW_ROWS + 8 rows, on one thread: two
-// whole strips, the first of which fetches the second into the cache
-// meanwhile (a thread's share must hold both), then a short strip (copied).
-static void test_narrow_row_lengths(void) {
-    int lengths[] = { 64, 128, 256, 512, 1024, 2048 }, count = (int)(sizeof lengths / sizeof *lengths);
-    int rows = 2 * NARROW_ROWS + 8, cols = NARROW_COLS / 2, identical = 1;
-    Rng rng; rng_seed(&rng, 13);
-#ifdef _OPENMP
-    int threads_before = omp_get_max_threads();
-    omp_set_num_threads(1);
-#endif
-    for (int i = 0; i < count; i++) {
-        int depth = lengths[i];
-        size_t apart = (size_t)depth + 3;
-        MatrixView av, bv;   // A (rows, depth) with rows depth apart, B (depth, cols)
-        random_operands(&av, &bv, 1, rows, cols, depth, &rng);
-        real *a_apart = checked_calloc((size_t)rows * apart, sizeof(real), "test");
-        for (int r = 0; r < rows; r++)
-            memcpy(a_apart + r * apart, av.data + (size_t)r * depth, (size_t)depth * sizeof(real));
-        real *out = checked_calloc((size_t)rows * cols, sizeof(real), "test");
-        real *out_apart = checked_calloc((size_t)rows * cols, sizeof(real), "test");
-        matmul_assign(out, (size_t)cols, av, bv, NULL, rows, cols, depth);
-        matmul_assign(out_apart, (size_t)cols, (MatrixView){ a_apart, apart, 1 }, bv, NULL, rows, cols, depth);
-        identical &= memcmp(out, out_apart, (size_t)rows * cols * sizeof(real)) == 0;
-        free((real *)av.data); free((real *)bv.data); free(a_apart); free(out); free(out_apart);
-    }
-#ifdef _OPENMP
-    omp_set_num_threads(threads_before);
-#endif
-    check(identical, "matmul: the narrow tile's loops for rows of 64, 128, 256, 512, 1024 and 2048 numbers give the "
-          "bits of its general loop (%d x %d x depth, the rows 3 numbers further apart)", rows, cols);
 }
 
 // The fast path's scratch memory starts on a cache line, as transformer.c's arenas do.
@@ -321,17 +278,16 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
 // words, 32 x 32), in training (rows B*S) and in decoding (a row per
 // sentence or beam), the shapes of base (512, 2048, 8000 words, 8 x 64) with
 // the most depth and width, and shapes on either side of every boundary of
-// Part II's products: a tile's rows and columns, the narrow tile, the
-// turned-around product of few rows, a depth block and a width block.
+// Part II's products: a tile's rows and columns, a depth block and a width block.
 static void test_fast_linear(void) {
     int shapes[][3] = {   // N (rows), IC (in), OC (out)
         { 1152, 64, 192 }, { 1152, 64, 64 }, { 1152, 64, 128 }, { 1152, 64, 256 }, { 1152, 256, 64 },
         { 1152, 64, 14 }, { 1024, 128, 384 }, { 1024, 128, 512 }, { 1024, 512, 128 }, { 1024, 128, 1000 },
         { 1, 128, 384 }, { 4, 128, 1000 }, { 8, 64, 256 }, { 96, 64, 14 },
         { 512, 512, 2048 }, { 512, 2048, 512 }, { 64, 512, 8000 }, { 8, 512, 1536 },
-        { TILE_ROWS + 1, DEPTH_BLOCK + 1, WIDTH_BLOCK + TILE_COLS + 1 }, { TILE_COLS, 129, NARROW_COLS },
-        { TILE_COLS + 1, 7, NARROW_COLS + 1 }, { 3, 300, 530 }, { 97, 1, 33 }, { NARROW_ROWS + 1, 40, 1 },
-        { TILE_COLS, 128, 384 }, { NARROW_COLS + 4, 64, 100 },   // turned around into the wide tile (toy decoding)
+        { TILE_ROWS + 1, DEPTH_BLOCK + 1, WIDTH_BLOCK + TILE_COLS + 1 }, { TILE_COLS, 129, 16 },
+        { TILE_COLS + 1, 7, 17 }, { 3, 300, 530 }, { 97, 1, 33 }, { 2 * TILE_ROWS + 1, 40, 1 },
+        { TILE_COLS, 128, 384 }, { 20, 64, 100 },
     };
     Rng rng; rng_seed(&rng, 31);
     double worst = 0;
@@ -458,22 +414,21 @@ static void test_fast_dispatch(void) {
     free(x); free(w); free(qkv);
 }
 
-// The weights that decoding's products of few rows (fast_path_decoding(1) ..
-// (0)) have packed, and those they have met.
+// The weights decoding has packed (entries of decoding_weights that stand for one).
 static int decoding_weights_packed(void) {
     int packed = 0;
-    for (int i = 0; i < decoding_weights.count; i++) packed += decoding_weights.met[i].strips != NULL;
+    for (int i = 0; i < decoding_weights.count; i++) packed += decoding_weights.packed[i].weight != NULL;
     return packed;
 }
 
-// While transformer.c decodes, linear_forward_fast packs a weight on its
-// second product and reads the packed strips in the wide tile: the bits of
-// the turned-around product they replace (decoding off), on the call that
-// packs and on later ones, with 1, 2 and 3 threads, for few rows (1, 4, 7,
-// 8, TILE_COLS: short and whole strips of rows), short last strips of
-// columns and depths that end in a short block. Decoding's end forgets the
-// packs, so a weight changed in the same memory between two decodings is
-// packed anew, into the same memory.
+// While transformer.c decodes (fast_path_decoding(1) .. (0)), linear_forward_fast
+// packs a weight on its first product of few rows and reads the packed strips
+// after: the bits of matmul's product (decoding off), on the call that packs
+// and on later ones, with 1, 2 and 3 threads, for few rows (1, 4, 7, 8,
+// TILE_COLS: short and whole strips of rows), short last strips of columns
+// and depths that end in a short block. Decoding's end forgets the packs, so
+// a weight changed in the same memory between two decodings is packed anew,
+// into the same memory.
 static void test_decoding_weights(void) {
     int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { TILE_COLS, 128, 1000 } };
     Rng rng; rng_seed(&rng, 14);
@@ -487,42 +442,43 @@ static void test_decoding_weights(void) {
         size_t n_out = (size_t)N * OC;
         real *x = random_reals((size_t)N * IC, &rng), *w = random_reals((size_t)OC * IC, &rng);
         real *b = random_reals(OC, &rng), *bias = with_bias ? b : NULL;
-        real *turned = checked_calloc(n_out, sizeof(real), "test"), *packed = checked_calloc(n_out, sizeof(real), "test");
+        real *plain = checked_calloc(n_out, sizeof(real), "test"), *packed = checked_calloc(n_out, sizeof(real), "test");
         for (int changed = 0; changed < 2; changed++) {
             if (changed)   // the same memory, another weight
                 for (size_t k = 0; k < (size_t)OC * IC; k++) w[k] = -w[k] / 2;
-            linear_forward_fast(turned, x, w, bias, N, IC, OC);   // not decoding: turned around
-            int blocks_before = decoding_weights.blocks;
+            linear_forward_fast(plain, x, w, bias, N, IC, OC);   // not decoding: matmul
+            int entries_before = decoding_weights.count;
             fast_path_decoding(1);
-            for (int call = 0; call < 4; call++) {   // met, packed, then read twice
+            for (int call = 0; call < 3; call++) {   // packed, then read twice
 #ifdef _OPENMP
-                omp_set_num_threads(call % 3 + 1);
+                omp_set_num_threads(call + 1);
 #endif
                 memset(packed, 0, n_out * sizeof(real));
                 linear_forward_fast(packed, x, w, bias, N, IC, OC);
-                identical &= memcmp(turned, packed, n_out * sizeof(real)) == 0;
-                packed_once &= decoding_weights_packed() == (call > 0);
+                identical &= memcmp(plain, packed, n_out * sizeof(real)) == 0;
+                packed_once &= decoding_weights_packed() == 1;
             }
             fast_path_decoding(0);
-            forgotten &= decoding_weights.count == 0 && decoding_weights.depth == 0;
-            if (changed) memory_kept &= decoding_weights.blocks == blocks_before;
+            forgotten &= decoding_weights_packed() == 0 && decoding_weights.depth == 0;
+            if (changed) memory_kept &= decoding_weights.count == entries_before;
         }
         cases++;
-        free(x); free(w); free(b); free(turned); free(packed);
+        free(x); free(w); free(b); free(plain); free(packed);
     }
 #ifdef _OPENMP
     omp_set_num_threads(threads_before);
 #endif
     check(identical && packed_once && forgotten && memory_kept, "decoding: products of few rows from a weight packed "
-          "on its second product give the turned-around product's bits (%d shapes and biases, 1-3 threads; a weight "
-          "changed between decodings too), packed once, forgotten when decoding ends, its memory used again", cases);
+          "once give matmul's bits (%d shapes and biases, 1-3 threads; a weight changed between decodings too), "
+          "the pack forgotten when decoding ends and its memory used again", cases);
 }
 
 // decoder_cache_init and decoder_cache_free tell the fast path that decoding
-// begins and ends (transformer.c's hook): at the second position every
-// weight of the decoder has been packed (6 a layer, and the output
-// projection's), the encoder's none (their one product was at encoding),
-// and after, nothing is remembered.
+// begins and ends (transformer.c's hook): a sentence of 5 tokens, so that the
+// encoder's products have few rows too, packs at the first position every
+// weight (the encoder's 4 a layer, the decoder's 7: the memory's keys and
+// values, and 6 a step; and the output projection), none at the second,
+// and after, none stands for a weight.
 static void test_decoding_hook(void) {
     TransformerConfig config = decode_config();
     Transformer model;
@@ -536,12 +492,13 @@ static void test_decoding_hook(void) {
     decoder_step(&cache, &model, &tokens[0], 0, 1);
     int at_first = decoding_weights_packed();
     decoder_step(&cache, &model, &tokens[1], 1, 1);
-    int at_second = decoding_weights_packed(), expected = 6 * config.n_layers + 1;
+    int at_second = decoding_weights_packed(), expected = 11 * config.n_layers + 1;
     decoder_cache_free(&cache);
-    int ended = decoding_weights.depth == 0 && decoding_weights.count == 0;
-    check(began && at_first == 0 && at_second == expected && ended, "decoding: decoder_cache_init and _free tell the "
-          "fast path (decoding %s; weights packed: %d at the first position, %d at the second, %d expected; %s after)",
-          began ? "began" : "did not begin", at_first, at_second, expected, ended ? "none" : "some");
+    int ended = decoding_weights.depth == 0 && decoding_weights_packed() == 0;
+    check(began && at_first == expected && at_second == expected && ended, "decoding: decoder_cache_init and _free "
+          "tell the fast path (decoding %s; weights packed: %d at the first position, %d at the second, %d "
+          "expected; %s after)", began ? "began" : "did not begin", at_first, at_second, expected,
+          ended ? "none" : "some");
     transformer_free(&model);
 }
 
@@ -2076,7 +2033,6 @@ int main(void) {
     test_fast_aligned_memory();
     test_matmul_against_plain_loops();
     test_matmul_thread_count();
-    test_narrow_row_lengths();
     test_decoding_weights();
     test_decoding_hook();
     test_fast_linear();
