@@ -379,6 +379,7 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // the next decoding) but their memory is kept for the next decoding's packs
 // of the same sizes (the same model): the operating system's first touch of
 // new memory took longer than the packing itself.
+#define DECODING_ROWS 32   // the products of at most so many rows (sentences or beams) that read packed weights
 typedef struct { const real *weight; int IC, OC; size_t numbers; real *strips; } PackedWeight;   // weight NULL: free
 static struct { int depth, count; PackedWeight *packed; } decoding_weights;
 
@@ -452,7 +453,7 @@ static void linear_forward_packed(real *out, const real *inp, const real *strips
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
                                 int N, int IC, int OC) {
-    if (decoding_weights.depth > 0 && N <= TILE_COLS) {   // decoding up to TILE_COLS sentences or beams
+    if (decoding_weights.depth > 0 && N <= DECODING_ROWS) {
         linear_forward_packed(out, inp, packed_weight(weight, IC, OC), bias, N, IC, OC);
         return;
     }

@@ -425,12 +425,12 @@ static int decoding_weights_packed(void) {
 // packs a weight on its first product of few rows and reads the packed strips
 // after: the bits of matmul's product (decoding off), on the call that packs
 // and on later ones, with 1, 2 and 3 threads, for few rows (1, 4, 7, 8,
-// TILE_COLS: short and whole strips of rows), short last strips of columns
+// DECODING_ROWS: short and whole strips of rows), short last strips of columns
 // and depths that end in a short block. Decoding's end forgets the packs, so
 // a weight changed in the same memory between two decodings is packed anew,
 // into the same memory.
 static void test_decoding_weights(void) {
-    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { TILE_COLS, 128, 1000 } };
+    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { DECODING_ROWS, 128, 1000 } };
     Rng rng; rng_seed(&rng, 14);
     int identical = 1, packed_once = 1, forgotten = 1, memory_kept = 1, cases = 0;
 #ifdef _OPENMP
