@@ -57,9 +57,9 @@
 
 // ######## PART I   THE MODEL ################################################
 
-// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
-// linear_backward, attention_forward and attention_backward hand it their call on their first
-// line (decoder_cache_init and _free tell it too). Left NULL (transformer.c alone), the loops you read run.
+// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward, linear_backward,
+// attention_forward and attention_backward hand it their call on their first line; decoder_cache_init and
+// _free tell it when decoding begins and ends. Left NULL (transformer.c alone), the loops you read run.
 static FastPath fast_path;
 
 // ==== §3  Linear layers: y = x W^T + b =======================================

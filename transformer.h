@@ -549,7 +549,7 @@ typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED,
 // ----------------------------------------------------------------------------
 // Where the companions plug in. transformer.c alone leaves these empty and
 // runs its own loops and commands; lab/lab.c (make's ./transformer) fills them
-// in: its fast path (lab/fast_path.c) the four products of FastPath, the rest
+// in: its fast path (lab/fast_path.c) the four products and decoding's hook of FastPath, the rest
 // of the lab the program's hooks of LabHooks. (The CUDA companion plugs in
 // through transformer_training, above.)
 

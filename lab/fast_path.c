@@ -72,8 +72,8 @@
 //
 // Threads: each takes an equal share of the strips of rows of out and packs
 // the blocks of B it needs itself (a little copying done twice, but no
-// thread ever waits for another; B packed whole, once, by the threads
-// together made one thread's product 15% slower, dev/PERFORMANCE.md). Each
+// thread ever waits for another; in training, B packed whole, once, by the
+// threads together made one thread's product 15% slower, dev/PERFORMANCE.md). Each
 // element of out belongs to one thread and is summed in the same order
 // whatever the number of threads.
 // ----------------------------------------------------------------------------
@@ -381,14 +381,18 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // new memory took longer than the packing itself.
 #define DECODING_ROWS 32   // the products of at most so many rows (sentences or beams) that read packed weights
 typedef struct { const real *weight; int IC, OC; size_t numbers; real *strips; } PackedWeight;   // weight NULL: free
-static struct { int depth, count; PackedWeight *packed; } decoding_weights;
+static struct { int decodings, count; PackedWeight *packed; } decoding_weights;   // decodings begun, not ended
 
-// transformer.c's hook: decoding begins (1) or ends (0).
-static void fast_path_decoding(int begins) {
-    decoding_weights.depth += begins ? 1 : -1;
-    if (decoding_weights.depth > 0) return;
-    decoding_weights.depth = 0;
+// No decoding under way: every pack forgotten, its memory kept.
+static void forget_packed_weights(void) {
+    decoding_weights.decodings = 0;
     for (int i = 0; i < decoding_weights.count; i++) decoding_weights.packed[i].weight = NULL;
+}
+
+// transformer.c's hook: a decoding begins (1) or ends (0); the packs last until the last one ends.
+static void fast_path_decoding(int begins) {
+    decoding_weights.decodings += begins ? 1 : -1;
+    if (decoding_weights.decodings <= 0) forget_packed_weights();
 }
 
 // The packed strips of W^T for weight (OC, IC) in this decoding, packed on
@@ -453,7 +457,7 @@ static void linear_forward_packed(real *out, const real *inp, const real *strips
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
 static void linear_forward_fast(real *out, const real *inp, const real *weight, const real *bias,
                                 int N, int IC, int OC) {
-    if (decoding_weights.depth > 0 && N <= DECODING_ROWS) {
+    if (decoding_weights.decodings > 0 && N <= DECODING_ROWS) {
         linear_forward_packed(out, inp, packed_weight(weight, IC, OC), bias, N, IC, OC);
         return;
     }
@@ -682,8 +686,11 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
 
 // Hands transformer.c's four products, and its word of when decoding begins
 // and ends, to the functions above (on = 1), or the products back to
-// transformer.c's own loops (on = 0, as the tests compare them).
+// transformer.c's own loops (on = 0, as the tests compare them). Either way
+// no decoding is under way for the fast path: one that began before would
+// not tell it when it ends, and its packs would outlive the weights.
 static void fast_path_use(int on) {
+    forget_packed_weights();
     fast_path.linear_forward = on ? linear_forward_fast : NULL;
     fast_path.linear_backward = on ? linear_backward_fast : NULL;
     fast_path.attention_forward = on ? attention_forward_fast : NULL;

@@ -276,7 +276,8 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
 // Every shape of linear layer the model makes in the bench configs tiny
 // (d_model 64, d_ff 256, 14 words, 96 x 12 tokens) and toy (128, 512, 1000
 // words, 32 x 32), in training (rows B*S) and in decoding (a row per
-// sentence or beam), the shapes of base (512, 2048, 8000 words, 8 x 64) with
+// sentence or beam; here outside a decoding, in matmul: test_decoding_weights
+// has the packed weights'), the shapes of base (512, 2048, 8000 words, 8 x 64) with
 // the most depth and width, and shapes on either side of every boundary of
 // Part II's products: a tile's rows and columns, a depth block and a width block.
 static void test_fast_linear(void) {
@@ -423,14 +424,16 @@ static int decoding_weights_packed(void) {
 
 // While transformer.c decodes (fast_path_decoding(1) .. (0)), linear_forward_fast
 // packs a weight on its first product of few rows and reads the packed strips
-// after: the bits of matmul's product (decoding off), on the call that packs
-// and on later ones, with 1, 2 and 3 threads, for few rows (1, 4, 7, 8,
-// DECODING_ROWS: short and whole strips of rows), short last strips of columns
-// and depths that end in a short block. Decoding's end forgets the packs, so
+// after: the bits of matmul's product, on the call that packs (with 3
+// threads) and on later ones (2 and 1), for few rows (1-8, DECODING_ROWS:
+// short and whole strips of rows), short last strips of columns (and a
+// weight of fewer rows than a strip), depths that end in a short block, and
+// in less than a cache line. Decoding's end forgets the packs, so
 // a weight changed in the same memory between two decodings is packed anew,
 // into the same memory.
 static void test_decoding_weights(void) {
-    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { DECODING_ROWS, 128, 1000 } };
+    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { DECODING_ROWS, 128, 1000 },
+                        { 3, 5, 7 }, { 2, 9, 20 } };   // N, IC, OC
     Rng rng; rng_seed(&rng, 14);
     int identical = 1, packed_once = 1, forgotten = 1, memory_kept = 1, cases = 0;
 #ifdef _OPENMP
@@ -446,12 +449,13 @@ static void test_decoding_weights(void) {
         for (int changed = 0; changed < 2; changed++) {
             if (changed)   // the same memory, another weight
                 for (size_t k = 0; k < (size_t)OC * IC; k++) w[k] = -w[k] / 2;
-            linear_forward_fast(plain, x, w, bias, N, IC, OC);   // not decoding: matmul
+            matmul_assign(plain, (size_t)OC, (MatrixView){ x, (size_t)IC, 1 }, (MatrixView){ w, 1, (size_t)IC }, bias,
+                          N, OC, IC);
             int entries_before = decoding_weights.count;
             fast_path_decoding(1);
             for (int call = 0; call < 3; call++) {   // packed, then read twice
 #ifdef _OPENMP
-                omp_set_num_threads(call + 1);
+                omp_set_num_threads(3 - call);
 #endif
                 memset(packed, 0, n_out * sizeof(real));
                 linear_forward_fast(packed, x, w, bias, N, IC, OC);
@@ -459,7 +463,7 @@ static void test_decoding_weights(void) {
                 packed_once &= decoding_weights_packed() == 1;
             }
             fast_path_decoding(0);
-            forgotten &= decoding_weights_packed() == 0 && decoding_weights.depth == 0;
+            forgotten &= decoding_weights_packed() == 0 && decoding_weights.decodings == 0;
             if (changed) memory_kept &= decoding_weights.count == entries_before;
         }
         cases++;
@@ -478,7 +482,7 @@ static void test_decoding_weights(void) {
 // encoder's products have few rows too, packs at the first position every
 // weight (the encoder's 4 a layer, the decoder's 7: the memory's keys and
 // values, and 6 a step; and the output projection), none at the second,
-// and after, none stands for a weight.
+// and after, none stands for a weight; nor after fast_path_use in a decoding.
 static void test_decoding_hook(void) {
     TransformerConfig config = decode_config();
     Transformer model;
@@ -487,18 +491,25 @@ static void test_decoding_hook(void) {
     int S = 5, src[5] = { 3, 4, 5, 6, 7 }, tokens[2] = { TOKEN_BOS, 5 };
     DecoderCache cache;
     decoder_cache_init(&cache, &model, 1, S, 4);
-    int began = decoding_weights.depth == 1;
+    int began = decoding_weights.decodings == 1;
     decoder_cache_encode(&cache, &model, src, &S, 1);
     decoder_step(&cache, &model, &tokens[0], 0, 1);
     int at_first = decoding_weights_packed();
     decoder_step(&cache, &model, &tokens[1], 1, 1);
     int at_second = decoding_weights_packed(), expected = 11 * config.n_layers + 1;
     decoder_cache_free(&cache);
-    int ended = decoding_weights.depth == 0 && decoding_weights_packed() == 0;
-    check(began && at_first == expected && at_second == expected && ended, "decoding: decoder_cache_init and _free "
-          "tell the fast path (decoding %s; weights packed: %d at the first position, %d at the second, %d "
-          "expected; %s after)", began ? "began" : "did not begin", at_first, at_second, expected,
-          ended ? "none" : "some");
+    int ended = decoding_weights.decodings == 0 && decoding_weights_packed() == 0;
+    // fast_path_use mid-decoding: the fast path would not hear of its end, so it forgets it at once
+    decoder_cache_init(&cache, &model, 1, S, 4);
+    decoder_cache_encode(&cache, &model, src, &S, 1);
+    fast_path_use(1);
+    int switched = decoding_weights.decodings == 0 && decoding_weights_packed() == 0;
+    decoder_cache_free(&cache);
+    switched &= decoding_weights.decodings == 0;
+    check(began && at_first == expected && at_second == expected && ended && switched, "decoding: decoder_cache_init "
+          "and _free tell the fast path (decoding %s; weights packed: %d at the first position, %d at the second, %d "
+          "expected; %s after; %s by fast_path_use)", began ? "began" : "did not begin", at_first, at_second,
+          expected, ended ? "none" : "some", switched ? "all forgotten" : "not forgotten");
     transformer_free(&model);
 }
 
