@@ -429,28 +429,37 @@ static const real *packed_weight(const real *weight, int IC, int OC) {
     return strips;
 }
 
-// out = bias + inp W^T from W^T's packed strips, each thread an equal share of the strips.
+// out = bias + inp W^T from W^T's packed strips, each thread an equal share
+// of the strips. Rows of inp read where they lie, but for a last strip of
+// fewer than TILE_ROWS rows (base's 8 sentences in tiles of 6 rows), which
+// each thread copies once, padded with zeros, for the whole depth (copied
+// again for every strip of W^T, it took 14% of base decoding).
 static void linear_forward_packed(real *out, const real *inp, const real *strips, const real *bias,
                                   int N, int IC, int OC) {
-    int count = (OC + TILE_COLS - 1) / TILE_COLS;
+    int count = (OC + TILE_COLS - 1) / TILE_COLS, whole = N / TILE_ROWS * TILE_ROWS;
     MatrixView x = { inp, (size_t)IC, 1 };
     #pragma omp parallel
     {
-        _Alignas(CACHE_LINE) real packed_a[TILE_ROWS * DEPTH_BLOCK];
         int first, end;
         thread_share(count, &first, &end);
+        real *last = NULL;   // last[d * TILE_ROWS + r] = inp[whole + r][d], 0 from row N on
+        if (whole < N && first < end) {
+            last = checked_aligned_malloc((size_t)TILE_ROWS * IC, sizeof(real), "matrix product scratch");
+            pack_a_strip(last, x, whole, N, 0, IC, TILE_ROWS);
+        }
         for (int s = first; s < end; s++) {
             int j0 = s * TILE_COLS;
             for (int m0 = 0; m0 < N; m0 += TILE_ROWS)
                 for (int d0 = 0; d0 < IC; d0 += DEPTH_BLOCK) {
-                    int dc = min_int(IC - d0, DEPTH_BLOCK);
-                    size_t a_row, a_col;
-                    const real *a = a_strip(&a_row, &a_col, packed_a, x, m0, N, d0, dc, TILE_ROWS);
-                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, a, a_row, a_col,
-                                strips + ((size_t)s * IC + d0) * TILE_COLS, dc, min_int(N - m0, TILE_ROWS),
-                                min_int(OC - j0, TILE_COLS), d0 > 0, bias ? bias + j0 : NULL, 0, 1);
+                    int dc = min_int(IC - d0, DEPTH_BLOCK), in_place = m0 < whole;
+                    const real *a = in_place ? inp + (size_t)m0 * IC + d0 : last + (size_t)d0 * TILE_ROWS;
+                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, a, in_place ? (size_t)IC : 1,
+                                in_place ? 1 : TILE_ROWS, strips + ((size_t)s * IC + d0) * TILE_COLS, dc,
+                                min_int(N - m0, TILE_ROWS), min_int(OC - j0, TILE_COLS), d0 > 0,
+                                bias ? bias + j0 : NULL, 0, 1);
                 }
         }
+        free(last);
     }
 }
 
