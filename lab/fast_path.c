@@ -255,10 +255,21 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
         matmul_tile_whole(out, out_row, a, a_row, a_col, b, dc, accumulate, bias, bias_row);
         return;
     }
-    Vector sum[TILE_ROWS * TILE_COLS / VECTOR_LANES];
-    tile_sums(sum, TILE_ROWS, TILE_COLS / VECTOR_LANES, a, a_row, a_col, b, dc);
+    enum { VECTORS = TILE_COLS / VECTOR_LANES };
+    Vector sum[TILE_ROWS * VECTORS];
+    // A last strip of fewer rows: the sums of its rows only, in a tile of
+    // that height (each case's sizes constants, its sums registers)
+    switch (rows) {
+#define SHORT_TILE(height) case height: tile_sums(sum, height, VECTORS, a, a_row, a_col, b, dc); break;
+    SHORT_TILE(1) SHORT_TILE(2) SHORT_TILE(3) SHORT_TILE(4) SHORT_TILE(5)
+#if TILE_ROWS == 8
+    SHORT_TILE(6) SHORT_TILE(7)
+#endif
+#undef SHORT_TILE
+    default: tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
+    }
     real stored[TILE_ROWS * TILE_COLS];
-    memcpy(stored, sum, sizeof stored);
+    memcpy(stored, sum, (size_t)rows * TILE_COLS * sizeof(real));
     store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
