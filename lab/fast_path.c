@@ -260,7 +260,7 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
     }
     enum { VECTORS = TILE_COLS / VECTOR_LANES };
     Vector sum[TILE_ROWS * VECTORS];
-    // the sums of its rows only, in a tile of that height (each case's sizes constants, its sums registers)
+    // a tile of exactly `rows` rows: each case's sizes constants, so that its sums are registers
     switch (rows) {
 #define SHORT_TILE(height) case height: tile_sums(sum, height, VECTORS, a, a_row, a_col, b, dc); break;
     SHORT_TILE(1) SHORT_TILE(2) SHORT_TILE(3) SHORT_TILE(4) SHORT_TILE(5)
@@ -447,6 +447,7 @@ static const real *packed_weight(const real *weight, int IC, int OC) {
 // fewer than TILE_ROWS rows (base's 8 sentences in tiles of 6 rows), which
 // each thread copies once, padded with zeros, for the whole depth (copied
 // again for every strip of W^T, it took 14% of base decoding on a Zen 3).
+// out is (N, OC), inp is (N, IC), strips from packed_weight (W is (OC, IC)), bias is (OC) or NULL
 static void linear_forward_packed(real *out, const real *inp, const real *strips, const real *bias,
                                   int N, int IC, int OC) {
     int count = (OC + TILE_COLS - 1) / TILE_COLS, whole = N / TILE_ROWS * TILE_ROWS;
@@ -464,12 +465,13 @@ static void linear_forward_packed(real *out, const real *inp, const real *strips
             int j0 = s * TILE_COLS;
             for (int m0 = 0; m0 < N; m0 += TILE_ROWS)
                 for (int d0 = 0; d0 < IC; d0 += DEPTH_BLOCK) {
-                    int dc = min_int(IC - d0, DEPTH_BLOCK), in_place = m0 < whole;
-                    const real *a = in_place ? inp + (size_t)m0 * IC + d0 : last + (size_t)d0 * TILE_ROWS;
-                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, a, in_place ? (size_t)IC : 1,
-                                in_place ? 1 : TILE_ROWS, strips + ((size_t)s * IC + d0) * TILE_COLS, dc,
-                                min_int(N - m0, TILE_ROWS), min_int(OC - j0, TILE_COLS), d0 > 0,
-                                bias ? bias + j0 : NULL, 0, 1);
+                    int dc = min_int(IC - d0, DEPTH_BLOCK);
+                    const real *a = inp + (size_t)m0 * IC + d0;   // A's (r, d) at a[r * a_row + d * a_col]
+                    size_t a_row = (size_t)IC, a_col = 1;
+                    if (m0 == whole) { a = last + (size_t)d0 * TILE_ROWS; a_row = 1; a_col = TILE_ROWS; }
+                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, a, a_row, a_col,
+                                strips + ((size_t)s * IC + d0) * TILE_COLS, dc, min_int(N - m0, TILE_ROWS),
+                                min_int(OC - j0, TILE_COLS), d0 > 0, bias ? bias + j0 : NULL, 0, 1);
                 }
         }
         free(last);
