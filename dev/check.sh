@@ -48,6 +48,12 @@ gpu() { python3 dev/bench_gpu.py --binary ./transformer --configs tiny --rounds 
 run bench_gpu.py "its table on the CPU: ./transformer for ./transformer_cuda, no PyTorch (the GPU runs: make test-cuda)" gpu
 fma() { gcc -O3 -march=native -funroll-loops -fopenmp -o "$tmp/fma_peak" dev/fma_peak.c && OMP_NUM_THREADS=1 "$tmp/fma_peak"; }
 run fma_peak.c "built and run on one thread" fma
+speed() {
+    local flags="-O3 -march=native -ffp-contract=fast -fno-math-errno -std=c11 -Wall -Wextra -Werror -fopenmp -I ."
+    gcc $flags -o "$tmp/product_speed" dev/product_speed.c -lm && OMP_NUM_THREADS=1 "$tmp/product_speed" 1 &&
+    gcc $flags -o "$tmp/replay" dev/fast_path_replay.c -lm && OMP_NUM_THREADS=1 "$tmp/replay" tiny 1
+}
+run product_speed.c "and fast_path_replay.c: built as their comments say, each run once on one thread" speed
 fuzz() {
     local cc=clang t; command -v clang > /dev/null || cc=gcc
     bash -n dev/fuzz/run.sh &&
