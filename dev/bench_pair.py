@@ -3,11 +3,14 @@
 
 A change to the fast path (lab/fast_path.c) stays only if it pays
 (dev/PERFORMANCE.md). On a shared machine single timings drift by more than
-the effects measured, so the two binaries run alternately, OLD NEW OLD NEW
-..., each `./transformer bench --config C --json` in its own process, and
-the figure is the median over the pairs of the ratio NEW / OLD: below 1,
-NEW is faster. Both see the same machine state within a pair, which cancels
-most of the drift. Two ratios are printed: of each run's median step time
+the effects measured, so the two binaries run alternately, OLD NEW NEW OLD
+OLD NEW ..., each `./transformer bench --config C --json` in its own
+process, and the figure is the median over the pairs of the ratio NEW /
+OLD: below 1, NEW is faster. Both see the same machine state within a pair,
+which cancels most of the drift, and each goes first in half the pairs:
+with OLD always first, ./transformer against itself gave base 0.936 (9
+pairs, Zen 3 guest; dev/PERFORMANCE.md), as large as the effects measured.
+Two ratios are printed: of each run's median step time
 (median_ms, what make bench reports) and of its fastest step (min_ms). On a
 machine shared with other virtual machines a run's median moves by 10-20%
 from run to run while its fastest step moves by 2-5%; the fastest step is
@@ -109,8 +112,12 @@ def main():
         while len(old_ms) < args.pairs:
             if args.wait_quiet:
                 wait_for_quiet(args.wait_quiet, args.max_background)
-            old = bench_ms(args.old, config, decode, args.threads)
-            new = bench_ms(args.new, config, decode, args.threads)
+            if len(old_ms) % 2 == 0:   # OLD first in even pairs, NEW first in odd ones
+                old = bench_ms(args.old, config, decode, args.threads)
+                new = bench_ms(args.new, config, decode, args.threads)
+            else:
+                new = bench_ms(args.new, config, decode, args.threads)
+                old = bench_ms(args.old, config, decode, args.threads)
             if not args.cpu and max(old[2], new[2]) > args.max_background and retries < args.retries:
                 retries += 1
                 time.sleep(2)
