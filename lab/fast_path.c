@@ -49,8 +49,8 @@
 //    read is then sequential whatever the strides of B (W^T in the forward
 //    pass is read down the columns of W). A is read where it lies, TILE_ROWS
 //    numbers per step, when its rows are contiguous (x in x W^T, dy in dy W);
-//    a transposed A (dy^T in dy^T x) and a last strip of fewer rows are
-//    copied into a strip of their own, the last one padded with zeros.
+//    a transposed A (dy^T in dy^T x) is copied into a strip of its own. A
+//    last strip of fewer rows is summed in a tile of its own height.
 // 3. Cache blocks. The depth is cut into blocks of DEPTH_BLOCK (128) and the
 //    columns into width blocks of WIDTH_BLOCK (512). A packed block of B, 128 x 512
 //    floats = 256 KB, stays in the level-2 cache while the strips of A pass
@@ -139,8 +139,10 @@ static void *checked_aligned_malloc(size_t count, size_t size, const char *what)
     return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
 }
 
-// A copy of the rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, rows
-// from m_end on (a last, short strip) zero: strip[d * height + r] = A[m0 + r][d0 + d].
+// A copy of the rows m0 .. m0+height-1 of A before row m_end, depths d0 ..
+// d0+dc-1: strip[d * height + r] = A[m0 + r][d0 + d]. A last strip of fewer
+// rows leaves the rest of each step's `height` numbers unwritten: its tile,
+// as tall as its rows, never reads them.
 static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, int dc, int height) {
     int rows = min_int(m_end - m0, height);
     const real *a0 = a.data + (size_t)m0 * a.row_stride + (size_t)d0 * a.col_stride;
@@ -151,9 +153,8 @@ static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, i
             for (int r = 0; r < height; r++) strip[d * height + r] = a0[(size_t)d * a.col_stride + r];
         return;
     }
-    for (int r = 0; r < height; r++)
-        for (int d = 0; d < dc; d++)
-            strip[d * height + r] = r < rows ? a0[(size_t)r * a.row_stride + (size_t)d * a.col_stride] : 0;
+    for (int r = 0; r < rows; r++)
+        for (int d = 0; d < dc; d++) strip[d * height + r] = a0[(size_t)r * a.row_stride + (size_t)d * a.col_stride];
 }
 
 // `count` strips of B side by side, each `width` columns (the tile's) and dc
@@ -280,13 +281,13 @@ static real *packed_b_alloc(void) {
     return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
 }
 
-// The strip of rows m0 .. m0+height-1 of A, depths d0 .. d0+dc-1, as a tile
-// reads it: where it lies when A's rows are contiguous, else copied into
-// packed_a (pack_a_strip), and so is a last strip of fewer than `height`
-// rows (padded with zeros). *a_row and *a_col get the strides of what it returns.
+// The strip of rows m0 .. m0+height-1 of A (before row m_end), depths d0 ..
+// d0+dc-1, as a tile reads it: where it lies when A's rows are contiguous,
+// else copied into packed_a (pack_a_strip). *a_row and *a_col get the
+// strides of what it returns.
 static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixView a,
                            int m0, int m_end, int d0, int dc, int height) {
-    if (a.col_stride != 1 || m_end - m0 < height) {
+    if (a.col_stride != 1) {
         pack_a_strip(packed_a, a, m0, m_end, d0, dc, height);
         *a_row = 1; *a_col = (size_t)height;
         return packed_a;
@@ -443,38 +444,26 @@ static const real *packed_weight(const real *weight, int IC, int OC) {
 }
 
 // out = bias + inp W^T from W^T's packed strips, each thread an equal share
-// of the strips. Rows of inp read where they lie, but for a last strip of
-// fewer than TILE_ROWS rows (base's 8 sentences in tiles of 6 rows), which
-// each thread copies once, padded with zeros, for the whole depth (copied
-// again for every strip of W^T, it took 14% of base decoding on a Zen 3).
+// of the strips; the rows of inp are read where they lie, a last strip of
+// fewer than TILE_ROWS rows (base's 8 sentences in tiles of 6) in a tile of
+// its own height.
 // out is (N, OC), inp is (N, IC), strips from packed_weight (W is (OC, IC)), bias is (OC) or NULL
 static void linear_forward_packed(real *out, const real *inp, const real *strips, const real *bias,
                                   int N, int IC, int OC) {
-    int count = (OC + TILE_COLS - 1) / TILE_COLS, whole = N / TILE_ROWS * TILE_ROWS;
-    MatrixView x = { inp, (size_t)IC, 1 };
+    int count = (OC + TILE_COLS - 1) / TILE_COLS;
     #pragma omp parallel
     {
         int first, end;
         thread_share(count, &first, &end);
-        real *last = NULL;   // last[d * TILE_ROWS + r] = inp[whole + r][d], 0 from row N on
-        if (whole < N && first < end) {
-            last = checked_aligned_malloc((size_t)TILE_ROWS * IC, sizeof(real), "matrix product scratch");
-            pack_a_strip(last, x, whole, N, 0, IC, TILE_ROWS);
-        }
         for (int s = first; s < end; s++) {
             int j0 = s * TILE_COLS;
             for (int m0 = 0; m0 < N; m0 += TILE_ROWS)
-                for (int d0 = 0; d0 < IC; d0 += DEPTH_BLOCK) {
-                    int dc = min_int(IC - d0, DEPTH_BLOCK);
-                    const real *a = inp + (size_t)m0 * IC + d0;   // A's (r, d) at a[r * a_row + d * a_col]
-                    size_t a_row = (size_t)IC, a_col = 1;
-                    if (m0 == whole) { a = last + (size_t)d0 * TILE_ROWS; a_row = 1; a_col = TILE_ROWS; }
-                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, a, a_row, a_col,
-                                strips + ((size_t)s * IC + d0) * TILE_COLS, dc, min_int(N - m0, TILE_ROWS),
-                                min_int(OC - j0, TILE_COLS), d0 > 0, bias ? bias + j0 : NULL, 0, 1);
-                }
+                for (int d0 = 0; d0 < IC; d0 += DEPTH_BLOCK)
+                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, inp + (size_t)m0 * IC + d0, (size_t)IC, 1,
+                                strips + ((size_t)s * IC + d0) * TILE_COLS, min_int(IC - d0, DEPTH_BLOCK),
+                                min_int(N - m0, TILE_ROWS), min_int(OC - j0, TILE_COLS), d0 > 0,
+                                bias ? bias + j0 : NULL, 0, 1);
         }
-        free(last);
     }
 }
 
