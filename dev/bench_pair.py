@@ -10,9 +10,9 @@ OLD: below 1, NEW is faster. Both see the same machine state within a pair,
 which cancels most of the drift, and each goes first in half the pairs:
 with OLD always first, ./transformer against itself gave base 0.936 (9
 pairs, Zen 3 guest; dev/PERFORMANCE.md), as large as the effects measured.
-Two ratios are printed: of each run's median step time
-(median_ms, what make bench reports) and of its fastest step (min_ms). On a
-machine shared with other virtual machines a run's median moves by 10-20%
+Two ratios are printed: of each run's median step time (median_ms, what
+make bench reports) and of its fastest step (min_ms). On a machine shared
+with other virtual machines a run's median moves by 10-20%
 from run to run while its fastest step moves by 2-5%; the fastest step is
 the binary's speed when nothing else interferes, and the better figure for
 deciding whether a change pays.
