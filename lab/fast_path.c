@@ -149,8 +149,7 @@ static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, i
     if (a.row_stride == 1 && rows == height) {
         // A transposed (dy^T in dW = dy^T x): the strip's numbers for one d
         // lie side by side, so each step is a copy of `height` numbers
-        for (int d = 0; d < dc; d++)
-            for (int r = 0; r < height; r++) strip[d * height + r] = a0[(size_t)d * a.col_stride + r];
+        for (int d = 0; d < dc; d++) memcpy(strip + d * height, a0 + (size_t)d * a.col_stride, (size_t)height * sizeof(real));
         return;
     }
     for (int r = 0; r < rows; r++)
@@ -171,8 +170,7 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
         for (int d = 0; d < dc; d++) {
             const real *row = b.data + (size_t)(d0 + d) * b.row_stride;
             for (int s = 0; s < full; s++)
-                for (int j = 0; j < width; j++)
-                    packed[((size_t)s * dc + d) * width + j] = row[n0 + s * width + j];
+                memcpy(packed + ((size_t)s * dc + d) * width, row + n0 + s * width, (size_t)width * sizeof(real));
             for (int s = full; s < count; s++)   // a last strip that reaches past column b_cols
                 for (int j = 0; j < width; j++)
                     packed[((size_t)s * dc + d) * width + j] = n0 + s * width + j < b_cols ? row[n0 + s * width + j] : 0;
