@@ -250,13 +250,9 @@ __attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_ro
 // summed in a tile of its own height: base decoding's 8 sentences are, in
 // AVX2's tiles of 6 rows, a strip of 6 and one of 2, and that 2 summed as 6
 // took 14% of base decoding on a Zen 3, 9.6% as 2 (perf, dev/PERFORMANCE.md).
-__attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
+__attribute__((noinline)) static void matmul_tile_edge(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
                         const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
                         size_t bias_row, size_t bias_col) {
-    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1)) {
-        matmul_tile_whole(out, out_row, a, a_row, a_col, b, dc, accumulate, bias, bias_row);
-        return;
-    }
     enum { VECTORS = TILE_COLS / VECTOR_LANES };
     Vector sum[TILE_ROWS * VECTORS];
     // a tile of exactly `rows` rows: each case's sizes constants, so that its sums are registers
@@ -272,6 +268,20 @@ __attribute__((noinline)) static void matmul_tile(real *out, size_t out_row, siz
     real stored[TILE_ROWS * TILE_COLS];
     memcpy(stored, sum, (size_t)rows * TILE_COLS * sizeof(real));
     store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+}
+
+// One tile, any tile: matmul_tile_whole where it is whole, else matmul_tile_edge.
+// The choice is made here, inline, so that a whole tile does not first enter
+// matmul_tile_edge, whose frame (the sums and their copy, 32-byte aligned)
+// took 9.3% of toy decoding's samples at its first instructions when it
+// was the way to every tile (perf, dev/PERFORMANCE.md).
+static inline void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
+                               const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
+                               size_t bias_row, size_t bias_col) {
+    if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1))
+        matmul_tile_whole(out, out_row, a, a_row, a_col, b, dc, accumulate, bias, bias_row);
+    else
+        matmul_tile_edge(out, out_row, out_col, a, a_row, a_col, b, dc, rows, cols, accumulate, bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
