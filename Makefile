@@ -114,9 +114,9 @@ test_cuda_serial: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
 # and one table3 command 17 s instead of 0.2). TEST_OMP_WAIT= leaves libgomp's
 # default.
 TEST_OMP_WAIT ?= passive
-# The binaries are built first, one compiler per core unless make was given
-# its own -j: they are 2.5 minutes of compiling one after another on 2 cores,
-# more than the tests themselves take.
+# The binaries are built first, one compiler per core (TEST_JOBS) unless make
+# was given its own -j: one after another they took 2.5 minutes on 2 cores,
+# more than the tests themselves (dev/PERFORMANCE.md, "make test's own time").
 TEST_JOBS ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 test:
 	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(TEST_JOBS)) test-binaries
