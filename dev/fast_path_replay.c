@@ -13,8 +13,6 @@
 // used by the build or the tests.
 #define TRANSFORMER_NO_MAIN
 #include "lab/lab.c"
-#include <time.h>
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 // One recorded call: which hook (0 linear_forward, 1 linear_backward,
 // 2 attention_forward, 3 attention_backward), its pointers and its integers.
 typedef struct { int hook; real *p[9]; int i[9]; } Call;
@@ -73,7 +71,7 @@ int main(int argc, char **argv) {
     double by_hook[4] = { 0 }, total = 0;
     for (int k = 0; k < ncalls; k++) {
         double best = 1e9;
-        for (int r = 0; r < reps; r++) { double t0 = now(); replay(&calls[k]); double t = now() - t0; if (t < best) best = t; }
+        for (int r = 0; r < reps; r++) { double t0 = wall_seconds(); replay(&calls[k]); double t = wall_seconds() - t0; if (t < best) best = t; }
         by_hook[calls[k].hook] += best; total += best;
     }
     printf("%s, %d threads, %d calls, least of %d each: fast path %.2f ms per step (linear forward %.2f, backward %.2f; attention forward %.2f, backward %.2f)\n",
