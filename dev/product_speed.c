@@ -16,7 +16,6 @@
 #define TRANSFORMER_NO_MAIN
 #include "lab/lab.c"
 
-
 enum { FORWARD, DX, DW };
 static const char *form_names[] = { "forward x W^T", "dx = dy W", "dW = dy^T x" };
 
