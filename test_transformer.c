@@ -2474,6 +2474,16 @@ static void test_checkpoint_round_trip(void) {
     write_file(bad, copy, size + 16);
     e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
     check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)", e ? e : "accepted");
+    // a NaN among the weights, the checksum right (train_save never writes one; a file made elsewhere might)
+    real kept = m.params_memory[7];
+    m.params_memory[7] = NAN;
+    e = checkpoint_save(bad, &m, &v, &state, "");
+    m.params_memory[7] = kept;
+    if (!e) e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+    else e = "not saved";
+    check(e && strstr(e, "bad.ckpt: embedding holds a number that is not finite"), "checkpoint: a NaN weight is "
+          "refused as it loads (%s)", e ? e : "loaded");
+    if (!e) transformer_free(&loaded), vocab_free(&v2);
     // a failed save leaves the old checkpoint as it was
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -2840,6 +2850,30 @@ static void test_existing_checkpoint(void) {
     status = run_cli("train --help");
     check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
     free(before);
+    // a path no checkpoint can take is refused before training, not after it (the audit found
+    // both trained to the end and failed at the save)
+    check_cli_error("an empty --checkpoint", "--checkpoint '': expected a file's path", "train --train %s --steps 2 "
+                    "--checkpoint '' " TINY_MINIMAL_RUN, tsv);
+    const char *directory = test_path("a_directory");
+    mkdir(directory, 0700);
+    check_cli_error("a directory as --checkpoint, --force", "a_directory: not a regular file; expected a checkpoint's "
+                    "path", "train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN, tsv, directory);
+}
+
+// Output that cannot be written (a full disk: /dev/full) is an error, not exit 0 with the output lost.
+static void test_output_write_error(const char *ckpt) {
+    if (access("/dev/full", W_OK) != 0) { printf("(no /dev/full here: the write-error check is skipped)\n"); return; }
+    char command[2048], err_path[600];
+    snprintf(err_path, sizeof err_path, "%s/full.err", test_dir);
+    snprintf(command, sizeof command, "%s decode --checkpoint %s '3 1 4' > /dev/full 2> %s", cli_binary, ckpt, err_path);
+    fflush(stdout);
+    int status = system(command);
+    size_t n;
+    char *err = (char *)read_file(err_path, &n);
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && err && count_lines_starting(err, "error:") == 1 &&
+          strstr(err, "error: decode: writing the output failed"), "cli: decode onto a full disk -> exit %d, \"%.*s\"",
+          WIFEXITED(status) ? WEXITSTATUS(status) : -1, err ? (int)strcspn(err, "\n") : 0, err ? err : "");
+    free(err);
 }
 
 static void test_odd_data_and_decode_streams(const char *ckpt) {
@@ -2925,6 +2959,7 @@ static void test_evaluation_commands(void) {
         test_existing_checkpoint();
         test_odd_data_and_decode_streams(ckpt);
         test_out_of_memory();
+        test_output_write_error(ckpt);
     }
 }
 

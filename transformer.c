@@ -1307,10 +1307,7 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
 // count x size bytes, at least 1, or a clear exit if that overflows a size_t.
 static size_t checked_bytes(size_t count, size_t size, const char *what) {
     if (count == 0) count = 1;
-    if (size != 0 && count > SIZE_MAX / size) {
-        fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count, size);
-        exit(1);
-    }
+    if (size != 0 && count > SIZE_MAX / size) { fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count, size); exit(1); }
     return count * size;
 }
 
@@ -2460,6 +2457,16 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
     return NULL;
 }
 
+// The name of the first parameter tensor that holds a NaN or an infinity, or NULL.
+static const char *nonfinite_parameter(Transformer *model) {
+    real **tensors[NUM_PARAMETER_TENSORS];
+    parameter_pointers(tensors, &model->params);
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
+        for (size_t i = 0; i < model->param_sizes[t]; i++)
+            if (!isfinite((*tensors[t])[i])) return parameter_names[t];
+    return NULL;
+}
+
 // Reads a checkpoint into a new model and vocabulary (and, when not NULL, the training state and the
 // options text, which the caller frees); nothing is allocated before the header has been checked.
 static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab, TrainingState *state,
@@ -2506,6 +2513,7 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
     if (!error) read_bytes(&r, checksum, 8);
     if (!error && r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
     else if (!error && get_number(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
+    else if (!error && nonfinite_parameter(model)) error = errorf("%s: %s holds a number that is not finite", path, nonfinite_parameter(model));
     fclose(f);
     free(merges);
     if (error) { free(options); transformer_free(model); vocab_free(vocab); return error; }
@@ -2560,9 +2568,8 @@ static const char *train_usage =
 
 // Where the training steps run (transformer.h): here, where the parameters are, with nothing to copy.
 static void cpu_training_nothing_to_copy(Transformer *model) { (void)model; }
-const TrainingCompute transformer_cpu_training = {
-    "transformer.c", cpu_training_nothing_to_copy, transformer_train_step, cpu_training_nothing_to_copy,
-};
+const TrainingCompute transformer_cpu_training = { "transformer.c", cpu_training_nothing_to_copy, transformer_train_step,
+                                                   cpu_training_nothing_to_copy };
 const TrainingCompute *transformer_training = &transformer_cpu_training;
 
 uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
@@ -2620,7 +2627,8 @@ static const char *train_start(TrainRun *run) {
 static const char *train_prepare_output(TrainRun *run) {
     TrainOptions *o = &run->opt;
     if (o->checkpoint) {
-        if (strlen(o->checkpoint) + 5 >= sizeof run->checkpoint_path) return errorf("--checkpoint: path too long");
+        if (!o->checkpoint[0] || strlen(o->checkpoint) + 5 >= sizeof run->checkpoint_path)
+            return errorf("--checkpoint '%s': expected a file's path of 1 to %zu bytes", o->checkpoint, sizeof run->checkpoint_path - 6);
         snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "%s", o->checkpoint);
     } else {
         const char *name = o->train_path ? o->train_path : o->task, *slash = strrchr(name, '/');
@@ -2635,6 +2643,7 @@ static const char *train_prepare_output(TrainRun *run) {
     int exists = stat(run->checkpoint_path, &there) == 0;
     int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
                there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
+    if (exists && !S_ISREG(there.st_mode)) return errorf("%s: not a regular file; expected a checkpoint's path", run->checkpoint_path);
     if (exists && !same && !o->force)
         return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
                       "--force to replace it, or another --checkpoint", run->checkpoint_path, run->checkpoint_path);
@@ -2644,16 +2653,6 @@ static const char *train_prepare_output(TrainRun *run) {
     if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
     fclose(f); remove(tmp);
     if (!same) run->last_saved_step = -1;
-    return NULL;
-}
-
-// The name of the first parameter tensor that holds a NaN or an infinity, or NULL.
-static const char *nonfinite_parameter(Transformer *model) {
-    real **tensors[NUM_PARAMETER_TENSORS];
-    parameter_pointers(tensors, &model->params);
-    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
-        for (size_t i = 0; i < model->param_sizes[t]; i++)
-            if (!isfinite((*tensors[t])[i])) return parameter_names[t];
     return NULL;
 }
 
@@ -2986,7 +2985,9 @@ int transformer_main(int argc, char **argv) {
         snprintf(error_context, sizeof error_context, "%s: ", command_at(i)->name);
         int status = command_at(i)->run(argc - 1, argv + 1);
         error_context[0] = '\0';
-        return status;
+        if (fflush(stdout) == 0 && !ferror(stdout)) return status;   // else a full disk, say, lost the output
+        fprintf(stderr, "error: %s: writing the output failed: %s\n", argv[1], strerror(errno ? errno : EIO));
+        return 1;
     }
     fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
     for (int i = 0; i < count; i++) fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == count ? " or" : ",", command_at(i)->name);
