@@ -162,7 +162,7 @@ numbers: transformer
 	    --log runs/numbers.csv --checkpoint runs/numbers.ckpt --force --threads $(THREADS)
 	$(NUMBERS_BIN) eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	$(NUMBERS_BIN) eval --checkpoint runs/numbers.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
-	./transformer average --out runs/numbers_avg5.ckpt runs/numbers.ckpt.step*
+	./transformer average --out runs/numbers_avg5.ckpt --force runs/numbers.ckpt.step*
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --threads $(THREADS)
 	./transformer eval --checkpoint runs/numbers_avg5.ckpt --data tiny_data/numbers_test.tsv --bleu --beam 4 --threads $(THREADS)
 

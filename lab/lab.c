@@ -983,20 +983,26 @@ static void print_subwords(FILE *f, const Vocabulary *vocab, const int *ids, int
 
 static int command_average(int argc, char **argv) {
     const char *out = NULL;
+    int force = 0;
     Option options[] = {
         TEXT_OPTION("--out", &out, "the averaged checkpoint to write (required)"),
+        FLAG_OPTION("--force", &force, "replace a file already at --out (without it, average stops there)"),
     };
     const char *usage =
-        "usage: ./transformer average --out OUT.ckpt A.ckpt B.ckpt ...\n"
+        "usage: ./transformer average --out OUT.ckpt [--force] A.ckpt B.ckpt ...\n"
         "Averages the parameters of checkpoints of the same config and vocabulary (§6.1: the paper\n"
         "averaged the last 5 or 20 checkpoints; train --keep-last N keeps them). Adam's moments\n"
         "and step, the data position and the run options come from the last file named.";
     char **paths = checked_calloc(argc, sizeof(char *), "arguments");
     int n = 0;
-    int status = parse_options("average", usage, options, 1, argc, argv, paths, &n);
+    int status = parse_options("average", usage, options, 2, argc, argv, paths, &n);
     if (status) { free(paths); return status == 2 ? 0 : 1; }
+    struct stat there;   // never a checkpoint replaced unasked, nor a device or a directory replaced at all
+    int exists = out && stat(out, &there) == 0;
     const char *error = !out ? "--out FILE is required (the averaged checkpoint to write)"
                       : n == 0 ? "no checkpoints given; expected --out OUT.ckpt A.ckpt B.ckpt ..."
+                      : exists && !S_ISREG(there.st_mode) ? errorf("--out %s: not a regular file; expected a checkpoint's path", out)
+                      : exists && !force ? errorf("--out %s is already there; expected --force to replace it, or another --out", out)
                       : checkpoint_average(out, (const char *const *)paths, n);
     if (error) fprintf(stderr, "error: average: %s\n", error);
     else printf("averaged %d checkpoint%s into %s\n", n, n == 1 ? "" : "s", out);
@@ -1070,6 +1076,7 @@ static int command_attention(int argc, char **argv) {
     if (status) { free(sentences); return status == 2 ? 0 : 1; }
     const char *error = !checkpoint ? "--checkpoint FILE is required (a model written by ./transformer train)"
                       : !dir ? "--out-dir DIR is required (where the SVG files go)"
+                      : !*dir ? "--out-dir '': expected a directory's path"
                       : n != 1 ? "expected exactly one source sentence (in quotes), after the flags" : NULL;
     Transformer model;
     Vocabulary vocab;
@@ -1077,6 +1084,9 @@ static int command_attention(int argc, char **argv) {
     if (!error && !(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL))) loaded = 1;
     // the folder only once the model is there: a failed command leaves nothing behind
     if (!error && mkdir(dir, 0777) != 0 && errno != EEXIST) error = errorf("%s: cannot create: %s", dir, strerror(errno));
+    struct stat dir_status;
+    if (!error && (stat(dir, &dir_status) != 0 || !S_ISDIR(dir_status.st_mode)))
+        error = errorf("--out-dir %s: not a directory; expected a directory's path (made if missing)", dir);
     if (!error) {
         TextSource from = { "the sentence", 0, 0, NULL };
         int *ids = NULL;

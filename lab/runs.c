@@ -25,7 +25,7 @@ static struct {
     long csv_steps, csv_tokens;
     // --keep-last: the steps of the CHECKPOINT.stepN files there are, oldest first
     long *kept_steps;
-    int num_kept;
+    int num_kept, replacing;   // replacing: they are another run's, which --force replaces at this run's first save
     char *stored_options;   // --resume: the checkpoint's options text (the text options point into it)
 } lab_run;
 
@@ -285,17 +285,18 @@ static long checkpoint_step(const char *path) {
 }
 
 // The checkpoint at the run's path when this run began: the resumed one (or
-// none), or another run's, which --force replaces with its step files.
+// none), or another run's, which --force replaces with its step files. They
+// go when this run has saved its first checkpoint (lab_keep_last), so that a
+// run that fails before then leaves the other run whole.
 static void lab_kept_steps_begin(const TrainRun *run) {
     struct stat there, resumed;
     int exists = stat(run->checkpoint_path, &there) == 0;
     int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
                there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
-    if (exists && !same) {   // --force: the replaced run's CHECKPOINT.stepN files go with it
+    if (exists && !same) {   // --force: the replaced run's CHECKPOINT.stepN files, to go with it
         kept_steps_find(run, checkpoint_step(run->checkpoint_path));
-        kept_steps_trim(run, 0);
-    }
-    if (run->resumed_from && lab_run.keep_last > 0) kept_steps_find(run, run->model.adam_step);
+        lab_run.replacing = 1;
+    } else if (run->resumed_from && lab_run.keep_last > 0) kept_steps_find(run, run->model.adam_step);
     else if (run->resumed_from) {   // a save killed while writing its step file left CHECKPOINT.stepN.tmp
         char step_tmp[sizeof run->checkpoint_path + 40];
         kept_checkpoint_path(step_tmp, sizeof step_tmp, run, run->model.adam_step);
@@ -310,6 +311,7 @@ static void lab_kept_steps_begin(const TrainRun *run) {
 static const char *lab_keep_last(const TrainRun *run) {
     char path[sizeof run->checkpoint_path + 32];
     long step = run->model.adam_step;
+    if (lab_run.replacing) { kept_steps_trim(run, 0); lab_run.replacing = 0; }   // this run's checkpoint replaced the other's
     if (lab_run.keep_last == 0 || (lab_run.num_kept > 0 && lab_run.kept_steps[lab_run.num_kept - 1] == step))
         return NULL;   // none kept, or saved already
     kept_checkpoint_path(path, sizeof path, run, step);

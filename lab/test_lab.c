@@ -1017,7 +1017,15 @@ static void test_existing_checkpoints_and_keep_last(void) {
     check(status == 0 && !there[3] && !there[4] && !there[5] && there[6] && there[7] && !tmp_left,
           "cli: --keep-last 2 on --resume leaves steps 6 and 7, not the earlier session's 3 and 4, nor a killed "
           "save's .tmp (exit %d)", status);
-    // --force replaces the checkpoint and its step files
+    // --force replaces the checkpoint and its step files, once the new run has saved: a run
+    // that fails before its first save leaves them all (they went at its start, before)
+    status = run_cli("train --task copy --steps 20 --lr 1e300 --force --checkpoint %s " TINY_RUN, ckpt);
+    kept_step_path(path, sizeof path, ckpt, 6, "");
+    int sixth = file_exists(path);
+    kept_step_path(path, sizeof path, ckpt, 7, "");
+    check(status == 1 && strstr(cli_output, "no checkpoint was written") && checkpoint_file_step(ckpt) == 7 && sixth &&
+          file_exists(path), "cli: a --force run that diverges before its first save leaves the checkpoint (step %ld) "
+          "and its step files 6 and 7 (exit %d)", checkpoint_file_step(ckpt), status);
     status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
     kept_step_path(path, sizeof path, ckpt, 7, "");
     check(status == 0 && checkpoint_file_step(ckpt) == 2 && !file_exists(path),
@@ -1128,6 +1136,13 @@ static void test_average(const Transformer *trained) {
     check_cli_error("average of a missing file", "avg_missing.ckpt: cannot open", "average --out %s %s %s", none, a,
                     test_path("avg_missing.ckpt"));
     check(!file_exists(none), "cli: no file from a failed average");
+    // a file at --out: replaced only with --force; a directory never
+    check_cli_error("average onto an existing checkpoint", "avg_cli.ckpt is already there; expected --force",
+                    "average --out %s %s %s", cli_out, a, b);
+    status = run_cli("average --out %s --force %s %s", cli_out, a, b);
+    check(status == 0, "cli: average --force replaces it (exit %d)", status);
+    check_cli_error("average onto a directory", "not a regular file; expected a checkpoint's path",
+                    "average --out %s --force %s %s", test_dir, a, b);
     transformer_free(&other);
 }
 
@@ -1191,6 +1206,10 @@ static void test_log_keep_last_and_pictures(const char *ckpt) {
                     "attention --checkpoint %s --out-dir %s '1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5'", ckpt, dir);
     check_cli_error("attention into a directory that cannot be made", "/nonexistent/x: cannot create",
                     "attention --checkpoint %s --out-dir /nonexistent/x '1 2'", ckpt);
+    check_cli_error("attention into a file", "not a directory; expected a directory's path", "attention --checkpoint %s --out-dir %s '1 2'",
+                    ckpt, pe);
+    check_cli_error("attention into ''", "--out-dir '': expected a directory's path", "attention --checkpoint %s "
+                    "--out-dir '' '1 2'", ckpt);
 }
 
 static void test_command_names_and_labels(void) {
