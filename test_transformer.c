@@ -93,17 +93,20 @@
  *                                           against sentence BLEU, Unicode white space, a 40,000-token line)
  *   evaluate                                test_eval_bleu (eval --bleu = the BLEU of greedy outputs one by one)
  *   checkpoint_save, checkpoint_load        test_checkpoint_round_trip (bit for bit; truncated, foreign and
- *                                           damaged files, header counts; a failed save keeps the old file);
+ *                                           damaged files, header counts, a NaN weight; a failed save keeps
+ *                                           the old file);
  *                                           test_learned_positions_checkpoint; test_command_line
  *   nonfinite_parameter, train_save         test_nonfinite_parameter; test_command_line (a NaN loss keeps the
  *                                           last good checkpoint)
  *   train (train_option_table, train_start, train_prepare_output, train_loop)    test_command_line (flags and
  *                                           their errors, a TSV run, --seed repeats a run byte for byte);
- *                                           test_existing_checkpoint (--force); test_out_of_memory;
+ *                                           test_existing_checkpoint (--force; '' or a directory as
+ *                                           --checkpoint); test_out_of_memory;
  *                                           test_minimal_program
  *   decode (decode_sentence), eval          test_command_line, test_eval_bleu, test_odd_data_and_decode_streams
  *                                           (a stream goes on past a line it cannot decode)
- *   transformer_main, commands              test_command_line (an unknown command), test_minimal_program
+ *   transformer_main, commands              test_command_line (an unknown command), test_minimal_program,
+ *                                           test_output_write_error (output onto a full disk)
  *   make debug: transformer_debug in gdb    test_debugger_walk
  */
 #ifndef TEST_TRANSFORMER_LIBRARY   // (lab/test_lab.c and cuda/test_cuda.c include these tests after the lab)

@@ -1484,8 +1484,7 @@ static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int bat
     #define ACTIVATION_SIZE(name, numbers) { &a->name, numbers },
     #define SCRATCH_SIZE(name, numbers) { &d->name, numbers },
     Tensor acts[] = { ACTIVATION_TENSORS(ACTIVATION_SIZE) }, scratch[] = { SCRATCH_TENSORS(SCRATCH_SIZE) };
-    arena_free(model->acts_memory);
-    arena_free(model->scratch_memory);
+    arena_free(model->acts_memory); arena_free(model->scratch_memory);
     model->acts_memory = arena_of(acts, NUM_ACTIVATION_TENSORS, "activations");
     model->scratch_memory = arena_of(scratch, NUM_SCRATCH_TENSORS, "backward scratch");
     model->cap_B = (int)B; model->cap_S = (int)S; model->cap_T = (int)T;
@@ -1752,8 +1751,7 @@ static LabHooks lab;
 static void vocab_free(Vocabulary *vocab) {
     if (vocab->bpe && lab.free_merges) lab.free_merges(vocab->bpe);   // lab: §5.1 merges
     for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
-    free(vocab->words);
-    free(vocab->slots);
+    free(vocab->words); free(vocab->slots);
     memset(vocab, 0, sizeof *vocab);
 }
 
@@ -1847,8 +1845,7 @@ static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
         dataset_add((i + 1) % every == 0 ? held_out : &kept, dataset->tokens + p->src, p->src_len,
                     dataset->tokens + p->tgt, p->tgt_len, p->line);
     }
-    dataset_free(dataset);
-    *dataset = kept;
+    dataset_free(dataset); *dataset = kept;
 }
 
 #define MAX_UNKNOWN_WARNINGS 5
@@ -2513,7 +2510,7 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
     if (!error) read_bytes(&r, checksum, 8);
     if (!error && r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
     else if (!error && get_number(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
-    else if (!error && nonfinite_parameter(model)) error = errorf("%s: %s holds a number that is not finite", path, nonfinite_parameter(model));
+    else if (!error && (error = nonfinite_parameter(model))) error = errorf("%s: %s holds a number that is not finite", path, error);
     fclose(f);
     free(merges);
     if (error) { free(options); transformer_free(model); vocab_free(vocab); return error; }
@@ -2627,8 +2624,10 @@ static const char *train_start(TrainRun *run) {
 static const char *train_prepare_output(TrainRun *run) {
     TrainOptions *o = &run->opt;
     if (o->checkpoint) {
-        if (!o->checkpoint[0] || strlen(o->checkpoint) + 5 >= sizeof run->checkpoint_path)
-            return errorf("--checkpoint '%s': expected a file's path of 1 to %zu bytes", o->checkpoint, sizeof run->checkpoint_path - 6);
+        size_t length = strlen(o->checkpoint);
+        if (length == 0 || length + 5 >= sizeof run->checkpoint_path)   // (the message shows a long path's start)
+            return errorf("--checkpoint '%.40s%s': expected a file's path of 1 to %zu bytes", o->checkpoint,
+                          length > 40 ? "..." : "", sizeof run->checkpoint_path - 6);
         snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "%s", o->checkpoint);
     } else {
         const char *name = o->train_path ? o->train_path : o->task, *slash = strrchr(name, '/');
@@ -2985,8 +2984,9 @@ int transformer_main(int argc, char **argv) {
         snprintf(error_context, sizeof error_context, "%s: ", command_at(i)->name);
         int status = command_at(i)->run(argc - 1, argv + 1);
         error_context[0] = '\0';
-        if (fflush(stdout) == 0 && !ferror(stdout)) return status;   // else a full disk, say, lost the output
-        fprintf(stderr, "error: %s: writing the output failed: %s\n", argv[1], strerror(errno ? errno : EIO));
+        errno = 0;   // (so that a reason given below is this flush's own, never an older error's)
+        if (status || (fflush(stdout) == 0 && !ferror(stdout))) return status;   // else a full disk, say, lost the output
+        fprintf(stderr, "error: %s: writing the output failed: %s\n", argv[1], errno ? strerror(errno) : "an earlier write to standard output failed");
         return 1;
     }
     fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);

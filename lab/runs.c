@@ -285,17 +285,27 @@ static long checkpoint_step(const char *path) {
 }
 
 // The checkpoint at the run's path when this run began: the resumed one (or
-// none), or another run's, which --force replaces with its step files. They
-// go when this run has saved its first checkpoint (lab_keep_last), so that a
-// run that fails before then leaves the other run whole.
+// none), or another run's, which --force replaces with its step files (but
+// the one this run resumed from, if it is one of them). They go when this run
+// has saved its first checkpoint (lab_keep_last), so that a run that fails
+// before then leaves the other run whole.
 static void lab_kept_steps_begin(const TrainRun *run) {
-    struct stat there, resumed;
+    struct stat there, resumed, kept;
     int exists = stat(run->checkpoint_path, &there) == 0;
-    int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
-               there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
+    int found = run->resumed_from && stat(run->resumed_from, &resumed) == 0;
+    int same = exists && found && there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
     if (exists && !same) {   // --force: the replaced run's CHECKPOINT.stepN files, to go with it
         kept_steps_find(run, checkpoint_step(run->checkpoint_path));
         lab_run.replacing = 1;
+        char path[sizeof run->checkpoint_path + 40];
+        for (int i = 0; found && i < lab_run.num_kept; i++) {   // except one this run resumed from (a rollback)
+            kept_checkpoint_path(path, sizeof path, run, lab_run.kept_steps[i]);
+            if (stat(path, &kept) == 0 && kept.st_dev == resumed.st_dev && kept.st_ino == resumed.st_ino) {
+                memmove(lab_run.kept_steps + i, lab_run.kept_steps + i + 1, (size_t)(lab_run.num_kept - i - 1) * sizeof(long));
+                lab_run.num_kept--;
+                break;
+            }
+        }
     } else if (run->resumed_from && lab_run.keep_last > 0) kept_steps_find(run, run->model.adam_step);
     else if (run->resumed_from) {   // a save killed while writing its step file left CHECKPOINT.stepN.tmp
         char step_tmp[sizeof run->checkpoint_path + 40];

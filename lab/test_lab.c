@@ -1026,9 +1026,18 @@ static void test_existing_checkpoints_and_keep_last(void) {
     check(status == 1 && strstr(cli_output, "no checkpoint was written") && checkpoint_file_step(ckpt) == 7 && sixth &&
           file_exists(path), "cli: a --force run that diverges before its first save leaves the checkpoint (step %ld) "
           "and its step files 6 and 7 (exit %d)", checkpoint_file_step(ckpt), status);
+    // a rollback: --resume one of its step files with --force keeps that file, the others go
+    char sixth_path[600];
+    kept_step_path(sixth_path, sizeof sixth_path, ckpt, 6, "");
+    status = run_cli("train --resume %s --checkpoint %s --force --steps 8", sixth_path, ckpt);
+    check(status == 0 && checkpoint_file_step(ckpt) == 8 && file_exists(sixth_path) && !file_exists(path),
+          "cli: --resume CHECKPOINT.step0000006 --force onto CHECKPOINT keeps step 6's file, not step 7's (exit %d)",
+          status);
     status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
+    kept_step_path(path, sizeof path, ckpt, 6, "");
+    sixth = file_exists(path);
     kept_step_path(path, sizeof path, ckpt, 7, "");
-    check(status == 0 && checkpoint_file_step(ckpt) == 2 && !file_exists(path),
+    check(status == 0 && checkpoint_file_step(ckpt) == 2 && !sixth && !file_exists(path),
           "cli: --force replaces the checkpoint (now at step %ld) and its step files (exit %d)",
           checkpoint_file_step(ckpt), status);
     // and again, now that it has no step files (nothing to remove: under the
