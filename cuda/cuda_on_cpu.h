@@ -533,8 +533,13 @@ static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     cuda_on_cpu.reserved_used += span + cuda_on_cpu.page;
     if (cuda_on_cpu.execute) {
         int key = cuda_on_cpu.pkey >= 0;
-        if (key) { cpu_key_protect(a.start, span, PROT_READ | PROT_WRITE); cpu_key_access(1); }
-        else cpu_protect(a.start, span, PROT_READ | PROT_WRITE);
+        int opened = key ? pkey_mprotect(a.start, span, PROT_READ | PROT_WRITE, cuda_on_cpu.pkey) == 0
+                         : mprotect(a.start, span, PROT_READ | PROT_WRITE) == 0;
+        if (!opened) {   // more than the host's memory (ENOMEM): the answer cudaMalloc gives on a GPU
+            cuda_on_cpu.reserved_used -= span + cuda_on_cpu.page;
+            return cudaErrorMemoryAllocation;
+        }
+        if (key) cpu_key_access(1);
         float *f = (float *)a.pointer;
         for (size_t i = 0; i < rounded / sizeof(float); i++) f[i] = NAN;
         if (key) cpu_key_access(cuda_on_cpu.open_for != NULL);

@@ -1289,13 +1289,22 @@ static void test_companion_deterministic(void) {
 #endif
 #endif
 
-// ./transformer_cuda sgemm, the benchmark's yardstick, runs (a small product) and refuses a size of 0
+// ./transformer_cuda sgemm, the benchmark's yardstick, runs (a small product) and refuses a size of 0,
+// and numbers that are not whole integers (atoi once read "12abc" as 12 and "1e3" as 1)
 static void test_companion_sgemm(void) {
     char *run[] = { "sgemm", "--size", "48", "--repeats", "1", NULL }, *bad[] = { "sgemm", "--size", "0", NULL };
     fflush(stdout);
     int ran = transformer_cuda_sgemm(5, run), refused = transformer_cuda_sgemm(3, bad);
     check(ran == 0 && refused != 0, "companion: ./transformer_cuda sgemm times cuBLAS's 48 x 48 x 48 product (exit %d) "
           "and refuses --size 0 (exit %d)", ran, refused);
+    char *odd[][3] = { { "sgemm", "--size", "12abc" }, { "sgemm", "--size", "1e3" }, { "sgemm", "--repeats", "2x" },
+                       { "sgemm", "--size", "4294967300" }, { "sgemm", "7", "" }, { "sgemm", "--size", NULL } };
+    int refusals = 0, cases = (int)(sizeof odd / sizeof *odd);
+    for (int i = 0; i < cases; i++) refusals += transformer_cuda_sgemm(odd[i][2] ? 3 : 2, odd[i]) == 1;
+    char *help[] = { "sgemm", "--help", NULL };
+    int helped = transformer_cuda_sgemm(2, help);
+    check(refusals == cases && helped == 0, "companion: sgemm refuses %d of %d bad arguments (12abc, 1e3, 2x, "
+          "4294967300, a stray 7, a flag without its value) with exit 1, and --help exits %d", refusals, cases, helped);
 }
 
 void run_companion_tests(void) {

@@ -80,6 +80,7 @@
 #error "transformer_cuda.cu works in fp32: build it without -DTRANSFORMER_DOUBLE"
 #endif
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1912,29 +1913,47 @@ static int compare_seconds(const void *a, const void *b) {
 // cuBLAS's own C = A B on n x n matrices, the practical limit of the step's
 // products (dev/bench_gpu.py prints our TFLOP/s beside it); the median of R
 // timed products after 3 untimed ones, each waited for.
-// sgemm's options; 0 if they are wrong (it says why)
+// One of sgemm's numbers: the whole of text an integer from low to high; else 0, after an error line
+static int sgemm_number(const char *flag, const char *text, long low, long high, int *value) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end != text && *end == '\0' && errno == 0 && v >= low && v <= high) { *value = (int)v; return 1; }
+    fprintf(stderr, "error: sgemm: %s '%s' is not valid; expected an integer from %ld to %ld\n", flag, text, low, high);
+    return 0;
+}
+
+// sgemm's options: 1 to run; 0 after an error line naming the argument; 2 after the help
 static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json) {
     for (int i = 1; i < argc; i++) {
+        int size = strcmp(argv[i], "--size") == 0, reps = strcmp(argv[i], "--repeats") == 0;
         if (strcmp(argv[i], "--json") == 0) *json = 1;
-        else if (i + 1 < argc && strcmp(argv[i], "--size") == 0) *n = atoi(argv[++i]);
-        else if (i + 1 < argc && strcmp(argv[i], "--repeats") == 0) *repeats = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] [--tf32]\n"
-                            "cuBLAS's SGEMM C = A B on N x N matrices (default 8192), in TFLOP/s\n");
+        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] [--tf32]\n"
+                   "cuBLAS's SGEMM C = A B on N x N matrices (N 1 to 65536, default 8192), the median of R\n"
+                   "timed products (1 to 1000, default 10), in TFLOP/s; --tf32: on TF32 tensor cores\n");
+            return 2;
+        } else if ((size || reps) && i + 1 >= argc) {
+            fprintf(stderr, "error: sgemm: flag %s needs a value\n", argv[i]);
+            return 0;
+        } else if (size || reps) {
+            if (!sgemm_number(argv[i], argv[i + 1], 1, size ? 65536 : 1000, size ? n : repeats)) return 0;
+            i++;
+        } else {
+            fprintf(stderr, "error: sgemm: unknown argument '%s'; expected --size N, --repeats R, --json or --tf32\n",
+                    argv[i]);
             return 0;
         }
     }
-    if (*n >= 1 && *n <= 65536 && *repeats >= 1 && *repeats <= 1000) return 1;
-    fprintf(stderr, "error: sgemm: --size must be 1 to 65536 and --repeats 1 to 1000\n");
-    return 0;
+    return 1;
 }
 
 #ifdef __cplusplus
 extern "C"   // test_cuda.c, a C program, calls it (make test-cuda)
 #endif
 int transformer_cuda_sgemm(int argc, char **argv) {
-    int n = 8192, repeats = 10, json = 0;
-    if (!sgemm_options(argc, argv, &n, &repeats, &json)) return 1;
+    int n = 8192, repeats = 10, json = 0, parsed = sgemm_options(argc, argv, &n, &repeats, &json);
+    if (parsed != 1) return parsed == 2 ? 0 : 1;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     CUDA_CHECK(cudaStreamCreate(&gpu_stream));
@@ -2059,15 +2078,40 @@ int main(int argc, char **argv) {
         else argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
-    if (kept >= 2 && strcmp(argv[1], "sgemm") == 0) return transformer_cuda_sgemm(kept - 1, argv + 1);
+    const char *command = kept >= 2 ? argv[1] : "";
+    int status;
+    if (strcmp(command, "sgemm") == 0) {
+        status = transformer_cuda_sgemm(kept - 1, argv + 1);
+    } else {
+        // --count and --profile report training steps: of train or bench, which run them
+        if ((gpu.count || gpu_profile.requested) && strcmp(command, "train") != 0 && strcmp(command, "bench") != 0) {
+            fprintf(stderr, "error: --count and --profile go with train or bench; '%s' runs no training step\n", command);
+            return 1;
+        }
 #ifdef CUDA_ON_CPU
-    if (gpu.count) cuda_on_cpu.execute = 0;
+        if (gpu.count && strcmp(command, "train") == 0) {   // (on a GPU the steps run, and are counted)
+            fprintf(stderr, "error: train --count: this CPU build computes nothing with --count, and would save an "
+                            "untrained model as trained; expected bench --count\n");
+            return 1;
+        }
+        if (gpu.count) cuda_on_cpu.execute = 0;
 #endif
-    transformer_training = &gpu_training;
-    int status = transformer_lab_main(kept, argv);
-    if (gpu.count && status == 0) gpu_print_counts();
-    if (gpu_profile.requested && status == 0) gpu_print_profile();
-    gpu_release();
+        transformer_training = &gpu_training;
+        status = transformer_lab_main(kept, argv);
+        if (status == 0 && (gpu.count || gpu_profile.requested) && gpu.step_counts.launches == 0) {
+            fprintf(stderr, "error: %s: --count and --profile: no training step ran (bench --decode decodes)\n", command);
+            status = 1;
+        }
+        if (gpu.count && status == 0) gpu_print_counts();
+        if (gpu_profile.requested && status == 0) gpu_print_profile();
+        gpu_release();
+    }
+    errno = 0;   // (a reason given below is this flush's own, never an older error's)
+    if (status == 0 && (fflush(stdout) != 0 || ferror(stdout))) {   // a full disk, say: the output is lost
+        fprintf(stderr, "error: %s: writing the output failed: %s\n", command[0] ? command : "transformer_cuda",
+                errno ? strerror(errno) : "an earlier write to standard output failed");
+        status = 1;
+    }
     return status;
 }
 #endif

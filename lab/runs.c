@@ -284,12 +284,29 @@ static long checkpoint_step(const char *path) {
     return ok ? (long)h.adam_step : 0;
 }
 
+// Without --force, no CHECKPOINT.stepN file is replaced: one that a step this
+// run will keep (--keep-last) would write is already there, left by a run whose
+// checkpoint has gone, say. NULL, or the error naming it.
+static const char *kept_steps_unused(const TrainRun *run) {
+    const TrainOptions *o = &run->opt;
+    int every = o->save_every ? o->save_every : o->eval_every;   // as transformer.c's train_loop saves
+    char path[sizeof run->checkpoint_path + 32];
+    for (long step = run->model.adam_step + 1; lab_run.keep_last > 0 && step <= o->steps; step++) {
+        if (!(every && step % every == 0) && step != o->steps) continue;   // not a step that saves
+        kept_checkpoint_path(path, sizeof path, run, step);
+        if (access(path, F_OK) == 0)
+            return errorf("%s is already there (another run's?); expected --force to replace it, or another "
+                          "--checkpoint", path);
+    }
+    return NULL;
+}
+
 // The checkpoint at the run's path when this run began: the resumed one (or
 // none), or another run's, which --force replaces with its step files (but
 // the one this run resumed from, if it is one of them). They go when this run
 // has saved its first checkpoint (lab_keep_last), so that a run that fails
 // before then leaves the other run whole.
-static void lab_kept_steps_begin(const TrainRun *run) {
+static const char *lab_kept_steps_begin(const TrainRun *run) {
     struct stat there, resumed, kept;
     int exists = stat(run->checkpoint_path, &there) == 0;
     int found = run->resumed_from && stat(run->resumed_from, &resumed) == 0;
@@ -313,6 +330,7 @@ static void lab_kept_steps_begin(const TrainRun *run) {
         strcat(step_tmp, ".tmp");
         if (access(step_tmp, F_OK) == 0) remove(step_tmp);
     }
+    return lab_run.replacing || run->opt.force ? NULL : kept_steps_unused(run);
 }
 
 // After a save, with --keep-last N: CHECKPOINT.stepNNNNNNN too, and the oldest
@@ -496,8 +514,7 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
     case TRAIN_BEGIN:   // built, before the header: the run's flags and data's hash, kept checkpoints, the logs, the threads
         run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)
         if (!run->resumed_from) run->state.data_hash = dataset_hash(&run->train);
-        lab_kept_steps_begin(run);
-        if ((error = lab_open_logs())) return error;
+        if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs())) return error;
         free_cores_start(&lab_free_cores, run->opt.threads);
         run->threads_note = lab_free_cores.following ? " (the cores free of other programs, counted again each second)" : "";
         return NULL;
@@ -509,12 +526,18 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
         return NULL;
     case TRAIN_SAVED:
         return lab_keep_last(run);
-    case TRAIN_END:     // after the run, or its error
-        if (lab_run.loss_log_file) fclose(lab_run.loss_log_file);
-        if (lab_run.log_file) fclose(lab_run.log_file);
+    case TRAIN_END: {   // after the run, or its error; a log that could not be written is an error too
+        FILE *logs[2] = { lab_run.loss_log_file, lab_run.log_file };
+        const char *names[2] = { lab_run.loss_log, lab_run.log_csv };
+        for (int i = 0; i < 2; i++) {
+            errno = 0;   // (a reason given is this close's own, never an older error's)
+            if (logs[i] && (ferror(logs[i]) | fclose(logs[i])) && !error)
+                error = errorf("%s: writing the log failed: %s", names[i], errno ? strerror(errno) : "an earlier write failed");
+        }
         free(lab_run.kept_steps); free(lab_run.stored_options);
         memset(&lab_run, 0, sizeof lab_run);
-        return NULL;
+        return error;
+    }
     }
     return NULL;
 }

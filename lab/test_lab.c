@@ -990,6 +990,30 @@ static void kept_step_path(char *out, size_t n, const char *ckpt, int step, cons
     snprintf(out, n, "%s.step%07d%s", ckpt, step, suffix);
 }
 
+// A step file left where a new run would keep its own (its checkpoint deleted, say) is not
+// replaced without --force; a log that cannot be written (a full disk) is an error, not exit 0.
+static void test_stale_step_file_and_lost_logs(void) {
+    const char *ckpt = test_path("stale.ckpt");
+    char path[600];
+    kept_step_path(path, sizeof path, ckpt, 2, "");
+    write_text(path, "another run's step file");
+    check_cli_error("a step file already where --keep-last would write", "stale.ckpt.step0000002 is already there "
+                    "(another run's?); expected --force", "train --task copy --steps 2 --save-every 1 --keep-last 2 "
+                    "--checkpoint %s " TINY_RUN, ckpt);
+    char *text = read_text_file(path);
+    check(text && strcmp(text, "another run's step file") == 0 && !file_exists(ckpt),
+          "cli: ... and the step file is untouched, no checkpoint written");
+    free(text);
+    int status = run_cli("train --task copy --steps 2 --save-every 1 --keep-last 2 --force --checkpoint %s " TINY_RUN, ckpt);
+    check(status == 0 && checkpoint_file_step(path) == 2, "cli: --force replaces it (its step %ld; exit %d)",
+          checkpoint_file_step(path), status);
+    if (access("/dev/full", W_OK) != 0) { printf("(no /dev/full here: the lost-log checks are skipped)\n"); return; }
+    check_cli_error("--loss-log on a full disk", "/dev/full: writing the log failed", "train --task copy --steps 2 "
+                    "--loss-log /dev/full --force --checkpoint %s " TINY_RUN, ckpt);
+    check_cli_error("--log on a full disk", "/dev/full: writing the log failed", "train --task copy --steps 2 "
+                    "--log /dev/full --log-every 1 --force --checkpoint %s " TINY_RUN, ckpt);
+}
+
 static void test_existing_checkpoints_and_keep_last(void) {
     const char *ckpt = test_path("mine.ckpt"), *other = test_path("other.ckpt");
     char path[600];
@@ -1416,6 +1440,7 @@ static void test_lab_evaluation_commands(void) {
     test_log_keep_last_and_pictures(ckpt);
     printf("-- what a new user meets: runs kept and resumed, moved data, commands named, BLEU of files\n");
     test_existing_checkpoints_and_keep_last();
+    test_stale_step_file_and_lost_logs();
     test_moved_data();
     test_command_names_and_labels();
     test_bleu_command();
