@@ -2079,17 +2079,18 @@ int main(int argc, char **argv) {
     }
     argv[kept] = NULL;
     const char *command = kept >= 2 ? argv[1] : "";
-    int status;
+    int status, help = 0;   // help: the command's --help, which runs nothing to count
+    for (int i = 1; i < kept; i++) help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    // --count and --profile report training steps: of train or bench, which run them
+    if ((gpu.count || gpu_profile.requested) && strcmp(command, "train") != 0 && strcmp(command, "bench") != 0) {
+        fprintf(stderr, "error: --count and --profile go with train or bench; '%s' runs no training step\n", command);
+        return 1;
+    }
     if (strcmp(command, "sgemm") == 0) {
         status = transformer_cuda_sgemm(kept - 1, argv + 1);
     } else {
-        // --count and --profile report training steps: of train or bench, which run them
-        if ((gpu.count || gpu_profile.requested) && strcmp(command, "train") != 0 && strcmp(command, "bench") != 0) {
-            fprintf(stderr, "error: --count and --profile go with train or bench; '%s' runs no training step\n", command);
-            return 1;
-        }
 #ifdef CUDA_ON_CPU
-        if (gpu.count && strcmp(command, "train") == 0) {   // (on a GPU the steps run, and are counted)
+        if (gpu.count && strcmp(command, "train") == 0 && !help) {   // (on a GPU the steps run, and are counted)
             fprintf(stderr, "error: train --count: this CPU build computes nothing with --count, and would save an "
                             "untrained model as trained; expected bench --count\n");
             return 1;
@@ -2098,12 +2099,12 @@ int main(int argc, char **argv) {
 #endif
         transformer_training = &gpu_training;
         status = transformer_lab_main(kept, argv);
-        if (status == 0 && (gpu.count || gpu_profile.requested) && gpu.step_counts.launches == 0) {
+        if (status == 0 && !help && (gpu.count || gpu_profile.requested) && gpu.step_counts.launches == 0) {
             fprintf(stderr, "error: %s: --count and --profile: no training step ran (bench --decode decodes)\n", command);
             status = 1;
         }
-        if (gpu.count && status == 0) gpu_print_counts();
-        if (gpu_profile.requested && status == 0) gpu_print_profile();
+        if (gpu.count && status == 0 && !help) gpu_print_counts();
+        if (gpu_profile.requested && status == 0 && !help) gpu_print_profile();
         gpu_release();
     }
     errno = 0;   // (a reason given below is this flush's own, never an older error's)

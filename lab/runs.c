@@ -527,12 +527,17 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
     case TRAIN_SAVED:
         return lab_keep_last(run);
     case TRAIN_END: {   // after the run, or its error; a log that could not be written is an error too
+        // (in a buffer of its own: errorf's holds the run's error, if it failed, which train reports first)
+        static char log_error[600];
         FILE *logs[2] = { lab_run.loss_log_file, lab_run.log_file };
         const char *names[2] = { lab_run.loss_log, lab_run.log_csv };
         for (int i = 0; i < 2; i++) {
             errno = 0;   // (a reason given is this close's own, never an older error's)
-            if (logs[i] && (ferror(logs[i]) | fclose(logs[i])) && !error)
-                error = errorf("%s: writing the log failed: %s", names[i], errno ? strerror(errno) : "an earlier write failed");
+            if (logs[i] && (ferror(logs[i]) | fclose(logs[i])) && !error) {
+                snprintf(log_error, sizeof log_error, "%.400s: writing the log failed: %s", names[i],
+                         errno ? strerror(errno) : "an earlier write failed");
+                error = log_error;
+            }
         }
         free(lab_run.kept_steps); free(lab_run.stored_options);
         memset(&lab_run, 0, sizeof lab_run);

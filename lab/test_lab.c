@@ -1012,6 +1012,9 @@ static void test_stale_step_file_and_lost_logs(void) {
                     "--loss-log /dev/full --force --checkpoint %s " TINY_RUN, ckpt);
     check_cli_error("--log on a full disk", "/dev/full: writing the log failed", "train --task copy --steps 2 "
                     "--log /dev/full --log-every 1 --force --checkpoint %s " TINY_RUN, ckpt);
+    // a run that failed first says why: the lost log does not take the place of its error
+    check_cli_error("a diverging run with its log on a full disk", "the loss is NaN", "train --task copy --steps 3 "
+                    "--lr 1e9 --warmup 1 --loss-log /dev/full --force --checkpoint %s " TINY_RUN, ckpt);
 }
 
 static void test_existing_checkpoints_and_keep_last(void) {
