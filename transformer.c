@@ -2324,7 +2324,9 @@ static double bits_double(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
 static const char *checkpoint_save(const char *path, const Transformer *model, const Vocabulary *vocab,
                                    const TrainingState *state, const char *run_options) {
     char tmp[4096];
+    struct stat there;   // the rename below replaces whatever is at path: never a directory or a device
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
+    if (stat(path, &there) == 0 && !S_ISREG(there.st_mode)) return errorf("%s: not a regular file; expected a checkpoint's path", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
     size_t merges_bytes = 0;
@@ -2511,8 +2513,7 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
     if (!error && r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
     else if (!error && get_number(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
     else if (!error && (error = nonfinite_parameter(model))) error = errorf("%s: %s holds a number that is not finite", path, error);
-    fclose(f);
-    free(merges);
+    fclose(f); free(merges);
     if (error) { free(options); transformer_free(model); vocab_free(vocab); return error; }
     model->adam_step = (long)h.adam_step;
     model->dropout_rng.state = h.dropout_rng;
@@ -2642,7 +2643,8 @@ static const char *train_prepare_output(TrainRun *run) {
     int exists = stat(run->checkpoint_path, &there) == 0;
     int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
                there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
-    if (exists && !S_ISREG(there.st_mode)) return errorf("%s: not a regular file; expected a checkpoint's path", run->checkpoint_path);
+    if (exists && !S_ISREG(there.st_mode))   // (checkpoint_save refuses it too, but only after the training)
+        return errorf("%s: not a regular file; expected a checkpoint's path", run->checkpoint_path);
     if (exists && !same && !o->force)
         return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
                       "--force to replace it, or another --checkpoint", run->checkpoint_path, run->checkpoint_path);
@@ -2891,9 +2893,7 @@ static int command_decode(int argc, char **argv) {
         free(line);
     }
     if (error) fprintf(stderr, "error: decode: %s\n", error);
-    transformer_free(&model);
-    vocab_free(&vocab);
-    free(sentences);
+    transformer_free(&model); vocab_free(&vocab); free(sentences);
     return error || refused ? 1 : 0;
 }
 

@@ -997,12 +997,10 @@ static int command_average(int argc, char **argv) {
     int n = 0;
     int status = parse_options("average", usage, options, 2, argc, argv, paths, &n);
     if (status) { free(paths); return status == 2 ? 0 : 1; }
-    struct stat there;   // never a checkpoint replaced unasked, nor a device or a directory replaced at all
-    int exists = out && stat(out, &there) == 0;
+    // never a checkpoint replaced unasked (nor, even with --force, a directory or a device: checkpoint_save)
     const char *error = !out ? "--out FILE is required (the averaged checkpoint to write)"
                       : n == 0 ? "no checkpoints given; expected --out OUT.ckpt A.ckpt B.ckpt ..."
-                      : exists && !S_ISREG(there.st_mode) ? errorf("--out %s: not a regular file; expected a checkpoint's path", out)
-                      : exists && !force ? errorf("--out %s is already there; expected --force to replace it, or another --out", out)
+                      : !force && access(out, F_OK) == 0 ? errorf("--out %s is already there; expected --force to replace it, or another --out", out)
                       : checkpoint_average(out, (const char *const *)paths, n);
     if (error) fprintf(stderr, "error: average: %s\n", error);
     else printf("averaged %d checkpoint%s into %s\n", n, n == 1 ? "" : "s", out);

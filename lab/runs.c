@@ -291,7 +291,8 @@ static const char *kept_steps_unused(const TrainRun *run) {
     const TrainOptions *o = &run->opt;
     int every = o->save_every ? o->save_every : o->eval_every;   // as transformer.c's train_loop saves
     char path[sizeof run->checkpoint_path + 32];
-    for (long step = run->model.adam_step + 1; lab_run.keep_last > 0 && step <= o->steps; step++) {
+    if (lab_run.keep_last == 0) return NULL;   // no step files written
+    for (long step = run->model.adam_step + 1; step <= o->steps; step++) {
         if (!(every && step % every == 0) && step != o->steps) continue;   // not a step that saves
         kept_checkpoint_path(path, sizeof path, run, step);
         if (access(path, F_OK) == 0)
