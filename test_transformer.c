@@ -249,8 +249,9 @@ static void test_linear_gradients(Rng *rng) {
 typedef struct { int N, C; real *out, *mean, *rstd, *res, *residual, *sub, *mask, *g, *b, *r; } AddNormCase;
 static double add_norm_objective(void *p) {
     AddNormCase *c = p;
-    residual_layernorm_forward(c->out, c->mean, c->rstd, c->res, c->residual, c->sub, c->mask,
-                               c->g, c->b, c->N, c->C, 1e-5f);
+    AddNormActs norm = { c->mask, c->res, c->out, c->mean, c->rstd };
+    LayerNormParams ln = { c->g, c->b };
+    residual_layernorm_forward(norm, c->residual, c->sub, ln, c->N, c->C, 1e-5f);
     return dot_product(c->out, c->r, (size_t)c->N * c->C);
 }
 static void test_add_norm_gradients(Rng *rng) {
@@ -267,7 +268,9 @@ static void test_add_norm_gradients(Rng *rng) {
     dropout_mask(mask, 0.3f, 1, &mask_rng, N * C);   // some zeros, the rest 1/0.7
     AddNormCase c = { N, C, out, mean, rstd, res, residual, sub, mask, g, b, r };
     add_norm_objective(&c);
-    residual_layernorm_backward(dresidual, dsub, dg, db, r, res, mask, g, mean, rstd, N, C);
+    AddNormActs norm = { mask, res, out, mean, rstd };
+    LayerNormParams ln = { g, b }, dln = { dg, db };
+    residual_layernorm_backward(dresidual, dsub, dln, r, norm, ln, N, C);
     check_gradient("add & norm: residual", add_norm_objective, &c, residual, dresidual, N * C);
     check_gradient("add & norm: sublayer", add_norm_objective, &c, sub, dsub, N * C);
     check_gradient("add & norm: gain", add_norm_objective, &c, g, dg, C);
@@ -282,8 +285,8 @@ typedef struct {
 } AttentionCase;
 static double attention_objective(void *p) {
     AttentionCase *c = p;
-    attention_forward(c->out, c->att, c->q, c->k, c->v, c->q_stride, c->kv_stride, c->key_len,
-                      c->causal, c->B, c->Tq, c->Tk, c->C, c->NH);
+    AttentionShape shape = { c->B, c->Tq, c->Tk, c->C, c->NH, c->q_stride, c->kv_stride };
+    attention_forward(c->out, c->att, c->q, c->k, c->v, c->key_len, c->causal, shape);
     return dot_product(c->out, c->r, (size_t)c->B * c->Tq * c->C);
 }
 static void test_attention_gradients(Rng *rng) {
@@ -298,8 +301,8 @@ static void test_attention_gradients(Rng *rng) {
     AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C, qkv + 2 * C, r };
     attention_objective(&self);
     memset(dqkv, 0, sizeof dqkv);
-    attention_backward(dqkv, dqkv + C, dqkv + 2 * C, r, att, qkv, qkv + C, qkv + 2 * C,
-                       3 * C, 3 * C, B, T, T, C, NH);
+    AttentionShape self_shape = { B, T, T, C, NH, 3 * C, 3 * C };
+    attention_backward(dqkv, dqkv + C, dqkv + 2 * C, r, att, qkv, qkv + C, qkv + 2 * C, self_shape);
     check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv, B * T * 3 * C);
     // cross-attention with padded keys: queries (B,T,C), keys/values (B,S,2C)
     fill_uniform(q, sizeof q / sizeof(real), -1.5, 1.5, rng);
@@ -308,7 +311,8 @@ static void test_attention_gradients(Rng *rng) {
     attention_objective(&cross);
     memset(dq, 0, sizeof dq);
     memset(dkv, 0, sizeof dkv);
-    attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, C, 2 * C, B, T, S, C, NH);
+    AttentionShape cross_shape = { B, T, S, C, NH, C, 2 * C };
+    attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, cross_shape);
     check_gradient("attention (padded keys): q", attention_objective, &cross, q, dq, B * T * C);
     check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv, B * S * 2 * C);
     // a padded key's gradient is exactly zero: nothing reads it
@@ -322,7 +326,11 @@ static void test_attention_gradients(Rng *rng) {
 typedef struct { int N, C, F; real *out, *h, *x, *r; FeedForwardParams w; } FeedForwardCase;
 static double feed_forward_objective(void *p) {
     FeedForwardCase *c = p;
-    feed_forward_forward(c->out, c->h, c->x, c->w, c->N, c->C, c->F);
+    TransformerConfig config = transformer_default_config();
+    config.d_model = c->C;
+    config.d_ff = c->F;
+    FeedForwardActs acts = { c->h, c->out };
+    feed_forward_forward(acts, c->x, c->w, c->N, &config);
     return dot_product(c->out, c->r, (size_t)c->N * c->C);
 }
 static void test_feed_forward_gradients(Rng *rng) {
@@ -344,7 +352,11 @@ static void test_feed_forward_gradients(Rng *rng) {
     feed_forward_objective(&c);
     memset(dh, 0, sizeof dh);
     FeedForwardParams g = { dw1, db1, dw2, db2 };
-    feed_forward_backward(dx, g, dh, r, h, x, c.w, N, C, F);
+    TransformerConfig config = transformer_default_config();
+    config.d_model = C;
+    config.d_ff = F;
+    FeedForwardActs acts = { h, out }, d = { dh, r };
+    feed_forward_backward(dx, d, g, acts, x, c.w, N, &config);
     check(closest > 1e-3, "ffn: every ReLU input is %.1e or more from the kink", closest);
     check_gradient("ffn: input", feed_forward_objective, &c, x, dx, N * C);
     check_gradient("ffn: W1", feed_forward_objective, &c, w1, dw1, F * C);
@@ -377,8 +389,8 @@ typedef struct { int B, T, V; float eps; const int *targets, *len; real *loss, *
 static double loss_objective(void *p) {
     LossCase *c = p;
     int n;
-    return cross_entropy_forward(c->loss, c->probs, c->logits, c->targets, c->len, c->eps,
-                                 c->B, c->T, c->V, &n);
+    Batch batch = { c->B, 1, c->T, NULL, NULL, NULL, (int *)c->targets, (int *)c->len };
+    return cross_entropy_forward(c->loss, c->probs, c->logits, &batch, c->eps, c->V, &n);
 }
 static void test_loss_gradients(Rng *rng) {
     enum { B = 2, T = 3, V = 7 };
@@ -387,18 +399,20 @@ static void test_loss_gradients(Rng *rng) {
     fill_uniform(logits, B * T * V, -3, 3, rng);
     LossCase c = { B, T, V, 0.1f, targets, len, loss, probs, logits };
     int n;
-    cross_entropy_forward(loss, probs, logits, targets, len, 0.1f, B, T, V, &n);
-    cross_entropy_backward(dlogits, probs, targets, len, 0.1f, n, B, T, V);
+    Batch batch = { B, 1, T, NULL, NULL, NULL, targets, len };
+    cross_entropy_forward(loss, probs, logits, &batch, 0.1f, V, &n);
+    cross_entropy_backward(dlogits, probs, &batch, 0.1f, n, V);
     check(n == 5, "loss: counts the 5 non-padding targets (got %d)", n);
     check_gradient("label-smoothed loss: logits", loss_objective, &c, logits, dlogits, B * T * V);
     // by hand: with eps = 0 and all logits equal, the loss is log V
     real flat[V] = {0}, p1[V], l1[1];
     int t1[1] = { 3 }, len1[1] = { 1 };
-    double flat_loss = cross_entropy_forward(l1, p1, flat, t1, len1, 0.0f, 1, 1, V, &n);
+    Batch one = { 1, 1, 1, NULL, NULL, NULL, t1, len1 };
+    double flat_loss = cross_entropy_forward(l1, p1, flat, &one, 0.0f, V, &n);
     check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: uniform logits give log V (%.15f)", flat_loss);
     // and with smoothing eps the true class's target is 1 - eps + eps/V: the loss of a
     // uniform prediction is still log V, since q sums to 1
-    flat_loss = cross_entropy_forward(l1, p1, flat, t1, len1, 0.3f, 1, 1, V, &n);
+    flat_loss = cross_entropy_forward(l1, p1, flat, &one, 0.3f, V, &n);
     check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: smoothing keeps log V for uniform logits");
 }
 
@@ -419,7 +433,7 @@ static double closest_relu_input(Transformer *m) {
     int C = c->d_model, F = c->d_ff;
     double closest = INFINITY;
     for (int l = 0; l < c->n_layers; l++) {
-        const real *inputs[2] = { encoder_layer_acts(m, l).ln1, decoder_layer_acts(m, l).ln2 };
+        const real *inputs[2] = { m->acts.enc[l].norm1.out, m->acts.dec[l].norm2.out };
         FeedForwardParams ffn[2] = { encoder_layer_params(&m->params, c, l).ffn,
                                      decoder_layer_params(&m->params, c, l).ffn };
         int rows[2] = { m->B * m->S, m->B * m->T };
@@ -1339,23 +1353,40 @@ static void test_aligned_memory(void) {
     TestBatch tb;
     make_test_batch(&tb, 3, 5, 7, (int[]){ 5, 3, 4 }, (int[]){ 7, 2, 6 }, c.vocab_size, &rng);
     transformer_forward(&m, &tb.batch);
-    // the tensors are the structs' members, all pointers, in order
-    _Static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(real *), "pointers only");
-    _Static_assert(sizeof(BackwardScratch) == NUM_SCRATCH_TENSORS * sizeof(real *), "pointers only");
+    // every tensor of the activations and of their gradients (those that have one): the
+    // structs hold only pointers, the layers' structs too
     int tensors = 0, lined = 0;
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS + NUM_SCRATCH_TENSORS; i++) {
-        real *p;
-        if (i < NUM_ACTIVATION_TENSORS) memcpy(&p, (char *)&m.acts + i * sizeof p, sizeof p);
-        else memcpy(&p, (char *)&m.scratch + (i - NUM_ACTIVATION_TENSORS) * sizeof p, sizeof p);
-        tensors++;
-        lined += on_line(p);
+    const ActivationTensors *sets[2] = { &m.acts, &m.grads_acts };
+    for (int set = 0; set < 2; set++) {
+        const ActivationTensors *a = sets[set];
+        real *top[9] = { a->enc_embedded, a->enc_emb_mask, a->enc_x0, a->dec_embedded, a->dec_emb_mask,
+                         a->dec_x0, a->logits, a->probs, a->token_loss };
+        for (int i = 0; i < 9; i++) {
+            if (!top[i]) continue;
+            tensors++;
+            lined += on_line(top[i]);
+        }
+        for (int l = 0; l < c.n_layers; l++) {
+            const void *layers[2] = { &a->enc[l], &a->dec[l] };
+            size_t counts[2] = { sizeof(EncoderLayerActs) / sizeof(real *), sizeof(DecoderLayerActs) / sizeof(real *) };
+            for (int k = 0; k < 2; k++)
+                for (size_t i = 0; i < counts[k]; i++) {
+                    real *p;
+                    memcpy(&p, (const char *)layers[k] + i * sizeof p, sizeof p);
+                    if (!p) continue;
+                    tensors++;
+                    lined += on_line(p);
+                }
+        }
     }
+    _Static_assert(sizeof(EncoderLayerActs) % sizeof(real *) == 0, "pointers only");
+    _Static_assert(sizeof(DecoderLayerActs) % sizeof(real *) == 0, "pointers only");
     real *arenas[] = { m.params_memory, m.grads_memory, m.adam_m, m.adam_v, m.positional_encoding };
     for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) {
         tensors++;
         lined += on_line(arenas[i]);
     }
-    check(lined == tensors, "memory: %d of %d activation and scratch tensors and parameter-sized arrays "
+    check(lined == tensors && tensors > 100, "memory: %d of %d activation and gradient tensors and parameter-sized arrays "
           "start on a line (d_model 12, batch 3 x 5 x 7)", lined, tensors);
     transformer_free(&m);
 }
@@ -1658,8 +1689,9 @@ static void test_attention_by_hand(void) {
             const AttentionByHand *c = &cases[n];
             real out[4], att[4], dq[4] = { 0 }, dk[4] = { 0 }, dv[4] = { 0 };
             int key_len = c->key_len, exact = 1;
-            attention_forward(out, att, q, k, v, 2, 2, &key_len, c->causal, 1, 2, 2, 2, 1);
-            attention_backward(dq, dk, dv, dout, att, q, k, v, 2, 2, 1, 2, 2, 2, 1);
+            AttentionShape shape = { 1, 2, 2, 2, 1, 2, 2 };
+            attention_forward(out, att, q, k, v, &key_len, c->causal, shape);
+            attention_backward(dq, dk, dv, dout, att, q, k, v, shape);
             double worst = fmax(by_hand_error(att, c->att, 4, 1, &exact), by_hand_error(out, c->out, 4, 0, &exact));
             worst = fmax(worst, by_hand_error(dq, c->dq, 4, 0, &exact));
             worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact), by_hand_error(dv, c->dv, 4, 0, &exact)));
@@ -1672,20 +1704,23 @@ static void test_attention_by_hand(void) {
         real out1[4], att1[4];
         int key_len1[2] = { 2, 1 }, exact1 = 1;
         double expected_att1[4] = { 0.25, 0.75, 1, 0 }, expected_out1[4] = { 1, 3, 4, 0 };
-        attention_forward(out1, att1, q1, k1, v1, 2, 2, key_len1, 0, 2, 1, 2, 2, 1);
+        AttentionShape one_query = { 2, 1, 2, 2, 1, 2, 2 };
+        attention_forward(out1, att1, q1, k1, v1, key_len1, 0, one_query);
         double worst1 = fmax(by_hand_error(att1, expected_att1, 4, 1, &exact1),
                              by_hand_error(out1, expected_out1, 4, 0, &exact1));
         check(worst1 <= tolerance && exact1, "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len "
               "1, (1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
-        // attend_and_project, self-attention's fused layout, causal
+        // self-attention's fused layout, causal: attention_forward, then W^O and b^O
         real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 }, out_b[2] = { 0.5, -0.5 };
         real out2[4], att2[4], heads[4];
         int key_len2 = 2, exact2 = 1;
         double expected_out2[4] = { 0.5, 3.5, 1.5, 2.5 };
         AttentionParams weights = { NULL, NULL, out_w, out_b };
-        attend_and_project(out2, att2, heads, qkv, qkv + 2, qkv + 4, 6, 6, &key_len2, 1, weights, 1, 2, 2, 2, 1);
+        AttentionShape fused = { 1, 2, 2, 2, 1, 6, 6 };
+        attention_forward(heads, att2, qkv, qkv + 2, qkv + 4, &key_len2, 1, fused);
+        linear_forward(out2, heads, weights.out_w, weights.out_b, 2, 2, 2);
         double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2), by_hand_error(out2, expected_out2, 4, 0, &exact2));
-        check(worst2 <= tolerance && exact2, "attend_and_project by hand (%s): the causal case read from a fused (T, 3C) "
+        check(worst2 <= tolerance && exact2, "attention and W^O by hand (%s): the causal case read from a fused (T, 3C) "
               "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
     }
     if (fast_path_switch) fast_path_switch(1);

@@ -1,32 +1,27 @@
 /* transformer.c: the Transformer of "Attention Is All You Need" in plain C
  *
- * Vaswani, Shazeer, Parmar, Uszkoreit, Jones, Gomez, Kaiser, Polosukhin,
- * NeurIPS 2017, arXiv 1706.03762. The whole encoder-decoder model, its
- * hand-derived backward pass and the paper's Adam schedule, one loop at a
- * time, and the smallest program that trains it and translates with it.
+ * Vaswani, Shazeer, Parmar, Uszkoreit, Jones, Gomez, Kaiser, Polosukhin, NeurIPS 2017,
+ * arXiv 1706.03762. The whole encoder-decoder model, its hand-derived backward pass and the
+ * paper's Adam schedule, one loop at a time, and the smallest program that trains it on a
+ * toy task and translates with it.
  *
- * BUILD  cc -O2 transformer.c -lm   this file alone: train, decode, eval, in the plain loops below
- *        make                       ./transformer: this file with its companions in lab/ (the fast path,
- *                                   a training step about 12 times faster; §5.1 subwords, --resume, logs,
- *                                   pictures, Table 3, the benchmark); OpenMP on
- *        make debug                 -O0 -g, this file alone without OpenMP: gdb's `next` walks every loop
+ * BUILD  cc -O2 transformer.c -lm   this file alone: train and decode, in the loops below
+ *        make                       ./transformer: this file with its companions in lab/
+ *        make debug                 -O0 -g, this file alone: gdb's `next` walks every loop
  * TEST   make test
- * RUN    ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt "3 1 4"
- * USE    as a library: transformer.h (compile with -DTRANSFORMER_NO_MAIN)
+ * RUN    ./transformer train --task copy
+ *        ./transformer decode --checkpoint runs/copy.ckpt "3 1 4"
  * READ   from the top, beside the paper (NOTES.md has a reading path):
- *   PART I   THE MODEL, in plain loops: the building blocks first, each under
- *            its section of the paper (§3 linear layers to §5.4 the loss), then
- *            the §3.1 stacks built from them, the whole model forward and
- *            backward, §5.3 Adam, §5 the training step, §6.1 decoding (greedy
- *            with a key/value cache, beam search); last the machinery
- *            (memory, random numbers, parameter tables).
- *   PART II  THE PROGRAM: data (copy and reverse tasks, TSV files, batches by
- *            length), evaluation and BLEU, checkpoints, the commands train,
- *            decode and eval, main; and the hooks where lab/ plugs in.
+ *   PART I   THE MODEL: the building blocks first, each under its section of the paper (§3
+ *            linear layers to §5.4 the loss), then the §3.1 stacks built from them, the
+ *            whole model forward and backward, §5.3 Adam, the training step, §6.1 decoding;
+ *            last the machinery (memory, random numbers, the parameters' list).
+ *   PART II  THE PROGRAM: the copy and reverse tasks, batches by length, held-out
+ *            evaluation, checkpoints, the commands train and decode, and main.
  * CONVENTIONS
  *   Every layer is a `*_forward` function followed by its `*_backward`, arguments outputs
  *   first, then inputs, then sizes. A backward function quotes the forward line it
- *   differentiates and ACCUMULATES (+=) into its gradient outputs; the caller zeroes them.
+ *   differentiates and ACCUMULATES (+=) into its gradient outputs; they start at zero.
  *   Shapes: B sentences, S source length, T target length, C = d_model, F = d_ff, NH = h
  *   heads, d_k = d_v = C/NH, V vocabulary, L layers. A linear layer stores W as (out, in),
  *   as PyTorch does, and computes y = x W^T + b (the paper's x W). Masked keys get
@@ -57,27 +52,34 @@
 
 // ######## PART I   THE MODEL ################################################
 
-// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward, linear_backward,
-// attention_forward and attention_backward hand it their call on their first line; decoder_cache_init and
-// _free tell it when decoding begins and ends. Left NULL (transformer.c alone), the loops you read run.
+// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
+// linear_backward, attention_forward and attention_backward hand it their call on their
+// first line, and decoder_cache_init and _free tell it when decoding begins and ends. Left
+// NULL (transformer.c alone), the loops you read run.
 static FastPath fast_path;
 
 // ==== §3  Linear layers: y = x W^T + b =======================================
-// The four projections of multi-head attention (§3.2.2), the two of the FFN
-// (§3.3) and the pre-softmax projection (§3.4): nearly all of a training step's
-// arithmetic (the fast path does the same sums many times faster).
+// The four projections of multi-head attention (§3.2.2), the two of the FFN (§3.3) and the
+// pre-softmax projection (§3.4): nearly all of a training step's arithmetic.
 
 // out is (N, OC), inp is (N, IC), weight is (OC, IC), bias is (OC) or NULL
-static void linear_forward(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC) {
-    if (fast_path.linear_forward) { fast_path.linear_forward(out, inp, weight, bias, N, IC, OC); return; }
+static void linear_forward(real *out, const real *inp, const real *weight, const real *bias,
+                           int N, int IC, int OC) {
+    if (fast_path.linear_forward) {
+        fast_path.linear_forward(out, inp, weight, bias, N, IC, OC);
+        return;
+    }
     #pragma omp parallel for
-    for (int n = 0; n < N; n++)
+    for (int n = 0; n < N; n++) {
         for (int o = 0; o < OC; o++) {
             // out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]
+            const real *inp_n = inp + (size_t)n * IC;
+            const real *weight_o = weight + (size_t)o * IC;
             real sum = 0;
-            for (int i = 0; i < IC; i++) sum += inp[(size_t)n * IC + i] * weight[(size_t)o * IC + i];
+            for (int i = 0; i < IC; i++) sum += inp_n[i] * weight_o[i];
             out[(size_t)n * OC + o] = (bias ? bias[o] : 0) + sum;
         }
+    }
 }
 
 // Differentiates  out[n,o] = bias[o] + sum_i inp[n,i] * weight[o,i]:
@@ -85,32 +87,43 @@ static void linear_forward(real *out, const real *inp, const real *weight, const
 //   dweight[o,i] += sum_n dout[n,o] * inp[n,i]         (dW = dout^T inp)
 //   dbias[o]     += sum_n dout[n,o]
 // dinp or dbias may be NULL when not wanted.
-static void linear_backward(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
-                            const real *weight, int N, int IC, int OC) {
-    if (fast_path.linear_backward) { fast_path.linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC); return; }
+static void linear_backward(real *dinp, real *dweight, real *dbias, const real *dout,
+                            const real *inp, const real *weight, int N, int IC, int OC) {
+    if (fast_path.linear_backward) {
+        fast_path.linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+        return;
+    }
     if (dinp) {
         // row n of dinp: the rows of the weight, each times dout[n,o]
         #pragma omp parallel for
-        for (int n = 0; n < N; n++)
+        for (int n = 0; n < N; n++) {
+            real *dinp_n = dinp + (size_t)n * IC;
             for (int o = 0; o < OC; o++) {
                 real dout_no = dout[(size_t)n * OC + o];
-                for (int i = 0; i < IC; i++) dinp[(size_t)n * IC + i] += dout_no * weight[(size_t)o * IC + i];
+                const real *weight_o = weight + (size_t)o * IC;
+                for (int i = 0; i < IC; i++) dinp_n[i] += dout_no * weight_o[i];
             }
+        }
     }
+
     // row o of dweight: the rows of inp, each times dout[n,o]; dbias[o] their weights' sum
     #pragma omp parallel for
-    for (int o = 0; o < OC; o++)
+    for (int o = 0; o < OC; o++) {
+        real *dweight_o = dweight + (size_t)o * IC;
         for (int n = 0; n < N; n++) {
             real dout_no = dout[(size_t)n * OC + o];
-            for (int i = 0; i < IC; i++) dweight[(size_t)o * IC + i] += dout_no * inp[(size_t)n * IC + i];
-            if (dbias) dbias[o] += dout_no;
+            const real *inp_n = inp + (size_t)n * IC;
+            for (int i = 0; i < IC; i++) dweight_o[i] += dout_no * inp_n[i];
+            if (dbias)
+                dbias[o] += dout_no;
         }
+    }
 }
 
 // ==== §3.1  Residual connection, dropout and layer normalisation =============
-// "The output of each sub-layer is LayerNorm(x + Sublayer(x))" (§3.1), and
-// "we apply dropout to the output of each sub-layer, before it is added to
-// the sub-layer input and normalized" (§5.4). So every sub-layer ends with
+// "The output of each sub-layer is LayerNorm(x + Sublayer(x))" (§3.1), and "we apply dropout
+// to the output of each sub-layer, before it is added to the sub-layer input and normalized"
+// (§5.4). So every sub-layer ends with
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 
 // From the machinery at the end of Part I: our own random numbers
@@ -119,9 +132,9 @@ static uint64_t hash64(uint64_t z);            // splitmix64's mixer
 static double unit_interval(uint64_t bits);    // [0, 1) from 53 random bits
 
 // A dropout mask: each element kept with probability 1 - p_drop and scaled by 1/(1 - p_drop)
-// ("inverted dropout": evaluation needs no rescaling); all ones with training off or p_drop = 0.
-// Element i is decided by hash64(key + i), the key one number from the model's generator: drawn in
-// parallel, a seed gives the same masks whatever the thread count.
+// ("inverted dropout": evaluation needs no rescaling); all ones with training off or p_drop
+// = 0. Element i is decided by hash64(key + i), the key one number from the model's
+// generator: drawn in parallel, a seed gives the same masks whatever the thread count.
 static void dropout_mask(real *mask, float p_drop, int training, Rng *rng, size_t n) {
     if (!training || p_drop <= 0.0f) {
         for (size_t i = 0; i < n; i++) mask[i] = 1;
@@ -151,30 +164,35 @@ static void dropout_backward(real *dinp, const real *dout, const real *mask, siz
 //     rstd = 1 / sqrt(var + eps),   xhat_i = (x_i - mean) * rstd
 //     y_i = gain_i * xhat_i + bias_i
 // y, x, gain and bias are (C); *mean and *rstd get the row's two numbers.
-static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x, const real *gain, const real *bias,
-                                  int C, float eps) {
+static void layernorm_row_forward(real *y, real *mean, real *rstd, const real *x,
+                                  const real *gain, const real *bias, int C, float eps) {
     real sum = 0;
     for (int i = 0; i < C; i++) sum += x[i];
     real row_mean = sum / C;
+
     real squares = 0;
     for (int i = 0; i < C; i++) squares += (x[i] - row_mean) * (x[i] - row_mean);
     real row_rstd = 1 / real_sqrt(squares / C + (real)eps);
+
     for (int i = 0; i < C; i++) y[i] = (x[i] - row_mean) * row_rstd * gain[i] + bias[i];
     *mean = row_mean;
     *rstd = row_rstd;
 }
 
 // "Add & Norm" (Figure 1) with a drawn mask, row by row:
-//     res = residual + sublayer * mask;   out = LayerNorm(res)
-// out, res, residual, sublayer, mask are (N,C), mean and rstd (N), gain and bias (C).
-static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *res, const real *residual,
-                                       const real *sublayer, const real *mask, const real *gain, const real *bias,
-                                       int N, int C, float eps) {
+//     norm.res = residual + sublayer * norm.mask;   norm.out = LayerNorm(norm.res)
+// residual and sublayer are (N, C), like norm's tensors (its mean and rstd: (N)).
+static void residual_layernorm_forward(AddNormActs norm, const real *residual,
+                                       const real *sublayer, LayerNormParams ln, int N, int C,
+                                       float eps) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
-        for (int i = 0; i < C; i++) res[row + i] = residual[row + i] + sublayer[row + i] * mask[row + i];
-        layernorm_row_forward(out + row, &mean[n], &rstd[n], res + row, gain, bias, C, eps);
+        for (int i = 0; i < C; i++) {
+            norm.res[row + i] = residual[row + i] + sublayer[row + i] * norm.mask[row + i];
+        }
+        layernorm_row_forward(norm.out + row, &norm.mean[n], &norm.rstd[n], norm.res + row,
+                              ln.gain, ln.bias, C, eps);
     }
 }
 
@@ -186,34 +204,38 @@ static void residual_layernorm_forward(real *out, real *mean, real *rstd, real *
 //   dres_i = rstd * ( dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j * xhat_j) )
 // Then res = residual + sublayer * mask:
 //   dresidual_i += dres_i,   dsublayer_i += dres_i * mask_i
-// dresidual and dsublayer (N,C) accumulate, and must not alias dout.
-static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *dgain, real *dbias, const real *dout,
-                                        const real *res, const real *mask, const real *gain, const real *mean,
-                                        const real *rstd, int N, int C) {
+// dout = dL/d(norm.out); dresidual and dsublayer (N, C) accumulate and must not alias dout.
+static void residual_layernorm_backward(real *dresidual, real *dsublayer, LayerNormParams dln,
+                                        const real *dout, AddNormActs norm, LayerNormParams ln,
+                                        int N, int C) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
-        real mean_dxhat = 0, mean_dxhat_xhat = 0;
+        real mean_dxhat = 0;
+        real mean_dxhat_xhat = 0;
         for (int i = 0; i < C; i++) {
-            real dxhat = dout[row + i] * gain[i];
+            real dxhat = dout[row + i] * ln.gain[i];
             mean_dxhat += dxhat;
-            mean_dxhat_xhat += dxhat * (res[row + i] - mean[n]) * rstd[n];
+            mean_dxhat_xhat += dxhat * (norm.res[row + i] - norm.mean[n]) * norm.rstd[n];
         }
         mean_dxhat /= C;
         mean_dxhat_xhat /= C;
+
         for (int i = 0; i < C; i++) {
-            real xhat = (res[row + i] - mean[n]) * rstd[n];
-            real dres = rstd[n] * (dout[row + i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+            real xhat = (norm.res[row + i] - norm.mean[n]) * norm.rstd[n];
+            real dxhat = dout[row + i] * ln.gain[i];
+            real dres = norm.rstd[n] * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
             dresidual[row + i] += dres;
-            dsublayer[row + i] += dres * mask[row + i];
+            dsublayer[row + i] += dres * norm.mask[row + i];
         }
     }
+
     // gain and bias are shared by all rows: their gradients sum over the rows
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
         for (int i = 0; i < C; i++) {
-            dgain[i] += dout[row + i] * (res[row + i] - mean[n]) * rstd[n];
-            dbias[i] += dout[row + i];
+            dln.gain[i] += dout[row + i] * (norm.res[row + i] - norm.mean[n]) * norm.rstd[n];
+            dln.bias[i] += dout[row + i];
         }
     }
 }
@@ -223,16 +245,17 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 // One head at a time. For query i the scores over keys j are
 //     s_ij = q_i . k_j / sqrt(d_k),   p_ij = exp(s_ij) / sum_j' exp(s_ij'),
 //     out_i = sum_j p_ij v_j
-// Why divide by sqrt(d_k)? "We suspect that for large values of d_k, the dot products grow large in
-// magnitude, pushing the softmax function into regions where it has extremely small gradients."
-// Footnote 4: if the components of q and k are independent with mean 0 and variance 1, q . k (a sum
-// of d_k products of variance 1) has variance d_k: scores sqrt(d_k) apart (8 for the base model's
-// d_k = 64) put nearly all the probability on one key, where the gradient p_j ([j == k] - p_k) is
-// nearly 0. Dividing by sqrt(d_k) brings the variance back to 1, whatever the head size.
+// Why divide by sqrt(d_k)? "We suspect that for large values of d_k, the dot products grow
+// large in magnitude, pushing the softmax function into regions where it has extremely small
+// gradients." Footnote 4: if the components of q and k are independent with mean 0 and
+// variance 1, q . k (a sum of d_k products of variance 1) has variance d_k: scores sqrt(d_k)
+// apart (8 for the base model's d_k = 64) put nearly all the probability on one key, where
+// the gradient p_j ([j == k] - p_k) is nearly 0. Dividing by sqrt(d_k) brings the variance
+// back to 1, whatever the head size.
 //
-// Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's
-// self-attention, keys j > i are "illegal connections" to the future. Both
-// get p_ij = 0, exactly what s_ij = -inf before the softmax gives.
+// Masking (§3.2.3): keys j >= key_len[b] are padding and, in the decoder's self-attention,
+// keys j > i are "illegal connections" to the future. Both get p_ij = 0, exactly what
+// s_ij = -inf before the softmax gives.
 //
 //   causal mask (decoder self-attention, T = 4, sentence length 3):
 //              key  0  1  2  3(pad)
@@ -241,19 +264,21 @@ static void residual_layernorm_backward(real *dresidual, real *dsublayer, real *
 //     query 2       x  x  x  .
 //     query 3(pad)  x  x  x  .         (a padded query's output is never used)
 //
-// The query of row (b, i) starts at q + (b*Tq + i)*q_stride, its head `head`
-// at column head*d_k; keys and values likewise with kv_stride: Q, K, V are read
-// straight out of the fused (B, T, 3C) projection without copying.
+// The query of row (b, i) starts at q + (b*Tq + i)*q_stride, its head `head` at column
+// head*d_k; keys and values likewise with kv_stride (transformer.h, AttentionShape): Q, K, V
+// are read straight out of the fused (B, T, 3C) projection without copying.
 
-// How many keys (the first ones) query i may attend to: key_len, its own
-// sentence's, and with the causal mask only positions 0..i.
+// How many keys (the first ones) query i may attend to: key_len, its own sentence's, and
+// with the causal mask only positions 0..i.
 static int visible_keys(int i, int key_len, int causal) {
-    return (causal && i + 1 < key_len) ? i + 1 : key_len;
+    if (causal && i + 1 < key_len)
+        return i + 1;
+    return key_len;
 }
 
-// The scores p[0..visible-1] become their softmax, the masked p[visible..Tk-1]
-// exactly 0. With the largest score subtracted first every exp(s_j - largest) is
-// in (0, 1] and the sum cannot overflow. A row with no visible key stays 0, not NaN.
+// The scores p[0..visible-1] become their softmax, the masked p[visible..Tk-1] exactly 0.
+// With the largest score subtracted first every exp(s_j - largest) is in (0, 1] and the sum
+// cannot overflow. A row with no visible key stays 0, not NaN.
 static void softmax_visible(real *p, int visible, int Tk) {
     real largest = -INFINITY;
     for (int j = 0; j < visible; j++) largest = p[j] > largest ? p[j] : largest;
@@ -266,49 +291,58 @@ static void softmax_visible(real *p, int visible, int Tk) {
     for (int j = visible; j < Tk; j++) p[j] = 0;
 }
 
-// Differentiates  p_j = softmax_j(s_j)  over a row of n keys. Its Jacobian
-// is dp_j/ds_k = p_j ([j == k] - p_k), so
+// Differentiates  p_j = softmax_j(s_j)  over a row of n keys. Its Jacobian is
+// dp_j/ds_k = p_j ([j == k] - p_k), so
 //     ds_j = sum_k dp_k p_k ([k == j] - p_j) = p_j (dp_j - sum_k p_k dp_k)
-// In place: the row grad (n) holds dp and becomes ds. A masked key has
-// p_j = 0 and so gets ds_j = 0: the masks need no code here.
+// In place: the row grad (n) holds dp and becomes ds. A masked key has p_j = 0 and so gets
+// ds_j = 0: the masks need no code here.
 static void softmax_backward(real *grad, const real *p, int n) {
     real sum_p_dp = 0;
     for (int j = 0; j < n; j++) sum_p_dp += p[j] * grad[j];
     for (int j = 0; j < n; j++) grad[j] = p[j] * (grad[j] - sum_p_dp);
 }
 
-// out is (B, Tq, C), att is (B, NH, Tq, Tk) (the probabilities, kept for
-// the backward pass), key_len is (B); causal: the decoder's mask.
-static void attention_forward(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
-                              int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C, int NH) {
+// out is (B, Tq, C), att is (B, NH, Tq, Tk) (the probabilities, kept for the backward
+// pass), key_len is (B); causal: the decoder's mask. q, k, v: as `shape` says.
+static void attention_forward(real *out, real *att, const real *q, const real *k,
+                              const real *v, const int *key_len, int causal,
+                              AttentionShape shape) {
     if (fast_path.attention_forward) {
-        fast_path.attention_forward(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
+        fast_path.attention_forward(out, att, q, k, v, key_len, causal, shape);
         return;
     }
+    int B = shape.B;
+    int Tq = shape.Tq;
+    int Tk = shape.Tk;
+    int C = shape.C;
+    int NH = shape.NH;
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    // one thread per (b, head, i): it alone writes query i's probabilities and the head's columns of out_i
+    // one thread per (b, head, i): it alone writes query i's probabilities and out_i's columns
     #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++) {
         for (int head = 0; head < NH; head++) {
             for (int i = 0; i < Tq; i++) {
                 int visible = visible_keys(i, key_len[b], causal);   // both masks
-                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + head * d_k;
+                const real *q_i = q + ((size_t)b * Tq + i) * shape.q_stride + head * d_k;
                 real *p = att + (((size_t)b * NH + head) * Tq + i) * Tk;
+
                 // s_ij = q_i . k_j / sqrt(d_k)
                 for (int j = 0; j < visible; j++) {
-                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + head * d_k;
+                    const real *k_j = k + ((size_t)b * Tk + j) * shape.kv_stride + head * d_k;
                     real dot = 0;
                     for (int d = 0; d < d_k; d++) dot += q_i[d] * k_j[d];
                     p[j] = dot * scale;
                 }
+
                 // p_ij = softmax_j(s_ij), and 0 for the masked keys
                 softmax_visible(p, visible, Tk);
+
                 // out_i = sum_j p_ij v_j
                 real *out_i = out + ((size_t)b * Tq + i) * C + head * d_k;
                 for (int d = 0; d < d_k; d++) out_i[d] = 0;
                 for (int j = 0; j < visible; j++) {
-                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + head * d_k;
+                    const real *v_j = v + ((size_t)b * Tk + j) * shape.kv_stride + head * d_k;
                     for (int d = 0; d < d_k; d++) out_i[d] += p[j] * v_j[d];
                 }
             }
@@ -318,18 +352,23 @@ static void attention_forward(real *out, real *att, const real *q, const real *k
 
 // Differentiates, for each head and query i:
 //   out_i = sum_j p_ij v_j         =>  dp_ij = dout_i . v_j,   dv_j += p_ij dout_i
-//   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')  (softmax_backward)
+//   p_ij  = softmax_j(s_ij)        =>  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
 //   s_ij  = q_i . k_j / sqrt(d_k)  =>  dq_i += ds_ij k_j / sqrt(d_k),
 //                                      dk_j += ds_ij q_i / sqrt(d_k)
-// dq, dk, dv have the strides of q, k, v. A masked key has p_ij = 0, so ds_ij = 0
-// and it gets exactly zero gradient: the masks are in the saved probabilities.
-static void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
-                               const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
-                               int C, int NH) {
+// dq, dk, dv have the strides of q, k, v. A masked key has p_ij = 0, so ds_ij = 0 and it gets
+// exactly zero gradient: the masks are in the saved probabilities.
+static void attention_backward(real *dq, real *dk, real *dv, const real *dout,
+                               const real *att, const real *q, const real *k, const real *v,
+                               AttentionShape shape) {
     if (fast_path.attention_backward) {
-        fast_path.attention_backward(dq, dk, dv, dout, att, q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
+        fast_path.attention_backward(dq, dk, dv, dout, att, q, k, v, shape);
         return;
     }
+    int B = shape.B;
+    int Tq = shape.Tq;
+    int Tk = shape.Tk;
+    int C = shape.C;
+    int NH = shape.NH;
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, head): it alone writes that head's columns of dq, dk, dv
@@ -338,14 +377,16 @@ static void attention_backward(real *dq, real *dk, real *dv, const real *dout, c
         for (int head = 0; head < NH; head++) {
             for (int i = 0; i < Tq; i++) {
                 const real *p = att + (((size_t)b * NH + head) * Tq + i) * Tk;
-                const real *q_i = q + ((size_t)b * Tq + i) * q_stride + head * d_k;
+                const real *q_i = q + ((size_t)b * Tq + i) * shape.q_stride + head * d_k;
                 const real *dout_i = dout + ((size_t)b * Tq + i) * C + head * d_k;
-                real *dq_i = dq + ((size_t)b * Tq + i) * q_stride + head * d_k;
+                real *dq_i = dq + ((size_t)b * Tq + i) * shape.q_stride + head * d_k;
                 real ds[Tk];   // dp_ij for this query, then ds_ij
+
                 // dp_ij = dout_i . v_j,  dv_j += p_ij dout_i
                 for (int j = 0; j < Tk; j++) {
-                    const real *v_j = v + ((size_t)b * Tk + j) * kv_stride + head * d_k;
-                    real *dv_j = dv + ((size_t)b * Tk + j) * kv_stride + head * d_k;
+                    size_t key_row = ((size_t)b * Tk + j) * shape.kv_stride + head * d_k;
+                    const real *v_j = v + key_row;
+                    real *dv_j = dv + key_row;
                     real dot = 0;
                     for (int d = 0; d < d_k; d++) {
                         dot += dout_i[d] * v_j[d];
@@ -353,12 +394,15 @@ static void attention_backward(real *dq, real *dk, real *dv, const real *dout, c
                     }
                     ds[j] = dot;
                 }
+
                 // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij')
                 softmax_backward(ds, p, Tk);
+
                 // dq_i += ds_ij k_j / sqrt(d_k),  dk_j += ds_ij q_i / sqrt(d_k)
                 for (int j = 0; j < Tk; j++) {
-                    const real *k_j = k + ((size_t)b * Tk + j) * kv_stride + head * d_k;
-                    real *dk_j = dk + ((size_t)b * Tk + j) * kv_stride + head * d_k;
+                    size_t key_row = ((size_t)b * Tk + j) * shape.kv_stride + head * d_k;
+                    const real *k_j = k + key_row;
+                    real *dk_j = dk + key_row;
                     for (int d = 0; d < d_k; d++) {
                         dq_i[d] += ds[j] * scale * k_j[d];
                         dk_j[d] += ds[j] * scale * q_i[d];
@@ -372,91 +416,114 @@ static void attention_backward(real *dq, real *dk, real *dv, const real *dout, c
 // ==== §3.2.2  Multi-head attention ===========================================
 //     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
 //     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
-// Why several heads of d_k = d_model / h each, rather than one of d_model? "Multi-head attention
-// allows the model to jointly attend to information from different representation subspaces at
-// different positions. With a single attention head, averaging inhibits this." One head's output is
-// one weighted average of the values; h heads, each in its own d_k-wide subspace, can each weigh
-// another position, at the cost of one full-width head (Figures 3-5: heads following a
-// long-distance dependency, resolving an anaphora). Table 3 (A): one head is 0.9 BLEU worse than
-// the best.
+// Why several heads of d_k = d_model / h each, rather than one of d_model? "Multi-head
+// attention allows the model to jointly attend to information from different representation
+// subspaces at different positions. With a single attention head, averaging inhibits this."
+// One head's output is one weighted average of the values; h heads, each in its own
+// d_k-wide subspace, can each weigh another position, at the cost of one full-width head
+// (Figures 3-5: heads following a long-distance dependency, resolving an anaphora). Table 3
+// (A): one head is 0.9 BLEU worse than the best.
 //
-// W_i^Q for all heads is one (C, C) matrix whose output columns i*d_k .. (i+1)*d_k-1 belong to
-// head_i; likewise W^K, W^V. The three are stacked as the rows of one (3C, C) weight (PyTorch's
-// in_proj_weight): qkv[b,t] = [q | k | v], and head_i reads columns i*d_k .. (i+1)*d_k-1 of each.
-// The "split into heads" is only indexing, and Concat the same indexing read back.
+// W_i^Q for all heads is one (C, C) matrix whose output columns i*d_k .. (i+1)*d_k-1 belong
+// to head_i; likewise W^K, W^V. The three are stacked as the rows of one (3C, C) weight
+// (PyTorch's in_proj_weight): qkv[b,t] = [q | k | v], and head_i reads columns i*d_k ..
+// (i+1)*d_k-1 of each. The "split into heads" is only indexing, and Concat the same
+// indexing read back.
 //
 //   self-attention (encoder; decoder with the causal mask):
-//     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> (N,C)
-//   encoder-decoder attention (§3.2.3, "queries come from the previous decoder
-//   layer, and the memory keys and values come from the output of the encoder"):
+//     x (N,C) --W_qkv--> qkv (N,3C) --attention per head--> heads (N,C) --W^O--> out (N,C)
+//   encoder-decoder attention (§3.2.3, "queries come from the previous decoder layer, and
+//   the memory keys and values come from the output of the encoder"):
 //     x (B*T,C)      --rows 0..C-1 of W_qkv-->   q  (B*T,C)
 //     memory (B*S,C) --rows C..3C-1 of W_qkv--> kv (B*S,2C)
-// Both end in attend_and_project: eq. 1 per head, then W^O. Decoding (§6.1)
-// calls it too, with keys and values from its cache.
+// A sub-layer takes its activations and weights as the views of transformer.h
+// (AttentionActs, AttentionParams) and the model's sizes from its config.
 
-// out = Concat(heads) W^O + b^O with heads = Attention(q, k, v) per head: out and
-// heads are (B,Tq,C), att (B,NH,Tq,Tk); q, k, v as attention_forward reads them.
-static void attend_and_project(real *out, real *att, real *heads, const real *q, const real *k, const real *v,
-                               int q_stride, int kv_stride, const int *key_len, int causal,
-                               AttentionParams weights, int B, int Tq, int Tk, int C, int NH) {
-    attention_forward(heads, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
-    linear_forward(out, heads, weights.out_w, weights.out_b, B * Tq, C, C);
+// acts.qkv (B,T,3C), acts.att (B,NH,T,T), acts.heads and acts.out (B,T,C) from x (B,T,C)
+static void self_attention_forward(AttentionActs acts, const real *x, AttentionParams weights,
+                                   const int *key_len, int causal, int B, int T,
+                                   const TransformerConfig *config) {
+    int C = config->d_model;
+    AttentionShape shape = { B, T, T, C, config->n_heads, 3 * C, 3 * C };
+    // [q | k | v] = x [W^Q | W^K | W^V] + b
+    linear_forward(acts.qkv, x, weights.qkv_w, weights.qkv_b, B * T, C, 3 * C);
+    // head_i = Attention(q, k, v) on head i's columns, side by side: Concat(head_1..head_h)
+    attention_forward(acts.heads, acts.att, acts.qkv, acts.qkv + C, acts.qkv + 2 * C, key_len,
+                      causal, shape);
+    // out = Concat(...) W^O + b^O
+    linear_forward(acts.out, acts.heads, weights.out_w, weights.out_b, B * T, C, C);
 }
 
-// out is (B,T,C); qkv (B,T,3C), att (B,NH,T,T), heads (B,T,C) are kept for backward
-static void self_attention_forward(real *out, real *qkv, real *att, real *heads, const real *x,
-                                   AttentionParams weights, const int *len, int causal, int B, int T, int C, int NH) {
-    linear_forward(qkv, x, weights.qkv_w, weights.qkv_b, B * T, C, 3 * C);
-    attend_and_project(out, att, heads, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, causal, weights, B, T, T, C, NH);
-}
-
-// d_qkv is (B,T,3C) and d_heads (B,T,C): zeroed scratch; dx accumulates
-static void self_attention_backward(real *dx, AttentionParams grads, real *d_qkv, real *d_heads, const real *dout,
-                                    const real *qkv, const real *att, const real *heads, const real *x,
-                                    AttentionParams weights, int B, int T, int C, int NH) {
+// Given d.out = dL/d(acts.out): d.heads and d.qkv get theirs, dx (B,T,C) and grads accumulate.
+static void self_attention_backward(real *dx, AttentionActs d, AttentionParams grads,
+                                    AttentionActs acts, const real *x, AttentionParams weights,
+                                    int B, int T, const TransformerConfig *config) {
+    int C = config->d_model;
+    AttentionShape shape = { B, T, T, C, config->n_heads, 3 * C, 3 * C };
     // out = heads W^O^T + b^O
-    linear_backward(d_heads, grads.out_w, grads.out_b, dout, heads, weights.out_w, B * T, C, C);
+    linear_backward(d.heads, grads.out_w, grads.out_b, d.out, acts.heads, weights.out_w, B * T,
+                    C, C);
     // heads = Attention(q, k, v)
-    attention_backward(d_qkv, d_qkv + C, d_qkv + 2 * C, d_heads, att, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C,
-                       B, T, T, C, NH);
+    attention_backward(d.qkv, d.qkv + C, d.qkv + 2 * C, d.heads, acts.att, acts.qkv,
+                       acts.qkv + C, acts.qkv + 2 * C, shape);
     // qkv = x W_qkv^T + b_qkv
-    linear_backward(dx, grads.qkv_w, grads.qkv_b, d_qkv, x, weights.qkv_w, B * T, C, 3 * C);
+    linear_backward(dx, grads.qkv_w, grads.qkv_b, d.qkv, x, weights.qkv_w, B * T, C, 3 * C);
 }
 
-// The encoder-decoder attention's keys and values: kv (B,S,2C) = memory W_kv^T + b_kv
-static void memory_keys_values(real *kv, const real *memory, AttentionParams weights, int B, int S, int C) {
-    linear_forward(kv, memory, weights.qkv_w + (size_t)C * C, weights.qkv_b + C, B * S, C, 2 * C);
+// The encoder-decoder attention's keys and values: kv (B,S,2C) = memory W_kv^T + b_kv, with
+// W_kv rows C..3C-1 of the stacked weight
+static void memory_keys_values(real *kv, const real *memory, AttentionParams weights, int B,
+                               int S, int C) {
+    linear_forward(kv, memory, weights.qkv_w + (size_t)C * C, weights.qkv_b + C, B * S, C,
+                   2 * C);
 }
 
-// out is (B,T,C); q (B,T,C), kv (B,S,2C), att (B,NH,T,S), heads (B,T,C) kept for backward
-static void cross_attention_forward(real *out, real *q, real *kv, real *att, real *heads, const real *x,
-                                    const real *memory, AttentionParams weights, const int *src_len,
-                                    int B, int T, int S, int C, int NH) {
-    linear_forward(q, x, weights.qkv_w, weights.qkv_b, B * T, C, C);
-    memory_keys_values(kv, memory, weights, B, S, C);
-    attend_and_project(out, att, heads, q, kv, kv + C, C, 2 * C, src_len, 0, weights, B, T, S, C, NH);
-}
-
-// d_q (B,T,C), d_kv (B,S,2C), d_heads (B,T,C): zeroed scratch; dx and dmemory accumulate
-static void cross_attention_backward(real *dx, real *dmemory, AttentionParams grads, real *d_q, real *d_kv,
-                                     real *d_heads, const real *dout, const real *q, const real *kv, const real *att,
-                                     const real *heads, const real *x, const real *memory, AttentionParams weights,
-                                     int B, int T, int S, int C, int NH) {
-    // out = heads W^O^T + b^O
-    linear_backward(d_heads, grads.out_w, grads.out_b, dout, heads, weights.out_w, B * T, C, C);
-    // heads = Attention(q, k, v), keys and values from the encoder
-    attention_backward(d_q, d_kv, d_kv + C, d_heads, att, q, kv, kv + C, C, 2 * C, B, T, S, C, NH);
-    // q = x W_q^T + b_q
-    linear_backward(dx, grads.qkv_w, grads.qkv_b, d_q, x, weights.qkv_w, B * T, C, C);
-    // kv = memory W_kv^T + b_kv
-    linear_backward(dmemory, grads.qkv_w + (size_t)C * C, grads.qkv_b + C, d_kv, memory,
+// Differentiates  kv = memory W_kv^T + b_kv: dmemory (B,S,C) and grads accumulate.
+static void memory_keys_values_backward(real *dmemory, AttentionParams grads, const real *dkv,
+                                        const real *memory, AttentionParams weights, int B,
+                                        int S, int C) {
+    linear_backward(dmemory, grads.qkv_w + (size_t)C * C, grads.qkv_b + C, dkv, memory,
                     weights.qkv_w + (size_t)C * C, B * S, C, 2 * C);
+}
+
+// acts.q (B,T,C), acts.att (B,NH,T,S), acts.heads and acts.out (B,T,C) from x (B,T,C),
+// against the keys and values acts.kv (B,S,2C) that memory_keys_values made
+static void cross_attention_forward(AttentionActs acts, const real *x, AttentionParams weights,
+                                    const int *src_len, int B, int T, int S,
+                                    const TransformerConfig *config) {
+    int C = config->d_model;
+    AttentionShape shape = { B, T, S, C, config->n_heads, C, 2 * C };
+    // q = x W^Q + b^Q, with W^Q rows 0..C-1 of the stacked weight
+    linear_forward(acts.q, x, weights.qkv_w, weights.qkv_b, B * T, C, C);
+    // heads = Attention(q, k, v), the keys and values from the encoder's output
+    attention_forward(acts.heads, acts.att, acts.q, acts.kv, acts.kv + C, src_len, 0, shape);
+    // out = Concat(...) W^O + b^O
+    linear_forward(acts.out, acts.heads, weights.out_w, weights.out_b, B * T, C, C);
+}
+
+// Given d.out = dL/d(acts.out): d.heads, d.q and d.kv get theirs, dx (B,T,C) and grads
+// accumulate (memory_keys_values_backward takes d.kv on to the memory).
+static void cross_attention_backward(real *dx, AttentionActs d, AttentionParams grads,
+                                     AttentionActs acts, const real *x, AttentionParams weights,
+                                     const Batch *batch, const TransformerConfig *config) {
+    int B = batch->B;
+    int T = batch->T;
+    int C = config->d_model;
+    AttentionShape shape = { B, T, batch->S, C, config->n_heads, C, 2 * C };
+    // out = heads W^O^T + b^O
+    linear_backward(d.heads, grads.out_w, grads.out_b, d.out, acts.heads, weights.out_w, B * T,
+                    C, C);
+    // heads = Attention(q, k, v)
+    attention_backward(d.q, d.kv, d.kv + C, d.heads, acts.att, acts.q, acts.kv, acts.kv + C,
+                       shape);
+    // q = x W_q^T + b_q
+    linear_backward(dx, grads.qkv_w, grads.qkv_b, d.q, x, weights.qkv_w, B * T, C, C);
 }
 
 // ==== §3.3  Position-wise feed-forward networks ==============================
 //     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                            (eq. 2)
-// "applied to each position separately and identically": one linear layer
-// over all B*T rows at once.
+// "applied to each position separately and identically": one linear layer over all B*T
+// rows at once.
 
 // hidden = max(0, hidden) in place
 static void relu_forward(real *hidden, size_t n) {
@@ -464,170 +531,207 @@ static void relu_forward(real *hidden, size_t n) {
     for (size_t i = 0; i < n; i++) hidden[i] = hidden[i] > 0 ? hidden[i] : 0;
 }
 
-// Differentiates  hidden = max(0, a): da = dhidden where hidden > 0 (the same
-// as a > 0), else 0. In place: dhidden becomes da.
+// Differentiates  hidden = max(0, a): da = dhidden where hidden > 0 (the same as a > 0),
+// else 0. In place: dhidden becomes da.
 static void relu_backward(real *dhidden, const real *hidden, size_t n) {
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) if (!(hidden[i] > 0)) dhidden[i] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(hidden[i] > 0))
+            dhidden[i] = 0;
+    }
 }
 
-// out is (N,C), hidden (N,F) = max(0, x W_1^T + b_1) is kept for backward
-static void feed_forward_forward(real *out, real *hidden, const real *x, FeedForwardParams weights, int N, int C, int F) {
-    linear_forward(hidden, x, weights.w1, weights.b1, N, C, F);
-    relu_forward(hidden, (size_t)N * F);
-    linear_forward(out, hidden, weights.w2, weights.b2, N, F, C);
+// acts.hidden (N,F) = max(0, x W_1^T + b_1) and acts.out (N,C) = hidden W_2^T + b_2
+static void feed_forward_forward(FeedForwardActs acts, const real *x, FeedForwardParams weights,
+                                 int N, const TransformerConfig *config) {
+    int C = config->d_model;
+    int F = config->d_ff;
+    linear_forward(acts.hidden, x, weights.w1, weights.b1, N, C, F);
+    relu_forward(acts.hidden, (size_t)N * F);
+    linear_forward(acts.out, acts.hidden, weights.w2, weights.b2, N, F, C);
 }
 
-// d_hidden (N,F) is zeroed scratch; dx accumulates
-static void feed_forward_backward(real *dx, FeedForwardParams grads, real *d_hidden, const real *dout,
-                                  const real *hidden, const real *x, FeedForwardParams weights, int N, int C, int F) {
+// Given d.out = dL/d(acts.out): d.hidden gets dL/d(hidden), which relu_backward turns in
+// place into dL/d(x W_1^T + b_1); dx (N,C) and grads accumulate.
+static void feed_forward_backward(real *dx, FeedForwardActs d, FeedForwardParams grads,
+                                  FeedForwardActs acts, const real *x, FeedForwardParams weights,
+                                  int N, const TransformerConfig *config) {
+    int C = config->d_model;
+    int F = config->d_ff;
     // out = hidden W_2^T + b_2
-    linear_backward(d_hidden, grads.w2, grads.b2, dout, hidden, weights.w2, N, F, C);
+    linear_backward(d.hidden, grads.w2, grads.b2, d.out, acts.hidden, weights.w2, N, F, C);
     // hidden = max(0, a)
-    relu_backward(d_hidden, hidden, (size_t)N * F);
+    relu_backward(d.hidden, acts.hidden, (size_t)N * F);
     // a = x W_1^T + b_1
-    linear_backward(dx, grads.w1, grads.b1, d_hidden, x, weights.w1, N, C, F);
+    linear_backward(dx, grads.w1, grads.b1, d.hidden, x, weights.w1, N, C, F);
 }
 
 // ==== §3.4  Embeddings and softmax ===========================================
-// "we share the same weight matrix between the two embedding layers and the
-// pre-softmax linear transformation ... In the embedding layers, we multiply
-// those weights by sqrt(d_model)." One (V, C) matrix E serves three times:
+// "we share the same weight matrix between the two embedding layers and the pre-softmax
+// linear transformation ... In the embedding layers, we multiply those weights by
+// sqrt(d_model)." One (V, C) matrix E serves three times:
 //     source:  x = E[token] * sqrt(C) + PE[pos]
 //     target:  y = E[token] * sqrt(C) + PE[pos]
 //     output:  logits = decoder_output E^T,  then softmax (§5.4's loss, below)
 
 // out is (B,T,C), tokens (B,T), embedding (V,C), pe (max_len, C)
-static void embedding_forward(real *out, const int *tokens, const real *embedding, const real *pe, int B, int T, int C) {
+static void embedding_forward(real *out, const int *tokens, const real *embedding,
+                              const real *pe, int B, int T, int C) {
     real sqrt_d_model = real_sqrt((real)C);
     #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             const real *row = embedding + (size_t)tokens[b * T + t] * C;
-            for (int i = 0; i < C; i++)
-                out[((size_t)b * T + t) * C + i] = row[i] * sqrt_d_model + pe[(size_t)t * C + i];
+            real *out_bt = out + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) out_bt[i] = row[i] * sqrt_d_model + pe[(size_t)t * C + i];
         }
+    }
 }
 
 // Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]. Two positions
 // of the same token add into the same row: one thread, positions in order.
-static void embedding_backward(real *dembedding, const real *dout, const int *tokens, int B, int T, int C) {
+static void embedding_backward(real *dembedding, const real *dout, const int *tokens, int B,
+                               int T, int C) {
     real sqrt_d_model = real_sqrt((real)C);
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             real *drow = dembedding + (size_t)tokens[b * T + t] * C;
-            for (int i = 0; i < C; i++) drow[i] += dout[((size_t)b * T + t) * C + i] * sqrt_d_model;
+            const real *dout_bt = dout + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) drow[i] += dout_bt[i] * sqrt_d_model;
         }
+    }
 }
 
 // ==== §3.5  Positional encoding ==============================================
 //     PE(pos, 2i)   = sin(pos / 10000^(2i/d_model))
 //     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
-// Interleaved as in the paper (tensor2tensor concatenates sines, then cosines).
-// Computed once, in double; no parameters, so no backward.
+// Interleaved as in the paper (tensor2tensor concatenates sines, then cosines). Computed once,
+// in double; no parameters, so no backward.
 //
-// Why sinusoids? "We chose this function because we hypothesized it would allow the model to easily
-// learn to attend by relative positions, since for any fixed offset k, PE(pos+k) can be represented
-// as a linear function of PE(pos)." Each pair of dimensions (2i, 2i+1) turns at one frequency
-// w_i = 1 / 10000^(2i/d_model), and k positions on is a rotation by w_i k:
+// Why sinusoids? "We chose this function because we hypothesized it would allow the model to
+// easily learn to attend by relative positions, since for any fixed offset k, PE(pos+k) can
+// be represented as a linear function of PE(pos)." Each pair of dimensions (2i, 2i+1) turns
+// at one frequency w_i = 1 / 10000^(2i/d_model), and k positions on is a rotation by w_i k:
 //     sin(w (pos+k)) =  cos(wk) sin(w pos) + sin(wk) cos(w pos)
 //     cos(w (pos+k)) = -sin(wk) sin(w pos) + cos(wk) cos(w pos)
-// So PE(pos+k) = M_k PE(pos), M_k made of these 2x2 rotations: one matrix for
-// "k words later" at every position, which W^Q or W^K can learn. Wavelengths
-// from 2 pi to 10000 * 2 pi: some pairs tell near positions apart, others far ones.
+// So PE(pos+k) = M_k PE(pos), M_k made of these 2x2 rotations: one matrix for "k words later"
+// at every position, which W^Q or W^K can learn. Wavelengths from 2 pi to 10000 * 2 pi: some
+// pairs tell near positions apart, others far ones.
 //
-// "We also experimented with using learned positional embeddings instead, and found that the two
-// versions produced nearly identical results" (Table 3, row E). With config.positional =
-// POSITIONAL_LEARNED the table is a parameter, params.position_embedding (max_len, C), one for
-// source and target as the sinusoids, added unscaled in PE's place (its gradient: below).
+// "We also experimented with using learned positional embeddings instead, and found that the
+// two versions produced nearly identical results" (Table 3, row E). With config.positional =
+// POSITIONAL_LEARNED the table is a parameter, params.position_embedding (max_len, C), one
+// for source and target as the sinusoids, added unscaled in PE's place (its gradient: below).
 
 // pe is (max_len, C)
 static void positional_encoding_init(real *pe, int max_len, int C) {
-    for (int pos = 0; pos < max_len; pos++)
+    for (int pos = 0; pos < max_len; pos++) {
         for (int i = 0; 2 * i < C; i++) {
             double angle = pos / pow(10000.0, (2.0 * i) / C);
             pe[(size_t)pos * C + 2 * i] = (real)sin(angle);
-            if (2 * i + 1 < C) pe[(size_t)pos * C + 2 * i + 1] = (real)cos(angle);
+            if (2 * i + 1 < C)
+                pe[(size_t)pos * C + 2 * i + 1] = (real)cos(angle);
         }
+    }
 }
 
-// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]  for the
-// learned table pe (max_len, C): row t gets every sentence's position t of dout (B,T,C).
+// Differentiates  out[b,t,i] = embedding[tokens[b,t], i] * sqrt(C) + pe[t,i]  for the learned
+// table pe (max_len, C): row t gets every sentence's position t of dout (B,T,C).
 static void position_embedding_backward(real *dpe, const real *dout, int B, int T, int C) {
-    for (int t = 0; t < T; t++)
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < C; i++) dpe[(size_t)t * C + i] += dout[((size_t)b * T + t) * C + i];
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) {
+            const real *dout_bt = dout + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) dpe[(size_t)t * C + i] += dout_bt[i];
+        }
+    }
 }
 
 // ==== §5.4  Label smoothing, and the loss ====================================
-// "During training, we employed label smoothing of value eps_ls = 0.1." The
-// target distribution at each position is, as in PyTorch's cross_entropy,
+// "During training, we employed label smoothing of value eps_ls = 0.1." The target
+// distribution at each position is, as in PyTorch's cross_entropy,
 //     q_v = (1 - eps_ls) [v == y] + eps_ls / V
-// and the loss is the cross-entropy -sum_v q_v log p_v with p = softmax(logits),
-// averaged over the non-padding target positions. "This hurts perplexity, as
-// the model learns to be more unsure, but improves accuracy and BLEU score."
+// and the loss is the cross-entropy -sum_v q_v log p_v with p = softmax(logits), averaged
+// over the non-padding target positions. "This hurts perplexity, as the model learns to be
+// more unsure, but improves accuracy and BLEU score."
 
-// token_loss is (B,T), probs (B,T,V), logits (B,T,V), targets (B,T), tgt_len (B).
-// Returns the mean loss; *num_tokens gets the number of non-padding positions.
-static double cross_entropy_forward(real *token_loss, real *probs, const real *logits, const int *targets,
-                                    const int *tgt_len, float label_smoothing, int B, int T, int V, int *num_tokens) {
+// token_loss is (B,T), probs and logits (B,T,V); the targets are the batch's tgt_out (B,T),
+// its lengths tgt_len (B). Returns the mean loss; *num_tokens gets the number of non-padding
+// positions.
+static double cross_entropy_forward(real *token_loss, real *probs, const real *logits,
+                                    const Batch *batch, float label_smoothing, int V,
+                                    int *num_tokens) {
+    int T = batch->T;
+    int positions = batch->B * T;
     real eps_ls = (real)label_smoothing;
     #pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
+    for (int bt = 0; bt < positions; bt++) {
         const real *z = logits + (size_t)bt * V;
         real *p = probs + (size_t)bt * V;
-        if (bt % T >= tgt_len[bt / T]) { // padding: no loss, no probabilities
+        if (bt % T >= batch->tgt_len[bt / T]) {   // padding: no loss, no probabilities
             token_loss[bt] = 0;
             for (int token = 0; token < V; token++) p[token] = 0;
             continue;
         }
+
         // log p_v = z_v - logsumexp(z), computed around the largest logit
         real max_z = -INFINITY;
         for (int token = 0; token < V; token++) max_z = z[token] > max_z ? z[token] : max_z;
-        real sum = 0, sum_z = 0;
+        real sum = 0;
+        real sum_z = 0;
         for (int token = 0; token < V; token++) {
             p[token] = real_exp(z[token] - max_z);
             sum += p[token];
             sum_z += z[token];
         }
-        real log_sum = max_z + real_log(sum), inv_sum = 1 / sum;
+        real log_sum = max_z + real_log(sum);
+        real inv_sum = 1 / sum;
         for (int token = 0; token < V; token++) p[token] *= inv_sum;
+
         // -sum_v q_v log p_v = -(1-eps_ls) log p_y - (eps_ls/V) sum_v log p_v
-        real log_p_target = z[targets[bt]] - log_sum;
+        real log_p_target = z[batch->tgt_out[bt]] - log_sum;
         real sum_log_p = sum_z - V * log_sum;
         token_loss[bt] = -(1 - eps_ls) * log_p_target - eps_ls / V * sum_log_p;
     }
+
     double total = 0;
     int count = 0;
-    for (int bt = 0; bt < B * T; bt++)
-        if (bt % T < tgt_len[bt / T]) { total += token_loss[bt]; count++; }
+    for (int bt = 0; bt < positions; bt++) {
+        if (bt % T < batch->tgt_len[bt / T]) {
+            total += token_loss[bt];
+            count++;
+        }
+    }
     *num_tokens = count;
     return count ? total / count : 0.0;
 }
 
-// Differentiates  loss = (1/n) sum_positions -sum_v q_v log softmax(z)_v:
-// for a softmax followed by cross-entropy against a distribution q that sums
-// to one, dloss/dz_v = p_v - q_v, here divided by the n non-padding positions.
-static void cross_entropy_backward(real *dlogits, const real *probs, const int *targets, const int *tgt_len,
-                                   float label_smoothing, int num_tokens, int B, int T, int V) {
-    real eps_ls = (real)label_smoothing, inv_n = (real)(1.0 / num_tokens);
+// Differentiates  loss = (1/n) sum_positions -sum_v q_v log softmax(z)_v: for a softmax
+// followed by cross-entropy against a distribution q that sums to one, dloss/dz_v = p_v -
+// q_v, here divided by the n non-padding positions.
+static void cross_entropy_backward(real *dlogits, const real *probs, const Batch *batch,
+                                   float label_smoothing, int num_tokens, int V) {
+    int T = batch->T;
+    int positions = batch->B * T;
+    real eps_ls = (real)label_smoothing;
+    real inv_n = (real)(1.0 / num_tokens);
     #pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
-        if (bt % T >= tgt_len[bt / T]) continue;
+    for (int bt = 0; bt < positions; bt++) {
+        if (bt % T >= batch->tgt_len[bt / T])
+            continue;
         const real *p = probs + (size_t)bt * V;
         real *dz = dlogits + (size_t)bt * V;
         for (int token = 0; token < V; token++) {
-            real q_v = eps_ls / V + (token == targets[bt] ? 1 - eps_ls : 0);
+            real q_v = eps_ls / V + (token == batch->tgt_out[bt] ? 1 - eps_ls : 0);
             dz[token] += (p[token] - q_v) * inv_n;
         }
     }
 }
 
 // ==== §3.1  Encoder and decoder stacks =======================================
-// "The encoder is composed of a stack of N identical layers. Each layer has two sub-layers ...
-// multi-head self-attention ... and a simple, position-wise fully connected feed-forward network."
-// The decoder "inserts a third sub-layer, which performs multi-head attention over the output of
-// the encoder stack", and masks its self-attention. Post-norm, as published:
+// "The encoder is composed of a stack of N identical layers. Each layer has two sub-layers
+// ... multi-head self-attention ... and a simple, position-wise fully connected feed-forward
+// network." The decoder "inserts a third sub-layer, which performs multi-head attention over
+// the output of the encoder stack", and masks its self-attention. Post-norm, as published:
 //
 //   encoder layer                       decoder layer
 //   x ─┬─ self-attention ─ drop ─(+)─ LN    y ─┬─ masked self-attn ─ drop ─(+)─ LN ─┐
@@ -638,82 +742,84 @@ static void cross_entropy_backward(real *dlogits, const real *probs, const int *
 //                                        ┌─────────────────────────────────────────┘
 //                                        ├─ FFN ─ drop ─(+)─ LN ─> out
 //                                        └────────────────────┘
-// No layer norm follows the last layer of either stack in the published model. A layer takes its
-// parameters and activations as views of the model's tensors (transformer.h: EncoderLayerParams,
-// DecoderLayerActs, ...), each tensor holding all N layers.
+// No layer norm follows the last layer of either stack in the published model. A layer
+// takes its parameters as views of the model's tensors (transformer.h: EncoderLayerParams,
+// ...), each tensor holding all N layers; its activations, and their gradients, are the
+// model's acts.enc[l] and grads_acts.enc[l] (or dec[l]).
 
-static AttentionParams attention_params_at(real *qkv_w, real *qkv_b, real *out_w, real *out_b, size_t l, size_t C) {
-    return (AttentionParams){ qkv_w + l * 3 * C * C, qkv_b + l * 3 * C, out_w + l * C * C, out_b + l * C };
-}
-
-static FeedForwardParams feed_forward_params_at(real *w1, real *b1, real *w2, real *b2, size_t l, size_t C, size_t F) {
-    return (FeedForwardParams){ w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
-}
-
-// Layer l's view into a ParameterTensors (the parameters or the gradients).
-static EncoderLayerParams encoder_layer_params(ParameterTensors *of, const TransformerConfig *config, int l) {
-    size_t C = config->d_model, F = config->d_ff;
-    return (EncoderLayerParams){
-        .self_attn = attention_params_at(of->enc_qkv_w, of->enc_qkv_b, of->enc_out_w, of->enc_out_b, l, C),
-        .ln1_g = of->enc_ln1_g + l * C, .ln1_b = of->enc_ln1_b + l * C,
-        .ffn = feed_forward_params_at(of->enc_ff1_w, of->enc_ff1_b, of->enc_ff2_w, of->enc_ff2_b, l, C, F),
-        .ln2_g = of->enc_ln2_g + l * C, .ln2_b = of->enc_ln2_b + l * C,
+static AttentionParams attention_params(real *qkv_w, real *qkv_b, real *out_w, real *out_b,
+                                        size_t l, size_t C) {
+    AttentionParams view = {
+        .qkv_w = qkv_w + l * 3 * C * C,
+        .qkv_b = qkv_b + l * 3 * C,
+        .out_w = out_w + l * C * C,
+        .out_b = out_b + l * C,
     };
+    return view;
 }
 
-static DecoderLayerParams decoder_layer_params(ParameterTensors *of, const TransformerConfig *config, int l) {
-    size_t C = config->d_model, F = config->d_ff;
-    return (DecoderLayerParams){
-        .self_attn = attention_params_at(of->dec_self_qkv_w, of->dec_self_qkv_b, of->dec_self_out_w, of->dec_self_out_b,
-                                         l, C),
-        .ln1_g = of->dec_ln1_g + l * C, .ln1_b = of->dec_ln1_b + l * C,
-        .cross_attn = attention_params_at(of->dec_cross_qkv_w, of->dec_cross_qkv_b, of->dec_cross_out_w,
-                                          of->dec_cross_out_b, l, C),
-        .ln2_g = of->dec_ln2_g + l * C, .ln2_b = of->dec_ln2_b + l * C,
-        .ffn = feed_forward_params_at(of->dec_ff1_w, of->dec_ff1_b, of->dec_ff2_w, of->dec_ff2_b, l, C, F),
-        .ln3_g = of->dec_ln3_g + l * C, .ln3_b = of->dec_ln3_b + l * C,
-    };
+static FeedForwardParams feed_forward_params(real *w1, real *b1, real *w2, real *b2, size_t l,
+                                             size_t C, size_t F) {
+    FeedForwardParams view = { w1 + l * F * C, b1 + l * F, w2 + l * C * F, b2 + l * C };
+    return view;
 }
 
-// Layer l's slice of the activations.
-static EncoderLayerActs encoder_layer_acts(const Transformer *model, int layer) {
-    const ActivationTensors *all = &model->acts;
-    size_t l = layer, B = model->B, S = model->S, C = model->config.d_model, F = model->config.d_ff;
-    size_t NH = model->config.n_heads, x = B * S * C, row = B * S;   // x: one (B,S,C) tensor; row: one number a position
-    return (EncoderLayerActs){
-        .qkv = all->enc_qkv + l * 3 * x,       .att = all->enc_att + l * B * NH * S * S,
-        .heads = all->enc_heads + l * x,       .att_proj = all->enc_att_proj + l * x,
-        .drop1 = all->enc_drop1 + l * x,       .res1 = all->enc_res1 + l * x,
-        .ln1 = all->enc_ln1 + l * x,           .ln1_mean = all->enc_ln1_mean + l * row,
-        .ln1_rstd = all->enc_ln1_rstd + l * row,
-        .ff_h = all->enc_ff_h + l * row * F,   .ff_out = all->enc_ff_out + l * x,
-        .drop2 = all->enc_drop2 + l * x,       .res2 = all->enc_res2 + l * x,
-        .ln2 = all->enc_ln2 + l * x,           .ln2_mean = all->enc_ln2_mean + l * row,
-        .ln2_rstd = all->enc_ln2_rstd + l * row,
-    };
+static LayerNormParams layer_norm_params(real *gain, real *bias, size_t l, size_t C) {
+    LayerNormParams view = { gain + l * C, bias + l * C };
+    return view;
 }
 
-static DecoderLayerActs decoder_layer_acts(const Transformer *model, int layer) {
-    const ActivationTensors *all = &model->acts;
-    size_t l = layer, B = model->B, S = model->S, T = model->T, C = model->config.d_model;
-    size_t F = model->config.d_ff, NH = model->config.n_heads, y = B * T * C, row = B * T;   // y: one (B,T,C) tensor
-    return (DecoderLayerActs){
-        .self_qkv = all->dec_self_qkv + l * 3 * y,    .self_att = all->dec_self_att + l * B * NH * T * T,
-        .self_heads = all->dec_self_heads + l * y,    .self_proj = all->dec_self_proj + l * y,
-        .drop1 = all->dec_drop1 + l * y,              .res1 = all->dec_res1 + l * y,
-        .ln1 = all->dec_ln1 + l * y,                  .ln1_mean = all->dec_ln1_mean + l * row,
-        .ln1_rstd = all->dec_ln1_rstd + l * row,
-        .cross_q = all->dec_cross_q + l * y,          .cross_kv = all->dec_cross_kv + l * 2 * B * S * C,
-        .cross_att = all->dec_cross_att + l * B * NH * T * S,
-        .cross_heads = all->dec_cross_heads + l * y,  .cross_proj = all->dec_cross_proj + l * y,
-        .drop2 = all->dec_drop2 + l * y,              .res2 = all->dec_res2 + l * y,
-        .ln2 = all->dec_ln2 + l * y,                  .ln2_mean = all->dec_ln2_mean + l * row,
-        .ln2_rstd = all->dec_ln2_rstd + l * row,
-        .ff_h = all->dec_ff_h + l * row * F,          .ff_out = all->dec_ff_out + l * y,
-        .drop3 = all->dec_drop3 + l * y,              .res3 = all->dec_res3 + l * y,
-        .ln3 = all->dec_ln3 + l * y,                  .ln3_mean = all->dec_ln3_mean + l * row,
-        .ln3_rstd = all->dec_ln3_rstd + l * row,
+// Layer l's view into a ParameterTensors (the parameters, or their gradients).
+static EncoderLayerParams encoder_layer_params(ParameterTensors *of,
+                                               const TransformerConfig *config, int l) {
+    size_t C = config->d_model;
+    size_t F = config->d_ff;
+    EncoderLayerParams view = {
+        .self_attn = attention_params(of->enc_qkv_w, of->enc_qkv_b, of->enc_out_w,
+                                      of->enc_out_b, l, C),
+        .ln1 = layer_norm_params(of->enc_ln1_g, of->enc_ln1_b, l, C),
+        .ffn = feed_forward_params(of->enc_ff1_w, of->enc_ff1_b, of->enc_ff2_w, of->enc_ff2_b,
+                                   l, C, F),
+        .ln2 = layer_norm_params(of->enc_ln2_g, of->enc_ln2_b, l, C),
     };
+    return view;
+}
+
+static DecoderLayerParams decoder_layer_params(ParameterTensors *of,
+                                               const TransformerConfig *config, int l) {
+    size_t C = config->d_model;
+    size_t F = config->d_ff;
+    DecoderLayerParams view = {
+        .self_attn = attention_params(of->dec_self_qkv_w, of->dec_self_qkv_b,
+                                      of->dec_self_out_w, of->dec_self_out_b, l, C),
+        .ln1 = layer_norm_params(of->dec_ln1_g, of->dec_ln1_b, l, C),
+        .cross_attn = attention_params(of->dec_cross_qkv_w, of->dec_cross_qkv_b,
+                                       of->dec_cross_out_w, of->dec_cross_out_b, l, C),
+        .ln2 = layer_norm_params(of->dec_ln2_g, of->dec_ln2_b, l, C),
+        .ffn = feed_forward_params(of->dec_ff1_w, of->dec_ff1_b, of->dec_ff2_w, of->dec_ff2_b,
+                                   l, C, F),
+        .ln3 = layer_norm_params(of->dec_ln3_g, of->dec_ln3_b, l, C),
+    };
+    return view;
+}
+
+// A layer's input: the embedded sentence for layer 0, else the output of the layer below.
+// The same in the activations and in their gradients (`of` is either).
+static real *encoder_layer_input(const ActivationTensors *of, int l) {
+    return l == 0 ? of->enc_x0 : of->enc[l - 1].norm2.out;
+}
+
+static real *decoder_layer_input(const ActivationTensors *of, int l) {
+    return l == 0 ? of->dec_x0 : of->dec[l - 1].norm3.out;
+}
+
+// The encoder's output, the memory every decoder layer attends to; and the decoder's output.
+static real *encoder_output(const Transformer *model, const ActivationTensors *of) {
+    return of->enc[model->config.n_layers - 1].norm2.out;
+}
+
+static real *decoder_output(const Transformer *model, const ActivationTensors *of) {
+    return of->dec[model->config.n_layers - 1].norm3.out;
 }
 
 static void zero(real *x, size_t n) {
@@ -721,240 +827,245 @@ static void zero(real *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = 0;
 }
 
-// "Add & Norm" (Figure 1), the end of every sub-layer: res = x + Dropout(sublayer),
-// out = LayerNorm(res); all (N,C) but mean and rstd (N). The mask drawn here is kept
-// for residual_layernorm_backward.
-static void add_norm_forward(real *out, real *mean, real *rstd, real *res, real *mask, const real *x,
-                             const real *sublayer, const real *gain, const real *bias, Transformer *model, int N) {
+// "Add & Norm" (Figure 1), the end of every sub-layer: norm.res = x + Dropout(sublayer),
+// norm.out = LayerNorm(norm.res), for N rows. The mask drawn here is kept in norm.mask for
+// residual_layernorm_backward.
+static void add_norm_forward(AddNormActs norm, const real *x, const real *sublayer,
+                             LayerNormParams ln, Transformer *model, int N) {
     const TransformerConfig *config = &model->config;
-    dropout_mask(mask, config->dropout, model->training, &model->dropout_rng, (size_t)N * config->d_model);
-    residual_layernorm_forward(out, mean, rstd, res, x, sublayer, mask, gain, bias, N, config->d_model,
+    size_t n = (size_t)N * config->d_model;
+    dropout_mask(norm.mask, config->dropout, model->training, &model->dropout_rng, n);
+    residual_layernorm_forward(norm, x, sublayer, ln, N, config->d_model,
                                config->layer_norm_eps);
 }
 
-// out = acts.ln2, the layer's output; x is (B,S,C), src_len is (B)
-static void encoder_layer_forward(EncoderLayerActs acts, const real *x, EncoderLayerParams weights, const int *src_len,
-                                  Transformer *model, int B, int S) {
+// Encoder layer l for the batch's sources: from its input to acts.enc[l].norm2.out.
+static void encoder_layer_forward(Transformer *model, int l, const Batch *batch) {
     const TransformerConfig *config = &model->config;
-    int C = config->d_model, N = B * S;
-    // sub-layer 1: ln1 = LayerNorm(x + Dropout(SelfAttention(x)))
-    self_attention_forward(acts.att_proj, acts.qkv, acts.att, acts.heads, x, weights.self_attn, src_len, 0,
-                           B, S, C, config->n_heads);
-    add_norm_forward(acts.ln1, acts.ln1_mean, acts.ln1_rstd, acts.res1, acts.drop1, x, acts.att_proj,
-                     weights.ln1_g, weights.ln1_b, model, N);
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(FFN(ln1)))
-    feed_forward_forward(acts.ff_out, acts.ff_h, acts.ln1, weights.ffn, N, C, config->d_ff);
-    add_norm_forward(acts.ln2, acts.ln2_mean, acts.ln2_rstd, acts.res2, acts.drop2, acts.ln1, acts.ff_out,
-                     weights.ln2_g, weights.ln2_b, model, N);
+    EncoderLayerActs acts = model->acts.enc[l];
+    EncoderLayerParams weights = encoder_layer_params(&model->params, config, l);
+    const real *x = encoder_layer_input(&model->acts, l);
+    int N = batch->B * batch->S;
+
+    // sub-layer 1: norm1.out = LayerNorm(x + Dropout(SelfAttention(x)))
+    self_attention_forward(acts.self_attn, x, weights.self_attn, batch->src_len, 0, batch->B,
+                           batch->S, config);
+    add_norm_forward(acts.norm1, x, acts.self_attn.out, weights.ln1, model, N);
+
+    // sub-layer 2: norm2.out = LayerNorm(norm1.out + Dropout(FFN(norm1.out)))
+    feed_forward_forward(acts.ffn, acts.norm1.out, weights.ffn, N, config);
+    add_norm_forward(acts.norm2, acts.norm1.out, acts.ffn.out, weights.ln2, model, N);
 }
 
-// dx accumulates dL/dx given dout = dL/d(acts.ln2), grads the parameters'; the
-// gradients in between go through model->scratch (transformer.h).
-static void encoder_layer_backward(real *dx, EncoderLayerParams grads, const real *dout, EncoderLayerActs acts,
-                                   const real *x, EncoderLayerParams weights, Transformer *model, int B, int S) {
+// Encoder layer l backwards: from grads_acts.enc[l].norm2.out, dL/d(its output), to the
+// gradient of its input and of its parameters (all accumulate).
+static void encoder_layer_backward(Transformer *model, int l, const Batch *batch) {
     const TransformerConfig *config = &model->config;
-    BackwardScratch *scratch = &model->scratch;
-    int C = config->d_model, F = config->d_ff, N = B * S;
-    size_t n = (size_t)N * C;
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(ff_out)),  ff_out = FFN(ln1)
-    zero(scratch->d_ln1, n); zero(scratch->d_sublayer, n);
-    residual_layernorm_backward(scratch->d_ln1, scratch->d_sublayer, grads.ln2_g, grads.ln2_b, dout,
-                                acts.res2, acts.drop2, weights.ln2_g, acts.ln2_mean, acts.ln2_rstd, N, C);
-    zero(scratch->d_ff_h, (size_t)N * F);
-    feed_forward_backward(scratch->d_ln1, grads.ffn, scratch->d_ff_h, scratch->d_sublayer, acts.ff_h, acts.ln1,
-                          weights.ffn, N, C, F);
-    // sub-layer 1: ln1 = LayerNorm(x + Dropout(att_proj)),  att_proj = SelfAttention(x)
-    zero(scratch->d_sublayer, n);
-    residual_layernorm_backward(dx, scratch->d_sublayer, grads.ln1_g, grads.ln1_b, scratch->d_ln1,
-                                acts.res1, acts.drop1, weights.ln1_g, acts.ln1_mean, acts.ln1_rstd, N, C);
-    zero(scratch->d_heads, n); zero(scratch->d_qkv, 3 * n);
-    self_attention_backward(dx, grads.self_attn, scratch->d_qkv, scratch->d_heads, scratch->d_sublayer,
-                            acts.qkv, acts.att, acts.heads, x, weights.self_attn, B, S, C, config->n_heads);
+    EncoderLayerActs acts = model->acts.enc[l];
+    EncoderLayerActs d = model->grads_acts.enc[l];
+    EncoderLayerParams weights = encoder_layer_params(&model->params, config, l);
+    EncoderLayerParams grads = encoder_layer_params(&model->grads, config, l);
+    const real *x = encoder_layer_input(&model->acts, l);
+    real *dx = encoder_layer_input(&model->grads_acts, l);
+    int C = config->d_model;
+    int N = batch->B * batch->S;
+
+    // sub-layer 2: norm2.out = LayerNorm(norm1.out + Dropout(ffn.out)), ffn.out = FFN(norm1.out)
+    residual_layernorm_backward(d.norm1.out, d.ffn.out, grads.ln2, d.norm2.out, acts.norm2,
+                                weights.ln2, N, C);
+    feed_forward_backward(d.norm1.out, d.ffn, grads.ffn, acts.ffn, acts.norm1.out, weights.ffn,
+                          N, config);
+
+    // sub-layer 1: norm1.out = LayerNorm(x + Dropout(self_attn.out)), self_attn = SelfAttention(x)
+    residual_layernorm_backward(dx, d.self_attn.out, grads.ln1, d.norm1.out, acts.norm1,
+                                weights.ln1, N, C);
+    self_attention_backward(dx, d.self_attn, grads.self_attn, acts.self_attn, x,
+                            weights.self_attn, batch->B, batch->S, config);
 }
 
-// out = acts.ln3; y is (B,T,C), memory (the encoder output) is (B,S,C)
-static void decoder_layer_forward(DecoderLayerActs acts, const real *y, const real *memory, DecoderLayerParams weights,
-                                  const Batch *batch, Transformer *model) {
+// Decoder layer l for the batch's targets: from its input and the memory (the encoder's
+// output) to acts.dec[l].norm3.out.
+static void decoder_layer_forward(Transformer *model, int l, const Batch *batch) {
     const TransformerConfig *config = &model->config;
-    int B = batch->B, S = batch->S, T = batch->T, C = config->d_model, N = B * T;
-    // sub-layer 1: ln1 = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
-    self_attention_forward(acts.self_proj, acts.self_qkv, acts.self_att, acts.self_heads, y, weights.self_attn,
-                           batch->tgt_len, 1, B, T, C, config->n_heads);
-    add_norm_forward(acts.ln1, acts.ln1_mean, acts.ln1_rstd, acts.res1, acts.drop1, y, acts.self_proj,
-                     weights.ln1_g, weights.ln1_b, model, N);
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(Attention(ln1, memory)))
-    cross_attention_forward(acts.cross_proj, acts.cross_q, acts.cross_kv, acts.cross_att, acts.cross_heads,
-                            acts.ln1, memory, weights.cross_attn, batch->src_len, B, T, S, C, config->n_heads);
-    add_norm_forward(acts.ln2, acts.ln2_mean, acts.ln2_rstd, acts.res2, acts.drop2, acts.ln1, acts.cross_proj,
-                     weights.ln2_g, weights.ln2_b, model, N);
-    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(FFN(ln2)))
-    feed_forward_forward(acts.ff_out, acts.ff_h, acts.ln2, weights.ffn, N, C, config->d_ff);
-    add_norm_forward(acts.ln3, acts.ln3_mean, acts.ln3_rstd, acts.res3, acts.drop3, acts.ln2, acts.ff_out,
-                     weights.ln3_g, weights.ln3_b, model, N);
+    DecoderLayerActs acts = model->acts.dec[l];
+    DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
+    const real *y = decoder_layer_input(&model->acts, l);
+    const real *memory = encoder_output(model, &model->acts);
+    int B = batch->B;
+    int S = batch->S;
+    int T = batch->T;
+    int N = B * T;
+
+    // sub-layer 1: norm1.out = LayerNorm(y + Dropout(MaskedSelfAttention(y)))
+    self_attention_forward(acts.self_attn, y, weights.self_attn, batch->tgt_len, 1, B, T, config);
+    add_norm_forward(acts.norm1, y, acts.self_attn.out, weights.ln1, model, N);
+
+    // sub-layer 2: norm2.out = LayerNorm(norm1.out + Dropout(Attention(norm1.out, memory)))
+    memory_keys_values(acts.cross_attn.kv, memory, weights.cross_attn, B, S, config->d_model);
+    cross_attention_forward(acts.cross_attn, acts.norm1.out, weights.cross_attn, batch->src_len,
+                            B, T, S, config);
+    add_norm_forward(acts.norm2, acts.norm1.out, acts.cross_attn.out, weights.ln2, model, N);
+
+    // sub-layer 3: norm3.out = LayerNorm(norm2.out + Dropout(FFN(norm2.out)))
+    feed_forward_forward(acts.ffn, acts.norm2.out, weights.ffn, N, config);
+    add_norm_forward(acts.norm3, acts.norm2.out, acts.ffn.out, weights.ln3, model, N);
 }
 
-// dy accumulates dL/dy, dmemory accumulates dL/d(memory), given dout = dL/d(acts.ln3).
-static void decoder_layer_backward(real *dy, real *dmemory, DecoderLayerParams grads, const real *dout,
-                                   DecoderLayerActs acts, const real *y, const real *memory,
-                                   DecoderLayerParams weights, const Batch *batch, Transformer *model) {
+// Decoder layer l backwards: from grads_acts.dec[l].norm3.out to the gradients of its input,
+// of the memory and of its parameters (all accumulate).
+static void decoder_layer_backward(Transformer *model, int l, const Batch *batch) {
     const TransformerConfig *config = &model->config;
-    BackwardScratch *scratch = &model->scratch;
-    int B = batch->B, S = batch->S, T = batch->T, C = config->d_model, F = config->d_ff, N = B * T;
-    size_t n = (size_t)N * C;
-    // sub-layer 3: ln3 = LayerNorm(ln2 + Dropout(ff_out)),  ff_out = FFN(ln2)
-    zero(scratch->d_ln2, n); zero(scratch->d_sublayer, n);
-    residual_layernorm_backward(scratch->d_ln2, scratch->d_sublayer, grads.ln3_g, grads.ln3_b, dout,
-                                acts.res3, acts.drop3, weights.ln3_g, acts.ln3_mean, acts.ln3_rstd, N, C);
-    zero(scratch->d_ff_h, (size_t)N * F);
-    feed_forward_backward(scratch->d_ln2, grads.ffn, scratch->d_ff_h, scratch->d_sublayer, acts.ff_h, acts.ln2,
-                          weights.ffn, N, C, F);
-    // sub-layer 2: ln2 = LayerNorm(ln1 + Dropout(cross_proj)),  cross_proj = Attention(ln1, memory)
-    zero(scratch->d_sublayer, n); zero(scratch->d_ln1, n);
-    residual_layernorm_backward(scratch->d_ln1, scratch->d_sublayer, grads.ln2_g, grads.ln2_b, scratch->d_ln2,
-                                acts.res2, acts.drop2, weights.ln2_g, acts.ln2_mean, acts.ln2_rstd, N, C);
-    zero(scratch->d_heads, n); zero(scratch->d_q, n); zero(scratch->d_kv, (size_t)B * S * 2 * C);
-    cross_attention_backward(scratch->d_ln1, dmemory, grads.cross_attn, scratch->d_q, scratch->d_kv,
-                             scratch->d_heads, scratch->d_sublayer, acts.cross_q, acts.cross_kv, acts.cross_att,
-                             acts.cross_heads, acts.ln1, memory, weights.cross_attn, B, T, S, C, config->n_heads);
-    // sub-layer 1: ln1 = LayerNorm(y + Dropout(self_proj)),  self_proj = MaskedSelfAttention(y)
-    zero(scratch->d_sublayer, n);
-    residual_layernorm_backward(dy, scratch->d_sublayer, grads.ln1_g, grads.ln1_b, scratch->d_ln1,
-                                acts.res1, acts.drop1, weights.ln1_g, acts.ln1_mean, acts.ln1_rstd, N, C);
-    zero(scratch->d_heads, n); zero(scratch->d_qkv, 3 * n);
-    self_attention_backward(dy, grads.self_attn, scratch->d_qkv, scratch->d_heads, scratch->d_sublayer,
-                            acts.self_qkv, acts.self_att, acts.self_heads, y, weights.self_attn,
-                            B, T, C, config->n_heads);
+    DecoderLayerActs acts = model->acts.dec[l];
+    DecoderLayerActs d = model->grads_acts.dec[l];
+    DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
+    DecoderLayerParams grads = decoder_layer_params(&model->grads, config, l);
+    const real *y = decoder_layer_input(&model->acts, l);
+    real *dy = decoder_layer_input(&model->grads_acts, l);
+    const real *memory = encoder_output(model, &model->acts);
+    real *dmemory = encoder_output(model, &model->grads_acts);
+    int C = config->d_model;
+    int N = batch->B * batch->T;
+
+    // sub-layer 3: norm3.out = LayerNorm(norm2.out + Dropout(ffn.out)), ffn.out = FFN(norm2.out)
+    residual_layernorm_backward(d.norm2.out, d.ffn.out, grads.ln3, d.norm3.out, acts.norm3,
+                                weights.ln3, N, C);
+    feed_forward_backward(d.norm2.out, d.ffn, grads.ffn, acts.ffn, acts.norm2.out, weights.ffn,
+                          N, config);
+
+    // sub-layer 2: norm2.out = LayerNorm(norm1.out + Dropout(cross_attn.out)),
+    // cross_attn.out = Attention(norm1.out, memory)
+    residual_layernorm_backward(d.norm1.out, d.cross_attn.out, grads.ln2, d.norm2.out,
+                                acts.norm2, weights.ln2, N, C);
+    cross_attention_backward(d.norm1.out, d.cross_attn, grads.cross_attn, acts.cross_attn,
+                             acts.norm1.out, weights.cross_attn, batch, config);
+    memory_keys_values_backward(dmemory, grads.cross_attn, d.cross_attn.kv, memory,
+                                weights.cross_attn, batch->B, batch->S, C);
+
+    // sub-layer 1: norm1.out = LayerNorm(y + Dropout(self_attn.out)),
+    // self_attn.out = MaskedSelfAttention(y)
+    residual_layernorm_backward(dy, d.self_attn.out, grads.ln1, d.norm1.out, acts.norm1,
+                                weights.ln1, N, C);
+    self_attention_backward(dy, d.self_attn, grads.self_attn, acts.self_attn, y,
+                            weights.self_attn, batch->B, batch->T, config);
 }
 
 // ==== The whole model (Figure 1) =============================================
-// The encoder stack, the decoder stack and the output projection, then the
-// loss; and the backward pass, the same path in reverse.
+// The encoder stack, the decoder stack and the output projection, then the loss; and the
+// backward pass, the same path in reverse.
 
-// The encoder stack: memory = Encoder(source). Returns the memory (B,S,C).
-static const real *encoder_forward(Transformer *model, const Batch *batch) {
+// §3.4, §3.5, then §5.4's dropout on the sum: x0 = Dropout(E[tokens] sqrt(C) + PE), with
+// embedded (B,T,C) and its mask kept. tokens are (B,T): the sources, or the targets' inputs.
+static void embed_forward(real *x0, real *embedded, real *mask, const int *tokens,
+                          Transformer *model, int B, int T) {
     const TransformerConfig *config = &model->config;
-    ActivationTensors *acts = &model->acts;
-    int B = batch->B, S = batch->S, C = config->d_model;
-    size_t n = (size_t)B * S * C;
-    // §3.4, §3.5: embed, scale, add positions; §5.4: dropout on the sum
-    embedding_forward(acts->enc_embedded, batch->src, model->params.embedding, model->positional_encoding, B, S, C);
-    dropout_mask(acts->enc_emb_mask, config->dropout, model->training, &model->dropout_rng, n);
-    dropout_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, n);
-    const real *x = acts->enc_x0;
-    for (int l = 0; l < config->n_layers; l++) {
-        EncoderLayerActs layer_acts = encoder_layer_acts(model, l);
-        encoder_layer_forward(layer_acts, x, encoder_layer_params(&model->params, config, l), batch->src_len,
-                              model, B, S);
-        x = layer_acts.ln2;
-    }
-    return x;
+    size_t n = (size_t)B * T * config->d_model;
+    embedding_forward(embedded, tokens, model->params.embedding, model->positional_encoding, B,
+                      T, config->d_model);
+    dropout_mask(mask, config->dropout, model->training, &model->dropout_rng, n);
+    dropout_forward(x0, embedded, mask, n);
 }
 
-// The decoder stack and the output projection: logits = Decoder(target, memory) E^T
-static void decoder_forward(Transformer *model, const Batch *batch, const real *memory) {
-    const TransformerConfig *config = &model->config;
-    ActivationTensors *acts = &model->acts;
-    int B = batch->B, T = batch->T, C = config->d_model;
-    size_t n = (size_t)B * T * C;
-    embedding_forward(acts->dec_embedded, batch->tgt_in, model->params.embedding, model->positional_encoding, B, T, C);
-    dropout_mask(acts->dec_emb_mask, config->dropout, model->training, &model->dropout_rng, n);
-    dropout_forward(acts->dec_x0, acts->dec_embedded, acts->dec_emb_mask, n);
-    const real *y = acts->dec_x0;
-    for (int l = 0; l < config->n_layers; l++) {
-        DecoderLayerActs layer_acts = decoder_layer_acts(model, l);
-        decoder_layer_forward(layer_acts, y, memory, decoder_layer_params(&model->params, config, l), batch, model);
-        y = layer_acts.ln3;
-    }
-    // §3.4 the pre-softmax linear transformation shares the embedding matrix
-    linear_forward(acts->logits, y, model->params.embedding, NULL, B * T, C, config->vocab_size);
+// Differentiates embed_forward: dx0 = dL/d(x0) to the embedding's gradient (and the learned
+// positions'), through dembedded = dL/d(embedded).
+static void embed_backward(Transformer *model, real *dembedded, const real *dx0,
+                           const real *mask, const int *tokens, int B, int T) {
+    int C = model->config.d_model;
+    // x0 = embedded * mask
+    dropout_backward(dembedded, dx0, mask, (size_t)B * T * C);
+    // embedded = E[tokens] sqrt(C) + PE
+    embedding_backward(model->grads.embedding, dembedded, tokens, B, T, C);
+    if (model->config.positional == POSITIONAL_LEARNED)
+        position_embedding_backward(model->grads.position_embedding, dembedded, B, T, C);
 }
 
 static char error_context[40] = "";   // "train: ": errors name the command (a library: "")
-static void ensure_buffers(Transformer *model, int B, int S, int T);   // activations for a (B,S,T) batch (machinery)
+// From the machinery: the activations and their gradients for a (B,S,T) batch
+static void ensure_buffers(Transformer *model, int B, int S, int T);
 
 // The whole forward pass; returns the label-smoothed loss (§5.4). A batch that fails
 // batch_check stops the program with a message rather than read outside the embedding.
 real transformer_forward(Transformer *model, const Batch *batch) {
-    const char *error = batch_check(batch, &model->config);
-    if (error) { fprintf(stderr, "error: %stransformer_forward: %s\n", error_context, error); exit(1); }
+    const TransformerConfig *config = &model->config;
+    ActivationTensors *acts = &model->acts;
+    const char *error = batch_check(batch, config);
+    if (error) {
+        fprintf(stderr, "error: %stransformer_forward: %s\n", error_context, error);
+        exit(1);
+    }
     ensure_buffers(model, batch->B, batch->S, batch->T);
-    model->B = batch->B; model->S = batch->S; model->T = batch->T;
-    const real *memory = encoder_forward(model, batch);
-    decoder_forward(model, batch, memory);
-    model->loss = (real)cross_entropy_forward(model->acts.token_loss, model->acts.probs, model->acts.logits,
-                                              batch->tgt_out, batch->tgt_len, model->config.label_smoothing,
-                                              batch->B, batch->T, model->config.vocab_size, &model->num_target_tokens);
+    model->B = batch->B;
+    model->S = batch->S;
+    model->T = batch->T;
+
+    // the encoder stack: memory = Encoder(source)
+    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, batch->src, model,
+                  batch->B, batch->S);
+    for (int l = 0; l < config->n_layers; l++) encoder_layer_forward(model, l, batch);
+
+    // the decoder stack, reading the memory in every layer
+    embed_forward(acts->dec_x0, acts->dec_embedded, acts->dec_emb_mask, batch->tgt_in, model,
+                  batch->B, batch->T);
+    for (int l = 0; l < config->n_layers; l++) decoder_layer_forward(model, l, batch);
+
+    // §3.4: the pre-softmax linear transformation shares the embedding matrix
+    linear_forward(acts->logits, decoder_output(model, acts), model->params.embedding, NULL,
+                   batch->B * batch->T, config->d_model, config->vocab_size);
+
+    // §5.4: the label-smoothed cross-entropy
+    double loss = cross_entropy_forward(acts->token_loss, acts->probs, acts->logits, batch,
+                                        config->label_smoothing, config->vocab_size,
+                                        &model->num_target_tokens);
+    model->loss = (real)loss;
     return model->loss;
 }
 
-void transformer_zero_grad(Transformer *model) { zero(model->grads_memory, model->num_parameters); }
+void transformer_zero_grad(Transformer *model) {
+    zero(model->grads_memory, model->num_parameters);
+}
 
-// The whole backward pass, for the batch of the last transformer_forward:
-// accumulates dloss/dparameter into model->grads.
+// The whole backward pass, for the batch of the last transformer_forward: accumulates
+// dloss/dparameter into model->grads. The activations' gradients start at zero each time.
 void transformer_backward(Transformer *model, const Batch *batch) {
     const TransformerConfig *config = &model->config;
     ActivationTensors *acts = &model->acts;
-    BackwardScratch *scratch = &model->scratch;
-    int B = batch->B, S = batch->S, T = batch->T, C = config->d_model, V = config->vocab_size;
-    int L = config->n_layers;
-    size_t n_dec = (size_t)B * T * C, n_enc = (size_t)B * S * C;
-    if (model->num_target_tokens == 0) return;
+    ActivationTensors *d = &model->grads_acts;
+    int B = batch->B;
+    int T = batch->T;
+    if (model->num_target_tokens == 0)
+        return;
+    zero(model->grads_acts_memory, model->num_grads_acts);
+
     // loss = CrossEntropy(softmax(logits), q)
-    zero(scratch->d_logits, (size_t)B * T * V);
-    cross_entropy_backward(scratch->d_logits, acts->probs, batch->tgt_out, batch->tgt_len,
-                           config->label_smoothing, model->num_target_tokens, B, T, V);
+    cross_entropy_backward(d->logits, acts->probs, batch, config->label_smoothing,
+                           model->num_target_tokens, config->vocab_size);
+
     // logits = decoder_output E^T
-    const real *decoder_output = decoder_layer_acts(model, L - 1).ln3;
-    real *d_out = scratch->d_output, *d_in = scratch->d_input;   // swapped after each layer
-    zero(d_out, n_dec);
-    linear_backward(d_out, model->grads.embedding, NULL, scratch->d_logits, decoder_output,
-                    model->params.embedding, B * T, C, V);
-    // the decoder stack, last layer first
-    const real *memory = encoder_layer_acts(model, L - 1).ln2;
-    zero(scratch->d_memory, n_enc);
-    for (int l = L - 1; l >= 0; l--) {
-        const real *y = l == 0 ? acts->dec_x0 : decoder_layer_acts(model, l - 1).ln3;
-        zero(d_in, n_dec);
-        decoder_layer_backward(d_in, scratch->d_memory, decoder_layer_params(&model->grads, config, l), d_out,
-                               decoder_layer_acts(model, l), y, memory,
-                               decoder_layer_params(&model->params, config, l), batch, model);
-        real *swap = d_out; d_out = d_in; d_in = swap;
-    }
-    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE)
-    zero(scratch->d_embedded, n_dec);
-    dropout_backward(scratch->d_embedded, d_out, acts->dec_emb_mask, n_dec);
-    embedding_backward(model->grads.embedding, scratch->d_embedded, batch->tgt_in, B, T, C);
-    if (config->positional == POSITIONAL_LEARNED)
-        position_embedding_backward(model->grads.position_embedding, scratch->d_embedded, B, T, C);
-    // the encoder stack, starting from the gradient its output got from every decoder layer
-    memcpy(d_out, scratch->d_memory, n_enc * sizeof(real));
-    for (int l = L - 1; l >= 0; l--) {
-        const real *x = l == 0 ? acts->enc_x0 : encoder_layer_acts(model, l - 1).ln2;
-        zero(d_in, n_enc);
-        encoder_layer_backward(d_in, encoder_layer_params(&model->grads, config, l), d_out,
-                               encoder_layer_acts(model, l), x, encoder_layer_params(&model->params, config, l),
-                               model, B, S);
-        real *swap = d_out; d_out = d_in; d_in = swap;
-    }
-    // enc_x0 = Dropout(E[src] sqrt(C) + PE)
-    zero(scratch->d_embedded, n_enc);
-    dropout_backward(scratch->d_embedded, d_out, acts->enc_emb_mask, n_enc);
-    embedding_backward(model->grads.embedding, scratch->d_embedded, batch->src, B, S, C);
-    if (config->positional == POSITIONAL_LEARNED)
-        position_embedding_backward(model->grads.position_embedding, scratch->d_embedded, B, S, C);
+    linear_backward(decoder_output(model, d), model->grads.embedding, NULL, d->logits,
+                    decoder_output(model, acts), model->params.embedding, B * T,
+                    config->d_model, config->vocab_size);
+
+    // the decoder stack, last layer first; each adds to the memory's gradient
+    for (int l = config->n_layers - 1; l >= 0; l--) decoder_layer_backward(model, l, batch);
+    embed_backward(model, d->dec_embedded, d->dec_x0, acts->dec_emb_mask, batch->tgt_in, B, T);
+
+    // the encoder stack, from the gradient its output got from every decoder layer
+    for (int l = config->n_layers - 1; l >= 0; l--) encoder_layer_backward(model, l, batch);
+    embed_backward(model, d->enc_embedded, d->enc_x0, acts->enc_emb_mask, batch->src, B,
+                   batch->S);
 }
 
 // ==== §5.3  Optimizer ========================================================
-// "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and eps = 1e-9.
-// We varied the learning rate over the course of training, according to
+// "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and eps = 1e-9. We varied the
+// learning rate over the course of training, according to
 //     lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)"
-// (eq. 3): a linear rise for warmup_steps (4000 in the paper), then a decay
-// with the inverse square root of the step. `factor` scales the whole curve
-// (1 in the paper; larger for tiny models, as many reimplementations do).
+// (eq. 3): a linear rise for warmup_steps (4000 in the paper), then a decay with the inverse
+// square root of the step. `factor` scales the whole curve (1 in the paper; larger for tiny
+// models, as many reimplementations do).
 
 double transformer_learning_rate(long step, int d_model, int warmup_steps, double factor) {
     double step_num = step < 1 ? 1.0 : (double)step;
-    double rise = step_num * pow((double)warmup_steps, -1.5), decay = 1.0 / sqrt(step_num);
+    double rise = step_num * pow((double)warmup_steps, -1.5);
+    double decay = 1.0 / sqrt(step_num);
     return factor / sqrt((double)d_model) * (rise < decay ? rise : decay);
 }
 
@@ -962,16 +1073,20 @@ double transformer_learning_rate(long step, int d_model, int warmup_steps, doubl
 //     m = beta1 m + (1 - beta1) g            (first moment: adam_m, moment1 below)
 //     v = beta2 v + (1 - beta2) g^2          (second moment: adam_v, moment2 below)
 //     theta -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
-// with t the step count; the divisions undo the moments' bias towards 0. The
-// corrections are computed once, in double, and applied in `real`.
+// with t the step count; the divisions undo the moments' bias towards 0. The corrections are
+// computed once, in double, and applied in `real`.
 void adam_update(Transformer *model, double learning_rate) {
     model->adam_step++;
     const AdamConfig *adam = &model->adam;
     double t = (double)model->adam_step;
     real step_size = (real)(learning_rate / (1.0 - pow(adam->beta1, t)));   // lr / (1 - beta1^t)
-    real rsqrt_correction2 = (real)(1.0 / sqrt(1.0 - pow(adam->beta2, t)));  // 1 / sqrt(1 - beta2^t)
-    real beta1 = (real)adam->beta1, beta2 = (real)adam->beta2, eps = (real)adam->eps;
-    real *theta = model->params_memory, *moment1 = model->adam_m, *moment2 = model->adam_v;
+    real rsqrt_correction2 = (real)(1.0 / sqrt(1.0 - pow(adam->beta2, t)));  // 1/sqrt(1-beta2^t)
+    real beta1 = (real)adam->beta1;
+    real beta2 = (real)adam->beta2;
+    real eps = (real)adam->eps;
+    real *theta = model->params_memory;
+    real *moment1 = model->adam_m;
+    real *moment2 = model->adam_v;
     const real *grad = model->grads_memory;
     #pragma omp parallel for
     for (size_t i = 0; i < model->num_parameters; i++) {
@@ -983,173 +1098,270 @@ void adam_update(Transformer *model, double learning_rate) {
 }
 
 // ==== §5  The training step ==================================================
-// §5 describes training piece by piece: batches by length (§5.1), Adam at eq. 3's
-// rate (§5.3), dropout and label smoothing (§5.4). One step: a forward pass to the
-// loss, the backward pass to every gradient, one Adam update (eq. 3's t: adam_step + 1).
+// §5 describes training piece by piece: batches by length (§5.1), Adam at eq. 3's rate
+// (§5.3), dropout and label smoothing (§5.4). One step: a forward pass to the loss, the
+// backward pass to every gradient, one Adam update (eq. 3's t: adam_step + 1).
 
-real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor) {
-    real loss = transformer_forward(model, batch);      // Figure 1, bottom to top, and §5.4's loss
-    transformer_zero_grad(model);                        // the backward passes accumulate (+=)
-    transformer_backward(model, batch);                  // top to bottom: dloss/d(every parameter)
-    double lr = transformer_learning_rate(model->adam_step + 1, model->config.d_model, warmup_steps, lr_factor);
-    adam_update(model, lr);                              // §5.3, at eq. 3's rate
+real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps,
+                            double lr_factor) {
+    // Figure 1, bottom to top, and §5.4's loss
+    real loss = transformer_forward(model, batch);
+    // the backward passes accumulate (+=) into the gradients
+    transformer_zero_grad(model);
+    // top to bottom: dloss/d(every parameter)
+    transformer_backward(model, batch);
+    // §5.3, at eq. 3's rate
+    double lr = transformer_learning_rate(model->adam_step + 1, model->config.d_model,
+                                          warmup_steps, lr_factor);
+    adam_update(model, lr);
     return loss;
 }
 
 // ==== §6.1  Decoding: greedy with a key/value cache, beam search =============
-// "We used beam search with a beam size of 4 and length penalty alpha = 0.6 ... We set the maximum
-// output length during inference to input length + 50, but terminate early when possible." (§6.1)
+// "We used beam search with a beam size of 4 and length penalty alpha = 0.6 ... We set the
+// maximum output length during inference to input length + 50, but terminate early when
+// possible." (§6.1)
 //
-// The decoder writes one token at a time: position t reads the token chosen at t-1 (<s> at t = 0).
-// Run naively, step t recomputes every earlier position of every layer, O(t^2) work per sentence.
-// But under the causal mask (§3.2.3) nothing at positions < t depends on later tokens, so their
-// keys and values never change: a key/value cache keeps them, per layer, and step t computes only
-// row t:
+// The decoder writes one token at a time: position t reads the token chosen at t-1 (<s> at
+// t = 0). Run naively, step t recomputes every earlier position of every layer, O(t^2) work
+// per sentence. But under the causal mask (§3.2.3) nothing at positions < t depends on later
+// tokens, so their keys and values never change: a key/value cache keeps them, per layer,
+// and step t computes only row t:
 //
 //   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
 //     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
 //                    cross-attention  q_t against the memory's K, V (made once)
 //
-// decoder_step is decoder_layer_forward for one position, with the same
-// sub-layer functions (dropout off); only the keys and values come from the cache.
+// decoder_step is decoder_layer_forward for one position, with the same building blocks
+// (dropout off); only the keys and values come from the cache.
 
-// From the machinery: allocation that cannot fail silently
-static void *checked_calloc(size_t count, size_t size, const char *what);   // calloc, or exit with a message
-typedef struct { real **tensor; size_t size; } Tensor;                     // a tensor of an arena, its numbers
-static real *arena_of(Tensor *tensors, int n, const char *what);           // one arena of zeros for them all
+// From the machinery: allocation that cannot fail silently, and arenas of tensors
+static void *checked_calloc(size_t count, size_t size, const char *what);
+// Tensors cut one after another out of an arena: a first pass with arena NULL only counts
+// (`used`), a second hands out the places. With `gradients` set, the tensors that have no
+// gradient (forward_only) get NULL and no room.
+typedef struct {
+    real *arena;
+    size_t used;      // numbers handed out so far, each tensor rounded up to whole lines
+    int gradients;
+} Layout;
+static real *tensor(Layout *layout, size_t count);
+static real *arena_of_layout(Layout *layout, const char *what);
 static void arena_free(real *p);
 
-// R rows decoded side by side (R sentences, greedy, or the R beams of one
-// sentence): each row's key/value cache per layer, the memory's keys and
-// values, and one position's activations, in one arena (transformer.h).
-static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S, int max_T) {
-    const TransformerConfig *config = &model->config;
-    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, NH = config->n_heads;
-    size_t rows = R, widest = S > max_T ? S : max_T;
+// The cache's tensors, in the order of its arena (transformer.h, DecoderCache)
+static void decoder_cache_layout(DecoderCache *cache, Layout *layout,
+                                 const TransformerConfig *config) {
+    size_t L = config->n_layers;
+    size_t C = config->d_model;
+    size_t R = cache->rows;
+    size_t S = cache->S;
+    size_t max_T = cache->max_T;
+    size_t widest = S > max_T ? S : max_T;
+    cache->cross_kv = tensor(layout, L * R * S * 2 * C);
+    cache->self_kv = tensor(layout, L * R * max_T * 2 * C);
+    cache->spare_kv = tensor(layout, L * R * max_T * 2 * C);
+    cache->x = tensor(layout, R * C);
+    cache->qkv = tensor(layout, R * 3 * C);
+    cache->heads = tensor(layout, R * C);
+    cache->proj = tensor(layout, R * C);
+    cache->res = tensor(layout, R * C);
+    cache->ln1 = tensor(layout, R * C);
+    cache->ln2 = tensor(layout, R * C);
+    cache->q = tensor(layout, R * C);
+    cache->ff_h = tensor(layout, R * config->d_ff);
+    cache->ff_out = tensor(layout, R * C);
+    cache->mean = tensor(layout, R);
+    cache->rstd = tensor(layout, R);
+    cache->att = tensor(layout, R * config->n_heads * widest);
+    cache->mask = tensor(layout, R * C);
+    cache->logits = tensor(layout, R * config->vocab_size);
+}
+
+// R rows decoded side by side (R sentences, greedy, or the R beams of one sentence): each
+// row's key/value cache per layer, the memory's keys and values, and one position's
+// activations, in one arena.
+static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S,
+                               int max_T) {
     memset(cache, 0, sizeof *cache);
-    if (fast_path.decoding) fast_path.decoding(1);   // the weights stay as they are until decoder_cache_free
-    cache->rows = R; cache->S = S; cache->max_T = max_T;
-    cache->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
-    cache->self_len = checked_calloc(rows, sizeof(int), "decoder cache lengths");
-    Tensor tensors[] = {
-        { &cache->cross_kv, L * rows * S * 2 * C }, { &cache->self_kv, L * rows * max_T * 2 * C },
-        { &cache->spare_kv, L * rows * max_T * 2 * C }, { &cache->x, rows * C }, { &cache->qkv, rows * 3 * C },
-        { &cache->heads, rows * C }, { &cache->proj, rows * C }, { &cache->res, rows * C }, { &cache->ln1, rows * C },
-        { &cache->ln2, rows * C }, { &cache->q, rows * C }, { &cache->ff_h, rows * F }, { &cache->ff_out, rows * C },
-        { &cache->mean, rows }, { &cache->rstd, rows }, { &cache->att, rows * NH * widest }, { &cache->mask, rows * C },
-        { &cache->logits, rows * config->vocab_size },
-    };
-    cache->memory = arena_of(tensors, (int)(sizeof tensors / sizeof *tensors), "decoder cache");
+    if (fast_path.decoding) {
+        fast_path.decoding(1);   // the weights stay as they are until decoder_cache_free
+    }
+    cache->rows = R;
+    cache->S = S;
+    cache->max_T = max_T;
+    cache->src_len = checked_calloc(R, sizeof(int), "decoder source lengths");
+    cache->self_len = checked_calloc(R, sizeof(int), "decoder cache lengths");
+    Layout counting = { NULL, 0, 0 };
+    decoder_cache_layout(cache, &counting, &model->config);
+    Layout layout = { arena_of_layout(&counting, "decoder cache"), 0, 0 };
+    decoder_cache_layout(cache, &layout, &model->config);
+    cache->memory = layout.arena;
 }
 
 static void decoder_cache_free(DecoderCache *cache) {
-    free(cache->src_len); free(cache->self_len); arena_free(cache->memory); memset(cache, 0, sizeof *cache);
-    if (fast_path.decoding) fast_path.decoding(0);
+    free(cache->src_len);
+    free(cache->self_len);
+    arena_free(cache->memory);
+    memset(cache, 0, sizeof *cache);
+    if (fast_path.decoding)
+        fast_path.decoding(0);
 }
 
 // memory = Encoder(source) (§3.1), once per sentence, and every decoder layer's keys and
-// values of it. src is (B,S), padded; B == rows (row r decodes sentence r) or B == 1
-// (every row decodes sentence 0: the beams of beam search).
-static void decoder_cache_encode(DecoderCache *cache, Transformer *model, const int *src, const int *src_len, int B) {
+// values of it. src is (B,S), padded; B == rows (row r decodes sentence r) or B == 1 (every
+// row decodes sentence 0: the beams of beam search).
+static void decoder_cache_encode(DecoderCache *cache, Transformer *model, const int *src,
+                                 const int *src_len, int B) {
     const TransformerConfig *config = &model->config;
-    int S = cache->S, C = config->d_model;
-    size_t R = cache->rows, row_kv = (size_t)S * 2 * C;
+    ActivationTensors *acts = &model->acts;
+    int S = cache->S;
+    int C = config->d_model;
+    size_t R = cache->rows;
+    size_t row_kv = (size_t)S * 2 * C;
     Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
     ensure_buffers(model, B, S, 1);
-    model->B = B; model->S = S; model->T = 1;
-    const real *memory = encoder_forward(model, &batch);
+    model->B = B;
+    model->S = S;
+    model->T = 1;
+
+    // the encoder stack, as transformer_forward runs it
+    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, src, model, B, S);
+    for (int l = 0; l < config->n_layers; l++) encoder_layer_forward(model, l, &batch);
+
+    // each decoder layer's keys and values of the memory, copied to every row that decodes it
+    const real *memory = encoder_output(model, acts);
     for (int l = 0; l < config->n_layers; l++) {
         real *kv = cache->cross_kv + l * R * row_kv;
-        memory_keys_values(kv, memory, decoder_layer_params(&model->params, config, l).cross_attn, B, S, C);
+        AttentionParams weights = decoder_layer_params(&model->params, config, l).cross_attn;
+        memory_keys_values(kv, memory, weights, B, S, C);
         for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
     }
     for (size_t r = 0; r < R; r++) cache->src_len[r] = src_len[B == 1 ? 0 : r];
 }
 
-// One decoder position t for rows 0..rows-1, tokens (rows) their inputs: appends each
-// row's keys and values at t to the cache, leaves the next token's logits in cache->logits.
-static void decoder_step(DecoderCache *cache, Transformer *model, const int *tokens, int t, int rows) {
+// One decoder position t for rows 0..rows-1, tokens (rows) their inputs: appends each row's
+// keys and values at t to the cache, leaves the next token's logits in cache->logits.
+static void decoder_step(DecoderCache *cache, Transformer *model, const int *tokens, int t,
+                         int rows) {
     const TransformerConfig *config = &model->config;
-    int C = config->d_model, NH = config->n_heads;
+    int C = config->d_model;
+    int NH = config->n_heads;
     size_t R = cache->rows;
     real *y = cache->x;   // the layer's input y, then its output
+    AddNormActs norm1 = { cache->mask, cache->res, cache->ln1, cache->mean, cache->rstd };
+    AddNormActs norm2 = { cache->mask, cache->res, cache->ln2, cache->mean, cache->rstd };
+    AddNormActs norm3 = { cache->mask, cache->res, y, cache->mean, cache->rstd };
+    FeedForwardActs ffn = { cache->ff_h, cache->ff_out };
+    AttentionShape self_shape = { rows, 1, cache->max_T, C, NH, 3 * C, 2 * C };
+    AttentionShape cross_shape = { rows, 1, cache->S, C, NH, C, 2 * C };
+
     // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
-    embedding_forward(y, tokens, model->params.embedding, model->positional_encoding + (size_t)t * C, rows, 1, C);
+    const real *pe_t = model->positional_encoding + (size_t)t * C;
+    embedding_forward(y, tokens, model->params.embedding, pe_t, rows, 1, C);
     for (int r = 0; r < rows; r++) cache->self_len[r] = t + 1;
+
     for (int l = 0; l < config->n_layers; l++) {
         DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
         real *self_kv = cache->self_kv + l * R * cache->max_T * 2 * C;
         real *cross_kv = cache->cross_kv + l * R * cache->S * 2 * C;
+
         // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
-        linear_forward(cache->qkv, y, weights.self_attn.qkv_w, weights.self_attn.qkv_b, rows, C, 3 * C);
-        for (int r = 0; r < rows; r++)   // k_t, v_t into the cache
-            memcpy(self_kv + ((size_t)r * cache->max_T + t) * 2 * C, cache->qkv + (size_t)r * 3 * C + C,
-                   2 * (size_t)C * sizeof(real));
-        attend_and_project(cache->proj, cache->att, cache->heads, cache->qkv, self_kv, self_kv + C, 3 * C, 2 * C,
-                           cache->self_len, 0, weights.self_attn, rows, 1, cache->max_T, C, NH);
-        add_norm_forward(cache->ln1, cache->mean, cache->rstd, cache->res, cache->mask, y, cache->proj,
-                         weights.ln1_g, weights.ln1_b, model, rows);
+        AttentionParams self = weights.self_attn;
+        linear_forward(cache->qkv, y, self.qkv_w, self.qkv_b, rows, C, 3 * C);
+        for (int r = 0; r < rows; r++) {   // k_t, v_t into the cache
+            real *cached = self_kv + ((size_t)r * cache->max_T + t) * 2 * C;
+            memcpy(cached, cache->qkv + (size_t)r * 3 * C + C, 2 * (size_t)C * sizeof(real));
+        }
+        attention_forward(cache->heads, cache->att, cache->qkv, self_kv, self_kv + C,
+                          cache->self_len, 0, self_shape);
+        linear_forward(cache->proj, cache->heads, self.out_w, self.out_b, rows, C, C);
+        add_norm_forward(norm1, y, cache->proj, weights.ln1, model, rows);
+
         // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); q = ln1 W_q^T + b_q as in
-        // cross_attention_forward, keys and values from the cache
-        linear_forward(cache->q, cache->ln1, weights.cross_attn.qkv_w, weights.cross_attn.qkv_b, rows, C, C);
-        attend_and_project(cache->proj, cache->att, cache->heads, cache->q, cross_kv, cross_kv + C, C, 2 * C,
-                           cache->src_len, 0, weights.cross_attn, rows, 1, cache->S, C, NH);
-        add_norm_forward(cache->ln2, cache->mean, cache->rstd, cache->res, cache->mask, cache->ln1, cache->proj,
-                         weights.ln2_g, weights.ln2_b, model, rows);
+        // cross_attention_forward, the keys and values from the cache
+        AttentionParams cross = weights.cross_attn;
+        linear_forward(cache->q, cache->ln1, cross.qkv_w, cross.qkv_b, rows, C, C);
+        attention_forward(cache->heads, cache->att, cache->q, cross_kv, cross_kv + C,
+                          cache->src_len, 0, cross_shape);
+        linear_forward(cache->proj, cache->heads, cross.out_w, cross.out_b, rows, C, C);
+        add_norm_forward(norm2, cache->ln1, cache->proj, weights.ln2, model, rows);
+
         // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
-        feed_forward_forward(cache->ff_out, cache->ff_h, cache->ln2, weights.ffn, rows, C, config->d_ff);
-        add_norm_forward(y, cache->mean, cache->rstd, cache->res, cache->mask, cache->ln2, cache->ff_out,
-                         weights.ln3_g, weights.ln3_b, model, rows);
+        feed_forward_forward(ffn, cache->ln2, weights.ffn, rows, config);
+        add_norm_forward(norm3, cache->ln2, cache->ff_out, weights.ln3, model, rows);
     }
+
     // §3.4: the pre-softmax projection through the shared embedding
     linear_forward(cache->logits, y, model->params.embedding, NULL, rows, C, config->vocab_size);
 }
 
 // Row i continues beam parent[i] (beam search): it takes over that beam's cached keys and
 // values of positions 0..positions-1.
-static void decoder_cache_reorder(DecoderCache *cache, const Transformer *model, const int *parent, int rows, int positions) {
-    size_t C = model->config.d_model, L = model->config.n_layers, R = cache->rows, T = cache->max_T;
-    for (size_t l = 0; l < L; l++)
-        for (int i = 0; i < rows; i++)
-            memcpy(cache->spare_kv + (l * R + i) * T * 2 * C, cache->self_kv + (l * R + parent[i]) * T * 2 * C,
-                   (size_t)positions * 2 * C * sizeof(real));
-    real *swap = cache->self_kv; cache->self_kv = cache->spare_kv; cache->spare_kv = swap;
+static void decoder_cache_reorder(DecoderCache *cache, const Transformer *model,
+                                  const int *parent, int rows, int positions) {
+    size_t C = model->config.d_model;
+    size_t L = model->config.n_layers;
+    size_t R = cache->rows;
+    size_t T = cache->max_T;
+    size_t bytes = (size_t)positions * 2 * C * sizeof(real);
+    for (size_t l = 0; l < L; l++) {
+        for (int i = 0; i < rows; i++) {
+            real *to = cache->spare_kv + (l * R + i) * T * 2 * C;
+            const real *from = cache->self_kv + (l * R + parent[i]) * T * 2 * C;
+            memcpy(to, from, bytes);
+        }
+    }
+    real *swap = cache->self_kv;
+    cache->self_kv = cache->spare_kv;
+    cache->spare_kv = swap;
 }
 
-// §6.1: "maximum output length ... input length + 50", and never more
-// positions than the positional encoding has. Counts output tokens, </s> included.
+// §6.1: "maximum output length ... input length + 50", and never more positions than the
+// positional encoding has. Counts output tokens, </s> included.
 int transformer_decode_limit(const Transformer *model, int src_len) {
     int limit = src_len + 50;
     return limit < model->config.max_len ? limit : model->config.max_len;
 }
 
-// The most likely next token, never <pad> or <s>; the lowest id wins a tie, a NaN never (all NaN: </s>).
+// The most likely next token, never <pad> or <s>; the lowest id wins a tie, a NaN never (all
+// NaN: </s>).
 _Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
                "the possible outputs are the ids from </s> on");
 static int greedy_token(const real *logits, int V) {
     int best = TOKEN_EOS;
-    for (int token = TOKEN_EOS; token < V; token++)
-        if (logits[token] > logits[best] || (logits[best] != logits[best] && logits[token] == logits[token]))
+    for (int token = TOKEN_EOS; token < V; token++) {
+        int higher = logits[token] > logits[best];
+        int best_is_nan = logits[best] != logits[best];
+        int is_number = logits[token] == logits[token];
+        if (higher || (best_is_nan && is_number))
             best = token;
+    }
     return best;
 }
 
 // Greedy decoding of B sentences side by side: at each position every sentence takes its
-// most likely token, until </s> or the length limit. src is (B,S) padded, src_len (B);
-// out (B, max_out) gets each output without </s>, out_len (B) its length.
-void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out, const int *src,
-                               const int *src_len, int B, int S) {
-    int training = model->training, V = model->config.vocab_size, steps = 0;
+// most likely token, until </s> or the length limit. src is (B,S) padded, src_len (B); out
+// (B, max_out) gets each output without </s>, out_len (B) its length.
+void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
+                               const int *src, const int *src_len, int B, int S) {
+    int training = model->training;
+    int V = model->config.vocab_size;
+    int steps = 0;
     model->training = 0;
     int *limit = checked_calloc(B, sizeof(int), "decode limits");
-    int *tokens = checked_calloc(B, sizeof(int), "decode tokens"), *done = checked_calloc(B, sizeof(int), "decode flags");
+    int *tokens = checked_calloc(B, sizeof(int), "decode tokens");
+    int *done = checked_calloc(B, sizeof(int), "decode flags");
     for (int b = 0; b < B; b++) {
         limit[b] = transformer_decode_limit(model, src_len[b]);
-        if (limit[b] > max_out) limit[b] = max_out;
-        if (limit[b] > steps) steps = limit[b];
+        if (limit[b] > max_out)
+            limit[b] = max_out;
+        if (limit[b] > steps)
+            steps = limit[b];
         out_len[b] = 0;
         tokens[b] = TOKEN_BOS;
     }
+
     DecoderCache cache;
     decoder_cache_init(&cache, model, B, S, steps);
     decoder_cache_encode(&cache, model, src, src_len, B);
@@ -1157,59 +1369,89 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
         decoder_step(&cache, model, tokens, t, B);
         int active = 0;
         for (int b = 0; b < B; b++) {
-            if (done[b]) continue;
+            if (done[b])
+                continue;
             int token = greedy_token(cache.logits + (size_t)b * V, V);
-            if (token == TOKEN_EOS) { done[b] = 1; continue; }
-            out[(size_t)b * max_out + out_len[b]++] = token;
+            if (token == TOKEN_EOS) {
+                done[b] = 1;
+                continue;
+            }
+            out[(size_t)b * max_out + out_len[b]] = token;
+            out_len[b]++;
             tokens[b] = token;
-            if (t + 1 >= limit[b]) done[b] = 1;
+            if (t + 1 >= limit[b])
+                done[b] = 1;
             active += !done[b];
         }
-        if (!active) break;
+        if (!active)
+            break;
     }
+
     decoder_cache_free(&cache);
-    free(limit); free(tokens); free(done);
+    free(limit);
+    free(tokens);
+    free(done);
     model->training = training;
 }
 
-// §6.1 length penalty, as tensor2tensor's (Wu et al. 2016): a hypothesis of `length`
-// tokens (</s> included) scores log P / ((5 + length) / 6)^alpha.
-static double length_penalty(int length, double alpha) { return pow((5.0 + length) / 6.0, alpha); }
+// §6.1 length penalty, as tensor2tensor's (Wu et al. 2016): a hypothesis of `length` tokens
+// (</s> included) scores log P / ((5 + length) / 6)^alpha.
+static double length_penalty(int length, double alpha) {
+    return pow((5.0 + length) / 6.0, alpha);
+}
 
 // A possible extension: token after beam `row`, summed log-probability `score`. The logit
 // breaks ties, then the lower row and token, so that one beam ranks as greedy_token chooses.
-typedef struct { double score; real logit; int row, token; } BeamCandidate;
+typedef struct {
+    double score;
+    real logit;
+    int row;
+    int token;
+} BeamCandidate;
 
 static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
-    if (a->score != b->score) return a->score > b->score;
-    if (a->logit != b->logit) return a->logit > b->logit;
-    if (a->row != b->row) return a->row < b->row;
+    if (a->score != b->score)
+        return a->score > b->score;
+    if (a->logit != b->logit)
+        return a->logit > b->logit;
+    if (a->row != b->row)
+        return a->row < b->row;
     return a->token < b->token;
 }
 
 // Inserts candidate into best[0..*count-1], sorted, keeping at most `keep`.
-static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCandidate candidate) {
-    int i;
-    if (*count < keep) i = (*count)++;
-    else if (candidate_before(&candidate, &best[keep - 1])) i = keep - 1;
-    else return;
-    while (i > 0 && candidate_before(&candidate, &best[i - 1])) { best[i] = best[i - 1]; i--; }
+static void candidate_insert(BeamCandidate *best, int *count, int keep,
+                             BeamCandidate candidate) {
+    int i = *count;
+    if (*count < keep)
+        (*count)++;
+    else if (candidate_before(&candidate, &best[keep - 1]))
+        i = keep - 1;
+    else
+        return;
+    while (i > 0 && candidate_before(&candidate, &best[i - 1])) {
+        best[i] = best[i - 1];
+        i--;
+    }
     best[i] = candidate;
 }
 
 // Every alive beam r proposes every token but <pad> and <s>, scored alive_score[r] +
-// log softmax(logits[r])_token (in double); the best `keep` go to best[], sorted. Returns how many.
-static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score, int num_alive,
-                        int V) {
+// log softmax(logits[r])_token (in double); the best `keep` go to best[], sorted. Returns
+// how many.
+static int beam_propose(BeamCandidate *best, int keep, const real *logits,
+                        const double *alive_score, int num_alive, int V) {
     int num_best = 0;
     for (int r = 0; r < num_alive; r++) {
         const real *z = logits + (size_t)r * V;
-        double max_z = z[0], sum = 0;
-        for (int token = 1; token < V; token++) if (z[token] > max_z) max_z = z[token];
+        double max_z = z[0];
+        double sum = 0;
+        for (int token = 1; token < V; token++) max_z = z[token] > max_z ? z[token] : max_z;
         for (int token = 0; token < V; token++) sum += exp(z[token] - max_z);
         double log_sum = max_z + log(sum);
         for (int token = 0; token < V; token++) {
-            if (token == TOKEN_PAD || token == TOKEN_BOS) continue;
+            if (token == TOKEN_PAD || token == TOKEN_BOS)
+                continue;
             BeamCandidate candidate = { alive_score[r] + (z[token] - log_sum), z[token], r, token };
             candidate_insert(best, &num_best, keep, candidate);
         }
@@ -1217,103 +1459,151 @@ static int beam_propose(BeamCandidate *best, int keep, const real *logits, const
     return num_best;
 }
 
-// The ended hypotheses: tokens (without </s>) at tokens + i * stride, length, score
-// log P / length_penalty; best is the index of the highest score (the first of equals).
-typedef struct { int *tokens, *length; double *score; int count, best; size_t stride; } FinishedHypotheses;
+// Hypotheses, as beam search keeps them: `count` of them, hypothesis i's tokens at
+// tokens + i * stride.
+typedef struct {
+    int *tokens;      // (beams, stride)
+    int *length;      // (beams) tokens, without </s>
+    double *score;    // (beams) the summed log-probability; once finished, / length_penalty
+    int count;
+    size_t stride;
+} Hypotheses;
+
+static Hypotheses hypotheses_alloc(size_t beams, size_t stride) {
+    Hypotheses h = { NULL, NULL, NULL, 0, stride };
+    h.tokens = checked_calloc(beams * stride, sizeof(int), "beams");
+    h.length = checked_calloc(beams, sizeof(int), "beams");
+    h.score = checked_calloc(beams, sizeof(double), "beams");
+    return h;
+}
+
+static void hypotheses_free(Hypotheses *h) {
+    free(h->tokens);
+    free(h->length);
+    free(h->score);
+}
 
 // Ends a hypothesis of `length` tokens and summed log-probability log_p; its penalty counts
-// `penalized` tokens (</s> included when there is one).
-static void finish_hypothesis(FinishedHypotheses *finished, const int *tokens, int length, double log_p, int penalized,
-                              double alpha) {
-    int i = finished->count++;
+// `penalized` tokens (</s> included when there is one). *best is the index of the highest
+// finished score (the first of equals).
+static void finish_hypothesis(Hypotheses *finished, int *best, const int *tokens, int length,
+                              double log_p, int penalized, double alpha) {
+    int i = finished->count;
+    finished->count++;
     memcpy(finished->tokens + i * finished->stride, tokens, (size_t)length * sizeof(int));
     finished->length[i] = length;
     finished->score[i] = log_p / length_penalty(penalized, alpha);
-    if (finished->score[i] > finished->score[finished->best]) finished->best = i;
+    if (finished->score[i] > finished->score[*best])
+        *best = i;
 }
 
-// Beam search for one sentence (§6.1). At each position every alive beam proposes every token; the
-// best beam_size - (hypotheses finished so far), by summed log-probability, are taken in order: one
-// ending in </s> is finished, scored log P / length_penalty, the others are the next alive beams.
-// Search stops when beam_size hypotheses have finished, or at the length limit, where the alive
-// beams finish as they are. Returns the length of the best, written to out (capacity
-// transformer_decode_limit) without </s>; *score gets its score. Beam size 1 is greedy decoding.
-int transformer_beam_search(Transformer *model, int *out, double *score, const int *src, int src_len,
-                            int beam_size, double alpha) {
-    int training = model->training, V = model->config.vocab_size;
+// Beam search for one sentence (§6.1). At each position every alive beam proposes every
+// token; the best beam_size - (hypotheses finished so far), by summed log-probability, are
+// taken in order: one ending in </s> is finished, scored log P / length_penalty, the others
+// are the next alive beams. Search stops when beam_size hypotheses have finished, or at the
+// length limit, where the alive beams finish as they are. Returns the length of the best,
+// written to out (capacity transformer_decode_limit) without </s>; *score gets its score.
+// Beam size 1 is greedy decoding.
+int transformer_beam_search(Transformer *model, int *out, double *score, const int *src,
+                            int src_len, int beam_size, double alpha) {
+    int training = model->training;
+    int V = model->config.vocab_size;
     model->training = 0;
     int limit = transformer_decode_limit(model, src_len);
-    size_t stride = limit, beams = beam_size;
-    int *alive = checked_calloc(beams * stride, sizeof(int), "beams");      // (beams, stride) tokens
-    int *next = checked_calloc(beams * stride, sizeof(int), "beams");
-    double *alive_score = checked_calloc(beams, sizeof(double), "beams");
-    double *next_score = checked_calloc(beams, sizeof(double), "beams");
-    int *parent = checked_calloc(beams, sizeof(int), "beams"), *tokens = checked_calloc(beams, sizeof(int), "beams");
-    BeamCandidate *best = checked_calloc(beams, sizeof(BeamCandidate), "beam candidates");
-    FinishedHypotheses finished = { checked_calloc(beams * stride, sizeof(int), "beams"),
-                                    checked_calloc(beams, sizeof(int), "beams"),
-                                    checked_calloc(beams, sizeof(double), "beams"), 0, 0, stride };
-    finished.score[0] = -INFINITY;
+    size_t stride = limit;
+    Hypotheses alive = hypotheses_alloc(beam_size, stride);
+    Hypotheses next = hypotheses_alloc(beam_size, stride);
+    Hypotheses finished = hypotheses_alloc(beam_size, stride);
+    int best_finished = 0;   // the index of the highest finished score (the first of equals)
+    int *parent = checked_calloc(beam_size, sizeof(int), "beams");
+    int *tokens = checked_calloc(beam_size, sizeof(int), "beams");
+    BeamCandidate *best = checked_calloc(beam_size, sizeof(BeamCandidate), "beam candidates");
     DecoderCache cache;
     decoder_cache_init(&cache, model, beam_size, src_len, limit);
     decoder_cache_encode(&cache, model, src, &src_len, 1);
-    int num_alive = 1;
+    alive.count = 1;
     tokens[0] = TOKEN_BOS;
+
     for (int t = 0; t < limit; t++) {
-        decoder_step(&cache, model, tokens, t, num_alive);
-        // Each beam ends once: the best `width` (beams not ended yet) candidates end (</s>) or go
-        // on. An ended beam is not replaced, so poor hypotheses that end early cannot stop the
-        // search while a better one is still going.
-        int width = beam_size - finished.count, num_next = 0;
-        int num_best = beam_propose(best, width, cache.logits, alive_score, num_alive, V);
+        decoder_step(&cache, model, tokens, t, alive.count);
+        // Each beam ends once: the best `width` (beams not ended yet) candidates end (</s>)
+        // or go on. An ended beam is not replaced, so poor hypotheses that end early cannot
+        // stop the search while a better one is still going.
+        int width = beam_size - finished.count;
+        int num_best = beam_propose(best, width, cache.logits, alive.score, alive.count, V);
+        next.count = 0;
         for (int i = 0; i < num_best; i++) {
-            BeamCandidate candidate = best[i];
-            if (candidate.token == TOKEN_EOS) {
-                finish_hypothesis(&finished, alive + candidate.row * stride, t, candidate.score, t + 1, alpha);
-            } else {
-                memcpy(next + num_next * stride, alive + candidate.row * stride, t * sizeof(int));
-                next[num_next * stride + t] = candidate.token;
-                next_score[num_next] = candidate.score;
-                parent[num_next] = candidate.row;
-                tokens[num_next++] = candidate.token;
+            const int *prefix = alive.tokens + best[i].row * stride;
+            if (best[i].token == TOKEN_EOS) {   // finished: t tokens and </s>
+                finish_hypothesis(&finished, &best_finished, prefix, t, best[i].score, t + 1,
+                                  alpha);
+                continue;
             }
+            int n = next.count;
+            next.count++;
+            memcpy(next.tokens + n * stride, prefix, t * sizeof(int));
+            next.tokens[n * stride + t] = best[i].token;
+            next.score[n] = best[i].score;
+            parent[n] = best[i].row;
+            tokens[n] = best[i].token;
         }
-        if (finished.count == beam_size || num_next == 0) break;
-        if (t + 1 == limit) { // out of positions: the alive beams end here, without </s>
-            for (int i = 0; i < num_next && finished.count < beam_size; i++)
-                finish_hypothesis(&finished, next + i * stride, t + 1, next_score[i], t + 1, alpha);
+        if (finished.count == beam_size || next.count == 0)
+            break;
+
+        if (t + 1 == limit) {   // out of positions: the alive beams end here, without </s>
+            for (int i = 0; i < next.count && finished.count < beam_size; i++) {
+                finish_hypothesis(&finished, &best_finished, next.tokens + i * stride, t + 1,
+                                  next.score[i], t + 1, alpha);
+            }
             break;
         }
-        decoder_cache_reorder(&cache, model, parent, num_next, t + 1);
-        int *swap = alive; alive = next; next = swap;
-        double *swap_score = alive_score; alive_score = next_score; next_score = swap_score;
-        num_alive = num_next;
+        decoder_cache_reorder(&cache, model, parent, next.count, t + 1);
+        Hypotheses swap = alive;
+        alive = next;
+        next = swap;
     }
-    int length = finished.count ? finished.length[finished.best] : 0;
-    memcpy(out, finished.tokens + finished.best * stride, length * sizeof(int));
-    if (score) *score = finished.count ? finished.score[finished.best] : -INFINITY;
+
+    int length = finished.count ? finished.length[best_finished] : 0;
+    memcpy(out, finished.tokens + best_finished * stride, length * sizeof(int));
+    if (score)
+        *score = finished.count ? finished.score[best_finished] : -INFINITY;
     decoder_cache_free(&cache);
-    free(alive); free(next); free(alive_score); free(next_score); free(parent); free(tokens); free(best);
-    free(finished.tokens); free(finished.length); free(finished.score);
+    hypotheses_free(&alive);
+    hypotheses_free(&next);
+    hypotheses_free(&finished);
+    free(parent);
+    free(tokens);
+    free(best);
     model->training = training;
     return length;
 }
 
 // ==== The machinery ==========================================================
-// What the model above takes for granted: allocation that cannot fail silently, our own random
-// numbers (a seed gives the same model on every machine), the parameters' names, sizes and initial
-// values, the memory of the activations, and the checks of a configuration and of a batch.
+// What the model above takes for granted: allocation that cannot fail silently, our own
+// random numbers (a seed gives the same model on every machine), the parameters' names,
+// sizes and initial values, the memory of the activations, and the checks of a configuration
+// and of a batch.
 
 // count x size bytes, at least 1, or a clear exit if that overflows a size_t.
 static size_t checked_bytes(size_t count, size_t size, const char *what) {
-    if (count == 0) count = 1;
-    if (size != 0 && count > SIZE_MAX / size) { fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count, size); exit(1); }
+    if (count == 0)
+        count = 1;
+    if (size != 0 && count > SIZE_MAX / size) {
+        fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count,
+                size);
+        exit(1);
+    }
     return count * size;
 }
 
-// p, the answer of an allocation of `bytes` bytes, or a clear exit if it failed.
+// Returns p, what an allocation of `bytes` bytes for `what` gave; exits with a message if
+// that was NULL.
 static void *allocated(void *p, size_t bytes, const char *what) {
-    if (!p) { fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what, bytes); exit(1); }
+    if (!p) {
+        fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what,
+                bytes);
+        exit(1);
+    }
     return p;
 }
 
@@ -1330,25 +1620,37 @@ static uint64_t hash64(uint64_t z) {
 }
 
 // [0, 1) from the top 53 bits of 64 random ones
-static double unit_interval(uint64_t bits) { return (double)(bits >> 11) * (1.0 / 9007199254740992.0); }
+static double unit_interval(uint64_t bits) {
+    return (double)(bits >> 11) * (1.0 / 9007199254740992.0);
+}
 
-static void rng_seed(Rng *rng, uint64_t seed) {   // nearby seeds give unrelated streams; the state is never 0
+// Nearby seeds give unrelated streams; the state is never 0.
+static void rng_seed(Rng *rng, uint64_t seed) {
     uint64_t z = hash64(seed + 0x9E3779B97F4A7C15ULL);
     rng->state = z ? z : 0x2545F4914F6CDD1DULL;
 }
 
-static uint64_t rng_next(Rng *rng) { // xorshift64*
+// xorshift64*
+static uint64_t rng_next(Rng *rng) {
     rng->state ^= rng->state >> 12;
     rng->state ^= rng->state << 25;
     rng->state ^= rng->state >> 27;
     return rng->state * 0x2545F4914F6CDD1DULL;
 }
 
-static double rng_uniform(Rng *rng) { return unit_interval(rng_next(rng)); }   // [0, 1)
-static int rng_below(Rng *rng, int n) { return (int)(rng_uniform(rng) * n); }   // uniform integer in [0, n)
+// uniform in [0, 1)
+static double rng_uniform(Rng *rng) {
+    return unit_interval(rng_next(rng));
+}
 
-static double rng_normal(Rng *rng) { // Box-Muller
-    double u1 = 1.0 - rng_uniform(rng); // (0, 1]: log(u1) is finite
+// a uniform integer in [0, n)
+static int rng_below(Rng *rng, int n) {
+    return (int)(rng_uniform(rng) * n);
+}
+
+// Box-Muller: a standard normal number
+static double rng_normal(Rng *rng) {
+    double u1 = 1.0 - rng_uniform(rng);   // (0, 1]: log(u1) is finite
     double u2 = rng_uniform(rng);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
@@ -1356,138 +1658,106 @@ static double rng_normal(Rng *rng) { // Box-Muller
 // ---- the configuration (transformer_config_check, below, says what it may hold) ----
 
 TransformerConfig transformer_default_config(void) {
-    return (TransformerConfig){
-        .n_layers = 2, .d_model = 64, .d_ff = 256, .n_heads = 4, .vocab_size = 32, .max_len = 64,
+    TransformerConfig config = {
+        .n_layers = 2,
+        .d_model = 64,
+        .d_ff = 256,
+        .n_heads = 4,
+        .vocab_size = 32,
+        .max_len = 64,
         .positional = POSITIONAL_SINUSOID,   // §3.5; POSITIONAL_LEARNED is Table 3's row E
-        .dropout = 0.1f, .label_smoothing = 0.1f,   // §5.4 P_drop and eps_ls of the base model
-        .layer_norm_eps = 1e-5f,   // PyTorch's default; the paper gives none
+        .dropout = 0.1f,                     // §5.4: P_drop of the base model
+        .label_smoothing = 0.1f,             // §5.4: eps_ls
+        .layer_norm_eps = 1e-5f,             // PyTorch's default; the paper gives none
     };
+    return config;
 }
 
-// ---- parameters: sizes, names, one allocation with named pointers (the list: transformer.h) ----
+// ---- the parameters: names, sizes, one allocation with named pointers -------
 
-#define PARAMETER_NAME(name, numbers) #name,
-static const char *parameter_names[NUM_PARAMETER_TENSORS] = { PARAMETER_TENSORS(PARAMETER_NAME) };
+// The tensors of ParameterTensors (transformer.h), in its order, which is the storage order.
+static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
+    "embedding", "position_embedding",
+    "enc_qkv_w", "enc_qkv_b", "enc_out_w", "enc_out_b", "enc_ln1_g", "enc_ln1_b",
+    "enc_ff1_w", "enc_ff1_b", "enc_ff2_w", "enc_ff2_b", "enc_ln2_g", "enc_ln2_b",
+    "dec_self_qkv_w", "dec_self_qkv_b", "dec_self_out_w", "dec_self_out_b",
+    "dec_ln1_g", "dec_ln1_b",
+    "dec_cross_qkv_w", "dec_cross_qkv_b", "dec_cross_out_w", "dec_cross_out_b",
+    "dec_ln2_g", "dec_ln2_b",
+    "dec_ff1_w", "dec_ff1_b", "dec_ff2_w", "dec_ff2_b", "dec_ln3_g", "dec_ln3_b",
+};
 
+_Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *),
+               "NUM_PARAMETER_TENSORS counts the fields of ParameterTensors");
+
+// The number of values of each tensor, in the same order (their shapes: transformer.h).
 static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *config) {
-    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size, i = 0;
-    size_t learned_rows = config->positional == POSITIONAL_LEARNED ? (size_t)config->max_len : 0;
-    #define PARAMETER_SIZE(name, numbers) sizes[i++] = numbers;
-    PARAMETER_TENSORS(PARAMETER_SIZE)
+    size_t L = config->n_layers;
+    size_t C = config->d_model;
+    size_t F = config->d_ff;
+    size_t V = config->vocab_size;
+    int learned = config->positional == POSITIONAL_LEARNED;
+    sizes[0] = V * C;                                 // embedding
+    sizes[1] = learned ? (size_t)config->max_len * C : 0;   // position_embedding
+    sizes[2] = L * 3 * C * C;                         // enc_qkv_w
+    sizes[3] = L * 3 * C;                             // enc_qkv_b
+    sizes[4] = L * C * C;                             // enc_out_w
+    sizes[5] = L * C;                                 // enc_out_b
+    sizes[6] = L * C;                                 // enc_ln1_g
+    sizes[7] = L * C;                                 // enc_ln1_b
+    sizes[8] = L * F * C;                             // enc_ff1_w
+    sizes[9] = L * F;                                 // enc_ff1_b
+    sizes[10] = L * C * F;                            // enc_ff2_w
+    sizes[11] = L * C;                                // enc_ff2_b
+    sizes[12] = L * C;                                // enc_ln2_g
+    sizes[13] = L * C;                                // enc_ln2_b
+    sizes[14] = L * 3 * C * C;                        // dec_self_qkv_w
+    sizes[15] = L * 3 * C;                            // dec_self_qkv_b
+    sizes[16] = L * C * C;                            // dec_self_out_w
+    sizes[17] = L * C;                                // dec_self_out_b
+    sizes[18] = L * C;                                // dec_ln1_g
+    sizes[19] = L * C;                                // dec_ln1_b
+    sizes[20] = L * 3 * C * C;                        // dec_cross_qkv_w
+    sizes[21] = L * 3 * C;                            // dec_cross_qkv_b
+    sizes[22] = L * C * C;                            // dec_cross_out_w
+    sizes[23] = L * C;                                // dec_cross_out_b
+    sizes[24] = L * C;                                // dec_ln2_g
+    sizes[25] = L * C;                                // dec_ln2_b
+    sizes[26] = L * F * C;                            // dec_ff1_w
+    sizes[27] = L * F;                                // dec_ff1_b
+    sizes[28] = L * C * F;                            // dec_ff2_w
+    sizes[29] = L * C;                                // dec_ff2_b
+    sizes[30] = L * C;                                // dec_ln3_g
+    sizes[31] = L * C;                                // dec_ln3_b
 }
 
-// The named pointers of a ParameterTensors, in storage order.
+// The named pointers of a ParameterTensors, in the same order.
 static void parameter_pointers(real **ptrs[NUM_PARAMETER_TENSORS], ParameterTensors *of) {
-    int i = 0;
-    #define PARAMETER_POINTER(name, numbers) ptrs[i++] = &of->name;
-    PARAMETER_TENSORS(PARAMETER_POINTER)
+    real **list[NUM_PARAMETER_TENSORS] = {
+        &of->embedding, &of->position_embedding,
+        &of->enc_qkv_w, &of->enc_qkv_b, &of->enc_out_w, &of->enc_out_b,
+        &of->enc_ln1_g, &of->enc_ln1_b,
+        &of->enc_ff1_w, &of->enc_ff1_b, &of->enc_ff2_w, &of->enc_ff2_b,
+        &of->enc_ln2_g, &of->enc_ln2_b,
+        &of->dec_self_qkv_w, &of->dec_self_qkv_b, &of->dec_self_out_w, &of->dec_self_out_b,
+        &of->dec_ln1_g, &of->dec_ln1_b,
+        &of->dec_cross_qkv_w, &of->dec_cross_qkv_b, &of->dec_cross_out_w, &of->dec_cross_out_b,
+        &of->dec_ln2_g, &of->dec_ln2_b,
+        &of->dec_ff1_w, &of->dec_ff1_b, &of->dec_ff2_w, &of->dec_ff2_b,
+        &of->dec_ln3_g, &of->dec_ln3_b,
+    };
+    memcpy(ptrs, list, sizeof list);
 }
 
 // Points the named tensors into memory laid out in the order above.
-static void point_parameters(ParameterTensors *tensors, real *block, const size_t sizes[NUM_PARAMETER_TENSORS]) {
+static void point_parameters(ParameterTensors *tensors, real *block,
+                             const size_t sizes[NUM_PARAMETER_TENSORS]) {
     real **ptrs[NUM_PARAMETER_TENSORS];
     parameter_pointers(ptrs, tensors);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { *ptrs[i] = block; block += sizes[i]; }
-}
-
-// Xavier-uniform (Glorot & Bengio 2010) of a (rows, cols) matrix: U(-a, a), a = sqrt(6 / (fan_in + fan_out))
-static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
-    double bound = sqrt(6.0 / (double)(rows + cols));
-    for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * bound);
-}
-
-// Initialisation (the paper gives none; PyTorch's and the common reimplementations'): Xavier-uniform
-// for every projection matrix (W^Q, W^K, W^V, W^O each on its own, W_1, W_2); the embedding and
-// learned positions normal, standard deviation d_model^-0.5 (tensor2tensor, fairseq); zero biases,
-// layer-norm gain 1. The positions come last: a seed gives the same other weights with either kind.
-static void initialize_parameters(Transformer *model, uint64_t seed) {
-    const TransformerConfig *config = &model->config;
-    size_t L = config->n_layers, C = config->d_model, F = config->d_ff, V = config->vocab_size;
-    ParameterTensors *params = &model->params;
-    Rng rng;
-    rng_seed(&rng, seed);
-    memset(model->params_memory, 0, model->num_parameters * sizeof(real));
-    double std = 1.0 / sqrt((double)C);
-    for (size_t i = 0; i < V * C; i++) params->embedding[i] = (real)(std * rng_normal(&rng));
-    real *qkv[3] = { params->enc_qkv_w, params->dec_self_qkv_w, params->dec_cross_qkv_w };
-    real *out[3] = { params->enc_out_w, params->dec_self_out_w, params->dec_cross_out_w };
-    for (size_t l = 0; l < L; l++) {
-        for (int kind = 0; kind < 3; kind++) {   // encoder, decoder self-, encoder-decoder attention
-            for (int part = 0; part < 3; part++)   // W^Q, W^K, W^V
-                xavier_uniform(qkv[kind] + (l * 3 + part) * C * C, C, C, &rng);
-            xavier_uniform(out[kind] + l * C * C, C, C, &rng);
-        }
-        xavier_uniform(params->enc_ff1_w + l * F * C, F, C, &rng);
-        xavier_uniform(params->enc_ff2_w + l * C * F, C, F, &rng);
-        xavier_uniform(params->dec_ff1_w + l * F * C, F, C, &rng);
-        xavier_uniform(params->dec_ff2_w + l * C * F, C, F, &rng);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *ptrs[i] = block;
+        block += sizes[i];
     }
-    real *gains[5] = { params->enc_ln1_g, params->enc_ln2_g, params->dec_ln1_g, params->dec_ln2_g, params->dec_ln3_g };
-    for (int gain = 0; gain < 5; gain++)
-        for (size_t i = 0; i < L * C; i++) gains[gain][i] = 1;
-    if (config->positional == POSITIONAL_LEARNED)
-        for (size_t i = 0; i < (size_t)config->max_len * C; i++)
-            params->position_embedding[i] = (real)(std * rng_normal(&rng));
-}
-
-// ---- the model's memory: arenas, building and freeing a model, the checks ------
-
-// The model's tensors live in arenas of zeros, each tensor on a 64-byte cache line: the fast path's
-// vector loads straddling two lines cost two (5% of a toy step; dev/PERFORMANCE.md). calloc leaves
-// pages never written unbacked (decoding never touches the gradients), so this asks it for one line
-// more, returns the first line boundary in it, and keeps calloc's address below it for arena_free.
-#define CACHE_LINE 64
-_Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address for a pointer");
-
-static size_t lines_of(size_t bytes) { return bytes / CACHE_LINE + (bytes % CACHE_LINE != 0); }   // the lines bytes fill
-
-static real *arena_calloc(size_t count, const char *what) {
-    size_t bytes = checked_bytes(count, sizeof(real), what);
-    unsigned char *block = checked_calloc(lines_of(bytes) + 1, CACHE_LINE, what);
-    unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
-    memcpy(aligned - sizeof block, &block, sizeof block);
-    return (real *)aligned;
-}
-
-static void arena_free(real *p) {
-    if (!p) return;
-    unsigned char *block;
-    memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
-    free(block);
-}
-
-// `count` numbers rounded up to whole cache lines: the next tensor of an arena starts on a line too
-static size_t whole_lines(size_t count) {
-    size_t per_line = CACHE_LINE / sizeof(real);
-    return (count + per_line - 1) / per_line * per_line;
-}
-
-// One new arena for the n tensors, in the order given, each at a cache line
-static real *arena_of(Tensor *tensors, int n, const char *what) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += whole_lines(tensors[i].size);
-    real *arena = arena_calloc(total, what), *next = arena;
-    for (int i = 0; i < n; i++) { *tensors[i].tensor = next; next += whole_lines(tensors[i].size); }
-    return arena;
-}
-
-// Makes the activations and scratch big enough for a (B, S, T) batch. A smaller batch
-// reuses them: the per-layer offsets come from its own B, S, T.
-static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int batch_T) {
-    if (model->acts_memory && batch_B <= model->cap_B && batch_S <= model->cap_S && batch_T <= model->cap_T) return;
-    const TransformerConfig *config = &model->config;
-    size_t B = batch_B > model->cap_B ? batch_B : model->cap_B, S = batch_S > model->cap_S ? batch_S : model->cap_S;
-    size_t T = batch_T > model->cap_T ? batch_T : model->cap_T, L = config->n_layers, C = config->d_model;
-    size_t F = config->d_ff, NH = config->n_heads, V = config->vocab_size, rows = B * (S > T ? S : T);
-    ActivationTensors *a = &model->acts;
-    BackwardScratch *d = &model->scratch;
-    #define ACTIVATION_SIZE(name, numbers) { &a->name, numbers },
-    #define SCRATCH_SIZE(name, numbers) { &d->name, numbers },
-    Tensor acts[] = { ACTIVATION_TENSORS(ACTIVATION_SIZE) }, scratch[] = { SCRATCH_TENSORS(SCRATCH_SIZE) };
-    arena_free(model->acts_memory); arena_free(model->scratch_memory);
-    model->acts_memory = arena_of(acts, NUM_ACTIVATION_TENSORS, "activations");
-    model->scratch_memory = arena_of(scratch, NUM_SCRATCH_TENSORS, "backward scratch");
-    model->cap_B = (int)B; model->cap_S = (int)S; model->cap_T = (int)T;
 }
 
 static size_t sum_sizes(const size_t *sizes, int n) {
@@ -1496,10 +1766,204 @@ static size_t sum_sizes(const size_t *sizes, int n) {
     return total;
 }
 
-const char *transformer_build(Transformer *model, const TransformerConfig *config, uint64_t seed) {
+// Xavier-uniform (Glorot & Bengio 2010) of a (rows, cols) matrix: U(-a, a) with
+// a = sqrt(6 / (fan_in + fan_out))
+static void xavier_uniform(real *w, size_t rows, size_t cols, Rng *rng) {
+    double bound = sqrt(6.0 / (double)(rows + cols));
+    for (size_t i = 0; i < rows * cols; i++) w[i] = (real)((2.0 * rng_uniform(rng) - 1.0) * bound);
+}
+
+// Initialisation (the paper gives none; PyTorch's and the common reimplementations'):
+// Xavier-uniform for every projection matrix (W^Q, W^K, W^V, W^O each on its own, W_1, W_2);
+// the embedding and learned positions normal, standard deviation d_model^-0.5
+// (tensor2tensor, fairseq); zero biases, layer-norm gain 1. The positions come last: a seed
+// gives the same other weights with either kind.
+static void initialize_parameters(Transformer *model, uint64_t seed) {
+    const TransformerConfig *config = &model->config;
+    size_t L = config->n_layers;
+    size_t C = config->d_model;
+    size_t F = config->d_ff;
+    size_t V = config->vocab_size;
+    ParameterTensors *params = &model->params;
+    Rng rng;
+    rng_seed(&rng, seed);
+    memset(model->params_memory, 0, model->num_parameters * sizeof(real));
+
+    double std = 1.0 / sqrt((double)C);
+    for (size_t i = 0; i < V * C; i++) params->embedding[i] = (real)(std * rng_normal(&rng));
+
+    // the encoder's self-attention, the decoder's self-attention, its encoder-decoder attention
+    real *qkv[3] = { params->enc_qkv_w, params->dec_self_qkv_w, params->dec_cross_qkv_w };
+    real *out[3] = { params->enc_out_w, params->dec_self_out_w, params->dec_cross_out_w };
+    for (size_t l = 0; l < L; l++) {
+        for (int kind = 0; kind < 3; kind++) {
+            for (int part = 0; part < 3; part++) {   // W^Q, W^K, W^V
+                xavier_uniform(qkv[kind] + (l * 3 + part) * C * C, C, C, &rng);
+            }
+            xavier_uniform(out[kind] + l * C * C, C, C, &rng);
+        }
+        xavier_uniform(params->enc_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(params->enc_ff2_w + l * C * F, C, F, &rng);
+        xavier_uniform(params->dec_ff1_w + l * F * C, F, C, &rng);
+        xavier_uniform(params->dec_ff2_w + l * C * F, C, F, &rng);
+    }
+
+    real *gains[5] = { params->enc_ln1_g, params->enc_ln2_g, params->dec_ln1_g, params->dec_ln2_g,
+                       params->dec_ln3_g };
+    for (int gain = 0; gain < 5; gain++) {
+        for (size_t i = 0; i < L * C; i++) gains[gain][i] = 1;
+    }
+
+    if (config->positional == POSITIONAL_LEARNED) {
+        size_t n = (size_t)config->max_len * C;
+        for (size_t i = 0; i < n; i++) params->position_embedding[i] = (real)(std * rng_normal(&rng));
+    }
+}
+
+// ---- the model's memory: arenas, the activations' layout, building and freeing ----
+
+// The model's tensors live in arenas of zeros, each tensor on a 64-byte cache line (where
+// vector code wants its rows to start). calloc leaves pages never written unbacked (decoding
+// never touches the gradients), so arena_calloc asks it for one line more, returns the first
+// line boundary in it, and keeps calloc's address below that for arena_free.
+#define CACHE_LINE 64
+_Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address");
+
+static real *arena_calloc(size_t count, const char *what) {
+    size_t bytes = checked_bytes(count, sizeof(real), what);
+    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);
+    unsigned char *block = checked_calloc(lines + 1, CACHE_LINE, what);
+    unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
+    memcpy(aligned - sizeof block, &block, sizeof block);
+    return (real *)aligned;
+}
+
+static void arena_free(real *p) {
+    if (!p)
+        return;
+    unsigned char *block;
+    memcpy(&block, (unsigned char *)p - sizeof block, sizeof block);
+    free(block);
+}
+
+// Tensors cut one after another out of an arena (Layout, in §6.1's declarations).
+static real *tensor(Layout *layout, size_t count) {
+    size_t per_line = CACHE_LINE / sizeof(real);
+    real *place = layout->arena ? layout->arena + layout->used : NULL;
+    layout->used += (count + per_line - 1) / per_line * per_line;
+    return place;
+}
+
+static real *forward_only(Layout *layout, size_t count) {
+    return layout->gradients ? NULL : tensor(layout, count);
+}
+
+// A new arena for what a counting pass of a layout found
+static real *arena_of_layout(Layout *layout, const char *what) {
+    return arena_calloc(layout->used, what);
+}
+
+static void layout_attention(AttentionActs *a, Layout *layout, size_t rows, size_t key_rows,
+                             size_t att, size_t C, int cross) {
+    a->qkv = cross ? NULL : tensor(layout, rows * 3 * C);
+    a->q = cross ? tensor(layout, rows * C) : NULL;
+    a->kv = cross ? tensor(layout, key_rows * 2 * C) : NULL;
+    a->att = forward_only(layout, att);
+    a->heads = tensor(layout, rows * C);
+    a->out = tensor(layout, rows * C);
+}
+
+static void layout_add_norm(AddNormActs *a, Layout *layout, size_t rows, size_t C) {
+    a->mask = forward_only(layout, rows * C);
+    a->res = forward_only(layout, rows * C);
+    a->out = tensor(layout, rows * C);
+    a->mean = forward_only(layout, rows);
+    a->rstd = forward_only(layout, rows);
+}
+
+static void layout_feed_forward(FeedForwardActs *a, Layout *layout, size_t rows, size_t C,
+                                size_t F) {
+    a->hidden = tensor(layout, rows * F);
+    a->out = tensor(layout, rows * C);
+}
+
+// The activations (or their gradients) of a B x S x T batch, in the order of their arena.
+// Their shapes: transformer.h, ActivationTensors.
+static void layout_activations(ActivationTensors *a, Layout *layout,
+                               const TransformerConfig *config, size_t B, size_t S, size_t T) {
+    size_t L = config->n_layers;
+    size_t C = config->d_model;
+    size_t F = config->d_ff;
+    size_t NH = config->n_heads;
+    size_t V = config->vocab_size;
+    size_t src = B * S;   // the encoder's rows
+    size_t tgt = B * T;   // the decoder's rows
+    a->enc_embedded = tensor(layout, src * C);
+    a->enc_emb_mask = forward_only(layout, src * C);
+    a->enc_x0 = tensor(layout, src * C);
+    for (size_t l = 0; l < L; l++) {
+        EncoderLayerActs *e = &a->enc[l];
+        layout_attention(&e->self_attn, layout, src, src, B * NH * S * S, C, 0);
+        layout_add_norm(&e->norm1, layout, src, C);
+        layout_feed_forward(&e->ffn, layout, src, C, F);
+        layout_add_norm(&e->norm2, layout, src, C);
+    }
+    a->dec_embedded = tensor(layout, tgt * C);
+    a->dec_emb_mask = forward_only(layout, tgt * C);
+    a->dec_x0 = tensor(layout, tgt * C);
+    for (size_t l = 0; l < L; l++) {
+        DecoderLayerActs *d = &a->dec[l];
+        layout_attention(&d->self_attn, layout, tgt, tgt, B * NH * T * T, C, 0);
+        layout_add_norm(&d->norm1, layout, tgt, C);
+        layout_attention(&d->cross_attn, layout, tgt, src, B * NH * T * S, C, 1);
+        layout_add_norm(&d->norm2, layout, tgt, C);
+        layout_feed_forward(&d->ffn, layout, tgt, C, F);
+        layout_add_norm(&d->norm3, layout, tgt, C);
+    }
+    a->logits = tensor(layout, tgt * V);
+    a->probs = forward_only(layout, tgt * V);
+    a->token_loss = forward_only(layout, tgt);
+}
+
+// One arena for the activations (gradients = 0) or their gradients (1) of a B x S x T
+// batch; returns it, with its size in *count.
+static real *activations_alloc(ActivationTensors *a, const TransformerConfig *config,
+                               int gradients, size_t B, size_t S, size_t T, size_t *count) {
+    Layout counting = { NULL, 0, gradients };
+    layout_activations(a, &counting, config, B, S, T);
+    Layout layout = { arena_of_layout(&counting, gradients ? "gradients" : "activations"), 0,
+                      gradients };
+    layout_activations(a, &layout, config, B, S, T);
+    *count = layout.used;
+    return layout.arena;
+}
+
+// Makes the activations and their gradients big enough for a (B, S, T) batch. A smaller
+// batch uses the start of each tensor.
+static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int batch_T) {
+    int fits = batch_B <= model->cap_B && batch_S <= model->cap_S && batch_T <= model->cap_T;
+    if (model->acts_memory && fits)
+        return;
+    size_t B = batch_B > model->cap_B ? batch_B : model->cap_B;
+    size_t S = batch_S > model->cap_S ? batch_S : model->cap_S;
+    size_t T = batch_T > model->cap_T ? batch_T : model->cap_T;
+    size_t count;
+    arena_free(model->acts_memory);
+    arena_free(model->grads_acts_memory);
+    model->acts_memory = activations_alloc(&model->acts, &model->config, 0, B, S, T, &count);
+    model->grads_acts_memory = activations_alloc(&model->grads_acts, &model->config, 1, B, S, T,
+                                                 &model->num_grads_acts);
+    model->cap_B = (int)B;
+    model->cap_S = (int)S;
+    model->cap_T = (int)T;
+}
+
+const char *transformer_build(Transformer *model, const TransformerConfig *config,
+                              uint64_t seed) {
     memset(model, 0, sizeof *model);
     const char *error = transformer_config_check(config);
-    if (error) return error;
+    if (error)
+        return error;
     model->config = *config;
     parameter_sizes(model->param_sizes, config);
     model->num_parameters = sum_sizes(model->param_sizes, NUM_PARAMETER_TENSORS);
@@ -1509,11 +1973,20 @@ const char *transformer_build(Transformer *model, const TransformerConfig *confi
     model->adam_v = arena_calloc(model->num_parameters, "Adam second moments");
     point_parameters(&model->params, model->params_memory, model->param_sizes);
     point_parameters(&model->grads, model->grads_memory, model->param_sizes);
-    model->adam = (AdamConfig){ .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9 };   // §5.3
+    AdamConfig adam = { .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9 };   // §5.3
+    model->adam = adam;
+
+    size_t L = config->n_layers;
+    model->acts.enc = checked_calloc(L, sizeof(EncoderLayerActs), "encoder layers");
+    model->acts.dec = checked_calloc(L, sizeof(DecoderLayerActs), "decoder layers");
+    model->grads_acts.enc = checked_calloc(L, sizeof(EncoderLayerActs), "encoder layers");
+    model->grads_acts.dec = checked_calloc(L, sizeof(DecoderLayerActs), "decoder layers");
+
     if (config->positional == POSITIONAL_LEARNED) {
-        model->positional_encoding = model->params.position_embedding;   // a parameter (Table 3, row E)
+        model->positional_encoding = model->params.position_embedding;   // Table 3, row E
     } else {
-        model->positional_encoding = arena_calloc((size_t)config->max_len * config->d_model, "positional encoding");
+        size_t n = (size_t)config->max_len * config->d_model;
+        model->positional_encoding = arena_calloc(n, "positional encoding");
         positional_encoding_init(model->positional_encoding, config->max_len, config->d_model);
     }
     initialize_parameters(model, seed);
@@ -1523,10 +1996,18 @@ const char *transformer_build(Transformer *model, const TransformerConfig *confi
 }
 
 void transformer_free(Transformer *model) {
-    real *sinusoids = model->config.positional == POSITIONAL_SINUSOID ? model->positional_encoding : NULL;
-    real *arenas[] = { model->params_memory, model->grads_memory, model->adam_m, model->adam_v, sinusoids,
-                       model->acts_memory, model->scratch_memory };
-    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
+    if (model->config.positional == POSITIONAL_SINUSOID)
+        arena_free(model->positional_encoding);
+    arena_free(model->params_memory);
+    arena_free(model->grads_memory);
+    arena_free(model->adam_m);
+    arena_free(model->adam_v);
+    arena_free(model->acts_memory);
+    arena_free(model->grads_acts_memory);
+    free(model->acts.enc);
+    free(model->acts.dec);
+    free(model->grads_acts.enc);
+    free(model->grads_acts.dec);
     memset(model, 0, sizeof *model);
 }
 
@@ -1541,61 +2022,78 @@ static const char *errorf(const char *format, ...) {
     memcpy(error_buffer, text, sizeof text);
     return error_buffer;
 }
-#define REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)   // the error unless cond
 
 // Returns NULL when the config is usable, else a message naming the bad field.
 const char *transformer_config_check(const TransformerConfig *config) {
-    REQUIRE(config->n_layers >= 1 && config->n_layers <= TRANSFORMER_MAX_LAYERS, "n_layers is %d, expected 1..%d",
-            config->n_layers, TRANSFORMER_MAX_LAYERS);
-    REQUIRE(config->d_model >= 1 && config->d_model <= TRANSFORMER_MAX_WIDTH, "d_model is %d, expected 1..%d",
-            config->d_model, TRANSFORMER_MAX_WIDTH);
-    REQUIRE(config->d_ff >= 1 && config->d_ff <= TRANSFORMER_MAX_WIDTH, "d_ff is %d, expected 1..%d", config->d_ff,
-            TRANSFORMER_MAX_WIDTH);
-    REQUIRE(config->n_heads >= 1 && config->n_heads <= config->d_model, "n_heads is %d, expected 1..d_model (%d)",
-            config->n_heads, config->d_model);
-    REQUIRE(config->d_model % config->n_heads == 0, "d_model (%d) is not divisible by n_heads (%d)", config->d_model,
-            config->n_heads);
-    REQUIRE(config->vocab_size > NUM_SPECIAL_TOKENS && config->vocab_size <= TRANSFORMER_MAX_VOCAB, "vocab_size is %d, "
-            "expected %d..%d (4 special tokens + words)", config->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
-    REQUIRE(config->max_len >= 2 && config->max_len <= TRANSFORMER_MAX_LEN, "max_len is %d, expected 2..%d",
-            config->max_len, TRANSFORMER_MAX_LEN);
-    REQUIRE(config->positional == POSITIONAL_SINUSOID || config->positional == POSITIONAL_LEARNED, "positional is %d, "
-            "expected %d (sinusoid) or %d (learned)", config->positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    REQUIRE(config->dropout >= 0.0f && config->dropout < 1.0f, "dropout is %g, expected 0 <= dropout < 1",
-            (double)config->dropout);
-    REQUIRE(config->label_smoothing >= 0.0f && config->label_smoothing < 1.0f, "label_smoothing is %g, expected "
-            "0 <= eps_ls < 1", (double)config->label_smoothing);
-    REQUIRE(config->layer_norm_eps > 0.0f && config->layer_norm_eps < 1.0f, "layer_norm_eps is %g, expected 0 < eps < 1",
-            (double)config->layer_norm_eps);
+    if (config->n_layers < 1 || config->n_layers > TRANSFORMER_MAX_LAYERS)
+        return errorf("n_layers is %d, expected 1..%d", config->n_layers,
+                      TRANSFORMER_MAX_LAYERS);
+    if (config->d_model < 1 || config->d_model > TRANSFORMER_MAX_WIDTH)
+        return errorf("d_model is %d, expected 1..%d", config->d_model, TRANSFORMER_MAX_WIDTH);
+    if (config->d_ff < 1 || config->d_ff > TRANSFORMER_MAX_WIDTH)
+        return errorf("d_ff is %d, expected 1..%d", config->d_ff, TRANSFORMER_MAX_WIDTH);
+    if (config->n_heads < 1 || config->n_heads > config->d_model)
+        return errorf("n_heads is %d, expected 1..d_model (%d)", config->n_heads,
+                      config->d_model);
+    if (config->d_model % config->n_heads != 0)
+        return errorf("d_model (%d) is not divisible by n_heads (%d)", config->d_model,
+                      config->n_heads);
+    if (config->vocab_size <= NUM_SPECIAL_TOKENS || config->vocab_size > TRANSFORMER_MAX_VOCAB)
+        return errorf("vocab_size is %d, expected %d..%d (4 special tokens + words)",
+                      config->vocab_size, NUM_SPECIAL_TOKENS + 1, TRANSFORMER_MAX_VOCAB);
+    if (config->max_len < 2 || config->max_len > TRANSFORMER_MAX_LEN)
+        return errorf("max_len is %d, expected 2..%d", config->max_len, TRANSFORMER_MAX_LEN);
+    if (config->positional != POSITIONAL_SINUSOID && config->positional != POSITIONAL_LEARNED)
+        return errorf("positional is %d, expected %d (sinusoid) or %d (learned)",
+                      config->positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+    if (!(config->dropout >= 0.0f && config->dropout < 1.0f))
+        return errorf("dropout is %g, expected 0 <= dropout < 1", (double)config->dropout);
+    if (!(config->label_smoothing >= 0.0f && config->label_smoothing < 1.0f))
+        return errorf("label_smoothing is %g, expected 0 <= eps_ls < 1",
+                      (double)config->label_smoothing);
+    if (!(config->layer_norm_eps > 0.0f && config->layer_norm_eps < 1.0f))
+        return errorf("layer_norm_eps is %g, expected 0 < eps < 1",
+                      (double)config->layer_norm_eps);
     return NULL;
 }
 
 // Returns NULL when the batch fits the model, else what is wrong with it.
 const char *batch_check(const Batch *batch, const TransformerConfig *config) {
-    int B = batch->B, S = batch->S, T = batch->T, V = config->vocab_size;
-    REQUIRE(B >= 1 && S >= 1 && T >= 1, "batch shape %d x %d x %d, expected positive sizes", B, S, T);
-    REQUIRE(S <= config->max_len && T <= config->max_len, "batch lengths %d (source) and %d (target) exceed max_len %d",
-            S, T, config->max_len);
+    int B = batch->B;
+    int S = batch->S;
+    int T = batch->T;
+    int V = config->vocab_size;
+    if (B < 1 || S < 1 || T < 1)
+        return errorf("batch shape %d x %d x %d, expected positive sizes", B, S, T);
+    if (S > config->max_len || T > config->max_len)
+        return errorf("batch lengths %d (source) and %d (target) exceed max_len %d", S, T,
+                      config->max_len);
     for (int b = 0; b < B; b++) {
-        REQUIRE(batch->src_len[b] >= 1 && batch->src_len[b] <= S, "sentence %d: source length %d, expected 1..%d", b,
-                batch->src_len[b], S);
-        REQUIRE(batch->tgt_len[b] >= 1 && batch->tgt_len[b] <= T, "sentence %d: target length %d, expected 1..%d", b,
-                batch->tgt_len[b], T);
+        if (batch->src_len[b] < 1 || batch->src_len[b] > S)
+            return errorf("sentence %d: source length %d, expected 1..%d", b, batch->src_len[b],
+                          S);
+        if (batch->tgt_len[b] < 1 || batch->tgt_len[b] > T)
+            return errorf("sentence %d: target length %d, expected 1..%d", b, batch->tgt_len[b],
+                          T);
         for (int s = 0; s < S; s++) {
             int token = batch->src[b * S + s];
-            REQUIRE(token >= 0 && token < V, "sentence %d: source token %d at %d outside the vocabulary 0..%d", b,
-                    token, s, V - 1);
+            if (token < 0 || token >= V)
+                return errorf("sentence %d: source token %d at %d outside the vocabulary 0..%d",
+                              b, token, s, V - 1);
         }
         for (int t = 0; t < T; t++) {
-            int in = batch->tgt_in[b * T + t], out = batch->tgt_out[b * T + t];
-            REQUIRE(in >= 0 && in < V && out >= 0 && out < V, "sentence %d: target token %d/%d at %d outside the "
-                    "vocabulary 0..%d", b, in, out, t, V - 1);
+            int in = batch->tgt_in[b * T + t];
+            int out = batch->tgt_out[b * T + t];
+            if (in < 0 || in >= V || out < 0 || out >= V)
+                return errorf("sentence %d: target token %d/%d at %d outside the vocabulary "
+                              "0..%d", b, in, out, t, V - 1);
         }
     }
     return NULL;
 }
 
 // ######## PART II   THE PROGRAM #############################################
+#define REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)   // (Part II, until it is rewritten)
 // The smallest program that trains the model of Part I and translates with it. What can fail
 // returns NULL, or one line saying what is wrong: the file (and line) or the value, and what was
 // expected. The companions in lab/ add to it through the hooks of "where the lab plugs in".

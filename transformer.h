@@ -1,21 +1,20 @@
 /* transformer.h: every type of transformer.c, and its public interface
  *
- * transformer.c is the Transformer of "Attention Is All You Need" (Vaswani et
- * al., 2017), encoder and decoder, forward pass, hand-derived backward pass and
- * Adam, in plain C loops, and the smallest program that trains it (Part II).
- * This header holds the types both use: the model's (the configuration, the
- * tensors with their shapes, the batch, the model), the program's (data,
- * options, evaluation, a training run), and the hooks where the companions
+ * transformer.c is the Transformer of "Attention Is All You Need" (Vaswani et al., 2017),
+ * encoder and decoder, forward pass, hand-derived backward pass and Adam, in plain C loops,
+ * and the smallest program that trains it (Part II). This header holds the types both use:
+ * the model's (the configuration, the tensors with their shapes, the batch, the model), the
+ * program's (data, options, evaluation, a training run), and the hooks where the companions
  * beside it (lab/, cuda/) plug in.
  *
  * BUILD
- *     cc -O2 transformer.c -lm -o transformer_minimal   transformer.c alone: train, decode, eval
- *     make                 ./transformer from lab/lab.c, which includes transformer.c and
- *                          plugs in the fast path, §5.1 subwords, --resume and the
- *                          instruments (OpenMP on; `make OPENMP=0` for none)
- *     make demo            builds, trains the copy task, decodes held-out examples
- *     make test            builds and runs the tests
- *     make debug           -O0 -g, transformer.c alone without OpenMP: for gdb
+ *     cc -O2 transformer.c -lm -o transformer_minimal   transformer.c alone: train, decode
+ *     make          ./transformer from lab/lab.c, which includes transformer.c and plugs in
+ *                   the fast path, §5.1 subwords, --resume and the instruments (OpenMP on;
+ *                   `make OPENMP=0` for none)
+ *     make demo     builds, trains the copy task, decodes held-out examples
+ *     make test     builds and runs the tests
+ *     make debug    -O0 -g, transformer.c alone without OpenMP: for gdb
  *
  * USE (as a library: compile transformer.c with -DTRANSFORMER_NO_MAIN)
  *     TransformerConfig config = transformer_default_config();
@@ -30,15 +29,14 @@
  *     transformer_free(&model);
  *
  * READ
- *     transformer.c from the top: Part I is the model, building blocks first,
- *     each section headed by the paper's (§3 ... §6.1); every layer is a
- *     *_forward function followed by its *_backward, arguments in the order
- *     outputs, inputs, sizes. Part II is the program. NOTES.md gives a
- *     reading path, maps every equation to its function and gives the
+ *     transformer.c from the top: Part I is the model, building blocks first, each section
+ *     headed by the paper's (§3 ... §6.1); every layer is a *_forward function followed by
+ *     its *_backward, arguments in the order outputs, inputs, sizes. Part II is the program.
+ *     NOTES.md gives a reading path, maps every equation to its function and gives the
  *     backward derivations.
  *
- * The number type `real` is float; compiling with -DTRANSFORMER_DOUBLE makes it
- * double everywhere, which the gradient checks use.
+ * The number type `real` is float; compiling with -DTRANSFORMER_DOUBLE makes it double
+ * everywhere, which the gradient checks use.
  */
 #ifndef TRANSFORMER_H
 #define TRANSFORMER_H
@@ -46,9 +44,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// libm's e^x, ln x and square root in the precision of `real`
 #ifdef TRANSFORMER_DOUBLE
 typedef double real;
-#define real_exp exp    // libm's e^x, ln x and square root in the precision of `real`
+#define real_exp exp
 #define real_log log
 #define real_sqrt sqrt
 #else
@@ -68,16 +67,16 @@ enum { POSITIONAL_SINUSOID = 0, POSITIONAL_LEARNED = 1 };
 // The model's sizes (Table 3 of the paper names them N, d_model, d_ff, h, P_drop, eps_ls)
 
 typedef struct {
-    int n_layers;         // N: layers in the encoder, and again in the decoder
-    int d_model;          // width of every sub-layer's output
-    int d_ff;             // inner width of the feed-forward network (§3.3)
-    int n_heads;          // h: attention heads; d_k = d_v = d_model / h
-    int vocab_size;       // shared source/target vocabulary (§3.4), specials included
-    int max_len;          // longest sentence (positional-encoding rows)
-    int positional;       // POSITIONAL_SINUSOID (§3.5, the default) or POSITIONAL_LEARNED (Table 3, row E)
-    float dropout;        // P_drop (§5.4)
-    float label_smoothing;// eps_ls (§5.4)
-    float layer_norm_eps; // not in the paper; PyTorch's default 1e-5
+    int n_layers;          // N: layers in the encoder, and again in the decoder
+    int d_model;           // width of every sub-layer's output
+    int d_ff;              // inner width of the feed-forward network (§3.3)
+    int n_heads;           // h: attention heads; d_k = d_v = d_model / h
+    int vocab_size;        // shared source/target vocabulary (§3.4), specials included
+    int max_len;           // longest sentence (positional-encoding rows)
+    int positional;        // POSITIONAL_SINUSOID (§3.5, the default) or POSITIONAL_LEARNED
+    float dropout;         // P_drop (§5.4)
+    float label_smoothing; // eps_ls (§5.4)
+    float layer_norm_eps;  // not in the paper; PyTorch's default 1e-5
 } TransformerConfig;
 
 // The limits transformer_config_check enforces, so that no size product
@@ -88,218 +87,154 @@ typedef struct {
 #define TRANSFORMER_MAX_LEN 4096
 
 // ----------------------------------------------------------------------------
-// All parameters, in one allocation with named pointers into it. Each tensor
-// holds all N layers (layer 0 first). Weights are stored as PyTorch stores
-// them, (out_features, in_features): a linear layer computes y = x W^T + b.
+// All parameters, in one allocation with named pointers into it, in this order (checkpoints
+// keep it). Each per-layer tensor holds all N layers, layer 0 first. Weights are stored as
+// PyTorch stores them, (out_features, in_features): a linear layer computes y = x W^T + b.
+// Shapes: L layers, C = d_model, F = d_ff, V vocabulary.
 
-// Every parameter tensor once, in storage order (checkpoints keep it): its name
-// and its number of values, from L, C, F, V and learned_rows (max_len with
-// learned positions, else 0). transformer.c expands the list into the struct's
-// fields, the names and the sizes.
-#define PARAMETER_TENSORS(X) \
-    X(embedding, V * C)                 /* (V, C)       shared: source, target, pre-softmax (§3.4) */ \
-    X(position_embedding, learned_rows * C) /* (max_len, C) learned positions (Table 3, row E) */ \
-    /* encoder, §3.1 */ \
-    X(enc_qkv_w, L * 3 * C * C)         /* (L, 3C, C)   W^Q, W^K, W^V stacked as rows (§3.2.2) */ \
-    X(enc_qkv_b, L * 3 * C)             /* (L, 3C) */ \
-    X(enc_out_w, L * C * C)             /* (L, C, C)    W^O */ \
-    X(enc_out_b, L * C)                 /* (L, C) */ \
-    X(enc_ln1_g, L * C)                 /* (L, C)       layer norm after self-attention */ \
-    X(enc_ln1_b, L * C)                 /* (L, C) */ \
-    X(enc_ff1_w, L * F * C)             /* (L, F, C)    W_1 (§3.3) */ \
-    X(enc_ff1_b, L * F)                 /* (L, F) */ \
-    X(enc_ff2_w, L * C * F)             /* (L, C, F)    W_2 */ \
-    X(enc_ff2_b, L * C)                 /* (L, C) */ \
-    X(enc_ln2_g, L * C)                 /* (L, C)       layer norm after the FFN */ \
-    X(enc_ln2_b, L * C)                 /* (L, C) */ \
-    /* decoder, §3.1 */ \
-    X(dec_self_qkv_w, L * 3 * C * C)    /* (L, 3C, C)   masked self-attention */ \
-    X(dec_self_qkv_b, L * 3 * C)        /* (L, 3C) */ \
-    X(dec_self_out_w, L * C * C)        /* (L, C, C) */ \
-    X(dec_self_out_b, L * C)            /* (L, C) */ \
-    X(dec_ln1_g, L * C)                 /* (L, C) */ \
-    X(dec_ln1_b, L * C)                 /* (L, C) */ \
-    X(dec_cross_qkv_w, L * 3 * C * C)   /* (L, 3C, C)   encoder-decoder attention: rows 0..C-1 make */ \
-    X(dec_cross_qkv_b, L * 3 * C)       /* (L, 3C)      queries from the decoder, rows C..3C-1 keys */ \
-    X(dec_cross_out_w, L * C * C)       /* (L, C, C)    and values from the encoder output */ \
-    X(dec_cross_out_b, L * C)           /* (L, C) */ \
-    X(dec_ln2_g, L * C)                 /* (L, C) */ \
-    X(dec_ln2_b, L * C)                 /* (L, C) */ \
-    X(dec_ff1_w, L * F * C)             /* (L, F, C) */ \
-    X(dec_ff1_b, L * F)                 /* (L, F) */ \
-    X(dec_ff2_w, L * C * F)             /* (L, C, F) */ \
-    X(dec_ff2_b, L * C)                 /* (L, C) */ \
-    X(dec_ln3_g, L * C)                 /* (L, C) */ \
-    X(dec_ln3_b, L * C)                 /* (L, C) */
+typedef struct {
+    real *embedding;           // (V, C)        shared: source, target, pre-softmax (§3.4)
+    real *position_embedding;  // (max_len, C)  learned positions (Table 3, row E); else empty
+    // the encoder (§3.1)
+    real *enc_qkv_w;           // (L, 3C, C)    W^Q, W^K, W^V stacked as rows (§3.2.2)
+    real *enc_qkv_b;           // (L, 3C)
+    real *enc_out_w;           // (L, C, C)     W^O
+    real *enc_out_b;           // (L, C)
+    real *enc_ln1_g;           // (L, C)        the layer norm after self-attention: gain
+    real *enc_ln1_b;           // (L, C)        ... and bias
+    real *enc_ff1_w;           // (L, F, C)     W_1 (§3.3)
+    real *enc_ff1_b;           // (L, F)
+    real *enc_ff2_w;           // (L, C, F)     W_2
+    real *enc_ff2_b;           // (L, C)
+    real *enc_ln2_g;           // (L, C)        the layer norm after the FFN
+    real *enc_ln2_b;           // (L, C)
+    // the decoder (§3.1)
+    real *dec_self_qkv_w;      // (L, 3C, C)    masked self-attention
+    real *dec_self_qkv_b;      // (L, 3C)
+    real *dec_self_out_w;      // (L, C, C)
+    real *dec_self_out_b;      // (L, C)
+    real *dec_ln1_g;           // (L, C)
+    real *dec_ln1_b;           // (L, C)
+    real *dec_cross_qkv_w;     // (L, 3C, C)    encoder-decoder attention: rows 0..C-1 make the
+    real *dec_cross_qkv_b;     // (L, 3C)       queries from the decoder, rows C..3C-1 the keys
+    real *dec_cross_out_w;     // (L, C, C)     and values from the encoder's output
+    real *dec_cross_out_b;     // (L, C)
+    real *dec_ln2_g;           // (L, C)
+    real *dec_ln2_b;           // (L, C)
+    real *dec_ff1_w;           // (L, F, C)
+    real *dec_ff1_b;           // (L, F)
+    real *dec_ff2_w;           // (L, C, F)
+    real *dec_ff2_b;           // (L, C)
+    real *dec_ln3_g;           // (L, C)
+    real *dec_ln3_b;           // (L, C)
+} ParameterTensors;
 
-#define TENSOR_FIELD(name, numbers) real *name;   // a list's entry as a struct's field
-#define TENSOR_COUNT(name, numbers) + 1             // ... as one more in its count
-enum { NUM_PARAMETER_TENSORS = 0 PARAMETER_TENSORS(TENSOR_COUNT) };   // 32
-typedef struct { PARAMETER_TENSORS(TENSOR_FIELD) } ParameterTensors;
+enum { NUM_PARAMETER_TENSORS = 32 };   // the fields above
 
-// ----------------------------------------------------------------------------
-// Everything the forward pass computes, kept for the backward pass and for
-// anyone who wants to look. Per-layer tensors hold all N layers.
-// Shapes: B sentences, S padded source length, T padded target length,
-// NH heads, F = d_ff, V vocabulary.
+// One layer's views of the parameters (or of their gradients: the same layout), as the
+// layers take them: each pointer is layer l's part of a tensor above.
 
-// Each activation tensor once, in the order of its arena: its name and number
-// of values, for a batch of B, S, T (transformer.c expands the list into the
-// struct's fields and the arena's sizes).
-#define ACTIVATION_TENSORS(X) \
-    /* encoder */ \
-    X(enc_embedded, B * S * C)          /* (B, S, C)      token embedding * sqrt(C) + PE */ \
-    X(enc_emb_mask, B * S * C)          /* (B, S, C)      dropout mask: 0 or 1/(1-P_drop) */ \
-    X(enc_x0, B * S * C)                /* (B, S, C)      input of encoder layer 0 */ \
-    X(enc_qkv, L * B * S * 3 * C)       /* (L, B, S, 3C) */ \
-    X(enc_att, L * B * NH * S * S)      /* (L, B, NH, S, S) attention probabilities */ \
-    X(enc_heads, L * B * S * C)         /* (L, B, S, C)   Concat(head_1..head_h) */ \
-    X(enc_att_proj, L * B * S * C)      /* (L, B, S, C)   ... W^O */ \
-    X(enc_drop1, L * B * S * C)         /* (L, B, S, C)   dropout mask */ \
-    X(enc_res1, L * B * S * C)          /* (L, B, S, C)   x + Dropout(Sublayer(x)) */ \
-    X(enc_ln1, L * B * S * C)           /* (L, B, S, C) */ \
-    X(enc_ln1_mean, L * B * S)          /* (L, B, S) */ \
-    X(enc_ln1_rstd, L * B * S)          /* (L, B, S) */ \
-    X(enc_ff_h, L * B * S * F)          /* (L, B, S, F)   max(0, x W_1 + b_1) */ \
-    X(enc_ff_out, L * B * S * C)        /* (L, B, S, C) */ \
-    X(enc_drop2, L * B * S * C)         /* (L, B, S, C) */ \
-    X(enc_res2, L * B * S * C)          /* (L, B, S, C) */ \
-    X(enc_ln2, L * B * S * C)           /* (L, B, S, C)   layer output; the last is the memory */ \
-    X(enc_ln2_mean, L * B * S)          /* (L, B, S) */ \
-    X(enc_ln2_rstd, L * B * S)          /* (L, B, S) */ \
-    /* decoder */ \
-    X(dec_embedded, B * T * C)          /* (B, T, C) */ \
-    X(dec_emb_mask, B * T * C)          /* (B, T, C) */ \
-    X(dec_x0, B * T * C)                /* (B, T, C) */ \
-    X(dec_self_qkv, L * B * T * 3 * C)  /* (L, B, T, 3C) */ \
-    X(dec_self_att, L * B * NH * T * T) /* (L, B, NH, T, T) */ \
-    X(dec_self_heads, L * B * T * C)    /* (L, B, T, C) */ \
-    X(dec_self_proj, L * B * T * C)     /* (L, B, T, C) */ \
-    X(dec_drop1, L * B * T * C)         /* (L, B, T, C) */ \
-    X(dec_res1, L * B * T * C)          /* (L, B, T, C) */ \
-    X(dec_ln1, L * B * T * C)           /* (L, B, T, C) */ \
-    X(dec_ln1_mean, L * B * T)          /* (L, B, T) */ \
-    X(dec_ln1_rstd, L * B * T)          /* (L, B, T) */ \
-    X(dec_cross_q, L * B * T * C)       /* (L, B, T, C) */ \
-    X(dec_cross_kv, L * B * S * 2 * C)  /* (L, B, S, 2C) */ \
-    X(dec_cross_att, L * B * NH * T * S) /* (L, B, NH, T, S) */ \
-    X(dec_cross_heads, L * B * T * C)   /* (L, B, T, C) */ \
-    X(dec_cross_proj, L * B * T * C)    /* (L, B, T, C) */ \
-    X(dec_drop2, L * B * T * C)         /* (L, B, T, C) */ \
-    X(dec_res2, L * B * T * C)          /* (L, B, T, C) */ \
-    X(dec_ln2, L * B * T * C)           /* (L, B, T, C) */ \
-    X(dec_ln2_mean, L * B * T)          /* (L, B, T) */ \
-    X(dec_ln2_rstd, L * B * T)          /* (L, B, T) */ \
-    X(dec_ff_h, L * B * T * F)          /* (L, B, T, F) */ \
-    X(dec_ff_out, L * B * T * C)        /* (L, B, T, C) */ \
-    X(dec_drop3, L * B * T * C)         /* (L, B, T, C) */ \
-    X(dec_res3, L * B * T * C)          /* (L, B, T, C) */ \
-    X(dec_ln3, L * B * T * C)           /* (L, B, T, C)   layer output; the last feeds the softmax */ \
-    X(dec_ln3_mean, L * B * T)          /* (L, B, T) */ \
-    X(dec_ln3_rstd, L * B * T)          /* (L, B, T) */ \
-    X(logits, B * T * V)                /* (B, T, V) */ \
-    X(probs, B * T * V)                 /* (B, T, V)      softmax(logits) */ \
-    X(token_loss, B * T)                /* (B, T)         label-smoothed loss per target position */
+typedef struct {          // one multi-head attention (§3.2.2)
+    real *qkv_w;          // (3C, C)  W^Q, W^K, W^V stacked
+    real *qkv_b;          // (3C)
+    real *out_w;          // (C, C)   W^O
+    real *out_b;          // (C)
+} AttentionParams;
 
-enum { NUM_ACTIVATION_TENSORS = 0 ACTIVATION_TENSORS(TENSOR_COUNT) };   // 51
-typedef struct { ACTIVATION_TENSORS(TENSOR_FIELD) } ActivationTensors;
+typedef struct {          // one feed-forward network (§3.3)
+    real *w1;             // (F, C)
+    real *b1;             // (F)
+    real *w2;             // (C, F)
+    real *b2;             // (C)
+} FeedForwardParams;
 
-// Scratch memory for the backward pass, reused layer after layer, so the
-// backward pass needs only a few buffers of one layer's size. Each holds the
-// gradient of the loss with respect to the tensor its name says; "rows" are
-// B*S in the encoder and B*T in the decoder (sized for the larger).
-#define SCRATCH_TENSORS(X) \
-    X(d_output, rows * C)       /* of a layer's output, and ... */ \
-    X(d_input, rows * C)        /* ... of its input: the next layer down's output (the two swap) */ \
-    X(d_ln1, rows * C)          /* of a layer's first Add & Norm output (the second sub-layer's input) */ \
-    X(d_ln2, rows * C)          /* of a decoder layer's second Add & Norm output */ \
-    X(d_sublayer, rows * C)     /* of a sub-layer's output, before its Add & Norm */ \
-    X(d_heads, rows * C)        /* of Concat(head_1, ..., head_h), before W^O */ \
-    X(d_qkv, rows * 3 * C)      /* of a self-attention's fused queries, keys and values */ \
-    X(d_q, B * T * C)           /* of the encoder-decoder attention's queries */ \
-    X(d_kv, B * S * 2 * C)      /* of its keys and values */ \
-    X(d_ff_h, rows * F)         /* of the FFN's hidden layer */ \
-    X(d_memory, B * S * C)      /* of the encoder output, summed over the decoder layers */ \
-    X(d_embedded, rows * C)     /* of the scaled embeddings plus positions, before dropout */ \
-    X(d_logits, B * T * V)
-
-enum { NUM_SCRATCH_TENSORS = 0 SCRATCH_TENSORS(TENSOR_COUNT) };   // 13
-typedef struct { SCRATCH_TENSORS(TENSOR_FIELD) } BackwardScratch;
-
-// ----------------------------------------------------------------------------
-// One layer's views of the tensors above, as transformer.c's layers take them
-// (the parameters or their gradients: the same layout), and the state of
-// decoding with a key/value cache (transformer.c, §6.1).
-
-// One layer's attention parameters: W^Q, W^K, W^V stacked (3C, C) and their
-// biases, then W^O and its bias (§3.2.2)
-typedef struct { real *qkv_w, *qkv_b, *out_w, *out_b; } AttentionParams;
-// One layer's feed-forward network (§3.3): W_1, b_1, W_2, b_2
-typedef struct { real *w1, *b1, *w2, *b2; } FeedForwardParams;
+typedef struct {          // one layer norm
+    real *gain;           // (C)
+    real *bias;           // (C)
+} LayerNormParams;
 
 typedef struct {
     AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
+    LayerNormParams ln1;
     FeedForwardParams ffn;
-    real *ln2_g, *ln2_b;
+    LayerNormParams ln2;
 } EncoderLayerParams;
 
 typedef struct {
     AttentionParams self_attn;
-    real *ln1_g, *ln1_b;
+    LayerNormParams ln1;
     AttentionParams cross_attn;
-    real *ln2_g, *ln2_b;
+    LayerNormParams ln2;
     FeedForwardParams ffn;
-    real *ln3_g, *ln3_b;
+    LayerNormParams ln3;
 } DecoderLayerParams;
 
-// Layer l's slice of the activations (encoder_layer_acts, decoder_layer_acts):
-// each field is ActivationTensors' field of the same name after enc_ or dec_,
-// its shape without the leading L, e.g. qkv (B,S,3C), att (B,NH,S,S), ff_h (B,S,F).
+// ----------------------------------------------------------------------------
+// Everything the forward pass computes, kept for the backward pass and for anyone who wants
+// to look; and the gradient of the loss with respect to each of them, in a second set of the
+// same structs (Transformer.grads_acts): grads_acts.enc[l].ffn.hidden is dL/d(acts.enc[l].
+// ffn.hidden). Tensors only the forward pass needs (dropout masks, attention probabilities, a
+// norm's sums) have no gradient: their pointers there are NULL.
+// Shapes: B sentences, S padded source length, T padded target length, NH heads. In a layer
+// of the encoder the rows are (B, S), in the decoder (B, T).
+
+typedef struct {          // one multi-head attention (§3.2.2), and its input's projections
+    real *qkv;            // (B, T, 3C)  self-attention: q | k | v of each position (else NULL)
+    real *q;              // (B, T, C)   encoder-decoder attention: the queries ...
+    real *kv;             // (B, S, 2C)  ... and the keys | values of the memory (else NULL)
+    real *att;            // (B, NH, T, keys)  the attention probabilities, softmax(q k^T/√d_k)
+    real *heads;          // (B, T, C)   Concat(head_1, ..., head_h)
+    real *out;            // (B, T, C)   Concat(...) W^O + b^O
+} AttentionActs;
+
+typedef struct {          // one feed-forward network (§3.3)
+    real *hidden;         // (B, T, F)   max(0, x W_1^T + b_1)
+    real *out;            // (B, T, C)   hidden W_2^T + b_2
+} FeedForwardActs;
+
+typedef struct {          // one "Add & Norm" (Figure 1): out = LayerNorm(x + Dropout(sublayer))
+    real *mask;           // (B, T, C)   the dropout mask: 0 or 1/(1 - P_drop)
+    real *res;            // (B, T, C)   x + sublayer * mask
+    real *out;            // (B, T, C)   LayerNorm(res): the sub-layer's output
+    real *mean;           // (B, T)      each row's mean ...
+    real *rstd;           // (B, T)      ... and 1/sqrt(variance + eps)
+} AddNormActs;
+
 typedef struct {
-    real *qkv, *att, *heads, *att_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *ff_h, *ff_out, *drop2, *res2, *ln2, *ln2_mean, *ln2_rstd;
+    AttentionActs self_attn;
+    AddNormActs norm1;
+    FeedForwardActs ffn;
+    AddNormActs norm2;    // norm2.out: the layer's output; the last layer's is the memory
 } EncoderLayerActs;
 
 typedef struct {
-    real *self_qkv, *self_att, *self_heads, *self_proj, *drop1, *res1, *ln1, *ln1_mean, *ln1_rstd;
-    real *cross_q, *cross_kv, *cross_att, *cross_heads, *cross_proj, *drop2, *res2,
-         *ln2, *ln2_mean, *ln2_rstd;
-    real *ff_h, *ff_out, *drop3, *res3, *ln3, *ln3_mean, *ln3_rstd;
+    AttentionActs self_attn;
+    AddNormActs norm1;
+    AttentionActs cross_attn;
+    AddNormActs norm2;
+    FeedForwardActs ffn;
+    AddNormActs norm3;    // norm3.out: the layer's output; the last layer's feeds the softmax
 } DecoderLayerActs;
 
-// The decoding state of R rows decoded side by side: R sentences (greedy) or
-// the R beams of one sentence (beam search).
 typedef struct {
-    int rows;           // R
-    int S;              // padded source length
-    int max_T;          // positions the self-attention cache holds
-    int *src_len;       // (R)                real source tokens of each row
-    int *self_len;      // (R)                positions each row's query sees: t + 1
-    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
-    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per decoder layer
-    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
-    real *x;            // (R, C)             a layer's input, then its output
-    real *qkv;          // (R, 3C)
-    real *heads;        // (R, C)
-    real *proj;         // (R, C)
-    real *res;          // (R, C)
-    real *ln1, *ln2;    // (R, C)
-    real *q;            // (R, C)
-    real *ff_h;         // (R, F)
-    real *ff_out;       // (R, C)
-    real *mean, *rstd;  // (R)
-    real *att;          // (R, NH, max(S, max_T))
-    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
-    real *logits;       // (R, V)
-    real *memory;       // the arena of all the above
-} DecoderCache;
+    real *enc_embedded;      // (B, S, C)  E[token] * sqrt(C) + PE
+    real *enc_emb_mask;      // (B, S, C)  its dropout mask
+    real *enc_x0;            // (B, S, C)  the input of encoder layer 0
+    EncoderLayerActs *enc;   // (L)        the encoder's layers
+    real *dec_embedded;      // (B, T, C)
+    real *dec_emb_mask;      // (B, T, C)
+    real *dec_x0;            // (B, T, C)
+    DecoderLayerActs *dec;   // (L)        the decoder's layers
+    real *logits;            // (B, T, V)
+    real *probs;             // (B, T, V)  softmax(logits)
+    real *token_loss;        // (B, T)     the label-smoothed loss at each target position
+} ActivationTensors;
 
 // ----------------------------------------------------------------------------
-// A batch of sentence pairs, padded to the longest: src[b*S + s] for s <
-// src_len[b] are real tokens, the rest TOKEN_PAD. Teacher forcing (§3.1): the
-// decoder reads tgt_in = <s> y_1 .. y_{n-1} and must predict tgt_out = y_1 ..
-// y_{n-1} </s>; positions t >= tgt_len[b] are padding and carry no loss.
+// A batch of sentence pairs, padded to the longest: src[b*S + s] for s < src_len[b] are
+// real tokens, the rest TOKEN_PAD. Teacher forcing (§3.1): the decoder reads tgt_in = <s>
+// y_1 .. y_{n-1} and must predict tgt_out = y_1 .. y_{n-1} </s>; positions t >= tgt_len[b]
+// are padding and carry no loss.
 
 typedef struct {
     int B, S, T;
@@ -310,27 +245,78 @@ typedef struct {
     int *tgt_len;  // (B)
 } Batch;
 
+// Where scaled dot-product attention (transformer.c, §3.2.1) finds its rows: B sentences of
+// Tq queries and Tk keys (and values), NH heads of d_k = C / NH numbers each. Queries,
+// keys and values are read in place from the projections (§3.2.2): row i of q starts
+// i * q_stride numbers on, row j of k and of v j * kv_stride numbers on.
+typedef struct {
+    int B;
+    int Tq;
+    int Tk;
+    int C;
+    int NH;
+    int q_stride;
+    int kv_stride;
+} AttentionShape;
+
 typedef struct { uint64_t state; } Rng;
 
+// §5.3: 0.9, 0.98, 1e-9 (double: the double build uses these exactly, as PyTorch does)
 typedef struct {
-    double beta1, beta2, eps;  // §5.3: 0.9, 0.98, 1e-9 (double: the double build uses these exactly, as PyTorch does)
+    double beta1;
+    double beta2;
+    double eps;
 } AdamConfig;
+
+// The decoding state of R rows decoded side by side: R sentences (greedy) or the R beams of
+// one sentence (beam search).
+typedef struct {
+    int rows;           // R
+    int S;              // padded source length
+    int max_T;          // positions the self-attention cache holds
+    int *src_len;       // (R)                real source tokens of each row
+    int *self_len;      // (R)                positions each row's query sees: t + 1
+    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
+    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per layer
+    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
+    real *x;            // (R, C)             a layer's input, then its output
+    real *qkv;          // (R, 3C)
+    real *heads;        // (R, C)
+    real *proj;         // (R, C)
+    real *res;          // (R, C)
+    real *ln1;          // (R, C)
+    real *ln2;          // (R, C)
+    real *q;            // (R, C)
+    real *ff_h;         // (R, F)
+    real *ff_out;       // (R, C)
+    real *mean;         // (R)
+    real *rstd;         // (R)
+    real *att;          // (R, NH, max(S, max_T))
+    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
+    real *logits;       // (R, V)
+    real *memory;       // the arena of all the above
+} DecoderCache;
 
 typedef struct {
     TransformerConfig config;
-    // parameters, their gradients and Adam's two moments, four allocations of the same layout
+    // the parameters, their gradients and Adam's two moments: four allocations of one layout
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     size_t num_parameters;
-    ParameterTensors params, grads;
-    real *params_memory, *grads_memory, *adam_m, *adam_v;
+    ParameterTensors params;
+    ParameterTensors grads;
+    real *params_memory;
+    real *grads_memory;
+    real *adam_m;
+    real *adam_v;
     AdamConfig adam;
     long adam_step;             // steps taken so far; the next update is step adam_step+1
     real *positional_encoding;  // (max_len, C), §3.5: the sinusoids, or params.position_embedding
-    // activations, allocated for the largest batch seen so far
+    // the activations and their gradients, allocated for the largest batch seen so far
     ActivationTensors acts;
+    ActivationTensors grads_acts;
     real *acts_memory;
-    BackwardScratch scratch;
-    real *scratch_memory;
+    real *grads_acts_memory;
+    size_t num_grads_acts;      // numbers in grads_acts_memory, zeroed at every backward pass
     int cap_B, cap_S, cap_T;    // the batch shape the buffers were sized for
     int B, S, T;                // the shape of the last forward pass
     int training;               // 1: dropout on (§5.4); 0: evaluation
@@ -351,22 +337,23 @@ double transformer_learning_rate(long step, int d_model, int warmup_steps, doubl
 void adam_update(Transformer *model, double learning_rate);
 // One training step: transformer_forward, transformer_zero_grad, transformer_backward,
 // then adam_update at eq. 3's rate for step adam_step + 1. Returns the loss.
-real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor);
+real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps,
+                            double lr_factor);
 
 // ----------------------------------------------------------------------------
-// Where the training steps of `train` and `bench` run: the loop calls the
-// model through transformer_training, which is transformer.c's own
-// (transformer_train_step) unless a program sets it to another. The CUDA
-// companion (cuda/transformer_cuda.cu) sets it to
-// a GPU's, which keeps its own copy of the parameters and Adam's moments:
-// begin copies the host model's there (after building or loading it) and
-// to_host copies them, and the gradients, back (before an evaluation or a
-// checkpoint). Everything else (data, decoding, checkpoints) runs on the host.
+// Where the training steps of `train` and `bench` run: the loop calls the model through
+// transformer_training, which is transformer.c's own (transformer_train_step) unless a
+// program sets it to another. The CUDA companion (cuda/transformer_cuda.cu) sets it to a
+// GPU's, which keeps its own copy of the parameters and Adam's moments: begin copies the host
+// model's there (after building or loading it) and to_host copies them, and the gradients,
+// back (before an evaluation or a checkpoint). Everything else (data, decoding, checkpoints)
+// runs on the host.
 typedef struct {
-    const char *name;                                       // printed by train and bench
+    const char *name;                      // printed by train and bench
     void (*begin)(Transformer *model);
-    real (*train_step)(Transformer *model, const Batch *batch, int warmup_steps, double lr_factor);
-                                                            // as transformer_train_step
+    // as transformer_train_step
+    real (*train_step)(Transformer *model, const Batch *batch, int warmup_steps,
+                       double lr_factor);
     void (*to_host)(Transformer *model);
 } TrainingCompute;
 extern const TrainingCompute transformer_cpu_training;
@@ -385,10 +372,11 @@ int transformer_decode_limit(const Transformer *model, int src_len);
 // B sentences side by side: src (B,S) padded, src_len (B); out (B,max_out), out_len (B)
 void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
                                const int *src, const int *src_len, int B, int S);
-// One sentence; returns the output length (out holds transformer_decode_limit tokens),
+// One sentence; returns the output length (out holds transformer_decode_limit tokens), and
 // *score (if not NULL) gets log P(output) / ((5 + length) / 6)^alpha, </s> counted in length.
-int transformer_beam_search(Transformer *model, int *out, double *score, const int *src, int src_len,
-                            int beam_size, double alpha);
+int transformer_beam_search(Transformer *model, int *out, double *score, const int *src,
+                            int src_len, int beam_size, double alpha);
+
 
 
 // §6.1 Evaluation: corpus-level BLEU-4 (Papineni et al. 2002), one reference
@@ -557,14 +545,15 @@ typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED,
 // in place of transformer.c's function of the same name when it is set. And
 // decoding's beginning and end, when the fast path may pack the weights its way.
 typedef struct {
-    void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias, int N, int IC, int OC);
-    void (*linear_backward)(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
-                            const real *weight, int N, int IC, int OC);
-    void (*attention_forward)(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
-                              int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C, int NH);
-    void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
-                               const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
-                               int C, int NH);
+    void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias,
+                           int N, int IC, int OC);
+    void (*linear_backward)(real *dinp, real *dweight, real *dbias, const real *dout,
+                            const real *inp, const real *weight, int N, int IC, int OC);
+    void (*attention_forward)(real *out, real *att, const real *q, const real *k, const real *v,
+                              const int *key_len, int causal, AttentionShape shape);
+    void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att,
+                               const real *q, const real *k, const real *v,
+                               AttentionShape shape);
     // Decoding begins (1) or ends (0) (decoder_cache_init, decoder_cache_free): the weights
     // stay as they are in between, so the fast path may use copies of them arranged its way.
     void (*decoding)(int begins);

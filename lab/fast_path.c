@@ -135,7 +135,8 @@ static int min_int(int a, int b) { return a < b ? a : b; }
 // Uninitialised memory at a multiple of CACHE_LINE bytes (see arena_calloc); free() it.
 static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
     size_t bytes = checked_bytes(count, size, what);
-    bytes = checked_bytes(lines_of(bytes), CACHE_LINE, what);   // aligned_alloc takes whole lines
+    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);
+    bytes = checked_bytes(lines, CACHE_LINE, what);   // aligned_alloc takes whole lines
     return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
 }
 
@@ -624,8 +625,9 @@ static void attention_one_query_fast(real *out, real *att, const real *q, const 
 // out is (B, Tq, C), att is (B, NH, Tq, Tk), key_len is (B)
 static void attention_forward_fast(real *out, real *att,
                                    const real *q, const real *k, const real *v,
-                                   int q_stride, int kv_stride, const int *key_len, int causal,
-                                   int B, int Tq, int Tk, int C, int NH) {
+                                   const int *key_len, int causal, AttentionShape shape) {
+    int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, C = shape.C, NH = shape.NH;
+    int q_stride = shape.q_stride, kv_stride = shape.kv_stride;
     if (Tq == 1) {
         attention_one_query_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tk, C, NH);
         return;
@@ -668,7 +670,9 @@ static void attention_forward_fast(real *out, real *att,
 static void attention_backward_fast(real *dq, real *dk, real *dv,
                                     const real *dout, const real *att,
                                     const real *q, const real *k, const real *v,
-                                    int q_stride, int kv_stride, int B, int Tq, int Tk, int C, int NH) {
+                                    AttentionShape shape) {
+    int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, C = shape.C, NH = shape.NH;
+    int q_stride = shape.q_stride, kv_stride = shape.kv_stride;
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, head): it alone writes that head's columns of dq, dk, dv

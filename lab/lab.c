@@ -552,17 +552,17 @@ int svg_write_attention(const char *path, const Transformer *model, AttentionKin
     for (int l = 0; l < L; l++) {
         for (int head = 0; head < NH; head++) {
             SvgHeatmap *p = &panels[l * NH + head];
-            size_t matrix = ((size_t)l * B + sentence) * NH + head;   // index of (l, b, head) in (L, B, NH, ..)
+            size_t matrix = (size_t)sentence * NH + head;   // index of (b, head) in layer l's (B, NH, ..)
             char *title = titles + (size_t)(l * NH + head) * 40;
             snprintf(title, 40, "layer %d, head %d", l + 1, head + 1);
-            if (kind == ATTENTION_ENCODER) {        // enc_att is (L, B, NH, S, S)
-                *p = (SvgHeatmap){ model->acts.enc_att + matrix * S * S, source_len, source_len, S,
+            if (kind == ATTENTION_ENCODER) {        // enc[l].self_attn.att is (B, NH, S, S)
+                *p = (SvgHeatmap){ model->acts.enc[l].self_attn.att + matrix * S * S, source_len, source_len, S,
                                    source_tokens, source_tokens, title };
-            } else if (kind == ATTENTION_DECODER) { // dec_self_att is (L, B, NH, T, T)
-                *p = (SvgHeatmap){ model->acts.dec_self_att + matrix * T * T, decoder_positions, decoder_positions,
+            } else if (kind == ATTENTION_DECODER) { // dec[l].self_attn.att is (B, NH, T, T)
+                *p = (SvgHeatmap){ model->acts.dec[l].self_attn.att + matrix * T * T, decoder_positions, decoder_positions,
                                    T, predicted, read, title };
-            } else {                                // dec_cross_att is (L, B, NH, T, S)
-                *p = (SvgHeatmap){ model->acts.dec_cross_att + matrix * T * S, decoder_positions, source_len, S,
+            } else {                                // dec[l].cross_attn.att is (B, NH, T, S)
+                *p = (SvgHeatmap){ model->acts.dec[l].cross_attn.att + matrix * T * S, decoder_positions, source_len, S,
                                    predicted, source_tokens, title };
             }
         }

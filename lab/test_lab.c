@@ -324,12 +324,13 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
         dkv[plain] = self ? dq[plain] : checked_calloc(n_kv, sizeof(real), "test");
         real *dk = self ? dq[plain] + C : dkv[plain], *dv = self ? dq[plain] + 2 * C : dkv[plain] + C;
         fast_path_use(0);
+        AttentionShape shape = { B, Tq, Tk, C, NH, q_stride, kv_stride };
         if (plain) {
-            attention_forward(out[1], att[1], q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
-            attention_backward(dq[1], dk, dv, dout, att[1], q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
+            attention_forward(out[1], att[1], q, k, v, key_len, causal, shape);
+            attention_backward(dq[1], dk, dv, dout, att[1], q, k, v, shape);
         } else {
-            attention_forward_fast(out[0], att[0], q, k, v, q_stride, kv_stride, key_len, causal, B, Tq, Tk, C, NH);
-            attention_backward_fast(dq[0], dk, dv, dout, att[0], q, k, v, q_stride, kv_stride, B, Tq, Tk, C, NH);
+            attention_forward_fast(out[0], att[0], q, k, v, key_len, causal, shape);
+            attention_backward_fast(dq[0], dk, dv, dout, att[0], q, k, v, shape);
         }
     }
     fast_path_use(1);
@@ -396,12 +397,13 @@ static void test_fast_dispatch(void) {
         att[way] = checked_calloc((size_t)B * NH * T * T, sizeof(real), "test");
         heads[way] = checked_calloc((size_t)B * T * C, sizeof(real), "test");
         fast_path_use(way < 2);
+        AttentionShape shape = { B, T, T, C, NH, 3 * C, 3 * C };
         if (way == 0) {
             linear_forward_fast(out[0], x, w, NULL, N, IC, OC);
-            attention_forward_fast(heads[0], att[0], qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, 1, B, T, T, C, NH);
+            attention_forward_fast(heads[0], att[0], qkv, qkv + C, qkv + 2 * C, len, 1, shape);
         } else {
             linear_forward(out[way], x, w, NULL, N, IC, OC);
-            attention_forward(heads[way], att[way], qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, len, 1, B, T, T, C, NH);
+            attention_forward(heads[way], att[way], qkv, qkv + C, qkv + 2 * C, len, 1, shape);
         }
     }
     fast_path_use(1);
@@ -718,9 +720,9 @@ static void test_svg_attention(void) {
               "SVG attention %s: %d heads x %d cells", kinds[kind], L * NH, cells[kind]);
         if (svg && kind == ATTENTION_CROSS) {
             // layer 2, head 2 of sentence 1, query 2 (it predicts "zwei"), key 3 ("two"):
-            // dec_cross_att is (L, B, NH, T, S)
-            int B = 2, S = 5, T = 6;
-            double p = m.acts.dec_cross_att[((((size_t)1 * B + 1) * NH + 1) * T + 2) * S + 3];
+            // dec[l].cross_attn.att is (B, NH, T, S)
+            int S = 5, T = 6;
+            double p = m.acts.dec[1].cross_attn.att[((((size_t)1) * NH + 1) * T + 2) * S + 3];
             char expected[96];
             snprintf(expected, sizeof expected, "<title>zwei | two: %.4g</title>", p);
             check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") && strstr(svg, "&lt;unk&gt;"),
