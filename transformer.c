@@ -188,9 +188,8 @@ static void residual_layernorm_forward(AddNormActs norm, const real *residual,
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
-        for (int i = 0; i < C; i++) {
+        for (int i = 0; i < C; i++)
             norm.res[row + i] = residual[row + i] + sublayer[row + i] * norm.mask[row + i];
-        }
         layernorm_row_forward(norm.out + row, &norm.mean[n], &norm.rstd[n], norm.res + row,
                               ln.gain, ln.bias, C, eps);
     }
@@ -311,16 +310,14 @@ static void attention_forward(real *out, real *att, const real *q, const real *k
         fast_path.attention_forward(out, att, q, k, v, key_len, causal, shape);
         return;
     }
-    int B = shape.B;
     int Tq = shape.Tq;
     int Tk = shape.Tk;
-    int C = shape.C;
     int NH = shape.NH;
-    int d_k = C / NH;
+    int d_k = shape.C / NH;
     real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, head, i): it alone writes query i's probabilities and out_i's columns
     #pragma omp parallel for collapse(3)
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < shape.B; b++) {
         for (int head = 0; head < NH; head++) {
             for (int i = 0; i < Tq; i++) {
                 int visible = visible_keys(i, key_len[b], causal);   // both masks
@@ -339,7 +336,7 @@ static void attention_forward(real *out, real *att, const real *q, const real *k
                 softmax_visible(p, visible, Tk);
 
                 // out_i = sum_j p_ij v_j
-                real *out_i = out + ((size_t)b * Tq + i) * C + head * d_k;
+                real *out_i = out + ((size_t)b * Tq + i) * shape.C + head * d_k;
                 for (int d = 0; d < d_k; d++) out_i[d] = 0;
                 for (int j = 0; j < visible; j++) {
                     const real *v_j = v + ((size_t)b * Tk + j) * shape.kv_stride + head * d_k;
@@ -364,21 +361,19 @@ static void attention_backward(real *dq, real *dk, real *dv, const real *dout,
         fast_path.attention_backward(dq, dk, dv, dout, att, q, k, v, shape);
         return;
     }
-    int B = shape.B;
     int Tq = shape.Tq;
     int Tk = shape.Tk;
-    int C = shape.C;
     int NH = shape.NH;
-    int d_k = C / NH;
+    int d_k = shape.C / NH;
     real scale = 1 / real_sqrt((real)d_k);
     // one thread per (b, head): it alone writes that head's columns of dq, dk, dv
     #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < shape.B; b++) {
         for (int head = 0; head < NH; head++) {
             for (int i = 0; i < Tq; i++) {
                 const real *p = att + (((size_t)b * NH + head) * Tq + i) * Tk;
                 const real *q_i = q + ((size_t)b * Tq + i) * shape.q_stride + head * d_k;
-                const real *dout_i = dout + ((size_t)b * Tq + i) * C + head * d_k;
+                const real *dout_i = dout + ((size_t)b * Tq + i) * shape.C + head * d_k;
                 real *dq_i = dq + ((size_t)b * Tq + i) * shape.q_stride + head * d_k;
                 real ds[Tk];   // dp_ij for this query, then ds_ij
 
@@ -535,10 +530,7 @@ static void relu_forward(real *hidden, size_t n) {
 // else 0. In place: dhidden becomes da.
 static void relu_backward(real *dhidden, const real *hidden, size_t n) {
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        if (!(hidden[i] > 0))
-            dhidden[i] = 0;
-    }
+    for (size_t i = 0; i < n; i++) dhidden[i] = hidden[i] > 0 ? dhidden[i] : 0;
 }
 
 // acts.hidden (N,F) = max(0, x W_1^T + b_1) and acts.out (N,C) = hidden W_2^T + b_2
@@ -1104,16 +1096,12 @@ void adam_update(Transformer *model, double learning_rate) {
 
 real transformer_train_step(Transformer *model, const Batch *batch, int warmup_steps,
                             double lr_factor) {
-    // Figure 1, bottom to top, and §5.4's loss
-    real loss = transformer_forward(model, batch);
-    // the backward passes accumulate (+=) into the gradients
-    transformer_zero_grad(model);
-    // top to bottom: dloss/d(every parameter)
-    transformer_backward(model, batch);
-    // §5.3, at eq. 3's rate
-    double lr = transformer_learning_rate(model->adam_step + 1, model->config.d_model,
-                                          warmup_steps, lr_factor);
-    adam_update(model, lr);
+    real loss = transformer_forward(model, batch);   // Figure 1, bottom to top, and §5.4's loss
+    transformer_zero_grad(model);                   // the backward passes accumulate (+=)
+    transformer_backward(model, batch);             // top to bottom: dloss/d(every parameter)
+    long step = model->adam_step + 1;
+    double lr = transformer_learning_rate(step, model->config.d_model, warmup_steps, lr_factor);
+    adam_update(model, lr);                         // §5.3, at eq. 3's rate
     return loss;
 }
 
@@ -1146,35 +1134,37 @@ typedef struct {
     int gradients;
 } Layout;
 static real *tensor(Layout *layout, size_t count);
-static real *arena_of_layout(Layout *layout, const char *what);
+static real *arena_calloc(size_t count, const char *what);
 static void arena_free(real *p);
 
-// The cache's tensors, in the order of its arena (transformer.h, DecoderCache)
+// From the machinery: the tensors of one layer's sub-layers
+static void layout_attention(AttentionActs *a, Layout *layout, size_t rows, size_t key_rows,
+                             size_t att, size_t C, int cross);
+static void layout_add_norm(AddNormActs *a, Layout *layout, size_t rows, size_t C);
+static void layout_feed_forward(FeedForwardActs *a, Layout *layout, size_t rows, size_t C,
+                                size_t F);
+
+// The cache's tensors, in the order of its arena (transformer.h, DecoderCache). The
+// encoder-decoder attention's keys and values are the cache's own (cross_kv), not step's.
 static void decoder_cache_layout(DecoderCache *cache, Layout *layout,
                                  const TransformerConfig *config) {
     size_t L = config->n_layers;
     size_t C = config->d_model;
+    size_t NH = config->n_heads;
     size_t R = cache->rows;
     size_t S = cache->S;
     size_t max_T = cache->max_T;
-    size_t widest = S > max_T ? S : max_T;
+    DecoderLayerActs *step = &cache->step;
     cache->cross_kv = tensor(layout, L * R * S * 2 * C);
     cache->self_kv = tensor(layout, L * R * max_T * 2 * C);
     cache->spare_kv = tensor(layout, L * R * max_T * 2 * C);
     cache->x = tensor(layout, R * C);
-    cache->qkv = tensor(layout, R * 3 * C);
-    cache->heads = tensor(layout, R * C);
-    cache->proj = tensor(layout, R * C);
-    cache->res = tensor(layout, R * C);
-    cache->ln1 = tensor(layout, R * C);
-    cache->ln2 = tensor(layout, R * C);
-    cache->q = tensor(layout, R * C);
-    cache->ff_h = tensor(layout, R * config->d_ff);
-    cache->ff_out = tensor(layout, R * C);
-    cache->mean = tensor(layout, R);
-    cache->rstd = tensor(layout, R);
-    cache->att = tensor(layout, R * config->n_heads * widest);
-    cache->mask = tensor(layout, R * C);
+    layout_attention(&step->self_attn, layout, R, 0, R * NH * max_T, C, 0);
+    layout_add_norm(&step->norm1, layout, R, C);
+    layout_attention(&step->cross_attn, layout, R, 0, R * NH * S, C, 1);
+    layout_add_norm(&step->norm2, layout, R, C);
+    layout_feed_forward(&step->ffn, layout, R, C, config->d_ff);
+    layout_add_norm(&step->norm3, layout, R, C);
     cache->logits = tensor(layout, R * config->vocab_size);
 }
 
@@ -1194,7 +1184,7 @@ static void decoder_cache_init(DecoderCache *cache, const Transformer *model, in
     cache->self_len = checked_calloc(R, sizeof(int), "decoder cache lengths");
     Layout counting = { NULL, 0, 0 };
     decoder_cache_layout(cache, &counting, &model->config);
-    Layout layout = { arena_of_layout(&counting, "decoder cache"), 0, 0 };
+    Layout layout = { arena_calloc(counting.used, "decoder cache"), 0, 0 };
     decoder_cache_layout(cache, &layout, &model->config);
     cache->memory = layout.arena;
 }
@@ -1246,54 +1236,49 @@ static void decoder_step(DecoderCache *cache, Transformer *model, const int *tok
                          int rows) {
     const TransformerConfig *config = &model->config;
     int C = config->d_model;
-    int NH = config->n_heads;
     size_t R = cache->rows;
-    real *y = cache->x;   // the layer's input y, then its output
-    AddNormActs norm1 = { cache->mask, cache->res, cache->ln1, cache->mean, cache->rstd };
-    AddNormActs norm2 = { cache->mask, cache->res, cache->ln2, cache->mean, cache->rstd };
-    AddNormActs norm3 = { cache->mask, cache->res, y, cache->mean, cache->rstd };
-    FeedForwardActs ffn = { cache->ff_h, cache->ff_out };
-    AttentionShape self_shape = { rows, 1, cache->max_T, C, NH, 3 * C, 2 * C };
-    AttentionShape cross_shape = { rows, 1, cache->S, C, NH, C, 2 * C };
+    DecoderLayerActs step = cache->step;
+    AttentionShape self_shape = { rows, 1, cache->max_T, C, config->n_heads, 3 * C, 2 * C };
 
     // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
     const real *pe_t = model->positional_encoding + (size_t)t * C;
-    embedding_forward(y, tokens, model->params.embedding, pe_t, rows, 1, C);
+    embedding_forward(cache->x, tokens, model->params.embedding, pe_t, rows, 1, C);
     for (int r = 0; r < rows; r++) cache->self_len[r] = t + 1;
 
     for (int l = 0; l < config->n_layers; l++) {
         DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
+        AttentionParams self = weights.self_attn;
+        const real *y = l == 0 ? cache->x : step.norm3.out;   // the layer's input
         real *self_kv = cache->self_kv + l * R * cache->max_T * 2 * C;
-        real *cross_kv = cache->cross_kv + l * R * cache->S * 2 * C;
+        step.cross_attn.kv = cache->cross_kv + l * R * cache->S * 2 * C;
 
         // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
-        AttentionParams self = weights.self_attn;
-        linear_forward(cache->qkv, y, self.qkv_w, self.qkv_b, rows, C, 3 * C);
+        linear_forward(step.self_attn.qkv, y, self.qkv_w, self.qkv_b, rows, C, 3 * C);
         for (int r = 0; r < rows; r++) {   // k_t, v_t into the cache
             real *cached = self_kv + ((size_t)r * cache->max_T + t) * 2 * C;
-            memcpy(cached, cache->qkv + (size_t)r * 3 * C + C, 2 * (size_t)C * sizeof(real));
+            const real *k_t = step.self_attn.qkv + (size_t)r * 3 * C + C;
+            memcpy(cached, k_t, 2 * (size_t)C * sizeof(real));
         }
-        attention_forward(cache->heads, cache->att, cache->qkv, self_kv, self_kv + C,
-                          cache->self_len, 0, self_shape);
-        linear_forward(cache->proj, cache->heads, self.out_w, self.out_b, rows, C, C);
-        add_norm_forward(norm1, y, cache->proj, weights.ln1, model, rows);
+        attention_forward(step.self_attn.heads, step.self_attn.att, step.self_attn.qkv, self_kv,
+                          self_kv + C, cache->self_len, 0, self_shape);
+        linear_forward(step.self_attn.out, step.self_attn.heads, self.out_w, self.out_b, rows, C,
+                       C);
+        add_norm_forward(step.norm1, y, step.self_attn.out, weights.ln1, model, rows);
 
-        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)); q = ln1 W_q^T + b_q as in
-        // cross_attention_forward, the keys and values from the cache
-        AttentionParams cross = weights.cross_attn;
-        linear_forward(cache->q, cache->ln1, cross.qkv_w, cross.qkv_b, rows, C, C);
-        attention_forward(cache->heads, cache->att, cache->q, cross_kv, cross_kv + C,
-                          cache->src_len, 0, cross_shape);
-        linear_forward(cache->proj, cache->heads, cross.out_w, cross.out_b, rows, C, C);
-        add_norm_forward(norm2, cache->ln1, cache->proj, weights.ln2, model, rows);
+        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)), the keys and values from the cache
+        cross_attention_forward(step.cross_attn, step.norm1.out, weights.cross_attn,
+                                cache->src_len, rows, 1, cache->S, config);
+        add_norm_forward(step.norm2, step.norm1.out, step.cross_attn.out, weights.ln2, model,
+                         rows);
 
         // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
-        feed_forward_forward(ffn, cache->ln2, weights.ffn, rows, config);
-        add_norm_forward(norm3, cache->ln2, cache->ff_out, weights.ln3, model, rows);
+        feed_forward_forward(step.ffn, step.norm2.out, weights.ffn, rows, config);
+        add_norm_forward(step.norm3, step.norm2.out, step.ffn.out, weights.ln3, model, rows);
     }
 
     // §3.4: the pre-softmax projection through the shared embedding
-    linear_forward(cache->logits, y, model->params.embedding, NULL, rows, C, config->vocab_size);
+    linear_forward(cache->logits, step.norm3.out, model->params.embedding, NULL, rows, C,
+                   config->vocab_size);
 }
 
 // Row i continues beam parent[i] (beam search): it takes over that beam's cached keys and
@@ -1810,9 +1795,8 @@ static void initialize_parameters(Transformer *model, uint64_t seed) {
 
     real *gains[5] = { params->enc_ln1_g, params->enc_ln2_g, params->dec_ln1_g, params->dec_ln2_g,
                        params->dec_ln3_g };
-    for (int gain = 0; gain < 5; gain++) {
+    for (int gain = 0; gain < 5; gain++)
         for (size_t i = 0; i < L * C; i++) gains[gain][i] = 1;
-    }
 
     if (config->positional == POSITIONAL_LEARNED) {
         size_t n = (size_t)config->max_len * C;
@@ -1856,11 +1840,6 @@ static real *tensor(Layout *layout, size_t count) {
 
 static real *forward_only(Layout *layout, size_t count) {
     return layout->gradients ? NULL : tensor(layout, count);
-}
-
-// A new arena for what a counting pass of a layout found
-static real *arena_of_layout(Layout *layout, const char *what) {
-    return arena_calloc(layout->used, what);
 }
 
 static void layout_attention(AttentionActs *a, Layout *layout, size_t rows, size_t key_rows,
@@ -1931,8 +1910,8 @@ static real *activations_alloc(ActivationTensors *a, const TransformerConfig *co
                                int gradients, size_t B, size_t S, size_t T, size_t *count) {
     Layout counting = { NULL, 0, gradients };
     layout_activations(a, &counting, config, B, S, T);
-    Layout layout = { arena_of_layout(&counting, gradients ? "gradients" : "activations"), 0,
-                      gradients };
+    const char *what = gradients ? "the activations' gradients" : "activations";
+    Layout layout = { arena_calloc(counting.used, what), 0, gradients };
     layout_activations(a, &layout, config, B, S, T);
     *count = layout.used;
     return layout.arena;
@@ -1996,18 +1975,14 @@ const char *transformer_build(Transformer *model, const TransformerConfig *confi
 }
 
 void transformer_free(Transformer *model) {
-    if (model->config.positional == POSITIONAL_SINUSOID)
-        arena_free(model->positional_encoding);
-    arena_free(model->params_memory);
-    arena_free(model->grads_memory);
-    arena_free(model->adam_m);
-    arena_free(model->adam_v);
-    arena_free(model->acts_memory);
-    arena_free(model->grads_acts_memory);
-    free(model->acts.enc);
-    free(model->acts.dec);
-    free(model->grads_acts.enc);
-    free(model->grads_acts.dec);
+    int sinusoids = model->config.positional == POSITIONAL_SINUSOID;
+    real *arenas[] = { model->params_memory, model->grads_memory, model->adam_m, model->adam_v,
+                       model->acts_memory, model->grads_acts_memory,
+                       sinusoids ? model->positional_encoding : NULL };
+    void *layers[] = { model->acts.enc, model->acts.dec, model->grads_acts.enc,
+                       model->grads_acts.dec };
+    for (size_t i = 0; i < sizeof arenas / sizeof *arenas; i++) arena_free(arenas[i]);
+    for (size_t i = 0; i < sizeof layers / sizeof *layers; i++) free(layers[i]);
     memset(model, 0, sizeof *model);
 }
 

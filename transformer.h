@@ -271,30 +271,19 @@ typedef struct {
 // The decoding state of R rows decoded side by side: R sentences (greedy) or the R beams of
 // one sentence (beam search).
 typedef struct {
-    int rows;           // R
-    int S;              // padded source length
-    int max_T;          // positions the self-attention cache holds
-    int *src_len;       // (R)                real source tokens of each row
-    int *self_len;      // (R)                positions each row's query sees: t + 1
-    real *cross_kv;     // (L, R, S, 2C)      keys | values of the memory, per decoder layer
-    real *self_kv;      // (L, R, max_T, 2C)  keys | values of positions 0..t, per layer
-    real *spare_kv;     // (L, R, max_T, 2C)  where beam search reorders the cache into
-    real *x;            // (R, C)             a layer's input, then its output
-    real *qkv;          // (R, 3C)
-    real *heads;        // (R, C)
-    real *proj;         // (R, C)
-    real *res;          // (R, C)
-    real *ln1;          // (R, C)
-    real *ln2;          // (R, C)
-    real *q;            // (R, C)
-    real *ff_h;         // (R, F)
-    real *ff_out;       // (R, C)
-    real *mean;         // (R)
-    real *rstd;         // (R)
-    real *att;          // (R, NH, max(S, max_T))
-    real *mask;         // (R, C)             the dropout mask, all ones: decoding is not training
-    real *logits;       // (R, V)
-    real *memory;       // the arena of all the above
+    int rows;               // R
+    int S;                  // padded source length
+    int max_T;              // positions the self-attention cache holds
+    int *src_len;           // (R)                real source tokens of each row
+    int *self_len;          // (R)                positions each row's query sees: t + 1
+    real *cross_kv;         // (L, R, S, 2C)      keys | values of the memory, per decoder layer
+    real *self_kv;          // (L, R, max_T, 2C)  keys | values of positions 0..t, per layer
+    real *spare_kv;         // (L, R, max_T, 2C)  where beam search reorders the cache into
+    real *x;                // (R, C)             the embedded tokens of position t
+    DecoderLayerActs step;  // one layer's activations at position t, rows R (T = 1), reused
+                            // layer after layer; its dropout masks all ones (no training)
+    real *logits;           // (R, V)
+    real *memory;           // the arena of all the above
 } DecoderCache;
 
 typedef struct {
