@@ -55,8 +55,8 @@
  *          attention_forward, _backward     test_attention_by_hand (2 queries x 2 keys by hand, both masks, one
  *                                           query per sentence); test_attention_gradients (FD: causal, fused
  *                                           q|k|v, padded keys get exactly 0); MODEL
- *   §3.2.2 attend_and_project               test_attention_by_hand (fused layout, W^O, b^O); MODEL
- *          self_attention_*, cross_attention_*, memory_keys_values     MODEL; test_masks
+ *   §3.2.2 self_attention_*, cross_attention_*, memory_keys_values_*     MODEL; test_masks;
+ *                                           test_attention_by_hand (the fused layout, then W^O, b^O)
  *   §3.3   relu_*, feed_forward_*           test_feed_forward_gradients (FD, ReLU inputs off the kink); MODEL
  *   §3.4   embedding_forward, _backward     test_embedding_gradients (FD, a token 3 times: rows add); MODEL
  *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8 by hand, odd 7,
@@ -64,7 +64,7 @@
  *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED, 0) (FD; unused rows get 0);
  *                                           test_reference_file (ref_learned_positions.ref)
  *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform logits: log V); MODEL
- *   §3.1   add_norm_forward, encoder_layer_*, decoder_layer_*, encoder_forward, decoder_forward    MODEL; test_masks
+ *   §3.1   add_norm_forward, encoder_layer_*, decoder_layer_*, embed_*      MODEL; test_masks
  *          transformer_forward, _zero_grad, _backward    MODEL; test_learning (300 steps fit a batch);
  *                                           test_thread_determinism; test_masks
  *   §5.3   transformer_learning_rate        test_schedule (eq. 3 by hand); test_reference_file (the Adam steps)
@@ -81,7 +81,8 @@
  *                                           test_length_penalty_by_hand (GNMT's formula, </s> counted)
  *          machinery                        test_config_checks (transformer_config_check, transformer_build);
  *                                           test_parameter_counts (parameter_sizes, by hand); test_aligned_memory
- *                                           (arenas); test_tasks_and_batches (batch_check)
+ *                                           (arenas: every activation and gradient tensor on a line);
+ *                                           test_tasks_and_batches (batch_check)
  *
  * PART II, the program (run_program_tests; the BLEU functions with Part I's tests)
  *   white space, tokenize, dataset_read_tsv, dataset_check_lengths    test_tsv_reading (\r\n, blank lines,
@@ -1324,7 +1325,7 @@ static void test_learning(void) {
 
 
 // The memory of the vector loops starts on cache lines (CACHE_LINE): what the
-// allocation helpers give, and every activation and scratch tensor of a model
+// allocation helpers give, and every activation and gradient tensor of a model
 // whose sizes are not whole lines (d_model 12, a batch of 3 x 5 x 7).
 static int on_line(const void *p) { return (uintptr_t)p % CACHE_LINE == 0; }
 
@@ -1653,7 +1654,7 @@ static double by_hand_error(const real *got, const double *expected, int n, int 
 // Decoding's shape, one query per sentence (the fast path's attention_one_query_fast):
 // sentence 0 is query 0 over both keys, p = (1/4, 3/4), out = (1, 3); sentence
 // 1 the same with key_len 1, p = (1, 0), out = (4, 0).
-// attend_and_project in the fused (T, 3C) layout of self-attention, row t =
+// attention and W^O in the fused (T, 3C) layout of self-attention, row t =
 // [q_t | k_t | v_t], causal, with W^O = [[0, 1], [1, 0]] (swaps the two
 // columns) and b^O = (1/2, -1/2): out_i = (1/2 + heads_i1, -1/2 + heads_i0),
 // heads = the causal case's out (4, 0) and (3, 1): (1/2, 7/2) and (3/2, 5/2).
