@@ -1805,8 +1805,9 @@ static void initialize_parameters(Transformer *model, uint64_t seed) {
         for (size_t i = 0; i < L * C; i++) gains[gain][i] = 1;
 
     if (config->positional == POSITIONAL_LEARNED) {
+        real *table = params->position_embedding;
         size_t n = (size_t)config->max_len * C;
-        for (size_t i = 0; i < n; i++) params->position_embedding[i] = (real)(std * rng_normal(&rng));
+        for (size_t i = 0; i < n; i++) table[i] = (real)(std * rng_normal(&rng));
     }
 }
 
