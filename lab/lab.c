@@ -1835,8 +1835,6 @@ static const Command lab_commands[] = {
     { "bench",  command_bench,  "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };
 
-// Plugs the lab into transformer.c's hooks: the fast path, §5.1 subwords,
-// train's further flags and stages, and the commands above.
 static const char *lab_decode_usage =
     "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
     "Translates each SENTENCE (tokens separated by white space, Unicode's spaces included), or else\n"
@@ -1856,6 +1854,9 @@ static void lab_decode_options(DecodeOptions *d) {
     d->usage = lab_decode_usage;
 }
 
+// Plugs the lab into transformer.c's hooks: the fast path, real text (lab/text.c),
+// decode's and train's further flags and stages, §5.1 subwords, and the commands
+// above. (train's summary in ./transformer --help names --train, the lab's.)
 static void lab_plug_in(void) {
     fast_path_use(1);
     text_plug_in();

@@ -40,10 +40,19 @@
  *                table3 (table3_name_variant, stored_option)    test_table3
  *                commands, labels, errors naming them    test_command_names_and_labels, test_lab_reads_minimal_checkpoints
  *                (bench has no test: make bench runs it)
+ *   text.c       Unicode's white space, tokenize, dataset_read_tsv, dataset_check_lengths    test_tsv_reading
+ *                                                        (\r\n, blank lines, Unicode spaces, <unk>, each error with its
+ *                                                        file and line), test_tsv_command_line, test_bleu_white_space
+ *                the text rule (UTF-8, the byte-order mark, reserved tokens)    test_text_rule
+ *   bleu.c       bleu_reset, bleu_add_sentence, bleu_score    test_bleu (by hand: clipping, brevity, corpus
+ *                                                        against sentence BLEU, Unicode white space, a 40,000-token line)
+ *                eval, evaluate                          test_tsv_command_line, test_eval_bleu (eval --bleu = the BLEU
+ *                                                        of greedy outputs one by one)
  *   subwords.c   bpe_learn, bpe_encode_word, bpe_join_tokens    test_bpe_learn_and_apply, test_bpe_numbers_data
  *                the merges in checkpoints, special tokens      test_bpe_checkpoint, test_bpe_never_makes_special_tokens
  *                train --bpe, bpe                        test_bpe_command_line
- *   runs.c       --resume                                test_lab_command_line, test_existing_checkpoints_and_keep_last,
+ *   runs.c       lab_check_output (--force, a directory)  test_existing_checkpoint
+ *                --resume                                test_lab_command_line, test_existing_checkpoints_and_keep_last,
  *                                                        test_moved_data, test_bpe_command_line
  *                --keep-last, --save-every               test_log_keep_last_and_pictures,
  *                                                        test_existing_checkpoints_and_keep_last
