@@ -1863,7 +1863,7 @@ static void lab_plug_in(void) {
     lab.decode_options = lab_decode_options;
     commands[0].summary = "train on a built-in task (--task copy|reverse) or a TSV file (--train)";
     subwords_plug_in();
-    lab.score_words = evaluation_score_words;   // §5.1's exact match and BLEU on words (bleu.c)
+    lab.score_words = evaluation_score_words;   // §5.1's exact match on words (bleu.c)
     runs_plug_in();
     lab.commands = lab_commands;
     lab.num_commands = (int)(sizeof lab_commands / sizeof *lab_commands);
