@@ -128,6 +128,14 @@ static void lab_train_options(TrainRun *run) {
     run->usage = lab_train_usage;
 }
 
+// A new run's pairs against its model's max_len, which --positions may make too short for them.
+static const char *lab_check_lengths(const TrainRun *run) {
+    const char *valid_name = run->opt.valid_path ? run->opt.valid_path : run->data_name;
+    const char *error = dataset_check_lengths(&run->train, run->data_name, run->model.config.max_len);
+    if (!error) error = dataset_check_lengths(&run->valid, valid_name, run->model.config.max_len);
+    return error;
+}
+
 // A run's data: the task (transformer.c's), or the TSV files of --train and --valid (lab/text.c).
 static const char *lab_load_data(TrainRun *run, int grow) {
     if (run->opt.train_path) return lab_load_tsv(run, grow);
@@ -590,11 +598,18 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
             return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", lab_run.positional);
         if (lab_run.bpe > 0 && !run->opt.train_path)
             return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
+        if (!run->opt.train_path && run->opt.min_length > run->opt.max_length)
+            return errorf("--min-length %d is above --max-length %d; expected min <= max", run->opt.min_length,
+                          run->opt.max_length);
+        if (!run->opt.train_path && run->opt.valid_path)
+            return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
         if (lab_run.bpe > 0 && (error = lab_learn_merges(run))) return error;
         if (run->opt.train_path && find_option(run->options, run->num_options, "--task")->seen)
             return errorf("--task and --train both given; expected one of them");
         return run->opt.train_path ? lab_load_tsv(run, 1) : NULL;   // (transformer.c makes a task's pairs)
-    case TRAIN_BEGIN:   // built, before the header: the run's flags and data's hash, kept checkpoints, the logs, the threads
+    case TRAIN_BEGIN:   // built, before the header: the data's lengths, the run's flags and data's hash, kept checkpoints,
+                        // the logs, the threads
+        if (!run->resumed_from && (error = lab_check_lengths(run))) return error;
         run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)
         if (!run->resumed_from) run->state.data_hash = dataset_hash(&run->train);
         if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs())) return error;

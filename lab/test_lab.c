@@ -934,7 +934,8 @@ static void test_resume_counts(void) {
 static void test_lab_command_line(void) {
     const char *tsv = test_path("cli.tsv");
     check_cli_error("a training line longer than --positions allows", "cli.tsv:2: the source has 3 tokens; the model's "
-                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1", tsv);
+                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1 --checkpoint %s", tsv,
+                    test_path("positions.ckpt"));
     size_t size;
     unsigned char *good = read_file(test_path("tsv.ckpt"), &size);
     if (!good) { check(0, "cli: no checkpoint tsv.ckpt from transformer.c's tests; the --resume tests need one"); return; }

@@ -200,6 +200,24 @@ static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const c
     return error;
 }
 
+// max_len positions take at most max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder
+// <s> y_1..y_n. The error names the pair by its line (or number) in name.
+static const char *dataset_check_lengths(const Dataset *dataset, const char *name, int max_len) {
+    for (int i = 0; i < dataset->count; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        int longer = p->src_len > p->tgt_len ? p->src_len : p->tgt_len;
+        if (longer <= max_len - 1) continue;
+        char where[300];
+        if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
+        else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
+        int source = p->src_len > max_len - 1;
+        return errorf("%s: the %s has %d tokens; the model's maximum length %d allows %d "
+                      "(one position is %s)", where, source ? "source" : "target", longer, max_len,
+                      max_len - 1, source ? "</s>" : "<s>");
+    }
+    return NULL;
+}
+
 // train --train FILE [--valid FILE]: the pairs of the files, or every 20th line of --train held
 // out (lab/runs.c calls it at TRAIN_START, and on --resume).
 static const char *lab_load_tsv(TrainRun *run, int grow) {
