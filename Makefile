@@ -7,13 +7,13 @@
 #                      variant per row entry, (A) heads, (C) size, (D) dropout and label smoothing,
 #                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
 #   make               ./transformer: lab/lab.c, which includes transformer.c and the lab's files (lab/fast_path.c,
-#                      lab/subwords.c, lab/runs.c, lab/bleu.c); OpenMP on (make OPENMP=0 for none)
+#                      lab/text.c, lab/subwords.c, lab/runs.c, lab/bleu.c); OpenMP on (make OPENMP=0 for none)
 #   make minimal       ./transformer_minimal: transformer.c alone, as `cc -O2 transformer.c -lm` builds it
 #   make test          test_transformer.c on transformer.c alone (gradient checks in double, PyTorch parity,
-#                      masks, Adam, learning, decoding, BLEU, data, checkpoints, ./transformer_minimal's
+#                      masks, Adam, learning, decoding, tasks, batches, checkpoints, ./transformer_minimal's
 #                      command line and its error messages, the gdb walk of make debug); lab/test_lab.c on
 #                      the lab (the same model tests through the fast path, the fast path against the
-#                      loops, pictures, §5.1 BPE, ./transformer's command line); cuda/test_cuda.c on the
+#                      loops, pictures, BLEU, TSV files, §5.1 BPE, ./transformer's command line); cuda/test_cuda.c on the
 #                      CUDA companion built for the CPU. Each in double, float and float without OpenMP
 #                      (the companion: float, with and without OpenMP); one summed "N passed, M failed"
 #   make cuda          ./transformer_cuda: the training steps on a GPU (nvcc, cuBLAS; CUDA_ARCH=sm_80);
@@ -52,7 +52,7 @@ ifeq ($(OPENMP),1)
 OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
-SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/subwords.c lab/runs.c lab/bleu.c
+SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/runs.c lab/bleu.c
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
@@ -69,7 +69,7 @@ all: transformer
 transformer: $(SOURCES)
 	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/lab.c $(LDLIBS)
 
-# transformer.c alone, the smallest complete program (train, decode, eval);
+# transformer.c alone, the smallest complete program (train, decode);
 # make test runs it, so that the one file keeps building and training by itself
 minimal: transformer_minimal
 transformer_minimal: transformer.c transformer.h

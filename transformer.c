@@ -2075,10 +2075,12 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 }
 
 // ######## PART II   THE PROGRAM #############################################
-#define REQUIRE(cond, ...) do { if (!(cond)) return errorf(__VA_ARGS__); } while (0)   // (Part II, until it is rewritten)
-// The smallest program that trains the model of Part I and translates with it. What can fail
-// returns NULL, or one line saying what is wrong: the file (and line) or the value, and what was
-// expected. The companions in lab/ add to it through the hooks of "where the lab plugs in".
+// The smallest program that trains the model of Part I on the copy and reverse tasks and
+// translates with it: the tasks and their vocabulary, batches by length, evaluation by exact
+// match on held-out pairs, one checkpoint format, the commands train and decode, and main.
+// Whatever can fail returns NULL, or one line that names the value, the file or the line and
+// says what was expected. lab/lab.c adds real data, BLEU, `eval` and the lab's instruments
+// through the hooks of "where the lab plugs in".
 
 static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
     size_t bytes = checked_bytes(count, size, what);
@@ -2091,34 +2093,65 @@ static double wall_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// The number of OpenMP threads: set_threads(0) leaves OpenMP's default, all the cores.
 #ifdef _OPENMP
-static void set_threads(int threads) { if (threads > 0) omp_set_num_threads(threads); }   // 0: all cores
+static void set_threads(int threads) {
+    if (threads > 0) omp_set_num_threads(threads);
+}
 static int thread_count(void) { return omp_get_max_threads(); }
 #else
 static void set_threads(int threads) { (void)threads; }
 static int thread_count(void) { return 1; }
 #endif
 
-// ---- vocabulary -------------------------------------------------------------
-// §3.4: one vocabulary for source and target (the embedding is shared): ids 0..3 are <pad> <s>
-// </s> <unk>, then the data's tokens in order of first appearance; text -> id by open addressing.
+// ---- where the lab plugs in -------------------------------------------------
+// lab/lab.c (make's ./transformer) fills in these hooks (transformer.h, LabHooks): more commands,
+// more flags, the stages of training, real text and §5.1 subwords. In transformer.c alone they
+// are empty. Each is called on one line, marked "lab:".
+static LabHooks lab;
+
+// ---- the vocabulary ---------------------------------------------------------
+// §3.4: the source and the target share one vocabulary (and one embedding). Ids 0..3 are <pad>
+// <s> </s> <unk>; the other tokens follow in the order they were first seen. A hash table with
+// open addressing finds a token's id, so that reading a large file stays linear in its length.
 
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
-// The slot of the n bytes at word: where its id is, or the empty slot where it would go.
+// The slot of the n bytes at word: the slot that holds its id, or the empty one where it would go.
 static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
-    uint32_t hash = 2166136261u;   // FNV-1a
-    for (size_t i = 0; i < n; i++) { hash ^= (unsigned char)word[i]; hash *= 16777619u; }
-    size_t mask = vocab->num_slots - 1, i = hash & mask;
-    for (int id; (id = vocab->slots[i]) >= 0; i = (i + 1) & mask)
-        if (strncmp(vocab->words[id], word, n) == 0 && vocab->words[id][n] == '\0') break;
-    return i;
+    uint32_t hash = 2166136261u;   // FNV-1a, 32 bits
+    for (size_t i = 0; i < n; i++) {
+        hash ^= (unsigned char)word[i];
+        hash *= 16777619u;
+    }
+    size_t mask = vocab->num_slots - 1;
+    size_t slot = hash & mask;
+    while (vocab->slots[slot] >= 0) {
+        const char *there = vocab->words[vocab->slots[slot]];
+        if (strncmp(there, word, n) == 0 && there[n] == '\0') break;
+        slot = (slot + 1) & mask;
+    }
+    return slot;
 }
 
-// The id of the n bytes at word, or -1.
-static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) { return vocab->slots[vocab_slot(vocab, word, n)]; }
+// The id of the n bytes at word, or -1 when the vocabulary does not hold them.
+static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) {
+    return vocab->slots[vocab_slot(vocab, word, n)];
+}
 
-// The id of the n bytes at word, added to the vocabulary if new.
+// A new table of num_slots slots, holding the ids of the words there are.
+static void vocab_rehash(Vocabulary *vocab, size_t num_slots) {
+    free(vocab->slots);
+    vocab->num_slots = num_slots;
+    vocab->slots = checked_calloc(num_slots, sizeof(int), "vocabulary table");
+    for (size_t i = 0; i < num_slots; i++) vocab->slots[i] = -1;
+    for (int id = 0; id < vocab->size; id++) {
+        size_t slot = vocab_slot(vocab, vocab->words[id], strlen(vocab->words[id]));
+        vocab->slots[slot] = id;
+    }
+}
+
+// The id of the n bytes at word, which join the vocabulary if they are new.
 static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
     int id = vocab_find(vocab, word, n);
     if (id >= 0) return id;
@@ -2126,70 +2159,95 @@ static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
         vocab->capacity = vocab->capacity ? 2 * vocab->capacity : 64;
         vocab->words = checked_realloc(vocab->words, vocab->capacity, sizeof(char *), "vocabulary");
     }
-    if (2 * (size_t)(vocab->size + 1) > vocab->num_slots) {   // keep the table at most half full
-        free(vocab->slots);
-        vocab->num_slots *= 2;
-        vocab->slots = checked_calloc(vocab->num_slots, sizeof(int), "vocabulary table");
-        for (size_t i = 0; i < vocab->num_slots; i++) vocab->slots[i] = -1;
-        for (int i = 0; i < vocab->size; i++)
-            vocab->slots[vocab_slot(vocab, vocab->words[i], strlen(vocab->words[i]))] = i;
-    }
-    vocab->words[vocab->size] = checked_calloc(n + 1, 1, "vocabulary word");
-    memcpy(vocab->words[vocab->size], word, n);
-    vocab->slots[vocab_slot(vocab, word, n)] = vocab->size;
-    return vocab->size++;
+    // The table stays at most half full, so that a search ends after a few slots.
+    if (2 * ((size_t)vocab->size + 1) > vocab->num_slots) vocab_rehash(vocab, 2 * vocab->num_slots);
+    id = vocab->size;
+    vocab->words[id] = checked_calloc(n + 1, 1, "vocabulary word");
+    memcpy(vocab->words[id], word, n);
+    size_t slot = vocab_slot(vocab, word, n);
+    vocab->slots[slot] = id;
+    vocab->size++;
+    return id;
 }
 
+// A vocabulary of the four special tokens.
 static void vocab_init(Vocabulary *vocab) {
     memset(vocab, 0, sizeof *vocab);
-    vocab->num_slots = 64;
-    vocab->slots = checked_calloc(vocab->num_slots, sizeof(int), "vocabulary table");
-    for (size_t i = 0; i < vocab->num_slots; i++) vocab->slots[i] = -1;
-    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) vocab_add(vocab, special_tokens[i], strlen(special_tokens[i]));
+    vocab_rehash(vocab, 64);
+    for (int i = 0; i < NUM_SPECIAL_TOKENS; i++)
+        vocab_add(vocab, special_tokens[i], strlen(special_tokens[i]));
+}
+
+static void vocab_free(Vocabulary *vocab) {
+    if (vocab->bpe && lab.free_merges) lab.free_merges(vocab->bpe);   // lab: §5.1 merges
+    for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
+    free(vocab->words);
+    free(vocab->slots);
+    memset(vocab, 0, sizeof *vocab);
 }
 
 // ---- the command line -------------------------------------------------------
-// Each command reads its flags from a table: a bad flag gets one line naming it and saying what
-// was expected, and --help prints the table with the defaults.
+// Each command reads its flags from a table of Options (transformer.h). A bad flag gets one line
+// that names it and says what was expected; --help prints the table with the defaults.
 
-// Reads text into the option's value; returns 0 (and writes, in expected, what would do) if it is not one.
-static int parse_option_value(const Option *o, const char *text, char *expected, size_t size) {
+// What the option's value must be, in words: "an integer from 1 to 64", "a number > 0".
+static void option_expected(const Option *o, char *expected, size_t size) {
     const char *above = o->above_min ? ">" : ">=";
-    if (o->kind == OPTION_INT && o->max >= INT_MAX) snprintf(expected, size, "an integer >= %.0f", o->min);
-    else if (o->kind == OPTION_INT) snprintf(expected, size, "an integer from %.0f to %.0f", o->min, o->max);
-    else if (o->max >= DBL_MAX) snprintf(expected, size, "a number %s %g", above, o->min);
-    else snprintf(expected, size, "a number %s %g and <= %g", above, o->min, o->max);
-    if (!text) return 0;
-    if (o->kind == OPTION_TEXT) { *(const char **)o->value = text; return 1; }
+    if (o->kind == OPTION_INT && o->max >= INT_MAX) {
+        snprintf(expected, size, "an integer >= %.0f", o->min);
+    } else if (o->kind == OPTION_INT) {
+        snprintf(expected, size, "an integer from %.0f to %.0f", o->min, o->max);
+    } else if (o->max >= DBL_MAX) {
+        snprintf(expected, size, "a number %s %g", above, o->min);
+    } else {
+        snprintf(expected, size, "a number %s %g and <= %g", above, o->min, o->max);
+    }
+}
+
+// Reads text into the option's value. Returns 0, leaving the value as it was, when the text is
+// not a value the option takes (not a number, or out of its range).
+static int option_read(const Option *o, const char *text) {
+    if (o->kind == OPTION_TEXT) {
+        *(const char **)o->value = text;
+        return 1;
+    }
     char *end;
+    double x;
     errno = 0;
-    double x = o->kind == OPTION_INT ? (double)strtol(text, &end, 10) : strtod(text, &end);
-    if (end == text || *end || errno || !isfinite(x) || x < o->min || x > o->max || (o->above_min && !(x > o->min)))
-        return 0;
-    if (o->kind == OPTION_INT) *(int *)o->value = (int)x; else *(double *)o->value = x;
+    if (o->kind == OPTION_INT) x = (double)strtol(text, &end, 10);
+    else x = strtod(text, &end);
+    int in_range = x >= o->min && x <= o->max && (!o->above_min || x > o->min);
+    if (end == text || *end != '\0' || errno != 0 || !isfinite(x) || !in_range) return 0;
+    if (o->kind == OPTION_INT) *(int *)o->value = (int)x;
+    else *(double *)o->value = x;
     return 1;
 }
 
 static Option *find_option(Option *options, int n, const char *name) {
-    for (int i = 0; i < n; i++) if (strcmp(options[i].name, name) == 0) return &options[i];
+    for (int i = 0; i < n; i++) {
+        if (strcmp(options[i].name, name) == 0) return &options[i];
+    }
     return NULL;
 }
 
 static void print_option_help(const Option *options, int n) {
+    const char *kinds[] = { "N", "X", "TEXT", "" };
     for (const Option *o = options; o < options + n; o++) {
-        char left[64], value[64] = "";
-        const char *kinds[] = { "N", "X", "TEXT", "" };
+        char left[64];
+        char value[64] = "";
         snprintf(left, sizeof left, "%s %s", o->name, kinds[o->kind]);
         if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
-        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
-        else if (o->kind == OPTION_TEXT && *(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
+        if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
+        const char *text = o->kind == OPTION_TEXT ? *(const char **)o->value : NULL;
+        if (text) snprintf(value, sizeof value, "%s", text);
         if (value[0]) printf("  %-22s %s (default %s)\n", left, o->help, value);
         else printf("  %-22s %s\n", left, o->help);
     }
 }
 
-// Reads argv[1..argc-1] into the options; arguments that are not flags go to positional (when it is
-// not NULL). Returns 0, or 1 after printing a one-line error, or 2 after printing the help.
+// Reads argv[1..argc-1] into the options. Arguments that are not flags go to positional, when it
+// is not NULL (decode's sentences; "-3" is one too). Returns 0; 1 after a one-line error; or 2
+// after printing the help.
 static int parse_options(const char *command, const char *usage, Option *options, int n,
                          int argc, char **argv, char **positional, int *num_positional) {
     if (num_positional) *num_positional = 0;
@@ -2200,182 +2258,157 @@ static int parse_options(const char *command, const char *usage, Option *options
             print_option_help(options, n);
             return 2;
         }
-        if (arg[0] != '-' || arg[1] == '\0' || (positional && isdigit((unsigned char)arg[1]))) {
-            if (positional) { positional[(*num_positional)++] = argv[i]; continue; }
-            fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n", command, arg, command);
+        int is_number = isdigit((unsigned char)arg[1]);
+        int is_flag = arg[0] == '-' && arg[1] != '\0' && !(positional && is_number);
+        if (!is_flag && positional) {
+            positional[*num_positional] = argv[i];
+            *num_positional += 1;
+            continue;
+        }
+        if (!is_flag) {
+            fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n",
+                    command, arg, command);
             return 1;
         }
         Option *o = find_option(options, n, arg);
         if (!o) {
-            fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n", command, arg, command);
+            fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n",
+                    command, arg, command);
             return 1;
         }
         o->seen = 1;
-        if (o->kind == OPTION_FLAG) { *(int *)o->value = 1; continue; }
+        if (o->kind == OPTION_FLAG) {
+            *(int *)o->value = 1;
+            continue;
+        }
+
+        // The value is the next argument; a text flag does not take a flag ("--checkpoint --beam").
+        const char *text = NULL;
+        int next_is_flag = i + 1 < argc && strncmp(argv[i + 1], "--", 2) == 0;
+        if (i + 1 < argc && !(o->kind == OPTION_TEXT && next_is_flag)) {
+            i++;
+            text = argv[i];
+        }
+        if (text && option_read(o, text)) continue;
         char expected[96];
-        const char *text = i + 1 < argc && !(o->kind == OPTION_TEXT && strncmp(argv[i + 1], "--", 2) == 0) ? argv[++i] : NULL;
-        if (parse_option_value(o, text, expected, sizeof expected)) continue;
-        if (!text && o->kind == OPTION_TEXT) fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
-        else if (!text) fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
-        else fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text, expected);
+        option_expected(o, expected, sizeof expected);
+        if (!text && o->kind == OPTION_TEXT) {
+            fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
+        } else if (!text) {
+            fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
+        } else {
+            fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text,
+                    expected);
+        }
         return 1;
     }
     return 0;
 }
 
-// ---- where the lab plugs in -------------------------------------------------
-// lab/lab.c (make's ./transformer) fills in these hooks (transformer.h, LabHooks: commands, train
-// flags, the stages of training, §5.1 subwords); alone they are empty. Each is on a line marked "lab:".
-static LabHooks lab;
+// ---- tokens -----------------------------------------------------------------
+// Text is tokens separated by white space: here ASCII's (space, \t, \n, \v, \f, \r); in the lab,
+// Unicode's too (lab/text.c, the text rule).
 
-static void vocab_free(Vocabulary *vocab) {
-    if (vocab->bpe && lab.free_merges) lab.free_merges(vocab->bpe);   // lab: §5.1 merges
-    for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
-    free(vocab->words); free(vocab->slots);
-    memset(vocab, 0, sizeof *vocab);
-}
-
-// ---- white space ------------------------------------------------------------
-// One set of white-space characters separates tokens everywhere (data, decode's input, BLEU): the
-// set Python's str.split() splits at, so that BLEU counts what sacreBLEU's tokenize='none' counts.
-// ASCII's \t \n \v \f \r and space, U+001C..U+001F, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
-// U+2029, U+202F, U+205F and U+3000; not the zero-width space U+200B, nor a lone Latin-1 0xA0.
-
-// The length of the white-space character that begins the text, or 0 (never reads past the end)
+// The length in bytes of the white-space character that begins the text, or 0.
 static int white_space_bytes(const char *text) {
-    const unsigned char *s = (const unsigned char *)text;
-    if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
-    if (s[0] == 0xC2) return s[1] == 0x85 || s[1] == 0xA0 ? 2 : 0;                // U+0085 U+00A0
-    if (s[0] == 0xE1) return s[1] == 0x9A && s[2] == 0x80 ? 3 : 0;                // U+1680
-    if (s[0] == 0xE2 && s[1] == 0x80)                                             // U+2000..U+202F
-        return (s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF ? 3 : 0;
-    if (s[0] == 0xE2 && s[1] == 0x81) return s[2] == 0x9F ? 3 : 0;                // U+205F
-    if (s[0] == 0xE3) return s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;                // U+3000
-    return 0;
+    if (lab.white_space) return lab.white_space(text);   // lab: Unicode's white space
+    return *text == ' ' || (*text >= '\t' && *text <= '\r');
 }
 
 static const char *skip_white_space(const char *text) {
-    for (int n; (n = white_space_bytes(text)) > 0; ) text += n;
+    int n = white_space_bytes(text);
+    while (n > 0) {
+        text += n;
+        n = white_space_bytes(text);
+    }
     return text;
 }
 
-// The first token of the text and its length in bytes (*length), or NULL. (A byte at a time is
-// safe: white space never begins with a UTF-8 continuation byte.)
+// The first token of the text, and its length in bytes in *length; NULL when there is none.
 static const char *next_token(const char *text, size_t *length) {
-    const char *start = skip_white_space(text), *end = start;
-    if (!*start) return NULL;
-    while (*end && !white_space_bytes(end)) end++;
+    const char *start = skip_white_space(text);
+    if (*start == '\0') return NULL;
+    const char *end = start;
+    while (*end != '\0' && white_space_bytes(end) == 0) end++;
     *length = (size_t)(end - start);
     return start;
 }
 
-// Every text input is UTF-8: a byte that is not (Latin-1, a binary file) is refused with its file
-// and line, as a program that splits at Unicode's spaces must (NOTES §7). The length of the valid
-// UTF-8 sequence at s, or 0 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
-static int utf8_sequence_length(const unsigned char *s) {
-    if (s[0] < 0x80) return 1;
-    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
-        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
-    return n;
-}
+#define MAX_UNKNOWN_WARNINGS 5   // unknown tokens warned of, for one input
 
-// NULL for a line of UTF-8 text, else the first byte that is not, at `where` ("data.tsv:12").
-// got: read_text_line's answer (-1: a zero byte).
-static const char *text_error(const char *line, int got, const char *where) {
-    if (got < 0) return errorf("%s: a zero byte; expected text", where);
-    for (const unsigned char *s = (const unsigned char *)line; *s; ) {
-        int n = utf8_sequence_length(s);
-        if (n == 0) return errorf("%s: byte %zu of the line, 0x%02x, is not UTF-8; expected UTF-8 text", where,
-                                  (size_t)(s - (const unsigned char *)line) + 1, *s);
-        s += n;
-    }
-    return NULL;
-}
-
-// ---- sentence pairs, and reading them ---------------------------------------
-
-static void dataset_free(Dataset *dataset) { free(dataset->pairs); free(dataset->tokens); memset(dataset, 0, sizeof *dataset); }
-
-static void dataset_add(Dataset *dataset, const int *src, int src_len, const int *tgt, int tgt_len, int line) {
-    if (dataset->count == dataset->capacity) {
-        dataset->capacity = dataset->capacity ? 2 * dataset->capacity : 256;
-        dataset->pairs = checked_realloc(dataset->pairs, dataset->capacity, sizeof(SentencePair), "sentence pairs");
-    }
-    if (dataset->num_tokens + src_len + tgt_len > dataset->tokens_capacity) {
-        dataset->tokens_capacity = 2 * (dataset->num_tokens + src_len + tgt_len) + 1024;
-        dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int), "sentence tokens");
-    }
-    SentencePair pair = { dataset->num_tokens, dataset->num_tokens + src_len, src_len, tgt_len, line };
-    dataset->pairs[dataset->count++] = pair;
-    memcpy(dataset->tokens + pair.src, src, src_len * sizeof(int));
-    memcpy(dataset->tokens + pair.tgt, tgt, tgt_len * sizeof(int));
-    dataset->num_tokens += src_len + tgt_len;
-    if (src_len > dataset->longest_src) dataset->longest_src = src_len;
-    if (tgt_len > dataset->longest_tgt) dataset->longest_tgt = tgt_len;
-}
-
-// Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out.
-static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
-    Dataset kept = { 0 };
-    for (int i = 0; i < dataset->count; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        dataset_add((i + 1) % every == 0 ? held_out : &kept, dataset->tokens + p->src, p->src_len,
-                    dataset->tokens + p->tgt, p->tgt_len, p->line);
-    }
-    dataset_free(dataset); *dataset = kept;
-}
-
-#define MAX_UNKNOWN_WARNINGS 5
-
-// The id of the n bytes at token. grow: a new token joins the vocabulary; else it is <unk>, warned of.
+// The id of the n bytes at token. With grow, a new token joins the vocabulary; without, it is
+// read as <unk>, and the first few are warned of.
 static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
     int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
     if (id >= 0) return id;
-    if (from->warnings++ < MAX_UNKNOWN_WARNINGS)
+    if (from->warnings < MAX_UNKNOWN_WARNINGS) {
+        int shown = n < 80 ? (int)n : 80;
         fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
-                from->where, (int)(n < 80 ? n : 80), token);
+                from->where, shown, token);
+    }
+    from->warnings++;
     from->unknown++;
     return TOKEN_UNK;
 }
 
+// Puts id at (*ids)[n], growing the array (of *capacity ids) when it is full.
 static void push_id(int **ids, size_t *capacity, int n, int id) {
-    if ((size_t)n == *capacity) *ids = checked_realloc(*ids, *capacity = *capacity ? 2 * *capacity : 64, sizeof(int), "token ids");
+    if ((size_t)n == *capacity) {
+        *capacity = *capacity ? 2 * *capacity : 64;
+        *ids = checked_realloc(*ids, *capacity, sizeof(int), "token ids");
+    }
     (*ids)[n] = id;
 }
 
-// The text <pad>, <s>, </s> or <unk> in data is refused: the model would learn, or be fed, its own markers.
+// The text <pad>, <s>, </s> or <unk> in data is refused: the model would learn, or be fed, its
+// own markers.
 static const char *reserved_token_error(const TextSource *from) {
-    return errorf("%s: the token '%s' is reserved (<pad> <s> </s> <unk> are the model's own markers); "
-                  "expected text without them", from->where, from->reserved);
+    return errorf("%s: the token '%s' is reserved (<pad> <s> </s> <unk> are the model's own "
+                  "markers); expected text without them", from->where, from->reserved);
 }
 
-// Splits text at white space into token ids (*ids grows as needed): whole words, or with the lab's
-// §5.1 merges subwords. Returns the number of tokens, or -1 at a special token (from->reserved).
-static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity, TextSource *from) {
+// Splits the text at white space into token ids (*ids grows as needed): whole words, or with the
+// lab's §5.1 merges subwords. Returns the number of tokens, or -1 at the text of a special token
+// (named in from->reserved).
+static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity,
+                    TextSource *from) {
     int n = 0;
-    size_t len;
-    for (const char *start = text; (start = next_token(start, &len)) != NULL; start += len) {
-        for (int special = 0; special < NUM_SPECIAL_TOKENS; special++)
-            if (strlen(special_tokens[special]) == len && memcmp(start, special_tokens[special], len) == 0) {
-                from->reserved = special_tokens[special];
+    size_t length;
+    const char *token = next_token(text, &length);
+    while (token) {
+        for (int special = 0; special < NUM_SPECIAL_TOKENS; special++) {
+            const char *name = special_tokens[special];
+            if (strlen(name) == length && memcmp(token, name, length) == 0) {
+                from->reserved = name;
                 return -1;
             }
-        if (vocab->bpe && lab.split_word) n = lab.split_word(vocab, grow, start, (int)len, ids, capacity, n, from);   // lab: §5.1
-        else push_id(ids, capacity, n++, token_id(vocab, grow, start, len, from));
+        }
+        if (vocab->bpe && lab.split_word) {   // lab: §5.1 subwords
+            n = lab.split_word(vocab, grow, token, (int)length, ids, capacity, n, from);
+        } else {
+            push_id(ids, capacity, n, token_id(vocab, grow, token, length, from));
+            n++;
+        }
+        token = next_token(token + length, &length);
     }
     return n;
 }
 
-// The tokens as a new string, separated by spaces (with §5.1 merges, joined into words by the lab)
+// The tokens as a new string, separated by spaces (the lab joins §5.1 subwords into words).
 static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
     if (vocab->bpe && lab.join_tokens) return lab.join_tokens(vocab, ids, n);   // lab: §5.1
     size_t bytes = 1;
     for (int i = 0; i < n; i++) bytes += strlen(vocab->words[ids[i]]) + 1;
-    char *text = checked_calloc(bytes, 1, "text"), *out = text;
-    for (int i = 0; i < n; i++) out += sprintf(out, i ? " %s" : "%s", vocab->words[ids[i]]);
+    char *text = checked_calloc(bytes, 1, "text");
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        if (i > 0) {
+            text[used] = ' ';
+            used++;
+        }
+        strcpy(text + used, vocab->words[ids[i]]);
+        used += strlen(vocab->words[ids[i]]);
+    }
     return text;
 }
 
@@ -2385,93 +2418,46 @@ static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n
     free(text);
 }
 
-// Line line_no (from 1) of f into *line, without its end and (line 1) a UTF-8 byte-order mark.
-// Returns 1, 0 at the end, -1 for a line with a zero byte.
-static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
-    ssize_t length = getline(line, capacity, f);
-    if (length < 0) return 0;
-    if (line_no == 1 && length >= 3 && memcmp(*line, "\xEF\xBB\xBF", 3) == 0) {
-        memmove(*line, *line + 3, (size_t)length - 2);
-        length -= 3;
-    }
-    while (length > 0 && ((*line)[length - 1] == '\n' || (*line)[length - 1] == '\r')) (*line)[--length] = '\0';
-    return strlen(*line) == (size_t)length ? 1 : -1;
+// ---- sentence pairs ---------------------------------------------------------
+
+static void dataset_free(Dataset *dataset) {
+    free(dataset->pairs);
+    free(dataset->tokens);
+    memset(dataset, 0, sizeof *dataset);
 }
 
-// Opens a text file to read, or sets *error (fopen opens a directory too, read as empty).
-static FILE *open_text_file(const char *path, const char **error) {
-    FILE *f = fopen(path, "r");
-    struct stat st;
-    if (!f) *error = errorf("%s: cannot open: %s", path, strerror(errno));
-    else if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        f = NULL;
-        *error = errorf("%s: is a directory; expected a text file", path);
+static void dataset_add(Dataset *dataset, const int *src, int src_len, const int *tgt, int tgt_len,
+                        int line) {
+    if (dataset->count == dataset->capacity) {
+        dataset->capacity = dataset->capacity ? 2 * dataset->capacity : 256;
+        dataset->pairs = checked_realloc(dataset->pairs, dataset->capacity, sizeof(SentencePair),
+                                         "sentence pairs");
     }
-    return f;
-}
-
-// Reads `source<TAB>target` lines into dataset (blank lines skipped; \r\n ends a line); grow as token_id.
-static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path, int grow) {
-    const char *error = NULL;
-    FILE *f = open_text_file(path, &error);
-    if (!f) return error;
-    char *line = NULL;
-    size_t line_capacity = 0, src_capacity = 0, tgt_capacity = 0, unused;
-    int *src = NULL, *tgt = NULL, line_no = 0, got;
-    TextSource from = { "", 0, 0, NULL };
-    while (!error && (got = read_text_line(f, &line, &line_capacity, line_no + 1)) != 0) {
-        snprintf(from.where, sizeof from.where, "%s:%d", path, ++line_no);
-        char *tab = strchr(line, '\t');
-        if ((error = text_error(line, got, from.where))) break;
-        if (!tab && !next_token(line, &unused)) continue;   // a blank line
-        if (!tab) error = errorf("%s: no tab; expected source<TAB>target", from.where);
-        else if (strchr(tab + 1, '\t')) error = errorf("%s: more than one tab; expected source<TAB>target", from.where);
-        if (error) break;
-        *tab = '\0';
-        int n_src = tokenize(line, vocab, grow, &src, &src_capacity, &from);
-        int n_tgt = n_src < 0 ? -1 : tokenize(tab + 1, vocab, grow, &tgt, &tgt_capacity, &from);
-        if (n_tgt < 0) error = reserved_token_error(&from);
-        else if (n_src == 0) error = errorf("%s: empty source; expected tokens before the tab", from.where);
-        else if (n_tgt == 0) error = errorf("%s: empty target; expected tokens after the tab", from.where);
-        else if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
-            error = errorf("%s: %d tokens; expected at most %d", from.where, n_src > n_tgt ? n_src : n_tgt,
-                           TRANSFORMER_MAX_LEN);
-        else if (vocab->size > TRANSFORMER_MAX_VOCAB)
-            error = errorf("%s: more than %d distinct tokens; expected fewer", from.where, TRANSFORMER_MAX_VOCAB);
-        else dataset_add(dataset, src, n_src, tgt, n_tgt, line_no);
+    size_t needed = dataset->num_tokens + src_len + tgt_len;
+    if (needed > dataset->tokens_capacity) {
+        dataset->tokens_capacity = 2 * needed + 1024;
+        dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int),
+                                          "sentence tokens");
     }
-    if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
-    if (!error && dataset->count == 0)
-        error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target",
-                       path, line_no == 0 ? "the file is empty" : "only blank lines");
-    if (!error && from.warnings > MAX_UNKNOWN_WARNINGS)
-        fprintf(stderr, "warning: %s: %ld tokens in all are not in the vocabulary and were read as <unk>\n",
-                path, from.unknown);
-    free(line); free(src); free(tgt);
-    fclose(f);
-    return error;
-}
-
-// max_len positions take up to max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder <s> y_1..y_n.
-static const char *dataset_check_lengths(const Dataset *dataset, const char *name, int max_len) {
-    for (int i = 0; i < dataset->count; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        int longer = p->src_len > p->tgt_len ? p->src_len : p->tgt_len;
-        if (longer <= max_len - 1) continue;
-        char where[300];
-        if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
-        else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
-        int source = p->src_len > max_len - 1;
-        return errorf("%s: the %s has %d tokens; the model's maximum length %d allows %d (one position is %s)", where,
-                      source ? "source" : "target", longer, max_len, max_len - 1, source ? "</s>" : "<s>");
-    }
-    return NULL;
+    SentencePair pair;
+    pair.src = dataset->num_tokens;
+    pair.tgt = dataset->num_tokens + src_len;
+    pair.src_len = src_len;
+    pair.tgt_len = tgt_len;
+    pair.line = line;
+    dataset->pairs[dataset->count] = pair;
+    dataset->count++;
+    memcpy(dataset->tokens + pair.src, src, src_len * sizeof(int));
+    memcpy(dataset->tokens + pair.tgt, tgt, tgt_len * sizeof(int));
+    dataset->num_tokens = needed;
+    if (src_len > dataset->longest_src) dataset->longest_src = src_len;
+    if (tgt_len > dataset->longest_tgt) dataset->longest_tgt = tgt_len;
 }
 
 // ---- the copy and reverse tasks ---------------------------------------------
-// copy: the target is the source; reverse: the source backwards. Words are the numbers
-// 0..words-1. No held-out source is a training source: the model is tested on unseen sequences.
+// copy: the target is the source; reverse: the source backwards. The words are the numbers
+// 0..words-1. No held-out source is a training source: the model is tested on sequences it has
+// never seen.
 
 enum { TASK_COPY, TASK_REVERSE };
 
@@ -2479,116 +2465,176 @@ static void task_vocabulary(Vocabulary *vocab, int words) {
     vocab_init(vocab);
     for (int w = 0; w < words; w++) {
         char text[16];
-        vocab_add(vocab, text, (size_t)snprintf(text, sizeof text, "%d", w));
+        int length = snprintf(text, sizeof text, "%d", w);
+        vocab_add(vocab, text, (size_t)length);
     }
 }
 
-static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len, int max_len,
-                                 int train_size, int valid_size, uint64_t seed) {
+// A 64-bit FNV-1a hash of a sequence, never 0 (an empty slot of task_generate's set).
+static uint64_t sequence_hash(const int *tokens, int n) {
+    uint64_t hash = 0xCBF29CE484222325ULL ^ (uint64_t)n;
+    for (int t = 0; t < n; t++) {
+        hash ^= (uint32_t)tokens[t];
+        hash *= 0x100000001B3ULL;
+        hash ^= hash >> 29;
+    }
+    return hash ? hash : 1;
+}
+
+static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len,
+                                 int max_len, int train_size, int valid_size, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
-    size_t slots = 16;   // a set of the sources' hashes, open addressing (0: an empty slot)
+    // The hashes of the sources drawn so far, in a table with open addressing.
+    size_t slots = 16;
     while (slots < 4 * ((size_t)train_size + valid_size)) slots *= 2;
     uint64_t *seen = checked_calloc(slots, sizeof(uint64_t), "task hash set");
-    int *src = checked_calloc(max_len, sizeof(int), "task sentence"), *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
+    int *src = checked_calloc(max_len, sizeof(int), "task sentence");
+    int *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
     const char *error = NULL;
-    long attempts = 0, max_attempts = 1000L * valid_size + 1000;
-    for (int i = 0; i < train_size + valid_size; ) {
+    long attempts = 0;
+    long max_attempts = 1000L * valid_size + 1000;
+    int made = 0;
+    while (made < train_size + valid_size) {
         int n = min_len + rng_below(&rng, max_len - min_len + 1);
         for (int t = 0; t < n; t++) src[t] = NUM_SPECIAL_TOKENS + rng_below(&rng, words);
         for (int t = 0; t < n; t++) tgt[t] = task == TASK_COPY ? src[t] : src[n - 1 - t];
-        uint64_t hash = 0xCBF29CE484222325ULL ^ (uint64_t)n;
-        for (int t = 0; t < n; t++) { hash ^= (uint32_t)src[t]; hash *= 0x100000001B3ULL; hash ^= hash >> 29; }
-        size_t k = (hash = hash ? hash : 1) & (slots - 1);
+        uint64_t hash = sequence_hash(src, n);
+        size_t k = hash & (slots - 1);
         while (seen[k] != 0 && seen[k] != hash) k = (k + 1) & (slots - 1);
         int is_new = seen[k] == 0;
         seen[k] = hash;
-        if (i < train_size || is_new) {   // the training pairs, then held-out ones with a new source (no repeat)
-            dataset_add(i < train_size ? train : valid, src, n, tgt, n, 0);
-            i++;
-        } else if (++attempts > max_attempts) {
-            error = errorf("cannot find %d held-out sequences outside the %d training sequences (found %d); expected "
-                           "more --words or a larger --max-length", valid_size, train_size, valid->count);
+
+        // The training pairs first, then held-out pairs, each with a source not drawn before.
+        if (made < train_size || is_new) {
+            dataset_add(made < train_size ? train : valid, src, n, tgt, n, 0);
+            made++;
+            continue;
+        }
+        attempts++;
+        if (attempts > max_attempts) {
+            error = errorf("cannot find %d held-out sequences outside the %d training sequences "
+                           "(found %d); expected more --words or a larger --max-length",
+                           valid_size, train_size, valid->count);
             break;
         }
     }
-    free(seen); free(src); free(tgt);
+    free(seen);
+    free(src);
+    free(tgt);
     return error;
 }
 
 // ---- batches ----------------------------------------------------------------
 // §5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
 // contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
-// tokens." An epoch sorts the pairs by length (source, then target, random among equals), cuts them
-// into batches of at most batch_tokens counting padding, and visits those in random order.
+// tokens." An epoch sorts the pairs by length (source, then target, in random order among
+// equals), cuts them into batches of at most batch_tokens counting the padding, and visits the
+// batches in random order.
 
-typedef struct { int src_len, tgt_len; uint64_t key; int index; } LengthKey;
+typedef struct {
+    int src_len, tgt_len;
+    uint64_t key;   // random, so that pairs of equal lengths come in random order
+    int index;
+} LengthKey;
 
 static int compare_length_keys(const void *pa, const void *pb) {
-    const LengthKey *a = pa, *b = pb;
+    const LengthKey *a = pa;
+    const LengthKey *b = pb;
     if (a->src_len != b->src_len) return a->src_len < b->src_len ? -1 : 1;
     if (a->tgt_len != b->tgt_len) return a->tgt_len < b->tgt_len ? -1 : 1;
     if (a->key != b->key) return a->key < b->key ? -1 : 1;
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
-// The first `count` pairs sorted by length (among equals by a key from rng, or by index) into
-// order, cut into batches of B x (S + T) <= batch_tokens (S, T: the longest + 1), or one pair.
-static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count, int batch_tokens, Rng *rng) {
+// The first `count` pairs, sorted by length into order (among equals by a key drawn from rng,
+// or, without rng, by index), then cut into batches of B x (S + T) <= batch_tokens, where S and
+// T are the longest source and target + 1; a pair longer than that is a batch of its own.
+// Returns the number of batches (spans).
+static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count,
+                        int batch_tokens, Rng *rng) {
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
-    for (int i = 0; i < count; i++)
-        keys[i] = (LengthKey){ dataset->pairs[i].src_len, dataset->pairs[i].tgt_len, rng ? rng_next(rng) : 0, i };
+    for (int i = 0; i < count; i++) {
+        keys[i].src_len = dataset->pairs[i].src_len;
+        keys[i].tgt_len = dataset->pairs[i].tgt_len;
+        keys[i].key = rng ? rng_next(rng) : 0;
+        keys[i].index = i;
+    }
     qsort(keys, count, sizeof(LengthKey), compare_length_keys);
     for (int i = 0; i < count; i++) order[i] = keys[i].index;
     free(keys);
+
     int num_spans = 0;
-    for (int i = 0; i < count; ) {
-        int S = 0, T = 0, n = 0;
-        while (i + n < count) {
-            const SentencePair *p = &dataset->pairs[order[i + n]];
-            int S2 = p->src_len + 1 > S ? p->src_len + 1 : S, T2 = p->tgt_len + 1 > T ? p->tgt_len + 1 : T;
-            if (n > 0 && (long)(n + 1) * (S2 + T2) > batch_tokens) break;
-            S = S2; T = T2; n++;
+    int start = 0;
+    while (start < count) {
+        int S = 0;
+        int T = 0;
+        int n = 0;
+        while (start + n < count) {
+            const SentencePair *p = &dataset->pairs[order[start + n]];
+            int new_S = p->src_len + 1 > S ? p->src_len + 1 : S;
+            int new_T = p->tgt_len + 1 > T ? p->tgt_len + 1 : T;
+            if (n > 0 && (long)(n + 1) * (new_S + new_T) > batch_tokens) break;
+            S = new_S;
+            T = new_T;
+            n++;
         }
-        spans[num_spans++] = (BatchSpan){ i, n };
-        i += n;
+        spans[num_spans].start = start;
+        spans[num_spans].count = n;
+        num_spans++;
+        start += n;
     }
     return num_spans;
 }
 
-// Draws the next epoch's batches from rng (serially: the same on any thread count).
+// Draws the next epoch's batches from rng (on one thread: the same for any thread count).
 static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_tokens, Rng *rng) {
     plan->order = checked_realloc(plan->order, dataset->count, sizeof(int), "epoch order");
     plan->spans = checked_realloc(plan->spans, dataset->count, sizeof(BatchSpan), "epoch batches");
-    plan->num_spans = sort_and_cut(plan->order, plan->spans, dataset, dataset->count, batch_tokens, rng);
-    for (int i = plan->num_spans - 1; i > 0; i--) {   // Fisher-Yates shuffle of the batches
+    plan->num_spans = sort_and_cut(plan->order, plan->spans, dataset, dataset->count, batch_tokens,
+                                   rng);
+    for (int i = plan->num_spans - 1; i > 0; i--) {   // the Fisher-Yates shuffle of the batches
         int j = rng_below(rng, i + 1);
-        BatchSpan swap = plan->spans[i]; plan->spans[i] = plan->spans[j]; plan->spans[j] = swap;
+        BatchSpan swap = plan->spans[i];
+        plan->spans[i] = plan->spans[j];
+        plan->spans[j] = swap;
     }
 }
 
 static void batch_buffer_free(BatchBuffer *bb) {
-    free(bb->src); free(bb->src_len); free(bb->tgt_in); free(bb->tgt_out); free(bb->tgt_len); memset(bb, 0, sizeof *bb);
+    free(bb->src);
+    free(bb->src_len);
+    free(bb->tgt_in);
+    free(bb->tgt_out);
+    free(bb->tgt_len);
+    memset(bb, 0, sizeof *bb);
 }
 
 // Teacher forcing (§3.1: "the output embeddings are offset by one position"): the decoder reads
 // tgt_in = <s> y_1 .. y_n and must predict tgt_out = y_1 .. y_n </s>. The source ends with </s>
 // too, as in tensor2tensor and fairseq (the paper does not say): the copy task learns faster.
 static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indices, int count) {
-    size_t B = count, S = 1, T = 1;
+    size_t B = count;
+    size_t S = 1;
+    size_t T = 1;
     for (size_t b = 0; b < B; b++) {
         const SentencePair *p = &dataset->pairs[indices[b]];
         if ((size_t)p->src_len + 1 > S) S = p->src_len + 1;
         if ((size_t)p->tgt_len + 1 > T) T = p->tgt_len + 1;
     }
-    batch_buffer_free(bb);   // a new batch's arrays, of zeros: <pad> where no token goes
-    bb->src = checked_calloc(B * S, sizeof(int), "batch"), bb->src_len = checked_calloc(B, sizeof(int), "batch");
-    bb->tgt_in = checked_calloc(B * T, sizeof(int), "batch"), bb->tgt_out = checked_calloc(B * T, sizeof(int), "batch");
+
+    // A new batch's arrays, of zeros: <pad> wherever no token goes.
+    batch_buffer_free(bb);
+    bb->src = checked_calloc(B * S, sizeof(int), "batch");
+    bb->src_len = checked_calloc(B, sizeof(int), "batch");
+    bb->tgt_in = checked_calloc(B * T, sizeof(int), "batch");
+    bb->tgt_out = checked_calloc(B * T, sizeof(int), "batch");
     bb->tgt_len = checked_calloc(B, sizeof(int), "batch");
     bb->tokens = 0;
     for (size_t b = 0; b < B; b++) {
         const SentencePair *p = &dataset->pairs[indices[b]];
-        const int *x = dataset->tokens + p->src, *y = dataset->tokens + p->tgt;
+        const int *x = dataset->tokens + p->src;
+        const int *y = dataset->tokens + p->tgt;
         memcpy(bb->src + b * S, x, p->src_len * sizeof(int));
         bb->src[b * S + p->src_len] = TOKEN_EOS;
         bb->src_len[b] = p->src_len + 1;
@@ -2599,340 +2645,458 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
         bb->tgt_len[b] = p->tgt_len + 1;
         bb->tokens += p->src_len + 1 + p->tgt_len + 1;
     }
-    Batch batch = { count, (int)S, (int)T, bb->src, bb->src_len, bb->tgt_in, bb->tgt_out, bb->tgt_len };
-    bb->batch = batch;
-}
-
-// ---- §6.1 BLEU --------------------------------------------------------------
-// The paper reports BLEU (Papineni et al., ACL 2002) on newstest2014: 27.3 (base) and 28.4 (big)
-// for English-German. Corpus-level BLEU-4, one reference per sentence, no smoothing:
-//   p_n  = (clipped n-gram matches) / (the output's n-grams), both summed over
-//          the sentences, n = 1..4; an n-gram counts at most as often as the
-//          reference has it ("the the the" against "the cat" matches one "the");
-//   BP   = 1 if c > r, else exp(1 - r/c)   (c, r: output and reference lengths
-//          summed over the corpus);   BLEU = 100 BP exp((1/4) sum_n log p_n).
-
-// One distinct n-gram of a sentence pair: where it first occurs, its counts on each side.
-typedef struct { const int *gram; int in_candidate, in_reference; } NgramCount;
-
-// Clipped matches of order n: over the candidate's distinct n-grams, the sum of min(count in
-// candidate, count in reference), counted in a hash table (mask + 1 slots): linear time.
-static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int *candidate, int candidate_len,
-                                       const int *reference, int reference_len, int n) {
-    memset(table, 0, (mask + 1) * sizeof *table);
-    for (int side = 0; side < 2; side++) {
-        const int *tokens = side == 0 ? candidate : reference;
-        for (int i = 0; i + n <= (side == 0 ? candidate_len : reference_len); i++) {
-            uint64_t hash = 0;
-            for (int k = 0; k < n; k++) hash = hash64(hash ^ (uint32_t)tokens[i + k]);
-            size_t slot = (size_t)hash & mask;
-            while (table[slot].gram && memcmp(table[slot].gram, tokens + i, n * sizeof(int)) != 0) slot = (slot + 1) & mask;
-            if (!table[slot].gram) table[slot].gram = tokens + i;
-            if (side == 0) table[slot].in_candidate++; else table[slot].in_reference++;
-        }
-    }
-    long long matches = 0;
-    for (size_t k = 0; k <= mask; k++)
-        matches += table[k].in_candidate < table[k].in_reference ? table[k].in_candidate : table[k].in_reference;
-    return matches;
-}
-
-void bleu_reset(BleuStats *stats) { memset(stats, 0, sizeof *stats); }
-
-// Adds one candidate (the model's output) and its reference, as token ids.
-void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
-                       const int *reference, int reference_len) {
-    if (candidate_len < 0) candidate_len = 0;
-    if (reference_len < 0) reference_len = 0;
-    size_t slots = 4;
-    while (slots < 2 * ((size_t)candidate_len + (size_t)reference_len)) slots *= 2;
-    NgramCount *table = checked_calloc(slots, sizeof *table, "BLEU n-gram counts");
-    for (int n = 1; n <= BLEU_MAX_ORDER; n++) {
-        stats->matches[n - 1] += clipped_ngram_matches(table, slots - 1, candidate, candidate_len, reference,
-                                                       reference_len, n);
-        stats->totals[n - 1] += candidate_len >= n ? candidate_len - n + 1 : 0;
-    }
-    free(table);
-    stats->candidate_length += candidate_len;
-    stats->reference_length += reference_len;
-    stats->sentences++;
-}
-
-// Corpus BLEU of everything added so far, 0..100. precisions (may be NULL) gets p_1..p_4,
-// brevity_penalty (may be NULL) BP; no output at all (c = 0) gives BP = 0 and BLEU = 0.
-double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
-    double log_sum = 0;
-    int any_zero = 0;
-    for (int n = 0; n < BLEU_MAX_ORDER; n++) {
-        double p = stats->totals[n] > 0 ? (double)stats->matches[n] / (double)stats->totals[n] : 0.0;
-        if (precisions) precisions[n] = p;
-        if (p == 0) any_zero = 1; else log_sum += log(p);
-    }
-    double candidate = (double)stats->candidate_length, reference = (double)stats->reference_length;
-    double bp = candidate > reference ? 1.0 : (candidate > 0 ? exp(1.0 - reference / candidate) : 0.0);
-    if (brevity_penalty) *brevity_penalty = bp;
-    return any_zero ? 0.0 : 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
-}
-
-// With sacreBLEU's signature (the lab's `bleu` has its tokenizer and smoothing) and precisions
-// divided as it divides, 100 matches / n-grams (23/80: 28.75, where 100 * (23/80) is 28.7499...).
-static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " (words)", or ""
-    double p[BLEU_MAX_ORDER], bp, score = bleu_score(stats, NULL, &bp);
-    for (int n = 0; n < BLEU_MAX_ORDER; n++)
-        p[n] = stats->totals[n] > 0 ? 100.0 * (double)stats->matches[n] / (double)stats->totals[n] : 0.0;
-    printf("BLEU            %.2f%s (nrefs:1|case:mixed|eff:no|tok:none|smooth:none; precisions %.2f/%.2f/%.2f/%.2f, "
-           "BP %.3f, output/reference length %lld/%lld)\n", score, unit, p[0], p[1], p[2], p[3], bp,
-           stats->candidate_length, stats->reference_length);
+    bb->batch.B = count;
+    bb->batch.S = (int)S;
+    bb->batch.T = (int)T;
+    bb->batch.src = bb->src;
+    bb->batch.src_len = bb->src_len;
+    bb->batch.tgt_in = bb->tgt_in;
+    bb->batch.tgt_out = bb->tgt_out;
+    bb->batch.tgt_len = bb->tgt_len;
 }
 
 // ---- evaluation -------------------------------------------------------------
-// Decodes held-out sources and compares with the references: exact match, token accuracy (positions
-// that agree over the longer of the two; a reference <unk> is never right), BLEU; and the teacher-
-// forced loss and -log p(reference token) without smoothing (its exponential: Table 3's perplexity).
+// Decodes held-out sources and compares the outputs with the references: exact match, and token
+// accuracy (the positions that agree, over the longer of the two; a reference <unk> is never
+// right). The teacher-forced loss, and -log p(reference token) without smoothing, whose
+// exponential is Table 3's perplexity. (The lab's eval adds BLEU, from the outputs kept here.)
 
-static void evaluation_free(Evaluation *e) { free(e->output); free(e->output_len); memset(e, 0, sizeof *e); }
+static void evaluation_free(Evaluation *e) {
+    free(e->output);
+    free(e->output_len);
+    memset(e, 0, sizeof *e);
+}
 
-// The first `count` pairs of dataset (all when count <= 0), decoded greedily (beam_size 1,
-// sentences side by side, sorted by length: little padding) or with beam search.
-static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
-                     int beam_size, double alpha) {
+// Compares one decoded output with its reference, adding to the counts, and keeps it.
+static void evaluation_add(Evaluation *e, const SentencePair *p, const int *reference, int index,
+                           const int *output, int output_len) {
+    int n = output_len < e->stride ? output_len : e->stride;
+    memcpy(e->output + (size_t)index * e->stride, output, n * sizeof(int));
+    e->output_len[index] = n;
+    int same = 0;
+    for (int i = 0; i < output_len && i < p->tgt_len; i++) {
+        same += output[i] == reference[i] && reference[i] != TOKEN_UNK;
+    }
+    e->correct += same;
+    e->compared += output_len > p->tgt_len ? output_len : p->tgt_len;
+    e->exact += same == p->tgt_len && output_len == p->tgt_len;
+}
+
+// -log p(reference token), summed over the batch, from the last forward pass's probabilities.
+static double reference_log_loss(const Transformer *model, const Batch *batch) {
+    int V = model->config.vocab_size;
+    double sum = 0;
+    for (int b = 0; b < batch->B; b++) {
+        for (int t = 0; t < batch->tgt_len[b]; t++) {
+            size_t row = (size_t)b * batch->T + t;
+            sum -= log((double)model->acts.probs[row * V + batch->tgt_out[row]]);
+        }
+    }
+    return sum;
+}
+
+// The first `count` pairs of the dataset (all of them when count <= 0), decoded greedily
+// (beam_size 1: the sentences side by side, sorted by length for little padding) or by beam search.
+static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count,
+                     int batch_tokens, int beam_size, double alpha) {
     memset(e, 0, sizeof *e);
     if (count <= 0 || count > dataset->count) count = dataset->count;
     e->sentences = count;
     e->stride = model->config.max_len;
     e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
     e->output_len = checked_calloc(count, sizeof(int), "decoded outputs");
-    int training = model->training, V = model->config.vocab_size, *out = NULL, *out_len = NULL;
+    int training = model->training;
     model->training = 0;
     int *order = checked_calloc(count, sizeof(int), "evaluation order");
     BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
     int num_spans = sort_and_cut(order, spans, dataset, count, batch_tokens, NULL);
     BatchBuffer bb = { 0 };
-    double total_loss = 0, total_log_loss = 0;
+    int *out = NULL;
+    int *out_len = NULL;
+    double total_loss = 0;
+    double total_log_loss = 0;
     long total_tokens = 0;
     for (int s = 0; s < num_spans; s++) {
         const int *indices = order + spans[s].start;
         int B = spans[s].count;
         batch_fill(&bb, dataset, indices, B);
         const Batch *batch = &bb.batch;
-        total_loss += (double)transformer_forward(model, batch) * model->num_target_tokens;
+        real loss = transformer_forward(model, batch);
+        total_loss += (double)loss * model->num_target_tokens;
         total_tokens += model->num_target_tokens;
-        for (int b = 0; b < B; b++)   // -log p(reference token) from the forward pass's probabilities
-            for (int t = 0; t < batch->tgt_len[b]; t++)
-                total_log_loss -= log((double)model->acts.probs[((size_t)b * batch->T + t) * V + batch->tgt_out[b * batch->T + t]]);
-        int S = batch->S, max_out = transformer_decode_limit(model, S);
+        total_log_loss += reference_log_loss(model, batch);
+
+        int S = batch->S;
+        int max_out = transformer_decode_limit(model, S);
         out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
         out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
-        if (beam_size <= 1) transformer_greedy_decode(model, out, out_len, max_out, bb.src, bb.src_len, B, S);
-        else for (int b = 0; b < B; b++)
-            out_len[b] = transformer_beam_search(model, out + (size_t)b * max_out, NULL, bb.src + (size_t)b * S,
-                                                 bb.src_len[b], beam_size, alpha);
+        if (beam_size <= 1) {
+            transformer_greedy_decode(model, out, out_len, max_out, bb.src, bb.src_len, B, S);
+        } else {
+            for (int b = 0; b < B; b++) {
+                out_len[b] = transformer_beam_search(model, out + (size_t)b * max_out, NULL,
+                                                     bb.src + (size_t)b * S, bb.src_len[b],
+                                                     beam_size, alpha);
+            }
+        }
         for (int b = 0; b < B; b++) {
             const SentencePair *p = &dataset->pairs[indices[b]];
-            const int *output = out + (size_t)b * max_out, *ref = dataset->tokens + p->tgt;
-            int n = out_len[b] < e->stride ? out_len[b] : e->stride, same = 0;
-            memcpy(e->output + (size_t)indices[b] * e->stride, output, n * sizeof(int));
-            e->output_len[indices[b]] = n;
-            for (int i = 0; i < out_len[b] && i < p->tgt_len; i++) same += output[i] == ref[i] && ref[i] != TOKEN_UNK;
-            e->correct += same;
-            e->compared += out_len[b] > p->tgt_len ? out_len[b] : p->tgt_len;
-            e->exact += same == p->tgt_len && out_len[b] == p->tgt_len;
-            bleu_add_sentence(&e->bleu, output, out_len[b], ref, p->tgt_len);
+            evaluation_add(e, p, dataset->tokens + p->tgt, indices[b], out + (size_t)b * max_out,
+                           out_len[b]);
         }
     }
     e->loss = total_tokens ? total_loss / total_tokens : 0;
     e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;
-    free(order); free(spans); free(out); free(out_len);
+    free(order);
+    free(spans);
+    free(out);
+    free(out_len);
     batch_buffer_free(&bb);
     model->training = training;
 }
 
-static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab, int show) {
+static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab,
+                           int show) {
     for (int i = 0; i < show && i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
         char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
         char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
-        printf("  source     "); print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
-        printf("\n  reference  %s\n  output     %s   (%s)\n", reference, output,
-               strcmp(output, reference) == 0 ? "exact" : "WRONG");   // the same words
-        free(output); free(reference);
+        printf("  source     ");
+        print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
+        printf("\n  reference  %s\n", reference);
+        const char *verdict = strcmp(output, reference) == 0 ? "exact" : "WRONG";
+        printf("  output     %s   (%s)\n", output, verdict);
+        free(output);
+        free(reference);
     }
 }
 
 // ---- checkpoints ------------------------------------------------------------
-// A run's config, vocabulary, parameters, Adam's moments and step, generator states,
-// place in its epoch and options, in one file (dev/FORMATS.md): little-endian, the
-// last 8 bytes an FNV-1a checksum of all before. A save writes PATH.tmp, flushes it
-// and renames it over PATH in one step: PATH is always the old checkpoint or the new.
+// One file holds a run: its config, vocabulary, parameters, Adam's moments and step, the states
+// of its generators, its place in the epoch, and its options as text (dev/FORMATS.md has the
+// layout). Numbers are little-endian; the last 8 bytes are an FNV-1a checksum of all the bytes
+// before them. A save writes PATH.tmp, flushes it to the disk and renames it over PATH in one
+// step, so that PATH is always the old checkpoint or the new one, never half of one.
 
 #define CHECKPOINT_MAGIC "TCKP"
-#define CHECKPOINT_VERSION 3   // versions 1 and 2 (before the §5.1 merges and the kind of positions) are refused
+#define CHECKPOINT_VERSION 3            // versions 1 and 2 are refused
 #define CHECKPOINT_HEADER_BYTES 136
-#define MAX_TRAINING_STEPS 1000000000   // train --steps at most; a checkpoint's Adam step too
+#define MAX_TRAINING_STEPS 1000000000   // the most --steps; a checkpoint's Adam step too
 #define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a, 64 bits
 #define FNV_PRIME 0x100000001B3ULL
 
-typedef struct { FILE *f; uint64_t hash; int failed; } CheckpointFile;   // a file being written or read, its FNV-1a so far
+// A checkpoint being written or read, and the FNV-1a hash of its bytes so far.
+typedef struct {
+    FILE *f;
+    uint64_t hash;
+    int failed;   // a write or a read failed (a read then gives zeros)
+} CheckpointFile;
 
 static void write_bytes(CheckpointFile *w, const void *data, size_t n) {
-    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ ((const unsigned char *)data)[i]) * FNV_PRIME;
-    if (!w->failed && n && fwrite(data, 1, n, w->f) != n) w->failed = 1;
+    const unsigned char *bytes = data;
+    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ bytes[i]) * FNV_PRIME;
+    if (!w->failed && n > 0 && fwrite(data, 1, n, w->f) != n) w->failed = 1;
 }
 
-static void write_number(CheckpointFile *w, uint64_t x, int bytes) {   // the low `bytes` bytes, little-endian
+// The low `bytes` bytes of x, little-endian.
+static void write_number(CheckpointFile *w, uint64_t x, int bytes) {
     unsigned char b[8];
     for (int i = 0; i < bytes; i++) b[i] = (unsigned char)(x >> (8 * i));
     write_bytes(w, b, (size_t)bytes);
 }
 
 static void read_bytes(CheckpointFile *r, void *data, size_t n) {
-    if (r->failed || fread(data, 1, n, r->f) != n) { r->failed = 1; memset(data, 0, n); }
-    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ ((unsigned char *)data)[i]) * FNV_PRIME;
+    if (r->failed || fread(data, 1, n, r->f) != n) {
+        r->failed = 1;
+        memset(data, 0, n);
+    }
+    const unsigned char *bytes = data;
+    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ bytes[i]) * FNV_PRIME;
 }
 
-static uint64_t get_number(const unsigned char *b, int bytes) {   // `bytes` bytes, little-endian
+// `bytes` bytes at b, little-endian.
+static uint64_t get_number(const unsigned char *b, int bytes) {
     uint64_t x = 0;
     for (int i = bytes - 1; i >= 0; i--) x = x << 8 | b[i];
     return x;
 }
 
-static uint32_t float_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static uint64_t double_bits(double x) { uint64_t u; memcpy(&u, &x, 8); return u; }
-static float bits_float(uint64_t u) { uint32_t u32 = (uint32_t)u; float x; memcpy(&x, &u32, 4); return x; }
-static double bits_double(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
+static uint64_t read_number(CheckpointFile *r, int bytes) {
+    unsigned char b[8];
+    read_bytes(r, b, (size_t)bytes);
+    return get_number(b, bytes);
+}
 
-static const char *checkpoint_save(const char *path, const Transformer *model, const Vocabulary *vocab,
-                                   const TrainingState *state, const char *run_options) {
-    char tmp[4096];
-    struct stat there;   // the rename below replaces whatever is at path: never a directory or a device
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errorf("%s: path too long", path);
-    if (stat(path, &there) == 0 && !S_ISREG(there.st_mode)) return errorf("%s: not a regular file; expected a checkpoint's path", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
-    size_t merges_bytes = 0;
-    unsigned char *merges = vocab->bpe && lab.merges_section ? lab.merges_section(vocab, &merges_bytes) : NULL;   // lab: §5.1
-    CheckpointFile w = { f, FNV_OFFSET, 0 };
-    const TransformerConfig *config = &model->config;
-    uint64_t vocab_bytes = 0, options_bytes = strlen(run_options);
-    for (int i = 0; i < vocab->size; i++) vocab_bytes += 4 + strlen(vocab->words[i]);
-    uint32_t head[11] = { CHECKPOINT_VERSION, sizeof(real), config->n_layers, config->d_model, config->d_ff,
-                          config->n_heads, config->vocab_size, config->max_len, float_bits(config->dropout),
-                          float_bits(config->label_smoothing), float_bits(config->layer_norm_eps) };
-    uint64_t counts[11] = { model->num_parameters, (uint64_t)model->adam_step, model->dropout_rng.state,
-                            state->epoch_rng, state->epoch, state->epoch_batches, state->data_hash,
-                            vocab_bytes, options_bytes, merges_bytes, (uint64_t)config->positional };
-    write_bytes(&w, CHECKPOINT_MAGIC, 4);
-    for (int i = 0; i < 11; i++) write_number(&w, head[i], 4);
-    for (int i = 0; i < 11; i++) write_number(&w, counts[i], 8);
-    write_bytes(&w, run_options, options_bytes);
-    for (int i = 0; i < vocab->size; i++) {   // each token: its length, its bytes
-        write_number(&w, strlen(vocab->words[i]), 4); write_bytes(&w, vocab->words[i], strlen(vocab->words[i]));
+static uint32_t float_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static uint64_t double_bits(double x) {
+    uint64_t u;
+    memcpy(&u, &x, 8);
+    return u;
+}
+
+static float bits_float(uint64_t u) {
+    uint32_t low = (uint32_t)u;
+    float x;
+    memcpy(&x, &low, 4);
+    return x;
+}
+
+static double bits_double(uint64_t u) {
+    double x;
+    memcpy(&x, &u, 8);
+    return x;
+}
+
+// The run's options, the vocabulary (each token: its length, its bytes) and the lab's merges.
+static void write_sections(CheckpointFile *w, const Vocabulary *vocab, const char *run_options,
+                           const unsigned char *merges, size_t merges_bytes) {
+    write_bytes(w, run_options, strlen(run_options));
+    for (int i = 0; i < vocab->size; i++) {
+        size_t n = strlen(vocab->words[i]);
+        write_number(w, n, 4);
+        write_bytes(w, vocab->words[i], n);
     }
-    if (merges) write_bytes(&w, merges, merges_bytes);
+    if (merges) write_bytes(w, merges, merges_bytes);
+}
+
+// The parameters, then Adam's moments m and v: IEEE-754 binary32 (float builds) or binary64.
+static void write_reals(CheckpointFile *w, const Transformer *model) {
     const real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
-    for (int k = 0; k < 3; k++)   // IEEE-754 binary32 (float builds) or binary64 (double builds)
-        for (size_t i = 0; i < model->num_parameters; i++)
-            write_number(&w, sizeof(real) == 4 ? float_bits((float)arrays[k][i]) : double_bits((double)arrays[k][i]),
-                         (int)sizeof(real));
+    for (int k = 0; k < 3; k++) {
+        for (size_t i = 0; i < model->num_parameters; i++) {
+            uint64_t bits;
+            if (sizeof(real) == 4) bits = float_bits((float)arrays[k][i]);
+            else bits = double_bits((double)arrays[k][i]);
+            write_number(w, bits, (int)sizeof(real));
+        }
+    }
+}
+
+static const char *checkpoint_save(const char *path, const Transformer *model,
+                                   const Vocabulary *vocab, const TrainingState *state,
+                                   const char *run_options) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        return errorf("%s: path too long", path);
+    }
+    // The rename below replaces whatever is at path: never a directory or a device.
+    struct stat there;
+    if (stat(path, &there) == 0 && !S_ISREG(there.st_mode)) {
+        return errorf("%s: not a regular file; expected a checkpoint's path", path);
+    }
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
+    }
+    size_t merges_bytes = 0;
+    unsigned char *merges = NULL;
+    if (vocab->bpe && lab.merges_section) {
+        merges = lab.merges_section(vocab, &merges_bytes);   // lab: §5.1 merges
+    }
+    uint64_t vocab_bytes = 0;
+    for (int i = 0; i < vocab->size; i++) vocab_bytes += 4 + strlen(vocab->words[i]);
+
+    // The header (136 bytes), field by field, as dev/FORMATS.md lists them.
+    const TransformerConfig *config = &model->config;
+    CheckpointFile w = { f, FNV_OFFSET, 0 };
+    write_bytes(&w, CHECKPOINT_MAGIC, 4);
+    write_number(&w, CHECKPOINT_VERSION, 4);
+    write_number(&w, sizeof(real), 4);
+    write_number(&w, (uint32_t)config->n_layers, 4);
+    write_number(&w, (uint32_t)config->d_model, 4);
+    write_number(&w, (uint32_t)config->d_ff, 4);
+    write_number(&w, (uint32_t)config->n_heads, 4);
+    write_number(&w, (uint32_t)config->vocab_size, 4);
+    write_number(&w, (uint32_t)config->max_len, 4);
+    write_number(&w, float_bits(config->dropout), 4);
+    write_number(&w, float_bits(config->label_smoothing), 4);
+    write_number(&w, float_bits(config->layer_norm_eps), 4);
+    write_number(&w, model->num_parameters, 8);
+    write_number(&w, (uint64_t)model->adam_step, 8);
+    write_number(&w, model->dropout_rng.state, 8);
+    write_number(&w, state->epoch_rng, 8);
+    write_number(&w, state->epoch, 8);
+    write_number(&w, state->epoch_batches, 8);
+    write_number(&w, state->data_hash, 8);
+    write_number(&w, vocab_bytes, 8);
+    write_number(&w, strlen(run_options), 8);
+    write_number(&w, merges_bytes, 8);
+    write_number(&w, (uint64_t)config->positional, 8);
+    write_sections(&w, vocab, run_options, merges, merges_bytes);
+    write_reals(&w, model);
     write_number(&w, w.hash, 8);
     free(merges);
+
+    // Flushed to the disk, then renamed over path; on any failure path is left as it was.
     int error = w.failed ? (errno ? errno : EIO) : 0;
     if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) error = errno;
     if (fclose(f) != 0 && !error) error = errno;
     if (!error && rename(tmp, path) != 0) error = errno;
     if (!error) return NULL;
     remove(tmp);
-    return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp, strerror(error), path);
+    return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp,
+                  strerror(error), path);
 }
 
-// The fixed-size header at the start of every checkpoint (the layout is checkpoint_save's).
+// The fixed-size header at the start of every checkpoint.
 typedef struct {
-    uint32_t real_bytes;        // 4 (float) or 8 (double)
+    uint32_t real_bytes;   // 4 (float) or 8 (double)
     TransformerConfig config;
-    uint64_t num_parameters, adam_step, dropout_rng, vocab_bytes, options_bytes, merges_bytes;
+    uint64_t num_parameters, adam_step, dropout_rng;
     TrainingState state;
+    uint64_t vocab_bytes, options_bytes, merges_bytes, positional;
 } CheckpointHeader;
 
-// Reads and checks the header from its bytes b (got of them, of a file of `size` bytes): magic,
-// version, config, the parameter count, and the file's length against what the header describes.
-static const char *checkpoint_parse_header(CheckpointHeader *h, const unsigned char *b, size_t got, uint64_t size,
-                                           const char *path) {
-    typedef unsigned long long u64;
-    REQUIRE(got >= 4, "%s: truncated: %zu bytes; expected a checkpoint (magic 'TCKP')", path, got);
-    REQUIRE(memcmp(b, CHECKPOINT_MAGIC, 4) == 0, "%s: not a transformer.c checkpoint: it starts with bytes "
-            "%02x %02x %02x %02x, expected 'TCKP'", path, b[0], b[1], b[2], b[3]);
-    REQUIRE(got >= 8, "%s: truncated: %zu bytes, inside the header", path, got);
-    REQUIRE(get_number(b + 4, 4) == CHECKPOINT_VERSION, "%s: checkpoint format version %u; expected version %d "
-            "(versions 1 and 2 are no longer read)", path, (unsigned)get_number(b + 4, 4), CHECKPOINT_VERSION);
-    REQUIRE(got >= CHECKPOINT_HEADER_BYTES && size >= CHECKPOINT_HEADER_BYTES + 8, "%s: truncated: %llu bytes; "
-            "the header and checksum alone take %d", path, (u64)size, CHECKPOINT_HEADER_BYTES + 8);
-    h->real_bytes = (uint32_t)get_number(b + 8, 4);
-    REQUIRE(h->real_bytes == 4 || h->real_bytes == 8, "%s: header: %u-byte numbers; expected 4 (float) or 8 (double)",
-            path, h->real_bytes);
+// The header's fields, in the order they are in the file, after the magic and the version.
+static void read_header_fields(CheckpointFile *r, CheckpointHeader *h) {
     TransformerConfig *config = &h->config;
-    int *sizes[6] = { &config->n_layers, &config->d_model, &config->d_ff, &config->n_heads, &config->vocab_size,
-                      &config->max_len };
-    for (int i = 0; i < 6; i++) *sizes[i] = (int32_t)get_number(b + 12 + 4 * i, 4);
-    float *numbers[3] = { &config->dropout, &config->label_smoothing, &config->layer_norm_eps };
-    for (int i = 0; i < 3; i++) *numbers[i] = bits_float(get_number(b + 36 + 4 * i, 4));
-    uint64_t *counts[10] = { &h->num_parameters, &h->adam_step, &h->dropout_rng, &h->state.epoch_rng, &h->state.epoch,
-                             &h->state.epoch_batches, &h->state.data_hash, &h->vocab_bytes, &h->options_bytes,
-                             &h->merges_bytes };
-    for (int i = 0; i < 10; i++) *counts[i] = get_number(b + 48 + 8 * i, 8);
-    uint64_t positional = get_number(b + 128, 8);
-    REQUIRE(positional == POSITIONAL_SINUSOID || positional == POSITIONAL_LEARNED, "%s: header: positional kind %llu; "
-            "expected %d (sinusoid) or %d (learned)", path, (u64)positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    config->positional = (int)positional;
-    const char *error = transformer_config_check(config);
-    REQUIRE(!error, "%s: header: %s", path, error);
-    size_t param_sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(param_sizes, config);
-    size_t P = sum_sizes(param_sizes, NUM_PARAMETER_TENSORS);
-    REQUIRE(h->num_parameters == P, "%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, vocab %d, "
-            "max_len %d, %s positions) give %zu", path, (u64)h->num_parameters, config->n_layers, config->d_model,
-            config->d_ff, config->vocab_size, config->max_len, positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
-    // each section at most the file (so that their sum cannot overflow), and big enough for what it holds
+    h->real_bytes = (uint32_t)read_number(r, 4);
+    config->n_layers = (int32_t)read_number(r, 4);
+    config->d_model = (int32_t)read_number(r, 4);
+    config->d_ff = (int32_t)read_number(r, 4);
+    config->n_heads = (int32_t)read_number(r, 4);
+    config->vocab_size = (int32_t)read_number(r, 4);
+    config->max_len = (int32_t)read_number(r, 4);
+    config->dropout = bits_float(read_number(r, 4));
+    config->label_smoothing = bits_float(read_number(r, 4));
+    config->layer_norm_eps = bits_float(read_number(r, 4));
+    h->num_parameters = read_number(r, 8);
+    h->adam_step = read_number(r, 8);
+    h->dropout_rng = read_number(r, 8);
+    h->state.epoch_rng = read_number(r, 8);
+    h->state.epoch = read_number(r, 8);
+    h->state.epoch_batches = read_number(r, 8);
+    h->state.data_hash = read_number(r, 8);
+    h->vocab_bytes = read_number(r, 8);
+    h->options_bytes = read_number(r, 8);
+    h->merges_bytes = read_number(r, 8);
+    h->positional = read_number(r, 8);
+}
+
+typedef unsigned long long u64;   // for printf's %llu
+
+// The sections' sizes: each at most the file (so that their sum cannot overflow) and large enough
+// for what it holds; then the file's length against what the header describes.
+static const char *check_section_sizes(const CheckpointHeader *h, uint64_t size, size_t P,
+                                       const char *path) {
     uint64_t sections[3] = { h->vocab_bytes, h->options_bytes, h->merges_bytes };
-    uint64_t least[3] = { 5 * (uint64_t)config->vocab_size, 0, h->merges_bytes ? 4 + 10 : 0 };
+    uint64_t least[3] = { 5 * (uint64_t)h->config.vocab_size, 0, h->merges_bytes ? 4 + 10 : 0 };
     const char *names[3] = { "vocabulary", "options", "merges" };
-    for (int i = 0; i < 3; i++)
-        REQUIRE(sections[i] <= size && sections[i] >= least[i], "%s: header: a %s section of %llu bytes; expected "
-                "from %llu bytes up to the file's %llu", path, names[i], (u64)sections[i], (u64)least[i], (u64)size);
-    REQUIRE(h->adam_step <= MAX_TRAINING_STEPS, "%s: header: Adam step %llu; expected 0 to %d (the most --steps "
-            "allows)", path, (u64)h->adam_step, MAX_TRAINING_STEPS);   // (the epoch counts: the lab's --resume)
-    uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes + h->merges_bytes
-                      + 3 * P * h->real_bytes + 8;
-    REQUIRE(size >= expected, "%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
-            (u64)expected);
-    REQUIRE(size <= expected, "%s: %llu bytes, but its header describes %llu: the sizes disagree", path, (u64)size,
-            (u64)expected);
+    for (int i = 0; i < 3; i++) {
+        if (sections[i] > size || sections[i] < least[i]) {
+            return errorf("%s: header: a %s section of %llu bytes; expected from %llu bytes up to "
+                          "the file's %llu", path, names[i], (u64)sections[i], (u64)least[i],
+                          (u64)size);
+        }
+    }
+    // (Of the counts, only Adam's step is checked here; the lab's --resume checks the rest.)
+    if (h->adam_step > MAX_TRAINING_STEPS) {
+        return errorf("%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)",
+                      path, (u64)h->adam_step, MAX_TRAINING_STEPS);
+    }
+    uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes
+                      + h->merges_bytes + 3 * P * h->real_bytes + 8;
+    if (size < expected) {
+        return errorf("%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
+                      (u64)expected);
+    }
+    if (size > expected) {
+        return errorf("%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
+                      (u64)size, (u64)expected);
+    }
     return NULL;
 }
 
-// The vocabulary section: for each id a u32 length and the token's bytes; the special
-// tokens first, no repeats, no (ASCII) spaces, adding up to the header's size.
-static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *vocab, const CheckpointHeader *h,
-                                              const char *path) {
+// Reads and checks the header of a file of `size` bytes: the magic, the version, the header's
+// length, the element size, the config, the parameter count against the config, the sections'
+// sizes and the file's length.
+static const char *checkpoint_read_header(CheckpointFile *r, CheckpointHeader *h, uint64_t size,
+                                          const char *path) {
+    unsigned char magic[4];
+    read_bytes(r, magic, 4);
+    if (size < 4) {
+        return errorf("%s: truncated: %llu bytes; expected a checkpoint (magic 'TCKP')", path,
+                      (u64)size);
+    }
+    if (memcmp(magic, CHECKPOINT_MAGIC, 4) != 0) {
+        return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x "
+                      "%02x, expected 'TCKP'", path, magic[0], magic[1], magic[2], magic[3]);
+    }
+    uint64_t version = read_number(r, 4);
+    if (size < 8) return errorf("%s: truncated: %llu bytes, inside the header", path, (u64)size);
+    if (version != CHECKPOINT_VERSION) {
+        return errorf("%s: checkpoint format version %u; expected version %d (versions 1 and 2 are "
+                      "no longer read)", path, (unsigned)version, CHECKPOINT_VERSION);
+    }
+    if (size < CHECKPOINT_HEADER_BYTES + 8) {
+        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %d", path,
+                      (u64)size, CHECKPOINT_HEADER_BYTES + 8);
+    }
+    read_header_fields(r, h);
+
+    if (h->real_bytes != 4 && h->real_bytes != 8) {
+        return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path,
+                      h->real_bytes);
+    }
+    if (h->positional != POSITIONAL_SINUSOID && h->positional != POSITIONAL_LEARNED) {
+        return errorf("%s: header: positional kind %llu; expected %d (sinusoid) or %d (learned)",
+                      path, (u64)h->positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+    }
+    TransformerConfig *config = &h->config;
+    config->positional = (int)h->positional;
+    const char *error = transformer_config_check(config);
+    if (error) return errorf("%s: header: %s", path, error);
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(param_sizes, config);
+    size_t P = sum_sizes(param_sizes, NUM_PARAMETER_TENSORS);
+    if (h->num_parameters != P) {
+        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, "
+                      "vocab %d, max_len %d, %s positions) give %zu", path,
+                      (u64)h->num_parameters, config->n_layers, config->d_model, config->d_ff,
+                      config->vocab_size, config->max_len,
+                      config->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
+    }
+    return check_section_sizes(h, size, P, path);
+}
+
+// The vocabulary section: for each id a u32 length and the token's bytes; the special tokens
+// first, no repeats, no (ASCII) spaces, adding up to the header's size.
+static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *vocab,
+                                              const CheckpointHeader *h, const char *path) {
     uint64_t used = 0;
     for (int i = 0; i < h->config.vocab_size; i++) {
-        unsigned char b[4];
-        read_bytes(r, b, 4);
-        uint32_t n = (uint32_t)get_number(b, 4);
+        uint32_t n = (uint32_t)read_number(r, 4);
         used += 4 + (uint64_t)n;
-        REQUIRE(n > 0 && used <= h->vocab_bytes, "%s: vocabulary token %d has length %u; the vocabulary section "
-                "disagrees with its size in the header (%llu bytes)", path, i, n, (unsigned long long)h->vocab_bytes);
+        if (n == 0 || used > h->vocab_bytes) {
+            return errorf("%s: vocabulary token %d has length %u; the vocabulary section "
+                          "disagrees with its size in the header (%llu bytes)", path, i, n,
+                          (u64)h->vocab_bytes);
+        }
         char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
         read_bytes(r, word, n);
-        int known = vocab_find(vocab, word, n), ok = strlen(word) == n;
+        int known = vocab_find(vocab, word, n);
+        int ok = strlen(word) == n;
         for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
-        ok = ok && (i < NUM_SPECIAL_TOKENS ? known == i : known < 0);
+        if (i < NUM_SPECIAL_TOKENS) ok = ok && known == i;
+        else ok = ok && known < 0;
         if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(vocab, word, n);
         free(word);
-        REQUIRE(ok, "%s: vocabulary token %d is %s; expected %s", path, i, known >= 0 && i >= NUM_SPECIAL_TOKENS ?
-                "a repeat" : "not valid", i < NUM_SPECIAL_TOKENS ? special_tokens[i] : "a new token without spaces");
+        if (!ok) {
+            const char *what = known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid";
+            const char *expected = i < NUM_SPECIAL_TOKENS ? special_tokens[i]
+                                                          : "a new token without spaces";
+            return errorf("%s: vocabulary token %d is %s; expected %s", path, i, what, expected);
+        }
     }
-    REQUIRE(used == h->vocab_bytes, "%s: the vocabulary takes %llu bytes, but its header says %llu", path,
-            (unsigned long long)used, (unsigned long long)h->vocab_bytes);
+    if (used != h->vocab_bytes) {
+        return errorf("%s: the vocabulary takes %llu bytes, but its header says %llu", path,
+                      (u64)used, (u64)h->vocab_bytes);
+    }
     return NULL;
 }
 
@@ -2940,232 +3104,272 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
 static const char *nonfinite_parameter(Transformer *model) {
     real **tensors[NUM_PARAMETER_TENSORS];
     parameter_pointers(tensors, &model->params);
-    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
-        for (size_t i = 0; i < model->param_sizes[t]; i++)
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        for (size_t i = 0; i < model->param_sizes[t]; i++) {
             if (!isfinite((*tensors[t])[i])) return parameter_names[t];
+        }
+    }
     return NULL;
 }
 
-// Reads a checkpoint into a new model and vocabulary (and, when not NULL, the training state and the
-// options text, which the caller frees); nothing is allocated before the header has been checked.
-static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab, TrainingState *state,
-                                   char **run_options) {
+// The options text, the vocabulary, the lab's merges, then the model, built from the header's
+// config, with its parameters and Adam's moments; last the checksum and the weights' finiteness.
+static const char *checkpoint_read_body(CheckpointFile *r, const CheckpointHeader *h,
+                                        Transformer *model, Vocabulary *vocab, char **options,
+                                        const char *path) {
+    *options = checked_calloc(h->options_bytes + 1, 1, "checkpoint options");
+    read_bytes(r, *options, h->options_bytes);
+    if (strlen(*options) != h->options_bytes) {
+        return errorf("%s: the options section holds a zero byte; expected text", path);
+    }
+    const char *error = checkpoint_read_vocabulary(r, vocab, h, path);
+    if (error) return error;
+    if (h->merges_bytes > 0) {
+        unsigned char *merges = checked_calloc(h->merges_bytes, 1, "checkpoint merges");
+        read_bytes(r, merges, h->merges_bytes);
+        error = lab.read_merges_section(vocab, merges, h->merges_bytes, path);   // lab: §5.1
+        free(merges);
+        if (error) return error;
+    }
+    error = transformer_build(model, &h->config, 1);
+    if (error) return errorf("%s: %s", path, error);
+    real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
+    for (int k = 0; k < 3; k++) {
+        for (size_t i = 0; i < model->num_parameters; i++) {   // binary32 or binary64, as written
+            uint64_t bits = read_number(r, (int)h->real_bytes);
+            if (h->real_bytes == 4) arrays[k][i] = (real)bits_float(bits);
+            else arrays[k][i] = (real)bits_double(bits);
+        }
+    }
+    uint64_t computed = r->hash;
+    uint64_t checksum = read_number(r, 8);
+    if (r->failed) return errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
+    if (checksum != computed) return errorf("%s: checksum mismatch: the file is damaged", path);
+    const char *nonfinite = nonfinite_parameter(model);
+    if (nonfinite) return errorf("%s: %s holds a number that is not finite", path, nonfinite);
+    return NULL;
+}
+
+// Reads a checkpoint into a new model and vocabulary (and, where not NULL, the training state
+// and the options text, which the caller frees). Nothing is allocated before the header has been
+// checked; on an error nothing is left allocated.
+static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab,
+                                   TrainingState *state, char **run_options) {
     memset(model, 0, sizeof *model);
     vocab_init(vocab);
     if (run_options) *run_options = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) { vocab_free(vocab); return errorf("%s: cannot open: %s", path, strerror(errno)); }
+    if (!f) {
+        vocab_free(vocab);
+        return errorf("%s: cannot open: %s", path, strerror(errno));
+    }
     struct stat st;
-    unsigned char b[CHECKPOINT_HEADER_BYTES], *merges = NULL;
     CheckpointHeader h;
+    CheckpointFile r = { f, FNV_OFFSET, 0 };
     char *options = NULL;
     const char *error = NULL;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) error = errorf("%s: not a regular file", path);
-    if (!error) error = checkpoint_parse_header(&h, b, fread(b, 1, sizeof b, f), (uint64_t)st.st_size, path);
-    if (!error && h.merges_bytes > 0 && !lab.read_merges_section)
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        error = errorf("%s: not a regular file", path);
+    }
+    if (!error) error = checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
+    if (!error && h.merges_bytes > 0 && !lab.read_merges_section) {
         error = errorf("%s: holds §5.1 subword merges, which transformer.c alone does not read; "
                        "expected make's ./transformer", path);
-    CheckpointFile r = { f, FNV_OFFSET, 0 };
-    if (!error) {   // the body, read from the start again so that the checksum covers every byte
-        rewind(f);
-        read_bytes(&r, b, CHECKPOINT_HEADER_BYTES);
-        options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
-        read_bytes(&r, options, h.options_bytes);
-        if (strlen(options) != h.options_bytes) error = errorf("%s: the options section holds a zero byte; expected text", path);
     }
-    if (!error) error = checkpoint_read_vocabulary(&r, vocab, &h, path);
-    if (!error && h.merges_bytes > 0) {
-        merges = checked_calloc(h.merges_bytes, 1, "checkpoint merges");
-        read_bytes(&r, merges, h.merges_bytes);
-        error = lab.read_merges_section(vocab, merges, h.merges_bytes, path);   // lab: §5.1
+    if (!error) error = checkpoint_read_body(&r, &h, model, vocab, &options, path);
+    fclose(f);
+    if (error) {
+        free(options);
+        transformer_free(model);
+        vocab_free(vocab);
+        return error;
     }
-    if (!error && (error = transformer_build(model, &h.config, 1))) error = errorf("%s: %s", path, error);
-    real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
-    for (int k = 0; k < 3 && !error; k++)
-        for (size_t i = 0; i < model->num_parameters; i++) {   // binary32 or binary64, as the file says
-            unsigned char x[8] = { 0 };
-            read_bytes(&r, x, h.real_bytes);
-            arrays[k][i] = h.real_bytes == 4 ? (real)bits_float(get_number(x, 4)) : (real)bits_double(get_number(x, 8));
-        }
-    uint64_t computed = r.hash;
-    unsigned char checksum[8];
-    if (!error) read_bytes(&r, checksum, 8);
-    if (!error && r.failed) error = errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
-    else if (!error && get_number(checksum, 8) != computed) error = errorf("%s: checksum mismatch: the file is damaged", path);
-    else if (!error && (error = nonfinite_parameter(model))) error = errorf("%s: %s holds a number that is not finite", path, error);
-    fclose(f); free(merges);
-    if (error) { free(options); transformer_free(model); vocab_free(vocab); return error; }
     model->adam_step = (long)h.adam_step;
     model->dropout_rng.state = h.dropout_rng;
     if (state) *state = h.state;
-    if (run_options) *run_options = options; else free(options);
+    if (run_options) *run_options = options;
+    else free(options);
     return NULL;
 }
 
 // ---- train ------------------------------------------------------------------
 
 static const TrainOptions train_defaults = {
-    .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000, .valid_size = 200,
-    .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4, .positional = POSITIONAL_SINUSOID,
-    .dropout = 0.1, .label_smoothing = 0.1, .steps = 1500, .warmup = 50, .batch_tokens = 600, .seed = 1,
-    .lr = 3e-3, .eval_every = 250, .log_every = 50, .show = 5,
+    .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000,
+    .valid_size = 200, .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4,
+    .positional = POSITIONAL_SINUSOID, .dropout = 0.1, .label_smoothing = 0.1, .steps = 1500,
+    .warmup = 50, .batch_tokens = 600, .seed = 1, .lr = 3e-3, .eval_every = 250, .log_every = 50,
+    .show = 5,
 };
 
-// transformer.c's train flags; the lab adds the rest (lab.train_options)
+// transformer.c's flags of train: the task, Table 3's sizes, §5.3's schedule, §5.1's batches.
+// The lab adds the rest (lab.train_options).
 static int train_option_table(Option *table, TrainOptions *o) {
     Option list[] = {
-        TEXT_OPTION("--task", &o->task, "built-in task, copy or reverse (used when there is no --train)"),
-        TEXT_OPTION("--train", &o->train_path, "training data: a file of source<TAB>target lines"),
-        TEXT_OPTION("--valid", &o->valid_path, "held-out data, same format (default: every 20th line of --train)"),
-        INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS, "N, layers in the encoder and in the decoder"),
+        TEXT_OPTION("--task", &o->task, "built-in task, copy or reverse"),
+        INT_OPTION("--layers", &o->layers, 1, TRANSFORMER_MAX_LAYERS,
+                   "N, layers in the encoder and in the decoder"),
         INT_OPTION("--d-model", &o->d_model, 1, TRANSFORMER_MAX_WIDTH, "d_model"),
-        INT_OPTION("--d-ff", &o->d_ff, 1, TRANSFORMER_MAX_WIDTH, "d_ff, the feed-forward inner width"),
+        INT_OPTION("--d-ff", &o->d_ff, 1, TRANSFORMER_MAX_WIDTH,
+                   "d_ff, the feed-forward inner width"),
         INT_OPTION("--heads", &o->heads, 1, TRANSFORMER_MAX_WIDTH, "h, attention heads"),
-        NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, "P_drop (§5.4)"),
-        NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, "eps_ls (§5.4)"),
         INT_OPTION("--steps", &o->steps, 1, MAX_TRAINING_STEPS, "training steps"),
-        NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1, "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
+        NUMBER_OPTION("--lr", &o->lr, 0, DBL_MAX, 1,
+                      "peak learning rate: eq. 3 of §5.3 scaled to reach it at step --warmup"),
         INT_OPTION("--warmup", &o->warmup, 1, 1000000000, "warmup_steps of eq. 3"),
-        INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000, "tokens per batch, source + target, padding included"),
-        INT_OPTION("--seed", &o->seed, 0, INT_MAX, "seed of the data, the initial weights and dropout"),
-        TEXT_OPTION("--checkpoint", &o->checkpoint, "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)"),
-        INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, "held-out evaluation every N steps (0: only at the end)"),
-        INT_OPTION("--show", &o->show, 0, INT_MAX, "held-out examples to print at the end"),
-        INT_OPTION("--threads", &o->threads, 0, 1024, "OpenMP threads (0: all cores)"),
-        FLAG_OPTION("--force", &o->force, "replace a file already at the checkpoint's path (without it, train stops there)"),
+        INT_OPTION("--batch-tokens", &o->batch_tokens, 1, 100000000,
+                   "tokens per batch, source + target, padding included"),
+        INT_OPTION("--seed", &o->seed, 0, INT_MAX,
+                   "seed of the data, the initial weights and dropout"),
+        TEXT_OPTION("--checkpoint", &o->checkpoint, "checkpoint file (default runs/TASK.ckpt)"),
     };
     memcpy(table, list, sizeof list);
     return (int)(sizeof list / sizeof *list);
 }
 
 static const char *train_usage =
-    "usage: ./transformer train [--task copy|reverse | --train FILE.tsv] [options]\n"
+    "usage: ./transformer train [--task copy|reverse] [options]\n"
     "Trains a Transformer with Adam and the warm-up schedule of §5.3, label smoothing and\n"
-    "dropout (§5.4), on a built-in task or on source<TAB>target lines; evaluates on held-out\n"
-    "pairs as it goes and writes checkpoints.";
+    "dropout (§5.4), on the copy or the reverse task; evaluates on held-out sequences as it\n"
+    "goes and writes checkpoints.";
 
-// Where the training steps run (transformer.h): here, where the parameters are, with nothing to copy.
+// Where the training steps run (transformer.h): here, where the parameters are, nothing to copy.
 static void cpu_training_nothing_to_copy(Transformer *model) { (void)model; }
-const TrainingCompute transformer_cpu_training = { "transformer.c", cpu_training_nothing_to_copy, transformer_train_step,
-                                                   cpu_training_nothing_to_copy };
+const TrainingCompute transformer_cpu_training = {
+    "transformer.c", cpu_training_nothing_to_copy, transformer_train_step,
+    cpu_training_nothing_to_copy,
+};
 const TrainingCompute *transformer_training = &transformer_cpu_training;
 
 uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
 
-static const char *train_event(TrainRun *run, TrainEvent event) { return lab.train_event ? lab.train_event(run, event) : NULL; }
-
-// The training and held-out pairs, of a task or TSV files; the vocabulary grows with them (grow).
-static const char *train_load_data(TrainRun *run, int grow) {
-    TrainOptions *o = &run->opt;
-    const char *error;
-    if (!o->train_path) {
-        int task = strcmp(o->task, "copy") == 0 ? TASK_COPY : strcmp(o->task, "reverse") == 0 ? TASK_REVERSE : -1;
-        if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
-        if (o->min_length > o->max_length)
-            return errorf("--min-length %d is above --max-length %d; expected min <= max", o->min_length, o->max_length);
-        if (o->valid_path) return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
-        if (grow) task_vocabulary(&run->vocab, o->words);   // (a resumed run has its checkpoint's)
-        snprintf(run->data_name, sizeof run->data_name, "%s task", o->task);
-        return task_generate(&run->train, &run->valid, task, o->words, o->min_length, o->max_length,
-                             o->train_size, o->valid_size, (uint64_t)o->seed);
-    }
-    snprintf(run->data_name, sizeof run->data_name, "%s", o->train_path);
-    if (!run->vocab.words) vocab_init(&run->vocab);   // (the lab's §5.1 subwords may be there already)
-    if ((error = dataset_read_tsv(&run->train, &run->vocab, o->train_path, grow))) return error;
-    if (o->valid_path) return dataset_read_tsv(&run->valid, &run->vocab, o->valid_path, 0);
-    if (run->train.count >= 20) dataset_split(&run->train, &run->valid, 20);
-    return NULL;
+static const char *train_event(TrainRun *run, TrainEvent event) {
+    if (!lab.train_event) return NULL;
+    return lab.train_event(run, event);
 }
 
-// A new run: its data, a model of the size asked for, the batches' generator.
+// The training and held-out pairs of the task; the vocabulary too, when grow (a run the lab
+// resumes has its checkpoint's). The lab reads TSV files instead (--train).
+static const char *train_load_task(TrainRun *run, int grow) {
+    TrainOptions *o = &run->opt;
+    int task = -1;
+    if (strcmp(o->task, "copy") == 0) task = TASK_COPY;
+    if (strcmp(o->task, "reverse") == 0) task = TASK_REVERSE;
+    if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
+    if (grow) task_vocabulary(&run->vocab, o->words);
+    snprintf(run->data_name, sizeof run->data_name, "%s task", o->task);
+    return task_generate(&run->train, &run->valid, task, o->words, o->min_length, o->max_length,
+                         o->train_size, o->valid_size, (uint64_t)o->seed);
+}
+
+// A new run: its data, a model of the size asked for, the generator of the batches' order.
 static const char *train_start(TrainRun *run) {
     TrainOptions *o = &run->opt;
-    const char *error;
-    if (o->train_path && find_option(run->options, run->num_options, "--task")->seen)
-        return errorf("--task and --train both given; expected one of them");
-    if ((error = train_load_data(run, 1))) return error;
+    const char *error = NULL;
+    if (!o->train_path) error = train_load_task(run, 1);   // (the lab has read --train's file)
+    if (error) return error;
     TransformerConfig config = transformer_default_config();
-    config.n_layers = o->layers; config.d_model = o->d_model; config.d_ff = o->d_ff; config.n_heads = o->heads;
+    config.n_layers = o->layers;
+    config.d_model = o->d_model;
+    config.d_ff = o->d_ff;
+    config.n_heads = o->heads;
     config.positional = o->positional;
     config.vocab_size = run->vocab.size;
-    config.dropout = (float)o->dropout; config.label_smoothing = (float)o->label_smoothing;
-    int longest = run->train.longest_src > run->train.longest_tgt ? run->train.longest_src : run->train.longest_tgt;
-    config.max_len = o->positions ? o->positions : longest + 1 + 50;   // §6.1's input length + 50
+    config.dropout = (float)o->dropout;
+    config.label_smoothing = (float)o->label_smoothing;
+    // §6.1: the output may be 50 tokens longer than the input. (The lab's --positions may make
+    // max_len too short for the data: the lab refuses that run at TRAIN_BEGIN.)
+    int longest = run->train.longest_src;
+    if (run->train.longest_tgt > longest) longest = run->train.longest_tgt;
+    config.max_len = o->positions ? o->positions : longest + 1 + 50;
     if (config.max_len > TRANSFORMER_MAX_LEN) config.max_len = TRANSFORMER_MAX_LEN;
-    if ((error = transformer_config_check(&config))) return errorf("model: %s", error);
-    if ((error = dataset_check_lengths(&run->train, run->data_name, config.max_len)) ||
-        (error = dataset_check_lengths(&run->valid, o->valid_path ? o->valid_path : run->data_name, config.max_len)))
-        return error;
-    if ((error = transformer_build(&run->model, &config, (uint64_t)o->seed))) return errorf("model: %s", error);
+    error = transformer_config_check(&config);
+    if (error) return errorf("model: %s", error);
+    error = transformer_build(&run->model, &config, (uint64_t)o->seed);
+    if (error) return errorf("model: %s", error);
     rng_seed(&run->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
     return NULL;
 }
 
-// The checkpoint path (default runs/TASK.ckpt or runs/FILE.ckpt), checked to be writable before any training.
+// transformer.c's one rule for what a save may replace: nothing, or a checkpoint of ours.
+static const char *checkpoint_replaceable(const char *path) {
+    struct stat there;
+    if (stat(path, &there) != 0) return NULL;   // nothing there
+    char magic[4] = { 0 };
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        size_t got = fread(magic, 1, 4, f);
+        fclose(f);
+        if (got == 4 && memcmp(magic, CHECKPOINT_MAGIC, 4) == 0) return NULL;
+    }
+    return errorf("%s is already there and is not a checkpoint; expected another --checkpoint",
+                  path);
+}
+
+// The checkpoint's path (by default runs/TASK.ckpt, or the lab's runs/FILE.ckpt), and whether a
+// save may replace what is there, before any training.
 static const char *train_prepare_output(TrainRun *run) {
     TrainOptions *o = &run->opt;
     if (o->checkpoint) {
         size_t length = strlen(o->checkpoint);
-        if (length == 0 || length + 5 >= sizeof run->checkpoint_path)   // (the message shows a long path's start)
-            return errorf("--checkpoint '%.40s%s': expected a file's path of 1 to %zu bytes", o->checkpoint,
-                          length > 40 ? "..." : "", sizeof run->checkpoint_path - 6);
+        size_t most = sizeof run->checkpoint_path - 6;   // room for ".tmp" and the lab's ".stepN"
+        if (length == 0 || length > most) {   // (the message shows a long path's start)
+            return errorf("--checkpoint '%.40s%s': expected a file's path of 1 to %zu bytes",
+                          o->checkpoint, length > 40 ? "..." : "", most);
+        }
         snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "%s", o->checkpoint);
     } else {
-        const char *name = o->train_path ? o->train_path : o->task, *slash = strrchr(name, '/');
+        // The name of the task or of the file, without its directory and its extension.
+        const char *name = o->train_path ? o->train_path : o->task;
+        const char *slash = strrchr(name, '/');
         if (slash) name = slash + 1;
         const char *dot = strrchr(name, '.');
         int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
-        if (mkdir("runs", 0777) != 0 && errno != EEXIST) return errorf("runs/: cannot create: %s", strerror(errno));
-        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length > 200 ? 200 : length, name);
+        if (length > 200) length = 200;
+        if (mkdir("runs", 0777) != 0 && errno != EEXIST) {
+            return errorf("runs/: cannot create: %s", strerror(errno));
+        }
+        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length, name);
     }
-    // Never lose a trained model unasked: only the checkpoint being resumed, or --force, replaces one.
-    struct stat there, resumed;
-    int exists = stat(run->checkpoint_path, &there) == 0;
-    int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
-               there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
-    if (exists && !S_ISREG(there.st_mode))   // (checkpoint_save refuses it too, but only after the training)
-        return errorf("%s: not a regular file; expected a checkpoint's path", run->checkpoint_path);
-    if (exists && !same && !o->force)
-        return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
-                      "--force to replace it, or another --checkpoint", run->checkpoint_path, run->checkpoint_path);
-    char tmp[sizeof run->checkpoint_path + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", run->checkpoint_path);   // also what a killed save left
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
-    fclose(f); remove(tmp);
-    if (!same) run->last_saved_step = -1;
-    return NULL;
+    if (lab.check_output) return lab.check_output(run);   // lab: --force, the run resumed
+    return checkpoint_replaceable(run->checkpoint_path);
 }
 
-// The checkpoint, unless training diverged: a good one is never overwritten by a bad one.
+// The checkpoint, unless training diverged: a good checkpoint is never replaced by a bad one.
 static const char *train_save(TrainRun *run) {
     const char *nonfinite = nonfinite_parameter(&run->model);
-    if (nonfinite)
-        return errorf("step %ld: %s holds a value that is not finite (training diverged); %s was not overwritten",
-                      run->model.adam_step, nonfinite, run->checkpoint_path);
-    const char *error = checkpoint_save(run->checkpoint_path, &run->model, &run->vocab, &run->state, run->run_options ? run->run_options : "");
+    if (nonfinite) {
+        return errorf("step %ld: %s holds a value that is not finite (training diverged); %s was "
+                      "not overwritten", run->model.adam_step, nonfinite, run->checkpoint_path);
+    }
+    const char *options = run->run_options ? run->run_options : "";
+    const char *error = checkpoint_save(run->checkpoint_path, &run->model, &run->vocab, &run->state,
+                                        options);
     if (!error) run->last_saved_step = run->model.adam_step;
     return error;
 }
 
-// Held-out loss, token accuracy and exact match of greedy decoding (at the end, examples too).
+// The held-out loss, token accuracy and exact match of greedy decoding; at the end, examples.
 // Returns the exact match in %, or NAN when there are no held-out pairs.
 static double train_evaluate(TrainRun *run, int final) {
+    long step = run->model.adam_step;
     if (run->valid.count == 0) {
-        printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", run->model.adam_step);
+        printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", step);
         return NAN;
     }
     Evaluation e;
     evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
-    if (run->vocab.bpe && lab.score_words) lab.score_words(&e, &run->valid, &run->vocab);   // lab: §5.1, on words
+    if (run->vocab.bpe && lab.score_words) lab.score_words(&e, &run->valid, &run->vocab);   // lab
     double exact = 100.0 * e.exact / e.sentences;
-    printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
-           run->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1), exact, e.exact, e.sentences);
+    double accuracy = 100.0 * e.correct / (e.compared ? e.compared : 1);
+    printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% "
+           "(%d/%d)\n", step, e.loss, accuracy, exact, e.exact, e.sentences);
     if (final && run->opt.show > 0) {
         printf("held-out examples, greedy decoding:\n");
         print_examples(&e, &run->valid, &run->vocab, run->opt.show);
-        printf("exact match on %d held-out %s: %.1f%% (%d/%d)\n", e.sentences,
-               run->opt.train_path ? "pairs" : "sequences never seen in training", exact, e.exact, e.sentences);
+        const char *what = run->opt.train_path ? "pairs" : "sequences never seen in training";
+        printf("exact match on %d held-out %s: %.1f%% (%d/%d)\n", e.sentences, what, exact, e.exact,
+               e.sentences);
     }
     fflush(stdout);
     evaluation_free(&e);
@@ -3175,61 +3379,102 @@ static double train_evaluate(TrainRun *run, int final) {
 static void train_print_header(const TrainRun *run) {
     const TrainOptions *o = &run->opt;
     const TransformerConfig *config = &run->model.config;
-    printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", run->data_name, run->train.count,
-           run->valid.count, run->vocab.size);
-    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n", config->n_layers,
-           config->d_model, config->d_ff, config->n_heads, config->max_len,
-           config->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", run->model.num_parameters);
-    printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, eps_ls %g, "
-           "seed %d, %d thread%s%s\n", o->steps, o->lr, o->warmup, o->batch_tokens, (double)config->dropout,
-           (double)config->label_smoothing, o->seed, thread_count(), thread_count() == 1 ? "" : "s",
-           run->threads_note ? run->threads_note : "");
-    if (transformer_training != &transformer_cpu_training)
+    int threads = thread_count();
+    printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", run->data_name,
+           run->train.count, run->valid.count, run->vocab.size);
+    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n",
+           config->n_layers, config->d_model, config->d_ff, config->n_heads, config->max_len,
+           config->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid",
+           run->model.num_parameters);
+    printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, "
+           "eps_ls %g, seed %d, %d thread%s%s\n", o->steps, o->lr, o->warmup, o->batch_tokens,
+           (double)config->dropout, (double)config->label_smoothing, o->seed, threads,
+           threads == 1 ? "" : "s", run->threads_note ? run->threads_note : "");
+    if (transformer_training != &transformer_cpu_training) {
         printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
-    if (run->resumed_from) printf("resume %s at step %ld\n", run->resumed_from, run->model.adam_step);
+    }
+    if (run->resumed_from) {
+        printf("resume %s at step %ld\n", run->resumed_from, run->model.adam_step);
+    }
     printf("checkpoints to %s\n", run->checkpoint_path);
     fflush(stdout);
 }
 
-static char *duration(char *text, double seconds) {   // "1:23:45" or "2:05"; text holds 32
+// "1:23:45" or "2:05", in text (32 bytes).
+static char *duration(char *text, double seconds) {
     long s = (long)(seconds + 0.5);
     if (s >= 3600) snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
     else snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
     return text;
 }
 
-// The next batch of the epoch's plan (a new epoch's plan when the last is used up)
+// The next batch of the epoch's plan, drawing a new epoch's plan when the last is used up.
 static void train_next_batch(TrainRun *run) {
-    if (run->state.epoch == 0 || run->state.epoch_batches == (uint64_t)run->plan.num_spans) {
-        run->state.epoch_rng = run->data_rng.state;
+    TrainingState *state = &run->state;
+    if (state->epoch == 0 || state->epoch_batches == (uint64_t)run->plan.num_spans) {
+        state->epoch_rng = run->data_rng.state;
         epoch_plan_make(&run->plan, &run->train, run->opt.batch_tokens, &run->data_rng);
-        run->state.epoch++;
-        run->state.epoch_batches = 0;
+        state->epoch++;
+        state->epoch_batches = 0;
     }
-    BatchSpan span = run->plan.spans[run->state.epoch_batches++];
+    BatchSpan span = run->plan.spans[state->epoch_batches];
+    state->epoch_batches++;
     batch_fill(&run->batch, &run->train, run->plan.order + span.start, span.count);
 }
 
-// The training loop (§5): batches by length, teacher forcing, Adam with eq. 3's schedule peaking at --lr.
+// The error of a loss that is NaN or infinite: training stops, and the last checkpoint stays.
+static const char *diverged_error(const TrainRun *run, long step) {
+    char saved[4300] = "no checkpoint was written";
+    if (run->last_saved_step >= 0) {
+        snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
+                 run->checkpoint_path, run->last_saved_step);
+    }
+    return errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
+                  isnan(run->loss) ? "NaN" : "infinite", saved);
+}
+
+// A line of progress:
+//   step   400/1500 | loss 0.8978 | lr 1.06e-03 |   15.6k tok/s | elapsed 0:14 | left 0:38
+static void print_progress(const TrainRun *run, long first_step, double start,
+                           double tokens_per_s) {
+    long step = run->model.adam_step;
+    double elapsed = wall_seconds() - start;
+    double left = elapsed / (step - first_step) * (run->opt.steps - step);
+    char elapsed_text[32];
+    char left_text[32];
+    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step,
+           run->opt.steps, (double)run->loss, run->lr, tokens_per_s / 1000,
+           duration(elapsed_text, elapsed), duration(left_text, left));
+    fflush(stdout);
+}
+
+// The training loop (§5): batches by length, teacher forcing, Adam with eq. 3's schedule peaking
+// at --lr; progress lines, held-out evaluations and checkpoints as it goes.
 static const char *train_loop(TrainRun *run) {
     TrainOptions *o = &run->opt;
     Transformer *model = &run->model;
-    // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5, so this factor makes the peak --lr
+    // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5: this factor makes the peak --lr.
     double factor = o->lr * sqrt((double)model->config.d_model * o->warmup);
     int save_every = o->save_every ? o->save_every : o->eval_every;
-    const char *error = train_event(run, TRAIN_BEGIN);   // lab: the logs, kept checkpoints, the thread count
+    const char *error = train_event(run, TRAIN_BEGIN);   // lab: the logs, kept checkpoints, threads
     if (error) return error;
     train_print_header(run);
     if (model->adam_step >= o->steps) {
-        printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n", model->adam_step, o->steps);
+        printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n",
+               model->adam_step, o->steps);
         train_evaluate(run, 1);
     }
-    const TrainingCompute *compute = transformer_training;   // transformer_train_step, or the CUDA companion's
+
+    // transformer_train_step, or the CUDA companion's
+    const TrainingCompute *compute = transformer_training;
     compute->begin(model);
-    double start = wall_seconds(), last_time = start;
-    long first_step = model->adam_step, tokens = 0;
+    double start = wall_seconds();
+    double last_time = start;
+    long first_step = model->adam_step;
+    long tokens = 0;
     while (model->adam_step < o->steps) {
-        if ((error = train_event(run, TRAIN_STEP))) break;   // lab: the thread count
+        error = train_event(run, TRAIN_STEP);   // lab: the thread count
+        if (error) break;
         train_next_batch(run);
         long step = model->adam_step + 1;
         double step_start = wall_seconds();
@@ -3238,86 +3483,110 @@ static const char *train_loop(TrainRun *run) {
         run->lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
         run->seconds = wall_seconds() - step_start;
         run->tokens = run->batch.tokens;
-        if (!isfinite(run->loss)) {   // stop; the last checkpoint is left as it was
-            char saved[4300] = "no checkpoint was written";
-            if (run->last_saved_step >= 0) snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), "
-                                                    "is left as it was", run->checkpoint_path, run->last_saved_step);
-            error = errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
-                           isnan(run->loss) ? "NaN" : "infinite", saved);
+        if (!isfinite(run->loss)) {
+            error = diverged_error(run, step);
             break;
         }
         tokens += run->batch.tokens;
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
-            // step 400/1500 | loss 0.8978 | lr 1.06e-03 | 15.6k tok/s | elapsed 0:14 | left 0:38
             double now = wall_seconds();
-            char elapsed[32], left[32];
-            printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step, o->steps,
-                   (double)run->loss, run->lr, tokens / (now - last_time + 1e-9) / 1000, duration(elapsed, now - start),
-                   duration(left, (now - start) / (step - first_step) * (o->steps - step)));
-            fflush(stdout);
+            print_progress(run, first_step, start, tokens / (now - last_time + 1e-9));
             last_time = now;
             tokens = 0;
         }
+
+        // The evaluation and the checkpoint read the model on the host. tokens/s in the progress
+        // lines counts the time of the training steps only.
         run->evaluated = (o->eval_every && step % o->eval_every == 0) || last;
         int saving = (save_every && step % save_every == 0) || last;
-        if (run->evaluated || saving) compute->to_host(model);   // what the evaluation and the checkpoint read
+        if (run->evaluated || saving) compute->to_host(model);
         double eval_start = wall_seconds();
         run->heldout = run->evaluated ? train_evaluate(run, last) : NAN;
-        last_time += wall_seconds() - eval_start;   // tokens/s in progress lines: the training steps' time only
-        if ((error = train_event(run, TRAIN_STEPPED))) break;   // lab: --log, --loss-log
-        if (saving && ((error = train_save(run)) || (error = train_event(run, TRAIN_SAVED)))) break;   // lab: --keep-last
+        last_time += wall_seconds() - eval_start;
+        error = train_event(run, TRAIN_STEPPED);   // lab: --log, --loss-log
+        if (error) break;
+        if (saving) error = train_save(run);
+        if (saving && !error) error = train_event(run, TRAIN_SAVED);   // lab: --keep-last
+        if (error) break;
     }
-    char elapsed[32];
-    if (!error && model->adam_step > first_step)
-        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1, model->adam_step,
-               duration(elapsed, wall_seconds() - start), wall_seconds() - start, run->checkpoint_path);
+    if (!error && model->adam_step > first_step) {
+        double seconds = wall_seconds() - start;
+        char elapsed[32];
+        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1,
+               model->adam_step, duration(elapsed, seconds), seconds, run->checkpoint_path);
+    }
     return error;
+}
+
+static void train_run_free(TrainRun *run) {
+    vocab_free(&run->vocab);
+    dataset_free(&run->train);
+    dataset_free(&run->valid);
+    transformer_free(&run->model);
+    free(run->plan.order);
+    free(run->plan.spans);
+    batch_buffer_free(&run->batch);
+    free(run->run_options);
+    free(run);
 }
 
 static int command_train(int argc, char **argv) {
     TrainRun *run = checked_calloc(1, sizeof(TrainRun), "training run");
     run->opt = train_defaults;
     run->num_options = train_option_table(run->options, &run->opt);
-    if (lab.train_options) run->num_options = lab.train_options(run->options, run->num_options, &run->opt);   // lab
-    int status = parse_options("train", train_usage, run->options, run->num_options, argc, argv, NULL, NULL);
+    run->usage = train_usage;
+    if (lab.train_options) lab.train_options(run);   // lab: more flags (--train, --resume, ...)
+    int status = parse_options("train", run->usage, run->options, run->num_options, argc, argv,
+                               NULL, NULL);
     const char *error = NULL;
     if (status == 0) {
         set_threads(run->opt.threads);
         run->last_saved_step = -1;
-        error = train_event(run, TRAIN_START);   // lab: §5.1 merges (--bpe), or the run read back (--resume)
+        error = train_event(run, TRAIN_START);   // lab: --resume, §5.1 merges, TSV files
         if (!error && !run->resumed_from) error = train_start(run);
         if (!error) error = train_prepare_output(run);
         if (!error) error = train_loop(run);
-        const char *end_error = train_event(run, TRAIN_END);   // lab: closes its logs, frees what it held
+        const char *end_error = train_event(run, TRAIN_END);   // lab: closes its logs
         if (!error) error = end_error;
         if (error) fprintf(stderr, "error: train: %s\n", error);
     }
-    vocab_free(&run->vocab); dataset_free(&run->train); dataset_free(&run->valid); transformer_free(&run->model);
-    free(run->plan.order); free(run->plan.spans); batch_buffer_free(&run->batch); free(run->run_options); free(run);
-    return status == 2 ? 0 : status || error ? 1 : 0;
+    train_run_free(run);
+    if (status == 2) return 0;
+    return status != 0 || error != NULL;
 }
 
 // ---- decode -----------------------------------------------------------------
 
-// Decodes one sentence of text, printing the output on one line. A sentence it cannot take does not
-// stop a stream: an error line, an empty output line (line i still answers line i), 1 returned.
-static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from, int beam,
-                           double alpha, const char *error) {
-    int *ids = NULL, n = 0, max_len = model->config.max_len;
-    size_t capacity = 0, length;
-    for (const char *p = text; !error && (p = next_token(p, &length)) != NULL; p += length) n++;
-    if (!error && n <= max_len - 1 && (n = tokenize(text, vocab, 0, &ids, &capacity, from)) < 0)
-        error = reserved_token_error(from);
-    else if (!error && n > max_len - 1)
-        error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d (one position is </s>)",
-                       from->where, n, max_len, max_len - 1);
+// Decodes one sentence of text and prints the output on one line. A sentence it cannot take does
+// not stop a stream: it gets an error line and an empty output line (line i still answers line
+// i), and 1 is returned. error: the text's own (the lab's text rule), or NULL.
+static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from,
+                           const DecodeOptions *d, const char *error) {
+    int max_len = model->config.max_len;
+    int n = 0;
+    size_t length;
+    const char *token = next_token(text, &length);
+    while (token) {
+        n++;
+        token = next_token(token + length, &length);
+    }
+    int *ids = NULL;
+    size_t capacity = 0;
+    if (!error && n > max_len - 1) {
+        error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d "
+                       "(one position is </s>)", from->where, n, max_len, max_len - 1);
+    }
+    if (!error) n = tokenize(text, vocab, 0, &ids, &capacity, from);
+    if (!error && n < 0) error = reserved_token_error(from);
     if (!error && n > 0) {
-        push_id(&ids, &capacity, n++, TOKEN_EOS);   // the source ends with </s>, as in training (batch_fill)
-        int limit = transformer_decode_limit(model, n), out_len;
+        push_id(&ids, &capacity, n, TOKEN_EOS);   // the source ends with </s>, as in batch_fill
+        n++;
+        int limit = transformer_decode_limit(model, n);
         int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
-        if (beam <= 1) transformer_greedy_decode(model, out, &out_len, limit, ids, &n, 1, n);
-        else out_len = transformer_beam_search(model, out, NULL, ids, n, beam, alpha);
+        int out_len;
+        if (d->beam <= 1) transformer_greedy_decode(model, out, &out_len, limit, ids, &n, 1, n);
+        else out_len = transformer_beam_search(model, out, NULL, ids, n, d->beam, d->alpha);
         print_tokens(stdout, vocab, out, out_len);
         free(out);
     }
@@ -3329,148 +3598,146 @@ static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, Te
     return error != NULL;
 }
 
-static int command_decode(int argc, char **argv) {
-    const char *checkpoint = NULL;
-    int beam = 1, threads = 0;
-    double alpha = 0.6;
-    Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
-        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding (the paper used 4)"),
-        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
-        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
-    };
-    const char *usage =
-        "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
-        "Translates each SENTENCE (tokens separated by white space, Unicode's spaces included), or else\n"
-        "each line of standard input, and prints the output, one line each. Greedy decoding with a\n"
-        "key/value cache, or beam search with --beam; at most source length + 50 tokens (§6.1). A\n"
-        "sentence it cannot take (too long, a reserved token) gets an error line and an empty output\n"
-        "line; then exit status 1.";
-    char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
-    int num_sentences = 0, refused = 0;   // refused: sentences that got an error line and an empty output line
-    int status = parse_options("decode", usage, options, (int)(sizeof options / sizeof *options), argc, argv, sentences, &num_sentences);
-    if (status) { free(sentences); return status == 2 ? 0 : 1; }
-    set_threads(threads);
-    Transformer model = { 0 };
-    Vocabulary vocab = { 0 };
-    const char *error = checkpoint ? checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)
-                                   : "--checkpoint FILE is required (a model written by ./transformer train)";
-    TextSource from = { "", 0, 0, NULL };
-    if (!error) {
-        for (int i = 0; i < num_sentences; i++) {
-            snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-            refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, alpha, text_error(sentences[i], 1, from.where));
+// The lines of standard input, each decoded as a sentence. Returns the number refused, or -1
+// after a read error.
+static int decode_stdin(Transformer *model, Vocabulary *vocab, const DecodeOptions *d,
+                        TextSource *from) {
+    char *line = NULL;
+    size_t capacity = 0;
+    int refused = 0;
+    int line_no = 0;
+    ssize_t length = getline(&line, &capacity, stdin);
+    while (length >= 0) {
+        line_no++;
+        snprintf(from->where, sizeof from->where, "stdin:%d", line_no);
+        while (length > 0 && (line[length - 1] == '\n' || line[length - 1] == '\r')) {
+            length--;
+            line[length] = '\0';
         }
-        char *line = NULL;
-        size_t capacity = 0;
-        int got, line_no = 1;
-        for (; num_sentences == 0 && (got = read_text_line(stdin, &line, &capacity, line_no)) != 0; line_no++) {
-            snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-            refused += decode_sentence(&model, &vocab, line, &from, beam, alpha, text_error(line, got, from.where));
+        const char *error = NULL;
+        if (strlen(line) != (size_t)length) {
+            error = errorf("%s: a zero byte; expected text", from->where);
         }
-        if (num_sentences == 0 && ferror(stdin))   // a read that failed (stdin a directory, say) is not the end
-            error = errorf("stdin: read error after %d lines: %s", line_no - 1, strerror(errno));
-        free(line);
+        if (!error && lab.check_text) error = lab.check_text(line, from->where, line_no);   // lab
+        refused += decode_sentence(model, vocab, line, from, d, error);
+        length = getline(&line, &capacity, stdin);
     }
-    if (error) fprintf(stderr, "error: decode: %s\n", error);
-    transformer_free(&model); vocab_free(&vocab); free(sentences);
-    return error || refused ? 1 : 0;
+    free(line);
+    if (!ferror(stdin)) return refused;
+    // A read that fails (stdin a directory, say) is not the end of the input.
+    fprintf(stderr, "error: decode: stdin: read error after %d lines: %s\n", line_no,
+            strerror(errno));
+    return -1;
 }
 
-// ---- eval -------------------------------------------------------------------
+static const char *decode_usage =
+    "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
+    "Translates each SENTENCE (tokens separated by white space), or else each line of standard\n"
+    "input, and prints the output, one line each. Greedy decoding with a key/value cache, or\n"
+    "beam search with --beam; at most source length + 50 tokens (§6.1). A sentence it cannot\n"
+    "take (too long, a reserved token) gets an error line and an empty output line; then exit\n"
+    "status 1.";
 
-static int command_eval(int argc, char **argv) {
-    const char *checkpoint = NULL, *data = NULL, *error = NULL;
-    int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
-    double alpha = 0.6;
+static int command_decode(int argc, char **argv) {
+    DecodeOptions d = { .beam = 1, .alpha = 0.6, .usage = decode_usage };
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
-        TEXT_OPTION("--data", &data, "source<TAB>target lines to evaluate on (required)"),
-        FLAG_OPTION("--bleu", &bleu, "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
-        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding"),
-        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty exponent of beam search"),
-        INT_OPTION("--show", &show, 0, INT_MAX, "print the first N decoded pairs"),
-        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
-        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
+        TEXT_OPTION("--checkpoint", &d.checkpoint, "the trained model (required)"),
+        INT_OPTION("--beam", &d.beam, 1, 1000,
+                   "beam size; 1 is greedy decoding (the paper used 4)"),
     };
-    const char *usage =
-        "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
-        "Decodes every source of FILE.tsv and compares the output with the target: token accuracy\n"
-        "(positions that agree, over the longer of output and target), exact match and, with\n"
-        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).\n"
-        "With §5.1 merges (train --bpe), exact match and BLEU are on words, BLEU also on subwords.";
-    int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
-    if (status) return status == 2 ? 0 : 1;
-    set_threads(threads);
+    memcpy(d.options, options, sizeof options);
+    d.num_options = (int)(sizeof options / sizeof *options);
+    if (lab.decode_options) lab.decode_options(&d);   // lab: --alpha, --threads
+    char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
+    int num_sentences = 0;
+    int status = parse_options("decode", d.usage, d.options, d.num_options, argc, argv, sentences,
+                               &num_sentences);
+    if (status != 0) {
+        free(sentences);
+        return status == 2 ? 0 : 1;
+    }
+    set_threads(d.threads);
     Transformer model = { 0 };
     Vocabulary vocab = { 0 };
-    Dataset dataset = { 0 };
-    if (!checkpoint || !data) error = !checkpoint ? "--checkpoint FILE is required" : "--data FILE.tsv is required";
-    else if (!(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)) &&
-             !(error = dataset_read_tsv(&dataset, &vocab, data, 0)))
-        error = dataset_check_lengths(&dataset, data, model.config.max_len);
-    if (!error) {
-        Evaluation e;
-        evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
-        const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
-        if (vocab.bpe && lab.score_words) lab.score_words(&e, &dataset, &vocab);   // lab: §5.1, on words
-        if (show) print_examples(&e, &dataset, &vocab, show);
-        printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
-        printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
-               e.correct, e.compared, subwords);
-        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences, words);
-        printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
-               vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
-        printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
-               exp(e.log_loss), vocab.bpe ? ", a subword" : "");
-        if (bleu) print_bleu(vocab.bpe ? &e.bleu_words : &e.bleu, words);
-        if (bleu && vocab.bpe) print_bleu(&e.bleu, subwords);
-        evaluation_free(&e);
+    const char *error = "--checkpoint FILE is required (a model written by ./transformer train)";
+    if (d.checkpoint) error = checkpoint_load(d.checkpoint, &model, &vocab, NULL, NULL);
+    if (error) {
+        fprintf(stderr, "error: decode: %s\n", error);
+        free(sentences);
+        return 1;
     }
-    if (error) fprintf(stderr, "error: eval: %s\n", error);
-    dataset_free(&dataset);
+
+    // The sentences given as arguments, or else the lines of standard input.
+    TextSource from = { "", 0, 0, NULL };
+    int refused = 0;
+    for (int i = 0; i < num_sentences; i++) {
+        snprintf(from.where, sizeof from.where, "argument %d", i + 1);
+        const char *error_of_text = NULL;
+        if (lab.check_text) error_of_text = lab.check_text(sentences[i], from.where, 0);   // lab
+        refused += decode_sentence(&model, &vocab, sentences[i], &from, &d, error_of_text);
+    }
+    if (num_sentences == 0) refused = decode_stdin(&model, &vocab, &d, &from);
     transformer_free(&model);
     vocab_free(&vocab);
-    return error ? 1 : 0;
+    free(sentences);
+    return refused != 0;
 }
 
 // ==== main: the table of contents ============================================
-//   ./transformer train    learn a task (§5): copy, reverse or a TSV file
+//   ./transformer train    learn the copy or the reverse task (§5)
 //   ./transformer decode   translate with a checkpoint (§6.1)
-//   ./transformer eval     token accuracy, exact match and BLEU on a TSV file
-// lab/lab.c adds its commands after these (lab.commands).
+// lab/lab.c adds its commands after these (lab.commands): eval, bleu, average, ...
 
-static const Command commands[] = {
-    { "train",  command_train,  "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
-    { "decode", command_decode, "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
-    { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
+static Command commands[] = {
+    { "train", command_train, "train on a built-in task (--task copy|reverse)" },
+    { "decode", command_decode,
+      "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
 };
+#define NUM_COMMANDS 2
 
-static const Command *command_at(int i) { return i < 3 ? &commands[i] : &lab.commands[i - 3]; }   // then the lab's
+// The i-th command: transformer.c's, then the lab's.
+static const Command *command_at(int i) {
+    if (i < NUM_COMMANDS) return &commands[i];
+    return &lab.commands[i - NUM_COMMANDS];
+}
+
+static int print_usage(FILE *f, int count) {
+    fprintf(f, "usage: ./transformer COMMAND [options]   "
+               "(./transformer COMMAND --help for its options)\n");
+    for (int i = 0; i < count; i++) {
+        fprintf(f, "  %-9s %s\n", command_at(i)->name, command_at(i)->summary);
+    }
+    fprintf(f, "example: ./transformer train --task copy && "
+               "./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
+    return f == stderr;
+}
 
 // Runs the command argv[1] with its arguments. Returns 0, or 1 after a one-line error.
 int transformer_main(int argc, char **argv) {
-    int count = 3 + lab.num_commands;
-    int help = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0);
-    if (argc < 2 || help) {
-        FILE *f = help ? stdout : stderr;
-        fprintf(f, "usage: ./transformer COMMAND [options]   (./transformer COMMAND --help for its options)\n");
-        for (int i = 0; i < count; i++) fprintf(f, "  %-9s %s\n", command_at(i)->name, command_at(i)->summary);
-        fprintf(f, "example: ./transformer train --task copy && ./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
-        return !help;
+    int count = NUM_COMMANDS + lab.num_commands;
+    if (argc < 2) return print_usage(stderr, count);
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+        return print_usage(stdout, count);
     }
     for (int i = 0; i < count; i++) {
-        if (strcmp(argv[1], command_at(i)->name) != 0) continue;
-        snprintf(error_context, sizeof error_context, "%s: ", command_at(i)->name);
+        if (strcmp(name, command_at(i)->name) != 0) continue;
+        snprintf(error_context, sizeof error_context, "%s: ", name);
         int status = command_at(i)->run(argc - 1, argv + 1);
         error_context[0] = '\0';
-        errno = 0;   // (so that a reason given below is this flush's own, never an older error's)
-        if (status || (fflush(stdout) == 0 && !ferror(stdout))) return status;   // else a full disk, say, lost the output
-        fprintf(stderr, "error: %s: writing the output failed: %s\n", argv[1], errno ? strerror(errno) : "an earlier write to standard output failed");
+        // The output may be lost at the end (a full disk): that is an error too. errno is cleared
+        // first, so that a reason given is this flush's own.
+        errno = 0;
+        if (status != 0 || (fflush(stdout) == 0 && !ferror(stdout))) return status;
+        const char *reason = errno ? strerror(errno) : "an earlier write to standard output failed";
+        fprintf(stderr, "error: %s: writing the output failed: %s\n", name, reason);
         return 1;
     }
-    fprintf(stderr, "error: unknown command '%s'; expected", argv[1]);
-    for (int i = 0; i < count; i++) fprintf(stderr, "%s %s", i == 0 ? "" : i + 1 == count ? " or" : ",", command_at(i)->name);
+    fprintf(stderr, "error: unknown command '%s'; expected", name);
+    for (int i = 0; i < count; i++) {
+        const char *separator = i == 0 ? "" : i + 1 == count ? " or" : ",";
+        fprintf(stderr, "%s %s", separator, command_at(i)->name);
+    }
     fprintf(stderr, " (see ./transformer --help)\n");
     return 1;
 }

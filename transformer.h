@@ -368,31 +368,10 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
 
 
 
-// §6.1 Evaluation: corpus-level BLEU-4 (Papineni et al. 2002), one reference
-// per sentence, no smoothing. Add sentence pairs one at a time, then score:
-//     BleuStats stats; bleu_reset(&stats);
-//     for each pair: bleu_add_sentence(&stats, hyp, hyp_len, ref, ref_len);
-//     double bleu = bleu_score(&stats, NULL, NULL);   // 0..100
-// Pass the words only: no <s>, </s> or padding.
-
-#define BLEU_MAX_ORDER 4
-typedef struct {
-    long long matches[BLEU_MAX_ORDER];  // clipped n-gram matches, n = 1..4, summed over sentences
-    long long totals[BLEU_MAX_ORDER];   // n-grams in the candidates, summed over sentences
-    long long candidate_length;         // c: candidate tokens in the corpus
-    long long reference_length;         // r: reference tokens in the corpus
-    long long sentences;
-} BleuStats;
-
-void bleu_reset(BleuStats *stats);
-void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
-                       const int *reference, int reference_len);
-double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER], double *brevity_penalty);
-
 // ----------------------------------------------------------------------------
 // The program (transformer.c, Part II): its data, options, evaluation and
 // training run. The companions in lab/ include transformer.c and work on the
-// same types through its hooks (transformer.c, "where the lab plugs in").
+// same types through its hooks (LabHooks, below).
 
 typedef struct {
     char **words;       // (size) id -> text
@@ -468,8 +447,6 @@ typedef struct {
     double log_loss;         // mean -log p(reference token), no smoothing: perplexity = exp(log_loss)
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
-    BleuStats bleu;          // corpus BLEU of the outputs against the references
-    BleuStats bleu_words;    // with §5.1 subwords: BLEU on words (lab.score_words)
     int *output;             // (sentences, stride) the decoded outputs
     int *output_len;         // (sentences)
     int stride;
@@ -499,6 +476,7 @@ typedef struct TrainRun {
     TrainOptions opt;
     Option options[MAX_OPTIONS];  // train's flags: transformer.c's, then the lab's
     int num_options;
+    const char *usage;            // train --help's first lines
     Vocabulary vocab;
     Dataset train, valid;
     Transformer model;
@@ -522,6 +500,16 @@ typedef struct TrainRun {
 
 // The stages of `train` the lab hears of (transformer.c's train_event calls)
 typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED, TRAIN_END } TrainEvent;
+
+// decode's flags and their table (transformer.c's, then the lab's)
+typedef struct DecodeOptions {
+    const char *checkpoint;
+    int beam, threads;
+    double alpha;                 // beam search's length penalty (§6.1)
+    const char *usage;            // decode --help's first lines
+    Option options[8];
+    int num_options;
+} DecodeOptions;
 
 // ----------------------------------------------------------------------------
 // Where the companions plug in. transformer.c alone leaves these empty and
@@ -550,29 +538,41 @@ typedef struct {
 
 // The program's hooks, each called at one place in transformer.c (a line marked "lab:")
 typedef struct {
-    // more commands: bleu, average, attention, pe, plot, bpe, params, table3, bench
+    // more commands, after train and decode: eval, bleu, average, attention, pe, plot, bpe,
+    // params, table3, bench
     const Command *commands;
     int num_commands;
-    // more train flags after table[0..count-1] (--bpe, --resume, --keep-last, --log, ...); returns the new count
-    int (*train_options)(Option *table, int count, TrainOptions *options);
-    // each stage of training: §5.1 merges or --resume (TRAIN_START), the logs, kept checkpoints, the thread count
+    // more flags for train (--train, --dropout, --resume, --log, ...) and decode (--alpha,
+    // --threads): each may add to the command's table, order it and change its usage
+    void (*train_options)(TrainRun *run);
+    void (*decode_options)(DecodeOptions *decode);
+    // each stage of training: --resume, §5.1 merges and TSV files (TRAIN_START), the logs, kept
+    // checkpoints, the thread count
     const char *(*train_event)(TrainRun *run, TrainEvent event);
-    // §5.1 subwords: a word's subword ids pushed at ids[n..] (returns the new n), ids back into words,
-    // the merges freed, and the merges as a checkpoint section (written, read back)
-    int (*split_word)(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
-                      int n, TextSource *from);
+    // what a new run's checkpoint may replace, in place of transformer.c's one rule (only a
+    // checkpoint): --force, and the checkpoint a run resumed from
+    const char *(*check_output)(TrainRun *run);
+    // the text rule: the length of the white-space character at text (Unicode's), or 0; a line
+    // (line_no from 1, 0 for an argument) is UTF-8, its byte-order mark on line 1 dropped
+    int (*white_space)(const char *text);
+    const char *(*check_text)(char *line, const char *where, int line_no);
+    // §5.1 subwords: a word's subword ids pushed at ids[n..] (returns the new n), ids back into
+    // words, the merges freed, and the merges as a checkpoint section (written, read back)
+    int (*split_word)(Vocabulary *vocab, int grow, const char *word, int length, int **ids,
+                      size_t *capacity, int n, TextSource *from);
     char *(*join_tokens)(const Vocabulary *vocab, const int *ids, int n);
     void (*free_merges)(struct Bpe *bpe);
     unsigned char *(*merges_section)(const Vocabulary *vocab, size_t *bytes);
-    const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section, size_t bytes, const char *path);
-    // with §5.1 subwords, an evaluation's exact match and BLEU (bleu_words) on the words
+    const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section,
+                                       size_t bytes, const char *path);
+    // with §5.1 subwords, an evaluation's exact match on the words
     void (*score_words)(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab);
 } LabHooks;
 
 // ----------------------------------------------------------------------------
 // The command line: transformer_main runs transformer.c's own commands (train,
-// decode, eval) and is main; transformer_lab_main, in lab/lab.c, plugs the lab
-// in and runs those and the lab's instruments (average, bleu, attention, pe, plot, bpe,
+// decode) and is main; transformer_lab_main, in lab/lab.c, plugs the lab
+// in and runs those and the lab's (eval, bleu, average, attention, pe, plot, bpe,
 // params, table3, bench): ./transformer as make builds it. Each returns the
 // exit status.
 int transformer_main(int argc, char **argv);

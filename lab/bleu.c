@@ -1,6 +1,6 @@
 /* lab/bleu.c: `./transformer bleu`, BLEU of files as the field computes it
  *
- * transformer.c's eval --bleu scores the model's own tokens: BLEU-4 (§6.1)
+ * eval --bleu scores the model's own tokens: BLEU-4 (§6.1)
  * with no tokenizer of its own and no smoothing. A user who checks a score
  * runs sacreBLEU (Post, WMT 2018), `sacrebleu REF < HYP`, whose defaults are
  * the 13a tokenizer of mteval-v13a.pl and exponential smoothing. This file
@@ -24,8 +24,138 @@
  * eval --bleu computes on the model's tokens. sacreBLEU's default on
  * detokenized text is the field's number since 2018, and is usually lower.
  *
- * BUILD  included by lab/lab.c after transformer.c
+ * The corpus BLEU of the model's own tokens is here too (BleuStats, bleu_*:
+ * once transformer.c's), and `eval`, which prints it (--bleu).
+ *
+ * BUILD  included by lab/lab.c after transformer.c and lab/text.c
  */
+
+// ---- §6.1 BLEU of the model's tokens ---------------------------------------------
+// The paper reports BLEU (Papineni et al., ACL 2002) on newstest2014: 27.3 (base) and 28.4 (big)
+// for English-German. Corpus-level BLEU-4, one reference per sentence, no smoothing:
+//   p_n  = (clipped n-gram matches) / (the output's n-grams), both summed over
+//          the sentences, n = 1..4; an n-gram counts at most as often as the
+//          reference has it ("the the the" against "the cat" matches one "the");
+//   BP   = 1 if c > r, else exp(1 - r/c)   (c, r: output and reference lengths
+//          summed over the corpus);   BLEU = 100 BP exp((1/4) sum_n log p_n).
+// Add sentence pairs one at a time, then score:
+//     BleuStats stats; bleu_reset(&stats);
+//     for each pair: bleu_add_sentence(&stats, hyp, hyp_len, ref, ref_len);
+//     double bleu = bleu_score(&stats, NULL, NULL);   // 0..100
+// Pass the words only: no <s>, </s> or padding.
+
+#define BLEU_MAX_ORDER 4
+typedef struct {
+    long long matches[BLEU_MAX_ORDER];  // clipped n-gram matches, n = 1..4, summed over sentences
+    long long totals[BLEU_MAX_ORDER];   // n-grams in the candidates, summed over sentences
+    long long candidate_length;         // c: candidate tokens in the corpus
+    long long reference_length;         // r: reference tokens in the corpus
+    long long sentences;
+} BleuStats;
+
+// One distinct n-gram of a sentence pair: where it first occurs, its counts on each side.
+typedef struct {
+    const int *gram;
+    int in_candidate, in_reference;
+} NgramCount;
+
+// Clipped matches of order n: over the candidate's distinct n-grams, the sum of min(count in
+// candidate, count in reference), counted in a hash table (mask + 1 slots): linear time.
+static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int *candidate,
+                                       int candidate_len, const int *reference,
+                                       int reference_len, int n) {
+    memset(table, 0, (mask + 1) * sizeof *table);
+    for (int side = 0; side < 2; side++) {
+        const int *tokens = side == 0 ? candidate : reference;
+        int length = side == 0 ? candidate_len : reference_len;
+        for (int i = 0; i + n <= length; i++) {
+            uint64_t hash = 0;
+            for (int k = 0; k < n; k++) hash = hash64(hash ^ (uint32_t)tokens[i + k]);
+            size_t slot = (size_t)hash & mask;
+            while (table[slot].gram && memcmp(table[slot].gram, tokens + i, n * sizeof(int)) != 0) {
+                slot = (slot + 1) & mask;
+            }
+            if (!table[slot].gram) table[slot].gram = tokens + i;
+            if (side == 0) table[slot].in_candidate++;
+            else table[slot].in_reference++;
+        }
+    }
+    long long matches = 0;
+    for (size_t k = 0; k <= mask; k++) {
+        int in_both = table[k].in_candidate;
+        if (table[k].in_reference < in_both) in_both = table[k].in_reference;
+        matches += in_both;
+    }
+    return matches;
+}
+
+static void bleu_reset(BleuStats *stats) { memset(stats, 0, sizeof *stats); }
+
+// Adds one candidate (the model's output) and its reference, as token ids.
+static void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
+                              const int *reference, int reference_len) {
+    if (candidate_len < 0) candidate_len = 0;
+    if (reference_len < 0) reference_len = 0;
+    size_t slots = 4;
+    while (slots < 2 * ((size_t)candidate_len + (size_t)reference_len)) slots *= 2;
+    NgramCount *table = checked_calloc(slots, sizeof *table, "BLEU n-gram counts");
+    for (int n = 1; n <= BLEU_MAX_ORDER; n++) {
+        stats->matches[n - 1] += clipped_ngram_matches(table, slots - 1, candidate, candidate_len,
+                                                       reference, reference_len, n);
+        stats->totals[n - 1] += candidate_len >= n ? candidate_len - n + 1 : 0;
+    }
+    free(table);
+    stats->candidate_length += candidate_len;
+    stats->reference_length += reference_len;
+    stats->sentences++;
+}
+
+// Corpus BLEU of everything added so far, 0..100. precisions (may be NULL) gets p_1..p_4,
+// brevity_penalty (may be NULL) BP; no output at all (c = 0) gives BP = 0 and BLEU = 0.
+static double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDER],
+                         double *brevity_penalty) {
+    double log_sum = 0;
+    int any_zero = 0;
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) {
+        double p = 0.0;
+        if (stats->totals[n] > 0) p = (double)stats->matches[n] / (double)stats->totals[n];
+        if (precisions) precisions[n] = p;
+        if (p == 0) any_zero = 1;
+        else log_sum += log(p);
+    }
+    double candidate = (double)stats->candidate_length;
+    double reference = (double)stats->reference_length;
+    double bp = 1.0;
+    if (candidate <= reference) bp = candidate > 0 ? exp(1.0 - reference / candidate) : 0.0;
+    if (brevity_penalty) *brevity_penalty = bp;
+    return any_zero ? 0.0 : 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
+}
+
+// With sacreBLEU's signature (`bleu`, below, has its tokenizer and smoothing) and precisions
+// divided as it divides, 100 matches / n-grams (23/80: 28.75, where 100 * (23/80) is 28.7499...).
+// unit: " (words)", or "".
+static void print_bleu(const BleuStats *stats, const char *unit) {
+    double p[BLEU_MAX_ORDER];
+    double bp;
+    double score = bleu_score(stats, NULL, &bp);
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) {
+        p[n] = 0.0;
+        if (stats->totals[n] > 0) p[n] = 100.0 * (double)stats->matches[n] / (double)stats->totals[n];
+    }
+    printf("BLEU            %.2f%s (nrefs:1|case:mixed|eff:no|tok:none|smooth:none; precisions "
+           "%.2f/%.2f/%.2f/%.2f, BP %.3f, output/reference length %lld/%lld)\n", score, unit, p[0],
+           p[1], p[2], p[3], bp, stats->candidate_length, stats->reference_length);
+}
+
+// The corpus BLEU of an evaluation's outputs against the dataset's references, on the tokens.
+static void evaluation_bleu(BleuStats *stats, const Evaluation *e, const Dataset *dataset) {
+    bleu_reset(stats);
+    for (int i = 0; i < e->sentences; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        bleu_add_sentence(stats, e->output + (size_t)i * e->stride, e->output_len[i],
+                          dataset->tokens + p->tgt, p->tgt_len);
+    }
+}
 
 // ---- BLEU of words ------------------------------------------------------------------
 // BLEU of two strings of tokens separated by white space (transformer.c's one
@@ -49,18 +179,26 @@ static void bleu_add_sentence_text(BleuStats *stats, const char *candidate, cons
 
 // With subwords the tokens are not the words: joined back into words, an
 // output may spell the reference with other subwords and still be it. Exact
-// match (e->exact, replacing the count on subwords) and BLEU on words.
-static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
+// match on words (e->exact, replacing the count on subwords), and, when
+// bleu_words is not NULL, BLEU on words.
+static void evaluation_words(Evaluation *e, BleuStats *bleu_words, const Dataset *dataset,
+                             const Vocabulary *vocab) {
     e->exact = 0;
-    bleu_reset(&e->bleu_words);
+    if (bleu_words) bleu_reset(bleu_words);
     for (int i = 0; i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
         char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
         char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
         e->exact += strcmp(output, reference) == 0;
-        bleu_add_sentence_text(&e->bleu_words, output, reference);
-        free(output); free(reference);
+        if (bleu_words) bleu_add_sentence_text(bleu_words, output, reference);
+        free(output);
+        free(reference);
     }
+}
+
+// transformer.c's lab.score_words: during training, exact match on words.
+static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
+    evaluation_words(e, NULL, dataset, vocab);
 }
 
 // ---- sacreBLEU's 13a tokenizer ----------------------------------------------------
@@ -297,6 +435,67 @@ static int command_bleu(int argc, char **argv) {
                              value >= 0 ? value : smoothing_defaults[method]);
     }
     free(paths);
+    return error ? 1 : 0;
+}
+
+
+// ---- eval: a checkpoint on a TSV file -----------------------------------------
+// (transformer.c's own until its Part II became the toy tasks' program alone)
+
+static int command_eval(int argc, char **argv) {
+    const char *checkpoint = NULL, *data = NULL, *error = NULL;
+    int beam = 1, threads = 0, show = 0, batch_tokens = 2000, bleu = 0;
+    double alpha = 0.6;
+    Option options[] = {
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        TEXT_OPTION("--data", &data, "source<TAB>target lines to evaluate on (required)"),
+        FLAG_OPTION("--bleu", &bleu, "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
+        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding"),
+        NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty exponent of beam search"),
+        INT_OPTION("--show", &show, 0, INT_MAX, "print the first N decoded pairs"),
+        INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
+        INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
+    };
+    const char *usage =
+        "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
+        "Decodes every source of FILE.tsv and compares the output with the target: token accuracy\n"
+        "(positions that agree, over the longer of output and target), exact match and, with\n"
+        "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).\n"
+        "With §5.1 merges (train --bpe), exact match and BLEU are on words, BLEU also on subwords.";
+    int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
+    if (status) return status == 2 ? 0 : 1;
+    set_threads(threads);
+    Transformer model = { 0 };
+    Vocabulary vocab = { 0 };
+    Dataset dataset = { 0 };
+    if (!checkpoint || !data) error = !checkpoint ? "--checkpoint FILE is required" : "--data FILE.tsv is required";
+    else if (!(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)) &&
+             !(error = dataset_read_tsv(&dataset, &vocab, data, 0)))
+        error = dataset_check_lengths(&dataset, data, model.config.max_len);
+    if (!error) {
+        Evaluation e;
+        BleuStats bleu_tokens, bleu_words;
+        evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
+        evaluation_bleu(&bleu_tokens, &e, &dataset);
+        const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
+        if (vocab.bpe) evaluation_words(&e, &bleu_words, &dataset, &vocab);   // §5.1: on words
+        if (show) print_examples(&e, &dataset, &vocab, show);
+        printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
+        printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
+               e.correct, e.compared, subwords);
+        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences, words);
+        printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
+               vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
+        printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
+               exp(e.log_loss), vocab.bpe ? ", a subword" : "");
+        if (bleu) print_bleu(vocab.bpe ? &bleu_words : &bleu_tokens, words);
+        if (bleu && vocab.bpe) print_bleu(&bleu_tokens, subwords);
+        evaluation_free(&e);
+    }
+    if (error) fprintf(stderr, "error: eval: %s\n", error);
+    dataset_free(&dataset);
+    transformer_free(&model);
+    vocab_free(&vocab);
     return error ? 1 : 0;
 }
 

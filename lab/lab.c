@@ -38,9 +38,10 @@ static const char *positional_name(int positional) { return positional == POSITI
 static int positional_from_name(const char *name) {
     return strcmp(name, "learned") == 0 ? POSITIONAL_LEARNED : strcmp(name, "sinusoid") == 0 ? POSITIONAL_SINUSOID : -1;
 }
+#include "text.c"           // real text: Unicode's white space, UTF-8, TSV files (transformer.c's text hooks)
 #include "subwords.c"        // §5.1 byte-pair encoding (transformer.c's subword hooks)
-#include "runs.c"            // --resume, --keep-last, --log, --threads 0, ... (transformer.c's train hooks)
-#include "bleu.c"            // BLEU of files as sacreBLEU computes it: its 13a tokenizer, its smoothing, its signature
+#include "runs.c"            // --train, --resume, --keep-last, --log, --threads 0, ... (transformer.c's train hooks)
+#include "bleu.c"            // BLEU, eval, and BLEU of files as sacreBLEU computes it (13a, smoothing, signature)
 
 
 // Pictures as SVG files. Each writer returns 0 on success; on failure it
@@ -1452,7 +1453,9 @@ static const char *table3_evaluate(Table3Run *r, const char *dev_path, const cha
         r->dev_hash = dataset_hash(&dev);
         evaluate(&e, &model, &dev, 0, batch_tokens, 1, 0);
         r->perplexity = exp(e.log_loss);
-        r->bleu = bleu_score(&e.bleu, NULL, NULL);
+        BleuStats bleu;
+        evaluation_bleu(&bleu, &e, &dev);
+        r->bleu = bleu_score(&bleu, NULL, NULL);
         evaluation_free(&e);
         evaluate(&e, &model, &test, 0, batch_tokens, 1, 0);
         if (vocab.bpe) evaluation_score_words(&e, &test, &vocab);
@@ -1818,8 +1821,9 @@ static int command_bench(int argc, char **argv) {
 // main: transformer.c's commands and the lab's
 // ============================================================================
 
-// After transformer.c's train, decode and eval (its `commands`)
+// After transformer.c's train and decode (its `commands`)
 static const Command lab_commands[] = {
+    { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
     { "bleu",   command_bleu,   "corpus BLEU of a file of outputs against a file of references, as sacreBLEU computes it" },
     { "average", command_average, "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
     { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
@@ -1831,12 +1835,35 @@ static const Command lab_commands[] = {
     { "bench",  command_bench,  "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };
 
-// Plugs the lab into transformer.c's hooks: the fast path, §5.1 subwords,
-// train's further flags and stages, and the commands above.
+static const char *lab_decode_usage =
+    "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
+    "Translates each SENTENCE (tokens separated by white space, Unicode's spaces included), or else\n"
+    "each line of standard input, and prints the output, one line each. Greedy decoding with a\n"
+    "key/value cache, or beam search with --beam; at most source length + 50 tokens (§6.1). A\n"
+    "sentence it cannot take (too long, a reserved token) gets an error line and an empty output\n"
+    "line; then exit status 1.";
+
+// decode's further flags, after transformer.c's --checkpoint and --beam
+static void lab_decode_options(DecodeOptions *d) {
+    Option more[] = {
+        NUMBER_OPTION("--alpha", &d->alpha, 0, 100, 0, "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
+        INT_OPTION("--threads", &d->threads, 0, 1024, "OpenMP threads (0: all cores)"),
+    };
+    memcpy(d->options + d->num_options, more, sizeof more);
+    d->num_options += (int)(sizeof more / sizeof *more);
+    d->usage = lab_decode_usage;
+}
+
+// Plugs the lab into transformer.c's hooks: the fast path, real text (lab/text.c),
+// decode's and train's further flags and stages, §5.1 subwords, and the commands
+// above. (train's summary in ./transformer --help names --train, the lab's.)
 static void lab_plug_in(void) {
     fast_path_use(1);
+    text_plug_in();
+    lab.decode_options = lab_decode_options;
+    commands[0].summary = "train on a built-in task (--task copy|reverse) or a TSV file (--train)";
     subwords_plug_in();
-    lab.score_words = evaluation_score_words;   // §5.1's exact match and BLEU on words (bleu.c)
+    lab.score_words = evaluation_score_words;   // §5.1's exact match on words (bleu.c)
     runs_plug_in();
     lab.commands = lab_commands;
     lab.num_commands = (int)(sizeof lab_commands / sizeof *lab_commands);

@@ -47,10 +47,41 @@ static uint64_t dataset_hash(const Dataset *dataset) {
 
 // ---- train's further flags --------------------------------------------------
 
-static int lab_train_options(Option *table, int count, TrainOptions *o) {
-    free(lab_run.kept_steps); free(lab_run.stored_options);
+// train's flags that transformer.c alone does not have, and today's order of train --help:
+// transformer.c's flags with these among them, then the lab's own.
+static const char *train_flag_order[] = {
+    "--task", "--train", "--valid", "--layers", "--d-model", "--d-ff", "--heads", "--dropout",
+    "--label-smoothing", "--steps", "--lr", "--warmup", "--batch-tokens", "--seed", "--checkpoint",
+    "--eval-every", "--show", "--threads", "--force",
+};
+
+static const char *lab_train_usage =
+    "usage: ./transformer train [--task copy|reverse | --train FILE.tsv] [options]\n"
+    "Trains a Transformer with Adam and the warm-up schedule of §5.3, label smoothing and\n"
+    "dropout (§5.4), on a built-in task or on source<TAB>target lines; evaluates on held-out\n"
+    "pairs as it goes and writes checkpoints.";
+
+static void lab_train_options(TrainRun *run) {
+    TrainOptions *o = &run->opt;
+    free(lab_run.kept_steps);
+    free(lab_run.stored_options);
     memset(&lab_run, 0, sizeof lab_run);
     lab_run.positional = "sinusoid";
+    Option moved[] = {
+        TEXT_OPTION("--train", &o->train_path, "training data: a file of source<TAB>target lines"),
+        TEXT_OPTION("--valid", &o->valid_path, "held-out data, same format (default: every 20th "
+                    "line of --train)"),
+        NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, "P_drop (§5.4)"),
+        NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, "eps_ls (§5.4)"),
+        INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, "held-out evaluation every N steps "
+                   "(0: only at the end)"),
+        INT_OPTION("--show", &o->show, 0, INT_MAX, "held-out examples to print at the end"),
+        INT_OPTION("--threads", &o->threads, 0, 1024, "OpenMP threads (0: the cores free of other "
+                   "programs, counted again each second)"),
+        FLAG_OPTION("--force", &o->force, "write the checkpoint even where a file is already "
+                    "there: it is replaced, with its CHECKPOINT.stepNNNNNNN files (without "
+                    "--force a new run stops there)"),
+    };
     Option list[] = {
         INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000, "§5.1 byte-pair encoding: learn N merges from both sides of "
                    "--train and train on subwords (without it: whole words)"),
@@ -73,13 +104,65 @@ static int lab_train_options(Option *table, int count, TrainOptions *o) {
         INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, "progress line every N steps (0: none)"),
         INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (0: all)"),
     };
-    int n = (int)(sizeof list / sizeof *list);
-    memcpy(table + count, list, sizeof list);
-    Option *threads = find_option(table, count, "--threads"), *force = find_option(table, count, "--force");
-    if (threads) threads->help = "OpenMP threads (0: the cores free of other programs, counted again each second)";
-    if (force) force->help = "write the checkpoint even where a file is already there: it is replaced, with its "
-                             "CHECKPOINT.stepNNNNNNN files (without --force a new run stops there)";
-    return count + n;
+    int num_moved = (int)(sizeof moved / sizeof *moved);
+    int num_list = (int)(sizeof list / sizeof *list);
+    int num_order = (int)(sizeof train_flag_order / sizeof *train_flag_order);
+
+    // transformer.c's flags and the moved ones in train_flag_order; then any flag of transformer.c's
+    // that the order does not name; then the lab's own.
+    Option table[MAX_OPTIONS];
+    int n = 0;
+    for (int i = 0; i < num_order; i++) {
+        Option *found = find_option(run->options, run->num_options, train_flag_order[i]);
+        if (!found) found = find_option(moved, num_moved, train_flag_order[i]);
+        if (found) table[n++] = *found;
+    }
+    for (int i = 0; i < run->num_options; i++)
+        if (!find_option(table, n, run->options[i].name)) table[n++] = run->options[i];
+    memcpy(table + n, list, sizeof list);
+    n += num_list;
+    memcpy(run->options, table, (size_t)n * sizeof *table);
+    run->num_options = n;
+    find_option(run->options, n, "--task")->help = "built-in task, copy or reverse (used when there is no --train)";
+    find_option(run->options, n, "--checkpoint")->help = "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)";
+    run->usage = lab_train_usage;
+}
+
+// A new run's pairs against its model's max_len, which --positions may make too short for them.
+static const char *lab_check_lengths(const TrainRun *run) {
+    const char *valid_name = run->opt.valid_path ? run->opt.valid_path : run->data_name;
+    const char *error = dataset_check_lengths(&run->train, run->data_name, run->model.config.max_len);
+    if (!error) error = dataset_check_lengths(&run->valid, valid_name, run->model.config.max_len);
+    return error;
+}
+
+// A run's data: the task (transformer.c's), or the TSV files of --train and --valid (lab/text.c).
+static const char *lab_load_data(TrainRun *run, int grow) {
+    if (run->opt.train_path) return lab_load_tsv(run, grow);
+    return train_load_task(run, grow);
+}
+
+// What a new run's checkpoint may replace, in place of transformer.c's rule (only a checkpoint):
+// never a trained model unasked. Only the checkpoint being resumed, or --force, replaces a file;
+// never a directory or a device; and PATH.tmp must be writable, all before any training.
+static const char *lab_check_output(TrainRun *run) {
+    struct stat there, resumed;
+    int exists = stat(run->checkpoint_path, &there) == 0;
+    int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
+               there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
+    if (exists && !S_ISREG(there.st_mode))   // (checkpoint_save refuses it too, but only after the training)
+        return errorf("%s: not a regular file; expected a checkpoint's path", run->checkpoint_path);
+    if (exists && !same && !run->opt.force)
+        return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
+                      "--force to replace it, or another --checkpoint", run->checkpoint_path, run->checkpoint_path);
+    char tmp[sizeof run->checkpoint_path + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", run->checkpoint_path);   // also what a killed save left
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    if (!same) run->last_saved_step = -1;
+    return NULL;
 }
 
 // ---- --resume ---------------------------------------------------------------
@@ -135,14 +218,19 @@ static void set_option_value(const Option *o, OptionValue v) {
 static const char *training_state_error(const char *path, const Transformer *model, const TrainingState *state) {
     typedef unsigned long long u64;
     u64 steps = (u64)model->adam_step;
-    REQUIRE(model->dropout_rng.state != 0, "%s: header: dropout generator state 0; expected non-zero", path);
-    REQUIRE(state->epoch <= steps, "%s: header: epoch %llu after %llu steps; expected at most one epoch begun per "
-            "step", path, (u64)state->epoch, steps);
-    REQUIRE(state->epoch_batches <= steps, "%s: header: %llu batches of the current epoch done after %llu steps; "
-            "expected at most one batch per step", path, (u64)state->epoch_batches, steps);
-    REQUIRE(state->epoch > 0 || state->epoch_batches == 0, "%s: header: epoch 0 with batches of it done (%llu); "
-            "expected none before the first epoch", path, (u64)state->epoch_batches);
-    REQUIRE(state->epoch_rng != 0, "%s: header: data-order generator state 0; expected non-zero", path);
+    if (model->dropout_rng.state == 0)
+        return errorf("%s: header: dropout generator state 0; expected non-zero", path);
+    if (state->epoch > steps)
+        return errorf("%s: header: epoch %llu after %llu steps; expected at most one epoch begun per step", path,
+                      (u64)state->epoch, steps);
+    if (state->epoch_batches > steps)
+        return errorf("%s: header: %llu batches of the current epoch done after %llu steps; expected at most one "
+                      "batch per step", path, (u64)state->epoch_batches, steps);
+    if (state->epoch == 0 && state->epoch_batches != 0)
+        return errorf("%s: header: epoch 0 with batches of it done (%llu); expected none before the first epoch",
+                      path, (u64)state->epoch_batches);
+    if (state->epoch_rng == 0)
+        return errorf("%s: header: data-order generator state 0; expected non-zero", path);
     return NULL;
 }
 
@@ -178,7 +266,7 @@ static const char *lab_resume(TrainRun *run) {
         *end = '\0';
         p = end + 1;
     }
-    if (parse_options("train", train_usage, run->options, n, argc, args, NULL, NULL) != 0)
+    if (parse_options("train", run->usage, run->options, n, argc, args, NULL, NULL) != 0)
         return errorf("%s: the run options stored in the checkpoint are not readable", path);
     for (int i = 0; i < n; i++) {
         run->options[i].seen = seen[i];
@@ -196,7 +284,7 @@ static const char *lab_resume(TrainRun *run) {
     if (!o->train_path && run->vocab.size != NUM_SPECIAL_TOKENS + o->words)
         return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d has %d", run->vocab.size,
                       o->task, o->words, NUM_SPECIAL_TOKENS + o->words);
-    if ((error = train_load_data(run, 0))) return error;
+    if ((error = lab_load_data(run, 0))) return error;
     if (dataset_hash(&run->train) != run->state.data_hash)
         return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
                       "expected the same data to resume (--train may give its new path)", run->data_name);
@@ -275,11 +363,10 @@ static void kept_steps_trim(const TrainRun *run, int keep) {
 static long checkpoint_step(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
-    unsigned char b[CHECKPOINT_HEADER_BYTES];
     struct stat st;
     CheckpointHeader h;
-    size_t got = fread(b, 1, sizeof b, f);
-    int ok = fstat(fileno(f), &st) == 0 && !checkpoint_parse_header(&h, b, got, (uint64_t)st.st_size, path);
+    CheckpointFile r = { f, FNV_OFFSET, 0 };
+    int ok = fstat(fileno(f), &st) == 0 && !checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
     fclose(f);
     return ok ? (long)h.adam_step : 0;
 }
@@ -511,8 +598,18 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
             return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", lab_run.positional);
         if (lab_run.bpe > 0 && !run->opt.train_path)
             return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
-        return lab_run.bpe > 0 ? lab_learn_merges(run) : NULL;
-    case TRAIN_BEGIN:   // built, before the header: the run's flags and data's hash, kept checkpoints, the logs, the threads
+        if (!run->opt.train_path && run->opt.min_length > run->opt.max_length)
+            return errorf("--min-length %d is above --max-length %d; expected min <= max", run->opt.min_length,
+                          run->opt.max_length);
+        if (!run->opt.train_path && run->opt.valid_path)
+            return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
+        if (lab_run.bpe > 0 && (error = lab_learn_merges(run))) return error;
+        if (run->opt.train_path && find_option(run->options, run->num_options, "--task")->seen)
+            return errorf("--task and --train both given; expected one of them");
+        return run->opt.train_path ? lab_load_tsv(run, 1) : NULL;   // (transformer.c makes a task's pairs)
+    case TRAIN_BEGIN:   // built, before the header: the data's lengths, the run's flags and data's hash, kept checkpoints,
+                        // the logs, the threads
+        if (!run->resumed_from && (error = lab_check_lengths(run))) return error;
         run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)
         if (!run->resumed_from) run->state.data_hash = dataset_hash(&run->train);
         if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs())) return error;
@@ -552,4 +649,5 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
 static void runs_plug_in(void) {
     lab.train_options = lab_train_options;
     lab.train_event = lab_train_event;
+    lab.check_output = lab_check_output;
 }

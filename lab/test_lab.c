@@ -40,10 +40,19 @@
  *                table3 (table3_name_variant, stored_option)    test_table3
  *                commands, labels, errors naming them    test_command_names_and_labels, test_lab_reads_minimal_checkpoints
  *                (bench has no test: make bench runs it)
+ *   text.c       Unicode's white space, tokenize, dataset_read_tsv, dataset_check_lengths    test_tsv_reading
+ *                                                        (\r\n, blank lines, Unicode spaces, <unk>, each error with its
+ *                                                        file and line), test_tsv_command_line, test_bleu_white_space
+ *                the text rule (UTF-8, the byte-order mark, reserved tokens)    test_text_rule
+ *   bleu.c       bleu_reset, bleu_add_sentence, bleu_score    test_bleu (by hand: clipping, brevity, corpus
+ *                                                        against sentence BLEU, Unicode white space, a 40,000-token line)
+ *                eval, evaluate                          test_tsv_command_line, test_eval_bleu (eval --bleu = the BLEU
+ *                                                        of greedy outputs one by one)
  *   subwords.c   bpe_learn, bpe_encode_word, bpe_join_tokens    test_bpe_learn_and_apply, test_bpe_numbers_data
  *                the merges in checkpoints, special tokens      test_bpe_checkpoint, test_bpe_never_makes_special_tokens
  *                train --bpe, bpe                        test_bpe_command_line
- *   runs.c       --resume                                test_lab_command_line, test_existing_checkpoints_and_keep_last,
+ *   runs.c       lab_check_output (--force, a directory)  test_existing_checkpoint
+ *                --resume                                test_lab_command_line, test_existing_checkpoints_and_keep_last,
  *                                                        test_moved_data, test_bpe_command_line
  *                --keep-last, --save-every               test_log_keep_last_and_pictures,
  *                                                        test_existing_checkpoints_and_keep_last
@@ -55,6 +64,12 @@
 #define TEST_TRANSFORMER_LIBRARY
 #include "../test_transformer.c"      // check(), test batches and configurations, transformer.c's tests
 #include <signal.h>                   // kill, for the busy neighbours of test_free_cores
+
+// The number printed after label in text (NAN when there is none).
+static double printed_number_after(const char *text, const char *label) {
+    const char *p = strstr(text, label);
+    return p ? strtod(p + strlen(label), NULL) : NAN;
+}
 
 // Random A (rows, depth) and B (depth, cols) for a product of the given
 // form, as the layers store them: form 0, A (rows, depth) and B stored as
@@ -921,7 +936,8 @@ static void test_resume_counts(void) {
 static void test_lab_command_line(void) {
     const char *tsv = test_path("cli.tsv");
     check_cli_error("a training line longer than --positions allows", "cli.tsv:2: the source has 3 tokens; the model's "
-                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1", tsv);
+                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1 --checkpoint %s", tsv,
+                    test_path("positions.ckpt"));
     size_t size;
     unsigned char *good = read_file(test_path("tsv.ckpt"), &size);
     if (!good) { check(0, "cli: no checkpoint tsv.ckpt from transformer.c's tests; the --resume tests need one"); return; }
@@ -1912,11 +1928,11 @@ static void test_lab_reads_minimal_checkpoints(void) {
     if (!minimal || !*minimal) minimal = "./transformer_minimal";
     if (access(minimal, X_OK) != 0) { check(0, "minimal: %s is not there (make minimal)", minimal); return; }
     const char *tsv = test_path("minimal.tsv"), *ckpt = test_path("minimal.ckpt");
-    write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    write_text(tsv, "1 2\t1 2\n3 4 5\t3 4 5\n0 0\t0 0\n");
     cli_binary = minimal;
-    int trained = run_cli("train --train %s --steps 3 --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
+    int trained = run_cli("train --task copy --steps 3 --checkpoint %s " TINY_MINIMAL_RUN, ckpt);
     cli_binary = lab_binary;
-    int decoded = run_cli("decode --checkpoint %s --beam 2 'a b'", ckpt);
+    int decoded = run_cli("decode --checkpoint %s --beam 2 '1 2'", ckpt);
     int one_line = count_lines_starting(cli_output, "") == 1 && !strstr(cli_output, "error");
     int evaluated = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, tsv);
     int scored = strstr(cli_output, "BLEU") != NULL;
@@ -2063,6 +2079,445 @@ static void test_parameter_groups(void) {
 }
 
 // ============================================================================
+// §6.1 BLEU (lab/bleu.c), worked out by hand (once test_transformer.c's, with
+// the BLEU of transformer.c)
+// Each case's numbers are derived in its comment, and were checked against an
+// independent computation: `/usr/bin/python3 dev/bleu_check.py` (our own
+// Counter-based BLEU and NLTK's corpus_bleu) prints the same values.
+// ============================================================================
+
+static int near(double a, double b, double tolerance) { return fabs(a - b) <= tolerance; }
+
+// Adds a candidate and its reference, read as the lab reads text (tokenize: split at
+// Unicode's white space, lab/text.c; each new word an id of the pair's own vocabulary).
+static void bleu_add_texts(BleuStats *stats, const char *candidate, const char *reference) {
+    Vocabulary vocab;
+    vocab_init(&vocab);
+    TextSource from = { "test", 0, 0, NULL };
+    int *ids[2] = { NULL, NULL }, n[2];
+    size_t capacity[2] = { 0, 0 };
+    for (int side = 0; side < 2; side++)
+        n[side] = tokenize(side ? reference : candidate, &vocab, 1, &ids[side], &capacity[side], &from);
+    bleu_add_sentence(stats, ids[0], n[0], ids[1], n[1]);
+    free(ids[0]); free(ids[1]);
+    vocab_free(&vocab);
+}
+
+// Corpus BLEU of n (candidate, reference) string pairs.
+static double bleu_of_text(const char *const pairs[][2], int n, double precisions[4], double *bp) {
+    BleuStats stats;
+    bleu_reset(&stats);
+    for (int i = 0; i < n; i++) bleu_add_texts(&stats, pairs[i][0], pairs[i][1]);
+    return bleu_score(&stats, precisions, bp);
+}
+
+// White space is the set Python's str.split() splits at (sacreBLEU's
+// tokenize='none'), as UTF-8: each of its 29 characters between "a" and "b"
+// makes two words; look-alikes that are not white space (zero-width space
+// U+200B, U+180E, the byte-order mark U+FEFF) and the bytes 0x85 and 0xA0
+// alone (Latin-1's next line and no-break space, not UTF-8) make one.
+static void test_bleu_white_space(void) {
+    static const char *const white[] = {
+        "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80",
+        "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
+        "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+        "\xe2\x81\x9f", "\xe3\x80\x80",
+    };
+    static const char *const not_white[] = { "\xe2\x80\x8b", "\xe1\xa0\x8e", "\xef\xbb\xbf", "\x85", "\xa0", "\xe3\x80" };
+    int n_white = (int)(sizeof white / sizeof *white), n_not = (int)(sizeof not_white / sizeof *not_white);
+    int splits = 0, joins = 0;
+    char text[32];
+    for (int i = 0; i < n_white + n_not; i++) {
+        snprintf(text, sizeof text, "a%sb", i < n_white ? white[i] : not_white[i - n_white]);
+        BleuStats stats;
+        bleu_reset(&stats);
+        bleu_add_texts(&stats, text, "a b");
+        if (i < n_white) splits += stats.candidate_length == 2 && stats.matches[1] == 1;
+        else joins += stats.candidate_length == 1 && stats.matches[0] == 0;
+    }
+    check(splits == n_white && joins == n_not, "BLEU: each of the %d white-space characters of Python's str.split() "
+          "separates two words (%d did), and %d look-alikes do not (%d)", n_white, splits, n_not, joins);
+    // A sentence written with U+3000 (ideographic space) and U+00A0 (no-break
+    // space) scores as its twin with ASCII spaces. By hand: the first pair is
+    // 6 equal words (6/6 5/5 4/4 3/3); the second "a b c d e" against
+    // "a b c d f" matches 4/5 3/4 2/3 1/2; c = r = 11, BP = 1, so
+    // BLEU = 100 (10/11 8/9 6/7 4/5)^(1/4).
+    const char *const unicode[][2] = {
+        { "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat", "the cat\xc2\xa0sat on the mat" },
+        { "\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80", "a b c d f" },
+    };
+    const char *const ascii[][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" } };
+    double p[4], bp, by_hand = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
+    double bleu = bleu_of_text(unicode, 2, p, &bp), twin = bleu_of_text(ascii, 2, NULL, NULL);
+    check(bleu == twin && near(bleu, by_hand, 1e-9) && near(p[0], 10.0 / 11, 1e-15) && near(p[3], 4.0 / 5, 1e-15) &&
+          bp == 1, "BLEU: text with U+00A0 and U+3000 scores %.10f, as its ASCII twin (%.10f) and as by hand (%.10f)",
+          bleu, twin, by_hand);
+}
+
+// Counting is linear in a line's length (a hash table, as sacreBLEU's
+// Counter): one line of 40,000 tokens, the hypothesis its reference with every
+// 7th word changed. By hand, per order n the hypothesis has 40001 - n n-grams;
+// an n-gram misses when it covers a changed word (positions 6, 13, ...: every
+// 7th), i.e. n of each 7 starting positions, so about (7 - n)/7 match. With
+// 1000 distinct words cycling, each n-gram's count is the same on both sides
+// or higher in the reference, so clipping never bites. It took 4.8 s when
+// every n-gram was compared with every other; the bound is 1 s of processor
+// time (not wall time: another program on the machine does not count).
+static void test_bleu_long_line(void) {
+    enum { TOKENS = 40000 };
+    char *hyp = checked_calloc(TOKENS * 8, 1, "test"), *ref = checked_calloc(TOKENS * 8, 1, "test");
+    size_t h = 0, r = 0;
+    for (int i = 0; i < TOKENS; i++) {
+        h += (size_t)sprintf(hyp + h, i % 7 == 6 ? "x%d " : "w%d ", i % 1000);
+        r += (size_t)sprintf(ref + r, "w%d ", i % 1000);
+    }
+    clock_t start = clock();
+    BleuStats stats;
+    bleu_reset(&stats);
+    bleu_add_texts(&stats, hyp, ref);
+    double seconds = (double)(clock() - start) / CLOCKS_PER_SEC;
+    int counts_right = 1;
+    for (int n = 1; n <= 4; n++) {
+        long long total = TOKENS - n + 1, missing = 0;
+        for (int i = 0; i + n <= TOKENS; i++) {
+            int covers_changed = 0;
+            for (int k = i; k < i + n; k++) covers_changed |= k % 7 == 6;
+            missing += covers_changed;
+        }
+        counts_right &= stats.totals[n - 1] == total && stats.matches[n - 1] == total - missing;
+    }
+    check(counts_right && seconds < 1.0, "BLEU: one line of %d tokens in %.3f s (bound 1 s), its n-gram counts as by hand",
+          TOKENS, seconds);
+    free(hyp); free(ref);
+}
+
+static void test_bleu(void) {
+    double p[4], bp, bleu;
+    // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
+    const char *const identical[][2] = { { "the cat sat on the mat", "the cat sat on the mat" } };
+    bleu = bleu_of_text(identical, 1, p, &bp);
+    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1, "BLEU: identical sentences give %.10g", bleu);
+
+    // Shorter than its reference: "the cat sat on" (c = 4) against 6 tokens (r = 6).
+    // Precisions 4/4 3/3 2/2 1/1 = 1; BP = exp(1 - 6/4) = exp(-0.5) = 0.6065306597;
+    // BLEU = 60.65306597.
+    const char *const shorter[][2] = { { "the cat sat on", "the cat sat on the mat" } };
+    bleu = bleu_of_text(shorter, 1, p, &bp);
+    check(near(bp, exp(-0.5), 1e-15) && near(bleu, 60.6530659713, 1e-9) && p[0] == 1 && p[3] == 1,
+          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f (60.6530659713)", bp, bleu);
+
+    // No 4-gram matches: "a b c e d" against "a b c d e".
+    // 1-grams 5/5; 2-grams ab bc ce ed vs ab bc cd de: 2/4; 3-grams abc bce ced: 1/3;
+    // 4-grams abce bced vs abcd bcde: 0/2. One precision is 0, so BLEU = 0 (no smoothing).
+    const char *const no_four[][2] = { { "a b c e d", "a b c d e" } };
+    bleu = bleu_of_text(no_four, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 1.0 && p[1] == 0.5 && near(p[2], 1.0 / 3, 1e-15) && p[3] == 0.0,
+          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)", p[0], p[1], p[2], p[3]);
+
+    // Clipping (Papineni et al.'s own example): seven "the" against "the cat is on
+    // the mat", which holds "the" twice: p1 = min(7, 2) / 7 = 2/7, not 7/7.
+    const char *const clip7[][2] = { { "the the the the the the the", "the cat is on the mat" } };
+    bleu = bleu_of_text(clip7, 1, p, &bp);
+    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0, "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
+    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the reference.
+    const char *const clip4[][2] = { { "the the the the", "the cat" } };
+    bleu = bleu_of_text(clip4, 1, p, &bp);
+    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0, "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
+
+    // Two sentences. A: "a b c d" = its reference (sentence BLEU 100). B: "e f g x i"
+    // against "e f g h i" (sentence BLEU 0: no 4-gram matches). Mean of the two: 50.
+    // Corpus: p1 = (4+4)/(4+5) = 8/9, p2 = (3+2)/(3+4) = 5/7, p3 = (2+1)/(2+3) = 3/5,
+    // p4 = (1+0)/(1+2) = 1/3; c = r = 9, BP = 1. BLEU = 100 (8/9 5/7 3/5 1/3)^(1/4)
+    // = 100 (8/63)^(1/4) = 59.69491792.
+    const char *const two[][2] = { { "a b c d", "a b c d" }, { "e f g x i", "e f g h i" } };
+    bleu = bleu_of_text(two, 2, p, &bp);
+    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) + bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
+    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) && sentence_mean == 50.0,
+          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs %.1f", bleu, sentence_mean);
+
+    // The brevity penalty comes from corpus lengths: A (8 tokens) = its reference,
+    // B "p q r" against "p q r s t u". c = 8+3 = 11, r = 8+6 = 14, BP = exp(1 - 14/11).
+    // B has no 4-gram, so p4 = (5+0)/(5+0) = 1 and BLEU = 100 BP = 76.13003867.
+    // (NLTK gives 72.74: it counts B as having one 4-gram, max(1, 0), so p4 = 5/6.)
+    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" }, { "p q r", "p q r s t u" } };
+    bleu = bleu_of_text(one_short, 2, p, &bp);
+    check(near(bp, exp(1 - 14.0 / 11), 1e-15) && near(bleu, 76.1300386697, 1e-9),
+          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)", bp, bleu);
+
+    // Streaming, and token ids: the same corpus as ids, scored after each sentence.
+    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 }, b_ref[] = { 14, 15, 16, 17, 18 };
+    BleuStats stats;
+    bleu_reset(&stats);
+    bleu_add_sentence(&stats, a, 4, a, 4);
+    double after_one = bleu_score(&stats, NULL, NULL);
+    bleu_add_sentence(&stats, b_hyp, 5, b_ref, 5);
+    double after_two = bleu_score(&stats, NULL, NULL);
+    check(after_one == 100.0 && near(after_two, 59.6949179202, 1e-9) && stats.sentences == 2 &&
+          stats.candidate_length == 9 && stats.reference_length == 9,
+          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two", after_one, after_two);
+
+    // An empty candidate: no n-grams (every p_n taken as 0), c = 0 so BP = 0: BLEU 0.
+    const char *const empty[][2] = { { "", "the cat" } };
+    bleu = bleu_of_text(empty, 1, p, &bp);
+    check(bleu == 0.0 && p[0] == 0 && bp == 0.0, "BLEU: an empty candidate gives 0 (BP 0)");
+    // White space of any kind separates words: 3 words each side, p1..p3 = 1,
+    // no 4-gram at all (p4 taken as 0), so BLEU 0; c = r = 3, BP = 1.
+    const char *const spaces[][2] = { { "  the\tcat \n sat  ", "the cat sat" } };
+    bleu = bleu_of_text(spaces, 1, p, &bp);
+    check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
+          "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+    test_bleu_white_space();
+    test_bleu_long_line();
+}
+
+// ============================================================================
+// Real text and eval (lab/text.c, lab/bleu.c), once transformer.c's: TSV files,
+// the text rule, eval and its BLEU, and the overwrite guards of train (--force)
+// ============================================================================
+
+static void test_tsv_reading(void) {
+    Vocabulary v; Dataset d;
+    vocab_init(&v); memset(&d, 0, sizeof d);
+    write_text(test_path("good.tsv"), "a b c\tc b a\r\n\n   \nb  d\td\n");
+    const char *e = dataset_read_tsv(&d, &v, test_path("good.tsv"), 1);
+    check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 && d.pairs[1].line == 4 &&
+          v.size == NUM_SPECIAL_TOKENS + 4 && strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
+          "data: a TSV file with \\r\\n and blank lines gives 2 pairs, their line numbers and a vocabulary of 8");
+    dataset_free(&d);
+    // the errors: each names the file and line and says what was expected
+    struct { const char *name, *text, *expected; } bad[] = {
+        { "empty.tsv", "", "empty.tsv: no sentence pairs (the file is empty)" },
+        { "blank.tsv", "\n\n", "blank.tsv: no sentence pairs (only blank lines)" },
+        { "notab.tsv", "a\tb\na b\n", "notab.tsv:2: no tab; expected source<TAB>target" },
+        { "twotabs.tsv", "a\tb\tc\n", "twotabs.tsv:1: more than one tab" },
+        { "nosource.tsv", "a\tb\n \tb\n", "nosource.tsv:2: empty source" },
+        { "notarget.tsv", "a\t \n", "notarget.tsv:1: empty target" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(test_path(bad[i].name), bad[i].text);
+        e = dataset_read_tsv(&d, &v, test_path(bad[i].name), 1);
+        check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name, e ? e : "accepted");
+        dataset_free(&d);
+    }
+    e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
+    check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
+    e = dataset_read_tsv(&d, &v, test_dir, 1);
+    check(e && strstr(e, ": is a directory; expected a text file"), "data: a directory is refused as one (%s)",
+          e ? e : "accepted");
+    // white space is Python's str.split()'s in data too: U+3000, U+00A0 and U+2003 separate tokens,
+    // and a line of U+3000 alone is blank
+    Vocabulary words;
+    vocab_init(&words);
+    write_text(test_path("unicode_spaces.tsv"), "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
+    e = dataset_read_tsv(&d, &words, test_path("unicode_spaces.tsv"), 1);
+    check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 && words.size == NUM_SPECIAL_TOKENS + 3,
+          "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank (%s)",
+          e ? e : "read");
+    dataset_free(&d);
+    vocab_free(&words);
+    // unknown tokens with a fixed vocabulary become <unk>
+    write_text(test_path("unknown.tsv"), "a zz\tb\n");
+    int size = v.size;
+    fflush(stdout);
+    e = dataset_read_tsv(&d, &v, test_path("unknown.tsv"), 0);
+    check(!e && v.size == size && d.tokens[1] == TOKEN_UNK, "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
+    e = dataset_check_lengths(&d, "unknown.tsv", 2);
+    check(e && strstr(e, "unknown.tsv:1: the source has 2 tokens"), "data: a source too long for max_len is refused (%s)",
+          e ? e : "accepted");
+    dataset_free(&d);
+    vocab_free(&v);
+}
+
+// The TSV files of train --train and --valid, and eval: errors naming the file and line, a run on
+// a TSV file (its checkpoint, tsv.ckpt, serves the lab's tests below), eval and decode with it, a
+// damaged checkpoint refused by eval, and a loss that becomes NaN, saved after every step.
+static void test_tsv_command_line(void) {
+    // data files
+    const char *tsv = test_path("cli.tsv");
+    write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    write_text(test_path("cli_empty.tsv"), "");
+    write_text(test_path("cli_notab.tsv"), "a b\tb a\nc d e\n");
+    check_cli_error("a missing data file", "train: /nonexistent/x.tsv: cannot open", "train --train /nonexistent/x.tsv");
+    check_cli_error("an empty data file", "cli_empty.tsv: no sentence pairs (the file is empty)",
+                    "train --train %s", test_path("cli_empty.tsv"));
+    check_cli_error("a line without a tab", "cli_notab.tsv:2: no tab; expected source<TAB>target",
+                    "train --train %s", test_path("cli_notab.tsv"));
+    // a tiny run on the TSV file, then decode and eval with its checkpoint
+    const char *tsv_ckpt = test_path("tsv.ckpt");
+    int status = run_cli("train --train %s --valid %s --steps 4 --checkpoint %s " TINY_MINIMAL_RUN " --eval-every 0 --show 0", tsv, tsv, tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "eval   step 4"), "cli: train on a TSV file for 4 steps (exit %d)", status);
+    status = run_cli("eval --checkpoint %s --data %s", tsv_ckpt, tsv);
+    check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "token accuracy"),
+          "cli: eval prints token accuracy and exact match (exit %d)", status);
+    status = run_cli("decode --checkpoint %s 'a zz b'", tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the vocabulary; read as <unk>"),
+          "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)", status);
+    char long_sentence[400] = "'";
+    for (int i = 0; i < 60; i++) strcat(long_sentence, "a ");
+    strcat(long_sentence, "'");
+    check_cli_error("a sentence longer than the model's maximum", "argument 1: the sentence has 60 tokens; the model's "
+                    "maximum length 54 allows 53", "decode --checkpoint %s %s", tsv_ckpt, long_sentence);
+    char long_tsv[600];
+    snprintf(long_tsv, sizeof long_tsv, "a\tb\nb\ta\n%s\ta\n", long_sentence + 1);
+    long_tsv[strlen(long_tsv) - 4] = ' '; // drop the closing quote
+    write_text(test_path("cli_long.tsv"), long_tsv);
+    check_cli_error("a held-out line longer than the maximum", "cli_long.tsv:3: the source has 60 tokens",
+                    "eval --checkpoint %s --data %s", tsv_ckpt, test_path("cli_long.tsv"));
+    // damaged checkpoints, refused by eval as by decode
+    size_t size;
+    unsigned char *good = read_file(tsv_ckpt, &size);
+    if (!good) { check(0, "cli: no checkpoint from the TSV run; the damaged-checkpoint tests need one"); return; }
+    const char *bad = test_path("cli_bad.ckpt");
+    good[0] = 'P'; write_file(bad, good, size); good[0] = 'T';
+    check_cli_error("a checkpoint with the wrong magic", "cli_bad.ckpt: not a transformer.c checkpoint",
+                    "eval --checkpoint %s --data %s", bad, tsv);
+    free(good);
+    // a NaN loss stops training and leaves the last good checkpoint; on a TSV
+    // file of fewer than 20 lines (no held-out pairs) --eval-every 1 saves after
+    // every step without evaluating
+    const char *nan_ckpt = test_path("nan.ckpt");
+    check_cli_error("a loss that becomes NaN or infinite", "(step 1), is left as it was",
+                    "train --train %s --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN " --eval-every 1 --show 0", tsv,
+                    nan_ckpt);
+    status = run_cli("decode --checkpoint %s 'a b'", nan_ckpt);
+    check(status == 0, "cli: ... and that checkpoint still loads (exit %d)", status);
+}
+
+static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
+    // 8 copy pairs; the references of two are changed, so a perfect copier scores below 100
+    Transformer m = *trained_model;
+    m.training = 0;
+    Rng rng; rng_seed(&rng, 77);
+    char tsv[2048] = "";
+    BleuStats expected; bleu_reset(&expected);
+    int exact = 0;
+    for (int i = 0; i < 8; i++) {
+        int n = 3 + i % 4, src[8], ref[8], out[32], out_len;
+        random_source(src, n, m.config.vocab_size, &rng);         // n-1 words and </s>
+        int ref_len = n - 1;
+        memcpy(ref, src, ref_len * sizeof(int));
+        if (i == 2) ref_len--;                                     // a word missing
+        if (i == 5) ref[0] = ref[0] == 4 ? 5 : 4;                  // a word changed
+        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n), src, &n, 1, n);
+        bleu_add_sentence(&expected, out, out_len, ref, ref_len);
+        exact += out_len == ref_len && memcmp(out, ref, ref_len * sizeof(int)) == 0;
+        for (int k = 0; k < n - 1; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", src[k] - NUM_SPECIAL_TOKENS);
+        strcat(tsv, "\t");
+        for (int k = 0; k < ref_len; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", ref[k] - NUM_SPECIAL_TOKENS);
+        strcat(tsv, "\n");
+    }
+    double want = bleu_score(&expected, NULL, NULL);
+    const char *path = test_path("bleu.tsv");
+    write_text(path, tsv);
+    int status = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, path);
+    double got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && want > 0 && want < 100,
+          "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 exact)", got, want, exact);
+    // which BLEU it is, in sacreBLEU's signature, and the precisions to two decimals as sacreBLEU gives them
+    char precisions[64];
+    snprintf(precisions, sizeof precisions, "precisions %.2f/%.2f/%.2f/%.2f,", 100.0 * expected.matches[0] / expected.totals[0],
+             100.0 * expected.matches[1] / expected.totals[1], 100.0 * expected.matches[2] / expected.totals[2],
+             100.0 * expected.matches[3] / expected.totals[3]);
+    check(strstr(cli_output, "(nrefs:1|case:mixed|eff:no|tok:none|smooth:none; ") && strstr(cli_output, precisions),
+          "cli: eval --bleu names what it computed, sacreBLEU's signature nrefs:1|case:mixed|eff:no|tok:none|"
+          "smooth:none, and its %s", precisions);
+    status = run_cli("eval --checkpoint %s --data %s --bleu --beam 3", ckpt, path);
+    got = printed_number_after(cli_output, "BLEU            ");
+    check(status == 0 && strstr(cli_output, "beam search") && got >= 0 && got <= 100,
+          "cli: eval --bleu --beam 3 prints a BLEU score (%.2f)", got);
+    status = run_cli("eval --checkpoint %s --data %s", ckpt, path);
+    check(status == 0 && !strstr(cli_output, "BLEU"), "cli: eval without --bleu prints no BLEU line");
+    check_cli_error("a value after the --bleu flag", "eval: unexpected argument 'yes'",
+                    "eval --checkpoint %s --data %s --bleu yes", ckpt, path);
+}
+
+// A new run does not replace another run's checkpoint unless asked (--force).
+static void test_existing_checkpoint(void) {
+    const char *tsv = test_path("existing.tsv"), *ckpt = test_path("existing.ckpt");
+    write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
+    int status = run_cli("train --train %s --steps 3 --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
+    size_t size;
+    unsigned char *before = read_file(ckpt, &size);
+    check(status == 0 && before, "cli: a 3-step run writes its checkpoint (exit %d)", status);
+    if (!before) return;
+    check_cli_error("a new run onto another run's checkpoint", "existing.ckpt is already there (another run's "
+                    "checkpoint?); expected --resume", "train --train %s --steps 2 --checkpoint %s " TINY_MINIMAL_RUN,
+                    tsv, ckpt);
+    size_t after_size;
+    unsigned char *after = read_file(ckpt, &after_size);
+    check(after && after_size == size && memcmp(before, after, size) == 0, "cli: ... and the checkpoint is untouched");
+    free(after);
+    status = run_cli("train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
+    check(status == 0 && checkpoint_file_step(ckpt) == 2, "cli: --force replaces it (now at step %ld; exit %d)",
+          checkpoint_file_step(ckpt), status);
+    status = run_cli("train --help");
+    check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
+    free(before);
+    // a path no checkpoint can take is refused before training, not after it (the audit found
+    // both trained to the end and failed at the save)
+    check_cli_error("an empty --checkpoint", "--checkpoint '': expected a file's path", "train --train %s --steps 2 "
+                    "--checkpoint '' " TINY_MINIMAL_RUN, tsv);
+    const char *directory = test_path("a_directory");
+    mkdir(directory, 0700);
+    check_cli_error("a directory as --checkpoint, --force", "a_directory: not a regular file; expected a checkpoint's "
+                    "path", "train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN, tsv, directory);
+}
+
+
+// The text rule (lab/text.c) in every command: a byte-order mark, the special tokens' text in
+// data, bytes that are not UTF-8 in training data, held-out data, arguments and standard input.
+static void test_text_rule(const char *ckpt) {
+    // a byte-order mark: not part of the first token
+    const char *bom = test_path("bom.tsv"), *bom_ckpt = test_path("bom.ckpt");
+    write_text(bom, "\xEF\xBB\xBFq r\tr q\nr s\ts r\n");
+    int status = run_cli("train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, bom, bom_ckpt);
+    int status2 = run_cli("decode --checkpoint %s 'q r'", bom_ckpt);
+    check(status == 0 && status2 == 0 && !strstr(cli_output, "not in the vocabulary"),
+          "cli: a UTF-8 byte-order mark is stripped: 'q' is in the vocabulary (exit %d, %d)", status, status2);
+    // the special tokens' text in data is refused
+    write_text(test_path("special.tsv"), "a b\tb a\nc <s> d\td c\n");
+    check_cli_error("<s> in training data", "special.tsv:2: the token '<s>' is reserved (<pad> <s> </s> <unk>",
+                    "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, test_path("special.tsv"),
+                    test_path("special.ckpt"));
+    write_text(test_path("special_eval.tsv"), "1 2\t1 2\n1\t1 <unk>\n");
+    check_cli_error("<unk> in held-out data", "special_eval.tsv:2: the token '<unk>' is reserved",
+                    "eval --checkpoint %s --data %s", ckpt, test_path("special_eval.tsv"));
+    check_cli_error("</s> in a sentence to decode", "argument 1: the token '</s>' is reserved",
+                    "decode --checkpoint %s '1 </s> 2'", ckpt);
+    // one rule for text (issue 34): every input is UTF-8, and a byte that is not is refused with its
+    // file and line, or argument, in every command: Latin-1's é, a lone continuation byte, a zero byte
+    write_text(test_path("latin1.tsv"), "1 2\t1 2\ncaf\xe9 1\t1\n");
+    check_cli_error("a training file in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8; expected "
+                    "UTF-8 text", "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, test_path("latin1.tsv"),
+                    test_path("latin1.ckpt"));
+    check(access(test_path("latin1.ckpt"), F_OK) != 0, "cli: ... and no checkpoint is written");
+    check_cli_error("held-out data in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8",
+                    "eval --checkpoint %s --data %s", ckpt, test_path("latin1.tsv"));
+    write_file(test_path("zero.tsv"), "1 2\t1 2\n3\t3\0\n", 13);
+    check_cli_error("a zero byte in held-out data", "zero.tsv:2: a zero byte; expected text", "eval --checkpoint %s "
+                    "--data %s", ckpt, test_path("zero.tsv"));
+    check_cli_error("a sentence to decode that is not UTF-8", "decode: argument 2: byte 3 of the line, 0x80, is not "
+                    "UTF-8", "decode --checkpoint %s '1 2' \"$(printf '1 \\200')\"", ckpt);
+    write_text(test_path("latin1_stdin.txt"), "1 2\n3 \xff\n2 1\n");
+    status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("latin1_stdin.txt"));
+    check(status == 1 && strstr(cli_output, "error: decode: stdin:2: byte 3 of the line, 0xff, is not UTF-8") &&
+          count_lines_starting(cli_output, "error:") == 1, "cli: decode from stdin refuses line 2, not UTF-8, "
+          "decodes lines 1 and 3 and exits 1 (exit %d)", status);
+}
+
+// The tests of lab/text.c and eval that run ./transformer, after transformer.c's own
+// (run_command_line_tests), whose small copy checkpoint they use.
+static void test_text_and_eval_commands(void) {
+    printf("-- the lab's text and eval: TSV files, the text rule, eval --bleu, --force\n");
+    test_tsv_command_line();
+    const char *ckpt = test_path("copy_small.ckpt");
+    if (!file_exists(ckpt)) { check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt); return; }
+    test_eval_bleu(trained_copy_model(), ckpt);
+    test_existing_checkpoint();
+    test_text_rule(ckpt);
+}
+
+// ============================================================================
 // The lab's tests, in order
 // ============================================================================
 
@@ -2072,6 +2527,8 @@ static void run_lab_tests(void) {
     test_svg_positional_encoding();
     test_svg_attention();
     test_svg_loss_curve();
+    printf("-- evaluation: §6.1 BLEU (lab/bleu.c)\n");
+    test_bleu();
     printf("-- §5.1 byte-pair encoding\n");
     test_bpe_learn_and_apply();
     test_bpe_numbers_data();
@@ -2080,9 +2537,11 @@ static void run_lab_tests(void) {
     test_free_cores();
     if (!make_test_dir()) return;
     printf("-- files in %s\n", test_dir);
+    test_tsv_reading();
     test_bpe_checkpoint();
     if (cli_binary_found("./transformer")) {
         run_command_line_tests();   // transformer.c's commands, through ./transformer
+        test_text_and_eval_commands();
         printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");
         test_lab_command_line();
         test_resume_counts();

@@ -29,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         char sentence[200];
         snprintf(sentence, sizeof sentence, "%s %s", vocab.words[vocab.size - 1], vocab.words[vocab.size > 5 ? 5 : 4]);
         TextSource from = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
-        decode_sentence(&model, &vocab, sentence, &from, 1, 0.6, NULL);
+        DecodeOptions greedy = { .beam = 1, .alpha = 0.6 };
+        decode_sentence(&model, &vocab, sentence, &from, &greedy, NULL);
         if (size >= 12 && little_endian_u32(bytes + 4) == CHECKPOINT_VERSION && little_endian_u32(bytes + 8) == sizeof(real)) {
             const char *saved = fuzz_file(1, NULL, 0, ".ckpt");
             fuzz_require(!checkpoint_save(saved, &model, &vocab, &state, options), "a loaded checkpoint cannot be saved");

@@ -1,0 +1,237 @@
+/* lab/text.c: real text for make's ./transformer: the text rule and TSV files
+ *
+ * transformer.c alone reads the copy and reverse tasks, whose tokens are
+ * numbers separated by ASCII spaces. Real sentences need more, and this file
+ * gives it through transformer.c's hooks (lab.white_space, lab.check_text,
+ * and train's TRAIN_START through lab/runs.c):
+ *   - one rule for text, in every command: white space is Unicode's (the set
+ *     Python's str.split() splits at, so that BLEU counts what sacreBLEU's
+ *     tokenize='none' counts); every input is UTF-8, and a byte that is not
+ *     is refused with its file and line; a UTF-8 byte-order mark at the start
+ *     of a file is dropped;
+ *   - files of `source<TAB>target` lines (train --train, --valid; eval --data),
+ *     every 20th line held out when there is no --valid.
+ *
+ * BUILD  included by lab/lab.c after transformer.c
+ */
+
+// ---- white space ------------------------------------------------------------
+// One set of white-space characters separates tokens everywhere (data, decode's input, BLEU): the
+// set Python's str.split() splits at. ASCII's \t \n \v \f \r and space, U+001C..U+001F, U+0085,
+// U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F and U+3000; not the zero-width
+// space U+200B, nor a lone Latin-1 0xA0.
+
+// The length of the white-space character that begins the text, or 0 (never reads past the end).
+static int unicode_white_space(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
+    if (s[0] == 0xC2) return s[1] == 0x85 || s[1] == 0xA0 ? 2 : 0;     // U+0085 U+00A0
+    if (s[0] == 0xE1) return s[1] == 0x9A && s[2] == 0x80 ? 3 : 0;     // U+1680
+    if (s[0] == 0xE2 && s[1] == 0x80) {                                // U+2000..U+202F
+        int space = (s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF;
+        return space ? 3 : 0;
+    }
+    if (s[0] == 0xE2 && s[1] == 0x81) return s[2] == 0x9F ? 3 : 0;     // U+205F
+    if (s[0] == 0xE3) return s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;     // U+3000
+    return 0;
+}
+
+// ---- UTF-8 --------------------------------------------------------------------
+// Every text input is UTF-8: a byte that is not (Latin-1, a binary file) is refused with its file
+// and line, as a program that splits at Unicode's spaces must (NOTES §7).
+
+// The length of the valid UTF-8 sequence at s, or 0 (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF).
+static int utf8_sequence_length(const unsigned char *s) {
+    int n = 0;
+    if (s[0] < 0x80) return 1;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF) n = 2;
+    if (s[0] >= 0xE0 && s[0] <= 0xEF) n = 3;
+    if (s[0] >= 0xF0 && s[0] <= 0xF4) n = 4;
+    for (int i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    }
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0)) return 0;
+    if ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
+    return n;
+}
+
+// NULL for a line of UTF-8 text, else the first byte that is not, at `where` ("data.tsv:12").
+// got: read_text_line's answer (-1: a zero byte).
+static const char *text_error(const char *line, int got, const char *where) {
+    if (got < 0) return errorf("%s: a zero byte; expected text", where);
+    const unsigned char *s = (const unsigned char *)line;
+    while (*s) {
+        int n = utf8_sequence_length(s);
+        if (n == 0) {
+            size_t byte = (size_t)(s - (const unsigned char *)line) + 1;
+            return errorf("%s: byte %zu of the line, 0x%02x, is not UTF-8; expected UTF-8 text",
+                          where, byte, *s);
+        }
+        s += n;
+    }
+    return NULL;
+}
+
+// decode's lines and arguments (transformer.c's lab.check_text): UTF-8, without the byte-order
+// mark of line 1. (transformer.c has refused a zero byte.)
+static const char *lab_check_text(char *line, const char *where, int line_no) {
+    if (line_no == 1 && strncmp(line, "\xEF\xBB\xBF", 3) == 0) {
+        memmove(line, line + 3, strlen(line) - 2);
+    }
+    return text_error(line, 1, where);
+}
+
+// Line line_no (from 1) of f into *line, without its end and (line 1) a UTF-8 byte-order mark.
+// Returns 1, 0 at the end, -1 for a line with a zero byte.
+static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
+    ssize_t length = getline(line, capacity, f);
+    if (length < 0) return 0;
+    if (line_no == 1 && length >= 3 && memcmp(*line, "\xEF\xBB\xBF", 3) == 0) {
+        memmove(*line, *line + 3, (size_t)length - 2);
+        length -= 3;
+    }
+    while (length > 0 && ((*line)[length - 1] == '\n' || (*line)[length - 1] == '\r')) {
+        length--;
+        (*line)[length] = '\0';
+    }
+    return strlen(*line) == (size_t)length ? 1 : -1;
+}
+
+// Opens a text file to read, or sets *error (fopen opens a directory too, read as empty).
+static FILE *open_text_file(const char *path, const char **error) {
+    FILE *f = fopen(path, "r");
+    struct stat st;
+    if (!f) {
+        *error = errorf("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        *error = errorf("%s: is a directory; expected a text file", path);
+        return NULL;
+    }
+    return f;
+}
+
+// ---- TSV files: source<TAB>target lines ---------------------------------------
+
+// Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out.
+static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
+    Dataset kept = { 0 };
+    for (int i = 0; i < dataset->count; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        Dataset *to = (i + 1) % every == 0 ? held_out : &kept;
+        dataset_add(to, dataset->tokens + p->src, p->src_len, dataset->tokens + p->tgt, p->tgt_len,
+                    p->line);
+    }
+    dataset_free(dataset);
+    *dataset = kept;
+}
+
+// The token ids of one line's two sides, kept from line to line.
+typedef struct {
+    int *src, *tgt;
+    size_t src_capacity, tgt_capacity;
+} TsvBuffers;
+
+// One line, cut at its tab, into the dataset: NULL, or the error naming the line.
+static const char *tsv_line(Dataset *dataset, Vocabulary *vocab, int grow, char *line,
+                            TextSource *from, int line_no, TsvBuffers *ids) {
+    char *tab = strchr(line, '\t');
+    if (!tab) return errorf("%s: no tab; expected source<TAB>target", from->where);
+    if (strchr(tab + 1, '\t')) {
+        return errorf("%s: more than one tab; expected source<TAB>target", from->where);
+    }
+    *tab = '\0';
+    int n_src = tokenize(line, vocab, grow, &ids->src, &ids->src_capacity, from);
+    int n_tgt = -1;
+    if (n_src >= 0) n_tgt = tokenize(tab + 1, vocab, grow, &ids->tgt, &ids->tgt_capacity, from);
+    if (n_tgt < 0) return reserved_token_error(from);
+    if (n_src == 0) return errorf("%s: empty source; expected tokens before the tab", from->where);
+    if (n_tgt == 0) return errorf("%s: empty target; expected tokens after the tab", from->where);
+    if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN) {
+        return errorf("%s: %d tokens; expected at most %d", from->where,
+                      n_src > n_tgt ? n_src : n_tgt, TRANSFORMER_MAX_LEN);
+    }
+    if (vocab->size > TRANSFORMER_MAX_VOCAB) {
+        return errorf("%s: more than %d distinct tokens; expected fewer", from->where,
+                      TRANSFORMER_MAX_VOCAB);
+    }
+    dataset_add(dataset, ids->src, n_src, ids->tgt, n_tgt, line_no);
+    return NULL;
+}
+
+// Reads `source<TAB>target` lines into dataset (blank lines skipped; \r\n ends a line). grow: a
+// new token joins the vocabulary; else it is <unk>, warned of.
+static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path,
+                                    int grow) {
+    const char *error = NULL;
+    FILE *f = open_text_file(path, &error);
+    if (!f) return error;
+    char *line = NULL;
+    size_t line_capacity = 0;
+    size_t unused;
+    int line_no = 0;
+    TextSource from = { "", 0, 0, NULL };
+    TsvBuffers ids = { 0 };
+    int got = read_text_line(f, &line, &line_capacity, 1);
+    while (got != 0 && !error) {
+        line_no++;
+        snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
+        error = text_error(line, got, from.where);
+        int blank = !strchr(line, '\t') && !next_token(line, &unused);
+        if (!error && !blank) error = tsv_line(dataset, vocab, grow, line, &from, line_no, &ids);
+        if (!error) got = read_text_line(f, &line, &line_capacity, line_no + 1);
+    }
+    if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
+    if (!error && dataset->count == 0) {
+        error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target", path,
+                       line_no == 0 ? "the file is empty" : "only blank lines");
+    }
+    if (!error && from.warnings > MAX_UNKNOWN_WARNINGS) {
+        fprintf(stderr, "warning: %s: %ld tokens in all are not in the vocabulary and were read "
+                "as <unk>\n", path, from.unknown);
+    }
+    free(line);
+    free(ids.src);
+    free(ids.tgt);
+    fclose(f);
+    return error;
+}
+
+// max_len positions take at most max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder
+// <s> y_1..y_n. The error names the pair by its line (or number) in name.
+static const char *dataset_check_lengths(const Dataset *dataset, const char *name, int max_len) {
+    for (int i = 0; i < dataset->count; i++) {
+        const SentencePair *p = &dataset->pairs[i];
+        int longer = p->src_len > p->tgt_len ? p->src_len : p->tgt_len;
+        if (longer <= max_len - 1) continue;
+        char where[300];
+        if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
+        else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
+        int source = p->src_len > max_len - 1;
+        return errorf("%s: the %s has %d tokens; the model's maximum length %d allows %d "
+                      "(one position is %s)", where, source ? "source" : "target", longer, max_len,
+                      max_len - 1, source ? "</s>" : "<s>");
+    }
+    return NULL;
+}
+
+// train --train FILE [--valid FILE]: the pairs of the files, or every 20th line of --train held
+// out (lab/runs.c calls it at TRAIN_START, and on --resume).
+static const char *lab_load_tsv(TrainRun *run, int grow) {
+    TrainOptions *o = &run->opt;
+    snprintf(run->data_name, sizeof run->data_name, "%s", o->train_path);
+    if (!run->vocab.words) vocab_init(&run->vocab);   // (the §5.1 subwords may be there already)
+    const char *error = dataset_read_tsv(&run->train, &run->vocab, o->train_path, grow);
+    if (error) return error;
+    if (o->valid_path) return dataset_read_tsv(&run->valid, &run->vocab, o->valid_path, 0);
+    if (run->train.count >= 20) dataset_split(&run->train, &run->valid, 20);
+    return NULL;
+}
+
+static void text_plug_in(void) {
+    lab.white_space = unicode_white_space;
+    lab.check_text = lab_check_text;
+}
