@@ -84,29 +84,26 @@
  *                                           (arenas: every activation and gradient tensor on a line);
  *                                           test_tasks_and_batches (batch_check)
  *
- * PART II, the program (run_program_tests; the BLEU functions with Part I's tests)
- *   white space, tokenize, dataset_read_tsv, dataset_check_lengths    test_tsv_reading (\r\n, blank lines,
- *                                           Unicode spaces, <unk>, each error with its file and line);
- *                                           test_odd_data_and_decode_streams (a byte-order mark, reserved tokens)
+ * PART II, the program for the toy tasks (run_program_tests; real text, BLEU and eval are the
+ * lab's: lab/test_lab.c)
+ *   tokenize, the vocabulary                test_command_line (decode with a checkpoint; its tokens read 
+ *                                           back); test_decode_streams (reserved tokens, a zero byte)
  *   task_generate, epoch_plan_make, batch_fill    test_tasks_and_batches (held-out pairs unseen, every pair
  *                                           once an epoch, the token budget, the batch's layout)
- *   bleu_reset, bleu_add_sentence, bleu_score     test_bleu (by hand: clipping, brevity, corpus
- *                                           against sentence BLEU, Unicode white space, a 40,000-token line)
- *   evaluate                                test_eval_bleu (eval --bleu = the BLEU of greedy outputs one by one)
+ *   evaluate                                test_command_line (the held-out exact match of a run)
  *   checkpoint_save, checkpoint_load        test_checkpoint_round_trip (bit for bit; truncated, foreign and
  *                                           damaged files, header counts, a NaN weight; a failed save keeps
- *                                           the old file);
+ *                                           the old file); test_checkpoint_counts;
  *                                           test_learned_positions_checkpoint; test_command_line
  *   nonfinite_parameter, train_save         test_nonfinite_parameter; test_command_line (a NaN loss keeps the
  *                                           last good checkpoint)
- *   train (train_option_table, train_start, train_prepare_output, train_loop)    test_command_line (flags and
- *                                           their errors, a TSV run, --seed repeats a run byte for byte);
- *                                           test_existing_checkpoint (--force; '' or a directory as
- *                                           --checkpoint); test_out_of_memory;
- *                                           test_minimal_program
- *   decode (decode_sentence), eval          test_command_line, test_eval_bleu, test_odd_data_and_decode_streams
- *                                           (a stream goes on past a line it cannot decode)
+ *   train                                   test_command_line (flags and their errors, --seed repeats a run
+ *                                           byte for byte); test_minimal_overwrite_rule (only a checkpoint of
+ *                                           ours is replaced); test_out_of_memory; test_minimal_program
+ *   decode (decode_sentence)                test_command_line, test_decode_streams (a stream goes on past a
+ *                                           line it cannot decode)
  *   transformer_main, commands              test_command_line (an unknown command), test_minimal_program,
+ *                                           test_evaluation_commands (eval and --train are the lab's),
  *                                           test_output_write_error (output onto a full disk)
  *   make debug: transformer_debug in gdb    test_debugger_walk
  */
