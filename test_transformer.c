@@ -86,7 +86,7 @@
  *
  * PART II, the program for the toy tasks (run_program_tests; real text, BLEU and eval are the
  * lab's: lab/test_lab.c)
- *   tokenize, the vocabulary                test_command_line (decode with a checkpoint; its tokens read 
+ *   tokenize, the vocabulary                test_command_line (decode with a checkpoint; its tokens read
  *                                           back); test_decode_streams (reserved tokens, a zero byte)
  *   task_generate, epoch_plan_make, batch_fill    test_tasks_and_batches (held-out pairs unseen, every pair
  *                                           once an epoch, the token budget, the batch's layout)
