@@ -814,9 +814,9 @@ static real *decoder_output(const Transformer *model, const ActivationTensors *o
     return of->dec[model->config.n_layers - 1].norm3.out;
 }
 
+// x[0..n) = 0: in IEEE 754 every bit of 0.0 is zero
 static void zero(real *x, size_t n) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) x[i] = 0;
+    memset(x, 0, n * sizeof(real));
 }
 
 // "Add & Norm" (Figure 1), the end of every sub-layer: norm.res = x + Dropout(sublayer),
@@ -861,6 +861,17 @@ static void encoder_layer_backward(Transformer *model, int l, const Batch *batch
     real *dx = encoder_layer_input(&model->grads_acts, l);
     int C = config->d_model;
     int N = batch->B * batch->S;
+
+    // the gradients this layer adds into start at zero: its sub-layers' and its input's (its
+    // output's, d.norm2.out, is complete: the layer above, or every decoder layer, made it)
+    size_t n = (size_t)N * C;
+    zero(dx, n);
+    zero(d.self_attn.qkv, 3 * n);
+    zero(d.self_attn.heads, n);
+    zero(d.self_attn.out, n);
+    zero(d.norm1.out, n);
+    zero(d.ffn.hidden, (size_t)N * config->d_ff);
+    zero(d.ffn.out, n);
 
     // sub-layer 2: norm2.out = LayerNorm(norm1.out + Dropout(ffn.out)), ffn.out = FFN(norm1.out)
     residual_layernorm_backward(d.norm1.out, d.ffn.out, grads.ln2, d.norm2.out, acts.norm2,
@@ -917,6 +928,22 @@ static void decoder_layer_backward(Transformer *model, int l, const Batch *batch
     real *dmemory = encoder_output(model, &model->grads_acts);
     int C = config->d_model;
     int N = batch->B * batch->T;
+
+    // the gradients this layer adds into start at zero: its sub-layers' and its input's (its
+    // output's, d.norm3.out, is complete; the memory's, transformer_backward zeroed)
+    size_t n = (size_t)N * C;
+    zero(dy, n);
+    zero(d.self_attn.qkv, 3 * n);
+    zero(d.self_attn.heads, n);
+    zero(d.self_attn.out, n);
+    zero(d.norm1.out, n);
+    zero(d.cross_attn.q, n);
+    zero(d.cross_attn.kv, (size_t)batch->B * batch->S * 2 * C);
+    zero(d.cross_attn.heads, n);
+    zero(d.cross_attn.out, n);
+    zero(d.norm2.out, n);
+    zero(d.ffn.hidden, (size_t)N * config->d_ff);
+    zero(d.ffn.out, n);
 
     // sub-layer 3: norm3.out = LayerNorm(norm2.out + Dropout(ffn.out)), ffn.out = FFN(norm2.out)
     residual_layernorm_backward(d.norm2.out, d.ffn.out, grads.ln3, d.norm3.out, acts.norm3,
@@ -1016,16 +1043,21 @@ void transformer_zero_grad(Transformer *model) {
 }
 
 // The whole backward pass, for the batch of the last transformer_forward: accumulates
-// dloss/dparameter into model->grads. The activations' gradients start at zero each time.
+// dloss/dparameter into model->grads. The activations' gradients start at zero each time:
+// each is zeroed once, before the first call that adds into it (the layers zero their own).
 void transformer_backward(Transformer *model, const Batch *batch) {
     const TransformerConfig *config = &model->config;
     ActivationTensors *acts = &model->acts;
     ActivationTensors *d = &model->grads_acts;
     int B = batch->B;
     int T = batch->T;
+    size_t target_numbers = (size_t)B * T * config->d_model;
+    size_t source_numbers = (size_t)B * batch->S * config->d_model;
     if (model->num_target_tokens == 0)
         return;
-    zero(model->grads_acts_memory, model->num_grads_acts);
+    zero(d->logits, (size_t)B * T * config->vocab_size);
+    zero(decoder_output(model, d), target_numbers);
+    zero(encoder_output(model, d), source_numbers);
 
     // loss = CrossEntropy(softmax(logits), q)
     cross_entropy_backward(d->logits, acts->probs, batch, config->label_smoothing,
@@ -1038,10 +1070,12 @@ void transformer_backward(Transformer *model, const Batch *batch) {
 
     // the decoder stack, last layer first; each adds to the memory's gradient
     for (int l = config->n_layers - 1; l >= 0; l--) decoder_layer_backward(model, l, batch);
+    zero(d->dec_embedded, target_numbers);
     embed_backward(model, d->dec_embedded, d->dec_x0, acts->dec_emb_mask, batch->tgt_in, B, T);
 
     // the encoder stack, from the gradient its output got from every decoder layer
     for (int l = config->n_layers - 1; l >= 0; l--) encoder_layer_backward(model, l, batch);
+    zero(d->enc_embedded, source_numbers);
     embed_backward(model, d->enc_embedded, d->enc_x0, acts->enc_emb_mask, batch->src, B,
                    batch->S);
 }
