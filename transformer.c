@@ -1946,15 +1946,14 @@ static void layout_activations(ActivationTensors *a, Layout *layout,
 }
 
 // One arena for the activations (gradients = 0) or their gradients (1) of a B x S x T
-// batch; returns it, with its size in *count.
+// batch; returns it.
 static real *activations_alloc(ActivationTensors *a, const TransformerConfig *config,
-                               int gradients, size_t B, size_t S, size_t T, size_t *count) {
+                               int gradients, size_t B, size_t S, size_t T) {
     Layout counting = { NULL, 0, gradients };
     layout_activations(a, &counting, config, B, S, T);
     const char *what = gradients ? "the activations' gradients" : "activations";
     Layout layout = { arena_calloc(counting.used, what), 0, gradients };
     layout_activations(a, &layout, config, B, S, T);
-    *count = layout.used;
     return layout.arena;
 }
 
@@ -1967,12 +1966,10 @@ static void ensure_buffers(Transformer *model, int batch_B, int batch_S, int bat
     size_t B = batch_B > model->cap_B ? batch_B : model->cap_B;
     size_t S = batch_S > model->cap_S ? batch_S : model->cap_S;
     size_t T = batch_T > model->cap_T ? batch_T : model->cap_T;
-    size_t count;
     arena_free(model->acts_memory);
     arena_free(model->grads_acts_memory);
-    model->acts_memory = activations_alloc(&model->acts, &model->config, 0, B, S, T, &count);
-    model->grads_acts_memory = activations_alloc(&model->grads_acts, &model->config, 1, B, S, T,
-                                                 &model->num_grads_acts);
+    model->acts_memory = activations_alloc(&model->acts, &model->config, 0, B, S, T);
+    model->grads_acts_memory = activations_alloc(&model->grads_acts, &model->config, 1, B, S, T);
     model->cap_B = (int)B;
     model->cap_S = (int)S;
     model->cap_T = (int)T;

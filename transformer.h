@@ -305,7 +305,6 @@ typedef struct {
     ActivationTensors grads_acts;
     real *acts_memory;
     real *grads_acts_memory;
-    size_t num_grads_acts;      // numbers in grads_acts_memory, zeroed at every backward pass
     int cap_B, cap_S, cap_T;    // the batch shape the buffers were sized for
     int B, S, T;                // the shape of the last forward pass
     int training;               // 1: dropout on (§5.4); 0: evaluation
