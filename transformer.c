@@ -2127,7 +2127,8 @@ static double wall_seconds(void) {
 // The number of OpenMP threads: set_threads(0) leaves OpenMP's default, all the cores.
 #ifdef _OPENMP
 static void set_threads(int threads) {
-    if (threads > 0) omp_set_num_threads(threads);
+    if (threads > 0)
+        omp_set_num_threads(threads);
 }
 static int thread_count(void) { return omp_get_max_threads(); }
 #else
@@ -2159,7 +2160,8 @@ static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
     size_t slot = hash & mask;
     while (vocab->slots[slot] >= 0) {
         const char *there = vocab->words[vocab->slots[slot]];
-        if (strncmp(there, word, n) == 0 && there[n] == '\0') break;
+        if (strncmp(there, word, n) == 0 && there[n] == '\0')
+            break;
         slot = (slot + 1) & mask;
     }
     return slot;
@@ -2185,13 +2187,15 @@ static void vocab_rehash(Vocabulary *vocab, size_t num_slots) {
 // The id of the n bytes at word, which join the vocabulary if they are new.
 static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
     int id = vocab_find(vocab, word, n);
-    if (id >= 0) return id;
+    if (id >= 0)
+        return id;
     if (vocab->size == vocab->capacity) {
         vocab->capacity = vocab->capacity ? 2 * vocab->capacity : 64;
         vocab->words = checked_realloc(vocab->words, vocab->capacity, sizeof(char *), "vocabulary");
     }
     // The table stays at most half full, so that a search ends after a few slots.
-    if (2 * ((size_t)vocab->size + 1) > vocab->num_slots) vocab_rehash(vocab, 2 * vocab->num_slots);
+    if (2 * ((size_t)vocab->size + 1) > vocab->num_slots)
+        vocab_rehash(vocab, 2 * vocab->num_slots);
     id = vocab->size;
     vocab->words[id] = checked_calloc(n + 1, 1, "vocabulary word");
     memcpy(vocab->words[id], word, n);
@@ -2210,7 +2214,8 @@ static void vocab_init(Vocabulary *vocab) {
 }
 
 static void vocab_free(Vocabulary *vocab) {
-    if (vocab->bpe && lab.free_merges) lab.free_merges(vocab->bpe);   // lab: §5.1 merges
+    if (vocab->bpe && lab.free_merges)
+        lab.free_merges(vocab->bpe);   // lab: §5.1 merges
     for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
     free(vocab->words);
     free(vocab->slots);
@@ -2245,18 +2250,24 @@ static int option_read(const Option *o, const char *text) {
     char *end;
     double x;
     errno = 0;
-    if (o->kind == OPTION_INT) x = (double)strtol(text, &end, 10);
-    else x = strtod(text, &end);
+    if (o->kind == OPTION_INT)
+        x = (double)strtol(text, &end, 10);
+    else
+        x = strtod(text, &end);
     int in_range = x >= o->min && x <= o->max && (!o->above_min || x > o->min);
-    if (end == text || *end != '\0' || errno != 0 || !isfinite(x) || !in_range) return 0;
-    if (o->kind == OPTION_INT) *(int *)o->value = (int)x;
-    else *(double *)o->value = x;
+    if (end == text || *end != '\0' || errno != 0 || !isfinite(x) || !in_range)
+        return 0;
+    if (o->kind == OPTION_INT)
+        *(int *)o->value = (int)x;
+    else
+        *(double *)o->value = x;
     return 1;
 }
 
 static Option *find_option(Option *options, int n, const char *name) {
     for (int i = 0; i < n; i++) {
-        if (strcmp(options[i].name, name) == 0) return &options[i];
+        if (strcmp(options[i].name, name) == 0)
+            return &options[i];
     }
     return NULL;
 }
@@ -2267,12 +2278,17 @@ static void print_option_help(const Option *options, int n) {
         char left[64];
         char value[64] = "";
         snprintf(left, sizeof left, "%s %s", o->name, kinds[o->kind]);
-        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
-        if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%g", *(double *)o->value);
+        if (o->kind == OPTION_INT)
+            snprintf(value, sizeof value, "%d", *(int *)o->value);
+        if (o->kind == OPTION_NUMBER)
+            snprintf(value, sizeof value, "%g", *(double *)o->value);
         const char *text = o->kind == OPTION_TEXT ? *(const char **)o->value : NULL;
-        if (text) snprintf(value, sizeof value, "%s", text);
-        if (value[0]) printf("  %-22s %s (default %s)\n", left, o->help, value);
-        else printf("  %-22s %s\n", left, o->help);
+        if (text)
+            snprintf(value, sizeof value, "%s", text);
+        if (value[0])
+            printf("  %-22s %s (default %s)\n", left, o->help, value);
+        else
+            printf("  %-22s %s\n", left, o->help);
     }
 }
 
@@ -2281,7 +2297,8 @@ static void print_option_help(const Option *options, int n) {
 // after printing the help.
 static int parse_options(const char *command, const char *usage, Option *options, int n,
                          int argc, char **argv, char **positional, int *num_positional) {
-    if (num_positional) *num_positional = 0;
+    if (num_positional)
+        *num_positional = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -2320,7 +2337,8 @@ static int parse_options(const char *command, const char *usage, Option *options
             i++;
             text = argv[i];
         }
-        if (text && option_read(o, text)) continue;
+        if (text && option_read(o, text))
+            continue;
         char expected[96];
         option_expected(o, expected, sizeof expected);
         if (!text && o->kind == OPTION_TEXT) {
@@ -2342,7 +2360,8 @@ static int parse_options(const char *command, const char *usage, Option *options
 
 // The length in bytes of the white-space character that begins the text, or 0.
 static int white_space_bytes(const char *text) {
-    if (lab.white_space) return lab.white_space(text);   // lab: Unicode's white space
+    if (lab.white_space)
+        return lab.white_space(text);   // lab: Unicode's white space
     return *text == ' ' || (*text >= '\t' && *text <= '\r');
 }
 
@@ -2358,9 +2377,11 @@ static const char *skip_white_space(const char *text) {
 // The first token of the text, and its length in bytes in *length; NULL when there is none.
 static const char *next_token(const char *text, size_t *length) {
     const char *start = skip_white_space(text);
-    if (*start == '\0') return NULL;
+    if (*start == '\0')
+        return NULL;
     const char *end = start;
-    while (*end != '\0' && white_space_bytes(end) == 0) end++;
+    while (*end != '\0' && white_space_bytes(end) == 0)
+        end++;
     *length = (size_t)(end - start);
     return start;
 }
@@ -2371,7 +2392,8 @@ static const char *next_token(const char *text, size_t *length) {
 // read as <unk>, and the first few are warned of.
 static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
     int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
-    if (id >= 0) return id;
+    if (id >= 0)
+        return id;
     if (from->warnings < MAX_UNKNOWN_WARNINGS) {
         int shown = n < 80 ? (int)n : 80;
         fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
@@ -2427,7 +2449,8 @@ static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, si
 
 // The tokens as a new string, separated by spaces (the lab joins §5.1 subwords into words).
 static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
-    if (vocab->bpe && lab.join_tokens) return lab.join_tokens(vocab, ids, n);   // lab: §5.1
+    if (vocab->bpe && lab.join_tokens)
+        return lab.join_tokens(vocab, ids, n);   // lab: §5.1
     size_t bytes = 1;
     for (int i = 0; i < n; i++) bytes += strlen(vocab->words[ids[i]]) + 1;
     char *text = checked_calloc(bytes, 1, "text");
@@ -2481,8 +2504,10 @@ static void dataset_add(Dataset *dataset, const int *src, int src_len, const int
     memcpy(dataset->tokens + pair.src, src, src_len * sizeof(int));
     memcpy(dataset->tokens + pair.tgt, tgt, tgt_len * sizeof(int));
     dataset->num_tokens = needed;
-    if (src_len > dataset->longest_src) dataset->longest_src = src_len;
-    if (tgt_len > dataset->longest_tgt) dataset->longest_tgt = tgt_len;
+    if (src_len > dataset->longest_src)
+        dataset->longest_src = src_len;
+    if (tgt_len > dataset->longest_tgt)
+        dataset->longest_tgt = tgt_len;
 }
 
 // ---- the copy and reverse tasks ---------------------------------------------
@@ -2518,7 +2543,8 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
     rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
     // The hashes of the sources drawn so far, in a table with open addressing.
     size_t slots = 16;
-    while (slots < 4 * ((size_t)train_size + valid_size)) slots *= 2;
+    while (slots < 4 * ((size_t)train_size + valid_size))
+        slots *= 2;
     uint64_t *seen = checked_calloc(slots, sizeof(uint64_t), "task hash set");
     int *src = checked_calloc(max_len, sizeof(int), "task sentence");
     int *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
@@ -2532,7 +2558,8 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
         for (int t = 0; t < n; t++) tgt[t] = task == TASK_COPY ? src[t] : src[n - 1 - t];
         uint64_t hash = sequence_hash(src, n);
         size_t k = hash & (slots - 1);
-        while (seen[k] != 0 && seen[k] != hash) k = (k + 1) & (slots - 1);
+        while (seen[k] != 0 && seen[k] != hash)
+            k = (k + 1) & (slots - 1);
         int is_new = seen[k] == 0;
         seen[k] = hash;
 
@@ -2572,9 +2599,12 @@ typedef struct {
 static int compare_length_keys(const void *pa, const void *pb) {
     const LengthKey *a = pa;
     const LengthKey *b = pb;
-    if (a->src_len != b->src_len) return a->src_len < b->src_len ? -1 : 1;
-    if (a->tgt_len != b->tgt_len) return a->tgt_len < b->tgt_len ? -1 : 1;
-    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    if (a->src_len != b->src_len)
+        return a->src_len < b->src_len ? -1 : 1;
+    if (a->tgt_len != b->tgt_len)
+        return a->tgt_len < b->tgt_len ? -1 : 1;
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
@@ -2605,7 +2635,8 @@ static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, in
             const SentencePair *p = &dataset->pairs[order[start + n]];
             int new_S = p->src_len + 1 > S ? p->src_len + 1 : S;
             int new_T = p->tgt_len + 1 > T ? p->tgt_len + 1 : T;
-            if (n > 0 && (long)(n + 1) * (new_S + new_T) > batch_tokens) break;
+            if (n > 0 && (long)(n + 1) * (new_S + new_T) > batch_tokens)
+                break;
             S = new_S;
             T = new_T;
             n++;
@@ -2650,8 +2681,10 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
     size_t T = 1;
     for (size_t b = 0; b < B; b++) {
         const SentencePair *p = &dataset->pairs[indices[b]];
-        if ((size_t)p->src_len + 1 > S) S = p->src_len + 1;
-        if ((size_t)p->tgt_len + 1 > T) T = p->tgt_len + 1;
+        if ((size_t)p->src_len + 1 > S)
+            S = p->src_len + 1;
+        if ((size_t)p->tgt_len + 1 > T)
+            T = p->tgt_len + 1;
     }
 
     // A new batch's arrays, of zeros: <pad> wherever no token goes.
@@ -2731,7 +2764,8 @@ static double reference_log_loss(const Transformer *model, const Batch *batch) {
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count,
                      int batch_tokens, int beam_size, double alpha) {
     memset(e, 0, sizeof *e);
-    if (count <= 0 || count > dataset->count) count = dataset->count;
+    if (count <= 0 || count > dataset->count)
+        count = dataset->count;
     e->sentences = count;
     e->stride = model->config.max_len;
     e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
@@ -2826,7 +2860,8 @@ typedef struct {
 static void write_bytes(CheckpointFile *w, const void *data, size_t n) {
     const unsigned char *bytes = data;
     for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ bytes[i]) * FNV_PRIME;
-    if (!w->failed && n > 0 && fwrite(data, 1, n, w->f) != n) w->failed = 1;
+    if (!w->failed && n > 0 && fwrite(data, 1, n, w->f) != n)
+        w->failed = 1;
 }
 
 // The low `bytes` bytes of x, little-endian.
@@ -2892,7 +2927,8 @@ static void write_sections(CheckpointFile *w, const Vocabulary *vocab, const cha
         write_number(w, n, 4);
         write_bytes(w, vocab->words[i], n);
     }
-    if (merges) write_bytes(w, merges, merges_bytes);
+    if (merges)
+        write_bytes(w, merges, merges_bytes);
 }
 
 // The parameters, then Adam's moments m and v: IEEE-754 binary32 (float builds) or binary64.
@@ -2901,8 +2937,10 @@ static void write_reals(CheckpointFile *w, const Transformer *model) {
     for (int k = 0; k < 3; k++) {
         for (size_t i = 0; i < model->num_parameters; i++) {
             uint64_t bits;
-            if (sizeof(real) == 4) bits = float_bits((float)arrays[k][i]);
-            else bits = double_bits((double)arrays[k][i]);
+            if (sizeof(real) == 4)
+                bits = float_bits((float)arrays[k][i]);
+            else
+                bits = double_bits((double)arrays[k][i]);
             write_number(w, bits, (int)sizeof(real));
         }
     }
@@ -2965,10 +3003,14 @@ static const char *checkpoint_save(const char *path, const Transformer *model,
 
     // Flushed to the disk, then renamed over path; on any failure path is left as it was.
     int error = w.failed ? (errno ? errno : EIO) : 0;
-    if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0)) error = errno;
-    if (fclose(f) != 0 && !error) error = errno;
-    if (!error && rename(tmp, path) != 0) error = errno;
-    if (!error) return NULL;
+    if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        error = errno;
+    if (fclose(f) != 0 && !error)
+        error = errno;
+    if (!error && rename(tmp, path) != 0)
+        error = errno;
+    if (!error)
+        return NULL;
     remove(tmp);
     return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp,
                   strerror(error), path);
@@ -3059,7 +3101,8 @@ static const char *checkpoint_read_header(CheckpointFile *r, CheckpointHeader *h
                       "%02x, expected 'TCKP'", path, magic[0], magic[1], magic[2], magic[3]);
     }
     uint64_t version = read_number(r, 4);
-    if (size < 8) return errorf("%s: truncated: %llu bytes, inside the header", path, (u64)size);
+    if (size < 8)
+        return errorf("%s: truncated: %llu bytes, inside the header", path, (u64)size);
     if (version != CHECKPOINT_VERSION) {
         return errorf("%s: checkpoint format version %u; expected version %d (versions 1 and 2 are "
                       "no longer read)", path, (unsigned)version, CHECKPOINT_VERSION);
@@ -3081,7 +3124,8 @@ static const char *checkpoint_read_header(CheckpointFile *r, CheckpointHeader *h
     TransformerConfig *config = &h->config;
     config->positional = (int)h->positional;
     const char *error = transformer_config_check(config);
-    if (error) return errorf("%s: header: %s", path, error);
+    if (error)
+        return errorf("%s: header: %s", path, error);
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(param_sizes, config);
     size_t P = sum_sizes(param_sizes, NUM_PARAMETER_TENSORS);
@@ -3113,9 +3157,12 @@ static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *voc
         int known = vocab_find(vocab, word, n);
         int ok = strlen(word) == n;
         for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
-        if (i < NUM_SPECIAL_TOKENS) ok = ok && known == i;
-        else ok = ok && known < 0;
-        if (ok && i >= NUM_SPECIAL_TOKENS) vocab_add(vocab, word, n);
+        if (i < NUM_SPECIAL_TOKENS)
+            ok = ok && known == i;
+        else
+            ok = ok && known < 0;
+        if (ok && i >= NUM_SPECIAL_TOKENS)
+            vocab_add(vocab, word, n);
         free(word);
         if (!ok) {
             const char *what = known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid";
@@ -3137,7 +3184,8 @@ static const char *nonfinite_parameter(Transformer *model) {
     parameter_pointers(tensors, &model->params);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         for (size_t i = 0; i < model->param_sizes[t]; i++) {
-            if (!isfinite((*tensors[t])[i])) return parameter_names[t];
+            if (!isfinite((*tensors[t])[i]))
+                return parameter_names[t];
         }
     }
     return NULL;
@@ -3154,30 +3202,38 @@ static const char *checkpoint_read_body(CheckpointFile *r, const CheckpointHeade
         return errorf("%s: the options section holds a zero byte; expected text", path);
     }
     const char *error = checkpoint_read_vocabulary(r, vocab, h, path);
-    if (error) return error;
+    if (error)
+        return error;
     if (h->merges_bytes > 0) {
         unsigned char *merges = checked_calloc(h->merges_bytes, 1, "checkpoint merges");
         read_bytes(r, merges, h->merges_bytes);
         error = lab.read_merges_section(vocab, merges, h->merges_bytes, path);   // lab: §5.1
         free(merges);
-        if (error) return error;
+        if (error)
+            return error;
     }
     error = transformer_build(model, &h->config, 1);
-    if (error) return errorf("%s: %s", path, error);
+    if (error)
+        return errorf("%s: %s", path, error);
     real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
     for (int k = 0; k < 3; k++) {
         for (size_t i = 0; i < model->num_parameters; i++) {   // binary32 or binary64, as written
             uint64_t bits = read_number(r, (int)h->real_bytes);
-            if (h->real_bytes == 4) arrays[k][i] = (real)bits_float(bits);
-            else arrays[k][i] = (real)bits_double(bits);
+            if (h->real_bytes == 4)
+                arrays[k][i] = (real)bits_float(bits);
+            else
+                arrays[k][i] = (real)bits_double(bits);
         }
     }
     uint64_t computed = r->hash;
     uint64_t checksum = read_number(r, 8);
-    if (r->failed) return errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
-    if (checksum != computed) return errorf("%s: checksum mismatch: the file is damaged", path);
+    if (r->failed)
+        return errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
+    if (checksum != computed)
+        return errorf("%s: checksum mismatch: the file is damaged", path);
     const char *nonfinite = nonfinite_parameter(model);
-    if (nonfinite) return errorf("%s: %s holds a number that is not finite", path, nonfinite);
+    if (nonfinite)
+        return errorf("%s: %s holds a number that is not finite", path, nonfinite);
     return NULL;
 }
 
@@ -3188,7 +3244,8 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
                                    TrainingState *state, char **run_options) {
     memset(model, 0, sizeof *model);
     vocab_init(vocab);
-    if (run_options) *run_options = NULL;
+    if (run_options)
+        *run_options = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) {
         vocab_free(vocab);
@@ -3202,12 +3259,14 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         error = errorf("%s: not a regular file", path);
     }
-    if (!error) error = checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
+    if (!error)
+        error = checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
     if (!error && h.merges_bytes > 0 && !lab.read_merges_section) {
         error = errorf("%s: holds §5.1 subword merges, which transformer.c alone does not read; "
                        "expected make's ./transformer", path);
     }
-    if (!error) error = checkpoint_read_body(&r, &h, model, vocab, &options, path);
+    if (!error)
+        error = checkpoint_read_body(&r, &h, model, vocab, &options, path);
     fclose(f);
     if (error) {
         free(options);
@@ -3217,9 +3276,12 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
     }
     model->adam_step = (long)h.adam_step;
     model->dropout_rng.state = h.dropout_rng;
-    if (state) *state = h.state;
-    if (run_options) *run_options = options;
-    else free(options);
+    if (state)
+        *state = h.state;
+    if (run_options)
+        *run_options = options;
+    else
+        free(options);
     return NULL;
 }
 
@@ -3275,7 +3337,8 @@ const TrainingCompute *transformer_training = &transformer_cpu_training;
 uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
 
 static const char *train_event(TrainRun *run, TrainEvent event) {
-    if (!lab.train_event) return NULL;
+    if (!lab.train_event)
+        return NULL;
     return lab.train_event(run, event);
 }
 
@@ -3284,10 +3347,14 @@ static const char *train_event(TrainRun *run, TrainEvent event) {
 static const char *train_load_task(TrainRun *run, int grow) {
     TrainOptions *o = &run->opt;
     int task = -1;
-    if (strcmp(o->task, "copy") == 0) task = TASK_COPY;
-    if (strcmp(o->task, "reverse") == 0) task = TASK_REVERSE;
-    if (task < 0) return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
-    if (grow) task_vocabulary(&run->vocab, o->words);
+    if (strcmp(o->task, "copy") == 0)
+        task = TASK_COPY;
+    if (strcmp(o->task, "reverse") == 0)
+        task = TASK_REVERSE;
+    if (task < 0)
+        return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
+    if (grow)
+        task_vocabulary(&run->vocab, o->words);
     snprintf(run->data_name, sizeof run->data_name, "%s task", o->task);
     return task_generate(&run->train, &run->valid, task, o->words, o->min_length, o->max_length,
                          o->train_size, o->valid_size, (uint64_t)o->seed);
@@ -3297,8 +3364,10 @@ static const char *train_load_task(TrainRun *run, int grow) {
 static const char *train_start(TrainRun *run) {
     TrainOptions *o = &run->opt;
     const char *error = NULL;
-    if (!o->train_path) error = train_load_task(run, 1);   // (the lab has read --train's file)
-    if (error) return error;
+    if (!o->train_path)
+        error = train_load_task(run, 1);   // (the lab has read --train's file)
+    if (error)
+        return error;
     TransformerConfig config = transformer_default_config();
     config.n_layers = o->layers;
     config.d_model = o->d_model;
@@ -3311,13 +3380,17 @@ static const char *train_start(TrainRun *run) {
     // §6.1: the output may be 50 tokens longer than the input. (The lab's --positions may make
     // max_len too short for the data: the lab refuses that run at TRAIN_BEGIN.)
     int longest = run->train.longest_src;
-    if (run->train.longest_tgt > longest) longest = run->train.longest_tgt;
+    if (run->train.longest_tgt > longest)
+        longest = run->train.longest_tgt;
     config.max_len = o->positions ? o->positions : longest + 1 + 50;
-    if (config.max_len > TRANSFORMER_MAX_LEN) config.max_len = TRANSFORMER_MAX_LEN;
+    if (config.max_len > TRANSFORMER_MAX_LEN)
+        config.max_len = TRANSFORMER_MAX_LEN;
     error = transformer_config_check(&config);
-    if (error) return errorf("model: %s", error);
+    if (error)
+        return errorf("model: %s", error);
     error = transformer_build(&run->model, &config, (uint64_t)o->seed);
-    if (error) return errorf("model: %s", error);
+    if (error)
+        return errorf("model: %s", error);
     rng_seed(&run->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
     return NULL;
 }
@@ -3325,13 +3398,15 @@ static const char *train_start(TrainRun *run) {
 // transformer.c's one rule for what a save may replace: nothing, or a checkpoint of ours.
 static const char *checkpoint_replaceable(const char *path) {
     struct stat there;
-    if (stat(path, &there) != 0) return NULL;   // nothing there
+    if (stat(path, &there) != 0)
+        return NULL;   // nothing there
     char magic[4] = { 0 };
     FILE *f = fopen(path, "rb");
     if (f) {
         size_t got = fread(magic, 1, 4, f);
         fclose(f);
-        if (got == 4 && memcmp(magic, CHECKPOINT_MAGIC, 4) == 0) return NULL;
+        if (got == 4 && memcmp(magic, CHECKPOINT_MAGIC, 4) == 0)
+            return NULL;
     }
     return errorf("%s is already there and is not a checkpoint; expected another --checkpoint",
                   path);
@@ -3353,16 +3428,19 @@ static const char *train_prepare_output(TrainRun *run) {
         // The name of the task or of the file, without its directory and its extension.
         const char *name = o->train_path ? o->train_path : o->task;
         const char *slash = strrchr(name, '/');
-        if (slash) name = slash + 1;
+        if (slash)
+            name = slash + 1;
         const char *dot = strrchr(name, '.');
         int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
-        if (length > 200) length = 200;
+        if (length > 200)
+            length = 200;
         if (mkdir("runs", 0777) != 0 && errno != EEXIST) {
             return errorf("runs/: cannot create: %s", strerror(errno));
         }
         snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length, name);
     }
-    if (lab.check_output) return lab.check_output(run);   // lab: --force, the run resumed
+    if (lab.check_output)
+        return lab.check_output(run);   // lab: --force, the run resumed
     return checkpoint_replaceable(run->checkpoint_path);
 }
 
@@ -3376,7 +3454,8 @@ static const char *train_save(TrainRun *run) {
     const char *options = run->run_options ? run->run_options : "";
     const char *error = checkpoint_save(run->checkpoint_path, &run->model, &run->vocab, &run->state,
                                         options);
-    if (!error) run->last_saved_step = run->model.adam_step;
+    if (!error)
+        run->last_saved_step = run->model.adam_step;
     return error;
 }
 
@@ -3390,7 +3469,8 @@ static double train_evaluate(TrainRun *run, int final) {
     }
     Evaluation e;
     evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
-    if (run->vocab.bpe && lab.score_words) lab.score_words(&e, &run->valid, &run->vocab);   // lab
+    if (run->vocab.bpe && lab.score_words)
+        lab.score_words(&e, &run->valid, &run->vocab);   // lab
     double exact = 100.0 * e.exact / e.sentences;
     double accuracy = 100.0 * e.correct / (e.compared ? e.compared : 1);
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% "
@@ -3434,8 +3514,10 @@ static void train_print_header(const TrainRun *run) {
 // "1:23:45" or "2:05", in text (32 bytes).
 static char *duration(char *text, double seconds) {
     long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
+    if (s >= 3600)
+        snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
     return text;
 }
 
@@ -3488,7 +3570,8 @@ static const char *train_loop(TrainRun *run) {
     double factor = o->lr * sqrt((double)model->config.d_model * o->warmup);
     int save_every = o->save_every ? o->save_every : o->eval_every;
     const char *error = train_event(run, TRAIN_BEGIN);   // lab: the logs, kept checkpoints, threads
-    if (error) return error;
+    if (error)
+        return error;
     train_print_header(run);
     if (model->adam_step >= o->steps) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n",
@@ -3505,7 +3588,8 @@ static const char *train_loop(TrainRun *run) {
     long tokens = 0;
     while (model->adam_step < o->steps) {
         error = train_event(run, TRAIN_STEP);   // lab: the thread count
-        if (error) break;
+        if (error)
+            break;
         train_next_batch(run);
         long step = model->adam_step + 1;
         double step_start = wall_seconds();
@@ -3531,15 +3615,20 @@ static const char *train_loop(TrainRun *run) {
         // lines counts the time of the training steps only.
         run->evaluated = (o->eval_every && step % o->eval_every == 0) || last;
         int saving = (save_every && step % save_every == 0) || last;
-        if (run->evaluated || saving) compute->to_host(model);
+        if (run->evaluated || saving)
+            compute->to_host(model);
         double eval_start = wall_seconds();
         run->heldout = run->evaluated ? train_evaluate(run, last) : NAN;
         last_time += wall_seconds() - eval_start;
         error = train_event(run, TRAIN_STEPPED);   // lab: --log, --loss-log
-        if (error) break;
-        if (saving) error = train_save(run);
-        if (saving && !error) error = train_event(run, TRAIN_SAVED);   // lab: --keep-last
-        if (error) break;
+        if (error)
+            break;
+        if (saving)
+            error = train_save(run);
+        if (saving && !error)
+            error = train_event(run, TRAIN_SAVED);   // lab: --keep-last
+        if (error)
+            break;
     }
     if (!error && model->adam_step > first_step) {
         double seconds = wall_seconds() - start;
@@ -3567,7 +3656,8 @@ static int command_train(int argc, char **argv) {
     run->opt = train_defaults;
     run->num_options = train_option_table(run->options, &run->opt);
     run->usage = train_usage;
-    if (lab.train_options) lab.train_options(run);   // lab: more flags (--train, --resume, ...)
+    if (lab.train_options)
+        lab.train_options(run);   // lab: more flags (--train, --resume, ...)
     int status = parse_options("train", run->usage, run->options, run->num_options, argc, argv,
                                NULL, NULL);
     const char *error = NULL;
@@ -3575,15 +3665,21 @@ static int command_train(int argc, char **argv) {
         set_threads(run->opt.threads);
         run->last_saved_step = -1;
         error = train_event(run, TRAIN_START);   // lab: --resume, §5.1 merges, TSV files
-        if (!error && !run->resumed_from) error = train_start(run);
-        if (!error) error = train_prepare_output(run);
-        if (!error) error = train_loop(run);
+        if (!error && !run->resumed_from)
+            error = train_start(run);
+        if (!error)
+            error = train_prepare_output(run);
+        if (!error)
+            error = train_loop(run);
         const char *end_error = train_event(run, TRAIN_END);   // lab: closes its logs
-        if (!error) error = end_error;
-        if (error) fprintf(stderr, "error: train: %s\n", error);
+        if (!error)
+            error = end_error;
+        if (error)
+            fprintf(stderr, "error: train: %s\n", error);
     }
     train_run_free(run);
-    if (status == 2) return 0;
+    if (status == 2)
+        return 0;
     return status != 0 || error != NULL;
 }
 
@@ -3608,22 +3704,27 @@ static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, Te
         error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d "
                        "(one position is </s>)", from->where, n, max_len, max_len - 1);
     }
-    if (!error) n = tokenize(text, vocab, 0, &ids, &capacity, from);
-    if (!error && n < 0) error = reserved_token_error(from);
+    if (!error)
+        n = tokenize(text, vocab, 0, &ids, &capacity, from);
+    if (!error && n < 0)
+        error = reserved_token_error(from);
     if (!error && n > 0) {
         push_id(&ids, &capacity, n, TOKEN_EOS);   // the source ends with </s>, as in batch_fill
         n++;
         int limit = transformer_decode_limit(model, n);
         int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
         int out_len;
-        if (d->beam <= 1) transformer_greedy_decode(model, out, &out_len, limit, ids, &n, 1, n);
-        else out_len = transformer_beam_search(model, out, NULL, ids, n, d->beam, d->alpha);
+        if (d->beam <= 1)
+            transformer_greedy_decode(model, out, &out_len, limit, ids, &n, 1, n);
+        else
+            out_len = transformer_beam_search(model, out, NULL, ids, n, d->beam, d->alpha);
         print_tokens(stdout, vocab, out, out_len);
         free(out);
     }
     free(ids);
     fflush(stdout);
-    if (error) fprintf(stderr, "error: decode: %s\n", error);
+    if (error)
+        fprintf(stderr, "error: decode: %s\n", error);
     printf("\n");
     fflush(stdout);
     return error != NULL;
@@ -3649,12 +3750,14 @@ static int decode_stdin(Transformer *model, Vocabulary *vocab, const DecodeOptio
         if (strlen(line) != (size_t)length) {
             error = errorf("%s: a zero byte; expected text", from->where);
         }
-        if (!error && lab.check_text) error = lab.check_text(line, from->where, line_no);   // lab
+        if (!error && lab.check_text)
+            error = lab.check_text(line, from->where, line_no);   // lab
         refused += decode_sentence(model, vocab, line, from, d, error);
         length = getline(&line, &capacity, stdin);
     }
     free(line);
-    if (!ferror(stdin)) return refused;
+    if (!ferror(stdin))
+        return refused;
     // A read that fails (stdin a directory, say) is not the end of the input.
     fprintf(stderr, "error: decode: stdin: read error after %d lines: %s\n", line_no,
             strerror(errno));
@@ -3678,7 +3781,8 @@ static int command_decode(int argc, char **argv) {
     };
     memcpy(d.options, options, sizeof options);
     d.num_options = (int)(sizeof options / sizeof *options);
-    if (lab.decode_options) lab.decode_options(&d);   // lab: --alpha, --threads
+    if (lab.decode_options)
+        lab.decode_options(&d);   // lab: --alpha, --threads
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
     int num_sentences = 0;
     int status = parse_options("decode", d.usage, d.options, d.num_options, argc, argv, sentences,
@@ -3691,7 +3795,8 @@ static int command_decode(int argc, char **argv) {
     Transformer model = { 0 };
     Vocabulary vocab = { 0 };
     const char *error = "--checkpoint FILE is required (a model written by ./transformer train)";
-    if (d.checkpoint) error = checkpoint_load(d.checkpoint, &model, &vocab, NULL, NULL);
+    if (d.checkpoint)
+        error = checkpoint_load(d.checkpoint, &model, &vocab, NULL, NULL);
     if (error) {
         fprintf(stderr, "error: decode: %s\n", error);
         free(sentences);
@@ -3704,10 +3809,12 @@ static int command_decode(int argc, char **argv) {
     for (int i = 0; i < num_sentences; i++) {
         snprintf(from.where, sizeof from.where, "argument %d", i + 1);
         const char *error_of_text = NULL;
-        if (lab.check_text) error_of_text = lab.check_text(sentences[i], from.where, 0);   // lab
+        if (lab.check_text)
+            error_of_text = lab.check_text(sentences[i], from.where, 0);   // lab
         refused += decode_sentence(&model, &vocab, sentences[i], &from, &d, error_of_text);
     }
-    if (num_sentences == 0) refused = decode_stdin(&model, &vocab, &d, &from);
+    if (num_sentences == 0)
+        refused = decode_stdin(&model, &vocab, &d, &from);
     transformer_free(&model);
     vocab_free(&vocab);
     free(sentences);
@@ -3728,7 +3835,8 @@ static Command commands[] = {
 
 // The i-th command: transformer.c's, then the lab's.
 static const Command *command_at(int i) {
-    if (i < NUM_COMMANDS) return &commands[i];
+    if (i < NUM_COMMANDS)
+        return &commands[i];
     return &lab.commands[i - NUM_COMMANDS];
 }
 
@@ -3746,20 +3854,23 @@ static int print_usage(FILE *f, int count) {
 // Runs the command argv[1] with its arguments. Returns 0, or 1 after a one-line error.
 int transformer_main(int argc, char **argv) {
     int count = NUM_COMMANDS + lab.num_commands;
-    if (argc < 2) return print_usage(stderr, count);
+    if (argc < 2)
+        return print_usage(stderr, count);
     const char *name = argv[1];
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
         return print_usage(stdout, count);
     }
     for (int i = 0; i < count; i++) {
-        if (strcmp(name, command_at(i)->name) != 0) continue;
+        if (strcmp(name, command_at(i)->name) != 0)
+            continue;
         snprintf(error_context, sizeof error_context, "%s: ", name);
         int status = command_at(i)->run(argc - 1, argv + 1);
         error_context[0] = '\0';
         // The output may be lost at the end (a full disk): that is an error too. errno is cleared
         // first, so that a reason given is this flush's own.
         errno = 0;
-        if (status != 0 || (fflush(stdout) == 0 && !ferror(stdout))) return status;
+        if (status != 0 || (fflush(stdout) == 0 && !ferror(stdout)))
+            return status;
         const char *reason = errno ? strerror(errno) : "an earlier write to standard output failed";
         fprintf(stderr, "error: %s: writing the output failed: %s\n", name, reason);
         return 1;
