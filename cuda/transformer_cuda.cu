@@ -876,9 +876,10 @@ typedef struct {
     float *ff1_w, *ff1_b, *ff2_w, *ff2_b;
 } GpuLayerParams;
 
-// What a layer's backward pass reads, named as transformer.h's ActivationTensors
-// except: q, k, v are head-major (heads_from_rows_kernel) and the dropout masks
-// are keys (Dropout); the sub-layers' outputs before their norms are not kept.
+// What a layer's backward pass reads, named as transformer.c's activations once were
+// (ln1 for norm1.out, res1 for norm1.res, ff_h for ffn.hidden: transformer.h's
+// EncoderLayerActs) except: q, k, v are head-major (heads_from_rows_kernel) and the
+// dropout masks are keys (Dropout); the sub-layers' outputs before their norms are not kept.
 typedef struct {
     float *qkv, *att, *heads, *res1, *ln1, *ln1_mean, *ln1_rstd;
     float *ff_h, *res2, *ln2, *ln2_mean, *ln2_rstd;
