@@ -52,7 +52,7 @@ ifeq ($(OPENMP),1)
 OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
-SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/subwords.c lab/runs.c lab/bleu.c
+SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/subwords.c lab/runs.c lab/bleu.c lab/catalogs.c
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
