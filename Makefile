@@ -29,7 +29,7 @@
 #                      lab (double and float), each against its program built the same way
 #   make fuzz          a libFuzzer target per parser of outside input (checkpoints, TSV data and
 #                      §5.1 merges, text cut into subwords, BLEU's files, plot's training log, the
-#                      PyTorch reference files), clang with AddressSanitizer and UBSan, each run
+#                      PyTorch reference files, message catalogs), clang with AddressSanitizer and UBSan, each run
 #                      FUZZ_SECONDS (60) from seeds; findings under runs/fuzz/ (not part of make test)
 #   make bench-setup   dev/.venv: a virtual environment with PyTorch 2.x from PyPI, for
 #                      make bench (dev/BENCH.md; does nothing when it is already there)
@@ -364,7 +364,7 @@ sanitize: $(LAB_TEST)
 # FUZZ_SECONDS and prints a summary; an input that fails is kept as
 # runs/fuzz/TARGET/crash-* (and make fuzz fails). clang 14's libFuzzer may need
 # apt-get install libclang-rt-14-dev.
-FUZZ_TARGETS = checkpoint tsv_bpe bpe_apply bleu training_log reference
+FUZZ_TARGETS = checkpoint tsv_bpe bpe_apply bleu training_log reference catalogs
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined,float-cast-overflow \
