@@ -1382,16 +1382,18 @@ static void test_softmax_visible(void) {
           "no visible key gives a row of 0");
 }
 
-// greedy_token never outputs <pad> or <s> and breaks a tie by the lowest id.
+// greedy_token never outputs <pad> or <s>, nor </s> where it may not end, and breaks a tie by the lowest id.
 static void test_greedy_token(void) {
     real logits[40];
     for (int v = 0; v < 40; v++) logits[v] = (real)(v % 5);
     logits[TOKEN_PAD] = logits[TOKEN_BOS] = 100;
-    int first = greedy_token(logits, 40);       // the 4s are at 4, 9, 14, ...
+    int first = greedy_token(logits, 40, 1);       // the 4s are at 4, 9, 14, ...
     logits[TOKEN_EOS] = 4;
-    int with_eos = greedy_token(logits, 40);
-    check(first == 4 && with_eos == TOKEN_EOS, "greedy_token: skips <pad> and <s>, lowest id of a tie (%d, %d)",
-          first, with_eos);
+    int with_eos = greedy_token(logits, 40, 1);
+    logits[TOKEN_EOS] = 50;
+    int may_not_end = greedy_token(logits, 40, 0);
+    check(first == 4 && with_eos == TOKEN_EOS && may_not_end == 4, "greedy_token: skips <pad> and <s>, lowest id of "
+          "a tie (%d, %d), and </s> where it may not end (%d)", first, with_eos, may_not_end);
 }
 
 // Every parallel loop gives each output to one thread and sums in a fixed
@@ -1920,7 +1922,7 @@ static int uncached_greedy(Transformer *m, int *out, const int *src, int src_len
         int T = t + 1, S = src_len;
         Batch b = { 1, S, T, (int *)src, &S, tgt_in, tgt_out, &T };
         transformer_forward(m, &b);
-        int y = greedy_token(m->acts.logits + (size_t)t * V, V);
+        int y = greedy_token(m->acts.logits + (size_t)t * V, V, t > 0 || src_len <= 1);
         if (y == TOKEN_EOS) break;
         out[n++] = y;
         if (t + 1 < limit) tgt_in[t + 1] = y;
@@ -2030,8 +2032,9 @@ static void test_decoding(void) {
 // With more beams than hypotheses, beam search is exhaustive: it must find the
 // best-scoring output of all, found here by scoring every sequence with the
 // full forward pass. Vocabulary: 4 specials + 2 words, max_len 5, so the
-// candidates at each step are </s>, <unk>, 4, 5: 121 outputs end with </s>
-// and 243 run to the limit, 364 in all.
+// candidates at each step are </s>, <unk>, 4, 5 (not </s> at the first, as
+// fairseq's min_len 1): 120 outputs end with </s> and 243 run to the limit,
+// 363 in all.
 // GNMT's length penalty (Wu et al. 2016, eq. 14), the one §6.1's alpha belongs to, written
 // out again here so that the exhaustive test does not check length_penalty against itself:
 // lp(Y) = (5 + |Y|)^alpha / (5 + 1)^alpha, |Y| counting </s> as tensor2tensor's beam search
@@ -2090,6 +2093,7 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
                 for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
                 double log_sum = max_z + log(sum);
                 score = (log_p + z[TOKEN_EOS] - log_sum) / gnmt_penalty(t + 1, alpha); // t words, then </s>
+                if (t == 0) score = -INFINITY;   // min_len 1: a source of words never gets the empty output
                 log_p += z[tgt_out[b * T + t]] - log_sum;
             }
             if (!first_with_these_words && t < T) continue;
@@ -2102,7 +2106,7 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     int n = transformer_beam_search(m, out, &score, src, S, 512, alpha);
     int same_tokens = n == best_len && memcmp(out, tgt_out + best_b * T, n * sizeof(int)) == 0;
     check(fabs(score - best) < 1e-4 && (same_tokens || best - second < 1e-4),
-          "beam (%s model): 512 beams over all 364 outputs find the best (%d tokens, score %.6f; by enumeration "
+          "beam (%s model): 512 beams over all 363 outputs find the best (%d tokens, score %.6f; by enumeration "
           "%d tokens, %.6f)", name, n, score, best_len, best);
     double greedy_score;
     transformer_beam_search(m, out, &greedy_score, src, S, 1, alpha);

@@ -1123,19 +1123,22 @@ int transformer_decode_limit(const Transformer *model, int src_len) {
     return limit < model->config.max_len ? limit : model->config.max_len;
 }
 
-// The most likely next token, never <pad> or <s>; the lowest id wins a tie, a NaN never (all NaN: </s>).
+// The most likely next token, never <pad> or <s>, nor </s> unless may_end; the lowest id wins a tie,
+// a NaN never (all NaN: the first candidate).
 _Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
                "the possible outputs are the ids from </s> on");
-static int greedy_token(const real *logits, int V) {
-    int best = TOKEN_EOS;
-    for (int token = TOKEN_EOS; token < V; token++)
+static int greedy_token(const real *logits, int V, int may_end) {
+    int first = may_end ? TOKEN_EOS : TOKEN_EOS + 1;
+    int best = first;
+    for (int token = first; token < V; token++)
         if (logits[token] > logits[best] || (logits[best] != logits[best] && logits[token] == logits[token]))
             best = token;
     return best;
 }
 
 // Greedy decoding of B sentences side by side: at each position every sentence takes its
-// most likely token, until </s> or the length limit. src is (B,S) padded, src_len (B);
+// most likely token, until </s> or the length limit; as fairseq's min_len 1, a source of words
+// (more than its </s>) never ends at the first position (NOTES §9). src is (B,S) padded, src_len (B);
 // out (B, max_out) gets each output without </s>, out_len (B) its length.
 void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out, const int *src,
                                const int *src_len, int B, int S) {
@@ -1158,7 +1161,8 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
         int active = 0;
         for (int b = 0; b < B; b++) {
             if (done[b]) continue;
-            int token = greedy_token(cache.logits + (size_t)b * V, V);
+            int may_end = t > 0 || src_len[b] <= 1;
+            int token = greedy_token(cache.logits + (size_t)b * V, V, may_end);
             if (token == TOKEN_EOS) { done[b] = 1; continue; }
             out[(size_t)b * max_out + out_len[b]++] = token;
             tokens[b] = token;
@@ -1197,10 +1201,11 @@ static void candidate_insert(BeamCandidate *best, int *count, int keep, BeamCand
     best[i] = candidate;
 }
 
-// Every alive beam r proposes every token but <pad> and <s>, scored alive_score[r] +
-// log softmax(logits[r])_token (in double); the best `keep` go to best[], sorted. Returns how many.
+// Every alive beam r proposes every token but <pad> and <s> (and </s> unless may_end), scored
+// alive_score[r] + log softmax(logits[r])_token (in double); the best `keep` go to best[], sorted.
+// Returns how many.
 static int beam_propose(BeamCandidate *best, int keep, const real *logits, const double *alive_score, int num_alive,
-                        int V) {
+                        int V, int may_end) {
     int num_best = 0;
     for (int r = 0; r < num_alive; r++) {
         const real *z = logits + (size_t)r * V;
@@ -1209,7 +1214,7 @@ static int beam_propose(BeamCandidate *best, int keep, const real *logits, const
         for (int token = 0; token < V; token++) sum += exp(z[token] - max_z);
         double log_sum = max_z + log(sum);
         for (int token = 0; token < V; token++) {
-            if (token == TOKEN_PAD || token == TOKEN_BOS) continue;
+            if (token == TOKEN_PAD || token == TOKEN_BOS || (token == TOKEN_EOS && !may_end)) continue;
             BeamCandidate candidate = { alive_score[r] + (z[token] - log_sum), z[token], r, token };
             candidate_insert(best, &num_best, keep, candidate);
         }
@@ -1265,7 +1270,8 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
         // on. An ended beam is not replaced, so poor hypotheses that end early cannot stop the
         // search while a better one is still going.
         int width = beam_size - finished.count, num_next = 0;
-        int num_best = beam_propose(best, width, cache.logits, alive_score, num_alive, V);
+        int may_end = t > 0 || src_len <= 1;   // min_len 1: a source of words never ends at once
+        int num_best = beam_propose(best, width, cache.logits, alive_score, num_alive, V, may_end);
         for (int i = 0; i < num_best; i++) {
             BeamCandidate candidate = best[i];
             if (candidate.token == TOKEN_EOS) {

@@ -2061,6 +2061,57 @@ static void test_parameter_groups(void) {
 }
 
 // ============================================================================
+// No empty translation (transformer.c, §6.1 decoding: fairseq's min_len 1)
+// ============================================================================
+
+// A model made to end at once: the last decoder layer's norm gives every
+// position the output 1 (its gain 0, its bias 1), and the </s> row of the
+// shared embedding is 1 too, so </s> has the largest logit, C, at every step.
+// Both decoders must still give a source of words one token (the most likely
+// other one), then end; a source of </s> alone may still end at once.
+static void test_no_empty_translation(void) {
+    TransformerConfig config = decode_config();
+    Transformer m;
+    transformer_build(&m, &config, 5);
+    int C = config.d_model;
+    int V = config.vocab_size;
+    real *gain = m.params.dec_ln3_g + (size_t)(config.n_layers - 1) * C;
+    real *bias = m.params.dec_ln3_b + (size_t)(config.n_layers - 1) * C;
+    for (int c = 0; c < C; c++) {
+        gain[c] = 0;
+        bias[c] = 1;
+        m.params.embedding[(size_t)TOKEN_EOS * C + c] = 1;
+    }
+    int src[4] = { 4, 7, 5, TOKEN_EOS };
+    int S = 4;
+    int T = 1;
+    int tgt_in[1] = { TOKEN_BOS };
+    int tgt_out[1] = { TOKEN_EOS };
+    Batch batch = { 1, S, T, src, &S, tgt_in, tgt_out, &T };
+    m.training = 0;
+    transformer_forward(&m, &batch);
+    int most_likely = greedy_token(m.acts.logits, V, 1);
+    int most_likely_word = greedy_token(m.acts.logits, V, 0);
+    check(most_likely == TOKEN_EOS, "no empty translation: the model's most likely first token is </s> (%d)",
+          most_likely);
+    int greedy[20];
+    int greedy_len = 0;
+    transformer_greedy_decode(&m, greedy, &greedy_len, 20, src, &S, 1, S);
+    int beam[20];
+    int beam_len = transformer_beam_search(&m, beam, NULL, src, S, 4, 0.6);
+    check(greedy_len == 1 && greedy[0] == most_likely_word && beam_len == 1 && beam[0] == most_likely_word,
+          "no empty translation: greedy and beam 4 (alpha 0.6) both give a source of words one token, the most "
+          "likely after </s> (%d), then end (greedy %d tokens, beam %d)", most_likely_word, greedy_len, beam_len);
+    int empty_source[1] = { TOKEN_EOS };
+    int one = 1;
+    transformer_greedy_decode(&m, greedy, &greedy_len, 20, empty_source, &one, 1, 1);
+    beam_len = transformer_beam_search(&m, beam, NULL, empty_source, 1, 4, 0.6);
+    check(greedy_len == 0 && beam_len == 0, "no empty translation: an empty source (</s> alone) may still end at "
+          "once (greedy %d tokens, beam %d)", greedy_len, beam_len);
+    transformer_free(&m);
+}
+
+// ============================================================================
 // Message catalogs (lab/catalogs.c): .mo files built here, never the machine's
 // ============================================================================
 
@@ -2408,6 +2459,8 @@ static void run_lab_tests(void) {
     test_bpe_learn_and_apply();
     test_bpe_numbers_data();
     test_parameter_groups();
+    printf("-- no empty translation (min_len 1), greedy and beam\n");
+    test_no_empty_translation();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
     if (!make_test_dir()) return;
