@@ -2060,6 +2060,56 @@ static void test_parameter_groups(void) {
     }
 }
 
+// --batch-log (dev/pytorch_translate.py trains on it): every step's batch as
+// int32 numbers, step, B, S, T, then src, src_len, tgt_in, tgt_out, tgt_len.
+// Each batch must hold its step's number, fit --batch-tokens, and read as
+// train builds batches: a source ending in </s>, a target shifted by one
+// (tgt_in = <s> y, tgt_out = y </s>), padding past the lengths.
+static void test_batch_log(void) {
+    const char *ckpt = test_path("batch_log.ckpt");
+    const char *log = test_path("batches.bin");
+    int status = run_cli("train --task copy --steps 4 --checkpoint %s --batch-log %s --force " TINY_RUN, ckpt, log);
+    size_t size = 0;
+    unsigned char *bytes = read_file(log, &size);
+    size_t count = size / sizeof(int32_t);
+    int32_t *numbers = checked_calloc(count + 1, sizeof(int32_t), "batch log");
+    if (bytes) memcpy(numbers, bytes, count * sizeof(int32_t));
+    int steps = 0;
+    int well_formed = status == 0 && bytes && size % sizeof(int32_t) == 0;
+    size_t at = 0;
+    while (well_formed && at + 4 <= count) {
+        int step = numbers[at];
+        int B = numbers[at + 1];
+        int S = numbers[at + 2];
+        int T = numbers[at + 3];
+        at += 4;
+        size_t need = (size_t)B * S + B + 2 * (size_t)B * T + B;
+        if (step != steps + 1 || B < 1 || S < 1 || T < 1 || B * (S + T) > 80 || at + need > count) {
+            well_formed = 0;
+            break;
+        }
+        const int32_t *src = numbers + at;
+        const int32_t *src_len = src + (size_t)B * S;
+        const int32_t *tgt_in = src_len + B;
+        const int32_t *tgt_out = tgt_in + (size_t)B * T;
+        const int32_t *tgt_len = tgt_out + (size_t)B * T;
+        for (int b = 0; b < B && well_formed; b++) {
+            int n = src_len[b];
+            int m = tgt_len[b];
+            well_formed = n >= 1 && n <= S && m >= 1 && m <= T && src[b * S + n - 1] == TOKEN_EOS &&
+                          tgt_in[b * T] == TOKEN_BOS && tgt_out[b * T + m - 1] == TOKEN_EOS;
+            for (int t = 1; t < m && well_formed; t++) well_formed = tgt_in[b * T + t] == tgt_out[b * T + t - 1];
+            for (int s = n; s < S && well_formed; s++) well_formed = src[b * S + s] == TOKEN_PAD;
+        }
+        at += need;
+        steps++;
+    }
+    check(well_formed && steps == 4 && at == count, "cli: train --batch-log writes each of the 4 steps' batches "
+          "(step, B, S, T, then the ids), as train builds them (%d read, %zu of %zu numbers)", steps, at, count);
+    free(bytes);
+    free(numbers);
+}
+
 // ============================================================================
 // No empty translation (transformer.c, §6.1 decoding: fairseq's min_len 1)
 // ============================================================================
@@ -2473,6 +2523,7 @@ static void run_lab_tests(void) {
     test_catalog_damage();
     if (cli_binary_found("./transformer")) {
         test_catalogs_command();
+        test_batch_log();
         run_command_line_tests();   // transformer.c's commands, through ./transformer
         printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");
         test_lab_command_line();
