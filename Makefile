@@ -181,19 +181,21 @@ TO ?= de
 TRANSLATE_DIR = runs/translate/$(TO)
 TRANSLATE = --bpe 3000 --layers 2 --d-model 256 --d-ff 1024 --heads 4 --lr 0.002 --warmup 500 --steps 2200 \
             --batch-tokens 3000 --seed 1
-TRANSLATE_THREADS ?= 2
+TRANSLATE_EXTRA ?=
 translate: transformer
 	@mkdir -p $(TRANSLATE_DIR) && date +%s > $(TRANSLATE_DIR)/started
 	./transformer catalogs --to $(TO) --out $(TRANSLATE_DIR) --force --min-pairs 2000
-	rm -f $(TRANSLATE_DIR)/model.ckpt $(TRANSLATE_DIR)/model.ckpt.step* $(TRANSLATE_DIR)/train.csv
+	rm -f $(TRANSLATE_DIR)/model.ckpt $(TRANSLATE_DIR)/model.ckpt.step* $(TRANSLATE_DIR)/train.csv \
+	    $(TRANSLATE_DIR)/batches.bin $(TRANSLATE_DIR)/loss.txt
 	./transformer train --train $(TRANSLATE_DIR)/train.tsv --valid $(TRANSLATE_DIR)/dev.tsv $(TRANSLATE) \
 	    --eval-every 0 --eval-size 100 --show 3 --log-every 100 --save-every 100 --keep-last 5 \
-	    --log $(TRANSLATE_DIR)/train.csv --checkpoint $(TRANSLATE_DIR)/model.ckpt --force --threads $(TRANSLATE_THREADS)
+	    --log $(TRANSLATE_DIR)/train.csv --checkpoint $(TRANSLATE_DIR)/model.ckpt --force --threads $(THREADS) \
+	    $(TRANSLATE_EXTRA)
 	./transformer average --out $(TRANSLATE_DIR)/average.ckpt --force $(TRANSLATE_DIR)/model.ckpt.step*
 	cut -f1 $(TRANSLATE_DIR)/test.tsv > $(TRANSLATE_DIR)/test.source
 	cut -f2 $(TRANSLATE_DIR)/test.tsv > $(TRANSLATE_DIR)/test.reference
 	./transformer decode --checkpoint $(TRANSLATE_DIR)/average.ckpt --beam 4 --alpha 0.6 \
-	    --threads $(TRANSLATE_THREADS) < $(TRANSLATE_DIR)/test.source > $(TRANSLATE_DIR)/test.output
+	    --threads $(THREADS) < $(TRANSLATE_DIR)/test.source > $(TRANSLATE_DIR)/test.output
 	./transformer bleu $(TRANSLATE_DIR)/test.output $(TRANSLATE_DIR)/test.reference
 	./transformer bleu $(TRANSLATE_DIR)/test.output $(TRANSLATE_DIR)/test.reference --tokenize none
 	@echo "ten test sentences (beam 4 over the average of the last 5 saves):"

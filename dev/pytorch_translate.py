@@ -158,16 +158,12 @@ def main():
 
     # 1. our initial weights, and the run's subwords
     init = os.path.join(d, "pytorch_init.ckpt")
-    init_options = options.split()
-    for name, value in (("--steps", "1"), ("--lr", "1e-30"), ("--checkpoint", init)):
-        if name in init_options:
-            init_options[init_options.index(name) + 1] = value
-        else:
-            init_options += [name, value]
-    for flag in ("--keep-last", "--log", "--loss-log", "--batch-log", "--save-every", "--eval-every"):
-        while flag in init_options:
-            i = init_options.index(flag)
-            del init_options[i:i + 2]
+    init_options = []
+    for name in ("--train", "--valid", "--layers", "--d-model", "--d-ff", "--heads", "--dropout",
+                 "--label-smoothing", "--warmup", "--batch-tokens", "--seed", "--bpe", "--positions", "--positional"):
+        if flag_value(options, name) is not None:
+            init_options += [name, flag_value(options, name)]
+    init_options += ["--steps", "1", "--lr", "1e-30", "--checkpoint", init]
     run([BIN, "train"] + init_options + ["--eval-every", "0", "--show", "0", "--force", "--log-every", "0"],
         stdout=subprocess.DEVNULL)
     init_config, init_words, init_params, _ = export.read_checkpoint(init)
