@@ -1,4 +1,4 @@
-/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c) and of the fast path (lab/fast_path.c)
+/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c, lab/catalogs.c) and of the fast path (lab/fast_path.c)
  *
  * Built by make test in double (test_lab_f64), in float (test_lab) and in
  * float without OpenMP (test_lab_serial), with the lab plugged in as make's
@@ -49,6 +49,13 @@
  *                                                        test_existing_checkpoints_and_keep_last
  *                --log, --loss-log, --positions          test_log_keep_last_and_pictures, test_lab_command_line
  *                --threads 0: cpu_times, others_busy_cores, free_cores_wanted, _decide    test_free_cores
+ *                --batch-log                             test_batch_log
+ *   catalogs.c   mo_check, catalog_read_bytes (both byte orders, revisions, contexts, plurals)    test_catalog_format
+ *                the filters (catalog_filter), their counts                  test_catalog_filters
+ *                catalog_drop_duplicates                                     test_catalog_duplicates
+ *                each kind of damage                                         test_catalog_damage
+ *                catalogs (languages, the split, --force, --min-pairs)       test_catalogs_command
+ *   transformer.c's decoding: no empty translation (min_len 1)              test_no_empty_translation
  */
 #define TRANSFORMER_NO_MAIN
 #include "lab.c"                      // transformer.c, the fast path and the lab
