@@ -198,11 +198,12 @@ translate: transformer
 	    --threads $(THREADS) < $(TRANSLATE_DIR)/test.source > $(TRANSLATE_DIR)/test.output
 	./transformer bleu $(TRANSLATE_DIR)/test.output $(TRANSLATE_DIR)/test.reference
 	./transformer bleu $(TRANSLATE_DIR)/test.output $(TRANSLATE_DIR)/test.reference --tokenize none
-	@echo "ten test sentences (beam 4 over the average of the last 5 saves):"
-	@paste $(TRANSLATE_DIR)/test.tsv $(TRANSLATE_DIR)/test.output | head -n 10 | \
+	@echo "ten test sentences, the first of 5 words or more that begin with a capital (beam 4, the average):"
+	@paste $(TRANSLATE_DIR)/test.tsv $(TRANSLATE_DIR)/test.output | awk -F '\t' '$$1 ~ /^[A-Z][a-z]/ && \
+	    split($$1, words, " ") >= 5' | head -n 10 | \
 	    awk -F '\t' '{ printf "  source     %s\n  reference  %s\n  ours       %s\n\n", $$1, $$2, $$3 }'
 	./transformer attention --checkpoint $(TRANSLATE_DIR)/average.ckpt --out-dir $(TRANSLATE_DIR)/attention \
-	    "$$(awk 'NF >= 6 && NF <= 10' $(TRANSLATE_DIR)/test.source | head -n 1)"
+	    "$$(awk '/^[A-Z][a-z]/ && NF >= 6 && NF <= 10' $(TRANSLATE_DIR)/test.source | head -n 1)"
 	./transformer plot --log $(TRANSLATE_DIR)/train.csv --out $(TRANSLATE_DIR)/training.svg \
 	    --title "English -> $(TO), message catalogs"
 	@echo "make translate: $$(( $$(date +%s) - $$(cat $(TRANSLATE_DIR)/started) )) s from the catalogs to here;" \
