@@ -188,6 +188,10 @@ def main():
         loss.backward()
         adam.step()
         losses[step] = loss.item()
+        if step in (500, 1000, 2000):   # said as it passes, so that a run cut short still tells
+            window = range(step - a.window + 1, step + 1)
+            print(f"  loss over steps {window[0]}..{step}: PyTorch {sum(losses[s] for s in window) / len(window):.4f}, "
+                  f"ours {sum(losses_ours[s] for s in window) / len(window):.4f}", flush=True)
         if step % 100 == 0 or step == steps:
             elapsed = time.time() - start
             print(f"step {step:5d}/{steps} | PyTorch loss {losses[step]:.4f} | ours {losses_ours.get(step, float('nan')):.4f}"
