@@ -209,6 +209,11 @@ def main():
         print(f"  step {at:5d}: {mine:.4f} / {theirs:.4f}  ({difference:.1f}% apart)")
     peer = os.path.join(d, "pytorch.ckpt")
     write_checkpoint(ours if steps == config["adam_step"] else init, peer, model)
+    if steps != config["adam_step"]:   # our model of the same step, where the run kept one
+        ours = f"{ours}.step{steps:07d}"
+        if not os.path.exists(ours):
+            print(f"BLEU not compared: our run kept no checkpoint of step {steps} ({ours}); PyTorch's is {peer}")
+            return
     source, reference = os.path.join(d, "test.source"), os.path.join(d, "test.reference")
     scores = {}
     for name, checkpoint in (("PyTorch", peer), ("ours", ours)):
