@@ -164,7 +164,8 @@ def main():
         if flag_value(options, name) is not None:
             init_options += [name, flag_value(options, name)]
     init_options += ["--steps", "1", "--lr", "1e-30", "--checkpoint", init]
-    run([BIN, "train"] + init_options + ["--eval-every", "0", "--show", "0", "--force", "--log-every", "0"],
+    run([BIN, "train"] + init_options + ["--eval-every", "0", "--eval-size", "1", "--show", "0", "--force",
+                                         "--log-every", "0"],
         stdout=subprocess.DEVNULL)
     init_config, init_words, init_params, _ = export.read_checkpoint(init)
     if init_words != words:
