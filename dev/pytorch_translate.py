@@ -27,7 +27,10 @@ Everything PyTorch needs is read from our run, so that only the implementation d
 
 Our run must have been made with --batch-log DIR/batches.bin and --loss-log DIR/loss.txt
 (make translate TRANSLATE_EXTRA='--batch-log runs/translate/de/batches.bin --loss-log
-runs/translate/de/loss.txt'). Use Debian's python3-torch with /usr/bin/python3.
+runs/translate/de/loss.txt'). Use Debian's python3-torch with /usr/bin/python3, and install
+libopenblas0-pthread first: Debian's PyTorch calls the system's libblas.so.3, which without it is
+the reference BLAS (a step of make translate's model took 7.5 s of CPU there, 0.65 s with
+OpenBLAS, against transformer.c's 0.27 s; dev/RESULTS.md).
 """
 import argparse
 import math
