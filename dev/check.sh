@@ -106,8 +106,20 @@ if has_torch "$export_python"; then
         "$export_python" dev/export_pytorch.py "$tmp/small.ckpt" --out "$tmp/small.pt"
     }
     run export_pytorch.py "a 2-step checkpoint (subwords, learned positions) to PyTorch, compared by ./test_transformer ($export_python)" export_
+    peer() {
+        local d=$tmp/translate
+        mkdir -p "$d" && head -n 200 tiny_data/numbers_train.tsv > "$d/train.tsv" &&
+        head -n 20 tiny_data/numbers_test.tsv > "$d/test.tsv" && cut -f1 "$d/test.tsv" > "$d/test.source" &&
+        cut -f2 "$d/test.tsv" > "$d/test.reference" &&
+        ./transformer train --train "$d/train.tsv" --bpe 50 --steps 30 --warmup 10 --layers 1 --d-model 16 --d-ff 32 \
+            --heads 2 --batch-tokens 300 --log-every 0 --eval-every 0 --show 0 --force --threads 1 \
+            --checkpoint "$d/model.ckpt" --batch-log "$d/batches.bin" --loss-log "$d/loss.txt" > /dev/null &&
+        "$export_python" dev/pytorch_translate.py --dir "$d" --window 10 --threads 1
+    }
+    run pytorch_translate.py "the PyTorch peer of make translate on a 30-step numbers run ($export_python)" peer
 else
     skip export_pytorch.py "needs PyTorch: Debian's python3-torch at $system, or dev/.venv (make bench-setup)"
+    skip pytorch_translate.py "needs PyTorch: Debian's python3-torch at $system, or dev/.venv (make bench-setup)"
 fi
 
 echo "dev-check: $ok ok, $failed failed, $skipped skipped in $(( $(date +%s) - start )) s"

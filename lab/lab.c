@@ -12,6 +12,7 @@
  *
  *   average    the mean of several checkpoints' weights (§6.1)
  *   bleu       corpus BLEU of a file of outputs against a file of references, as sacreBLEU computes it (lab/bleu.c)
+ *   catalogs   English->LANG sentence pairs from the machine's gettext catalogs (lab/catalogs.c)
  *   attention  SVG heatmaps of every attention head for one sentence
  *   pe         SVG picture of the positional-encoding matrix (§3.5)
  *   plot       SVG training curves from the CSV of train --log
@@ -42,6 +43,7 @@ static int positional_from_name(const char *name) {
 #include "subwords.c"        // §5.1 byte-pair encoding (transformer.c's subword hooks)
 #include "runs.c"            // --train, --resume, --keep-last, --log, --threads 0, ... (transformer.c's train hooks)
 #include "bleu.c"            // BLEU, eval, and BLEU of files as sacreBLEU computes it (13a, smoothing, signature)
+#include "catalogs.c"        // sentence pairs from the machine's gettext catalogs (make translate)
 
 
 // Pictures as SVG files. Each writer returns 0 on success; on failure it
@@ -1825,6 +1827,7 @@ static int command_bench(int argc, char **argv) {
 static const Command lab_commands[] = {
     { "eval",   command_eval,   "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
     { "bleu",   command_bleu,   "corpus BLEU of a file of outputs against a file of references, as sacreBLEU computes it" },
+    { "catalogs", command_catalogs, "English->LANG sentence pairs from the machine's message catalogs (.mo)" },
     { "average", command_average, "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
     { "attention", command_attention, "SVG heatmaps of every attention head for one sentence and its translation" },
     { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },

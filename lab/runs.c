@@ -18,9 +18,9 @@
 static struct {
     // flags
     int bpe, keep_last;
-    const char *positional, *resume, *loss_log, *log_csv;
-    // --log, --loss-log: the files, and the steps since the last CSV line
-    FILE *loss_log_file, *log_file;
+    const char *positional, *resume, *loss_log, *log_csv, *batch_log;
+    // --log, --loss-log, --batch-log: the files, and the steps since the last CSV line
+    FILE *loss_log_file, *log_file, *batch_log_file;
     double csv_loss, csv_seconds;
     long csv_steps, csv_tokens;
     // --keep-last: the steps of the CHECKPOINT.stepN files there are, oldest first
@@ -96,6 +96,8 @@ static void lab_train_options(TrainRun *run) {
                     "table, Table 3 row E)"),
         TEXT_OPTION("--resume", &lab_run.resume, "go on with the run in this checkpoint (--steps may be raised)"),
         TEXT_OPTION("--loss-log", &lab_run.loss_log, "append 'step loss lr' of every step to this file"),
+        TEXT_OPTION("--batch-log", &lab_run.batch_log, "append every step's batch to this file: int32 step, B, S, "
+                    "T, then src, src_len, tgt_in, tgt_out, tgt_len (dev/pytorch_translate.py trains on them)"),
         TEXT_OPTION("--log", &lab_run.log_csv, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
                     "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
         INT_OPTION("--keep-last", &lab_run.keep_last, 0, 1000, "also keep the last N saves as "
@@ -169,7 +171,8 @@ static const char *lab_check_output(TrainRun *run) {
 
 // train's flags that are not stored in checkpoints: they belong to one session
 static const char *session_flags[] = { "--checkpoint", "--eval-every", "--show", "--threads", "--force", "--resume",
-                                       "--loss-log", "--log", "--keep-last", "--save-every", "--log-every", "--eval-size" };
+                                       "--loss-log", "--log", "--keep-last", "--save-every", "--log-every", "--eval-size",
+                                       "--batch-log" };
 
 static int stored_flag(const Option *o) {
     for (size_t i = 0; i < sizeof session_flags / sizeof *session_flags; i++)
@@ -445,6 +448,8 @@ static const char *lab_keep_last(const TrainRun *run) {
 static const char *lab_open_logs(void) {
     if (lab_run.loss_log && !(lab_run.loss_log_file = fopen(lab_run.loss_log, "a")))
         return errorf("%s: cannot write: %s", lab_run.loss_log, strerror(errno));
+    if (lab_run.batch_log && !(lab_run.batch_log_file = fopen(lab_run.batch_log, "ab")))
+        return errorf("%s: cannot write: %s", lab_run.batch_log, strerror(errno));
     if (lab_run.log_csv) {
         if (!(lab_run.log_file = fopen(lab_run.log_csv, "a")))
             return errorf("%s: cannot write: %s", lab_run.log_csv, strerror(errno));
@@ -455,6 +460,21 @@ static const char *lab_open_logs(void) {
     return NULL;
 }
 
+// --batch-log: the step's batch as int32 numbers, in the machine's byte order: step, B, S, T,
+// then src (B, S), src_len (B), tgt_in (B, T), tgt_out (B, T), tgt_len (B) (dev/FORMATS.md)
+static void lab_log_batch(FILE *f, long step, const Batch *batch) {
+    int32_t header[4] = { (int32_t)step, batch->B, batch->S, batch->T };
+    fwrite(header, sizeof header[0], 4, f);
+    const int *arrays[5] = { batch->src, batch->src_len, batch->tgt_in, batch->tgt_out, batch->tgt_len };
+    size_t counts[5] = { (size_t)batch->B * batch->S, (size_t)batch->B, (size_t)batch->B * batch->T,
+                         (size_t)batch->B * batch->T, (size_t)batch->B };
+    for (int a = 0; a < 5; a++)
+        for (size_t i = 0; i < counts[a]; i++) {
+            int32_t value = arrays[a][i];
+            fwrite(&value, sizeof value, 1, f);
+        }
+}
+
 // After each step: its loss to --loss-log; to --log, at each progress line
 // and evaluation, the mean training loss of the steps since the last line and
 // tokens/s over the same steps' time (evaluations left out)
@@ -462,6 +482,7 @@ static void lab_log_step(const TrainRun *run) {
     long step = run->model.adam_step;
     int log_every = run->opt.log_every;
     if (lab_run.loss_log_file) fprintf(lab_run.loss_log_file, "%ld %.9g %.9g\n", step, (double)run->loss, run->lr);
+    if (lab_run.batch_log_file) lab_log_batch(lab_run.batch_log_file, step, &run->batch.batch);
     lab_run.csv_loss += run->loss; lab_run.csv_steps++; lab_run.csv_tokens += run->tokens;
     lab_run.csv_seconds += run->seconds;
     if (!lab_run.log_file || !((log_every && step % log_every == 0) || run->evaluated)) return;
@@ -627,9 +648,9 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
     case TRAIN_END: {   // after the run, or its error; a log that could not be written is an error too
         // (in a buffer of its own: errorf's holds the run's error, if it failed, which train reports first)
         static char log_error[600];
-        FILE *logs[2] = { lab_run.loss_log_file, lab_run.log_file };
-        const char *names[2] = { lab_run.loss_log, lab_run.log_csv };
-        for (int i = 0; i < 2; i++) {
+        FILE *logs[3] = { lab_run.loss_log_file, lab_run.log_file, lab_run.batch_log_file };
+        const char *names[3] = { lab_run.loss_log, lab_run.log_csv, lab_run.batch_log };
+        for (int i = 0; i < 3; i++) {
             errno = 0;   // (a reason given is this close's own, never an older error's)
             if (logs[i] && (ferror(logs[i]) | fclose(logs[i])) && !error) {
                 snprintf(log_error, sizeof log_error, "%.400s: writing the log failed: %s", names[i],

@@ -1,4 +1,4 @@
-/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c) and of the fast path (lab/fast_path.c)
+/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c, lab/catalogs.c) and of the fast path (lab/fast_path.c)
  *
  * Built by make test in double (test_lab_f64), in float (test_lab) and in
  * float without OpenMP (test_lab_serial), with the lab plugged in as make's
@@ -58,6 +58,13 @@
  *                                                        test_existing_checkpoints_and_keep_last
  *                --log, --loss-log, --positions          test_log_keep_last_and_pictures, test_lab_command_line
  *                --threads 0: cpu_times, others_busy_cores, free_cores_wanted, _decide    test_free_cores
+ *                --batch-log                             test_batch_log
+ *   catalogs.c   mo_check, catalog_read_bytes (both byte orders, revisions, contexts, plurals)    test_catalog_format
+ *                the filters (catalog_filter), their counts                  test_catalog_filters
+ *                catalog_drop_duplicates                                     test_catalog_duplicates
+ *                each kind of damage                                         test_catalog_damage
+ *                catalogs (languages, the split, --force, --min-pairs)       test_catalogs_command
+ *   transformer.c's decoding: no empty translation (min_len 1)              test_no_empty_translation
  */
 #define TRANSFORMER_NO_MAIN
 #include "lab.c"                      // transformer.c, the fast path and the lab
@@ -2078,6 +2085,441 @@ static void test_parameter_groups(void) {
     }
 }
 
+// --batch-log (dev/pytorch_translate.py trains on it): every step's batch as
+// int32 numbers, step, B, S, T, then src, src_len, tgt_in, tgt_out, tgt_len.
+// Each batch must hold its step's number, fit --batch-tokens, and read as
+// train builds batches: a source ending in </s>, a target shifted by one
+// (tgt_in = <s> y, tgt_out = y </s>), padding past the lengths.
+static void test_batch_log(void) {
+    const char *ckpt = test_path("batch_log.ckpt");
+    const char *log = test_path("batches.bin");
+    int status = run_cli("train --task copy --steps 4 --checkpoint %s --batch-log %s --force " TINY_RUN, ckpt, log);
+    size_t size = 0;
+    unsigned char *bytes = read_file(log, &size);
+    size_t count = size / sizeof(int32_t);
+    int32_t *numbers = checked_calloc(count + 1, sizeof(int32_t), "batch log");
+    if (bytes) memcpy(numbers, bytes, count * sizeof(int32_t));
+    int steps = 0;
+    int well_formed = status == 0 && bytes && size % sizeof(int32_t) == 0;
+    size_t at = 0;
+    while (well_formed && at + 4 <= count) {
+        int step = numbers[at];
+        int B = numbers[at + 1];
+        int S = numbers[at + 2];
+        int T = numbers[at + 3];
+        at += 4;
+        size_t need = (size_t)B * S + B + 2 * (size_t)B * T + B;
+        if (step != steps + 1 || B < 1 || S < 1 || T < 1 || B * (S + T) > 80 || at + need > count) {
+            well_formed = 0;
+            break;
+        }
+        const int32_t *src = numbers + at;
+        const int32_t *src_len = src + (size_t)B * S;
+        const int32_t *tgt_in = src_len + B;
+        const int32_t *tgt_out = tgt_in + (size_t)B * T;
+        const int32_t *tgt_len = tgt_out + (size_t)B * T;
+        for (int b = 0; b < B && well_formed; b++) {
+            int n = src_len[b];
+            int m = tgt_len[b];
+            well_formed = n >= 1 && n <= S && m >= 1 && m <= T && src[b * S + n - 1] == TOKEN_EOS &&
+                          tgt_in[b * T] == TOKEN_BOS && tgt_out[b * T + m - 1] == TOKEN_EOS;
+            for (int t = 1; t < m && well_formed; t++) well_formed = tgt_in[b * T + t] == tgt_out[b * T + t - 1];
+            for (int s = n; s < S && well_formed; s++) well_formed = src[b * S + s] == TOKEN_PAD;
+        }
+        at += need;
+        steps++;
+    }
+    check(well_formed && steps == 4 && at == count, "cli: train --batch-log writes each of the 4 steps' batches "
+          "(step, B, S, T, then the ids), as train builds them (%d read, %zu of %zu numbers)", steps, at, count);
+    free(bytes);
+    free(numbers);
+}
+
+// ============================================================================
+// No empty translation (transformer.c, §6.1 decoding: fairseq's min_len 1)
+// ============================================================================
+
+// A model made to end at once: the last decoder layer's norm gives every
+// position the output 1 (its gain 0, its bias 1), and the </s> row of the
+// shared embedding is 1 too, so </s> has the largest logit, C, at every step.
+// Both decoders must still give a source of words one token (the most likely
+// other one), then end; a source of </s> alone may still end at once.
+static void test_no_empty_translation(void) {
+    TransformerConfig config = decode_config();
+    Transformer m;
+    transformer_build(&m, &config, 5);
+    int C = config.d_model;
+    int V = config.vocab_size;
+    real *gain = m.params.dec_ln3_g + (size_t)(config.n_layers - 1) * C;
+    real *bias = m.params.dec_ln3_b + (size_t)(config.n_layers - 1) * C;
+    for (int c = 0; c < C; c++) {
+        gain[c] = 0;
+        bias[c] = 1;
+        m.params.embedding[(size_t)TOKEN_EOS * C + c] = 1;
+    }
+    int src[4] = { 4, 7, 5, TOKEN_EOS };
+    int S = 4;
+    int T = 1;
+    int tgt_in[1] = { TOKEN_BOS };
+    int tgt_out[1] = { TOKEN_EOS };
+    Batch batch = { 1, S, T, src, &S, tgt_in, tgt_out, &T };
+    m.training = 0;
+    transformer_forward(&m, &batch);
+    int most_likely = greedy_token(m.acts.logits, V, 1);
+    int most_likely_word = greedy_token(m.acts.logits, V, 0);
+    check(most_likely == TOKEN_EOS, "no empty translation: the model's most likely first token is </s> (%d)",
+          most_likely);
+    int greedy[20];
+    int greedy_len = 0;
+    transformer_greedy_decode(&m, greedy, &greedy_len, 20, src, &S, 1, S);
+    int beam[20];
+    int beam_len = transformer_beam_search(&m, beam, NULL, src, S, 4, 0.6);
+    check(greedy_len == 1 && greedy[0] == most_likely_word && beam_len == 1 && beam[0] == most_likely_word,
+          "no empty translation: greedy and beam 4 (alpha 0.6) both give a source of words one token, the most "
+          "likely after </s> (%d), then end (greedy %d tokens, beam %d)", most_likely_word, greedy_len, beam_len);
+    int empty_source[1] = { TOKEN_EOS };
+    int one = 1;
+    transformer_greedy_decode(&m, greedy, &greedy_len, 20, empty_source, &one, 1, 1);
+    beam_len = transformer_beam_search(&m, beam, NULL, empty_source, 1, 4, 0.6);
+    check(greedy_len == 0 && beam_len == 0, "no empty translation: an empty source (</s> alone) may still end at "
+          "once (greedy %d tokens, beam %d)", greedy_len, beam_len);
+    transformer_free(&m);
+}
+
+// ============================================================================
+// Message catalogs (lab/catalogs.c): .mo files built here, never the machine's
+// ============================================================================
+
+// One message of a catalog to build: the original and its translation, of
+// the given lengths (0: strlen; a plural's or a context's bytes need theirs).
+typedef struct {
+    const char *original;
+    size_t original_length;
+    const char *translation;
+    size_t translation_length;
+} MoEntry;
+
+static void mo_put_word(unsigned char *p, uint32_t value, int big_endian) {
+    for (int i = 0; i < 4; i++) {
+        int shift = big_endian ? 24 - 8 * i : 8 * i;
+        p[i] = (unsigned char)(value >> shift);
+    }
+}
+
+// A .mo catalog of the entries as GNU msgfmt lays it out (the header, the
+// table of originals, the table of translations, then the strings, each with
+// its zero byte), in either byte order. A new buffer; *size: its bytes.
+static unsigned char *mo_build(const MoEntry *entries, int n, int big_endian, uint32_t revision, size_t *size) {
+    size_t strings = 0;
+    for (int i = 0; i < n; i++) {
+        size_t lo = entries[i].original_length ? entries[i].original_length : strlen(entries[i].original);
+        size_t lt = entries[i].translation_length ? entries[i].translation_length : strlen(entries[i].translation);
+        strings += lo + lt + 2;
+    }
+    size_t originals = MO_HEADER_BYTES;
+    size_t translations = originals + 8 * (size_t)n;
+    size_t at = translations + 8 * (size_t)n;
+    *size = at + strings;
+    unsigned char *data = checked_calloc(*size, 1, "test catalog");
+    mo_put_word(data, MO_MAGIC, big_endian);
+    mo_put_word(data + 4, revision, big_endian);
+    mo_put_word(data + 8, (uint32_t)n, big_endian);
+    mo_put_word(data + 12, (uint32_t)originals, big_endian);
+    mo_put_word(data + 16, (uint32_t)translations, big_endian);
+    for (int i = 0; i < n; i++) {
+        for (int side = 0; side < 2; side++) {
+            const char *text = side ? entries[i].translation : entries[i].original;
+            size_t length = side ? entries[i].translation_length : entries[i].original_length;
+            if (length == 0) length = strlen(text);
+            unsigned char *entry = data + (side ? translations : originals) + 8 * (size_t)i;
+            mo_put_word(entry, (uint32_t)length, big_endian);
+            mo_put_word(entry + 4, (uint32_t)at, big_endian);
+            memcpy(data + at, text, length);
+            at += length + 1;
+        }
+    }
+    return data;
+}
+
+static void mo_write(const char *path, const MoEntry *entries, int n, int big_endian) {
+    size_t size = 0;
+    unsigned char *data = mo_build(entries, n, big_endian, 0, &size);
+    write_file(path, data, size);
+    free(data);
+}
+
+// The pair the reader kept with this English sentence, or NULL.
+static const CatalogPair *kept_pair(const CatalogReader *reader, const char *source) {
+    for (int i = 0; i < reader->count; i++)
+        if (strcmp(reader->pairs[i].source, source) == 0) return &reader->pairs[i];
+    return NULL;
+}
+
+// The header entry, a plain message, one with a context, one that is only a
+// context, a plural: the same pairs from both byte orders and both revisions.
+static void test_catalog_format(void) {
+    const char plural[] = "one file was removed\0many files were removed";
+    const char plural_de[] = "eine Datei wurde entfernt\0viele Dateien wurden entfernt";
+    MoEntry entries[] = {
+        { "", 0, "Content-Type: text/plain; charset=UTF-8\nLanguage: de\n", 0 },
+        { "the file is open", 0, "die Datei ist offen", 0 },
+        { "menu\x04" "open the file now", 0, "die Datei jetzt \xc3\xb6" "ffnen", 0 },
+        { "menu\x04", 0, "Men\xc3\xbc", 0 },
+        { plural, sizeof plural - 1, plural_de, sizeof plural_de - 1 },
+    };
+    int n = (int)(sizeof entries / sizeof *entries);
+    for (int variant = 0; variant < 4; variant++) {
+        int big_endian = variant & 1;
+        uint32_t revision = variant & 2 ? 1 : 0;
+        size_t size = 0;
+        unsigned char *data = mo_build(entries, n, big_endian, revision, &size);
+        CatalogReader reader;
+        catalog_reader_init(&reader, 3, 25);
+        const char *error = catalog_read_bytes(&reader, data, size, "test");
+        const CatalogPair *plain = kept_pair(&reader, "the file is open");
+        const CatalogPair *context = kept_pair(&reader, "open the file now");
+        int ok = !error && reader.count == 2 && reader.messages == 4 && plain && context &&
+                 strcmp(plain->target, "die Datei ist offen") == 0 &&
+                 strcmp(context->target, "die Datei jetzt \xc3\xb6" "ffnen") == 0 &&
+                 reader.dropped[CATALOG_DROP_PLURAL_OR_CONTEXT] == 2 && reader.catalogs_read == 1;
+        check(ok, "catalogs: a %s-endian catalog of revision %u: the header skipped, 2 pairs (a context stripped "
+              "from the English), a plural and a context alone dropped (%s)", big_endian ? "big" : "little",
+              revision, error ? error : "read");
+        catalog_reader_free(&reader);
+        free(data);
+    }
+}
+
+// One message for each filter, in the order they are tried, and the
+// messages each must keep; the counts of the summary, one each.
+static void test_catalog_filters(void) {
+    const char plural[] = "a file was removed today\0files were removed today";
+    const char plural_de[] = "eine Datei\0Dateien";
+    const char twenty_six[] = "a b c d e f g h i j k l m n o p q r s t u v w x y z";
+    MoEntry entries[] = {
+        { plural, sizeof plural - 1, plural_de, sizeof plural_de - 1 },            // plural
+        { "caf\xe9 is not open", 0, "das Caf\xc3\xa9 ist zu", 0 },                  // not UTF-8 (Latin-1)
+        { "the first line\nand the second", 0, "die erste Zeile\nund die zweite", 0 },  // more than one line
+        { "cannot open %s now", 0, "kann %s nicht \xc3\xb6" "ffnen", 0 },             // format: printf
+        { "found {0} files here", 0, "{0} Dateien gefunden", 0 },                   // format: Python
+        { "set $HOME first please", 0, "zuerst $HOME setzen", 0 },                  // format: shell
+        { "this is <b>bold</b> text", 0, "das ist <b>fetter</b> Text", 0 },         // markup: a tag
+        { "Tom &amp; Jerry show", 0, "Tom &amp; Jerry Show", 0 },                   // markup: an entity
+        { "a backslash \\ is here", 0, "ein Backslash \\ ist hier", 0 },            // escapes
+        { "a tab\there between", 0, "ein Tab\thier dazwischen", 0 },                // a control character
+        { "_Open the file", 0, "Datei _\xc3\xb6" "ffnen", 0 },                      // accelerator: GTK
+        { "&Save the file", 0, "Datei &speichern", 0 },                             // accelerator: Qt
+        { "two words", 0, "zwei W\xc3\xb6rter hier", 0 },                           // words: too few
+        { twenty_six, 0, "das Alphabet", 0 },                                       // words: too many
+        { "an empty translation here", 0, "   ", 0 },                              // words: no translation
+        { "the same sentence here", 0, "the  same sentence here", 0 },               // source = target
+        { "keep   this\xc2\xa0sentence please\n", 0, "  diesen Satz bitte behalten\n", 0 },
+        { "max_connections is too small", 0, "max_connections ist zu klein", 0 },
+        { "Tom & Jerry are here", 0, "Tom & Jerry sind hier", 0 },
+        { "the file x.mo is not open", 0, "die Datei x.mo ist zu", 0 },
+    };
+    int n = (int)(sizeof entries / sizeof *entries);
+    size_t size = 0;
+    unsigned char *data = mo_build(entries, n, 0, 0, &size);
+    CatalogReader reader;
+    catalog_reader_init(&reader, 3, 25);
+    const char *error = catalog_read_bytes(&reader, data, size, "filters");
+    long long want[NUM_CATALOG_DROPS] = { 1, 1, 1, 3, 4, 2, 3, 1, 0 };
+    int counts_ok = !error;
+    for (int d = 0; d < NUM_CATALOG_DROPS; d++) {
+        check(!error && reader.dropped[d] == want[d], "catalogs: filter \"%s\" drops %lld message%s of the test "
+              "catalog (%lld)", catalog_drop_names[d], want[d], want[d] == 1 ? "" : "s", reader.dropped[d]);
+        counts_ok = counts_ok && reader.dropped[d] == want[d];
+    }
+    const CatalogPair *spaces = kept_pair(&reader, "keep this sentence please");
+    int kept_ok = counts_ok && reader.count == 4 && reader.messages == n && spaces &&
+                  strcmp(spaces->target, "diesen Satz bitte behalten") == 0 &&
+                  kept_pair(&reader, "max_connections is too small") && kept_pair(&reader, "Tom & Jerry are here") &&
+                  kept_pair(&reader, "the file x.mo is not open");
+    check(kept_ok, "catalogs: 4 of %d messages kept: white space (U+00A0, final newlines) made single spaces, an "
+          "identifier's _ and a lone & are not accelerators (%d kept)", n, reader.count);
+    catalog_reader_free(&reader);
+    // --min-words and --max-words move the bounds: "two words" is kept with 2
+    catalog_reader_init(&reader, 2, 25);
+    error = catalog_read_bytes(&reader, data, size, "filters");
+    check(!error && kept_pair(&reader, "two words") && reader.dropped[CATALOG_DROP_WORDS] == 2,
+          "catalogs: with --min-words 2 a message of two words is kept");
+    catalog_reader_free(&reader);
+    free(data);
+}
+
+// The same English sentence in two catalogs with different translations:
+// the one first in byte order is kept, whichever catalog is read first.
+static void test_catalog_duplicates(void) {
+    MoEntry first[] = { { "the file is open", 0, "die Datei ist offen", 0 },
+                        { "the disk is full", 0, "die Platte ist voll", 0 } };
+    MoEntry second[] = { { "the file is open", 0, "Datei ist ge\xc3\xb6" "ffnet", 0 },
+                         { "the disk is full", 0, "die Platte ist voll", 0 } };
+    size_t size_first = 0;
+    size_t size_second = 0;
+    unsigned char *a = mo_build(first, 2, 0, 0, &size_first);
+    unsigned char *b = mo_build(second, 2, 1, 0, &size_second);
+    for (int order = 0; order < 2; order++) {
+        CatalogReader reader;
+        catalog_reader_init(&reader, 3, 25);
+        const char *error = catalog_read_bytes(&reader, order ? b : a, order ? size_second : size_first, order ? "b" : "a");
+        if (!error) error = catalog_read_bytes(&reader, order ? a : b, order ? size_first : size_second, order ? "a" : "b");
+        catalog_drop_duplicates(&reader);
+        const CatalogPair *open = kept_pair(&reader, "the file is open");
+        check(!error && reader.count == 2 && open && strcmp(open->target, "Datei ist ge\xc3\xb6" "ffnet") == 0 &&
+              reader.dropped[CATALOG_DROP_DUPLICATE] == 2,
+              "catalogs: a sentence in two catalogs, read %s: the translation first in byte order kept, "
+              "2 duplicates counted", order ? "b first" : "a first");
+        catalog_reader_free(&reader);
+    }
+    free(a);
+    free(b);
+}
+
+// Each kind of damage: one error naming it, nothing taken from the catalog,
+// and the reader goes on with the next.
+static void test_catalog_damage(void) {
+    MoEntry entries[] = { { "", 0, "Language: de\n", 0 },
+                          { "the file is open", 0, "die Datei ist offen", 0 },
+                          { "the disk is full", 0, "die Platte ist voll", 0 } };
+    size_t size = 0;
+    unsigned char *good = mo_build(entries, 3, 0, 0, &size);
+    // where the words are: 8 N, 12 O, 16 T; originals' entry 1 at O + 8 (length, offset)
+    const size_t originals = MO_HEADER_BYTES;
+    const size_t translations = originals + 24;
+    struct { const char *what; size_t at; uint32_t value; size_t cut; const char *expected; } damage[] = {
+        { "truncated to 20 bytes", 0, 0, 20, "truncated: 20 bytes, a .mo header takes 28" },
+        { "a wrong magic number", 0, 0x12345678, 0, "magic number 0x12345678; expected 0x950412de" },
+        { "revision 2", 4, 2u << 16, 0, "file format revision 2.0; expected major revision 0 or 1" },
+        { "a table past the end", 8, 1000000, 0, "the table of originals (1000000 strings at offset 28) runs past" },
+        { "a count that overflows 32 bits as bytes", 8, 0x20000001, 0, "runs past the end of the file" },
+        { "a table over the header", 12, 8, 0, "the table of originals at offset 8 overlaps the 28-byte header" },
+        { "the two tables overlapping", 16, (uint32_t)originals + 8, 0,
+          "the tables of originals (offset 28) and translations (offset 36) overlap" },
+        { "a string past the end", originals + 12, 1u << 20, 0, "original 1: 16 bytes at offset 1048576 run past" },
+        { "a string in the header", translations + 12, 4, 0, "translation 1: offset 4 is inside the 28-byte header" },
+        { "a length that overflows", originals + 8, 0xffffffffu, 0, "original 1: 4294967295 bytes at offset" },
+        { "a string without its zero byte", originals + 8, 17, 0, "original 1: no zero byte after its 17 bytes" },
+        { "a file cut in the strings", 0, 0, 0, "run past the end of the file" },
+    };
+    int n = (int)(sizeof damage / sizeof *damage);
+    for (int i = 0; i < n; i++) {
+        unsigned char *data = checked_calloc(size, 1, "damaged catalog");
+        memcpy(data, good, size);
+        size_t damaged_size = damage[i].cut ? damage[i].cut : size;
+        if (i == n - 1) damaged_size = size - 12;
+        else if (!damage[i].cut) mo_put_word(data + damage[i].at, damage[i].value, 0);
+        CatalogReader reader;
+        catalog_reader_init(&reader, 3, 25);
+        const char *error = catalog_read_bytes(&reader, data, damaged_size, "damaged");
+        int refused = error && strstr(error, damage[i].expected) && reader.count == 0 && reader.messages == 0 &&
+                      reader.catalogs_read == 0;
+        error = refused ? catalog_read_bytes(&reader, good, size, "good") : error;
+        check(refused && !error && reader.count == 2, "catalogs: %s is refused, nothing taken, and the next catalog "
+              "read (%s)", damage[i].what, error ? error : "refused");
+        catalog_reader_free(&reader);
+        free(data);
+    }
+    // the big-endian catalog is checked in its own order: a wrong word there is damage too
+    size_t big_size = 0;
+    unsigned char *big = mo_build(entries, 3, 1, 0, &big_size);
+    mo_put_word(big + 12, 8, 1);
+    CatalogReader reader;
+    catalog_reader_init(&reader, 3, 25);
+    const char *error = catalog_read_bytes(&reader, big, big_size, "big");
+    check(error && strstr(error, "overlaps the 28-byte header") && reader.count == 0,
+          "catalogs: a big-endian catalog with its table over the header is refused (%s)", error ? error : "read");
+    catalog_reader_free(&reader);
+    free(big);
+    free(good);
+}
+
+// The split by the hash of the English sentence, the files it writes, and
+// the command: languages by folder, a damaged file skipped and counted, runs
+// that give the same bytes, --force, --min-pairs and the refusals.
+static void test_catalogs_command(void) {
+    enum { SENTENCES = 240 };
+    MoEntry *entries = checked_calloc(SENTENCES, sizeof(MoEntry), "test catalog");
+    char (*english)[64] = checked_calloc(SENTENCES, sizeof *english, "test catalog");
+    char (*german)[64] = checked_calloc(SENTENCES, sizeof *german, "test catalog");
+    for (int i = 0; i < SENTENCES; i++) {
+        snprintf(english[i], sizeof english[i], "sentence number %d is here", i);
+        snprintf(german[i], sizeof german[i], "Satz Nummer %d ist hier", i);
+        entries[i].original = english[i];
+        entries[i].translation = german[i];
+    }
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/locale/de/LC_MESSAGES", test_dir);
+    make_directories(dir);
+    mo_write(test_path("locale/de/LC_MESSAGES/first.mo"), entries, SENTENCES / 2, 0);
+    mo_write(test_path("locale/de/LC_MESSAGES/second.mo"), entries + SENTENCES / 2, SENTENCES / 2, 1);
+    write_text(test_path("locale/de/LC_MESSAGES/broken.mo"), "not a catalog at all, 34 bytes...");
+    write_text(test_path("locale/de/LC_MESSAGES/notes.txt"), "not read: not a .mo file\n");
+    snprintf(dir, sizeof dir, "%s/locale/fr/LC_MESSAGES", test_dir);
+    make_directories(dir);
+    MoEntry french[] = { { "the file is open", 0, "le fichier est ouvert", 0 } };
+    mo_write(test_path("locale/fr/LC_MESSAGES/first.mo"), french, 1, 0);
+
+    const char *out = test_path("pairs");
+    int status = run_cli("catalogs --to de --out %s %s/locale", out, test_dir);
+    int ok = status == 0 && strstr(cli_output, "catalogs 2 read for de") && strstr(cli_output, "1 damaged") &&
+             strstr(cli_output, "skipped: ") && strstr(cli_output, "broken.mo: magic number") &&
+             strstr(cli_output, "largest  first 120, second 120") && strstr(cli_output, "kept     240 pairs");
+    check(ok, "cli: catalogs --to de DIR reads DIR/*/de/LC_MESSAGES/*.mo, skips and counts the damaged one, and "
+          "names the largest catalogs%s%s", ok ? "" : ": ", ok ? "" : cli_output);
+    int placed = 0;
+    int in_split[NUM_CATALOG_SPLITS] = { 0, 0, 0 };
+    for (int s = 0; s < NUM_CATALOG_SPLITS; s++) {
+        char name[64];
+        snprintf(name, sizeof name, "pairs/%s.tsv", catalog_split_names[s]);
+        char *text = read_text_file(test_path(name));
+        for (int i = 0; text && i < SENTENCES; i++) {
+            char line[160];
+            snprintf(line, sizeof line, "%s\t%s\n", english[i], german[i]);
+            int here = strstr(text, line) != NULL;
+            placed += here && catalog_split(english[i]) == s;
+            in_split[s] += here;
+        }
+        free(text);
+    }
+    check(placed == SENTENCES && in_split[CATALOG_DEV] > 0 && in_split[CATALOG_TEST] > 0,
+          "cli: catalogs puts each of %d pairs in the file its English sentence's hash names (train %d, dev %d, "
+          "test %d)", SENTENCES, in_split[0], in_split[1], in_split[2]);
+    check(catalog_split("sentence number 0 is here") == (int)(fnv1a_64("sentence number 0 is here") % 40 == 0 ? 2 :
+          fnv1a_64("sentence number 0 is here") % 40 == 1 ? 1 : 0) && fnv1a_64("") == 0xcbf29ce484222325ULL &&
+          fnv1a_64("a") == 0xaf63dc4c8601ec8cULL, "catalogs: the split's hash is FNV-1a 64 (its published values)");
+
+    char *before = read_text_file(test_path("pairs/train.tsv"));
+    check_cli_error("catalogs over its own files without --force", "pairs/train.tsv is already there; --force "
+                    "replaces it", "catalogs --to de --out %s %s/locale", out, test_dir);
+    status = run_cli("catalogs --to de --out %s --force %s/locale/de/LC_MESSAGES/second.mo %s/locale", out,
+                     test_dir, test_dir);
+    char *after = read_text_file(test_path("pairs/train.tsv"));
+    check(status == 0 && before && after && strcmp(before, after) == 0 && strstr(cli_output, "source seen before 120"),
+          "cli: catalogs --force again, a catalog given twice: the same train.tsv byte for byte, 120 duplicates");
+    free(before);
+    free(after);
+    status = run_cli("catalogs --to fr --out %s --force %s/locale", test_path("french"), test_dir);
+    check(status == 0 && strstr(cli_output, "catalogs 1 read for fr") && strstr(cli_output, "kept     1 pairs"),
+          "cli: catalogs --to fr reads only the fr folder");
+    check_cli_error("catalogs with too few pairs", "found 240 English->de pairs in 2 catalogs (", "catalogs --to de "
+                    "--out %s --min-pairs 2000 %s/locale", test_path("few"), test_dir);
+    check(access(test_path("few"), F_OK) != 0, "cli: catalogs --min-pairs writes nothing when too few are found");
+    check_cli_error("catalogs of a missing path", "catalogs: /nonexistent/x.mo: No such file or directory; expected "
+                    "a .mo file or a folder", "catalogs --out %s /nonexistent/x.mo", test_path("none"));
+    check_cli_error("catalogs --to with a slash", "--to '../de' is not a language", "catalogs --to ../de");
+    check_cli_error("catalogs --min-words above --max-words", "--min-words 9 is more than --max-words 4",
+                    "catalogs --min-words 9 --max-words 4");
+    check_cli_error("catalogs of no catalog", "found 0 English->xx pairs in 0 catalogs", "catalogs --to xx --out %s "
+                    "%s/locale", test_path("none"), test_dir);
+    write_text(test_path("plain_file"), "x");
+    check_cli_error("catalogs --out over a file", "plain_file: not a directory", "catalogs --to de --out %s %s/locale",
+                    test_path("plain_file"), test_dir);
+    free(entries);
+    free(english);
+    free(german);
+}
+
 // ============================================================================
 // §6.1 BLEU (lab/bleu.c), worked out by hand (once test_transformer.c's, with
 // the BLEU of transformer.c)
@@ -2533,13 +2975,22 @@ static void run_lab_tests(void) {
     test_bpe_learn_and_apply();
     test_bpe_numbers_data();
     test_parameter_groups();
+    printf("-- no empty translation (min_len 1), greedy and beam\n");
+    test_no_empty_translation();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
     if (!make_test_dir()) return;
     printf("-- files in %s\n", test_dir);
     test_tsv_reading();
     test_bpe_checkpoint();
+    printf("-- message catalogs (lab/catalogs.c): .mo files built here\n");
+    test_catalog_format();
+    test_catalog_filters();
+    test_catalog_duplicates();
+    test_catalog_damage();
     if (cli_binary_found("./transformer")) {
+        test_catalogs_command();
+        test_batch_log();
         run_command_line_tests();   // transformer.c's commands, through ./transformer
         test_text_and_eval_commands();
         printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");

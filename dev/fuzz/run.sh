@@ -51,9 +51,37 @@ seeds_training_log() {
     printf '1,5,0,1,0x1p-1070\n' > "$1/subnormal.csv"
     printf '1,1e-300,0.1,1,\n2,1e300,0.1,1,\n3,inf,nan,1,\n' > "$1/extremes.csv"
 }
+# a .mo catalog written byte by byte: le or be, then each original and its translation (a \x04 or a zero
+# byte inside a field is a context or a plural)
+mo_word() { if [ "$1" = le ]; then printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($2 & 255)) $(($2 >> 8 & 255)) \
+    $(($2 >> 16 & 255)) $(($2 >> 24)); else printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($2 >> 24)) \
+    $(($2 >> 16 & 255)) $(($2 >> 8 & 255)) $(($2 & 255)); fi; }
+mo_catalog() {
+    local order=$1 n=$(( ($# - 1) / 2 )) header="" strings="" at i
+    at=$((28 + 16 * n))
+    header=$(mo_word "$order" $((0x950412de)))$(mo_word "$order" 0)$(mo_word "$order" $n)
+    header+=$(mo_word "$order" 28)$(mo_word "$order" $((28 + 8 * n)))$(mo_word "$order" 0)$(mo_word "$order" $at)
+    shift
+    local texts=("$@") originals="" translations=""
+    for ((i = 0; i < n; i++)); do
+        local o=${texts[2 * i]} t=${texts[2 * i + 1]} lo lt
+        lo=$(printf "$o" | wc -c); lt=$(printf "$t" | wc -c)
+        originals+=$(mo_word "$order" "$lo")$(mo_word "$order" "$at"); at=$((at + lo + 1))
+        translations+=$(mo_word "$order" "$lt")$(mo_word "$order" "$at"); at=$((at + lt + 1))
+        strings+="$o\\x00$t\\x00"
+    done
+    printf "$header$originals$translations$strings"
+}
+seeds_catalogs() {
+    mo_catalog le '' 'Language: de\n' 'the file is open' 'die Datei ist offen' 'menu\x04open it now' \
+        'jetzt \xc3\xb6ffnen' > "$1/little.mo"
+    mo_catalog be 'one file was removed\x00files were removed' 'eine Datei\x00Dateien' 'cannot open %%s' \
+        'kann %%s nicht' '_Save the file' 'Datei _speichern' 'the disk is full' 'die Platte ist voll' > "$1/big.mo"
+    head -c 40 "$1/little.mo" > "$1/truncated.mo"
+}
 seeds_reference() { cp tiny_data/ref_1layer_3head.ref tiny_data/ref_1layer_4head.ref "$1/"; }
 
-declare -A max_len=( [checkpoint]=65536 [reference]=140000 [bleu]=4096 [training_log]=4096 [tsv_bpe]=8192 [bpe_apply]=4096 )
+declare -A max_len=( [checkpoint]=65536 [reference]=140000 [bleu]=4096 [training_log]=4096 [tsv_bpe]=8192 [bpe_apply]=4096 [catalogs]=8192 )
 found=0
 summary=()
 for t in "${targets[@]}"; do
