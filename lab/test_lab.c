@@ -1531,6 +1531,268 @@ static void test_bpe_learn_and_apply(void) {
     vocab_free(&v); // frees the merges too
 }
 
+// The learner as it was before issue 49, kept here as the reference: after
+// every merge it looks at every word and scans every pair for the best one.
+// Slow (merges x words), plainly right; bpe_learn must give exactly its merges.
+typedef struct { PairTable index; int *left, *right; long *count; int size, capacity; } ReferencePairs;
+
+static void reference_pairs_add(ReferencePairs *pc, int left, int right, long delta) {
+    int i = pair_find(&pc->index, left, right);
+    if (i < 0) {
+        if (pc->size == pc->capacity) {
+            pc->capacity = pc->capacity ? 2 * pc->capacity : 1024;
+            pc->left = checked_realloc(pc->left, pc->capacity, sizeof(int), "test");
+            pc->right = checked_realloc(pc->right, pc->capacity, sizeof(int), "test");
+            pc->count = checked_realloc(pc->count, pc->capacity, sizeof(long), "test");
+        }
+        i = pc->size++;
+        pc->left[i] = left;
+        pc->right[i] = right;
+        pc->count[i] = 0;
+        pair_insert(&pc->index, left, right, i);
+    }
+    pc->count[i] += delta;
+}
+
+static void reference_pairs_of_word(ReferencePairs *pc, const int *symbols, int length, long delta) {
+    for (int i = 0; i + 1 < length; i++) reference_pairs_add(pc, symbols[i], symbols[i + 1], delta);
+}
+
+static int reference_best_pair(const ReferencePairs *pc, const Vocabulary *symbols) {
+    int best = -1;
+    for (int i = 0; i < pc->size; i++) {
+        if (pc->count[i] < 2) continue;
+        if (best >= 0 && pc->count[i] < pc->count[best]) continue;
+        if (best >= 0 && pc->count[i] == pc->count[best]) {
+            int order = strcmp(symbols->words[pc->left[i]], symbols->words[pc->left[best]]);
+            if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
+            if (order >= 0) continue;
+        }
+        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]])) continue;
+        best = i;
+    }
+    return best;
+}
+
+static int reference_bpe_learn(Bpe *b, const char *const *words, const long *counts, int n, int num_merges) {
+    int **symbols = checked_calloc(n > 0 ? n : 1, sizeof(int *), "test");
+    int *length = checked_calloc(n > 0 ? n : 1, sizeof(int), "test");
+    ReferencePairs pc;
+    memset(&pc, 0, sizeof pc);
+    for (int k = 0; k < n; k++) {
+        int bytes = (int)strlen(words[k]);
+        int *start = checked_calloc((size_t)bytes + 2, sizeof(int), "test");
+        char *text = checked_calloc((size_t)bytes + 5, 1, "test");
+        length[k] = bpe_characters(start, words[k], bytes);
+        symbols[k] = checked_calloc(length[k], sizeof(int), "test");
+        for (int i = 0; i < length[k]; i++) {
+            int text_length = bpe_symbol_text(text, words[k], start, length[k], i);
+            symbols[k][i] = vocab_add(&b->symbols, text, (size_t)text_length);
+        }
+        reference_pairs_of_word(&pc, symbols[k], length[k], counts[k]);
+        free(start);
+        free(text);
+    }
+    int learned = 0;
+    for (; learned < num_merges; learned++) {
+        int best = reference_best_pair(&pc, &b->symbols);
+        if (best < 0) break;
+        int l = pc.left[best], r = pc.right[best];
+        bpe_add_merge(b, b->symbols.words[l], b->symbols.words[r], pc.count[best]);
+        int joined = b->merged[b->num_merges - 1];
+        for (int k = 0; k < n; k++) {
+            int holds = 0;
+            for (int i = 0; i + 1 < length[k]; i++) holds |= symbols[k][i] == l && symbols[k][i + 1] == r;
+            if (!holds) continue;
+            reference_pairs_of_word(&pc, symbols[k], length[k], -counts[k]);
+            int kept = 0;
+            for (int i = 0; i < length[k]; i++) {
+                symbols[k][kept] = symbols[k][i];
+                if (i + 1 < length[k] && symbols[k][i] == l && symbols[k][i + 1] == r) {
+                    symbols[k][kept] = joined;
+                    i++;
+                }
+                kept++;
+            }
+            length[k] = kept;
+            reference_pairs_of_word(&pc, symbols[k], length[k], counts[k]);
+        }
+    }
+    for (int k = 0; k < n; k++) free(symbols[k]);
+    free(symbols);
+    free(length);
+    pair_table_free(&pc.index);
+    free(pc.left);
+    free(pc.right);
+    free(pc.count);
+    return learned;
+}
+
+// Do a and b hold the same merges (pair and count, in order) and the same symbols, in order?
+static int same_learning(const Bpe *a, const Bpe *b) {
+    if (a->num_merges != b->num_merges || a->symbols.size != b->symbols.size) return 0;
+    for (int r = 0; r < a->num_merges; r++)
+        if (strcmp(a->left[r], b->left[r]) != 0 || strcmp(a->right[r], b->right[r]) != 0 ||
+            a->frequency[r] != b->frequency[r])
+            return 0;
+    for (int id = 0; id < a->symbols.size; id++)
+        if (strcmp(a->symbols.words[id], b->symbols.words[id]) != 0) return 0;
+    return 1;
+}
+
+// bpe_learn against the reference on generated words: tiny alphabets and small counts, where
+// most pairs tie and words such as "aaaa" hold a pair twice over (overlapping); UTF-8 letters;
+// the letters of <s> </s> <pad> <unk>, which no merge may join; words counted 0 times (only in
+// held-out pairs); merges that make the same text twice ("ab c" and "a bc"); and a Zipfian
+// vocabulary of syllables as in real text. Every merge, its count, and the symbols' order agree.
+static void test_bpe_learn_against_reference(void) {
+    static const char *alphabets[5][12] = {
+        { "a", "b" },
+        { "a", "b", "c" },
+        { "a", "b", "\xc3\xa4", "\xc3\x9f", "e" },
+        { "<", "s", ">", "/", "p", "a", "d", "u", "n", "k", "x" },
+        { "st", "ra", "in", "e", "ung", "ch", "ei", "t", "er", "o", "l", "m" },
+    };
+    static const int letters[5] = { 2, 3, 5, 11, 12 };
+    Rng rng;
+    rng_seed(&rng, 49);
+    int agreed = 0, cases = 0, merges = 0;
+    char first_difference[200] = "";
+    for (int corpus = 0; corpus < 40; corpus++) {
+        int kind = corpus % 5, n = 20 + rng_below(&rng, corpus < 35 ? 200 : 3000);
+        Vocabulary distinct;
+        vocab_init(&distinct);
+        long *counts = checked_calloc((size_t)n, sizeof(long), "test");
+        int num_words = 0;
+        for (int k = 0; k < n; k++) {
+            char word[128] = "";
+            int pieces = 1 + rng_below(&rng, kind == 4 ? 5 : 9);
+            for (int i = 0; i < pieces; i++) strcat(word, alphabets[kind][rng_below(&rng, letters[kind])]);
+            int before = distinct.size;
+            vocab_add(&distinct, word, strlen(word));
+            if (distinct.size == before) continue;   // a word already drawn (or a special token's text)
+            long count = kind == 4 ? 1 + 1000 / (num_words + 1) : rng_below(&rng, 5);   // 0: held out only
+            counts[num_words++] = count;
+        }
+        const char *const *words = (const char *const *)distinct.words + NUM_SPECIAL_TOKENS;
+        num_words = distinct.size - NUM_SPECIAL_TOKENS;
+        int asked = corpus % 3 == 0 ? 5 + rng_below(&rng, 20) : 100000;
+        Bpe fast, reference;
+        bpe_init(&fast);
+        bpe_init(&reference);
+        int got = bpe_learn(&fast, words, counts, num_words, asked);
+        int expected = reference_bpe_learn(&reference, words, counts, num_words, asked);
+        int same = got == expected && same_learning(&fast, &reference);
+        if (!same && !first_difference[0]) {
+            int r = 0;
+            while (r < fast.num_merges && r < reference.num_merges && strcmp(fast.left[r], reference.left[r]) == 0 &&
+                   strcmp(fast.right[r], reference.right[r]) == 0 && fast.frequency[r] == reference.frequency[r])
+                r++;
+            snprintf(first_difference, sizeof first_difference, "corpus %d: %d and %d merges, the first to differ "
+                     "is number %d", corpus + 1, got, expected, r + 1);
+        }
+        agreed += same;
+        cases++;
+        merges += got;
+        bpe_free(&fast);
+        bpe_free(&reference);
+        free(counts);
+        vocab_free(&distinct);
+    }
+    check(agreed == cases && merges > 1000, "bpe: on %d generated corpora (ties, overlapping pairs, UTF-8, special "
+          "tokens' letters, words counted 0 times, Zipfian syllables) the learner gives the reference's merges, "
+          "counts and symbols, in order: %d agreed, %d merges in all%s%s", cases, agreed, merges,
+          first_difference[0] ? "; " : "", first_difference);
+}
+
+// The words of a TSV file as learning counts them (word_counts_read_tsv) against dataset_read_tsv
+// and dataset_split, which the learner read before issue 49: the same words in the same order
+// (a byte-order mark, \r\n, blank lines, held-out pairs listed with count 0), the same counts,
+// and the same message for each kind of bad line.
+static void test_bpe_word_counts(void) {
+    const char *path = test_path("bpe_counts.tsv");
+    Rng rng;
+    rng_seed(&rng, 7);
+    size_t size = 0, capacity = 1 << 16;
+    char *text = checked_calloc(capacity, 1, "test");
+    size += (size_t)snprintf(text, capacity, "\xEF\xBB\xBF");
+    static const char *pieces[6] = { "ab", "c", "\xc3\xa4", "de", "f", "g" };
+    for (int line = 0; line < 300; line++) {
+        if (line % 37 == 5) size += (size_t)snprintf(text + size, capacity - size, " \v \n");   // blank
+        if (line % 41 == 3) size += (size_t)snprintf(text + size, capacity - size, "\r\n");
+        for (int side = 0; side < 2; side++) {
+            int words = 1 + rng_below(&rng, 5);
+            for (int w = 0; w < words; w++) {
+                int letters = 1 + rng_below(&rng, 3);
+                for (int i = 0; i < letters; i++)
+                    size += (size_t)snprintf(text + size, capacity - size, "%s", pieces[rng_below(&rng, 6)]);
+                size += (size_t)snprintf(text + size, capacity - size, w + 1 < words ? " " : "");
+            }
+            size += (size_t)snprintf(text + size, capacity - size, side == 0 ? "\t" : line % 5 ? "\n" : "\r\n");
+        }
+    }
+    write_text(path, text);
+    free(text);
+    int every[3] = { 0, 20, 7 }, agreed = 0;
+    for (int e = 0; e < 3; e++) {
+        WordCounts w;
+        memset(&w, 0, sizeof w);
+        Vocabulary words;
+        vocab_init(&words);
+        Dataset dataset, held_out;
+        memset(&dataset, 0, sizeof dataset);
+        memset(&held_out, 0, sizeof held_out);
+        const char *error = word_counts_read_tsv(&w, path, every[e]);
+        const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
+        if (!old_error && every[e] > 0) dataset_split(&dataset, &held_out, every[e]);
+        long *counts = checked_calloc((size_t)words.size, sizeof(long), "test");
+        for (size_t i = 0; !old_error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
+        int same = !error && !old_error && w.num_words == words.size - NUM_SPECIAL_TOKENS;
+        same = same && (held_out.count > 0) == (every[e] > 0);
+        for (int k = 0; same && k < w.num_words; k++)
+            same = strcmp(w.bytes + w.start[k], words.words[k + NUM_SPECIAL_TOKENS]) == 0 &&
+                   w.count[k] == counts[k + NUM_SPECIAL_TOKENS];
+        agreed += same;
+        free(counts);
+        dataset_free(&dataset);
+        dataset_free(&held_out);
+        vocab_free(&words);
+        word_counts_free(&w);
+    }
+    check(agreed == 3, "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are counted "
+          "as dataset_read_tsv reads them, all pairs and every 20th or 7th held out: %d of 3 agree", agreed);
+    static const char *bad[] = {
+        "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n", "ok\tfine\nx\xff\tb\n",
+        "a\x00z\tb\n",
+    };
+    static const size_t bad_bytes[] = { 0, 4, 4, 6, 8, 8, 4, 4, 15, 7 };
+    int same_messages = 0, cases = (int)(sizeof bad / sizeof *bad);
+    char first[600] = "";
+    for (int i = 0; i < cases; i++) {
+        write_file(path, bad[i], bad_bytes[i]);
+        WordCounts w;
+        memset(&w, 0, sizeof w);
+        Vocabulary words;
+        vocab_init(&words);
+        Dataset dataset;
+        memset(&dataset, 0, sizeof dataset);
+        const char *error = word_counts_read_tsv(&w, path, 0);
+        char message[300];
+        snprintf(message, sizeof message, "%s", error ? error : "(none)");
+        const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
+        int same = error && old_error && strcmp(message, old_error) == 0;
+        same_messages += same;
+        if (!same && !first[0])
+            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", i + 1, message, old_error ? old_error : "(none)");
+        dataset_free(&dataset);
+        vocab_free(&words);
+        word_counts_free(&w);
+    }
+    check(same_messages == cases, "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an "
+          "empty side, not UTF-8, a zero byte) give dataset_read_tsv's message: %d agree%s", cases, same_messages,
+          first);
+}
+
 // Reads the lines of a TSV file (at most max) into lines[], without their newline.
 static int read_lines(const char *path, char **lines, int max) {
     FILE *f = fopen(path, "r");
@@ -2072,6 +2334,7 @@ static void run_lab_tests(void) {
     test_svg_loss_curve();
     printf("-- §5.1 byte-pair encoding\n");
     test_bpe_learn_and_apply();
+    test_bpe_learn_against_reference();
     test_bpe_numbers_data();
     test_parameter_groups();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
@@ -2079,6 +2342,7 @@ static void run_lab_tests(void) {
     if (!make_test_dir()) return;
     printf("-- files in %s\n", test_dir);
     test_bpe_checkpoint();
+    test_bpe_word_counts();
     if (cli_binary_found("./transformer")) {
         run_command_line_tests();   // transformer.c's commands, through ./transformer
         printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");
