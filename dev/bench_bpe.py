@@ -15,6 +15,11 @@ time and the peak resident memory (os.wait4's ru_maxrss) of each, a Markdown tab
         vocab_size = its initial alphabet + N (so that it learns N merges; checked afterwards);
         its threads: RAYON_NUM_THREADS, else every core;
   subword-nmt learn-bpe -s N < FILE (pure Python; only for --nmt-merges, it is slow).
+--cut-merges N also times cutting every line of FILE into subwords with N merges: ours,
+./transformer bpe --checkpoint CKPT < FILE > /dev/null (reads the lines, cuts each word, prints
+the subwords; CKPT from a one-step train --bpe N run first, not timed); HF, encode_batch of the
+lines with the tokenizer its trainer made (the lines read and the training done before the clock
+starts, so that HF is timed on the cutting alone), in the same process.
 --python is the interpreter that has `tokenizers` (pip install tokenizers subword-nmt in a
 virtual environment); NONE skips HF. Plain Python 3 runs this script itself.
 """
@@ -24,6 +29,23 @@ import subprocess
 import sys
 import tempfile
 import time
+
+HF_CUT_SCRIPT = r'''
+import json, sys, time
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+path, merges, alphabet = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tokenizer = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+trainer = trainers.BpeTrainer(vocab_size=alphabet + merges, min_frequency=2, show_progress=False,
+                              end_of_word_suffix="</w>", special_tokens=[])
+tokenizer.train([path], trainer)
+lines = open(path, encoding="utf-8").read().splitlines()
+start = time.time()
+encodings = tokenizer.encode_batch(lines)
+seconds = time.time() - start
+tokens = sum(len(e.ids) for e in encodings)
+print(json.dumps({"seconds": seconds, "lines": len(lines), "tokens": tokens}))
+'''
 
 HF_SCRIPT = r'''
 import json, sys, time
@@ -74,6 +96,7 @@ def main():
     parser.add_argument("--hf-threads", default="", help="RAYON_NUM_THREADS for HF (default: its own)")
     parser.add_argument("--subword-nmt", default="", help="the subword-nmt program (none: skipped)")
     parser.add_argument("--nmt-merges", default="", help="merge counts to run subword-nmt at")
+    parser.add_argument("--cut-merges", type=int, default=0, help="also time cutting with N merges")
     args = parser.parse_args()
     merge_counts = [int(m) for m in args.merges.split(",")]
     nmt_counts = [int(m) for m in args.nmt_merges.split(",") if m]
@@ -107,6 +130,35 @@ def main():
             row += ["-", "-"]
         print("| " + " | ".join(row) + " |", flush=True)
         print(f"ours: {first}", file=sys.stderr)
+    if args.cut_merges:
+        cut(args, alphabet, hf_env)
+
+
+def cut(args, alphabet, hf_env):
+    """Cutting every line: ours through a checkpoint's merges, HF's encode_batch."""
+    import json
+    with tempfile.TemporaryDirectory() as directory:
+        checkpoint = os.path.join(directory, "cut.ckpt")
+        run([args.binary, "train", "--train", args.data, "--bpe", str(args.cut_merges), "--steps", "1",
+             "--layers", "1", "--d-model", "16", "--d-ff", "32", "--heads", "2", "--eval-size", "1",
+             "--show", "0", "--log-every", "0", "--checkpoint", checkpoint])
+        with open(args.data, "rb") as f:
+            ours, ours_mb, out = run([args.binary, "bpe", "--checkpoint", checkpoint], stdin=f)
+    tokens = len(out.split())
+    words = 0
+    with open(args.data, encoding="utf-8") as f:
+        for line in f:
+            words += len(line.split())
+    print(f"\ncutting {words} words ({tokens} subwords) with {args.cut_merges} merges:")
+    print(f"- ours, bpe --checkpoint < FILE (reading, cutting, printing): {ours:.2f} s, "
+          f"{words / ours / 1e6:.2f} M words/s, {ours_mb:.0f} MB")
+    if args.python != "NONE":
+        _, hf_mb, hf_out = run([args.python, "-c", HF_CUT_SCRIPT, args.data, str(args.cut_merges),
+                                str(alphabet)], env=hf_env)
+        hf = json.loads(hf_out)
+        print(f"- HF tokenizers, encode_batch of the lines read before (cutting only): {hf['seconds']:.2f} s, "
+              f"{words / hf['seconds'] / 1e6:.2f} M words/s ({hf['tokens']} subwords); "
+              f"ours / HF time {ours / hf['seconds']:.2f}")
 
 
 if __name__ == "__main__":

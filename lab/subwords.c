@@ -102,6 +102,98 @@ static void pair_insert(PairTable *t, int left, int right, int value) {
 
 static void pair_table_free(PairTable *t) { free(t->keys); free(t->values); memset(t, 0, sizeof *t); }
 
+// ---- a table of distinct words -------------------------------------------------
+// Learning needs each distinct word once with its count, not the sentences: the
+// file is read a line at a time into a table of distinct words, their texts one
+// after another in one block of bytes (no allocation per word or sentence).
+// Cutting text keeps the subwords of each word it has cut in one too (Bpe.cache).
+
+typedef struct {
+    char *bytes;        // the words' texts, each ending in a zero byte, one after another
+    size_t num_bytes, bytes_capacity;
+    size_t *start;      // (num_words) where word k's text begins in bytes
+    uint32_t *hash;     // (num_words) its hash
+    long *count;        // (num_words) its occurrences (in the pairs not held out)
+    int num_words, words_capacity;
+    int *slots;         // (num_slots) a word's index, or -1: open addressing, at most half full
+    size_t num_slots;
+} WordCounts;
+
+static uint32_t word_hash(const char *word, size_t n) {
+    uint32_t hash = 2166136261u;   // FNV-1a
+    for (size_t i = 0; i < n; i++) {
+        hash ^= (unsigned char)word[i];
+        hash *= 16777619u;
+    }
+    return hash;
+}
+
+static void word_counts_free(WordCounts *w) {
+    free(w->bytes); free(w->start); free(w->hash); free(w->count); free(w->slots);
+    memset(w, 0, sizeof *w);
+}
+
+// The slot of the n bytes at word (hash: word_hash's): where its index is, or the empty slot.
+static size_t word_slot(const WordCounts *w, const char *word, size_t n, uint32_t hash) {
+    size_t mask = w->num_slots - 1;
+    size_t i = hash64(hash) & mask;
+    for (;;) {
+        int k = w->slots[i];
+        if (k < 0) return i;
+        if (w->hash[k] == hash && memcmp(w->bytes + w->start[k], word, n) == 0 &&
+            w->bytes[w->start[k] + n] == '\0')
+            return i;
+        i = (i + 1) & mask;
+    }
+}
+
+// The index of the n bytes at word (hash: word_hash's) in w, or -1.
+static int word_counts_find(const WordCounts *w, const char *word, size_t n, uint32_t hash) {
+    if (w->num_slots == 0) return -1;
+    return w->slots[word_slot(w, word, n, hash)];
+}
+
+// Counts the n bytes at word `add` times (0: a word of a held-out pair, listed but not counted).
+// Returns its index.
+static int word_counts_add(WordCounts *w, const char *word, size_t n, long add) {
+    uint32_t hash = word_hash(word, n);
+    if (2 * ((size_t)w->num_words + 1) > w->num_slots) {   // a bigger table, at most half full
+        free(w->slots);
+        w->num_slots = w->num_slots ? 2 * w->num_slots : 1024;
+        w->slots = checked_calloc(w->num_slots, sizeof(int), "word table");
+        for (size_t i = 0; i < w->num_slots; i++) w->slots[i] = -1;
+        for (int k = 0; k < w->num_words; k++) {
+            size_t length = strlen(w->bytes + w->start[k]);
+            w->slots[word_slot(w, w->bytes + w->start[k], length, w->hash[k])] = k;
+        }
+    }
+    size_t slot = word_slot(w, word, n, hash);
+    int k = w->slots[slot];
+    if (k >= 0) {
+        w->count[k] += add;
+        return k;
+    }
+    if (w->num_words == w->words_capacity) {
+        w->words_capacity = w->words_capacity ? 2 * w->words_capacity : 1024;
+        w->start = checked_realloc(w->start, w->words_capacity, sizeof(size_t), "word table");
+        w->hash = checked_realloc(w->hash, w->words_capacity, sizeof(uint32_t), "word table");
+        w->count = checked_realloc(w->count, w->words_capacity, sizeof(long), "word table");
+    }
+    if (w->num_bytes + n + 1 > w->bytes_capacity) {
+        w->bytes_capacity = 2 * (w->num_bytes + n + 1) + 65536;
+        w->bytes = checked_realloc(w->bytes, w->bytes_capacity, 1, "word table");
+    }
+    k = w->num_words++;
+    w->start[k] = w->num_bytes;
+    memcpy(w->bytes + w->num_bytes, word, n);
+    w->bytes[w->num_bytes + n] = '\0';
+    w->num_bytes += n + 1;
+    w->hash[k] = hash;
+    w->count[k] = add;
+    w->slots[slot] = k;
+    return k;
+}
+
 typedef struct Bpe {
     char **left, **right;  // (num_merges) in the order learned: merge r joins left[r] and right[r]
     long *frequency;       // (num_merges) the pair's count when it was merged (0 when read from a checkpoint)
@@ -109,11 +201,55 @@ typedef struct Bpe {
     int num_merges, capacity;
     Vocabulary symbols;    // text <-> id of every symbol a merge reads or makes
     PairTable ranks;       // (id of left[r], id of right[r]) -> r
+    // The words cut so far (bpe_split_word), each once: cached word k's subwords are the ids
+    // cached_ids[cached_first[k] ..] (cached_subwords[k] of them) in the vocabulary that owns these
+    // merges (Vocabulary.bpe), so that a word met again is not cut again.
+    WordCounts cached;
+    size_t *cached_first;
+    int *cached_subwords, *cached_ids;
+    size_t num_cached_ids, cached_ids_capacity;
+    int cached_capacity;
 } Bpe;
+
+// Words the cache holds at most (each about 40 bytes and its subwords' ids): WMT 2014
+// English-German has some 1.5 million distinct words over both sides; rarer words beyond this
+// many are cut each time they occur.
+#define BPE_CACHE_WORDS (1 << 23)
 
 static void bpe_init(Bpe *b) {
     memset(b, 0, sizeof *b);
     vocab_init(&b->symbols);
+}
+
+// Empties the cache of words cut (new merges cut words differently).
+static void bpe_cache_free(Bpe *b) {
+    word_counts_free(&b->cached);
+    free(b->cached_first); free(b->cached_subwords); free(b->cached_ids);
+    b->cached_first = NULL;
+    b->cached_subwords = NULL;
+    b->cached_ids = NULL;
+    b->num_cached_ids = 0;
+    b->cached_ids_capacity = 0;
+    b->cached_capacity = 0;
+}
+
+// Keeps the count subword ids of the n bytes at word (not in the cache yet).
+static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, int count) {
+    if (b->cached.num_words >= BPE_CACHE_WORDS) return;
+    int k = word_counts_add(&b->cached, word, n, 0);
+    if (k >= b->cached_capacity) {
+        b->cached_capacity = b->cached_capacity ? 2 * b->cached_capacity : 1024;
+        b->cached_first = checked_realloc(b->cached_first, b->cached_capacity, sizeof(size_t), "subword cache");
+        b->cached_subwords = checked_realloc(b->cached_subwords, b->cached_capacity, sizeof(int), "subword cache");
+    }
+    if (b->num_cached_ids + (size_t)count > b->cached_ids_capacity) {
+        b->cached_ids_capacity = 2 * (b->num_cached_ids + (size_t)count) + 4096;
+        b->cached_ids = checked_realloc(b->cached_ids, b->cached_ids_capacity, sizeof(int), "subword cache");
+    }
+    b->cached_first[k] = b->num_cached_ids;
+    b->cached_subwords[k] = count;
+    memcpy(b->cached_ids + b->num_cached_ids, ids, (size_t)count * sizeof(int));
+    b->num_cached_ids += (size_t)count;
 }
 
 static void bpe_free(Bpe *b) {
@@ -121,11 +257,13 @@ static void bpe_free(Bpe *b) {
     free(b->left); free(b->right); free(b->frequency); free(b->merged);
     vocab_free(&b->symbols);
     pair_table_free(&b->ranks);
+    bpe_cache_free(b);
     memset(b, 0, sizeof *b);
 }
 
 // Appends the merge (left, right), seen `frequency` times.
 static void bpe_add_merge(Bpe *b, const char *left, const char *right, long frequency) {
+    bpe_cache_free(b);   // (words are cut before any merge is added only in tests)
     if (b->num_merges == b->capacity) {
         b->capacity = b->capacity ? 2 * b->capacity : 64;
         b->left = checked_realloc(b->left, b->capacity, sizeof(char *), "merges");
@@ -587,87 +725,6 @@ static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
 }
 
 // ---- the words of a TSV file and their counts ------------------------------------
-// Learning needs each distinct word once with its count, not the sentences: the
-// file is read a line at a time into a table of distinct words, their texts one
-// after another in one block of bytes (no allocation per word or sentence).
-
-typedef struct {
-    char *bytes;        // the words' texts, each ending in a zero byte, one after another
-    size_t num_bytes, bytes_capacity;
-    size_t *start;      // (num_words) where word k's text begins in bytes
-    uint32_t *hash;     // (num_words) its hash
-    long *count;        // (num_words) its occurrences (in the pairs not held out)
-    int num_words, words_capacity;
-    int *slots;         // (num_slots) a word's index, or -1: open addressing, at most half full
-    size_t num_slots;
-} WordCounts;
-
-static uint32_t word_hash(const char *word, size_t n) {
-    uint32_t hash = 2166136261u;   // FNV-1a
-    for (size_t i = 0; i < n; i++) {
-        hash ^= (unsigned char)word[i];
-        hash *= 16777619u;
-    }
-    return hash;
-}
-
-static void word_counts_free(WordCounts *w) {
-    free(w->bytes); free(w->start); free(w->hash); free(w->count); free(w->slots);
-    memset(w, 0, sizeof *w);
-}
-
-// The slot of the n bytes at word (hash: word_hash's): where its index is, or the empty slot.
-static size_t word_slot(const WordCounts *w, const char *word, size_t n, uint32_t hash) {
-    size_t mask = w->num_slots - 1;
-    size_t i = hash64(hash) & mask;
-    for (;;) {
-        int k = w->slots[i];
-        if (k < 0) return i;
-        if (w->hash[k] == hash && memcmp(w->bytes + w->start[k], word, n) == 0 &&
-            w->bytes[w->start[k] + n] == '\0')
-            return i;
-        i = (i + 1) & mask;
-    }
-}
-
-// Counts the n bytes at word `add` times (0: a word of a held-out pair, listed but not counted).
-static void word_counts_add(WordCounts *w, const char *word, size_t n, long add) {
-    uint32_t hash = word_hash(word, n);
-    if (2 * ((size_t)w->num_words + 1) > w->num_slots) {   // a bigger table, at most half full
-        free(w->slots);
-        w->num_slots = w->num_slots ? 2 * w->num_slots : 1024;
-        w->slots = checked_calloc(w->num_slots, sizeof(int), "word table");
-        for (size_t i = 0; i < w->num_slots; i++) w->slots[i] = -1;
-        for (int k = 0; k < w->num_words; k++) {
-            size_t length = strlen(w->bytes + w->start[k]);
-            w->slots[word_slot(w, w->bytes + w->start[k], length, w->hash[k])] = k;
-        }
-    }
-    size_t slot = word_slot(w, word, n, hash);
-    int k = w->slots[slot];
-    if (k >= 0) {
-        w->count[k] += add;
-        return;
-    }
-    if (w->num_words == w->words_capacity) {
-        w->words_capacity = w->words_capacity ? 2 * w->words_capacity : 1024;
-        w->start = checked_realloc(w->start, w->words_capacity, sizeof(size_t), "word table");
-        w->hash = checked_realloc(w->hash, w->words_capacity, sizeof(uint32_t), "word table");
-        w->count = checked_realloc(w->count, w->words_capacity, sizeof(long), "word table");
-    }
-    if (w->num_bytes + n + 1 > w->bytes_capacity) {
-        w->bytes_capacity = 2 * (w->num_bytes + n + 1) + 65536;
-        w->bytes = checked_realloc(w->bytes, w->bytes_capacity, 1, "word table");
-    }
-    k = w->num_words++;
-    w->start[k] = w->num_bytes;
-    memcpy(w->bytes + w->num_bytes, word, n);
-    w->bytes[w->num_bytes + n] = '\0';
-    w->num_bytes += n + 1;
-    w->hash[k] = hash;
-    w->count[k] = add;
-    w->slots[slot] = k;
-}
 
 // Counts the words of one side of a pair (text, up to its zero byte); *tokens: how many.
 // Returns the special token the side holds (<pad> <s> </s> <unk>, refused), or NULL.
@@ -787,17 +844,30 @@ static void vocab_add_subwords(Vocabulary *vocab) {
 // ---- transformer.c's hooks --------------------------------------------------
 
 // split_word: the subwords of one word (vocab->bpe's merges), pushed as ids at
-// ids[n..]. Returns the new n.
+// ids[n..]. Returns the new n. A word cut before takes its subwords' ids from
+// the cache (Bpe.cached); a word with a subword the vocabulary does not hold
+// (read as <unk>, warned of each time) is not kept there.
 static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
                           int n, TextSource *from) {
+    Bpe *b = vocab->bpe;
+    int k = word_counts_find(&b->cached, word, (size_t)length, word_hash(word, (size_t)length));
+    if (k >= 0) {
+        const int *cached = b->cached_ids + b->cached_first[k];
+        for (int i = 0; i < b->cached_subwords[k]; i++) push_id(ids, capacity, n++, cached[i]);
+        return n;
+    }
     int *start = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     int *scratch = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     char *text = checked_calloc((size_t)length + 5, 1, "subwords");
-    int count = bpe_encode_word(vocab->bpe, start, word, length, scratch, text);
+    int count = bpe_encode_word(b, start, word, length, scratch, text);
+    int first = n, known = 1;
     for (int i = 0; i < count; i++) {
         int text_length = bpe_symbol_text(text, word, start, count, i);
-        push_id(ids, capacity, n++, token_id(vocab, grow, text, (size_t)text_length, from));
+        int id = token_id(vocab, grow, text, (size_t)text_length, from);
+        known = known && id != TOKEN_UNK;
+        push_id(ids, capacity, n++, id);
     }
+    if (known) bpe_cache_add(b, word, (size_t)length, *ids + first, count);
     free(start); free(scratch); free(text);
     return n;
 }

@@ -1867,6 +1867,65 @@ static int special_tokens_in(const char *text) {
     return n;
 }
 
+// Cutting with the cache of words already cut (Bpe.cached) gives what cutting each word afresh
+// gives: every line of the numbers test split read twice, once with the cache filling and once
+// from it, against bpe_encode_word word by word; a word with a character the vocabulary lacks
+// is read as <unk> and warned of each time it occurs (never cached).
+static void test_bpe_cache(void) {
+    Vocabulary v;
+    vocab_init(&v);
+    int learned = 0;
+    const char *e = bpe_learn_from_tsv(&v, "tiny_data/numbers_train.tsv", 0, 300, &learned);
+    if (!e) vocab_add_subwords(&v);
+    char *lines[1000];
+    int n = e ? 0 : read_lines("tiny_data/numbers_test.tsv", lines, 1000);
+    int same = n == 1000, cached_words = 0;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < n && same; i++) {
+            int *ids = NULL, *expected = NULL;
+            size_t capacity = 0, expected_capacity = 0;
+            TextSource from = { "test", 0, 0, NULL };
+            char *line = strdup(lines[i]);
+            int count = tokenize(line, &v, 0, &ids, &capacity, &from);
+            int expected_count = 0;
+            size_t length;
+            for (const char *w = next_token(line, &length); w; w = next_token(w + length, &length)) {
+                int *start = checked_calloc(length + 2, sizeof(int), "test");
+                int *scratch = checked_calloc(length + 2, sizeof(int), "test");
+                char *text = checked_calloc(length + 5, 1, "test");
+                int subwords = bpe_encode_word(v.bpe, start, w, (int)length, scratch, text);
+                for (int s = 0; s < subwords; s++) {
+                    int text_length = bpe_symbol_text(text, w, start, subwords, s);
+                    push_id(&expected, &expected_capacity, expected_count++, vocab_find(&v, text, text_length));
+                }
+                free(start); free(scratch); free(text);
+            }
+            same = count == expected_count && memcmp(ids, expected, (size_t)count * sizeof(int)) == 0;
+            free(ids); free(expected); free(line);
+        }
+        if (round == 0) cached_words = v.bpe ? v.bpe->cached.num_words : 0;
+    }
+    check(!e && same && cached_words > 100, "bpe: the 1000 lines of the numbers test split, cut twice (the cache "
+          "filling, then from it: %d words), give bpe_encode_word's subwords word by word", cached_words);
+    // a character no training word has: <unk>, warned of at each occurrence
+    char sentence[] = "zwei\xc3\xa7 zwei\xc3\xa7 zwei";
+    int *ids = NULL;
+    size_t capacity = 0;
+    TextSource from = { "test", 0, 0, NULL };
+    fflush(stdout);
+    int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    int count = tokenize(sentence, &v, 0, &ids, &capacity, &from);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved); close(devnull);
+    check(count > 3 && from.unknown == 2, "bpe: a word with a character the vocabulary lacks, twice in a sentence, "
+          "is <unk> each time (%ld unknown)", from.unknown);
+    free(ids);
+    for (int i = 0; i < n; i++) free(lines[i]);
+    vocab_free(&v);
+}
+
 // §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
 // "<pad>e", "x<pad>", "<unk>f" (every pair inside them occurring twice) learn
 // no merge that makes "<s>", "</s>", "<pad>" or "<unk>", and read as
@@ -2336,6 +2395,7 @@ static void run_lab_tests(void) {
     test_bpe_learn_and_apply();
     test_bpe_learn_against_reference();
     test_bpe_numbers_data();
+    test_bpe_cache();
     test_parameter_groups();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
