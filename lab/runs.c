@@ -234,6 +234,8 @@ static const char *lab_learn_merges(TrainRun *run) {
     if (learned < lab_run.bpe)
         printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs twice any more\n",
                learned, lab_run.bpe);
+    fflush(stdout);
+    bpe_cutting_begin(bpe_words_read);   // progress lines as train reads the file again, cutting each word
     return NULL;
 }
 

@@ -361,7 +361,7 @@ static int joins_to_special_token(const char *left, const char *right) {
 static int progress_asked = 0;   // --progress: the lines also when standard error is not a terminal
 
 typedef struct {
-    const char *what;   // "bpe    merges", "bpe    reading FILE": the line's start
+    const char *what;   // "bpe    learning merges", "bpe    reading FILE (MB)": the line's start
     const char *unit;   // "merges", "MB": the rate's unit
     double total;       // how much there is to do (0: not known; no time left then)
     double start, last; // wall seconds at the start and at the last line
@@ -379,7 +379,17 @@ static void progress_begin(Progress *p, const char *what, const char *unit, doub
     p->lines = 0;
 }
 
+// A count in few digits: 27.4k, 1.98M (as train prints "15.6k tok/s").
+static char *count_text(char *text, double x) {   // text holds 32
+    if (x >= 1e6) snprintf(text, 32, "%.2fM", x / 1e6);
+    else if (x >= 1e4) snprintf(text, 32, "%.1fk", x / 1e3);
+    else if (x >= 100) snprintf(text, 32, "%.0f", x);
+    else snprintf(text, 32, "%.1f", x);
+    return text;
+}
+
 // done of p->total: a line when the last is PROGRESS_SECONDS old (final: now, if any was printed).
+//   bpe    learning merges: 27.4k/37.0k (74.1%) | 4.57k merges/s | elapsed 0:06 | left 0:02
 static void progress_show(Progress *p, double done, int final) {
     if (!p->on) return;
     double now = wall_seconds();
@@ -387,18 +397,48 @@ static void progress_show(Progress *p, double done, int final) {
     if (!final && now - p->last < PROGRESS_SECONDS) return;
     double elapsed = now - p->start;
     double rate = elapsed > 0 ? done / elapsed : 0;
-    char spent[32], left[32];
+    char done_text[32], total_text[32], rate_text[32], spent[32], left[32];
+    count_text(done_text, done);
+    count_text(rate_text, rate);
     duration(spent, elapsed);
-    if (p->total > 0 && rate > 0) duration(left, (p->total - done) / rate);
-    else snprintf(left, sizeof left, "?");
-    if (p->total > 0)
-        fprintf(stderr, "%s %.0f/%.0f (%.1f%%) | %.1f %s/s | elapsed %s | left %s\n", p->what, done,
-                p->total, 100.0 * done / p->total, rate, p->unit, spent, left);
-    else
-        fprintf(stderr, "%s %.0f | %.1f %s/s | elapsed %s\n", p->what, done, rate, p->unit, spent);
+    if (p->total > 0) {
+        count_text(total_text, p->total);
+        if (rate > 0) duration(left, (p->total - done) / rate);
+        else snprintf(left, sizeof left, "?");
+        fprintf(stderr, "%s: %s/%s (%.1f%%) | %s %s/s | elapsed %s | left %s\n", p->what, done_text,
+                total_text, 100.0 * done / p->total, rate_text, p->unit, spent, left);
+    } else {
+        fprintf(stderr, "%s: %s | %s %s/s | elapsed %s\n", p->what, done_text, rate_text, p->unit, spent);
+    }
     fflush(stderr);
     p->last = now;
     p->lines++;
+}
+
+// train --bpe: after the merges are learned, the training file is read again and each of its words
+// cut (transformer.c's dataset_read_tsv, through split_word): a progress line of the words cut of
+// those the learning counted in it (bpe_words_read).
+static long bpe_words_read;   // the words (occurrences) in the file the last bpe_learn_from_tsv read
+static struct {
+    Progress progress;
+    long done, total;   // words cut so far, of total
+    int on;
+} cutting;
+
+static void bpe_cutting_begin(long total) {
+    progress_begin(&cutting.progress, "bpe    cutting the training words", "words", (double)total);
+    cutting.done = 0;
+    cutting.total = total;
+    cutting.on = total > 0 && cutting.progress.on;
+}
+
+static void bpe_cutting_step(void) {
+    if (!cutting.on) return;
+    cutting.done++;
+    if (cutting.done % 65536 == 0) progress_show(&cutting.progress, (double)cutting.done, 0);
+    if (cutting.done < cutting.total) return;
+    progress_show(&cutting.progress, (double)cutting.done, 1);
+    cutting.on = 0;
 }
 
 // ---- learning the merges ------------------------------------------------------
@@ -668,7 +708,7 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
 
     // The merges, one at a time.
     Progress progress;
-    progress_begin(&progress, "bpe    merges", "merges", num_merges);
+    progress_begin(&progress, "bpe    learning merges", "merges", num_merges);
     int learned = 0;
     for (; learned < num_merges; learned++) {
         int best = learner_best_pair(&L);
@@ -754,7 +794,7 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
     struct stat st;
     double file_bytes = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) ? (double)st.st_size : 0;
     char what[200];
-    snprintf(what, sizeof what, "bpe    reading %.120s: MB", path);
+    snprintf(what, sizeof what, "bpe    reading %.120s (MB)", path);
     Progress progress;
     progress_begin(&progress, what, "MB", file_bytes / 1e6);
     char *line = NULL;
@@ -780,6 +820,7 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
         int n_src = 0, n_tgt = 0;
         from.reserved = word_counts_add_side(w, line, add, &n_src);
         if (!from.reserved) from.reserved = word_counts_add_side(w, tab + 1, add, &n_tgt);
+        bpe_words_read += n_src + n_tgt;
         if (from.reserved) error = reserved_token_error(&from);
         else if (n_src == 0)
             error = errorf("%s: empty source; expected tokens before the tab", from.where);
@@ -810,6 +851,7 @@ static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int h
                                       int *learned) {
     WordCounts w;
     memset(&w, 0, sizeof w);
+    bpe_words_read = 0;
     const char *error = word_counts_read_tsv(&w, path, held_out_every);
     for (int k = 0; !error && k < w.num_words; k++)
         if (strstr(w.bytes + w.start[k], BPE_END_OF_WORD))
@@ -850,6 +892,7 @@ static void vocab_add_subwords(Vocabulary *vocab) {
 static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
                           int n, TextSource *from) {
     Bpe *b = vocab->bpe;
+    bpe_cutting_step();
     int k = word_counts_find(&b->cached, word, (size_t)length, word_hash(word, (size_t)length));
     if (k >= 0) {
         const int *cached = b->cached_ids + b->cached_first[k];

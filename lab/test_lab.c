@@ -1926,6 +1926,34 @@ static void test_bpe_cache(void) {
     vocab_free(&v);
 }
 
+// Progress lines (long work: counting, learning merges, cutting): none before PROGRESS_SECONDS
+// have passed, none when not asked and standard error is not a terminal; a line with what is
+// done, the rate and the time left when one is due, and a last one at the end only after others.
+static void test_progress_lines(void) {
+    char printed[1000];
+    int asked = progress_asked;
+    progress_asked = 0;
+    Progress p;
+    capture_begin();
+    progress_begin(&p, "bpe    learning merges", "merges", 20000);
+    int quiet = !p.on;   // stderr is a file here: no lines unless --progress
+    progress_asked = 1;
+    progress_begin(&p, "bpe    learning merges", "merges", 20000);
+    progress_show(&p, 100, 0);   // too soon
+    progress_show(&p, 100, 1);   // the end, with no line before: none
+    p.start -= 10;
+    p.last -= 10;
+    progress_show(&p, 5000, 0);   // 10 s: 500 a second, 30 s left
+    progress_show(&p, 20000, 1);
+    capture_end(printed, sizeof printed);
+    progress_asked = asked;
+    const char *expected = "bpe    learning merges: 5000/20.0k (25.0%) | 500 merges/s | elapsed 0:10 | left 0:30\n";
+    check(quiet && count_occurrences(printed, "\n") == 2 && strncmp(printed, expected, strlen(expected)) == 0 &&
+          strstr(printed, "bpe    learning merges: 20.0k/20.0k (100.0%)"),
+          "progress: quiet unless asked when stderr is not a terminal; with --progress a line when one is due "
+          "and one at the end ('%.200s')", printed);
+}
+
 // §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
 // "<pad>e", "x<pad>", "<unk>f" (every pair inside them occurring twice) learn
 // no merge that makes "<s>", "</s>", "<pad>" or "<unk>", and read as
@@ -2396,6 +2424,7 @@ static void run_lab_tests(void) {
     test_bpe_learn_against_reference();
     test_bpe_numbers_data();
     test_bpe_cache();
+    test_progress_lines();
     test_parameter_groups();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
