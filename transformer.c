@@ -2212,8 +2212,12 @@ static void print_bleu(const BleuStats *stats, const char *unit) {   // unit: " 
 
 static void evaluation_free(Evaluation *e) { free(e->output); free(e->output_len); memset(e, 0, sizeof *e); }
 
+static char *duration(char *text, double seconds);   // "1:23:45" or "2:05" (train, below)
+static int progress_always = 0;   // the lab's --progress: progress lines also when stderr is not a terminal
+
 // The first `count` pairs of dataset (all when count <= 0), decoded greedily (beam_size 1,
-// sentences side by side, sorted by length: little padding) or with beam search.
+// sentences side by side, sorted by length: little padding) or with beam search; a long one
+// prints its progress on a terminal's stderr every 3 s.
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count, int batch_tokens,
                      int beam_size, double alpha) {
     memset(e, 0, sizeof *e);
@@ -2228,8 +2232,9 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
     BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
     int num_spans = sort_and_cut(order, spans, dataset, count, batch_tokens, NULL);
     BatchBuffer bb = { 0 };
-    double total_loss = 0, total_log_loss = 0;
+    double total_loss = 0, total_log_loss = 0, started = wall_seconds(), shown = started;
     long total_tokens = 0;
+    int done = 0, progress = progress_always || isatty(fileno(stderr));
     for (int s = 0; s < num_spans; s++) {
         const int *indices = order + spans[s].start;
         int B = spans[s].count;
@@ -2258,6 +2263,15 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
             e->compared += out_len[b] > p->tgt_len ? out_len[b] : p->tgt_len;
             e->exact += same == p->tgt_len && out_len[b] == p->tgt_len;
             bleu_add_sentence(&e->bleu, output, out_len[b], ref, p->tgt_len);
+        }
+        done += B;
+        double now = wall_seconds();
+        if (progress && now - shown >= 3.0 && done < count) {   // eval   1200/10000 pairs | 41.2 pairs/s | ...
+            char spent[32], left[32];
+            fprintf(stderr, "eval   %d/%d pairs | %.1f pairs/s | elapsed %s | left %s\n", done, count,
+                    done / (now - started), duration(spent, now - started),
+                    duration(left, (now - started) / done * (count - done)));
+            shown = now;
         }
     }
     e->loss = total_tokens ? total_loss / total_tokens : 0;
@@ -2528,7 +2542,7 @@ static const TrainOptions train_defaults = {
     .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000, .valid_size = 200,
     .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4, .positional = POSITIONAL_SINUSOID,
     .dropout = 0.1, .label_smoothing = 0.1, .steps = 1500, .warmup = 50, .batch_tokens = 600, .seed = 1,
-    .lr = 3e-3, .eval_every = 250, .log_every = 50, .show = 5,
+    .lr = 3e-3, .eval_every = 250, .log_every = 50, .eval_size = 500, .show = 5,
 };
 
 // transformer.c's train flags; the lab adds the rest (lab.train_options)
@@ -2679,8 +2693,11 @@ static double train_evaluate(TrainRun *run, int final) {
     evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
     if (run->vocab.bpe && lab.score_words) lab.score_words(&e, &run->valid, &run->vocab);   // lab: §5.1, on words
     double exact = 100.0 * e.exact / e.sentences;
-    printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
+    printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% (%d/%d)",
            run->model.adam_step, e.loss, 100.0 * e.correct / (e.compared ? e.compared : 1), exact, e.exact, e.sentences);
+    if (e.sentences < run->valid.count)   // the default --eval-size 500: a few minutes, not hours, on WMT
+        printf(" | the first %d of %d held-out pairs (--eval-size 0: all)", e.sentences, run->valid.count);
+    printf("\n");
     if (final && run->opt.show > 0) {
         printf("held-out examples, greedy decoding:\n");
         print_examples(&e, &run->valid, &run->vocab, run->opt.show);
@@ -2912,6 +2929,7 @@ static int command_eval(int argc, char **argv) {
         INT_OPTION("--show", &show, 0, INT_MAX, "print the first N decoded pairs"),
         INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
         INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
+        FLAG_OPTION("--progress", &progress_always, "progress lines also when standard error is not a terminal"),
     };
     const char *usage =
         "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"

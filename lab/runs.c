@@ -51,7 +51,7 @@ static int lab_train_options(Option *table, int count, TrainOptions *o) {
     free(lab_run.kept_steps); free(lab_run.stored_options);
     memset(&lab_run, 0, sizeof lab_run);
     lab_run.positional = "sinusoid";
-    progress_asked = 0;
+    progress_always = 0;
     Option list[] = {
         INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000, "§5.1 byte-pair encoding: learn N merges from both sides of "
                    "--train and train on subwords (without it: whole words)"),
@@ -72,8 +72,8 @@ static int lab_train_options(Option *table, int count, TrainOptions *o) {
                    "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
         INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, "checkpoint every N steps (0: at each evaluation)"),
         INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, "progress line every N steps (0: none)"),
-        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (0: all)"),
-        FLAG_OPTION("--progress", &progress_asked, "progress lines of long work (--bpe's counting and learning, "
+        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (default 500; 0: all)"),
+        FLAG_OPTION("--progress", &progress_always, "progress lines of long work (--bpe's counting and learning, "
                     "cutting the data) also when standard error is not a terminal"),
     };
     int n = (int)(sizeof list / sizeof *list);

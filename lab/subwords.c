@@ -358,8 +358,7 @@ static int joins_to_special_token(const char *left, const char *right) {
 
 #define PROGRESS_SECONDS 3.0
 
-static int progress_asked = 0;   // --progress: the lines also when standard error is not a terminal
-
+// (--progress sets transformer.c's progress_always: the lines also when standard error is not a terminal)
 typedef struct {
     const char *what;   // "bpe    learning merges", "bpe    reading FILE (MB)": the line's start
     const char *unit;   // "merges", "MB": the rate's unit
@@ -375,7 +374,7 @@ static void progress_begin(Progress *p, const char *what, const char *unit, doub
     p->total = total;
     p->start = wall_seconds();
     p->last = p->start;
-    p->on = progress_asked || isatty(fileno(stderr));
+    p->on = progress_always || isatty(fileno(stderr));
     p->lines = 0;
 }
 

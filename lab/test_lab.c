@@ -1436,6 +1436,26 @@ static void test_bleu_against_sacrebleu(void) {
 // average, train --log and --keep-last with plot, pe and attention; then what
 // a new user meets: runs kept and resumed, moved data, commands named in their
 // errors, BLEU of files.
+// A held-out set of 501 pairs (every 20th of 10,020 lines): train's evaluation decodes the first
+// 500 by default and says so; --eval-size 0 decodes all 501 (issue 49: WMT's held-out 1/20 is
+// 225,000 pairs, hours of greedy decoding at each evaluation).
+static void test_default_eval_size(void) {
+    const char *tsv = test_path("eval_size.tsv"), *ckpt = test_path("eval_size.ckpt");
+    FILE *f = fopen(tsv, "w");
+    if (!f) { check(0, "cli: cannot write %s", tsv); return; }
+    for (int i = 0; i < 10020; i++) fprintf(f, "w%d x\tx w%d\n", i % 7, i % 5);
+    fclose(f);
+    const char *run = "--layers 1 --d-model 8 --d-ff 16 --heads 2 --steps 1 --positions 8 --batch-tokens 4000 "
+                      "--log-every 0 --eval-every 0 --show 0 --threads 1 --force";
+    int status = run_cli("train --train %s --checkpoint %s %s", tsv, ckpt, run);
+    check(status == 0 && strstr(cli_output, "/500) | the first 500 of 501 held-out pairs (--eval-size 0: all)"),
+          "cli: train on 10,020 lines evaluates the first 500 of its 501 held-out pairs by default and says so "
+          "(exit %d)", status);
+    status = run_cli("train --train %s --checkpoint %s %s --eval-size 0", tsv, ckpt, run);
+    check(status == 0 && strstr(cli_output, "/501)\n"), "cli: --eval-size 0 evaluates all 501 held-out pairs "
+          "(exit %d)", status);
+}
+
 static void test_lab_evaluation_commands(void) {
     const char *ckpt = test_path("copy_small.ckpt");
     if (!file_exists(ckpt)) { check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt); return; }
@@ -1445,6 +1465,7 @@ static void test_lab_evaluation_commands(void) {
     test_existing_checkpoints_and_keep_last();
     test_stale_step_file_and_lost_logs();
     test_moved_data();
+    test_default_eval_size();
     test_command_names_and_labels();
     test_bleu_command();
     test_bleu_against_sacrebleu();
@@ -1931,13 +1952,13 @@ static void test_bpe_cache(void) {
 // done, the rate and the time left when one is due, and a last one at the end only after others.
 static void test_progress_lines(void) {
     char printed[1000];
-    int asked = progress_asked;
-    progress_asked = 0;
+    int asked = progress_always;
+    progress_always = 0;
     Progress p;
     capture_begin();
     progress_begin(&p, "bpe    learning merges", "merges", 20000);
     int quiet = !p.on;   // stderr is a file here: no lines unless --progress
-    progress_asked = 1;
+    progress_always = 1;
     progress_begin(&p, "bpe    learning merges", "merges", 20000);
     progress_show(&p, 100, 0);   // too soon
     progress_show(&p, 100, 1);   // the end, with no line before: none
@@ -1946,7 +1967,7 @@ static void test_progress_lines(void) {
     progress_show(&p, 5000, 0);   // 10 s: 500 a second, 30 s left
     progress_show(&p, 20000, 1);
     capture_end(printed, sizeof printed);
-    progress_asked = asked;
+    progress_always = asked;
     const char *expected = "bpe    learning merges: 5000/20.0k (25.0%) | 500 merges/s | elapsed 0:10 | left 0:30\n";
     check(quiet && count_occurrences(printed, "\n") == 2 && strncmp(printed, expected, strlen(expected)) == 0 &&
           strstr(printed, "bpe    learning merges: 20.0k/20.0k (100.0%)"),
