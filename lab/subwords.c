@@ -108,6 +108,10 @@ static void pair_table_free(PairTable *t) { free(t->keys); free(t->values); mems
 // after another in one block of bytes (no allocation per word or sentence).
 // Cutting text keeps the subwords of each word it has cut in one too (Bpe.cache).
 
+// A slot of the table: a word's index (-1: empty) and its hash, so that a probe that meets
+// another word seldom reads that word's text (a read from far away in memory).
+typedef struct { int index; uint32_t hash; } WordSlot;
+
 typedef struct {
     char *bytes;        // the words' texts, each ending in a zero byte, one after another
     size_t num_bytes, bytes_capacity;
@@ -115,7 +119,7 @@ typedef struct {
     uint32_t *hash;     // (num_words) its hash
     long *count;        // (num_words) its occurrences (in the pairs not held out)
     int num_words, words_capacity;
-    int *slots;         // (num_slots) a word's index, or -1: open addressing, at most half full
+    WordSlot *slots;    // (num_slots) open addressing, at most half full
     size_t num_slots;
 } WordCounts;
 
@@ -138,9 +142,9 @@ static size_t word_slot(const WordCounts *w, const char *word, size_t n, uint32_
     size_t mask = w->num_slots - 1;
     size_t i = hash64(hash) & mask;
     for (;;) {
-        int k = w->slots[i];
+        int k = w->slots[i].index;
         if (k < 0) return i;
-        if (w->hash[k] == hash && memcmp(w->bytes + w->start[k], word, n) == 0 &&
+        if (w->slots[i].hash == hash && memcmp(w->bytes + w->start[k], word, n) == 0 &&
             w->bytes[w->start[k] + n] == '\0')
             return i;
         i = (i + 1) & mask;
@@ -150,25 +154,26 @@ static size_t word_slot(const WordCounts *w, const char *word, size_t n, uint32_
 // The index of the n bytes at word (hash: word_hash's) in w, or -1.
 static int word_counts_find(const WordCounts *w, const char *word, size_t n, uint32_t hash) {
     if (w->num_slots == 0) return -1;
-    return w->slots[word_slot(w, word, n, hash)];
+    return w->slots[word_slot(w, word, n, hash)].index;
 }
 
-// Counts the n bytes at word `add` times (0: a word of a held-out pair, listed but not counted).
-// Returns its index.
-static int word_counts_add(WordCounts *w, const char *word, size_t n, long add) {
-    uint32_t hash = word_hash(word, n);
+// Counts the n bytes at word `add` times (0: a word of a held-out pair, listed but not counted);
+// hash: word_hash(word, n). Returns its index.
+static int word_counts_add_hashed(WordCounts *w, const char *word, size_t n, uint32_t hash, long add) {
     if (2 * ((size_t)w->num_words + 1) > w->num_slots) {   // a bigger table, at most half full
         free(w->slots);
         w->num_slots = w->num_slots ? 2 * w->num_slots : 1024;
-        w->slots = checked_calloc(w->num_slots, sizeof(int), "word table");
-        for (size_t i = 0; i < w->num_slots; i++) w->slots[i] = -1;
+        w->slots = checked_calloc(w->num_slots, sizeof(WordSlot), "word table");
+        for (size_t i = 0; i < w->num_slots; i++) w->slots[i].index = -1;
         for (int k = 0; k < w->num_words; k++) {
             size_t length = strlen(w->bytes + w->start[k]);
-            w->slots[word_slot(w, w->bytes + w->start[k], length, w->hash[k])] = k;
+            size_t slot = word_slot(w, w->bytes + w->start[k], length, w->hash[k]);
+            w->slots[slot].index = k;
+            w->slots[slot].hash = w->hash[k];
         }
     }
     size_t slot = word_slot(w, word, n, hash);
-    int k = w->slots[slot];
+    int k = w->slots[slot].index;
     if (k >= 0) {
         w->count[k] += add;
         return k;
@@ -190,8 +195,13 @@ static int word_counts_add(WordCounts *w, const char *word, size_t n, long add) 
     w->num_bytes += n + 1;
     w->hash[k] = hash;
     w->count[k] = add;
-    w->slots[slot] = k;
+    w->slots[slot].index = k;
+    w->slots[slot].hash = hash;
     return k;
+}
+
+static int word_counts_add(WordCounts *w, const char *word, size_t n, long add) {
+    return word_counts_add_hashed(w, word, n, word_hash(word, n), add);
 }
 
 typedef struct Bpe {
@@ -768,15 +778,38 @@ static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
 // Counts the words of one side of a pair (text, up to its zero byte); *tokens: how many.
 // Returns the special token the side holds (<pad> <s> </s> <unk>, refused), or NULL.
 static const char *word_counts_add_side(WordCounts *w, const char *text, long add, int *tokens) {
-    size_t length;
+    // One pass: ASCII white space from a table, the rest as white_space_bytes says (next_token's
+    // set), each word's hash as its bytes go by (word_hash's FNV-1a).
+    static unsigned char ascii_space[128];
+    if (!ascii_space[' '])
+        for (int c = 0; c < 128; c++) ascii_space[c] = (unsigned char)(white_space_bytes((const char[]){ (char)c, 0, 0 }) > 0);
     *tokens = 0;
-    const char *start = next_token(text, &length);
-    for (; start; start = next_token(start + length, &length)) {
+    const unsigned char *p = (const unsigned char *)text;
+    while (*p) {
+        if (*p < 0x80 && ascii_space[*p]) {
+            p++;
+            continue;
+        }
+        int space = *p < 0x80 ? 0 : white_space_bytes((const char *)p);
+        if (space > 0) {
+            p += space;
+            continue;
+        }
+        const unsigned char *start = p;
+        uint32_t hash = 2166136261u;
+        for (;;) {
+            if (*p == 0 || (*p < 0x80 && ascii_space[*p])) break;
+            if (*p >= 0x80 && white_space_bytes((const char *)p) > 0) break;
+            hash ^= *p;
+            hash *= 16777619u;
+            p++;
+        }
+        size_t length = (size_t)(p - start);
         for (int special = 0; start[0] == '<' && special < NUM_SPECIAL_TOKENS; special++) {
             const char *name = special_tokens[special];
             if (strlen(name) == length && memcmp(start, name, length) == 0) return name;
         }
-        word_counts_add(w, start, length, add);
+        word_counts_add_hashed(w, (const char *)start, length, hash, add);
         (*tokens)++;
     }
     return NULL;
