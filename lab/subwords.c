@@ -601,18 +601,6 @@ static void heap_pop(BpeLearner *L) {
     heap_sift_down(L, 0);
 }
 
-// Adds sign * count of word k to the counts of its pairs. listed_symbol >= 0: also puts word k on
-// the list of each pair that holds that symbol (the pairs a merge made).
-static void learner_count_word(BpeLearner *L, int k, long sign, int merge, int listed_symbol) {
-    const int *s = L->symbols + L->offset[k];
-    for (int i = 0; i + 1 < L->length[k]; i++) {
-        int p = learner_pair(L, s[i], s[i + 1]);
-        learner_count(L, p, sign * L->count[k], merge);
-        if (listed_symbol >= 0 && (s[i] == listed_symbol || s[i + 1] == listed_symbol))
-            learner_list_word(L, p, k);
-    }
-}
-
 // Does word k hold the pair (left, right)?
 static int learner_word_holds(const BpeLearner *L, int k, int left, int right) {
     const int *s = L->symbols + L->offset[k];
@@ -621,20 +609,46 @@ static int learner_word_holds(const BpeLearner *L, int k, int left, int right) {
     return 0;
 }
 
-// Merges (left, right) into joined in word k, every occurrence left to right.
-static void learner_merge_word(BpeLearner *L, int k, int left, int right, int joined) {
+// Merges (left, right) into joined in word k, every occurrence left to right, and changes the
+// pairs' counts by what changed (merge: its number): the pairs that touched a merged symbol go,
+// those that touch a new joined symbol come, and word k goes on their lists; the other pairs of
+// the word stay as they were. (Subtracting all the word's pairs and adding the new ones back
+// gives the same counts, with more look-ups.) mark: room for the word's length.
+static void learner_merge_word(BpeLearner *L, int k, int left, int right, int joined, int merge, char *mark) {
     int *s = L->symbols + L->offset[k];
     int n = L->length[k];
+    long count = L->count[k];
+
+    // The occurrences, left to right, as the merge below takes them: their two symbols marked.
+    for (int i = 0; i < n; i++) mark[i] = 0;
+    for (int i = 0; i + 1 < n; i++)
+        if (s[i] == left && s[i + 1] == right) {
+            mark[i] = 1;
+            mark[i + 1] = 1;
+            i++;
+        }
+    for (int i = 0; i + 1 < n; i++)
+        if (mark[i] || mark[i + 1]) learner_count(L, learner_pair(L, s[i], s[i + 1]), -count, merge);
+
+    // The merge; mark now says which symbols are new.
     int kept = 0;
     for (int i = 0; i < n; i++) {
         s[kept] = s[i];
+        mark[kept] = 0;
         if (i + 1 < n && s[i] == left && s[i + 1] == right) {
             s[kept] = joined;
+            mark[kept] = 1;
             i++;
         }
         kept++;
     }
     L->length[k] = kept;
+    for (int i = 0; i + 1 < kept; i++)
+        if (mark[i] || mark[i + 1]) {
+            int p = learner_pair(L, s[i], s[i + 1]);
+            learner_count(L, p, count, merge);
+            learner_list_word(L, p, k);
+        }
 }
 
 // The best pair that may be merged: the top of the heap that is still true, the most frequent
@@ -687,6 +701,7 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
         if (length > longest) longest = length;
     }
     int *start = checked_calloc((size_t)longest + 2, sizeof(int), "bpe words");
+    char *mark = checked_calloc((size_t)longest + 2, 1, "bpe words");   // learner_merge_word's
     char *text = checked_calloc((size_t)longest + 5, 1, "bpe words");
 
     // The words as characters and the marker; the pairs' first counts and lists.
@@ -734,9 +749,7 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
             if (L.visited[k] == learned) continue;   // named twice on the list
             L.visited[k] = learned;
             if (!learner_word_holds(&L, k, left, right)) continue;
-            learner_count_word(&L, k, -1, learned, -1);
-            learner_merge_word(&L, k, left, right, joined);
-            learner_count_word(&L, k, 1, learned, joined);
+            learner_merge_word(&L, k, left, right, joined, learned, mark);
         }
         for (int i = 0; i < L.num_changed; i++) {
             int p = L.changed[i];
@@ -745,6 +758,7 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
         progress_show(&progress, learned + 1, 0);
     }
     progress_show(&progress, learned, 1);
+    free(mark);
     learner_free(&L);
     return learned;
 }
