@@ -159,7 +159,8 @@ static int word_counts_find(const WordCounts *w, const char *word, size_t n, uin
 
 // Counts the n bytes at word `add` times (0: a word of a held-out pair, listed but not counted);
 // hash: word_hash(word, n). Returns its index.
-static int word_counts_add_hashed(WordCounts *w, const char *word, size_t n, uint32_t hash, long add) {
+static int word_counts_add_hashed(WordCounts *w, const char *word, size_t n, uint32_t hash,
+                                  long add) {
     if (2 * ((size_t)w->num_words + 1) > w->num_slots) {   // a bigger table, at most half full
         free(w->slots);
         w->num_slots = w->num_slots ? 2 * w->num_slots : 1024;
@@ -249,12 +250,15 @@ static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, in
     int k = word_counts_add(&b->cached, word, n, 0);
     if (k >= b->cached_capacity) {
         b->cached_capacity = b->cached_capacity ? 2 * b->cached_capacity : 1024;
-        b->cached_first = checked_realloc(b->cached_first, b->cached_capacity, sizeof(size_t), "subword cache");
-        b->cached_subwords = checked_realloc(b->cached_subwords, b->cached_capacity, sizeof(int), "subword cache");
+        b->cached_first = checked_realloc(b->cached_first, b->cached_capacity, sizeof(size_t),
+                                          "subword cache");
+        b->cached_subwords = checked_realloc(b->cached_subwords, b->cached_capacity, sizeof(int),
+                                             "subword cache");
     }
     if (b->num_cached_ids + (size_t)count > b->cached_ids_capacity) {
         b->cached_ids_capacity = 2 * (b->num_cached_ids + (size_t)count) + 4096;
-        b->cached_ids = checked_realloc(b->cached_ids, b->cached_ids_capacity, sizeof(int), "subword cache");
+        b->cached_ids = checked_realloc(b->cached_ids, b->cached_ids_capacity, sizeof(int),
+                                        "subword cache");
     }
     b->cached_first[k] = b->num_cached_ids;
     b->cached_subwords[k] = count;
@@ -368,7 +372,8 @@ static int joins_to_special_token(const char *left, const char *right) {
 
 #define PROGRESS_SECONDS 3.0
 
-// (--progress sets transformer.c's progress_always: the lines also when standard error is not a terminal)
+// (--progress sets transformer.c's progress_always: the lines also when standard error is not a
+// terminal)
 typedef struct {
     const char *what;   // "bpe    learning merges", "bpe    reading FILE (MB)": the line's start
     const char *unit;   // "merges", "MB": the rate's unit
@@ -417,7 +422,8 @@ static void progress_show(Progress *p, double done, int final) {
         fprintf(stderr, "%s: %s/%s (%.1f%%) | %s %s/s | elapsed %s | left %s\n", p->what, done_text,
                 total_text, 100.0 * done / p->total, rate_text, p->unit, spent, left);
     } else {
-        fprintf(stderr, "%s: %s | %s %s/s | elapsed %s\n", p->what, done_text, rate_text, p->unit, spent);
+        fprintf(stderr, "%s: %s | %s %s/s | elapsed %s\n", p->what, done_text, rate_text, p->unit,
+                spent);
     }
     fflush(stderr);
     p->last = now;
@@ -427,7 +433,7 @@ static void progress_show(Progress *p, double done, int final) {
 // train --bpe: after the merges are learned, the training file is read again and each of its words
 // cut (transformer.c's dataset_read_tsv, through split_word): a progress line of the words cut of
 // those the learning counted in it (bpe_words_read).
-static long bpe_words_read;   // the words (occurrences) in the file the last bpe_learn_from_tsv read
+static long bpe_words_read;   // the words (occurrences) in the last file bpe_learn_from_tsv read
 static struct {
     Progress progress;
     long done, total;   // words cut so far, of total
@@ -614,7 +620,8 @@ static int learner_word_holds(const BpeLearner *L, int k, int left, int right) {
 // those that touch a new joined symbol come, and word k goes on their lists; the other pairs of
 // the word stay as they were. (Subtracting all the word's pairs and adding the new ones back
 // gives the same counts, with more look-ups.) mark: room for the word's length.
-static void learner_merge_word(BpeLearner *L, int k, int left, int right, int joined, int merge, char *mark) {
+static void learner_merge_word(BpeLearner *L, int k, int left, int right, int joined, int merge,
+                               char *mark) {
     int *s = L->symbols + L->offset[k];
     int n = L->length[k];
     long count = L->count[k];
@@ -628,7 +635,10 @@ static void learner_merge_word(BpeLearner *L, int k, int left, int right, int jo
             i++;
         }
     for (int i = 0; i + 1 < n; i++)
-        if (mark[i] || mark[i + 1]) learner_count(L, learner_pair(L, s[i], s[i + 1]), -count, merge);
+        if (mark[i] || mark[i + 1]) {
+            int p = learner_pair(L, s[i], s[i + 1]);
+            learner_count(L, p, -count, merge);
+        }
 
     // The merge; mark now says which symbols are new.
     int kept = 0;
@@ -796,7 +806,10 @@ static const char *word_counts_add_side(WordCounts *w, const char *text, long ad
     // set), each word's hash as its bytes go by (word_hash's FNV-1a).
     static unsigned char ascii_space[128];
     if (!ascii_space[' '])
-        for (int c = 0; c < 128; c++) ascii_space[c] = (unsigned char)(white_space_bytes((const char[]){ (char)c, 0, 0 }) > 0);
+        for (int c = 0; c < 128; c++) {
+            char one[3] = { (char)c, 0, 0 };
+            ascii_space[c] = (unsigned char)(white_space_bytes(one) > 0);
+        }
     *tokens = 0;
     const unsigned char *p = (const unsigned char *)text;
     while (*p) {
@@ -855,7 +868,8 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
         snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
         char *tab = strchr(line, '\t');
         size_t unused;
-        if ((error = text_error(line, got, from.where))) break;
+        error = text_error(line, got, from.where);
+        if (error) break;
         if (!tab && !next_token(line, &unused)) continue;   // a blank line
         if (!tab) error = errorf("%s: no tab; expected source<TAB>target", from.where);
         else if (strchr(tab + 1, '\t'))
@@ -901,8 +915,8 @@ static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int h
     const char *error = word_counts_read_tsv(&w, path, held_out_every);
     for (int k = 0; !error && k < w.num_words; k++)
         if (strstr(w.bytes + w.start[k], BPE_END_OF_WORD))
-            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words without "
-                           "it (with --bpe, a subword ending in %s ends a word)", path,
+            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words "
+                           "without it (with --bpe, a subword ending in %s ends a word)", path,
                            w.bytes + w.start[k], BPE_END_OF_WORD, BPE_END_OF_WORD);
     if (!error) {
         size_t num_words = w.num_words > 0 ? (size_t)w.num_words : 1;
