@@ -212,12 +212,14 @@ typedef struct Bpe {
     int num_merges, capacity;
     Vocabulary symbols;    // text <-> id of every symbol a merge reads or makes
     PairTable ranks;       // (id of left[r], id of right[r]) -> r
-    // The words cut so far (bpe_split_word), each once: cached word k's subwords are the ids
-    // cached_ids[cached_first[k] ..] (cached_subwords[k] of them) in the vocabulary that owns these
-    // merges (Vocabulary.bpe), so that a word met again is not cut again.
+    // The words cut so far (bpe_split_word), each once, so that a word met again is not cut
+    // again: cached word k's subwords begin at the bytes cached_starts[cached_first[k] ..] of the
+    // word (cached_subwords[k] of them), and had the ids cached_ids[cached_first[k] ..] in the
+    // vocabulary that cut it (one that holds these merges; a vocabulary whose id is not that
+    // subword's text, as where a test shares the merges, looks the text up instead).
     WordCounts cached;
     size_t *cached_first;
-    int *cached_subwords, *cached_ids;
+    int *cached_subwords, *cached_ids, *cached_starts;
     size_t num_cached_ids, cached_ids_capacity;
     int cached_capacity;
 } Bpe;
@@ -235,7 +237,8 @@ static void bpe_init(Bpe *b) {
 // Empties the cache of words cut (new merges cut words differently).
 static void bpe_cache_free(Bpe *b) {
     word_counts_free(&b->cached);
-    free(b->cached_first); free(b->cached_subwords); free(b->cached_ids);
+    free(b->cached_first); free(b->cached_subwords); free(b->cached_ids); free(b->cached_starts);
+    b->cached_starts = NULL;
     b->cached_first = NULL;
     b->cached_subwords = NULL;
     b->cached_ids = NULL;
@@ -244,8 +247,10 @@ static void bpe_cache_free(Bpe *b) {
     b->cached_capacity = 0;
 }
 
-// Keeps the count subword ids of the n bytes at word (not in the cache yet).
-static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, int count) {
+// Keeps the count subwords of the n bytes at word (not in the cache yet): their ids and where
+// each begins in the word.
+static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, const int *starts,
+                          int count) {
     if (b->cached.num_words >= BPE_CACHE_WORDS) return;
     int k = word_counts_add(&b->cached, word, n, 0);
     if (k >= b->cached_capacity) {
@@ -259,10 +264,13 @@ static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, in
         b->cached_ids_capacity = 2 * (b->num_cached_ids + (size_t)count) + 4096;
         b->cached_ids = checked_realloc(b->cached_ids, b->cached_ids_capacity, sizeof(int),
                                         "subword cache");
+        b->cached_starts = checked_realloc(b->cached_starts, b->cached_ids_capacity, sizeof(int),
+                                           "subword cache");
     }
     b->cached_first[k] = b->num_cached_ids;
     b->cached_subwords[k] = count;
     memcpy(b->cached_ids + b->num_cached_ids, ids, (size_t)count * sizeof(int));
+    memcpy(b->cached_starts + b->num_cached_ids, starts, (size_t)count * sizeof(int));
     b->num_cached_ids += (size_t)count;
 }
 
@@ -945,10 +953,19 @@ static void vocab_add_subwords(Vocabulary *vocab) {
 
 // ---- transformer.c's hooks --------------------------------------------------
 
+// Is id's text in vocab the n bytes at piece, followed by </w> when it is a word's last subword?
+static int vocabulary_holds(const Vocabulary *vocab, int id, const char *piece, int n, int last) {
+    if (id < 0 || id >= vocab->size) return 0;
+    const char *text = vocab->words[id];
+    if (strncmp(text, piece, (size_t)n) != 0) return 0;   // (stops at text's end: no read past it)
+    return last ? strcmp(text + n, BPE_END_OF_WORD) == 0 : text[n] == '\0';
+}
+
 // split_word: the subwords of one word (vocab->bpe's merges), pushed as ids at
-// ids[n..]. Returns the new n. A word cut before takes its subwords' ids from
-// the cache (Bpe.cached); a word with a subword the vocabulary does not hold
-// (read as <unk>, warned of each time) is not kept there.
+// ids[n..]. Returns the new n. A word cut before is not cut again: the cache
+// (Bpe.cached) says where its subwords begin, and each cached id is taken
+// where vocab holds that subword's text there; otherwise (a subword read as
+// <unk>, warned of each time; another vocabulary) the text is looked up.
 static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
                           int n, TextSource *from) {
     Bpe *b = vocab->bpe;
@@ -956,21 +973,39 @@ static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int len
     int k = word_counts_find(&b->cached, word, (size_t)length, word_hash(word, (size_t)length));
     if (k >= 0) {
         const int *cached = b->cached_ids + b->cached_first[k];
-        for (int i = 0; i < b->cached_subwords[k]; i++) push_id(ids, capacity, n++, cached[i]);
+        const int *starts = b->cached_starts + b->cached_first[k];
+        int count = b->cached_subwords[k];
+        char *text = NULL;
+        for (int i = 0; i < count; i++) {
+            int last = i == count - 1;
+            int end = last ? length : starts[i + 1];
+            int id = cached[i];
+            if (!vocabulary_holds(vocab, id, word + starts[i], end - starts[i], last)) {
+                if (!text) text = checked_calloc((size_t)length + 5, 1, "subwords");
+                int text_length = end - starts[i];
+                memcpy(text, word + starts[i], (size_t)text_length);
+                if (last) {
+                    memcpy(text + text_length, BPE_END_OF_WORD, BPE_END_OF_WORD_BYTES);
+                    text_length += BPE_END_OF_WORD_BYTES;
+                }
+                text[text_length] = '\0';
+                id = token_id(vocab, grow, text, (size_t)text_length, from);
+            }
+            push_id(ids, capacity, n++, id);
+        }
+        free(text);
         return n;
     }
     int *start = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     int *scratch = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     char *text = checked_calloc((size_t)length + 5, 1, "subwords");
     int count = bpe_encode_word(b, start, word, length, scratch, text);
-    int first = n, known = 1;
+    int first = n;
     for (int i = 0; i < count; i++) {
         int text_length = bpe_symbol_text(text, word, start, count, i);
-        int id = token_id(vocab, grow, text, (size_t)text_length, from);
-        known = known && id != TOKEN_UNK;
-        push_id(ids, capacity, n++, id);
+        push_id(ids, capacity, n++, token_id(vocab, grow, text, (size_t)text_length, from));
     }
-    if (known) bpe_cache_add(b, word, (size_t)length, *ids + first, count);
+    bpe_cache_add(b, word, (size_t)length, *ids + first, start, count);
     free(start); free(scratch); free(text);
     return n;
 }
