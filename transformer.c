@@ -2759,6 +2759,28 @@ static double reference_log_loss(const Transformer *model, const Batch *batch) {
     return sum;
 }
 
+static char *duration(char *text, double seconds);   // "1:23:45" or "2:05" (train, below)
+
+// The lab's --progress: progress lines even when standard error is not a terminal.
+static int progress_always = 0;
+
+// A long evaluation's line of progress on standard error, every 3 s, on a terminal (or with the
+// lab's --progress): the pairs done, the rate, the time spent and the time left.
+static void evaluation_progress(int done, int count, double started, double *shown) {
+    int wanted = progress_always || isatty(fileno(stderr));
+    double now = wall_seconds();
+    if (!wanted || now - *shown < 3.0 || done >= count)
+        return;
+    double seconds = now - started;
+    char spent[32];
+    char left[32];
+    duration(spent, seconds);
+    duration(left, seconds / done * (count - done));
+    fprintf(stderr, "eval   %d/%d pairs | %.1f pairs/s | elapsed %s | left %s\n", done, count,
+            done / seconds, spent, left);
+    *shown = now;
+}
+
 // The first `count` pairs of the dataset (all of them when count <= 0), decoded greedily
 // (beam_size 1: the sentences side by side, sorted by length for little padding) or by beam search.
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count,
@@ -2781,6 +2803,9 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
     double total_loss = 0;
     double total_log_loss = 0;
     long total_tokens = 0;
+    double started = wall_seconds();
+    double shown = started;
+    int done = 0;
     for (int s = 0; s < num_spans; s++) {
         const int *indices = order + spans[s].start;
         int B = spans[s].count;
@@ -2809,6 +2834,8 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
             evaluation_add(e, p, dataset->tokens + p->tgt, indices[b], out + (size_t)b * max_out,
                            out_len[b]);
         }
+        done += B;
+        evaluation_progress(done, count, started, &shown);
     }
     e->loss = total_tokens ? total_loss / total_tokens : 0;
     e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;
@@ -3292,7 +3319,7 @@ static const TrainOptions train_defaults = {
     .valid_size = 200, .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4,
     .positional = POSITIONAL_SINUSOID, .dropout = 0.1, .label_smoothing = 0.1, .steps = 1500,
     .warmup = 50, .batch_tokens = 600, .seed = 1, .lr = 3e-3, .eval_every = 250, .log_every = 50,
-    .show = 5,
+    .eval_size = 500, .show = 5,
 };
 
 // transformer.c's flags of train: the task, Table 3's sizes, §5.3's schedule, §5.1's batches.
@@ -3474,7 +3501,12 @@ static double train_evaluate(TrainRun *run, int final) {
     double exact = 100.0 * e.exact / e.sentences;
     double accuracy = 100.0 * e.correct / (e.compared ? e.compared : 1);
     printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% "
-           "(%d/%d)\n", step, e.loss, accuracy, exact, e.exact, e.sentences);
+           "(%d/%d)", step, e.loss, accuracy, exact, e.exact, e.sentences);
+    if (e.sentences < run->valid.count) {   // at most 500 by default: minutes, not hours, on WMT
+        printf(" | the first %d of %d held-out pairs (--eval-size 0: all)", e.sentences,
+               run->valid.count);
+    }
+    printf("\n");
     if (final && run->opt.show > 0) {
         printf("held-out examples, greedy decoding:\n");
         print_examples(&e, &run->valid, &run->vocab, run->opt.show);

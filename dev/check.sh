@@ -42,6 +42,11 @@ profile() { python3 dev/profile_step.py --config tiny --steps 1 --threads 1; }
 run profile_step.py "--config tiny --steps 1 --threads 1: the instrumented lab built, its table" profile
 pair() { python3 dev/bench_pair.py ./transformer ./transformer --configs tiny --pairs 1 --threads 1 --max-background 64; }
 run bench_pair.py "./transformer against itself, tiny, 1 pair" pair
+bpe_corpus() {
+    python3 dev/make_bpe_corpus.py --pairs 50 --types 40 --out "$tmp/tiny_bpe.tsv" &&
+    python3 dev/bench_bpe.py --data "$tmp/tiny_bpe.tsv" --merges 20 --python NONE --cut-merges 20
+}
+run make_bpe_corpus.py "50 pairs over 40 word types, and bench_bpe.py's table on them without HF (20 merges)" bpe_corpus
 busy() { python3 dev/bench_busy.py --configs toy --neighbours yes --rounds 1 --extra '--steps 3 --log-every 1'; }
 run bench_busy.py "toy for 3 steps, alone and beside yes, 1 round" busy
 gpu() { python3 dev/bench_gpu.py --binary ./transformer --configs tiny --rounds 1 --python ''; }

@@ -455,6 +455,7 @@ static int command_eval(int argc, char **argv) {
         INT_OPTION("--show", &show, 0, INT_MAX, "print the first N decoded pairs"),
         INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
         INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
+        FLAG_OPTION("--progress", &progress_always, "progress lines also when standard error is not a terminal"),
     };
     const char *usage =
         "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"

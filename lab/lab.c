@@ -1134,6 +1134,8 @@ static int command_bpe(int argc, char **argv) {
         TEXT_OPTION("--data", &data, "source<TAB>target lines to learn merges from (both sides)"),
         INT_OPTION("--merges", &merges, 1, 1000000, "how many merges to learn from --data"),
         TEXT_OPTION("--checkpoint", &checkpoint, "a model trained with --bpe: use its merges"),
+        FLAG_OPTION("--progress", &progress_always, "progress lines (reading, learning) also when standard "
+                    "error is not a terminal"),
     };
     const char *usage =
         "usage: ./transformer bpe --data FILE.tsv --merges N ['SENTENCE' ...]\n"

@@ -67,6 +67,7 @@ static void lab_train_options(TrainRun *run) {
     free(lab_run.stored_options);
     memset(&lab_run, 0, sizeof lab_run);
     lab_run.positional = "sinusoid";
+    progress_always = 0;
     Option moved[] = {
         TEXT_OPTION("--train", &o->train_path, "training data: a file of source<TAB>target lines"),
         TEXT_OPTION("--valid", &o->valid_path, "held-out data, same format (default: every 20th "
@@ -104,7 +105,9 @@ static void lab_train_options(TrainRun *run) {
                    "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
         INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, "checkpoint every N steps (0: at each evaluation)"),
         INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, "progress line every N steps (0: none)"),
-        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (0: all)"),
+        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (default 500; 0: all)"),
+        FLAG_OPTION("--progress", &progress_always, "progress lines of long work (--bpe's counting and learning, "
+                    "cutting the data) also when standard error is not a terminal"),
     };
     int num_moved = (int)(sizeof moved / sizeof *moved);
     int num_list = (int)(sizeof list / sizeof *list);
@@ -172,7 +175,7 @@ static const char *lab_check_output(TrainRun *run) {
 // train's flags that are not stored in checkpoints: they belong to one session
 static const char *session_flags[] = { "--checkpoint", "--eval-every", "--show", "--threads", "--force", "--resume",
                                        "--loss-log", "--log", "--keep-last", "--save-every", "--log-every", "--eval-size",
-                                       "--batch-log" };
+                                       "--batch-log", "--progress" };
 
 static int stored_flag(const Option *o) {
     for (size_t i = 0; i < sizeof session_flags / sizeof *session_flags; i++)
@@ -321,6 +324,8 @@ static const char *lab_learn_merges(TrainRun *run) {
     if (learned < lab_run.bpe)
         printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs twice any more\n",
                learned, lab_run.bpe);
+    fflush(stdout);
+    bpe_cutting_begin(bpe_words_read);   // progress lines as train reads the file again, cutting each word
     return NULL;
 }
 

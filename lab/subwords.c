@@ -57,9 +57,8 @@
 //     (tokenize); inside a word, learning passes over such a pair (the next
 //     most frequent one is merged), and a checkpoint whose merges make one
 //     is refused.
-// Learning counts pairs once, then after each merge updates the counts of
-// the words that held the merged pair only: O(merges x symbols of the
-// distinct words) in all, about 0.1 s for 1000 merges on the numbers task.
+// Learning counts pairs once, then each merge visits only the words that
+// hold the merged pair (below, "learning the merges").
 
 #define BPE_END_OF_WORD "</w>"
 #define BPE_END_OF_WORD_BYTES 4
@@ -71,7 +70,7 @@ typedef struct { uint64_t *keys; int *values; size_t mask, count; } PairTable;
 static uint64_t pair_key(int left, int right) { return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1; }
 
 static size_t pair_slot(const PairTable *t, uint64_t key) {
-    size_t i = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 20) & t->mask;
+    size_t i = (size_t)hash64(key) & t->mask;   // (both symbols' bits mixed into the low bits)
     while (t->keys[i] != 0 && t->keys[i] != key) i = (i + 1) & t->mask;
     return i;
 }
@@ -103,6 +102,109 @@ static void pair_insert(PairTable *t, int left, int right, int value) {
 
 static void pair_table_free(PairTable *t) { free(t->keys); free(t->values); memset(t, 0, sizeof *t); }
 
+// ---- a table of distinct words -------------------------------------------------
+// Learning needs each distinct word once with its count, not the sentences: the
+// file is read a line at a time into a table of distinct words, their texts one
+// after another in one block of bytes (no allocation per word or sentence).
+// Cutting text keeps the subwords of each word it has cut in one too (Bpe.cache).
+
+// A slot of the table: a word's index (-1: empty) and its hash, so that a probe that meets
+// another word seldom reads that word's text (a read from far away in memory).
+typedef struct { int index; uint32_t hash; } WordSlot;
+
+typedef struct {
+    char *bytes;        // the words' texts, each ending in a zero byte, one after another
+    size_t num_bytes, bytes_capacity;
+    size_t *start;      // (num_words) where word k's text begins in bytes
+    uint32_t *hash;     // (num_words) its hash
+    long *count;        // (num_words) its occurrences (in the pairs not held out)
+    int num_words, words_capacity;
+    WordSlot *slots;    // (num_slots) open addressing, at most half full
+    size_t num_slots;
+} WordCounts;
+
+static uint32_t word_hash(const char *word, size_t n) {
+    uint32_t hash = 2166136261u;   // FNV-1a
+    for (size_t i = 0; i < n; i++) {
+        hash ^= (unsigned char)word[i];
+        hash *= 16777619u;
+    }
+    return hash;
+}
+
+static void word_counts_free(WordCounts *w) {
+    free(w->bytes); free(w->start); free(w->hash); free(w->count); free(w->slots);
+    memset(w, 0, sizeof *w);
+}
+
+// The slot of the n bytes at word (hash: word_hash's): where its index is, or the empty slot.
+static size_t word_slot(const WordCounts *w, const char *word, size_t n, uint32_t hash) {
+    size_t mask = w->num_slots - 1;
+    size_t i = hash64(hash) & mask;
+    for (;;) {
+        int k = w->slots[i].index;
+        if (k < 0) return i;
+        if (w->slots[i].hash == hash && memcmp(w->bytes + w->start[k], word, n) == 0 &&
+            w->bytes[w->start[k] + n] == '\0')
+            return i;
+        i = (i + 1) & mask;
+    }
+}
+
+// The index of the n bytes at word (hash: word_hash's) in w, or -1.
+static int word_counts_find(const WordCounts *w, const char *word, size_t n, uint32_t hash) {
+    if (w->num_slots == 0) return -1;
+    return w->slots[word_slot(w, word, n, hash)].index;
+}
+
+// Counts the n bytes at word `add` times (0: a word of a held-out pair, listed but not counted);
+// hash: word_hash(word, n). Returns its index.
+static int word_counts_add_hashed(WordCounts *w, const char *word, size_t n, uint32_t hash,
+                                  long add) {
+    if (2 * ((size_t)w->num_words + 1) > w->num_slots) {   // a bigger table, at most half full
+        free(w->slots);
+        w->num_slots = w->num_slots ? 2 * w->num_slots : 1024;
+        w->slots = checked_calloc(w->num_slots, sizeof(WordSlot), "word table");
+        for (size_t i = 0; i < w->num_slots; i++) w->slots[i].index = -1;
+        for (int k = 0; k < w->num_words; k++) {
+            size_t length = strlen(w->bytes + w->start[k]);
+            size_t slot = word_slot(w, w->bytes + w->start[k], length, w->hash[k]);
+            w->slots[slot].index = k;
+            w->slots[slot].hash = w->hash[k];
+        }
+    }
+    size_t slot = word_slot(w, word, n, hash);
+    int k = w->slots[slot].index;
+    if (k >= 0) {
+        w->count[k] += add;
+        return k;
+    }
+    if (w->num_words == w->words_capacity) {
+        w->words_capacity = w->words_capacity ? 2 * w->words_capacity : 1024;
+        w->start = checked_realloc(w->start, w->words_capacity, sizeof(size_t), "word table");
+        w->hash = checked_realloc(w->hash, w->words_capacity, sizeof(uint32_t), "word table");
+        w->count = checked_realloc(w->count, w->words_capacity, sizeof(long), "word table");
+    }
+    if (w->num_bytes + n + 1 > w->bytes_capacity) {
+        w->bytes_capacity = 2 * (w->num_bytes + n + 1) + 65536;
+        w->bytes = checked_realloc(w->bytes, w->bytes_capacity, 1, "word table");
+    }
+    k = w->num_words++;
+    w->start[k] = w->num_bytes;
+    memcpy(w->bytes + w->num_bytes, word, n);
+    w->bytes[w->num_bytes + n] = '\0';
+    w->num_bytes += n + 1;
+    w->hash[k] = hash;
+    w->count[k] = add;
+    w->slots[slot].index = k;
+    w->slots[slot].hash = hash;
+    return k;
+}
+
+static int word_counts_add(WordCounts *w, const char *word, size_t n, long add) {
+    return word_counts_add_hashed(w, word, n, word_hash(word, n), add);
+}
+
 typedef struct Bpe {
     char **left, **right;  // (num_merges) in the order learned: merge r joins left[r] and right[r]
     long *frequency;       // (num_merges) the pair's count when it was merged (0 when read from a checkpoint)
@@ -110,11 +212,66 @@ typedef struct Bpe {
     int num_merges, capacity;
     Vocabulary symbols;    // text <-> id of every symbol a merge reads or makes
     PairTable ranks;       // (id of left[r], id of right[r]) -> r
+    // The words cut so far (bpe_split_word), each once, so that a word met again is not cut
+    // again: cached word k's subwords begin at the bytes cached_starts[cached_first[k] ..] of the
+    // word (cached_subwords[k] of them), and had the ids cached_ids[cached_first[k] ..] in the
+    // vocabulary that cut it (one that holds these merges; a vocabulary whose id is not that
+    // subword's text, as where a test shares the merges, looks the text up instead).
+    WordCounts cached;
+    size_t *cached_first;
+    int *cached_subwords, *cached_ids, *cached_starts;
+    size_t num_cached_ids, cached_ids_capacity;
+    int cached_capacity;
 } Bpe;
+
+// Words the cache holds at most (each about 40 bytes and its subwords' ids): WMT 2014
+// English-German has some 1.5 million distinct words over both sides; rarer words beyond this
+// many are cut each time they occur.
+#define BPE_CACHE_WORDS (1 << 23)
 
 static void bpe_init(Bpe *b) {
     memset(b, 0, sizeof *b);
     vocab_init(&b->symbols);
+}
+
+// Empties the cache of words cut (new merges cut words differently).
+static void bpe_cache_free(Bpe *b) {
+    word_counts_free(&b->cached);
+    free(b->cached_first); free(b->cached_subwords); free(b->cached_ids); free(b->cached_starts);
+    b->cached_starts = NULL;
+    b->cached_first = NULL;
+    b->cached_subwords = NULL;
+    b->cached_ids = NULL;
+    b->num_cached_ids = 0;
+    b->cached_ids_capacity = 0;
+    b->cached_capacity = 0;
+}
+
+// Keeps the count subwords of the n bytes at word (not in the cache yet): their ids and where
+// each begins in the word.
+static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, const int *starts,
+                          int count) {
+    if (b->cached.num_words >= BPE_CACHE_WORDS) return;
+    int k = word_counts_add(&b->cached, word, n, 0);
+    if (k >= b->cached_capacity) {
+        b->cached_capacity = b->cached_capacity ? 2 * b->cached_capacity : 1024;
+        b->cached_first = checked_realloc(b->cached_first, b->cached_capacity, sizeof(size_t),
+                                          "subword cache");
+        b->cached_subwords = checked_realloc(b->cached_subwords, b->cached_capacity, sizeof(int),
+                                             "subword cache");
+    }
+    if (b->num_cached_ids + (size_t)count > b->cached_ids_capacity) {
+        b->cached_ids_capacity = 2 * (b->num_cached_ids + (size_t)count) + 4096;
+        b->cached_ids = checked_realloc(b->cached_ids, b->cached_ids_capacity, sizeof(int),
+                                        "subword cache");
+        b->cached_starts = checked_realloc(b->cached_starts, b->cached_ids_capacity, sizeof(int),
+                                           "subword cache");
+    }
+    b->cached_first[k] = b->num_cached_ids;
+    b->cached_subwords[k] = count;
+    memcpy(b->cached_ids + b->num_cached_ids, ids, (size_t)count * sizeof(int));
+    memcpy(b->cached_starts + b->num_cached_ids, starts, (size_t)count * sizeof(int));
+    b->num_cached_ids += (size_t)count;
 }
 
 static void bpe_free(Bpe *b) {
@@ -122,11 +279,13 @@ static void bpe_free(Bpe *b) {
     free(b->left); free(b->right); free(b->frequency); free(b->merged);
     vocab_free(&b->symbols);
     pair_table_free(&b->ranks);
+    bpe_cache_free(b);
     memset(b, 0, sizeof *b);
 }
 
 // Appends the merge (left, right), seen `frequency` times.
 static void bpe_add_merge(Bpe *b, const char *left, const char *right, long frequency) {
+    bpe_cache_free(b);   // (words are cut before any merge is added only in tests)
     if (b->num_merges == b->capacity) {
         b->capacity = b->capacity ? 2 * b->capacity : 64;
         b->left = checked_realloc(b->left, b->capacity, sizeof(char *), "merges");
@@ -205,42 +364,6 @@ static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, in
     }
 }
 
-// One distinct word of the training text while merges are learned.
-typedef struct {
-    int *symbols;   // (length) ids in Bpe.symbols
-    int length;
-    long count;     // occurrences in the text
-} BpeWord;
-
-// The pair counts of learning: pair_index maps (left, right) to an index into
-// left, right and count.
-typedef struct {
-    PairTable pair_index;
-    int *left, *right;
-    long *count;
-    int size, capacity;
-} PairCounts;
-
-static void pair_counts_add(PairCounts *pc, int left, int right, long delta) {
-    int i = pair_find(&pc->pair_index, left, right);
-    if (i < 0) {
-        if (pc->size == pc->capacity) {
-            pc->capacity = pc->capacity ? 2 * pc->capacity : 1024;
-            pc->left = checked_realloc(pc->left, pc->capacity, sizeof(int), "pair counts");
-            pc->right = checked_realloc(pc->right, pc->capacity, sizeof(int), "pair counts");
-            pc->count = checked_realloc(pc->count, pc->capacity, sizeof(long), "pair counts");
-        }
-        i = pc->size++;
-        pc->left[i] = left; pc->right[i] = right; pc->count[i] = 0;
-        pair_insert(&pc->pair_index, left, right, i);
-    }
-    pc->count[i] += delta;
-}
-
-static void pair_counts_of_word(PairCounts *pc, const BpeWord *w, long sign) {
-    for (int i = 0; i + 1 < w->length; i++) pair_counts_add(pc, w->symbols[i], w->symbols[i + 1], sign * w->count);
-}
-
 // Is left and right joined the text of a special token (<pad> <s> </s> <unk>)?
 static int joins_to_special_token(const char *left, const char *right) {
     size_t n = strlen(left);
@@ -249,73 +372,412 @@ static int joins_to_special_token(const char *left, const char *right) {
     return 0;
 }
 
-// The most frequent pair (ties: left, then right symbol first in byte order)
-// that does not make a special token's text, or -1 when no pair occurs twice.
-static int best_pair(const PairCounts *pc, const Vocabulary *symbols) {
-    int best = -1;
-    for (int i = 0; i < pc->size; i++) {
-        if (pc->count[i] < 2) continue;
-        if (best >= 0 && pc->count[i] < pc->count[best]) continue;
-        if (best >= 0 && pc->count[i] == pc->count[best]) {
-            int order = strcmp(symbols->words[pc->left[i]], symbols->words[pc->left[best]]);
-            if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
-            if (order >= 0) continue;
-        }
-        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]])) continue;
-        best = i;
+// ---- progress lines ----------------------------------------------------------
+// Long work (counting the words of a big file, learning merges, cutting the data) prints a line on
+// standard error every PROGRESS_SECONDS, in the style of train's step lines: what is done, the
+// rate, the time so far and the time left. Only where standard error is a terminal, unless asked:
+// --progress (bpe, train) prints them always, so that a log file of a long run shows them too.
+
+#define PROGRESS_SECONDS 3.0
+
+// (--progress sets transformer.c's progress_always: the lines also when standard error is not a
+// terminal)
+typedef struct {
+    const char *what;   // "bpe    learning merges", "bpe    reading FILE (MB)": the line's start
+    const char *unit;   // "merges", "MB": the rate's unit
+    double total;       // how much there is to do (0: not known; no time left then)
+    double start, last; // wall seconds at the start and at the last line
+    int on;             // lines are printed
+    int lines;          // lines printed so far
+} Progress;
+
+static void progress_begin(Progress *p, const char *what, const char *unit, double total) {
+    p->what = what;
+    p->unit = unit;
+    p->total = total;
+    p->start = wall_seconds();
+    p->last = p->start;
+    p->on = progress_always || isatty(fileno(stderr));
+    p->lines = 0;
+}
+
+// A count in few digits: 27.4k, 1.98M (as train prints "15.6k tok/s").
+static char *count_text(char *text, double x) {   // text holds 32
+    if (x >= 1e6) snprintf(text, 32, "%.2fM", x / 1e6);
+    else if (x >= 1e4) snprintf(text, 32, "%.1fk", x / 1e3);
+    else if (x >= 100) snprintf(text, 32, "%.0f", x);
+    else snprintf(text, 32, "%.1f", x);
+    return text;
+}
+
+// done of p->total: a line when the last is PROGRESS_SECONDS old (final: now, if any was printed).
+//   bpe    learning merges: 27.4k/37.0k (74.1%) | 4.57k merges/s | elapsed 0:06 | left 0:02
+static void progress_show(Progress *p, double done, int final) {
+    if (!p->on) return;
+    double now = wall_seconds();
+    if (final && p->lines == 0) return;
+    if (!final && now - p->last < PROGRESS_SECONDS) return;
+    double elapsed = now - p->start;
+    double rate = elapsed > 0 ? done / elapsed : 0;
+    char done_text[32], total_text[32], rate_text[32], spent[32], left[32];
+    count_text(done_text, done);
+    count_text(rate_text, rate);
+    duration(spent, elapsed);
+    if (p->total > 0) {
+        count_text(total_text, p->total);
+        if (rate > 0) duration(left, (p->total - done) / rate);
+        else snprintf(left, sizeof left, "?");
+        fprintf(stderr, "%s: %s/%s (%.1f%%) | %s %s/s | elapsed %s | left %s\n", p->what, done_text,
+                total_text, 100.0 * done / p->total, rate_text, p->unit, spent, left);
+    } else {
+        fprintf(stderr, "%s: %s | %s %s/s | elapsed %s\n", p->what, done_text, rate_text, p->unit,
+                spent);
     }
-    return best;
+    fflush(stderr);
+    p->last = now;
+    p->lines++;
+}
+
+// train --bpe: after the merges are learned, the training file is read again and each of its words
+// cut (transformer.c's dataset_read_tsv, through split_word): a progress line of the words cut of
+// those the learning counted in it (bpe_words_read).
+static long bpe_words_read;   // the words (occurrences) in the last file bpe_learn_from_tsv read
+static struct {
+    Progress progress;
+    long done, total;   // words cut so far, of total
+    int on;
+} cutting;
+
+static void bpe_cutting_begin(long total) {
+    progress_begin(&cutting.progress, "bpe    cutting the training words", "words", (double)total);
+    cutting.done = 0;
+    cutting.total = total;
+    cutting.on = total > 0 && cutting.progress.on;
+}
+
+static void bpe_cutting_step(void) {
+    if (!cutting.on) return;
+    cutting.done++;
+    if (cutting.done % 65536 == 0) progress_show(&cutting.progress, (double)cutting.done, 0);
+    if (cutting.done < cutting.total) return;
+    progress_show(&cutting.progress, (double)cutting.done, 1);
+    cutting.on = 0;
+}
+
+// ---- learning the merges ------------------------------------------------------
+// Learning keeps, for every pair of adjacent symbols, its count over the
+// words (each word's pairs times the word's count) and a list of the words
+// that have held it; a merge of (left, right) visits only the words on that
+// pair's list, and in each such word takes its pairs' counts away, merges,
+// and adds the pairs back. The counts are thus always exactly those that
+// counting every word afresh would give (the same counts, the same merges as
+// a learner that scans every word at every merge: lab/test_lab.c compares
+// them). The most frequent pair comes from a binary heap ordered by the tie
+// rule (count, then the left and the right symbol's text), with lazy
+// deletion: a pair whose count changed is pushed again with its new count,
+// and an entry whose count is no longer its pair's is dropped when it comes
+// to the top. The cost grows with the symbols of the words each merge
+// touches, not with the whole corpus at every merge (Sennrich's subword-nmt
+// and HF tokenizers' trainer work the same way; dev/PERFORMANCE.md).
+
+// The learner's state: the distinct words as symbol ids, and the pairs.
+typedef struct {
+    // words: word k's symbols are symbols[offset[k] .. offset[k] + length[k]) (shrinking as merges
+    // join them), and it occurs count[k] times; visited[k]: the last merge that visited it
+    int *symbols, *length, *visited;
+    size_t *offset;
+    const long *count;
+    int num_words;
+    // pairs: pair_index maps (left, right) to p; count[p] is the pair's count, its words are on a
+    // list of nodes from first_node[p] (node_word, next_node; -1 ends it), which may name a word
+    // twice, or one that no longer holds the pair (checked when visited)
+    PairTable pair_index;
+    int *pair_left, *pair_right, *first_node, *pair_touched;
+    long *pair_count, *count_before;
+    int num_pairs, pair_capacity;
+    int *node_word, *next_node;
+    size_t num_nodes, node_capacity;
+    // the pairs whose count this merge changed (count_before: the count before it)
+    int *changed;
+    int num_changed;
+    // the heap: (count, pair) entries, the best at 0
+    long *heap_count;
+    int *heap_pair;
+    size_t heap_size, heap_capacity;
+    const Vocabulary *texts;   // the symbols' texts, for the tie rule
+} BpeLearner;
+
+static int learner_pair(BpeLearner *L, int left, int right) {
+    int p = pair_find(&L->pair_index, left, right);
+    if (p >= 0) return p;
+    if (L->num_pairs == L->pair_capacity) {
+        int capacity = L->pair_capacity ? 2 * L->pair_capacity : 4096;
+        L->pair_left = checked_realloc(L->pair_left, capacity, sizeof(int), "pair counts");
+        L->pair_right = checked_realloc(L->pair_right, capacity, sizeof(int), "pair counts");
+        L->first_node = checked_realloc(L->first_node, capacity, sizeof(int), "pair counts");
+        L->pair_touched = checked_realloc(L->pair_touched, capacity, sizeof(int), "pair counts");
+        L->pair_count = checked_realloc(L->pair_count, capacity, sizeof(long), "pair counts");
+        L->count_before = checked_realloc(L->count_before, capacity, sizeof(long), "pair counts");
+        L->changed = checked_realloc(L->changed, capacity, sizeof(int), "pair counts");
+        L->pair_capacity = capacity;
+    }
+    p = L->num_pairs++;
+    L->pair_left[p] = left;
+    L->pair_right[p] = right;
+    L->first_node[p] = -1;
+    L->pair_touched[p] = -1;
+    L->pair_count[p] = 0;
+    pair_insert(&L->pair_index, left, right, p);
+    return p;
+}
+
+// Puts word on pair p's list.
+static void learner_list_word(BpeLearner *L, int p, int word) {
+    if (L->num_nodes == L->node_capacity) {
+        size_t capacity = L->node_capacity ? 2 * L->node_capacity : 65536;
+        L->node_word = checked_realloc(L->node_word, capacity, sizeof(int), "pair lists");
+        L->next_node = checked_realloc(L->next_node, capacity, sizeof(int), "pair lists");
+        L->node_capacity = capacity;
+    }
+    if (L->num_nodes >= INT_MAX) {
+        fprintf(stderr, "error: bpe: more than %d entries in the lists of the pairs' words\n",
+                INT_MAX);
+        exit(1);
+    }
+    int node = (int)L->num_nodes++;
+    L->node_word[node] = word;
+    L->next_node[node] = L->first_node[p];
+    L->first_node[p] = node;
+}
+
+// Adds delta to pair p's count, noting the count it had before this merge (merge: its number).
+static void learner_count(BpeLearner *L, int p, long delta, int merge) {
+    if (L->pair_touched[p] != merge) {
+        L->pair_touched[p] = merge;
+        L->count_before[p] = L->pair_count[p];
+        L->changed[L->num_changed++] = p;
+    }
+    L->pair_count[p] += delta;
+}
+
+// Does heap entry a come before b: the higher count, then (the tie rule of §5.1's notes above) the
+// left symbol first in byte order, then the right one?
+static int heap_before(const BpeLearner *L, size_t a, size_t b) {
+    if (L->heap_count[a] != L->heap_count[b]) return L->heap_count[a] > L->heap_count[b];
+    const char *const *text = (const char *const *)L->texts->words;
+    int pa = L->heap_pair[a], pb = L->heap_pair[b];
+    int order = strcmp(text[L->pair_left[pa]], text[L->pair_left[pb]]);
+    if (order == 0) order = strcmp(text[L->pair_right[pa]], text[L->pair_right[pb]]);
+    return order < 0;
+}
+
+static void heap_swap(BpeLearner *L, size_t a, size_t b) {
+    long count = L->heap_count[a];
+    int pair = L->heap_pair[a];
+    L->heap_count[a] = L->heap_count[b];
+    L->heap_pair[a] = L->heap_pair[b];
+    L->heap_count[b] = count;
+    L->heap_pair[b] = pair;
+}
+
+static void heap_sift_down(BpeLearner *L, size_t i) {
+    for (;;) {
+        size_t best = i, left = 2 * i + 1, right = 2 * i + 2;
+        if (left < L->heap_size && heap_before(L, left, best)) best = left;
+        if (right < L->heap_size && heap_before(L, right, best)) best = right;
+        if (best == i) return;
+        heap_swap(L, i, best);
+        i = best;
+    }
+}
+
+static void heap_push(BpeLearner *L, int p) {
+    if (L->heap_size == L->heap_capacity) {
+        size_t capacity = L->heap_capacity ? 2 * L->heap_capacity : 4096;
+        L->heap_count = checked_realloc(L->heap_count, capacity, sizeof(long), "pair heap");
+        L->heap_pair = checked_realloc(L->heap_pair, capacity, sizeof(int), "pair heap");
+        L->heap_capacity = capacity;
+    }
+    size_t i = L->heap_size++;
+    L->heap_count[i] = L->pair_count[p];
+    L->heap_pair[i] = p;
+    while (i > 0 && heap_before(L, i, (i - 1) / 2)) {
+        heap_swap(L, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void heap_pop(BpeLearner *L) {
+    L->heap_size--;
+    if (L->heap_size == 0) return;
+    L->heap_count[0] = L->heap_count[L->heap_size];
+    L->heap_pair[0] = L->heap_pair[L->heap_size];
+    heap_sift_down(L, 0);
+}
+
+// Does word k hold the pair (left, right)?
+static int learner_word_holds(const BpeLearner *L, int k, int left, int right) {
+    const int *s = L->symbols + L->offset[k];
+    for (int i = 0; i + 1 < L->length[k]; i++)
+        if (s[i] == left && s[i + 1] == right) return 1;
+    return 0;
+}
+
+// Merges (left, right) into joined in word k, every occurrence left to right, and changes the
+// pairs' counts by what changed (merge: its number): the pairs that touched a merged symbol go,
+// those that touch a new joined symbol come, and word k goes on their lists; the other pairs of
+// the word stay as they were. (Subtracting all the word's pairs and adding the new ones back
+// gives the same counts, with more look-ups.) mark: room for the word's length.
+static void learner_merge_word(BpeLearner *L, int k, int left, int right, int joined, int merge,
+                               char *mark) {
+    int *s = L->symbols + L->offset[k];
+    int n = L->length[k];
+    long count = L->count[k];
+
+    // The occurrences, left to right, as the merge below takes them: their two symbols marked.
+    for (int i = 0; i < n; i++) mark[i] = 0;
+    for (int i = 0; i + 1 < n; i++)
+        if (s[i] == left && s[i + 1] == right) {
+            mark[i] = 1;
+            mark[i + 1] = 1;
+            i++;
+        }
+    for (int i = 0; i + 1 < n; i++)
+        if (mark[i] || mark[i + 1]) {
+            int p = learner_pair(L, s[i], s[i + 1]);
+            learner_count(L, p, -count, merge);
+        }
+
+    // The merge; mark now says which symbols are new.
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        s[kept] = s[i];
+        mark[kept] = 0;
+        if (i + 1 < n && s[i] == left && s[i + 1] == right) {
+            s[kept] = joined;
+            mark[kept] = 1;
+            i++;
+        }
+        kept++;
+    }
+    L->length[k] = kept;
+    for (int i = 0; i + 1 < kept; i++)
+        if (mark[i] || mark[i + 1]) {
+            int p = learner_pair(L, s[i], s[i + 1]);
+            learner_count(L, p, count, merge);
+            learner_list_word(L, p, k);
+        }
+}
+
+// The best pair that may be merged: the top of the heap that is still true, the most frequent
+// (the tie rule), not making a special token's text; -1 when no pair occurs twice.
+static int learner_best_pair(BpeLearner *L) {
+    while (L->heap_size > 0) {
+        int p = L->heap_pair[0];
+        long count = L->heap_count[0];
+        if (count < 2) return -1;
+        heap_pop(L);
+        if (count != L->pair_count[p]) continue;   // an old entry: the pair's count has changed
+        const char *left = L->texts->words[L->pair_left[p]];
+        const char *right = L->texts->words[L->pair_right[p]];
+        if (joins_to_special_token(left, right)) continue;   // never merged (§5.1's notes above)
+        return p;
+    }
+    return -1;
+}
+
+static void learner_free(BpeLearner *L) {
+    free(L->symbols); free(L->length); free(L->visited); free(L->offset);
+    pair_table_free(&L->pair_index);
+    free(L->pair_left); free(L->pair_right); free(L->first_node); free(L->pair_touched);
+    free(L->pair_count); free(L->count_before); free(L->changed);
+    free(L->node_word); free(L->next_node);
+    free(L->heap_count); free(L->heap_pair);
+    memset(L, 0, sizeof *L);
 }
 
 // learn: up to num_merges merges from n distinct words and their counts,
 // appended to b (empty before). Returns how many were learned: fewer when no
-// pair occurs twice any more.
+// pair occurs twice any more. Every word's characters become symbols of b,
+// in the order of the words, even a word counted 0 times (a word only of the
+// held-out pairs: its characters are in the model's vocabulary).
 static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n, int num_merges) {
-    BpeWord *w = checked_calloc(n > 0 ? n : 1, sizeof(BpeWord), "bpe words");
-    PairCounts pc;
-    memset(&pc, 0, sizeof pc);
+    BpeLearner L;
+    memset(&L, 0, sizeof L);
+    L.texts = &b->symbols;
+    L.count = counts;
+    L.num_words = n;
+    size_t total = 0;
+    for (int k = 0; k < n; k++) total += strlen(words[k]) + 1;
+    L.symbols = checked_calloc(total > 0 ? total : 1, sizeof(int), "bpe words");
+    L.offset = checked_calloc(n > 0 ? n : 1, sizeof(size_t), "bpe words");
+    L.length = checked_calloc(n > 0 ? n : 1, sizeof(int), "bpe words");
+    L.visited = checked_calloc(n > 0 ? n : 1, sizeof(int), "bpe words");
+    int longest = 0;
     for (int k = 0; k < n; k++) {
         int length = (int)strlen(words[k]);
-        int *start = checked_calloc((size_t)length + 2, sizeof(int), "bpe words");
-        char *text = checked_calloc((size_t)length + 5, 1, "bpe words");
-        w[k].length = bpe_characters(start, words[k], length);
-        w[k].symbols = checked_calloc(w[k].length, sizeof(int), "bpe words");
-        w[k].count = counts[k];
-        for (int i = 0; i < w[k].length; i++) {
-            int text_length = bpe_symbol_text(text, words[k], start, w[k].length, i);
-            w[k].symbols[i] = vocab_add(&b->symbols, text, (size_t)text_length);
-        }
-        pair_counts_of_word(&pc, &w[k], 1);
-        free(start); free(text);
+        if (length > longest) longest = length;
     }
+    int *start = checked_calloc((size_t)longest + 2, sizeof(int), "bpe words");
+    char *mark = checked_calloc((size_t)longest + 2, 1, "bpe words");   // learner_merge_word's
+    char *text = checked_calloc((size_t)longest + 5, 1, "bpe words");
+
+    // The words as characters and the marker; the pairs' first counts and lists.
+    size_t used = 0;
+    for (int k = 0; k < n; k++) {
+        int length = (int)strlen(words[k]);
+        L.offset[k] = used;
+        L.length[k] = bpe_characters(start, words[k], length);
+        L.visited[k] = -1;
+        for (int i = 0; i < L.length[k]; i++) {
+            int text_length = bpe_symbol_text(text, words[k], start, L.length[k], i);
+            L.symbols[used + (size_t)i] = vocab_add(&b->symbols, text, (size_t)text_length);
+        }
+        used += (size_t)L.length[k];
+        if (counts[k] == 0) continue;   // counts nothing: never on a list, never merged
+        const int *s = L.symbols + L.offset[k];
+        for (int i = 0; i + 1 < L.length[k]; i++) {
+            int p = learner_pair(&L, s[i], s[i + 1]);
+            L.pair_count[p] += counts[k];
+            int listed = L.first_node[p] >= 0 && L.node_word[L.first_node[p]] == k;
+            if (!listed) learner_list_word(&L, p, k);
+        }
+    }
+    free(start);
+    free(text);
+    for (int p = 0; p < L.num_pairs; p++)
+        if (L.pair_count[p] >= 2) heap_push(&L, p);
+
+    // The merges, one at a time.
+    Progress progress;
+    progress_begin(&progress, "bpe    learning merges", "merges", num_merges);
     int learned = 0;
     for (; learned < num_merges; learned++) {
-        int best = best_pair(&pc, &b->symbols);
+        int best = learner_best_pair(&L);
         if (best < 0) break;
-        int l = pc.left[best], rt = pc.right[best];
-        bpe_add_merge(b, b->symbols.words[l], b->symbols.words[rt], pc.count[best]);
+        int left = L.pair_left[best], right = L.pair_right[best];
+        bpe_add_merge(b, b->symbols.words[left], b->symbols.words[right], L.pair_count[best]);
         int joined = b->merged[b->num_merges - 1];
-        for (int k = 0; k < n; k++) {
-            int holds = 0;
-            for (int i = 0; i + 1 < w[k].length && !holds; i++) holds = w[k].symbols[i] == l && w[k].symbols[i + 1] == rt;
-            if (!holds) continue;
-            pair_counts_of_word(&pc, &w[k], -1);
-            int kept = 0;
-            for (int i = 0; i < w[k].length; i++, kept++) { // every occurrence, left to right
-                w[k].symbols[kept] = w[k].symbols[i];
-                if (i + 1 < w[k].length && w[k].symbols[i] == l && w[k].symbols[i + 1] == rt) {
-                    w[k].symbols[kept] = joined;
-                    i++;
-                }
-            }
-            w[k].length = kept;
-            pair_counts_of_word(&pc, &w[k], 1);
+        int node = L.first_node[best];
+        L.first_node[best] = -1;   // every word on it is visited now; none will hold the pair after
+        L.num_changed = 0;
+        while (node >= 0) {
+            int k = L.node_word[node];
+            node = L.next_node[node];
+            if (L.visited[k] == learned) continue;   // named twice on the list
+            L.visited[k] = learned;
+            if (!learner_word_holds(&L, k, left, right)) continue;
+            learner_merge_word(&L, k, left, right, joined, learned, mark);
         }
+        for (int i = 0; i < L.num_changed; i++) {
+            int p = L.changed[i];
+            if (L.pair_count[p] != L.count_before[p] && L.pair_count[p] >= 2) heap_push(&L, p);
+        }
+        progress_show(&progress, learned + 1, 0);
     }
-    for (int k = 0; k < n; k++) free(w[k].symbols);
-    free(w);
-    pair_table_free(&pc.pair_index);
-    free(pc.left); free(pc.right); free(pc.count);
+    progress_show(&progress, learned, 1);
+    free(mark);
+    learner_free(&L);
     return learned;
 }
 
@@ -343,40 +805,139 @@ static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
     return text;
 }
 
+// ---- the words of a TSV file and their counts ------------------------------------
+
+// Counts the words of one side of a pair (text, up to its zero byte); *tokens: how many.
+// Returns the special token the side holds (<pad> <s> </s> <unk>, refused), or NULL.
+static const char *word_counts_add_side(WordCounts *w, const char *text, long add, int *tokens) {
+    // One pass: ASCII white space from a table, the rest as white_space_bytes says (next_token's
+    // set), each word's hash as its bytes go by (word_hash's FNV-1a).
+    static unsigned char ascii_space[128];
+    if (!ascii_space[' '])
+        for (int c = 0; c < 128; c++) {
+            char one[3] = { (char)c, 0, 0 };
+            ascii_space[c] = (unsigned char)(white_space_bytes(one) > 0);
+        }
+    *tokens = 0;
+    const unsigned char *p = (const unsigned char *)text;
+    while (*p) {
+        if (*p < 0x80 && ascii_space[*p]) {
+            p++;
+            continue;
+        }
+        int space = *p < 0x80 ? 0 : white_space_bytes((const char *)p);
+        if (space > 0) {
+            p += space;
+            continue;
+        }
+        const unsigned char *start = p;
+        uint32_t hash = 2166136261u;
+        for (;;) {
+            if (*p == 0 || (*p < 0x80 && ascii_space[*p])) break;
+            if (*p >= 0x80 && white_space_bytes((const char *)p) > 0) break;
+            hash ^= *p;
+            hash *= 16777619u;
+            p++;
+        }
+        size_t length = (size_t)(p - start);
+        for (int special = 0; start[0] == '<' && special < NUM_SPECIAL_TOKENS; special++) {
+            const char *name = special_tokens[special];
+            if (strlen(name) == length && memcmp(start, name, length) == 0) return name;
+        }
+        word_counts_add_hashed(w, (const char *)start, length, hash, add);
+        (*tokens)++;
+    }
+    return NULL;
+}
+
+// Reads the words of both sides of the TSV file at path into w, in the order they first appear,
+// with dataset_read_tsv's checks and its messages (a line's errors, an empty file); held_out_every
+// > 0: the pairs dataset_split would hold out (every held_out_every-th) are listed, not counted.
+// Unlike dataset_read_tsv, no limit on the distinct words (TRANSFORMER_MAX_VOCAB): they are cut.
+static const char *word_counts_read_tsv(WordCounts *w, const char *path, int held_out_every) {
+    const char *error = NULL;
+    FILE *f = open_text_file(path, &error);
+    if (!f) return error;
+    struct stat st;
+    double file_bytes = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) ? (double)st.st_size : 0;
+    char what[200];
+    snprintf(what, sizeof what, "bpe    reading %.120s (MB)", path);
+    Progress progress;
+    progress_begin(&progress, what, "MB", file_bytes / 1e6);
+    char *line = NULL;
+    size_t line_capacity = 0;
+    int line_no = 0, got, pairs = 0;
+    TextSource from = { "", 0, 0, NULL };
+    while (!error) {
+        got = read_text_line(f, &line, &line_capacity, line_no + 1);
+        if (got == 0) break;
+        line_no++;
+        if (line_no % 4096 == 0) progress_show(&progress, (double)ftello(f) / 1e6, 0);
+        snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
+        char *tab = strchr(line, '\t');
+        size_t unused;
+        error = text_error(line, got, from.where);
+        if (error) break;
+        if (!tab && !next_token(line, &unused)) continue;   // a blank line
+        if (!tab) error = errorf("%s: no tab; expected source<TAB>target", from.where);
+        else if (strchr(tab + 1, '\t'))
+            error = errorf("%s: more than one tab; expected source<TAB>target", from.where);
+        if (error) break;
+        *tab = '\0';
+        long add = held_out_every > 0 && (pairs + 1) % held_out_every == 0 ? 0 : 1;
+        int n_src = 0, n_tgt = 0;
+        from.reserved = word_counts_add_side(w, line, add, &n_src);
+        if (!from.reserved) from.reserved = word_counts_add_side(w, tab + 1, add, &n_tgt);
+        bpe_words_read += n_src + n_tgt;
+        if (from.reserved) error = reserved_token_error(&from);
+        else if (n_src == 0)
+            error = errorf("%s: empty source; expected tokens before the tab", from.where);
+        else if (n_tgt == 0)
+            error = errorf("%s: empty target; expected tokens after the tab", from.where);
+        else if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
+            error = errorf("%s: %d tokens; expected at most %d", from.where,
+                           n_src > n_tgt ? n_src : n_tgt, TRANSFORMER_MAX_LEN);
+        else pairs++;
+    }
+    if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
+    if (!error && pairs == 0)
+        error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target",
+                       path, line_no == 0 ? "the file is empty" : "only blank lines");
+    if (!error) progress_show(&progress, (double)ftello(f) / 1e6, 1);
+    free(line);
+    fclose(f);
+    return error;
+}
+
 // §5.1: learns up to num_merges merges from the words of both sides of the
 // TSV file at path into vocab->bpe (vocab holds no tokens of the data yet). The words
-// are read as dataset_read_tsv reads them, with its checks; held_out_every > 0
+// are read with dataset_read_tsv's checks (word_counts_read_tsv); held_out_every > 0
 // leaves out the pairs dataset_split would hold out, so that held-out words
 // teach no merges. *learned: how many merges there are (fewer when no pair
 // occurs twice any more).
 static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int held_out_every, int num_merges,
                                       int *learned) {
-    Vocabulary words;
-    Dataset dataset, held_out;
-    vocab_init(&words);
-    memset(&dataset, 0, sizeof dataset);
-    memset(&held_out, 0, sizeof held_out);
-    const char *error = dataset_read_tsv(&dataset, &words, path, 1);
-    if (!error && held_out_every > 0 && dataset.count >= held_out_every) dataset_split(&dataset, &held_out, held_out_every);
-    long *counts = checked_calloc((size_t)words.size, sizeof(long), "word counts");
-    for (size_t i = 0; !error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
-    for (int id = NUM_SPECIAL_TOKENS; !error && id < words.size; id++)
-        if (strstr(words.words[id], BPE_END_OF_WORD))
-            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words without it "
-                           "(with --bpe, a subword ending in %s ends a word)", path, words.words[id],
-                           BPE_END_OF_WORD, BPE_END_OF_WORD);
+    WordCounts w;
+    memset(&w, 0, sizeof w);
+    bpe_words_read = 0;
+    const char *error = word_counts_read_tsv(&w, path, held_out_every);
+    for (int k = 0; !error && k < w.num_words; k++)
+        if (strstr(w.bytes + w.start[k], BPE_END_OF_WORD))
+            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words "
+                           "without it (with --bpe, a subword ending in %s ends a word)", path,
+                           w.bytes + w.start[k], BPE_END_OF_WORD, BPE_END_OF_WORD);
     if (!error) {
+        size_t num_words = w.num_words > 0 ? (size_t)w.num_words : 1;
+        const char **words = checked_calloc(num_words, sizeof(char *), "words");
+        for (int k = 0; k < w.num_words; k++) words[k] = w.bytes + w.start[k];
         Bpe *b = checked_calloc(1, sizeof(Bpe), "merges");
         bpe_init(b);
-        int n = words.size - NUM_SPECIAL_TOKENS;
-        *learned = bpe_learn(b, (const char *const *)words.words + NUM_SPECIAL_TOKENS, counts + NUM_SPECIAL_TOKENS,
-                             n, num_merges);
+        *learned = bpe_learn(b, words, w.count, w.num_words, num_merges);
         if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
         vocab->bpe = b;
+        free(words);
     }
-    free(counts);
-    dataset_free(&dataset); dataset_free(&held_out);
-    vocab_free(&words);
+    word_counts_free(&w);
     return error;
 }
 
@@ -392,18 +953,59 @@ static void vocab_add_subwords(Vocabulary *vocab) {
 
 // ---- transformer.c's hooks --------------------------------------------------
 
+// Is id's text in vocab the n bytes at piece, followed by </w> when it is a word's last subword?
+static int vocabulary_holds(const Vocabulary *vocab, int id, const char *piece, int n, int last) {
+    if (id < 0 || id >= vocab->size) return 0;
+    const char *text = vocab->words[id];
+    if (strncmp(text, piece, (size_t)n) != 0) return 0;   // (stops at text's end: no read past it)
+    return last ? strcmp(text + n, BPE_END_OF_WORD) == 0 : text[n] == '\0';
+}
+
 // split_word: the subwords of one word (vocab->bpe's merges), pushed as ids at
-// ids[n..]. Returns the new n.
+// ids[n..]. Returns the new n. A word cut before is not cut again: the cache
+// (Bpe.cached) says where its subwords begin, and each cached id is taken
+// where vocab holds that subword's text there; otherwise (a subword read as
+// <unk>, warned of each time; another vocabulary) the text is looked up.
 static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
                           int n, TextSource *from) {
+    Bpe *b = vocab->bpe;
+    bpe_cutting_step();
+    int k = word_counts_find(&b->cached, word, (size_t)length, word_hash(word, (size_t)length));
+    if (k >= 0) {
+        const int *cached = b->cached_ids + b->cached_first[k];
+        const int *starts = b->cached_starts + b->cached_first[k];
+        int count = b->cached_subwords[k];
+        char *text = NULL;
+        for (int i = 0; i < count; i++) {
+            int last = i == count - 1;
+            int end = last ? length : starts[i + 1];
+            int id = cached[i];
+            if (!vocabulary_holds(vocab, id, word + starts[i], end - starts[i], last)) {
+                if (!text) text = checked_calloc((size_t)length + 5, 1, "subwords");
+                int text_length = end - starts[i];
+                memcpy(text, word + starts[i], (size_t)text_length);
+                if (last) {
+                    memcpy(text + text_length, BPE_END_OF_WORD, BPE_END_OF_WORD_BYTES);
+                    text_length += BPE_END_OF_WORD_BYTES;
+                }
+                text[text_length] = '\0';
+                id = token_id(vocab, grow, text, (size_t)text_length, from);
+            }
+            push_id(ids, capacity, n++, id);
+        }
+        free(text);
+        return n;
+    }
     int *start = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     int *scratch = checked_calloc((size_t)length + 2, sizeof(int), "subwords");
     char *text = checked_calloc((size_t)length + 5, 1, "subwords");
-    int count = bpe_encode_word(vocab->bpe, start, word, length, scratch, text);
+    int count = bpe_encode_word(b, start, word, length, scratch, text);
+    int first = n;
     for (int i = 0; i < count; i++) {
         int text_length = bpe_symbol_text(text, word, start, count, i);
         push_id(ids, capacity, n++, token_id(vocab, grow, text, (size_t)text_length, from));
     }
+    bpe_cache_add(b, word, (size_t)length, *ids + first, start, count);
     free(start); free(scratch); free(text);
     return n;
 }

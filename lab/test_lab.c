@@ -1461,6 +1461,26 @@ static void test_bleu_against_sacrebleu(void) {
 // average, train --log and --keep-last with plot, pe and attention; then what
 // a new user meets: runs kept and resumed, moved data, commands named in their
 // errors, BLEU of files.
+// A held-out set of 501 pairs (every 20th of 10,020 lines): train's evaluation decodes the first
+// 500 by default and says so; --eval-size 0 decodes all 501 (issue 49: WMT's held-out 1/20 is
+// 225,000 pairs, hours of greedy decoding at each evaluation).
+static void test_default_eval_size(void) {
+    const char *tsv = test_path("eval_size.tsv"), *ckpt = test_path("eval_size.ckpt");
+    FILE *f = fopen(tsv, "w");
+    if (!f) { check(0, "cli: cannot write %s", tsv); return; }
+    for (int i = 0; i < 10020; i++) fprintf(f, "w%d x\tx w%d\n", i % 7, i % 5);
+    fclose(f);
+    const char *run = "--layers 1 --d-model 8 --d-ff 16 --heads 2 --steps 1 --positions 8 --batch-tokens 4000 "
+                      "--log-every 0 --eval-every 0 --show 0 --threads 1 --force";
+    int status = run_cli("train --train %s --checkpoint %s %s", tsv, ckpt, run);
+    check(status == 0 && strstr(cli_output, "/500) | the first 500 of 501 held-out pairs (--eval-size 0: all)"),
+          "cli: train on 10,020 lines evaluates the first 500 of its 501 held-out pairs by default and says so "
+          "(exit %d)", status);
+    status = run_cli("train --train %s --checkpoint %s %s --eval-size 0", tsv, ckpt, run);
+    check(status == 0 && strstr(cli_output, "/501)\n"), "cli: --eval-size 0 evaluates all 501 held-out pairs "
+          "(exit %d)", status);
+}
+
 static void test_lab_evaluation_commands(void) {
     const char *ckpt = test_path("copy_small.ckpt");
     if (!file_exists(ckpt)) { check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt); return; }
@@ -1470,6 +1490,7 @@ static void test_lab_evaluation_commands(void) {
     test_existing_checkpoints_and_keep_last();
     test_stale_step_file_and_lost_logs();
     test_moved_data();
+    test_default_eval_size();
     test_command_names_and_labels();
     test_bleu_command();
     test_bleu_against_sacrebleu();
@@ -1556,6 +1577,268 @@ static void test_bpe_learn_and_apply(void) {
     vocab_free(&v); // frees the merges too
 }
 
+// The learner as it was before issue 49, kept here as the reference: after
+// every merge it looks at every word and scans every pair for the best one.
+// Slow (merges x words), plainly right; bpe_learn must give exactly its merges.
+typedef struct { PairTable index; int *left, *right; long *count; int size, capacity; } ReferencePairs;
+
+static void reference_pairs_add(ReferencePairs *pc, int left, int right, long delta) {
+    int i = pair_find(&pc->index, left, right);
+    if (i < 0) {
+        if (pc->size == pc->capacity) {
+            pc->capacity = pc->capacity ? 2 * pc->capacity : 1024;
+            pc->left = checked_realloc(pc->left, pc->capacity, sizeof(int), "test");
+            pc->right = checked_realloc(pc->right, pc->capacity, sizeof(int), "test");
+            pc->count = checked_realloc(pc->count, pc->capacity, sizeof(long), "test");
+        }
+        i = pc->size++;
+        pc->left[i] = left;
+        pc->right[i] = right;
+        pc->count[i] = 0;
+        pair_insert(&pc->index, left, right, i);
+    }
+    pc->count[i] += delta;
+}
+
+static void reference_pairs_of_word(ReferencePairs *pc, const int *symbols, int length, long delta) {
+    for (int i = 0; i + 1 < length; i++) reference_pairs_add(pc, symbols[i], symbols[i + 1], delta);
+}
+
+static int reference_best_pair(const ReferencePairs *pc, const Vocabulary *symbols) {
+    int best = -1;
+    for (int i = 0; i < pc->size; i++) {
+        if (pc->count[i] < 2) continue;
+        if (best >= 0 && pc->count[i] < pc->count[best]) continue;
+        if (best >= 0 && pc->count[i] == pc->count[best]) {
+            int order = strcmp(symbols->words[pc->left[i]], symbols->words[pc->left[best]]);
+            if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
+            if (order >= 0) continue;
+        }
+        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]])) continue;
+        best = i;
+    }
+    return best;
+}
+
+static int reference_bpe_learn(Bpe *b, const char *const *words, const long *counts, int n, int num_merges) {
+    int **symbols = checked_calloc(n > 0 ? n : 1, sizeof(int *), "test");
+    int *length = checked_calloc(n > 0 ? n : 1, sizeof(int), "test");
+    ReferencePairs pc;
+    memset(&pc, 0, sizeof pc);
+    for (int k = 0; k < n; k++) {
+        int bytes = (int)strlen(words[k]);
+        int *start = checked_calloc((size_t)bytes + 2, sizeof(int), "test");
+        char *text = checked_calloc((size_t)bytes + 5, 1, "test");
+        length[k] = bpe_characters(start, words[k], bytes);
+        symbols[k] = checked_calloc(length[k], sizeof(int), "test");
+        for (int i = 0; i < length[k]; i++) {
+            int text_length = bpe_symbol_text(text, words[k], start, length[k], i);
+            symbols[k][i] = vocab_add(&b->symbols, text, (size_t)text_length);
+        }
+        reference_pairs_of_word(&pc, symbols[k], length[k], counts[k]);
+        free(start);
+        free(text);
+    }
+    int learned = 0;
+    for (; learned < num_merges; learned++) {
+        int best = reference_best_pair(&pc, &b->symbols);
+        if (best < 0) break;
+        int l = pc.left[best], r = pc.right[best];
+        bpe_add_merge(b, b->symbols.words[l], b->symbols.words[r], pc.count[best]);
+        int joined = b->merged[b->num_merges - 1];
+        for (int k = 0; k < n; k++) {
+            int holds = 0;
+            for (int i = 0; i + 1 < length[k]; i++) holds |= symbols[k][i] == l && symbols[k][i + 1] == r;
+            if (!holds) continue;
+            reference_pairs_of_word(&pc, symbols[k], length[k], -counts[k]);
+            int kept = 0;
+            for (int i = 0; i < length[k]; i++) {
+                symbols[k][kept] = symbols[k][i];
+                if (i + 1 < length[k] && symbols[k][i] == l && symbols[k][i + 1] == r) {
+                    symbols[k][kept] = joined;
+                    i++;
+                }
+                kept++;
+            }
+            length[k] = kept;
+            reference_pairs_of_word(&pc, symbols[k], length[k], counts[k]);
+        }
+    }
+    for (int k = 0; k < n; k++) free(symbols[k]);
+    free(symbols);
+    free(length);
+    pair_table_free(&pc.index);
+    free(pc.left);
+    free(pc.right);
+    free(pc.count);
+    return learned;
+}
+
+// Do a and b hold the same merges (pair and count, in order) and the same symbols, in order?
+static int same_learning(const Bpe *a, const Bpe *b) {
+    if (a->num_merges != b->num_merges || a->symbols.size != b->symbols.size) return 0;
+    for (int r = 0; r < a->num_merges; r++)
+        if (strcmp(a->left[r], b->left[r]) != 0 || strcmp(a->right[r], b->right[r]) != 0 ||
+            a->frequency[r] != b->frequency[r])
+            return 0;
+    for (int id = 0; id < a->symbols.size; id++)
+        if (strcmp(a->symbols.words[id], b->symbols.words[id]) != 0) return 0;
+    return 1;
+}
+
+// bpe_learn against the reference on generated words: tiny alphabets and small counts, where
+// most pairs tie and words such as "aaaa" hold a pair twice over (overlapping); UTF-8 letters;
+// the letters of <s> </s> <pad> <unk>, which no merge may join; words counted 0 times (only in
+// held-out pairs); merges that make the same text twice ("ab c" and "a bc"); and a Zipfian
+// vocabulary of syllables as in real text. Every merge, its count, and the symbols' order agree.
+static void test_bpe_learn_against_reference(void) {
+    static const char *alphabets[5][12] = {
+        { "a", "b" },
+        { "a", "b", "c" },
+        { "a", "b", "\xc3\xa4", "\xc3\x9f", "e" },
+        { "<", "s", ">", "/", "p", "a", "d", "u", "n", "k", "x" },
+        { "st", "ra", "in", "e", "ung", "ch", "ei", "t", "er", "o", "l", "m" },
+    };
+    static const int letters[5] = { 2, 3, 5, 11, 12 };
+    Rng rng;
+    rng_seed(&rng, 49);
+    int agreed = 0, cases = 0, merges = 0;
+    char first_difference[200] = "";
+    for (int corpus = 0; corpus < 40; corpus++) {
+        int kind = corpus % 5, n = 20 + rng_below(&rng, corpus < 35 ? 200 : 3000);
+        Vocabulary distinct;
+        vocab_init(&distinct);
+        long *counts = checked_calloc((size_t)n, sizeof(long), "test");
+        int num_words = 0;
+        for (int k = 0; k < n; k++) {
+            char word[128] = "";
+            int pieces = 1 + rng_below(&rng, kind == 4 ? 5 : 9);
+            for (int i = 0; i < pieces; i++) strcat(word, alphabets[kind][rng_below(&rng, letters[kind])]);
+            int before = distinct.size;
+            vocab_add(&distinct, word, strlen(word));
+            if (distinct.size == before) continue;   // a word already drawn (or a special token's text)
+            long count = kind == 4 ? 1 + 1000 / (num_words + 1) : rng_below(&rng, 5);   // 0: held out only
+            counts[num_words++] = count;
+        }
+        const char *const *words = (const char *const *)distinct.words + NUM_SPECIAL_TOKENS;
+        num_words = distinct.size - NUM_SPECIAL_TOKENS;
+        int asked = corpus % 3 == 0 ? 5 + rng_below(&rng, 20) : 100000;
+        Bpe fast, reference;
+        bpe_init(&fast);
+        bpe_init(&reference);
+        int got = bpe_learn(&fast, words, counts, num_words, asked);
+        int expected = reference_bpe_learn(&reference, words, counts, num_words, asked);
+        int same = got == expected && same_learning(&fast, &reference);
+        if (!same && !first_difference[0]) {
+            int r = 0;
+            while (r < fast.num_merges && r < reference.num_merges && strcmp(fast.left[r], reference.left[r]) == 0 &&
+                   strcmp(fast.right[r], reference.right[r]) == 0 && fast.frequency[r] == reference.frequency[r])
+                r++;
+            snprintf(first_difference, sizeof first_difference, "corpus %d: %d and %d merges, the first to differ "
+                     "is number %d", corpus + 1, got, expected, r + 1);
+        }
+        agreed += same;
+        cases++;
+        merges += got;
+        bpe_free(&fast);
+        bpe_free(&reference);
+        free(counts);
+        vocab_free(&distinct);
+    }
+    check(agreed == cases && merges > 1000, "bpe: on %d generated corpora (ties, overlapping pairs, UTF-8, special "
+          "tokens' letters, words counted 0 times, Zipfian syllables) the learner gives the reference's merges, "
+          "counts and symbols, in order: %d agreed, %d merges in all%s%s", cases, agreed, merges,
+          first_difference[0] ? "; " : "", first_difference);
+}
+
+// The words of a TSV file as learning counts them (word_counts_read_tsv) against dataset_read_tsv
+// and dataset_split, which the learner read before issue 49: the same words in the same order
+// (a byte-order mark, \r\n, blank lines, held-out pairs listed with count 0), the same counts,
+// and the same message for each kind of bad line.
+static void test_bpe_word_counts(void) {
+    const char *path = test_path("bpe_counts.tsv");
+    Rng rng;
+    rng_seed(&rng, 7);
+    size_t size = 0, capacity = 1 << 16;
+    char *text = checked_calloc(capacity, 1, "test");
+    size += (size_t)snprintf(text, capacity, "\xEF\xBB\xBF");
+    static const char *pieces[6] = { "ab", "c", "\xc3\xa4", "de", "f", "g" };
+    for (int line = 0; line < 300; line++) {
+        if (line % 37 == 5) size += (size_t)snprintf(text + size, capacity - size, " \v \n");   // blank
+        if (line % 41 == 3) size += (size_t)snprintf(text + size, capacity - size, "\r\n");
+        for (int side = 0; side < 2; side++) {
+            int words = 1 + rng_below(&rng, 5);
+            for (int w = 0; w < words; w++) {
+                int letters = 1 + rng_below(&rng, 3);
+                for (int i = 0; i < letters; i++)
+                    size += (size_t)snprintf(text + size, capacity - size, "%s", pieces[rng_below(&rng, 6)]);
+                size += (size_t)snprintf(text + size, capacity - size, w + 1 < words ? " " : "");
+            }
+            size += (size_t)snprintf(text + size, capacity - size, side == 0 ? "\t" : line % 5 ? "\n" : "\r\n");
+        }
+    }
+    write_text(path, text);
+    free(text);
+    int every[3] = { 0, 20, 7 }, agreed = 0;
+    for (int e = 0; e < 3; e++) {
+        WordCounts w;
+        memset(&w, 0, sizeof w);
+        Vocabulary words;
+        vocab_init(&words);
+        Dataset dataset, held_out;
+        memset(&dataset, 0, sizeof dataset);
+        memset(&held_out, 0, sizeof held_out);
+        const char *error = word_counts_read_tsv(&w, path, every[e]);
+        const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
+        if (!old_error && every[e] > 0) dataset_split(&dataset, &held_out, every[e]);
+        long *counts = checked_calloc((size_t)words.size, sizeof(long), "test");
+        for (size_t i = 0; !old_error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
+        int same = !error && !old_error && w.num_words == words.size - NUM_SPECIAL_TOKENS;
+        same = same && (held_out.count > 0) == (every[e] > 0);
+        for (int k = 0; same && k < w.num_words; k++)
+            same = strcmp(w.bytes + w.start[k], words.words[k + NUM_SPECIAL_TOKENS]) == 0 &&
+                   w.count[k] == counts[k + NUM_SPECIAL_TOKENS];
+        agreed += same;
+        free(counts);
+        dataset_free(&dataset);
+        dataset_free(&held_out);
+        vocab_free(&words);
+        word_counts_free(&w);
+    }
+    check(agreed == 3, "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are counted "
+          "as dataset_read_tsv reads them, all pairs and every 20th or 7th held out: %d of 3 agree", agreed);
+    static const char *bad[] = {
+        "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n", "ok\tfine\nx\xff\tb\n",
+        "a\x00z\tb\n",
+    };
+    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4, 13, 6 };   // (the zero byte's line: 6)
+    int same_messages = 0, cases = (int)(sizeof bad / sizeof *bad);
+    char first[600] = "";
+    for (int i = 0; i < cases; i++) {
+        write_file(path, bad[i], bad_bytes[i]);
+        WordCounts w;
+        memset(&w, 0, sizeof w);
+        Vocabulary words;
+        vocab_init(&words);
+        Dataset dataset;
+        memset(&dataset, 0, sizeof dataset);
+        const char *error = word_counts_read_tsv(&w, path, 0);
+        char message[300];
+        snprintf(message, sizeof message, "%s", error ? error : "(none)");
+        const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
+        int same = error && old_error && strcmp(message, old_error) == 0;
+        same_messages += same;
+        if (!same && !first[0])
+            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", i + 1, message, old_error ? old_error : "(none)");
+        dataset_free(&dataset);
+        vocab_free(&words);
+        word_counts_free(&w);
+    }
+    check(same_messages == cases, "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an "
+          "empty side, not UTF-8, a zero byte) give dataset_read_tsv's message: %d agree%s", cases, same_messages,
+          first);
+}
+
 // Reads the lines of a TSV file (at most max) into lines[], without their newline.
 static int read_lines(const char *path, char **lines, int max) {
     FILE *f = fopen(path, "r");
@@ -1628,6 +1911,109 @@ static int special_tokens_in(const char *text) {
         for (int i = 0; i < NUM_SPECIAL_TOKENS; i++) n += strcmp(t, special_tokens[i]) == 0;
     free(copy);
     return n;
+}
+
+// Does tokenize (with the cache of words cut, Bpe.cached) give line's words as bpe_encode_word
+// cuts them, looked up in vocab one by one?
+static int cuts_as_each_word(Vocabulary *vocab, const char *line) {
+    int *ids = NULL, *expected = NULL;
+    size_t capacity = 0, expected_capacity = 0, length;
+    TextSource from = { "test", 0, 0, NULL };
+    char *copy = strdup(line);
+    int count = tokenize(copy, vocab, 0, &ids, &capacity, &from);
+    int expected_count = 0;
+    for (const char *w = next_token(line, &length); w; w = next_token(w + length, &length)) {
+        int *start = checked_calloc(length + 2, sizeof(int), "test");
+        int *scratch = checked_calloc(length + 2, sizeof(int), "test");
+        char *text = checked_calloc(length + 5, 1, "test");
+        int subwords = bpe_encode_word(vocab->bpe, start, w, (int)length, scratch, text);
+        for (int s = 0; s < subwords; s++) {
+            int text_length = bpe_symbol_text(text, w, start, subwords, s);
+            push_id(&expected, &expected_capacity, expected_count++, vocab_find(vocab, text, text_length));
+        }
+        free(start); free(scratch); free(text);
+    }
+    int same = count == expected_count && memcmp(ids, expected, (size_t)count * sizeof(int)) == 0;
+    free(ids); free(expected); free(copy);
+    return same;
+}
+
+// Cutting with the cache of words already cut (Bpe.cached) gives what cutting each word afresh
+// gives: every line of the numbers test split read twice, once with the cache filling and once
+// from it, against bpe_encode_word word by word; the same merges in a second vocabulary whose
+// ids differ (as dev/fuzz/fuzz_bpe_apply.c shares them: make fuzz found the cache's ids taken
+// there); a word with a character the vocabulary lacks is read as <unk> and warned of each time
+// it occurs.
+static void test_bpe_cache(void) {
+    Vocabulary v, other;
+    vocab_init(&v);
+    int learned = 0;
+    const char *e = bpe_learn_from_tsv(&v, "tiny_data/numbers_train.tsv", 0, 300, &learned);
+    if (!e) vocab_add_subwords(&v);
+    char *lines[1000];
+    int n = e ? 0 : read_lines("tiny_data/numbers_test.tsv", lines, 1000);
+    int same = n == 1000, cached_words = 0;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < n && same; i++) same = cuts_as_each_word(&v, lines[i]);
+        if (round == 0) cached_words = v.bpe ? v.bpe->cached.num_words : 0;
+    }
+    vocab_init(&other);
+    vocab_add(&other, "x", 1);
+    vocab_add(&other, "y", 1);
+    other.bpe = v.bpe;
+    if (!e) vocab_add_subwords(&other);
+    int same_other = n == 1000;
+    for (int i = 0; i < n && same_other; i++) same_other = cuts_as_each_word(&other, lines[i]);
+    other.bpe = NULL;   // v's
+    vocab_free(&other);
+    check(!e && same && cached_words > 100 && same_other, "bpe: the 1000 lines of the numbers test split, cut "
+          "twice (the cache filling, then from it: %d words), and with the same merges in another vocabulary, give "
+          "bpe_encode_word's subwords word by word", cached_words);
+    // a character no training word has: <unk>, warned of at each occurrence
+    char sentence[] = "zwei\xc3\xa7 zwei\xc3\xa7 zwei";
+    int *ids = NULL;
+    size_t capacity = 0;
+    TextSource from = { "test", 0, 0, NULL };
+    fflush(stdout);
+    int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    int count = tokenize(sentence, &v, 0, &ids, &capacity, &from);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved); close(devnull);
+    check(count > 3 && from.unknown == 2, "bpe: a word with a character the vocabulary lacks, twice in a sentence, "
+          "is <unk> each time (%ld unknown)", from.unknown);
+    free(ids);
+    for (int i = 0; i < n; i++) free(lines[i]);
+    vocab_free(&v);
+}
+
+// Progress lines (long work: counting, learning merges, cutting): none before PROGRESS_SECONDS
+// have passed, none when not asked and standard error is not a terminal; a line with what is
+// done, the rate and the time left when one is due, and a last one at the end only after others.
+static void test_progress_lines(void) {
+    char printed[1000];
+    int asked = progress_always;
+    progress_always = 0;
+    Progress p;
+    capture_begin();
+    progress_begin(&p, "bpe    learning merges", "merges", 20000);
+    int quiet = !p.on;   // stderr is a file here: no lines unless --progress
+    progress_always = 1;
+    progress_begin(&p, "bpe    learning merges", "merges", 20000);
+    progress_show(&p, 100, 0);   // too soon
+    progress_show(&p, 100, 1);   // the end, with no line before: none
+    p.start -= 10;
+    p.last -= 10;
+    progress_show(&p, 5000, 0);   // 10 s: 500 a second, 30 s left
+    progress_show(&p, 20000, 1);
+    capture_end(printed, sizeof printed);
+    progress_always = asked;
+    const char *expected = "bpe    learning merges: 5000/20.0k (25.0%) | 500 merges/s | elapsed 0:10 | left 0:30\n";
+    check(quiet && count_occurrences(printed, "\n") == 2 && strncmp(printed, expected, strlen(expected)) == 0 &&
+          strstr(printed, "bpe    learning merges: 20.0k/20.0k (100.0%)"),
+          "progress: quiet unless asked when stderr is not a terminal; with --progress a line when one is due "
+          "and one at the end ('%.200s')", printed);
 }
 
 // §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
@@ -2973,7 +3359,10 @@ static void run_lab_tests(void) {
     test_bleu();
     printf("-- §5.1 byte-pair encoding\n");
     test_bpe_learn_and_apply();
+    test_bpe_learn_against_reference();
     test_bpe_numbers_data();
+    test_bpe_cache();
+    test_progress_lines();
     test_parameter_groups();
     printf("-- no empty translation (min_len 1), greedy and beam\n");
     test_no_empty_translation();
@@ -2988,6 +3377,7 @@ static void run_lab_tests(void) {
     test_catalog_filters();
     test_catalog_duplicates();
     test_catalog_damage();
+    test_bpe_word_counts();
     if (cli_binary_found("./transformer")) {
         test_catalogs_command();
         test_batch_log();
