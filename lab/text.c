@@ -116,17 +116,39 @@ static FILE *open_text_file(const char *path, const char **error) {
 
 // ---- TSV files: source<TAB>target lines ---------------------------------------
 
-// Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out.
+// Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out, in
+// place: the kept pairs' tokens move down within the same array (a kept pair's new place never
+// starts after its old one, and a pair's target follows its source), so that a big file's
+// tokens are never held twice (issue 49: WMT's 4.5 million pairs).
 static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
-    Dataset kept = { 0 };
+    int kept = 0;
+    size_t next = 0;   // where the next kept pair's tokens go
+    dataset->longest_src = 0;
+    dataset->longest_tgt = 0;
     for (int i = 0; i < dataset->count; i++) {
-        const SentencePair *p = &dataset->pairs[i];
-        Dataset *to = (i + 1) % every == 0 ? held_out : &kept;
-        dataset_add(to, dataset->tokens + p->src, p->src_len, dataset->tokens + p->tgt, p->tgt_len,
-                    p->line);
+        SentencePair pair = dataset->pairs[i];
+        const int *src = dataset->tokens + pair.src;
+        const int *tgt = dataset->tokens + pair.tgt;
+        if ((i + 1) % every == 0) {
+            dataset_add(held_out, src, pair.src_len, tgt, pair.tgt_len, pair.line);
+            continue;
+        }
+        size_t n = (size_t)pair.src_len + (size_t)pair.tgt_len;
+        memmove(dataset->tokens + next, src, n * sizeof(int));
+        pair.src = next;
+        pair.tgt = next + (size_t)pair.src_len;
+        dataset->pairs[kept] = pair;
+        kept++;
+        next += n;
+        if (pair.src_len > dataset->longest_src)
+            dataset->longest_src = pair.src_len;
+        if (pair.tgt_len > dataset->longest_tgt)
+            dataset->longest_tgt = pair.tgt_len;
     }
-    dataset_free(dataset);
-    *dataset = kept;
+    dataset->count = kept;
+    dataset->num_tokens = next;
+    dataset->tokens = checked_realloc(dataset->tokens, next, sizeof(int), "sentence tokens");
+    dataset->tokens_capacity = next > 0 ? next : 1;
 }
 
 // The token ids of one line's two sides, kept from line to line.
