@@ -984,8 +984,8 @@ static void embed_forward(real *x0, real *embedded, real *mask, const int *token
     dropout_forward(x0, embedded, mask, n);
 }
 
-// Differentiates embed_forward: dx0 = dL/d(x0) to the embedding's gradient (and the learned
-// positions'), through dembedded = dL/d(embedded).
+// Differentiates embed_forward: dx0 = dL/d(x0) (B,T,C) to the embedding's gradient (and the
+// learned positions'), through dembedded = dL/d(embedded) (B,T,C); tokens are (B,T).
 static void embed_backward(Transformer *model, real *dembedded, const real *dx0,
                            const real *mask, const int *tokens, int B, int T) {
     int C = model->config.d_model;
@@ -1196,6 +1196,7 @@ static void decoder_cache_layout(DecoderCache *cache, Layout *layout,
     layout_attention(&step->self_attn, layout, R, 0, R * NH * max_T, C, 0);
     layout_add_norm(&step->norm1, layout, R, C);
     layout_attention(&step->cross_attn, layout, R, 0, R * NH * S, C, 1);
+    step->cross_attn.kv = NULL;   // each layer's are in cross_kv (decoder_step points at them)
     layout_add_norm(&step->norm2, layout, R, C);
     layout_feed_forward(&step->ffn, layout, R, C, config->d_ff);
     layout_add_norm(&step->norm3, layout, R, C);
