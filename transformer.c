@@ -2145,44 +2145,22 @@ static LabHooks lab;
 
 // ---- the vocabulary ---------------------------------------------------------
 // §3.4: the source and the target share one vocabulary (and one embedding). Ids 0..3 are <pad>
-// <s> </s> <unk>; the other tokens follow in the order they were first seen. A hash table with
-// open addressing finds a token's id, so that reading a large file stays linear in its length.
+// <s> </s> <unk>; the other tokens follow in the order they were first seen. A token's id is
+// found by reading the list from the start: the toy tasks have 14 tokens. (The lab's
+// vocabularies of tens of thousands of subwords find theirs in a hash table, lab/text.c.)
 
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
-// The slot of the n bytes at word: the slot that holds its id, or the empty one where it would go.
-static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
-    uint32_t hash = 2166136261u;   // FNV-1a, 32 bits
-    for (size_t i = 0; i < n; i++) {
-        hash ^= (unsigned char)word[i];
-        hash *= 16777619u;
-    }
-    size_t mask = vocab->num_slots - 1;
-    size_t slot = hash & mask;
-    while (vocab->slots[slot] >= 0) {
-        const char *there = vocab->words[vocab->slots[slot]];
-        if (strncmp(there, word, n) == 0 && there[n] == '\0')
-            break;
-        slot = (slot + 1) & mask;
-    }
-    return slot;
-}
-
 // The id of the n bytes at word, or -1 when the vocabulary does not hold them.
 static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) {
-    return vocab->slots[vocab_slot(vocab, word, n)];
-}
-
-// A new table of num_slots slots, holding the ids of the words there are.
-static void vocab_rehash(Vocabulary *vocab, size_t num_slots) {
-    free(vocab->slots);
-    vocab->num_slots = num_slots;
-    vocab->slots = checked_calloc(num_slots, sizeof(int), "vocabulary table");
-    for (size_t i = 0; i < num_slots; i++) vocab->slots[i] = -1;
+    if (lab.find_token)
+        return lab.find_token(vocab, word, n);   // lab: a hash table
     for (int id = 0; id < vocab->size; id++) {
-        size_t slot = vocab_slot(vocab, vocab->words[id], strlen(vocab->words[id]));
-        vocab->slots[slot] = id;
+        const char *there = vocab->words[id];
+        if (strncmp(there, word, n) == 0 && there[n] == '\0')
+            return id;
     }
+    return -1;
 }
 
 // The id of the n bytes at word, which join the vocabulary if they are new.
@@ -2194,22 +2172,18 @@ static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
         vocab->capacity = vocab->capacity ? 2 * vocab->capacity : 64;
         vocab->words = checked_realloc(vocab->words, vocab->capacity, sizeof(char *), "vocabulary");
     }
-    // The table stays at most half full, so that a search ends after a few slots.
-    if (2 * ((size_t)vocab->size + 1) > vocab->num_slots)
-        vocab_rehash(vocab, 2 * vocab->num_slots);
     id = vocab->size;
     vocab->words[id] = checked_calloc(n + 1, 1, "vocabulary word");
     memcpy(vocab->words[id], word, n);
-    size_t slot = vocab_slot(vocab, word, n);
-    vocab->slots[slot] = id;
     vocab->size++;
+    if (lab.token_added)
+        lab.token_added(vocab);   // lab: into the hash table
     return id;
 }
 
 // A vocabulary of the four special tokens.
 static void vocab_init(Vocabulary *vocab) {
     memset(vocab, 0, sizeof *vocab);
-    vocab_rehash(vocab, 64);
     for (int i = 0; i < NUM_SPECIAL_TOKENS; i++)
         vocab_add(vocab, special_tokens[i], strlen(special_tokens[i]));
 }
@@ -2219,7 +2193,7 @@ static void vocab_free(Vocabulary *vocab) {
         lab.free_merges(vocab->bpe);   // lab: §5.1 merges
     for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
     free(vocab->words);
-    free(vocab->slots);
+    free(vocab->slots);   // the lab's hash table
     memset(vocab, 0, sizeof *vocab);
 }
 
@@ -2760,28 +2734,6 @@ static double reference_log_loss(const Transformer *model, const Batch *batch) {
     return sum;
 }
 
-static char *duration(char *text, double seconds);   // "1:23:45" or "2:05" (train, below)
-
-// The lab's --progress: progress lines even when standard error is not a terminal.
-static int progress_always = 0;
-
-// A long evaluation's line of progress on standard error, every 3 s, on a terminal (or with the
-// lab's --progress): the pairs done, the rate, the time spent and the time left.
-static void evaluation_progress(int done, int count, double started, double *shown) {
-    int wanted = progress_always || isatty(fileno(stderr));
-    double now = wall_seconds();
-    if (!wanted || now - *shown < 3.0 || done >= count)
-        return;
-    double seconds = now - started;
-    char spent[32];
-    char left[32];
-    duration(spent, seconds);
-    duration(left, seconds / done * (count - done));
-    fprintf(stderr, "eval   %d/%d pairs | %.1f pairs/s | elapsed %s | left %s\n", done, count,
-            done / seconds, spent, left);
-    *shown = now;
-}
-
 // The first `count` pairs of the dataset (all of them when count <= 0), decoded greedily
 // (beam_size 1: the sentences side by side, sorted by length for little padding) or by beam search.
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count,
@@ -2804,9 +2756,9 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
     double total_loss = 0;
     double total_log_loss = 0;
     long total_tokens = 0;
-    double started = wall_seconds();
-    double shown = started;
     int done = 0;
+    if (lab.evaluation_progress)
+        lab.evaluation_progress(done, count);   // lab: progress lines, for a long evaluation
     for (int s = 0; s < num_spans; s++) {
         const int *indices = order + spans[s].start;
         int B = spans[s].count;
@@ -2836,7 +2788,8 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
                            out_len[b]);
         }
         done += B;
-        evaluation_progress(done, count, started, &shown);
+        if (lab.evaluation_progress)
+            lab.evaluation_progress(done, count);   // lab
     }
     e->loss = total_tokens ? total_loss / total_tokens : 0;
     e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;

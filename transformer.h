@@ -375,7 +375,9 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
 typedef struct {
     char **words;       // (size) id -> text
     int size, capacity;
-    int *slots;         // (num_slots) ids, -1 when empty; num_slots is a power of two
+    // the lab's hash table (lab/text.c), NULL in transformer.c alone: (num_slots) ids, -1
+    // where empty; num_slots is a power of two
+    int *slots;
     size_t num_slots;
     struct Bpe *bpe;    // the lab's §5.1 subword merges, or NULL: every token is a whole word
 } Vocabulary;
@@ -551,6 +553,10 @@ typedef struct {
     // what a new run's checkpoint may replace, in place of transformer.c's one rule (only a
     // checkpoint): --force, and the checkpoint a run resumed from
     const char *(*check_output)(TrainRun *run);
+    // a token's id in a vocabulary of any size (-1: not there), in place of transformer.c's
+    // reading of the list from the start; and the last token added, into the lab's table
+    int (*find_token)(const Vocabulary *vocab, const char *word, size_t n);
+    void (*token_added)(Vocabulary *vocab);
     // the text rule: the length of the white-space character at text (Unicode's), or 0; a line
     // (line_no from 1, 0 for an argument) is UTF-8, its byte-order mark on line 1 dropped
     int (*white_space)(const char *text);
@@ -564,6 +570,8 @@ typedef struct {
     unsigned char *(*merges_section)(const Vocabulary *vocab, size_t *bytes);
     const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section,
                                        size_t bytes, const char *path);
+    // an evaluation's progress: `done` of `count` pairs decoded (0 as it begins)
+    void (*evaluation_progress)(int done, int count);
     // with §5.1 subwords, an evaluation's exact match on the words
     void (*score_words)(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab);
 } LabHooks;

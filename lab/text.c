@@ -253,7 +253,90 @@ static const char *lab_load_tsv(TrainRun *run, int grow) {
     return NULL;
 }
 
+// ---- the vocabulary's hash table --------------------------------------------
+// transformer.c finds a token's id by reading its vocabulary from the start, as its 14-token
+// tasks allow. Real text has tens of thousands of words or subwords, read millions of times: a
+// hash table with open addressing finds each in a few probes, so that reading a large file stays
+// linear in its length. vocab_add tells the table of each new word (lab.token_added).
+
+// The slot of the n bytes at word: the slot that holds its id, or the empty one where it would go.
+static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
+    uint32_t hash = 2166136261u;   // FNV-1a, 32 bits
+    for (size_t i = 0; i < n; i++) {
+        hash ^= (unsigned char)word[i];
+        hash *= 16777619u;
+    }
+    size_t mask = vocab->num_slots - 1;
+    size_t slot = hash & mask;
+    while (vocab->slots[slot] >= 0) {
+        const char *there = vocab->words[vocab->slots[slot]];
+        if (strncmp(there, word, n) == 0 && there[n] == '\0')
+            break;
+        slot = (slot + 1) & mask;
+    }
+    return slot;
+}
+
+// lab.token_added: the vocabulary's last word into the table, which stays at most half full
+// (a bigger one, holding every word, when it would not).
+static void hashed_token_added(Vocabulary *vocab) {
+    int last = vocab->size - 1;
+    if (2 * (size_t)vocab->size > vocab->num_slots) {
+        size_t num_slots = vocab->num_slots ? 2 * vocab->num_slots : 64;
+        free(vocab->slots);
+        vocab->slots = checked_calloc(num_slots, sizeof(int), "vocabulary table");
+        vocab->num_slots = num_slots;
+        for (size_t i = 0; i < num_slots; i++)
+            vocab->slots[i] = -1;
+        last = 0;
+    }
+    for (int id = last; id < vocab->size; id++) {
+        size_t slot = vocab_slot(vocab, vocab->words[id], strlen(vocab->words[id]));
+        vocab->slots[slot] = id;
+    }
+}
+
+// lab.find_token: the id of the n bytes at word, or -1.
+static int hashed_find_token(const Vocabulary *vocab, const char *word, size_t n) {
+    if (vocab->num_slots == 0)
+        return -1;   // no word yet
+    return vocab->slots[vocab_slot(vocab, word, n)];
+}
+
+// ---- progress lines -----------------------------------------------------------
+// Long work (counting words, learning merges, cutting a file, evaluating) prints a line on
+// standard error every few seconds, on a terminal; --progress sets progress_always, for the
+// lines also when standard error is a file.
+static int progress_always = 0;
+
+// lab.evaluation_progress: every 3 s, the pairs decoded, the rate, the time spent and left.
+//   eval   120/500 pairs | 3.1 pairs/s | elapsed 0:39 | left 2:03
+static void evaluation_progress_line(int done, int count) {
+    static double started;
+    static double shown;
+    double now = wall_seconds();
+    if (done == 0) {
+        started = now;
+        shown = now;
+        return;
+    }
+    int wanted = progress_always || isatty(fileno(stderr));
+    if (!wanted || now - shown < 3.0 || done >= count)
+        return;
+    double seconds = now - started;
+    char spent[32];
+    char left[32];
+    duration(spent, seconds);
+    duration(left, seconds / done * (count - done));
+    fprintf(stderr, "eval   %d/%d pairs | %.1f pairs/s | elapsed %s | left %s\n", done, count,
+            done / seconds, spent, left);
+    shown = now;
+}
+
 static void text_plug_in(void) {
+    lab.find_token = hashed_find_token;
+    lab.token_added = hashed_token_added;
+    lab.evaluation_progress = evaluation_progress_line;
     lab.white_space = unicode_white_space;
     lab.check_text = lab_check_text;
 }
