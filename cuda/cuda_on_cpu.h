@@ -43,17 +43,35 @@
  *     cudaFuncSetAttribute (then up to 227 KB, an H100's limit). A refused
  *     launch, or a fault, is returned by cudaGetLastError as on a GPU; a fault
  *     is sticky: every later call returns it.
- *   - Streams and CUDA graphs. Work on a stream runs when it is asked for (the
- *     emulator is synchronous), except while the stream captures a graph
- *     (cudaStreamBeginCapture): then kernels, cuBLAS calls, copies and memsets
- *     are recorded, with their arguments as they are at that moment (cuBLAS's
- *     alpha and beta too), and cudaGraphLaunch replays the record. Whatever a
- *     captured step reads from host variables is therefore frozen, as on a
- *     GPU. What a capture in cudaStreamCaptureModeGlobal forbids is refused and
- *     spoils the capture (cudaStreamEndCapture then fails): a blocking copy or
- *     memset, cudaMalloc, cudaFree, a synchronisation, work on the legacy
- *     default stream (a launch or cuBLAS call without the stream), and an
- *     asynchronous copy from host memory that cudaMallocHost did not give.
+ *   - Streams, events and CUDA graphs. Work given to a stream (a kernel, a
+ *     cuBLAS call, an asynchronous copy or memset; its arguments copied, as a
+ *     graph's) waits for the stream's earlier work and for the events the
+ *     stream waited for (cudaEventRecord, cudaStreamWaitEvent), and runs only
+ *     when something needs it: a wait for the stream, an event or the device,
+ *     a blocking copy, cudaFree. Then it runs in an order drawn anew each time
+ *     among those its waits allow (cpu_run_pending): at random, or one stream
+ *     as far ahead of the others as it may go; so a missing wait between two
+ *     streams (one reading what the other has not written yet, or has
+ *     overwritten already) gives wrong numbers in some orders. The legacy
+ *     stream runs its work at once, after all the other streams' (as a GPU's
+ *     legacy stream waits for them). While a stream captures a graph
+ *     (cudaStreamBeginCapture) its work is recorded instead, with the
+ *     arguments as they are at that moment (cuBLAS's alpha and beta too); a
+ *     stream that waits for an event recorded in a capturing stream joins the
+ *     capture (a fork), and the capturing stream waiting for an event recorded
+ *     in it joins it back. cudaGraphLaunch gives the graph's nodes to the
+ *     stream, each after the nodes it depends on, so that independent
+ *     branches run in another order at each replay. Whatever a captured step
+ *     reads from host variables is frozen, as on a GPU. What a capture in
+ *     cudaStreamCaptureModeGlobal forbids is refused and spoils the capture
+ *     (cudaStreamEndCapture then fails): a blocking copy or memset,
+ *     cudaMalloc, cudaFree, a synchronisation, work on the legacy default
+ *     stream (a launch or cuBLAS call without the stream), an asynchronous
+ *     copy from host memory that cudaMallocHost did not give, and (stricter
+ *     than a GPU, which would run it once, at once) work on a stream that is
+ *     not part of the capture. A capture whose forked stream has work the
+ *     capturing stream never waited for ends with cudaErrorStreamCaptureUnjoined,
+ *     as on a GPU.
  *   - cublasSgemm and cublasSgemmStridedBatched are plain column-major loops
  *     that honour the transposes, leading dimensions, alpha, beta and batch
  *     strides as the cuBLAS documentation defines them:
@@ -63,7 +81,9 @@
  *     when beta is 0, C is not read (it may hold NaN); a call cuBLAS would
  *     refuse (a negative size, a leading dimension too small) returns
  *     CUBLAS_STATUS_INVALID_VALUE here too. They run on the handle's stream
- *     (cublasSetStream); cublasSetWorkspace must give device memory.
+ *     (cublasSetStream); cublasSetWorkspace must give device memory, and two
+ *     handles on two streams may not share it (their calls may run at once:
+ *     refused).
  *
  * A kernel is an ordinary C function. Each one is followed in transformer_cuda.cu
  * by CPU_KERNEL(name, its parameter types...), which makes the function that
@@ -200,7 +220,8 @@ static inline dim3 cpu_dim3_x(unsigned x) { dim3 d = { x, 1, 1 }; return d; }
 typedef enum {
     cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
     cudaErrorIllegalState = 401, cudaErrorIllegalAddress = 700, cudaErrorStreamCaptureUnsupported = 900,
-    cudaErrorStreamCaptureInvalidated = 901, cudaErrorStreamCaptureImplicit = 906
+    cudaErrorStreamCaptureInvalidated = 901, cudaErrorStreamCaptureUnmatched = 903, cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureImplicit = 906
 } cudaError_t;
 
 static inline const char *cudaGetErrorString(cudaError_t error) {
@@ -213,6 +234,10 @@ static inline const char *cudaGetErrorString(cudaError_t error) {
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "the capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "the capture sequence contains a fork that was not joined to the "
+                                                "primary stream";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
     case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing "
                                                 "blocking stream";
     }
@@ -242,6 +267,9 @@ static struct {
                                            // (a multiple of 16 keeps the alignment a GPU gives)
     const char *launch_replaced;           // this kernel's threads run another kernel's of the same
     void (*replacement)(const void *args); //   parameters instead (its kernel_cpu_thread)
+    const void *wait_skipped;              // cudaStreamWaitEvent for this event (a cudaEvent_t) does nothing,
+                                           //   outside a capture (a missing wait)
+    int readers_joins_skipped;             // transformer_cuda.cu's gpu_join_side_readers does nothing
 } cpu_test_faults;
 
 // One piece of work a stream runs, as a graph records it: a kernel launch
@@ -259,8 +287,17 @@ typedef struct {
     long long stride_a, stride_b, stride_c;
 } CpuGemm;
 typedef enum { CPU_WORK_KERNEL, CPU_WORK_GEMM, CPU_WORK_COPY, CPU_WORK_MEMSET } CpuWorkKind;
+// What a piece of work waits for: in a graph, the nodes (their indices) before
+// it; in the work given to streams and not yet run, the pieces (their numbers,
+// cuda_on_cpu.pending_base on) before it. A stream's frontier is what its next
+// piece waits for; an event holds a copy of one.
+#define CPU_MOST_DEPENDENCIES 16
+typedef struct { int count; long long on[CPU_MOST_DEPENDENCIES]; } CpuFrontier;
 typedef struct {
     CpuWorkKind kind;
+    int lane;               // the number of the stream it was given to (0: the legacy stream)
+    CpuFrontier after;      // what it waits for
+    int done, needed;       // (cpu_run_pending's)
     const char *call;   // a copy's or memset's name, for messages
     const char *kernel;
     void (*thread)(const void *);
@@ -276,10 +313,26 @@ typedef struct {
 } CpuWork;
 typedef struct CpuGraph { CpuWork *work; int count, capacity; } CpuGraph;
 typedef struct CpuGraph *cudaGraph_t;
-typedef struct CpuGraphExec { CpuGraph graph; } *cudaGraphExec_t;
-// A stream: capturing into `graph` between cudaStreamBeginCapture and
-// cudaStreamEndCapture; spoilt by a call the capture refused.
-typedef struct CpuStream { int capturing, spoilt; CpuGraph *graph; } *cudaStream_t;   // NULL: the legacy stream
+typedef CpuWork *cudaGraphNode_t;
+typedef struct { unsigned char from_port, to_port, type, reserved[5]; } cudaGraphEdgeData;
+// An executable graph: its nodes, and those no other node waits for (what the
+// launching stream's later work waits for)
+typedef struct CpuGraphExec { CpuGraph graph; CpuFrontier sinks; } *cudaGraphExec_t;
+// A stream: `number` names it in the work it is given (its lane); `after` is
+// its frontier among the work not yet run. Between cudaStreamBeginCapture and
+// cudaStreamEndCapture (the origin), or from its wait for an event recorded in
+// a capturing stream (a fork) to the capture's end, it captures into `graph`,
+// its frontier there `capture_after`; the origin's `spoilt`: a call the
+// capture refused.
+typedef struct CpuStream {
+    int number, capturing, spoilt;
+    CpuGraph *graph;
+    CpuFrontier after, capture_after;
+} *cudaStream_t;   // NULL: the legacy stream
+// An event: the frontier of the stream it was last recorded in, at the record
+// (inside a capture: nodes of `capture`, the graph being captured)
+typedef struct CpuEvent { int recorded; const CpuGraph *capture; CpuFrontier at; } *cudaEvent_t;
+enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
 
 static struct {
     int ready;
@@ -294,7 +347,15 @@ static struct {
     const char *open_for;         // the copy, kernel or cuBLAS call that device memory is open for; NULL: closed
     struct { char *start; size_t bytes; } *pinned;   // cudaMallocHost's blocks
     int pinned_count, pinned_capacity;
-    cudaStream_t capturing;       // the stream capturing a graph (one at a time here); NULL: none
+    cudaStream_t capturing;       // the stream that began the capture under way (one at a time here); NULL: none
+    cudaStream_t *streams;        // the live ones
+    int stream_count, stream_capacity, streams_made;
+    // the work given to streams and not run yet, its pieces numbered pending_base on
+    CpuWork *pending;
+    int pending_count, pending_capacity, running_pending;
+    long long pending_base;
+    void **handles;               // the live cuBLAS handles (cublasHandle_t)
+    int handle_count, handle_capacity;
     cudaError_t last_error, sticky_error;
     char message[512];            // the last fault or refusal, said in full
     sigjmp_buf recovery;          // cpu_catches_fault's
@@ -354,6 +415,8 @@ static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ..
 static inline void cpu_fault_finish(int in_launch);
 static inline void cpu_fault_after_block(cudaError_t error, const char *format, ...);
 static inline void cpu_segv(int signal_number, siginfo_t *info, void *context);
+static inline void cpu_run_pending(const CpuFrontier *until);
+static inline void cpu_drop_pending(void);
 
 static inline void cpu_start(void) {
     if (cuda_on_cpu.ready) return;
@@ -477,6 +540,7 @@ static inline int cpu_in_reserved(const void *p) {
 // be named in address order. cpu_forget_tensors(allocation) drops them all
 // (before the allocation is carved again another way).
 static inline void cpu_guard_tensor(const void *start, size_t bytes, const char *name) {
+    cpu_run_pending(NULL);   // the work given before runs with the guards it was given under
     char *c = (char *)start;
     CpuAllocation *a = cpu_allocation_at(start);
     if (!a || c + bytes < a->pointer || c + bytes + cuda_on_cpu.page > a->start + a->span)
@@ -495,6 +559,7 @@ static inline void cpu_guard_tensor(const void *start, size_t bytes, const char 
     else if (cuda_on_cpu.open_for) cpu_protect(c + bytes, cuda_on_cpu.page, PROT_NONE);
 }
 static inline void cpu_forget_tensors(const void *allocation) {
+    cpu_run_pending(NULL);
     CpuAllocation *a = cpu_allocation_at(allocation);
     if (!a) return;
     for (int t = 0; t < a->tensor_count && cuda_on_cpu.execute && cuda_on_cpu.pkey >= 0; t++)
@@ -554,6 +619,7 @@ static inline cudaError_t cudaFree(void *pointer) {
     if (!pointer) return cudaSuccess;
     cudaError_t refused = cpu_capture_forbids("cudaFree");
     if (refused) return refused;
+    cpu_run_pending(NULL);   // cudaFree waits for the GPU
     for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
         CpuAllocation *a = &cuda_on_cpu.allocations[i];
         if (a->pointer != (char *)pointer) continue;
@@ -585,6 +651,7 @@ static inline cudaError_t cudaFreeHost(void *pointer) {
     if (!pointer) return cudaSuccess;
     cudaError_t refused = cpu_capture_forbids("cudaFreeHost");
     if (refused) return refused;
+    cpu_run_pending(NULL);
     for (int i = 0; i < cuda_on_cpu.pinned_count; i++)
         if (cuda_on_cpu.pinned[i].start == (char *)pointer) {
             free(pointer);
@@ -632,35 +699,108 @@ static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *
     return e;
 }
 
-// ---- streams and graph capture --------------------------------------------------
+// ---- streams, events and graph capture ------------------------------------------
 
-// Where work given to stream s goes: 1, into the graph s is capturing; 0, run
-// now; -1, refused: the legacy stream while another stream captures (it would
-// wait for that stream's work, which never runs: cudaErrorStreamCaptureImplicit),
-// which spoils the capture.
-static inline int cpu_stream_route(cudaStream_t s, const char *call) {
+// The capture under way is spoilt: cudaStreamEndCapture will fail.
+static inline void cpu_spoil_capture(void) {
+    if (cuda_on_cpu.capturing) cuda_on_cpu.capturing->spoilt = 1;
+}
+
+// Where work given to stream s goes: 1, into the graph s is capturing; 0, to
+// the stream (the legacy stream runs it now); -1, refused, with *refusal
+// the error: while a capture is under way, the legacy stream (it would wait
+// for the capture's work, which never runs: cudaErrorStreamCaptureImplicit),
+// or a stream that is not part of the capture. A GPU runs the latter's work
+// at once and not at the graph's replays; the emulator refuses it, since it
+// is a fork that was forgotten (the stream never waited for an event recorded
+// in a capturing stream). Either spoils the capture.
+static inline int cpu_stream_route(cudaStream_t s, const char *call, cudaError_t *refusal) {
     if (s && s->capturing) return 1;
-    if (s || !cuda_on_cpu.capturing) return 0;
-    cuda_on_cpu.capturing->spoilt = 1;
-    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on the legacy default stream while a stream "
-             "captures a graph (give it the capturing stream): a GPU refuses it, and the capture fails", call);
+    if (!cuda_on_cpu.capturing) return 0;
+    cpu_spoil_capture();
+    if (s) {
+        *refusal = cudaErrorStreamCaptureIsolation;
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on stream %d, which is not part of the capture "
+                 "under way (it waited for no event recorded in a capturing stream): its work would run once, now, "
+                 "and not when the graph does; the capture fails", call, s->number);
+    } else {
+        *refusal = cudaErrorStreamCaptureImplicit;
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on the legacy default stream while a stream "
+                 "captures a graph (give it the capturing stream): a GPU refuses it, and the capture fails", call);
+    }
     return -1;
 }
 
-// A new piece of work at the end of the graph s is capturing.
+// Frontiers: `on` added to f (once); those of f that have run left out.
+static inline void cpu_frontier_add(CpuFrontier *f, long long on) {
+    for (int i = 0; i < f->count; i++) if (f->on[i] == on) return;
+    if (f->count == CPU_MOST_DEPENDENCIES) cpu_die("more than 16 dependencies of one piece of work");
+    f->on[f->count++] = on;
+}
+static inline int cpu_pending_done(long long on) {
+    long long i = on - cuda_on_cpu.pending_base;
+    return i < 0 || i >= cuda_on_cpu.pending_count || cuda_on_cpu.pending[i].done;
+}
+static inline void cpu_frontier_prune(CpuFrontier *f) {
+    int kept = 0;
+    for (int i = 0; i < f->count; i++) if (!cpu_pending_done(f->on[i])) f->on[kept++] = f->on[i];
+    f->count = kept;
+}
+static inline void cpu_frontier_merge(CpuFrontier *f, const CpuFrontier *more) {
+    for (int i = 0; i < more->count; i++) cpu_frontier_add(f, more->on[i]);
+}
+
+// A new node at the end of the graph s is capturing, after s's frontier there; s's frontier is then the node.
 static inline CpuWork *cpu_record(cudaStream_t s, CpuWorkKind kind) {
     CpuGraph *g = s->graph;
     g->work = (CpuWork *)cpu_grow(g->work, g->count, &g->capacity, sizeof(CpuWork), "out of memory for a graph");
     CpuWork *w = &g->work[g->count++];
     memset(w, 0, sizeof *w);
     w->kind = kind;
+    w->lane = s->number;
+    w->after = s->capture_after;
+    s->capture_after.count = 0;
+    cpu_frontier_add(&s->capture_after, g->count - 1);
     return w;
+}
+
+// A piece of work given to stream s outside a capture, which owns w->args:
+// on the legacy stream it runs now, after everything given before (a GPU's
+// legacy stream waits for the other streams, and they for it); on another
+// stream it waits, after s's frontier, until something needs it
+// (cpu_run_pending). Returns what the legacy stream's run gave.
+static inline cudaError_t cpu_work_run(const CpuWork *w);
+static inline cudaError_t cpu_give(cudaStream_t s, const CpuWork *w) {
+    if (!s) {
+        cpu_run_pending(NULL);
+        cudaError_t e = cpu_work_run(w);
+        free(w->args);
+        return e;
+    }
+    cuda_on_cpu.pending = (CpuWork *)cpu_grow(cuda_on_cpu.pending, cuda_on_cpu.pending_count,
+                                              &cuda_on_cpu.pending_capacity, sizeof(CpuWork),
+                                              "out of memory for the streams' work");
+    CpuWork *p = &cuda_on_cpu.pending[cuda_on_cpu.pending_count++];
+    *p = *w;
+    p->lane = s->number;
+    cpu_frontier_prune(&s->after);
+    p->after = s->after;
+    p->done = 0;
+    s->after.count = 0;
+    cpu_frontier_add(&s->after, cuda_on_cpu.pending_base + cuda_on_cpu.pending_count - 1);
+    return cudaSuccess;
 }
 
 static inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
     cpu_start();
     *s = (cudaStream_t)calloc(1, sizeof **s);
-    return *s ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*s) return cudaErrorMemoryAllocation;
+    (*s)->number = ++cuda_on_cpu.streams_made;
+    cuda_on_cpu.streams = (cudaStream_t *)cpu_grow(cuda_on_cpu.streams, cuda_on_cpu.stream_count,
+                                                   &cuda_on_cpu.stream_capacity, sizeof(cudaStream_t),
+                                                   "out of memory for the list of streams");
+    cuda_on_cpu.streams[cuda_on_cpu.stream_count++] = *s;
+    return cudaSuccess;
 }
 
 static inline void cpu_graph_free(CpuGraph *g) {
@@ -671,20 +811,108 @@ static inline void cpu_graph_free(CpuGraph *g) {
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s) return cudaErrorInvalidValue;
     if (s->capturing) return cudaErrorIllegalState;
+    cpu_run_pending(&s->after);   // its work still runs (a GPU's cudaStreamDestroy returns at once)
+    for (int i = 0; i < cuda_on_cpu.stream_count; i++)
+        if (cuda_on_cpu.streams[i] == s) cuda_on_cpu.streams[i] = cuda_on_cpu.streams[--cuda_on_cpu.stream_count];
     free(s);
     return cudaSuccess;
 }
 
-// The emulator's work is done when it is asked for (or recorded): waiting
-// returns the sticky error, except during a capture, which forbids it.
+// Waiting for a stream runs the work it was given and what that waits for
+// (the rest of the streams' work may run later); for the device, all of it.
+// A capture forbids both. Each returns the sticky error.
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    (void)s;
     cudaError_t refused = cpu_capture_forbids("cudaStreamSynchronize");
-    return refused ? refused : cuda_on_cpu.sticky_error;
+    if (refused) return refused;
+    cpu_run_pending(s ? &s->after : NULL);
+    return cuda_on_cpu.sticky_error;
 }
 static inline cudaError_t cudaDeviceSynchronize(void) {
     cudaError_t refused = cpu_capture_forbids("cudaDeviceSynchronize");
-    return refused ? refused : cuda_on_cpu.sticky_error;
+    if (refused) return refused;
+    cpu_run_pending(NULL);
+    return cuda_on_cpu.sticky_error;
+}
+
+// Events (their timing is not modelled: cudaEventDisableTiming or not, they only order work).
+static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
+    *event = NULL;
+    if (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)) return cudaErrorInvalidValue;
+    *event = (cudaEvent_t)calloc(1, sizeof **event);
+    return *event ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+static inline cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+static inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    if (!event) return cudaErrorInvalidValue;
+    free(event);
+    return cudaSuccess;
+}
+
+// The event holds the stream's frontier as it is now: what a wait for it
+// waits for (in a capture, nodes of the graph; on the legacy stream, which
+// runs its work at once, nothing).
+static inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
+    if (!event) return cudaErrorInvalidValue;
+    cudaError_t refusal = cudaSuccess;
+    int route = cpu_stream_route(s, "cudaEventRecord", &refusal);
+    if (route < 0) return refusal;
+    event->recorded = 1;
+    event->capture = route > 0 ? s->graph : NULL;
+    event->at.count = 0;
+    if (route > 0) event->at = s->capture_after;
+    else if (s) { cpu_frontier_prune(&s->after); event->at = s->after; }
+    else cpu_run_pending(NULL);
+    return cudaSuccess;
+}
+
+// Stream s's later work waits for what the event held at its last record.
+// An event recorded in a capturing stream: s joins the capture (a fork), or,
+// if it is part of it already, its frontier there grows (a join, when s is
+// the origin). A capturing stream may not wait for work outside the capture
+// (cudaErrorStreamCaptureIsolation), nor a stream for a capture that has ended.
+static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned flags) {
+    if (!event || flags != 0) return cudaErrorInvalidValue;
+    if (!event->recorded) return cudaSuccess;   // an event never recorded has nothing to wait for
+    const CpuGraph *capture = cuda_on_cpu.capturing ? cuda_on_cpu.capturing->graph : NULL;
+    if (event->capture) {
+        if (event->capture != capture || !s) {
+            cpu_spoil_capture();
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamWaitEvent: %s waits for an event "
+                     "recorded in a capture %s", s ? "a stream" : "the legacy stream",
+                     event->capture != capture ? "that has ended" : "(only a stream other than the legacy one may join "
+                     "it)");
+            return cudaErrorStreamCaptureIsolation;
+        }
+        if (!s->capturing) {   // the fork: s joins the capture
+            s->capturing = 1;
+            s->graph = cuda_on_cpu.capturing->graph;
+            s->capture_after.count = 0;
+        }
+        cpu_frontier_merge(&s->capture_after, &event->at);
+        return cudaSuccess;
+    }
+    if (s && s->capturing) {
+        cpu_spoil_capture();
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamWaitEvent: a capturing stream waits for "
+                 "an event recorded outside the capture: a GPU refuses it, and the capture fails");
+        return cudaErrorStreamCaptureIsolation;
+    }
+    if (cpu_test_faults.wait_skipped == (const void *)event) return cudaSuccess;
+    CpuFrontier at = event->at;
+    if (!s) { cpu_run_pending(&at); return cudaSuccess; }   // the legacy stream's work runs at once
+    cpu_frontier_prune(&s->after);
+    cpu_frontier_merge(&s->after, &at);
+    return cudaSuccess;
+}
+
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (!event) return cudaErrorInvalidValue;
+    cudaError_t refused = cpu_capture_forbids("cudaEventSynchronize");
+    if (refused) return refused;
+    if (event->capture) return cudaErrorStreamCaptureIsolation;
+    CpuFrontier at = event->at;
+    cpu_run_pending(&at);
+    return cuda_on_cpu.sticky_error;
 }
 
 typedef enum {
@@ -703,31 +931,86 @@ static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptu
     if (!s->graph) return cudaErrorMemoryAllocation;
     s->capturing = 1;
     s->spoilt = 0;
+    s->capture_after.count = 0;
     cuda_on_cpu.capturing = s;
     return cudaSuccess;
 }
 
-// The graph recorded since cudaStreamBeginCapture, or NULL and
-// cudaErrorStreamCaptureInvalidated when a refused call spoilt it.
+// Whether every node of the graph is one that `origin` (a frontier of node
+// indices) waits for, or comes before one that it does: a fork joined back.
+static inline int cpu_graph_joined(const CpuGraph *g, const CpuFrontier *origin) {
+    char *reached = (char *)calloc((size_t)g->count + 1, 1);
+    int *stack = (int *)malloc(((size_t)g->count + 1) * sizeof(int)), top = 0, all = 1;
+    if (!reached || !stack) cpu_die("out of memory for a graph's check");
+    for (int i = 0; i < origin->count; i++) stack[top++] = (int)origin->on[i];
+    while (top > 0) {
+        int n = stack[--top];
+        if (reached[n]) continue;
+        reached[n] = 1;
+        for (int d = 0; d < g->work[n].after.count; d++)
+            if (!reached[g->work[n].after.on[d]]) stack[top++] = (int)g->work[n].after.on[d];
+    }
+    for (int i = 0; i < g->count; i++) all &= reached[i];
+    free(reached);
+    free(stack);
+    return all;
+}
+
+// The graph recorded since cudaStreamBeginCapture on s, on s and the streams
+// that joined it; each stream leaves the capture. It fails (NULL) when a
+// refused call spoilt the capture (cudaErrorStreamCaptureInvalidated), or when
+// a stream that joined it has work that s never waited for
+// (cudaErrorStreamCaptureUnjoined, as on a GPU: a fork not joined back).
 static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
     *graph = NULL;
     if (!s || !s->capturing) return cudaErrorIllegalState;
-    s->capturing = 0;
-    cuda_on_cpu.capturing = NULL;
-    if (s->spoilt) {
-        cpu_graph_free(s->graph);
-        free(s->graph);
-        s->graph = NULL;
-        return cudaErrorStreamCaptureInvalidated;
+    if (s != cuda_on_cpu.capturing) {
+        cpu_spoil_capture();
+        return cudaErrorStreamCaptureUnmatched;   // s joined the capture; its origin must end it
     }
-    *graph = s->graph;
-    s->graph = NULL;
+    CpuGraph *g = s->graph;
+    int joined = 1;
+    for (int i = 0; i < cuda_on_cpu.stream_count; i++) {
+        cudaStream_t member = cuda_on_cpu.streams[i];
+        if (member->capturing && member->graph == g) {
+            member->capturing = 0;
+            member->graph = NULL;
+        }
+    }
+    if (!s->spoilt) joined = cpu_graph_joined(g, &s->capture_after);
+    cuda_on_cpu.capturing = NULL;
+    if (s->spoilt || !joined) {
+        cpu_graph_free(g);
+        free(g);
+        if (!joined)
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamEndCapture: a stream that joined the "
+                     "capture has work the capturing stream never waited for (record an event after it and wait for "
+                     "that in the capturing stream)");
+        return s->spoilt ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined;
+    }
+    *graph = g;
     return cudaSuccess;
 }
 
 static inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
     cpu_graph_free(graph);
     free(graph);
+    return cudaSuccess;
+}
+
+// The graph's nodes (nodes NULL: their count only), and its edges: a node's
+// dependencies (from, to and edge_data NULL: their count only).
+static inline cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count) {
+    if (!graph || !count) return cudaErrorInvalidValue;
+    for (size_t i = 0; nodes && i < *count && i < (size_t)graph->count; i++) nodes[i] = &graph->work[i];
+    *count = (size_t)graph->count;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGraphGetEdges(cudaGraph_t graph, cudaGraphNode_t *from, cudaGraphNode_t *to,
+                                            cudaGraphEdgeData *edge_data, size_t *count) {
+    if (!graph || !count || from || to || edge_data) return cudaErrorInvalidValue;   // (the count only, here)
+    *count = 0;
+    for (int i = 0; i < graph->count; i++) *count += (size_t)graph->work[i].after.count;
     return cudaSuccess;
 }
 
@@ -740,15 +1023,19 @@ static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_
     if (!e) return cudaErrorMemoryAllocation;
     e->graph.count = e->graph.capacity = graph->count;
     e->graph.work = (CpuWork *)calloc((size_t)(graph->count ? graph->count : 1), sizeof(CpuWork));
-    if (!e->graph.work) cpu_die("out of memory for a graph");
+    char *waited_for = (char *)calloc((size_t)graph->count + 1, 1);
+    if (!e->graph.work || !waited_for) cpu_die("out of memory for a graph");
     for (int i = 0; i < graph->count; i++) {
         CpuWork *w = &e->graph.work[i];
         *w = graph->work[i];
+        for (int d = 0; d < w->after.count; d++) waited_for[w->after.on[d]] = 1;
         if (!w->args) continue;
         w->args = malloc(w->args_size);
         if (!w->args) cpu_die("out of memory for a graph");
         memcpy(w->args, graph->work[i].args, w->args_size);
     }
+    for (int i = 0; i < graph->count; i++) if (!waited_for[i]) cpu_frontier_add(&e->sinks, i);
+    free(waited_for);
     *exec = e;
     return cudaSuccess;
 }
@@ -779,23 +1066,30 @@ static inline cudaError_t cpu_copy(void *to, size_t to_pitch, const void *from, 
     size_t from_span = height ? (height - 1) * from_pitch + width : 0;
     e = cpu_check_copy(to, to_span, from, from_span, kind, call);
     if (e != cudaSuccess) return e;
-    int route = blocking ? 0 : cpu_stream_route(stream, call);
-    if (route < 0) return cudaErrorStreamCaptureImplicit;
-    if (route > 0) {
-        const void *host = kind == cudaMemcpyHostToDevice ? from : kind == cudaMemcpyDeviceToHost ? to : NULL;
-        if (host && !cpu_pinned(host, kind == cudaMemcpyHostToDevice ? from_span : to_span)) {
-            stream->spoilt = 1;
-            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s of host memory that cudaMallocHost did "
-                     "not give, into a graph: a GPU refuses it, and the capture fails", call);
-            return cudaErrorStreamCaptureUnsupported;
-        }
-        CpuWork *w = cpu_record(stream, CPU_WORK_COPY);
-        w->call = call; w->to = to; w->from = from; w->to_pitch = to_pitch; w->from_pitch = from_pitch;
-        w->width = width; w->height = height; w->copy_kind = (int)kind;
+    cudaError_t refusal = cudaSuccess;
+    int route = blocking ? 0 : cpu_stream_route(stream, call, &refusal);
+    if (route < 0) return refusal;
+    const void *host = kind == cudaMemcpyHostToDevice ? from : kind == cudaMemcpyDeviceToHost ? to : NULL;
+    int pinned = !host || cpu_pinned(host, kind == cudaMemcpyHostToDevice ? from_span : to_span);
+    if (route > 0 && !pinned) {
+        cpu_spoil_capture();
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s of host memory that cudaMallocHost did "
+                 "not give, into a graph: a GPU refuses it, and the capture fails", call);
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    CpuWork work, *w = route > 0 ? cpu_record(stream, CPU_WORK_COPY) : &work;
+    if (route == 0) { memset(&work, 0, sizeof work); work.kind = CPU_WORK_COPY; }
+    w->call = call; w->to = to; w->from = from; w->to_pitch = to_pitch; w->from_pitch = from_pitch;
+    w->width = width; w->height = height; w->copy_kind = (int)kind;
+    if (route > 0) return cudaSuccess;
+    // a blocking copy, or one of pageable host memory (a GPU stages that before the call returns), runs now,
+    // after all the work given before (the legacy stream's order) or the stream's
+    if (blocking || !pinned) {
+        cpu_run_pending(blocking || !stream ? NULL : &stream->after);
+        cpu_copy_run(to, to_pitch, from, from_pitch, width, height, call);
         return cudaSuccess;
     }
-    cpu_copy_run(to, to_pitch, from, from_pitch, width, height, call);
-    return cudaSuccess;
+    return cpu_give(stream, w);
 }
 
 static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
@@ -826,15 +1120,14 @@ static inline cudaError_t cpu_memset(void *to, int value, size_t bytes, cudaStre
     cudaError_t e = blocking ? cpu_capture_forbids(call) : cudaSuccess;
     if (e == cudaSuccess) e = cpu_check_device(to, bytes, call, "destination");
     if (e != cudaSuccess) return e;
-    int route = blocking ? 0 : cpu_stream_route(stream, call);
-    if (route < 0) return cudaErrorStreamCaptureImplicit;
-    if (route > 0) {
-        CpuWork *w = cpu_record(stream, CPU_WORK_MEMSET);
-        w->call = call; w->to = to; w->value = value; w->width = bytes;
-        return cudaSuccess;
-    }
-    cpu_memset_run(to, value, bytes, call);
-    return cudaSuccess;
+    cudaError_t refusal = cudaSuccess;
+    int route = blocking ? 0 : cpu_stream_route(stream, call, &refusal);
+    if (route < 0) return refusal;
+    CpuWork work, *w = route > 0 ? cpu_record(stream, CPU_WORK_MEMSET) : &work;
+    if (route == 0) { memset(&work, 0, sizeof work); work.kind = CPU_WORK_MEMSET; }
+    w->call = call; w->to = to; w->value = value; w->width = bytes;
+    if (route > 0) return cudaSuccess;
+    return cpu_give(blocking ? NULL : stream, w);
 }
 static inline cudaError_t cudaMemset(void *to, int value, size_t bytes) {
     return cpu_memset(to, value, bytes, NULL, 1, "cudaMemset");
@@ -861,8 +1154,9 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int devi
     return cudaSuccess;
 }
 
-// A GPU reports an error of an asynchronous kernel at a later call; here the
-// kernel has finished when its launch returns, so the next check sees it.
+// A GPU reports an error of an asynchronous kernel at a later call; here too:
+// a launch's own refusal at once, a fault when the work has run (on the legacy
+// stream, at once; on another, after something waited for it).
 static inline cudaError_t cudaGetLastError(void) {
     cudaError_t e = cuda_on_cpu.last_error ? cuda_on_cpu.last_error : cuda_on_cpu.sticky_error;
     cuda_on_cpu.last_error = cudaSuccess;
@@ -977,6 +1271,7 @@ static inline int cpu_catches_fault(void (*run)(void *), void *context) {
     }
     cuda_on_cpu.catching = 0;
     cuda_on_cpu.sticky_error = cuda_on_cpu.last_error = cudaSuccess;
+    cpu_drop_pending();
     return 1;
 }
 
@@ -1048,21 +1343,20 @@ static inline void cpu_launch(const char *kernel, void (*thread)(const void *), 
         snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "the launch of %s was refused: %s", kernel, refusal);
         cuda_on_cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared") ? cudaErrorInvalidValue
                                                                                       : cudaErrorInvalidConfiguration;
-        if (stream && stream->capturing) stream->spoilt = 1;
+        if (stream && stream->capturing) cpu_spoil_capture();
         return;
     }
-    int route = cpu_stream_route(stream, kernel);
-    if (route < 0) { cuda_on_cpu.last_error = cudaErrorStreamCaptureImplicit; return; }
-    if (route > 0) {
-        CpuWork *w = cpu_record(stream, CPU_WORK_KERNEL);
-        w->kernel = kernel; w->thread = thread; w->grid = grid; w->block = block; w->shared_bytes = shared_bytes;
-        w->args_size = args_size;
-        w->args = malloc(args_size);
-        if (!w->args) cpu_die("out of memory for a graph");
-        memcpy(w->args, args, args_size);
-        return;
-    }
-    cpu_launch_run(kernel, thread, args, grid, block, shared_bytes);
+    cudaError_t capture_refusal = cudaSuccess;
+    int route = cpu_stream_route(stream, kernel, &capture_refusal);
+    if (route < 0) { cuda_on_cpu.last_error = capture_refusal; return; }
+    CpuWork work, *w = route > 0 ? cpu_record(stream, CPU_WORK_KERNEL) : &work;
+    if (route == 0) { memset(&work, 0, sizeof work); work.kind = CPU_WORK_KERNEL; }
+    w->kernel = kernel; w->thread = thread; w->grid = grid; w->block = block; w->shared_bytes = shared_bytes;
+    w->args_size = args_size;
+    w->args = malloc(args_size);
+    if (!w->args) cpu_die("out of memory for a launch's arguments");
+    memcpy(w->args, args, args_size);
+    if (route == 0) cpu_give(stream, w);
 }
 
 // ---- cuBLAS -------------------------------------------------------------------
@@ -1088,10 +1382,18 @@ static inline cublasStatus_t cublasCreate(cublasHandle_t *handle) {
     *handle = (cublasHandle_t)calloc(1, sizeof **handle);
     if (!*handle) return CUBLAS_STATUS_NOT_INITIALIZED;
     (*handle)->created = 1;
+    cuda_on_cpu.handles = (void **)cpu_grow(cuda_on_cpu.handles, cuda_on_cpu.handle_count, &cuda_on_cpu.handle_capacity,
+                                            sizeof(void *), "out of memory for the list of cuBLAS handles");
+    cuda_on_cpu.handles[cuda_on_cpu.handle_count++] = *handle;
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static inline cublasStatus_t cublasDestroy(cublasHandle_t handle) { free(handle); return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+    for (int i = 0; i < cuda_on_cpu.handle_count; i++)
+        if (cuda_on_cpu.handles[i] == handle) cuda_on_cpu.handles[i] = cuda_on_cpu.handles[--cuda_on_cpu.handle_count];
+    free(handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 // TF32 would round the inputs to 10-bit mantissas on a GPU; the CPU model
 // always multiplies in fp32, so it only records the choice.
@@ -1171,9 +1473,8 @@ static int cpu_operand_fits(const float *X, int rows, int cols, int ld, long lon
     return 0;
 }
 
-// A checked call's operands' extents, then its products.
-static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
-    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
+// A checked call's operands all inside their regions (an allocation, or a tensor of one)
+static inline cublasStatus_t cpu_gemm_extents(const CpuGemm *g) {
     cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
     int a_rows = transa == CUBLAS_OP_N ? g->m : g->k, b_rows = transb == CUBLAS_OP_N ? g->k : g->n;
     if (!cpu_operand_fits(g->A, g->k ? a_rows : 0, transa == CUBLAS_OP_N ? g->k : g->m, g->lda, g->stride_a, g->count,
@@ -1182,7 +1483,37 @@ static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
                           g->call, "B") ||
         !cpu_operand_fits(g->C, g->m, g->n, g->ldc, g->stride_c, g->count, g->call, "C"))
         return CUBLAS_STATUS_EXECUTION_FAILED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Two handles whose calls run on different streams, so possibly at once,
+// must not share a workspace: cuBLAS's kernels keep partial sums there, and
+// the two would overwrite each other's (wrong numbers, and different ones
+// from run to run). The call is refused when they do.
+static inline int cpu_workspace_shared(cublasHandle_t handle, const char *call) {
+    if (!handle->workspace) return 0;
+    const char *start = (const char *)handle->workspace, *end = start + handle->workspace_bytes;
+    for (int i = 0; i < cuda_on_cpu.handle_count; i++) {
+        cublasHandle_t other = (cublasHandle_t)cuda_on_cpu.handles[i];
+        const char *other_start = (const char *)other->workspace;
+        if (other == handle || !other_start || other->stream == handle->stream) continue;
+        if (other_start < end && start < other_start + other->workspace_bytes) {
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: its handle's workspace is also the "
+                     "workspace of a handle on another stream (streams %d and %d): calls on the two may run at once "
+                     "and overwrite each other's partial sums; give each stream's handle a workspace of its own",
+                     call, handle->stream ? handle->stream->number : 0, other->stream ? other->stream->number : 0);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+// A checked call's operands' extents, then its products.
+static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
+    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
     if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
+    cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
     cpu_device_open(g->call);
     for (int i = 0; i < g->count; i++)
         cpu_sgemm(transa, transb, g->m, g->n, g->k, g->alpha, g->A + i * g->stride_a, g->lda, g->B + i * g->stride_b,
@@ -1202,13 +1533,23 @@ static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t hand
     if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
     CpuGemm g = { call, handle, (int)transa, (int)transb, m, n, k, lda, ldb, ldc, count, *alpha, *beta, A, B, C,
                   stride_a, stride_b, stride_c };
-    int route = cpu_stream_route(handle->stream, call);
+    cudaError_t refusal = cudaSuccess;
+    int route = cpu_stream_route(handle->stream, call, &refusal);
     if (route < 0) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (cpu_workspace_shared(handle, call)) return CUBLAS_STATUS_INVALID_VALUE;
     if (route > 0) {
         cpu_record(handle->stream, CPU_WORK_GEMM)->gemm = g;
         return CUBLAS_STATUS_SUCCESS;
     }
-    return cpu_gemm_run(&g);
+    if (!handle->stream) return cpu_gemm_run(&g);   // the legacy stream: now
+    // another stream: its operands' extents checked now, and again when it runs
+    if (cpu_gemm_extents(&g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
+    CpuWork work;
+    memset(&work, 0, sizeof work);
+    work.kind = CPU_WORK_GEMM;
+    work.gemm = g;
+    cpu_give(handle->stream, &work);
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 static inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
@@ -1228,31 +1569,132 @@ static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cu
                          strideB, beta, C, ldc, strideC, batch_count);
 }
 
-// ---- graphs run -----------------------------------------------------------------
+// ---- the streams' work run, graphs launched --------------------------------------
 
-// The recorded work, in order, each piece checked again (the memory it names may
-// have been freed since): the first fault stops the rest, as on a GPU.
+// One piece of work, checked again (the memory it names may have been freed
+// since): nothing runs after a fault, as on a GPU.
+static inline cudaError_t cpu_work_run(const CpuWork *w) {
+    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
+    cudaError_t e = cudaSuccess;
+    if (w->kind == CPU_WORK_KERNEL) {
+        cpu_launch_run(w->kernel, w->thread, w->args, w->grid, w->block, w->shared_bytes);
+    } else if (w->kind == CPU_WORK_GEMM) {
+        if (cpu_gemm_run(&w->gemm) != CUBLAS_STATUS_SUCCESS) e = cudaErrorIllegalAddress;
+    } else if (w->kind == CPU_WORK_COPY) {
+        size_t to_span = w->height ? (w->height - 1) * w->to_pitch + w->width : 0;
+        size_t from_span = w->height ? (w->height - 1) * w->from_pitch + w->width : 0;
+        e = cpu_check_copy(w->to, to_span, w->from, from_span, (cudaMemcpyKind)w->copy_kind, w->call);
+        if (e == cudaSuccess) cpu_copy_run(w->to, w->to_pitch, w->from, w->from_pitch, w->width, w->height, w->call);
+    } else {
+        e = cpu_check_device(w->to, w->width, w->call, "destination");
+        if (e == cudaSuccess) cpu_memset_run(w->to, w->value, w->width, w->call);
+    }
+    if (e != cudaSuccess) cuda_on_cpu.sticky_error = e;   // its message is in cuda_on_cpu.message
+    return cuda_on_cpu.sticky_error;
+}
+
+// The work given to streams that `until` waits for (NULL: all of it) runs
+// now, each piece once all it waits for has run, in an order drawn at each
+// call, as a GPU may run work that does not wait for each other in any
+// order, or at once: each time, either a piece drawn at random among those
+// that may run, or the streams ranked at random and the first stream's
+// pieces run whenever they may (one stream running as far ahead of the
+// others as it can). So work that a missing wait leaves unordered runs in
+// another order from call to call, or step to step: one stream reading what
+// the other has not written yet, or what it has overwritten already.
+#define CPU_LANES 64
+static inline void cpu_run_pending(const CpuFrontier *until) {
+    int n = cuda_on_cpu.pending_count;
+    if (n == 0 || cuda_on_cpu.running_pending) return;
+    cuda_on_cpu.running_pending = 1;
+    CpuWork *p = cuda_on_cpu.pending;
+    long long base = cuda_on_cpu.pending_base;
+    int *stack = (int *)malloc(((size_t)n + 1) * CPU_MOST_DEPENDENCIES * sizeof(int)), top = 0;
+    if (!stack) cpu_die("out of memory for the streams' work");
+    for (int i = 0; i < n; i++) p[i].needed = !until && !p[i].done;
+    for (int i = 0; until && i < until->count; i++)
+        if (!cpu_pending_done(until->on[i])) stack[top++] = (int)(until->on[i] - base);
+    while (top > 0) {   // what `until` waits for, and what that waits for
+        int i = stack[--top];
+        if (p[i].needed) continue;
+        p[i].needed = 1;
+        for (int d = 0; d < p[i].after.count; d++)
+            if (!cpu_pending_done(p[i].after.on[d])) stack[top++] = (int)(p[i].after.on[d] - base);
+    }
+    free(stack);
+    unsigned by_lane = cpu_random_below(3) > 0, rank[CPU_LANES];
+    for (int l = 0; l < CPU_LANES; l++) rank[l] = cpu_random_below(1u << 30);
+    for (;;) {
+        int ready = 0, pick = -1;
+        for (int i = 0; i < n; i++) {
+            if (!p[i].needed || p[i].done) continue;
+            int waits = 0;
+            for (int d = 0; d < p[i].after.count && !waits; d++) waits = !cpu_pending_done(p[i].after.on[d]);
+            if (waits) continue;
+            ready++;
+            if (by_lane) {
+                if (pick < 0 || rank[p[i].lane % CPU_LANES] > rank[p[pick].lane % CPU_LANES]) pick = i;
+            } else if (cpu_random_below((unsigned)ready) == 0) {
+                pick = i;   // each of the ready ones with chance 1/ready
+            }
+        }
+        if (pick < 0) break;
+        p[pick].done = 1;
+        p[pick].needed = 0;
+        cpu_work_run(&p[pick]);
+        free(p[pick].args);
+        p[pick].args = NULL;
+    }
+    int all_done = 1;
+    for (int i = 0; i < n; i++) all_done &= p[i].done;
+    if (all_done) {   // numbers below the new base have run
+        cuda_on_cpu.pending_base += n;
+        cuda_on_cpu.pending_count = 0;
+    }
+    cuda_on_cpu.running_pending = 0;
+}
+
+// After a fault a test caught: the work not run yet is dropped (a GPU's context is lost).
+static inline void cpu_drop_pending(void) {
+    for (int i = 0; i < cuda_on_cpu.pending_count; i++) free(cuda_on_cpu.pending[i].args);
+    cuda_on_cpu.pending_base += cuda_on_cpu.pending_count;
+    cuda_on_cpu.pending_count = 0;
+    cuda_on_cpu.running_pending = 0;
+}
+
+// The graph's nodes given to the stream: those that wait for no other node
+// wait for the stream's frontier, and the stream's later work waits for those
+// that no node waits for. On the legacy stream they run now; on another, when
+// something needs them (cpu_run_pending), in a new order each time.
 static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     cudaError_t refused = cpu_capture_forbids("cudaGraphLaunch (a graph inside a graph is not modelled)");
     if (refused) return refused;
-    (void)stream;
     if (!exec) return cudaErrorInvalidValue;
-    for (int i = 0; i < exec->graph.count && !cuda_on_cpu.sticky_error; i++) {
-        const CpuWork *w = &exec->graph.work[i];
-        cudaError_t e = cudaSuccess;
-        if (w->kind == CPU_WORK_KERNEL) {
-            cpu_launch_run(w->kernel, w->thread, w->args, w->grid, w->block, w->shared_bytes);
-        } else if (w->kind == CPU_WORK_GEMM) {
-            if (cpu_gemm_run(&w->gemm) != CUBLAS_STATUS_SUCCESS) e = cudaErrorIllegalAddress;
-        } else if (w->kind == CPU_WORK_COPY) {
-            size_t to_span = (w->height - 1) * w->to_pitch + w->width, from_span = (w->height - 1) * w->from_pitch + w->width;
-            e = cpu_check_copy(w->to, to_span, w->from, from_span, (cudaMemcpyKind)w->copy_kind, w->call);
-            if (e == cudaSuccess) cpu_copy_run(w->to, w->to_pitch, w->from, w->from_pitch, w->width, w->height, w->call);
-        } else {
-            e = cpu_check_device(w->to, w->width, w->call, "destination");
-            if (e == cudaSuccess) cpu_memset_run(w->to, w->value, w->width, w->call);
+    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
+    if (!stream) cpu_run_pending(NULL);
+    CpuFrontier before = { 0, { 0 } };
+    if (stream) { cpu_frontier_prune(&stream->after); before = stream->after; }
+    long long first = cuda_on_cpu.pending_base + cuda_on_cpu.pending_count;
+    for (int i = 0; i < exec->graph.count; i++) {
+        cuda_on_cpu.pending = (CpuWork *)cpu_grow(cuda_on_cpu.pending, cuda_on_cpu.pending_count,
+                                                  &cuda_on_cpu.pending_capacity, sizeof(CpuWork),
+                                                  "out of memory for the streams' work");
+        CpuWork *p = &cuda_on_cpu.pending[cuda_on_cpu.pending_count++];
+        *p = exec->graph.work[i];
+        p->done = 0;
+        if (p->after.count == 0) p->after = before;
+        else for (int d = 0; d < p->after.count; d++) p->after.on[d] += first;
+        if (p->args) {
+            p->args = malloc(p->args_size);
+            if (!p->args) cpu_die("out of memory for a graph's launch");
+            memcpy(p->args, exec->graph.work[i].args, p->args_size);
         }
-        if (e != cudaSuccess) cuda_on_cpu.sticky_error = e;   // its message is in cuda_on_cpu.message
+    }
+    if (stream) {
+        stream->after.count = 0;
+        for (int s = 0; s < exec->sinks.count; s++) cpu_frontier_add(&stream->after, first + exec->sinks.on[s]);
+    } else {
+        cpu_run_pending(NULL);
     }
     return cuda_on_cpu.sticky_error;
 }

@@ -30,6 +30,7 @@ const TrainingCompute *transformer_cuda_training(void);
 void transformer_cuda_logits(float *out, size_t n);
 void transformer_cuda_release(void);
 void transformer_cuda_fuse_attention(int on);
+void transformer_cuda_one_stream(int on);
 int transformer_cuda_sgemm(int argc, char **argv);
 #endif
 #ifdef TRANSFORMER_DOUBLE
@@ -344,6 +345,39 @@ static void test_companion_fused_attention(void) {
 #endif
 }
 
+// The two streams give the bits of one: 9 training steps over the 3 ragged
+// shapes (graphs captured and replayed from the fourth step), on two streams
+// and with --one-stream, end with the same parameters and moments. On a GPU
+// this is cuBLAS's promise for a handle and a workspace a stream; on the
+// emulator the two streams' work runs in another order at each replay.
+static void test_companion_one_stream(void) {
+    real *state[2];
+    size_t P = 0;
+    for (int one = 0; one <= 1; one++) {
+        TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+        Transformer dev;
+        transformer_build(&dev, &config, 5);
+        TestBatch *batches = companion_batches();
+        transformer_cuda_one_stream(one);
+        transformer_cuda_training()->begin(&dev);
+        for (int step = 0; step < 9; step++) {
+            dev.training = 1;
+            transformer_cuda_training()->train_step(&dev, &batches[step % 3].batch, 4, 0.5);
+        }
+        transformer_cuda_training()->to_host(&dev);
+        P = dev.num_parameters;
+        state[one] = checked_calloc(2 * P, sizeof(real), "companion state");
+        memcpy(state[one], dev.params_memory, P * sizeof(real));
+        memcpy(state[one] + P, dev.adam_v, P * sizeof(real));
+        transformer_free(&dev);
+        transformer_cuda_release();
+    }
+    transformer_cuda_one_stream(0);
+    check(memcmp(state[0], state[1], 2 * P * sizeof(real)) == 0, "companion: 9 training steps (graphs replayed) on "
+          "two streams and on one (--one-stream) end with the same parameters and moments, bit for bit");
+    free(state[0]); free(state[1]);
+}
+
 // Runs a command line (words separated by single spaces) through
 // transformer_main with the given training steps, its output discarded.
 static int run_command_quietly(const TrainingCompute *compute, const char *command_line) {
@@ -573,11 +607,12 @@ static void test_companion_counts(void) {
     long base_calls = base[0].launches + base[0].gemms, tiny_calls = tiny.launches + tiny.gemms;
     check(base_calls <= 600 && base[1].launches == base[0].launches && base[1].gemms == base[0].gemms &&
           base[0].allocations == 0 && base[1].allocations == 0 && base[0].memsets == 0 &&
-          base[0].host_calls == base_calls + base[0].copies + 1,
+          base[0].host_calls == base_calls + base[0].copies + 1 + 2 * (base[0].forks + base[0].joins),
           "companion without graphs: a 6-layer training step is %ld kernel launches and %ld cuBLAS calls (at most 600 "
           "in all), the same for 4 and 40 sentences, no allocation and no memset after the first step; %ld calls "
-          "from the host (each launch and call, %ld copies, one wait)", base[0].launches, base[0].gemms,
-          base[0].host_calls, base[0].copies);
+          "from the host (each launch and call, %ld copies, one wait, an event recorded and waited for at each of "
+          "%ld forks and %ld joins of the two streams)", base[0].launches, base[0].gemms, base[0].host_calls,
+          base[0].copies, base[0].forks, base[0].joins);
     check(tiny_calls <= 250, "companion without graphs: a 2-layer training step is %ld launches and cuBLAS calls "
           "(at most 250)", tiny_calls);
     GpuCounts graphed[2] = { companion_step_counts(6, 4, 2), companion_step_counts(6, 40, 2) };
@@ -592,6 +627,24 @@ static void test_companion_counts(void) {
           "%ld cuBLAS calls, for 4 and 40 sentences; the host makes %ld calls (the upload, the launch, the loss, the "
           "wait), whether the graph was captured at a shape's first step or its second", graphed[0].launches,
           graphed[0].gemms, graphed[0].host_calls);
+    // the two streams: every weight's gradient product on the second (6 layers: the encoder's 4 a layer, the
+    // decoder's 6, the memory's keys and values, the output layer), and the layer norms' sums (2 and 3 a layer),
+    // each after a fork; the joins: before each layer norm's backward but the first (the second stream has only
+    // the output layer's product then, which reads nothing the norm writes), and before the embedding's gradient
+    transformer_cuda_one_stream(1);
+    GpuCounts one = companion_step_counts(6, 4, 2);
+    transformer_cuda_one_stream(0);
+    const GpuCounts *two = &graphed[0];
+    long in_graph_copies = two->copies - 2;   // (the upload and the loss are outside the graph)
+    check(two->side_gemms == 6 * 4 + 6 * 6 + 2 && two->side_launches == 6 * 2 + 6 * 3 && two->forks == 92 &&
+          two->joins == 6 * 2 + 6 * 3 - 1 + 1 && two->graph_nodes == two->launches + two->gemms + in_graph_copies &&
+          two->graph_edges > two->graph_nodes && one.side_gemms == 0 && one.side_launches == 0 && one.forks == 0 &&
+          one.graph_nodes == two->graph_nodes && one.graph_edges == one.graph_nodes - 1 &&
+          one.launches == two->launches && one.gemms == two->gemms,
+          "companion with two streams: of a 6-layer step's %ld graph nodes, the second stream's are %ld cuBLAS calls "
+          "(the weights' gradients) and %ld kernels (the layer norms' sums), after %ld forks, with %ld joins back; "
+          "the graph's dependencies %ld (with --one-stream: the same nodes in a chain of %ld)", two->graph_nodes,
+          two->side_gemms, two->side_launches, two->forks, two->joins, two->graph_edges, one.graph_edges);
 }
 // --profile (./transformer_cuda bench --profile): every call of the steps after
 // the first is timed under its name, and the names' calls add up to what the
@@ -647,10 +700,12 @@ static void launch_block_total_short(void *unused) {
     (void)unused;
     cpu_test_faults.shared_memory_short = "block_total_kernel";
     LAUNCH_KERNEL(block_total_kernel, 1, 128, 4 * sizeof(float), emulator_device_floats, emulator_device_floats, 128);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 static void launch_half_warp_shuffle(void *unused) {
     (void)unused;
     LAUNCH_KERNEL(half_warp_shuffle_kernel, 1, 64, 0, emulator_device_floats);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 
 static void test_emulator_threads(void) {
@@ -769,19 +824,23 @@ static void launch_write_past_tensor(void *unused) {
     (void)unused;
     size_t n = (size_t)gpu.B * gpu.S;
     LAUNCH_KERNEL(write_past_kernel, 1, 32, 0, gpu.enc[0].ln1_mean, n);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 static void launch_read_past_tensor(void *unused) {
     (void)unused;
     size_t n = (size_t)gpu.B * gpu.S;
     LAUNCH_KERNEL(read_past_kernel, 1, 32, 0, audit_out, gpu.enc[0].ln1_mean, n);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 static void launch_shared_underflow(void *unused) {
     (void)unused;
     LAUNCH_KERNEL(shared_underflow_kernel, 1, 64, 64 * sizeof(float), emulator_device_floats);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 static void launch_divergent_barrier(void *unused) {
     (void)unused;
     LAUNCH_KERNEL(divergent_barrier_kernel, 1, 64, 64 * sizeof(float), emulator_device_floats);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 
 static void test_emulator_audit(void) {
@@ -856,10 +915,12 @@ CPU_KERNEL(mismatched_masks_kernel, float *)
 static void launch_short_warp_whole_mask(void *unused) {
     (void)unused;
     LAUNCH_KERNEL(short_warp_sum_kernel, 1, 48, 0, emulator_device_floats, 1);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 static void launch_mismatched_masks(void *unused) {
     (void)unused;
     LAUNCH_KERNEL(mismatched_masks_kernel, 1, 32, 0, emulator_device_floats);
+    cudaStreamSynchronize(gpu_stream);   // (a GPU reports a kernel's fault at the next wait)
 }
 
 static void test_emulator_warps(void) {
@@ -1011,6 +1072,155 @@ static void test_emulator_graphs(void) {
     cudaStreamDestroy(stream);
 }
 
+// ---- two streams: events, forks and joins, with and without a graph ------------------
+
+// y = factor x, elementwise
+static __global__ void scaled_copy_kernel(float *y, const float *x, float factor, size_t n) {
+    size_t i = ELEMENT_INDEX;
+    if (i < n) y[i] = factor * x[i];
+}
+CPU_KERNEL(scaled_copy_kernel, float *, const float *, float, size_t)
+// One thread writes `id` at the log's next place: the order in which kernels ran
+static __global__ void log_kernel(int *log, int *next, int id) {
+    if (threadIdx.x == 0) log[(*next)++] = id;
+}
+CPU_KERNEL(log_kernel, int *, int *, int)
+
+// What test_emulator_streams runs on two streams (main and side), captured or not:
+//   main: x = 1, then the fork (the side waits for main's event);
+//   side: y = 2x, log "side";   main: z = 3x, log "main";
+//   the join (main waits for the side's event), then main: x = 5 and w = y.
+// overwrite_early: main's x = 5 comes before the join, while the side may still read x (a missing wait).
+typedef struct { float *x, *y, *z, *w; int *log, *next; cudaStream_t main, side; cudaEvent_t fork, join; } TwoStreams;
+enum { TWO_STREAMS_N = 64 };
+static void two_streams_work(const TwoStreams *t, int overwrite_early) {
+    size_t n = TWO_STREAMS_N;
+    gpu_stream = t->main;
+    LAUNCH_KERNEL(fill_kernel, 1, 64, 0, t->x, 1.0f, n);
+    cudaEventRecord(t->fork, t->main);
+    cudaStreamWaitEvent(t->side, t->fork, 0);
+    gpu_stream = t->side;
+    LAUNCH_KERNEL(scaled_copy_kernel, 1, 64, 0, t->y, t->x, 2.0f, n);
+    LAUNCH_KERNEL(log_kernel, 1, 32, 0, t->log, t->next, 2);
+    gpu_stream = t->main;
+    LAUNCH_KERNEL(scaled_copy_kernel, 1, 64, 0, t->z, t->x, 3.0f, n);
+    LAUNCH_KERNEL(log_kernel, 1, 32, 0, t->log, t->next, 1);
+    if (overwrite_early) LAUNCH_KERNEL(fill_kernel, 1, 64, 0, t->x, 5.0f, n);
+    cudaEventRecord(t->join, t->side);
+    cudaStreamWaitEvent(t->main, t->join, 0);
+    if (!overwrite_early) LAUNCH_KERNEL(fill_kernel, 1, 64, 0, t->x, 5.0f, n);
+    LAUNCH_KERNEL(scaled_copy_kernel, 1, 64, 0, t->w, t->y, 1.0f, n);
+}
+
+// After one run: whether y, z, w, x hold 2, 3, 2, 5 everywhere (*right), and
+// whether the side's log came first (*side_first); the log's counter reset.
+static void two_streams_read(const TwoStreams *t, int *right, int *side_first) {
+    float got[4][TWO_STREAMS_N];
+    int log[2], zero = 0;
+    const float *from[4] = { t->y, t->z, t->w, t->x }, want[4] = { 2, 3, 2, 5 };
+    for (int v = 0; v < 4; v++) cudaMemcpy(got[v], from[v], sizeof got[v], cudaMemcpyDeviceToHost);
+    cudaMemcpy(log, t->log, sizeof log, cudaMemcpyDeviceToHost);
+    cudaMemcpy(t->next, &zero, sizeof zero, cudaMemcpyHostToDevice);
+    *right = 1;
+    for (int v = 0; v < 4; v++) for (int i = 0; i < TWO_STREAMS_N; i++) *right &= got[v][i] == want[v];
+    *side_first = log[0] == 2;
+}
+
+// The same work `runs` times, each replayed from a graph captured once (graph
+// 1) or given to the streams anew (0): in how many runs the numbers were
+// right, and the side's kernel ran first; -1: the capture failed.
+static int two_streams_runs(TwoStreams *t, int graph, int overwrite_early, int runs, int *side_first) {
+    cudaGraphExec_t exec = NULL;
+    if (graph) {
+        cudaGraph_t g;
+        cudaStreamBeginCapture(t->main, cudaStreamCaptureModeGlobal);
+        two_streams_work(t, overwrite_early);
+        if (cudaStreamEndCapture(t->main, &g) != cudaSuccess) return -1;
+        cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+    }
+    int right_runs = 0;
+    *side_first = 0;
+    for (int r = 0; r < runs; r++) {
+        if (graph) cudaGraphLaunch(exec, t->main);
+        else two_streams_work(t, overwrite_early);
+        cudaStreamSynchronize(t->main);
+        int right, first;
+        two_streams_read(t, &right, &first);
+        right_runs += right;
+        *side_first += first;
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    return right_runs;
+}
+
+static void test_emulator_streams(void) {
+    TwoStreams t;
+    cudaStream_t saved = gpu_stream, stray;
+    float *memory;
+    cudaMalloc((void **)&memory, 4 * TWO_STREAMS_N * sizeof(float));
+    cudaMalloc((void **)&t.log, 2 * sizeof(int));
+    cudaMalloc((void **)&t.next, sizeof(int));
+    t.x = memory; t.y = t.x + TWO_STREAMS_N; t.z = t.y + TWO_STREAMS_N; t.w = t.z + TWO_STREAMS_N;
+    cudaMemset(t.next, 0, sizeof(int));
+    cudaStreamCreate(&t.main); cudaStreamCreate(&t.side); cudaStreamCreate(&stray);
+    cudaEventCreateWithFlags(&t.fork, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&t.join, cudaEventDisableTiming);
+    enum { RUNS = 12 };
+    for (int graph = 1; graph >= 0; graph--) {
+        const char *how = graph ? "a graph with a fork and a join, replayed" : "two streams with events, run";
+        int side_first, right = two_streams_runs(&t, graph, 0, RUNS, &side_first);
+        check(right == RUNS && side_first > 0 && side_first < RUNS, "emulator: %s %d times: the right numbers every "
+              "time (%d), the two branches in another order from run to run (the side's first in %d)", how, RUNS,
+              right, side_first);
+        right = two_streams_runs(&t, graph, 1, RUNS, &side_first);
+        check(right >= 0 && right < RUNS, "emulator: %s %d times, the main stream overwriting what the side stream "
+              "reads before it waits for it (a missing wait): wrong numbers in %d of the runs", how, RUNS, RUNS - right);
+    }
+    // a fork never joined back: refused at the capture's end, as on a GPU
+    cudaGraph_t g;
+    cudaStreamBeginCapture(t.main, cudaStreamCaptureModeGlobal);
+    gpu_stream = t.main;
+    LAUNCH_KERNEL(fill_kernel, 1, 64, 0, t.x, 1.0f, (size_t)TWO_STREAMS_N);
+    cudaEventRecord(t.fork, t.main);
+    cudaStreamWaitEvent(t.side, t.fork, 0);
+    gpu_stream = t.side;
+    LAUNCH_KERNEL(scaled_copy_kernel, 1, 64, 0, t.y, t.x, 2.0f, (size_t)TWO_STREAMS_N);
+    cudaError_t ended = cudaStreamEndCapture(t.main, &g);
+    check(ended == cudaErrorStreamCaptureUnjoined && g == NULL && !t.side->capturing, "emulator: a capture whose "
+          "second stream's work is never joined back is refused at its end (%s)", cudaGetErrorString(ended));
+    // work on a stream that never joined the capture: refused, and the capture fails
+    cudaStreamBeginCapture(t.main, cudaStreamCaptureModeGlobal);
+    gpu_stream = stray;
+    LAUNCH_KERNEL(fill_kernel, 1, 64, 0, t.x, 1.0f, (size_t)TWO_STREAMS_N);
+    cudaError_t launched = cudaGetLastError();
+    ended = cudaStreamEndCapture(t.main, &g);
+    check(launched == cudaErrorStreamCaptureIsolation && ended == cudaErrorStreamCaptureInvalidated && g == NULL,
+          "emulator: a launch during a capture on a stream that is not part of it (no fork) is refused (%s) and the "
+          "capture fails (%s)", cudaGetErrorString(launched), cudaGetErrorString(ended));
+    // two handles on two streams with one workspace: refused
+    cublasHandle_t handles[2];
+    void *workspace;
+    cudaMalloc(&workspace, 1 << 16);
+    cudaStream_t on[2] = { t.main, t.side };
+    for (int i = 0; i < 2; i++) {
+        cublasCreate(&handles[i]);
+        cublasSetStream(handles[i], on[i]);
+        cublasSetWorkspace(handles[i], workspace, 1 << 16);
+    }
+    float one = 1, zero = 0;
+    cublasStatus_t shared = cublasSgemm(handles[1], CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 1, &one, t.x, 4, t.x, 1, &zero,
+                                        t.y, 4);
+    check(shared == CUBLAS_STATUS_INVALID_VALUE && strstr(cuda_on_cpu.message, "workspace"), "emulator: cuBLAS "
+          "handles on two streams sharing one workspace are refused (%s)", cuda_on_cpu.message);
+    for (int i = 0; i < 2; i++) cublasDestroy(handles[i]);
+    cudaFree(workspace);
+    gpu_stream = saved;
+    cudaEventDestroy(t.fork); cudaEventDestroy(t.join);
+    cudaStreamDestroy(t.main); cudaStreamDestroy(t.side); cudaStreamDestroy(stray);
+    cudaFree(memory); cudaFree(t.log); cudaFree(t.next);
+}
+
 // ---- make cuda's register check (cuda/check_registers.awk) -----------------------------
 
 // Runs a shell command that writes the check's output to DIR/said: its exit
@@ -1112,6 +1322,8 @@ static void companion_step(void *step) {
 // loss and of every gradient tensor, relative to their largest; infinity when
 // the emulator caught a fault (cuda_on_cpu.message says which).
 static size_t companion_shared_limit;   // when set, the opt-in limit companion_step_difference gives the "GPU"
+static int companion_skip_waits;        // 1: the side stream's waits for the main one left out; 2: the main's for the
+                                        // side; 3: only those before the main stream overwrites scratch (graphs on)
 static double companion_step_difference(Batch *batch, int *faulted) {
     TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
     Transformer cpu, dev;
@@ -1121,6 +1333,11 @@ static double companion_step_difference(Batch *batch, int *faulted) {
     real loss = transformer_train_step(&cpu, batch, 4, 0.5);
     transformer_cuda_training()->begin(&dev);
     if (companion_shared_limit) gpu.shared_opt_in = companion_shared_limit;
+    cpu_test_faults.wait_skipped = companion_skip_waits == 1 ? (const void *)gpu.forked
+                                 : companion_skip_waits == 2 ? (const void *)gpu.joined : NULL;
+    cpu_test_faults.readers_joins_skipped = companion_skip_waits == 3;
+    int graph_after = gpu_graph_after;
+    if (companion_skip_waits == 3) gpu_graph_after = 1;   // (captured: the join before Adam is kept)
     CompanionStep step = { &dev, batch, 0 };
     *faulted = cpu_catches_fault(companion_step, &step);
     double worst = INFINITY;
@@ -1134,6 +1351,9 @@ static double companion_step_difference(Batch *batch, int *faulted) {
         for (int t = 0; t < NUM_PARAMETER_TENSORS; t++)
             worst = fmax(worst, scaled_difference(*grads[1][t], *grads[0][t], cpu.param_sizes[t], NULL));
     }
+    cpu_test_faults.wait_skipped = NULL;
+    cpu_test_faults.readers_joins_skipped = 0;
+    gpu_graph_after = graph_after;
     transformer_free(&cpu);
     transformer_free(&dev);
     transformer_cuda_release();
@@ -1203,21 +1423,50 @@ static void test_companion_column_chunks(void) {
           uncached);
 }
 
+// The two streams' waits are needed, and a missing one is caught: with the side
+// stream's waits for the main one left out (its products read gradients not yet
+// written), the main stream's for the side (it overwrites what the side's
+// products still read, and Adam reads gradients not yet written), or only
+// those before the main stream overwrites scratch (a step captured as a
+// graph, joined before Adam), a step's gradients are not transformer.c's, in
+// some of 6 orders of the streams' work
+static void test_companion_stream_waits(void) {
+    const char *what[3] = { "the second stream's waits for the main one (forks)",
+                            "the main stream's waits for the second (joins)",
+                            "the main stream's waits before it overwrites what the second reads (a captured step)" };
+    for (int skipped = 1; skipped <= 3; skipped++) {
+        int caught = 0, faulted;
+        companion_skip_waits = skipped;
+        for (uint64_t seed = 1; seed <= 6; seed++) {
+            cpu_seed(seed);
+            double d = companion_step_difference(&companion_batches()[1].batch, &faulted);
+            caught += faulted || !(d < COMPANION_TOL_GRADS);
+        }
+        companion_skip_waits = 0;
+        cpu_seed(1);
+        check(caught > 0, "companion: a training step with %s left out is caught: its gradients differ from "
+              "transformer.c's in %d of 6 orders of the two streams' work", what[skipped - 1], caught);
+    }
+}
+
 // Nine training steps over the three ragged shapes of companion_batches with
 // graphs captured at a shape's graph_after-th step (0: none): the losses, the
 // graphs launched, then the parameters and second moments. With graph_after 2,
 // steps 7 to 9 replay graphs captured at steps 4 to 6; with 1, steps 4 to 9
 // replay those of steps 1 to 3: the learning rate (warm-up), the dropout keys
 // and the batch all differ from the step of the capture.
+// one_stream: --one-stream; seed: the threads' and the streams' orders.
 enum { GRAPH_RUN_STEPS = 9 };
-static real *companion_graph_run(int graph_after, real losses[GRAPH_RUN_STEPS], long *graph_launches) {
+static real *companion_graph_run(int graph_after, int one_stream, uint64_t seed, real losses[GRAPH_RUN_STEPS],
+                                 long *graph_launches) {
     TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
     Transformer dev;
     transformer_build(&dev, &config, 5);
     TestBatch *batches = companion_batches();
     int saved = gpu_graph_after;
     gpu_graph_after = graph_after;
-    cpu_seed(1);
+    gpu_one_stream = one_stream;
+    cpu_seed(seed);
     *graph_launches = 0;
     transformer_cuda_training()->begin(&dev);
     for (int step = 0; step < GRAPH_RUN_STEPS; step++) {
@@ -1227,18 +1476,24 @@ static real *companion_graph_run(int graph_after, real losses[GRAPH_RUN_STEPS], 
     }
     transformer_cuda_training()->to_host(&dev);
     gpu_graph_after = saved;
+    gpu_one_stream = 0;
     return companion_state_released(&dev);
 }
 
 // A step replayed from its graph is the step launched kernel by kernel, bit for
 // bit: whatever changes between steps is read from device memory, not frozen
-// into the graph at its capture
+// into the graph at its capture; and the same on one stream as on two, with
+// the two streams' work in other orders (the seeds 2 and 3: the graphs'
+// branches interleaved otherwise at each replay, and with --no-graph the
+// streams' work between their waits)
 static void test_companion_graphs(void) {
-    real losses[3][GRAPH_RUN_STEPS];
-    long launches[3];
-    int after[3] = { 0, 2, 1 };
-    real *state[3];
-    for (int i = 0; i < 3; i++) state[i] = companion_graph_run(after[i], losses[i], &launches[i]);
+    enum { RUNS = 7 };
+    real losses[RUNS][GRAPH_RUN_STEPS];
+    long launches[RUNS];
+    int after[RUNS] = { 0, 2, 1, 2, 0, 2, 0 }, one_stream[RUNS] = { 0, 0, 0, 1, 1, 0, 0 };
+    uint64_t seeds[RUNS] = { 1, 1, 1, 1, 1, 2, 3 };
+    real *state[RUNS];
+    for (int i = 0; i < RUNS; i++) state[i] = companion_graph_run(after[i], one_stream[i], seeds[i], losses[i], &launches[i]);
     size_t bytes;
     {
         Transformer probe;
@@ -1254,7 +1509,15 @@ static void test_companion_graphs(void) {
               "graph launches, %d replays of a graph captured steps before) end with the losses, parameters and "
               "moments of the steps launched kernel by kernel, bit for bit", GRAPH_RUN_STEPS,
               after[i] == 1 ? "first" : "second", launches[i], after[i] == 1 ? 6 : 3);
-    for (int i = 0; i < 3; i++) free(state[i]);
+    for (int i = 3; i < RUNS; i++)
+        check(memcmp(state[i], state[0], bytes) == 0 && memcmp(losses[i], losses[0], sizeof losses[0]) == 0 &&
+              launches[i] == (after[i] == 2 ? 6 : 0),
+              "companion: the same %d steps %s, %s%s: the same losses, parameters and moments, bit for bit",
+              GRAPH_RUN_STEPS, one_stream[i] ? "on one stream (--one-stream)" : "on two streams",
+              after[i] ? "graphs replayed" : "without graphs",
+              seeds[i] == 1 ? "" : seeds[i] == 2 ? " (the threads and the streams' work in another order)"
+                                                 : " (and in a third order)");
+    for (int i = 0; i < RUNS; i++) free(state[i]);
 }
 
 static void test_companion_deterministic(void) {
@@ -1322,6 +1585,7 @@ void run_companion_tests(void) {
     test_emulator_audit();
     test_emulator_warps();
     test_emulator_graphs();
+    test_emulator_streams();
     test_register_check();
 #endif
 #endif
@@ -1329,10 +1593,12 @@ void run_companion_tests(void) {
     test_companion_reference_files();
     test_companion_training_run();
     test_companion_fused_attention();
+    test_companion_one_stream();
 #ifndef COMPANION_ON_GPU
 #ifndef CUDA_ON_CPU_THREADS
     test_companion_faults();
     test_companion_column_chunks();
+    test_companion_stream_waits();
     test_companion_graphs();
     test_companion_deterministic();
 #endif

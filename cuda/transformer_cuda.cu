@@ -17,6 +17,7 @@
  *     ./transformer_cuda bench ... --count        and what one step launches, copies and holds
  *     ./transformer_cuda bench ... --profile      and where a step's time goes, call by call
  *     ./transformer_cuda ... --fused-attention    attention in one kernel each way, where it fits
+ *     ./transformer_cuda ... --one-stream         the whole step on one stream (no second stream)
  *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
  *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
  *
@@ -51,7 +52,13 @@
  *     a dropout mask is recomputed from its key (dropout_mask's hash) wherever
  *     it is needed, never stored;
  *   - the activations are sized by the batch's tokens, in one allocation that
- *     grows only when a batch needs more than any before.
+ *     grows only when a batch needs more than any before;
+ *   - the backward pass runs on two streams (cuda/NOTES.md, "Two streams"):
+ *     the weights' gradients (their products, and the layer norms' sums of
+ *     their gains and biases) on a second stream with a cuBLAS handle, a
+ *     workspace and column scratch of its own, while the main stream goes on
+ *     with the inputs' gradients; the main stream waits for the second
+ *     before it overwrites a buffer the second reads, and before Adam.
  * cuBLAS multiplies in fp32 (TF32 only with --tf32).
  *
  * The file is written in the C that CUDA C++ shares: with -DCUDA_ON_CPU the
@@ -124,17 +131,24 @@ static void cublas_check(cublasStatus_t status, const char *call, int line) {
 // The work, wherever the host gave it: kernels, cuBLAS calls, memsets and
 // copies, one by one or inside the CUDA graphs launched; and the host's own
 // calls to the GPU (a graph launch is one, whatever it holds; the waits too).
+// Of the work, side_launches and side_gemms went to the second stream, after
+// `forks` waits of that stream for the main one, and `joins` the other way;
+// graph_nodes and graph_edges: the nodes and dependencies of the graphs launched.
 typedef struct {
     long launches, gemms, memsets, copies, allocations;
     long graph_launches, host_calls;
     double bytes_set, bytes_copied;
+    long side_launches, side_gemms, forks, joins;
+    long graph_nodes, graph_edges;
 } GpuCounts;
 static GpuCounts gpu_counts;
 // Where the calls are counted: gpu_counts, or while a graph is captured, the
 // graph's own counts (added to gpu_counts at each of its launches).
 static GpuCounts *gpu_counting = &gpu_counts;
 
-// The stream the companion gives all its work to (NULL, the legacy stream, until gpu_begin makes one).
+// The stream the companion gives its work to now (NULL, the legacy stream,
+// until gpu_begin makes its two): the main stream, or between gpu_side_begin
+// and gpu_side_end the second stream (gpu_use_stream).
 static cudaStream_t gpu_stream;
 
 static double seconds_now(void) {
@@ -922,9 +936,29 @@ typedef struct {
 #define GPU_SHAPES_SEEN 64     // the shapes remembered until their graph is captured
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)   // cuBLAS's recommendation for Hopper (4 MB before it)
 
+// What each of the step's two streams has of its own: work on the two may run
+// at once, so each has its own cuBLAS handle, with its own workspace (cuBLAS
+// keeps partial sums there: shared, the two would overwrite each other's, and
+// the bits would change from run to run), and its own scratch for the column
+// kernels' chunk sums.
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *cublas_workspace;
+    ColumnScratch columns;
+} GpuStream;
+enum { MAIN_STREAM, SIDE_STREAM };
+
 typedef struct {
     int ready, tf32, count;
     size_t shared_opt_in;    // the dynamic shared memory cross_entropy_kernel may have (the device's opt-in limit)
+    GpuStream streams[2];    // MAIN_STREAM and SIDE_STREAM
+    int on_side;             // work goes to the side stream now (gpu_side_begin)
+    int side_unjoined;       // the side stream has work the main stream has not waited for yet
+    int side_reads_scratch;  // and some of it reads scratch that the main stream overwrites later
+    cudaEvent_t forked, joined;   // recorded in the main stream for the side to wait for, and the other way
+    GpuCounts side_from;     // the counts when the side stream took over (gpu_side_begin)
+    // cublas, cublas_workspace, columns: those of the stream work goes to now (gpu_use_stream)
     cublasHandle_t cublas;
     void *cublas_workspace;  // set explicitly: cuBLAS then allocates nothing inside a capture
     TransformerConfig config;
@@ -967,6 +1001,74 @@ static GpuModel gpu;
 // A shape's graph is captured at its gpu_graph_after-th step (0: never, --no-graph):
 // the second, so that a shape seen once costs no capture.
 static int gpu_graph_after = 2;
+// --one-stream: the whole step on the main stream, the side stream never used
+// (the benchmark's paired comparison; the same bits either way)
+static int gpu_one_stream;
+
+// ---- the two streams ----------------------------------------------------------
+// The backward pass gives the weights' gradients (their products, and the
+// layer norms' sums for their gains and biases) to the side stream, which
+// waits for what the main stream was given before; the main stream goes on
+// with the inputs' gradients, the path to the next layer down. The main
+// stream waits for the side stream (a join) before it overwrites a buffer the
+// side stream's work reads (gpu_residual_layernorm_backward: the row kernel
+// writes d_sublayer and the gradient it passes down, which the side stream's
+// products and sums read), and before the embedding's gradient (which adds to
+// what the side stream's product wrote) and Adam. Inside a capture the two
+// waits are a fork and a join of the graph's branches.
+
+// Work goes to `which` stream from now on: LAUNCH, gemm, the column kernels' scratch.
+static void gpu_use_stream(int which) {
+    GpuStream *s = &gpu.streams[which];
+    gpu_stream = s->stream;
+    gpu.cublas = s->cublas;
+    gpu.cublas_workspace = s->cublas_workspace;
+    gpu.columns = s->columns;
+    gpu.on_side = which == SIDE_STREAM;
+}
+
+// The work given from here to gpu_side_end goes to the side stream, after all
+// the main stream was given so far (with --one-stream, to the main stream).
+static void gpu_side_begin(void) {
+    if (gpu_one_stream) return;
+    CUDA_CHECK(cudaEventRecord(gpu.forked, gpu.streams[MAIN_STREAM].stream));
+    CUDA_CHECK(cudaStreamWaitEvent(gpu.streams[SIDE_STREAM].stream, gpu.forked, 0));
+    gpu_counting->forks++;
+    gpu_counting->host_calls += 2;
+    gpu.side_from = *gpu_counting;
+    gpu_use_stream(SIDE_STREAM);
+}
+static void gpu_side_end(void) {
+    if (!gpu.on_side) return;
+    gpu_counting->side_launches += gpu_counting->launches - gpu.side_from.launches;
+    gpu_counting->side_gemms += gpu_counting->gemms - gpu.side_from.gemms;
+    gpu_use_stream(MAIN_STREAM);
+    gpu.side_unjoined = 1;
+    gpu.side_reads_scratch = 1;
+}
+// All the side stream's work so far reads nothing that the main stream
+// overwrites before Adam (the output layer's weight gradient, first in the
+// backward pass: the logits' gradient and the decoder's output): the main
+// stream's next wait before it overwrites scratch (gpu_join_side_readers)
+// need not wait for it.
+static void gpu_side_reads_nothing_overwritten(void) { gpu.side_reads_scratch = 0; }
+// The main stream's later work waits for all the side stream was given.
+static void gpu_join_side(void) {
+    if (!gpu.side_unjoined) return;
+    CUDA_CHECK(cudaEventRecord(gpu.joined, gpu.streams[SIDE_STREAM].stream));
+    CUDA_CHECK(cudaStreamWaitEvent(gpu.streams[MAIN_STREAM].stream, gpu.joined, 0));
+    gpu_counting->joins++;
+    gpu_counting->host_calls += 2;
+    gpu.side_unjoined = 0;
+    gpu.side_reads_scratch = 0;
+}
+// The same before the main stream overwrites scratch, when the side stream's work may still read some
+static void gpu_join_side_readers(void) {
+#ifdef CUDA_ON_CPU
+    if (cpu_test_faults.readers_joins_skipped) return;   // (test_cuda.c: a missing wait must be caught)
+#endif
+    if (gpu.side_reads_scratch) gpu_join_side();
+}
 
 // --fused-attention: attention through fused_attention_forward_kernel and
 // fused_attention_backward_kernel where a head fits their shared memory; off,
@@ -1053,11 +1155,14 @@ static void gpu_linear_forward(float *out, const float *inp, const float *weight
 // linear_backward without its bias (a kernel sums it):
 //   dinp (N,IC) = or += dout (N,OC) W (OC,IC):  dinp^T (IC x N) = W^T (IC x OC, N) dout^T (OC x N, N)
 //   dW (OC,IC) = dout^T inp:                    dW^T (IC x OC) = inp^T (IC x N, N) dout (N x OC, T)
-// add_to_dinp: 1 when dinp already holds the gradient of another path (the residual's)
+// add_to_dinp: 1 when dinp already holds the gradient of another path (the residual's).
+// dW on the side stream, dinp on the main one (the two streams).
 static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout, const float *inp,
                                 const float *weight, int N, int IC, int OC) {
-    gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+    gpu_side_begin();
     gemm(OP_N, OP_T, IC, OC, N, 1.0f, inp, IC, dout, OC, 0.0f, dweight, IC);
+    gpu_side_end();
+    gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
 }
 
 // A dropout mask whose key is number `index` of the step's (gpu_prepare_step
@@ -1081,13 +1186,18 @@ static void gpu_add_norm_forward(float *out, float *mean, float *rstd, float *re
 }
 
 // residual_layernorm_backward, and the gradient of the bias of the sub-layer
-// before the norm; dresidual and dsublayer are written
+// before the norm; dresidual and dsublayer are written. The main stream first
+// waits for the side stream, whose work may still read them (d_sublayer, and
+// the gradients a layer passes down); the parameters' sums go to the side stream.
 static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, float *dgain, float *dbias,
                                             float *dsublayer_bias, const float *dout, const float *res, Dropout drop,
                                             const float *gain, const float *mean, const float *rstd, int N, int C) {
+    gpu_join_side_readers();
     LAUNCH_ROWS(N, residual_layernorm_backward_kernel, dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C);
+    gpu_side_begin();
     LAUNCH_COLUMNS(C, N, layernorm_params_backward_kernel, dgain, dbias, dsublayer_bias, gpu.columns, dout, res, mean,
                    rstd, dsublayer, N, C);
+    gpu_side_end();
 }
 
 // A projection's rows (N, ld) to `parts` head-major tensors, with its bias (NULL: none)
@@ -1567,11 +1677,13 @@ static void gpu_memory_backward(float *d_memory, const float *memory, Transforme
     const TransformerConfig *c = &m->config;
     int C = c->d_model, L = c->n_layers, NS = B * S;
     const float *d_kv = gpu.scratch.d_memory_kv;
-    gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f, d_memory, C);
     // dW_l^T (C x 2C) = memory^T (C x NS, N) d_kv_l (NS x 2C, stored d_kv_l^T: T), layer l at 3C*C + C*C
     float *d_weights = on_gpu(gpu.grads, m, m->params.dec_cross_qkv_w, 0, 0) + (size_t)C * C;
+    gpu_side_begin();
     gemm_batched(OP_N, OP_T, C, 2 * C, NS, 1.0f, memory, C, 0, d_kv, L * 2 * C, 2LL * C, 0.0f, d_weights, C,
                  3LL * C * C, L);
+    gpu_side_end();
+    gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f, d_memory, C);
 }
 
 
@@ -1627,6 +1739,7 @@ static void gpu_backward_work(Transformer *m) {
     float *d_embedding = on_gpu(gpu.grads, m, m->params.embedding, 0, 0);
     // logits = decoder_output E^T (d_logits: cross_entropy_kernel's)
     gpu_linear_backward(s->d_dec, 0, d_embedding, s->d_logits, gpu.dec[L - 1].ln3, embedding, B * T, C, V);
+    gpu_side_reads_nothing_overwritten();   // (its product reads d_logits and the decoder's output)
     const float *memory = gpu.enc[L - 1].ln2;
     size_t layer_kv = (size_t)2 * B * S * C;
     for (int l = L - 1; l >= 0; l--) {
@@ -1642,6 +1755,8 @@ static void gpu_backward_work(Transformer *m) {
     }
     // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE), enc_x0 likewise: s->d_dec and s->d_enc hold their gradients.
     // A block for each distinct token the batch can hold: the step's count is in device memory.
+    // (It adds to the gradient of the output layer's product, which the side stream wrote: the join.)
+    gpu_join_side();
     int rows = B * (S + T), most_tokens = rows < V ? rows : V;
     LAUNCH(embedding_backward_kernel, xyz((unsigned)most_tokens, blocks_for((size_t)C, EMBEDDING_THREADS), 1),
            EMBEDDING_THREADS, 0, d_embedding, s->d_dec, s->d_enc, gpu.token_ids, gpu.token_first, gpu.token_rows,
@@ -1654,6 +1769,7 @@ static void gpu_backward_work(Transformer *m) {
 
 // adam_update's work: its step size and bias correction are the step's (StepValues)
 static void gpu_update_work(const Transformer *m) {
+    gpu_join_side();   // (every gradient is written)
     LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.adam_m, gpu.adam_v, gpu.grads, gpu.num_parameters,
                     (float)m->adam.beta1, (float)m->adam.beta2, (float)m->adam.eps, gpu.step);
 }
@@ -1696,9 +1812,15 @@ static GpuGraph gpu_capture(Transformer *m, int dropout) {
     gpu_step_work(m);
     gpu_counting = &gpu_counts;
     CUDA_CHECK(cudaStreamEndCapture(gpu_stream, &graph));
+    // its nodes as the GPU holds them (on a GPU a cuBLAS call may be more than one), and their dependencies
+    size_t nodes = 0, edges = 0;
+    CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &nodes));
+    CUDA_CHECK(cudaGraphGetEdges(graph, NULL, NULL, NULL, &edges));
+    g.counts.graph_nodes = (long)nodes;
+    g.counts.graph_edges = (long)edges;
     CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
-    gpu_counts.host_calls += 4;   // the capture's begin and end, the instantiation, the graph's destruction
+    gpu_counts.host_calls += 6;   // the capture's begin and end, the counts, the instantiation, the graph's destruction
     return g;
 }
 
@@ -1734,6 +1856,9 @@ static void gpu_launch_graph(const GpuGraph *g) {
     const GpuCounts *k = &g->counts;
     gpu_counts.launches += k->launches; gpu_counts.gemms += k->gemms; gpu_counts.memsets += k->memsets;
     gpu_counts.copies += k->copies; gpu_counts.bytes_set += k->bytes_set; gpu_counts.bytes_copied += k->bytes_copied;
+    gpu_counts.side_launches += k->side_launches; gpu_counts.side_gemms += k->side_gemms;
+    gpu_counts.forks += k->forks; gpu_counts.joins += k->joins;
+    gpu_counts.graph_nodes += k->graph_nodes; gpu_counts.graph_edges += k->graph_edges;
     gpu_counts.graph_launches++;
     gpu_counts.host_calls++;
 }
@@ -1750,9 +1875,13 @@ static void gpu_release(void) {
         CUDA_CHECK(cudaFreeHost(gpu.upload_host));
         CUDA_CHECK(cudaFreeHost(gpu.loss_host));
         CUDA_CHECK(cudaFree(gpu.model_memory));
-        CUDA_CHECK(cudaFree(gpu.cublas_workspace));
-        CUBLAS_CHECK(cublasDestroy(gpu.cublas));
-        CUDA_CHECK(cudaStreamDestroy(gpu_stream));
+        for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) {
+            CUDA_CHECK(cudaFree(gpu.streams[i].cublas_workspace));
+            CUBLAS_CHECK(cublasDestroy(gpu.streams[i].cublas));
+            CUDA_CHECK(cudaStreamDestroy(gpu.streams[i].stream));
+        }
+        CUDA_CHECK(cudaEventDestroy(gpu.forked));
+        CUDA_CHECK(cudaEventDestroy(gpu.joined));
         gpu_stream = NULL;
     }
     free(gpu.enc); free(gpu.dec); free(gpu.token_count);
@@ -1777,8 +1906,12 @@ static void gpu_allocate_model(const Transformer *m) {
     for (int i = 0; i < 4; i++) carve(&count, P, names[i]);
     carve(&count, pe, "pe");
     carve(&count, kv_w, "memory_kv_w");
-    carve(&count, 3 * partials, "column_partials");
-    carve(&count, column_blocks, "column_chunks_done");
+    const char *partials_names[2] = { "column_partials", "side_column_partials" };
+    const char *chunks_names[2] = { "column_chunks_done", "side_column_chunks_done" };
+    for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) {   // each stream's own
+        carve(&count, 3 * partials, partials_names[i]);
+        carve(&count, column_blocks, chunks_names[i]);
+    }
     gpu.model_memory = gpu_alloc(count.used * sizeof(float));
     Carver cut = { (float *)gpu.model_memory, 0 };
     float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
@@ -1788,10 +1921,13 @@ static void gpu_allocate_model(const Transformer *m) {
     gpu.pe = carve(&cut, pe, "pe");
     if (c->positional == POSITIONAL_LEARNED) gpu.pe = on_gpu(gpu.params, m, m->params.position_embedding, 0, 0);
     gpu.memory_kv_w = carve(&cut, kv_w, "memory_kv_w");
-    gpu.columns.partials = carve(&cut, 3 * partials, "column_partials");
-    gpu.columns.chunks_done = (unsigned *)carve(&cut, column_blocks, "column_chunks_done");
-    CUDA_CHECK(cudaMemset(gpu.columns.chunks_done, 0, column_blocks * sizeof(unsigned)));
-    gpu.cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
+    for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) {
+        ColumnScratch *columns = &gpu.streams[i].columns;
+        columns->partials = carve(&cut, 3 * partials, partials_names[i]);
+        columns->chunks_done = (unsigned *)carve(&cut, column_blocks, chunks_names[i]);
+        CUDA_CHECK(cudaMemset(columns->chunks_done, 0, column_blocks * sizeof(unsigned)));
+        gpu.streams[i].cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
+    }
     CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
     gpu.enc = (GpuEncoderActs *)calloc((size_t)c->n_layers, sizeof(GpuEncoderActs));
     gpu.dec = (GpuDecoderActs *)calloc((size_t)c->n_layers, sizeof(GpuDecoderActs));
@@ -1799,14 +1935,17 @@ static void gpu_allocate_model(const Transformer *m) {
     if (!gpu.enc || !gpu.dec || !gpu.token_count) { fprintf(stderr, "error: out of memory (the GPU's host lists)\n"); exit(1); }
 }
 
-// cuBLAS on the companion's stream, with a workspace of its own (so that
-// nothing is allocated inside a capture; cublasSetStream resets it, so it comes after)
-static void gpu_start_cublas(void) {
-    CUBLAS_CHECK(cublasCreate(&gpu.cublas));
-    CUBLAS_CHECK(cublasSetStream(gpu.cublas, gpu_stream));
-    CUBLAS_CHECK(cublasSetWorkspace(gpu.cublas, gpu.cublas_workspace, CUBLAS_WORKSPACE_BYTES));
+// cuBLAS on one of the companion's streams (`which`), a handle with the
+// stream's own workspace (so that nothing is allocated inside a capture;
+// cublasSetStream resets it, so it comes after); then work goes to the main stream
+static void gpu_start_cublas(int which) {
+    GpuStream *s = &gpu.streams[which];
+    CUBLAS_CHECK(cublasCreate(&s->cublas));
+    CUBLAS_CHECK(cublasSetStream(s->cublas, s->stream));
+    CUBLAS_CHECK(cublasSetWorkspace(s->cublas, s->cublas_workspace, CUBLAS_WORKSPACE_BYTES));
     // fp32 products as transformer.c's; TF32 tensor cores only when asked (--tf32)
-    CUBLAS_CHECK(cublasSetMathMode(gpu.cublas, gpu.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublasSetMathMode(s->cublas, gpu.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    gpu_use_stream(MAIN_STREAM);
 }
 
 // begin: the model's memory on the GPU (again when the model's shape changed),
@@ -1816,17 +1955,20 @@ static void gpu_begin(Transformer *m) {
     if (!gpu.ready) {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        CUDA_CHECK(cudaStreamCreate(&gpu_stream));
+        for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) CUDA_CHECK(cudaStreamCreate(&gpu.streams[i].stream));
+        CUDA_CHECK(cudaEventCreateWithFlags(&gpu.forked, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&gpu.joined, cudaEventDisableTiming));
         gpu.ready = 1;
         gpu.config = m->config;
         gpu.num_parameters = m->num_parameters;
         gpu_allocate_model(m);
-        gpu_start_cublas();
+        for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) gpu_start_cublas(i);
         gpu.shared_opt_in = prop.sharedMemPerBlockOptin;
         CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)gpu.shared_opt_in));
-        fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s\n", prop.name,
-                gpu.tf32 ? "TF32 (--tf32)" : "fp32", gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)");
+        fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s, %s\n", prop.name,
+                gpu.tf32 ? "TF32 (--tf32)" : "fp32", gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
+                gpu_one_stream ? "one stream (--one-stream)" : "two streams");
     }
     size_t bytes = m->num_parameters * sizeof(float);
     CUDA_CHECK(cudaStreamSynchronize(gpu_stream));   // the last step's work is done before the host's copies
@@ -1890,6 +2032,9 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     after->copies -= before.copies; after->allocations -= before.allocations;
     after->graph_launches -= before.graph_launches; after->host_calls -= before.host_calls;
     after->bytes_set -= before.bytes_set; after->bytes_copied -= before.bytes_copied;
+    after->side_launches -= before.side_launches; after->side_gemms -= before.side_gemms;
+    after->forks -= before.forks; after->joins -= before.joins;
+    after->graph_nodes -= before.graph_nodes; after->graph_edges -= before.graph_edges;
     gpu_profile.on = 0;
     return m->loss;
 }
@@ -1957,12 +2102,13 @@ int transformer_cuda_sgemm(int argc, char **argv) {
     if (parsed != 1) return parsed == 2 ? 0 : 1;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    CUDA_CHECK(cudaStreamCreate(&gpu_stream));
+    GpuStream *main_stream = &gpu.streams[MAIN_STREAM];
+    CUDA_CHECK(cudaStreamCreate(&main_stream->stream));
+    main_stream->cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
+    gpu_start_cublas(MAIN_STREAM);
     size_t elements = (size_t)n * n;
     float *a = (float *)gpu_alloc(3 * elements * sizeof(float)), *b = a + elements, *c = b + elements;
     LAUNCH_ELEMENTS(2 * elements, fill_uniform_kernel, a, 2 * elements, (uint64_t)12345);
-    gpu.cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
-    gpu_start_cublas();
     double *times = (double *)calloc((size_t)repeats, sizeof(double));
     if (!times) { fprintf(stderr, "error: out of memory\n"); return 1; }
     for (int r = -3; r < repeats; r++) {
@@ -1983,13 +2129,12 @@ int transformer_cuda_sgemm(int argc, char **argv) {
         printf("cuBLAS SGEMM %d x %d x %d (%s) on %s: median %.3f ms of %d (min %.3f), %.2f TFLOP/s\n", n, n, n,
                gpu.tf32 ? "TF32" : "fp32", prop.name, median * 1e3, repeats, times[0] * 1e3, tflops);
     free(times);
-    CUBLAS_CHECK(cublasDestroy(gpu.cublas));
-    CUDA_CHECK(cudaFree(gpu.cublas_workspace));
+    CUBLAS_CHECK(cublasDestroy(main_stream->cublas));
+    CUDA_CHECK(cudaFree(main_stream->cublas_workspace));
     CUDA_CHECK(cudaFree(a));
-    CUDA_CHECK(cudaStreamDestroy(gpu_stream));
-    gpu_stream = NULL;
-    gpu.cublas = NULL;
-    gpu.cublas_workspace = NULL;
+    CUDA_CHECK(cudaStreamDestroy(main_stream->stream));
+    memset(main_stream, 0, sizeof *main_stream);
+    gpu_use_stream(MAIN_STREAM);   // (all NULL)
     return 0;
 }
 
@@ -2004,6 +2149,7 @@ const TrainingCompute *transformer_cuda_training(void) { return &gpu_training; }
 void transformer_cuda_logits(float *out, size_t n) { gpu_copy(out, gpu.logits, n * sizeof(float), cudaMemcpyDeviceToHost); }
 void transformer_cuda_release(void) { gpu_release(); }
 void transformer_cuda_fuse_attention(int on) { gpu_fused_attention = on; }   // --fused-attention
+void transformer_cuda_one_stream(int on) { gpu_one_stream = on; }             // --one-stream
 #ifdef __cplusplus
 }
 #endif
@@ -2015,7 +2161,7 @@ static void gpu_print_counts(void) {
     double mb = 1.0 / (1024 * 1024), f = sizeof(float);
     double model = ((double)gpu.num_parameters * 4 + (double)gpu.config.max_len * gpu.config.d_model +
                     (double)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model) * f;
-    double held = model + (double)gpu.batch_capacity * f + (double)gpu.upload_capacity + CUBLAS_WORKSPACE_BYTES;
+    double held = model + (double)gpu.batch_capacity * f + (double)gpu.upload_capacity + 2 * CUBLAS_WORKSPACE_BYTES;
     char graphs[96];
     if (k->graph_launches) snprintf(graphs, sizeof graphs, "in %ld CUDA graph launch%s", k->graph_launches,
                                     k->graph_launches == 1 ? "" : "es");
@@ -2023,6 +2169,16 @@ static void gpu_print_counts(void) {
     printf("per step: %ld kernel launches, %ld cuBLAS calls, %ld memsets, %ld copies (%s); %ld calls from the host; "
            "%.1f MB set, %.1f MB copied, %.1f MB device memory held\n", k->launches, k->gemms, k->memsets, k->copies,
            graphs, k->host_calls, k->bytes_set * mb, k->bytes_copied * mb, held * mb);
+    long work = k->launches + k->gemms;
+    if (gpu_one_stream) printf("streams: one (--one-stream)\n");
+    else printf("streams: two; on the second %ld kernel launches and %ld cuBLAS calls (%.0f%% of the step's %ld), "
+                "the weights' gradients, after %ld waits for the main stream; the main stream waited for it %ld "
+                "times\n", k->side_launches, k->side_gemms, work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0,
+                work, k->forks, k->joins);
+    if (k->graph_launches)
+        printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; the streams' waits are its %ld dependencies, "
+               "no event nodes), launched after the step's upload and before its loss comes back\n",
+               k->graph_nodes, k->graph_edges);
     printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments); for this %d x %d x %d batch "
            "%.1f MB activations kept for the backward pass and %.1f MB scratch (%.2f x the activations), in an "
            "allocation of %.1f MB; %ld allocations in the last step\n", model * mb, gpu.B, gpu.S, gpu.T,
@@ -2076,6 +2232,7 @@ int main(int argc, char **argv) {
         else if (i > 0 && strcmp(argv[i], "--no-graph") == 0) gpu_graph_after = 0;
         else if (i > 0 && strcmp(argv[i], "--profile") == 0) gpu_profile.requested = 1, gpu_graph_after = 0;
         else if (i > 0 && strcmp(argv[i], "--fused-attention") == 0) gpu_fused_attention = 1;
+        else if (i > 0 && strcmp(argv[i], "--one-stream") == 0) gpu_one_stream = 1;
         else argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
