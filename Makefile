@@ -318,8 +318,8 @@ test-threads: test_cuda_threads transformer
 #   - everything built for this GPU (nvidia-smi's compute capability; where it cannot tell, one
 #     binary for sm_80 and sm_90), the tests with the companion built by nvcc: the reference
 #     files, the training runs against transformer.c, train and --resume;
-#   - two 40-step training runs that must write the same checkpoint, bit for bit, and a third
-#     without CUDA graphs (--no-graph) that must write it too;
+#   - two 40-step training runs that must write the same checkpoint, bit for bit, a third
+#     without CUDA graphs (--no-graph) and a fourth on one stream (--one-stream) that must write it too;
 #   - compute-sanitizer's memcheck, racecheck, initcheck and synccheck on a short training run
 #     (its third step replays the graph captured at its second);
 #   make test-cuda-bench: dev/bench_gpu.py: ./transformer_cuda beside PyTorch at its best on the
@@ -356,6 +356,9 @@ test-cuda-proofs: transformer
 	./transformer_cuda $(RERUN) --no-graph --checkpoint runs/rerun_eager.ckpt && \
 	  cmp runs/rerun_a.ckpt runs/rerun_eager.ckpt && \
 	  echo "test-cuda: a run without CUDA graphs wrote the same checkpoint as with them, bit for bit"
+	./transformer_cuda $(RERUN) --one-stream --checkpoint runs/rerun_one_stream.ckpt && \
+	  cmp runs/rerun_a.ckpt runs/rerun_one_stream.ckpt && \
+	  echo "test-cuda: a run on one stream (--one-stream) wrote the same checkpoint as on two, bit for bit"
 	./transformer_cuda $(RERUN) --fused-attention --checkpoint runs/rerun_fused_a.ckpt && \
 	  ./transformer_cuda $(RERUN) --fused-attention --no-graph --checkpoint runs/rerun_fused_b.ckpt && \
 	  cmp runs/rerun_fused_a.ckpt runs/rerun_fused_b.ckpt && \

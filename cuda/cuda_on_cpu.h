@@ -220,8 +220,8 @@ static inline dim3 cpu_dim3_x(unsigned x) { dim3 d = { x, 1, 1 }; return d; }
 typedef enum {
     cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
     cudaErrorIllegalState = 401, cudaErrorIllegalAddress = 700, cudaErrorStreamCaptureUnsupported = 900,
-    cudaErrorStreamCaptureInvalidated = 901, cudaErrorStreamCaptureUnmatched = 903, cudaErrorStreamCaptureUnjoined = 904,
-    cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureImplicit = 906
+    cudaErrorStreamCaptureInvalidated = 901, cudaErrorStreamCaptureUnmatched = 903,
+    cudaErrorStreamCaptureUnjoined = 904, cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureImplicit = 906
 } cudaError_t;
 
 static inline const char *cudaGetErrorString(cudaError_t error) {

@@ -1,16 +1,23 @@
 #!/bin/bash
-# cuda/gpu_session.sh: issue 33's measurement on a lent H100 or H200, in three commands of the device tool
+# cuda/gpu_session.sh: issues 33's and 50's measurements on a lent H100 or H200, in four commands of the device tool
 #
 #   bash cuda/gpu_session.sh proofs    (timeout_s 360; 55 s on 2026-11-28, before the --fused-attention runs)
 #       make -j16 test-cuda-proofs: ./transformer_cuda and the tests built by nvcc for this GPU,
-#       the tests on the GPU, two 40-step runs and one without CUDA graphs that must write the
-#       same checkpoint bit for bit (and two with --fused-attention), compute-sanitizer's
+#       the tests on the GPU, two 40-step runs, one without CUDA graphs and one on one stream
+#       (--one-stream) that must write the same checkpoint bit for bit (and two with
+#       --fused-attention), compute-sanitizer's
 #       memcheck, racecheck, initcheck, synccheck (memcheck and racecheck again with --fused-attention)
 #   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes)
 #       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32 and
 #       TF32 (ours, PyTorch eager, a captured step, torch.compile), then tiny and toy in fp32 (eager,
 #       a captured step, reduce-overhead); cuBLAS's SGEMM 8192^3; no run starts after 240 s, each
 #       may take 180 s
+#
+#   bash cuda/gpu_session.sh streams   (timeout_s 300; not yet run: about 3 minutes estimated, after proofs)
+#       the step on two streams (the default: the weights' gradients on the second) against
+#       --one-stream, paired and alternating, 3 rounds: base at the paper's batch in fp32 and TF32
+#       (--steps 5), tiny and toy (each line a bench's JSON); then --count of base at the paper's
+#       batch with two streams (the graph's nodes as cudaGraphGetNodes counts them: cuBLAS's own)
 #
 #   bash cuda/gpu_session.sh profile   (timeout_s 300; about 2 minutes after proofs, on the warm machine)
 #       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
@@ -19,10 +26,11 @@
 #       paper's batch, 3 alternating rounds (each line a bench's JSON)
 #
 # Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
-# one: proofs.log; profile.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON as it ended
-# (what a cut run leaves). On 2026-11-28 the machine's start, proofs and bench took 6.6 of a session's
-# 15 minutes of device time; profile adds about 2: run them back to back on the warm machine (proofs,
-# profile, bench), then give it back.
+# one: proofs.log; streams.log; profile.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each
+# run's JSON as it ended (what a cut run leaves). On 2026-11-28 the machine's start, proofs and bench took
+# 6.6 of a session's 15 minutes of device time; profile adds about 2, streams (estimated) about 3: run them
+# back to back on the warm machine (proofs, streams, profile, bench), then give it back; with less than 12
+# minutes left, drop profile's --fused-attention pairs (or run bench first).
 # GPU_BENCH="..." in the environment replaces the Makefile's (dev/bench_gpu.py's options).
 set -o pipefail
 out=${OUT:-runs}
@@ -36,6 +44,28 @@ bench)
     make test-cuda-bench GPU_BENCH_LOG="$out/gpu_runs.jsonl" ${GPU_BENCH:+GPU_BENCH="$GPU_BENCH"} 2>&1 |
         tee "$out/bench.log" || status=$?
     cp runs/gpu_table.md "$out/" 2>/dev/null
+    exit $status
+    ;;
+streams)
+    make -j16 transformer_cuda NVCC_ARCH="-arch=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader |
+        head -n 1 | tr -d ' .')" || exit 1
+    paper="--config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000"
+    status=0
+    {
+        # two streams against one, alternating (the order of the two alternates from round to round)
+        for round in 1 2 3; do
+            order="two one"; [ $((round % 2)) -eq 0 ] && order="one two"
+            for config in "$paper --steps 5" "$paper --steps 5 --tf32" "--config tiny" "--config toy"; do
+                for variant in $order; do
+                    flag=; [ $variant = one ] && flag=--one-stream
+                    json=$(./transformer_cuda bench $config --json $flag | tail -n 1) || json=FAILED
+                    echo "streams-pair round $round $config $variant: $json"
+                done
+            done
+        done
+        ./transformer_cuda bench $paper --warmup 1 --steps 2 --count || exit 1
+    } 2>&1 | tee "$out/streams.log" || status=1
+    grep -q 'FAILED' "$out/streams.log" && status=1
     exit $status
     ;;
 profile)
@@ -67,7 +97,7 @@ profile)
     exit $status
     ;;
 *)
-    echo "usage: bash cuda/gpu_session.sh proofs|bench|profile (the header says what each runs)" >&2
+    echo "usage: bash cuda/gpu_session.sh proofs|streams|profile|bench (the header says what each runs)" >&2
     exit 2
     ;;
 esac

@@ -1175,7 +1175,8 @@ static void test_emulator_streams(void) {
               right, side_first);
         right = two_streams_runs(&t, graph, 1, RUNS, &side_first);
         check(right >= 0 && right < RUNS, "emulator: %s %d times, the main stream overwriting what the side stream "
-              "reads before it waits for it (a missing wait): wrong numbers in %d of the runs", how, RUNS, RUNS - right);
+              "reads before it waits for it (a missing wait): wrong numbers in %d of the runs", how, RUNS,
+              RUNS - right);
     }
     // a fork never joined back: refused at the capture's end, as on a GPU
     cudaGraph_t g;
@@ -1493,7 +1494,8 @@ static void test_companion_graphs(void) {
     int after[RUNS] = { 0, 2, 1, 2, 0, 2, 0 }, one_stream[RUNS] = { 0, 0, 0, 1, 1, 0, 0 };
     uint64_t seeds[RUNS] = { 1, 1, 1, 1, 1, 2, 3 };
     real *state[RUNS];
-    for (int i = 0; i < RUNS; i++) state[i] = companion_graph_run(after[i], one_stream[i], seeds[i], losses[i], &launches[i]);
+    for (int i = 0; i < RUNS; i++)
+        state[i] = companion_graph_run(after[i], one_stream[i], seeds[i], losses[i], &launches[i]);
     size_t bytes;
     {
         Transformer probe;

@@ -1967,7 +1967,8 @@ static void gpu_begin(Transformer *m) {
         CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)gpu.shared_opt_in));
         fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s, %s\n", prop.name,
-                gpu.tf32 ? "TF32 (--tf32)" : "fp32", gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
+                gpu.tf32 ? "TF32 (--tf32)" : "fp32",
+                gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
                 gpu_one_stream ? "one stream (--one-stream)" : "two streams");
     }
     size_t bytes = m->num_parameters * sizeof(float);
@@ -2173,8 +2174,8 @@ static void gpu_print_counts(void) {
     if (gpu_one_stream) printf("streams: one (--one-stream)\n");
     else printf("streams: two; on the second %ld kernel launches and %ld cuBLAS calls (%.0f%% of the step's %ld), "
                 "the weights' gradients, after %ld waits for the main stream; the main stream waited for it %ld "
-                "times\n", k->side_launches, k->side_gemms, work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0,
-                work, k->forks, k->joins);
+                "times\n", k->side_launches, k->side_gemms,
+                work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0, work, k->forks, k->joins);
     if (k->graph_launches)
         printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; the streams' waits are its %ld dependencies, "
                "no event nodes), launched after the step's upload and before its loss comes back\n",
