@@ -330,8 +330,8 @@ typedef struct CpuStream {
     CpuFrontier after, capture_after;
 } *cudaStream_t;   // NULL: the legacy stream
 // An event: the frontier of the stream it was last recorded in, at the record
-// (inside a capture: nodes of `capture`, the graph being captured)
-typedef struct CpuEvent { int recorded; const CpuGraph *capture; CpuFrontier at; } *cudaEvent_t;
+// (inside a capture: nodes of the graph of capture number `capture`; 0: none)
+typedef struct CpuEvent { int recorded; long capture; CpuFrontier at; } *cudaEvent_t;
 enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
 
 static struct {
@@ -348,6 +348,7 @@ static struct {
     struct { char *start; size_t bytes; } *pinned;   // cudaMallocHost's blocks
     int pinned_count, pinned_capacity;
     cudaStream_t capturing;       // the stream that began the capture under way (one at a time here); NULL: none
+    long captures;                // the captures begun: the number of the one under way
     cudaStream_t *streams;        // the live ones
     int stream_count, stream_capacity, streams_made;
     // the work given to streams and not run yet, its pieces numbered pending_base on
@@ -857,7 +858,7 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
     int route = cpu_stream_route(s, "cudaEventRecord", &refusal);
     if (route < 0) return refusal;
     event->recorded = 1;
-    event->capture = route > 0 ? s->graph : NULL;
+    event->capture = route > 0 ? cuda_on_cpu.captures : 0;
     event->at.count = 0;
     if (route > 0) event->at = s->capture_after;
     else if (s) { cpu_frontier_prune(&s->after); event->at = s->after; }
@@ -873,7 +874,7 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned flags) {
     if (!event || flags != 0) return cudaErrorInvalidValue;
     if (!event->recorded) return cudaSuccess;   // an event never recorded has nothing to wait for
-    const CpuGraph *capture = cuda_on_cpu.capturing ? cuda_on_cpu.capturing->graph : NULL;
+    long capture = cuda_on_cpu.capturing ? cuda_on_cpu.captures : 0;
     if (event->capture) {
         if (event->capture != capture || !s) {
             cpu_spoil_capture();
@@ -933,6 +934,7 @@ static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptu
     s->spoilt = 0;
     s->capture_after.count = 0;
     cuda_on_cpu.capturing = s;
+    cuda_on_cpu.captures++;
     return cudaSuccess;
 }
 
@@ -1541,7 +1543,10 @@ static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t hand
         cpu_record(handle->stream, CPU_WORK_GEMM)->gemm = g;
         return CUBLAS_STATUS_SUCCESS;
     }
-    if (!handle->stream) return cpu_gemm_run(&g);   // the legacy stream: now
+    if (!handle->stream) {   // the legacy stream: now, after all the work given before
+        cpu_run_pending(NULL);
+        return cpu_gemm_run(&g);
+    }
     // another stream: its operands' extents checked now, and again when it runs
     if (cpu_gemm_extents(&g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
     CpuWork work;

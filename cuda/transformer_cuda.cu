@@ -2177,9 +2177,9 @@ static void gpu_print_counts(void) {
                 "times\n", k->side_launches, k->side_gemms,
                 work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0, work, k->forks, k->joins);
     if (k->graph_launches)
-        printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; the streams' waits are its %ld dependencies, "
-               "no event nodes), launched after the step's upload and before its loss comes back\n",
-               k->graph_nodes, k->graph_edges);
+        printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; no event nodes) and %ld dependencies (each node "
+               "on the one before it in its stream, and the streams' waits for each other), launched after the step's "
+               "upload and before its loss comes back\n", k->graph_nodes, k->graph_edges);
     printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments); for this %d x %d x %d batch "
            "%.1f MB activations kept for the backward pass and %.1f MB scratch (%.2f x the activations), in an "
            "allocation of %.1f MB; %ld allocations in the last step\n", model * mb, gpu.B, gpu.S, gpu.T,
