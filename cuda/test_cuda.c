@@ -339,10 +339,162 @@ static void test_companion_fused_attention(void) {
     GpuCounts fused = companion_step_counts(2, 4, 0);
     transformer_cuda_fuse_attention(0);
     long fewer = plain.launches + plain.gemms - fused.launches - fused.gemms;
-    check(fewer == 8 * 3 * 2, "companion --fused-attention: a 2-layer step is %ld launches and cuBLAS calls, %ld fewer "
-          "than without (8 for each of its 6 attention sub-layers)", fused.launches + fused.gemms, fewer);
+    // a self-attention sub-layer: 4 forward (the copy into heads, two products, the softmax, the copy back: one
+    // kernel) and 6 backward (the copy into heads, four products, the softmax, the copy back: one kernel);
+    // a cross-attention 4 and 7 (its keys' and values' copy back too); the memory's keys and values: 1
+    check(fewer == 10 * 2 * 2 + 11 * 2 + 1, "companion --fused-attention: a 2-layer step is %ld launches and cuBLAS "
+          "calls, %ld fewer than without (10 for each of its 4 self-attention sub-layers, 11 for each of its 2 "
+          "cross-attentions, 1 for the memory's keys and values)", fused.launches + fused.gemms, fewer);
 #endif
 }
+
+#ifndef COMPANION_ON_GPU
+// The fused kernels alone (fused_attention.cu) against the loops they replace:
+// transformer.c's attention_forward and attention_backward (Part I's, the fast
+// path set aside) on q, k, v in rows with their biases added, and
+// linear_backward's bias gradient, the sums of dq's, dk's and dv's rows.
+// q's rows are ld_q apart, k's and v's ld_kv (k at column k_column, v C further),
+// as in the companion: a self-attention's (B*T, 3C) rows, a cross-attention's
+// q (B*T, C) and one layer's columns of the memory's (B*S, L*2C).
+typedef struct { int B, Tq, Tk, NH, hs, causal, ld_q, ld_kv, k_column; } FusedCase;
+typedef struct { FusedCase shape; double worst; const char *worst_name; } FusedRun;
+
+// The largest difference of `width` columns from `column` of `rows` rows ld apart,
+// relative to the host's largest there; NaN anywhere gives infinity
+static double columns_difference(const float *device, const real *host, size_t rows, int ld, int column, int width) {
+    double worst = 0, scale = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (int c = column; c < column + width; c++) {
+            double d = fabs((double)device[r * ld + c] - host[r * ld + c]);
+            worst = d <= worst ? worst : (isnan(d) ? INFINITY : d);
+            scale = fmax(scale, fabs((double)host[r * ld + c]));
+        }
+    return scale > 0 ? worst / scale : worst;
+}
+
+static void fused_kernels_run(void *context) {
+    FusedRun *run = (FusedRun *)context;
+    FusedCase f = run->shape;
+    int C = f.NH * f.hs, k0 = f.k_column;
+    size_t Nq = (size_t)f.B * f.Tq, Nk = (size_t)f.B * f.Tk, nq = Nq * f.ld_q, nk = Nk * f.ld_kv;
+    size_t natt = (size_t)f.B * f.NH * f.Tq * f.Tk, nout = Nq * C;
+    Rng rng;
+    rng_seed(&rng, 17);
+    // the rows without their biases (what the companion keeps), and with them (transformer.c's)
+    real *q = calloc(nq, sizeof(real)), *kv = calloc(nk, sizeof(real)), *bias = calloc(3 * C, sizeof(real));
+    real *qb = calloc(nq, sizeof(real)), *kvb = calloc(nk, sizeof(real)), *dout = calloc(nout, sizeof(real));
+    real *out = calloc(nout, sizeof(real)), *att = calloc(natt, sizeof(real)), *dbias = calloc(3 * C, sizeof(real));
+    real *dq = calloc(nq, sizeof(real)), *dkv = calloc(nk, sizeof(real));
+    float *got = calloc(nq + nk + natt + nout + 3 * C, sizeof(float));
+    int key_len[64];
+    for (int c = 0; c < 3 * C; c++) bias[c] = (real)(rng_uniform(&rng) - 0.5);
+    for (size_t i = 0; i < nq; i++) {
+        int c = (int)(i % f.ld_q);
+        q[i] = (real)(2 * rng_uniform(&rng) - 1);
+        qb[i] = q[i] + (c < C ? bias[c] : 0);
+    }
+    for (size_t i = 0; i < nk; i++) {
+        int c = (int)(i % f.ld_kv) - k0;
+        kv[i] = (real)(2 * rng_uniform(&rng) - 1);
+        kvb[i] = kv[i] + (c >= 0 && c < 2 * C ? bias[C + c] : 0);
+    }
+    for (size_t i = 0; i < nout; i++) dout[i] = (real)(2 * rng_uniform(&rng) - 1);
+    for (int b = 0; b < f.B; b++) key_len[b] = b == 0 ? f.Tk : 1 + rng_below(&rng, f.Tk);
+    AttentionShape shape = { f.B, f.Tq, f.Tk, C, f.NH, f.ld_q, f.ld_kv };
+    FastPath saved = fast_path;
+    fast_path.attention_forward = NULL;
+    fast_path.attention_backward = NULL;
+    attention_forward(out, att, qb, kvb + k0, kvb + k0 + C, key_len, f.causal, shape);
+    attention_backward(dq, dkv + k0, dkv + k0 + C, dout, att, qb, kvb + k0, kvb + k0 + C, shape);
+    fast_path = saved;
+    for (size_t r = 0; r < Nq; r++)
+        for (int c = 0; c < C; c++) dbias[c] += dq[r * f.ld_q + c];
+    for (size_t r = 0; r < Nk; r++)
+        for (int c = 0; c < 2 * C; c++) dbias[C + c] += dkv[r * f.ld_kv + k0 + c];
+    // the same on the "GPU"
+    float *d_q, *d_kv, *d_bias, *d_dout, *d_out, *d_att, *d_ds, *d_dq, *d_dkv, *d_dbias, *d_partials;
+    int *d_len;
+    unsigned *d_done;
+    cudaMalloc((void **)&d_q, nq * sizeof(float)); cudaMalloc((void **)&d_kv, nk * sizeof(float));
+    cudaMalloc((void **)&d_bias, 3 * C * sizeof(float)); cudaMalloc((void **)&d_dout, nout * sizeof(float));
+    cudaMalloc((void **)&d_out, nout * sizeof(float)); cudaMalloc((void **)&d_att, natt * sizeof(float));
+    cudaMalloc((void **)&d_ds, natt * sizeof(float)); cudaMalloc((void **)&d_dq, nq * sizeof(float));
+    cudaMalloc((void **)&d_dkv, nk * sizeof(float)); cudaMalloc((void **)&d_dbias, 3 * C * sizeof(float));
+    cudaMalloc((void **)&d_partials, (size_t)f.B * 3 * C * sizeof(float));
+    cudaMalloc((void **)&d_len, f.B * sizeof(int)); cudaMalloc((void **)&d_done, f.NH * sizeof(unsigned));
+    cudaMemcpy(d_q, q, nq * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_kv, kv, nk * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_bias, bias, 3 * C * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_dout, dout, nout * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_len, key_len, f.B * sizeof(int), cudaMemcpyHostToDevice);
+    cudaMemset(d_done, 0, f.NH * sizeof(unsigned));
+    AttentionInRows in = { d_q, d_kv + k0, d_kv + k0 + C, d_bias, d_bias + C, d_bias + 2 * C, f.ld_q, f.ld_kv };
+    AttentionGradsInRows g = { d_dq, d_dkv + k0, d_dkv + k0 + C, d_dbias, d_partials, d_done };
+    FusedShape fs = { d_len, f.causal, f.Tq, f.Tk, f.hs };
+    dim3 grid = { (unsigned)f.NH, (unsigned)f.B, 1 };
+    LAUNCH_KERNEL(fused_attention_forward_kernel, grid, THREADS, fused_forward_bytes(f.Tk, f.hs), d_out, d_att, in, fs);
+    LAUNCH_KERNEL(fused_attention_backward_kernel, grid, THREADS, fused_backward_bytes(f.Tq, f.Tk, f.hs), g, d_ds,
+                  d_dout, d_att, in, fs);
+    run->worst = cudaGetLastError() == cudaSuccess ? 0 : INFINITY;
+    float *got_dq = got, *got_dkv = got_dq + nq, *got_att = got_dkv + nk, *got_out = got_att + natt;
+    float *got_dbias = got_out + nout;
+    cudaMemcpy(got_dq, d_dq, nq * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_dkv, d_dkv, nk * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_att, d_att, natt * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_out, d_out, nout * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_dbias, d_dbias, 3 * C * sizeof(float), cudaMemcpyDeviceToHost);
+    double e[6] = { columns_difference(got_out, out, Nq, C, 0, C), columns_difference(got_att, att, natt, 1, 0, 1),
+                    columns_difference(got_dq, dq, Nq, f.ld_q, 0, C), columns_difference(got_dkv, dkv, Nk, f.ld_kv, k0, C),
+                    columns_difference(got_dkv, dkv, Nk, f.ld_kv, k0 + C, C),
+                    columns_difference(got_dbias, dbias, 1, 3 * C, 0, 3 * C) };
+    const char *names[6] = { "out", "att", "dq", "dk", "dv", "the biases' gradient" };
+    run->worst_name = "";
+    for (int i = 0; i < 6; i++)
+        if (!(e[i] <= run->worst)) { run->worst = e[i]; run->worst_name = names[i]; }
+    cudaFree(d_q); cudaFree(d_kv); cudaFree(d_bias); cudaFree(d_dout); cudaFree(d_out); cudaFree(d_att); cudaFree(d_ds);
+    cudaFree(d_dq); cudaFree(d_dkv); cudaFree(d_dbias); cudaFree(d_partials); cudaFree(d_len); cudaFree(d_done);
+    free(q); free(kv); free(bias); free(qb); free(kvb); free(dout); free(out); free(att); free(dbias); free(dq);
+    free(dkv); free(got);
+}
+
+// The kernels against the loops for a self-attention (causal, ragged keys) and
+// a cross-attention (Tq != Tk, one layer's columns of the memory's rows), heads
+// of 4 and of 48 (more than a warp's lanes); then with their barriers left out,
+// and with 16 bytes less shared memory than they index: each must be caught.
+static void test_companion_fused_attention_kernels(void) {
+    FusedCase cases[4] = { { 3, 7, 7, 4, 4, 1, 48, 48, 16 }, { 5, 6, 9, 4, 4, 0, 16, 64, 32 },
+                           { 2, 11, 11, 2, 48, 1, 288, 288, 96 }, { 3, 5, 13, 2, 48, 0, 96, 384, 192 } };
+    const char *what[4] = { "self-attention (causal), heads of 4", "cross-attention, heads of 4",
+                            "self-attention (causal), heads of 48", "cross-attention, heads of 48" };
+    for (int i = 0; i < 4; i++) {
+        FusedRun run = { cases[i], 0, "" };
+        int faulted = cpu_catches_fault(fused_kernels_run, &run);
+        check(!faulted && run.worst < COMPANION_TOL_GRADS, "companion: fused_attention_forward_kernel and "
+              "fused_attention_backward_kernel on %d sentences of %d queries and %d keys (%s, q, k, v read from rows "
+              "%d and %d apart, biases added on load) give transformer.c's attention_forward and attention_backward "
+              "and the biases' gradient (worst %.1e, %s; tolerance %.0e)", cases[i].B, cases[i].Tq, cases[i].Tk,
+              what[i], cases[i].ld_q, cases[i].ld_kv, faulted ? INFINITY : run.worst, run.worst_name,
+              COMPANION_TOL_GRADS);
+    }
+#ifndef CUDA_ON_CPU_THREADS   // the faults: the fibers' (make test-threads has threads)
+    const char *kernels[2] = { "fused_attention_forward_kernel", "fused_attention_backward_kernel" };
+    for (int k = 0; k < 2; k++) {   // 11 queries: every warp's rows of shared memory are used
+        FusedRun run = { cases[2], 0, "" };
+        cpu_test_faults.barriers_skipped = kernels[k];
+        int faulted = cpu_catches_fault(fused_kernels_run, &run);
+        cpu_test_faults.barriers_skipped = NULL;
+        check(faulted || !(run.worst < COMPANION_TOL_GRADS), "companion: %s without its __syncthreads and __syncwarp "
+              "is caught (%s %.2g)", kernels[k], faulted ? "a fault:" : "off by", faulted ? 0.0 : run.worst);
+        cpu_test_faults.shared_memory_short = kernels[k];
+        faulted = cpu_catches_fault(fused_kernels_run, &run);
+        cpu_test_faults.shared_memory_short = NULL;
+        check(faulted && strstr(cuda_on_cpu.message, "out of bounds"), "companion: %s indexing past its shared "
+              "memory (given 16 bytes less than it uses) is caught (%s)", kernels[k],
+              faulted ? cuda_on_cpu.message : "not caught");
+    }
+#endif
+}
+#endif
 
 // Runs a command line (words separated by single spaces) through
 // transformer_main with the given training steps, its output discarded.
@@ -1330,6 +1482,7 @@ void run_companion_tests(void) {
     test_companion_training_run();
     test_companion_fused_attention();
 #ifndef COMPANION_ON_GPU
+    test_companion_fused_attention_kernels();
 #ifndef CUDA_ON_CPU_THREADS
     test_companion_faults();
     test_companion_column_chunks();

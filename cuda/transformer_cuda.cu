@@ -571,133 +571,8 @@ softmax_backward_kernel(float *grad, const float *att, size_t rows, int Tk) {
 }
 CPU_KERNEL(softmax_backward_kernel, float *, const float *, size_t, int)
 
-// --fused-attention: attention_forward and attention_backward whole, a block
-// per (sentence, head), for models whose keys and values of one head fit the
-// 48 KB of shared memory a block may have without asking (gpu_fused_fits).
-// One launch replaces the two batched products, the softmax and the copy back
-// into rows of the forward pass, and the copy into heads, the four products and
-// the softmax of the backward pass: a small model's step is its launches. Each
-// sum is one thread's loop, in index order: the same bits every run. Rows of
-// the matrices in shared memory are padded by one float, so that the lanes of
-// a warp reading one column hit 32 different banks.
-#define FUSED_SHARED_LIMIT 49152
-
-// rows (rows, hs) of a matrix whose rows start `stride` floats apart, into
-// shared memory with rows of hs + 1; the block's threads share the copying
-static __device__ void rows_to_shared(float *to, const float *from, size_t stride, int rows, int hs) {
-    for (int e = (int)threadIdx.x; e < rows * hs; e += (int)blockDim.x)
-        to[(e / hs) * (hs + 1) + e % hs] = from[(size_t)(e / hs) * stride + e % hs];
-}
-
-// §3.2.1, eq. 1: out = softmax(q k^T / sqrt(d_k), over the visible keys) v,
-// a warp per query row i: its scores in p_row, then its probabilities (kept in
-// att for the backward pass; masked keys exactly 0), then its head's part of
-// out's row.
-// q is (B, NH, Tq, hs) head-major, k and v (B, NH, Tk, hs); out (B, Tq, C).
-static __global__ void __launch_bounds__(THREADS)
-fused_attention_forward_kernel(float *out, float *att, const float *q, const float *k, const float *v,
-                               const int *key_len, int causal, int NH, int Tq, int Tk, int hs) {
-    SHARED_FLOATS(shared);
-    int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
-    int ld = hs + 1;
-    float *ks = shared, *vs = ks + (size_t)Tk * ld;                                  // (Tk, hs + 1) each
-    float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs;                          // (ROWS_PER_BLOCK, hs)
-    float *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs + (size_t)warp * Tk;    // (ROWS_PER_BLOCK, Tk)
-    const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
-    rows_to_shared(ks, kb, hs, Tk, hs);
-    rows_to_shared(vs, vb, hs, Tk, hs);
-    __syncthreads();
-    float scale = 1 / sqrtf((float)hs);
-    for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
-        for (int d = lane; d < hs; d += WARP) q_row[d] = qb[(size_t)i * hs + d];
-        __syncwarp(FULL_WARP);
-        int visible = (causal && i + 1 < key_len[b]) ? i + 1 : key_len[b];
-        float largest = -INFINITY, sum = 0;
-        for (int j = lane; j < visible; j += WARP) {
-            float dot = 0;
-            for (int d = 0; d < hs; d++) dot += q_row[d] * ks[j * ld + d];
-            p_row[j] = dot * scale;
-            largest = fmaxf(largest, p_row[j]);
-        }
-        largest = warp_max(largest);
-        for (int j = lane; j < visible; j += WARP) {
-            p_row[j] = expf(p_row[j] - largest);
-            sum += p_row[j];
-        }
-        sum = warp_sum(sum);
-        float *p = att + ((size_t)bh * Tq + i) * Tk;
-        for (int j = lane; j < Tk; j += WARP) p[j] = p_row[j] = j < visible ? p_row[j] / sum : 0.0f;
-        __syncwarp(FULL_WARP);
-        for (int d = lane; d < hs; d += WARP) {
-            float o = 0;
-            for (int j = 0; j < visible; j++) o += p_row[j] * vs[j * ld + d];
-            out[((size_t)b * Tq + i) * NH * hs + (size_t)head * hs + d] = o;
-        }
-        __syncwarp(FULL_WARP);   // q_row and p_row are free for the warp's next row
-    }
-}
-CPU_KERNEL(fused_attention_forward_kernel, float *, float *, const float *, const float *, const float *, const int *,
-           int, int, int, int, int)
-
-// attention_backward whole (eq. 1 differentiated as transformer.c's attention_backward
-// does), given dout in rows (B, Tq, C) and the forward's
-// probabilities p in att; dq, dk, dv head-major; ds (B, NH, Tq, Tk) is scratch.
-// First k and v in shared memory, a warp per query row i:
-//     dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik),   dq_i = sum_j ds_ij k_j / sqrt(d_k)
-// then q and dout in shared memory, a warp per key j:
-//     dv_j = sum_i p_ij dout_i,   dk_j = sum_i ds_ij q_i / sqrt(d_k)
-static __global__ void __launch_bounds__(THREADS)
-fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, const float *dout, const float *att,
-                                const float *q, const float *k, const float *v, int NH, int Tq, int Tk, int hs) {
-    SHARED_FLOATS(shared);
-    int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
-    int ld = hs + 1, C = NH * hs, most = Tq > Tk ? Tq : Tk;
-    // xs, ys (most, hs + 1): k and v, then q and dout; dout_row (ROWS_PER_BLOCK, hs)
-    float *xs = shared, *ys = xs + (size_t)most * ld, *dout_row = ys + (size_t)most * ld + (size_t)warp * hs;
-    const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
-    const float *pb = att + (size_t)bh * Tq * Tk;
-    float *dsb = ds + (size_t)bh * Tq * Tk, scale = 1 / sqrtf((float)hs);
-    rows_to_shared(xs, kb, hs, Tk, hs);
-    rows_to_shared(ys, vb, hs, Tk, hs);
-    __syncthreads();
-    for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
-        for (int d = lane; d < hs; d += WARP) dout_row[d] = dout[((size_t)b * Tq + i) * C + (size_t)head * hs + d];
-        __syncwarp(FULL_WARP);
-        const float *p = pb + (size_t)i * Tk;
-        float *ds_row = dsb + (size_t)i * Tk, sum_p_dp = 0;
-        for (int j = lane; j < Tk; j += WARP) {
-            float dp = 0;
-            for (int d = 0; d < hs; d++) dp += dout_row[d] * ys[j * ld + d];
-            ds_row[j] = dp;
-            sum_p_dp += p[j] * dp;
-        }
-        sum_p_dp = warp_sum(sum_p_dp);
-        for (int j = lane; j < Tk; j += WARP) ds_row[j] = p[j] * (ds_row[j] - sum_p_dp);
-        __syncwarp(FULL_WARP);
-        for (int d = lane; d < hs; d += WARP) {
-            float g = 0;
-            for (int j = 0; j < Tk; j++) g += ds_row[j] * xs[j * ld + d];
-            dq[((size_t)bh * Tq + i) * hs + d] = g * scale;
-        }
-        __syncwarp(FULL_WARP);   // dout_row is free for the warp's next row
-    }
-    __syncthreads();   // every ds written; k and v no longer read
-    rows_to_shared(xs, qb, hs, Tq, hs);
-    rows_to_shared(ys, dout + (size_t)b * Tq * C + (size_t)head * hs, C, Tq, hs);
-    __syncthreads();
-    for (int j = warp; j < Tk; j += ROWS_PER_BLOCK)
-        for (int d = lane; d < hs; d += WARP) {
-            float gv = 0, gk = 0;
-            for (int i = 0; i < Tq; i++) {
-                gv += pb[(size_t)i * Tk + j] * ys[i * ld + d];
-                gk += dsb[(size_t)i * Tk + j] * xs[i * ld + d];
-            }
-            dv[((size_t)bh * Tk + j) * hs + d] = gv;
-            dk[((size_t)bh * Tk + j) * hs + d] = gk * scale;
-        }
-}
-CPU_KERNEL(fused_attention_backward_kernel, float *, float *, float *, float *, const float *, const float *,
-           const float *, const float *, const float *, int, int, int, int)
+// --fused-attention: attention in one kernel each way, reading the projections' rows
+#include "fused_attention.cu"
 
 // feed_forward_forward's relu_forward, with linear_forward's bias: hidden = max(0, hidden + bias)
 static __global__ void __launch_bounds__(THREADS)
@@ -878,7 +753,8 @@ typedef struct {
 
 // What a layer's backward pass reads, named as transformer.c's activations once were
 // (ln1 for norm1.out, res1 for norm1.res, ff_h for ffn.hidden: transformer.h's
-// EncoderLayerActs) except: q, k, v are head-major (heads_from_rows_kernel) and the
+// EncoderLayerActs) except: q, k, v are head-major (heads_from_rows_kernel), or with
+// the fused attention (gpu_fused_fits) in the projection's rows without their bias; the
 // dropout masks are keys (Dropout); the sub-layers' outputs before their norms are not kept.
 typedef struct {
     float *qkv, *att, *heads, *res1, *ln1, *ln1_mean, *ln1_rstd;
@@ -908,6 +784,7 @@ typedef struct {
     float *d_att;        // (B, NH, Tq, Tk) of the scores: dp, then ds
     float *d_memory_kv;  // (B*S, L*2C) of every decoder layer's keys and values; forward: the projection
     float *d_logits;     // (B*T, V)
+    float *d_attention_bias;   // (B, 3C) the fused attention's sums of each sentence's dq, dk, dv rows
 } GpuScratch;
 
 // A captured step: the shape it was captured for (and whether dropout was on),
@@ -933,6 +810,7 @@ typedef struct {
     float *pe;            // (max_len, C): the sinusoids, or learned positions' table inside params
     float *memory_kv_w;   // (L, 2C, C): each decoder layer's W^K, W^V, gathered for one product
     ColumnScratch columns;   // the column kernels' chunk sums (finish_column_sums)
+    unsigned *attention_heads_done;   // (NH) fused_attention_backward_kernel's finished blocks, per head
     void *model_memory;   // the above, one allocation
     // the batch, its activations and the scratch, carved for (B, S, T) from one allocation
     int B, S, T;
@@ -950,6 +828,7 @@ typedef struct {
     float *enc_x0, *dec_x0, *logits, *token_loss, *loss;
     float *loss_host;        // page-locked: the loss, copied back at the end of the step
     float *memory_kv;        // (L, 2, B, NH, S, hs): each decoder layer's keys and values of the memory
+                             // (with the fused attention, the projection's rows: (B*S, L*2C))
     Dropout enc_drop, dec_drop;
     GpuEncoderActs *enc;   // (L) on the host, pointing to the GPU
     GpuDecoderActs *dec;
@@ -969,9 +848,10 @@ static GpuModel gpu;
 static int gpu_graph_after = 2;
 
 // --fused-attention: attention through fused_attention_forward_kernel and
-// fused_attention_backward_kernel where a head fits their shared memory; off,
-// cuBLAS's batched products and the row kernels around them. Off by default
-// until a GPU has timed both (cuda/NOTES.md).
+// fused_attention_backward_kernel (fused_attention.cu) where a head fits their
+// shared memory, q, k and v kept in the projections' rows; off, head-major
+// copies, cuBLAS's batched products and the row kernels around them. Off by
+// default until a GPU has timed both (cuda/NOTES.md).
 static int gpu_fused_attention;
 static size_t fused_forward_bytes(int Tk, int hs) {
     return ((size_t)2 * Tk * (hs + 1) + (size_t)ROWS_PER_BLOCK * (hs + Tk)) * sizeof(float);
@@ -1104,11 +984,6 @@ static void gpu_attention_forward(float *out, float *att, float *heads_hm, const
                                   const float *v, const int *key_len, int causal, int B, int Tq, int Tk, int C,
                                   int NH) {
     int hs = C / NH, count = B * NH;
-    if (gpu_fused_fits(Tq, Tk, hs)) {
-        LAUNCH(fused_attention_forward_kernel, count, THREADS, fused_forward_bytes(Tk, hs), out, att, q, k, v, key_len,
-               causal, NH, Tq, Tk, hs);
-        return;
-    }
     long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
     // s = Q K^T / sqrt(d_k), (Tq x Tk) each: s^T (Tk x Tq) = K (Tk x hs, stored K^T: T) Q^T (hs x Tq, N)
     gemm_batched(OP_T, OP_N, Tk, Tq, hs, 1 / sqrtf((float)hs), k, hs, kv_stride, q, hs, q_stride, 0.0f, att, Tk,
@@ -1127,11 +1002,6 @@ static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att
                                    const float *att, const float *q, const float *k, const float *v, int B, int Tq,
                                    int Tk, int C, int NH) {
     int hs = C / NH, count = B * NH;
-    if (gpu_fused_fits(Tq, Tk, hs)) {
-        LAUNCH(fused_attention_backward_kernel, count, THREADS, fused_backward_bytes(Tq, Tk, hs), dq, dk, dv, d_att,
-               dout, att, q, k, v, NH, Tq, Tk, hs);
-        return;
-    }
     gpu_heads_from_rows(dout_hm, dout, NULL, C, 1, B, Tq, C, NH);
     long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
     float scale = 1 / sqrtf((float)hs);
@@ -1148,6 +1018,23 @@ static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att
     gemm_batched(OP_N, OP_T, hs, Tk, Tq, scale, q, hs, q_stride, d_att, Tk, att_stride, 0.0f, dk, hs, kv_stride, count);
 }
 
+// attention_forward in one launch (fused_attention.cu): q, k, v read from their
+// projections' rows with their biases (in), out (B, Tq, C) in rows, att the probabilities
+static void gpu_fused_attention_forward(float *out, float *att, AttentionInRows in, FusedShape shape, int B, int NH) {
+    LAUNCH(fused_attention_forward_kernel, xyz((unsigned)NH, (unsigned)B, 1), THREADS,
+           fused_forward_bytes(shape.Tk, shape.hs), out, att, in, shape);
+}
+
+// attention_backward in one launch: dq, dk, dv into the places g names, in the
+// projections' rows, and their biases' gradients into g.dbias (3C)
+static void gpu_fused_attention_backward(AttentionGradsInRows g, const float *dout, const float *att,
+                                         AttentionInRows in, FusedShape shape, int B, int NH) {
+    g.partials = gpu.scratch.d_attention_bias;
+    g.heads_done = gpu.attention_heads_done;
+    LAUNCH(fused_attention_backward_kernel, xyz((unsigned)NH, (unsigned)B, 1), THREADS,
+           fused_backward_bytes(shape.Tq, shape.Tk, shape.hs), g, gpu.scratch.d_att, dout, att, in, shape);
+}
+
 // dq, dk, dv (`parts` of them, head-major) back in rows (N, ld) at column
 // `column0`, and their bias's gradient
 static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, float *dbias, const float *dheads,
@@ -1157,10 +1044,19 @@ static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, floa
 }
 
 // self_attention_forward: qkv = x W_qkv^T + b;  heads = Attention(q, k, v);  out = heads W^O^T (+ b^O by the norm)
+// qkv_hm gets q, k, v head-major, or with the fused attention the rows of qkv without b
 static void gpu_self_attention_forward(float *out, float *qkv_hm, float *att, float *heads, const float *x,
                                        GpuAttentionParams w, const int *len, int causal, int B, int T, int C, int NH) {
     GpuScratch *s = &gpu.scratch;
     size_t n = (size_t)B * T * C;
+    if (gpu_fused_fits(T, T, C / NH)) {
+        gpu_linear_forward(qkv_hm, x, w.qkv_w, B * T, C, 3 * C);
+        AttentionInRows in = { qkv_hm, qkv_hm + C, qkv_hm + 2 * C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, 3 * C, 3 * C };
+        FusedShape shape = { len, causal, T, T, C / NH };
+        gpu_fused_attention_forward(heads, att, in, shape, B, NH);
+        gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
+        return;
+    }
     gpu_linear_forward(s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
     gpu_heads_from_rows(qkv_hm, s->d_qkv, w.qkv_b, 3 * C, 3, B, T, C, NH);
     gpu_attention_forward(heads, att, s->d_heads_hm, qkv_hm, qkv_hm + n, qkv_hm + 2 * n, len, causal, B, T, T, C, NH);
@@ -1174,6 +1070,14 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
     GpuScratch *s = &gpu.scratch;
     size_t n = (size_t)B * T * C;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
+    if (gpu_fused_fits(T, T, C / NH)) {   // qkv_hm holds qkv's rows; d_qkv gets theirs, and g.qkv_b
+        AttentionInRows in = { qkv_hm, qkv_hm + C, qkv_hm + 2 * C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, 3 * C, 3 * C };
+        AttentionGradsInRows d = { s->d_qkv, s->d_qkv + C, s->d_qkv + 2 * C, g.qkv_b, NULL, NULL };
+        FusedShape shape = { NULL, 0, T, T, C / NH };
+        gpu_fused_attention_backward(d, s->d_heads, att, in, shape, B, NH);
+        gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
+        return;
+    }
     gpu_attention_backward(s->d_qkv_hm, s->d_qkv_hm + n, s->d_qkv_hm + 2 * n, s->d_att, s->d_heads_hm, s->d_heads, att,
                            qkv_hm, qkv_hm + n, qkv_hm + 2 * n, B, T, T, C, NH);
     gpu_rows_from_heads_backward(s->d_qkv, 3 * C, 0, g.qkv_b, s->d_qkv_hm, 3, B, T, C, NH);
@@ -1181,16 +1085,34 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
 }
 
 // cross_attention_forward: q from the decoder (its keys and values, from the
-// memory, were computed for every layer at once: kv_hm is this layer's)
+// memory, were computed for every layer at once: kv_hm is this layer's,
+// head-major, or with the fused attention its columns of the projection's rows)
 static void gpu_cross_attention_forward(float *out, float *q_hm, float *att, float *heads, const float *x,
                                         const float *kv_hm, GpuAttentionParams w, const int *src_len, int B, int T,
                                         int S, int C, int NH) {
     GpuScratch *s = &gpu.scratch;
+    if (gpu_fused_fits(T, S, C / NH)) {   // q_hm gets q's rows without b^Q
+        gpu_linear_forward(q_hm, x, w.qkv_w, B * T, C, C);
+        int ld_kv = 2 * C * gpu.config.n_layers;
+        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C, ld_kv };
+        FusedShape shape = { src_len, 0, T, S, C / NH };
+        gpu_fused_attention_forward(heads, att, in, shape, B, NH);
+        gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
+        return;
+    }
     gpu_linear_forward(s->d_heads, x, w.qkv_w, B * T, C, C);
     gpu_heads_from_rows(q_hm, s->d_heads, w.qkv_b, C, 1, B, T, C, NH);
     gpu_attention_forward(heads, att, s->d_heads_hm, q_hm, kv_hm, kv_hm + (size_t)B * S * C, src_len, 0, B, T, S, C,
                           NH);
     gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
+}
+
+// Where layer l's keys and values of the memory start in gpu.memory_kv: l times
+// this. Head-major, a layer is (2, B, NH, S, hs); with the fused attention, the
+// rows of the product (B*S, L*2C), 2C columns a layer.
+static size_t gpu_memory_kv_layer(const TransformerConfig *c, int B, int S, int T) {
+    if (gpu_fused_fits(T, S, c->d_model / c->n_heads)) return (size_t)2 * c->d_model;
+    return (size_t)2 * B * S * c->d_model;
 }
 
 // cross_attention_backward: dx += ...; the keys' and values' gradient goes to
@@ -1204,6 +1126,15 @@ static void gpu_cross_attention_backward(float *dx, GpuAttentionParams g, int la
     size_t n_q = (size_t)B * T * C, n_kv = (size_t)B * S * C;
     float *dq_hm = s->d_qkv_hm, *dk_hm = dq_hm + n_q, *dv_hm = dk_hm + n_kv;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
+    if (gpu_fused_fits(T, S, C / NH)) {   // dq's rows into d_qkv, dk's and dv's into this layer's columns
+        float *d_kv = s->d_memory_kv + (size_t)2 * C * layer;
+        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C, 2 * C * L };
+        AttentionGradsInRows d = { s->d_qkv, d_kv, d_kv + C, g.qkv_b, NULL, NULL };
+        FusedShape shape = { NULL, 0, T, S, C / NH };
+        gpu_fused_attention_backward(d, s->d_heads, att, in, shape, B, NH);
+        gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, C);
+        return;
+    }
     gpu_attention_backward(dq_hm, dk_hm, dv_hm, s->d_att, s->d_heads_hm, s->d_heads, att, q_hm, kv_hm, kv_hm + n_kv,
                            B, T, S, C, NH);
     gpu_rows_from_heads_backward(s->d_heads, C, 0, g.qkv_b, dq_hm, 1, B, T, C, NH);
@@ -1342,6 +1273,7 @@ static size_t gpu_carve_batch(Carver *a, const TransformerConfig *c, int B, int 
     s->d_qkv_hm = carve(a, 3 * rows * C, "d_qkv_hm"); s->d_qkv = carve(a, 3 * rows * C, "d_qkv");
     s->d_ff_h = carve(a, rows * F, "d_ff_h"); s->d_att = carve(a, B * NH * longest * longest, "d_att");
     s->d_memory_kv = carve(a, BS * L * 2 * C, "d_memory_kv"); s->d_logits = carve(a, BT * V, "d_logits");
+    s->d_attention_bias = carve(a, (size_t)B * 3 * C, "d_attention_bias");
     gpu.scratch_floats = a->used - gpu.activation_floats;
     return a->used;
 }
@@ -1538,7 +1470,8 @@ static void gpu_decoder_layer_backward(float *dy, GpuLayerParams g, int layer, c
 
 // cross_attention_forward's keys and values for every decoder layer at once
 // (they all read the same memory): W^K, W^V of each layer gathered into
-// memory_kv_w (L*2C, C), one product (B*S, L*2C), then head-major with the biases.
+// memory_kv_w (L*2C, C), one product (B*S, L*2C), then head-major with the
+// biases; with the fused attention, the product's rows are gpu.memory_kv.
 static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S) {
     const TransformerConfig *c = &m->config;
     int C = c->d_model, L = c->n_layers, NS = B * S;
@@ -1554,6 +1487,10 @@ static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S
     gpu_counting->host_calls++;
     gpu_counting->bytes_copied += (double)L * kv_weights * sizeof(float);
     float *projected = gpu.scratch.d_memory_kv;
+    if (gpu_fused_fits(gpu.T, S, C / c->n_heads)) {   // the rows are the fused attention's: no copy, no bias
+        gpu_linear_forward(gpu.memory_kv, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
+        return;
+    }
     gpu_linear_forward(projected, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
     LAUNCH(heads_from_rows_kernel, xyz(blocks_for((size_t)2 * NS * C, THREADS), L, 1), THREADS, 0, gpu.memory_kv,
            projected, cross_b + C, L * 2 * C, 2, 2 * C, 3 * C, (size_t)2 * NS * C, B, S, C, c->n_heads);
@@ -1596,7 +1533,7 @@ static void gpu_forward_work(Transformer *m) {
     }
     gpu_memory_forward(x, m, B, S);
     const float *y = gpu.dec_x0;
-    size_t layer_kv = (size_t)2 * B * S * C;
+    size_t layer_kv = gpu_memory_kv_layer(c, B, S, T);
     for (int l = 0; l < L; l++) {
         gpu_decoder_layer_forward(&gpu.dec[l], y, gpu.memory_kv + l * layer_kv, gpu_decoder_params(gpu.params, m, l),
                                   m, B, S, T);
@@ -1628,7 +1565,7 @@ static void gpu_backward_work(Transformer *m) {
     // logits = decoder_output E^T (d_logits: cross_entropy_kernel's)
     gpu_linear_backward(s->d_dec, 0, d_embedding, s->d_logits, gpu.dec[L - 1].ln3, embedding, B * T, C, V);
     const float *memory = gpu.enc[L - 1].ln2;
-    size_t layer_kv = (size_t)2 * B * S * C;
+    size_t layer_kv = gpu_memory_kv_layer(c, B, S, T);
     for (int l = L - 1; l >= 0; l--) {
         const float *y = l == 0 ? gpu.dec_x0 : gpu.dec[l - 1].ln3;
         gpu_decoder_layer_backward(s->d_dec, gpu_decoder_params(gpu.grads, m, l), l, s->d_dec, &gpu.dec[l], y,
@@ -1779,6 +1716,7 @@ static void gpu_allocate_model(const Transformer *m) {
     carve(&count, kv_w, "memory_kv_w");
     carve(&count, 3 * partials, "column_partials");
     carve(&count, column_blocks, "column_chunks_done");
+    carve(&count, (size_t)c->n_heads, "attention_heads_done");
     gpu.model_memory = gpu_alloc(count.used * sizeof(float));
     Carver cut = { (float *)gpu.model_memory, 0 };
     float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
@@ -1791,6 +1729,8 @@ static void gpu_allocate_model(const Transformer *m) {
     gpu.columns.partials = carve(&cut, 3 * partials, "column_partials");
     gpu.columns.chunks_done = (unsigned *)carve(&cut, column_blocks, "column_chunks_done");
     CUDA_CHECK(cudaMemset(gpu.columns.chunks_done, 0, column_blocks * sizeof(unsigned)));
+    gpu.attention_heads_done = (unsigned *)carve(&cut, (size_t)c->n_heads, "attention_heads_done");
+    CUDA_CHECK(cudaMemset(gpu.attention_heads_done, 0, (size_t)c->n_heads * sizeof(unsigned)));
     gpu.cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
     CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
     gpu.enc = (GpuEncoderActs *)calloc((size_t)c->n_layers, sizeof(GpuEncoderActs));
