@@ -496,6 +496,90 @@ static void test_companion_fused_attention_kernels(void) {
 }
 #endif
 
+#ifndef COMPANION_ON_GPU
+// The layout kernels against their formulas, exactly (they only move numbers
+// and add a bias): heads_from_rows_kernel for a self-attention's q, k, v (3
+// parts), the memory's keys and values of 2 layers, and heads of 3 columns
+// (odd: one at a time), with rows starting one float off 16 bytes (the float4
+// loads refused, layout_width 1); rows_from_heads_kernel back. `misaligned`:
+// the input 1 float off its allocation's start.
+typedef struct { int B, T, NH, hs, parts, layers, misaligned; } LayoutCase;
+static int layout_case_exact(LayoutCase l, int *width) {
+    int C = l.NH * l.hs, ld = l.parts * C * l.layers, N = l.B * l.T;
+    size_t n_in = (size_t)N * ld + 1, n_out = (size_t)l.layers * l.parts * N * C, n_bias = (size_t)3 * C * l.layers;
+    float *in = calloc(n_in, sizeof(float)), *bias = calloc(n_bias, sizeof(float));
+    float *want = calloc(n_out, sizeof(float)), *got = calloc(n_out, sizeof(float));
+    float *rows = calloc((size_t)N * C, sizeof(float));
+    for (size_t i = 0; i < n_in; i++) in[i] = (float)i * 0.25f - 3;
+    for (size_t i = 0; i < n_bias; i++) bias[i] = (float)i * 0.5f + 1;
+    const float *from = in + l.misaligned;
+    size_t layer_columns = (size_t)l.parts * C, layer_bias = (size_t)3 * C, layer_out = (size_t)l.parts * N * C;
+    for (int layer = 0; layer < l.layers; layer++)
+        for (int part = 0; part < l.parts; part++)
+            for (int b = 0; b < l.B; b++)
+                for (int head = 0; head < l.NH; head++)
+                    for (int t = 0; t < l.T; t++)
+                        for (int d = 0; d < l.hs; d++) {
+                            int column = part * C + head * l.hs + d;
+                            size_t at = layer * layer_out + ((((size_t)part * l.B + b) * l.NH + head) * l.T + t) * l.hs + d;
+                            want[at] = from[((size_t)b * l.T + t) * ld + layer * layer_columns + column] +
+                                       bias[layer * layer_bias + column];
+                        }
+    float *d_in, *d_bias, *d_out, *d_rows;
+    cudaMalloc((void **)&d_in, n_in * sizeof(float)); cudaMalloc((void **)&d_bias, n_bias * sizeof(float));
+    cudaMalloc((void **)&d_out, n_out * sizeof(float)); cudaMalloc((void **)&d_rows, (size_t)N * C * sizeof(float));
+    cudaMemcpy(d_in, in, n_in * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_bias, bias, n_bias * sizeof(float), cudaMemcpyHostToDevice);
+    size_t offsets[3] = { layer_columns, layer_bias, layer_out };
+    gpu_heads_from_rows_layers(d_out, d_in + l.misaligned, d_bias, ld, l.parts, l.layers, offsets, l.B, l.T, C, l.NH);
+    const void *pointers[3] = { d_out, d_in + l.misaligned, d_bias };
+    size_t all[6] = { (size_t)ld, (size_t)C, (size_t)l.hs, layer_columns, layer_bias, layer_out };
+    *width = layout_width(pointers, 3, all, 6);
+    gpu_rows_from_heads(d_rows, d_out, l.B, l.T, C, l.NH);   // the first part of the first layer back in rows
+    int ran = cudaGetLastError() == cudaSuccess;
+    cudaMemcpy(got, d_out, n_out * sizeof(float), cudaMemcpyDeviceToHost);
+    int same = ran && memcmp(got, want, n_out * sizeof(float)) == 0;
+    cudaMemcpy(got, d_rows, (size_t)N * C * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int n = 0; n < N && same; n++)
+        for (int c = 0; c < C; c++) {
+            float expected = from[(size_t)n * ld + c] + bias[c];
+            same &= memcmp(&got[(size_t)n * C + c], &expected, sizeof(float)) == 0;
+        }
+    cudaFree(d_in); cudaFree(d_bias); cudaFree(d_out); cudaFree(d_rows);
+    free(in); free(bias); free(want); free(got); free(rows);
+    return same;
+}
+
+static float *layout_fault_floats;
+static void launch_misaligned_layout(void *unused) {
+    (void)unused;
+    // float4 loads from a row one float past a 16-byte boundary, as if layout_width had said 4
+    LAUNCH_KERNEL(heads_from_rows_kernel, xyz(2, 1, 1), xyz(1, 2, 1), 0, layout_fault_floats + 64,
+                  layout_fault_floats + 1, (const float *)NULL, 8, 1, 0, 0, (size_t)0, 1, 2, 4, 2, 4);
+}
+
+static void test_companion_layout_kernels(void) {
+    LayoutCase cases[4] = { { 3, 5, 4, 8, 3, 1, 0 }, { 2, 7, 2, 4, 2, 2, 0 }, { 3, 4, 2, 3, 3, 1, 0 },
+                            { 2, 6, 4, 8, 3, 1, 1 } };
+    const char *what[4] = { "q, k, v of 4 heads of 8", "the memory's k, v for 2 layers", "heads of 3 columns",
+                            "rows one float off 16 bytes" };
+    for (int i = 0; i < 4; i++) {
+        int width = 0, exact = layout_case_exact(cases[i], &width);
+        int expected_width = i >= 2 ? 1 : 4;
+        check(exact && width == expected_width, "companion: heads_from_rows_kernel and rows_from_heads_kernel "
+              "(%s; %d columns a thread: %s) move every number where their formulas say, bit for bit", what[i],
+              width, width == 4 ? "float4 loads and stores" : "one at a time");
+    }
+#ifndef CUDA_ON_CPU_THREADS
+    cudaMalloc((void **)&layout_fault_floats, 128 * sizeof(float));
+    int caught = cpu_catches_fault(launch_misaligned_layout, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "misaligned"), "emulator: a float4 load from an address not a multiple "
+          "of 16 is caught, as a GPU faults (%s)", caught ? cuda_on_cpu.message : "not caught");
+    cudaFree(layout_fault_floats);
+#endif
+}
+#endif
+
 // Runs a command line (words separated by single spaces) through
 // transformer_main with the given training steps, its output discarded.
 static int run_command_quietly(const TrainingCompute *compute, const char *command_line) {
@@ -1407,6 +1491,15 @@ static void test_companion_graphs(void) {
               "moments of the steps launched kernel by kernel, bit for bit", GRAPH_RUN_STEPS,
               after[i] == 1 ? "first" : "second", launches[i], after[i] == 1 ? 6 : 3);
     for (int i = 0; i < 3; i++) free(state[i]);
+    // --fused-attention: its per-head counts of finished blocks are set back by the last block, replay after replay
+    transformer_cuda_fuse_attention(1);
+    for (int i = 0; i < 2; i++) state[i] = companion_graph_run(after[i], losses[i], &launches[i]);
+    transformer_cuda_fuse_attention(0);
+    check(memcmp(state[1], state[0], bytes) == 0 && memcmp(losses[1], losses[0], sizeof losses[0]) == 0 &&
+          launches[0] == 0 && launches[1] == 6, "companion --fused-attention: %d training steps replayed from CUDA "
+          "graphs (%ld launches) end with the losses, parameters and moments of the steps launched kernel by kernel, "
+          "bit for bit", GRAPH_RUN_STEPS, launches[1]);
+    for (int i = 0; i < 2; i++) free(state[i]);
 }
 
 static void test_companion_deterministic(void) {
@@ -1426,6 +1519,16 @@ static void test_companion_deterministic(void) {
           "chunks, the last block to finish adding them) with the threads and blocks in two other random orders end "
           "with the same parameters and moments, bit for bit");
     free(wide[0]); free(wide[1]);
+    // --fused-attention: the biases' gradients summed by the last block of each head (8 of them a head on 40
+    // sentences: each block adds its sentence's rows, the last adds the sentences in order)
+    transformer_cuda_fuse_attention(1);
+    real *fused[2] = { companion_state_after_batch(1, companion_wide_batch()),
+                       companion_state_after_batch(2, companion_wide_batch()) };
+    transformer_cuda_fuse_attention(0);
+    check(memcmp(fused[0], fused[1], bytes) == 0, "companion --fused-attention: 3 training steps on 40 sentences "
+          "(a block per head and sentence, the last of a head to finish adding the sentences' bias sums) with the "
+          "threads and blocks in two other random orders end with the same parameters and moments, bit for bit");
+    free(fused[0]); free(fused[1]);
     cpu_test_faults.launch_replaced = "embedding_backward_kernel";
     cpu_test_faults.replacement = racy_embedding_backward_kernel_cpu_thread;
     real *racy[2] = { companion_state_after(1), companion_state_after(2) };
@@ -1483,6 +1586,7 @@ void run_companion_tests(void) {
     test_companion_fused_attention();
 #ifndef COMPANION_ON_GPU
     test_companion_fused_attention_kernels();
+    test_companion_layout_kernels();
 #ifndef CUDA_ON_CPU_THREADS
     test_companion_faults();
     test_companion_column_chunks();

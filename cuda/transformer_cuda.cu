@@ -472,37 +472,86 @@ layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bi
 CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, ColumnScratch, const float *, const float *,
            const float *, const float *, const float *, int, int)
 
+// The layout kernels' 16-byte loads and stores (float4): the host launches
+// them only where every address is a multiple of 16 (layout_width), which
+// the emulator checks at each one.
+#ifdef CUDA_ON_CPU
+#define CHECK_ALIGNED16(pointer) cpu_check_aligned16(pointer)
+#else
+#define CHECK_ALIGNED16(pointer)
+#endif
+static __device__ float4 load_float4(const float *p) {
+    CHECK_ALIGNED16(p);
+    return *(const float4 *)p;
+}
+static __device__ void store_float4(float *p, float4 v) {
+    CHECK_ALIGNED16(p);
+    *(float4 *)p = v;
+}
+static __device__ float4 add_float4(float4 a, float4 b) {
+    float4 sum = { a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w };
+    return sum;
+}
+
+// The layout kernels' blocks: threadIdx.x is `width` columns of a head (1, or
+// 4 with float4), threadIdx.y a head (striding over the heads), threadIdx.z
+// a position t of blockIdx.x's rows; blockIdx.y is the sentence b (and
+// heads_from_rows_kernel's blockIdx.z the layer). Every index is a product
+// and a sum: no division per element (the old kernels did seven).
+#define LAYOUT_BLOCK(t, b) int t = (int)(blockIdx.x * blockDim.z + threadIdx.z), b = (int)blockIdx.y
+
 // attention_forward reads head `head` of query (b, t) at column head*hs of the
 // projection's row; cuBLAS's batched products need each (sentence, head) as
 // one (T, hs) matrix, all of them one after another (head-major):
 //     out[part][b][head][t][d] = in[(b*T + t)*ld + part*C + head*hs + d] + bias[part*C + head*hs + d]
-// for `parts` of C columns each (q, k, v: 3; k, v: 2; q: 1). blockIdx.y is a
+// for `parts` of C columns each (q, k, v: 3; k, v: 2; q: 1). blockIdx.z is a
 // layer (the memory's keys and values for every decoder layer at once): its
 // columns start layer_columns further in each row, its bias layer_bias further,
 // its output layer_out further. bias NULL: none (a gradient laid out the same way).
 static __global__ void __launch_bounds__(THREADS)
 heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, int parts, int layer_columns,
-                       int layer_bias, size_t layer_out, int B, int T, int C, int NH) {
-    size_t e = ELEMENT_INDEX;
-    int hs = C / NH, layer = blockIdx.y;
-    if (e >= (size_t)parts * B * T * C) return;
-    int d = (int)(e % hs), t = (int)(e / hs % T), head = (int)(e / ((size_t)hs * T) % NH);
-    int b = (int)(e / ((size_t)C * T) % B), part = (int)(e / ((size_t)B * T * C));
-    int column = part * C + head * hs + d;
-    float v = in[((size_t)b * T + t) * ld + (size_t)layer * layer_columns + column];
-    out[(size_t)layer * layer_out + e] = bias ? v + bias[(size_t)layer * layer_bias + column] : v;
+                       int layer_bias, size_t layer_out, int B, int T, int hs, int NH, int width) {
+    LAYOUT_BLOCK(t, b);
+    if (t >= T) return;
+    int C = NH * hs, layer = (int)blockIdx.z;
+    const float *row = in + ((size_t)b * T + t) * ld + (size_t)layer * layer_columns;
+    const float *layer_b = bias ? bias + (size_t)layer * layer_bias : NULL;
+    float *to = out + (size_t)layer * layer_out + ((size_t)b * NH * T + t) * hs;   // part 0, head 0
+    size_t part_stride = (size_t)B * T * C, head_stride = (size_t)T * hs;
+    for (int part = 0; part < parts; part++)
+        for (int head = (int)threadIdx.y; head < NH; head += (int)blockDim.y) {
+            int column = part * C + head * hs;
+            float *o = to + part * part_stride + head * head_stride;
+            for (int d = (int)threadIdx.x * width; d < hs; d += (int)blockDim.x * width) {
+                if (width == 4) {
+                    float4 v = load_float4(row + column + d);
+                    store_float4(o + d, layer_b ? add_float4(v, load_float4(layer_b + column + d)) : v);
+                } else {
+                    float v = row[column + d];
+                    o[d] = layer_b ? v + layer_b[column + d] : v;
+                }
+            }
+        }
 }
-CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, int, int, int, size_t, int, int, int, int)
+CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, int, int, int, size_t, int, int, int,
+           int, int)
 
 // attention_forward's output back in rows, Concat(head_1, ..., head_h):
 //     out[(b*T + t)*C + head*hs + d] = heads[b][head][t][d]
 static __global__ void __launch_bounds__(THREADS)
-rows_from_heads_kernel(float *out, const float *heads, int B, int T, int C, int NH) {
-    size_t e = ELEMENT_INDEX;
-    if (e >= (size_t)B * T * C) return;
-    int hs = C / NH, c = (int)(e % C), head = c / hs, d = c % hs;
-    size_t bt = e / C, b = bt / T, t = bt % T;
-    out[e] = heads[((b * NH + head) * T + t) * hs + d];
+rows_from_heads_kernel(float *out, const float *heads, int T, int hs, int NH, int width) {
+    LAYOUT_BLOCK(t, b);
+    if (t >= T) return;
+    int C = NH * hs;
+    float *row = out + ((size_t)b * T + t) * C;
+    const float *from = heads + ((size_t)b * NH * T + t) * hs;   // head 0
+    for (int head = (int)threadIdx.y; head < NH; head += (int)blockDim.y) {
+        const float *h = from + (size_t)head * T * hs;
+        for (int d = (int)threadIdx.x * width; d < hs; d += (int)blockDim.x * width) {
+            if (width == 4) store_float4(row + head * hs + d, load_float4(h + d));
+            else row[head * hs + d] = h[d];
+        }
+    }
 }
 CPU_KERNEL(rows_from_heads_kernel, float *, const float *, int, int, int, int)
 
@@ -970,11 +1019,59 @@ static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, 
                    rstd, dsublayer, N, C);
 }
 
+// The layout kernels' width: 4 (float4) when the pointers are 16-byte aligned
+// and every other offset (`offsets`, in floats) a multiple of 4; else 1
+static int layout_width(const void *const *pointers, int count, const size_t *offsets, int offset_count) {
+    for (int i = 0; i < count; i++)
+        if (pointers[i] && (uintptr_t)pointers[i] % 16 != 0) return 1;
+    for (int i = 0; i < offset_count; i++)
+        if (offsets[i] % 4 != 0) return 1;
+    return 4;
+}
+
+// A layout kernel's block (LAYOUT_BLOCK) for heads of hs columns moved `width`
+// at a time: up to 32 threads along a head, the heads, and positions to fill
+// THREADS; and its grid over T positions (x), B sentences (y) and `layers` (z)
+static void layout_launch_shape(int T, int B, int layers, int hs, int NH, int width, dim3 *grid, dim3 *block) {
+    unsigned x = (unsigned)((hs + width - 1) / width);
+    if (x > WARP) x = WARP;
+    unsigned y = (unsigned)NH < THREADS / x ? (unsigned)NH : THREADS / x;
+    unsigned z = THREADS / (x * y);
+    if (z > 64) z = 64;   // a block's most along z
+    if (z > (unsigned)T) z = (unsigned)T;
+    *block = xyz(x, y, z);
+    *grid = xyz(blocks_for((size_t)T, z), (unsigned)B, (unsigned)layers);
+}
+
+// heads_from_rows_kernel for `layers` layers (layer_columns, layer_bias and layer_out apart)
+static void gpu_heads_from_rows_layers(float *out, const float *in, const float *bias, int ld, int parts,
+                                       int layers, const size_t layer_offsets[3], int B, int T, int C, int NH) {
+    int hs = C / NH;
+    const void *pointers[3] = { out, in, bias };
+    size_t offsets[6] = { (size_t)ld, (size_t)C, (size_t)hs, layer_offsets[0], layer_offsets[1], layer_offsets[2] };
+    int width = layout_width(pointers, 3, offsets, 6);
+    dim3 grid, block;
+    layout_launch_shape(T, B, layers, hs, NH, width, &grid, &block);
+    LAUNCH(heads_from_rows_kernel, grid, block, 0, out, in, bias, ld, parts, (int)layer_offsets[0],
+           (int)layer_offsets[1], layer_offsets[2], B, T, hs, NH, width);
+}
+
 // A projection's rows (N, ld) to `parts` head-major tensors, with its bias (NULL: none)
 static void gpu_heads_from_rows(float *out, const float *in, const float *bias, int ld, int parts, int B, int T,
                                 int C, int NH) {
-    LAUNCH(heads_from_rows_kernel, xyz(blocks_for((size_t)parts * B * T * C, THREADS), 1, 1), THREADS, 0, out, in,
-           bias, ld, parts, 0, 0, (size_t)0, B, T, C, NH);
+    size_t one_layer[3] = { 0, 0, 0 };
+    gpu_heads_from_rows_layers(out, in, bias, ld, parts, 1, one_layer, B, T, C, NH);
+}
+
+// attention_forward's heads (B, NH, T, hs) back in rows (B*T, C)
+static void gpu_rows_from_heads(float *out, const float *heads, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    const void *pointers[2] = { out, heads };
+    size_t offsets[2] = { (size_t)C, (size_t)hs };
+    int width = layout_width(pointers, 2, offsets, 2);
+    dim3 grid, block;
+    layout_launch_shape(T, B, 1, hs, NH, width, &grid, &block);
+    LAUNCH(rows_from_heads_kernel, grid, block, 0, out, heads, T, hs, NH, width);
 }
 
 // attention_forward for every sentence and head at once. q is (B, NH, Tq, hs),
@@ -992,7 +1089,7 @@ static void gpu_attention_forward(float *out, float *att, float *heads_hm, const
     // out_i = sum_j p_ij v_j:  out^T (hs x Tq) = V^T (hs x Tk, N) P^T (Tk x Tq, N)
     gemm_batched(OP_N, OP_N, hs, Tq, Tk, 1.0f, v, hs, kv_stride, att, Tk, att_stride, 0.0f, heads_hm, hs, q_stride,
                  count);
-    LAUNCH_ELEMENTS((size_t)B * Tq * C, rows_from_heads_kernel, out, heads_hm, B, Tq, C, NH);
+    gpu_rows_from_heads(out, heads_hm, B, Tq, C, NH);
 }
 
 // attention_backward for every sentence and head at once: dout (B, Tq, C) in
@@ -1492,8 +1589,9 @@ static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S
         return;
     }
     gpu_linear_forward(projected, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
-    LAUNCH(heads_from_rows_kernel, xyz(blocks_for((size_t)2 * NS * C, THREADS), L, 1), THREADS, 0, gpu.memory_kv,
-           projected, cross_b + C, L * 2 * C, 2, 2 * C, 3 * C, (size_t)2 * NS * C, B, S, C, c->n_heads);
+    size_t layer_offsets[3] = { (size_t)2 * C, (size_t)3 * C, (size_t)2 * NS * C };   // columns, bias, output
+    gpu_heads_from_rows_layers(gpu.memory_kv, projected, cross_b + C, L * 2 * C, 2, L, layer_offsets, B, S, C,
+                               c->n_heads);
 }
 
 // The memory's gradient from every decoder layer's keys and values, one
