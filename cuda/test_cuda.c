@@ -1378,8 +1378,8 @@ static double companion_step_difference(Batch *batch, int *faulted) {
 
 // The kernels that wait at __syncthreads, and those with shared memory
 static const char *const companion_cooperative_kernels[] = {
-    "layernorm_params_backward_kernel", "rows_from_heads_bias_backward_kernel", "relu_bias_backward_kernel",
-    "cross_entropy_kernel", "mean_loss_kernel",
+    "residual_layernorm_backward_kernel", "layernorm_params_backward_kernel", "rows_from_heads_bias_backward_kernel",
+    "relu_bias_backward_kernel", "cross_entropy_kernel", "mean_loss_kernel",
 };
 
 static void test_companion_faults(void) {
@@ -1388,7 +1388,10 @@ static void test_companion_faults(void) {
     check(!faulted && clean < COMPANION_TOL_GRADS, "companion: one training step as transformer.c's (loss and all "
           "gradients within %.1e of their largest; tolerance %.0e)", clean, COMPANION_TOL_GRADS);
     size_t n = sizeof companion_cooperative_kernels / sizeof *companion_cooperative_kernels;
+    size_t norm_sums = gpu_norm_sums_in_kernel;
     for (size_t k = 0; k < n; k++) {
+        // layernorm_params_backward_kernel runs where residual_layernorm_backward_kernel's blocks do not add the sums
+        gpu_norm_sums_in_kernel = strcmp(companion_cooperative_kernels[k], "layernorm_params_backward_kernel") ? norm_sums : 0;
         cpu_test_faults.barriers_skipped = companion_cooperative_kernels[k];
         double missing_barrier = companion_step_difference(&companion_batches()[0].batch, &faulted);
         cpu_test_faults.barriers_skipped = NULL;
@@ -1402,6 +1405,7 @@ static void test_companion_faults(void) {
               "(given 16 bytes less than it uses) is caught (%s)", companion_cooperative_kernels[k],
               faulted ? cuda_on_cpu.message : "not caught");
     }
+    gpu_norm_sums_in_kernel = norm_sums;
 }
 
 // 40 ragged sentences (up to 9 source and 8 target tokens): 320 target rows,
@@ -1518,6 +1522,16 @@ static void test_companion_deterministic(void) {
     check(memcmp(wide[0], wide[1], bytes) == 0, "companion: 3 training steps on 40 sentences (the column sums in "
           "chunks, the last block to finish adding them) with the threads and blocks in two other random orders end "
           "with the same parameters and moments, bit for bit");
+    // the layer norms' parameter gradients added by layernorm_params_backward_kernel instead of the last block
+    // of residual_layernorm_backward_kernel (12 chunks of rows): the same order, the same bits
+    size_t norm_sums = gpu_norm_sums_in_kernel;
+    gpu_norm_sums_in_kernel = 0;
+    real *apart = companion_state_after_batch(1, companion_wide_batch());
+    gpu_norm_sums_in_kernel = norm_sums;
+    check(memcmp(apart, wide[0], bytes) == 0, "companion: the layer norms' parameter gradients added by a kernel of "
+          "their own (layernorm_params_backward_kernel) or by the last block of the norm's backward kernel: 3 training "
+          "steps on 40 sentences end with the same parameters and moments, bit for bit");
+    free(apart);
     free(wide[0]); free(wide[1]);
     // --fused-attention: the biases' gradients summed by the last block of each head (8 of them a head on 40
     // sentences: each block adds its sentence's rows, the last adds the sentences in order)

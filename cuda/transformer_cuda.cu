@@ -419,58 +419,110 @@ residual_layernorm_forward_kernel(float *out, float *mean, float *rstd, float *r
 CPU_KERNEL(residual_layernorm_forward_kernel, float *, float *, float *, float *, const float *, const float *,
            const float *, Dropout, const float *, const float *, int, int, float)
 
-// residual_layernorm_backward's rows, a warp per row n:
+// residual_layernorm_backward, and its parameters' gradients (sums over the
+// N rows), with linear_backward's bias of the sub-layer before the norm:
 //   dres_i = rstd * (dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j xhat_j)),  dxhat = dout * gain
 //   dresidual_i = dres_i,   dsublayer_i = dres_i * mask_i
-// (written, not added: the products that add to dresidual come after)
+//   dgain_i = sum_n dout_ni xhat_ni,  dbias_i = sum_n dout_ni,  dsublayer_bias_i = sum_n dsublayer_ni
+// (dresidual and dsublayer written, not added: the products that add to
+// dresidual come after). A block per chunk of NORM_CHUNK_ROWS rows: first a
+// warp per row, its two means (into shared memory), then a thread per column
+// over the chunk's rows in order, which writes dres and adds the column's
+// three sums; they go to partials (3, chunks, C). The chunks' sums
+// (sum_of_norm_chunks) are added by the block that finishes last when
+// sums.finish, else by layernorm_params_backward_kernel: the same order, the
+// same bits. shared: 2 floats a row of a chunk, and one more when sums.finish.
+#define NORM_CHUNK_ROWS 32
+typedef struct {
+    float *dgain, *dbias, *dsublayer_bias, *partials;
+    unsigned *chunks_done;   // the blocks finished (zero between launches: the last sets it back)
+    int finish;              // 1: the last block adds the chunks; 0: layernorm_params_backward_kernel does
+} NormSums;
+
+// The chunks' sums of one column i of partials (chunks, C), in the order of a
+// column kernel's: ROW_GROUPS groups (chunks g, g + ROW_GROUPS, ...), then the groups in order
+static __device__ float sum_of_norm_chunks(const float *partials, int chunks, int C, int i) {
+    float total = 0;
+    for (int g = 0; g < ROW_GROUPS; g++) {
+        float group = 0;
+        for (int c = g; c < chunks; c += ROW_GROUPS) group += LOAD_FROM_OTHER_BLOCKS(&partials[(size_t)c * C + i]);
+        total += group;
+    }
+    return total;
+}
+
 static __global__ void __launch_bounds__(THREADS)
 residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const float *dout, const float *res,
                                    Dropout drop, const float *gain, const float *mean, const float *rstd, int N,
-                                   int C) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (row >= N) return;
-    size_t at = (size_t)row * C;
-    float m = mean[row], s = rstd[row], sum_dxhat = 0, sum_dxhat_xhat = 0;
-    for (int i = lane; i < C; i += WARP) {
-        float dxhat = dout[at + i] * gain[i];
-        sum_dxhat += dxhat;
-        sum_dxhat_xhat += dxhat * (res[at + i] - m) * s;
+                                   int C, NormSums sums) {
+    SHARED_FLOATS(row_means);   // (NORM_CHUNK_ROWS, 2): mean_j(dxhat_j), mean_j(dxhat_j xhat_j)
+    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, warps = (int)blockDim.x / WARP;
+    int chunk = (int)blockIdx.x, chunks = (int)gridDim.x, first = chunk * NORM_CHUNK_ROWS;
+    int rows = N - first < NORM_CHUNK_ROWS ? N - first : NORM_CHUNK_ROWS;
+    for (int r = warp; r < rows; r += warps) {
+        size_t at = (size_t)(first + r) * C;
+        float m = mean[first + r], s = rstd[first + r], sum_dxhat = 0, sum_dxhat_xhat = 0;
+        for (int i = lane; i < C; i += WARP) {
+            float dxhat = dout[at + i] * gain[i];
+            sum_dxhat += dxhat;
+            sum_dxhat_xhat += dxhat * (res[at + i] - m) * s;
+        }
+        float mean_dxhat = warp_sum(sum_dxhat) / C, mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) / C;
+        if (lane == 0) { row_means[2 * r] = mean_dxhat; row_means[2 * r + 1] = mean_dxhat_xhat; }
     }
-    float mean_dxhat = warp_sum(sum_dxhat) / C, mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) / C;
-    for (int i = lane; i < C; i += WARP) {
-        float xhat = (res[at + i] - m) * s;
-        float dres = s * (dout[at + i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
-        dresidual[at + i] = dres;
-        dsublayer[at + i] = dres * dropout_keep(drop, at + i);
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < C; i += (int)blockDim.x) {
+        float g = gain[i], sum_gain = 0, sum_bias = 0, sum_sublayer = 0;
+        for (int r = 0; r < rows; r++) {
+            size_t at = (size_t)(first + r) * C + i;
+            float m = mean[first + r], s = rstd[first + r], d = dout[at], xhat = (res[at] - m) * s;
+            float dres = s * (d * g - row_means[2 * r] - xhat * row_means[2 * r + 1]);
+            float dsub = dres * dropout_keep(drop, at);
+            dresidual[at] = dres;
+            dsublayer[at] = dsub;
+            sum_gain += d * (res[at] - m) * s;
+            sum_bias += d;
+            sum_sublayer += dsub;
+        }
+        sums.partials[(size_t)chunk * C + i] = sum_gain;
+        sums.partials[((size_t)chunks + chunk) * C + i] = sum_bias;
+        sums.partials[((size_t)2 * chunks + chunk) * C + i] = sum_sublayer;
     }
+    if (!sums.finish) return;   // the whole block
+    float *last = row_means + 2 * (N < NORM_CHUNK_ROWS ? N : NORM_CHUNK_ROWS);
+    __threadfence();   // the partials reach every block before the count says they are there
+    __syncthreads();
+    if (threadIdx.x == 0) *last = atomicAdd(sums.chunks_done, 1u) == (unsigned)chunks - 1 ? 1.0f : 0.0f;
+    __syncthreads();
+    if (*last == 0.0f) return;   // the whole block
+    float *out[3] = { sums.dgain, sums.dbias, sums.dsublayer_bias };
+    for (int e = (int)threadIdx.x; e < 3 * C; e += (int)blockDim.x) {
+        int which = e / C, i = e - which * C;
+        out[which][i] = sum_of_norm_chunks(sums.partials + (size_t)which * chunks * C, chunks, C, i);
+    }
+    if (threadIdx.x == 0) *sums.chunks_done = 0;
 }
 CPU_KERNEL(residual_layernorm_backward_kernel, float *, float *, const float *, const float *, Dropout, const float *,
-           const float *, const float *, int, int)
+           const float *, const float *, int, int, NormSums)
 
-// residual_layernorm_backward's gain and bias, and linear_backward's bias of
-// the sub-layer before the norm: sums over the N rows, a thread per column
-// and chunk of rows (finish_column_sums adds the chunks)
-//   dgain_i = sum_n dout_ni xhat_ni,  dbias_i = sum_n dout_ni,  dsublayer_bias_i = sum_n dsublayer_ni
+// residual_layernorm_backward_kernel's sums of the chunks when its blocks do
+// not add them (many chunks): a thread per column (blockIdx.y: which of the
+// three sums) and group of chunks, then the groups in order (sum_of_row_groups),
+// as sum_of_norm_chunks adds them
 static __global__ void __launch_bounds__(COLUMN_BLOCK)
-layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias, ColumnScratch scratch,
-                                 const float *dout, const float *res, const float *mean, const float *rstd,
-                                 const float *dsublayer, int N, int C) {
+layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias, const float *partials, int chunks,
+                                 int C) {
     SHARED_FLOATS(shared);
-    int i = blockIdx.x * WARP + threadIdx.x, first, end;
-    chunk_rows(N, &first, &end);
-    float sums[3] = { 0, 0, 0 };
+    int i = (int)(blockIdx.x * WARP + threadIdx.x), which = (int)blockIdx.y;
+    const float *from = partials + (size_t)which * chunks * C;
+    float sum = 0;
     if (i < C)
-        for (int n = first + (int)threadIdx.y; n < end; n += blockDim.y) {
-            size_t at = (size_t)n * C + i;
-            sums[0] += dout[at] * (res[at] - mean[n]) * rstd[n];
-            sums[1] += dout[at];
-            sums[2] += dsublayer[at];
-        }
-    for (int s = 0; s < 3; s++) sums[s] = sum_of_row_groups(sums[s], shared);
-    finish_column_sums(sums, 3, dgain, dbias, dsublayer_bias, scratch, i, C, shared);
+        for (int c = (int)threadIdx.y; c < chunks; c += (int)blockDim.y) sum += from[(size_t)c * C + i];
+    sum = sum_of_row_groups(sum, shared);
+    float *out = which == 0 ? dgain : (which == 1 ? dbias : dsublayer_bias);
+    if (threadIdx.y == 0 && i < C) out[i] = sum;
 }
-CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, ColumnScratch, const float *, const float *,
-           const float *, const float *, const float *, int, int)
+CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, const float *, int, int)
 
 // The layout kernels' 16-byte loads and stores (float4): the host launches
 // them only where every address is a multiple of 16 (layout_width), which
@@ -834,6 +886,7 @@ typedef struct {
     float *d_memory_kv;  // (B*S, L*2C) of every decoder layer's keys and values; forward: the projection
     float *d_logits;     // (B*T, V)
     float *d_attention_bias;   // (B, 3C) the fused attention's sums of each sentence's dq, dk, dv rows
+    float *d_norm_partials;    // (3, rows / NORM_CHUNK_ROWS, C) residual_layernorm_backward_kernel's chunks' sums
 } GpuScratch;
 
 // A captured step: the shape it was captured for (and whether dropout was on),
@@ -860,6 +913,7 @@ typedef struct {
     float *memory_kv_w;   // (L, 2C, C): each decoder layer's W^K, W^V, gathered for one product
     ColumnScratch columns;   // the column kernels' chunk sums (finish_column_sums)
     unsigned *attention_heads_done;   // (NH) fused_attention_backward_kernel's finished blocks, per head
+    unsigned *norm_chunks_done;       // residual_layernorm_backward_kernel's finished blocks
     void *model_memory;   // the above, one allocation
     // the batch, its activations and the scratch, carved for (B, S, T) from one allocation
     int B, S, T;
@@ -1010,13 +1064,22 @@ static void gpu_add_norm_forward(float *out, float *mean, float *rstd, float *re
 }
 
 // residual_layernorm_backward, and the gradient of the bias of the sub-layer
-// before the norm; dresidual and dsublayer are written
+// before the norm; dresidual and dsublayer are written. One launch when the
+// chunks' sums are few enough for the last block to add them
+// (gpu_norm_sums_in_kernel floats), else a second adds them.
+static size_t gpu_norm_sums_in_kernel = 65536;
 static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, float *dgain, float *dbias,
                                             float *dsublayer_bias, const float *dout, const float *res, Dropout drop,
                                             const float *gain, const float *mean, const float *rstd, int N, int C) {
-    LAUNCH_ROWS(N, residual_layernorm_backward_kernel, dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C);
-    LAUNCH_COLUMNS(C, N, layernorm_params_backward_kernel, dgain, dbias, dsublayer_bias, gpu.columns, dout, res, mean,
-                   rstd, dsublayer, N, C);
+    unsigned chunks = blocks_for((size_t)N, NORM_CHUNK_ROWS);
+    int finish = (size_t)3 * chunks * C <= gpu_norm_sums_in_kernel;
+    NormSums sums = { dgain, dbias, dsublayer_bias, gpu.scratch.d_norm_partials, gpu.norm_chunks_done, finish };
+    size_t chunk_rows = N < NORM_CHUNK_ROWS ? (size_t)N : NORM_CHUNK_ROWS;
+    LAUNCH(residual_layernorm_backward_kernel, chunks, THREADS, (2 * chunk_rows + (size_t)finish) * sizeof(float),
+           dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C, sums);
+    if (!finish)
+        LAUNCH(layernorm_params_backward_kernel, xyz(blocks_for((size_t)C, WARP), 3, 1), xyz(WARP, ROW_GROUPS, 1),
+               COLUMN_BLOCK * sizeof(float), dgain, dbias, dsublayer_bias, gpu.scratch.d_norm_partials, (int)chunks, C);
 }
 
 // The layout kernels' width: 4 (float4) when the pointers are 16-byte aligned
@@ -1371,6 +1434,7 @@ static size_t gpu_carve_batch(Carver *a, const TransformerConfig *c, int B, int 
     s->d_ff_h = carve(a, rows * F, "d_ff_h"); s->d_att = carve(a, B * NH * longest * longest, "d_att");
     s->d_memory_kv = carve(a, BS * L * 2 * C, "d_memory_kv"); s->d_logits = carve(a, BT * V, "d_logits");
     s->d_attention_bias = carve(a, (size_t)B * 3 * C, "d_attention_bias");
+    s->d_norm_partials = carve(a, 3 * blocks_for(rows, NORM_CHUNK_ROWS) * C, "d_norm_partials");
     gpu.scratch_floats = a->used - gpu.activation_floats;
     return a->used;
 }
@@ -1815,6 +1879,7 @@ static void gpu_allocate_model(const Transformer *m) {
     carve(&count, 3 * partials, "column_partials");
     carve(&count, column_blocks, "column_chunks_done");
     carve(&count, (size_t)c->n_heads, "attention_heads_done");
+    carve(&count, 1, "norm_chunks_done");
     gpu.model_memory = gpu_alloc(count.used * sizeof(float));
     Carver cut = { (float *)gpu.model_memory, 0 };
     float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
@@ -1829,6 +1894,8 @@ static void gpu_allocate_model(const Transformer *m) {
     CUDA_CHECK(cudaMemset(gpu.columns.chunks_done, 0, column_blocks * sizeof(unsigned)));
     gpu.attention_heads_done = (unsigned *)carve(&cut, (size_t)c->n_heads, "attention_heads_done");
     CUDA_CHECK(cudaMemset(gpu.attention_heads_done, 0, (size_t)c->n_heads * sizeof(unsigned)));
+    gpu.norm_chunks_done = (unsigned *)carve(&cut, 1, "norm_chunks_done");
+    CUDA_CHECK(cudaMemset(gpu.norm_chunks_done, 0, sizeof(unsigned)));
     gpu.cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
     CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
     gpu.enc = (GpuEncoderActs *)calloc((size_t)c->n_layers, sizeof(GpuEncoderActs));
