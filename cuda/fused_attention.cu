@@ -173,11 +173,12 @@ fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *
     // this sentence's sums: a thread per column of this head's dq, dk, dv, its rows in order
     float *partial = g.partials + (size_t)b * 3 * C + column;
     for (int e = (int)threadIdx.x; e < 3 * hs; e += (int)blockDim.x) {
-        int part = e / hs, d = e - part * hs, rows = part == 0 ? Tq : Tk;
-        const float *from = part == 0 ? dq + d : (part == 1 ? dk : dv) + d;
-        size_t stride = part == 0 ? (size_t)in.ld_q : (size_t)in.ld_kv;
+        int part = e / hs, d = e - part * hs;
         float sum = 0;
-        for (int r = 0; r < rows; r++) sum += from[(size_t)r * stride];
+        if (part == 0)
+            for (int i = 0; i < Tq; i++) sum += dq[(size_t)i * in.ld_q + d];
+        else
+            for (int j = 0; j < Tk; j++) sum += (part == 1 ? dk : dv)[(size_t)j * in.ld_kv + d];
         partial[(size_t)part * C + d] = sum;
     }
     __threadfence();   // the partials reach every block before the count says they are there

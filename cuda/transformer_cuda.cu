@@ -495,10 +495,10 @@ residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const flo
     if (threadIdx.x == 0) *last = atomicAdd(sums.chunks_done, 1u) == (unsigned)chunks - 1 ? 1.0f : 0.0f;
     __syncthreads();
     if (*last == 0.0f) return;   // the whole block
-    float *out[3] = { sums.dgain, sums.dbias, sums.dsublayer_bias };
     for (int e = (int)threadIdx.x; e < 3 * C; e += (int)blockDim.x) {
         int which = e / C, i = e - which * C;
-        out[which][i] = sum_of_norm_chunks(sums.partials + (size_t)which * chunks * C, chunks, C, i);
+        float *out = which == 0 ? sums.dgain : (which == 1 ? sums.dbias : sums.dsublayer_bias);
+        out[i] = sum_of_norm_chunks(sums.partials + (size_t)which * chunks * C, chunks, C, i);
     }
     if (threadIdx.x == 0) *sums.chunks_done = 0;
 }
