@@ -990,7 +990,8 @@ static inline int cpu_catches_fault(void (*run)(void *), void *context) {
 static inline void cpu_check_aligned16(const void *p) {
     if ((uintptr_t)p % 16 == 0) return;
     cpu_fault(cudaErrorMisalignedAddress, "%s, block (%u, %u), thread (%u, %u): a 16-byte access at %p, not 16-byte "
-              "aligned (misaligned address)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y, p);
+              "aligned (misaligned address)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y,
+              p);
 }
 
 // ---- launches -------------------------------------------------------------------

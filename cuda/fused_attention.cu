@@ -57,7 +57,8 @@ static __device__ void rows_to_shared(float *to, const float *from, size_t strid
                                       int hs) {
     int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, warps = (int)blockDim.x / WARP;
     for (int r = warp; r < rows; r += warps)
-        for (int d = lane; d < hs; d += WARP) to[r * (hs + 1) + d] = from[(size_t)r * stride + d] + (bias ? bias[d] : 0.0f);
+        for (int d = lane; d < hs; d += WARP)
+            to[r * (hs + 1) + d] = from[(size_t)r * stride + d] + (bias ? bias[d] : 0.0f);
 }
 
 // §3.2.1, eq. 1: out = softmax(q k^T / sqrt(d_k), over the visible keys) v,

@@ -444,7 +444,8 @@ static void fused_kernels_run(void *context) {
     cudaMemcpy(got_out, d_out, nout * sizeof(float), cudaMemcpyDeviceToHost);
     cudaMemcpy(got_dbias, d_dbias, 3 * C * sizeof(float), cudaMemcpyDeviceToHost);
     double e[6] = { columns_difference(got_out, out, Nq, C, 0, C), columns_difference(got_att, att, natt, 1, 0, 1),
-                    columns_difference(got_dq, dq, Nq, f.ld_q, 0, C), columns_difference(got_dkv, dkv, Nk, f.ld_kv, k0, C),
+                    columns_difference(got_dq, dq, Nq, f.ld_q, 0, C),
+                    columns_difference(got_dkv, dkv, Nk, f.ld_kv, k0, C),
                     columns_difference(got_dkv, dkv, Nk, f.ld_kv, k0 + C, C),
                     columns_difference(got_dbias, dbias, 1, 3 * C, 0, 3 * C) };
     const char *names[6] = { "out", "att", "dq", "dk", "dv", "the biases' gradient" };
@@ -521,7 +522,8 @@ static int layout_case_exact(LayoutCase l, int *width) {
                     for (int t = 0; t < l.T; t++)
                         for (int d = 0; d < l.hs; d++) {
                             int column = part * C + head * l.hs + d;
-                            size_t at = layer * layer_out + ((((size_t)part * l.B + b) * l.NH + head) * l.T + t) * l.hs + d;
+                            size_t head_row = (((size_t)part * l.B + b) * l.NH + head) * l.T + t;
+                            size_t at = layer * layer_out + head_row * l.hs + d;
                             want[at] = from[((size_t)b * l.T + t) * ld + layer * layer_columns + column] +
                                        bias[layer * layer_bias + column];
                         }
@@ -550,6 +552,7 @@ static int layout_case_exact(LayoutCase l, int *width) {
     return same;
 }
 
+#ifndef CUDA_ON_CPU_THREADS
 static float *layout_fault_floats;
 static void launch_misaligned_layout(void *unused) {
     (void)unused;
@@ -557,6 +560,7 @@ static void launch_misaligned_layout(void *unused) {
     LAUNCH_KERNEL(heads_from_rows_kernel, xyz(2, 1, 1), xyz(1, 2, 1), 0, layout_fault_floats + 64,
                   layout_fault_floats + 1, (const float *)NULL, 8, 1, 0, 0, (size_t)0, 1, 2, 4, 2, 4);
 }
+#endif
 
 static void test_companion_layout_kernels(void) {
     LayoutCase cases[4] = { { 3, 5, 4, 8, 3, 1, 0 }, { 2, 7, 2, 4, 2, 2, 0 }, { 3, 4, 2, 3, 3, 1, 0 },
@@ -1391,7 +1395,8 @@ static void test_companion_faults(void) {
     size_t norm_sums = gpu_norm_sums_in_kernel;
     for (size_t k = 0; k < n; k++) {
         // layernorm_params_backward_kernel runs where residual_layernorm_backward_kernel's blocks do not add the sums
-        gpu_norm_sums_in_kernel = strcmp(companion_cooperative_kernels[k], "layernorm_params_backward_kernel") ? norm_sums : 0;
+        int apart = strcmp(companion_cooperative_kernels[k], "layernorm_params_backward_kernel") == 0;
+        gpu_norm_sums_in_kernel = apart ? 0 : norm_sums;
         cpu_test_faults.barriers_skipped = companion_cooperative_kernels[k];
         double missing_barrier = companion_step_difference(&companion_batches()[0].batch, &faulted);
         cpu_test_faults.barriers_skipped = NULL;

@@ -1203,6 +1203,12 @@ static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, floa
                    gpu.columns, dheads, ld, parts, B, T, C, NH);
 }
 
+// Where the fused attention reads a self-attention's q, k, v: the rows (B*T, 3C) of qkv, before its bias
+static AttentionInRows self_attention_rows(const float *qkv, const float *qkv_b, int C) {
+    AttentionInRows in = { qkv, qkv + C, qkv + 2 * C, qkv_b, qkv_b + C, qkv_b + 2 * C, 3 * C, 3 * C };
+    return in;
+}
+
 // self_attention_forward: qkv = x W_qkv^T + b;  heads = Attention(q, k, v);  out = heads W^O^T (+ b^O by the norm)
 // qkv_hm gets q, k, v head-major, or with the fused attention the rows of qkv without b
 static void gpu_self_attention_forward(float *out, float *qkv_hm, float *att, float *heads, const float *x,
@@ -1211,7 +1217,7 @@ static void gpu_self_attention_forward(float *out, float *qkv_hm, float *att, fl
     size_t n = (size_t)B * T * C;
     if (gpu_fused_fits(T, T, C / NH)) {
         gpu_linear_forward(qkv_hm, x, w.qkv_w, B * T, C, 3 * C);
-        AttentionInRows in = { qkv_hm, qkv_hm + C, qkv_hm + 2 * C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, 3 * C, 3 * C };
+        AttentionInRows in = self_attention_rows(qkv_hm, w.qkv_b, C);
         FusedShape shape = { len, causal, T, T, C / NH };
         gpu_fused_attention_forward(heads, att, in, shape, B, NH);
         gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
@@ -1231,7 +1237,7 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
     size_t n = (size_t)B * T * C;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
     if (gpu_fused_fits(T, T, C / NH)) {   // qkv_hm holds qkv's rows; d_qkv gets theirs, and g.qkv_b
-        AttentionInRows in = { qkv_hm, qkv_hm + C, qkv_hm + 2 * C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, 3 * C, 3 * C };
+        AttentionInRows in = self_attention_rows(qkv_hm, w.qkv_b, C);
         AttentionGradsInRows d = { s->d_qkv, s->d_qkv + C, s->d_qkv + 2 * C, g.qkv_b, NULL, NULL };
         FusedShape shape = { NULL, 0, T, T, C / NH };
         gpu_fused_attention_backward(d, s->d_heads, att, in, shape, B, NH);
