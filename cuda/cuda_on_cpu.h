@@ -157,6 +157,9 @@ static inline dim3 cpu_dim3_same(dim3 d) { return d; }
 static inline dim3 cpu_dim3_x(unsigned x) { dim3 d = { x, 1, 1 }; return d; }
 // A launch's grid or block: a dim3, or a number of blocks or threads along x.
 #define CPU_DIM3(v) _Generic((v), dim3: cpu_dim3_same, default: cpu_dim3_x)(v)
+// Four floats loaded or stored at once (a 16-byte access: its address must be
+// 16-byte aligned, which cpu_check_aligned16 checks where a kernel makes one)
+typedef struct { float x, y, z, w; } float4;
 
 // CPU_KERNEL(kernel, T1, T2, ...): the struct kernel_cpu_args { T1 a2; T2 a1; } holding
 // one launch's arguments (members numbered down), and kernel_cpu_thread(args), which
@@ -219,9 +222,10 @@ static inline dim3 cpu_dim3_x(unsigned x) { dim3 d = { x, 1, 1 }; return d; }
 
 typedef enum {
     cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
-    cudaErrorIllegalState = 401, cudaErrorIllegalAddress = 700, cudaErrorStreamCaptureUnsupported = 900,
-    cudaErrorStreamCaptureInvalidated = 901, cudaErrorStreamCaptureUnmatched = 903,
-    cudaErrorStreamCaptureUnjoined = 904, cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureImplicit = 906
+    cudaErrorIllegalState = 401, cudaErrorIllegalAddress = 700, cudaErrorMisalignedAddress = 716,
+    cudaErrorStreamCaptureUnsupported = 900, cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnmatched = 903, cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureImplicit = 906
 } cudaError_t;
 
 static inline const char *cudaGetErrorString(cudaError_t error) {
@@ -232,6 +236,7 @@ static inline const char *cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorMisalignedAddress: return "misaligned address";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureUnmatched: return "the capture was not initiated in this stream";
@@ -1275,6 +1280,15 @@ static inline int cpu_catches_fault(void (*run)(void *), void *context) {
     cuda_on_cpu.sticky_error = cuda_on_cpu.last_error = cudaSuccess;
     cpu_drop_pending();
     return 1;
+}
+
+// A kernel's 16-byte access (a float4) at p: on a GPU an address that is not a
+// multiple of 16 faults (misaligned address), so it does here.
+static inline void cpu_check_aligned16(const void *p) {
+    if ((uintptr_t)p % 16 == 0) return;
+    cpu_fault(cudaErrorMisalignedAddress, "%s, block (%u, %u), thread (%u, %u): a 16-byte access at %p, not 16-byte "
+              "aligned (misaligned address)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y,
+              p);
 }
 
 // ---- launches -------------------------------------------------------------------

@@ -22,8 +22,9 @@
 #   bash cuda/gpu_session.sh profile   (timeout_s 300; about 2 minutes after proofs, on the warm machine)
 #       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
 #       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32, in TF32 and with --fused-attention;
-#       tiny's; then --fused-attention against the batched products, tiny, toy and base at the
-#       paper's batch, 3 alternating rounds (each line a bench's JSON)
+#       tiny's; then --fused-attention (q, k, v read from the projections' rows, cuda/fused_attention.cu)
+#       against the batched products, tiny, toy, base at 8 x 64 x 64 and at the paper's batch,
+#       3 alternating rounds (each line a bench's JSON)
 #
 # Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
 # one: proofs.log; streams.log; profile.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each
@@ -80,11 +81,12 @@ profile)
         done
         ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile --fused-attention || exit 1
         ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile || exit 1
+        ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile --fused-attention || exit 1
         # --fused-attention against cuBLAS's batched attention, alternating, 3 rounds (JSON lines)
         # (the order of the two alternates from round to round)
         for round in 1 2 3; do
             order="batched fused"; [ $((round % 2)) -eq 0 ] && order="fused batched"
-            for config in "--config tiny" "--config toy" "$paper"; do
+            for config in "--config tiny" "--config toy" "--config base" "$paper"; do
                 for variant in $order; do
                     flag=; [ $variant = fused ] && flag=--fused-attention
                     json=$(./transformer_cuda bench $config --json $flag | tail -n 1) || json=FAILED

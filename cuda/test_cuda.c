@@ -340,8 +340,12 @@ static void test_companion_fused_attention(void) {
     GpuCounts fused = companion_step_counts(2, 4, 0);
     transformer_cuda_fuse_attention(0);
     long fewer = plain.launches + plain.gemms - fused.launches - fused.gemms;
-    check(fewer == 8 * 3 * 2, "companion --fused-attention: a 2-layer step is %ld launches and cuBLAS calls, %ld fewer "
-          "than without (8 for each of its 6 attention sub-layers)", fused.launches + fused.gemms, fewer);
+    // a self-attention sub-layer: 4 forward (the copy into heads, two products, the softmax, the copy back: one
+    // kernel) and 6 backward (the copy into heads, four products, the softmax, the copy back: one kernel);
+    // a cross-attention 4 and 7 (its keys' and values' copy back too); the memory's keys and values: 1
+    check(fewer == 10 * 2 * 2 + 11 * 2 + 1, "companion --fused-attention: a 2-layer step is %ld launches and cuBLAS "
+          "calls, %ld fewer than without (10 for each of its 4 self-attention sub-layers, 11 for each of its 2 "
+          "cross-attentions, 1 for the memory's keys and values)", fused.launches + fused.gemms, fewer);
 #endif
 }
 
@@ -377,6 +381,242 @@ static void test_companion_one_stream(void) {
           "two streams and on one (--one-stream) end with the same parameters and moments, bit for bit");
     free(state[0]); free(state[1]);
 }
+
+#ifndef COMPANION_ON_GPU
+// The fused kernels alone (fused_attention.cu) against the loops they replace:
+// transformer.c's attention_forward and attention_backward (Part I's, the fast
+// path set aside) on q, k, v in rows with their biases added, and
+// linear_backward's bias gradient, the sums of dq's, dk's and dv's rows.
+// q's rows are ld_q apart, k's and v's ld_kv (k at column k_column, v C further),
+// as in the companion: a self-attention's (B*T, 3C) rows, a cross-attention's
+// q (B*T, C) and one layer's columns of the memory's (B*S, L*2C).
+typedef struct { int B, Tq, Tk, NH, hs, causal, ld_q, ld_kv, k_column; } FusedCase;
+typedef struct { FusedCase shape; double worst; const char *worst_name; } FusedRun;
+
+// The largest difference of `width` columns from `column` of `rows` rows ld apart,
+// relative to the host's largest there; NaN anywhere gives infinity
+static double columns_difference(const float *device, const real *host, size_t rows, int ld, int column, int width) {
+    double worst = 0, scale = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (int c = column; c < column + width; c++) {
+            double d = fabs((double)device[r * ld + c] - host[r * ld + c]);
+            worst = d <= worst ? worst : (isnan(d) ? INFINITY : d);
+            scale = fmax(scale, fabs((double)host[r * ld + c]));
+        }
+    return scale > 0 ? worst / scale : worst;
+}
+
+static void fused_kernels_run(void *context) {
+    FusedRun *run = (FusedRun *)context;
+    FusedCase f = run->shape;
+    int C = f.NH * f.hs, k0 = f.k_column;
+    size_t Nq = (size_t)f.B * f.Tq, Nk = (size_t)f.B * f.Tk, nq = Nq * f.ld_q, nk = Nk * f.ld_kv;
+    size_t natt = (size_t)f.B * f.NH * f.Tq * f.Tk, nout = Nq * C;
+    Rng rng;
+    rng_seed(&rng, 17);
+    // the rows without their biases (what the companion keeps), and with them (transformer.c's)
+    real *q = calloc(nq, sizeof(real)), *kv = calloc(nk, sizeof(real)), *bias = calloc(3 * C, sizeof(real));
+    real *qb = calloc(nq, sizeof(real)), *kvb = calloc(nk, sizeof(real)), *dout = calloc(nout, sizeof(real));
+    real *out = calloc(nout, sizeof(real)), *att = calloc(natt, sizeof(real)), *dbias = calloc(3 * C, sizeof(real));
+    real *dq = calloc(nq, sizeof(real)), *dkv = calloc(nk, sizeof(real));
+    float *got = calloc(nq + nk + natt + nout + 3 * C, sizeof(float));
+    int key_len[64];
+    for (int c = 0; c < 3 * C; c++) bias[c] = (real)(rng_uniform(&rng) - 0.5);
+    for (size_t i = 0; i < nq; i++) {
+        int c = (int)(i % f.ld_q);
+        q[i] = (real)(2 * rng_uniform(&rng) - 1);
+        qb[i] = q[i] + (c < C ? bias[c] : 0);
+    }
+    for (size_t i = 0; i < nk; i++) {
+        int c = (int)(i % f.ld_kv) - k0;
+        kv[i] = (real)(2 * rng_uniform(&rng) - 1);
+        kvb[i] = kv[i] + (c >= 0 && c < 2 * C ? bias[C + c] : 0);
+    }
+    for (size_t i = 0; i < nout; i++) dout[i] = (real)(2 * rng_uniform(&rng) - 1);
+    for (int b = 0; b < f.B; b++) key_len[b] = b == 0 ? f.Tk : 1 + rng_below(&rng, f.Tk);
+    AttentionShape shape = { f.B, f.Tq, f.Tk, C, f.NH, f.ld_q, f.ld_kv };
+    FastPath saved = fast_path;
+    fast_path.attention_forward = NULL;
+    fast_path.attention_backward = NULL;
+    attention_forward(out, att, qb, kvb + k0, kvb + k0 + C, key_len, f.causal, shape);
+    attention_backward(dq, dkv + k0, dkv + k0 + C, dout, att, qb, kvb + k0, kvb + k0 + C, shape);
+    fast_path = saved;
+    for (size_t r = 0; r < Nq; r++)
+        for (int c = 0; c < C; c++) dbias[c] += dq[r * f.ld_q + c];
+    for (size_t r = 0; r < Nk; r++)
+        for (int c = 0; c < 2 * C; c++) dbias[C + c] += dkv[r * f.ld_kv + k0 + c];
+    // the same on the "GPU"
+    float *d_q, *d_kv, *d_bias, *d_dout, *d_out, *d_att, *d_ds, *d_dq, *d_dkv, *d_dbias, *d_partials;
+    int *d_len;
+    unsigned *d_done;
+    cudaMalloc((void **)&d_q, nq * sizeof(float)); cudaMalloc((void **)&d_kv, nk * sizeof(float));
+    cudaMalloc((void **)&d_bias, 3 * C * sizeof(float)); cudaMalloc((void **)&d_dout, nout * sizeof(float));
+    cudaMalloc((void **)&d_out, nout * sizeof(float)); cudaMalloc((void **)&d_att, natt * sizeof(float));
+    cudaMalloc((void **)&d_ds, natt * sizeof(float)); cudaMalloc((void **)&d_dq, nq * sizeof(float));
+    cudaMalloc((void **)&d_dkv, nk * sizeof(float)); cudaMalloc((void **)&d_dbias, 3 * C * sizeof(float));
+    cudaMalloc((void **)&d_partials, (size_t)f.B * 3 * C * sizeof(float));
+    cudaMalloc((void **)&d_len, f.B * sizeof(int)); cudaMalloc((void **)&d_done, f.NH * sizeof(unsigned));
+    cudaMemcpy(d_q, q, nq * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_kv, kv, nk * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_bias, bias, 3 * C * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_dout, dout, nout * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_len, key_len, f.B * sizeof(int), cudaMemcpyHostToDevice);
+    cudaMemset(d_done, 0, f.NH * sizeof(unsigned));
+    AttentionInRows in = { d_q, d_kv + k0, d_kv + k0 + C, d_bias, d_bias + C, d_bias + 2 * C, f.ld_q, f.ld_kv };
+    AttentionGradsInRows g = { d_dq, d_dkv + k0, d_dkv + k0 + C, d_dbias, d_partials, d_done };
+    FusedShape fs = { d_len, f.causal, f.Tq, f.Tk, f.hs };
+    dim3 grid = { (unsigned)f.NH, (unsigned)f.B, 1 };
+    LAUNCH_KERNEL(fused_attention_forward_kernel, grid, THREADS, fused_forward_bytes(f.Tk, f.hs), d_out, d_att, in, fs);
+    LAUNCH_KERNEL(fused_attention_backward_kernel, grid, THREADS, fused_backward_bytes(f.Tq, f.Tk, f.hs), g, d_ds,
+                  d_dout, d_att, in, fs);
+    run->worst = cudaGetLastError() == cudaSuccess ? 0 : INFINITY;
+    float *got_dq = got, *got_dkv = got_dq + nq, *got_att = got_dkv + nk, *got_out = got_att + natt;
+    float *got_dbias = got_out + nout;
+    cudaMemcpy(got_dq, d_dq, nq * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_dkv, d_dkv, nk * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_att, d_att, natt * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_out, d_out, nout * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_dbias, d_dbias, 3 * C * sizeof(float), cudaMemcpyDeviceToHost);
+    double e[6] = { columns_difference(got_out, out, Nq, C, 0, C), columns_difference(got_att, att, natt, 1, 0, 1),
+                    columns_difference(got_dq, dq, Nq, f.ld_q, 0, C),
+                    columns_difference(got_dkv, dkv, Nk, f.ld_kv, k0, C),
+                    columns_difference(got_dkv, dkv, Nk, f.ld_kv, k0 + C, C),
+                    columns_difference(got_dbias, dbias, 1, 3 * C, 0, 3 * C) };
+    const char *names[6] = { "out", "att", "dq", "dk", "dv", "the biases' gradient" };
+    run->worst_name = "";
+    for (int i = 0; i < 6; i++)
+        if (!(e[i] <= run->worst)) { run->worst = e[i]; run->worst_name = names[i]; }
+    cudaFree(d_q); cudaFree(d_kv); cudaFree(d_bias); cudaFree(d_dout); cudaFree(d_out); cudaFree(d_att); cudaFree(d_ds);
+    cudaFree(d_dq); cudaFree(d_dkv); cudaFree(d_dbias); cudaFree(d_partials); cudaFree(d_len); cudaFree(d_done);
+    free(q); free(kv); free(bias); free(qb); free(kvb); free(dout); free(out); free(att); free(dbias); free(dq);
+    free(dkv); free(got);
+}
+
+// The kernels against the loops for a self-attention (causal, ragged keys) and
+// a cross-attention (Tq != Tk, one layer's columns of the memory's rows), heads
+// of 4 and of 48 (more than a warp's lanes); then with their barriers left out,
+// and with 16 bytes less shared memory than they index: each must be caught.
+static void test_companion_fused_attention_kernels(void) {
+    FusedCase cases[4] = { { 3, 7, 7, 4, 4, 1, 48, 48, 16 }, { 5, 6, 9, 4, 4, 0, 16, 64, 32 },
+                           { 2, 11, 11, 2, 48, 1, 288, 288, 96 }, { 3, 5, 13, 2, 48, 0, 96, 384, 192 } };
+    const char *what[4] = { "self-attention (causal), heads of 4", "cross-attention, heads of 4",
+                            "self-attention (causal), heads of 48", "cross-attention, heads of 48" };
+    for (int i = 0; i < 4; i++) {
+        FusedRun run = { cases[i], 0, "" };
+        int faulted = cpu_catches_fault(fused_kernels_run, &run);
+        check(!faulted && run.worst < COMPANION_TOL_GRADS, "companion: fused_attention_forward_kernel and "
+              "fused_attention_backward_kernel on %d sentences of %d queries and %d keys (%s, q, k, v read from rows "
+              "%d and %d apart, biases added on load) give transformer.c's attention_forward and attention_backward "
+              "and the biases' gradient (worst %.1e, %s; tolerance %.0e)", cases[i].B, cases[i].Tq, cases[i].Tk,
+              what[i], cases[i].ld_q, cases[i].ld_kv, faulted ? INFINITY : run.worst, run.worst_name,
+              COMPANION_TOL_GRADS);
+    }
+#ifndef CUDA_ON_CPU_THREADS   // the faults: the fibers' (make test-threads has threads)
+    const char *kernels[2] = { "fused_attention_forward_kernel", "fused_attention_backward_kernel" };
+    for (int k = 0; k < 2; k++) {   // 11 queries: every warp's rows of shared memory are used
+        FusedRun run = { cases[2], 0, "" };
+        cpu_test_faults.barriers_skipped = kernels[k];
+        int faulted = cpu_catches_fault(fused_kernels_run, &run);
+        cpu_test_faults.barriers_skipped = NULL;
+        check(faulted || !(run.worst < COMPANION_TOL_GRADS), "companion: %s without its __syncthreads and __syncwarp "
+              "is caught (%s %.2g)", kernels[k], faulted ? "a fault:" : "off by", faulted ? 0.0 : run.worst);
+        cpu_test_faults.shared_memory_short = kernels[k];
+        faulted = cpu_catches_fault(fused_kernels_run, &run);
+        cpu_test_faults.shared_memory_short = NULL;
+        check(faulted && strstr(cuda_on_cpu.message, "out of bounds"), "companion: %s indexing past its shared "
+              "memory (given 16 bytes less than it uses) is caught (%s)", kernels[k],
+              faulted ? cuda_on_cpu.message : "not caught");
+    }
+#endif
+}
+#endif
+
+#ifndef COMPANION_ON_GPU
+// The layout kernels against their formulas, exactly (they only move numbers
+// and add a bias): heads_from_rows_kernel for a self-attention's q, k, v (3
+// parts), the memory's keys and values of 2 layers, and heads of 3 columns
+// (odd: one at a time), with rows starting one float off 16 bytes (the float4
+// loads refused, layout_width 1); rows_from_heads_kernel back. `misaligned`:
+// the input 1 float off its allocation's start.
+typedef struct { int B, T, NH, hs, parts, layers, misaligned; } LayoutCase;
+static int layout_case_exact(LayoutCase l, int *width) {
+    int C = l.NH * l.hs, ld = l.parts * C * l.layers, N = l.B * l.T;
+    size_t n_in = (size_t)N * ld + 1, n_out = (size_t)l.layers * l.parts * N * C, n_bias = (size_t)3 * C * l.layers;
+    float *in = calloc(n_in, sizeof(float)), *bias = calloc(n_bias, sizeof(float));
+    float *want = calloc(n_out, sizeof(float)), *got = calloc(n_out, sizeof(float));
+    float *rows = calloc((size_t)N * C, sizeof(float));
+    for (size_t i = 0; i < n_in; i++) in[i] = (float)i * 0.25f - 3;
+    for (size_t i = 0; i < n_bias; i++) bias[i] = (float)i * 0.5f + 1;
+    const float *from = in + l.misaligned;
+    size_t layer_columns = (size_t)l.parts * C, layer_bias = (size_t)3 * C, layer_out = (size_t)l.parts * N * C;
+    for (int layer = 0; layer < l.layers; layer++)
+        for (int part = 0; part < l.parts; part++)
+            for (int b = 0; b < l.B; b++)
+                for (int head = 0; head < l.NH; head++)
+                    for (int t = 0; t < l.T; t++)
+                        for (int d = 0; d < l.hs; d++) {
+                            int column = part * C + head * l.hs + d;
+                            size_t head_row = (((size_t)part * l.B + b) * l.NH + head) * l.T + t;
+                            size_t at = layer * layer_out + head_row * l.hs + d;
+                            want[at] = from[((size_t)b * l.T + t) * ld + layer * layer_columns + column] +
+                                       bias[layer * layer_bias + column];
+                        }
+    float *d_in, *d_bias, *d_out, *d_rows;
+    cudaMalloc((void **)&d_in, n_in * sizeof(float)); cudaMalloc((void **)&d_bias, n_bias * sizeof(float));
+    cudaMalloc((void **)&d_out, n_out * sizeof(float)); cudaMalloc((void **)&d_rows, (size_t)N * C * sizeof(float));
+    cudaMemcpy(d_in, in, n_in * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_bias, bias, n_bias * sizeof(float), cudaMemcpyHostToDevice);
+    size_t offsets[3] = { layer_columns, layer_bias, layer_out };
+    gpu_heads_from_rows_layers(d_out, d_in + l.misaligned, d_bias, ld, l.parts, l.layers, offsets, l.B, l.T, C, l.NH);
+    const void *pointers[3] = { d_out, d_in + l.misaligned, d_bias };
+    size_t all[6] = { (size_t)ld, (size_t)C, (size_t)l.hs, layer_columns, layer_bias, layer_out };
+    *width = layout_width(pointers, 3, all, 6);
+    gpu_rows_from_heads(d_rows, d_out, l.B, l.T, C, l.NH);   // the first part of the first layer back in rows
+    int ran = cudaGetLastError() == cudaSuccess;
+    cudaMemcpy(got, d_out, n_out * sizeof(float), cudaMemcpyDeviceToHost);
+    int same = ran && memcmp(got, want, n_out * sizeof(float)) == 0;
+    cudaMemcpy(got, d_rows, (size_t)N * C * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int n = 0; n < N && same; n++)
+        for (int c = 0; c < C; c++) {
+            float expected = from[(size_t)n * ld + c] + bias[c];
+            same &= memcmp(&got[(size_t)n * C + c], &expected, sizeof(float)) == 0;
+        }
+    cudaFree(d_in); cudaFree(d_bias); cudaFree(d_out); cudaFree(d_rows);
+    free(in); free(bias); free(want); free(got); free(rows);
+    return same;
+}
+
+#ifndef CUDA_ON_CPU_THREADS
+static float *layout_fault_floats;
+static void launch_misaligned_layout(void *unused) {
+    (void)unused;
+    // float4 loads from a row one float past a 16-byte boundary, as if layout_width had said 4
+    LAUNCH_KERNEL(heads_from_rows_kernel, xyz(2, 1, 1), xyz(1, 2, 1), 0, layout_fault_floats + 64,
+                  layout_fault_floats + 1, (const float *)NULL, 8, 1, 0, 0, (size_t)0, 1, 2, 4, 2, 4);
+}
+#endif
+
+static void test_companion_layout_kernels(void) {
+    LayoutCase cases[4] = { { 3, 5, 4, 8, 3, 1, 0 }, { 2, 7, 2, 4, 2, 2, 0 }, { 3, 4, 2, 3, 3, 1, 0 },
+                            { 2, 6, 4, 8, 3, 1, 1 } };
+    const char *what[4] = { "q, k, v of 4 heads of 8", "the memory's k, v for 2 layers", "heads of 3 columns",
+                            "rows one float off 16 bytes" };
+    for (int i = 0; i < 4; i++) {
+        int width = 0, exact = layout_case_exact(cases[i], &width);
+        int expected_width = i >= 2 ? 1 : 4;
+        check(exact && width == expected_width, "companion: heads_from_rows_kernel and rows_from_heads_kernel "
+              "(%s; %d columns a thread: %s) move every number where their formulas say, bit for bit", what[i],
+              width, width == 4 ? "float4 loads and stores" : "one at a time");
+    }
+#ifndef CUDA_ON_CPU_THREADS
+    cudaMalloc((void **)&layout_fault_floats, 128 * sizeof(float));
+    int caught = cpu_catches_fault(launch_misaligned_layout, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "misaligned"), "emulator: a float4 load from an address not a multiple "
+          "of 16 is caught, as a GPU faults (%s)", caught ? cuda_on_cpu.message : "not caught");
+    cudaFree(layout_fault_floats);
+#endif
+}
+#endif
 
 // Runs a command line (words separated by single spaces) through
 // transformer_main with the given training steps, its output discarded.
@@ -1363,8 +1603,8 @@ static double companion_step_difference(Batch *batch, int *faulted) {
 
 // The kernels that wait at __syncthreads, and those with shared memory
 static const char *const companion_cooperative_kernels[] = {
-    "layernorm_params_backward_kernel", "rows_from_heads_bias_backward_kernel", "relu_bias_backward_kernel",
-    "cross_entropy_kernel", "mean_loss_kernel",
+    "residual_layernorm_backward_kernel", "layernorm_params_backward_kernel", "rows_from_heads_bias_backward_kernel",
+    "relu_bias_backward_kernel", "cross_entropy_kernel", "mean_loss_kernel",
 };
 
 static void test_companion_faults(void) {
@@ -1373,7 +1613,11 @@ static void test_companion_faults(void) {
     check(!faulted && clean < COMPANION_TOL_GRADS, "companion: one training step as transformer.c's (loss and all "
           "gradients within %.1e of their largest; tolerance %.0e)", clean, COMPANION_TOL_GRADS);
     size_t n = sizeof companion_cooperative_kernels / sizeof *companion_cooperative_kernels;
+    size_t norm_sums = gpu_norm_sums_in_kernel;
     for (size_t k = 0; k < n; k++) {
+        // layernorm_params_backward_kernel runs where residual_layernorm_backward_kernel's blocks do not add the sums
+        int apart = strcmp(companion_cooperative_kernels[k], "layernorm_params_backward_kernel") == 0;
+        gpu_norm_sums_in_kernel = apart ? 0 : norm_sums;
         cpu_test_faults.barriers_skipped = companion_cooperative_kernels[k];
         double missing_barrier = companion_step_difference(&companion_batches()[0].batch, &faulted);
         cpu_test_faults.barriers_skipped = NULL;
@@ -1387,6 +1631,7 @@ static void test_companion_faults(void) {
               "(given 16 bytes less than it uses) is caught (%s)", companion_cooperative_kernels[k],
               faulted ? cuda_on_cpu.message : "not caught");
     }
+    gpu_norm_sums_in_kernel = norm_sums;
 }
 
 // 40 ragged sentences (up to 9 source and 8 target tokens): 320 target rows,
@@ -1432,18 +1677,25 @@ static void test_companion_column_chunks(void) {
 // graph, joined before Adam), a step's gradients are not transformer.c's, in
 // some of 6 orders of the streams' work
 static void test_companion_stream_waits(void) {
-    const char *what[3] = { "the second stream's waits for the main one (forks)",
+    const char *what[4] = { "the second stream's waits for the main one (forks)",
                             "the main stream's waits for the second (joins)",
-                            "the main stream's waits before it overwrites what the second reads (a captured step)" };
-    for (int skipped = 1; skipped <= 3; skipped++) {
+                            "the main stream's waits before it overwrites what the second reads (a captured step)",
+                            "the main stream's waits before it overwrites what the second reads (a captured step, "
+                            "--fused-attention, the norms' sums by a kernel of their own on the second stream)" };
+    size_t norm_sums = gpu_norm_sums_in_kernel;
+    for (int skipped = 1; skipped <= 4; skipped++) {
         int caught = 0, faulted;
-        companion_skip_waits = skipped;
+        companion_skip_waits = skipped == 4 ? 3 : skipped;
+        transformer_cuda_fuse_attention(skipped == 4);
+        gpu_norm_sums_in_kernel = skipped == 4 ? 0 : norm_sums;
         for (uint64_t seed = 1; seed <= 6; seed++) {
             cpu_seed(seed);
             double d = companion_step_difference(&companion_batches()[1].batch, &faulted);
             caught += faulted || !(d < COMPANION_TOL_GRADS);
         }
         companion_skip_waits = 0;
+        transformer_cuda_fuse_attention(0);
+        gpu_norm_sums_in_kernel = norm_sums;
         cpu_seed(1);
         check(caught > 0, "companion: a training step with %s left out is caught: its gradients differ from "
               "transformer.c's in %d of 6 orders of the two streams' work", what[skipped - 1], caught);
@@ -1520,6 +1772,23 @@ static void test_companion_graphs(void) {
               seeds[i] == 1 ? "" : seeds[i] == 2 ? " (the threads and the streams' work in another order)"
                                                  : " (and in a third order)");
     for (int i = 0; i < RUNS; i++) free(state[i]);
+    // --fused-attention: its per-head counts of finished blocks are set back by the last block, replay after
+    // replay; on two streams (the streams' work in two orders) and on one
+    enum { FUSED_RUNS = 4 };
+    int fused_after[FUSED_RUNS] = { 0, 2, 2, 2 }, fused_one[FUSED_RUNS] = { 0, 0, 0, 1 };
+    uint64_t fused_seeds[FUSED_RUNS] = { 1, 1, 2, 1 };
+    transformer_cuda_fuse_attention(1);
+    for (int i = 0; i < FUSED_RUNS; i++)
+        state[i] = companion_graph_run(fused_after[i], fused_one[i], fused_seeds[i], losses[i], &launches[i]);
+    transformer_cuda_fuse_attention(0);
+    for (int i = 1; i < FUSED_RUNS; i++)
+        check(memcmp(state[i], state[0], bytes) == 0 && memcmp(losses[i], losses[0], sizeof losses[0]) == 0 &&
+              launches[0] == 0 && launches[i] == 6, "companion --fused-attention: %d training steps replayed from "
+              "CUDA graphs (%ld launches) %s end with the losses, parameters and moments of the steps launched kernel "
+              "by kernel, bit for bit", GRAPH_RUN_STEPS, launches[i],
+              fused_one[i] ? "on one stream (--one-stream)"
+                           : fused_seeds[i] == 1 ? "on two streams" : "on two streams, their work in another order");
+    for (int i = 0; i < FUSED_RUNS; i++) free(state[i]);
 }
 
 static void test_companion_deterministic(void) {
@@ -1538,7 +1807,30 @@ static void test_companion_deterministic(void) {
     check(memcmp(wide[0], wide[1], bytes) == 0, "companion: 3 training steps on 40 sentences (the column sums in "
           "chunks, the last block to finish adding them) with the threads and blocks in two other random orders end "
           "with the same parameters and moments, bit for bit");
+    // the layer norms' parameter gradients added by layernorm_params_backward_kernel (on the second stream)
+    // instead of the last block of residual_layernorm_backward_kernel (12 chunks of rows): the same order, the
+    // same bits, in two orders of the threads and of the two streams' work
+    size_t norm_sums = gpu_norm_sums_in_kernel;
+    gpu_norm_sums_in_kernel = 0;
+    real *apart[2] = { companion_state_after_batch(1, companion_wide_batch()),
+                       companion_state_after_batch(2, companion_wide_batch()) };
+    gpu_norm_sums_in_kernel = norm_sums;
+    check(memcmp(apart[0], wide[0], bytes) == 0 && memcmp(apart[1], wide[0], bytes) == 0, "companion: the layer "
+          "norms' parameter gradients added by a kernel of their own on the second stream "
+          "(layernorm_params_backward_kernel) or by the last block of the norm's backward kernel: 3 training steps on "
+          "40 sentences end with the same parameters and moments, bit for bit (two orders of the threads and streams)");
+    free(apart[0]); free(apart[1]);
     free(wide[0]); free(wide[1]);
+    // --fused-attention: the biases' gradients summed by the last block of each head (8 of them a head on 40
+    // sentences: each block adds its sentence's rows, the last adds the sentences in order)
+    transformer_cuda_fuse_attention(1);
+    real *fused[2] = { companion_state_after_batch(1, companion_wide_batch()),
+                       companion_state_after_batch(2, companion_wide_batch()) };
+    transformer_cuda_fuse_attention(0);
+    check(memcmp(fused[0], fused[1], bytes) == 0, "companion --fused-attention: 3 training steps on 40 sentences "
+          "(a block per head and sentence, the last of a head to finish adding the sentences' bias sums) with the "
+          "threads and blocks in two other random orders end with the same parameters and moments, bit for bit");
+    free(fused[0]); free(fused[1]);
     cpu_test_faults.launch_replaced = "embedding_backward_kernel";
     cpu_test_faults.replacement = racy_embedding_backward_kernel_cpu_thread;
     real *racy[2] = { companion_state_after(1), companion_state_after(2) };
@@ -1597,6 +1889,8 @@ void run_companion_tests(void) {
     test_companion_fused_attention();
     test_companion_one_stream();
 #ifndef COMPANION_ON_GPU
+    test_companion_fused_attention_kernels();
+    test_companion_layout_kernels();
 #ifndef CUDA_ON_CPU_THREADS
     test_companion_faults();
     test_companion_column_chunks();

@@ -433,90 +433,191 @@ residual_layernorm_forward_kernel(float *out, float *mean, float *rstd, float *r
 CPU_KERNEL(residual_layernorm_forward_kernel, float *, float *, float *, float *, const float *, const float *,
            const float *, Dropout, const float *, const float *, int, int, float)
 
-// residual_layernorm_backward's rows, a warp per row n:
+// residual_layernorm_backward, and its parameters' gradients (sums over the
+// N rows), with linear_backward's bias of the sub-layer before the norm:
 //   dres_i = rstd * (dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j xhat_j)),  dxhat = dout * gain
 //   dresidual_i = dres_i,   dsublayer_i = dres_i * mask_i
-// (written, not added: the products that add to dresidual come after)
+//   dgain_i = sum_n dout_ni xhat_ni,  dbias_i = sum_n dout_ni,  dsublayer_bias_i = sum_n dsublayer_ni
+// (dresidual and dsublayer written, not added: the products that add to
+// dresidual come after). A block per chunk of NORM_CHUNK_ROWS rows: first a
+// warp per row, its two means (into shared memory), then a thread per column
+// over the chunk's rows in order, which writes dres and adds the column's
+// three sums; they go to partials (3, chunks, C). The chunks' sums
+// (sum_of_norm_chunks) are added by the block that finishes last when
+// sums.finish, else by layernorm_params_backward_kernel: the same order, the
+// same bits. shared: 2 floats a row of a chunk, and one more when sums.finish.
+#define NORM_CHUNK_ROWS 32
+typedef struct {
+    float *dgain, *dbias, *dsublayer_bias, *partials;
+    unsigned *chunks_done;   // the blocks finished (zero between launches: the last sets it back)
+    int finish;              // 1: the last block adds the chunks; 0: layernorm_params_backward_kernel does
+} NormSums;
+
+// The chunks' sums of one column i of partials (chunks, C), in the order of a
+// column kernel's: ROW_GROUPS groups (chunks g, g + ROW_GROUPS, ...), then the groups in order
+static __device__ float sum_of_norm_chunks(const float *partials, int chunks, int C, int i) {
+    float total = 0;
+    for (int g = 0; g < ROW_GROUPS; g++) {
+        float group = 0;
+        for (int c = g; c < chunks; c += ROW_GROUPS) group += LOAD_FROM_OTHER_BLOCKS(&partials[(size_t)c * C + i]);
+        total += group;
+    }
+    return total;
+}
+
 static __global__ void __launch_bounds__(THREADS)
 residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const float *dout, const float *res,
                                    Dropout drop, const float *gain, const float *mean, const float *rstd, int N,
-                                   int C) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (row >= N) return;
-    size_t at = (size_t)row * C;
-    float m = mean[row], s = rstd[row], sum_dxhat = 0, sum_dxhat_xhat = 0;
-    for (int i = lane; i < C; i += WARP) {
-        float dxhat = dout[at + i] * gain[i];
-        sum_dxhat += dxhat;
-        sum_dxhat_xhat += dxhat * (res[at + i] - m) * s;
+                                   int C, NormSums sums) {
+    SHARED_FLOATS(row_means);   // (NORM_CHUNK_ROWS, 2): mean_j(dxhat_j), mean_j(dxhat_j xhat_j)
+    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, warps = (int)blockDim.x / WARP;
+    int chunk = (int)blockIdx.x, chunks = (int)gridDim.x, first = chunk * NORM_CHUNK_ROWS;
+    int rows = N - first < NORM_CHUNK_ROWS ? N - first : NORM_CHUNK_ROWS;
+    for (int r = warp; r < rows; r += warps) {
+        size_t at = (size_t)(first + r) * C;
+        float m = mean[first + r], s = rstd[first + r], sum_dxhat = 0, sum_dxhat_xhat = 0;
+        for (int i = lane; i < C; i += WARP) {
+            float dxhat = dout[at + i] * gain[i];
+            sum_dxhat += dxhat;
+            sum_dxhat_xhat += dxhat * (res[at + i] - m) * s;
+        }
+        float mean_dxhat = warp_sum(sum_dxhat) / C, mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) / C;
+        if (lane == 0) { row_means[2 * r] = mean_dxhat; row_means[2 * r + 1] = mean_dxhat_xhat; }
     }
-    float mean_dxhat = warp_sum(sum_dxhat) / C, mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) / C;
-    for (int i = lane; i < C; i += WARP) {
-        float xhat = (res[at + i] - m) * s;
-        float dres = s * (dout[at + i] * gain[i] - mean_dxhat - xhat * mean_dxhat_xhat);
-        dresidual[at + i] = dres;
-        dsublayer[at + i] = dres * dropout_keep(drop, at + i);
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < C; i += (int)blockDim.x) {
+        float g = gain[i], sum_gain = 0, sum_bias = 0, sum_sublayer = 0;
+        for (int r = 0; r < rows; r++) {
+            size_t at = (size_t)(first + r) * C + i;
+            float m = mean[first + r], s = rstd[first + r], d = dout[at], xhat = (res[at] - m) * s;
+            float dres = s * (d * g - row_means[2 * r] - xhat * row_means[2 * r + 1]);
+            float dsub = dres * dropout_keep(drop, at);
+            dresidual[at] = dres;
+            dsublayer[at] = dsub;
+            sum_gain += d * (res[at] - m) * s;
+            sum_bias += d;
+            sum_sublayer += dsub;
+        }
+        sums.partials[(size_t)chunk * C + i] = sum_gain;
+        sums.partials[((size_t)chunks + chunk) * C + i] = sum_bias;
+        sums.partials[((size_t)2 * chunks + chunk) * C + i] = sum_sublayer;
     }
+    if (!sums.finish) return;   // the whole block
+    float *last = row_means + 2 * (N < NORM_CHUNK_ROWS ? N : NORM_CHUNK_ROWS);
+    __threadfence();   // the partials reach every block before the count says they are there
+    __syncthreads();
+    if (threadIdx.x == 0) *last = atomicAdd(sums.chunks_done, 1u) == (unsigned)chunks - 1 ? 1.0f : 0.0f;
+    __syncthreads();
+    if (*last == 0.0f) return;   // the whole block
+    for (int e = (int)threadIdx.x; e < 3 * C; e += (int)blockDim.x) {
+        int which = e / C, i = e - which * C;
+        float *out = which == 0 ? sums.dgain : (which == 1 ? sums.dbias : sums.dsublayer_bias);
+        out[i] = sum_of_norm_chunks(sums.partials + (size_t)which * chunks * C, chunks, C, i);
+    }
+    if (threadIdx.x == 0) *sums.chunks_done = 0;
 }
 CPU_KERNEL(residual_layernorm_backward_kernel, float *, float *, const float *, const float *, Dropout, const float *,
-           const float *, const float *, int, int)
+           const float *, const float *, int, int, NormSums)
 
-// residual_layernorm_backward's gain and bias, and linear_backward's bias of
-// the sub-layer before the norm: sums over the N rows, a thread per column
-// and chunk of rows (finish_column_sums adds the chunks)
-//   dgain_i = sum_n dout_ni xhat_ni,  dbias_i = sum_n dout_ni,  dsublayer_bias_i = sum_n dsublayer_ni
+// residual_layernorm_backward_kernel's sums of the chunks when its blocks do
+// not add them (many chunks): a thread per column (blockIdx.y: which of the
+// three sums) and group of chunks, then the groups in order (sum_of_row_groups),
+// as sum_of_norm_chunks adds them
 static __global__ void __launch_bounds__(COLUMN_BLOCK)
-layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias, ColumnScratch scratch,
-                                 const float *dout, const float *res, const float *mean, const float *rstd,
-                                 const float *dsublayer, int N, int C) {
+layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias, const float *partials, int chunks,
+                                 int C) {
     SHARED_FLOATS(shared);
-    int i = blockIdx.x * WARP + threadIdx.x, first, end;
-    chunk_rows(N, &first, &end);
-    float sums[3] = { 0, 0, 0 };
+    int i = (int)(blockIdx.x * WARP + threadIdx.x), which = (int)blockIdx.y;
+    const float *from = partials + (size_t)which * chunks * C;
+    float sum = 0;
     if (i < C)
-        for (int n = first + (int)threadIdx.y; n < end; n += blockDim.y) {
-            size_t at = (size_t)n * C + i;
-            sums[0] += dout[at] * (res[at] - mean[n]) * rstd[n];
-            sums[1] += dout[at];
-            sums[2] += dsublayer[at];
-        }
-    for (int s = 0; s < 3; s++) sums[s] = sum_of_row_groups(sums[s], shared);
-    finish_column_sums(sums, 3, dgain, dbias, dsublayer_bias, scratch, i, C, shared);
+        for (int c = (int)threadIdx.y; c < chunks; c += (int)blockDim.y) sum += from[(size_t)c * C + i];
+    sum = sum_of_row_groups(sum, shared);
+    float *out = which == 0 ? dgain : (which == 1 ? dbias : dsublayer_bias);
+    if (threadIdx.y == 0 && i < C) out[i] = sum;
 }
-CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, ColumnScratch, const float *, const float *,
-           const float *, const float *, const float *, int, int)
+CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, const float *, int, int)
+
+// The layout kernels' 16-byte loads and stores (float4): the host launches
+// them only where every address is a multiple of 16 (layout_width), which
+// the emulator checks at each one.
+#ifdef CUDA_ON_CPU
+#define CHECK_ALIGNED16(pointer) cpu_check_aligned16(pointer)
+#else
+#define CHECK_ALIGNED16(pointer)
+#endif
+static __device__ float4 load_float4(const float *p) {
+    CHECK_ALIGNED16(p);
+    return *(const float4 *)p;
+}
+static __device__ void store_float4(float *p, float4 v) {
+    CHECK_ALIGNED16(p);
+    *(float4 *)p = v;
+}
+static __device__ float4 add_float4(float4 a, float4 b) {
+    float4 sum = { a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w };
+    return sum;
+}
+
+// The layout kernels' blocks: threadIdx.x is `width` columns of a head (1, or
+// 4 with float4), threadIdx.y a head (striding over the heads), threadIdx.z
+// a position t of blockIdx.x's rows; blockIdx.y is the sentence b (and
+// heads_from_rows_kernel's blockIdx.z the layer). Every index is a product
+// and a sum: no division per element (the old kernels did seven).
+#define LAYOUT_BLOCK(t, b) int t = (int)(blockIdx.x * blockDim.z + threadIdx.z), b = (int)blockIdx.y
 
 // attention_forward reads head `head` of query (b, t) at column head*hs of the
 // projection's row; cuBLAS's batched products need each (sentence, head) as
 // one (T, hs) matrix, all of them one after another (head-major):
 //     out[part][b][head][t][d] = in[(b*T + t)*ld + part*C + head*hs + d] + bias[part*C + head*hs + d]
-// for `parts` of C columns each (q, k, v: 3; k, v: 2; q: 1). blockIdx.y is a
+// for `parts` of C columns each (q, k, v: 3; k, v: 2; q: 1). blockIdx.z is a
 // layer (the memory's keys and values for every decoder layer at once): its
 // columns start layer_columns further in each row, its bias layer_bias further,
 // its output layer_out further. bias NULL: none (a gradient laid out the same way).
 static __global__ void __launch_bounds__(THREADS)
 heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, int parts, int layer_columns,
-                       int layer_bias, size_t layer_out, int B, int T, int C, int NH) {
-    size_t e = ELEMENT_INDEX;
-    int hs = C / NH, layer = blockIdx.y;
-    if (e >= (size_t)parts * B * T * C) return;
-    int d = (int)(e % hs), t = (int)(e / hs % T), head = (int)(e / ((size_t)hs * T) % NH);
-    int b = (int)(e / ((size_t)C * T) % B), part = (int)(e / ((size_t)B * T * C));
-    int column = part * C + head * hs + d;
-    float v = in[((size_t)b * T + t) * ld + (size_t)layer * layer_columns + column];
-    out[(size_t)layer * layer_out + e] = bias ? v + bias[(size_t)layer * layer_bias + column] : v;
+                       int layer_bias, size_t layer_out, int B, int T, int hs, int NH, int width) {
+    LAYOUT_BLOCK(t, b);
+    if (t >= T) return;
+    int C = NH * hs, layer = (int)blockIdx.z;
+    const float *row = in + ((size_t)b * T + t) * ld + (size_t)layer * layer_columns;
+    const float *layer_b = bias ? bias + (size_t)layer * layer_bias : NULL;
+    float *to = out + (size_t)layer * layer_out + ((size_t)b * NH * T + t) * hs;   // part 0, head 0
+    size_t part_stride = (size_t)B * T * C, head_stride = (size_t)T * hs;
+    for (int part = 0; part < parts; part++)
+        for (int head = (int)threadIdx.y; head < NH; head += (int)blockDim.y) {
+            int column = part * C + head * hs;
+            float *o = to + part * part_stride + head * head_stride;
+            for (int d = (int)threadIdx.x * width; d < hs; d += (int)blockDim.x * width) {
+                if (width == 4) {
+                    float4 v = load_float4(row + column + d);
+                    store_float4(o + d, layer_b ? add_float4(v, load_float4(layer_b + column + d)) : v);
+                } else {
+                    float v = row[column + d];
+                    o[d] = layer_b ? v + layer_b[column + d] : v;
+                }
+            }
+        }
 }
-CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, int, int, int, size_t, int, int, int, int)
+CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, int, int, int, size_t, int, int, int,
+           int, int)
 
 // attention_forward's output back in rows, Concat(head_1, ..., head_h):
 //     out[(b*T + t)*C + head*hs + d] = heads[b][head][t][d]
 static __global__ void __launch_bounds__(THREADS)
-rows_from_heads_kernel(float *out, const float *heads, int B, int T, int C, int NH) {
-    size_t e = ELEMENT_INDEX;
-    if (e >= (size_t)B * T * C) return;
-    int hs = C / NH, c = (int)(e % C), head = c / hs, d = c % hs;
-    size_t bt = e / C, b = bt / T, t = bt % T;
-    out[e] = heads[((b * NH + head) * T + t) * hs + d];
+rows_from_heads_kernel(float *out, const float *heads, int T, int hs, int NH, int width) {
+    LAYOUT_BLOCK(t, b);
+    if (t >= T) return;
+    int C = NH * hs;
+    float *row = out + ((size_t)b * T + t) * C;
+    const float *from = heads + ((size_t)b * NH * T + t) * hs;   // head 0
+    for (int head = (int)threadIdx.y; head < NH; head += (int)blockDim.y) {
+        const float *h = from + (size_t)head * T * hs;
+        for (int d = (int)threadIdx.x * width; d < hs; d += (int)blockDim.x * width) {
+            if (width == 4) store_float4(row + head * hs + d, load_float4(h + d));
+            else row[head * hs + d] = h[d];
+        }
+    }
 }
 CPU_KERNEL(rows_from_heads_kernel, float *, const float *, int, int, int, int)
 
@@ -585,133 +686,8 @@ softmax_backward_kernel(float *grad, const float *att, size_t rows, int Tk) {
 }
 CPU_KERNEL(softmax_backward_kernel, float *, const float *, size_t, int)
 
-// --fused-attention: attention_forward and attention_backward whole, a block
-// per (sentence, head), for models whose keys and values of one head fit the
-// 48 KB of shared memory a block may have without asking (gpu_fused_fits).
-// One launch replaces the two batched products, the softmax and the copy back
-// into rows of the forward pass, and the copy into heads, the four products and
-// the softmax of the backward pass: a small model's step is its launches. Each
-// sum is one thread's loop, in index order: the same bits every run. Rows of
-// the matrices in shared memory are padded by one float, so that the lanes of
-// a warp reading one column hit 32 different banks.
-#define FUSED_SHARED_LIMIT 49152
-
-// rows (rows, hs) of a matrix whose rows start `stride` floats apart, into
-// shared memory with rows of hs + 1; the block's threads share the copying
-static __device__ void rows_to_shared(float *to, const float *from, size_t stride, int rows, int hs) {
-    for (int e = (int)threadIdx.x; e < rows * hs; e += (int)blockDim.x)
-        to[(e / hs) * (hs + 1) + e % hs] = from[(size_t)(e / hs) * stride + e % hs];
-}
-
-// §3.2.1, eq. 1: out = softmax(q k^T / sqrt(d_k), over the visible keys) v,
-// a warp per query row i: its scores in p_row, then its probabilities (kept in
-// att for the backward pass; masked keys exactly 0), then its head's part of
-// out's row.
-// q is (B, NH, Tq, hs) head-major, k and v (B, NH, Tk, hs); out (B, Tq, C).
-static __global__ void __launch_bounds__(THREADS)
-fused_attention_forward_kernel(float *out, float *att, const float *q, const float *k, const float *v,
-                               const int *key_len, int causal, int NH, int Tq, int Tk, int hs) {
-    SHARED_FLOATS(shared);
-    int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
-    int ld = hs + 1;
-    float *ks = shared, *vs = ks + (size_t)Tk * ld;                                  // (Tk, hs + 1) each
-    float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs;                          // (ROWS_PER_BLOCK, hs)
-    float *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs + (size_t)warp * Tk;    // (ROWS_PER_BLOCK, Tk)
-    const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
-    rows_to_shared(ks, kb, hs, Tk, hs);
-    rows_to_shared(vs, vb, hs, Tk, hs);
-    __syncthreads();
-    float scale = 1 / sqrtf((float)hs);
-    for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
-        for (int d = lane; d < hs; d += WARP) q_row[d] = qb[(size_t)i * hs + d];
-        __syncwarp(FULL_WARP);
-        int visible = (causal && i + 1 < key_len[b]) ? i + 1 : key_len[b];
-        float largest = -INFINITY, sum = 0;
-        for (int j = lane; j < visible; j += WARP) {
-            float dot = 0;
-            for (int d = 0; d < hs; d++) dot += q_row[d] * ks[j * ld + d];
-            p_row[j] = dot * scale;
-            largest = fmaxf(largest, p_row[j]);
-        }
-        largest = warp_max(largest);
-        for (int j = lane; j < visible; j += WARP) {
-            p_row[j] = expf(p_row[j] - largest);
-            sum += p_row[j];
-        }
-        sum = warp_sum(sum);
-        float *p = att + ((size_t)bh * Tq + i) * Tk;
-        for (int j = lane; j < Tk; j += WARP) p[j] = p_row[j] = j < visible ? p_row[j] / sum : 0.0f;
-        __syncwarp(FULL_WARP);
-        for (int d = lane; d < hs; d += WARP) {
-            float o = 0;
-            for (int j = 0; j < visible; j++) o += p_row[j] * vs[j * ld + d];
-            out[((size_t)b * Tq + i) * NH * hs + (size_t)head * hs + d] = o;
-        }
-        __syncwarp(FULL_WARP);   // q_row and p_row are free for the warp's next row
-    }
-}
-CPU_KERNEL(fused_attention_forward_kernel, float *, float *, const float *, const float *, const float *, const int *,
-           int, int, int, int, int)
-
-// attention_backward whole (eq. 1 differentiated as transformer.c's attention_backward
-// does), given dout in rows (B, Tq, C) and the forward's
-// probabilities p in att; dq, dk, dv head-major; ds (B, NH, Tq, Tk) is scratch.
-// First k and v in shared memory, a warp per query row i:
-//     dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik),   dq_i = sum_j ds_ij k_j / sqrt(d_k)
-// then q and dout in shared memory, a warp per key j:
-//     dv_j = sum_i p_ij dout_i,   dk_j = sum_i ds_ij q_i / sqrt(d_k)
-static __global__ void __launch_bounds__(THREADS)
-fused_attention_backward_kernel(float *dq, float *dk, float *dv, float *ds, const float *dout, const float *att,
-                                const float *q, const float *k, const float *v, int NH, int Tq, int Tk, int hs) {
-    SHARED_FLOATS(shared);
-    int bh = (int)blockIdx.x, b = bh / NH, head = bh % NH, warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP;
-    int ld = hs + 1, C = NH * hs, most = Tq > Tk ? Tq : Tk;
-    // xs, ys (most, hs + 1): k and v, then q and dout; dout_row (ROWS_PER_BLOCK, hs)
-    float *xs = shared, *ys = xs + (size_t)most * ld, *dout_row = ys + (size_t)most * ld + (size_t)warp * hs;
-    const float *kb = k + (size_t)bh * Tk * hs, *vb = v + (size_t)bh * Tk * hs, *qb = q + (size_t)bh * Tq * hs;
-    const float *pb = att + (size_t)bh * Tq * Tk;
-    float *dsb = ds + (size_t)bh * Tq * Tk, scale = 1 / sqrtf((float)hs);
-    rows_to_shared(xs, kb, hs, Tk, hs);
-    rows_to_shared(ys, vb, hs, Tk, hs);
-    __syncthreads();
-    for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
-        for (int d = lane; d < hs; d += WARP) dout_row[d] = dout[((size_t)b * Tq + i) * C + (size_t)head * hs + d];
-        __syncwarp(FULL_WARP);
-        const float *p = pb + (size_t)i * Tk;
-        float *ds_row = dsb + (size_t)i * Tk, sum_p_dp = 0;
-        for (int j = lane; j < Tk; j += WARP) {
-            float dp = 0;
-            for (int d = 0; d < hs; d++) dp += dout_row[d] * ys[j * ld + d];
-            ds_row[j] = dp;
-            sum_p_dp += p[j] * dp;
-        }
-        sum_p_dp = warp_sum(sum_p_dp);
-        for (int j = lane; j < Tk; j += WARP) ds_row[j] = p[j] * (ds_row[j] - sum_p_dp);
-        __syncwarp(FULL_WARP);
-        for (int d = lane; d < hs; d += WARP) {
-            float g = 0;
-            for (int j = 0; j < Tk; j++) g += ds_row[j] * xs[j * ld + d];
-            dq[((size_t)bh * Tq + i) * hs + d] = g * scale;
-        }
-        __syncwarp(FULL_WARP);   // dout_row is free for the warp's next row
-    }
-    __syncthreads();   // every ds written; k and v no longer read
-    rows_to_shared(xs, qb, hs, Tq, hs);
-    rows_to_shared(ys, dout + (size_t)b * Tq * C + (size_t)head * hs, C, Tq, hs);
-    __syncthreads();
-    for (int j = warp; j < Tk; j += ROWS_PER_BLOCK)
-        for (int d = lane; d < hs; d += WARP) {
-            float gv = 0, gk = 0;
-            for (int i = 0; i < Tq; i++) {
-                gv += pb[(size_t)i * Tk + j] * ys[i * ld + d];
-                gk += dsb[(size_t)i * Tk + j] * xs[i * ld + d];
-            }
-            dv[((size_t)bh * Tk + j) * hs + d] = gv;
-            dk[((size_t)bh * Tk + j) * hs + d] = gk * scale;
-        }
-}
-CPU_KERNEL(fused_attention_backward_kernel, float *, float *, float *, float *, const float *, const float *,
-           const float *, const float *, const float *, int, int, int, int)
+// --fused-attention: attention in one kernel each way, reading the projections' rows
+#include "fused_attention.cu"
 
 // feed_forward_forward's relu_forward, with linear_forward's bias: hidden = max(0, hidden + bias)
 static __global__ void __launch_bounds__(THREADS)
@@ -892,7 +868,8 @@ typedef struct {
 
 // What a layer's backward pass reads, named as transformer.c's activations once were
 // (ln1 for norm1.out, res1 for norm1.res, ff_h for ffn.hidden: transformer.h's
-// EncoderLayerActs) except: q, k, v are head-major (heads_from_rows_kernel) and the
+// EncoderLayerActs) except: q, k, v are head-major (heads_from_rows_kernel), or with
+// the fused attention (gpu_fused_fits) in the projection's rows without their bias; the
 // dropout masks are keys (Dropout); the sub-layers' outputs before their norms are not kept.
 typedef struct {
     float *qkv, *att, *heads, *res1, *ln1, *ln1_mean, *ln1_rstd;
@@ -922,6 +899,8 @@ typedef struct {
     float *d_att;        // (B, NH, Tq, Tk) of the scores: dp, then ds
     float *d_memory_kv;  // (B*S, L*2C) of every decoder layer's keys and values; forward: the projection
     float *d_logits;     // (B*T, V)
+    float *d_attention_bias;   // (B, 3C) the fused attention's sums of each sentence's dq, dk, dv rows
+    float *d_norm_partials;    // (3, rows / NORM_CHUNK_ROWS, C) residual_layernorm_backward_kernel's chunks' sums
 } GpuScratch;
 
 // A captured step: the shape it was captured for (and whether dropout was on),
@@ -939,13 +918,17 @@ typedef struct {
 // What each of the step's two streams has of its own: work on the two may run
 // at once, so each has its own cuBLAS handle, with its own workspace (cuBLAS
 // keeps partial sums there: shared, the two would overwrite each other's, and
-// the bits would change from run to run), and its own scratch for the column
-// kernels' chunk sums.
+// the bits would change from run to run). The column kernels' scratch for
+// their chunk sums (and their counts) is the main stream's alone: the side
+// stream runs no column kernel (the layer norms' sums are in their row
+// kernel, on the main stream, or in layernorm_params_backward_kernel, which
+// reads the row kernel's partials and counts nothing), so its `columns` stay
+// NULL, and a column kernel given to it would fault at once.
 typedef struct {
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_workspace;
-    ColumnScratch columns;
+    ColumnScratch columns;   // the main stream's; NULL for the side stream
 } GpuStream;
 enum { MAIN_STREAM, SIDE_STREAM };
 
@@ -967,6 +950,8 @@ typedef struct {
     float *pe;            // (max_len, C): the sinusoids, or learned positions' table inside params
     float *memory_kv_w;   // (L, 2C, C): each decoder layer's W^K, W^V, gathered for one product
     ColumnScratch columns;   // the column kernels' chunk sums (finish_column_sums)
+    unsigned *attention_heads_done;   // (NH) fused_attention_backward_kernel's finished blocks, per head
+    unsigned *norm_chunks_done;       // residual_layernorm_backward_kernel's finished blocks
     void *model_memory;   // the above, one allocation
     // the batch, its activations and the scratch, carved for (B, S, T) from one allocation
     int B, S, T;
@@ -984,6 +969,7 @@ typedef struct {
     float *enc_x0, *dec_x0, *logits, *token_loss, *loss;
     float *loss_host;        // page-locked: the loss, copied back at the end of the step
     float *memory_kv;        // (L, 2, B, NH, S, hs): each decoder layer's keys and values of the memory
+                             // (with the fused attention, the projection's rows: (B*S, L*2C))
     Dropout enc_drop, dec_drop;
     GpuEncoderActs *enc;   // (L) on the host, pointing to the GPU
     GpuDecoderActs *dec;
@@ -1071,9 +1057,10 @@ static void gpu_join_side_readers(void) {
 }
 
 // --fused-attention: attention through fused_attention_forward_kernel and
-// fused_attention_backward_kernel where a head fits their shared memory; off,
-// cuBLAS's batched products and the row kernels around them. Off by default
-// until a GPU has timed both (cuda/NOTES.md).
+// fused_attention_backward_kernel (fused_attention.cu) where a head fits their
+// shared memory, q, k and v kept in the projections' rows; off, head-major
+// copies, cuBLAS's batched products and the row kernels around them. Off by
+// default until a GPU has timed both (cuda/NOTES.md).
 static int gpu_fused_attention;
 static size_t fused_forward_bytes(int Tk, int hs) {
     return ((size_t)2 * Tk * (hs + 1) + (size_t)ROWS_PER_BLOCK * (hs + Tk)) * sizeof(float);
@@ -1186,25 +1173,85 @@ static void gpu_add_norm_forward(float *out, float *mean, float *rstd, float *re
 }
 
 // residual_layernorm_backward, and the gradient of the bias of the sub-layer
-// before the norm; dresidual and dsublayer are written. The main stream first
-// waits for the side stream, whose work may still read them (d_sublayer, and
-// the gradients a layer passes down); the parameters' sums go to the side stream.
+// before the norm; dresidual and dsublayer are written. One launch when the
+// chunks' sums are few enough for the last block to add them
+// (gpu_norm_sums_in_kernel floats), else a second adds them. The row kernel
+// runs on the main stream (the gradient it passes down is the path to the
+// next layer), after the main stream waits for the side stream, whose work
+// may still read what it overwrites (d_sublayer, the gradient a layer passes
+// down, and d_norm_partials, which the side stream's second launch reads);
+// the second launch, when there is one, on the side stream.
+static size_t gpu_norm_sums_in_kernel = 65536;
 static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, float *dgain, float *dbias,
                                             float *dsublayer_bias, const float *dout, const float *res, Dropout drop,
                                             const float *gain, const float *mean, const float *rstd, int N, int C) {
+    unsigned chunks = blocks_for((size_t)N, NORM_CHUNK_ROWS);
+    int finish = (size_t)3 * chunks * C <= gpu_norm_sums_in_kernel;
+    NormSums sums = { dgain, dbias, dsublayer_bias, gpu.scratch.d_norm_partials, gpu.norm_chunks_done, finish };
+    size_t chunk_rows = N < NORM_CHUNK_ROWS ? (size_t)N : NORM_CHUNK_ROWS;
     gpu_join_side_readers();
-    LAUNCH_ROWS(N, residual_layernorm_backward_kernel, dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C);
+    LAUNCH(residual_layernorm_backward_kernel, chunks, THREADS, (2 * chunk_rows + (size_t)finish) * sizeof(float),
+           dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C, sums);
+    if (finish) return;
     gpu_side_begin();
-    LAUNCH_COLUMNS(C, N, layernorm_params_backward_kernel, dgain, dbias, dsublayer_bias, gpu.columns, dout, res, mean,
-                   rstd, dsublayer, N, C);
+    LAUNCH(layernorm_params_backward_kernel, xyz(blocks_for((size_t)C, WARP), 3, 1), xyz(WARP, ROW_GROUPS, 1),
+           COLUMN_BLOCK * sizeof(float), dgain, dbias, dsublayer_bias, gpu.scratch.d_norm_partials, (int)chunks, C);
     gpu_side_end();
+}
+
+// The layout kernels' width: 4 (float4) when the pointers are 16-byte aligned
+// and every other offset (`offsets`, in floats) a multiple of 4; else 1
+static int layout_width(const void *const *pointers, int count, const size_t *offsets, int offset_count) {
+    for (int i = 0; i < count; i++)
+        if (pointers[i] && (uintptr_t)pointers[i] % 16 != 0) return 1;
+    for (int i = 0; i < offset_count; i++)
+        if (offsets[i] % 4 != 0) return 1;
+    return 4;
+}
+
+// A layout kernel's block (LAYOUT_BLOCK) for heads of hs columns moved `width`
+// at a time: up to 32 threads along a head, the heads, and positions to fill
+// THREADS; and its grid over T positions (x), B sentences (y) and `layers` (z)
+static void layout_launch_shape(int T, int B, int layers, int hs, int NH, int width, dim3 *grid, dim3 *block) {
+    unsigned x = (unsigned)((hs + width - 1) / width);
+    if (x > WARP) x = WARP;
+    unsigned y = (unsigned)NH < THREADS / x ? (unsigned)NH : THREADS / x;
+    unsigned z = THREADS / (x * y);
+    if (z > 64) z = 64;   // a block's most along z
+    if (z > (unsigned)T) z = (unsigned)T;
+    *block = xyz(x, y, z);
+    *grid = xyz(blocks_for((size_t)T, z), (unsigned)B, (unsigned)layers);
+}
+
+// heads_from_rows_kernel for `layers` layers (layer_columns, layer_bias and layer_out apart)
+static void gpu_heads_from_rows_layers(float *out, const float *in, const float *bias, int ld, int parts,
+                                       int layers, const size_t layer_offsets[3], int B, int T, int C, int NH) {
+    int hs = C / NH;
+    const void *pointers[3] = { out, in, bias };
+    size_t offsets[6] = { (size_t)ld, (size_t)C, (size_t)hs, layer_offsets[0], layer_offsets[1], layer_offsets[2] };
+    int width = layout_width(pointers, 3, offsets, 6);
+    dim3 grid, block;
+    layout_launch_shape(T, B, layers, hs, NH, width, &grid, &block);
+    LAUNCH(heads_from_rows_kernel, grid, block, 0, out, in, bias, ld, parts, (int)layer_offsets[0],
+           (int)layer_offsets[1], layer_offsets[2], B, T, hs, NH, width);
 }
 
 // A projection's rows (N, ld) to `parts` head-major tensors, with its bias (NULL: none)
 static void gpu_heads_from_rows(float *out, const float *in, const float *bias, int ld, int parts, int B, int T,
                                 int C, int NH) {
-    LAUNCH(heads_from_rows_kernel, xyz(blocks_for((size_t)parts * B * T * C, THREADS), 1, 1), THREADS, 0, out, in,
-           bias, ld, parts, 0, 0, (size_t)0, B, T, C, NH);
+    size_t one_layer[3] = { 0, 0, 0 };
+    gpu_heads_from_rows_layers(out, in, bias, ld, parts, 1, one_layer, B, T, C, NH);
+}
+
+// attention_forward's heads (B, NH, T, hs) back in rows (B*T, C)
+static void gpu_rows_from_heads(float *out, const float *heads, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    const void *pointers[2] = { out, heads };
+    size_t offsets[2] = { (size_t)C, (size_t)hs };
+    int width = layout_width(pointers, 2, offsets, 2);
+    dim3 grid, block;
+    layout_launch_shape(T, B, 1, hs, NH, width, &grid, &block);
+    LAUNCH(rows_from_heads_kernel, grid, block, 0, out, heads, T, hs, NH, width);
 }
 
 // attention_forward for every sentence and head at once. q is (B, NH, Tq, hs),
@@ -1214,11 +1261,6 @@ static void gpu_attention_forward(float *out, float *att, float *heads_hm, const
                                   const float *v, const int *key_len, int causal, int B, int Tq, int Tk, int C,
                                   int NH) {
     int hs = C / NH, count = B * NH;
-    if (gpu_fused_fits(Tq, Tk, hs)) {
-        LAUNCH(fused_attention_forward_kernel, count, THREADS, fused_forward_bytes(Tk, hs), out, att, q, k, v, key_len,
-               causal, NH, Tq, Tk, hs);
-        return;
-    }
     long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
     // s = Q K^T / sqrt(d_k), (Tq x Tk) each: s^T (Tk x Tq) = K (Tk x hs, stored K^T: T) Q^T (hs x Tq, N)
     gemm_batched(OP_T, OP_N, Tk, Tq, hs, 1 / sqrtf((float)hs), k, hs, kv_stride, q, hs, q_stride, 0.0f, att, Tk,
@@ -1227,7 +1269,7 @@ static void gpu_attention_forward(float *out, float *att, float *heads_hm, const
     // out_i = sum_j p_ij v_j:  out^T (hs x Tq) = V^T (hs x Tk, N) P^T (Tk x Tq, N)
     gemm_batched(OP_N, OP_N, hs, Tq, Tk, 1.0f, v, hs, kv_stride, att, Tk, att_stride, 0.0f, heads_hm, hs, q_stride,
                  count);
-    LAUNCH_ELEMENTS((size_t)B * Tq * C, rows_from_heads_kernel, out, heads_hm, B, Tq, C, NH);
+    gpu_rows_from_heads(out, heads_hm, B, Tq, C, NH);
 }
 
 // attention_backward for every sentence and head at once: dout (B, Tq, C) in
@@ -1237,11 +1279,6 @@ static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att
                                    const float *att, const float *q, const float *k, const float *v, int B, int Tq,
                                    int Tk, int C, int NH) {
     int hs = C / NH, count = B * NH;
-    if (gpu_fused_fits(Tq, Tk, hs)) {
-        LAUNCH(fused_attention_backward_kernel, count, THREADS, fused_backward_bytes(Tq, Tk, hs), dq, dk, dv, d_att,
-               dout, att, q, k, v, NH, Tq, Tk, hs);
-        return;
-    }
     gpu_heads_from_rows(dout_hm, dout, NULL, C, 1, B, Tq, C, NH);
     long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
     float scale = 1 / sqrtf((float)hs);
@@ -1258,6 +1295,23 @@ static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att
     gemm_batched(OP_N, OP_T, hs, Tk, Tq, scale, q, hs, q_stride, d_att, Tk, att_stride, 0.0f, dk, hs, kv_stride, count);
 }
 
+// attention_forward in one launch (fused_attention.cu): q, k, v read from their
+// projections' rows with their biases (in), out (B, Tq, C) in rows, att the probabilities
+static void gpu_fused_attention_forward(float *out, float *att, AttentionInRows in, FusedShape shape, int B, int NH) {
+    LAUNCH(fused_attention_forward_kernel, xyz((unsigned)NH, (unsigned)B, 1), THREADS,
+           fused_forward_bytes(shape.Tk, shape.hs), out, att, in, shape);
+}
+
+// attention_backward in one launch: dq, dk, dv into the places g names, in the
+// projections' rows, and their biases' gradients into g.dbias (3C)
+static void gpu_fused_attention_backward(AttentionGradsInRows g, const float *dout, const float *att,
+                                         AttentionInRows in, FusedShape shape, int B, int NH) {
+    g.partials = gpu.scratch.d_attention_bias;
+    g.heads_done = gpu.attention_heads_done;
+    LAUNCH(fused_attention_backward_kernel, xyz((unsigned)NH, (unsigned)B, 1), THREADS,
+           fused_backward_bytes(shape.Tq, shape.Tk, shape.hs), g, gpu.scratch.d_att, dout, att, in, shape);
+}
+
 // dq, dk, dv (`parts` of them, head-major) back in rows (N, ld) at column
 // `column0`, and their bias's gradient
 static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, float *dbias, const float *dheads,
@@ -1266,11 +1320,26 @@ static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, floa
                    gpu.columns, dheads, ld, parts, B, T, C, NH);
 }
 
+// Where the fused attention reads a self-attention's q, k, v: the rows (B*T, 3C) of qkv, before its bias
+static AttentionInRows self_attention_rows(const float *qkv, const float *qkv_b, int C) {
+    AttentionInRows in = { qkv, qkv + C, qkv + 2 * C, qkv_b, qkv_b + C, qkv_b + 2 * C, 3 * C, 3 * C };
+    return in;
+}
+
 // self_attention_forward: qkv = x W_qkv^T + b;  heads = Attention(q, k, v);  out = heads W^O^T (+ b^O by the norm)
+// qkv_hm gets q, k, v head-major, or with the fused attention the rows of qkv without b
 static void gpu_self_attention_forward(float *out, float *qkv_hm, float *att, float *heads, const float *x,
                                        GpuAttentionParams w, const int *len, int causal, int B, int T, int C, int NH) {
     GpuScratch *s = &gpu.scratch;
     size_t n = (size_t)B * T * C;
+    if (gpu_fused_fits(T, T, C / NH)) {
+        gpu_linear_forward(qkv_hm, x, w.qkv_w, B * T, C, 3 * C);
+        AttentionInRows in = self_attention_rows(qkv_hm, w.qkv_b, C);
+        FusedShape shape = { len, causal, T, T, C / NH };
+        gpu_fused_attention_forward(heads, att, in, shape, B, NH);
+        gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
+        return;
+    }
     gpu_linear_forward(s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
     gpu_heads_from_rows(qkv_hm, s->d_qkv, w.qkv_b, 3 * C, 3, B, T, C, NH);
     gpu_attention_forward(heads, att, s->d_heads_hm, qkv_hm, qkv_hm + n, qkv_hm + 2 * n, len, causal, B, T, T, C, NH);
@@ -1284,6 +1353,14 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
     GpuScratch *s = &gpu.scratch;
     size_t n = (size_t)B * T * C;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
+    if (gpu_fused_fits(T, T, C / NH)) {   // qkv_hm holds qkv's rows; d_qkv gets theirs, and g.qkv_b
+        AttentionInRows in = self_attention_rows(qkv_hm, w.qkv_b, C);
+        AttentionGradsInRows d = { s->d_qkv, s->d_qkv + C, s->d_qkv + 2 * C, g.qkv_b, NULL, NULL };
+        FusedShape shape = { NULL, 0, T, T, C / NH };
+        gpu_fused_attention_backward(d, s->d_heads, att, in, shape, B, NH);
+        gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
+        return;
+    }
     gpu_attention_backward(s->d_qkv_hm, s->d_qkv_hm + n, s->d_qkv_hm + 2 * n, s->d_att, s->d_heads_hm, s->d_heads, att,
                            qkv_hm, qkv_hm + n, qkv_hm + 2 * n, B, T, T, C, NH);
     gpu_rows_from_heads_backward(s->d_qkv, 3 * C, 0, g.qkv_b, s->d_qkv_hm, 3, B, T, C, NH);
@@ -1291,16 +1368,34 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
 }
 
 // cross_attention_forward: q from the decoder (its keys and values, from the
-// memory, were computed for every layer at once: kv_hm is this layer's)
+// memory, were computed for every layer at once: kv_hm is this layer's,
+// head-major, or with the fused attention its columns of the projection's rows)
 static void gpu_cross_attention_forward(float *out, float *q_hm, float *att, float *heads, const float *x,
                                         const float *kv_hm, GpuAttentionParams w, const int *src_len, int B, int T,
                                         int S, int C, int NH) {
     GpuScratch *s = &gpu.scratch;
+    if (gpu_fused_fits(T, S, C / NH)) {   // q_hm gets q's rows without b^Q
+        gpu_linear_forward(q_hm, x, w.qkv_w, B * T, C, C);
+        int ld_kv = 2 * C * gpu.config.n_layers;
+        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C, ld_kv };
+        FusedShape shape = { src_len, 0, T, S, C / NH };
+        gpu_fused_attention_forward(heads, att, in, shape, B, NH);
+        gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
+        return;
+    }
     gpu_linear_forward(s->d_heads, x, w.qkv_w, B * T, C, C);
     gpu_heads_from_rows(q_hm, s->d_heads, w.qkv_b, C, 1, B, T, C, NH);
     gpu_attention_forward(heads, att, s->d_heads_hm, q_hm, kv_hm, kv_hm + (size_t)B * S * C, src_len, 0, B, T, S, C,
                           NH);
     gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
+}
+
+// Where layer l's keys and values of the memory start in gpu.memory_kv: l times
+// this. Head-major, a layer is (2, B, NH, S, hs); with the fused attention, the
+// rows of the product (B*S, L*2C), 2C columns a layer.
+static size_t gpu_memory_kv_layer(const TransformerConfig *c, int B, int S, int T) {
+    if (gpu_fused_fits(T, S, c->d_model / c->n_heads)) return (size_t)2 * c->d_model;
+    return (size_t)2 * B * S * c->d_model;
 }
 
 // cross_attention_backward: dx += ...; the keys' and values' gradient goes to
@@ -1314,6 +1409,15 @@ static void gpu_cross_attention_backward(float *dx, GpuAttentionParams g, int la
     size_t n_q = (size_t)B * T * C, n_kv = (size_t)B * S * C;
     float *dq_hm = s->d_qkv_hm, *dk_hm = dq_hm + n_q, *dv_hm = dk_hm + n_kv;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
+    if (gpu_fused_fits(T, S, C / NH)) {   // dq's rows into d_qkv, dk's and dv's into this layer's columns
+        float *d_kv = s->d_memory_kv + (size_t)2 * C * layer;
+        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C, 2 * C * L };
+        AttentionGradsInRows d = { s->d_qkv, d_kv, d_kv + C, g.qkv_b, NULL, NULL };
+        FusedShape shape = { NULL, 0, T, S, C / NH };
+        gpu_fused_attention_backward(d, s->d_heads, att, in, shape, B, NH);
+        gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, C);
+        return;
+    }
     gpu_attention_backward(dq_hm, dk_hm, dv_hm, s->d_att, s->d_heads_hm, s->d_heads, att, q_hm, kv_hm, kv_hm + n_kv,
                            B, T, S, C, NH);
     gpu_rows_from_heads_backward(s->d_heads, C, 0, g.qkv_b, dq_hm, 1, B, T, C, NH);
@@ -1452,6 +1556,8 @@ static size_t gpu_carve_batch(Carver *a, const TransformerConfig *c, int B, int 
     s->d_qkv_hm = carve(a, 3 * rows * C, "d_qkv_hm"); s->d_qkv = carve(a, 3 * rows * C, "d_qkv");
     s->d_ff_h = carve(a, rows * F, "d_ff_h"); s->d_att = carve(a, B * NH * longest * longest, "d_att");
     s->d_memory_kv = carve(a, BS * L * 2 * C, "d_memory_kv"); s->d_logits = carve(a, BT * V, "d_logits");
+    s->d_attention_bias = carve(a, (size_t)B * 3 * C, "d_attention_bias");
+    s->d_norm_partials = carve(a, 3 * blocks_for(rows, NORM_CHUNK_ROWS) * C, "d_norm_partials");
     gpu.scratch_floats = a->used - gpu.activation_floats;
     return a->used;
 }
@@ -1648,7 +1754,8 @@ static void gpu_decoder_layer_backward(float *dy, GpuLayerParams g, int layer, c
 
 // cross_attention_forward's keys and values for every decoder layer at once
 // (they all read the same memory): W^K, W^V of each layer gathered into
-// memory_kv_w (L*2C, C), one product (B*S, L*2C), then head-major with the biases.
+// memory_kv_w (L*2C, C), one product (B*S, L*2C), then head-major with the
+// biases; with the fused attention, the product's rows are gpu.memory_kv.
 static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S) {
     const TransformerConfig *c = &m->config;
     int C = c->d_model, L = c->n_layers, NS = B * S;
@@ -1664,9 +1771,14 @@ static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S
     gpu_counting->host_calls++;
     gpu_counting->bytes_copied += (double)L * kv_weights * sizeof(float);
     float *projected = gpu.scratch.d_memory_kv;
+    if (gpu_fused_fits(gpu.T, S, C / c->n_heads)) {   // the rows are the fused attention's: no copy, no bias
+        gpu_linear_forward(gpu.memory_kv, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
+        return;
+    }
     gpu_linear_forward(projected, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
-    LAUNCH(heads_from_rows_kernel, xyz(blocks_for((size_t)2 * NS * C, THREADS), L, 1), THREADS, 0, gpu.memory_kv,
-           projected, cross_b + C, L * 2 * C, 2, 2 * C, 3 * C, (size_t)2 * NS * C, B, S, C, c->n_heads);
+    size_t layer_offsets[3] = { (size_t)2 * C, (size_t)3 * C, (size_t)2 * NS * C };   // columns, bias, output
+    gpu_heads_from_rows_layers(gpu.memory_kv, projected, cross_b + C, L * 2 * C, 2, L, layer_offsets, B, S, C,
+                               c->n_heads);
 }
 
 // The memory's gradient from every decoder layer's keys and values, one
@@ -1708,7 +1820,7 @@ static void gpu_forward_work(Transformer *m) {
     }
     gpu_memory_forward(x, m, B, S);
     const float *y = gpu.dec_x0;
-    size_t layer_kv = (size_t)2 * B * S * C;
+    size_t layer_kv = gpu_memory_kv_layer(c, B, S, T);
     for (int l = 0; l < L; l++) {
         gpu_decoder_layer_forward(&gpu.dec[l], y, gpu.memory_kv + l * layer_kv, gpu_decoder_params(gpu.params, m, l),
                                   m, B, S, T);
@@ -1741,7 +1853,7 @@ static void gpu_backward_work(Transformer *m) {
     gpu_linear_backward(s->d_dec, 0, d_embedding, s->d_logits, gpu.dec[L - 1].ln3, embedding, B * T, C, V);
     gpu_side_reads_nothing_overwritten();   // (its product reads d_logits and the decoder's output)
     const float *memory = gpu.enc[L - 1].ln2;
-    size_t layer_kv = (size_t)2 * B * S * C;
+    size_t layer_kv = gpu_memory_kv_layer(c, B, S, T);
     for (int l = L - 1; l >= 0; l--) {
         const float *y = l == 0 ? gpu.dec_x0 : gpu.dec[l - 1].ln3;
         gpu_decoder_layer_backward(s->d_dec, gpu_decoder_params(gpu.grads, m, l), l, s->d_dec, &gpu.dec[l], y,
@@ -1906,12 +2018,10 @@ static void gpu_allocate_model(const Transformer *m) {
     for (int i = 0; i < 4; i++) carve(&count, P, names[i]);
     carve(&count, pe, "pe");
     carve(&count, kv_w, "memory_kv_w");
-    const char *partials_names[2] = { "column_partials", "side_column_partials" };
-    const char *chunks_names[2] = { "column_chunks_done", "side_column_chunks_done" };
-    for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) {   // each stream's own
-        carve(&count, 3 * partials, partials_names[i]);
-        carve(&count, column_blocks, chunks_names[i]);
-    }
+    carve(&count, 3 * partials, "column_partials");
+    carve(&count, column_blocks, "column_chunks_done");
+    carve(&count, (size_t)c->n_heads, "attention_heads_done");
+    carve(&count, 1, "norm_chunks_done");
     gpu.model_memory = gpu_alloc(count.used * sizeof(float));
     Carver cut = { (float *)gpu.model_memory, 0 };
     float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
@@ -1921,13 +2031,15 @@ static void gpu_allocate_model(const Transformer *m) {
     gpu.pe = carve(&cut, pe, "pe");
     if (c->positional == POSITIONAL_LEARNED) gpu.pe = on_gpu(gpu.params, m, m->params.position_embedding, 0, 0);
     gpu.memory_kv_w = carve(&cut, kv_w, "memory_kv_w");
-    for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) {
-        ColumnScratch *columns = &gpu.streams[i].columns;
-        columns->partials = carve(&cut, 3 * partials, partials_names[i]);
-        columns->chunks_done = (unsigned *)carve(&cut, column_blocks, chunks_names[i]);
-        CUDA_CHECK(cudaMemset(columns->chunks_done, 0, column_blocks * sizeof(unsigned)));
-        gpu.streams[i].cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
-    }
+    ColumnScratch *columns = &gpu.streams[MAIN_STREAM].columns;   // (the side stream's stay NULL: GpuStream)
+    columns->partials = carve(&cut, 3 * partials, "column_partials");
+    columns->chunks_done = (unsigned *)carve(&cut, column_blocks, "column_chunks_done");
+    CUDA_CHECK(cudaMemset(columns->chunks_done, 0, column_blocks * sizeof(unsigned)));
+    gpu.attention_heads_done = (unsigned *)carve(&cut, (size_t)c->n_heads, "attention_heads_done");
+    CUDA_CHECK(cudaMemset(gpu.attention_heads_done, 0, (size_t)c->n_heads * sizeof(unsigned)));
+    gpu.norm_chunks_done = (unsigned *)carve(&cut, 1, "norm_chunks_done");
+    CUDA_CHECK(cudaMemset(gpu.norm_chunks_done, 0, sizeof(unsigned)));
+    for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) gpu.streams[i].cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
     CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
     gpu.enc = (GpuEncoderActs *)calloc((size_t)c->n_layers, sizeof(GpuEncoderActs));
     gpu.dec = (GpuDecoderActs *)calloc((size_t)c->n_layers, sizeof(GpuDecoderActs));
