@@ -4,17 +4,19 @@
 #   bash cuda/gpu_session.sh proofs    (timeout_s 360; 55 s on 2026-11-28, before the --fused-attention runs)
 #       make -j16 test-cuda-proofs: ./transformer_cuda and the tests built by nvcc for this GPU,
 #       the tests on the GPU, two 40-step runs and one without CUDA graphs that must write the
-#       same checkpoint bit for bit (and two with --fused-attention), compute-sanitizer's
-#       memcheck, racecheck, initcheck, synccheck (memcheck and racecheck again with --fused-attention)
+#       same checkpoint bit for bit (and two with --fused-attention, three with --bf16), the copy task
+#       trained whole in fp32 and with --bf16, compute-sanitizer's memcheck, racecheck, initcheck,
+#       synccheck (memcheck and racecheck again with --fused-attention, memcheck and initcheck with --bf16)
 #   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes)
-#       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32 and
-#       TF32 (ours, PyTorch eager, a captured step, torch.compile), then tiny and toy in fp32 (eager,
-#       a captured step, reduce-overhead); cuBLAS's SGEMM 8192^3; no run starts after 240 s, each
-#       may take 180 s
+#       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32,
+#       TF32 and bf16 (ours, PyTorch eager, a captured step, torch.compile; bf16: ours --bf16,
+#       PyTorch's autocast, the SDPA backend it ran named), then tiny and toy in fp32 (eager, a
+#       captured step, reduce-overhead); cuBLAS's SGEMM 8192^3 (and its bf16 GEMM); no run starts
+#       after 330 s, each may take 140 s
 #
 #   bash cuda/gpu_session.sh profile   (timeout_s 300; about 2 minutes after proofs, on the warm machine)
 #       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
-#       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32, in TF32 and with --fused-attention;
+#       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32, TF32, bf16 and with --fused-attention;
 #       tiny's; then --fused-attention against the batched products, tiny, toy and base at the
 #       paper's batch, 3 alternating rounds (each line a bench's JSON)
 #
@@ -45,7 +47,7 @@ profile)
     paper="--config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000"
     status=0
     {
-        for precision in "" --tf32; do
+        for precision in "" --tf32 --bf16; do
             ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile $precision || exit 1
         done
         ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile --fused-attention || exit 1

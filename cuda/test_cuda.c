@@ -98,8 +98,10 @@ static void store_operand(float *stored, size_t stored_size, const float *plain,
 // C); the expected product is then that of the rounded numbers, and
 // cublas_model_bound_ratio gets the largest error against the unrounded
 // operands' product over the bound above (at most 1).
+#ifndef COMPANION_ON_GPU
 static int cublas_model_bf16;
 static double cublas_model_bound_ratio;
+#endif
 
 // One case of C = alpha op(A) op(B) + beta C for `count` batch entries through
 // the cuBLAS model (cublasSgemm when count is 1), against the same product
@@ -1539,7 +1541,7 @@ static void test_companion_bf16(void) {
 #endif
 }
 
-#ifndef COMPANION_ON_GPU
+#if !defined(COMPANION_ON_GPU) && !defined(CUDA_ON_CPU_THREADS)   // (the fibers': thread orders drawn, gpu read)
 // Adam writes each weight's bf16 copy: after 3 steps every copy is its fp32
 // master weight rounded (__float2bfloat16), bit for bit
 static void test_companion_bf16_copies(void) {
@@ -1587,7 +1589,8 @@ static void test_companion_bf16_same_bits(void) {
                         companion_state_after_batch(2, companion_wide_batch()) };
     real losses[2][GRAPH_RUN_STEPS];
     long launches[2];
-    real *graphed[2] = { companion_graph_run(0, losses[0], &launches[0]), companion_graph_run(2, losses[1], &launches[1]) };
+    real *graphed[2] = { companion_graph_run(0, losses[0], &launches[0]),
+                         companion_graph_run(2, losses[1], &launches[1]) };
     GpuCounts bf16 = companion_step_counts(2, 4, 0);
     transformer_cuda_bf16(0);
     GpuCounts fp32 = companion_step_counts(2, 4, 0);
