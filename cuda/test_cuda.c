@@ -1613,6 +1613,7 @@ static void test_companion_bf16_same_bits(void) {
 // companion with --bf16, the same data, weights and dropout masks: the training
 // loss falls as far (the mean of the last 10 steps within 3% of transformer.c's,
 // and below 70% of the first 10 steps')
+#ifdef _OPENMP   // (test_companion_bf16_converges's, which runs in one build)
 static int read_loss_log(const char *path, double *losses, int most) {
     FILE *f = fopen(path, "r");
     if (!f) return 0;
@@ -1627,6 +1628,7 @@ static double mean_of(const double *x, int n) {
     for (int i = 0; i < n; i++) sum += x[i];
     return n ? sum / n : NAN;
 }
+#endif
 static void test_companion_bf16_converges(void) {
 #ifdef _OPENMP   // once in make test: 60 steps on the emulator take seconds
     char dir[64];
