@@ -1988,6 +1988,70 @@ static void test_bpe_cache(void) {
     vocab_free(&v);
 }
 
+// The vocabulary's hash table (lab/text.c: lab.find_token, lab.token_added), which the lab puts
+// in place of transformer.c's reading of the list from the start: over 40,000 tokens and the
+// table's growths, every token found at its id as the list finds it, a token it does not hold
+// (a prefix, a longer word) found by neither, and the n bytes of a longer text found as a token.
+static void test_vocabulary_hash_table(void) {
+    Vocabulary vocab;
+    vocab_init(&vocab);
+    char word[32];
+    for (int i = 0; i < 40000; i++) {
+        snprintf(word, sizeof word, "w%d", (int)((long)i * 7919 % 100003));   // all distinct
+        vocab_add(&vocab, word, strlen(word));
+    }
+    int added_again = vocab_add(&vocab, "<s>", 3) == TOKEN_BOS && vocab.size == 40004;
+    int hashed = 1;
+    int listed = 1;
+    int absent = 1;
+    LabHooks with_table = lab;
+    for (int id = 0; id < vocab.size; id++) {
+        const char *text = vocab.words[id];
+        hashed &= vocab_find(&vocab, text, strlen(text)) == id;
+    }
+    const char *missing[] = { "w", "w0x", "x1", "w100003", "" };
+    for (int i = 0; i < 5; i++)
+        absent &= vocab_find(&vocab, missing[i], strlen(missing[i])) == -1;
+    int within_text = vocab_find(&vocab, "w7919 more", 5) == NUM_SPECIAL_TOKENS + 1;
+    lab.find_token = NULL;   // transformer.c's own search, on the same vocabulary
+    lab.token_added = NULL;
+    for (int id = 0; id < vocab.size; id += 97) {
+        const char *text = vocab.words[id];
+        listed &= vocab_find(&vocab, text, strlen(text)) == id;
+    }
+    for (int i = 0; i < 5; i++)
+        absent &= vocab_find(&vocab, missing[i], strlen(missing[i])) == -1;
+    lab = with_table;
+    check(added_again && hashed && listed && absent && within_text && vocab.num_slots >= 80008,
+          "vocabulary: the lab's hash table finds each of 40,004 tokens at its id, as the list "
+          "does; a prefix, a longer word and the empty text are not found; %zu slots",
+          vocab.num_slots);
+    vocab_free(&vocab);
+}
+
+// The evaluation's progress lines (lab.evaluation_progress): none in the first 3 s, a line with
+// the pairs done, the rate and the time left when one is due, none at the end.
+static void test_evaluation_progress_lines(void) {
+    char printed[1000];
+    int asked = progress_always;
+    progress_always = 1;
+    capture_begin();
+    evaluation_progress_line(0, 500);
+    evaluation_progress_line(50, 500);   // too soon
+    evaluation_started -= 10;
+    evaluation_shown -= 10;
+    evaluation_progress_line(100, 500);   // 10 s: 10 pairs a second, 40 s left
+    evaluation_progress_line(200, 500);   // too soon after that line
+    evaluation_shown -= 10;
+    evaluation_progress_line(500, 500);   // the end: no line
+    capture_end(printed, sizeof printed);
+    progress_always = asked;
+    const char *expected = "eval   100/500 pairs | 10.0 pairs/s | elapsed 0:10 | left 0:40\n";
+    check(strcmp(printed, expected) == 0,
+          "progress: an evaluation prints a line when one is due and none at its end: '%s'",
+          printed);
+}
+
 // Progress lines (long work: counting, learning merges, cutting): none before PROGRESS_SECONDS
 // have passed, none when not asked and standard error is not a terminal; a line with what is
 // done, the rate and the time left when one is due, and a last one at the end only after others.
@@ -3362,6 +3426,8 @@ static void run_lab_tests(void) {
     test_bpe_learn_against_reference();
     test_bpe_numbers_data();
     test_bpe_cache();
+    test_vocabulary_hash_table();
+    test_evaluation_progress_lines();
     test_progress_lines();
     test_parameter_groups();
     printf("-- no empty translation (min_len 1), greedy and beam\n");

@@ -309,28 +309,30 @@ static int hashed_find_token(const Vocabulary *vocab, const char *word, size_t n
 // lines also when standard error is a file.
 static int progress_always = 0;
 
+// When the evaluation under way began, and when its last line was printed (wall seconds).
+static double evaluation_started;
+static double evaluation_shown;
+
 // lab.evaluation_progress: every 3 s, the pairs decoded, the rate, the time spent and left.
 //   eval   120/500 pairs | 3.1 pairs/s | elapsed 0:39 | left 2:03
 static void evaluation_progress_line(int done, int count) {
-    static double started;
-    static double shown;
     double now = wall_seconds();
     if (done == 0) {
-        started = now;
-        shown = now;
+        evaluation_started = now;
+        evaluation_shown = now;
         return;
     }
     int wanted = progress_always || isatty(fileno(stderr));
-    if (!wanted || now - shown < 3.0 || done >= count)
+    if (!wanted || now - evaluation_shown < 3.0 || done >= count)
         return;
-    double seconds = now - started;
+    double seconds = now - evaluation_started;
     char spent[32];
     char left[32];
     duration(spent, seconds);
     duration(left, seconds / done * (count - done));
     fprintf(stderr, "eval   %d/%d pairs | %.1f pairs/s | elapsed %s | left %s\n", done, count,
             done / seconds, spent, left);
-    shown = now;
+    evaluation_shown = now;
 }
 
 static void text_plug_in(void) {
