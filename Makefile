@@ -57,7 +57,8 @@ endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/runs.c lab/bleu.c lab/catalogs.c
 # the CUDA companion; the float test builds include it, built for the CPU
-COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
+COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/cuda_on_cpu.h \
+            cuda/cuda_on_cpu_threads.h
 
 # the test binaries `make test` runs, in this order: transformer.c alone (its command-line tests run
 # ./transformer_minimal), the lab (./transformer), the CUDA companion built for the CPU
@@ -319,12 +320,15 @@ test-threads: test_cuda_threads transformer
 #     binary for sm_80 and sm_90), the tests with the companion built by nvcc: the reference
 #     files, the training runs against transformer.c, train and --resume;
 #   - two 40-step training runs that must write the same checkpoint, bit for bit, a third
-#     without CUDA graphs (--no-graph) and a fourth on one stream (--one-stream) that must write it too;
+#     without CUDA graphs (--no-graph) and a fourth on one stream (--one-stream) that must write it
+#     too; the same with --bf16 (its products on both streams, and on one); --fused-attention with
+#     and without graphs, and on one stream; the copy task trained whole in fp32 and with --bf16
+#     (their last evaluations);
 #   - compute-sanitizer's memcheck, racecheck, initcheck and synccheck on a short training run
 #     (its third step replays the graph captured at its second);
 #   make test-cuda-bench: dev/bench_gpu.py: ./transformer_cuda beside PyTorch at its best on the
-#     same GPU (fused Adam and SDPA, eager, a captured whole step, torch.compile's modes), fp32
-#     and TF32, the base model at the paper's batch (base-25k) first, cuBLAS's SGEMM as the
+#     same GPU (fused Adam and SDPA, eager, a captured whole step, torch.compile's modes), fp32,
+#     TF32 and bf16 (ours --bf16, PyTorch's autocast), the base model at the paper's batch (base-25k) first, cuBLAS's SGEMM as the
 #     yardstick, tables with the GPU's name and the date, kept in runs/gpu_table.md (each run's
 #     JSON in GPU_BENCH_LOG as it ends); PyTorch from dev/.venv when its torch sees the GPU,
 #     else from the first python3 on the PATH whose does, else the tables have ours alone and say why;
@@ -333,9 +337,10 @@ test-threads: test_cuda_threads transformer
 # starts; each may take --timeout): the goals' configs and PyTorch's likely fastest columns. With
 # time to spare: --configs base-25k,tiny,toy,big-25k --rounds 3 (all five columns, TF32 everywhere).
 # GPU_BENCH_LOG: each run's JSON, a line as it ends (what a cut run leaves).
-GPU_BENCH ?= --configs base-25k,tiny,toy --tf32-configs base-25k --columns eager,graph,compile \
+GPU_BENCH ?= --configs base-25k,tiny,toy --tf32-configs base-25k --bf16-configs base-25k \
+             --columns eager,graph,compile \
              --columns-for tiny=eager,graph,reduce-overhead --columns-for toy=eager,graph,reduce-overhead \
-             --rounds 1 --budget 240 --timeout 180
+             --rounds 1 --budget 330 --timeout 140
 GPU_BENCH_LOG ?= runs/gpu_runs.jsonl
 GPU_CAPABILITY = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 GPU_NVCC_ARCH = $(if $(GPU_CAPABILITY),-arch=sm_$(GPU_CAPABILITY),-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90)
@@ -344,6 +349,8 @@ TORCH_PYTHON = $(shell for p in $(BENCH_VENV)/bin/python $$(which -a python3 2>/
                    echo $$p; break; fi; done)
 SANITIZED_RUN = train --task copy --steps 3 --eval-every 0 --show 0 --log-every 0 --force --checkpoint runs/sanitized.ckpt
 RERUN = train --task copy --steps 40 --eval-every 0 --show 0 --log-every 0 --force
+# the copy task as README trains it, in fp32 and with --bf16: the last evaluation of each (exact match)
+COPY_RUN = train --task copy --show 0 --log-every 0 --force
 .PHONY: test-cuda-proofs test-cuda-bench
 test-cuda-proofs: transformer
 	mkdir -p runs
@@ -361,14 +368,26 @@ test-cuda-proofs: transformer
 	  echo "test-cuda: a run on one stream (--one-stream) wrote the same checkpoint as on two, bit for bit"
 	./transformer_cuda $(RERUN) --fused-attention --checkpoint runs/rerun_fused_a.ckpt && \
 	  ./transformer_cuda $(RERUN) --fused-attention --no-graph --checkpoint runs/rerun_fused_b.ckpt && \
-	  cmp runs/rerun_fused_a.ckpt runs/rerun_fused_b.ckpt && \
-	  echo "test-cuda: two runs with --fused-attention, with and without CUDA graphs, wrote the same checkpoint"
+	  ./transformer_cuda $(RERUN) --fused-attention --one-stream --checkpoint runs/rerun_fused_one.ckpt && \
+	  cmp runs/rerun_fused_a.ckpt runs/rerun_fused_b.ckpt && cmp runs/rerun_fused_a.ckpt runs/rerun_fused_one.ckpt && \
+	  echo "test-cuda: three runs with --fused-attention, with and without CUDA graphs and on one stream, wrote the same checkpoint"
+	./transformer_cuda $(RERUN) --bf16 --checkpoint runs/rerun_bf16_a.ckpt && \
+	  ./transformer_cuda $(RERUN) --bf16 --checkpoint runs/rerun_bf16_b.ckpt && \
+	  ./transformer_cuda $(RERUN) --bf16 --no-graph --checkpoint runs/rerun_bf16_eager.ckpt && \
+	  ./transformer_cuda $(RERUN) --bf16 --one-stream --checkpoint runs/rerun_bf16_one.ckpt && \
+	  cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_b.ckpt && cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_eager.ckpt && \
+	  cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_one.ckpt && \
+	  echo "test-cuda: two runs with --bf16, a third without CUDA graphs and a fourth on one stream wrote the same checkpoint, bit for bit"
+	./transformer_cuda $(COPY_RUN) --checkpoint runs/copy_fp32.ckpt && \
+	  ./transformer_cuda $(COPY_RUN) --bf16 --checkpoint runs/copy_bf16.ckpt
 	@if command -v compute-sanitizer >/dev/null; then \
 	  for tool in memcheck racecheck initcheck synccheck; do \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) || exit 1; done; \
 	  for tool in memcheck racecheck; do \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) --fused-attention \
 	      --d-model 128 --heads 2 || exit 1; done; \
+	  for tool in memcheck initcheck; do \
+	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) --bf16 || exit 1; done; \
 	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped its checks"; fi
 test-cuda-bench: transformer
 	mkdir -p runs

@@ -84,6 +84,16 @@
  *     (cublasSetStream); cublasSetWorkspace must give device memory, and two
  *     handles on two streams may not share it (their calls may run at once:
  *     refused).
+ *     cublasGemmEx and cublasGemmStridedBatchedEx do the same with A and B in
+ *     bf16 (CUDA_R_16BF) or fp32, C in fp32, computing in fp32
+ *     (CUBLAS_COMPUTE_32F): a product of two bf16 numbers is exact in fp32 (8
+ *     + 8 significant bits), so only the fp32 sum rounds; other types are
+ *     CUBLAS_STATUS_NOT_SUPPORTED. The operands' extents are checked in their
+ *     own element size.
+ *   - bf16 (cuda_bf16.h's __nv_bfloat16, 16 bits: fp32's sign and exponent,
+ *     7 stored significand bits): __float2bfloat16 rounds to nearest, ties to
+ *     even (past the largest finite: infinity), any NaN to the NaN 0x7FFF as
+ *     CUDA's does; __bfloat162float is exact.
  *
  * A kernel is an ordinary C function. Each one is followed in transformer_cuda.cu
  * by CPU_KERNEL(name, its parameter types...), which makes the function that
@@ -218,6 +228,33 @@ typedef struct { float x, y, z, w; } float4;
     _Static_assert(__builtin_types_compatible_p(__typeof__(&kernel), void (*)(__VA_ARGS__)),            \
                    "CPU_KERNEL(" #kernel ", ...): the types differ from the kernel's parameters");
 
+// ---- bf16 (cuda_bf16.h) ----------------------------------------------------------
+
+// fp32's upper 16 bits: sign, 8 exponent bits, 7 stored significand bits.
+typedef struct { unsigned short x; } __nv_bfloat16;
+
+// Round to nearest, ties to even: add half an ulp of the kept bits less one,
+// plus the lowest kept bit (so that an exact tie rounds to the even one), and
+// drop the 16 low bits; a carry out of the significand raises the exponent,
+// and past the largest finite number gives infinity. Any NaN gives 0x7FFF
+// (CUDA's canonical NaN: a NaN whose payload sat in the low bits alone would
+// otherwise truncate to infinity).
+static inline __nv_bfloat16 __float2bfloat16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    __nv_bfloat16 h;
+    if ((bits & 0x7fffffffu) > 0x7f800000u) { h.x = 0x7fff; return h; }
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    h.x = (unsigned short)(bits >> 16);
+    return h;
+}
+static inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t bits = (uint32_t)h.x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 // ---- errors -------------------------------------------------------------------
 
 typedef enum {
@@ -287,9 +324,10 @@ typedef struct {
     void *handle;   // a cublasHandle_t
     int transa, transb, m, n, k, lda, ldb, ldc, count;
     float alpha, beta;
-    const float *A, *B;
+    const void *A, *B;   // fp32, or bf16 when ab_bf16 (cublasGemmEx)
     float *C;
     long long stride_a, stride_b, stride_c;
+    int ab_bf16;
 } CpuGemm;
 typedef enum { CPU_WORK_KERNEL, CPU_WORK_GEMM, CPU_WORK_COPY, CPU_WORK_MEMSET } CpuWorkKind;
 // What a piece of work waits for: in a graph, the nodes (their indices) before
@@ -1379,8 +1417,12 @@ static inline void cpu_launch(const char *kernel, void (*thread)(const void *), 
 
 typedef enum {
     CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_INVALID_VALUE = 7,
-    CUBLAS_STATUS_EXECUTION_FAILED = 13
+    CUBLAS_STATUS_EXECUTION_FAILED = 13, CUBLAS_STATUS_NOT_SUPPORTED = 15
 } cublasStatus_t;
+// library_types.h's and cublas_api.h's values, for cublasGemmEx
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 } cublasMath_t;
 // stream: where its calls run (cublasSetStream; NULL: the legacy stream); workspace: device memory given by
@@ -1391,7 +1433,8 @@ typedef struct { int created; cublasMath_t math; cudaStream_t stream; void *work
 static inline const char *cublasGetStatusString(cublasStatus_t status) {
     return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS"
          : status == CUBLAS_STATUS_NOT_INITIALIZED ? "CUBLAS_STATUS_NOT_INITIALIZED"
-         : status == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE" : "CUBLAS_STATUS_EXECUTION_FAILED";
+         : status == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE"
+         : status == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED" : "CUBLAS_STATUS_EXECUTION_FAILED";
 }
 
 static inline cublasStatus_t cublasCreate(cublasHandle_t *handle) {
@@ -1445,17 +1488,23 @@ static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *wor
 
 static inline int cublas_max1(int a) { return a > 1 ? a : 1; }
 
-// The product of one batch entry; the arguments as cublasSgemm's.
+// Element i of an operand: fp32, or bf16 (exact in fp32)
+static inline float cpu_gemm_element(const void *X, int bf16, size_t i) {
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)X)[i]) : ((const float *)X)[i];
+}
+
+// The product of one batch entry; the arguments as cublasSgemm's (A and B
+// bf16 when bf16). Two bf16 numbers multiply exactly in fp32; the sum rounds.
 static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                             float alpha, const float *A, int lda, const float *B, int ldb,
-                             float beta, float *C, int ldc) {
+                             float alpha, const void *A, int lda, const void *B, int ldb,
+                             float beta, float *C, int ldc, int bf16) {
     for (int j = 0; j < n; j++) {
         for (int i = 0; i < m; i++) {
             float sum = 0;
             for (int p = 0; p < k; p++) {
-                float a = transa == CUBLAS_OP_N ? A[i + (size_t)p * lda] : A[p + (size_t)i * lda]; // op(A)[i,p]
-                float b = transb == CUBLAS_OP_N ? B[p + (size_t)j * ldb] : B[j + (size_t)p * ldb]; // op(B)[p,j]
-                sum += a * b;
+                size_t at_a = transa == CUBLAS_OP_N ? i + (size_t)p * lda : p + (size_t)i * lda;   // op(A)[i,p]
+                size_t at_b = transb == CUBLAS_OP_N ? p + (size_t)j * ldb : j + (size_t)p * ldb;   // op(B)[p,j]
+                sum += cpu_gemm_element(A, bf16, at_a) * cpu_gemm_element(B, bf16, at_b);
             }
             float *c = &C[i + (size_t)j * ldc];
             *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;   // beta 0: C is not read
@@ -1477,13 +1526,14 @@ static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperat
 }
 
 // A stored operand of `rows` x `cols` (as stored: column-major, leading dimension
-// ld), `count` of them `stride` apart, all inside one region (an allocation, or a tensor of one).
-static int cpu_operand_fits(const float *X, int rows, int cols, int ld, long long stride, int count, const char *call,
-                            const char *name) {
+// ld), `count` of them `stride` apart, elements of `element_bytes`, all inside
+// one region (an allocation, or a tensor of one).
+static int cpu_operand_fits(const void *X, size_t element_bytes, int rows, int cols, int ld, long long stride,
+                            int count, const char *call, const char *name) {
     if (rows == 0 || cols == 0 || count == 0) return 1;
     long long last = (long long)(count - 1) * stride + (long long)(cols - 1) * ld + rows - 1;
     char why[160] = "at a negative stride";
-    if (stride >= 0 && cpu_inside_region(X, ((size_t)last + 1) * sizeof(float), why, sizeof why)) return 1;
+    if (stride >= 0 && cpu_inside_region(X, ((size_t)last + 1) * element_bytes, why, sizeof why)) return 1;
     snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: %s (%d x %d, leading dimension %d, %d of them "
              "%lld apart) reaches %s", call, name, rows, cols, ld, count, stride, why);
     return 0;
@@ -1493,11 +1543,12 @@ static int cpu_operand_fits(const float *X, int rows, int cols, int ld, long lon
 static inline cublasStatus_t cpu_gemm_extents(const CpuGemm *g) {
     cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
     int a_rows = transa == CUBLAS_OP_N ? g->m : g->k, b_rows = transb == CUBLAS_OP_N ? g->k : g->n;
-    if (!cpu_operand_fits(g->A, g->k ? a_rows : 0, transa == CUBLAS_OP_N ? g->k : g->m, g->lda, g->stride_a, g->count,
-                          g->call, "A") ||
-        !cpu_operand_fits(g->B, g->k ? b_rows : 0, transb == CUBLAS_OP_N ? g->n : g->k, g->ldb, g->stride_b, g->count,
-                          g->call, "B") ||
-        !cpu_operand_fits(g->C, g->m, g->n, g->ldc, g->stride_c, g->count, g->call, "C"))
+    size_t ab_bytes = g->ab_bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+    if (!cpu_operand_fits(g->A, ab_bytes, g->k ? a_rows : 0, transa == CUBLAS_OP_N ? g->k : g->m, g->lda,
+                          g->stride_a, g->count, g->call, "A") ||
+        !cpu_operand_fits(g->B, ab_bytes, g->k ? b_rows : 0, transb == CUBLAS_OP_N ? g->n : g->k, g->ldb,
+                          g->stride_b, g->count, g->call, "B") ||
+        !cpu_operand_fits(g->C, sizeof(float), g->m, g->n, g->ldc, g->stride_c, g->count, g->call, "C"))
         return CUBLAS_STATUS_EXECUTION_FAILED;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1530,10 +1581,12 @@ static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
     if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
     if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
     cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
+    size_t ab_bytes = g->ab_bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
     cpu_device_open(g->call);
+    const char *A = (const char *)g->A, *B = (const char *)g->B;
     for (int i = 0; i < g->count; i++)
-        cpu_sgemm(transa, transb, g->m, g->n, g->k, g->alpha, g->A + i * g->stride_a, g->lda, g->B + i * g->stride_b,
-                  g->ldb, g->beta, g->C + i * g->stride_c, g->ldc);
+        cpu_sgemm(transa, transb, g->m, g->n, g->k, g->alpha, A + i * g->stride_a * ab_bytes, g->lda,
+                  B + i * g->stride_b * ab_bytes, g->ldb, g->beta, g->C + i * g->stride_c, g->ldc, g->ab_bf16);
     cpu_device_open(NULL);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1541,14 +1594,14 @@ static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
 // One call: cuBLAS's checks, then the products now, or recorded with alpha and
 // beta as they are now when the handle's stream captures a graph.
 static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t handle, cublasOperation_t transa,
-                                    cublasOperation_t transb, int m, int n, int k, const float *alpha, const float *A,
-                                    int lda, long long stride_a, const float *B, int ldb, long long stride_b,
-                                    const float *beta, float *C, int ldc, long long stride_c, int count) {
+                                    cublasOperation_t transb, int m, int n, int k, const float *alpha, const void *A,
+                                    int lda, long long stride_a, const void *B, int ldb, long long stride_b,
+                                    const float *beta, float *C, int ldc, long long stride_c, int count, int ab_bf16) {
     cublasStatus_t status = cpu_sgemm_check(handle, transa, transb, m, n, k, lda, ldb, ldc, count);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
     if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
     CpuGemm g = { call, handle, (int)transa, (int)transb, m, n, k, lda, ldb, ldc, count, *alpha, *beta, A, B, C,
-                  stride_a, stride_b, stride_c };
+                  stride_a, stride_b, stride_c, ab_bf16 };
     cudaError_t refusal = cudaSuccess;
     int route = cpu_stream_route(handle->stream, call, &refusal);
     if (route < 0) return CUBLAS_STATUS_EXECUTION_FAILED;
@@ -1575,7 +1628,7 @@ static inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float *alpha, const float *A, int lda,
                                          const float *B, int ldb, const float *beta, float *C, int ldc) {
     return cpu_gemm_call("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc,
-                         0, 1);
+                         0, 1, 0);
 }
 
 // Entry i multiplies A + i*strideA and B + i*strideB into C + i*strideC.
@@ -1585,7 +1638,44 @@ static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cu
                                                        const float *B, int ldb, long long strideB, const float *beta,
                                                        float *C, int ldc, long long strideC, int batch_count) {
     return cpu_gemm_call("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb,
-                         strideB, beta, C, ldc, strideC, batch_count);
+                         strideB, beta, C, ldc, strideC, batch_count, 0);
+}
+
+// cublasGemmEx's types that the emulator computes: A and B both fp32 or both
+// bf16, C fp32, the sum in fp32 (the scalars then float); 1 when A and B are bf16,
+// 0 for fp32, -1 (CUBLAS_STATUS_NOT_SUPPORTED) for any other choice.
+static inline int cpu_gemm_ex_types(cudaDataType a_type, cudaDataType b_type, cudaDataType c_type,
+                                    cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    if (a_type != b_type || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || algo != CUBLAS_GEMM_DEFAULT)
+        return -1;
+    return a_type == CUDA_R_16BF ? 1 : a_type == CUDA_R_32F ? 0 : -1;
+}
+
+// C = alpha op(A) op(B) + beta C with the operands' types given (cpu_gemm_ex_types)
+static inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, const void *B, cudaDataType Btype, int ldb, const void *beta,
+                                          void *C, cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
+    int bf16 = cpu_gemm_ex_types(Atype, Btype, Ctype, computeType, algo);
+    if (bf16 < 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return cpu_gemm_call("cublasGemmEx", handle, transa, transb, m, n, k, (const float *)alpha, A, lda, 0, B, ldb, 0,
+                         (const float *)beta, (float *)C, ldc, 0, 1, bf16);
+}
+
+// The same for batch_count products, entry i at A + i*strideA, ... (in elements of each type)
+static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                                        cublasOperation_t transb, int m, int n, int k,
+                                                        const void *alpha, const void *A, cudaDataType Atype, int lda,
+                                                        long long strideA, const void *B, cudaDataType Btype, int ldb,
+                                                        long long strideB, const void *beta, void *C,
+                                                        cudaDataType Ctype, int ldc, long long strideC,
+                                                        int batch_count, cublasComputeType_t computeType,
+                                                        cublasGemmAlgo_t algo) {
+    int bf16 = cpu_gemm_ex_types(Atype, Btype, Ctype, computeType, algo);
+    if (bf16 < 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return cpu_gemm_call("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, (const float *)alpha, A, lda,
+                         strideA, B, ldb, strideB, (const float *)beta, (float *)C, ldc, strideC, batch_count, bf16);
 }
 
 // ---- the streams' work run, graphs launched --------------------------------------

@@ -1,37 +1,42 @@
 #!/bin/bash
-# cuda/gpu_session.sh: issues 33's and 50's measurements on a lent H100 or H200, in four commands of the device tool
+# cuda/gpu_session.sh: issues 33's and 50's measurements on a lent H100 or H200, in three commands of
+# the device tool, run back to back on the warm machine in this order, then give it back:
 #
-#   bash cuda/gpu_session.sh proofs    (timeout_s 360; 55 s on 2026-11-28, before the --fused-attention runs)
+#   bash cuda/gpu_session.sh proofs    (timeout_s 420; expected about 4 minutes: 55 s on 2026-11-28,
+#                                       before the --fused-attention, --one-stream and --bf16 runs)
 #       make -j16 test-cuda-proofs: ./transformer_cuda and the tests built by nvcc for this GPU,
-#       the tests on the GPU, two 40-step runs, one without CUDA graphs and one on one stream
-#       (--one-stream) that must write the same checkpoint bit for bit (and two with
-#       --fused-attention), compute-sanitizer's
-#       memcheck, racecheck, initcheck, synccheck (memcheck and racecheck again with --fused-attention)
-#   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes)
-#       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32 and
-#       TF32 (ours, PyTorch eager, a captured step, torch.compile), then tiny and toy in fp32 (eager,
-#       a captured step, reduce-overhead); cuBLAS's SGEMM 8192^3; no run starts after 240 s, each
-#       may take 180 s
+#       the tests on the GPU (two streams, --one-stream, --fused-attention, --bf16 against
+#       transformer.c and against each other), 40-step runs that must write the same checkpoint
+#       bit for bit: two, one without CUDA graphs and one on one stream (--one-stream); three with
+#       --fused-attention (with and without graphs, on one stream); four with --bf16 (two, without
+#       graphs, on one stream); the copy task trained whole in fp32 and with --bf16;
+#       compute-sanitizer's memcheck, racecheck, initcheck, synccheck (memcheck and racecheck
+#       again with --fused-attention, memcheck and initcheck with --bf16)
 #
-#   bash cuda/gpu_session.sh streams   (timeout_s 300; not yet run: about 3 minutes estimated, after proofs)
-#       the step on two streams (the default: the weights' gradients on the second) against
-#       --one-stream, paired and alternating, 3 rounds: base at the paper's batch in fp32 and TF32
-#       (--steps 5), tiny and toy (each line a bench's JSON); then --count of base at the paper's
-#       batch with two streams (the graph's nodes as cudaGraphGetNodes counts them: cuBLAS's own)
-#
-#   bash cuda/gpu_session.sh profile   (timeout_s 300; about 2 minutes after proofs, on the warm machine)
+#   bash cuda/gpu_session.sh profile   (timeout_s 540; estimated about 5 minutes, not yet run)
 #       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
-#       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32, in TF32 and with --fused-attention;
-#       tiny's; then --fused-attention (q, k, v read from the projections' rows, cuda/fused_attention.cu)
-#       against the batched products, tiny, toy, base at 8 x 64 x 64 and at the paper's batch,
-#       3 alternating rounds (each line a bench's JSON)
+#       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32, TF32, bf16 and with
+#       --fused-attention; tiny's, and with --fused-attention; then, paired and alternating,
+#       ROUNDS rounds (default 3; each line a bench's JSON): two streams (the default: the
+#       weights' gradients on the second) against --one-stream, base at the paper's batch in
+#       fp32, TF32 and bf16 (--steps 5), tiny and toy; --fused-attention against the batched
+#       products, tiny, toy, base at 8 x 64 x 64 and at the paper's batch; last, --count of base
+#       at the paper's batch on two streams (the graph's nodes as cudaGraphGetNodes counts them:
+#       cuBLAS's own kernels)
+#
+#   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes: no run starts after
+#                                       330 s, each may take 140 s)
+#       make test-cuda-bench: dev/bench_gpu.py with the Makefile's GPU_BENCH: base-25k in fp32,
+#       TF32 and bf16 (ours, PyTorch eager, a captured step, torch.compile; bf16: ours --bf16,
+#       PyTorch's autocast, the SDPA backend it ran named), then tiny and toy in fp32 (eager, a
+#       captured step, reduce-overhead); cuBLAS's SGEMM 8192^3 (and its bf16 GEMM)
 #
 # Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
-# one: proofs.log; streams.log; profile.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each
-# run's JSON as it ended (what a cut run leaves). On 2026-11-28 the machine's start, proofs and bench took
-# 6.6 of a session's 15 minutes of device time; profile adds about 2, streams (estimated) about 3: run them
-# back to back on the warm machine (proofs, streams, profile, bench), then give it back; with less than 12
-# minutes left, drop profile's --fused-attention pairs (or run bench first).
+# one: proofs.log; profile.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON
+# as it ended (what a cut run leaves). The budget, 15 minutes of device time: the machine's start
+# (1 to 2 minutes), proofs about 4, profile about 5, bench about 4 (6.6 minutes for the start,
+# proofs and bench on 2026-11-28). With less than 10 minutes left after proofs, run bench first,
+# then `ROUNDS=1 bash cuda/gpu_session.sh profile` (about 2 minutes).
 # GPU_BENCH="..." in the environment replaces the Makefile's (dev/bench_gpu.py's options).
 set -o pipefail
 out=${OUT:-runs}
@@ -47,16 +52,25 @@ bench)
     cp runs/gpu_table.md "$out/" 2>/dev/null
     exit $status
     ;;
-streams)
+profile)
+    # make rebuilds it only when a source changed since (proofs builds it for this GPU)
     make -j16 transformer_cuda NVCC_ARCH="-arch=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader |
         head -n 1 | tr -d ' .')" || exit 1
     paper="--config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000"
+    rounds=${ROUNDS:-3}
     status=0
     {
+        for precision in "" --tf32 --bf16; do
+            ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile $precision || exit 1
+        done
+        ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile --fused-attention || exit 1
+        ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile || exit 1
+        ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile --fused-attention || exit 1
         # two streams against one, alternating (the order of the two alternates from round to round)
-        for round in 1 2 3; do
+        for round in $(seq 1 "$rounds"); do
             order="two one"; [ $((round % 2)) -eq 0 ] && order="one two"
-            for config in "$paper --steps 5" "$paper --steps 5 --tf32" "--config tiny" "--config toy"; do
+            for config in "$paper --steps 5" "$paper --steps 5 --tf32" "$paper --steps 5 --bf16" "--config tiny" \
+                          "--config toy"; do
                 for variant in $order; do
                     flag=; [ $variant = one ] && flag=--one-stream
                     json=$(./transformer_cuda bench $config --json $flag | tail -n 1) || json=FAILED
@@ -64,27 +78,8 @@ streams)
                 done
             done
         done
-        ./transformer_cuda bench $paper --warmup 1 --steps 2 --count || exit 1
-    } 2>&1 | tee "$out/streams.log" || status=1
-    grep -q 'FAILED' "$out/streams.log" && status=1
-    exit $status
-    ;;
-profile)
-    # make rebuilds it only when a source changed since (proofs builds it for this GPU)
-    make -j16 transformer_cuda NVCC_ARCH="-arch=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader |
-        head -n 1 | tr -d ' .')" || exit 1
-    paper="--config base --batch 384 --src-len 64 --tgt-len 64 --vocab 37000"
-    status=0
-    {
-        for precision in "" --tf32; do
-            ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile $precision || exit 1
-        done
-        ./transformer_cuda bench $paper --warmup 1 --steps 3 --profile --fused-attention || exit 1
-        ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile || exit 1
-        ./transformer_cuda bench --config tiny --warmup 1 --steps 20 --profile --fused-attention || exit 1
-        # --fused-attention against cuBLAS's batched attention, alternating, 3 rounds (JSON lines)
-        # (the order of the two alternates from round to round)
-        for round in 1 2 3; do
+        # --fused-attention against cuBLAS's batched attention, alternating
+        for round in $(seq 1 "$rounds"); do
             order="batched fused"; [ $((round % 2)) -eq 0 ] && order="fused batched"
             for config in "--config tiny" "--config toy" "--config base" "$paper"; do
                 for variant in $order; do
@@ -94,12 +89,13 @@ profile)
                 done
             done
         done
+        ./transformer_cuda bench $paper --warmup 1 --steps 2 --count || exit 1
     } 2>&1 | tee "$out/profile.log" || status=1
     grep -q 'FAILED' "$out/profile.log" && status=1
     exit $status
     ;;
 *)
-    echo "usage: bash cuda/gpu_session.sh proofs|streams|profile|bench (the header says what each runs)" >&2
+    echo "usage: bash cuda/gpu_session.sh proofs|profile|bench (the header says what each runs)" >&2
     exit 2
     ;;
 esac

@@ -31,6 +31,7 @@ void transformer_cuda_logits(float *out, size_t n);
 void transformer_cuda_release(void);
 void transformer_cuda_fuse_attention(int on);
 void transformer_cuda_one_stream(int on);
+void transformer_cuda_bf16(int on);
 int transformer_cuda_sgemm(int argc, char **argv);
 #endif
 #ifdef TRANSFORMER_DOUBLE
@@ -82,6 +83,27 @@ static void store_operand(float *stored, size_t stored_size, const float *plain,
 }
 #endif
 
+// --bf16's products: one bf16 number has 8 significant bits, so rounding to it
+// changes x by |x| u at most, u = 2^-8 (round to nearest). A product of two
+// rounded operands is then a b (1 + d1)(1 + d2), off by at most (2u + u^2) |a b|;
+// the product itself is exact in fp32 (16 significant bits), and the fp32 sum
+// of K of them adds at most K 2^-24 sum |a b| (K 2^-24 < 1e-5 here, against
+// 2u = 0.0078). One element of a bf16 product therefore differs from the exact
+// product of the unrounded operands by at most
+//     (2u + u^2 + K 2^-24) sum_k |a_ik| |b_kj|,
+// which test_cublas_model checks element by element (cublas_model_bound_ratio).
+#define BF16_UNIT_ROUNDOFF (1.0 / 256)
+
+// When set, cublas_model_case rounds the operands to bf16, stores them so and
+// multiplies with cublasGemmEx / cublasGemmStridedBatchedEx (fp32 sums into fp32
+// C); the expected product is then that of the rounded numbers, and
+// cublas_model_bound_ratio gets the largest error against the unrounded
+// operands' product over the bound above (at most 1).
+#ifndef COMPANION_ON_GPU
+static int cublas_model_bf16;
+static double cublas_model_bound_ratio;
+#endif
+
 // One case of C = alpha op(A) op(B) + beta C for `count` batch entries through
 // the cuBLAS model (cublasSgemm when count is 1), against the same product
 // computed plainly in row-major double. The leading dimensions are `pad` more
@@ -98,11 +120,17 @@ static double cublas_model_case(cublasOperation_t ta, cublasOperation_t tb, int 
     float *A = malloc(sizeof(float) * stride_a * count), *B = malloc(sizeof(float) * stride_b * count);
     float *C = malloc(sizeof(float) * stride_c * count), *plain_a = malloc(sizeof(float) * m * k);
     float *plain_b = malloc(sizeof(float) * k * n), *c0 = malloc(sizeof(float) * m * n * count);
-    double *expected = malloc(sizeof(double) * m * n * count);
-    float alpha = 0.75f;
+    double *expected = malloc(sizeof(double) * m * n * count), *unrounded = malloc(sizeof(double) * m * n * count);
+    double *bound = malloc(sizeof(double) * m * n * count);
+    float alpha = 0.75f, *raw_a = malloc(sizeof(float) * m * k), *raw_b = malloc(sizeof(float) * k * n);
+    double u = BF16_UNIT_ROUNDOFF, per_term = 2 * u + u * u + k * 0x1p-24;
     for (int e = 0; e < count; e++) {
-        for (int i = 0; i < m * k; i++) plain_a[i] = (float)(2 * rng_uniform(rng) - 1);
-        for (int i = 0; i < k * n; i++) plain_b[i] = (float)(2 * rng_uniform(rng) - 1);
+        for (int i = 0; i < m * k; i++) raw_a[i] = plain_a[i] = (float)(2 * rng_uniform(rng) - 1);
+        for (int i = 0; i < k * n; i++) raw_b[i] = plain_b[i] = (float)(2 * rng_uniform(rng) - 1);
+        if (cublas_model_bf16) {   // the numbers the product sees
+            for (int i = 0; i < m * k; i++) plain_a[i] = __bfloat162float(__float2bfloat16(raw_a[i]));
+            for (int i = 0; i < k * n; i++) plain_b[i] = __bfloat162float(__float2bfloat16(raw_b[i]));
+        }
         store_operand(A + e * stride_a, (size_t)stride_a, plain_a, m, k, ta, lda);
         store_operand(B + e * stride_b, (size_t)stride_b, plain_b, k, n, tb, ldb);
         for (long long i = 0; i < stride_c; i++) C[e * stride_c + i] = -7.0f;   // the sentinel
@@ -110,25 +138,49 @@ static double cublas_model_case(cublasOperation_t ta, cublasOperation_t tb, int 
             for (int j = 0; j < n; j++) {
                 float c = beta == 0 ? NAN : (float)(2 * rng_uniform(rng) - 1);
                 C[e * stride_c + i + (size_t)j * ldc] = c;
-                double sum = 0;
-                for (int p = 0; p < k; p++) sum += (double)plain_a[i * k + p] * plain_b[p * n + j];
-                expected[(size_t)e * m * n + i * n + j] = alpha * sum + (beta == 0 ? 0 : (double)beta * c);
+                double sum = 0, raw_sum = 0, magnitude = 0;
+                for (int p = 0; p < k; p++) {
+                    sum += (double)plain_a[i * k + p] * plain_b[p * n + j];
+                    raw_sum += (double)raw_a[i * k + p] * raw_b[p * n + j];
+                    magnitude += fabs((double)raw_a[i * k + p] * raw_b[p * n + j]);
+                }
+                size_t at = (size_t)e * m * n + i * n + j;
+                double added = beta == 0 ? 0 : (double)beta * c;
+                expected[at] = alpha * sum + added;
+                unrounded[at] = alpha * raw_sum + added;
+                // the bound, and fp32's rounding of alpha times the sum and of adding beta C
+                bound[at] = alpha * per_term * magnitude + 0x1p-23 * (fabs(alpha * raw_sum) + 2 * fabs(added));
             }
     }
+    // bf16: the operands as the GPU stores them, 2 bytes a number (their NaN padding kept)
+    __nv_bfloat16 *A16 = malloc(sizeof(__nv_bfloat16) * stride_a * count);
+    __nv_bfloat16 *B16 = malloc(sizeof(__nv_bfloat16) * stride_b * count);
+    for (long long i = 0; i < stride_a * count; i++) A16[i] = __float2bfloat16(A[i]);
+    for (long long i = 0; i < stride_b * count; i++) B16[i] = __float2bfloat16(B[i]);
     // on the "GPU": the emulator refuses operands outside device memory
     float *dA, *dB, *dC;
-    size_t a_bytes = sizeof(float) * stride_a * count, b_bytes = sizeof(float) * stride_b * count;
+    size_t number = cublas_model_bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+    size_t a_bytes = number * stride_a * count, b_bytes = number * stride_b * count;
     size_t c_bytes = sizeof(float) * stride_c * count;
     cudaMalloc((void **)&dA, a_bytes); cudaMalloc((void **)&dB, b_bytes); cudaMalloc((void **)&dC, c_bytes);
-    cudaMemcpy(dA, A, a_bytes, cudaMemcpyHostToDevice);
-    cudaMemcpy(dB, B, b_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dA, cublas_model_bf16 ? (void *)A16 : (void *)A, a_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, cublas_model_bf16 ? (void *)B16 : (void *)B, b_bytes, cudaMemcpyHostToDevice);
     cudaMemcpy(dC, C, c_bytes, cudaMemcpyHostToDevice);
     cublasHandle_t handle;
     cublasCreate(&handle);
-    cublasStatus_t status = count == 1
-        ? cublasSgemm(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, dB, ldb, &beta, dC, ldc)
-        : cublasSgemmStridedBatched(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, stride_a, dB, ldb, stride_b,
-                                    &beta, dC, ldc, stride_c, count);
+    cublasStatus_t status;
+    if (cublas_model_bf16 && count == 1)
+        status = cublasGemmEx(handle, ta, tb, m, n, k, &alpha, dA, CUDA_R_16BF, lda + lda_error, dB, CUDA_R_16BF, ldb,
+                              &beta, dC, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else if (cublas_model_bf16)
+        status = cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, &alpha, dA, CUDA_R_16BF, lda + lda_error,
+                                            stride_a, dB, CUDA_R_16BF, ldb, stride_b, &beta, dC, CUDA_R_32F, ldc,
+                                            stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else if (count == 1)
+        status = cublasSgemm(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, dB, ldb, &beta, dC, ldc);
+    else
+        status = cublasSgemmStridedBatched(handle, ta, tb, m, n, k, &alpha, dA, lda + lda_error, stride_a, dB, ldb,
+                                           stride_b, &beta, dC, ldc, stride_c, count);
     cublasDestroy(handle);
     cudaMemcpy(C, dC, c_bytes, cudaMemcpyDeviceToHost);
     cudaFree(dA); cudaFree(dB); cudaFree(dC);
@@ -138,18 +190,123 @@ static double cublas_model_case(cublasOperation_t ta, cublasOperation_t tb, int 
             long long row = i % ldc, col = i / ldc;
             double got = C[e * stride_c + i];
             if (row < m && col < n) {
-                double want = expected[(size_t)e * m * n + row * n + col], d = fabs(got - want);
+                size_t at = (size_t)e * m * n + row * n + col;
+                double d = fabs(got - expected[at]), ratio = fabs(got - unrounded[at]) / bound[at];
                 worst = fmax(worst, d <= d ? d : INFINITY);
+                cublas_model_bound_ratio = fmax(cublas_model_bound_ratio, ratio <= ratio ? ratio : INFINITY);
             } else if (got != -7.0) {
                 worst = INFINITY;   // written outside the m x n matrix
             }
         }
-    free(A); free(B); free(C); free(plain_a); free(plain_b); free(c0); free(expected);
+    free(A); free(B); free(C); free(plain_a); free(plain_b); free(c0); free(expected); free(unrounded); free(bound);
+    free(raw_a); free(raw_b); free(A16); free(B16);
     return worst;
 }
 #endif
 
 #ifndef COMPANION_ON_GPU
+// cublasGemmEx and cublasGemmStridedBatchedEx with bf16 A and B: the same
+// cases as cublasSgemm's, 2 bytes a number (an operand is checked in its own
+// size), the product of the rounded numbers to fp32's sums, and within the
+// bound above of the product of the numbers before rounding
+static void test_cublas_model_bf16(Rng *rng) {
+    cublasOperation_t ops[2] = { CUBLAS_OP_N, CUBLAS_OP_T };
+    double worst = 0;
+    cublas_model_bf16 = 1;
+    cublas_model_bound_ratio = 0;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int batched = 0; batched < 2; batched++)
+                worst = fmax(worst, fmax(cublas_model_case(ops[a], ops[b], 3, 4, 5, 2, 0.5f, batched ? 3 : 1, 0, rng),
+                                         cublas_model_case(ops[a], ops[b], 4, 3, 6, 1, 0.0f, batched ? 3 : 1, 0, rng)));
+    double wide = cublas_model_case(CUBLAS_OP_T, CUBLAS_OP_N, 7, 5, 300, 3, 0.0f, 2, 0, rng);   // a long sum
+    double bound_ratio = cublas_model_bound_ratio;
+    double wrong_ld = cublas_model_case(CUBLAS_OP_T, CUBLAS_OP_N, 3, 4, 5, 2, 0.5f, 1, -1, rng);
+    cublas_model_bf16 = 0;
+    check(worst < CUBLAS_MODEL_TOL && wide < CUBLAS_MODEL_TOL && bound_ratio <= 1 && bound_ratio > 0.01 &&
+          !(wrong_ld < CUBLAS_MODEL_TOL), "companion: cublasGemmEx and cublasGemmStridedBatchedEx on bf16 A and B "
+          "(cuda_on_cpu.h) compute the rounded numbers' product with fp32 sums (worst error %.1e, %.1e with 300 terms; "
+          "tolerance %.0e) for N/T x N/T, padded leading dimensions, batch strides, beta 0 with C NaN; every element "
+          "within %.2f of the bound (2u + u^2 + K 2^-24) sum |a||b| of the unrounded product; a leading dimension one "
+          "too small is caught", worst, wide, CUBLAS_MODEL_TOL, bound_ratio);
+    // 6 bf16 numbers fit a 12-byte allocation (an operand checked in 2 bytes a number); the 7th does not;
+    // fp32 operands, fp32 C with fp32 A, and any other type or compute type are not what the emulator computes
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    __nv_bfloat16 *x;
+    float *y, one = 1, zero = 0;
+    cudaMalloc((void **)&x, 6 * sizeof(__nv_bfloat16));
+    cudaMalloc((void **)&y, 4 * sizeof(float));
+    cudaMemset(x, 0, 6 * sizeof(__nv_bfloat16));
+    cublasStatus_t fits = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, x, CUDA_R_16BF, 2, x,
+                                       CUDA_R_16BF, 3, &zero, y, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t past = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, x, CUDA_R_16BF, 2, x + 1,
+                                       CUDA_R_16BF, 3, &zero, y, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t mixed = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, x, CUDA_R_16BF, 2, y,
+                                        CUDA_R_32F, 3, &zero, y, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t bf16_out = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, x, CUDA_R_16BF, 2, x,
+                                           CUDA_R_16BF, 3, &zero, y, CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT);
+    cudaFree(x); cudaFree(y);
+    cublasDestroy(handle);
+    cuda_on_cpu.sticky_error = cuda_on_cpu.last_error = cudaSuccess;   // (the refused operand's fault)
+    check(fits == CUBLAS_STATUS_SUCCESS && past == CUBLAS_STATUS_EXECUTION_FAILED &&
+          mixed == CUBLAS_STATUS_NOT_SUPPORTED && bf16_out == CUBLAS_STATUS_NOT_SUPPORTED,
+          "companion: cublasGemmEx checks a bf16 operand in 2 bytes a number (3 x 2 fits 12 bytes: %s; one number "
+          "further does not: %s) and refuses types it does not compute (bf16 A with fp32 B: %s; bf16 C: %s)",
+          cublasGetStatusString(fits), cublasGetStatusString(past), cublasGetStatusString(mixed),
+          cublasGetStatusString(bf16_out));
+}
+
+// __float2bfloat16 as CUDA's: round to nearest, ties to even, past the
+// largest finite number to infinity, any NaN to NaN; __bfloat162float exact
+static float float_of_bits(uint32_t bits) { float f; memcpy(&f, &bits, sizeof f); return f; }
+static unsigned bf16_bits(float f) { return __float2bfloat16(f).x; }
+static void test_emulator_bf16(void) {
+    struct { float in; unsigned want; const char *what; } cases[] = {
+        { 1.0f, 0x3f80, "1" },
+        { 1.0f + 0x1p-8f, 0x3f80, "1 + 2^-8, a tie: to 1 (even)" },
+        { 1.0f + 3 * 0x1p-8f, 0x3f82, "1 + 3 2^-8, a tie: to 1 + 2^-6 (even)" },
+        { 1.0f + 0x1p-8f + 0x1p-20f, 0x3f81, "just past the tie: up" },
+        { 1.0f + 0x1p-8f - 0x1p-20f, 0x3f80, "just short of it: down" },
+        { -(1.0f + 3 * 0x1p-8f), 0xbf82, "negative ties to even too" },
+        { 3.0e38f, 0x7f62, "3e38" },
+        { float_of_bits(0x7f7f7fffu), 0x7f7f, "just short of the largest bf16's tie: the largest" },
+        { float_of_bits(0x7f7f8000u), 0x7f80, "the largest bf16's tie with 2^128: infinity (even)" },
+        { FLT_MAX, 0x7f80, "fp32's largest: infinity" },
+        { -FLT_MAX, 0xff80, "its negative: -infinity" },
+        { INFINITY, 0x7f80, "infinity" },
+        { -0.0f, 0x8000, "-0" },
+        { float_of_bits(0x00018000u), 0x0002, "a subnormal's tie: to even" },
+    };
+    int n = (int)(sizeof cases / sizeof *cases), right = 0;
+    for (int i = 0; i < n; i++) {
+        unsigned got = bf16_bits(cases[i].in);
+        right += got == cases[i].want;
+        if (got != cases[i].want) printf("     bf16: %s: %.9g gave 0x%04x, expected 0x%04x\n", cases[i].what,
+                                         (double)cases[i].in, got, cases[i].want);
+    }
+    // NaNs: quiet, signalling (a payload only in the bits rounding drops, which truncation would make infinity), negative
+    uint32_t nans[4] = { 0x7fc00000u, 0x7f800001u, 0xff800001u, 0xffc00000u };
+    int nan_kept = 1;
+    for (int i = 0; i < 4; i++) nan_kept &= isnan(__bfloat162float(__float2bfloat16(float_of_bits(nans[i]))));
+    // every bf16 number but the NaNs comes back from fp32 as itself: the conversion to fp32 is exact
+    int exact = 1, numbers = 0;
+    for (uint32_t b = 0; b < 0x10000u; b++) {
+        __nv_bfloat16 h = { (unsigned short)b };
+        float f = __bfloat162float(h);
+        uint32_t f_bits;
+        memcpy(&f_bits, &f, sizeof f_bits);
+        if (isnan(f)) continue;
+        numbers++;
+        exact &= f_bits == b << 16 && __float2bfloat16(f).x == b;
+    }
+    check(right == n && nan_kept && exact && numbers == 65536 - 254, "emulator: __float2bfloat16 rounds to nearest "
+          "with ties to even (%d of %d cases: ties, just past and short of them, negatives, a subnormal), past the "
+          "largest finite number to infinity, keeps 4 kinds of NaN a NaN; __bfloat162float gives each of the %d bf16 "
+          "numbers that are not NaN as fp32's upper half, and it converts back to itself", right, n, numbers);
+}
+
 static void test_cublas_model(void) {
     Rng rng; rng_seed(&rng, 41);
     const char *names[2] = { "N", "T" };
@@ -177,6 +334,7 @@ static void test_cublas_model(void) {
     cublasDestroy(handle);
     check(refused == CUBLAS_STATUS_INVALID_VALUE, "companion: lda 1 for a 2-row A is refused as cuBLAS does (%s)",
           cublasGetStatusString(refused));
+    test_cublas_model_bf16(&rng);
 }
 #endif
 
@@ -868,23 +1026,36 @@ static void test_companion_counts(void) {
           "wait), whether the graph was captured at a shape's first step or its second", graphed[0].launches,
           graphed[0].gemms, graphed[0].host_calls);
     // the two streams: every weight's gradient product on the second (6 layers: the encoder's 4 a layer, the
-    // decoder's 6, the memory's keys and values, the output layer), and the layer norms' sums (2 and 3 a layer),
-    // each after a fork; the joins: before each layer norm's backward but the first (the second stream has only
+    // decoder's 6, the memory's keys and values, the output layer), each after a fork; the layer norms' sums
+    // stay in their row kernels on the main stream, but where a norm's chunks are many (here forced:
+    // gpu_norm_sums_in_kernel 0) the kernel that adds them (2 and 3 a layer) goes to the second stream, after a
+    // fork of its own; the joins: before each layer norm's backward but the first (the second stream has only
     // the output layer's product then, which reads nothing the norm writes), and before the embedding's gradient
     transformer_cuda_one_stream(1);
     GpuCounts one = companion_step_counts(6, 4, 2);
     transformer_cuda_one_stream(0);
+    size_t norm_sums = gpu_norm_sums_in_kernel;
+    gpu_norm_sums_in_kernel = 0;
+    GpuCounts apart = companion_step_counts(6, 4, 2);
+    gpu_norm_sums_in_kernel = norm_sums;
     const GpuCounts *two = &graphed[0];
     long in_graph_copies = two->copies - 2;   // (the upload and the loss are outside the graph)
-    check(two->side_gemms == 6 * 4 + 6 * 6 + 2 && two->side_launches == 6 * 2 + 6 * 3 && two->forks == 92 &&
-          two->joins == 6 * 2 + 6 * 3 - 1 + 1 && two->graph_nodes == two->launches + two->gemms + in_graph_copies &&
+    int norms = 6 * 2 + 6 * 3;
+    check(two->side_gemms == 6 * 4 + 6 * 6 + 2 && two->side_launches == 0 && two->forks == 62 &&
+          two->joins == norms - 1 + 1 && two->graph_nodes == two->launches + two->gemms + in_graph_copies &&
           two->graph_edges > two->graph_nodes && one.side_gemms == 0 && one.side_launches == 0 && one.forks == 0 &&
           one.graph_nodes == two->graph_nodes && one.graph_edges == one.graph_nodes - 1 &&
           one.launches == two->launches && one.gemms == two->gemms,
           "companion with two streams: of a 6-layer step's %ld graph nodes, the second stream's are %ld cuBLAS calls "
-          "(the weights' gradients) and %ld kernels (the layer norms' sums), after %ld forks, with %ld joins back; "
-          "the graph's dependencies %ld (with --one-stream: the same nodes in a chain of %ld)", two->graph_nodes,
-          two->side_gemms, two->side_launches, two->forks, two->joins, two->graph_edges, one.graph_edges);
+          "(the weights' gradients) and %ld kernels (the layer norms' sums stay in their row kernels), after %ld "
+          "forks, with %ld joins back; the graph's dependencies %ld (with --one-stream: the same nodes in a chain of "
+          "%ld)", two->graph_nodes, two->side_gemms, two->side_launches, two->forks, two->joins, two->graph_edges,
+          one.graph_edges);
+    check(apart.side_gemms == two->side_gemms && apart.side_launches == norms && apart.forks == 62 + norms &&
+          apart.joins == two->joins && apart.launches == two->launches + norms && apart.gemms == two->gemms,
+          "companion with two streams, the norms' chunks many: the second stream also gets the %ld kernels that add "
+          "the layer norms' sums (layernorm_params_backward_kernel), after %ld forks in all, with the same %ld joins",
+          apart.side_launches, apart.forks, apart.joins);
 }
 // --profile (./transformer_cuda bench --profile): every call of the steps after
 // the first is timed under its name, and the names' calls add up to what the
@@ -1371,6 +1542,7 @@ static void two_streams_read(const TwoStreams *t, int *right, int *side_first) {
 // right, and the side's kernel ran first; -1: the capture failed.
 static int two_streams_runs(TwoStreams *t, int graph, int overwrite_early, int runs, int *side_first) {
     cudaGraphExec_t exec = NULL;
+    *side_first = 0;
     if (graph) {
         cudaGraph_t g;
         cudaStreamBeginCapture(t->main, cudaStreamCaptureModeGlobal);
@@ -1380,7 +1552,6 @@ static int two_streams_runs(TwoStreams *t, int graph, int overwrite_early, int r
         cudaGraphDestroy(g);
     }
     int right_runs = 0;
-    *side_first = 0;
     for (int r = 0; r < runs; r++) {
         if (graph) cudaGraphLaunch(exec, t->main);
         else two_streams_work(t, overwrite_early);
@@ -1846,6 +2017,231 @@ static void test_companion_deterministic(void) {
 #endif
 #endif
 
+// ---- --bf16 ---------------------------------------------------------------------
+// The companion with --bf16 against transformer.c (fp32): its own tolerance
+// class, derived from bf16's unit roundoff u = 2^-8.
+//   - One product: each element within (2u + u^2 + K 2^-24) sum_k |a_ik||b_kj|
+//     of the exact product of the unrounded operands (above, test_cublas_model_bf16:
+//     checked element by element). Relative to the sum of magnitudes, 2u = 0.0078.
+//   - Through the network, to first order: each product on a path adds its own
+//     relative error, and the steps between the products (layer norm, softmax,
+//     ReLU, the residual sums, dropout) do not amplify it at the scale of their
+//     rows (assumed: they are about 1-Lipschitz there). The roundings are
+//     independent and of mean zero (round to nearest), so D of them add in
+//     quadrature, not in a line (Hoeffding's inequality: the probabilistic bound
+//     of Higham and Mary, SIAM J. Sci. Comput. 2019): outside
+//         lambda * 2u * sqrt(D)   relative to the tensor's largest element
+//     with probability at most 2 exp(-lambda^2 / 2); lambda = 6 makes that 3e-8
+//     an element, so that none of a step's 20,000 gradients is expected outside.
+//   - D: the products on the longest path. Forward, an encoder layer has 6 (the
+//     projection, QK^T, PV, W^O, W_1, W_2), a decoder layer 10; the longest path
+//     runs through all N encoder layers, the memory's keys and values (1), the
+//     first decoder layer from its cross-attention's QK^T on (5), the other N - 1
+//     decoder layers and the logits (1): D_f = 16N - 3. A weight's gradient adds
+//     the backward pass's products back from the loss and its own: D_g = 2 D_f + 1.
+// For N = 2: losses within 6 * 2^-7 * sqrt(29) = 0.25, gradients within
+// 6 * 2^-7 * sqrt(59) = 0.36 of their largest. A bound, not an estimate: one step
+// of the tests measures 6e-5 to 2e-4 (loss) and 0.01 to 0.1 (gradients; the worst
+// are W_1's, where a ReLU's input near 0 changes sign). Steps that run free drift
+// apart with no bound (Adam's update is about the sign of a gradient near 0), so
+// --bf16 is compared over one step from the same weights, and over a training
+// run by its losses (test_companion_bf16_converges).
+#define BF16_LAMBDA 6.0
+static double bf16_tolerance(double products) { return BF16_LAMBDA * 2 * BF16_UNIT_ROUNDOFF * sqrt(products); }
+static double bf16_forward_products(int layers) { return 16.0 * layers - 3; }
+
+// One training step of transformer.c and of the companion with --bf16 from the
+// same weights on `batch`: the loss's relative difference and the worst
+// gradient tensor's, relative to its largest element
+typedef struct { double loss, grad; const char *grad_name; } Bf16Step;
+static Bf16Step companion_bf16_step(Batch *batch, int positional) {
+    TransformerConfig config = companion_config(positional);
+    Transformer cpu, dev;
+    transformer_build(&cpu, &config, 5);
+    transformer_build(&dev, &config, 5);
+    cpu.training = dev.training = 1;
+    transformer_cuda_bf16(1);
+    real loss = transformer_train_step(&cpu, batch, 4, 0.5);
+    transformer_cuda_training()->begin(&dev);
+    real loss_dev = transformer_cuda_training()->train_step(&dev, batch, 4, 0.5);
+    transformer_cuda_training()->to_host(&dev);
+    Bf16Step r = { fabs((double)loss_dev - loss) / fabs((double)loss), 0, "" };
+    if (!(r.loss <= INFINITY)) r.loss = INFINITY;
+    real **grads[2][NUM_PARAMETER_TENSORS];
+    parameter_pointers(grads[0], &cpu.grads);
+    parameter_pointers(grads[1], &dev.grads);
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        double e = cpu.param_sizes[t] ? scaled_difference(*grads[1][t], *grads[0][t], cpu.param_sizes[t], NULL) : 0;
+        if (!(e <= r.grad)) { r.grad = e; r.grad_name = parameter_names[t]; }
+    }
+    transformer_free(&cpu);
+    transformer_free(&dev);
+    transformer_cuda_release();
+    transformer_cuda_bf16(0);
+    return r;
+}
+
+static void test_companion_bf16(void) {
+    int layers = companion_config(POSITIONAL_SINUSOID).n_layers;
+    double tol_loss = bf16_tolerance(bf16_forward_products(layers));
+    double tol_grads = bf16_tolerance(2 * bf16_forward_products(layers) + 1);
+    const char *names[3] = { "3 ragged sentences, sinusoids", "4 ragged sentences, learned positions",
+                             "40 ragged sentences (column sums in chunks)" };
+    Batch *batches[3] = { &companion_batches()[0].batch, &companion_batches()[1].batch, NULL };
+    int cases = 2;
+#if !defined(COMPANION_ON_GPU) && !defined(CUDA_ON_CPU_THREADS)
+    batches[cases++] = companion_wide_batch();
+#endif
+    for (int i = 0; i < cases; i++) {
+        Bf16Step r = companion_bf16_step(batches[i], i == 1 ? POSITIONAL_LEARNED : POSITIONAL_SINUSOID);
+        // (and not fp32's: the products did round to bf16)
+        check(r.loss < tol_loss && r.grad < tol_grads && r.grad > 100 * COMPANION_TOL_GRADS, "companion --bf16: one "
+              "training step (%s, dropout on) against transformer.c's fp32: the loss within %.1e (bound %.2f) and "
+              "all gradients within %.1e of their largest (%s; bound %.2f, and above fp32's %.0e: the products are "
+              "bf16's)", names[i], r.loss, tol_loss, r.grad, r.grad_name, tol_grads, COMPANION_TOL_GRADS);
+    }
+#ifndef COMPANION_ON_GPU
+    // a missing cast leaves a product reading its operand's copy as it was
+    // (NaN on the emulator): the comparison catches it
+    cpu_test_faults.launch_skipped = "bf16_cast_kernel";
+    Bf16Step uncast = companion_bf16_step(batches[0], POSITIONAL_SINUSOID);
+    cpu_test_faults.launch_skipped = NULL;
+    check(!(uncast.grad < tol_grads), "companion --bf16: bf16_cast_kernel not launched is caught (gradients off by "
+          "%.2g of their largest)", uncast.grad);
+#endif
+}
+
+#if !defined(COMPANION_ON_GPU) && !defined(CUDA_ON_CPU_THREADS)   // (the fibers': thread orders drawn, gpu read)
+// Adam writes each weight's bf16 copy: after 3 steps every copy is its fp32
+// master weight rounded (__float2bfloat16), bit for bit
+static void test_companion_bf16_copies(void) {
+    TransformerConfig config = companion_config(POSITIONAL_LEARNED);
+    Transformer dev;
+    transformer_build(&dev, &config, 5);
+    transformer_cuda_bf16(1);
+    transformer_cuda_training()->begin(&dev);
+    for (int step = 0; step < 3; step++) {
+        dev.training = 1;
+        transformer_cuda_training()->train_step(&dev, &companion_batches()[step].batch, 4, 0.5);
+    }
+    transformer_cuda_training()->to_host(&dev);
+    size_t P = dev.num_parameters, same = 0, moved = 0;
+    __nv_bfloat16 *copies = checked_calloc(P, sizeof(__nv_bfloat16), "bf16 copies");
+    gpu_copy(copies, gpu.params_bf16, P * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost);
+    Transformer fresh;
+    transformer_build(&fresh, &config, 5);
+    for (size_t i = 0; i < P; i++) {
+        same += copies[i].x == __float2bfloat16(dev.params_memory[i]).x;
+        moved += copies[i].x != __float2bfloat16(fresh.params_memory[i]).x;
+    }
+    check(same == P && moved > P / 2, "companion --bf16: after 3 steps each of the %zu weights' bf16 copies is its "
+          "fp32 master weight rounded, bit for bit (%zu of them), %zu moved by Adam since the first", P, same, moved);
+    free(copies);
+    transformer_free(&fresh);
+    companion_state_released(&dev);
+    transformer_cuda_bf16(0);
+}
+
+// --bf16 is as deterministic as fp32: two thread and block orders, and the
+// steps replayed from CUDA graphs against the steps launched one by one, end
+// with the same bits; a step holds the same cuBLAS calls and the casts besides
+static void test_companion_bf16_same_bits(void) {
+    size_t bytes = 2 * sizeof(real);
+    {
+        Transformer probe;
+        TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+        transformer_build(&probe, &config, 5);
+        bytes *= probe.num_parameters;
+        transformer_free(&probe);
+    }
+    transformer_cuda_bf16(1);
+    real *orders[2] = { companion_state_after_batch(1, companion_wide_batch()),
+                        companion_state_after_batch(2, companion_wide_batch()) };
+    // without graphs, with graphs on two streams (their work in two orders), with graphs on one stream
+    enum { BF16_RUNS = 4 };
+    int after[BF16_RUNS] = { 0, 2, 2, 2 }, one_stream[BF16_RUNS] = { 0, 0, 0, 1 };
+    uint64_t seeds[BF16_RUNS] = { 1, 1, 2, 1 };
+    real losses[BF16_RUNS][GRAPH_RUN_STEPS];
+    long launches[BF16_RUNS];
+    real *graphed[BF16_RUNS];
+    for (int i = 0; i < BF16_RUNS; i++)
+        graphed[i] = companion_graph_run(after[i], one_stream[i], seeds[i], losses[i], &launches[i]);
+    GpuCounts bf16 = companion_step_counts(2, 4, 0);
+    transformer_cuda_bf16(0);
+    GpuCounts fp32 = companion_step_counts(2, 4, 0);
+    check(memcmp(orders[0], orders[1], bytes) == 0, "companion --bf16: 3 training steps on 40 sentences with the "
+          "threads and blocks in two random orders end with the same parameters and moments, bit for bit");
+    for (int i = 1; i < BF16_RUNS; i++)
+        check(memcmp(graphed[0], graphed[i], bytes) == 0 && memcmp(losses[0], losses[i], sizeof losses[0]) == 0 &&
+              launches[0] == 0 && launches[i] == 6, "companion --bf16: %d training steps over 3 batch shapes "
+              "replayed from CUDA graphs (%ld launches) %s end with the losses, parameters and moments of the steps "
+              "launched one by one, bit for bit", GRAPH_RUN_STEPS, launches[i],
+              one_stream[i] ? "on one stream (--one-stream)"
+                            : seeds[i] == 1 ? "on two streams" : "on two streams, their work in another order");
+    check(bf16.gemms == fp32.gemms && bf16.launches > fp32.launches && bf16.memsets == 0 && bf16.allocations == 0,
+          "companion --bf16: a 2-layer step is the same %ld cuBLAS calls (cublasGemmEx) and %ld kernel launches, %ld "
+          "of them bf16_cast_kernel's (the activations' copies), no allocation or memset after the first step",
+          bf16.gemms, bf16.launches, bf16.launches - fp32.launches);
+    for (int i = 0; i < 2; i++) free(orders[i]);
+    for (int i = 0; i < BF16_RUNS; i++) free(graphed[i]);
+    cpu_seed(1);
+}
+#endif
+
+// Convergence: `train --task copy` for 60 steps, transformer.c in fp32 and the
+// companion with --bf16, the same data, weights and dropout masks: the training
+// loss falls as far (the mean of the last 10 steps within 3% of transformer.c's,
+// and below 70% of the first 10 steps')
+#ifdef _OPENMP   // (test_companion_bf16_converges's, which runs in one build)
+static int read_loss_log(const char *path, double *losses, int most) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, step;
+    double loss, lr;
+    while (n < most && fscanf(f, "%d %lf %lf", &step, &loss, &lr) == 3) losses[n++] = loss;
+    fclose(f);
+    return n;
+}
+static double mean_of(const double *x, int n) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    return n ? sum / n : NAN;
+}
+#endif
+static void test_companion_bf16_converges(void) {
+#ifdef _OPENMP   // once in make test: 60 steps on the emulator take seconds
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/transformer_cuda_bf16_XXXXXX");
+    if (!mkdtemp(dir)) { check(0, "companion --bf16: cannot make a temporary directory"); return; }
+    enum { STEPS = 60 };
+    const char *run = "train --task copy --words 5 --min-length 2 --max-length 4 --train-size 200 --valid-size 20 "
+                      "--layers 1 --d-model 16 --d-ff 32 --heads 2 --batch-tokens 60 --lr 0.01 --warmup 20 "
+                      "--steps 60 --eval-every 0 --log-every 0 --show 0 --threads 1 --force";
+    char command[1024];
+    double losses[2][STEPS];
+    int steps[2], status[2];
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        snprintf(command, sizeof command, "%s --checkpoint %s/run%d.ckpt --loss-log %s/loss%d.txt", run, dir, bf16,
+                 dir, bf16);
+        transformer_cuda_bf16(bf16);
+        status[bf16] = run_command_quietly(bf16 ? transformer_cuda_training() : &transformer_cpu_training, command);
+        transformer_cuda_bf16(0);
+        transformer_cuda_release();
+        snprintf(command, sizeof command, "%s/loss%d.txt", dir, bf16);
+        steps[bf16] = read_loss_log(command, losses[bf16], STEPS);
+    }
+    double first = mean_of(losses[0], 10), last = mean_of(losses[0] + STEPS - 10, 10);
+    double first_bf16 = mean_of(losses[1], 10), last_bf16 = mean_of(losses[1] + STEPS - 10, 10);
+    double apart = fabs(last_bf16 - last) / last;
+    check(status[0] == 0 && status[1] == 0 && steps[0] == STEPS && steps[1] == STEPS && apart < 0.03 &&
+          last_bf16 < 0.7 * first_bf16, "companion --bf16: train --task copy, %d steps: the training loss falls from "
+          "%.3f to %.3f (the means of the first and last 10 steps), transformer.c's in fp32 from %.3f to %.3f (%.1f%% "
+          "apart; at most 3%%)", STEPS, first_bf16, last_bf16, first, last, 100 * apart);
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    if (system(command) != 0) printf("     (could not remove %s)\n", dir);
+#endif
+}
+
 // ./transformer_cuda sgemm, the benchmark's yardstick, runs (a small product) and refuses a size of 0,
 // and numbers that are not whole integers (atoi once read "12abc" as 12 and "1e3" as 1)
 static void test_companion_sgemm(void) {
@@ -1872,6 +2268,7 @@ void run_companion_tests(void) {
     printf("-- the CUDA companion on the CPU (transformer_cuda.cu with cuda_on_cpu.h; tolerances: losses %g, "
            "gradients %g, updates %g of the largest)\n", COMPANION_TOL_LOSS, COMPANION_TOL_GRADS, COMPANION_TOL_UPDATES);
     test_cublas_model();
+    test_emulator_bf16();
     test_emulator_launch_checks();
 #ifndef CUDA_ON_CPU_THREADS   // faults caught and thread orders drawn: the fibers' (make test-threads has threads)
     test_emulator_threads();
@@ -1888,6 +2285,7 @@ void run_companion_tests(void) {
     test_companion_training_run();
     test_companion_fused_attention();
     test_companion_one_stream();
+    test_companion_bf16();
 #ifndef COMPANION_ON_GPU
     test_companion_fused_attention_kernels();
     test_companion_layout_kernels();
@@ -1897,11 +2295,14 @@ void run_companion_tests(void) {
     test_companion_stream_waits();
     test_companion_graphs();
     test_companion_deterministic();
+    test_companion_bf16_copies();
+    test_companion_bf16_same_bits();
 #endif
     test_companion_counts();
     test_companion_profile();
 #endif
     test_companion_train_command();
+    test_companion_bf16_converges();
     test_companion_sgemm();
 }
 

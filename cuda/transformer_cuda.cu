@@ -13,6 +13,7 @@
  *     ./transformer_cuda train --task copy        as ./transformer, steps on the GPU
  *     ./transformer_cuda bench --config base      training steps timed on the GPU
  *     ./transformer_cuda ... --tf32               cuBLAS may use TF32 tensor cores
+ *     ./transformer_cuda ... --bf16               bf16 products, fp32 sums and all else (bf16_casts.h)
  *     ./transformer_cuda ... --no-graph           every step launched kernel by kernel
  *     ./transformer_cuda bench ... --count        and what one step launches, copies and holds
  *     ./transformer_cuda bench ... --profile      and where a step's time goes, call by call
@@ -54,12 +55,13 @@
  *   - the activations are sized by the batch's tokens, in one allocation that
  *     grows only when a batch needs more than any before;
  *   - the backward pass runs on two streams (cuda/NOTES.md, "Two streams"):
- *     the weights' gradients (their products, and the layer norms' sums of
- *     their gains and biases) on a second stream with a cuBLAS handle, a
- *     workspace and column scratch of its own, while the main stream goes on
- *     with the inputs' gradients; the main stream waits for the second
- *     before it overwrites a buffer the second reads, and before Adam.
- * cuBLAS multiplies in fp32 (TF32 only with --tf32).
+ *     the weights' gradients (their products, and where a layer norm's
+ *     chunks are many the kernel that adds its parameters' sums) on a second
+ *     stream with a cuBLAS handle and a workspace of its own, while the main
+ *     stream goes on with the inputs' gradients; the main stream waits for
+ *     the second before it overwrites a buffer the second reads, and before Adam.
+ * cuBLAS multiplies in fp32 (TF32 only with --tf32; bf16 numbers, summed in
+ * fp32, with --bf16: cuda/bf16_casts.h).
  *
  * The file is written in the C that CUDA C++ shares: with -DCUDA_ON_CPU the
  * host C compiler builds it against cuda_on_cpu.h, which runs every thread
@@ -100,6 +102,7 @@
 #include "cuda_on_cpu.h"
 #else
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
 #include <cublas_v2.h>
 #endif
 
@@ -839,20 +842,25 @@ CPU_KERNEL(position_embedding_backward_kernel, float *, const float *, const flo
            int, int)
 
 // adam_update, one thread per parameter; the step size and bias correction
-// of this step from device memory (StepValues)
+// of this step from device memory (StepValues). With --bf16 (theta_bf16 not
+// NULL) it writes the bf16 copy of the updated parameter, which the products read.
+typedef struct { float beta1, beta2, eps; } AdamConstants;
 static __global__ void __launch_bounds__(THREADS)
-adam_kernel(float *theta, float *first, float *second, const float *grad, size_t n, float beta1, float beta2,
-            float eps, const StepValues *step) {
+adam_kernel(float *theta, __nv_bfloat16 *theta_bf16, float *first, float *second, const float *grad, size_t n,
+            AdamConstants adam, const StepValues *step) {
     size_t i = ELEMENT_INDEX;
     if (i >= n) return;
     float g = grad[i];
-    float mi = beta1 * first[i] + (1 - beta1) * g;
-    float vi = beta2 * second[i] + (1 - beta2) * g * g;
+    float mi = adam.beta1 * first[i] + (1 - adam.beta1) * g;
+    float vi = adam.beta2 * second[i] + (1 - adam.beta2) * g * g;
     first[i] = mi;
     second[i] = vi;
-    theta[i] -= step->adam_step_size * mi / (sqrtf(vi) * step->adam_rsqrt_c2 + eps);
+    float updated = theta[i] - step->adam_step_size * mi / (sqrtf(vi) * step->adam_rsqrt_c2 + adam.eps);
+    theta[i] = updated;
+    if (theta_bf16) theta_bf16[i] = __float2bfloat16(updated);
 }
-CPU_KERNEL(adam_kernel, float *, float *, float *, const float *, size_t, float, float, float, const StepValues *)
+CPU_KERNEL(adam_kernel, float *, __nv_bfloat16 *, float *, float *, const float *, size_t, AdamConstants,
+           const StepValues *)
 
 // ============================================================================
 // The GPU's model: its memory, and the matrix products through cuBLAS
@@ -933,7 +941,7 @@ typedef struct {
 enum { MAIN_STREAM, SIDE_STREAM };
 
 typedef struct {
-    int ready, tf32, count;
+    int ready, tf32, bf16, count;   // bf16: --bf16 (bf16_casts.h)
     size_t shared_opt_in;    // the dynamic shared memory cross_entropy_kernel may have (the device's opt-in limit)
     GpuStream streams[2];    // MAIN_STREAM and SIDE_STREAM
     int on_side;             // work goes to the side stream now (gpu_side_begin)
@@ -949,6 +957,7 @@ typedef struct {
     float *params, *grads, *adam_m, *adam_v;   // the host's layout
     float *pe;            // (max_len, C): the sinusoids, or learned positions' table inside params
     float *memory_kv_w;   // (L, 2C, C): each decoder layer's W^K, W^V, gathered for one product
+    __nv_bfloat16 *params_bf16, *memory_kv_w_bf16;   // --bf16: the weights' copies the products read
     ColumnScratch columns;   // the column kernels' chunk sums (finish_column_sums)
     unsigned *attention_heads_done;   // (NH) fused_attention_backward_kernel's finished blocks, per head
     unsigned *norm_chunks_done;       // residual_layernorm_backward_kernel's finished blocks
@@ -957,6 +966,7 @@ typedef struct {
     int B, S, T;
     float *batch_memory;
     size_t batch_capacity;   // floats
+    __nv_bfloat16 *batch_bf16;   // --bf16: batch_capacity numbers, the products' copies of the activations
     // the step's one copy to the GPU: StepValues, the dropout keys, then the
     // batch's tokens and the embedding gradient's lists; its host side is page-locked
     unsigned char *upload, *upload_host;
@@ -1100,13 +1110,26 @@ static void gpu_copy_async(void *to, const void *from, size_t bytes, cudaMemcpyK
     gpu_counting->bytes_copied += (double)bytes;
 }
 
-// C = alpha op(A) op(B) + beta C, column-major (cuda_on_cpu.h says it exactly)
+#include "bf16_casts.h"   // --bf16: the bf16 copies of the products' operands
+
+// C = alpha op(A) op(B) + beta C, column-major (cuda_on_cpu.h says it exactly).
+// --bf16: A and B are read from their bf16 copies (gpu_bf16_operand, cast
+// before the product starts), their products summed in fp32 into C.
 static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    const __nv_bfloat16 *a = NULL, *b = NULL;
+    if (gpu.bf16) {
+        a = gpu_bf16_operand(A, operand_extent(transa, m, k, lda, 0, 1));
+        b = gpu_bf16_operand(B, operand_extent(transb, k, n, ldb, 0, 1));
+    }
     double profile_began = profile_start();
-    CUBLAS_CHECK(cublasSgemm(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc));
-    profile_stop(profile_began, "cuBLAS sgemm m=%d n=%d k=%d (%c%c)", m, n, k, transa == CUBLAS_OP_T ? 'T' : 'N',
-                 transb == CUBLAS_OP_T ? 'T' : 'N');
+    if (gpu.bf16)
+        CUBLAS_CHECK(cublasGemmEx(gpu.cublas, transa, transb, m, n, k, &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF,
+                                  ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_CHECK(cublasSgemm(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc));
+    profile_stop(profile_began, "cuBLAS %s m=%d n=%d k=%d (%c%c)", gpu.bf16 ? "bf16 gemm" : "sgemm", m, n, k,
+                 transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
     gpu_counting->gemms++;
     gpu_counting->host_calls++;
 }
@@ -1115,11 +1138,21 @@ static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int 
 static void gemm_batched(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
                          const float *A, int lda, long long stride_a, const float *B, int ldb, long long stride_b,
                          float beta, float *C, int ldc, long long stride_c, int count) {
+    const __nv_bfloat16 *a = NULL, *b = NULL;
+    if (gpu.bf16) {
+        a = gpu_bf16_operand(A, operand_extent(transa, m, k, lda, stride_a, count));
+        b = gpu_bf16_operand(B, operand_extent(transb, k, n, ldb, stride_b, count));
+    }
     double profile_began = profile_start();
-    CUBLAS_CHECK(cublasSgemmStridedBatched(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, stride_a,
-                                           B, ldb, stride_b, &beta, C, ldc, stride_c, count));
-    profile_stop(profile_began, "cuBLAS sgemm %d batched, m=%d n=%d k=%d (%c%c)", count, m, n, k,
-                 transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
+    if (gpu.bf16)
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(gpu.cublas, transa, transb, m, n, k, &alpha, a, CUDA_R_16BF, lda,
+                                                stride_a, b, CUDA_R_16BF, ldb, stride_b, &beta, C, CUDA_R_32F, ldc,
+                                                stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_CHECK(cublasSgemmStridedBatched(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, stride_a,
+                                               B, ldb, stride_b, &beta, C, ldc, stride_c, count));
+    profile_stop(profile_began, "cuBLAS %s %d batched, m=%d n=%d k=%d (%c%c)", gpu.bf16 ? "bf16 gemm" : "sgemm",
+                 count, m, n, k, transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
     gpu_counting->gemms++;
     gpu_counting->host_calls++;
 }
@@ -1146,10 +1179,12 @@ static void gpu_linear_forward(float *out, const float *inp, const float *weight
 // dW on the side stream, dinp on the main one (the two streams).
 static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout, const float *inp,
                                 const float *weight, int N, int IC, int OC) {
+    gpu_bf16_shared_begin(dout, (size_t)N * OC);   // (--bf16: dout's copy, which both products read)
     gpu_side_begin();
     gemm(OP_N, OP_T, IC, OC, N, 1.0f, inp, IC, dout, OC, 0.0f, dweight, IC);
     gpu_side_end();
     gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+    gpu_bf16_shared_end();
 }
 
 // A dropout mask whose key is number `index` of the step's (gpu_prepare_step
@@ -1601,8 +1636,10 @@ static void gpu_ensure_batch(const TransformerConfig *c, int B, int S, int T) {
     if (need > gpu.batch_capacity) {
         gpu_forget_graphs();
         CUDA_CHECK(cudaFree(gpu.batch_memory));
+        CUDA_CHECK(cudaFree(gpu.batch_bf16));
         gpu.batch_capacity = arena_floats(gpu.batch_memory ? need + need / 4 : need);
         gpu.batch_memory = (float *)gpu_alloc(gpu.batch_capacity * sizeof(float));
+        gpu.batch_bf16 = gpu.bf16 ? (__nv_bfloat16 *)gpu_alloc(gpu.batch_capacity * sizeof(__nv_bfloat16)) : NULL;
     }
 #ifdef CUDA_ON_CPU
     cpu_forget_tensors(gpu.batch_memory);   // the guards of the last shape's tensors
@@ -1762,14 +1799,18 @@ static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S
     float *cross_w = on_gpu(gpu.params, m, m->params.dec_cross_qkv_w, 0, 0);
     float *cross_b = on_gpu(gpu.params, m, m->params.dec_cross_qkv_b, 0, 0);
     size_t layer_weights = (size_t)3 * C * C, kv_weights = (size_t)2 * C * C;
+    // (--bf16: their bf16 copies, which the products read, into memory_kv_w_bf16)
+    size_t number = gpu.bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+    void *gathered = gpu.bf16 ? (void *)gpu.memory_kv_w_bf16 : (void *)gpu.memory_kv_w;
+    const void *from = gpu.bf16 ? (const void *)gpu_bf16_operand(cross_w + (size_t)C * C, 0)
+                                : (const void *)(cross_w + (size_t)C * C);
     double profile_began = profile_start();
-    CUDA_CHECK(cudaMemcpy2DAsync(gpu.memory_kv_w, kv_weights * sizeof(float), cross_w + (size_t)C * C,
-                                 layer_weights * sizeof(float), kv_weights * sizeof(float), L,
+    CUDA_CHECK(cudaMemcpy2DAsync(gathered, kv_weights * number, from, layer_weights * number, kv_weights * number, L,
                                  cudaMemcpyDeviceToDevice, gpu_stream));
     profile_stop(profile_began, "copy on the GPU: the decoder's W^K, W^V gathered");
     gpu_counting->copies++;
     gpu_counting->host_calls++;
-    gpu_counting->bytes_copied += (double)L * kv_weights * sizeof(float);
+    gpu_counting->bytes_copied += (double)L * kv_weights * number;
     float *projected = gpu.scratch.d_memory_kv;
     if (gpu_fused_fits(gpu.T, S, C / c->n_heads)) {   // the rows are the fused attention's: no copy, no bias
         gpu_linear_forward(gpu.memory_kv, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
@@ -1791,11 +1832,13 @@ static void gpu_memory_backward(float *d_memory, const float *memory, Transforme
     const float *d_kv = gpu.scratch.d_memory_kv;
     // dW_l^T (C x 2C) = memory^T (C x NS, N) d_kv_l (NS x 2C, stored d_kv_l^T: T), layer l at 3C*C + C*C
     float *d_weights = on_gpu(gpu.grads, m, m->params.dec_cross_qkv_w, 0, 0) + (size_t)C * C;
+    gpu_bf16_shared_begin(d_kv, (size_t)NS * L * 2 * C);   // (--bf16: d_kv's copy, which both products read)
     gpu_side_begin();
     gemm_batched(OP_N, OP_T, C, 2 * C, NS, 1.0f, memory, C, 0, d_kv, L * 2 * C, 2LL * C, 0.0f, d_weights, C,
                  3LL * C * C, L);
     gpu_side_end();
     gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f, d_memory, C);
+    gpu_bf16_shared_end();
 }
 
 
@@ -1882,8 +1925,9 @@ static void gpu_backward_work(Transformer *m) {
 // adam_update's work: its step size and bias correction are the step's (StepValues)
 static void gpu_update_work(const Transformer *m) {
     gpu_join_side();   // (every gradient is written)
-    LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.adam_m, gpu.adam_v, gpu.grads, gpu.num_parameters,
-                    (float)m->adam.beta1, (float)m->adam.beta2, (float)m->adam.eps, gpu.step);
+    AdamConstants adam = { (float)m->adam.beta1, (float)m->adam.beta2, (float)m->adam.eps };
+    LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.params_bf16, gpu.adam_m, gpu.adam_v, gpu.grads,
+                    gpu.num_parameters, adam, gpu.step);
 }
 
 // A whole step's work: what a graph captures
@@ -1983,6 +2027,7 @@ static void gpu_release(void) {
     if (gpu.ready) {
         gpu_forget_graphs();
         CUDA_CHECK(cudaFree(gpu.batch_memory));
+        CUDA_CHECK(cudaFree(gpu.batch_bf16));
         CUDA_CHECK(cudaFree(gpu.upload));
         CUDA_CHECK(cudaFreeHost(gpu.upload_host));
         CUDA_CHECK(cudaFreeHost(gpu.loss_host));
@@ -1997,9 +2042,10 @@ static void gpu_release(void) {
         gpu_stream = NULL;
     }
     free(gpu.enc); free(gpu.dec); free(gpu.token_count);
-    int tf32 = gpu.tf32, count = gpu.count;
+    int tf32 = gpu.tf32, bf16 = gpu.bf16, count = gpu.count;
     memset(&gpu, 0, sizeof gpu);
     gpu.tf32 = tf32;
+    gpu.bf16 = bf16;
     gpu.count = count;
 }
 
@@ -2022,6 +2068,10 @@ static void gpu_allocate_model(const Transformer *m) {
     carve(&count, column_blocks, "column_chunks_done");
     carve(&count, (size_t)c->n_heads, "attention_heads_done");
     carve(&count, 1, "norm_chunks_done");
+    if (gpu.bf16) {   // (carve counts floats: two bf16 numbers a float)
+        carve(&count, (P + 1) / 2, "params_bf16");
+        carve(&count, (kv_w + 1) / 2, "memory_kv_w_bf16");
+    }
     gpu.model_memory = gpu_alloc(count.used * sizeof(float));
     Carver cut = { (float *)gpu.model_memory, 0 };
     float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
@@ -2039,6 +2089,10 @@ static void gpu_allocate_model(const Transformer *m) {
     CUDA_CHECK(cudaMemset(gpu.attention_heads_done, 0, (size_t)c->n_heads * sizeof(unsigned)));
     gpu.norm_chunks_done = (unsigned *)carve(&cut, 1, "norm_chunks_done");
     CUDA_CHECK(cudaMemset(gpu.norm_chunks_done, 0, sizeof(unsigned)));
+    if (gpu.bf16) {
+        gpu.params_bf16 = (__nv_bfloat16 *)carve(&cut, (P + 1) / 2, "params_bf16");
+        gpu.memory_kv_w_bf16 = (__nv_bfloat16 *)carve(&cut, (kv_w + 1) / 2, "memory_kv_w_bf16");
+    }
     for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) gpu.streams[i].cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
     CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
     gpu.enc = (GpuEncoderActs *)calloc((size_t)c->n_layers, sizeof(GpuEncoderActs));
@@ -2063,7 +2117,8 @@ static void gpu_start_cublas(int which) {
 // begin: the model's memory on the GPU (again when the model's shape changed),
 // and its parameters, moments and sinusoids copied there
 static void gpu_begin(Transformer *m) {
-    if (gpu.ready && memcmp(&gpu.config, &m->config, sizeof gpu.config) != 0) gpu_release();
+    int other_model = gpu.ready && memcmp(&gpu.config, &m->config, sizeof gpu.config) != 0;
+    if (other_model || (gpu.ready && gpu.bf16 != (gpu.params_bf16 != NULL))) gpu_release();   // (or --bf16 changed)
     if (!gpu.ready) {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -2079,7 +2134,7 @@ static void gpu_begin(Transformer *m) {
         CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)gpu.shared_opt_in));
         fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s, %s\n", prop.name,
-                gpu.tf32 ? "TF32 (--tf32)" : "fp32",
+                gpu.bf16 ? "bf16 with fp32 sums (--bf16)" : gpu.tf32 ? "TF32 (--tf32)" : "fp32",
                 gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
                 gpu_one_stream ? "one stream (--one-stream)" : "two streams");
     }
@@ -2088,6 +2143,8 @@ static void gpu_begin(Transformer *m) {
     gpu_copy(gpu.params, m->params_memory, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_m, m->adam_m, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_v, m->adam_v, bytes, cudaMemcpyHostToDevice);
+    if (gpu.bf16)   // the weights' bf16 copies, which adam_kernel keeps from here on
+        LAUNCH_ELEMENTS(gpu.num_parameters, bf16_cast_kernel, gpu.params_bf16, gpu.params, gpu.num_parameters);
     if (m->config.positional == POSITIONAL_SINUSOID)
         gpu_copy(gpu.pe, m->positional_encoding, (size_t)m->config.max_len * m->config.d_model * sizeof(float),
                  cudaMemcpyHostToDevice);
@@ -2168,7 +2225,8 @@ static int compare_seconds(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// ./transformer_cuda sgemm [--size N] [--repeats R] [--json] (with --tf32: TF32 tensor cores), argv[0] "sgemm":
+// ./transformer_cuda sgemm [--size N] [--repeats R] [--json] (with --tf32: TF32 tensor cores; with --bf16:
+// cublasGemmEx on bf16 copies of A and B, fp32 sums into C), argv[0] "sgemm":
 // cuBLAS's own C = A B on n x n matrices, the practical limit of the step's
 // products (dev/bench_gpu.py prints our TFLOP/s beside it); the median of R
 // timed products after 3 untimed ones, each waited for.
@@ -2188,9 +2246,10 @@ static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json)
         int size = strcmp(argv[i], "--size") == 0, reps = strcmp(argv[i], "--repeats") == 0;
         if (strcmp(argv[i], "--json") == 0) *json = 1;
         else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] [--tf32]\n"
+            printf("usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] [--tf32] [--bf16]\n"
                    "cuBLAS's SGEMM C = A B on N x N matrices (N 1 to 65536, default 8192), the median of R\n"
-                   "timed products (1 to 1000, default 10), in TFLOP/s; --tf32: on TF32 tensor cores\n");
+                   "timed products (1 to 1000, default 10), in TFLOP/s; --tf32: on TF32 tensor cores;\n"
+                   "--bf16: A and B in bf16, their products summed in fp32 (cublasGemmEx)\n");
             return 2;
         } else if ((size || reps) && i + 1 >= argc) {
             fprintf(stderr, "error: sgemm: flag %s needs a value\n", argv[i]);
@@ -2199,8 +2258,8 @@ static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json)
             if (!sgemm_number(argv[i], argv[i + 1], 1, size ? 65536 : 1000, size ? n : repeats)) return 0;
             i++;
         } else {
-            fprintf(stderr, "error: sgemm: unknown argument '%s'; expected --size N, --repeats R, --json or --tf32\n",
-                    argv[i]);
+            fprintf(stderr, "error: sgemm: unknown argument '%s'; expected --size N, --repeats R, --json, --tf32 "
+                            "or --bf16\n", argv[i]);
             return 0;
         }
     }
@@ -2222,12 +2281,23 @@ int transformer_cuda_sgemm(int argc, char **argv) {
     size_t elements = (size_t)n * n;
     float *a = (float *)gpu_alloc(3 * elements * sizeof(float)), *b = a + elements, *c = b + elements;
     LAUNCH_ELEMENTS(2 * elements, fill_uniform_kernel, a, 2 * elements, (uint64_t)12345);
+    __nv_bfloat16 *ab_bf16 = NULL;   // --bf16: A's and B's copies, cast before the timing
+    if (gpu.bf16) {
+        ab_bf16 = (__nv_bfloat16 *)gpu_alloc(2 * elements * sizeof(__nv_bfloat16));
+        LAUNCH_ELEMENTS(2 * elements, bf16_cast_kernel, ab_bf16, a, 2 * elements);
+    }
     double *times = (double *)calloc((size_t)repeats, sizeof(double));
     if (!times) { fprintf(stderr, "error: out of memory\n"); return 1; }
     for (int r = -3; r < repeats; r++) {
         CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
         double start = seconds_now();
-        gemm(OP_N, OP_N, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        float one = 1.0f, zero = 0.0f;
+        if (gpu.bf16)
+            CUBLAS_CHECK(cublasGemmEx(gpu.cublas, OP_N, OP_N, n, n, n, &one, ab_bf16, CUDA_R_16BF, n,
+                                      ab_bf16 + elements, CUDA_R_16BF, n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        else
+            gemm(OP_N, OP_N, n, n, n, one, a, n, b, n, zero, c, n);
         CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
         if (r >= 0) times[r] = seconds_now() - start;
     }
@@ -2235,13 +2305,15 @@ int transformer_cuda_sgemm(int argc, char **argv) {
     double median = repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
     double tflops = 2.0 * n * (double)n * n / median * 1e-12;
     if (json)
-        printf("{\"impl\": \"cublas_sgemm\", \"n\": %d, \"tf32\": %d, \"repeats\": %d, \"median_ms\": %.3f, "
-               "\"min_ms\": %.3f, \"tflops\": %.2f, \"gpu\": \"%s\"}\n", n, gpu.tf32, repeats, median * 1e3,
-               times[0] * 1e3, tflops, prop.name);
+        printf("{\"impl\": \"cublas_sgemm\", \"n\": %d, \"tf32\": %d, \"bf16\": %d, \"repeats\": %d, "
+               "\"median_ms\": %.3f, \"min_ms\": %.3f, \"tflops\": %.2f, \"gpu\": \"%s\"}\n", n, gpu.tf32, gpu.bf16,
+               repeats, median * 1e3, times[0] * 1e3, tflops, prop.name);
     else
-        printf("cuBLAS SGEMM %d x %d x %d (%s) on %s: median %.3f ms of %d (min %.3f), %.2f TFLOP/s\n", n, n, n,
-               gpu.tf32 ? "TF32" : "fp32", prop.name, median * 1e3, repeats, times[0] * 1e3, tflops);
+        printf("cuBLAS %s %d x %d x %d (%s) on %s: median %.3f ms of %d (min %.3f), %.2f TFLOP/s\n",
+               gpu.bf16 ? "GEMM" : "SGEMM", n, n, n, gpu.bf16 ? "bf16, fp32 sums" : gpu.tf32 ? "TF32" : "fp32",
+               prop.name, median * 1e3, repeats, times[0] * 1e3, tflops);
     free(times);
+    if (ab_bf16) CUDA_CHECK(cudaFree(ab_bf16));
     CUBLAS_CHECK(cublasDestroy(main_stream->cublas));
     CUDA_CHECK(cudaFree(main_stream->cublas_workspace));
     CUDA_CHECK(cudaFree(a));
@@ -2253,8 +2325,8 @@ int transformer_cuda_sgemm(int argc, char **argv) {
 
 // For test_transformer.c, which includes this file in its CPU build and is
 // linked with it built by nvcc for make test-cuda: the hook, the logits of the
-// last forward pass (n of them), the GPU's memory given back, and the switch
-// of --fused-attention.
+// last forward pass (n of them), the GPU's memory given back, and the switches
+// of --fused-attention and --bf16.
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -2263,6 +2335,7 @@ void transformer_cuda_logits(float *out, size_t n) { gpu_copy(out, gpu.logits, n
 void transformer_cuda_release(void) { gpu_release(); }
 void transformer_cuda_fuse_attention(int on) { gpu_fused_attention = on; }   // --fused-attention
 void transformer_cuda_one_stream(int on) { gpu_one_stream = on; }             // --one-stream
+void transformer_cuda_bf16(int on) { gpu.bf16 = on; }   // --bf16 (from the next begin)
 #ifdef __cplusplus
 }
 #endif
@@ -2272,9 +2345,12 @@ void transformer_cuda_one_stream(int on) { gpu_one_stream = on; }             //
 static void gpu_print_counts(void) {
     const GpuCounts *k = &gpu.step_counts;
     double mb = 1.0 / (1024 * 1024), f = sizeof(float);
-    double model = ((double)gpu.num_parameters * 4 + (double)gpu.config.max_len * gpu.config.d_model +
-                    (double)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model) * f;
-    double held = model + (double)gpu.batch_capacity * f + (double)gpu.upload_capacity + 2 * CUBLAS_WORKSPACE_BYTES;
+    double kv_w = (double)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model;
+    double model = ((double)gpu.num_parameters * 4 + (double)gpu.config.max_len * gpu.config.d_model + kv_w) * f;
+    double bf16 = gpu.bf16 ? 2.0 : 0.0;   // bytes a number of the bf16 copies (--bf16)
+    model += bf16 * ((double)gpu.num_parameters + kv_w);
+    double held = model + (double)gpu.batch_capacity * (f + bf16) + (double)gpu.upload_capacity +
+                  2 * CUBLAS_WORKSPACE_BYTES;
     char graphs[96];
     if (k->graph_launches) snprintf(graphs, sizeof graphs, "in %ld CUDA graph launch%s", k->graph_launches,
                                     k->graph_launches == 1 ? "" : "es");
@@ -2332,7 +2408,7 @@ static void gpu_print_profile(void) {
            (double)group_calls[2] / steps);
 }
 
-// ./transformer_cuda COMMAND [options] [--tf32] [--no-graph] [--count] [--profile]:
+// ./transformer_cuda COMMAND [options] [--tf32] [--bf16] [--no-graph] [--count] [--profile]:
 // transformer.c's command line, with the training steps on the GPU; or `sgemm`.
 // --count prints what the last training step asked of the GPU (cuda_on_cpu.h's
 // build then computes nothing: the counts of a model too large to run on the
@@ -2341,6 +2417,7 @@ int main(int argc, char **argv) {
     int kept = 0;
     for (int i = 0; i < argc; i++) {
         if (i > 0 && strcmp(argv[i], "--tf32") == 0) gpu.tf32 = 1;
+        else if (i > 0 && strcmp(argv[i], "--bf16") == 0) gpu.bf16 = 1;
         else if (i > 0 && strcmp(argv[i], "--count") == 0) gpu.count = 1;
         else if (i > 0 && strcmp(argv[i], "--no-graph") == 0) gpu_graph_after = 0;
         else if (i > 0 && strcmp(argv[i], "--profile") == 0) gpu_profile.requested = 1, gpu_graph_after = 0;

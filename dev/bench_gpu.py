@@ -10,7 +10,11 @@ own SGEMM on a large square product measured in the same run (the practical
 limit of fp32 products on this GPU), and the fastest PyTorch column's time over
 ours (above 1: ours is faster), headed by the GPU's name and the date. Once with
 fp32 products on both sides (TF32 off), once with TF32 on both sides (ours
---tf32; PyTorch's allow_tf32 and float32 matmul precision "high").
+--tf32; PyTorch's allow_tf32 and float32 matmul precision "high"), once in bf16
+(ours --bf16: bf16 products with fp32 sums, fp32 master weights and everything
+else; PyTorch what a user on an H100 picks: torch.autocast to bf16 around the
+forward pass and the loss, fp32 master weights, fused Adam; its yardstick cuBLAS's
+GEMM on bf16 A and B with fp32 sums).
 
 Configs (N layers, d_model, d_ff, h, vocabulary, B x S x T):
   tiny, toy, base       ./transformer bench's presets: the batches are small (512 to 1152 target tokens)
@@ -25,7 +29,9 @@ embeddings and every sub-layer's output, label smoothing 0.1, Adam with betas
 (0.9, 0.98), eps 1e-9 under the paper's learning-rate schedule), at its best:
 attention through F.scaled_dot_product_attention with the causal mask as
 is_causal and no padding masks (these batches have no padding), Adam
-fused=True; then
+fused=True (each run says which SDPA backend PyTorch picked for its model and
+batch: flash, memory-efficient, cuDNN or math, from the operators a profiled
+forward pass after the timed steps called; the table lists them); then
   eager             as written
   graph             the whole step (forward, backward, fused Adam with capturable=True and the
                     learning rate a tensor) captured once into a CUDA graph and replayed
@@ -38,19 +44,22 @@ The fastest of them is the one the ratio is taken against. A column that fails
 and the table goes on.
 
     dev/bench_gpu.py [--binary ./transformer_cuda] [--python PYTHON] [--configs tiny,toy,base,base-25k,big-25k]
-                     [--precisions fp32,tf32] [--columns eager,graph,compile,reduce-overhead,max-autotune]
+                     [--precisions fp32,tf32,bf16] [--columns eager,graph,compile,reduce-overhead,max-autotune]
                      [--rounds 3] [--compiled-rounds 1] [--no-compile] [--sgemm-size 8192]
                      [--timeout 600] [--budget SECONDS] [--log FILE] [--tf32-configs base-25k]
+                     [--bf16-configs base-25k] [--dry-run]
                      [--columns-for tiny=eager,graph,reduce-overhead ...]
 
 The configs run in the order given, each in every precision (TF32 only for
---tf32-configs when given). --budget: after that many seconds no further run
+--tf32-configs when given, bf16 only for --bf16-configs). --budget: after that many seconds no further run
 starts (ours neither; what was not run shows as skipped), so that a short
 lease ends with a table within the budget and one run's --timeout; --log keeps
 each run's JSON as it ends. PyTorch comes from --python
 (make test-cuda passes dev/.venv's interpreter when it imports torch, else the
 first python3 on the PATH that does); with none, --python '' prints ours alone
 and one line saying why PyTorch is missing. Exits 1 only when ours fails.
+--dry-run prints the commands it would run, in order, and runs none: the
+script's own paths tried without a GPU (make test-cuda-bench's options included).
 """
 import argparse
 import datetime
@@ -72,9 +81,24 @@ CONFIGS = {   # ./transformer_cuda bench's arguments for each config
     "big-25k": ["--config", "base", "--d-model", "1024", "--d-ff", "4096", "--heads", "16"] + PAPER_BATCH,
 }
 COLUMNS = ("eager", "graph", "compile", "reduce-overhead", "max-autotune")
+# --dry-run: the sizes a bench JSON of ours would give (layers, d_model, d_ff, heads, vocab, batch, src_len,
+# tgt_len, and the training's settings), for the PyTorch commands it prints
+DRY_RUN_SIZES = {name: {**dict(zip(("layers", "d_model", "d_ff", "heads", "vocab", "batch", "src_len", "tgt_len"),
+                                   sizes)), "dropout": 0.1, "label_smoothing": 0.1, "warmup": 3, "steps": 10}
+                 for name, sizes in (("tiny", (2, 64, 256, 4, 14, 96, 12, 12)),   # lab/lab.c's presets
+                                     ("toy", (2, 128, 512, 4, 1000, 32, 32, 32)),
+                                     ("base", (6, 512, 2048, 8, 8000, 8, 64, 64)),
+                                     ("base-25k", (6, 512, 2048, 8, 37000, 384, 64, 64)),
+                                     ("big-25k", (6, 1024, 4096, 16, 37000, 384, 64, 64)))}
 COMPILED = ("compile", "reduce-overhead", "max-autotune")
 # What issue 33 asks: (config, precision) -> the least ratio fastest PyTorch / ours
-GOALS = {("base-25k", "fp32"): 1.05, ("base-25k", "tf32"): 1.15, ("tiny", "fp32"): 2.0, ("toy", "fp32"): 2.0}
+GOALS = {("base-25k", "fp32"): 1.05, ("base-25k", "tf32"): 1.15, ("base-25k", "bf16"): 1.0, ("tiny", "fp32"): 2.0,
+         ("toy", "fp32"): 2.0}
+PRECISIONS = ("fp32", "tf32", "bf16")
+# ./transformer_cuda's flag for each precision (bench and sgemm)
+PRECISION_FLAGS = {"fp32": [], "tf32": ["--tf32"], "bf16": ["--bf16"]}
+# the operators a forward pass calls for each of SDPA's backends (torch.profiler's names)
+SDPA_BACKENDS = (("flash", "flash"), ("efficient", "memory-efficient"), ("cudnn", "cuDNN"), ("math", "math"))
 
 
 # ============================================================================
@@ -188,9 +212,16 @@ def torch_worker(a):
     lr = torch.tensor(0.0, device=device) if graph else 0.0
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9, fused=fused,
                            foreach=None if fused else True, capturable=graph)
-    loss_fn = forward_loss
+    autocast = a.bf16   # torch.autocast to bf16 around the forward pass and the loss; the weights stay fp32
+
+    def autocast_loss(model, src, tgt_in, tgt_out):
+        # (a captured step may not keep autocast's cache of the weights' casts: PyTorch's CUDA graphs notes)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=not graph):
+            return forward_loss(model, src, tgt_in, tgt_out)
+
+    loss_fn = autocast_loss if autocast else forward_loss
     if a.column in COMPILED:
-        loss_fn = torch.compile(forward_loss, mode=None if a.column == "compile" else a.column)
+        loss_fn = torch.compile(loss_fn, mode=None if a.column == "compile" else a.column)
 
     graphed_compile = a.column in ("reduce-overhead", "max-autotune")   # torch.compile's own CUDA graphs
 
@@ -246,14 +277,35 @@ def torch_worker(a):
         if step > a.warmup:
             times.append(elapsed)
     median = statistics.median(times)
+    sdpa = sdpa_backend(torch, lambda: model(src, tgt_in), device, autocast)
+    print(f"PyTorch's SDPA backend ({a.column}, {'bf16' if autocast else 'fp32'}): {sdpa}", file=sys.stderr)
     print(json.dumps({
-        "impl": "pytorch", "column": a.column, "tf32": a.tf32, "median_ms": median * 1e3,
+        "impl": "pytorch", "column": a.column, "tf32": a.tf32, "bf16": autocast, "sdpa": sdpa,
+        "median_ms": median * 1e3,
         "min_ms": min(times) * 1e3, "first_step_s": first_step, "loss": float(loss.item()),
         "parameters": parameters, "torch": torch.__version__, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "",
         "peak_gb": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else 0.0,
     }))
     return 0
+
+
+def sdpa_backend(torch, forward, device, autocast):
+    """Which of scaled_dot_product_attention's backends one eager forward pass runs on this model and
+    batch (as the timed steps did: torch.compile calls the operator the same choice picks): the
+    operators torch.profiler saw."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        if autocast:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                forward()
+        else:
+            forward()
+    names = [e.key for e in prof.key_averages() if "scaled_dot_product" in e.key or "flash" in e.key]
+    for key, backend in SDPA_BACKENDS:
+        if any(key in n for n in names):
+            return backend
+    return "unknown (" + (", ".join(sorted(set(names))) or "no SDPA operator seen") + ")"
 
 
 # ============================================================================
@@ -292,13 +344,13 @@ def gpu_name():
         return "unknown GPU (no nvidia-smi)"
 
 
-def worker_command(a, ours, column, tf32):
+def worker_command(a, ours, column, precision):
     cmd = [a.python, os.path.abspath(__file__), "--torch-worker", "--column", column, "--device", a.device,
            "--dropout", str(ours["dropout"]), "--label-smoothing", str(ours["label_smoothing"]),
            "--warmup", str(ours["warmup"]), "--steps", str(ours["steps"])]
     for size in SIZES:
         cmd += ["--" + size.replace("_", "-"), str(ours[size])]
-    return cmd + (["--tf32"] if tf32 else [])
+    return cmd + (["--" + precision] if precision != "fp32" else [])
 
 
 def median_of(results, key):
@@ -306,16 +358,21 @@ def median_of(results, key):
     return statistics.median(values) if values else None
 
 
-def measure(a, name, tf32, columns, clock, log):
+def measure(a, name, precision, columns, clock, log):
     """Rounds of ours and each PyTorch column for one config and precision: {column: [results]}.
     Each result is also written to `log` (JSON lines) as it ends, so that a cut run leaves them."""
     runs = {"ours": [], **{c: [] for c in columns}}
-    ours_cmd = [a.binary, "bench"] + CONFIGS[name] + ["--json"] + (["--tf32"] if tf32 else [])
+    ours_cmd = [a.binary, "bench"] + CONFIGS[name] + ["--json"] + PRECISION_FLAGS[precision]
+    if a.dry_run:   # the commands, in order; nothing runs
+        for c in ["ours"] + columns:
+            print("would run: " + " ".join(ours_cmd if c == "ours" else
+                                            worker_command(a, DRY_RUN_SIZES[name], c, precision)))
+        return runs
 
     def keep(column, result):
         runs[column].append(result)
         if log:
-            log.write(json.dumps({"config": name, "precision": "tf32" if tf32 else "fp32", "column": column,
+            log.write(json.dumps({"config": name, "precision": precision, "column": column,
                                   **result}) + "\n")
             log.flush()
 
@@ -332,7 +389,7 @@ def measure(a, name, tf32, columns, clock, log):
             if a.budget and clock() > a.budget:
                 keep(c, {"error": f"skipped: the {a.budget} s budget was spent"})
                 continue
-            result = run_json(worker_command(a, ours, c, tf32), a.timeout)
+            result = run_json(worker_command(a, ours, c, precision), a.timeout)
             expected = transformer_parameters(ours)
             if "parameters" in result and result["parameters"] != expected:
                 result = {"error": f"PyTorch's model has {result['parameters']} parameters, ours {expected}"}
@@ -342,10 +399,13 @@ def measure(a, name, tf32, columns, clock, log):
 
 def table(a, precision, rows, columns, sgemm):
     limit = sgemm.get("tflops") or None   # (0 from the emulator's build: no limit to compare with)
-    print(f"### {precision}: " + ("TF32 products on both sides" if precision == "tf32" else
-                                  "fp32 products on both sides (TF32 off)") + "\n")
+    print(f"### {precision}: " + {"tf32": "TF32 products on both sides",
+                                   "bf16": "bf16 products with fp32 sums on both sides (ours --bf16; PyTorch "
+                                           "autocast to bf16, fp32 master weights)"}.get(
+        precision, "fp32 products on both sides (TF32 off)") + "\n")
     if limit:
-        print(f"cuBLAS SGEMM {sgemm['n']}³ ({precision}), the same run: {limit:.1f} TFLOP/s "
+        what = "GEMM on bf16 A and B, fp32 sums" if precision == "bf16" else f"SGEMM ({precision})"
+        print(f"cuBLAS {what}, {sgemm['n']}³, the same run: {limit:.1f} TFLOP/s "
               f"(median {sgemm['median_ms']:.2f} ms of {sgemm['repeats']})\n")
     else:
         print(f"cuBLAS SGEMM: {sgemm.get('error', 'not measured')}\n")
@@ -387,13 +447,17 @@ def table(a, precision, rows, columns, sgemm):
             cells += ["no PyTorch run", ""]
         print("| " + " | ".join(cells) + " |")
     print()
+    backends = sorted({f"{name} {c}: {r['sdpa']}" for name, runs in rows for c in columns
+                       for r in runs.get(c, []) if "sdpa" in r})
+    if backends:
+        print("PyTorch's SDPA backend: " + "; ".join(backends) + "\n")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--binary", default="./transformer_cuda")
     p.add_argument("--configs", default="tiny,toy,base,base-25k,big-25k")
-    p.add_argument("--precisions", default="fp32,tf32")
+    p.add_argument("--precisions", default="fp32,tf32,bf16")
     p.add_argument("--columns", default=",".join(COLUMNS))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--compiled-rounds", type=int, default=1, help="rounds of the torch.compile columns")
@@ -404,6 +468,8 @@ def main(argv=None):
     p.add_argument("--budget", type=int, default=0, help="seconds after which no PyTorch run starts (0: none)")
     p.add_argument("--log", default="", help="a file for each run's JSON, a line as it ends")
     p.add_argument("--tf32-configs", default="", help="the configs timed with TF32 too (default: all)")
+    p.add_argument("--bf16-configs", default="", help="the configs timed in bf16 too (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands in order, run none")
     p.add_argument("--columns-for", action="append", default=[], metavar="CONFIG=COLUMNS",
                    help="another choice of columns for one config (repeatable)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)   # cpu: to try the script without a GPU
@@ -411,6 +477,7 @@ def main(argv=None):
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--column", default="eager", help=argparse.SUPPRESS)
     p.add_argument("--tf32", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
     for size, default in zip(SIZES, (2, 128, 512, 4, 1000, 32, 32, 32)):
         p.add_argument("--" + size.replace("_", "-"), type=int, default=default, help=argparse.SUPPRESS)
     p.add_argument("--dropout", type=float, default=0.1, help=argparse.SUPPRESS)
@@ -431,8 +498,9 @@ def main(argv=None):
     every = columns + [c for cs in columns_of.values() for c in cs]
     unknown = [c for c in every if c not in COLUMNS] + [n for n in list(columns_of) + a.configs.split(",")
                                                          if n not in CONFIGS]
+    unknown += [q for q in a.precisions.split(",") if q not in PRECISIONS]
     if unknown:
-        p.error(f"unknown columns or configs: {', '.join(unknown)}")
+        p.error(f"unknown columns, configs or precisions: {', '.join(unknown)}")
     print(f"## Training step on {gpu_name()}, {datetime.date.today().isoformat()}\n")
     if not a.python:
         print("PyTorch: skipped, no python3 here imports torch (make bench-setup builds dev/.venv where PyPI "
@@ -442,21 +510,29 @@ def main(argv=None):
     log = open(a.log, "w") if a.log else None
     sgemm = {}   # the yardstick first: a second or two each
     for precision in precisions:
-        sgemm[precision] = run_json([a.binary, "sgemm", "--size", str(a.sgemm_size), "--json"] +
-                                    (["--tf32"] if precision == "tf32" else []), a.timeout)
+        cmd = [a.binary, "sgemm", "--size", str(a.sgemm_size), "--json"] + PRECISION_FLAGS[precision]
+        if a.dry_run:
+            print("would run: " + " ".join(cmd))
+            sgemm[precision] = {"error": "a dry run"}
+            continue
+        sgemm[precision] = run_json(cmd, a.timeout)
         if log:
             log.write(json.dumps({"precision": precision, "column": "sgemm", **sgemm[precision]}) + "\n")
-    if "tf32" in precisions and "error" in sgemm["tf32"]:   # not ./transformer_cuda (./transformer has no --tf32)
-        print(f"{a.binary} has no sgemm command: it is not the CUDA companion, and has no TF32 either; "
+    others = [q for q in precisions if q != "fp32"]
+    if others and not a.dry_run and all("error" in sgemm[q] for q in others):
+        # not ./transformer_cuda (./transformer has no sgemm, --tf32 or --bf16)
+        print(f"{a.binary} has no sgemm command: it is not the CUDA companion, and has no TF32 or bf16 either; "
               "fp32 alone\n")
-        precisions = [p for p in precisions if p != "tf32"] or ["fp32"]
-        sgemm.setdefault("fp32", sgemm["tf32"])
+        precisions = ["fp32"]
+        sgemm.setdefault("fp32", sgemm[others[0]])
     # the configs in the order given, each in every precision, so that a budget spends itself on the first
-    tf32_configs = a.tf32_configs.split(",") if a.tf32_configs else a.configs.split(",")
-    results = {(name, precision): measure(a, name, precision == "tf32", columns_of.get(name, columns),
+    configs_of = {"fp32": a.configs, "tf32": a.tf32_configs or a.configs, "bf16": a.bf16_configs or a.configs}
+    results = {(name, precision): measure(a, name, precision, columns_of.get(name, columns),
                                           lambda: time.monotonic() - started, log)
                for name in a.configs.split(",") for precision in precisions
-               if precision == "fp32" or name in tf32_configs}
+               if name in configs_of[precision].split(",")}
+    if a.dry_run:
+        return 0
     if log:
         log.close()
     shown = [c for c in COLUMNS if c in every]   # a table's columns: every one any config ran
