@@ -1002,16 +1002,18 @@ static int gpu_graph_after = 2;
 static int gpu_one_stream;
 
 // ---- the two streams ----------------------------------------------------------
-// The backward pass gives the weights' gradients (their products, and the
-// layer norms' sums for their gains and biases) to the side stream, which
-// waits for what the main stream was given before; the main stream goes on
-// with the inputs' gradients, the path to the next layer down. The main
-// stream waits for the side stream (a join) before it overwrites a buffer the
-// side stream's work reads (gpu_residual_layernorm_backward: the row kernel
-// writes d_sublayer and the gradient it passes down, which the side stream's
+// The backward pass gives the weights' gradients (their products, and where
+// a layer norm's chunks are many the kernel that adds its parameters' sums)
+// to the side stream, which waits for what the main stream was given before;
+// the main stream goes on with the inputs' gradients, the path to the next
+// layer down. The main stream waits for the side stream (a join) before it
+// overwrites a buffer the side stream's work reads
+// (gpu_residual_layernorm_backward: the row kernel writes d_sublayer, the
+// gradient it passes down and d_norm_partials, which the side stream's
 // products and sums read), and before the embedding's gradient (which adds to
 // what the side stream's product wrote) and Adam. Inside a capture the two
-// waits are a fork and a join of the graph's branches.
+// waits are a fork and a join of the graph's branches. (--bf16: the bf16 copy
+// both streams read is cast before the fork, gpu_bf16_shared_begin.)
 
 // Work goes to `which` stream from now on: LAUNCH, gemm, the column kernels' scratch.
 static void gpu_use_stream(int which) {
