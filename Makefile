@@ -369,15 +369,16 @@ test-cuda-proofs: transformer
 	./transformer_cuda $(RERUN) --fused-attention --checkpoint runs/rerun_fused_a.ckpt && \
 	  ./transformer_cuda $(RERUN) --fused-attention --no-graph --checkpoint runs/rerun_fused_b.ckpt && \
 	  ./transformer_cuda $(RERUN) --fused-attention --one-stream --checkpoint runs/rerun_fused_one.ckpt && \
-	  cmp runs/rerun_fused_a.ckpt runs/rerun_fused_b.ckpt && cmp runs/rerun_fused_a.ckpt runs/rerun_fused_one.ckpt && \
-	  echo "test-cuda: three runs with --fused-attention, with and without CUDA graphs and on one stream, wrote the same checkpoint"
+	  cmp runs/rerun_fused_a.ckpt runs/rerun_fused_b.ckpt && \
+	  cmp runs/rerun_fused_a.ckpt runs/rerun_fused_one.ckpt && \
+	  echo "test-cuda: three runs with --fused-attention (graphs, none, one stream) wrote the same checkpoint"
 	./transformer_cuda $(RERUN) --bf16 --checkpoint runs/rerun_bf16_a.ckpt && \
 	  ./transformer_cuda $(RERUN) --bf16 --checkpoint runs/rerun_bf16_b.ckpt && \
 	  ./transformer_cuda $(RERUN) --bf16 --no-graph --checkpoint runs/rerun_bf16_eager.ckpt && \
 	  ./transformer_cuda $(RERUN) --bf16 --one-stream --checkpoint runs/rerun_bf16_one.ckpt && \
 	  cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_b.ckpt && cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_eager.ckpt && \
 	  cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_one.ckpt && \
-	  echo "test-cuda: two runs with --bf16, a third without CUDA graphs and a fourth on one stream wrote the same checkpoint, bit for bit"
+	  echo "test-cuda: four runs with --bf16 (two, no graphs, one stream) wrote the same checkpoint, bit for bit"
 	./transformer_cuda $(COPY_RUN) --checkpoint runs/copy_fp32.ckpt && \
 	  ./transformer_cuda $(COPY_RUN) --bf16 --checkpoint runs/copy_bf16.ckpt
 	@if command -v compute-sanitizer >/dev/null; then \
