@@ -958,7 +958,7 @@ typedef struct {
     const char *path;      // the file
     int quiet;             // on a thread, among others: word_counts_add_line's quiet
     off_t begin, end;      // its bytes [begin, end) (end -1: to the end of the file)
-    int last;              // the file's last part (or its only one): read to the end
+    int last;              // it ends the file (the parts after it are empty): read to the end
     int lines_before;      // the file's lines before begin
     long pairs_before;     // the file's pairs before begin (which of its pairs are held out)
     int newlines, tabs;    // the first pass's count of '\n' and '\t' bytes in the part
@@ -1136,8 +1136,9 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
         if (i > 0 && parts[i].begin < parts[i - 1].begin) parts[i].begin = parts[i - 1].begin;
         if (i > 0) parts[i - 1].end = parts[i].begin;
         parts[i].end = num_parts > 1 ? size : -1;
-        parts[i].last = i == num_parts - 1;
     }
+    for (int i = 0; i < num_parts; i++)   // (a part that ends the file may end without a newline)
+        parts[i].last = i == num_parts - 1 || parts[i].end == size;
     if (!error && num_parts > 1) {   // the lines and the pairs before each part
         #pragma omp parallel for num_threads(num_parts) schedule(static, 1)
         for (int i = 0; i < num_parts - 1; i++) counting_part_first_pass(&parts[i], files[i]);

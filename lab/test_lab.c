@@ -1904,9 +1904,9 @@ static void test_bpe_word_counts(void) {
     // bad lines: alone, and after good and blank lines (a later part's line: its number, the pairs before it)
     static const char *bad[] = {
         "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n", "ok\tfine\nx\xff\tb\n",
-        "a\x00z\tb\n",
+        "a\x00z\tb\n", "a\tb\tc",
     };
-    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4, 13, 6 };   // (the zero byte's line: 6)
+    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4, 13, 6, 5 };   // (the zero byte's line: 6)
     int same_messages = 0, kinds = (int)(sizeof bad / sizeof *bad), cases = 0;
     char first[600] = "";
     for (int c = 0; c < 4 * kinds; c++) {
@@ -1943,7 +1943,7 @@ static void test_bpe_word_counts(void) {
     }
     counting_parts_asked = 0;
     check(same_messages == cases, "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an "
-          "empty side, not UTF-8, a zero byte), alone and after 60 lines, counted in 1 and 3 parts, give "
+          "empty side, not UTF-8, a zero byte, no newline at the end), alone and after 60 lines, counted in 1 and 3 parts, give "
           "dataset_read_tsv's message: %d of %d agree%s", kinds, same_messages, cases, first);
 }
 
