@@ -315,10 +315,9 @@ static const char *lab_learn_merges(TrainRun *run) {
     int learned = 0;
     double start = wall_seconds();
     vocab_init(&run->vocab);
-    const char *error = bpe_learn_from_tsv(&run->vocab, run->opt.train_path, run->opt.valid_path ? 0 : 20,
-                                           lab_run.bpe, &learned);
+    const char *error = bpe_learn_for_training(&run->vocab, run->opt.train_path,
+                                               run->opt.valid_path ? 0 : 20, lab_run.bpe, &learned);
     if (error) return error;
-    vocab_add_subwords(&run->vocab);
     printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned, run->opt.train_path,
            wall_seconds() - start, run->vocab.size - NUM_SPECIAL_TOKENS);
     if (learned < lab_run.bpe)

@@ -60,6 +60,10 @@
 // Learning counts pairs once, then each merge visits only the words that
 // hold the merged pair (below, "learning the merges").
 
+#ifdef __GLIBC__
+#include <malloc.h>   // malloc_trim
+#endif
+
 #define BPE_END_OF_WORD "</w>"
 #define BPE_END_OF_WORD_BYTES 4
 
@@ -222,7 +226,14 @@ typedef struct Bpe {
     int *cached_subwords, *cached_ids, *cached_starts;
     size_t num_cached_ids, cached_ids_capacity;
     int cached_capacity;
+    int cache_complete;    // every word of the training file is cached (bpe_learn_for_training)
 } Bpe;
+
+// While threads cut a file's lines (bpe_read_tsv_on_threads), the cache only answers: no word is
+// added to it, and each thread counts the words it cuts on its own (the progress line's count).
+static int cutting_on_threads;
+static long words_cut_on_this_thread;
+#pragma omp threadprivate(words_cut_on_this_thread)
 
 // Words the cache holds at most (each about 40 bytes and its subwords' ids): WMT 2014
 // English-German has some 1.5 million distinct words over both sides; rarer words beyond this
@@ -236,6 +247,7 @@ static void bpe_init(Bpe *b) {
 
 // Empties the cache of words cut (new merges cut words differently).
 static void bpe_cache_free(Bpe *b) {
+    b->cache_complete = 0;
     word_counts_free(&b->cached);
     free(b->cached_first); free(b->cached_subwords); free(b->cached_ids); free(b->cached_starts);
     b->cached_starts = NULL;
@@ -251,7 +263,7 @@ static void bpe_cache_free(Bpe *b) {
 // each begins in the word.
 static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, const int *starts,
                           int count) {
-    if (b->cached.num_words >= BPE_CACHE_WORDS) return;
+    if (cutting_on_threads || b->cached.num_words >= BPE_CACHE_WORDS) return;
     int k = word_counts_add(&b->cached, word, n, 0);
     if (k >= b->cached_capacity) {
         b->cached_capacity = b->cached_capacity ? 2 * b->cached_capacity : 1024;
@@ -272,6 +284,23 @@ static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, co
     memcpy(b->cached_ids + b->num_cached_ids, ids, (size_t)count * sizeof(int));
     memcpy(b->cached_starts + b->num_cached_ids, starts, (size_t)count * sizeof(int));
     b->num_cached_ids += (size_t)count;
+}
+
+// Gives the memory freed so far back to the system. glibc keeps freed blocks in its heap, and
+// after a big block is freed it serves blocks of up to 32 MB from the heap too (its mmap threshold
+// grows): after learning merges from a 4.5-million-pair file the process held 206 MB that nothing
+// used any more, 16 MB with this call (dev/PERFORMANCE.md, issue 49).
+static void give_back_freed_memory(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
+// After the training data is cut: the cache of cut words goes (decoding fills it again), and the
+// memory cutting took with it.
+static void bpe_release_cut_words(Vocabulary *vocab) {
+    if (vocab->bpe) bpe_cache_free(vocab->bpe);
+    give_back_freed_memory();
 }
 
 static void bpe_free(Bpe *b) {
@@ -455,7 +484,20 @@ static void bpe_cutting_begin(long total) {
     cutting.on = total > 0 && cutting.progress.on;
 }
 
+// words more words cut (on threads, a block at a time).
+static void bpe_cutting_steps(long words) {
+    if (!cutting.on) return;
+    cutting.done += words;
+    int final = cutting.done >= cutting.total;
+    progress_show(&cutting.progress, (double)cutting.done, final);
+    if (final) cutting.on = 0;
+}
+
 static void bpe_cutting_step(void) {
+    if (cutting_on_threads) {
+        words_cut_on_this_thread++;
+        return;
+    }
     if (!cutting.on) return;
     cutting.done++;
     if (cutting.done % 65536 == 0) progress_show(&cutting.progress, (double)cutting.done, 0);
@@ -806,18 +848,31 @@ static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
 }
 
 // ---- the words of a TSV file and their counts ------------------------------------
+// A big file is counted on threads (issue 49: WMT's 4.5 million pairs): cut at line starts into
+// one part a thread, each part's words counted into a table of its own, the tables then merged in
+// the parts' order. The first part's words come first in its order, then each later part's words
+// not seen before, in its order: the order in which the words first appear in the file, the
+// order one thread gives, and so the same symbols and the same merges (lab/test_lab.c compares
+// them). Which pairs are held out (every held_out_every-th) depends on the pairs before a part:
+// a first pass counts each part's lines and tabs (a good line has one tab), a read of the bytes
+// at memory speed.
+
+// ASCII white space for word_counts_add_side, as white_space_bytes says (filled in before any
+// thread reads it).
+static unsigned char ascii_space[128];
+
+static void ascii_space_fill(void) {
+    for (int c = 0; c < 128; c++) {
+        char one[3] = { (char)c, 0, 0 };
+        ascii_space[c] = (unsigned char)(white_space_bytes(one) > 0);
+    }
+}
 
 // Counts the words of one side of a pair (text, up to its zero byte); *tokens: how many.
 // Returns the special token the side holds (<pad> <s> </s> <unk>, refused), or NULL.
 static const char *word_counts_add_side(WordCounts *w, const char *text, long add, int *tokens) {
     // One pass: ASCII white space from a table, the rest as white_space_bytes says (next_token's
     // set), each word's hash as its bytes go by (word_hash's FNV-1a).
-    static unsigned char ascii_space[128];
-    if (!ascii_space[' '])
-        for (int c = 0; c < 128; c++) {
-            char one[3] = { (char)c, 0, 0 };
-            ascii_space[c] = (unsigned char)(white_space_bytes(one) > 0);
-        }
     *tokens = 0;
     const unsigned char *p = (const unsigned char *)text;
     while (*p) {
@@ -850,94 +905,324 @@ static const char *word_counts_add_side(WordCounts *w, const char *text, long ad
     return NULL;
 }
 
+// What a thread says of a bad line: errorf's one buffer is not shared among threads, so the
+// line's message is made once they are done, from the line read again (word_counts_read_tsv).
+static const char bad_tsv_line[] = "(a bad line)";
+
+// The words of one line (read_text_line's got) into w, add times each; *tokens: how many. NULL,
+// or what is wrong with the line (dataset_read_tsv's messages, at from->where): with quiet (on a
+// thread) bad_tsv_line only. A blank line counts nothing (*tokens 0, *blank 1).
+static const char *word_counts_add_line(WordCounts *w, char *line, int got, long add, int quiet,
+                                        TextSource *from, int *tokens, int *blank) {
+    *tokens = 0;
+    *blank = 0;
+    if (quiet && got < 0) return bad_tsv_line;
+    if (quiet) {
+        for (const unsigned char *s = (const unsigned char *)line; *s; ) {
+            int n = utf8_sequence_length(s);
+            if (n == 0) return bad_tsv_line;
+            s += n;
+        }
+    } else {
+        const char *error = text_error(line, got, from->where);
+        if (error) return error;
+    }
+    char *tab = strchr(line, '\t');
+    size_t unused;
+    if (!tab && !next_token(line, &unused)) {
+        *blank = 1;
+        return NULL;
+    }
+    if (!tab || strchr(tab + 1, '\t')) {
+        if (quiet) return bad_tsv_line;
+        if (!tab) return errorf("%s: no tab; expected source<TAB>target", from->where);
+        return errorf("%s: more than one tab; expected source<TAB>target", from->where);
+    }
+    *tab = '\0';
+    int n_src = 0, n_tgt = 0;
+    from->reserved = word_counts_add_side(w, line, add, &n_src);
+    if (!from->reserved) from->reserved = word_counts_add_side(w, tab + 1, add, &n_tgt);
+    *tokens = n_src + n_tgt;
+    int too_long = n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN;
+    if (!from->reserved && n_src > 0 && n_tgt > 0 && !too_long) return NULL;
+    if (quiet) return bad_tsv_line;
+    if (from->reserved) return reserved_token_error(from);
+    if (n_src == 0) return errorf("%s: empty source; expected tokens before the tab", from->where);
+    if (n_tgt == 0) return errorf("%s: empty target; expected tokens after the tab", from->where);
+    return errorf("%s: %d tokens; expected at most %d", from->where, n_src > n_tgt ? n_src : n_tgt,
+                  TRANSFORMER_MAX_LEN);
+}
+
+// One part of a file for word_counts_read_tsv: whole lines, counted by one thread.
+typedef struct {
+    const char *path;      // the file
+    int quiet;             // on a thread, among others: word_counts_add_line's quiet
+    off_t begin, end;      // its bytes [begin, end) (end -1: to the end of the file)
+    int last;              // it ends the file (the parts after it are empty): read to the end
+    int lines_before;      // the file's lines before begin
+    long pairs_before;     // the file's pairs before begin (which of its pairs are held out)
+    int newlines, tabs;    // the first pass's count of '\n' and '\t' bytes in the part
+    WordCounts words;      // its words, in the order they first appear in the part
+    long words_read;       // the words (occurrences) in it
+    long pairs;            // its pairs
+    int lines;             // its lines read
+    int bad_line;          // the line number of its first bad line (0: none)
+    const char *error;     // that line's message (quiet: bad_tsv_line)
+    int read_errno;        // a read that failed: its errno (0: none)
+    long bytes_done;       // read so far (the progress line; written and read atomically)
+    int failed;            // a bad line or a read error: the later parts stop (atomically too)
+} CountingPart;
+
+// Parts of at least this many bytes: a smaller file is counted on one thread.
+static const off_t counting_part_bytes = 64L << 20;
+// The parts asked for (0: one a thread, the threads OpenMP would use, each of counting_part_bytes
+// or more); the tests ask for 1 to 7 parts of a small file.
+static int counting_parts_asked = 0;
+
+// The first line start at or after offset pos of f (its size if none).
+static off_t line_start_from(FILE *f, off_t pos, off_t size) {
+    if (pos <= 0) return 0;
+    if (pos >= size || fseeko(f, pos - 1, SEEK_SET) != 0) return size;
+    int c;
+    while ((c = getc(f)) != EOF && c != '\n') {
+    }
+    off_t at = ftello(f);
+    return c == EOF || at < 0 ? size : at;
+}
+
+// The first pass: counts the '\n' and '\t' bytes of part (file: its own handle).
+static void counting_part_first_pass(CountingPart *part, FILE *file) {
+    static const size_t block = 1 << 20;
+    unsigned char *bytes = checked_calloc(block, 1, "file block");
+    int newlines = 0, tabs = 0;
+    off_t left = part->end - part->begin;
+    if (fseeko(file, part->begin, SEEK_SET) != 0) left = 0;
+    while (left > 0) {
+        size_t want = left < (off_t)block ? (size_t)left : block;
+        size_t got = fread(bytes, 1, want, file);
+        for (size_t i = 0; i < got; i++) {
+            newlines += bytes[i] == '\n';
+            tabs += bytes[i] == '\t';
+        }
+        if (got < want) break;
+        left -= (off_t)got;
+    }
+    part->newlines = newlines;
+    part->tabs = tabs;
+    free(bytes);
+}
+
+// Counts the words of part index's lines into its table (one thread; file: its own handle; path:
+// for messages). Stops at the first bad line, or when an earlier part has had one. progress: the
+// line to show (part 0's thread), the bytes of all num_parts parts summed.
+static void counting_part_count(CountingPart *parts, int num_parts, int index, FILE *file,
+                                int held_out_every, Progress *progress) {
+    CountingPart *part = &parts[index];
+    TextSource from = { "", 0, 0, NULL };
+    char *line = NULL;
+    size_t line_capacity = 0;
+    if (part->end >= 0 && fseeko(file, part->begin, SEEK_SET) != 0)   // (one of parts)
+        part->read_errno = errno ? errno : EIO;
+    for (;;) {
+        if (part->read_errno) break;
+        if (!part->last && part->lines == part->newlines) break;   // (no ftello a line: a system call)
+        int line_no = part->lines_before + part->lines + 1;
+        int got = read_text_line(file, &line, &line_capacity, line_no);
+        if (got == 0) break;
+        part->lines++;
+        if (part->lines % 4096 == 0) {
+            #pragma omp atomic write
+            part->bytes_done = (long)(ftello(file) - part->begin);
+            int earlier_failed = 0;
+            for (int i = 0; i < index; i++) {
+                int failed;
+                #pragma omp atomic read
+                failed = parts[i].failed;
+                earlier_failed |= failed;
+            }
+            if (earlier_failed) break;   // that part's bad line is the file's first
+            if (progress) {
+                long all = 0;
+                for (int i = 0; i < num_parts; i++) {
+                    long b;
+                    #pragma omp atomic read
+                    b = parts[i].bytes_done;
+                    all += b;
+                }
+                progress_show(progress, (double)all / 1e6, 0);
+            }
+        }
+        long pair_number = part->pairs_before + part->pairs + 1;   // (in the file, from 1)
+        long add = held_out_every > 0 && pair_number % held_out_every == 0 ? 0 : 1;
+        int tokens = 0, blank = 0;
+        if (!part->quiet) snprintf(from.where, sizeof from.where, "%s:%d", part->path, line_no);
+        const char *error = word_counts_add_line(&part->words, line, got, add, part->quiet, &from,
+                                                 &tokens, &blank);
+        if (error) {
+            part->error = error;
+            part->bad_line = line_no;
+            break;
+        }
+        part->words_read += tokens;
+        part->pairs += !blank;
+    }
+    if (!part->bad_line && !part->read_errno && ferror(file)) part->read_errno = errno ? errno : EIO;
+    #pragma omp atomic write
+    part->failed = part->bad_line > 0 || part->read_errno != 0;
+    #pragma omp atomic write
+    part->bytes_done = (long)(ftello(file) - part->begin);
+    free(line);
+}
+
+// The message of part's bad line, made again from the line read again (f: a handle of the file),
+// or of its failed read.
+static const char *counting_part_error(const CountingPart *part, FILE *f) {
+    if (part->read_errno) return errorf("%s: read error: %s", part->path, strerror(part->read_errno));
+    if (!part->quiet) return part->error;
+    TextSource from = { "", 0, 0, NULL };
+    snprintf(from.where, sizeof from.where, "%s:%d", part->path, part->bad_line);
+    char *line = NULL;
+    size_t capacity = 0;
+    const char *error = NULL;
+    int got = fseeko(f, part->begin, SEEK_SET) == 0;
+    for (int line_no = part->lines_before + 1; got != 0 && line_no <= part->bad_line; line_no++)
+        got = read_text_line(f, &line, &capacity, line_no);
+    WordCounts scratch;
+    memset(&scratch, 0, sizeof scratch);
+    int tokens, blank;
+    if (got != 0) error = word_counts_add_line(&scratch, line, got, 1, 0, &from, &tokens, &blank);
+    if (!error) error = errorf("%s: the file changed while it was read", from.where);
+    word_counts_free(&scratch);
+    free(line);
+    return error;
+}
+
+// Appends the words of from (its order, its counts) to w, those not there yet; w's own stay.
+static void word_counts_merge(WordCounts *w, const WordCounts *from) {
+    for (int k = 0; k < from->num_words; k++) {
+        size_t start = from->start[k];
+        size_t end = k + 1 < from->num_words ? from->start[k + 1] : from->num_bytes;
+        word_counts_add_hashed(w, from->bytes + start, end - start - 1, from->hash[k],
+                               from->count[k]);
+    }
+}
+
 // Reads the words of both sides of the TSV file at path into w, in the order they first appear,
 // with dataset_read_tsv's checks and its messages (a line's errors, an empty file); held_out_every
-// > 0: the pairs dataset_split would hold out (every held_out_every-th) are listed, not counted.
+// > 0: the pairs train holds out (every held_out_every-th) are listed, not counted.
 // Unlike dataset_read_tsv, no limit on the distinct words (TRANSFORMER_MAX_VOCAB): they are cut.
+// A file of parts of counting_part_bytes or more is counted on threads (above).
 static const char *word_counts_read_tsv(WordCounts *w, const char *path, int held_out_every) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
     if (!f) return error;
     struct stat st;
-    double file_bytes = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) ? (double)st.st_size : 0;
+    int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+    off_t size = regular ? st.st_size : 0;
+    int num_parts = counting_parts_asked > 0 ? counting_parts_asked : thread_count();
+    if (counting_parts_asked == 0 && num_parts > size / counting_part_bytes)
+        num_parts = (int)(size / counting_part_bytes);
+    if (num_parts > 64) num_parts = 64;
+    if (num_parts < 1 || !regular) num_parts = 1;
+    ascii_space_fill();
+    CountingPart *parts = checked_calloc((size_t)num_parts, sizeof(CountingPart), "file parts");
+    FILE **files = checked_calloc((size_t)num_parts, sizeof(FILE *), "file parts");
+    files[0] = f;
+    for (int i = 1; i < num_parts && !error; i++) files[i] = open_text_file(path, &error);
+    for (int i = 0; i < num_parts; i++) {
+        parts[i].path = path;
+        parts[i].quiet = num_parts > 1;
+        parts[i].begin = i == 0 ? 0 : line_start_from(f, size / num_parts * i, size);
+        if (i > 0 && parts[i].begin < parts[i - 1].begin) parts[i].begin = parts[i - 1].begin;
+        if (i > 0) parts[i - 1].end = parts[i].begin;
+        parts[i].end = num_parts > 1 ? size : -1;
+    }
+    for (int i = 0; i < num_parts; i++)   // (a part that ends the file may end without a newline)
+        parts[i].last = i == num_parts - 1 || parts[i].end == size;
+    if (!error && num_parts > 1) {   // the lines and the pairs before each part
+        #pragma omp parallel for num_threads(num_parts) schedule(static, 1)
+        for (int i = 0; i < num_parts - 1; i++) counting_part_first_pass(&parts[i], files[i]);
+        for (int i = 1; i < num_parts; i++) {
+            parts[i].lines_before = parts[i - 1].lines_before + parts[i - 1].newlines;
+            parts[i].pairs_before = parts[i - 1].pairs_before + parts[i - 1].tabs;
+        }
+    }
     char what[200];
     snprintf(what, sizeof what, "bpe    reading %.120s (MB)", path);
     Progress progress;
-    progress_begin(&progress, what, "MB", file_bytes / 1e6);
-    char *line = NULL;
-    size_t line_capacity = 0;
-    int line_no = 0, got, pairs = 0;
-    TextSource from = { "", 0, 0, NULL };
-    while (!error) {
-        got = read_text_line(f, &line, &line_capacity, line_no + 1);
-        if (got == 0) break;
-        line_no++;
-        if (line_no % 4096 == 0) progress_show(&progress, (double)ftello(f) / 1e6, 0);
-        snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
-        char *tab = strchr(line, '\t');
-        size_t unused;
-        error = text_error(line, got, from.where);
-        if (error) break;
-        if (!tab && !next_token(line, &unused)) continue;   // a blank line
-        if (!tab) error = errorf("%s: no tab; expected source<TAB>target", from.where);
-        else if (strchr(tab + 1, '\t'))
-            error = errorf("%s: more than one tab; expected source<TAB>target", from.where);
-        if (error) break;
-        *tab = '\0';
-        long add = held_out_every > 0 && (pairs + 1) % held_out_every == 0 ? 0 : 1;
-        int n_src = 0, n_tgt = 0;
-        from.reserved = word_counts_add_side(w, line, add, &n_src);
-        if (!from.reserved) from.reserved = word_counts_add_side(w, tab + 1, add, &n_tgt);
-        bpe_words_read += n_src + n_tgt;
-        if (from.reserved) error = reserved_token_error(&from);
-        else if (n_src == 0)
-            error = errorf("%s: empty source; expected tokens before the tab", from.where);
-        else if (n_tgt == 0)
-            error = errorf("%s: empty target; expected tokens after the tab", from.where);
-        else if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
-            error = errorf("%s: %d tokens; expected at most %d", from.where,
-                           n_src > n_tgt ? n_src : n_tgt, TRANSFORMER_MAX_LEN);
-        else pairs++;
+    progress_begin(&progress, what, "MB", (double)size / 1e6);
+    if (!error && num_parts == 1) counting_part_count(parts, 1, 0, f, held_out_every, &progress);
+    if (!error && num_parts > 1) {
+        #pragma omp parallel for num_threads(num_parts) schedule(static, 1)
+        for (int i = 0; i < num_parts; i++)
+            counting_part_count(parts, num_parts, i, files[i], held_out_every,
+                                i == 0 ? &progress : NULL);
     }
-    if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
+    long pairs = 0, words_read = 0, bytes = 0;
+    int lines = 0;
+    for (int i = 0; i < num_parts && !error; i++) {
+        if (parts[i].failed) error = counting_part_error(&parts[i], f);
+        pairs += parts[i].pairs;
+        words_read += parts[i].words_read;
+        lines += parts[i].lines;
+        bytes += parts[i].bytes_done;
+    }
     if (!error && pairs == 0)
         error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target",
-                       path, line_no == 0 ? "the file is empty" : "only blank lines");
-    if (!error) progress_show(&progress, (double)ftello(f) / 1e6, 1);
-    free(line);
-    fclose(f);
+                       path, lines == 0 ? "the file is empty" : "only blank lines");
+    if (!error) {
+        progress_show(&progress, (double)bytes / 1e6, 1);
+        bpe_words_read += words_read;
+        *w = parts[0].words;
+        memset(&parts[0].words, 0, sizeof parts[0].words);
+        for (int i = 1; i < num_parts; i++) word_counts_merge(w, &parts[i].words);
+    }
+    for (int i = 0; i < num_parts; i++) {
+        word_counts_free(&parts[i].words);
+        if (files[i]) fclose(files[i]);
+    }
+    free(parts);
+    free(files);
+    return error;
+}
+
+// bpe_learn_from_tsv's work, the distinct words of the file left in *w (the caller frees them).
+static const char *bpe_learn_words(Vocabulary *vocab, const char *path, int held_out_every,
+                                   int num_merges, int *learned, WordCounts *w) {
+    bpe_words_read = 0;
+    const char *error = word_counts_read_tsv(w, path, held_out_every);
+    for (int k = 0; !error && k < w->num_words; k++)
+        if (strstr(w->bytes + w->start[k], BPE_END_OF_WORD))
+            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words "
+                           "without it (with --bpe, a subword ending in %s ends a word)", path,
+                           w->bytes + w->start[k], BPE_END_OF_WORD, BPE_END_OF_WORD);
+    if (!error) {
+        size_t num_words = w->num_words > 0 ? (size_t)w->num_words : 1;
+        const char **words = checked_calloc(num_words, sizeof(char *), "words");
+        for (int k = 0; k < w->num_words; k++) words[k] = w->bytes + w->start[k];
+        Bpe *b = checked_calloc(1, sizeof(Bpe), "merges");
+        bpe_init(b);
+        *learned = bpe_learn(b, words, w->count, w->num_words, num_merges);
+        if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
+        vocab->bpe = b;
+        free(words);
+    }
     return error;
 }
 
 // §5.1: learns up to num_merges merges from the words of both sides of the
 // TSV file at path into vocab->bpe (vocab holds no tokens of the data yet). The words
 // are read with dataset_read_tsv's checks (word_counts_read_tsv); held_out_every > 0
-// leaves out the pairs dataset_split would hold out, so that held-out words
+// leaves out the pairs train holds out (dataset_read_tsv_split), so that held-out words
 // teach no merges. *learned: how many merges there are (fewer when no pair
 // occurs twice any more).
 static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int held_out_every, int num_merges,
                                       int *learned) {
     WordCounts w;
     memset(&w, 0, sizeof w);
-    bpe_words_read = 0;
-    const char *error = word_counts_read_tsv(&w, path, held_out_every);
-    for (int k = 0; !error && k < w.num_words; k++)
-        if (strstr(w.bytes + w.start[k], BPE_END_OF_WORD))
-            error = errorf("%s: the word '%.80s' holds the end-of-word marker %s; expected words "
-                           "without it (with --bpe, a subword ending in %s ends a word)", path,
-                           w.bytes + w.start[k], BPE_END_OF_WORD, BPE_END_OF_WORD);
-    if (!error) {
-        size_t num_words = w.num_words > 0 ? (size_t)w.num_words : 1;
-        const char **words = checked_calloc(num_words, sizeof(char *), "words");
-        for (int k = 0; k < w.num_words; k++) words[k] = w.bytes + w.start[k];
-        Bpe *b = checked_calloc(1, sizeof(Bpe), "merges");
-        bpe_init(b);
-        *learned = bpe_learn(b, words, w.count, w.num_words, num_merges);
-        if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
-        vocab->bpe = b;
-        free(words);
-    }
+    const char *error = bpe_learn_words(vocab, path, held_out_every, num_merges, learned, &w);
     word_counts_free(&w);
+    give_back_freed_memory();   // (the learner's pairs and lists, the word counts)
     return error;
 }
 
@@ -1010,6 +1295,237 @@ static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int len
     return n;
 }
 
+
+// ---- cutting the training data on threads ---------------------------------------
+// train --bpe reads the training file twice: once to count its words (above, on threads) and
+// learn the merges, once to cut each pair's words into subwords (lab/text.c's
+// dataset_read_tsv_split). The cutting is mostly looking words up in the cache, 200 million
+// times in WMT's 4.5 million pairs, which threads can do together once every word of the file is
+// in the cache: bpe_learn_for_training cuts each distinct word once, in the order the words first
+// appear in the file (the order reading it meets them, so that the vocabulary would grow the
+// same way), and then the file is read in blocks of lines: one thread reads a block, the threads
+// cut its lines, and one thread adds the pairs in order. A block with anything the threads do not
+// take (a bad line, a word whose subword the vocabulary lacks: it would grow, or warn) is read
+// again the plain way, line by line, with its messages: the same pairs, ids and messages either
+// way (lab/test_lab.c compares them).
+
+// The lines of a block, cut at most this many at a time.
+#define CUT_BLOCK_LINES 16384
+// The tests: blocks of this many lines (0: CUT_BLOCK_LINES), and threads for a small file.
+static int cutting_block_lines_asked = 0;
+
+// train --bpe N: learns the merges from the file (bpe_learn_from_tsv), gives vocab every subword
+// they know (vocab_add_subwords), and cuts each distinct word of the file once into the cache.
+static const char *bpe_learn_for_training(Vocabulary *vocab, const char *path, int held_out_every,
+                                          int num_merges, int *learned) {
+    WordCounts w;
+    memset(&w, 0, sizeof w);
+    const char *error = bpe_learn_words(vocab, path, held_out_every, num_merges, learned, &w);
+    if (!error) {
+        vocab_add_subwords(vocab);
+        cutting.on = 0;   // (these words are not the data's progress line)
+        TextSource from = { "", 0, 0, NULL };
+        snprintf(from.where, sizeof from.where, "%s", path);
+        int *ids = NULL;
+        size_t capacity = 0;
+        for (int k = 0; k < w.num_words; k++) {
+            const char *word = w.bytes + w.start[k];
+            bpe_split_word(vocab, 1, word, (int)strlen(word), &ids, &capacity, 0, &from);
+        }
+        free(ids);
+        vocab->bpe->cache_complete = vocab->bpe->cached.num_words == w.num_words;
+    }
+    word_counts_free(&w);
+    give_back_freed_memory();
+    return error;
+}
+
+// Are vocab's words cut on threads when f is read: merges whose cache holds every word of the
+// training file, more than one thread, and a file big enough for them to pay?
+static int bpe_cut_on_threads(const Vocabulary *vocab, FILE *f) {
+    struct stat st;
+    if (!vocab->bpe || !vocab->bpe->cache_complete) return 0;
+    if (cutting_block_lines_asked > 0) return 1;   // (the tests: also on one thread)
+    if (thread_count() < 2) return 0;
+    return fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= counting_part_bytes;
+}
+
+// A block of lines and what the threads made of them.
+typedef struct {
+    char *text;             // the lines, one after another, each ending in a zero byte
+    size_t used, capacity;
+    size_t *start;          // (count) where line i begins in text
+    int *got;               // read_text_line's answer for line i
+    int *tab;               // where line i's tab was, put back for a plain reading (-1: none)
+    int *status;            // CUT_PAIR (ids below), CUT_BLANK, or CUT_PLAINLY (read it plainly)
+    int *owner;             // the thread whose ids line i's are
+    size_t *first_id;       // where they begin among its ids
+    int *src_len, *tgt_len;
+    int count, capacity_lines;
+    int **thread_ids;       // (threads) each thread's ids of this block
+    size_t *thread_ids_used, *thread_ids_capacity;
+    int threads;
+} CutBlock;
+
+enum { CUT_PAIR, CUT_BLANK, CUT_PLAINLY };
+
+// Reads up to CUT_BLOCK_LINES lines of f into block (*line_no: the lines read before). Returns
+// how many; 0 at the end.
+static int cut_block_read(CutBlock *block, FILE *f, int line_no, int max_lines, char **line,
+                          size_t *line_capacity) {
+    block->count = 0;
+    block->used = 0;
+    while (block->count < max_lines) {
+        int got = read_text_line(f, line, line_capacity, line_no + block->count + 1);
+        if (got == 0) break;
+        size_t length = got < 0 ? 0 : strlen(*line);   // (a zero byte: the plain reading's error)
+        if (block->used + length + 1 > block->capacity) {
+            block->capacity = 2 * (block->used + length + 1);
+            block->text = checked_realloc(block->text, block->capacity, 1, "lines");
+        }
+        memcpy(block->text + block->used, *line, length);
+        block->text[block->used + length] = '\0';
+        int i = block->count++;
+        block->start[i] = block->used;
+        block->got[i] = got;
+        block->tab[i] = -1;
+        block->used += length + 1;
+    }
+    return block->count;
+}
+
+// Cuts line i of block on this thread (number thread): its ids, or CUT_PLAINLY for anything
+// dataset_read_tsv_split's plain reading must see (an error, an <unk>, a growing vocabulary).
+static void cut_block_line(CutBlock *block, int i, int thread, Vocabulary *vocab, TsvBuffers *ids,
+                           TextSource *from) {
+    char *line = block->text + block->start[i];
+    block->status[i] = CUT_PLAINLY;
+    if (block->got[i] < 0) return;
+    for (const unsigned char *s = (const unsigned char *)line; *s; ) {
+        int n = utf8_sequence_length(s);
+        if (n == 0) return;
+        s += n;
+    }
+    char *tab = strchr(line, '\t');
+    size_t unused;
+    if (!tab && !next_token(line, &unused)) {
+        block->status[i] = CUT_BLANK;
+        return;
+    }
+    if (!tab || strchr(tab + 1, '\t')) return;
+    *tab = '\0';
+    block->tab[i] = (int)(tab - line);
+    long unknown = from->unknown;
+    int n_src = tokenize(line, vocab, 0, &ids->src, &ids->src_capacity, from);
+    int n_tgt = n_src > 0 ? tokenize(tab + 1, vocab, 0, &ids->tgt, &ids->tgt_capacity, from) : -1;
+    if (n_src <= 0 || n_tgt <= 0 || from->unknown != unknown) return;
+    if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN) return;
+    size_t needed = block->thread_ids_used[thread] + (size_t)n_src + (size_t)n_tgt;
+    if (needed > block->thread_ids_capacity[thread]) {
+        block->thread_ids_capacity[thread] = 2 * needed;
+        block->thread_ids[thread] = checked_realloc(block->thread_ids[thread], 2 * needed,
+                                                    sizeof(int), "subword ids");
+    }
+    int *out = block->thread_ids[thread] + block->thread_ids_used[thread];
+    memcpy(out, ids->src, (size_t)n_src * sizeof(int));
+    memcpy(out + n_src, ids->tgt, (size_t)n_tgt * sizeof(int));
+    block->owner[i] = thread;
+    block->first_id[i] = block->thread_ids_used[thread];
+    block->src_len[i] = n_src;
+    block->tgt_len[i] = n_tgt;
+    block->thread_ids_used[thread] = needed;
+    block->status[i] = CUT_PAIR;
+}
+
+// The block's lines cut on the threads, each an equal share of the lines in order. Returns the
+// words cut.
+static long cut_block_on_threads(CutBlock *block, Vocabulary *vocab) {
+    long words = 0;
+    cutting_on_threads = 1;
+    #pragma omp parallel num_threads(block->threads) reduction(+ : words)
+    {
+        int first, end, thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        thread_share(block->count, &first, &end);
+        TsvBuffers ids = { 0 };
+        TextSource from = { "", MAX_UNKNOWN_WARNINGS, 0, NULL };   // (warns of nothing)
+        block->thread_ids_used[thread] = 0;
+        words_cut_on_this_thread = 0;
+        for (int i = first; i < end; i++) cut_block_line(block, i, thread, vocab, &ids, &from);
+        words = words_cut_on_this_thread;
+        free(ids.src);
+        free(ids.tgt);
+    }
+    cutting_on_threads = 0;
+    return words;
+}
+
+// The block's pairs into r's datasets in order; or, where a line needs it, the whole block read
+// plainly (tsv_read_line), its tabs put back (*plainly 1). NULL, or the error of a line (line_no:
+// the lines before the block).
+static const char *cut_block_add(CutBlock *block, TsvReading *r, int line_no, int *plainly_read) {
+    int plainly = r->vocab->size > TRANSFORMER_MAX_VOCAB;
+    for (int i = 0; i < block->count && !plainly; i++) plainly = block->status[i] == CUT_PLAINLY;
+    *plainly_read = plainly;
+    for (int i = 0; i < block->count && plainly; i++) {
+        char *line = block->text + block->start[i];
+        if (block->tab[i] >= 0) line[block->tab[i]] = '\t';
+        const char *error = tsv_read_line(r, line, block->got[i], line_no + i + 1);
+        if (error) return error;
+    }
+    for (int i = 0; i < block->count && !plainly; i++) {
+        if (block->status[i] == CUT_BLANK) continue;
+        const int *ids = block->thread_ids[block->owner[i]] + block->first_id[i];
+        dataset_add(tsv_next_pair_dataset(r), ids, block->src_len[i], ids + block->src_len[i],
+                    block->tgt_len[i], line_no + i + 1);
+        r->pairs++;
+    }
+    return NULL;
+}
+
+static void cut_block_free(CutBlock *block) {
+    for (int t = 0; t < block->threads; t++) free(block->thread_ids[t]);
+    free(block->thread_ids); free(block->thread_ids_used); free(block->thread_ids_capacity);
+    free(block->text); free(block->start); free(block->got); free(block->tab); free(block->status);
+    free(block->owner); free(block->first_id); free(block->src_len); free(block->tgt_len);
+    memset(block, 0, sizeof *block);
+}
+
+// dataset_read_tsv_split's reading where bpe_cut_on_threads says so: the lines of f in blocks,
+// each cut on the threads and added in order. *line_no: the lines read. NULL, or the error.
+static const char *bpe_read_tsv_on_threads(TsvReading *r, FILE *f, int *line_no) {
+    int max_lines = cutting_block_lines_asked > 0 ? cutting_block_lines_asked : CUT_BLOCK_LINES;
+    CutBlock block;
+    memset(&block, 0, sizeof block);
+    block.threads = thread_count();
+    size_t n = (size_t)max_lines;
+    block.start = checked_calloc(n, sizeof(size_t), "lines");
+    block.got = checked_calloc(n, sizeof(int), "lines");
+    block.tab = checked_calloc(n, sizeof(int), "lines");
+    block.status = checked_calloc(n, sizeof(int), "lines");
+    block.owner = checked_calloc(n, sizeof(int), "lines");
+    block.first_id = checked_calloc(n, sizeof(size_t), "lines");
+    block.src_len = checked_calloc(n, sizeof(int), "lines");
+    block.tgt_len = checked_calloc(n, sizeof(int), "lines");
+    block.thread_ids = checked_calloc((size_t)block.threads, sizeof(int *), "subword ids");
+    block.thread_ids_used = checked_calloc((size_t)block.threads, sizeof(size_t), "subword ids");
+    block.thread_ids_capacity = checked_calloc((size_t)block.threads, sizeof(size_t), "ids");
+    char *line = NULL;
+    size_t line_capacity = 0;
+    const char *error = NULL;
+    while (!error && cut_block_read(&block, f, *line_no, max_lines, &line, &line_capacity) > 0) {
+        long words = cut_block_on_threads(&block, r->vocab);
+        int plainly = 0;
+        error = cut_block_add(&block, r, *line_no, &plainly);
+        *line_no += block.count;
+        if (!plainly) bpe_cutting_steps(words);   // (a block read plainly has counted its words)
+    }
+    free(line);
+    cut_block_free(&block);
+    return error;
+}
 
 static void bpe_free_merges(struct Bpe *bpe) {
     bpe_free(bpe);

@@ -1751,8 +1751,96 @@ static void test_bpe_learn_against_reference(void) {
           first_difference[0] ? "; " : "", first_difference);
 }
 
+// How train held pairs out before issue 49's last change (the file read whole, then split): moves
+// every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out, in place.
+static void reference_dataset_split(Dataset *dataset, Dataset *held_out, int every) {
+    int kept = 0;
+    size_t next = 0;   // where the next kept pair's tokens go
+    dataset->longest_src = 0;
+    dataset->longest_tgt = 0;
+    for (int i = 0; i < dataset->count; i++) {
+        SentencePair pair = dataset->pairs[i];
+        const int *src = dataset->tokens + pair.src;
+        const int *tgt = dataset->tokens + pair.tgt;
+        if ((i + 1) % every == 0) {
+            dataset_add(held_out, src, pair.src_len, tgt, pair.tgt_len, pair.line);
+            continue;
+        }
+        size_t n = (size_t)pair.src_len + (size_t)pair.tgt_len;
+        memmove(dataset->tokens + next, src, n * sizeof(int));
+        pair.src = next;
+        pair.tgt = next + (size_t)pair.src_len;
+        dataset->pairs[kept] = pair;
+        kept++;
+        next += n;
+        if (pair.src_len > dataset->longest_src)
+            dataset->longest_src = pair.src_len;
+        if (pair.tgt_len > dataset->longest_tgt)
+            dataset->longest_tgt = pair.tgt_len;
+    }
+    dataset->count = kept;
+    dataset->num_tokens = next;
+    dataset->tokens = checked_realloc(dataset->tokens, next, sizeof(int), "sentence tokens");
+    dataset->tokens_capacity = next > 0 ? next : 1;
+}
+
+
+// Are the two datasets the same pairs (lengths, lines), the same tokens, the same longest sides?
+static int same_dataset(const Dataset *a, const Dataset *b) {
+    if (a->count != b->count || a->num_tokens != b->num_tokens) return 0;
+    if (a->longest_src != b->longest_src || a->longest_tgt != b->longest_tgt) return 0;
+    for (int i = 0; i < a->count; i++) {
+        const SentencePair *p = &a->pairs[i], *q = &b->pairs[i];
+        if (p->src_len != q->src_len || p->tgt_len != q->tgt_len || p->line != q->line) return 0;
+        if (memcmp(a->tokens + p->src, b->tokens + q->src, (size_t)p->src_len * sizeof(int)) != 0) return 0;
+        if (memcmp(a->tokens + p->tgt, b->tokens + q->tgt, (size_t)p->tgt_len * sizeof(int)) != 0) return 0;
+    }
+    return 1;
+}
+
+// train's held-out pairs read into their own dataset as the file is read (dataset_read_tsv_split) are
+// those of the file read whole and then split: the same pairs in both, in order, the same tokens and ids.
+static void test_tsv_held_out_while_reading(void) {
+    const char *path = test_path("held_out.tsv");
+    char text[1 << 14];
+    size_t size = 0;
+    for (int line = 0; line < 150; line++)
+        size += (size_t)snprintf(text + size, sizeof text - size, line % 11 == 3 ? " \n" : "a%d b%d c\tx%d %s\n",
+                                 line % 17, line % 5, line % 23, line % 4 ? "y" : "y z w");
+    write_text(path, text);
+    int agreed = 0;
+    static const int every[3] = { 20, 7, 200 };   // (200: more than the pairs, none held out)
+    for (int e = 0; e < 3; e++) {
+        Vocabulary v1, v2;
+        vocab_init(&v1);
+        vocab_init(&v2);
+        Dataset whole, whole_held, train, held;
+        memset(&whole, 0, sizeof whole);
+        memset(&whole_held, 0, sizeof whole_held);
+        memset(&train, 0, sizeof train);
+        memset(&held, 0, sizeof held);
+        const char *e1 = dataset_read_tsv(&whole, &v1, path, 1);
+        if (!e1 && whole.count >= every[e]) reference_dataset_split(&whole, &whole_held, every[e]);
+        char first[300];
+        snprintf(first, sizeof first, "%s", e1 ? e1 : "");
+        const char *e2 = dataset_read_tsv_split(&train, &held, every[e], &v2, path, 1);
+        int same = !e1 && !e2 && same_dataset(&whole, &train) && same_dataset(&whole_held, &held);
+        same = same && v1.size == v2.size && held.count == (train.count + held.count) / every[e];
+        for (int id = 0; same && id < v1.size; id++) same = strcmp(v1.words[id], v2.words[id]) == 0;
+        agreed += same;
+        dataset_free(&whole);
+        dataset_free(&whole_held);
+        dataset_free(&train);
+        dataset_free(&held);
+        vocab_free(&v1);
+        vocab_free(&v2);
+    }
+    check(agreed == 3, "tsv: every 20th, 7th or 200th pair held out as a 150-line file (blank lines) is read gives "
+          "the pairs, tokens and vocabulary of the file read whole and then split: %d of 3 agree", agreed);
+}
+
 // The words of a TSV file as learning counts them (word_counts_read_tsv) against dataset_read_tsv
-// and dataset_split, which the learner read before issue 49: the same words in the same order
+// and reference_dataset_split, which the learner read before issue 49: the same words in the same order
 // (a byte-order mark, \r\n, blank lines, held-out pairs listed with count 0), the same counts,
 // and the same message for each kind of bad line.
 static void test_bpe_word_counts(void) {
@@ -1779,8 +1867,12 @@ static void test_bpe_word_counts(void) {
     }
     write_text(path, text);
     free(text);
+    // one part (one thread), and the file cut into 2, 3 and 7 parts counted apart and merged
+    static const int parts[4] = { 1, 2, 3, 7 };
     int every[3] = { 0, 20, 7 }, agreed = 0;
-    for (int e = 0; e < 3; e++) {
+    for (int c = 0; c < 12; c++) {
+        int e = c % 3;
+        counting_parts_asked = parts[c / 3];
         WordCounts w;
         memset(&w, 0, sizeof w);
         Vocabulary words;
@@ -1790,7 +1882,7 @@ static void test_bpe_word_counts(void) {
         memset(&held_out, 0, sizeof held_out);
         const char *error = word_counts_read_tsv(&w, path, every[e]);
         const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
-        if (!old_error && every[e] > 0) dataset_split(&dataset, &held_out, every[e]);
+        if (!old_error && every[e] > 0) reference_dataset_split(&dataset, &held_out, every[e]);
         long *counts = checked_calloc((size_t)words.size, sizeof(long), "test");
         for (size_t i = 0; !old_error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
         int same = !error && !old_error && w.num_words == words.size - NUM_SPECIAL_TOKENS;
@@ -1805,38 +1897,163 @@ static void test_bpe_word_counts(void) {
         vocab_free(&words);
         word_counts_free(&w);
     }
-    check(agreed == 3, "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are counted "
-          "as dataset_read_tsv reads them, all pairs and every 20th or 7th held out: %d of 3 agree", agreed);
+    counting_parts_asked = 0;
+    check(agreed == 12, "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are counted "
+          "as dataset_read_tsv reads them, all pairs and every 20th or 7th held out, in 1, 2, 3 and 7 parts (threads) "
+          "merged: %d of 12 agree", agreed);
+    // bad lines: alone, and after good and blank lines (a later part's line: its number, the pairs before it)
     static const char *bad[] = {
         "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n", "ok\tfine\nx\xff\tb\n",
-        "a\x00z\tb\n",
+        "a\x00z\tb\n", "a\tb\tc",
     };
-    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4, 13, 6 };   // (the zero byte's line: 6)
-    int same_messages = 0, cases = (int)(sizeof bad / sizeof *bad);
+    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4, 13, 6, 5 };   // (the zero byte's line: 6)
+    int same_messages = 0, kinds = (int)(sizeof bad / sizeof *bad), cases = 0;
     char first[600] = "";
-    for (int i = 0; i < cases; i++) {
-        write_file(path, bad[i], bad_bytes[i]);
+    for (int c = 0; c < 4 * kinds; c++) {
+        int i = c % kinds, after_lines = c / kinds >= 2;
+        counting_parts_asked = c / kinds % 2 ? 3 : 1;
+        char bytes[4096];
+        size_t size = 0;
+        for (int line = 0; after_lines && line < 60; line++)
+            size += (size_t)snprintf(bytes + size, sizeof bytes - size, line % 9 == 4 ? "\n" : "w%d x\ty z%d\n",
+                                     line % 13, line % 7);
+        memcpy(bytes + size, bad[i], bad_bytes[i]);
+        size += bad_bytes[i];
+        size += (size_t)snprintf(bytes + size, sizeof bytes - size, after_lines ? "more\tlines\nand\tmore\n" : "");
+        write_file(path, bytes, size);
         WordCounts w;
         memset(&w, 0, sizeof w);
         Vocabulary words;
         vocab_init(&words);
         Dataset dataset;
         memset(&dataset, 0, sizeof dataset);
-        const char *error = word_counts_read_tsv(&w, path, 0);
+        const char *error = word_counts_read_tsv(&w, path, 20);
         char message[300];
         snprintf(message, sizeof message, "%s", error ? error : "(none)");
         const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
-        int same = error && old_error && strcmp(message, old_error) == 0;
+        int expected_error = !after_lines || i >= 2;   // (an empty or blank ending after good lines is fine)
+        int same = expected_error ? error && old_error && strcmp(message, old_error) == 0 : !error && !old_error;
         same_messages += same;
+        cases++;
         if (!same && !first[0])
-            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", i + 1, message, old_error ? old_error : "(none)");
+            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", c + 1, message, old_error ? old_error : "(none)");
         dataset_free(&dataset);
         vocab_free(&words);
         word_counts_free(&w);
     }
+    counting_parts_asked = 0;
     check(same_messages == cases, "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an "
-          "empty side, not UTF-8, a zero byte) give dataset_read_tsv's message: %d agree%s", cases, same_messages,
-          first);
+          "empty side, not UTF-8, a zero byte, no newline at the end), alone and after 60 lines, counted in 1 and 3 parts, give "
+          "dataset_read_tsv's message: %d of %d agree%s", kinds, same_messages, cases, first);
+}
+
+// Writes a Zipfian corpus of syllables (lines pairs, a blank line now and then) to path, and after
+// line bad_at (0: none) the line bad.
+static void write_syllable_corpus(const char *path, int lines, int bad_at, const char *bad) {
+    static const char *syllables[8] = { "ka", "st", "ei", "\xc3\xbcn", "or", "b", "lo", "t" };
+    Rng rng;
+    rng_seed(&rng, 4949);
+    size_t capacity = 1 << 20, size = 0;
+    char *text = checked_calloc(capacity, 1, "test");
+    for (int line = 0; line < lines; line++) {
+        if (line % 97 == 50) size += (size_t)snprintf(text + size, capacity - size, "\n");
+        if (line == bad_at && bad_at > 0) size += (size_t)snprintf(text + size, capacity - size, "%s\n", bad);
+        for (int side = 0; side < 2; side++) {
+            int words = 1 + rng_below(&rng, 12);
+            for (int k = 0; k < words; k++) {
+                int rank = 1 + rng_below(&rng, 1 + rng_below(&rng, 400));   // about Zipfian
+                for (int r = rank; r > 0; r /= 8)
+                    size += (size_t)snprintf(text + size, capacity - size, "%s", syllables[r % 8]);
+                size += (size_t)snprintf(text + size, capacity - size, "%s", k + 1 < words ? " " : "");
+            }
+            size += (size_t)snprintf(text + size, capacity - size, side == 0 ? "\t" : "\n");
+        }
+    }
+    write_text(path, text);
+    free(text);
+}
+
+// The merges learned from a file whose words are counted in parts (threads) are those of one part: the
+// same symbols, merges and counts (a Zipfian corpus of syllables, every 20th pair held out or none).
+static void test_bpe_counting_parts(void) {
+    const char *path = test_path("bpe_parts.tsv");
+    write_syllable_corpus(path, 3000, 0, "");
+    int agreed = 0, cases = 0, merges = 0;
+    for (int held_out = 0; held_out <= 20; held_out += 20) {
+        Vocabulary one;
+        vocab_init(&one);
+        counting_parts_asked = 1;
+        int learned_one = 0;
+        const char *error = bpe_learn_from_tsv(&one, path, held_out, 500, &learned_one);
+        for (int parts = 2; !error && parts <= 5; parts += 3) {
+            Vocabulary many;
+            vocab_init(&many);
+            counting_parts_asked = parts;
+            int learned = 0;
+            const char *error_many = bpe_learn_from_tsv(&many, path, held_out, 500, &learned);
+            agreed += !error_many && learned == learned_one && same_learning(one.bpe, many.bpe);
+            cases++;
+            merges += learned;
+            vocab_free(&many);
+        }
+        vocab_free(&one);
+    }
+    counting_parts_asked = 0;
+    check(agreed == cases && cases == 4 && merges > 1000, "bpe: 500 merges from a 3,000-line file counted in 2 and "
+          "5 parts (threads), with and without held-out pairs, are those of one part: %d of %d agree (%d merges)",
+          agreed, cases, merges);
+}
+
+
+// train --bpe's data cut on threads, in blocks of lines (bpe_read_tsv_on_threads), against the plain
+// reading line by line: the same training and held-out pairs, ids and vocabulary; where a block holds
+// a bad line, the same message; where a word brings a character the merges never saw (the vocabulary
+// grows), the same ids for it.
+static void test_bpe_cutting_on_threads(void) {
+    const char *learn_path = test_path("bpe_cut_learn.tsv"), *path = test_path("bpe_cut.tsv");
+    write_syllable_corpus(learn_path, 2000, 0, "");
+    static const char *cases[4] = { "", "stka\tei\tor", "Qst ka\tei \xc3\xa9or", "ka\t<s>" };
+    static const int block_lines[4] = { 7, 64, 1000, 5 };
+    int agreed = 0, pairs = 0;
+    char first[400] = "";
+    for (int c = 0; c < 4; c++) {
+        write_syllable_corpus(path, 2000, c == 0 ? 0 : 1234, cases[c]);
+        Vocabulary v[2];
+        Dataset train[2], held[2];
+        const char *error[2];
+        char message[2][300];
+        for (int way = 0; way < 2; way++) {   // 0: on threads, 1: plainly
+            vocab_init(&v[way]);
+            memset(&train[way], 0, sizeof train[way]);
+            memset(&held[way], 0, sizeof held[way]);
+            int learned = 0;
+            error[way] = bpe_learn_for_training(&v[way], learn_path, 20, 300, &learned);
+            if (!error[way] && way == 1) v[way].bpe->cache_complete = 0;   // (read plainly)
+            cutting_block_lines_asked = block_lines[c];
+            int threads = !error[way] && way == 0 && bpe_cut_on_threads(&v[way], stdin);
+            if (!error[way]) error[way] = dataset_read_tsv_split(&train[way], &held[way], 20, &v[way], path, 1);
+            cutting_block_lines_asked = 0;
+            snprintf(message[way], sizeof message[way], "%s", error[way] ? error[way] : "");
+            if (way == 0 && !threads) snprintf(message[way], sizeof message[way], "not cut on threads");
+        }
+        int same = strcmp(message[0], message[1]) == 0 && (c == 1 || c == 3) == (message[0][0] != 0);
+        same = same && same_dataset(&train[0], &train[1]) && same_dataset(&held[0], &held[1]);
+        same = same && v[0].size == v[1].size;
+        for (int id = 0; same && id < v[0].size; id++) same = strcmp(v[0].words[id], v[1].words[id]) == 0;
+        if (!same && !first[0])
+            snprintf(first, sizeof first, "; case %d: '%.150s' and '%.150s', vocabularies %d and %d", c + 1,
+                     message[0], message[1], v[0].size, v[1].size);
+        agreed += same;
+        pairs += train[0].count + held[0].count;
+        for (int way = 0; way < 2; way++) {
+            dataset_free(&train[way]);
+            dataset_free(&held[way]);
+            vocab_free(&v[way]);
+        }
+    }
+    check(agreed == 4 && pairs > 5000, "bpe: a 2,000-pair file cut on threads in blocks of 7 to 1,000 lines, plain, "
+          "with a bad line, with characters no merge saw, with a special token, gives the pairs, ids, vocabulary and "
+          "message of the plain reading: %d of 4 agree (%d pairs)%s", agreed, pairs, first);
 }
 
 // Reads the lines of a TSV file (at most max) into lines[], without their newline.
@@ -3443,7 +3660,10 @@ static void run_lab_tests(void) {
     test_catalog_filters();
     test_catalog_duplicates();
     test_catalog_damage();
+    test_tsv_held_out_while_reading();
     test_bpe_word_counts();
+    test_bpe_counting_parts();
+    test_bpe_cutting_on_threads();
     if (cli_binary_found("./transformer")) {
         test_catalogs_command();
         test_batch_log();

@@ -116,39 +116,12 @@ static FILE *open_text_file(const char *path, const char **error) {
 
 // ---- TSV files: source<TAB>target lines ---------------------------------------
 
-// Moves every `every`-th pair (the every-th, 2·every-th, ...) of dataset into held_out, in
-// place: the kept pairs' tokens move down within the same array (a kept pair's new place never
-// starts after its old one, and a pair's target follows its source), so that a big file's
-// tokens are never held twice (issue 49: WMT's 4.5 million pairs).
-static void dataset_split(Dataset *dataset, Dataset *held_out, int every) {
-    int kept = 0;
-    size_t next = 0;   // where the next kept pair's tokens go
-    dataset->longest_src = 0;
-    dataset->longest_tgt = 0;
-    for (int i = 0; i < dataset->count; i++) {
-        SentencePair pair = dataset->pairs[i];
-        const int *src = dataset->tokens + pair.src;
-        const int *tgt = dataset->tokens + pair.tgt;
-        if ((i + 1) % every == 0) {
-            dataset_add(held_out, src, pair.src_len, tgt, pair.tgt_len, pair.line);
-            continue;
-        }
-        size_t n = (size_t)pair.src_len + (size_t)pair.tgt_len;
-        memmove(dataset->tokens + next, src, n * sizeof(int));
-        pair.src = next;
-        pair.tgt = next + (size_t)pair.src_len;
-        dataset->pairs[kept] = pair;
-        kept++;
-        next += n;
-        if (pair.src_len > dataset->longest_src)
-            dataset->longest_src = pair.src_len;
-        if (pair.tgt_len > dataset->longest_tgt)
-            dataset->longest_tgt = pair.tgt_len;
-    }
-    dataset->count = kept;
-    dataset->num_tokens = next;
-    dataset->tokens = checked_realloc(dataset->tokens, next, sizeof(int), "sentence tokens");
-    dataset->tokens_capacity = next > 0 ? next : 1;
+// The dataset's token array cut down to its tokens (dataset_add grows it to twice what it needs).
+static void dataset_fit(Dataset *dataset) {
+    if (dataset->num_tokens == 0) return;
+    dataset->tokens = checked_realloc(dataset->tokens, dataset->num_tokens, sizeof(int),
+                                      "sentence tokens");
+    dataset->tokens_capacity = dataset->num_tokens;
 }
 
 // The token ids of one line's two sides, kept from line to line.
@@ -184,42 +157,96 @@ static const char *tsv_line(Dataset *dataset, Vocabulary *vocab, int grow, char 
     return NULL;
 }
 
-// Reads `source<TAB>target` lines into dataset (blank lines skipped; \r\n ends a line). grow: a
-// new token joins the vocabulary; else it is <unk>, warned of.
-static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path,
-                                    int grow) {
+// Reading a TSV file into a dataset (and its held-out pairs): where the pairs go, and the state
+// kept from line to line.
+typedef struct {
+    Dataset *dataset;
+    Dataset *held_out;      // every held_out_every-th pair goes here (NULL: none)
+    int held_out_every;
+    Vocabulary *vocab;
+    int grow;               // a new token joins the vocabulary (else <unk>, warned of)
+    const char *path;
+    long pairs;             // the pairs read so far
+    TextSource from;
+    TsvBuffers ids;
+} TsvReading;
+
+// The dataset the next pair goes to: the held-out one for every held_out_every-th pair.
+static Dataset *tsv_next_pair_dataset(const TsvReading *r) {
+    int held = r->held_out && r->held_out_every > 0 && (r->pairs + 1) % r->held_out_every == 0;
+    return held ? r->held_out : r->dataset;
+}
+
+// Line line_no (read_text_line's got) into r's datasets: NULL, or the line's error.
+static const char *tsv_read_line(TsvReading *r, char *line, int got, int line_no) {
+    size_t unused;
+    snprintf(r->from.where, sizeof r->from.where, "%s:%d", r->path, line_no);
+    const char *error = text_error(line, got, r->from.where);
+    int blank = !strchr(line, '\t') && !next_token(line, &unused);
+    if (error || blank) return error;
+    error = tsv_line(tsv_next_pair_dataset(r), r->vocab, r->grow, line, &r->from, line_no, &r->ids);
+    r->pairs++;
+    return error;
+}
+
+// lab/subwords.c: can the file's words be cut on threads, and the reading that does it.
+static int bpe_cut_on_threads(const Vocabulary *vocab, FILE *f);
+static const char *bpe_read_tsv_on_threads(TsvReading *r, FILE *f, int *line_no);
+
+// Reads `source<TAB>target` lines into dataset (blank lines skipped; \r\n ends a line), and with
+// held_out every held_out_every-th pair (the every-th, 2·every-th, ...) into held_out instead,
+// read there at once: no pair's tokens are held twice, as they were when the whole file was read
+// and then split (issue 49: a 4.5-million-pair file). held_out NULL: every pair into dataset.
+// grow: a new token joins the vocabulary; else it is <unk>, warned of. A big file's words are
+// cut into §5.1 subwords on threads (bpe_read_tsv_on_threads), the same pairs and tokens.
+static const char *dataset_read_tsv_split(Dataset *dataset, Dataset *held_out, int held_out_every,
+                                          Vocabulary *vocab, const char *path, int grow) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
     if (!f) return error;
-    char *line = NULL;
-    size_t line_capacity = 0;
-    size_t unused;
+    TsvReading r;
+    memset(&r, 0, sizeof r);
+    r.dataset = dataset;
+    r.held_out = held_out;
+    r.held_out_every = held_out_every;
+    r.vocab = vocab;
+    r.grow = grow;
+    r.path = path;
     int line_no = 0;
-    TextSource from = { "", 0, 0, NULL };
-    TsvBuffers ids = { 0 };
-    int got = read_text_line(f, &line, &line_capacity, 1);
-    while (got != 0 && !error) {
-        line_no++;
-        snprintf(from.where, sizeof from.where, "%s:%d", path, line_no);
-        error = text_error(line, got, from.where);
-        int blank = !strchr(line, '\t') && !next_token(line, &unused);
-        if (!error && !blank) error = tsv_line(dataset, vocab, grow, line, &from, line_no, &ids);
-        if (!error) got = read_text_line(f, &line, &line_capacity, line_no + 1);
+    if (bpe_cut_on_threads(vocab, f)) {
+        error = bpe_read_tsv_on_threads(&r, f, &line_no);
+    } else {
+        char *line = NULL;
+        size_t line_capacity = 0;
+        int got = read_text_line(f, &line, &line_capacity, 1);
+        while (got != 0 && !error) {
+            line_no++;
+            error = tsv_read_line(&r, line, got, line_no);
+            if (!error) got = read_text_line(f, &line, &line_capacity, line_no + 1);
+        }
+        free(line);
     }
     if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
-    if (!error && dataset->count == 0) {
+    if (!error && r.pairs == 0) {
         error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target", path,
                        line_no == 0 ? "the file is empty" : "only blank lines");
     }
-    if (!error && from.warnings > MAX_UNKNOWN_WARNINGS) {
+    if (!error && r.from.warnings > MAX_UNKNOWN_WARNINGS) {
         fprintf(stderr, "warning: %s: %ld tokens in all are not in the vocabulary and were read "
-                "as <unk>\n", path, from.unknown);
+                "as <unk>\n", path, r.from.unknown);
     }
-    free(line);
-    free(ids.src);
-    free(ids.tgt);
+    dataset_fit(dataset);
+    if (held_out) dataset_fit(held_out);
+    free(r.ids.src);
+    free(r.ids.tgt);
     fclose(f);
     return error;
+}
+
+// Reads `source<TAB>target` lines into dataset (dataset_read_tsv_split, none held out).
+static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path,
+                                    int grow) {
+    return dataset_read_tsv_split(dataset, NULL, 0, vocab, path, grow);
 }
 
 // max_len positions take at most max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder
@@ -240,17 +267,22 @@ static const char *dataset_check_lengths(const Dataset *dataset, const char *nam
     return NULL;
 }
 
-// train --train FILE [--valid FILE]: the pairs of the files, or every 20th line of --train held
+static void bpe_release_cut_words(Vocabulary *vocab);   // lab/subwords.c
+
+// train --train FILE [--valid FILE]: the pairs of the files, or every 20th pair of --train held
 // out (lab/runs.c calls it at TRAIN_START, and on --resume).
+// Then the memory that cutting the words into §5.1 subwords took is given back.
 static const char *lab_load_tsv(TrainRun *run, int grow) {
     TrainOptions *o = &run->opt;
     snprintf(run->data_name, sizeof run->data_name, "%s", o->train_path);
     if (!run->vocab.words) vocab_init(&run->vocab);   // (the §5.1 subwords may be there already)
-    const char *error = dataset_read_tsv(&run->train, &run->vocab, o->train_path, grow);
-    if (error) return error;
-    if (o->valid_path) return dataset_read_tsv(&run->valid, &run->vocab, o->valid_path, 0);
-    if (run->train.count >= 20) dataset_split(&run->train, &run->valid, 20);
-    return NULL;
+    Dataset *held_out = o->valid_path ? NULL : &run->valid;
+    const char *error = dataset_read_tsv_split(&run->train, held_out, 20, &run->vocab,
+                                               o->train_path, grow);
+    if (!error && o->valid_path)
+        error = dataset_read_tsv(&run->valid, &run->vocab, o->valid_path, 0);
+    bpe_release_cut_words(&run->vocab);
+    return error;
 }
 
 // ---- the vocabulary's hash table --------------------------------------------

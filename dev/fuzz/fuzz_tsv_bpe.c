@@ -3,7 +3,9 @@
 // train --bpe does. What training relies on: no sentence holds the id of a
 // special token (<pad> <s> </s> <unk>), every subword of a training word is
 // in the vocabulary, and the subwords join back into tokens that cut into
-// the same subwords.
+// the same subwords. And the ways a big file is read give the same: its words
+// counted in parts (one a thread) the same merges, its lines cut in blocks
+// (on threads) the same pairs and ids.
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -40,6 +42,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(text);
         }
         free(ids);
+        Vocabulary parts;
+        vocab_init(&parts);
+        counting_parts_asked = 3;
+        cutting_block_lines_asked = 3;
+        int learned_in_parts = 0;
+        const char *parts_error = bpe_learn_for_training(&parts, path, 20, 40, &learned_in_parts);
+        fuzz_require(!parts_error && learned_in_parts == learned, "the words counted in 3 parts learn other merges");
+        for (int r = 0; r < learned; r++)
+            fuzz_require(strcmp(parts.bpe->left[r], vocab.bpe->left[r]) == 0 &&
+                         strcmp(parts.bpe->right[r], vocab.bpe->right[r]) == 0 &&
+                         parts.bpe->frequency[r] == vocab.bpe->frequency[r], "a merge differs, counted in 3 parts");
+        Dataset blocks;
+        memset(&blocks, 0, sizeof blocks);
+        const char *blocks_error = dataset_read_tsv(&blocks, &parts, path, 1);
+        fuzz_require(!blocks_error == !error, "cut in blocks, the file reads otherwise");
+        fuzz_require(error || (blocks.count == dataset.count && blocks.num_tokens == dataset.num_tokens &&
+                               memcmp(blocks.tokens, dataset.tokens, dataset.num_tokens * sizeof(int)) == 0),
+                     "cut in blocks, other pairs or ids");
+        counting_parts_asked = 0;
+        cutting_block_lines_asked = 0;
+        dataset_free(&blocks);
+        vocab_free(&parts);
         dataset_free(&dataset);
     }
     vocab_free(&vocab);
