@@ -388,6 +388,7 @@ static struct {
     CpuAllocation *allocations;   // the live ones
     int allocation_count, allocation_capacity;
     const char *open_for;         // the copy, kernel or cuBLAS call that device memory is open for; NULL: closed
+    int held_open;                // without a key: cpu_run_pending keeps memory open between its pieces
     struct { char *start; size_t bytes; } *pinned;   // cudaMallocHost's blocks
     int pinned_count, pinned_capacity;
     cudaStream_t capturing;       // the stream that began the capture under way (one at a time here); NULL: none
@@ -523,6 +524,10 @@ static inline void cpu_open_allocation(const CpuAllocation *a) {
 // call), or unreadable again (what NULL).
 static inline void cpu_device_open(const char *what) {
     int was_open = cuda_on_cpu.open_for != NULL;
+    if (!what && cuda_on_cpu.held_open) {   // between two pieces of the streams' work: stays open
+        cuda_on_cpu.open_for = "the streams' work (between two pieces)";
+        return;
+    }
     cuda_on_cpu.open_for = what;
     if (!cuda_on_cpu.execute || was_open == (what != NULL)) return;
     if (cuda_on_cpu.pkey >= 0) { cpu_key_access(what != NULL); return; }
@@ -531,6 +536,23 @@ static inline void cpu_device_open(const char *what) {
         if (what) cpu_open_allocation(a);
         else cpu_protect(a->start, a->span, PROT_NONE);
     }
+}
+
+// Without a protection key, opening and closing is mprotect over every page of
+// device memory, a system call whose time grows with the pages (at a training
+// step's hundreds of pieces, most of the tests' time). The streams' pending
+// work runs no host code between its pieces, so cpu_run_pending holds memory
+// open from its first piece to its last (hold 1) and closes it once (hold 0).
+// With a key each piece still opens and closes it, as that costs nothing.
+static inline void cpu_device_hold(int hold) {
+    if (cuda_on_cpu.pkey >= 0) return;
+    if (hold) {
+        cpu_device_open("the streams' work");
+        cuda_on_cpu.held_open = 1;
+        return;
+    }
+    cuda_on_cpu.held_open = 0;
+    cpu_device_open(NULL);
 }
 
 // The live allocation whose pages hold p (its guard pages included), or NULL.
@@ -1234,6 +1256,7 @@ static inline cudaError_t cpu_func_set_attribute(const char *kernel, cudaFuncAtt
 // host code (which read device memory) the program stops. A test that is
 // catching faults gets control back instead, in cpu_catches_fault.
 static inline void cpu_fault_finish(int in_launch) {
+    cuda_on_cpu.held_open = 0;   // a fault closes device memory, held or not
     cpu_device_open(NULL);
     if (cuda_on_cpu.catching) siglongjmp(cuda_on_cpu.recovery, 1);
     fprintf(stderr, "error: cuda_on_cpu.h: %s\n", cuda_on_cpu.message);
@@ -1731,6 +1754,7 @@ static inline void cpu_run_pending(const CpuFrontier *until) {
             if (!cpu_pending_done(p[i].after.on[d])) stack[top++] = (int)(p[i].after.on[d] - base);
     }
     free(stack);
+    cpu_device_hold(1);
     unsigned by_lane = cpu_random_below(3) > 0, rank[CPU_LANES];
     for (int l = 0; l < CPU_LANES; l++) rank[l] = cpu_random_below(1u << 30);
     for (;;) {
@@ -1754,6 +1778,7 @@ static inline void cpu_run_pending(const CpuFrontier *until) {
         free(p[pick].args);
         p[pick].args = NULL;
     }
+    cpu_device_hold(0);
     int all_done = 1;
     for (int i = 0; i < n; i++) all_done &= p[i].done;
     if (all_done) {   // numbers below the new base have run
@@ -1765,6 +1790,7 @@ static inline void cpu_run_pending(const CpuFrontier *until) {
 
 // After a fault a test caught: the work not run yet is dropped (a GPU's context is lost).
 static inline void cpu_drop_pending(void) {
+    cuda_on_cpu.held_open = 0;
     for (int i = 0; i < cuda_on_cpu.pending_count; i++) free(cuda_on_cpu.pending[i].args);
     cuda_on_cpu.pending_base += cuda_on_cpu.pending_count;
     cuda_on_cpu.pending_count = 0;

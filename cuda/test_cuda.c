@@ -1107,6 +1107,17 @@ static void read_device_memory(void *unused) {
     volatile float v = *emulator_device_floats;   // host code reading device memory, as `loss = *gpu.loss` would
     (void)v;
 }
+static void read_after_stream_work(void *unused) {
+    (void)unused;
+    cudaStream_t stream;   // not the legacy stream: its work waits, pending, until the wait below
+    cudaStreamCreate(&stream);
+    cudaMemsetAsync(emulator_device_floats, 0, 4 * sizeof(float), stream);
+    cudaMemsetAsync(emulator_device_floats + 4, 0, 4 * sizeof(float), stream);
+    cudaStreamSynchronize(stream);   // the pending work ran with memory held open, then closed it
+    cudaStreamDestroy(stream);
+    volatile float v = *emulator_device_floats;
+    (void)v;
+}
 static void launch_block_total_short(void *unused) {
     (void)unused;
     cpu_test_faults.shared_memory_short = "block_total_kernel";
@@ -1166,6 +1177,9 @@ static void test_emulator_faults(void) {
     int caught = cpu_catches_fault(read_device_memory, NULL);
     check(caught && strstr(cuda_on_cpu.message, "host code read"), "emulator: host code reading device memory is "
           "caught (%s)", caught ? cuda_on_cpu.message : "not caught");
+    caught = cpu_catches_fault(read_after_stream_work, NULL);
+    check(caught && strstr(cuda_on_cpu.message, "host code read"), "emulator: host code reading device memory "
+          "after a stream's work has run is caught (%s)", caught ? cuda_on_cpu.message : "not caught");
     caught = cpu_catches_fault(launch_block_total_short, NULL);
     cpu_test_faults.shared_memory_short = NULL;
     check(caught && strstr(cuda_on_cpu.message, "shared memory index out of bounds"), "emulator: an index past a "

@@ -15,8 +15,9 @@ Everything PyTorch needs is read from our run, so that only the implementation d
    those, in that order, and reads our per-step losses from --loss-log.
 3. The model is dev/make_reference.py's RefModel (nn.TransformerEncoderLayer /
    DecoderLayer, post-norm, ReLU, the shared embedding x sqrt(d_model), sinusoids, the
-   tied output projection) with dropout P_drop in every sub-layer and on the embedded
-   sums (§5.4), label-smoothed cross entropy (F.cross_entropy's label_smoothing, <pad>
+   tied output projection) with dropout P_drop on every sub-layer's output and on the
+   embedded sums (§5.4) and none inside the FFN (PyTorch's layers drop after the ReLU too;
+   the paper and transformer.c do not: --ffn-dropout sets it), label-smoothed cross entropy (F.cross_entropy's label_smoothing, <pad>
    ignored: the loss the reference files pin), Adam (0.9, 0.98, 1e-9) and eq. 3 scaled
    to peak at --lr at step --warmup, as train's --lr says. Dropout draws its own masks.
 4. It compares the training loss, the mean of the 50 steps up to 500, 1000, 2000 and the
@@ -76,12 +77,14 @@ def read_batches(path, steps):
 
 
 def read_losses(path):
-    losses = {}
+    """--loss-log's lines "step loss lr": the losses and the learning rates by step."""
+    losses, rates = {}, {}
     with open(path) as f:
         for line in f:
-            step, loss, _lr = line.split()
+            step, loss, lr = line.split()
             losses[int(step)] = float(loss)
-    return losses
+            rates[int(step)] = float(lr)
+    return losses, rates
 
 
 def flag_value(options, name):
@@ -94,10 +97,11 @@ def flag_value(options, name):
 
 
 class Trainee(ref.RefModel):
-    """RefModel with dropout: P_drop in every sub-layer (PyTorch's layers put it where §5.4 does) and on the
-    embedded sums."""
+    """RefModel with dropout: P_drop on each sub-layer's output before the residual sum and on the
+    embedded sums, where §5.4 puts it. PyTorch's layers also drop inside the FFN, after the ReLU
+    (`layer.dropout`); §5.4 and transformer.c do not, so that one gets ffn_drop (0 unless asked)."""
 
-    def __init__(self, config, p_drop):
+    def __init__(self, config, p_drop, ffn_drop):
         c = config
         super().__init__(c["n_layers"], c["d_model"], c["d_ff"], c["n_heads"], c["vocab_size"], c["max_len"],
                          c["layer_norm_eps"])
@@ -106,6 +110,7 @@ class Trainee(ref.RefModel):
             for module in layer.modules():
                 if isinstance(module, torch.nn.Dropout):
                     module.p = p_drop
+            layer.dropout.p = ffn_drop   # the FFN's internal one: linear2(dropout(relu(linear1(x))))
 
     def embed(self, tokens):
         return F.dropout(super().embed(tokens), self.p_drop, self.training)
@@ -147,6 +152,8 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="steps to train (0: all of our run's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--window", type=int, default=50, help="steps averaged for each loss compared")
+    ap.add_argument("--ffn-dropout", type=float, default=0.0,
+                    help="dropout after the FFN's ReLU (0: as the paper and transformer.c)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
@@ -174,12 +181,17 @@ def main():
     if init_words != words:
         sys.exit(f"error: {init}: its vocabulary differs from {ours}'s")
 
-    model = Trainee(config, p_drop)
+    model = Trainee(config, p_drop, a.ffn_dropout)
     load_weights(model, init_params)
     model.train()
     adam = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     batches = read_batches(os.path.join(d, "batches.bin"), steps)
-    losses_ours = read_losses(os.path.join(d, "loss.txt"))
+    losses_ours, rates_ours = read_losses(os.path.join(d, "loss.txt"))
+    for step in sorted(rates_ours)[:: max(1, len(rates_ours) // 20)]:   # the same schedule as ours
+        mine = ref.noam_lr(step, config["d_model"], warmup, factor)
+        if abs(mine - rates_ours[step]) > 1e-3 * rates_ours[step] + 1e-12:
+            sys.exit(f"error: the learning rate of step {step} is {mine:.6g} here and {rates_ours[step]:.6g} "
+                     f"in our loss log: the schedules differ")
     losses = {}
     start = time.time()
     for step in range(1, steps + 1):
