@@ -29,7 +29,8 @@
 #   make debug         -O0 -g builds for gdb, without OpenMP: transformer_debug (transformer.c alone),
 #                      test_transformer_debug (its tests)
 #   make sanitize      the tests under AddressSanitizer and UBSan: transformer.c alone (double) and the
-#                      lab (double and float), each against its program built the same way
+#                      lab (double and float), each against its program built the same way, and the
+#                      CUDA companion's tests on the emulator (its fibers announce each stack switch)
 #   make fuzz          a libFuzzer target per parser of outside input (checkpoints, TSV data and
 #                      §5.1 merges, text cut into subwords, BLEU's files, plot's training log, the
 #                      PyTorch reference files, message catalogs), clang with AddressSanitizer and UBSan, each run
@@ -421,9 +422,11 @@ sanitize: $(LAB_TEST)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_transformer_asan_f64 test_transformer.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -DTRANSFORMER_DOUBLE -o test_lab_asan_f64 lab/test_lab.c $(LDLIBS)
 	$(CC) $(SANITIZE) $(WARNINGS) -o test_lab_asan lab/test_lab.c $(LDLIBS)
+	$(CC) $(SANITIZE) $(WARNINGS) -o test_cuda_asan cuda/test_cuda.c $(LDLIBS)
 	TRANSFORMER_BIN=./transformer_minimal_asan ./test_transformer_asan_f64
 	TRANSFORMER_BIN=./transformer_asan TRANSFORMER_MINIMAL_BIN=./transformer_minimal_asan ./test_lab_asan_f64
 	TRANSFORMER_BIN=./transformer_asan TRANSFORMER_MINIMAL_BIN=./transformer_minimal_asan ./test_lab_asan
+	./test_cuda_asan
 
 # ---- fuzzing (dev/fuzz/) ----
 # Each target (dev/fuzz/fuzz_TARGET.c) includes the program and feeds the
@@ -490,5 +493,5 @@ dev-check: transformer test_transformer test_transformer_f64
 clean:
 	rm -f transformer transformer_minimal transformer_debug transformer_asan transformer_minimal_asan test_transformer \
 	      test_transformer_f64 test_transformer_serial test_transformer_debug test_transformer_asan_f64 \
-	      test_lab_asan test_lab_asan_f64 .test_output.log \
+	      test_lab_asan test_lab_asan_f64 test_cuda_asan .test_output.log \
 	      transformer_cuda transformer_cuda_cpu test_transformer_cuda test_cuda test_cuda_serial test_lab test_lab_f64 test_lab_serial *.o .ptxas.log

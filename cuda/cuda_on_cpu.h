@@ -389,6 +389,7 @@ static struct {
     int allocation_count, allocation_capacity;
     const char *open_for;         // the copy, kernel or cuBLAS call that device memory is open for; NULL: closed
     int held_open;                // without a key: cpu_run_pending keeps memory open between its pieces
+    void *running_args;           // the legacy stream's piece running now: its arguments (a caught fault frees them)
     struct { char *start; size_t bytes; } *pinned;   // cudaMallocHost's blocks
     int pinned_count, pinned_capacity;
     cudaStream_t capturing;       // the stream that began the capture under way (one at a time here); NULL: none
@@ -839,7 +840,9 @@ static inline cudaError_t cpu_work_run(const CpuWork *w);
 static inline cudaError_t cpu_give(cudaStream_t s, const CpuWork *w) {
     if (!s) {
         cpu_run_pending(NULL);
+        cuda_on_cpu.running_args = w->args;
         cudaError_t e = cpu_work_run(w);
+        cuda_on_cpu.running_args = NULL;
         free(w->args);
         return e;
     }
@@ -1339,6 +1342,8 @@ static inline int cpu_catches_fault(void (*run)(void *), void *context) {
     }
     cuda_on_cpu.catching = 0;
     cuda_on_cpu.sticky_error = cuda_on_cpu.last_error = cudaSuccess;
+    free(cuda_on_cpu.running_args);   // the legacy stream's piece the fault stopped
+    cuda_on_cpu.running_args = NULL;
     cpu_drop_pending();
     return 1;
 }

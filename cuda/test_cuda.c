@@ -549,7 +549,16 @@ static void test_companion_one_stream(void) {
 // as in the companion: a self-attention's (B*T, 3C) rows, a cross-attention's
 // q (B*T, C) and one layer's columns of the memory's (B*S, L*2C).
 typedef struct { int B, Tq, Tk, NH, hs, causal, ld_q, ld_kv, k_column; } FusedCase;
-typedef struct { FusedCase shape; double worst; const char *worst_name; } FusedRun;
+// host: the run's host arrays, freed by fused_run_free after the run (a caught
+// fault leaves the run at a kernel launch, before its own frees)
+typedef struct { FusedCase shape; double worst; const char *worst_name; void *host[12]; } FusedRun;
+
+static void fused_run_free(FusedRun *run) {
+    for (int i = 0; i < 12; i++) {
+        free(run->host[i]);
+        run->host[i] = NULL;
+    }
+}
 
 // The largest difference of `width` columns from `column` of `rows` rows ld apart,
 // relative to the host's largest there; NaN anywhere gives infinity
@@ -578,6 +587,8 @@ static void fused_kernels_run(void *context) {
     real *out = calloc(nout, sizeof(real)), *att = calloc(natt, sizeof(real)), *dbias = calloc(3 * C, sizeof(real));
     real *dq = calloc(nq, sizeof(real)), *dkv = calloc(nk, sizeof(real));
     float *got = calloc(nq + nk + natt + nout + 3 * C, sizeof(float));
+    void *host[12] = { q, kv, bias, qb, kvb, dout, out, att, dbias, dq, dkv, got };
+    memcpy(run->host, host, sizeof host);
     int key_len[64];
     for (int c = 0; c < 3 * C; c++) bias[c] = (real)(rng_uniform(&rng) - 0.5);
     for (size_t i = 0; i < nq; i++) {
@@ -646,8 +657,7 @@ static void fused_kernels_run(void *context) {
         if (!(e[i] <= run->worst)) { run->worst = e[i]; run->worst_name = names[i]; }
     cudaFree(d_q); cudaFree(d_kv); cudaFree(d_bias); cudaFree(d_dout); cudaFree(d_out); cudaFree(d_att); cudaFree(d_ds);
     cudaFree(d_dq); cudaFree(d_dkv); cudaFree(d_dbias); cudaFree(d_partials); cudaFree(d_len); cudaFree(d_done);
-    free(q); free(kv); free(bias); free(qb); free(kvb); free(dout); free(out); free(att); free(dbias); free(dq);
-    free(dkv); free(got);
+    fused_run_free(run);
 }
 
 // The kernels against the loops for a self-attention (causal, ragged keys) and
@@ -660,8 +670,9 @@ static void test_companion_fused_attention_kernels(void) {
     const char *what[4] = { "self-attention (causal), heads of 4", "cross-attention, heads of 4",
                             "self-attention (causal), heads of 48", "cross-attention, heads of 48" };
     for (int i = 0; i < 4; i++) {
-        FusedRun run = { cases[i], 0, "" };
+        FusedRun run = { cases[i], 0, "", { 0 } };
         int faulted = cpu_catches_fault(fused_kernels_run, &run);
+        fused_run_free(&run);
         check(!faulted && run.worst < COMPANION_TOL_GRADS, "companion: fused_attention_forward_kernel and "
               "fused_attention_backward_kernel on %d sentences of %d queries and %d keys (%s, q, k, v read from rows "
               "%d and %d apart, biases added on load) give transformer.c's attention_forward and attention_backward "
@@ -672,14 +683,16 @@ static void test_companion_fused_attention_kernels(void) {
 #ifndef CUDA_ON_CPU_THREADS   // the faults: the fibers' (make test-threads has threads)
     const char *kernels[2] = { "fused_attention_forward_kernel", "fused_attention_backward_kernel" };
     for (int k = 0; k < 2; k++) {   // 11 queries: every warp's rows of shared memory are used
-        FusedRun run = { cases[2], 0, "" };
+        FusedRun run = { cases[2], 0, "", { 0 } };
         cpu_test_faults.barriers_skipped = kernels[k];
         int faulted = cpu_catches_fault(fused_kernels_run, &run);
+        fused_run_free(&run);
         cpu_test_faults.barriers_skipped = NULL;
         check(faulted || !(run.worst < COMPANION_TOL_GRADS), "companion: %s without its __syncthreads and __syncwarp "
               "is caught (%s %.2g)", kernels[k], faulted ? "a fault:" : "off by", faulted ? 0.0 : run.worst);
         cpu_test_faults.shared_memory_short = kernels[k];
         faulted = cpu_catches_fault(fused_kernels_run, &run);
+        fused_run_free(&run);
         cpu_test_faults.shared_memory_short = NULL;
         check(faulted && strstr(cuda_on_cpu.message, "out of bounds"), "companion: %s indexing past its shared "
               "memory (given 16 bytes less than it uses) is caught (%s)", kernels[k],
@@ -2152,7 +2165,7 @@ static void test_companion_bf16_copies(void) {
           "fp32 master weight rounded, bit for bit (%zu of them), %zu moved by Adam since the first", P, same, moved);
     free(copies);
     transformer_free(&fresh);
-    companion_state_released(&dev);
+    free(companion_state_released(&dev));
     transformer_cuda_bf16(0);
 }
 
