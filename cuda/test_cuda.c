@@ -1878,8 +1878,8 @@ static void test_companion_stream_waits(void) {
     const char *what[4] = { "the second stream's waits for the main one (forks)",
                             "the main stream's waits for the second (joins)",
                             "the main stream's waits before it overwrites what the second reads (a captured step)",
-                            "the main stream's waits before it overwrites what the second reads (a captured step, "
-                            "--fused-attention, the norms' sums by a kernel of their own on the second stream)" };
+                            ("the main stream's waits before it overwrites what the second reads (a captured step, "
+                             "--fused-attention, the norms' sums by a kernel of their own on the second stream)") };
     size_t norm_sums = gpu_norm_sums_in_kernel;
     for (int skipped = 1; skipped <= 4; skipped++) {
         int caught = 0, faulted;
