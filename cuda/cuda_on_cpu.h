@@ -526,7 +526,7 @@ static inline void cpu_open_allocation(const CpuAllocation *a) {
 static inline void cpu_device_open(const char *what) {
     int was_open = cuda_on_cpu.open_for != NULL;
     if (!what && cuda_on_cpu.held_open) {   // between two pieces of the streams' work: stays open
-        cuda_on_cpu.open_for = "the streams' work (between two pieces)";
+        cuda_on_cpu.open_for = "the streams' work";
         return;
     }
     cuda_on_cpu.open_for = what;
@@ -1795,7 +1795,6 @@ static inline void cpu_run_pending(const CpuFrontier *until) {
 
 // After a fault a test caught: the work not run yet is dropped (a GPU's context is lost).
 static inline void cpu_drop_pending(void) {
-    cuda_on_cpu.held_open = 0;
     for (int i = 0; i < cuda_on_cpu.pending_count; i++) free(cuda_on_cpu.pending[i].args);
     cuda_on_cpu.pending_base += cuda_on_cpu.pending_count;
     cuda_on_cpu.pending_count = 0;

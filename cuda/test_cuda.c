@@ -551,10 +551,16 @@ static void test_companion_one_stream(void) {
 typedef struct { int B, Tq, Tk, NH, hs, causal, ld_q, ld_kv, k_column; } FusedCase;
 // host: the run's host arrays, freed by fused_run_free after the run (a caught
 // fault leaves the run at a kernel launch, before its own frees)
-typedef struct { FusedCase shape; double worst; const char *worst_name; void *host[12]; } FusedRun;
+enum { FUSED_HOST_ARRAYS = 12 };
+typedef struct {
+    FusedCase shape;
+    double worst;
+    const char *worst_name;
+    void *host[FUSED_HOST_ARRAYS];
+} FusedRun;
 
 static void fused_run_free(FusedRun *run) {
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < FUSED_HOST_ARRAYS; i++) {
         free(run->host[i]);
         run->host[i] = NULL;
     }
@@ -587,7 +593,7 @@ static void fused_kernels_run(void *context) {
     real *out = calloc(nout, sizeof(real)), *att = calloc(natt, sizeof(real)), *dbias = calloc(3 * C, sizeof(real));
     real *dq = calloc(nq, sizeof(real)), *dkv = calloc(nk, sizeof(real));
     float *got = calloc(nq + nk + natt + nout + 3 * C, sizeof(float));
-    void *host[12] = { q, kv, bias, qb, kvb, dout, out, att, dbias, dq, dkv, got };
+    void *host[FUSED_HOST_ARRAYS] = { q, kv, bias, qb, kvb, dout, out, att, dbias, dq, dkv, got };
     memcpy(run->host, host, sizeof host);
     int key_len[64];
     for (int c = 0; c < 3 * C; c++) bias[c] = (real)(rng_uniform(&rng) - 0.5);
