@@ -78,6 +78,10 @@
  *         C = alpha op(A) op(B) + beta C,   op(X) = X or X^T,
  *         op(A) is m x k, op(B) is k x n, C is m x n, all column-major:
  *         element (i, j) of a matrix X with leading dimension ldx is X[i + j*ldx];
+ *     each element's sum runs p = 0..k-1, a fused multiply-add a step (one
+ *     rounding, as cuBLAS's kernels add), so that it does not depend on how
+ *     the operands are laid out (the compiler's own contraction did: a
+ *     transposed copy of an operand gave other bits; transposed_weights.h);
  *     when beta is 0, C is not read (it may hold NaN); a call cuBLAS would
  *     refuse (a negative size, a leading dimension too small) returns
  *     CUBLAS_STATUS_INVALID_VALUE here too. They run on the handle's stream
@@ -1522,7 +1526,8 @@ static inline float cpu_gemm_element(const void *X, int bf16, size_t i) {
 }
 
 // The product of one batch entry; the arguments as cublasSgemm's (A and B
-// bf16 when bf16). Two bf16 numbers multiply exactly in fp32; the sum rounds.
+// bf16 when bf16). Two bf16 numbers multiply exactly in fp32; the sum rounds,
+// once a step (fmaf: the same bits whichever way the operands are stored).
 static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
                              float alpha, const void *A, int lda, const void *B, int ldb,
                              float beta, float *C, int ldc, int bf16) {
@@ -1532,7 +1537,7 @@ static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb,
             for (int p = 0; p < k; p++) {
                 size_t at_a = transa == CUBLAS_OP_N ? i + (size_t)p * lda : p + (size_t)i * lda;   // op(A)[i,p]
                 size_t at_b = transb == CUBLAS_OP_N ? p + (size_t)j * ldb : j + (size_t)p * ldb;   // op(B)[p,j]
-                sum += cpu_gemm_element(A, bf16, at_a) * cpu_gemm_element(B, bf16, at_b);
+                sum = fmaf(cpu_gemm_element(A, bf16, at_a), cpu_gemm_element(B, bf16, at_b), sum);
             }
             float *c = &C[i + (size_t)j * ldc];
             *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;   // beta 0: C is not read

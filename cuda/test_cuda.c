@@ -32,6 +32,8 @@ void transformer_cuda_release(void);
 void transformer_cuda_fuse_attention(int on);
 void transformer_cuda_one_stream(int on);
 void transformer_cuda_bf16(int on);
+void transformer_cuda_tf32(int on);
+void transformer_cuda_weights_as_stored(int on);
 int transformer_cuda_sgemm(int argc, char **argv);
 #endif
 #ifdef TRANSFORMER_DOUBLE
@@ -538,6 +540,95 @@ static void test_companion_one_stream(void) {
     check(memcmp(state[0], state[1], 2 * P * sizeof(real)) == 0, "companion: 9 training steps (graphs replayed) on "
           "two streams and on one (--one-stream) end with the same parameters and moments, bit for bit");
     free(state[0]); free(state[1]);
+}
+
+// --tf32's transposed copies of the weights (transposed_weights.h): the
+// parameters and second moments after 9 training steps over the 3 ragged
+// shapes (graphs replayed from the fourth), with the copies or without
+// (--weights-as-stored); on the emulator, with a kernel's launches (skipped)
+// or its barriers (barrier_skipped) left out after begin (NULL: none).
+static real *companion_state_tf32(int as_stored, const char *skipped, const char *barrier_skipped) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    Transformer dev;
+    transformer_build(&dev, &config, 5);
+    TestBatch *batches = companion_batches();
+    transformer_cuda_tf32(1);
+    transformer_cuda_weights_as_stored(as_stored);
+    transformer_cuda_training()->begin(&dev);
+#ifndef COMPANION_ON_GPU
+    cpu_test_faults.launch_skipped = skipped;
+    cpu_test_faults.barriers_skipped = barrier_skipped;
+#else
+    (void)skipped;
+    (void)barrier_skipped;
+#endif
+    for (int step = 0; step < 9; step++) {
+        dev.training = 1;
+        transformer_cuda_training()->train_step(&dev, &batches[step % 3].batch, 4, 0.5);
+    }
+    transformer_cuda_training()->to_host(&dev);
+#ifndef COMPANION_ON_GPU
+    cpu_test_faults.launch_skipped = NULL;
+    cpu_test_faults.barriers_skipped = NULL;
+#endif
+    transformer_cuda_tf32(0);
+    transformer_cuda_weights_as_stored(0);
+    size_t P = dev.num_parameters;
+    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
+    memcpy(state, dev.params_memory, P * sizeof(real));
+    memcpy(state + P, dev.adam_v, P * sizeof(real));
+    transformer_free(&dev);
+    transformer_cuda_release();
+    return state;
+}
+
+// The inputs' gradients read the copies as the TN products they then are;
+// a product reads the same numbers in the same order either way, so on the
+// emulator (TF32 computed as fp32) the run gives the bits of the run without
+// them, which the other tests compare with transformer.c. A copy left as it was
+// after Adam (transpose_weights_kernel not launched after begin's), and the
+// kernel without its barrier (a tile read before it is written), are caught.
+// On a GPU the two layouts are different TF32 kernels: each run is the same bit
+// for bit when repeated, and the two agree to TF32's rounding.
+static void test_companion_transposed_weights(void) {
+    TransformerConfig config = companion_config(POSITIONAL_SINUSOID);
+    Transformer probe;
+    transformer_build(&probe, &config, 5);
+    size_t P = probe.num_parameters;
+    transformer_free(&probe);
+    real *copies = companion_state_tf32(0, NULL, NULL);
+    real *stored = companion_state_tf32(1, NULL, NULL);
+#ifdef COMPANION_ON_GPU
+    real *again = companion_state_tf32(0, NULL, NULL);
+    double apart = scaled_difference(copies, stored, P, NULL);
+    check(memcmp(copies, again, 2 * P * sizeof(real)) == 0 && apart < 1e-2, "companion --tf32: 9 training steps "
+          "with the weights' transposed copies are the same bit for bit when repeated, and within 1e-2 of the "
+          "largest parameter of the run that reads the weights as stored (%.1e)", apart);
+    free(again);
+#else
+    real *stale = companion_state_tf32(0, "transpose_weights_kernel", NULL);
+    real *unsynced = companion_state_tf32(0, NULL, "transpose_weights_kernel");
+    int same = memcmp(copies, stored, 2 * P * sizeof(real)) == 0;
+    int stale_caught = memcmp(stale, stored, 2 * P * sizeof(real)) != 0;
+    int unsynced_caught = memcmp(unsynced, stored, 2 * P * sizeof(real)) != 0;
+    check(same && stale_caught && unsynced_caught, "companion --tf32: 9 training steps (graphs replayed) reading "
+          "the weights' transposed copies in the inputs' gradients end with the parameters and moments of the run "
+          "that reads the weights as stored, bit for bit; copies not rewritten after Adam are caught (%s), and so "
+          "is the transpose without its barrier (%s)", stale_caught ? "yes" : "NO", unsynced_caught ? "yes" : "NO");
+    free(stale);
+    free(unsynced);
+    transformer_cuda_tf32(1);
+    GpuCounts with_copies = companion_step_counts(2, 4, 2);
+    transformer_cuda_weights_as_stored(1);
+    GpuCounts without = companion_step_counts(2, 4, 2);
+    transformer_cuda_weights_as_stored(0);
+    transformer_cuda_tf32(0);
+    check(with_copies.launches == without.launches + 1 && with_copies.gemms == without.gemms,
+          "companion --tf32: the transposed copies cost a 2-layer step one launch (%ld against %ld), the same %ld "
+          "cuBLAS calls", with_copies.launches, without.launches, with_copies.gemms);
+#endif
+    free(copies);
+    free(stored);
 }
 
 #ifndef COMPANION_ON_GPU
@@ -2318,6 +2409,7 @@ void run_companion_tests(void) {
     test_companion_training_run();
     test_companion_fused_attention();
     test_companion_one_stream();
+    test_companion_transposed_weights();
     test_companion_bf16();
 #ifndef COMPANION_ON_GPU
     test_companion_fused_attention_kernels();

@@ -19,6 +19,7 @@
  *     ./transformer_cuda bench ... --profile      and where a step's time goes, call by call
  *     ./transformer_cuda ... --fused-attention    attention in one kernel each way, where it fits
  *     ./transformer_cuda ... --one-stream         the whole step on one stream (no second stream)
+ *     ./transformer_cuda ... --tf32 --weights-as-stored   no transposed copies (transposed_weights.h)
  *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
  *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
  *
@@ -940,6 +941,7 @@ typedef struct {
 } GpuStream;
 enum { MAIN_STREAM, SIDE_STREAM };
 
+typedef struct TransposedWeight TransposedWeight;   // (transposed_weights.h)
 typedef struct {
     int ready, tf32, bf16, count;   // bf16: --bf16 (bf16_casts.h)
     size_t shared_opt_in;    // the dynamic shared memory cross_entropy_kernel may have (the device's opt-in limit)
@@ -958,6 +960,10 @@ typedef struct {
     float *pe;            // (max_len, C): the sinusoids, or learned positions' table inside params
     float *memory_kv_w;   // (L, 2C, C): each decoder layer's W^K, W^V, gathered for one product
     __nv_bfloat16 *params_bf16, *memory_kv_w_bf16;   // --bf16: the weights' copies the products read
+    float *params_t, *memory_kv_w_t;   // --tf32: the weights' transposed copies (transposed_weights.h)
+    TransposedWeight *transposed, *transposed_table;   // their list, on the host and on the GPU
+    int transposed_count;
+    unsigned transposed_tiles;
     ColumnScratch columns;   // the column kernels' chunk sums (finish_column_sums)
     unsigned *attention_heads_done;   // (NH) fused_attention_backward_kernel's finished blocks, per head
     unsigned *norm_chunks_done;       // residual_layernorm_backward_kernel's finished blocks
@@ -1113,6 +1119,8 @@ static void gpu_copy_async(void *to, const void *from, size_t bytes, cudaMemcpyK
 }
 
 #include "bf16_casts.h"   // --bf16: the bf16 copies of the products' operands
+static float *on_gpu(float *arena, const Transformer *m, const real *host_tensor, size_t l, size_t per_layer);
+#include "transposed_weights.h"   // --tf32: the weights' transposed copies, for the inputs' gradients
 
 // C = alpha op(A) op(B) + beta C, column-major (cuda_on_cpu.h says it exactly).
 // --bf16: A and B are read from their bf16 copies (gpu_bf16_operand, cast
@@ -1185,7 +1193,12 @@ static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, co
     gpu_side_begin();
     gemm(OP_N, OP_T, IC, OC, N, 1.0f, inp, IC, dout, OC, 0.0f, dweight, IC);
     gpu_side_end();
-    gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+    int ld_t;
+    const float *weight_t = gpu_transposed_weight(weight, OC, IC, &ld_t);
+    if (weight_t)   // (--tf32: W^T as stored, K-major: transposed_weights.h)
+        gemm(OP_T, OP_N, IC, N, OC, 1.0f, weight_t, ld_t, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+    else
+        gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
     gpu_bf16_shared_end();
 }
 
@@ -1839,7 +1852,10 @@ static void gpu_memory_backward(float *d_memory, const float *memory, Transforme
     gemm_batched(OP_N, OP_T, C, 2 * C, NS, 1.0f, memory, C, 0, d_kv, L * 2 * C, 2LL * C, 0.0f, d_weights, C,
                  3LL * C * C, L);
     gpu_side_end();
-    gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f, d_memory, C);
+    if (gpu.memory_kv_w_t)   // (--tf32: their transposed copy, C x L*2C, which Adam's step wrote)
+        gemm(OP_T, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w_t, L * 2 * C, d_kv, L * 2 * C, 0.0f, d_memory, C);
+    else
+        gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f, d_memory, C);
     gpu_bf16_shared_end();
 }
 
@@ -1930,6 +1946,7 @@ static void gpu_update_work(const Transformer *m) {
     AdamConstants adam = { (float)m->adam.beta1, (float)m->adam.beta2, (float)m->adam.eps };
     LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.params_bf16, gpu.adam_m, gpu.adam_v, gpu.grads,
                     gpu.num_parameters, adam, gpu.step);
+    gpu_transpose_weights();   // (--tf32: the copies the next step's inputs' gradients read)
 }
 
 // A whole step's work: what a graph captures
@@ -2043,7 +2060,7 @@ static void gpu_release(void) {
         CUDA_CHECK(cudaEventDestroy(gpu.joined));
         gpu_stream = NULL;
     }
-    free(gpu.enc); free(gpu.dec); free(gpu.token_count);
+    free(gpu.enc); free(gpu.dec); free(gpu.token_count); free(gpu.transposed);
     int tf32 = gpu.tf32, bf16 = gpu.bf16, count = gpu.count;
     memset(&gpu, 0, sizeof gpu);
     gpu.tf32 = tf32;
@@ -2074,6 +2091,11 @@ static void gpu_allocate_model(const Transformer *m) {
         carve(&count, (P + 1) / 2, "params_bf16");
         carve(&count, (kv_w + 1) / 2, "memory_kv_w_bf16");
     }
+    if (gpu_wants_transposed()) {
+        carve(&count, P, "params_t");
+        carve(&count, kv_w, "memory_kv_w_t");
+        carve(&count, transposed_table_floats(m), "transposed_table");
+    }
     gpu.model_memory = gpu_alloc(count.used * sizeof(float));
     Carver cut = { (float *)gpu.model_memory, 0 };
     float **arenas[] = { &gpu.params, &gpu.grads, &gpu.adam_m, &gpu.adam_v };
@@ -2094,6 +2116,11 @@ static void gpu_allocate_model(const Transformer *m) {
     if (gpu.bf16) {
         gpu.params_bf16 = (__nv_bfloat16 *)carve(&cut, (P + 1) / 2, "params_bf16");
         gpu.memory_kv_w_bf16 = (__nv_bfloat16 *)carve(&cut, (kv_w + 1) / 2, "memory_kv_w_bf16");
+    }
+    if (gpu_wants_transposed()) {
+        gpu.params_t = carve(&cut, P, "params_t");
+        gpu.memory_kv_w_t = carve(&cut, kv_w, "memory_kv_w_t");
+        gpu_transposed_prepare(m, (TransposedWeight *)carve(&cut, transposed_table_floats(m), "transposed_table"));
     }
     for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) gpu.streams[i].cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
     CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
@@ -2120,7 +2147,8 @@ static void gpu_start_cublas(int which) {
 // and its parameters, moments and sinusoids copied there
 static void gpu_begin(Transformer *m) {
     int other_model = gpu.ready && memcmp(&gpu.config, &m->config, sizeof gpu.config) != 0;
-    if (other_model || (gpu.ready && gpu.bf16 != (gpu.params_bf16 != NULL))) gpu_release();   // (or --bf16 changed)
+    int copies_changed = gpu.bf16 != (gpu.params_bf16 != NULL) || gpu_wants_transposed() != (gpu.params_t != NULL);
+    if (other_model || (gpu.ready && copies_changed)) gpu_release();   // (or --bf16, --tf32's copies changed)
     if (!gpu.ready) {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -2136,7 +2164,9 @@ static void gpu_begin(Transformer *m) {
         CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)gpu.shared_opt_in));
         fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s, %s\n", prop.name,
-                gpu.bf16 ? "bf16 with fp32 sums (--bf16)" : gpu.tf32 ? "TF32 (--tf32)" : "fp32",
+                gpu.bf16 ? "bf16 with fp32 sums (--bf16)"
+                : gpu.params_t ? "TF32 (--tf32), the inputs' gradients from the weights' transposed copies"
+                : gpu.tf32 ? "TF32 (--tf32), the weights as stored" : "fp32",
                 gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
                 gpu_one_stream ? "one stream (--one-stream)" : "two streams");
     }
@@ -2147,6 +2177,7 @@ static void gpu_begin(Transformer *m) {
     gpu_copy(gpu.adam_v, m->adam_v, bytes, cudaMemcpyHostToDevice);
     if (gpu.bf16)   // the weights' bf16 copies, which adam_kernel keeps from here on
         LAUNCH_ELEMENTS(gpu.num_parameters, bf16_cast_kernel, gpu.params_bf16, gpu.params, gpu.num_parameters);
+    gpu_transpose_weights();   // (--tf32: the transposed copies, which gpu_update_work keeps from here on)
     if (m->config.positional == POSITIONAL_SINUSOID)
         gpu_copy(gpu.pe, m->positional_encoding, (size_t)m->config.max_len * m->config.d_model * sizeof(float),
                  cudaMemcpyHostToDevice);
@@ -2338,6 +2369,8 @@ void transformer_cuda_release(void) { gpu_release(); }
 void transformer_cuda_fuse_attention(int on) { gpu_fused_attention = on; }   // --fused-attention
 void transformer_cuda_one_stream(int on) { gpu_one_stream = on; }             // --one-stream
 void transformer_cuda_bf16(int on) { gpu.bf16 = on; }   // --bf16 (from the next begin)
+void transformer_cuda_tf32(int on) { gpu.tf32 = on; }   // --tf32 (from the next begin)
+void transformer_cuda_weights_as_stored(int on) { gpu_weights_as_stored = on; }   // --weights-as-stored
 #ifdef __cplusplus
 }
 #endif
@@ -2351,6 +2384,7 @@ static void gpu_print_counts(void) {
     double model = ((double)gpu.num_parameters * 4 + (double)gpu.config.max_len * gpu.config.d_model + kv_w) * f;
     double bf16 = gpu.bf16 ? 2.0 : 0.0;   // bytes a number of the bf16 copies (--bf16)
     model += bf16 * ((double)gpu.num_parameters + kv_w);
+    if (gpu.params_t) model += ((double)gpu.num_parameters + kv_w) * f;   // --tf32's transposed copies
     double held = model + (double)gpu.batch_capacity * (f + bf16) + (double)gpu.upload_capacity +
                   2 * CUBLAS_WORKSPACE_BYTES;
     char graphs[96];
@@ -2370,9 +2404,10 @@ static void gpu_print_counts(void) {
         printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; no event nodes) and %ld dependencies (each node "
                "on the one before it in its stream, and the streams' waits for each other), launched after the step's "
                "upload and before its loss comes back\n", k->graph_nodes, k->graph_edges);
-    printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments); for this %d x %d x %d batch "
+    printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments%s); for this %d x %d x %d batch "
            "%.1f MB activations kept for the backward pass and %.1f MB scratch (%.2f x the activations), in an "
-           "allocation of %.1f MB; %ld allocations in the last step\n", model * mb, gpu.B, gpu.S, gpu.T,
+           "allocation of %.1f MB; %ld allocations in the last step\n", model * mb,
+           gpu.params_t ? ", the weights' transposed copies" : gpu.bf16 ? ", the weights' bf16 copies" : "", gpu.B, gpu.S, gpu.T,
            (double)gpu.activation_floats * f * mb, (double)gpu.scratch_floats * f * mb,
            (double)(gpu.activation_floats + gpu.scratch_floats) / (double)gpu.activation_floats,
            (double)gpu.batch_capacity * f * mb, k->allocations);
@@ -2425,6 +2460,7 @@ int main(int argc, char **argv) {
         else if (i > 0 && strcmp(argv[i], "--profile") == 0) gpu_profile.requested = 1, gpu_graph_after = 0;
         else if (i > 0 && strcmp(argv[i], "--fused-attention") == 0) gpu_fused_attention = 1;
         else if (i > 0 && strcmp(argv[i], "--one-stream") == 0) gpu_one_stream = 1;
+        else if (i > 0 && strcmp(argv[i], "--weights-as-stored") == 0) gpu_weights_as_stored = 1;
         else argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
