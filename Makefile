@@ -58,7 +58,7 @@ endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/runs.c lab/bleu.c lab/catalogs.c
 # the CUDA companion; the float test builds include it, built for the CPU
-COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h cuda/cuda_on_cpu.h \
+COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h cuda/epilogues.h cuda/cuda_on_cpu.h \
             cuda/cuda_on_cpu_threads.h
 
 # the test binaries `make test` runs, in this order: transformer.c alone (its command-line tests run
@@ -264,7 +264,7 @@ CUDA_ARCH ?= sm_80
 NVCC_ARCH ?= -arch=$(CUDA_ARCH)
 NVCCFLAGS ?= -O3 $(NVCC_ARCH)
 NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra -Xptxas -v
-NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lm
+NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lcublasLt -lm
 NVCC_KEEP = .nvcc_keep
 # $(call cuda_compile,OUTPUT.o,EXTRA FLAGS): cuda/transformer_cuda.cu compiled and its registers
 # checked (its own kept files and log, so that make -j can build both objects at once)

@@ -316,6 +316,7 @@ static struct {
     const void *wait_skipped;              // cudaStreamWaitEvent for this event (a cudaEvent_t) does nothing,
                                            //   outside a capture (a missing wait)
     int readers_joins_skipped;             // transformer_cuda.cu's gpu_join_side_readers does nothing
+    int epilogues_skipped;                 // cublasLtMatmul computes the product without its epilogue
 } cpu_test_faults;
 
 // One piece of work a stream runs, as a graph records it: a kernel launch
@@ -332,6 +333,12 @@ typedef struct {
     float *C;
     long long stride_a, stride_b, stride_c;
     int ab_bf16;
+    // cublasLtMatmul's epilogue (0: none; cuBLASLt's values otherwise), its
+    // bias (or bias gradient) and its ReLU bit mask, aux_ld bits a column
+    int epilogue;
+    float *bias;
+    unsigned char *aux;
+    long long aux_ld;
 } CpuGemm;
 typedef enum { CPU_WORK_KERNEL, CPU_WORK_GEMM, CPU_WORK_COPY, CPU_WORK_MEMSET } CpuWorkKind;
 // What a piece of work waits for: in a graph, the nodes (their indices) before
@@ -1546,9 +1553,8 @@ static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb,
 }
 
 // What cuBLAS checks before it computes anything.
-static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                             int m, int n, int k, int lda, int ldb, int ldc, int batch_count) {
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+static inline cublasStatus_t cpu_sgemm_shape_check(cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                                                   int k, int lda, int ldb, int ldc, int batch_count) {
     if ((transa != CUBLAS_OP_N && transa != CUBLAS_OP_T) || (transb != CUBLAS_OP_N && transb != CUBLAS_OP_T))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (m < 0 || n < 0 || k < 0 || batch_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
@@ -1556,6 +1562,11 @@ static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperat
     if (ldb < cublas_max1(transb == CUBLAS_OP_N ? k : n)) return CUBLAS_STATUS_INVALID_VALUE;
     if (ldc < cublas_max1(m)) return CUBLAS_STATUS_INVALID_VALUE;
     return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                             int m, int n, int k, int lda, int ldb, int ldc, int batch_count) {
+    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    return cpu_sgemm_shape_check(transa, transb, m, n, k, lda, ldb, ldc, batch_count);
 }
 
 // A stored operand of `rows` x `cols` (as stored: column-major, leading dimension
@@ -1590,28 +1601,38 @@ static inline cublasStatus_t cpu_gemm_extents(const CpuGemm *g) {
 // must not share a workspace: cuBLAS's kernels keep partial sums there, and
 // the two would overwrite each other's (wrong numbers, and different ones
 // from run to run). The call is refused when they do.
-static inline int cpu_workspace_shared(cublasHandle_t handle, const char *call) {
-    if (!handle->workspace) return 0;
-    const char *start = (const char *)handle->workspace, *end = start + handle->workspace_bytes;
+// (cublasLtMatmul's workspace, given with each call on its stream, likewise:
+// cpu_workspace_overlaps with no handle of its own.)
+static inline int cpu_workspace_overlaps(const void *workspace, size_t bytes, cudaStream_t stream,
+                                         cublasHandle_t own, const char *call) {
+    if (!workspace) return 0;
+    const char *start = (const char *)workspace, *end = start + bytes;
     for (int i = 0; i < cuda_on_cpu.handle_count; i++) {
         cublasHandle_t other = (cublasHandle_t)cuda_on_cpu.handles[i];
         const char *other_start = (const char *)other->workspace;
-        if (other == handle || !other_start || other->stream == handle->stream) continue;
+        if (other == own || !other_start || other->stream == stream) continue;
         if (other_start < end && start < other_start + other->workspace_bytes) {
-            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: its handle's workspace is also the "
-                     "workspace of a handle on another stream (streams %d and %d): calls on the two may run at once "
-                     "and overwrite each other's partial sums; give each stream's handle a workspace of its own",
-                     call, handle->stream ? handle->stream->number : 0, other->stream ? other->stream->number : 0);
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: its workspace is also the workspace "
+                     "of a handle on another stream (streams %d and %d): calls on the two may run at once and "
+                     "overwrite each other's partial sums; give each stream a workspace of its own",
+                     call, stream ? stream->number : 0, other->stream ? other->stream->number : 0);
             return 1;
         }
     }
     return 0;
 }
+static inline int cpu_workspace_shared(cublasHandle_t handle, const char *call) {
+    return cpu_workspace_overlaps(handle->workspace, handle->workspace_bytes, handle->stream, handle, call);
+}
 
-// A checked call's operands' extents, then its products.
+static inline void cpu_epilogue_run(const CpuGemm *g);
+static inline int cpu_epilogue_extents(const CpuGemm *g);
+
+// A checked call's operands' extents, then its products (and cublasLtMatmul's epilogue).
 static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
     if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
     if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (g->epilogue && !cpu_epilogue_extents(g)) return CUBLAS_STATUS_EXECUTION_FAILED;
     if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
     cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
     size_t ab_bytes = g->ab_bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
@@ -1620,7 +1641,34 @@ static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
     for (int i = 0; i < g->count; i++)
         cpu_sgemm(transa, transb, g->m, g->n, g->k, g->alpha, A + i * g->stride_a * ab_bytes, g->lda,
                   B + i * g->stride_b * ab_bytes, g->ldb, g->beta, g->C + i * g->stride_c, g->ldc, g->ab_bf16);
+    if (g->epilogue) cpu_epilogue_run(g);
     cpu_device_open(NULL);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// A checked call given to its stream: run now on the legacy stream, recorded
+// (alpha and beta as they are now) when the stream captures a graph, or else
+// given to the stream.
+static inline cublasStatus_t cpu_gemm_give(const CpuGemm *g, cudaStream_t stream) {
+    cudaError_t refusal = cudaSuccess;
+    int route = cpu_stream_route(stream, g->call, &refusal);
+    if (route < 0) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (route > 0) {
+        cpu_record(stream, CPU_WORK_GEMM)->gemm = *g;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (!stream) {   // the legacy stream: now, after all the work given before
+        cpu_run_pending(NULL);
+        return cpu_gemm_run(g);
+    }
+    // another stream: its operands' extents checked now, and again when it runs
+    if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (g->epilogue && !cpu_epilogue_extents(g)) return CUBLAS_STATUS_EXECUTION_FAILED;
+    CpuWork work;
+    memset(&work, 0, sizeof work);
+    work.kind = CPU_WORK_GEMM;
+    work.gemm = *g;
+    cpu_give(stream, &work);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1634,27 +1682,9 @@ static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t hand
     if (status != CUBLAS_STATUS_SUCCESS) return status;
     if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
     CpuGemm g = { call, handle, (int)transa, (int)transb, m, n, k, lda, ldb, ldc, count, *alpha, *beta, A, B, C,
-                  stride_a, stride_b, stride_c, ab_bf16 };
-    cudaError_t refusal = cudaSuccess;
-    int route = cpu_stream_route(handle->stream, call, &refusal);
-    if (route < 0) return CUBLAS_STATUS_EXECUTION_FAILED;
+                  stride_a, stride_b, stride_c, ab_bf16, 0, NULL, NULL, 0 };
     if (cpu_workspace_shared(handle, call)) return CUBLAS_STATUS_INVALID_VALUE;
-    if (route > 0) {
-        cpu_record(handle->stream, CPU_WORK_GEMM)->gemm = g;
-        return CUBLAS_STATUS_SUCCESS;
-    }
-    if (!handle->stream) {   // the legacy stream: now, after all the work given before
-        cpu_run_pending(NULL);
-        return cpu_gemm_run(&g);
-    }
-    // another stream: its operands' extents checked now, and again when it runs
-    if (cpu_gemm_extents(&g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
-    CpuWork work;
-    memset(&work, 0, sizeof work);
-    work.kind = CPU_WORK_GEMM;
-    work.gemm = g;
-    cpu_give(handle->stream, &work);
-    return CUBLAS_STATUS_SUCCESS;
+    return cpu_gemm_give(&g, handle->stream);
 }
 
 static inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
@@ -1709,6 +1739,267 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, c
     if (bf16 < 0) return CUBLAS_STATUS_NOT_SUPPORTED;
     return cpu_gemm_call("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, (const float *)alpha, A, lda,
                          strideA, B, ldb, strideB, (const float *)beta, (float *)C, ldc, strideC, batch_count, bf16);
+}
+
+// ---- cuBLASLt: cublasLtMatmul with the epilogues the companion asks for ------
+// cublasLt.h's names and values, for what transformer_cuda.cu's epilogues.h
+// uses: a product as cublasGemmEx's (D = alpha op(A) op(B) + beta C, C and D
+// the same matrix here, fp32; A and B fp32 or bf16; the sum in fp32, TF32's
+// compute type computed as fp32), on the stream given with each call, with one
+// of these epilogues, element (i, j) of D being v = alpha sum + beta c:
+//   CUBLASLT_EPILOGUE_DEFAULT        D = v
+//   CUBLASLT_EPILOGUE_RELU_AUX_BIAS  v += bias[i]; D = max(v, 0); bit i + j*aux_ld of the mask: v > 0
+//   CUBLASLT_EPILOGUE_DRELU_BGRAD    D = v where the mask's bit is set, else 0; then
+//                                    bias[i] = sum over j of D(i, j), j = 0, 1, ... in fp32
+// ("Bias vector length must match matrix D rows count"; the mask's leading
+// dimension "must be divisible by 128 and be no less than the number of rows
+// in the output matrix"; the mask's bits are cuBLASLt's to lay out: only its
+// own epilogues read it). Anything else (another epilogue, a batch, a layout
+// of another type or shape, C not D) is CUBLAS_STATUS_NOT_SUPPORTED from the
+// heuristic, which then returns no algorithm: the caller's fallback runs.
+typedef enum {
+    CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_RELU_AUX_BIAS = 134, CUBLASLT_EPILOGUE_DRELU_BGRAD = 152
+} cublasLtEpilogue_t;
+typedef enum {
+    CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4, CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+    CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12
+} cublasLtMatmulDescAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
+} cublasLtMatmulPreferenceAttributes_t;
+#define CUBLAS_COMPUTE_32F_FAST_TF32 ((cublasComputeType_t)77)
+typedef struct { int created; } *cublasLtHandle_t;
+typedef struct {
+    cublasComputeType_t compute;
+    int transa, transb;
+    uint32_t epilogue;
+    void *bias, *aux;
+    int64_t aux_ld;
+} *cublasLtMatmulDesc_t;
+typedef struct { cudaDataType type; uint64_t rows, cols; int64_t ld; } *cublasLtMatrixLayout_t;
+typedef struct { uint64_t max_workspace; } *cublasLtMatmulPreference_t;
+typedef struct { uint64_t data[8]; } cublasLtMatmulAlgo_t;
+typedef struct {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    cublasStatus_t state;
+    float wavesCount;
+    int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+
+static inline cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle) {
+    *handle = (cublasLtHandle_t)calloc(1, sizeof **handle);
+    if (!*handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    (*handle)->created = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    free(handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t compute,
+                                                      cudaDataType scale_type) {
+    if (scale_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *desc = (cublasLtMatmulDesc_t)calloc(1, sizeof **desc);
+    if (!*desc) return CUBLAS_STATUS_NOT_INITIALIZED;
+    (*desc)->compute = compute;
+    (*desc)->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+    free(desc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+// Each attribute in the size cublasLt.h gives it (a wrong size is refused, as there)
+static inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                                            cublasLtMatmulDescAttributes_t attribute,
+                                                            const void *value, size_t bytes) {
+    size_t expected = attribute == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? sizeof(void *)
+                    : attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER ? sizeof(void *)
+                    : attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD ? sizeof(int64_t) : sizeof(int32_t);
+    if (!desc || !value || bytes != expected) return CUBLAS_STATUS_INVALID_VALUE;
+    if (attribute == CUBLASLT_MATMUL_DESC_TRANSA) memcpy(&desc->transa, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_TRANSB) memcpy(&desc->transb, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE) memcpy(&desc->epilogue, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_BIAS_POINTER) memcpy(&desc->bias, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER) memcpy(&desc->aux, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) memcpy(&desc->aux_ld, value, bytes);
+    else return CUBLAS_STATUS_NOT_SUPPORTED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cudaDataType type,
+                                                        uint64_t rows, uint64_t cols, int64_t ld) {
+    *layout = (cublasLtMatrixLayout_t)calloc(1, sizeof **layout);
+    if (!*layout) return CUBLAS_STATUS_NOT_INITIALIZED;
+    (*layout)->type = type;
+    (*layout)->rows = rows;
+    (*layout)->cols = cols;
+    (*layout)->ld = ld;
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+    free(layout);
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *preference) {
+    *preference = (cublasLtMatmulPreference_t)calloc(1, sizeof **preference);
+    return *preference ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+static inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
+    free(preference);
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t preference,
+                                                                  cublasLtMatmulPreferenceAttributes_t attribute,
+                                                                  const void *value, size_t bytes) {
+    int alignment = attribute >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
+                    attribute <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES;
+    if (!preference || !value) return CUBLAS_STATUS_INVALID_VALUE;
+    if (alignment) return bytes == sizeof(uint32_t) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    if (attribute != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || bytes != sizeof(uint64_t))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&preference->max_workspace, value, bytes);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The product a descriptor and four layouts describe, as a CpuGemm (C and D one
+// matrix); CUBLAS_STATUS_NOT_SUPPORTED for what the emulator does not compute
+static inline cublasStatus_t cpu_lt_product(CpuGemm *g, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                                            cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                            cublasLtMatrixLayout_t d) {
+    if (!desc || !a || !b || !c || !d) return CUBLAS_STATUS_INVALID_VALUE;
+    int known = desc->epilogue == CUBLASLT_EPILOGUE_DEFAULT || desc->epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ||
+                desc->epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    int computes = desc->compute == CUBLAS_COMPUTE_32F || desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    int types = a->type == b->type && (a->type == CUDA_R_32F || a->type == CUDA_R_16BF) &&
+                c->type == CUDA_R_32F && d->type == CUDA_R_32F;
+    int same_cd = c->rows == d->rows && c->cols == d->cols && c->ld == d->ld;
+    if (!known || !computes || !types || !same_cd) return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(g, 0, sizeof *g);
+    g->transa = desc->transa;
+    g->transb = desc->transb;
+    g->m = (int)d->rows;
+    g->n = (int)d->cols;
+    g->k = (int)(desc->transa == CUBLAS_OP_N ? a->cols : a->rows);
+    int a_rows = (int)(desc->transa == CUBLAS_OP_N ? a->rows : a->cols);
+    int b_rows = (int)(desc->transb == CUBLAS_OP_N ? b->rows : b->cols);
+    int b_cols = (int)(desc->transb == CUBLAS_OP_N ? b->cols : b->rows);
+    if (a_rows != g->m || b_rows != g->k || b_cols != g->n) return CUBLAS_STATUS_INVALID_VALUE;
+    g->lda = (int)a->ld;
+    g->ldb = (int)b->ld;
+    g->ldc = (int)d->ld;
+    g->count = 1;
+    g->ab_bf16 = a->type == CUDA_R_16BF;
+    g->epilogue = desc->epilogue == CUBLASLT_EPILOGUE_DEFAULT ? 0 : (int)desc->epilogue;
+    g->bias = (float *)desc->bias;
+    g->aux = (unsigned char *)desc->aux;
+    g->aux_ld = desc->aux_ld;
+    if (g->epilogue && (!g->bias || !g->aux || g->aux_ld < g->m || g->aux_ld % 128 != 0))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// One algorithm for any product the emulator computes (it has one), none for the rest
+static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                                            cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                            cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                                            cublasLtMatmulPreference_t preference, int requested,
+                                                            cublasLtMatmulHeuristicResult_t *results, int *returned) {
+    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!preference || requested < 1 || !results || !returned) return CUBLAS_STATUS_INVALID_VALUE;
+    *returned = 0;
+    CpuGemm g;
+    cublasStatus_t status = cpu_lt_product(&g, desc, a, b, c, d);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    memset(&results[0], 0, sizeof results[0]);
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// D = alpha op(A) op(B) + beta C and the descriptor's epilogue, on `stream`
+// (recorded when it captures); the workspace must be device memory that no
+// cuBLAS handle on another stream has (cpu_workspace_overlaps).
+static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void *alpha,
+                                            const void *A, cublasLtMatrixLayout_t a, const void *B,
+                                            cublasLtMatrixLayout_t b, const void *beta, const void *C,
+                                            cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t d,
+                                            const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
+                                            cudaStream_t stream) {
+    const char *call = "cublasLtMatmul";
+    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!algo || !alpha || !beta || C != D) return CUBLAS_STATUS_INVALID_VALUE;
+    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
+    CpuGemm g;
+    cublasStatus_t status = cpu_lt_product(&g, desc, a, b, c, d);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    status = cpu_sgemm_shape_check((cublasOperation_t)g.transa, (cublasOperation_t)g.transb, g.m, g.n, g.k, g.lda,
+                                   g.ldb, g.ldc, 1);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    char why[160];
+    if (workspace_bytes > 0 && !cpu_inside_region(workspace, workspace_bytes, why, sizeof why)) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: a workspace of %zu bytes at %p: %s", call,
+                 workspace_bytes, workspace, why);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (cpu_workspace_overlaps(workspace, workspace_bytes, stream, NULL, call)) return CUBLAS_STATUS_INVALID_VALUE;
+    g.call = call;
+    g.alpha = *(const float *)alpha;
+    g.beta = *(const float *)beta;
+    g.A = A;
+    g.B = B;
+    g.C = (float *)D;
+    return cpu_gemm_give(&g, stream);
+}
+
+// The epilogue's bias (m floats) and mask (aux_ld bits a column, n columns)
+// inside their regions
+static inline int cpu_epilogue_extents(const CpuGemm *g) {
+    char why[160];
+    size_t mask_bytes = g->n ? (size_t)((g->aux_ld * (g->n - 1) + g->m + 7) / 8) : 0;
+    if (!cpu_inside_region(g->bias, (size_t)g->m * sizeof(float), why, sizeof why)) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: the epilogue's bias (%d floats) reaches %s",
+                 g->call, g->m, why);
+        return 0;
+    }
+    if (mask_bytes > 0 && !cpu_inside_region(g->aux, mask_bytes, why, sizeof why)) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: the epilogue's ReLU mask (%d x %d bits, "
+                 "%lld a column) reaches %s", g->call, g->m, g->n, g->aux_ld, why);
+        return 0;
+    }
+    return 1;
+}
+
+// The epilogue on D = alpha op(A) op(B) + beta C, which cpu_sgemm has written
+static inline void cpu_epilogue_run(const CpuGemm *g) {
+    if (cpu_test_faults.epilogues_skipped) return;
+    for (int j = 0; j < g->n; j++) {
+        for (int i = 0; i < g->m; i++) {
+            float *d = &g->C[i + (size_t)j * g->ldc];
+            size_t bit = (size_t)i + (size_t)j * (size_t)g->aux_ld;
+            unsigned char mask = (unsigned char)(1u << (bit % 8));
+            if (g->epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS) {
+                float v = *d + g->bias[i];
+                int positive = v > 0;
+                *d = positive ? v : 0.0f;
+                if (positive) g->aux[bit / 8] |= mask;
+                else g->aux[bit / 8] &= (unsigned char)~mask;
+            } else if (!(g->aux[bit / 8] & mask)) {   // CUBLASLT_EPILOGUE_DRELU_BGRAD
+                *d = 0.0f;
+            }
+        }
+    }
+    if (g->epilogue != CUBLASLT_EPILOGUE_DRELU_BGRAD) return;
+    for (int i = 0; i < g->m; i++) {
+        float sum = 0;
+        for (int j = 0; j < g->n; j++) sum += g->C[i + (size_t)j * g->ldc];
+        g->bias[i] = sum;
+    }
 }
 
 // ---- the streams' work run, graphs launched --------------------------------------

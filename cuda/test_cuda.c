@@ -34,6 +34,7 @@ void transformer_cuda_one_stream(int on);
 void transformer_cuda_bf16(int on);
 void transformer_cuda_tf32(int on);
 void transformer_cuda_weights_as_stored(int on);
+void transformer_cuda_epilogues(int on);
 int transformer_cuda_sgemm(int argc, char **argv);
 #endif
 #ifdef TRANSFORMER_DOUBLE
@@ -338,6 +339,130 @@ static void test_cublas_model(void) {
           cublasGetStatusString(refused));
     test_cublas_model_bf16(&rng);
 }
+
+// cublasLtMatmul in the emulator (epilogues.h's two epilogues): one m x n
+// product D = A B (A m x k, B k x n, column-major) with `epilogue`, the
+// descriptor's bias and mask pointers, and mask_ld; the heuristic's count of
+// algorithms in *found. Returns the status of the heuristic or of the call.
+static cublasStatus_t lt_case(uint32_t epilogue, const float *A, const float *B, float *D, float *bias,
+                              unsigned char *mask, int64_t mask_ld, int m, int n, int k, int *found) {
+    cublasLtHandle_t lt;
+    cublasLtCreate(&lt);
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &mask, sizeof mask);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &mask_ld, sizeof mask_ld);
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, (uint64_t)m, (uint64_t)k, m);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, (uint64_t)k, (uint64_t)n, k);
+    cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, (uint64_t)m, (uint64_t)n, m);
+    cublasLtMatmulPreference_t preference;
+    cublasLtMatmulPreferenceCreate(&preference);
+    cublasLtMatmulHeuristicResult_t result;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, d, d, preference, 1, &result, found);
+    float one = 1, zero = 0;
+    if (status == CUBLAS_STATUS_SUCCESS && *found > 0)
+        status = cublasLtMatmul(lt, desc, &one, A, a, B, b, &zero, D, d, D, d, &result.algo, NULL, 0, NULL);
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(d);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    return status;
+}
+
+// The two epilogues as cuBLASLt's documentation defines them, on a 5 x 3
+// product of depth 4: RELU_AUX_BIAS adds the bias to each row and clips, and
+// its mask lets DRELU_BGRAD through exactly where the forward was positive,
+// with the bias gradient the sums of the masked rows; a mask's leading
+// dimension that is not a multiple of 128 is refused, and an epilogue the
+// emulator does not compute (GELU's) gets no algorithm (the caller's fallback).
+static void test_emulator_epilogues(void) {
+    enum { M = 5, N = 3, K = 4 };
+    Rng rng;
+    rng_seed(&rng, 17);
+    float a[M * K], b[K * N], g[K * N], bias[M];
+    for (int i = 0; i < M * K; i++) a[i] = (float)rng_normal(&rng);
+    for (int i = 0; i < K * N; i++) b[i] = (float)rng_normal(&rng);
+    for (int i = 0; i < K * N; i++) g[i] = (float)rng_normal(&rng);
+    for (int i = 0; i < M; i++) bias[i] = (float)rng_normal(&rng);
+    float *dA, *dB, *dG, *dD, *dbias, *dgrad;
+    unsigned char *dmask;
+    cudaMalloc((void **)&dA, sizeof a);
+    cudaMalloc((void **)&dB, sizeof b);
+    cudaMalloc((void **)&dG, sizeof g);
+    cudaMalloc((void **)&dD, M * N * sizeof(float));
+    cudaMalloc((void **)&dbias, sizeof bias);
+    cudaMalloc((void **)&dgrad, M * sizeof(float));
+    cudaMalloc((void **)&dmask, 128 / 8 * N);
+    cudaMemcpy(dA, a, sizeof a, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, b, sizeof b, cudaMemcpyHostToDevice);
+    cudaMemcpy(dG, g, sizeof g, cudaMemcpyHostToDevice);
+    cudaMemcpy(dbias, bias, sizeof bias, cudaMemcpyHostToDevice);
+
+    // forward: D = max(0, A B + bias), and the mask
+    int found = 0;
+    cublasStatus_t forward = lt_case(CUBLASLT_EPILOGUE_RELU_AUX_BIAS, dA, dB, dD, dbias, dmask, 128, M, N, K, &found);
+    float d[M * N];
+    cudaMemcpy(d, dD, sizeof d, cudaMemcpyDeviceToHost);
+    int positive[M * N];
+    double worst = 0;
+    int clipped = 0;
+    for (int j = 0; j < N; j++) {
+        for (int i = 0; i < M; i++) {
+            double v = bias[i];
+            for (int p = 0; p < K; p++) v += (double)a[i + p * M] * b[p + j * K];
+            positive[i + j * M] = v > 0;
+            clipped += v <= 0;
+            double expected = v > 0 ? v : 0;
+            worst = fmax(worst, fabs(d[i + j * M] - expected));
+            if (v <= 0 && d[i + j * M] != 0.0f) worst = INFINITY;
+        }
+    }
+
+    // backward: D = A G where the mask is set, else 0; the bias gradient the rows' sums
+    int found_back = 0;
+    cublasStatus_t backward = lt_case(CUBLASLT_EPILOGUE_DRELU_BGRAD, dA, dG, dD, dgrad, dmask, 128, M, N, K,
+                                      &found_back);
+    float grad[M];
+    cudaMemcpy(d, dD, sizeof d, cudaMemcpyDeviceToHost);
+    cudaMemcpy(grad, dgrad, sizeof grad, cudaMemcpyDeviceToHost);
+    double worst_back = 0;
+    for (int i = 0; i < M; i++) {
+        double row_sum = 0;
+        for (int j = 0; j < N; j++) {
+            double v = 0;
+            for (int p = 0; p < K; p++) v += (double)a[i + p * M] * g[p + j * K];
+            double expected = positive[i + j * M] ? v : 0;
+            row_sum += expected;
+            worst_back = fmax(worst_back, fabs(d[i + j * M] - expected));
+            if (!positive[i + j * M] && d[i + j * M] != 0.0f) worst_back = INFINITY;
+        }
+        worst_back = fmax(worst_back, fabs(grad[i] - row_sum));
+    }
+    check(forward == CUBLAS_STATUS_SUCCESS && backward == CUBLAS_STATUS_SUCCESS && found == 1 && found_back == 1 &&
+          clipped > 0 && clipped < M * N && worst < 1e-5 && worst_back < 1e-5, "emulator: cublasLtMatmul's "
+          "RELU_AUX_BIAS gives max(0, A B + bias) (%d of %d clipped to exactly 0; worst %.1e) and its mask; "
+          "DRELU_BGRAD then lets A G through where the forward was positive, 0 elsewhere, and writes the rows' "
+          "sums as the bias gradient (worst %.1e)", clipped, M * N, worst, worst_back);
+
+    int none = 1;
+    cublasStatus_t odd_ld = lt_case(CUBLASLT_EPILOGUE_DRELU_BGRAD, dA, dG, dD, dgrad, dmask, 100, M, N, K, &found);
+    cublasStatus_t gelu = lt_case(32, dA, dG, dD, dgrad, dmask, 128, M, N, K, &none);
+    check(odd_ld == CUBLAS_STATUS_INVALID_VALUE && gelu == CUBLAS_STATUS_NOT_SUPPORTED && none == 0,
+          "emulator: a ReLU mask of leading dimension 100 (not a multiple of 128) is refused (%s); GELU's epilogue "
+          "gets no algorithm (%s, %d found)", cublasGetStatusString(odd_ld), cublasGetStatusString(gelu), none);
+    cudaFree(dA);
+    cudaFree(dB);
+    cudaFree(dG);
+    cudaFree(dD);
+    cudaFree(dbias);
+    cudaFree(dgrad);
+    cudaFree(dmask);
+}
 #endif
 
 // The committed PyTorch reference files through the companion's steps: the
@@ -540,6 +665,38 @@ static void test_companion_one_stream(void) {
     check(memcmp(state[0], state[1], 2 * P * sizeof(real)) == 0, "companion: 9 training steps (graphs replayed) on "
           "two streams and on one (--one-stream) end with the same parameters and moments, bit for bit");
     free(state[0]); free(state[1]);
+}
+
+// The feed-forward networks' bias and ReLU in cuBLASLt's epilogues
+// (epilogues.h, the default: every other test runs them) and in the kernels
+// (--no-epilogues): both give transformer.c's losses, gradients and updates.
+// On the emulator, products computed without their epilogues are caught, and
+// the epilogues take 2 launches from each feed-forward network's step.
+static void test_companion_epilogues(void) {
+    transformer_cuda_epilogues(0);
+    CompanionRun kernels = companion_training_run(POSITIONAL_SINUSOID);
+    transformer_cuda_epilogues(1);
+    check(kernels.loss < COMPANION_TOL_LOSS && kernels.grad < COMPANION_TOL_GRADS &&
+          kernels.update < COMPANION_TOL_UPDATES && kernels.same_state, "companion --no-epilogues: %d training steps "
+          "with the feed-forward networks' bias and ReLU in kernels of their own: transformer.c's losses (worst "
+          "%.1e), gradients (worst %.1e, %s) and updates (worst %.1e)", COMPANION_STEPS, kernels.loss, kernels.grad,
+          kernels.grad_name, kernels.update);
+#ifndef COMPANION_ON_GPU
+    cpu_test_faults.epilogues_skipped = 1;
+    CompanionRun skipped = companion_training_run(POSITIONAL_SINUSOID);
+    cpu_test_faults.epilogues_skipped = 0;
+    check(!(skipped.grad < COMPANION_TOL_GRADS) && !(skipped.update < COMPANION_TOL_UPDATES), "companion: cuBLASLt's "
+          "products without their epilogues (no bias, no ReLU, no mask, no bias gradient) are caught (gradients off "
+          "by %.2g of their largest, at %s)", skipped.grad, skipped.grad_name);
+    GpuCounts with = companion_step_counts(2, 4, 2);
+    transformer_cuda_epilogues(0);
+    GpuCounts without = companion_step_counts(2, 4, 2);
+    transformer_cuda_epilogues(1);
+    check(with.launches == without.launches - 2 * 4 && with.gemms == without.gemms, "companion: with cuBLASLt's "
+          "epilogues a 2-layer step is %ld launches and %ld cuBLAS and cuBLASLt calls, 8 launches fewer than with "
+          "the kernels (2 for each of its 4 feed-forward networks: bias + ReLU, and their backward)", with.launches,
+          with.gemms);
+#endif
 }
 
 // --tf32's transposed copies of the weights (transposed_weights.h): the
@@ -1913,6 +2070,8 @@ static void test_companion_faults(void) {
         // layernorm_params_backward_kernel runs where residual_layernorm_backward_kernel's blocks do not add the sums
         int apart = strcmp(companion_cooperative_kernels[k], "layernorm_params_backward_kernel") == 0;
         gpu_norm_sums_in_kernel = apart ? 0 : norm_sums;
+        // and relu_bias_backward_kernel where the feed-forward networks' epilogues do not (--no-epilogues)
+        transformer_cuda_epilogues(strcmp(companion_cooperative_kernels[k], "relu_bias_backward_kernel") != 0);
         cpu_test_faults.barriers_skipped = companion_cooperative_kernels[k];
         double missing_barrier = companion_step_difference(&companion_batches()[0].batch, &faulted);
         cpu_test_faults.barriers_skipped = NULL;
@@ -1927,6 +2086,7 @@ static void test_companion_faults(void) {
               faulted ? cuda_on_cpu.message : "not caught");
     }
     gpu_norm_sums_in_kernel = norm_sums;
+    transformer_cuda_epilogues(1);
 }
 
 // 40 ragged sentences (up to 9 source and 8 target tokens): 320 target rows,
@@ -1952,9 +2112,13 @@ static void test_companion_column_chunks(void) {
     unsigned chunks = column_chunks(16, 40 * 8);
     int faulted;
     double wide = companion_step_difference(companion_wide_batch(), &faulted);
-    check(chunks > 1 && !faulted && wide < COMPANION_TOL_GRADS, "companion: one training step on 40 ragged sentences "
-          "(the column sums in %u chunks of rows) as transformer.c's (loss and all gradients within %.1e of their "
-          "largest; tolerance %.0e)", chunks, wide, COMPANION_TOL_GRADS);
+    transformer_cuda_epilogues(0);   // (relu_bias_backward_kernel's column sums too)
+    double wide_kernels = companion_step_difference(companion_wide_batch(), &faulted);
+    transformer_cuda_epilogues(1);
+    check(chunks > 1 && !faulted && wide < COMPANION_TOL_GRADS && wide_kernels < COMPANION_TOL_GRADS, "companion: "
+          "one training step on 40 ragged sentences (the column sums in %u chunks of rows) as transformer.c's (loss "
+          "and all gradients within %.1e of their largest, %.1e with --no-epilogues; tolerance %.0e)", chunks, wide,
+          wide_kernels, COMPANION_TOL_GRADS);
     // a device whose blocks cannot hold a row of logits (V = 19 floats and the warps' sums) in shared memory
     companion_shared_limit = 32;
     double uncached = companion_step_difference(companion_wide_batch(), &faulted);
@@ -2392,6 +2556,7 @@ void run_companion_tests(void) {
     printf("-- the CUDA companion on the CPU (transformer_cuda.cu with cuda_on_cpu.h; tolerances: losses %g, "
            "gradients %g, updates %g of the largest)\n", COMPANION_TOL_LOSS, COMPANION_TOL_GRADS, COMPANION_TOL_UPDATES);
     test_cublas_model();
+    test_emulator_epilogues();
     test_emulator_bf16();
     test_emulator_launch_checks();
 #ifndef CUDA_ON_CPU_THREADS   // faults caught and thread orders drawn: the fibers' (make test-threads has threads)
@@ -2410,6 +2575,7 @@ void run_companion_tests(void) {
     test_companion_fused_attention();
     test_companion_one_stream();
     test_companion_transposed_weights();
+    test_companion_epilogues();
     test_companion_bf16();
 #ifndef COMPANION_ON_GPU
     test_companion_fused_attention_kernels();

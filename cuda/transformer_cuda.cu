@@ -20,6 +20,7 @@
  *     ./transformer_cuda ... --fused-attention    attention in one kernel each way, where it fits
  *     ./transformer_cuda ... --one-stream         the whole step on one stream (no second stream)
  *     ./transformer_cuda ... --tf32 --weights-as-stored   no transposed copies (transposed_weights.h)
+ *     ./transformer_cuda ... --no-epilogues       the FFN's bias and ReLU in kernels, not cuBLASLt's epilogues
  *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
  *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
  *
@@ -105,6 +106,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #endif
 
 #ifdef __cplusplus
@@ -884,12 +886,16 @@ typedef struct {
     float *qkv, *att, *heads, *res1, *ln1, *ln1_mean, *ln1_rstd;
     float *ff_h, *res2, *ln2, *ln2_mean, *ln2_rstd;
     Dropout drop1, drop2;
+    unsigned char *ff_mask;   // the ReLU's bits (epilogues.h; NULL without cuBLASLt's epilogues)
+    int ff_mask_written;      // by this forward pass (else its backward runs the kernels too)
 } GpuEncoderActs;
 typedef struct {
     float *self_qkv, *self_att, *self_heads, *res1, *ln1, *ln1_mean, *ln1_rstd;
     float *cross_q, *cross_att, *cross_heads, *res2, *ln2, *ln2_mean, *ln2_rstd;
     float *ff_h, *res3, *ln3, *ln3_mean, *ln3_rstd;
     Dropout drop1, drop2, drop3;
+    unsigned char *ff_mask;
+    int ff_mask_written;
 } GpuDecoderActs;
 
 // Scratch, reused layer after layer; "rows" are B*S or B*T, whichever is more.
@@ -954,6 +960,7 @@ typedef struct {
     // cublas, cublas_workspace, columns: those of the stream work goes to now (gpu_use_stream)
     cublasHandle_t cublas;
     void *cublas_workspace;  // set explicitly: cuBLAS then allocates nothing inside a capture
+    cublasLtHandle_t lt;     // cuBLASLt, for the feed-forward networks' epilogues (NULL: --no-epilogues)
     TransformerConfig config;
     size_t num_parameters;
     float *params, *grads, *adam_m, *adam_v;   // the host's layout
@@ -1121,6 +1128,7 @@ static void gpu_copy_async(void *to, const void *from, size_t bytes, cudaMemcpyK
 #include "bf16_casts.h"   // --bf16: the bf16 copies of the products' operands
 static float *on_gpu(float *arena, const Transformer *m, const real *host_tensor, size_t l, size_t per_layer);
 #include "transposed_weights.h"   // --tf32: the weights' transposed copies, for the inputs' gradients
+#include "epilogues.h"            // the feed-forward networks' bias and ReLU inside cuBLASLt's products
 
 // C = alpha op(A) op(B) + beta C, column-major (cuda_on_cpu.h says it exactly).
 // --bf16: A and B are read from their bf16 copies (gpu_bf16_operand, cast
@@ -1475,19 +1483,42 @@ static void gpu_cross_attention_backward(float *dx, GpuAttentionParams g, int la
     gpu_linear_backward(dx, 1, g.qkv_w, s->d_heads, x, w.qkv_w, B * T, C, C);
 }
 
-// feed_forward_forward: hidden = max(0, x W_1^T + b_1);  out = hidden W_2^T (+ b_2 by the norm)
-static void gpu_feed_forward_forward(float *out, float *hidden, const float *x, GpuLayerParams w, int N, int C, int F) {
-    gpu_linear_forward(hidden, x, w.ff1_w, N, C, F);
-    LAUNCH_ELEMENTS((size_t)N * F, bias_relu_forward_kernel, hidden, w.ff1_b, (size_t)N, F);
+// feed_forward_forward: hidden = max(0, x W_1^T + b_1);  out = hidden W_2^T (+ b_2 by the norm).
+// The bias and the ReLU in the product's epilogue where cuBLASLt has one, writing
+// the mask (*mask_written: whether it did; mask NULL: never), else in a kernel.
+static void gpu_feed_forward_forward(float *out, float *hidden, unsigned char *mask, int *mask_written,
+                                     const float *x, GpuLayerParams w, int N, int C, int F) {
+    *mask_written = mask && gpu_relu_bias_product(hidden, mask, x, w.ff1_w, w.ff1_b, N, C, F);
+    if (!*mask_written) {
+        gpu_linear_forward(hidden, x, w.ff1_w, N, C, F);
+        LAUNCH_ELEMENTS((size_t)N * F, bias_relu_forward_kernel, hidden, w.ff1_b, (size_t)N, F);
+    }
     gpu_linear_forward(out, hidden, w.ff2_w, N, F, C);
 }
 
-// feed_forward_backward: dx += ...
-static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *dout, const float *hidden, const float *x,
-                                      GpuLayerParams w, int N, int C, int F) {
+// feed_forward_backward: dx += ... With the forward's mask (NULL: none), W_2's
+// input gradient, the ReLU's and b_1's in one cuBLASLt product, else a kernel after it.
+static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *dout, const float *hidden,
+                                      unsigned char *mask, const float *x, GpuLayerParams w, int N, int C, int F) {
     float *d_hidden = gpu.scratch.d_ff_h;
-    gpu_linear_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C);
-    LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_hidden, g.ff1_b, gpu.columns, hidden, N, F);
+    int fused = 0;
+    if (mask) {   // gpu_linear_backward's two products, the second with the epilogue
+        gpu_bf16_shared_begin(dout, (size_t)N * C);
+        gpu_side_begin();
+        gemm(OP_N, OP_T, F, C, N, 1.0f, hidden, F, dout, C, 0.0f, g.ff2_w, F);
+        gpu_side_end();
+        fused = gpu_drelu_bias_grad_product(d_hidden, g.ff1_b, dout, w.ff2_w, mask, N, C, F);
+        if (!fused) {
+            int ld_t;
+            const float *w2_t = gpu_transposed_weight(w.ff2_w, C, F, &ld_t);
+            if (w2_t) gemm(OP_T, OP_N, F, N, C, 1.0f, w2_t, ld_t, dout, C, 0.0f, d_hidden, F);
+            else gemm(OP_N, OP_N, F, N, C, 1.0f, w.ff2_w, F, dout, C, 0.0f, d_hidden, F);
+        }
+        gpu_bf16_shared_end();
+    } else {
+        gpu_linear_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C);
+    }
+    if (!fused) LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_hidden, g.ff1_b, gpu.columns, hidden, N, F);
     gpu_linear_backward(dx, 1, g.ff1_w, d_hidden, x, w.ff1_w, N, C, F);
 }
 
@@ -1584,6 +1615,7 @@ static size_t gpu_carve_batch(Carver *a, const TransformerConfig *c, int B, int 
         e->ln1_rstd = carve(a, BS, "enc.ln1_rstd"); e->ff_h = carve(a, BS * F, "enc.ff_h");
         e->res2 = carve(a, BS * C, "enc.res2"); e->ln2 = carve(a, BS * C, "enc.ln2");
         e->ln2_mean = carve(a, BS, "enc.ln2_mean"); e->ln2_rstd = carve(a, BS, "enc.ln2_rstd");
+        e->ff_mask = gpu.lt ? (unsigned char *)carve(a, relu_mask_floats(BS, (int)F), "enc.ff_mask") : NULL;
         GpuDecoderActs *d = &gpu.dec[l];
         d->self_qkv = carve(a, 3 * BT * C, "dec.self_qkv"); d->self_att = carve(a, B * NH * T * T, "dec.self_att");
         d->self_heads = carve(a, BT * C, "dec.self_heads"); d->res1 = carve(a, BT * C, "dec.res1");
@@ -1595,6 +1627,7 @@ static size_t gpu_carve_batch(Carver *a, const TransformerConfig *c, int B, int 
         d->ff_h = carve(a, BT * F, "dec.ff_h"); d->res3 = carve(a, BT * C, "dec.res3");
         d->ln3 = carve(a, BT * C, "dec.ln3"); d->ln3_mean = carve(a, BT, "dec.ln3_mean");
         d->ln3_rstd = carve(a, BT, "dec.ln3_rstd");
+        d->ff_mask = gpu.lt ? (unsigned char *)carve(a, relu_mask_floats(BT, (int)F), "dec.ff_mask") : NULL;
     }
     gpu.memory_kv = carve(a, L * 2 * BS * C, "memory_kv");
     gpu.logits = carve(a, BT * V, "logits"); gpu.token_loss = carve(a, BT, "token_loss"); gpu.loss = carve(a, 1, "loss");
@@ -1747,7 +1780,7 @@ static void gpu_encoder_layer_forward(GpuEncoderActs *la, const float *x, GpuLay
                                c->n_heads);
     gpu_add_norm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res1, x, sublayer, w.self_attn.out_b, la->drop1,
                          w.ln1_g, w.ln1_b, c, N);
-    gpu_feed_forward_forward(sublayer, la->ff_h, la->ln1, w, N, C, c->d_ff);
+    gpu_feed_forward_forward(sublayer, la->ff_h, la->ff_mask, &la->ff_mask_written, la->ln1, w, N, C, c->d_ff);
     gpu_add_norm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, la->ln1, sublayer, w.ff2_b, la->drop2,
                          w.ln2_g, w.ln2_b, c, N);
 }
@@ -1759,7 +1792,8 @@ static void gpu_encoder_layer_backward(float *dx, GpuLayerParams g, const float 
     int C = c->d_model, N = B * S;
     gpu_residual_layernorm_backward(s->d_mid1, s->d_sublayer, g.ln2_g, g.ln2_b, g.ff2_b, dout, la->res2, la->drop2,
                                     w.ln2_g, la->ln2_mean, la->ln2_rstd, N, C);
-    gpu_feed_forward_backward(s->d_mid1, g, s->d_sublayer, la->ff_h, la->ln1, w, N, C, c->d_ff);
+    gpu_feed_forward_backward(s->d_mid1, g, s->d_sublayer, la->ff_h, la->ff_mask_written ? la->ff_mask : NULL,
+                              la->ln1, w, N, C, c->d_ff);
     gpu_residual_layernorm_backward(dx, s->d_sublayer, g.ln1_g, g.ln1_b, g.self_attn.out_b, s->d_mid1, la->res1,
                                     la->drop1, w.ln1_g, la->ln1_mean, la->ln1_rstd, N, C);
     gpu_self_attention_backward(dx, g.self_attn, s->d_sublayer, la->qkv, la->att, la->heads, x, w.self_attn, B, S, C,
@@ -1780,7 +1814,7 @@ static void gpu_decoder_layer_forward(GpuDecoderActs *la, const float *y, const 
                                 gpu.src_len, B, T, S, C, NH);
     gpu_add_norm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, la->ln1, sublayer, w.cross_attn.out_b,
                          la->drop2, w.ln2_g, w.ln2_b, c, N);
-    gpu_feed_forward_forward(sublayer, la->ff_h, la->ln2, w, N, C, c->d_ff);
+    gpu_feed_forward_forward(sublayer, la->ff_h, la->ff_mask, &la->ff_mask_written, la->ln2, w, N, C, c->d_ff);
     gpu_add_norm_forward(la->ln3, la->ln3_mean, la->ln3_rstd, la->res3, la->ln2, sublayer, w.ff2_b, la->drop3,
                          w.ln3_g, w.ln3_b, c, N);
 }
@@ -1793,7 +1827,8 @@ static void gpu_decoder_layer_backward(float *dy, GpuLayerParams g, int layer, c
     int C = c->d_model, N = B * T, NH = c->n_heads;
     gpu_residual_layernorm_backward(s->d_mid2, s->d_sublayer, g.ln3_g, g.ln3_b, g.ff2_b, dout, la->res3, la->drop3,
                                     w.ln3_g, la->ln3_mean, la->ln3_rstd, N, C);
-    gpu_feed_forward_backward(s->d_mid2, g, s->d_sublayer, la->ff_h, la->ln2, w, N, C, c->d_ff);
+    gpu_feed_forward_backward(s->d_mid2, g, s->d_sublayer, la->ff_h, la->ff_mask_written ? la->ff_mask : NULL,
+                              la->ln2, w, N, C, c->d_ff);
     gpu_residual_layernorm_backward(s->d_mid1, s->d_sublayer, g.ln2_g, g.ln2_b, g.cross_attn.out_b, s->d_mid2,
                                     la->res2, la->drop2, w.ln2_g, la->ln2_mean, la->ln2_rstd, N, C);
     gpu_cross_attention_backward(s->d_mid1, g.cross_attn, layer, s->d_sublayer, la->cross_q, kv_hm, la->cross_att,
@@ -2058,6 +2093,7 @@ static void gpu_release(void) {
         }
         CUDA_CHECK(cudaEventDestroy(gpu.forked));
         CUDA_CHECK(cudaEventDestroy(gpu.joined));
+        if (gpu.lt) CUBLAS_CHECK(cublasLtDestroy(gpu.lt));
         gpu_stream = NULL;
     }
     free(gpu.enc); free(gpu.dec); free(gpu.token_count); free(gpu.transposed);
@@ -2147,7 +2183,8 @@ static void gpu_start_cublas(int which) {
 // and its parameters, moments and sinusoids copied there
 static void gpu_begin(Transformer *m) {
     int other_model = gpu.ready && memcmp(&gpu.config, &m->config, sizeof gpu.config) != 0;
-    int copies_changed = gpu.bf16 != (gpu.params_bf16 != NULL) || gpu_wants_transposed() != (gpu.params_t != NULL);
+    int copies_changed = gpu.bf16 != (gpu.params_bf16 != NULL) || gpu_wants_transposed() != (gpu.params_t != NULL) ||
+                         !gpu_no_epilogues != (gpu.lt != NULL);
     if (other_model || (gpu.ready && copies_changed)) gpu_release();   // (or --bf16, --tf32's copies changed)
     if (!gpu.ready) {
         cudaDeviceProp prop;
@@ -2160,6 +2197,7 @@ static void gpu_begin(Transformer *m) {
         gpu.num_parameters = m->num_parameters;
         gpu_allocate_model(m);
         for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) gpu_start_cublas(i);
+        if (!gpu_no_epilogues) CUBLAS_CHECK(cublasLtCreate(&gpu.lt));
         gpu.shared_opt_in = prop.sharedMemPerBlockOptin;
         CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)gpu.shared_opt_in));
@@ -2371,6 +2409,7 @@ void transformer_cuda_one_stream(int on) { gpu_one_stream = on; }             //
 void transformer_cuda_bf16(int on) { gpu.bf16 = on; }   // --bf16 (from the next begin)
 void transformer_cuda_tf32(int on) { gpu.tf32 = on; }   // --tf32 (from the next begin)
 void transformer_cuda_weights_as_stored(int on) { gpu_weights_as_stored = on; }   // --weights-as-stored
+void transformer_cuda_epilogues(int on) { gpu_no_epilogues = !on; }   // --no-epilogues (from the next begin)
 #ifdef __cplusplus
 }
 #endif
@@ -2461,6 +2500,7 @@ int main(int argc, char **argv) {
         else if (i > 0 && strcmp(argv[i], "--fused-attention") == 0) gpu_fused_attention = 1;
         else if (i > 0 && strcmp(argv[i], "--one-stream") == 0) gpu_one_stream = 1;
         else if (i > 0 && strcmp(argv[i], "--weights-as-stored") == 0) gpu_weights_as_stored = 1;
+        else if (i > 0 && strcmp(argv[i], "--no-epilogues") == 0) gpu_no_epilogues = 1;
         else argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
