@@ -380,6 +380,17 @@ test-cuda-proofs: transformer
 	  cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_b.ckpt && cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_eager.ckpt && \
 	  cmp runs/rerun_bf16_a.ckpt runs/rerun_bf16_one.ckpt && \
 	  echo "test-cuda: four runs with --bf16 (two, no graphs, one stream) wrote the same checkpoint, bit for bit"
+	./transformer_cuda $(RERUN) --tf32 --checkpoint runs/rerun_tf32_a.ckpt && \
+	  ./transformer_cuda $(RERUN) --tf32 --checkpoint runs/rerun_tf32_b.ckpt && \
+	  ./transformer_cuda $(RERUN) --tf32 --weights-as-stored --checkpoint runs/rerun_tf32_stored_a.ckpt && \
+	  ./transformer_cuda $(RERUN) --tf32 --weights-as-stored --checkpoint runs/rerun_tf32_stored_b.ckpt && \
+	  cmp runs/rerun_tf32_a.ckpt runs/rerun_tf32_b.ckpt && \
+	  cmp runs/rerun_tf32_stored_a.ckpt runs/rerun_tf32_stored_b.ckpt && \
+	  echo "test-cuda: two runs with --tf32 wrote the same checkpoint, and two with --tf32 --weights-as-stored"
+	./transformer_cuda $(RERUN) --no-epilogues --checkpoint runs/rerun_kernels_a.ckpt && \
+	  ./transformer_cuda $(RERUN) --no-epilogues --checkpoint runs/rerun_kernels_b.ckpt && \
+	  cmp runs/rerun_kernels_a.ckpt runs/rerun_kernels_b.ckpt && \
+	  echo "test-cuda: two runs with --no-epilogues wrote the same checkpoint, bit for bit"
 	./transformer_cuda $(COPY_RUN) --checkpoint runs/copy_fp32.ckpt && \
 	  ./transformer_cuda $(COPY_RUN) --bf16 --checkpoint runs/copy_bf16.ckpt
 	@if command -v compute-sanitizer >/dev/null; then \
@@ -390,6 +401,8 @@ test-cuda-proofs: transformer
 	      --d-model 128 --heads 2 || exit 1; done; \
 	  for tool in memcheck initcheck; do \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) --bf16 || exit 1; done; \
+	  for tool in memcheck racecheck; do \
+	    compute-sanitizer --tool $$tool --error-exitcode 1 ./transformer_cuda $(SANITIZED_RUN) --tf32 || exit 1; done; \
 	else echo "test-cuda: compute-sanitizer is not on the PATH; skipped its checks"; fi
 test-cuda-bench: transformer
 	mkdir -p runs

@@ -94,6 +94,12 @@
  *     + 8 significant bits), so only the fp32 sum rounds; other types are
  *     CUBLAS_STATUS_NOT_SUPPORTED. The operands' extents are checked in their
  *     own element size.
+ *   - cublasLtMatmul, for transformer_cuda.cu's epilogues.h: the same product
+ *     (one matrix, fp32 or bf16 operands, TF32's compute type computed as
+ *     fp32) on the stream given with the call, with RELU_AUX_BIAS (bias, ReLU,
+ *     a bit mask) or DRELU_BGRAD (the mask applied, the rows' sums as the bias
+ *     gradient) as cuBLASLt's documentation defines them; its heuristic offers
+ *     one algorithm for those and none for anything else.
  *   - bf16 (cuda_bf16.h's __nv_bfloat16, 16 bits: fp32's sign and exponent,
  *     7 stored significand bits): __float2bfloat16 rounds to nearest, ties to
  *     even (past the largest finite: infinity), any NaN to the NaN 0x7FFF as

@@ -9,9 +9,11 @@
 #       transformer.c and against each other), 40-step runs that must write the same checkpoint
 #       bit for bit: two, one without CUDA graphs and one on one stream (--one-stream); three with
 #       --fused-attention (with and without graphs, on one stream); four with --bf16 (two, without
-#       graphs, on one stream); the copy task trained whole in fp32 and with --bf16;
+#       graphs, on one stream); two with --tf32, two with --tf32 --weights-as-stored, two with
+#       --no-epilogues; the copy task trained whole in fp32 and with --bf16;
 #       compute-sanitizer's memcheck, racecheck, initcheck, synccheck (memcheck and racecheck
-#       again with --fused-attention, memcheck and initcheck with --bf16)
+#       again with --fused-attention, memcheck and initcheck with --bf16, memcheck and racecheck
+#       with --tf32)
 #
 #   bash cuda/gpu_session.sh profile   (timeout_s 540; estimated about 5 minutes, not yet run)
 #       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
@@ -22,7 +24,9 @@
 #       fp32, TF32 and bf16 (--steps 5), tiny and toy; --fused-attention against the batched
 #       products, tiny, toy, base at 8 x 64 x 64 and at the paper's batch; last, --count of base
 #       at the paper's batch on two streams (the graph's nodes as cudaGraphGetNodes counts them:
-#       cuBLAS's own kernels)
+#       cuBLAS's own kernels). Between them (issue 50, items 2 and 4; "new" is the default, "old"
+#       the flag): cuBLASLt's epilogues against --no-epilogues (base at the paper's batch in fp32
+#       and TF32, tiny), and --tf32's transposed weights against --weights-as-stored
 #
 #   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes: no run starts after
 #                                       330 s, each may take 140 s)
@@ -86,6 +90,19 @@ profile)
                     flag=; [ $variant = fused ] && flag=--fused-attention
                     json=$(./transformer_cuda bench $config --json $flag | tail -n 1) || json=FAILED
                     echo "fused-pair round $round $config $variant: $json"
+                done
+            done
+        done
+        # cuBLASLt's epilogues against the kernels, and --tf32's transposed weights against the weights as stored
+        for round in $(seq 1 "$rounds"); do
+            order="new old"; [ $((round % 2)) -eq 0 ] && order="old new"
+            for pair in "epilogues|--no-epilogues|$paper --steps 5" "epilogues|--no-epilogues|$paper --steps 5 --tf32" \
+                        "epilogues|--no-epilogues|--config tiny" "layout|--weights-as-stored|$paper --steps 5 --tf32"; do
+                name=${pair%%|*}; rest=${pair#*|}; old_flag=${rest%%|*}; config=${rest#*|}
+                for variant in $order; do
+                    flag=; [ $variant = old ] && flag=$old_flag
+                    json=$(./transformer_cuda bench $config --json $flag | tail -n 1) || json=FAILED
+                    echo "$name-pair round $round $config $variant: $json"
                 done
             done
         done
