@@ -58,8 +58,8 @@ endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/runs.c lab/bleu.c lab/catalogs.c
 # the CUDA companion; the float test builds include it, built for the CPU
-COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h cuda/epilogues.h cuda/cuda_on_cpu.h \
-            cuda/cuda_on_cpu_threads.h
+COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h \
+            cuda/epilogues.h cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
 
 # the test binaries `make test` runs, in this order: transformer.c alone (its command-line tests run
 # ./transformer_minimal), the lab (./transformer), the CUDA companion built for the CPU

@@ -52,19 +52,26 @@ static int inside(const float *x, const float *start, size_t n) {
 static const float *gpu_bf16_shared;
 static size_t gpu_bf16_shared_elements;
 
+// Where x's bf16 copy is (nothing cast), or NULL when x has none
+static __nv_bfloat16 *gpu_bf16_copy_of(const float *x) {
+    size_t kv_w = (size_t)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model;
+    if (inside(x, gpu.params, gpu.num_parameters)) return gpu.params_bf16 + (x - gpu.params);
+    if (inside(x, gpu.memory_kv_w, kv_w)) return gpu.memory_kv_w_bf16 + (x - gpu.memory_kv_w);
+    if (inside(x, gpu.batch_memory, gpu.batch_capacity)) return gpu.batch_bf16 + (x - gpu.batch_memory);
+    return NULL;
+}
+
 // The bf16 copy of a product's operand x, `elements` of it (operand_extent):
 // a weight's is kept by Adam; an activation's is cast now, in the stream's
 // order, unless it is the one already cast for both streams.
 static const __nv_bfloat16 *gpu_bf16_operand(const float *x, size_t elements) {
-    size_t kv_w = (size_t)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model;
-    if (inside(x, gpu.params, gpu.num_parameters)) return gpu.params_bf16 + (x - gpu.params);
-    if (inside(x, gpu.memory_kv_w, kv_w)) return gpu.memory_kv_w_bf16 + (x - gpu.memory_kv_w);
-    if (inside(x, gpu.batch_memory, gpu.batch_capacity)) {
-        __nv_bfloat16 *copy = gpu.batch_bf16 + (x - gpu.batch_memory);
+    __nv_bfloat16 *copy = gpu_bf16_copy_of(x);
+    if (copy && inside(x, gpu.batch_memory, gpu.batch_capacity)) {
         int cast = !(x == gpu_bf16_shared && elements <= gpu_bf16_shared_elements);
         if (cast && elements > 0) LAUNCH_ELEMENTS(elements, bf16_cast_kernel, copy, x, elements);
         return copy;
     }
+    if (copy) return copy;   // a weight's, which Adam keeps
     fprintf(stderr, "error: --bf16: a product's operand (%zu floats at %p) is neither a weight nor an activation, "
                     "and has no bf16 copy\n", elements, (const void *)x);
     exit(1);

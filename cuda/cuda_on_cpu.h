@@ -323,6 +323,8 @@ static struct {
                                            //   outside a capture (a missing wait)
     int readers_joins_skipped;             // transformer_cuda.cu's gpu_join_side_readers does nothing
     int epilogues_skipped;                 // cublasLtMatmul computes the product without its epilogue
+    unsigned epilogue_refused;             // cublasLt's heuristic offers no algorithm for this epilogue
+    int lt_matmul_refused;                 // cublasLtMatmul answers CUBLAS_STATUS_NOT_SUPPORTED
 } cpu_test_faults;
 
 // One piece of work a stream runs, as a graph records it: a kernel launch
@@ -1883,6 +1885,7 @@ static inline cublasStatus_t cpu_lt_product(CpuGemm *g, cublasLtMatmulDesc_t des
     int computes = desc->compute == CUBLAS_COMPUTE_32F || desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     int types = a->type == b->type && (a->type == CUDA_R_32F || a->type == CUDA_R_16BF) &&
                 c->type == CUDA_R_32F && d->type == CUDA_R_32F;
+    if (a->type == CUDA_R_16BF && desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32) types = 0;   // (TF32 is for fp32)
     int same_cd = c->rows == d->rows && c->cols == d->cols && c->ld == d->ld;
     if (!known || !computes || !types || !same_cd) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(g, 0, sizeof *g);
@@ -1921,6 +1924,8 @@ static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t han
     CpuGemm g;
     cublasStatus_t status = cpu_lt_product(&g, desc, a, b, c, d);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (cpu_test_faults.epilogue_refused && desc->epilogue == cpu_test_faults.epilogue_refused)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1;
@@ -1941,6 +1946,7 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMat
     if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!algo || !alpha || !beta || C != D) return CUBLAS_STATUS_INVALID_VALUE;
     if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (cpu_test_faults.lt_matmul_refused) return CUBLAS_STATUS_NOT_SUPPORTED;
     CpuGemm g;
     cublasStatus_t status = cpu_lt_product(&g, desc, a, b, c, d);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
@@ -1967,7 +1973,7 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMat
 // inside their regions
 static inline int cpu_epilogue_extents(const CpuGemm *g) {
     char why[160];
-    size_t mask_bytes = g->n ? (size_t)((g->aux_ld * (g->n - 1) + g->m + 7) / 8) : 0;
+    size_t mask_bytes = (size_t)(g->aux_ld / 8) * (size_t)g->n;   // (whole columns, as cuBLASLt may write them)
     if (!cpu_inside_region(g->bias, (size_t)g->m * sizeof(float), why, sizeof why)) {
         snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: the epilogue's bias (%d floats) reaches %s",
                  g->call, g->m, why);

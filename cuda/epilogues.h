@@ -74,7 +74,6 @@ static void lt_layout(cublasLtMatrixLayout_t *layout, cudaDataType type, cublasO
 // to now; returns 0, having launched nothing, when cuBLASLt has no algorithm for it.
 static int gpu_epilogue_product(const EpilogueProduct *p) {
     if (!gpu.lt) return 0;
-    double profile_began = profile_start();
     cudaDataType ab_type = gpu.bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasComputeType_t compute = gpu.tf32 && !gpu.bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasLtMatmulDesc_t desc;
@@ -108,16 +107,23 @@ static int gpu_epilogue_product(const EpilogueProduct *p) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
     };
+    if (gpu.bf16) {   // (A and B are read from their bf16 copies: their own addresses, half the bytes in)
+        pointers[0] = gpu_bf16_copy_of(p->A);
+        pointers[1] = gpu_bf16_copy_of(p->B);
+    }
     for (int i = 0; i < 4; i++) {
         uint32_t alignment = alignment_of(pointers[i]);
-        if (gpu.bf16 && i < 2) alignment = 256;   // (the bf16 copies sit at the same offset: half the bytes)
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, alignments[i], &alignment, sizeof alignment));
     }
+    // no algorithm: NOT_SUPPORTED, or none found; any other refusal is an error of ours
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(gpu.lt, desc, a, b, d, d, preference, 1, &result, &found);
-    if (status != CUBLAS_STATUS_SUCCESS) found = 0;
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
+    else CUBLAS_CHECK(status);
+    if (found > 0 && result.state != CUBLAS_STATUS_SUCCESS) found = 0;
 
+    double profile_began = 0;
     if (found > 0) {
         const void *A = p->A;
         const void *B = p->B;
@@ -127,6 +133,7 @@ static int gpu_epilogue_product(const EpilogueProduct *p) {
         }
         float one = 1.0f;
         float beta = p->beta;
+        profile_began = profile_start();
         status = cublasLtMatmul(gpu.lt, desc, &one, A, a, B, b, &beta, p->D, d, p->D, d, &result.algo,
                                 gpu.cublas_workspace, CUBLAS_WORKSPACE_BYTES, gpu_stream);
         if (status == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
@@ -143,6 +150,7 @@ static int gpu_epilogue_product(const EpilogueProduct *p) {
                  p->epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ? "bias + ReLU" : "ReLU' + bias gradient");
     gpu_counting->gemms++;
     gpu_counting->host_calls++;
+    gpu_counting->epilogue_products++;
     return 1;
 }
 
@@ -171,5 +179,7 @@ static int gpu_drelu_bias_grad_product(float *d_hidden, float *d_b1, const float
         p.A = w2_t;
         p.lda = ld_t;
     }
-    return gpu_epilogue_product(&p);
+    int done = gpu_epilogue_product(&p);
+    if (done && w2_t) gpu_counting->transposed_products++;
+    return done;
 }

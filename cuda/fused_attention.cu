@@ -21,7 +21,10 @@
  *     sums its rows of them for the bias's gradient, and the last block of a
  *     head to finish adds the sentences' sums in sentence order.
  * Each sum is one thread's loop in index order (the only atomic counts the
- * finished blocks), so a run gives the same bits every time. Rows of the
+ * finished blocks), so a run gives the same bits every time; a dot product
+ * adds with fmaf, one rounding a step, which is what nvcc makes of a * b + c
+ * on a GPU, and what the host build then computes too, whatever its own
+ * flags (cuda_on_cpu.h's products add so). Rows of the
  * matrices in shared memory are padded by one float, so that the lanes of a
  * warp reading one column hit 32 different banks.
  */
@@ -86,7 +89,7 @@ fused_attention_forward_kernel(float *out, float *att, AttentionInRows in, Fused
         float largest = -INFINITY, sum = 0;
         for (int j = lane; j < visible; j += WARP) {
             float dot = 0;
-            for (int d = 0; d < hs; d++) dot += q_row[d] * ks[j * ld + d];
+            for (int d = 0; d < hs; d++) dot = fmaf(q_row[d], ks[j * ld + d], dot);
             p_row[j] = dot * scale;
             largest = fmaxf(largest, p_row[j]);
         }
@@ -101,7 +104,7 @@ fused_attention_forward_kernel(float *out, float *att, AttentionInRows in, Fused
         __syncwarp(FULL_WARP);
         for (int d = lane; d < hs; d += WARP) {
             float o = 0;
-            for (int j = 0; j < visible; j++) o += p_row[j] * vs[j * ld + d];
+            for (int j = 0; j < visible; j++) o = fmaf(p_row[j], vs[j * ld + d], o);
             out[((size_t)b * Tq + i) * NH * hs + column + d] = o;
         }
         __syncwarp(FULL_WARP);   // q_row and p_row are free for the warp's next row
@@ -142,16 +145,16 @@ fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *
         float *ds_row = dsb + (size_t)i * Tk, sum_p_dp = 0;
         for (int j = lane; j < Tk; j += WARP) {
             float dp = 0;
-            for (int d = 0; d < hs; d++) dp += dout_row[d] * ys[j * ld + d];
+            for (int d = 0; d < hs; d++) dp = fmaf(dout_row[d], ys[j * ld + d], dp);
             ds_row[j] = dp;
-            sum_p_dp += p[j] * dp;
+            sum_p_dp = fmaf(p[j], dp, sum_p_dp);
         }
         sum_p_dp = warp_sum(sum_p_dp);
         for (int j = lane; j < Tk; j += WARP) ds_row[j] = p[j] * (ds_row[j] - sum_p_dp);
         __syncwarp(FULL_WARP);
         for (int d = lane; d < hs; d += WARP) {
             float gq = 0;
-            for (int j = 0; j < Tk; j++) gq += ds_row[j] * xs[j * ld + d];
+            for (int j = 0; j < Tk; j++) gq = fmaf(ds_row[j], xs[j * ld + d], gq);
             dq[(size_t)i * in.ld_q + d] = gq * scale;
         }
         __syncwarp(FULL_WARP);   // dout_row is free for the warp's next row
@@ -164,8 +167,8 @@ fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *
         for (int d = lane; d < hs; d += WARP) {
             float gv = 0, gk = 0;
             for (int i = 0; i < Tq; i++) {
-                gv += pb[(size_t)i * Tk + j] * ys[i * ld + d];
-                gk += dsb[(size_t)i * Tk + j] * xs[i * ld + d];
+                gv = fmaf(pb[(size_t)i * Tk + j], ys[i * ld + d], gv);
+                gk = fmaf(dsb[(size_t)i * Tk + j], xs[i * ld + d], gk);
             }
             dv[(size_t)j * in.ld_kv + d] = gv;
             dk[(size_t)j * in.ld_kv + d] = gk * scale;

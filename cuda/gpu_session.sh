@@ -2,8 +2,9 @@
 # cuda/gpu_session.sh: issues 33's and 50's measurements on a lent H100 or H200, in three commands of
 # the device tool, run back to back on the warm machine in this order, then give it back:
 #
-#   bash cuda/gpu_session.sh proofs    (timeout_s 420; expected about 4 minutes: 55 s on 2026-11-28,
-#                                       before the --fused-attention, --one-stream and --bf16 runs)
+#   bash cuda/gpu_session.sh proofs    (timeout_s 480; expected about 5 minutes: 55 s on 2026-11-28,
+#                                       before the --fused-attention, --one-stream, --bf16, --tf32
+#                                       and --no-epilogues runs)
 #       make -j16 test-cuda-proofs: ./transformer_cuda and the tests built by nvcc for this GPU,
 #       the tests on the GPU (two streams, --one-stream, --fused-attention, --bf16 against
 #       transformer.c and against each other), 40-step runs that must write the same checkpoint
@@ -15,7 +16,7 @@
 #       again with --fused-attention, memcheck and initcheck with --bf16, memcheck and racecheck
 #       with --tf32)
 #
-#   bash cuda/gpu_session.sh profile   (timeout_s 540; estimated about 5 minutes, not yet run)
+#   bash cuda/gpu_session.sh profile   (timeout_s 540; estimated about 7 minutes, not yet run)
 #       ./transformer_cuda bench --profile: where a base step's time goes at the paper's batch
 #       (384 x 64 x 64, vocabulary 37,000), call by call, in fp32, TF32, bf16 and with
 #       --fused-attention; tiny's, and with --fused-attention; then, paired and alternating,
@@ -38,9 +39,9 @@
 # Each writes what it printed to $OUT (the device tool's folder that comes back), or runs/ without
 # one: proofs.log; profile.log; bench.log and gpu_table.md, and gpu_runs.jsonl with each run's JSON
 # as it ended (what a cut run leaves). The budget, 15 minutes of device time: the machine's start
-# (1 to 2 minutes), proofs about 4, profile about 5, bench about 4 (6.6 minutes for the start,
-# proofs and bench on 2026-11-28). With less than 10 minutes left after proofs, run bench first,
-# then `ROUNDS=1 bash cuda/gpu_session.sh profile` (about 2 minutes).
+# (1 to 2 minutes), proofs about 5, profile about 7 (ROUNDS=1: about 3), bench about 4 (6.6 minutes
+# for the start, proofs and bench on 2026-11-28). With less than 10 minutes left after proofs, run
+# bench first, then `ROUNDS=1 bash cuda/gpu_session.sh profile` (about 3 minutes).
 # GPU_BENCH="..." in the environment replaces the Makefile's (dev/bench_gpu.py's options).
 set -o pipefail
 out=${OUT:-runs}
@@ -96,8 +97,10 @@ profile)
         # cuBLASLt's epilogues against the kernels, and --tf32's transposed weights against the weights as stored
         for round in $(seq 1 "$rounds"); do
             order="new old"; [ $((round % 2)) -eq 0 ] && order="old new"
-            for pair in "epilogues|--no-epilogues|$paper --steps 5" "epilogues|--no-epilogues|$paper --steps 5 --tf32" \
-                        "epilogues|--no-epilogues|--config tiny" "layout|--weights-as-stored|$paper --steps 5 --tf32"; do
+            for pair in "epilogues|--no-epilogues|$paper --steps 5" \
+                        "epilogues|--no-epilogues|$paper --steps 5 --tf32" \
+                        "epilogues|--no-epilogues|--config tiny" \
+                        "layout|--weights-as-stored|$paper --steps 5 --tf32"; do
                 name=${pair%%|*}; rest=${pair#*|}; old_flag=${rest%%|*}; config=${rest#*|}
                 for variant in $order; do
                     flag=; [ $variant = old ] && flag=$old_flag

@@ -452,9 +452,16 @@ static void test_emulator_epilogues(void) {
     int none = 1;
     cublasStatus_t odd_ld = lt_case(CUBLASLT_EPILOGUE_DRELU_BGRAD, dA, dG, dD, dgrad, dmask, 100, M, N, K, &found);
     cublasStatus_t gelu = lt_case(32, dA, dG, dD, dgrad, dmask, 128, M, N, K, &none);
-    check(odd_ld == CUBLAS_STATUS_INVALID_VALUE && gelu == CUBLAS_STATUS_NOT_SUPPORTED && none == 0,
-          "emulator: a ReLU mask of leading dimension 100 (not a multiple of 128) is refused (%s); GELU's epilogue "
-          "gets no algorithm (%s, %d found)", cublasGetStatusString(odd_ld), cublasGetStatusString(gelu), none);
+    float *short_bias;
+    cudaMalloc((void **)&short_bias, (M - 1) * sizeof(float));
+    cublasStatus_t short_one = lt_case(CUBLASLT_EPILOGUE_RELU_AUX_BIAS, dA, dB, dD, short_bias, dmask, 128, M, N, K,
+                                       &found);
+    cudaFree(short_bias);
+    check(odd_ld == CUBLAS_STATUS_INVALID_VALUE && gelu == CUBLAS_STATUS_NOT_SUPPORTED && none == 0 &&
+          short_one == CUBLAS_STATUS_EXECUTION_FAILED, "emulator: a ReLU mask of leading dimension 100 (not a "
+          "multiple of 128) is refused (%s); GELU's epilogue gets no algorithm (%s, %d found); a bias one float "
+          "shorter than D's rows is caught (%s)", cublasGetStatusString(odd_ld), cublasGetStatusString(gelu), none,
+          cublasGetStatusString(short_one));
     cudaFree(dA);
     cudaFree(dB);
     cudaFree(dG);
@@ -692,10 +699,33 @@ static void test_companion_epilogues(void) {
     transformer_cuda_epilogues(0);
     GpuCounts without = companion_step_counts(2, 4, 2);
     transformer_cuda_epilogues(1);
-    check(with.launches == without.launches - 2 * 4 && with.gemms == without.gemms, "companion: with cuBLASLt's "
-          "epilogues a 2-layer step is %ld launches and %ld cuBLAS and cuBLASLt calls, 8 launches fewer than with "
-          "the kernels (2 for each of its 4 feed-forward networks: bias + ReLU, and their backward)", with.launches,
-          with.gemms);
+    check(with.launches == without.launches - 2 * 4 && with.gemms == without.gemms &&
+          with.epilogue_products == 2 * 4 && without.epilogue_products == 0, "companion: with cuBLASLt's epilogues "
+          "a 2-layer step is %ld launches and %ld cuBLAS and cuBLASLt calls (%ld of them with an epilogue), 8 "
+          "launches fewer than with the kernels (2 for each of its 4 feed-forward networks: bias + ReLU, and their "
+          "backward)", with.launches, with.gemms, with.epilogue_products);
+
+    // Where cuBLASLt has an algorithm for the forward epilogue but not for the
+    // backward one, the backward runs its kernel from the mask-free hidden
+    // layer; where cublasLtMatmul refuses a call as not supported, the kernels run.
+    cpu_test_faults.epilogue_refused = CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    CompanionRun half = companion_training_run(POSITIONAL_SINUSOID);
+    GpuCounts half_counts = companion_step_counts(2, 4, 2);
+    cpu_test_faults.epilogue_refused = 0;
+    cpu_test_faults.lt_matmul_refused = 1;
+    CompanionRun refused = companion_training_run(POSITIONAL_SINUSOID);
+    GpuCounts refused_counts = companion_step_counts(2, 4, 2);
+    cpu_test_faults.lt_matmul_refused = 0;
+    int half_close = half.loss < COMPANION_TOL_LOSS && half.grad < COMPANION_TOL_GRADS &&
+                     half.update < COMPANION_TOL_UPDATES;
+    int refused_close = refused.loss < COMPANION_TOL_LOSS && refused.grad < COMPANION_TOL_GRADS &&
+                        refused.update < COMPANION_TOL_UPDATES;
+    check(half_close && half_counts.epilogue_products == 4 && half_counts.launches == without.launches - 4 &&
+          refused_close && refused_counts.epilogue_products == 0 && refused_counts.launches == without.launches,
+          "companion: with no algorithm for DRELU_BGRAD, the forward epilogues and the backward kernels (%ld "
+          "epilogue products, %ld launches) give transformer.c's gradients (worst %.1e); with cublasLtMatmul "
+          "refusing, the kernels alone (%ld launches; worst %.1e)", half_counts.epilogue_products,
+          half_counts.launches, half.grad, refused_counts.launches, refused.grad);
 #endif
 }
 
@@ -780,9 +810,13 @@ static void test_companion_transposed_weights(void) {
     GpuCounts without = companion_step_counts(2, 4, 2);
     transformer_cuda_weights_as_stored(0);
     transformer_cuda_tf32(0);
-    check(with_copies.launches == without.launches + 1 && with_copies.gemms == without.gemms,
+    // every input gradient of a weight reads a copy: each layer's 4 (encoder) and 6 (decoder),
+    // the logits' and the memory's
+    check(with_copies.launches == without.launches + 1 && with_copies.gemms == without.gemms &&
+          with_copies.transposed_products == 10 * 2 + 2 && without.transposed_products == 0,
           "companion --tf32: the transposed copies cost a 2-layer step one launch (%ld against %ld), the same %ld "
-          "cuBLAS calls", with_copies.launches, without.launches, with_copies.gemms);
+          "cuBLAS calls, and %ld products read them (10 a layer, the logits' and the memory's)",
+          with_copies.launches, without.launches, with_copies.gemms, with_copies.transposed_products);
 #endif
     free(copies);
     free(stored);

@@ -41,6 +41,17 @@ int main(int argc, char **argv) {
           r.same_state, "companion with threads: %d training steps with learned positions, ragged batches and "
           "dropout, as transformer.c's (losses %.1e, gradients %.1e, updates %.1e)", COMPANION_STEPS, r.loss, r.grad,
           r.update);
+    // --tf32's transpose (a tile in shared memory, a barrier) and, with
+    // --no-epilogues, the kernels the epilogues replace
+    transformer_cuda_tf32(1);
+    transformer_cuda_epilogues(0);
+    CompanionRun kernels = companion_training_run(POSITIONAL_SINUSOID);
+    transformer_cuda_epilogues(1);
+    transformer_cuda_tf32(0);
+    check(kernels.loss < COMPANION_TOL_LOSS && kernels.grad < COMPANION_TOL_GRADS &&
+          kernels.update < COMPANION_TOL_UPDATES, "companion with threads, --tf32 --no-epilogues: %d training steps "
+          "(transpose_weights_kernel, bias_relu_forward_kernel, relu_bias_backward_kernel) as transformer.c's "
+          "(losses %.1e, gradients %.1e, updates %.1e)", COMPANION_STEPS, kernels.loss, kernels.grad, kernels.update);
     test_companion_counts();
     test_companion_fused_attention();   // its shared memory and barriers with the block's threads at once
     printf("%d passed, %d failed\n", tests_passed, tests_failed);

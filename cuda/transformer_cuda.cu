@@ -140,12 +140,15 @@ static void cublas_check(cublasStatus_t status, const char *call, int line) {
 // Of the work, side_launches and side_gemms went to the second stream, after
 // `forks` waits of that stream for the main one, and `joins` the other way;
 // graph_nodes and graph_edges: the nodes and dependencies of the graphs launched.
+// Of the products, epilogue_products ran with cuBLASLt's epilogues (epilogues.h),
+// transposed_products read --tf32's transposed weights (transposed_weights.h).
 typedef struct {
     long launches, gemms, memsets, copies, allocations;
     long graph_launches, host_calls;
     double bytes_set, bytes_copied;
     long side_launches, side_gemms, forks, joins;
     long graph_nodes, graph_edges;
+    long epilogue_products, transposed_products;
 } GpuCounts;
 static GpuCounts gpu_counts;
 // Where the calls are counted: gpu_counts, or while a graph is captured, the
@@ -1195,18 +1198,25 @@ static void gpu_linear_forward(float *out, const float *inp, const float *weight
 //   dW (OC,IC) = dout^T inp:                    dW^T (IC x OC) = inp^T (IC x N, N) dout (N x OC, T)
 // add_to_dinp: 1 when dinp already holds the gradient of another path (the residual's).
 // dW on the side stream, dinp on the main one (the two streams).
+// (The input's gradient alone: with --tf32, from W's transposed copy, K-major:
+// transposed_weights.h.)
+static void gpu_linear_inputs_backward(float *dinp, int add_to_dinp, const float *dout, const float *weight, int N,
+                                       int IC, int OC) {
+    int ld_t;
+    const float *weight_t = gpu_transposed_weight(weight, OC, IC, &ld_t);
+    if (weight_t) {
+        gemm(OP_T, OP_N, IC, N, OC, 1.0f, weight_t, ld_t, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+        gpu_counting->transposed_products++;
+    } else
+        gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+}
 static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout, const float *inp,
                                 const float *weight, int N, int IC, int OC) {
     gpu_bf16_shared_begin(dout, (size_t)N * OC);   // (--bf16: dout's copy, which both products read)
     gpu_side_begin();
     gemm(OP_N, OP_T, IC, OC, N, 1.0f, inp, IC, dout, OC, 0.0f, dweight, IC);
     gpu_side_end();
-    int ld_t;
-    const float *weight_t = gpu_transposed_weight(weight, OC, IC, &ld_t);
-    if (weight_t)   // (--tf32: W^T as stored, K-major: transposed_weights.h)
-        gemm(OP_T, OP_N, IC, N, OC, 1.0f, weight_t, ld_t, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
-    else
-        gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+    gpu_linear_inputs_backward(dinp, add_to_dinp, dout, weight, N, IC, OC);
     gpu_bf16_shared_end();
 }
 
@@ -1508,12 +1518,7 @@ static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *
         gemm(OP_N, OP_T, F, C, N, 1.0f, hidden, F, dout, C, 0.0f, g.ff2_w, F);
         gpu_side_end();
         fused = gpu_drelu_bias_grad_product(d_hidden, g.ff1_b, dout, w.ff2_w, mask, N, C, F);
-        if (!fused) {
-            int ld_t;
-            const float *w2_t = gpu_transposed_weight(w.ff2_w, C, F, &ld_t);
-            if (w2_t) gemm(OP_T, OP_N, F, N, C, 1.0f, w2_t, ld_t, dout, C, 0.0f, d_hidden, F);
-            else gemm(OP_N, OP_N, F, N, C, 1.0f, w.ff2_w, F, dout, C, 0.0f, d_hidden, F);
-        }
+        if (!fused) gpu_linear_inputs_backward(d_hidden, 0, dout, w.ff2_w, N, F, C);
         gpu_bf16_shared_end();
     } else {
         gpu_linear_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C);
@@ -1887,9 +1892,10 @@ static void gpu_memory_backward(float *d_memory, const float *memory, Transforme
     gemm_batched(OP_N, OP_T, C, 2 * C, NS, 1.0f, memory, C, 0, d_kv, L * 2 * C, 2LL * C, 0.0f, d_weights, C,
                  3LL * C * C, L);
     gpu_side_end();
-    if (gpu.memory_kv_w_t)   // (--tf32: their transposed copy, C x L*2C, which Adam's step wrote)
+    if (gpu.memory_kv_w_t) {   // (--tf32: their transposed copy, C x L*2C, which Adam's step wrote)
         gemm(OP_T, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w_t, L * 2 * C, d_kv, L * 2 * C, 0.0f, d_memory, C);
-    else
+        gpu_counting->transposed_products++;
+    } else
         gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f, d_memory, C);
     gpu_bf16_shared_end();
 }
@@ -2069,6 +2075,8 @@ static void gpu_launch_graph(const GpuGraph *g) {
     gpu_counts.side_launches += k->side_launches; gpu_counts.side_gemms += k->side_gemms;
     gpu_counts.forks += k->forks; gpu_counts.joins += k->joins;
     gpu_counts.graph_nodes += k->graph_nodes; gpu_counts.graph_edges += k->graph_edges;
+    gpu_counts.epilogue_products += k->epilogue_products;
+    gpu_counts.transposed_products += k->transposed_products;
     gpu_counts.graph_launches++;
     gpu_counts.host_calls++;
 }
@@ -2276,6 +2284,8 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     after->side_launches -= before.side_launches; after->side_gemms -= before.side_gemms;
     after->forks -= before.forks; after->joins -= before.joins;
     after->graph_nodes -= before.graph_nodes; after->graph_edges -= before.graph_edges;
+    after->epilogue_products -= before.epilogue_products;
+    after->transposed_products -= before.transposed_products;
     gpu_profile.on = 0;
     return m->loss;
 }
@@ -2408,7 +2418,7 @@ void transformer_cuda_fuse_attention(int on) { gpu_fused_attention = on; }   // 
 void transformer_cuda_one_stream(int on) { gpu_one_stream = on; }             // --one-stream
 void transformer_cuda_bf16(int on) { gpu.bf16 = on; }   // --bf16 (from the next begin)
 void transformer_cuda_tf32(int on) { gpu.tf32 = on; }   // --tf32 (from the next begin)
-void transformer_cuda_weights_as_stored(int on) { gpu_weights_as_stored = on; }   // --weights-as-stored
+void transformer_cuda_weights_as_stored(int on) { gpu_weights_as_stored = on; }   // --weights-as-stored (next begin)
 void transformer_cuda_epilogues(int on) { gpu_no_epilogues = !on; }   // --no-epilogues (from the next begin)
 #ifdef __cplusplus
 }
@@ -2439,6 +2449,9 @@ static void gpu_print_counts(void) {
                 "the weights' gradients, after %ld waits for the main stream; the main stream waited for it %ld "
                 "times\n", k->side_launches, k->side_gemms,
                 work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0, work, k->forks, k->joins);
+    if (gpu.lt || gpu.params_t)
+        printf("products: %ld with cuBLASLt's epilogues (the feed-forward networks' bias and ReLU; --no-epilogues: "
+               "none), %ld reading --tf32's transposed weights\n", k->epilogue_products, k->transposed_products);
     if (k->graph_launches)
         printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; no event nodes) and %ld dependencies (each node "
                "on the one before it in its stream, and the streams' waits for each other), launched after the step's "
@@ -2446,7 +2459,8 @@ static void gpu_print_counts(void) {
     printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments%s); for this %d x %d x %d batch "
            "%.1f MB activations kept for the backward pass and %.1f MB scratch (%.2f x the activations), in an "
            "allocation of %.1f MB; %ld allocations in the last step\n", model * mb,
-           gpu.params_t ? ", the weights' transposed copies" : gpu.bf16 ? ", the weights' bf16 copies" : "", gpu.B, gpu.S, gpu.T,
+           gpu.params_t ? ", the weights' transposed copies" : gpu.bf16 ? ", the weights' bf16 copies" : "",
+           gpu.B, gpu.S, gpu.T,
            (double)gpu.activation_floats * f * mb, (double)gpu.scratch_floats * f * mb,
            (double)(gpu.activation_floats + gpu.scratch_floats) / (double)gpu.activation_floats,
            (double)gpu.batch_capacity * f * mb, k->allocations);

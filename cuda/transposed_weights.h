@@ -24,8 +24,11 @@
  * Where each copy is:
  *   - a weight tensor of gpu.params: gpu.params_t at the same offset, each
  *     layer's matrix transposed whole (its rows become the copy's leading
- *     dimension), so that rows r0.. of a matrix (the cross-attention's W^Q
- *     rows of its W^Q, W^K, W^V) are columns r0.. of the copy;
+ *     dimension; rows r0.. of a matrix are columns r0.. of its copy), except
+ *     the cross-attention's W^Q, W^K, W^V, of which only the W^Q rows are
+ *     copied (C x C, at the tensor's offset): its keys and values come from
+ *     the memory's copy below. gpu.params_t has room for all P numbers; the
+ *     places of the biases, the norms' gains and the cross W^K, W^V stay unused;
  *   - the memory's W^K, W^V of every decoder layer (gpu.memory_kv_w, L*2C x C):
  *     gpu.memory_kv_w_t (C x L*2C), written from gpu.params, since Adam has
  *     moved them after the forward pass gathered them.

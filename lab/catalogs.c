@@ -599,8 +599,11 @@ static const char *catalog_write_splits(const CatalogReader *reader, const char 
     const char *error = make_directories(dir);
     if (error) return error;
     for (int s = 0; s < NUM_CATALOG_SPLITS; s++) {
-        snprintf(paths[s], sizeof paths[s], "%s/%s.tsv", dir, catalog_split_names[s]);
-        snprintf(temporary[s], sizeof temporary[s], "%s.tmp", paths[s]);
+        int length = snprintf(paths[s], sizeof paths[s], "%s/%s.tsv", dir, catalog_split_names[s]);
+        int temporary_length = snprintf(temporary[s], sizeof temporary[s], "%s.tmp", paths[s]);
+        if (length >= (int)sizeof paths[s] || temporary_length >= (int)sizeof temporary[s])
+            return errorf("%.60s...: the directory's path is too long (at most about %zu bytes)", dir,
+                          sizeof paths[s] - 16);
         struct stat st;
         if (stat(paths[s], &st) == 0 && !S_ISREG(st.st_mode))
             return errorf("%s is there and is not a regular file; expected a path for the pairs", paths[s]);
