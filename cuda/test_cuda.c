@@ -2022,7 +2022,7 @@ static void test_register_check(void) {
     if (system("command -v nvcc > /dev/null 2>&1") == 0) {
         int refused = register_probe(dir, "", said, sizeof said) != 0 &&
                       strstr(said, "many_registers_kernel") && strstr(said, "more than the 65536");
-        char refusal[1024];
+        char refusal[sizeof said];
         snprintf(refusal, sizeof refusal, "%s", said);
         int bounded = register_probe(dir, "-DPROBE_THREADS=256", said, sizeof said) == 0;
         check(refused && bounded, "register check: nvcc's build of cuda/register_probe.cu is refused without "
