@@ -3182,6 +3182,26 @@ static void test_catalogs_command(void) {
     write_text(test_path("plain_file"), "x");
     check_cli_error("catalogs --out over a file", "plain_file: not a directory", "catalogs --to de --out %s %s/locale",
                     test_path("plain_file"), test_dir);
+
+    // An --out that can be made, but is too long for its files' paths (4,096 bytes with "/train.tsv"):
+    // one line, not a path cut short (called directly: a command line that long is the shell's problem)
+    char deep[4096];
+    int used = snprintf(deep, sizeof deep, "%s", test_path("deep"));
+    while (used < 4087) {
+        int part = 4087 - used - 1 < 200 ? 4087 - used - 1 : 200;
+        deep[used] = '/';
+        memset(deep + used + 1, 'd', (size_t)part);
+        used += 1 + part;
+        deep[used] = '\0';
+    }
+    CatalogReader none;
+    catalog_reader_init(&none, 3, 25);
+    int deep_counts[NUM_CATALOG_SPLITS];
+    const char *too_long = catalog_write_splits(&none, deep, 0, deep_counts);
+    catalog_reader_free(&none);
+    const char *said = too_long ? strstr(too_long, "the directory's path is too long") : NULL;
+    check(said != NULL, "catalogs: an --out of %zu bytes, too long for its files' paths, is refused (\"...: %s\")",
+          strlen(deep), said ? said : "not refused");
     free(entries);
     free(english);
     free(german);
