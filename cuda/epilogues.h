@@ -164,22 +164,21 @@ static int gpu_relu_bias_product(float *hidden, unsigned char *mask, const float
     return gpu_epilogue_product(&p);
 }
 
+// The ReLU a linear layer's input gradient passes back through (feed_forward_backward's):
+// the forward's mask, and where b_1's gradient goes (F).
+typedef struct {
+    unsigned char *mask;
+    float *d_bias;
+} ReluBackward;
+
 // feed_forward_backward's input gradient of W_2 with the ReLU's: dhidden (N, F)
 // = (dout (N, C) W_2 (C, F)) where the mask is set, else 0; db_1 (F) = the sum
-// of dhidden's rows (written). Column-major, as gpu_linear_backward's: dhidden^T
-// (F x N) = W_2 (F x C as stored: N) dout^T, or with --tf32's copy W_2^T (T).
-static int gpu_drelu_bias_grad_product(float *d_hidden, float *d_b1, const float *dout, const float *w2,
-                                       unsigned char *mask, int N, int C, int F) {
-    EpilogueProduct p = { CUBLAS_OP_N, CUBLAS_OP_N, F, N, C, w2, F, dout, C, 0.0f, d_hidden, F,
-                          CUBLASLT_EPILOGUE_DRELU_BGRAD, d_b1, mask };
-    int ld_t;
-    const float *w2_t = gpu_transposed_weight(w2, C, F, &ld_t);
-    if (w2_t) {
-        p.transa = CUBLAS_OP_T;
-        p.A = w2_t;
-        p.lda = ld_t;
-    }
-    int done = gpu_epilogue_product(&p);
-    if (done && w2_t) gpu_counting->transposed_products++;
-    return done;
+// of dhidden's rows (written). Column-major, as gpu_linear_inputs_backward's:
+// dhidden^T (F x N) = op(W) dout^T, with the operand it chose: W_2 as stored
+// (F x C, N, leading dimension F) or --tf32's copy (T, its leading dimension).
+static int gpu_drelu_bias_grad_product(float *d_hidden, const ReluBackward *relu, const float *dout,
+                                       cublasOperation_t op, const float *w2, int ld, int N, int C, int F) {
+    EpilogueProduct p = { op, CUBLAS_OP_N, F, N, C, w2, ld, dout, C, 0.0f, d_hidden, F,
+                          CUBLASLT_EPILOGUE_DRELU_BGRAD, relu->d_bias, relu->mask };
+    return gpu_epilogue_product(&p);
 }

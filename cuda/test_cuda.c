@@ -729,6 +729,18 @@ static void test_companion_epilogues(void) {
 #endif
 }
 
+// The parameters and Adam's second moments of a model the companion trained
+// (P numbers each, one array), after which the model and the companion are freed.
+static real *companion_state_released(Transformer *dev) {
+    size_t P = dev->num_parameters;
+    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
+    memcpy(state, dev->params_memory, P * sizeof(real));
+    memcpy(state + P, dev->adam_v, P * sizeof(real));
+    transformer_free(dev);
+    transformer_cuda_release();
+    return state;
+}
+
 // --tf32's transposed copies of the weights (transposed_weights.h): the
 // parameters and second moments after 9 training steps over the 3 ragged
 // shapes (graphs replayed from the fourth), with the copies or without
@@ -760,13 +772,7 @@ static real *companion_state_tf32(int as_stored, const char *skipped, const char
 #endif
     transformer_cuda_tf32(0);
     transformer_cuda_weights_as_stored(0);
-    size_t P = dev.num_parameters;
-    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
-    memcpy(state, dev.params_memory, P * sizeof(real));
-    memcpy(state + P, dev.adam_v, P * sizeof(real));
-    transformer_free(&dev);
-    transformer_cuda_release();
-    return state;
+    return companion_state_released(&dev);
 }
 
 // The inputs' gradients read the copies as the TN products they then are;
@@ -1242,18 +1248,6 @@ static __global__ void racy_embedding_backward_kernel(float *dembedding, const f
 }
 CPU_KERNEL(racy_embedding_backward_kernel, float *, const float *, const float *, const int *, const int *,
            const int *, const StepValues *, Dropout, Dropout, int, int)
-
-// The parameters and Adam's second moments of a model the companion trained
-// (P numbers each, one array), after which the model and the companion are freed.
-static real *companion_state_released(Transformer *dev) {
-    size_t P = dev->num_parameters;
-    real *state = checked_calloc(2 * P, sizeof(real), "companion state");
-    memcpy(state, dev->params_memory, P * sizeof(real));
-    memcpy(state + P, dev->adam_v, P * sizeof(real));
-    transformer_free(dev);
-    transformer_cuda_release();
-    return state;
-}
 
 // The companion's parameters and second moments after 3 training steps on
 // `wide` (NULL: companion_batches, one each), with the thread order drawn from `seed`.

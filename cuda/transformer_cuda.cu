@@ -1198,26 +1198,40 @@ static void gpu_linear_forward(float *out, const float *inp, const float *weight
 //   dW (OC,IC) = dout^T inp:                    dW^T (IC x OC) = inp^T (IC x N, N) dout (N x OC, T)
 // add_to_dinp: 1 when dinp already holds the gradient of another path (the residual's).
 // dW on the side stream, dinp on the main one (the two streams).
-// (The input's gradient alone: with --tf32, from W's transposed copy, K-major:
-// transposed_weights.h.)
-static void gpu_linear_inputs_backward(float *dinp, int add_to_dinp, const float *dout, const float *weight, int N,
-                                       int IC, int OC) {
-    int ld_t;
-    const float *weight_t = gpu_transposed_weight(weight, OC, IC, &ld_t);
+// The input's gradient: with --tf32 from W's transposed copy, K-major
+// (transposed_weights.h); with relu (the FFN's first layer's ReLU, which dinp
+// is the output of; NULL: none) through cuBLASLt's DRELU_BGRAD epilogue where it
+// has one (epilogues.h). Returns whether the epilogue ran.
+static int gpu_linear_inputs_backward(float *dinp, int add_to_dinp, const float *dout, const float *weight, int N,
+                                      int IC, int OC, const ReluBackward *relu) {
+    int ld = IC;
+    cublasOperation_t op = OP_N;
+    const float *weight_t = gpu_transposed_weight(weight, OC, IC, &ld);
     if (weight_t) {
-        gemm(OP_T, OP_N, IC, N, OC, 1.0f, weight_t, ld_t, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+        op = OP_T;
         gpu_counting->transposed_products++;
-    } else
-        gemm(OP_N, OP_N, IC, N, OC, 1.0f, weight, IC, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+    }
+    const float *a = weight_t ? weight_t : weight;
+    if (relu && !add_to_dinp && gpu_drelu_bias_grad_product(dinp, relu, dout, op, a, ld, N, OC, IC)) return 1;
+    gemm(op, OP_N, IC, N, OC, 1.0f, a, ld, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
+    return 0;
 }
-static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout, const float *inp,
-                                const float *weight, int N, int IC, int OC) {
+
+// linear_backward; with relu, dinp also through the ReLU (as above). Returns whether its epilogue did that.
+static int gpu_linear_relu_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout,
+                                    const float *inp, const float *weight, int N, int IC, int OC,
+                                    const ReluBackward *relu) {
     gpu_bf16_shared_begin(dout, (size_t)N * OC);   // (--bf16: dout's copy, which both products read)
     gpu_side_begin();
     gemm(OP_N, OP_T, IC, OC, N, 1.0f, inp, IC, dout, OC, 0.0f, dweight, IC);
     gpu_side_end();
-    gpu_linear_inputs_backward(dinp, add_to_dinp, dout, weight, N, IC, OC);
+    int fused = gpu_linear_inputs_backward(dinp, add_to_dinp, dout, weight, N, IC, OC, relu);
     gpu_bf16_shared_end();
+    return fused;
+}
+static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout, const float *inp,
+                                const float *weight, int N, int IC, int OC) {
+    gpu_linear_relu_backward(dinp, add_to_dinp, dweight, dout, inp, weight, N, IC, OC, NULL);
 }
 
 // A dropout mask whose key is number `index` of the step's (gpu_prepare_step
@@ -1510,19 +1524,9 @@ static void gpu_feed_forward_forward(float *out, float *hidden, unsigned char *m
 // input gradient, the ReLU's and b_1's in one cuBLASLt product, else a kernel after it.
 static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *dout, const float *hidden,
                                       unsigned char *mask, const float *x, GpuLayerParams w, int N, int C, int F) {
-    float *d_hidden = gpu.scratch.d_ff_h;
-    int fused = 0;
-    if (mask) {   // gpu_linear_backward's two products, the second with the epilogue
-        gpu_bf16_shared_begin(dout, (size_t)N * C);
-        gpu_side_begin();
-        gemm(OP_N, OP_T, F, C, N, 1.0f, hidden, F, dout, C, 0.0f, g.ff2_w, F);
-        gpu_side_end();
-        fused = gpu_drelu_bias_grad_product(d_hidden, g.ff1_b, dout, w.ff2_w, mask, N, C, F);
-        if (!fused) gpu_linear_inputs_backward(d_hidden, 0, dout, w.ff2_w, N, F, C);
-        gpu_bf16_shared_end();
-    } else {
-        gpu_linear_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C);
-    }
+    float *d_hidden = gpu.scratch.d_ff_h;   // (N, F)
+    ReluBackward relu = { mask, g.ff1_b };
+    int fused = gpu_linear_relu_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C, mask ? &relu : NULL);
     if (!fused) LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_hidden, g.ff1_b, gpu.columns, hidden, N, F);
     gpu_linear_backward(dx, 1, g.ff1_w, d_hidden, x, w.ff1_w, N, C, F);
 }
