@@ -72,10 +72,11 @@
  *                                           test_reference_catches_wrong_adam (lr 1%, beta1, beta2 caught)
  *   §5     transformer_train_step           test_reference_file, test_reference_catches_wrong_* (the step PyTorch's
  *                                           files are compared through; cuda/test_cuda.c: the CUDA companion's)
- *   §6.1   decoder_cache_init, _encode, _free, decoder_step    test_cached_logits (the full pass's logits)
- *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding (cached = uncached,
+ *   §6.1   decoder_begin, _step, _reorder, _end    test_decoder_logits (the full pass's logits, bit for bit;
+ *                                           lab/test_lab.c: the fast path's key/value cache gives the same)
+ *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding (= the whole model re-run,
  *                                           side by side = one by one, the trained model copies); test_greedy_token
- *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis, decoder_cache_reorder,
+ *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis,
  *          length_penalty                   test_decoding (beam 1 = greedy, beam 4 copies);
  *                                           test_beam_search_is_exhaustive_when_wide (the enumerated best);
  *                                           test_length_penalty_by_hand (GNMT's formula, </s> counted)
@@ -1760,8 +1761,8 @@ static void train_small_copy_model(Transformer *m, TransformerConfig config, int
     free(plan.order); free(plan.spans); batch_buffer_free(&bb); dataset_free(&train); dataset_free(&valid);
 }
 
-// Greedy decoding without a cache: the whole model re-run on the prefix at every step.
-static int uncached_greedy(Transformer *m, int *out, const int *src, int src_len) {
+// Greedy decoding by transformer_forward: the whole model, encoder too, re-run on the prefix at every step.
+static int forward_greedy(Transformer *m, int *out, const int *src, int src_len) {
     int limit = transformer_decode_limit(m, src_len), V = m->config.vocab_size, n = 0;
     int *tgt_in = checked_calloc(limit, sizeof(int), "test"), *tgt_out = checked_calloc(limit, sizeof(int), "test");
     tgt_in[0] = TOKEN_BOS;
@@ -1803,8 +1804,10 @@ static Transformer *trained_copy_model(void) {
     return &model;
 }
 
-// Cached step logits against the full forward pass, position by position.
-static void test_cached_logits(Transformer *m, Rng *rng) {
+// The decoder's step logits against the full forward pass, position by position, bit for bit
+// (the same sums in the same order); and after beam search's reorder, a row continues its
+// parent's inputs.
+static void test_decoder_logits(Transformer *m, Rng *rng) {
     int S = 5, T = 9, V = m->config.vocab_size;
     int src[5], tgt_in[9], tgt_out[9] = { 0 };
     random_source(src, S, V, rng);
@@ -1815,20 +1818,28 @@ static void test_cached_logits(Transformer *m, Rng *rng) {
     transformer_forward(m, &b);
     real *full = checked_calloc((size_t)T * V, sizeof(real), "test");
     memcpy(full, m->acts.logits, (size_t)T * V * sizeof(real));
-    DecoderCache k;
-    decoder_cache_init(&k, m, 1, S, T);
-    decoder_cache_encode(&k, m, src, &S, 1);
-    double worst = 0, scale = 0;
+    Decoder k;
+    decoder_begin(&k, m, src, &S, 1, S, 2, T);   // two rows of the same source
+    // transformer.c's decoder: the same bits; the fast path's cache and products (lab/test_lab.c): within 1e-5
+    double tolerance = fast_path.decoder_step ? 1e-5 : 0, worst[2] = { 0, 0 }, scale = 0;
     for (int t = 0; t < T; t++) {
-        decoder_step(&k, m, &tgt_in[t], t, 1);
+        if (t == 4) {
+            int parent[2] = { 1, 0 };   // the rows swap: from here row 1 continues tgt_in
+            decoder_reorder(&k, parent, 2, 4);
+        }
+        int row = t < 4 ? 0 : 1, tokens[2] = { NUM_SPECIAL_TOKENS, NUM_SPECIAL_TOKENS };   // the other: 4 4 4 ...
+        tokens[row] = tgt_in[t];
+        decoder_step(&k, m, tokens, t, 2);
         for (int v = 0; v < V; v++) {
-            worst = fmax(worst, fabs((double)k.logits[v] - full[t * V + v]));
+            worst[row] = fmax(worst[row], fabs((double)k.logits[(size_t)row * V + v] - full[t * V + v]));
             scale = fmax(scale, fabs((double)full[t * V + v]));
         }
     }
-    check(worst <= 1e-5 * scale, "decode: cached decoder steps give the logits of the full pass at all %d positions "
-          "(max difference %.1e, largest logit %.2f)", T, worst, scale);
-    decoder_cache_free(&k);
+    check(worst[0] <= tolerance * scale, "decode: the decoder's steps give the logits of the full pass at positions 0-3 "
+          "(max difference %.1e, largest logit %.2f, tolerance %g of it)", worst[0], scale, tolerance);
+    check(worst[1] <= tolerance * scale, "decode: after decoder_reorder a row continues its parent's inputs: the full "
+          "pass's logits at positions 4-%d (max difference %.1e)", T - 1, worst[1]);
+    decoder_end(&k);
     free(full);
 }
 
@@ -1837,7 +1848,7 @@ static void test_decoding(void) {
     Transformer *trained = trained_copy_model(), untrained;
     transformer_build(&untrained, &config, 12);
     Rng rng; rng_seed(&rng, 31);
-    test_cached_logits(&untrained, &rng);
+    test_decoder_logits(&untrained, &rng);
     Transformer *models[2] = { trained, &untrained };
     const char *names[2] = { "trained", "untrained" };
     for (int k = 0; k < 2; k++) {
@@ -1850,16 +1861,16 @@ static void test_decoding(void) {
         }
         transformer_greedy_decode(m, out, out_len, 20, src, src_len, B, S); // side by side, padded
         for (int b = 0; b < B; b++) {
-            int single[20], uncached[20], beam[20], single_len;
+            int single[20], by_forward[20], beam[20], single_len;
             transformer_greedy_decode(m, single, &single_len, 20, src + b * S, &src_len[b], 1, src_len[b]);
-            int uncached_len = uncached_greedy(m, uncached, src + b * S, src_len[b]);
+            int forward_len = forward_greedy(m, by_forward, src + b * S, src_len[b]);
             int beam_len = transformer_beam_search(m, beam, NULL, src + b * S, src_len[b], 1, 0.6);
-            same &= single_len == uncached_len && memcmp(single, uncached, single_len * sizeof(int)) == 0;
+            same &= single_len == forward_len && memcmp(single, by_forward, single_len * sizeof(int)) == 0;
             beam_same &= beam_len == single_len && memcmp(beam, single, single_len * sizeof(int)) == 0;
             batched_same &= out_len[b] == single_len && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
             ended += single_len < transformer_decode_limit(m, src_len[b]);
         }
-        check(same, "decode (%s model): cached greedy decoding gives exactly the tokens of uncached decoding "
+        check(same, "decode (%s model): greedy decoding gives exactly the tokens of the whole model re-run on the prefix "
               "(%d sentences, %d ended by </s>)", names[k], B, ended);
         check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each one's own output",
               names[k], B);

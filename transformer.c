@@ -54,8 +54,8 @@
 
 // The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
 // linear_backward, attention_forward and attention_backward hand it their call on their
-// first line, and decoder_cache_init and _free tell it when decoding begins and ends. Left
-// NULL (transformer.c alone), the loops you read run.
+// first line, and so do §6.1's decoder_begin, _step, _reorder and _end (its key/value
+// cache). Left NULL (transformer.c alone), the loops you read run.
 static FastPath fast_path;
 
 // ==== §3  Linear layers: y = x W^T + b =======================================
@@ -1139,202 +1139,137 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
     return loss;
 }
 
-// ==== §6.1  Decoding: greedy with a key/value cache, beam search =============
+// ==== §6.1  Decoding: greedy and beam search =================================
 // "We used beam search with a beam size of 4 and length penalty alpha = 0.6 ... We set the
 // maximum output length during inference to input length + 50, but terminate early when
 // possible." (§6.1)
 //
 // The decoder writes one token at a time: position t reads the token chosen at t-1 (<s> at
-// t = 0). Run naively, step t recomputes every earlier position of every layer, O(t^2) work
-// per sentence. But under the causal mask (§3.2.3) nothing at positions < t depends on later
-// tokens, so their keys and values never change: a key/value cache keeps them, per layer,
-// and step t computes only row t:
+// t = 0). The encoder runs once per sentence; then every step runs the decoder stack of
+// training (decoder_layer_forward, dropout off) over the positions 0..t so far and reads
+// the logits of position t:
 //
-//   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
-//     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
-//                    cross-attention  q_t against the memory's K, V (made once)
+//   memory = Encoder(source)                                             once
+//   step t:  <s> y_1 .. y_t ─ Decoder(·, memory) ─ ·E^T ─ logits at t ─ y_{t+1}
 //
-// decoder_step is decoder_layer_forward for one position, with the same building blocks
-// (dropout off); only the keys and values come from the cache.
+// Under the causal mask (§3.2.3) nothing at positions < t depends on later tokens, so step
+// t gives the earlier positions exactly the numbers of step t-1: only row t is new, and the
+// rest, O(t^2) work a sentence, is done again. The fast path (lab/fast_path.c, in make's
+// ./transformer) keeps a key/value cache instead, each layer's keys and values of the
+// earlier positions, and computes row t alone: the same sums in the same order, the same
+// tokens (lab/test_lab.c compares them).
 
-// From the machinery: allocation that cannot fail silently, and arenas of tensors
+// From the machinery: allocation that cannot fail silently
 static void *checked_calloc(size_t count, size_t size, const char *what);
-// Tensors cut one after another out of an arena: a first pass with arena NULL only counts
-// (`used`), a second hands out the places. With `gradients` set, the tensors that have no
-// gradient (forward_only) get NULL and no room.
-typedef struct {
-    real *arena;
-    size_t used;      // numbers handed out so far, each tensor rounded up to whole lines
-    int gradients;
-} Layout;
-static real *tensor(Layout *layout, size_t count);
-static real *arena_calloc(size_t count, const char *what);
-static void arena_free(real *p);
 
-// From the machinery: the tensors of one layer's sub-layers
-static void layout_attention(AttentionActs *a, Layout *layout, size_t rows, size_t key_rows,
-                             size_t att, size_t C, int cross);
-static void layout_add_norm(AddNormActs *a, Layout *layout, size_t rows, size_t C);
-static void layout_feed_forward(FeedForwardActs *a, Layout *layout, size_t rows, size_t C,
-                                size_t F);
-
-// The cache's tensors, in the order of its arena (transformer.h, DecoderCache). The
-// encoder-decoder attention's keys and values are the cache's own (cross_kv), not step's.
-static void decoder_cache_layout(DecoderCache *cache, Layout *layout,
-                                 const TransformerConfig *config) {
-    size_t L = config->n_layers;
-    size_t C = config->d_model;
-    size_t NH = config->n_heads;
-    size_t R = cache->rows;
-    size_t S = cache->S;
-    size_t max_T = cache->max_T;
-    DecoderLayerActs *step = &cache->step;
-    cache->cross_kv = tensor(layout, L * R * S * 2 * C);
-    cache->self_kv = tensor(layout, L * R * max_T * 2 * C);
-    cache->spare_kv = tensor(layout, L * R * max_T * 2 * C);
-    cache->x = tensor(layout, R * C);
-    layout_attention(&step->self_attn, layout, R, 0, R * NH * max_T, C, 0);
-    layout_add_norm(&step->norm1, layout, R, C);
-    layout_attention(&step->cross_attn, layout, R, 0, R * NH * S, C, 1);
-    step->cross_attn.kv = NULL;   // each layer's are in cross_kv (decoder_step points at them)
-    layout_add_norm(&step->norm2, layout, R, C);
-    layout_feed_forward(&step->ffn, layout, R, C, config->d_ff);
-    layout_add_norm(&step->norm3, layout, R, C);
-    cache->logits = tensor(layout, R * config->vocab_size);
-}
-
-// R rows decoded side by side (R sentences, greedy, or the R beams of one sentence): each
-// row's key/value cache per layer, the memory's keys and values, and one position's
-// activations, in one arena.
-static void decoder_cache_init(DecoderCache *cache, const Transformer *model, int R, int S,
-                               int max_T) {
-    memset(cache, 0, sizeof *cache);
-    if (fast_path.decoding) {
-        fast_path.decoding(1);   // the weights stay as they are until decoder_cache_free
+// R rows decoded side by side (R sentences, greedy, or the R beams of one sentence), for at
+// most max_T positions: memory = Encoder(source), once. src is (B,S), padded; B == rows (row
+// r decodes sentence r) or B == 1 (every row decodes sentence 0: the beams of beam search).
+static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
+                          const int *src_len, int B, int S, int rows, int max_T) {
+    if (fast_path.decoder_begin) {
+        fast_path.decoder_begin(decoder, model, src, src_len, B, S, rows, max_T);
+        return;
     }
-    cache->rows = R;
-    cache->S = S;
-    cache->max_T = max_T;
-    cache->src_len = checked_calloc(R, sizeof(int), "decoder source lengths");
-    cache->self_len = checked_calloc(R, sizeof(int), "decoder cache lengths");
-    Layout counting = { NULL, 0, 0 };
-    decoder_cache_layout(cache, &counting, &model->config);
-    Layout layout = { arena_calloc(counting.used, "decoder cache"), 0, 0 };
-    decoder_cache_layout(cache, &layout, &model->config);
-    cache->memory = layout.arena;
-}
-
-static void decoder_cache_free(DecoderCache *cache) {
-    free(cache->src_len);
-    free(cache->self_len);
-    arena_free(cache->memory);
-    memset(cache, 0, sizeof *cache);
-    if (fast_path.decoding)
-        fast_path.decoding(0);
-}
-
-// memory = Encoder(source) (§3.1), once per sentence, and every decoder layer's keys and
-// values of it. src is (B,S), padded; B == rows (row r decodes sentence r) or B == 1 (every
-// row decodes sentence 0: the beams of beam search).
-static void decoder_cache_encode(DecoderCache *cache, Transformer *model, const int *src,
-                                 const int *src_len, int B) {
     const TransformerConfig *config = &model->config;
     ActivationTensors *acts = &model->acts;
-    int S = cache->S;
-    int C = config->d_model;
-    size_t R = cache->rows;
-    size_t row_kv = (size_t)S * 2 * C;
-    Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
-    ensure_buffers(model, B, S, 1);
-    model->B = B;
+    size_t history_size = (size_t)rows * max_T;
+    memset(decoder, 0, sizeof *decoder);
+    decoder->rows = rows;
+    decoder->S = S;
+    decoder->max_T = max_T;
+    decoder->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
+    decoder->tgt_len = checked_calloc(rows, sizeof(int), "decoder target lengths");
+    decoder->history = checked_calloc(history_size, sizeof(int), "decoder inputs");
+    decoder->inputs = checked_calloc(history_size, sizeof(int), "decoder inputs");
+    decoder->logits = checked_calloc((size_t)rows * config->vocab_size, sizeof(real),
+                                     "decoder logits");
+
+    // each row's source: the beams of beam search all read sentence 0
+    int *sources = checked_calloc((size_t)rows * S, sizeof(int), "decoder sources");
+    for (int r = 0; r < rows; r++) {
+        int b = B == 1 ? 0 : r;
+        memcpy(sources + (size_t)r * S, src + (size_t)b * S, S * sizeof(int));
+        decoder->src_len[r] = src_len[b];
+    }
+
+    // the encoder stack, as transformer_forward runs it; the steps read its output
+    Batch batch = { rows, S, 1, sources, decoder->src_len, NULL, NULL, NULL };
+    ensure_buffers(model, rows, S, max_T);
+    model->B = rows;
     model->S = S;
     model->T = 1;
-
-    // the encoder stack, as transformer_forward runs it
-    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, src, model, B, S);
+    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, sources, model, rows, S);
     for (int l = 0; l < config->n_layers; l++) encoder_layer_forward(model, l, &batch);
-
-    // each decoder layer's keys and values of the memory, copied to every row that decodes it
-    const real *memory = encoder_output(model, acts);
-    for (int l = 0; l < config->n_layers; l++) {
-        real *kv = cache->cross_kv + l * R * row_kv;
-        AttentionParams weights = decoder_layer_params(&model->params, config, l).cross_attn;
-        memory_keys_values(kv, memory, weights, B, S, C);
-        for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
-    }
-    for (size_t r = 0; r < R; r++) cache->src_len[r] = src_len[B == 1 ? 0 : r];
+    free(sources);
 }
 
-// One decoder position t for rows 0..rows-1, tokens (rows) their inputs: appends each row's
-// keys and values at t to the cache, leaves the next token's logits in cache->logits.
-static void decoder_step(DecoderCache *cache, Transformer *model, const int *tokens, int t,
+// One decoder position t for rows 0..rows-1, tokens (rows) their inputs at t: the decoder
+// stack over each row's positions 0..t, and position t's logits in decoder->logits (rows, V).
+static void decoder_step(Decoder *decoder, Transformer *model, const int *tokens, int t,
                          int rows) {
-    const TransformerConfig *config = &model->config;
-    int C = config->d_model;
-    size_t R = cache->rows;
-    DecoderLayerActs step = cache->step;
-    AttentionShape self_shape = { rows, 1, cache->max_T, C, config->n_heads, 3 * C, 2 * C };
-
-    // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
-    const real *pe_t = model->positional_encoding + (size_t)t * C;
-    embedding_forward(cache->x, tokens, model->params.embedding, pe_t, rows, 1, C);
-    for (int r = 0; r < rows; r++) cache->self_len[r] = t + 1;
-
-    for (int l = 0; l < config->n_layers; l++) {
-        DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
-        AttentionParams self = weights.self_attn;
-        const real *y = l == 0 ? cache->x : step.norm3.out;   // the layer's input
-        real *self_kv = cache->self_kv + l * R * cache->max_T * 2 * C;
-        step.cross_attn.kv = cache->cross_kv + l * R * cache->S * 2 * C;
-
-        // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
-        linear_forward(step.self_attn.qkv, y, self.qkv_w, self.qkv_b, rows, C, 3 * C);
-        for (int r = 0; r < rows; r++) {   // k_t, v_t into the cache
-            real *cached = self_kv + ((size_t)r * cache->max_T + t) * 2 * C;
-            const real *k_t = step.self_attn.qkv + (size_t)r * 3 * C + C;
-            memcpy(cached, k_t, 2 * (size_t)C * sizeof(real));
-        }
-        attention_forward(step.self_attn.heads, step.self_attn.att, step.self_attn.qkv, self_kv,
-                          self_kv + C, cache->self_len, 0, self_shape);
-        linear_forward(step.self_attn.out, step.self_attn.heads, self.out_w, self.out_b, rows, C,
-                       C);
-        add_norm_forward(step.norm1, y, step.self_attn.out, weights.ln1, model, rows);
-
-        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)), the keys and values from the cache
-        cross_attention_forward(step.cross_attn, step.norm1.out, weights.cross_attn,
-                                cache->src_len, rows, 1, cache->S, config);
-        add_norm_forward(step.norm2, step.norm1.out, step.cross_attn.out, weights.ln2, model,
-                         rows);
-
-        // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
-        feed_forward_forward(step.ffn, step.norm2.out, weights.ffn, rows, config);
-        add_norm_forward(step.norm3, step.norm2.out, step.ffn.out, weights.ln3, model, rows);
+    if (fast_path.decoder_step) {
+        fast_path.decoder_step(decoder, model, tokens, t, rows);
+        return;
     }
+    const TransformerConfig *config = &model->config;
+    ActivationTensors *acts = &model->acts;
+    int C = config->d_model;
+    int V = config->vocab_size;
+    int T = t + 1;
+    size_t max_T = decoder->max_T;
 
-    // §3.4: the pre-softmax projection through the shared embedding
-    linear_forward(cache->logits, step.norm3.out, model->params.embedding, NULL, rows, C,
-                   config->vocab_size);
+    // each row's inputs <s> y_1 .. y_t, as a (rows, T) batch of targets
+    for (int r = 0; r < rows; r++) {
+        decoder->history[r * max_T + t] = tokens[r];
+        memcpy(decoder->inputs + (size_t)r * T, decoder->history + r * max_T, T * sizeof(int));
+        decoder->tgt_len[r] = T;
+    }
+    Batch batch = { rows, decoder->S, T, NULL, decoder->src_len, decoder->inputs, NULL,
+                    decoder->tgt_len };
+
+    // the decoder stack, as transformer_forward runs it, against decoder_begin's memory
+    embed_forward(acts->dec_x0, acts->dec_embedded, acts->dec_emb_mask, decoder->inputs, model,
+                  rows, T);
+    for (int l = 0; l < config->n_layers; l++) decoder_layer_forward(model, l, &batch);
+
+    // §3.4: the pre-softmax projection of position t, through the shared embedding
+    const real *output = decoder_output(model, acts);
+    for (int r = 0; r < rows; r++) {
+        const real *output_t = output + ((size_t)r * T + t) * C;
+        linear_forward(decoder->logits + (size_t)r * V, output_t, model->params.embedding, NULL,
+                       1, C, V);
+    }
 }
 
-// Row i continues beam parent[i] (beam search): it takes over that beam's cached keys and
-// values of positions 0..positions-1.
-static void decoder_cache_reorder(DecoderCache *cache, const Transformer *model,
-                                  const int *parent, int rows, int positions) {
-    size_t C = model->config.d_model;
-    size_t L = model->config.n_layers;
-    size_t R = cache->rows;
-    size_t T = cache->max_T;
-    size_t bytes = (size_t)positions * 2 * C * sizeof(real);
-    for (size_t l = 0; l < L; l++) {
-        for (int i = 0; i < rows; i++) {
-            real *to = cache->spare_kv + (l * R + i) * T * 2 * C;
-            const real *from = cache->self_kv + (l * R + parent[i]) * T * 2 * C;
-            memcpy(to, from, bytes);
-        }
+// Row i continues beam parent[i] (beam search): it takes over that beam's inputs at positions
+// 0..positions-1.
+static void decoder_reorder(Decoder *decoder, const int *parent, int rows, int positions) {
+    if (fast_path.decoder_reorder) {
+        fast_path.decoder_reorder(decoder, parent, rows, positions);
+        return;
     }
-    real *swap = cache->self_kv;
-    cache->self_kv = cache->spare_kv;
-    cache->spare_kv = swap;
+    size_t max_T = decoder->max_T;
+    int *reordered = decoder->inputs;   // free until the next step packs it
+    for (int i = 0; i < rows; i++) {
+        const int *from = decoder->history + parent[i] * max_T;
+        memcpy(reordered + i * max_T, from, (size_t)positions * sizeof(int));
+    }
+    decoder->inputs = decoder->history;
+    decoder->history = reordered;
+}
+
+static void decoder_end(Decoder *decoder) {
+    if (fast_path.decoder_end) {
+        fast_path.decoder_end(decoder);
+        return;
+    }
+    free(decoder->src_len);
+    free(decoder->tgt_len);
+    free(decoder->history);
+    free(decoder->inputs);
+    free(decoder->logits);
+    memset(decoder, 0, sizeof *decoder);
 }
 
 // §6.1: "maximum output length ... input length + 50", and never more positions than the
@@ -1384,17 +1319,16 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
         tokens[b] = TOKEN_BOS;
     }
 
-    DecoderCache cache;
-    decoder_cache_init(&cache, model, B, S, steps);
-    decoder_cache_encode(&cache, model, src, src_len, B);
+    Decoder decoder;
+    decoder_begin(&decoder, model, src, src_len, B, S, B, steps);
     for (int t = 0; t < steps; t++) {
-        decoder_step(&cache, model, tokens, t, B);
+        decoder_step(&decoder, model, tokens, t, B);
         int active = 0;
         for (int b = 0; b < B; b++) {
             if (done[b])
                 continue;
             int may_end = t > 0 || src_len[b] <= 1;
-            int token = greedy_token(cache.logits + (size_t)b * V, V, may_end);
+            int token = greedy_token(decoder.logits + (size_t)b * V, V, may_end);
             if (token == TOKEN_EOS) {
                 done[b] = 1;
                 continue;
@@ -1410,7 +1344,7 @@ void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int m
             break;
     }
 
-    decoder_cache_free(&cache);
+    decoder_end(&decoder);
     free(limit);
     free(tokens);
     free(done);
@@ -1542,20 +1476,19 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     int *parent = checked_calloc(beam_size, sizeof(int), "beams");
     int *tokens = checked_calloc(beam_size, sizeof(int), "beams");
     BeamCandidate *best = checked_calloc(beam_size, sizeof(BeamCandidate), "beam candidates");
-    DecoderCache cache;
-    decoder_cache_init(&cache, model, beam_size, src_len, limit);
-    decoder_cache_encode(&cache, model, src, &src_len, 1);
+    Decoder decoder;
+    decoder_begin(&decoder, model, src, &src_len, 1, src_len, beam_size, limit);
     alive.count = 1;
     tokens[0] = TOKEN_BOS;
 
     for (int t = 0; t < limit; t++) {
-        decoder_step(&cache, model, tokens, t, alive.count);
+        decoder_step(&decoder, model, tokens, t, alive.count);
         // Each beam ends once: the best `width` (beams not ended yet) candidates end (</s>)
         // or go on. An ended beam is not replaced, so poor hypotheses that end early cannot
         // stop the search while a better one is still going.
         int width = beam_size - finished.count;
         int may_end = t > 0 || src_len <= 1;   // min_len 1: a source of words never ends at once
-        int num_best = beam_propose(best, width, cache.logits, alive.score, alive.count, V,
+        int num_best = beam_propose(best, width, decoder.logits, alive.score, alive.count, V,
                                     may_end);
         next.count = 0;
         for (int i = 0; i < num_best; i++) {
@@ -1583,7 +1516,7 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
             }
             break;
         }
-        decoder_cache_reorder(&cache, model, parent, next.count, t + 1);
+        decoder_reorder(&decoder, parent, next.count, t + 1);
         Hypotheses swap = alive;
         alive = next;
         next = swap;
@@ -1593,7 +1526,7 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     memcpy(out, finished.tokens + best_finished * stride, length * sizeof(int));
     if (score)
         *score = finished.count ? finished.score[best_finished] : -INFINITY;
-    decoder_cache_free(&cache);
+    decoder_end(&decoder);
     hypotheses_free(&alive);
     hypotheses_free(&next);
     hypotheses_free(&finished);
@@ -1872,7 +1805,15 @@ static void arena_free(real *p) {
     free(block);
 }
 
-// Tensors cut one after another out of an arena (Layout, in §6.1's declarations).
+// Tensors cut one after another out of an arena: a first pass with arena NULL only counts
+// (`used`), a second hands out the places. With `gradients` set, the tensors that have no
+// gradient (forward_only) get NULL and no room.
+typedef struct {
+    real *arena;
+    size_t used;      // numbers handed out so far, each tensor rounded up to whole lines
+    int gradients;
+} Layout;
+
 static real *tensor(Layout *layout, size_t count) {
     size_t per_line = CACHE_LINE / sizeof(real);
     real *place = layout->arena ? layout->arena + layout->used : NULL;
@@ -3753,10 +3694,9 @@ static int decode_stdin(Transformer *model, Vocabulary *vocab, const DecodeOptio
 static const char *decode_usage =
     "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
     "Translates each SENTENCE (tokens separated by white space), or else each line of standard\n"
-    "input, and prints the output, one line each. Greedy decoding with a key/value cache, or\n"
-    "beam search with --beam; at most source length + 50 tokens (§6.1). A sentence it cannot\n"
-    "take (too long, a reserved token) gets an error line and an empty output line; then exit\n"
-    "status 1.";
+    "input, and prints the output, one line each. Greedy decoding, or beam search with --beam;\n"
+    "at most source length + 50 tokens (§6.1). A sentence it cannot take (too long, a reserved\n"
+    "token) gets an error line and an empty output line; then exit status 1.";
 
 static int command_decode(int argc, char **argv) {
     DecodeOptions d = { .beam = 1, .alpha = 0.6, .usage = decode_usage };

@@ -268,23 +268,22 @@ typedef struct {
     double eps;
 } AdamConfig;
 
+typedef struct KeyValueCache KeyValueCache;   // the fast path's, in lab/fast_path.c
+
 // The decoding state of R rows decoded side by side: R sentences (greedy) or the R beams of
-// one sentence (beam search).
+// one sentence (beam search). transformer.c's decoder keeps each row's inputs so far and runs
+// the decoder over all of them at each position; the fast path's keeps its key/value cache.
 typedef struct {
     int rows;               // R
     int S;                  // padded source length
-    int max_T;              // positions the self-attention cache holds
-    int *src_len;           // (R)                real source tokens of each row
-    int *self_len;          // (R)                positions each row's query sees: t + 1
-    real *cross_kv;         // (L, R, S, 2C)      keys | values of the memory, per decoder layer
-    real *self_kv;          // (L, R, max_T, 2C)  keys | values of positions 0..t, per layer
-    real *spare_kv;         // (L, R, max_T, 2C)  where beam search reorders the cache into
-    real *x;                // (R, C)             the embedded tokens of position t
-    DecoderLayerActs step;  // one layer's activations at position t, rows R (T = 1), reused
-                            // layer after layer; its dropout masks all ones (no training)
-    real *logits;           // (R, V)
-    real *memory;           // the arena of all the above
-} DecoderCache;
+    int max_T;              // the most positions
+    int *src_len;           // (R)         real source tokens of each row
+    int *tgt_len;           // (R)         positions so far, t + 1
+    int *history;           // (R, max_T)  each row's inputs <s> y_1 .. y_t, row r at r * max_T
+    int *inputs;            // (R, t + 1)  the same, packed as a batch of t + 1 positions
+    real *logits;           // (R, V)      the next token's, from decoder_step
+    KeyValueCache *cache;   // the fast path's key/value cache; NULL in transformer.c's
+} Decoder;
 
 typedef struct {
     TransformerConfig config;
@@ -515,13 +514,12 @@ typedef struct DecodeOptions {
 // ----------------------------------------------------------------------------
 // Where the companions plug in. transformer.c alone leaves these empty and
 // runs its own loops and commands; lab/lab.c (make's ./transformer) fills them
-// in: its fast path (lab/fast_path.c) the four products and decoding's hook of FastPath, the rest
+// in: its fast path (lab/fast_path.c) the four products and the decoder of FastPath, the rest
 // of the lab the program's hooks of LabHooks. (The CUDA companion plugs in
 // through transformer_training, above.)
 
-// The products that take nearly all of a training step's time; each is called
-// in place of transformer.c's function of the same name when it is set. And
-// decoding's beginning and end, when the fast path may pack the weights its way.
+// The products that take nearly all of a training step's time, and §6.1's decoder; each is
+// called in place of transformer.c's function of the same name when it is set.
 typedef struct {
     void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias,
                            int N, int IC, int OC);
@@ -532,9 +530,14 @@ typedef struct {
     void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att,
                                const real *q, const real *k, const real *v,
                                AttentionShape shape);
-    // Decoding begins (1) or ends (0) (decoder_cache_init, decoder_cache_free): the weights
-    // stay as they are in between, so the fast path may use copies of them arranged its way.
-    void (*decoding)(int begins);
+    // decoding with a key/value cache: the weights stay as they are from begin to end, so the
+    // fast path may use copies of them arranged its way
+    void (*decoder_begin)(Decoder *decoder, Transformer *model, const int *src,
+                          const int *src_len, int B, int S, int rows, int max_T);
+    void (*decoder_step)(Decoder *decoder, Transformer *model, const int *tokens, int t,
+                         int rows);
+    void (*decoder_reorder)(Decoder *decoder, const int *parent, int rows, int positions);
+    void (*decoder_end)(Decoder *decoder);
 } FastPath;
 
 // The program's hooks, each called at one place in transformer.c (a line marked "lab:")

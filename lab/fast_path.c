@@ -1,19 +1,21 @@
-/* lab/fast_path.c: transformer.c's products, many times faster
+/* lab/fast_path.c: transformer.c's products, many times faster, and decoding with a cache
  *
  * Nothing here changes what the model computes, only how fast: the products
  * of the linear layers (§3) and of attention (§3.2.1) as register tiles over
  * packed blocks, each number of a product the same sum in the same order
- * whatever the number of threads. transformer.c's linear_forward, linear_backward,
- * attention_forward and attention_backward hand their calls to these on
- * their first line once fast_path_use(1) has set transformer.c's
- * `fast_path` hooks (lab.c does, for make's ./transformer); transformer.c
- * alone runs its own loops. The tests check each against those loops. A
- * piece stays here only if it makes a toy or base training step, or
+ * whatever the number of threads, and decoding (§6.1) with a key/value cache.
+ * transformer.c's linear_forward, linear_backward, attention_forward,
+ * attention_backward and decoder_begin, _step, _reorder and _end hand their
+ * calls to these on their first line once fast_path_use(1) has set
+ * transformer.c's `fast_path` hooks (lab.c does, for make's ./transformer);
+ * transformer.c alone runs its own loops. The tests check each against those
+ * loops. A piece stays here only if it makes a toy or base training step, or
  * decoding, at least 5% faster (dev/PERFORMANCE.md has what each gave and
  * what was tried and dropped).
  *
  * BUILD  included by lab/lab.c after transformer.c (it uses transformer.c's
- *        visible_keys, softmax_visible, softmax_backward and allocation)
+ *        visible_keys, softmax_visible, softmax_backward, allocation, the
+ *        layers' forward functions and the arenas' layouts)
  */
 
 // ----------------------------------------------------------------------------
@@ -392,7 +394,7 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // to the last. matmul would pack W^T again at every position, for a few
 // multiply-adds per number packed, by one thread where the rows make one
 // strip (base's 8 sentences). So while transformer.c decodes (from
-// decoder_cache_init to decoder_cache_free, which call fast_path_decoding),
+// cached_decoder_begin to cached_decoder_end, which call fast_path_decoding),
 // the first product of each weight packs all of its W^T, the threads
 // together, into strips of TILE_COLS columns the whole depth deep, and every
 // product of the decoding reads them: the threads share out the strips, and
@@ -711,16 +713,210 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
     }
 }
 
-// Hands transformer.c's four products, and its word of when decoding begins
-// and ends, to the functions above (on = 1), or the products back to
-// transformer.c's own loops (on = 0, as the tests compare them). Either way
-// no decoding is under way for the fast path: one that began before would
-// not tell it when it ends, and its packs would outlive the weights.
+// ----------------------------------------------------------------------------
+// Decoding with a key/value cache (§6.1), in place of transformer.c's decoder,
+// which runs the decoder stack over every position so far at every step.
+// Under the causal mask (§3.2.3) nothing at positions < t depends on later
+// tokens, so their keys and values never change: the cache keeps them, per
+// layer, and step t computes only row t:
+//
+//   token_t ─ E[token]·√C + PE[t] ─ layer 0 ─ … ─ layer N-1 ─ ·E^T ─ logits_t
+//     in each layer: self-attention   q_t against cached k_0..k_t, v_0..v_t
+//                    cross-attention  q_t against the memory's K, V (made once)
+//
+// cached_decoder_step is transformer.c's decoder_layer_forward for one
+// position, with the same building blocks (dropout off): each number of row t
+// is the same sum in the same order as transformer.c's decoder gives it, and
+// so are the tokens (lab/test_lab.c compares them). The weights stay as they
+// are from cached_decoder_begin to cached_decoder_end, which tell the
+// products above (fast_path_decoding) so that they pack each weight once.
+
+// The cache of R rows decoded side by side (Decoder, transformer.h), in one arena.
+struct KeyValueCache {
+    int layers;             // L
+    int C;                  // d_model
+    int *self_len;          // (R)                positions each row's query sees: t + 1
+    real *cross_kv;         // (L, R, S, 2C)      keys | values of the memory, per decoder layer
+    real *self_kv;          // (L, R, max_T, 2C)  keys | values of positions 0..t, per layer
+    real *spare_kv;         // (L, R, max_T, 2C)  where beam search reorders the cache into
+    real *x;                // (R, C)             the embedded tokens of position t
+    DecoderLayerActs step;  // one layer's activations at position t, rows R (T = 1), reused
+                            // layer after layer; its dropout masks all ones (no training)
+    real *logits;           // (R, V)
+    real *memory;           // the arena of all the above
+};
+
+// The cache's tensors, in the order of its arena. The encoder-decoder attention's keys and
+// values are the cache's own (cross_kv), not step's.
+static void key_value_cache_layout(KeyValueCache *cache, Layout *layout, const Decoder *decoder,
+                                   const TransformerConfig *config) {
+    size_t L = config->n_layers;
+    size_t C = config->d_model;
+    size_t NH = config->n_heads;
+    size_t R = decoder->rows;
+    size_t S = decoder->S;
+    size_t max_T = decoder->max_T;
+    DecoderLayerActs *step = &cache->step;
+    cache->cross_kv = tensor(layout, L * R * S * 2 * C);
+    cache->self_kv = tensor(layout, L * R * max_T * 2 * C);
+    cache->spare_kv = tensor(layout, L * R * max_T * 2 * C);
+    cache->x = tensor(layout, R * C);
+    layout_attention(&step->self_attn, layout, R, 0, R * NH * max_T, C, 0);
+    layout_add_norm(&step->norm1, layout, R, C);
+    layout_attention(&step->cross_attn, layout, R, 0, R * NH * S, C, 1);
+    step->cross_attn.kv = NULL;   // each layer's are in cross_kv (the step points at them)
+    layout_add_norm(&step->norm2, layout, R, C);
+    layout_feed_forward(&step->ffn, layout, R, C, config->d_ff);
+    layout_add_norm(&step->norm3, layout, R, C);
+    cache->logits = tensor(layout, R * config->vocab_size);
+}
+
+// transformer.c's decoder_begin, with a cache: memory = Encoder(source) (§3.1), once, and
+// every decoder layer's keys and values of it. src is (B,S), padded; B == rows (row r
+// decodes sentence r) or B == 1 (every row decodes sentence 0: the beams of beam search).
+static void cached_decoder_begin(Decoder *decoder, Transformer *model, const int *src,
+                                 const int *src_len, int B, int S, int rows, int max_T) {
+    const TransformerConfig *config = &model->config;
+    ActivationTensors *acts = &model->acts;
+    int C = config->d_model;
+    size_t R = rows;
+    size_t row_kv = (size_t)S * 2 * C;
+    fast_path_decoding(1);   // the weights stay as they are until cached_decoder_end
+    memset(decoder, 0, sizeof *decoder);
+    decoder->rows = rows;
+    decoder->S = S;
+    decoder->max_T = max_T;
+    decoder->src_len = checked_calloc(R, sizeof(int), "decoder source lengths");
+    KeyValueCache *cache = checked_calloc(1, sizeof(KeyValueCache), "decoder cache");
+    decoder->cache = cache;
+    cache->layers = config->n_layers;
+    cache->C = C;
+    cache->self_len = checked_calloc(R, sizeof(int), "decoder cache lengths");
+    Layout counting = { NULL, 0, 0 };
+    key_value_cache_layout(cache, &counting, decoder, config);
+    Layout layout = { arena_calloc(counting.used, "decoder cache"), 0, 0 };
+    key_value_cache_layout(cache, &layout, decoder, config);
+    cache->memory = layout.arena;
+    decoder->logits = cache->logits;
+
+    // the encoder stack, as transformer_forward runs it
+    Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
+    ensure_buffers(model, B, S, 1);
+    model->B = B;
+    model->S = S;
+    model->T = 1;
+    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, src, model, B, S);
+    for (int l = 0; l < config->n_layers; l++) encoder_layer_forward(model, l, &batch);
+
+    // each decoder layer's keys and values of the memory, copied to every row that decodes it
+    const real *memory = encoder_output(model, acts);
+    for (int l = 0; l < config->n_layers; l++) {
+        real *kv = cache->cross_kv + l * R * row_kv;
+        AttentionParams weights = decoder_layer_params(&model->params, config, l).cross_attn;
+        memory_keys_values(kv, memory, weights, B, S, C);
+        for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
+    }
+    for (size_t r = 0; r < R; r++) decoder->src_len[r] = src_len[B == 1 ? 0 : r];
+}
+
+// One decoder position t for rows 0..rows-1, tokens (rows) their inputs: appends each row's
+// keys and values at t to the cache, leaves the next token's logits in decoder->logits.
+static void cached_decoder_step(Decoder *decoder, Transformer *model, const int *tokens, int t,
+                                int rows) {
+    const TransformerConfig *config = &model->config;
+    KeyValueCache *cache = decoder->cache;
+    int C = config->d_model;
+    size_t R = decoder->rows;
+    size_t max_T = decoder->max_T;
+    DecoderLayerActs step = cache->step;
+    AttentionShape self_shape = { rows, 1, (int)max_T, C, config->n_heads, 3 * C, 2 * C };
+
+    // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]
+    const real *pe_t = model->positional_encoding + (size_t)t * C;
+    embedding_forward(cache->x, tokens, model->params.embedding, pe_t, rows, 1, C);
+    for (int r = 0; r < rows; r++) cache->self_len[r] = t + 1;
+
+    for (int l = 0; l < config->n_layers; l++) {
+        DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
+        AttentionParams self = weights.self_attn;
+        const real *y = l == 0 ? cache->x : step.norm3.out;   // the layer's input
+        real *self_kv = cache->self_kv + l * R * max_T * 2 * C;
+        step.cross_attn.kv = cache->cross_kv + l * R * decoder->S * 2 * C;
+
+        // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees k_0..k_t, v_0..v_t
+        linear_forward(step.self_attn.qkv, y, self.qkv_w, self.qkv_b, rows, C, 3 * C);
+        for (int r = 0; r < rows; r++) {   // k_t, v_t into the cache
+            real *cached = self_kv + ((size_t)r * max_T + t) * 2 * C;
+            const real *k_t = step.self_attn.qkv + (size_t)r * 3 * C + C;
+            memcpy(cached, k_t, 2 * (size_t)C * sizeof(real));
+        }
+        attention_forward(step.self_attn.heads, step.self_attn.att, step.self_attn.qkv, self_kv,
+                          self_kv + C, cache->self_len, 0, self_shape);
+        linear_forward(step.self_attn.out, step.self_attn.heads, self.out_w, self.out_b, rows, C,
+                       C);
+        add_norm_forward(step.norm1, y, step.self_attn.out, weights.ln1, model, rows);
+
+        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)), the keys and values from the cache
+        cross_attention_forward(step.cross_attn, step.norm1.out, weights.cross_attn,
+                                decoder->src_len, rows, 1, decoder->S, config);
+        add_norm_forward(step.norm2, step.norm1.out, step.cross_attn.out, weights.ln2, model,
+                         rows);
+
+        // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
+        feed_forward_forward(step.ffn, step.norm2.out, weights.ffn, rows, config);
+        add_norm_forward(step.norm3, step.norm2.out, step.ffn.out, weights.ln3, model, rows);
+    }
+
+    // §3.4: the pre-softmax projection through the shared embedding
+    linear_forward(decoder->logits, step.norm3.out, model->params.embedding, NULL, rows, C,
+                   config->vocab_size);
+}
+
+// Row i continues beam parent[i] (beam search): it takes over that beam's cached keys and
+// values of positions 0..positions-1.
+static void cached_decoder_reorder(Decoder *decoder, const int *parent, int rows,
+                                   int positions) {
+    KeyValueCache *cache = decoder->cache;
+    size_t C = cache->C;
+    size_t L = cache->layers;
+    size_t R = decoder->rows;
+    size_t T = decoder->max_T;
+    size_t bytes = (size_t)positions * 2 * C * sizeof(real);
+    for (size_t l = 0; l < L; l++) {
+        for (int i = 0; i < rows; i++) {
+            real *to = cache->spare_kv + (l * R + i) * T * 2 * C;
+            const real *from = cache->self_kv + (l * R + parent[i]) * T * 2 * C;
+            memcpy(to, from, bytes);
+        }
+    }
+    real *swap = cache->self_kv;
+    cache->self_kv = cache->spare_kv;
+    cache->spare_kv = swap;
+}
+
+static void cached_decoder_end(Decoder *decoder) {
+    KeyValueCache *cache = decoder->cache;
+    free(decoder->src_len);
+    free(cache->self_len);
+    arena_free(cache->memory);
+    free(cache);
+    memset(decoder, 0, sizeof *decoder);
+    fast_path_decoding(0);
+}
+
+// Hands transformer.c's four products and its decoder to the functions above
+// (on = 1), or back to transformer.c's own loops (on = 0, as the tests compare
+// them). Either way no decoding is under way for the fast path: one that
+// began before would not tell it when it ends, and its packs would outlive
+// the weights.
 static void fast_path_use(int on) {
     forget_packed_weights();
     fast_path.linear_forward = on ? linear_forward_fast : NULL;
     fast_path.linear_backward = on ? linear_backward_fast : NULL;
     fast_path.attention_forward = on ? attention_forward_fast : NULL;
     fast_path.attention_backward = on ? attention_backward_fast : NULL;
-    fast_path.decoding = on ? fast_path_decoding : NULL;
+    fast_path.decoder_begin = on ? cached_decoder_begin : NULL;
+    fast_path.decoder_step = on ? cached_decoder_step : NULL;
+    fast_path.decoder_reorder = on ? cached_decoder_reorder : NULL;
+    fast_path.decoder_end = on ? cached_decoder_end : NULL;
 }

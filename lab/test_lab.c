@@ -27,10 +27,12 @@
  *                attention_forward_fast, _backward_fast  test_fast_attention, test_fast_dispatch,
  *                                                        test_fast_training_step, test_attention_by_hand
  *                attention_one_query_fast                test_fast_attention (one query), test_attention_by_hand,
- *                                                        test_cached_logits
+ *                                                        test_decoder_logits
  *                matmul and its tiles                    test_matmul_against_plain_loops, test_matmul_thread_count
  *                linear_forward_packed, packed_weight,   test_decoding_weights, test_decoding_hook
  *                fast_path_decoding
+ *                cached_decoder_begin, _step, _reorder,  test_key_value_cache (transformer.c's decoder's bits),
+ *                _end                                    test_decoder_logits, test_decoding_hook
  *                checked_aligned_malloc                  test_fast_aligned_memory
  *   lab.c        svg_write_heatmap, _grid, _positional_encoding, _attention, _loss_curve    test_svg_*
  *                checkpoint_average, average             test_average; test_table3 (learned positions)
@@ -501,40 +503,103 @@ static void test_decoding_weights(void) {
           "the pack forgotten when decoding ends and its memory used again", cases);
 }
 
-// decoder_cache_init and decoder_cache_free tell the fast path that decoding
-// begins and ends (transformer.c's hook): a sentence of 5 tokens, so that the
-// encoder's products have few rows too, packs at the first position every
-// weight (the encoder's 4 a layer, the decoder's 7: the memory's keys and
-// values, and 6 a step; and the output projection), none at the second,
-// and after, none stands for a weight; nor after fast_path_use in a decoding.
+// cached_decoder_begin and _end tell the products that decoding begins and
+// ends: a sentence of 5 tokens, so that the encoder's products have few rows
+// too, packs at the first position every weight (the encoder's 4 a layer, the
+// decoder's 7: the memory's keys and values, and 6 a step; and the output
+// projection), none at the second, and after, none stands for a weight; nor
+// after fast_path_use in a decoding.
 static void test_decoding_hook(void) {
     TransformerConfig config = decode_config();
     Transformer model;
     transformer_build(&model, &config, 15);
     model.training = 0;
     int S = 5, src[5] = { 3, 4, 5, 6, 7 }, tokens[2] = { TOKEN_BOS, 5 };
-    DecoderCache cache;
-    decoder_cache_init(&cache, &model, 1, S, 4);
-    int began = decoding_weights.decodings == 1;
-    decoder_cache_encode(&cache, &model, src, &S, 1);
-    decoder_step(&cache, &model, &tokens[0], 0, 1);
+    Decoder decoder;
+    decoder_begin(&decoder, &model, src, &S, 1, S, 1, 4);
+    int began = decoding_weights.decodings == 1 && decoder.cache != NULL;
+    decoder_step(&decoder, &model, &tokens[0], 0, 1);
     int at_first = decoding_weights_packed();
-    decoder_step(&cache, &model, &tokens[1], 1, 1);
+    decoder_step(&decoder, &model, &tokens[1], 1, 1);
     int at_second = decoding_weights_packed(), expected = 11 * config.n_layers + 1;
-    decoder_cache_free(&cache);
+    decoder_end(&decoder);
     int ended = decoding_weights.decodings == 0 && decoding_weights_packed() == 0;
     // fast_path_use mid-decoding: the fast path would not hear of its end, so it forgets it at once
-    decoder_cache_init(&cache, &model, 1, S, 4);
-    decoder_cache_encode(&cache, &model, src, &S, 1);
+    decoder_begin(&decoder, &model, src, &S, 1, S, 1, 4);
     fast_path_use(1);
     int switched = decoding_weights.decodings == 0 && decoding_weights_packed() == 0;
-    decoder_cache_free(&cache);
+    decoder_end(&decoder);
     switched &= decoding_weights.decodings == 0;
-    check(began && at_first == expected && at_second == expected && ended && switched, "decoding: decoder_cache_init "
-          "and _free tell the fast path (decoding %s; weights packed: %d at the first position, %d at the second, %d "
+    check(began && at_first == expected && at_second == expected && ended && switched, "decoding: cached_decoder_begin "
+          "and _end tell the products (decoding %s; weights packed: %d at the first position, %d at the second, %d "
           "expected; %s after; %s by fast_path_use)", began ? "began" : "did not begin", at_first, at_second,
           expected, ended ? "none" : "some", switched ? "all forgotten" : "not forgotten");
     transformer_free(&model);
+}
+
+// The key/value cache against transformer.c's decoder, which re-runs the
+// decoder stack over every position so far: with transformer.c's products
+// (only the four decoder hooks set) the same logits bit for bit at every
+// step, so the same greedy outputs of sentences side by side, padded, and
+// the same beam 4 outputs and scores, on a trained and an untrained model.
+static void test_key_value_cache(void) {
+    TransformerConfig config = decode_config();
+    Transformer untrained;
+    transformer_build(&untrained, &config, 16);
+    Transformer *models[2] = { trained_copy_model(), &untrained };
+    Rng rng; rng_seed(&rng, 36);
+    int B = 5, S = 7, same_greedy = 1, same_beam = 1, same_logits = 1, ended = 0;
+    for (int k = 0; k < 2; k++) {
+        Transformer *m = models[k];
+        int V = m->config.vocab_size, src[5 * 7] = { 0 }, src_len[5];
+        for (int b = 0; b < B; b++) {
+            src_len[b] = 2 + b;
+            random_source(src + b * S, src_len[b], V, &rng);
+        }
+        int out[2][5 * 20], out_len[2][5], beam[2][5][20], beam_len[2][5];
+        double score[2][5];
+        real *logits[2];
+        for (int cached = 0; cached < 2; cached++) {
+            fast_path_use(0);
+            if (cached) {
+                fast_path.decoder_begin = cached_decoder_begin;
+                fast_path.decoder_step = cached_decoder_step;
+                fast_path.decoder_reorder = cached_decoder_reorder;
+                fast_path.decoder_end = cached_decoder_end;
+            }
+            m->training = 0;
+            transformer_greedy_decode(m, out[cached], out_len[cached], 20, src, src_len, B, S);
+            for (int b = 0; b < B; b++)
+                beam_len[cached][b] = transformer_beam_search(m, beam[cached][b], &score[cached][b], src + b * S,
+                                                              src_len[b], 4, 0.6);
+            // one decoder's logits at each of 6 positions, for B rows fed the first source's tokens
+            Decoder decoder;
+            decoder_begin(&decoder, m, src, src_len, B, S, B, 6);
+            logits[cached] = checked_calloc((size_t)6 * B * V, sizeof(real), "test");
+            for (int t = 0; t < 6; t++) {
+                int tokens[5];
+                for (int b = 0; b < B; b++) tokens[b] = t == 0 ? TOKEN_BOS : src[(t + b) % S];
+                decoder_step(&decoder, m, tokens, t, B);
+                memcpy(logits[cached] + (size_t)t * B * V, decoder.logits, (size_t)B * V * sizeof(real));
+            }
+            decoder_end(&decoder);
+        }
+        fast_path_use(1);
+        same_logits &= memcmp(logits[0], logits[1], (size_t)6 * B * V * sizeof(real)) == 0;
+        for (int b = 0; b < B; b++) {
+            same_greedy &= out_len[0][b] == out_len[1][b] &&
+                           memcmp(out[0] + b * 20, out[1] + b * 20, out_len[0][b] * sizeof(int)) == 0;
+            same_beam &= beam_len[0][b] == beam_len[1][b] && score[0][b] == score[1][b] &&
+                         memcmp(beam[0][b], beam[1][b], beam_len[0][b] * sizeof(int)) == 0;
+            ended += k == 0 && out_len[0][b] < transformer_decode_limit(m, src_len[b]);
+        }
+        free(logits[0]); free(logits[1]);
+    }
+    check(same_logits, "decoding: the key/value cache gives transformer.c's decoder's logits bit for bit "
+          "(%d rows, 6 positions, 2 models)", B);
+    check(same_greedy && same_beam && ended == B, "decoding: with the key/value cache, greedy (%d sentences side by "
+          "side, %d of the trained model's ended by </s>) and beam 4 give transformer.c's outputs and scores", B, ended);
+    transformer_free(&untrained);
 }
 
 // A whole training step of a model, Part II against Part I: the loss, the
@@ -3710,6 +3775,7 @@ int main(void) {
     test_matmul_thread_count();
     test_decoding_weights();
     test_decoding_hook();
+    test_key_value_cache();
     test_fast_linear();
     test_fast_attention();
     test_fast_dispatch();
