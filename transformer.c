@@ -1153,11 +1153,12 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 //   step t:  <s> y_1 .. y_t ─ Decoder(·, memory) ─ ·E^T ─ logits at t ─ y_{t+1}
 //
 // Under the causal mask (§3.2.3) nothing at positions < t depends on later tokens, so step
-// t gives the earlier positions exactly the numbers of step t-1: only row t is new, and the
-// rest, O(t^2) work a sentence, is done again. The fast path (lab/fast_path.c, in make's
-// ./transformer) keeps a key/value cache instead, each layer's keys and values of the
-// earlier positions, and computes row t alone: the same sums in the same order, the same
-// tokens (lab/test_lab.c compares them).
+// t gives the earlier positions exactly the numbers of step t-1: only row t is new. The
+// rest is done again, the memory's keys and values too, so a sentence's work grows with the
+// square of its length (attention's with the cube). The fast path (lab/fast_path.c, in
+// make's ./transformer) keeps a key/value cache instead, each layer's keys and values of
+// the earlier positions, and computes row t alone; with these loops' products it gives the
+// same logits bit for bit (lab/test_lab.c compares them).
 
 // From the machinery: allocation that cannot fail silently
 static void *checked_calloc(size_t count, size_t size, const char *what);
@@ -1180,7 +1181,7 @@ static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
     decoder->max_T = max_T;
     decoder->src_len = checked_calloc(rows, sizeof(int), "decoder source lengths");
     decoder->tgt_len = checked_calloc(rows, sizeof(int), "decoder target lengths");
-    decoder->history = checked_calloc(history_size, sizeof(int), "decoder inputs");
+    decoder->history = checked_calloc(history_size, sizeof(int), "decoder history");
     decoder->inputs = checked_calloc(history_size, sizeof(int), "decoder inputs");
     decoder->logits = checked_calloc((size_t)rows * config->vocab_size, sizeof(real),
                                      "decoder logits");
@@ -1208,7 +1209,7 @@ static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
 // stack over each row's positions 0..t, and position t's logits in decoder->logits (rows, V).
 static void decoder_step(Decoder *decoder, Transformer *model, const int *tokens, int t,
                          int rows) {
-    if (fast_path.decoder_step) {
+    if (decoder->cache) {
         fast_path.decoder_step(decoder, model, tokens, t, rows);
         return;
     }
@@ -1227,6 +1228,8 @@ static void decoder_step(Decoder *decoder, Transformer *model, const int *tokens
     }
     Batch batch = { rows, decoder->S, T, NULL, decoder->src_len, decoder->inputs, NULL,
                     decoder->tgt_len };
+    model->B = rows;
+    model->T = T;
 
     // the decoder stack, as transformer_forward runs it, against decoder_begin's memory
     embed_forward(acts->dec_x0, acts->dec_embedded, acts->dec_emb_mask, decoder->inputs, model,
@@ -1245,7 +1248,7 @@ static void decoder_step(Decoder *decoder, Transformer *model, const int *tokens
 // Row i continues beam parent[i] (beam search): it takes over that beam's inputs at positions
 // 0..positions-1.
 static void decoder_reorder(Decoder *decoder, const int *parent, int rows, int positions) {
-    if (fast_path.decoder_reorder) {
+    if (decoder->cache) {
         fast_path.decoder_reorder(decoder, parent, rows, positions);
         return;
     }
@@ -1260,7 +1263,7 @@ static void decoder_reorder(Decoder *decoder, const int *parent, int rows, int p
 }
 
 static void decoder_end(Decoder *decoder) {
-    if (fast_path.decoder_end) {
+    if (decoder->cache) {
         fast_path.decoder_end(decoder);
         return;
     }

@@ -280,7 +280,8 @@ typedef struct {
     int *src_len;           // (R)         real source tokens of each row
     int *tgt_len;           // (R)         positions so far, t + 1
     int *history;           // (R, max_T)  each row's inputs <s> y_1 .. y_t, row r at r * max_T
-    int *inputs;            // (R, t + 1)  the same, packed as a batch of t + 1 positions
+    int *inputs;            // (R, t + 1)  the same, packed as a batch of t + 1 positions (and
+                            //             decoder_reorder's room for the history's new order)
     real *logits;           // (R, V)      the next token's, from decoder_step
     KeyValueCache *cache;   // the fast path's key/value cache; NULL in transformer.c's
 } Decoder;
@@ -350,9 +351,9 @@ extern const TrainingCompute *transformer_training;
 uint64_t transformer_dropout_key(Transformer *model);
 
 // ----------------------------------------------------------------------------
-// Decoding (§6.1), with a key/value cache: the encoder runs once per sentence
-// and each decoder layer keeps the keys and values of the positions so far.
-// Outputs never contain <pad>, <s> or </s>; at most transformer_decode_limit
+// Decoding (§6.1): the encoder runs once per sentence, the decoder once per
+// position (over the positions so far; make's ./transformer: with a key/value
+// cache). Outputs never contain <pad>, <s> or </s>; at most transformer_decode_limit
 // tokens (source length + 50, and no more than max_len).
 
 int transformer_decode_limit(const Transformer *model, int src_len);
@@ -531,7 +532,9 @@ typedef struct {
                                const real *q, const real *k, const real *v,
                                AttentionShape shape);
     // decoding with a key/value cache: the weights stay as they are from begin to end, so the
-    // fast path may use copies of them arranged its way
+    // fast path may use copies of them arranged its way. decoder_begin chooses; a decoding
+    // that began with the cache (decoder.cache set) goes on with it, a decoding without one
+    // without it, whatever the hooks are set to in between
     void (*decoder_begin)(Decoder *decoder, Transformer *model, const int *src,
                           const int *src_len, int B, int S, int rows, int max_T);
     void (*decoder_step)(Decoder *decoder, Transformer *model, const int *tokens, int t,

@@ -393,7 +393,7 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // every position, and the weights stay as they are from the first position
 // to the last. matmul would pack W^T again at every position, for a few
 // multiply-adds per number packed, by one thread where the rows make one
-// strip (base's 8 sentences). So while transformer.c decodes (from
+// strip (base's 8 sentences). So while the cache decodes (from
 // cached_decoder_begin to cached_decoder_end, which call fast_path_decoding),
 // the first product of each weight packs all of its W^T, the threads
 // together, into strips of TILE_COLS columns the whole depth deep, and every
@@ -906,9 +906,8 @@ static void cached_decoder_end(Decoder *decoder) {
 
 // Hands transformer.c's four products and its decoder to the functions above
 // (on = 1), or back to transformer.c's own loops (on = 0, as the tests compare
-// them). Either way no decoding is under way for the fast path: one that
-// began before would not tell it when it ends, and its packs would outlive
-// the weights.
+// them). Either way the products forget the weights they packed: a decoding
+// under way goes on without the packs, and its end finds none to forget.
 static void fast_path_use(int on) {
     forget_packed_weights();
     fast_path.linear_forward = on ? linear_forward_fast : NULL;
@@ -916,7 +915,9 @@ static void fast_path_use(int on) {
     fast_path.attention_forward = on ? attention_forward_fast : NULL;
     fast_path.attention_backward = on ? attention_backward_fast : NULL;
     fast_path.decoder_begin = on ? cached_decoder_begin : NULL;
-    fast_path.decoder_step = on ? cached_decoder_step : NULL;
-    fast_path.decoder_reorder = on ? cached_decoder_reorder : NULL;
-    fast_path.decoder_end = on ? cached_decoder_end : NULL;
+    // (a decoding begun with the cache goes on with it, whatever `on`: transformer.c calls
+    // these only for a Decoder whose cache cached_decoder_begin made)
+    fast_path.decoder_step = cached_decoder_step;
+    fast_path.decoder_reorder = cached_decoder_reorder;
+    fast_path.decoder_end = cached_decoder_end;
 }

@@ -448,7 +448,7 @@ static int decoding_weights_packed(void) {
     return packed;
 }
 
-// While transformer.c decodes (fast_path_decoding(1) .. (0)), linear_forward_fast
+// While the cache decodes (fast_path_decoding(1) .. (0)), linear_forward_fast
 // packs a weight on its first product of few rows and reads the packed strips
 // after: the bits of matmul's product, on the call that packs (with 3
 // threads) and on later ones (2 and 1), for few rows (1-8, DECODING_ROWS:
@@ -508,7 +508,7 @@ static void test_decoding_weights(void) {
 // too, packs at the first position every weight (the encoder's 4 a layer, the
 // decoder's 7: the memory's keys and values, and 6 a step; and the output
 // projection), none at the second, and after, none stands for a weight; nor
-// after fast_path_use in a decoding.
+// after fast_path_use(0) in a decoding, which goes on with its cache.
 static void test_decoding_hook(void) {
     TransformerConfig config = decode_config();
     Transformer model;
@@ -524,12 +524,17 @@ static void test_decoding_hook(void) {
     int at_second = decoding_weights_packed(), expected = 11 * config.n_layers + 1;
     decoder_end(&decoder);
     int ended = decoding_weights.decodings == 0 && decoding_weights_packed() == 0;
-    // fast_path_use mid-decoding: the fast path would not hear of its end, so it forgets it at once
+    // fast_path_use mid-decoding forgets the packs at once; the decoding goes on with its cache
+    // (with transformer.c's products), and its end leaves no decoding under way
     decoder_begin(&decoder, &model, src, &S, 1, S, 1, 4);
-    fast_path_use(1);
+    decoder_step(&decoder, &model, &tokens[0], 0, 1);
+    fast_path_use(0);
     int switched = decoding_weights.decodings == 0 && decoding_weights_packed() == 0;
+    decoder_step(&decoder, &model, &tokens[1], 1, 1);
+    switched &= decoder.cache != NULL && decoding_weights_packed() == 0;
     decoder_end(&decoder);
     switched &= decoding_weights.decodings == 0;
+    fast_path_use(1);
     check(began && at_first == expected && at_second == expected && ended && switched, "decoding: cached_decoder_begin "
           "and _end tell the products (decoding %s; weights packed: %d at the first position, %d at the second, %d "
           "expected; %s after; %s by fast_path_use)", began ? "began" : "did not begin", at_first, at_second,
@@ -556,6 +561,9 @@ static void test_key_value_cache(void) {
             src_len[b] = 2 + b;
             random_source(src + b * S, src_len[b], V, &rng);
         }
+        int fed[6][5];   // the decoder's inputs at 6 positions: <s>, then random words
+        for (int t = 0; t < 6; t++)
+            for (int b = 0; b < B; b++) fed[t][b] = t == 0 ? TOKEN_BOS : NUM_SPECIAL_TOKENS + rng_below(&rng, V - NUM_SPECIAL_TOKENS);
         int out[2][5 * 20], out_len[2][5], beam[2][5][20], beam_len[2][5];
         double score[2][5];
         real *logits[2];
@@ -572,14 +580,12 @@ static void test_key_value_cache(void) {
             for (int b = 0; b < B; b++)
                 beam_len[cached][b] = transformer_beam_search(m, beam[cached][b], &score[cached][b], src + b * S,
                                                               src_len[b], 4, 0.6);
-            // one decoder's logits at each of 6 positions, for B rows fed the first source's tokens
+            // one decoder's logits at each of 6 positions, for B rows fed random words
             Decoder decoder;
             decoder_begin(&decoder, m, src, src_len, B, S, B, 6);
             logits[cached] = checked_calloc((size_t)6 * B * V, sizeof(real), "test");
             for (int t = 0; t < 6; t++) {
-                int tokens[5];
-                for (int b = 0; b < B; b++) tokens[b] = t == 0 ? TOKEN_BOS : src[(t + b) % S];
-                decoder_step(&decoder, m, tokens, t, B);
+                decoder_step(&decoder, m, fed[t], t, B);
                 memcpy(logits[cached] + (size_t)t * B * V, decoder.logits, (size_t)B * V * sizeof(real));
             }
             decoder_end(&decoder);
