@@ -1163,17 +1163,39 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 // From the machinery: allocation that cannot fail silently
 static void *checked_calloc(size_t count, size_t size, const char *what);
 
+// memory = Encoder(source) (§3.1), as transformer_forward runs it, for the B sentences src
+// (B,S), padded, in activations with room for the decoder's rows and max_T positions. B ==
+// rows (row r decodes sentence r) or B == 1, when rows 1.. get a copy of sentence 0's memory
+// and source length (the beams of beam search). Returns the memory (rows, S, C).
+static const real *decoder_encode(Decoder *decoder, Transformer *model, const int *src,
+                                  const int *src_len, int B, int max_T) {
+    const TransformerConfig *config = &model->config;
+    ActivationTensors *acts = &model->acts;
+    int rows = decoder->rows;
+    int S = decoder->S;
+    Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
+    ensure_buffers(model, rows, S, max_T);
+    model->B = B;
+    model->S = S;
+    model->T = 1;
+    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, src, model, B, S);
+    for (int l = 0; l < config->n_layers; l++) encoder_layer_forward(model, l, &batch);
+
+    real *memory = encoder_output(model, acts);
+    size_t sentence = (size_t)S * config->d_model;
+    for (int r = B; r < rows; r++) memcpy(memory + r * sentence, memory, sentence * sizeof(real));
+    for (int r = 0; r < rows; r++) decoder->src_len[r] = src_len[B == 1 ? 0 : r];
+    return memory;
+}
+
 // R rows decoded side by side (R sentences, greedy, or the R beams of one sentence), for at
-// most max_T positions: memory = Encoder(source), once. src is (B,S), padded; B == rows (row
-// r decodes sentence r) or B == 1 (every row decodes sentence 0: the beams of beam search).
+// most max_T positions: the state of decoder_step, and the memory (decoder_encode), once.
 static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
                           const int *src_len, int B, int S, int rows, int max_T) {
     if (fast_path.decoder_begin) {
         fast_path.decoder_begin(decoder, model, src, src_len, B, S, rows, max_T);
         return;
     }
-    const TransformerConfig *config = &model->config;
-    ActivationTensors *acts = &model->acts;
     size_t history_size = (size_t)rows * max_T;
     memset(decoder, 0, sizeof *decoder);
     decoder->rows = rows;
@@ -1183,26 +1205,9 @@ static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
     decoder->tgt_len = checked_calloc(rows, sizeof(int), "decoder target lengths");
     decoder->history = checked_calloc(history_size, sizeof(int), "decoder history");
     decoder->inputs = checked_calloc(history_size, sizeof(int), "decoder inputs");
-    decoder->logits = checked_calloc((size_t)rows * config->vocab_size, sizeof(real),
+    decoder->logits = checked_calloc((size_t)rows * model->config.vocab_size, sizeof(real),
                                      "decoder logits");
-
-    // each row's source: the beams of beam search all read sentence 0
-    int *sources = checked_calloc((size_t)rows * S, sizeof(int), "decoder sources");
-    for (int r = 0; r < rows; r++) {
-        int b = B == 1 ? 0 : r;
-        memcpy(sources + (size_t)r * S, src + (size_t)b * S, S * sizeof(int));
-        decoder->src_len[r] = src_len[b];
-    }
-
-    // the encoder stack, as transformer_forward runs it; the steps read its output
-    Batch batch = { rows, S, 1, sources, decoder->src_len, NULL, NULL, NULL };
-    ensure_buffers(model, rows, S, max_T);
-    model->B = rows;
-    model->S = S;
-    model->T = 1;
-    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, sources, model, rows, S);
-    for (int l = 0; l < config->n_layers; l++) encoder_layer_forward(model, l, &batch);
-    free(sources);
+    decoder_encode(decoder, model, src, src_len, B, max_T);
 }
 
 // One decoder position t for rows 0..rows-1, tokens (rows) their inputs at t: the decoder

@@ -771,16 +771,15 @@ static void key_value_cache_layout(KeyValueCache *cache, Layout *layout, const D
     cache->logits = tensor(layout, R * config->vocab_size);
 }
 
-// transformer.c's decoder_begin, with a cache: memory = Encoder(source) (§3.1), once, and
-// every decoder layer's keys and values of it. src is (B,S), padded; B == rows (row r
-// decodes sentence r) or B == 1 (every row decodes sentence 0: the beams of beam search).
+// transformer.c's decoder_begin, with a cache: memory = Encoder(source) (§3.1), once
+// (decoder_encode), and every decoder layer's keys and values of it. src is (B,S), padded;
+// B == rows (row r decodes sentence r) or B == 1 (every row decodes sentence 0: the beams of
+// beam search).
 static void cached_decoder_begin(Decoder *decoder, Transformer *model, const int *src,
                                  const int *src_len, int B, int S, int rows, int max_T) {
     const TransformerConfig *config = &model->config;
-    ActivationTensors *acts = &model->acts;
     int C = config->d_model;
     size_t R = rows;
-    size_t row_kv = (size_t)S * 2 * C;
     fast_path_decoding(1);   // the weights stay as they are until cached_decoder_end
     memset(decoder, 0, sizeof *decoder);
     decoder->rows = rows;
@@ -799,24 +798,14 @@ static void cached_decoder_begin(Decoder *decoder, Transformer *model, const int
     cache->memory = layout.arena;
     decoder->logits = cache->logits;
 
-    // the encoder stack, as transformer_forward runs it
-    Batch batch = { B, S, 1, (int *)src, (int *)src_len, NULL, NULL, NULL };
-    ensure_buffers(model, B, S, 1);
-    model->B = B;
-    model->S = S;
-    model->T = 1;
-    embed_forward(acts->enc_x0, acts->enc_embedded, acts->enc_emb_mask, src, model, B, S);
-    for (int l = 0; l < config->n_layers; l++) encoder_layer_forward(model, l, &batch);
-
-    // each decoder layer's keys and values of the memory, copied to every row that decodes it
-    const real *memory = encoder_output(model, acts);
+    // the memory of every row (the steps need one position of activations: max_T 1), and
+    // each decoder layer's keys and values of it
+    const real *memory = decoder_encode(decoder, model, src, src_len, B, 1);
     for (int l = 0; l < config->n_layers; l++) {
-        real *kv = cache->cross_kv + l * R * row_kv;
+        real *kv = cache->cross_kv + l * R * S * 2 * C;
         AttentionParams weights = decoder_layer_params(&model->params, config, l).cross_attn;
-        memory_keys_values(kv, memory, weights, B, S, C);
-        for (size_t r = B; r < R; r++) memcpy(kv + r * row_kv, kv, row_kv * sizeof(real));
+        memory_keys_values(kv, memory, weights, rows, S, C);
     }
-    for (size_t r = 0; r < R; r++) decoder->src_len[r] = src_len[B == 1 ? 0 : r];
 }
 
 // One decoder position t for rows 0..rows-1, tokens (rows) their inputs: appends each row's
