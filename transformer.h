@@ -259,7 +259,9 @@ typedef struct {
     int kv_stride;
 } AttentionShape;
 
-typedef struct { uint64_t state; } Rng;
+typedef struct {
+    uint64_t state;   // xorshift64*'s state, never 0
+} Rng;
 
 // §5.3: 0.9, 0.98, 1e-9 (double: the double build uses these exactly, as PyTorch does)
 typedef struct {
@@ -382,7 +384,8 @@ typedef struct {
     struct Bpe *bpe;    // the lab's §5.1 subword merges, or NULL: every token is a whole word
 } Vocabulary;
 
-typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind;   // FLAG: no value, sets an int to 1
+// FLAG takes no value: it sets an int to 1
+typedef enum { OPTION_INT, OPTION_NUMBER, OPTION_TEXT, OPTION_FLAG } OptionKind;
 
 typedef struct {
     const char *name;     // "--steps"
@@ -395,7 +398,8 @@ typedef struct {
 } Option;
 
 #define INT_OPTION(name, value, lo, hi, help) { name, OPTION_INT, value, lo, hi, 0, help, 0 }
-#define NUMBER_OPTION(name, value, lo, hi, above, help) { name, OPTION_NUMBER, value, lo, hi, above, help, 0 }
+#define NUMBER_OPTION(name, value, lo, hi, above, help) \
+    { name, OPTION_NUMBER, value, lo, hi, above, help, 0 }
 #define TEXT_OPTION(name, value, help) { name, OPTION_TEXT, value, 0, 0, 0, help, 0 }
 #define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, help, 0 }
 #define MAX_OPTIONS 48
@@ -428,7 +432,11 @@ typedef struct {
     int longest_src, longest_tgt;
 } Dataset;
 
-typedef struct { int start, count; } BatchSpan;   // order[start .. start + count - 1]
+// A batch of an epoch's plan: the pairs order[start .. start + count - 1]
+typedef struct {
+    int start;
+    int count;
+} BatchSpan;
 
 typedef struct {
     int *order;          // (pairs) pair indices, grouped by length
@@ -445,7 +453,8 @@ typedef struct {
 
 typedef struct {
     double loss;             // mean per target token
-    double log_loss;         // mean -log p(reference token), no smoothing: perplexity = exp(log_loss)
+    double log_loss;         // mean -log p(reference token), no smoothing:
+                             // perplexity = exp(log_loss)
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     int *output;             // (sentences, stride) the decoded outputs
@@ -464,7 +473,9 @@ typedef struct {
 typedef struct TrainOptions {
     const char *task, *train_path, *valid_path;                 // a built-in task, or TSV files
     int words, min_length, max_length, train_size, valid_size;   // the task's words and sizes
-    int layers, d_model, d_ff, heads, positions, positional;     // Table 3's N, d_model, d_ff, h; max_len
+    // Table 3's N, d_model, d_ff and h; positions: max_len (0: from the data); positional: its
+    // kind, sinusoid or learned
+    int layers, d_model, d_ff, heads, positions, positional;
     double dropout, label_smoothing;                             // P_drop, eps_ls
     int steps, warmup, batch_tokens, seed;                       // §5.3's schedule, peaking at lr
     double lr;
@@ -485,7 +496,8 @@ typedef struct TrainRun {
     Rng data_rng;                 // draws each epoch's batch order
     EpochPlan plan;
     BatchBuffer batch;
-    char *run_options;            // the run's flags as text, for the lab's --resume (NULL: none), stored in checkpoints
+    // the run's flags as text, stored in checkpoints for the lab's --resume (NULL: none)
+    char *run_options;
     char checkpoint_path[4096];
     char data_name[300];          // for messages: "copy task", "data.tsv"
     long last_saved_step;         // -1: none saved by this run yet
@@ -500,7 +512,14 @@ typedef struct TrainRun {
 } TrainRun;
 
 // The stages of `train` the lab hears of (transformer.c's train_event calls)
-typedef enum { TRAIN_START, TRAIN_BEGIN, TRAIN_STEP, TRAIN_STEPPED, TRAIN_SAVED, TRAIN_END } TrainEvent;
+typedef enum {
+    TRAIN_START,
+    TRAIN_BEGIN,
+    TRAIN_STEP,
+    TRAIN_STEPPED,
+    TRAIN_SAVED,
+    TRAIN_END,
+} TrainEvent;
 
 // decode's flags and their table (transformer.c's, then the lab's)
 typedef struct DecodeOptions {
