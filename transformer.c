@@ -54,8 +54,8 @@
 
 // The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
 // linear_backward, attention_forward and attention_backward hand it their call on their
-// first line, and so do §6.1's decoder_begin, _step, _reorder and _end (its key/value
-// cache). Left NULL (transformer.c alone), the loops you read run.
+// first line; §6.1's decoder_begin hands it a whole decoding (its key/value cache), which
+// _step, _reorder and _end follow. Left NULL (transformer.c alone), the loops you read run.
 static FastPath fast_path;
 
 // ==== §3  Linear layers: y = x W^T + b =======================================
@@ -1164,9 +1164,10 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 static void *checked_calloc(size_t count, size_t size, const char *what);
 
 // memory = Encoder(source) (§3.1), as transformer_forward runs it, for the B sentences src
-// (B,S), padded, in activations with room for the decoder's rows and max_T positions. B ==
-// rows (row r decodes sentence r) or B == 1, when rows 1.. get a copy of sentence 0's memory
-// and source length (the beams of beam search). Returns the memory (rows, S, C).
+// (B,S), padded, of src_len (B) tokens, in activations with room for the decoder's rows and
+// max_T positions. B == rows (row r decodes sentence r) or B == 1, when rows 1.. get a copy
+// of sentence 0's memory and source length (the beams of beam search). Returns the memory
+// (rows, S, C).
 static const real *decoder_encode(Decoder *decoder, Transformer *model, const int *src,
                                   const int *src_len, int B, int max_T) {
     const TransformerConfig *config = &model->config;
@@ -1188,8 +1189,9 @@ static const real *decoder_encode(Decoder *decoder, Transformer *model, const in
     return memory;
 }
 
-// R rows decoded side by side (R sentences, greedy, or the R beams of one sentence), for at
-// most max_T positions: the state of decoder_step, and the memory (decoder_encode), once.
+// `rows` rows decoded side by side (B = rows sentences, greedy, or the beams of B = 1
+// sentence), for at most max_T positions: the state of decoder_step, and the memory
+// (decoder_encode), once.
 static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
                           const int *src_len, int B, int S, int rows, int max_T) {
     if (fast_path.decoder_begin) {

@@ -538,8 +538,9 @@ typedef struct DecodeOptions {
 // of the lab the program's hooks of LabHooks. (The CUDA companion plugs in
 // through transformer_training, above.)
 
-// The products that take nearly all of a training step's time, and §6.1's decoder; each is
-// called in place of transformer.c's function of the same name when it is set.
+// The products that take nearly all of a training step's time, and §6.1's decoder. Each product
+// is called in place of transformer.c's function of the same name when it is set; so is
+// decoder_begin, and the other three in place of theirs for a decoding decoder_begin began.
 typedef struct {
     void (*linear_forward)(real *out, const real *inp, const real *weight, const real *bias,
                            int N, int IC, int OC);
