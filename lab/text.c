@@ -24,15 +24,20 @@
 // The length of the white-space character that begins the text, or 0 (never reads past the end).
 static int unicode_white_space(const char *text) {
     const unsigned char *s = (const unsigned char *)text;
-    if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F)) return 1;
-    if (s[0] == 0xC2) return s[1] == 0x85 || s[1] == 0xA0 ? 2 : 0;     // U+0085 U+00A0
-    if (s[0] == 0xE1) return s[1] == 0x9A && s[2] == 0x80 ? 3 : 0;     // U+1680
+    if (s[0] == ' ' || (s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x1F))
+        return 1;
+    if (s[0] == 0xC2)
+        return s[1] == 0x85 || s[1] == 0xA0 ? 2 : 0;                   // U+0085 U+00A0
+    if (s[0] == 0xE1)
+        return s[1] == 0x9A && s[2] == 0x80 ? 3 : 0;                   // U+1680
     if (s[0] == 0xE2 && s[1] == 0x80) {                                // U+2000..U+202F
         int space = (s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF;
         return space ? 3 : 0;
     }
-    if (s[0] == 0xE2 && s[1] == 0x81) return s[2] == 0x9F ? 3 : 0;     // U+205F
-    if (s[0] == 0xE3) return s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;     // U+3000
+    if (s[0] == 0xE2 && s[1] == 0x81)
+        return s[2] == 0x9F ? 3 : 0;                                   // U+205F
+    if (s[0] == 0xE3)
+        return s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;                   // U+3000
     return 0;
 }
 
@@ -44,22 +49,30 @@ static int unicode_white_space(const char *text) {
 // surrogates, nothing above U+10FFFF).
 static int utf8_sequence_length(const unsigned char *s) {
     int n = 0;
-    if (s[0] < 0x80) return 1;
-    if (s[0] >= 0xC2 && s[0] <= 0xDF) n = 2;
-    if (s[0] >= 0xE0 && s[0] <= 0xEF) n = 3;
-    if (s[0] >= 0xF0 && s[0] <= 0xF4) n = 4;
+    if (s[0] < 0x80)
+        return 1;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF)
+        n = 2;
+    if (s[0] >= 0xE0 && s[0] <= 0xEF)
+        n = 3;
+    if (s[0] >= 0xF0 && s[0] <= 0xF4)
+        n = 4;
     for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
     }
-    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0)) return 0;
-    if ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90)) return 0;
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))
+        return 0;
+    if ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))
+        return 0;
     return n;
 }
 
 // NULL for a line of UTF-8 text, else the first byte that is not, at `where` ("data.tsv:12").
 // got: read_text_line's answer (-1: a zero byte).
 static const char *text_error(const char *line, int got, const char *where) {
-    if (got < 0) return errorf("%s: a zero byte; expected text", where);
+    if (got < 0)
+        return errorf("%s: a zero byte; expected text", where);
     const unsigned char *s = (const unsigned char *)line;
     while (*s) {
         int n = utf8_sequence_length(s);
@@ -86,7 +99,8 @@ static const char *lab_check_text(char *line, const char *where, int line_no) {
 // Returns 1, 0 at the end, -1 for a line with a zero byte.
 static int read_text_line(FILE *f, char **line, size_t *capacity, int line_no) {
     ssize_t length = getline(line, capacity, f);
-    if (length < 0) return 0;
+    if (length < 0)
+        return 0;
     if (line_no == 1 && length >= 3 && memcmp(*line, "\xEF\xBB\xBF", 3) == 0) {
         memmove(*line, *line + 3, (size_t)length - 2);
         length -= 3;
@@ -118,7 +132,8 @@ static FILE *open_text_file(const char *path, const char **error) {
 
 // The dataset's token array cut down to its tokens (dataset_add grows it to twice what it needs).
 static void dataset_fit(Dataset *dataset) {
-    if (dataset->num_tokens == 0) return;
+    if (dataset->num_tokens == 0)
+        return;
     dataset->tokens = checked_realloc(dataset->tokens, dataset->num_tokens, sizeof(int),
                                       "sentence tokens");
     dataset->tokens_capacity = dataset->num_tokens;
@@ -134,17 +149,22 @@ typedef struct {
 static const char *tsv_line(Dataset *dataset, Vocabulary *vocab, int grow, char *line,
                             TextSource *from, int line_no, TsvBuffers *ids) {
     char *tab = strchr(line, '\t');
-    if (!tab) return errorf("%s: no tab; expected source<TAB>target", from->where);
+    if (!tab)
+        return errorf("%s: no tab; expected source<TAB>target", from->where);
     if (strchr(tab + 1, '\t')) {
         return errorf("%s: more than one tab; expected source<TAB>target", from->where);
     }
     *tab = '\0';
     int n_src = tokenize(line, vocab, grow, &ids->src, &ids->src_capacity, from);
     int n_tgt = -1;
-    if (n_src >= 0) n_tgt = tokenize(tab + 1, vocab, grow, &ids->tgt, &ids->tgt_capacity, from);
-    if (n_tgt < 0) return reserved_token_error(from);
-    if (n_src == 0) return errorf("%s: empty source; expected tokens before the tab", from->where);
-    if (n_tgt == 0) return errorf("%s: empty target; expected tokens after the tab", from->where);
+    if (n_src >= 0)
+        n_tgt = tokenize(tab + 1, vocab, grow, &ids->tgt, &ids->tgt_capacity, from);
+    if (n_tgt < 0)
+        return reserved_token_error(from);
+    if (n_src == 0)
+        return errorf("%s: empty source; expected tokens before the tab", from->where);
+    if (n_tgt == 0)
+        return errorf("%s: empty target; expected tokens after the tab", from->where);
     if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN) {
         return errorf("%s: %d tokens; expected at most %d", from->where,
                       n_src > n_tgt ? n_src : n_tgt, TRANSFORMER_MAX_LEN);
@@ -183,7 +203,8 @@ static const char *tsv_read_line(TsvReading *r, char *line, int got, int line_no
     snprintf(r->from.where, sizeof r->from.where, "%s:%d", r->path, line_no);
     const char *error = text_error(line, got, r->from.where);
     int blank = !strchr(line, '\t') && !next_token(line, &unused);
-    if (error || blank) return error;
+    if (error || blank)
+        return error;
     error = tsv_line(tsv_next_pair_dataset(r), r->vocab, r->grow, line, &r->from, line_no, &r->ids);
     r->pairs++;
     return error;
@@ -203,7 +224,8 @@ static const char *dataset_read_tsv_split(Dataset *dataset, Dataset *held_out, i
                                           Vocabulary *vocab, const char *path, int grow) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
-    if (!f) return error;
+    if (!f)
+        return error;
     TsvReading r;
     memset(&r, 0, sizeof r);
     r.dataset = dataset;
@@ -222,11 +244,13 @@ static const char *dataset_read_tsv_split(Dataset *dataset, Dataset *held_out, i
         while (got != 0 && !error) {
             line_no++;
             error = tsv_read_line(&r, line, got, line_no);
-            if (!error) got = read_text_line(f, &line, &line_capacity, line_no + 1);
+            if (!error)
+                got = read_text_line(f, &line, &line_capacity, line_no + 1);
         }
         free(line);
     }
-    if (!error && ferror(f)) error = errorf("%s: read error: %s", path, strerror(errno));
+    if (!error && ferror(f))
+        error = errorf("%s: read error: %s", path, strerror(errno));
     if (!error && r.pairs == 0) {
         error = errorf("%s: no sentence pairs (%s); expected lines source<TAB>target", path,
                        line_no == 0 ? "the file is empty" : "only blank lines");
@@ -236,7 +260,8 @@ static const char *dataset_read_tsv_split(Dataset *dataset, Dataset *held_out, i
                 "as <unk>\n", path, r.from.unknown);
     }
     dataset_fit(dataset);
-    if (held_out) dataset_fit(held_out);
+    if (held_out)
+        dataset_fit(held_out);
     free(r.ids.src);
     free(r.ids.tgt);
     fclose(f);
@@ -255,10 +280,13 @@ static const char *dataset_check_lengths(const Dataset *dataset, const char *nam
     for (int i = 0; i < dataset->count; i++) {
         const SentencePair *p = &dataset->pairs[i];
         int longer = p->src_len > p->tgt_len ? p->src_len : p->tgt_len;
-        if (longer <= max_len - 1) continue;
+        if (longer <= max_len - 1)
+            continue;
         char where[300];
-        if (p->line) snprintf(where, sizeof where, "%s:%d", name, p->line);
-        else snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
+        if (p->line)
+            snprintf(where, sizeof where, "%s:%d", name, p->line);
+        else
+            snprintf(where, sizeof where, "%s, pair %d", name, i + 1);
         int source = p->src_len > max_len - 1;
         return errorf("%s: the %s has %d tokens; the model's maximum length %d allows %d "
                       "(one position is %s)", where, source ? "source" : "target", longer, max_len,
@@ -275,7 +303,8 @@ static void bpe_release_cut_words(Vocabulary *vocab);   // lab/subwords.c
 static const char *lab_load_tsv(TrainRun *run, int grow) {
     TrainOptions *o = &run->opt;
     snprintf(run->data_name, sizeof run->data_name, "%s", o->train_path);
-    if (!run->vocab.words) vocab_init(&run->vocab);   // (the §5.1 subwords may be there already)
+    if (!run->vocab.words)
+        vocab_init(&run->vocab);   // (the §5.1 subwords may be there already)
     Dataset *held_out = o->valid_path ? NULL : &run->valid;
     const char *error = dataset_read_tsv_split(&run->train, held_out, 20, &run->vocab,
                                                o->train_path, grow);
