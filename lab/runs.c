@@ -25,8 +25,10 @@ static struct {
     long csv_steps, csv_tokens;
     // --keep-last: the steps of the CHECKPOINT.stepN files there are, oldest first
     long *kept_steps;
-    int num_kept, replacing;   // replacing: they are another run's, which --force replaces at this run's first save
-    char *stored_options;   // --resume: the checkpoint's options text (the text options point into it)
+    // replacing: they are another run's, which --force replaces at this run's first save
+    int num_kept, replacing;
+    // --resume: the checkpoint's options text (the text options point into it)
+    char *stored_options;
 } lab_run;
 
 // FNV-1a over every pair's tokens: tells whether two datasets are the same
@@ -37,9 +39,13 @@ static uint64_t dataset_hash(const Dataset *dataset) {
         const SentencePair *p = &dataset->pairs[i];
         int header[2] = { p->src_len, p->tgt_len };
         for (int field = 0; field < 2 + p->src_len + p->tgt_len; field++) {
-            int x = field < 2 ? header[field] : field < 2 + p->src_len ? dataset->tokens[p->src + field - 2]
-                                                                       : dataset->tokens[p->tgt + field - 2 - p->src_len];
-            for (int byte = 0; byte < 4; byte++) { h ^= (uint8_t)((uint32_t)x >> (8 * byte)); h *= 0x100000001B3ULL; }
+            int x = field < 2 ? header[field]
+                  : field < 2 + p->src_len ? dataset->tokens[p->src + field - 2]
+                  : dataset->tokens[p->tgt + field - 2 - p->src_len];
+            for (int byte = 0; byte < 4; byte++) {
+                h ^= (uint8_t)((uint32_t)x >> (8 * byte));
+                h *= 0x100000001B3ULL;
+            }
         }
     }
     return h;
@@ -84,66 +90,86 @@ static void lab_train_options(TrainRun *run) {
                     "--force a new run stops there)"),
     };
     Option list[] = {
-        INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000, "§5.1 byte-pair encoding: learn N merges from both sides of "
+        INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000,
+                   "§5.1 byte-pair encoding: learn N merges from both sides of "
                    "--train and train on subwords (without it: whole words)"),
         INT_OPTION("--words", &o->words, 1, 100000, "task: the words are the numbers 0..N-1"),
-        INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1, "task: shortest sequence"),
-        INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1, "task: longest sequence"),
+        INT_OPTION("--min-length", &o->min_length, 1, TRANSFORMER_MAX_LEN - 1,
+                   "task: shortest sequence"),
+        INT_OPTION("--max-length", &o->max_length, 1, TRANSFORMER_MAX_LEN - 1,
+                   "task: longest sequence"),
         INT_OPTION("--train-size", &o->train_size, 1, 10000000, "task: training pairs"),
-        INT_OPTION("--valid-size", &o->valid_size, 1, 100000, "task: held-out pairs, none of them seen in training"),
+        INT_OPTION("--valid-size", &o->valid_size, 1, 100000,
+                   "task: held-out pairs, none of them seen in training"),
         INT_OPTION("--positions", &o->positions, 0, TRANSFORMER_MAX_LEN,
                    "maximum sentence length the model takes; 0: the longest in the data + 50"),
-        TEXT_OPTION("--positional", &lab_run.positional, "positions: sinusoid (§3.5) or learned (a trained "
-                    "table, Table 3 row E)"),
-        TEXT_OPTION("--resume", &lab_run.resume, "go on with the run in this checkpoint (--steps may be raised)"),
-        TEXT_OPTION("--loss-log", &lab_run.loss_log, "append 'step loss lr' of every step to this file"),
-        TEXT_OPTION("--batch-log", &lab_run.batch_log, "append every step's batch to this file: int32 step, B, S, "
-                    "T, then src, src_len, tgt_in, tgt_out, tgt_len (dev/pytorch_translate.py trains on them)"),
-        TEXT_OPTION("--log", &lab_run.log_csv, "append CSV lines step,loss,lr,tokens_per_s,heldout at each "
-                    "progress line and evaluation (heldout: exact match %; ./transformer plot draws it)"),
+        TEXT_OPTION("--positional", &lab_run.positional,
+                    "positions: sinusoid (§3.5) or learned (a trained table, Table 3 row E)"),
+        TEXT_OPTION("--resume", &lab_run.resume,
+                    "go on with the run in this checkpoint (--steps may be raised)"),
+        TEXT_OPTION("--loss-log", &lab_run.loss_log,
+                    "append 'step loss lr' of every step to this file"),
+        TEXT_OPTION("--batch-log", &lab_run.batch_log,
+                    "append every step's batch to this file: int32 step, B, S, T, then src, "
+                    "src_len, tgt_in, tgt_out, tgt_len (dev/pytorch_translate.py trains on them)"),
+        TEXT_OPTION("--log", &lab_run.log_csv,
+                    "append CSV lines step,loss,lr,tokens_per_s,heldout at each progress line "
+                    "and evaluation (heldout: exact match %; ./transformer plot draws it)"),
         INT_OPTION("--keep-last", &lab_run.keep_last, 0, 1000, "also keep the last N saves as "
                    "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
-        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX, "checkpoint every N steps (0: at each evaluation)"),
-        INT_OPTION("--log-every", &o->log_every, 0, INT_MAX, "progress line every N steps (0: none)"),
-        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX, "held-out pairs to decode at each evaluation (default 500; 0: all)"),
-        FLAG_OPTION("--progress", &progress_always, "progress lines of long work (--bpe's counting and learning, "
+        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX,
+                   "checkpoint every N steps (0: at each evaluation)"),
+        INT_OPTION("--log-every", &o->log_every, 0, INT_MAX,
+                   "progress line every N steps (0: none)"),
+        INT_OPTION("--eval-size", &o->eval_size, 0, INT_MAX,
+                   "held-out pairs to decode at each evaluation (default 500; 0: all)"),
+        FLAG_OPTION("--progress", &progress_always,
+                    "progress lines of long work (--bpe's counting and learning, "
                     "cutting the data) also when standard error is not a terminal"),
     };
     int num_moved = (int)(sizeof moved / sizeof *moved);
     int num_list = (int)(sizeof list / sizeof *list);
     int num_order = (int)(sizeof train_flag_order / sizeof *train_flag_order);
 
-    // transformer.c's flags and the moved ones in train_flag_order; then any flag of transformer.c's
-    // that the order does not name; then the lab's own.
+    // transformer.c's flags and the moved ones in train_flag_order; then any flag of
+    // transformer.c's that the order does not name; then the lab's own.
     Option table[MAX_OPTIONS];
     int n = 0;
     for (int i = 0; i < num_order; i++) {
         Option *found = find_option(run->options, run->num_options, train_flag_order[i]);
-        if (!found) found = find_option(moved, num_moved, train_flag_order[i]);
-        if (found) table[n++] = *found;
+        if (!found)
+            found = find_option(moved, num_moved, train_flag_order[i]);
+        if (found)
+            table[n++] = *found;
     }
     for (int i = 0; i < run->num_options; i++)
-        if (!find_option(table, n, run->options[i].name)) table[n++] = run->options[i];
+        if (!find_option(table, n, run->options[i].name))
+            table[n++] = run->options[i];
     memcpy(table + n, list, sizeof list);
     n += num_list;
     memcpy(run->options, table, (size_t)n * sizeof *table);
     run->num_options = n;
-    find_option(run->options, n, "--task")->help = "built-in task, copy or reverse (used when there is no --train)";
-    find_option(run->options, n, "--checkpoint")->help = "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)";
+    find_option(run->options, n, "--task")->help =
+        "built-in task, copy or reverse (used when there is no --train)";
+    find_option(run->options, n, "--checkpoint")->help =
+        "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)";
     run->usage = lab_train_usage;
 }
 
 // A new run's pairs against its model's max_len, which --positions may make too short for them.
 static const char *lab_check_lengths(const TrainRun *run) {
     const char *valid_name = run->opt.valid_path ? run->opt.valid_path : run->data_name;
-    const char *error = dataset_check_lengths(&run->train, run->data_name, run->model.config.max_len);
-    if (!error) error = dataset_check_lengths(&run->valid, valid_name, run->model.config.max_len);
+    const char *error = dataset_check_lengths(&run->train, run->data_name,
+                                              run->model.config.max_len);
+    if (!error)
+        error = dataset_check_lengths(&run->valid, valid_name, run->model.config.max_len);
     return error;
 }
 
 // A run's data: the task (transformer.c's), or the TSV files of --train and --valid (lab/text.c).
 static const char *lab_load_data(TrainRun *run, int grow) {
-    if (run->opt.train_path) return lab_load_tsv(run, grow);
+    if (run->opt.train_path)
+        return lab_load_tsv(run, grow);
     return train_load_task(run, grow);
 }
 
@@ -155,31 +181,37 @@ static const char *lab_check_output(TrainRun *run) {
     int exists = stat(run->checkpoint_path, &there) == 0;
     int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
                there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
-    if (exists && !S_ISREG(there.st_mode))   // (checkpoint_save refuses it too, but only after the training)
+    // (checkpoint_save refuses it too, but only after the training)
+    if (exists && !S_ISREG(there.st_mode))
         return errorf("%s: not a regular file; expected a checkpoint's path", run->checkpoint_path);
     if (exists && !same && !run->opt.force)
-        return errorf("%s is already there (another run's checkpoint?); expected --resume %s to go on with it, "
-                      "--force to replace it, or another --checkpoint", run->checkpoint_path, run->checkpoint_path);
+        return errorf("%s is already there (another run's checkpoint?); expected --resume %s to "
+                      "go on with it, --force to replace it, or another --checkpoint",
+                      run->checkpoint_path, run->checkpoint_path);
     char tmp[sizeof run->checkpoint_path + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", run->checkpoint_path);   // also what a killed save left
     FILE *f = fopen(tmp, "wb");
-    if (!f) return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
+    if (!f)
+        return errorf("%s: cannot write the checkpoint there: %s", tmp, strerror(errno));
     fclose(f);
     remove(tmp);
-    if (!same) run->last_saved_step = -1;
+    if (!same)
+        run->last_saved_step = -1;
     return NULL;
 }
 
 // ---- --resume ---------------------------------------------------------------
 
 // train's flags that are not stored in checkpoints: they belong to one session
-static const char *session_flags[] = { "--checkpoint", "--eval-every", "--show", "--threads", "--force", "--resume",
-                                       "--loss-log", "--log", "--keep-last", "--save-every", "--log-every", "--eval-size",
-                                       "--batch-log", "--progress" };
+static const char *session_flags[] = { "--checkpoint", "--eval-every", "--show", "--threads",
+                                       "--force", "--resume", "--loss-log", "--log", "--keep-last",
+                                       "--save-every", "--log-every", "--eval-size", "--batch-log",
+                                       "--progress" };
 
 static int stored_flag(const Option *o) {
     for (size_t i = 0; i < sizeof session_flags / sizeof *session_flags; i++)
-        if (strcmp(o->name, session_flags[i]) == 0) return 0;
+        if (strcmp(o->name, session_flags[i]) == 0)
+            return 0;
     return 1;
 }
 
@@ -190,51 +222,69 @@ static char *format_run_options(const Option *options, int n) {
     char *text = checked_calloc(capacity, 1, "run options");
     for (const Option *o = options; o < options + n; o++) {
         char value[4200];
-        if (!stored_flag(o) || (o->kind == OPTION_INT && *(int *)o->value < o->min)) continue;   // (below min: off)
-        if (o->kind == OPTION_INT) snprintf(value, sizeof value, "%d", *(int *)o->value);
-        else if (o->kind == OPTION_NUMBER) snprintf(value, sizeof value, "%.17g", *(double *)o->value);
-        else if (*(const char **)o->value) snprintf(value, sizeof value, "%s", *(const char **)o->value);
-        else continue;
+        if (!stored_flag(o) || (o->kind == OPTION_INT && *(int *)o->value < o->min))
+            continue;   // (below min: off)
+        if (o->kind == OPTION_INT)
+            snprintf(value, sizeof value, "%d", *(int *)o->value);
+        else if (o->kind == OPTION_NUMBER)
+            snprintf(value, sizeof value, "%.17g", *(double *)o->value);
+        else if (*(const char **)o->value)
+            snprintf(value, sizeof value, "%s", *(const char **)o->value);
+        else
+            continue;
         size_t need = strlen(o->name) + strlen(value) + 3;
-        if (used + need >= capacity) text = checked_realloc(text, capacity = 2 * (used + need), 1, "run options");
+        if (used + need >= capacity)
+            text = checked_realloc(text, capacity = 2 * (used + need), 1, "run options");
         used += (size_t)sprintf(text + used, "%s\n%s\n", o->name, value);
     }
     return text;
 }
 
-typedef union { int number; double real_number; const char *text; } OptionValue;
+typedef union {
+    int number;
+    double real_number;
+    const char *text;
+} OptionValue;
 
 static OptionValue option_value(const Option *o) {
     OptionValue v;
-    if (o->kind == OPTION_INT || o->kind == OPTION_FLAG) v.number = *(int *)o->value;
-    else if (o->kind == OPTION_NUMBER) v.real_number = *(double *)o->value;
-    else v.text = *(const char **)o->value;
+    if (o->kind == OPTION_INT || o->kind == OPTION_FLAG)
+        v.number = *(int *)o->value;
+    else if (o->kind == OPTION_NUMBER)
+        v.real_number = *(double *)o->value;
+    else
+        v.text = *(const char **)o->value;
     return v;
 }
 
 static void set_option_value(const Option *o, OptionValue v) {
-    if (o->kind == OPTION_INT || o->kind == OPTION_FLAG) *(int *)o->value = v.number;
-    else if (o->kind == OPTION_NUMBER) *(double *)o->value = v.real_number;
-    else *(const char **)o->value = v.text;
+    if (o->kind == OPTION_INT || o->kind == OPTION_FLAG)
+        *(int *)o->value = v.number;
+    else if (o->kind == OPTION_NUMBER)
+        *(double *)o->value = v.real_number;
+    else
+        *(const char **)o->value = v.text;
 }
 
 // A checkpoint's generator states and epoch counts, which only --resume reads (its
 // Adam step, at most MAX_TRAINING_STEPS, transformer.c checks as it loads): each in
 // the range training reaches, where every epoch begun and every batch of it is a step.
-static const char *training_state_error(const char *path, const Transformer *model, const TrainingState *state) {
+static const char *training_state_error(const char *path, const Transformer *model,
+                                        const TrainingState *state) {
     typedef unsigned long long u64;
     u64 steps = (u64)model->adam_step;
     if (model->dropout_rng.state == 0)
         return errorf("%s: header: dropout generator state 0; expected non-zero", path);
     if (state->epoch > steps)
-        return errorf("%s: header: epoch %llu after %llu steps; expected at most one epoch begun per step", path,
-                      (u64)state->epoch, steps);
+        return errorf("%s: header: epoch %llu after %llu steps; expected at most one epoch begun "
+                      "per step", path, (u64)state->epoch, steps);
     if (state->epoch_batches > steps)
-        return errorf("%s: header: %llu batches of the current epoch done after %llu steps; expected at most one "
-                      "batch per step", path, (u64)state->epoch_batches, steps);
+        return errorf("%s: header: %llu batches of the current epoch done after %llu steps; "
+                      "expected at most one batch per step", path, (u64)state->epoch_batches,
+                      steps);
     if (state->epoch == 0 && state->epoch_batches != 0)
-        return errorf("%s: header: epoch 0 with batches of it done (%llu); expected none before the first epoch",
-                      path, (u64)state->epoch_batches);
+        return errorf("%s: header: epoch 0 with batches of it done (%llu); expected none before "
+                      "the first epoch", path, (u64)state->epoch_batches);
     if (state->epoch_rng == 0)
         return errorf("%s: header: data-order generator state 0; expected non-zero", path);
     return NULL;
@@ -249,26 +299,31 @@ static const char *lab_resume(TrainRun *run) {
     OptionValue given[MAX_OPTIONS];
     for (int i = 0; i < n; i++) {
         const Option *o = &run->options[i];
-        if (o->seen && stored_flag(o) && strcmp(o->name, "--steps") != 0 && strcmp(o->name, "--train") != 0 &&
-            strcmp(o->name, "--valid") != 0)
-            return errorf("%s cannot change on --resume: the checkpoint fixes the run's data, model and "
-                          "schedule; expected only --steps and session flags", o->name);
+        if (o->seen && stored_flag(o) && strcmp(o->name, "--steps") != 0 &&
+            strcmp(o->name, "--train") != 0 && strcmp(o->name, "--valid") != 0)
+            return errorf("%s cannot change on --resume: the checkpoint fixes the run's data, "
+                          "model and schedule; expected only --steps and session flags", o->name);
         seen[i] = o->seen;
         given[i] = option_value(o);
     }
-    if ((error = checkpoint_load(path, &run->model, &run->vocab, &run->state, &lab_run.stored_options))) return error;
-    if ((error = training_state_error(path, &run->model, &run->state))) return error;
+    if ((error = checkpoint_load(path, &run->model, &run->vocab, &run->state,
+                                 &lab_run.stored_options)))
+        return error;
+    if ((error = training_state_error(path, &run->model, &run->state)))
+        return error;
     if (!lab_run.stored_options[0])
-        return errorf("%s: the checkpoint holds no run options (transformer.c alone wrote it); expected one that "
-                      "./transformer train wrote", path);
-    // the stored options, one argument per line, read with the same table; then the command line's again
+        return errorf("%s: the checkpoint holds no run options (transformer.c alone wrote it); "
+                      "expected one that ./transformer train wrote", path);
+    // the stored options, one argument per line, read with the same table; then the
+    // command line's again
     char *args[2 * MAX_OPTIONS + 1];
     int argc = 1;
     args[0] = "train";
     for (char *p = lab_run.stored_options; *p && argc < 2 * MAX_OPTIONS + 1; ) {
         args[argc++] = p;
         char *end = strchr(p, '\n');
-        if (!end) break;
+        if (!end)
+            break;
         *end = '\0';
         p = end + 1;
     }
@@ -276,33 +331,44 @@ static const char *lab_resume(TrainRun *run) {
         return errorf("%s: the run options stored in the checkpoint are not readable", path);
     for (int i = 0; i < n; i++) {
         run->options[i].seen = seen[i];
-        if (seen[i]) set_option_value(&run->options[i], given[i]);
+        if (seen[i])
+            set_option_value(&run->options[i], given[i]);
     }
-    if (!find_option(run->options, n, "--checkpoint")->seen) run->opt.checkpoint = path;   // keep writing where the run was
+    if (!find_option(run->options, n, "--checkpoint")->seen)
+        run->opt.checkpoint = path;   // keep writing where the run was
     // the data files as the run named them: relative to where it started, or moved since?
-    const char *files[2] = { run->opt.train_path, run->opt.valid_path }, *flags[2] = { "--train", "--valid" };
+    const char *files[2] = { run->opt.train_path, run->opt.valid_path },
+               *flags[2] = { "--train", "--valid" };
     for (int i = 0; i < 2; i++)
-        if (files[i] && !find_option(run->options, n, flags[i])->seen && access(files[i], R_OK) != 0)
-            return errorf("%s: cannot open: %s; it is the run's %s as it was given when the run began: if the file "
-                          "moved, or that path was relative to another directory, give it again with %s PATH",
+        if (files[i] && !find_option(run->options, n, flags[i])->seen &&
+            access(files[i], R_OK) != 0)
+            return errorf("%s: cannot open: %s; it is the run's %s as it was given when the run "
+                          "began: if the file moved, or that path was relative to another "
+                          "directory, give it again with %s PATH",
                           files[i], strerror(errno), flags[i], flags[i]);
     const TrainOptions *o = &run->opt;
     if (!o->train_path && run->vocab.size != NUM_SPECIAL_TOKENS + o->words)
-        return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d has %d", run->vocab.size,
-                      o->task, o->words, NUM_SPECIAL_TOKENS + o->words);
-    if ((error = lab_load_data(run, 0))) return error;
+        return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d "
+                      "has %d", run->vocab.size, o->task, o->words,
+                      NUM_SPECIAL_TOKENS + o->words);
+    if ((error = lab_load_data(run, 0)))
+        return error;
     if (dataset_hash(&run->train) != run->state.data_hash)
         return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
-                      "expected the same data to resume (--train may give its new path)", run->data_name);
-    if ((error = dataset_check_lengths(&run->valid, run->opt.valid_path ? run->opt.valid_path : run->data_name,
-                                       run->model.config.max_len))) return error;
+                      "expected the same data to resume (--train may give its new path)",
+                      run->data_name);
+    if ((error = dataset_check_lengths(&run->valid,
+                                       run->opt.valid_path ? run->opt.valid_path : run->data_name,
+                                       run->model.config.max_len)))
+        return error;
     // the data order: redraw the current epoch from the generator state it was drawn with
     run->data_rng.state = run->state.epoch_rng;
     if (run->state.epoch > 0) {
         epoch_plan_make(&run->plan, &run->train, run->opt.batch_tokens, &run->data_rng);
         if (run->state.epoch_batches > (uint64_t)run->plan.num_spans)
-            return errorf("%s: %llu batches done in an epoch of %d; the checkpoint does not fit the data", path,
-                          (unsigned long long)run->state.epoch_batches, run->plan.num_spans);
+            return errorf("%s: %llu batches done in an epoch of %d; the checkpoint does not fit "
+                          "the data", path, (unsigned long long)run->state.epoch_batches,
+                          run->plan.num_spans);
     }
     run->last_saved_step = run->model.adam_step;
     run->resumed_from = path;
@@ -317,14 +383,16 @@ static const char *lab_learn_merges(TrainRun *run) {
     vocab_init(&run->vocab);
     const char *error = bpe_learn_for_training(&run->vocab, run->opt.train_path,
                                                run->opt.valid_path ? 0 : 20, lab_run.bpe, &learned);
-    if (error) return error;
-    printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned, run->opt.train_path,
-           wall_seconds() - start, run->vocab.size - NUM_SPECIAL_TOKENS);
+    if (error)
+        return error;
+    printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned,
+           run->opt.train_path, wall_seconds() - start, run->vocab.size - NUM_SPECIAL_TOKENS);
     if (learned < lab_run.bpe)
-        printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs twice any more\n",
-               learned, lab_run.bpe);
+        printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs "
+               "twice any more\n", learned, lab_run.bpe);
     fflush(stdout);
-    bpe_cutting_begin(bpe_words_read);   // progress lines as train reads the file again, cutting each word
+    // progress lines as train reads the file again, cutting each word
+    bpe_cutting_begin(bpe_words_read);
     return NULL;
 }
 
@@ -344,12 +412,13 @@ static void kept_steps_find(const TrainRun *run, long last) {
     for (long step = 1; step <= last; step++) {
         kept_checkpoint_path(path, sizeof path, run, step);
         if (access(path, F_OK) == 0) {
-            lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1, sizeof(long),
-                                                 "kept checkpoints");
+            lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1,
+                                                 sizeof(long), "kept checkpoints");
             lab_run.kept_steps[lab_run.num_kept++] = step;
         }
         strcat(path, ".tmp");
-        if (access(path, F_OK) == 0) remove(path);
+        if (access(path, F_OK) == 0)
+            remove(path);
     }
 }
 
@@ -361,7 +430,8 @@ static void kept_steps_trim(const TrainRun *run, int keep) {
         kept_checkpoint_path(path, sizeof path, run, lab_run.kept_steps[i]);
         remove(path);
     }
-    if (drop == 0) return;   // (kept_steps may be NULL: none were ever found)
+    if (drop == 0)
+        return;   // (kept_steps may be NULL: none were ever found)
     lab_run.num_kept -= drop;
     memmove(lab_run.kept_steps, lab_run.kept_steps + drop, (size_t)lab_run.num_kept * sizeof(long));
 }
@@ -369,11 +439,13 @@ static void kept_steps_trim(const TrainRun *run, int keep) {
 // The training step of the checkpoint at path, from its header; 0 if it is not one.
 static long checkpoint_step(const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) return 0;
+    if (!f)
+        return 0;
     struct stat st;
     CheckpointHeader h;
     CheckpointFile r = { f, FNV_OFFSET, 0 };
-    int ok = fstat(fileno(f), &st) == 0 && !checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
+    int ok = fstat(fileno(f), &st) == 0 &&
+             !checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
     fclose(f);
     return ok ? (long)h.adam_step : 0;
 }
@@ -383,15 +455,18 @@ static long checkpoint_step(const char *path) {
 // checkpoint has gone, say. NULL, or the error naming it.
 static const char *kept_steps_unused(const TrainRun *run) {
     const TrainOptions *o = &run->opt;
-    int every = o->save_every ? o->save_every : o->eval_every;   // as transformer.c's train_loop saves
+    // as transformer.c's train_loop saves
+    int every = o->save_every ? o->save_every : o->eval_every;
     char path[sizeof run->checkpoint_path + 32];
-    if (lab_run.keep_last == 0) return NULL;   // no step files written
+    if (lab_run.keep_last == 0)
+        return NULL;   // no step files written
     for (long step = run->model.adam_step + 1; step <= o->steps; step++) {
-        if (!(every && step % every == 0) && step != o->steps) continue;   // not a step that saves
+        if (!(every && step % every == 0) && step != o->steps)
+            continue;   // not a step that saves
         kept_checkpoint_path(path, sizeof path, run, step);
         if (access(path, F_OK) == 0)
-            return errorf("%s is already there (another run's?); expected --force to replace it, or another "
-                          "--checkpoint", path);
+            return errorf("%s is already there (another run's?); expected --force to replace it, "
+                          "or another --checkpoint", path);
     }
     return NULL;
 }
@@ -410,20 +485,26 @@ static const char *lab_kept_steps_begin(const TrainRun *run) {
         kept_steps_find(run, checkpoint_step(run->checkpoint_path));
         lab_run.replacing = 1;
         char path[sizeof run->checkpoint_path + 40];
-        for (int i = 0; found && i < lab_run.num_kept; i++) {   // except one this run resumed from (a rollback)
+        // except one this run resumed from (a rollback)
+        for (int i = 0; found && i < lab_run.num_kept; i++) {
             kept_checkpoint_path(path, sizeof path, run, lab_run.kept_steps[i]);
-            if (stat(path, &kept) == 0 && kept.st_dev == resumed.st_dev && kept.st_ino == resumed.st_ino) {
-                memmove(lab_run.kept_steps + i, lab_run.kept_steps + i + 1, (size_t)(lab_run.num_kept - i - 1) * sizeof(long));
+            if (stat(path, &kept) == 0 && kept.st_dev == resumed.st_dev &&
+                kept.st_ino == resumed.st_ino) {
+                memmove(lab_run.kept_steps + i, lab_run.kept_steps + i + 1,
+                        (size_t)(lab_run.num_kept - i - 1) * sizeof(long));
                 lab_run.num_kept--;
                 break;
             }
         }
-    } else if (run->resumed_from && lab_run.keep_last > 0) kept_steps_find(run, run->model.adam_step);
-    else if (run->resumed_from) {   // a save killed while writing its step file left CHECKPOINT.stepN.tmp
+    } else if (run->resumed_from && lab_run.keep_last > 0)
+        kept_steps_find(run, run->model.adam_step);
+    else if (run->resumed_from) {   // a save killed while writing its step file
+                                    // left CHECKPOINT.stepN.tmp
         char step_tmp[sizeof run->checkpoint_path + 40];
         kept_checkpoint_path(step_tmp, sizeof step_tmp, run, run->model.adam_step);
         strcat(step_tmp, ".tmp");
-        if (access(step_tmp, F_OK) == 0) remove(step_tmp);
+        if (access(step_tmp, F_OK) == 0)
+            remove(step_tmp);
     }
     return lab_run.replacing || run->opt.force ? NULL : kept_steps_unused(run);
 }
@@ -434,13 +515,20 @@ static const char *lab_kept_steps_begin(const TrainRun *run) {
 static const char *lab_keep_last(const TrainRun *run) {
     char path[sizeof run->checkpoint_path + 32];
     long step = run->model.adam_step;
-    if (lab_run.replacing) { kept_steps_trim(run, 0); lab_run.replacing = 0; }   // this run's checkpoint replaced the other's
-    if (lab_run.keep_last == 0 || (lab_run.num_kept > 0 && lab_run.kept_steps[lab_run.num_kept - 1] == step))
+    if (lab_run.replacing) {   // this run's checkpoint replaced the other's
+        kept_steps_trim(run, 0);
+        lab_run.replacing = 0;
+    }
+    if (lab_run.keep_last == 0 ||
+        (lab_run.num_kept > 0 && lab_run.kept_steps[lab_run.num_kept - 1] == step))
         return NULL;   // none kept, or saved already
     kept_checkpoint_path(path, sizeof path, run, step);
-    const char *error = checkpoint_save(path, &run->model, &run->vocab, &run->state, run->run_options);
-    if (error) return error;
-    lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1, sizeof(long), "kept checkpoints");
+    const char *error = checkpoint_save(path, &run->model, &run->vocab, &run->state,
+                                        run->run_options);
+    if (error)
+        return error;
+    lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1,
+                                         sizeof(long), "kept checkpoints");
     lab_run.kept_steps[lab_run.num_kept++] = step;
     kept_steps_trim(run, lab_run.keep_last);
     return NULL;
@@ -469,7 +557,8 @@ static const char *lab_open_logs(void) {
 static void lab_log_batch(FILE *f, long step, const Batch *batch) {
     int32_t header[4] = { (int32_t)step, batch->B, batch->S, batch->T };
     fwrite(header, sizeof header[0], 4, f);
-    const int *arrays[5] = { batch->src, batch->src_len, batch->tgt_in, batch->tgt_out, batch->tgt_len };
+    const int *arrays[5] = { batch->src, batch->src_len, batch->tgt_in, batch->tgt_out,
+                             batch->tgt_len };
     size_t counts[5] = { (size_t)batch->B * batch->S, (size_t)batch->B, (size_t)batch->B * batch->T,
                          (size_t)batch->B * batch->T, (size_t)batch->B };
     for (int a = 0; a < 5; a++)
@@ -485,17 +574,26 @@ static void lab_log_batch(FILE *f, long step, const Batch *batch) {
 static void lab_log_step(const TrainRun *run) {
     long step = run->model.adam_step;
     int log_every = run->opt.log_every;
-    if (lab_run.loss_log_file) fprintf(lab_run.loss_log_file, "%ld %.9g %.9g\n", step, (double)run->loss, run->lr);
-    if (lab_run.batch_log_file) lab_log_batch(lab_run.batch_log_file, step, &run->batch.batch);
-    lab_run.csv_loss += run->loss; lab_run.csv_steps++; lab_run.csv_tokens += run->tokens;
+    if (lab_run.loss_log_file)
+        fprintf(lab_run.loss_log_file, "%ld %.9g %.9g\n", step, (double)run->loss, run->lr);
+    if (lab_run.batch_log_file)
+        lab_log_batch(lab_run.batch_log_file, step, &run->batch.batch);
+    lab_run.csv_loss += run->loss;
+    lab_run.csv_steps++;
+    lab_run.csv_tokens += run->tokens;
     lab_run.csv_seconds += run->seconds;
-    if (!lab_run.log_file || !((log_every && step % log_every == 0) || run->evaluated)) return;
-    fprintf(lab_run.log_file, "%ld,%.6g,%.6g,%.0f,", step, lab_run.csv_loss / lab_run.csv_steps, run->lr,
-            lab_run.csv_tokens / (lab_run.csv_seconds + 1e-9));
-    if (isfinite(run->heldout)) fprintf(lab_run.log_file, "%.2f", run->heldout);
+    if (!lab_run.log_file || !((log_every && step % log_every == 0) || run->evaluated))
+        return;
+    fprintf(lab_run.log_file, "%ld,%.6g,%.6g,%.0f,", step, lab_run.csv_loss / lab_run.csv_steps,
+            run->lr, lab_run.csv_tokens / (lab_run.csv_seconds + 1e-9));
+    if (isfinite(run->heldout))
+        fprintf(lab_run.log_file, "%.2f", run->heldout);
     fprintf(lab_run.log_file, "\n");
     fflush(lab_run.log_file);
-    lab_run.csv_loss = 0; lab_run.csv_steps = 0; lab_run.csv_tokens = 0; lab_run.csv_seconds = 0;
+    lab_run.csv_loss = 0;
+    lab_run.csv_steps = 0;
+    lab_run.csv_tokens = 0;
+    lab_run.csv_seconds = 0;
 }
 
 // ---- threads on a busy machine ----------------------------------------------
@@ -512,25 +610,32 @@ static void lab_log_step(const TrainRun *run) {
 // CPU seconds spent so far: by all the machine's cores (Linux's /proc/stat,
 // its first line's user, nice, system, irq and softirq ticks) and by this
 // program's threads; and how many cores /proc/stat counts ("cpuN" lines).
-typedef struct { double machine, own, wall; int cpus; } CpuTimes;
+typedef struct {
+    double machine, own, wall;
+    int cpus;
+} CpuTimes;
 
 // One line of /proc/stat into busy ticks and the count of cores
 static void proc_stat_line(const char *line, double *busy_ticks, int *cpus) {
     double user, nice, system, idle, iowait, irq, softirq;
     if (strncmp(line, "cpu ", 4) == 0 &&
-        sscanf(line + 4, "%lf %lf %lf %lf %lf %lf %lf", &user, &nice, &system, &idle, &iowait, &irq, &softirq) == 7)
+        sscanf(line + 4, "%lf %lf %lf %lf %lf %lf %lf", &user, &nice, &system, &idle, &iowait,
+               &irq, &softirq) == 7)
         *busy_ticks = user + nice + system + irq + softirq;
-    else if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3])) (*cpus)++;
+    else if (strncmp(line, "cpu", 3) == 0 && isdigit((unsigned char)line[3]))
+        (*cpus)++;
 }
 
 // 0 where /proc/stat cannot be read (another system)
 static int cpu_times(CpuTimes *now) {
     FILE *f = fopen("/proc/stat", "r");
-    if (!f) return 0;
+    if (!f)
+        return 0;
     char line[4096];
     double busy_ticks = -1;
     now->cpus = 0;
-    while (fgets(line, sizeof line, f)) proc_stat_line(line, &busy_ticks, &now->cpus);
+    while (fgets(line, sizeof line, f))
+        proc_stat_line(line, &busy_ticks, &now->cpus);
     fclose(f);
     struct timespec own;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &own);
@@ -551,7 +656,8 @@ static double others_busy_cores(const CpuTimes *then, const CpuTimes *now) {
 // start and a look a second between steps (free_cores_follow).
 typedef struct {
     int following;      // 0: --threads N was given, no OpenMP, or /proc cannot tell
-    int cores, limit;   // the machine's cores; at most `limit` threads (OMP_NUM_THREADS, or the cores)
+    int cores, limit;   // the machine's cores; at most `limit` threads
+                        // (OMP_NUM_THREADS, or the cores)
     int threads, proposed, changes;
     CpuTimes last;      // the reading the next look measures from
 } FreeCores;
@@ -572,7 +678,8 @@ static int free_cores_wanted(const FreeCores *follow, double others) {
 static int free_cores_decide(FreeCores *follow, int wanted) {
     int agreed = wanted == follow->proposed;
     follow->proposed = wanted;
-    if (!agreed || wanted == follow->threads) return 0;
+    if (!agreed || wanted == follow->threads)
+        return 0;
     follow->threads = wanted > follow->threads ? follow->threads + 1 : wanted;
     set_threads(follow->threads);
     return 1;
@@ -581,16 +688,20 @@ static int free_cores_decide(FreeCores *follow, int wanted) {
 static void free_cores_start(FreeCores *follow, int threads_option) {
     *follow = (FreeCores){ .following = 0 };
 #ifdef _OPENMP
-    if (threads_option != 0) return;   // --threads N: N threads, whatever else runs
+    if (threads_option != 0)
+        return;   // --threads N: N threads, whatever else runs
     follow->cores = omp_get_num_procs();
     follow->limit = omp_get_max_threads();
     CpuTimes then;
     // a container whose /proc/stat counts more cores than this program may use cannot tell
-    if (follow->limit < 2 || !cpu_times(&then) || then.cpus > follow->cores) return;
+    if (follow->limit < 2 || !cpu_times(&then) || then.cpus > follow->cores)
+        return;
     nanosleep(&(struct timespec){ 0, 50000000 }, NULL);   // 50 ms of the others alone
-    if (!cpu_times(&follow->last)) return;
+    if (!cpu_times(&follow->last))
+        return;
     follow->following = 1;
-    follow->threads = follow->proposed = free_cores_wanted(follow, others_busy_cores(&then, &follow->last));
+    follow->threads = follow->proposed =
+        free_cores_wanted(follow, others_busy_cores(&then, &follow->last));
     set_threads(follow->threads);
 #else
     (void)threads_option;
@@ -599,13 +710,15 @@ static void free_cores_start(FreeCores *follow, int threads_option) {
 
 static int free_cores_follow(FreeCores *follow) {
     CpuTimes now;
-    if (!follow->following || wall_seconds() < follow->last.wall + 1 || !cpu_times(&now)) return 0;
+    if (!follow->following || wall_seconds() < follow->last.wall + 1 || !cpu_times(&now))
+        return 0;
     double others = others_busy_cores(&follow->last, &now);
     follow->last = now;
-    if (!free_cores_decide(follow, free_cores_wanted(follow, others))) return 0;
+    if (!free_cores_decide(follow, free_cores_wanted(follow, others)))
+        return 0;
     if (++follow->changes <= 3)
-        printf("note: %d thread%s now: other programs kept %.1f of %d cores busy%s\n", follow->threads,
-               follow->threads == 1 ? "" : "s", others, follow->cores,
+        printf("note: %d thread%s now: other programs kept %.1f of %d cores busy%s\n",
+               follow->threads, follow->threads == 1 ? "" : "s", others, follow->cores,
                follow->changes == 3 ? " (further changes are not noted)" : "");
     return 1;
 }
@@ -617,29 +730,40 @@ static FreeCores lab_free_cores;
 static const char *lab_train_event(TrainRun *run, TrainEvent event) {
     const char *error = NULL;
     switch (event) {
-    case TRAIN_START:   // before the run is built: read back (--resume), or --positional and §5.1's merges
-        if (lab_run.resume) return lab_resume(run);
+    case TRAIN_START:   // before the run is built: read back (--resume), or
+                        // --positional and §5.1's merges
+        if (lab_run.resume)
+            return lab_resume(run);
         if ((run->opt.positional = positional_from_name(lab_run.positional)) < 0)
-            return errorf("--positional '%s' is not a kind of positions; expected sinusoid or learned", lab_run.positional);
+            return errorf("--positional '%s' is not a kind of positions; expected sinusoid or "
+                          "learned", lab_run.positional);
         if (lab_run.bpe > 0 && !run->opt.train_path)
             return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
         if (!run->opt.train_path && run->opt.min_length > run->opt.max_length)
-            return errorf("--min-length %d is above --max-length %d; expected min <= max", run->opt.min_length,
-                          run->opt.max_length);
+            return errorf("--min-length %d is above --max-length %d; expected min <= max",
+                          run->opt.min_length, run->opt.max_length);
         if (!run->opt.train_path && run->opt.valid_path)
             return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
-        if (lab_run.bpe > 0 && (error = lab_learn_merges(run))) return error;
+        if (lab_run.bpe > 0 && (error = lab_learn_merges(run)))
+            return error;
         if (run->opt.train_path && find_option(run->options, run->num_options, "--task")->seen)
             return errorf("--task and --train both given; expected one of them");
-        return run->opt.train_path ? lab_load_tsv(run, 1) : NULL;   // (transformer.c makes a task's pairs)
-    case TRAIN_BEGIN:   // built, before the header: the data's lengths, the run's flags and data's hash, kept checkpoints,
-                        // the logs, the threads
-        if (!run->resumed_from && (error = lab_check_lengths(run))) return error;
-        run->run_options = format_run_options(run->options, run->num_options);   // (transformer.c frees it)
-        if (!run->resumed_from) run->state.data_hash = dataset_hash(&run->train);
-        if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs())) return error;
+        // (transformer.c makes a task's pairs)
+        return run->opt.train_path ? lab_load_tsv(run, 1) : NULL;
+    case TRAIN_BEGIN:   // built, before the header: the data's lengths, the run's flags and data's
+                        // hash, kept checkpoints, the logs, the threads
+        if (!run->resumed_from && (error = lab_check_lengths(run)))
+            return error;
+        // (transformer.c frees it)
+        run->run_options = format_run_options(run->options, run->num_options);
+        if (!run->resumed_from)
+            run->state.data_hash = dataset_hash(&run->train);
+        if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs()))
+            return error;
         free_cores_start(&lab_free_cores, run->opt.threads);
-        run->threads_note = lab_free_cores.following ? " (the cores free of other programs, counted again each second)" : "";
+        run->threads_note = lab_free_cores.following
+                          ? " (the cores free of other programs, counted again each second)"
+                          : "";
         return NULL;
     case TRAIN_STEP:
         free_cores_follow(&lab_free_cores);
@@ -649,20 +773,23 @@ static const char *lab_train_event(TrainRun *run, TrainEvent event) {
         return NULL;
     case TRAIN_SAVED:
         return lab_keep_last(run);
-    case TRAIN_END: {   // after the run, or its error; a log that could not be written is an error too
-        // (in a buffer of its own: errorf's holds the run's error, if it failed, which train reports first)
+    case TRAIN_END: {   // after the run, or its error; a log that could not be written is
+                        // an error too
+        // (in a buffer of its own: errorf's holds the run's error, if it failed, which train
+        // reports first)
         static char log_error[600];
         FILE *logs[3] = { lab_run.loss_log_file, lab_run.log_file, lab_run.batch_log_file };
         const char *names[3] = { lab_run.loss_log, lab_run.log_csv, lab_run.batch_log };
         for (int i = 0; i < 3; i++) {
             errno = 0;   // (a reason given is this close's own, never an older error's)
             if (logs[i] && (ferror(logs[i]) | fclose(logs[i])) && !error) {
-                snprintf(log_error, sizeof log_error, "%.400s: writing the log failed: %s", names[i],
-                         errno ? strerror(errno) : "an earlier write failed");
+                snprintf(log_error, sizeof log_error, "%.400s: writing the log failed: %s",
+                         names[i], errno ? strerror(errno) : "an earlier write failed");
                 error = log_error;
             }
         }
-        free(lab_run.kept_steps); free(lab_run.stored_options);
+        free(lab_run.kept_steps);
+        free(lab_run.stored_options);
         memset(&lab_run, 0, sizeof lab_run);
         return error;
     }
