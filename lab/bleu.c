@@ -8,7 +8,8 @@
  * with sacreBLEU's defaults (13a, exp), and prints the score the way
  * `sacrebleu -f text` prints it, its signature first:
  *
- *   BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp = 34.33 60.00/40.00/28.75/16.67 (BP = 1.000 ...)
+ *   BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp = 34.33 60.00/40.00/28.75/16.67
+ *       (BP = 1.000 ...)
  *
  * (the precisions to two decimals, where sacreBLEU rounds them to one; no
  * `version:` field: this is not sacreBLEU, it computes what sacreBLEU 2.6.0
@@ -75,15 +76,19 @@ static long long clipped_ngram_matches(NgramCount *table, size_t mask, const int
             while (table[slot].gram && memcmp(table[slot].gram, tokens + i, n * sizeof(int)) != 0) {
                 slot = (slot + 1) & mask;
             }
-            if (!table[slot].gram) table[slot].gram = tokens + i;
-            if (side == 0) table[slot].in_candidate++;
-            else table[slot].in_reference++;
+            if (!table[slot].gram)
+                table[slot].gram = tokens + i;
+            if (side == 0)
+                table[slot].in_candidate++;
+            else
+                table[slot].in_reference++;
         }
     }
     long long matches = 0;
     for (size_t k = 0; k <= mask; k++) {
         int in_both = table[k].in_candidate;
-        if (table[k].in_reference < in_both) in_both = table[k].in_reference;
+        if (table[k].in_reference < in_both)
+            in_both = table[k].in_reference;
         matches += in_both;
     }
     return matches;
@@ -94,10 +99,13 @@ static void bleu_reset(BleuStats *stats) { memset(stats, 0, sizeof *stats); }
 // Adds one candidate (the model's output) and its reference, as token ids.
 static void bleu_add_sentence(BleuStats *stats, const int *candidate, int candidate_len,
                               const int *reference, int reference_len) {
-    if (candidate_len < 0) candidate_len = 0;
-    if (reference_len < 0) reference_len = 0;
+    if (candidate_len < 0)
+        candidate_len = 0;
+    if (reference_len < 0)
+        reference_len = 0;
     size_t slots = 4;
-    while (slots < 2 * ((size_t)candidate_len + (size_t)reference_len)) slots *= 2;
+    while (slots < 2 * ((size_t)candidate_len + (size_t)reference_len))
+        slots *= 2;
     NgramCount *table = checked_calloc(slots, sizeof *table, "BLEU n-gram counts");
     for (int n = 1; n <= BLEU_MAX_ORDER; n++) {
         stats->matches[n - 1] += clipped_ngram_matches(table, slots - 1, candidate, candidate_len,
@@ -118,16 +126,22 @@ static double bleu_score(const BleuStats *stats, double precisions[BLEU_MAX_ORDE
     int any_zero = 0;
     for (int n = 0; n < BLEU_MAX_ORDER; n++) {
         double p = 0.0;
-        if (stats->totals[n] > 0) p = (double)stats->matches[n] / (double)stats->totals[n];
-        if (precisions) precisions[n] = p;
-        if (p == 0) any_zero = 1;
-        else log_sum += log(p);
+        if (stats->totals[n] > 0)
+            p = (double)stats->matches[n] / (double)stats->totals[n];
+        if (precisions)
+            precisions[n] = p;
+        if (p == 0)
+            any_zero = 1;
+        else
+            log_sum += log(p);
     }
     double candidate = (double)stats->candidate_length;
     double reference = (double)stats->reference_length;
     double bp = 1.0;
-    if (candidate <= reference) bp = candidate > 0 ? exp(1.0 - reference / candidate) : 0.0;
-    if (brevity_penalty) *brevity_penalty = bp;
+    if (candidate <= reference)
+        bp = candidate > 0 ? exp(1.0 - reference / candidate) : 0.0;
+    if (brevity_penalty)
+        *brevity_penalty = bp;
     return any_zero ? 0.0 : 100.0 * bp * exp(log_sum / BLEU_MAX_ORDER);
 }
 
@@ -140,7 +154,8 @@ static void print_bleu(const BleuStats *stats, const char *unit) {
     double score = bleu_score(stats, NULL, &bp);
     for (int n = 0; n < BLEU_MAX_ORDER; n++) {
         p[n] = 0.0;
-        if (stats->totals[n] > 0) p[n] = 100.0 * (double)stats->matches[n] / (double)stats->totals[n];
+        if (stats->totals[n] > 0)
+            p[n] = 100.0 * (double)stats->matches[n] / (double)stats->totals[n];
     }
     printf("BLEU            %.2f%s (nrefs:1|case:mixed|eff:no|tok:none|smooth:none; precisions "
            "%.2f/%.2f/%.2f/%.2f, BP %.3f, output/reference length %lld/%lld)\n", score, unit, p[0],
@@ -168,9 +183,11 @@ static void bleu_add_sentence_text(BleuStats *stats, const char *candidate, cons
     size_t capacity = 1, length;
     int *ids = checked_calloc(capacity, sizeof *ids, "BLEU words"), n = 0, candidate_len = 0;
     for (int side = 0; side < 2; side++) {
-        for (const char *p = side == 0 ? candidate : reference; (p = next_token(p, &length)) != NULL; p += length)
+        for (const char *p = side == 0 ? candidate : reference;
+             (p = next_token(p, &length)) != NULL; p += length)
             push_id(&ids, &capacity, n++, vocab_add(&words, p, length));
-        if (side == 0) candidate_len = n;
+        if (side == 0)
+            candidate_len = n;
     }
     bleu_add_sentence(stats, ids, candidate_len, ids + candidate_len, n - candidate_len);
     free(ids);
@@ -184,13 +201,15 @@ static void bleu_add_sentence_text(BleuStats *stats, const char *candidate, cons
 static void evaluation_words(Evaluation *e, BleuStats *bleu_words, const Dataset *dataset,
                              const Vocabulary *vocab) {
     e->exact = 0;
-    if (bleu_words) bleu_reset(bleu_words);
+    if (bleu_words)
+        bleu_reset(bleu_words);
     for (int i = 0; i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
         char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
         char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
         e->exact += strcmp(output, reference) == 0;
-        if (bleu_words) bleu_add_sentence_text(bleu_words, output, reference);
+        if (bleu_words)
+            bleu_add_sentence_text(bleu_words, output, reference);
         free(output);
         free(reference);
     }
@@ -221,8 +240,8 @@ static int is_not_digit_byte(int c) { return !is_digit_byte(c); }
 static int is_period_or_comma(int c) { return c == '.' || c == ','; }
 static int is_dash(int c) { return c == '-'; }
 static int is_13a_punctuation(int c) {
-    return (c >= '{' && c <= '~') || (c >= '[' && c <= '`') || (c >= ' ' && c <= '&') || (c >= '(' && c <= '+') ||
-           (c >= ':' && c <= '@') || c == '/';
+    return (c >= '{' && c <= '~') || (c >= '[' && c <= '`') || (c >= ' ' && c <= '&') ||
+           (c >= '(' && c <= '+') || (c >= ':' && c <= '@') || c == '/';
 }
 
 // Every `from` in text replaced by `to`, left to right (Python's str.replace);
@@ -231,8 +250,12 @@ static void replace_all(char *text, const char *from, const char *to) {
     size_t from_length = strlen(from), to_length = strlen(to);
     char *read = text, *write = text;
     while (*read) {
-        if (strncmp(read, from, from_length) == 0) { memcpy(write, to, to_length); write += to_length; read += from_length; }
-        else *write++ = *read++;
+        if (strncmp(read, from, from_length) == 0) {
+            memcpy(write, to, to_length);
+            write += to_length;
+            read += from_length;
+        } else
+            *write++ = *read++;
     }
     *write = 0;
 }
@@ -247,11 +270,16 @@ static char *separate_pairs(char *text, int (*first)(int), int (*second)(int), i
     for (size_t i = 0; i < length;) {
         unsigned char a = (unsigned char)text[i], b = (unsigned char)text[i + 1];
         if (i + 1 < length && first(a) && second(b)) {
-            if (space_before) *o++ = ' ';
-            *o++ = (char)a; *o++ = ' '; *o++ = (char)b;
-            if (!space_before) *o++ = ' ';
+            if (space_before)
+                *o++ = ' ';
+            *o++ = (char)a;
+            *o++ = ' ';
+            *o++ = (char)b;
+            if (!space_before)
+                *o++ = ' ';
             i += 2;
-        } else *o++ = text[i++];
+        } else
+            *o++ = text[i++];
     }
     *o = 0;
     free(text);
@@ -269,13 +297,18 @@ static char *tokenize_13a(const char *line) {
     replace_all(text, "&lt;", "<");
     replace_all(text, "&gt;", ">");
     length = strlen(text);
-    char *padded = checked_calloc(length + 3, 1, "13a tokens");   // " line ", then rule 1 on every byte of it
+    // " line ", then rule 1 on every byte of it
+    char *padded = checked_calloc(length + 3, 1, "13a tokens");
     snprintf(padded, length + 3, " %s ", text);
     free(text);
     char *spaced = checked_calloc(3 * (length + 2) + 1, 1, "13a tokens"), *o = spaced;
     for (const char *c = padded; *c; c++) {
-        if (is_13a_punctuation((unsigned char)*c)) { *o++ = ' '; *o++ = *c; *o++ = ' '; }
-        else *o++ = *c;
+        if (is_13a_punctuation((unsigned char)*c)) {
+            *o++ = ' ';
+            *o++ = *c;
+            *o++ = ' ';
+        } else
+            *o++ = *c;
     }
     *o = 0;
     free(padded);
@@ -302,30 +335,48 @@ static double bleu_smoothed(const BleuStats *stats, Smoothing method, double val
                             double precisions[BLEU_MAX_ORDER], double *brevity_penalty) {
     long long sys_length = stats->candidate_length, ref_length = stats->reference_length;
     double bp = 1.0;
-    if (sys_length < ref_length) bp = sys_length > 0 ? exp(1 - (double)ref_length / (double)sys_length) : 0.0;
+    if (sys_length < ref_length)
+        bp = sys_length > 0 ? exp(1 - (double)ref_length / (double)sys_length) : 0.0;
     *brevity_penalty = bp;
     int any_match = 0;
-    for (int n = 0; n < BLEU_MAX_ORDER; n++) { precisions[n] = 0; any_match |= stats->matches[n] > 0; }
-    if (!any_match) return 0.0;
+    for (int n = 0; n < BLEU_MAX_ORDER; n++) {
+        precisions[n] = 0;
+        any_match |= stats->matches[n] > 0;
+    }
+    if (!any_match)
+        return 0.0;
     double mteval = 1, log_sum = 0;
     for (int n = 0; n < BLEU_MAX_ORDER; n++) {
         double correct = (double)stats->matches[n], total = (double)stats->totals[n];
-        if (method == SMOOTH_ADD_K && n > 0) { correct += value; total += value; }
-        if (total == 0) break;   // no n-grams of this order or higher: their precisions stay 0
-        if (correct > 0) precisions[n] = 100.0 * correct / total;
-        else if (method == SMOOTH_EXP) { mteval *= 2; precisions[n] = 100.0 / (mteval * total); }
-        else if (method == SMOOTH_FLOOR) precisions[n] = 100.0 * value / total;
+        if (method == SMOOTH_ADD_K && n > 0) {
+            correct += value;
+            total += value;
+        }
+        if (total == 0)
+            break;   // no n-grams of this order or higher: their precisions stay 0
+        if (correct > 0)
+            precisions[n] = 100.0 * correct / total;
+        else if (method == SMOOTH_EXP) {
+            mteval *= 2;
+            precisions[n] = 100.0 / (mteval * total);
+        } else if (method == SMOOTH_FLOOR)
+            precisions[n] = 100.0 * value / total;
     }
-    for (int n = 0; n < BLEU_MAX_ORDER; n++) log_sum += precisions[n] == 0 ? -9999999999.0 : log(precisions[n]);
+    for (int n = 0; n < BLEU_MAX_ORDER; n++)
+        log_sum += precisions[n] == 0 ? -9999999999.0 : log(precisions[n]);
     return bp * exp(log_sum / BLEU_MAX_ORDER);   // sacreBLEU's my_log: log 0 is -9999999999
 }
 
 // sacreBLEU's signature of a score: "nrefs:1|case:mixed|eff:no|tok:13a|smooth:floor[0.10]".
-static void bleu_signature(char *out, size_t size, int tokenize_13a_rules, Smoothing method, double value) {
+static void bleu_signature(char *out, size_t size, int tokenize_13a_rules, Smoothing method,
+                           double value) {
     char smooth[64];
-    if (smoothing_defaults[method] < 0) snprintf(smooth, sizeof smooth, "%s", smoothing_names[method]);
-    else snprintf(smooth, sizeof smooth, "%s[%.2f]", smoothing_names[method], value);
-    snprintf(out, size, "nrefs:1|case:mixed|eff:no|tok:%s|smooth:%s", tokenize_13a_rules ? "13a" : "none", smooth);
+    if (smoothing_defaults[method] < 0)
+        snprintf(smooth, sizeof smooth, "%s", smoothing_names[method]);
+    else
+        snprintf(smooth, sizeof smooth, "%s[%.2f]", smoothing_names[method], value);
+    snprintf(out, size, "nrefs:1|case:mixed|eff:no|tok:%s|smooth:%s",
+             tokenize_13a_rules ? "13a" : "none", smooth);
 }
 
 // ---- bleu -----------------------------------------------------------------------------
@@ -338,10 +389,11 @@ static void bleu_signature(char *out, size_t size, int tokenize_13a_rules, Smoot
 // not text: a \r before the \n and a byte-order mark at the start of a file
 // are dropped, where sacreBLEU keeps the \r until it strips the line's end,
 // and keeps the mark as part of the first word.)
-static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char *ref_path, int tokenize_13a_rules,
-                              int *lines) {
+static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char *ref_path,
+                              int tokenize_13a_rules, int *lines) {
     const char *error = NULL;
-    FILE *hyp = open_text_file(hyp_path, &error), *ref = hyp ? open_text_file(ref_path, &error) : NULL;
+    FILE *hyp = open_text_file(hyp_path, &error),
+         *ref = hyp ? open_text_file(ref_path, &error) : NULL;
     char *hyp_line = NULL, *ref_line = NULL;
     size_t hyp_capacity = 0, ref_capacity = 0;
     bleu_reset(stats);
@@ -349,16 +401,20 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
     while (!error) {
         int got_hypothesis = read_text_line(hyp, &hyp_line, &hyp_capacity, *lines + 1);
         int got_reference = read_text_line(ref, &ref_line, &ref_capacity, *lines + 1);
-        if ((!got_hypothesis && ferror(hyp)) || (!got_reference && ferror(ref))) { // not the end: a read that failed
-            error = errorf("%s: read error after %d lines: %s", !got_hypothesis && ferror(hyp) ? hyp_path : ref_path,
-                           *lines, strerror(errno));
+        // not the end: a read that failed
+        if ((!got_hypothesis && ferror(hyp)) || (!got_reference && ferror(ref))) {
+            error = errorf("%s: read error after %d lines: %s",
+                           !got_hypothesis && ferror(hyp) ? hyp_path : ref_path, *lines,
+                           strerror(errno));
             break;
         }
-        if (!got_hypothesis && !got_reference) break;
+        if (!got_hypothesis && !got_reference)
+            break;
         ++*lines;
         if (!got_hypothesis || !got_reference) {
-            error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line for each "
-                           "reference line", got_hypothesis ? ref_path : hyp_path, *lines - 1, *lines == 2 ? "" : "s",
+            error = errorf("%s ends after %d line%s but %s goes on; expected one hypothesis line "
+                           "for each reference line", got_hypothesis ? ref_path : hyp_path,
+                           *lines - 1, *lines == 2 ? "" : "s",
                            got_hypothesis ? hyp_path : ref_path);
             break;
         }
@@ -371,49 +427,69 @@ static const char *bleu_files(BleuStats *stats, const char *hyp_path, const char
         if (tokenize_13a_rules) {
             char *hyp_tokens = tokenize_13a(hyp_line), *ref_tokens = tokenize_13a(ref_line);
             bleu_add_sentence_text(stats, hyp_tokens, ref_tokens);
-            free(hyp_tokens); free(ref_tokens);
-        } else bleu_add_sentence_text(stats, hyp_line, ref_line);
+            free(hyp_tokens);
+            free(ref_tokens);
+        } else
+            bleu_add_sentence_text(stats, hyp_line, ref_line);
     }
-    if (!error && *lines == 0) error = errorf("%s: no lines; expected one sentence a line", hyp_path);
-    free(hyp_line); free(ref_line);
-    if (hyp) fclose(hyp);
-    if (ref) fclose(ref);
+    if (!error && *lines == 0)
+        error = errorf("%s: no lines; expected one sentence a line", hyp_path);
+    free(hyp_line);
+    free(ref_line);
+    if (hyp)
+        fclose(hyp);
+    if (ref)
+        fclose(ref);
     return error;
 }
 
 // The line `sacrebleu -f text` prints, with the precisions to two decimals.
-static void print_sacrebleu_line(const BleuStats *stats, int tokenize_13a_rules, Smoothing method, double value) {
+static void print_sacrebleu_line(const BleuStats *stats, int tokenize_13a_rules, Smoothing method,
+                                 double value) {
     double p[BLEU_MAX_ORDER], bp, score = bleu_smoothed(stats, method, value, p, &bp);
     char signature[160];
     bleu_signature(signature, sizeof signature, tokenize_13a_rules, method, value);
     long long sys_length = stats->candidate_length, ref_length = stats->reference_length;
-    printf("BLEU|%s = %.2f %.2f/%.2f/%.2f/%.2f (BP = %.3f ratio = %.3f hyp_len = %lld ref_len = %lld)\n", signature,
-           score, p[0], p[1], p[2], p[3], bp, ref_length ? (double)sys_length / (double)ref_length : 0.0, sys_length,
-           ref_length);
+    printf("BLEU|%s = %.2f %.2f/%.2f/%.2f/%.2f (BP = %.3f ratio = %.3f hyp_len = %lld "
+           "ref_len = %lld)\n", signature, score, p[0], p[1], p[2], p[3], bp,
+           ref_length ? (double)sys_length / (double)ref_length : 0.0, sys_length, ref_length);
 }
 
 static int command_bleu(int argc, char **argv) {
     const char *usage =
-        "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt [--tokenize 13a|none] [--smooth exp|none|floor|add-k]\n"
-        "Corpus BLEU-4 of any system's output, as sacreBLEU computes it (lab/bleu.c): one sentence a line in each\n"
-        "file (UTF-8 text), line i of the first scored against line i of the second, one reference each, no\n"
-        "lower-casing; printed as `sacrebleu -f text` prints it, with its signature. The defaults are\n"
-        "sacreBLEU's: `sacrebleu REF < HYP` gives the same score. --tokenize none --smooth none scores words\n"
-        "split at white space as they are: what eval --bleu prints, and what the paper's BLEU on tokenized\n"
+        "usage: ./transformer bleu HYPOTHESES.txt REFERENCES.txt [--tokenize 13a|none] "
+        "[--smooth exp|none|floor|add-k]\n"
+        "Corpus BLEU-4 of any system's output, as sacreBLEU computes it (lab/bleu.c): "
+        "one sentence a line in each\n"
+        "file (UTF-8 text), line i of the first scored against line i of the second, "
+        "one reference each, no\n"
+        "lower-casing; printed as `sacrebleu -f text` prints it, with its signature. "
+        "The defaults are\n"
+        "sacreBLEU's: `sacrebleu REF < HYP` gives the same score. "
+        "--tokenize none --smooth none scores words\n"
+        "split at white space as they are: "
+        "what eval --bleu prints, and what the paper's BLEU on tokenized\n"
         "text compares with.";
     const char *tokenize = "13a", *smooth = "exp";
     const char *value_text = NULL;
     Option options[] = {
-        TEXT_OPTION("--tokenize", &tokenize, "13a (mteval-v13a's rules, sacreBLEU's default) or none (split at white space)"),
+        TEXT_OPTION("--tokenize", &tokenize, "13a (mteval-v13a's rules, sacreBLEU's default) or "
+                    "none (split at white space)"),
         TEXT_OPTION("--smooth", &smooth, "exp (sacreBLEU's default), none, floor or add-k"),
-        TEXT_OPTION("--smooth-value", &value_text, "X, floor's (default 0.1) or add-k's (default 1)"),
+        TEXT_OPTION("--smooth-value", &value_text,
+                    "X, floor's (default 0.1) or add-k's (default 1)"),
     };
     char **paths = checked_calloc(argc, sizeof(char *), "arguments");
     int n = 0, lines = 0;
-    int status = parse_options("bleu", usage, options, sizeof options / sizeof options[0], argc, argv, paths, &n);
-    if (status) { free(paths); return status == 2 ? 0 : 1; }
+    int status = parse_options("bleu", usage, options, sizeof options / sizeof options[0], argc,
+                               argv, paths, &n);
+    if (status) {
+        free(paths);
+        return status == 2 ? 0 : 1;
+    }
     int method = 0;
-    while (method < 4 && strcmp(smooth, smoothing_names[method]) != 0) method++;
+    while (method < 4 && strcmp(smooth, smoothing_names[method]) != 0)
+        method++;
     BleuStats stats;
     const char *error = NULL;
     char *end = NULL;
@@ -423,12 +499,17 @@ static int command_bleu(int argc, char **argv) {
     else if (strcmp(tokenize, "13a") != 0 && strcmp(tokenize, "none") != 0)
         error = errorf("--tokenize '%s' is not a tokenizer; expected 13a or none", tokenize);
     else if (method == 4)
-        error = errorf("--smooth '%s' is not a smoothing method; expected exp, none, floor or add-k", smooth);
+        error = errorf("--smooth '%s' is not a smoothing method; expected exp, none, floor or "
+                       "add-k", smooth);
     else if (value_text && smoothing_defaults[method] < 0)
-        error = errorf("--smooth-value goes with --smooth floor or add-k; %s takes no value", smooth);
-    else if (n != 2) error = "expected two files, HYPOTHESES.txt REFERENCES.txt";
-    else error = bleu_files(&stats, paths[0], paths[1], strcmp(tokenize, "13a") == 0, &lines);
-    if (error) fprintf(stderr, "error: bleu: %s\n", error);
+        error = errorf("--smooth-value goes with --smooth floor or add-k; %s takes no value",
+                       smooth);
+    else if (n != 2)
+        error = "expected two files, HYPOTHESES.txt REFERENCES.txt";
+    else
+        error = bleu_files(&stats, paths[0], paths[1], strcmp(tokenize, "13a") == 0, &lines);
+    if (error)
+        fprintf(stderr, "error: bleu: %s\n", error);
     else {
         printf("%s against %s: %d sentences\n", paths[0], paths[1], lines);
         print_sacrebleu_line(&stats, strcmp(tokenize, "13a") == 0, (Smoothing)method,
@@ -449,13 +530,15 @@ static int command_eval(int argc, char **argv) {
     Option options[] = {
         TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
         TEXT_OPTION("--data", &data, "source<TAB>target lines to evaluate on (required)"),
-        FLAG_OPTION("--bleu", &bleu, "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
+        FLAG_OPTION("--bleu", &bleu,
+                    "also print corpus BLEU-4 of the outputs against the targets (§6.1)"),
         INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding"),
         NUMBER_OPTION("--alpha", &alpha, 0, 100, 0, "length penalty exponent of beam search"),
         INT_OPTION("--show", &show, 0, INT_MAX, "print the first N decoded pairs"),
         INT_OPTION("--batch-tokens", &batch_tokens, 1, 100000000, "tokens decoded side by side"),
         INT_OPTION("--threads", &threads, 0, 1024, "OpenMP threads (0: all cores)"),
-        FLAG_OPTION("--progress", &progress_always, "progress lines also when standard error is not a terminal"),
+        FLAG_OPTION("--progress", &progress_always,
+                    "progress lines also when standard error is not a terminal"),
     };
     const char *usage =
         "usage: ./transformer eval --checkpoint FILE --data FILE.tsv [--beam 4] [--bleu]\n"
@@ -463,13 +546,16 @@ static int command_eval(int argc, char **argv) {
         "(positions that agree, over the longer of output and target), exact match and, with\n"
         "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).\n"
         "With §5.1 merges (train --bpe), exact match and BLEU are on words, BLEU also on subwords.";
-    int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options), argc, argv, NULL, NULL);
-    if (status) return status == 2 ? 0 : 1;
+    int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options),
+                               argc, argv, NULL, NULL);
+    if (status)
+        return status == 2 ? 0 : 1;
     set_threads(threads);
     Transformer model = { 0 };
     Vocabulary vocab = { 0 };
     Dataset dataset = { 0 };
-    if (!checkpoint || !data) error = !checkpoint ? "--checkpoint FILE is required" : "--data FILE.tsv is required";
+    if (!checkpoint || !data)
+        error = !checkpoint ? "--checkpoint FILE is required" : "--data FILE.tsv is required";
     else if (!(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)) &&
              !(error = dataset_read_tsv(&dataset, &vocab, data, 0)))
         error = dataset_check_lengths(&dataset, data, model.config.max_len);
@@ -479,21 +565,28 @@ static int command_eval(int argc, char **argv) {
         evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
         evaluation_bleu(&bleu_tokens, &e, &dataset);
         const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
-        if (vocab.bpe) evaluation_words(&e, &bleu_words, &dataset, &vocab);   // §5.1: on words
-        if (show) print_examples(&e, &dataset, &vocab, show);
-        printf("%s: %d pairs, %s\n", data, e.sentences, beam > 1 ? "beam search" : "greedy decoding");
-        printf("token accuracy  %.2f%% (%ld/%ld)%s\n", 100.0 * e.correct / (e.compared ? e.compared : 1),
-               e.correct, e.compared, subwords);
-        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact, e.sentences, words);
-        printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n", e.loss,
-               vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
+        if (vocab.bpe)
+            evaluation_words(&e, &bleu_words, &dataset, &vocab);   // §5.1: on words
+        if (show)
+            print_examples(&e, &dataset, &vocab, show);
+        printf("%s: %d pairs, %s\n", data, e.sentences,
+               beam > 1 ? "beam search" : "greedy decoding");
+        printf("token accuracy  %.2f%% (%ld/%ld)%s\n",
+               100.0 * e.correct / (e.compared ? e.compared : 1), e.correct, e.compared, subwords);
+        printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact,
+               e.sentences, words);
+        printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n",
+               e.loss, vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
         printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
                exp(e.log_loss), vocab.bpe ? ", a subword" : "");
-        if (bleu) print_bleu(vocab.bpe ? &bleu_words : &bleu_tokens, words);
-        if (bleu && vocab.bpe) print_bleu(&bleu_tokens, subwords);
+        if (bleu)
+            print_bleu(vocab.bpe ? &bleu_words : &bleu_tokens, words);
+        if (bleu && vocab.bpe)
+            print_bleu(&bleu_tokens, subwords);
         evaluation_free(&e);
     }
-    if (error) fprintf(stderr, "error: eval: %s\n", error);
+    if (error)
+        fprintf(stderr, "error: eval: %s\n", error);
     dataset_free(&dataset);
     transformer_free(&model);
     vocab_free(&vocab);
