@@ -40,72 +40,96 @@
  *
  * PART I, the model (run_model_tests)
  *   §3     linear_forward, _backward        test_linear_gradients (FD); MODEL
- *   §3.1   dropout_mask                     test_dropout_training_and_evaluation (off in evaluation, redrawn each
- *                                           pass, P_drop 0.5 drops about half); test_thread_determinism (1 and 3
- *                                           threads, bit for bit); test_add_norm_gradients (as the residual's mask)
- *          dropout_forward, _backward       test_model_gradients with P_drop 0.3 (FD of the whole model, the
- *                                           same masks in every evaluation); test_thread_determinism (dropout on)
- *          layernorm_row_forward,           test_add_norm_gradients (FD, with a dropout mask); MODEL
+ *   §3.1   dropout_mask                     test_dropout_training_and_evaluation (off in
+ *                                           evaluation, redrawn each pass, P_drop 0.5 drops about
+ *                                           half); test_thread_determinism (1 and 3 threads, bit
+ *                                           for bit); test_add_norm_gradients (as the residual's
+ *                                           mask)
+ *          dropout_forward, _backward       test_model_gradients with P_drop 0.3 (FD of the whole
+ *                                           model, the same masks in every evaluation);
+ *                                           test_thread_determinism (dropout on)
+ *          layernorm_row_forward,           test_add_norm_gradients (FD, with a dropout mask);
+ *                                           MODEL
  *          residual_layernorm_forward, _backward
- *   §3.2.1 visible_keys                     test_attention_by_hand (padding and causal masks give exact 1 and 0);
- *                                           test_attention_gradients; test_masks (a padded or later token moves
- *                                           no logit it must not)
+ *   §3.2.1 visible_keys                     test_attention_by_hand (padding and causal masks give
+ *                                           exact 1 and 0); test_attention_gradients; test_masks (a
+ *                                           padded or later token moves no logit it must not)
  *          softmax_visible                  test_softmax_visible; test_attention_by_hand
- *          softmax_backward                 test_attention_by_hand, test_attention_gradients (in attention_backward)
- *          attention_forward, _backward     test_attention_by_hand (2 queries x 2 keys by hand, both masks, one
- *                                           query per sentence); test_attention_gradients (FD: causal, fused
- *                                           q|k|v, padded keys get exactly 0); MODEL
+ *          softmax_backward                 test_attention_by_hand, test_attention_gradients (in
+ *                                           attention_backward)
+ *          attention_forward, _backward     test_attention_by_hand (2 queries x 2 keys by hand,
+ *                                           both masks, one query per sentence);
+ *                                           test_attention_gradients (FD: causal, fused q|k|v,
+ *                                           padded keys get exactly 0); MODEL
  *   §3.2.2 self_attention_*, cross_attention_*, memory_keys_values_*     MODEL; test_masks;
- *                                           test_attention_by_hand (the fused layout, then W^O, b^O)
- *   §3.3   relu_*, feed_forward_*           test_feed_forward_gradients (FD, ReLU inputs off the kink); MODEL
- *   §3.4   embedding_forward, _backward     test_embedding_gradients (FD, a token 3 times: rows add); MODEL
- *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8 by hand, odd 7,
- *                                           512), test_positional_encoding_rotation (PE(pos+k) = M_k PE(pos))
- *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED, 0) (FD; unused rows get 0);
- *                                           test_reference_file (ref_learned_positions.ref)
- *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform logits: log V); MODEL
+ *                                           test_attention_by_hand (the fused layout, then W^O,
+ *                                           b^O)
+ *   §3.3   relu_*, feed_forward_*           test_feed_forward_gradients (FD, ReLU inputs off the
+ *                                           kink); MODEL
+ *   §3.4   embedding_forward, _backward     test_embedding_gradients (FD, a token 3 times: rows
+ *                                           add); MODEL
+ *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8
+ *                                           by hand, odd 7, 512), test_positional_encoding_rotation
+ *                                           (PE(pos+k) = M_k PE(pos))
+ *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED, 0) (FD; unused
+ *                                           rows get 0); test_reference_file
+ *                                           (ref_learned_positions.ref)
+ *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform
+ *                                           logits: log V); MODEL
  *   §3.1   add_norm_forward, encoder_layer_*, decoder_layer_*, embed_*      MODEL; test_masks
- *          transformer_forward, _zero_grad, _backward    MODEL; test_learning (300 steps fit a batch);
- *                                           test_thread_determinism; test_masks
- *   §5.3   transformer_learning_rate        test_schedule (eq. 3 by hand); test_reference_file (the Adam steps)
- *          adam_update                      test_adam_by_hand (two steps by hand); test_reference_file,
- *                                           test_reference_catches_wrong_adam (lr 1%, beta1, beta2 caught)
- *   §5     transformer_train_step           test_reference_file, test_reference_catches_wrong_* (the step PyTorch's
- *                                           files are compared through; cuda/test_cuda.c: the CUDA companion's)
- *   §6.1   decoder_begin, _step, _reorder, _end    test_decoder_logits (the full pass's logits, bit for bit;
- *                                           lab/test_lab.c: the fast path's key/value cache gives the same)
- *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding (= the whole model re-run,
- *                                           side by side = one by one, the trained model copies); test_greedy_token
+ *          transformer_forward, _zero_grad, _backward    MODEL; test_learning (300 steps fit a
+ *                                           batch); test_thread_determinism; test_masks
+ *   §5.3   transformer_learning_rate        test_schedule (eq. 3 by hand); test_reference_file (the
+ *                                           Adam steps)
+ *          adam_update                      test_adam_by_hand (two steps by hand);
+ *                                           test_reference_file, test_reference_catches_wrong_adam
+ *                                           (lr 1%, beta1, beta2 caught)
+ *   §5     transformer_train_step           test_reference_file, test_reference_catches_wrong_*
+ *                                           (the step PyTorch's files are compared through;
+ *                                           cuda/test_cuda.c: the CUDA companion's)
+ *   §6.1   decoder_begin, _step, _reorder, _end    test_decoder_logits (the full pass's logits, bit
+ *                                           for bit; lab/test_lab.c: the fast path's key/value
+ *                                           cache gives the same)
+ *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding
+ *                                           (= the whole model re-run, side by side = one by one,
+ *                                           the trained model copies); test_greedy_token
  *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis,
  *          length_penalty                   test_decoding (beam 1 = greedy, beam 4 copies);
- *                                           test_beam_search_is_exhaustive_when_wide (the enumerated best);
- *                                           test_length_penalty_by_hand (GNMT's formula, </s> counted)
- *          machinery                        test_config_checks (transformer_config_check, transformer_build);
- *                                           test_parameter_counts (parameter_sizes, by hand); test_aligned_memory
- *                                           (arenas: every activation and gradient tensor on a line);
- *                                           test_tasks_and_batches (batch_check)
+ *                                           test_beam_search_is_exhaustive_when_wide (the
+ *                                           enumerated best); test_length_penalty_by_hand (GNMT's
+ *                                           formula, </s> counted)
+ *          machinery                        test_config_checks (transformer_config_check,
+ *                                           transformer_build); test_parameter_counts
+ *                                           (parameter_sizes, by hand); test_aligned_memory
+ *                                           (arenas: every activation and gradient tensor on a
+ *                                           line); test_tasks_and_batches (batch_check)
  *
  * PART II, the program for the toy tasks (run_program_tests; real text, BLEU and eval are the
  * lab's: lab/test_lab.c)
- *   tokenize, the vocabulary                test_command_line (decode with a checkpoint; its tokens read
- *                                           back); test_decode_streams (reserved tokens, a zero byte)
- *   task_generate, epoch_plan_make, batch_fill    test_tasks_and_batches (held-out pairs unseen, every pair
- *                                           once an epoch, the token budget, the batch's layout)
+ *   tokenize, the vocabulary                test_command_line (decode with a checkpoint; its tokens
+ *                                           read back); test_decode_streams (reserved tokens, a
+ *                                           zero byte)
+ *   task_generate, epoch_plan_make, batch_fill    test_tasks_and_batches (held-out pairs unseen,
+ *                                           every pair once an epoch, the token budget, the batch's
+ *                                           layout)
  *   evaluate                                test_command_line (the held-out exact match of a run)
- *   checkpoint_save, checkpoint_load        test_checkpoint_round_trip (bit for bit; truncated, foreign and
- *                                           damaged files, header counts, a NaN weight; a failed save keeps
- *                                           the old file); test_checkpoint_counts;
+ *   checkpoint_save, checkpoint_load        test_checkpoint_round_trip (bit for bit; truncated,
+ *                                           foreign and damaged files, header counts, a NaN weight;
+ *                                           a failed save keeps the old file);
+ *                                           test_checkpoint_counts;
  *                                           test_learned_positions_checkpoint; test_command_line
- *   nonfinite_parameter, train_save         test_nonfinite_parameter; test_command_line (a NaN loss keeps the
- *                                           last good checkpoint)
- *   train                                   test_command_line (flags and their errors, --seed repeats a run
- *                                           byte for byte); test_minimal_overwrite_rule (only a checkpoint of
- *                                           ours is replaced); test_out_of_memory; test_minimal_program
- *   decode (decode_sentence)                test_command_line, test_decode_streams (a stream goes on past a
- *                                           line it cannot decode)
- *   transformer_main, commands              test_command_line (an unknown command), test_minimal_program,
- *                                           test_evaluation_commands (eval and --train are the lab's),
- *                                           test_output_write_error (output onto a full disk)
+ *   nonfinite_parameter, train_save         test_nonfinite_parameter; test_command_line (a NaN loss
+ *                                           keeps the last good checkpoint)
+ *   train                                   test_command_line (flags and their errors, --seed
+ *                                           repeats a run byte for byte);
+ *                                           test_minimal_overwrite_rule (only a checkpoint of ours
+ *                                           is replaced); test_out_of_memory; test_minimal_program
+ *   decode (decode_sentence)                test_command_line, test_decode_streams (a stream goes
+ *                                           on past a line it cannot decode)
+ *   transformer_main, commands              test_command_line (an unknown command),
+ *                                           test_minimal_program, test_evaluation_commands (eval
+ *                                           and --train are the lab's), test_output_write_error
+ *                                           (output onto a full disk)
  *   make debug: transformer_debug in gdb    test_debugger_walk
  */
 #ifndef TEST_TRANSFORMER_LIBRARY   // (lab/test_lab.c and cuda/test_cuda.c include these tests after the lab)
