@@ -149,7 +149,10 @@ static void check(int ok, const char *format, ...) {
     vprintf(format, args);
     printf("\n");
     va_end(args);
-    if (ok) tests_passed++; else tests_failed++;
+    if (ok)
+        tests_passed++;
+    else
+        tests_failed++;
     fflush(stdout);
 }
 
@@ -236,7 +239,8 @@ static double gradient_error(Objective f, void *context, real *x, const real *gr
         double analytic = grad[i];
         double scale = fmax(fmax(fabs(numeric), fabs(analytic)), GRAD_FLOOR);
         double err = fabs(numeric - analytic) / scale;
-        if (err > worst) worst = err;
+        if (err > worst)
+            worst = err;
     }
     return worst;
 }
@@ -248,7 +252,10 @@ static void check_gradient(const char *name, Objective f, void *context, real *x
 }
 
 // ---- linear ----------------------------------------------------------------
-typedef struct { int N, IC, OC; real *out, *inp, *w, *b, *r; } LinearCase;
+typedef struct {
+    int N, IC, OC;
+    real *out, *inp, *w, *b, *r;
+} LinearCase;
 static double linear_objective(void *p) {
     LinearCase *c = p;
     linear_forward(c->out, c->inp, c->w, c->b, c->N, c->IC, c->OC);
@@ -258,7 +265,11 @@ static void test_linear_gradients(Rng *rng) {
     LinearCase c = { 5, 7, 6, 0, 0, 0, 0, 0 };
     size_t ni = 35, nw = 42, no = 30;
     real buf[35 + 42 + 6 + 30 + 30], grads[35 + 42 + 6];
-    c.inp = buf; c.w = buf + ni; c.b = c.w + nw; c.r = c.b + 6; c.out = c.r + no;
+    c.inp = buf;
+    c.w = buf + ni;
+    c.b = c.w + nw;
+    c.r = c.b + 6;
+    c.out = c.r + no;
     fill_uniform(buf, ni + nw + 6 + no, -1, 1, rng);
     memset(grads, 0, sizeof grads);
     linear_forward(c.out, c.inp, c.w, c.b, c.N, c.IC, c.OC);
@@ -269,7 +280,10 @@ static void test_linear_gradients(Rng *rng) {
 }
 
 // ---- residual, dropout and layer norm ("Add & Norm") with a fixed mask --------
-typedef struct { int N, C; real *out, *mean, *rstd, *res, *residual, *sub, *mask, *g, *b, *r; } AddNormCase;
+typedef struct {
+    int N, C;
+    real *out, *mean, *rstd, *res, *residual, *sub, *mask, *g, *b, *r;
+} AddNormCase;
 static double add_norm_objective(void *p) {
     AddNormCase *c = p;
     AddNormActs norm = { c->mask, c->res, c->out, c->mean, c->rstd };
@@ -287,7 +301,8 @@ static void test_add_norm_gradients(Rng *rng) {
     fill_uniform(g, C, 0.5, 1.5, rng);
     fill_uniform(b, C, -0.5, 0.5, rng);
     fill_uniform(r, N * C, -1, 1, rng);
-    Rng mask_rng; rng_seed(&mask_rng, 7);
+    Rng mask_rng;
+    rng_seed(&mask_rng, 7);
     dropout_mask(mask, 0.3f, 1, &mask_rng, N * C);   // some zeros, the rest 1/0.7
     AddNormCase c = { N, C, out, mean, rstd, res, residual, sub, mask, g, b, r };
     add_norm_objective(&c);
@@ -346,7 +361,11 @@ static void test_attention_gradients(Rng *rng) {
 }
 
 // ---- FFN: linear, ReLU, linear ----------------------------------------------
-typedef struct { int N, C, F; real *out, *h, *x, *r; FeedForwardParams w; } FeedForwardCase;
+typedef struct {
+    int N, C, F;
+    real *out, *h, *x, *r;
+    FeedForwardParams w;
+} FeedForwardCase;
 static double feed_forward_objective(void *p) {
     FeedForwardCase *c = p;
     TransformerConfig config = transformer_default_config();
@@ -360,9 +379,12 @@ static void test_feed_forward_gradients(Rng *rng) {
     enum { N = 4, C = 5, F = 7 };
     real x[N * C], w1[F * C], b1[F], w2[C * F], b2[C], r[N * C], out[N * C], h[N * F], dh[N * F];
     real dx[N * C] = {0}, dw1[F * C] = {0}, db1[F] = {0}, dw2[C * F] = {0}, db2[C] = {0};
-    fill_uniform(x, N * C, -1, 1, rng); fill_uniform(w1, F * C, -1, 1, rng);
-    fill_uniform(b1, F, -0.5, 0.5, rng); fill_uniform(w2, C * F, -1, 1, rng);
-    fill_uniform(b2, C, -0.5, 0.5, rng); fill_uniform(r, N * C, -1, 1, rng);
+    fill_uniform(x, N * C, -1, 1, rng);
+    fill_uniform(w1, F * C, -1, 1, rng);
+    fill_uniform(b1, F, -0.5, 0.5, rng);
+    fill_uniform(w2, C * F, -1, 1, rng);
+    fill_uniform(b2, C, -0.5, 0.5, rng);
+    fill_uniform(r, N * C, -1, 1, rng);
     FeedForwardCase c = { N, C, F, out, h, x, r, { w1, b1, w2, b2 } };
     // keep every ReLU input at least 1e-2 away from the kink, where the
     // finite difference would straddle it: shift b1 off any near-zero input
@@ -389,7 +411,11 @@ static void test_feed_forward_gradients(Rng *rng) {
 }
 
 // ---- the embedding -------------------------------------------------------------
-typedef struct { int B, T, C; const int *tokens; real *out, *emb, *pe, *r; } EmbeddingCase;
+typedef struct {
+    int B, T, C;
+    const int *tokens;
+    real *out, *emb, *pe, *r;
+} EmbeddingCase;
 static double embedding_objective(void *p) {
     EmbeddingCase *c = p;
     embedding_forward(c->out, c->tokens, c->emb, c->pe, c->B, c->T, c->C);
@@ -399,7 +425,8 @@ static void test_embedding_gradients(Rng *rng) {
     enum { V = 6, B = 2, T = 4, C = 5 };
     int tokens[B * T] = { 4, 5, 4, 0, 1, 2, 3, 4 };  // token 4 three times: gradients add
     real emb[V * C], pe[T * C], eout[B * T * C], er[B * T * C], demb[V * C] = {0};
-    fill_uniform(emb, V * C, -1, 1, rng); fill_uniform(er, B * T * C, -1, 1, rng);
+    fill_uniform(emb, V * C, -1, 1, rng);
+    fill_uniform(er, B * T * C, -1, 1, rng);
     positional_encoding_init(pe, T, C);
     EmbeddingCase ec = { B, T, C, tokens, eout, emb, pe, er };
     embedding_objective(&ec);
@@ -408,7 +435,12 @@ static void test_embedding_gradients(Rng *rng) {
 }
 
 // ---- label-smoothed cross-entropy --------------------------------------------
-typedef struct { int B, T, V; float eps; const int *targets, *len; real *loss, *probs, *logits; } LossCase;
+typedef struct {
+    int B, T, V;
+    float eps;
+    const int *targets, *len;
+    real *loss, *probs, *logits;
+} LossCase;
 static double loss_objective(void *p) {
     LossCase *c = p;
     int n;
@@ -443,10 +475,15 @@ static void test_loss_gradients(Rng *rng) {
 // dropout_state: with dropout on, the dropout generator's state before each
 // forward pass, so that every evaluation of the objective draws the same masks
 // (0: dropout off)
-typedef struct { Transformer *model; const Batch *batch; uint64_t dropout_state; } ModelCase;
+typedef struct {
+    Transformer *model;
+    const Batch *batch;
+    uint64_t dropout_state;
+} ModelCase;
 static double model_objective(void *p) {
     ModelCase *c = p;
-    if (c->dropout_state) c->model->dropout_rng.state = c->dropout_state;
+    if (c->dropout_state)
+        c->model->dropout_rng.state = c->dropout_state;
     return transformer_forward(c->model, c->batch);
 }
 
@@ -478,11 +515,18 @@ static double closest_relu_input(Transformer *m) {
 // the whole model).
 static void test_model_gradients(int positional, float dropout) {
     TransformerConfig config = transformer_default_config();
-    config.n_layers = 2; config.d_model = 8; config.d_ff = 12; config.n_heads = 2;
-    config.vocab_size = 11; config.max_len = 8; config.dropout = dropout; config.label_smoothing = 0.1f;
+    config.n_layers = 2;
+    config.d_model = 8;
+    config.d_ff = 12;
+    config.n_heads = 2;
+    config.vocab_size = 11;
+    config.max_len = 8;
+    config.dropout = dropout;
+    config.label_smoothing = 0.1f;
     config.positional = positional;
     int src_len[3] = { 5, 2, 4 }, tgt_len[3] = { 3, 6, 1 };
-    Rng rng; rng_seed(&rng, 11);
+    Rng rng;
+    rng_seed(&rng, 11);
     static TestBatch tb;
     make_test_batch(&tb, 3, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
     // a seed whose ReLU inputs all stay clear of the kink (see the FFN check)
@@ -497,14 +541,18 @@ static void test_model_gradients(int positional, float dropout) {
         for (int i = 1; i < NUM_PARAMETER_TENSORS; i++) {
             const char *name = parameter_names[i];
             size_t len = strlen(name);
-            if (name[len - 1] == 'b') fill_uniform(*ptrs[i], model.param_sizes[i], -0.2, 0.2, &rng);
-            if (name[len - 1] == 'g') fill_uniform(*ptrs[i], model.param_sizes[i], 0.7, 1.3, &rng);
+            if (name[len - 1] == 'b')
+                fill_uniform(*ptrs[i], model.param_sizes[i], -0.2, 0.2, &rng);
+            if (name[len - 1] == 'g')
+                fill_uniform(*ptrs[i], model.param_sizes[i], 0.7, 1.3, &rng);
         }
         model.training = dropout > 0;
-        if (dropout > 0) model.dropout_rng.state = 0x5EED;
+        if (dropout > 0)
+            model.dropout_rng.state = 0x5EED;
         transformer_forward(&model, &tb.batch);
         closest = closest_relu_input(&model);
-        if (closest > 1e-3) break;
+        if (closest > 1e-3)
+            break;
         transformer_free(&model);
     }
     check(closest > 1e-3, "model: seed %d keeps every ReLU input %.1e or more from the kink",
@@ -521,8 +569,10 @@ static void test_model_gradients(int positional, float dropout) {
         char name[64];
         snprintf(name, sizeof name, "model%s%s: %s", positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
                  dropout > 0 ? " (dropout)" : "", parameter_names[i]);
-        if (model.param_sizes[i] == 0) empty++;
-        else check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
+        if (model.param_sizes[i] == 0)
+            empty++;
+        else
+            check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
     }
     int expected_empty = positional == POSITIONAL_LEARNED ? 0 : 1;   // position_embedding, with sinusoids
     check(empty == expected_empty, "model: %d empty parameter tensors, expected %d", empty, expected_empty);
@@ -559,7 +609,9 @@ static void run_gradient_checks(void) {
 // PyTorch's float32 results, whose rounding dominates in either build. The
 // Adam steps have no tolerance of their own: each element's update is held to
 // a bound derived from the gradient tolerance (reference_adam_bounded).
-typedef struct { double logits, loss, grads, step_losses; } RefTolerances;
+typedef struct {
+    double logits, loss, grads, step_losses;
+} RefTolerances;
 static RefTolerances reference_tolerances(int version) {
 #ifdef TRANSFORMER_DOUBLE
     RefTolerances v2 = { 7e-15, 5e-15, 2e-14, 5e-15 };
@@ -584,7 +636,10 @@ typedef struct {
     double *values;        // every stored real number, as double
 } Reference;
 
-static void reference_free(Reference *r) { free(r->data); free(r->values); }
+static void reference_free(Reference *r) {
+    free(r->data);
+    free(r->values);
+}
 
 static int32_t read_i32(const unsigned char *p) {
     return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
@@ -624,25 +679,49 @@ static int nonempty_tensors(const TransformerConfig *c) {
 static int reference_read(Reference *r, const char *path) {
     memset(r, 0, sizeof *r);
     FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "%s: cannot open: %s\n", path, strerror(errno)); return 0; }
+    if (!f) {
+        fprintf(stderr, "%s: cannot open: %s\n", path, strerror(errno));
+        return 0;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    if (size < 72) { fprintf(stderr, "%s: %ld bytes, shorter than the 72-byte header\n", path, size); fclose(f); return 0; }
+    if (size < 72) {
+        fprintf(stderr, "%s: %ld bytes, shorter than the 72-byte header\n", path, size);
+        fclose(f);
+        return 0;
+    }
     r->data = checked_calloc((size_t)size, 1, path);
     size_t got = fread(r->data, 1, (size_t)size, f);
     fclose(f);
-    if (got != (size_t)size) { fprintf(stderr, "%s: read %zu of %ld bytes\n", path, got, size); return 0; }
+    if (got != (size_t)size) {
+        fprintf(stderr, "%s: read %zu of %ld bytes\n", path, got, size);
+        return 0;
+    }
     const unsigned char *p = r->data;
-    if (memcmp(p, "TREF", 4) != 0) { fprintf(stderr, "%s: bad magic, expected \"TREF\"\n", path); return 0; }
+    if (memcmp(p, "TREF", 4) != 0) {
+        fprintf(stderr, "%s: bad magic, expected \"TREF\"\n", path);
+        return 0;
+    }
     r->version = read_i32(p + 4);
-    if (r->version != 1 && r->version != 2) { fprintf(stderr, "%s: version %d, expected 1 or 2\n", path, r->version); return 0; }
+    if (r->version != 1 && r->version != 2) {
+        fprintf(stderr, "%s: version %d, expected 1 or 2\n", path, r->version);
+        return 0;
+    }
     int h[12];
     for (int i = 0; i < 12; i++) h[i] = read_i32(p + 8 + 4 * i);
     TransformerConfig *c = &r->config;
-    c->n_layers = h[0]; c->d_model = h[1]; c->d_ff = h[2]; c->n_heads = h[3];
-    c->vocab_size = h[4]; c->max_len = h[5];
-    r->B = h[6]; r->S = h[7]; r->T = h[8]; r->adam_steps = h[9]; r->warmup = h[10];
+    c->n_layers = h[0];
+    c->d_model = h[1];
+    c->d_ff = h[2];
+    c->n_heads = h[3];
+    c->vocab_size = h[4];
+    c->max_len = h[5];
+    r->B = h[6];
+    r->S = h[7];
+    r->T = h[8];
+    r->adam_steps = h[9];
+    r->warmup = h[10];
     if (h[11] != POSITIONAL_SINUSOID && h[11] != POSITIONAL_LEARNED) {
         fprintf(stderr, "%s: header: positional kind %d (offset 52), expected %d (sinusoid) or %d (learned)\n",
                 path, h[11], POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
@@ -654,7 +733,10 @@ static int reference_read(Reference *r, const char *path) {
     r->lr_factor = read_f32(p + 64);
     c->dropout = 0.0f;
     const char *error = transformer_config_check(c);
-    if (error) { fprintf(stderr, "%s: header: %s\n", path, error); return 0; }
+    if (error) {
+        fprintf(stderr, "%s: header: %s\n", path, error);
+        return 0;
+    }
     if (r->B < 1 || r->B > 64 || r->S < 1 || r->S > c->max_len || r->T < 1 || r->T > c->max_len ||
         r->adam_steps < 0 || r->adam_steps > 1000 || r->warmup < 1) {
         fprintf(stderr, "%s: header: batch %d x %d x %d, %d Adam steps, warmup %d out of range\n",
@@ -682,11 +764,16 @@ static int reference_read(Reference *r, const char *path) {
         memcpy(q + 4 * i, &v, 4);
     }
     int32_t *ip = (int32_t *)(void *)q;
-    r->src = ip; ip += B * S;
-    r->src_len = ip; ip += B;
-    r->tgt_in = ip; ip += B * T;
-    r->tgt_out = ip; ip += B * T;
-    r->tgt_len = ip; ip += B;
+    r->src = ip;
+    ip += B * S;
+    r->src_len = ip;
+    ip += B;
+    r->tgt_in = ip;
+    ip += B * T;
+    r->tgt_out = ip;
+    ip += B * T;
+    r->tgt_len = ip;
+    ip += B;
     r->values = checked_calloc(P + results, sizeof(double), "reference values");
     const unsigned char *fp = (const unsigned char *)ip;
     r->params = reference_reals(r->values, &fp, P, 4);
@@ -706,13 +793,17 @@ static int compare_tensor(const char *what, const real *ours, const double *ref,
                           double tolerance, const unsigned char *skip, int verbose) {
     double scale = 0, max_abs = 0;
     for (size_t i = 0; i < n; i++) if (!skip || !skip[i]) scale = fmax(scale, fabs(ref[i]));
-    if (scale == 0) scale = 1;
+    if (scale == 0)
+        scale = 1;
     long first_bad = -1;
     for (size_t i = 0; i < n; i++) {
-        if (skip && skip[i]) continue;
+        if (skip && skip[i])
+            continue;
         double d = fabs((double)ours[i] - ref[i]);
-        if (!(d <= max_abs)) max_abs = d;            // NaN propagates as a failure
-        if (first_bad < 0 && !(d <= tolerance * scale)) first_bad = (long)i;
+        if (!(d <= max_abs))
+            max_abs = d;   // NaN propagates as a failure
+        if (first_bad < 0 && !(d <= tolerance * scale))
+            first_bad = (long)i;
     }
     int ok = first_bad < 0;
     if (verbose || !ok)
@@ -754,7 +845,9 @@ typedef struct {
     int skip_adam;        // compare only the forward and backward pass
 } RefMutation;
 
-typedef struct { int before_adam, adam; } RefMismatches;
+typedef struct {
+    int before_adam, adam;
+} RefMismatches;
 
 // Loads reference parameters into the model (rounded to real), with the mutation's move.
 static void reference_load(Transformer *model, const double *params, const RefMutation *mutation) {
@@ -847,9 +940,12 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
                 double cap = ratio + rho, resolved = (1 + rho) * delta[t] / (s + eps);
                 double bound = lr * fmin(cap, resolved)
                              + 2 * unit * fabs((double)model->params_memory[i]) + 64 * unit * lr * (ratio + 1);
-                if (!(diff <= bound) && first_bad == P) first_bad = i;
-                if (!(diff / bound <= worst_ratio)) worst_ratio = diff / bound;
-                if (resolved < cap) worst_resolved = fmax(worst_resolved, diff / bound);
+                if (!(diff <= bound) && first_bad == P)
+                    first_bad = i;
+                if (!(diff / bound <= worst_ratio))
+                    worst_ratio = diff / bound;
+                if (resolved < cap)
+                    worst_resolved = fmax(worst_resolved, diff / bound);
                 worst_diff = fmax(worst_diff, diff);
                 loose += bound > 1e-2 * lr;
             }
@@ -922,9 +1018,14 @@ static int reference_adam_free_running(Transformer *model, const Reference *r, B
         double ours = (double)model->params_memory[i] - r->params[i], theirs = r->params_after[i] - r->params[i];
         double diff = fabs(ours - theirs);
         double bound = 2 * (cap * (1 + 16 * unit) + K * unit * (fabs(r->params[i]) + cap));
-        if (!(diff <= bound) && first_bad == P) first_bad = i;
-        if (!(diff / bound <= worst_over_bound)) worst_over_bound = diff / bound;
-        if (!skip[i]) { worst = fmax(worst, diff); largest = fmax(largest, fabs(theirs)); }
+        if (!(diff <= bound) && first_bad == P)
+            first_bad = i;
+        if (!(diff / bound <= worst_over_bound))
+            worst_over_bound = diff / bound;
+        if (!skip[i]) {
+            worst = fmax(worst, diff);
+            largest = fmax(largest, fabs(theirs));
+        }
     }
     int ok = first_bad == P && finite;
     if (verbose || !ok) {
@@ -942,7 +1043,8 @@ static int reference_adam_free_running(Transformer *model, const Reference *r, B
         printf("     Adam: %d free-running float32 steps: the differences are reported, not failed: a gradient within"
                " rounding of zero flips a step of about lr, later steps follow, and PyTorch's float32 and float64"
                " runs differ as much (dev/FORMATS.md, \"Reference files\")\n", K);
-    free(losses); free(skip);
+    free(losses);
+    free(skip);
     return !ok;
 }
 
@@ -955,14 +1057,25 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
     RefTolerances tol = reference_tolerances(r->version);
     Transformer model;
     const char *error = transformer_build(&model, &r->config, 0);
-    if (error) { printf("     %s: %s\n", path, error); result.before_adam = 1; return result; }
+    if (error) {
+        printf("     %s: %s\n", path, error);
+        result.before_adam = 1;
+        return result;
+    }
     model.training = 0;
-    if (mutation->beta1) model.adam.beta1 = mutation->beta1;
-    if (mutation->beta2) model.adam.beta2 = mutation->beta2;
+    if (mutation->beta1)
+        model.adam.beta1 = mutation->beta1;
+    if (mutation->beta2)
+        model.adam.beta2 = mutation->beta2;
     reference_load(&model, r->params, mutation);
     Batch batch = { r->B, r->S, r->T, r->src, r->src_len, r->tgt_in, r->tgt_out, r->tgt_len };
     const char *bad = batch_check(&batch, &r->config);
-    if (bad) { printf("     %s: batch: %s\n", path, bad); transformer_free(&model); result.before_adam = 1; return result; }
+    if (bad) {
+        printf("     %s: batch: %s\n", path, bad);
+        transformer_free(&model);
+        result.before_adam = 1;
+        return result;
+    }
     size_t BTV = (size_t)r->B * r->T * r->config.vocab_size;
     real *logits = checked_calloc(BTV, sizeof(real), "logits");
     // One training step at the reference's weights: its forward and backward
@@ -978,7 +1091,8 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
     size_t offset = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         char name[64];
-        if (model.param_sizes[t] == 0) continue;   // position_embedding, with sinusoids
+        if (model.param_sizes[t] == 0)
+            continue;   // position_embedding, with sinusoids
         snprintf(name, sizeof name, "grad %s", parameter_names[t]);
         result.before_adam += !compare_tensor(name, model.grads_memory + offset, r->grads + offset,
                                               model.param_sizes[t], tol.grads, NULL, verbose);
@@ -995,7 +1109,11 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
 
 static void test_reference_file(const char *path) {
     Reference r;
-    if (!reference_read(&r, path)) { check(0, "reference %s: unreadable", path); reference_free(&r); return; }
+    if (!reference_read(&r, path)) {
+        check(0, "reference %s: unreadable", path);
+        reference_free(&r);
+        return;
+    }
     printf("-- %s (format version %d): %d layers, d_model %d, d_ff %d, %d heads, vocab %d, batch %d x %d x %d, eps_ls %g%s\n",
            path, r.version, r.config.n_layers, r.config.d_model, r.config.d_ff, r.config.n_heads,
            r.config.vocab_size, r.B, r.S, r.T, (double)r.config.label_smoothing,
@@ -1037,20 +1155,27 @@ static size_t used_weight(const Reference *r, size_t offset, size_t size, size_t
     double largest = 0;
     for (size_t i = 0; i < size; i++) largest = fmax(largest, fabs(r->grads[offset + i]));
     for (size_t i = begin + (end - begin) / 2; i < end; i++)
-        if (fabs(r->grads[offset + i]) >= 0.01 * largest) return i;
+        if (fabs(r->grads[offset + i]) >= 0.01 * largest)
+            return i;
     for (size_t i = begin; i < end; i++)
-        if (fabs(r->grads[offset + i]) >= 0.01 * largest) return i;
+        if (fabs(r->grads[offset + i]) >= 0.01 * largest)
+            return i;
     return begin;
 }
 
 static void test_reference_catches_wrong_weights(const char *path) {
     Reference r;
-    if (!reference_read(&r, path)) { check(0, "reference %s unreadable", path); reference_free(&r); return; }
+    if (!reference_read(&r, path)) {
+        check(0, "reference %s unreadable", path);
+        reference_free(&r);
+        return;
+    }
     printf("-- %s with one weight moved by 1e-3 (must mismatch before Adam):\n", path);
     size_t sizes[NUM_PARAMETER_TENSORS], C = r.config.d_model, offset = 0;
     parameter_sizes(sizes, &r.config);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; offset += sizes[t], t++) {
-        if (sizes[t] == 0) continue;   // position_embedding, with sinusoids
+        if (sizes[t] == 0)
+            continue;   // position_embedding, with sinusoids
         int fused_w = strstr(parameter_names[t], "qkv_w") != NULL, fused_b = strstr(parameter_names[t], "qkv_b") != NULL;
         // the weight(s) to move: in layer 0's query, key and value blocks of a
         // fused projection (not the key bias); else anywhere in the tensor
@@ -1059,11 +1184,16 @@ static void test_reference_catches_wrong_weights(const char *path) {
         if (fused_w) {
             for (size_t block = 0; block < 3; block++)
                 elements[block] = used_weight(&r, offset, sizes[t], block * C * C, (block + 1) * C * C);
-            what[0] = " query"; what[1] = " key"; what[2] = " value"; n = 3;
+            what[0] = " query";
+            what[1] = " key";
+            what[2] = " value";
+            n = 3;
         } else if (fused_b) {
             elements[0] = used_weight(&r, offset, sizes[t], 0, C);
             elements[1] = used_weight(&r, offset, sizes[t], 2 * C, 3 * C);
-            what[0] = " query"; what[1] = " value"; n = 2;
+            what[0] = " query";
+            what[1] = " value";
+            n = 2;
         }
         char report[200] = "";
         int caught = 1;
@@ -1086,7 +1216,10 @@ static void test_reference_catches_wrong_weights(const char *path) {
 static void test_reference_refuses_bad_files(void) {
     const char *path = committed_references[0];   // a version 2 file
     FILE *f = fopen(path, "rb");
-    if (!f) { check(0, "reference %s: cannot open", path); return; }
+    if (!f) {
+        check(0, "reference %s: cannot open", path);
+        return;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     rewind(f);
@@ -1095,7 +1228,11 @@ static void test_reference_refuses_bad_files(void) {
     fclose(f);
     char bad[64];
     snprintf(bad, sizeof bad, "/tmp/test_transformer_%d.ref", (int)getpid());
-    struct { long length; int offset, value; const char *what; } cases[4] = {
+    struct {
+        long length;
+        int offset, value;
+        const char *what;
+    } cases[4] = {
         { size - 8, 0, 0, "cut short by 8 bytes" }, { size + 4, 0, 0, "with 4 bytes added" },
         { size, 4, 3, "of version 3" },             // the version follows "TREF"
         { size, 52, 2, "with positional kind 2" } };
@@ -1103,9 +1240,13 @@ static void test_reference_refuses_bad_files(void) {
     for (int i = 0; i < 4; i++) {
         int at = cases[i].offset;
         unsigned char kept = bytes[at];
-        if (at) bytes[at] = (unsigned char)cases[i].value;
+        if (at)
+            bytes[at] = (unsigned char)cases[i].value;
         FILE *out = fopen(bad, "wb");
-        if (out) { fwrite(bytes, 1, (size_t)cases[i].length, out); fclose(out); }
+        if (out) {
+            fwrite(bytes, 1, (size_t)cases[i].length, out);
+            fclose(out);
+        }
         bytes[at] = kept;
         Reference r;
         printf("     %s: ", cases[i].what);
@@ -1128,7 +1269,11 @@ static void test_reference_refuses_bad_files(void) {
 // file run free over 2 steps the rate 5 times too large, an error its bound
 // (2 sum_k lr_k rho_k, reference_adam_free_running) can catch.
 static void test_reference_catches_wrong_adam(void) {
-    struct { const char *path; RefMutation wrong; const char *what; } cases[] = {
+    struct {
+        const char *path;
+        RefMutation wrong;
+        const char *what;
+    } cases[] = {
         { committed_references[0], { .lr_scale = 1.01 }, "learning rate x 1.01" },
         { committed_references[0], { .beta1 = 0.89 }, "beta1 0.89" },
         { committed_references[0], { .beta2 = 0.99 }, "beta2 0.99" },
@@ -1155,8 +1300,14 @@ static void test_reference_catches_wrong_adam(void) {
 
 static TransformerConfig small_config(void) {
     TransformerConfig c = transformer_default_config();
-    c.n_layers = 2; c.d_model = 16; c.d_ff = 32; c.n_heads = 4; c.vocab_size = 14; c.max_len = 10;
-    c.dropout = 0.1f; c.label_smoothing = 0.1f;
+    c.n_layers = 2;
+    c.d_model = 16;
+    c.d_ff = 32;
+    c.n_heads = 4;
+    c.vocab_size = 14;
+    c.max_len = 10;
+    c.dropout = 0.1f;
+    c.label_smoothing = 0.1f;
     return c;
 }
 
@@ -1166,14 +1317,18 @@ static void test_config_checks(void) {
     c.n_heads = 5;
     const char *e = transformer_config_check(&c);
     check(e && strstr(e, "divisible"), "config: d_model 16 with 5 heads is refused (%s)", e ? e : "accepted");
-    c = small_config(); c.d_model = -4;
+    c = small_config();
+    c.d_model = -4;
     check(transformer_config_check(&c) != NULL, "config: negative d_model is refused");
-    c = small_config(); c.vocab_size = TRANSFORMER_MAX_VOCAB + 1;
+    c = small_config();
+    c.vocab_size = TRANSFORMER_MAX_VOCAB + 1;
     check(transformer_config_check(&c) != NULL, "config: a vocabulary over the limit is refused");
-    c = small_config(); c.dropout = 1.0f;
+    c = small_config();
+    c.dropout = 1.0f;
     check(transformer_config_check(&c) != NULL, "config: dropout 1 is refused");
     Transformer m;
-    c = small_config(); c.n_layers = 0;
+    c = small_config();
+    c.n_layers = 0;
     check(transformer_build(&m, &c, 1) != NULL, "config: transformer_build refuses 0 layers");
 }
 
@@ -1188,7 +1343,10 @@ static TransformerConfig counted_model(int i) {
     struct { int L, C, F, H, V; } models[COUNTED_MODELS] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 },
                                                               { 2, 64, 256, 4, 14 } };
     TransformerConfig c = transformer_default_config();
-    c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
+    c.n_layers = models[i].L;
+    c.d_model = models[i].C;
+    c.d_ff = models[i].F;
+    c.n_heads = models[i].H;
     c.vocab_size = models[i].V;
     return c;
 }
@@ -1222,7 +1380,8 @@ static void test_masks(void) {
     transformer_build(&m, &config, 5);
     m.training = 0;
     int src_len[3] = { 6, 3, 5 }, tgt_len[3] = { 4, 7, 2 };
-    Rng rng; rng_seed(&rng, 99);
+    Rng rng;
+    rng_seed(&rng, 99);
     static TestBatch tb;
     make_test_batch(&tb, 3, 6, 7, src_len, tgt_len, config.vocab_size, &rng);
     Batch *b = &tb.batch;
@@ -1277,13 +1436,19 @@ static void test_adam_by_hand(void) {
     Transformer m;
     transformer_build(&m, &config, 1);
     real *p = m.params_memory, *g = m.grads_memory;
-    p[0] = 0.5f; p[1] = -1.0f; p[2] = 2.0f;
+    p[0] = 0.5f;
+    p[1] = -1.0f;
+    p[2] = 2.0f;
     transformer_zero_grad(&m);
-    g[0] = 0.1f; g[1] = -0.2f; g[2] = 0.0f;
+    g[0] = 0.1f;
+    g[1] = -0.2f;
+    g[2] = 0.0f;
     adam_update(&m, 0.01);
     double after1[3] = { 0.4900000001, -0.99000000005, 2.0 };
     double err1 = fmax(fmax(fabs(p[0] - after1[0]), fabs(p[1] - after1[1])), fabs(p[2] - after1[2]));
-    g[0] = 0.3f; g[1] = 0.1f; g[2] = -0.4f;
+    g[0] = 0.3f;
+    g[1] = 0.1f;
+    g[2] = -0.4f;
     adam_update(&m, 0.02);
     double after2[3] = { 0.471714437615, -0.984657845813, 2.014811839189 };
     double err2 = fmax(fmax(fabs(p[0] - after2[0]), fabs(p[1] - after2[1])), fabs(p[2] - after2[2]));
@@ -1312,12 +1477,16 @@ static void test_schedule(void) {
 // A few hundred Adam steps on one tiny batch must fit it: the model can learn.
 static void test_learning(void) {
     TransformerConfig config = small_config();
-    config.n_layers = 1; config.d_model = 32; config.d_ff = 64; config.dropout = 0.0f;
+    config.n_layers = 1;
+    config.d_model = 32;
+    config.d_ff = 64;
+    config.dropout = 0.0f;
     config.label_smoothing = 0.0f;
     Transformer m;
     transformer_build(&m, &config, 3);
     int src_len[4] = { 5, 7, 3, 6 }, tgt_len[4] = { 6, 8, 4, 7 };
-    Rng rng; rng_seed(&rng, 4);
+    Rng rng;
+    rng_seed(&rng, 4);
     static TestBatch tb;
     make_test_batch(&tb, 4, 7, 8, src_len, tgt_len, config.vocab_size, &rng);
     // the copy task: the target is the source
@@ -1332,7 +1501,8 @@ static void test_learning(void) {
     int threads = one_thread();
     for (int step = 1; step <= 300; step++) {
         real loss = transformer_forward(&m, &tb.batch);
-        if (step == 1) first = loss;
+        if (step == 1)
+            first = loss;
         last = loss;
         transformer_zero_grad(&m);
         transformer_backward(&m, &tb.batch);
@@ -1368,7 +1538,10 @@ static void test_aligned_memory(void) {
     check(aligned && zeroed, "memory: arena_calloc gives addresses on %d-byte lines, and its numbers are 0", CACHE_LINE);
 
     TransformerConfig c = small_config();
-    c.d_model = 12; c.n_heads = 3; c.d_ff = 20; c.vocab_size = 13;
+    c.d_model = 12;
+    c.n_heads = 3;
+    c.d_ff = 20;
+    c.vocab_size = 13;
     Transformer m;
     transformer_build(&m, &c, 5);
     Rng rng;
@@ -1385,7 +1558,8 @@ static void test_aligned_memory(void) {
         real *top[9] = { a->enc_embedded, a->enc_emb_mask, a->enc_x0, a->dec_embedded, a->dec_emb_mask,
                          a->dec_x0, a->logits, a->probs, a->token_loss };
         for (int i = 0; i < 9; i++) {
-            if (!top[i]) continue;
+            if (!top[i])
+                continue;
             tensors++;
             lined += on_line(top[i]);
         }
@@ -1396,7 +1570,8 @@ static void test_aligned_memory(void) {
                 for (size_t i = 0; i < counts[k]; i++) {
                     real *p;
                     memcpy(&p, (const char *)layers[k] + i * sizeof p, sizeof p);
-                    if (!p) continue;
+                    if (!p)
+                        continue;
                     tensors++;
                     lined += on_line(p);
                 }
@@ -1425,7 +1600,10 @@ static void test_softmax_visible(void) {
         for (int j = 0; j < 37; j++) p[j] = (real)(j % 7) - 3 + (j >= visible ? 1000 : 0);
         softmax_visible(p, visible, 37);
         double sum = 0;
-        for (int j = 0; j < visible; j++) { sum += p[j]; ok &= p[j] > 0; }
+        for (int j = 0; j < visible; j++) {
+            sum += p[j];
+            ok &= p[j] > 0;
+        }
         for (int j = visible; j < 37; j++) ok &= p[j] == 0;
         ok &= fabs(sum - 1) < 1e-6;
     }
@@ -1456,7 +1634,8 @@ static void test_thread_determinism(void) {
 #ifdef _OPENMP
     TransformerConfig config = small_config();
     int src_len[3] = { 6, 3, 5 }, tgt_len[3] = { 4, 7, 2 };
-    Rng rng; rng_seed(&rng, 8);
+    Rng rng;
+    rng_seed(&rng, 8);
     static TestBatch tb;
     make_test_batch(&tb, 3, 6, 7, src_len, tgt_len, config.vocab_size, &rng);
     real *grads[2];
@@ -1480,7 +1659,8 @@ static void test_thread_determinism(void) {
         }
         transformer_free(&m);
     }
-    free(grads[0]); free(grads[1]);
+    free(grads[0]);
+    free(grads[1]);
     omp_set_num_threads(omp_get_num_procs());
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
@@ -1493,7 +1673,8 @@ static void test_dropout_training_and_evaluation(void) {
     Transformer m;
     transformer_build(&m, &config, 2);
     int src_len[2] = { 4, 3 }, tgt_len[2] = { 3, 5 };
-    Rng rng; rng_seed(&rng, 6);
+    Rng rng;
+    rng_seed(&rng, 6);
     static TestBatch tb;
     make_test_batch(&tb, 2, 4, 5, src_len, tgt_len, config.vocab_size, &rng);
     m.training = 0;
@@ -1538,7 +1719,8 @@ static double pe_worst_error(const real *pe, int max_len, int C, const long doub
             long double angle = pos / divisor[d / 2];
             long double exact = d % 2 == 0 ? sinl(angle) : cosl(angle);
             double error = (double)fabsl((long double)pe[(size_t)pos * C + d] - exact) / pe_tolerance(pos);
-            if (!(error <= worst)) worst = error;   // NaN counts as the worst
+            if (!(error <= worst))
+                worst = error;   // NaN counts as the worst
         }
     }
     return worst;
@@ -1602,7 +1784,8 @@ static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const
             long double x = from[2 * i], y = from[2 * i + 1];
             long double rx = c[i] * x + s[i] * y, ry = -s[i] * x + c[i] * y;
             double error = (double)fmaxl(fabsl(rx - to[2 * i]), fabsl(ry - to[2 * i + 1])) / (3 * pe_tolerance(pos + k));
-            if (!(error <= worst)) worst = error;
+            if (!(error <= worst))
+                worst = error;
         }
     }
     return worst;
@@ -1640,8 +1823,10 @@ static double by_hand_error(const real *got, const double *expected, int n, int 
     double worst = 0;
     for (int i = 0; i < n; i++) {
         double error = fabs((double)got[i] - expected[i]) / fmax(1, fabs(expected[i]));
-        if (!(error <= worst)) worst = error;
-        if ((expected[i] == 0 || (ones && expected[i] == 1)) && (double)got[i] != expected[i]) *exact = 0;
+        if (!(error <= worst))
+            worst = error;
+        if ((expected[i] == 0 || (ones && expected[i] == 1)) && (double)got[i] != expected[i])
+            *exact = 0;
     }
     return worst;
 }
@@ -1715,7 +1900,8 @@ static void test_attention_by_hand(void) {
     const int paths = fast_path_switch ? 2 : 1;
     const char *path_names[2] = { "Part I", "the fast path" };
     for (int path = 0; path < paths; path++) {
-        if (fast_path_switch) fast_path_switch(path);
+        if (fast_path_switch)
+            fast_path_switch(path);
         for (int n = 0; n < 3; n++) {
             const AttentionByHand *c = &cases[n];
             real out[4], att[4], dq[4] = { 0 }, dk[4] = { 0 }, dv[4] = { 0 };
@@ -1754,7 +1940,8 @@ static void test_attention_by_hand(void) {
         check(worst2 <= tolerance && exact2, "attention and W^O by hand (%s): the causal case read from a fused (T, 3C) "
               "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
     }
-    if (fast_path_switch) fast_path_switch(1);
+    if (fast_path_switch)
+        fast_path_switch(1);
 }
 
 // ============================================================================
@@ -1766,14 +1953,21 @@ static void test_attention_by_hand(void) {
 static void train_small_copy_model(Transformer *m, TransformerConfig config, int steps, int max_length) {
     transformer_build(m, &config, 11);
     Dataset train, valid;
-    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
+    memset(&train, 0, sizeof train);
+    memset(&valid, 0, sizeof valid);
     task_generate(&train, &valid, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 1, max_length, 400, 0, 5);
-    Rng rng; rng_seed(&rng, 7);
-    EpochPlan plan; memset(&plan, 0, sizeof plan);
-    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    Rng rng;
+    rng_seed(&rng, 7);
+    EpochPlan plan;
+    memset(&plan, 0, sizeof plan);
+    BatchBuffer bb;
+    memset(&bb, 0, sizeof bb);
     int next = 0, threads = one_thread();
     for (int step = 1; step <= steps; step++) {
-        if (next == plan.num_spans) { epoch_plan_make(&plan, &train, 120, &rng); next = 0; }
+        if (next == plan.num_spans) {
+            epoch_plan_make(&plan, &train, 120, &rng);
+            next = 0;
+        }
         BatchSpan span = plan.spans[next++];
         batch_fill(&bb, &train, plan.order + span.start, span.count);
         transformer_forward(m, &bb.batch);
@@ -1782,7 +1976,11 @@ static void train_small_copy_model(Transformer *m, TransformerConfig config, int
         adam_update(m, transformer_learning_rate(step, config.d_model, 30, 3e-3 * sqrt(config.d_model * 30.0)));
     }
     set_threads(threads);
-    free(plan.order); free(plan.spans); batch_buffer_free(&bb); dataset_free(&train); dataset_free(&valid);
+    free(plan.order);
+    free(plan.spans);
+    batch_buffer_free(&bb);
+    dataset_free(&train);
+    dataset_free(&valid);
 }
 
 // Greedy decoding by transformer_forward: the whole model, encoder too, re-run on the prefix at every step.
@@ -1796,11 +1994,14 @@ static int forward_greedy(Transformer *m, int *out, const int *src, int src_len)
         Batch b = { 1, S, T, (int *)src, &S, tgt_in, tgt_out, &T };
         transformer_forward(m, &b);
         int y = greedy_token(m->acts.logits + (size_t)t * V, V, t > 0 || src_len <= 1);
-        if (y == TOKEN_EOS) break;
+        if (y == TOKEN_EOS)
+            break;
         out[n++] = y;
-        if (t + 1 < limit) tgt_in[t + 1] = y;
+        if (t + 1 < limit)
+            tgt_in[t + 1] = y;
     }
-    free(tgt_in); free(tgt_out);
+    free(tgt_in);
+    free(tgt_out);
     return n;
 }
 
@@ -1811,7 +2012,12 @@ static void random_source(int *src, int n, int vocab, Rng *rng) {
 
 static TransformerConfig decode_config(void) {
     TransformerConfig c = small_config();
-    c.n_layers = 2; c.d_model = 32; c.d_ff = 64; c.n_heads = 4; c.vocab_size = 10; c.max_len = 20;
+    c.n_layers = 2;
+    c.d_model = 32;
+    c.d_ff = 64;
+    c.n_heads = 4;
+    c.vocab_size = 10;
+    c.max_len = 20;
     return c;
 }
 
@@ -1823,7 +2029,8 @@ static TransformerConfig decode_config(void) {
 static Transformer *trained_copy_model(void) {
     static Transformer model;
     static int trained = 0;
-    if (!trained) train_small_copy_model(&model, decode_config(), 300, 6);
+    if (!trained)
+        train_small_copy_model(&model, decode_config(), 300, 6);
     trained = 1;
     return &model;
 }
@@ -1856,7 +2063,8 @@ static void test_decoder_logits(Transformer *m, Rng *rng) {
         decoder_step(&decoder, m, tokens, t, 2);
         for (int v = 0; v < V; v++) {
             double difference = fabs((double)decoder.logits[(size_t)row * V + v] - full[t * V + v]);
-            if (!(difference <= worst[row])) worst[row] = difference;   // a NaN stays, and fails the check
+            if (!(difference <= worst[row]))
+                worst[row] = difference;   // a NaN stays, and fails the check
             scale = fmax(scale, fabs((double)full[t * V + v]));
         }
     }
@@ -1872,7 +2080,8 @@ static void test_decoding(void) {
     TransformerConfig config = decode_config();
     Transformer *trained = trained_copy_model(), untrained;
     transformer_build(&untrained, &config, 12);
-    Rng rng; rng_seed(&rng, 31);
+    Rng rng;
+    rng_seed(&rng, 31);
     test_decoder_logits(&untrained, &rng);
     Transformer *models[2] = { trained, &untrained };
     const char *names[2] = { "trained", "untrained" };
@@ -1900,7 +2109,9 @@ static void test_decoding(void) {
         check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each one's own output",
               names[k], B);
         check(beam_same, "decode (%s model): beam search with beam 1 gives exactly the greedy output", names[k]);
-        if (k == 0) check(ended == B, "decode: the trained copy model ends every output with </s> (%d of %d)", ended, B);
+        if (k == 0)
+            check(ended == B, "decode: the trained copy model ends every output with </s> "
+                  "(%d of %d)", ended, B);
     }
     // the trained model copies: greedy and beam 4 both reproduce a source
     int src[5] = { 4, 7, 5, 9, TOKEN_EOS }, S = 5, beam[20], greedy[20], greedy_len;
@@ -1928,8 +2139,12 @@ static double gnmt_penalty(int length, double alpha) { return pow(5.0 + length, 
 // length_penalty against values worked by hand: (5+7)/6 = 2 and 2^0.6 = 1.5157165665...; (5+13)/6 = 3;
 // (5+25)/6 = 5 and 5^0.5 = 2.2360679775; (5+1)/6 = 1 whatever alpha; alpha 0 turns it off.
 static void test_length_penalty_by_hand(void) {
-    struct { int length; double alpha, by_hand; } cases[] = {
-        { 7, 0.6, 1.5157165665103982 }, { 13, 1.0, 3.0 }, { 25, 0.5, 2.2360679774997898 }, { 1, 0.6, 1.0 }, { 40, 0.0, 1.0 },
+    struct {
+        int length;
+        double alpha, by_hand;
+    } cases[] = {
+        { 7, 0.6, 1.5157165665103982 }, { 13, 1.0, 3.0 }, { 25, 0.5, 2.2360679774997898 },
+        { 1, 0.6, 1.0 }, { 40, 0.0, 1.0 },
     };
     int wrong = 0;
     double worst = 0;
@@ -1952,11 +2167,13 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     int words[3] = { TOKEN_UNK, 4, 5 };
     for (int b = 0; b < B; b++) { // sequence b: its digits in base 3 pick the words
         memcpy(srcs + b * S, src, sizeof src);
-        src_len[b] = S; tgt_len[b] = T;
+        src_len[b] = S;
+        tgt_len[b] = T;
         tgt_in[b * T] = TOKEN_BOS;
         for (int t = 0, code = b; t < T; t++, code /= 3) {
             tgt_out[b * T + t] = words[code % 3];
-            if (t + 1 < T) tgt_in[b * T + t + 1] = words[code % 3];
+            if (t + 1 < T)
+                tgt_in[b * T + t + 1] = words[code % 3];
         }
     }
     Batch batch = { B, S, T, srcs, src_len, tgt_in, tgt_out, tgt_len };
@@ -1977,12 +2194,19 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
                 for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
                 double log_sum = max_z + log(sum);
                 score = (log_p + z[TOKEN_EOS] - log_sum) / gnmt_penalty(t + 1, alpha); // t words, then </s>
-                if (t == 0) score = -INFINITY;   // min_len 1: a source of words never gets the empty output
+                if (t == 0)
+                    score = -INFINITY;   // min_len 1: a source of words never gets the empty output
                 log_p += z[tgt_out[b * T + t]] - log_sum;
             }
-            if (!first_with_these_words && t < T) continue;
-            if (score > best) { second = best; best = score; best_b = b; best_len = t; }
-            else if (score > second) second = score;
+            if (!first_with_these_words && t < T)
+                continue;
+            if (score > best) {
+                second = best;
+                best = score;
+                best_b = b;
+                best_len = t;
+            } else if (score > second)
+                second = score;
         }
     }
     int out[8];
@@ -1996,12 +2220,19 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     transformer_beam_search(m, out, &greedy_score, src, S, 1, alpha);
     check(score >= greedy_score - 1e-9, "beam (%s model): the wide search scores at least the greedy output "
           "(%.6f >= %.6f)", name, score, greedy_score);
-    free(srcs); free(src_len); free(tgt_in); free(tgt_out); free(tgt_len);
+    free(srcs);
+    free(src_len);
+    free(tgt_in);
+    free(tgt_out);
+    free(tgt_len);
 }
 
 static void test_beam_search_is_exhaustive_when_wide(void) {
     TransformerConfig config = small_config();
-    config.vocab_size = 6; config.max_len = 5; config.d_model = 16; config.n_heads = 2;
+    config.vocab_size = 6;
+    config.max_len = 5;
+    config.d_model = 16;
+    config.n_heads = 2;
     Transformer m;
     uint64_t seeds[2] = { 2, 5 };   // untrained: one whose best runs to the limit, one whose best is empty
     for (int i = 0; i < 2; i++) {
@@ -2067,7 +2298,10 @@ static char test_dir[256];   // a fresh temporary directory for the files below
 static const char *test_path(const char *name) {
     static char paths[512][512];
     static int next = 0;
-    if (next == 512) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
+    if (next == 512) {
+        fprintf(stderr, "test_path: out of buffers\n");
+        exit(1);
+    }
     char *p = paths[next++];
     snprintf(p, 512, "%s/%s", test_dir, name);
     return p;
@@ -2075,7 +2309,10 @@ static const char *test_path(const char *name) {
 
 static void write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
-    if (!f) { perror(path); exit(1); }
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
     fwrite(data, 1, n, f);
     fclose(f);
 }
@@ -2084,7 +2321,10 @@ static void write_text(const char *path, const char *text) { write_file(path, te
 
 static unsigned char *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
-    if (!f) { *n = 0; return NULL; }
+    if (!f) {
+        *n = 0;
+        return NULL;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     rewind(f);
@@ -2096,7 +2336,8 @@ static unsigned char *read_file(const char *path, size_t *n) {
 
 static void test_tasks_and_batches(void) {
     Dataset train, valid;
-    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
+    memset(&train, 0, sizeof train);
+    memset(&valid, 0, sizeof valid);
     const char *e = task_generate(&train, &valid, TASK_REVERSE, 10, 1, 10, 3000, 200, 1);
     int unseen = 1, reversed = 1;
     for (int i = 0; i < valid.count; i++) {
@@ -2112,19 +2353,24 @@ static void test_tasks_and_batches(void) {
     check(!e && train.count == 3000 && valid.count == 200 && unseen && reversed,
           "tasks: 200 held-out reverse pairs, none of their sources among the 3000 training sources");
     Dataset a, b;
-    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
     e = task_generate(&a, &b, TASK_COPY, 2, 1, 2, 100, 10, 1);
     check(e && strstr(e, "held-out"), "tasks: too few possible sequences for the held-out set is refused (%s)",
           e ? e : "accepted");
-    dataset_free(&a); dataset_free(&b);
+    dataset_free(&a);
+    dataset_free(&b);
     // an epoch: every pair once, batches within the token budget, grouped by length
-    EpochPlan plan; memset(&plan, 0, sizeof plan);
-    Rng rng; rng_seed(&rng, 3);
+    EpochPlan plan;
+    memset(&plan, 0, sizeof plan);
+    Rng rng;
+    rng_seed(&rng, 3);
     int budget = 300;
     epoch_plan_make(&plan, &train, budget, &rng);
     int *seen = checked_calloc(train.count, sizeof(int), "test");
     int in_budget = 1, grouped = 1, covered = 1, total = 0;
-    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    BatchBuffer bb;
+    memset(&bb, 0, sizeof bb);
     for (int s = 0; s < plan.num_spans; s++) {
         batch_fill(&bb, &train, plan.order + plan.spans[s].start, plan.spans[s].count);
         Batch *x = &bb.batch;
@@ -2153,15 +2399,20 @@ static void test_tasks_and_batches(void) {
     for (int t = 0; t < n; t++)
         ok &= bb.batch.tgt_out[t] == train.tokens[p->tgt + t] && bb.batch.tgt_in[t + 1] == train.tokens[p->tgt + t];
     check(ok, "batches: source x </s>, decoder input <s> y, decoder target y </s>");
-    free(seen); free(plan.order); free(plan.spans); batch_buffer_free(&bb);
-    dataset_free(&train); dataset_free(&valid);
+    free(seen);
+    free(plan.order);
+    free(plan.spans);
+    batch_buffer_free(&bb);
+    dataset_free(&train);
+    dataset_free(&valid);
 }
 
 // Three Adam steps on one ragged batch of two sentences (S 6, T 5), which
 // stays in tb for the caller: a model with moments and a step to save.
 static void three_adam_steps(Transformer *m, TestBatch *tb) {
     int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
-    Rng rng; rng_seed(&rng, 4);
+    Rng rng;
+    rng_seed(&rng, 4);
     make_test_batch(tb, 2, 6, 5, src_len, tgt_len, m->config.vocab_size, &rng);
     for (int step = 1; step <= 3; step++) {
         transformer_forward(m, &tb->batch);
@@ -2205,15 +2456,28 @@ static void write_checkpoint_with_field(const char *path, const unsigned char *g
 // a NaN loss) and at 2^63 - 1, refused as the file loads (at_load); an epoch and a batch
 // count beyond the steps trained, a data-order generator state of 0, which only the lab's
 // --resume reads and refuses (lab/runs.c, training_state_error; test_lab.c, test_resume_counts).
-static const struct { size_t offset; uint64_t value; int at_load; const char *what, *expected; } checkpoint_count_cases[] = {
-    { 56, 0x8000000000000000ULL, 1, "Adam step INT64_MIN", "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
-    { 56, 0x7FFFFFFFFFFFFFFFULL, 1, "Adam step INT64_MAX", "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
-    { 56, 1000000001, 1, "Adam step 10^9 + 1", "header: Adam step 1000000001; expected 0 to 1000000000" },
-    // (make fuzz, before the fix, found a file with epoch 9 after 1 step: dev/fuzz/fuzz_checkpoint.c)
-    { 80, 4, 0, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
-    { 88, UINT64_MAX, 0, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
-    { 72, 0, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
-    { 80, 0, 0, "epoch 0 with a batch of it done", "header: epoch 0 with batches of it done (1); expected none before "
+static const struct {
+    size_t offset;
+    uint64_t value;
+    int at_load;
+    const char *what, *expected;
+} checkpoint_count_cases[] = {
+    { 56, 0x8000000000000000ULL, 1, "Adam step INT64_MIN",
+      "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
+    { 56, 0x7FFFFFFFFFFFFFFFULL, 1, "Adam step INT64_MAX",
+      "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
+    { 56, 1000000001, 1, "Adam step 10^9 + 1",
+      "header: Adam step 1000000001; expected 0 to 1000000000" },
+    // (make fuzz, before the fix, found a file with epoch 9 after 1 step:
+    // dev/fuzz/fuzz_checkpoint.c)
+    { 80, 4, 0, "epoch 4 after 3 steps",
+      "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
+    { 88, UINT64_MAX, 0, "2^64 - 1 batches done",
+      "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
+    { 72, 0, 0, "data-order generator state 0",
+      "header: data-order generator state 0; expected non-zero" },
+    { 80, 0, 0, "epoch 0 with a batch of it done",
+      "header: epoch 0 with batches of it done (1); expected none before "
       "the first epoch" },
 };
 
@@ -2227,7 +2491,10 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
     const char *e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
     check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to match, loads (%s)",
           e ? e : "loaded");
-    if (!e) { transformer_free(&loaded); vocab_free(&v); }
+    if (!e) {
+        transformer_free(&loaded);
+        vocab_free(&v);
+    }
     int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases), loads = 0, epochs = 0;
     for (int i = 0; i < n; i++) {
         write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset, checkpoint_count_cases[i].value);
@@ -2235,8 +2502,14 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
         if (checkpoint_count_cases[i].at_load)
             check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, checkpoint_count_cases[i].expected),
                   "checkpoint: %s is refused (%s)", checkpoint_count_cases[i].what, e ? e : "loaded");
-        else { epochs++; loads += !e; }
-        if (!e) { transformer_free(&loaded); vocab_free(&v); }
+        else {
+            epochs++;
+            loads += !e;
+        }
+        if (!e) {
+            transformer_free(&loaded);
+            vocab_free(&v);
+        }
     }
     check(loads == epochs, "checkpoint: %d of %d headers with epoch counts out of range load for decode and eval "
           "(only --resume reads them)", loads, epochs);
@@ -2254,7 +2527,8 @@ static void test_checkpoint_round_trip(void) {
     char *options = NULL;
     const char *path = test_path("model.ckpt");
     const char *e = checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
-    if (!e) e = checkpoint_load(path, &loaded, &v2, &state2, &options);
+    if (!e)
+        e = checkpoint_load(path, &loaded, &v2, &state2, &options);
     size_t P = m.num_parameters, bytes = P * sizeof(real);
     int same = !e && loaded.num_parameters == P && memcmp(loaded.params_memory, m.params_memory, bytes) == 0 &&
                memcmp(loaded.adam_m, m.adam_m, bytes) == 0 && memcmp(loaded.adam_v, m.adam_v, bytes) == 0 &&
@@ -2263,10 +2537,15 @@ static void test_checkpoint_round_trip(void) {
                v2.size == v.size && strcmp(v2.words[v.size - 1], v.words[v.size - 1]) == 0;
     check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and options come back (%s)",
           e ? e : "loaded");
-    if (e) { transformer_free(&m); vocab_free(&v); return; }
+    if (e) {
+        transformer_free(&m);
+        vocab_free(&v);
+        return;
+    }
     check(same_logits(&m, &loaded, &tb.batch), "checkpoint: a loaded model gives bit-identical logits");
     free(options);
-    transformer_free(&loaded); vocab_free(&v2);
+    transformer_free(&loaded);
+    vocab_free(&v2);
 
     // damaged and foreign files: one message each, naming the file
     size_t size;
@@ -2279,14 +2558,20 @@ static void test_checkpoint_round_trip(void) {
         write_file(bad, good, cuts[i]);
         e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
         all_truncated &= e && strstr(e, "bad.ckpt: truncated") != NULL;
-        if (!e) transformer_free(&loaded), vocab_free(&v2);
+        if (!e)
+            transformer_free(&loaded), vocab_free(&v2);
     }
     check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
     test_checkpoint_counts(good, size);
-    struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
+    struct {
+        size_t offset;
+        unsigned char value;
+        const char *expected, *what;
+    } edits[] = {
         { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
         { 4, 4, "checkpoint format version 4; expected version 3", "another version" },
-        { 4, 2, "checkpoint format version 2; expected version 3 (versions 1 and 2 are no longer read)",
+        { 4, 2,
+          "checkpoint format version 2; expected version 3 (versions 1 and 2 are no longer read)",
           "a version-2 file (of transformer.c before version 3)" },
         { 20, 65, "parameters, but its sizes", "a d_ff that disagrees with the parameter count" },
         { 104, 0, "vocabulary", "a vocabulary section 2 bytes longer (and options 2 shorter)" },
@@ -2297,14 +2582,21 @@ static void test_checkpoint_round_trip(void) {
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
         memcpy(copy, good, size);
         size_t offset = edits[i].offset;
-        if (strcmp(edits[i].expected, "checksum mismatch") == 0) { offset = size - 100; copy[offset] ^= 1; }
-        else copy[offset] = edits[i].value;
-        if (offset == 104) { copy[104] = good[104] + 2; copy[112] = good[112] - 2; } // the same total size
+        if (strcmp(edits[i].expected, "checksum mismatch") == 0) {
+            offset = size - 100;
+            copy[offset] ^= 1;
+        } else
+            copy[offset] = edits[i].value;
+        if (offset == 104) {   // the same total size
+            copy[104] = good[104] + 2;
+            copy[112] = good[112] - 2;
+        }
         write_file(bad, copy, size);
         e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
         check(e && strstr(e, "bad.ckpt") && strstr(e, edits[i].expected), "checkpoint: %s is refused (%s)",
               edits[i].what, e ? e : "accepted");
-        if (!e) transformer_free(&loaded), vocab_free(&v2);
+        if (!e)
+            transformer_free(&loaded), vocab_free(&v2);
     }
     memcpy(copy, good, size);
     write_file(bad, copy, size + 16);
@@ -2315,11 +2607,14 @@ static void test_checkpoint_round_trip(void) {
     m.params_memory[7] = NAN;
     e = checkpoint_save(bad, &m, &v, &state, "");
     m.params_memory[7] = kept;
-    if (!e) e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
-    else e = "not saved";
+    if (!e)
+        e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+    else
+        e = "not saved";
     check(e && strstr(e, "bad.ckpt: embedding holds a number that is not finite"), "checkpoint: a NaN weight is "
           "refused as it loads (%s)", e ? e : "loaded");
-    if (!e) transformer_free(&loaded), vocab_free(&v2);
+    if (!e)
+        transformer_free(&loaded), vocab_free(&v2);
     // a failed save leaves the old checkpoint as it was
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -2332,8 +2627,11 @@ static void test_checkpoint_round_trip(void) {
     rmdir(tmp);
     e = checkpoint_save(test_path("no/such/dir/x.ckpt"), &m, &v, &state, "");
     check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)", e ? e : "saved");
-    free(after); free(good); free(copy);
-    transformer_free(&m); vocab_free(&v);
+    free(after);
+    free(good);
+    free(copy);
+    transformer_free(&m);
+    vocab_free(&v);
 }
 
 // A diverged run must not overwrite its checkpoint: train_save asks
@@ -2396,15 +2694,20 @@ static void test_learned_positions_checkpoint(void) {
     TrainingState state = { 1, 2, 3, 4 };
     const char *path = test_path("learned.ckpt");
     const char *e = checkpoint_save(path, &m, &v, &state, "");
-    if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
+    if (!e)
+        e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
     int same = !e && loaded.config.positional == POSITIONAL_LEARNED && loaded.num_parameters == P &&
                loaded.positional_encoding == loaded.params.position_embedding &&
                memcmp(loaded.params_memory, m.params_memory, P * sizeof(real)) == 0 &&
                memcmp(loaded.adam_v, m.adam_v, P * sizeof(real)) == 0;
-    if (same) same = same_logits(&m, &loaded, &tb.batch);
+    if (same)
+        same = same_logits(&m, &loaded, &tb.batch);
     check(same, "learned positions: a checkpoint gives back the table, its Adam moments and bit-identical logits (%s)",
           e ? e : "loaded");
-    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    if (!e) {
+        transformer_free(&loaded);
+        vocab_free(&v2);
+    }
     size_t size;
     unsigned char *bytes = read_file(path, &size);
     if (bytes) {
@@ -2413,7 +2716,10 @@ static void test_learned_positions_checkpoint(void) {
         e = checkpoint_load(test_path("bad_positional.ckpt"), &loaded, &v2, NULL, NULL);
         check(e && strstr(e, "bad_positional.ckpt: header: positional kind 2; expected 0 (sinusoid) or 1 (learned)"),
               "learned positions: a checkpoint of another kind of positions is refused (%s)", e ? e : "accepted");
-        if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+        if (!e) {
+            transformer_free(&loaded);
+            vocab_free(&v2);
+        }
     }
     free(bytes);
     vocab_free(&v);
@@ -2463,7 +2769,8 @@ static void check_cli_error(const char *what, const char *expected, const char *
     int status = run_cli("%s", args);
     const char *line = strstr(cli_output, "error:");
     char shown[300] = "";
-    if (line) snprintf(shown, sizeof shown, "%.*s", (int)strcspn(line, "\n"), line);
+    if (line)
+        snprintf(shown, sizeof shown, "%.*s", (int)strcspn(line, "\n"), line);
     int ok = status == 1 && count_lines_starting(cli_output, "error:") == 1 && line &&
              strstr(shown, expected) && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error");
     check(ok, "cli: %s -> exit %d, \"%s\"", what, status, ok ? shown : cli_output);
@@ -2473,7 +2780,8 @@ static int files_equal(const char *a, const char *b) {
     size_t na, nb;
     unsigned char *x = read_file(a, &na), *y = read_file(b, &nb);
     int same = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x); free(y);
+    free(x);
+    free(y);
     return same;
 }
 
@@ -2487,7 +2795,8 @@ static int files_equal(const char *a, const char *b) {
 static int cli_binary_found(const char *fallback) {
     const char *binary = getenv("TRANSFORMER_BIN");
     cli_binary = binary && *binary ? binary : fallback;
-    if (access(cli_binary, X_OK) == 0) return 1;
+    if (access(cli_binary, X_OK) == 0)
+        return 1;
     check(0, "cli: %s is not there: build it first (make), or set TRANSFORMER_BIN", cli_binary);
     return 0;
 }
@@ -2495,7 +2804,8 @@ static int cli_binary_found(const char *fallback) {
 // A file as text.
 static char *read_text_file(const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    if (!f)
+        return NULL;
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -2610,15 +2920,20 @@ static const char *save_copy_checkpoint(const char *path, const Transformer *m) 
 static long checkpoint_file_step(const char *path) {
     Transformer m;
     Vocabulary v;
-    if (checkpoint_load(path, &m, &v, NULL, NULL)) return -1;
+    if (checkpoint_load(path, &m, &v, NULL, NULL))
+        return -1;
     long step = m.adam_step;
-    transformer_free(&m); vocab_free(&v);
+    transformer_free(&m);
+    vocab_free(&v);
     return step;
 }
 
 // Output that cannot be written (a full disk: /dev/full) is an error, not exit 0 with the output lost.
 static void test_output_write_error(const char *ckpt) {
-    if (access("/dev/full", W_OK) != 0) { printf("(no /dev/full here: the write-error check is skipped)\n"); return; }
+    if (access("/dev/full", W_OK) != 0) {
+        printf("(no /dev/full here: the write-error check is skipped)\n");
+        return;
+    }
     char command[2048], err_path[600];
     snprintf(err_path, sizeof err_path, "%s/full.err", test_dir);
     snprintf(command, sizeof command, "%s decode --checkpoint %s '3 1 4' > /dev/full 2> %s", cli_binary, ckpt, err_path);
@@ -2661,7 +2976,8 @@ static void test_decode_streams(const char *ckpt) {
 
 // Out of memory is one line that names the command, as every error is.
 static void test_out_of_memory(void) {
-    if (strstr(cli_binary, "asan")) return;   // AddressSanitizer needs more address space than this limit
+    if (strstr(cli_binary, "asan"))
+        return;   // AddressSanitizer needs more address space than this limit
     char command[1400];
     snprintf(command, sizeof command, "ulimit -v 400000; %s train --task copy --d-model 4096 --d-ff 16384 "
              "--heads 8 --layers 6 --steps 1 --checkpoint %s > %s/oom.out 2>&1", cli_binary,
@@ -2726,7 +3042,10 @@ static void test_minimal_program(void) {
     Transformer m;
     Vocabulary v;
     const char *error = checkpoint_load(ckpt, &m, &v, NULL, NULL);
-    if (!error) { transformer_free(&m); vocab_free(&v); }
+    if (!error) {
+        transformer_free(&m);
+        vocab_free(&v);
+    }
     check(trained == 0 && has_model && decoded == 0 && one_line && help == 0 && lists && !error,
           "minimal: %s trains the copy task (exit %d), writes a checkpoint that loads (%s), decodes with it "
           "(exit %d) and lists train and decode only", cli_binary, trained, error ? error : "yes", decoded);
@@ -2743,7 +3062,8 @@ static void test_minimal_program(void) {
 // holding `after`, in the file at path; 0 if there is none.
 static int source_line(const char *path, const char *after, const char *text) {
     char *source = read_text_file(path);
-    if (!source) return 0;
+    if (!source)
+        return 0;
     const char *start = strstr(source, after), *at = start ? strstr(start, text) : NULL;
     int line = 0;
     if (at) {
@@ -2760,7 +3080,10 @@ static long gdb_local(const char *text, const char *name, int *found) {
     char key[64];
     snprintf(key, sizeof key, "\n%s = ", name);
     const char *at = text ? strstr(text, key) : NULL;
-    if (!at) { *found = 0; return 0; }
+    if (!at) {
+        *found = 0;
+        return 0;
+    }
     return strtol(at + strlen(key), NULL, 10);
 }
 
@@ -2784,9 +3107,15 @@ static void test_debugger_walk(void) {
         printf("     (gdb is not on the PATH: the walk through transformer_debug in gdb is skipped)\n");
         return;
     }
-    if (access(debug, X_OK) != 0) { check(0, "gdb: %s is not there (make debug)", debug); return; }
+    if (access(debug, X_OK) != 0) {
+        check(0, "gdb: %s is not there (make debug)", debug);
+        return;
+    }
     int score_line = source_line("transformer.c", "static void attention_forward(", "p[j] = dot * scale;");
-    if (!score_line) { check(0, "gdb: no line `p[j] = dot * scale;` in attention_forward in transformer.c"); return; }
+    if (!score_line) {
+        check(0, "gdb: no line `p[j] = dot * scale;` in attention_forward in transformer.c");
+        return;
+    }
     const char *script = test_path("walk.gdb"), *output_path = test_path("walk.out");
     char text[2048];
     snprintf(text, sizeof text,
@@ -2848,7 +3177,8 @@ static void test_debugger_walk(void) {
 // A fresh temporary directory for the files of the tests (test_path), and its removal.
 static int make_test_dir(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
-    if (mkdtemp(test_dir)) return 1;
+    if (mkdtemp(test_dir))
+        return 1;
     perror("mkdtemp");
     check(0, "cannot make a temporary directory");
     return 0;
@@ -2857,7 +3187,8 @@ static int make_test_dir(void) {
 static void remove_test_dir(void) {
     char command[600];
     snprintf(command, sizeof command, "rm -rf %s", test_dir);
-    if (system(command) != 0) printf("     (could not remove %s)\n", test_dir);
+    if (system(command) != 0)
+        printf("     (could not remove %s)\n", test_dir);
 }
 
 // transformer.c's commands, run as a user runs them (cli_binary, found):
@@ -2869,7 +3200,8 @@ void run_command_line_tests(void) {
 }
 
 void run_program_tests(void) {
-    if (!make_test_dir()) return;
+    if (!make_test_dir())
+        return;
     printf("-- data, checkpoints (files in %s)\n", test_dir);
     test_tasks_and_batches();
     test_checkpoint_round_trip();
@@ -2888,7 +3220,10 @@ void run_program_tests(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
-        if (!reference_read(&r, argv[2])) { reference_free(&r); return 1; }
+        if (!reference_read(&r, argv[2])) {
+            reference_free(&r);
+            return 1;
+        }
         reference_free(&r);
         test_reference_file(argv[2]);
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
