@@ -132,7 +132,8 @@
  *                                           (output onto a full disk)
  *   make debug: transformer_debug in gdb    test_debugger_walk
  */
-#ifndef TEST_TRANSFORMER_LIBRARY   // (lab/test_lab.c and cuda/test_cuda.c include these tests after the lab)
+// (lab/test_lab.c and cuda/test_cuda.c include these tests after the lab)
+#ifndef TEST_TRANSFORMER_LIBRARY
 #define TRANSFORMER_NO_MAIN
 #include "transformer.c"   // transformer.c alone, as `cc transformer.c` builds it
 #endif
@@ -574,7 +575,8 @@ static void test_model_gradients(int positional, float dropout) {
         else
             check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
     }
-    int expected_empty = positional == POSITIONAL_LEARNED ? 0 : 1;   // position_embedding, with sinusoids
+    // position_embedding, with sinusoids
+    int expected_empty = positional == POSITIONAL_LEARNED ? 0 : 1;
     check(empty == expected_empty, "model: %d empty parameter tensors, expected %d", empty, expected_empty);
     transformer_free(&model);
 }
@@ -630,7 +632,8 @@ typedef struct {
     int32_t *src, *src_len, *tgt_in, *tgt_out, *tgt_len;  // point into data
     double *params;        // (P) the initial weights: float32 numbers in both versions
     double *logits, *grads, *step_losses, loss;
-    double *params_after;  // version 2: (adam_steps, P), after each step; version 1: (P), after the last
+    double *params_after;  // version 2: (adam_steps, P), after each step;
+                           // version 1: (P), after the last
     size_t num_parameters;
     unsigned char *data;   // the file
     double *values;        // every stored real number, as double
@@ -914,7 +917,8 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
             losses[0] = first_loss;
         } else {
             reference_load(model, before, mutation);
-            compute->begin(model);   // the companion: the parameters (and our moments) to its memory
+            // the companion: the parameters (and our moments) to its memory
+            compute->begin(model);
             losses[k - 1] = compute->train_step(model, batch, r->warmup, lr_factor);
             compute->to_host(model);   // the parameters, moments and gradients, read below
         }
@@ -928,7 +932,8 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
         }
         double lr = transformer_learning_rate(k, C, r->warmup, lr_factor);
         double c1 = 1 - pow(b1, k), c2 = 1 - pow(b2, k), rho = adam_ratio_limit(k, b1, b2), eps = model->adam.eps;
-        double worst_ratio = 0, worst_diff = 0, worst_resolved = 0;  // the last: where the bound is not the cap
+        // the last: where the bound is not the cap
+        double worst_ratio = 0, worst_diff = 0, worst_resolved = 0;
         size_t loose = 0, first_bad = P;
         offset = 0;
         for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
@@ -1519,7 +1524,9 @@ static void test_learning(void) {
 // The memory of the vector loops starts on cache lines (CACHE_LINE): what the
 // allocation helpers give, and every activation and gradient tensor of a model
 // whose sizes are not whole lines (d_model 12, a batch of 3 x 5 x 7).
-static int on_line(const void *p) { return (uintptr_t)p % CACHE_LINE == 0; }
+static int on_line(const void *p) {
+    return (uintptr_t)p % CACHE_LINE == 0;
+}
 
 static void test_aligned_memory(void) {
     int aligned = 1, zeroed = 1;
@@ -1614,7 +1621,8 @@ static void test_softmax_visible(void) {
           "no visible key gives a row of 0");
 }
 
-// greedy_token never outputs <pad> or <s>, nor </s> where it may not end, and breaks a tie by the lowest id.
+// greedy_token never outputs <pad> or <s>, nor </s> where it may not end, and breaks a tie by the
+// lowest id.
 static void test_greedy_token(void) {
     real logits[40];
     for (int v = 0; v < 40; v++) logits[v] = (real)(v % 5);
@@ -1726,7 +1734,8 @@ static double pe_worst_error(const real *pe, int max_len, int C, const long doub
     return worst;
 }
 
-// §3.5:  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+// §3.5:  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
+//        PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 // d_model 8 by hand: 10000^(2i/8) = 10^i, so the four pairs turn at 1, 1/10,
 // 1/100 and 1/1000 radians per position: PE(pos) = (sin pos, cos pos,
 // sin(pos/10), cos(pos/10), sin(pos/100), cos(pos/100), sin(pos/1000),
@@ -1983,7 +1992,8 @@ static void train_small_copy_model(Transformer *m, TransformerConfig config, int
     dataset_free(&valid);
 }
 
-// Greedy decoding by transformer_forward: the whole model, encoder too, re-run on the prefix at every step.
+// Greedy decoding by transformer_forward: the whole model, encoder too, re-run on the prefix at
+// every step.
 static int forward_greedy(Transformer *m, int *out, const int *src, int src_len) {
     int limit = transformer_decode_limit(m, src_len), V = m->config.vocab_size, n = 0;
     int *tgt_in = checked_calloc(limit, sizeof(int), "test"), *tgt_out = checked_calloc(limit, sizeof(int), "test");
@@ -2051,14 +2061,16 @@ static void test_decoder_logits(Transformer *m, Rng *rng) {
     memcpy(full, m->acts.logits, (size_t)T * V * sizeof(real));
     Decoder decoder;
     decoder_begin(&decoder, m, src, &S, 1, S, 2, T);   // two rows of the same source
-    // transformer.c's products: the same bits, with either decoder; the fast path's (lab/test_lab.c): within 1e-5
+    // transformer.c's products: the same bits, with either decoder; the fast path's
+    // (lab/test_lab.c): within 1e-5
     double tolerance = fast_path.linear_forward ? 1e-5 : 0, worst[2] = { 0, 0 }, scale = 0;
     for (int t = 0; t < T; t++) {
         if (t == 4) {
             int parent[2] = { 1, 0 };   // the rows swap: from here row 1 continues tgt_in
             decoder_reorder(&decoder, parent, 2, 4);
         }
-        int row = t < 4 ? 0 : 1, tokens[2] = { NUM_SPECIAL_TOKENS, NUM_SPECIAL_TOKENS };   // the other: 4 4 4 ...
+        // the other: 4 4 4 ...
+        int row = t < 4 ? 0 : 1, tokens[2] = { NUM_SPECIAL_TOKENS, NUM_SPECIAL_TOKENS };
         tokens[row] = tgt_in[t];
         decoder_step(&decoder, m, tokens, t, 2);
         for (int v = 0; v < V; v++) {
@@ -2134,10 +2146,13 @@ static void test_decoding(void) {
 // out again here so that the exhaustive test does not check length_penalty against itself:
 // lp(Y) = (5 + |Y|)^alpha / (5 + 1)^alpha, |Y| counting </s> as tensor2tensor's beam search
 // does (its step i scores the (i + 1)-th token, </s> or not).
-static double gnmt_penalty(int length, double alpha) { return pow(5.0 + length, alpha) / pow(6.0, alpha); }
+static double gnmt_penalty(int length, double alpha) {
+    return pow(5.0 + length, alpha) / pow(6.0, alpha);
+}
 
-// length_penalty against values worked by hand: (5+7)/6 = 2 and 2^0.6 = 1.5157165665...; (5+13)/6 = 3;
-// (5+25)/6 = 5 and 5^0.5 = 2.2360679775; (5+1)/6 = 1 whatever alpha; alpha 0 turns it off.
+// length_penalty against values worked by hand: (5+7)/6 = 2 and 2^0.6 = 1.5157165665...;
+// (5+13)/6 = 3; (5+25)/6 = 5 and 5^0.5 = 2.2360679775; (5+1)/6 = 1 whatever alpha; alpha 0 turns
+// it off.
 static void test_length_penalty_by_hand(void) {
     struct {
         int length;
@@ -2193,7 +2208,8 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
                 for (int v = 1; v < V; v++) max_z = fmax(max_z, z[v]);
                 for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
                 double log_sum = max_z + log(sum);
-                score = (log_p + z[TOKEN_EOS] - log_sum) / gnmt_penalty(t + 1, alpha); // t words, then </s>
+                // t words, then </s>
+                score = (log_p + z[TOKEN_EOS] - log_sum) / gnmt_penalty(t + 1, alpha);
                 if (t == 0)
                     score = -INFINITY;   // min_len 1: a source of words never gets the empty output
                 log_p += z[tgt_out[b * T + t]] - log_sum;
@@ -2234,7 +2250,8 @@ static void test_beam_search_is_exhaustive_when_wide(void) {
     config.d_model = 16;
     config.n_heads = 2;
     Transformer m;
-    uint64_t seeds[2] = { 2, 5 };   // untrained: one whose best runs to the limit, one whose best is empty
+    // untrained: one whose best runs to the limit, one whose best is empty
+    uint64_t seeds[2] = { 2, 5 };
     for (int i = 0; i < 2; i++) {
         transformer_build(&m, &config, seeds[i]);
         check_beam_search_exhaustive(&m, i == 0 ? "untrained, seed 2" : "untrained, seed 5");
@@ -2263,7 +2280,8 @@ void run_model_tests(void) {
         test_reference_file(committed_references[i]);
     test_reference_catches_wrong_weights(committed_references[0]);
     test_reference_catches_wrong_weights("tiny_data/ref_learned_positions.ref");
-    test_reference_catches_wrong_weights("tiny_data/ref_1layer_3head.ref");   // version 1's tolerances
+    // version 1's tolerances
+    test_reference_catches_wrong_weights("tiny_data/ref_1layer_3head.ref");
     test_reference_catches_wrong_adam();
     test_reference_refuses_bad_files();
     printf("-- configuration, parameter counts, masks, optimizer, learning\n");
@@ -2317,7 +2335,9 @@ static void write_file(const char *path, const void *data, size_t n) {
     fclose(f);
 }
 
-static void write_text(const char *path, const char *text) { write_file(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text) {
+    write_file(path, text, strlen(text));
+}
 
 static unsigned char *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -2523,7 +2543,8 @@ static void test_checkpoint_round_trip(void) {
     three_adam_steps(&m, &tb);
     Vocabulary v, v2;
     task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 123, 2, 1, 678 }, state2; // after 3 steps: epoch 2 begun, its first batch done
+    // after 3 steps: epoch 2 begun, its first batch done
+    TrainingState state = { 123, 2, 1, 678 }, state2;
     char *options = NULL;
     const char *path = test_path("model.ckpt");
     const char *e = checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
@@ -2602,7 +2623,8 @@ static void test_checkpoint_round_trip(void) {
     write_file(bad, copy, size + 16);
     e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
     check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)", e ? e : "accepted");
-    // a NaN among the weights, the checksum right (train_save never writes one; a file made elsewhere might)
+    // a NaN among the weights, the checksum right (train_save never writes one; a file made
+    // elsewhere might)
     real kept = m.params_memory[7];
     m.params_memory[7] = NAN;
     e = checkpoint_save(bad, &m, &v, &state, "");
@@ -2911,7 +2933,8 @@ static void test_command_line(void) {
 static const char *save_copy_checkpoint(const char *path, const Transformer *m) {
     Vocabulary v;
     task_vocabulary(&v, m->config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 1, m->adam_step > 0, 0, 0 }; // the first epoch begun, unless no step was trained
+    // the first epoch begun, unless no step was trained
+    TrainingState state = { 1, m->adam_step > 0, 0, 0 };
     const char *e = checkpoint_save(path, m, &v, &state, "--task\ncopy\n");
     vocab_free(&v);
     return e;
@@ -2928,7 +2951,8 @@ static long checkpoint_file_step(const char *path) {
     return step;
 }
 
-// Output that cannot be written (a full disk: /dev/full) is an error, not exit 0 with the output lost.
+// Output that cannot be written (a full disk: /dev/full) is an error, not exit 0 with the output
+// lost.
 static void test_output_write_error(const char *ckpt) {
     if (access("/dev/full", W_OK) != 0) {
         printf("(no /dev/full here: the write-error check is skipped)\n");
@@ -3099,7 +3123,8 @@ static long gdb_local(const char *text, const char *name, int *found) {
 // with a line saying so, where gdb is not on the PATH or may not trace.
 static void test_debugger_walk(void) {
     const char *debug = getenv("TRANSFORMER_DEBUG_BIN");
-    if (!debug || !*debug) {   // (make test sets it for one of the three builds: the walk is the same in each)
+    // (make test sets it for one of the three builds: the walk is the same in each)
+    if (!debug || !*debug) {
         printf("     (TRANSFORMER_DEBUG_BIN not set: the gdb walk not run here)\n");
         return;
     }
