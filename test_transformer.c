@@ -337,12 +337,14 @@ static void test_attention_gradients(Rng *rng) {
     fill_uniform(qkv, sizeof qkv / sizeof(real), -1.5, 1.5, rng);
     fill_uniform(r, sizeof r / sizeof(real), -1, 1, rng);
     // self-attention, causal, reading q, k, v out of one fused (B,T,3C) buffer
-    AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C, qkv + 2 * C, r };
+    AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C,
+                           qkv + 2 * C, r };
     attention_objective(&self);
     memset(dqkv, 0, sizeof dqkv);
     AttentionShape self_shape = { B, T, T, C, NH, 3 * C, 3 * C };
     attention_backward(dqkv, dqkv + C, dqkv + 2 * C, r, att, qkv, qkv + C, qkv + 2 * C, self_shape);
-    check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv, B * T * 3 * C);
+    check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv,
+                   B * T * 3 * C);
     // cross-attention with padded keys: queries (B,T,C), keys/values (B,S,2C)
     fill_uniform(q, sizeof q / sizeof(real), -1.5, 1.5, rng);
     fill_uniform(kv, sizeof kv / sizeof(real), -1.5, 1.5, rng);
@@ -353,7 +355,8 @@ static void test_attention_gradients(Rng *rng) {
     AttentionShape cross_shape = { B, T, S, C, NH, C, 2 * C };
     attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, cross_shape);
     check_gradient("attention (padded keys): q", attention_objective, &cross, q, dq, B * T * C);
-    check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv, B * S * 2 * C);
+    check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv,
+                   B * S * 2 * C);
     // a padded key's gradient is exactly zero: nothing reads it
     double padded = 0;
     for (int s = src_len[0]; s < S; s++)
@@ -465,11 +468,13 @@ static void test_loss_gradients(Rng *rng) {
     int t1[1] = { 3 }, len1[1] = { 1 };
     Batch one = { 1, 1, 1, NULL, NULL, NULL, t1, len1 };
     double flat_loss = cross_entropy_forward(l1, p1, flat, &one, 0.0f, V, &n);
-    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: uniform logits give log V (%.15f)", flat_loss);
+    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: uniform logits give log V (%.15f)",
+          flat_loss);
     // and with smoothing eps the true class's target is 1 - eps + eps/V: the loss of a
     // uniform prediction is still log V, since q sums to 1
     flat_loss = cross_entropy_forward(l1, p1, flat, &one, 0.3f, V, &n);
-    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: smoothing keeps log V for uniform logits");
+    check(fabs(flat_loss - log((double)V)) < 1e-12,
+          "loss: smoothing keeps log V for uniform logits");
 }
 
 // ---- the whole model -----------------------------------------------------------
@@ -577,12 +582,14 @@ static void test_model_gradients(int positional, float dropout) {
     }
     // position_embedding, with sinusoids
     int expected_empty = positional == POSITIONAL_LEARNED ? 0 : 1;
-    check(empty == expected_empty, "model: %d empty parameter tensors, expected %d", empty, expected_empty);
+    check(empty == expected_empty, "model: %d empty parameter tensors, expected %d", empty,
+          expected_empty);
     transformer_free(&model);
 }
 
 static void run_gradient_checks(void) {
-    printf("-- finite-difference gradient checks, double precision (tolerance %g)\n", GRAD_TOLERANCE);
+    printf("-- finite-difference gradient checks, double precision (tolerance %g)\n",
+           GRAD_TOLERANCE);
     int threads = one_thread();
     Rng rng;
     rng_seed(&rng, 2017);
@@ -645,7 +652,8 @@ static void reference_free(Reference *r) {
 }
 
 static int32_t read_i32(const unsigned char *p) {
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16
+                     | (uint32_t)p[3] << 24);
 }
 static float read_f32(const unsigned char *p) {
     uint32_t u = (uint32_t)read_i32(p);
@@ -748,14 +756,16 @@ static int reference_read(Reference *r, const char *path) {
     }
     size_t sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(sizes, c);
-    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS), B = r->B, S = r->S, T = r->T, V = c->vocab_size;
+    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS), B = r->B, S = r->S, T = r->T,
+           V = c->vocab_size;
     size_t K = (size_t)r->adam_steps, ints = B * S + B + 2 * B * T + B;
     int width = r->version == 1 ? 4 : 8;           // the results: f32 in version 1, f64 in 2
     size_t after = r->version == 1 ? P : K * P;    // parameters after the last step / each step
     size_t results = B * T * V + 1 + P + K + after;
     size_t expected = 72 + 4 * ints + 4 * P + (size_t)width * results;
     if ((size_t)size != expected) {
-        fprintf(stderr, "%s: %ld bytes, but its header (version %d) implies %zu\n", path, size, r->version, expected);
+        fprintf(stderr, "%s: %ld bytes, but its header (version %d) implies %zu\n", path, size,
+                r->version, expected);
         return 0;
     }
     r->num_parameters = P;
@@ -869,7 +879,8 @@ static void reference_load(Transformer *model, const double *params, const RefMu
 static unsigned char *key_bias_skip_mask(Transformer *model) {
     unsigned char *skip = checked_calloc(model->num_parameters, 1, "skip mask");
     size_t C = model->config.d_model, L = model->config.n_layers;
-    real *qkv_biases[3] = { model->params.enc_qkv_b, model->params.dec_self_qkv_b, model->params.dec_cross_qkv_b };
+    real *qkv_biases[3] = { model->params.enc_qkv_b, model->params.dec_self_qkv_b,
+                            model->params.dec_cross_qkv_b };
     for (int a = 0; a < 3; a++)
         for (size_t l = 0; l < L; l++)
             for (size_t i = C; i < 2 * C; i++)
@@ -931,7 +942,8 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
             offset += model->param_sizes[t];
         }
         double lr = transformer_learning_rate(k, C, r->warmup, lr_factor);
-        double c1 = 1 - pow(b1, k), c2 = 1 - pow(b2, k), rho = adam_ratio_limit(k, b1, b2), eps = model->adam.eps;
+        double c1 = 1 - pow(b1, k), c2 = 1 - pow(b2, k), rho = adam_ratio_limit(k, b1, b2),
+               eps = model->adam.eps;
         // the last: where the bound is not the cap
         double worst_ratio = 0, worst_diff = 0, worst_resolved = 0;
         size_t loose = 0, first_bad = P;
@@ -1020,7 +1032,8 @@ static int reference_adam_free_running(Transformer *model, const Reference *r, B
     double worst = 0, largest = 0, worst_over_bound = 0;   // the first two without the key biases
     size_t first_bad = P;
     for (size_t i = 0; i < P; i++) {
-        double ours = (double)model->params_memory[i] - r->params[i], theirs = r->params_after[i] - r->params[i];
+        double ours = (double)model->params_memory[i] - r->params[i],
+               theirs = r->params_after[i] - r->params[i];
         double diff = fabs(ours - theirs);
         double bound = 2 * (cap * (1 + 16 * unit) + K * unit * (fabs(r->params[i]) + cap));
         if (!(diff <= bound) && first_bad == P)
@@ -1156,7 +1169,8 @@ static const char *committed_references[] = {
 // a row of the position table past S and T, changes nothing that any
 // comparison could see). The key bias is left out: softmax ignores a constant
 // added to all of a query's scores, so moving it changes nothing at all.
-static size_t used_weight(const Reference *r, size_t offset, size_t size, size_t begin, size_t end) {
+static size_t used_weight(const Reference *r, size_t offset, size_t size, size_t begin,
+                          size_t end) {
     double largest = 0;
     for (size_t i = 0; i < size; i++) largest = fmax(largest, fabs(r->grads[offset + i]));
     for (size_t i = begin + (end - begin) / 2; i < end; i++)
@@ -1181,7 +1195,8 @@ static void test_reference_catches_wrong_weights(const char *path) {
     for (int t = 0; t < NUM_PARAMETER_TENSORS; offset += sizes[t], t++) {
         if (sizes[t] == 0)
             continue;   // position_embedding, with sinusoids
-        int fused_w = strstr(parameter_names[t], "qkv_w") != NULL, fused_b = strstr(parameter_names[t], "qkv_b") != NULL;
+        int fused_w = strstr(parameter_names[t], "qkv_w") != NULL,
+            fused_b = strstr(parameter_names[t], "qkv_b") != NULL;
         // the weight(s) to move: in layer 0's query, key and value blocks of a
         // fused projection (not the key bias); else anywhere in the tensor
         size_t elements[3] = { used_weight(&r, offset, sizes[t], 0, sizes[t]) }, n = 1;
@@ -1203,7 +1218,8 @@ static void test_reference_catches_wrong_weights(const char *path) {
         char report[200] = "";
         int caught = 1;
         for (size_t e = 0; e < n; e++) {
-            RefMutation move = { .tensor = t, .element = elements[e], .move = 1e-3, .skip_adam = 1 };
+            RefMutation move = { .tensor = t, .element = elements[e], .move = 1e-3,
+                                 .skip_adam = 1 };
             RefMismatches m = reference_compare(&r, path, 0, &move, &transformer_cpu_training);
             caught &= m.before_adam > 0;
             snprintf(report + strlen(report), sizeof report - strlen(report), "%s%s[%zu]: %d",
@@ -1292,7 +1308,8 @@ static void test_reference_catches_wrong_adam(void) {
             reference_free(&r);
             continue;
         }
-        RefMismatches m = reference_compare(&r, cases[c].path, 0, &cases[c].wrong, &transformer_cpu_training);
+        RefMismatches m = reference_compare(&r, cases[c].path, 0, &cases[c].wrong,
+                                            &transformer_cpu_training);
         check(m.before_adam == 0 && m.adam > 0, "reference: Adam with %s is caught in %s (%d Adam mismatches, %d before)",
               cases[c].what, cases[c].path, m.adam, m.before_adam);
         reference_free(&r);
@@ -1321,7 +1338,8 @@ static void test_config_checks(void) {
     check(transformer_config_check(&c) == NULL, "config: a good config passes");
     c.n_heads = 5;
     const char *e = transformer_config_check(&c);
-    check(e && strstr(e, "divisible"), "config: d_model 16 with 5 heads is refused (%s)", e ? e : "accepted");
+    check(e && strstr(e, "divisible"), "config: d_model 16 with 5 heads is refused (%s)",
+          e ? e : "accepted");
     c = small_config();
     c.d_model = -4;
     check(transformer_config_check(&c) != NULL, "config: negative d_model is refused");
@@ -1404,11 +1422,14 @@ static void test_masks(void) {
     int saved = b->tgt_in[1 * 7 + 4];
     b->tgt_in[1 * 7 + 4] = saved == 5 ? 6 : 5;
     transformer_forward(&m, b);
-    int earlier_same = memcmp(before + (1 * 7) * V, m.acts.logits + (1 * 7) * V, 4 * V * sizeof(real)) == 0;
+    int earlier_same = memcmp(before + (1 * 7) * V, m.acts.logits + (1 * 7) * V,
+                              4 * V * sizeof(real)) == 0;
     int others_same = memcmp(before, m.acts.logits, 7 * V * sizeof(real)) == 0 &&
                       memcmp(before + 14 * V, m.acts.logits + 14 * V, 7 * V * sizeof(real)) == 0;
-    int own_moved = memcmp(before + (1 * 7 + 4) * V, m.acts.logits + (1 * 7 + 4) * V, V * sizeof(real)) != 0;
-    check(earlier_same && others_same, "mask: changing target token 4 leaves positions 0..3 and other sentences bit-identical");
+    int own_moved = memcmp(before + (1 * 7 + 4) * V, m.acts.logits + (1 * 7 + 4) * V,
+                           V * sizeof(real)) != 0;
+    check(earlier_same && others_same,
+          "mask: changing target token 4 leaves positions 0..3 and other sentences bit-identical");
     check(own_moved, "mask: ... while position 4 itself does change (the check can fail)");
     b->tgt_in[1 * 7 + 4] = saved;
     // 3. a padded target token (sentence 2, position 5 >= its length 2)
@@ -1420,7 +1441,8 @@ static void test_masks(void) {
     // 4. a real source token must change the output (so the checks above can fail)
     b->src[0] = b->src[0] == 5 ? 6 : 5;
     transformer_forward(&m, b);
-    check(memcmp(before, m.acts.logits, n * sizeof(real)) != 0, "mask: changing a real source token does change the logits");
+    check(memcmp(before, m.acts.logits, n * sizeof(real)) != 0,
+          "mask: changing a real source token does change the logits");
     free(before);
     transformer_free(&m);
 }
@@ -1450,14 +1472,17 @@ static void test_adam_by_hand(void) {
     g[2] = 0.0f;
     adam_update(&m, 0.01);
     double after1[3] = { 0.4900000001, -0.99000000005, 2.0 };
-    double err1 = fmax(fmax(fabs(p[0] - after1[0]), fabs(p[1] - after1[1])), fabs(p[2] - after1[2]));
+    double err1 = fmax(fmax(fabs(p[0] - after1[0]), fabs(p[1] - after1[1])),
+                       fabs(p[2] - after1[2]));
     g[0] = 0.3f;
     g[1] = 0.1f;
     g[2] = -0.4f;
     adam_update(&m, 0.02);
     double after2[3] = { 0.471714437615, -0.984657845813, 2.014811839189 };
-    double err2 = fmax(fmax(fabs(p[0] - after2[0]), fabs(p[1] - after2[1])), fabs(p[2] - after2[2]));
-    check(err1 < 1e-6 && err2 < 1e-6, "adam: two steps match the hand-worked values (errors %.1e, %.1e)", err1, err2);
+    double err2 = fmax(fmax(fabs(p[0] - after2[0]), fabs(p[1] - after2[1])),
+                       fabs(p[2] - after2[2]));
+    check(err1 < 1e-6 && err2 < 1e-6,
+          "adam: two steps match the hand-worked values (errors %.1e, %.1e)", err1, err2);
     check(m.adam_step == 2, "adam: counts its steps");
     transformer_free(&m);
 }
@@ -1471,7 +1496,8 @@ static void test_schedule(void) {
     double worst = 0;
     for (int i = 0; i < 4; i++)
         worst = fmax(worst, fabs(transformer_learning_rate(steps[i], 512, 4000, 1.0) / expected[i] - 1));
-    check(worst < 1e-9, "schedule: the §5.3 formula at steps 1, 100, 4000, 16000 (rel error %.1e)", worst);
+    check(worst < 1e-9, "schedule: the §5.3 formula at steps 1, 100, 4000, 16000 (rel error %.1e)",
+          worst);
     double peak = transformer_learning_rate(4000, 512, 4000, 1.0);
     check(transformer_learning_rate(3999, 512, 4000, 1.0) < peak &&
           transformer_learning_rate(4001, 512, 4000, 1.0) < peak, "schedule: peaks at the warm-up step");
@@ -1516,7 +1542,9 @@ static void test_learning(void) {
         adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 0.5));
     }
     set_threads(threads);
-    check(last < 0.02, "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f", first, last);
+    check(last < 0.02,
+          "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f",
+          first, last);
     transformer_free(&m);
 }
 
@@ -1531,7 +1559,8 @@ static int on_line(const void *p) {
 static void test_aligned_memory(void) {
     int aligned = 1, zeroed = 1;
     // numbers: a few, exactly one line and two lines, and more, in whole lines or not
-    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53, 161, 485 };
+    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53,
+                       161, 485 };
     for (size_t i_size = 0; i_size < sizeof sizes / sizeof *sizes; i_size++) {
         size_t n = sizes[i_size];
         real *z = arena_calloc(n, "test");
@@ -1542,7 +1571,9 @@ static void test_aligned_memory(void) {
         }
         arena_free(z);
     }
-    check(aligned && zeroed, "memory: arena_calloc gives addresses on %d-byte lines, and its numbers are 0", CACHE_LINE);
+    check(aligned && zeroed,
+          "memory: arena_calloc gives addresses on %d-byte lines, and its numbers are 0",
+          CACHE_LINE);
 
     TransformerConfig c = small_config();
     c.d_model = 12;
@@ -1572,7 +1603,8 @@ static void test_aligned_memory(void) {
         }
         for (int l = 0; l < c.n_layers; l++) {
             const void *layers[2] = { &a->enc[l], &a->dec[l] };
-            size_t counts[2] = { sizeof(EncoderLayerActs) / sizeof(real *), sizeof(DecoderLayerActs) / sizeof(real *) };
+            size_t counts[2] = { sizeof(EncoderLayerActs) / sizeof(real *),
+                                 sizeof(DecoderLayerActs) / sizeof(real *) };
             for (int k = 0; k < 2; k++)
                 for (size_t i = 0; i < counts[k]; i++) {
                     real *p;
@@ -1693,7 +1725,8 @@ static void test_dropout_training_and_evaluation(void) {
     for (size_t i = 0; i < n; i++) zeros += m.acts.enc_emb_mask[i] == 0;
     check(eval1 == eval2, "dropout: evaluation is deterministic (no dropout)");
     check(train1 != train2, "dropout: training draws new masks each pass");
-    check(zeros > n / 4 && zeros < 3 * n / 4, "dropout: P_drop 0.5 drops %zu of %zu embedding elements", zeros, n);
+    check(zeros > n / 4 && zeros < 3 * n / 4,
+          "dropout: P_drop 0.5 drops %zu of %zu embedding elements", zeros, n);
     transformer_free(&m);
 }
 
@@ -1726,7 +1759,8 @@ static double pe_worst_error(const real *pe, int max_len, int C, const long doub
         for (int d = 0; d < C; d++) {
             long double angle = pos / divisor[d / 2];
             long double exact = d % 2 == 0 ? sinl(angle) : cosl(angle);
-            double error = (double)fabsl((long double)pe[(size_t)pos * C + d] - exact) / pe_tolerance(pos);
+            double error = (double)fabsl((long double)pe[(size_t)pos * C + d] - exact)
+                           / pe_tolerance(pos);
             if (!(error <= worst))
                 worst = error;   // NaN counts as the worst
         }
@@ -1778,7 +1812,8 @@ static void test_positional_encoding_formula(void) {
 //     [ c_i  s_i ]      c_i = cos(w_i k'),  s_i = sin(w_i k'),  w_i = 10000^(-2i/C),
 //     [-s_i  c_i ]
 // on each pair (2i, 2i+1), one matrix for every pos; k' = k gives M_k.
-static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const int *positions, int count) {
+static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const int *positions,
+                                int count) {
     long double c[256], s[256];
     for (int i = 0; 2 * i < C; i++) {
         long double w = powl(10000.0L, -2.0L * i / C);
@@ -1792,7 +1827,8 @@ static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const
         for (int i = 0; 2 * i + 1 < C; i++) {
             long double x = from[2 * i], y = from[2 * i + 1];
             long double rx = c[i] * x + s[i] * y, ry = -s[i] * x + c[i] * y;
-            double error = (double)fmaxl(fabsl(rx - to[2 * i]), fabsl(ry - to[2 * i + 1])) / (3 * pe_tolerance(pos + k));
+            double error = (double)fmaxl(fabsl(rx - to[2 * i]), fabsl(ry - to[2 * i + 1]))
+                           / (3 * pe_tolerance(pos + k));
             if (!(error <= worst))
                 worst = error;
         }
@@ -1895,9 +1931,11 @@ static void (*volatile by_hand_attention_forward)(real *, real *, const real *, 
                                                   AttentionShape) = attention_forward;
 
 static void test_attention_by_hand(void) {
-    const double L = log(3.0), r = 1 / sqrt(2.0), tolerance = 16 * (sizeof(real) == sizeof(float) ? FLT_EPSILON : DBL_EPSILON);
+    const double L = log(3.0), r = 1 / sqrt(2.0),
+                 tolerance = 16 * (sizeof(real) == sizeof(float) ? FLT_EPSILON : DBL_EPSILON);
     real a = (real)(sqrt(2.0) * L);
-    real q[4] = { a, 0, -a, a }, k[4] = { 0, 0, 1, 0 }, v[4] = { 4, 0, 0, 4 }, dout[4] = { 1, 0, 0, 1 };
+    real q[4] = { a, 0, -a, a }, k[4] = { 0, 0, 1, 0 }, v[4] = { 4, 0, 0, 4 },
+         dout[4] = { 1, 0, 0, 1 };
     AttentionByHand cases[3] = {
         { "no mask", 2, 0, { 0.25, 0.75, 0.75, 0.25 }, { 1, 3, 3, 1 },
           { -0.75 * r, 0, 0.75 * r, 0 }, { 1.5 * L, -0.75 * L, -1.5 * L, 0.75 * L }, { 0.25, 0.75, 0.75, 0.25 } },
@@ -1918,15 +1956,18 @@ static void test_attention_by_hand(void) {
             AttentionShape shape = { 1, 2, 2, 2, 1, 2, 2 };
             by_hand_attention_forward(out, att, q, k, v, &key_len, c->causal, shape);
             attention_backward(dq, dk, dv, dout, att, q, k, v, shape);
-            double worst = fmax(by_hand_error(att, c->att, 4, 1, &exact), by_hand_error(out, c->out, 4, 0, &exact));
+            double worst = fmax(by_hand_error(att, c->att, 4, 1, &exact),
+                                by_hand_error(out, c->out, 4, 0, &exact));
             worst = fmax(worst, by_hand_error(dq, c->dq, 4, 0, &exact));
-            worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact), by_hand_error(dv, c->dv, 4, 0, &exact)));
+            worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact),
+                                     by_hand_error(dv, c->dv, 4, 0, &exact)));
             check(worst <= tolerance && exact, "attention by hand, 2 queries x 2 keys (%s, %s): p = (%.7g, %.7g; %.7g, "
                   "%.7g), out, dq, dk, dv as worked out (worst %.1e, tolerance %.0e), its 0s and 1s exact", path_names[path],
                   c->name, (double)att[0], (double)att[1], (double)att[2], (double)att[3], worst, tolerance);
         }
         // decoding's shape: one query per sentence
-        real q1[4] = { a, 0, a, 0 }, k1[8] = { 0, 0, 1, 0, 0, 0, 1, 0 }, v1[8] = { 4, 0, 0, 4, 4, 0, 0, 4 };
+        real q1[4] = { a, 0, a, 0 }, k1[8] = { 0, 0, 1, 0, 0, 0, 1, 0 },
+             v1[8] = { 4, 0, 0, 4, 4, 0, 0, 4 };
         real out1[4], att1[4];
         int key_len1[2] = { 2, 1 }, exact1 = 1;
         double expected_att1[4] = { 0.25, 0.75, 1, 0 }, expected_out1[4] = { 1, 3, 4, 0 };
@@ -1937,7 +1978,8 @@ static void test_attention_by_hand(void) {
         check(worst1 <= tolerance && exact1, "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len "
               "1, (1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
         // self-attention's fused layout, causal: attention_forward, then W^O and b^O
-        real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 }, out_b[2] = { 0.5, -0.5 };
+        real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 },
+             out_b[2] = { 0.5, -0.5 };
         real out2[4], att2[4], heads[4];
         int key_len2 = 2, exact2 = 1;
         double expected_out2[4] = { 0.5, 3.5, 1.5, 2.5 };
@@ -1945,7 +1987,8 @@ static void test_attention_by_hand(void) {
         AttentionShape fused = { 1, 2, 2, 2, 1, 6, 6 };
         attention_forward(heads, att2, qkv, qkv + 2, qkv + 4, &key_len2, 1, fused);
         linear_forward(out2, heads, weights.out_w, weights.out_b, 2, 2, 2);
-        double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2), by_hand_error(out2, expected_out2, 4, 0, &exact2));
+        double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2),
+                             by_hand_error(out2, expected_out2, 4, 0, &exact2));
         check(worst2 <= tolerance && exact2, "attention and W^O by hand (%s): the causal case read from a fused (T, 3C) "
               "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
     }
@@ -1959,12 +2002,14 @@ static void test_attention_by_hand(void) {
 
 // A small model trained for a few hundred steps on the copy task, so that
 // its outputs end with </s> (an untrained one mostly runs to the length limit).
-static void train_small_copy_model(Transformer *m, TransformerConfig config, int steps, int max_length) {
+static void train_small_copy_model(Transformer *m, TransformerConfig config, int steps,
+                                   int max_length) {
     transformer_build(m, &config, 11);
     Dataset train, valid;
     memset(&train, 0, sizeof train);
     memset(&valid, 0, sizeof valid);
-    task_generate(&train, &valid, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 1, max_length, 400, 0, 5);
+    task_generate(&train, &valid, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 1, max_length,
+                  400, 0, 5);
     Rng rng;
     rng_seed(&rng, 7);
     EpochPlan plan;
@@ -1982,7 +2027,8 @@ static void train_small_copy_model(Transformer *m, TransformerConfig config, int
         transformer_forward(m, &bb.batch);
         transformer_zero_grad(m);
         transformer_backward(m, &bb.batch);
-        adam_update(m, transformer_learning_rate(step, config.d_model, 30, 3e-3 * sqrt(config.d_model * 30.0)));
+        adam_update(m, transformer_learning_rate(step, config.d_model, 30,
+                                                 3e-3 * sqrt(config.d_model * 30.0)));
     }
     set_threads(threads);
     free(plan.order);
@@ -1996,7 +2042,8 @@ static void train_small_copy_model(Transformer *m, TransformerConfig config, int
 // every step.
 static int forward_greedy(Transformer *m, int *out, const int *src, int src_len) {
     int limit = transformer_decode_limit(m, src_len), V = m->config.vocab_size, n = 0;
-    int *tgt_in = checked_calloc(limit, sizeof(int), "test"), *tgt_out = checked_calloc(limit, sizeof(int), "test");
+    int *tgt_in = checked_calloc(limit, sizeof(int), "test"),
+        *tgt_out = checked_calloc(limit, sizeof(int), "test");
     tgt_in[0] = TOKEN_BOS;
     m->training = 0;
     for (int t = 0; t < limit; t++) {
@@ -2016,7 +2063,8 @@ static int forward_greedy(Transformer *m, int *out, const int *src, int src_len)
 }
 
 static void random_source(int *src, int n, int vocab, Rng *rng) {
-    for (int i = 0; i < n - 1; i++) src[i] = NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
+    for (int i = 0; i < n - 1; i++)
+        src[i] = NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
     src[n - 1] = TOKEN_EOS;
 }
 
@@ -2053,7 +2101,8 @@ static void test_decoder_logits(Transformer *m, Rng *rng) {
     int src[5], tgt_in[9], tgt_out[9] = { 0 };
     random_source(src, S, V, rng);
     tgt_in[0] = TOKEN_BOS;
-    for (int t = 1; t < T; t++) tgt_in[t] = NUM_SPECIAL_TOKENS + rng_below(rng, V - NUM_SPECIAL_TOKENS);
+    for (int t = 1; t < T; t++)
+        tgt_in[t] = NUM_SPECIAL_TOKENS + rng_below(rng, V - NUM_SPECIAL_TOKENS);
     Batch b = { 1, S, T, src, &S, tgt_in, tgt_out, &T };
     m->training = 0;
     transformer_forward(m, &b);
@@ -2099,7 +2148,8 @@ static void test_decoding(void) {
     const char *names[2] = { "trained", "untrained" };
     for (int k = 0; k < 2; k++) {
         Transformer *m = models[k];
-        int V = m->config.vocab_size, B = 6, S = 7, same = 1, beam_same = 1, batched_same = 1, ended = 0;
+        int V = m->config.vocab_size, B = 6, S = 7, same = 1, beam_same = 1, batched_same = 1,
+            ended = 0;
         int src[6 * 7] = { 0 }, src_len[6], out[6 * 20], out_len[6];
         for (int b = 0; b < B; b++) {
             src_len[b] = 2 + b % 6;
@@ -2108,19 +2158,25 @@ static void test_decoding(void) {
         transformer_greedy_decode(m, out, out_len, 20, src, src_len, B, S); // side by side, padded
         for (int b = 0; b < B; b++) {
             int single[20], by_forward[20], beam[20], single_len;
-            transformer_greedy_decode(m, single, &single_len, 20, src + b * S, &src_len[b], 1, src_len[b]);
+            transformer_greedy_decode(m, single, &single_len, 20, src + b * S, &src_len[b], 1,
+                                      src_len[b]);
             int forward_len = forward_greedy(m, by_forward, src + b * S, src_len[b]);
             int beam_len = transformer_beam_search(m, beam, NULL, src + b * S, src_len[b], 1, 0.6);
-            same &= single_len == forward_len && memcmp(single, by_forward, single_len * sizeof(int)) == 0;
-            beam_same &= beam_len == single_len && memcmp(beam, single, single_len * sizeof(int)) == 0;
-            batched_same &= out_len[b] == single_len && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
+            same &= single_len == forward_len
+                    && memcmp(single, by_forward, single_len * sizeof(int)) == 0;
+            beam_same &= beam_len == single_len
+                         && memcmp(beam, single, single_len * sizeof(int)) == 0;
+            batched_same &= out_len[b] == single_len
+                            && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
             ended += single_len < transformer_decode_limit(m, src_len[b]);
         }
         check(same, "decode (%s model): greedy decoding gives exactly the tokens of the whole model re-run on the prefix "
               "(%d sentences, %d ended by </s>)", names[k], B, ended);
         check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each one's own output",
               names[k], B);
-        check(beam_same, "decode (%s model): beam search with beam 1 gives exactly the greedy output", names[k]);
+        check(beam_same,
+              "decode (%s model): beam search with beam 1 gives exactly the greedy output",
+              names[k]);
         if (k == 0)
             check(ended == B, "decode: the trained copy model ends every output with </s> "
                   "(%d of %d)", ended, B);
@@ -2164,7 +2220,8 @@ static void test_length_penalty_by_hand(void) {
     int wrong = 0;
     double worst = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        double got = length_penalty(cases[i].length, cases[i].alpha), error = fabs(got - cases[i].by_hand);
+        double got = length_penalty(cases[i].length, cases[i].alpha),
+               error = fabs(got - cases[i].by_hand);
         wrong += error > 1e-12;
         worst = fmax(worst, error);
     }
@@ -2176,8 +2233,10 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     m->training = 0;
     int src[4] = { 4, 5, 4, TOKEN_EOS }, S = 4, V = 6, T = 5, B = 243;
     double alpha = 0.6;
-    int *srcs = checked_calloc((size_t)B * S, sizeof(int), "test"), *src_len = checked_calloc(B, sizeof(int), "test");
-    int *tgt_in = checked_calloc((size_t)B * T, sizeof(int), "test"), *tgt_out = checked_calloc((size_t)B * T, sizeof(int), "test");
+    int *srcs = checked_calloc((size_t)B * S, sizeof(int), "test"),
+        *src_len = checked_calloc(B, sizeof(int), "test");
+    int *tgt_in = checked_calloc((size_t)B * T, sizeof(int), "test"),
+        *tgt_out = checked_calloc((size_t)B * T, sizeof(int), "test");
     int *tgt_len = checked_calloc(B, sizeof(int), "test");
     int words[3] = { TOKEN_UNK, 4, 5 };
     for (int b = 0; b < B; b++) { // sequence b: its digits in base 3 pick the words
@@ -2407,7 +2466,9 @@ static void test_tasks_and_batches(void) {
     for (int i = 0; i < train.count; i++) covered &= seen[i] == 1;
     check(total == train.count && covered, "batches: an epoch of %d batches visits each of the %d pairs once",
           plan.num_spans, train.count);
-    check(in_budget && grouped, "batches: each holds at most %d tokens with padding, sources of (nearly) one length", budget);
+    check(in_budget && grouped,
+          "batches: each holds at most %d tokens with padding, sources of (nearly) one length",
+          budget);
     // the layout of one batch: x </s> | <s> y | y </s>
     int first = 0;
     TransformerConfig config = small_config();
@@ -2515,9 +2576,11 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
         transformer_free(&loaded);
         vocab_free(&v);
     }
-    int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases), loads = 0, epochs = 0;
+    int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases), loads = 0,
+        epochs = 0;
     for (int i = 0; i < n; i++) {
-        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset, checkpoint_count_cases[i].value);
+        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset,
+                                    checkpoint_count_cases[i].value);
         e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
         if (checkpoint_count_cases[i].at_load)
             check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, checkpoint_count_cases[i].expected),
@@ -2563,7 +2626,8 @@ static void test_checkpoint_round_trip(void) {
         vocab_free(&v);
         return;
     }
-    check(same_logits(&m, &loaded, &tb.batch), "checkpoint: a loaded model gives bit-identical logits");
+    check(same_logits(&m, &loaded, &tb.batch),
+          "checkpoint: a loaded model gives bit-identical logits");
     free(options);
     transformer_free(&loaded);
     vocab_free(&v2);
@@ -2582,7 +2646,8 @@ static void test_checkpoint_round_trip(void) {
         if (!e)
             transformer_free(&loaded), vocab_free(&v2);
     }
-    check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
+    check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: "
+          "'truncated' each time", size);
     test_checkpoint_counts(good, size);
     struct {
         size_t offset;
@@ -2622,7 +2687,8 @@ static void test_checkpoint_round_trip(void) {
     memcpy(copy, good, size);
     write_file(bad, copy, size + 16);
     e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
-    check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)", e ? e : "accepted");
+    check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)",
+          e ? e : "accepted");
     // a NaN among the weights, the checksum right (train_save never writes one; a file made
     // elsewhere might)
     real kept = m.params_memory[7];
@@ -2648,7 +2714,8 @@ static void test_checkpoint_round_trip(void) {
           "checkpoint: a save that fails leaves the previous file byte for byte (%s)", e ? e : "saved");
     rmdir(tmp);
     e = checkpoint_save(test_path("no/such/dir/x.ckpt"), &m, &v, &state, "");
-    check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)", e ? e : "saved");
+    check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)",
+          e ? e : "saved");
     free(after);
     free(good);
     free(copy);
@@ -2665,7 +2732,8 @@ static void test_nonfinite_parameter(void) {
     config.positional = POSITIONAL_LEARNED;
     Transformer m;
     transformer_build(&m, &config, 5);
-    check(nonfinite_parameter(&m) == NULL, "diverged: a freshly built model has only finite parameters");
+    check(nonfinite_parameter(&m) == NULL,
+          "diverged: a freshly built model has only finite parameters");
     real **tensors[NUM_PARAMETER_TENSORS];
     parameter_pointers(tensors, &m.params);
     int named = 0;
@@ -2707,7 +2775,8 @@ static void test_learned_positions_checkpoint(void) {
     int moved = 1;
     for (size_t i = 0; i < table; i++) {
         int used = i < (size_t)6 * config.d_model;
-        moved &= used ? m.params.position_embedding[i] != initial[i] : m.params.position_embedding[i] == initial[i];
+        moved &= used ? m.params.position_embedding[i] != initial[i]
+                      : m.params.position_embedding[i] == initial[i];
     }
     check(moved, "learned positions: Adam moves the rows of the positions used (0..5), no others");
     free(initial);
@@ -2845,11 +2914,13 @@ static void test_command_line(void) {
     // flags
     check_cli_error("--steps -3", "train: --steps '-3' is not valid; expected an integer from 1 to",
                     "train --steps -3");
-    check_cli_error("--lr abc", "train: --lr 'abc' is not valid; expected a number > 0", "train --lr abc");
+    check_cli_error("--lr abc", "train: --lr 'abc' is not valid; expected a number > 0",
+                    "train --lr abc");
     check_cli_error("--lr nan", "--lr 'nan' is not valid", "train --lr nan");
     check_cli_error("--beam 2x", "decode: --beam '2x' is not valid", "decode --beam 2x");
     check_cli_error("an unknown flag", "train: unknown flag '--stpes'", "train --stpes 3");
-    check_cli_error("a flag without its value", "train: flag --steps needs a value", "train --steps");
+    check_cli_error("a flag without its value", "train: flag --steps needs a value",
+                    "train --steps");
     check_cli_error("a text flag without its value", "flag --checkpoint needs a value",
                     "decode --checkpoint --beam 2");
     check_cli_error("an unknown command", "unknown command 'trian'", "trian");
@@ -2883,7 +2954,8 @@ static void test_command_line(void) {
     }
     const char *bad = test_path("cli_bad.ckpt");
     write_file(bad, good, size - 10);
-    check_cli_error("a truncated checkpoint", "cli_bad.ckpt: truncated", "decode --checkpoint %s '1 2'", bad);
+    check_cli_error("a truncated checkpoint", "cli_bad.ckpt: truncated",
+                    "decode --checkpoint %s '1 2'", bad);
     good[0] = 'P';
     write_file(bad, good, size);
     good[0] = 'T';
@@ -2911,11 +2983,14 @@ static void test_command_line(void) {
     const char *seed_all = test_path("seed_all.ckpt");
     const char *seed_one = test_path("seed_one.ckpt");
     const char *seed_other = test_path("seed_other.ckpt");
-    int s1 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN, seed_all);
+    int s1 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN,
+                     seed_all);
     setenv("OMP_NUM_THREADS", "1", 1);
-    int s2 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN, seed_one);
+    int s2 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN,
+                     seed_one);
     unsetenv("OMP_NUM_THREADS");
-    int s3 = run_cli("train --task copy --steps 6 --seed 4 --checkpoint %s " TINY_MINIMAL_RUN, seed_other);
+    int s3 = run_cli("train --task copy --steps 6 --seed 4 --checkpoint %s " TINY_MINIMAL_RUN,
+                     seed_other);
     check(s1 == 0 && s2 == 0 && s3 == 0 && files_equal(seed_all, seed_one) && !files_equal(seed_all, seed_other),
           "cli: --seed repeats a run exactly: 6 steps with 1 thread and with all write the same checkpoint, byte for "
           "byte (another seed: another) (exit %d, %d, %d)", s1, s2, s3);
@@ -2960,7 +3035,8 @@ static void test_output_write_error(const char *ckpt) {
     }
     char command[2048], err_path[600];
     snprintf(err_path, sizeof err_path, "%s/full.err", test_dir);
-    snprintf(command, sizeof command, "%s decode --checkpoint %s '3 1 4' > /dev/full 2> %s", cli_binary, ckpt, err_path);
+    snprintf(command, sizeof command, "%s decode --checkpoint %s '3 1 4' > /dev/full 2> %s",
+             cli_binary, ckpt, err_path);
     fflush(stdout);
     int status = system(command);
     size_t n;
@@ -2988,7 +3064,8 @@ static void test_decode_streams(const char *ckpt) {
     status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("stream.txt"));
     const char *e1 = strstr(cli_output, "error: decode: stdin:2: the sentence has 25 tokens");
     const char *e2 = strstr(cli_output, "error: decode: stdin:3: the token '<pad>' is reserved");
-    int lines_out = count_lines_starting(cli_output, ""), errors = count_lines_starting(cli_output, "error:");
+    int lines_out = count_lines_starting(cli_output, ""),
+        errors = count_lines_starting(cli_output, "error:");
     int empty = count_lines_starting(cli_output, "\n") + (cli_output[0] == '\n');
     check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
           "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line for each, decodes "
@@ -3042,7 +3119,8 @@ static void test_minimal_overwrite_rule(void) {
     check_cli_error("a file that is not a checkpoint at --checkpoint", "notes.txt is already there and is not "
                     "a checkpoint", "train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, not_ours);
     char *text = read_text_file(not_ours);
-    check(text && strcmp(text, "a file that is not a checkpoint") == 0, "minimal: ... and it is left as it was");
+    check(text && strcmp(text, "a file that is not a checkpoint") == 0,
+          "minimal: ... and it is left as it was");
     free(text);
     const char *directory = test_path("a_directory");
     mkdir(directory, 0700);
@@ -3056,7 +3134,8 @@ static void test_minimal_overwrite_rule(void) {
 // it refuses by name). (lab/test_lab.c: ./transformer reads its checkpoints.)
 static void test_minimal_program(void) {
     const char *ckpt = test_path("minimal.ckpt");
-    int trained = run_cli("train --task copy " TINY_MINIMAL_RUN " --steps 20 --checkpoint %s", ckpt);
+    int trained = run_cli("train --task copy " TINY_MINIMAL_RUN " --steps 20 --checkpoint %s",
+                          ckpt);
     int has_model = strstr(cli_output, "checkpoint") != NULL;
     int decoded = run_cli("decode --checkpoint %s --beam 2 \"3 1 4\"", ckpt);
     int one_line = strchr(cli_output, '\n') != NULL && !strstr(cli_output, "error");
@@ -3129,14 +3208,16 @@ static void test_debugger_walk(void) {
         return;
     }
     if (system("command -v gdb > /dev/null 2>&1") != 0) {
-        printf("     (gdb is not on the PATH: the walk through transformer_debug in gdb is skipped)\n");
+        printf("     (gdb is not on the PATH: the walk through transformer_debug in gdb is "
+               "skipped)\n");
         return;
     }
     if (access(debug, X_OK) != 0) {
         check(0, "gdb: %s is not there (make debug)", debug);
         return;
     }
-    int score_line = source_line("transformer.c", "static void attention_forward(", "p[j] = dot * scale;");
+    int score_line = source_line("transformer.c", "static void attention_forward(",
+                                 "p[j] = dot * scale;");
     if (!score_line) {
         check(0, "gdb: no line `p[j] = dot * scale;` in attention_forward in transformer.c");
         return;
@@ -3166,8 +3247,10 @@ static void test_debugger_walk(void) {
         free(output);
         return;
     }
-    const char *steps_at = output ? strstr(output, "==steps ") : NULL, *frame = output ? strstr(output, "==frame") : NULL;
-    const char *locals = output ? strstr(output, "==locals") : NULL, *bt = output ? strstr(output, "==bt") : NULL;
+    const char *steps_at = output ? strstr(output, "==steps ") : NULL,
+               *frame = output ? strstr(output, "==frame") : NULL;
+    const char *locals = output ? strstr(output, "==locals") : NULL,
+               *bt = output ? strstr(output, "==bt") : NULL;
     int steps = steps_at ? atoi(steps_at + 8) : -1;
     char at_line[64];
     snprintf(at_line, sizeof at_line, "at transformer.c:%d\n", score_line);
@@ -3178,10 +3261,12 @@ static void test_debugger_walk(void) {
     const char *walked = output ? strstr(output, "visible_keys(i, key_len[b], causal)") : NULL;
     int through_loop = walked && steps_at && walked < steps_at && steps >= 5 && steps < 200;
     int found = 1;
-    long b = gdb_local(locals, "b", &found), head = gdb_local(locals, "head", &found), i = gdb_local(locals, "i", &found);
+    long b = gdb_local(locals, "b", &found), head = gdb_local(locals, "head", &found),
+         i = gdb_local(locals, "i", &found);
     long visible = gdb_local(locals, "visible", &found);
     long Tk = gdb_local(locals, "Tk", &found);
-    int locals_ok = locals && bt && found && b == 0 && head == 0 && i == 0 && visible >= 1 && visible <= Tk;
+    int locals_ok = locals && bt && found && b == 0 && head == 0 && i == 0 && visible >= 1
+                    && visible <= Tk;
     int no_omp = output && !strstr(output, "_omp_fn") && bt && strstr(bt, "self_attention_forward");
     check(exit_code == 0 && reached && through_loop && locals_ok && no_omp,
           "gdb: in %s, `next` walks attention_forward line by line to the s_ij line %d (%s after %d steps, %s), "
@@ -3236,7 +3321,8 @@ void run_program_tests(void) {
         run_command_line_tests();
         test_minimal_program();
     }
-    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md, \"A walk through the code in gdb\")\n");
+    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md, \"A walk through the "
+           "code in gdb\")\n");
     test_debugger_walk();
     remove_test_dir();
 }
