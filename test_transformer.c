@@ -573,7 +573,8 @@ static void test_model_gradients(int positional, float dropout) {
     int empty = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         char name[64];
-        snprintf(name, sizeof name, "model%s%s: %s", positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
+        snprintf(name, sizeof name, "model%s%s: %s",
+                 positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
                  dropout > 0 ? " (dropout)" : "", parameter_names[i]);
         if (model.param_sizes[i] == 0)
             empty++;
@@ -734,8 +735,8 @@ static int reference_read(Reference *r, const char *path) {
     r->adam_steps = h[9];
     r->warmup = h[10];
     if (h[11] != POSITIONAL_SINUSOID && h[11] != POSITIONAL_LEARNED) {
-        fprintf(stderr, "%s: header: positional kind %d (offset 52), expected %d (sinusoid) or %d (learned)\n",
-                path, h[11], POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+        fprintf(stderr, "%s: header: positional kind %d (offset 52), expected %d (sinusoid) "
+                "or %d (learned)\n", path, h[11], POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
         return 0;
     }
     c->positional = h[11];   // learned: the table is tensor 1, after the embedding
@@ -820,8 +821,8 @@ static int compare_tensor(const char *what, const real *ours, const double *ref,
     }
     int ok = first_bad < 0;
     if (verbose || !ok)
-        printf("     %-24s max abs diff %.3e  max rel diff %.3e  (tolerance %.0e)%s\n", what, max_abs,
-               max_abs / scale, tolerance, ok ? "" : "  MISMATCH");
+        printf("     %-24s max abs diff %.3e  max rel diff %.3e  (tolerance %.0e)%s\n", what,
+               max_abs, max_abs / scale, tolerance, ok ? "" : "  MISMATCH");
     if (!ok)
         printf("     %s: first differing element %ld: ours %.12g, PyTorch %.12g\n", what, first_bad,
                (double)ours[first_bad], ref[first_bad]);
@@ -912,9 +913,10 @@ static double adam_ratio_limit(int k, double beta1, double beta2) {
 // element's gradient error; the largest over the steps so far). Step 1 was
 // taken by reference_compare (first_loss); the gradients of a step are still
 // there after its update.
-static int reference_adam_bounded(Transformer *model, const Reference *r, Batch *batch, RefTolerances tol,
-                                  real first_loss, double lr_factor, const RefMutation *mutation,
-                                  const TrainingCompute *compute, int verbose) {
+static int reference_adam_bounded(Transformer *model, const Reference *r, Batch *batch,
+                                  RefTolerances tol, real first_loss, double lr_factor,
+                                  const RefMutation *mutation, const TrainingCompute *compute,
+                                  int verbose) {
     size_t P = r->num_parameters;
     int C = r->config.d_model, mismatches = 0;
     // unit roundoff: this build's, or PyTorch's float32 one in a version 1 file
@@ -956,7 +958,8 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
                 double ratio = fabs((double)model->adam_m[i] / c1) / (s + eps);
                 double cap = ratio + rho, resolved = (1 + rho) * delta[t] / (s + eps);
                 double bound = lr * fmin(cap, resolved)
-                             + 2 * unit * fabs((double)model->params_memory[i]) + 64 * unit * lr * (ratio + 1);
+                             + 2 * unit * fabs((double)model->params_memory[i])
+                             + 64 * unit * lr * (ratio + 1);
                 if (!(diff <= bound) && first_bad == P)
                     first_bad = i;
                 if (!(diff / bound <= worst_ratio))
@@ -971,12 +974,14 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
         int ok = first_bad == P;
         mismatches += !ok;
         if (verbose || !ok)
-            printf("     Adam step %d (lr %.3e): max |update diff| %.3e = %.1e lr, max diff/bound %.2e"
-                   " (%.2e where not capped); %zu of %zu bounds above lr/100%s\n", k, lr, worst_diff,
-                   worst_diff / lr, worst_ratio, worst_resolved, loose, P, ok ? "" : "  MISMATCH");
+            printf("     Adam step %d (lr %.3e): max |update diff| %.3e = %.1e lr, "
+                   "max diff/bound %.2e (%.2e where not capped); %zu of %zu bounds above "
+                   "lr/100%s\n", k, lr, worst_diff, worst_diff / lr, worst_ratio, worst_resolved,
+                   loose, P, ok ? "" : "  MISMATCH");
         if (!ok)
-            printf("     Adam step %d: first element over its bound %zu: update ours %.12g, PyTorch %.12g\n", k,
-                   first_bad, (double)model->params_memory[first_bad] - (double)(real)before[first_bad],
+            printf("     Adam step %d: first element over its bound %zu: update ours %.12g, "
+                   "PyTorch %.12g\n", k, first_bad,
+                   (double)model->params_memory[first_bad] - (double)(real)before[first_bad],
                    after[first_bad] - before[first_bad]);
     }
     mismatches += !compare_tensor("Adam: losses", losses, r->step_losses, (size_t)r->adam_steps,
@@ -1007,8 +1012,9 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
 // losses, this float build by 0.22 and 3.8e-5, and no update difference
 // exceeds 0.59 of 2 sum lr_k rho_k; the one-step files reach 0.85 of their
 // bound (float; 0.82 double).
-static int reference_adam_free_running(Transformer *model, const Reference *r, Batch *batch, real first_loss,
-                                       double lr_factor, const TrainingCompute *compute, int verbose) {
+static int reference_adam_free_running(Transformer *model, const Reference *r, Batch *batch,
+                                       real first_loss, double lr_factor,
+                                       const TrainingCompute *compute, int verbose) {
     size_t P = r->num_parameters;
     int K = r->adam_steps, finite = 1;
     real *losses = checked_calloc((size_t)K, sizeof(real), "losses");
@@ -1047,20 +1053,24 @@ static int reference_adam_free_running(Transformer *model, const Reference *r, B
     }
     int ok = first_bad == P && finite;
     if (verbose || !ok) {
-        printf("     Adam: losses, steps 2..%d  max abs diff %.3e  max rel diff %.3e  (reported)%s\n", K,
-               loss_diff, loss_diff / (loss_scale > 0 ? loss_scale : 1), finite ? "" : "  NOT FINITE");
-        printf("     Adam: updates, %d steps   max abs diff %.3e  max rel diff %.3e  (reported; key biases left"
-               " out); max diff / (2 sum lr_k rho_k = %.3e) %.2e%s\n", K, worst, worst / (largest > 0 ? largest : 1),
-               2 * cap, worst_over_bound, first_bad == P ? "" : "  MISMATCH");
+        printf("     Adam: losses, steps 2..%d  max abs diff %.3e  max rel diff %.3e  "
+               "(reported)%s\n", K, loss_diff, loss_diff / (loss_scale > 0 ? loss_scale : 1),
+               finite ? "" : "  NOT FINITE");
+        printf("     Adam: updates, %d steps   max abs diff %.3e  max rel diff %.3e  "
+               "(reported; key biases left out); max diff / (2 sum lr_k rho_k = %.3e) %.2e%s\n",
+               K, worst, worst / (largest > 0 ? largest : 1), 2 * cap, worst_over_bound,
+               first_bad == P ? "" : "  MISMATCH");
     }
     if (first_bad < P)
-        printf("     Adam: element %zu moved beyond any correct step: update ours %.12g, PyTorch %.12g\n", first_bad,
+        printf("     Adam: element %zu moved beyond any correct step: update ours %.12g, "
+               "PyTorch %.12g\n", first_bad,
                (double)model->params_memory[first_bad] - r->params[first_bad],
                r->params_after[first_bad] - r->params[first_bad]);
     if (verbose)
-        printf("     Adam: %d free-running float32 steps: the differences are reported, not failed: a gradient within"
-               " rounding of zero flips a step of about lr, later steps follow, and PyTorch's float32 and float64"
-               " runs differ as much (dev/FORMATS.md, \"Reference files\")\n", K);
+        printf("     Adam: %d free-running float32 steps: the differences are reported, not "
+               "failed: a gradient within rounding of zero flips a step of about lr, later steps "
+               "follow, and PyTorch's float32 and float64 runs differ as much (dev/FORMATS.md, "
+               "\"Reference files\")\n", K);
     free(losses);
     free(skip);
     return !ok;
@@ -1070,7 +1080,8 @@ static int reference_adam_free_running(Transformer *model, const Reference *r, B
 // everything; counts the mismatching comparisons before Adam (logits, loss,
 // the gradients of the non-empty tensors) and in the Adam steps.
 static RefMismatches reference_compare(const Reference *r, const char *path, int verbose,
-                                       const RefMutation *mutation, const TrainingCompute *compute) {
+                                       const RefMutation *mutation,
+                                       const TrainingCompute *compute) {
     RefMismatches result = { 0, 0 };
     RefTolerances tol = reference_tolerances(r->version);
     Transformer model;
@@ -1102,8 +1113,8 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
     compute->begin(&model);
     real loss = compute->train_step(&model, &batch, r->warmup, lr_factor);
     compute->to_host(&model);
-    result.before_adam += !compare_tensor("logits", last_logits(compute, &model, logits), r->logits, BTV,
-                                          tol.logits, NULL, verbose);
+    result.before_adam += !compare_tensor("logits", last_logits(compute, &model, logits), r->logits,
+                                          BTV, tol.logits, NULL, verbose);
     result.before_adam += !compare_tensor("loss", &loss, &r->loss, 1, tol.loss, NULL, verbose);
     free(logits);
     size_t offset = 0;
@@ -1118,7 +1129,8 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
     }
     if (!mutation->skip_adam && r->adam_steps > 0) {
         result.adam = r->version == 2 || r->adam_steps == 1
-            ? reference_adam_bounded(&model, r, &batch, tol, loss, lr_factor, mutation, compute, verbose)
+            ? reference_adam_bounded(&model, r, &batch, tol, loss, lr_factor, mutation, compute,
+                                     verbose)
             : reference_adam_free_running(&model, r, &batch, loss, lr_factor, compute, verbose);
     }
     transformer_free(&model);
@@ -1132,16 +1144,20 @@ static void test_reference_file(const char *path) {
         reference_free(&r);
         return;
     }
-    printf("-- %s (format version %d): %d layers, d_model %d, d_ff %d, %d heads, vocab %d, batch %d x %d x %d, eps_ls %g%s\n",
+    printf("-- %s (format version %d): %d layers, d_model %d, d_ff %d, %d heads, vocab %d, "
+           "batch %d x %d x %d, eps_ls %g%s\n",
            path, r.version, r.config.n_layers, r.config.d_model, r.config.d_ff, r.config.n_heads,
            r.config.vocab_size, r.B, r.S, r.T, (double)r.config.label_smoothing,
            r.config.positional == POSITIONAL_LEARNED ? ", learned positions" : "");
     RefMutation none = { 0 };
     RefMismatches m = reference_compare(&r, path, 1, &none, &transformer_cpu_training);
     int free_running = r.version == 1 && r.adam_steps > 1;
-    check(m.before_adam == 0 && m.adam == 0, "reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch%s",
+    check(m.before_adam == 0 && m.adam == 0,
+          "reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch%s",
           path, nonempty_tensors(&r.config), r.adam_steps,
-          free_running ? " (steps run free in float32: within 2 sum lr_k rho_k, differences reported)" : "");
+          free_running
+              ? " (steps run free in float32: within 2 sum lr_k rho_k, differences reported)"
+              : "");
     reference_free(&r);
 }
 
@@ -1154,8 +1170,9 @@ static void test_reference_file(const char *path) {
 // updates to 4e-4 of the largest) failed in both builds (3.8e-2 in float,
 // 2.3e-2 in double; PyTorch's float32 run misses its float64 run by 2.3e-2).
 static const char *committed_references[] = {
-    "tiny_data/ref_2layer_5head.ref", "tiny_data/ref_1layer_4head.ref", "tiny_data/ref_3layer_2head.ref",
-    "tiny_data/ref_learned_positions.ref", "tiny_data/ref_1layer_3head.ref", "tiny_data/ref_v1_one_step.ref",
+    "tiny_data/ref_2layer_5head.ref", "tiny_data/ref_1layer_4head.ref",
+    "tiny_data/ref_3layer_2head.ref", "tiny_data/ref_learned_positions.ref",
+    "tiny_data/ref_1layer_3head.ref", "tiny_data/ref_v1_one_step.ref",
     "tiny_data/ref_v1_diverging.ref",
 };
 
@@ -1203,7 +1220,8 @@ static void test_reference_catches_wrong_weights(const char *path) {
         const char *what[3] = { "" };
         if (fused_w) {
             for (size_t block = 0; block < 3; block++)
-                elements[block] = used_weight(&r, offset, sizes[t], block * C * C, (block + 1) * C * C);
+                elements[block] = used_weight(&r, offset, sizes[t], block * C * C,
+                                              (block + 1) * C * C);
             what[0] = " query";
             what[1] = " key";
             what[2] = " value";
@@ -1225,7 +1243,8 @@ static void test_reference_catches_wrong_weights(const char *path) {
             snprintf(report + strlen(report), sizeof report - strlen(report), "%s%s[%zu]: %d",
                      e ? ", " : "", what[e], elements[e], m.before_adam);
         }
-        check(caught, "reference: a 1e-3 move caught before Adam in %s of %s (%s mismatching comparisons)",
+        check(caught,
+              "reference: a 1e-3 move caught before Adam in %s of %s (%s mismatching comparisons)",
               parameter_names[t], path, report);
     }
     reference_free(&r);
@@ -1279,7 +1298,8 @@ static void test_reference_refuses_bad_files(void) {
     remove(bad);
     free(bytes);
     check(got == (size_t)size && refused == 4,
-          "reference: a version 2 file cut short, lengthened, of another version or positional kind is refused (%d of 4)",
+          "reference: a version 2 file cut short, lengthened, of another version or positional "
+          "kind is refused (%d of 4)",
           refused);
 }
 
@@ -1310,7 +1330,8 @@ static void test_reference_catches_wrong_adam(void) {
         }
         RefMismatches m = reference_compare(&r, cases[c].path, 0, &cases[c].wrong,
                                             &transformer_cpu_training);
-        check(m.before_adam == 0 && m.adam > 0, "reference: Adam with %s is caught in %s (%d Adam mismatches, %d before)",
+        check(m.before_adam == 0 && m.adam > 0,
+              "reference: Adam with %s is caught in %s (%d Adam mismatches, %d before)",
               cases[c].what, cases[c].path, m.adam, m.before_adam);
         reference_free(&r);
     }
@@ -1363,8 +1384,10 @@ enum { COUNTED_MODELS = 3 };
 
 // Model i of the counted ones: base and big (Table 3, 37000 subwords), and a tiny one.
 static TransformerConfig counted_model(int i) {
-    struct { int L, C, F, H, V; } models[COUNTED_MODELS] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 },
-                                                              { 2, 64, 256, 4, 14 } };
+    struct {
+        int L, C, F, H, V;
+    } models[COUNTED_MODELS] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 },
+                                 { 2, 64, 256, 4, 14 } };
     TransformerConfig c = transformer_default_config();
     c.n_layers = models[i].L;
     c.d_model = models[i].C;
@@ -1393,7 +1416,8 @@ static void test_parameter_counts(void) {
         c.max_len = 100;
         parameter_sizes(sizes, &c);
         check(sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand + 100 * (size_t)c.d_model,
-              "params: the same with learned positions, max_len 100: %zu more", 100 * (size_t)c.d_model);
+              "params: the same with learned positions, max_len 100: %zu more",
+              100 * (size_t)c.d_model);
     }
 }
 
@@ -1495,13 +1519,16 @@ static void test_schedule(void) {
     double expected[4] = { 1.7469281074e-07, 1.7469281074e-05, 6.9877124297e-04, 3.4938562148e-04 };
     double worst = 0;
     for (int i = 0; i < 4; i++)
-        worst = fmax(worst, fabs(transformer_learning_rate(steps[i], 512, 4000, 1.0) / expected[i] - 1));
+        worst = fmax(worst,
+                     fabs(transformer_learning_rate(steps[i], 512, 4000, 1.0) / expected[i] - 1));
     check(worst < 1e-9, "schedule: the §5.3 formula at steps 1, 100, 4000, 16000 (rel error %.1e)",
           worst);
     double peak = transformer_learning_rate(4000, 512, 4000, 1.0);
     check(transformer_learning_rate(3999, 512, 4000, 1.0) < peak &&
-          transformer_learning_rate(4001, 512, 4000, 1.0) < peak, "schedule: peaks at the warm-up step");
-    check(fabs(transformer_learning_rate(10, 64, 5, 2.0) / transformer_learning_rate(10, 64, 5, 1.0) - 2) < 1e-12,
+          transformer_learning_rate(4001, 512, 4000, 1.0) < peak,
+          "schedule: peaks at the warm-up step");
+    check(fabs(transformer_learning_rate(10, 64, 5, 2.0)
+               / transformer_learning_rate(10, 64, 5, 1.0) - 2) < 1e-12,
           "schedule: the factor scales the curve");
 }
 
@@ -1593,8 +1620,8 @@ static void test_aligned_memory(void) {
     const ActivationTensors *sets[2] = { &m.acts, &m.grads_acts };
     for (int set = 0; set < 2; set++) {
         const ActivationTensors *a = sets[set];
-        real *top[9] = { a->enc_embedded, a->enc_emb_mask, a->enc_x0, a->dec_embedded, a->dec_emb_mask,
-                         a->dec_x0, a->logits, a->probs, a->token_loss };
+        real *top[9] = { a->enc_embedded, a->enc_emb_mask, a->enc_x0, a->dec_embedded,
+                         a->dec_emb_mask, a->dec_x0, a->logits, a->probs, a->token_loss };
         for (int i = 0; i < 9; i++) {
             if (!top[i])
                 continue;
@@ -1623,7 +1650,8 @@ static void test_aligned_memory(void) {
         tensors++;
         lined += on_line(arenas[i]);
     }
-    check(lined == tensors && tensors > 100, "memory: %d of %d activation and gradient tensors and parameter-sized arrays "
+    check(lined == tensors && tensors > 100,
+          "memory: %d of %d activation and gradient tensors and parameter-sized arrays "
           "start on a line (d_model 12, batch 3 x 5 x 7)", lined, tensors);
     transformer_free(&m);
 }
@@ -1649,8 +1677,8 @@ static void test_softmax_visible(void) {
     for (int j = 0; j < 37; j++) p[j] = 1;
     softmax_visible(p, 0, 37);
     for (int j = 0; j < 37; j++) ok &= p[j] == 0;
-    check(ok, "attention softmax: visible keys sum to 1, masked keys (scored 1000 higher) get exactly 0, "
-          "no visible key gives a row of 0");
+    check(ok, "attention softmax: visible keys sum to 1, masked keys (scored 1000 higher) get "
+          "exactly 0, no visible key gives a row of 0");
 }
 
 // greedy_token never outputs <pad> or <s>, nor </s> where it may not end, and breaks a tie by the
@@ -1664,8 +1692,9 @@ static void test_greedy_token(void) {
     int with_eos = greedy_token(logits, 40, 1);
     logits[TOKEN_EOS] = 50;
     int may_not_end = greedy_token(logits, 40, 0);
-    check(first == 4 && with_eos == TOKEN_EOS && may_not_end == 4, "greedy_token: skips <pad> and <s>, lowest id of "
-          "a tie (%d, %d), and </s> where it may not end (%d)", first, with_eos, may_not_end);
+    check(first == 4 && with_eos == TOKEN_EOS && may_not_end == 4,
+          "greedy_token: skips <pad> and <s>, lowest id of a tie (%d, %d), and </s> where it "
+          "may not end (%d)", first, with_eos, may_not_end);
 }
 
 // Every parallel loop gives each output to one thread and sums in a fixed
@@ -1694,8 +1723,10 @@ static void test_thread_determinism(void) {
         grads[k] = checked_calloc(m.num_parameters, sizeof(real), "grads");
         memcpy(grads[k], m.grads_memory, m.num_parameters * sizeof(real));
         if (k == 1) {
-            check(losses[0] == losses[1] && memcmp(grads[0], grads[1], m.num_parameters * sizeof(real)) == 0,
-                  "threads: 1 and 3 OpenMP threads give bit-identical losses and gradients (dropout on)");
+            check(losses[0] == losses[1]
+                  && memcmp(grads[0], grads[1], m.num_parameters * sizeof(real)) == 0,
+                  "threads: 1 and 3 OpenMP threads give bit-identical losses and gradients "
+                  "(dropout on)");
         }
         transformer_free(&m);
     }
@@ -1786,24 +1817,26 @@ static void test_positional_encoding_formula(void) {
     double worst8 = pe_worst_error(pe8, LEN8, 8, tens);
     int zero_row = 1;
     for (int d = 0; d < 8; d++) zero_row &= pe8[d] == (d % 2 ? 1 : 0);
-    check(worst8 < 1 && zero_row, "positional encoding (§3.5), d_model 8: PE(pos) = (sin pos, cos pos, sin pos/10, "
-          "cos pos/10, ..., cos pos/1000) at positions 0..%d, PE(0) = (0, 1, 0, 1, ...) exactly (worst error %.2f of "
-          "the tolerance)", LEN8 - 1, worst8);
+    check(worst8 < 1 && zero_row,
+          "positional encoding (§3.5), d_model 8: PE(pos) = (sin pos, cos pos, sin pos/10, "
+          "cos pos/10, ..., cos pos/1000) at positions 0..%d, PE(0) = (0, 1, 0, 1, ...) "
+          "exactly (worst error %.2f of the tolerance)", LEN8 - 1, worst8);
     real pe7[LEN7 * 7 + 1];
     pe7[LEN7 * 7] = 12345;   // the guard
     for (int i = 0; i < 4; i++) divisor[i] = powl(10000.0L, 2.0L * i / 7);
     positional_encoding_init(pe7, LEN7, 7);
     double worst7 = pe_worst_error(pe7, LEN7, 7, divisor);
-    check(worst7 < 1 && pe7[LEN7 * 7] == 12345, "positional encoding (§3.5), odd d_model 7: sin and cos pairs, then "
-          "PE(pos, 6) = sin(pos / 10000^(6/7)) alone, rows of 7, nothing written past the table (worst error %.2f of "
-          "the tolerance)", worst7);
+    check(worst7 < 1 && pe7[LEN7 * 7] == 12345,
+          "positional encoding (§3.5), odd d_model 7: sin and cos pairs, then "
+          "PE(pos, 6) = sin(pos / 10000^(6/7)) alone, rows of 7, nothing written past the table "
+          "(worst error %.2f of the tolerance)", worst7);
     real *pe512 = checked_calloc((size_t)LEN512 * 512, sizeof(real), "test");
     for (int i = 0; i < 256; i++) divisor[i] = powl(10000.0L, 2.0L * i / 512);
     positional_encoding_init(pe512, LEN512, 512);
     double worst512 = pe_worst_error(pe512, LEN512, 512, divisor);
-    check(worst512 < 1, "positional encoding (§3.5), d_model 512: all %d x 512 entries against sin and cos in long "
-          "double (worst error %.2f of the tolerance, %.1e at position %d)", LEN512, worst512,
-          pe_tolerance(LEN512 - 1), LEN512 - 1);
+    check(worst512 < 1, "positional encoding (§3.5), d_model 512: all %d x 512 entries against "
+          "sin and cos in long double (worst error %.2f of the tolerance, %.1e at position %d)",
+          LEN512, worst512, pe_tolerance(LEN512 - 1), LEN512 - 1);
     free(pe512);
 }
 
@@ -1856,9 +1889,11 @@ static void test_positional_encoding_rotation(void) {
         worst = fmax(worst, pe_rotation_error(pe, C, offsets[n], offsets[n], positions, 5));
         wrong = fmin(wrong, pe_rotation_error(pe, C, offsets[n], offsets[n] + 1, positions, 5));
     }
-    check(worst < 1 && wrong > 1000, "positional encoding (§3.5): PE(pos+k) = M_k PE(pos), M_k block-diagonal 2x2 "
-          "rotations by w_i k, the same for pos 0, 3, 31, 100, 149, at k = 1, 2, 7, 50, d_model %d (worst error "
-          "%.2f of the tolerance; M_{k+1} misses by %.1e times it)", C, worst, wrong);
+    check(worst < 1 && wrong > 1000,
+          "positional encoding (§3.5): PE(pos+k) = M_k PE(pos), M_k block-diagonal 2x2 "
+          "rotations by w_i k, the same for pos 0, 3, 31, 100, 149, at k = 1, 2, 7, 50, "
+          "d_model %d (worst error %.2f of the tolerance; M_{k+1} misses by %.1e times it)",
+          C, worst, wrong);
     free(pe);
 }
 
@@ -1938,11 +1973,13 @@ static void test_attention_by_hand(void) {
          dout[4] = { 1, 0, 0, 1 };
     AttentionByHand cases[3] = {
         { "no mask", 2, 0, { 0.25, 0.75, 0.75, 0.25 }, { 1, 3, 3, 1 },
-          { -0.75 * r, 0, 0.75 * r, 0 }, { 1.5 * L, -0.75 * L, -1.5 * L, 0.75 * L }, { 0.25, 0.75, 0.75, 0.25 } },
+          { -0.75 * r, 0, 0.75 * r, 0 }, { 1.5 * L, -0.75 * L, -1.5 * L, 0.75 * L },
+          { 0.25, 0.75, 0.75, 0.25 } },
         { "padding mask, key_len 1", 1, 0, { 1, 0, 1, 0 }, { 4, 0, 4, 0 },
           { 0, 0, 0, 0 }, { 0, 0, 0, 0 }, { 1, 1, 0, 0 } },
         { "causal mask", 2, 1, { 1, 0, 0.75, 0.25 }, { 4, 0, 3, 1 },
-          { 0, 0, 0.75 * r, 0 }, { 0.75 * L, -0.75 * L, -0.75 * L, 0.75 * L }, { 1, 0.75, 0, 0.25 } },
+          { 0, 0, 0.75 * r, 0 }, { 0.75 * L, -0.75 * L, -0.75 * L, 0.75 * L },
+          { 1, 0.75, 0, 0.25 } },
     };
     const int paths = fast_path_switch ? 2 : 1;
     const char *path_names[2] = { "Part I", "the fast path" };
@@ -1961,9 +1998,11 @@ static void test_attention_by_hand(void) {
             worst = fmax(worst, by_hand_error(dq, c->dq, 4, 0, &exact));
             worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact),
                                      by_hand_error(dv, c->dv, 4, 0, &exact)));
-            check(worst <= tolerance && exact, "attention by hand, 2 queries x 2 keys (%s, %s): p = (%.7g, %.7g; %.7g, "
-                  "%.7g), out, dq, dk, dv as worked out (worst %.1e, tolerance %.0e), its 0s and 1s exact", path_names[path],
-                  c->name, (double)att[0], (double)att[1], (double)att[2], (double)att[3], worst, tolerance);
+            check(worst <= tolerance && exact,
+                  "attention by hand, 2 queries x 2 keys (%s, %s): p = (%.7g, %.7g; %.7g, %.7g), "
+                  "out, dq, dk, dv as worked out (worst %.1e, tolerance %.0e), its 0s and 1s exact",
+                  path_names[path], c->name, (double)att[0], (double)att[1], (double)att[2],
+                  (double)att[3], worst, tolerance);
         }
         // decoding's shape: one query per sentence
         real q1[4] = { a, 0, a, 0 }, k1[8] = { 0, 0, 1, 0, 0, 0, 1, 0 },
@@ -1975,8 +2014,9 @@ static void test_attention_by_hand(void) {
         by_hand_attention_forward(out1, att1, q1, k1, v1, key_len1, 0, one_query);
         double worst1 = fmax(by_hand_error(att1, expected_att1, 4, 1, &exact1),
                              by_hand_error(out1, expected_out1, 4, 0, &exact1));
-        check(worst1 <= tolerance && exact1, "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len "
-              "1, (1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
+        check(worst1 <= tolerance && exact1,
+              "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len 1, "
+              "(1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
         // self-attention's fused layout, causal: attention_forward, then W^O and b^O
         real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 },
              out_b[2] = { 0.5, -0.5 };
@@ -1989,8 +2029,9 @@ static void test_attention_by_hand(void) {
         linear_forward(out2, heads, weights.out_w, weights.out_b, 2, 2, 2);
         double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2),
                              by_hand_error(out2, expected_out2, 4, 0, &exact2));
-        check(worst2 <= tolerance && exact2, "attention and W^O by hand (%s): the causal case read from a fused (T, 3C) "
-              "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
+        check(worst2 <= tolerance && exact2,
+              "attention and W^O by hand (%s): the causal case read from a fused (T, 3C) q|k|v, "
+              "then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
     }
     if (fast_path_switch)
         fast_path_switch(1);
@@ -2129,10 +2170,13 @@ static void test_decoder_logits(Transformer *m, Rng *rng) {
             scale = fmax(scale, fabs((double)full[t * V + v]));
         }
     }
-    check(worst[0] <= tolerance * scale, "decode: the decoder's steps give the logits of the full pass at positions 0-3 "
-          "(max difference %.1e, largest logit %.2f, tolerance %g of it)", worst[0], scale, tolerance);
-    check(worst[1] <= tolerance * scale, "decode: after decoder_reorder a row continues its parent's inputs: the full "
-          "pass's logits at positions 4-%d (max difference %.1e)", T - 1, worst[1]);
+    check(worst[0] <= tolerance * scale,
+          "decode: the decoder's steps give the logits of the full pass at positions 0-3 "
+          "(max difference %.1e, largest logit %.2f, tolerance %g of it)", worst[0], scale,
+          tolerance);
+    check(worst[1] <= tolerance * scale,
+          "decode: after decoder_reorder a row continues its parent's inputs: the full pass's "
+          "logits at positions 4-%d (max difference %.1e)", T - 1, worst[1]);
     decoder_end(&decoder);
     free(full);
 }
@@ -2170,10 +2214,10 @@ static void test_decoding(void) {
                             && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
             ended += single_len < transformer_decode_limit(m, src_len[b]);
         }
-        check(same, "decode (%s model): greedy decoding gives exactly the tokens of the whole model re-run on the prefix "
-              "(%d sentences, %d ended by </s>)", names[k], B, ended);
-        check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each one's own output",
-              names[k], B);
+        check(same, "decode (%s model): greedy decoding gives exactly the tokens of the whole "
+              "model re-run on the prefix (%d sentences, %d ended by </s>)", names[k], B, ended);
+        check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each "
+              "one's own output", names[k], B);
         check(beam_same,
               "decode (%s model): beam search with beam 1 gives exactly the greedy output",
               names[k]);
@@ -2187,8 +2231,10 @@ static void test_decoding(void) {
     transformer_greedy_decode(trained, greedy, &greedy_len, 20, src, &S, 1, S);
     int beam_copies = beam_len == 4 && memcmp(beam, src, 4 * sizeof(int)) == 0;
     int greedy_copies = greedy_len == 4 && memcmp(greedy, src, 4 * sizeof(int)) == 0;
-    check(beam_copies && greedy_copies, "decode: the trained copy model, greedy and with beam 4, copies 4 7 5 9 "
-          "(greedy %d tokens: %d %d ..., beam %d tokens: %d %d ...)", greedy_len, greedy[0], greedy[1], beam_len, beam[0], beam[1]);
+    check(beam_copies && greedy_copies,
+          "decode: the trained copy model, greedy and with beam 4, copies 4 7 5 9 "
+          "(greedy %d tokens: %d %d ..., beam %d tokens: %d %d ...)", greedy_len, greedy[0],
+          greedy[1], beam_len, beam[0], beam[1]);
     transformer_free(&untrained);
 }
 
@@ -2225,8 +2271,9 @@ static void test_length_penalty_by_hand(void) {
         wrong += error > 1e-12;
         worst = fmax(worst, error);
     }
-    check(wrong == 0, "beam: length_penalty is ((5 + |Y|) / 6)^alpha (Wu et al. 2016): |Y| = 7, alpha 0.6 gives 2^0.6 = "
-          "1.5157 and 4 more worked by hand (%d differ, largest error %.1e)", wrong, worst);
+    check(wrong == 0, "beam: length_penalty is ((5 + |Y|) / 6)^alpha (Wu et al. 2016): "
+          "|Y| = 7, alpha 0.6 gives 2^0.6 = 1.5157 and 4 more worked by hand (%d differ, "
+          "largest error %.1e)", wrong, worst);
 }
 
 static void check_beam_search_exhaustive(Transformer *m, const char *name) {
@@ -2289,12 +2336,12 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     int n = transformer_beam_search(m, out, &score, src, S, 512, alpha);
     int same_tokens = n == best_len && memcmp(out, tgt_out + best_b * T, n * sizeof(int)) == 0;
     check(fabs(score - best) < 1e-4 && (same_tokens || best - second < 1e-4),
-          "beam (%s model): 512 beams over all 363 outputs find the best (%d tokens, score %.6f; by enumeration "
-          "%d tokens, %.6f)", name, n, score, best_len, best);
+          "beam (%s model): 512 beams over all 363 outputs find the best (%d tokens, score %.6f; "
+          "by enumeration %d tokens, %.6f)", name, n, score, best_len, best);
     double greedy_score;
     transformer_beam_search(m, out, &greedy_score, src, S, 1, alpha);
-    check(score >= greedy_score - 1e-9, "beam (%s model): the wide search scores at least the greedy output "
-          "(%.6f >= %.6f)", name, score, greedy_score);
+    check(score >= greedy_score - 1e-9, "beam (%s model): the wide search scores at least the "
+          "greedy output (%.6f >= %.6f)", name, score, greedy_score);
     free(srcs);
     free(src_len);
     free(tgt_in);
@@ -2331,10 +2378,11 @@ void run_model_tests(void) {
     run_gradient_checks();
 #endif
     RefTolerances v2 = reference_tolerances(2), v1 = reference_tolerances(1);
-    printf("-- PyTorch reference files (tolerances, relative to each tensor's largest: version 2: logits %g,"
-           " loss %g, gradients %g, step losses %g, Adam updates per element (dev/FORMATS.md, \"Reference files\");"
-           " version 1: %g, %g, %g, %g, one Adam step as version 2's, more reported)\n", v2.logits, v2.loss,
-           v2.grads, v2.step_losses, v1.logits, v1.loss, v1.grads, v1.step_losses);
+    printf("-- PyTorch reference files (tolerances, relative to each tensor's largest: version 2: "
+           "logits %g, loss %g, gradients %g, step losses %g, Adam updates per element "
+           "(dev/FORMATS.md, \"Reference files\"); version 1: %g, %g, %g, %g, one Adam step as "
+           "version 2's, more reported)\n", v2.logits, v2.loss, v2.grads, v2.step_losses, v1.logits,
+           v1.loss, v1.grads, v1.step_losses);
     for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++)
         test_reference_file(committed_references[i]);
     test_reference_catches_wrong_weights(committed_references[0]);
@@ -2426,17 +2474,19 @@ static void test_tasks_and_batches(void) {
         for (int j = 0; j < train.count && unseen; j++) {
             const SentencePair *p = &train.pairs[j];
             unseen = !(p->src_len == h->src_len &&
-                       memcmp(train.tokens + p->src, valid.tokens + h->src, h->src_len * sizeof(int)) == 0);
+                       memcmp(train.tokens + p->src, valid.tokens + h->src,
+                              h->src_len * sizeof(int)) == 0);
         }
     }
     check(!e && train.count == 3000 && valid.count == 200 && unseen && reversed,
-          "tasks: 200 held-out reverse pairs, none of their sources among the 3000 training sources");
+          "tasks: 200 held-out reverse pairs, none of their sources among the 3000 training "
+          "sources");
     Dataset a, b;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
     e = task_generate(&a, &b, TASK_COPY, 2, 1, 2, 100, 10, 1);
-    check(e && strstr(e, "held-out"), "tasks: too few possible sequences for the held-out set is refused (%s)",
-          e ? e : "accepted");
+    check(e && strstr(e, "held-out"), "tasks: too few possible sequences for the held-out set is "
+          "refused (%s)", e ? e : "accepted");
     dataset_free(&a);
     dataset_free(&b);
     // an epoch: every pair once, batches within the token budget, grouped by length
@@ -2464,8 +2514,8 @@ static void test_tasks_and_batches(void) {
         total += x->B;
     }
     for (int i = 0; i < train.count; i++) covered &= seen[i] == 1;
-    check(total == train.count && covered, "batches: an epoch of %d batches visits each of the %d pairs once",
-          plan.num_spans, train.count);
+    check(total == train.count && covered, "batches: an epoch of %d batches visits each of the %d "
+          "pairs once", plan.num_spans, train.count);
     check(in_budget && grouped,
           "batches: each holds at most %d tokens with padding, sources of (nearly) one length",
           budget);
@@ -2475,10 +2525,12 @@ static void test_tasks_and_batches(void) {
     batch_fill(&bb, &train, &first, 1);
     const SentencePair *p = &train.pairs[0];
     int n = p->src_len, ok = bb.batch.src_len[0] == n + 1 && bb.batch.src[n] == TOKEN_EOS &&
-                            bb.batch.tgt_len[0] == n + 1 && bb.batch.tgt_in[0] == TOKEN_BOS &&
-                            bb.batch.tgt_out[n] == TOKEN_EOS && batch_check(&bb.batch, &config) == NULL;
+                             bb.batch.tgt_len[0] == n + 1 && bb.batch.tgt_in[0] == TOKEN_BOS &&
+                             bb.batch.tgt_out[n] == TOKEN_EOS &&
+                             batch_check(&bb.batch, &config) == NULL;
     for (int t = 0; t < n; t++)
-        ok &= bb.batch.tgt_out[t] == train.tokens[p->tgt + t] && bb.batch.tgt_in[t + 1] == train.tokens[p->tgt + t];
+        ok &= bb.batch.tgt_out[t] == train.tokens[p->tgt + t] &&
+              bb.batch.tgt_in[t + 1] == train.tokens[p->tgt + t];
     check(ok, "batches: source x </s>, decoder input <s> y, decoder target y </s>");
     free(seen);
     free(plan.order);
@@ -2520,8 +2572,8 @@ static int same_logits(Transformer *a, Transformer *b, const Batch *batch) {
 // Writes the checkpoint good (size bytes) to path with the 8 bytes at offset
 // set to value and the checksum made to match: a file that only the header's
 // own checks can refuse.
-static void write_checkpoint_with_field(const char *path, const unsigned char *good, size_t size, size_t offset,
-                                        uint64_t value) {
+static void write_checkpoint_with_field(const char *path, const unsigned char *good, size_t size,
+                                        size_t offset, uint64_t value) {
     unsigned char *copy = checked_calloc(size, 1, "test");
     memcpy(copy, good, size);
     for (int i = 0; i < 8; i++) copy[offset + i] = (unsigned char)(value >> (8 * i));
@@ -2570,8 +2622,8 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
     Vocabulary v;
     write_checkpoint_with_field(bad, good, size, 56, 3); // the step it has: still loads
     const char *e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
-    check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to match, loads (%s)",
-          e ? e : "loaded");
+    check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to "
+          "match, loads (%s)", e ? e : "loaded");
     if (!e) {
         transformer_free(&loaded);
         vocab_free(&v);
@@ -2583,8 +2635,10 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
                                     checkpoint_count_cases[i].value);
         e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
         if (checkpoint_count_cases[i].at_load)
-            check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, checkpoint_count_cases[i].expected),
-                  "checkpoint: %s is refused (%s)", checkpoint_count_cases[i].what, e ? e : "loaded");
+            check(e && strstr(e, "bad_counts.ckpt: ") &&
+                  strstr(e, checkpoint_count_cases[i].expected),
+                  "checkpoint: %s is refused (%s)", checkpoint_count_cases[i].what,
+                  e ? e : "loaded");
         else {
             epochs++;
             loads += !e;
@@ -2594,8 +2648,8 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
             vocab_free(&v);
         }
     }
-    check(loads == epochs, "checkpoint: %d of %d headers with epoch counts out of range load for decode and eval "
-          "(only --resume reads them)", loads, epochs);
+    check(loads == epochs, "checkpoint: %d of %d headers with epoch counts out of range load for "
+          "decode and eval (only --resume reads them)", loads, epochs);
 }
 
 static void test_checkpoint_round_trip(void) {
@@ -2614,13 +2668,16 @@ static void test_checkpoint_round_trip(void) {
     if (!e)
         e = checkpoint_load(path, &loaded, &v2, &state2, &options);
     size_t P = m.num_parameters, bytes = P * sizeof(real);
-    int same = !e && loaded.num_parameters == P && memcmp(loaded.params_memory, m.params_memory, bytes) == 0 &&
-               memcmp(loaded.adam_m, m.adam_m, bytes) == 0 && memcmp(loaded.adam_v, m.adam_v, bytes) == 0 &&
+    int same = !e && loaded.num_parameters == P &&
+               memcmp(loaded.params_memory, m.params_memory, bytes) == 0 &&
+               memcmp(loaded.adam_m, m.adam_m, bytes) == 0 &&
+               memcmp(loaded.adam_v, m.adam_v, bytes) == 0 &&
                loaded.adam_step == 3 && loaded.dropout_rng.state == m.dropout_rng.state &&
-               memcmp(&state, &state2, sizeof state) == 0 && strcmp(options, "--task\ncopy\n") == 0 &&
+               memcmp(&state, &state2, sizeof state) == 0 &&
+               strcmp(options, "--task\ncopy\n") == 0 &&
                v2.size == v.size && strcmp(v2.words[v.size - 1], v.words[v.size - 1]) == 0;
-    check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and options come back (%s)",
-          e ? e : "loaded");
+    check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and "
+          "options come back (%s)", e ? e : "loaded");
     if (e) {
         transformer_free(&m);
         vocab_free(&v);
@@ -2679,8 +2736,8 @@ static void test_checkpoint_round_trip(void) {
         }
         write_file(bad, copy, size);
         e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
-        check(e && strstr(e, "bad.ckpt") && strstr(e, edits[i].expected), "checkpoint: %s is refused (%s)",
-              edits[i].what, e ? e : "accepted");
+        check(e && strstr(e, "bad.ckpt") && strstr(e, edits[i].expected),
+              "checkpoint: %s is refused (%s)", edits[i].what, e ? e : "accepted");
         if (!e)
             transformer_free(&loaded), vocab_free(&v2);
     }
@@ -2699,8 +2756,8 @@ static void test_checkpoint_round_trip(void) {
         e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
     else
         e = "not saved";
-    check(e && strstr(e, "bad.ckpt: embedding holds a number that is not finite"), "checkpoint: a NaN weight is "
-          "refused as it loads (%s)", e ? e : "loaded");
+    check(e && strstr(e, "bad.ckpt: embedding holds a number that is not finite"),
+          "checkpoint: a NaN weight is refused as it loads (%s)", e ? e : "loaded");
     if (!e)
         transformer_free(&loaded), vocab_free(&v2);
     // a failed save leaves the old checkpoint as it was
@@ -2711,7 +2768,8 @@ static void test_checkpoint_round_trip(void) {
     size_t after_size;
     unsigned char *after = read_file(path, &after_size);
     check(e && strstr(e, "left as it was") && after_size == size && memcmp(after, good, size) == 0,
-          "checkpoint: a save that fails leaves the previous file byte for byte (%s)", e ? e : "saved");
+          "checkpoint: a save that fails leaves the previous file byte for byte (%s)",
+          e ? e : "saved");
     rmdir(tmp);
     e = checkpoint_save(test_path("no/such/dir/x.ckpt"), &m, &v, &state, "");
     check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)",
@@ -2760,12 +2818,15 @@ static void test_learned_positions_checkpoint(void) {
     transformer_build(&m, &config, 3);
     transformer_build(&sinusoid, &sinusoid_config, 3);
     size_t table = (size_t)config.max_len * config.d_model, P = m.num_parameters;
-    int same_others = m.param_sizes[1] == table && sinusoid.param_sizes[1] == 0 && P == sinusoid.num_parameters + table &&
-        memcmp(m.params.embedding, sinusoid.params.embedding, m.param_sizes[0] * sizeof(real)) == 0 &&
-        memcmp(m.params.enc_qkv_w, sinusoid.params.enc_qkv_w, (P - m.param_sizes[0] - table) * sizeof(real)) == 0;
+    int same_others = m.param_sizes[1] == table && sinusoid.param_sizes[1] == 0 &&
+        P == sinusoid.num_parameters + table &&
+        memcmp(m.params.embedding, sinusoid.params.embedding,
+               m.param_sizes[0] * sizeof(real)) == 0 &&
+        memcmp(m.params.enc_qkv_w, sinusoid.params.enc_qkv_w,
+               (P - m.param_sizes[0] - table) * sizeof(real)) == 0;
     check(same_others && m.positional_encoding == m.params.position_embedding,
-          "learned positions: a (max_len, d_model) = %zu-number table, the model reads it from the parameters; "
-          "the seed's other weights are the sinusoid model's", table);
+          "learned positions: a (max_len, d_model) = %zu-number table, the model reads it from "
+          "the parameters; the seed's other weights are the sinusoid model's", table);
     transformer_free(&sinusoid);
     real *initial = checked_calloc(table, sizeof(real), "test");
     memcpy(initial, m.params.position_embedding, table * sizeof(real));
@@ -2793,8 +2854,8 @@ static void test_learned_positions_checkpoint(void) {
                memcmp(loaded.adam_v, m.adam_v, P * sizeof(real)) == 0;
     if (same)
         same = same_logits(&m, &loaded, &tb.batch);
-    check(same, "learned positions: a checkpoint gives back the table, its Adam moments and bit-identical logits (%s)",
-          e ? e : "loaded");
+    check(same, "learned positions: a checkpoint gives back the table, its Adam moments and "
+          "bit-identical logits (%s)", e ? e : "loaded");
     if (!e) {
         transformer_free(&loaded);
         vocab_free(&v2);
@@ -2805,8 +2866,10 @@ static void test_learned_positions_checkpoint(void) {
         bytes[128] = 2;   // the header's positional kind
         write_file(test_path("bad_positional.ckpt"), bytes, size);
         e = checkpoint_load(test_path("bad_positional.ckpt"), &loaded, &v2, NULL, NULL);
-        check(e && strstr(e, "bad_positional.ckpt: header: positional kind 2; expected 0 (sinusoid) or 1 (learned)"),
-              "learned positions: a checkpoint of another kind of positions is refused (%s)", e ? e : "accepted");
+        check(e && strstr(e, "bad_positional.ckpt: header: positional kind 2; expected 0 "
+                             "(sinusoid) or 1 (learned)"),
+              "learned positions: a checkpoint of another kind of positions is refused (%s)",
+              e ? e : "accepted");
         if (!e) {
             transformer_free(&loaded);
             vocab_free(&v2);
@@ -2863,7 +2926,8 @@ static void check_cli_error(const char *what, const char *expected, const char *
     if (line)
         snprintf(shown, sizeof shown, "%.*s", (int)strcspn(line, "\n"), line);
     int ok = status == 1 && count_lines_starting(cli_output, "error:") == 1 && line &&
-             strstr(shown, expected) && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error");
+             strstr(shown, expected) && !strstr(cli_output, "Sanitizer") &&
+             !strstr(cli_output, "runtime error");
     check(ok, "cli: %s -> exit %d, \"%s\"", what, status, ok ? shown : cli_output);
 }
 
@@ -2933,17 +2997,21 @@ static void test_command_line(void) {
     // 10 tokens, so max_len is 10 + 1 + 50 = 61
     const char *ckpt = test_path("cli.ckpt");
     int status = run_cli("train --task copy --steps 4 --checkpoint %s " TINY_MINIMAL_RUN, ckpt);
-    check(status == 0 && strstr(cli_output, "eval   step 4") && strstr(cli_output, "exact match on 200"),
+    check(status == 0 && strstr(cli_output, "eval   step 4") &&
+          strstr(cli_output, "exact match on 200"),
           "cli: train the copy task for 4 steps, evaluated at the end (exit %d)", status);
     status = run_cli("decode --checkpoint %s '1 zz 2'", ckpt);
-    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the vocabulary; "
-          "read as <unk>"), "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)",
+    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the "
+                                            "vocabulary; read as <unk>"),
+          "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)",
           status);
     char long_sentence[400] = "'";
     for (int i = 0; i < 70; i++) strcat(long_sentence, "1 ");
     strcat(long_sentence, "'");
-    check_cli_error("a sentence longer than the model's maximum", "argument 1: the sentence has 70 tokens; "
-                    "the model's maximum length 61 allows 60", "decode --checkpoint %s %s", ckpt, long_sentence);
+    check_cli_error("a sentence longer than the model's maximum",
+                    "argument 1: the sentence has 70 tokens; "
+                    "the model's maximum length 61 allows 60",
+                    "decode --checkpoint %s %s", ckpt, long_sentence);
 
     // damaged checkpoints
     size_t size;
@@ -2959,7 +3027,8 @@ static void test_command_line(void) {
     good[0] = 'P';
     write_file(bad, good, size);
     good[0] = 'T';
-    check_cli_error("a checkpoint with the wrong magic", "cli_bad.ckpt: not a transformer.c checkpoint",
+    check_cli_error("a checkpoint with the wrong magic",
+                    "cli_bad.ckpt: not a transformer.c checkpoint",
                     "decode --checkpoint %s '1 2'", bad);
     good[4] = 9;
     write_file(bad, good, size);
@@ -2969,8 +3038,8 @@ static void test_command_line(void) {
     good[12] = 2;
     write_file(bad, good, size);
     good[12] = 1;
-    check_cli_error("a checkpoint whose sizes disagree with its header", "parameters, but its sizes",
-                    "decode --checkpoint %s '1 2'", bad);
+    check_cli_error("a checkpoint whose sizes disagree with its header",
+                    "parameters, but its sizes", "decode --checkpoint %s '1 2'", bad);
     good[size - 20] ^= 1;
     write_file(bad, good, size);
     good[size - 20] ^= 1;
@@ -2991,13 +3060,16 @@ static void test_command_line(void) {
     unsetenv("OMP_NUM_THREADS");
     int s3 = run_cli("train --task copy --steps 6 --seed 4 --checkpoint %s " TINY_MINIMAL_RUN,
                      seed_other);
-    check(s1 == 0 && s2 == 0 && s3 == 0 && files_equal(seed_all, seed_one) && !files_equal(seed_all, seed_other),
-          "cli: --seed repeats a run exactly: 6 steps with 1 thread and with all write the same checkpoint, byte for "
-          "byte (another seed: another) (exit %d, %d, %d)", s1, s2, s3);
+    check(s1 == 0 && s2 == 0 && s3 == 0 && files_equal(seed_all, seed_one) &&
+          !files_equal(seed_all, seed_other),
+          "cli: --seed repeats a run exactly: 6 steps with 1 thread and with all write the same "
+          "checkpoint, byte for byte (another seed: another) (exit %d, %d, %d)",
+          s1, s2, s3);
 
     // a NaN loss stops training before any checkpoint is written, and says so
-    check_cli_error("a loss that becomes NaN or infinite", "training stopped (try a lower --lr); no checkpoint was "
-                    "written", "train --task copy --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN,
+    check_cli_error("a loss that becomes NaN or infinite",
+                    "training stopped (try a lower --lr); no checkpoint was written",
+                    "train --task copy --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN,
                     test_path("nan.ckpt"));
     check(access(test_path("nan.ckpt"), F_OK) != 0, "cli: ... and no checkpoint is there");
 }
@@ -3041,9 +3113,12 @@ static void test_output_write_error(const char *ckpt) {
     int status = system(command);
     size_t n;
     char *err = (char *)read_file(err_path, &n);
-    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && err && count_lines_starting(err, "error:") == 1 &&
-          strstr(err, "error: decode: writing the output failed"), "cli: decode onto a full disk -> exit %d, \"%.*s\"",
-          WIFEXITED(status) ? WEXITSTATUS(status) : -1, err ? (int)strcspn(err, "\n") : 0, err ? err : "");
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && err &&
+          count_lines_starting(err, "error:") == 1 &&
+          strstr(err, "error: decode: writing the output failed"),
+          "cli: decode onto a full disk -> exit %d, \"%.*s\"",
+          WIFEXITED(status) ? WEXITSTATUS(status) : -1, err ? (int)strcspn(err, "\n") : 0,
+          err ? err : "");
     free(err);
 }
 
@@ -3054,8 +3129,8 @@ static void test_decode_streams(const char *ckpt) {
     write_file(test_path("zero_stdin.txt"), "1 2\n3\0 1\n", 9);
     int status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("zero_stdin.txt"));
     check(status == 1 && strstr(cli_output, "error: decode: stdin:2: a zero byte; expected text") &&
-          count_lines_starting(cli_output, "error:") == 1, "cli: decode from stdin refuses line 2, with a zero "
-          "byte, and exits 1 (exit %d)", status);
+          count_lines_starting(cli_output, "error:") == 1,
+          "cli: decode from stdin refuses line 2, with a zero byte, and exits 1 (exit %d)", status);
     // a stream from stdin goes on past a line it cannot decode
     char lines[600] = "1 2 3\n";
     for (int i = 0; i < 25; i++) strcat(lines, "1 ");
@@ -3068,10 +3143,12 @@ static void test_decode_streams(const char *ckpt) {
         errors = count_lines_starting(cli_output, "error:");
     int empty = count_lines_starting(cli_output, "\n") + (cli_output[0] == '\n');
     check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
-          "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line for each, decodes "
-          "lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)", status, lines_out, errors);
+          "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line "
+          "for each, decodes lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)",
+          status, lines_out, errors);
     // a read that fails is not the end of the stream (it ended it, exit 0)
-    check_cli_error("decode of a directory on stdin", "decode: stdin: read error after 0 lines: Is a directory",
+    check_cli_error("decode of a directory on stdin",
+                    "decode: stdin: read error after 0 lines: Is a directory",
                     "decode --checkpoint %s < /tmp", ckpt);
 }
 
@@ -3080,12 +3157,13 @@ static void test_out_of_memory(void) {
     if (strstr(cli_binary, "asan"))
         return;   // AddressSanitizer needs more address space than this limit
     char command[1400];
-    snprintf(command, sizeof command, "ulimit -v 400000; %s train --task copy --d-model 4096 --d-ff 16384 "
-             "--heads 8 --layers 6 --steps 1 --checkpoint %s > %s/oom.out 2>&1", cli_binary,
-             test_path("oom.ckpt"), test_dir);
+    snprintf(command, sizeof command, "ulimit -v 400000; %s train --task copy --d-model 4096 "
+             "--d-ff 16384 --heads 8 --layers 6 --steps 1 --checkpoint %s > %s/oom.out 2>&1",
+             cli_binary, test_path("oom.ckpt"), test_dir);
     int status = system(command);
     char *out = read_text_file(test_path("oom.out"));
-    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && out && strstr(out, "error: train: out of memory") &&
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && out &&
+          strstr(out, "error: train: out of memory") &&
           count_lines_starting(out, "error:") == 1,
           "cli: out of memory names the command (%s)", out ? out : "no output");
     free(out);
@@ -3113,18 +3191,21 @@ static void test_minimal_overwrite_rule(void) {
     const char *not_ours = test_path("notes.txt");
     int first = run_cli("train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, ckpt);
     int again = run_cli("train --task copy --steps 3 --checkpoint %s " TINY_MINIMAL_RUN, ckpt);
-    check(first == 0 && again == 0 && checkpoint_file_step(ckpt) == 3, "minimal: a run replaces a checkpoint "
-          "of ours (now at step %ld; exit %d, %d)", checkpoint_file_step(ckpt), first, again);
+    check(first == 0 && again == 0 && checkpoint_file_step(ckpt) == 3,
+          "minimal: a run replaces a checkpoint of ours (now at step %ld; exit %d, %d)",
+          checkpoint_file_step(ckpt), first, again);
     write_text(not_ours, "a file that is not a checkpoint");
-    check_cli_error("a file that is not a checkpoint at --checkpoint", "notes.txt is already there and is not "
-                    "a checkpoint", "train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, not_ours);
+    check_cli_error("a file that is not a checkpoint at --checkpoint",
+                    "notes.txt is already there and is not a checkpoint",
+                    "train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, not_ours);
     char *text = read_text_file(not_ours);
     check(text && strcmp(text, "a file that is not a checkpoint") == 0,
           "minimal: ... and it is left as it was");
     free(text);
     const char *directory = test_path("a_directory");
     mkdir(directory, 0700);
-    check_cli_error("a directory at --checkpoint", "a_directory is already there and is not a checkpoint",
+    check_cli_error("a directory at --checkpoint",
+                    "a_directory is already there and is not a checkpoint",
                     "train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, directory);
 }
 
@@ -3140,8 +3221,9 @@ static void test_minimal_program(void) {
     int decoded = run_cli("decode --checkpoint %s --beam 2 \"3 1 4\"", ckpt);
     int one_line = strchr(cli_output, '\n') != NULL && !strstr(cli_output, "error");
     int help = run_cli("--help");
-    int lists = strstr(cli_output, "train") && strstr(cli_output, "decode") && !strstr(cli_output, "eval") &&
-                !strstr(cli_output, "bench") && !strstr(cli_output, "table3");
+    int lists = strstr(cli_output, "train") && strstr(cli_output, "decode") &&
+                !strstr(cli_output, "eval") && !strstr(cli_output, "bench") &&
+                !strstr(cli_output, "table3");
     Transformer m;
     Vocabulary v;
     const char *error = checkpoint_load(ckpt, &m, &v, NULL, NULL);
@@ -3150,11 +3232,12 @@ static void test_minimal_program(void) {
         vocab_free(&v);
     }
     check(trained == 0 && has_model && decoded == 0 && one_line && help == 0 && lists && !error,
-          "minimal: %s trains the copy task (exit %d), writes a checkpoint that loads (%s), decodes with it "
-          "(exit %d) and lists train and decode only", cli_binary, trained, error ? error : "yes", decoded);
+          "minimal: %s trains the copy task (exit %d), writes a checkpoint that loads (%s), "
+          "decodes with it (exit %d) and lists train and decode only", cli_binary, trained,
+          error ? error : "yes", decoded);
     check_cli_error("the lab's bench in transformer.c alone", "unknown command 'bench'", "bench");
-    check_cli_error("the lab's eval in transformer.c alone", "unknown command 'eval'; expected train or decode",
-                    "eval");
+    check_cli_error("the lab's eval in transformer.c alone",
+                    "unknown command 'eval'; expected train or decode", "eval");
     check_cli_error("the lab's --train in transformer.c alone", "train: unknown flag '--train'",
                     "train --train data.tsv");
     test_minimal_overwrite_rule();
@@ -3232,11 +3315,13 @@ static void test_debugger_walk(void) {
              "set $score_line = $_\nset $steps = 0\n"
              "while $pc != $score_line && $steps < 200\nnext\nset $steps = $steps + 1\nend\n"
              "printf \"==steps %%d\\n\", $steps\n"
-             "echo ==frame\\n\nframe\necho ==locals\\n\ninfo locals\necho ==bt\\n\nbt\necho ==end\\n\n",
+             "echo ==frame\\n\nframe\necho ==locals\\n\ninfo locals\n"
+             "echo ==bt\\n\nbt\necho ==end\\n\n",
              test_path("gdb.ckpt"), score_line);
     write_text(script, text);
     char command[1600];
-    snprintf(command, sizeof command, "DEBUGINFOD_URLS= timeout 120 gdb -batch -nx -x %s %s > %s 2>&1",
+    snprintf(command, sizeof command,
+             "DEBUGINFOD_URLS= timeout 120 gdb -batch -nx -x %s %s > %s 2>&1",
              script, debug, output_path);
     fflush(stdout);
     int status = system(command);
@@ -3255,8 +3340,9 @@ static void test_debugger_walk(void) {
     char at_line[64];
     snprintf(at_line, sizeof at_line, "at transformer.c:%d\n", score_line);
     // the frame after the walk: attention_forward, at the score line
-    int reached = frame && locals && strstr(frame, "attention_forward (") && strstr(frame, at_line) &&
-                  strstr(frame, at_line) < locals && strstr(frame, "p[j] = dot * scale;");
+    int reached = frame && locals && strstr(frame, "attention_forward (") &&
+                  strstr(frame, at_line) && strstr(frame, at_line) < locals &&
+                  strstr(frame, "p[j] = dot * scale;");
     // the walk went through the loop body's lines, `next` by `next`
     const char *walked = output ? strstr(output, "visible_keys(i, key_len[b], causal)") : NULL;
     int through_loop = walked && steps_at && walked < steps_at && steps >= 5 && steps < 200;
@@ -3269,11 +3355,13 @@ static void test_debugger_walk(void) {
                     && visible <= Tk;
     int no_omp = output && !strstr(output, "_omp_fn") && bt && strstr(bt, "self_attention_forward");
     check(exit_code == 0 && reached && through_loop && locals_ok && no_omp,
-          "gdb: in %s, `next` walks attention_forward line by line to the s_ij line %d (%s after %d steps, %s), "
-          "`info locals` shows b = %ld, head = %ld, i = %ld, visible = %ld (of Tk = %ld)%s; %s (gdb exit %d%s)", debug,
+          "gdb: in %s, `next` walks attention_forward line by line to the s_ij line %d "
+          "(%s after %d steps, %s), `info locals` shows b = %ld, head = %ld, i = %ld, "
+          "visible = %ld (of Tk = %ld)%s; %s (gdb exit %d%s)", debug,
           score_line, reached ? "reached" : "NOT reached", steps,
-          through_loop ? "through visible_keys" : "NOT through the loop body", b, head, i, visible, Tk,
-          found ? "" : " (some NOT shown)", no_omp ? "no _omp_fn frame" : "an _omp_fn frame or no backtrace",
+          through_loop ? "through visible_keys" : "NOT through the loop body", b, head, i,
+          visible, Tk, found ? "" : " (some NOT shown)",
+          no_omp ? "no _omp_fn frame" : "an _omp_fn frame or no backtrace",
           exit_code, exit_code == 124 ? ": timed out after 120 s" : "");
     if (!(reached && through_loop && locals_ok && no_omp) && output)
         printf("     gdb printed:\n%s\n", output);
