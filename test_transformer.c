@@ -40,75 +40,100 @@
  *
  * PART I, the model (run_model_tests)
  *   §3     linear_forward, _backward        test_linear_gradients (FD); MODEL
- *   §3.1   dropout_mask                     test_dropout_training_and_evaluation (off in evaluation, redrawn each
- *                                           pass, P_drop 0.5 drops about half); test_thread_determinism (1 and 3
- *                                           threads, bit for bit); test_add_norm_gradients (as the residual's mask)
- *          dropout_forward, _backward       test_model_gradients with P_drop 0.3 (FD of the whole model, the
- *                                           same masks in every evaluation); test_thread_determinism (dropout on)
- *          layernorm_row_forward,           test_add_norm_gradients (FD, with a dropout mask); MODEL
+ *   §3.1   dropout_mask                     test_dropout_training_and_evaluation (off in
+ *                                           evaluation, redrawn each pass, P_drop 0.5 drops about
+ *                                           half); test_thread_determinism (1 and 3 threads, bit
+ *                                           for bit); test_add_norm_gradients (as the residual's
+ *                                           mask)
+ *          dropout_forward, _backward       test_model_gradients with P_drop 0.3 (FD of the whole
+ *                                           model, the same masks in every evaluation);
+ *                                           test_thread_determinism (dropout on)
+ *          layernorm_row_forward,           test_add_norm_gradients (FD, with a dropout mask);
+ *                                           MODEL
  *          residual_layernorm_forward, _backward
- *   §3.2.1 visible_keys                     test_attention_by_hand (padding and causal masks give exact 1 and 0);
- *                                           test_attention_gradients; test_masks (a padded or later token moves
- *                                           no logit it must not)
+ *   §3.2.1 visible_keys                     test_attention_by_hand (padding and causal masks give
+ *                                           exact 1 and 0); test_attention_gradients; test_masks (a
+ *                                           padded or later token moves no logit it must not)
  *          softmax_visible                  test_softmax_visible; test_attention_by_hand
- *          softmax_backward                 test_attention_by_hand, test_attention_gradients (in attention_backward)
- *          attention_forward, _backward     test_attention_by_hand (2 queries x 2 keys by hand, both masks, one
- *                                           query per sentence); test_attention_gradients (FD: causal, fused
- *                                           q|k|v, padded keys get exactly 0); MODEL
+ *          softmax_backward                 test_attention_by_hand, test_attention_gradients (in
+ *                                           attention_backward)
+ *          attention_forward, _backward     test_attention_by_hand (2 queries x 2 keys by hand,
+ *                                           both masks, one query per sentence);
+ *                                           test_attention_gradients (FD: causal, fused q|k|v,
+ *                                           padded keys get exactly 0); MODEL
  *   §3.2.2 self_attention_*, cross_attention_*, memory_keys_values_*     MODEL; test_masks;
- *                                           test_attention_by_hand (the fused layout, then W^O, b^O)
- *   §3.3   relu_*, feed_forward_*           test_feed_forward_gradients (FD, ReLU inputs off the kink); MODEL
- *   §3.4   embedding_forward, _backward     test_embedding_gradients (FD, a token 3 times: rows add); MODEL
- *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8 by hand, odd 7,
- *                                           512), test_positional_encoding_rotation (PE(pos+k) = M_k PE(pos))
- *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED, 0) (FD; unused rows get 0);
- *                                           test_reference_file (ref_learned_positions.ref)
- *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform logits: log V); MODEL
+ *                                           test_attention_by_hand (the fused layout, then W^O,
+ *                                           b^O)
+ *   §3.3   relu_*, feed_forward_*           test_feed_forward_gradients (FD, ReLU inputs off the
+ *                                           kink); MODEL
+ *   §3.4   embedding_forward, _backward     test_embedding_gradients (FD, a token 3 times: rows
+ *                                           add); MODEL
+ *   §3.5   positional_encoding_init         test_positional_encoding_formula (sin, cos; d_model 8
+ *                                           by hand, odd 7, 512), test_positional_encoding_rotation
+ *                                           (PE(pos+k) = M_k PE(pos))
+ *          position_embedding_backward      test_model_gradients(POSITIONAL_LEARNED, 0) (FD; unused
+ *                                           rows get 0); test_reference_file
+ *                                           (ref_learned_positions.ref)
+ *   §5.4   cross_entropy_forward, _backward test_loss_gradients (FD, smoothing, padding; uniform
+ *                                           logits: log V); MODEL
  *   §3.1   add_norm_forward, encoder_layer_*, decoder_layer_*, embed_*      MODEL; test_masks
- *          transformer_forward, _zero_grad, _backward    MODEL; test_learning (300 steps fit a batch);
- *                                           test_thread_determinism; test_masks
- *   §5.3   transformer_learning_rate        test_schedule (eq. 3 by hand); test_reference_file (the Adam steps)
- *          adam_update                      test_adam_by_hand (two steps by hand); test_reference_file,
- *                                           test_reference_catches_wrong_adam (lr 1%, beta1, beta2 caught)
- *   §5     transformer_train_step           test_reference_file, test_reference_catches_wrong_* (the step PyTorch's
- *                                           files are compared through; cuda/test_cuda.c: the CUDA companion's)
- *   §6.1   decoder_begin, _step, _reorder, _end    test_decoder_logits (the full pass's logits, bit for bit;
- *                                           lab/test_lab.c: the fast path's key/value cache gives the same)
- *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding (= the whole model re-run,
- *                                           side by side = one by one, the trained model copies); test_greedy_token
+ *          transformer_forward, _zero_grad, _backward    MODEL; test_learning (300 steps fit a
+ *                                           batch); test_thread_determinism; test_masks
+ *   §5.3   transformer_learning_rate        test_schedule (eq. 3 by hand); test_reference_file (the
+ *                                           Adam steps)
+ *          adam_update                      test_adam_by_hand (two steps by hand);
+ *                                           test_reference_file, test_reference_catches_wrong_adam
+ *                                           (lr 1%, beta1, beta2 caught)
+ *   §5     transformer_train_step           test_reference_file, test_reference_catches_wrong_*
+ *                                           (the step PyTorch's files are compared through;
+ *                                           cuda/test_cuda.c: the CUDA companion's)
+ *   §6.1   decoder_begin, _step, _reorder, _end    test_decoder_logits (the full pass's logits, bit
+ *                                           for bit; lab/test_lab.c: the fast path's key/value
+ *                                           cache gives the same)
+ *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding
+ *                                           (= the whole model re-run, side by side = one by one,
+ *                                           the trained model copies); test_greedy_token
  *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis,
  *          length_penalty                   test_decoding (beam 1 = greedy, beam 4 copies);
- *                                           test_beam_search_is_exhaustive_when_wide (the enumerated best);
- *                                           test_length_penalty_by_hand (GNMT's formula, </s> counted)
- *          machinery                        test_config_checks (transformer_config_check, transformer_build);
- *                                           test_parameter_counts (parameter_sizes, by hand); test_aligned_memory
- *                                           (arenas: every activation and gradient tensor on a line);
- *                                           test_tasks_and_batches (batch_check)
+ *                                           test_beam_search_is_exhaustive_when_wide (the
+ *                                           enumerated best); test_length_penalty_by_hand (GNMT's
+ *                                           formula, </s> counted)
+ *          machinery                        test_config_checks (transformer_config_check,
+ *                                           transformer_build); test_parameter_counts
+ *                                           (parameter_sizes, by hand); test_aligned_memory
+ *                                           (arenas: every activation and gradient tensor on a
+ *                                           line); test_tasks_and_batches (batch_check)
  *
  * PART II, the program for the toy tasks (run_program_tests; real text, BLEU and eval are the
  * lab's: lab/test_lab.c)
- *   tokenize, the vocabulary                test_command_line (decode with a checkpoint; its tokens read
- *                                           back); test_decode_streams (reserved tokens, a zero byte)
- *   task_generate, epoch_plan_make, batch_fill    test_tasks_and_batches (held-out pairs unseen, every pair
- *                                           once an epoch, the token budget, the batch's layout)
+ *   tokenize, the vocabulary                test_command_line (decode with a checkpoint; its tokens
+ *                                           read back); test_decode_streams (reserved tokens, a
+ *                                           zero byte)
+ *   task_generate, epoch_plan_make, batch_fill    test_tasks_and_batches (held-out pairs unseen,
+ *                                           every pair once an epoch, the token budget, the batch's
+ *                                           layout)
  *   evaluate                                test_command_line (the held-out exact match of a run)
- *   checkpoint_save, checkpoint_load        test_checkpoint_round_trip (bit for bit; truncated, foreign and
- *                                           damaged files, header counts, a NaN weight; a failed save keeps
- *                                           the old file); test_checkpoint_counts;
+ *   checkpoint_save, checkpoint_load        test_checkpoint_round_trip (bit for bit; truncated,
+ *                                           foreign and damaged files, header counts, a NaN weight;
+ *                                           a failed save keeps the old file);
+ *                                           test_checkpoint_counts;
  *                                           test_learned_positions_checkpoint; test_command_line
- *   nonfinite_parameter, train_save         test_nonfinite_parameter; test_command_line (a NaN loss keeps the
- *                                           last good checkpoint)
- *   train                                   test_command_line (flags and their errors, --seed repeats a run
- *                                           byte for byte); test_minimal_overwrite_rule (only a checkpoint of
- *                                           ours is replaced); test_out_of_memory; test_minimal_program
- *   decode (decode_sentence)                test_command_line, test_decode_streams (a stream goes on past a
- *                                           line it cannot decode)
- *   transformer_main, commands              test_command_line (an unknown command), test_minimal_program,
- *                                           test_evaluation_commands (eval and --train are the lab's),
- *                                           test_output_write_error (output onto a full disk)
+ *   nonfinite_parameter, train_save         test_nonfinite_parameter; test_command_line (a NaN loss
+ *                                           keeps the last good checkpoint)
+ *   train                                   test_command_line (flags and their errors, --seed
+ *                                           repeats a run byte for byte);
+ *                                           test_minimal_overwrite_rule (only a checkpoint of ours
+ *                                           is replaced); test_out_of_memory; test_minimal_program
+ *   decode (decode_sentence)                test_command_line, test_decode_streams (a stream goes
+ *                                           on past a line it cannot decode)
+ *   transformer_main, commands              test_command_line (an unknown command),
+ *                                           test_minimal_program, test_evaluation_commands (eval
+ *                                           and --train are the lab's), test_output_write_error
+ *                                           (output onto a full disk)
  *   make debug: transformer_debug in gdb    test_debugger_walk
  */
-#ifndef TEST_TRANSFORMER_LIBRARY   // (lab/test_lab.c and cuda/test_cuda.c include these tests after the lab)
+// (lab/test_lab.c and cuda/test_cuda.c include these tests after the lab)
+#ifndef TEST_TRANSFORMER_LIBRARY
 #define TRANSFORMER_NO_MAIN
 #include "transformer.c"   // transformer.c alone, as `cc transformer.c` builds it
 #endif
@@ -125,7 +150,10 @@ static void check(int ok, const char *format, ...) {
     vprintf(format, args);
     printf("\n");
     va_end(args);
-    if (ok) tests_passed++; else tests_failed++;
+    if (ok)
+        tests_passed++;
+    else
+        tests_failed++;
     fflush(stdout);
 }
 
@@ -212,7 +240,8 @@ static double gradient_error(Objective f, void *context, real *x, const real *gr
         double analytic = grad[i];
         double scale = fmax(fmax(fabs(numeric), fabs(analytic)), GRAD_FLOOR);
         double err = fabs(numeric - analytic) / scale;
-        if (err > worst) worst = err;
+        if (err > worst)
+            worst = err;
     }
     return worst;
 }
@@ -224,7 +253,10 @@ static void check_gradient(const char *name, Objective f, void *context, real *x
 }
 
 // ---- linear ----------------------------------------------------------------
-typedef struct { int N, IC, OC; real *out, *inp, *w, *b, *r; } LinearCase;
+typedef struct {
+    int N, IC, OC;
+    real *out, *inp, *w, *b, *r;
+} LinearCase;
 static double linear_objective(void *p) {
     LinearCase *c = p;
     linear_forward(c->out, c->inp, c->w, c->b, c->N, c->IC, c->OC);
@@ -234,7 +266,11 @@ static void test_linear_gradients(Rng *rng) {
     LinearCase c = { 5, 7, 6, 0, 0, 0, 0, 0 };
     size_t ni = 35, nw = 42, no = 30;
     real buf[35 + 42 + 6 + 30 + 30], grads[35 + 42 + 6];
-    c.inp = buf; c.w = buf + ni; c.b = c.w + nw; c.r = c.b + 6; c.out = c.r + no;
+    c.inp = buf;
+    c.w = buf + ni;
+    c.b = c.w + nw;
+    c.r = c.b + 6;
+    c.out = c.r + no;
     fill_uniform(buf, ni + nw + 6 + no, -1, 1, rng);
     memset(grads, 0, sizeof grads);
     linear_forward(c.out, c.inp, c.w, c.b, c.N, c.IC, c.OC);
@@ -245,7 +281,10 @@ static void test_linear_gradients(Rng *rng) {
 }
 
 // ---- residual, dropout and layer norm ("Add & Norm") with a fixed mask --------
-typedef struct { int N, C; real *out, *mean, *rstd, *res, *residual, *sub, *mask, *g, *b, *r; } AddNormCase;
+typedef struct {
+    int N, C;
+    real *out, *mean, *rstd, *res, *residual, *sub, *mask, *g, *b, *r;
+} AddNormCase;
 static double add_norm_objective(void *p) {
     AddNormCase *c = p;
     AddNormActs norm = { c->mask, c->res, c->out, c->mean, c->rstd };
@@ -263,7 +302,8 @@ static void test_add_norm_gradients(Rng *rng) {
     fill_uniform(g, C, 0.5, 1.5, rng);
     fill_uniform(b, C, -0.5, 0.5, rng);
     fill_uniform(r, N * C, -1, 1, rng);
-    Rng mask_rng; rng_seed(&mask_rng, 7);
+    Rng mask_rng;
+    rng_seed(&mask_rng, 7);
     dropout_mask(mask, 0.3f, 1, &mask_rng, N * C);   // some zeros, the rest 1/0.7
     AddNormCase c = { N, C, out, mean, rstd, res, residual, sub, mask, g, b, r };
     add_norm_objective(&c);
@@ -297,12 +337,14 @@ static void test_attention_gradients(Rng *rng) {
     fill_uniform(qkv, sizeof qkv / sizeof(real), -1.5, 1.5, rng);
     fill_uniform(r, sizeof r / sizeof(real), -1, 1, rng);
     // self-attention, causal, reading q, k, v out of one fused (B,T,3C) buffer
-    AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C, qkv + 2 * C, r };
+    AttentionCase self = { B, T, T, C, NH, 3 * C, 3 * C, 1, tgt_len, out, att, qkv, qkv + C,
+                           qkv + 2 * C, r };
     attention_objective(&self);
     memset(dqkv, 0, sizeof dqkv);
     AttentionShape self_shape = { B, T, T, C, NH, 3 * C, 3 * C };
     attention_backward(dqkv, dqkv + C, dqkv + 2 * C, r, att, qkv, qkv + C, qkv + 2 * C, self_shape);
-    check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv, B * T * 3 * C);
+    check_gradient("attention (causal): q,k,v", attention_objective, &self, qkv, dqkv,
+                   B * T * 3 * C);
     // cross-attention with padded keys: queries (B,T,C), keys/values (B,S,2C)
     fill_uniform(q, sizeof q / sizeof(real), -1.5, 1.5, rng);
     fill_uniform(kv, sizeof kv / sizeof(real), -1.5, 1.5, rng);
@@ -313,7 +355,8 @@ static void test_attention_gradients(Rng *rng) {
     AttentionShape cross_shape = { B, T, S, C, NH, C, 2 * C };
     attention_backward(dq, dkv, dkv + C, r, att, q, kv, kv + C, cross_shape);
     check_gradient("attention (padded keys): q", attention_objective, &cross, q, dq, B * T * C);
-    check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv, B * S * 2 * C);
+    check_gradient("attention (padded keys): k,v", attention_objective, &cross, kv, dkv,
+                   B * S * 2 * C);
     // a padded key's gradient is exactly zero: nothing reads it
     double padded = 0;
     for (int s = src_len[0]; s < S; s++)
@@ -322,7 +365,11 @@ static void test_attention_gradients(Rng *rng) {
 }
 
 // ---- FFN: linear, ReLU, linear ----------------------------------------------
-typedef struct { int N, C, F; real *out, *h, *x, *r; FeedForwardParams w; } FeedForwardCase;
+typedef struct {
+    int N, C, F;
+    real *out, *h, *x, *r;
+    FeedForwardParams w;
+} FeedForwardCase;
 static double feed_forward_objective(void *p) {
     FeedForwardCase *c = p;
     TransformerConfig config = transformer_default_config();
@@ -336,9 +383,12 @@ static void test_feed_forward_gradients(Rng *rng) {
     enum { N = 4, C = 5, F = 7 };
     real x[N * C], w1[F * C], b1[F], w2[C * F], b2[C], r[N * C], out[N * C], h[N * F], dh[N * F];
     real dx[N * C] = {0}, dw1[F * C] = {0}, db1[F] = {0}, dw2[C * F] = {0}, db2[C] = {0};
-    fill_uniform(x, N * C, -1, 1, rng); fill_uniform(w1, F * C, -1, 1, rng);
-    fill_uniform(b1, F, -0.5, 0.5, rng); fill_uniform(w2, C * F, -1, 1, rng);
-    fill_uniform(b2, C, -0.5, 0.5, rng); fill_uniform(r, N * C, -1, 1, rng);
+    fill_uniform(x, N * C, -1, 1, rng);
+    fill_uniform(w1, F * C, -1, 1, rng);
+    fill_uniform(b1, F, -0.5, 0.5, rng);
+    fill_uniform(w2, C * F, -1, 1, rng);
+    fill_uniform(b2, C, -0.5, 0.5, rng);
+    fill_uniform(r, N * C, -1, 1, rng);
     FeedForwardCase c = { N, C, F, out, h, x, r, { w1, b1, w2, b2 } };
     // keep every ReLU input at least 1e-2 away from the kink, where the
     // finite difference would straddle it: shift b1 off any near-zero input
@@ -365,7 +415,11 @@ static void test_feed_forward_gradients(Rng *rng) {
 }
 
 // ---- the embedding -------------------------------------------------------------
-typedef struct { int B, T, C; const int *tokens; real *out, *emb, *pe, *r; } EmbeddingCase;
+typedef struct {
+    int B, T, C;
+    const int *tokens;
+    real *out, *emb, *pe, *r;
+} EmbeddingCase;
 static double embedding_objective(void *p) {
     EmbeddingCase *c = p;
     embedding_forward(c->out, c->tokens, c->emb, c->pe, c->B, c->T, c->C);
@@ -375,7 +429,8 @@ static void test_embedding_gradients(Rng *rng) {
     enum { V = 6, B = 2, T = 4, C = 5 };
     int tokens[B * T] = { 4, 5, 4, 0, 1, 2, 3, 4 };  // token 4 three times: gradients add
     real emb[V * C], pe[T * C], eout[B * T * C], er[B * T * C], demb[V * C] = {0};
-    fill_uniform(emb, V * C, -1, 1, rng); fill_uniform(er, B * T * C, -1, 1, rng);
+    fill_uniform(emb, V * C, -1, 1, rng);
+    fill_uniform(er, B * T * C, -1, 1, rng);
     positional_encoding_init(pe, T, C);
     EmbeddingCase ec = { B, T, C, tokens, eout, emb, pe, er };
     embedding_objective(&ec);
@@ -384,7 +439,12 @@ static void test_embedding_gradients(Rng *rng) {
 }
 
 // ---- label-smoothed cross-entropy --------------------------------------------
-typedef struct { int B, T, V; float eps; const int *targets, *len; real *loss, *probs, *logits; } LossCase;
+typedef struct {
+    int B, T, V;
+    float eps;
+    const int *targets, *len;
+    real *loss, *probs, *logits;
+} LossCase;
 static double loss_objective(void *p) {
     LossCase *c = p;
     int n;
@@ -408,21 +468,28 @@ static void test_loss_gradients(Rng *rng) {
     int t1[1] = { 3 }, len1[1] = { 1 };
     Batch one = { 1, 1, 1, NULL, NULL, NULL, t1, len1 };
     double flat_loss = cross_entropy_forward(l1, p1, flat, &one, 0.0f, V, &n);
-    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: uniform logits give log V (%.15f)", flat_loss);
+    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: uniform logits give log V (%.15f)",
+          flat_loss);
     // and with smoothing eps the true class's target is 1 - eps + eps/V: the loss of a
     // uniform prediction is still log V, since q sums to 1
     flat_loss = cross_entropy_forward(l1, p1, flat, &one, 0.3f, V, &n);
-    check(fabs(flat_loss - log((double)V)) < 1e-12, "loss: smoothing keeps log V for uniform logits");
+    check(fabs(flat_loss - log((double)V)) < 1e-12,
+          "loss: smoothing keeps log V for uniform logits");
 }
 
 // ---- the whole model -----------------------------------------------------------
 // dropout_state: with dropout on, the dropout generator's state before each
 // forward pass, so that every evaluation of the objective draws the same masks
 // (0: dropout off)
-typedef struct { Transformer *model; const Batch *batch; uint64_t dropout_state; } ModelCase;
+typedef struct {
+    Transformer *model;
+    const Batch *batch;
+    uint64_t dropout_state;
+} ModelCase;
 static double model_objective(void *p) {
     ModelCase *c = p;
-    if (c->dropout_state) c->model->dropout_rng.state = c->dropout_state;
+    if (c->dropout_state)
+        c->model->dropout_rng.state = c->dropout_state;
     return transformer_forward(c->model, c->batch);
 }
 
@@ -454,11 +521,18 @@ static double closest_relu_input(Transformer *m) {
 // the whole model).
 static void test_model_gradients(int positional, float dropout) {
     TransformerConfig config = transformer_default_config();
-    config.n_layers = 2; config.d_model = 8; config.d_ff = 12; config.n_heads = 2;
-    config.vocab_size = 11; config.max_len = 8; config.dropout = dropout; config.label_smoothing = 0.1f;
+    config.n_layers = 2;
+    config.d_model = 8;
+    config.d_ff = 12;
+    config.n_heads = 2;
+    config.vocab_size = 11;
+    config.max_len = 8;
+    config.dropout = dropout;
+    config.label_smoothing = 0.1f;
     config.positional = positional;
     int src_len[3] = { 5, 2, 4 }, tgt_len[3] = { 3, 6, 1 };
-    Rng rng; rng_seed(&rng, 11);
+    Rng rng;
+    rng_seed(&rng, 11);
     static TestBatch tb;
     make_test_batch(&tb, 3, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
     // a seed whose ReLU inputs all stay clear of the kink (see the FFN check)
@@ -473,14 +547,18 @@ static void test_model_gradients(int positional, float dropout) {
         for (int i = 1; i < NUM_PARAMETER_TENSORS; i++) {
             const char *name = parameter_names[i];
             size_t len = strlen(name);
-            if (name[len - 1] == 'b') fill_uniform(*ptrs[i], model.param_sizes[i], -0.2, 0.2, &rng);
-            if (name[len - 1] == 'g') fill_uniform(*ptrs[i], model.param_sizes[i], 0.7, 1.3, &rng);
+            if (name[len - 1] == 'b')
+                fill_uniform(*ptrs[i], model.param_sizes[i], -0.2, 0.2, &rng);
+            if (name[len - 1] == 'g')
+                fill_uniform(*ptrs[i], model.param_sizes[i], 0.7, 1.3, &rng);
         }
         model.training = dropout > 0;
-        if (dropout > 0) model.dropout_rng.state = 0x5EED;
+        if (dropout > 0)
+            model.dropout_rng.state = 0x5EED;
         transformer_forward(&model, &tb.batch);
         closest = closest_relu_input(&model);
-        if (closest > 1e-3) break;
+        if (closest > 1e-3)
+            break;
         transformer_free(&model);
     }
     check(closest > 1e-3, "model: seed %d keeps every ReLU input %.1e or more from the kink",
@@ -495,18 +573,24 @@ static void test_model_gradients(int positional, float dropout) {
     int empty = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         char name[64];
-        snprintf(name, sizeof name, "model%s%s: %s", positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
+        snprintf(name, sizeof name, "model%s%s: %s",
+                 positional == POSITIONAL_LEARNED ? " (learned positions)" : "",
                  dropout > 0 ? " (dropout)" : "", parameter_names[i]);
-        if (model.param_sizes[i] == 0) empty++;
-        else check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
+        if (model.param_sizes[i] == 0)
+            empty++;
+        else
+            check_gradient(name, model_objective, &mc, *params[i], *grads[i], model.param_sizes[i]);
     }
-    int expected_empty = positional == POSITIONAL_LEARNED ? 0 : 1;   // position_embedding, with sinusoids
-    check(empty == expected_empty, "model: %d empty parameter tensors, expected %d", empty, expected_empty);
+    // position_embedding, with sinusoids
+    int expected_empty = positional == POSITIONAL_LEARNED ? 0 : 1;
+    check(empty == expected_empty, "model: %d empty parameter tensors, expected %d", empty,
+          expected_empty);
     transformer_free(&model);
 }
 
 static void run_gradient_checks(void) {
-    printf("-- finite-difference gradient checks, double precision (tolerance %g)\n", GRAD_TOLERANCE);
+    printf("-- finite-difference gradient checks, double precision (tolerance %g)\n",
+           GRAD_TOLERANCE);
     int threads = one_thread();
     Rng rng;
     rng_seed(&rng, 2017);
@@ -535,7 +619,9 @@ static void run_gradient_checks(void) {
 // PyTorch's float32 results, whose rounding dominates in either build. The
 // Adam steps have no tolerance of their own: each element's update is held to
 // a bound derived from the gradient tolerance (reference_adam_bounded).
-typedef struct { double logits, loss, grads, step_losses; } RefTolerances;
+typedef struct {
+    double logits, loss, grads, step_losses;
+} RefTolerances;
 static RefTolerances reference_tolerances(int version) {
 #ifdef TRANSFORMER_DOUBLE
     RefTolerances v2 = { 7e-15, 5e-15, 2e-14, 5e-15 };
@@ -554,16 +640,21 @@ typedef struct {
     int32_t *src, *src_len, *tgt_in, *tgt_out, *tgt_len;  // point into data
     double *params;        // (P) the initial weights: float32 numbers in both versions
     double *logits, *grads, *step_losses, loss;
-    double *params_after;  // version 2: (adam_steps, P), after each step; version 1: (P), after the last
+    double *params_after;  // version 2: (adam_steps, P), after each step;
+                           // version 1: (P), after the last
     size_t num_parameters;
     unsigned char *data;   // the file
     double *values;        // every stored real number, as double
 } Reference;
 
-static void reference_free(Reference *r) { free(r->data); free(r->values); }
+static void reference_free(Reference *r) {
+    free(r->data);
+    free(r->values);
+}
 
 static int32_t read_i32(const unsigned char *p) {
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16
+                     | (uint32_t)p[3] << 24);
 }
 static float read_f32(const unsigned char *p) {
     uint32_t u = (uint32_t)read_i32(p);
@@ -600,28 +691,52 @@ static int nonempty_tensors(const TransformerConfig *c) {
 static int reference_read(Reference *r, const char *path) {
     memset(r, 0, sizeof *r);
     FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "%s: cannot open: %s\n", path, strerror(errno)); return 0; }
+    if (!f) {
+        fprintf(stderr, "%s: cannot open: %s\n", path, strerror(errno));
+        return 0;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    if (size < 72) { fprintf(stderr, "%s: %ld bytes, shorter than the 72-byte header\n", path, size); fclose(f); return 0; }
+    if (size < 72) {
+        fprintf(stderr, "%s: %ld bytes, shorter than the 72-byte header\n", path, size);
+        fclose(f);
+        return 0;
+    }
     r->data = checked_calloc((size_t)size, 1, path);
     size_t got = fread(r->data, 1, (size_t)size, f);
     fclose(f);
-    if (got != (size_t)size) { fprintf(stderr, "%s: read %zu of %ld bytes\n", path, got, size); return 0; }
+    if (got != (size_t)size) {
+        fprintf(stderr, "%s: read %zu of %ld bytes\n", path, got, size);
+        return 0;
+    }
     const unsigned char *p = r->data;
-    if (memcmp(p, "TREF", 4) != 0) { fprintf(stderr, "%s: bad magic, expected \"TREF\"\n", path); return 0; }
+    if (memcmp(p, "TREF", 4) != 0) {
+        fprintf(stderr, "%s: bad magic, expected \"TREF\"\n", path);
+        return 0;
+    }
     r->version = read_i32(p + 4);
-    if (r->version != 1 && r->version != 2) { fprintf(stderr, "%s: version %d, expected 1 or 2\n", path, r->version); return 0; }
+    if (r->version != 1 && r->version != 2) {
+        fprintf(stderr, "%s: version %d, expected 1 or 2\n", path, r->version);
+        return 0;
+    }
     int h[12];
     for (int i = 0; i < 12; i++) h[i] = read_i32(p + 8 + 4 * i);
     TransformerConfig *c = &r->config;
-    c->n_layers = h[0]; c->d_model = h[1]; c->d_ff = h[2]; c->n_heads = h[3];
-    c->vocab_size = h[4]; c->max_len = h[5];
-    r->B = h[6]; r->S = h[7]; r->T = h[8]; r->adam_steps = h[9]; r->warmup = h[10];
+    c->n_layers = h[0];
+    c->d_model = h[1];
+    c->d_ff = h[2];
+    c->n_heads = h[3];
+    c->vocab_size = h[4];
+    c->max_len = h[5];
+    r->B = h[6];
+    r->S = h[7];
+    r->T = h[8];
+    r->adam_steps = h[9];
+    r->warmup = h[10];
     if (h[11] != POSITIONAL_SINUSOID && h[11] != POSITIONAL_LEARNED) {
-        fprintf(stderr, "%s: header: positional kind %d (offset 52), expected %d (sinusoid) or %d (learned)\n",
-                path, h[11], POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
+        fprintf(stderr, "%s: header: positional kind %d (offset 52), expected %d (sinusoid) "
+                "or %d (learned)\n", path, h[11], POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
         return 0;
     }
     c->positional = h[11];   // learned: the table is tensor 1, after the embedding
@@ -630,7 +745,10 @@ static int reference_read(Reference *r, const char *path) {
     r->lr_factor = read_f32(p + 64);
     c->dropout = 0.0f;
     const char *error = transformer_config_check(c);
-    if (error) { fprintf(stderr, "%s: header: %s\n", path, error); return 0; }
+    if (error) {
+        fprintf(stderr, "%s: header: %s\n", path, error);
+        return 0;
+    }
     if (r->B < 1 || r->B > 64 || r->S < 1 || r->S > c->max_len || r->T < 1 || r->T > c->max_len ||
         r->adam_steps < 0 || r->adam_steps > 1000 || r->warmup < 1) {
         fprintf(stderr, "%s: header: batch %d x %d x %d, %d Adam steps, warmup %d out of range\n",
@@ -639,14 +757,16 @@ static int reference_read(Reference *r, const char *path) {
     }
     size_t sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(sizes, c);
-    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS), B = r->B, S = r->S, T = r->T, V = c->vocab_size;
+    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS), B = r->B, S = r->S, T = r->T,
+           V = c->vocab_size;
     size_t K = (size_t)r->adam_steps, ints = B * S + B + 2 * B * T + B;
     int width = r->version == 1 ? 4 : 8;           // the results: f32 in version 1, f64 in 2
     size_t after = r->version == 1 ? P : K * P;    // parameters after the last step / each step
     size_t results = B * T * V + 1 + P + K + after;
     size_t expected = 72 + 4 * ints + 4 * P + (size_t)width * results;
     if ((size_t)size != expected) {
-        fprintf(stderr, "%s: %ld bytes, but its header (version %d) implies %zu\n", path, size, r->version, expected);
+        fprintf(stderr, "%s: %ld bytes, but its header (version %d) implies %zu\n", path, size,
+                r->version, expected);
         return 0;
     }
     r->num_parameters = P;
@@ -658,11 +778,16 @@ static int reference_read(Reference *r, const char *path) {
         memcpy(q + 4 * i, &v, 4);
     }
     int32_t *ip = (int32_t *)(void *)q;
-    r->src = ip; ip += B * S;
-    r->src_len = ip; ip += B;
-    r->tgt_in = ip; ip += B * T;
-    r->tgt_out = ip; ip += B * T;
-    r->tgt_len = ip; ip += B;
+    r->src = ip;
+    ip += B * S;
+    r->src_len = ip;
+    ip += B;
+    r->tgt_in = ip;
+    ip += B * T;
+    r->tgt_out = ip;
+    ip += B * T;
+    r->tgt_len = ip;
+    ip += B;
     r->values = checked_calloc(P + results, sizeof(double), "reference values");
     const unsigned char *fp = (const unsigned char *)ip;
     r->params = reference_reals(r->values, &fp, P, 4);
@@ -682,18 +807,22 @@ static int compare_tensor(const char *what, const real *ours, const double *ref,
                           double tolerance, const unsigned char *skip, int verbose) {
     double scale = 0, max_abs = 0;
     for (size_t i = 0; i < n; i++) if (!skip || !skip[i]) scale = fmax(scale, fabs(ref[i]));
-    if (scale == 0) scale = 1;
+    if (scale == 0)
+        scale = 1;
     long first_bad = -1;
     for (size_t i = 0; i < n; i++) {
-        if (skip && skip[i]) continue;
+        if (skip && skip[i])
+            continue;
         double d = fabs((double)ours[i] - ref[i]);
-        if (!(d <= max_abs)) max_abs = d;            // NaN propagates as a failure
-        if (first_bad < 0 && !(d <= tolerance * scale)) first_bad = (long)i;
+        if (!(d <= max_abs))
+            max_abs = d;   // NaN propagates as a failure
+        if (first_bad < 0 && !(d <= tolerance * scale))
+            first_bad = (long)i;
     }
     int ok = first_bad < 0;
     if (verbose || !ok)
-        printf("     %-24s max abs diff %.3e  max rel diff %.3e  (tolerance %.0e)%s\n", what, max_abs,
-               max_abs / scale, tolerance, ok ? "" : "  MISMATCH");
+        printf("     %-24s max abs diff %.3e  max rel diff %.3e  (tolerance %.0e)%s\n", what,
+               max_abs, max_abs / scale, tolerance, ok ? "" : "  MISMATCH");
     if (!ok)
         printf("     %s: first differing element %ld: ours %.12g, PyTorch %.12g\n", what, first_bad,
                (double)ours[first_bad], ref[first_bad]);
@@ -730,7 +859,9 @@ typedef struct {
     int skip_adam;        // compare only the forward and backward pass
 } RefMutation;
 
-typedef struct { int before_adam, adam; } RefMismatches;
+typedef struct {
+    int before_adam, adam;
+} RefMismatches;
 
 // Loads reference parameters into the model (rounded to real), with the mutation's move.
 static void reference_load(Transformer *model, const double *params, const RefMutation *mutation) {
@@ -749,7 +880,8 @@ static void reference_load(Transformer *model, const double *params, const RefMu
 static unsigned char *key_bias_skip_mask(Transformer *model) {
     unsigned char *skip = checked_calloc(model->num_parameters, 1, "skip mask");
     size_t C = model->config.d_model, L = model->config.n_layers;
-    real *qkv_biases[3] = { model->params.enc_qkv_b, model->params.dec_self_qkv_b, model->params.dec_cross_qkv_b };
+    real *qkv_biases[3] = { model->params.enc_qkv_b, model->params.dec_self_qkv_b,
+                            model->params.dec_cross_qkv_b };
     for (int a = 0; a < 3; a++)
         for (size_t l = 0; l < L; l++)
             for (size_t i = C; i < 2 * C; i++)
@@ -781,9 +913,10 @@ static double adam_ratio_limit(int k, double beta1, double beta2) {
 // element's gradient error; the largest over the steps so far). Step 1 was
 // taken by reference_compare (first_loss); the gradients of a step are still
 // there after its update.
-static int reference_adam_bounded(Transformer *model, const Reference *r, Batch *batch, RefTolerances tol,
-                                  real first_loss, double lr_factor, const RefMutation *mutation,
-                                  const TrainingCompute *compute, int verbose) {
+static int reference_adam_bounded(Transformer *model, const Reference *r, Batch *batch,
+                                  RefTolerances tol, real first_loss, double lr_factor,
+                                  const RefMutation *mutation, const TrainingCompute *compute,
+                                  int verbose) {
     size_t P = r->num_parameters;
     int C = r->config.d_model, mismatches = 0;
     // unit roundoff: this build's, or PyTorch's float32 one in a version 1 file
@@ -797,7 +930,8 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
             losses[0] = first_loss;
         } else {
             reference_load(model, before, mutation);
-            compute->begin(model);   // the companion: the parameters (and our moments) to its memory
+            // the companion: the parameters (and our moments) to its memory
+            compute->begin(model);
             losses[k - 1] = compute->train_step(model, batch, r->warmup, lr_factor);
             compute->to_host(model);   // the parameters, moments and gradients, read below
         }
@@ -810,8 +944,10 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
             offset += model->param_sizes[t];
         }
         double lr = transformer_learning_rate(k, C, r->warmup, lr_factor);
-        double c1 = 1 - pow(b1, k), c2 = 1 - pow(b2, k), rho = adam_ratio_limit(k, b1, b2), eps = model->adam.eps;
-        double worst_ratio = 0, worst_diff = 0, worst_resolved = 0;  // the last: where the bound is not the cap
+        double c1 = 1 - pow(b1, k), c2 = 1 - pow(b2, k), rho = adam_ratio_limit(k, b1, b2),
+               eps = model->adam.eps;
+        // the last: where the bound is not the cap
+        double worst_ratio = 0, worst_diff = 0, worst_resolved = 0;
         size_t loose = 0, first_bad = P;
         offset = 0;
         for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
@@ -822,10 +958,14 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
                 double ratio = fabs((double)model->adam_m[i] / c1) / (s + eps);
                 double cap = ratio + rho, resolved = (1 + rho) * delta[t] / (s + eps);
                 double bound = lr * fmin(cap, resolved)
-                             + 2 * unit * fabs((double)model->params_memory[i]) + 64 * unit * lr * (ratio + 1);
-                if (!(diff <= bound) && first_bad == P) first_bad = i;
-                if (!(diff / bound <= worst_ratio)) worst_ratio = diff / bound;
-                if (resolved < cap) worst_resolved = fmax(worst_resolved, diff / bound);
+                             + 2 * unit * fabs((double)model->params_memory[i])
+                             + 64 * unit * lr * (ratio + 1);
+                if (!(diff <= bound) && first_bad == P)
+                    first_bad = i;
+                if (!(diff / bound <= worst_ratio))
+                    worst_ratio = diff / bound;
+                if (resolved < cap)
+                    worst_resolved = fmax(worst_resolved, diff / bound);
                 worst_diff = fmax(worst_diff, diff);
                 loose += bound > 1e-2 * lr;
             }
@@ -834,12 +974,14 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
         int ok = first_bad == P;
         mismatches += !ok;
         if (verbose || !ok)
-            printf("     Adam step %d (lr %.3e): max |update diff| %.3e = %.1e lr, max diff/bound %.2e"
-                   " (%.2e where not capped); %zu of %zu bounds above lr/100%s\n", k, lr, worst_diff,
-                   worst_diff / lr, worst_ratio, worst_resolved, loose, P, ok ? "" : "  MISMATCH");
+            printf("     Adam step %d (lr %.3e): max |update diff| %.3e = %.1e lr, "
+                   "max diff/bound %.2e (%.2e where not capped); %zu of %zu bounds above "
+                   "lr/100%s\n", k, lr, worst_diff, worst_diff / lr, worst_ratio, worst_resolved,
+                   loose, P, ok ? "" : "  MISMATCH");
         if (!ok)
-            printf("     Adam step %d: first element over its bound %zu: update ours %.12g, PyTorch %.12g\n", k,
-                   first_bad, (double)model->params_memory[first_bad] - (double)(real)before[first_bad],
+            printf("     Adam step %d: first element over its bound %zu: update ours %.12g, "
+                   "PyTorch %.12g\n", k, first_bad,
+                   (double)model->params_memory[first_bad] - (double)(real)before[first_bad],
                    after[first_bad] - before[first_bad]);
     }
     mismatches += !compare_tensor("Adam: losses", losses, r->step_losses, (size_t)r->adam_steps,
@@ -870,8 +1012,9 @@ static int reference_adam_bounded(Transformer *model, const Reference *r, Batch 
 // losses, this float build by 0.22 and 3.8e-5, and no update difference
 // exceeds 0.59 of 2 sum lr_k rho_k; the one-step files reach 0.85 of their
 // bound (float; 0.82 double).
-static int reference_adam_free_running(Transformer *model, const Reference *r, Batch *batch, real first_loss,
-                                       double lr_factor, const TrainingCompute *compute, int verbose) {
+static int reference_adam_free_running(Transformer *model, const Reference *r, Batch *batch,
+                                       real first_loss, double lr_factor,
+                                       const TrainingCompute *compute, int verbose) {
     size_t P = r->num_parameters;
     int K = r->adam_steps, finite = 1;
     real *losses = checked_calloc((size_t)K, sizeof(real), "losses");
@@ -895,30 +1038,41 @@ static int reference_adam_free_running(Transformer *model, const Reference *r, B
     double worst = 0, largest = 0, worst_over_bound = 0;   // the first two without the key biases
     size_t first_bad = P;
     for (size_t i = 0; i < P; i++) {
-        double ours = (double)model->params_memory[i] - r->params[i], theirs = r->params_after[i] - r->params[i];
+        double ours = (double)model->params_memory[i] - r->params[i],
+               theirs = r->params_after[i] - r->params[i];
         double diff = fabs(ours - theirs);
         double bound = 2 * (cap * (1 + 16 * unit) + K * unit * (fabs(r->params[i]) + cap));
-        if (!(diff <= bound) && first_bad == P) first_bad = i;
-        if (!(diff / bound <= worst_over_bound)) worst_over_bound = diff / bound;
-        if (!skip[i]) { worst = fmax(worst, diff); largest = fmax(largest, fabs(theirs)); }
+        if (!(diff <= bound) && first_bad == P)
+            first_bad = i;
+        if (!(diff / bound <= worst_over_bound))
+            worst_over_bound = diff / bound;
+        if (!skip[i]) {
+            worst = fmax(worst, diff);
+            largest = fmax(largest, fabs(theirs));
+        }
     }
     int ok = first_bad == P && finite;
     if (verbose || !ok) {
-        printf("     Adam: losses, steps 2..%d  max abs diff %.3e  max rel diff %.3e  (reported)%s\n", K,
-               loss_diff, loss_diff / (loss_scale > 0 ? loss_scale : 1), finite ? "" : "  NOT FINITE");
-        printf("     Adam: updates, %d steps   max abs diff %.3e  max rel diff %.3e  (reported; key biases left"
-               " out); max diff / (2 sum lr_k rho_k = %.3e) %.2e%s\n", K, worst, worst / (largest > 0 ? largest : 1),
-               2 * cap, worst_over_bound, first_bad == P ? "" : "  MISMATCH");
+        printf("     Adam: losses, steps 2..%d  max abs diff %.3e  max rel diff %.3e  "
+               "(reported)%s\n", K, loss_diff, loss_diff / (loss_scale > 0 ? loss_scale : 1),
+               finite ? "" : "  NOT FINITE");
+        printf("     Adam: updates, %d steps   max abs diff %.3e  max rel diff %.3e  "
+               "(reported; key biases left out); max diff / (2 sum lr_k rho_k = %.3e) %.2e%s\n",
+               K, worst, worst / (largest > 0 ? largest : 1), 2 * cap, worst_over_bound,
+               first_bad == P ? "" : "  MISMATCH");
     }
     if (first_bad < P)
-        printf("     Adam: element %zu moved beyond any correct step: update ours %.12g, PyTorch %.12g\n", first_bad,
+        printf("     Adam: element %zu moved beyond any correct step: update ours %.12g, "
+               "PyTorch %.12g\n", first_bad,
                (double)model->params_memory[first_bad] - r->params[first_bad],
                r->params_after[first_bad] - r->params[first_bad]);
     if (verbose)
-        printf("     Adam: %d free-running float32 steps: the differences are reported, not failed: a gradient within"
-               " rounding of zero flips a step of about lr, later steps follow, and PyTorch's float32 and float64"
-               " runs differ as much (dev/FORMATS.md, \"Reference files\")\n", K);
-    free(losses); free(skip);
+        printf("     Adam: %d free-running float32 steps: the differences are reported, not "
+               "failed: a gradient within rounding of zero flips a step of about lr, later steps "
+               "follow, and PyTorch's float32 and float64 runs differ as much (dev/FORMATS.md, "
+               "\"Reference files\")\n", K);
+    free(losses);
+    free(skip);
     return !ok;
 }
 
@@ -926,19 +1080,31 @@ static int reference_adam_free_running(Transformer *model, const Reference *r, B
 // everything; counts the mismatching comparisons before Adam (logits, loss,
 // the gradients of the non-empty tensors) and in the Adam steps.
 static RefMismatches reference_compare(const Reference *r, const char *path, int verbose,
-                                       const RefMutation *mutation, const TrainingCompute *compute) {
+                                       const RefMutation *mutation,
+                                       const TrainingCompute *compute) {
     RefMismatches result = { 0, 0 };
     RefTolerances tol = reference_tolerances(r->version);
     Transformer model;
     const char *error = transformer_build(&model, &r->config, 0);
-    if (error) { printf("     %s: %s\n", path, error); result.before_adam = 1; return result; }
+    if (error) {
+        printf("     %s: %s\n", path, error);
+        result.before_adam = 1;
+        return result;
+    }
     model.training = 0;
-    if (mutation->beta1) model.adam.beta1 = mutation->beta1;
-    if (mutation->beta2) model.adam.beta2 = mutation->beta2;
+    if (mutation->beta1)
+        model.adam.beta1 = mutation->beta1;
+    if (mutation->beta2)
+        model.adam.beta2 = mutation->beta2;
     reference_load(&model, r->params, mutation);
     Batch batch = { r->B, r->S, r->T, r->src, r->src_len, r->tgt_in, r->tgt_out, r->tgt_len };
     const char *bad = batch_check(&batch, &r->config);
-    if (bad) { printf("     %s: batch: %s\n", path, bad); transformer_free(&model); result.before_adam = 1; return result; }
+    if (bad) {
+        printf("     %s: batch: %s\n", path, bad);
+        transformer_free(&model);
+        result.before_adam = 1;
+        return result;
+    }
     size_t BTV = (size_t)r->B * r->T * r->config.vocab_size;
     real *logits = checked_calloc(BTV, sizeof(real), "logits");
     // One training step at the reference's weights: its forward and backward
@@ -947,14 +1113,15 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
     compute->begin(&model);
     real loss = compute->train_step(&model, &batch, r->warmup, lr_factor);
     compute->to_host(&model);
-    result.before_adam += !compare_tensor("logits", last_logits(compute, &model, logits), r->logits, BTV,
-                                          tol.logits, NULL, verbose);
+    result.before_adam += !compare_tensor("logits", last_logits(compute, &model, logits), r->logits,
+                                          BTV, tol.logits, NULL, verbose);
     result.before_adam += !compare_tensor("loss", &loss, &r->loss, 1, tol.loss, NULL, verbose);
     free(logits);
     size_t offset = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         char name[64];
-        if (model.param_sizes[t] == 0) continue;   // position_embedding, with sinusoids
+        if (model.param_sizes[t] == 0)
+            continue;   // position_embedding, with sinusoids
         snprintf(name, sizeof name, "grad %s", parameter_names[t]);
         result.before_adam += !compare_tensor(name, model.grads_memory + offset, r->grads + offset,
                                               model.param_sizes[t], tol.grads, NULL, verbose);
@@ -962,7 +1129,8 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
     }
     if (!mutation->skip_adam && r->adam_steps > 0) {
         result.adam = r->version == 2 || r->adam_steps == 1
-            ? reference_adam_bounded(&model, r, &batch, tol, loss, lr_factor, mutation, compute, verbose)
+            ? reference_adam_bounded(&model, r, &batch, tol, loss, lr_factor, mutation, compute,
+                                     verbose)
             : reference_adam_free_running(&model, r, &batch, loss, lr_factor, compute, verbose);
     }
     transformer_free(&model);
@@ -971,17 +1139,25 @@ static RefMismatches reference_compare(const Reference *r, const char *path, int
 
 static void test_reference_file(const char *path) {
     Reference r;
-    if (!reference_read(&r, path)) { check(0, "reference %s: unreadable", path); reference_free(&r); return; }
-    printf("-- %s (format version %d): %d layers, d_model %d, d_ff %d, %d heads, vocab %d, batch %d x %d x %d, eps_ls %g%s\n",
+    if (!reference_read(&r, path)) {
+        check(0, "reference %s: unreadable", path);
+        reference_free(&r);
+        return;
+    }
+    printf("-- %s (format version %d): %d layers, d_model %d, d_ff %d, %d heads, vocab %d, "
+           "batch %d x %d x %d, eps_ls %g%s\n",
            path, r.version, r.config.n_layers, r.config.d_model, r.config.d_ff, r.config.n_heads,
            r.config.vocab_size, r.B, r.S, r.T, (double)r.config.label_smoothing,
            r.config.positional == POSITIONAL_LEARNED ? ", learned positions" : "");
     RefMutation none = { 0 };
     RefMismatches m = reference_compare(&r, path, 1, &none, &transformer_cpu_training);
     int free_running = r.version == 1 && r.adam_steps > 1;
-    check(m.before_adam == 0 && m.adam == 0, "reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch%s",
+    check(m.before_adam == 0 && m.adam == 0,
+          "reference %s: logits, loss, %d gradients, %d Adam steps match PyTorch%s",
           path, nonempty_tensors(&r.config), r.adam_steps,
-          free_running ? " (steps run free in float32: within 2 sum lr_k rho_k, differences reported)" : "");
+          free_running
+              ? " (steps run free in float32: within 2 sum lr_k rho_k, differences reported)"
+              : "");
     reference_free(&r);
 }
 
@@ -994,8 +1170,9 @@ static void test_reference_file(const char *path) {
 // updates to 4e-4 of the largest) failed in both builds (3.8e-2 in float,
 // 2.3e-2 in double; PyTorch's float32 run misses its float64 run by 2.3e-2).
 static const char *committed_references[] = {
-    "tiny_data/ref_2layer_5head.ref", "tiny_data/ref_1layer_4head.ref", "tiny_data/ref_3layer_2head.ref",
-    "tiny_data/ref_learned_positions.ref", "tiny_data/ref_1layer_3head.ref", "tiny_data/ref_v1_one_step.ref",
+    "tiny_data/ref_2layer_5head.ref", "tiny_data/ref_1layer_4head.ref",
+    "tiny_data/ref_3layer_2head.ref", "tiny_data/ref_learned_positions.ref",
+    "tiny_data/ref_1layer_3head.ref", "tiny_data/ref_v1_one_step.ref",
     "tiny_data/ref_v1_diverging.ref",
 };
 
@@ -1009,48 +1186,65 @@ static const char *committed_references[] = {
 // a row of the position table past S and T, changes nothing that any
 // comparison could see). The key bias is left out: softmax ignores a constant
 // added to all of a query's scores, so moving it changes nothing at all.
-static size_t used_weight(const Reference *r, size_t offset, size_t size, size_t begin, size_t end) {
+static size_t used_weight(const Reference *r, size_t offset, size_t size, size_t begin,
+                          size_t end) {
     double largest = 0;
     for (size_t i = 0; i < size; i++) largest = fmax(largest, fabs(r->grads[offset + i]));
     for (size_t i = begin + (end - begin) / 2; i < end; i++)
-        if (fabs(r->grads[offset + i]) >= 0.01 * largest) return i;
+        if (fabs(r->grads[offset + i]) >= 0.01 * largest)
+            return i;
     for (size_t i = begin; i < end; i++)
-        if (fabs(r->grads[offset + i]) >= 0.01 * largest) return i;
+        if (fabs(r->grads[offset + i]) >= 0.01 * largest)
+            return i;
     return begin;
 }
 
 static void test_reference_catches_wrong_weights(const char *path) {
     Reference r;
-    if (!reference_read(&r, path)) { check(0, "reference %s unreadable", path); reference_free(&r); return; }
+    if (!reference_read(&r, path)) {
+        check(0, "reference %s unreadable", path);
+        reference_free(&r);
+        return;
+    }
     printf("-- %s with one weight moved by 1e-3 (must mismatch before Adam):\n", path);
     size_t sizes[NUM_PARAMETER_TENSORS], C = r.config.d_model, offset = 0;
     parameter_sizes(sizes, &r.config);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; offset += sizes[t], t++) {
-        if (sizes[t] == 0) continue;   // position_embedding, with sinusoids
-        int fused_w = strstr(parameter_names[t], "qkv_w") != NULL, fused_b = strstr(parameter_names[t], "qkv_b") != NULL;
+        if (sizes[t] == 0)
+            continue;   // position_embedding, with sinusoids
+        int fused_w = strstr(parameter_names[t], "qkv_w") != NULL,
+            fused_b = strstr(parameter_names[t], "qkv_b") != NULL;
         // the weight(s) to move: in layer 0's query, key and value blocks of a
         // fused projection (not the key bias); else anywhere in the tensor
         size_t elements[3] = { used_weight(&r, offset, sizes[t], 0, sizes[t]) }, n = 1;
         const char *what[3] = { "" };
         if (fused_w) {
             for (size_t block = 0; block < 3; block++)
-                elements[block] = used_weight(&r, offset, sizes[t], block * C * C, (block + 1) * C * C);
-            what[0] = " query"; what[1] = " key"; what[2] = " value"; n = 3;
+                elements[block] = used_weight(&r, offset, sizes[t], block * C * C,
+                                              (block + 1) * C * C);
+            what[0] = " query";
+            what[1] = " key";
+            what[2] = " value";
+            n = 3;
         } else if (fused_b) {
             elements[0] = used_weight(&r, offset, sizes[t], 0, C);
             elements[1] = used_weight(&r, offset, sizes[t], 2 * C, 3 * C);
-            what[0] = " query"; what[1] = " value"; n = 2;
+            what[0] = " query";
+            what[1] = " value";
+            n = 2;
         }
         char report[200] = "";
         int caught = 1;
         for (size_t e = 0; e < n; e++) {
-            RefMutation move = { .tensor = t, .element = elements[e], .move = 1e-3, .skip_adam = 1 };
+            RefMutation move = { .tensor = t, .element = elements[e], .move = 1e-3,
+                                 .skip_adam = 1 };
             RefMismatches m = reference_compare(&r, path, 0, &move, &transformer_cpu_training);
             caught &= m.before_adam > 0;
             snprintf(report + strlen(report), sizeof report - strlen(report), "%s%s[%zu]: %d",
                      e ? ", " : "", what[e], elements[e], m.before_adam);
         }
-        check(caught, "reference: a 1e-3 move caught before Adam in %s of %s (%s mismatching comparisons)",
+        check(caught,
+              "reference: a 1e-3 move caught before Adam in %s of %s (%s mismatching comparisons)",
               parameter_names[t], path, report);
     }
     reference_free(&r);
@@ -1062,7 +1256,10 @@ static void test_reference_catches_wrong_weights(const char *path) {
 static void test_reference_refuses_bad_files(void) {
     const char *path = committed_references[0];   // a version 2 file
     FILE *f = fopen(path, "rb");
-    if (!f) { check(0, "reference %s: cannot open", path); return; }
+    if (!f) {
+        check(0, "reference %s: cannot open", path);
+        return;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     rewind(f);
@@ -1071,7 +1268,11 @@ static void test_reference_refuses_bad_files(void) {
     fclose(f);
     char bad[64];
     snprintf(bad, sizeof bad, "/tmp/test_transformer_%d.ref", (int)getpid());
-    struct { long length; int offset, value; const char *what; } cases[4] = {
+    struct {
+        long length;
+        int offset, value;
+        const char *what;
+    } cases[4] = {
         { size - 8, 0, 0, "cut short by 8 bytes" }, { size + 4, 0, 0, "with 4 bytes added" },
         { size, 4, 3, "of version 3" },             // the version follows "TREF"
         { size, 52, 2, "with positional kind 2" } };
@@ -1079,9 +1280,13 @@ static void test_reference_refuses_bad_files(void) {
     for (int i = 0; i < 4; i++) {
         int at = cases[i].offset;
         unsigned char kept = bytes[at];
-        if (at) bytes[at] = (unsigned char)cases[i].value;
+        if (at)
+            bytes[at] = (unsigned char)cases[i].value;
         FILE *out = fopen(bad, "wb");
-        if (out) { fwrite(bytes, 1, (size_t)cases[i].length, out); fclose(out); }
+        if (out) {
+            fwrite(bytes, 1, (size_t)cases[i].length, out);
+            fclose(out);
+        }
         bytes[at] = kept;
         Reference r;
         printf("     %s: ", cases[i].what);
@@ -1093,7 +1298,8 @@ static void test_reference_refuses_bad_files(void) {
     remove(bad);
     free(bytes);
     check(got == (size_t)size && refused == 4,
-          "reference: a version 2 file cut short, lengthened, of another version or positional kind is refused (%d of 4)",
+          "reference: a version 2 file cut short, lengthened, of another version or positional "
+          "kind is refused (%d of 4)",
           refused);
 }
 
@@ -1104,7 +1310,11 @@ static void test_reference_refuses_bad_files(void) {
 // file run free over 2 steps the rate 5 times too large, an error its bound
 // (2 sum_k lr_k rho_k, reference_adam_free_running) can catch.
 static void test_reference_catches_wrong_adam(void) {
-    struct { const char *path; RefMutation wrong; const char *what; } cases[] = {
+    struct {
+        const char *path;
+        RefMutation wrong;
+        const char *what;
+    } cases[] = {
         { committed_references[0], { .lr_scale = 1.01 }, "learning rate x 1.01" },
         { committed_references[0], { .beta1 = 0.89 }, "beta1 0.89" },
         { committed_references[0], { .beta2 = 0.99 }, "beta2 0.99" },
@@ -1118,8 +1328,10 @@ static void test_reference_catches_wrong_adam(void) {
             reference_free(&r);
             continue;
         }
-        RefMismatches m = reference_compare(&r, cases[c].path, 0, &cases[c].wrong, &transformer_cpu_training);
-        check(m.before_adam == 0 && m.adam > 0, "reference: Adam with %s is caught in %s (%d Adam mismatches, %d before)",
+        RefMismatches m = reference_compare(&r, cases[c].path, 0, &cases[c].wrong,
+                                            &transformer_cpu_training);
+        check(m.before_adam == 0 && m.adam > 0,
+              "reference: Adam with %s is caught in %s (%d Adam mismatches, %d before)",
               cases[c].what, cases[c].path, m.adam, m.before_adam);
         reference_free(&r);
     }
@@ -1131,8 +1343,14 @@ static void test_reference_catches_wrong_adam(void) {
 
 static TransformerConfig small_config(void) {
     TransformerConfig c = transformer_default_config();
-    c.n_layers = 2; c.d_model = 16; c.d_ff = 32; c.n_heads = 4; c.vocab_size = 14; c.max_len = 10;
-    c.dropout = 0.1f; c.label_smoothing = 0.1f;
+    c.n_layers = 2;
+    c.d_model = 16;
+    c.d_ff = 32;
+    c.n_heads = 4;
+    c.vocab_size = 14;
+    c.max_len = 10;
+    c.dropout = 0.1f;
+    c.label_smoothing = 0.1f;
     return c;
 }
 
@@ -1141,15 +1359,20 @@ static void test_config_checks(void) {
     check(transformer_config_check(&c) == NULL, "config: a good config passes");
     c.n_heads = 5;
     const char *e = transformer_config_check(&c);
-    check(e && strstr(e, "divisible"), "config: d_model 16 with 5 heads is refused (%s)", e ? e : "accepted");
-    c = small_config(); c.d_model = -4;
+    check(e && strstr(e, "divisible"), "config: d_model 16 with 5 heads is refused (%s)",
+          e ? e : "accepted");
+    c = small_config();
+    c.d_model = -4;
     check(transformer_config_check(&c) != NULL, "config: negative d_model is refused");
-    c = small_config(); c.vocab_size = TRANSFORMER_MAX_VOCAB + 1;
+    c = small_config();
+    c.vocab_size = TRANSFORMER_MAX_VOCAB + 1;
     check(transformer_config_check(&c) != NULL, "config: a vocabulary over the limit is refused");
-    c = small_config(); c.dropout = 1.0f;
+    c = small_config();
+    c.dropout = 1.0f;
     check(transformer_config_check(&c) != NULL, "config: dropout 1 is refused");
     Transformer m;
-    c = small_config(); c.n_layers = 0;
+    c = small_config();
+    c.n_layers = 0;
     check(transformer_build(&m, &c, 1) != NULL, "config: transformer_build refuses 0 layers");
 }
 
@@ -1161,10 +1384,15 @@ enum { COUNTED_MODELS = 3 };
 
 // Model i of the counted ones: base and big (Table 3, 37000 subwords), and a tiny one.
 static TransformerConfig counted_model(int i) {
-    struct { int L, C, F, H, V; } models[COUNTED_MODELS] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 },
-                                                              { 2, 64, 256, 4, 14 } };
+    struct {
+        int L, C, F, H, V;
+    } models[COUNTED_MODELS] = { { 6, 512, 2048, 8, 37000 }, { 6, 1024, 4096, 16, 37000 },
+                                 { 2, 64, 256, 4, 14 } };
     TransformerConfig c = transformer_default_config();
-    c.n_layers = models[i].L; c.d_model = models[i].C; c.d_ff = models[i].F; c.n_heads = models[i].H;
+    c.n_layers = models[i].L;
+    c.d_model = models[i].C;
+    c.d_ff = models[i].F;
+    c.n_heads = models[i].H;
     c.vocab_size = models[i].V;
     return c;
 }
@@ -1188,7 +1416,8 @@ static void test_parameter_counts(void) {
         c.max_len = 100;
         parameter_sizes(sizes, &c);
         check(sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand + 100 * (size_t)c.d_model,
-              "params: the same with learned positions, max_len 100: %zu more", 100 * (size_t)c.d_model);
+              "params: the same with learned positions, max_len 100: %zu more",
+              100 * (size_t)c.d_model);
     }
 }
 
@@ -1198,7 +1427,8 @@ static void test_masks(void) {
     transformer_build(&m, &config, 5);
     m.training = 0;
     int src_len[3] = { 6, 3, 5 }, tgt_len[3] = { 4, 7, 2 };
-    Rng rng; rng_seed(&rng, 99);
+    Rng rng;
+    rng_seed(&rng, 99);
     static TestBatch tb;
     make_test_batch(&tb, 3, 6, 7, src_len, tgt_len, config.vocab_size, &rng);
     Batch *b = &tb.batch;
@@ -1216,11 +1446,14 @@ static void test_masks(void) {
     int saved = b->tgt_in[1 * 7 + 4];
     b->tgt_in[1 * 7 + 4] = saved == 5 ? 6 : 5;
     transformer_forward(&m, b);
-    int earlier_same = memcmp(before + (1 * 7) * V, m.acts.logits + (1 * 7) * V, 4 * V * sizeof(real)) == 0;
+    int earlier_same = memcmp(before + (1 * 7) * V, m.acts.logits + (1 * 7) * V,
+                              4 * V * sizeof(real)) == 0;
     int others_same = memcmp(before, m.acts.logits, 7 * V * sizeof(real)) == 0 &&
                       memcmp(before + 14 * V, m.acts.logits + 14 * V, 7 * V * sizeof(real)) == 0;
-    int own_moved = memcmp(before + (1 * 7 + 4) * V, m.acts.logits + (1 * 7 + 4) * V, V * sizeof(real)) != 0;
-    check(earlier_same && others_same, "mask: changing target token 4 leaves positions 0..3 and other sentences bit-identical");
+    int own_moved = memcmp(before + (1 * 7 + 4) * V, m.acts.logits + (1 * 7 + 4) * V,
+                           V * sizeof(real)) != 0;
+    check(earlier_same && others_same,
+          "mask: changing target token 4 leaves positions 0..3 and other sentences bit-identical");
     check(own_moved, "mask: ... while position 4 itself does change (the check can fail)");
     b->tgt_in[1 * 7 + 4] = saved;
     // 3. a padded target token (sentence 2, position 5 >= its length 2)
@@ -1232,7 +1465,8 @@ static void test_masks(void) {
     // 4. a real source token must change the output (so the checks above can fail)
     b->src[0] = b->src[0] == 5 ? 6 : 5;
     transformer_forward(&m, b);
-    check(memcmp(before, m.acts.logits, n * sizeof(real)) != 0, "mask: changing a real source token does change the logits");
+    check(memcmp(before, m.acts.logits, n * sizeof(real)) != 0,
+          "mask: changing a real source token does change the logits");
     free(before);
     transformer_free(&m);
 }
@@ -1253,17 +1487,26 @@ static void test_adam_by_hand(void) {
     Transformer m;
     transformer_build(&m, &config, 1);
     real *p = m.params_memory, *g = m.grads_memory;
-    p[0] = 0.5f; p[1] = -1.0f; p[2] = 2.0f;
+    p[0] = 0.5f;
+    p[1] = -1.0f;
+    p[2] = 2.0f;
     transformer_zero_grad(&m);
-    g[0] = 0.1f; g[1] = -0.2f; g[2] = 0.0f;
+    g[0] = 0.1f;
+    g[1] = -0.2f;
+    g[2] = 0.0f;
     adam_update(&m, 0.01);
     double after1[3] = { 0.4900000001, -0.99000000005, 2.0 };
-    double err1 = fmax(fmax(fabs(p[0] - after1[0]), fabs(p[1] - after1[1])), fabs(p[2] - after1[2]));
-    g[0] = 0.3f; g[1] = 0.1f; g[2] = -0.4f;
+    double err1 = fmax(fmax(fabs(p[0] - after1[0]), fabs(p[1] - after1[1])),
+                       fabs(p[2] - after1[2]));
+    g[0] = 0.3f;
+    g[1] = 0.1f;
+    g[2] = -0.4f;
     adam_update(&m, 0.02);
     double after2[3] = { 0.471714437615, -0.984657845813, 2.014811839189 };
-    double err2 = fmax(fmax(fabs(p[0] - after2[0]), fabs(p[1] - after2[1])), fabs(p[2] - after2[2]));
-    check(err1 < 1e-6 && err2 < 1e-6, "adam: two steps match the hand-worked values (errors %.1e, %.1e)", err1, err2);
+    double err2 = fmax(fmax(fabs(p[0] - after2[0]), fabs(p[1] - after2[1])),
+                       fabs(p[2] - after2[2]));
+    check(err1 < 1e-6 && err2 < 1e-6,
+          "adam: two steps match the hand-worked values (errors %.1e, %.1e)", err1, err2);
     check(m.adam_step == 2, "adam: counts its steps");
     transformer_free(&m);
 }
@@ -1276,24 +1519,32 @@ static void test_schedule(void) {
     double expected[4] = { 1.7469281074e-07, 1.7469281074e-05, 6.9877124297e-04, 3.4938562148e-04 };
     double worst = 0;
     for (int i = 0; i < 4; i++)
-        worst = fmax(worst, fabs(transformer_learning_rate(steps[i], 512, 4000, 1.0) / expected[i] - 1));
-    check(worst < 1e-9, "schedule: the §5.3 formula at steps 1, 100, 4000, 16000 (rel error %.1e)", worst);
+        worst = fmax(worst,
+                     fabs(transformer_learning_rate(steps[i], 512, 4000, 1.0) / expected[i] - 1));
+    check(worst < 1e-9, "schedule: the §5.3 formula at steps 1, 100, 4000, 16000 (rel error %.1e)",
+          worst);
     double peak = transformer_learning_rate(4000, 512, 4000, 1.0);
     check(transformer_learning_rate(3999, 512, 4000, 1.0) < peak &&
-          transformer_learning_rate(4001, 512, 4000, 1.0) < peak, "schedule: peaks at the warm-up step");
-    check(fabs(transformer_learning_rate(10, 64, 5, 2.0) / transformer_learning_rate(10, 64, 5, 1.0) - 2) < 1e-12,
+          transformer_learning_rate(4001, 512, 4000, 1.0) < peak,
+          "schedule: peaks at the warm-up step");
+    check(fabs(transformer_learning_rate(10, 64, 5, 2.0)
+               / transformer_learning_rate(10, 64, 5, 1.0) - 2) < 1e-12,
           "schedule: the factor scales the curve");
 }
 
 // A few hundred Adam steps on one tiny batch must fit it: the model can learn.
 static void test_learning(void) {
     TransformerConfig config = small_config();
-    config.n_layers = 1; config.d_model = 32; config.d_ff = 64; config.dropout = 0.0f;
+    config.n_layers = 1;
+    config.d_model = 32;
+    config.d_ff = 64;
+    config.dropout = 0.0f;
     config.label_smoothing = 0.0f;
     Transformer m;
     transformer_build(&m, &config, 3);
     int src_len[4] = { 5, 7, 3, 6 }, tgt_len[4] = { 6, 8, 4, 7 };
-    Rng rng; rng_seed(&rng, 4);
+    Rng rng;
+    rng_seed(&rng, 4);
     static TestBatch tb;
     make_test_batch(&tb, 4, 7, 8, src_len, tgt_len, config.vocab_size, &rng);
     // the copy task: the target is the source
@@ -1308,7 +1559,8 @@ static void test_learning(void) {
     int threads = one_thread();
     for (int step = 1; step <= 300; step++) {
         real loss = transformer_forward(&m, &tb.batch);
-        if (step == 1) first = loss;
+        if (step == 1)
+            first = loss;
         last = loss;
         transformer_zero_grad(&m);
         transformer_backward(&m, &tb.batch);
@@ -1317,7 +1569,9 @@ static void test_learning(void) {
         adam_update(&m, transformer_learning_rate(step, config.d_model, 30, 0.5));
     }
     set_threads(threads);
-    check(last < 0.02, "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f", first, last);
+    check(last < 0.02,
+          "learning: 300 steps on a 4-sentence copy batch take the loss from %.3f to %.5f",
+          first, last);
     transformer_free(&m);
 }
 
@@ -1325,12 +1579,15 @@ static void test_learning(void) {
 // The memory of the vector loops starts on cache lines (CACHE_LINE): what the
 // allocation helpers give, and every activation and gradient tensor of a model
 // whose sizes are not whole lines (d_model 12, a batch of 3 x 5 x 7).
-static int on_line(const void *p) { return (uintptr_t)p % CACHE_LINE == 0; }
+static int on_line(const void *p) {
+    return (uintptr_t)p % CACHE_LINE == 0;
+}
 
 static void test_aligned_memory(void) {
     int aligned = 1, zeroed = 1;
     // numbers: a few, exactly one line and two lines, and more, in whole lines or not
-    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53, 161, 485 };
+    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53,
+                       161, 485 };
     for (size_t i_size = 0; i_size < sizeof sizes / sizeof *sizes; i_size++) {
         size_t n = sizes[i_size];
         real *z = arena_calloc(n, "test");
@@ -1341,10 +1598,15 @@ static void test_aligned_memory(void) {
         }
         arena_free(z);
     }
-    check(aligned && zeroed, "memory: arena_calloc gives addresses on %d-byte lines, and its numbers are 0", CACHE_LINE);
+    check(aligned && zeroed,
+          "memory: arena_calloc gives addresses on %d-byte lines, and its numbers are 0",
+          CACHE_LINE);
 
     TransformerConfig c = small_config();
-    c.d_model = 12; c.n_heads = 3; c.d_ff = 20; c.vocab_size = 13;
+    c.d_model = 12;
+    c.n_heads = 3;
+    c.d_ff = 20;
+    c.vocab_size = 13;
     Transformer m;
     transformer_build(&m, &c, 5);
     Rng rng;
@@ -1358,21 +1620,24 @@ static void test_aligned_memory(void) {
     const ActivationTensors *sets[2] = { &m.acts, &m.grads_acts };
     for (int set = 0; set < 2; set++) {
         const ActivationTensors *a = sets[set];
-        real *top[9] = { a->enc_embedded, a->enc_emb_mask, a->enc_x0, a->dec_embedded, a->dec_emb_mask,
-                         a->dec_x0, a->logits, a->probs, a->token_loss };
+        real *top[9] = { a->enc_embedded, a->enc_emb_mask, a->enc_x0, a->dec_embedded,
+                         a->dec_emb_mask, a->dec_x0, a->logits, a->probs, a->token_loss };
         for (int i = 0; i < 9; i++) {
-            if (!top[i]) continue;
+            if (!top[i])
+                continue;
             tensors++;
             lined += on_line(top[i]);
         }
         for (int l = 0; l < c.n_layers; l++) {
             const void *layers[2] = { &a->enc[l], &a->dec[l] };
-            size_t counts[2] = { sizeof(EncoderLayerActs) / sizeof(real *), sizeof(DecoderLayerActs) / sizeof(real *) };
+            size_t counts[2] = { sizeof(EncoderLayerActs) / sizeof(real *),
+                                 sizeof(DecoderLayerActs) / sizeof(real *) };
             for (int k = 0; k < 2; k++)
                 for (size_t i = 0; i < counts[k]; i++) {
                     real *p;
                     memcpy(&p, (const char *)layers[k] + i * sizeof p, sizeof p);
-                    if (!p) continue;
+                    if (!p)
+                        continue;
                     tensors++;
                     lined += on_line(p);
                 }
@@ -1385,7 +1650,8 @@ static void test_aligned_memory(void) {
         tensors++;
         lined += on_line(arenas[i]);
     }
-    check(lined == tensors && tensors > 100, "memory: %d of %d activation and gradient tensors and parameter-sized arrays "
+    check(lined == tensors && tensors > 100,
+          "memory: %d of %d activation and gradient tensors and parameter-sized arrays "
           "start on a line (d_model 12, batch 3 x 5 x 7)", lined, tensors);
     transformer_free(&m);
 }
@@ -1401,18 +1667,22 @@ static void test_softmax_visible(void) {
         for (int j = 0; j < 37; j++) p[j] = (real)(j % 7) - 3 + (j >= visible ? 1000 : 0);
         softmax_visible(p, visible, 37);
         double sum = 0;
-        for (int j = 0; j < visible; j++) { sum += p[j]; ok &= p[j] > 0; }
+        for (int j = 0; j < visible; j++) {
+            sum += p[j];
+            ok &= p[j] > 0;
+        }
         for (int j = visible; j < 37; j++) ok &= p[j] == 0;
         ok &= fabs(sum - 1) < 1e-6;
     }
     for (int j = 0; j < 37; j++) p[j] = 1;
     softmax_visible(p, 0, 37);
     for (int j = 0; j < 37; j++) ok &= p[j] == 0;
-    check(ok, "attention softmax: visible keys sum to 1, masked keys (scored 1000 higher) get exactly 0, "
-          "no visible key gives a row of 0");
+    check(ok, "attention softmax: visible keys sum to 1, masked keys (scored 1000 higher) get "
+          "exactly 0, no visible key gives a row of 0");
 }
 
-// greedy_token never outputs <pad> or <s>, nor </s> where it may not end, and breaks a tie by the lowest id.
+// greedy_token never outputs <pad> or <s>, nor </s> where it may not end, and breaks a tie by the
+// lowest id.
 static void test_greedy_token(void) {
     real logits[40];
     for (int v = 0; v < 40; v++) logits[v] = (real)(v % 5);
@@ -1422,8 +1692,9 @@ static void test_greedy_token(void) {
     int with_eos = greedy_token(logits, 40, 1);
     logits[TOKEN_EOS] = 50;
     int may_not_end = greedy_token(logits, 40, 0);
-    check(first == 4 && with_eos == TOKEN_EOS && may_not_end == 4, "greedy_token: skips <pad> and <s>, lowest id of "
-          "a tie (%d, %d), and </s> where it may not end (%d)", first, with_eos, may_not_end);
+    check(first == 4 && with_eos == TOKEN_EOS && may_not_end == 4,
+          "greedy_token: skips <pad> and <s>, lowest id of a tie (%d, %d), and </s> where it "
+          "may not end (%d)", first, with_eos, may_not_end);
 }
 
 // Every parallel loop gives each output to one thread and sums in a fixed
@@ -1432,7 +1703,8 @@ static void test_thread_determinism(void) {
 #ifdef _OPENMP
     TransformerConfig config = small_config();
     int src_len[3] = { 6, 3, 5 }, tgt_len[3] = { 4, 7, 2 };
-    Rng rng; rng_seed(&rng, 8);
+    Rng rng;
+    rng_seed(&rng, 8);
     static TestBatch tb;
     make_test_batch(&tb, 3, 6, 7, src_len, tgt_len, config.vocab_size, &rng);
     real *grads[2];
@@ -1451,12 +1723,15 @@ static void test_thread_determinism(void) {
         grads[k] = checked_calloc(m.num_parameters, sizeof(real), "grads");
         memcpy(grads[k], m.grads_memory, m.num_parameters * sizeof(real));
         if (k == 1) {
-            check(losses[0] == losses[1] && memcmp(grads[0], grads[1], m.num_parameters * sizeof(real)) == 0,
-                  "threads: 1 and 3 OpenMP threads give bit-identical losses and gradients (dropout on)");
+            check(losses[0] == losses[1]
+                  && memcmp(grads[0], grads[1], m.num_parameters * sizeof(real)) == 0,
+                  "threads: 1 and 3 OpenMP threads give bit-identical losses and gradients "
+                  "(dropout on)");
         }
         transformer_free(&m);
     }
-    free(grads[0]); free(grads[1]);
+    free(grads[0]);
+    free(grads[1]);
     omp_set_num_threads(omp_get_num_procs());
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
@@ -1469,7 +1744,8 @@ static void test_dropout_training_and_evaluation(void) {
     Transformer m;
     transformer_build(&m, &config, 2);
     int src_len[2] = { 4, 3 }, tgt_len[2] = { 3, 5 };
-    Rng rng; rng_seed(&rng, 6);
+    Rng rng;
+    rng_seed(&rng, 6);
     static TestBatch tb;
     make_test_batch(&tb, 2, 4, 5, src_len, tgt_len, config.vocab_size, &rng);
     m.training = 0;
@@ -1480,7 +1756,8 @@ static void test_dropout_training_and_evaluation(void) {
     for (size_t i = 0; i < n; i++) zeros += m.acts.enc_emb_mask[i] == 0;
     check(eval1 == eval2, "dropout: evaluation is deterministic (no dropout)");
     check(train1 != train2, "dropout: training draws new masks each pass");
-    check(zeros > n / 4 && zeros < 3 * n / 4, "dropout: P_drop 0.5 drops %zu of %zu embedding elements", zeros, n);
+    check(zeros > n / 4 && zeros < 3 * n / 4,
+          "dropout: P_drop 0.5 drops %zu of %zu embedding elements", zeros, n);
     transformer_free(&m);
 }
 
@@ -1513,14 +1790,17 @@ static double pe_worst_error(const real *pe, int max_len, int C, const long doub
         for (int d = 0; d < C; d++) {
             long double angle = pos / divisor[d / 2];
             long double exact = d % 2 == 0 ? sinl(angle) : cosl(angle);
-            double error = (double)fabsl((long double)pe[(size_t)pos * C + d] - exact) / pe_tolerance(pos);
-            if (!(error <= worst)) worst = error;   // NaN counts as the worst
+            double error = (double)fabsl((long double)pe[(size_t)pos * C + d] - exact)
+                           / pe_tolerance(pos);
+            if (!(error <= worst))
+                worst = error;   // NaN counts as the worst
         }
     }
     return worst;
 }
 
-// §3.5:  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+// §3.5:  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
+//        PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 // d_model 8 by hand: 10000^(2i/8) = 10^i, so the four pairs turn at 1, 1/10,
 // 1/100 and 1/1000 radians per position: PE(pos) = (sin pos, cos pos,
 // sin(pos/10), cos(pos/10), sin(pos/100), cos(pos/100), sin(pos/1000),
@@ -1537,24 +1817,26 @@ static void test_positional_encoding_formula(void) {
     double worst8 = pe_worst_error(pe8, LEN8, 8, tens);
     int zero_row = 1;
     for (int d = 0; d < 8; d++) zero_row &= pe8[d] == (d % 2 ? 1 : 0);
-    check(worst8 < 1 && zero_row, "positional encoding (§3.5), d_model 8: PE(pos) = (sin pos, cos pos, sin pos/10, "
-          "cos pos/10, ..., cos pos/1000) at positions 0..%d, PE(0) = (0, 1, 0, 1, ...) exactly (worst error %.2f of "
-          "the tolerance)", LEN8 - 1, worst8);
+    check(worst8 < 1 && zero_row,
+          "positional encoding (§3.5), d_model 8: PE(pos) = (sin pos, cos pos, sin pos/10, "
+          "cos pos/10, ..., cos pos/1000) at positions 0..%d, PE(0) = (0, 1, 0, 1, ...) "
+          "exactly (worst error %.2f of the tolerance)", LEN8 - 1, worst8);
     real pe7[LEN7 * 7 + 1];
     pe7[LEN7 * 7] = 12345;   // the guard
     for (int i = 0; i < 4; i++) divisor[i] = powl(10000.0L, 2.0L * i / 7);
     positional_encoding_init(pe7, LEN7, 7);
     double worst7 = pe_worst_error(pe7, LEN7, 7, divisor);
-    check(worst7 < 1 && pe7[LEN7 * 7] == 12345, "positional encoding (§3.5), odd d_model 7: sin and cos pairs, then "
-          "PE(pos, 6) = sin(pos / 10000^(6/7)) alone, rows of 7, nothing written past the table (worst error %.2f of "
-          "the tolerance)", worst7);
+    check(worst7 < 1 && pe7[LEN7 * 7] == 12345,
+          "positional encoding (§3.5), odd d_model 7: sin and cos pairs, then "
+          "PE(pos, 6) = sin(pos / 10000^(6/7)) alone, rows of 7, nothing written past the table "
+          "(worst error %.2f of the tolerance)", worst7);
     real *pe512 = checked_calloc((size_t)LEN512 * 512, sizeof(real), "test");
     for (int i = 0; i < 256; i++) divisor[i] = powl(10000.0L, 2.0L * i / 512);
     positional_encoding_init(pe512, LEN512, 512);
     double worst512 = pe_worst_error(pe512, LEN512, 512, divisor);
-    check(worst512 < 1, "positional encoding (§3.5), d_model 512: all %d x 512 entries against sin and cos in long "
-          "double (worst error %.2f of the tolerance, %.1e at position %d)", LEN512, worst512,
-          pe_tolerance(LEN512 - 1), LEN512 - 1);
+    check(worst512 < 1, "positional encoding (§3.5), d_model 512: all %d x 512 entries against "
+          "sin and cos in long double (worst error %.2f of the tolerance, %.1e at position %d)",
+          LEN512, worst512, pe_tolerance(LEN512 - 1), LEN512 - 1);
     free(pe512);
 }
 
@@ -1563,7 +1845,8 @@ static void test_positional_encoding_formula(void) {
 //     [ c_i  s_i ]      c_i = cos(w_i k'),  s_i = sin(w_i k'),  w_i = 10000^(-2i/C),
 //     [-s_i  c_i ]
 // on each pair (2i, 2i+1), one matrix for every pos; k' = k gives M_k.
-static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const int *positions, int count) {
+static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const int *positions,
+                                int count) {
     long double c[256], s[256];
     for (int i = 0; 2 * i < C; i++) {
         long double w = powl(10000.0L, -2.0L * i / C);
@@ -1577,8 +1860,10 @@ static double pe_rotation_error(const real *pe, int C, int k, int k_prime, const
         for (int i = 0; 2 * i + 1 < C; i++) {
             long double x = from[2 * i], y = from[2 * i + 1];
             long double rx = c[i] * x + s[i] * y, ry = -s[i] * x + c[i] * y;
-            double error = (double)fmaxl(fabsl(rx - to[2 * i]), fabsl(ry - to[2 * i + 1])) / (3 * pe_tolerance(pos + k));
-            if (!(error <= worst)) worst = error;
+            double error = (double)fmaxl(fabsl(rx - to[2 * i]), fabsl(ry - to[2 * i + 1]))
+                           / (3 * pe_tolerance(pos + k));
+            if (!(error <= worst))
+                worst = error;
         }
     }
     return worst;
@@ -1604,9 +1889,11 @@ static void test_positional_encoding_rotation(void) {
         worst = fmax(worst, pe_rotation_error(pe, C, offsets[n], offsets[n], positions, 5));
         wrong = fmin(wrong, pe_rotation_error(pe, C, offsets[n], offsets[n] + 1, positions, 5));
     }
-    check(worst < 1 && wrong > 1000, "positional encoding (§3.5): PE(pos+k) = M_k PE(pos), M_k block-diagonal 2x2 "
-          "rotations by w_i k, the same for pos 0, 3, 31, 100, 149, at k = 1, 2, 7, 50, d_model %d (worst error "
-          "%.2f of the tolerance; M_{k+1} misses by %.1e times it)", C, worst, wrong);
+    check(worst < 1 && wrong > 1000,
+          "positional encoding (§3.5): PE(pos+k) = M_k PE(pos), M_k block-diagonal 2x2 "
+          "rotations by w_i k, the same for pos 0, 3, 31, 100, 149, at k = 1, 2, 7, 50, "
+          "d_model %d (worst error %.2f of the tolerance; M_{k+1} misses by %.1e times it)",
+          C, worst, wrong);
     free(pe);
 }
 
@@ -1616,8 +1903,10 @@ static double by_hand_error(const real *got, const double *expected, int n, int 
     double worst = 0;
     for (int i = 0; i < n; i++) {
         double error = fabs((double)got[i] - expected[i]) / fmax(1, fabs(expected[i]));
-        if (!(error <= worst)) worst = error;
-        if ((expected[i] == 0 || (ones && expected[i] == 1)) && (double)got[i] != expected[i]) *exact = 0;
+        if (!(error <= worst))
+            worst = error;
+        if ((expected[i] == 0 || (ones && expected[i] == 1)) && (double)got[i] != expected[i])
+            *exact = 0;
     }
     return worst;
 }
@@ -1677,21 +1966,26 @@ static void (*volatile by_hand_attention_forward)(real *, real *, const real *, 
                                                   AttentionShape) = attention_forward;
 
 static void test_attention_by_hand(void) {
-    const double L = log(3.0), r = 1 / sqrt(2.0), tolerance = 16 * (sizeof(real) == sizeof(float) ? FLT_EPSILON : DBL_EPSILON);
+    const double L = log(3.0), r = 1 / sqrt(2.0),
+                 tolerance = 16 * (sizeof(real) == sizeof(float) ? FLT_EPSILON : DBL_EPSILON);
     real a = (real)(sqrt(2.0) * L);
-    real q[4] = { a, 0, -a, a }, k[4] = { 0, 0, 1, 0 }, v[4] = { 4, 0, 0, 4 }, dout[4] = { 1, 0, 0, 1 };
+    real q[4] = { a, 0, -a, a }, k[4] = { 0, 0, 1, 0 }, v[4] = { 4, 0, 0, 4 },
+         dout[4] = { 1, 0, 0, 1 };
     AttentionByHand cases[3] = {
         { "no mask", 2, 0, { 0.25, 0.75, 0.75, 0.25 }, { 1, 3, 3, 1 },
-          { -0.75 * r, 0, 0.75 * r, 0 }, { 1.5 * L, -0.75 * L, -1.5 * L, 0.75 * L }, { 0.25, 0.75, 0.75, 0.25 } },
+          { -0.75 * r, 0, 0.75 * r, 0 }, { 1.5 * L, -0.75 * L, -1.5 * L, 0.75 * L },
+          { 0.25, 0.75, 0.75, 0.25 } },
         { "padding mask, key_len 1", 1, 0, { 1, 0, 1, 0 }, { 4, 0, 4, 0 },
           { 0, 0, 0, 0 }, { 0, 0, 0, 0 }, { 1, 1, 0, 0 } },
         { "causal mask", 2, 1, { 1, 0, 0.75, 0.25 }, { 4, 0, 3, 1 },
-          { 0, 0, 0.75 * r, 0 }, { 0.75 * L, -0.75 * L, -0.75 * L, 0.75 * L }, { 1, 0.75, 0, 0.25 } },
+          { 0, 0, 0.75 * r, 0 }, { 0.75 * L, -0.75 * L, -0.75 * L, 0.75 * L },
+          { 1, 0.75, 0, 0.25 } },
     };
     const int paths = fast_path_switch ? 2 : 1;
     const char *path_names[2] = { "Part I", "the fast path" };
     for (int path = 0; path < paths; path++) {
-        if (fast_path_switch) fast_path_switch(path);
+        if (fast_path_switch)
+            fast_path_switch(path);
         for (int n = 0; n < 3; n++) {
             const AttentionByHand *c = &cases[n];
             real out[4], att[4], dq[4] = { 0 }, dk[4] = { 0 }, dv[4] = { 0 };
@@ -1699,15 +1993,20 @@ static void test_attention_by_hand(void) {
             AttentionShape shape = { 1, 2, 2, 2, 1, 2, 2 };
             by_hand_attention_forward(out, att, q, k, v, &key_len, c->causal, shape);
             attention_backward(dq, dk, dv, dout, att, q, k, v, shape);
-            double worst = fmax(by_hand_error(att, c->att, 4, 1, &exact), by_hand_error(out, c->out, 4, 0, &exact));
+            double worst = fmax(by_hand_error(att, c->att, 4, 1, &exact),
+                                by_hand_error(out, c->out, 4, 0, &exact));
             worst = fmax(worst, by_hand_error(dq, c->dq, 4, 0, &exact));
-            worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact), by_hand_error(dv, c->dv, 4, 0, &exact)));
-            check(worst <= tolerance && exact, "attention by hand, 2 queries x 2 keys (%s, %s): p = (%.7g, %.7g; %.7g, "
-                  "%.7g), out, dq, dk, dv as worked out (worst %.1e, tolerance %.0e), its 0s and 1s exact", path_names[path],
-                  c->name, (double)att[0], (double)att[1], (double)att[2], (double)att[3], worst, tolerance);
+            worst = fmax(worst, fmax(by_hand_error(dk, c->dk, 4, 0, &exact),
+                                     by_hand_error(dv, c->dv, 4, 0, &exact)));
+            check(worst <= tolerance && exact,
+                  "attention by hand, 2 queries x 2 keys (%s, %s): p = (%.7g, %.7g; %.7g, %.7g), "
+                  "out, dq, dk, dv as worked out (worst %.1e, tolerance %.0e), its 0s and 1s exact",
+                  path_names[path], c->name, (double)att[0], (double)att[1], (double)att[2],
+                  (double)att[3], worst, tolerance);
         }
         // decoding's shape: one query per sentence
-        real q1[4] = { a, 0, a, 0 }, k1[8] = { 0, 0, 1, 0, 0, 0, 1, 0 }, v1[8] = { 4, 0, 0, 4, 4, 0, 0, 4 };
+        real q1[4] = { a, 0, a, 0 }, k1[8] = { 0, 0, 1, 0, 0, 0, 1, 0 },
+             v1[8] = { 4, 0, 0, 4, 4, 0, 0, 4 };
         real out1[4], att1[4];
         int key_len1[2] = { 2, 1 }, exact1 = 1;
         double expected_att1[4] = { 0.25, 0.75, 1, 0 }, expected_out1[4] = { 1, 3, 4, 0 };
@@ -1715,10 +2014,12 @@ static void test_attention_by_hand(void) {
         by_hand_attention_forward(out1, att1, q1, k1, v1, key_len1, 0, one_query);
         double worst1 = fmax(by_hand_error(att1, expected_att1, 4, 1, &exact1),
                              by_hand_error(out1, expected_out1, 4, 0, &exact1));
-        check(worst1 <= tolerance && exact1, "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len "
-              "1, (1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
+        check(worst1 <= tolerance && exact1,
+              "attention by hand, one query per sentence (%s): p = (1/4, 3/4) and, key_len 1, "
+              "(1, 0) exactly; out (1, 3) and (4, 0) (worst %.1e)", path_names[path], worst1);
         // self-attention's fused layout, causal: attention_forward, then W^O and b^O
-        real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 }, out_b[2] = { 0.5, -0.5 };
+        real qkv[12] = { a, 0, 0, 0, 4, 0,   -a, a, 1, 0, 0, 4 }, out_w[4] = { 0, 1, 1, 0 },
+             out_b[2] = { 0.5, -0.5 };
         real out2[4], att2[4], heads[4];
         int key_len2 = 2, exact2 = 1;
         double expected_out2[4] = { 0.5, 3.5, 1.5, 2.5 };
@@ -1726,11 +2027,14 @@ static void test_attention_by_hand(void) {
         AttentionShape fused = { 1, 2, 2, 2, 1, 6, 6 };
         attention_forward(heads, att2, qkv, qkv + 2, qkv + 4, &key_len2, 1, fused);
         linear_forward(out2, heads, weights.out_w, weights.out_b, 2, 2, 2);
-        double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2), by_hand_error(out2, expected_out2, 4, 0, &exact2));
-        check(worst2 <= tolerance && exact2, "attention and W^O by hand (%s): the causal case read from a fused (T, 3C) "
-              "q|k|v, then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
+        double worst2 = fmax(by_hand_error(att2, cases[2].att, 4, 1, &exact2),
+                             by_hand_error(out2, expected_out2, 4, 0, &exact2));
+        check(worst2 <= tolerance && exact2,
+              "attention and W^O by hand (%s): the causal case read from a fused (T, 3C) q|k|v, "
+              "then W^O and b^O: out (1/2, 7/2; 3/2, 5/2) (worst %.1e)", path_names[path], worst2);
     }
-    if (fast_path_switch) fast_path_switch(1);
+    if (fast_path_switch)
+        fast_path_switch(1);
 }
 
 // ============================================================================
@@ -1739,32 +2043,48 @@ static void test_attention_by_hand(void) {
 
 // A small model trained for a few hundred steps on the copy task, so that
 // its outputs end with </s> (an untrained one mostly runs to the length limit).
-static void train_small_copy_model(Transformer *m, TransformerConfig config, int steps, int max_length) {
+static void train_small_copy_model(Transformer *m, TransformerConfig config, int steps,
+                                   int max_length) {
     transformer_build(m, &config, 11);
     Dataset train, valid;
-    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
-    task_generate(&train, &valid, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 1, max_length, 400, 0, 5);
-    Rng rng; rng_seed(&rng, 7);
-    EpochPlan plan; memset(&plan, 0, sizeof plan);
-    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    memset(&train, 0, sizeof train);
+    memset(&valid, 0, sizeof valid);
+    task_generate(&train, &valid, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 1, max_length,
+                  400, 0, 5);
+    Rng rng;
+    rng_seed(&rng, 7);
+    EpochPlan plan;
+    memset(&plan, 0, sizeof plan);
+    BatchBuffer bb;
+    memset(&bb, 0, sizeof bb);
     int next = 0, threads = one_thread();
     for (int step = 1; step <= steps; step++) {
-        if (next == plan.num_spans) { epoch_plan_make(&plan, &train, 120, &rng); next = 0; }
+        if (next == plan.num_spans) {
+            epoch_plan_make(&plan, &train, 120, &rng);
+            next = 0;
+        }
         BatchSpan span = plan.spans[next++];
         batch_fill(&bb, &train, plan.order + span.start, span.count);
         transformer_forward(m, &bb.batch);
         transformer_zero_grad(m);
         transformer_backward(m, &bb.batch);
-        adam_update(m, transformer_learning_rate(step, config.d_model, 30, 3e-3 * sqrt(config.d_model * 30.0)));
+        adam_update(m, transformer_learning_rate(step, config.d_model, 30,
+                                                 3e-3 * sqrt(config.d_model * 30.0)));
     }
     set_threads(threads);
-    free(plan.order); free(plan.spans); batch_buffer_free(&bb); dataset_free(&train); dataset_free(&valid);
+    free(plan.order);
+    free(plan.spans);
+    batch_buffer_free(&bb);
+    dataset_free(&train);
+    dataset_free(&valid);
 }
 
-// Greedy decoding by transformer_forward: the whole model, encoder too, re-run on the prefix at every step.
+// Greedy decoding by transformer_forward: the whole model, encoder too, re-run on the prefix at
+// every step.
 static int forward_greedy(Transformer *m, int *out, const int *src, int src_len) {
     int limit = transformer_decode_limit(m, src_len), V = m->config.vocab_size, n = 0;
-    int *tgt_in = checked_calloc(limit, sizeof(int), "test"), *tgt_out = checked_calloc(limit, sizeof(int), "test");
+    int *tgt_in = checked_calloc(limit, sizeof(int), "test"),
+        *tgt_out = checked_calloc(limit, sizeof(int), "test");
     tgt_in[0] = TOKEN_BOS;
     m->training = 0;
     for (int t = 0; t < limit; t++) {
@@ -1772,22 +2092,31 @@ static int forward_greedy(Transformer *m, int *out, const int *src, int src_len)
         Batch b = { 1, S, T, (int *)src, &S, tgt_in, tgt_out, &T };
         transformer_forward(m, &b);
         int y = greedy_token(m->acts.logits + (size_t)t * V, V, t > 0 || src_len <= 1);
-        if (y == TOKEN_EOS) break;
+        if (y == TOKEN_EOS)
+            break;
         out[n++] = y;
-        if (t + 1 < limit) tgt_in[t + 1] = y;
+        if (t + 1 < limit)
+            tgt_in[t + 1] = y;
     }
-    free(tgt_in); free(tgt_out);
+    free(tgt_in);
+    free(tgt_out);
     return n;
 }
 
 static void random_source(int *src, int n, int vocab, Rng *rng) {
-    for (int i = 0; i < n - 1; i++) src[i] = NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
+    for (int i = 0; i < n - 1; i++)
+        src[i] = NUM_SPECIAL_TOKENS + rng_below(rng, vocab - NUM_SPECIAL_TOKENS);
     src[n - 1] = TOKEN_EOS;
 }
 
 static TransformerConfig decode_config(void) {
     TransformerConfig c = small_config();
-    c.n_layers = 2; c.d_model = 32; c.d_ff = 64; c.n_heads = 4; c.vocab_size = 10; c.max_len = 20;
+    c.n_layers = 2;
+    c.d_model = 32;
+    c.d_ff = 64;
+    c.n_heads = 4;
+    c.vocab_size = 10;
+    c.max_len = 20;
     return c;
 }
 
@@ -1799,7 +2128,8 @@ static TransformerConfig decode_config(void) {
 static Transformer *trained_copy_model(void) {
     static Transformer model;
     static int trained = 0;
-    if (!trained) train_small_copy_model(&model, decode_config(), 300, 6);
+    if (!trained)
+        train_small_copy_model(&model, decode_config(), 300, 6);
     trained = 1;
     return &model;
 }
@@ -1812,7 +2142,8 @@ static void test_decoder_logits(Transformer *m, Rng *rng) {
     int src[5], tgt_in[9], tgt_out[9] = { 0 };
     random_source(src, S, V, rng);
     tgt_in[0] = TOKEN_BOS;
-    for (int t = 1; t < T; t++) tgt_in[t] = NUM_SPECIAL_TOKENS + rng_below(rng, V - NUM_SPECIAL_TOKENS);
+    for (int t = 1; t < T; t++)
+        tgt_in[t] = NUM_SPECIAL_TOKENS + rng_below(rng, V - NUM_SPECIAL_TOKENS);
     Batch b = { 1, S, T, src, &S, tgt_in, tgt_out, &T };
     m->training = 0;
     transformer_forward(m, &b);
@@ -1820,26 +2151,32 @@ static void test_decoder_logits(Transformer *m, Rng *rng) {
     memcpy(full, m->acts.logits, (size_t)T * V * sizeof(real));
     Decoder decoder;
     decoder_begin(&decoder, m, src, &S, 1, S, 2, T);   // two rows of the same source
-    // transformer.c's products: the same bits, with either decoder; the fast path's (lab/test_lab.c): within 1e-5
+    // transformer.c's products: the same bits, with either decoder; the fast path's
+    // (lab/test_lab.c): within 1e-5
     double tolerance = fast_path.linear_forward ? 1e-5 : 0, worst[2] = { 0, 0 }, scale = 0;
     for (int t = 0; t < T; t++) {
         if (t == 4) {
             int parent[2] = { 1, 0 };   // the rows swap: from here row 1 continues tgt_in
             decoder_reorder(&decoder, parent, 2, 4);
         }
-        int row = t < 4 ? 0 : 1, tokens[2] = { NUM_SPECIAL_TOKENS, NUM_SPECIAL_TOKENS };   // the other: 4 4 4 ...
+        // the other: 4 4 4 ...
+        int row = t < 4 ? 0 : 1, tokens[2] = { NUM_SPECIAL_TOKENS, NUM_SPECIAL_TOKENS };
         tokens[row] = tgt_in[t];
         decoder_step(&decoder, m, tokens, t, 2);
         for (int v = 0; v < V; v++) {
             double difference = fabs((double)decoder.logits[(size_t)row * V + v] - full[t * V + v]);
-            if (!(difference <= worst[row])) worst[row] = difference;   // a NaN stays, and fails the check
+            if (!(difference <= worst[row]))
+                worst[row] = difference;   // a NaN stays, and fails the check
             scale = fmax(scale, fabs((double)full[t * V + v]));
         }
     }
-    check(worst[0] <= tolerance * scale, "decode: the decoder's steps give the logits of the full pass at positions 0-3 "
-          "(max difference %.1e, largest logit %.2f, tolerance %g of it)", worst[0], scale, tolerance);
-    check(worst[1] <= tolerance * scale, "decode: after decoder_reorder a row continues its parent's inputs: the full "
-          "pass's logits at positions 4-%d (max difference %.1e)", T - 1, worst[1]);
+    check(worst[0] <= tolerance * scale,
+          "decode: the decoder's steps give the logits of the full pass at positions 0-3 "
+          "(max difference %.1e, largest logit %.2f, tolerance %g of it)", worst[0], scale,
+          tolerance);
+    check(worst[1] <= tolerance * scale,
+          "decode: after decoder_reorder a row continues its parent's inputs: the full pass's "
+          "logits at positions 4-%d (max difference %.1e)", T - 1, worst[1]);
     decoder_end(&decoder);
     free(full);
 }
@@ -1848,13 +2185,15 @@ static void test_decoding(void) {
     TransformerConfig config = decode_config();
     Transformer *trained = trained_copy_model(), untrained;
     transformer_build(&untrained, &config, 12);
-    Rng rng; rng_seed(&rng, 31);
+    Rng rng;
+    rng_seed(&rng, 31);
     test_decoder_logits(&untrained, &rng);
     Transformer *models[2] = { trained, &untrained };
     const char *names[2] = { "trained", "untrained" };
     for (int k = 0; k < 2; k++) {
         Transformer *m = models[k];
-        int V = m->config.vocab_size, B = 6, S = 7, same = 1, beam_same = 1, batched_same = 1, ended = 0;
+        int V = m->config.vocab_size, B = 6, S = 7, same = 1, beam_same = 1, batched_same = 1,
+            ended = 0;
         int src[6 * 7] = { 0 }, src_len[6], out[6 * 20], out_len[6];
         for (int b = 0; b < B; b++) {
             src_len[b] = 2 + b % 6;
@@ -1863,20 +2202,28 @@ static void test_decoding(void) {
         transformer_greedy_decode(m, out, out_len, 20, src, src_len, B, S); // side by side, padded
         for (int b = 0; b < B; b++) {
             int single[20], by_forward[20], beam[20], single_len;
-            transformer_greedy_decode(m, single, &single_len, 20, src + b * S, &src_len[b], 1, src_len[b]);
+            transformer_greedy_decode(m, single, &single_len, 20, src + b * S, &src_len[b], 1,
+                                      src_len[b]);
             int forward_len = forward_greedy(m, by_forward, src + b * S, src_len[b]);
             int beam_len = transformer_beam_search(m, beam, NULL, src + b * S, src_len[b], 1, 0.6);
-            same &= single_len == forward_len && memcmp(single, by_forward, single_len * sizeof(int)) == 0;
-            beam_same &= beam_len == single_len && memcmp(beam, single, single_len * sizeof(int)) == 0;
-            batched_same &= out_len[b] == single_len && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
+            same &= single_len == forward_len
+                    && memcmp(single, by_forward, single_len * sizeof(int)) == 0;
+            beam_same &= beam_len == single_len
+                         && memcmp(beam, single, single_len * sizeof(int)) == 0;
+            batched_same &= out_len[b] == single_len
+                            && memcmp(out + b * 20, single, single_len * sizeof(int)) == 0;
             ended += single_len < transformer_decode_limit(m, src_len[b]);
         }
-        check(same, "decode (%s model): greedy decoding gives exactly the tokens of the whole model re-run on the prefix "
-              "(%d sentences, %d ended by </s>)", names[k], B, ended);
-        check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each one's own output",
-              names[k], B);
-        check(beam_same, "decode (%s model): beam search with beam 1 gives exactly the greedy output", names[k]);
-        if (k == 0) check(ended == B, "decode: the trained copy model ends every output with </s> (%d of %d)", ended, B);
+        check(same, "decode (%s model): greedy decoding gives exactly the tokens of the whole "
+              "model re-run on the prefix (%d sentences, %d ended by </s>)", names[k], B, ended);
+        check(batched_same, "decode (%s model): %d padded sentences decoded side by side give each "
+              "one's own output", names[k], B);
+        check(beam_same,
+              "decode (%s model): beam search with beam 1 gives exactly the greedy output",
+              names[k]);
+        if (k == 0)
+            check(ended == B, "decode: the trained copy model ends every output with </s> "
+                  "(%d of %d)", ended, B);
     }
     // the trained model copies: greedy and beam 4 both reproduce a source
     int src[5] = { 4, 7, 5, 9, TOKEN_EOS }, S = 5, beam[20], greedy[20], greedy_len;
@@ -1884,8 +2231,10 @@ static void test_decoding(void) {
     transformer_greedy_decode(trained, greedy, &greedy_len, 20, src, &S, 1, S);
     int beam_copies = beam_len == 4 && memcmp(beam, src, 4 * sizeof(int)) == 0;
     int greedy_copies = greedy_len == 4 && memcmp(greedy, src, 4 * sizeof(int)) == 0;
-    check(beam_copies && greedy_copies, "decode: the trained copy model, greedy and with beam 4, copies 4 7 5 9 "
-          "(greedy %d tokens: %d %d ..., beam %d tokens: %d %d ...)", greedy_len, greedy[0], greedy[1], beam_len, beam[0], beam[1]);
+    check(beam_copies && greedy_copies,
+          "decode: the trained copy model, greedy and with beam 4, copies 4 7 5 9 "
+          "(greedy %d tokens: %d %d ..., beam %d tokens: %d %d ...)", greedy_len, greedy[0],
+          greedy[1], beam_len, beam[0], beam[1]);
     transformer_free(&untrained);
 }
 
@@ -1899,40 +2248,53 @@ static void test_decoding(void) {
 // out again here so that the exhaustive test does not check length_penalty against itself:
 // lp(Y) = (5 + |Y|)^alpha / (5 + 1)^alpha, |Y| counting </s> as tensor2tensor's beam search
 // does (its step i scores the (i + 1)-th token, </s> or not).
-static double gnmt_penalty(int length, double alpha) { return pow(5.0 + length, alpha) / pow(6.0, alpha); }
+static double gnmt_penalty(int length, double alpha) {
+    return pow(5.0 + length, alpha) / pow(6.0, alpha);
+}
 
-// length_penalty against values worked by hand: (5+7)/6 = 2 and 2^0.6 = 1.5157165665...; (5+13)/6 = 3;
-// (5+25)/6 = 5 and 5^0.5 = 2.2360679775; (5+1)/6 = 1 whatever alpha; alpha 0 turns it off.
+// length_penalty against values worked by hand: (5+7)/6 = 2 and 2^0.6 = 1.5157165665...;
+// (5+13)/6 = 3; (5+25)/6 = 5 and 5^0.5 = 2.2360679775; (5+1)/6 = 1 whatever alpha; alpha 0 turns
+// it off.
 static void test_length_penalty_by_hand(void) {
-    struct { int length; double alpha, by_hand; } cases[] = {
-        { 7, 0.6, 1.5157165665103982 }, { 13, 1.0, 3.0 }, { 25, 0.5, 2.2360679774997898 }, { 1, 0.6, 1.0 }, { 40, 0.0, 1.0 },
+    struct {
+        int length;
+        double alpha, by_hand;
+    } cases[] = {
+        { 7, 0.6, 1.5157165665103982 }, { 13, 1.0, 3.0 }, { 25, 0.5, 2.2360679774997898 },
+        { 1, 0.6, 1.0 }, { 40, 0.0, 1.0 },
     };
     int wrong = 0;
     double worst = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        double got = length_penalty(cases[i].length, cases[i].alpha), error = fabs(got - cases[i].by_hand);
+        double got = length_penalty(cases[i].length, cases[i].alpha),
+               error = fabs(got - cases[i].by_hand);
         wrong += error > 1e-12;
         worst = fmax(worst, error);
     }
-    check(wrong == 0, "beam: length_penalty is ((5 + |Y|) / 6)^alpha (Wu et al. 2016): |Y| = 7, alpha 0.6 gives 2^0.6 = "
-          "1.5157 and 4 more worked by hand (%d differ, largest error %.1e)", wrong, worst);
+    check(wrong == 0, "beam: length_penalty is ((5 + |Y|) / 6)^alpha (Wu et al. 2016): "
+          "|Y| = 7, alpha 0.6 gives 2^0.6 = 1.5157 and 4 more worked by hand (%d differ, "
+          "largest error %.1e)", wrong, worst);
 }
 
 static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     m->training = 0;
     int src[4] = { 4, 5, 4, TOKEN_EOS }, S = 4, V = 6, T = 5, B = 243;
     double alpha = 0.6;
-    int *srcs = checked_calloc((size_t)B * S, sizeof(int), "test"), *src_len = checked_calloc(B, sizeof(int), "test");
-    int *tgt_in = checked_calloc((size_t)B * T, sizeof(int), "test"), *tgt_out = checked_calloc((size_t)B * T, sizeof(int), "test");
+    int *srcs = checked_calloc((size_t)B * S, sizeof(int), "test"),
+        *src_len = checked_calloc(B, sizeof(int), "test");
+    int *tgt_in = checked_calloc((size_t)B * T, sizeof(int), "test"),
+        *tgt_out = checked_calloc((size_t)B * T, sizeof(int), "test");
     int *tgt_len = checked_calloc(B, sizeof(int), "test");
     int words[3] = { TOKEN_UNK, 4, 5 };
     for (int b = 0; b < B; b++) { // sequence b: its digits in base 3 pick the words
         memcpy(srcs + b * S, src, sizeof src);
-        src_len[b] = S; tgt_len[b] = T;
+        src_len[b] = S;
+        tgt_len[b] = T;
         tgt_in[b * T] = TOKEN_BOS;
         for (int t = 0, code = b; t < T; t++, code /= 3) {
             tgt_out[b * T + t] = words[code % 3];
-            if (t + 1 < T) tgt_in[b * T + t + 1] = words[code % 3];
+            if (t + 1 < T)
+                tgt_in[b * T + t + 1] = words[code % 3];
         }
     }
     Batch batch = { B, S, T, srcs, src_len, tgt_in, tgt_out, tgt_len };
@@ -1952,13 +2314,21 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
                 for (int v = 1; v < V; v++) max_z = fmax(max_z, z[v]);
                 for (int v = 0; v < V; v++) sum += exp(z[v] - max_z);
                 double log_sum = max_z + log(sum);
-                score = (log_p + z[TOKEN_EOS] - log_sum) / gnmt_penalty(t + 1, alpha); // t words, then </s>
-                if (t == 0) score = -INFINITY;   // min_len 1: a source of words never gets the empty output
+                // t words, then </s>
+                score = (log_p + z[TOKEN_EOS] - log_sum) / gnmt_penalty(t + 1, alpha);
+                if (t == 0)
+                    score = -INFINITY;   // min_len 1: a source of words never gets the empty output
                 log_p += z[tgt_out[b * T + t]] - log_sum;
             }
-            if (!first_with_these_words && t < T) continue;
-            if (score > best) { second = best; best = score; best_b = b; best_len = t; }
-            else if (score > second) second = score;
+            if (!first_with_these_words && t < T)
+                continue;
+            if (score > best) {
+                second = best;
+                best = score;
+                best_b = b;
+                best_len = t;
+            } else if (score > second)
+                second = score;
         }
     }
     int out[8];
@@ -1966,20 +2336,28 @@ static void check_beam_search_exhaustive(Transformer *m, const char *name) {
     int n = transformer_beam_search(m, out, &score, src, S, 512, alpha);
     int same_tokens = n == best_len && memcmp(out, tgt_out + best_b * T, n * sizeof(int)) == 0;
     check(fabs(score - best) < 1e-4 && (same_tokens || best - second < 1e-4),
-          "beam (%s model): 512 beams over all 363 outputs find the best (%d tokens, score %.6f; by enumeration "
-          "%d tokens, %.6f)", name, n, score, best_len, best);
+          "beam (%s model): 512 beams over all 363 outputs find the best (%d tokens, score %.6f; "
+          "by enumeration %d tokens, %.6f)", name, n, score, best_len, best);
     double greedy_score;
     transformer_beam_search(m, out, &greedy_score, src, S, 1, alpha);
-    check(score >= greedy_score - 1e-9, "beam (%s model): the wide search scores at least the greedy output "
-          "(%.6f >= %.6f)", name, score, greedy_score);
-    free(srcs); free(src_len); free(tgt_in); free(tgt_out); free(tgt_len);
+    check(score >= greedy_score - 1e-9, "beam (%s model): the wide search scores at least the "
+          "greedy output (%.6f >= %.6f)", name, score, greedy_score);
+    free(srcs);
+    free(src_len);
+    free(tgt_in);
+    free(tgt_out);
+    free(tgt_len);
 }
 
 static void test_beam_search_is_exhaustive_when_wide(void) {
     TransformerConfig config = small_config();
-    config.vocab_size = 6; config.max_len = 5; config.d_model = 16; config.n_heads = 2;
+    config.vocab_size = 6;
+    config.max_len = 5;
+    config.d_model = 16;
+    config.n_heads = 2;
     Transformer m;
-    uint64_t seeds[2] = { 2, 5 };   // untrained: one whose best runs to the limit, one whose best is empty
+    // untrained: one whose best runs to the limit, one whose best is empty
+    uint64_t seeds[2] = { 2, 5 };
     for (int i = 0; i < 2; i++) {
         transformer_build(&m, &config, seeds[i]);
         check_beam_search_exhaustive(&m, i == 0 ? "untrained, seed 2" : "untrained, seed 5");
@@ -2000,15 +2378,17 @@ void run_model_tests(void) {
     run_gradient_checks();
 #endif
     RefTolerances v2 = reference_tolerances(2), v1 = reference_tolerances(1);
-    printf("-- PyTorch reference files (tolerances, relative to each tensor's largest: version 2: logits %g,"
-           " loss %g, gradients %g, step losses %g, Adam updates per element (dev/FORMATS.md, \"Reference files\");"
-           " version 1: %g, %g, %g, %g, one Adam step as version 2's, more reported)\n", v2.logits, v2.loss,
-           v2.grads, v2.step_losses, v1.logits, v1.loss, v1.grads, v1.step_losses);
+    printf("-- PyTorch reference files (tolerances, relative to each tensor's largest: version 2: "
+           "logits %g, loss %g, gradients %g, step losses %g, Adam updates per element "
+           "(dev/FORMATS.md, \"Reference files\"); version 1: %g, %g, %g, %g, one Adam step as "
+           "version 2's, more reported)\n", v2.logits, v2.loss, v2.grads, v2.step_losses, v1.logits,
+           v1.loss, v1.grads, v1.step_losses);
     for (size_t i = 0; i < sizeof committed_references / sizeof *committed_references; i++)
         test_reference_file(committed_references[i]);
     test_reference_catches_wrong_weights(committed_references[0]);
     test_reference_catches_wrong_weights("tiny_data/ref_learned_positions.ref");
-    test_reference_catches_wrong_weights("tiny_data/ref_1layer_3head.ref");   // version 1's tolerances
+    // version 1's tolerances
+    test_reference_catches_wrong_weights("tiny_data/ref_1layer_3head.ref");
     test_reference_catches_wrong_adam();
     test_reference_refuses_bad_files();
     printf("-- configuration, parameter counts, masks, optimizer, learning\n");
@@ -2043,7 +2423,10 @@ static char test_dir[256];   // a fresh temporary directory for the files below
 static const char *test_path(const char *name) {
     static char paths[512][512];
     static int next = 0;
-    if (next == 512) { fprintf(stderr, "test_path: out of buffers\n"); exit(1); }
+    if (next == 512) {
+        fprintf(stderr, "test_path: out of buffers\n");
+        exit(1);
+    }
     char *p = paths[next++];
     snprintf(p, 512, "%s/%s", test_dir, name);
     return p;
@@ -2051,16 +2434,24 @@ static const char *test_path(const char *name) {
 
 static void write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
-    if (!f) { perror(path); exit(1); }
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
     fwrite(data, 1, n, f);
     fclose(f);
 }
 
-static void write_text(const char *path, const char *text) { write_file(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text) {
+    write_file(path, text, strlen(text));
+}
 
 static unsigned char *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
-    if (!f) { *n = 0; return NULL; }
+    if (!f) {
+        *n = 0;
+        return NULL;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     rewind(f);
@@ -2072,7 +2463,8 @@ static unsigned char *read_file(const char *path, size_t *n) {
 
 static void test_tasks_and_batches(void) {
     Dataset train, valid;
-    memset(&train, 0, sizeof train); memset(&valid, 0, sizeof valid);
+    memset(&train, 0, sizeof train);
+    memset(&valid, 0, sizeof valid);
     const char *e = task_generate(&train, &valid, TASK_REVERSE, 10, 1, 10, 3000, 200, 1);
     int unseen = 1, reversed = 1;
     for (int i = 0; i < valid.count; i++) {
@@ -2082,25 +2474,32 @@ static void test_tasks_and_batches(void) {
         for (int j = 0; j < train.count && unseen; j++) {
             const SentencePair *p = &train.pairs[j];
             unseen = !(p->src_len == h->src_len &&
-                       memcmp(train.tokens + p->src, valid.tokens + h->src, h->src_len * sizeof(int)) == 0);
+                       memcmp(train.tokens + p->src, valid.tokens + h->src,
+                              h->src_len * sizeof(int)) == 0);
         }
     }
     check(!e && train.count == 3000 && valid.count == 200 && unseen && reversed,
-          "tasks: 200 held-out reverse pairs, none of their sources among the 3000 training sources");
+          "tasks: 200 held-out reverse pairs, none of their sources among the 3000 training "
+          "sources");
     Dataset a, b;
-    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
     e = task_generate(&a, &b, TASK_COPY, 2, 1, 2, 100, 10, 1);
-    check(e && strstr(e, "held-out"), "tasks: too few possible sequences for the held-out set is refused (%s)",
-          e ? e : "accepted");
-    dataset_free(&a); dataset_free(&b);
+    check(e && strstr(e, "held-out"), "tasks: too few possible sequences for the held-out set is "
+          "refused (%s)", e ? e : "accepted");
+    dataset_free(&a);
+    dataset_free(&b);
     // an epoch: every pair once, batches within the token budget, grouped by length
-    EpochPlan plan; memset(&plan, 0, sizeof plan);
-    Rng rng; rng_seed(&rng, 3);
+    EpochPlan plan;
+    memset(&plan, 0, sizeof plan);
+    Rng rng;
+    rng_seed(&rng, 3);
     int budget = 300;
     epoch_plan_make(&plan, &train, budget, &rng);
     int *seen = checked_calloc(train.count, sizeof(int), "test");
     int in_budget = 1, grouped = 1, covered = 1, total = 0;
-    BatchBuffer bb; memset(&bb, 0, sizeof bb);
+    BatchBuffer bb;
+    memset(&bb, 0, sizeof bb);
     for (int s = 0; s < plan.num_spans; s++) {
         batch_fill(&bb, &train, plan.order + plan.spans[s].start, plan.spans[s].count);
         Batch *x = &bb.batch;
@@ -2115,29 +2514,38 @@ static void test_tasks_and_batches(void) {
         total += x->B;
     }
     for (int i = 0; i < train.count; i++) covered &= seen[i] == 1;
-    check(total == train.count && covered, "batches: an epoch of %d batches visits each of the %d pairs once",
-          plan.num_spans, train.count);
-    check(in_budget && grouped, "batches: each holds at most %d tokens with padding, sources of (nearly) one length", budget);
+    check(total == train.count && covered, "batches: an epoch of %d batches visits each of the %d "
+          "pairs once", plan.num_spans, train.count);
+    check(in_budget && grouped,
+          "batches: each holds at most %d tokens with padding, sources of (nearly) one length",
+          budget);
     // the layout of one batch: x </s> | <s> y | y </s>
     int first = 0;
     TransformerConfig config = small_config();
     batch_fill(&bb, &train, &first, 1);
     const SentencePair *p = &train.pairs[0];
     int n = p->src_len, ok = bb.batch.src_len[0] == n + 1 && bb.batch.src[n] == TOKEN_EOS &&
-                            bb.batch.tgt_len[0] == n + 1 && bb.batch.tgt_in[0] == TOKEN_BOS &&
-                            bb.batch.tgt_out[n] == TOKEN_EOS && batch_check(&bb.batch, &config) == NULL;
+                             bb.batch.tgt_len[0] == n + 1 && bb.batch.tgt_in[0] == TOKEN_BOS &&
+                             bb.batch.tgt_out[n] == TOKEN_EOS &&
+                             batch_check(&bb.batch, &config) == NULL;
     for (int t = 0; t < n; t++)
-        ok &= bb.batch.tgt_out[t] == train.tokens[p->tgt + t] && bb.batch.tgt_in[t + 1] == train.tokens[p->tgt + t];
+        ok &= bb.batch.tgt_out[t] == train.tokens[p->tgt + t] &&
+              bb.batch.tgt_in[t + 1] == train.tokens[p->tgt + t];
     check(ok, "batches: source x </s>, decoder input <s> y, decoder target y </s>");
-    free(seen); free(plan.order); free(plan.spans); batch_buffer_free(&bb);
-    dataset_free(&train); dataset_free(&valid);
+    free(seen);
+    free(plan.order);
+    free(plan.spans);
+    batch_buffer_free(&bb);
+    dataset_free(&train);
+    dataset_free(&valid);
 }
 
 // Three Adam steps on one ragged batch of two sentences (S 6, T 5), which
 // stays in tb for the caller: a model with moments and a step to save.
 static void three_adam_steps(Transformer *m, TestBatch *tb) {
     int src_len[2] = { 4, 6 }, tgt_len[2] = { 5, 3 };
-    Rng rng; rng_seed(&rng, 4);
+    Rng rng;
+    rng_seed(&rng, 4);
     make_test_batch(tb, 2, 6, 5, src_len, tgt_len, m->config.vocab_size, &rng);
     for (int step = 1; step <= 3; step++) {
         transformer_forward(m, &tb->batch);
@@ -2164,8 +2572,8 @@ static int same_logits(Transformer *a, Transformer *b, const Batch *batch) {
 // Writes the checkpoint good (size bytes) to path with the 8 bytes at offset
 // set to value and the checksum made to match: a file that only the header's
 // own checks can refuse.
-static void write_checkpoint_with_field(const char *path, const unsigned char *good, size_t size, size_t offset,
-                                        uint64_t value) {
+static void write_checkpoint_with_field(const char *path, const unsigned char *good, size_t size,
+                                        size_t offset, uint64_t value) {
     unsigned char *copy = checked_calloc(size, 1, "test");
     memcpy(copy, good, size);
     for (int i = 0; i < 8; i++) copy[offset + i] = (unsigned char)(value >> (8 * i));
@@ -2181,15 +2589,28 @@ static void write_checkpoint_with_field(const char *path, const unsigned char *g
 // a NaN loss) and at 2^63 - 1, refused as the file loads (at_load); an epoch and a batch
 // count beyond the steps trained, a data-order generator state of 0, which only the lab's
 // --resume reads and refuses (lab/runs.c, training_state_error; test_lab.c, test_resume_counts).
-static const struct { size_t offset; uint64_t value; int at_load; const char *what, *expected; } checkpoint_count_cases[] = {
-    { 56, 0x8000000000000000ULL, 1, "Adam step INT64_MIN", "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
-    { 56, 0x7FFFFFFFFFFFFFFFULL, 1, "Adam step INT64_MAX", "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
-    { 56, 1000000001, 1, "Adam step 10^9 + 1", "header: Adam step 1000000001; expected 0 to 1000000000" },
-    // (make fuzz, before the fix, found a file with epoch 9 after 1 step: dev/fuzz/fuzz_checkpoint.c)
-    { 80, 4, 0, "epoch 4 after 3 steps", "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
-    { 88, UINT64_MAX, 0, "2^64 - 1 batches done", "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
-    { 72, 0, 0, "data-order generator state 0", "header: data-order generator state 0; expected non-zero" },
-    { 80, 0, 0, "epoch 0 with a batch of it done", "header: epoch 0 with batches of it done (1); expected none before "
+static const struct {
+    size_t offset;
+    uint64_t value;
+    int at_load;
+    const char *what, *expected;
+} checkpoint_count_cases[] = {
+    { 56, 0x8000000000000000ULL, 1, "Adam step INT64_MIN",
+      "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
+    { 56, 0x7FFFFFFFFFFFFFFFULL, 1, "Adam step INT64_MAX",
+      "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
+    { 56, 1000000001, 1, "Adam step 10^9 + 1",
+      "header: Adam step 1000000001; expected 0 to 1000000000" },
+    // (make fuzz, before the fix, found a file with epoch 9 after 1 step:
+    // dev/fuzz/fuzz_checkpoint.c)
+    { 80, 4, 0, "epoch 4 after 3 steps",
+      "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
+    { 88, UINT64_MAX, 0, "2^64 - 1 batches done",
+      "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
+    { 72, 0, 0, "data-order generator state 0",
+      "header: data-order generator state 0; expected non-zero" },
+    { 80, 0, 0, "epoch 0 with a batch of it done",
+      "header: epoch 0 with batches of it done (1); expected none before "
       "the first epoch" },
 };
 
@@ -2201,21 +2622,34 @@ static void test_checkpoint_counts(const unsigned char *good, size_t size) {
     Vocabulary v;
     write_checkpoint_with_field(bad, good, size, 56, 3); // the step it has: still loads
     const char *e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
-    check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to match, loads (%s)",
-          e ? e : "loaded");
-    if (!e) { transformer_free(&loaded); vocab_free(&v); }
-    int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases), loads = 0, epochs = 0;
+    check(!e, "checkpoint: a header field rewritten with its own value, the checksum made to "
+          "match, loads (%s)", e ? e : "loaded");
+    if (!e) {
+        transformer_free(&loaded);
+        vocab_free(&v);
+    }
+    int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases), loads = 0,
+        epochs = 0;
     for (int i = 0; i < n; i++) {
-        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset, checkpoint_count_cases[i].value);
+        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset,
+                                    checkpoint_count_cases[i].value);
         e = checkpoint_load(bad, &loaded, &v, NULL, NULL);
         if (checkpoint_count_cases[i].at_load)
-            check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, checkpoint_count_cases[i].expected),
-                  "checkpoint: %s is refused (%s)", checkpoint_count_cases[i].what, e ? e : "loaded");
-        else { epochs++; loads += !e; }
-        if (!e) { transformer_free(&loaded); vocab_free(&v); }
+            check(e && strstr(e, "bad_counts.ckpt: ") &&
+                  strstr(e, checkpoint_count_cases[i].expected),
+                  "checkpoint: %s is refused (%s)", checkpoint_count_cases[i].what,
+                  e ? e : "loaded");
+        else {
+            epochs++;
+            loads += !e;
+        }
+        if (!e) {
+            transformer_free(&loaded);
+            vocab_free(&v);
+        }
     }
-    check(loads == epochs, "checkpoint: %d of %d headers with epoch counts out of range load for decode and eval "
-          "(only --resume reads them)", loads, epochs);
+    check(loads == epochs, "checkpoint: %d of %d headers with epoch counts out of range load for "
+          "decode and eval (only --resume reads them)", loads, epochs);
 }
 
 static void test_checkpoint_round_trip(void) {
@@ -2226,23 +2660,34 @@ static void test_checkpoint_round_trip(void) {
     three_adam_steps(&m, &tb);
     Vocabulary v, v2;
     task_vocabulary(&v, config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 123, 2, 1, 678 }, state2; // after 3 steps: epoch 2 begun, its first batch done
+    // after 3 steps: epoch 2 begun, its first batch done
+    TrainingState state = { 123, 2, 1, 678 }, state2;
     char *options = NULL;
     const char *path = test_path("model.ckpt");
     const char *e = checkpoint_save(path, &m, &v, &state, "--task\ncopy\n");
-    if (!e) e = checkpoint_load(path, &loaded, &v2, &state2, &options);
+    if (!e)
+        e = checkpoint_load(path, &loaded, &v2, &state2, &options);
     size_t P = m.num_parameters, bytes = P * sizeof(real);
-    int same = !e && loaded.num_parameters == P && memcmp(loaded.params_memory, m.params_memory, bytes) == 0 &&
-               memcmp(loaded.adam_m, m.adam_m, bytes) == 0 && memcmp(loaded.adam_v, m.adam_v, bytes) == 0 &&
+    int same = !e && loaded.num_parameters == P &&
+               memcmp(loaded.params_memory, m.params_memory, bytes) == 0 &&
+               memcmp(loaded.adam_m, m.adam_m, bytes) == 0 &&
+               memcmp(loaded.adam_v, m.adam_v, bytes) == 0 &&
                loaded.adam_step == 3 && loaded.dropout_rng.state == m.dropout_rng.state &&
-               memcmp(&state, &state2, sizeof state) == 0 && strcmp(options, "--task\ncopy\n") == 0 &&
+               memcmp(&state, &state2, sizeof state) == 0 &&
+               strcmp(options, "--task\ncopy\n") == 0 &&
                v2.size == v.size && strcmp(v2.words[v.size - 1], v.words[v.size - 1]) == 0;
-    check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and options come back (%s)",
-          e ? e : "loaded");
-    if (e) { transformer_free(&m); vocab_free(&v); return; }
-    check(same_logits(&m, &loaded, &tb.batch), "checkpoint: a loaded model gives bit-identical logits");
+    check(same, "checkpoint: parameters, Adam moments and step, generators, vocabulary and "
+          "options come back (%s)", e ? e : "loaded");
+    if (e) {
+        transformer_free(&m);
+        vocab_free(&v);
+        return;
+    }
+    check(same_logits(&m, &loaded, &tb.batch),
+          "checkpoint: a loaded model gives bit-identical logits");
     free(options);
-    transformer_free(&loaded); vocab_free(&v2);
+    transformer_free(&loaded);
+    vocab_free(&v2);
 
     // damaged and foreign files: one message each, naming the file
     size_t size;
@@ -2255,14 +2700,21 @@ static void test_checkpoint_round_trip(void) {
         write_file(bad, good, cuts[i]);
         e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
         all_truncated &= e && strstr(e, "bad.ckpt: truncated") != NULL;
-        if (!e) transformer_free(&loaded), vocab_free(&v2);
+        if (!e)
+            transformer_free(&loaded), vocab_free(&v2);
     }
-    check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: 'truncated' each time", size);
+    check(all_truncated, "checkpoint: cut at 0, 3, 60, 127, half and all but 1 of %zu bytes: "
+          "'truncated' each time", size);
     test_checkpoint_counts(good, size);
-    struct { size_t offset; unsigned char value; const char *expected, *what; } edits[] = {
+    struct {
+        size_t offset;
+        unsigned char value;
+        const char *expected, *what;
+    } edits[] = {
         { 0, 'X', "not a transformer.c checkpoint", "a wrong magic" },
         { 4, 4, "checkpoint format version 4; expected version 3", "another version" },
-        { 4, 2, "checkpoint format version 2; expected version 3 (versions 1 and 2 are no longer read)",
+        { 4, 2,
+          "checkpoint format version 2; expected version 3 (versions 1 and 2 are no longer read)",
           "a version-2 file (of transformer.c before version 3)" },
         { 20, 65, "parameters, but its sizes", "a d_ff that disagrees with the parameter count" },
         { 104, 0, "vocabulary", "a vocabulary section 2 bytes longer (and options 2 shorter)" },
@@ -2273,29 +2725,41 @@ static void test_checkpoint_round_trip(void) {
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
         memcpy(copy, good, size);
         size_t offset = edits[i].offset;
-        if (strcmp(edits[i].expected, "checksum mismatch") == 0) { offset = size - 100; copy[offset] ^= 1; }
-        else copy[offset] = edits[i].value;
-        if (offset == 104) { copy[104] = good[104] + 2; copy[112] = good[112] - 2; } // the same total size
+        if (strcmp(edits[i].expected, "checksum mismatch") == 0) {
+            offset = size - 100;
+            copy[offset] ^= 1;
+        } else
+            copy[offset] = edits[i].value;
+        if (offset == 104) {   // the same total size
+            copy[104] = good[104] + 2;
+            copy[112] = good[112] - 2;
+        }
         write_file(bad, copy, size);
         e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
-        check(e && strstr(e, "bad.ckpt") && strstr(e, edits[i].expected), "checkpoint: %s is refused (%s)",
-              edits[i].what, e ? e : "accepted");
-        if (!e) transformer_free(&loaded), vocab_free(&v2);
+        check(e && strstr(e, "bad.ckpt") && strstr(e, edits[i].expected),
+              "checkpoint: %s is refused (%s)", edits[i].what, e ? e : "accepted");
+        if (!e)
+            transformer_free(&loaded), vocab_free(&v2);
     }
     memcpy(copy, good, size);
     write_file(bad, copy, size + 16);
     e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
-    check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)", e ? e : "accepted");
-    // a NaN among the weights, the checksum right (train_save never writes one; a file made elsewhere might)
+    check(e && strstr(e, "sizes disagree"), "checkpoint: 16 bytes too many is refused (%s)",
+          e ? e : "accepted");
+    // a NaN among the weights, the checksum right (train_save never writes one; a file made
+    // elsewhere might)
     real kept = m.params_memory[7];
     m.params_memory[7] = NAN;
     e = checkpoint_save(bad, &m, &v, &state, "");
     m.params_memory[7] = kept;
-    if (!e) e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
-    else e = "not saved";
-    check(e && strstr(e, "bad.ckpt: embedding holds a number that is not finite"), "checkpoint: a NaN weight is "
-          "refused as it loads (%s)", e ? e : "loaded");
-    if (!e) transformer_free(&loaded), vocab_free(&v2);
+    if (!e)
+        e = checkpoint_load(bad, &loaded, &v2, NULL, NULL);
+    else
+        e = "not saved";
+    check(e && strstr(e, "bad.ckpt: embedding holds a number that is not finite"),
+          "checkpoint: a NaN weight is refused as it loads (%s)", e ? e : "loaded");
+    if (!e)
+        transformer_free(&loaded), vocab_free(&v2);
     // a failed save leaves the old checkpoint as it was
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -2304,12 +2768,17 @@ static void test_checkpoint_round_trip(void) {
     size_t after_size;
     unsigned char *after = read_file(path, &after_size);
     check(e && strstr(e, "left as it was") && after_size == size && memcmp(after, good, size) == 0,
-          "checkpoint: a save that fails leaves the previous file byte for byte (%s)", e ? e : "saved");
+          "checkpoint: a save that fails leaves the previous file byte for byte (%s)",
+          e ? e : "saved");
     rmdir(tmp);
     e = checkpoint_save(test_path("no/such/dir/x.ckpt"), &m, &v, &state, "");
-    check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)", e ? e : "saved");
-    free(after); free(good); free(copy);
-    transformer_free(&m); vocab_free(&v);
+    check(e && strstr(e, "cannot write"), "checkpoint: an unwritable path is refused (%s)",
+          e ? e : "saved");
+    free(after);
+    free(good);
+    free(copy);
+    transformer_free(&m);
+    vocab_free(&v);
 }
 
 // A diverged run must not overwrite its checkpoint: train_save asks
@@ -2321,7 +2790,8 @@ static void test_nonfinite_parameter(void) {
     config.positional = POSITIONAL_LEARNED;
     Transformer m;
     transformer_build(&m, &config, 5);
-    check(nonfinite_parameter(&m) == NULL, "diverged: a freshly built model has only finite parameters");
+    check(nonfinite_parameter(&m) == NULL,
+          "diverged: a freshly built model has only finite parameters");
     real **tensors[NUM_PARAMETER_TENSORS];
     parameter_pointers(tensors, &m.params);
     int named = 0;
@@ -2348,12 +2818,15 @@ static void test_learned_positions_checkpoint(void) {
     transformer_build(&m, &config, 3);
     transformer_build(&sinusoid, &sinusoid_config, 3);
     size_t table = (size_t)config.max_len * config.d_model, P = m.num_parameters;
-    int same_others = m.param_sizes[1] == table && sinusoid.param_sizes[1] == 0 && P == sinusoid.num_parameters + table &&
-        memcmp(m.params.embedding, sinusoid.params.embedding, m.param_sizes[0] * sizeof(real)) == 0 &&
-        memcmp(m.params.enc_qkv_w, sinusoid.params.enc_qkv_w, (P - m.param_sizes[0] - table) * sizeof(real)) == 0;
+    int same_others = m.param_sizes[1] == table && sinusoid.param_sizes[1] == 0 &&
+        P == sinusoid.num_parameters + table &&
+        memcmp(m.params.embedding, sinusoid.params.embedding,
+               m.param_sizes[0] * sizeof(real)) == 0 &&
+        memcmp(m.params.enc_qkv_w, sinusoid.params.enc_qkv_w,
+               (P - m.param_sizes[0] - table) * sizeof(real)) == 0;
     check(same_others && m.positional_encoding == m.params.position_embedding,
-          "learned positions: a (max_len, d_model) = %zu-number table, the model reads it from the parameters; "
-          "the seed's other weights are the sinusoid model's", table);
+          "learned positions: a (max_len, d_model) = %zu-number table, the model reads it from "
+          "the parameters; the seed's other weights are the sinusoid model's", table);
     transformer_free(&sinusoid);
     real *initial = checked_calloc(table, sizeof(real), "test");
     memcpy(initial, m.params.position_embedding, table * sizeof(real));
@@ -2363,7 +2836,8 @@ static void test_learned_positions_checkpoint(void) {
     int moved = 1;
     for (size_t i = 0; i < table; i++) {
         int used = i < (size_t)6 * config.d_model;
-        moved &= used ? m.params.position_embedding[i] != initial[i] : m.params.position_embedding[i] == initial[i];
+        moved &= used ? m.params.position_embedding[i] != initial[i]
+                      : m.params.position_embedding[i] == initial[i];
     }
     check(moved, "learned positions: Adam moves the rows of the positions used (0..5), no others");
     free(initial);
@@ -2372,24 +2846,34 @@ static void test_learned_positions_checkpoint(void) {
     TrainingState state = { 1, 2, 3, 4 };
     const char *path = test_path("learned.ckpt");
     const char *e = checkpoint_save(path, &m, &v, &state, "");
-    if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
+    if (!e)
+        e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
     int same = !e && loaded.config.positional == POSITIONAL_LEARNED && loaded.num_parameters == P &&
                loaded.positional_encoding == loaded.params.position_embedding &&
                memcmp(loaded.params_memory, m.params_memory, P * sizeof(real)) == 0 &&
                memcmp(loaded.adam_v, m.adam_v, P * sizeof(real)) == 0;
-    if (same) same = same_logits(&m, &loaded, &tb.batch);
-    check(same, "learned positions: a checkpoint gives back the table, its Adam moments and bit-identical logits (%s)",
-          e ? e : "loaded");
-    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    if (same)
+        same = same_logits(&m, &loaded, &tb.batch);
+    check(same, "learned positions: a checkpoint gives back the table, its Adam moments and "
+          "bit-identical logits (%s)", e ? e : "loaded");
+    if (!e) {
+        transformer_free(&loaded);
+        vocab_free(&v2);
+    }
     size_t size;
     unsigned char *bytes = read_file(path, &size);
     if (bytes) {
         bytes[128] = 2;   // the header's positional kind
         write_file(test_path("bad_positional.ckpt"), bytes, size);
         e = checkpoint_load(test_path("bad_positional.ckpt"), &loaded, &v2, NULL, NULL);
-        check(e && strstr(e, "bad_positional.ckpt: header: positional kind 2; expected 0 (sinusoid) or 1 (learned)"),
-              "learned positions: a checkpoint of another kind of positions is refused (%s)", e ? e : "accepted");
-        if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+        check(e && strstr(e, "bad_positional.ckpt: header: positional kind 2; expected 0 "
+                             "(sinusoid) or 1 (learned)"),
+              "learned positions: a checkpoint of another kind of positions is refused (%s)",
+              e ? e : "accepted");
+        if (!e) {
+            transformer_free(&loaded);
+            vocab_free(&v2);
+        }
     }
     free(bytes);
     vocab_free(&v);
@@ -2439,9 +2923,11 @@ static void check_cli_error(const char *what, const char *expected, const char *
     int status = run_cli("%s", args);
     const char *line = strstr(cli_output, "error:");
     char shown[300] = "";
-    if (line) snprintf(shown, sizeof shown, "%.*s", (int)strcspn(line, "\n"), line);
+    if (line)
+        snprintf(shown, sizeof shown, "%.*s", (int)strcspn(line, "\n"), line);
     int ok = status == 1 && count_lines_starting(cli_output, "error:") == 1 && line &&
-             strstr(shown, expected) && !strstr(cli_output, "Sanitizer") && !strstr(cli_output, "runtime error");
+             strstr(shown, expected) && !strstr(cli_output, "Sanitizer") &&
+             !strstr(cli_output, "runtime error");
     check(ok, "cli: %s -> exit %d, \"%s\"", what, status, ok ? shown : cli_output);
 }
 
@@ -2449,7 +2935,8 @@ static int files_equal(const char *a, const char *b) {
     size_t na, nb;
     unsigned char *x = read_file(a, &na), *y = read_file(b, &nb);
     int same = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x); free(y);
+    free(x);
+    free(y);
     return same;
 }
 
@@ -2463,7 +2950,8 @@ static int files_equal(const char *a, const char *b) {
 static int cli_binary_found(const char *fallback) {
     const char *binary = getenv("TRANSFORMER_BIN");
     cli_binary = binary && *binary ? binary : fallback;
-    if (access(cli_binary, X_OK) == 0) return 1;
+    if (access(cli_binary, X_OK) == 0)
+        return 1;
     check(0, "cli: %s is not there: build it first (make), or set TRANSFORMER_BIN", cli_binary);
     return 0;
 }
@@ -2471,7 +2959,8 @@ static int cli_binary_found(const char *fallback) {
 // A file as text.
 static char *read_text_file(const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    if (!f)
+        return NULL;
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -2489,11 +2978,13 @@ static void test_command_line(void) {
     // flags
     check_cli_error("--steps -3", "train: --steps '-3' is not valid; expected an integer from 1 to",
                     "train --steps -3");
-    check_cli_error("--lr abc", "train: --lr 'abc' is not valid; expected a number > 0", "train --lr abc");
+    check_cli_error("--lr abc", "train: --lr 'abc' is not valid; expected a number > 0",
+                    "train --lr abc");
     check_cli_error("--lr nan", "--lr 'nan' is not valid", "train --lr nan");
     check_cli_error("--beam 2x", "decode: --beam '2x' is not valid", "decode --beam 2x");
     check_cli_error("an unknown flag", "train: unknown flag '--stpes'", "train --stpes 3");
-    check_cli_error("a flag without its value", "train: flag --steps needs a value", "train --steps");
+    check_cli_error("a flag without its value", "train: flag --steps needs a value",
+                    "train --steps");
     check_cli_error("a text flag without its value", "flag --checkpoint needs a value",
                     "decode --checkpoint --beam 2");
     check_cli_error("an unknown command", "unknown command 'trian'", "trian");
@@ -2506,17 +2997,21 @@ static void test_command_line(void) {
     // 10 tokens, so max_len is 10 + 1 + 50 = 61
     const char *ckpt = test_path("cli.ckpt");
     int status = run_cli("train --task copy --steps 4 --checkpoint %s " TINY_MINIMAL_RUN, ckpt);
-    check(status == 0 && strstr(cli_output, "eval   step 4") && strstr(cli_output, "exact match on 200"),
+    check(status == 0 && strstr(cli_output, "eval   step 4") &&
+          strstr(cli_output, "exact match on 200"),
           "cli: train the copy task for 4 steps, evaluated at the end (exit %d)", status);
     status = run_cli("decode --checkpoint %s '1 zz 2'", ckpt);
-    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the vocabulary; "
-          "read as <unk>"), "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)",
+    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the "
+                                            "vocabulary; read as <unk>"),
+          "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)",
           status);
     char long_sentence[400] = "'";
     for (int i = 0; i < 70; i++) strcat(long_sentence, "1 ");
     strcat(long_sentence, "'");
-    check_cli_error("a sentence longer than the model's maximum", "argument 1: the sentence has 70 tokens; "
-                    "the model's maximum length 61 allows 60", "decode --checkpoint %s %s", ckpt, long_sentence);
+    check_cli_error("a sentence longer than the model's maximum",
+                    "argument 1: the sentence has 70 tokens; "
+                    "the model's maximum length 61 allows 60",
+                    "decode --checkpoint %s %s", ckpt, long_sentence);
 
     // damaged checkpoints
     size_t size;
@@ -2527,11 +3022,13 @@ static void test_command_line(void) {
     }
     const char *bad = test_path("cli_bad.ckpt");
     write_file(bad, good, size - 10);
-    check_cli_error("a truncated checkpoint", "cli_bad.ckpt: truncated", "decode --checkpoint %s '1 2'", bad);
+    check_cli_error("a truncated checkpoint", "cli_bad.ckpt: truncated",
+                    "decode --checkpoint %s '1 2'", bad);
     good[0] = 'P';
     write_file(bad, good, size);
     good[0] = 'T';
-    check_cli_error("a checkpoint with the wrong magic", "cli_bad.ckpt: not a transformer.c checkpoint",
+    check_cli_error("a checkpoint with the wrong magic",
+                    "cli_bad.ckpt: not a transformer.c checkpoint",
                     "decode --checkpoint %s '1 2'", bad);
     good[4] = 9;
     write_file(bad, good, size);
@@ -2541,8 +3038,8 @@ static void test_command_line(void) {
     good[12] = 2;
     write_file(bad, good, size);
     good[12] = 1;
-    check_cli_error("a checkpoint whose sizes disagree with its header", "parameters, but its sizes",
-                    "decode --checkpoint %s '1 2'", bad);
+    check_cli_error("a checkpoint whose sizes disagree with its header",
+                    "parameters, but its sizes", "decode --checkpoint %s '1 2'", bad);
     good[size - 20] ^= 1;
     write_file(bad, good, size);
     good[size - 20] ^= 1;
@@ -2555,18 +3052,24 @@ static void test_command_line(void) {
     const char *seed_all = test_path("seed_all.ckpt");
     const char *seed_one = test_path("seed_one.ckpt");
     const char *seed_other = test_path("seed_other.ckpt");
-    int s1 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN, seed_all);
+    int s1 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN,
+                     seed_all);
     setenv("OMP_NUM_THREADS", "1", 1);
-    int s2 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN, seed_one);
+    int s2 = run_cli("train --task copy --steps 6 --seed 3 --checkpoint %s " TINY_MINIMAL_RUN,
+                     seed_one);
     unsetenv("OMP_NUM_THREADS");
-    int s3 = run_cli("train --task copy --steps 6 --seed 4 --checkpoint %s " TINY_MINIMAL_RUN, seed_other);
-    check(s1 == 0 && s2 == 0 && s3 == 0 && files_equal(seed_all, seed_one) && !files_equal(seed_all, seed_other),
-          "cli: --seed repeats a run exactly: 6 steps with 1 thread and with all write the same checkpoint, byte for "
-          "byte (another seed: another) (exit %d, %d, %d)", s1, s2, s3);
+    int s3 = run_cli("train --task copy --steps 6 --seed 4 --checkpoint %s " TINY_MINIMAL_RUN,
+                     seed_other);
+    check(s1 == 0 && s2 == 0 && s3 == 0 && files_equal(seed_all, seed_one) &&
+          !files_equal(seed_all, seed_other),
+          "cli: --seed repeats a run exactly: 6 steps with 1 thread and with all write the same "
+          "checkpoint, byte for byte (another seed: another) (exit %d, %d, %d)",
+          s1, s2, s3);
 
     // a NaN loss stops training before any checkpoint is written, and says so
-    check_cli_error("a loss that becomes NaN or infinite", "training stopped (try a lower --lr); no checkpoint was "
-                    "written", "train --task copy --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN,
+    check_cli_error("a loss that becomes NaN or infinite",
+                    "training stopped (try a lower --lr); no checkpoint was written",
+                    "train --task copy --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN,
                     test_path("nan.ckpt"));
     check(access(test_path("nan.ckpt"), F_OK) != 0, "cli: ... and no checkpoint is there");
 }
@@ -2577,7 +3080,8 @@ static void test_command_line(void) {
 static const char *save_copy_checkpoint(const char *path, const Transformer *m) {
     Vocabulary v;
     task_vocabulary(&v, m->config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 1, m->adam_step > 0, 0, 0 }; // the first epoch begun, unless no step was trained
+    // the first epoch begun, unless no step was trained
+    TrainingState state = { 1, m->adam_step > 0, 0, 0 };
     const char *e = checkpoint_save(path, m, &v, &state, "--task\ncopy\n");
     vocab_free(&v);
     return e;
@@ -2586,25 +3090,35 @@ static const char *save_copy_checkpoint(const char *path, const Transformer *m) 
 static long checkpoint_file_step(const char *path) {
     Transformer m;
     Vocabulary v;
-    if (checkpoint_load(path, &m, &v, NULL, NULL)) return -1;
+    if (checkpoint_load(path, &m, &v, NULL, NULL))
+        return -1;
     long step = m.adam_step;
-    transformer_free(&m); vocab_free(&v);
+    transformer_free(&m);
+    vocab_free(&v);
     return step;
 }
 
-// Output that cannot be written (a full disk: /dev/full) is an error, not exit 0 with the output lost.
+// Output that cannot be written (a full disk: /dev/full) is an error, not exit 0 with the output
+// lost.
 static void test_output_write_error(const char *ckpt) {
-    if (access("/dev/full", W_OK) != 0) { printf("(no /dev/full here: the write-error check is skipped)\n"); return; }
+    if (access("/dev/full", W_OK) != 0) {
+        printf("(no /dev/full here: the write-error check is skipped)\n");
+        return;
+    }
     char command[2048], err_path[600];
     snprintf(err_path, sizeof err_path, "%s/full.err", test_dir);
-    snprintf(command, sizeof command, "%s decode --checkpoint %s '3 1 4' > /dev/full 2> %s", cli_binary, ckpt, err_path);
+    snprintf(command, sizeof command, "%s decode --checkpoint %s '3 1 4' > /dev/full 2> %s",
+             cli_binary, ckpt, err_path);
     fflush(stdout);
     int status = system(command);
     size_t n;
     char *err = (char *)read_file(err_path, &n);
-    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && err && count_lines_starting(err, "error:") == 1 &&
-          strstr(err, "error: decode: writing the output failed"), "cli: decode onto a full disk -> exit %d, \"%.*s\"",
-          WIFEXITED(status) ? WEXITSTATUS(status) : -1, err ? (int)strcspn(err, "\n") : 0, err ? err : "");
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && err &&
+          count_lines_starting(err, "error:") == 1 &&
+          strstr(err, "error: decode: writing the output failed"),
+          "cli: decode onto a full disk -> exit %d, \"%.*s\"",
+          WIFEXITED(status) ? WEXITSTATUS(status) : -1, err ? (int)strcspn(err, "\n") : 0,
+          err ? err : "");
     free(err);
 }
 
@@ -2615,8 +3129,8 @@ static void test_decode_streams(const char *ckpt) {
     write_file(test_path("zero_stdin.txt"), "1 2\n3\0 1\n", 9);
     int status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("zero_stdin.txt"));
     check(status == 1 && strstr(cli_output, "error: decode: stdin:2: a zero byte; expected text") &&
-          count_lines_starting(cli_output, "error:") == 1, "cli: decode from stdin refuses line 2, with a zero "
-          "byte, and exits 1 (exit %d)", status);
+          count_lines_starting(cli_output, "error:") == 1,
+          "cli: decode from stdin refuses line 2, with a zero byte, and exits 1 (exit %d)", status);
     // a stream from stdin goes on past a line it cannot decode
     char lines[600] = "1 2 3\n";
     for (int i = 0; i < 25; i++) strcat(lines, "1 ");
@@ -2625,26 +3139,31 @@ static void test_decode_streams(const char *ckpt) {
     status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("stream.txt"));
     const char *e1 = strstr(cli_output, "error: decode: stdin:2: the sentence has 25 tokens");
     const char *e2 = strstr(cli_output, "error: decode: stdin:3: the token '<pad>' is reserved");
-    int lines_out = count_lines_starting(cli_output, ""), errors = count_lines_starting(cli_output, "error:");
+    int lines_out = count_lines_starting(cli_output, ""),
+        errors = count_lines_starting(cli_output, "error:");
     int empty = count_lines_starting(cli_output, "\n") + (cli_output[0] == '\n');
     check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
-          "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line for each, decodes "
-          "lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)", status, lines_out, errors);
+          "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line "
+          "for each, decodes lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)",
+          status, lines_out, errors);
     // a read that fails is not the end of the stream (it ended it, exit 0)
-    check_cli_error("decode of a directory on stdin", "decode: stdin: read error after 0 lines: Is a directory",
+    check_cli_error("decode of a directory on stdin",
+                    "decode: stdin: read error after 0 lines: Is a directory",
                     "decode --checkpoint %s < /tmp", ckpt);
 }
 
 // Out of memory is one line that names the command, as every error is.
 static void test_out_of_memory(void) {
-    if (strstr(cli_binary, "asan")) return;   // AddressSanitizer needs more address space than this limit
+    if (strstr(cli_binary, "asan"))
+        return;   // AddressSanitizer needs more address space than this limit
     char command[1400];
-    snprintf(command, sizeof command, "ulimit -v 400000; %s train --task copy --d-model 4096 --d-ff 16384 "
-             "--heads 8 --layers 6 --steps 1 --checkpoint %s > %s/oom.out 2>&1", cli_binary,
-             test_path("oom.ckpt"), test_dir);
+    snprintf(command, sizeof command, "ulimit -v 400000; %s train --task copy --d-model 4096 "
+             "--d-ff 16384 --heads 8 --layers 6 --steps 1 --checkpoint %s > %s/oom.out 2>&1",
+             cli_binary, test_path("oom.ckpt"), test_dir);
     int status = system(command);
     char *out = read_text_file(test_path("oom.out"));
-    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && out && strstr(out, "error: train: out of memory") &&
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 1 && out &&
+          strstr(out, "error: train: out of memory") &&
           count_lines_starting(out, "error:") == 1,
           "cli: out of memory names the command (%s)", out ? out : "no output");
     free(out);
@@ -2672,17 +3191,21 @@ static void test_minimal_overwrite_rule(void) {
     const char *not_ours = test_path("notes.txt");
     int first = run_cli("train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, ckpt);
     int again = run_cli("train --task copy --steps 3 --checkpoint %s " TINY_MINIMAL_RUN, ckpt);
-    check(first == 0 && again == 0 && checkpoint_file_step(ckpt) == 3, "minimal: a run replaces a checkpoint "
-          "of ours (now at step %ld; exit %d, %d)", checkpoint_file_step(ckpt), first, again);
+    check(first == 0 && again == 0 && checkpoint_file_step(ckpt) == 3,
+          "minimal: a run replaces a checkpoint of ours (now at step %ld; exit %d, %d)",
+          checkpoint_file_step(ckpt), first, again);
     write_text(not_ours, "a file that is not a checkpoint");
-    check_cli_error("a file that is not a checkpoint at --checkpoint", "notes.txt is already there and is not "
-                    "a checkpoint", "train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, not_ours);
+    check_cli_error("a file that is not a checkpoint at --checkpoint",
+                    "notes.txt is already there and is not a checkpoint",
+                    "train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, not_ours);
     char *text = read_text_file(not_ours);
-    check(text && strcmp(text, "a file that is not a checkpoint") == 0, "minimal: ... and it is left as it was");
+    check(text && strcmp(text, "a file that is not a checkpoint") == 0,
+          "minimal: ... and it is left as it was");
     free(text);
     const char *directory = test_path("a_directory");
     mkdir(directory, 0700);
-    check_cli_error("a directory at --checkpoint", "a_directory is already there and is not a checkpoint",
+    check_cli_error("a directory at --checkpoint",
+                    "a_directory is already there and is not a checkpoint",
                     "train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, directory);
 }
 
@@ -2692,23 +3215,29 @@ static void test_minimal_overwrite_rule(void) {
 // it refuses by name). (lab/test_lab.c: ./transformer reads its checkpoints.)
 static void test_minimal_program(void) {
     const char *ckpt = test_path("minimal.ckpt");
-    int trained = run_cli("train --task copy " TINY_MINIMAL_RUN " --steps 20 --checkpoint %s", ckpt);
+    int trained = run_cli("train --task copy " TINY_MINIMAL_RUN " --steps 20 --checkpoint %s",
+                          ckpt);
     int has_model = strstr(cli_output, "checkpoint") != NULL;
     int decoded = run_cli("decode --checkpoint %s --beam 2 \"3 1 4\"", ckpt);
     int one_line = strchr(cli_output, '\n') != NULL && !strstr(cli_output, "error");
     int help = run_cli("--help");
-    int lists = strstr(cli_output, "train") && strstr(cli_output, "decode") && !strstr(cli_output, "eval") &&
-                !strstr(cli_output, "bench") && !strstr(cli_output, "table3");
+    int lists = strstr(cli_output, "train") && strstr(cli_output, "decode") &&
+                !strstr(cli_output, "eval") && !strstr(cli_output, "bench") &&
+                !strstr(cli_output, "table3");
     Transformer m;
     Vocabulary v;
     const char *error = checkpoint_load(ckpt, &m, &v, NULL, NULL);
-    if (!error) { transformer_free(&m); vocab_free(&v); }
+    if (!error) {
+        transformer_free(&m);
+        vocab_free(&v);
+    }
     check(trained == 0 && has_model && decoded == 0 && one_line && help == 0 && lists && !error,
-          "minimal: %s trains the copy task (exit %d), writes a checkpoint that loads (%s), decodes with it "
-          "(exit %d) and lists train and decode only", cli_binary, trained, error ? error : "yes", decoded);
+          "minimal: %s trains the copy task (exit %d), writes a checkpoint that loads (%s), "
+          "decodes with it (exit %d) and lists train and decode only", cli_binary, trained,
+          error ? error : "yes", decoded);
     check_cli_error("the lab's bench in transformer.c alone", "unknown command 'bench'", "bench");
-    check_cli_error("the lab's eval in transformer.c alone", "unknown command 'eval'; expected train or decode",
-                    "eval");
+    check_cli_error("the lab's eval in transformer.c alone",
+                    "unknown command 'eval'; expected train or decode", "eval");
     check_cli_error("the lab's --train in transformer.c alone", "train: unknown flag '--train'",
                     "train --train data.tsv");
     test_minimal_overwrite_rule();
@@ -2719,7 +3248,8 @@ static void test_minimal_program(void) {
 // holding `after`, in the file at path; 0 if there is none.
 static int source_line(const char *path, const char *after, const char *text) {
     char *source = read_text_file(path);
-    if (!source) return 0;
+    if (!source)
+        return 0;
     const char *start = strstr(source, after), *at = start ? strstr(start, text) : NULL;
     int line = 0;
     if (at) {
@@ -2736,7 +3266,10 @@ static long gdb_local(const char *text, const char *name, int *found) {
     char key[64];
     snprintf(key, sizeof key, "\n%s = ", name);
     const char *at = text ? strstr(text, key) : NULL;
-    if (!at) { *found = 0; return 0; }
+    if (!at) {
+        *found = 0;
+        return 0;
+    }
     return strtol(at + strlen(key), NULL, 10);
 }
 
@@ -2752,17 +3285,26 @@ static long gdb_local(const char *text, const char *name, int *found) {
 // with a line saying so, where gdb is not on the PATH or may not trace.
 static void test_debugger_walk(void) {
     const char *debug = getenv("TRANSFORMER_DEBUG_BIN");
-    if (!debug || !*debug) {   // (make test sets it for one of the three builds: the walk is the same in each)
+    // (make test sets it for one of the three builds: the walk is the same in each)
+    if (!debug || !*debug) {
         printf("     (TRANSFORMER_DEBUG_BIN not set: the gdb walk not run here)\n");
         return;
     }
     if (system("command -v gdb > /dev/null 2>&1") != 0) {
-        printf("     (gdb is not on the PATH: the walk through transformer_debug in gdb is skipped)\n");
+        printf("     (gdb is not on the PATH: the walk through transformer_debug in gdb is "
+               "skipped)\n");
         return;
     }
-    if (access(debug, X_OK) != 0) { check(0, "gdb: %s is not there (make debug)", debug); return; }
-    int score_line = source_line("transformer.c", "static void attention_forward(", "p[j] = dot * scale;");
-    if (!score_line) { check(0, "gdb: no line `p[j] = dot * scale;` in attention_forward in transformer.c"); return; }
+    if (access(debug, X_OK) != 0) {
+        check(0, "gdb: %s is not there (make debug)", debug);
+        return;
+    }
+    int score_line = source_line("transformer.c", "static void attention_forward(",
+                                 "p[j] = dot * scale;");
+    if (!score_line) {
+        check(0, "gdb: no line `p[j] = dot * scale;` in attention_forward in transformer.c");
+        return;
+    }
     const char *script = test_path("walk.gdb"), *output_path = test_path("walk.out");
     char text[2048];
     snprintf(text, sizeof text,
@@ -2773,11 +3315,13 @@ static void test_debugger_walk(void) {
              "set $score_line = $_\nset $steps = 0\n"
              "while $pc != $score_line && $steps < 200\nnext\nset $steps = $steps + 1\nend\n"
              "printf \"==steps %%d\\n\", $steps\n"
-             "echo ==frame\\n\nframe\necho ==locals\\n\ninfo locals\necho ==bt\\n\nbt\necho ==end\\n\n",
+             "echo ==frame\\n\nframe\necho ==locals\\n\ninfo locals\n"
+             "echo ==bt\\n\nbt\necho ==end\\n\n",
              test_path("gdb.ckpt"), score_line);
     write_text(script, text);
     char command[1600];
-    snprintf(command, sizeof command, "DEBUGINFOD_URLS= timeout 120 gdb -batch -nx -x %s %s > %s 2>&1",
+    snprintf(command, sizeof command,
+             "DEBUGINFOD_URLS= timeout 120 gdb -batch -nx -x %s %s > %s 2>&1",
              script, debug, output_path);
     fflush(stdout);
     int status = system(command);
@@ -2788,29 +3332,36 @@ static void test_debugger_walk(void) {
         free(output);
         return;
     }
-    const char *steps_at = output ? strstr(output, "==steps ") : NULL, *frame = output ? strstr(output, "==frame") : NULL;
-    const char *locals = output ? strstr(output, "==locals") : NULL, *bt = output ? strstr(output, "==bt") : NULL;
+    const char *steps_at = output ? strstr(output, "==steps ") : NULL,
+               *frame = output ? strstr(output, "==frame") : NULL;
+    const char *locals = output ? strstr(output, "==locals") : NULL,
+               *bt = output ? strstr(output, "==bt") : NULL;
     int steps = steps_at ? atoi(steps_at + 8) : -1;
     char at_line[64];
     snprintf(at_line, sizeof at_line, "at transformer.c:%d\n", score_line);
     // the frame after the walk: attention_forward, at the score line
-    int reached = frame && locals && strstr(frame, "attention_forward (") && strstr(frame, at_line) &&
-                  strstr(frame, at_line) < locals && strstr(frame, "p[j] = dot * scale;");
+    int reached = frame && locals && strstr(frame, "attention_forward (") &&
+                  strstr(frame, at_line) && strstr(frame, at_line) < locals &&
+                  strstr(frame, "p[j] = dot * scale;");
     // the walk went through the loop body's lines, `next` by `next`
     const char *walked = output ? strstr(output, "visible_keys(i, key_len[b], causal)") : NULL;
     int through_loop = walked && steps_at && walked < steps_at && steps >= 5 && steps < 200;
     int found = 1;
-    long b = gdb_local(locals, "b", &found), head = gdb_local(locals, "head", &found), i = gdb_local(locals, "i", &found);
+    long b = gdb_local(locals, "b", &found), head = gdb_local(locals, "head", &found),
+         i = gdb_local(locals, "i", &found);
     long visible = gdb_local(locals, "visible", &found);
     long Tk = gdb_local(locals, "Tk", &found);
-    int locals_ok = locals && bt && found && b == 0 && head == 0 && i == 0 && visible >= 1 && visible <= Tk;
+    int locals_ok = locals && bt && found && b == 0 && head == 0 && i == 0 && visible >= 1
+                    && visible <= Tk;
     int no_omp = output && !strstr(output, "_omp_fn") && bt && strstr(bt, "self_attention_forward");
     check(exit_code == 0 && reached && through_loop && locals_ok && no_omp,
-          "gdb: in %s, `next` walks attention_forward line by line to the s_ij line %d (%s after %d steps, %s), "
-          "`info locals` shows b = %ld, head = %ld, i = %ld, visible = %ld (of Tk = %ld)%s; %s (gdb exit %d%s)", debug,
+          "gdb: in %s, `next` walks attention_forward line by line to the s_ij line %d "
+          "(%s after %d steps, %s), `info locals` shows b = %ld, head = %ld, i = %ld, "
+          "visible = %ld (of Tk = %ld)%s; %s (gdb exit %d%s)", debug,
           score_line, reached ? "reached" : "NOT reached", steps,
-          through_loop ? "through visible_keys" : "NOT through the loop body", b, head, i, visible, Tk,
-          found ? "" : " (some NOT shown)", no_omp ? "no _omp_fn frame" : "an _omp_fn frame or no backtrace",
+          through_loop ? "through visible_keys" : "NOT through the loop body", b, head, i,
+          visible, Tk, found ? "" : " (some NOT shown)",
+          no_omp ? "no _omp_fn frame" : "an _omp_fn frame or no backtrace",
           exit_code, exit_code == 124 ? ": timed out after 120 s" : "");
     if (!(reached && through_loop && locals_ok && no_omp) && output)
         printf("     gdb printed:\n%s\n", output);
@@ -2824,7 +3375,8 @@ static void test_debugger_walk(void) {
 // A fresh temporary directory for the files of the tests (test_path), and its removal.
 static int make_test_dir(void) {
     snprintf(test_dir, sizeof test_dir, "/tmp/transformer_test_XXXXXX");
-    if (mkdtemp(test_dir)) return 1;
+    if (mkdtemp(test_dir))
+        return 1;
     perror("mkdtemp");
     check(0, "cannot make a temporary directory");
     return 0;
@@ -2833,7 +3385,8 @@ static int make_test_dir(void) {
 static void remove_test_dir(void) {
     char command[600];
     snprintf(command, sizeof command, "rm -rf %s", test_dir);
-    if (system(command) != 0) printf("     (could not remove %s)\n", test_dir);
+    if (system(command) != 0)
+        printf("     (could not remove %s)\n", test_dir);
 }
 
 // transformer.c's commands, run as a user runs them (cli_binary, found):
@@ -2845,7 +3398,8 @@ void run_command_line_tests(void) {
 }
 
 void run_program_tests(void) {
-    if (!make_test_dir()) return;
+    if (!make_test_dir())
+        return;
     printf("-- data, checkpoints (files in %s)\n", test_dir);
     test_tasks_and_batches();
     test_checkpoint_round_trip();
@@ -2855,7 +3409,8 @@ void run_program_tests(void) {
         run_command_line_tests();
         test_minimal_program();
     }
-    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md, \"A walk through the code in gdb\")\n");
+    printf("-- the debugger: make debug's transformer_debug in gdb (NOTES.md, \"A walk through the "
+           "code in gdb\")\n");
     test_debugger_walk();
     remove_test_dir();
 }
@@ -2864,7 +3419,10 @@ void run_program_tests(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--reference") == 0) {
         Reference r;
-        if (!reference_read(&r, argv[2])) { reference_free(&r); return 1; }
+        if (!reference_read(&r, argv[2])) {
+            reference_free(&r);
+            return 1;
+        }
         reference_free(&r);
         test_reference_file(argv[2]);
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
