@@ -1,4 +1,5 @@
-/* test_cuda_threads.c: the CUDA companion's tests with real threads, for ThreadSanitizer (make test-threads)
+/* test_cuda_threads.c: the CUDA companion's tests with real threads, for ThreadSanitizer
+ * (make test-threads)
  *
  * test_cuda.c's companion tests, with cuda_on_cpu.h built with
  * -DCUDA_ON_CPU_THREADS: every thread of a block is a POSIX thread and all of
@@ -37,10 +38,11 @@ int main(int argc, char **argv) {
     set_threads(1);
     test_companion_reference_file("tiny_data/ref_learned_positions.ref");
     CompanionRun r = companion_training_run(POSITIONAL_LEARNED);
-    check(r.loss < COMPANION_TOL_LOSS && r.grad < COMPANION_TOL_GRADS && r.update < COMPANION_TOL_UPDATES &&
-          r.same_state, "companion with threads: %d training steps with learned positions, ragged batches and "
-          "dropout, as transformer.c's (losses %.1e, gradients %.1e, updates %.1e)", COMPANION_STEPS, r.loss, r.grad,
-          r.update);
+    check(r.loss < COMPANION_TOL_LOSS && r.grad < COMPANION_TOL_GRADS &&
+          r.update < COMPANION_TOL_UPDATES && r.same_state,
+          "companion with threads: %d training steps with learned positions, ragged batches and "
+          "dropout, as transformer.c's (losses %.1e, gradients %.1e, updates %.1e)",
+          COMPANION_STEPS, r.loss, r.grad, r.update);
     // --tf32's transpose (a tile in shared memory, a barrier) and, with
     // --no-epilogues, the kernels the epilogues replace
     transformer_cuda_tf32(1);
@@ -49,11 +51,14 @@ int main(int argc, char **argv) {
     transformer_cuda_epilogues(1);
     transformer_cuda_tf32(0);
     check(kernels.loss < COMPANION_TOL_LOSS && kernels.grad < COMPANION_TOL_GRADS &&
-          kernels.update < COMPANION_TOL_UPDATES, "companion with threads, --tf32 --no-epilogues: %d training steps "
-          "(transpose_weights_kernel, bias_relu_forward_kernel, relu_bias_backward_kernel) as transformer.c's "
-          "(losses %.1e, gradients %.1e, updates %.1e)", COMPANION_STEPS, kernels.loss, kernels.grad, kernels.update);
+          kernels.update < COMPANION_TOL_UPDATES,
+          "companion with threads, --tf32 --no-epilogues: %d training steps "
+          "(transpose_weights_kernel, bias_relu_forward_kernel, relu_bias_backward_kernel) as "
+          "transformer.c's (losses %.1e, gradients %.1e, updates %.1e)",
+          COMPANION_STEPS, kernels.loss, kernels.grad, kernels.update);
     test_companion_counts();
-    test_companion_fused_attention();   // its shared memory and barriers with the block's threads at once
+    test_companion_fused_attention();   // its shared memory and barriers with the block's threads
+                                        // at once
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

@@ -20,23 +20,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 // read as whole words.
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc; (void)argv;
+    (void)argc;
+    (void)argv;
     lab_plug_in();
     return 0;
 }
 
-#define fuzz_require(condition, what) do { if (!(condition)) { \
-    fprintf(stderr, "fuzz: %s:%d: %s\n", __FILE__, __LINE__, what); abort(); } } while (0)
+#define fuzz_require(condition, what)                                       \
+    do {                                                                    \
+        if (!(condition)) {                                                 \
+            fprintf(stderr, "fuzz: %s:%d: %s\n", __FILE__, __LINE__, what); \
+            abort();                                                        \
+        }                                                                   \
+    } while (0)
 
 // The bytes as a file at a path of this process's own (slot: one of 4, for
 // targets that need two files); the parsers read files.
-static inline const char *fuzz_file(int slot, const uint8_t *data, size_t size, const char *suffix) {
+static inline const char *fuzz_file(int slot, const uint8_t *data, size_t size,
+                                    const char *suffix) {
     static char paths[4][256];
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(paths[slot], sizeof paths[slot], "%s/transformer_fuzz_%ld_%d%s", dir, (long)getpid(), slot, suffix);
+    snprintf(paths[slot], sizeof paths[slot], "%s/transformer_fuzz_%ld_%d%s", dir, (long)getpid(),
+             slot, suffix);
     FILE *f = fopen(paths[slot], "wb");
     fuzz_require(f != NULL, "cannot write the input's file");
-    if (size) fuzz_require(fwrite(data, 1, size, f) == size, "cannot write the input's file");
+    if (size)
+        fuzz_require(fwrite(data, 1, size, f) == size, "cannot write the input's file");
     fclose(f);
     return paths[slot];
 }
@@ -46,7 +55,8 @@ static inline const char *fuzz_file(int slot, const uint8_t *data, size_t size, 
 // Both helpers are inline: a target that uses only one is not warned about the other.
 static inline char *fuzz_text(const uint8_t *data, size_t size) {
     size_t n = 0;
-    while (n < size && data[n]) n++;
+    while (n < size && data[n])
+        n++;
     char *text = checked_calloc(n + 1, 1, "fuzz text");
     memcpy(text, data, n);
     return text;

@@ -13,7 +13,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         Vocabulary learned;
         vocab_init(&learned);
         int n = 0;
-        fuzz_require(!bpe_learn_from_tsv(&learned, "tiny_data/numbers_train.tsv", 0, 300, &n) && n == 300,
+        fuzz_require(!bpe_learn_from_tsv(&learned, "tiny_data/numbers_train.tsv", 0, 300, &n) &&
+                     n == 300,
                      "cannot learn the merges (run from the project's top folder)");
         merges = learned.bpe;
         learned.bpe = NULL;
@@ -29,11 +30,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     TextSource from = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
     int n = tokenize(text, &vocab, 1, &ids, &capacity, &from);
     if (n >= 0) {
-        for (int i = 0; i < n; i++) fuzz_require(ids[i] >= NUM_SPECIAL_TOKENS, "a subword with a special token's id");
-        char *joined = tokens_to_text(&vocab, ids, n), *words = checked_calloc(strlen(text) + 1, 1, "fuzz"), *w = words;
+        for (int i = 0; i < n; i++)
+            fuzz_require(ids[i] >= NUM_SPECIAL_TOKENS, "a subword with a special token's id");
+        char *joined = tokens_to_text(&vocab, ids, n),
+             *words = checked_calloc(strlen(text) + 1, 1, "fuzz"), *w = words;
         size_t length;
         for (const char *p = text; (p = next_token(p, &length)) != NULL; p += length) {
-            if (w > words) *w++ = ' ';
+            if (w > words)
+                *w++ = ' ';
             memcpy(w, p, length);
             w += length;
         }

@@ -9,9 +9,12 @@
 
 // 1 when the kept text is what the filters let through.
 static int text_passes_filters(const char *text) {
-    if (!is_utf8(text)) return 0;
-    if (has_format_directive(text) || has_markup(text) || has_accelerator(text)) return 0;
-    if (strpbrk(text, "\t\n\r")) return 0;
+    if (!is_utf8(text))
+        return 0;
+    if (has_format_directive(text) || has_markup(text) || has_accelerator(text))
+        return 0;
+    if (strpbrk(text, "\t\n\r"))
+        return 0;
     return text[0] != ' ' && (text[0] == 0 || text[strlen(text) - 1] != ' ');
 }
 
@@ -24,7 +27,8 @@ static void check_reader(const CatalogReader *reader, int refused) {
     long long dropped = 0;
     for (int d = 0; d < NUM_CATALOG_DROPS; d++) dropped += reader->dropped[d];
     fuzz_require(reader->catalogs_read == 1, "a catalog read is not counted");
-    fuzz_require(reader->messages == dropped + reader->count, "a message neither kept nor counted as dropped");
+    fuzz_require(reader->messages == dropped + reader->count,
+                 "a message neither kept nor counted as dropped");
     for (int i = 0; i < reader->count; i++) {
         const CatalogPair *pair = &reader->pairs[i];
         int source_words = 0;
@@ -34,9 +38,11 @@ static void check_reader(const CatalogReader *reader, int refused) {
         fuzz_require(strcmp(source, pair->source) == 0 && strcmp(target, pair->target) == 0,
                      "a kept side whose white space is not single spaces");
         fuzz_require(source_words >= reader->min_words && source_words <= reader->max_words &&
-                     target_words >= 1 && target_words <= 2 * reader->max_words, "a kept pair outside the word bounds");
+                     target_words >= 1 && target_words <= 2 * reader->max_words,
+                     "a kept pair outside the word bounds");
         fuzz_require(strcmp(source, target) != 0, "a kept pair whose translation is its source");
-        fuzz_require(text_passes_filters(source) && text_passes_filters(target), "a kept pair a filter should drop");
+        fuzz_require(text_passes_filters(source) && text_passes_filters(target),
+                     "a kept pair a filter should drop");
         free(source);
         free(target);
     }
@@ -52,7 +58,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 1; i < reader.count; i++)
         fuzz_require(strcmp(reader.pairs[i - 1].source, reader.pairs[i].source) < 0,
                      "pairs after dropping duplicates are not sorted and unique");
-    fuzz_require(reader.count + reader.dropped[CATALOG_DROP_DUPLICATE] == count, "a duplicate not counted");
+    fuzz_require(reader.count + reader.dropped[CATALOG_DROP_DUPLICATE] == count,
+                 "a duplicate not counted");
     catalog_reader_free(&reader);
 
     // the same bytes through a file: the same answer

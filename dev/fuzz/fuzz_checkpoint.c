@@ -8,7 +8,9 @@
 
 #define CHECKSUM_BYTES 8   // the file's last 8 bytes: FNV-1a 64 of all before them (dev/FORMATS.md)
 
-static uint32_t little_endian_u32(const uint8_t *b) { return b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24; }
+static uint32_t little_endian_u32(const uint8_t *b) {
+    return b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *bytes = checked_calloc(size + 1, 1, "fuzz input");
@@ -24,21 +26,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     TrainingState state;
     char *options = NULL;
     if (!checkpoint_load(path, &model, &vocab, &state, &options)) {
-        int in_range = model.adam_step >= 0 && state.epoch <= (uint64_t)model.adam_step;   // or --resume refuses it
-        fuzz_require(in_range || training_state_error(path, &model, &state), "a count out of range that --resume takes");
+        int in_range = model.adam_step >= 0 &&
+                       state.epoch <= (uint64_t)model.adam_step;   // or --resume refuses it
+        fuzz_require(in_range || training_state_error(path, &model, &state),
+                     "a count out of range that --resume takes");
         char sentence[200];
-        snprintf(sentence, sizeof sentence, "%s %s", vocab.words[vocab.size - 1], vocab.words[vocab.size > 5 ? 5 : 4]);
+        snprintf(sentence, sizeof sentence, "%s %s", vocab.words[vocab.size - 1],
+                 vocab.words[vocab.size > 5 ? 5 : 4]);
         TextSource from = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
         DecodeOptions greedy = { .beam = 1, .alpha = 0.6 };
         decode_sentence(&model, &vocab, sentence, &from, &greedy, NULL);
-        if (size >= 12 && little_endian_u32(bytes + 4) == CHECKPOINT_VERSION && little_endian_u32(bytes + 8) == sizeof(real)) {
+        if (size >= 12 && little_endian_u32(bytes + 4) == CHECKPOINT_VERSION &&
+            little_endian_u32(bytes + 8) == sizeof(real)) {
             const char *saved = fuzz_file(1, NULL, 0, ".ckpt");
-            fuzz_require(!checkpoint_save(saved, &model, &vocab, &state, options), "a loaded checkpoint cannot be saved");
+            fuzz_require(!checkpoint_save(saved, &model, &vocab, &state, options),
+                         "a loaded checkpoint cannot be saved");
             FILE *f = fopen(saved, "rb");
             uint8_t *again = checked_calloc(size + 1, 1, "fuzz input");
             size_t got = fread(again, 1, size + 1, f);
             fclose(f);
-            fuzz_require(got == size && memcmp(again, bytes, size) == 0, "a checkpoint saved again differs from its file");
+            fuzz_require(got == size && memcmp(again, bytes, size) == 0,
+                         "a checkpoint saved again differs from its file");
             free(again);
         }
         transformer_free(&model);

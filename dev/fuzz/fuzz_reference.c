@@ -2,7 +2,8 @@
 // (reference_read), and the check of the batch it holds (batch_check), which
 // the comparison runs before any forward pass.
 #include "fuzz.h"                   // the program: transformer.c and its lab
-#define TEST_TRANSFORMER_LIBRARY    // test_transformer.c without its main, after the program (as lab/test_lab.c)
+#define TEST_TRANSFORMER_LIBRARY    // test_transformer.c without its main, after the program (as
+                                    // lab/test_lab.c)
 #include "test_transformer.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

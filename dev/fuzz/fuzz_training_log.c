@@ -18,10 +18,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 while (*p && *p != '"') {
                     char *end;
                     double v = strtod(p, &end);
-                    if (end == p) break;
+                    if (end == p)
+                        break;
                     fuzz_require(isfinite(v) && fabs(v) <= 1e5, "a number outside the picture");
                     p = end;
-                    while (*p == ',' || *p == ' ') p++;
+                    while (*p == ',' || *p == ' ')
+                        p++;
                 }
             }
         free(text);

@@ -16,7 +16,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(&dataset, 0, sizeof dataset);
     const char *words_error = dataset_read_tsv(&dataset, &words, path, 1);
     for (size_t i = 0; !words_error && i < dataset.num_tokens; i++)
-        fuzz_require(dataset.tokens[i] >= NUM_SPECIAL_TOKENS && dataset.tokens[i] < words.size, "a word's id out of range");
+        fuzz_require(dataset.tokens[i] >= NUM_SPECIAL_TOKENS && dataset.tokens[i] < words.size,
+                     "a word's id out of range");
     dataset_free(&dataset);
     vocab_free(&words);
     vocab_init(&vocab);
@@ -28,8 +29,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int size_before = vocab.size;
         error = dataset_read_tsv(&dataset, &vocab, path, 1);
         for (size_t i = 0; !error && i < dataset.num_tokens; i++)
-            fuzz_require(dataset.tokens[i] >= NUM_SPECIAL_TOKENS, "a subword with a special token's id");
-        fuzz_require(error || vocab.size == size_before, "a training word's subword not in the vocabulary");
+            fuzz_require(dataset.tokens[i] >= NUM_SPECIAL_TOKENS,
+                         "a subword with a special token's id");
+        fuzz_require(error || vocab.size == size_before,
+                     "a training word's subword not in the vocabulary");
         int *ids = NULL;
         size_t capacity = 0;
         for (int p = 0; !error && p < dataset.count; p++) {
@@ -37,7 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             char *text = tokens_to_text(&vocab, dataset.tokens + pair->src, pair->src_len);
             TextSource from = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
             int n = tokenize(text, &vocab, 0, &ids, &capacity, &from);
-            fuzz_require(n == pair->src_len && memcmp(ids, dataset.tokens + pair->src, (size_t)n * sizeof(int)) == 0,
+            fuzz_require(n == pair->src_len &&
+                         memcmp(ids, dataset.tokens + pair->src, (size_t)n * sizeof(int)) == 0,
                          "subwords joined and cut again differ");
             free(text);
         }
@@ -48,17 +52,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         cutting_block_lines_asked = 3;
         int learned_in_parts = 0;
         const char *parts_error = bpe_learn_for_training(&parts, path, 20, 40, &learned_in_parts);
-        fuzz_require(!parts_error && learned_in_parts == learned, "the words counted in 3 parts learn other merges");
+        fuzz_require(!parts_error && learned_in_parts == learned,
+                     "the words counted in 3 parts learn other merges");
         for (int r = 0; r < learned; r++)
             fuzz_require(strcmp(parts.bpe->left[r], vocab.bpe->left[r]) == 0 &&
                          strcmp(parts.bpe->right[r], vocab.bpe->right[r]) == 0 &&
-                         parts.bpe->frequency[r] == vocab.bpe->frequency[r], "a merge differs, counted in 3 parts");
+                         parts.bpe->frequency[r] == vocab.bpe->frequency[r],
+                         "a merge differs, counted in 3 parts");
         Dataset blocks;
         memset(&blocks, 0, sizeof blocks);
         const char *blocks_error = dataset_read_tsv(&blocks, &parts, path, 1);
         fuzz_require(!blocks_error == !error, "cut in blocks, the file reads otherwise");
-        fuzz_require(error || (blocks.count == dataset.count && blocks.num_tokens == dataset.num_tokens &&
-                               memcmp(blocks.tokens, dataset.tokens, dataset.num_tokens * sizeof(int)) == 0),
+        fuzz_require(error || (blocks.count == dataset.count &&
+                               blocks.num_tokens == dataset.num_tokens &&
+                               memcmp(blocks.tokens, dataset.tokens,
+                                      dataset.num_tokens * sizeof(int)) == 0),
                      "cut in blocks, other pairs or ids");
         counting_parts_asked = 0;
         cutting_block_lines_asked = 0;
