@@ -1,4 +1,5 @@
-/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c, lab/catalogs.c) and of the fast path (lab/fast_path.c)
+/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c, lab/catalogs.c)
+ * and of the fast path (lab/fast_path.c)
  *
  * Built by make test in double (test_lab_f64), in float (test_lab) and in
  * float without OpenMP (test_lab_serial), with the lab plugged in as make's
@@ -22,56 +23,86 @@
  *     alone (TRANSFORMER_MINIMAL_BIN, make test: ./transformer_minimal).
  *
  * INDEX: each piece of the lab -> the tests that prove it
- *   fast_path.c  linear_forward_fast, _backward_fast     test_fast_linear, test_fast_dispatch, test_fast_training_step;
- *                                                        the model tests (reference files, gradient checks in double)
+ *   fast_path.c  linear_forward_fast, _backward_fast     test_fast_linear, test_fast_dispatch,
+ *                                                        test_fast_training_step; the model tests
+ *                                                        (reference files, gradient checks in
+ *                                                        double)
  *                attention_forward_fast, _backward_fast  test_fast_attention, test_fast_dispatch,
- *                                                        test_fast_training_step, test_attention_by_hand
- *                attention_one_query_fast                test_fast_attention (one query), test_attention_by_hand,
+ *                                                        test_fast_training_step,
+ *                                                        test_attention_by_hand
+ *                attention_one_query_fast                test_fast_attention (one query),
+ *                                                        test_attention_by_hand,
  *                                                        test_decoder_logits
- *                matmul and its tiles                    test_matmul_against_plain_loops, test_matmul_thread_count
+ *                matmul and its tiles                    test_matmul_against_plain_loops,
+ *                                                        test_matmul_thread_count
  *                linear_forward_packed, packed_weight,   test_decoding_weights, test_decoding_hook
  *                fast_path_decoding
- *                cached_decoder_begin, _step, _reorder,  test_key_value_cache (transformer.c's decoder's bits),
- *                _end                                    test_decoder_logits, test_decoding_hook
+ *                cached_decoder_begin, _step, _reorder,  test_key_value_cache (transformer.c's
+ *                _end                                    decoder's bits), test_decoder_logits,
+ *                                                        test_decoding_hook
  *                checked_aligned_malloc                  test_fast_aligned_memory
- *   lab.c        svg_write_heatmap, _grid, _positional_encoding, _attention, _loss_curve    test_svg_*
- *                checkpoint_average, average             test_average; test_table3 (learned positions)
+ *   lab.c        svg_write_heatmap, _grid,               test_svg_*
+ *                _positional_encoding, _attention,
+ *                _loss_curve
+ *                checkpoint_average, average             test_average; test_table3 (learned
+ *                                                        positions)
  *                bleu                                    test_bleu_command
- *                attention, pe, plot                     test_log_keep_last_and_pictures, test_command_names_and_labels
- *                params, parameter_group_count           test_parameter_groups, test_lab_command_line
- *                table3 (table3_name_variant, stored_option)    test_table3
- *                commands, labels, errors naming them    test_command_names_and_labels, test_lab_reads_minimal_checkpoints
+ *                attention, pe, plot                     test_log_keep_last_and_pictures,
+ *                                                        test_command_names_and_labels
+ *                params, parameter_group_count           test_parameter_groups,
+ *                                                        test_lab_command_line
+ *                table3 (table3_name_variant,            test_table3
+ *                stored_option)
+ *                commands, labels, errors naming them    test_command_names_and_labels,
+ *                                                        test_lab_reads_minimal_checkpoints
  *                (bench has no test: make bench runs it)
- *   text.c       Unicode's white space, tokenize, dataset_read_tsv, dataset_check_lengths    test_tsv_reading
- *                                                        (\r\n, blank lines, Unicode spaces, <unk>, each error with its
- *                                                        file and line), test_tsv_command_line, test_bleu_white_space
- *                the text rule (UTF-8, the byte-order mark, reserved tokens)    test_text_rule
- *   bleu.c       bleu_reset, bleu_add_sentence, bleu_score    test_bleu (by hand: clipping, brevity, corpus
- *                                                        against sentence BLEU, Unicode white space, a 40,000-token line)
- *                eval, evaluate                          test_tsv_command_line, test_eval_bleu (eval --bleu = the BLEU
- *                                                        of greedy outputs one by one)
- *   subwords.c   bpe_learn, bpe_encode_word, bpe_join_tokens    test_bpe_learn_and_apply, test_bpe_numbers_data
- *                the merges in checkpoints, special tokens      test_bpe_checkpoint, test_bpe_never_makes_special_tokens
+ *   text.c       Unicode's white space, tokenize,        test_tsv_reading (\r\n, blank lines,
+ *                dataset_read_tsv,                       Unicode spaces, <unk>, each error with its
+ *                dataset_check_lengths                   file and line), test_tsv_command_line,
+ *                                                        test_bleu_white_space
+ *                the text rule (UTF-8, the byte-order    test_text_rule
+ *                mark, reserved tokens)
+ *   bleu.c       bleu_reset, bleu_add_sentence,          test_bleu (by hand: clipping, brevity,
+ *                bleu_score                              corpus against sentence BLEU, Unicode
+ *                                                        white space, a 40,000-token line)
+ *                eval, evaluate                          test_tsv_command_line, test_eval_bleu
+ *                                                        (eval --bleu = the BLEU of greedy outputs
+ *                                                        one by one)
+ *   subwords.c   bpe_learn, bpe_encode_word,             test_bpe_learn_and_apply,
+ *                bpe_join_tokens                         test_bpe_numbers_data
+ *                the merges in checkpoints, special      test_bpe_checkpoint,
+ *                tokens                                  test_bpe_never_makes_special_tokens
  *                train --bpe, bpe                        test_bpe_command_line
- *   runs.c       lab_check_output (--force, a directory)  test_existing_checkpoint
- *                --resume                                test_lab_command_line, test_existing_checkpoints_and_keep_last,
+ *   runs.c       lab_check_output (--force, a            test_existing_checkpoint
+ *                directory)
+ *                --resume                                test_lab_command_line,
+ *                                                        test_existing_checkpoints_and_keep_last,
  *                                                        test_moved_data, test_bpe_command_line
  *                --keep-last, --save-every               test_log_keep_last_and_pictures,
  *                                                        test_existing_checkpoints_and_keep_last
- *                --log, --loss-log, --positions          test_log_keep_last_and_pictures, test_lab_command_line
- *                --threads 0: cpu_times, others_busy_cores, free_cores_wanted, _decide    test_free_cores
+ *                --log, --loss-log, --positions          test_log_keep_last_and_pictures,
+ *                                                        test_lab_command_line
+ *                --threads 0: cpu_times,                 test_free_cores
+ *                others_busy_cores, free_cores_wanted,
+ *                _decide
  *                --batch-log                             test_batch_log
- *   catalogs.c   mo_check, catalog_read_bytes (both byte orders, revisions, contexts, plurals)    test_catalog_format
- *                the filters (catalog_filter), their counts                  test_catalog_filters
- *                catalog_drop_duplicates                                     test_catalog_duplicates
- *                each kind of damage                                         test_catalog_damage
- *                catalogs (languages, the split, --force, --min-pairs)       test_catalogs_command
- *   transformer.c's decoding: no empty translation (min_len 1)              test_no_empty_translation
+ *   catalogs.c   mo_check, catalog_read_bytes (both      test_catalog_format
+ *                byte orders, revisions, contexts,
+ *                plurals)
+ *                the filters (catalog_filter), their     test_catalog_filters
+ *                counts
+ *                catalog_drop_duplicates                 test_catalog_duplicates
+ *                each kind of damage                     test_catalog_damage
+ *                catalogs (languages, the split,         test_catalogs_command
+ *                --force, --min-pairs)
+ *   transformer.c's decoding: no empty translation (min_len 1)
+ *                                                        test_no_empty_translation
  */
 #define TRANSFORMER_NO_MAIN
 #include "lab.c"                      // transformer.c, the fast path and the lab
 #define TEST_TRANSFORMER_LIBRARY
-#include "../test_transformer.c"      // check(), test batches and configurations, transformer.c's tests
+#include "../test_transformer.c"      // check(), test batches and configurations,
+                                      // transformer.c's tests
 #include <signal.h>                   // kill, for the busy neighbours of test_free_cores
 
 // The number printed after label in text (NAN when there is none).
@@ -84,14 +115,22 @@ static double printed_number_after(const char *text, const char *label) {
 // form, as the layers store them: form 0, A (rows, depth) and B stored as
 // (cols, depth), i.e. x W^T; form 1, both row-major, dy W; form 2, A stored
 // as (depth, rows), i.e. dy^T x. The caller frees av->data and bv->data.
-static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int N, int depth, Rng *rng) {
-    real *a = checked_calloc((size_t)M * depth, sizeof(real), "test"), *b = checked_calloc((size_t)depth * N, sizeof(real), "test");
+static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int N, int depth,
+                            Rng *rng) {
+    real *a = checked_calloc((size_t)M * depth, sizeof(real), "test"),
+         *b = checked_calloc((size_t)depth * N, sizeof(real), "test");
     for (size_t i = 0; i < (size_t)M * depth; i++) a[i] = (real)rng_normal(rng);
     for (size_t i = 0; i < (size_t)depth * N; i++) b[i] = (real)rng_normal(rng);
     *av = (MatrixView){ a, (size_t)depth, 1 };
     *bv = (MatrixView){ b, (size_t)N, 1 };
-    if (form == 0) { bv->row_stride = 1; bv->col_stride = (size_t)depth; }
-    if (form == 2) { av->row_stride = 1; av->col_stride = (size_t)M; }
+    if (form == 0) {
+        bv->row_stride = 1;
+        bv->col_stride = (size_t)depth;
+    }
+    if (form == 2) {
+        av->row_stride = 1;
+        av->col_stride = (size_t)M;
+    }
 }
 
 // Part II's matrix product works in TILE_ROWS x TILE_COLS tiles, blocks of
@@ -105,9 +144,11 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
 static void test_matmul_against_plain_loops(void) {
     enum { NM = 4, NN = 5, ND = 3 };
     int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, 16, 17, 33, 530 }, depths[ND] = { 1, 129, 300 };
-    int extra[][3] = { { 40, 7, 4101 }, { 7, 40, 4101 } };   // and deep ones: 33 depth blocks, the last of 5
+    int extra[][3] = { { 40, 7, 4101 }, { 7, 40, 4101 } };   // and deep ones: 33 depth blocks,
+                                                             // the last of 5
     int grid = NM * NN * ND, shapes = grid + (int)(sizeof extra / sizeof *extra);
-    Rng rng; rng_seed(&rng, 11);
+    Rng rng;
+    rng_seed(&rng, 11);
     double worst = 0;
     int cases = 0;
     for (int shape = 0; shape < shapes; shape++)
@@ -132,20 +173,28 @@ static void test_matmul_against_plain_loops(void) {
                            bv.data[d * bv.row_stride + n * bv.col_stride];
                 expected[(size_t)m * N + n] = sum;
             }
-        if (accumulate) matmul((MatrixProduct){ c, (size_t)N, 1, av, bv, { NULL, 0, 0 }, M, N, depth, 1 });
-        else matmul_assign(c, (size_t)N, av, bv, bias, M, N, depth);
+        if (accumulate)
+            matmul((MatrixProduct){ c, (size_t)N, 1, av, bv, { NULL, 0, 0 }, M, N, depth, 1 });
+        else
+            matmul_assign(c, (size_t)N, av, bv, bias, M, N, depth);
         // relative to the size of a sum of depth products of N(0,1) numbers
         for (size_t i = 0; i < (size_t)M * N; i++) {
             double error = fabs(c[i] - expected[i]) / (sqrt((double)depth) + fabs(expected[i]));
-            if (error > worst) worst = error;
+            if (error > worst)
+                worst = error;
         }
         cases++;
-        free((real *)av.data); free((real *)bv.data); free(c); free(bias); free(expected);
+        free((real *)av.data);
+        free((real *)bv.data);
+        free(c);
+        free(bias);
+        free(expected);
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
-    check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x 4101 (every tile edge, depth "
-          "and width block; out += A B and out = bias + A B) match a plain loop in double: worst error %.2g",
-          cases, worst);
+    check(worst < tolerance,
+          "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x 4101 (every tile edge, depth and "
+          "width block; out += A B and out = bias + A B) match a plain loop in double: worst error "
+          "%.2g", cases, worst);
 }
 
 // The matrix product gives each element of out to one thread, which sums it in
@@ -153,9 +202,11 @@ static void test_matmul_against_plain_loops(void) {
 // the same bits, for the three ways the layers read their matrices.
 static void test_matmul_thread_count(void) {
 #ifdef _OPENMP
-    // rows, cols, depth: many strips; fewer rows than a strip; a short last strip of columns; few columns
+    // rows, cols, depth: many strips; fewer rows than a strip; a short last strip of columns;
+    // few columns
     int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 }, { 97, 16, 300 } };
-    Rng rng; rng_seed(&rng, 12);
+    Rng rng;
+    rng_seed(&rng, 12);
     int identical = 1, cases = 0, threads_before = omp_get_max_threads();
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
     for (int form = 0; form < 3; form++) {
@@ -171,10 +222,16 @@ static void test_matmul_thread_count(void) {
         identical &= memcmp(c[0], c[1], (size_t)M * N * sizeof(real)) == 0 &&
                      memcmp(c[0], c[2], (size_t)M * N * sizeof(real)) == 0;
         cases++;
-        free((real *)av.data); free((real *)bv.data); free(c[0]); free(c[1]); free(c[2]);
+        free((real *)av.data);
+        free((real *)bv.data);
+        free(c[0]);
+        free(c[1]);
+        free(c[2]);
     }
     omp_set_num_threads(threads_before);
-    check(identical, "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)", cases);
+    check(identical,
+          "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)",
+          cases);
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
 #endif
@@ -183,15 +240,19 @@ static void test_matmul_thread_count(void) {
 // The fast path's scratch memory starts on a cache line, as transformer.c's arenas do.
 static void test_fast_aligned_memory(void) {
     int aligned = 1;
-    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53, 161, 485 };
+    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53,
+                       161, 485 };
     for (size_t i_size = 0; i_size < sizeof sizes / sizeof *sizes; i_size++) {
         size_t n = sizes[i_size];
         real *a = checked_aligned_malloc(n, sizeof(real), "test");
         aligned &= on_line(a);
-        for (size_t i = 0; i < n; i++) a[i] = 1;   // all n are there to write (the sanitizer builds would see otherwise)
+        for (size_t i = 0; i < n; i++)
+            a[i] = 1;   // all n are there to write (the sanitizer builds would see otherwise)
         free(a);
     }
-    check(aligned, "memory: the fast path's checked_aligned_malloc gives addresses on %d-byte lines", CACHE_LINE);
+    check(aligned,
+          "memory: the fast path's checked_aligned_malloc gives addresses on %d-byte lines",
+          CACHE_LINE);
 }
 
 // ============================================================================
@@ -236,11 +297,13 @@ static real *random_reals(size_t n, Rng *rng) {
 
 // The largest |fast_i - plain_i| / (scale_i + tiny) over n elements: the
 // difference against the sum of absolute terms (scale) of each element.
-static double worst_scaled_difference(const real *fast, const real *plain, const real *scale, size_t n) {
+static double worst_scaled_difference(const real *fast, const real *plain, const real *scale,
+                                      size_t n) {
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)fast[i] - (double)plain[i]) / ((double)scale[i] + 1e-30);
-        if (!(d <= worst)) worst = d;   // NaN counts as the worst
+        if (!(d <= worst))
+            worst = d;   // NaN counts as the worst
     }
     return worst;
 }
@@ -250,7 +313,8 @@ static double relative_difference(const real *a, const real *b, size_t n) {
     double d = 0, scale = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - (double)b[i]);
-        if (!(e <= d)) d = e;
+        if (!(e <= d))
+            d = e;
         scale = fmax(scale, fabs((double)b[i]));
     }
     return d / (scale > 0 ? scale : 1);
@@ -259,17 +323,21 @@ static double relative_difference(const real *a, const real *b, size_t n) {
 // One linear layer, forward and backward: Part II's functions, then Part
 // I's loops, with a bias or without, asking for dinp or not (NULL). Returns
 // the worst scaled difference over out, dinp (when asked for), dweight and dbias.
-static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, int with_dinp, Rng *rng) {
+static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, int with_dinp,
+                                        Rng *rng) {
     size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
     real *x = random_reals(n_in, rng), *w = random_reals(n_w, rng), *b = random_reals(OC, rng);
     real *dout = random_reals(n_out, rng);
     real *bias = with_bias ? b : NULL;
     // the results: [0] Part II, [1] Part I; backward accumulates onto the same starting values
     real *out[2], *dinp[2], *dw[2], *db[2];
-    real *dinp0 = random_reals(n_in, rng), *dw0 = random_reals(n_w, rng), *db0 = random_reals(OC, rng);
+    real *dinp0 = random_reals(n_in, rng), *dw0 = random_reals(n_w, rng),
+         *db0 = random_reals(OC, rng);
     for (int plain = 0; plain < 2; plain++) {
         out[plain] = checked_calloc(n_out, sizeof(real), "test");
-        dinp[plain] = copy_of(dinp0, n_in); dw[plain] = copy_of(dw0, n_w); db[plain] = copy_of(db0, OC);
+        dinp[plain] = copy_of(dinp0, n_in);
+        dw[plain] = copy_of(dw0, n_w);
+        db[plain] = copy_of(db0, OC);
         real *dbias = with_bias ? db[plain] : NULL, *dx = with_dinp ? dinp[plain] : NULL;
         if (plain) {
             fast_path_use(0);
@@ -283,7 +351,8 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
     // the scale of each element: Part I on |operands|, starting from |what it added to|
     real *ax = absolute_of(x, n_in), *aw = absolute_of(w, n_w), *ab = absolute_of(b, OC);
     real *adout = absolute_of(dout, n_out), *s_out = checked_calloc(n_out, sizeof(real), "test");
-    real *s_dinp = absolute_of(dinp0, n_in), *s_dw = absolute_of(dw0, n_w), *s_db = absolute_of(db0, OC);
+    real *s_dinp = absolute_of(dinp0, n_in), *s_dw = absolute_of(dw0, n_w),
+         *s_db = absolute_of(db0, OC);
     linear_forward(s_out, ax, aw, with_bias ? ab : NULL, N, IC, OC);
     linear_backward(s_dinp, s_dw, s_db, adout, ax, aw, N, IC, OC);
     fast_path_use(1);
@@ -291,8 +360,8 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
                              worst_scaled_difference(dinp[0], dinp[1], s_dinp, n_in)),
                         fmax(worst_scaled_difference(dw[0], dw[1], s_dw, n_w),
                              worst_scaled_difference(db[0], db[1], s_db, OC)));
-    real *all[] = { x, w, b, dout, dinp0, dw0, db0, out[0], out[1], dinp[0], dinp[1], dw[0], dw[1], db[0], db[1],
-                    ax, aw, ab, adout, s_out, s_dinp, s_dw, s_db };
+    real *all[] = { x, w, b, dout, dinp0, dw0, db0, out[0], out[1], dinp[0], dinp[1], dw[0], dw[1],
+                    db[0], db[1], ax, aw, ab, adout, s_out, s_dinp, s_dw, s_db };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     return worst;
 }
@@ -306,24 +375,27 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
 // Part II's products: a tile's rows and columns, a depth block and a width block.
 static void test_fast_linear(void) {
     int shapes[][3] = {   // N (rows), IC (in), OC (out)
-        { 1152, 64, 192 }, { 1152, 64, 64 }, { 1152, 64, 128 }, { 1152, 64, 256 }, { 1152, 256, 64 },
-        { 1152, 64, 14 }, { 1024, 128, 384 }, { 1024, 128, 512 }, { 1024, 512, 128 }, { 1024, 128, 1000 },
+        { 1152, 64, 192 }, { 1152, 64, 64 }, { 1152, 64, 128 }, { 1152, 64, 256 },
+        { 1152, 256, 64 }, { 1152, 64, 14 },
+        { 1024, 128, 384 }, { 1024, 128, 512 }, { 1024, 512, 128 }, { 1024, 128, 1000 },
         { 1, 128, 384 }, { 4, 128, 1000 }, { 8, 64, 256 }, { 96, 64, 14 },
         { 512, 512, 2048 }, { 512, 2048, 512 }, { 64, 512, 8000 }, { 8, 512, 1536 },
         { TILE_ROWS + 1, DEPTH_BLOCK + 1, WIDTH_BLOCK + TILE_COLS + 1 }, { TILE_COLS, 129, 16 },
         { TILE_COLS + 1, 7, 17 }, { 3, 300, 530 }, { 97, 1, 33 }, { 2 * TILE_ROWS + 1, 40, 1 },
         { TILE_COLS, 128, 384 }, { 20, 64, 100 },
     };
-    Rng rng; rng_seed(&rng, 31);
+    Rng rng;
+    rng_seed(&rng, 31);
     double worst = 0;
     int count = (int)(sizeof shapes / sizeof *shapes);
     for (int s = 0; s < count; s++)
-        worst = fmax(worst, linear_fast_against_plain(shapes[s][0], shapes[s][1], shapes[s][2], s % 4 != 3, s % 5 != 4,
-                                                      &rng));
-    check(worst < FAST_TOLERANCE, "Part II: linear_forward_fast and linear_backward_fast (out, dinp, dW, dbias; "
-          "without a bias, or dinp, in some) of %d shapes (tiny, toy, base, decoding, every tile and block edge) "
-          "agree with Part I's loops: worst %.2g of "
-          "the sum of |terms| (tolerance %.0e)", count, worst, FAST_TOLERANCE);
+        worst = fmax(worst, linear_fast_against_plain(shapes[s][0], shapes[s][1], shapes[s][2],
+                                                      s % 4 != 3, s % 5 != 4, &rng));
+    check(worst < FAST_TOLERANCE,
+          "Part II: linear_forward_fast and linear_backward_fast (out, dinp, dW, dbias; without a "
+          "bias, or dinp, in some) of %d shapes (tiny, toy, base, decoding, every tile and block "
+          "edge) agree with Part I's loops: worst %.2g of the sum of |terms| (tolerance %.0e)",
+          count, worst, FAST_TOLERANCE);
 }
 
 // One attention call, forward and backward: Part II's functions (called
@@ -333,12 +405,14 @@ static void test_fast_linear(void) {
 // layout of self-attention, or the encoder-decoder attention's q (B,T,C) and
 // kv (B,S,2C). Returns the worst relative difference (relative_difference)
 // over out, att, dq, dk and dv.
-static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH, int self, int causal,
-                                           const int *key_len, Rng *rng) {
+static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH, int self,
+                                           int causal, const int *key_len, Rng *rng) {
     int q_stride = self ? 3 * C : C, kv_stride = self ? 3 * C : 2 * C;
-    size_t n_q = (size_t)B * Tq * q_stride, n_kv = (size_t)B * Tk * kv_stride, n_out = (size_t)B * Tq * C;
+    size_t n_q = (size_t)B * Tq * q_stride, n_kv = (size_t)B * Tk * kv_stride,
+           n_out = (size_t)B * Tq * C;
     size_t n_att = (size_t)B * NH * Tq * Tk;
-    real *q = random_reals(n_q, rng), *kv = self ? q : random_reals(n_kv, rng), *dout = random_reals(n_out, rng);
+    real *q = random_reals(n_q, rng), *kv = self ? q : random_reals(n_kv, rng),
+         *dout = random_reals(n_out, rng);
     const real *k = self ? q + C : kv, *v = self ? q + 2 * C : kv + C;
     real *out[2], *att[2], *dq[2], *dkv[2];
     for (int plain = 0; plain < 2; plain++) {
@@ -346,7 +420,8 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
         att[plain] = checked_calloc(n_att, sizeof(real), "test");
         dq[plain] = checked_calloc(n_q, sizeof(real), "test");
         dkv[plain] = self ? dq[plain] : checked_calloc(n_kv, sizeof(real), "test");
-        real *dk = self ? dq[plain] + C : dkv[plain], *dv = self ? dq[plain] + 2 * C : dkv[plain] + C;
+        real *dk = self ? dq[plain] + C : dkv[plain],
+             *dv = self ? dq[plain] + 2 * C : dkv[plain] + C;
         fast_path_use(0);
         AttentionShape shape = { B, Tq, Tk, C, NH, q_stride, kv_stride };
         if (plain) {
@@ -358,11 +433,24 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
         }
     }
     fast_path_use(1);
-    double worst = fmax(relative_difference(out[0], out[1], n_out), relative_difference(att[0], att[1], n_att));
+    double worst = fmax(relative_difference(out[0], out[1], n_out),
+                        relative_difference(att[0], att[1], n_att));
     worst = fmax(worst, relative_difference(dq[0], dq[1], n_q));   // dq, and dk and dv when fused
-    if (!self) worst = fmax(worst, relative_difference(dkv[0], dkv[1], n_kv));
-    free(q); free(dout); free(out[0]); free(out[1]); free(att[0]); free(att[1]); free(dq[0]); free(dq[1]);
-    if (!self) { free(kv); free(dkv[0]); free(dkv[1]); }
+    if (!self)
+        worst = fmax(worst, relative_difference(dkv[0], dkv[1], n_kv));
+    free(q);
+    free(dout);
+    free(out[0]);
+    free(out[1]);
+    free(att[0]);
+    free(att[1]);
+    free(dq[0]);
+    free(dq[1]);
+    if (!self) {
+        free(kv);
+        free(dkv[0]);
+        free(dkv[1]);
+    }
     return worst;
 }
 
@@ -373,15 +461,21 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
 // one head and several, head sizes of 8 to 64 (toy's 32 and base's 64 among
 // them) and key counts on either side of a tile's width.
 static void test_fast_attention(void) {
-    Rng rng; rng_seed(&rng, 32);
+    Rng rng;
+    rng_seed(&rng, 32);
     int lengths[4] = { 13, 5, 1, 9 }, wide[3] = { TILE_COLS + 3, 2, TILE_COLS }, one[2] = { 9, 4 };
     int toy[3] = { 32, 17, 1 }, base[2] = { 64, 41 };
     double worst = 0;
-    worst = fmax(worst, attention_fast_against_plain(4, 13, 13, 32, 2, 1, 0, lengths, &rng));   // encoder
-    worst = fmax(worst, attention_fast_against_plain(4, 13, 13, 32, 2, 1, 1, lengths, &rng));   // decoder
-    worst = fmax(worst, attention_fast_against_plain(3, 9, TILE_COLS + 3, 24, 3, 0, 0, wide, &rng)); // cross
-    worst = fmax(worst, attention_fast_against_plain(3, TILE_COLS + 3, TILE_COLS + 3, 16, 1, 1, 1, wide, &rng));
-    worst = fmax(worst, attention_fast_against_plain(2, 1, 9, 32, 4, 0, 0, one, &rng));        // one query
+    worst = fmax(worst,
+                 attention_fast_against_plain(4, 13, 13, 32, 2, 1, 0, lengths, &rng));   // encoder
+    worst = fmax(worst,
+                 attention_fast_against_plain(4, 13, 13, 32, 2, 1, 1, lengths, &rng));   // decoder
+    worst = fmax(worst, attention_fast_against_plain(3, 9, TILE_COLS + 3, 24, 3, 0, 0, wide,
+                                                     &rng));   // cross
+    worst = fmax(worst, attention_fast_against_plain(3, TILE_COLS + 3, TILE_COLS + 3, 16, 1, 1, 1,
+                                                     wide, &rng));
+    worst = fmax(worst,
+                 attention_fast_against_plain(2, 1, 9, 32, 4, 0, 0, one, &rng));   // one query
     // one query with the head groups of attention_one_query_fast: toy's, base's, tiny's head sizes,
     // a head wider than a group, a group of 3 vectors, and a causal self-attention (one key)
     int one_toy[3] = { 32, 7, 1 };
@@ -393,14 +487,17 @@ static void test_fast_attention(void) {
     worst = fmax(worst, attention_fast_against_plain(3, 1, 32, 96, 3, 0, 0, one_toy, &rng));
     int one_key[3] = { 1, 1, 1 };
     worst = fmax(worst, attention_fast_against_plain(3, 1, 1, 128, 4, 1, 1, one_key, &rng));
-    worst = fmax(worst, attention_fast_against_plain(3, 32, 32, 128, 4, 1, 1, toy, &rng));     // toy's sizes
+    worst = fmax(worst,
+                 attention_fast_against_plain(3, 32, 32, 128, 4, 1, 1, toy, &rng));   // toy's sizes
     worst = fmax(worst, attention_fast_against_plain(3, 20, 32, 128, 4, 0, 0, toy, &rng));
-    worst = fmax(worst, attention_fast_against_plain(2, 64, 64, 512, 8, 1, 1, base, &rng));    // base's
+    worst = fmax(worst,
+                 attention_fast_against_plain(2, 64, 64, 512, 8, 1, 1, base, &rng));   // base's
     worst = fmax(worst, attention_fast_against_plain(2, 64, 64, 512, 8, 0, 0, base, &rng));
-    check(worst < FAST_STEP_TOLERANCE, "Part II: attention_forward_fast and attention_backward_fast (out, "
-          "probabilities, dq, dk, dv) with padding and causal masks, fused and separate q, k, v, head sizes 8 to 64, "
-          "agree with Part I's loops: worst %.2g of each tensor's largest (tolerance %.0e)", worst,
-          FAST_STEP_TOLERANCE);
+    check(worst < FAST_STEP_TOLERANCE,
+          "Part II: attention_forward_fast and attention_backward_fast (out, probabilities, dq, "
+          "dk, dv) with padding and causal masks, fused and separate q, k, v, head sizes 8 to 64, "
+          "agree with Part I's loops: worst %.2g of each tensor's largest (tolerance %.0e)",
+          worst, FAST_STEP_TOLERANCE);
 }
 
 // The default build's calls reach Part II: with fast_path_use(1),
@@ -412,7 +509,8 @@ static void test_fast_attention(void) {
 // vectorises or fuses Part II's sums; a build without either (the sanitizer's
 // -O1) can give Part I's bits exactly, and then only the product can tell.
 static void test_fast_dispatch(void) {
-    Rng rng; rng_seed(&rng, 35);
+    Rng rng;
+    rng_seed(&rng, 35);
     int N = 97, IC = 300, OC = 530, B = 2, T = 40, C = 64, NH = 2, len[2] = { 40, 23 };
     real *x = random_reals((size_t)N * IC, &rng), *w = random_reals((size_t)OC * IC, &rng);
     real *out[3], *att[3], *heads[3], *qkv = random_reals((size_t)B * T * 3 * C, &rng);
@@ -434,17 +532,25 @@ static void test_fast_dispatch(void) {
     size_t n_out = (size_t)N * OC * sizeof(real), n_heads = (size_t)B * T * C * sizeof(real);
     check(memcmp(out[0], out[1], n_out) == 0 && memcmp(heads[0], heads[1], n_heads) == 0 &&
           memcmp(out[1], out[2], n_out) != 0,
-          "Part II: a default build's linear_forward and attention_forward run Part II (its bits; the product's not Part I's)");
+          "Part II: a default build's linear_forward and attention_forward run Part II (its bits; "
+          "the product's not Part I's)");
     if (memcmp(heads[1], heads[2], n_heads) == 0)
         printf("     (this build's Part II attention gives Part I's exact bits)\n");
-    for (int way = 0; way < 3; way++) { free(out[way]); free(att[way]); free(heads[way]); }
-    free(x); free(w); free(qkv);
+    for (int way = 0; way < 3; way++) {
+        free(out[way]);
+        free(att[way]);
+        free(heads[way]);
+    }
+    free(x);
+    free(w);
+    free(qkv);
 }
 
 // The weights decoding has packed (entries of decoding_weights that stand for one).
 static int decoding_weights_packed(void) {
     int packed = 0;
-    for (int i = 0; i < decoding_weights.count; i++) packed += decoding_weights.packed[i].weight != NULL;
+    for (int i = 0; i < decoding_weights.count; i++)
+        packed += decoding_weights.packed[i].weight != NULL;
     return packed;
 }
 
@@ -458,9 +564,10 @@ static int decoding_weights_packed(void) {
 // a weight changed in the same memory between two decodings is packed anew,
 // into the same memory.
 static void test_decoding_weights(void) {
-    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { DECODING_ROWS, 128, 1000 },
-                        { 3, 5, 7 }, { 2, 9, 20 } };   // N, IC, OC
-    Rng rng; rng_seed(&rng, 14);
+    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 },
+                        { DECODING_ROWS, 128, 1000 }, { 3, 5, 7 }, { 2, 9, 20 } };   // N, IC, OC
+    Rng rng;
+    rng_seed(&rng, 14);
     int identical = 1, packed_once = 1, forgotten = 1, memory_kept = 1, cases = 0;
 #ifdef _OPENMP
     int threads_before = omp_get_max_threads();
@@ -471,12 +578,13 @@ static void test_decoding_weights(void) {
         size_t n_out = (size_t)N * OC;
         real *x = random_reals((size_t)N * IC, &rng), *w = random_reals((size_t)OC * IC, &rng);
         real *b = random_reals(OC, &rng), *bias = with_bias ? b : NULL;
-        real *plain = checked_calloc(n_out, sizeof(real), "test"), *packed = checked_calloc(n_out, sizeof(real), "test");
+        real *plain = checked_calloc(n_out, sizeof(real), "test"),
+             *packed = checked_calloc(n_out, sizeof(real), "test");
         for (int changed = 0; changed < 2; changed++) {
             if (changed)   // the same memory, another weight
                 for (size_t k = 0; k < (size_t)OC * IC; k++) w[k] = -w[k] / 2;
-            matmul_assign(plain, (size_t)OC, (MatrixView){ x, (size_t)IC, 1 }, (MatrixView){ w, 1, (size_t)IC }, bias,
-                          N, OC, IC);
+            matmul_assign(plain, (size_t)OC, (MatrixView){ x, (size_t)IC, 1 },
+                          (MatrixView){ w, 1, (size_t)IC }, bias, N, OC, IC);
             int entries_before = decoding_weights.count;
             fast_path_decoding(1);
             for (int call = 0; call < 3; call++) {   // packed, then read twice
@@ -490,17 +598,23 @@ static void test_decoding_weights(void) {
             }
             fast_path_decoding(0);
             forgotten &= decoding_weights_packed() == 0 && decoding_weights.decodings == 0;
-            if (changed) memory_kept &= decoding_weights.count == entries_before;
+            if (changed)
+                memory_kept &= decoding_weights.count == entries_before;
         }
         cases++;
-        free(x); free(w); free(b); free(plain); free(packed);
+        free(x);
+        free(w);
+        free(b);
+        free(plain);
+        free(packed);
     }
 #ifdef _OPENMP
     omp_set_num_threads(threads_before);
 #endif
-    check(identical && packed_once && forgotten && memory_kept, "decoding: products of few rows from a weight packed "
-          "once give matmul's bits (%d shapes and biases, 1-3 threads; a weight changed between decodings too), "
-          "the pack forgotten when decoding ends and its memory used again", cases);
+    check(identical && packed_once && forgotten && memory_kept,
+          "decoding: products of few rows from a weight packed once give matmul's bits (%d shapes "
+          "and biases, 1-3 threads; a weight changed between decodings too), the pack forgotten "
+          "when decoding ends and its memory used again", cases);
 }
 
 // cached_decoder_begin and _end tell the products that decoding begins and
@@ -535,10 +649,11 @@ static void test_decoding_hook(void) {
     decoder_end(&decoder);
     switched &= decoding_weights.decodings == 0;
     fast_path_use(1);
-    check(began && at_first == expected && at_second == expected && ended && switched, "decoding: cached_decoder_begin "
-          "and _end tell the products (decoding %s; weights packed: %d at the first position, %d at the second, %d "
-          "expected; %s after; %s by fast_path_use)", began ? "began" : "did not begin", at_first, at_second,
-          expected, ended ? "none" : "some", switched ? "all forgotten" : "not forgotten");
+    check(began && at_first == expected && at_second == expected && ended && switched,
+          "decoding: cached_decoder_begin and _end tell the products (decoding %s; weights packed: "
+          "%d at the first position, %d at the second, %d expected; %s after; %s by fast_path_use)",
+          began ? "began" : "did not begin", at_first, at_second, expected, ended ? "none" : "some",
+          switched ? "all forgotten" : "not forgotten");
     transformer_free(&model);
 }
 
@@ -552,7 +667,8 @@ static void test_key_value_cache(void) {
     Transformer untrained;
     transformer_build(&untrained, &config, 16);
     Transformer *models[2] = { trained_copy_model(), &untrained };
-    Rng rng; rng_seed(&rng, 36);
+    Rng rng;
+    rng_seed(&rng, 36);
     int B = 5, S = 7, same_greedy = 1, same_beam = 1, same_logits = 1, ended = 0;
     for (int k = 0; k < 2; k++) {
         Transformer *m = models[k];
@@ -563,7 +679,9 @@ static void test_key_value_cache(void) {
         }
         int fed[6][5];   // the decoder's inputs at 6 positions: <s>, then random words
         for (int t = 0; t < 6; t++)
-            for (int b = 0; b < B; b++) fed[t][b] = t == 0 ? TOKEN_BOS : NUM_SPECIAL_TOKENS + rng_below(&rng, V - NUM_SPECIAL_TOKENS);
+            for (int b = 0; b < B; b++)
+                fed[t][b] = t == 0 ? TOKEN_BOS
+                                   : NUM_SPECIAL_TOKENS + rng_below(&rng, V - NUM_SPECIAL_TOKENS);
         int out[2][5 * 20], out_len[2][5], beam[2][5][20], beam_len[2][5];
         double score[2][5];
         real *logits[2];
@@ -578,15 +696,16 @@ static void test_key_value_cache(void) {
             m->training = 0;
             transformer_greedy_decode(m, out[cached], out_len[cached], 20, src, src_len, B, S);
             for (int b = 0; b < B; b++)
-                beam_len[cached][b] = transformer_beam_search(m, beam[cached][b], &score[cached][b], src + b * S,
-                                                              src_len[b], 4, 0.6);
+                beam_len[cached][b] = transformer_beam_search(m, beam[cached][b], &score[cached][b],
+                                                              src + b * S, src_len[b], 4, 0.6);
             // one decoder's logits at each of 6 positions, for B rows fed random words
             Decoder decoder;
             decoder_begin(&decoder, m, src, src_len, B, S, B, 6);
             logits[cached] = checked_calloc((size_t)6 * B * V, sizeof(real), "test");
             for (int t = 0; t < 6; t++) {
                 decoder_step(&decoder, m, fed[t], t, B);
-                memcpy(logits[cached] + (size_t)t * B * V, decoder.logits, (size_t)B * V * sizeof(real));
+                memcpy(logits[cached] + (size_t)t * B * V, decoder.logits,
+                       (size_t)B * V * sizeof(real));
             }
             decoder_end(&decoder);
         }
@@ -594,17 +713,22 @@ static void test_key_value_cache(void) {
         same_logits &= memcmp(logits[0], logits[1], (size_t)6 * B * V * sizeof(real)) == 0;
         for (int b = 0; b < B; b++) {
             same_greedy &= out_len[0][b] == out_len[1][b] &&
-                           memcmp(out[0] + b * 20, out[1] + b * 20, out_len[0][b] * sizeof(int)) == 0;
+                           memcmp(out[0] + b * 20, out[1] + b * 20,
+                                  out_len[0][b] * sizeof(int)) == 0;
             same_beam &= beam_len[0][b] == beam_len[1][b] && score[0][b] == score[1][b] &&
                          memcmp(beam[0][b], beam[1][b], beam_len[0][b] * sizeof(int)) == 0;
             ended += k == 0 && out_len[0][b] < transformer_decode_limit(m, src_len[b]);
         }
-        free(logits[0]); free(logits[1]);
+        free(logits[0]);
+        free(logits[1]);
     }
-    check(same_logits, "decoding: the key/value cache gives transformer.c's decoder's logits bit for bit "
+    check(same_logits,
+          "decoding: the key/value cache gives transformer.c's decoder's logits bit for bit "
           "(%d rows, 6 positions, 2 models)", B);
-    check(same_greedy && same_beam && ended == B, "decoding: with the key/value cache, greedy (%d sentences side by "
-          "side, %d of the trained model's ended by </s>) and beam 4 give transformer.c's outputs and scores", B, ended);
+    check(same_greedy && same_beam && ended == B,
+          "decoding: with the key/value cache, greedy (%d sentences side by side, %d of the "
+          "trained model's ended by </s>) and beam 4 give transformer.c's outputs and scores",
+          B, ended);
     transformer_free(&untrained);
 }
 
@@ -614,10 +738,15 @@ static void test_key_value_cache(void) {
 // code in both builds.)
 static void test_fast_training_step(void) {
     TransformerConfig config = small_config();
-    config.d_model = 40; config.n_heads = 5; config.d_ff = 72; config.vocab_size = 23;
-    config.max_len = 24; config.n_layers = 2;
+    config.d_model = 40;
+    config.n_heads = 5;
+    config.d_ff = 72;
+    config.vocab_size = 23;
+    config.max_len = 24;
+    config.n_layers = 2;
     int src_len[3] = { 17, 9, 4 }, tgt_len[3] = { 5, 19, 12 };
-    Rng rng; rng_seed(&rng, 33);
+    Rng rng;
+    rng_seed(&rng, 33);
     static TestBatch tb;
     make_test_batch(&tb, 3, 17, 19, src_len, tgt_len, config.vocab_size, &rng);
     Transformer m[2];
@@ -631,7 +760,8 @@ static void test_fast_training_step(void) {
         transformer_backward(&m[plain], &tb.batch);
     }
     fast_path_use(1);
-    double logits = relative_difference(m[0].acts.logits, m[1].acts.logits, (size_t)3 * 19 * config.vocab_size);
+    double logits = relative_difference(m[0].acts.logits, m[1].acts.logits,
+                                        (size_t)3 * 19 * config.vocab_size);
     double worst_grad = 0;
     const char *worst_name = "";
     real **grads[2][NUM_PARAMETER_TENSORS];
@@ -639,16 +769,22 @@ static void test_fast_training_step(void) {
     parameter_pointers(grads[1], &m[1].grads);
     int compared = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-        if (m[0].param_sizes[t] == 0) continue;   // position_embedding, with sinusoids
+        if (m[0].param_sizes[t] == 0)
+            continue;   // position_embedding, with sinusoids
         double d = relative_difference(*grads[0][t], *grads[1][t], m[0].param_sizes[t]);
-        if (d > worst_grad) { worst_grad = d; worst_name = parameter_names[t]; }
+        if (d > worst_grad) {
+            worst_grad = d;
+            worst_name = parameter_names[t];
+        }
         compared++;
     }
     check(fabs((double)loss[0] - loss[1]) <= FAST_STEP_TOLERANCE * fabs((double)loss[1]) &&
           logits < FAST_STEP_TOLERANCE && worst_grad < FAST_STEP_TOLERANCE,
-          "Part II: a training step (2 layers, d_model 40, 5 heads, ragged batch, dropout on) gives Part I's "
-          "loss (%.9g, %.9g), logits (%.1e) and all %d gradients (worst %.1e, %s; tolerance %.0e)",
-          (double)loss[0], (double)loss[1], logits, compared, worst_grad, worst_name, FAST_STEP_TOLERANCE);
+          "Part II: a training step (2 layers, d_model 40, 5 heads, ragged batch, dropout on) "
+          "gives Part I's loss (%.9g, %.9g), logits (%.1e) and all %d gradients (worst %.1e, %s; "
+          "tolerance %.0e)",
+          (double)loss[0], (double)loss[1], logits, compared, worst_grad, worst_name,
+          FAST_STEP_TOLERANCE);
     transformer_free(&m[0]);
     transformer_free(&m[1]);
 }
@@ -688,7 +824,8 @@ static void capture_begin(void) {
 static void capture_end(char *printed, size_t size) {
     fflush(stderr);
     dup2(saved_stderr, 2);
-    close(captured_fd); close(saved_stderr);
+    close(captured_fd);
+    close(saved_stderr);
     char *text = read_text_file(captured_path);
     snprintf(printed, size, "%s", text ? text : "");
     free(text);
@@ -700,7 +837,8 @@ static int one_error_line(const char *printed, const char *start) {
     return strncmp(printed, start, strlen(start)) == 0 && count_occurrences(printed, "\n") == 1;
 }
 
-static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed, size_t size) {
+static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed,
+                                       size_t size) {
     capture_begin();
     int status = svg_write_loss_curve(svg_path, csv_path, "test");
     capture_end(printed, size);
@@ -716,30 +854,37 @@ static void test_svg_heatmap(void) {
     char *svg = read_text_file(path);
     check(status == 0 && svg != NULL, "SVG heatmap: written");
     if (svg) {
-        check(count_occurrences(svg, "<rect") == 6 + 3, "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
+        check(count_occurrences(svg, "<rect") == 6 + 3,
+              "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
               count_occurrences(svg, "<rect"));
-        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") && strstr(svg, ">&quot;q&quot;<") &&
-              strstr(svg, ">it&apos;s<") && strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
+        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") &&
+              strstr(svg, ">&quot;q&quot;<") && strstr(svg, ">it&apos;s<") &&
+              strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
               "SVG heatmap: labels and title escaped for XML (&lt;s&gt;, a&amp;b, &quot;q&quot;)");
-        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") && strstr(svg, ">0</text>") &&
-              strstr(svg, ">1</text>") && strstr(svg, ">0.5</text>"),
+        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") &&
+              strstr(svg, ">0</text>") && strstr(svg, ">1</text>") &&
+              strstr(svg, ">0.5</text>"),
               "SVG heatmap: colour scale with its min 0, middle 0.5 and max 1");
         // value 1 is the darkest blue, 0 white; each cell's tooltip names its row and column
         check(strstr(svg, "fill=\"#08306b\"><title>&lt;s&gt; | it&apos;s: 1</title>") &&
               strstr(svg, "fill=\"#ffffff\"><title>&lt;s&gt; | x: 0</title>"),
-              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | column tooltips");
-        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") && count_occurrences(svg, "<text") ==
-              count_occurrences(svg, "</text>"), "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
+              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | "
+              "column tooltips");
+        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") &&
+              count_occurrences(svg, "<text") == count_occurrences(svg, "</text>"),
+              "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
     }
     free(svg);
     remove(path);
     // UTF-8 passes through; bytes that are not UTF-8 (a lone 0xFF, the overlong
     // 0xC0 0xAF, a surrogate 0xED 0xA0 0x80) and control characters become '?'
-    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" }, *utf8_cols[3] = { "x\x01", "y", "z" };
+    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" },
+               *utf8_cols[3] = { "x\x01", "y", "z" };
     status = svg_write_heatmap(path, values, 2, 3, utf8_rows, utf8_cols, NULL, 0, 1);
     svg = read_text_file(path);
-    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") && strstr(svg, ">a?b?" "?c?" "?" "?</text>") &&
-          strstr(svg, ">x?</text>"), "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
+    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") &&
+          strstr(svg, ">a?b?" "?c?" "?" "?</text>") && strstr(svg, ">x?</text>"),
+          "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
     free(svg);
     remove(path);
     // bad input: one line naming the file, status 1
@@ -748,18 +893,21 @@ static void test_svg_heatmap(void) {
     capture_begin();
     status = svg_write_heatmap(path, values, 0, 3, NULL, NULL, "x", 0, 1);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG heatmap: a 0 x 3 matrix is refused: %.*s",
-          (int)strcspn(printed, "\n"), printed);
+    check(status == 1 && one_error_line(printed, start),
+          "SVG heatmap: a 0 x 3 matrix is refused: %.*s", (int)strcspn(printed, "\n"), printed);
     capture_begin();
     status = svg_write_heatmap(path, values, 2, 3, NULL, NULL, "x", 1, 1);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG heatmap: an empty scale 1..1 is refused: %.*s",
-          (int)strcspn(printed, "\n"), printed);
+    check(status == 1 && one_error_line(printed, start),
+          "SVG heatmap: an empty scale 1..1 is refused: %.*s", (int)strcspn(printed, "\n"),
+          printed);
     capture_begin();
     status = svg_write_heatmap("/nonexistent-directory/x.svg", values, 2, 3, NULL, NULL, "x", 0, 1);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
-          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+    check(status == 1 &&
+          one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
+          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"),
+          printed);
 }
 
 static void test_svg_positional_encoding(void) {
@@ -769,10 +917,12 @@ static void test_svg_positional_encoding(void) {
     char *svg = read_text_file(path);
     check(status == 0 && svg != NULL, "SVG positional encoding: written");
     if (svg) {
-        check(count_occurrences(svg, "<rect") == 20 * 16 + 3, "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
+        check(count_occurrences(svg, "<rect") == 20 * 16 + 3,
+              "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
               count_occurrences(svg, "<rect"));
         // PE(0, 0) = sin 0 = 0: the white middle of the scale; PE(0, 1) = cos 0 = 1: darkest red
-        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") && strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
+        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") &&
+              strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
               "SVG positional encoding: PE(0,0) = 0 white, PE(0,1) = 1 darkest red");
         check(strstr(svg, ">-1</text>") && strstr(svg, ">1</text>") && strstr(svg, "PE(pos, i)"),
               "SVG positional encoding: colour scale -1..1 shown");
@@ -784,8 +934,9 @@ static void test_svg_positional_encoding(void) {
     capture_begin();
     status = svg_write_positional_encoding(path, 0, 16);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG positional encoding: max_len 0 is refused: %.*s",
-          (int)strcspn(printed, "\n"), printed);
+    check(status == 1 && one_error_line(printed, start),
+          "SVG positional encoding: max_len 0 is refused: %.*s", (int)strcspn(printed, "\n"),
+          printed);
 }
 
 static void test_svg_attention(void) {
@@ -793,7 +944,8 @@ static void test_svg_attention(void) {
     Transformer m;
     transformer_build(&m, &config, 4);
     int src_len[2] = { 5, 4 }, tgt_len[2] = { 4, 6 };
-    Rng rng; rng_seed(&rng, 8);
+    Rng rng;
+    rng_seed(&rng, 8);
     static TestBatch tb;
     make_test_batch(&tb, 2, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
     m.training = 0;
@@ -809,7 +961,8 @@ static void test_svg_attention(void) {
         svg_test_path(path, sizeof path, name);
         int status = svg_write_attention(path, &m, (AttentionKind)kind, 1, source, 4, target, 5);
         char *svg = read_text_file(path);
-        check(status == 0 && svg && count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
+        check(status == 0 && svg &&
+              count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
               "SVG attention %s: %d heads x %d cells", kinds[kind], L * NH, cells[kind]);
         if (svg && kind == ATTENTION_CROSS) {
             // layer 2, head 2 of sentence 1, query 2 (it predicts "zwei"), key 3 ("two"):
@@ -818,13 +971,16 @@ static void test_svg_attention(void) {
             double p = m.acts.dec[1].cross_attn.att[((((size_t)1) * NH + 1) * T + 2) * S + 3];
             char expected[96];
             snprintf(expected, sizeof expected, "<title>zwei | two: %.4g</title>", p);
-            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") && strstr(svg, "&lt;unk&gt;"),
-                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its probability %.4g", p);
+            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") &&
+                  strstr(svg, "&lt;unk&gt;"),
+                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its "
+                  "probability %.4g", p);
         }
         if (svg && kind == ATTENTION_DECODER) {
             check(strstr(svg, ">&lt;s&gt;</text>") && strstr(svg, ">&lt;/s&gt;</text>") &&
                   strstr(svg, "<title>drei | &lt;s&gt;: 1</title>"),
-                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees only <s>");
+                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees "
+                  "only <s>");
         }
         free(svg);
         remove(path);
@@ -836,17 +992,22 @@ static void test_svg_attention(void) {
     capture_begin();
     int status = svg_write_attention(path, &m, ATTENTION_CROSS, 2, source, 4, target, 5);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG attention: sentence 2 of a batch of 2 is refused");
+    check(status == 1 && one_error_line(printed, start),
+          "SVG attention: sentence 2 of a batch of 2 is refused");
     capture_begin();
     status = svg_write_attention(path, &m, ATTENTION_CROSS, 1, source, 4, target, 6);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG attention: 6+1 target positions of 6 are refused");
+    check(status == 1 && one_error_line(printed, start),
+          "SVG attention: 6+1 target positions of 6 are refused");
     transformer_free(&m);
 }
 
 static void write_text_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
-    if (f) { fputs(text, f); fclose(f); }
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
 }
 
 // Are all numbers in the SVG's attributes (coordinates, sizes, points) finite
@@ -858,10 +1019,13 @@ static int svg_numbers_in_picture(const char *svg) {
         while (*p && *p != '"') {
             char *end;
             double v = strtod(p, &end);
-            if (end == p) break; // not a number: a colour, an anchor
-            if (!isfinite(v) || fabs(v) > 1e5) return 0;
+            if (end == p)
+                break;   // not a number: a colour, an anchor
+            if (!isfinite(v) || fabs(v) > 1e5)
+                return 0;
             p = end;
-            while (*p == ',' || *p == ' ') p++;
+            while (*p == ',' || *p == ' ')
+                p++;
         }
     }
     return 1;
@@ -873,12 +1037,13 @@ static int svg_numbers_in_picture(const char *svg) {
 // value beyond what a chart draws is refused with its line.
 static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) {
     static const char *drawn[] = {
-        "1,5,0,1,0x1p-1070\n",                                                 // a subnormal held-out score (make fuzz)
-        "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",                   // a span of one rounding step
-        "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",                                   // 600 decades on the log scale
-        "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",                         // values below a double's normal range
-        "0,-1e300,-1e300,-1e300,-1e300\n1e300,1e300,1e300,1e300,1e300\n",     // the widest drawable span
-        "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",                               // gaps
+        "1,5,0,1,0x1p-1070\n",   // a subnormal held-out score (make fuzz)
+        "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",   // a span of one rounding step
+        "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",   // 600 decades on the log scale
+        "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",   // values below a double's normal range
+        "0,-1e300,-1e300,-1e300,-1e300\n"
+        "1e300,1e300,1e300,1e300,1e300\n",   // the widest drawable span
+        "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",   // gaps
     };
     char printed[512];
     int good = 0, n = (int)(sizeof drawn / sizeof *drawn);
@@ -888,17 +1053,20 @@ static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) 
         char *svg = read_text_file(svg_path);
         int ok = status == 0 && svg && printed[0] == '\0' && svg_numbers_in_picture(svg) &&
                  count_occurrences(svg, "<polyline") >= 2;
-        if (!ok) printf("     log %d: exit %d, %s\n", k + 1, status, printed[0] ? printed : "a picture with numbers "
-                        "outside it");
+        if (!ok)
+            printf("     log %d: exit %d, %s\n", k + 1, status,
+                   printed[0] ? printed : "a picture with numbers outside it");
         good += ok;
         free(svg);
         remove(svg_path);
     }
-    check(good == n, "SVG loss curve: %d of %d logs with extreme values (a subnormal, a one-ulp span, 600 decades, "
-          "+-1e300, gaps) drawn with finite coordinates inside the picture", good, n);
+    check(good == n,
+          "SVG loss curve: %d of %d logs with extreme values (a subnormal, a one-ulp span, 600 "
+          "decades, +-1e300, gaps) drawn with finite coordinates inside the picture", good, n);
     struct { const char *text, *message; } refused[] = {
         { "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n",
-          ":1: loss '-1e308' is beyond what a chart draws; expected a number from -1e+300 to 1e+300" },
+          ":1: loss '-1e308' is beyond what a chart draws; expected a number from -1e+300 "
+          "to 1e+300" },
         { "1,2,0.1,1,\n2,2,1e999,1,\n", ":2: lr '1e999' is beyond what a chart draws" },
     };
     for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
@@ -907,8 +1075,8 @@ static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) 
         char expected[512];
         snprintf(expected, sizeof expected, "error: %s%s", csv, refused[k].message);
         check(status == 1 && one_error_line(printed, expected) && access(svg_path, F_OK) != 0,
-              "SVG loss curve: a value beyond +-1e300 is refused with its line: %.*s", (int)strcspn(printed, "\n"),
-              printed);
+              "SVG loss curve: a value beyond +-1e300 is refused with its line: %.*s",
+              (int)strcspn(printed, "\n"), printed);
         remove(svg_path);
     }
 }
@@ -919,14 +1087,17 @@ static void test_svg_loss_curve(void) {
     svg_test_path(svg_path, sizeof svg_path, "loss.svg");
     // a header, a comment, held-out scores on some lines only
     write_text_file(csv, "step,loss,lr,tokens_per_s,dev_exact\n# a comment\n"
-                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
+                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n"
+                         "20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
     int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
     char *svg = read_text_file(svg_path);
     check(status == 0 && svg && printed[0] == '\0', "SVG loss curve: written, nothing printed");
     if (svg) {
-        check(count_occurrences(svg, "<polyline") == 3 && strstr(svg, "training loss (log scale)") &&
-              strstr(svg, "held-out score") && strstr(svg, ">dev exact</text>") && count_occurrences(svg, "<circle") == 2,
-              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning rate");
+        check(count_occurrences(svg, "<polyline") == 3 &&
+              strstr(svg, "training loss (log scale)") && strstr(svg, "held-out score") &&
+              strstr(svg, ">dev exact</text>") && count_occurrences(svg, "<circle") == 2,
+              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning "
+              "rate");
     }
     free(svg);
     remove(svg_path);
@@ -934,8 +1105,9 @@ static void test_svg_loss_curve(void) {
     write_text_file(csv, "1,3.5,0.0001,1000,\n2,3.4,0.0002,1000,\n");
     status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
     svg = read_text_file(svg_path);
-    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 && !strstr(svg, "held-out") &&
-          !strstr(svg, "log scale"), "SVG loss curve: no held-out scores, two panels, linear loss axis");
+    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 &&
+          !strstr(svg, "held-out") && !strstr(svg, "log scale"),
+          "SVG loss curve: no held-out scores, two panels, linear loss axis");
     free(svg);
     remove(svg_path);
     // malformed logs: one line naming file and line, status 1, no picture
@@ -946,7 +1118,8 @@ static void test_svg_loss_curve(void) {
         { "1,2.5,0.001,1000,\n-5,2.5,0.001,1000,\n", ":2: step '-5' is not a step number (>= 0)" },
         { "1,2.5,0.001,1000,0.5x\n", ":1: held-out score '0.5x' is not a number" },
         { "1,2.5,0.001,1000,,\n", ":1: 6 comma-separated fields, expected 5" },
-        { "# only a comment\n", ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
+        { "# only a comment\n",
+          ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
     };
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         write_text_file(csv, bad[k].text);
@@ -954,8 +1127,10 @@ static void test_svg_loss_curve(void) {
         snprintf(expected, sizeof expected, "error: %s%s", csv, bad[k].message);
         FILE *f = fopen(svg_path, "r");
         check(status == 1 && one_error_line(printed, expected) && !f,
-              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1, (int)strcspn(printed, "\n"), printed);
-        if (f) fclose(f);
+              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1,
+              (int)strcspn(printed, "\n"), printed);
+        if (f)
+            fclose(f);
         remove(svg_path);
     }
     test_svg_loss_curve_extremes(csv, svg_path);
