@@ -2223,26 +2223,33 @@ static void reference_dataset_split(Dataset *dataset, Dataset *held_out, int eve
 
 // Are the two datasets the same pairs (lengths, lines), the same tokens, the same longest sides?
 static int same_dataset(const Dataset *a, const Dataset *b) {
-    if (a->count != b->count || a->num_tokens != b->num_tokens) return 0;
-    if (a->longest_src != b->longest_src || a->longest_tgt != b->longest_tgt) return 0;
+    if (a->count != b->count || a->num_tokens != b->num_tokens)
+        return 0;
+    if (a->longest_src != b->longest_src || a->longest_tgt != b->longest_tgt)
+        return 0;
     for (int i = 0; i < a->count; i++) {
         const SentencePair *p = &a->pairs[i], *q = &b->pairs[i];
-        if (p->src_len != q->src_len || p->tgt_len != q->tgt_len || p->line != q->line) return 0;
-        if (memcmp(a->tokens + p->src, b->tokens + q->src, (size_t)p->src_len * sizeof(int)) != 0) return 0;
-        if (memcmp(a->tokens + p->tgt, b->tokens + q->tgt, (size_t)p->tgt_len * sizeof(int)) != 0) return 0;
+        if (p->src_len != q->src_len || p->tgt_len != q->tgt_len || p->line != q->line)
+            return 0;
+        if (memcmp(a->tokens + p->src, b->tokens + q->src, (size_t)p->src_len * sizeof(int)) != 0)
+            return 0;
+        if (memcmp(a->tokens + p->tgt, b->tokens + q->tgt, (size_t)p->tgt_len * sizeof(int)) != 0)
+            return 0;
     }
     return 1;
 }
 
-// train's held-out pairs read into their own dataset as the file is read (dataset_read_tsv_split) are
-// those of the file read whole and then split: the same pairs in both, in order, the same tokens and ids.
+// train's held-out pairs read into their own dataset as the file is read (dataset_read_tsv_split)
+// are those of the file read whole and then split: the same pairs in both, in order, the same
+// tokens and ids.
 static void test_tsv_held_out_while_reading(void) {
     const char *path = test_path("held_out.tsv");
     char text[1 << 14];
     size_t size = 0;
     for (int line = 0; line < 150; line++)
-        size += (size_t)snprintf(text + size, sizeof text - size, line % 11 == 3 ? " \n" : "a%d b%d c\tx%d %s\n",
-                                 line % 17, line % 5, line % 23, line % 4 ? "y" : "y z w");
+        size += (size_t)snprintf(text + size, sizeof text - size,
+                                 line % 11 == 3 ? " \n" : "a%d b%d c\tx%d %s\n", line % 17,
+                                 line % 5, line % 23, line % 4 ? "y" : "y z w");
     write_text(path, text);
     int agreed = 0;
     static const int every[3] = { 20, 7, 200 };   // (200: more than the pairs, none held out)
@@ -2256,7 +2263,8 @@ static void test_tsv_held_out_while_reading(void) {
         memset(&train, 0, sizeof train);
         memset(&held, 0, sizeof held);
         const char *e1 = dataset_read_tsv(&whole, &v1, path, 1);
-        if (!e1 && whole.count >= every[e]) reference_dataset_split(&whole, &whole_held, every[e]);
+        if (!e1 && whole.count >= every[e])
+            reference_dataset_split(&whole, &whole_held, every[e]);
         char first[300];
         snprintf(first, sizeof first, "%s", e1 ? e1 : "");
         const char *e2 = dataset_read_tsv_split(&train, &held, every[e], &v2, path, 1);
@@ -2271,14 +2279,16 @@ static void test_tsv_held_out_while_reading(void) {
         vocab_free(&v1);
         vocab_free(&v2);
     }
-    check(agreed == 3, "tsv: every 20th, 7th or 200th pair held out as a 150-line file (blank lines) is read gives "
-          "the pairs, tokens and vocabulary of the file read whole and then split: %d of 3 agree", agreed);
+    check(agreed == 3,
+          "tsv: every 20th, 7th or 200th pair held out as a 150-line file (blank lines) is read "
+          "gives the pairs, tokens and vocabulary of the file read whole and then split: %d of 3 "
+          "agree", agreed);
 }
 
 // The words of a TSV file as learning counts them (word_counts_read_tsv) against dataset_read_tsv
-// and reference_dataset_split, which the learner read before issue 49: the same words in the same order
-// (a byte-order mark, \r\n, blank lines, held-out pairs listed with count 0), the same counts,
-// and the same message for each kind of bad line.
+// and reference_dataset_split, which the learner read before issue 49: the same words in the same
+// order (a byte-order mark, \r\n, blank lines, held-out pairs listed with count 0), the same
+// counts, and the same message for each kind of bad line.
 static void test_bpe_word_counts(void) {
     const char *path = test_path("bpe_counts.tsv");
     Rng rng;
@@ -2288,17 +2298,21 @@ static void test_bpe_word_counts(void) {
     size += (size_t)snprintf(text, capacity, "\xEF\xBB\xBF");
     static const char *pieces[6] = { "ab", "c", "\xc3\xa4", "de", "f", "g" };
     for (int line = 0; line < 300; line++) {
-        if (line % 37 == 5) size += (size_t)snprintf(text + size, capacity - size, " \v \n");   // blank
-        if (line % 41 == 3) size += (size_t)snprintf(text + size, capacity - size, "\r\n");
+        if (line % 37 == 5)
+            size += (size_t)snprintf(text + size, capacity - size, " \v \n");   // blank
+        if (line % 41 == 3)
+            size += (size_t)snprintf(text + size, capacity - size, "\r\n");
         for (int side = 0; side < 2; side++) {
             int words = 1 + rng_below(&rng, 5);
             for (int w = 0; w < words; w++) {
                 int letters = 1 + rng_below(&rng, 3);
                 for (int i = 0; i < letters; i++)
-                    size += (size_t)snprintf(text + size, capacity - size, "%s", pieces[rng_below(&rng, 6)]);
+                    size += (size_t)snprintf(text + size, capacity - size,
+                                             "%s", pieces[rng_below(&rng, 6)]);
                 size += (size_t)snprintf(text + size, capacity - size, w + 1 < words ? " " : "");
             }
-            size += (size_t)snprintf(text + size, capacity - size, side == 0 ? "\t" : line % 5 ? "\n" : "\r\n");
+            size += (size_t)snprintf(text + size, capacity - size,
+                                     side == 0 ? "\t" : line % 5 ? "\n" : "\r\n");
         }
     }
     write_text(path, text);
@@ -2318,7 +2332,8 @@ static void test_bpe_word_counts(void) {
         memset(&held_out, 0, sizeof held_out);
         const char *error = word_counts_read_tsv(&w, path, every[e]);
         const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
-        if (!old_error && every[e] > 0) reference_dataset_split(&dataset, &held_out, every[e]);
+        if (!old_error && every[e] > 0)
+            reference_dataset_split(&dataset, &held_out, every[e]);
         long *counts = checked_calloc((size_t)words.size, sizeof(long), "test");
         for (size_t i = 0; !old_error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
         int same = !error && !old_error && w.num_words == words.size - NUM_SPECIAL_TOKENS;
@@ -2334,15 +2349,18 @@ static void test_bpe_word_counts(void) {
         word_counts_free(&w);
     }
     counting_parts_asked = 0;
-    check(agreed == 12, "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are counted "
-          "as dataset_read_tsv reads them, all pairs and every 20th or 7th held out, in 1, 2, 3 and 7 parts (threads) "
-          "merged: %d of 12 agree", agreed);
-    // bad lines: alone, and after good and blank lines (a later part's line: its number, the pairs before it)
+    check(agreed == 12,
+          "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are "
+          "counted as dataset_read_tsv reads them, all pairs and every 20th or 7th held out, in 1, "
+          "2, 3 and 7 parts (threads) merged: %d of 12 agree", agreed);
+    // bad lines: alone, and after good and blank lines (a later part's line: its number, the pairs
+    // before it)
     static const char *bad[] = {
-        "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n", "ok\tfine\nx\xff\tb\n",
-        "a\x00z\tb\n", "a\tb\tc",
+        "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n",
+        "ok\tfine\nx\xff\tb\n", "a\x00z\tb\n", "a\tb\tc",
     };
-    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4, 13, 6, 5 };   // (the zero byte's line: 6)
+    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4,
+                                        13, 6, 5 };   // (the zero byte's line: 6)
     int same_messages = 0, kinds = (int)(sizeof bad / sizeof *bad), cases = 0;
     char first[600] = "";
     for (int c = 0; c < 4 * kinds; c++) {
@@ -2351,11 +2369,12 @@ static void test_bpe_word_counts(void) {
         char bytes[4096];
         size_t size = 0;
         for (int line = 0; after_lines && line < 60; line++)
-            size += (size_t)snprintf(bytes + size, sizeof bytes - size, line % 9 == 4 ? "\n" : "w%d x\ty z%d\n",
-                                     line % 13, line % 7);
+            size += (size_t)snprintf(bytes + size, sizeof bytes - size,
+                                     line % 9 == 4 ? "\n" : "w%d x\ty z%d\n", line % 13, line % 7);
         memcpy(bytes + size, bad[i], bad_bytes[i]);
         size += bad_bytes[i];
-        size += (size_t)snprintf(bytes + size, sizeof bytes - size, after_lines ? "more\tlines\nand\tmore\n" : "");
+        size += (size_t)snprintf(bytes + size, sizeof bytes - size,
+                                 after_lines ? "more\tlines\nand\tmore\n" : "");
         write_file(path, bytes, size);
         WordCounts w;
         memset(&w, 0, sizeof w);
@@ -2367,20 +2386,25 @@ static void test_bpe_word_counts(void) {
         char message[300];
         snprintf(message, sizeof message, "%s", error ? error : "(none)");
         const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
-        int expected_error = !after_lines || i >= 2;   // (an empty or blank ending after good lines is fine)
-        int same = expected_error ? error && old_error && strcmp(message, old_error) == 0 : !error && !old_error;
+        int expected_error = !after_lines || i >= 2;   // (an empty or blank ending after good
+                                                       // lines is fine)
+        int same = expected_error ? error && old_error && strcmp(message, old_error) == 0
+                                  : !error && !old_error;
         same_messages += same;
         cases++;
         if (!same && !first[0])
-            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", c + 1, message, old_error ? old_error : "(none)");
+            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", c + 1, message,
+                     old_error ? old_error : "(none)");
         dataset_free(&dataset);
         vocab_free(&words);
         word_counts_free(&w);
     }
     counting_parts_asked = 0;
-    check(same_messages == cases, "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an "
-          "empty side, not UTF-8, a zero byte, no newline at the end), alone and after 60 lines, counted in 1 and 3 parts, give "
-          "dataset_read_tsv's message: %d of %d agree%s", kinds, same_messages, cases, first);
+    check(same_messages == cases,
+          "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an empty "
+          "side, not UTF-8, a zero byte, no newline at the end), alone and after 60 lines, counted "
+          "in 1 and 3 parts, give dataset_read_tsv's message: %d of %d agree%s",
+          kinds, same_messages, cases, first);
 }
 
 // Writes a Zipfian corpus of syllables (lines pairs, a blank line now and then) to path, and after
@@ -2392,15 +2416,18 @@ static void write_syllable_corpus(const char *path, int lines, int bad_at, const
     size_t capacity = 1 << 20, size = 0;
     char *text = checked_calloc(capacity, 1, "test");
     for (int line = 0; line < lines; line++) {
-        if (line % 97 == 50) size += (size_t)snprintf(text + size, capacity - size, "\n");
-        if (line == bad_at && bad_at > 0) size += (size_t)snprintf(text + size, capacity - size, "%s\n", bad);
+        if (line % 97 == 50)
+            size += (size_t)snprintf(text + size, capacity - size, "\n");
+        if (line == bad_at && bad_at > 0)
+            size += (size_t)snprintf(text + size, capacity - size, "%s\n", bad);
         for (int side = 0; side < 2; side++) {
             int words = 1 + rng_below(&rng, 12);
             for (int k = 0; k < words; k++) {
                 int rank = 1 + rng_below(&rng, 1 + rng_below(&rng, 400));   // about Zipfian
                 for (int r = rank; r > 0; r /= 8)
                     size += (size_t)snprintf(text + size, capacity - size, "%s", syllables[r % 8]);
-                size += (size_t)snprintf(text + size, capacity - size, "%s", k + 1 < words ? " " : "");
+                size += (size_t)snprintf(text + size, capacity - size, "%s",
+                                         k + 1 < words ? " " : "");
             }
             size += (size_t)snprintf(text + size, capacity - size, side == 0 ? "\t" : "\n");
         }
@@ -2409,8 +2436,9 @@ static void write_syllable_corpus(const char *path, int lines, int bad_at, const
     free(text);
 }
 
-// The merges learned from a file whose words are counted in parts (threads) are those of one part: the
-// same symbols, merges and counts (a Zipfian corpus of syllables, every 20th pair held out or none).
+// The merges learned from a file whose words are counted in parts (threads) are those of one part:
+// the same symbols, merges and counts (a Zipfian corpus of syllables, every 20th pair held out or
+// none).
 static void test_bpe_counting_parts(void) {
     const char *path = test_path("bpe_parts.tsv");
     write_syllable_corpus(path, 3000, 0, "");
@@ -2435,16 +2463,17 @@ static void test_bpe_counting_parts(void) {
         vocab_free(&one);
     }
     counting_parts_asked = 0;
-    check(agreed == cases && cases == 4 && merges > 1000, "bpe: 500 merges from a 3,000-line file counted in 2 and "
-          "5 parts (threads), with and without held-out pairs, are those of one part: %d of %d agree (%d merges)",
+    check(agreed == cases && cases == 4 && merges > 1000,
+          "bpe: 500 merges from a 3,000-line file counted in 2 and 5 parts (threads), with and "
+          "without held-out pairs, are those of one part: %d of %d agree (%d merges)",
           agreed, cases, merges);
 }
 
 
-// train --bpe's data cut on threads, in blocks of lines (bpe_read_tsv_on_threads), against the plain
-// reading line by line: the same training and held-out pairs, ids and vocabulary; where a block holds
-// a bad line, the same message; where a word brings a character the merges never saw (the vocabulary
-// grows), the same ids for it.
+// train --bpe's data cut on threads, in blocks of lines (bpe_read_tsv_on_threads), against the
+// plain reading line by line: the same training and held-out pairs, ids and vocabulary; where a
+// block holds a bad line, the same message; where a word brings a character the merges never saw
+// (the vocabulary grows), the same ids for it.
 static void test_bpe_cutting_on_threads(void) {
     const char *learn_path = test_path("bpe_cut_learn.tsv"), *path = test_path("bpe_cut.tsv");
     write_syllable_corpus(learn_path, 2000, 0, "");
@@ -2464,21 +2493,27 @@ static void test_bpe_cutting_on_threads(void) {
             memset(&held[way], 0, sizeof held[way]);
             int learned = 0;
             error[way] = bpe_learn_for_training(&v[way], learn_path, 20, 300, &learned);
-            if (!error[way] && way == 1) v[way].bpe->cache_complete = 0;   // (read plainly)
+            if (!error[way] && way == 1)
+                v[way].bpe->cache_complete = 0;   // (read plainly)
             cutting_block_lines_asked = block_lines[c];
             int threads = !error[way] && way == 0 && bpe_cut_on_threads(&v[way], stdin);
-            if (!error[way]) error[way] = dataset_read_tsv_split(&train[way], &held[way], 20, &v[way], path, 1);
+            if (!error[way])
+                error[way] = dataset_read_tsv_split(&train[way], &held[way], 20, &v[way], path, 1);
             cutting_block_lines_asked = 0;
             snprintf(message[way], sizeof message[way], "%s", error[way] ? error[way] : "");
-            if (way == 0 && !threads) snprintf(message[way], sizeof message[way], "not cut on threads");
+            if (way == 0 && !threads)
+                snprintf(message[way], sizeof message[way], "not cut on threads");
         }
-        int same = strcmp(message[0], message[1]) == 0 && (c == 1 || c == 3) == (message[0][0] != 0);
+        int same = strcmp(message[0], message[1]) == 0 &&
+                   (c == 1 || c == 3) == (message[0][0] != 0);
         same = same && same_dataset(&train[0], &train[1]) && same_dataset(&held[0], &held[1]);
         same = same && v[0].size == v[1].size;
-        for (int id = 0; same && id < v[0].size; id++) same = strcmp(v[0].words[id], v[1].words[id]) == 0;
+        for (int id = 0; same && id < v[0].size; id++)
+            same = strcmp(v[0].words[id], v[1].words[id]) == 0;
         if (!same && !first[0])
-            snprintf(first, sizeof first, "; case %d: '%.150s' and '%.150s', vocabularies %d and %d", c + 1,
-                     message[0], message[1], v[0].size, v[1].size);
+            snprintf(first, sizeof first,
+                     "; case %d: '%.150s' and '%.150s', vocabularies %d and %d", c + 1, message[0],
+                     message[1], v[0].size, v[1].size);
         agreed += same;
         pairs += train[0].count + held[0].count;
         for (int way = 0; way < 2; way++) {
@@ -2487,21 +2522,25 @@ static void test_bpe_cutting_on_threads(void) {
             vocab_free(&v[way]);
         }
     }
-    check(agreed == 4 && pairs > 5000, "bpe: a 2,000-pair file cut on threads in blocks of 7 to 1,000 lines, plain, "
-          "with a bad line, with characters no merge saw, with a special token, gives the pairs, ids, vocabulary and "
-          "message of the plain reading: %d of 4 agree (%d pairs)%s", agreed, pairs, first);
+    check(agreed == 4 && pairs > 5000,
+          "bpe: a 2,000-pair file cut on threads in blocks of 7 to 1,000 lines, plain, with a bad "
+          "line, with characters no merge saw, with a special token, gives the pairs, ids, "
+          "vocabulary and message of the plain reading: %d of 4 agree (%d pairs)%s",
+          agreed, pairs, first);
 }
 
 // Reads the lines of a TSV file (at most max) into lines[], without their newline.
 static int read_lines(const char *path, char **lines, int max) {
     FILE *f = fopen(path, "r");
-    if (!f) return 0;
+    if (!f)
+        return 0;
     char *line = NULL;
     size_t capacity = 0;
     ssize_t length;
     int n = 0;
     while (n < max && (length = getline(&line, &capacity, f)) != -1) {
-        if (length > 0 && line[length - 1] == '\n') line[length - 1] = '\0';
+        if (length > 0 && line[length - 1] == '\n')
+            line[length - 1] = '\0';
         lines[n++] = strdup(line);
     }
     free(line);
@@ -2513,13 +2552,19 @@ static int read_lines(const char *path, char **lines, int max) {
 // the test split's German words, none of them a training word, encode
 // without <unk>.
 static void test_bpe_numbers_data(void) {
-    const char *files[3] = { "tiny_data/numbers_train.tsv", "tiny_data/numbers_dev.tsv", "tiny_data/numbers_test.tsv" };
+    const char *files[3] = { "tiny_data/numbers_train.tsv", "tiny_data/numbers_dev.tsv",
+                             "tiny_data/numbers_test.tsv" };
     Vocabulary v, words;
-    vocab_init(&v); vocab_init(&words);
+    vocab_init(&v);
+    vocab_init(&words);
     int learned = 0;
     const char *e = bpe_learn_from_tsv(&v, files[0], 0, 100, &learned);
     check(!e && learned == 100, "bpe: 100 merges from %s (%s)", files[0], e ? e : "learned");
-    if (e) { vocab_free(&v); vocab_free(&words); return; }
+    if (e) {
+        vocab_free(&v);
+        vocab_free(&words);
+        return;
+    }
     vocab_add_subwords(&v);
     int size = v.size;
     Dataset train_words;
@@ -2530,24 +2575,29 @@ static void test_bpe_numbers_data(void) {
         Dataset d;
         memset(&d, 0, sizeof d);
         e = dataset_read_tsv(&d, &v, files[f], 0);
-        int n = read_lines(files[f], lines, 6000), same = !e && n == d.count, unknown = 0, german_seen = 0;
+        int n = read_lines(files[f], lines, 6000), same = !e && n == d.count, unknown = 0,
+            german_seen = 0;
         for (int i = 0; i < n; i++) {
             const SentencePair *p = &d.pairs[i];
             char *tab = strchr(lines[i], '\t');
             if (same && tab) {
                 *tab = '\0';
-                char *src = tokens_to_text(&v, d.tokens + p->src, p->src_len), *tgt = tokens_to_text(&v, d.tokens + p->tgt, p->tgt_len);
+                char *src = tokens_to_text(&v, d.tokens + p->src, p->src_len),
+                     *tgt = tokens_to_text(&v, d.tokens + p->tgt, p->tgt_len);
                 same = strcmp(src, lines[i]) == 0 && strcmp(tgt, tab + 1) == 0;
                 german_seen += vocab_find(&words, tab + 1, strlen(tab + 1)) >= 0;
-                free(src); free(tgt);
+                free(src);
+                free(tgt);
             }
-            for (int t = 0; same && t < p->src_len + p->tgt_len; t++) unknown += d.tokens[p->src + t] == TOKEN_UNK;
+            for (int t = 0; same && t < p->src_len + p->tgt_len; t++)
+                unknown += d.tokens[p->src + t] == TOKEN_UNK;
             free(lines[i]);
         }
-        check(same && unknown == 0 && v.size == size, "bpe: %s: all %d lines join back from their subwords exactly, "
-              "no <unk>", files[f], n);
+        check(same && unknown == 0 && v.size == size,
+              "bpe: %s: all %d lines join back from their subwords exactly, no <unk>", files[f], n);
         if (f == 2)
-            check(german_seen == 0 && unknown == 0, "bpe: none of the %d German words of the test split is a training "
+            check(german_seen == 0 && unknown == 0,
+                  "bpe: none of the %d German words of the test split is a training "
                   "word (%d are), yet all encode without <unk>", n, german_seen);
         dataset_free(&d);
     }
@@ -2582,12 +2632,17 @@ static int cuts_as_each_word(Vocabulary *vocab, const char *line) {
         int subwords = bpe_encode_word(vocab->bpe, start, w, (int)length, scratch, text);
         for (int s = 0; s < subwords; s++) {
             int text_length = bpe_symbol_text(text, w, start, subwords, s);
-            push_id(&expected, &expected_capacity, expected_count++, vocab_find(vocab, text, text_length));
+            push_id(&expected, &expected_capacity, expected_count++,
+                    vocab_find(vocab, text, text_length));
         }
-        free(start); free(scratch); free(text);
+        free(start);
+        free(scratch);
+        free(text);
     }
     int same = count == expected_count && memcmp(ids, expected, (size_t)count * sizeof(int)) == 0;
-    free(ids); free(expected); free(copy);
+    free(ids);
+    free(expected);
+    free(copy);
     return same;
 }
 
@@ -2602,26 +2657,30 @@ static void test_bpe_cache(void) {
     vocab_init(&v);
     int learned = 0;
     const char *e = bpe_learn_from_tsv(&v, "tiny_data/numbers_train.tsv", 0, 300, &learned);
-    if (!e) vocab_add_subwords(&v);
+    if (!e)
+        vocab_add_subwords(&v);
     char *lines[1000];
     int n = e ? 0 : read_lines("tiny_data/numbers_test.tsv", lines, 1000);
     int same = n == 1000, cached_words = 0;
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < n && same; i++) same = cuts_as_each_word(&v, lines[i]);
-        if (round == 0) cached_words = v.bpe ? v.bpe->cached.num_words : 0;
+        if (round == 0)
+            cached_words = v.bpe ? v.bpe->cached.num_words : 0;
     }
     vocab_init(&other);
     vocab_add(&other, "x", 1);
     vocab_add(&other, "y", 1);
     other.bpe = v.bpe;
-    if (!e) vocab_add_subwords(&other);
+    if (!e)
+        vocab_add_subwords(&other);
     int same_other = n == 1000;
     for (int i = 0; i < n && same_other; i++) same_other = cuts_as_each_word(&other, lines[i]);
     other.bpe = NULL;   // v's
     vocab_free(&other);
-    check(!e && same && cached_words > 100 && same_other, "bpe: the 1000 lines of the numbers test split, cut "
-          "twice (the cache filling, then from it: %d words), and with the same merges in another vocabulary, give "
-          "bpe_encode_word's subwords word by word", cached_words);
+    check(!e && same && cached_words > 100 && same_other,
+          "bpe: the 1000 lines of the numbers test split, cut twice (the cache filling, then from "
+          "it: %d words), and with the same merges in another vocabulary, give bpe_encode_word's "
+          "subwords word by word", cached_words);
     // a character no training word has: <unk>, warned of at each occurrence
     char sentence[] = "zwei\xc3\xa7 zwei\xc3\xa7 zwei";
     int *ids = NULL;
@@ -2633,8 +2692,10 @@ static void test_bpe_cache(void) {
     int count = tokenize(sentence, &v, 0, &ids, &capacity, &from);
     fflush(stderr);
     dup2(saved, 2);
-    close(saved); close(devnull);
-    check(count > 3 && from.unknown == 2, "bpe: a word with a character the vocabulary lacks, twice in a sentence, "
+    close(saved);
+    close(devnull);
+    check(count > 3 && from.unknown == 2,
+          "bpe: a word with a character the vocabulary lacks, twice in a sentence, "
           "is <unk> each time (%ld unknown)", from.unknown);
     free(ids);
     for (int i = 0; i < n; i++) free(lines[i]);
@@ -2726,11 +2787,13 @@ static void test_progress_lines(void) {
     progress_show(&p, 20000, 1);
     capture_end(printed, sizeof printed);
     progress_always = asked;
-    const char *expected = "bpe    learning merges: 5000/20.0k (25.0%) | 500 merges/s | elapsed 0:10 | left 0:30\n";
-    check(quiet && count_occurrences(printed, "\n") == 2 && strncmp(printed, expected, strlen(expected)) == 0 &&
+    const char *expected = "bpe    learning merges: 5000/20.0k (25.0%) | 500 merges/s | "
+                           "elapsed 0:10 | left 0:30\n";
+    check(quiet && count_occurrences(printed, "\n") == 2 &&
+          strncmp(printed, expected, strlen(expected)) == 0 &&
           strstr(printed, "bpe    learning merges: 20.0k/20.0k (100.0%)"),
-          "progress: quiet unless asked when stderr is not a terminal; with --progress a line when one is due "
-          "and one at the end ('%.200s')", printed);
+          "progress: quiet unless asked when stderr is not a terminal; with --progress a line when "
+          "one is due and one at the end ('%.200s')", printed);
 }
 
 // §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
@@ -2754,7 +2817,10 @@ static void test_bpe_never_makes_special_tokens(void) {
     }
     Dataset d;
     memset(&d, 0, sizeof d);
-    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 0); }
+    if (!e) {
+        vocab_add_subwords(&v);
+        e = dataset_read_tsv(&d, &v, path, 0);
+    }
     for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
     for (int i = 0; !e && i < d.count; i++) {
         char *src = tokens_to_text(&v, d.tokens + d.pairs[i].src, d.pairs[i].src_len);
@@ -2762,12 +2828,14 @@ static void test_bpe_never_makes_special_tokens(void) {
         char line[128];
         snprintf(line, sizeof line, "%s\t%s\n", src, tgt);
         joins_back &= strstr(text, line) != NULL;
-        free(src); free(tgt);
+        free(src);
+        free(tgt);
     }
     check(!e && learned > 0 && makes_special == 0 && special_ids == 0 && joins_back && d.count == 4,
-          "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's text (%d did), and "
-          "their subwords hold no special id (%d did) and join back to the words (%s)", learned, makes_special,
-          special_ids, e ? e : "read");
+          "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's "
+          "text (%d did), and their subwords hold no special id (%d did) and join back to the "
+          "words (%s)",
+          learned, makes_special, special_ids, e ? e : "read");
     dataset_free(&d);
     vocab_free(&v);
     // the input make fuzz minimized (dev/fuzz/fuzz_tsv_bpe.c, before the fix): one line, 9 bytes
@@ -2775,10 +2843,15 @@ static void test_bpe_never_makes_special_tokens(void) {
     vocab_init(&v);
     special_ids = 0;
     e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
-    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 1); }
+    if (!e) {
+        vocab_add_subwords(&v);
+        e = dataset_read_tsv(&d, &v, path, 1);
+    }
     for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
-    check(!e && special_ids == 0 && d.num_tokens >= 4, "bpe: '<s>x<TAB><s>c' (found by make fuzz) is cut into %zu "
-          "subwords, %d of them a special token's id (%s)", d.num_tokens, special_ids, e ? e : "read");
+    check(!e && special_ids == 0 && d.num_tokens >= 4,
+          "bpe: '<s>x<TAB><s>c' (found by make fuzz) is cut into %zu "
+          "subwords, %d of them a special token's id (%s)",
+          d.num_tokens, special_ids, e ? e : "read");
     dataset_free(&d);
     vocab_free(&v);
     // a checkpoint whose merges make "<s>"
@@ -2798,9 +2871,13 @@ static void test_bpe_never_makes_special_tokens(void) {
     const char *ckpt = test_path("bpe_special.ckpt");
     e = checkpoint_save(ckpt, &m, &v, &state, "");
     const char *refused = e ? e : checkpoint_load(ckpt, &loaded, &v2, NULL, NULL);
-    check(!e && refused && strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
+    check(!e && refused &&
+          strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
           "checkpoint: merges that make '<s>' are refused (%s)", refused ? refused : "loaded");
-    if (!refused) { transformer_free(&loaded); vocab_free(&v2); }
+    if (!refused) {
+        transformer_free(&loaded);
+        vocab_free(&v2);
+    }
     transformer_free(&m);
     vocab_free(&v);
 }
@@ -2820,14 +2897,23 @@ static void test_bpe_checkpoint(void) {
     transformer_build(&m, &config, 5);
     TrainingState state = { 1, 0, 0, 4 }; // no step trained: no epoch begun
     const char *path = test_path("bpe.ckpt");
-    if (!e) e = checkpoint_save(path, &m, &v, &state, "");
-    if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
+    if (!e)
+        e = checkpoint_save(path, &m, &v, &state, "");
+    if (!e)
+        e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
     int same = !e && v2.bpe && same_merges(v.bpe, v2.bpe) && v2.size == v.size;
     char a[100], b[100];
-    if (same) { encode_to_text(a, sizeof a, v.bpe, "lowest"); encode_to_text(b, sizeof b, v2.bpe, "lowest"); }
-    check(same && strcmp(a, b) == 0, "bpe: %d merges survive a checkpoint round trip and cut 'lowest' the same "
-          "(%s)", learned, e ? e : a);
-    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    if (same) {
+        encode_to_text(a, sizeof a, v.bpe, "lowest");
+        encode_to_text(b, sizeof b, v2.bpe, "lowest");
+    }
+    check(same && strcmp(a, b) == 0,
+          "bpe: %d merges survive a checkpoint round trip and cut 'lowest' the same (%s)",
+          learned, e ? e : a);
+    if (!e) {
+        transformer_free(&loaded);
+        vocab_free(&v2);
+    }
     // a damaged merges section is refused
     checkpoint_save(path, &m, &v, &state, "");
     size_t size;
@@ -2836,9 +2922,12 @@ static void test_bpe_checkpoint(void) {
         good[120] += 1; // merges_bytes one more, the options...: the sizes disagree
         write_file(test_path("bad_merges.ckpt"), good, size);
         e = checkpoint_load(test_path("bad_merges.ckpt"), &loaded, &v2, NULL, NULL);
-        check(e && strstr(e, "bad_merges.ckpt"), "checkpoint: a merges section of the wrong size is refused (%s)",
-              e ? e : "accepted");
-        if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+        check(e && strstr(e, "bad_merges.ckpt"),
+              "checkpoint: a merges section of the wrong size is refused (%s)", e ? e : "accepted");
+        if (!e) {
+            transformer_free(&loaded);
+            vocab_free(&v2);
+        }
         free(good);
     }
     transformer_free(&m);
@@ -2849,39 +2938,50 @@ static void test_bpe_checkpoint(void) {
 // train --bpe, decode, eval, attention and the bpe command, as a user runs them.
 static void test_bpe_command_line(void) {
     const char *tsv = test_path("cli_bpe.tsv"), *ckpt = test_path("cli_bpe.ckpt");
-    write_text(tsv, "zwei drei\tdreiundzwei\nvier zwei\tzweiundvier\ndrei vier\tvierunddrei\nzwei zwei\tzweiundzwei\n");
-    check_cli_error("--bpe 0", "train: --bpe '0' is not valid; expected an integer from 1", "train --train %s --bpe 0", tsv);
+    write_text(tsv, "zwei drei\tdreiundzwei\nvier zwei\tzweiundvier\ndrei vier\tvierunddrei\n"
+                    "zwei zwei\tzweiundzwei\n");
+    check_cli_error("--bpe 0", "train: --bpe '0' is not valid; expected an integer from 1",
+                    "train --train %s --bpe 0", tsv);
     check_cli_error("--bpe -2", "train: --bpe '-2' is not valid", "train --train %s --bpe -2", tsv);
-    check_cli_error("--bpe with a built-in task", "--bpe goes with --train FILE", "train --task copy --bpe 10");
-    int status = run_cli("train --train %s --valid %s --bpe 1000 --steps 3 --checkpoint %s " TINY_RUN, tsv, tsv, ckpt);
-    check(status == 0 && strstr(cli_output, "bpe    stopped after") && strstr(cli_output, "of the 1000 merges asked for"),
+    check_cli_error("--bpe with a built-in task", "--bpe goes with --train FILE",
+                    "train --task copy --bpe 10");
+    int status = run_cli("train --train %s --valid %s --bpe 1000 --steps 3 "
+                         "--checkpoint %s " TINY_RUN, tsv, tsv, ckpt);
+    check(status == 0 && strstr(cli_output, "bpe    stopped after") &&
+          strstr(cli_output, "of the 1000 merges asked for"),
           "cli: train --bpe 1000 on 4 lines stops early and says so (exit %d)", status);
     status = run_cli("train --resume %s --steps 5 --log-every 0 --eval-every 0 --show 0", ckpt);
-    check(status == 0 && strstr(cli_output, "resume"), "cli: a run on subwords resumes (its merges from the checkpoint) "
-          "(exit %d)", status);
+    check(status == 0 && strstr(cli_output, "resume"),
+          "cli: a run on subwords resumes (its merges from the checkpoint) (exit %d)", status);
     status = run_cli("decode --checkpoint %s 'vier drei'", ckpt);
-    check(status == 0 && !strstr(cli_output, "warning"), "cli: decode with merges: words of seen characters, no <unk> (exit %d)",
-          status);
+    check(status == 0 && !strstr(cli_output, "warning"),
+          "cli: decode with merges: words of seen characters, no <unk> (exit %d)", status);
     status = run_cli("eval --checkpoint %s --data %s --bleu --show 1", ckpt, tsv);
     check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "(words)") &&
           strstr(cli_output, "(subwords)") && strstr(cli_output, "reference  dreiundzwei"),
-          "cli: eval on subwords: exact match and BLEU on words, the examples as words (exit %d)", status);
-    status = run_cli("attention --checkpoint %s --out-dir %s 'zwei vier'", ckpt, test_path("bpe_pictures"));
+          "cli: eval on subwords: exact match and BLEU on words, the examples as words (exit %d)",
+          status);
+    status = run_cli("attention --checkpoint %s --out-dir %s 'zwei vier'", ckpt,
+                     test_path("bpe_pictures"));
     check(status == 0 && strstr(cli_output, "source subwords: zwei</w> vier</w>"),
           "cli: attention on subwords draws the pictures and names the subwords (exit %d)", status);
     status = run_cli("bpe --data %s --merges 3", tsv);
-    check(status == 0 && strstr(cli_output, "# 3 merges learned from") && strstr(cli_output, "\n     3  "),
+    check(status == 0 && strstr(cli_output, "# 3 merges learned from") &&
+          strstr(cli_output, "\n     3  "),
           "cli: bpe --data --merges 3 prints 3 merges (exit %d)", status);
     status = run_cli("bpe --data %s --merges 1000", tsv);
     check(status == 0 && strstr(cli_output, "of 1000 asked for: no pair of symbols occurs twice"),
-          "cli: bpe asked for more merges than there are stops early and says so (exit %d)", status);
+          "cli: bpe asked for more merges than there are stops early and says so (exit %d)",
+          status);
     status = run_cli("bpe --checkpoint %s 'zweiundvier'", ckpt);
-    check(status == 0 && strstr(cli_output, "</w>\n"), "cli: bpe --checkpoint cuts a sentence into subwords (exit %d)", status);
+    check(status == 0 && strstr(cli_output, "</w>\n"),
+          "cli: bpe --checkpoint cuts a sentence into subwords (exit %d)", status);
     char *as_argument = strdup(cli_output);
     write_text(test_path("bpe_bom.txt"), "\xEF\xBB\xBFzweiundvier\r\n");
     status = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_bom.txt"));
     check(status == 0 && strcmp(cli_output, as_argument) == 0,
-          "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order mark, \\r\\n dropped)");
+          "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order "
+          "mark, \\r\\n dropped)");
     free(as_argument);
     // white space beyond ASCII separates words at decode time too
     status = run_cli("bpe --checkpoint %s 'zwei vier'", ckpt);
@@ -2891,47 +2991,62 @@ static void test_bpe_command_line(void) {
     check(status == 0 && ideographic == 0 && strcmp(cli_output, as_argument) == 0,
           "cli: bpe cuts 'zwei<U+3000>vier<U+00A0>' as 'zwei vier': %s", cli_output);
     free(as_argument);
-    check_cli_error("bpe of a directory on stdin", "bpe: stdin: read error after 0 lines: Is a directory",
+    check_cli_error("bpe of a directory on stdin",
+                    "bpe: stdin: read error after 0 lines: Is a directory",
                     "bpe --checkpoint %s < /tmp", ckpt);
-    check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
-    check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",
-                    test_path("tsv.ckpt"));
-    // bytes that are not UTF-8, in training data and at decode time, are refused with their line (one rule for
-    // every text input, issue 34; they were symbols of their own, as bpe_encode_word still makes them)
+    check_cli_error("bpe without --merges", "--merges N is required with --data",
+                    "bpe --data %s", tsv);
+    check_cli_error("bpe with a word-level checkpoint", "the model has no merges",
+                    "bpe --checkpoint %s 'a b'", test_path("tsv.ckpt"));
+    // bytes that are not UTF-8, in training data and at decode time, are refused with their line
+    // (one rule for every text input, issue 34; they were symbols of their own, as bpe_encode_word
+    // still makes them)
     write_text(test_path("cli_bytes.tsv"), "a\xff b\tb \xfe" "a\na b\tb a\n\xc3 a\ta \xc3\n");
-    check_cli_error("--bpe on training data holding a byte that is not UTF-8", "cli_bytes.tsv:1: byte 2 of the line, "
-                    "0xff, is not UTF-8; expected UTF-8 text", "train --train %s --valid %s --bpe 20 --steps 2 --checkpoint "
-                    "%s " TINY_RUN, test_path("cli_bytes.tsv"), test_path("cli_bytes.tsv"), test_path("cli_bytes.ckpt"));
-    check_cli_error("decode with subwords of a sentence holding bytes that are not UTF-8", "decode: argument 1: byte 1 "
-                    "of the line, 0xfe, is not UTF-8", "decode --checkpoint %s \"$(printf '\\376\\377 a')\"", ckpt);
-    check_cli_error("bpe --data of a file holding a byte that is not UTF-8", "bpe: " /* the file's path */,
-                    "bpe --data %s --merges 3", test_path("cli_bytes.tsv"));
+    check_cli_error("--bpe on training data holding a byte that is not UTF-8",
+                    "cli_bytes.tsv:1: byte 2 of the line, 0xff, is not UTF-8; expected UTF-8 text",
+                    "train --train %s --valid %s --bpe 20 --steps 2 --checkpoint %s " TINY_RUN,
+                    test_path("cli_bytes.tsv"), test_path("cli_bytes.tsv"),
+                    test_path("cli_bytes.ckpt"));
+    check_cli_error("decode with subwords of a sentence holding bytes that are not UTF-8",
+                    "decode: argument 1: byte 1 of the line, 0xfe, is not UTF-8",
+                    "decode --checkpoint %s \"$(printf '\\376\\377 a')\"", ckpt);
+    check_cli_error("bpe --data of a file holding a byte that is not UTF-8",
+                    "bpe: " /* the file's path */, "bpe --data %s --merges 3",
+                    test_path("cli_bytes.tsv"));
     check(strstr(cli_output, "cli_bytes.tsv:1: byte 2 of the line, 0xff, is not UTF-8") != NULL,
           "cli: ... naming the file, the line and the byte");
-    check_cli_error("bpe of a sentence argument that is not UTF-8", "bpe: argument 2: byte 3 of the line, 0xe9, is not "
-                    "UTF-8", "bpe --checkpoint %s 'a b' \"$(printf 'ca\\351')\"", ckpt);
+    check_cli_error("bpe of a sentence argument that is not UTF-8",
+                    "bpe: argument 2: byte 3 of the line, 0xe9, is not UTF-8",
+                    "bpe --checkpoint %s 'a b' \"$(printf 'ca\\351')\"", ckpt);
     write_text(test_path("cli_bytes_stdin.txt"), "a b\n\xc3\n");
-    check_cli_error("bpe of a line of stdin that is not UTF-8", "bpe: stdin:2: byte 1 of the line, 0xc3, is not UTF-8",
+    check_cli_error("bpe of a line of stdin that is not UTF-8",
+                    "bpe: stdin:2: byte 1 of the line, 0xc3, is not UTF-8",
                     "bpe --checkpoint %s < %s", ckpt, test_path("cli_bytes_stdin.txt"));
-    // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s> and "a</w>"
-    write_text(test_path("cli_special.tsv"), "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
+    // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s>
+    // and "a</w>"
+    write_text(test_path("cli_special.tsv"),
+               "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
     status = run_cli("train --train %s --valid %s --bpe 100 --steps 1 --checkpoint %s " TINY_RUN,
-                     test_path("cli_special.tsv"), test_path("cli_special.tsv"), test_path("cli_special.ckpt"));
+                     test_path("cli_special.tsv"), test_path("cli_special.tsv"),
+                     test_path("cli_special.ckpt"));
     int special_trained = status == 0;
-    status = run_cli("bpe --checkpoint %s '<s>a </s>b <pad>e x<pad> <unk>f'", test_path("cli_special.ckpt"));
+    status = run_cli("bpe --checkpoint %s '<s>a </s>b <pad>e x<pad> <unk>f'",
+                     test_path("cli_special.ckpt"));
     check(special_trained && status == 0 && special_tokens_in(cli_output) == 0,
-          "cli: train --bpe on words holding <s> </s> <pad> <unk>: no subword is a special token: %s", cli_output);
+          "cli: train --bpe on words holding <s> </s> <pad> <unk>: no subword is a special token: "
+          "%s", cli_output);
     write_text(test_path("cli_marker.tsv"), "a</w>\tb\n");
-    check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>", "train --train %s --bpe 5",
-                    test_path("cli_marker.tsv"));
+    check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>",
+                    "train --train %s --bpe 5", test_path("cli_marker.tsv"));
 }
 
 // A 3-step run of a tiny model on the numbers task, to `path`; `changes` are
 // flags after the common ones (a later flag wins). Returns train's exit status.
 static int train_tiny_numbers_run(const char *path, const char *dev, const char *changes) {
-    return run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 "
-                   "--heads 2 --steps 3 --batch-tokens 200 --warmup 2 --eval-every 0 --eval-size 1 --log-every 0 "
-                   "--show 0 --force --checkpoint %s %s", dev, path, changes);
+    return run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 "
+                   "--d-model 8 --d-ff 16 --heads 2 --steps 3 --batch-tokens 200 --warmup 2 "
+                   "--eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s %s",
+                   dev, path, changes);
 }
 
 // make table3's pieces on a tiny budget, so that they cannot rot: variants
@@ -2944,44 +3059,59 @@ static void test_table3(void) {
     Transformer m;
     transformer_build(&m, &config, 8);
     Dataset pairs, held_out;
-    memset(&pairs, 0, sizeof pairs); memset(&held_out, 0, sizeof held_out);
-    task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 2, 6, 8, 1, 9);
+    memset(&pairs, 0, sizeof pairs);
+    memset(&held_out, 0, sizeof held_out);
+    task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 2, 6, 8, 1,
+                  9);
     Evaluation e;
     evaluate(&e, &m, &pairs, 0, 100, 1, 0.6);
-    check(fabs(e.loss - e.log_loss) <= 1e-5 * fabs(e.loss), "table3: eval's -log p(reference) per token (%.9g) "
+    check(fabs(e.loss - e.log_loss) <= 1e-5 * fabs(e.loss),
+          "table3: eval's -log p(reference) per token (%.9g) "
           "is the loss without label smoothing (%.9g), 8 pairs", e.log_loss, e.loss);
-    evaluation_free(&e); dataset_free(&pairs); dataset_free(&held_out);
+    evaluation_free(&e);
+    dataset_free(&pairs);
+    dataset_free(&held_out);
     transformer_free(&m);
     // naming: one change, several changes, another seed
     Table3Run base = { 0 }, run = { 0 };
-    base.config = decode_config(); base.seed = 1;
-    run.config = base.config; run.seed = 1; run.config.n_heads = 2; run.config.d_ff = 99;
+    base.config = decode_config();
+    base.seed = 1;
+    run.config = base.config;
+    run.seed = 1;
+    run.config.n_heads = 2;
+    run.config.d_ff = 99;
     table3_name_variant(&run, &base);
     int named = strcmp(run.row, "(A,C)") == 0 && strcmp(run.label, "h=2 d_ff=99") == 0;
-    run.config = base.config; run.seed = 7;
+    run.config = base.config;
+    run.seed = 7;
     table3_name_variant(&run, &base);
     named &= strcmp(run.row, "base") == 0 && strcmp(run.label, "seed 7") == 0;
     run.config.positional = POSITIONAL_LEARNED;
     table3_name_variant(&run, &base);
     named &= strcmp(run.row, "(E)") == 0 && strcmp(run.label, "learned positions seed 7") == 0;
     char value[32];
-    named &= stored_option("--train\na.tsv\n--seed\n42\n", "--seed", value, sizeof value) && strcmp(value, "42") == 0 &&
+    named &= stored_option("--train\na.tsv\n--seed\n42\n", "--seed", value, sizeof value) &&
+             strcmp(value, "42") == 0 &&
              !stored_option("--train\na.tsv\n", "--seed", value, sizeof value);
-    check(named, "table3: runs are named by what differs from the base: (A,C) h=2 d_ff=99, base seed 7, (E)");
+    check(named, "table3: runs are named by what differs from the base: (A,C) h=2 d_ff=99, base "
+                 "seed 7, (E)");
     // five runs of 3 steps on the numbers task, scored on 12 dev and 12 test pairs
-    const char *dev = test_path("t3_dev.tsv"), *test = test_path("t3_test.tsv"), *svg = test_path("t3.svg");
+    const char *dev = test_path("t3_dev.tsv"), *test = test_path("t3_test.tsv"),
+               *svg = test_path("t3.svg");
     char text[4096] = "";
     for (int k = 0; k < 2; k++) {
         FILE *f = fopen(k ? "tiny_data/numbers_test.tsv" : "tiny_data/numbers_dev.tsv", "r");
         char line[256];
         text[0] = '\0';
         for (int i = 0; f && i < 12 && fgets(line, sizeof line, f); i++) strcat(text, line);
-        if (f) fclose(f);
+        if (f)
+            fclose(f);
         write_text(k ? test : dev, text);
     }
     // (their own names: --force over another test's checkpoint is tested elsewhere)
-    const char *runs[5][2] = { { "t3_base", "" }, { "t3_seed2", "--seed 2" }, { "t3_h1", "--heads 1" },
-                               { "t3_drop0", "--dropout 0" }, { "t3_learned", "--positional learned" } };
+    const char *runs[5][2] = { { "t3_base", "" }, { "t3_seed2", "--seed 2" },
+                               { "t3_h1", "--heads 1" }, { "t3_drop0", "--dropout 0" },
+                               { "t3_learned", "--positional learned" } };
     char paths[5][600], list[3200] = "";
     int trained = 0;
     for (int r = 0; r < 5; r++) {
@@ -2994,21 +3124,28 @@ static void test_table3(void) {
     size_t n = 0;
     unsigned char *picture = read_file(svg, &n);
     int bars = 0;
-    for (const char *p = picture ? (const char *)picture : ""; (p = strstr(p, "class=\"bar\"")); p++) bars++;
+    for (const char *p = picture ? (const char *)picture : ""; (p = strstr(p, "class=\"bar\""));
+         p++)
+        bars++;
     int ok = trained == 5 && status == 0 && strstr(cli_output, "5 runs of 3 steps each") &&
-             strstr(cli_output, "PPL(dev) BLEU(dev) exact(test)") && strstr(cli_output, "base   seed 1") &&
-             strstr(cli_output, "       seed 2") && strstr(cli_output, "(A)    h=1") &&
-             strstr(cli_output, "(D)    P_drop=0") && strstr(cli_output, "(E)    learned positions") &&
-             strstr(cli_output, "base over 2 seeds") && picture && strstr((char *)picture, "Table 3 on a laptop") &&
-             bars == 5 && strstr((char *)picture, "</svg>");
-    check(ok, "table3: 5 runs of 3 steps trained (%d), scored in a table with rows base, (A), (D), (E), and a chart of "
-          "%d bars (exit %d)%s%s", trained, bars, status, ok ? "" : "\n", ok ? "" : cli_output);
+             strstr(cli_output, "PPL(dev) BLEU(dev) exact(test)") &&
+             strstr(cli_output, "base   seed 1") && strstr(cli_output, "       seed 2") &&
+             strstr(cli_output, "(A)    h=1") && strstr(cli_output, "(D)    P_drop=0") &&
+             strstr(cli_output, "(E)    learned positions") &&
+             strstr(cli_output, "base over 2 seeds") && picture &&
+             strstr((char *)picture, "Table 3 on a laptop") && bars == 5 &&
+             strstr((char *)picture, "</svg>");
+    check(ok,
+          "table3: 5 runs of 3 steps trained (%d), scored in a table with rows base, (A), (D), "
+          "(E), and a chart of %d bars (exit %d)%s%s",
+          trained, bars, status, ok ? "" : "\n", ok ? "" : cli_output);
     free(picture);
     // another budget, no checkpoints, no --dev
     char other[600];
     snprintf(other, sizeof other, "%s", test_path("longer.ckpt"));
     train_tiny_numbers_run(other, dev, "--steps 4");
-    check_cli_error("table3 of runs with different budgets", "longer.ckpt: trained 4 steps, the base",
+    check_cli_error("table3 of runs with different budgets",
+                    "longer.ckpt: trained 4 steps, the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_merges.ckpt"));
     train_tiny_numbers_run(other, dev, "--bpe 30");
@@ -3016,17 +3153,22 @@ static void test_table3(void) {
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_lr.ckpt"));
     train_tiny_numbers_run(other, dev, "--lr 0.002");
-    check_cli_error("table3 of runs with another schedule", "other_lr.ckpt: its --lr differs from the base",
+    check_cli_error("table3 of runs with another schedule",
+                    "other_lr.ckpt: its --lr differs from the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     // average: a sinusoid and a learned-position checkpoint are not one run
-    check_cli_error("average of sinusoid and learned positions", "positions learned, not sinusoid as in",
-                    "average --out %s %s %s", test_path("mixed_avg.ckpt"), paths[0], paths[4]);
+    check_cli_error("average of sinusoid and learned positions",
+                    "positions learned, not sinusoid as in", "average --out %s %s %s",
+                    test_path("mixed_avg.ckpt"), paths[0], paths[4]);
     status = run_cli("average --out %s %s %s", test_path("learned_avg.ckpt"), paths[4], paths[4]);
-    if (status == 0) status = run_cli("eval --checkpoint %s --data %s", test_path("learned_avg.ckpt"), dev);
-    check(status == 0 && strstr(cli_output, "perplexity"), "cli: average of learned-position checkpoints, then eval "
-          "(exit %d)", status);
-    check_cli_error("table3 without checkpoints", "table3: no checkpoints given", "table3 --dev %s --test %s", dev, test);
-    check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required", "table3 --test %s %s", test, paths[0]);
+    if (status == 0)
+        status = run_cli("eval --checkpoint %s --data %s", test_path("learned_avg.ckpt"), dev);
+    check(status == 0 && strstr(cli_output, "perplexity"),
+          "cli: average of learned-position checkpoints, then eval (exit %d)", status);
+    check_cli_error("table3 without checkpoints", "table3: no checkpoints given",
+                    "table3 --dev %s --test %s", dev, test);
+    check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required",
+                    "table3 --test %s %s", test, paths[0]);
 }
 
 
@@ -3035,8 +3177,12 @@ static void test_table3(void) {
 // commands after transformer.c's.
 static void test_lab_reads_minimal_checkpoints(void) {
     const char *minimal = getenv("TRANSFORMER_MINIMAL_BIN"), *lab_binary = cli_binary;
-    if (!minimal || !*minimal) minimal = "./transformer_minimal";
-    if (access(minimal, X_OK) != 0) { check(0, "minimal: %s is not there (make minimal)", minimal); return; }
+    if (!minimal || !*minimal)
+        minimal = "./transformer_minimal";
+    if (access(minimal, X_OK) != 0) {
+        check(0, "minimal: %s is not there (make minimal)", minimal);
+        return;
+    }
     const char *tsv = test_path("minimal.tsv"), *ckpt = test_path("minimal.ckpt");
     write_text(tsv, "1 2\t1 2\n3 4 5\t3 4 5\n0 0\t0 0\n");
     cli_binary = minimal;
@@ -3047,16 +3193,20 @@ static void test_lab_reads_minimal_checkpoints(void) {
     int evaluated = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, tsv);
     int scored = strstr(cli_output, "BLEU") != NULL;
     int help = run_cli("--help");
-    const char *lab_commands[] = { "bleu", "average", "attention", "pe", "plot", "bpe", "params", "table3", "bench" };
-    int listed = strstr(cli_output, "train") && strstr(cli_output, "decode") && strstr(cli_output, "eval");
+    const char *lab_commands[] = { "bleu", "average", "attention", "pe", "plot", "bpe", "params",
+                                   "table3", "bench" };
+    int listed = strstr(cli_output, "train") && strstr(cli_output, "decode") &&
+                 strstr(cli_output, "eval");
     for (size_t i = 0; i < sizeof lab_commands / sizeof *lab_commands; i++) {
         char line[32];
         snprintf(line, sizeof line, "\n  %s ", lab_commands[i]);
         listed &= strstr(cli_output, line) != NULL;
     }
-    check(trained == 0 && decoded == 0 && one_line && evaluated == 0 && scored && help == 0 && listed,
-          "lab: %s decodes (beam 2) and evaluates (--bleu) with a checkpoint of transformer.c alone (exit %d, %d, %d) "
-          "and lists train, decode, eval and the lab's 9 commands", cli_binary, trained, decoded, evaluated);
+    check(trained == 0 && decoded == 0 && one_line && evaluated == 0 && scored && help == 0 &&
+          listed,
+          "lab: %s decodes (beam 2) and evaluates (--bleu) with a checkpoint of transformer.c "
+          "alone (exit %d, %d, %d) and lists train, decode, eval and the lab's 9 commands",
+          cli_binary, trained, decoded, evaluated);
 }
 
 // ---- the busy machine: --threads 0 ---------------------------------------------------
@@ -3070,13 +3220,17 @@ static double processes_cpu_seconds(const pid_t *pid, int count) {
         char path[64], line[1024];
         snprintf(path, sizeof path, "/proc/%d/stat", (int)pid[i]);
         FILE *f = fopen(path, "r");
-        if (!f) return -1;
-        const char *fields = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;   // after "pid (name)"
+        if (!f)
+            return -1;
+        const char *fields = fgets(line, sizeof line, f) ? strrchr(line, ')')
+                                                         : NULL;   // after "pid (name)"
         unsigned long user, system;
-        int read = fields && sscanf(fields + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &user,
-                                    &system) == 2;
+        int read = fields &&
+                   sscanf(fields + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                          &user, &system) == 2;
         fclose(f);
-        if (!read) return -1;
+        if (!read)
+            return -1;
         ticks += (double)user + (double)system;
     }
     return ticks / (double)sysconf(_SC_CLK_TCK);
@@ -3095,33 +3249,43 @@ static double processes_cpu_seconds(const pid_t *pid, int count) {
 static void test_free_cores(void) {
     double busy_ticks = -1;
     int cpus = 0;
-    const char *stat_lines[] = { "cpu  100 20 30 900 7 4 6 0 0 0\n", "cpu0 50 10 15 450 3 2 3 0 0 0\n",
-                                 "cpu1 50 10 15 450 4 2 3 0 0 0\n", "ctxt 1234\n", "procs_running 3\n" };
-    for (size_t i = 0; i < sizeof stat_lines / sizeof *stat_lines; i++) proc_stat_line(stat_lines[i], &busy_ticks, &cpus);
-    CpuTimes then = { .machine = 10, .own = 1, .wall = 100 }, now = { .machine = 12.5, .own = 2, .wall = 101 };
+    const char *stat_lines[] = { "cpu  100 20 30 900 7 4 6 0 0 0\n",
+                                 "cpu0 50 10 15 450 3 2 3 0 0 0\n",
+                                 "cpu1 50 10 15 450 4 2 3 0 0 0\n", "ctxt 1234\n",
+                                 "procs_running 3\n" };
+    for (size_t i = 0; i < sizeof stat_lines / sizeof *stat_lines; i++)
+        proc_stat_line(stat_lines[i], &busy_ticks, &cpus);
+    CpuTimes then = { .machine = 10, .own = 1, .wall = 100 },
+             now = { .machine = 12.5, .own = 2, .wall = 101 };
     double others = others_busy_cores(&then, &now);
-    FreeCores two = { .following = 1, .cores = 2, .limit = 2 }, eight = { .following = 1, .cores = 8, .limit = 4 };
-    check(busy_ticks == 160 && cpus == 2 && fabs(others - 1.5) < 1e-12 && free_cores_wanted(&two, 0.2) == 2 &&
-          free_cores_wanted(&two, 0.3) == 1 && free_cores_wanted(&two, 3.0) == 1 && free_cores_wanted(&eight, 1) == 4 &&
+    FreeCores two = { .following = 1, .cores = 2, .limit = 2 },
+              eight = { .following = 1, .cores = 8, .limit = 4 };
+    check(busy_ticks == 160 && cpus == 2 && fabs(others - 1.5) < 1e-12 &&
+          free_cores_wanted(&two, 0.2) == 2 && free_cores_wanted(&two, 0.3) == 1 &&
+          free_cores_wanted(&two, 3.0) == 1 && free_cores_wanted(&eight, 1) == 4 &&
           free_cores_wanted(&eight, 6) == 2,
-          "free cores: /proc/stat gives 160 busy ticks of 2 cores; others kept %.2f cores busy (1.5); "
-          "the thread counts for 0.2, 0.3, 3 of 2 cores and 1, 6 of 8 (limit 4)", others);
+          "free cores: /proc/stat gives 160 busy ticks of 2 cores; others kept %.2f cores busy "
+          "(1.5); the thread counts for 0.2, 0.3, 3 of 2 cores and 1, 6 of 8 (limit 4)", others);
     FreeCores follow = { .following = 1, .cores = 8, .limit = 8, .threads = 8, .proposed = 8 };
-    int first = free_cores_decide(&follow, 1), second = free_cores_decide(&follow, 1), dropped_to = follow.threads;
+    int first = free_cores_decide(&follow, 1), second = free_cores_decide(&follow, 1),
+        dropped_to = follow.threads;
     int grew = free_cores_decide(&follow, 4) == 0;             // the first look that wants 4
-    for (int expected = 2; expected <= 4; expected++) grew &= free_cores_decide(&follow, 4) && follow.threads == expected;
+    for (int expected = 2; expected <= 4; expected++)
+        grew &= free_cores_decide(&follow, 4) && follow.threads == expected;
     grew &= free_cores_decide(&follow, 4) == 0;                // there: nothing to change
     check(!first && second && dropped_to == 1 && grew,
-          "free cores: the count drops to 1 at the second look that wants it, then grows 2, 3, 4, one a look");
+          "free cores: the count drops to 1 at the second look that wants it, then grows 2, 3, 4, "
+          "one a look");
 #ifdef _OPENMP
     int cores = omp_get_num_procs(), threads_before = omp_get_max_threads();
     FreeCores fixed;
     free_cores_start(&fixed, 2);
-    check(!fixed.following && !free_cores_follow(&fixed), "free cores: --threads 2 is not followed");
+    check(!fixed.following && !free_cores_follow(&fixed),
+          "free cores: --threads 2 is not followed");
     CpuTimes reading;
     if (!cpu_times(&reading) || reading.cpus > cores || cores > 16 || cores < 2) {
-        printf("skip free cores beside busy processes: /proc/stat cannot tell this program's share of %d cores "
-               "(or more than 16)\n", cores);
+        printf("skip free cores beside busy processes: /proc/stat cannot tell this program's share "
+               "of %d cores (or more than 16)\n", cores);
         omp_set_num_threads(threads_before);
         return;
     }
@@ -3129,11 +3293,13 @@ static void test_free_cores(void) {
     pid_t busy[16];
     int started = 0;
     for (; started < cores; started++) {
-        if ((busy[started] = fork()) == 0) {   // a busy neighbour, ended by the kill below (or in 10 s)
+        if ((busy[started] = fork()) == 0) {   // a busy neighbour, ended by the kill below
+                                               // (or in 10 s)
             alarm(10);
             for (volatile unsigned spin = 0;; spin++) {}
         }
-        if (busy[started] < 0) break;
+        if (busy[started] < 0)
+            break;
     }
     nanosleep(&(struct timespec){ 0, 50000000 }, NULL);    // 50 ms: the neighbours are running
     cpu_times(&then);
@@ -3151,16 +3317,18 @@ static void test_free_cores(void) {
         omp_set_num_threads(threads_before);
         return;
     }
-    double ran = (ran_after - ran_before) / (now.wall - then.wall);   // the cores the neighbours got
+    double ran = (ran_after - ran_before) /
+                 (now.wall - then.wall);   // the cores the neighbours got
     // The reading counts at least what the neighbours ran (and any other
     // program's load). It reads the machine as busy, and wants 1 thread,
     // unless a virtual machine's host held the cores back from them.
     int busy_read = others > cores - 0.5;
     check(started == cores && others > ran - 0.3 &&
           (busy_read ? free_cores_wanted(&live, others) == 1 : ran < cores - 0.5),
-          "free cores: beside %d busy processes on %d cores, which ran %.2f cores, others kept %.2f cores busy%s",
-          started, cores, ran, others, busy_read ? ": 1 thread" : " (the host held the cores back from them: the "
-          "thread count is not tested)");
+          "free cores: beside %d busy processes on %d cores, which ran %.2f cores, others kept "
+          "%.2f cores busy%s", started, cores, ran, others,
+          busy_read ? ": 1 thread"
+                    : " (the host held the cores back from them: the thread count is not tested)");
     omp_set_num_threads(threads_before);
 #endif
 }
@@ -3174,17 +3342,19 @@ static void test_free_cores(void) {
 static void test_parameter_groups(void) {
     for (int i = 0; i < COUNTED_MODELS; i++) {
         TransformerConfig c = counted_model(i);
-        size_t by_hand = parameters_by_hand(&c), sizes[NUM_PARAMETER_TENSORS], groups = 0, learned_groups = 0;
+        size_t by_hand = parameters_by_hand(&c), sizes[NUM_PARAMETER_TENSORS], groups = 0,
+               learned_groups = 0;
         parameter_sizes(sizes, &c);
         for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) groups += parameter_group_count(sizes, g);
         c.positional = POSITIONAL_LEARNED;
         c.max_len = 100;
         parameter_sizes(sizes, &c);
-        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) learned_groups += parameter_group_count(sizes, g);
+        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++)
+            learned_groups += parameter_group_count(sizes, g);
         check(groups == by_hand && learned_groups == by_hand + 100 * (size_t)c.d_model,
-              "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand, and with learned "
-              "positions (max_len 100) to %zu more", c.n_layers, c.d_model, c.d_ff, c.vocab_size, by_hand,
-              100 * (size_t)c.d_model);
+              "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand, "
+              "and with learned positions (max_len 100) to %zu more",
+              c.n_layers, c.d_model, c.d_ff, c.vocab_size, by_hand, 100 * (size_t)c.d_model);
     }
 }
 
@@ -3196,12 +3366,14 @@ static void test_parameter_groups(void) {
 static void test_batch_log(void) {
     const char *ckpt = test_path("batch_log.ckpt");
     const char *log = test_path("batches.bin");
-    int status = run_cli("train --task copy --steps 4 --checkpoint %s --batch-log %s --force " TINY_RUN, ckpt, log);
+    int status = run_cli("train --task copy --steps 4 --checkpoint %s --batch-log %s "
+                         "--force " TINY_RUN, ckpt, log);
     size_t size = 0;
     unsigned char *bytes = read_file(log, &size);
     size_t count = size / sizeof(int32_t);
     int32_t *numbers = checked_calloc(count + 1, sizeof(int32_t), "batch log");
-    if (bytes) memcpy(numbers, bytes, count * sizeof(int32_t));
+    if (bytes)
+        memcpy(numbers, bytes, count * sizeof(int32_t));
     int steps = 0;
     int well_formed = status == 0 && bytes && size % sizeof(int32_t) == 0;
     size_t at = 0;
@@ -3226,14 +3398,16 @@ static void test_batch_log(void) {
             int m = tgt_len[b];
             well_formed = n >= 1 && n <= S && m >= 1 && m <= T && src[b * S + n - 1] == TOKEN_EOS &&
                           tgt_in[b * T] == TOKEN_BOS && tgt_out[b * T + m - 1] == TOKEN_EOS;
-            for (int t = 1; t < m && well_formed; t++) well_formed = tgt_in[b * T + t] == tgt_out[b * T + t - 1];
+            for (int t = 1; t < m && well_formed; t++)
+                well_formed = tgt_in[b * T + t] == tgt_out[b * T + t - 1];
             for (int s = n; s < S && well_formed; s++) well_formed = src[b * S + s] == TOKEN_PAD;
         }
         at += need;
         steps++;
     }
-    check(well_formed && steps == 4 && at == count, "cli: train --batch-log writes each of the 4 steps' batches "
-          "(step, B, S, T, then the ids), as train builds them (%d read, %zu of %zu numbers)", steps, at, count);
+    check(well_formed && steps == 4 && at == count,
+          "cli: train --batch-log writes each of the 4 steps' batches (step, B, S, T, then the "
+          "ids), as train builds them (%d read, %zu of %zu numbers)", steps, at, count);
     free(bytes);
     free(numbers);
 }
