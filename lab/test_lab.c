@@ -899,15 +899,15 @@ static void test_svg_heatmap(void) {
     status = svg_write_heatmap(path, values, 2, 3, NULL, NULL, "x", 1, 1);
     capture_end(printed, sizeof printed);
     check(status == 1 && one_error_line(printed, start),
-          "SVG heatmap: an empty scale 1..1 is refused: %.*s", (int)strcspn(printed, "\n"),
-          printed);
+          "SVG heatmap: an empty scale 1..1 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
     capture_begin();
     status = svg_write_heatmap("/nonexistent-directory/x.svg", values, 2, 3, NULL, NULL, "x", 0, 1);
     capture_end(printed, sizeof printed);
     check(status == 1 &&
           one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
-          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"),
-          printed);
+          "SVG heatmap: an unwritable path is reported: %.*s",
+          (int)strcspn(printed, "\n"), printed);
 }
 
 static void test_svg_positional_encoding(void) {
@@ -935,8 +935,8 @@ static void test_svg_positional_encoding(void) {
     status = svg_write_positional_encoding(path, 0, 16);
     capture_end(printed, sizeof printed);
     check(status == 1 && one_error_line(printed, start),
-          "SVG positional encoding: max_len 0 is refused: %.*s", (int)strcspn(printed, "\n"),
-          printed);
+          "SVG positional encoding: max_len 0 is refused: %.*s",
+          (int)strcspn(printed, "\n"), printed);
 }
 
 static void test_svg_attention(void) {
@@ -1041,8 +1041,8 @@ static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) 
         "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",   // a span of one rounding step
         "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",   // 600 decades on the log scale
         "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",   // values below a double's normal range
-        "0,-1e300,-1e300,-1e300,-1e300\n"
-        "1e300,1e300,1e300,1e300,1e300\n",   // the widest drawable span
+        "0,-1e300,-1e300,-1e300,-1e300\n1e300,1e300,1e300,1e300,1e300\n",   // the widest
+                                                                            // drawable span
         "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",   // gaps
     };
     char printed[512];
@@ -3061,8 +3061,8 @@ static void test_table3(void) {
     Dataset pairs, held_out;
     memset(&pairs, 0, sizeof pairs);
     memset(&held_out, 0, sizeof held_out);
-    task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 2, 6, 8, 1,
-                  9);
+    task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS,
+                  2, 6, 8, 1, 9);
     Evaluation e;
     evaluate(&e, &m, &pairs, 0, 100, 1, 0.6);
     check(fabs(e.loss - e.log_loss) <= 1e-5 * fabs(e.loss),
@@ -3444,21 +3444,24 @@ static void test_no_empty_translation(void) {
     transformer_forward(&m, &batch);
     int most_likely = greedy_token(m.acts.logits, V, 1);
     int most_likely_word = greedy_token(m.acts.logits, V, 0);
-    check(most_likely == TOKEN_EOS, "no empty translation: the model's most likely first token is </s> (%d)",
-          most_likely);
+    check(most_likely == TOKEN_EOS,
+          "no empty translation: the model's most likely first token is </s> (%d)", most_likely);
     int greedy[20];
     int greedy_len = 0;
     transformer_greedy_decode(&m, greedy, &greedy_len, 20, src, &S, 1, S);
     int beam[20];
     int beam_len = transformer_beam_search(&m, beam, NULL, src, S, 4, 0.6);
-    check(greedy_len == 1 && greedy[0] == most_likely_word && beam_len == 1 && beam[0] == most_likely_word,
-          "no empty translation: greedy and beam 4 (alpha 0.6) both give a source of words one token, the most "
-          "likely after </s> (%d), then end (greedy %d tokens, beam %d)", most_likely_word, greedy_len, beam_len);
+    check(greedy_len == 1 && greedy[0] == most_likely_word && beam_len == 1 &&
+          beam[0] == most_likely_word,
+          "no empty translation: greedy and beam 4 (alpha 0.6) both give a source of words one "
+          "token, the most likely after </s> (%d), then end (greedy %d tokens, beam %d)",
+          most_likely_word, greedy_len, beam_len);
     int empty_source[1] = { TOKEN_EOS };
     int one = 1;
     transformer_greedy_decode(&m, greedy, &greedy_len, 20, empty_source, &one, 1, 1);
     beam_len = transformer_beam_search(&m, beam, NULL, empty_source, 1, 4, 0.6);
-    check(greedy_len == 0 && beam_len == 0, "no empty translation: an empty source (</s> alone) may still end at "
+    check(greedy_len == 0 && beam_len == 0,
+          "no empty translation: an empty source (</s> alone) may still end at "
           "once (greedy %d tokens, beam %d)", greedy_len, beam_len);
     transformer_free(&m);
 }
@@ -3486,11 +3489,14 @@ static void mo_put_word(unsigned char *p, uint32_t value, int big_endian) {
 // A .mo catalog of the entries as GNU msgfmt lays it out (the header, the
 // table of originals, the table of translations, then the strings, each with
 // its zero byte), in either byte order. A new buffer; *size: its bytes.
-static unsigned char *mo_build(const MoEntry *entries, int n, int big_endian, uint32_t revision, size_t *size) {
+static unsigned char *mo_build(const MoEntry *entries, int n, int big_endian, uint32_t revision,
+                               size_t *size) {
     size_t strings = 0;
     for (int i = 0; i < n; i++) {
-        size_t lo = entries[i].original_length ? entries[i].original_length : strlen(entries[i].original);
-        size_t lt = entries[i].translation_length ? entries[i].translation_length : strlen(entries[i].translation);
+        size_t lo = entries[i].original_length ? entries[i].original_length
+                                               : strlen(entries[i].original);
+        size_t lt = entries[i].translation_length ? entries[i].translation_length
+                                                  : strlen(entries[i].translation);
         strings += lo + lt + 2;
     }
     size_t originals = MO_HEADER_BYTES;
@@ -3507,7 +3513,8 @@ static unsigned char *mo_build(const MoEntry *entries, int n, int big_endian, ui
         for (int side = 0; side < 2; side++) {
             const char *text = side ? entries[i].translation : entries[i].original;
             size_t length = side ? entries[i].translation_length : entries[i].original_length;
-            if (length == 0) length = strlen(text);
+            if (length == 0)
+                length = strlen(text);
             unsigned char *entry = data + (side ? translations : originals) + 8 * (size_t)i;
             mo_put_word(entry, (uint32_t)length, big_endian);
             mo_put_word(entry + 4, (uint32_t)at, big_endian);
@@ -3528,7 +3535,8 @@ static void mo_write(const char *path, const MoEntry *entries, int n, int big_en
 // The pair the reader kept with this English sentence, or NULL.
 static const CatalogPair *kept_pair(const CatalogReader *reader, const char *source) {
     for (int i = 0; i < reader->count; i++)
-        if (strcmp(reader->pairs[i].source, source) == 0) return &reader->pairs[i];
+        if (strcmp(reader->pairs[i].source, source) == 0)
+            return &reader->pairs[i];
     return NULL;
 }
 
@@ -3559,9 +3567,10 @@ static void test_catalog_format(void) {
                  strcmp(plain->target, "die Datei ist offen") == 0 &&
                  strcmp(context->target, "die Datei jetzt \xc3\xb6" "ffnen") == 0 &&
                  reader.dropped[CATALOG_DROP_PLURAL_OR_CONTEXT] == 2 && reader.catalogs_read == 1;
-        check(ok, "catalogs: a %s-endian catalog of revision %u: the header skipped, 2 pairs (a context stripped "
-              "from the English), a plural and a context alone dropped (%s)", big_endian ? "big" : "little",
-              revision, error ? error : "read");
+        check(ok,
+              "catalogs: a %s-endian catalog of revision %u: the header skipped, 2 pairs (a "
+              "context stripped from the English), a plural and a context alone dropped (%s)",
+              big_endian ? "big" : "little", revision, error ? error : "read");
         catalog_reader_free(&reader);
         free(data);
     }
@@ -3575,21 +3584,23 @@ static void test_catalog_filters(void) {
     const char twenty_six[] = "a b c d e f g h i j k l m n o p q r s t u v w x y z";
     MoEntry entries[] = {
         { plural, sizeof plural - 1, plural_de, sizeof plural_de - 1 },            // plural
-        { "caf\xe9 is not open", 0, "das Caf\xc3\xa9 ist zu", 0 },                  // not UTF-8 (Latin-1)
-        { "the first line\nand the second", 0, "die erste Zeile\nund die zweite", 0 },  // more than one line
-        { "cannot open %s now", 0, "kann %s nicht \xc3\xb6" "ffnen", 0 },             // format: printf
-        { "found {0} files here", 0, "{0} Dateien gefunden", 0 },                   // format: Python
-        { "set $HOME first please", 0, "zuerst $HOME setzen", 0 },                  // format: shell
-        { "this is <b>bold</b> text", 0, "das ist <b>fetter</b> Text", 0 },         // markup: a tag
-        { "Tom &amp; Jerry show", 0, "Tom &amp; Jerry Show", 0 },                   // markup: an entity
-        { "a backslash \\ is here", 0, "ein Backslash \\ ist hier", 0 },            // escapes
-        { "a tab\there between", 0, "ein Tab\thier dazwischen", 0 },                // a control character
-        { "_Open the file", 0, "Datei _\xc3\xb6" "ffnen", 0 },                      // accelerator: GTK
-        { "&Save the file", 0, "Datei &speichern", 0 },                             // accelerator: Qt
-        { "two words", 0, "zwei W\xc3\xb6rter hier", 0 },                           // words: too few
-        { twenty_six, 0, "das Alphabet", 0 },                                       // words: too many
-        { "an empty translation here", 0, "   ", 0 },                              // words: no translation
-        { "the same sentence here", 0, "the  same sentence here", 0 },               // source = target
+        { "caf\xe9 is not open", 0, "das Caf\xc3\xa9 ist zu", 0 },          // not UTF-8 (Latin-1)
+        { "the first line\nand the second", 0,
+          "die erste Zeile\nund die zweite", 0 },                           // more than one line
+        { "cannot open %s now", 0, "kann %s nicht \xc3\xb6" "ffnen", 0 },   // format: printf
+        { "found {0} files here", 0, "{0} Dateien gefunden", 0 },           // format: Python
+        { "set $HOME first please", 0, "zuerst $HOME setzen", 0 },          // format: shell
+        { "this is <b>bold</b> text", 0,
+          "das ist <b>fetter</b> Text", 0 },                                // markup: a tag
+        { "Tom &amp; Jerry show", 0, "Tom &amp; Jerry Show", 0 },           // markup: an entity
+        { "a backslash \\ is here", 0, "ein Backslash \\ ist hier", 0 },    // escapes
+        { "a tab\there between", 0, "ein Tab\thier dazwischen", 0 },        // a control character
+        { "_Open the file", 0, "Datei _\xc3\xb6" "ffnen", 0 },              // accelerator: GTK
+        { "&Save the file", 0, "Datei &speichern", 0 },                     // accelerator: Qt
+        { "two words", 0, "zwei W\xc3\xb6rter hier", 0 },                   // words: too few
+        { twenty_six, 0, "das Alphabet", 0 },                               // words: too many
+        { "an empty translation here", 0, "   ", 0 },                       // words: no translation
+        { "the same sentence here", 0, "the  same sentence here", 0 },      // source = target
         { "keep   this\xc2\xa0sentence please\n", 0, "  diesen Satz bitte behalten\n", 0 },
         { "max_connections is too small", 0, "max_connections ist zu klein", 0 },
         { "Tom & Jerry are here", 0, "Tom & Jerry sind hier", 0 },
@@ -3604,17 +3615,20 @@ static void test_catalog_filters(void) {
     long long want[NUM_CATALOG_DROPS] = { 1, 1, 1, 3, 4, 2, 3, 1, 0 };
     int counts_ok = !error;
     for (int d = 0; d < NUM_CATALOG_DROPS; d++) {
-        check(!error && reader.dropped[d] == want[d], "catalogs: filter \"%s\" drops %lld message%s of the test "
-              "catalog (%lld)", catalog_drop_names[d], want[d], want[d] == 1 ? "" : "s", reader.dropped[d]);
+        check(!error && reader.dropped[d] == want[d],
+              "catalogs: filter \"%s\" drops %lld message%s of the test catalog (%lld)",
+              catalog_drop_names[d], want[d], want[d] == 1 ? "" : "s", reader.dropped[d]);
         counts_ok = counts_ok && reader.dropped[d] == want[d];
     }
     const CatalogPair *spaces = kept_pair(&reader, "keep this sentence please");
     int kept_ok = counts_ok && reader.count == 4 && reader.messages == n && spaces &&
                   strcmp(spaces->target, "diesen Satz bitte behalten") == 0 &&
-                  kept_pair(&reader, "max_connections is too small") && kept_pair(&reader, "Tom & Jerry are here") &&
+                  kept_pair(&reader, "max_connections is too small") &&
+                  kept_pair(&reader, "Tom & Jerry are here") &&
                   kept_pair(&reader, "the file x.mo is not open");
-    check(kept_ok, "catalogs: 4 of %d messages kept: white space (U+00A0, final newlines) made single spaces, an "
-          "identifier's _ and a lone & are not accelerators (%d kept)", n, reader.count);
+    check(kept_ok,
+          "catalogs: 4 of %d messages kept: white space (U+00A0, final newlines) made single "
+          "spaces, an identifier's _ and a lone & are not accelerators (%d kept)", n, reader.count);
     catalog_reader_free(&reader);
     // --min-words and --max-words move the bounds: "two words" is kept with 2
     catalog_reader_init(&reader, 2, 25);
@@ -3639,14 +3653,18 @@ static void test_catalog_duplicates(void) {
     for (int order = 0; order < 2; order++) {
         CatalogReader reader;
         catalog_reader_init(&reader, 3, 25);
-        const char *error = catalog_read_bytes(&reader, order ? b : a, order ? size_second : size_first, order ? "b" : "a");
-        if (!error) error = catalog_read_bytes(&reader, order ? a : b, order ? size_first : size_second, order ? "a" : "b");
+        const char *error = catalog_read_bytes(&reader, order ? b : a,
+                                               order ? size_second : size_first, order ? "b" : "a");
+        if (!error)
+            error = catalog_read_bytes(&reader, order ? a : b, order ? size_first : size_second,
+                                       order ? "a" : "b");
         catalog_drop_duplicates(&reader);
         const CatalogPair *open = kept_pair(&reader, "the file is open");
-        check(!error && reader.count == 2 && open && strcmp(open->target, "Datei ist ge\xc3\xb6" "ffnet") == 0 &&
+        check(!error && reader.count == 2 && open &&
+              strcmp(open->target, "Datei ist ge\xc3\xb6" "ffnet") == 0 &&
               reader.dropped[CATALOG_DROP_DUPLICATE] == 2,
-              "catalogs: a sentence in two catalogs, read %s: the translation first in byte order kept, "
-              "2 duplicates counted", order ? "b first" : "a first");
+              "catalogs: a sentence in two catalogs, read %s: the translation first in byte order "
+              "kept, 2 duplicates counted", order ? "b first" : "a first");
         catalog_reader_free(&reader);
     }
     free(a);
@@ -3664,19 +3682,34 @@ static void test_catalog_damage(void) {
     // where the words are: 8 N, 12 O, 16 T; originals' entry 1 at O + 8 (length, offset)
     const size_t originals = MO_HEADER_BYTES;
     const size_t translations = originals + 24;
-    struct { const char *what; size_t at; uint32_t value; size_t cut; const char *expected; } damage[] = {
+    struct {
+        const char *what;
+        size_t at;
+        uint32_t value;
+        size_t cut;
+        const char *expected;
+    } damage[] = {
         { "truncated to 20 bytes", 0, 0, 20, "truncated: 20 bytes, a .mo header takes 28" },
-        { "a wrong magic number", 0, 0x12345678, 0, "magic number 0x12345678; expected 0x950412de" },
-        { "revision 2", 4, 2u << 16, 0, "file format revision 2.0; expected major revision 0 or 1" },
-        { "a table past the end", 8, 1000000, 0, "the table of originals (1000000 strings at offset 28) runs past" },
-        { "a count that overflows 32 bits as bytes", 8, 0x20000001, 0, "runs past the end of the file" },
-        { "a table over the header", 12, 8, 0, "the table of originals at offset 8 overlaps the 28-byte header" },
+        { "a wrong magic number", 0, 0x12345678, 0,
+          "magic number 0x12345678; expected 0x950412de" },
+        { "revision 2", 4, 2u << 16, 0,
+          "file format revision 2.0; expected major revision 0 or 1" },
+        { "a table past the end", 8, 1000000, 0,
+          "the table of originals (1000000 strings at offset 28) runs past" },
+        { "a count that overflows 32 bits as bytes", 8, 0x20000001, 0,
+          "runs past the end of the file" },
+        { "a table over the header", 12, 8, 0,
+          "the table of originals at offset 8 overlaps the 28-byte header" },
         { "the two tables overlapping", 16, (uint32_t)originals + 8, 0,
           "the tables of originals (offset 28) and translations (offset 36) overlap" },
-        { "a string past the end", originals + 12, 1u << 20, 0, "original 1: 16 bytes at offset 1048576 run past" },
-        { "a string in the header", translations + 12, 4, 0, "translation 1: offset 4 is inside the 28-byte header" },
-        { "a length that overflows", originals + 8, 0xffffffffu, 0, "original 1: 4294967295 bytes at offset" },
-        { "a string without its zero byte", originals + 8, 17, 0, "original 1: no zero byte after its 17 bytes" },
+        { "a string past the end", originals + 12, 1u << 20, 0,
+          "original 1: 16 bytes at offset 1048576 run past" },
+        { "a string in the header", translations + 12, 4, 0,
+          "translation 1: offset 4 is inside the 28-byte header" },
+        { "a length that overflows", originals + 8, 0xffffffffu, 0,
+          "original 1: 4294967295 bytes at offset" },
+        { "a string without its zero byte", originals + 8, 17, 0,
+          "original 1: no zero byte after its 17 bytes" },
         { "a file cut in the strings", 0, 0, 0, "run past the end of the file" },
     };
     int n = (int)(sizeof damage / sizeof *damage);
@@ -3684,16 +3717,18 @@ static void test_catalog_damage(void) {
         unsigned char *data = checked_calloc(size, 1, "damaged catalog");
         memcpy(data, good, size);
         size_t damaged_size = damage[i].cut ? damage[i].cut : size;
-        if (i == n - 1) damaged_size = size - 12;
+        if (i == n - 1)
+            damaged_size = size - 12;
         else if (!damage[i].cut) mo_put_word(data + damage[i].at, damage[i].value, 0);
         CatalogReader reader;
         catalog_reader_init(&reader, 3, 25);
         const char *error = catalog_read_bytes(&reader, data, damaged_size, "damaged");
-        int refused = error && strstr(error, damage[i].expected) && reader.count == 0 && reader.messages == 0 &&
-                      reader.catalogs_read == 0;
+        int refused = error && strstr(error, damage[i].expected) && reader.count == 0 &&
+                      reader.messages == 0 && reader.catalogs_read == 0;
         error = refused ? catalog_read_bytes(&reader, good, size, "good") : error;
-        check(refused && !error && reader.count == 2, "catalogs: %s is refused, nothing taken, and the next catalog "
-              "read (%s)", damage[i].what, error ? error : "refused");
+        check(refused && !error && reader.count == 2,
+              "catalogs: %s is refused, nothing taken, and the next catalog read (%s)",
+              damage[i].what, error ? error : "refused");
         catalog_reader_free(&reader);
         free(data);
     }
@@ -3705,7 +3740,8 @@ static void test_catalog_damage(void) {
     catalog_reader_init(&reader, 3, 25);
     const char *error = catalog_read_bytes(&reader, big, big_size, "big");
     check(error && strstr(error, "overlaps the 28-byte header") && reader.count == 0,
-          "catalogs: a big-endian catalog with its table over the header is refused (%s)", error ? error : "read");
+          "catalogs: a big-endian catalog with its table over the header is refused (%s)",
+          error ? error : "read");
     catalog_reader_free(&reader);
     free(big);
     free(good);
@@ -3729,7 +3765,8 @@ static void test_catalogs_command(void) {
     snprintf(dir, sizeof dir, "%s/locale/de/LC_MESSAGES", test_dir);
     make_directories(dir);
     mo_write(test_path("locale/de/LC_MESSAGES/first.mo"), entries, SENTENCES / 2, 0);
-    mo_write(test_path("locale/de/LC_MESSAGES/second.mo"), entries + SENTENCES / 2, SENTENCES / 2, 1);
+    mo_write(test_path("locale/de/LC_MESSAGES/second.mo"), entries + SENTENCES / 2,
+             SENTENCES / 2, 1);
     write_text(test_path("locale/de/LC_MESSAGES/broken.mo"), "not a catalog at all, 34 bytes...");
     write_text(test_path("locale/de/LC_MESSAGES/notes.txt"), "not read: not a .mo file\n");
     snprintf(dir, sizeof dir, "%s/locale/fr/LC_MESSAGES", test_dir);
@@ -3739,11 +3776,14 @@ static void test_catalogs_command(void) {
 
     const char *out = test_path("pairs");
     int status = run_cli("catalogs --to de --out %s %s/locale", out, test_dir);
-    int ok = status == 0 && strstr(cli_output, "catalogs 2 read for de") && strstr(cli_output, "1 damaged") &&
-             strstr(cli_output, "skipped: ") && strstr(cli_output, "broken.mo: magic number") &&
-             strstr(cli_output, "largest  first 120, second 120") && strstr(cli_output, "kept     240 pairs");
-    check(ok, "cli: catalogs --to de DIR reads DIR/*/de/LC_MESSAGES/*.mo, skips and counts the damaged one, and "
-          "names the largest catalogs%s%s", ok ? "" : ": ", ok ? "" : cli_output);
+    int ok = status == 0 && strstr(cli_output, "catalogs 2 read for de") &&
+             strstr(cli_output, "1 damaged") && strstr(cli_output, "skipped: ") &&
+             strstr(cli_output, "broken.mo: magic number") &&
+             strstr(cli_output, "largest  first 120, second 120") &&
+             strstr(cli_output, "kept     240 pairs");
+    check(ok,
+          "cli: catalogs --to de DIR reads DIR/*/de/LC_MESSAGES/*.mo, skips and counts the damaged "
+          "one, and names the largest catalogs%s%s", ok ? "" : ": ", ok ? "" : cli_output);
     int placed = 0;
     int in_split[NUM_CATALOG_SPLITS] = { 0, 0, 0 };
     for (int s = 0; s < NUM_CATALOG_SPLITS; s++) {
@@ -3760,41 +3800,54 @@ static void test_catalogs_command(void) {
         free(text);
     }
     check(placed == SENTENCES && in_split[CATALOG_DEV] > 0 && in_split[CATALOG_TEST] > 0,
-          "cli: catalogs puts each of %d pairs in the file its English sentence's hash names (train %d, dev %d, "
-          "test %d)", SENTENCES, in_split[0], in_split[1], in_split[2]);
-    check(catalog_split("sentence number 0 is here") == (int)(fnv1a_64("sentence number 0 is here") % 40 == 0 ? 2 :
-          fnv1a_64("sentence number 0 is here") % 40 == 1 ? 1 : 0) && fnv1a_64("") == 0xcbf29ce484222325ULL &&
-          fnv1a_64("a") == 0xaf63dc4c8601ec8cULL, "catalogs: the split's hash is FNV-1a 64 (its published values)");
+          "cli: catalogs puts each of %d pairs in the file its English sentence's hash names "
+          "(train %d, dev %d, test %d)", SENTENCES, in_split[0], in_split[1], in_split[2]);
+    check(catalog_split("sentence number 0 is here") ==
+              (int)(fnv1a_64("sentence number 0 is here") % 40 == 0 ? 2 :
+                    fnv1a_64("sentence number 0 is here") % 40 == 1 ? 1 : 0) &&
+          fnv1a_64("") == 0xcbf29ce484222325ULL && fnv1a_64("a") == 0xaf63dc4c8601ec8cULL,
+          "catalogs: the split's hash is FNV-1a 64 (its published values)");
 
     char *before = read_text_file(test_path("pairs/train.tsv"));
-    check_cli_error("catalogs over its own files without --force", "pairs/train.tsv is already there; --force "
-                    "replaces it", "catalogs --to de --out %s %s/locale", out, test_dir);
-    status = run_cli("catalogs --to de --out %s --force %s/locale/de/LC_MESSAGES/second.mo %s/locale", out,
-                     test_dir, test_dir);
+    check_cli_error("catalogs over its own files without --force",
+                    "pairs/train.tsv is already there; --force replaces it",
+                    "catalogs --to de --out %s %s/locale", out, test_dir);
+    status = run_cli("catalogs --to de --out %s --force %s/locale/de/LC_MESSAGES/second.mo "
+                     "%s/locale", out, test_dir, test_dir);
     char *after = read_text_file(test_path("pairs/train.tsv"));
-    check(status == 0 && before && after && strcmp(before, after) == 0 && strstr(cli_output, "source seen before 120"),
-          "cli: catalogs --force again, a catalog given twice: the same train.tsv byte for byte, 120 duplicates");
+    check(status == 0 && before && after && strcmp(before, after) == 0 &&
+          strstr(cli_output, "source seen before 120"),
+          "cli: catalogs --force again, a catalog given twice: the same train.tsv byte for byte, "
+          "120 duplicates");
     free(before);
     free(after);
     status = run_cli("catalogs --to fr --out %s --force %s/locale", test_path("french"), test_dir);
-    check(status == 0 && strstr(cli_output, "catalogs 1 read for fr") && strstr(cli_output, "kept     1 pairs"),
+    check(status == 0 && strstr(cli_output, "catalogs 1 read for fr") &&
+          strstr(cli_output, "kept     1 pairs"),
           "cli: catalogs --to fr reads only the fr folder");
-    check_cli_error("catalogs with too few pairs", "found 240 English->de pairs in 2 catalogs (", "catalogs --to de "
-                    "--out %s --min-pairs 2000 %s/locale", test_path("few"), test_dir);
-    check(access(test_path("few"), F_OK) != 0, "cli: catalogs --min-pairs writes nothing when too few are found");
-    check_cli_error("catalogs of a missing path", "catalogs: /nonexistent/x.mo: No such file or directory; expected "
-                    "a .mo file or a folder", "catalogs --out %s /nonexistent/x.mo", test_path("none"));
-    check_cli_error("catalogs --to with a slash", "--to '../de' is not a language", "catalogs --to ../de");
-    check_cli_error("catalogs --min-words above --max-words", "--min-words 9 is more than --max-words 4",
+    check_cli_error("catalogs with too few pairs", "found 240 English->de pairs in 2 catalogs (",
+                    "catalogs --to de --out %s --min-pairs 2000 %s/locale",
+                    test_path("few"), test_dir);
+    check(access(test_path("few"), F_OK) != 0,
+          "cli: catalogs --min-pairs writes nothing when too few are found");
+    check_cli_error("catalogs of a missing path",
+                    "catalogs: /nonexistent/x.mo: No such file or directory; expected "
+                    "a .mo file or a folder",
+                    "catalogs --out %s /nonexistent/x.mo", test_path("none"));
+    check_cli_error("catalogs --to with a slash", "--to '../de' is not a language",
+                    "catalogs --to ../de");
+    check_cli_error("catalogs --min-words above --max-words",
+                    "--min-words 9 is more than --max-words 4",
                     "catalogs --min-words 9 --max-words 4");
-    check_cli_error("catalogs of no catalog", "found 0 English->xx pairs in 0 catalogs", "catalogs --to xx --out %s "
-                    "%s/locale", test_path("none"), test_dir);
+    check_cli_error("catalogs of no catalog", "found 0 English->xx pairs in 0 catalogs",
+                    "catalogs --to xx --out %s %s/locale", test_path("none"), test_dir);
     write_text(test_path("plain_file"), "x");
-    check_cli_error("catalogs --out over a file", "plain_file: not a directory", "catalogs --to de --out %s %s/locale",
-                    test_path("plain_file"), test_dir);
+    check_cli_error("catalogs --out over a file", "plain_file: not a directory",
+                    "catalogs --to de --out %s %s/locale", test_path("plain_file"), test_dir);
 
-    // An --out that can be made, but is too long for its files' paths (4,096 bytes with "/train.tsv"):
-    // one line, not a path cut short (called directly: a command line that long is the shell's problem)
+    // An --out that can be made, but is too long for its files' paths (4,096 bytes with
+    // "/train.tsv"): one line, not a path cut short (called directly: a command line that long is
+    // the shell's problem)
     char deep[4096];
     int used = snprintf(deep, sizeof deep, "%s", test_path("deep"));
     while (used < 4087) {
@@ -3810,8 +3863,9 @@ static void test_catalogs_command(void) {
     const char *too_long = catalog_write_splits(&none, deep, 0, deep_counts);
     catalog_reader_free(&none);
     const char *said = too_long ? strstr(too_long, "the directory's path is too long") : NULL;
-    check(said != NULL, "catalogs: an --out of %zu bytes, too long for its files' paths, is refused (\"...: %s\")",
-          strlen(deep), said ? said : "not refused");
+    check(said != NULL,
+          "catalogs: an --out of %zu bytes, too long for its files' paths, is refused (\"...: "
+          "%s\")", strlen(deep), said ? said : "not refused");
     free(entries);
     free(english);
     free(german);
@@ -3836,9 +3890,11 @@ static void bleu_add_texts(BleuStats *stats, const char *candidate, const char *
     int *ids[2] = { NULL, NULL }, n[2];
     size_t capacity[2] = { 0, 0 };
     for (int side = 0; side < 2; side++)
-        n[side] = tokenize(side ? reference : candidate, &vocab, 1, &ids[side], &capacity[side], &from);
+        n[side] = tokenize(side ? reference : candidate, &vocab, 1, &ids[side],
+                           &capacity[side], &from);
     bleu_add_sentence(stats, ids[0], n[0], ids[1], n[1]);
-    free(ids[0]); free(ids[1]);
+    free(ids[0]);
+    free(ids[1]);
     vocab_free(&vocab);
 }
 
@@ -3857,13 +3913,16 @@ static double bleu_of_text(const char *const pairs[][2], int n, double precision
 // alone (Latin-1's next line and no-break space, not UTF-8) make one.
 static void test_bleu_white_space(void) {
     static const char *const white[] = {
-        "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80",
-        "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
-        "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+        "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\xc2\x85", "\xc2\xa0",
+        "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83",
+        "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86", "\xe2\x80\x87", "\xe2\x80\x88",
+        "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
         "\xe2\x81\x9f", "\xe3\x80\x80",
     };
-    static const char *const not_white[] = { "\xe2\x80\x8b", "\xe1\xa0\x8e", "\xef\xbb\xbf", "\x85", "\xa0", "\xe3\x80" };
-    int n_white = (int)(sizeof white / sizeof *white), n_not = (int)(sizeof not_white / sizeof *not_white);
+    static const char *const not_white[] = { "\xe2\x80\x8b", "\xe1\xa0\x8e", "\xef\xbb\xbf", "\x85",
+                                             "\xa0", "\xe3\x80" };
+    int n_white = (int)(sizeof white / sizeof *white),
+        n_not = (int)(sizeof not_white / sizeof *not_white);
     int splits = 0, joins = 0;
     char text[32];
     for (int i = 0; i < n_white + n_not; i++) {
@@ -3871,11 +3930,14 @@ static void test_bleu_white_space(void) {
         BleuStats stats;
         bleu_reset(&stats);
         bleu_add_texts(&stats, text, "a b");
-        if (i < n_white) splits += stats.candidate_length == 2 && stats.matches[1] == 1;
-        else joins += stats.candidate_length == 1 && stats.matches[0] == 0;
+        if (i < n_white)
+            splits += stats.candidate_length == 2 && stats.matches[1] == 1;
+        else
+            joins += stats.candidate_length == 1 && stats.matches[0] == 0;
     }
-    check(splits == n_white && joins == n_not, "BLEU: each of the %d white-space characters of Python's str.split() "
-          "separates two words (%d did), and %d look-alikes do not (%d)", n_white, splits, n_not, joins);
+    check(splits == n_white && joins == n_not,
+          "BLEU: each of the %d white-space characters of Python's str.split() separates two words "
+          "(%d did), and %d look-alikes do not (%d)", n_white, splits, n_not, joins);
     // A sentence written with U+3000 (ideographic space) and U+00A0 (no-break
     // space) scores as its twin with ASCII spaces. By hand: the first pair is
     // 6 equal words (6/6 5/5 4/4 3/3); the second "a b c d e" against
@@ -3883,14 +3945,17 @@ static void test_bleu_white_space(void) {
     // BLEU = 100 (10/11 8/9 6/7 4/5)^(1/4).
     const char *const unicode[][2] = {
         { "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat", "the cat\xc2\xa0sat on the mat" },
-        { "\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80", "a b c d f" },
+        { "\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80"
+          "e\xe3\x80\x80", "a b c d f" },
     };
-    const char *const ascii[][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" } };
+    const char *const ascii[][2] = { { "the cat sat on the mat", "the cat sat on the mat" },
+                                     { "a b c d e", "a b c d f" } };
     double p[4], bp, by_hand = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
     double bleu = bleu_of_text(unicode, 2, p, &bp), twin = bleu_of_text(ascii, 2, NULL, NULL);
-    check(bleu == twin && near(bleu, by_hand, 1e-9) && near(p[0], 10.0 / 11, 1e-15) && near(p[3], 4.0 / 5, 1e-15) &&
-          bp == 1, "BLEU: text with U+00A0 and U+3000 scores %.10f, as its ASCII twin (%.10f) and as by hand (%.10f)",
-          bleu, twin, by_hand);
+    check(bleu == twin && near(bleu, by_hand, 1e-9) && near(p[0], 10.0 / 11, 1e-15) &&
+          near(p[3], 4.0 / 5, 1e-15) && bp == 1,
+          "BLEU: text with U+00A0 and U+3000 scores %.10f, as its ASCII twin (%.10f) and as by "
+          "hand (%.10f)", bleu, twin, by_hand);
 }
 
 // Counting is linear in a line's length (a hash table, as sacreBLEU's
@@ -3925,9 +3990,11 @@ static void test_bleu_long_line(void) {
         }
         counts_right &= stats.totals[n - 1] == total && stats.matches[n - 1] == total - missing;
     }
-    check(counts_right && seconds < 1.0, "BLEU: one line of %d tokens in %.3f s (bound 1 s), its n-gram counts as by hand",
+    check(counts_right && seconds < 1.0,
+          "BLEU: one line of %d tokens in %.3f s (bound 1 s), its n-gram counts as by hand",
           TOKENS, seconds);
-    free(hyp); free(ref);
+    free(hyp);
+    free(ref);
 }
 
 static void test_bleu(void) {
@@ -3935,7 +4002,8 @@ static void test_bleu(void) {
     // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
     const char *const identical[][2] = { { "the cat sat on the mat", "the cat sat on the mat" } };
     bleu = bleu_of_text(identical, 1, p, &bp);
-    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1, "BLEU: identical sentences give %.10g", bleu);
+    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1,
+          "BLEU: identical sentences give %.10g", bleu);
 
     // Shorter than its reference: "the cat sat on" (c = 4) against 6 tokens (r = 6).
     // Precisions 4/4 3/3 2/2 1/1 = 1; BP = exp(1 - 6/4) = exp(-0.5) = 0.6065306597;
@@ -3943,7 +4011,8 @@ static void test_bleu(void) {
     const char *const shorter[][2] = { { "the cat sat on", "the cat sat on the mat" } };
     bleu = bleu_of_text(shorter, 1, p, &bp);
     check(near(bp, exp(-0.5), 1e-15) && near(bleu, 60.6530659713, 1e-9) && p[0] == 1 && p[3] == 1,
-          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f (60.6530659713)", bp, bleu);
+          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f "
+          "(60.6530659713)", bp, bleu);
 
     // No 4-gram matches: "a b c e d" against "a b c d e".
     // 1-grams 5/5; 2-grams ab bc ce ed vs ab bc cd de: 2/4; 3-grams abc bce ced: 1/3;
@@ -3951,17 +4020,21 @@ static void test_bleu(void) {
     const char *const no_four[][2] = { { "a b c e d", "a b c d e" } };
     bleu = bleu_of_text(no_four, 1, p, &bp);
     check(bleu == 0.0 && p[0] == 1.0 && p[1] == 0.5 && near(p[2], 1.0 / 3, 1e-15) && p[3] == 0.0,
-          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)", p[0], p[1], p[2], p[3]);
+          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)",
+          p[0], p[1], p[2], p[3]);
 
     // Clipping (Papineni et al.'s own example): seven "the" against "the cat is on
     // the mat", which holds "the" twice: p1 = min(7, 2) / 7 = 2/7, not 7/7.
     const char *const clip7[][2] = { { "the the the the the the the", "the cat is on the mat" } };
     bleu = bleu_of_text(clip7, 1, p, &bp);
-    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0, "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
-    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the reference.
+    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0,
+          "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
+    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the
+    // reference.
     const char *const clip4[][2] = { { "the the the the", "the cat" } };
     bleu = bleu_of_text(clip4, 1, p, &bp);
-    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0, "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
+    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0,
+          "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
 
     // Two sentences. A: "a b c d" = its reference (sentence BLEU 100). B: "e f g x i"
     // against "e f g h i" (sentence BLEU 0: no 4-gram matches). Mean of the two: 50.
@@ -3970,21 +4043,27 @@ static void test_bleu(void) {
     // = 100 (8/63)^(1/4) = 59.69491792.
     const char *const two[][2] = { { "a b c d", "a b c d" }, { "e f g x i", "e f g h i" } };
     bleu = bleu_of_text(two, 2, p, &bp);
-    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) + bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
-    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) && sentence_mean == 50.0,
-          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs %.1f", bleu, sentence_mean);
+    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) +
+                            bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
+    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) &&
+          sentence_mean == 50.0,
+          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs "
+          "%.1f", bleu, sentence_mean);
 
     // The brevity penalty comes from corpus lengths: A (8 tokens) = its reference,
     // B "p q r" against "p q r s t u". c = 8+3 = 11, r = 8+6 = 14, BP = exp(1 - 14/11).
     // B has no 4-gram, so p4 = (5+0)/(5+0) = 1 and BLEU = 100 BP = 76.13003867.
     // (NLTK gives 72.74: it counts B as having one 4-gram, max(1, 0), so p4 = 5/6.)
-    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" }, { "p q r", "p q r s t u" } };
+    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" },
+                                         { "p q r", "p q r s t u" } };
     bleu = bleu_of_text(one_short, 2, p, &bp);
     check(near(bp, exp(1 - 14.0 / 11), 1e-15) && near(bleu, 76.1300386697, 1e-9),
-          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)", bp, bleu);
+          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)",
+          bp, bleu);
 
     // Streaming, and token ids: the same corpus as ids, scored after each sentence.
-    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 }, b_ref[] = { 14, 15, 16, 17, 18 };
+    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 },
+              b_ref[] = { 14, 15, 16, 17, 18 };
     BleuStats stats;
     bleu_reset(&stats);
     bleu_add_sentence(&stats, a, 4, a, 4);
@@ -3993,7 +4072,8 @@ static void test_bleu(void) {
     double after_two = bleu_score(&stats, NULL, NULL);
     check(after_one == 100.0 && near(after_two, 59.6949179202, 1e-9) && stats.sentences == 2 &&
           stats.candidate_length == 9 && stats.reference_length == 9,
-          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two", after_one, after_two);
+          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two",
+          after_one, after_two);
 
     // An empty candidate: no n-grams (every p_n taken as 0), c = 0 so BP = 0: BLEU 0.
     const char *const empty[][2] = { { "", "the cat" } };
@@ -4004,7 +4084,8 @@ static void test_bleu(void) {
     const char *const spaces[][2] = { { "  the\tcat \n sat  ", "the cat sat" } };
     bleu = bleu_of_text(spaces, 1, p, &bp);
     check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
-          "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+          "BLEU: tabs, newlines and runs of spaces separate words; "
+          "a corpus without 4-grams scores 0");
     test_bleu_white_space();
     test_bleu_long_line();
 }
@@ -4015,13 +4096,17 @@ static void test_bleu(void) {
 // ============================================================================
 
 static void test_tsv_reading(void) {
-    Vocabulary v; Dataset d;
-    vocab_init(&v); memset(&d, 0, sizeof d);
+    Vocabulary v;
+    Dataset d;
+    vocab_init(&v);
+    memset(&d, 0, sizeof d);
     write_text(test_path("good.tsv"), "a b c\tc b a\r\n\n   \nb  d\td\n");
     const char *e = dataset_read_tsv(&d, &v, test_path("good.tsv"), 1);
-    check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 && d.pairs[1].line == 4 &&
-          v.size == NUM_SPECIAL_TOKENS + 4 && strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
-          "data: a TSV file with \\r\\n and blank lines gives 2 pairs, their line numbers and a vocabulary of 8");
+    check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 &&
+          d.pairs[1].line == 4 && v.size == NUM_SPECIAL_TOKENS + 4 &&
+          strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
+          "data: a TSV file with \\r\\n and blank lines gives 2 pairs, their line numbers and a "
+          "vocabulary of 8");
     dataset_free(&d);
     // the errors: each names the file and line and says what was expected
     struct { const char *name, *text, *expected; } bad[] = {
@@ -4035,23 +4120,27 @@ static void test_tsv_reading(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_text(test_path(bad[i].name), bad[i].text);
         e = dataset_read_tsv(&d, &v, test_path(bad[i].name), 1);
-        check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name, e ? e : "accepted");
+        check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name,
+              e ? e : "accepted");
         dataset_free(&d);
     }
     e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
-    check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
-    e = dataset_read_tsv(&d, &v, test_dir, 1);
-    check(e && strstr(e, ": is a directory; expected a text file"), "data: a directory is refused as one (%s)",
+    check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)",
           e ? e : "accepted");
+    e = dataset_read_tsv(&d, &v, test_dir, 1);
+    check(e && strstr(e, ": is a directory; expected a text file"),
+          "data: a directory is refused as one (%s)", e ? e : "accepted");
     // white space is Python's str.split()'s in data too: U+3000, U+00A0 and U+2003 separate tokens,
     // and a line of U+3000 alone is blank
     Vocabulary words;
     vocab_init(&words);
-    write_text(test_path("unicode_spaces.tsv"), "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
+    write_text(test_path("unicode_spaces.tsv"),
+               "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
     e = dataset_read_tsv(&d, &words, test_path("unicode_spaces.tsv"), 1);
-    check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 && words.size == NUM_SPECIAL_TOKENS + 3,
-          "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank (%s)",
-          e ? e : "read");
+    check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 &&
+          words.size == NUM_SPECIAL_TOKENS + 3,
+          "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank "
+          "(%s)", e ? e : "read");
     dataset_free(&d);
     vocab_free(&words);
     // unknown tokens with a fixed vocabulary become <unk>
@@ -4059,10 +4148,11 @@ static void test_tsv_reading(void) {
     int size = v.size;
     fflush(stdout);
     e = dataset_read_tsv(&d, &v, test_path("unknown.tsv"), 0);
-    check(!e && v.size == size && d.tokens[1] == TOKEN_UNK, "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
+    check(!e && v.size == size && d.tokens[1] == TOKEN_UNK,
+          "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
     e = dataset_check_lengths(&d, "unknown.tsv", 2);
-    check(e && strstr(e, "unknown.tsv:1: the source has 2 tokens"), "data: a source too long for max_len is refused (%s)",
-          e ? e : "accepted");
+    check(e && strstr(e, "unknown.tsv:1: the source has 2 tokens"),
+          "data: a source too long for max_len is refused (%s)", e ? e : "accepted");
     dataset_free(&d);
     vocab_free(&v);
 }
@@ -4076,39 +4166,52 @@ static void test_tsv_command_line(void) {
     write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
     write_text(test_path("cli_empty.tsv"), "");
     write_text(test_path("cli_notab.tsv"), "a b\tb a\nc d e\n");
-    check_cli_error("a missing data file", "train: /nonexistent/x.tsv: cannot open", "train --train /nonexistent/x.tsv");
+    check_cli_error("a missing data file", "train: /nonexistent/x.tsv: cannot open",
+                    "train --train /nonexistent/x.tsv");
     check_cli_error("an empty data file", "cli_empty.tsv: no sentence pairs (the file is empty)",
                     "train --train %s", test_path("cli_empty.tsv"));
     check_cli_error("a line without a tab", "cli_notab.tsv:2: no tab; expected source<TAB>target",
                     "train --train %s", test_path("cli_notab.tsv"));
     // a tiny run on the TSV file, then decode and eval with its checkpoint
     const char *tsv_ckpt = test_path("tsv.ckpt");
-    int status = run_cli("train --train %s --valid %s --steps 4 --checkpoint %s " TINY_MINIMAL_RUN " --eval-every 0 --show 0", tsv, tsv, tsv_ckpt);
-    check(status == 0 && strstr(cli_output, "eval   step 4"), "cli: train on a TSV file for 4 steps (exit %d)", status);
+    int status = run_cli("train --train %s --valid %s --steps 4 --checkpoint %s " TINY_MINIMAL_RUN
+                         " --eval-every 0 --show 0", tsv, tsv, tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "eval   step 4"),
+          "cli: train on a TSV file for 4 steps (exit %d)", status);
     status = run_cli("eval --checkpoint %s --data %s", tsv_ckpt, tsv);
     check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "token accuracy"),
           "cli: eval prints token accuracy and exact match (exit %d)", status);
     status = run_cli("decode --checkpoint %s 'a zz b'", tsv_ckpt);
-    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the vocabulary; read as <unk>"),
+    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the "
+                                            "vocabulary; read as <unk>"),
           "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)", status);
     char long_sentence[400] = "'";
     for (int i = 0; i < 60; i++) strcat(long_sentence, "a ");
     strcat(long_sentence, "'");
-    check_cli_error("a sentence longer than the model's maximum", "argument 1: the sentence has 60 tokens; the model's "
-                    "maximum length 54 allows 53", "decode --checkpoint %s %s", tsv_ckpt, long_sentence);
+    check_cli_error("a sentence longer than the model's maximum",
+                    "argument 1: the sentence has 60 tokens; the model's "
+                    "maximum length 54 allows 53",
+                    "decode --checkpoint %s %s", tsv_ckpt, long_sentence);
     char long_tsv[600];
     snprintf(long_tsv, sizeof long_tsv, "a\tb\nb\ta\n%s\ta\n", long_sentence + 1);
     long_tsv[strlen(long_tsv) - 4] = ' '; // drop the closing quote
     write_text(test_path("cli_long.tsv"), long_tsv);
-    check_cli_error("a held-out line longer than the maximum", "cli_long.tsv:3: the source has 60 tokens",
-                    "eval --checkpoint %s --data %s", tsv_ckpt, test_path("cli_long.tsv"));
+    check_cli_error("a held-out line longer than the maximum",
+                    "cli_long.tsv:3: the source has 60 tokens", "eval --checkpoint %s --data %s",
+                    tsv_ckpt, test_path("cli_long.tsv"));
     // damaged checkpoints, refused by eval as by decode
     size_t size;
     unsigned char *good = read_file(tsv_ckpt, &size);
-    if (!good) { check(0, "cli: no checkpoint from the TSV run; the damaged-checkpoint tests need one"); return; }
+    if (!good) {
+        check(0, "cli: no checkpoint from the TSV run; the damaged-checkpoint tests need one");
+        return;
+    }
     const char *bad = test_path("cli_bad.ckpt");
-    good[0] = 'P'; write_file(bad, good, size); good[0] = 'T';
-    check_cli_error("a checkpoint with the wrong magic", "cli_bad.ckpt: not a transformer.c checkpoint",
+    good[0] = 'P';
+    write_file(bad, good, size);
+    good[0] = 'T';
+    check_cli_error("a checkpoint with the wrong magic",
+                    "cli_bad.ckpt: not a transformer.c checkpoint",
                     "eval --checkpoint %s --data %s", bad, tsv);
     free(good);
     // a NaN loss stops training and leaves the last good checkpoint; on a TSV
@@ -4116,8 +4219,8 @@ static void test_tsv_command_line(void) {
     // every step without evaluating
     const char *nan_ckpt = test_path("nan.ckpt");
     check_cli_error("a loss that becomes NaN or infinite", "(step 1), is left as it was",
-                    "train --train %s --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN " --eval-every 1 --show 0", tsv,
-                    nan_ckpt);
+                    "train --train %s --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN
+                    " --eval-every 1 --show 0", tsv, nan_ckpt);
     status = run_cli("decode --checkpoint %s 'a b'", nan_ckpt);
     check(status == 0, "cli: ... and that checkpoint still loads (exit %d)", status);
 }
@@ -4126,23 +4229,30 @@ static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
     // 8 copy pairs; the references of two are changed, so a perfect copier scores below 100
     Transformer m = *trained_model;
     m.training = 0;
-    Rng rng; rng_seed(&rng, 77);
+    Rng rng;
+    rng_seed(&rng, 77);
     char tsv[2048] = "";
-    BleuStats expected; bleu_reset(&expected);
+    BleuStats expected;
+    bleu_reset(&expected);
     int exact = 0;
     for (int i = 0; i < 8; i++) {
         int n = 3 + i % 4, src[8], ref[8], out[32], out_len;
         random_source(src, n, m.config.vocab_size, &rng);         // n-1 words and </s>
         int ref_len = n - 1;
         memcpy(ref, src, ref_len * sizeof(int));
-        if (i == 2) ref_len--;                                     // a word missing
-        if (i == 5) ref[0] = ref[0] == 4 ? 5 : 4;                  // a word changed
-        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n), src, &n, 1, n);
+        if (i == 2)
+            ref_len--;   // a word missing
+        if (i == 5)
+            ref[0] = ref[0] == 4 ? 5 : 4;   // a word changed
+        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n),
+                                  src, &n, 1, n);
         bleu_add_sentence(&expected, out, out_len, ref, ref_len);
         exact += out_len == ref_len && memcmp(out, ref, ref_len * sizeof(int)) == 0;
-        for (int k = 0; k < n - 1; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", src[k] - NUM_SPECIAL_TOKENS);
+        for (int k = 0; k < n - 1; k++)
+            sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", src[k] - NUM_SPECIAL_TOKENS);
         strcat(tsv, "\t");
-        for (int k = 0; k < ref_len; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", ref[k] - NUM_SPECIAL_TOKENS);
+        for (int k = 0; k < ref_len; k++)
+            sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", ref[k] - NUM_SPECIAL_TOKENS);
         strcat(tsv, "\n");
     }
     double want = bleu_score(&expected, NULL, NULL);
@@ -4151,21 +4261,27 @@ static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
     int status = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, path);
     double got = printed_number_after(cli_output, "BLEU            ");
     check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && want > 0 && want < 100,
-          "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 exact)", got, want, exact);
-    // which BLEU it is, in sacreBLEU's signature, and the precisions to two decimals as sacreBLEU gives them
+          "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 "
+          "exact)", got, want, exact);
+    // which BLEU it is, in sacreBLEU's signature, and the precisions to two decimals as sacreBLEU
+    // gives them
     char precisions[64];
-    snprintf(precisions, sizeof precisions, "precisions %.2f/%.2f/%.2f/%.2f,", 100.0 * expected.matches[0] / expected.totals[0],
-             100.0 * expected.matches[1] / expected.totals[1], 100.0 * expected.matches[2] / expected.totals[2],
+    snprintf(precisions, sizeof precisions, "precisions %.2f/%.2f/%.2f/%.2f,",
+             100.0 * expected.matches[0] / expected.totals[0],
+             100.0 * expected.matches[1] / expected.totals[1],
+             100.0 * expected.matches[2] / expected.totals[2],
              100.0 * expected.matches[3] / expected.totals[3]);
-    check(strstr(cli_output, "(nrefs:1|case:mixed|eff:no|tok:none|smooth:none; ") && strstr(cli_output, precisions),
-          "cli: eval --bleu names what it computed, sacreBLEU's signature nrefs:1|case:mixed|eff:no|tok:none|"
-          "smooth:none, and its %s", precisions);
+    check(strstr(cli_output, "(nrefs:1|case:mixed|eff:no|tok:none|smooth:none; ") &&
+          strstr(cli_output, precisions),
+          "cli: eval --bleu names what it computed, sacreBLEU's signature "
+          "nrefs:1|case:mixed|eff:no|tok:none|smooth:none, and its %s", precisions);
     status = run_cli("eval --checkpoint %s --data %s --bleu --beam 3", ckpt, path);
     got = printed_number_after(cli_output, "BLEU            ");
     check(status == 0 && strstr(cli_output, "beam search") && got >= 0 && got <= 100,
           "cli: eval --bleu --beam 3 prints a BLEU score (%.2f)", got);
     status = run_cli("eval --checkpoint %s --data %s", ckpt, path);
-    check(status == 0 && !strstr(cli_output, "BLEU"), "cli: eval without --bleu prints no BLEU line");
+    check(status == 0 && !strstr(cli_output, "BLEU"),
+          "cli: eval without --bleu prints no BLEU line");
     check_cli_error("a value after the --bleu flag", "eval: unexpected argument 'yes'",
                     "eval --checkpoint %s --data %s --bleu yes", ckpt, path);
 }
@@ -4178,28 +4294,34 @@ static void test_existing_checkpoint(void) {
     size_t size;
     unsigned char *before = read_file(ckpt, &size);
     check(status == 0 && before, "cli: a 3-step run writes its checkpoint (exit %d)", status);
-    if (!before) return;
-    check_cli_error("a new run onto another run's checkpoint", "existing.ckpt is already there (another run's "
-                    "checkpoint?); expected --resume", "train --train %s --steps 2 --checkpoint %s " TINY_MINIMAL_RUN,
-                    tsv, ckpt);
+    if (!before)
+        return;
+    check_cli_error("a new run onto another run's checkpoint",
+                    "existing.ckpt is already there (another run's checkpoint?); expected --resume",
+                    "train --train %s --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
     size_t after_size;
     unsigned char *after = read_file(ckpt, &after_size);
-    check(after && after_size == size && memcmp(before, after, size) == 0, "cli: ... and the checkpoint is untouched");
+    check(after && after_size == size && memcmp(before, after, size) == 0,
+          "cli: ... and the checkpoint is untouched");
     free(after);
-    status = run_cli("train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 2, "cli: --force replaces it (now at step %ld; exit %d)",
+    status = run_cli("train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN,
+                     tsv, ckpt);
+    check(status == 0 && checkpoint_file_step(ckpt) == 2,
+          "cli: --force replaces it (now at step %ld; exit %d)",
           checkpoint_file_step(ckpt), status);
     status = run_cli("train --help");
     check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
     free(before);
     // a path no checkpoint can take is refused before training, not after it (the audit found
     // both trained to the end and failed at the save)
-    check_cli_error("an empty --checkpoint", "--checkpoint '': expected a file's path", "train --train %s --steps 2 "
-                    "--checkpoint '' " TINY_MINIMAL_RUN, tsv);
+    check_cli_error("an empty --checkpoint", "--checkpoint '': expected a file's path",
+                    "train --train %s --steps 2 --checkpoint '' " TINY_MINIMAL_RUN, tsv);
     const char *directory = test_path("a_directory");
     mkdir(directory, 0700);
-    check_cli_error("a directory as --checkpoint, --force", "a_directory: not a regular file; expected a checkpoint's "
-                    "path", "train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN, tsv, directory);
+    check_cli_error("a directory as --checkpoint, --force",
+                    "a_directory: not a regular file; expected a checkpoint's path",
+                    "train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN,
+                    tsv, directory);
 }
 
 
@@ -4209,38 +4331,47 @@ static void test_text_rule(const char *ckpt) {
     // a byte-order mark: not part of the first token
     const char *bom = test_path("bom.tsv"), *bom_ckpt = test_path("bom.ckpt");
     write_text(bom, "\xEF\xBB\xBFq r\tr q\nr s\ts r\n");
-    int status = run_cli("train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, bom, bom_ckpt);
+    int status = run_cli("train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN,
+                         bom, bom_ckpt);
     int status2 = run_cli("decode --checkpoint %s 'q r'", bom_ckpt);
     check(status == 0 && status2 == 0 && !strstr(cli_output, "not in the vocabulary"),
-          "cli: a UTF-8 byte-order mark is stripped: 'q' is in the vocabulary (exit %d, %d)", status, status2);
+          "cli: a UTF-8 byte-order mark is stripped: 'q' is in the vocabulary (exit %d, %d)",
+          status, status2);
     // the special tokens' text in data is refused
     write_text(test_path("special.tsv"), "a b\tb a\nc <s> d\td c\n");
-    check_cli_error("<s> in training data", "special.tsv:2: the token '<s>' is reserved (<pad> <s> </s> <unk>",
-                    "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, test_path("special.tsv"),
-                    test_path("special.ckpt"));
+    check_cli_error("<s> in training data",
+                    "special.tsv:2: the token '<s>' is reserved (<pad> <s> </s> <unk>",
+                    "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN,
+                    test_path("special.tsv"), test_path("special.ckpt"));
     write_text(test_path("special_eval.tsv"), "1 2\t1 2\n1\t1 <unk>\n");
     check_cli_error("<unk> in held-out data", "special_eval.tsv:2: the token '<unk>' is reserved",
                     "eval --checkpoint %s --data %s", ckpt, test_path("special_eval.tsv"));
     check_cli_error("</s> in a sentence to decode", "argument 1: the token '</s>' is reserved",
                     "decode --checkpoint %s '1 </s> 2'", ckpt);
-    // one rule for text (issue 34): every input is UTF-8, and a byte that is not is refused with its
-    // file and line, or argument, in every command: Latin-1's é, a lone continuation byte, a zero byte
+    // one rule for text (issue 34): every input is UTF-8, and a byte that is not is refused with
+    // its file and line, or argument, in every command: Latin-1's é, a lone continuation byte, a
+    // zero byte
     write_text(test_path("latin1.tsv"), "1 2\t1 2\ncaf\xe9 1\t1\n");
-    check_cli_error("a training file in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8; expected "
-                    "UTF-8 text", "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, test_path("latin1.tsv"),
-                    test_path("latin1.ckpt"));
+    check_cli_error("a training file in Latin-1",
+                    "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8; expected UTF-8 text",
+                    "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN,
+                    test_path("latin1.tsv"), test_path("latin1.ckpt"));
     check(access(test_path("latin1.ckpt"), F_OK) != 0, "cli: ... and no checkpoint is written");
-    check_cli_error("held-out data in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8",
+    check_cli_error("held-out data in Latin-1",
+                    "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8",
                     "eval --checkpoint %s --data %s", ckpt, test_path("latin1.tsv"));
     write_file(test_path("zero.tsv"), "1 2\t1 2\n3\t3\0\n", 13);
-    check_cli_error("a zero byte in held-out data", "zero.tsv:2: a zero byte; expected text", "eval --checkpoint %s "
-                    "--data %s", ckpt, test_path("zero.tsv"));
-    check_cli_error("a sentence to decode that is not UTF-8", "decode: argument 2: byte 3 of the line, 0x80, is not "
-                    "UTF-8", "decode --checkpoint %s '1 2' \"$(printf '1 \\200')\"", ckpt);
+    check_cli_error("a zero byte in held-out data", "zero.tsv:2: a zero byte; expected text",
+                    "eval --checkpoint %s --data %s", ckpt, test_path("zero.tsv"));
+    check_cli_error("a sentence to decode that is not UTF-8",
+                    "decode: argument 2: byte 3 of the line, 0x80, is not UTF-8",
+                    "decode --checkpoint %s '1 2' \"$(printf '1 \\200')\"", ckpt);
     write_text(test_path("latin1_stdin.txt"), "1 2\n3 \xff\n2 1\n");
     status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("latin1_stdin.txt"));
-    check(status == 1 && strstr(cli_output, "error: decode: stdin:2: byte 3 of the line, 0xff, is not UTF-8") &&
-          count_lines_starting(cli_output, "error:") == 1, "cli: decode from stdin refuses line 2, not UTF-8, "
+    check(status == 1 &&
+          strstr(cli_output, "error: decode: stdin:2: byte 3 of the line, 0xff, is not UTF-8") &&
+          count_lines_starting(cli_output, "error:") == 1,
+          "cli: decode from stdin refuses line 2, not UTF-8, "
           "decodes lines 1 and 3 and exits 1 (exit %d)", status);
 }
 
@@ -4250,7 +4381,10 @@ static void test_text_and_eval_commands(void) {
     printf("-- the lab's text and eval: TSV files, the text rule, eval --bleu, --force\n");
     test_tsv_command_line();
     const char *ckpt = test_path("copy_small.ckpt");
-    if (!file_exists(ckpt)) { check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt); return; }
+    if (!file_exists(ckpt)) {
+        check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt);
+        return;
+    }
     test_eval_bleu(trained_copy_model(), ckpt);
     test_existing_checkpoint();
     test_text_rule(ckpt);
@@ -4281,7 +4415,8 @@ static void run_lab_tests(void) {
     test_no_empty_translation();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
-    if (!make_test_dir()) return;
+    if (!make_test_dir())
+        return;
     printf("-- files in %s\n", test_dir);
     test_tsv_reading();
     test_bpe_checkpoint();
@@ -4299,7 +4434,8 @@ static void run_lab_tests(void) {
         test_batch_log();
         run_command_line_tests();   // transformer.c's commands, through ./transformer
         test_text_and_eval_commands();
-        printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");
+        printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, "
+               "plot, params\n");
         test_lab_command_line();
         test_resume_counts();
         test_lab_evaluation_commands();
@@ -4312,8 +4448,10 @@ static void run_lab_tests(void) {
 }
 
 int main(void) {
-    lab_plug_in();   // as make's ./transformer runs: the lab's hooks, Part I's products through lab/fast_path.c
-    fast_path_switch = fast_path_use;   // the tests worked by hand run through Part I's loops and the fast path
+    lab_plug_in();   // as make's ./transformer runs: the lab's hooks, Part I's products through
+                     // lab/fast_path.c
+    fast_path_switch = fast_path_use;   // the tests worked by hand run through Part I's loops and
+                                        // the fast path
     printf("-- the fast path (lab/fast_path.c) against transformer.c's loops\n");
     test_fast_aligned_memory();
     test_matmul_against_plain_loops();
@@ -4325,7 +4463,8 @@ int main(void) {
     test_fast_attention();
     test_fast_dispatch();
     test_fast_training_step();
-    printf("-- transformer.c's Part I again, through the fast path (test_transformer.c's run_model_tests)\n");
+    printf("-- transformer.c's Part I again, through the fast path (test_transformer.c's "
+           "run_model_tests)\n");
     run_model_tests();
     run_lab_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
