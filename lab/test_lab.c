@@ -1,4 +1,5 @@
-/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c, lab/catalogs.c) and of the fast path (lab/fast_path.c)
+/* lab/test_lab.c: the proofs of the lab (lab/lab.c, lab/subwords.c, lab/runs.c, lab/catalogs.c)
+ * and of the fast path (lab/fast_path.c)
  *
  * Built by make test in double (test_lab_f64), in float (test_lab) and in
  * float without OpenMP (test_lab_serial), with the lab plugged in as make's
@@ -22,56 +23,86 @@
  *     alone (TRANSFORMER_MINIMAL_BIN, make test: ./transformer_minimal).
  *
  * INDEX: each piece of the lab -> the tests that prove it
- *   fast_path.c  linear_forward_fast, _backward_fast     test_fast_linear, test_fast_dispatch, test_fast_training_step;
- *                                                        the model tests (reference files, gradient checks in double)
+ *   fast_path.c  linear_forward_fast, _backward_fast     test_fast_linear, test_fast_dispatch,
+ *                                                        test_fast_training_step; the model tests
+ *                                                        (reference files, gradient checks in
+ *                                                        double)
  *                attention_forward_fast, _backward_fast  test_fast_attention, test_fast_dispatch,
- *                                                        test_fast_training_step, test_attention_by_hand
- *                attention_one_query_fast                test_fast_attention (one query), test_attention_by_hand,
+ *                                                        test_fast_training_step,
+ *                                                        test_attention_by_hand
+ *                attention_one_query_fast                test_fast_attention (one query),
+ *                                                        test_attention_by_hand,
  *                                                        test_decoder_logits
- *                matmul and its tiles                    test_matmul_against_plain_loops, test_matmul_thread_count
+ *                matmul and its tiles                    test_matmul_against_plain_loops,
+ *                                                        test_matmul_thread_count
  *                linear_forward_packed, packed_weight,   test_decoding_weights, test_decoding_hook
  *                fast_path_decoding
- *                cached_decoder_begin, _step, _reorder,  test_key_value_cache (transformer.c's decoder's bits),
- *                _end                                    test_decoder_logits, test_decoding_hook
+ *                cached_decoder_begin, _step, _reorder,  test_key_value_cache (transformer.c's
+ *                _end                                    decoder's bits), test_decoder_logits,
+ *                                                        test_decoding_hook
  *                checked_aligned_malloc                  test_fast_aligned_memory
- *   lab.c        svg_write_heatmap, _grid, _positional_encoding, _attention, _loss_curve    test_svg_*
- *                checkpoint_average, average             test_average; test_table3 (learned positions)
+ *   lab.c        svg_write_heatmap, _grid,               test_svg_*
+ *                _positional_encoding, _attention,
+ *                _loss_curve
+ *                checkpoint_average, average             test_average; test_table3 (learned
+ *                                                        positions)
  *                bleu                                    test_bleu_command
- *                attention, pe, plot                     test_log_keep_last_and_pictures, test_command_names_and_labels
- *                params, parameter_group_count           test_parameter_groups, test_lab_command_line
- *                table3 (table3_name_variant, stored_option)    test_table3
- *                commands, labels, errors naming them    test_command_names_and_labels, test_lab_reads_minimal_checkpoints
+ *                attention, pe, plot                     test_log_keep_last_and_pictures,
+ *                                                        test_command_names_and_labels
+ *                params, parameter_group_count           test_parameter_groups,
+ *                                                        test_lab_command_line
+ *                table3 (table3_name_variant,            test_table3
+ *                stored_option)
+ *                commands, labels, errors naming them    test_command_names_and_labels,
+ *                                                        test_lab_reads_minimal_checkpoints
  *                (bench has no test: make bench runs it)
- *   text.c       Unicode's white space, tokenize, dataset_read_tsv, dataset_check_lengths    test_tsv_reading
- *                                                        (\r\n, blank lines, Unicode spaces, <unk>, each error with its
- *                                                        file and line), test_tsv_command_line, test_bleu_white_space
- *                the text rule (UTF-8, the byte-order mark, reserved tokens)    test_text_rule
- *   bleu.c       bleu_reset, bleu_add_sentence, bleu_score    test_bleu (by hand: clipping, brevity, corpus
- *                                                        against sentence BLEU, Unicode white space, a 40,000-token line)
- *                eval, evaluate                          test_tsv_command_line, test_eval_bleu (eval --bleu = the BLEU
- *                                                        of greedy outputs one by one)
- *   subwords.c   bpe_learn, bpe_encode_word, bpe_join_tokens    test_bpe_learn_and_apply, test_bpe_numbers_data
- *                the merges in checkpoints, special tokens      test_bpe_checkpoint, test_bpe_never_makes_special_tokens
+ *   text.c       Unicode's white space, tokenize,        test_tsv_reading (\r\n, blank lines,
+ *                dataset_read_tsv,                       Unicode spaces, <unk>, each error with its
+ *                dataset_check_lengths                   file and line), test_tsv_command_line,
+ *                                                        test_bleu_white_space
+ *                the text rule (UTF-8, the byte-order    test_text_rule
+ *                mark, reserved tokens)
+ *   bleu.c       bleu_reset, bleu_add_sentence,          test_bleu (by hand: clipping, brevity,
+ *                bleu_score                              corpus against sentence BLEU, Unicode
+ *                                                        white space, a 40,000-token line)
+ *                eval, evaluate                          test_tsv_command_line, test_eval_bleu
+ *                                                        (eval --bleu = the BLEU of greedy outputs
+ *                                                        one by one)
+ *   subwords.c   bpe_learn, bpe_encode_word,             test_bpe_learn_and_apply,
+ *                bpe_join_tokens                         test_bpe_numbers_data
+ *                the merges in checkpoints, special      test_bpe_checkpoint,
+ *                tokens                                  test_bpe_never_makes_special_tokens
  *                train --bpe, bpe                        test_bpe_command_line
- *   runs.c       lab_check_output (--force, a directory)  test_existing_checkpoint
- *                --resume                                test_lab_command_line, test_existing_checkpoints_and_keep_last,
+ *   runs.c       lab_check_output (--force, a            test_existing_checkpoint
+ *                directory)
+ *                --resume                                test_lab_command_line,
+ *                                                        test_existing_checkpoints_and_keep_last,
  *                                                        test_moved_data, test_bpe_command_line
  *                --keep-last, --save-every               test_log_keep_last_and_pictures,
  *                                                        test_existing_checkpoints_and_keep_last
- *                --log, --loss-log, --positions          test_log_keep_last_and_pictures, test_lab_command_line
- *                --threads 0: cpu_times, others_busy_cores, free_cores_wanted, _decide    test_free_cores
+ *                --log, --loss-log, --positions          test_log_keep_last_and_pictures,
+ *                                                        test_lab_command_line
+ *                --threads 0: cpu_times,                 test_free_cores
+ *                others_busy_cores, free_cores_wanted,
+ *                _decide
  *                --batch-log                             test_batch_log
- *   catalogs.c   mo_check, catalog_read_bytes (both byte orders, revisions, contexts, plurals)    test_catalog_format
- *                the filters (catalog_filter), their counts                  test_catalog_filters
- *                catalog_drop_duplicates                                     test_catalog_duplicates
- *                each kind of damage                                         test_catalog_damage
- *                catalogs (languages, the split, --force, --min-pairs)       test_catalogs_command
- *   transformer.c's decoding: no empty translation (min_len 1)              test_no_empty_translation
+ *   catalogs.c   mo_check, catalog_read_bytes (both      test_catalog_format
+ *                byte orders, revisions, contexts,
+ *                plurals)
+ *                the filters (catalog_filter), their     test_catalog_filters
+ *                counts
+ *                catalog_drop_duplicates                 test_catalog_duplicates
+ *                each kind of damage                     test_catalog_damage
+ *                catalogs (languages, the split,         test_catalogs_command
+ *                --force, --min-pairs)
+ *   transformer.c's decoding: no empty translation (min_len 1)
+ *                                                        test_no_empty_translation
  */
 #define TRANSFORMER_NO_MAIN
 #include "lab.c"                      // transformer.c, the fast path and the lab
 #define TEST_TRANSFORMER_LIBRARY
-#include "../test_transformer.c"      // check(), test batches and configurations, transformer.c's tests
+#include "../test_transformer.c"      // check(), test batches and configurations,
+                                      // transformer.c's tests
 #include <signal.h>                   // kill, for the busy neighbours of test_free_cores
 
 // The number printed after label in text (NAN when there is none).
@@ -84,14 +115,22 @@ static double printed_number_after(const char *text, const char *label) {
 // form, as the layers store them: form 0, A (rows, depth) and B stored as
 // (cols, depth), i.e. x W^T; form 1, both row-major, dy W; form 2, A stored
 // as (depth, rows), i.e. dy^T x. The caller frees av->data and bv->data.
-static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int N, int depth, Rng *rng) {
-    real *a = checked_calloc((size_t)M * depth, sizeof(real), "test"), *b = checked_calloc((size_t)depth * N, sizeof(real), "test");
+static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int N, int depth,
+                            Rng *rng) {
+    real *a = checked_calloc((size_t)M * depth, sizeof(real), "test"),
+         *b = checked_calloc((size_t)depth * N, sizeof(real), "test");
     for (size_t i = 0; i < (size_t)M * depth; i++) a[i] = (real)rng_normal(rng);
     for (size_t i = 0; i < (size_t)depth * N; i++) b[i] = (real)rng_normal(rng);
     *av = (MatrixView){ a, (size_t)depth, 1 };
     *bv = (MatrixView){ b, (size_t)N, 1 };
-    if (form == 0) { bv->row_stride = 1; bv->col_stride = (size_t)depth; }
-    if (form == 2) { av->row_stride = 1; av->col_stride = (size_t)M; }
+    if (form == 0) {
+        bv->row_stride = 1;
+        bv->col_stride = (size_t)depth;
+    }
+    if (form == 2) {
+        av->row_stride = 1;
+        av->col_stride = (size_t)M;
+    }
 }
 
 // Part II's matrix product works in TILE_ROWS x TILE_COLS tiles, blocks of
@@ -105,9 +144,11 @@ static void random_operands(MatrixView *av, MatrixView *bv, int form, int M, int
 static void test_matmul_against_plain_loops(void) {
     enum { NM = 4, NN = 5, ND = 3 };
     int Ms[NM] = { 1, 7, 40, 97 }, Ns[NN] = { 1, 16, 17, 33, 530 }, depths[ND] = { 1, 129, 300 };
-    int extra[][3] = { { 40, 7, 4101 }, { 7, 40, 4101 } };   // and deep ones: 33 depth blocks, the last of 5
+    int extra[][3] = { { 40, 7, 4101 }, { 7, 40, 4101 } };   // and deep ones: 33 depth blocks,
+                                                             // the last of 5
     int grid = NM * NN * ND, shapes = grid + (int)(sizeof extra / sizeof *extra);
-    Rng rng; rng_seed(&rng, 11);
+    Rng rng;
+    rng_seed(&rng, 11);
     double worst = 0;
     int cases = 0;
     for (int shape = 0; shape < shapes; shape++)
@@ -132,20 +173,28 @@ static void test_matmul_against_plain_loops(void) {
                            bv.data[d * bv.row_stride + n * bv.col_stride];
                 expected[(size_t)m * N + n] = sum;
             }
-        if (accumulate) matmul((MatrixProduct){ c, (size_t)N, 1, av, bv, { NULL, 0, 0 }, M, N, depth, 1 });
-        else matmul_assign(c, (size_t)N, av, bv, bias, M, N, depth);
+        if (accumulate)
+            matmul((MatrixProduct){ c, (size_t)N, 1, av, bv, { NULL, 0, 0 }, M, N, depth, 1 });
+        else
+            matmul_assign(c, (size_t)N, av, bv, bias, M, N, depth);
         // relative to the size of a sum of depth products of N(0,1) numbers
         for (size_t i = 0; i < (size_t)M * N; i++) {
             double error = fabs(c[i] - expected[i]) / (sqrt((double)depth) + fabs(expected[i]));
-            if (error > worst) worst = error;
+            if (error > worst)
+                worst = error;
         }
         cases++;
-        free((real *)av.data); free((real *)bv.data); free(c); free(bias); free(expected);
+        free((real *)av.data);
+        free((real *)bv.data);
+        free(c);
+        free(bias);
+        free(expected);
     }
     double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-13;
-    check(worst < tolerance, "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x 4101 (every tile edge, depth "
-          "and width block; out += A B and out = bias + A B) match a plain loop in double: worst error %.2g",
-          cases, worst);
+    check(worst < tolerance,
+          "matmul: %d products up to 97 x 530 x 300 and 40 x 7 x 4101 (every tile edge, depth and "
+          "width block; out += A B and out = bias + A B) match a plain loop in double: worst error "
+          "%.2g", cases, worst);
 }
 
 // The matrix product gives each element of out to one thread, which sums it in
@@ -153,9 +202,11 @@ static void test_matmul_against_plain_loops(void) {
 // the same bits, for the three ways the layers read their matrices.
 static void test_matmul_thread_count(void) {
 #ifdef _OPENMP
-    // rows, cols, depth: many strips; fewer rows than a strip; a short last strip of columns; few columns
+    // rows, cols, depth: many strips; fewer rows than a strip; a short last strip of columns;
+    // few columns
     int shapes[][3] = { { 97, 530, 300 }, { 7, 530, 129 }, { 40, 33, 300 }, { 97, 16, 300 } };
-    Rng rng; rng_seed(&rng, 12);
+    Rng rng;
+    rng_seed(&rng, 12);
     int identical = 1, cases = 0, threads_before = omp_get_max_threads();
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
     for (int form = 0; form < 3; form++) {
@@ -171,10 +222,16 @@ static void test_matmul_thread_count(void) {
         identical &= memcmp(c[0], c[1], (size_t)M * N * sizeof(real)) == 0 &&
                      memcmp(c[0], c[2], (size_t)M * N * sizeof(real)) == 0;
         cases++;
-        free((real *)av.data); free((real *)bv.data); free(c[0]); free(c[1]); free(c[2]);
+        free((real *)av.data);
+        free((real *)bv.data);
+        free(c[0]);
+        free(c[1]);
+        free(c[2]);
     }
     omp_set_num_threads(threads_before);
-    check(identical, "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)", cases);
+    check(identical,
+          "matmul: 1, 2 and 3 threads give bit-identical products (%d products, all three forms)",
+          cases);
 #else
     printf("     (built without OpenMP: one thread only, nothing to compare)\n");
 #endif
@@ -183,15 +240,19 @@ static void test_matmul_thread_count(void) {
 // The fast path's scratch memory starts on a cache line, as transformer.c's arenas do.
 static void test_fast_aligned_memory(void) {
     int aligned = 1;
-    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53, 161, 485 };
+    size_t sizes[] = { 1, 5, CACHE_LINE / sizeof(real), 2 * CACHE_LINE / sizeof(real), 17, 53,
+                       161, 485 };
     for (size_t i_size = 0; i_size < sizeof sizes / sizeof *sizes; i_size++) {
         size_t n = sizes[i_size];
         real *a = checked_aligned_malloc(n, sizeof(real), "test");
         aligned &= on_line(a);
-        for (size_t i = 0; i < n; i++) a[i] = 1;   // all n are there to write (the sanitizer builds would see otherwise)
+        for (size_t i = 0; i < n; i++)
+            a[i] = 1;   // all n are there to write (the sanitizer builds would see otherwise)
         free(a);
     }
-    check(aligned, "memory: the fast path's checked_aligned_malloc gives addresses on %d-byte lines", CACHE_LINE);
+    check(aligned,
+          "memory: the fast path's checked_aligned_malloc gives addresses on %d-byte lines",
+          CACHE_LINE);
 }
 
 // ============================================================================
@@ -236,11 +297,13 @@ static real *random_reals(size_t n, Rng *rng) {
 
 // The largest |fast_i - plain_i| / (scale_i + tiny) over n elements: the
 // difference against the sum of absolute terms (scale) of each element.
-static double worst_scaled_difference(const real *fast, const real *plain, const real *scale, size_t n) {
+static double worst_scaled_difference(const real *fast, const real *plain, const real *scale,
+                                      size_t n) {
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)fast[i] - (double)plain[i]) / ((double)scale[i] + 1e-30);
-        if (!(d <= worst)) worst = d;   // NaN counts as the worst
+        if (!(d <= worst))
+            worst = d;   // NaN counts as the worst
     }
     return worst;
 }
@@ -250,7 +313,8 @@ static double relative_difference(const real *a, const real *b, size_t n) {
     double d = 0, scale = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - (double)b[i]);
-        if (!(e <= d)) d = e;
+        if (!(e <= d))
+            d = e;
         scale = fmax(scale, fabs((double)b[i]));
     }
     return d / (scale > 0 ? scale : 1);
@@ -259,17 +323,21 @@ static double relative_difference(const real *a, const real *b, size_t n) {
 // One linear layer, forward and backward: Part II's functions, then Part
 // I's loops, with a bias or without, asking for dinp or not (NULL). Returns
 // the worst scaled difference over out, dinp (when asked for), dweight and dbias.
-static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, int with_dinp, Rng *rng) {
+static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, int with_dinp,
+                                        Rng *rng) {
     size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
     real *x = random_reals(n_in, rng), *w = random_reals(n_w, rng), *b = random_reals(OC, rng);
     real *dout = random_reals(n_out, rng);
     real *bias = with_bias ? b : NULL;
     // the results: [0] Part II, [1] Part I; backward accumulates onto the same starting values
     real *out[2], *dinp[2], *dw[2], *db[2];
-    real *dinp0 = random_reals(n_in, rng), *dw0 = random_reals(n_w, rng), *db0 = random_reals(OC, rng);
+    real *dinp0 = random_reals(n_in, rng), *dw0 = random_reals(n_w, rng),
+         *db0 = random_reals(OC, rng);
     for (int plain = 0; plain < 2; plain++) {
         out[plain] = checked_calloc(n_out, sizeof(real), "test");
-        dinp[plain] = copy_of(dinp0, n_in); dw[plain] = copy_of(dw0, n_w); db[plain] = copy_of(db0, OC);
+        dinp[plain] = copy_of(dinp0, n_in);
+        dw[plain] = copy_of(dw0, n_w);
+        db[plain] = copy_of(db0, OC);
         real *dbias = with_bias ? db[plain] : NULL, *dx = with_dinp ? dinp[plain] : NULL;
         if (plain) {
             fast_path_use(0);
@@ -283,7 +351,8 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
     // the scale of each element: Part I on |operands|, starting from |what it added to|
     real *ax = absolute_of(x, n_in), *aw = absolute_of(w, n_w), *ab = absolute_of(b, OC);
     real *adout = absolute_of(dout, n_out), *s_out = checked_calloc(n_out, sizeof(real), "test");
-    real *s_dinp = absolute_of(dinp0, n_in), *s_dw = absolute_of(dw0, n_w), *s_db = absolute_of(db0, OC);
+    real *s_dinp = absolute_of(dinp0, n_in), *s_dw = absolute_of(dw0, n_w),
+         *s_db = absolute_of(db0, OC);
     linear_forward(s_out, ax, aw, with_bias ? ab : NULL, N, IC, OC);
     linear_backward(s_dinp, s_dw, s_db, adout, ax, aw, N, IC, OC);
     fast_path_use(1);
@@ -291,8 +360,8 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
                              worst_scaled_difference(dinp[0], dinp[1], s_dinp, n_in)),
                         fmax(worst_scaled_difference(dw[0], dw[1], s_dw, n_w),
                              worst_scaled_difference(db[0], db[1], s_db, OC)));
-    real *all[] = { x, w, b, dout, dinp0, dw0, db0, out[0], out[1], dinp[0], dinp[1], dw[0], dw[1], db[0], db[1],
-                    ax, aw, ab, adout, s_out, s_dinp, s_dw, s_db };
+    real *all[] = { x, w, b, dout, dinp0, dw0, db0, out[0], out[1], dinp[0], dinp[1], dw[0], dw[1],
+                    db[0], db[1], ax, aw, ab, adout, s_out, s_dinp, s_dw, s_db };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     return worst;
 }
@@ -306,24 +375,27 @@ static double linear_fast_against_plain(int N, int IC, int OC, int with_bias, in
 // Part II's products: a tile's rows and columns, a depth block and a width block.
 static void test_fast_linear(void) {
     int shapes[][3] = {   // N (rows), IC (in), OC (out)
-        { 1152, 64, 192 }, { 1152, 64, 64 }, { 1152, 64, 128 }, { 1152, 64, 256 }, { 1152, 256, 64 },
-        { 1152, 64, 14 }, { 1024, 128, 384 }, { 1024, 128, 512 }, { 1024, 512, 128 }, { 1024, 128, 1000 },
+        { 1152, 64, 192 }, { 1152, 64, 64 }, { 1152, 64, 128 }, { 1152, 64, 256 },
+        { 1152, 256, 64 }, { 1152, 64, 14 },
+        { 1024, 128, 384 }, { 1024, 128, 512 }, { 1024, 512, 128 }, { 1024, 128, 1000 },
         { 1, 128, 384 }, { 4, 128, 1000 }, { 8, 64, 256 }, { 96, 64, 14 },
         { 512, 512, 2048 }, { 512, 2048, 512 }, { 64, 512, 8000 }, { 8, 512, 1536 },
         { TILE_ROWS + 1, DEPTH_BLOCK + 1, WIDTH_BLOCK + TILE_COLS + 1 }, { TILE_COLS, 129, 16 },
         { TILE_COLS + 1, 7, 17 }, { 3, 300, 530 }, { 97, 1, 33 }, { 2 * TILE_ROWS + 1, 40, 1 },
         { TILE_COLS, 128, 384 }, { 20, 64, 100 },
     };
-    Rng rng; rng_seed(&rng, 31);
+    Rng rng;
+    rng_seed(&rng, 31);
     double worst = 0;
     int count = (int)(sizeof shapes / sizeof *shapes);
     for (int s = 0; s < count; s++)
-        worst = fmax(worst, linear_fast_against_plain(shapes[s][0], shapes[s][1], shapes[s][2], s % 4 != 3, s % 5 != 4,
-                                                      &rng));
-    check(worst < FAST_TOLERANCE, "Part II: linear_forward_fast and linear_backward_fast (out, dinp, dW, dbias; "
-          "without a bias, or dinp, in some) of %d shapes (tiny, toy, base, decoding, every tile and block edge) "
-          "agree with Part I's loops: worst %.2g of "
-          "the sum of |terms| (tolerance %.0e)", count, worst, FAST_TOLERANCE);
+        worst = fmax(worst, linear_fast_against_plain(shapes[s][0], shapes[s][1], shapes[s][2],
+                                                      s % 4 != 3, s % 5 != 4, &rng));
+    check(worst < FAST_TOLERANCE,
+          "Part II: linear_forward_fast and linear_backward_fast (out, dinp, dW, dbias; without a "
+          "bias, or dinp, in some) of %d shapes (tiny, toy, base, decoding, every tile and block "
+          "edge) agree with Part I's loops: worst %.2g of the sum of |terms| (tolerance %.0e)",
+          count, worst, FAST_TOLERANCE);
 }
 
 // One attention call, forward and backward: Part II's functions (called
@@ -333,12 +405,14 @@ static void test_fast_linear(void) {
 // layout of self-attention, or the encoder-decoder attention's q (B,T,C) and
 // kv (B,S,2C). Returns the worst relative difference (relative_difference)
 // over out, att, dq, dk and dv.
-static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH, int self, int causal,
-                                           const int *key_len, Rng *rng) {
+static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH, int self,
+                                           int causal, const int *key_len, Rng *rng) {
     int q_stride = self ? 3 * C : C, kv_stride = self ? 3 * C : 2 * C;
-    size_t n_q = (size_t)B * Tq * q_stride, n_kv = (size_t)B * Tk * kv_stride, n_out = (size_t)B * Tq * C;
+    size_t n_q = (size_t)B * Tq * q_stride, n_kv = (size_t)B * Tk * kv_stride,
+           n_out = (size_t)B * Tq * C;
     size_t n_att = (size_t)B * NH * Tq * Tk;
-    real *q = random_reals(n_q, rng), *kv = self ? q : random_reals(n_kv, rng), *dout = random_reals(n_out, rng);
+    real *q = random_reals(n_q, rng), *kv = self ? q : random_reals(n_kv, rng),
+         *dout = random_reals(n_out, rng);
     const real *k = self ? q + C : kv, *v = self ? q + 2 * C : kv + C;
     real *out[2], *att[2], *dq[2], *dkv[2];
     for (int plain = 0; plain < 2; plain++) {
@@ -346,7 +420,8 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
         att[plain] = checked_calloc(n_att, sizeof(real), "test");
         dq[plain] = checked_calloc(n_q, sizeof(real), "test");
         dkv[plain] = self ? dq[plain] : checked_calloc(n_kv, sizeof(real), "test");
-        real *dk = self ? dq[plain] + C : dkv[plain], *dv = self ? dq[plain] + 2 * C : dkv[plain] + C;
+        real *dk = self ? dq[plain] + C : dkv[plain],
+             *dv = self ? dq[plain] + 2 * C : dkv[plain] + C;
         fast_path_use(0);
         AttentionShape shape = { B, Tq, Tk, C, NH, q_stride, kv_stride };
         if (plain) {
@@ -358,11 +433,24 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
         }
     }
     fast_path_use(1);
-    double worst = fmax(relative_difference(out[0], out[1], n_out), relative_difference(att[0], att[1], n_att));
+    double worst = fmax(relative_difference(out[0], out[1], n_out),
+                        relative_difference(att[0], att[1], n_att));
     worst = fmax(worst, relative_difference(dq[0], dq[1], n_q));   // dq, and dk and dv when fused
-    if (!self) worst = fmax(worst, relative_difference(dkv[0], dkv[1], n_kv));
-    free(q); free(dout); free(out[0]); free(out[1]); free(att[0]); free(att[1]); free(dq[0]); free(dq[1]);
-    if (!self) { free(kv); free(dkv[0]); free(dkv[1]); }
+    if (!self)
+        worst = fmax(worst, relative_difference(dkv[0], dkv[1], n_kv));
+    free(q);
+    free(dout);
+    free(out[0]);
+    free(out[1]);
+    free(att[0]);
+    free(att[1]);
+    free(dq[0]);
+    free(dq[1]);
+    if (!self) {
+        free(kv);
+        free(dkv[0]);
+        free(dkv[1]);
+    }
     return worst;
 }
 
@@ -373,15 +461,21 @@ static double attention_fast_against_plain(int B, int Tq, int Tk, int C, int NH,
 // one head and several, head sizes of 8 to 64 (toy's 32 and base's 64 among
 // them) and key counts on either side of a tile's width.
 static void test_fast_attention(void) {
-    Rng rng; rng_seed(&rng, 32);
+    Rng rng;
+    rng_seed(&rng, 32);
     int lengths[4] = { 13, 5, 1, 9 }, wide[3] = { TILE_COLS + 3, 2, TILE_COLS }, one[2] = { 9, 4 };
     int toy[3] = { 32, 17, 1 }, base[2] = { 64, 41 };
     double worst = 0;
-    worst = fmax(worst, attention_fast_against_plain(4, 13, 13, 32, 2, 1, 0, lengths, &rng));   // encoder
-    worst = fmax(worst, attention_fast_against_plain(4, 13, 13, 32, 2, 1, 1, lengths, &rng));   // decoder
-    worst = fmax(worst, attention_fast_against_plain(3, 9, TILE_COLS + 3, 24, 3, 0, 0, wide, &rng)); // cross
-    worst = fmax(worst, attention_fast_against_plain(3, TILE_COLS + 3, TILE_COLS + 3, 16, 1, 1, 1, wide, &rng));
-    worst = fmax(worst, attention_fast_against_plain(2, 1, 9, 32, 4, 0, 0, one, &rng));        // one query
+    worst = fmax(worst,
+                 attention_fast_against_plain(4, 13, 13, 32, 2, 1, 0, lengths, &rng));   // encoder
+    worst = fmax(worst,
+                 attention_fast_against_plain(4, 13, 13, 32, 2, 1, 1, lengths, &rng));   // decoder
+    worst = fmax(worst, attention_fast_against_plain(3, 9, TILE_COLS + 3, 24, 3, 0, 0, wide,
+                                                     &rng));   // cross
+    worst = fmax(worst, attention_fast_against_plain(3, TILE_COLS + 3, TILE_COLS + 3, 16, 1, 1, 1,
+                                                     wide, &rng));
+    worst = fmax(worst,
+                 attention_fast_against_plain(2, 1, 9, 32, 4, 0, 0, one, &rng));   // one query
     // one query with the head groups of attention_one_query_fast: toy's, base's, tiny's head sizes,
     // a head wider than a group, a group of 3 vectors, and a causal self-attention (one key)
     int one_toy[3] = { 32, 7, 1 };
@@ -393,14 +487,17 @@ static void test_fast_attention(void) {
     worst = fmax(worst, attention_fast_against_plain(3, 1, 32, 96, 3, 0, 0, one_toy, &rng));
     int one_key[3] = { 1, 1, 1 };
     worst = fmax(worst, attention_fast_against_plain(3, 1, 1, 128, 4, 1, 1, one_key, &rng));
-    worst = fmax(worst, attention_fast_against_plain(3, 32, 32, 128, 4, 1, 1, toy, &rng));     // toy's sizes
+    worst = fmax(worst,
+                 attention_fast_against_plain(3, 32, 32, 128, 4, 1, 1, toy, &rng));   // toy's sizes
     worst = fmax(worst, attention_fast_against_plain(3, 20, 32, 128, 4, 0, 0, toy, &rng));
-    worst = fmax(worst, attention_fast_against_plain(2, 64, 64, 512, 8, 1, 1, base, &rng));    // base's
+    worst = fmax(worst,
+                 attention_fast_against_plain(2, 64, 64, 512, 8, 1, 1, base, &rng));   // base's
     worst = fmax(worst, attention_fast_against_plain(2, 64, 64, 512, 8, 0, 0, base, &rng));
-    check(worst < FAST_STEP_TOLERANCE, "Part II: attention_forward_fast and attention_backward_fast (out, "
-          "probabilities, dq, dk, dv) with padding and causal masks, fused and separate q, k, v, head sizes 8 to 64, "
-          "agree with Part I's loops: worst %.2g of each tensor's largest (tolerance %.0e)", worst,
-          FAST_STEP_TOLERANCE);
+    check(worst < FAST_STEP_TOLERANCE,
+          "Part II: attention_forward_fast and attention_backward_fast (out, probabilities, dq, "
+          "dk, dv) with padding and causal masks, fused and separate q, k, v, head sizes 8 to 64, "
+          "agree with Part I's loops: worst %.2g of each tensor's largest (tolerance %.0e)",
+          worst, FAST_STEP_TOLERANCE);
 }
 
 // The default build's calls reach Part II: with fast_path_use(1),
@@ -412,7 +509,8 @@ static void test_fast_attention(void) {
 // vectorises or fuses Part II's sums; a build without either (the sanitizer's
 // -O1) can give Part I's bits exactly, and then only the product can tell.
 static void test_fast_dispatch(void) {
-    Rng rng; rng_seed(&rng, 35);
+    Rng rng;
+    rng_seed(&rng, 35);
     int N = 97, IC = 300, OC = 530, B = 2, T = 40, C = 64, NH = 2, len[2] = { 40, 23 };
     real *x = random_reals((size_t)N * IC, &rng), *w = random_reals((size_t)OC * IC, &rng);
     real *out[3], *att[3], *heads[3], *qkv = random_reals((size_t)B * T * 3 * C, &rng);
@@ -434,17 +532,25 @@ static void test_fast_dispatch(void) {
     size_t n_out = (size_t)N * OC * sizeof(real), n_heads = (size_t)B * T * C * sizeof(real);
     check(memcmp(out[0], out[1], n_out) == 0 && memcmp(heads[0], heads[1], n_heads) == 0 &&
           memcmp(out[1], out[2], n_out) != 0,
-          "Part II: a default build's linear_forward and attention_forward run Part II (its bits; the product's not Part I's)");
+          "Part II: a default build's linear_forward and attention_forward run Part II (its bits; "
+          "the product's not Part I's)");
     if (memcmp(heads[1], heads[2], n_heads) == 0)
         printf("     (this build's Part II attention gives Part I's exact bits)\n");
-    for (int way = 0; way < 3; way++) { free(out[way]); free(att[way]); free(heads[way]); }
-    free(x); free(w); free(qkv);
+    for (int way = 0; way < 3; way++) {
+        free(out[way]);
+        free(att[way]);
+        free(heads[way]);
+    }
+    free(x);
+    free(w);
+    free(qkv);
 }
 
 // The weights decoding has packed (entries of decoding_weights that stand for one).
 static int decoding_weights_packed(void) {
     int packed = 0;
-    for (int i = 0; i < decoding_weights.count; i++) packed += decoding_weights.packed[i].weight != NULL;
+    for (int i = 0; i < decoding_weights.count; i++)
+        packed += decoding_weights.packed[i].weight != NULL;
     return packed;
 }
 
@@ -458,9 +564,10 @@ static int decoding_weights_packed(void) {
 // a weight changed in the same memory between two decodings is packed anew,
 // into the same memory.
 static void test_decoding_weights(void) {
-    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 }, { DECODING_ROWS, 128, 1000 },
-                        { 3, 5, 7 }, { 2, 9, 20 } };   // N, IC, OC
-    Rng rng; rng_seed(&rng, 14);
+    int shapes[][3] = { { 1, 64, 100 }, { 4, 200, 70 }, { 7, 300, 33 }, { 8, 512, 96 },
+                        { DECODING_ROWS, 128, 1000 }, { 3, 5, 7 }, { 2, 9, 20 } };   // N, IC, OC
+    Rng rng;
+    rng_seed(&rng, 14);
     int identical = 1, packed_once = 1, forgotten = 1, memory_kept = 1, cases = 0;
 #ifdef _OPENMP
     int threads_before = omp_get_max_threads();
@@ -471,12 +578,13 @@ static void test_decoding_weights(void) {
         size_t n_out = (size_t)N * OC;
         real *x = random_reals((size_t)N * IC, &rng), *w = random_reals((size_t)OC * IC, &rng);
         real *b = random_reals(OC, &rng), *bias = with_bias ? b : NULL;
-        real *plain = checked_calloc(n_out, sizeof(real), "test"), *packed = checked_calloc(n_out, sizeof(real), "test");
+        real *plain = checked_calloc(n_out, sizeof(real), "test"),
+             *packed = checked_calloc(n_out, sizeof(real), "test");
         for (int changed = 0; changed < 2; changed++) {
             if (changed)   // the same memory, another weight
                 for (size_t k = 0; k < (size_t)OC * IC; k++) w[k] = -w[k] / 2;
-            matmul_assign(plain, (size_t)OC, (MatrixView){ x, (size_t)IC, 1 }, (MatrixView){ w, 1, (size_t)IC }, bias,
-                          N, OC, IC);
+            matmul_assign(plain, (size_t)OC, (MatrixView){ x, (size_t)IC, 1 },
+                          (MatrixView){ w, 1, (size_t)IC }, bias, N, OC, IC);
             int entries_before = decoding_weights.count;
             fast_path_decoding(1);
             for (int call = 0; call < 3; call++) {   // packed, then read twice
@@ -490,17 +598,23 @@ static void test_decoding_weights(void) {
             }
             fast_path_decoding(0);
             forgotten &= decoding_weights_packed() == 0 && decoding_weights.decodings == 0;
-            if (changed) memory_kept &= decoding_weights.count == entries_before;
+            if (changed)
+                memory_kept &= decoding_weights.count == entries_before;
         }
         cases++;
-        free(x); free(w); free(b); free(plain); free(packed);
+        free(x);
+        free(w);
+        free(b);
+        free(plain);
+        free(packed);
     }
 #ifdef _OPENMP
     omp_set_num_threads(threads_before);
 #endif
-    check(identical && packed_once && forgotten && memory_kept, "decoding: products of few rows from a weight packed "
-          "once give matmul's bits (%d shapes and biases, 1-3 threads; a weight changed between decodings too), "
-          "the pack forgotten when decoding ends and its memory used again", cases);
+    check(identical && packed_once && forgotten && memory_kept,
+          "decoding: products of few rows from a weight packed once give matmul's bits (%d shapes "
+          "and biases, 1-3 threads; a weight changed between decodings too), the pack forgotten "
+          "when decoding ends and its memory used again", cases);
 }
 
 // cached_decoder_begin and _end tell the products that decoding begins and
@@ -535,10 +649,11 @@ static void test_decoding_hook(void) {
     decoder_end(&decoder);
     switched &= decoding_weights.decodings == 0;
     fast_path_use(1);
-    check(began && at_first == expected && at_second == expected && ended && switched, "decoding: cached_decoder_begin "
-          "and _end tell the products (decoding %s; weights packed: %d at the first position, %d at the second, %d "
-          "expected; %s after; %s by fast_path_use)", began ? "began" : "did not begin", at_first, at_second,
-          expected, ended ? "none" : "some", switched ? "all forgotten" : "not forgotten");
+    check(began && at_first == expected && at_second == expected && ended && switched,
+          "decoding: cached_decoder_begin and _end tell the products (decoding %s; weights packed: "
+          "%d at the first position, %d at the second, %d expected; %s after; %s by fast_path_use)",
+          began ? "began" : "did not begin", at_first, at_second, expected, ended ? "none" : "some",
+          switched ? "all forgotten" : "not forgotten");
     transformer_free(&model);
 }
 
@@ -552,7 +667,8 @@ static void test_key_value_cache(void) {
     Transformer untrained;
     transformer_build(&untrained, &config, 16);
     Transformer *models[2] = { trained_copy_model(), &untrained };
-    Rng rng; rng_seed(&rng, 36);
+    Rng rng;
+    rng_seed(&rng, 36);
     int B = 5, S = 7, same_greedy = 1, same_beam = 1, same_logits = 1, ended = 0;
     for (int k = 0; k < 2; k++) {
         Transformer *m = models[k];
@@ -563,7 +679,9 @@ static void test_key_value_cache(void) {
         }
         int fed[6][5];   // the decoder's inputs at 6 positions: <s>, then random words
         for (int t = 0; t < 6; t++)
-            for (int b = 0; b < B; b++) fed[t][b] = t == 0 ? TOKEN_BOS : NUM_SPECIAL_TOKENS + rng_below(&rng, V - NUM_SPECIAL_TOKENS);
+            for (int b = 0; b < B; b++)
+                fed[t][b] = t == 0 ? TOKEN_BOS
+                                   : NUM_SPECIAL_TOKENS + rng_below(&rng, V - NUM_SPECIAL_TOKENS);
         int out[2][5 * 20], out_len[2][5], beam[2][5][20], beam_len[2][5];
         double score[2][5];
         real *logits[2];
@@ -578,15 +696,16 @@ static void test_key_value_cache(void) {
             m->training = 0;
             transformer_greedy_decode(m, out[cached], out_len[cached], 20, src, src_len, B, S);
             for (int b = 0; b < B; b++)
-                beam_len[cached][b] = transformer_beam_search(m, beam[cached][b], &score[cached][b], src + b * S,
-                                                              src_len[b], 4, 0.6);
+                beam_len[cached][b] = transformer_beam_search(m, beam[cached][b], &score[cached][b],
+                                                              src + b * S, src_len[b], 4, 0.6);
             // one decoder's logits at each of 6 positions, for B rows fed random words
             Decoder decoder;
             decoder_begin(&decoder, m, src, src_len, B, S, B, 6);
             logits[cached] = checked_calloc((size_t)6 * B * V, sizeof(real), "test");
             for (int t = 0; t < 6; t++) {
                 decoder_step(&decoder, m, fed[t], t, B);
-                memcpy(logits[cached] + (size_t)t * B * V, decoder.logits, (size_t)B * V * sizeof(real));
+                memcpy(logits[cached] + (size_t)t * B * V, decoder.logits,
+                       (size_t)B * V * sizeof(real));
             }
             decoder_end(&decoder);
         }
@@ -594,17 +713,22 @@ static void test_key_value_cache(void) {
         same_logits &= memcmp(logits[0], logits[1], (size_t)6 * B * V * sizeof(real)) == 0;
         for (int b = 0; b < B; b++) {
             same_greedy &= out_len[0][b] == out_len[1][b] &&
-                           memcmp(out[0] + b * 20, out[1] + b * 20, out_len[0][b] * sizeof(int)) == 0;
+                           memcmp(out[0] + b * 20, out[1] + b * 20,
+                                  out_len[0][b] * sizeof(int)) == 0;
             same_beam &= beam_len[0][b] == beam_len[1][b] && score[0][b] == score[1][b] &&
                          memcmp(beam[0][b], beam[1][b], beam_len[0][b] * sizeof(int)) == 0;
             ended += k == 0 && out_len[0][b] < transformer_decode_limit(m, src_len[b]);
         }
-        free(logits[0]); free(logits[1]);
+        free(logits[0]);
+        free(logits[1]);
     }
-    check(same_logits, "decoding: the key/value cache gives transformer.c's decoder's logits bit for bit "
+    check(same_logits,
+          "decoding: the key/value cache gives transformer.c's decoder's logits bit for bit "
           "(%d rows, 6 positions, 2 models)", B);
-    check(same_greedy && same_beam && ended == B, "decoding: with the key/value cache, greedy (%d sentences side by "
-          "side, %d of the trained model's ended by </s>) and beam 4 give transformer.c's outputs and scores", B, ended);
+    check(same_greedy && same_beam && ended == B,
+          "decoding: with the key/value cache, greedy (%d sentences side by side, %d of the "
+          "trained model's ended by </s>) and beam 4 give transformer.c's outputs and scores",
+          B, ended);
     transformer_free(&untrained);
 }
 
@@ -614,10 +738,15 @@ static void test_key_value_cache(void) {
 // code in both builds.)
 static void test_fast_training_step(void) {
     TransformerConfig config = small_config();
-    config.d_model = 40; config.n_heads = 5; config.d_ff = 72; config.vocab_size = 23;
-    config.max_len = 24; config.n_layers = 2;
+    config.d_model = 40;
+    config.n_heads = 5;
+    config.d_ff = 72;
+    config.vocab_size = 23;
+    config.max_len = 24;
+    config.n_layers = 2;
     int src_len[3] = { 17, 9, 4 }, tgt_len[3] = { 5, 19, 12 };
-    Rng rng; rng_seed(&rng, 33);
+    Rng rng;
+    rng_seed(&rng, 33);
     static TestBatch tb;
     make_test_batch(&tb, 3, 17, 19, src_len, tgt_len, config.vocab_size, &rng);
     Transformer m[2];
@@ -631,7 +760,8 @@ static void test_fast_training_step(void) {
         transformer_backward(&m[plain], &tb.batch);
     }
     fast_path_use(1);
-    double logits = relative_difference(m[0].acts.logits, m[1].acts.logits, (size_t)3 * 19 * config.vocab_size);
+    double logits = relative_difference(m[0].acts.logits, m[1].acts.logits,
+                                        (size_t)3 * 19 * config.vocab_size);
     double worst_grad = 0;
     const char *worst_name = "";
     real **grads[2][NUM_PARAMETER_TENSORS];
@@ -639,16 +769,22 @@ static void test_fast_training_step(void) {
     parameter_pointers(grads[1], &m[1].grads);
     int compared = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-        if (m[0].param_sizes[t] == 0) continue;   // position_embedding, with sinusoids
+        if (m[0].param_sizes[t] == 0)
+            continue;   // position_embedding, with sinusoids
         double d = relative_difference(*grads[0][t], *grads[1][t], m[0].param_sizes[t]);
-        if (d > worst_grad) { worst_grad = d; worst_name = parameter_names[t]; }
+        if (d > worst_grad) {
+            worst_grad = d;
+            worst_name = parameter_names[t];
+        }
         compared++;
     }
     check(fabs((double)loss[0] - loss[1]) <= FAST_STEP_TOLERANCE * fabs((double)loss[1]) &&
           logits < FAST_STEP_TOLERANCE && worst_grad < FAST_STEP_TOLERANCE,
-          "Part II: a training step (2 layers, d_model 40, 5 heads, ragged batch, dropout on) gives Part I's "
-          "loss (%.9g, %.9g), logits (%.1e) and all %d gradients (worst %.1e, %s; tolerance %.0e)",
-          (double)loss[0], (double)loss[1], logits, compared, worst_grad, worst_name, FAST_STEP_TOLERANCE);
+          "Part II: a training step (2 layers, d_model 40, 5 heads, ragged batch, dropout on) "
+          "gives Part I's loss (%.9g, %.9g), logits (%.1e) and all %d gradients (worst %.1e, %s; "
+          "tolerance %.0e)",
+          (double)loss[0], (double)loss[1], logits, compared, worst_grad, worst_name,
+          FAST_STEP_TOLERANCE);
     transformer_free(&m[0]);
     transformer_free(&m[1]);
 }
@@ -688,7 +824,8 @@ static void capture_begin(void) {
 static void capture_end(char *printed, size_t size) {
     fflush(stderr);
     dup2(saved_stderr, 2);
-    close(captured_fd); close(saved_stderr);
+    close(captured_fd);
+    close(saved_stderr);
     char *text = read_text_file(captured_path);
     snprintf(printed, size, "%s", text ? text : "");
     free(text);
@@ -700,7 +837,8 @@ static int one_error_line(const char *printed, const char *start) {
     return strncmp(printed, start, strlen(start)) == 0 && count_occurrences(printed, "\n") == 1;
 }
 
-static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed, size_t size) {
+static int loss_curve_capturing_stderr(const char *svg_path, const char *csv_path, char *printed,
+                                       size_t size) {
     capture_begin();
     int status = svg_write_loss_curve(svg_path, csv_path, "test");
     capture_end(printed, size);
@@ -716,30 +854,37 @@ static void test_svg_heatmap(void) {
     char *svg = read_text_file(path);
     check(status == 0 && svg != NULL, "SVG heatmap: written");
     if (svg) {
-        check(count_occurrences(svg, "<rect") == 6 + 3, "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
+        check(count_occurrences(svg, "<rect") == 6 + 3,
+              "SVG heatmap: %d <rect> (6 cells, background, frame, colour bar)",
               count_occurrences(svg, "<rect"));
-        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") && strstr(svg, ">&quot;q&quot;<") &&
-              strstr(svg, ">it&apos;s<") && strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
+        check(strstr(svg, ">&lt;s&gt;<") && strstr(svg, ">a&amp;b<") &&
+              strstr(svg, ">&quot;q&quot;<") && strstr(svg, ">it&apos;s<") &&
+              strstr(svg, "tokens &lt;s&gt; &amp; &lt;/s&gt;") && !strstr(svg, "<s>"),
               "SVG heatmap: labels and title escaped for XML (&lt;s&gt;, a&amp;b, &quot;q&quot;)");
-        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") && strstr(svg, ">0</text>") &&
-              strstr(svg, ">1</text>") && strstr(svg, ">0.5</text>"),
+        check(strstr(svg, "linearGradient") && strstr(svg, "url(#colour-scale-sequential)") &&
+              strstr(svg, ">0</text>") && strstr(svg, ">1</text>") &&
+              strstr(svg, ">0.5</text>"),
               "SVG heatmap: colour scale with its min 0, middle 0.5 and max 1");
         // value 1 is the darkest blue, 0 white; each cell's tooltip names its row and column
         check(strstr(svg, "fill=\"#08306b\"><title>&lt;s&gt; | it&apos;s: 1</title>") &&
               strstr(svg, "fill=\"#ffffff\"><title>&lt;s&gt; | x: 0</title>"),
-              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | column tooltips");
-        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") && count_occurrences(svg, "<text") ==
-              count_occurrences(svg, "</text>"), "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
+              "SVG heatmap: cell colours from the scale (1 darkest blue, 0 white) with row | "
+              "column tooltips");
+        check(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>\n") &&
+              count_occurrences(svg, "<text") == count_occurrences(svg, "</text>"),
+              "SVG heatmap: XML declaration, closed <svg>, every <text> closed");
     }
     free(svg);
     remove(path);
     // UTF-8 passes through; bytes that are not UTF-8 (a lone 0xFF, the overlong
     // 0xC0 0xAF, a surrogate 0xED 0xA0 0x80) and control characters become '?'
-    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" }, *utf8_cols[3] = { "x\x01", "y", "z" };
+    const char *utf8_rows[2] = { "zw\xc3\xb6lf \xe2\x86\x92", "a\xff" "b\xc0\xaf" "c\xed\xa0\x80" },
+               *utf8_cols[3] = { "x\x01", "y", "z" };
     status = svg_write_heatmap(path, values, 2, 3, utf8_rows, utf8_cols, NULL, 0, 1);
     svg = read_text_file(path);
-    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") && strstr(svg, ">a?b?" "?c?" "?" "?</text>") &&
-          strstr(svg, ">x?</text>"), "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
+    check(status == 0 && svg && strstr(svg, ">zw\xc3\xb6lf \xe2\x86\x92</text>") &&
+          strstr(svg, ">a?b?" "?c?" "?" "?</text>") && strstr(svg, ">x?</text>"),
+          "SVG heatmap: UTF-8 labels kept, invalid bytes and control characters written as '?'");
     free(svg);
     remove(path);
     // bad input: one line naming the file, status 1
@@ -748,18 +893,21 @@ static void test_svg_heatmap(void) {
     capture_begin();
     status = svg_write_heatmap(path, values, 0, 3, NULL, NULL, "x", 0, 1);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG heatmap: a 0 x 3 matrix is refused: %.*s",
-          (int)strcspn(printed, "\n"), printed);
+    check(status == 1 && one_error_line(printed, start),
+          "SVG heatmap: a 0 x 3 matrix is refused: %.*s", (int)strcspn(printed, "\n"), printed);
     capture_begin();
     status = svg_write_heatmap(path, values, 2, 3, NULL, NULL, "x", 1, 1);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG heatmap: an empty scale 1..1 is refused: %.*s",
+    check(status == 1 && one_error_line(printed, start),
+          "SVG heatmap: an empty scale 1..1 is refused: %.*s",
           (int)strcspn(printed, "\n"), printed);
     capture_begin();
     status = svg_write_heatmap("/nonexistent-directory/x.svg", values, 2, 3, NULL, NULL, "x", 0, 1);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
-          "SVG heatmap: an unwritable path is reported: %.*s", (int)strcspn(printed, "\n"), printed);
+    check(status == 1 &&
+          one_error_line(printed, "error: cannot write /nonexistent-directory/x.svg: "),
+          "SVG heatmap: an unwritable path is reported: %.*s",
+          (int)strcspn(printed, "\n"), printed);
 }
 
 static void test_svg_positional_encoding(void) {
@@ -769,10 +917,12 @@ static void test_svg_positional_encoding(void) {
     char *svg = read_text_file(path);
     check(status == 0 && svg != NULL, "SVG positional encoding: written");
     if (svg) {
-        check(count_occurrences(svg, "<rect") == 20 * 16 + 3, "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
+        check(count_occurrences(svg, "<rect") == 20 * 16 + 3,
+              "SVG positional encoding: %d <rect> (20 x 16 cells + 3)",
               count_occurrences(svg, "<rect"));
         // PE(0, 0) = sin 0 = 0: the white middle of the scale; PE(0, 1) = cos 0 = 1: darkest red
-        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") && strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
+        check(strstr(svg, "fill=\"#f7f7f7\"><title>0 | 0: 0</title>") &&
+              strstr(svg, "fill=\"#67001f\"><title>0 | 1: 1</title>"),
               "SVG positional encoding: PE(0,0) = 0 white, PE(0,1) = 1 darkest red");
         check(strstr(svg, ">-1</text>") && strstr(svg, ">1</text>") && strstr(svg, "PE(pos, i)"),
               "SVG positional encoding: colour scale -1..1 shown");
@@ -784,7 +934,8 @@ static void test_svg_positional_encoding(void) {
     capture_begin();
     status = svg_write_positional_encoding(path, 0, 16);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG positional encoding: max_len 0 is refused: %.*s",
+    check(status == 1 && one_error_line(printed, start),
+          "SVG positional encoding: max_len 0 is refused: %.*s",
           (int)strcspn(printed, "\n"), printed);
 }
 
@@ -793,7 +944,8 @@ static void test_svg_attention(void) {
     Transformer m;
     transformer_build(&m, &config, 4);
     int src_len[2] = { 5, 4 }, tgt_len[2] = { 4, 6 };
-    Rng rng; rng_seed(&rng, 8);
+    Rng rng;
+    rng_seed(&rng, 8);
     static TestBatch tb;
     make_test_batch(&tb, 2, 5, 6, src_len, tgt_len, config.vocab_size, &rng);
     m.training = 0;
@@ -809,7 +961,8 @@ static void test_svg_attention(void) {
         svg_test_path(path, sizeof path, name);
         int status = svg_write_attention(path, &m, (AttentionKind)kind, 1, source, 4, target, 5);
         char *svg = read_text_file(path);
-        check(status == 0 && svg && count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
+        check(status == 0 && svg &&
+              count_occurrences(svg, "<rect") == L * NH * (cells[kind] + 1) + 2,
               "SVG attention %s: %d heads x %d cells", kinds[kind], L * NH, cells[kind]);
         if (svg && kind == ATTENTION_CROSS) {
             // layer 2, head 2 of sentence 1, query 2 (it predicts "zwei"), key 3 ("two"):
@@ -818,13 +971,16 @@ static void test_svg_attention(void) {
             double p = m.acts.dec[1].cross_attn.att[((((size_t)1) * NH + 1) * T + 2) * S + 3];
             char expected[96];
             snprintf(expected, sizeof expected, "<title>zwei | two: %.4g</title>", p);
-            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") && strstr(svg, "&lt;unk&gt;"),
-                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its probability %.4g", p);
+            check(strstr(svg, expected) != NULL && strstr(svg, "layer 2, head 2") &&
+                  strstr(svg, "&lt;unk&gt;"),
+                  "SVG attention cross: cell (layer 2, head 2, 'zwei', 'two') shows its "
+                  "probability %.4g", p);
         }
         if (svg && kind == ATTENTION_DECODER) {
             check(strstr(svg, ">&lt;s&gt;</text>") && strstr(svg, ">&lt;/s&gt;</text>") &&
                   strstr(svg, "<title>drei | &lt;s&gt;: 1</title>"),
-                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees only <s>");
+                  "SVG attention decoder: rows predict y1..</s>, columns read <s>..y5; 'drei' sees "
+                  "only <s>");
         }
         free(svg);
         remove(path);
@@ -836,17 +992,22 @@ static void test_svg_attention(void) {
     capture_begin();
     int status = svg_write_attention(path, &m, ATTENTION_CROSS, 2, source, 4, target, 5);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG attention: sentence 2 of a batch of 2 is refused");
+    check(status == 1 && one_error_line(printed, start),
+          "SVG attention: sentence 2 of a batch of 2 is refused");
     capture_begin();
     status = svg_write_attention(path, &m, ATTENTION_CROSS, 1, source, 4, target, 6);
     capture_end(printed, sizeof printed);
-    check(status == 1 && one_error_line(printed, start), "SVG attention: 6+1 target positions of 6 are refused");
+    check(status == 1 && one_error_line(printed, start),
+          "SVG attention: 6+1 target positions of 6 are refused");
     transformer_free(&m);
 }
 
 static void write_text_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
-    if (f) { fputs(text, f); fclose(f); }
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
 }
 
 // Are all numbers in the SVG's attributes (coordinates, sizes, points) finite
@@ -858,10 +1019,13 @@ static int svg_numbers_in_picture(const char *svg) {
         while (*p && *p != '"') {
             char *end;
             double v = strtod(p, &end);
-            if (end == p) break; // not a number: a colour, an anchor
-            if (!isfinite(v) || fabs(v) > 1e5) return 0;
+            if (end == p)
+                break;   // not a number: a colour, an anchor
+            if (!isfinite(v) || fabs(v) > 1e5)
+                return 0;
             p = end;
-            while (*p == ',' || *p == ' ') p++;
+            while (*p == ',' || *p == ' ')
+                p++;
         }
     }
     return 1;
@@ -873,12 +1037,13 @@ static int svg_numbers_in_picture(const char *svg) {
 // value beyond what a chart draws is refused with its line.
 static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) {
     static const char *drawn[] = {
-        "1,5,0,1,0x1p-1070\n",                                                 // a subnormal held-out score (make fuzz)
-        "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",                   // a span of one rounding step
-        "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",                                   // 600 decades on the log scale
-        "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",                         // values below a double's normal range
-        "0,-1e300,-1e300,-1e300,-1e300\n1e300,1e300,1e300,1e300,1e300\n",     // the widest drawable span
-        "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",                               // gaps
+        "1,5,0,1,0x1p-1070\n",   // a subnormal held-out score (make fuzz)
+        "1,1e299,0.1,1,\n2,1.0000000000000002e299,0.1,1,\n",   // a span of one rounding step
+        "1,1e-300,0.1,1,\n2,1e300,0.1,1,\n",   // 600 decades on the log scale
+        "1,4.9e-324,0.1,1,\n2,-1e-310,0.1,1,5e-324\n",   // values below a double's normal range
+        "0,-1e300,-1e300,-1e300,-1e300\n1e300,1e300,1e300,1e300,1e300\n",   // the widest
+                                                                            // drawable span
+        "1,inf,0.1,1,\n2,3,nan,1,\n3,2,0.1,1,\n",   // gaps
     };
     char printed[512];
     int good = 0, n = (int)(sizeof drawn / sizeof *drawn);
@@ -888,17 +1053,20 @@ static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) 
         char *svg = read_text_file(svg_path);
         int ok = status == 0 && svg && printed[0] == '\0' && svg_numbers_in_picture(svg) &&
                  count_occurrences(svg, "<polyline") >= 2;
-        if (!ok) printf("     log %d: exit %d, %s\n", k + 1, status, printed[0] ? printed : "a picture with numbers "
-                        "outside it");
+        if (!ok)
+            printf("     log %d: exit %d, %s\n", k + 1, status,
+                   printed[0] ? printed : "a picture with numbers outside it");
         good += ok;
         free(svg);
         remove(svg_path);
     }
-    check(good == n, "SVG loss curve: %d of %d logs with extreme values (a subnormal, a one-ulp span, 600 decades, "
-          "+-1e300, gaps) drawn with finite coordinates inside the picture", good, n);
+    check(good == n,
+          "SVG loss curve: %d of %d logs with extreme values (a subnormal, a one-ulp span, 600 "
+          "decades, +-1e300, gaps) drawn with finite coordinates inside the picture", good, n);
     struct { const char *text, *message; } refused[] = {
         { "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n",
-          ":1: loss '-1e308' is beyond what a chart draws; expected a number from -1e+300 to 1e+300" },
+          ":1: loss '-1e308' is beyond what a chart draws; expected a number from -1e+300 "
+          "to 1e+300" },
         { "1,2,0.1,1,\n2,2,1e999,1,\n", ":2: lr '1e999' is beyond what a chart draws" },
     };
     for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
@@ -907,8 +1075,8 @@ static void test_svg_loss_curve_extremes(const char *csv, const char *svg_path) 
         char expected[512];
         snprintf(expected, sizeof expected, "error: %s%s", csv, refused[k].message);
         check(status == 1 && one_error_line(printed, expected) && access(svg_path, F_OK) != 0,
-              "SVG loss curve: a value beyond +-1e300 is refused with its line: %.*s", (int)strcspn(printed, "\n"),
-              printed);
+              "SVG loss curve: a value beyond +-1e300 is refused with its line: %.*s",
+              (int)strcspn(printed, "\n"), printed);
         remove(svg_path);
     }
 }
@@ -919,14 +1087,17 @@ static void test_svg_loss_curve(void) {
     svg_test_path(svg_path, sizeof svg_path, "loss.svg");
     // a header, a comment, held-out scores on some lines only
     write_text_file(csv, "step,loss,lr,tokens_per_s,dev_exact\n# a comment\n"
-                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
+                         "1,3.5,0.0001,1000,\n10,2.0,0.001,1100,0.1\n"
+                         "20,0.5,0.002,1050,\n30,0.05,0.0015,1000,0.9\n");
     int status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
     char *svg = read_text_file(svg_path);
     check(status == 0 && svg && printed[0] == '\0', "SVG loss curve: written, nothing printed");
     if (svg) {
-        check(count_occurrences(svg, "<polyline") == 3 && strstr(svg, "training loss (log scale)") &&
-              strstr(svg, "held-out score") && strstr(svg, ">dev exact</text>") && count_occurrences(svg, "<circle") == 2,
-              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning rate");
+        check(count_occurrences(svg, "<polyline") == 3 &&
+              strstr(svg, "training loss (log scale)") && strstr(svg, "held-out score") &&
+              strstr(svg, ">dev exact</text>") && count_occurrences(svg, "<circle") == 2,
+              "SVG loss curve: loss (log scale: it falls 70x), 2 held-out points joined, learning "
+              "rate");
     }
     free(svg);
     remove(svg_path);
@@ -934,8 +1105,9 @@ static void test_svg_loss_curve(void) {
     write_text_file(csv, "1,3.5,0.0001,1000,\n2,3.4,0.0002,1000,\n");
     status = loss_curve_capturing_stderr(svg_path, csv, printed, sizeof printed);
     svg = read_text_file(svg_path);
-    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 && !strstr(svg, "held-out") &&
-          !strstr(svg, "log scale"), "SVG loss curve: no held-out scores, two panels, linear loss axis");
+    check(status == 0 && svg && count_occurrences(svg, "<polyline") == 2 &&
+          !strstr(svg, "held-out") && !strstr(svg, "log scale"),
+          "SVG loss curve: no held-out scores, two panels, linear loss axis");
     free(svg);
     remove(svg_path);
     // malformed logs: one line naming file and line, status 1, no picture
@@ -946,7 +1118,8 @@ static void test_svg_loss_curve(void) {
         { "1,2.5,0.001,1000,\n-5,2.5,0.001,1000,\n", ":2: step '-5' is not a step number (>= 0)" },
         { "1,2.5,0.001,1000,0.5x\n", ":1: held-out score '0.5x' is not a number" },
         { "1,2.5,0.001,1000,,\n", ":1: 6 comma-separated fields, expected 5" },
-        { "# only a comment\n", ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
+        { "# only a comment\n",
+          ": no data lines, expected lines of step,loss,lr,tokens_per_s,heldout" },
     };
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         write_text_file(csv, bad[k].text);
@@ -954,8 +1127,10 @@ static void test_svg_loss_curve(void) {
         snprintf(expected, sizeof expected, "error: %s%s", csv, bad[k].message);
         FILE *f = fopen(svg_path, "r");
         check(status == 1 && one_error_line(printed, expected) && !f,
-              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1, (int)strcspn(printed, "\n"), printed);
-        if (f) fclose(f);
+              "SVG loss curve: malformed log %zu gives one line: %.*s", k + 1,
+              (int)strcspn(printed, "\n"), printed);
+        if (f)
+            fclose(f);
         remove(svg_path);
     }
     test_svg_loss_curve_extremes(csv, svg_path);
@@ -974,8 +1149,9 @@ static void test_svg_loss_curve(void) {
 // ============================================================================
 
 // A tiny model on a copy task made small with the lab's flags
-#define TINY_RUN "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 " \
-                 "--batch-tokens 80 --warmup 5 --log-every 0 --eval-every 0 --show 0"
+#define TINY_RUN "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 " \
+                 "--max-length 6 --batch-tokens 80 --warmup 5 --log-every 0 --eval-every 0 " \
+                 "--show 0"
 
 // The header's counts that only --resume reads, out of their range (test_transformer.c's
 // checkpoint_count_cases, in a checkpoint after 3 steps in epoch 2): each refused with
@@ -995,41 +1171,55 @@ static void test_resume_counts(void) {
     unsigned char *good = saved ? NULL : read_file(good_path, &size);
     int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases);
     for (int i = 0; good && i < n; i++) {
-        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset, checkpoint_count_cases[i].value);
+        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset,
+                                    checkpoint_count_cases[i].value);
         e = checkpoint_load(bad, &loaded, &v, &read_back, NULL);
         if (!e) {
             e = training_state_error(bad, &loaded, &read_back);
-            transformer_free(&loaded); vocab_free(&v);
+            transformer_free(&loaded);
+            vocab_free(&v);
         }
         check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, checkpoint_count_cases[i].expected),
               "--resume: %s is refused (%s)", checkpoint_count_cases[i].what, e ? e : "accepted");
     }
-    check(good != NULL, "--resume: a checkpoint to forge the counts of was written (%s)", saved ? saved : "yes");
+    check(good != NULL, "--resume: a checkpoint to forge the counts of was written (%s)",
+          saved ? saved : "yes");
     free(good);
-    transformer_free(&model); vocab_free(&vocab);
+    transformer_free(&model);
+    vocab_free(&vocab);
 }
 
 // train's flags that the lab adds: --positions, --resume and its checks,
 // --loss-log (the same seed's losses with any thread count), --save-every; params.
 static void test_lab_command_line(void) {
     const char *tsv = test_path("cli.tsv");
-    check_cli_error("a training line longer than --positions allows", "cli.tsv:2: the source has 3 tokens; the model's "
-                    "maximum length 3 allows 2", "train --train %s --positions 3 --steps 1 --checkpoint %s", tsv,
+    check_cli_error("a training line longer than --positions allows",
+                    "cli.tsv:2: the source has 3 tokens; the model's maximum length 3 allows 2",
+                    "train --train %s --positions 3 --steps 1 --checkpoint %s", tsv,
                     test_path("positions.ckpt"));
     size_t size;
     unsigned char *good = read_file(test_path("tsv.ckpt"), &size);
-    if (!good) { check(0, "cli: no checkpoint tsv.ckpt from transformer.c's tests; the --resume tests need one"); return; }
+    if (!good) {
+        check(0, "cli: no checkpoint tsv.ckpt from transformer.c's tests; the --resume tests need "
+                 "one");
+        return;
+    }
     const char *bad = test_path("cli_bad.ckpt");
-    good[12] = 2; write_file(bad, good, size);   // a header whose sizes disagree with the parameters
-    check_cli_error("--resume from a damaged checkpoint", "cli_bad.ckpt: header", "train --resume %s", bad);
+    good[12] = 2;
+    write_file(bad, good, size);   // a header whose sizes disagree with the parameters
+    check_cli_error("--resume from a damaged checkpoint", "cli_bad.ckpt: header",
+                    "train --resume %s", bad);
     free(good);
 
     // resume: 3 steps, stop, 3 more == 6 unbroken steps (losses and final weights)
     const char *a_ckpt = test_path("a.ckpt"), *b_ckpt = test_path("b.ckpt");
     const char *a_log = test_path("a.log"), *b_log = test_path("b.log");
-    remove(a_log); remove(b_log);
-    int s1 = run_cli("train --task copy --steps 6 --checkpoint %s --loss-log %s " TINY_RUN, a_ckpt, a_log);
-    int s2 = run_cli("train --task copy --steps 3 --checkpoint %s --loss-log %s " TINY_RUN, b_ckpt, b_log);
+    remove(a_log);
+    remove(b_log);
+    int s1 = run_cli("train --task copy --steps 6 --checkpoint %s --loss-log %s " TINY_RUN,
+                     a_ckpt, a_log);
+    int s2 = run_cli("train --task copy --steps 3 --checkpoint %s --loss-log %s " TINY_RUN,
+                     b_ckpt, b_log);
     int s3 = run_cli("train --resume %s --steps 6 --loss-log %s", b_ckpt, b_log);
     size_t log_size;
     unsigned char *log = read_file(a_log, &log_size);
@@ -1037,46 +1227,63 @@ static void test_lab_command_line(void) {
     free(log);
     Transformer ma, mb;
     Vocabulary va, vb;
-    const char *ea = checkpoint_load(a_ckpt, &ma, &va, NULL, NULL), *eb = ea ? ea : checkpoint_load(b_ckpt, &mb, &vb, NULL, NULL);
+    const char *ea = checkpoint_load(a_ckpt, &ma, &va, NULL, NULL),
+               *eb = ea ? ea : checkpoint_load(b_ckpt, &mb, &vb, NULL, NULL);
     int same_weights = !ea && !eb && ma.adam_step == 6 && mb.adam_step == 6 &&
-                       memcmp(ma.params_memory, mb.params_memory, ma.num_parameters * sizeof(real)) == 0 &&
+                       memcmp(ma.params_memory, mb.params_memory,
+                              ma.num_parameters * sizeof(real)) == 0 &&
                        memcmp(ma.adam_v, mb.adam_v, ma.num_parameters * sizeof(real)) == 0;
     check(s1 == 0 && s2 == 0 && s3 == 0 && lines == 6 && files_equal(a_log, b_log),
           "cli: 3 steps + --resume 3 steps give the losses of 6 unbroken steps, to the last digit");
     check(same_weights, "cli: ... and bit-identical weights and Adam state at step 6 (%s)",
           ea ? ea : eb ? eb : "both loaded");
-    if (!ea) { transformer_free(&ma); vocab_free(&va); }
-    if (!ea && !eb) { transformer_free(&mb); vocab_free(&vb); }
-    check_cli_error("a task's --min-length above its --max-length", "--min-length 5 is above --max-length 3; expected "
-                    "min <= max", "train --task copy --min-length 5 --max-length 3 --steps 1");
+    if (!ea) {
+        transformer_free(&ma);
+        vocab_free(&va);
+    }
+    if (!ea && !eb) {
+        transformer_free(&mb);
+        vocab_free(&vb);
+    }
+    check_cli_error("a task's --min-length above its --max-length",
+                    "--min-length 5 is above --max-length 3; expected min <= max",
+                    "train --task copy --min-length 5 --max-length 3 --steps 1");
     check_cli_error("--resume with a changed run option", "--lr cannot change on --resume",
                     "train --resume %s --lr 0.1", b_ckpt);
-    // the header's step count against its range (it resumed at step -9223372036854775806 into a NaN loss)
+    // the header's step count against its range (it resumed at step -9223372036854775806 into a
+    // NaN loss)
     good = read_file(b_ckpt, &size);
     if (good) {
         const char *far = test_path("far.ckpt");
         write_checkpoint_with_field(far, good, size, 56, 0x8000000000000000ULL);
-        check_cli_error("--resume at Adam step INT64_MIN", "far.ckpt: header: Adam step 9223372036854775808; expected 0 "
-                        "to 1000000000", "train --resume %s --steps 8", far);
+        check_cli_error("--resume at Adam step INT64_MIN",
+                        "far.ckpt: header: Adam step 9223372036854775808; expected 0 to 1000000000",
+                        "train --resume %s --steps 8", far);
         write_checkpoint_with_field(far, good, size, 56, 0x7FFFFFFFFFFFFFFFULL);
-        check_cli_error("--resume at Adam step INT64_MAX", "far.ckpt: header: Adam step 9223372036854775807",
+        check_cli_error("--resume at Adam step INT64_MAX",
+                        "far.ckpt: header: Adam step 9223372036854775807",
                         "train --resume %s --steps 8", far);
         free(good);
     }
     // the same seed repeats the run, with one thread or two
     const char *c_log = test_path("c.log");
     remove(c_log);
-    int status = run_cli("train --task copy --steps 6 --threads 1 --checkpoint %s --loss-log %s " TINY_RUN,
+    int status = run_cli("train --task copy --steps 6 --threads 1 --checkpoint %s "
+                         "--loss-log %s " TINY_RUN,
                          test_path("c.ckpt"), c_log);
-    check(status == 0 && files_equal(a_log, c_log), "cli: --seed repeats a run exactly (losses with 1 thread and with all)");
+    check(status == 0 && files_equal(a_log, c_log),
+          "cli: --seed repeats a run exactly (losses with 1 thread and with all)");
     // a NaN loss stops training and leaves the last good checkpoint, written by --save-every
     const char *nan_ckpt = test_path("nan_save_every.ckpt");
-    check_cli_error("a loss that becomes NaN or infinite, with --save-every 1", "(step 1), is left as it was",
-                    "train --task copy --steps 50 --lr 1e30 --save-every 1 --checkpoint %s " TINY_RUN, nan_ckpt);
+    check_cli_error("a loss that becomes NaN or infinite, with --save-every 1",
+                    "(step 1), is left as it was",
+                    "train --task copy --steps 50 --lr 1e30 --save-every 1 "
+                    "--checkpoint %s " TINY_RUN, nan_ckpt);
     status = run_cli("decode --checkpoint %s '1 2'", nan_ckpt);
     check(status == 0, "cli: ... and that checkpoint still loads (exit %d)", status);
     status = run_cli("params --preset big");
-    check(status == 0 && strstr(cli_output, "214,245,376") && strstr(cli_output, "paper, Table 3: 213M"),
+    check(status == 0 && strstr(cli_output, "214,245,376") &&
+          strstr(cli_output, "paper, Table 3: 213M"),
           "cli: params --preset big prints 214,245,376 next to the paper's 213M");
 }
 
@@ -1093,35 +1300,45 @@ static void test_stale_step_file_and_lost_logs(void) {
     char path[600];
     kept_step_path(path, sizeof path, ckpt, 2, "");
     write_text(path, "another run's step file");
-    check_cli_error("a step file already where --keep-last would write", "stale.ckpt.step0000002 is already there "
-                    "(another run's?); expected --force", "train --task copy --steps 2 --save-every 1 --keep-last 2 "
+    check_cli_error("a step file already where --keep-last would write",
+                    "stale.ckpt.step0000002 is already there (another run's?); expected --force",
+                    "train --task copy --steps 2 --save-every 1 --keep-last 2 "
                     "--checkpoint %s " TINY_RUN, ckpt);
     char *text = read_text_file(path);
     check(text && strcmp(text, "another run's step file") == 0 && !file_exists(ckpt),
           "cli: ... and the step file is untouched, no checkpoint written");
     free(text);
-    int status = run_cli("train --task copy --steps 2 --save-every 1 --keep-last 2 --force --checkpoint %s " TINY_RUN, ckpt);
-    check(status == 0 && checkpoint_file_step(path) == 2, "cli: --force replaces it (its step %ld; exit %d)",
-          checkpoint_file_step(path), status);
-    if (access("/dev/full", W_OK) != 0) { printf("(no /dev/full here: the lost-log checks are skipped)\n"); return; }
-    check_cli_error("--loss-log on a full disk", "/dev/full: writing the log failed", "train --task copy --steps 2 "
+    int status = run_cli("train --task copy --steps 2 --save-every 1 --keep-last 2 --force "
+                         "--checkpoint %s " TINY_RUN, ckpt);
+    check(status == 0 && checkpoint_file_step(path) == 2,
+          "cli: --force replaces it (its step %ld; exit %d)", checkpoint_file_step(path), status);
+    if (access("/dev/full", W_OK) != 0) {
+        printf("(no /dev/full here: the lost-log checks are skipped)\n");
+        return;
+    }
+    check_cli_error("--loss-log on a full disk", "/dev/full: writing the log failed",
+                    "train --task copy --steps 2 "
                     "--loss-log /dev/full --force --checkpoint %s " TINY_RUN, ckpt);
-    check_cli_error("--log on a full disk", "/dev/full: writing the log failed", "train --task copy --steps 2 "
+    check_cli_error("--log on a full disk", "/dev/full: writing the log failed",
+                    "train --task copy --steps 2 "
                     "--log /dev/full --log-every 1 --force --checkpoint %s " TINY_RUN, ckpt);
     // a run that failed first says why: the lost log does not take the place of its error
-    check_cli_error("a diverging run with its log on a full disk", "the loss is NaN", "train --task copy --steps 3 "
-                    "--lr 1e9 --warmup 1 --loss-log /dev/full --force --checkpoint %s " TINY_RUN, ckpt);
+    check_cli_error("a diverging run with its log on a full disk", "the loss is NaN",
+                    "train --task copy --steps 3 --lr 1e9 --warmup 1 --loss-log /dev/full --force "
+                    "--checkpoint %s " TINY_RUN, ckpt);
 }
 
 static void test_existing_checkpoints_and_keep_last(void) {
     const char *ckpt = test_path("mine.ckpt"), *other = test_path("other.ckpt");
     char path[600];
     // a run with --keep-last 2 ...
-    int status = run_cli("train --task copy --steps 4 --save-every 1 --keep-last 2 --checkpoint %s " TINY_RUN, ckpt);
+    int status = run_cli("train --task copy --steps 4 --save-every 1 --keep-last 2 "
+                         "--checkpoint %s " TINY_RUN, ckpt);
     size_t size;
     unsigned char *before = read_file(ckpt, &size);
     check(status == 0 && before, "cli: a 4-step run with --keep-last 2 (exit %d)", status);
-    if (!before) return;
+    if (!before)
+        return;
     // (that a new run does not replace it: test_existing_checkpoint)
     run_cli("train --task copy --steps 2 --checkpoint %s " TINY_RUN, other);
     check_cli_error("a resumed run onto another run's checkpoint", "other.ckpt is already there",
@@ -1138,24 +1355,27 @@ static void test_existing_checkpoints_and_keep_last(void) {
     kept_step_path(path, sizeof path, ckpt, 4, ".tmp");
     tmp_left = file_exists(path);
     check(status == 0 && !there[3] && !there[4] && !there[5] && there[6] && there[7] && !tmp_left,
-          "cli: --keep-last 2 on --resume leaves steps 6 and 7, not the earlier session's 3 and 4, nor a killed "
-          "save's .tmp (exit %d)", status);
+          "cli: --keep-last 2 on --resume leaves steps 6 and 7, not the earlier session's 3 and 4, "
+          "nor a killed save's .tmp (exit %d)", status);
     // --force replaces the checkpoint and its step files, once the new run has saved: a run
     // that fails before its first save leaves them all (they went at its start, before)
-    status = run_cli("train --task copy --steps 20 --lr 1e300 --force --checkpoint %s " TINY_RUN, ckpt);
+    status = run_cli("train --task copy --steps 20 --lr 1e300 --force --checkpoint %s " TINY_RUN,
+                     ckpt);
     kept_step_path(path, sizeof path, ckpt, 6, "");
     int sixth = file_exists(path);
     kept_step_path(path, sizeof path, ckpt, 7, "");
-    check(status == 1 && strstr(cli_output, "no checkpoint was written") && checkpoint_file_step(ckpt) == 7 && sixth &&
-          file_exists(path), "cli: a --force run that diverges before its first save leaves the checkpoint (step %ld) "
+    check(status == 1 && strstr(cli_output, "no checkpoint was written") &&
+          checkpoint_file_step(ckpt) == 7 && sixth && file_exists(path),
+          "cli: a --force run that diverges before its first save leaves the checkpoint (step %ld) "
           "and its step files 6 and 7 (exit %d)", checkpoint_file_step(ckpt), status);
     // a rollback: --resume one of its step files with --force keeps that file, the others go
     char sixth_path[600];
     kept_step_path(sixth_path, sizeof sixth_path, ckpt, 6, "");
     status = run_cli("train --resume %s --checkpoint %s --force --steps 8", sixth_path, ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 8 && file_exists(sixth_path) && !file_exists(path),
-          "cli: --resume CHECKPOINT.step0000006 --force onto CHECKPOINT keeps step 6's file, not step 7's (exit %d)",
-          status);
+    check(status == 0 && checkpoint_file_step(ckpt) == 8 && file_exists(sixth_path) &&
+          !file_exists(path),
+          "cli: --resume CHECKPOINT.step0000006 --force onto CHECKPOINT keeps step 6's file, not "
+          "step 7's (exit %d)", status);
     status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
     kept_step_path(path, sizeof path, ckpt, 6, "");
     sixth = file_exists(path);
@@ -1166,16 +1386,18 @@ static void test_existing_checkpoints_and_keep_last(void) {
     // and again, now that it has no step files (nothing to remove: under the
     // sanitizers this once stopped on a memmove from a NULL list)
     status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 2, "cli: --force over a checkpoint without step files (exit %d)",
-          status);
+    check(status == 0 && checkpoint_file_step(ckpt) == 2,
+          "cli: --force over a checkpoint without step files (exit %d)", status);
     kept_step_path(path, sizeof path, ckpt, 2, ".tmp"); // killed while writing step 2's file
     write_text(path, "half a checkpoint");
     status = run_cli("train --resume %s --steps 3", ckpt);
-    check(status == 0 && !file_exists(path), "cli: --resume without --keep-last also removes a killed save's "
+    check(status == 0 && !file_exists(path),
+          "cli: --resume without --keep-last also removes a killed save's "
           "CHECKPOINT.step0000002.tmp (exit %d)", status);
     status = run_cli("bleu --help");
-    check(status == 0 && strstr(cli_output, "usage: ./transformer bleu") && strstr(cli_output, "(default 13a)") &&
-          strstr(cli_output, "(default exp)") && !strstr(cli_output, "(default -"),
+    check(status == 0 && strstr(cli_output, "usage: ./transformer bleu") &&
+          strstr(cli_output, "(default 13a)") && strstr(cli_output, "(default exp)") &&
+          !strstr(cli_output, "(default -"),
           "cli: bleu --help names sacreBLEU's defaults, --tokenize 13a and --smooth exp");
     free(before);
 }
@@ -1188,17 +1410,21 @@ static void test_moved_data(void) {
     const char *ckpt = test_path("moved.ckpt");
     int status = run_cli("train --train %s --steps 2 --checkpoint %s " TINY_RUN, from, ckpt);
     snprintf(command, sizeof command, "mv %s %s", from, to);
-    check(status == 0 && system(command) == 0, "cli: a run on a TSV file, whose file then moves (exit %d)", status);
-    check_cli_error("--resume when the data moved", "moved_data.tsv: cannot open: No such file or directory; it is "
-                    "the run's --train", "train --resume %s --steps 4", ckpt);
+    check(status == 0 && system(command) == 0,
+          "cli: a run on a TSV file, whose file then moves (exit %d)", status);
+    check_cli_error("--resume when the data moved",
+                    "moved_data.tsv: cannot open: No such file or directory; it is "
+                    "the run's --train",
+                    "train --resume %s --steps 4", ckpt);
     status = run_cli("train --resume %s --steps 4 --train %s", ckpt, to);
-    check(status == 0 && checkpoint_file_step(ckpt) == 4, "cli: --resume --train NEW_PATH takes the same data at its "
-          "new path (exit %d)", status);
+    check(status == 0 && checkpoint_file_step(ckpt) == 4,
+          "cli: --resume --train NEW_PATH takes the same data at its new path (exit %d)", status);
     status = run_cli("train --resume %s --steps 5", ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 5, "cli: ... and the next --resume finds it there (exit %d)",
-          status);
+    check(status == 0 && checkpoint_file_step(ckpt) == 5,
+          "cli: ... and the next --resume finds it there (exit %d)", status);
     write_text(test_path("other_data.tsv"), "a b\tb a\nc d e\te d c\na a\ta a\nb c\tb c\n");
-    check_cli_error("--resume --train with other data", "other_data.tsv: not the training data of the checkpoint",
+    check_cli_error("--resume --train with other data",
+                    "other_data.tsv: not the training data of the checkpoint",
                     "train --resume %s --steps 6 --train %s", ckpt, test_path("other_data.tsv"));
 }
 
@@ -1207,69 +1433,95 @@ static void test_average(const Transformer *trained) {
     Transformer other;
     transformer_build(&other, &config, 12);
     other.adam_step = 7;
-    for (size_t k = 0; k < other.num_parameters; k++) other.adam_m[k] = (real)(0.001 * (double)(k % 13));
-    const char *a = test_path("avg_a.ckpt"), *b = test_path("avg_b.ckpt"), *out = test_path("avg_out.ckpt");
+    for (size_t k = 0; k < other.num_parameters; k++)
+        other.adam_m[k] = (real)(0.001 * (double)(k % 13));
+    const char *a = test_path("avg_a.ckpt"), *b = test_path("avg_b.ckpt"),
+               *out = test_path("avg_out.ckpt");
     const char *e = save_copy_checkpoint(a, trained);
-    if (!e) e = save_copy_checkpoint(b, &other);
+    if (!e)
+        e = save_copy_checkpoint(b, &other);
     const char *paths[2] = { a, b };
-    if (!e) e = checkpoint_average(out, paths, 2);
+    if (!e)
+        e = checkpoint_average(out, paths, 2);
     Transformer avg;
     Vocabulary v;
-    if (!e) e = checkpoint_load(out, &avg, &v, NULL, NULL);
-    if (e) { check(0, "average: %s", e); transformer_free(&other); return; }
+    if (!e)
+        e = checkpoint_load(out, &avg, &v, NULL, NULL);
+    if (e) {
+        check(0, "average: %s", e);
+        transformer_free(&other);
+        return;
+    }
     size_t wrong = 0, P = avg.num_parameters;
     for (size_t k = 0; k < P; k++) {
-        real mean = (real)(((double)trained->params_memory[k] + (double)other.params_memory[k]) / 2);
+        real mean = (real)(((double)trained->params_memory[k] +
+                            (double)other.params_memory[k]) / 2);
         wrong += avg.params_memory[k] != mean;
     }
     int moved = 0; // the test can fail: the mean differs from both inputs almost everywhere
     for (size_t k = 0; k < P; k++) moved += avg.params_memory[k] != trained->params_memory[k];
-    check(wrong == 0 && moved > (int)(P / 2), "average: every parameter of 2 checkpoints is their mean (%zu of %zu "
+    check(wrong == 0 && moved > (int)(P / 2),
+          "average: every parameter of 2 checkpoints is their mean (%zu of %zu "
           "differ; %d differ from the first input)", wrong, P, moved);
     check(avg.adam_step == 7 && memcmp(avg.adam_m, other.adam_m, P * sizeof(real)) == 0,
           "average: Adam's step and moments are the last checkpoint's");
-    transformer_free(&avg); vocab_free(&v);
+    transformer_free(&avg);
+    vocab_free(&v);
     const char *cli_out = test_path("avg_cli.ckpt");
     int status = run_cli("average --out %s %s %s", cli_out, a, b);
-    // the binary is a float build: in the double test build its file holds floats, so compare loosely there
+    // the binary is a float build: in the double test build its file holds floats, so compare
+    // loosely there
     Transformer m1, m2;
     Vocabulary v1, v2;
     double largest = INFINITY;
     if (status == 0 && !checkpoint_load(out, &m1, &v1, NULL, NULL)) {
         if (!checkpoint_load(cli_out, &m2, &v2, NULL, NULL)) {
             largest = 0;
-            for (size_t k = 0; k < P; k++) largest = fmax(largest, fabs((double)m1.params_memory[k] - (double)m2.params_memory[k]));
-            transformer_free(&m2); vocab_free(&v2);
+            for (size_t k = 0; k < P; k++)
+                largest = fmax(largest,
+                               fabs((double)m1.params_memory[k] - (double)m2.params_memory[k]));
+            transformer_free(&m2);
+            vocab_free(&v2);
         }
-        transformer_free(&m1); vocab_free(&v1);
+        transformer_free(&m1);
+        vocab_free(&v1);
     }
-    check(largest <= (sizeof(real) == 4 ? 0 : 1e-6), "cli: average --out writes the same average (largest "
-          "difference %g, exit %d)", largest, status);
+    check(largest <= (sizeof(real) == 4 ? 0 : 1e-6),
+          "cli: average --out writes the same average (largest difference %g, exit %d)",
+          largest, status);
     // mismatched config and vocabulary
     TransformerConfig wide = config;
     wide.d_ff = 48;
     Transformer w;
     transformer_build(&w, &wide, 13);
-    const char *c = test_path("avg_wide.ckpt"), *d = test_path("avg_vocab.ckpt"), *none = test_path("avg_none.ckpt");
+    const char *c = test_path("avg_wide.ckpt"), *d = test_path("avg_vocab.ckpt"),
+               *none = test_path("avg_none.ckpt");
     save_copy_checkpoint(c, &w);
     transformer_free(&w);
     Vocabulary letters;
     vocab_init(&letters);
-    for (int i = 0; i < config.vocab_size - NUM_SPECIAL_TOKENS; i++) { char t[2] = { (char)('a' + i), 0 }; vocab_add(&letters, t, 1); }
+    for (int i = 0; i < config.vocab_size - NUM_SPECIAL_TOKENS; i++) {
+        char t[2] = { (char)('a' + i), 0 };
+        vocab_add(&letters, t, 1);
+    }
     TrainingState state = { 1, 1, 0, 0 };
     checkpoint_save(d, &other, &letters, &state, "--task\ncopy\n");
     vocab_free(&letters);
-    check_cli_error("average of different configs", "expected the same config", "average --out %s %s %s", none, a, c);
+    check_cli_error("average of different configs", "expected the same config",
+                    "average --out %s %s %s", none, a, c);
     check(!file_exists(none), "cli: ... and writes no file");
-    check_cli_error("average of different vocabularies", "vocabulary token 4 is 'a' but '0'", "average --out %s %s %s",
-                    none, a, d);
-    check_cli_error("average without --out", "average: --out FILE is required", "average %s %s", a, b);
-    check_cli_error("average without files", "average: no checkpoints given", "average --out %s", none);
-    check_cli_error("average of a missing file", "avg_missing.ckpt: cannot open", "average --out %s %s %s", none, a,
-                    test_path("avg_missing.ckpt"));
+    check_cli_error("average of different vocabularies", "vocabulary token 4 is 'a' but '0'",
+                    "average --out %s %s %s", none, a, d);
+    check_cli_error("average without --out", "average: --out FILE is required",
+                    "average %s %s", a, b);
+    check_cli_error("average without files", "average: no checkpoints given",
+                    "average --out %s", none);
+    check_cli_error("average of a missing file", "avg_missing.ckpt: cannot open",
+                    "average --out %s %s %s", none, a, test_path("avg_missing.ckpt"));
     check(!file_exists(none), "cli: no file from a failed average");
     // a file at --out: replaced only with --force; a directory never
-    check_cli_error("average onto an existing checkpoint", "avg_cli.ckpt is already there; expected --force",
+    check_cli_error("average onto an existing checkpoint",
+                    "avg_cli.ckpt is already there; expected --force",
                     "average --out %s %s %s", cli_out, a, b);
     status = run_cli("average --out %s --force %s %s", cli_out, a, b);
     check(status == 0, "cli: average --force replaces it (exit %d)", status);
@@ -1282,44 +1534,51 @@ static void test_log_keep_last_and_pictures(const char *ckpt) {
     // train --log and --keep-last
     const char *run = test_path("log.ckpt"), *log = test_path("log.csv");
     remove(log);
-    int status = run_cli("train --task copy --steps 6 --save-every 2 --keep-last 2 --checkpoint %s --log %s "
-                         "--layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 --valid-size 8 --max-length 6 "
-                         "--batch-tokens 80 --warmup 5 --log-every 2 --eval-every 3 --show 0", run, log);
+    int status = run_cli("train --task copy --steps 6 --save-every 2 --keep-last 2 --checkpoint %s "
+                         "--log %s --layers 1 --d-model 16 --d-ff 32 --heads 2 --train-size 40 "
+                         "--valid-size 8 --max-length 6 --batch-tokens 80 --warmup 5 --log-every 2 "
+                         "--eval-every 3 --show 0", run, log);
     char kept[3][400];
     for (int i = 0; i < 3; i++) snprintf(kept[i], sizeof kept[i], "%s.step%07d", run, 2 * (i + 1));
     check(status == 0 && !file_exists(kept[0]) && file_exists(kept[1]) && file_exists(kept[2]),
-          "cli: train --keep-last 2 leaves the checkpoints of steps 4 and 6, not 2 (exit %d)", status);
+          "cli: train --keep-last 2 leaves the checkpoints of steps 4 and 6, not 2 (exit %d)",
+          status);
     char *csv = read_text_file(log);
     // lines at steps 2, 3 (evaluation), 4, 6 (both)
-    int lines = count_lines_starting(csv, ""), header = csv && strncmp(csv, "step,loss,lr,tokens_per_s,heldout", 33) == 0;
+    int lines = count_lines_starting(csv, ""),
+        header = csv && strncmp(csv, "step,loss,lr,tokens_per_s,heldout", 33) == 0;
     int eval_line = csv && strstr(csv, "\n3,") && strstr(strstr(csv, "\n3,"), ",0.00\n") != NULL;
     int plain_line = csv && strstr(csv, "\n2,") && strchr(strstr(csv, "\n2,") + 1, '\n')[-1] == ',';
     check(header && lines == 5 && eval_line && plain_line,
-          "cli: train --log writes a header and a CSV line at each progress line and evaluation, the held-out "
-          "score only where measured (%d lines)", lines);
+          "cli: train --log writes a header and a CSV line at each progress line and evaluation, "
+          "the held-out score only where measured (%d lines)", lines);
     free(csv);
     const char *svg = test_path("curve.svg");
     status = run_cli("plot --log %s --out %s", log, svg);
     char *text = read_text_file(svg);
-    check(status == 0 && text && strstr(text, "<polyline"), "cli: plot draws the log (exit %d)", status);
+    check(status == 0 && text && strstr(text, "<polyline"),
+          "cli: plot draws the log (exit %d)", status);
     free(text);
     write_text(test_path("bad.csv"), "step,loss,lr,tokens_per_s,heldout\n1,abc,0.1,5,\n");
-    check_cli_error("plot of a malformed log", "bad.csv:2: loss 'abc' is not a number", "plot --log %s --out %s",
-                    test_path("bad.csv"), svg);
+    check_cli_error("plot of a malformed log", "bad.csv:2: loss 'abc' is not a number",
+                    "plot --log %s --out %s", test_path("bad.csv"), svg);
     check_cli_error("plot without --log", "plot: --log FILE.csv is required", "plot --out %s", svg);
     // pe
     const char *pe = test_path("pe_cli.svg");
     status = run_cli("pe --out %s --max-len 10 --d-model 8", pe);
     text = read_text_file(pe);
-    check(status == 0 && text && count_occurrences(text, "<rect") == 10 * 8 + 3, "cli: pe draws a 10 x 8 matrix");
+    check(status == 0 && text && count_occurrences(text, "<rect") == 10 * 8 + 3,
+          "cli: pe draws a 10 x 8 matrix");
     free(text);
     check_cli_error("pe without --out", "pe: --out FILE.svg is required", "pe --max-len 5");
-    check_cli_error("pe --d-model 0", "pe: --d-model '0' is not valid", "pe --out %s --d-model 0", pe);
+    check_cli_error("pe --d-model 0", "pe: --d-model '0' is not valid",
+                    "pe --out %s --d-model 0", pe);
     // attention
     const char *dir = test_path("att");
     status = run_cli("attention --checkpoint %s --out-dir %s '1 2 3'", ckpt, dir);
     int written = 0;
-    const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg", "cross_attention.svg" };
+    const char *names[3] = { "encoder_self_attention.svg", "decoder_self_attention.svg",
+                             "cross_attention.svg" };
     for (int i = 0; i < 3; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -1327,106 +1586,133 @@ static void test_log_keep_last_and_pictures(const char *ckpt) {
         written += text && strstr(text, "layer 2, head 4") && strstr(text, ">&lt;/s&gt;</text>");
         free(text);
     }
-    check(status == 0 && written == 3, "cli: attention writes the 3 pictures, every head of every layer (%d, exit %d)",
+    check(status == 0 && written == 3,
+          "cli: attention writes the 3 pictures, every head of every layer (%d, exit %d)",
           written, status);
-    check_cli_error("attention without --out-dir", "attention: --out-dir DIR is required", "attention --checkpoint %s '1 2'", ckpt);
+    check_cli_error("attention without --out-dir", "attention: --out-dir DIR is required",
+                    "attention --checkpoint %s '1 2'", ckpt);
     check_cli_error("attention with two sentences", "expected exactly one source sentence",
                     "attention --checkpoint %s --out-dir %s '1 2' '3'", ckpt, dir);
-    check_cli_error("attention of an empty sentence", "the sentence is empty", "attention --checkpoint %s --out-dir %s ' '",
-                    ckpt, dir);
-    check_cli_error("attention of a too long sentence", "the sentence has 25 tokens; the model's maximum length 20",
-                    "attention --checkpoint %s --out-dir %s '1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 5'", ckpt, dir);
-    check_cli_error("attention into a directory that cannot be made", "/nonexistent/x: cannot create",
+    check_cli_error("attention of an empty sentence", "the sentence is empty",
+                    "attention --checkpoint %s --out-dir %s ' '", ckpt, dir);
+    check_cli_error("attention of a too long sentence",
+                    "the sentence has 25 tokens; the model's maximum length 20",
+                    "attention --checkpoint %s --out-dir %s '1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3 4 "
+                    "5 1 2 3 4 5'", ckpt, dir);
+    check_cli_error("attention into a directory that cannot be made",
+                    "/nonexistent/x: cannot create",
                     "attention --checkpoint %s --out-dir /nonexistent/x '1 2'", ckpt);
-    check_cli_error("attention into a file", "not a directory; expected a directory's path", "attention --checkpoint %s --out-dir %s '1 2'",
-                    ckpt, pe);
-    check_cli_error("attention into ''", "--out-dir '': expected a directory's path", "attention --checkpoint %s "
-                    "--out-dir '' '1 2'", ckpt);
+    check_cli_error("attention into a file", "not a directory; expected a directory's path",
+                    "attention --checkpoint %s --out-dir %s '1 2'", ckpt, pe);
+    check_cli_error("attention into ''", "--out-dir '': expected a directory's path",
+                    "attention --checkpoint %s --out-dir '' '1 2'", ckpt);
 }
 
 static void test_command_names_and_labels(void) {
     // attention: no folder before the checkpoint has loaded
     const char *dir = test_path("att_not_made");
-    check_cli_error("attention with a missing checkpoint", "attention: ", "attention --checkpoint %s --out-dir %s '1 2'",
+    check_cli_error("attention with a missing checkpoint",
+                    "attention: ", "attention --checkpoint %s --out-dir %s '1 2'",
                     test_path("missing.ckpt"), dir);
     check(!file_exists(dir), "cli: ... and no output folder is made");
     // every error names its command, also those printed deep down
-    check_cli_error("pe into a folder that is not there", "error: pe: cannot write /nonexistent/pe.svg",
+    check_cli_error("pe into a folder that is not there",
+                    "error: pe: cannot write /nonexistent/pe.svg",
                     "pe --out /nonexistent/pe.svg --max-len 4 --d-model 4");
     char expected[700];
     snprintf(expected, sizeof expected, "error: plot: %s:2", test_path("plot_bad.csv"));
     write_text(test_path("plot_bad.csv"), "step,loss,lr,tokens_per_s,heldout\n1,2\n");
-    check_cli_error("plot of a malformed log", expected, "plot --log %s --out %s", test_path("plot_bad.csv"),
-                    test_path("plot_bad.svg"));
+    check_cli_error("plot of a malformed log", expected, "plot --log %s --out %s",
+                    test_path("plot_bad.csv"), test_path("plot_bad.svg"));
     // (out of memory names the command too: test_out_of_memory)
     // the plot's axes read as words, not as the log's column names
     const char *log = test_path("labels.csv"), *svg = test_path("labels.svg");
-    write_text(log, "step,loss,lr,tokens_per_s,heldout_exact_match\n1,2.5,0.001,900,\n2,2.0,0.002,950,12.5\n");
+    write_text(log, "step,loss,lr,tokens_per_s,heldout_exact_match\n1,2.5,0.001,900,\n"
+                    "2,2.0,0.002,950,12.5\n");
     int status = run_cli("plot --log %s --out %s", log, svg);
     char *text = read_text_file(svg);
-    check(status == 0 && text && strstr(text, ">held-out exact match (%)</text>") && strstr(text, ">learning rate</text>")
-          && !strstr(text, ">heldout_exact_match</text>"),
-          "cli: plot labels the held-out axis 'held-out exact match (%%)', not heldout_exact_match (exit %d)", status);
+    check(status == 0 && text && strstr(text, ">held-out exact match (%)</text>") &&
+          strstr(text, ">learning rate</text>") && !strstr(text, ">heldout_exact_match</text>"),
+          "cli: plot labels the held-out axis 'held-out exact match (%%)', not heldout_exact_match "
+          "(exit %d)", status);
     free(text);
-    // the fuzzing finds: a subnormal held-out score is drawn; losses of -1e308 and 1e308 are refused
+    // the fuzzing finds: a subnormal held-out score is drawn; losses of -1e308 and 1e308 are
+    // refused
     write_text(log, "1,5,0,1,0x1p-1070\n");
     status = run_cli("plot --log %s --out %s", log, svg);
     text = read_text_file(svg);
-    check(status == 0 && text && svg_numbers_in_picture(text) && !strstr(cli_output, "runtime error"),
-          "cli: plot of a log holding 0x1p-1070 draws finite axes (exit %d) %s", status, cli_output);
+    check(status == 0 && text && svg_numbers_in_picture(text) &&
+          !strstr(cli_output, "runtime error"),
+          "cli: plot of a log holding 0x1p-1070 draws finite axes (exit %d) %s",
+          status, cli_output);
     free(text);
     write_text(log, "1,-1e308,0.1,1,\n2,1e308,0.1,1,\n");
-    snprintf(expected, sizeof expected, "error: plot: %s:1: loss '-1e308' is beyond what a chart draws", log);
+    snprintf(expected, sizeof expected,
+             "error: plot: %s:1: loss '-1e308' is beyond what a chart draws", log);
     check_cli_error("plot of a log holding -1e308", expected, "plot --log %s --out %s", log, svg);
 }
 
 static void test_bleu_command(void) {
     const char *hyp = test_path("hyp.txt"), *ref = test_path("ref.txt");
     // a byte-order mark, \r\n, runs of spaces and tabs, an empty line, sentences shorter than 4
-    write_text(hyp, "\xEF\xBB\xBFthe cat sat on the mat\r\na b  c d e\n\nx y\nthe the the the\tthe\n");
+    write_text(hyp,
+               "\xEF\xBB\xBFthe cat sat on the mat\r\na b  c d e\n\nx y\nthe the the the\tthe\n");
     write_text(ref, "the cat sat on the mat\r\na b c d f\nempty\nx y z\nthe cat is on the mat\n");
-    const char *pairs[5][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" },
-                                { "", "empty" }, { "x y", "x y z" }, { "the the the the the", "the cat is on the mat" } };
+    const char *pairs[5][2] = { { "the cat sat on the mat", "the cat sat on the mat" },
+                                { "a b c d e", "a b c d f" }, { "", "empty" }, { "x y", "x y z" },
+                                { "the the the the the", "the cat is on the mat" } };
     BleuStats expected;
     bleu_reset(&expected);
     for (int i = 0; i < 5; i++) bleu_add_sentence_text(&expected, pairs[i][0], pairs[i][1]);
     double want = bleu_score(&expected, NULL, NULL);
     int status = run_cli("bleu %s %s --tokenize none --smooth none", hyp, ref);
     double got = printed_number_after(cli_output, "smooth:none = ");
-    check(status == 0 && want > 10 && want < 90 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "5 sentences"),
-          "cli: bleu HYP REF prints %.2f for 5 lines, the corpus BLEU of the same sentences (%.4f)", got, want);
+    check(status == 0 && want > 10 && want < 90 && fabs(got - want) <= 0.005 + 1e-9 &&
+          strstr(cli_output, "5 sentences"),
+          "cli: bleu HYP REF prints %.2f for 5 lines, the corpus BLEU of the same sentences (%.4f)",
+          got, want);
     write_text(test_path("short.txt"), "the cat\n");
-    check_cli_error("bleu of files of different lengths", "short.txt ends after 1 line but", "bleu %s %s",
-                    test_path("short.txt"), ref);
+    check_cli_error("bleu of files of different lengths", "short.txt ends after 1 line but",
+                    "bleu %s %s", test_path("short.txt"), ref);
     check_cli_error("bleu of one file", "bleu: expected two files", "bleu %s", hyp);
-    // U+00A0 and U+3000 separate words as sacreBLEU's tokenize='none' (Python's str.split()) separates them:
-    // the corpus of test_bleu_white_space, whose BLEU by hand is 100 (10/11 8/9 6/7 4/5)^(1/4) = 86.28
-    write_text(hyp, "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat\n\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80"
-                    "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80\n");
+    // U+00A0 and U+3000 separate words as sacreBLEU's tokenize='none' (Python's str.split())
+    // separates them: the corpus of test_bleu_white_space, whose BLEU by hand is
+    // 100 (10/11 8/9 6/7 4/5)^(1/4) = 86.28
+    write_text(hyp, "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat\n\xe3\x80\x80" "a\xe3\x80\x80"
+                    "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80\n");
     write_text(ref, "the cat\xc2\xa0sat on the mat\na b c d f\n");
     want = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
     status = run_cli("bleu --tokenize none --smooth none %s %s", hyp, ref);
     got = printed_number_after(cli_output, "smooth:none = ");
-    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && strstr(cli_output, "hyp_len = 11 ref_len = 11"),
-          "cli: bleu of text with U+00A0 and U+3000 prints %.2f, as by hand (%.4f) and as sacreBLEU", got, want);
-    check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open", "bleu /nonexistent/h.txt %s", ref);
-    // a directory is named as one (it read as a file of 0 lines); a read that fails is not the end of a file
-    check_cli_error("bleu of a directory", "bleu: /tmp: is a directory; expected a text file", "bleu /tmp %s", ref);
+    check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 &&
+          strstr(cli_output, "hyp_len = 11 ref_len = 11"),
+          "cli: bleu of text with U+00A0 and U+3000 prints %.2f, as by hand (%.4f) and as "
+          "sacreBLEU", got, want);
+    check_cli_error("bleu of a missing file", "bleu: /nonexistent/h.txt: cannot open",
+                    "bleu /nonexistent/h.txt %s", ref);
+    // a directory is named as one (it read as a file of 0 lines); a read that fails is not the end
+    // of a file
+    check_cli_error("bleu of a directory", "bleu: /tmp: is a directory; expected a text file",
+                    "bleu /tmp %s", ref);
     check_cli_error("bleu against a directory", "bleu: /tmp: is a directory", "bleu %s /tmp", hyp);
     if (access("/proc/self/mem", R_OK) == 0)
-        check_cli_error("bleu of a file whose reading fails", "bleu: /proc/self/mem: read error after 0 lines",
+        check_cli_error("bleu of a file whose reading fails",
+                        "bleu: /proc/self/mem: read error after 0 lines",
                         "bleu /proc/self/mem %s", ref);
-    // text that is not UTF-8 is refused with its file and line, as sacreBLEU refuses it: Latin-1, a binary file
+    // text that is not UTF-8 is refused with its file and line, as sacreBLEU refuses it: Latin-1,
+    // a binary file
     write_text(test_path("latin1.txt"), "the cat\ncaf\xe9 au lait\n");
     write_text(test_path("two.txt"), "the cat\ncafe au lait\n");
-    check_cli_error("bleu of Latin-1 text", "latin1.txt:2: byte 4 of the line, 0xe9, is not UTF-8; expected UTF-8 text",
+    check_cli_error("bleu of Latin-1 text",
+                    "latin1.txt:2: byte 4 of the line, 0xe9, is not UTF-8; expected UTF-8 text",
                     "bleu %s %s", test_path("two.txt"), test_path("latin1.txt"));
     write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\x00>\x00", 12);
-    check_cli_error("bleu of a binary file", "binary.txt:2: a zero byte; expected text", "bleu %s %s",
-                    test_path("binary.txt"), test_path("two.txt"));
-    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\xc0>\x80", 12);
-    check_cli_error("bleu of a binary file without zero bytes", "binary.txt:2: byte 2 of the line, 0xc0, is not UTF-8",
+    check_cli_error("bleu of a binary file", "binary.txt:2: a zero byte; expected text",
                     "bleu %s %s", test_path("binary.txt"), test_path("two.txt"));
+    write_file(test_path("binary.txt"), "\x7f" "ELF\x02\x01\x01\n\x03\xc0>\x80", 12);
+    check_cli_error("bleu of a binary file without zero bytes",
+                    "binary.txt:2: byte 2 of the line, 0xc0, is not UTF-8", "bleu %s %s",
+                    test_path("binary.txt"), test_path("two.txt"));
 }
 
 // lab/bleu.c against sacreBLEU itself: every corpus of lab/sacrebleu_cases.txt
@@ -1436,7 +1722,10 @@ static void test_bleu_command(void) {
 // (1e-9 relative: the same operations in the same order give the same bits),
 // and the signature its signature. Then the command's line, as
 // `sacrebleu -f text` prints it, and its refusals.
-typedef struct { char tokenize[8], smooth[8], value[16], signature[128]; double score, p[BLEU_MAX_ORDER], bp; } SacrebleuCase;
+typedef struct {
+    char tokenize[8], smooth[8], value[16], signature[128];
+    double score, p[BLEU_MAX_ORDER], bp;
+} SacrebleuCase;
 
 static void copy_file_for_cli(const char *from, const char *to) {
     size_t n;
@@ -1445,30 +1734,46 @@ static void copy_file_for_cli(const char *from, const char *to) {
     free(data);
 }
 
-static int close_to(double got, double want) { return fabs(got - want) <= 1e-9 * fmax(1.0, fabs(want)); }
+static int close_to(double got, double want) {
+    return fabs(got - want) <= 1e-9 * fmax(1.0, fabs(want));
+}
 
-// Scores one case from the files hyp and ref; 1 if it agrees with sacreBLEU (else *why says what differs).
-static int bleu_case_agrees(const SacrebleuCase *c, const char *hyp, const char *ref, char *why, size_t why_size) {
+// Scores one case from the files hyp and ref; 1 if it agrees with sacreBLEU (else *why says what
+// differs).
+static int bleu_case_agrees(const SacrebleuCase *c, const char *hyp, const char *ref, char *why,
+                            size_t why_size) {
     BleuStats stats;
     int lines, tok13a = strcmp(c->tokenize, "13a") == 0, method = 0;
-    while (method < 4 && strcmp(c->smooth, smoothing_names[method]) != 0) method++;
+    while (method < 4 && strcmp(c->smooth, smoothing_names[method]) != 0)
+        method++;
     double value = strcmp(c->value, "-") == 0 ? smoothing_defaults[method] : atof(c->value);
-    const char *error = method < 4 ? bleu_files(&stats, hyp, ref, tok13a, &lines) : "unknown smoothing";
-    if (error) { snprintf(why, why_size, "%s", error); return 0; }
+    const char *error = method < 4 ? bleu_files(&stats, hyp, ref, tok13a, &lines)
+                                   : "unknown smoothing";
+    if (error) {
+        snprintf(why, why_size, "%s", error);
+        return 0;
+    }
     double p[BLEU_MAX_ORDER], bp, score = bleu_smoothed(&stats, (Smoothing)method, value, p, &bp);
     char signature[160];
     bleu_signature(signature, sizeof signature, tok13a, (Smoothing)method, value);
-    int agrees = close_to(score, c->score) && close_to(bp, c->bp) && strcmp(signature, c->signature) == 0;
+    int agrees = close_to(score, c->score) && close_to(bp, c->bp) &&
+                 strcmp(signature, c->signature) == 0;
     for (int n = 0; n < BLEU_MAX_ORDER; n++) agrees &= close_to(p[n], c->p[n]);
-    snprintf(why, why_size, "%s: BLEU %.10g, sacreBLEU %.10g; p %.4f/%.4f/%.4f/%.4f, sacreBLEU %.4f/%.4f/%.4f/%.4f; "
-             "BP %.6f, %.6f", signature, score, c->score, p[0], p[1], p[2], p[3], c->p[0], c->p[1], c->p[2], c->p[3],
+    snprintf(why, why_size,
+             "%s: BLEU %.10g, sacreBLEU %.10g; p %.4f/%.4f/%.4f/%.4f, sacreBLEU "
+             "%.4f/%.4f/%.4f/%.4f; BP %.6f, %.6f",
+             signature, score, c->score, p[0], p[1], p[2], p[3], c->p[0], c->p[1], c->p[2], c->p[3],
              bp, c->bp);
     return agrees;
 }
 
 static void test_bleu_against_sacrebleu(void) {
     FILE *f = fopen("lab/sacrebleu_cases.txt", "r");
-    if (!f) { check(0, "bleu: lab/sacrebleu_cases.txt: cannot open (run the tests from the repository's top)"); return; }
+    if (!f) {
+        check(0, "bleu: lab/sacrebleu_cases.txt: cannot open (run the tests from the repository's "
+                 "top)");
+        return;
+    }
     const char *hyp = test_path("sb_hyp.txt"), *ref = test_path("sb_ref.txt");
     char *line = NULL, why[600] = "", first_disagreement[700] = "";
     size_t capacity = 0;
@@ -1479,27 +1784,36 @@ static void test_bleu_against_sacrebleu(void) {
     while (getline(&line, &capacity, f) > 0) {
         line[strcspn(line, "\n")] = 0;
         if (strncmp(line, "corpus ", 7) == 0) {
-            hyp_file = fopen(hyp, "w"); ref_file = fopen(ref, "w");
+            hyp_file = fopen(hyp, "w");
+            ref_file = fopen(ref, "w");
             corpora++;
         } else if ((line[0] == 'h' || line[0] == 'r') && line[1] == ' ' && hyp_file && ref_file) {
             fprintf(line[0] == 'h' ? hyp_file : ref_file, "%s\n", line + 2);
         } else if (strncmp(line, "score ", 6) == 0) {
-            if (hyp_file) { fclose(hyp_file); fclose(ref_file); hyp_file = ref_file = NULL; }
+            if (hyp_file) {
+                fclose(hyp_file);
+                fclose(ref_file);
+                hyp_file = ref_file = NULL;
+            }
             SacrebleuCase c;
-            int fields = sscanf(line, "score %7s %7s %15s %lf %lf %lf %lf %lf %lf %127s", c.tokenize, c.smooth, c.value,
-                                &c.score, &c.p[0], &c.p[1], &c.p[2], &c.p[3], &c.bp, c.signature);
+            int fields = sscanf(line, "score %7s %7s %15s %lf %lf %lf %lf %lf %lf %127s",
+                                c.tokenize, c.smooth, c.value, &c.score, &c.p[0], &c.p[1], &c.p[2],
+                                &c.p[3], &c.bp, c.signature);
             cases++;
             if (fields != 10 || !bleu_case_agrees(&c, hyp, ref, why, sizeof why)) {
                 if (!disagree++)
-                    snprintf(first_disagreement, sizeof first_disagreement, "corpus %d: %s", corpora,
-                             fields != 10 ? line : why);
+                    snprintf(first_disagreement, sizeof first_disagreement, "corpus %d: %s",
+                             corpora, fields != 10 ? line : why);
             }
-            if (strcmp(c.smooth, "none") == 0 && strcmp(c.tokenize, "none") == 0) none_score = c.score;
-            if (strcmp(c.smooth, "exp") == 0 && strcmp(c.tokenize, "none") == 0 && none_score == 0 && c.score > 0)
+            if (strcmp(c.smooth, "none") == 0 && strcmp(c.tokenize, "none") == 0)
+                none_score = c.score;
+            if (strcmp(c.smooth, "exp") == 0 && strcmp(c.tokenize, "none") == 0 &&
+                none_score == 0 && c.score > 0)
                 smoothing_matters++;
             nonzero += c.score > 0;
             if (strcmp(c.tokenize, "13a") == 0 && strcmp(c.smooth, "exp") == 0 && c.score > 0) {
-                last = c;   // the last corpus scored above 0 with sacreBLEU's defaults, for the command line below
+                last = c;   // the last corpus scored above 0 with sacreBLEU's defaults, for the
+                            // command line below
                 copy_file_for_cli(hyp, test_path("sb_last_hyp.txt"));
                 copy_file_for_cli(ref, test_path("sb_last_ref.txt"));
             }
@@ -1507,24 +1821,29 @@ static void test_bleu_against_sacrebleu(void) {
     }
     free(line);
     fclose(f);
-    check(cases == 600 && corpora == 60 && disagree == 0 && smoothing_matters >= 5 && nonzero >= 400,
-          "bleu: %d scores of %d corpora (--tokenize none and 13a, --smooth none, exp, floor, add-k) equal sacreBLEU "
-          "2.6.0's, precisions, BP and signature included (%d differ%s%s; %d corpora score 0 unsmoothed and above 0 "
-          "with exp)", cases, corpora, disagree, disagree ? ": " : "", first_disagreement, smoothing_matters);
+    check(cases == 600 && corpora == 60 && disagree == 0 && smoothing_matters >= 5 &&
+          nonzero >= 400,
+          "bleu: %d scores of %d corpora (--tokenize none and 13a, --smooth none, exp, floor, "
+          "add-k) equal sacreBLEU 2.6.0's, precisions, BP and signature included (%d differ%s%s; "
+          "%d corpora score 0 unsmoothed and above 0 with exp)",
+          cases, corpora, disagree, disagree ? ": " : "", first_disagreement, smoothing_matters);
     // the command's line, as `sacrebleu -f text` prints it, the precisions to two decimals
     char expected[400];
-    snprintf(expected, sizeof expected, "BLEU|%s = %.2f %.2f/%.2f/%.2f/%.2f (BP = %.3f", last.signature, last.score,
-             last.p[0], last.p[1], last.p[2], last.p[3], last.bp);
+    snprintf(expected, sizeof expected, "BLEU|%s = %.2f %.2f/%.2f/%.2f/%.2f (BP = %.3f",
+             last.signature, last.score, last.p[0], last.p[1], last.p[2], last.p[3], last.bp);
     int status = run_cli("bleu %s %s", test_path("sb_last_hyp.txt"), test_path("sb_last_ref.txt"));
     check(status == 0 && last.score > 0 && strstr(cli_output, expected),
           "cli: bleu with sacreBLEU's defaults prints \"%s ...\" as sacreBLEU scores it", expected);
-    check_cli_error("bleu --tokenize intl", "bleu: --tokenize 'intl' is not a tokenizer; expected 13a or none",
+    check_cli_error("bleu --tokenize intl",
+                    "bleu: --tokenize 'intl' is not a tokenizer; expected 13a or none",
                     "bleu --tokenize intl %s %s", hyp, ref);
-    check_cli_error("bleu --smooth laplace", "bleu: --smooth 'laplace' is not a smoothing method", "bleu --smooth laplace %s %s",
-                    hyp, ref);
-    check_cli_error("bleu --smooth exp --smooth-value 2", "bleu: --smooth-value goes with --smooth floor or add-k",
+    check_cli_error("bleu --smooth laplace", "bleu: --smooth 'laplace' is not a smoothing method",
+                    "bleu --smooth laplace %s %s", hyp, ref);
+    check_cli_error("bleu --smooth exp --smooth-value 2",
+                    "bleu: --smooth-value goes with --smooth floor or add-k",
                     "bleu --smooth exp --smooth-value 2 %s %s", hyp, ref);
-    check_cli_error("bleu --smooth-value -1", "--smooth-value", "bleu --smooth floor --smooth-value -1 %s %s", hyp, ref);
+    check_cli_error("bleu --smooth-value -1", "--smooth-value",
+                    "bleu --smooth floor --smooth-value -1 %s %s", hyp, ref);
 }
 
 // The lab's commands on the small trained copy model (trained_copy_model)
@@ -1538,26 +1857,35 @@ static void test_bleu_against_sacrebleu(void) {
 static void test_default_eval_size(void) {
     const char *tsv = test_path("eval_size.tsv"), *ckpt = test_path("eval_size.ckpt");
     FILE *f = fopen(tsv, "w");
-    if (!f) { check(0, "cli: cannot write %s", tsv); return; }
+    if (!f) {
+        check(0, "cli: cannot write %s", tsv);
+        return;
+    }
     for (int i = 0; i < 10020; i++) fprintf(f, "w%d x\tx w%d\n", i % 7, i % 5);
     fclose(f);
-    const char *run = "--layers 1 --d-model 8 --d-ff 16 --heads 2 --steps 1 --positions 8 --batch-tokens 4000 "
-                      "--log-every 0 --eval-every 0 --show 0 --threads 1 --force";
+    const char *run = "--layers 1 --d-model 8 --d-ff 16 --heads 2 --steps 1 --positions 8 "
+                      "--batch-tokens 4000 --log-every 0 --eval-every 0 --show 0 --threads 1 "
+                      "--force";
     int status = run_cli("train --train %s --checkpoint %s %s", tsv, ckpt, run);
-    check(status == 0 && strstr(cli_output, "/500) | the first 500 of 501 held-out pairs (--eval-size 0: all)"),
-          "cli: train on 10,020 lines evaluates the first 500 of its 501 held-out pairs by default and says so "
-          "(exit %d)", status);
+    check(status == 0 &&
+          strstr(cli_output, "/500) | the first 500 of 501 held-out pairs (--eval-size 0: all)"),
+          "cli: train on 10,020 lines evaluates the first 500 of its 501 held-out pairs by default "
+          "and says so (exit %d)", status);
     status = run_cli("train --train %s --checkpoint %s %s --eval-size 0", tsv, ckpt, run);
-    check(status == 0 && strstr(cli_output, "/501)\n"), "cli: --eval-size 0 evaluates all 501 held-out pairs "
-          "(exit %d)", status);
+    check(status == 0 && strstr(cli_output, "/501)\n"),
+          "cli: --eval-size 0 evaluates all 501 held-out pairs (exit %d)", status);
 }
 
 static void test_lab_evaluation_commands(void) {
     const char *ckpt = test_path("copy_small.ckpt");
-    if (!file_exists(ckpt)) { check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt); return; }
+    if (!file_exists(ckpt)) {
+        check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt);
+        return;
+    }
     test_average(trained_copy_model());
     test_log_keep_last_and_pictures(ckpt);
-    printf("-- what a new user meets: runs kept and resumed, moved data, commands named, BLEU of files\n");
+    printf("-- what a new user meets: runs kept and resumed, moved data, commands named, BLEU of "
+           "files\n");
     test_existing_checkpoints_and_keep_last();
     test_stale_step_file_and_lost_logs();
     test_moved_data();
@@ -1572,7 +1900,8 @@ static void test_lab_evaluation_commands(void) {
 // The subwords bpe_encode_word makes of word, as text separated by spaces.
 static void encode_to_text(char *out, size_t size, const Bpe *b, const char *word) {
     int n = (int)strlen(word);
-    int *start = checked_calloc((size_t)n + 2, sizeof(int), "test"), *scratch = checked_calloc(2 * ((size_t)n + 2), sizeof(int), "test");
+    int *start = checked_calloc((size_t)n + 2, sizeof(int), "test"),
+        *scratch = checked_calloc(2 * ((size_t)n + 2), sizeof(int), "test");
     char *text = checked_calloc((size_t)n + 5, 1, "test");
     int count = bpe_encode_word(b, start, word, n, scratch, text);
     out[0] = '\0';
@@ -1580,7 +1909,9 @@ static void encode_to_text(char *out, size_t size, const Bpe *b, const char *wor
         bpe_symbol_text(text, word, start, count, i);
         snprintf(out + strlen(out), size - strlen(out), "%s%s", i ? " " : "", text);
     }
-    free(start); free(scratch); free(text);
+    free(start);
+    free(scratch);
+    free(text);
 }
 
 // Sennrich, Haddow & Birch (2016), worked by hand with the tie rule (the
@@ -1592,28 +1923,36 @@ static void encode_to_text(char *out, size_t size, const Bpe *b, const char *wor
 // e r, low e, r </w> 2 -> (e r), (er </w>), (low er</w>): 15 merges, and then
 // every word is one symbol.
 static void test_bpe_learn_and_apply(void) {
-    const char *words[4] = { "low", "lower", "newest", "widest" }, *reversed[4] = { "widest", "newest", "lower", "low" };
+    const char *words[4] = { "low", "lower", "newest", "widest" },
+               *reversed[4] = { "widest", "newest", "lower", "low" };
     long counts[4] = { 5, 2, 6, 3 }, reversed_counts[4] = { 3, 6, 2, 5 };
     static const char *expected[15][2] = {
         { "e", "s" }, { "es", "t" }, { "est", "</w>" }, { "l", "o" }, { "lo", "w" }, { "e", "w" },
-        { "ew", "est</w>" }, { "n", "ewest</w>" }, { "low", "</w>" }, { "d", "est</w>" }, { "i", "dest</w>" },
-        { "w", "idest</w>" }, { "e", "r" }, { "er", "</w>" }, { "low", "er</w>" },
+        { "ew", "est</w>" }, { "n", "ewest</w>" }, { "low", "</w>" }, { "d", "est</w>" },
+        { "i", "dest</w>" }, { "w", "idest</w>" }, { "e", "r" }, { "er", "</w>" },
+        { "low", "er</w>" },
     };
     Bpe b, b2;
-    bpe_init(&b); bpe_init(&b2);
+    bpe_init(&b);
+    bpe_init(&b2);
     int learned = bpe_learn(&b, words, counts, 4, 100);
     int same = learned == 15;
     for (int r = 0; r < learned && same; r++)
         same = strcmp(b.left[r], expected[r][0]) == 0 && strcmp(b.right[r], expected[r][1]) == 0;
-    check(same, "bpe: low 5, lower 2, newest 6, widest 3 (Sennrich et al.): the 15 merges worked by hand, in order "
-          "(learned %d; first %s %s)", learned, learned ? b.left[0] : "-", learned ? b.right[0] : "-");
+    check(same,
+          "bpe: low 5, lower 2, newest 6, widest 3 (Sennrich et al.): the 15 merges worked by "
+          "hand, in order (learned %d; first %s %s)",
+          learned, learned ? b.left[0] : "-", learned ? b.right[0] : "-");
     check(learned == 15 && b.frequency[0] == 9 && b.frequency[8] == 5 && b.frequency[14] == 2,
-          "bpe: asked for 100 merges it stops after 15, when every word is one symbol; counts 9, 5, 2 as by hand");
+          "bpe: asked for 100 merges it stops after 15, when every word is one symbol; counts 9, "
+          "5, 2 as by hand");
     int learned2 = bpe_learn(&b2, reversed, reversed_counts, 4, 100);
-    check(learned2 == learned && same_merges(&b, &b2), "bpe: the words in another order give the same merges (the tie rule)");
+    check(learned2 == learned && same_merges(&b, &b2),
+          "bpe: the words in another order give the same merges (the tie rule)");
     bpe_free(&b2);
     bpe_init(&b2);
-    check(bpe_learn(&b2, words, counts, 4, 3) == 3 && b2.num_merges == 3, "bpe: asked for 3 merges, it learns 3");
+    check(bpe_learn(&b2, words, counts, 4, 3) == 3 && b2.num_merges == 3,
+          "bpe: asked for 3 merges, it learns 3");
     bpe_free(&b2);
     // apply: the merges in the order learned
     struct { const char *word, *subwords; } cases[] = {
@@ -1627,8 +1966,8 @@ static void test_bpe_learn_and_apply(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char got[200];
         encode_to_text(got, sizeof got, &b, cases[i].word);
-        check(strcmp(got, cases[i].subwords) == 0, "bpe: case %zu is cut into '%s' (expected '%s')", i + 1, got,
-              cases[i].subwords);
+        check(strcmp(got, cases[i].subwords) == 0, "bpe: case %zu is cut into '%s' (expected '%s')",
+              i + 1, got, cases[i].subwords);
     }
     // joining: tokens ending in </w> end a word
     Vocabulary v;
@@ -1643,15 +1982,22 @@ static void test_bpe_learn_and_apply(void) {
     int n = tokenize(sentence, &v, 0, &heap, &capacity, &from);
     char *joined = tokens_to_text(&v, heap, n);
     check(n == 6 && strcmp(joined, "lowest newer low") == 0 && from.unknown == 0,
-          "bpe: 'lowest newer low' is 6 subwords, without <unk>, and joins back to the words ('%s')", joined);
-    free(joined); free(heap);
+          "bpe: 'lowest newer low' is 6 subwords, without <unk>, and joins back to the words "
+          "('%s')", joined);
+    free(joined);
+    free(heap);
     vocab_free(&v); // frees the merges too
 }
 
 // The learner as it was before issue 49, kept here as the reference: after
 // every merge it looks at every word and scans every pair for the best one.
 // Slow (merges x words), plainly right; bpe_learn must give exactly its merges.
-typedef struct { PairTable index; int *left, *right; long *count; int size, capacity; } ReferencePairs;
+typedef struct {
+    PairTable index;
+    int *left, *right;
+    long *count;
+    int size, capacity;
+} ReferencePairs;
 
 static void reference_pairs_add(ReferencePairs *pc, int left, int right, long delta) {
     int i = pair_find(&pc->index, left, right);
@@ -1671,27 +2017,34 @@ static void reference_pairs_add(ReferencePairs *pc, int left, int right, long de
     pc->count[i] += delta;
 }
 
-static void reference_pairs_of_word(ReferencePairs *pc, const int *symbols, int length, long delta) {
+static void reference_pairs_of_word(ReferencePairs *pc, const int *symbols, int length,
+                                    long delta) {
     for (int i = 0; i + 1 < length; i++) reference_pairs_add(pc, symbols[i], symbols[i + 1], delta);
 }
 
 static int reference_best_pair(const ReferencePairs *pc, const Vocabulary *symbols) {
     int best = -1;
     for (int i = 0; i < pc->size; i++) {
-        if (pc->count[i] < 2) continue;
-        if (best >= 0 && pc->count[i] < pc->count[best]) continue;
+        if (pc->count[i] < 2)
+            continue;
+        if (best >= 0 && pc->count[i] < pc->count[best])
+            continue;
         if (best >= 0 && pc->count[i] == pc->count[best]) {
             int order = strcmp(symbols->words[pc->left[i]], symbols->words[pc->left[best]]);
-            if (order == 0) order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
-            if (order >= 0) continue;
+            if (order == 0)
+                order = strcmp(symbols->words[pc->right[i]], symbols->words[pc->right[best]]);
+            if (order >= 0)
+                continue;
         }
-        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]])) continue;
+        if (joins_to_special_token(symbols->words[pc->left[i]], symbols->words[pc->right[i]]))
+            continue;
         best = i;
     }
     return best;
 }
 
-static int reference_bpe_learn(Bpe *b, const char *const *words, const long *counts, int n, int num_merges) {
+static int reference_bpe_learn(Bpe *b, const char *const *words, const long *counts, int n,
+                               int num_merges) {
     int **symbols = checked_calloc(n > 0 ? n : 1, sizeof(int *), "test");
     int *length = checked_calloc(n > 0 ? n : 1, sizeof(int), "test");
     ReferencePairs pc;
@@ -1713,14 +2066,17 @@ static int reference_bpe_learn(Bpe *b, const char *const *words, const long *cou
     int learned = 0;
     for (; learned < num_merges; learned++) {
         int best = reference_best_pair(&pc, &b->symbols);
-        if (best < 0) break;
+        if (best < 0)
+            break;
         int l = pc.left[best], r = pc.right[best];
         bpe_add_merge(b, b->symbols.words[l], b->symbols.words[r], pc.count[best]);
         int joined = b->merged[b->num_merges - 1];
         for (int k = 0; k < n; k++) {
             int holds = 0;
-            for (int i = 0; i + 1 < length[k]; i++) holds |= symbols[k][i] == l && symbols[k][i + 1] == r;
-            if (!holds) continue;
+            for (int i = 0; i + 1 < length[k]; i++)
+                holds |= symbols[k][i] == l && symbols[k][i + 1] == r;
+            if (!holds)
+                continue;
             reference_pairs_of_word(&pc, symbols[k], length[k], -counts[k]);
             int kept = 0;
             for (int i = 0; i < length[k]; i++) {
@@ -1747,13 +2103,15 @@ static int reference_bpe_learn(Bpe *b, const char *const *words, const long *cou
 
 // Do a and b hold the same merges (pair and count, in order) and the same symbols, in order?
 static int same_learning(const Bpe *a, const Bpe *b) {
-    if (a->num_merges != b->num_merges || a->symbols.size != b->symbols.size) return 0;
+    if (a->num_merges != b->num_merges || a->symbols.size != b->symbols.size)
+        return 0;
     for (int r = 0; r < a->num_merges; r++)
         if (strcmp(a->left[r], b->left[r]) != 0 || strcmp(a->right[r], b->right[r]) != 0 ||
             a->frequency[r] != b->frequency[r])
             return 0;
     for (int id = 0; id < a->symbols.size; id++)
-        if (strcmp(a->symbols.words[id], b->symbols.words[id]) != 0) return 0;
+        if (strcmp(a->symbols.words[id], b->symbols.words[id]) != 0)
+            return 0;
     return 1;
 }
 
@@ -1784,11 +2142,14 @@ static void test_bpe_learn_against_reference(void) {
         for (int k = 0; k < n; k++) {
             char word[128] = "";
             int pieces = 1 + rng_below(&rng, kind == 4 ? 5 : 9);
-            for (int i = 0; i < pieces; i++) strcat(word, alphabets[kind][rng_below(&rng, letters[kind])]);
+            for (int i = 0; i < pieces; i++)
+                strcat(word, alphabets[kind][rng_below(&rng, letters[kind])]);
             int before = distinct.size;
             vocab_add(&distinct, word, strlen(word));
-            if (distinct.size == before) continue;   // a word already drawn (or a special token's text)
-            long count = kind == 4 ? 1 + 1000 / (num_words + 1) : rng_below(&rng, 5);   // 0: held out only
+            if (distinct.size == before)
+                continue;   // a word already drawn (or a special token's text)
+            long count = kind == 4 ? 1 + 1000 / (num_words + 1)
+                                   : rng_below(&rng, 5);   // 0: held out only
             counts[num_words++] = count;
         }
         const char *const *words = (const char *const *)distinct.words + NUM_SPECIAL_TOKENS;
@@ -1802,11 +2163,14 @@ static void test_bpe_learn_against_reference(void) {
         int same = got == expected && same_learning(&fast, &reference);
         if (!same && !first_difference[0]) {
             int r = 0;
-            while (r < fast.num_merges && r < reference.num_merges && strcmp(fast.left[r], reference.left[r]) == 0 &&
-                   strcmp(fast.right[r], reference.right[r]) == 0 && fast.frequency[r] == reference.frequency[r])
+            while (r < fast.num_merges && r < reference.num_merges &&
+                   strcmp(fast.left[r], reference.left[r]) == 0 &&
+                   strcmp(fast.right[r], reference.right[r]) == 0 &&
+                   fast.frequency[r] == reference.frequency[r])
                 r++;
-            snprintf(first_difference, sizeof first_difference, "corpus %d: %d and %d merges, the first to differ "
-                     "is number %d", corpus + 1, got, expected, r + 1);
+            snprintf(first_difference, sizeof first_difference,
+                     "corpus %d: %d and %d merges, the first to differ is number %d",
+                     corpus + 1, got, expected, r + 1);
         }
         agreed += same;
         cases++;
@@ -1816,10 +2180,11 @@ static void test_bpe_learn_against_reference(void) {
         free(counts);
         vocab_free(&distinct);
     }
-    check(agreed == cases && merges > 1000, "bpe: on %d generated corpora (ties, overlapping pairs, UTF-8, special "
-          "tokens' letters, words counted 0 times, Zipfian syllables) the learner gives the reference's merges, "
-          "counts and symbols, in order: %d agreed, %d merges in all%s%s", cases, agreed, merges,
-          first_difference[0] ? "; " : "", first_difference);
+    check(agreed == cases && merges > 1000,
+          "bpe: on %d generated corpora (ties, overlapping pairs, UTF-8, special tokens' letters, "
+          "words counted 0 times, Zipfian syllables) the learner gives the reference's merges, "
+          "counts and symbols, in order: %d agreed, %d merges in all%s%s",
+          cases, agreed, merges, first_difference[0] ? "; " : "", first_difference);
 }
 
 // How train held pairs out before issue 49's last change (the file read whole, then split): moves
@@ -1858,26 +2223,33 @@ static void reference_dataset_split(Dataset *dataset, Dataset *held_out, int eve
 
 // Are the two datasets the same pairs (lengths, lines), the same tokens, the same longest sides?
 static int same_dataset(const Dataset *a, const Dataset *b) {
-    if (a->count != b->count || a->num_tokens != b->num_tokens) return 0;
-    if (a->longest_src != b->longest_src || a->longest_tgt != b->longest_tgt) return 0;
+    if (a->count != b->count || a->num_tokens != b->num_tokens)
+        return 0;
+    if (a->longest_src != b->longest_src || a->longest_tgt != b->longest_tgt)
+        return 0;
     for (int i = 0; i < a->count; i++) {
         const SentencePair *p = &a->pairs[i], *q = &b->pairs[i];
-        if (p->src_len != q->src_len || p->tgt_len != q->tgt_len || p->line != q->line) return 0;
-        if (memcmp(a->tokens + p->src, b->tokens + q->src, (size_t)p->src_len * sizeof(int)) != 0) return 0;
-        if (memcmp(a->tokens + p->tgt, b->tokens + q->tgt, (size_t)p->tgt_len * sizeof(int)) != 0) return 0;
+        if (p->src_len != q->src_len || p->tgt_len != q->tgt_len || p->line != q->line)
+            return 0;
+        if (memcmp(a->tokens + p->src, b->tokens + q->src, (size_t)p->src_len * sizeof(int)) != 0)
+            return 0;
+        if (memcmp(a->tokens + p->tgt, b->tokens + q->tgt, (size_t)p->tgt_len * sizeof(int)) != 0)
+            return 0;
     }
     return 1;
 }
 
-// train's held-out pairs read into their own dataset as the file is read (dataset_read_tsv_split) are
-// those of the file read whole and then split: the same pairs in both, in order, the same tokens and ids.
+// train's held-out pairs read into their own dataset as the file is read (dataset_read_tsv_split)
+// are those of the file read whole and then split: the same pairs in both, in order, the same
+// tokens and ids.
 static void test_tsv_held_out_while_reading(void) {
     const char *path = test_path("held_out.tsv");
     char text[1 << 14];
     size_t size = 0;
     for (int line = 0; line < 150; line++)
-        size += (size_t)snprintf(text + size, sizeof text - size, line % 11 == 3 ? " \n" : "a%d b%d c\tx%d %s\n",
-                                 line % 17, line % 5, line % 23, line % 4 ? "y" : "y z w");
+        size += (size_t)snprintf(text + size, sizeof text - size,
+                                 line % 11 == 3 ? " \n" : "a%d b%d c\tx%d %s\n", line % 17,
+                                 line % 5, line % 23, line % 4 ? "y" : "y z w");
     write_text(path, text);
     int agreed = 0;
     static const int every[3] = { 20, 7, 200 };   // (200: more than the pairs, none held out)
@@ -1891,7 +2263,8 @@ static void test_tsv_held_out_while_reading(void) {
         memset(&train, 0, sizeof train);
         memset(&held, 0, sizeof held);
         const char *e1 = dataset_read_tsv(&whole, &v1, path, 1);
-        if (!e1 && whole.count >= every[e]) reference_dataset_split(&whole, &whole_held, every[e]);
+        if (!e1 && whole.count >= every[e])
+            reference_dataset_split(&whole, &whole_held, every[e]);
         char first[300];
         snprintf(first, sizeof first, "%s", e1 ? e1 : "");
         const char *e2 = dataset_read_tsv_split(&train, &held, every[e], &v2, path, 1);
@@ -1906,14 +2279,16 @@ static void test_tsv_held_out_while_reading(void) {
         vocab_free(&v1);
         vocab_free(&v2);
     }
-    check(agreed == 3, "tsv: every 20th, 7th or 200th pair held out as a 150-line file (blank lines) is read gives "
-          "the pairs, tokens and vocabulary of the file read whole and then split: %d of 3 agree", agreed);
+    check(agreed == 3,
+          "tsv: every 20th, 7th or 200th pair held out as a 150-line file (blank lines) is read "
+          "gives the pairs, tokens and vocabulary of the file read whole and then split: %d of 3 "
+          "agree", agreed);
 }
 
 // The words of a TSV file as learning counts them (word_counts_read_tsv) against dataset_read_tsv
-// and reference_dataset_split, which the learner read before issue 49: the same words in the same order
-// (a byte-order mark, \r\n, blank lines, held-out pairs listed with count 0), the same counts,
-// and the same message for each kind of bad line.
+// and reference_dataset_split, which the learner read before issue 49: the same words in the same
+// order (a byte-order mark, \r\n, blank lines, held-out pairs listed with count 0), the same
+// counts, and the same message for each kind of bad line.
 static void test_bpe_word_counts(void) {
     const char *path = test_path("bpe_counts.tsv");
     Rng rng;
@@ -1923,17 +2298,21 @@ static void test_bpe_word_counts(void) {
     size += (size_t)snprintf(text, capacity, "\xEF\xBB\xBF");
     static const char *pieces[6] = { "ab", "c", "\xc3\xa4", "de", "f", "g" };
     for (int line = 0; line < 300; line++) {
-        if (line % 37 == 5) size += (size_t)snprintf(text + size, capacity - size, " \v \n");   // blank
-        if (line % 41 == 3) size += (size_t)snprintf(text + size, capacity - size, "\r\n");
+        if (line % 37 == 5)
+            size += (size_t)snprintf(text + size, capacity - size, " \v \n");   // blank
+        if (line % 41 == 3)
+            size += (size_t)snprintf(text + size, capacity - size, "\r\n");
         for (int side = 0; side < 2; side++) {
             int words = 1 + rng_below(&rng, 5);
             for (int w = 0; w < words; w++) {
                 int letters = 1 + rng_below(&rng, 3);
                 for (int i = 0; i < letters; i++)
-                    size += (size_t)snprintf(text + size, capacity - size, "%s", pieces[rng_below(&rng, 6)]);
+                    size += (size_t)snprintf(text + size, capacity - size,
+                                             "%s", pieces[rng_below(&rng, 6)]);
                 size += (size_t)snprintf(text + size, capacity - size, w + 1 < words ? " " : "");
             }
-            size += (size_t)snprintf(text + size, capacity - size, side == 0 ? "\t" : line % 5 ? "\n" : "\r\n");
+            size += (size_t)snprintf(text + size, capacity - size,
+                                     side == 0 ? "\t" : line % 5 ? "\n" : "\r\n");
         }
     }
     write_text(path, text);
@@ -1953,7 +2332,8 @@ static void test_bpe_word_counts(void) {
         memset(&held_out, 0, sizeof held_out);
         const char *error = word_counts_read_tsv(&w, path, every[e]);
         const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
-        if (!old_error && every[e] > 0) reference_dataset_split(&dataset, &held_out, every[e]);
+        if (!old_error && every[e] > 0)
+            reference_dataset_split(&dataset, &held_out, every[e]);
         long *counts = checked_calloc((size_t)words.size, sizeof(long), "test");
         for (size_t i = 0; !old_error && i < dataset.num_tokens; i++) counts[dataset.tokens[i]]++;
         int same = !error && !old_error && w.num_words == words.size - NUM_SPECIAL_TOKENS;
@@ -1969,15 +2349,18 @@ static void test_bpe_word_counts(void) {
         word_counts_free(&w);
     }
     counting_parts_asked = 0;
-    check(agreed == 12, "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are counted "
-          "as dataset_read_tsv reads them, all pairs and every 20th or 7th held out, in 1, 2, 3 and 7 parts (threads) "
-          "merged: %d of 12 agree", agreed);
-    // bad lines: alone, and after good and blank lines (a later part's line: its number, the pairs before it)
+    check(agreed == 12,
+          "bpe: the words of a 300-line file with a byte-order mark, blank lines and \\r\\n are "
+          "counted as dataset_read_tsv reads them, all pairs and every 20th or 7th held out, in 1, "
+          "2, 3 and 7 parts (threads) merged: %d of 12 agree", agreed);
+    // bad lines: alone, and after good and blank lines (a later part's line: its number, the pairs
+    // before it)
     static const char *bad[] = {
-        "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n", "ok\tfine\nx\xff\tb\n",
-        "a\x00z\tb\n", "a\tb\tc",
+        "", "\n \n", "a b\n", "a\tb\tc\n", "a\t<s> b\n", "<unk>\tb\n", " \tb\n", "a\t \n",
+        "ok\tfine\nx\xff\tb\n", "a\x00z\tb\n", "a\tb\tc",
     };
-    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4, 13, 6, 5 };   // (the zero byte's line: 6)
+    static const size_t bad_bytes[] = { 0, 3, 4, 6, 8, 8, 4, 4,
+                                        13, 6, 5 };   // (the zero byte's line: 6)
     int same_messages = 0, kinds = (int)(sizeof bad / sizeof *bad), cases = 0;
     char first[600] = "";
     for (int c = 0; c < 4 * kinds; c++) {
@@ -1986,11 +2369,12 @@ static void test_bpe_word_counts(void) {
         char bytes[4096];
         size_t size = 0;
         for (int line = 0; after_lines && line < 60; line++)
-            size += (size_t)snprintf(bytes + size, sizeof bytes - size, line % 9 == 4 ? "\n" : "w%d x\ty z%d\n",
-                                     line % 13, line % 7);
+            size += (size_t)snprintf(bytes + size, sizeof bytes - size,
+                                     line % 9 == 4 ? "\n" : "w%d x\ty z%d\n", line % 13, line % 7);
         memcpy(bytes + size, bad[i], bad_bytes[i]);
         size += bad_bytes[i];
-        size += (size_t)snprintf(bytes + size, sizeof bytes - size, after_lines ? "more\tlines\nand\tmore\n" : "");
+        size += (size_t)snprintf(bytes + size, sizeof bytes - size,
+                                 after_lines ? "more\tlines\nand\tmore\n" : "");
         write_file(path, bytes, size);
         WordCounts w;
         memset(&w, 0, sizeof w);
@@ -2002,20 +2386,25 @@ static void test_bpe_word_counts(void) {
         char message[300];
         snprintf(message, sizeof message, "%s", error ? error : "(none)");
         const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
-        int expected_error = !after_lines || i >= 2;   // (an empty or blank ending after good lines is fine)
-        int same = expected_error ? error && old_error && strcmp(message, old_error) == 0 : !error && !old_error;
+        int expected_error = !after_lines || i >= 2;   // (an empty or blank ending after good
+                                                       // lines is fine)
+        int same = expected_error ? error && old_error && strcmp(message, old_error) == 0
+                                  : !error && !old_error;
         same_messages += same;
         cases++;
         if (!same && !first[0])
-            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", c + 1, message, old_error ? old_error : "(none)");
+            snprintf(first, sizeof first, "; case %d: '%s' and '%s'", c + 1, message,
+                     old_error ? old_error : "(none)");
         dataset_free(&dataset);
         vocab_free(&words);
         word_counts_free(&w);
     }
     counting_parts_asked = 0;
-    check(same_messages == cases, "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an "
-          "empty side, not UTF-8, a zero byte, no newline at the end), alone and after 60 lines, counted in 1 and 3 parts, give "
-          "dataset_read_tsv's message: %d of %d agree%s", kinds, same_messages, cases, first);
+    check(same_messages == cases,
+          "bpe: %d kinds of bad file (empty, blank, no tab, two tabs, a special token, an empty "
+          "side, not UTF-8, a zero byte, no newline at the end), alone and after 60 lines, counted "
+          "in 1 and 3 parts, give dataset_read_tsv's message: %d of %d agree%s",
+          kinds, same_messages, cases, first);
 }
 
 // Writes a Zipfian corpus of syllables (lines pairs, a blank line now and then) to path, and after
@@ -2027,15 +2416,18 @@ static void write_syllable_corpus(const char *path, int lines, int bad_at, const
     size_t capacity = 1 << 20, size = 0;
     char *text = checked_calloc(capacity, 1, "test");
     for (int line = 0; line < lines; line++) {
-        if (line % 97 == 50) size += (size_t)snprintf(text + size, capacity - size, "\n");
-        if (line == bad_at && bad_at > 0) size += (size_t)snprintf(text + size, capacity - size, "%s\n", bad);
+        if (line % 97 == 50)
+            size += (size_t)snprintf(text + size, capacity - size, "\n");
+        if (line == bad_at && bad_at > 0)
+            size += (size_t)snprintf(text + size, capacity - size, "%s\n", bad);
         for (int side = 0; side < 2; side++) {
             int words = 1 + rng_below(&rng, 12);
             for (int k = 0; k < words; k++) {
                 int rank = 1 + rng_below(&rng, 1 + rng_below(&rng, 400));   // about Zipfian
                 for (int r = rank; r > 0; r /= 8)
                     size += (size_t)snprintf(text + size, capacity - size, "%s", syllables[r % 8]);
-                size += (size_t)snprintf(text + size, capacity - size, "%s", k + 1 < words ? " " : "");
+                size += (size_t)snprintf(text + size, capacity - size, "%s",
+                                         k + 1 < words ? " " : "");
             }
             size += (size_t)snprintf(text + size, capacity - size, side == 0 ? "\t" : "\n");
         }
@@ -2044,8 +2436,9 @@ static void write_syllable_corpus(const char *path, int lines, int bad_at, const
     free(text);
 }
 
-// The merges learned from a file whose words are counted in parts (threads) are those of one part: the
-// same symbols, merges and counts (a Zipfian corpus of syllables, every 20th pair held out or none).
+// The merges learned from a file whose words are counted in parts (threads) are those of one part:
+// the same symbols, merges and counts (a Zipfian corpus of syllables, every 20th pair held out or
+// none).
 static void test_bpe_counting_parts(void) {
     const char *path = test_path("bpe_parts.tsv");
     write_syllable_corpus(path, 3000, 0, "");
@@ -2070,16 +2463,17 @@ static void test_bpe_counting_parts(void) {
         vocab_free(&one);
     }
     counting_parts_asked = 0;
-    check(agreed == cases && cases == 4 && merges > 1000, "bpe: 500 merges from a 3,000-line file counted in 2 and "
-          "5 parts (threads), with and without held-out pairs, are those of one part: %d of %d agree (%d merges)",
+    check(agreed == cases && cases == 4 && merges > 1000,
+          "bpe: 500 merges from a 3,000-line file counted in 2 and 5 parts (threads), with and "
+          "without held-out pairs, are those of one part: %d of %d agree (%d merges)",
           agreed, cases, merges);
 }
 
 
-// train --bpe's data cut on threads, in blocks of lines (bpe_read_tsv_on_threads), against the plain
-// reading line by line: the same training and held-out pairs, ids and vocabulary; where a block holds
-// a bad line, the same message; where a word brings a character the merges never saw (the vocabulary
-// grows), the same ids for it.
+// train --bpe's data cut on threads, in blocks of lines (bpe_read_tsv_on_threads), against the
+// plain reading line by line: the same training and held-out pairs, ids and vocabulary; where a
+// block holds a bad line, the same message; where a word brings a character the merges never saw
+// (the vocabulary grows), the same ids for it.
 static void test_bpe_cutting_on_threads(void) {
     const char *learn_path = test_path("bpe_cut_learn.tsv"), *path = test_path("bpe_cut.tsv");
     write_syllable_corpus(learn_path, 2000, 0, "");
@@ -2099,21 +2493,27 @@ static void test_bpe_cutting_on_threads(void) {
             memset(&held[way], 0, sizeof held[way]);
             int learned = 0;
             error[way] = bpe_learn_for_training(&v[way], learn_path, 20, 300, &learned);
-            if (!error[way] && way == 1) v[way].bpe->cache_complete = 0;   // (read plainly)
+            if (!error[way] && way == 1)
+                v[way].bpe->cache_complete = 0;   // (read plainly)
             cutting_block_lines_asked = block_lines[c];
             int threads = !error[way] && way == 0 && bpe_cut_on_threads(&v[way], stdin);
-            if (!error[way]) error[way] = dataset_read_tsv_split(&train[way], &held[way], 20, &v[way], path, 1);
+            if (!error[way])
+                error[way] = dataset_read_tsv_split(&train[way], &held[way], 20, &v[way], path, 1);
             cutting_block_lines_asked = 0;
             snprintf(message[way], sizeof message[way], "%s", error[way] ? error[way] : "");
-            if (way == 0 && !threads) snprintf(message[way], sizeof message[way], "not cut on threads");
+            if (way == 0 && !threads)
+                snprintf(message[way], sizeof message[way], "not cut on threads");
         }
-        int same = strcmp(message[0], message[1]) == 0 && (c == 1 || c == 3) == (message[0][0] != 0);
+        int same = strcmp(message[0], message[1]) == 0 &&
+                   (c == 1 || c == 3) == (message[0][0] != 0);
         same = same && same_dataset(&train[0], &train[1]) && same_dataset(&held[0], &held[1]);
         same = same && v[0].size == v[1].size;
-        for (int id = 0; same && id < v[0].size; id++) same = strcmp(v[0].words[id], v[1].words[id]) == 0;
+        for (int id = 0; same && id < v[0].size; id++)
+            same = strcmp(v[0].words[id], v[1].words[id]) == 0;
         if (!same && !first[0])
-            snprintf(first, sizeof first, "; case %d: '%.150s' and '%.150s', vocabularies %d and %d", c + 1,
-                     message[0], message[1], v[0].size, v[1].size);
+            snprintf(first, sizeof first,
+                     "; case %d: '%.150s' and '%.150s', vocabularies %d and %d", c + 1, message[0],
+                     message[1], v[0].size, v[1].size);
         agreed += same;
         pairs += train[0].count + held[0].count;
         for (int way = 0; way < 2; way++) {
@@ -2122,21 +2522,25 @@ static void test_bpe_cutting_on_threads(void) {
             vocab_free(&v[way]);
         }
     }
-    check(agreed == 4 && pairs > 5000, "bpe: a 2,000-pair file cut on threads in blocks of 7 to 1,000 lines, plain, "
-          "with a bad line, with characters no merge saw, with a special token, gives the pairs, ids, vocabulary and "
-          "message of the plain reading: %d of 4 agree (%d pairs)%s", agreed, pairs, first);
+    check(agreed == 4 && pairs > 5000,
+          "bpe: a 2,000-pair file cut on threads in blocks of 7 to 1,000 lines, plain, with a bad "
+          "line, with characters no merge saw, with a special token, gives the pairs, ids, "
+          "vocabulary and message of the plain reading: %d of 4 agree (%d pairs)%s",
+          agreed, pairs, first);
 }
 
 // Reads the lines of a TSV file (at most max) into lines[], without their newline.
 static int read_lines(const char *path, char **lines, int max) {
     FILE *f = fopen(path, "r");
-    if (!f) return 0;
+    if (!f)
+        return 0;
     char *line = NULL;
     size_t capacity = 0;
     ssize_t length;
     int n = 0;
     while (n < max && (length = getline(&line, &capacity, f)) != -1) {
-        if (length > 0 && line[length - 1] == '\n') line[length - 1] = '\0';
+        if (length > 0 && line[length - 1] == '\n')
+            line[length - 1] = '\0';
         lines[n++] = strdup(line);
     }
     free(line);
@@ -2148,13 +2552,19 @@ static int read_lines(const char *path, char **lines, int max) {
 // the test split's German words, none of them a training word, encode
 // without <unk>.
 static void test_bpe_numbers_data(void) {
-    const char *files[3] = { "tiny_data/numbers_train.tsv", "tiny_data/numbers_dev.tsv", "tiny_data/numbers_test.tsv" };
+    const char *files[3] = { "tiny_data/numbers_train.tsv", "tiny_data/numbers_dev.tsv",
+                             "tiny_data/numbers_test.tsv" };
     Vocabulary v, words;
-    vocab_init(&v); vocab_init(&words);
+    vocab_init(&v);
+    vocab_init(&words);
     int learned = 0;
     const char *e = bpe_learn_from_tsv(&v, files[0], 0, 100, &learned);
     check(!e && learned == 100, "bpe: 100 merges from %s (%s)", files[0], e ? e : "learned");
-    if (e) { vocab_free(&v); vocab_free(&words); return; }
+    if (e) {
+        vocab_free(&v);
+        vocab_free(&words);
+        return;
+    }
     vocab_add_subwords(&v);
     int size = v.size;
     Dataset train_words;
@@ -2165,24 +2575,29 @@ static void test_bpe_numbers_data(void) {
         Dataset d;
         memset(&d, 0, sizeof d);
         e = dataset_read_tsv(&d, &v, files[f], 0);
-        int n = read_lines(files[f], lines, 6000), same = !e && n == d.count, unknown = 0, german_seen = 0;
+        int n = read_lines(files[f], lines, 6000), same = !e && n == d.count, unknown = 0,
+            german_seen = 0;
         for (int i = 0; i < n; i++) {
             const SentencePair *p = &d.pairs[i];
             char *tab = strchr(lines[i], '\t');
             if (same && tab) {
                 *tab = '\0';
-                char *src = tokens_to_text(&v, d.tokens + p->src, p->src_len), *tgt = tokens_to_text(&v, d.tokens + p->tgt, p->tgt_len);
+                char *src = tokens_to_text(&v, d.tokens + p->src, p->src_len),
+                     *tgt = tokens_to_text(&v, d.tokens + p->tgt, p->tgt_len);
                 same = strcmp(src, lines[i]) == 0 && strcmp(tgt, tab + 1) == 0;
                 german_seen += vocab_find(&words, tab + 1, strlen(tab + 1)) >= 0;
-                free(src); free(tgt);
+                free(src);
+                free(tgt);
             }
-            for (int t = 0; same && t < p->src_len + p->tgt_len; t++) unknown += d.tokens[p->src + t] == TOKEN_UNK;
+            for (int t = 0; same && t < p->src_len + p->tgt_len; t++)
+                unknown += d.tokens[p->src + t] == TOKEN_UNK;
             free(lines[i]);
         }
-        check(same && unknown == 0 && v.size == size, "bpe: %s: all %d lines join back from their subwords exactly, "
-              "no <unk>", files[f], n);
+        check(same && unknown == 0 && v.size == size,
+              "bpe: %s: all %d lines join back from their subwords exactly, no <unk>", files[f], n);
         if (f == 2)
-            check(german_seen == 0 && unknown == 0, "bpe: none of the %d German words of the test split is a training "
+            check(german_seen == 0 && unknown == 0,
+                  "bpe: none of the %d German words of the test split is a training "
                   "word (%d are), yet all encode without <unk>", n, german_seen);
         dataset_free(&d);
     }
@@ -2217,12 +2632,17 @@ static int cuts_as_each_word(Vocabulary *vocab, const char *line) {
         int subwords = bpe_encode_word(vocab->bpe, start, w, (int)length, scratch, text);
         for (int s = 0; s < subwords; s++) {
             int text_length = bpe_symbol_text(text, w, start, subwords, s);
-            push_id(&expected, &expected_capacity, expected_count++, vocab_find(vocab, text, text_length));
+            push_id(&expected, &expected_capacity, expected_count++,
+                    vocab_find(vocab, text, text_length));
         }
-        free(start); free(scratch); free(text);
+        free(start);
+        free(scratch);
+        free(text);
     }
     int same = count == expected_count && memcmp(ids, expected, (size_t)count * sizeof(int)) == 0;
-    free(ids); free(expected); free(copy);
+    free(ids);
+    free(expected);
+    free(copy);
     return same;
 }
 
@@ -2237,26 +2657,30 @@ static void test_bpe_cache(void) {
     vocab_init(&v);
     int learned = 0;
     const char *e = bpe_learn_from_tsv(&v, "tiny_data/numbers_train.tsv", 0, 300, &learned);
-    if (!e) vocab_add_subwords(&v);
+    if (!e)
+        vocab_add_subwords(&v);
     char *lines[1000];
     int n = e ? 0 : read_lines("tiny_data/numbers_test.tsv", lines, 1000);
     int same = n == 1000, cached_words = 0;
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < n && same; i++) same = cuts_as_each_word(&v, lines[i]);
-        if (round == 0) cached_words = v.bpe ? v.bpe->cached.num_words : 0;
+        if (round == 0)
+            cached_words = v.bpe ? v.bpe->cached.num_words : 0;
     }
     vocab_init(&other);
     vocab_add(&other, "x", 1);
     vocab_add(&other, "y", 1);
     other.bpe = v.bpe;
-    if (!e) vocab_add_subwords(&other);
+    if (!e)
+        vocab_add_subwords(&other);
     int same_other = n == 1000;
     for (int i = 0; i < n && same_other; i++) same_other = cuts_as_each_word(&other, lines[i]);
     other.bpe = NULL;   // v's
     vocab_free(&other);
-    check(!e && same && cached_words > 100 && same_other, "bpe: the 1000 lines of the numbers test split, cut "
-          "twice (the cache filling, then from it: %d words), and with the same merges in another vocabulary, give "
-          "bpe_encode_word's subwords word by word", cached_words);
+    check(!e && same && cached_words > 100 && same_other,
+          "bpe: the 1000 lines of the numbers test split, cut twice (the cache filling, then from "
+          "it: %d words), and with the same merges in another vocabulary, give bpe_encode_word's "
+          "subwords word by word", cached_words);
     // a character no training word has: <unk>, warned of at each occurrence
     char sentence[] = "zwei\xc3\xa7 zwei\xc3\xa7 zwei";
     int *ids = NULL;
@@ -2268,8 +2692,10 @@ static void test_bpe_cache(void) {
     int count = tokenize(sentence, &v, 0, &ids, &capacity, &from);
     fflush(stderr);
     dup2(saved, 2);
-    close(saved); close(devnull);
-    check(count > 3 && from.unknown == 2, "bpe: a word with a character the vocabulary lacks, twice in a sentence, "
+    close(saved);
+    close(devnull);
+    check(count > 3 && from.unknown == 2,
+          "bpe: a word with a character the vocabulary lacks, twice in a sentence, "
           "is <unk> each time (%ld unknown)", from.unknown);
     free(ids);
     for (int i = 0; i < n; i++) free(lines[i]);
@@ -2361,11 +2787,13 @@ static void test_progress_lines(void) {
     progress_show(&p, 20000, 1);
     capture_end(printed, sizeof printed);
     progress_always = asked;
-    const char *expected = "bpe    learning merges: 5000/20.0k (25.0%) | 500 merges/s | elapsed 0:10 | left 0:30\n";
-    check(quiet && count_occurrences(printed, "\n") == 2 && strncmp(printed, expected, strlen(expected)) == 0 &&
+    const char *expected = "bpe    learning merges: 5000/20.0k (25.0%) | 500 merges/s | "
+                           "elapsed 0:10 | left 0:30\n";
+    check(quiet && count_occurrences(printed, "\n") == 2 &&
+          strncmp(printed, expected, strlen(expected)) == 0 &&
           strstr(printed, "bpe    learning merges: 20.0k/20.0k (100.0%)"),
-          "progress: quiet unless asked when stderr is not a terminal; with --progress a line when one is due "
-          "and one at the end ('%.200s')", printed);
+          "progress: quiet unless asked when stderr is not a terminal; with --progress a line when "
+          "one is due and one at the end ('%.200s')", printed);
 }
 
 // §5.1 never makes a special token's text. Words such as "<s>a", "</s>b",
@@ -2389,7 +2817,10 @@ static void test_bpe_never_makes_special_tokens(void) {
     }
     Dataset d;
     memset(&d, 0, sizeof d);
-    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 0); }
+    if (!e) {
+        vocab_add_subwords(&v);
+        e = dataset_read_tsv(&d, &v, path, 0);
+    }
     for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
     for (int i = 0; !e && i < d.count; i++) {
         char *src = tokens_to_text(&v, d.tokens + d.pairs[i].src, d.pairs[i].src_len);
@@ -2397,12 +2828,14 @@ static void test_bpe_never_makes_special_tokens(void) {
         char line[128];
         snprintf(line, sizeof line, "%s\t%s\n", src, tgt);
         joins_back &= strstr(text, line) != NULL;
-        free(src); free(tgt);
+        free(src);
+        free(tgt);
     }
     check(!e && learned > 0 && makes_special == 0 && special_ids == 0 && joins_back && d.count == 4,
-          "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's text (%d did), and "
-          "their subwords hold no special id (%d did) and join back to the words (%s)", learned, makes_special,
-          special_ids, e ? e : "read");
+          "bpe: words holding <s> </s> <pad> <unk> learn %d merges, none making a special token's "
+          "text (%d did), and their subwords hold no special id (%d did) and join back to the "
+          "words (%s)",
+          learned, makes_special, special_ids, e ? e : "read");
     dataset_free(&d);
     vocab_free(&v);
     // the input make fuzz minimized (dev/fuzz/fuzz_tsv_bpe.c, before the fix): one line, 9 bytes
@@ -2410,10 +2843,15 @@ static void test_bpe_never_makes_special_tokens(void) {
     vocab_init(&v);
     special_ids = 0;
     e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
-    if (!e) { vocab_add_subwords(&v); e = dataset_read_tsv(&d, &v, path, 1); }
+    if (!e) {
+        vocab_add_subwords(&v);
+        e = dataset_read_tsv(&d, &v, path, 1);
+    }
     for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
-    check(!e && special_ids == 0 && d.num_tokens >= 4, "bpe: '<s>x<TAB><s>c' (found by make fuzz) is cut into %zu "
-          "subwords, %d of them a special token's id (%s)", d.num_tokens, special_ids, e ? e : "read");
+    check(!e && special_ids == 0 && d.num_tokens >= 4,
+          "bpe: '<s>x<TAB><s>c' (found by make fuzz) is cut into %zu "
+          "subwords, %d of them a special token's id (%s)",
+          d.num_tokens, special_ids, e ? e : "read");
     dataset_free(&d);
     vocab_free(&v);
     // a checkpoint whose merges make "<s>"
@@ -2433,9 +2871,13 @@ static void test_bpe_never_makes_special_tokens(void) {
     const char *ckpt = test_path("bpe_special.ckpt");
     e = checkpoint_save(ckpt, &m, &v, &state, "");
     const char *refused = e ? e : checkpoint_load(ckpt, &loaded, &v2, NULL, NULL);
-    check(!e && refused && strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
+    check(!e && refused &&
+          strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
           "checkpoint: merges that make '<s>' are refused (%s)", refused ? refused : "loaded");
-    if (!refused) { transformer_free(&loaded); vocab_free(&v2); }
+    if (!refused) {
+        transformer_free(&loaded);
+        vocab_free(&v2);
+    }
     transformer_free(&m);
     vocab_free(&v);
 }
@@ -2455,14 +2897,23 @@ static void test_bpe_checkpoint(void) {
     transformer_build(&m, &config, 5);
     TrainingState state = { 1, 0, 0, 4 }; // no step trained: no epoch begun
     const char *path = test_path("bpe.ckpt");
-    if (!e) e = checkpoint_save(path, &m, &v, &state, "");
-    if (!e) e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
+    if (!e)
+        e = checkpoint_save(path, &m, &v, &state, "");
+    if (!e)
+        e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
     int same = !e && v2.bpe && same_merges(v.bpe, v2.bpe) && v2.size == v.size;
     char a[100], b[100];
-    if (same) { encode_to_text(a, sizeof a, v.bpe, "lowest"); encode_to_text(b, sizeof b, v2.bpe, "lowest"); }
-    check(same && strcmp(a, b) == 0, "bpe: %d merges survive a checkpoint round trip and cut 'lowest' the same "
-          "(%s)", learned, e ? e : a);
-    if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+    if (same) {
+        encode_to_text(a, sizeof a, v.bpe, "lowest");
+        encode_to_text(b, sizeof b, v2.bpe, "lowest");
+    }
+    check(same && strcmp(a, b) == 0,
+          "bpe: %d merges survive a checkpoint round trip and cut 'lowest' the same (%s)",
+          learned, e ? e : a);
+    if (!e) {
+        transformer_free(&loaded);
+        vocab_free(&v2);
+    }
     // a damaged merges section is refused
     checkpoint_save(path, &m, &v, &state, "");
     size_t size;
@@ -2471,9 +2922,12 @@ static void test_bpe_checkpoint(void) {
         good[120] += 1; // merges_bytes one more, the options...: the sizes disagree
         write_file(test_path("bad_merges.ckpt"), good, size);
         e = checkpoint_load(test_path("bad_merges.ckpt"), &loaded, &v2, NULL, NULL);
-        check(e && strstr(e, "bad_merges.ckpt"), "checkpoint: a merges section of the wrong size is refused (%s)",
-              e ? e : "accepted");
-        if (!e) { transformer_free(&loaded); vocab_free(&v2); }
+        check(e && strstr(e, "bad_merges.ckpt"),
+              "checkpoint: a merges section of the wrong size is refused (%s)", e ? e : "accepted");
+        if (!e) {
+            transformer_free(&loaded);
+            vocab_free(&v2);
+        }
         free(good);
     }
     transformer_free(&m);
@@ -2484,39 +2938,50 @@ static void test_bpe_checkpoint(void) {
 // train --bpe, decode, eval, attention and the bpe command, as a user runs them.
 static void test_bpe_command_line(void) {
     const char *tsv = test_path("cli_bpe.tsv"), *ckpt = test_path("cli_bpe.ckpt");
-    write_text(tsv, "zwei drei\tdreiundzwei\nvier zwei\tzweiundvier\ndrei vier\tvierunddrei\nzwei zwei\tzweiundzwei\n");
-    check_cli_error("--bpe 0", "train: --bpe '0' is not valid; expected an integer from 1", "train --train %s --bpe 0", tsv);
+    write_text(tsv, "zwei drei\tdreiundzwei\nvier zwei\tzweiundvier\ndrei vier\tvierunddrei\n"
+                    "zwei zwei\tzweiundzwei\n");
+    check_cli_error("--bpe 0", "train: --bpe '0' is not valid; expected an integer from 1",
+                    "train --train %s --bpe 0", tsv);
     check_cli_error("--bpe -2", "train: --bpe '-2' is not valid", "train --train %s --bpe -2", tsv);
-    check_cli_error("--bpe with a built-in task", "--bpe goes with --train FILE", "train --task copy --bpe 10");
-    int status = run_cli("train --train %s --valid %s --bpe 1000 --steps 3 --checkpoint %s " TINY_RUN, tsv, tsv, ckpt);
-    check(status == 0 && strstr(cli_output, "bpe    stopped after") && strstr(cli_output, "of the 1000 merges asked for"),
+    check_cli_error("--bpe with a built-in task", "--bpe goes with --train FILE",
+                    "train --task copy --bpe 10");
+    int status = run_cli("train --train %s --valid %s --bpe 1000 --steps 3 "
+                         "--checkpoint %s " TINY_RUN, tsv, tsv, ckpt);
+    check(status == 0 && strstr(cli_output, "bpe    stopped after") &&
+          strstr(cli_output, "of the 1000 merges asked for"),
           "cli: train --bpe 1000 on 4 lines stops early and says so (exit %d)", status);
     status = run_cli("train --resume %s --steps 5 --log-every 0 --eval-every 0 --show 0", ckpt);
-    check(status == 0 && strstr(cli_output, "resume"), "cli: a run on subwords resumes (its merges from the checkpoint) "
-          "(exit %d)", status);
+    check(status == 0 && strstr(cli_output, "resume"),
+          "cli: a run on subwords resumes (its merges from the checkpoint) (exit %d)", status);
     status = run_cli("decode --checkpoint %s 'vier drei'", ckpt);
-    check(status == 0 && !strstr(cli_output, "warning"), "cli: decode with merges: words of seen characters, no <unk> (exit %d)",
-          status);
+    check(status == 0 && !strstr(cli_output, "warning"),
+          "cli: decode with merges: words of seen characters, no <unk> (exit %d)", status);
     status = run_cli("eval --checkpoint %s --data %s --bleu --show 1", ckpt, tsv);
     check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "(words)") &&
           strstr(cli_output, "(subwords)") && strstr(cli_output, "reference  dreiundzwei"),
-          "cli: eval on subwords: exact match and BLEU on words, the examples as words (exit %d)", status);
-    status = run_cli("attention --checkpoint %s --out-dir %s 'zwei vier'", ckpt, test_path("bpe_pictures"));
+          "cli: eval on subwords: exact match and BLEU on words, the examples as words (exit %d)",
+          status);
+    status = run_cli("attention --checkpoint %s --out-dir %s 'zwei vier'", ckpt,
+                     test_path("bpe_pictures"));
     check(status == 0 && strstr(cli_output, "source subwords: zwei</w> vier</w>"),
           "cli: attention on subwords draws the pictures and names the subwords (exit %d)", status);
     status = run_cli("bpe --data %s --merges 3", tsv);
-    check(status == 0 && strstr(cli_output, "# 3 merges learned from") && strstr(cli_output, "\n     3  "),
+    check(status == 0 && strstr(cli_output, "# 3 merges learned from") &&
+          strstr(cli_output, "\n     3  "),
           "cli: bpe --data --merges 3 prints 3 merges (exit %d)", status);
     status = run_cli("bpe --data %s --merges 1000", tsv);
     check(status == 0 && strstr(cli_output, "of 1000 asked for: no pair of symbols occurs twice"),
-          "cli: bpe asked for more merges than there are stops early and says so (exit %d)", status);
+          "cli: bpe asked for more merges than there are stops early and says so (exit %d)",
+          status);
     status = run_cli("bpe --checkpoint %s 'zweiundvier'", ckpt);
-    check(status == 0 && strstr(cli_output, "</w>\n"), "cli: bpe --checkpoint cuts a sentence into subwords (exit %d)", status);
+    check(status == 0 && strstr(cli_output, "</w>\n"),
+          "cli: bpe --checkpoint cuts a sentence into subwords (exit %d)", status);
     char *as_argument = strdup(cli_output);
     write_text(test_path("bpe_bom.txt"), "\xEF\xBB\xBFzweiundvier\r\n");
     status = run_cli("bpe --checkpoint %s < %s", ckpt, test_path("bpe_bom.txt"));
     check(status == 0 && strcmp(cli_output, as_argument) == 0,
-          "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order mark, \\r\\n dropped)");
+          "cli: bpe cuts a line of stdin as the same sentence given as an argument (byte-order "
+          "mark, \\r\\n dropped)");
     free(as_argument);
     // white space beyond ASCII separates words at decode time too
     status = run_cli("bpe --checkpoint %s 'zwei vier'", ckpt);
@@ -2526,47 +2991,62 @@ static void test_bpe_command_line(void) {
     check(status == 0 && ideographic == 0 && strcmp(cli_output, as_argument) == 0,
           "cli: bpe cuts 'zwei<U+3000>vier<U+00A0>' as 'zwei vier': %s", cli_output);
     free(as_argument);
-    check_cli_error("bpe of a directory on stdin", "bpe: stdin: read error after 0 lines: Is a directory",
+    check_cli_error("bpe of a directory on stdin",
+                    "bpe: stdin: read error after 0 lines: Is a directory",
                     "bpe --checkpoint %s < /tmp", ckpt);
-    check_cli_error("bpe without --merges", "--merges N is required with --data", "bpe --data %s", tsv);
-    check_cli_error("bpe with a word-level checkpoint", "the model has no merges", "bpe --checkpoint %s 'a b'",
-                    test_path("tsv.ckpt"));
-    // bytes that are not UTF-8, in training data and at decode time, are refused with their line (one rule for
-    // every text input, issue 34; they were symbols of their own, as bpe_encode_word still makes them)
+    check_cli_error("bpe without --merges", "--merges N is required with --data",
+                    "bpe --data %s", tsv);
+    check_cli_error("bpe with a word-level checkpoint", "the model has no merges",
+                    "bpe --checkpoint %s 'a b'", test_path("tsv.ckpt"));
+    // bytes that are not UTF-8, in training data and at decode time, are refused with their line
+    // (one rule for every text input, issue 34; they were symbols of their own, as bpe_encode_word
+    // still makes them)
     write_text(test_path("cli_bytes.tsv"), "a\xff b\tb \xfe" "a\na b\tb a\n\xc3 a\ta \xc3\n");
-    check_cli_error("--bpe on training data holding a byte that is not UTF-8", "cli_bytes.tsv:1: byte 2 of the line, "
-                    "0xff, is not UTF-8; expected UTF-8 text", "train --train %s --valid %s --bpe 20 --steps 2 --checkpoint "
-                    "%s " TINY_RUN, test_path("cli_bytes.tsv"), test_path("cli_bytes.tsv"), test_path("cli_bytes.ckpt"));
-    check_cli_error("decode with subwords of a sentence holding bytes that are not UTF-8", "decode: argument 1: byte 1 "
-                    "of the line, 0xfe, is not UTF-8", "decode --checkpoint %s \"$(printf '\\376\\377 a')\"", ckpt);
-    check_cli_error("bpe --data of a file holding a byte that is not UTF-8", "bpe: " /* the file's path */,
-                    "bpe --data %s --merges 3", test_path("cli_bytes.tsv"));
+    check_cli_error("--bpe on training data holding a byte that is not UTF-8",
+                    "cli_bytes.tsv:1: byte 2 of the line, 0xff, is not UTF-8; expected UTF-8 text",
+                    "train --train %s --valid %s --bpe 20 --steps 2 --checkpoint %s " TINY_RUN,
+                    test_path("cli_bytes.tsv"), test_path("cli_bytes.tsv"),
+                    test_path("cli_bytes.ckpt"));
+    check_cli_error("decode with subwords of a sentence holding bytes that are not UTF-8",
+                    "decode: argument 1: byte 1 of the line, 0xfe, is not UTF-8",
+                    "decode --checkpoint %s \"$(printf '\\376\\377 a')\"", ckpt);
+    check_cli_error("bpe --data of a file holding a byte that is not UTF-8",
+                    "bpe: " /* the file's path */, "bpe --data %s --merges 3",
+                    test_path("cli_bytes.tsv"));
     check(strstr(cli_output, "cli_bytes.tsv:1: byte 2 of the line, 0xff, is not UTF-8") != NULL,
           "cli: ... naming the file, the line and the byte");
-    check_cli_error("bpe of a sentence argument that is not UTF-8", "bpe: argument 2: byte 3 of the line, 0xe9, is not "
-                    "UTF-8", "bpe --checkpoint %s 'a b' \"$(printf 'ca\\351')\"", ckpt);
+    check_cli_error("bpe of a sentence argument that is not UTF-8",
+                    "bpe: argument 2: byte 3 of the line, 0xe9, is not UTF-8",
+                    "bpe --checkpoint %s 'a b' \"$(printf 'ca\\351')\"", ckpt);
     write_text(test_path("cli_bytes_stdin.txt"), "a b\n\xc3\n");
-    check_cli_error("bpe of a line of stdin that is not UTF-8", "bpe: stdin:2: byte 1 of the line, 0xc3, is not UTF-8",
+    check_cli_error("bpe of a line of stdin that is not UTF-8",
+                    "bpe: stdin:2: byte 1 of the line, 0xc3, is not UTF-8",
                     "bpe --checkpoint %s < %s", ckpt, test_path("cli_bytes_stdin.txt"));
-    // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s> and "a</w>"
-    write_text(test_path("cli_special.tsv"), "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
+    // words holding a special token's text train, and no subword is one: "<s>a" is not cut into <s>
+    // and "a</w>"
+    write_text(test_path("cli_special.tsv"),
+               "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n");
     status = run_cli("train --train %s --valid %s --bpe 100 --steps 1 --checkpoint %s " TINY_RUN,
-                     test_path("cli_special.tsv"), test_path("cli_special.tsv"), test_path("cli_special.ckpt"));
+                     test_path("cli_special.tsv"), test_path("cli_special.tsv"),
+                     test_path("cli_special.ckpt"));
     int special_trained = status == 0;
-    status = run_cli("bpe --checkpoint %s '<s>a </s>b <pad>e x<pad> <unk>f'", test_path("cli_special.ckpt"));
+    status = run_cli("bpe --checkpoint %s '<s>a </s>b <pad>e x<pad> <unk>f'",
+                     test_path("cli_special.ckpt"));
     check(special_trained && status == 0 && special_tokens_in(cli_output) == 0,
-          "cli: train --bpe on words holding <s> </s> <pad> <unk>: no subword is a special token: %s", cli_output);
+          "cli: train --bpe on words holding <s> </s> <pad> <unk>: no subword is a special token: "
+          "%s", cli_output);
     write_text(test_path("cli_marker.tsv"), "a</w>\tb\n");
-    check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>", "train --train %s --bpe 5",
-                    test_path("cli_marker.tsv"));
+    check_cli_error("a training word holding </w>", "holds the end-of-word marker </w>",
+                    "train --train %s --bpe 5", test_path("cli_marker.tsv"));
 }
 
 // A 3-step run of a tiny model on the numbers task, to `path`; `changes` are
 // flags after the common ones (a later flag wins). Returns train's exit status.
 static int train_tiny_numbers_run(const char *path, const char *dev, const char *changes) {
-    return run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 --d-model 8 --d-ff 16 "
-                   "--heads 2 --steps 3 --batch-tokens 200 --warmup 2 --eval-every 0 --eval-size 1 --log-every 0 "
-                   "--show 0 --force --checkpoint %s %s", dev, path, changes);
+    return run_cli("train --train tiny_data/numbers_train.tsv --valid %s --bpe 20 --layers 1 "
+                   "--d-model 8 --d-ff 16 --heads 2 --steps 3 --batch-tokens 200 --warmup 2 "
+                   "--eval-every 0 --eval-size 1 --log-every 0 --show 0 --force --checkpoint %s %s",
+                   dev, path, changes);
 }
 
 // make table3's pieces on a tiny budget, so that they cannot rot: variants
@@ -2579,44 +3059,59 @@ static void test_table3(void) {
     Transformer m;
     transformer_build(&m, &config, 8);
     Dataset pairs, held_out;
-    memset(&pairs, 0, sizeof pairs); memset(&held_out, 0, sizeof held_out);
-    task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS, 2, 6, 8, 1, 9);
+    memset(&pairs, 0, sizeof pairs);
+    memset(&held_out, 0, sizeof held_out);
+    task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS,
+                  2, 6, 8, 1, 9);
     Evaluation e;
     evaluate(&e, &m, &pairs, 0, 100, 1, 0.6);
-    check(fabs(e.loss - e.log_loss) <= 1e-5 * fabs(e.loss), "table3: eval's -log p(reference) per token (%.9g) "
+    check(fabs(e.loss - e.log_loss) <= 1e-5 * fabs(e.loss),
+          "table3: eval's -log p(reference) per token (%.9g) "
           "is the loss without label smoothing (%.9g), 8 pairs", e.log_loss, e.loss);
-    evaluation_free(&e); dataset_free(&pairs); dataset_free(&held_out);
+    evaluation_free(&e);
+    dataset_free(&pairs);
+    dataset_free(&held_out);
     transformer_free(&m);
     // naming: one change, several changes, another seed
     Table3Run base = { 0 }, run = { 0 };
-    base.config = decode_config(); base.seed = 1;
-    run.config = base.config; run.seed = 1; run.config.n_heads = 2; run.config.d_ff = 99;
+    base.config = decode_config();
+    base.seed = 1;
+    run.config = base.config;
+    run.seed = 1;
+    run.config.n_heads = 2;
+    run.config.d_ff = 99;
     table3_name_variant(&run, &base);
     int named = strcmp(run.row, "(A,C)") == 0 && strcmp(run.label, "h=2 d_ff=99") == 0;
-    run.config = base.config; run.seed = 7;
+    run.config = base.config;
+    run.seed = 7;
     table3_name_variant(&run, &base);
     named &= strcmp(run.row, "base") == 0 && strcmp(run.label, "seed 7") == 0;
     run.config.positional = POSITIONAL_LEARNED;
     table3_name_variant(&run, &base);
     named &= strcmp(run.row, "(E)") == 0 && strcmp(run.label, "learned positions seed 7") == 0;
     char value[32];
-    named &= stored_option("--train\na.tsv\n--seed\n42\n", "--seed", value, sizeof value) && strcmp(value, "42") == 0 &&
+    named &= stored_option("--train\na.tsv\n--seed\n42\n", "--seed", value, sizeof value) &&
+             strcmp(value, "42") == 0 &&
              !stored_option("--train\na.tsv\n", "--seed", value, sizeof value);
-    check(named, "table3: runs are named by what differs from the base: (A,C) h=2 d_ff=99, base seed 7, (E)");
+    check(named, "table3: runs are named by what differs from the base: (A,C) h=2 d_ff=99, base "
+                 "seed 7, (E)");
     // five runs of 3 steps on the numbers task, scored on 12 dev and 12 test pairs
-    const char *dev = test_path("t3_dev.tsv"), *test = test_path("t3_test.tsv"), *svg = test_path("t3.svg");
+    const char *dev = test_path("t3_dev.tsv"), *test = test_path("t3_test.tsv"),
+               *svg = test_path("t3.svg");
     char text[4096] = "";
     for (int k = 0; k < 2; k++) {
         FILE *f = fopen(k ? "tiny_data/numbers_test.tsv" : "tiny_data/numbers_dev.tsv", "r");
         char line[256];
         text[0] = '\0';
         for (int i = 0; f && i < 12 && fgets(line, sizeof line, f); i++) strcat(text, line);
-        if (f) fclose(f);
+        if (f)
+            fclose(f);
         write_text(k ? test : dev, text);
     }
     // (their own names: --force over another test's checkpoint is tested elsewhere)
-    const char *runs[5][2] = { { "t3_base", "" }, { "t3_seed2", "--seed 2" }, { "t3_h1", "--heads 1" },
-                               { "t3_drop0", "--dropout 0" }, { "t3_learned", "--positional learned" } };
+    const char *runs[5][2] = { { "t3_base", "" }, { "t3_seed2", "--seed 2" },
+                               { "t3_h1", "--heads 1" }, { "t3_drop0", "--dropout 0" },
+                               { "t3_learned", "--positional learned" } };
     char paths[5][600], list[3200] = "";
     int trained = 0;
     for (int r = 0; r < 5; r++) {
@@ -2629,21 +3124,28 @@ static void test_table3(void) {
     size_t n = 0;
     unsigned char *picture = read_file(svg, &n);
     int bars = 0;
-    for (const char *p = picture ? (const char *)picture : ""; (p = strstr(p, "class=\"bar\"")); p++) bars++;
+    for (const char *p = picture ? (const char *)picture : ""; (p = strstr(p, "class=\"bar\""));
+         p++)
+        bars++;
     int ok = trained == 5 && status == 0 && strstr(cli_output, "5 runs of 3 steps each") &&
-             strstr(cli_output, "PPL(dev) BLEU(dev) exact(test)") && strstr(cli_output, "base   seed 1") &&
-             strstr(cli_output, "       seed 2") && strstr(cli_output, "(A)    h=1") &&
-             strstr(cli_output, "(D)    P_drop=0") && strstr(cli_output, "(E)    learned positions") &&
-             strstr(cli_output, "base over 2 seeds") && picture && strstr((char *)picture, "Table 3 on a laptop") &&
-             bars == 5 && strstr((char *)picture, "</svg>");
-    check(ok, "table3: 5 runs of 3 steps trained (%d), scored in a table with rows base, (A), (D), (E), and a chart of "
-          "%d bars (exit %d)%s%s", trained, bars, status, ok ? "" : "\n", ok ? "" : cli_output);
+             strstr(cli_output, "PPL(dev) BLEU(dev) exact(test)") &&
+             strstr(cli_output, "base   seed 1") && strstr(cli_output, "       seed 2") &&
+             strstr(cli_output, "(A)    h=1") && strstr(cli_output, "(D)    P_drop=0") &&
+             strstr(cli_output, "(E)    learned positions") &&
+             strstr(cli_output, "base over 2 seeds") && picture &&
+             strstr((char *)picture, "Table 3 on a laptop") && bars == 5 &&
+             strstr((char *)picture, "</svg>");
+    check(ok,
+          "table3: 5 runs of 3 steps trained (%d), scored in a table with rows base, (A), (D), "
+          "(E), and a chart of %d bars (exit %d)%s%s",
+          trained, bars, status, ok ? "" : "\n", ok ? "" : cli_output);
     free(picture);
     // another budget, no checkpoints, no --dev
     char other[600];
     snprintf(other, sizeof other, "%s", test_path("longer.ckpt"));
     train_tiny_numbers_run(other, dev, "--steps 4");
-    check_cli_error("table3 of runs with different budgets", "longer.ckpt: trained 4 steps, the base",
+    check_cli_error("table3 of runs with different budgets",
+                    "longer.ckpt: trained 4 steps, the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_merges.ckpt"));
     train_tiny_numbers_run(other, dev, "--bpe 30");
@@ -2651,17 +3153,22 @@ static void test_table3(void) {
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_lr.ckpt"));
     train_tiny_numbers_run(other, dev, "--lr 0.002");
-    check_cli_error("table3 of runs with another schedule", "other_lr.ckpt: its --lr differs from the base",
+    check_cli_error("table3 of runs with another schedule",
+                    "other_lr.ckpt: its --lr differs from the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     // average: a sinusoid and a learned-position checkpoint are not one run
-    check_cli_error("average of sinusoid and learned positions", "positions learned, not sinusoid as in",
-                    "average --out %s %s %s", test_path("mixed_avg.ckpt"), paths[0], paths[4]);
+    check_cli_error("average of sinusoid and learned positions",
+                    "positions learned, not sinusoid as in", "average --out %s %s %s",
+                    test_path("mixed_avg.ckpt"), paths[0], paths[4]);
     status = run_cli("average --out %s %s %s", test_path("learned_avg.ckpt"), paths[4], paths[4]);
-    if (status == 0) status = run_cli("eval --checkpoint %s --data %s", test_path("learned_avg.ckpt"), dev);
-    check(status == 0 && strstr(cli_output, "perplexity"), "cli: average of learned-position checkpoints, then eval "
-          "(exit %d)", status);
-    check_cli_error("table3 without checkpoints", "table3: no checkpoints given", "table3 --dev %s --test %s", dev, test);
-    check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required", "table3 --test %s %s", test, paths[0]);
+    if (status == 0)
+        status = run_cli("eval --checkpoint %s --data %s", test_path("learned_avg.ckpt"), dev);
+    check(status == 0 && strstr(cli_output, "perplexity"),
+          "cli: average of learned-position checkpoints, then eval (exit %d)", status);
+    check_cli_error("table3 without checkpoints", "table3: no checkpoints given",
+                    "table3 --dev %s --test %s", dev, test);
+    check_cli_error("table3 without --dev", "table3: --dev FILE.tsv is required",
+                    "table3 --test %s %s", test, paths[0]);
 }
 
 
@@ -2670,8 +3177,12 @@ static void test_table3(void) {
 // commands after transformer.c's.
 static void test_lab_reads_minimal_checkpoints(void) {
     const char *minimal = getenv("TRANSFORMER_MINIMAL_BIN"), *lab_binary = cli_binary;
-    if (!minimal || !*minimal) minimal = "./transformer_minimal";
-    if (access(minimal, X_OK) != 0) { check(0, "minimal: %s is not there (make minimal)", minimal); return; }
+    if (!minimal || !*minimal)
+        minimal = "./transformer_minimal";
+    if (access(minimal, X_OK) != 0) {
+        check(0, "minimal: %s is not there (make minimal)", minimal);
+        return;
+    }
     const char *tsv = test_path("minimal.tsv"), *ckpt = test_path("minimal.ckpt");
     write_text(tsv, "1 2\t1 2\n3 4 5\t3 4 5\n0 0\t0 0\n");
     cli_binary = minimal;
@@ -2682,16 +3193,20 @@ static void test_lab_reads_minimal_checkpoints(void) {
     int evaluated = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, tsv);
     int scored = strstr(cli_output, "BLEU") != NULL;
     int help = run_cli("--help");
-    const char *lab_commands[] = { "bleu", "average", "attention", "pe", "plot", "bpe", "params", "table3", "bench" };
-    int listed = strstr(cli_output, "train") && strstr(cli_output, "decode") && strstr(cli_output, "eval");
+    const char *lab_commands[] = { "bleu", "average", "attention", "pe", "plot", "bpe", "params",
+                                   "table3", "bench" };
+    int listed = strstr(cli_output, "train") && strstr(cli_output, "decode") &&
+                 strstr(cli_output, "eval");
     for (size_t i = 0; i < sizeof lab_commands / sizeof *lab_commands; i++) {
         char line[32];
         snprintf(line, sizeof line, "\n  %s ", lab_commands[i]);
         listed &= strstr(cli_output, line) != NULL;
     }
-    check(trained == 0 && decoded == 0 && one_line && evaluated == 0 && scored && help == 0 && listed,
-          "lab: %s decodes (beam 2) and evaluates (--bleu) with a checkpoint of transformer.c alone (exit %d, %d, %d) "
-          "and lists train, decode, eval and the lab's 9 commands", cli_binary, trained, decoded, evaluated);
+    check(trained == 0 && decoded == 0 && one_line && evaluated == 0 && scored && help == 0 &&
+          listed,
+          "lab: %s decodes (beam 2) and evaluates (--bleu) with a checkpoint of transformer.c "
+          "alone (exit %d, %d, %d) and lists train, decode, eval and the lab's 9 commands",
+          cli_binary, trained, decoded, evaluated);
 }
 
 // ---- the busy machine: --threads 0 ---------------------------------------------------
@@ -2705,13 +3220,17 @@ static double processes_cpu_seconds(const pid_t *pid, int count) {
         char path[64], line[1024];
         snprintf(path, sizeof path, "/proc/%d/stat", (int)pid[i]);
         FILE *f = fopen(path, "r");
-        if (!f) return -1;
-        const char *fields = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;   // after "pid (name)"
+        if (!f)
+            return -1;
+        const char *fields = fgets(line, sizeof line, f) ? strrchr(line, ')')
+                                                         : NULL;   // after "pid (name)"
         unsigned long user, system;
-        int read = fields && sscanf(fields + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &user,
-                                    &system) == 2;
+        int read = fields &&
+                   sscanf(fields + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                          &user, &system) == 2;
         fclose(f);
-        if (!read) return -1;
+        if (!read)
+            return -1;
         ticks += (double)user + (double)system;
     }
     return ticks / (double)sysconf(_SC_CLK_TCK);
@@ -2730,33 +3249,43 @@ static double processes_cpu_seconds(const pid_t *pid, int count) {
 static void test_free_cores(void) {
     double busy_ticks = -1;
     int cpus = 0;
-    const char *stat_lines[] = { "cpu  100 20 30 900 7 4 6 0 0 0\n", "cpu0 50 10 15 450 3 2 3 0 0 0\n",
-                                 "cpu1 50 10 15 450 4 2 3 0 0 0\n", "ctxt 1234\n", "procs_running 3\n" };
-    for (size_t i = 0; i < sizeof stat_lines / sizeof *stat_lines; i++) proc_stat_line(stat_lines[i], &busy_ticks, &cpus);
-    CpuTimes then = { .machine = 10, .own = 1, .wall = 100 }, now = { .machine = 12.5, .own = 2, .wall = 101 };
+    const char *stat_lines[] = { "cpu  100 20 30 900 7 4 6 0 0 0\n",
+                                 "cpu0 50 10 15 450 3 2 3 0 0 0\n",
+                                 "cpu1 50 10 15 450 4 2 3 0 0 0\n", "ctxt 1234\n",
+                                 "procs_running 3\n" };
+    for (size_t i = 0; i < sizeof stat_lines / sizeof *stat_lines; i++)
+        proc_stat_line(stat_lines[i], &busy_ticks, &cpus);
+    CpuTimes then = { .machine = 10, .own = 1, .wall = 100 },
+             now = { .machine = 12.5, .own = 2, .wall = 101 };
     double others = others_busy_cores(&then, &now);
-    FreeCores two = { .following = 1, .cores = 2, .limit = 2 }, eight = { .following = 1, .cores = 8, .limit = 4 };
-    check(busy_ticks == 160 && cpus == 2 && fabs(others - 1.5) < 1e-12 && free_cores_wanted(&two, 0.2) == 2 &&
-          free_cores_wanted(&two, 0.3) == 1 && free_cores_wanted(&two, 3.0) == 1 && free_cores_wanted(&eight, 1) == 4 &&
+    FreeCores two = { .following = 1, .cores = 2, .limit = 2 },
+              eight = { .following = 1, .cores = 8, .limit = 4 };
+    check(busy_ticks == 160 && cpus == 2 && fabs(others - 1.5) < 1e-12 &&
+          free_cores_wanted(&two, 0.2) == 2 && free_cores_wanted(&two, 0.3) == 1 &&
+          free_cores_wanted(&two, 3.0) == 1 && free_cores_wanted(&eight, 1) == 4 &&
           free_cores_wanted(&eight, 6) == 2,
-          "free cores: /proc/stat gives 160 busy ticks of 2 cores; others kept %.2f cores busy (1.5); "
-          "the thread counts for 0.2, 0.3, 3 of 2 cores and 1, 6 of 8 (limit 4)", others);
+          "free cores: /proc/stat gives 160 busy ticks of 2 cores; others kept %.2f cores busy "
+          "(1.5); the thread counts for 0.2, 0.3, 3 of 2 cores and 1, 6 of 8 (limit 4)", others);
     FreeCores follow = { .following = 1, .cores = 8, .limit = 8, .threads = 8, .proposed = 8 };
-    int first = free_cores_decide(&follow, 1), second = free_cores_decide(&follow, 1), dropped_to = follow.threads;
+    int first = free_cores_decide(&follow, 1), second = free_cores_decide(&follow, 1),
+        dropped_to = follow.threads;
     int grew = free_cores_decide(&follow, 4) == 0;             // the first look that wants 4
-    for (int expected = 2; expected <= 4; expected++) grew &= free_cores_decide(&follow, 4) && follow.threads == expected;
+    for (int expected = 2; expected <= 4; expected++)
+        grew &= free_cores_decide(&follow, 4) && follow.threads == expected;
     grew &= free_cores_decide(&follow, 4) == 0;                // there: nothing to change
     check(!first && second && dropped_to == 1 && grew,
-          "free cores: the count drops to 1 at the second look that wants it, then grows 2, 3, 4, one a look");
+          "free cores: the count drops to 1 at the second look that wants it, then grows 2, 3, 4, "
+          "one a look");
 #ifdef _OPENMP
     int cores = omp_get_num_procs(), threads_before = omp_get_max_threads();
     FreeCores fixed;
     free_cores_start(&fixed, 2);
-    check(!fixed.following && !free_cores_follow(&fixed), "free cores: --threads 2 is not followed");
+    check(!fixed.following && !free_cores_follow(&fixed),
+          "free cores: --threads 2 is not followed");
     CpuTimes reading;
     if (!cpu_times(&reading) || reading.cpus > cores || cores > 16 || cores < 2) {
-        printf("skip free cores beside busy processes: /proc/stat cannot tell this program's share of %d cores "
-               "(or more than 16)\n", cores);
+        printf("skip free cores beside busy processes: /proc/stat cannot tell this program's share "
+               "of %d cores (or more than 16)\n", cores);
         omp_set_num_threads(threads_before);
         return;
     }
@@ -2764,11 +3293,13 @@ static void test_free_cores(void) {
     pid_t busy[16];
     int started = 0;
     for (; started < cores; started++) {
-        if ((busy[started] = fork()) == 0) {   // a busy neighbour, ended by the kill below (or in 10 s)
+        if ((busy[started] = fork()) == 0) {   // a busy neighbour, ended by the kill below
+                                               // (or in 10 s)
             alarm(10);
             for (volatile unsigned spin = 0;; spin++) {}
         }
-        if (busy[started] < 0) break;
+        if (busy[started] < 0)
+            break;
     }
     nanosleep(&(struct timespec){ 0, 50000000 }, NULL);    // 50 ms: the neighbours are running
     cpu_times(&then);
@@ -2786,16 +3317,18 @@ static void test_free_cores(void) {
         omp_set_num_threads(threads_before);
         return;
     }
-    double ran = (ran_after - ran_before) / (now.wall - then.wall);   // the cores the neighbours got
+    double ran = (ran_after - ran_before) /
+                 (now.wall - then.wall);   // the cores the neighbours got
     // The reading counts at least what the neighbours ran (and any other
     // program's load). It reads the machine as busy, and wants 1 thread,
     // unless a virtual machine's host held the cores back from them.
     int busy_read = others > cores - 0.5;
     check(started == cores && others > ran - 0.3 &&
           (busy_read ? free_cores_wanted(&live, others) == 1 : ran < cores - 0.5),
-          "free cores: beside %d busy processes on %d cores, which ran %.2f cores, others kept %.2f cores busy%s",
-          started, cores, ran, others, busy_read ? ": 1 thread" : " (the host held the cores back from them: the "
-          "thread count is not tested)");
+          "free cores: beside %d busy processes on %d cores, which ran %.2f cores, others kept "
+          "%.2f cores busy%s", started, cores, ran, others,
+          busy_read ? ": 1 thread"
+                    : " (the host held the cores back from them: the thread count is not tested)");
     omp_set_num_threads(threads_before);
 #endif
 }
@@ -2809,17 +3342,19 @@ static void test_free_cores(void) {
 static void test_parameter_groups(void) {
     for (int i = 0; i < COUNTED_MODELS; i++) {
         TransformerConfig c = counted_model(i);
-        size_t by_hand = parameters_by_hand(&c), sizes[NUM_PARAMETER_TENSORS], groups = 0, learned_groups = 0;
+        size_t by_hand = parameters_by_hand(&c), sizes[NUM_PARAMETER_TENSORS], groups = 0,
+               learned_groups = 0;
         parameter_sizes(sizes, &c);
         for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) groups += parameter_group_count(sizes, g);
         c.positional = POSITIONAL_LEARNED;
         c.max_len = 100;
         parameter_sizes(sizes, &c);
-        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++) learned_groups += parameter_group_count(sizes, g);
+        for (int g = 0; g < NUM_PARAMETER_GROUPS; g++)
+            learned_groups += parameter_group_count(sizes, g);
         check(groups == by_hand && learned_groups == by_hand + 100 * (size_t)c.d_model,
-              "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand, and with learned "
-              "positions (max_len 100) to %zu more", c.n_layers, c.d_model, c.d_ff, c.vocab_size, by_hand,
-              100 * (size_t)c.d_model);
+              "params: N=%d d_model=%d d_ff=%d vocab %d: the components add up to %zu, as by hand, "
+              "and with learned positions (max_len 100) to %zu more",
+              c.n_layers, c.d_model, c.d_ff, c.vocab_size, by_hand, 100 * (size_t)c.d_model);
     }
 }
 
@@ -2831,12 +3366,14 @@ static void test_parameter_groups(void) {
 static void test_batch_log(void) {
     const char *ckpt = test_path("batch_log.ckpt");
     const char *log = test_path("batches.bin");
-    int status = run_cli("train --task copy --steps 4 --checkpoint %s --batch-log %s --force " TINY_RUN, ckpt, log);
+    int status = run_cli("train --task copy --steps 4 --checkpoint %s --batch-log %s "
+                         "--force " TINY_RUN, ckpt, log);
     size_t size = 0;
     unsigned char *bytes = read_file(log, &size);
     size_t count = size / sizeof(int32_t);
     int32_t *numbers = checked_calloc(count + 1, sizeof(int32_t), "batch log");
-    if (bytes) memcpy(numbers, bytes, count * sizeof(int32_t));
+    if (bytes)
+        memcpy(numbers, bytes, count * sizeof(int32_t));
     int steps = 0;
     int well_formed = status == 0 && bytes && size % sizeof(int32_t) == 0;
     size_t at = 0;
@@ -2861,14 +3398,16 @@ static void test_batch_log(void) {
             int m = tgt_len[b];
             well_formed = n >= 1 && n <= S && m >= 1 && m <= T && src[b * S + n - 1] == TOKEN_EOS &&
                           tgt_in[b * T] == TOKEN_BOS && tgt_out[b * T + m - 1] == TOKEN_EOS;
-            for (int t = 1; t < m && well_formed; t++) well_formed = tgt_in[b * T + t] == tgt_out[b * T + t - 1];
+            for (int t = 1; t < m && well_formed; t++)
+                well_formed = tgt_in[b * T + t] == tgt_out[b * T + t - 1];
             for (int s = n; s < S && well_formed; s++) well_formed = src[b * S + s] == TOKEN_PAD;
         }
         at += need;
         steps++;
     }
-    check(well_formed && steps == 4 && at == count, "cli: train --batch-log writes each of the 4 steps' batches "
-          "(step, B, S, T, then the ids), as train builds them (%d read, %zu of %zu numbers)", steps, at, count);
+    check(well_formed && steps == 4 && at == count,
+          "cli: train --batch-log writes each of the 4 steps' batches (step, B, S, T, then the "
+          "ids), as train builds them (%d read, %zu of %zu numbers)", steps, at, count);
     free(bytes);
     free(numbers);
 }
@@ -2905,21 +3444,24 @@ static void test_no_empty_translation(void) {
     transformer_forward(&m, &batch);
     int most_likely = greedy_token(m.acts.logits, V, 1);
     int most_likely_word = greedy_token(m.acts.logits, V, 0);
-    check(most_likely == TOKEN_EOS, "no empty translation: the model's most likely first token is </s> (%d)",
-          most_likely);
+    check(most_likely == TOKEN_EOS,
+          "no empty translation: the model's most likely first token is </s> (%d)", most_likely);
     int greedy[20];
     int greedy_len = 0;
     transformer_greedy_decode(&m, greedy, &greedy_len, 20, src, &S, 1, S);
     int beam[20];
     int beam_len = transformer_beam_search(&m, beam, NULL, src, S, 4, 0.6);
-    check(greedy_len == 1 && greedy[0] == most_likely_word && beam_len == 1 && beam[0] == most_likely_word,
-          "no empty translation: greedy and beam 4 (alpha 0.6) both give a source of words one token, the most "
-          "likely after </s> (%d), then end (greedy %d tokens, beam %d)", most_likely_word, greedy_len, beam_len);
+    check(greedy_len == 1 && greedy[0] == most_likely_word && beam_len == 1 &&
+          beam[0] == most_likely_word,
+          "no empty translation: greedy and beam 4 (alpha 0.6) both give a source of words one "
+          "token, the most likely after </s> (%d), then end (greedy %d tokens, beam %d)",
+          most_likely_word, greedy_len, beam_len);
     int empty_source[1] = { TOKEN_EOS };
     int one = 1;
     transformer_greedy_decode(&m, greedy, &greedy_len, 20, empty_source, &one, 1, 1);
     beam_len = transformer_beam_search(&m, beam, NULL, empty_source, 1, 4, 0.6);
-    check(greedy_len == 0 && beam_len == 0, "no empty translation: an empty source (</s> alone) may still end at "
+    check(greedy_len == 0 && beam_len == 0,
+          "no empty translation: an empty source (</s> alone) may still end at "
           "once (greedy %d tokens, beam %d)", greedy_len, beam_len);
     transformer_free(&m);
 }
@@ -2947,11 +3489,14 @@ static void mo_put_word(unsigned char *p, uint32_t value, int big_endian) {
 // A .mo catalog of the entries as GNU msgfmt lays it out (the header, the
 // table of originals, the table of translations, then the strings, each with
 // its zero byte), in either byte order. A new buffer; *size: its bytes.
-static unsigned char *mo_build(const MoEntry *entries, int n, int big_endian, uint32_t revision, size_t *size) {
+static unsigned char *mo_build(const MoEntry *entries, int n, int big_endian, uint32_t revision,
+                               size_t *size) {
     size_t strings = 0;
     for (int i = 0; i < n; i++) {
-        size_t lo = entries[i].original_length ? entries[i].original_length : strlen(entries[i].original);
-        size_t lt = entries[i].translation_length ? entries[i].translation_length : strlen(entries[i].translation);
+        size_t lo = entries[i].original_length ? entries[i].original_length
+                                               : strlen(entries[i].original);
+        size_t lt = entries[i].translation_length ? entries[i].translation_length
+                                                  : strlen(entries[i].translation);
         strings += lo + lt + 2;
     }
     size_t originals = MO_HEADER_BYTES;
@@ -2968,7 +3513,8 @@ static unsigned char *mo_build(const MoEntry *entries, int n, int big_endian, ui
         for (int side = 0; side < 2; side++) {
             const char *text = side ? entries[i].translation : entries[i].original;
             size_t length = side ? entries[i].translation_length : entries[i].original_length;
-            if (length == 0) length = strlen(text);
+            if (length == 0)
+                length = strlen(text);
             unsigned char *entry = data + (side ? translations : originals) + 8 * (size_t)i;
             mo_put_word(entry, (uint32_t)length, big_endian);
             mo_put_word(entry + 4, (uint32_t)at, big_endian);
@@ -2989,7 +3535,8 @@ static void mo_write(const char *path, const MoEntry *entries, int n, int big_en
 // The pair the reader kept with this English sentence, or NULL.
 static const CatalogPair *kept_pair(const CatalogReader *reader, const char *source) {
     for (int i = 0; i < reader->count; i++)
-        if (strcmp(reader->pairs[i].source, source) == 0) return &reader->pairs[i];
+        if (strcmp(reader->pairs[i].source, source) == 0)
+            return &reader->pairs[i];
     return NULL;
 }
 
@@ -3020,9 +3567,10 @@ static void test_catalog_format(void) {
                  strcmp(plain->target, "die Datei ist offen") == 0 &&
                  strcmp(context->target, "die Datei jetzt \xc3\xb6" "ffnen") == 0 &&
                  reader.dropped[CATALOG_DROP_PLURAL_OR_CONTEXT] == 2 && reader.catalogs_read == 1;
-        check(ok, "catalogs: a %s-endian catalog of revision %u: the header skipped, 2 pairs (a context stripped "
-              "from the English), a plural and a context alone dropped (%s)", big_endian ? "big" : "little",
-              revision, error ? error : "read");
+        check(ok,
+              "catalogs: a %s-endian catalog of revision %u: the header skipped, 2 pairs (a "
+              "context stripped from the English), a plural and a context alone dropped (%s)",
+              big_endian ? "big" : "little", revision, error ? error : "read");
         catalog_reader_free(&reader);
         free(data);
     }
@@ -3036,21 +3584,23 @@ static void test_catalog_filters(void) {
     const char twenty_six[] = "a b c d e f g h i j k l m n o p q r s t u v w x y z";
     MoEntry entries[] = {
         { plural, sizeof plural - 1, plural_de, sizeof plural_de - 1 },            // plural
-        { "caf\xe9 is not open", 0, "das Caf\xc3\xa9 ist zu", 0 },                  // not UTF-8 (Latin-1)
-        { "the first line\nand the second", 0, "die erste Zeile\nund die zweite", 0 },  // more than one line
-        { "cannot open %s now", 0, "kann %s nicht \xc3\xb6" "ffnen", 0 },             // format: printf
-        { "found {0} files here", 0, "{0} Dateien gefunden", 0 },                   // format: Python
-        { "set $HOME first please", 0, "zuerst $HOME setzen", 0 },                  // format: shell
-        { "this is <b>bold</b> text", 0, "das ist <b>fetter</b> Text", 0 },         // markup: a tag
-        { "Tom &amp; Jerry show", 0, "Tom &amp; Jerry Show", 0 },                   // markup: an entity
-        { "a backslash \\ is here", 0, "ein Backslash \\ ist hier", 0 },            // escapes
-        { "a tab\there between", 0, "ein Tab\thier dazwischen", 0 },                // a control character
-        { "_Open the file", 0, "Datei _\xc3\xb6" "ffnen", 0 },                      // accelerator: GTK
-        { "&Save the file", 0, "Datei &speichern", 0 },                             // accelerator: Qt
-        { "two words", 0, "zwei W\xc3\xb6rter hier", 0 },                           // words: too few
-        { twenty_six, 0, "das Alphabet", 0 },                                       // words: too many
-        { "an empty translation here", 0, "   ", 0 },                              // words: no translation
-        { "the same sentence here", 0, "the  same sentence here", 0 },               // source = target
+        { "caf\xe9 is not open", 0, "das Caf\xc3\xa9 ist zu", 0 },          // not UTF-8 (Latin-1)
+        { "the first line\nand the second", 0,
+          "die erste Zeile\nund die zweite", 0 },                           // more than one line
+        { "cannot open %s now", 0, "kann %s nicht \xc3\xb6" "ffnen", 0 },   // format: printf
+        { "found {0} files here", 0, "{0} Dateien gefunden", 0 },           // format: Python
+        { "set $HOME first please", 0, "zuerst $HOME setzen", 0 },          // format: shell
+        { "this is <b>bold</b> text", 0,
+          "das ist <b>fetter</b> Text", 0 },                                // markup: a tag
+        { "Tom &amp; Jerry show", 0, "Tom &amp; Jerry Show", 0 },           // markup: an entity
+        { "a backslash \\ is here", 0, "ein Backslash \\ ist hier", 0 },    // escapes
+        { "a tab\there between", 0, "ein Tab\thier dazwischen", 0 },        // a control character
+        { "_Open the file", 0, "Datei _\xc3\xb6" "ffnen", 0 },              // accelerator: GTK
+        { "&Save the file", 0, "Datei &speichern", 0 },                     // accelerator: Qt
+        { "two words", 0, "zwei W\xc3\xb6rter hier", 0 },                   // words: too few
+        { twenty_six, 0, "das Alphabet", 0 },                               // words: too many
+        { "an empty translation here", 0, "   ", 0 },                       // words: no translation
+        { "the same sentence here", 0, "the  same sentence here", 0 },      // source = target
         { "keep   this\xc2\xa0sentence please\n", 0, "  diesen Satz bitte behalten\n", 0 },
         { "max_connections is too small", 0, "max_connections ist zu klein", 0 },
         { "Tom & Jerry are here", 0, "Tom & Jerry sind hier", 0 },
@@ -3065,17 +3615,20 @@ static void test_catalog_filters(void) {
     long long want[NUM_CATALOG_DROPS] = { 1, 1, 1, 3, 4, 2, 3, 1, 0 };
     int counts_ok = !error;
     for (int d = 0; d < NUM_CATALOG_DROPS; d++) {
-        check(!error && reader.dropped[d] == want[d], "catalogs: filter \"%s\" drops %lld message%s of the test "
-              "catalog (%lld)", catalog_drop_names[d], want[d], want[d] == 1 ? "" : "s", reader.dropped[d]);
+        check(!error && reader.dropped[d] == want[d],
+              "catalogs: filter \"%s\" drops %lld message%s of the test catalog (%lld)",
+              catalog_drop_names[d], want[d], want[d] == 1 ? "" : "s", reader.dropped[d]);
         counts_ok = counts_ok && reader.dropped[d] == want[d];
     }
     const CatalogPair *spaces = kept_pair(&reader, "keep this sentence please");
     int kept_ok = counts_ok && reader.count == 4 && reader.messages == n && spaces &&
                   strcmp(spaces->target, "diesen Satz bitte behalten") == 0 &&
-                  kept_pair(&reader, "max_connections is too small") && kept_pair(&reader, "Tom & Jerry are here") &&
+                  kept_pair(&reader, "max_connections is too small") &&
+                  kept_pair(&reader, "Tom & Jerry are here") &&
                   kept_pair(&reader, "the file x.mo is not open");
-    check(kept_ok, "catalogs: 4 of %d messages kept: white space (U+00A0, final newlines) made single spaces, an "
-          "identifier's _ and a lone & are not accelerators (%d kept)", n, reader.count);
+    check(kept_ok,
+          "catalogs: 4 of %d messages kept: white space (U+00A0, final newlines) made single "
+          "spaces, an identifier's _ and a lone & are not accelerators (%d kept)", n, reader.count);
     catalog_reader_free(&reader);
     // --min-words and --max-words move the bounds: "two words" is kept with 2
     catalog_reader_init(&reader, 2, 25);
@@ -3100,14 +3653,18 @@ static void test_catalog_duplicates(void) {
     for (int order = 0; order < 2; order++) {
         CatalogReader reader;
         catalog_reader_init(&reader, 3, 25);
-        const char *error = catalog_read_bytes(&reader, order ? b : a, order ? size_second : size_first, order ? "b" : "a");
-        if (!error) error = catalog_read_bytes(&reader, order ? a : b, order ? size_first : size_second, order ? "a" : "b");
+        const char *error = catalog_read_bytes(&reader, order ? b : a,
+                                               order ? size_second : size_first, order ? "b" : "a");
+        if (!error)
+            error = catalog_read_bytes(&reader, order ? a : b, order ? size_first : size_second,
+                                       order ? "a" : "b");
         catalog_drop_duplicates(&reader);
         const CatalogPair *open = kept_pair(&reader, "the file is open");
-        check(!error && reader.count == 2 && open && strcmp(open->target, "Datei ist ge\xc3\xb6" "ffnet") == 0 &&
+        check(!error && reader.count == 2 && open &&
+              strcmp(open->target, "Datei ist ge\xc3\xb6" "ffnet") == 0 &&
               reader.dropped[CATALOG_DROP_DUPLICATE] == 2,
-              "catalogs: a sentence in two catalogs, read %s: the translation first in byte order kept, "
-              "2 duplicates counted", order ? "b first" : "a first");
+              "catalogs: a sentence in two catalogs, read %s: the translation first in byte order "
+              "kept, 2 duplicates counted", order ? "b first" : "a first");
         catalog_reader_free(&reader);
     }
     free(a);
@@ -3125,19 +3682,34 @@ static void test_catalog_damage(void) {
     // where the words are: 8 N, 12 O, 16 T; originals' entry 1 at O + 8 (length, offset)
     const size_t originals = MO_HEADER_BYTES;
     const size_t translations = originals + 24;
-    struct { const char *what; size_t at; uint32_t value; size_t cut; const char *expected; } damage[] = {
+    struct {
+        const char *what;
+        size_t at;
+        uint32_t value;
+        size_t cut;
+        const char *expected;
+    } damage[] = {
         { "truncated to 20 bytes", 0, 0, 20, "truncated: 20 bytes, a .mo header takes 28" },
-        { "a wrong magic number", 0, 0x12345678, 0, "magic number 0x12345678; expected 0x950412de" },
-        { "revision 2", 4, 2u << 16, 0, "file format revision 2.0; expected major revision 0 or 1" },
-        { "a table past the end", 8, 1000000, 0, "the table of originals (1000000 strings at offset 28) runs past" },
-        { "a count that overflows 32 bits as bytes", 8, 0x20000001, 0, "runs past the end of the file" },
-        { "a table over the header", 12, 8, 0, "the table of originals at offset 8 overlaps the 28-byte header" },
+        { "a wrong magic number", 0, 0x12345678, 0,
+          "magic number 0x12345678; expected 0x950412de" },
+        { "revision 2", 4, 2u << 16, 0,
+          "file format revision 2.0; expected major revision 0 or 1" },
+        { "a table past the end", 8, 1000000, 0,
+          "the table of originals (1000000 strings at offset 28) runs past" },
+        { "a count that overflows 32 bits as bytes", 8, 0x20000001, 0,
+          "runs past the end of the file" },
+        { "a table over the header", 12, 8, 0,
+          "the table of originals at offset 8 overlaps the 28-byte header" },
         { "the two tables overlapping", 16, (uint32_t)originals + 8, 0,
           "the tables of originals (offset 28) and translations (offset 36) overlap" },
-        { "a string past the end", originals + 12, 1u << 20, 0, "original 1: 16 bytes at offset 1048576 run past" },
-        { "a string in the header", translations + 12, 4, 0, "translation 1: offset 4 is inside the 28-byte header" },
-        { "a length that overflows", originals + 8, 0xffffffffu, 0, "original 1: 4294967295 bytes at offset" },
-        { "a string without its zero byte", originals + 8, 17, 0, "original 1: no zero byte after its 17 bytes" },
+        { "a string past the end", originals + 12, 1u << 20, 0,
+          "original 1: 16 bytes at offset 1048576 run past" },
+        { "a string in the header", translations + 12, 4, 0,
+          "translation 1: offset 4 is inside the 28-byte header" },
+        { "a length that overflows", originals + 8, 0xffffffffu, 0,
+          "original 1: 4294967295 bytes at offset" },
+        { "a string without its zero byte", originals + 8, 17, 0,
+          "original 1: no zero byte after its 17 bytes" },
         { "a file cut in the strings", 0, 0, 0, "run past the end of the file" },
     };
     int n = (int)(sizeof damage / sizeof *damage);
@@ -3145,16 +3717,18 @@ static void test_catalog_damage(void) {
         unsigned char *data = checked_calloc(size, 1, "damaged catalog");
         memcpy(data, good, size);
         size_t damaged_size = damage[i].cut ? damage[i].cut : size;
-        if (i == n - 1) damaged_size = size - 12;
+        if (i == n - 1)
+            damaged_size = size - 12;
         else if (!damage[i].cut) mo_put_word(data + damage[i].at, damage[i].value, 0);
         CatalogReader reader;
         catalog_reader_init(&reader, 3, 25);
         const char *error = catalog_read_bytes(&reader, data, damaged_size, "damaged");
-        int refused = error && strstr(error, damage[i].expected) && reader.count == 0 && reader.messages == 0 &&
-                      reader.catalogs_read == 0;
+        int refused = error && strstr(error, damage[i].expected) && reader.count == 0 &&
+                      reader.messages == 0 && reader.catalogs_read == 0;
         error = refused ? catalog_read_bytes(&reader, good, size, "good") : error;
-        check(refused && !error && reader.count == 2, "catalogs: %s is refused, nothing taken, and the next catalog "
-              "read (%s)", damage[i].what, error ? error : "refused");
+        check(refused && !error && reader.count == 2,
+              "catalogs: %s is refused, nothing taken, and the next catalog read (%s)",
+              damage[i].what, error ? error : "refused");
         catalog_reader_free(&reader);
         free(data);
     }
@@ -3166,7 +3740,8 @@ static void test_catalog_damage(void) {
     catalog_reader_init(&reader, 3, 25);
     const char *error = catalog_read_bytes(&reader, big, big_size, "big");
     check(error && strstr(error, "overlaps the 28-byte header") && reader.count == 0,
-          "catalogs: a big-endian catalog with its table over the header is refused (%s)", error ? error : "read");
+          "catalogs: a big-endian catalog with its table over the header is refused (%s)",
+          error ? error : "read");
     catalog_reader_free(&reader);
     free(big);
     free(good);
@@ -3190,7 +3765,8 @@ static void test_catalogs_command(void) {
     snprintf(dir, sizeof dir, "%s/locale/de/LC_MESSAGES", test_dir);
     make_directories(dir);
     mo_write(test_path("locale/de/LC_MESSAGES/first.mo"), entries, SENTENCES / 2, 0);
-    mo_write(test_path("locale/de/LC_MESSAGES/second.mo"), entries + SENTENCES / 2, SENTENCES / 2, 1);
+    mo_write(test_path("locale/de/LC_MESSAGES/second.mo"), entries + SENTENCES / 2,
+             SENTENCES / 2, 1);
     write_text(test_path("locale/de/LC_MESSAGES/broken.mo"), "not a catalog at all, 34 bytes...");
     write_text(test_path("locale/de/LC_MESSAGES/notes.txt"), "not read: not a .mo file\n");
     snprintf(dir, sizeof dir, "%s/locale/fr/LC_MESSAGES", test_dir);
@@ -3200,11 +3776,14 @@ static void test_catalogs_command(void) {
 
     const char *out = test_path("pairs");
     int status = run_cli("catalogs --to de --out %s %s/locale", out, test_dir);
-    int ok = status == 0 && strstr(cli_output, "catalogs 2 read for de") && strstr(cli_output, "1 damaged") &&
-             strstr(cli_output, "skipped: ") && strstr(cli_output, "broken.mo: magic number") &&
-             strstr(cli_output, "largest  first 120, second 120") && strstr(cli_output, "kept     240 pairs");
-    check(ok, "cli: catalogs --to de DIR reads DIR/*/de/LC_MESSAGES/*.mo, skips and counts the damaged one, and "
-          "names the largest catalogs%s%s", ok ? "" : ": ", ok ? "" : cli_output);
+    int ok = status == 0 && strstr(cli_output, "catalogs 2 read for de") &&
+             strstr(cli_output, "1 damaged") && strstr(cli_output, "skipped: ") &&
+             strstr(cli_output, "broken.mo: magic number") &&
+             strstr(cli_output, "largest  first 120, second 120") &&
+             strstr(cli_output, "kept     240 pairs");
+    check(ok,
+          "cli: catalogs --to de DIR reads DIR/*/de/LC_MESSAGES/*.mo, skips and counts the damaged "
+          "one, and names the largest catalogs%s%s", ok ? "" : ": ", ok ? "" : cli_output);
     int placed = 0;
     int in_split[NUM_CATALOG_SPLITS] = { 0, 0, 0 };
     for (int s = 0; s < NUM_CATALOG_SPLITS; s++) {
@@ -3221,41 +3800,54 @@ static void test_catalogs_command(void) {
         free(text);
     }
     check(placed == SENTENCES && in_split[CATALOG_DEV] > 0 && in_split[CATALOG_TEST] > 0,
-          "cli: catalogs puts each of %d pairs in the file its English sentence's hash names (train %d, dev %d, "
-          "test %d)", SENTENCES, in_split[0], in_split[1], in_split[2]);
-    check(catalog_split("sentence number 0 is here") == (int)(fnv1a_64("sentence number 0 is here") % 40 == 0 ? 2 :
-          fnv1a_64("sentence number 0 is here") % 40 == 1 ? 1 : 0) && fnv1a_64("") == 0xcbf29ce484222325ULL &&
-          fnv1a_64("a") == 0xaf63dc4c8601ec8cULL, "catalogs: the split's hash is FNV-1a 64 (its published values)");
+          "cli: catalogs puts each of %d pairs in the file its English sentence's hash names "
+          "(train %d, dev %d, test %d)", SENTENCES, in_split[0], in_split[1], in_split[2]);
+    check(catalog_split("sentence number 0 is here") ==
+              (int)(fnv1a_64("sentence number 0 is here") % 40 == 0 ? 2 :
+                    fnv1a_64("sentence number 0 is here") % 40 == 1 ? 1 : 0) &&
+          fnv1a_64("") == 0xcbf29ce484222325ULL && fnv1a_64("a") == 0xaf63dc4c8601ec8cULL,
+          "catalogs: the split's hash is FNV-1a 64 (its published values)");
 
     char *before = read_text_file(test_path("pairs/train.tsv"));
-    check_cli_error("catalogs over its own files without --force", "pairs/train.tsv is already there; --force "
-                    "replaces it", "catalogs --to de --out %s %s/locale", out, test_dir);
-    status = run_cli("catalogs --to de --out %s --force %s/locale/de/LC_MESSAGES/second.mo %s/locale", out,
-                     test_dir, test_dir);
+    check_cli_error("catalogs over its own files without --force",
+                    "pairs/train.tsv is already there; --force replaces it",
+                    "catalogs --to de --out %s %s/locale", out, test_dir);
+    status = run_cli("catalogs --to de --out %s --force %s/locale/de/LC_MESSAGES/second.mo "
+                     "%s/locale", out, test_dir, test_dir);
     char *after = read_text_file(test_path("pairs/train.tsv"));
-    check(status == 0 && before && after && strcmp(before, after) == 0 && strstr(cli_output, "source seen before 120"),
-          "cli: catalogs --force again, a catalog given twice: the same train.tsv byte for byte, 120 duplicates");
+    check(status == 0 && before && after && strcmp(before, after) == 0 &&
+          strstr(cli_output, "source seen before 120"),
+          "cli: catalogs --force again, a catalog given twice: the same train.tsv byte for byte, "
+          "120 duplicates");
     free(before);
     free(after);
     status = run_cli("catalogs --to fr --out %s --force %s/locale", test_path("french"), test_dir);
-    check(status == 0 && strstr(cli_output, "catalogs 1 read for fr") && strstr(cli_output, "kept     1 pairs"),
+    check(status == 0 && strstr(cli_output, "catalogs 1 read for fr") &&
+          strstr(cli_output, "kept     1 pairs"),
           "cli: catalogs --to fr reads only the fr folder");
-    check_cli_error("catalogs with too few pairs", "found 240 English->de pairs in 2 catalogs (", "catalogs --to de "
-                    "--out %s --min-pairs 2000 %s/locale", test_path("few"), test_dir);
-    check(access(test_path("few"), F_OK) != 0, "cli: catalogs --min-pairs writes nothing when too few are found");
-    check_cli_error("catalogs of a missing path", "catalogs: /nonexistent/x.mo: No such file or directory; expected "
-                    "a .mo file or a folder", "catalogs --out %s /nonexistent/x.mo", test_path("none"));
-    check_cli_error("catalogs --to with a slash", "--to '../de' is not a language", "catalogs --to ../de");
-    check_cli_error("catalogs --min-words above --max-words", "--min-words 9 is more than --max-words 4",
+    check_cli_error("catalogs with too few pairs", "found 240 English->de pairs in 2 catalogs (",
+                    "catalogs --to de --out %s --min-pairs 2000 %s/locale",
+                    test_path("few"), test_dir);
+    check(access(test_path("few"), F_OK) != 0,
+          "cli: catalogs --min-pairs writes nothing when too few are found");
+    check_cli_error("catalogs of a missing path",
+                    "catalogs: /nonexistent/x.mo: No such file or directory; expected "
+                    "a .mo file or a folder",
+                    "catalogs --out %s /nonexistent/x.mo", test_path("none"));
+    check_cli_error("catalogs --to with a slash", "--to '../de' is not a language",
+                    "catalogs --to ../de");
+    check_cli_error("catalogs --min-words above --max-words",
+                    "--min-words 9 is more than --max-words 4",
                     "catalogs --min-words 9 --max-words 4");
-    check_cli_error("catalogs of no catalog", "found 0 English->xx pairs in 0 catalogs", "catalogs --to xx --out %s "
-                    "%s/locale", test_path("none"), test_dir);
+    check_cli_error("catalogs of no catalog", "found 0 English->xx pairs in 0 catalogs",
+                    "catalogs --to xx --out %s %s/locale", test_path("none"), test_dir);
     write_text(test_path("plain_file"), "x");
-    check_cli_error("catalogs --out over a file", "plain_file: not a directory", "catalogs --to de --out %s %s/locale",
-                    test_path("plain_file"), test_dir);
+    check_cli_error("catalogs --out over a file", "plain_file: not a directory",
+                    "catalogs --to de --out %s %s/locale", test_path("plain_file"), test_dir);
 
-    // An --out that can be made, but is too long for its files' paths (4,096 bytes with "/train.tsv"):
-    // one line, not a path cut short (called directly: a command line that long is the shell's problem)
+    // An --out that can be made, but is too long for its files' paths (4,096 bytes with
+    // "/train.tsv"): one line, not a path cut short (called directly: a command line that long is
+    // the shell's problem)
     char deep[4096];
     int used = snprintf(deep, sizeof deep, "%s", test_path("deep"));
     while (used < 4087) {
@@ -3271,8 +3863,9 @@ static void test_catalogs_command(void) {
     const char *too_long = catalog_write_splits(&none, deep, 0, deep_counts);
     catalog_reader_free(&none);
     const char *said = too_long ? strstr(too_long, "the directory's path is too long") : NULL;
-    check(said != NULL, "catalogs: an --out of %zu bytes, too long for its files' paths, is refused (\"...: %s\")",
-          strlen(deep), said ? said : "not refused");
+    check(said != NULL,
+          "catalogs: an --out of %zu bytes, too long for its files' paths, is refused (\"...: "
+          "%s\")", strlen(deep), said ? said : "not refused");
     free(entries);
     free(english);
     free(german);
@@ -3297,9 +3890,11 @@ static void bleu_add_texts(BleuStats *stats, const char *candidate, const char *
     int *ids[2] = { NULL, NULL }, n[2];
     size_t capacity[2] = { 0, 0 };
     for (int side = 0; side < 2; side++)
-        n[side] = tokenize(side ? reference : candidate, &vocab, 1, &ids[side], &capacity[side], &from);
+        n[side] = tokenize(side ? reference : candidate, &vocab, 1, &ids[side],
+                           &capacity[side], &from);
     bleu_add_sentence(stats, ids[0], n[0], ids[1], n[1]);
-    free(ids[0]); free(ids[1]);
+    free(ids[0]);
+    free(ids[1]);
     vocab_free(&vocab);
 }
 
@@ -3318,13 +3913,16 @@ static double bleu_of_text(const char *const pairs[][2], int n, double precision
 // alone (Latin-1's next line and no-break space, not UTF-8) make one.
 static void test_bleu_white_space(void) {
     static const char *const white[] = {
-        "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80",
-        "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
-        "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+        "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\xc2\x85", "\xc2\xa0",
+        "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83",
+        "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86", "\xe2\x80\x87", "\xe2\x80\x88",
+        "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
         "\xe2\x81\x9f", "\xe3\x80\x80",
     };
-    static const char *const not_white[] = { "\xe2\x80\x8b", "\xe1\xa0\x8e", "\xef\xbb\xbf", "\x85", "\xa0", "\xe3\x80" };
-    int n_white = (int)(sizeof white / sizeof *white), n_not = (int)(sizeof not_white / sizeof *not_white);
+    static const char *const not_white[] = { "\xe2\x80\x8b", "\xe1\xa0\x8e", "\xef\xbb\xbf", "\x85",
+                                             "\xa0", "\xe3\x80" };
+    int n_white = (int)(sizeof white / sizeof *white),
+        n_not = (int)(sizeof not_white / sizeof *not_white);
     int splits = 0, joins = 0;
     char text[32];
     for (int i = 0; i < n_white + n_not; i++) {
@@ -3332,11 +3930,14 @@ static void test_bleu_white_space(void) {
         BleuStats stats;
         bleu_reset(&stats);
         bleu_add_texts(&stats, text, "a b");
-        if (i < n_white) splits += stats.candidate_length == 2 && stats.matches[1] == 1;
-        else joins += stats.candidate_length == 1 && stats.matches[0] == 0;
+        if (i < n_white)
+            splits += stats.candidate_length == 2 && stats.matches[1] == 1;
+        else
+            joins += stats.candidate_length == 1 && stats.matches[0] == 0;
     }
-    check(splits == n_white && joins == n_not, "BLEU: each of the %d white-space characters of Python's str.split() "
-          "separates two words (%d did), and %d look-alikes do not (%d)", n_white, splits, n_not, joins);
+    check(splits == n_white && joins == n_not,
+          "BLEU: each of the %d white-space characters of Python's str.split() separates two words "
+          "(%d did), and %d look-alikes do not (%d)", n_white, splits, n_not, joins);
     // A sentence written with U+3000 (ideographic space) and U+00A0 (no-break
     // space) scores as its twin with ASCII spaces. By hand: the first pair is
     // 6 equal words (6/6 5/5 4/4 3/3); the second "a b c d e" against
@@ -3344,14 +3945,17 @@ static void test_bleu_white_space(void) {
     // BLEU = 100 (10/11 8/9 6/7 4/5)^(1/4).
     const char *const unicode[][2] = {
         { "the\xc2\xa0" "cat sat on\xe3\x80\x80the mat", "the cat\xc2\xa0sat on the mat" },
-        { "\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80" "e\xe3\x80\x80", "a b c d f" },
+        { "\xe3\x80\x80" "a\xe3\x80\x80" "b\xe3\x80\x80" "c\xe3\x80\x80" "d\xe3\x80\x80"
+          "e\xe3\x80\x80", "a b c d f" },
     };
-    const char *const ascii[][2] = { { "the cat sat on the mat", "the cat sat on the mat" }, { "a b c d e", "a b c d f" } };
+    const char *const ascii[][2] = { { "the cat sat on the mat", "the cat sat on the mat" },
+                                     { "a b c d e", "a b c d f" } };
     double p[4], bp, by_hand = 100 * pow(10.0 / 11 * 8.0 / 9 * 6.0 / 7 * 4.0 / 5, 0.25);
     double bleu = bleu_of_text(unicode, 2, p, &bp), twin = bleu_of_text(ascii, 2, NULL, NULL);
-    check(bleu == twin && near(bleu, by_hand, 1e-9) && near(p[0], 10.0 / 11, 1e-15) && near(p[3], 4.0 / 5, 1e-15) &&
-          bp == 1, "BLEU: text with U+00A0 and U+3000 scores %.10f, as its ASCII twin (%.10f) and as by hand (%.10f)",
-          bleu, twin, by_hand);
+    check(bleu == twin && near(bleu, by_hand, 1e-9) && near(p[0], 10.0 / 11, 1e-15) &&
+          near(p[3], 4.0 / 5, 1e-15) && bp == 1,
+          "BLEU: text with U+00A0 and U+3000 scores %.10f, as its ASCII twin (%.10f) and as by "
+          "hand (%.10f)", bleu, twin, by_hand);
 }
 
 // Counting is linear in a line's length (a hash table, as sacreBLEU's
@@ -3386,9 +3990,11 @@ static void test_bleu_long_line(void) {
         }
         counts_right &= stats.totals[n - 1] == total && stats.matches[n - 1] == total - missing;
     }
-    check(counts_right && seconds < 1.0, "BLEU: one line of %d tokens in %.3f s (bound 1 s), its n-gram counts as by hand",
+    check(counts_right && seconds < 1.0,
+          "BLEU: one line of %d tokens in %.3f s (bound 1 s), its n-gram counts as by hand",
           TOKENS, seconds);
-    free(hyp); free(ref);
+    free(hyp);
+    free(ref);
 }
 
 static void test_bleu(void) {
@@ -3396,7 +4002,8 @@ static void test_bleu(void) {
     // Identical, 6 tokens: every precision 6/6 5/5 4/4 3/3 = 1, c = r so BP = 1: BLEU 100.
     const char *const identical[][2] = { { "the cat sat on the mat", "the cat sat on the mat" } };
     bleu = bleu_of_text(identical, 1, p, &bp);
-    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1, "BLEU: identical sentences give %.10g", bleu);
+    check(bleu == 100.0 && bp == 1.0 && p[0] == 1 && p[3] == 1,
+          "BLEU: identical sentences give %.10g", bleu);
 
     // Shorter than its reference: "the cat sat on" (c = 4) against 6 tokens (r = 6).
     // Precisions 4/4 3/3 2/2 1/1 = 1; BP = exp(1 - 6/4) = exp(-0.5) = 0.6065306597;
@@ -3404,7 +4011,8 @@ static void test_bleu(void) {
     const char *const shorter[][2] = { { "the cat sat on", "the cat sat on the mat" } };
     bleu = bleu_of_text(shorter, 1, p, &bp);
     check(near(bp, exp(-0.5), 1e-15) && near(bleu, 60.6530659713, 1e-9) && p[0] == 1 && p[3] == 1,
-          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f (60.6530659713)", bp, bleu);
+          "BLEU: a candidate shorter than its reference: BP %.10f (exp(-0.5)), BLEU %.10f "
+          "(60.6530659713)", bp, bleu);
 
     // No 4-gram matches: "a b c e d" against "a b c d e".
     // 1-grams 5/5; 2-grams ab bc ce ed vs ab bc cd de: 2/4; 3-grams abc bce ced: 1/3;
@@ -3412,17 +4020,21 @@ static void test_bleu(void) {
     const char *const no_four[][2] = { { "a b c e d", "a b c d e" } };
     bleu = bleu_of_text(no_four, 1, p, &bp);
     check(bleu == 0.0 && p[0] == 1.0 && p[1] == 0.5 && near(p[2], 1.0 / 3, 1e-15) && p[3] == 0.0,
-          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)", p[0], p[1], p[2], p[3]);
+          "BLEU: no 4-gram matches gives 0 (precisions %.4f %.4f %.4f %.4f)",
+          p[0], p[1], p[2], p[3]);
 
     // Clipping (Papineni et al.'s own example): seven "the" against "the cat is on
     // the mat", which holds "the" twice: p1 = min(7, 2) / 7 = 2/7, not 7/7.
     const char *const clip7[][2] = { { "the the the the the the the", "the cat is on the mat" } };
     bleu = bleu_of_text(clip7, 1, p, &bp);
-    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0, "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
-    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the reference.
+    check(near(p[0], 2.0 / 7, 1e-15) && bleu == 0.0,
+          "BLEU: clipping, 7 x 'the' against 2 in the reference: p1 = %.10f (2/7)", p[0]);
+    // "the the the the" against "the cat": p1 = min(4, 1) / 4 = 1/4; no bigram "the the" in the
+    // reference.
     const char *const clip4[][2] = { { "the the the the", "the cat" } };
     bleu = bleu_of_text(clip4, 1, p, &bp);
-    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0, "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
+    check(p[0] == 0.25 && p[1] == 0.0 && bleu == 0.0,
+          "BLEU: clipping, 'the the the the' against 'the cat': p1 = %.4f (1/4)", p[0]);
 
     // Two sentences. A: "a b c d" = its reference (sentence BLEU 100). B: "e f g x i"
     // against "e f g h i" (sentence BLEU 0: no 4-gram matches). Mean of the two: 50.
@@ -3431,21 +4043,27 @@ static void test_bleu(void) {
     // = 100 (8/63)^(1/4) = 59.69491792.
     const char *const two[][2] = { { "a b c d", "a b c d" }, { "e f g x i", "e f g h i" } };
     bleu = bleu_of_text(two, 2, p, &bp);
-    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) + bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
-    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) && sentence_mean == 50.0,
-          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs %.1f", bleu, sentence_mean);
+    double sentence_mean = (bleu_of_text(two, 1, NULL, NULL) +
+                            bleu_of_text(two + 1, 1, NULL, NULL)) / 2;
+    check(near(bleu, 100 * pow(8.0 / 63, 0.25), 1e-9) && near(bleu, 59.6949179202, 1e-9) &&
+          sentence_mean == 50.0,
+          "BLEU: corpus of two sentences %.10f (59.6949179202), not the mean of sentence BLEUs "
+          "%.1f", bleu, sentence_mean);
 
     // The brevity penalty comes from corpus lengths: A (8 tokens) = its reference,
     // B "p q r" against "p q r s t u". c = 8+3 = 11, r = 8+6 = 14, BP = exp(1 - 14/11).
     // B has no 4-gram, so p4 = (5+0)/(5+0) = 1 and BLEU = 100 BP = 76.13003867.
     // (NLTK gives 72.74: it counts B as having one 4-gram, max(1, 0), so p4 = 5/6.)
-    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" }, { "p q r", "p q r s t u" } };
+    const char *const one_short[][2] = { { "a b c d e f g h", "a b c d e f g h" },
+                                         { "p q r", "p q r s t u" } };
     bleu = bleu_of_text(one_short, 2, p, &bp);
     check(near(bp, exp(1 - 14.0 / 11), 1e-15) && near(bleu, 76.1300386697, 1e-9),
-          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)", bp, bleu);
+          "BLEU: corpus brevity penalty exp(1 - 14/11) = %.10f, BLEU %.10f (76.1300386697)",
+          bp, bleu);
 
     // Streaming, and token ids: the same corpus as ids, scored after each sentence.
-    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 }, b_ref[] = { 14, 15, 16, 17, 18 };
+    const int a[] = { 10, 11, 12, 13 }, b_hyp[] = { 14, 15, 16, 99, 18 },
+              b_ref[] = { 14, 15, 16, 17, 18 };
     BleuStats stats;
     bleu_reset(&stats);
     bleu_add_sentence(&stats, a, 4, a, 4);
@@ -3454,7 +4072,8 @@ static void test_bleu(void) {
     double after_two = bleu_score(&stats, NULL, NULL);
     check(after_one == 100.0 && near(after_two, 59.6949179202, 1e-9) && stats.sentences == 2 &&
           stats.candidate_length == 9 && stats.reference_length == 9,
-          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two", after_one, after_two);
+          "BLEU: token ids, sentence by sentence: %.4f after one, %.10f after two",
+          after_one, after_two);
 
     // An empty candidate: no n-grams (every p_n taken as 0), c = 0 so BP = 0: BLEU 0.
     const char *const empty[][2] = { { "", "the cat" } };
@@ -3465,7 +4084,8 @@ static void test_bleu(void) {
     const char *const spaces[][2] = { { "  the\tcat \n sat  ", "the cat sat" } };
     bleu = bleu_of_text(spaces, 1, p, &bp);
     check(p[0] == 1 && p[1] == 1 && p[2] == 1 && p[3] == 0 && bp == 1 && bleu == 0.0,
-          "BLEU: tabs, newlines and runs of spaces separate words; a corpus without 4-grams scores 0");
+          "BLEU: tabs, newlines and runs of spaces separate words; "
+          "a corpus without 4-grams scores 0");
     test_bleu_white_space();
     test_bleu_long_line();
 }
@@ -3476,13 +4096,17 @@ static void test_bleu(void) {
 // ============================================================================
 
 static void test_tsv_reading(void) {
-    Vocabulary v; Dataset d;
-    vocab_init(&v); memset(&d, 0, sizeof d);
+    Vocabulary v;
+    Dataset d;
+    vocab_init(&v);
+    memset(&d, 0, sizeof d);
     write_text(test_path("good.tsv"), "a b c\tc b a\r\n\n   \nb  d\td\n");
     const char *e = dataset_read_tsv(&d, &v, test_path("good.tsv"), 1);
-    check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 && d.pairs[1].line == 4 &&
-          v.size == NUM_SPECIAL_TOKENS + 4 && strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
-          "data: a TSV file with \\r\\n and blank lines gives 2 pairs, their line numbers and a vocabulary of 8");
+    check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 &&
+          d.pairs[1].line == 4 && v.size == NUM_SPECIAL_TOKENS + 4 &&
+          strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
+          "data: a TSV file with \\r\\n and blank lines gives 2 pairs, their line numbers and a "
+          "vocabulary of 8");
     dataset_free(&d);
     // the errors: each names the file and line and says what was expected
     struct { const char *name, *text, *expected; } bad[] = {
@@ -3496,23 +4120,27 @@ static void test_tsv_reading(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_text(test_path(bad[i].name), bad[i].text);
         e = dataset_read_tsv(&d, &v, test_path(bad[i].name), 1);
-        check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name, e ? e : "accepted");
+        check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name,
+              e ? e : "accepted");
         dataset_free(&d);
     }
     e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
-    check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)", e ? e : "accepted");
-    e = dataset_read_tsv(&d, &v, test_dir, 1);
-    check(e && strstr(e, ": is a directory; expected a text file"), "data: a directory is refused as one (%s)",
+    check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)",
           e ? e : "accepted");
+    e = dataset_read_tsv(&d, &v, test_dir, 1);
+    check(e && strstr(e, ": is a directory; expected a text file"),
+          "data: a directory is refused as one (%s)", e ? e : "accepted");
     // white space is Python's str.split()'s in data too: U+3000, U+00A0 and U+2003 separate tokens,
     // and a line of U+3000 alone is blank
     Vocabulary words;
     vocab_init(&words);
-    write_text(test_path("unicode_spaces.tsv"), "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
+    write_text(test_path("unicode_spaces.tsv"),
+               "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
     e = dataset_read_tsv(&d, &words, test_path("unicode_spaces.tsv"), 1);
-    check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 && words.size == NUM_SPECIAL_TOKENS + 3,
-          "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank (%s)",
-          e ? e : "read");
+    check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 &&
+          words.size == NUM_SPECIAL_TOKENS + 3,
+          "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank "
+          "(%s)", e ? e : "read");
     dataset_free(&d);
     vocab_free(&words);
     // unknown tokens with a fixed vocabulary become <unk>
@@ -3520,10 +4148,11 @@ static void test_tsv_reading(void) {
     int size = v.size;
     fflush(stdout);
     e = dataset_read_tsv(&d, &v, test_path("unknown.tsv"), 0);
-    check(!e && v.size == size && d.tokens[1] == TOKEN_UNK, "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
+    check(!e && v.size == size && d.tokens[1] == TOKEN_UNK,
+          "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
     e = dataset_check_lengths(&d, "unknown.tsv", 2);
-    check(e && strstr(e, "unknown.tsv:1: the source has 2 tokens"), "data: a source too long for max_len is refused (%s)",
-          e ? e : "accepted");
+    check(e && strstr(e, "unknown.tsv:1: the source has 2 tokens"),
+          "data: a source too long for max_len is refused (%s)", e ? e : "accepted");
     dataset_free(&d);
     vocab_free(&v);
 }
@@ -3537,39 +4166,52 @@ static void test_tsv_command_line(void) {
     write_text(tsv, "a b\tb a\nc d e\te d c\na a\ta a\nb c\tc b\n");
     write_text(test_path("cli_empty.tsv"), "");
     write_text(test_path("cli_notab.tsv"), "a b\tb a\nc d e\n");
-    check_cli_error("a missing data file", "train: /nonexistent/x.tsv: cannot open", "train --train /nonexistent/x.tsv");
+    check_cli_error("a missing data file", "train: /nonexistent/x.tsv: cannot open",
+                    "train --train /nonexistent/x.tsv");
     check_cli_error("an empty data file", "cli_empty.tsv: no sentence pairs (the file is empty)",
                     "train --train %s", test_path("cli_empty.tsv"));
     check_cli_error("a line without a tab", "cli_notab.tsv:2: no tab; expected source<TAB>target",
                     "train --train %s", test_path("cli_notab.tsv"));
     // a tiny run on the TSV file, then decode and eval with its checkpoint
     const char *tsv_ckpt = test_path("tsv.ckpt");
-    int status = run_cli("train --train %s --valid %s --steps 4 --checkpoint %s " TINY_MINIMAL_RUN " --eval-every 0 --show 0", tsv, tsv, tsv_ckpt);
-    check(status == 0 && strstr(cli_output, "eval   step 4"), "cli: train on a TSV file for 4 steps (exit %d)", status);
+    int status = run_cli("train --train %s --valid %s --steps 4 --checkpoint %s " TINY_MINIMAL_RUN
+                         " --eval-every 0 --show 0", tsv, tsv, tsv_ckpt);
+    check(status == 0 && strstr(cli_output, "eval   step 4"),
+          "cli: train on a TSV file for 4 steps (exit %d)", status);
     status = run_cli("eval --checkpoint %s --data %s", tsv_ckpt, tsv);
     check(status == 0 && strstr(cli_output, "exact match") && strstr(cli_output, "token accuracy"),
           "cli: eval prints token accuracy and exact match (exit %d)", status);
     status = run_cli("decode --checkpoint %s 'a zz b'", tsv_ckpt);
-    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the vocabulary; read as <unk>"),
+    check(status == 0 && strstr(cli_output, "warning: argument 1: token 'zz' is not in the "
+                                            "vocabulary; read as <unk>"),
           "cli: an unknown token at decode time is read as <unk> with a warning (exit %d)", status);
     char long_sentence[400] = "'";
     for (int i = 0; i < 60; i++) strcat(long_sentence, "a ");
     strcat(long_sentence, "'");
-    check_cli_error("a sentence longer than the model's maximum", "argument 1: the sentence has 60 tokens; the model's "
-                    "maximum length 54 allows 53", "decode --checkpoint %s %s", tsv_ckpt, long_sentence);
+    check_cli_error("a sentence longer than the model's maximum",
+                    "argument 1: the sentence has 60 tokens; the model's "
+                    "maximum length 54 allows 53",
+                    "decode --checkpoint %s %s", tsv_ckpt, long_sentence);
     char long_tsv[600];
     snprintf(long_tsv, sizeof long_tsv, "a\tb\nb\ta\n%s\ta\n", long_sentence + 1);
     long_tsv[strlen(long_tsv) - 4] = ' '; // drop the closing quote
     write_text(test_path("cli_long.tsv"), long_tsv);
-    check_cli_error("a held-out line longer than the maximum", "cli_long.tsv:3: the source has 60 tokens",
-                    "eval --checkpoint %s --data %s", tsv_ckpt, test_path("cli_long.tsv"));
+    check_cli_error("a held-out line longer than the maximum",
+                    "cli_long.tsv:3: the source has 60 tokens", "eval --checkpoint %s --data %s",
+                    tsv_ckpt, test_path("cli_long.tsv"));
     // damaged checkpoints, refused by eval as by decode
     size_t size;
     unsigned char *good = read_file(tsv_ckpt, &size);
-    if (!good) { check(0, "cli: no checkpoint from the TSV run; the damaged-checkpoint tests need one"); return; }
+    if (!good) {
+        check(0, "cli: no checkpoint from the TSV run; the damaged-checkpoint tests need one");
+        return;
+    }
     const char *bad = test_path("cli_bad.ckpt");
-    good[0] = 'P'; write_file(bad, good, size); good[0] = 'T';
-    check_cli_error("a checkpoint with the wrong magic", "cli_bad.ckpt: not a transformer.c checkpoint",
+    good[0] = 'P';
+    write_file(bad, good, size);
+    good[0] = 'T';
+    check_cli_error("a checkpoint with the wrong magic",
+                    "cli_bad.ckpt: not a transformer.c checkpoint",
                     "eval --checkpoint %s --data %s", bad, tsv);
     free(good);
     // a NaN loss stops training and leaves the last good checkpoint; on a TSV
@@ -3577,8 +4219,8 @@ static void test_tsv_command_line(void) {
     // every step without evaluating
     const char *nan_ckpt = test_path("nan.ckpt");
     check_cli_error("a loss that becomes NaN or infinite", "(step 1), is left as it was",
-                    "train --train %s --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN " --eval-every 1 --show 0", tsv,
-                    nan_ckpt);
+                    "train --train %s --steps 50 --lr 1e30 --checkpoint %s " TINY_MINIMAL_RUN
+                    " --eval-every 1 --show 0", tsv, nan_ckpt);
     status = run_cli("decode --checkpoint %s 'a b'", nan_ckpt);
     check(status == 0, "cli: ... and that checkpoint still loads (exit %d)", status);
 }
@@ -3587,23 +4229,30 @@ static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
     // 8 copy pairs; the references of two are changed, so a perfect copier scores below 100
     Transformer m = *trained_model;
     m.training = 0;
-    Rng rng; rng_seed(&rng, 77);
+    Rng rng;
+    rng_seed(&rng, 77);
     char tsv[2048] = "";
-    BleuStats expected; bleu_reset(&expected);
+    BleuStats expected;
+    bleu_reset(&expected);
     int exact = 0;
     for (int i = 0; i < 8; i++) {
         int n = 3 + i % 4, src[8], ref[8], out[32], out_len;
         random_source(src, n, m.config.vocab_size, &rng);         // n-1 words and </s>
         int ref_len = n - 1;
         memcpy(ref, src, ref_len * sizeof(int));
-        if (i == 2) ref_len--;                                     // a word missing
-        if (i == 5) ref[0] = ref[0] == 4 ? 5 : 4;                  // a word changed
-        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n), src, &n, 1, n);
+        if (i == 2)
+            ref_len--;   // a word missing
+        if (i == 5)
+            ref[0] = ref[0] == 4 ? 5 : 4;   // a word changed
+        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n),
+                                  src, &n, 1, n);
         bleu_add_sentence(&expected, out, out_len, ref, ref_len);
         exact += out_len == ref_len && memcmp(out, ref, ref_len * sizeof(int)) == 0;
-        for (int k = 0; k < n - 1; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", src[k] - NUM_SPECIAL_TOKENS);
+        for (int k = 0; k < n - 1; k++)
+            sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", src[k] - NUM_SPECIAL_TOKENS);
         strcat(tsv, "\t");
-        for (int k = 0; k < ref_len; k++) sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", ref[k] - NUM_SPECIAL_TOKENS);
+        for (int k = 0; k < ref_len; k++)
+            sprintf(tsv + strlen(tsv), "%s%d", k ? " " : "", ref[k] - NUM_SPECIAL_TOKENS);
         strcat(tsv, "\n");
     }
     double want = bleu_score(&expected, NULL, NULL);
@@ -3612,21 +4261,27 @@ static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
     int status = run_cli("eval --checkpoint %s --data %s --bleu", ckpt, path);
     double got = printed_number_after(cli_output, "BLEU            ");
     check(status == 0 && fabs(got - want) <= 0.005 + 1e-9 && want > 0 && want < 100,
-          "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 exact)", got, want, exact);
-    // which BLEU it is, in sacreBLEU's signature, and the precisions to two decimals as sacreBLEU gives them
+          "cli: eval --bleu prints %.2f, the BLEU of the outputs decoded one by one (%.4f; %d/8 "
+          "exact)", got, want, exact);
+    // which BLEU it is, in sacreBLEU's signature, and the precisions to two decimals as sacreBLEU
+    // gives them
     char precisions[64];
-    snprintf(precisions, sizeof precisions, "precisions %.2f/%.2f/%.2f/%.2f,", 100.0 * expected.matches[0] / expected.totals[0],
-             100.0 * expected.matches[1] / expected.totals[1], 100.0 * expected.matches[2] / expected.totals[2],
+    snprintf(precisions, sizeof precisions, "precisions %.2f/%.2f/%.2f/%.2f,",
+             100.0 * expected.matches[0] / expected.totals[0],
+             100.0 * expected.matches[1] / expected.totals[1],
+             100.0 * expected.matches[2] / expected.totals[2],
              100.0 * expected.matches[3] / expected.totals[3]);
-    check(strstr(cli_output, "(nrefs:1|case:mixed|eff:no|tok:none|smooth:none; ") && strstr(cli_output, precisions),
-          "cli: eval --bleu names what it computed, sacreBLEU's signature nrefs:1|case:mixed|eff:no|tok:none|"
-          "smooth:none, and its %s", precisions);
+    check(strstr(cli_output, "(nrefs:1|case:mixed|eff:no|tok:none|smooth:none; ") &&
+          strstr(cli_output, precisions),
+          "cli: eval --bleu names what it computed, sacreBLEU's signature "
+          "nrefs:1|case:mixed|eff:no|tok:none|smooth:none, and its %s", precisions);
     status = run_cli("eval --checkpoint %s --data %s --bleu --beam 3", ckpt, path);
     got = printed_number_after(cli_output, "BLEU            ");
     check(status == 0 && strstr(cli_output, "beam search") && got >= 0 && got <= 100,
           "cli: eval --bleu --beam 3 prints a BLEU score (%.2f)", got);
     status = run_cli("eval --checkpoint %s --data %s", ckpt, path);
-    check(status == 0 && !strstr(cli_output, "BLEU"), "cli: eval without --bleu prints no BLEU line");
+    check(status == 0 && !strstr(cli_output, "BLEU"),
+          "cli: eval without --bleu prints no BLEU line");
     check_cli_error("a value after the --bleu flag", "eval: unexpected argument 'yes'",
                     "eval --checkpoint %s --data %s --bleu yes", ckpt, path);
 }
@@ -3639,28 +4294,34 @@ static void test_existing_checkpoint(void) {
     size_t size;
     unsigned char *before = read_file(ckpt, &size);
     check(status == 0 && before, "cli: a 3-step run writes its checkpoint (exit %d)", status);
-    if (!before) return;
-    check_cli_error("a new run onto another run's checkpoint", "existing.ckpt is already there (another run's "
-                    "checkpoint?); expected --resume", "train --train %s --steps 2 --checkpoint %s " TINY_MINIMAL_RUN,
-                    tsv, ckpt);
+    if (!before)
+        return;
+    check_cli_error("a new run onto another run's checkpoint",
+                    "existing.ckpt is already there (another run's checkpoint?); expected --resume",
+                    "train --train %s --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
     size_t after_size;
     unsigned char *after = read_file(ckpt, &after_size);
-    check(after && after_size == size && memcmp(before, after, size) == 0, "cli: ... and the checkpoint is untouched");
+    check(after && after_size == size && memcmp(before, after, size) == 0,
+          "cli: ... and the checkpoint is untouched");
     free(after);
-    status = run_cli("train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN, tsv, ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 2, "cli: --force replaces it (now at step %ld; exit %d)",
+    status = run_cli("train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN,
+                     tsv, ckpt);
+    check(status == 0 && checkpoint_file_step(ckpt) == 2,
+          "cli: --force replaces it (now at step %ld; exit %d)",
           checkpoint_file_step(ckpt), status);
     status = run_cli("train --help");
     check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
     free(before);
     // a path no checkpoint can take is refused before training, not after it (the audit found
     // both trained to the end and failed at the save)
-    check_cli_error("an empty --checkpoint", "--checkpoint '': expected a file's path", "train --train %s --steps 2 "
-                    "--checkpoint '' " TINY_MINIMAL_RUN, tsv);
+    check_cli_error("an empty --checkpoint", "--checkpoint '': expected a file's path",
+                    "train --train %s --steps 2 --checkpoint '' " TINY_MINIMAL_RUN, tsv);
     const char *directory = test_path("a_directory");
     mkdir(directory, 0700);
-    check_cli_error("a directory as --checkpoint, --force", "a_directory: not a regular file; expected a checkpoint's "
-                    "path", "train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN, tsv, directory);
+    check_cli_error("a directory as --checkpoint, --force",
+                    "a_directory: not a regular file; expected a checkpoint's path",
+                    "train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN,
+                    tsv, directory);
 }
 
 
@@ -3670,38 +4331,47 @@ static void test_text_rule(const char *ckpt) {
     // a byte-order mark: not part of the first token
     const char *bom = test_path("bom.tsv"), *bom_ckpt = test_path("bom.ckpt");
     write_text(bom, "\xEF\xBB\xBFq r\tr q\nr s\ts r\n");
-    int status = run_cli("train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, bom, bom_ckpt);
+    int status = run_cli("train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN,
+                         bom, bom_ckpt);
     int status2 = run_cli("decode --checkpoint %s 'q r'", bom_ckpt);
     check(status == 0 && status2 == 0 && !strstr(cli_output, "not in the vocabulary"),
-          "cli: a UTF-8 byte-order mark is stripped: 'q' is in the vocabulary (exit %d, %d)", status, status2);
+          "cli: a UTF-8 byte-order mark is stripped: 'q' is in the vocabulary (exit %d, %d)",
+          status, status2);
     // the special tokens' text in data is refused
     write_text(test_path("special.tsv"), "a b\tb a\nc <s> d\td c\n");
-    check_cli_error("<s> in training data", "special.tsv:2: the token '<s>' is reserved (<pad> <s> </s> <unk>",
-                    "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, test_path("special.tsv"),
-                    test_path("special.ckpt"));
+    check_cli_error("<s> in training data",
+                    "special.tsv:2: the token '<s>' is reserved (<pad> <s> </s> <unk>",
+                    "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN,
+                    test_path("special.tsv"), test_path("special.ckpt"));
     write_text(test_path("special_eval.tsv"), "1 2\t1 2\n1\t1 <unk>\n");
     check_cli_error("<unk> in held-out data", "special_eval.tsv:2: the token '<unk>' is reserved",
                     "eval --checkpoint %s --data %s", ckpt, test_path("special_eval.tsv"));
     check_cli_error("</s> in a sentence to decode", "argument 1: the token '</s>' is reserved",
                     "decode --checkpoint %s '1 </s> 2'", ckpt);
-    // one rule for text (issue 34): every input is UTF-8, and a byte that is not is refused with its
-    // file and line, or argument, in every command: Latin-1's é, a lone continuation byte, a zero byte
+    // one rule for text (issue 34): every input is UTF-8, and a byte that is not is refused with
+    // its file and line, or argument, in every command: Latin-1's é, a lone continuation byte, a
+    // zero byte
     write_text(test_path("latin1.tsv"), "1 2\t1 2\ncaf\xe9 1\t1\n");
-    check_cli_error("a training file in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8; expected "
-                    "UTF-8 text", "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN, test_path("latin1.tsv"),
-                    test_path("latin1.ckpt"));
+    check_cli_error("a training file in Latin-1",
+                    "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8; expected UTF-8 text",
+                    "train --train %s --steps 1 --checkpoint %s " TINY_MINIMAL_RUN,
+                    test_path("latin1.tsv"), test_path("latin1.ckpt"));
     check(access(test_path("latin1.ckpt"), F_OK) != 0, "cli: ... and no checkpoint is written");
-    check_cli_error("held-out data in Latin-1", "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8",
+    check_cli_error("held-out data in Latin-1",
+                    "latin1.tsv:2: byte 4 of the line, 0xe9, is not UTF-8",
                     "eval --checkpoint %s --data %s", ckpt, test_path("latin1.tsv"));
     write_file(test_path("zero.tsv"), "1 2\t1 2\n3\t3\0\n", 13);
-    check_cli_error("a zero byte in held-out data", "zero.tsv:2: a zero byte; expected text", "eval --checkpoint %s "
-                    "--data %s", ckpt, test_path("zero.tsv"));
-    check_cli_error("a sentence to decode that is not UTF-8", "decode: argument 2: byte 3 of the line, 0x80, is not "
-                    "UTF-8", "decode --checkpoint %s '1 2' \"$(printf '1 \\200')\"", ckpt);
+    check_cli_error("a zero byte in held-out data", "zero.tsv:2: a zero byte; expected text",
+                    "eval --checkpoint %s --data %s", ckpt, test_path("zero.tsv"));
+    check_cli_error("a sentence to decode that is not UTF-8",
+                    "decode: argument 2: byte 3 of the line, 0x80, is not UTF-8",
+                    "decode --checkpoint %s '1 2' \"$(printf '1 \\200')\"", ckpt);
     write_text(test_path("latin1_stdin.txt"), "1 2\n3 \xff\n2 1\n");
     status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("latin1_stdin.txt"));
-    check(status == 1 && strstr(cli_output, "error: decode: stdin:2: byte 3 of the line, 0xff, is not UTF-8") &&
-          count_lines_starting(cli_output, "error:") == 1, "cli: decode from stdin refuses line 2, not UTF-8, "
+    check(status == 1 &&
+          strstr(cli_output, "error: decode: stdin:2: byte 3 of the line, 0xff, is not UTF-8") &&
+          count_lines_starting(cli_output, "error:") == 1,
+          "cli: decode from stdin refuses line 2, not UTF-8, "
           "decodes lines 1 and 3 and exits 1 (exit %d)", status);
 }
 
@@ -3711,7 +4381,10 @@ static void test_text_and_eval_commands(void) {
     printf("-- the lab's text and eval: TSV files, the text rule, eval --bleu, --force\n");
     test_tsv_command_line();
     const char *ckpt = test_path("copy_small.ckpt");
-    if (!file_exists(ckpt)) { check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt); return; }
+    if (!file_exists(ckpt)) {
+        check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt);
+        return;
+    }
     test_eval_bleu(trained_copy_model(), ckpt);
     test_existing_checkpoint();
     test_text_rule(ckpt);
@@ -3742,7 +4415,8 @@ static void run_lab_tests(void) {
     test_no_empty_translation();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
-    if (!make_test_dir()) return;
+    if (!make_test_dir())
+        return;
     printf("-- files in %s\n", test_dir);
     test_tsv_reading();
     test_bpe_checkpoint();
@@ -3760,7 +4434,8 @@ static void run_lab_tests(void) {
         test_batch_log();
         run_command_line_tests();   // transformer.c's commands, through ./transformer
         test_text_and_eval_commands();
-        printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, plot, params\n");
+        printf("-- the lab's command line: train's further flags, average, bleu, attention, pe, "
+               "plot, params\n");
         test_lab_command_line();
         test_resume_counts();
         test_lab_evaluation_commands();
@@ -3773,8 +4448,10 @@ static void run_lab_tests(void) {
 }
 
 int main(void) {
-    lab_plug_in();   // as make's ./transformer runs: the lab's hooks, Part I's products through lab/fast_path.c
-    fast_path_switch = fast_path_use;   // the tests worked by hand run through Part I's loops and the fast path
+    lab_plug_in();   // as make's ./transformer runs: the lab's hooks, Part I's products through
+                     // lab/fast_path.c
+    fast_path_switch = fast_path_use;   // the tests worked by hand run through Part I's loops and
+                                        // the fast path
     printf("-- the fast path (lab/fast_path.c) against transformer.c's loops\n");
     test_fast_aligned_memory();
     test_matmul_against_plain_loops();
@@ -3786,7 +4463,8 @@ int main(void) {
     test_fast_attention();
     test_fast_dispatch();
     test_fast_training_step();
-    printf("-- transformer.c's Part I again, through the fast path (test_transformer.c's run_model_tests)\n");
+    printf("-- transformer.c's Part I again, through the fast path (test_transformer.c's "
+           "run_model_tests)\n");
     run_model_tests();
     run_lab_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
