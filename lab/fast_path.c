@@ -40,7 +40,7 @@
 //
 //             dc                         TILE_COLS = 32
 //          ┌─────────┐                 ┌──────────────────────┐
-//        8 │ ▓       │   x          dc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │  ->  sum[8][32] += a[.][d] * b[d][.]
+//        8 │ ▓       │   x          dc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │ -> sum[8][32] += a[.][d] * b[d][.]
 //          └─────────┘                 │                      │
 //          A strip, step d: column ▓    └──────────────────────┘  B strip, step d: row ▓
 //
@@ -81,7 +81,10 @@
 // ----------------------------------------------------------------------------
 
 // Element (row, col) of a matrix view is data[row * row_stride + col * col_stride].
-typedef struct { const real *data; size_t row_stride, col_stride; } MatrixView;
+typedef struct {
+    const real *data;
+    size_t row_stride, col_stride;
+} MatrixView;
 
 // One product, in the form every caller gives it:
 //     out = bias + A B    (accumulate 0; with bias.data NULL, out = A B)
@@ -129,10 +132,18 @@ _Static_assert(WIDTH_BLOCK % TILE_COLS == 0, "a block of B must hold whole strip
 // Loads and stores go through memcpy, which assumes no alignment.
 typedef real Vector __attribute__((vector_size(VECTOR_BYTES)));
 #define VECTOR_LANES (VECTOR_BYTES / (int)sizeof(real))
-static inline Vector vector_load(const real *p) { Vector v; memcpy(&v, p, sizeof v); return v; }
-static inline void vector_store(real *p, Vector v) { memcpy(p, &v, sizeof v); }
+static inline Vector vector_load(const real *p) {
+    Vector v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vector_store(real *p, Vector v) {
+    memcpy(p, &v, sizeof v);
+}
 
-static int min_int(int a, int b) { return a < b ? a : b; }
+static int min_int(int a, int b) {
+    return a < b ? a : b;
+}
 
 // Uninitialised memory at a multiple of CACHE_LINE bytes (see arena_calloc); free() it.
 static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
@@ -153,11 +164,14 @@ static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, i
         // A transposed (dy^T in dW = dy^T x): the strip's numbers for one d
         // lie side by side, so each step is a copy of `height` numbers (a
         // memcpy of a fixed size: vector moves, where gcc 12 made the loop scalar)
-        for (int d = 0; d < dc; d++) memcpy(strip + d * height, a0 + (size_t)d * a.col_stride, (size_t)height * sizeof(real));
+        for (int d = 0; d < dc; d++)
+            memcpy(strip + d * height, a0 + (size_t)d * a.col_stride,
+                   (size_t)height * sizeof(real));
         return;
     }
     for (int r = 0; r < rows; r++)
-        for (int d = 0; d < dc; d++) strip[d * height + r] = a0[(size_t)r * a.row_stride + (size_t)d * a.col_stride];
+        for (int d = 0; d < dc; d++)
+            strip[d * height + r] = a0[(size_t)r * a.row_stride + (size_t)d * a.col_stride];
 }
 
 // `count` strips of B side by side, each `width` columns (the tile's) and dc
@@ -169,16 +183,20 @@ static void pack_a_strip(real *strip, MatrixView a, int m0, int m_end, int d0, i
 // would start a new cache line), a strip's row one memcpy of a fixed size
 // (vector moves, where gcc 12 made the loop scalar). Columns contiguous (B a
 // transposed matrix, W^T in x W^T): along each column, strip by strip.
-static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0, int dc, int width, int count) {
+static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0, int dc, int width,
+                          int count) {
     if (b.col_stride == 1) {
-        int full = min_int(count, (b_cols - n0) / width);   // strips that lie wholly left of column b_cols
+        // strips that lie wholly left of column b_cols
+        int full = min_int(count, (b_cols - n0) / width);
         for (int d = 0; d < dc; d++) {
             const real *row = b.data + (size_t)(d0 + d) * b.row_stride;
             for (int s = 0; s < full; s++)
-                memcpy(packed + ((size_t)s * dc + d) * width, row + n0 + s * width, (size_t)width * sizeof(real));
+                memcpy(packed + ((size_t)s * dc + d) * width, row + n0 + s * width,
+                       (size_t)width * sizeof(real));
             for (int s = full; s < count; s++)   // a last strip that reaches past column b_cols
                 for (int j = 0; j < width; j++)
-                    packed[((size_t)s * dc + d) * width + j] = n0 + s * width + j < b_cols ? row[n0 + s * width + j] : 0;
+                    packed[((size_t)s * dc + d) * width + j] =
+                        n0 + s * width + j < b_cols ? row[n0 + s * width + j] : 0;
         }
         return;
     }
@@ -187,7 +205,8 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
         const real *b0 = b.data + (size_t)d0 * b.row_stride + (size_t)j0 * b.col_stride;
         real *strip = packed + (size_t)s * dc * width;
         for (int j = 0; j < cols; j++)
-            for (int d = 0; d < dc; d++) strip[d * width + j] = b0[(size_t)j * b.col_stride + (size_t)d * b.row_stride];
+            for (int d = 0; d < dc; d++)
+                strip[d * width + j] = b0[(size_t)j * b.col_stride + (size_t)d * b.row_stride];
         for (int d = 0; d < dc; d++)
             for (int j = cols; j < width; j++) strip[d * width + j] = 0;
     }
@@ -198,8 +217,8 @@ static void pack_b_strips(real *packed, MatrixView b, int n0, int b_cols, int d0
 // d = 0 .. dc-1 in order, with A's (r, d) at a[r * a_row + d * a_col] and b a
 // packed strip of B. The tiles call it with fixed sizes, and its loops over
 // them unrolled, so that once inlined its sums are vector registers.
-static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row, size_t a_col,
-                             const real *b, int dc) {
+static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, size_t a_row,
+                             size_t a_col, const real *b, int dc) {
     #pragma GCC unroll 16
     for (int i = 0; i < rows * vectors; i++) sum[i] = (Vector){ 0 };
     for (int d = 0; d < dc; d++) {
@@ -208,7 +227,8 @@ static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, 
             real ard = a[r * a_row + d * a_col];
             #pragma GCC unroll 2
             for (int v = 0; v < vectors; v++)
-                sum[r * vectors + v] += ard * vector_load(b + ((size_t)d * vectors + v) * VECTOR_LANES);
+                sum[r * vectors + v] +=
+                    ard * vector_load(b + ((size_t)d * vectors + v) * VECTOR_LANES);
         }
     }
 }
@@ -218,11 +238,13 @@ static inline void tile_sums(Vector *sum, int rows, int vectors, const real *a, 
 // out's element (r, j) is out[r * out_row + j * out_col], the bias's
 // bias[r * bias_row + j * bias_col], the sum's sum[r * sum_cols + j].
 static void store_tile(real *out, size_t out_row, size_t out_col, const real *sum, int sum_cols,
-                       int rows, int cols, int accumulate, const real *bias, size_t bias_row, size_t bias_col) {
+                       int rows, int cols, int accumulate, const real *bias, size_t bias_row,
+                       size_t bias_col) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < cols; j++) {
             real *o = out + (size_t)r * out_row + (size_t)j * out_col;
-            real start = accumulate ? *o : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
+            real start = accumulate ? *o
+                         : bias ? bias[(size_t)r * bias_row + (size_t)j * bias_col] : 0;
             *o = start + sum[r * sum_cols + j];
         }
 }
@@ -232,8 +254,10 @@ static void store_tile(real *out, size_t out_row, size_t out_col, const real *su
 // rows, from a_strip) and a packed strip of B (TILE_COLS columns) over one
 // depth block, added to out (accumulate) or stored as bias + sum (bias NULL:
 // the sum), straight from the registers.
-__attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_row, const real *a, size_t a_row, size_t a_col,
-                              const real *b, int dc, int accumulate, const real *bias, size_t bias_row) {
+__attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_row, const real *a,
+                                                        size_t a_row, size_t a_col, const real *b,
+                                                        int dc, int accumulate, const real *bias,
+                                                        size_t bias_row) {
     enum { VECTORS = TILE_COLS / VECTOR_LANES };
     Vector sum[TILE_ROWS * VECTORS];
     tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
@@ -243,9 +267,12 @@ __attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_ro
         for (int v = 0; v < VECTORS; v++) {
             real *o = out + (size_t)r * out_row + v * VECTOR_LANES;
             Vector s = sum[r * VECTORS + v];
-            if (accumulate) vector_store(o, vector_load(o) + s);
-            else if (bias) vector_store(o, vector_load(bias + (size_t)r * bias_row + v * VECTOR_LANES) + s);
-            else vector_store(o, s);
+            if (accumulate)
+                vector_store(o, vector_load(o) + s);
+            else if (bias)
+                vector_store(o, vector_load(bias + (size_t)r * bias_row + v * VECTOR_LANES) + s);
+            else
+                vector_store(o, s);
         }
 }
 
@@ -255,24 +282,31 @@ __attribute__((noinline)) static void matmul_tile_whole(real *out, size_t out_ro
 // summed in a tile of its own height: base decoding's 8 sentences are, in
 // AVX2's tiles of 6 rows, a strip of 6 and one of 2, and that 2 summed as 6
 // took 14% of base decoding on a Zen 3, 9.6% as 2 (perf, dev/PERFORMANCE.md).
-__attribute__((noinline)) static void matmul_tile_edge(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
-                        const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
-                        size_t bias_row, size_t bias_col) {
+__attribute__((noinline)) static void matmul_tile_edge(real *out, size_t out_row, size_t out_col,
+                                                       const real *a, size_t a_row, size_t a_col,
+                                                       const real *b, int dc, int rows, int cols,
+                                                       int accumulate, const real *bias,
+                                                       size_t bias_row, size_t bias_col) {
     enum { VECTORS = TILE_COLS / VECTOR_LANES };
     Vector sum[TILE_ROWS * VECTORS];
     // a tile of exactly `rows` rows: each case's sizes constants, so that its sums are registers
     switch (rows) {
-#define SHORT_TILE(height) case height: tile_sums(sum, height, VECTORS, a, a_row, a_col, b, dc); break;
+#define SHORT_TILE(height)                                       \
+    case height:                                                 \
+        tile_sums(sum, height, VECTORS, a, a_row, a_col, b, dc); \
+        break;
     SHORT_TILE(1) SHORT_TILE(2) SHORT_TILE(3) SHORT_TILE(4) SHORT_TILE(5)
 #if TILE_ROWS == 8
     SHORT_TILE(6) SHORT_TILE(7)
 #endif
 #undef SHORT_TILE
-    default: tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
+    default:
+        tile_sums(sum, TILE_ROWS, VECTORS, a, a_row, a_col, b, dc);
     }
     real stored[TILE_ROWS * TILE_COLS];
     memcpy(stored, sum, (size_t)rows * TILE_COLS * sizeof(real));
-    store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row, bias_col);
+    store_tile(out, out_row, out_col, stored, TILE_COLS, rows, cols, accumulate, bias, bias_row,
+               bias_col);
 }
 
 // One tile, any tile: matmul_tile_whole where it is whole, else matmul_tile_edge.
@@ -280,18 +314,21 @@ __attribute__((noinline)) static void matmul_tile_edge(real *out, size_t out_row
 // matmul_tile_edge, whose frame (the sums and their copy, 32-byte aligned)
 // took 9.3% of toy decoding's samples at its first instructions when it
 // was the way to every tile (perf, dev/PERFORMANCE.md).
-static inline void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a, size_t a_row, size_t a_col,
-                               const real *b, int dc, int rows, int cols, int accumulate, const real *bias,
-                               size_t bias_row, size_t bias_col) {
+static inline void matmul_tile(real *out, size_t out_row, size_t out_col, const real *a,
+                               size_t a_row, size_t a_col, const real *b, int dc, int rows,
+                               int cols, int accumulate, const real *bias, size_t bias_row,
+                               size_t bias_col) {
     if (rows == TILE_ROWS && cols == TILE_COLS && out_col == 1 && (!bias || bias_col == 1))
         matmul_tile_whole(out, out_row, a, a_row, a_col, b, dc, accumulate, bias, bias_row);
     else
-        matmul_tile_edge(out, out_row, out_col, a, a_row, a_col, b, dc, rows, cols, accumulate, bias, bias_row, bias_col);
+        matmul_tile_edge(out, out_row, out_col, a, a_row, a_col, b, dc, rows, cols, accumulate,
+                         bias, bias_row, bias_col);
 }
 
 // Room for one packed block of B: DEPTH_BLOCK x WIDTH_BLOCK numbers (256 KB of floats).
 static real *packed_b_alloc(void) {
-    return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real), "matrix product scratch");
+    return checked_aligned_malloc((size_t)DEPTH_BLOCK * WIDTH_BLOCK, sizeof(real),
+                                  "matrix product scratch");
 }
 
 // The strip of rows m0 .. m0+height-1 of A (before row m_end), depths d0 ..
@@ -302,10 +339,12 @@ static const real *a_strip(size_t *a_row, size_t *a_col, real *packed_a, MatrixV
                            int m0, int m_end, int d0, int dc, int height) {
     if (a.col_stride != 1) {
         pack_a_strip(packed_a, a, m0, m_end, d0, dc, height);
-        *a_row = 1; *a_col = (size_t)height;
+        *a_row = 1;
+        *a_col = (size_t)height;
         return packed_a;
     }
-    *a_row = a.row_stride; *a_col = 1;
+    *a_row = a.row_stride;
+    *a_col = 1;
     return a.data + (size_t)m0 * a.row_stride + (size_t)d0;
 }
 
@@ -321,15 +360,20 @@ static void matmul_rows(const MatrixProduct *p, int m_first, int m_end, real *pa
             pack_b_strips(packed_b, p->b, n0, p->out_cols, d0, dc, TILE_COLS, strips);
             for (int m0 = m_first; m0 < m_end; m0 += TILE_ROWS) {
                 size_t a_row, a_col;
-                const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc, TILE_ROWS);
+                const real *a = a_strip(&a_row, &a_col, packed_a, p->a, m0, m_end, d0, dc,
+                                        TILE_ROWS);
                 for (int s = 0; s < strips; s++) {
                     int j0 = n0 + s * TILE_COLS;
                     const real *bias = p->bias.data
-                        ? p->bias.data + (size_t)m0 * p->bias.row_stride + (size_t)j0 * p->bias.col_stride : NULL;
-                    matmul_tile(p->out + (size_t)m0 * p->out_row + (size_t)j0 * p->out_col, p->out_row, p->out_col,
-                                a, a_row, a_col, packed_b + (size_t)s * TILE_COLS * dc, dc,
-                                min_int(m_end - m0, TILE_ROWS), min_int(p->out_cols - j0, TILE_COLS),
-                                accumulate, bias, p->bias.row_stride, p->bias.col_stride);
+                        ? p->bias.data + (size_t)m0 * p->bias.row_stride
+                              + (size_t)j0 * p->bias.col_stride
+                        : NULL;
+                    matmul_tile(p->out + (size_t)m0 * p->out_row + (size_t)j0 * p->out_col,
+                                p->out_row, p->out_col, a, a_row, a_col,
+                                packed_b + (size_t)s * TILE_COLS * dc, dc,
+                                min_int(m_end - m0, TILE_ROWS),
+                                min_int(p->out_cols - j0, TILE_COLS), accumulate, bias,
+                                p->bias.row_stride, p->bias.col_stride);
                 }
             }
         }
@@ -354,11 +398,14 @@ static void thread_share(int count, int *first, int *end) {
 static void products_by_this_thread(const MatrixProduct *p, int count) {
     real *packed_b = NULL;
     for (int i = 0; i < count; i++) {
-        if (p[i].out_rows <= 0 || p[i].out_cols <= 0) continue;
+        if (p[i].out_rows <= 0 || p[i].out_cols <= 0)
+            continue;
         int first, end;
         thread_share((p[i].out_rows + TILE_ROWS - 1) / TILE_ROWS, &first, &end);
-        if (first == end) continue;
-        if (!packed_b) packed_b = packed_b_alloc();
+        if (first == end)
+            continue;
+        if (!packed_b)
+            packed_b = packed_b_alloc();
         matmul_rows(&p[i], first * TILE_ROWS, min_int(end * TILE_ROWS, p[i].out_rows), packed_b);
     }
     free(packed_b);
@@ -406,9 +453,18 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // the next decoding) but their memory is kept for the next decoding's packs
 // of the same sizes (the same model): the operating system's first touch of
 // new memory took longer than the packing itself.
-#define DECODING_ROWS 32   // the products of at most so many rows (sentences or beams) that read packed weights
-typedef struct { const real *weight; int IC, OC; size_t numbers; real *strips; } PackedWeight;   // weight NULL: free
-static struct { int decodings, count; PackedWeight *packed; } decoding_weights;   // decodings begun, not ended
+#define DECODING_ROWS 32   // the products of at most so many rows (sentences or beams) that read
+                           // packed weights
+typedef struct {
+    const real *weight;
+    int IC, OC;
+    size_t numbers;
+    real *strips;
+} PackedWeight;   // weight NULL: free
+static struct {
+    int decodings, count;
+    PackedWeight *packed;
+} decoding_weights;   // decodings begun, not ended
 
 // No decoding under way: every pack forgotten, its memory kept.
 static void forget_packed_weights(void) {
@@ -419,7 +475,8 @@ static void forget_packed_weights(void) {
 // transformer.c's hook: a decoding begins (1) or ends (0); the packs last until the last one ends.
 static void fast_path_decoding(int begins) {
     decoding_weights.decodings += begins ? 1 : -1;
-    if (decoding_weights.decodings <= 0) forget_packed_weights();
+    if (decoding_weights.decodings <= 0)
+        forget_packed_weights();
 }
 
 // The packed strips of W^T for weight (OC, IC) in this decoding, packed on
@@ -432,14 +489,19 @@ static const real *packed_weight(const real *weight, int IC, int OC) {
     PackedWeight *free_one = NULL;
     for (int i = 0; i < decoding_weights.count; i++) {
         PackedWeight *p = &decoding_weights.packed[i];
-        if (p->weight == weight && p->IC == IC && p->OC == OC) return p->strips;
-        if (!p->weight && p->numbers == numbers) free_one = p;
+        if (p->weight == weight && p->IC == IC && p->OC == OC)
+            return p->strips;
+        if (!p->weight && p->numbers == numbers)
+            free_one = p;
     }
     if (!free_one) {
-        decoding_weights.packed = checked_realloc(decoding_weights.packed, decoding_weights.count + 1,
+        decoding_weights.packed = checked_realloc(decoding_weights.packed,
+                                                  decoding_weights.count + 1,
                                                   sizeof(PackedWeight), "packed weights");
         free_one = &decoding_weights.packed[decoding_weights.count++];
-        *free_one = (PackedWeight){ NULL, 0, 0, numbers, checked_aligned_malloc(numbers, sizeof(real), "packed weights") };
+        *free_one = (PackedWeight){ NULL, 0, 0, numbers,
+                                    checked_aligned_malloc(numbers, sizeof(real),
+                                                           "packed weights") };
     }
     *free_one = (PackedWeight){ weight, IC, OC, numbers, free_one->strips };
     real *strips = free_one->strips;
@@ -472,9 +534,11 @@ static void linear_forward_packed(real *out, const real *inp, const real *strips
             int j0 = s * TILE_COLS;
             for (int m0 = 0; m0 < N; m0 += TILE_ROWS)
                 for (int d0 = 0; d0 < IC; d0 += DEPTH_BLOCK)
-                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1, inp + (size_t)m0 * IC + d0, (size_t)IC, 1,
-                                strips + ((size_t)s * IC + d0) * TILE_COLS, min_int(IC - d0, DEPTH_BLOCK),
-                                min_int(N - m0, TILE_ROWS), min_int(OC - j0, TILE_COLS), d0 > 0,
+                    matmul_tile(out + (size_t)m0 * OC + j0, (size_t)OC, 1,
+                                inp + (size_t)m0 * IC + d0, (size_t)IC, 1,
+                                strips + ((size_t)s * IC + d0) * TILE_COLS,
+                                min_int(IC - d0, DEPTH_BLOCK), min_int(N - m0, TILE_ROWS),
+                                min_int(OC - j0, TILE_COLS), d0 > 0,
                                 bias ? bias + j0 : NULL, 0, 1);
         }
     }
@@ -552,8 +616,9 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
 // sums are registers), where p_i is the probabilities of the head that
 // number `first + i` of the group belongs to (d_k a multiple of
 // VECTOR_LANES: each vector within one head).
-__attribute__((always_inline)) static inline void one_query_pv(real *out, const real *v, size_t kv_stride,
-                                                               const real *p, int Tk, int d_k, int first,
+__attribute__((always_inline)) static inline void one_query_pv(real *out, const real *v,
+                                                               size_t kv_stride, const real *p,
+                                                               int Tk, int d_k, int first,
                                                                int visible, int vectors) {
     Vector sum[8];
     const real *p_of[8];
@@ -565,22 +630,26 @@ __attribute__((always_inline)) static inline void one_query_pv(real *out, const 
     for (int j = 0; j < visible; j++) {
         const real *v_j = v + (size_t)j * kv_stride;
         #pragma GCC unroll 8
-        for (int i = 0; i < vectors; i++) sum[i] += p_of[i][j] * vector_load(v_j + i * VECTOR_LANES);
+        for (int i = 0; i < vectors; i++)
+            sum[i] += p_of[i][j] * vector_load(v_j + i * VECTOR_LANES);
     }
     #pragma GCC unroll 8
     for (int i = 0; i < vectors; i++) vector_store(out + i * VECTOR_LANES, sum[i]);
 }
 
-static void attention_one_query_fast(real *out, real *att, const real *q, const real *k, const real *v,
-                                     int q_stride, int kv_stride, const int *key_len, int causal,
-                                     int B, int Tk, int C, int NH) {
+static void attention_one_query_fast(real *out, real *att, const real *q, const real *k,
+                                     const real *v, int q_stride, int kv_stride,
+                                     const int *key_len, int causal, int B, int Tk, int C,
+                                     int NH) {
     int d_k = C / NH;
     real scale = 1 / real_sqrt((real)d_k);
-    int group_heads = d_k >= ONE_QUERY_GROUP ? 1 : ONE_QUERY_GROUP / d_k, groups = (NH + group_heads - 1) / group_heads;
+    int group_heads = d_k >= ONE_QUERY_GROUP ? 1 : ONE_QUERY_GROUP / d_k,
+        groups = (NH + group_heads - 1) / group_heads;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int group = 0; group < groups; group++) {
-            int head0 = group * group_heads, heads = min_int(group_heads, NH - head0), width = heads * d_k;
+            int head0 = group * group_heads, heads = min_int(group_heads, NH - head0),
+                width = heads * d_k;
             int visible = visible_keys(0, key_len[b], causal);
             const real *q_b = q + (size_t)b * q_stride + head0 * d_k;
             const real *k_b = k + (size_t)b * Tk * kv_stride + head0 * d_k;
@@ -589,7 +658,8 @@ static void attention_one_query_fast(real *out, real *att, const real *q, const 
             real *out_b = out + (size_t)b * C + head0 * d_k;
             for (int j = 0; j < visible; j++) {
                 const real *k_j = k_b + (size_t)j * kv_stride;
-                if (j + ONE_QUERY_AHEAD < visible)   // the group's numbers of key and value j + ONE_QUERY_AHEAD
+                // the group's numbers of key and value j + ONE_QUERY_AHEAD
+                if (j + ONE_QUERY_AHEAD < visible)
                     for (int i = 0; i < width; i += LINE_NUMBERS) {
                         __builtin_prefetch(k_j + (size_t)ONE_QUERY_AHEAD * kv_stride + i);
                         __builtin_prefetch(v_b + (size_t)(j + ONE_QUERY_AHEAD) * kv_stride + i);
@@ -602,7 +672,8 @@ static void attention_one_query_fast(real *out, real *att, const real *q, const 
                     p[(size_t)head * Tk + j] = dot * scale;
                 }
             }
-            for (int head = 0; head < heads; head++) softmax_visible(p + (size_t)head * Tk, visible, Tk);
+            for (int head = 0; head < heads; head++)
+                softmax_visible(p + (size_t)head * Tk, visible, Tk);
             if (d_k % VECTOR_LANES == 0) {
                 int i = 0;
                 for (; i + 8 * VECTOR_LANES <= width; i += 8 * VECTOR_LANES)
@@ -631,7 +702,8 @@ static void attention_forward_fast(real *out, real *att,
     int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, C = shape.C, NH = shape.NH;
     int q_stride = shape.q_stride, kv_stride = shape.kv_stride;
     if (Tq == 1) {
-        attention_one_query_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tk, C, NH);
+        attention_one_query_fast(out, att, q, k, v, q_stride, kv_stride, key_len, causal, B, Tk,
+                                 C, NH);
         return;
     }
     int d_k = C / NH;
@@ -646,8 +718,10 @@ static void attention_forward_fast(real *out, real *att,
                 real *p = att + ((size_t)b * NH + head) * Tq * Tk;        // (Tq, Tk)
                 real *o = out + (size_t)b * Tq * C + head * d_k;          // (Tq, d_k), row stride C
                 MatrixView qh = { q + (size_t)b * Tq * q_stride + head * d_k, (size_t)q_stride, 1 };
-                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + head * d_k, 1, (size_t)kv_stride };
-                MatrixView vh = { v + (size_t)b * Tk * kv_stride + head * d_k, (size_t)kv_stride, 1 };
+                MatrixView kh_transposed = { k + (size_t)b * Tk * kv_stride + head * d_k, 1,
+                                             (size_t)kv_stride };
+                MatrixView vh = { v + (size_t)b * Tk * kv_stride + head * d_k, (size_t)kv_stride,
+                                  1 };
                 MatrixView ph = { p, (size_t)Tk, 1 };
                 // q_i . k_j
                 matmul_by_this_thread(p, (size_t)Tk, qh, kh_transposed, Tq, Tk, d_k, 0, packed_b);
@@ -681,12 +755,14 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
     #pragma omp parallel
     {
         real *packed_b = packed_b_alloc();
-        real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real), "attention scratch");  // (Tq, Tk)
+        real *ds = checked_aligned_malloc((size_t)Tq * Tk, sizeof(real),
+                                          "attention scratch");   // (Tq, Tk)
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int head = 0; head < NH; head++) {
                 const real *p = att + ((size_t)b * NH + head) * Tq * Tk;
-                size_t q_head = (size_t)b * Tq * q_stride + head * d_k, kv_head = (size_t)b * Tk * kv_stride + head * d_k;
+                size_t q_head = (size_t)b * Tq * q_stride + head * d_k,
+                       kv_head = (size_t)b * Tk * kv_stride + head * d_k;
                 MatrixView g = { dout + (size_t)b * Tq * C + head * d_k, (size_t)C, 1 };
                 MatrixView vh_transposed = { v + kv_head, 1, (size_t)kv_stride };
                 MatrixView p_transposed = { p, 1, (size_t)Tk };
@@ -696,7 +772,8 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
                 // dp_ij = dout_i . v_j  (into ds, which it becomes below)
                 matmul_by_this_thread(ds, (size_t)Tk, g, vh_transposed, Tq, Tk, d_k, 0, packed_b);
                 // dv_j += sum_i p_ij dout_i
-                matmul_by_this_thread(dv + kv_head, (size_t)kv_stride, p_transposed, g, Tk, d_k, Tq, 1, packed_b);
+                matmul_by_this_thread(dv + kv_head, (size_t)kv_stride, p_transposed, g, Tk, d_k, Tq,
+                                      1, packed_b);
                 // ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij') / sqrt(d_k)
                 for (int i = 0; i < Tq; i++) {
                     real *row = ds + (size_t)i * Tk;
@@ -704,8 +781,10 @@ static void attention_backward_fast(real *dq, real *dk, real *dv,
                     for (int j = 0; j < Tk; j++) row[j] *= scale;
                 }
                 // dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i
-                matmul_by_this_thread(dq + q_head, (size_t)q_stride, dsh, kh, Tq, d_k, Tk, 1, packed_b);
-                matmul_by_this_thread(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, Tk, d_k, Tq, 1, packed_b);
+                matmul_by_this_thread(dq + q_head, (size_t)q_stride, dsh, kh, Tq, d_k, Tk, 1,
+                                      packed_b);
+                matmul_by_this_thread(dk + kv_head, (size_t)kv_stride, ds_transposed, qh, Tk, d_k,
+                                      Tq, 1, packed_b);
             }
         }
         free(ds);

@@ -69,19 +69,27 @@
 
 // A hash table from a pair of symbol ids to an int (open addressing; key 0
 // marks an empty slot).
-typedef struct { uint64_t *keys; int *values; size_t mask, count; } PairTable;
+typedef struct {
+    uint64_t *keys;
+    int *values;
+    size_t mask, count;
+} PairTable;
 
-static uint64_t pair_key(int left, int right) { return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1; }
+static uint64_t pair_key(int left, int right) {
+    return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1;
+}
 
 static size_t pair_slot(const PairTable *t, uint64_t key) {
     size_t i = (size_t)hash64(key) & t->mask;   // (both symbols' bits mixed into the low bits)
-    while (t->keys[i] != 0 && t->keys[i] != key) i = (i + 1) & t->mask;
+    while (t->keys[i] != 0 && t->keys[i] != key)
+        i = (i + 1) & t->mask;
     return i;
 }
 
 // The value stored for (left, right), or -1.
 static int pair_find(const PairTable *t, int left, int right) {
-    if (!t->keys) return -1;
+    if (!t->keys)
+        return -1;
     size_t i = pair_slot(t, pair_key(left, right));
     return t->keys[i] ? t->values[i] : -1;
 }
@@ -94,17 +102,27 @@ static void pair_insert(PairTable *t, int left, int right, int value) {
         for (size_t i = 0; t->keys && i <= t->mask; i++)
             if (t->keys[i]) {
                 size_t j = pair_slot(&bigger, t->keys[i]);
-                bigger.keys[j] = t->keys[i]; bigger.values[j] = t->values[i]; bigger.count++;
+                bigger.keys[j] = t->keys[i];
+                bigger.values[j] = t->values[i];
+                bigger.count++;
             }
-        free(t->keys); free(t->values);
+        free(t->keys);
+        free(t->values);
         *t = bigger;
     }
     size_t i = pair_slot(t, pair_key(left, right));
-    if (!t->keys[i]) { t->keys[i] = pair_key(left, right); t->count++; }
+    if (!t->keys[i]) {
+        t->keys[i] = pair_key(left, right);
+        t->count++;
+    }
     t->values[i] = value;
 }
 
-static void pair_table_free(PairTable *t) { free(t->keys); free(t->values); memset(t, 0, sizeof *t); }
+static void pair_table_free(PairTable *t) {
+    free(t->keys);
+    free(t->values);
+    memset(t, 0, sizeof *t);
+}
 
 // ---- a table of distinct words -------------------------------------------------
 // Learning needs each distinct word once with its count, not the sentences: the
@@ -114,7 +132,10 @@ static void pair_table_free(PairTable *t) { free(t->keys); free(t->values); mems
 
 // A slot of the table: a word's index (-1: empty) and its hash, so that a probe that meets
 // another word seldom reads that word's text (a read from far away in memory).
-typedef struct { int index; uint32_t hash; } WordSlot;
+typedef struct {
+    int index;
+    uint32_t hash;
+} WordSlot;
 
 typedef struct {
     char *bytes;        // the words' texts, each ending in a zero byte, one after another
@@ -137,7 +158,11 @@ static uint32_t word_hash(const char *word, size_t n) {
 }
 
 static void word_counts_free(WordCounts *w) {
-    free(w->bytes); free(w->start); free(w->hash); free(w->count); free(w->slots);
+    free(w->bytes);
+    free(w->start);
+    free(w->hash);
+    free(w->count);
+    free(w->slots);
     memset(w, 0, sizeof *w);
 }
 
@@ -147,7 +172,8 @@ static size_t word_slot(const WordCounts *w, const char *word, size_t n, uint32_
     size_t i = hash64(hash) & mask;
     for (;;) {
         int k = w->slots[i].index;
-        if (k < 0) return i;
+        if (k < 0)
+            return i;
         if (w->slots[i].hash == hash && memcmp(w->bytes + w->start[k], word, n) == 0 &&
             w->bytes[w->start[k] + n] == '\0')
             return i;
@@ -157,7 +183,8 @@ static size_t word_slot(const WordCounts *w, const char *word, size_t n, uint32_
 
 // The index of the n bytes at word (hash: word_hash's) in w, or -1.
 static int word_counts_find(const WordCounts *w, const char *word, size_t n, uint32_t hash) {
-    if (w->num_slots == 0) return -1;
+    if (w->num_slots == 0)
+        return -1;
     return w->slots[word_slot(w, word, n, hash)].index;
 }
 
@@ -211,7 +238,8 @@ static int word_counts_add(WordCounts *w, const char *word, size_t n, long add) 
 
 typedef struct Bpe {
     char **left, **right;  // (num_merges) in the order learned: merge r joins left[r] and right[r]
-    long *frequency;       // (num_merges) the pair's count when it was merged (0 when read from a checkpoint)
+    long *frequency;       // (num_merges) the pair's count when it was merged (0 when read from
+                           // a checkpoint)
     int *merged;           // (num_merges) the symbol id of left[r] right[r] joined
     int num_merges, capacity;
     Vocabulary symbols;    // text <-> id of every symbol a merge reads or makes
@@ -249,7 +277,10 @@ static void bpe_init(Bpe *b) {
 static void bpe_cache_free(Bpe *b) {
     b->cache_complete = 0;
     word_counts_free(&b->cached);
-    free(b->cached_first); free(b->cached_subwords); free(b->cached_ids); free(b->cached_starts);
+    free(b->cached_first);
+    free(b->cached_subwords);
+    free(b->cached_ids);
+    free(b->cached_starts);
     b->cached_starts = NULL;
     b->cached_first = NULL;
     b->cached_subwords = NULL;
@@ -263,7 +294,8 @@ static void bpe_cache_free(Bpe *b) {
 // each begins in the word.
 static void bpe_cache_add(Bpe *b, const char *word, size_t n, const int *ids, const int *starts,
                           int count) {
-    if (cutting_on_threads || b->cached.num_words >= BPE_CACHE_WORDS) return;
+    if (cutting_on_threads || b->cached.num_words >= BPE_CACHE_WORDS)
+        return;
     int k = word_counts_add(&b->cached, word, n, 0);
     if (k >= b->cached_capacity) {
         b->cached_capacity = b->cached_capacity ? 2 * b->cached_capacity : 1024;
@@ -299,13 +331,20 @@ static void give_back_freed_memory(void) {
 // After the training data is cut: the cache of cut words goes (decoding fills it again), and the
 // memory cutting took with it.
 static void bpe_release_cut_words(Vocabulary *vocab) {
-    if (vocab->bpe) bpe_cache_free(vocab->bpe);
+    if (vocab->bpe)
+        bpe_cache_free(vocab->bpe);
     give_back_freed_memory();
 }
 
 static void bpe_free(Bpe *b) {
-    for (int r = 0; r < b->num_merges; r++) { free(b->left[r]); free(b->right[r]); }
-    free(b->left); free(b->right); free(b->frequency); free(b->merged);
+    for (int r = 0; r < b->num_merges; r++) {
+        free(b->left[r]);
+        free(b->right[r]);
+    }
+    free(b->left);
+    free(b->right);
+    free(b->frequency);
+    free(b->merged);
     vocab_free(&b->symbols);
     pair_table_free(&b->ranks);
     bpe_cache_free(b);
@@ -327,12 +366,15 @@ static void bpe_add_merge(Bpe *b, const char *left, const char *right, long freq
     memcpy(joined, left, nl);
     memcpy(joined + nl, right, nr);
     int r = b->num_merges++;
-    b->left[r] = checked_calloc(nl + 1, 1, "merges"); memcpy(b->left[r], left, nl);
-    b->right[r] = checked_calloc(nr + 1, 1, "merges"); memcpy(b->right[r], right, nr);
+    b->left[r] = checked_calloc(nl + 1, 1, "merges");
+    memcpy(b->left[r], left, nl);
+    b->right[r] = checked_calloc(nr + 1, 1, "merges");
+    memcpy(b->right[r], right, nr);
     b->frequency[r] = frequency;
     b->merged[r] = vocab_add(&b->symbols, joined, nl + nr);
     int l = vocab_add(&b->symbols, left, nl), rt = vocab_add(&b->symbols, right, nr);
-    if (pair_find(&b->ranks, l, rt) < 0) pair_insert(&b->ranks, l, rt, r); // a repeat never applies
+    if (pair_find(&b->ranks, l, rt) < 0)
+        pair_insert(&b->ranks, l, rt, r); // a repeat never applies
     free(joined);
 }
 
@@ -343,7 +385,8 @@ static int bpe_characters(int *start, const char *word, int n) {
     int count = 0;
     for (int i = 0; i < n; ) {
         int length = utf8_sequence_length((const unsigned char *)word + i);
-        if (length == 0 || length > n - i) length = 1; // not UTF-8: the byte alone
+        if (length == 0 || length > n - i)
+            length = 1; // not UTF-8: the byte alone
         start[count++] = i;
         i += length;
     }
@@ -357,7 +400,10 @@ static int bpe_characters(int *start, const char *word, int n) {
 static int bpe_symbol_text(char *out, const char *word, const int *start, int count, int i) {
     int length = start[i + 1] - start[i];
     memcpy(out, word + start[i], (size_t)length);
-    if (i == count - 1) { memcpy(out + length, BPE_END_OF_WORD, BPE_END_OF_WORD_BYTES); length += BPE_END_OF_WORD_BYTES; }
+    if (i == count - 1) {
+        memcpy(out + length, BPE_END_OF_WORD, BPE_END_OF_WORD_BYTES);
+        length += BPE_END_OF_WORD_BYTES;
+    }
     out[length] = '\0';
     return length;
 }
@@ -366,7 +412,8 @@ static int bpe_symbol_text(char *out, const char *word, const int *start, int co
 // start[0..count] (room for n + 2) says where each subword begins, as in
 // bpe_characters; the last subword also carries </w>. scratch: room for
 // n + 2 ints (each symbol's id); text: n + 5 chars. Returns count.
-static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, int *scratch, char *text) {
+static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, int *scratch,
+                           char *text) {
     int count = bpe_characters(start, word, n);
     int *id = scratch; // id[i]: symbol i's id in b->symbols, or -1 for a character no merge uses
     for (int i = 0; i < count; i++) {
@@ -377,16 +424,21 @@ static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, in
         int best = -1; // the lowest rank of an adjacent pair
         for (int i = 0; i + 1 < count; i++) {
             int r = id[i] < 0 || id[i + 1] < 0 ? -1 : pair_find(&b->ranks, id[i], id[i + 1]);
-            if (r >= 0 && (best < 0 || r < best)) best = r;
+            if (r >= 0 && (best < 0 || r < best))
+                best = r;
         }
-        if (best < 0) return count;
+        if (best < 0)
+            return count;
         int l = vocab_find(&b->symbols, b->left[best], strlen(b->left[best]));
         int rt = vocab_find(&b->symbols, b->right[best], strlen(b->right[best]));
         int kept = 0;
         for (int i = 0; i < count; i++, kept++) { // every occurrence, left to right
             start[kept] = start[i];
             id[kept] = id[i];
-            if (i + 1 < count && id[i] == l && id[i + 1] == rt) { id[kept] = b->merged[best]; i++; }
+            if (i + 1 < count && id[i] == l && id[i + 1] == rt) {
+                id[kept] = b->merged[best];
+                i++;
+            }
         }
         start[kept] = n;
         count = kept;
@@ -397,7 +449,8 @@ static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, in
 static int joins_to_special_token(const char *left, const char *right) {
     size_t n = strlen(left);
     for (int i = 0; i < NUM_SPECIAL_TOKENS; i++)
-        if (strncmp(special_tokens[i], left, n) == 0 && strcmp(special_tokens[i] + n, right) == 0) return 1;
+        if (strncmp(special_tokens[i], left, n) == 0 && strcmp(special_tokens[i] + n, right) == 0)
+            return 1;
     return 0;
 }
 
@@ -432,20 +485,27 @@ static void progress_begin(Progress *p, const char *what, const char *unit, doub
 
 // A count in few digits: 27.4k, 1.98M (as train prints "15.6k tok/s").
 static char *count_text(char *text, double x) {   // text holds 32
-    if (x >= 1e6) snprintf(text, 32, "%.2fM", x / 1e6);
-    else if (x >= 1e4) snprintf(text, 32, "%.1fk", x / 1e3);
-    else if (x >= 100) snprintf(text, 32, "%.0f", x);
-    else snprintf(text, 32, "%.1f", x);
+    if (x >= 1e6)
+        snprintf(text, 32, "%.2fM", x / 1e6);
+    else if (x >= 1e4)
+        snprintf(text, 32, "%.1fk", x / 1e3);
+    else if (x >= 100)
+        snprintf(text, 32, "%.0f", x);
+    else
+        snprintf(text, 32, "%.1f", x);
     return text;
 }
 
 // done of p->total: a line when the last is PROGRESS_SECONDS old (final: now, if any was printed).
 //   bpe    learning merges: 27.4k/37.0k (74.1%) | 4.57k merges/s | elapsed 0:06 | left 0:02
 static void progress_show(Progress *p, double done, int final) {
-    if (!p->on) return;
+    if (!p->on)
+        return;
     double now = wall_seconds();
-    if (final && p->lines == 0) return;
-    if (!final && now - p->last < PROGRESS_SECONDS) return;
+    if (final && p->lines == 0)
+        return;
+    if (!final && now - p->last < PROGRESS_SECONDS)
+        return;
     double elapsed = now - p->start;
     double rate = elapsed > 0 ? done / elapsed : 0;
     char done_text[32], total_text[32], rate_text[32], spent[32], left[32];
@@ -454,8 +514,10 @@ static void progress_show(Progress *p, double done, int final) {
     duration(spent, elapsed);
     if (p->total > 0) {
         count_text(total_text, p->total);
-        if (rate > 0) duration(left, (p->total - done) / rate);
-        else snprintf(left, sizeof left, "?");
+        if (rate > 0)
+            duration(left, (p->total - done) / rate);
+        else
+            snprintf(left, sizeof left, "?");
         fprintf(stderr, "%s: %s/%s (%.1f%%) | %s %s/s | elapsed %s | left %s\n", p->what, done_text,
                 total_text, 100.0 * done / p->total, rate_text, p->unit, spent, left);
     } else {
@@ -486,11 +548,13 @@ static void bpe_cutting_begin(long total) {
 
 // words more words cut (on threads, a block at a time).
 static void bpe_cutting_steps(long words) {
-    if (!cutting.on) return;
+    if (!cutting.on)
+        return;
     cutting.done += words;
     int final = cutting.done >= cutting.total;
     progress_show(&cutting.progress, (double)cutting.done, final);
-    if (final) cutting.on = 0;
+    if (final)
+        cutting.on = 0;
 }
 
 static void bpe_cutting_step(void) {
@@ -498,10 +562,13 @@ static void bpe_cutting_step(void) {
         words_cut_on_this_thread++;
         return;
     }
-    if (!cutting.on) return;
+    if (!cutting.on)
+        return;
     cutting.done++;
-    if (cutting.done % 65536 == 0) progress_show(&cutting.progress, (double)cutting.done, 0);
-    if (cutting.done < cutting.total) return;
+    if (cutting.done % 65536 == 0)
+        progress_show(&cutting.progress, (double)cutting.done, 0);
+    if (cutting.done < cutting.total)
+        return;
     progress_show(&cutting.progress, (double)cutting.done, 1);
     cutting.on = 0;
 }
@@ -551,7 +618,8 @@ typedef struct {
 
 static int learner_pair(BpeLearner *L, int left, int right) {
     int p = pair_find(&L->pair_index, left, right);
-    if (p >= 0) return p;
+    if (p >= 0)
+        return p;
     if (L->num_pairs == L->pair_capacity) {
         int capacity = L->pair_capacity ? 2 * L->pair_capacity : 4096;
         L->pair_left = checked_realloc(L->pair_left, capacity, sizeof(int), "pair counts");
@@ -605,11 +673,13 @@ static void learner_count(BpeLearner *L, int p, long delta, int merge) {
 // Does heap entry a come before b: the higher count, then (the tie rule of §5.1's notes above) the
 // left symbol first in byte order, then the right one?
 static int heap_before(const BpeLearner *L, size_t a, size_t b) {
-    if (L->heap_count[a] != L->heap_count[b]) return L->heap_count[a] > L->heap_count[b];
+    if (L->heap_count[a] != L->heap_count[b])
+        return L->heap_count[a] > L->heap_count[b];
     const char *const *text = (const char *const *)L->texts->words;
     int pa = L->heap_pair[a], pb = L->heap_pair[b];
     int order = strcmp(text[L->pair_left[pa]], text[L->pair_left[pb]]);
-    if (order == 0) order = strcmp(text[L->pair_right[pa]], text[L->pair_right[pb]]);
+    if (order == 0)
+        order = strcmp(text[L->pair_right[pa]], text[L->pair_right[pb]]);
     return order < 0;
 }
 
@@ -625,9 +695,12 @@ static void heap_swap(BpeLearner *L, size_t a, size_t b) {
 static void heap_sift_down(BpeLearner *L, size_t i) {
     for (;;) {
         size_t best = i, left = 2 * i + 1, right = 2 * i + 2;
-        if (left < L->heap_size && heap_before(L, left, best)) best = left;
-        if (right < L->heap_size && heap_before(L, right, best)) best = right;
-        if (best == i) return;
+        if (left < L->heap_size && heap_before(L, left, best))
+            best = left;
+        if (right < L->heap_size && heap_before(L, right, best))
+            best = right;
+        if (best == i)
+            return;
         heap_swap(L, i, best);
         i = best;
     }
@@ -651,7 +724,8 @@ static void heap_push(BpeLearner *L, int p) {
 
 static void heap_pop(BpeLearner *L) {
     L->heap_size--;
-    if (L->heap_size == 0) return;
+    if (L->heap_size == 0)
+        return;
     L->heap_count[0] = L->heap_count[L->heap_size];
     L->heap_pair[0] = L->heap_pair[L->heap_size];
     heap_sift_down(L, 0);
@@ -661,7 +735,8 @@ static void heap_pop(BpeLearner *L) {
 static int learner_word_holds(const BpeLearner *L, int k, int left, int right) {
     const int *s = L->symbols + L->offset[k];
     for (int i = 0; i + 1 < L->length[k]; i++)
-        if (s[i] == left && s[i + 1] == right) return 1;
+        if (s[i] == left && s[i + 1] == right)
+            return 1;
     return 0;
 }
 
@@ -717,24 +792,37 @@ static int learner_best_pair(BpeLearner *L) {
     while (L->heap_size > 0) {
         int p = L->heap_pair[0];
         long count = L->heap_count[0];
-        if (count < 2) return -1;
+        if (count < 2)
+            return -1;
         heap_pop(L);
-        if (count != L->pair_count[p]) continue;   // an old entry: the pair's count has changed
+        if (count != L->pair_count[p])
+            continue;   // an old entry: the pair's count has changed
         const char *left = L->texts->words[L->pair_left[p]];
         const char *right = L->texts->words[L->pair_right[p]];
-        if (joins_to_special_token(left, right)) continue;   // never merged (§5.1's notes above)
+        if (joins_to_special_token(left, right))
+            continue;   // never merged (§5.1's notes above)
         return p;
     }
     return -1;
 }
 
 static void learner_free(BpeLearner *L) {
-    free(L->symbols); free(L->length); free(L->visited); free(L->offset);
+    free(L->symbols);
+    free(L->length);
+    free(L->visited);
+    free(L->offset);
     pair_table_free(&L->pair_index);
-    free(L->pair_left); free(L->pair_right); free(L->first_node); free(L->pair_touched);
-    free(L->pair_count); free(L->count_before); free(L->changed);
-    free(L->node_word); free(L->next_node);
-    free(L->heap_count); free(L->heap_pair);
+    free(L->pair_left);
+    free(L->pair_right);
+    free(L->first_node);
+    free(L->pair_touched);
+    free(L->pair_count);
+    free(L->count_before);
+    free(L->changed);
+    free(L->node_word);
+    free(L->next_node);
+    free(L->heap_count);
+    free(L->heap_pair);
     memset(L, 0, sizeof *L);
 }
 
@@ -758,7 +846,8 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
     int longest = 0;
     for (int k = 0; k < n; k++) {
         int length = (int)strlen(words[k]);
-        if (length > longest) longest = length;
+        if (length > longest)
+            longest = length;
     }
     int *start = checked_calloc((size_t)longest + 2, sizeof(int), "bpe words");
     char *mark = checked_calloc((size_t)longest + 2, 1, "bpe words");   // learner_merge_word's
@@ -776,19 +865,22 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
             L.symbols[used + (size_t)i] = vocab_add(&b->symbols, text, (size_t)text_length);
         }
         used += (size_t)L.length[k];
-        if (counts[k] == 0) continue;   // counts nothing: never on a list, never merged
+        if (counts[k] == 0)
+            continue;   // counts nothing: never on a list, never merged
         const int *s = L.symbols + L.offset[k];
         for (int i = 0; i + 1 < L.length[k]; i++) {
             int p = learner_pair(&L, s[i], s[i + 1]);
             L.pair_count[p] += counts[k];
             int listed = L.first_node[p] >= 0 && L.node_word[L.first_node[p]] == k;
-            if (!listed) learner_list_word(&L, p, k);
+            if (!listed)
+                learner_list_word(&L, p, k);
         }
     }
     free(start);
     free(text);
     for (int p = 0; p < L.num_pairs; p++)
-        if (L.pair_count[p] >= 2) heap_push(&L, p);
+        if (L.pair_count[p] >= 2)
+            heap_push(&L, p);
 
     // The merges, one at a time.
     Progress progress;
@@ -796,7 +888,8 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
     int learned = 0;
     for (; learned < num_merges; learned++) {
         int best = learner_best_pair(&L);
-        if (best < 0) break;
+        if (best < 0)
+            break;
         int left = L.pair_left[best], right = L.pair_right[best];
         bpe_add_merge(b, b->symbols.words[left], b->symbols.words[right], L.pair_count[best]);
         int joined = b->merged[b->num_merges - 1];
@@ -806,14 +899,17 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
         while (node >= 0) {
             int k = L.node_word[node];
             node = L.next_node[node];
-            if (L.visited[k] == learned) continue;   // named twice on the list
+            if (L.visited[k] == learned)
+                continue;   // named twice on the list
             L.visited[k] = learned;
-            if (!learner_word_holds(&L, k, left, right)) continue;
+            if (!learner_word_holds(&L, k, left, right))
+                continue;
             learner_merge_word(&L, k, left, right, joined, learned, mark);
         }
         for (int i = 0; i < L.num_changed; i++) {
             int p = L.changed[i];
-            if (L.pair_count[p] != L.count_before[p] && L.pair_count[p] >= 2) heap_push(&L, p);
+            if (L.pair_count[p] != L.count_before[p] && L.pair_count[p] >= 2)
+                heap_push(&L, p);
         }
         progress_show(&progress, learned + 1, 0);
     }
@@ -835,10 +931,13 @@ static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
     for (int i = 0; i < n; i++) {
         const char *token = vocab->words[ids[i]];
         size_t length = strlen(token);
-        int ends = length >= BPE_END_OF_WORD_BYTES && strcmp(token + length - BPE_END_OF_WORD_BYTES, BPE_END_OF_WORD) == 0;
+        int ends = length >= BPE_END_OF_WORD_BYTES
+                   && strcmp(token + length - BPE_END_OF_WORD_BYTES, BPE_END_OF_WORD) == 0;
         int subword = vocab->bpe && (ends || ids[i] >= NUM_SPECIAL_TOKENS);
-        if (out > text && !word_open) *out++ = ' ';
-        if (subword && ends) length -= BPE_END_OF_WORD_BYTES;
+        if (out > text && !word_open)
+            *out++ = ' ';
+        if (subword && ends)
+            length -= BPE_END_OF_WORD_BYTES;
         memcpy(out, token, length);
         out += length;
         word_open = subword && !ends;
@@ -888,8 +987,10 @@ static const char *word_counts_add_side(WordCounts *w, const char *text, long ad
         const unsigned char *start = p;
         uint32_t hash = 2166136261u;
         for (;;) {
-            if (*p == 0 || (*p < 0x80 && ascii_space[*p])) break;
-            if (*p >= 0x80 && white_space_bytes((const char *)p) > 0) break;
+            if (*p == 0 || (*p < 0x80 && ascii_space[*p]))
+                break;
+            if (*p >= 0x80 && white_space_bytes((const char *)p) > 0)
+                break;
             hash ^= *p;
             hash *= 16777619u;
             p++;
@@ -897,7 +998,8 @@ static const char *word_counts_add_side(WordCounts *w, const char *text, long ad
         size_t length = (size_t)(p - start);
         for (int special = 0; start[0] == '<' && special < NUM_SPECIAL_TOKENS; special++) {
             const char *name = special_tokens[special];
-            if (strlen(name) == length && memcmp(start, name, length) == 0) return name;
+            if (strlen(name) == length && memcmp(start, name, length) == 0)
+                return name;
         }
         word_counts_add_hashed(w, (const char *)start, length, hash, add);
         (*tokens)++;
@@ -916,16 +1018,19 @@ static const char *word_counts_add_line(WordCounts *w, char *line, int got, long
                                         TextSource *from, int *tokens, int *blank) {
     *tokens = 0;
     *blank = 0;
-    if (quiet && got < 0) return bad_tsv_line;
+    if (quiet && got < 0)
+        return bad_tsv_line;
     if (quiet) {
         for (const unsigned char *s = (const unsigned char *)line; *s; ) {
             int n = utf8_sequence_length(s);
-            if (n == 0) return bad_tsv_line;
+            if (n == 0)
+                return bad_tsv_line;
             s += n;
         }
     } else {
         const char *error = text_error(line, got, from->where);
-        if (error) return error;
+        if (error)
+            return error;
     }
     char *tab = strchr(line, '\t');
     size_t unused;
@@ -934,21 +1039,29 @@ static const char *word_counts_add_line(WordCounts *w, char *line, int got, long
         return NULL;
     }
     if (!tab || strchr(tab + 1, '\t')) {
-        if (quiet) return bad_tsv_line;
-        if (!tab) return errorf("%s: no tab; expected source<TAB>target", from->where);
+        if (quiet)
+            return bad_tsv_line;
+        if (!tab)
+            return errorf("%s: no tab; expected source<TAB>target", from->where);
         return errorf("%s: more than one tab; expected source<TAB>target", from->where);
     }
     *tab = '\0';
     int n_src = 0, n_tgt = 0;
     from->reserved = word_counts_add_side(w, line, add, &n_src);
-    if (!from->reserved) from->reserved = word_counts_add_side(w, tab + 1, add, &n_tgt);
+    if (!from->reserved)
+        from->reserved = word_counts_add_side(w, tab + 1, add, &n_tgt);
     *tokens = n_src + n_tgt;
     int too_long = n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN;
-    if (!from->reserved && n_src > 0 && n_tgt > 0 && !too_long) return NULL;
-    if (quiet) return bad_tsv_line;
-    if (from->reserved) return reserved_token_error(from);
-    if (n_src == 0) return errorf("%s: empty source; expected tokens before the tab", from->where);
-    if (n_tgt == 0) return errorf("%s: empty target; expected tokens after the tab", from->where);
+    if (!from->reserved && n_src > 0 && n_tgt > 0 && !too_long)
+        return NULL;
+    if (quiet)
+        return bad_tsv_line;
+    if (from->reserved)
+        return reserved_token_error(from);
+    if (n_src == 0)
+        return errorf("%s: empty source; expected tokens before the tab", from->where);
+    if (n_tgt == 0)
+        return errorf("%s: empty target; expected tokens after the tab", from->where);
     return errorf("%s: %d tokens; expected at most %d", from->where, n_src > n_tgt ? n_src : n_tgt,
                   TRANSFORMER_MAX_LEN);
 }
@@ -981,8 +1094,10 @@ static int counting_parts_asked = 0;
 
 // The first line start at or after offset pos of f (its size if none).
 static off_t line_start_from(FILE *f, off_t pos, off_t size) {
-    if (pos <= 0) return 0;
-    if (pos >= size || fseeko(f, pos - 1, SEEK_SET) != 0) return size;
+    if (pos <= 0)
+        return 0;
+    if (pos >= size || fseeko(f, pos - 1, SEEK_SET) != 0)
+        return size;
     int c;
     while ((c = getc(f)) != EOF && c != '\n') {
     }
@@ -996,7 +1111,8 @@ static void counting_part_first_pass(CountingPart *part, FILE *file) {
     unsigned char *bytes = checked_calloc(block, 1, "file block");
     int newlines = 0, tabs = 0;
     off_t left = part->end - part->begin;
-    if (fseeko(file, part->begin, SEEK_SET) != 0) left = 0;
+    if (fseeko(file, part->begin, SEEK_SET) != 0)
+        left = 0;
     while (left > 0) {
         size_t want = left < (off_t)block ? (size_t)left : block;
         size_t got = fread(bytes, 1, want, file);
@@ -1004,7 +1120,8 @@ static void counting_part_first_pass(CountingPart *part, FILE *file) {
             newlines += bytes[i] == '\n';
             tabs += bytes[i] == '\t';
         }
-        if (got < want) break;
+        if (got < want)
+            break;
         left -= (off_t)got;
     }
     part->newlines = newlines;
@@ -1024,11 +1141,14 @@ static void counting_part_count(CountingPart *parts, int num_parts, int index, F
     if (part->end >= 0 && fseeko(file, part->begin, SEEK_SET) != 0)   // (one of parts)
         part->read_errno = errno ? errno : EIO;
     for (;;) {
-        if (part->read_errno) break;
-        if (!part->last && part->lines == part->newlines) break;   // (no ftello a line: a system call)
+        if (part->read_errno)
+            break;
+        if (!part->last && part->lines == part->newlines)
+            break;   // (no ftello a line: a system call)
         int line_no = part->lines_before + part->lines + 1;
         int got = read_text_line(file, &line, &line_capacity, line_no);
-        if (got == 0) break;
+        if (got == 0)
+            break;
         part->lines++;
         if (part->lines % 4096 == 0) {
             #pragma omp atomic write
@@ -1040,7 +1160,8 @@ static void counting_part_count(CountingPart *parts, int num_parts, int index, F
                 failed = parts[i].failed;
                 earlier_failed |= failed;
             }
-            if (earlier_failed) break;   // that part's bad line is the file's first
+            if (earlier_failed)
+                break;   // that part's bad line is the file's first
             if (progress) {
                 long all = 0;
                 for (int i = 0; i < num_parts; i++) {
@@ -1055,7 +1176,8 @@ static void counting_part_count(CountingPart *parts, int num_parts, int index, F
         long pair_number = part->pairs_before + part->pairs + 1;   // (in the file, from 1)
         long add = held_out_every > 0 && pair_number % held_out_every == 0 ? 0 : 1;
         int tokens = 0, blank = 0;
-        if (!part->quiet) snprintf(from.where, sizeof from.where, "%s:%d", part->path, line_no);
+        if (!part->quiet)
+            snprintf(from.where, sizeof from.where, "%s:%d", part->path, line_no);
         const char *error = word_counts_add_line(&part->words, line, got, add, part->quiet, &from,
                                                  &tokens, &blank);
         if (error) {
@@ -1066,7 +1188,8 @@ static void counting_part_count(CountingPart *parts, int num_parts, int index, F
         part->words_read += tokens;
         part->pairs += !blank;
     }
-    if (!part->bad_line && !part->read_errno && ferror(file)) part->read_errno = errno ? errno : EIO;
+    if (!part->bad_line && !part->read_errno && ferror(file))
+        part->read_errno = errno ? errno : EIO;
     #pragma omp atomic write
     part->failed = part->bad_line > 0 || part->read_errno != 0;
     #pragma omp atomic write
@@ -1077,8 +1200,10 @@ static void counting_part_count(CountingPart *parts, int num_parts, int index, F
 // The message of part's bad line, made again from the line read again (f: a handle of the file),
 // or of its failed read.
 static const char *counting_part_error(const CountingPart *part, FILE *f) {
-    if (part->read_errno) return errorf("%s: read error: %s", part->path, strerror(part->read_errno));
-    if (!part->quiet) return part->error;
+    if (part->read_errno)
+        return errorf("%s: read error: %s", part->path, strerror(part->read_errno));
+    if (!part->quiet)
+        return part->error;
     TextSource from = { "", 0, 0, NULL };
     snprintf(from.where, sizeof from.where, "%s:%d", part->path, part->bad_line);
     char *line = NULL;
@@ -1090,8 +1215,10 @@ static const char *counting_part_error(const CountingPart *part, FILE *f) {
     WordCounts scratch;
     memset(&scratch, 0, sizeof scratch);
     int tokens, blank;
-    if (got != 0) error = word_counts_add_line(&scratch, line, got, 1, 0, &from, &tokens, &blank);
-    if (!error) error = errorf("%s: the file changed while it was read", from.where);
+    if (got != 0)
+        error = word_counts_add_line(&scratch, line, got, 1, 0, &from, &tokens, &blank);
+    if (!error)
+        error = errorf("%s: the file changed while it was read", from.where);
     word_counts_free(&scratch);
     free(line);
     return error;
@@ -1115,15 +1242,18 @@ static void word_counts_merge(WordCounts *w, const WordCounts *from) {
 static const char *word_counts_read_tsv(WordCounts *w, const char *path, int held_out_every) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
-    if (!f) return error;
+    if (!f)
+        return error;
     struct stat st;
     int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
     off_t size = regular ? st.st_size : 0;
     int num_parts = counting_parts_asked > 0 ? counting_parts_asked : thread_count();
     if (counting_parts_asked == 0 && num_parts > size / counting_part_bytes)
         num_parts = (int)(size / counting_part_bytes);
-    if (num_parts > 64) num_parts = 64;
-    if (num_parts < 1 || !regular) num_parts = 1;
+    if (num_parts > 64)
+        num_parts = 64;
+    if (num_parts < 1 || !regular)
+        num_parts = 1;
     ascii_space_fill();
     CountingPart *parts = checked_calloc((size_t)num_parts, sizeof(CountingPart), "file parts");
     FILE **files = checked_calloc((size_t)num_parts, sizeof(FILE *), "file parts");
@@ -1133,8 +1263,10 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
         parts[i].path = path;
         parts[i].quiet = num_parts > 1;
         parts[i].begin = i == 0 ? 0 : line_start_from(f, size / num_parts * i, size);
-        if (i > 0 && parts[i].begin < parts[i - 1].begin) parts[i].begin = parts[i - 1].begin;
-        if (i > 0) parts[i - 1].end = parts[i].begin;
+        if (i > 0 && parts[i].begin < parts[i - 1].begin)
+            parts[i].begin = parts[i - 1].begin;
+        if (i > 0)
+            parts[i - 1].end = parts[i].begin;
         parts[i].end = num_parts > 1 ? size : -1;
     }
     for (int i = 0; i < num_parts; i++)   // (a part that ends the file may end without a newline)
@@ -1151,7 +1283,8 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
     snprintf(what, sizeof what, "bpe    reading %.120s (MB)", path);
     Progress progress;
     progress_begin(&progress, what, "MB", (double)size / 1e6);
-    if (!error && num_parts == 1) counting_part_count(parts, 1, 0, f, held_out_every, &progress);
+    if (!error && num_parts == 1)
+        counting_part_count(parts, 1, 0, f, held_out_every, &progress);
     if (!error && num_parts > 1) {
         #pragma omp parallel for num_threads(num_parts) schedule(static, 1)
         for (int i = 0; i < num_parts; i++)
@@ -1161,7 +1294,8 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
     long pairs = 0, words_read = 0, bytes = 0;
     int lines = 0;
     for (int i = 0; i < num_parts && !error; i++) {
-        if (parts[i].failed) error = counting_part_error(&parts[i], f);
+        if (parts[i].failed)
+            error = counting_part_error(&parts[i], f);
         pairs += parts[i].pairs;
         words_read += parts[i].words_read;
         lines += parts[i].lines;
@@ -1179,7 +1313,8 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
     }
     for (int i = 0; i < num_parts; i++) {
         word_counts_free(&parts[i].words);
-        if (files[i]) fclose(files[i]);
+        if (files[i])
+            fclose(files[i]);
     }
     free(parts);
     free(files);
@@ -1203,7 +1338,10 @@ static const char *bpe_learn_words(Vocabulary *vocab, const char *path, int held
         Bpe *b = checked_calloc(1, sizeof(Bpe), "merges");
         bpe_init(b);
         *learned = bpe_learn(b, words, w->count, w->num_words, num_merges);
-        if (vocab->bpe) { bpe_free(vocab->bpe); free(vocab->bpe); }
+        if (vocab->bpe) {
+            bpe_free(vocab->bpe);
+            free(vocab->bpe);
+        }
         vocab->bpe = b;
         free(words);
     }
@@ -1216,8 +1354,8 @@ static const char *bpe_learn_words(Vocabulary *vocab, const char *path, int held
 // leaves out the pairs train holds out (dataset_read_tsv_split), so that held-out words
 // teach no merges. *learned: how many merges there are (fewer when no pair
 // occurs twice any more).
-static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int held_out_every, int num_merges,
-                                      int *learned) {
+static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int held_out_every,
+                                      int num_merges, int *learned) {
     WordCounts w;
     memset(&w, 0, sizeof w);
     const char *error = bpe_learn_words(vocab, path, held_out_every, num_merges, learned, &w);
@@ -1240,9 +1378,11 @@ static void vocab_add_subwords(Vocabulary *vocab) {
 
 // Is id's text in vocab the n bytes at piece, followed by </w> when it is a word's last subword?
 static int vocabulary_holds(const Vocabulary *vocab, int id, const char *piece, int n, int last) {
-    if (id < 0 || id >= vocab->size) return 0;
+    if (id < 0 || id >= vocab->size)
+        return 0;
     const char *text = vocab->words[id];
-    if (strncmp(text, piece, (size_t)n) != 0) return 0;   // (stops at text's end: no read past it)
+    if (strncmp(text, piece, (size_t)n) != 0)
+        return 0;   // (stops at text's end: no read past it)
     return last ? strcmp(text + n, BPE_END_OF_WORD) == 0 : text[n] == '\0';
 }
 
@@ -1251,8 +1391,8 @@ static int vocabulary_holds(const Vocabulary *vocab, int id, const char *piece, 
 // (Bpe.cached) says where its subwords begin, and each cached id is taken
 // where vocab holds that subword's text there; otherwise (a subword read as
 // <unk>, warned of each time; another vocabulary) the text is looked up.
-static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int length, int **ids, size_t *capacity,
-                          int n, TextSource *from) {
+static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int length, int **ids,
+                          size_t *capacity, int n, TextSource *from) {
     Bpe *b = vocab->bpe;
     bpe_cutting_step();
     int k = word_counts_find(&b->cached, word, (size_t)length, word_hash(word, (size_t)length));
@@ -1266,7 +1406,8 @@ static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int len
             int end = last ? length : starts[i + 1];
             int id = cached[i];
             if (!vocabulary_holds(vocab, id, word + starts[i], end - starts[i], last)) {
-                if (!text) text = checked_calloc((size_t)length + 5, 1, "subwords");
+                if (!text)
+                    text = checked_calloc((size_t)length + 5, 1, "subwords");
                 int text_length = end - starts[i];
                 memcpy(text, word + starts[i], (size_t)text_length);
                 if (last) {
@@ -1291,7 +1432,9 @@ static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int len
         push_id(ids, capacity, n++, token_id(vocab, grow, text, (size_t)text_length, from));
     }
     bpe_cache_add(b, word, (size_t)length, *ids + first, start, count);
-    free(start); free(scratch); free(text);
+    free(start);
+    free(scratch);
+    free(text);
     return n;
 }
 
@@ -1344,9 +1487,12 @@ static const char *bpe_learn_for_training(Vocabulary *vocab, const char *path, i
 // training file, more than one thread, and a file big enough for them to pay?
 static int bpe_cut_on_threads(const Vocabulary *vocab, FILE *f) {
     struct stat st;
-    if (!vocab->bpe || !vocab->bpe->cache_complete) return 0;
-    if (cutting_block_lines_asked > 0) return 1;   // (the tests: also on one thread)
-    if (thread_count() < 2) return 0;
+    if (!vocab->bpe || !vocab->bpe->cache_complete)
+        return 0;
+    if (cutting_block_lines_asked > 0)
+        return 1;   // (the tests: also on one thread)
+    if (thread_count() < 2)
+        return 0;
     return fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= counting_part_bytes;
 }
 
@@ -1377,7 +1523,8 @@ static int cut_block_read(CutBlock *block, FILE *f, int line_no, int max_lines, 
     block->used = 0;
     while (block->count < max_lines) {
         int got = read_text_line(f, line, line_capacity, line_no + block->count + 1);
-        if (got == 0) break;
+        if (got == 0)
+            break;
         size_t length = got < 0 ? 0 : strlen(*line);   // (a zero byte: the plain reading's error)
         if (block->used + length + 1 > block->capacity) {
             block->capacity = 2 * (block->used + length + 1);
@@ -1400,10 +1547,12 @@ static void cut_block_line(CutBlock *block, int i, int thread, Vocabulary *vocab
                            TextSource *from) {
     char *line = block->text + block->start[i];
     block->status[i] = CUT_PLAINLY;
-    if (block->got[i] < 0) return;
+    if (block->got[i] < 0)
+        return;
     for (const unsigned char *s = (const unsigned char *)line; *s; ) {
         int n = utf8_sequence_length(s);
-        if (n == 0) return;
+        if (n == 0)
+            return;
         s += n;
     }
     char *tab = strchr(line, '\t');
@@ -1412,14 +1561,17 @@ static void cut_block_line(CutBlock *block, int i, int thread, Vocabulary *vocab
         block->status[i] = CUT_BLANK;
         return;
     }
-    if (!tab || strchr(tab + 1, '\t')) return;
+    if (!tab || strchr(tab + 1, '\t'))
+        return;
     *tab = '\0';
     block->tab[i] = (int)(tab - line);
     long unknown = from->unknown;
     int n_src = tokenize(line, vocab, 0, &ids->src, &ids->src_capacity, from);
     int n_tgt = n_src > 0 ? tokenize(tab + 1, vocab, 0, &ids->tgt, &ids->tgt_capacity, from) : -1;
-    if (n_src <= 0 || n_tgt <= 0 || from->unknown != unknown) return;
-    if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN) return;
+    if (n_src <= 0 || n_tgt <= 0 || from->unknown != unknown)
+        return;
+    if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
+        return;
     size_t needed = block->thread_ids_used[thread] + (size_t)n_src + (size_t)n_tgt;
     if (needed > block->thread_ids_capacity[thread]) {
         block->thread_ids_capacity[thread] = 2 * needed;
@@ -1471,12 +1623,15 @@ static const char *cut_block_add(CutBlock *block, TsvReading *r, int line_no, in
     *plainly_read = plainly;
     for (int i = 0; i < block->count && plainly; i++) {
         char *line = block->text + block->start[i];
-        if (block->tab[i] >= 0) line[block->tab[i]] = '\t';
+        if (block->tab[i] >= 0)
+            line[block->tab[i]] = '\t';
         const char *error = tsv_read_line(r, line, block->got[i], line_no + i + 1);
-        if (error) return error;
+        if (error)
+            return error;
     }
     for (int i = 0; i < block->count && !plainly; i++) {
-        if (block->status[i] == CUT_BLANK) continue;
+        if (block->status[i] == CUT_BLANK)
+            continue;
         const int *ids = block->thread_ids[block->owner[i]] + block->first_id[i];
         dataset_add(tsv_next_pair_dataset(r), ids, block->src_len[i], ids + block->src_len[i],
                     block->tgt_len[i], line_no + i + 1);
@@ -1487,9 +1642,18 @@ static const char *cut_block_add(CutBlock *block, TsvReading *r, int line_no, in
 
 static void cut_block_free(CutBlock *block) {
     for (int t = 0; t < block->threads; t++) free(block->thread_ids[t]);
-    free(block->thread_ids); free(block->thread_ids_used); free(block->thread_ids_capacity);
-    free(block->text); free(block->start); free(block->got); free(block->tab); free(block->status);
-    free(block->owner); free(block->first_id); free(block->src_len); free(block->tgt_len);
+    free(block->thread_ids);
+    free(block->thread_ids_used);
+    free(block->thread_ids_capacity);
+    free(block->text);
+    free(block->start);
+    free(block->got);
+    free(block->tab);
+    free(block->status);
+    free(block->owner);
+    free(block->first_id);
+    free(block->src_len);
+    free(block->tgt_len);
     memset(block, 0, sizeof *block);
 }
 
@@ -1520,7 +1684,8 @@ static const char *bpe_read_tsv_on_threads(TsvReading *r, FILE *f, int *line_no)
         int plainly = 0;
         error = cut_block_add(&block, r, *line_no, &plainly);
         *line_no += block.count;
-        if (!plainly) bpe_cutting_steps(words);   // (a block read plainly has counted its words)
+        if (!plainly)
+            bpe_cutting_steps(words);   // (a block read plainly has counted its words)
     }
     free(line);
     cut_block_free(&block);
@@ -1535,12 +1700,15 @@ static void bpe_free_merges(struct Bpe *bpe) {
 // The merges section of a checkpoint: a u32 count, then per merge the left
 // and the right symbol, each a u32 length and its bytes (dev/FORMATS.md).
 // NULL (no section) without merges.
-static void put_u32(unsigned char *b, uint32_t x) { for (int i = 0; i < 4; i++) b[i] = (unsigned char)(x >> (8 * i)); }
+static void put_u32(unsigned char *b, uint32_t x) {
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(x >> (8 * i));
+}
 
 static unsigned char *bpe_merges_section(const Vocabulary *vocab, size_t *bytes) {
     const Bpe *b = vocab->bpe;
     *bytes = 0;
-    if (!b || b->num_merges == 0) return NULL;
+    if (!b || b->num_merges == 0)
+        return NULL;
     size_t size = 4;
     for (int r = 0; r < b->num_merges; r++) size += 8 + strlen(b->left[r]) + strlen(b->right[r]);
     unsigned char *section = checked_calloc(size, 1, "merges section"), *p = section;
@@ -1562,13 +1730,13 @@ static unsigned char *bpe_merges_section(const Vocabulary *vocab, size_t *bytes)
 // Reads the section back into vocab->bpe: the count, then each merge's two
 // symbols, of 1 byte or more without spaces, lengths adding up to the
 // section's size; no merge may make a special token's text.
-static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned char *section, size_t bytes,
-                                           const char *path) {
+static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned char *section,
+                                           size_t bytes, const char *path) {
     uint32_t count = (uint32_t)get_number(section, 4);
     uint64_t used = 4;
     if (count == 0 || count > bytes / 10)
-        return errorf("%s: the merges section says %u merges; its %llu bytes hold from 1 to %llu", path, count,
-                      (unsigned long long)bytes, (unsigned long long)(bytes / 10));
+        return errorf("%s: the merges section says %u merges; its %llu bytes hold from 1 to %llu",
+                      path, count, (unsigned long long)bytes, (unsigned long long)(bytes / 10));
     Bpe *bpe = checked_calloc(1, sizeof(Bpe), "merges");
     bpe_init(bpe);
     vocab->bpe = bpe;   // vocab_free frees it on an error
@@ -1579,26 +1747,32 @@ static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned cha
             uint32_t n = used + 4 <= bytes ? (uint32_t)get_number(section + used, 4) : 0;
             used += 4 + (uint64_t)n;
             if (n == 0 || used > bytes) {
-                error = errorf("%s: merge %u has a symbol of length %u; the merges section disagrees with its size "
-                               "in the header (%llu bytes)", path, i + 1, n, (unsigned long long)bytes);
+                error = errorf("%s: merge %u has a symbol of length %u; the merges section "
+                               "disagrees with its size in the header (%llu bytes)",
+                               path, i + 1, n, (unsigned long long)bytes);
                 break;
             }
             sides[k] = checked_calloc(n + 1, 1, "checkpoint merges");
             memcpy(sides[k], section + used - n, n);
             int ok = strlen(sides[k]) == n;
             for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)sides[k][j]);
-            if (!ok) error = errorf("%s: merge %u has a symbol with a space or a zero byte; expected neither", path, i + 1);
+            if (!ok)
+                error = errorf("%s: merge %u has a symbol with a space or a zero byte; "
+                               "expected neither", path, i + 1);
         }
         if (!error && joins_to_special_token(sides[0], sides[1]))
-            error = errorf("%s: merge %u makes '%s%s', a special token's text; expected merges that make none (§5.1)",
-                           path, i + 1, sides[0], sides[1]);
-        if (!error) bpe_add_merge(bpe, sides[0], sides[1], 0);
-        free(sides[0]); free(sides[1]);
-        if (error) return error;
+            error = errorf("%s: merge %u makes '%s%s', a special token's text; expected merges "
+                           "that make none (§5.1)", path, i + 1, sides[0], sides[1]);
+        if (!error)
+            bpe_add_merge(bpe, sides[0], sides[1], 0);
+        free(sides[0]);
+        free(sides[1]);
+        if (error)
+            return error;
     }
     if (used != bytes)
-        return errorf("%s: the merges take %llu bytes, but its header says %llu", path, (unsigned long long)used,
-                      (unsigned long long)bytes);
+        return errorf("%s: the merges take %llu bytes, but its header says %llu", path,
+                      (unsigned long long)used, (unsigned long long)bytes);
     return NULL;
 }
 
