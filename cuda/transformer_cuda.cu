@@ -9,20 +9,9 @@
  * model before every evaluation and checkpoint, and evaluation, decoding and
  * everything else run on the host, through transformer.c.
  *
- *     make cuda                                   ./transformer_cuda (nvcc, cuBLAS)
- *     ./transformer_cuda train --task copy        as ./transformer, steps on the GPU
- *     ./transformer_cuda bench --config base      training steps timed on the GPU
- *     ./transformer_cuda ... --tf32               cuBLAS may use TF32 tensor cores
- *     ./transformer_cuda ... --bf16               bf16 products, fp32 sums and all else (bf16_casts.h)
- *     ./transformer_cuda ... --no-graph           every step launched kernel by kernel
- *     ./transformer_cuda bench ... --count        and what one step launches, copies and holds
- *     ./transformer_cuda bench ... --profile      and where a step's time goes, call by call
- *     ./transformer_cuda ... --fused-attention    attention in one kernel each way, where it fits
- *     ./transformer_cuda ... --one-stream         the whole step on one stream (no second stream)
- *     ./transformer_cuda ... --tf32 --weights-as-stored   no transposed copies (transposed_weights.h)
- *     ./transformer_cuda ... --no-epilogues       the FFN's bias and ReLU in kernels, not cuBLASLt's epilogues
- *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
- *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
+ * How to build and run it, and what each flag of its own does (--tf32, --bf16,
+ * --no-graph, --count, --profile, the sgemm command, ...): cuda/NOTES.md,
+ * "Commands and flags".
  *
  * Each kernel computes a Part I loop of transformer.c and names it. What makes
  * a step fast on a GPU, and the same in every run:
