@@ -102,6 +102,8 @@
 extern "C" {
 #endif
 #include "../transformer.h"
+// ./transformer's command line (lab/lab.c), which this program runs with its training steps
+int transformer_lab_main(int argc, char **argv);
 #ifdef __cplusplus
 }
 #endif

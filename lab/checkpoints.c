@@ -143,15 +143,23 @@ static const char *read_run(FILE *f, uint64_t size, LabCheckpoint *c, int subwor
     int sizes_fit = h.options_bytes <= left && h.merges_bytes <= left && moments <= left;
     uint64_t expected = sizes_fit ? sizeof h + h.options_bytes + h.merges_bytes + 2 * moments + 8
                                   : 0;
+    if (h.run_bytes > left) {
+        return errorf("%s: truncated: %llu bytes after the model, but its run's header describes "
+                      "%llu", path, (u64)left, (u64)h.run_bytes);
+    }
     if ((h.real_bytes != 4 && h.real_bytes != 8) || h.run_bytes != left || expected != left) {
         return errorf("%s: the run after the model takes %llu bytes, its header says %llu and its "
                       "sizes give %llu (%llu-byte numbers); the sizes disagree", path, (u64)left,
                       (u64)h.run_bytes, (u64)expected, (u64)h.real_bytes);
     }
-    if (h.adam_step > MAX_TRAINING_STEPS || (h.merges_bytes > 0) != subwords) {
-        return errorf("%s: the run's Adam step %llu and %llu bytes of merges; expected at most %d, "
-                      "and merges exactly when the model's tokens are subwords (%d)", path,
-                      (u64)h.adam_step, (u64)h.merges_bytes, MAX_TRAINING_STEPS, subwords);
+    if (h.adam_step > MAX_TRAINING_STEPS) {
+        return errorf("%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)",
+                      path, (u64)h.adam_step, MAX_TRAINING_STEPS);
+    }
+    if ((h.merges_bytes > 0) != subwords) {
+        return errorf("%s: %llu bytes of §5.1 merges after a model whose tokens are %s; expected "
+                      "merges exactly with subwords", path, (u64)h.merges_bytes,
+                      subwords ? "subwords" : "whole words");
     }
     c->model.adam_step = (long)h.adam_step;
     c->model.dropout_rng.state = h.dropout_rng;
