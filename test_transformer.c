@@ -774,8 +774,7 @@ static int reference_read(Reference *r, const char *path) {
         return 0;
     }
     size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, c);
-    size_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS), B = r->B, S = r->S, T = r->T,
+    size_t P = parameter_sizes(sizes, c), B = r->B, S = r->S, T = r->T,
            V = c->vocab_size;
     size_t K = (size_t)r->adam_steps, ints = B * S + B + 2 * B * T + B;
     int width = r->version == 1 ? 4 : 8;           // the results: f32 in version 1, f64 in 2
@@ -1426,14 +1425,12 @@ static void test_parameter_counts(void) {
     for (int i = 0; i < COUNTED_MODELS; i++) {
         TransformerConfig c = counted_model(i);
         size_t by_hand = parameters_by_hand(&c), sizes[NUM_PARAMETER_TENSORS];
-        parameter_sizes(sizes, &c);
-        check(sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand,
+        check(parameter_sizes(sizes, &c) == by_hand,
               "params: N=%d d_model=%d d_ff=%d vocab %d: the tensors add up to %zu, as by hand",
               c.n_layers, c.d_model, c.d_ff, c.vocab_size, by_hand);
         c.positional = POSITIONAL_LEARNED;
         c.max_len = 100;
-        parameter_sizes(sizes, &c);
-        check(sum_sizes(sizes, NUM_PARAMETER_TENSORS) == by_hand + 100 * (size_t)c.d_model,
+        check(parameter_sizes(sizes, &c) == by_hand + 100 * (size_t)c.d_model,
               "params: the same with learned positions, max_len 100: %zu more",
               100 * (size_t)c.d_model);
     }

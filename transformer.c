@@ -55,10 +55,9 @@
 
 // ######## PART I   THE MODEL ################################################
 
-// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
-// linear_backward, attention_forward and attention_backward hand it their call on their
-// first line; §6.1's decoder_begin hands it a whole decoding (its key/value cache), which
-// _step, _reorder and _end follow. Left NULL (transformer.c alone), the loops you read run.
+// The fast path (lab/fast_path.c) plugs in here: the four products (linear_ and attention_
+// forward and backward) and §6.1's decoder (decoder_begin, with its key/value cache, then _step,
+// _reorder, _end) hand it their call on their first line. Left NULL, the loops you read run.
 static FastPath fast_path;
 
 // ==== §3  Linear layers: y = x W^T + b =======================================
@@ -130,10 +129,12 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
 // (§5.4). So every sub-layer ends with
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 
-// From the machinery at the end of Part I: our own random numbers
+// From the machinery at the end of Part I: our own random numbers, and memory
 static uint64_t rng_next(Rng *rng);            // xorshift64*
 static uint64_t hash64(uint64_t z);            // splitmix64's mixer
 static double unit_interval(uint64_t bits);    // [0, 1) from 53 random bits
+static void *checked_calloc(size_t count, size_t size, const char *what);   // or exit(1)
+static void ensure_buffers(Transformer *model, int B, int S, int T);   // activations for (B,S,T)
 
 // A dropout mask: each element kept with probability 1 - p_drop and scaled by 1/(1 - p_drop)
 // ("inverted dropout": evaluation needs no rescaling); all ones with training off or p_drop
@@ -1004,8 +1005,6 @@ static void embed_backward(Transformer *model, real *dembedded, const real *dx0,
 }
 
 static char error_context[40] = "";   // "train: ": errors name the command (a library: "")
-// From the machinery: the activations and their gradients for a (B,S,T) batch
-static void ensure_buffers(Transformer *model, int B, int S, int T);
 
 // The whole forward pass; returns the label-smoothed loss (§5.4). A batch that fails
 // batch_check stops the program with a message rather than read outside the embedding.
@@ -1162,13 +1161,8 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 // Under the causal mask (§3.2.3) nothing at positions < t depends on later tokens, so step
 // t gives the earlier positions exactly the numbers of step t-1: only row t is new. The
 // rest is done again, the memory's keys and values too, so a sentence's work grows with the
-// square of its length (attention's with the cube). The fast path (lab/fast_path.c, in
-// make's ./transformer) keeps a key/value cache instead, each layer's keys and values of
-// the earlier positions, and computes row t alone; with these loops' products it gives the
-// same logits bit for bit (lab/test_lab.c compares them).
-
-// From the machinery: allocation that cannot fail silently
-static void *checked_calloc(size_t count, size_t size, const char *what);
+// square of its length (attention's with the cube). The fast path keeps each layer's keys
+// and values of the earlier positions instead (a key/value cache) and computes row t alone.
 
 // memory = Encoder(source) (§3.1), as transformer_forward runs it, for the B sentences src
 // (B,S), padded, of src_len (B) tokens, in activations with room for the decoder's rows and
@@ -1302,8 +1296,8 @@ static double length_penalty(int length, double alpha) {
 }
 
 // A possible extension: token after beam `row`, summed log-probability `score`. The logit
-// breaks ties, then the lower row and token: with one beam, the most likely token wins, the
-// lowest id among equals, as greedy decoding chooses.
+// breaks ties; among equals the first proposed (the lower row, then token) stays first: with
+// one beam, the most likely token wins, the lowest id among equals, as greedy decoding chooses.
 typedef struct {
     double score;
     real logit;
@@ -1314,14 +1308,10 @@ typedef struct {
 static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
     if (a->score != b->score)
         return a->score > b->score;
-    if (a->logit != b->logit)
-        return a->logit > b->logit;
-    if (a->row != b->row)
-        return a->row < b->row;
-    return a->token < b->token;
+    return a->logit > b->logit;
 }
 
-// Inserts candidate into best[0..*count-1], sorted, keeping at most `keep`.
+// Inserts candidate into best[0..*count-1], sorted, after its equals, keeping at most `keep`.
 static void candidate_insert(BeamCandidate *best, int *count, int keep,
                              BeamCandidate candidate) {
     int i = *count;
@@ -1364,15 +1354,16 @@ static int beam_propose(BeamCandidate *best, int keep, const real *logits,
 
 // A hypothesis ends: `length` tokens, summed log-probability log_p, its penalty counting
 // `penalized` tokens (</s> included when there is one). The best so far (the first of equal
-// scores) is kept in out, its score in *best_score. Returns 1 when it is the best.
-static int beam_finish(int *out, double *best_score, int finished, const int *tokens,
-                       int length, double log_p, int penalized, double alpha) {
+// scores) is kept in out, its length in *best_length (-1 before the first), its score in
+// *best_score.
+static void beam_finish(int *out, int *best_length, double *best_score, const int *tokens,
+                        int length, double log_p, int penalized, double alpha) {
     double score = log_p / length_penalty(penalized, alpha);
-    if (finished > 0 && !(score > *best_score))
-        return 0;
+    if (*best_length >= 0 && !(score > *best_score))
+        return;
     memcpy(out, tokens, (size_t)length * sizeof(int));
+    *best_length = length;
     *best_score = score;
-    return 1;
 }
 
 // Beam search for one sentence (§6.1). At each position every alive beam proposes every
@@ -1401,7 +1392,7 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     BeamCandidate *best = checked_calloc(beam_size, sizeof(BeamCandidate), "beam candidates");
     int num_alive = 1;
     int finished = 0;
-    int best_length = 0;
+    int best_length = -1;   // (a hypothesis always finishes: at the latest, at the limit)
     double best_score = -INFINITY;
     Decoder decoder;
     decoder_begin(&decoder, model, src, &src_len, 1, src_len, beam_size, limit);
@@ -1420,9 +1411,8 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
         for (int i = 0; i < num_best; i++) {
             const int *prefix = tokens + best[i].row * stride;
             if (best[i].token == TOKEN_EOS) {   // finished: t tokens and </s>
-                if (beam_finish(out, &best_score, finished, prefix, t, best[i].score, t + 1,
-                                alpha))
-                    best_length = t;
+                beam_finish(out, &best_length, &best_score, prefix, t, best[i].score, t + 1,
+                            alpha);
                 finished++;
                 continue;
             }
@@ -1439,9 +1429,8 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
 
         if (t + 1 == limit) {   // out of positions: the alive beams end here, without </s>
             for (int b = 0; b < num_next && finished < beam_size; b++) {
-                if (beam_finish(out, &best_score, finished, next_tokens + b * stride, t + 1,
-                                next_score[b], t + 1, alpha))
-                    best_length = t + 1;
+                beam_finish(out, &best_length, &best_score, next_tokens + b * stride, t + 1,
+                            next_score[b], t + 1, alpha);
                 finished++;
             }
             break;
@@ -1457,7 +1446,7 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     }
 
     if (score)
-        *score = finished ? best_score : -INFINITY;
+        *score = best_score;
     decoder_end(&decoder);
     free(tokens);
     free(next_tokens);
@@ -1471,10 +1460,8 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
 }
 
 // ==== The machinery ==========================================================
-// What the model above takes for granted: allocation that cannot fail silently, our own
-// random numbers (a seed gives the same model on every machine), the parameters' names,
-// sizes and initial values, the memory of the activations, and the checks of a configuration
-// and of a batch.
+// What the model above takes for granted: memory, our own random numbers (a seed gives the
+// same model on every machine), the parameters and the activations' layout, and the checks.
 
 // Memory for count x size bytes (at least 1) for `what`: a new block of zeros (checked_calloc)
 // or p resized (checked_realloc). A size that overflows, or no memory, is one line and exit 1.
@@ -1570,8 +1557,10 @@ static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
 _Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *),
                "NUM_PARAMETER_TENSORS counts the fields of ParameterTensors");
 
-// The number of values of each tensor, in the same order (their shapes: transformer.h).
-static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *config) {
+// The number of values of each tensor, in the same order (their shapes: transformer.h);
+// returns their sum, the model's number of parameters.
+static size_t parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS],
+                              const TransformerConfig *config) {
     size_t L = config->n_layers;
     size_t C = config->d_model;
     size_t F = config->d_ff;
@@ -1609,6 +1598,9 @@ static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const Transform
     sizes[29] = L * C;                                // dec_ff2_b
     sizes[30] = L * C;                                // dec_ln3_g
     sizes[31] = L * C;                                // dec_ln3_b
+    size_t total = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) total += sizes[i];
+    return total;
 }
 
 // The named pointers of a ParameterTensors, in the same order.
@@ -1638,12 +1630,6 @@ static void point_parameters(ParameterTensors *tensors, real *block,
         *ptrs[i] = block;
         block += sizes[i];
     }
-}
-
-static size_t sum_sizes(const size_t *sizes, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += sizes[i];
-    return total;
 }
 
 // Xavier-uniform (Glorot & Bengio 2010) of a (rows, cols) matrix: U(-a, a) with
@@ -1845,8 +1831,7 @@ const char *transformer_build(Transformer *model, const TransformerConfig *confi
     if (error)
         return error;
     model->config = *config;
-    parameter_sizes(model->param_sizes, config);
-    model->num_parameters = sum_sizes(model->param_sizes, NUM_PARAMETER_TENSORS);
+    model->num_parameters = parameter_sizes(model->param_sizes, config);
     model->params_memory = arena_calloc(model->num_parameters, "parameters");
     model->grads_memory = arena_calloc(model->num_parameters, "gradients");
     model->adam_m = arena_calloc(model->num_parameters, "Adam first moments");
@@ -2165,18 +2150,15 @@ static int parse_options(const char *command, const char *usage, Option *options
 }
 
 // ---- tokens -----------------------------------------------------------------
-// Text is tokens separated by white space (space, \t, \n, \v, \f, \r); a token is a whole word.
-
-static int is_white_space(char c) {
-    return c == ' ' || (c >= '\t' && c <= '\r');
-}
+// Text is tokens separated by white space (isspace: space, \t, \n, \v, \f, \r; the program
+// keeps C's locale); a token is a whole word.
 
 // The first token of the text, and its length in bytes in *length; NULL when there is none.
 static const char *next_token(const char *text, size_t *length) {
-    while (is_white_space(*text))
+    while (isspace((unsigned char)*text))
         text++;
     const char *end = text;
-    while (*end != '\0' && !is_white_space(*end))
+    while (*end != '\0' && !isspace((unsigned char)*end))
         end++;
     *length = (size_t)(end - text);
     return end > text ? text : NULL;
@@ -2613,8 +2595,7 @@ static const char *checkpoint_check_header(const CheckpointHeader *h, uint64_t s
                       path, h->real_bytes, h->subwords);
     }
     size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, &h->config);
-    uint64_t expected = model_bytes(h->vocab_bytes, sum_sizes(sizes, NUM_PARAMETER_TENSORS),
+    uint64_t expected = model_bytes(h->vocab_bytes, parameter_sizes(sizes, &h->config),
                                     h->real_bytes);
     if (h->vocab_bytes > size || h->model_bytes != expected) {
         return errorf("%s: header: a model of %llu bytes, but its sizes give %llu", path,
@@ -2688,23 +2669,20 @@ static const char *checkpoint_read_model(FILE *f, uint64_t size, Transformer *mo
     if (error)
         return error;
     *subwords = (int)h.subwords;
-    // the parameters, read in place; or, written in the other precision, read and converted
+    // the parameters, as written (float or double), then as this build's numbers
     size_t params = model->num_parameters * h.real_bytes;
-    int same = h.real_bytes == sizeof(real);
-    unsigned char *raw = same ? (unsigned char *)model->params_memory : checked_calloc(params, 1,
-                                                                                      "parameters");
+    unsigned char *raw = checked_calloc(params, 1, "parameters");
     uint64_t checksum = 0;
     failed = failed || fread(raw, params, 1, f) != 1 || fread(&checksum, 8, 1, f) != 1;
     hash = fnv1a(hash, raw, params);
-    for (size_t i = 0; !same && i < model->num_parameters; i++) {
+    for (size_t i = 0; i < model->num_parameters; i++) {
         float single;
         double x;
         memcpy(h.real_bytes == 4 ? (void *)&single : (void *)&x, raw + i * h.real_bytes,
                h.real_bytes);
         model->params_memory[i] = h.real_bytes == 4 ? (real)single : (real)x;
     }
-    if (!same)
-        free(raw);
+    free(raw);
     if (failed)
         return errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
     if (checksum != hash)
@@ -2892,28 +2870,14 @@ static void train_evaluate(TrainRun *run, int final) {
     evaluation_free(&e);
 }
 
-// "1:23:45" or "2:05", in text (32 bytes).
-static char *duration(char *text, double seconds) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600)
-        snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else
-        snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
-    return text;
-}
-
-// A line of progress, the time left from the steps since first_step:
-//   step   400/1500 | loss 0.8978 | lr 1.06e-03 |   15.6k tok/s | elapsed 0:14 | left 0:38
-static void print_progress(const TrainRun *run, long first_step, double start,
-                           double tokens_per_s) {
+// A line of progress, with the time left at the rate so far:
+//   step   400/1500 | loss 0.8978 | lr 1.06e-03 |   15.6k tok/s | elapsed 14 s | left 38 s
+static void print_progress(const TrainRun *run, double start, double tokens_per_s) {
     long step = run->model.adam_step;
     double elapsed = wall_seconds() - start;
-    double left = elapsed / (step - first_step) * (run->opt.steps - step);
-    char elapsed_text[32];
-    char left_text[32];
-    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step,
-           run->opt.steps, (double)run->loss, run->lr, tokens_per_s / 1000,
-           duration(elapsed_text, elapsed), duration(left_text, left));
+    double left = elapsed / step * (run->opt.steps - step);
+    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %.0f s | left %.0f s\n",
+           step, run->opt.steps, (double)run->loss, run->lr, tokens_per_s / 1000, elapsed, left);
     fflush(stdout);
 }
 
@@ -2962,7 +2926,7 @@ static const char *train_loop(TrainRun *run) {
         tokens += run->batch.tokens;
         if (step % o->log_every == 0 || step == o->steps) {
             double now = wall_seconds();
-            print_progress(run, 0, start, tokens / (now - last_time + 1e-9));
+            print_progress(run, start, tokens / (now - last_time + 1e-9));
             last_time = now;
             tokens = 0;
         }
@@ -2979,11 +2943,9 @@ static const char *train_loop(TrainRun *run) {
             last_time += wall_seconds() - eval_start;
         }
     }
-    double seconds = wall_seconds() - start;
-    char elapsed[32];
     if (!error) {
-        printf("trained steps 1..%ld in %s (%.1f s); checkpoint %s\n", model->adam_step,
-               duration(elapsed, seconds), seconds, run->checkpoint_path);
+        printf("trained steps 1..%ld in %.1f s; checkpoint %s\n", model->adam_step,
+               wall_seconds() - start, run->checkpoint_path);
     }
     return error;
 }
@@ -3026,44 +2988,43 @@ static int command_train(int argc, char **argv) {
 }
 
 // ---- decode -----------------------------------------------------------------
+// decode reads a checkpoint and translates the sentences given on its command line, each on a
+// line of its own: the most likely output by greedy decoding, or by beam search (§6.1).
 
-// Decodes one sentence of text (from `from`) and prints the output on one line. A sentence it
-// cannot take does not stop a stream: it gets an error line and an empty output line (line i
-// still answers line i), and 1 is returned. error: the text's own (a zero byte), or NULL.
+// Decodes one sentence and prints the output. Returns 0, or 1 after a one-line error (too
+// long, or a special token in the text); the other sentences are still decoded.
 static int decode_sentence(Transformer *model, Vocabulary *vocab, const char *text,
-                           TextSource *from, int beam, const char *error) {
+                           TextSource *from, int beam) {
     int *ids = NULL;
     size_t capacity = 0;
-    int n = error ? 0 : tokenize(text, vocab, 0, &ids, &capacity, from);
+    int n = tokenize(text, vocab, 0, &ids, &capacity, from);
     int most = model->config.max_len - 1;   // one position is </s>
-    if (n < 0)
-        error = reserved_token_error(from);
+    const char *error = n < 0 ? reserved_token_error(from) : NULL;
     if (n > most) {
         error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d "
                        "(one position is </s>)", from->where, n, most + 1, most);
     }
-    if (!error && n > 0) {
+    if (!error) {
         push_id(&ids, &capacity, n, TOKEN_EOS);   // the source ends with </s>, as in batch_fill
         int *out = checked_calloc(transformer_decode_limit(model, n + 1), sizeof(int), "output");
         int out_len = transformer_beam_search(model, out, NULL, ids, n + 1, beam, 0.6);   // §6.1
         print_tokens(stdout, vocab, out, out_len);
+        printf("\n");
         free(out);
     }
     free(ids);
     fflush(stdout);
     if (error)
         fprintf(stderr, "error: decode: %s\n", error);
-    printf("\n");
-    fflush(stdout);
     return error != NULL;
 }
 
 static const char *decode_usage =
-    "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
-    "Translates each SENTENCE (tokens separated by white space), or else each line of standard\n"
-    "input, and prints the output, one line each. Greedy decoding, or beam search with --beam;\n"
-    "at most source length + 50 tokens (§6.1). A sentence it cannot take (too long, a reserved\n"
-    "token) gets an error line and an empty output line; then exit status 1.";
+    "usage: ./transformer decode --checkpoint FILE [--beam 4] 'SENTENCE' ...\n"
+    "Translates each SENTENCE (tokens separated by white space) and prints the output, one line\n"
+    "each: greedy decoding, or beam search with --beam, at most source length + 50 tokens\n"
+    "(§6.1). A sentence it cannot take (too long, a reserved token) gets an error line; then\n"
+    "exit status 1. (make's ./transformer also reads the lines of standard input.)";
 
 static int command_decode(int argc, char **argv) {
     const char *checkpoint = NULL;
@@ -3079,35 +3040,19 @@ static int command_decode(int argc, char **argv) {
     Transformer model = { 0 };
     Vocabulary vocab = { 0 };
     const char *error = "--checkpoint FILE is required (a model written by ./transformer train)";
-    if (status == 0 && checkpoint)
+    if (checkpoint && num_sentences == 0)
+        error = "no sentence to decode; expected one or more, such as '3 1 4'";
+    else if (checkpoint)
         error = checkpoint_load(checkpoint, &model, &vocab);
     if (status == 0 && error)
         fprintf(stderr, "error: decode: %s\n", error);
 
-    // The sentences given as arguments, or else the lines of standard input.
     TextSource from = { "", 0, 0, NULL };
     int refused = 0;
     for (int i = 0; status == 0 && !error && i < num_sentences; i++) {
         snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-        refused += decode_sentence(&model, &vocab, sentences[i], &from, beam, NULL);
+        refused += decode_sentence(&model, &vocab, sentences[i], &from, beam);
     }
-    char *line = NULL;
-    size_t line_capacity = 0;
-    ssize_t length = 0;
-    for (int line_no = 1; status == 0 && !error && num_sentences == 0; line_no++) {
-        length = getline(&line, &line_capacity, stdin);
-        if (length < 0)
-            break;
-        snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
-        const char *zero = strlen(line) != (size_t)length ? "a zero byte; expected text" : NULL;
-        refused += decode_sentence(&model, &vocab, line, &from, beam,
-                                   zero ? errorf("%s: %s", from.where, zero) : NULL);
-    }
-    if (length < 0 && ferror(stdin)) {   // (a read that fails is not the end of the input)
-        fprintf(stderr, "error: decode: stdin: read error: %s\n", strerror(errno));
-        refused++;
-    }
-    free(line);
     free(sentences);
     transformer_free(&model);
     vocab_free(&vocab);

@@ -298,8 +298,7 @@ static const char *v3_check_header(V3Header *h, uint64_t size, const char *path)
     if (error)
         return errorf("%s: header: %s", path, error);
     size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, &h->config);
-    uint64_t P = sum_sizes(sizes, NUM_PARAMETER_TENSORS);
+    uint64_t P = parameter_sizes(sizes, &h->config);
     if (h->num_parameters != P) {
         return errorf("%s: header: %llu parameters, but its sizes give %llu", path,
                       (u64)h->num_parameters, (u64)P);

@@ -71,6 +71,16 @@ static int thread_count(void) {
 #endif
 }
 
+// "1:23:45" or "2:05", in text (32 bytes): the time of long work.
+static char *duration(char *text, double seconds) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600)
+        snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
+    return text;
+}
+
 #include "text.c"            // real text: Unicode's white space, UTF-8, tokens, TSV files
 #include "subwords.c"        // §5.1 byte-pair encoding
 #include "checkpoints.c"     // transformer.c's model, then the run; version 3 read too

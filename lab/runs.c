@@ -1,8 +1,8 @@
 /* lab/runs.c: the lab's train, a run beyond one session, for make's ./transformer
  *
  * transformer.c's train learns a toy task in one session. The lab's train is its own command,
- * built from the same pieces (train_load_task, train_build_model, train_next_batch,
- * print_progress: its loop's lines stand twice, here with the lab's steps among them), and
+ * built from the same pieces (train_load_task, train_build_model, train_next_batch: the loop's
+ * lines stand twice, here with the lab's steps among them), and
  * takes these further flags:
  *   --train, --valid  source<TAB>target files (lab/text.c), every 20th line held out without
  *                     --valid; --bpe N: §5.1 subwords (lab/subwords.c), N merges learned
@@ -925,6 +925,22 @@ static const char *lab_diverged_error(const TrainRun *run, long step) {
                   isnan(run->loss) ? "NaN" : "infinite", saved);
 }
 
+// A line of progress, the time left from the steps since first_step (a resumed run's rate is
+// its own):
+//   step   400/1500 | loss 0.8978 | lr 1.06e-03 |   15.6k tok/s | elapsed 0:14 | left 0:38
+static void lab_print_progress(const TrainRun *run, long first_step, double start,
+                               double tokens_per_s) {
+    long step = run->model.adam_step;
+    double elapsed = wall_seconds() - start;
+    double left = elapsed / (step - first_step) * (run->opt.steps - step);
+    char elapsed_text[32];
+    char left_text[32];
+    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step,
+           run->opt.steps, (double)run->loss, run->lr, tokens_per_s / 1000,
+           duration(elapsed_text, elapsed), duration(left_text, left));
+    fflush(stdout);
+}
+
 // The training loop (§5), as transformer.c's train_loop with the lab's steps among its own: the
 // thread count before each step, the logs after it, the kept checkpoints after a save.
 static const char *lab_train_loop(TrainRun *run) {
@@ -970,7 +986,7 @@ static const char *lab_train_loop(TrainRun *run) {
         int last = step == o->steps;
         if (o->log_every && (step % o->log_every == 0 || last)) {
             double now = wall_seconds();
-            print_progress(run, first_step, start, tokens / (now - last_time + 1e-9));
+            lab_print_progress(run, first_step, start, tokens / (now - last_time + 1e-9));
             last_time = now;
             tokens = 0;
         }
