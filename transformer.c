@@ -1954,12 +1954,10 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 }
 
 // ######## PART II   THE PROGRAM #############################################
-// The smallest program that trains the model of Part I on a toy task and translates with it:
-// the copy and reverse tasks, batches by length, exact match on held-out pairs, the model's
-// checkpoint, the commands train and decode, and main. Whatever can fail returns NULL or one
-// line that names the value, file or line at fault and says what was expected. A program that
-// includes this file (with -DTRANSFORMER_NO_MAIN) may build on any function here, and plug
-// faster code into the two seams: FastPath (Part I's first lines) and TrainingCompute (train).
+// The smallest program that trains Part I's model on a toy task and translates with it. What
+// can fail returns NULL or one line naming the value, file or line at fault and what was
+// expected. A program that includes this file (-DTRANSFORMER_NO_MAIN) may use any function
+// here, and plug faster code into two seams: FastPath (Part I's top) and TrainingCompute (train).
 
 static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
     return checked_alloc(p, 0, count, size, what);
@@ -1977,18 +1975,25 @@ static double wall_seconds(void) {
 }
 
 // ---- the vocabulary ---------------------------------------------------------
-// §3.4: the source and the target share one vocabulary (and one embedding). Ids 0..3 are <pad>
-// <s> </s> <unk>; the other tokens follow in the order they were first seen. A hash table
-// (open addressing, at most half full) finds a token's id in a few probes, among 14 tokens or
-// the 37,000 of the paper's vocabulary.
+// §3.4: source and target share one vocabulary (and one embedding). Ids 0..3 are <pad> <s> </s>
+// <unk>, then the tokens in the order first seen. A hash table (open addressing, at most half
+// full) finds an id in a few probes, among 14 tokens or the paper's 37,000.
 
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
+#define FNV_OFFSET 0xCBF29CE484222325ULL
+
+// FNV-1a (64 bits) of n more bytes, from the hash of those before them (or FNV_OFFSET): the
+// vocabulary's hash, and the checkpoint's checksum
+static uint64_t fnv1a(uint64_t hash, const void *data, size_t n) {
+    const unsigned char *bytes = data;
+    for (size_t i = 0; i < n; i++) hash = (hash ^ bytes[i]) * 0x100000001B3ULL;
+    return hash;
+}
+
 // The slot of the n bytes at word: the one that holds its id, or the empty one where it goes.
 static int vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
-    uint32_t hash = 2166136261u;   // FNV-1a, 32 bits
-    for (size_t i = 0; i < n; i++) hash = (hash ^ (unsigned char)word[i]) * 16777619u;
-    int slot = (int)(hash % (uint32_t)vocab->num_slots);
+    int slot = (int)(fnv1a(FNV_OFFSET, word, n) % (uint64_t)vocab->num_slots);
     while (vocab->slots[slot] >= 0) {
         const char *there = vocab->words[vocab->slots[slot]];
         if (strncmp(there, word, n) == 0 && there[n] == '\0')
@@ -2095,9 +2100,8 @@ static void print_option_help(const Option *options, int n) {
     }
 }
 
-// Reads argv[1..argc-1] into the options. Arguments that are not flags go to positional when it
-// is not NULL (decode's sentences, where "-3" is one too). Returns 0; 1 after a one-line error;
-// or 2 after printing the help.
+// Reads argv[1..argc-1] into the options; other arguments go to positional when it is not NULL
+// (decode's sentences, "-3" too). Returns 0; 1 after a one-line error; 2 after the help.
 static int parse_options(const char *command, const char *usage, Option *options, int n,
                          int argc, char **argv, char **positional, int *num_positional) {
     if (num_positional)
@@ -2123,10 +2127,10 @@ static int parse_options(const char *command, const char *usage, Option *options
             return 1;
         }
         o->seen = 1;
-        if (o->kind == OPTION_FLAG)
+        if (o->kind == OPTION_FLAG) {
             *(int *)o->value = 1;
-        if (o->kind == OPTION_FLAG)
             continue;
+        }
 
         // The value is the next argument; a text flag takes no flag ("--checkpoint --beam").
         const char *text = i + 1 < argc ? argv[i + 1] : NULL;
@@ -2136,22 +2140,20 @@ static int parse_options(const char *command, const char *usage, Option *options
         char expected[96];
         if (option_read(o, text, expected))
             continue;
-        if (text) {
+        if (text)
             fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text,
                     expected);
-        } else if (o->kind == OPTION_TEXT) {
+        else if (o->kind == OPTION_TEXT)
             fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
-        } else {
+        else
             fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
-        }
         return 1;
     }
     return 0;
 }
 
 // ---- tokens -----------------------------------------------------------------
-// Text is tokens separated by white space (isspace: space, \t, \n, \v, \f, \r; the program
-// keeps C's locale); a token is a whole word.
+// Text is whole-word tokens separated by white space (isspace, in C's locale: space, \t to \r).
 
 // The first token of the text, and its length in bytes in *length; NULL when there is none.
 static const char *next_token(const char *text, size_t *length) {
@@ -2163,8 +2165,6 @@ static const char *next_token(const char *text, size_t *length) {
     *length = (size_t)(end - text);
     return end > text ? text : NULL;
 }
-
-#define MAX_UNKNOWN_WARNINGS 5   // unknown tokens warned of, for one input
 
 // The id of the n bytes at token. With grow, a new token joins the vocabulary; without, it is
 // read as <unk>, and the first few are warned of.
@@ -2188,9 +2188,8 @@ static void push_id(int **ids, size_t *capacity, int n, int id) {
     (*ids)[n] = id;
 }
 
-// Splits the text at white space into token ids (*ids grows as needed). Returns the number of
-// tokens, or -1 at the text of a special token, <pad> <s> </s> or <unk>, named in
-// from->reserved: the model would learn, or be fed, its own markers.
+// Splits the text into token ids (*ids grows as needed). Returns their number, or -1 at a special
+// token's text (named in from->reserved): the model would learn, or be fed, its own markers.
 static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity,
                     TextSource *from) {
     int n = 0;
@@ -2253,9 +2252,8 @@ static void dataset_add(Dataset *dataset, const int *src, int src_len, const int
 }
 
 // ---- the copy and reverse tasks ---------------------------------------------
-// copy: the target is the source; reverse: the source backwards. The words are the numbers
-// 0..words-1. No held-out source is a training source: the model is tested on sequences it has
-// never seen.
+// copy: the target is the source; reverse: the source backwards; the words are the numbers
+// 0..words-1. No held-out source is a training source: the test is on unseen sequences.
 
 enum { TASK_COPY, TASK_REVERSE };
 
@@ -2268,28 +2266,15 @@ static void task_vocabulary(Vocabulary *vocab, int words) {
     }
 }
 
-// A 64-bit FNV-1a hash of a sequence, never 0 (an empty slot of task_generate's set).
-static uint64_t sequence_hash(const int *tokens, int n) {
-    uint64_t hash = 0xCBF29CE484222325ULL ^ (uint64_t)n;
-    for (int t = 0; t < n; t++) {
-        hash ^= (uint32_t)tokens[t];
-        hash *= 0x100000001B3ULL;
-        hash ^= hash >> 29;
-    }
-    return hash ? hash : 1;
-}
-
 static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len,
                                  int max_len, int train_size, int valid_size, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
-    // The hashes of the sources drawn so far, in a table with open addressing.
-    size_t slots = 16;
-    while (slots < 4 * ((size_t)train_size + valid_size))
-        slots *= 2;
-    uint64_t *seen = checked_calloc(slots, sizeof(uint64_t), "task hash set");
+    Vocabulary seen;   // the sources drawn so far, as texts: a set
+    memset(&seen, 0, sizeof seen);
     int *src = checked_calloc(max_len, sizeof(int), "task sentence");
     int *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
+    char *text = checked_calloc((size_t)max_len * 12 + 1, 1, "task sentence");
     const char *error = NULL;
     long attempts = 0;
     long max_attempts = 1000L * valid_size + 1000;
@@ -2298,12 +2283,11 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
         int n = min_len + rng_below(&rng, max_len - min_len + 1);
         for (int t = 0; t < n; t++) src[t] = NUM_SPECIAL_TOKENS + rng_below(&rng, words);
         for (int t = 0; t < n; t++) tgt[t] = task == TASK_COPY ? src[t] : src[n - 1 - t];
-        uint64_t hash = sequence_hash(src, n);
-        size_t k = hash & (slots - 1);
-        while (seen[k] != 0 && seen[k] != hash)
-            k = (k + 1) & (slots - 1);
-        int is_new = seen[k] == 0;
-        seen[k] = hash;
+        int length = 0;
+        for (int t = 0; t < n; t++) length += sprintf(text + length, "%d ", src[t]);
+        int drawn_before = seen.size;
+        vocab_add(&seen, text, (size_t)length);
+        int is_new = seen.size > drawn_before;
 
         // The training pairs first, then held-out pairs, each with a source not drawn before.
         if (made < train_size || is_new) {
@@ -2319,18 +2303,18 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
             break;
         }
     }
-    free(seen);
+    vocab_free(&seen);
     free(src);
     free(tgt);
+    free(text);
     return error;
 }
 
 // ---- batches ----------------------------------------------------------------
 // §5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
 // contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
-// tokens." An epoch sorts the pairs by length (source, then target, in random order among
-// equals), cuts them into batches of at most batch_tokens counting the padding, and visits the
-// batches in random order.
+// tokens." An epoch sorts the pairs by length (source, then target, at random among equals),
+// cuts them into batches of at most batch_tokens with padding, and visits them in random order.
 
 typedef struct {
     int src_len, tgt_len;
@@ -2351,9 +2335,8 @@ static int compare_length_keys(const void *pa, const void *pb) {
 }
 
 // The first `count` pairs, sorted by length into order (among equals by a key drawn from rng,
-// or, without rng, by index), then cut into batches of B x (S + T) <= batch_tokens, where S and
-// T are the longest source and target + 1; a pair longer than that is a batch of its own.
-// Returns the number of batches (spans).
+// or by index), cut into batches of B x (S + T) <= batch_tokens, S and T the longest source and
+// target + 1 (a longer pair is a batch of its own). Returns the number of batches (spans).
 static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count,
                         int batch_tokens, Rng *rng) {
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
@@ -2401,11 +2384,7 @@ static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_t
 }
 
 static void batch_buffer_free(BatchBuffer *bb) {
-    free(bb->batch.src);
-    free(bb->batch.src_len);
-    free(bb->batch.tgt_in);
-    free(bb->batch.tgt_out);
-    free(bb->batch.tgt_len);
+    free(bb->batch.src);   // the block that holds all five arrays (batch_fill)
     memset(bb, 0, sizeof *bb);
 }
 
@@ -2422,12 +2401,10 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
         S = (size_t)p->src_len + 1 > S ? (size_t)p->src_len + 1 : S;
         T = (size_t)p->tgt_len + 1 > T ? (size_t)p->tgt_len + 1 : T;
     }
-    batch_buffer_free(bb);   // then new arrays of zeros: <pad> wherever no token goes
-    Batch batch = { count, (int)S, (int)T, checked_calloc(B * S, sizeof(int), "batch"),
-                    checked_calloc(B, sizeof(int), "batch"),
-                    checked_calloc(B * T, sizeof(int), "batch"),
-                    checked_calloc(B * T, sizeof(int), "batch"),
-                    checked_calloc(B, sizeof(int), "batch") };
+    batch_buffer_free(bb);   // then one block of zeros: <pad> wherever no token goes
+    int *block = checked_calloc(B * S + B + 2 * B * T + B, sizeof(int), "batch");
+    Batch batch = { count, (int)S, (int)T, block, block + B * S, block + B * S + B,
+                    block + B * S + B + B * T, block + B * S + B + 2 * B * T };
     bb->batch = batch;
     for (size_t b = 0; b < B; b++) {
         const SentencePair *p = &dataset->pairs[indices[b]];
@@ -2446,9 +2423,8 @@ static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indic
 }
 
 // ---- evaluation -------------------------------------------------------------
-// Decodes held-out sources and compares each output with its reference: exact match, and token
-// accuracy (the positions that agree, over the longer of the two; a reference <unk> is never
-// right).
+// Held-out sources decoded and compared with their references: exact match, and token accuracy
+// (positions that agree over the longer of the two; a reference <unk> is never right).
 
 static void evaluation_free(Evaluation *e) {
     free(e->output);
@@ -2493,57 +2469,30 @@ static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, 
 }
 
 // ---- checkpoints ------------------------------------------------------------
-// A checkpoint holds the model (dev/FORMATS.md): CheckpointHeader, as it lies in memory; the
-// vocabulary, each token followed by a line end, id 0 first; the parameters in ParameterTensors'
-// order, 4 or 8 bytes each; an FNV-1a checksum (64 bits) of every byte before it. Numbers are
-// little-endian, as x86 and ARM keep them (a machine that does not reads a wrong version and
-// refuses the file). Another program may write more after the model's bytes; this one leaves it
-// be. A save writes PATH.tmp, flushes it to the disk and renames it over PATH, all at once.
+// A checkpoint holds the model (dev/FORMATS.md): a CheckpointHeader (transformer.h) as it lies
+// in memory; the vocabulary, each token followed by a line end, id 0 first; the parameters in
+// ParameterTensors' order, 4 or 8 bytes each; an FNV-1a checksum (64 bits) of every byte before
+// it. Numbers are little-endian, as x86 and ARM keep them (a machine that does not reads a wrong
+// version and refuses the file). Another program may write more after the model's bytes; this
+// one leaves it be. A save writes PATH.tmp, flushes it to the disk and renames it over PATH.
 
-typedef struct {
-    char magic[4];               // "TCKP"
-    uint32_t version;            // 4
-    uint32_t real_bytes;         // 4 (float) or 8 (double)
-    uint32_t subwords;           // 1: the tokens are §5.1 subwords (another program cuts text)
-    TransformerConfig config;    // its 7 ints and 3 floats
-    uint64_t vocab_bytes;        // the vocabulary's bytes
-    uint64_t model_bytes;        // the model's, header to checksum
-} CheckpointHeader;
-
-_Static_assert(sizeof(CheckpointHeader) == 72, "the header's fields, one after another");
-
-#define FNV_OFFSET 0xCBF29CE484222325ULL
-
-// FNV-1a (64 bits) of n more bytes, from the hash of those before them
-static uint64_t fnv1a(uint64_t hash, const void *data, size_t n) {
-    const unsigned char *bytes = data;
-    for (size_t i = 0; i < n; i++) hash = (hash ^ bytes[i]) * 0x100000001B3ULL;
-    return hash;
-}
-
-// The bytes of a model: the header, the vocabulary, the parameters and the checksum.
-static uint64_t model_bytes(uint64_t vocab_bytes, uint64_t num_parameters, uint64_t real_bytes) {
-    return sizeof(CheckpointHeader) + vocab_bytes + num_parameters * real_bytes + 8;
-}
-
-// Writes the model to f. subwords: 1 when its tokens are §5.1 subwords. Returns 0 when every
-// write succeeded.
+// The model to f (subwords: 1 for §5.1 subwords); returns 0 when every write succeeded.
 static int checkpoint_write_model(FILE *f, const Transformer *model, const Vocabulary *vocab,
                                   int subwords) {
     CheckpointHeader h = { "TCKP", 4, sizeof(real), (uint32_t)subwords, model->config, 0, 0 };
     for (int id = 0; id < vocab->size; id++) h.vocab_bytes += strlen(vocab->words[id]) + 1;
-    h.model_bytes = model_bytes(h.vocab_bytes, model->num_parameters, sizeof(real));
-    char *text = checked_calloc(h.vocab_bytes + 1, 1, "vocabulary");
-    char *end = text;
-    for (int id = 0; id < vocab->size; id++) end += sprintf(end, "%s\n", vocab->words[id]);
+    h.model_bytes = sizeof h + h.vocab_bytes + model->num_parameters * sizeof(real) + 8;
+    uint64_t checksum = fnv1a(FNV_OFFSET, &h, sizeof h);
+    int failed = fwrite(&h, sizeof h, 1, f) != 1;
+    for (int id = 0; id < vocab->size; id++) {   // each token, then a line end
+        size_t n = strlen(vocab->words[id]);
+        checksum = fnv1a(fnv1a(checksum, vocab->words[id], n), "\n", 1);
+        failed = failed || fwrite(vocab->words[id], n, 1, f) != 1 || fputc('\n', f) == EOF;
+    }
     size_t params = model->num_parameters * sizeof(real);
-    uint64_t checksum = fnv1a(fnv1a(fnv1a(FNV_OFFSET, &h, sizeof h), text, h.vocab_bytes),
-                              model->params_memory, params);
-    int failed = fwrite(&h, sizeof h, 1, f) != 1 || fwrite(text, h.vocab_bytes, 1, f) != 1;
+    checksum = fnv1a(checksum, model->params_memory, params);
     failed = failed || fwrite(model->params_memory, params, 1, f) != 1;
-    failed = failed || fwrite(&checksum, 8, 1, f) != 1;
-    free(text);
-    return failed;
+    return failed || fwrite(&checksum, 8, 1, f) != 1;
 }
 
 // The model written to path.tmp, flushed to the disk and renamed over path (never a directory
@@ -2568,20 +2517,16 @@ static const char *checkpoint_save(const char *path, const Transformer *model,
                   strerror(errno ? errno : EIO), path);
 }
 
-typedef unsigned long long u64;   // for printf's %llu
-
 // A header read from a file of `size` bytes: "TCKP", the version, the config, the numbers' size
 // and the model's bytes against what the config and the vocabulary's bytes give.
 static const char *checkpoint_check_header(const CheckpointHeader *h, uint64_t size,
                                            const char *path) {
     const unsigned char *magic = (const unsigned char *)h->magic;
-    if (size < 8)
-        return errorf("%s: truncated: %llu bytes; expected a checkpoint", path, (u64)size);
-    if (memcmp(magic, "TCKP", 4) != 0) {
+    if (size >= 4 && memcmp(magic, "TCKP", 4) != 0) {
         return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x "
                       "%02x, expected 'TCKP'", path, magic[0], magic[1], magic[2], magic[3]);
     }
-    if (h->version != 4) {
+    if (size >= 8 && h->version != 4) {
         return errorf("%s: checkpoint format version %u; transformer.c reads version 4 (make's "
                       "./transformer reads version 3 too)", path, h->version);
     }
@@ -2595,8 +2540,8 @@ static const char *checkpoint_check_header(const CheckpointHeader *h, uint64_t s
                       path, h->real_bytes, h->subwords);
     }
     size_t sizes[NUM_PARAMETER_TENSORS];
-    uint64_t expected = model_bytes(h->vocab_bytes, parameter_sizes(sizes, &h->config),
-                                    h->real_bytes);
+    uint64_t parameters = parameter_sizes(sizes, &h->config);
+    uint64_t expected = sizeof *h + h->vocab_bytes + parameters * h->real_bytes + 8;   // checksum
     if (h->vocab_bytes > size || h->model_bytes != expected) {
         return errorf("%s: header: a model of %llu bytes, but its sizes give %llu", path,
                       (u64)h->model_bytes, (u64)expected);
@@ -2646,9 +2591,8 @@ static const char *nonfinite_parameter(Transformer *model) {
     return NULL;
 }
 
-// Reads the model at f, a file of `size` bytes, into a new model and vocabulary, each part
-// checked as it comes (nothing is allocated before the header is checked); *subwords gets its
-// flag, and f is left after the model. On an error the caller frees model and vocab.
+// Reads the model at f (a file of `size` bytes) into a new model and vocabulary, each part checked
+// as it comes; *subwords gets its flag; f is left after the model. On an error the caller frees.
 static const char *checkpoint_read_model(FILE *f, uint64_t size, Transformer *model,
                                          Vocabulary *vocab, int *subwords, const char *path) {
     CheckpointHeader h;
@@ -2691,8 +2635,7 @@ static const char *checkpoint_read_model(FILE *f, uint64_t size, Transformer *mo
     return nonfinite ? errorf("%s: %s holds a number that is not finite", path, nonfinite) : NULL;
 }
 
-// A checkpoint of whole words into a new model and vocabulary; on an error, nothing is left
-// allocated.
+// A checkpoint of whole words into a new model and vocabulary (on an error, nothing allocated).
 static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab) {
     struct stat st;
     int subwords = 0;
@@ -2720,14 +2663,10 @@ static const char *checkpoint_load(const char *path, Transformer *model, Vocabul
 
 // ---- train ------------------------------------------------------------------
 // train makes a task's pairs and a model of the sizes its flags ask for, then takes --steps
-// steps (§5): a batch, the forward and backward passes, Adam at eq. 3's rate. Every eval_every
-// steps, and at the end, it decodes held-out sources and saves the checkpoint.
+// steps (§5), and every eval_every steps (and at the end) evaluates and saves the checkpoint.
 
-#define MAX_TRAINING_STEPS 1000000000   // the most --steps
-
-// The copy task on the numbers 0..9, sequences of 1 to 10 of them (10,000 to learn from, 200
-// held out); a model of about 0.2 million parameters, §5.4's dropout and label smoothing, and a
-// peak learning rate above the paper's 7e-4, as a small model allows.
+// The copy task on 0..9, 1 to 10 of them (10,000 pairs, 200 held out); 0.2 million parameters;
+// §5.4's dropout and label smoothing; a peak lr above the paper's 7e-4, as small models allow.
 static const TrainOptions train_defaults = {
     .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000,
     .valid_size = 200, .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4,
@@ -2762,9 +2701,8 @@ static int train_option_table(Option *table, TrainOptions *o) {
 
 static const char *train_usage =
     "usage: ./transformer train [--task copy|reverse] [options]\n"
-    "Trains a Transformer with Adam and the warm-up schedule of §5.3, label smoothing and\n"
-    "dropout (§5.4), on the copy or the reverse task; evaluates on held-out sequences as it\n"
-    "goes and writes checkpoints.";
+    "Trains a Transformer on the copy or the reverse task (§5.3's Adam and warm-up, §5.4's\n"
+    "dropout and label smoothing), evaluating on held-out sequences and saving checkpoints.";
 
 // The seam where a program may take the training steps elsewhere (transformer.h); here they
 // are transformer_train_step's, where the parameters are, with nothing to copy.
@@ -2839,8 +2777,7 @@ static const char *train_prepare_output(TrainRun *run) {
                   run->checkpoint_path);
 }
 
-// The token accuracy and exact match of greedy decoding on held-out pairs; at the end,
-// examples: source, reference, output, and whether the output is the reference.
+// Greedy decoding of held-out pairs: token accuracy and exact match; at the end, a few examples.
 static void train_evaluate(TrainRun *run, int final) {
     Evaluation e;
     evaluate(&e, &run->model, &run->valid, run->opt.eval_size, 1, 0.6);
@@ -2852,8 +2789,8 @@ static void train_evaluate(TrainRun *run, int final) {
         const SentencePair *p = &run->valid.pairs[i];
         const int *reference = run->valid.tokens + p->tgt;
         const int *output = e.output + (size_t)i * e.stride;
-        int same = e.output_len[i] == p->tgt_len;
-        for (int t = 0; t < p->tgt_len && same; t++) same = output[t] == reference[t];
+        int same = e.output_len[i] == p->tgt_len &&
+                   memcmp(output, reference, (size_t)p->tgt_len * sizeof(int)) == 0;
         printf(i == 0 ? "held-out examples, greedy decoding:\n  source     " : "  source     ");
         print_tokens(stdout, &run->vocab, run->valid.tokens + p->src, p->src_len);
         printf("\n  reference  ");
@@ -2903,9 +2840,8 @@ static const char *diverged_error(TrainRun *run) {
                   "overwritten", run->model.adam_step, nonfinite, run->checkpoint_path);
 }
 
-// The training loop (§5). The steps run through the TrainingCompute seam: transformer_train_step
-// here; a GPU's in the CUDA companion, which copies the model back to the host before each
-// evaluation and save (to_host).
+// The training loop (§5). Each step goes through the TrainingCompute seam: transformer_train_step
+// here, or a GPU's, which copies the model back to the host for each evaluation and save.
 static const char *train_loop(TrainRun *run) {
     TrainOptions *o = &run->opt;
     Transformer *model = &run->model;
@@ -2988,8 +2924,7 @@ static int command_train(int argc, char **argv) {
 }
 
 // ---- decode -----------------------------------------------------------------
-// decode reads a checkpoint and translates the sentences given on its command line, each on a
-// line of its own: the most likely output by greedy decoding, or by beam search (§6.1).
+// decode translates the sentences on its command line with a checkpoint (§6.1), a line each.
 
 // Decodes one sentence and prints the output. Returns 0, or 1 after a one-line error (too
 // long, or a special token in the text); the other sentences are still decoded.
@@ -3021,10 +2956,9 @@ static int decode_sentence(Transformer *model, Vocabulary *vocab, const char *te
 
 static const char *decode_usage =
     "usage: ./transformer decode --checkpoint FILE [--beam 4] 'SENTENCE' ...\n"
-    "Translates each SENTENCE (tokens separated by white space) and prints the output, one line\n"
-    "each: greedy decoding, or beam search with --beam, at most source length + 50 tokens\n"
-    "(§6.1). A sentence it cannot take (too long, a reserved token) gets an error line; then\n"
-    "exit status 1. (make's ./transformer also reads the lines of standard input.)";
+    "Translates each SENTENCE (tokens separated by white space), a line each: greedy decoding,\n"
+    "or beam search with --beam, at most source length + 50 tokens (§6.1). A sentence it cannot\n"
+    "take (too long, a reserved token) gets an error line; then exit status 1.";
 
 static int command_decode(int argc, char **argv) {
     const char *checkpoint = NULL;
@@ -3078,8 +3012,7 @@ static int print_usage(FILE *f, const Command *table, int count) {
     return f == stderr;
 }
 
-// Runs the command argv[1] of the table with its arguments. Returns 0, or 1 after a one-line
-// error.
+// Runs the command argv[1] of the table; returns 0, or 1 after a one-line error.
 static int run_command(const Command *table, int count, int argc, char **argv) {
     if (argc < 2)
         return print_usage(stderr, table, count);

@@ -403,6 +403,10 @@ typedef struct {
     const char *summary;
 } Command;
 
+#define MAX_UNKNOWN_WARNINGS 5          // unknown tokens warned of, for one input (TextSource)
+#define MAX_TRAINING_STEPS 1000000000   // the most --steps
+typedef unsigned long long u64;         // for printf's %llu
+
 // Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
 typedef struct {
     char where[300];
@@ -443,11 +447,8 @@ typedef struct {
     long tokens;   // source and target positions without padding, for tokens/s
 } BatchBuffer;
 
+// Held-out sentences decoded and compared with their references (evaluate)
 typedef struct {
-    double loss;             // the teacher-forced loss, mean per target token
-    double log_loss;         // mean -log p(reference token), no smoothing: Table 3's
-                             // perplexity = exp(log_loss)
-    long tokens;             // target tokens of the teacher-forced passes
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     int *output;             // (sentences, stride) the decoded outputs
@@ -500,6 +501,19 @@ typedef struct {
     real loss;                    // the step just taken: its loss and learning rate
     double lr;
 } TrainRun;
+
+// The model's checkpoint begins with this header, as it lies in memory (dev/FORMATS.md).
+typedef struct {
+    char magic[4];               // "TCKP"
+    uint32_t version;            // 4
+    uint32_t real_bytes;         // 4 (float) or 8 (double)
+    uint32_t subwords;           // 1: the tokens are §5.1 subwords (another program cuts text)
+    TransformerConfig config;    // its 7 ints and 3 floats
+    uint64_t vocab_bytes;        // the vocabulary's bytes
+    uint64_t model_bytes;        // the model's, header to checksum
+} CheckpointHeader;
+
+_Static_assert(sizeof(CheckpointHeader) == 72, "the header's fields, one after another");
 
 // ----------------------------------------------------------------------------
 // Where a faster program plugs in (the other seam is transformer_training, above).

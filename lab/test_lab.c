@@ -3217,7 +3217,7 @@ static void test_table3(void) {
     check_cli_error("table3 of runs with other merges", "other_merges.ckpt: its vocabulary cuts",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_lr.ckpt"));
-    train_tiny_numbers_run(other, dev, "--lr 0.002");
+    train_tiny_numbers_run(other, dev, "--lr 0.001");
     check_cli_error("table3 of runs with another schedule",
                     "other_lr.ckpt: its --lr differs from the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
@@ -4667,6 +4667,33 @@ static void test_text_rule(const char *ckpt) {
           "decodes lines 1 and 3 and exits 1 (exit %d)", status);
 }
 
+// The lab's decode reads standard input when it is given no sentence (transformer.c's decode
+// does not): a stream goes on past a line it cannot take, which gets an error line and an empty
+// output line; a zero byte is refused; a read that fails is not the end of the stream.
+static void test_decode_stdin(const char *ckpt) {
+    write_file(test_path("zero_stdin.txt"), "1 2\n3\0 1\n", 9);
+    int status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("zero_stdin.txt"));
+    check(status == 1 && strstr(cli_output, "error: decode: stdin:2: a zero byte; expected text") &&
+          count_lines_starting(cli_output, "error:") == 1,
+          "cli: decode from stdin refuses line 2, with a zero byte, and exits 1 (exit %d)", status);
+    char lines[600] = "1 2 3\n";
+    for (int i = 0; i < 25; i++) strcat(lines, "1 ");
+    strcat(lines, "\n<pad>\n3 2 1\n");
+    write_text(test_path("stream.txt"), lines);
+    status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("stream.txt"));
+    const char *e1 = strstr(cli_output, "error: decode: stdin:2: the sentence has 25 tokens");
+    const char *e2 = strstr(cli_output, "error: decode: stdin:3: the token '<pad>' is reserved");
+    int lines_out = count_lines_starting(cli_output, "");
+    int errors = count_lines_starting(cli_output, "error:");
+    int empty = count_lines_starting(cli_output, "\n") + (cli_output[0] == '\n');
+    check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
+          "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line "
+          "for each, decodes lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)",
+          status, lines_out, errors);
+    check_cli_error("decode of a directory on stdin", "decode: stdin: read error",
+                    "decode --checkpoint %s < /tmp", ckpt);
+}
+
 // The tests of lab/text.c and eval that run ./transformer, after transformer.c's own
 // (run_command_line_tests), whose small copy checkpoint they use.
 static void test_text_and_eval_commands(void) {
@@ -4677,6 +4704,7 @@ static void test_text_and_eval_commands(void) {
         check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt);
         return;
     }
+    test_decode_stdin(ckpt);
     test_eval_bleu(trained_copy_model(), ckpt);
     test_existing_checkpoint();
     test_text_rule(ckpt);
