@@ -2628,7 +2628,8 @@ static void test_checkpoint_fields(const unsigned char *good, size_t size) {
 
 // The vocabulary's rules: the special tokens first, no token twice, none with white space.
 static void test_checkpoint_vocabulary(const unsigned char *good, size_t size) {
-    const unsigned char *text = good + sizeof(CheckpointHeader);   // "<pad>\n<s>\n</s>\n<unk>\n0\n1\n"
+    // the vocabulary's text: "<pad>\n<s>\n</s>\n<unk>\n0\n1\n"
+    const unsigned char *text = good + sizeof(CheckpointHeader);
     size_t first_word = strlen("<pad>\n<s>\n</s>\n<unk>\n");
     const char *bad = test_path("bad_vocabulary.ckpt");
     struct {

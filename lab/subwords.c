@@ -978,8 +978,8 @@ static void ascii_space_fill(void) {
 // Counts the words of one side of a pair (text, up to its zero byte); *tokens: how many.
 // Returns the special token the side holds (<pad> <s> </s> <unk>, refused), or NULL.
 static const char *word_counts_add_side(WordCounts *w, const char *text, long add, int *tokens) {
-    // One pass: ASCII white space from a table, the rest as unicode_white_space says (text_next_token's
-    // set), each word's hash as its bytes go by (word_hash's FNV-1a).
+    // One pass: ASCII white space from a table, the rest as unicode_white_space says
+    // (text_next_token's set), each word's hash as its bytes go by (word_hash's FNV-1a).
     *tokens = 0;
     const unsigned char *p = (const unsigned char *)text;
     while (*p) {

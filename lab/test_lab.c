@@ -3291,7 +3291,8 @@ static int same_checkpoint(const LabCheckpoint *a, const LabCheckpoint *b) {
                ma->dropout_rng.state == mb->dropout_rng.state &&
                a->run.saved == b->run.saved && a->run.epoch_rng == b->run.epoch_rng &&
                a->run.epoch == b->run.epoch && a->run.epoch_batches == b->run.epoch_batches &&
-               a->run.data_hash == b->run.data_hash && strcmp(a->run.options, b->run.options) == 0 &&
+               a->run.data_hash == b->run.data_hash &&
+               strcmp(a->run.options, b->run.options) == 0 &&
                a->vocab.size == b->vocab.size && same_merges(a->merges, b->merges);
     for (int id = 0; same && id < a->vocab.size; id++)
         same = strcmp(a->vocab.words[id], b->vocab.words[id]) == 0;
