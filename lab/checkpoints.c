@@ -175,6 +175,7 @@ static const char *read_run(FILE *f, uint64_t size, LabCheckpoint *c, int subwor
     hash = fnv1a(hash, rest, left - sizeof h - 8);
     uint64_t checksum;
     memcpy(&checksum, rest + left - sizeof h - 8, 8);
+    free(c->run.options);   // (lab_checkpoint_load's empty text, which this replaces)
     c->run.options = checked_calloc(h.options_bytes + 1, 1, "checkpoint options");
     memcpy(c->run.options, rest, h.options_bytes);
     const unsigned char *moment = rest + h.options_bytes + h.merges_bytes;
