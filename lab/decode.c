@@ -212,20 +212,17 @@ static int lab_decode_sentence(LabCheckpoint *c, char *text, TextSource *from,
     Transformer *model = &c->model;
     int max_len = model->config.max_len;
     int n = 0;
-    size_t length;
-    for (const char *token = text_next_token(text, &length); token;
-         token = text_next_token(token + length, &length))
-        n++;
     int *ids = NULL;
     size_t capacity = 0;
-    if (!error && n > max_len - 1) {
-        error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d "
-                       "(one position is </s>)", from->where, n, max_len, max_len - 1);
-    }
     if (!error)
         n = text_tokenize(text, &c->vocab, c->merges, 0, &ids, &capacity, from);
     if (!error && n < 0)
         error = reserved_token_error(from);
+    // the tokens the model reads (§5.1 subwords: a word may be several), against its positions
+    if (!error && n > max_len - 1) {
+        error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d "
+                       "(one position is </s>)", from->where, n, max_len, max_len - 1);
+    }
     if (!error && n > 0) {
         push_id(&ids, &capacity, n, TOKEN_EOS);   // the source ends with </s>, as in batch_fill
         n++;

@@ -4695,6 +4695,22 @@ static void test_decode_stdin(const char *ckpt) {
                     "decode --checkpoint %s < /tmp", ckpt);
 }
 
+// With §5.1 merges a word may be several subwords: decode counts the tokens the model reads
+// against its positions, not the words (a sentence of 3 words and 10 subwords read past a
+// 4-position table once; the checkpoint fuzz target found it).
+static void test_decode_subwords_too_long(void) {
+    const char *tsv = test_path("short.tsv");
+    const char *ckpt = test_path("p4.ckpt");
+    write_text(tsv, "ab\tcd\nab\tcd\nab\tcd\ncd\tab\n");
+    int status = run_cli("train --train %s --bpe 2 --steps 1 --positions 4 --layers 1 "
+                         "--d-model 8 --d-ff 8 --heads 2 --eval-every 0 --show 0 --force "
+                         "--checkpoint %s", tsv, ckpt);
+    check(status == 0, "cli: a 4-position subword model (exit %d)", status);
+    check_cli_error("a sentence of 3 words and more subwords than the model's positions",
+                    "argument 1: the sentence has 10 tokens; the model's maximum length 4",
+                    "decode --checkpoint %s 'abab cdcd ca'", ckpt);
+}
+
 // The tests of lab/text.c and eval that run ./transformer, after transformer.c's own
 // (run_command_line_tests), whose small copy checkpoint they use.
 static void test_text_and_eval_commands(void) {
@@ -4706,6 +4722,7 @@ static void test_text_and_eval_commands(void) {
         return;
     }
     test_decode_stdin(ckpt);
+    test_decode_subwords_too_long();
     test_eval_bleu(trained_copy_model(), ckpt);
     test_existing_checkpoint();
     test_text_rule(ckpt);

@@ -131,23 +131,13 @@ static void check_run(const char *path, LabCheckpoint *c) {
 
 // A sentence of two of the vocabulary's tokens (the last, and the fifth or sixth: a word or
 // subword of its own), decoded greedily and with a beam of 2; the output lines go to stdout.
-// Not a sentence of more tokens than the model's positions allow (max_len - 1): lab/decode.c's
-// lab_decode_sentence compares the count of words with max_len - 1, not the count of tokens,
-// and with §5.1 merges a word is one subword or more, so that the encoder reads positions past
-// max_len (a heap overflow in embedding_forward, found by this target; reported, not fixed
-// here). Remove this guard once lab_decode_sentence counts the tokens.
+// With §5.1 merges a word may be more subwords than the model has positions: lab_decode_sentence
+// must refuse it with a line (this target found it reading past the positional table once).
 static void check_decode(LabCheckpoint *c) {
     const Vocabulary *vocab = &c->vocab;
     char sentence[200];
     snprintf(sentence, sizeof sentence, "%.90s %.90s", vocab->words[vocab->size - 1],
              vocab->words[vocab->size > 5 ? 5 : 4]);
-    int *ids = NULL;
-    size_t capacity = 0;
-    TextSource counting = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
-    int tokens = text_tokenize(sentence, &c->vocab, c->merges, 0, &ids, &capacity, &counting);
-    free(ids);
-    if (tokens > c->model.config.max_len - 1)
-        return;
     for (int beam = 1; beam <= 2; beam++) {
         TextSource from = { "fuzz", MAX_UNKNOWN_WARNINGS, 0, NULL };
         DecodeOptions d = { "fuzz", beam, 0.6, 0 };
