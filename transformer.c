@@ -104,6 +104,7 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
             for (int o = 0; o < OC; o++) {
                 real dout_no = dout[(size_t)n * OC + o];
                 const real *weight_o = weight + (size_t)o * IC;
+                #pragma omp simd   // (dinp_n and weight_o never overlap)
                 for (int i = 0; i < IC; i++) dinp_n[i] += dout_no * weight_o[i];
             }
         }
@@ -116,6 +117,7 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
         for (int n = 0; n < N; n++) {
             real dout_no = dout[(size_t)n * OC + o];
             const real *inp_n = inp + (size_t)n * IC;
+            #pragma omp simd
             for (int i = 0; i < IC; i++) dweight_o[i] += dout_no * inp_n[i];
             if (dbias)
                 dbias[o] += dout_no;
@@ -1164,11 +1166,10 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 // square of its length (attention's with the cube). The fast path keeps each layer's keys
 // and values of the earlier positions instead (a key/value cache) and computes row t alone.
 
-// memory = Encoder(source) (§3.1), as transformer_forward runs it, for the B sentences src
-// (B,S), padded, of src_len (B) tokens, in activations with room for the decoder's rows and
-// max_T positions. B == rows (row r decodes sentence r) or B == 1, when rows 1.. get a copy
-// of sentence 0's memory and source length (the beams of beam search). Returns the memory
-// (rows, S, C).
+// memory = Encoder(source) (§3.1), as transformer_forward runs it, for B sentences src (B,S)
+// of src_len (B) tokens, with room for the decoder's rows and max_T positions. B == rows (row
+// r decodes sentence r), or B == 1 and rows 1.. get a copy of sentence 0's memory and source
+// length (beam search's beams). Returns the memory (rows, S, C).
 static const real *decoder_encode(Decoder *decoder, Transformer *model, const int *src,
                                   const int *src_len, int B, int max_T) {
     const TransformerConfig *config = &model->config;
@@ -1190,8 +1191,8 @@ static const real *decoder_encode(Decoder *decoder, Transformer *model, const in
     return memory;
 }
 
-// `rows` rows decoded side by side (the beams of B = 1 sentence, or B = rows sentences), for
-// at most max_T positions: the state of decoder_step, and the memory (decoder_encode), once.
+// `rows` rows decoded side by side for at most max_T positions: decoder_step's state, and the
+// memory (decoder_encode), once.
 static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
                           const int *src_len, int B, int S, int rows, int max_T) {
     if (fast_path.decoder_begin) {
@@ -1252,8 +1253,7 @@ static void decoder_step(Decoder *decoder, Transformer *model, const int *tokens
     }
 }
 
-// Row i continues beam parent[i] (beam search): it takes over that beam's inputs at positions
-// 0..positions-1.
+// Row i continues beam parent[i]: it takes over that beam's inputs at positions 0..positions-1.
 static void decoder_reorder(Decoder *decoder, const int *parent, int rows, int positions) {
     if (decoder->cache) {
         fast_path.decoder_reorder(decoder, parent, rows, positions);

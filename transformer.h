@@ -4,14 +4,16 @@
  * encoder and decoder, forward pass, hand-derived backward pass and Adam, in plain C loops,
  * and the smallest program that trains it (Part II). This header holds the types both use:
  * the model's (the configuration, the tensors with their shapes, the batch, the model), the
- * program's (data, options, evaluation, a training run), and the hooks where the companions
- * beside it (lab/, cuda/) plug in.
+ * program's (data, options, evaluation, a training run, the checkpoint's header), and the two
+ * seams where a companion beside it (lab/, cuda/) plugs in: FastPath and TrainingCompute.
  *
  * BUILD
- *     cc -O2 transformer.c -lm -o transformer_minimal   transformer.c alone: train, decode
- *     make          ./transformer from lab/lab.c, which includes transformer.c and plugs in
- *                   the fast path, §5.1 subwords, --resume and the instruments (OpenMP on;
- *                   `make OPENMP=0` for none)
+ *     cc -O3 -march=native -fopenmp transformer.c -lm -o transformer_minimal
+ *                   transformer.c alone (train, decode) on every core, its dot products in
+ *                   vector lanes; anywhere: cc -O2 transformer.c -lm, one core and slower
+ *     make          ./transformer, the lab's program (lab/lab.c includes transformer.c): the
+ *                   fast path, real text, §5.1 subwords, --resume and the instruments
+ *                   (OpenMP on; `make OPENMP=0` for none)
  *     make demo     builds, trains the copy task, decodes held-out examples
  *     make test     builds and runs the tests
  *     make debug    -O0 -g, transformer.c alone without OpenMP: for gdb
