@@ -90,10 +90,10 @@
  *   §6.1   decoder_begin, _step, _reorder, _end    test_decoder_logits (the full pass's logits, bit
  *                                           for bit; lab/test_lab.c: the fast path's key/value
  *                                           cache gives the same)
- *          transformer_greedy_decode, greedy_token, transformer_decode_limit    test_decoding
- *                                           (= the whole model re-run, side by side = one by one,
- *                                           the trained model copies); test_greedy_token
- *          transformer_beam_search, beam_propose, candidate_*, finish_hypothesis,
+ *          greedy decoding (a beam of one), transformer_decode_limit    test_decoding
+ *                                           (= the whole model re-run, the trained model copies;
+ *                                           the lab's batched greedy decoder: lab/test_lab.c)
+ *          transformer_beam_search, beam_propose, candidate_*, beam_finish,
  *          length_penalty                   test_decoding (beam 1 = greedy, beam 4 copies);
  *                                           test_beam_search_is_exhaustive_when_wide (the
  *                                           enumerated best); test_length_penalty_by_hand (GNMT's

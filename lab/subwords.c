@@ -470,7 +470,7 @@ static int joins_to_special_token(const char *left, const char *right) {
 
 #define PROGRESS_SECONDS 3.0
 
-// (--progress sets transformer.c's progress_always: the lines also when standard error is not a
+// (--progress sets lab/text.c's progress_always: the lines also when standard error is not a
 // terminal)
 typedef struct {
     const char *what;   // "bpe    learning merges", "bpe    reading FILE (MB)": the line's start
