@@ -90,7 +90,8 @@ static int write_run(FILE *f, const Transformer *model, const Bpe *merges, const
     hash = fnv1a(fnv1a(hash, model->adam_m, moments), model->adam_v, moments);
     int failed = fwrite(&h, sizeof h, 1, f) != 1;
     failed = failed || fwrite(options, 1, h.options_bytes, f) != h.options_bytes;
-    failed = failed || fwrite(merges_section, 1, merges_bytes, f) != merges_bytes;
+    if (merges_bytes > 0)   // (a run of whole words has none: no section, not even a NULL one)
+        failed = failed || fwrite(merges_section, 1, merges_bytes, f) != merges_bytes;
     failed = failed || fwrite(model->adam_m, 1, moments, f) != moments;
     failed = failed || fwrite(model->adam_v, 1, moments, f) != moments;
     failed = failed || fwrite(&hash, 8, 1, f) != 1;
