@@ -515,7 +515,9 @@ typedef struct {
     uint64_t model_bytes;        // the model's, header to checksum
 } CheckpointHeader;
 
+#ifndef __cplusplus   // (a C11 assertion; nvcc reads this header as C++ for the CUDA companion)
 _Static_assert(sizeof(CheckpointHeader) == 72, "the header's fields, one after another");
+#endif
 
 // ----------------------------------------------------------------------------
 // Where a faster program plugs in (the other seam is transformer_training, above).
