@@ -5,7 +5,10 @@
  * paper's Adam schedule, one loop at a time, and the smallest program that trains it on a
  * toy task and translates with it.
  *
- * BUILD  cc -O2 transformer.c -lm   this file alone: train and decode, in the loops below
+ * BUILD  cc -O3 -march=native -fopenmp transformer.c -lm    this file alone: train and decode,
+ *          the loops below on every core, their dot products in vector lanes ("omp simd": the
+ *          compiler may not reorder a sum unless told); cc -O2 transformer.c -lm builds it
+ *          anywhere, one core, 10 times slower
  *        make                       ./transformer: this file with its companions in lab/
  *        make debug                 -O0 -g, this file alone: gdb's `next` walks every loop
  * TEST   make test
@@ -52,10 +55,9 @@
 
 // ######## PART I   THE MODEL ################################################
 
-// The fast path (lab/fast_path.c, in make's ./transformer) plugs in here: linear_forward,
-// linear_backward, attention_forward and attention_backward hand it their call on their
-// first line; §6.1's decoder_begin hands it a whole decoding (its key/value cache), which
-// _step, _reorder and _end follow. Left NULL (transformer.c alone), the loops you read run.
+// The fast path (lab/fast_path.c) plugs in here: the four products (linear_ and attention_
+// forward and backward) and §6.1's decoder (decoder_begin, with its key/value cache, then _step,
+// _reorder, _end) hand it their call on their first line. Left NULL, the loops you read run.
 static FastPath fast_path;
 
 // ==== §3  Linear layers: y = x W^T + b =======================================
@@ -76,6 +78,7 @@ static void linear_forward(real *out, const real *inp, const real *weight, const
             const real *inp_n = inp + (size_t)n * IC;
             const real *weight_o = weight + (size_t)o * IC;
             real sum = 0;
+            #pragma omp simd reduction(+ : sum)   // lanes of partial sums (BUILD, at the top)
             for (int i = 0; i < IC; i++) sum += inp_n[i] * weight_o[i];
             out[(size_t)n * OC + o] = (bias ? bias[o] : 0) + sum;
         }
@@ -101,6 +104,7 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
             for (int o = 0; o < OC; o++) {
                 real dout_no = dout[(size_t)n * OC + o];
                 const real *weight_o = weight + (size_t)o * IC;
+                #pragma omp simd   // (dinp_n and weight_o never overlap)
                 for (int i = 0; i < IC; i++) dinp_n[i] += dout_no * weight_o[i];
             }
         }
@@ -113,6 +117,7 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
         for (int n = 0; n < N; n++) {
             real dout_no = dout[(size_t)n * OC + o];
             const real *inp_n = inp + (size_t)n * IC;
+            #pragma omp simd
             for (int i = 0; i < IC; i++) dweight_o[i] += dout_no * inp_n[i];
             if (dbias)
                 dbias[o] += dout_no;
@@ -126,10 +131,12 @@ static void linear_backward(real *dinp, real *dweight, real *dbias, const real *
 // (§5.4). So every sub-layer ends with
 //     res = x + Dropout(sublayer_out);   out = LayerNorm(res)
 
-// From the machinery at the end of Part I: our own random numbers
+// From the machinery at the end of Part I: our own random numbers, and memory
 static uint64_t rng_next(Rng *rng);            // xorshift64*
 static uint64_t hash64(uint64_t z);            // splitmix64's mixer
 static double unit_interval(uint64_t bits);    // [0, 1) from 53 random bits
+static void *checked_calloc(size_t count, size_t size, const char *what);   // or exit(1)
+static void ensure_buffers(Transformer *model, int B, int S, int T);   // activations for (B,S,T)
 
 // A dropout mask: each element kept with probability 1 - p_drop and scaled by 1/(1 - p_drop)
 // ("inverted dropout": evaluation needs no rescaling); all ones with training off or p_drop
@@ -328,6 +335,7 @@ static void attention_forward(real *out, real *att, const real *q, const real *k
                 for (int j = 0; j < visible; j++) {
                     const real *k_j = k + ((size_t)b * Tk + j) * shape.kv_stride + head * d_k;
                     real dot = 0;
+                    #pragma omp simd reduction(+ : dot)
                     for (int d = 0; d < d_k; d++) dot += q_i[d] * k_j[d];
                     p[j] = dot * scale;
                 }
@@ -383,6 +391,7 @@ static void attention_backward(real *dq, real *dk, real *dv, const real *dout,
                     const real *v_j = v + key_row;
                     real *dv_j = dv + key_row;
                     real dot = 0;
+                    #pragma omp simd reduction(+ : dot)
                     for (int d = 0; d < d_k; d++) {
                         dot += dout_i[d] * v_j[d];
                         dv_j[d] += p[j] * dout_i[d];
@@ -998,8 +1007,6 @@ static void embed_backward(Transformer *model, real *dembedded, const real *dx0,
 }
 
 static char error_context[40] = "";   // "train: ": errors name the command (a library: "")
-// From the machinery: the activations and their gradients for a (B,S,T) batch
-static void ensure_buffers(Transformer *model, int B, int S, int T);
 
 // The whole forward pass; returns the label-smoothed loss (§5.4). A batch that fails
 // batch_check stops the program with a message rather than read outside the embedding.
@@ -1139,10 +1146,11 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
     return loss;
 }
 
-// ==== §6.1  Decoding: greedy and beam search =================================
+// ==== §6.1  Decoding: beam search, and greedy as a beam of one ================
 // "We used beam search with a beam size of 4 and length penalty alpha = 0.6 ... We set the
 // maximum output length during inference to input length + 50, but terminate early when
-// possible." (§6.1)
+// possible." (§6.1) Greedy decoding, the most likely token at each position, is beam search
+// with one beam.
 //
 // The decoder writes one token at a time: position t reads the token chosen at t-1 (<s> at
 // t = 0). The encoder runs once per sentence; then every step runs the decoder stack of
@@ -1155,19 +1163,13 @@ real transformer_train_step(Transformer *model, const Batch *batch, int warmup_s
 // Under the causal mask (§3.2.3) nothing at positions < t depends on later tokens, so step
 // t gives the earlier positions exactly the numbers of step t-1: only row t is new. The
 // rest is done again, the memory's keys and values too, so a sentence's work grows with the
-// square of its length (attention's with the cube). The fast path (lab/fast_path.c, in
-// make's ./transformer) keeps a key/value cache instead, each layer's keys and values of
-// the earlier positions, and computes row t alone; with these loops' products it gives the
-// same logits bit for bit (lab/test_lab.c compares them).
+// square of its length (attention's with the cube). The fast path keeps each layer's keys
+// and values of the earlier positions instead (a key/value cache) and computes row t alone.
 
-// From the machinery: allocation that cannot fail silently
-static void *checked_calloc(size_t count, size_t size, const char *what);
-
-// memory = Encoder(source) (§3.1), as transformer_forward runs it, for the B sentences src
-// (B,S), padded, of src_len (B) tokens, in activations with room for the decoder's rows and
-// max_T positions. B == rows (row r decodes sentence r) or B == 1, when rows 1.. get a copy
-// of sentence 0's memory and source length (the beams of beam search). Returns the memory
-// (rows, S, C).
+// memory = Encoder(source) (§3.1), as transformer_forward runs it, for B sentences src (B,S)
+// of src_len (B) tokens, with room for the decoder's rows and max_T positions. B == rows (row
+// r decodes sentence r), or B == 1 and rows 1.. get a copy of sentence 0's memory and source
+// length (beam search's beams). Returns the memory (rows, S, C).
 static const real *decoder_encode(Decoder *decoder, Transformer *model, const int *src,
                                   const int *src_len, int B, int max_T) {
     const TransformerConfig *config = &model->config;
@@ -1189,9 +1191,8 @@ static const real *decoder_encode(Decoder *decoder, Transformer *model, const in
     return memory;
 }
 
-// `rows` rows decoded side by side (B = rows sentences, greedy, or the beams of B = 1
-// sentence), for at most max_T positions: the state of decoder_step, and the memory
-// (decoder_encode), once.
+// `rows` rows decoded side by side for at most max_T positions: decoder_step's state, and the
+// memory (decoder_encode), once.
 static void decoder_begin(Decoder *decoder, Transformer *model, const int *src,
                           const int *src_len, int B, int S, int rows, int max_T) {
     if (fast_path.decoder_begin) {
@@ -1252,8 +1253,7 @@ static void decoder_step(Decoder *decoder, Transformer *model, const int *tokens
     }
 }
 
-// Row i continues beam parent[i] (beam search): it takes over that beam's inputs at positions
-// 0..positions-1.
+// Row i continues beam parent[i]: it takes over that beam's inputs at positions 0..positions-1.
 static void decoder_reorder(Decoder *decoder, const int *parent, int rows, int positions) {
     if (decoder->cache) {
         fast_path.decoder_reorder(decoder, parent, rows, positions);
@@ -1289,78 +1289,6 @@ int transformer_decode_limit(const Transformer *model, int src_len) {
     return limit < model->config.max_len ? limit : model->config.max_len;
 }
 
-// The most likely next token, never <pad> or <s>, nor </s> unless may_end; the lowest id wins
-// a tie, a NaN never (all NaN: the first candidate).
-_Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS && TOKEN_EOS == 2,
-               "the possible outputs are the ids from </s> on");
-static int greedy_token(const real *logits, int V, int may_end) {
-    int first = may_end ? TOKEN_EOS : TOKEN_EOS + 1;
-    int best = first;
-    for (int token = first; token < V; token++) {
-        int higher = logits[token] > logits[best];
-        int best_is_nan = logits[best] != logits[best];
-        int is_number = logits[token] == logits[token];
-        if (higher || (best_is_nan && is_number))
-            best = token;
-    }
-    return best;
-}
-
-// Greedy decoding of B sentences side by side: at each position every sentence takes its
-// most likely token, until </s> or the length limit; as fairseq's min_len 1, a source of words
-// (more than its </s>) never ends at the first position (NOTES §9). src is (B,S) padded,
-// src_len (B); out (B, max_out) gets each output without </s>, out_len (B) its length.
-void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
-                               const int *src, const int *src_len, int B, int S) {
-    int training = model->training;
-    int V = model->config.vocab_size;
-    int steps = 0;
-    model->training = 0;
-    int *limit = checked_calloc(B, sizeof(int), "decode limits");
-    int *tokens = checked_calloc(B, sizeof(int), "decode tokens");
-    int *done = checked_calloc(B, sizeof(int), "decode flags");
-    for (int b = 0; b < B; b++) {
-        limit[b] = transformer_decode_limit(model, src_len[b]);
-        if (limit[b] > max_out)
-            limit[b] = max_out;
-        if (limit[b] > steps)
-            steps = limit[b];
-        out_len[b] = 0;
-        tokens[b] = TOKEN_BOS;
-    }
-
-    Decoder decoder;
-    decoder_begin(&decoder, model, src, src_len, B, S, B, steps);
-    for (int t = 0; t < steps; t++) {
-        decoder_step(&decoder, model, tokens, t, B);
-        int active = 0;
-        for (int b = 0; b < B; b++) {
-            if (done[b])
-                continue;
-            int may_end = t > 0 || src_len[b] <= 1;
-            int token = greedy_token(decoder.logits + (size_t)b * V, V, may_end);
-            if (token == TOKEN_EOS) {
-                done[b] = 1;
-                continue;
-            }
-            out[(size_t)b * max_out + out_len[b]] = token;
-            out_len[b]++;
-            tokens[b] = token;
-            if (t + 1 >= limit[b])
-                done[b] = 1;
-            active += !done[b];
-        }
-        if (!active)
-            break;
-    }
-
-    decoder_end(&decoder);
-    free(limit);
-    free(tokens);
-    free(done);
-    model->training = training;
-}
-
 // §6.1 length penalty, as tensor2tensor's (Wu et al. 2016): a hypothesis of `length` tokens
 // (</s> included) scores log P / ((5 + length) / 6)^alpha.
 static double length_penalty(int length, double alpha) {
@@ -1368,7 +1296,8 @@ static double length_penalty(int length, double alpha) {
 }
 
 // A possible extension: token after beam `row`, summed log-probability `score`. The logit
-// breaks ties, then the lower row and token, so that one beam ranks as greedy_token chooses.
+// breaks ties; among equals the first proposed (the lower row, then token) stays first: with
+// one beam, the most likely token wins, the lowest id among equals, as greedy decoding chooses.
 typedef struct {
     double score;
     real logit;
@@ -1379,14 +1308,10 @@ typedef struct {
 static int candidate_before(const BeamCandidate *a, const BeamCandidate *b) {
     if (a->score != b->score)
         return a->score > b->score;
-    if (a->logit != b->logit)
-        return a->logit > b->logit;
-    if (a->row != b->row)
-        return a->row < b->row;
-    return a->token < b->token;
+    return a->logit > b->logit;
 }
 
-// Inserts candidate into best[0..*count-1], sorted, keeping at most `keep`.
+// Inserts candidate into best[0..*count-1], sorted, after its equals, keeping at most `keep`.
 static void candidate_insert(BeamCandidate *best, int *count, int keep,
                              BeamCandidate candidate) {
     int i = *count;
@@ -1427,42 +1352,18 @@ static int beam_propose(BeamCandidate *best, int keep, const real *logits,
     return num_best;
 }
 
-// Hypotheses, as beam search keeps them: `count` of them, hypothesis i's tokens at
-// tokens + i * stride.
-typedef struct {
-    int *tokens;      // (beams, stride)
-    int *length;      // (beams) tokens, without </s>
-    double *score;    // (beams) the summed log-probability; once finished, / length_penalty
-    int count;
-    size_t stride;
-} Hypotheses;
-
-static Hypotheses hypotheses_alloc(size_t beams, size_t stride) {
-    Hypotheses h = { NULL, NULL, NULL, 0, stride };
-    h.tokens = checked_calloc(beams * stride, sizeof(int), "beams");
-    h.length = checked_calloc(beams, sizeof(int), "beams");
-    h.score = checked_calloc(beams, sizeof(double), "beams");
-    return h;
-}
-
-static void hypotheses_free(Hypotheses *h) {
-    free(h->tokens);
-    free(h->length);
-    free(h->score);
-}
-
-// Ends a hypothesis of `length` tokens and summed log-probability log_p; its penalty counts
-// `penalized` tokens (</s> included when there is one). *best is the index of the highest
-// finished score (the first of equals).
-static void finish_hypothesis(Hypotheses *finished, int *best, const int *tokens, int length,
-                              double log_p, int penalized, double alpha) {
-    int i = finished->count;
-    finished->count++;
-    memcpy(finished->tokens + i * finished->stride, tokens, (size_t)length * sizeof(int));
-    finished->length[i] = length;
-    finished->score[i] = log_p / length_penalty(penalized, alpha);
-    if (finished->score[i] > finished->score[*best])
-        *best = i;
+// A hypothesis ends: `length` tokens, summed log-probability log_p, its penalty counting
+// `penalized` tokens (</s> included when there is one). The best so far (the first of equal
+// scores) is kept in out, its length in *best_length (-1 before the first), its score in
+// *best_score.
+static void beam_finish(int *out, int *best_length, double *best_score, const int *tokens,
+                        int length, double log_p, int penalized, double alpha) {
+    double score = log_p / length_penalty(penalized, alpha);
+    if (*best_length >= 0 && !(score > *best_score))
+        return;
+    memcpy(out, tokens, (size_t)length * sizeof(int));
+    *best_length = length;
+    *best_score = score;
 }
 
 // Beam search for one sentence (§6.1). At each position every alive beam proposes every
@@ -1471,7 +1372,8 @@ static void finish_hypothesis(Hypotheses *finished, int *best, const int *tokens
 // are the next alive beams. Search stops when beam_size hypotheses have finished, or at the
 // length limit, where the alive beams finish as they are. Returns the length of the best,
 // written to out (capacity transformer_decode_limit) without </s>; *score gets its score.
-// Beam size 1 is greedy decoding.
+// Greedy decoding is beam_size 1: the one beam takes the most likely token at each position,
+// as fairseq's min_len 1, a source of words (more than its </s>) never ends at the first.
 int transformer_beam_search(Transformer *model, int *out, double *score, const int *src,
                             int src_len, int beam_size, double alpha) {
     int training = model->training;
@@ -1479,106 +1381,107 @@ int transformer_beam_search(Transformer *model, int *out, double *score, const i
     model->training = 0;
     int limit = transformer_decode_limit(model, src_len);
     size_t stride = limit;
-    Hypotheses alive = hypotheses_alloc(beam_size, stride);
-    Hypotheses next = hypotheses_alloc(beam_size, stride);
-    Hypotheses finished = hypotheses_alloc(beam_size, stride);
-    int best_finished = 0;   // the index of the highest finished score (the first of equals)
-    int *parent = checked_calloc(beam_size, sizeof(int), "beams");
-    int *tokens = checked_calloc(beam_size, sizeof(int), "beams");
+    // the alive beams: beam b's tokens so far at tokens + b * stride, its summed log-probability
+    // alive_score[b]; and the next step's, swapped with them at its end
+    int *tokens = checked_calloc((size_t)beam_size * stride, sizeof(int), "beams");
+    int *next_tokens = checked_calloc((size_t)beam_size * stride, sizeof(int), "beams");
+    double *alive_score = checked_calloc(beam_size, sizeof(double), "beams");
+    double *next_score = checked_calloc(beam_size, sizeof(double), "beams");
+    int *parent = checked_calloc(beam_size, sizeof(int), "beams");   // the beam each continues
+    int *input = checked_calloc(beam_size, sizeof(int), "beams");    // its last token
     BeamCandidate *best = checked_calloc(beam_size, sizeof(BeamCandidate), "beam candidates");
+    int num_alive = 1;
+    int finished = 0;
+    int best_length = -1;   // (a hypothesis always finishes: at the latest, at the limit)
+    double best_score = -INFINITY;
     Decoder decoder;
     decoder_begin(&decoder, model, src, &src_len, 1, src_len, beam_size, limit);
-    alive.count = 1;
-    tokens[0] = TOKEN_BOS;
+    input[0] = TOKEN_BOS;
 
     for (int t = 0; t < limit; t++) {
-        decoder_step(&decoder, model, tokens, t, alive.count);
+        decoder_step(&decoder, model, input, t, num_alive);
         // Each beam ends once: the best `width` (beams not ended yet) candidates end (</s>)
         // or go on. An ended beam is not replaced, so poor hypotheses that end early cannot
         // stop the search while a better one is still going.
-        int width = beam_size - finished.count;
+        int width = beam_size - finished;
         int may_end = t > 0 || src_len <= 1;   // min_len 1: a source of words never ends at once
-        int num_best = beam_propose(best, width, decoder.logits, alive.score, alive.count, V,
+        int num_best = beam_propose(best, width, decoder.logits, alive_score, num_alive, V,
                                     may_end);
-        next.count = 0;
+        int num_next = 0;
         for (int i = 0; i < num_best; i++) {
-            const int *prefix = alive.tokens + best[i].row * stride;
+            const int *prefix = tokens + best[i].row * stride;
             if (best[i].token == TOKEN_EOS) {   // finished: t tokens and </s>
-                finish_hypothesis(&finished, &best_finished, prefix, t, best[i].score, t + 1,
-                                  alpha);
+                beam_finish(out, &best_length, &best_score, prefix, t, best[i].score, t + 1,
+                            alpha);
+                finished++;
                 continue;
             }
-            int n = next.count;
-            next.count++;
-            memcpy(next.tokens + n * stride, prefix, t * sizeof(int));
-            next.tokens[n * stride + t] = best[i].token;
-            next.score[n] = best[i].score;
-            parent[n] = best[i].row;
-            tokens[n] = best[i].token;
+            int *next = next_tokens + num_next * stride;
+            memcpy(next, prefix, t * sizeof(int));
+            next[t] = best[i].token;
+            next_score[num_next] = best[i].score;
+            parent[num_next] = best[i].row;
+            input[num_next] = best[i].token;
+            num_next++;
         }
-        if (finished.count == beam_size || next.count == 0)
+        if (finished == beam_size || num_next == 0)
             break;
 
         if (t + 1 == limit) {   // out of positions: the alive beams end here, without </s>
-            for (int i = 0; i < next.count && finished.count < beam_size; i++) {
-                finish_hypothesis(&finished, &best_finished, next.tokens + i * stride, t + 1,
-                                  next.score[i], t + 1, alpha);
+            for (int b = 0; b < num_next && finished < beam_size; b++) {
+                beam_finish(out, &best_length, &best_score, next_tokens + b * stride, t + 1,
+                            next_score[b], t + 1, alpha);
+                finished++;
             }
             break;
         }
-        decoder_reorder(&decoder, parent, next.count, t + 1);
-        Hypotheses swap = alive;
-        alive = next;
-        next = swap;
+        decoder_reorder(&decoder, parent, num_next, t + 1);
+        int *swap_tokens = tokens;
+        double *swap_score = alive_score;
+        tokens = next_tokens;
+        alive_score = next_score;
+        next_tokens = swap_tokens;
+        next_score = swap_score;
+        num_alive = num_next;
     }
 
-    int length = finished.count ? finished.length[best_finished] : 0;
-    memcpy(out, finished.tokens + best_finished * stride, length * sizeof(int));
     if (score)
-        *score = finished.count ? finished.score[best_finished] : -INFINITY;
+        *score = best_score;
     decoder_end(&decoder);
-    hypotheses_free(&alive);
-    hypotheses_free(&next);
-    hypotheses_free(&finished);
-    free(parent);
     free(tokens);
+    free(next_tokens);
+    free(alive_score);
+    free(next_score);
+    free(parent);
+    free(input);
     free(best);
     model->training = training;
-    return length;
+    return best_length;
 }
 
 // ==== The machinery ==========================================================
-// What the model above takes for granted: allocation that cannot fail silently, our own
-// random numbers (a seed gives the same model on every machine), the parameters' names,
-// sizes and initial values, the memory of the activations, and the checks of a configuration
-// and of a batch.
+// What the model above takes for granted: memory, our own random numbers (a seed gives the
+// same model on every machine), the parameters and the activations' layout, and the checks.
 
-// count x size bytes, at least 1, or a clear exit if that overflows a size_t.
-static size_t checked_bytes(size_t count, size_t size, const char *what) {
+// Memory for count x size bytes (at least 1) for `what`: a new block of zeros (checked_calloc)
+// or p resized (checked_realloc). A size that overflows, or no memory, is one line and exit 1.
+static void *checked_alloc(void *p, int zeroed, size_t count, size_t size, const char *what) {
     if (count == 0)
         count = 1;
-    if (size != 0 && count > SIZE_MAX / size) {
-        fprintf(stderr, "error: %s%s: %zu x %zu bytes overflows\n", error_context, what, count,
-                size);
+    int overflows = size != 0 && count > SIZE_MAX / size;
+    void *block = NULL;
+    if (!overflows)
+        block = zeroed ? calloc(count, size) : realloc(p, count * size);
+    if (!block) {
+        fprintf(stderr, "error: %sout of memory allocating %s (%zu x %zu bytes)\n", error_context,
+                what, count, size);
         exit(1);
     }
-    return count * size;
-}
-
-// Returns p, what an allocation of `bytes` bytes for `what` gave; exits with a message if
-// that was NULL.
-static void *allocated(void *p, size_t bytes, const char *what) {
-    if (!p) {
-        fprintf(stderr, "error: %sout of memory allocating %s (%zu bytes)\n", error_context, what,
-                bytes);
-        exit(1);
-    }
-    return p;
+    return block;
 }
 
 static void *checked_calloc(size_t count, size_t size, const char *what) {
-    size_t bytes = checked_bytes(count, size, what);
-    return allocated(calloc(bytes, 1), bytes, what);
+    return checked_alloc(NULL, 1, count, size, what);
 }
 
 // splitmix64's output function: outputs that look independent for consecutive inputs
@@ -1610,11 +1513,6 @@ static uint64_t rng_next(Rng *rng) {
 // uniform in [0, 1)
 static double rng_uniform(Rng *rng) {
     return unit_interval(rng_next(rng));
-}
-
-// a uniform integer in [0, n)
-static int rng_below(Rng *rng, int n) {
-    return (int)(rng_uniform(rng) * n);
 }
 
 // Box-Muller: a standard normal number
@@ -1659,8 +1557,10 @@ static const char *parameter_names[NUM_PARAMETER_TENSORS] = {
 _Static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(real *),
                "NUM_PARAMETER_TENSORS counts the fields of ParameterTensors");
 
-// The number of values of each tensor, in the same order (their shapes: transformer.h).
-static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const TransformerConfig *config) {
+// The number of values of each tensor, in the same order (their shapes: transformer.h);
+// returns their sum, the model's number of parameters.
+static size_t parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS],
+                              const TransformerConfig *config) {
     size_t L = config->n_layers;
     size_t C = config->d_model;
     size_t F = config->d_ff;
@@ -1698,6 +1598,9 @@ static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const Transform
     sizes[29] = L * C;                                // dec_ff2_b
     sizes[30] = L * C;                                // dec_ln3_g
     sizes[31] = L * C;                                // dec_ln3_b
+    size_t total = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) total += sizes[i];
+    return total;
 }
 
 // The named pointers of a ParameterTensors, in the same order.
@@ -1727,12 +1630,6 @@ static void point_parameters(ParameterTensors *tensors, real *block,
         *ptrs[i] = block;
         block += sizes[i];
     }
-}
-
-static size_t sum_sizes(const size_t *sizes, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += sizes[i];
-    return total;
 }
 
 // Xavier-uniform (Glorot & Bengio 2010) of a (rows, cols) matrix: U(-a, a) with
@@ -1799,8 +1696,8 @@ static void initialize_parameters(Transformer *model, uint64_t seed) {
 _Static_assert(_Alignof(max_align_t) >= sizeof(void *), "room below the aligned address");
 
 static real *arena_calloc(size_t count, const char *what) {
-    size_t bytes = checked_bytes(count, sizeof(real), what);
-    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);
+    size_t per_line = CACHE_LINE / sizeof(real);
+    size_t lines = count / per_line + (count % per_line != 0);
     unsigned char *block = checked_calloc(lines + 1, CACHE_LINE, what);
     unsigned char *aligned = block + CACHE_LINE - (uintptr_t)block % CACHE_LINE;
     memcpy(aligned - sizeof block, &block, sizeof block);
@@ -1934,8 +1831,7 @@ const char *transformer_build(Transformer *model, const TransformerConfig *confi
     if (error)
         return error;
     model->config = *config;
-    parameter_sizes(model->param_sizes, config);
-    model->num_parameters = sum_sizes(model->param_sizes, NUM_PARAMETER_TENSORS);
+    model->num_parameters = parameter_sizes(model->param_sizes, config);
     model->params_memory = arena_calloc(model->num_parameters, "parameters");
     model->grads_memory = arena_calloc(model->num_parameters, "gradients");
     model->adam_m = arena_calloc(model->num_parameters, "Adam first moments");
@@ -2058,16 +1954,18 @@ const char *batch_check(const Batch *batch, const TransformerConfig *config) {
 }
 
 // ######## PART II   THE PROGRAM #############################################
-// The smallest program that trains the model of Part I on the copy and reverse tasks and
-// translates with it: the tasks and their vocabulary, batches by length, evaluation by exact
-// match on held-out pairs, one checkpoint format, the commands train and decode, and main.
-// Whatever can fail returns NULL, or one line that names the value, the file or the line and
-// says what was expected. lab/lab.c adds real data, BLEU, `eval` and the lab's instruments
-// through the hooks of "where the lab plugs in".
+// The smallest program that trains Part I's model on a toy task and translates with it. What
+// can fail returns NULL or one line naming the value, file or line at fault and what was
+// expected. A program that includes this file (-DTRANSFORMER_NO_MAIN) may use any function
+// here, and plug faster code into two seams: FastPath (Part I's top) and TrainingCompute (train).
 
 static void *checked_realloc(void *p, size_t count, size_t size, const char *what) {
-    size_t bytes = checked_bytes(count, size, what);
-    return allocated(realloc(p, bytes), bytes, what);
+    return checked_alloc(p, 0, count, size, what);
+}
+
+// a uniform integer in [0, n)
+static int rng_below(Rng *rng, int n) {
+    return (int)(rng_uniform(rng) * n);
 }
 
 static double wall_seconds(void) {
@@ -2076,42 +1974,38 @@ static double wall_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// The number of OpenMP threads: set_threads(0) leaves OpenMP's default, all the cores.
-#ifdef _OPENMP
-static void set_threads(int threads) {
-    if (threads > 0)
-        omp_set_num_threads(threads);
-}
-static int thread_count(void) { return omp_get_max_threads(); }
-#else
-static void set_threads(int threads) { (void)threads; }
-static int thread_count(void) { return 1; }
-#endif
-
-// ---- where the lab plugs in -------------------------------------------------
-// lab/lab.c (make's ./transformer) fills in these hooks (transformer.h, LabHooks): more commands,
-// more flags, the stages of training, real text and §5.1 subwords. In transformer.c alone they
-// are empty. Each is called on one line, marked "lab:".
-static LabHooks lab;
-
 // ---- the vocabulary ---------------------------------------------------------
-// §3.4: the source and the target share one vocabulary (and one embedding). Ids 0..3 are <pad>
-// <s> </s> <unk>; the other tokens follow in the order they were first seen. A token's id is
-// found by reading the list from the start: the toy tasks have 14 tokens. (The lab's
-// vocabularies of tens of thousands of subwords find theirs in a hash table, lab/text.c.)
+// §3.4: source and target share one vocabulary (and one embedding). Ids 0..3 are <pad> <s> </s>
+// <unk>, then the tokens in the order first seen. A hash table (open addressing, at most half
+// full) finds an id in a few probes, among 14 tokens or the paper's 37,000.
 
 static const char *special_tokens[NUM_SPECIAL_TOKENS] = { "<pad>", "<s>", "</s>", "<unk>" };
 
+#define FNV_OFFSET 0xCBF29CE484222325ULL
+
+// FNV-1a (64 bits) of n more bytes, from the hash of those before them (or FNV_OFFSET): the
+// vocabulary's hash, and the checkpoint's checksum
+static uint64_t fnv1a(uint64_t hash, const void *data, size_t n) {
+    const unsigned char *bytes = data;
+    for (size_t i = 0; i < n; i++) hash = (hash ^ bytes[i]) * 0x100000001B3ULL;
+    return hash;
+}
+
+// The slot of the n bytes at word: the one that holds its id, or the empty one where it goes.
+static int vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
+    int slot = (int)(fnv1a(FNV_OFFSET, word, n) % (uint64_t)vocab->num_slots);
+    while (vocab->slots[slot] >= 0) {
+        const char *there = vocab->words[vocab->slots[slot]];
+        if (strncmp(there, word, n) == 0 && there[n] == '\0')
+            return slot;
+        slot = (slot + 1) % vocab->num_slots;
+    }
+    return slot;
+}
+
 // The id of the n bytes at word, or -1 when the vocabulary does not hold them.
 static int vocab_find(const Vocabulary *vocab, const char *word, size_t n) {
-    if (lab.find_token)
-        return lab.find_token(vocab, word, n);   // lab: a hash table
-    for (int id = 0; id < vocab->size; id++) {
-        const char *there = vocab->words[id];
-        if (strncmp(there, word, n) == 0 && there[n] == '\0')
-            return id;
-    }
-    return -1;
+    return vocab->size > 0 ? vocab->slots[vocab_slot(vocab, word, n)] : -1;
 }
 
 // The id of the n bytes at word, which join the vocabulary if they are new.
@@ -2119,16 +2013,20 @@ static int vocab_add(Vocabulary *vocab, const char *word, size_t n) {
     int id = vocab_find(vocab, word, n);
     if (id >= 0)
         return id;
-    if (vocab->size == vocab->capacity) {
+    if (vocab->size == vocab->capacity) {   // twice the room, and the table built anew
         vocab->capacity = vocab->capacity ? 2 * vocab->capacity : 64;
+        vocab->num_slots = 2 * vocab->capacity;
         vocab->words = checked_realloc(vocab->words, vocab->capacity, sizeof(char *), "vocabulary");
+        vocab->slots = checked_realloc(vocab->slots, vocab->num_slots, sizeof(int), "vocabulary");
+        for (int slot = 0; slot < vocab->num_slots; slot++) vocab->slots[slot] = -1;
+        for (int i = 0; i < vocab->size; i++)
+            vocab->slots[vocab_slot(vocab, vocab->words[i], strlen(vocab->words[i]))] = i;
     }
     id = vocab->size;
     vocab->words[id] = checked_calloc(n + 1, 1, "vocabulary word");
     memcpy(vocab->words[id], word, n);
+    vocab->slots[vocab_slot(vocab, word, n)] = id;
     vocab->size++;
-    if (lab.token_added)
-        lab.token_added(vocab);   // lab: into the hash table
     return id;
 }
 
@@ -2140,55 +2038,15 @@ static void vocab_init(Vocabulary *vocab) {
 }
 
 static void vocab_free(Vocabulary *vocab) {
-    if (vocab->bpe && lab.free_merges)
-        lab.free_merges(vocab->bpe);   // lab: §5.1 merges
     for (int i = 0; i < vocab->size; i++) free(vocab->words[i]);
     free(vocab->words);
-    free(vocab->slots);   // the lab's hash table
+    free(vocab->slots);
     memset(vocab, 0, sizeof *vocab);
 }
 
 // ---- the command line -------------------------------------------------------
-// Each command reads its flags from a table of Options (transformer.h). A bad flag gets one line
+// A command reads its flags from a table of Options (transformer.h). A bad flag gets one line
 // that names it and says what was expected; --help prints the table with the defaults.
-
-// What the option's value must be, in words: "an integer from 1 to 64", "a number > 0".
-static void option_expected(const Option *o, char *expected, size_t size) {
-    const char *above = o->above_min ? ">" : ">=";
-    if (o->kind == OPTION_INT && o->max >= INT_MAX) {
-        snprintf(expected, size, "an integer >= %.0f", o->min);
-    } else if (o->kind == OPTION_INT) {
-        snprintf(expected, size, "an integer from %.0f to %.0f", o->min, o->max);
-    } else if (o->max >= DBL_MAX) {
-        snprintf(expected, size, "a number %s %g", above, o->min);
-    } else {
-        snprintf(expected, size, "a number %s %g and <= %g", above, o->min, o->max);
-    }
-}
-
-// Reads text into the option's value. Returns 0, leaving the value as it was, when the text is
-// not a value the option takes (not a number, or out of its range).
-static int option_read(const Option *o, const char *text) {
-    if (o->kind == OPTION_TEXT) {
-        *(const char **)o->value = text;
-        return 1;
-    }
-    char *end;
-    double x;
-    errno = 0;
-    if (o->kind == OPTION_INT)
-        x = (double)strtol(text, &end, 10);
-    else
-        x = strtod(text, &end);
-    int in_range = x >= o->min && x <= o->max && (!o->above_min || x > o->min);
-    if (end == text || *end != '\0' || errno != 0 || !isfinite(x) || !in_range)
-        return 0;
-    if (o->kind == OPTION_INT)
-        *(int *)o->value = (int)x;
-    else
-        *(double *)o->value = x;
-    return 1;
-}
 
 static Option *find_option(Option *options, int n, const char *name) {
     for (int i = 0; i < n; i++) {
@@ -2198,6 +2056,34 @@ static Option *find_option(Option *options, int n, const char *name) {
     return NULL;
 }
 
+// Reads text into the option's value. Returns 0, the value left as it was, when there is no
+// text or it is not a value the option takes; expected (96 bytes) then says what it takes.
+static int option_read(const Option *o, const char *text, char *expected) {
+    const char *above = o->above_min ? ">" : ">=";
+    if (o->kind == OPTION_INT && o->max >= INT_MAX)
+        snprintf(expected, 96, "an integer >= %.0f", o->min);
+    else if (o->kind == OPTION_INT)
+        snprintf(expected, 96, "an integer from %.0f to %.0f", o->min, o->max);
+    else if (o->max >= DBL_MAX)
+        snprintf(expected, 96, "a number %s %g", above, o->min);
+    else
+        snprintf(expected, 96, "a number %s %g and <= %g", above, o->min, o->max);
+    if (text && o->kind == OPTION_TEXT)
+        *(const char **)o->value = text;
+    if (!text || o->kind == OPTION_TEXT)
+        return text != NULL;
+    char *end;
+    errno = 0;
+    double x = o->kind == OPTION_INT ? (double)strtol(text, &end, 10) : strtod(text, &end);
+    int in_range = x >= o->min && x <= o->max && (!o->above_min || x > o->min);
+    int valid = end != text && *end == '\0' && errno == 0 && isfinite(x) && in_range;
+    if (valid && o->kind == OPTION_INT)
+        *(int *)o->value = (int)x;
+    if (valid && o->kind == OPTION_NUMBER)
+        *(double *)o->value = x;
+    return valid;
+}
+
 static void print_option_help(const Option *options, int n) {
     const char *kinds[] = { "N", "X", "TEXT", "" };
     for (const Option *o = options; o < options + n; o++) {
@@ -2205,22 +2091,17 @@ static void print_option_help(const Option *options, int n) {
         char value[64] = "";
         snprintf(left, sizeof left, "%s %s", o->name, kinds[o->kind]);
         if (o->kind == OPTION_INT)
-            snprintf(value, sizeof value, "%d", *(int *)o->value);
+            snprintf(value, sizeof value, " (default %d)", *(int *)o->value);
         if (o->kind == OPTION_NUMBER)
-            snprintf(value, sizeof value, "%g", *(double *)o->value);
-        const char *text = o->kind == OPTION_TEXT ? *(const char **)o->value : NULL;
-        if (text)
-            snprintf(value, sizeof value, "%s", text);
-        if (value[0])
-            printf("  %-22s %s (default %s)\n", left, o->help, value);
-        else
-            printf("  %-22s %s\n", left, o->help);
+            snprintf(value, sizeof value, " (default %g)", *(double *)o->value);
+        if (o->kind == OPTION_TEXT && *(const char **)o->value)
+            snprintf(value, sizeof value, " (default %s)", *(const char **)o->value);
+        printf("  %-22s %s%s\n", left, o->help, value);
     }
 }
 
-// Reads argv[1..argc-1] into the options. Arguments that are not flags go to positional, when it
-// is not NULL (decode's sentences; "-3" is one too). Returns 0; 1 after a one-line error; or 2
-// after printing the help.
+// Reads argv[1..argc-1] into the options; other arguments go to positional when it is not NULL
+// (decode's sentences, "-3" too). Returns 0; 1 after a one-line error; 2 after the help.
 static int parse_options(const char *command, const char *usage, Option *options, int n,
                          int argc, char **argv, char **positional, int *num_positional) {
     if (num_positional)
@@ -2239,15 +2120,10 @@ static int parse_options(const char *command, const char *usage, Option *options
             *num_positional += 1;
             continue;
         }
-        if (!is_flag) {
-            fprintf(stderr, "error: %s: unexpected argument '%s'; see ./transformer %s --help\n",
-                    command, arg, command);
-            return 1;
-        }
-        Option *o = find_option(options, n, arg);
+        Option *o = is_flag ? find_option(options, n, arg) : NULL;
         if (!o) {
-            fprintf(stderr, "error: %s: unknown flag '%s'; see ./transformer %s --help\n",
-                    command, arg, command);
+            fprintf(stderr, "error: %s: %s '%s'; see ./transformer %s --help\n", command,
+                    is_flag ? "unknown flag" : "unexpected argument", arg, command);
             return 1;
         }
         o->seen = 1;
@@ -2256,78 +2132,51 @@ static int parse_options(const char *command, const char *usage, Option *options
             continue;
         }
 
-        // The value is the next argument; a text flag does not take a flag ("--checkpoint --beam").
-        const char *text = NULL;
-        int next_is_flag = i + 1 < argc && strncmp(argv[i + 1], "--", 2) == 0;
-        if (i + 1 < argc && !(o->kind == OPTION_TEXT && next_is_flag)) {
-            i++;
-            text = argv[i];
-        }
-        if (text && option_read(o, text))
-            continue;
+        // The value is the next argument; a text flag takes no flag ("--checkpoint --beam").
+        const char *text = i + 1 < argc ? argv[i + 1] : NULL;
+        if (text && o->kind == OPTION_TEXT && strncmp(text, "--", 2) == 0)
+            text = NULL;
+        i += text != NULL;
         char expected[96];
-        option_expected(o, expected, sizeof expected);
-        if (!text && o->kind == OPTION_TEXT) {
-            fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
-        } else if (!text) {
-            fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
-        } else {
+        if (option_read(o, text, expected))
+            continue;
+        if (text)
             fprintf(stderr, "error: %s: %s '%s' is not valid; expected %s\n", command, arg, text,
                     expected);
-        }
+        else if (o->kind == OPTION_TEXT)
+            fprintf(stderr, "error: %s: flag %s needs a value\n", command, arg);
+        else
+            fprintf(stderr, "error: %s: flag %s needs a value (%s)\n", command, arg, expected);
         return 1;
     }
     return 0;
 }
 
 // ---- tokens -----------------------------------------------------------------
-// Text is tokens separated by white space: here ASCII's (space, \t, \n, \v, \f, \r); in the lab,
-// Unicode's too (lab/text.c, the text rule).
-
-// The length in bytes of the white-space character that begins the text, or 0.
-static int white_space_bytes(const char *text) {
-    if (lab.white_space)
-        return lab.white_space(text);   // lab: Unicode's white space
-    return *text == ' ' || (*text >= '\t' && *text <= '\r');
-}
-
-static const char *skip_white_space(const char *text) {
-    int n = white_space_bytes(text);
-    while (n > 0) {
-        text += n;
-        n = white_space_bytes(text);
-    }
-    return text;
-}
+// Text is whole-word tokens separated by white space (isspace, in C's locale: space, \t to \r).
 
 // The first token of the text, and its length in bytes in *length; NULL when there is none.
 static const char *next_token(const char *text, size_t *length) {
-    const char *start = skip_white_space(text);
-    if (*start == '\0')
-        return NULL;
-    const char *end = start;
-    while (*end != '\0' && white_space_bytes(end) == 0)
+    while (isspace((unsigned char)*text))
+        text++;
+    const char *end = text;
+    while (*end != '\0' && !isspace((unsigned char)*end))
         end++;
-    *length = (size_t)(end - start);
-    return start;
+    *length = (size_t)(end - text);
+    return end > text ? text : NULL;
 }
-
-#define MAX_UNKNOWN_WARNINGS 5   // unknown tokens warned of, for one input
 
 // The id of the n bytes at token. With grow, a new token joins the vocabulary; without, it is
 // read as <unk>, and the first few are warned of.
 static int token_id(Vocabulary *vocab, int grow, const char *token, size_t n, TextSource *from) {
     int id = grow ? vocab_add(vocab, token, n) : vocab_find(vocab, token, n);
-    if (id >= 0)
-        return id;
-    if (from->warnings < MAX_UNKNOWN_WARNINGS) {
-        int shown = n < 80 ? (int)n : 80;
+    if (id < 0 && from->warnings < MAX_UNKNOWN_WARNINGS) {
         fprintf(stderr, "warning: %s: token '%.*s' is not in the vocabulary; read as <unk>\n",
-                from->where, shown, token);
+                from->where, n < 80 ? (int)n : 80, token);
     }
-    from->warnings++;
-    from->unknown++;
-    return TOKEN_UNK;
+    from->warnings += id < 0;
+    from->unknown += id < 0;
+    return id < 0 ? TOKEN_UNK : id;
 }
 
 // Puts id at (*ids)[n], growing the array (of *capacity ids) when it is full.
@@ -2339,63 +2188,33 @@ static void push_id(int **ids, size_t *capacity, int n, int id) {
     (*ids)[n] = id;
 }
 
-// The text <pad>, <s>, </s> or <unk> in data is refused: the model would learn, or be fed, its
-// own markers.
+// Splits the text into token ids (*ids grows as needed). Returns their number, or -1 at a special
+// token's text (named in from->reserved): the model would learn, or be fed, its own markers.
+static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity,
+                    TextSource *from) {
+    int n = 0;
+    size_t length;
+    for (const char *token = next_token(text, &length); token;
+         token = next_token(token + length, &length)) {
+        for (int special = 0; special < NUM_SPECIAL_TOKENS; special++) {
+            from->reserved = special_tokens[special];
+            if (strlen(from->reserved) == length && memcmp(token, from->reserved, length) == 0)
+                return -1;
+        }
+        push_id(ids, capacity, n, token_id(vocab, grow, token, length, from));
+        n++;
+    }
+    return n;
+}
+
 static const char *reserved_token_error(const TextSource *from) {
     return errorf("%s: the token '%s' is reserved (<pad> <s> </s> <unk> are the model's own "
                   "markers); expected text without them", from->where, from->reserved);
 }
 
-// Splits the text at white space into token ids (*ids grows as needed): whole words, or with the
-// lab's §5.1 merges subwords. Returns the number of tokens, or -1 at the text of a special token
-// (named in from->reserved).
-static int tokenize(const char *text, Vocabulary *vocab, int grow, int **ids, size_t *capacity,
-                    TextSource *from) {
-    int n = 0;
-    size_t length;
-    const char *token = next_token(text, &length);
-    while (token) {
-        for (int special = 0; special < NUM_SPECIAL_TOKENS; special++) {
-            const char *name = special_tokens[special];
-            if (strlen(name) == length && memcmp(token, name, length) == 0) {
-                from->reserved = name;
-                return -1;
-            }
-        }
-        if (vocab->bpe && lab.split_word) {   // lab: §5.1 subwords
-            n = lab.split_word(vocab, grow, token, (int)length, ids, capacity, n, from);
-        } else {
-            push_id(ids, capacity, n, token_id(vocab, grow, token, length, from));
-            n++;
-        }
-        token = next_token(token + length, &length);
-    }
-    return n;
-}
-
-// The tokens as a new string, separated by spaces (the lab joins §5.1 subwords into words).
-static char *tokens_to_text(const Vocabulary *vocab, const int *ids, int n) {
-    if (vocab->bpe && lab.join_tokens)
-        return lab.join_tokens(vocab, ids, n);   // lab: §5.1
-    size_t bytes = 1;
-    for (int i = 0; i < n; i++) bytes += strlen(vocab->words[ids[i]]) + 1;
-    char *text = checked_calloc(bytes, 1, "text");
-    size_t used = 0;
-    for (int i = 0; i < n; i++) {
-        if (i > 0) {
-            text[used] = ' ';
-            used++;
-        }
-        strcpy(text + used, vocab->words[ids[i]]);
-        used += strlen(vocab->words[ids[i]]);
-    }
-    return text;
-}
-
+// The tokens' texts, separated by spaces.
 static void print_tokens(FILE *f, const Vocabulary *vocab, const int *ids, int n) {
-    char *text = tokens_to_text(vocab, ids, n);
-    fputs(text, f);
-    free(text);
+    for (int i = 0; i < n; i++) fprintf(f, i > 0 ? " %s" : "%s", vocab->words[ids[i]]);
 }
 
 // ---- sentence pairs ---------------------------------------------------------
@@ -2419,12 +2238,8 @@ static void dataset_add(Dataset *dataset, const int *src, int src_len, const int
         dataset->tokens = checked_realloc(dataset->tokens, dataset->tokens_capacity, sizeof(int),
                                           "sentence tokens");
     }
-    SentencePair pair;
-    pair.src = dataset->num_tokens;
-    pair.tgt = dataset->num_tokens + src_len;
-    pair.src_len = src_len;
-    pair.tgt_len = tgt_len;
-    pair.line = line;
+    SentencePair pair = { dataset->num_tokens, dataset->num_tokens + src_len, src_len, tgt_len,
+                          line };
     dataset->pairs[dataset->count] = pair;
     dataset->count++;
     memcpy(dataset->tokens + pair.src, src, src_len * sizeof(int));
@@ -2437,9 +2252,8 @@ static void dataset_add(Dataset *dataset, const int *src, int src_len, const int
 }
 
 // ---- the copy and reverse tasks ---------------------------------------------
-// copy: the target is the source; reverse: the source backwards. The words are the numbers
-// 0..words-1. No held-out source is a training source: the model is tested on sequences it has
-// never seen.
+// copy: the target is the source; reverse: the source backwards; the words are the numbers
+// 0..words-1. No held-out source is a training source: the test is on unseen sequences.
 
 enum { TASK_COPY, TASK_REVERSE };
 
@@ -2452,28 +2266,15 @@ static void task_vocabulary(Vocabulary *vocab, int words) {
     }
 }
 
-// A 64-bit FNV-1a hash of a sequence, never 0 (an empty slot of task_generate's set).
-static uint64_t sequence_hash(const int *tokens, int n) {
-    uint64_t hash = 0xCBF29CE484222325ULL ^ (uint64_t)n;
-    for (int t = 0; t < n; t++) {
-        hash ^= (uint32_t)tokens[t];
-        hash *= 0x100000001B3ULL;
-        hash ^= hash >> 29;
-    }
-    return hash ? hash : 1;
-}
-
 static const char *task_generate(Dataset *train, Dataset *valid, int task, int words, int min_len,
                                  int max_len, int train_size, int valid_size, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed ^ 0x7A5C0DA7A5EEDULL);
-    // The hashes of the sources drawn so far, in a table with open addressing.
-    size_t slots = 16;
-    while (slots < 4 * ((size_t)train_size + valid_size))
-        slots *= 2;
-    uint64_t *seen = checked_calloc(slots, sizeof(uint64_t), "task hash set");
+    Vocabulary seen;   // the sources drawn so far, as texts: a set
+    memset(&seen, 0, sizeof seen);
     int *src = checked_calloc(max_len, sizeof(int), "task sentence");
     int *tgt = checked_calloc(max_len, sizeof(int), "task sentence");
+    char *text = checked_calloc((size_t)max_len * 12 + 1, 1, "task sentence");
     const char *error = NULL;
     long attempts = 0;
     long max_attempts = 1000L * valid_size + 1000;
@@ -2482,12 +2283,11 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
         int n = min_len + rng_below(&rng, max_len - min_len + 1);
         for (int t = 0; t < n; t++) src[t] = NUM_SPECIAL_TOKENS + rng_below(&rng, words);
         for (int t = 0; t < n; t++) tgt[t] = task == TASK_COPY ? src[t] : src[n - 1 - t];
-        uint64_t hash = sequence_hash(src, n);
-        size_t k = hash & (slots - 1);
-        while (seen[k] != 0 && seen[k] != hash)
-            k = (k + 1) & (slots - 1);
-        int is_new = seen[k] == 0;
-        seen[k] = hash;
+        int length = 0;
+        for (int t = 0; t < n; t++) length += sprintf(text + length, "%d ", src[t]);
+        int drawn_before = seen.size;
+        vocab_add(&seen, text, (size_t)length);
+        int is_new = seen.size > drawn_before;
 
         // The training pairs first, then held-out pairs, each with a source not drawn before.
         if (made < train_size || is_new) {
@@ -2503,18 +2303,18 @@ static const char *task_generate(Dataset *train, Dataset *valid, int task, int w
             break;
         }
     }
-    free(seen);
+    vocab_free(&seen);
     free(src);
     free(tgt);
+    free(text);
     return error;
 }
 
 // ---- batches ----------------------------------------------------------------
 // §5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
 // contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
-// tokens." An epoch sorts the pairs by length (source, then target, in random order among
-// equals), cuts them into batches of at most batch_tokens counting the padding, and visits the
-// batches in random order.
+// tokens." An epoch sorts the pairs by length (source, then target, at random among equals),
+// cuts them into batches of at most batch_tokens with padding, and visits them in random order.
 
 typedef struct {
     int src_len, tgt_len;
@@ -2535,29 +2335,25 @@ static int compare_length_keys(const void *pa, const void *pb) {
 }
 
 // The first `count` pairs, sorted by length into order (among equals by a key drawn from rng,
-// or, without rng, by index), then cut into batches of B x (S + T) <= batch_tokens, where S and
-// T are the longest source and target + 1; a pair longer than that is a batch of its own.
-// Returns the number of batches (spans).
+// or by index), cut into batches of B x (S + T) <= batch_tokens, S and T the longest source and
+// target + 1 (a longer pair is a batch of its own). Returns the number of batches (spans).
 static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, int count,
                         int batch_tokens, Rng *rng) {
     LengthKey *keys = checked_calloc(count, sizeof(LengthKey), "batch order");
     for (int i = 0; i < count; i++) {
-        keys[i].src_len = dataset->pairs[i].src_len;
-        keys[i].tgt_len = dataset->pairs[i].tgt_len;
-        keys[i].key = rng ? rng_next(rng) : 0;
-        keys[i].index = i;
+        const SentencePair *p = &dataset->pairs[i];
+        LengthKey key = { p->src_len, p->tgt_len, rng ? rng_next(rng) : 0, i };
+        keys[i] = key;
     }
     qsort(keys, count, sizeof(LengthKey), compare_length_keys);
     for (int i = 0; i < count; i++) order[i] = keys[i].index;
     free(keys);
 
     int num_spans = 0;
-    int start = 0;
-    while (start < count) {
+    for (int start = 0, n = 0; start < count; start += n) {
         int S = 0;
         int T = 0;
-        int n = 0;
-        while (start + n < count) {
+        for (n = 0; start + n < count; n++) {
             const SentencePair *p = &dataset->pairs[order[start + n]];
             int new_S = p->src_len + 1 > S ? p->src_len + 1 : S;
             int new_T = p->tgt_len + 1 > T ? p->tgt_len + 1 : T;
@@ -2565,12 +2361,10 @@ static int sort_and_cut(int *order, BatchSpan *spans, const Dataset *dataset, in
                 break;
             S = new_S;
             T = new_T;
-            n++;
         }
-        spans[num_spans].start = start;
-        spans[num_spans].count = n;
+        BatchSpan span = { start, n };
+        spans[num_spans] = span;
         num_spans++;
-        start += n;
     }
     return num_spans;
 }
@@ -2590,66 +2384,47 @@ static void epoch_plan_make(EpochPlan *plan, const Dataset *dataset, int batch_t
 }
 
 static void batch_buffer_free(BatchBuffer *bb) {
-    free(bb->src);
-    free(bb->src_len);
-    free(bb->tgt_in);
-    free(bb->tgt_out);
-    free(bb->tgt_len);
+    free(bb->batch.src);   // the block that holds all five arrays (batch_fill)
     memset(bb, 0, sizeof *bb);
 }
 
-// Teacher forcing (§3.1: "the output embeddings are offset by one position"): the decoder reads
-// tgt_in = <s> y_1 .. y_n and must predict tgt_out = y_1 .. y_n </s>. The source ends with </s>
-// too, as in tensor2tensor and fairseq (the paper does not say): the copy task learns faster.
+// The pairs indices[0..count-1] as a batch. Teacher forcing (§3.1: "the output embeddings are
+// offset by one position"): the decoder reads tgt_in = <s> y_1 .. y_n and must predict tgt_out =
+// y_1 .. y_n </s>. The source ends with </s> too, as in tensor2tensor and fairseq (the paper does
+// not say): the copy task learns faster.
 static void batch_fill(BatchBuffer *bb, const Dataset *dataset, const int *indices, int count) {
     size_t B = count;
     size_t S = 1;
     size_t T = 1;
     for (size_t b = 0; b < B; b++) {
         const SentencePair *p = &dataset->pairs[indices[b]];
-        if ((size_t)p->src_len + 1 > S)
-            S = p->src_len + 1;
-        if ((size_t)p->tgt_len + 1 > T)
-            T = p->tgt_len + 1;
+        S = (size_t)p->src_len + 1 > S ? (size_t)p->src_len + 1 : S;
+        T = (size_t)p->tgt_len + 1 > T ? (size_t)p->tgt_len + 1 : T;
     }
-
-    // A new batch's arrays, of zeros: <pad> wherever no token goes.
-    batch_buffer_free(bb);
-    bb->src = checked_calloc(B * S, sizeof(int), "batch");
-    bb->src_len = checked_calloc(B, sizeof(int), "batch");
-    bb->tgt_in = checked_calloc(B * T, sizeof(int), "batch");
-    bb->tgt_out = checked_calloc(B * T, sizeof(int), "batch");
-    bb->tgt_len = checked_calloc(B, sizeof(int), "batch");
-    bb->tokens = 0;
+    batch_buffer_free(bb);   // then one block of zeros: <pad> wherever no token goes
+    int *block = checked_calloc(B * S + B + 2 * B * T + B, sizeof(int), "batch");
+    Batch batch = { count, (int)S, (int)T, block, block + B * S, block + B * S + B,
+                    block + B * S + B + B * T, block + B * S + B + 2 * B * T };
+    bb->batch = batch;
     for (size_t b = 0; b < B; b++) {
         const SentencePair *p = &dataset->pairs[indices[b]];
         const int *x = dataset->tokens + p->src;
         const int *y = dataset->tokens + p->tgt;
-        memcpy(bb->src + b * S, x, p->src_len * sizeof(int));
-        bb->src[b * S + p->src_len] = TOKEN_EOS;
-        bb->src_len[b] = p->src_len + 1;
-        bb->tgt_in[b * T] = TOKEN_BOS;
-        memcpy(bb->tgt_in + b * T + 1, y, p->tgt_len * sizeof(int));
-        memcpy(bb->tgt_out + b * T, y, p->tgt_len * sizeof(int));
-        bb->tgt_out[b * T + p->tgt_len] = TOKEN_EOS;
-        bb->tgt_len[b] = p->tgt_len + 1;
+        memcpy(batch.src + b * S, x, p->src_len * sizeof(int));
+        batch.src[b * S + p->src_len] = TOKEN_EOS;
+        batch.src_len[b] = p->src_len + 1;
+        batch.tgt_in[b * T] = TOKEN_BOS;
+        memcpy(batch.tgt_in + b * T + 1, y, p->tgt_len * sizeof(int));
+        memcpy(batch.tgt_out + b * T, y, p->tgt_len * sizeof(int));
+        batch.tgt_out[b * T + p->tgt_len] = TOKEN_EOS;
+        batch.tgt_len[b] = p->tgt_len + 1;
         bb->tokens += p->src_len + 1 + p->tgt_len + 1;
     }
-    bb->batch.B = count;
-    bb->batch.S = (int)S;
-    bb->batch.T = (int)T;
-    bb->batch.src = bb->src;
-    bb->batch.src_len = bb->src_len;
-    bb->batch.tgt_in = bb->tgt_in;
-    bb->batch.tgt_out = bb->tgt_out;
-    bb->batch.tgt_len = bb->tgt_len;
 }
 
 // ---- evaluation -------------------------------------------------------------
-// Decodes held-out sources and compares the outputs with the references: exact match, and token
-// accuracy (the positions that agree, over the longer of the two; a reference <unk> is never
-// right). The teacher-forced loss, and -log p(reference token) without smoothing, whose
-// exponential is Table 3's perplexity. (The lab's eval adds BLEU, from the outputs kept here.)
+// Held-out sources decoded and compared with their references: exact match, and token accuracy
+// (positions that agree over the longer of the two; a reference <unk> is never right).
 
 static void evaluation_free(Evaluation *e) {
     free(e->output);
@@ -2664,450 +2439,143 @@ static void evaluation_add(Evaluation *e, const SentencePair *p, const int *refe
     memcpy(e->output + (size_t)index * e->stride, output, n * sizeof(int));
     e->output_len[index] = n;
     int same = 0;
-    for (int i = 0; i < output_len && i < p->tgt_len; i++) {
+    for (int i = 0; i < output_len && i < p->tgt_len; i++)
         same += output[i] == reference[i] && reference[i] != TOKEN_UNK;
-    }
     e->correct += same;
     e->compared += output_len > p->tgt_len ? output_len : p->tgt_len;
     e->exact += same == p->tgt_len && output_len == p->tgt_len;
 }
 
-// -log p(reference token), summed over the batch, from the last forward pass's probabilities.
-static double reference_log_loss(const Transformer *model, const Batch *batch) {
-    int V = model->config.vocab_size;
-    double sum = 0;
-    for (int b = 0; b < batch->B; b++) {
-        for (int t = 0; t < batch->tgt_len[b]; t++) {
-            size_t row = (size_t)b * batch->T + t;
-            sum -= log((double)model->acts.probs[row * V + batch->tgt_out[row]]);
-        }
-    }
-    return sum;
-}
-
-// The first `count` pairs of the dataset (all of them when count <= 0), decoded greedily
-// (beam_size 1: the sentences side by side, sorted by length for little padding) or by beam search.
+// The first `count` pairs of the dataset (all of them when count <= 0), each source decoded by
+// beam search (beam_size 1: greedy decoding) and compared with its reference.
 static void evaluate(Evaluation *e, Transformer *model, const Dataset *dataset, int count,
-                     int batch_tokens, int beam_size, double alpha) {
+                     int beam_size, double alpha) {
     memset(e, 0, sizeof *e);
-    if (count <= 0 || count > dataset->count)
-        count = dataset->count;
-    e->sentences = count;
+    e->sentences = count <= 0 || count > dataset->count ? dataset->count : count;
     e->stride = model->config.max_len;
-    e->output = checked_calloc((size_t)count * e->stride, sizeof(int), "decoded outputs");
-    e->output_len = checked_calloc(count, sizeof(int), "decoded outputs");
-    int training = model->training;
-    model->training = 0;
-    int *order = checked_calloc(count, sizeof(int), "evaluation order");
-    BatchSpan *spans = checked_calloc(count, sizeof(BatchSpan), "evaluation batches");
-    int num_spans = sort_and_cut(order, spans, dataset, count, batch_tokens, NULL);
-    BatchBuffer bb = { 0 };
-    int *out = NULL;
-    int *out_len = NULL;
-    double total_loss = 0;
-    double total_log_loss = 0;
-    long total_tokens = 0;
-    int done = 0;
-    if (lab.evaluation_progress)
-        lab.evaluation_progress(done, count);   // lab: progress lines, for a long evaluation
-    for (int s = 0; s < num_spans; s++) {
-        const int *indices = order + spans[s].start;
-        int B = spans[s].count;
-        batch_fill(&bb, dataset, indices, B);
-        const Batch *batch = &bb.batch;
-        real loss = transformer_forward(model, batch);
-        total_loss += (double)loss * model->num_target_tokens;
-        total_tokens += model->num_target_tokens;
-        total_log_loss += reference_log_loss(model, batch);
-
-        int S = batch->S;
-        int max_out = transformer_decode_limit(model, S);
-        out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
-        out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
-        if (beam_size <= 1) {
-            transformer_greedy_decode(model, out, out_len, max_out, bb.src, bb.src_len, B, S);
-        } else {
-            for (int b = 0; b < B; b++) {
-                out_len[b] = transformer_beam_search(model, out + (size_t)b * max_out, NULL,
-                                                     bb.src + (size_t)b * S, bb.src_len[b],
-                                                     beam_size, alpha);
-            }
-        }
-        for (int b = 0; b < B; b++) {
-            const SentencePair *p = &dataset->pairs[indices[b]];
-            evaluation_add(e, p, dataset->tokens + p->tgt, indices[b], out + (size_t)b * max_out,
-                           out_len[b]);
-        }
-        done += B;
-        if (lab.evaluation_progress)
-            lab.evaluation_progress(done, count);   // lab
-    }
-    e->loss = total_tokens ? total_loss / total_tokens : 0;
-    e->log_loss = total_tokens ? total_log_loss / total_tokens : 0;
-    free(order);
-    free(spans);
-    free(out);
-    free(out_len);
-    batch_buffer_free(&bb);
-    model->training = training;
-}
-
-static void print_examples(const Evaluation *e, const Dataset *dataset, const Vocabulary *vocab,
-                           int show) {
-    for (int i = 0; i < show && i < e->sentences; i++) {
+    e->output = checked_calloc((size_t)e->sentences * e->stride, sizeof(int), "outputs");
+    e->output_len = checked_calloc(e->sentences, sizeof(int), "outputs");
+    int *src = checked_calloc(e->stride + 1, sizeof(int), "source");
+    int *out = checked_calloc(e->stride, sizeof(int), "output");
+    for (int i = 0; i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
-        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
-        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
-        printf("  source     ");
-        print_tokens(stdout, vocab, dataset->tokens + p->src, p->src_len);
-        printf("\n  reference  %s\n", reference);
-        const char *verdict = strcmp(output, reference) == 0 ? "exact" : "WRONG";
-        printf("  output     %s   (%s)\n", output, verdict);
-        free(output);
-        free(reference);
+        memcpy(src, dataset->tokens + p->src, p->src_len * sizeof(int));
+        src[p->src_len] = TOKEN_EOS;   // the source ends with </s>, as in batch_fill
+        int n = transformer_beam_search(model, out, NULL, src, p->src_len + 1, beam_size, alpha);
+        evaluation_add(e, p, dataset->tokens + p->tgt, i, out, n);
     }
+    free(src);
+    free(out);
 }
 
 // ---- checkpoints ------------------------------------------------------------
-// One file holds a run: its config, vocabulary, parameters, Adam's moments and step, the states
-// of its generators, its place in the epoch, and its options as text (dev/FORMATS.md has the
-// layout). Numbers are little-endian; the last 8 bytes are an FNV-1a checksum of all the bytes
-// before them. A save writes PATH.tmp, flushes it to the disk and renames it over PATH in one
-// step, so that PATH is always the old checkpoint or the new one, never half of one.
+// A checkpoint holds the model (dev/FORMATS.md): a CheckpointHeader (transformer.h) as it lies
+// in memory; the vocabulary, each token followed by a line end, id 0 first; the parameters in
+// ParameterTensors' order, 4 or 8 bytes each; an FNV-1a checksum (64 bits) of every byte before
+// it. Numbers are little-endian, as x86 and ARM keep them (a machine that does not reads a wrong
+// version and refuses the file). Another program may write more after the model's bytes; this
+// one leaves it be. A save writes PATH.tmp, flushes it to the disk and renames it over PATH.
 
-#define CHECKPOINT_MAGIC "TCKP"
-#define CHECKPOINT_VERSION 3            // versions 1 and 2 are refused
-#define CHECKPOINT_HEADER_BYTES 136
-#define MAX_TRAINING_STEPS 1000000000   // the most --steps; a checkpoint's Adam step too
-#define FNV_OFFSET 0xCBF29CE484222325ULL   // FNV-1a, 64 bits
-#define FNV_PRIME 0x100000001B3ULL
-
-// A checkpoint being written or read, and the FNV-1a hash of its bytes so far.
-typedef struct {
-    FILE *f;
-    uint64_t hash;
-    int failed;   // a write or a read failed (a read then gives zeros)
-} CheckpointFile;
-
-static void write_bytes(CheckpointFile *w, const void *data, size_t n) {
-    const unsigned char *bytes = data;
-    for (size_t i = 0; i < n; i++) w->hash = (w->hash ^ bytes[i]) * FNV_PRIME;
-    if (!w->failed && n > 0 && fwrite(data, 1, n, w->f) != n)
-        w->failed = 1;
-}
-
-// The low `bytes` bytes of x, little-endian.
-static void write_number(CheckpointFile *w, uint64_t x, int bytes) {
-    unsigned char b[8];
-    for (int i = 0; i < bytes; i++) b[i] = (unsigned char)(x >> (8 * i));
-    write_bytes(w, b, (size_t)bytes);
-}
-
-static void read_bytes(CheckpointFile *r, void *data, size_t n) {
-    if (r->failed || fread(data, 1, n, r->f) != n) {
-        r->failed = 1;
-        memset(data, 0, n);
+// The model to f (subwords: 1 for §5.1 subwords); returns 0 when every write succeeded.
+static int checkpoint_write_model(FILE *f, const Transformer *model, const Vocabulary *vocab,
+                                  int subwords) {
+    CheckpointHeader h = { "TCKP", 4, sizeof(real), (uint32_t)subwords, model->config, 0, 0 };
+    for (int id = 0; id < vocab->size; id++) h.vocab_bytes += strlen(vocab->words[id]) + 1;
+    h.model_bytes = sizeof h + h.vocab_bytes + model->num_parameters * sizeof(real) + 8;
+    uint64_t checksum = fnv1a(FNV_OFFSET, &h, sizeof h);
+    int failed = fwrite(&h, sizeof h, 1, f) != 1;
+    for (int id = 0; id < vocab->size; id++) {   // each token, then a line end
+        size_t n = strlen(vocab->words[id]);
+        checksum = fnv1a(fnv1a(checksum, vocab->words[id], n), "\n", 1);
+        failed = failed || fwrite(vocab->words[id], n, 1, f) != 1 || fputc('\n', f) == EOF;
     }
-    const unsigned char *bytes = data;
-    for (size_t i = 0; i < n; i++) r->hash = (r->hash ^ bytes[i]) * FNV_PRIME;
+    size_t params = model->num_parameters * sizeof(real);
+    checksum = fnv1a(checksum, model->params_memory, params);
+    failed = failed || fwrite(model->params_memory, params, 1, f) != 1;
+    return failed || fwrite(&checksum, 8, 1, f) != 1;
 }
 
-// `bytes` bytes at b, little-endian.
-static uint64_t get_number(const unsigned char *b, int bytes) {
-    uint64_t x = 0;
-    for (int i = bytes - 1; i >= 0; i--) x = x << 8 | b[i];
-    return x;
-}
-
-static uint64_t read_number(CheckpointFile *r, int bytes) {
-    unsigned char b[8];
-    read_bytes(r, b, (size_t)bytes);
-    return get_number(b, bytes);
-}
-
-static uint32_t float_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-
-static uint64_t double_bits(double x) {
-    uint64_t u;
-    memcpy(&u, &x, 8);
-    return u;
-}
-
-static float bits_float(uint64_t u) {
-    uint32_t low = (uint32_t)u;
-    float x;
-    memcpy(&x, &low, 4);
-    return x;
-}
-
-static double bits_double(uint64_t u) {
-    double x;
-    memcpy(&x, &u, 8);
-    return x;
-}
-
-// The run's options, the vocabulary (each token: its length, its bytes) and the lab's merges.
-static void write_sections(CheckpointFile *w, const Vocabulary *vocab, const char *run_options,
-                           const unsigned char *merges, size_t merges_bytes) {
-    write_bytes(w, run_options, strlen(run_options));
-    for (int i = 0; i < vocab->size; i++) {
-        size_t n = strlen(vocab->words[i]);
-        write_number(w, n, 4);
-        write_bytes(w, vocab->words[i], n);
-    }
-    if (merges)
-        write_bytes(w, merges, merges_bytes);
-}
-
-// The parameters, then Adam's moments m and v: IEEE-754 binary32 (float builds) or binary64.
-static void write_reals(CheckpointFile *w, const Transformer *model) {
-    const real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
-    for (int k = 0; k < 3; k++) {
-        for (size_t i = 0; i < model->num_parameters; i++) {
-            uint64_t bits;
-            if (sizeof(real) == 4)
-                bits = float_bits((float)arrays[k][i]);
-            else
-                bits = double_bits((double)arrays[k][i]);
-            write_number(w, bits, (int)sizeof(real));
-        }
-    }
-}
-
+// The model written to path.tmp, flushed to the disk and renamed over path (never a directory
+// or a device): path is always the old checkpoint or the new one.
 static const char *checkpoint_save(const char *path, const Transformer *model,
-                                   const Vocabulary *vocab, const TrainingState *state,
-                                   const char *run_options) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        return errorf("%s: path too long", path);
-    }
-    // The rename below replaces whatever is at path: never a directory or a device.
+                                   const Vocabulary *vocab) {
+    char tmp[4200];
     struct stat there;
-    if (stat(path, &there) == 0 && !S_ISREG(there.st_mode)) {
+    if (stat(path, &there) == 0 && !S_ISREG(there.st_mode))
         return errorf("%s: not a regular file; expected a checkpoint's path", path);
-    }
+    snprintf(tmp, sizeof tmp, "%.4100s.tmp", path);
+    errno = 0;
     FILE *f = fopen(tmp, "wb");
-    if (!f) {
+    if (!f)
         return errorf("%s: cannot write: %s; %s was left as it was", tmp, strerror(errno), path);
-    }
-    size_t merges_bytes = 0;
-    unsigned char *merges = NULL;
-    if (vocab->bpe && lab.merges_section) {
-        merges = lab.merges_section(vocab, &merges_bytes);   // lab: §5.1 merges
-    }
-    uint64_t vocab_bytes = 0;
-    for (int i = 0; i < vocab->size; i++) vocab_bytes += 4 + strlen(vocab->words[i]);
-
-    // The header (136 bytes), field by field, as dev/FORMATS.md lists them.
-    const TransformerConfig *config = &model->config;
-    CheckpointFile w = { f, FNV_OFFSET, 0 };
-    write_bytes(&w, CHECKPOINT_MAGIC, 4);
-    write_number(&w, CHECKPOINT_VERSION, 4);
-    write_number(&w, sizeof(real), 4);
-    write_number(&w, (uint32_t)config->n_layers, 4);
-    write_number(&w, (uint32_t)config->d_model, 4);
-    write_number(&w, (uint32_t)config->d_ff, 4);
-    write_number(&w, (uint32_t)config->n_heads, 4);
-    write_number(&w, (uint32_t)config->vocab_size, 4);
-    write_number(&w, (uint32_t)config->max_len, 4);
-    write_number(&w, float_bits(config->dropout), 4);
-    write_number(&w, float_bits(config->label_smoothing), 4);
-    write_number(&w, float_bits(config->layer_norm_eps), 4);
-    write_number(&w, model->num_parameters, 8);
-    write_number(&w, (uint64_t)model->adam_step, 8);
-    write_number(&w, model->dropout_rng.state, 8);
-    write_number(&w, state->epoch_rng, 8);
-    write_number(&w, state->epoch, 8);
-    write_number(&w, state->epoch_batches, 8);
-    write_number(&w, state->data_hash, 8);
-    write_number(&w, vocab_bytes, 8);
-    write_number(&w, strlen(run_options), 8);
-    write_number(&w, merges_bytes, 8);
-    write_number(&w, (uint64_t)config->positional, 8);
-    write_sections(&w, vocab, run_options, merges, merges_bytes);
-    write_reals(&w, model);
-    write_number(&w, w.hash, 8);
-    free(merges);
-
-    // Flushed to the disk, then renamed over path; on any failure path is left as it was.
-    int error = w.failed ? (errno ? errno : EIO) : 0;
-    if (!error && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        error = errno;
-    if (fclose(f) != 0 && !error)
-        error = errno;
-    if (!error && rename(tmp, path) != 0)
-        error = errno;
-    if (!error)
+    int failed = checkpoint_write_model(f, model, vocab, 0) || fflush(f) || fsync(fileno(f));
+    failed = fclose(f) || failed || rename(tmp, path);
+    if (!failed)
         return NULL;
     remove(tmp);
     return errorf("%s: writing the checkpoint failed: %s; %s was left as it was", tmp,
-                  strerror(error), path);
+                  strerror(errno ? errno : EIO), path);
 }
 
-// The fixed-size header at the start of every checkpoint.
-typedef struct {
-    uint32_t real_bytes;   // 4 (float) or 8 (double)
-    TransformerConfig config;
-    uint64_t num_parameters, adam_step, dropout_rng;
-    TrainingState state;
-    uint64_t vocab_bytes, options_bytes, merges_bytes, positional;
-} CheckpointHeader;
-
-// The header's fields, in the order they are in the file, after the magic and the version.
-static void read_header_fields(CheckpointFile *r, CheckpointHeader *h) {
-    TransformerConfig *config = &h->config;
-    h->real_bytes = (uint32_t)read_number(r, 4);
-    config->n_layers = (int32_t)read_number(r, 4);
-    config->d_model = (int32_t)read_number(r, 4);
-    config->d_ff = (int32_t)read_number(r, 4);
-    config->n_heads = (int32_t)read_number(r, 4);
-    config->vocab_size = (int32_t)read_number(r, 4);
-    config->max_len = (int32_t)read_number(r, 4);
-    config->dropout = bits_float(read_number(r, 4));
-    config->label_smoothing = bits_float(read_number(r, 4));
-    config->layer_norm_eps = bits_float(read_number(r, 4));
-    h->num_parameters = read_number(r, 8);
-    h->adam_step = read_number(r, 8);
-    h->dropout_rng = read_number(r, 8);
-    h->state.epoch_rng = read_number(r, 8);
-    h->state.epoch = read_number(r, 8);
-    h->state.epoch_batches = read_number(r, 8);
-    h->state.data_hash = read_number(r, 8);
-    h->vocab_bytes = read_number(r, 8);
-    h->options_bytes = read_number(r, 8);
-    h->merges_bytes = read_number(r, 8);
-    h->positional = read_number(r, 8);
-}
-
-typedef unsigned long long u64;   // for printf's %llu
-
-// The sections' sizes: each at most the file (so that their sum cannot overflow) and large enough
-// for what it holds; then the file's length against what the header describes.
-static const char *check_section_sizes(const CheckpointHeader *h, uint64_t size, size_t P,
-                                       const char *path) {
-    uint64_t sections[3] = { h->vocab_bytes, h->options_bytes, h->merges_bytes };
-    uint64_t least[3] = { 5 * (uint64_t)h->config.vocab_size, 0, h->merges_bytes ? 4 + 10 : 0 };
-    const char *names[3] = { "vocabulary", "options", "merges" };
-    for (int i = 0; i < 3; i++) {
-        if (sections[i] > size || sections[i] < least[i]) {
-            return errorf("%s: header: a %s section of %llu bytes; expected from %llu bytes up to "
-                          "the file's %llu", path, names[i], (u64)sections[i], (u64)least[i],
-                          (u64)size);
-        }
+// A header read from a file of `size` bytes: "TCKP", the version, the config, the numbers' size
+// and the model's bytes against what the config and the vocabulary's bytes give.
+static const char *checkpoint_check_header(const CheckpointHeader *h, uint64_t size,
+                                           const char *path) {
+    const unsigned char *magic = (const unsigned char *)h->magic;
+    if (size >= 4 && memcmp(magic, "TCKP", 4) != 0) {
+        return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x "
+                      "%02x, expected 'TCKP'", path, magic[0], magic[1], magic[2], magic[3]);
     }
-    // (Of the counts, only Adam's step is checked here; the lab's --resume checks the rest.)
-    if (h->adam_step > MAX_TRAINING_STEPS) {
-        return errorf("%s: header: Adam step %llu; expected 0 to %d (the most --steps allows)",
-                      path, (u64)h->adam_step, MAX_TRAINING_STEPS);
+    if (size >= 8 && h->version != 4) {
+        return errorf("%s: checkpoint format version %u; transformer.c reads version 4 (make's "
+                      "./transformer reads version 3 too)", path, h->version);
     }
-    uint64_t expected = CHECKPOINT_HEADER_BYTES + h->options_bytes + h->vocab_bytes
-                      + h->merges_bytes + 3 * P * h->real_bytes + 8;
+    if (size < sizeof *h)
+        return errorf("%s: truncated: %llu bytes, inside the header", path, (u64)size);
+    const char *error = transformer_config_check(&h->config);
+    if (error)
+        return errorf("%s: header: %s", path, error);
+    if ((h->real_bytes != 4 && h->real_bytes != 8) || h->subwords > 1) {
+        return errorf("%s: header: %u-byte numbers, subwords %u; expected 4 or 8, and 0 or 1",
+                      path, h->real_bytes, h->subwords);
+    }
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    uint64_t parameters = parameter_sizes(sizes, &h->config);
+    uint64_t expected = sizeof *h + h->vocab_bytes + parameters * h->real_bytes + 8;   // checksum
+    if (h->vocab_bytes > size || h->model_bytes != expected) {
+        return errorf("%s: header: a model of %llu bytes, but its sizes give %llu", path,
+                      (u64)h->model_bytes, (u64)expected);
+    }
     if (size < expected) {
         return errorf("%s: truncated: %llu bytes, but its header describes %llu", path, (u64)size,
                       (u64)expected);
     }
-    if (size > expected) {
-        return errorf("%s: %llu bytes, but its header describes %llu: the sizes disagree", path,
-                      (u64)size, (u64)expected);
-    }
     return NULL;
 }
 
-// Reads and checks the header of a file of `size` bytes: the magic, the version, the header's
-// length, the element size, the config, the parameter count against the config, the sections'
-// sizes and the file's length.
-static const char *checkpoint_read_header(CheckpointFile *r, CheckpointHeader *h, uint64_t size,
-                                          const char *path) {
-    unsigned char magic[4];
-    read_bytes(r, magic, 4);
-    if (size < 4) {
-        return errorf("%s: truncated: %llu bytes; expected a checkpoint (magic 'TCKP')", path,
-                      (u64)size);
-    }
-    if (memcmp(magic, CHECKPOINT_MAGIC, 4) != 0) {
-        return errorf("%s: not a transformer.c checkpoint: it starts with bytes %02x %02x %02x "
-                      "%02x, expected 'TCKP'", path, magic[0], magic[1], magic[2], magic[3]);
-    }
-    uint64_t version = read_number(r, 4);
-    if (size < 8)
-        return errorf("%s: truncated: %llu bytes, inside the header", path, (u64)size);
-    if (version != CHECKPOINT_VERSION) {
-        return errorf("%s: checkpoint format version %u; expected version %d (versions 1 and 2 are "
-                      "no longer read)", path, (unsigned)version, CHECKPOINT_VERSION);
-    }
-    if (size < CHECKPOINT_HEADER_BYTES + 8) {
-        return errorf("%s: truncated: %llu bytes; the header and checksum alone take %d", path,
-                      (u64)size, CHECKPOINT_HEADER_BYTES + 8);
-    }
-    read_header_fields(r, h);
-
-    if (h->real_bytes != 4 && h->real_bytes != 8) {
-        return errorf("%s: header: %u-byte numbers; expected 4 (float) or 8 (double)", path,
-                      h->real_bytes);
-    }
-    if (h->positional != POSITIONAL_SINUSOID && h->positional != POSITIONAL_LEARNED) {
-        return errorf("%s: header: positional kind %llu; expected %d (sinusoid) or %d (learned)",
-                      path, (u64)h->positional, POSITIONAL_SINUSOID, POSITIONAL_LEARNED);
-    }
-    TransformerConfig *config = &h->config;
-    config->positional = (int)h->positional;
-    const char *error = transformer_config_check(config);
-    if (error)
-        return errorf("%s: header: %s", path, error);
-    size_t param_sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(param_sizes, config);
-    size_t P = sum_sizes(param_sizes, NUM_PARAMETER_TENSORS);
-    if (h->num_parameters != P) {
-        return errorf("%s: header: %llu parameters, but its sizes (N=%d, d_model=%d, d_ff=%d, "
-                      "vocab %d, max_len %d, %s positions) give %zu", path,
-                      (u64)h->num_parameters, config->n_layers, config->d_model, config->d_ff,
-                      config->vocab_size, config->max_len,
-                      config->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid", P);
-    }
-    return check_section_sizes(h, size, P, path);
-}
-
-// The vocabulary section: for each id a u32 length and the token's bytes; the special tokens
-// first, no repeats, no (ASCII) spaces, adding up to the header's size.
-static const char *checkpoint_read_vocabulary(CheckpointFile *r, Vocabulary *vocab,
-                                              const CheckpointHeader *h, const char *path) {
-    uint64_t used = 0;
-    for (int i = 0; i < h->config.vocab_size; i++) {
-        uint32_t n = (uint32_t)read_number(r, 4);
-        used += 4 + (uint64_t)n;
-        if (n == 0 || used > h->vocab_bytes) {
-            return errorf("%s: vocabulary token %d has length %u; the vocabulary section "
-                          "disagrees with its size in the header (%llu bytes)", path, i, n,
-                          (u64)h->vocab_bytes);
-        }
-        char *word = checked_calloc(n + 1, 1, "checkpoint vocabulary");
-        read_bytes(r, word, n);
-        int known = vocab_find(vocab, word, n);
-        int ok = strlen(word) == n;
-        for (uint32_t j = 0; j < n && ok; j++) ok = !isspace((unsigned char)word[j]);
-        if (i < NUM_SPECIAL_TOKENS)
-            ok = ok && known == i;
-        else
-            ok = ok && known < 0;
-        if (ok && i >= NUM_SPECIAL_TOKENS)
-            vocab_add(vocab, word, n);
-        free(word);
+// The vocabulary's text: V tokens, each ended by a line end; the special tokens first, then
+// tokens without white space, each once.
+static const char *checkpoint_read_vocabulary(Vocabulary *vocab, const char *text, int V,
+                                              size_t bytes, const char *path) {
+    const char *token = text;
+    for (int id = 0; id < V; id++) {
+        const char *end = strchr(token, '\n');   // (text ends in a zero byte: strchr stops there)
+        size_t n = end ? (size_t)(end - token) : 0;
+        int known = vocab_find(vocab, token, n);
+        int ok = n > 0 && (id < NUM_SPECIAL_TOKENS ? known == id : known < 0);
+        for (size_t i = 0; i < n && ok; i++) ok = !isspace((unsigned char)token[i]);
         if (!ok) {
-            const char *what = known >= 0 && i >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid";
-            const char *expected = i < NUM_SPECIAL_TOKENS ? special_tokens[i]
-                                                          : "a new token without spaces";
-            return errorf("%s: vocabulary token %d is %s; expected %s", path, i, what, expected);
+            return errorf("%s: vocabulary token %d is %s; expected %s", path, id,
+                          known >= 0 && id >= NUM_SPECIAL_TOKENS ? "a repeat" : "not valid",
+                          id < NUM_SPECIAL_TOKENS ? special_tokens[id] : "a new token");
         }
+        vocab_add(vocab, token, n);
+        token = end + 1;
     }
-    if (used != h->vocab_bytes) {
-        return errorf("%s: the vocabulary takes %llu bytes, but its header says %llu", path,
-                      (u64)used, (u64)h->vocab_bytes);
-    }
-    return NULL;
+    if (token == text + bytes)
+        return NULL;
+    return errorf("%s: the vocabulary's %d tokens take %zu bytes; its header says %zu", path, V,
+                  (size_t)(token - text), bytes);
 }
 
 // The name of the first parameter tensor that holds a NaN or an infinity, or NULL.
@@ -3123,112 +2591,91 @@ static const char *nonfinite_parameter(Transformer *model) {
     return NULL;
 }
 
-// The options text, the vocabulary, the lab's merges, then the model, built from the header's
-// config, with its parameters and Adam's moments; last the checksum and the weights' finiteness.
-static const char *checkpoint_read_body(CheckpointFile *r, const CheckpointHeader *h,
-                                        Transformer *model, Vocabulary *vocab, char **options,
-                                        const char *path) {
-    *options = checked_calloc(h->options_bytes + 1, 1, "checkpoint options");
-    read_bytes(r, *options, h->options_bytes);
-    if (strlen(*options) != h->options_bytes) {
-        return errorf("%s: the options section holds a zero byte; expected text", path);
-    }
-    const char *error = checkpoint_read_vocabulary(r, vocab, h, path);
-    if (error)
-        return error;
-    if (h->merges_bytes > 0) {
-        unsigned char *merges = checked_calloc(h->merges_bytes, 1, "checkpoint merges");
-        read_bytes(r, merges, h->merges_bytes);
-        error = lab.read_merges_section(vocab, merges, h->merges_bytes, path);   // lab: §5.1
-        free(merges);
-        if (error)
-            return error;
-    }
-    error = transformer_build(model, &h->config, 1);
-    if (error)
-        return errorf("%s: %s", path, error);
-    real *arrays[3] = { model->params_memory, model->adam_m, model->adam_v };
-    for (int k = 0; k < 3; k++) {
-        for (size_t i = 0; i < model->num_parameters; i++) {   // binary32 or binary64, as written
-            uint64_t bits = read_number(r, (int)h->real_bytes);
-            if (h->real_bytes == 4)
-                arrays[k][i] = (real)bits_float(bits);
-            else
-                arrays[k][i] = (real)bits_double(bits);
-        }
-    }
-    uint64_t computed = r->hash;
-    uint64_t checksum = read_number(r, 8);
-    if (r->failed)
-        return errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
-    if (checksum != computed)
-        return errorf("%s: checksum mismatch: the file is damaged", path);
-    const char *nonfinite = nonfinite_parameter(model);
-    if (nonfinite)
-        return errorf("%s: %s holds a number that is not finite", path, nonfinite);
-    return NULL;
-}
-
-// Reads a checkpoint into a new model and vocabulary (and, where not NULL, the training state
-// and the options text, which the caller frees). Nothing is allocated before the header has been
-// checked; on an error nothing is left allocated.
-static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab,
-                                   TrainingState *state, char **run_options) {
+// Reads the model at f (a file of `size` bytes) into a new model and vocabulary, each part checked
+// as it comes; *subwords gets its flag; f is left after the model. On an error the caller frees.
+static const char *checkpoint_read_model(FILE *f, uint64_t size, Transformer *model,
+                                         Vocabulary *vocab, int *subwords, const char *path) {
+    CheckpointHeader h;
+    memset(&h, 0, sizeof h);
     memset(model, 0, sizeof *model);
     vocab_init(vocab);
-    if (run_options)
-        *run_options = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        vocab_free(vocab);
-        return errorf("%s: cannot open: %s", path, strerror(errno));
+    int failed = fread(&h, sizeof h, 1, f) != 1;
+    const char *error = checkpoint_check_header(&h, size, path);
+    if (error)
+        return error;
+    char *text = checked_calloc(h.vocab_bytes + 1, 1, "checkpoint vocabulary");
+    failed = failed || fread(text, h.vocab_bytes, 1, f) != 1;
+    error = checkpoint_read_vocabulary(vocab, text, h.config.vocab_size, h.vocab_bytes, path);
+    uint64_t hash = fnv1a(fnv1a(FNV_OFFSET, &h, sizeof h), text, h.vocab_bytes);
+    free(text);
+    if (!error)
+        error = transformer_build(model, &h.config, 1);
+    if (error)
+        return error;
+    *subwords = (int)h.subwords;
+    // the parameters, as written (float or double), then as this build's numbers
+    size_t params = model->num_parameters * h.real_bytes;
+    unsigned char *raw = checked_calloc(params, 1, "parameters");
+    uint64_t checksum = 0;
+    failed = failed || fread(raw, params, 1, f) != 1 || fread(&checksum, 8, 1, f) != 1;
+    hash = fnv1a(hash, raw, params);
+    for (size_t i = 0; i < model->num_parameters; i++) {
+        float single;
+        double x;
+        memcpy(h.real_bytes == 4 ? (void *)&single : (void *)&x, raw + i * h.real_bytes,
+               h.real_bytes);
+        model->params_memory[i] = h.real_bytes == 4 ? (real)single : (real)x;
     }
+    free(raw);
+    if (failed)
+        return errorf("%s: read error: %s", path, strerror(errno ? errno : EIO));
+    if (checksum != hash)
+        return errorf("%s: checksum mismatch: the file is damaged", path);
+    const char *nonfinite = nonfinite_parameter(model);
+    return nonfinite ? errorf("%s: %s holds a number that is not finite", path, nonfinite) : NULL;
+}
+
+// A checkpoint of whole words into a new model and vocabulary (on an error, nothing allocated).
+static const char *checkpoint_load(const char *path, Transformer *model, Vocabulary *vocab) {
     struct stat st;
-    CheckpointHeader h;
-    CheckpointFile r = { f, FNV_OFFSET, 0 };
-    char *options = NULL;
+    int subwords = 0;
     const char *error = NULL;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    memset(model, 0, sizeof *model);
+    memset(vocab, 0, sizeof *vocab);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errorf("%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
         error = errorf("%s: not a regular file", path);
-    }
     if (!error)
-        error = checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
-    if (!error && h.merges_bytes > 0 && !lab.read_merges_section) {
-        error = errorf("%s: holds §5.1 subword merges, which transformer.c alone does not read; "
-                       "expected make's ./transformer", path);
+        error = checkpoint_read_model(f, (uint64_t)st.st_size, model, vocab, &subwords, path);
+    if (!error && subwords) {
+        error = errorf("%s: its tokens are §5.1 subwords, which transformer.c alone does not cut "
+                       "text into; expected make's ./transformer", path);
     }
-    if (!error)
-        error = checkpoint_read_body(&r, &h, model, vocab, &options, path);
     fclose(f);
     if (error) {
-        free(options);
         transformer_free(model);
         vocab_free(vocab);
-        return error;
     }
-    model->adam_step = (long)h.adam_step;
-    model->dropout_rng.state = h.dropout_rng;
-    if (state)
-        *state = h.state;
-    if (run_options)
-        *run_options = options;
-    else
-        free(options);
-    return NULL;
+    return error;
 }
 
 // ---- train ------------------------------------------------------------------
+// train makes a task's pairs and a model of the sizes its flags ask for, then takes --steps
+// steps (§5), and every eval_every steps (and at the end) evaluates and saves the checkpoint.
 
+// The copy task on 0..9, 1 to 10 of them (10,000 pairs, 200 held out); 0.2 million parameters;
+// §5.4's dropout and label smoothing; a peak lr above the paper's 7e-4, as small models allow.
 static const TrainOptions train_defaults = {
     .task = "copy", .words = 10, .min_length = 1, .max_length = 10, .train_size = 10000,
     .valid_size = 200, .layers = 2, .d_model = 64, .d_ff = 256, .heads = 4,
     .positional = POSITIONAL_SINUSOID, .dropout = 0.1, .label_smoothing = 0.1, .steps = 1500,
-    .warmup = 50, .batch_tokens = 600, .seed = 1, .lr = 3e-3, .eval_every = 250, .log_every = 50,
+    .warmup = 50, .batch_tokens = 600, .seed = 1, .lr = 2e-3, .eval_every = 250, .log_every = 50,
     .eval_size = 500, .show = 5,
 };
 
-// transformer.c's flags of train: the task, Table 3's sizes, §5.3's schedule, §5.1's batches.
-// The lab adds the rest (lab.train_options).
+// train's flags: the task, Table 3's sizes, §5.3's schedule, §5.1's batches.
 static int train_option_table(Option *table, TrainOptions *o) {
     Option list[] = {
         TEXT_OPTION("--task", &o->task, "built-in task, copy or reverse"),
@@ -3254,329 +2701,217 @@ static int train_option_table(Option *table, TrainOptions *o) {
 
 static const char *train_usage =
     "usage: ./transformer train [--task copy|reverse] [options]\n"
-    "Trains a Transformer with Adam and the warm-up schedule of §5.3, label smoothing and\n"
-    "dropout (§5.4), on the copy or the reverse task; evaluates on held-out sequences as it\n"
-    "goes and writes checkpoints.";
+    "Trains a Transformer on the copy or the reverse task (§5.3's Adam and warm-up, §5.4's\n"
+    "dropout and label smoothing), evaluating on held-out sequences and saving checkpoints.";
 
-// Where the training steps run (transformer.h): here, where the parameters are, nothing to copy.
-static void cpu_training_nothing_to_copy(Transformer *model) { (void)model; }
+// The seam where a program may take the training steps elsewhere (transformer.h); here they
+// are transformer_train_step's, where the parameters are, with nothing to copy.
+static void cpu_training_nothing_to_copy(Transformer *model) {
+    (void)model;
+}
+
 const TrainingCompute transformer_cpu_training = {
     "transformer.c", cpu_training_nothing_to_copy, transformer_train_step,
     cpu_training_nothing_to_copy,
 };
 const TrainingCompute *transformer_training = &transformer_cpu_training;
 
-uint64_t transformer_dropout_key(Transformer *model) { return rng_next(&model->dropout_rng); }
-
-static const char *train_event(TrainRun *run, TrainEvent event) {
-    if (!lab.train_event)
-        return NULL;
-    return lab.train_event(run, event);
+uint64_t transformer_dropout_key(Transformer *model) {
+    return rng_next(&model->dropout_rng);
 }
 
-// The training and held-out pairs of the task; the vocabulary too, when grow (a run the lab
-// resumes has its checkpoint's). The lab reads TSV files instead (--train).
-static const char *train_load_task(TrainRun *run, int grow) {
-    TrainOptions *o = &run->opt;
-    int task = -1;
-    if (strcmp(o->task, "copy") == 0)
-        task = TASK_COPY;
-    if (strcmp(o->task, "reverse") == 0)
-        task = TASK_REVERSE;
-    if (task < 0)
+// The task's vocabulary, and its training and held-out pairs.
+static const char *train_load_task(TrainRun *run) {
+    const TrainOptions *o = &run->opt;
+    int task = strcmp(o->task, "copy") == 0 ? TASK_COPY : TASK_REVERSE;
+    if (task == TASK_REVERSE && strcmp(o->task, "reverse") != 0)
         return errorf("--task '%s' is not a task; expected copy or reverse", o->task);
-    if (grow)
-        task_vocabulary(&run->vocab, o->words);
+    task_vocabulary(&run->vocab, o->words);
     snprintf(run->data_name, sizeof run->data_name, "%s task", o->task);
     return task_generate(&run->train, &run->valid, task, o->words, o->min_length, o->max_length,
                          o->train_size, o->valid_size, (uint64_t)o->seed);
 }
 
-// A new run: its data, a model of the size asked for, the generator of the batches' order.
-static const char *train_start(TrainRun *run) {
-    TrainOptions *o = &run->opt;
-    const char *error = NULL;
-    if (!o->train_path)
-        error = train_load_task(run, 1);   // (the lab has read --train's file)
-    if (error)
-        return error;
+// A model of the sizes the options ask for, with positions for the longest pair + 50 (§6.1),
+// and the generator of the batches' order.
+static const char *train_build_model(TrainRun *run) {
+    const TrainOptions *o = &run->opt;
+    const Dataset *train = &run->train;
+    int longest = train->longest_src > train->longest_tgt ? train->longest_src : train->longest_tgt;
     TransformerConfig config = transformer_default_config();
     config.n_layers = o->layers;
     config.d_model = o->d_model;
     config.d_ff = o->d_ff;
     config.n_heads = o->heads;
-    config.positional = o->positional;
     config.vocab_size = run->vocab.size;
+    config.max_len = o->positions ? o->positions : longest + 1 + 50;
+    config.max_len = config.max_len < TRANSFORMER_MAX_LEN ? config.max_len : TRANSFORMER_MAX_LEN;
+    config.positional = o->positional;
     config.dropout = (float)o->dropout;
     config.label_smoothing = (float)o->label_smoothing;
-    // §6.1: the output may be 50 tokens longer than the input. (The lab's --positions may make
-    // max_len too short for the data: the lab refuses that run at TRAIN_BEGIN.)
-    int longest = run->train.longest_src;
-    if (run->train.longest_tgt > longest)
-        longest = run->train.longest_tgt;
-    config.max_len = o->positions ? o->positions : longest + 1 + 50;
-    if (config.max_len > TRANSFORMER_MAX_LEN)
-        config.max_len = TRANSFORMER_MAX_LEN;
-    error = transformer_config_check(&config);
-    if (error)
-        return errorf("model: %s", error);
-    error = transformer_build(&run->model, &config, (uint64_t)o->seed);
-    if (error)
-        return errorf("model: %s", error);
+    const char *error = transformer_build(&run->model, &config, (uint64_t)o->seed);
     rng_seed(&run->data_rng, (uint64_t)o->seed ^ 0xDA7A0DE5ULL);
-    return NULL;
+    return error ? errorf("model: %s", error) : NULL;
 }
 
-// transformer.c's one rule for what a save may replace: nothing, or a checkpoint of ours.
-static const char *checkpoint_replaceable(const char *path) {
-    struct stat there;
-    if (stat(path, &there) != 0)
-        return NULL;   // nothing there
-    char magic[4] = { 0 };
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        size_t got = fread(magic, 1, 4, f);
-        fclose(f);
-        if (got == 4 && memcmp(magic, CHECKPOINT_MAGIC, 4) == 0)
-            return NULL;
-    }
-    return errorf("%s is already there and is not a checkpoint; expected another --checkpoint",
-                  path);
-}
-
-// The checkpoint's path (by default runs/TASK.ckpt, or the lab's runs/FILE.ckpt), and whether a
-// save may replace what is there, before any training.
+// The checkpoint's path, runs/TASK.ckpt unless --checkpoint says; a save replaces nothing there
+// but a checkpoint (a file that starts with "TCKP"). Checked before any training.
 static const char *train_prepare_output(TrainRun *run) {
-    TrainOptions *o = &run->opt;
-    if (o->checkpoint) {
-        size_t length = strlen(o->checkpoint);
-        size_t most = sizeof run->checkpoint_path - 6;   // room for ".tmp" and the lab's ".stepN"
-        if (length == 0 || length > most) {   // (the message shows a long path's start)
-            return errorf("--checkpoint '%.40s%s': expected a file's path of 1 to %zu bytes",
-                          o->checkpoint, length > 40 ? "..." : "", most);
-        }
-        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "%s", o->checkpoint);
-    } else {
-        // The name of the task or of the file, without its directory and its extension.
-        const char *name = o->train_path ? o->train_path : o->task;
-        const char *slash = strrchr(name, '/');
-        if (slash)
-            name = slash + 1;
-        const char *dot = strrchr(name, '.');
-        int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
-        if (length > 200)
-            length = 200;
-        if (mkdir("runs", 0777) != 0 && errno != EEXIST) {
-            return errorf("runs/: cannot create: %s", strerror(errno));
-        }
-        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length, name);
-    }
-    if (lab.check_output)
-        return lab.check_output(run);   // lab: --force, the run resumed
-    return checkpoint_replaceable(run->checkpoint_path);
+    const char *path = run->opt.checkpoint;
+    size_t most = sizeof run->checkpoint_path - 6;   // room for ".tmp"
+    if (path && (strlen(path) == 0 || strlen(path) > most))
+        return errorf("--checkpoint '%.40s': expected a file's path of 1 to %zu bytes", path, most);
+    if (!path && mkdir("runs", 0777) != 0 && errno != EEXIST)
+        return errorf("runs/: cannot create: %s", strerror(errno));
+    snprintf(run->checkpoint_path, sizeof run->checkpoint_path, path ? "%s" : "runs/%s.ckpt",
+             path ? path : run->opt.task);
+    char magic[4] = "";
+    FILE *f = fopen(run->checkpoint_path, "rb");
+    if (!f)
+        return NULL;   // nothing there
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    if (got == 4 && memcmp(magic, "TCKP", 4) == 0)
+        return NULL;
+    return errorf("%s is already there and is not a checkpoint; expected another --checkpoint",
+                  run->checkpoint_path);
 }
 
-// The checkpoint, unless training diverged: a good checkpoint is never replaced by a bad one.
-static const char *train_save(TrainRun *run) {
-    const char *nonfinite = nonfinite_parameter(&run->model);
-    if (nonfinite) {
-        return errorf("step %ld: %s holds a value that is not finite (training diverged); %s was "
-                      "not overwritten", run->model.adam_step, nonfinite, run->checkpoint_path);
-    }
-    const char *options = run->run_options ? run->run_options : "";
-    const char *error = checkpoint_save(run->checkpoint_path, &run->model, &run->vocab, &run->state,
-                                        options);
-    if (!error)
-        run->last_saved_step = run->model.adam_step;
-    return error;
-}
-
-// The held-out loss, token accuracy and exact match of greedy decoding; at the end, examples.
-// Returns the exact match in %, or NAN when there are no held-out pairs.
-static double train_evaluate(TrainRun *run, int final) {
-    long step = run->model.adam_step;
-    if (run->valid.count == 0) {
-        printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", step);
-        return NAN;
-    }
+// Greedy decoding of held-out pairs: token accuracy and exact match; at the end, a few examples.
+static void train_evaluate(TrainRun *run, int final) {
     Evaluation e;
-    evaluate(&e, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens, 1, 0.6);
-    if (run->vocab.bpe && lab.score_words)
-        lab.score_words(&e, &run->valid, &run->vocab);   // lab
+    evaluate(&e, &run->model, &run->valid, run->opt.eval_size, 1, 0.6);
     double exact = 100.0 * e.exact / e.sentences;
     double accuracy = 100.0 * e.correct / (e.compared ? e.compared : 1);
-    printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% "
-           "(%d/%d)", step, e.loss, accuracy, exact, e.exact, e.sentences);
-    if (e.sentences < run->valid.count) {   // at most 500 by default: minutes, not hours, on WMT
-        printf(" | the first %d of %d held-out pairs (--eval-size 0: all)", e.sentences,
-               run->valid.count);
+    printf("eval   step %ld | token accuracy %.1f%% | exact match %.1f%% (%d/%d)\n",
+           run->model.adam_step, accuracy, exact, e.exact, e.sentences);
+    for (int i = 0; final && i < run->opt.show && i < e.sentences; i++) {
+        const SentencePair *p = &run->valid.pairs[i];
+        const int *reference = run->valid.tokens + p->tgt;
+        const int *output = e.output + (size_t)i * e.stride;
+        int same = e.output_len[i] == p->tgt_len &&
+                   memcmp(output, reference, (size_t)p->tgt_len * sizeof(int)) == 0;
+        printf(i == 0 ? "held-out examples, greedy decoding:\n  source     " : "  source     ");
+        print_tokens(stdout, &run->vocab, run->valid.tokens + p->src, p->src_len);
+        printf("\n  reference  ");
+        print_tokens(stdout, &run->vocab, reference, p->tgt_len);
+        printf("\n  output     ");
+        print_tokens(stdout, &run->vocab, output, e.output_len[i]);
+        printf("   (%s)\n", same ? "exact" : "WRONG");
     }
-    printf("\n");
-    if (final && run->opt.show > 0) {
-        printf("held-out examples, greedy decoding:\n");
-        print_examples(&e, &run->valid, &run->vocab, run->opt.show);
-        const char *what = run->opt.train_path ? "pairs" : "sequences never seen in training";
-        printf("exact match on %d held-out %s: %.1f%% (%d/%d)\n", e.sentences, what, exact, e.exact,
-               e.sentences);
+    if (final) {
+        printf("exact match on %d held-out sequences never seen in training: %.1f%% (%d/%d)\n",
+               e.sentences, exact, e.exact, e.sentences);
     }
     fflush(stdout);
     evaluation_free(&e);
-    return exact;
 }
 
-static void train_print_header(const TrainRun *run) {
-    const TrainOptions *o = &run->opt;
-    const TransformerConfig *config = &run->model.config;
-    int threads = thread_count();
-    printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", run->data_name,
-           run->train.count, run->valid.count, run->vocab.size);
-    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n",
-           config->n_layers, config->d_model, config->d_ff, config->n_heads, config->max_len,
-           config->positional == POSITIONAL_LEARNED ? "learned" : "sinusoid",
-           run->model.num_parameters);
-    printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, "
-           "eps_ls %g, seed %d, %d thread%s%s\n", o->steps, o->lr, o->warmup, o->batch_tokens,
-           (double)config->dropout, (double)config->label_smoothing, o->seed, threads,
-           threads == 1 ? "" : "s", run->threads_note ? run->threads_note : "");
-    if (transformer_training != &transformer_cpu_training) {
-        printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
-    }
-    if (run->resumed_from) {
-        printf("resume %s at step %ld\n", run->resumed_from, run->model.adam_step);
-    }
-    printf("checkpoints to %s\n", run->checkpoint_path);
+// A line of progress, with the time left at the rate so far:
+//   step   400/1500 | loss 0.8978 | lr 1.06e-03 |   15.6k tok/s | elapsed 14 s | left 38 s
+static void print_progress(const TrainRun *run, double start, double tokens_per_s) {
+    long step = run->model.adam_step;
+    double elapsed = wall_seconds() - start;
+    double left = elapsed / step * (run->opt.steps - step);
+    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %.0f s | left %.0f s\n",
+           step, run->opt.steps, (double)run->loss, run->lr, tokens_per_s / 1000, elapsed, left);
     fflush(stdout);
-}
-
-// "1:23:45" or "2:05", in text (32 bytes).
-static char *duration(char *text, double seconds) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600)
-        snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else
-        snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
-    return text;
 }
 
 // The next batch of the epoch's plan, drawing a new epoch's plan when the last is used up.
 static void train_next_batch(TrainRun *run) {
-    TrainingState *state = &run->state;
-    if (state->epoch == 0 || state->epoch_batches == (uint64_t)run->plan.num_spans) {
-        state->epoch_rng = run->data_rng.state;
+    if (run->epoch == 0 || run->epoch_batches == run->plan.num_spans) {
         epoch_plan_make(&run->plan, &run->train, run->opt.batch_tokens, &run->data_rng);
-        state->epoch++;
-        state->epoch_batches = 0;
+        run->epoch++;
+        run->epoch_batches = 0;
     }
-    BatchSpan span = run->plan.spans[state->epoch_batches];
-    state->epoch_batches++;
+    BatchSpan span = run->plan.spans[run->epoch_batches];
+    run->epoch_batches++;
     batch_fill(&run->batch, &run->train, run->plan.order + span.start, span.count);
 }
 
-// The error of a loss that is NaN or infinite: training stops, and the last checkpoint stays.
-static const char *diverged_error(const TrainRun *run, long step) {
-    char saved[4300] = "no checkpoint was written";
-    if (run->last_saved_step >= 0) {
-        snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
-                 run->checkpoint_path, run->last_saved_step);
-    }
-    return errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
-                  isnan(run->loss) ? "NaN" : "infinite", saved);
+// A loss or a parameter that is NaN or infinite stops training, before a save could replace a
+// good checkpoint with it. Returns that error, or NULL.
+static const char *diverged_error(TrainRun *run) {
+    const char *nonfinite = isfinite(run->loss) ? nonfinite_parameter(&run->model) : "the loss";
+    if (!nonfinite)
+        return NULL;
+    return errorf("step %ld: %s is not finite: training stopped (try a lower --lr); %s was not "
+                  "overwritten", run->model.adam_step, nonfinite, run->checkpoint_path);
 }
 
-// A line of progress:
-//   step   400/1500 | loss 0.8978 | lr 1.06e-03 |   15.6k tok/s | elapsed 0:14 | left 0:38
-static void print_progress(const TrainRun *run, long first_step, double start,
-                           double tokens_per_s) {
-    long step = run->model.adam_step;
-    double elapsed = wall_seconds() - start;
-    double left = elapsed / (step - first_step) * (run->opt.steps - step);
-    char elapsed_text[32];
-    char left_text[32];
-    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step,
-           run->opt.steps, (double)run->loss, run->lr, tokens_per_s / 1000,
-           duration(elapsed_text, elapsed), duration(left_text, left));
-    fflush(stdout);
-}
-
-// The training loop (§5): batches by length, teacher forcing, Adam with eq. 3's schedule peaking
-// at --lr; progress lines, held-out evaluations and checkpoints as it goes.
+// The training loop (§5). Each step goes through the TrainingCompute seam: transformer_train_step
+// here, or a GPU's, which copies the model back to the host for each evaluation and save.
 static const char *train_loop(TrainRun *run) {
     TrainOptions *o = &run->opt;
     Transformer *model = &run->model;
     // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5: this factor makes the peak --lr.
     double factor = o->lr * sqrt((double)model->config.d_model * o->warmup);
-    int save_every = o->save_every ? o->save_every : o->eval_every;
-    const char *error = train_event(run, TRAIN_BEGIN);   // lab: the logs, kept checkpoints, threads
-    if (error)
-        return error;
-    train_print_header(run);
-    if (model->adam_step >= o->steps) {
-        printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n",
-               model->adam_step, o->steps);
-        train_evaluate(run, 1);
-    }
-
-    // transformer_train_step, or the CUDA companion's
     const TrainingCompute *compute = transformer_training;
     compute->begin(model);
     double start = wall_seconds();
     double last_time = start;
-    long first_step = model->adam_step;
     long tokens = 0;
-    while (model->adam_step < o->steps) {
-        error = train_event(run, TRAIN_STEP);   // lab: the thread count
-        if (error)
-            break;
+    const char *error = NULL;
+    while (!error && model->adam_step < o->steps) {
         train_next_batch(run);
         long step = model->adam_step + 1;
-        double step_start = wall_seconds();
         model->training = 1;
         run->loss = compute->train_step(model, &run->batch.batch, o->warmup, factor);
         run->lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
-        run->seconds = wall_seconds() - step_start;
-        run->tokens = run->batch.tokens;
-        if (!isfinite(run->loss)) {
-            error = diverged_error(run, step);
-            break;
-        }
         tokens += run->batch.tokens;
-        int last = step == o->steps;
-        if (o->log_every && (step % o->log_every == 0 || last)) {
+        if (step % o->log_every == 0 || step == o->steps) {
             double now = wall_seconds();
-            print_progress(run, first_step, start, tokens / (now - last_time + 1e-9));
+            print_progress(run, start, tokens / (now - last_time + 1e-9));
             last_time = now;
             tokens = 0;
         }
+        error = isfinite(run->loss) ? NULL : diverged_error(run);
 
-        // The evaluation and the checkpoint read the model on the host. tokens/s in the progress
-        // lines counts the time of the training steps only.
-        run->evaluated = (o->eval_every && step % o->eval_every == 0) || last;
-        int saving = (save_every && step % save_every == 0) || last;
-        if (run->evaluated || saving)
+        // an evaluation and a save, of the model on the host (tokens/s counts the steps' time)
+        if (!error && (step % o->eval_every == 0 || step == o->steps)) {
             compute->to_host(model);
-        double eval_start = wall_seconds();
-        run->heldout = run->evaluated ? train_evaluate(run, last) : NAN;
-        last_time += wall_seconds() - eval_start;
-        error = train_event(run, TRAIN_STEPPED);   // lab: --log, --loss-log
-        if (error)
-            break;
-        if (saving)
-            error = train_save(run);
-        if (saving && !error)
-            error = train_event(run, TRAIN_SAVED);   // lab: --keep-last
-        if (error)
-            break;
+            double eval_start = wall_seconds();
+            train_evaluate(run, step == o->steps);
+            error = diverged_error(run);
+            if (!error)
+                error = checkpoint_save(run->checkpoint_path, model, &run->vocab);
+            last_time += wall_seconds() - eval_start;
+        }
     }
-    if (!error && model->adam_step > first_step) {
-        double seconds = wall_seconds() - start;
-        char elapsed[32];
-        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1,
-               model->adam_step, duration(elapsed, seconds), seconds, run->checkpoint_path);
+    if (!error) {
+        printf("trained steps 1..%ld in %.1f s; checkpoint %s\n", model->adam_step,
+               wall_seconds() - start, run->checkpoint_path);
     }
     return error;
 }
 
-static void train_run_free(TrainRun *run) {
+static int command_train(int argc, char **argv) {
+    TrainRun *run = checked_calloc(1, sizeof(TrainRun), "training run");
+    Option options[16];
+    run->opt = train_defaults;
+    int num_options = train_option_table(options, &run->opt);
+    int status = parse_options("train", train_usage, options, num_options, argc, argv, NULL,
+                               NULL);
+    const char *error = status == 0 ? train_load_task(run) : NULL;
+    if (status == 0 && !error)
+        error = train_build_model(run);
+    if (status == 0 && !error)
+        error = train_prepare_output(run);
+    if (status == 0 && !error) {
+        const TransformerConfig *config = &run->model.config;
+        printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", run->data_name,
+               run->train.count, run->valid.count, run->vocab.size);
+        printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d: %zu parameters\n",
+               config->n_layers, config->d_model, config->d_ff, config->n_heads, config->max_len,
+               run->model.num_parameters);
+        printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens; "
+               "checkpoints to %s\n", run->opt.steps, run->opt.lr, run->opt.warmup,
+               run->opt.batch_tokens, run->checkpoint_path);
+        error = train_loop(run);
+    }
+    if (error)
+        fprintf(stderr, "error: train: %s\n", error);
     vocab_free(&run->vocab);
     dataset_free(&run->train);
     dataset_free(&run->valid);
@@ -3584,223 +2919,111 @@ static void train_run_free(TrainRun *run) {
     free(run->plan.order);
     free(run->plan.spans);
     batch_buffer_free(&run->batch);
-    free(run->run_options);
     free(run);
-}
-
-static int command_train(int argc, char **argv) {
-    TrainRun *run = checked_calloc(1, sizeof(TrainRun), "training run");
-    run->opt = train_defaults;
-    run->num_options = train_option_table(run->options, &run->opt);
-    run->usage = train_usage;
-    if (lab.train_options)
-        lab.train_options(run);   // lab: more flags (--train, --resume, ...)
-    int status = parse_options("train", run->usage, run->options, run->num_options, argc, argv,
-                               NULL, NULL);
-    const char *error = NULL;
-    if (status == 0) {
-        set_threads(run->opt.threads);
-        run->last_saved_step = -1;
-        error = train_event(run, TRAIN_START);   // lab: --resume, §5.1 merges, TSV files
-        if (!error && !run->resumed_from)
-            error = train_start(run);
-        if (!error)
-            error = train_prepare_output(run);
-        if (!error)
-            error = train_loop(run);
-        const char *end_error = train_event(run, TRAIN_END);   // lab: closes its logs
-        if (!error)
-            error = end_error;
-        if (error)
-            fprintf(stderr, "error: train: %s\n", error);
-    }
-    train_run_free(run);
-    if (status == 2)
-        return 0;
-    return status != 0 || error != NULL;
+    return status == 2 ? 0 : status != 0 || error != NULL;
 }
 
 // ---- decode -----------------------------------------------------------------
+// decode translates the sentences on its command line with a checkpoint (§6.1), a line each.
 
-// Decodes one sentence of text and prints the output on one line. A sentence it cannot take does
-// not stop a stream: it gets an error line and an empty output line (line i still answers line
-// i), and 1 is returned. error: the text's own (the lab's text rule), or NULL.
-static int decode_sentence(Transformer *model, Vocabulary *vocab, char *text, TextSource *from,
-                           const DecodeOptions *d, const char *error) {
-    int max_len = model->config.max_len;
-    int n = 0;
-    size_t length;
-    const char *token = next_token(text, &length);
-    while (token) {
-        n++;
-        token = next_token(token + length, &length);
-    }
+// Decodes one sentence and prints the output. Returns 0, or 1 after a one-line error (too
+// long, or a special token in the text); the other sentences are still decoded.
+static int decode_sentence(Transformer *model, Vocabulary *vocab, const char *text,
+                           TextSource *from, int beam) {
     int *ids = NULL;
     size_t capacity = 0;
-    if (!error && n > max_len - 1) {
+    int n = tokenize(text, vocab, 0, &ids, &capacity, from);
+    int most = model->config.max_len - 1;   // one position is </s>
+    const char *error = n < 0 ? reserved_token_error(from) : NULL;
+    if (n > most) {
         error = errorf("%s: the sentence has %d tokens; the model's maximum length %d allows %d "
-                       "(one position is </s>)", from->where, n, max_len, max_len - 1);
+                       "(one position is </s>)", from->where, n, most + 1, most);
     }
-    if (!error)
-        n = tokenize(text, vocab, 0, &ids, &capacity, from);
-    if (!error && n < 0)
-        error = reserved_token_error(from);
-    if (!error && n > 0) {
+    if (!error) {
         push_id(&ids, &capacity, n, TOKEN_EOS);   // the source ends with </s>, as in batch_fill
-        n++;
-        int limit = transformer_decode_limit(model, n);
-        int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
-        int out_len;
-        if (d->beam <= 1)
-            transformer_greedy_decode(model, out, &out_len, limit, ids, &n, 1, n);
-        else
-            out_len = transformer_beam_search(model, out, NULL, ids, n, d->beam, d->alpha);
+        int *out = checked_calloc(transformer_decode_limit(model, n + 1), sizeof(int), "output");
+        int out_len = transformer_beam_search(model, out, NULL, ids, n + 1, beam, 0.6);   // §6.1
         print_tokens(stdout, vocab, out, out_len);
+        printf("\n");
         free(out);
     }
     free(ids);
     fflush(stdout);
     if (error)
         fprintf(stderr, "error: decode: %s\n", error);
-    printf("\n");
-    fflush(stdout);
     return error != NULL;
 }
 
-// The lines of standard input, each decoded as a sentence. Returns the number refused, or -1
-// after a read error.
-static int decode_stdin(Transformer *model, Vocabulary *vocab, const DecodeOptions *d,
-                        TextSource *from) {
-    char *line = NULL;
-    size_t capacity = 0;
-    int refused = 0;
-    int line_no = 0;
-    ssize_t length = getline(&line, &capacity, stdin);
-    while (length >= 0) {
-        line_no++;
-        snprintf(from->where, sizeof from->where, "stdin:%d", line_no);
-        while (length > 0 && (line[length - 1] == '\n' || line[length - 1] == '\r')) {
-            length--;
-            line[length] = '\0';
-        }
-        const char *error = NULL;
-        if (strlen(line) != (size_t)length) {
-            error = errorf("%s: a zero byte; expected text", from->where);
-        }
-        if (!error && lab.check_text)
-            error = lab.check_text(line, from->where, line_no);   // lab
-        refused += decode_sentence(model, vocab, line, from, d, error);
-        length = getline(&line, &capacity, stdin);
-    }
-    free(line);
-    if (!ferror(stdin))
-        return refused;
-    // A read that fails (stdin a directory, say) is not the end of the input.
-    fprintf(stderr, "error: decode: stdin: read error after %d lines: %s\n", line_no,
-            strerror(errno));
-    return -1;
-}
-
 static const char *decode_usage =
-    "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
-    "Translates each SENTENCE (tokens separated by white space), or else each line of standard\n"
-    "input, and prints the output, one line each. Greedy decoding, or beam search with --beam;\n"
-    "at most source length + 50 tokens (§6.1). A sentence it cannot take (too long, a reserved\n"
-    "token) gets an error line and an empty output line; then exit status 1.";
+    "usage: ./transformer decode --checkpoint FILE [--beam 4] 'SENTENCE' ...\n"
+    "Translates each SENTENCE (tokens separated by white space), a line each: greedy decoding,\n"
+    "or beam search with --beam, at most source length + 50 tokens (§6.1). A sentence it cannot\n"
+    "take (too long, a reserved token) gets an error line; then exit status 1.";
 
 static int command_decode(int argc, char **argv) {
-    DecodeOptions d = { .beam = 1, .alpha = 0.6, .usage = decode_usage };
+    const char *checkpoint = NULL;
+    int beam = 1;
     Option options[] = {
-        TEXT_OPTION("--checkpoint", &d.checkpoint, "the trained model (required)"),
-        INT_OPTION("--beam", &d.beam, 1, 1000,
-                   "beam size; 1 is greedy decoding (the paper used 4)"),
+        TEXT_OPTION("--checkpoint", &checkpoint, "the trained model (required)"),
+        INT_OPTION("--beam", &beam, 1, 1000, "beam size; 1 is greedy decoding (the paper used 4)"),
     };
-    memcpy(d.options, options, sizeof options);
-    d.num_options = (int)(sizeof options / sizeof *options);
-    if (lab.decode_options)
-        lab.decode_options(&d);   // lab: --alpha, --threads
     char **sentences = checked_calloc(argc, sizeof(char *), "arguments");
     int num_sentences = 0;
-    int status = parse_options("decode", d.usage, d.options, d.num_options, argc, argv, sentences,
+    int status = parse_options("decode", decode_usage, options, 2, argc, argv, sentences,
                                &num_sentences);
-    if (status != 0) {
-        free(sentences);
-        return status == 2 ? 0 : 1;
-    }
-    set_threads(d.threads);
     Transformer model = { 0 };
     Vocabulary vocab = { 0 };
     const char *error = "--checkpoint FILE is required (a model written by ./transformer train)";
-    if (d.checkpoint)
-        error = checkpoint_load(d.checkpoint, &model, &vocab, NULL, NULL);
-    if (error) {
+    if (checkpoint && num_sentences == 0)
+        error = "no sentence to decode; expected one or more, such as '3 1 4'";
+    else if (checkpoint)
+        error = checkpoint_load(checkpoint, &model, &vocab);
+    if (status == 0 && error)
         fprintf(stderr, "error: decode: %s\n", error);
-        free(sentences);
-        return 1;
-    }
 
-    // The sentences given as arguments, or else the lines of standard input.
     TextSource from = { "", 0, 0, NULL };
     int refused = 0;
-    for (int i = 0; i < num_sentences; i++) {
+    for (int i = 0; status == 0 && !error && i < num_sentences; i++) {
         snprintf(from.where, sizeof from.where, "argument %d", i + 1);
-        const char *error_of_text = NULL;
-        if (lab.check_text)
-            error_of_text = lab.check_text(sentences[i], from.where, 0);   // lab
-        refused += decode_sentence(&model, &vocab, sentences[i], &from, &d, error_of_text);
+        refused += decode_sentence(&model, &vocab, sentences[i], &from, beam);
     }
-    if (num_sentences == 0)
-        refused = decode_stdin(&model, &vocab, &d, &from);
+    free(sentences);
     transformer_free(&model);
     vocab_free(&vocab);
-    free(sentences);
-    return refused != 0;
+    return status == 2 ? 0 : status != 0 || error != NULL || refused != 0;
 }
 
 // ==== main: the table of contents ============================================
 //   ./transformer train    learn the copy or the reverse task (§5)
 //   ./transformer decode   translate with a checkpoint (§6.1)
-// lab/lab.c adds its commands after these (lab.commands): eval, bleu, average, ...
 
-static Command commands[] = {
+static const Command commands[] = {
     { "train", command_train, "train on a built-in task (--task copy|reverse)" },
     { "decode", command_decode,
       "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
 };
-#define NUM_COMMANDS 2
 
-// The i-th command: transformer.c's, then the lab's.
-static const Command *command_at(int i) {
-    if (i < NUM_COMMANDS)
-        return &commands[i];
-    return &lab.commands[i - NUM_COMMANDS];
-}
-
-static int print_usage(FILE *f, int count) {
+static int print_usage(FILE *f, const Command *table, int count) {
     fprintf(f, "usage: ./transformer COMMAND [options]   "
                "(./transformer COMMAND --help for its options)\n");
-    for (int i = 0; i < count; i++) {
-        fprintf(f, "  %-9s %s\n", command_at(i)->name, command_at(i)->summary);
-    }
+    for (int i = 0; i < count; i++) fprintf(f, "  %-9s %s\n", table[i].name, table[i].summary);
     fprintf(f, "example: ./transformer train --task copy && "
                "./transformer decode --checkpoint runs/copy.ckpt \"3 1 4 1 5\"\n");
     return f == stderr;
 }
 
-// Runs the command argv[1] with its arguments. Returns 0, or 1 after a one-line error.
-int transformer_main(int argc, char **argv) {
-    int count = NUM_COMMANDS + lab.num_commands;
+// Runs the command argv[1] of the table; returns 0, or 1 after a one-line error.
+static int run_command(const Command *table, int count, int argc, char **argv) {
     if (argc < 2)
-        return print_usage(stderr, count);
+        return print_usage(stderr, table, count);
     const char *name = argv[1];
-    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
-        return print_usage(stdout, count);
-    }
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0)
+        return print_usage(stdout, table, count);
     for (int i = 0; i < count; i++) {
-        if (strcmp(name, command_at(i)->name) != 0)
+        if (strcmp(name, table[i].name) != 0)
             continue;
         snprintf(error_context, sizeof error_context, "%s: ", name);
-        int status = command_at(i)->run(argc - 1, argv + 1);
+        int status = table[i].run(argc - 1, argv + 1);
         error_context[0] = '\0';
         // The output may be lost at the end (a full disk): that is an error too. errno is cleared
         // first, so that a reason given is this flush's own.
@@ -3814,12 +3037,18 @@ int transformer_main(int argc, char **argv) {
     fprintf(stderr, "error: unknown command '%s'; expected", name);
     for (int i = 0; i < count; i++) {
         const char *separator = i == 0 ? "" : i + 1 == count ? " or" : ",";
-        fprintf(stderr, "%s %s", separator, command_at(i)->name);
+        fprintf(stderr, "%s %s", separator, table[i].name);
     }
     fprintf(stderr, " (see ./transformer --help)\n");
     return 1;
 }
 
+int transformer_main(int argc, char **argv) {
+    return run_command(commands, (int)(sizeof commands / sizeof *commands), argc, argv);
+}
+
 #ifndef TRANSFORMER_NO_MAIN
-int main(int argc, char **argv) { return transformer_main(argc, argv); }
+int main(int argc, char **argv) {
+    return transformer_main(argc, argv);
+}
 #endif

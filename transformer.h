@@ -4,14 +4,16 @@
  * encoder and decoder, forward pass, hand-derived backward pass and Adam, in plain C loops,
  * and the smallest program that trains it (Part II). This header holds the types both use:
  * the model's (the configuration, the tensors with their shapes, the batch, the model), the
- * program's (data, options, evaluation, a training run), and the hooks where the companions
- * beside it (lab/, cuda/) plug in.
+ * program's (data, options, evaluation, a training run, the checkpoint's header), and the two
+ * seams where a companion beside it (lab/, cuda/) plugs in: FastPath and TrainingCompute.
  *
  * BUILD
- *     cc -O2 transformer.c -lm -o transformer_minimal   transformer.c alone: train, decode
- *     make          ./transformer from lab/lab.c, which includes transformer.c and plugs in
- *                   the fast path, §5.1 subwords, --resume and the instruments (OpenMP on;
- *                   `make OPENMP=0` for none)
+ *     cc -O3 -march=native -fopenmp transformer.c -lm -o transformer_minimal
+ *                   transformer.c alone (train, decode) on every core, its dot products in
+ *                   vector lanes; anywhere: cc -O2 transformer.c -lm, one core and slower
+ *     make          ./transformer, the lab's program (lab/lab.c includes transformer.c): the
+ *                   fast path, real text, §5.1 subwords, --resume and the instruments
+ *                   (OpenMP on; `make OPENMP=0` for none)
  *     make demo     builds, trains the copy task, decodes held-out examples
  *     make test     builds and runs the tests
  *     make debug    -O0 -g, transformer.c alone without OpenMP: for gdb
@@ -353,35 +355,29 @@ extern const TrainingCompute *transformer_training;
 uint64_t transformer_dropout_key(Transformer *model);
 
 // ----------------------------------------------------------------------------
-// Decoding (§6.1): the encoder runs once per sentence, the decoder once per
-// position (over the positions so far; make's ./transformer: with a key/value
-// cache). Outputs never contain <pad>, <s> or </s>; at most transformer_decode_limit
-// tokens (source length + 50, and no more than max_len).
+// Decoding (§6.1): the encoder runs once per sentence, the decoder once per position (over
+// the positions so far, or, with the FastPath hooks, with a key/value cache). Outputs never
+// contain <pad>, <s> or </s>; at most transformer_decode_limit tokens (source length + 50,
+// and no more than max_len).
 
 int transformer_decode_limit(const Transformer *model, int src_len);
-// B sentences side by side: src (B,S) padded, src_len (B); out (B,max_out), out_len (B)
-void transformer_greedy_decode(Transformer *model, int *out, int *out_len, int max_out,
-                               const int *src, const int *src_len, int B, int S);
 // One sentence; returns the output length (out holds transformer_decode_limit tokens), and
 // *score (if not NULL) gets log P(output) / ((5 + length) / 6)^alpha, </s> counted in length.
+// beam_size 1 is greedy decoding.
 int transformer_beam_search(Transformer *model, int *out, double *score, const int *src,
                             int src_len, int beam_size, double alpha);
 
-
-
 // ----------------------------------------------------------------------------
-// The program (transformer.c, Part II): its data, options, evaluation and
-// training run. The companions in lab/ include transformer.c and work on the
-// same types through its hooks (LabHooks, below).
+// The program (transformer.c, Part II): its vocabulary, command line, data, evaluation and
+// training run.
 
+// §3.4: one vocabulary for source and target. A hash table finds a token's id.
 typedef struct {
-    char **words;       // (size) id -> text
-    int size, capacity;
-    // the lab's hash table (lab/text.c), NULL in transformer.c alone: (num_slots) ids, -1
-    // where empty; num_slots is a power of two
-    int *slots;
-    size_t num_slots;
-    struct Bpe *bpe;    // the lab's §5.1 subword merges, or NULL: every token is a whole word
+    char **words;     // (size) id -> the token's text
+    int size;
+    int capacity;
+    int *slots;       // (num_slots) the ids by their text's hash, -1 where empty
+    int num_slots;    // 2 * capacity: the table is at most half full
 } Vocabulary;
 
 // FLAG takes no value: it sets an int to 1
@@ -402,7 +398,6 @@ typedef struct {
     { name, OPTION_NUMBER, value, lo, hi, above, help, 0 }
 #define TEXT_OPTION(name, value, help) { name, OPTION_TEXT, value, 0, 0, 0, help, 0 }
 #define FLAG_OPTION(name, value, help) { name, OPTION_FLAG, value, 0, 1, 0, help, 0 }
-#define MAX_OPTIONS 48
 
 typedef struct {
     const char *name;
@@ -410,8 +405,12 @@ typedef struct {
     const char *summary;
 } Command;
 
+#define MAX_UNKNOWN_WARNINGS 5          // unknown tokens warned of, for one input (TextSource)
+#define MAX_TRAINING_STEPS 1000000000   // the most --steps
+typedef unsigned long long u64;         // for printf's %llu
+
 // Where a sentence came from, for messages: "data.tsv:12", "stdin:3", "argument 2".
-typedef struct TextSource {
+typedef struct {
     char where[300];
     int warnings;             // unknown-token warnings printed so far for this input
     long unknown;             // tokens read as <unk>
@@ -444,17 +443,14 @@ typedef struct {
     int num_spans;
 } EpochPlan;
 
-// A Batch and the memory behind it
+// A Batch whose arrays are its own (batch_fill, batch_buffer_free)
 typedef struct {
     Batch batch;
-    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
     long tokens;   // source and target positions without padding, for tokens/s
 } BatchBuffer;
 
+// Held-out sentences decoded and compared with their references (evaluate)
 typedef struct {
-    double loss;             // mean per target token
-    double log_loss;         // mean -log p(reference token), no smoothing:
-                             // perplexity = exp(log_loss)
     long correct, compared;  // token accuracy = correct / compared
     int exact, sentences;
     int *output;             // (sentences, stride) the decoded outputs
@@ -462,81 +458,69 @@ typedef struct {
     int stride;
 } Evaluation;
 
-// Where a training run stands in its data, besides the model and Adam.
+// train's flags and their defaults (transformer.c's train_defaults)
 typedef struct {
-    uint64_t epoch_rng;      // the data-order generator's state when the current epoch was drawn
-    uint64_t epoch;          // epochs begun (the first is 1)
-    uint64_t epoch_batches;  // batches of the current epoch already trained on
-    uint64_t data_hash;      // the training pairs' hash, which the lab's --resume checks (0: none)
-} TrainingState;
-
-typedef struct TrainOptions {
-    const char *task, *train_path, *valid_path;                 // a built-in task, or TSV files
-    int words, min_length, max_length, train_size, valid_size;   // the task's words and sizes
-    // Table 3's N, d_model, d_ff and h; positions: max_len (0: from the data); positional: its
-    // kind, sinusoid or learned
-    int layers, d_model, d_ff, heads, positions, positional;
-    double dropout, label_smoothing;                             // P_drop, eps_ls
-    int steps, warmup, batch_tokens, seed;                       // §5.3's schedule, peaking at lr
-    double lr;
-    const char *checkpoint;                                      // this session only:
-    int eval_every, save_every, log_every, eval_size, show, threads, force;
+    const char *task;         // copy or reverse
+    int words;                // the task's words are the numbers 0..words-1,
+    int min_length;           // in sequences of min_length to max_length of them:
+    int max_length;
+    int train_size;           // train_size pairs to learn from, valid_size held out
+    int valid_size;
+    int layers;               // Table 3's N, d_model, d_ff and h
+    int d_model;
+    int d_ff;
+    int heads;
+    int positions;            // max_len (0: the longest sentence + 50, §6.1)
+    int positional;           // POSITIONAL_SINUSOID (§3.5) or POSITIONAL_LEARNED (Table 3, E)
+    double dropout;           // P_drop and eps_ls (§5.4)
+    double label_smoothing;
+    int steps;                // training steps
+    int warmup;               // eq. 3's warmup_steps
+    int batch_tokens;         // the most tokens of a batch, source + target, padding included
+    int seed;                 // of the data, the initial weights and dropout
+    double lr;                // the peak learning rate: eq. 3 scaled to reach it at warmup
+    const char *checkpoint;   // the file saves go to (NULL: runs/TASK.ckpt)
+    int eval_every;           // an evaluation and a save every eval_every steps
+    int log_every;            // a progress line every log_every steps (0: none)
+    int eval_size;            // held-out pairs decoded at each evaluation (0: all)
+    int show;                 // held-out examples printed at the end
 } TrainOptions;
 
-// Everything a training run holds.
-typedef struct TrainRun {
+// A training run: its options, data, model and place in the data.
+typedef struct {
     TrainOptions opt;
-    Option options[MAX_OPTIONS];  // train's flags: transformer.c's, then the lab's
-    int num_options;
-    const char *usage;            // train --help's first lines
     Vocabulary vocab;
-    Dataset train, valid;
+    Dataset train;
+    Dataset valid;
     Transformer model;
-    TrainingState state;
     Rng data_rng;                 // draws each epoch's batch order
-    EpochPlan plan;
+    EpochPlan plan;               // the current epoch's batches
+    long epoch;                   // epochs begun (the first is 1)
+    int epoch_batches;            // batches of the current epoch trained on
     BatchBuffer batch;
-    // the run's flags as text, stored in checkpoints for the lab's --resume (NULL: none)
-    char *run_options;
     char checkpoint_path[4096];
-    char data_name[300];          // for messages: "copy task", "data.tsv"
-    long last_saved_step;         // -1: none saved by this run yet
-    const char *resumed_from;     // the checkpoint the lab's --resume read the run from, or NULL
-    const char *threads_note;     // how the lab counts the threads, for the header, or NULL
-    // the step just taken, for the lab (TRAIN_STEPPED): loss, learning rate, its
-    // seconds and tokens, and the held-out exact match % (NaN when not evaluated)
-    real loss;
-    double lr, seconds, heldout;
-    long tokens;
-    int evaluated;
+    char data_name[300];          // for messages: "copy task"
+    real loss;                    // the step just taken: its loss and learning rate
+    double lr;
 } TrainRun;
 
-// The stages of `train` the lab hears of (transformer.c's train_event calls)
-typedef enum {
-    TRAIN_START,
-    TRAIN_BEGIN,
-    TRAIN_STEP,
-    TRAIN_STEPPED,
-    TRAIN_SAVED,
-    TRAIN_END,
-} TrainEvent;
+// The model's checkpoint begins with this header, as it lies in memory (dev/FORMATS.md).
+typedef struct {
+    char magic[4];               // "TCKP"
+    uint32_t version;            // 4
+    uint32_t real_bytes;         // 4 (float) or 8 (double)
+    uint32_t subwords;           // 1: the tokens are §5.1 subwords (another program cuts text)
+    TransformerConfig config;    // its 7 ints and 3 floats
+    uint64_t vocab_bytes;        // the vocabulary's bytes
+    uint64_t model_bytes;        // the model's, header to checksum
+} CheckpointHeader;
 
-// decode's flags and their table (transformer.c's, then the lab's)
-typedef struct DecodeOptions {
-    const char *checkpoint;
-    int beam, threads;
-    double alpha;                 // beam search's length penalty (§6.1)
-    const char *usage;            // decode --help's first lines
-    Option options[8];
-    int num_options;
-} DecodeOptions;
+#ifndef __cplusplus   // (a C11 assertion; nvcc reads this header as C++ for the CUDA companion)
+_Static_assert(sizeof(CheckpointHeader) == 72, "the header's fields, one after another");
+#endif
 
 // ----------------------------------------------------------------------------
-// Where the companions plug in. transformer.c alone leaves these empty and
-// runs its own loops and commands; lab/lab.c (make's ./transformer) fills them
-// in: its fast path (lab/fast_path.c) the four products and the decoder of FastPath, the rest
-// of the lab the program's hooks of LabHooks. (The CUDA companion plugs in
-// through transformer_training, above.)
+// Where a faster program plugs in (the other seam is transformer_training, above).
 
 // The products that take nearly all of a training step's time, and §6.1's decoder. Each product
 // is called in place of transformer.c's function of the same name when it is set; so is
@@ -563,52 +547,9 @@ typedef struct {
     void (*decoder_end)(Decoder *decoder);
 } FastPath;
 
-// The program's hooks, each called at one place in transformer.c (a line marked "lab:")
-typedef struct {
-    // more commands, after train and decode: eval, bleu, average, attention, pe, plot, bpe,
-    // params, table3, bench
-    const Command *commands;
-    int num_commands;
-    // more flags for train (--train, --dropout, --resume, --log, ...) and decode (--alpha,
-    // --threads): each may add to the command's table, order it and change its usage
-    void (*train_options)(TrainRun *run);
-    void (*decode_options)(DecodeOptions *decode);
-    // each stage of training: --resume, §5.1 merges and TSV files (TRAIN_START), the logs, kept
-    // checkpoints, the thread count
-    const char *(*train_event)(TrainRun *run, TrainEvent event);
-    // what a new run's checkpoint may replace, in place of transformer.c's one rule (only a
-    // checkpoint): --force, and the checkpoint a run resumed from
-    const char *(*check_output)(TrainRun *run);
-    // a token's id in a vocabulary of any size (-1: not there), in place of transformer.c's
-    // reading of the list from the start; and the last token added, into the lab's table
-    int (*find_token)(const Vocabulary *vocab, const char *word, size_t n);
-    void (*token_added)(Vocabulary *vocab);
-    // the text rule: the length of the white-space character at text (Unicode's), or 0; a line
-    // (line_no from 1, 0 for an argument) is UTF-8, its byte-order mark on line 1 dropped
-    int (*white_space)(const char *text);
-    const char *(*check_text)(char *line, const char *where, int line_no);
-    // §5.1 subwords: a word's subword ids pushed at ids[n..] (returns the new n), ids back into
-    // words, the merges freed, and the merges as a checkpoint section (written, read back)
-    int (*split_word)(Vocabulary *vocab, int grow, const char *word, int length, int **ids,
-                      size_t *capacity, int n, TextSource *from);
-    char *(*join_tokens)(const Vocabulary *vocab, const int *ids, int n);
-    void (*free_merges)(struct Bpe *bpe);
-    unsigned char *(*merges_section)(const Vocabulary *vocab, size_t *bytes);
-    const char *(*read_merges_section)(Vocabulary *vocab, const unsigned char *section,
-                                       size_t bytes, const char *path);
-    // an evaluation's progress: `done` of `count` pairs decoded (0 as it begins)
-    void (*evaluation_progress)(int done, int count);
-    // with §5.1 subwords, an evaluation's exact match on the words
-    void (*score_words)(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab);
-} LabHooks;
-
 // ----------------------------------------------------------------------------
-// The command line: transformer_main runs transformer.c's own commands (train,
-// decode) and is main; transformer_lab_main, in lab/lab.c, plugs the lab
-// in and runs those and the lab's (eval, bleu, average, attention, pe, plot, bpe,
-// params, table3, bench): ./transformer as make builds it. Each returns the
-// exit status.
+// The command line: transformer_main runs transformer.c's commands, train and decode (it is
+// main unless compiled with -DTRANSFORMER_NO_MAIN), and returns the exit status.
 int transformer_main(int argc, char **argv);
-int transformer_lab_main(int argc, char **argv);
 
 #endif // TRANSFORMER_H

@@ -27,17 +27,21 @@
  */
 
 // out_i = in_i rounded to the nearest bf16 (ties to even), one thread per element
-static __global__ void __launch_bounds__(THREADS) bf16_cast_kernel(__nv_bfloat16 *out, const float *in, size_t n) {
+static __global__ void __launch_bounds__(THREADS)
+bf16_cast_kernel(__nv_bfloat16 *out, const float *in, size_t n) {
     size_t i = ELEMENT_INDEX;
-    if (i < n) out[i] = __float2bfloat16(in[i]);
+    if (i < n)
+        out[i] = __float2bfloat16(in[i]);
 }
 CPU_KERNEL(bf16_cast_kernel, __nv_bfloat16 *, const float *, size_t)
 
 // The elements a product's operand spans as stored (column-major): op(X) is
 // op_rows x op_cols, `count` of them `stride` apart (what cuda_on_cpu.h checks)
-static size_t operand_extent(cublasOperation_t op, int op_rows, int op_cols, int ld, long long stride, int count) {
+static size_t operand_extent(cublasOperation_t op, int op_rows, int op_cols, int ld,
+                             long long stride, int count) {
     int rows = op == CUBLAS_OP_N ? op_rows : op_cols, cols = op == CUBLAS_OP_N ? op_cols : op_rows;
-    if (rows <= 0 || cols <= 0 || count <= 0) return 0;
+    if (rows <= 0 || cols <= 0 || count <= 0)
+        return 0;
     return (size_t)(count - 1) * (size_t)stride + (size_t)(cols - 1) * (size_t)ld + (size_t)rows;
 }
 
@@ -55,9 +59,12 @@ static size_t gpu_bf16_shared_elements;
 // Where x's bf16 copy is (nothing cast), or NULL when x has none
 static __nv_bfloat16 *gpu_bf16_copy_of(const float *x) {
     size_t kv_w = (size_t)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model;
-    if (inside(x, gpu.params, gpu.num_parameters)) return gpu.params_bf16 + (x - gpu.params);
-    if (inside(x, gpu.memory_kv_w, kv_w)) return gpu.memory_kv_w_bf16 + (x - gpu.memory_kv_w);
-    if (inside(x, gpu.batch_memory, gpu.batch_capacity)) return gpu.batch_bf16 + (x - gpu.batch_memory);
+    if (inside(x, gpu.params, gpu.num_parameters))
+        return gpu.params_bf16 + (x - gpu.params);
+    if (inside(x, gpu.memory_kv_w, kv_w))
+        return gpu.memory_kv_w_bf16 + (x - gpu.memory_kv_w);
+    if (inside(x, gpu.batch_memory, gpu.batch_capacity))
+        return gpu.batch_bf16 + (x - gpu.batch_memory);
     return NULL;
 }
 
@@ -68,12 +75,14 @@ static const __nv_bfloat16 *gpu_bf16_operand(const float *x, size_t elements) {
     __nv_bfloat16 *copy = gpu_bf16_copy_of(x);
     if (copy && inside(x, gpu.batch_memory, gpu.batch_capacity)) {
         int cast = !(x == gpu_bf16_shared && elements <= gpu_bf16_shared_elements);
-        if (cast && elements > 0) LAUNCH_ELEMENTS(elements, bf16_cast_kernel, copy, x, elements);
+        if (cast && elements > 0)
+            LAUNCH_ELEMENTS(elements, bf16_cast_kernel, copy, x, elements);
         return copy;
     }
-    if (copy) return copy;   // a weight's, which Adam keeps
-    fprintf(stderr, "error: --bf16: a product's operand (%zu floats at %p) is neither a weight nor an activation, "
-                    "and has no bf16 copy\n", elements, (const void *)x);
+    if (copy)
+        return copy;   // a weight's, which Adam keeps
+    fprintf(stderr, "error: --bf16: a product's operand (%zu floats at %p) is neither a weight "
+                    "nor an activation, and has no bf16 copy\n", elements, (const void *)x);
     exit(1);
 }
 
@@ -81,7 +90,8 @@ static const __nv_bfloat16 *gpu_bf16_operand(const float *x, size_t elements) {
 // cast now on the main stream (before gpu_side_begin's fork), and not again
 // by those products (until gpu_bf16_shared_end). Without --bf16: nothing.
 static void gpu_bf16_shared_begin(const float *x, size_t elements) {
-    if (!gpu.bf16) return;
+    if (!gpu.bf16)
+        return;
     gpu_bf16_shared = NULL;
     gpu_bf16_operand(x, elements);
     gpu_bf16_shared = x;

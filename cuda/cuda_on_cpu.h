@@ -1,4 +1,5 @@
-/* cuda_on_cpu.h: enough of CUDA and cuBLAS to run transformer_cuda.cu on the CPU, the way a GPU would
+/* cuda_on_cpu.h: enough of CUDA and cuBLAS to run transformer_cuda.cu on the CPU,
+ * the way a GPU would
  *
  * transformer_cuda.cu is written in the part of C that CUDA C++ shares, so the
  * host C compiler builds it too: with -DCUDA_ON_CPU it includes this header
@@ -164,28 +165,39 @@
 #endif
 #ifdef CPU_ASAN
 void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
-void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old, size_t *size_old);
+void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old,
+                                     size_t *size_old);
 #endif
 
 // ---- dim3, the thread's indices, the kernels' argument packs ------------------
 
-typedef struct { unsigned x, y, z; } dim3;
+typedef struct {
+    unsigned x, y, z;
+} dim3;
 // Each thread's own: in the fiber build the scheduler sets them before a thread runs or resumes.
 static _Thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 static inline dim3 cpu_dim3_same(dim3 d) { return d; }
-static inline dim3 cpu_dim3_x(unsigned x) { dim3 d = { x, 1, 1 }; return d; }
+static inline dim3 cpu_dim3_x(unsigned x) {
+    dim3 d = { x, 1, 1 };
+    return d;
+}
 // A launch's grid or block: a dim3, or a number of blocks or threads along x.
 #define CPU_DIM3(v) _Generic((v), dim3: cpu_dim3_same, default: cpu_dim3_x)(v)
 // Four floats loaded or stored at once (a 16-byte access: its address must be
 // 16-byte aligned, which cpu_check_aligned16 checks where a kernel makes one)
-typedef struct { float x, y, z, w; } float4;
+typedef struct {
+    float x, y, z, w;
+} float4;
 
 // CPU_KERNEL(kernel, T1, T2, ...): the struct kernel_cpu_args { T1 a2; T2 a1; } holding
 // one launch's arguments (members numbered down), and kernel_cpu_thread(args), which
 // calls kernel(args->a2, args->a1) as one thread. Up to 20 parameters.
-#define CPU_COUNT(...) CPU_COUNT_(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define CPU_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, n, ...) n
+#define CPU_COUNT(...)                                                  \
+    CPU_COUNT_(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, \
+               9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define CPU_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, \
+                   _18, _19, _20, n, ...) n
 #define CPU_CAT(a, b) CPU_CAT_(a, b)
 #define CPU_CAT_(a, b) a##b
 #define CPU_MEMBERS_1(t) t a1;
@@ -229,19 +241,23 @@ typedef struct { float x, y, z, w; } float4;
 #define CPU_VALUES_19(t, ...) a->a19, CPU_VALUES_18(__VA_ARGS__)
 #define CPU_VALUES_20(t, ...) a->a20, CPU_VALUES_19(__VA_ARGS__)
 
-#define CPU_KERNEL(kernel, ...)                                                                          \
-    typedef struct { CPU_CAT(CPU_MEMBERS_, CPU_COUNT(__VA_ARGS__))(__VA_ARGS__) } kernel##_cpu_args;     \
-    static void kernel##_cpu_thread(const void *args) {                                                \
-        const kernel##_cpu_args *a = (const kernel##_cpu_args *)args;                                   \
-        kernel(CPU_CAT(CPU_VALUES_, CPU_COUNT(__VA_ARGS__))(__VA_ARGS__));                              \
-    }                                                                                                   \
-    _Static_assert(__builtin_types_compatible_p(__typeof__(&kernel), void (*)(__VA_ARGS__)),            \
+#define CPU_KERNEL(kernel, ...)                                                              \
+    typedef struct {                                                                         \
+        CPU_CAT(CPU_MEMBERS_, CPU_COUNT(__VA_ARGS__))(__VA_ARGS__)                           \
+    } kernel##_cpu_args;                                                                     \
+    static void kernel##_cpu_thread(const void *args) {                                      \
+        const kernel##_cpu_args *a = (const kernel##_cpu_args *)args;                        \
+        kernel(CPU_CAT(CPU_VALUES_, CPU_COUNT(__VA_ARGS__))(__VA_ARGS__));                   \
+    }                                                                                        \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&kernel), void (*)(__VA_ARGS__)), \
                    "CPU_KERNEL(" #kernel ", ...): the types differ from the kernel's parameters");
 
 // ---- bf16 (cuda_bf16.h) ----------------------------------------------------------
 
 // fp32's upper 16 bits: sign, 8 exponent bits, 7 stored significand bits.
-typedef struct { unsigned short x; } __nv_bfloat16;
+typedef struct {
+    unsigned short x;
+} __nv_bfloat16;
 
 // Round to nearest, ties to even: add half an ulp of the kept bits less one,
 // plus the lowest kept bit (so that an exact tie rounds to the even one), and
@@ -253,7 +269,10 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     __nv_bfloat16 h;
-    if ((bits & 0x7fffffffu) > 0x7f800000u) { h.x = 0x7fff; return h; }
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        h.x = 0x7fff;
+        return h;
+    }
     bits += 0x7fffu + ((bits >> 16) & 1u);
     h.x = (unsigned short)(bits >> 16);
     return h;
@@ -268,8 +287,9 @@ static inline float __bfloat162float(__nv_bfloat16 h) {
 // ---- errors -------------------------------------------------------------------
 
 typedef enum {
-    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
-    cudaErrorIllegalState = 401, cudaErrorIllegalAddress = 700, cudaErrorMisalignedAddress = 716,
+    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9, cudaErrorIllegalState = 401,
+    cudaErrorIllegalAddress = 700, cudaErrorMisalignedAddress = 716,
     cudaErrorStreamCaptureUnsupported = 900, cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorStreamCaptureUnmatched = 903, cudaErrorStreamCaptureUnjoined = 904,
     cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureImplicit = 906
@@ -284,14 +304,17 @@ static inline const char *cudaGetErrorString(cudaError_t error) {
     case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorMisalignedAddress: return "misaligned address";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is "
+                                                   "capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error "
+                                                   "during capture";
     case cudaErrorStreamCaptureUnmatched: return "the capture was not initiated in this stream";
-    case cudaErrorStreamCaptureUnjoined: return "the capture sequence contains a fork that was not joined to the "
-                                                "primary stream";
-    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing "
-                                                "blocking stream";
+    case cudaErrorStreamCaptureUnjoined: return "the capture sequence contains a fork that was "
+                                                "not joined to the primary stream";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in "
+                                                 "another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend "
+                                                "on a capturing blocking stream";
     }
     return "unknown error";
 }
@@ -300,7 +323,11 @@ static inline const char *cudaGetErrorString(cudaError_t error) {
 
 // A tensor a program carved out of an allocation and named (cpu_guard_tensor):
 // [start, start + bytes), then a page that no kernel, copy or cuBLAS call may touch.
-typedef struct { const char *name; char *start; size_t bytes; } CpuTensor;
+typedef struct {
+    const char *name;
+    char *start;
+    size_t bytes;
+} CpuTensor;
 
 typedef struct {
     char *start;          // its pages: [start, start + span), then a page never made readable
@@ -315,15 +342,19 @@ typedef struct {
 static struct {
     const char *launch_skipped;            // every launch of the kernel named here does nothing
     const char *barriers_skipped;          // __syncthreads and __syncwarp do nothing in this kernel
-    const char *shared_memory_short;       // this kernel gets 16 bytes less shared memory than it asks
+    const char *shared_memory_short;       // this kernel gets 16 bytes less shared memory
+                                           // than it asks
                                            // (a multiple of 16 keeps the alignment a GPU gives)
     const char *launch_replaced;           // this kernel's threads run another kernel's of the same
     void (*replacement)(const void *args); //   parameters instead (its kernel_cpu_thread)
-    const void *wait_skipped;              // cudaStreamWaitEvent for this event (a cudaEvent_t) does nothing,
-                                           //   outside a capture (a missing wait)
-    int readers_joins_skipped;             // transformer_cuda.cu's gpu_join_side_readers does nothing
-    int epilogues_skipped;                 // cublasLtMatmul computes the product without its epilogue
-    unsigned epilogue_refused;             // cublasLt's heuristic offers no algorithm for this epilogue
+    const void *wait_skipped;              // cudaStreamWaitEvent for this event (a cudaEvent_t)
+                                           // does nothing, outside a capture (a missing wait)
+    int readers_joins_skipped;             // transformer_cuda.cu's
+                                           // gpu_join_side_readers does nothing
+    int epilogues_skipped;                 // cublasLtMatmul computes the
+                                           // product without its epilogue
+    unsigned epilogue_refused;             // cublasLt's heuristic offers no
+                                           // algorithm for this epilogue
     int lt_matmul_refused;                 // cublasLtMatmul answers CUBLAS_STATUS_NOT_SUPPORTED
 } cpu_test_faults;
 
@@ -354,7 +385,10 @@ typedef enum { CPU_WORK_KERNEL, CPU_WORK_GEMM, CPU_WORK_COPY, CPU_WORK_MEMSET } 
 // cuda_on_cpu.pending_base on) before it. A stream's frontier is what its next
 // piece waits for; an event holds a copy of one.
 #define CPU_MOST_DEPENDENCIES 16
-typedef struct { int count; long long on[CPU_MOST_DEPENDENCIES]; } CpuFrontier;
+typedef struct {
+    int count;
+    long long on[CPU_MOST_DEPENDENCIES];
+} CpuFrontier;
 typedef struct {
     CpuWorkKind kind;
     int lane;               // the number of the stream it was given to (0: the legacy stream)
@@ -373,13 +407,21 @@ typedef struct {
     size_t to_pitch, from_pitch, width, height;
     int copy_kind, value;
 } CpuWork;
-typedef struct CpuGraph { CpuWork *work; int count, capacity; } CpuGraph;
+typedef struct CpuGraph {
+    CpuWork *work;
+    int count, capacity;
+} CpuGraph;
 typedef struct CpuGraph *cudaGraph_t;
 typedef CpuWork *cudaGraphNode_t;
-typedef struct { unsigned char from_port, to_port, type, reserved[5]; } cudaGraphEdgeData;
+typedef struct {
+    unsigned char from_port, to_port, type, reserved[5];
+} cudaGraphEdgeData;
 // An executable graph: its nodes, and those no other node waits for (what the
 // launching stream's later work waits for)
-typedef struct CpuGraphExec { CpuGraph graph; CpuFrontier sinks; } *cudaGraphExec_t;
+typedef struct CpuGraphExec {
+    CpuGraph graph;
+    CpuFrontier sinks;
+} *cudaGraphExec_t;
 // A stream: `number` names it in the work it is given (its lane); `after` is
 // its frontier among the work not yet run. Between cudaStreamBeginCapture and
 // cudaStreamEndCapture (the origin), or from its wait for an event recorded in
@@ -393,7 +435,11 @@ typedef struct CpuStream {
 } *cudaStream_t;   // NULL: the legacy stream
 // An event: the frontier of the stream it was last recorded in, at the record
 // (inside a capture: nodes of the graph of capture number `capture`; 0: none)
-typedef struct CpuEvent { int recorded; long capture; CpuFrontier at; } *cudaEvent_t;
+typedef struct CpuEvent {
+    int recorded;
+    long capture;
+    CpuFrontier at;
+} *cudaEvent_t;
 enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
 
 static struct {
@@ -406,12 +452,19 @@ static struct {
     size_t reserved_size, reserved_used;
     CpuAllocation *allocations;   // the live ones
     int allocation_count, allocation_capacity;
-    const char *open_for;         // the copy, kernel or cuBLAS call that device memory is open for; NULL: closed
-    int held_open;                // without a key: cpu_run_pending keeps memory open between its pieces
-    void *running_args;           // the legacy stream's piece running now: its arguments (a caught fault frees them)
-    struct { char *start; size_t bytes; } *pinned;   // cudaMallocHost's blocks
+    const char *open_for;         // the copy, kernel or cuBLAS call that
+                                  // device memory is open for; NULL: closed
+    int held_open;                // without a key: cpu_run_pending keeps
+                                  // memory open between its pieces
+    void *running_args;           // the legacy stream's piece running now:
+                                  // its arguments (a caught fault frees them)
+    struct {
+        char *start;
+        size_t bytes;
+    } *pinned;   // cudaMallocHost's blocks
     int pinned_count, pinned_capacity;
-    cudaStream_t capturing;       // the stream that began the capture under way (one at a time here); NULL: none
+    cudaStream_t capturing;       // the stream that began the capture under
+                                  // way (one at a time here); NULL: none
     long captures;                // the captures begun: the number of the one under way
     cudaStream_t *streams;        // the live ones
     int stream_count, stream_capacity, streams_made;
@@ -426,16 +479,26 @@ static struct {
     sigjmp_buf recovery;          // cpu_catches_fault's
     volatile sig_atomic_t catching;
     struct sigaction earlier_segv;
-    int pkey;                     // the protection key of device memory's pages; -1: none (mprotect instead)
-    char *shared_region;          // shared memory: a guard page, a marked band, a block's bytes, a guard page
+    int pkey;                     // the protection key of device memory's
+                                  // pages; -1: none (mprotect instead)
+    char *shared_region;          // shared memory: a guard page, a marked
+                                  // band, a block's bytes, a guard page
     size_t shared_region_size;
-    struct { size_t pages; char *region; } shared_regions[8];   // one such region per size, in pages
+    struct {
+        size_t pages;
+        char *region;
+    } shared_regions[8];   // one such region per size, in pages
     int shared_region_count;
-    struct { const char *kernel; int bytes; } shared_opt_in[32];
+    struct {
+        const char *kernel;
+        int bytes;
+    } shared_opt_in[32];
     int shared_opt_in_count;
 } cuda_on_cpu = { .execute = 1, .zero_file = -1, .pkey = -1 };
 
-static inline void cpu_seed(uint64_t seed) { cuda_on_cpu.random = seed * 0x9E3779B97F4A7C15ULL + 1; }
+static inline void cpu_seed(uint64_t seed) {
+    cuda_on_cpu.random = seed * 0x9E3779B97F4A7C15ULL + 1;
+}
 
 // splitmix64: the next random number below n
 static inline unsigned cpu_random_below(unsigned n) {
@@ -452,20 +515,24 @@ static inline _Noreturn void cpu_die(const char *what) {
 
 // Anonymous memory (POSIX has /dev/zero; MAP_ANONYMOUS is not in _POSIX_C_SOURCE).
 static inline char *cpu_map(char *at, size_t bytes, int protection) {
-    void *p = mmap(at, bytes, protection, MAP_PRIVATE | (at ? MAP_FIXED : 0), cuda_on_cpu.zero_file, 0);
+    void *p = mmap(at, bytes, protection, MAP_PRIVATE | (at ? MAP_FIXED : 0), cuda_on_cpu.zero_file,
+                   0);
     return p == MAP_FAILED ? NULL : (char *)p;
 }
 
 static inline void cpu_protect(char *start, size_t bytes, int protection) {
-    if (mprotect(start, bytes, protection) != 0) cpu_die("mprotect failed");
+    if (mprotect(start, bytes, protection) != 0)
+        cpu_die("mprotect failed");
 }
 
 // Grows a list of `size`-byte items to hold one more (C has no templates).
 static inline void *cpu_grow(void *list, int count, int *capacity, size_t size, const char *what) {
-    if (count < *capacity) return list;
+    if (count < *capacity)
+        return list;
     *capacity = *capacity ? 2 * *capacity : 16;
     list = realloc(list, (size_t)*capacity * size);
-    if (!list) cpu_die(what);
+    if (!list)
+        cpu_die(what);
     return list;
 }
 
@@ -484,24 +551,29 @@ static inline void cpu_run_pending(const CpuFrontier *until);
 static inline void cpu_drop_pending(void);
 
 static inline void cpu_start(void) {
-    if (cuda_on_cpu.ready) return;
+    if (cuda_on_cpu.ready)
+        return;
     cuda_on_cpu.ready = 1;
     cuda_on_cpu.page = (size_t)sysconf(_SC_PAGESIZE);
     cuda_on_cpu.zero_file = open("/dev/zero", O_RDWR);
-    if (cuda_on_cpu.zero_file < 0) cpu_die("cannot open /dev/zero");
+    if (cuda_on_cpu.zero_file < 0)
+        cpu_die("cannot open /dev/zero");
     // Address space only (nothing is committed until an allocation is opened):
     // 256 GB, or as much as the system allows.
     size_t *size = &cuda_on_cpu.reserved_size;
     for (*size = (size_t)1 << 38; *size >= ((size_t)1 << 30); *size /= 2)
-        if ((cuda_on_cpu.reserved = cpu_map(NULL, *size, PROT_NONE)) != NULL) break;
-    if (!cuda_on_cpu.reserved) cpu_die("cannot reserve address space for device memory");
+        if ((cuda_on_cpu.reserved = cpu_map(NULL, *size, PROT_NONE)) != NULL)
+            break;
+    if (!cuda_on_cpu.reserved)
+        cpu_die("cannot reserve address space for device memory");
     // Closing and opening device memory happens at every kernel, copy and
     // cuBLAS call: with a protection key it is one write of this thread's key
     // register, no system call (CUDA_ON_CPU_NO_PKEYS=1: mprotect, as where there are none).
     if (pkey_alloc && pkey_set && pkey_mprotect && !getenv("CUDA_ON_CPU_NO_PKEYS"))
         cuda_on_cpu.pkey = pkey_alloc(0, CPU_PKEY_DISABLE_ACCESS);
     const char *seed = getenv("CUDA_ON_CPU_SEED");
-    if (!cuda_on_cpu.random) cpu_seed(seed ? strtoull(seed, NULL, 10) : 1);
+    if (!cuda_on_cpu.random)
+        cpu_seed(seed ? strtoull(seed, NULL, 10) : 1);
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_sigaction = cpu_segv;
@@ -511,7 +583,10 @@ static inline void cpu_start(void) {
 }
 
 // The page size, in bytes: a program that carves tensors for cpu_guard_tensor lays them out by it.
-static inline size_t cpu_page_bytes(void) { cpu_start(); return cuda_on_cpu.page; }
+static inline size_t cpu_page_bytes(void) {
+    cpu_start();
+    return cuda_on_cpu.page;
+}
 
 // ---- device memory --------------------------------------------------------------
 
@@ -523,10 +598,12 @@ static inline size_t cpu_round_up(size_t n, size_t unit) { return (n + unit - 1)
 // of the thread's key register. Without one, each allocation's pages are
 // mprotect-ed: closed at once, opened piece by piece around its guard pages.
 static inline void cpu_key_access(int open) {
-    if (pkey_set(cuda_on_cpu.pkey, open ? 0 : CPU_PKEY_DISABLE_ACCESS) != 0) cpu_die("pkey_set failed");
+    if (pkey_set(cuda_on_cpu.pkey, open ? 0 : CPU_PKEY_DISABLE_ACCESS) != 0)
+        cpu_die("pkey_set failed");
 }
 static inline void cpu_key_protect(char *start, size_t bytes, int protection) {
-    if (pkey_mprotect(start, bytes, protection, cuda_on_cpu.pkey) != 0) cpu_die("pkey_mprotect failed");
+    if (pkey_mprotect(start, bytes, protection, cuda_on_cpu.pkey) != 0)
+        cpu_die("pkey_mprotect failed");
 }
 
 // An allocation's pages readable and writable, except each named tensor's guard page (no key).
@@ -534,10 +611,12 @@ static inline void cpu_open_allocation(const CpuAllocation *a) {
     char *from = a->start;
     for (int t = 0; t < a->tensor_count; t++) {
         char *guard = a->tensors[t].start + a->tensors[t].bytes;
-        if (guard > from) cpu_protect(from, (size_t)(guard - from), PROT_READ | PROT_WRITE);
+        if (guard > from)
+            cpu_protect(from, (size_t)(guard - from), PROT_READ | PROT_WRITE);
         from = guard + cuda_on_cpu.page;
     }
-    if (a->start + a->span > from) cpu_protect(from, (size_t)(a->start + a->span - from), PROT_READ | PROT_WRITE);
+    if (a->start + a->span > from)
+        cpu_protect(from, (size_t)(a->start + a->span - from), PROT_READ | PROT_WRITE);
 }
 
 // Device memory readable and writable for `what` (a copy, a kernel, a cuBLAS
@@ -549,12 +628,18 @@ static inline void cpu_device_open(const char *what) {
         return;
     }
     cuda_on_cpu.open_for = what;
-    if (!cuda_on_cpu.execute || was_open == (what != NULL)) return;
-    if (cuda_on_cpu.pkey >= 0) { cpu_key_access(what != NULL); return; }
+    if (!cuda_on_cpu.execute || was_open == (what != NULL))
+        return;
+    if (cuda_on_cpu.pkey >= 0) {
+        cpu_key_access(what != NULL);
+        return;
+    }
     for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
         const CpuAllocation *a = &cuda_on_cpu.allocations[i];
-        if (what) cpu_open_allocation(a);
-        else cpu_protect(a->start, a->span, PROT_NONE);
+        if (what)
+            cpu_open_allocation(a);
+        else
+            cpu_protect(a->start, a->span, PROT_NONE);
     }
 }
 
@@ -565,7 +650,8 @@ static inline void cpu_device_open(const char *what) {
 // open from its first piece to its last (hold 1) and closes it once (hold 0).
 // With a key each piece still opens and closes it, as that costs nothing.
 static inline void cpu_device_hold(int hold) {
-    if (cuda_on_cpu.pkey >= 0) return;
+    if (cuda_on_cpu.pkey >= 0)
+        return;
     if (hold) {
         cpu_device_open("the streams' work");
         cuda_on_cpu.held_open = 1;
@@ -580,7 +666,8 @@ static inline CpuAllocation *cpu_allocation_at(const void *p) {
     const char *c = (const char *)p;
     for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
         CpuAllocation *a = &cuda_on_cpu.allocations[i];
-        if (c >= a->start && c < a->start + a->span) return a;
+        if (c >= a->start && c < a->start + a->span)
+            return a;
     }
     return NULL;
 }
@@ -592,11 +679,19 @@ static inline const char *cpu_region_of(const void *p, const char **end, const c
     const char *c = (const char *)p;
     const CpuAllocation *a = cpu_allocation_at(p);
     *tensor_name = NULL;
-    if (!a || c < a->pointer) return NULL;
-    if (a->tensor_count == 0) { *end = a->pointer + a->bytes; return a->pointer; }
+    if (!a || c < a->pointer)
+        return NULL;
+    if (a->tensor_count == 0) {
+        *end = a->pointer + a->bytes;
+        return a->pointer;
+    }
     for (int t = 0; t < a->tensor_count; t++) {
         const CpuTensor *x = &a->tensors[t];
-        if (c >= x->start && c <= x->start + x->bytes) { *end = x->start + x->bytes; *tensor_name = x->name; return x->start; }
+        if (c >= x->start && c <= x->start + x->bytes) {
+            *end = x->start + x->bytes;
+            *tensor_name = x->name;
+            return x->start;
+        }
     }
     return NULL;
 }
@@ -606,11 +701,15 @@ static inline const char *cpu_region_of(const void *p, const char **end, const c
 static inline int cpu_inside_region(const void *p, size_t bytes, char *why, size_t why_size) {
     const char *end, *name;
     const char *start = cpu_region_of(p, &end, &name);
-    if (start && bytes <= (size_t)(end - (const char *)p)) return 1;
-    if (!start) snprintf(why, why_size, "outside every device allocation and tensor");
-    else if (name) snprintf(why, why_size, "outside tensor %s (%zu bytes) of its device allocation", name,
-                            (size_t)(end - start));
-    else snprintf(why, why_size, "outside its device allocation (%zu bytes)", (size_t)(end - start));
+    if (start && bytes <= (size_t)(end - (const char *)p))
+        return 1;
+    if (!start)
+        snprintf(why, why_size, "outside every device allocation and tensor");
+    else if (name)
+        snprintf(why, why_size, "outside tensor %s (%zu bytes) of its device allocation", name,
+                 (size_t)(end - start));
+    else
+        snprintf(why, why_size, "outside its device allocation (%zu bytes)", (size_t)(end - start));
     return 0;
 }
 
@@ -631,25 +730,32 @@ static inline void cpu_guard_tensor(const void *start, size_t bytes, const char 
     CpuAllocation *a = cpu_allocation_at(start);
     if (!a || c + bytes < a->pointer || c + bytes + cuda_on_cpu.page > a->start + a->span)
         cpu_die("cpu_guard_tensor: the tensor and its guard page are not inside one allocation");
-    if ((uintptr_t)(c + bytes) % cuda_on_cpu.page != 0) cpu_die("cpu_guard_tensor: the tensor does not end at a page");
+    if ((uintptr_t)(c + bytes) % cuda_on_cpu.page != 0)
+        cpu_die("cpu_guard_tensor: the tensor does not end at a page");
     if (a->tensor_count > 0) {
         const CpuTensor *last = &a->tensors[a->tensor_count - 1];
-        if (c < last->start + last->bytes + cuda_on_cpu.page) cpu_die("cpu_guard_tensor: tensors out of address order");
+        if (c < last->start + last->bytes + cuda_on_cpu.page)
+            cpu_die("cpu_guard_tensor: tensors out of address order");
     }
-    a->tensors = (CpuTensor *)cpu_grow(a->tensors, a->tensor_count, &a->tensor_capacity, sizeof(CpuTensor),
-                                       "out of memory for the list of tensors");
+    a->tensors = (CpuTensor *)cpu_grow(a->tensors, a->tensor_count, &a->tensor_capacity,
+                                       sizeof(CpuTensor), "out of memory for the list of tensors");
     CpuTensor t = { name, c, bytes };
     a->tensors[a->tensor_count++] = t;
-    if (!cuda_on_cpu.execute) return;
-    if (cuda_on_cpu.pkey >= 0) cpu_key_protect(c + bytes, cuda_on_cpu.page, PROT_NONE);
-    else if (cuda_on_cpu.open_for) cpu_protect(c + bytes, cuda_on_cpu.page, PROT_NONE);
+    if (!cuda_on_cpu.execute)
+        return;
+    if (cuda_on_cpu.pkey >= 0)
+        cpu_key_protect(c + bytes, cuda_on_cpu.page, PROT_NONE);
+    else if (cuda_on_cpu.open_for)
+        cpu_protect(c + bytes, cuda_on_cpu.page, PROT_NONE);
 }
 static inline void cpu_forget_tensors(const void *allocation) {
     cpu_run_pending(NULL);
     CpuAllocation *a = cpu_allocation_at(allocation);
-    if (!a) return;
+    if (!a)
+        return;
     for (int t = 0; t < a->tensor_count && cuda_on_cpu.execute && cuda_on_cpu.pkey >= 0; t++)
-        cpu_key_protect(a->tensors[t].start + a->tensors[t].bytes, cuda_on_cpu.page, PROT_READ | PROT_WRITE);
+        cpu_key_protect(a->tensors[t].start + a->tensors[t].bytes, cuda_on_cpu.page,
+                        PROT_READ | PROT_WRITE);
     a->tensor_count = 0;
 }
 
@@ -657,10 +763,11 @@ static inline void cpu_forget_tensors(const void *allocation) {
 // for the GPU: cudaStreamCaptureModeGlobal) and is spoilt; cudaSuccess when
 // no capture is under way.
 static inline cudaError_t cpu_capture_forbids(const char *call) {
-    if (!cuda_on_cpu.capturing) return cudaSuccess;
+    if (!cuda_on_cpu.capturing)
+        return cudaSuccess;
     cuda_on_cpu.capturing->spoilt = 1;
-    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s while a stream captures a graph: a GPU refuses "
-             "it (cudaStreamCaptureModeGlobal), and the capture fails", call);
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s while a stream captures a graph: "
+             "a GPU refuses it (cudaStreamCaptureModeGlobal), and the capture fails", call);
     return cudaErrorStreamCaptureUnsupported;
 }
 
@@ -672,29 +779,40 @@ static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     cpu_start();
     *pointer = NULL;
     cudaError_t refused = cpu_capture_forbids("cudaMalloc");
-    if (refused) return refused;
-    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
-    size_t rounded = cpu_round_up(bytes ? bytes : 1, 256), span = cpu_round_up(rounded, cuda_on_cpu.page);
-    if (span + cuda_on_cpu.page > cuda_on_cpu.reserved_size - cuda_on_cpu.reserved_used) return cudaErrorMemoryAllocation;
-    cuda_on_cpu.allocations = (CpuAllocation *)cpu_grow(cuda_on_cpu.allocations, cuda_on_cpu.allocation_count,
-                                                        &cuda_on_cpu.allocation_capacity, sizeof(CpuAllocation),
-                                                        "out of memory for the list of allocations");
-    CpuAllocation a = { cuda_on_cpu.reserved + cuda_on_cpu.reserved_used, span, NULL, bytes, NULL, 0, 0 };
+    if (refused)
+        return refused;
+    if (cuda_on_cpu.sticky_error)
+        return cuda_on_cpu.sticky_error;
+    size_t rounded = cpu_round_up(bytes ? bytes : 1, 256),
+           span = cpu_round_up(rounded, cuda_on_cpu.page);
+    if (span + cuda_on_cpu.page > cuda_on_cpu.reserved_size - cuda_on_cpu.reserved_used)
+        return cudaErrorMemoryAllocation;
+    cuda_on_cpu.allocations =
+        (CpuAllocation *)cpu_grow(cuda_on_cpu.allocations, cuda_on_cpu.allocation_count,
+                                  &cuda_on_cpu.allocation_capacity, sizeof(CpuAllocation),
+                                  "out of memory for the list of allocations");
+    CpuAllocation a = { cuda_on_cpu.reserved + cuda_on_cpu.reserved_used, span, NULL, bytes, NULL,
+                        0, 0 };
     a.pointer = a.start + span - rounded;
     cuda_on_cpu.reserved_used += span + cuda_on_cpu.page;
     if (cuda_on_cpu.execute) {
         int key = cuda_on_cpu.pkey >= 0;
-        int opened = key ? pkey_mprotect(a.start, span, PROT_READ | PROT_WRITE, cuda_on_cpu.pkey) == 0
-                         : mprotect(a.start, span, PROT_READ | PROT_WRITE) == 0;
-        if (!opened) {   // more than the host's memory (ENOMEM): the answer cudaMalloc gives on a GPU
+        int opened = key
+                     ? pkey_mprotect(a.start, span, PROT_READ | PROT_WRITE, cuda_on_cpu.pkey) == 0
+                     : mprotect(a.start, span, PROT_READ | PROT_WRITE) == 0;
+        if (!opened) {   // more than the host's memory (ENOMEM):
+                         // the answer cudaMalloc gives on a GPU
             cuda_on_cpu.reserved_used -= span + cuda_on_cpu.page;
             return cudaErrorMemoryAllocation;
         }
-        if (key) cpu_key_access(1);
+        if (key)
+            cpu_key_access(1);
         float *f = (float *)a.pointer;
         for (size_t i = 0; i < rounded / sizeof(float); i++) f[i] = NAN;
-        if (key) cpu_key_access(cuda_on_cpu.open_for != NULL);
-        else cpu_protect(a.start, span, cuda_on_cpu.open_for ? PROT_READ | PROT_WRITE : PROT_NONE);
+        if (key)
+            cpu_key_access(cuda_on_cpu.open_for != NULL);
+        else
+            cpu_protect(a.start, span, cuda_on_cpu.open_for ? PROT_READ | PROT_WRITE : PROT_NONE);
     }
     cuda_on_cpu.allocations[cuda_on_cpu.allocation_count++] = a;
     *pointer = a.pointer;
@@ -702,14 +820,18 @@ static inline cudaError_t cudaMalloc(void **pointer, size_t bytes) {
 }
 
 static inline cudaError_t cudaFree(void *pointer) {
-    if (!pointer) return cudaSuccess;
+    if (!pointer)
+        return cudaSuccess;
     cudaError_t refused = cpu_capture_forbids("cudaFree");
-    if (refused) return refused;
+    if (refused)
+        return refused;
     cpu_run_pending(NULL);   // cudaFree waits for the GPU
     for (int i = 0; i < cuda_on_cpu.allocation_count; i++) {
         CpuAllocation *a = &cuda_on_cpu.allocations[i];
-        if (a->pointer != (char *)pointer) continue;
-        if (!cpu_map(a->start, a->span, PROT_NONE)) cpu_die("cannot unmap freed device memory");
+        if (a->pointer != (char *)pointer)
+            continue;
+        if (!cpu_map(a->start, a->span, PROT_NONE))
+            cpu_die("cannot unmap freed device memory");
         free(a->tensors);
         *a = cuda_on_cpu.allocations[--cuda_on_cpu.allocation_count];
         return cudaSuccess;
@@ -723,20 +845,25 @@ static inline cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
     cpu_start();
     *pointer = NULL;
     cudaError_t refused = cpu_capture_forbids("cudaMallocHost");
-    if (refused) return refused;
+    if (refused)
+        return refused;
     char *block = (char *)malloc(bytes ? bytes : 1);
-    if (!block) return cudaErrorMemoryAllocation;
-    cuda_on_cpu.pinned = cpu_grow(cuda_on_cpu.pinned, cuda_on_cpu.pinned_count, &cuda_on_cpu.pinned_capacity,
-                                  sizeof *cuda_on_cpu.pinned, "out of memory for the list of host blocks");
+    if (!block)
+        return cudaErrorMemoryAllocation;
+    cuda_on_cpu.pinned = cpu_grow(cuda_on_cpu.pinned, cuda_on_cpu.pinned_count,
+                                  &cuda_on_cpu.pinned_capacity, sizeof *cuda_on_cpu.pinned,
+                                  "out of memory for the list of host blocks");
     cuda_on_cpu.pinned[cuda_on_cpu.pinned_count].start = block;
     cuda_on_cpu.pinned[cuda_on_cpu.pinned_count++].bytes = bytes;
     *pointer = block;
     return cudaSuccess;
 }
 static inline cudaError_t cudaFreeHost(void *pointer) {
-    if (!pointer) return cudaSuccess;
+    if (!pointer)
+        return cudaSuccess;
     cudaError_t refused = cpu_capture_forbids("cudaFreeHost");
-    if (refused) return refused;
+    if (refused)
+        return refused;
     cpu_run_pending(NULL);
     for (int i = 0; i < cuda_on_cpu.pinned_count; i++)
         if (cuda_on_cpu.pinned[i].start == (char *)pointer) {
@@ -750,35 +877,45 @@ static inline int cpu_pinned(const void *p, size_t bytes) {
     const char *c = (const char *)p;
     for (int i = 0; i < cuda_on_cpu.pinned_count; i++)
         if (c >= cuda_on_cpu.pinned[i].start && bytes <= cuda_on_cpu.pinned[i].bytes &&
-            c - cuda_on_cpu.pinned[i].start <= (ptrdiff_t)(cuda_on_cpu.pinned[i].bytes - bytes)) return 1;
+            c - cuda_on_cpu.pinned[i].start <= (ptrdiff_t)(cuda_on_cpu.pinned[i].bytes - bytes))
+            return 1;
     return 0;
 }
 
-// A copy's or a memset's device side: all of it inside one region (an allocation, or a tensor of one).
-static inline cudaError_t cpu_check_device(const void *p, size_t bytes, const char *call, const char *side) {
-    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
+// A copy's or a memset's device side: all of it inside one region
+// (an allocation, or a tensor of one).
+static inline cudaError_t cpu_check_device(const void *p, size_t bytes, const char *call,
+                                           const char *side) {
+    if (cuda_on_cpu.sticky_error)
+        return cuda_on_cpu.sticky_error;
     char why[160];
-    if (bytes == 0 || cpu_inside_region(p, bytes, why, sizeof why)) return cudaSuccess;
-    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: its %s (%p, %zu bytes) reaches %s", call, side, p,
-             bytes, why);
+    if (bytes == 0 || cpu_inside_region(p, bytes, why, sizeof why))
+        return cudaSuccess;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+             "%s: its %s (%p, %zu bytes) reaches %s", call, side, p, bytes, why);
     return cudaErrorInvalidValue;
 }
 
 // A copy's host side: host memory, not device memory.
-static inline cudaError_t cpu_check_host(const void *p, size_t bytes, const char *call, const char *side) {
-    if (bytes == 0 || !cpu_in_reserved(p)) return cudaSuccess;
+static inline cudaError_t cpu_check_host(const void *p, size_t bytes, const char *call,
+                                         const char *side) {
+    if (bytes == 0 || !cpu_in_reserved(p))
+        return cudaSuccess;
     snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
              "%s: its %s (%p) is device memory, where host memory is expected", call, side, p);
     return cudaErrorInvalidValue;
 }
 
-typedef enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 } cudaMemcpyKind;
+typedef enum {
+    cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3
+} cudaMemcpyKind;
 
 // The two sides of a copy of `bytes` bytes (its last row, for cudaMemcpy2D: first..last).
-static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *from, size_t from_bytes,
-                                         cudaMemcpyKind kind, const char *call) {
-    cudaError_t e = kind == cudaMemcpyDeviceToHost ? cpu_check_host(to, to_bytes, call, "destination")
-                                                   : cpu_check_device(to, to_bytes, call, "destination");
+static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *from,
+                                         size_t from_bytes, cudaMemcpyKind kind, const char *call) {
+    cudaError_t e = kind == cudaMemcpyDeviceToHost
+                    ? cpu_check_host(to, to_bytes, call, "destination")
+                    : cpu_check_device(to, to_bytes, call, "destination");
     if (e == cudaSuccess)
         e = kind == cudaMemcpyHostToDevice ? cpu_check_host(from, from_bytes, call, "source")
                                            : cpu_check_device(from, from_bytes, call, "source");
@@ -789,7 +926,8 @@ static inline cudaError_t cpu_check_copy(void *to, size_t to_bytes, const void *
 
 // The capture under way is spoilt: cudaStreamEndCapture will fail.
 static inline void cpu_spoil_capture(void) {
-    if (cuda_on_cpu.capturing) cuda_on_cpu.capturing->spoilt = 1;
+    if (cuda_on_cpu.capturing)
+        cuda_on_cpu.capturing->spoilt = 1;
 }
 
 // Where work given to stream s goes: 1, into the graph s is capturing; 0, to
@@ -801,26 +939,33 @@ static inline void cpu_spoil_capture(void) {
 // is a fork that was forgotten (the stream never waited for an event recorded
 // in a capturing stream). Either spoils the capture.
 static inline int cpu_stream_route(cudaStream_t s, const char *call, cudaError_t *refusal) {
-    if (s && s->capturing) return 1;
-    if (!cuda_on_cpu.capturing) return 0;
+    if (s && s->capturing)
+        return 1;
+    if (!cuda_on_cpu.capturing)
+        return 0;
     cpu_spoil_capture();
     if (s) {
         *refusal = cudaErrorStreamCaptureIsolation;
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on stream %d, which is not part of the capture "
-                 "under way (it waited for no event recorded in a capturing stream): its work would run once, now, "
-                 "and not when the graph does; the capture fails", call, s->number);
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on stream %d, which is not "
+                 "part of the capture under way (it waited for no event recorded in a capturing "
+                 "stream): its work would run once, now, and not when the graph does; the capture "
+                 "fails", call, s->number);
     } else {
         *refusal = cudaErrorStreamCaptureImplicit;
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on the legacy default stream while a stream "
-                 "captures a graph (give it the capturing stream): a GPU refuses it, and the capture fails", call);
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s on the legacy default stream "
+                 "while a stream captures a graph (give it the capturing stream): a GPU refuses "
+                 "it, and the capture fails", call);
     }
     return -1;
 }
 
 // Frontiers: `on` added to f (once); those of f that have run left out.
 static inline void cpu_frontier_add(CpuFrontier *f, long long on) {
-    for (int i = 0; i < f->count; i++) if (f->on[i] == on) return;
-    if (f->count == CPU_MOST_DEPENDENCIES) cpu_die("more than 16 dependencies of one piece of work");
+    for (int i = 0; i < f->count; i++)
+        if (f->on[i] == on)
+            return;
+    if (f->count == CPU_MOST_DEPENDENCIES)
+        cpu_die("more than 16 dependencies of one piece of work");
     f->on[f->count++] = on;
 }
 static inline int cpu_pending_done(long long on) {
@@ -829,17 +974,21 @@ static inline int cpu_pending_done(long long on) {
 }
 static inline void cpu_frontier_prune(CpuFrontier *f) {
     int kept = 0;
-    for (int i = 0; i < f->count; i++) if (!cpu_pending_done(f->on[i])) f->on[kept++] = f->on[i];
+    for (int i = 0; i < f->count; i++)
+        if (!cpu_pending_done(f->on[i]))
+            f->on[kept++] = f->on[i];
     f->count = kept;
 }
 static inline void cpu_frontier_merge(CpuFrontier *f, const CpuFrontier *more) {
     for (int i = 0; i < more->count; i++) cpu_frontier_add(f, more->on[i]);
 }
 
-// A new node at the end of the graph s is capturing, after s's frontier there; s's frontier is then the node.
+// A new node at the end of the graph s is capturing, after s's frontier there;
+// s's frontier is then the node.
 static inline CpuWork *cpu_record(cudaStream_t s, CpuWorkKind kind) {
     CpuGraph *g = s->graph;
-    g->work = (CpuWork *)cpu_grow(g->work, g->count, &g->capacity, sizeof(CpuWork), "out of memory for a graph");
+    g->work = (CpuWork *)cpu_grow(g->work, g->count, &g->capacity, sizeof(CpuWork),
+                                  "out of memory for a graph");
     CpuWork *w = &g->work[g->count++];
     memset(w, 0, sizeof *w);
     w->kind = kind;
@@ -882,10 +1031,12 @@ static inline cudaError_t cpu_give(cudaStream_t s, const CpuWork *w) {
 static inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
     cpu_start();
     *s = (cudaStream_t)calloc(1, sizeof **s);
-    if (!*s) return cudaErrorMemoryAllocation;
+    if (!*s)
+        return cudaErrorMemoryAllocation;
     (*s)->number = ++cuda_on_cpu.streams_made;
     cuda_on_cpu.streams = (cudaStream_t *)cpu_grow(cuda_on_cpu.streams, cuda_on_cpu.stream_count,
-                                                   &cuda_on_cpu.stream_capacity, sizeof(cudaStream_t),
+                                                   &cuda_on_cpu.stream_capacity,
+                                                   sizeof(cudaStream_t),
                                                    "out of memory for the list of streams");
     cuda_on_cpu.streams[cuda_on_cpu.stream_count++] = *s;
     return cudaSuccess;
@@ -893,15 +1044,19 @@ static inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
 
 static inline void cpu_graph_free(CpuGraph *g) {
     for (int i = 0; g && i < g->count; i++) free(g->work[i].args);
-    if (g) free(g->work);
+    if (g)
+        free(g->work);
 }
 
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    if (!s) return cudaErrorInvalidValue;
-    if (s->capturing) return cudaErrorIllegalState;
+    if (!s)
+        return cudaErrorInvalidValue;
+    if (s->capturing)
+        return cudaErrorIllegalState;
     cpu_run_pending(&s->after);   // its work still runs (a GPU's cudaStreamDestroy returns at once)
     for (int i = 0; i < cuda_on_cpu.stream_count; i++)
-        if (cuda_on_cpu.streams[i] == s) cuda_on_cpu.streams[i] = cuda_on_cpu.streams[--cuda_on_cpu.stream_count];
+        if (cuda_on_cpu.streams[i] == s)
+            cuda_on_cpu.streams[i] = cuda_on_cpu.streams[--cuda_on_cpu.stream_count];
     free(s);
     return cudaSuccess;
 }
@@ -911,13 +1066,15 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
 // A capture forbids both. Each returns the sticky error.
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     cudaError_t refused = cpu_capture_forbids("cudaStreamSynchronize");
-    if (refused) return refused;
+    if (refused)
+        return refused;
     cpu_run_pending(s ? &s->after : NULL);
     return cuda_on_cpu.sticky_error;
 }
 static inline cudaError_t cudaDeviceSynchronize(void) {
     cudaError_t refused = cpu_capture_forbids("cudaDeviceSynchronize");
-    if (refused) return refused;
+    if (refused)
+        return refused;
     cpu_run_pending(NULL);
     return cuda_on_cpu.sticky_error;
 }
@@ -925,13 +1082,17 @@ static inline cudaError_t cudaDeviceSynchronize(void) {
 // Events (their timing is not modelled: cudaEventDisableTiming or not, they only order work).
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
     *event = NULL;
-    if (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)) return cudaErrorInvalidValue;
+    if (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming))
+        return cudaErrorInvalidValue;
     *event = (cudaEvent_t)calloc(1, sizeof **event);
     return *event ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-static inline cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+static inline cudaError_t cudaEventCreate(cudaEvent_t *event) {
+    return cudaEventCreateWithFlags(event, 0);
+}
 static inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
-    if (!event) return cudaErrorInvalidValue;
+    if (!event)
+        return cudaErrorInvalidValue;
     free(event);
     return cudaSuccess;
 }
@@ -940,16 +1101,22 @@ static inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
 // waits for (in a capture, nodes of the graph; on the legacy stream, which
 // runs its work at once, nothing).
 static inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
-    if (!event) return cudaErrorInvalidValue;
+    if (!event)
+        return cudaErrorInvalidValue;
     cudaError_t refusal = cudaSuccess;
     int route = cpu_stream_route(s, "cudaEventRecord", &refusal);
-    if (route < 0) return refusal;
+    if (route < 0)
+        return refusal;
     event->recorded = 1;
     event->capture = route > 0 ? cuda_on_cpu.captures : 0;
     event->at.count = 0;
-    if (route > 0) event->at = s->capture_after;
-    else if (s) { cpu_frontier_prune(&s->after); event->at = s->after; }
-    else cpu_run_pending(NULL);
+    if (route > 0)
+        event->at = s->capture_after;
+    else if (s) {
+        cpu_frontier_prune(&s->after);
+        event->at = s->after;
+    } else
+        cpu_run_pending(NULL);
     return cudaSuccess;
 }
 
@@ -959,16 +1126,20 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
 // the origin). A capturing stream may not wait for work outside the capture
 // (cudaErrorStreamCaptureIsolation), nor a stream for a capture that has ended.
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned flags) {
-    if (!event || flags != 0) return cudaErrorInvalidValue;
-    if (!event->recorded) return cudaSuccess;   // an event never recorded has nothing to wait for
+    if (!event || flags != 0)
+        return cudaErrorInvalidValue;
+    if (!event->recorded)
+        return cudaSuccess;   // an event never recorded has nothing to wait for
     long capture = cuda_on_cpu.capturing ? cuda_on_cpu.captures : 0;
     if (event->capture) {
         if (event->capture != capture || !s) {
             cpu_spoil_capture();
-            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamWaitEvent: %s waits for an event "
-                     "recorded in a capture %s", s ? "a stream" : "the legacy stream",
-                     event->capture != capture ? "that has ended" : "(only a stream other than the legacy one may join "
-                     "it)");
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+                     "cudaStreamWaitEvent: %s waits for an event recorded in a capture %s",
+                     s ? "a stream" : "the legacy stream",
+                     event->capture != capture ? "that has ended"
+                                               : "(only a stream other than the legacy one may "
+                                                 "join it)");
             return cudaErrorStreamCaptureIsolation;
         }
         if (!s->capturing) {   // the fork: s joins the capture
@@ -981,42 +1152,54 @@ static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event,
     }
     if (s && s->capturing) {
         cpu_spoil_capture();
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamWaitEvent: a capturing stream waits for "
-                 "an event recorded outside the capture: a GPU refuses it, and the capture fails");
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamWaitEvent: a "
+                 "capturing stream waits for an event recorded outside the capture: a GPU refuses "
+                 "it, and the capture fails");
         return cudaErrorStreamCaptureIsolation;
     }
-    if (cpu_test_faults.wait_skipped == (const void *)event) return cudaSuccess;
+    if (cpu_test_faults.wait_skipped == (const void *)event)
+        return cudaSuccess;
     CpuFrontier at = event->at;
-    if (!s) { cpu_run_pending(&at); return cudaSuccess; }   // the legacy stream's work runs at once
+    if (!s) {   // the legacy stream's work runs at once
+        cpu_run_pending(&at);
+        return cudaSuccess;
+    }
     cpu_frontier_prune(&s->after);
     cpu_frontier_merge(&s->after, &at);
     return cudaSuccess;
 }
 
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    if (!event) return cudaErrorInvalidValue;
+    if (!event)
+        return cudaErrorInvalidValue;
     cudaError_t refused = cpu_capture_forbids("cudaEventSynchronize");
-    if (refused) return refused;
-    if (event->capture) return cudaErrorStreamCaptureIsolation;
+    if (refused)
+        return refused;
+    if (event->capture)
+        return cudaErrorStreamCaptureIsolation;
     CpuFrontier at = event->at;
     cpu_run_pending(&at);
     return cuda_on_cpu.sticky_error;
 }
 
 typedef enum {
-    cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2
+    cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
 } cudaStreamCaptureMode;
 
 static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
-    if (!s) return cudaErrorStreamCaptureUnsupported;   // the legacy stream cannot capture
+    if (!s)
+        return cudaErrorStreamCaptureUnsupported;   // the legacy stream cannot capture
     if (mode != cudaStreamCaptureModeGlobal) {
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamBeginCapture: the emulator models "
-                 "cudaStreamCaptureModeGlobal only");
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+                 "cudaStreamBeginCapture: the emulator models cudaStreamCaptureModeGlobal only");
         return cudaErrorInvalidValue;
     }
-    if (cuda_on_cpu.capturing) return cudaErrorIllegalState;   // one capture at a time here
+    if (cuda_on_cpu.capturing)
+        return cudaErrorIllegalState;   // one capture at a time here
     s->graph = (CpuGraph *)calloc(1, sizeof(CpuGraph));
-    if (!s->graph) return cudaErrorMemoryAllocation;
+    if (!s->graph)
+        return cudaErrorMemoryAllocation;
     s->capturing = 1;
     s->spoilt = 0;
     s->capture_after.count = 0;
@@ -1030,14 +1213,17 @@ static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptu
 static inline int cpu_graph_joined(const CpuGraph *g, const CpuFrontier *origin) {
     char *reached = (char *)calloc((size_t)g->count + 1, 1);
     int *stack = (int *)malloc(((size_t)g->count + 1) * sizeof(int)), top = 0, all = 1;
-    if (!reached || !stack) cpu_die("out of memory for a graph's check");
+    if (!reached || !stack)
+        cpu_die("out of memory for a graph's check");
     for (int i = 0; i < origin->count; i++) stack[top++] = (int)origin->on[i];
     while (top > 0) {
         int n = stack[--top];
-        if (reached[n]) continue;
+        if (reached[n])
+            continue;
         reached[n] = 1;
         for (int d = 0; d < g->work[n].after.count; d++)
-            if (!reached[g->work[n].after.on[d]]) stack[top++] = (int)g->work[n].after.on[d];
+            if (!reached[g->work[n].after.on[d]])
+                stack[top++] = (int)g->work[n].after.on[d];
     }
     for (int i = 0; i < g->count; i++) all &= reached[i];
     free(reached);
@@ -1052,7 +1238,8 @@ static inline int cpu_graph_joined(const CpuGraph *g, const CpuFrontier *origin)
 // (cudaErrorStreamCaptureUnjoined, as on a GPU: a fork not joined back).
 static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
     *graph = NULL;
-    if (!s || !s->capturing) return cudaErrorIllegalState;
+    if (!s || !s->capturing)
+        return cudaErrorIllegalState;
     if (s != cuda_on_cpu.capturing) {
         cpu_spoil_capture();
         return cudaErrorStreamCaptureUnmatched;   // s joined the capture; its origin must end it
@@ -1066,15 +1253,16 @@ static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *grap
             member->graph = NULL;
         }
     }
-    if (!s->spoilt) joined = cpu_graph_joined(g, &s->capture_after);
+    if (!s->spoilt)
+        joined = cpu_graph_joined(g, &s->capture_after);
     cuda_on_cpu.capturing = NULL;
     if (s->spoilt || !joined) {
         cpu_graph_free(g);
         free(g);
         if (!joined)
-            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamEndCapture: a stream that joined the "
-                     "capture has work the capturing stream never waited for (record an event after it and wait for "
-                     "that in the capturing stream)");
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cudaStreamEndCapture: a "
+                     "stream that joined the capture has work the capturing stream never waited "
+                     "for (record an event after it and wait for that in the capturing stream)");
         return s->spoilt ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined;
     }
     *graph = g;
@@ -1089,15 +1277,20 @@ static inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
 
 // The graph's nodes (nodes NULL: their count only), and its edges: a node's
 // dependencies (from, to and edge_data NULL: their count only).
-static inline cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count) {
-    if (!graph || !count) return cudaErrorInvalidValue;
-    for (size_t i = 0; nodes && i < *count && i < (size_t)graph->count; i++) nodes[i] = &graph->work[i];
+static inline cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes,
+                                            size_t *count) {
+    if (!graph || !count)
+        return cudaErrorInvalidValue;
+    for (size_t i = 0; nodes && i < *count && i < (size_t)graph->count; i++)
+        nodes[i] = &graph->work[i];
     *count = (size_t)graph->count;
     return cudaSuccess;
 }
-static inline cudaError_t cudaGraphGetEdges(cudaGraph_t graph, cudaGraphNode_t *from, cudaGraphNode_t *to,
-                                            cudaGraphEdgeData *edge_data, size_t *count) {
-    if (!graph || !count || from || to || edge_data) return cudaErrorInvalidValue;   // (the count only, here)
+static inline cudaError_t cudaGraphGetEdges(cudaGraph_t graph, cudaGraphNode_t *from,
+                                            cudaGraphNode_t *to, cudaGraphEdgeData *edge_data,
+                                            size_t *count) {
+    if (!graph || !count || from || to || edge_data)
+        return cudaErrorInvalidValue;   // (the count only, here)
     *count = 0;
     for (int i = 0; i < graph->count; i++) *count += (size_t)graph->work[i].after.count;
     return cudaSuccess;
@@ -1105,25 +1298,33 @@ static inline cudaError_t cudaGraphGetEdges(cudaGraph_t graph, cudaGraphNode_t *
 
 // An executable copy of the graph (its launches' arguments copied too): the
 // graph may be destroyed and the copy still runs.
-static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                               unsigned long long flags) {
     *exec = NULL;
-    if (!graph || flags != 0) return cudaErrorInvalidValue;
+    if (!graph || flags != 0)
+        return cudaErrorInvalidValue;
     cudaGraphExec_t e = (cudaGraphExec_t)calloc(1, sizeof *e);
-    if (!e) return cudaErrorMemoryAllocation;
+    if (!e)
+        return cudaErrorMemoryAllocation;
     e->graph.count = e->graph.capacity = graph->count;
     e->graph.work = (CpuWork *)calloc((size_t)(graph->count ? graph->count : 1), sizeof(CpuWork));
     char *waited_for = (char *)calloc((size_t)graph->count + 1, 1);
-    if (!e->graph.work || !waited_for) cpu_die("out of memory for a graph");
+    if (!e->graph.work || !waited_for)
+        cpu_die("out of memory for a graph");
     for (int i = 0; i < graph->count; i++) {
         CpuWork *w = &e->graph.work[i];
         *w = graph->work[i];
         for (int d = 0; d < w->after.count; d++) waited_for[w->after.on[d]] = 1;
-        if (!w->args) continue;
+        if (!w->args)
+            continue;
         w->args = malloc(w->args_size);
-        if (!w->args) cpu_die("out of memory for a graph");
+        if (!w->args)
+            cpu_die("out of memory for a graph");
         memcpy(w->args, graph->work[i].args, w->args_size);
     }
-    for (int i = 0; i < graph->count; i++) if (!waited_for[i]) cpu_frontier_add(&e->sinks, i);
+    for (int i = 0; i < graph->count; i++)
+        if (!waited_for[i])
+            cpu_frontier_add(&e->sinks, i);
     free(waited_for);
     *exec = e;
     return cudaSuccess;
@@ -1132,9 +1333,10 @@ static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_
 // ---- copies and memsets ---------------------------------------------------------
 
 // A copy's bytes, once checked: `height` rows of `width` bytes, `pitch` apart on each side.
-static inline void cpu_copy_run(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
-                                size_t height, const char *call) {
-    if (!cuda_on_cpu.execute || width == 0) return;
+static inline void cpu_copy_run(void *to, size_t to_pitch, const void *from, size_t from_pitch,
+                                size_t width, size_t height, const char *call) {
+    if (!cuda_on_cpu.execute || width == 0)
+        return;
     cpu_device_open(call);
     for (size_t row = 0; row < height; row++)
         memcpy((char *)to + row * to_pitch, (const char *)from + row * from_pitch, width);
@@ -1145,34 +1347,51 @@ static inline void cpu_copy_run(void *to, size_t to_pitch, const void *from, siz
 // graph. `blocking`: cudaMemcpy and cudaMemcpy2D, which a capture forbids; an
 // asynchronous copy captured into a graph must have its host side in
 // cudaMallocHost's memory (the graph reads or writes it when it runs).
-static inline cudaError_t cpu_copy(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
-                                   size_t height, cudaMemcpyKind kind, cudaStream_t stream, int blocking,
-                                   const char *call) {
-    if (width > to_pitch || width > from_pitch) return cudaErrorInvalidValue;
+static inline cudaError_t cpu_copy(void *to, size_t to_pitch, const void *from, size_t from_pitch,
+                                   size_t width, size_t height, cudaMemcpyKind kind,
+                                   cudaStream_t stream, int blocking, const char *call) {
+    if (width > to_pitch || width > from_pitch)
+        return cudaErrorInvalidValue;
     cudaError_t e = blocking ? cpu_capture_forbids(call) : cudaSuccess;
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess)
+        return e;
     size_t to_span = height ? (height - 1) * to_pitch + width : 0;
     size_t from_span = height ? (height - 1) * from_pitch + width : 0;
     e = cpu_check_copy(to, to_span, from, from_span, kind, call);
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess)
+        return e;
     cudaError_t refusal = cudaSuccess;
     int route = blocking ? 0 : cpu_stream_route(stream, call, &refusal);
-    if (route < 0) return refusal;
-    const void *host = kind == cudaMemcpyHostToDevice ? from : kind == cudaMemcpyDeviceToHost ? to : NULL;
+    if (route < 0)
+        return refusal;
+    const void *host = kind == cudaMemcpyHostToDevice ? from
+                     : kind == cudaMemcpyDeviceToHost ? to : NULL;
     int pinned = !host || cpu_pinned(host, kind == cudaMemcpyHostToDevice ? from_span : to_span);
     if (route > 0 && !pinned) {
         cpu_spoil_capture();
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s of host memory that cudaMallocHost did "
-                 "not give, into a graph: a GPU refuses it, and the capture fails", call);
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s of host memory that "
+                 "cudaMallocHost did not give, into a graph: a GPU refuses it, and the capture "
+                 "fails", call);
         return cudaErrorStreamCaptureUnsupported;
     }
     CpuWork work, *w = route > 0 ? cpu_record(stream, CPU_WORK_COPY) : &work;
-    if (route == 0) { memset(&work, 0, sizeof work); work.kind = CPU_WORK_COPY; }
-    w->call = call; w->to = to; w->from = from; w->to_pitch = to_pitch; w->from_pitch = from_pitch;
-    w->width = width; w->height = height; w->copy_kind = (int)kind;
-    if (route > 0) return cudaSuccess;
-    // a blocking copy, or one of pageable host memory (a GPU stages that before the call returns), runs now,
-    // after all the work given before (the legacy stream's order) or the stream's
+    if (route == 0) {
+        memset(&work, 0, sizeof work);
+        work.kind = CPU_WORK_COPY;
+    }
+    w->call = call;
+    w->to = to;
+    w->from = from;
+    w->to_pitch = to_pitch;
+    w->from_pitch = from_pitch;
+    w->width = width;
+    w->height = height;
+    w->copy_kind = (int)kind;
+    if (route > 0)
+        return cudaSuccess;
+    // a blocking copy, or one of pageable host memory (a GPU stages that before the call
+    // returns), runs now, after all the work given before (the legacy stream's order) or the
+    // stream's
     if (blocking || !pinned) {
         cpu_run_pending(blocking || !stream ? NULL : &stream->after);
         cpu_copy_run(to, to_pitch, from, from_pitch, width, height, call);
@@ -1181,41 +1400,56 @@ static inline cudaError_t cpu_copy(void *to, size_t to_pitch, const void *from, 
     return cpu_give(stream, w);
 }
 
-static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
+static inline cudaError_t cudaMemcpy(void *to, const void *from, size_t bytes,
+                                     cudaMemcpyKind kind) {
     return cpu_copy(to, bytes, from, bytes, bytes, 1, kind, NULL, 1, "cudaMemcpy");
 }
-static inline cudaError_t cudaMemcpyAsync(void *to, const void *from, size_t bytes, cudaMemcpyKind kind,
-                                          cudaStream_t stream) {
+static inline cudaError_t cudaMemcpyAsync(void *to, const void *from, size_t bytes,
+                                          cudaMemcpyKind kind, cudaStream_t stream) {
     return cpu_copy(to, bytes, from, bytes, bytes, 1, kind, stream, 0, "cudaMemcpyAsync");
 }
 // `height` rows of `width` bytes, `pitch` bytes apart on each side
-static inline cudaError_t cudaMemcpy2D(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
-                                       size_t height, cudaMemcpyKind kind) {
+static inline cudaError_t cudaMemcpy2D(void *to, size_t to_pitch, const void *from,
+                                       size_t from_pitch, size_t width, size_t height,
+                                       cudaMemcpyKind kind) {
     return cpu_copy(to, to_pitch, from, from_pitch, width, height, kind, NULL, 1, "cudaMemcpy2D");
 }
-static inline cudaError_t cudaMemcpy2DAsync(void *to, size_t to_pitch, const void *from, size_t from_pitch,
-                                            size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream) {
-    return cpu_copy(to, to_pitch, from, from_pitch, width, height, kind, stream, 0, "cudaMemcpy2DAsync");
+static inline cudaError_t cudaMemcpy2DAsync(void *to, size_t to_pitch, const void *from,
+                                            size_t from_pitch, size_t width, size_t height,
+                                            cudaMemcpyKind kind, cudaStream_t stream) {
+    return cpu_copy(to, to_pitch, from, from_pitch, width, height, kind, stream, 0,
+                    "cudaMemcpy2DAsync");
 }
 
 static inline void cpu_memset_run(void *to, int value, size_t bytes, const char *call) {
-    if (!cuda_on_cpu.execute || bytes == 0) return;
+    if (!cuda_on_cpu.execute || bytes == 0)
+        return;
     cpu_device_open(call);
     memset(to, value, bytes);
     cpu_device_open(NULL);
 }
-static inline cudaError_t cpu_memset(void *to, int value, size_t bytes, cudaStream_t stream, int blocking,
-                                     const char *call) {
+static inline cudaError_t cpu_memset(void *to, int value, size_t bytes, cudaStream_t stream,
+                                     int blocking, const char *call) {
     cudaError_t e = blocking ? cpu_capture_forbids(call) : cudaSuccess;
-    if (e == cudaSuccess) e = cpu_check_device(to, bytes, call, "destination");
-    if (e != cudaSuccess) return e;
+    if (e == cudaSuccess)
+        e = cpu_check_device(to, bytes, call, "destination");
+    if (e != cudaSuccess)
+        return e;
     cudaError_t refusal = cudaSuccess;
     int route = blocking ? 0 : cpu_stream_route(stream, call, &refusal);
-    if (route < 0) return refusal;
+    if (route < 0)
+        return refusal;
     CpuWork work, *w = route > 0 ? cpu_record(stream, CPU_WORK_MEMSET) : &work;
-    if (route == 0) { memset(&work, 0, sizeof work); work.kind = CPU_WORK_MEMSET; }
-    w->call = call; w->to = to; w->value = value; w->width = bytes;
-    if (route > 0) return cudaSuccess;
+    if (route == 0) {
+        memset(&work, 0, sizeof work);
+        work.kind = CPU_WORK_MEMSET;
+    }
+    w->call = call;
+    w->to = to;
+    w->value = value;
+    w->width = bytes;
+    if (route > 0)
+        return cudaSuccess;
     return cpu_give(blocking ? NULL : stream, w);
 }
 static inline cudaError_t cudaMemset(void *to, int value, size_t bytes) {
@@ -1254,16 +1488,20 @@ static inline cudaError_t cudaGetLastError(void) {
 
 typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
 // The kernel by name: C cannot take a kernel's address as CUDA's template does.
-#define cudaFuncSetAttribute(kernel, attribute, value) cpu_func_set_attribute(#kernel, attribute, value)
-static inline cudaError_t cpu_func_set_attribute(const char *kernel, cudaFuncAttribute attribute, int value) {
-    if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > CPU_SHARED_OPT_IN_MAX)
+#define cudaFuncSetAttribute(kernel, attribute, value) \
+    cpu_func_set_attribute(#kernel, attribute, value)
+static inline cudaError_t cpu_func_set_attribute(const char *kernel, cudaFuncAttribute attribute,
+                                                 int value) {
+    if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+        value > CPU_SHARED_OPT_IN_MAX)
         return cudaErrorInvalidValue;
     for (int i = 0; i < cuda_on_cpu.shared_opt_in_count; i++)
         if (strcmp(cuda_on_cpu.shared_opt_in[i].kernel, kernel) == 0) {
             cuda_on_cpu.shared_opt_in[i].bytes = value;
             return cudaSuccess;
         }
-    if (cuda_on_cpu.shared_opt_in_count == 32) return cudaErrorInvalidValue;
+    if (cuda_on_cpu.shared_opt_in_count == 32)
+        return cudaErrorInvalidValue;
     cuda_on_cpu.shared_opt_in[cuda_on_cpu.shared_opt_in_count].kernel = kernel;
     cuda_on_cpu.shared_opt_in[cuda_on_cpu.shared_opt_in_count++].bytes = value;
     return cudaSuccess;
@@ -1280,9 +1518,11 @@ static inline cudaError_t cpu_func_set_attribute(const char *kernel, cudaFuncAtt
 static inline void cpu_fault_finish(int in_launch) {
     cuda_on_cpu.held_open = 0;   // a fault closes device memory, held or not
     cpu_device_open(NULL);
-    if (cuda_on_cpu.catching) siglongjmp(cuda_on_cpu.recovery, 1);
+    if (cuda_on_cpu.catching)
+        siglongjmp(cuda_on_cpu.recovery, 1);
     fprintf(stderr, "error: cuda_on_cpu.h: %s\n", cuda_on_cpu.message);
-    if (!in_launch) abort();
+    if (!in_launch)
+        abort();
 }
 
 static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ...) {
@@ -1291,7 +1531,8 @@ static inline _Noreturn void cpu_fault(cudaError_t error, const char *format, ..
     vsnprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, format, args);
     va_end(args);
     cuda_on_cpu.sticky_error = error;
-    if (cpu_block_running()) cpu_block_abandon();   // to the launch, never back
+    if (cpu_block_running())
+        cpu_block_abandon();   // to the launch, never back
     cpu_fault_finish(0);
     abort();
 }
@@ -1312,7 +1553,8 @@ static inline const CpuTensor *cpu_guarded_tensor(const char *address) {
     const CpuAllocation *a = cpu_allocation_at(address);
     for (int t = 0; a && t < a->tensor_count; t++) {
         const char *guard = a->tensors[t].start + a->tensors[t].bytes;
-        if (address >= guard && address < guard + cuda_on_cpu.page) return &a->tensors[t];
+        if (address >= guard && address < guard + cuda_on_cpu.page)
+            return &a->tensors[t];
     }
     return NULL;
 }
@@ -1323,29 +1565,32 @@ static inline void cpu_segv(int signal_number, siginfo_t *info, void *context) {
         const CpuAllocation *a = cpu_allocation_at(address);
         const CpuTensor *past = cuda_on_cpu.open_for ? cpu_guarded_tensor(address) : NULL;
         if (past && cpu_block_running())
-            cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): byte %zu past the end of tensor "
-                      "%s (%zu bytes), in the guard page before its neighbour", cuda_on_cpu.open_for, blockIdx.x,
-                      blockIdx.y, threadIdx.x, threadIdx.y, (size_t)(address - past->start - past->bytes), past->name,
-                      past->bytes);
+            cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): byte %zu past "
+                      "the end of tensor %s (%zu bytes), in the guard page before its neighbour",
+                      cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y,
+                      (size_t)(address - past->start - past->bytes), past->name, past->bytes);
         if (past)
-            cpu_fault(cudaErrorIllegalAddress, "%s: byte %zu past the end of tensor %s (%zu bytes), in the guard page "
-                      "before its neighbour", cuda_on_cpu.open_for, (size_t)(address - past->start - past->bytes),
-                      past->name, past->bytes);
+            cpu_fault(cudaErrorIllegalAddress, "%s: byte %zu past the end of tensor %s (%zu "
+                      "bytes), in the guard page before its neighbour", cuda_on_cpu.open_for,
+                      (size_t)(address - past->start - past->bytes), past->name, past->bytes);
         if (!cuda_on_cpu.open_for && a && address >= a->pointer)
-            cpu_fault(cudaErrorIllegalAddress, "host code read or wrote device memory at %p (byte %zu of an "
-                      "allocation of %zu bytes): only copies, kernels and cuBLAS calls may", (const void *)address,
-                      (size_t)(address - a->pointer), a->bytes);
+            cpu_fault(cudaErrorIllegalAddress, "host code read or wrote device memory at %p (byte "
+                      "%zu of an allocation of %zu bytes): only copies, kernels and cuBLAS calls "
+                      "may", (const void *)address, (size_t)(address - a->pointer), a->bytes);
         cpu_fault(cudaErrorIllegalAddress, "%s touched %p, outside every device allocation",
                   cuda_on_cpu.open_for ? cuda_on_cpu.open_for : "host code", (const void *)address);
     }
     const char *region = cuda_on_cpu.shared_region;
-    if (cpu_block_running() && address >= region && address < region + cuda_on_cpu.shared_region_size)
-        cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): shared memory index out of "
-                  "bounds, %s (%zu bytes given at launch)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x,
-                  threadIdx.y, address < (const char *)cpu_block.shared ? "below its start" : "past its end",
+    if (cpu_block_running() && address >= region &&
+        address < region + cuda_on_cpu.shared_region_size)
+        cpu_fault(cudaErrorIllegalAddress, "%s, block (%u, %u), thread (%u, %u): shared memory "
+                  "index out of bounds, %s (%zu bytes given at launch)", cuda_on_cpu.open_for,
+                  blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y,
+                  address < (const char *)cpu_block.shared ? "below its start" : "past its end",
                   cpu_block.shared_bytes);
     // Not the emulator's: the fault runs again under the handler there was before (or none).
-    (void)signal_number; (void)context;
+    (void)signal_number;
+    (void)context;
     sigaction(SIGSEGV, &cuda_on_cpu.earlier_segv, NULL);
 }
 
@@ -1370,29 +1615,35 @@ static inline int cpu_catches_fault(void (*run)(void *), void *context) {
 // A kernel's 16-byte access (a float4) at p: on a GPU an address that is not a
 // multiple of 16 faults (misaligned address), so it does here.
 static inline void cpu_check_aligned16(const void *p) {
-    if ((uintptr_t)p % 16 == 0) return;
-    cpu_fault(cudaErrorMisalignedAddress, "%s, block (%u, %u), thread (%u, %u): a 16-byte access at %p, not 16-byte "
-              "aligned (misaligned address)", cuda_on_cpu.open_for, blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y,
-              p);
+    if ((uintptr_t)p % 16 == 0)
+        return;
+    cpu_fault(cudaErrorMisalignedAddress, "%s, block (%u, %u), thread (%u, %u): a 16-byte access "
+              "at %p, not 16-byte aligned (misaligned address)", cuda_on_cpu.open_for, blockIdx.x,
+              blockIdx.y, threadIdx.x, threadIdx.y, p);
 }
 
 // ---- launches -------------------------------------------------------------------
 
 // Why a GPU would refuse this launch; NULL if it would not.
-static inline const char *cpu_launch_refusal(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+static inline const char *cpu_launch_refusal(const char *kernel, dim3 grid, dim3 block,
+                                             size_t shared_bytes) {
     static char why[256];
-    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 2147483647u || grid.y > 65535 ||
+        grid.z > 65535)
         snprintf(why, sizeof why, "a grid of %u x %u x %u blocks", grid.x, grid.y, grid.z);
-    else if (block.x < 1 || block.y < 1 || block.z < 1 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
-             (size_t)block.x * block.y * block.z > 1024)
-        snprintf(why, sizeof why, "blocks of %u x %u x %u threads (at most 1024)", block.x, block.y, block.z);
+    else if (block.x < 1 || block.y < 1 || block.z < 1 || block.x > 1024 || block.y > 1024 ||
+             block.z > 64 || (size_t)block.x * block.y * block.z > 1024)
+        snprintf(why, sizeof why, "blocks of %u x %u x %u threads (at most 1024)", block.x, block.y,
+                 block.z);
     else {
         size_t limit = CPU_SHARED_DEFAULT;
         for (int i = 0; i < cuda_on_cpu.shared_opt_in_count; i++) {
             size_t opted = (size_t)cuda_on_cpu.shared_opt_in[i].bytes;
-            if (strcmp(cuda_on_cpu.shared_opt_in[i].kernel, kernel) == 0 && opted > limit) limit = opted;
+            if (strcmp(cuda_on_cpu.shared_opt_in[i].kernel, kernel) == 0 && opted > limit)
+                limit = opted;
         }
-        if (shared_bytes <= limit) return NULL;
+        if (shared_bytes <= limit)
+            return NULL;
         snprintf(why, sizeof why, "%zu bytes of shared memory (at most %zu%s)", shared_bytes, limit,
                  limit == CPU_SHARED_DEFAULT ? " without cudaFuncSetAttribute" : "");
     }
@@ -1400,13 +1651,16 @@ static inline const char *cpu_launch_refusal(const char *kernel, dim3 grid, dim3
 }
 
 // A launch, checked: every block in random order.
-static inline void cpu_launch_run(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid,
-                                  dim3 block, size_t shared_bytes) {
-    if (!cuda_on_cpu.execute) return;
-    if (cpu_test_faults.launch_skipped && strcmp(cpu_test_faults.launch_skipped, kernel) == 0) return;
+static inline void cpu_launch_run(const char *kernel, void (*thread)(const void *),
+                                  const void *args, dim3 grid, dim3 block, size_t shared_bytes) {
+    if (!cuda_on_cpu.execute)
+        return;
+    if (cpu_test_faults.launch_skipped && strcmp(cpu_test_faults.launch_skipped, kernel) == 0)
+        return;
     if (cpu_test_faults.launch_replaced && strcmp(cpu_test_faults.launch_replaced, kernel) == 0)
         thread = cpu_test_faults.replacement;
-    int short_one = cpu_test_faults.shared_memory_short && strcmp(cpu_test_faults.shared_memory_short, kernel) == 0;
+    int short_one = cpu_test_faults.shared_memory_short &&
+                    strcmp(cpu_test_faults.shared_memory_short, kernel) == 0;
     size_t given = !short_one ? shared_bytes : shared_bytes >= 16 ? shared_bytes - 16 : 0;
     size_t blocks = (size_t)grid.x * grid.y * grid.z;
     static unsigned *order;   // a random order of the blocks
@@ -1415,7 +1669,8 @@ static inline void cpu_launch_run(const char *kernel, void (*thread)(const void 
         free(order);
         order_size = blocks;
         order = (unsigned *)malloc(blocks * sizeof(unsigned));
-        if (!order) cpu_die("out of memory for a launch's block order");
+        if (!order)
+            cpu_die("out of memory for a launch's block order");
     }
     for (size_t i = 0; i < blocks; i++) {
         size_t j = cpu_random_below((unsigned)(i + 1));
@@ -1425,9 +1680,11 @@ static inline void cpu_launch_run(const char *kernel, void (*thread)(const void 
     cpu_block_prepare(kernel, thread, args, grid, block, given);
     cpu_device_open(kernel);
     for (size_t i = 0; i < blocks; i++) {
-        dim3 b = { order[i] % grid.x, order[i] / grid.x % grid.y, (unsigned)(order[i] / ((size_t)grid.x * grid.y)) };
+        dim3 b = { order[i] % grid.x, order[i] / grid.x % grid.y,
+                   (unsigned)(order[i] / ((size_t)grid.x * grid.y)) };
         cpu_block_run(b);
-        if (cuda_on_cpu.sticky_error) break;   // a fault stopped the launch
+        if (cuda_on_cpu.sticky_error)
+            break;   // a fault stopped the launch
     }
     cpu_device_open(NULL);
 }
@@ -1435,29 +1692,47 @@ static inline void cpu_launch_run(const char *kernel, void (*thread)(const void 
 // kernel<<<grid, block, shared_bytes, stream>>>(arguments): checked as a GPU
 // checks it, then run, or recorded (its arguments copied) when the stream
 // captures a graph; its error, if any, for cudaGetLastError.
-static inline void cpu_launch(const char *kernel, void (*thread)(const void *), const void *args, size_t args_size,
-                              dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {
+static inline void cpu_launch(const char *kernel, void (*thread)(const void *), const void *args,
+                              size_t args_size, dim3 grid, dim3 block, size_t shared_bytes,
+                              cudaStream_t stream) {
     cpu_start();
-    if (cuda_on_cpu.sticky_error) { cuda_on_cpu.last_error = cuda_on_cpu.sticky_error; return; }
+    if (cuda_on_cpu.sticky_error) {
+        cuda_on_cpu.last_error = cuda_on_cpu.sticky_error;
+        return;
+    }
     const char *refusal = cpu_launch_refusal(kernel, grid, block, shared_bytes);
     if (refusal) {
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "the launch of %s was refused: %s", kernel, refusal);
-        cuda_on_cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared") ? cudaErrorInvalidValue
-                                                                                      : cudaErrorInvalidConfiguration;
-        if (stream && stream->capturing) cpu_spoil_capture();
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+                 "the launch of %s was refused: %s", kernel, refusal);
+        cuda_on_cpu.last_error = shared_bytes > CPU_SHARED_DEFAULT && strstr(refusal, "shared")
+                                 ? cudaErrorInvalidValue : cudaErrorInvalidConfiguration;
+        if (stream && stream->capturing)
+            cpu_spoil_capture();
         return;
     }
     cudaError_t capture_refusal = cudaSuccess;
     int route = cpu_stream_route(stream, kernel, &capture_refusal);
-    if (route < 0) { cuda_on_cpu.last_error = capture_refusal; return; }
+    if (route < 0) {
+        cuda_on_cpu.last_error = capture_refusal;
+        return;
+    }
     CpuWork work, *w = route > 0 ? cpu_record(stream, CPU_WORK_KERNEL) : &work;
-    if (route == 0) { memset(&work, 0, sizeof work); work.kind = CPU_WORK_KERNEL; }
-    w->kernel = kernel; w->thread = thread; w->grid = grid; w->block = block; w->shared_bytes = shared_bytes;
+    if (route == 0) {
+        memset(&work, 0, sizeof work);
+        work.kind = CPU_WORK_KERNEL;
+    }
+    w->kernel = kernel;
+    w->thread = thread;
+    w->grid = grid;
+    w->block = block;
+    w->shared_bytes = shared_bytes;
     w->args_size = args_size;
     w->args = malloc(args_size);
-    if (!w->args) cpu_die("out of memory for a launch's arguments");
+    if (!w->args)
+        cpu_die("out of memory for a launch's arguments");
     memcpy(w->args, args, args_size);
-    if (route == 0) cpu_give(stream, w);
+    if (route == 0)
+        cpu_give(stream, w);
 }
 
 // ---- cuBLAS -------------------------------------------------------------------
@@ -1472,31 +1747,40 @@ typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 } cublasMath_t;
-// stream: where its calls run (cublasSetStream; NULL: the legacy stream); workspace: device memory given by
-// cublasSetWorkspace, NULL for cuBLAS's own
-typedef struct { int created; cublasMath_t math; cudaStream_t stream; void *workspace; size_t workspace_bytes; }
-    *cublasHandle_t;
+// stream: where its calls run (cublasSetStream; NULL: the legacy stream); workspace: device
+// memory given by cublasSetWorkspace, NULL for cuBLAS's own
+typedef struct {
+    int created;
+    cublasMath_t math;
+    cudaStream_t stream;
+    void *workspace;
+    size_t workspace_bytes;
+} *cublasHandle_t;
 
 static inline const char *cublasGetStatusString(cublasStatus_t status) {
     return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS"
          : status == CUBLAS_STATUS_NOT_INITIALIZED ? "CUBLAS_STATUS_NOT_INITIALIZED"
          : status == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE"
-         : status == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED" : "CUBLAS_STATUS_EXECUTION_FAILED";
+         : status == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED"
+         : "CUBLAS_STATUS_EXECUTION_FAILED";
 }
 
 static inline cublasStatus_t cublasCreate(cublasHandle_t *handle) {
     *handle = (cublasHandle_t)calloc(1, sizeof **handle);
-    if (!*handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!*handle)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     (*handle)->created = 1;
-    cuda_on_cpu.handles = (void **)cpu_grow(cuda_on_cpu.handles, cuda_on_cpu.handle_count, &cuda_on_cpu.handle_capacity,
-                                            sizeof(void *), "out of memory for the list of cuBLAS handles");
+    cuda_on_cpu.handles = (void **)cpu_grow(cuda_on_cpu.handles, cuda_on_cpu.handle_count,
+                                            &cuda_on_cpu.handle_capacity, sizeof(void *),
+                                            "out of memory for the list of cuBLAS handles");
     cuda_on_cpu.handles[cuda_on_cpu.handle_count++] = *handle;
     return CUBLAS_STATUS_SUCCESS;
 }
 
 static inline cublasStatus_t cublasDestroy(cublasHandle_t handle) {
     for (int i = 0; i < cuda_on_cpu.handle_count; i++)
-        if (cuda_on_cpu.handles[i] == handle) cuda_on_cpu.handles[i] = cuda_on_cpu.handles[--cuda_on_cpu.handle_count];
+        if (cuda_on_cpu.handles[i] == handle)
+            cuda_on_cpu.handles[i] = cuda_on_cpu.handles[--cuda_on_cpu.handle_count];
     free(handle);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1504,7 +1788,8 @@ static inline cublasStatus_t cublasDestroy(cublasHandle_t handle) {
 // TF32 would round the inputs to 10-bit mantissas on a GPU; the CPU model
 // always multiplies in fp32, so it only records the choice.
 static inline cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!handle || !handle->created)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     handle->math = mode;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1512,7 +1797,8 @@ static inline cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath
 // As cuBLAS's: the stream for the calls that follow, and (cuBLAS's documentation
 // says so) back to cuBLAS's own workspace: cublasSetWorkspace comes after.
 static inline cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!handle || !handle->created)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     handle->stream = stream;
     handle->workspace = NULL;
     handle->workspace_bytes = 0;
@@ -1520,12 +1806,16 @@ static inline cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t
 }
 
 // The workspace must be device memory of that size, 256-byte aligned.
-static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t bytes) {
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace,
+                                                size_t bytes) {
+    if (!handle || !handle->created)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     char why[160];
-    if (bytes > 0 && ((uintptr_t)workspace % 256 != 0 || !cpu_inside_region(workspace, bytes, why, sizeof why))) {
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "cublasSetWorkspace: %zu bytes at %p are not "
-                 "256-byte aligned device memory", bytes, workspace);
+    if (bytes > 0 && ((uintptr_t)workspace % 256 != 0 ||
+                      !cpu_inside_region(workspace, bytes, why, sizeof why))) {
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+                 "cublasSetWorkspace: %zu bytes at %p are not 256-byte aligned device memory",
+                 bytes, workspace);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     handle->workspace = workspace;
@@ -1543,15 +1833,17 @@ static inline float cpu_gemm_element(const void *X, int bf16, size_t i) {
 // The product of one batch entry; the arguments as cublasSgemm's (A and B
 // bf16 when bf16). Two bf16 numbers multiply exactly in fp32; the sum rounds,
 // once a step (fmaf: the same bits whichever way the operands are stored).
-static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                             float alpha, const void *A, int lda, const void *B, int ldb,
+static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                             int k, float alpha, const void *A, int lda, const void *B, int ldb,
                              float beta, float *C, int ldc, int bf16) {
     for (int j = 0; j < n; j++) {
         for (int i = 0; i < m; i++) {
             float sum = 0;
             for (int p = 0; p < k; p++) {
-                size_t at_a = transa == CUBLAS_OP_N ? i + (size_t)p * lda : p + (size_t)i * lda;   // op(A)[i,p]
-                size_t at_b = transb == CUBLAS_OP_N ? p + (size_t)j * ldb : j + (size_t)p * ldb;   // op(B)[p,j]
+                size_t at_a = transa == CUBLAS_OP_N ? i + (size_t)p * lda
+                                                    : p + (size_t)i * lda;   // op(A)[i,p]
+                size_t at_b = transb == CUBLAS_OP_N ? p + (size_t)j * ldb
+                                                    : j + (size_t)p * ldb;   // op(B)[p,j]
                 sum = fmaf(cpu_gemm_element(A, bf16, at_a), cpu_gemm_element(B, bf16, at_b), sum);
             }
             float *c = &C[i + (size_t)j * ldc];
@@ -1561,33 +1853,44 @@ static inline void cpu_sgemm(cublasOperation_t transa, cublasOperation_t transb,
 }
 
 // What cuBLAS checks before it computes anything.
-static inline cublasStatus_t cpu_sgemm_shape_check(cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                                                   int k, int lda, int ldb, int ldc, int batch_count) {
-    if ((transa != CUBLAS_OP_N && transa != CUBLAS_OP_T) || (transb != CUBLAS_OP_N && transb != CUBLAS_OP_T))
+static inline cublasStatus_t cpu_sgemm_shape_check(cublasOperation_t transa,
+                                                   cublasOperation_t transb, int m, int n, int k,
+                                                   int lda, int ldb, int ldc, int batch_count) {
+    if ((transa != CUBLAS_OP_N && transa != CUBLAS_OP_T) ||
+        (transb != CUBLAS_OP_N && transb != CUBLAS_OP_T))
         return CUBLAS_STATUS_INVALID_VALUE;
-    if (m < 0 || n < 0 || k < 0 || batch_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    if (lda < cublas_max1(transa == CUBLAS_OP_N ? m : k)) return CUBLAS_STATUS_INVALID_VALUE;
-    if (ldb < cublas_max1(transb == CUBLAS_OP_N ? k : n)) return CUBLAS_STATUS_INVALID_VALUE;
-    if (ldc < cublas_max1(m)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (m < 0 || n < 0 || k < 0 || batch_count < 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (lda < cublas_max1(transa == CUBLAS_OP_N ? m : k))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (ldb < cublas_max1(transb == CUBLAS_OP_N ? k : n))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (ldc < cublas_max1(m))
+        return CUBLAS_STATUS_INVALID_VALUE;
     return CUBLAS_STATUS_SUCCESS;
 }
-static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                             int m, int n, int k, int lda, int ldb, int ldc, int batch_count) {
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+static inline cublasStatus_t cpu_sgemm_check(cublasHandle_t handle, cublasOperation_t transa,
+                                             cublasOperation_t transb, int m, int n, int k, int lda,
+                                             int ldb, int ldc, int batch_count) {
+    if (!handle || !handle->created)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     return cpu_sgemm_shape_check(transa, transb, m, n, k, lda, ldb, ldc, batch_count);
 }
 
 // A stored operand of `rows` x `cols` (as stored: column-major, leading dimension
 // ld), `count` of them `stride` apart, elements of `element_bytes`, all inside
 // one region (an allocation, or a tensor of one).
-static int cpu_operand_fits(const void *X, size_t element_bytes, int rows, int cols, int ld, long long stride,
-                            int count, const char *call, const char *name) {
-    if (rows == 0 || cols == 0 || count == 0) return 1;
+static int cpu_operand_fits(const void *X, size_t element_bytes, int rows, int cols, int ld,
+                            long long stride, int count, const char *call, const char *name) {
+    if (rows == 0 || cols == 0 || count == 0)
+        return 1;
     long long last = (long long)(count - 1) * stride + (long long)(cols - 1) * ld + rows - 1;
     char why[160] = "at a negative stride";
-    if (stride >= 0 && cpu_inside_region(X, ((size_t)last + 1) * element_bytes, why, sizeof why)) return 1;
-    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: %s (%d x %d, leading dimension %d, %d of them "
-             "%lld apart) reaches %s", call, name, rows, cols, ld, count, stride, why);
+    if (stride >= 0 && cpu_inside_region(X, ((size_t)last + 1) * element_bytes, why, sizeof why))
+        return 1;
+    snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+             "%s: %s (%d x %d, leading dimension %d, %d of them %lld apart) reaches %s", call, name,
+             rows, cols, ld, count, stride, why);
     return 0;
 }
 
@@ -1596,11 +1899,12 @@ static inline cublasStatus_t cpu_gemm_extents(const CpuGemm *g) {
     cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
     int a_rows = transa == CUBLAS_OP_N ? g->m : g->k, b_rows = transb == CUBLAS_OP_N ? g->k : g->n;
     size_t ab_bytes = g->ab_bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
-    if (!cpu_operand_fits(g->A, ab_bytes, g->k ? a_rows : 0, transa == CUBLAS_OP_N ? g->k : g->m, g->lda,
-                          g->stride_a, g->count, g->call, "A") ||
-        !cpu_operand_fits(g->B, ab_bytes, g->k ? b_rows : 0, transb == CUBLAS_OP_N ? g->n : g->k, g->ldb,
-                          g->stride_b, g->count, g->call, "B") ||
-        !cpu_operand_fits(g->C, sizeof(float), g->m, g->n, g->ldc, g->stride_c, g->count, g->call, "C"))
+    if (!cpu_operand_fits(g->A, ab_bytes, g->k ? a_rows : 0, transa == CUBLAS_OP_N ? g->k : g->m,
+                          g->lda, g->stride_a, g->count, g->call, "A") ||
+        !cpu_operand_fits(g->B, ab_bytes, g->k ? b_rows : 0, transb == CUBLAS_OP_N ? g->n : g->k,
+                          g->ldb, g->stride_b, g->count, g->call, "B") ||
+        !cpu_operand_fits(g->C, sizeof(float), g->m, g->n, g->ldc, g->stride_c, g->count, g->call,
+                          "C"))
         return CUBLAS_STATUS_EXECUTION_FAILED;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1613,24 +1917,28 @@ static inline cublasStatus_t cpu_gemm_extents(const CpuGemm *g) {
 // cpu_workspace_overlaps with no handle of its own.)
 static inline int cpu_workspace_overlaps(const void *workspace, size_t bytes, cudaStream_t stream,
                                          cublasHandle_t own, const char *call) {
-    if (!workspace) return 0;
+    if (!workspace)
+        return 0;
     const char *start = (const char *)workspace, *end = start + bytes;
     for (int i = 0; i < cuda_on_cpu.handle_count; i++) {
         cublasHandle_t other = (cublasHandle_t)cuda_on_cpu.handles[i];
         const char *other_start = (const char *)other->workspace;
-        if (other == own || !other_start || other->stream == stream) continue;
+        if (other == own || !other_start || other->stream == stream)
+            continue;
         if (other_start < end && start < other_start + other->workspace_bytes) {
-            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: its workspace is also the workspace "
-                     "of a handle on another stream (streams %d and %d): calls on the two may run at once and "
-                     "overwrite each other's partial sums; give each stream a workspace of its own",
-                     call, stream ? stream->number : 0, other->stream ? other->stream->number : 0);
+            snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: its workspace is also "
+                     "the workspace of a handle on another stream (streams %d and %d): calls on "
+                     "the two may run at once and overwrite each other's partial sums; give each "
+                     "stream a workspace of its own", call, stream ? stream->number : 0,
+                     other->stream ? other->stream->number : 0);
             return 1;
         }
     }
     return 0;
 }
 static inline int cpu_workspace_shared(cublasHandle_t handle, const char *call) {
-    return cpu_workspace_overlaps(handle->workspace, handle->workspace_bytes, handle->stream, handle, call);
+    return cpu_workspace_overlaps(handle->workspace, handle->workspace_bytes, handle->stream,
+                                  handle, call);
 }
 
 static inline void cpu_epilogue_run(const CpuGemm *g);
@@ -1638,18 +1946,24 @@ static inline int cpu_epilogue_extents(const CpuGemm *g);
 
 // A checked call's operands' extents, then its products (and cublasLtMatmul's epilogue).
 static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
-    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (g->epilogue && !cpu_epilogue_extents(g)) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (!cuda_on_cpu.execute) return CUBLAS_STATUS_SUCCESS;
+    if (cuda_on_cpu.sticky_error)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (g->epilogue && !cpu_epilogue_extents(g))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (!cuda_on_cpu.execute)
+        return CUBLAS_STATUS_SUCCESS;
     cublasOperation_t transa = (cublasOperation_t)g->transa, transb = (cublasOperation_t)g->transb;
     size_t ab_bytes = g->ab_bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
     cpu_device_open(g->call);
     const char *A = (const char *)g->A, *B = (const char *)g->B;
     for (int i = 0; i < g->count; i++)
-        cpu_sgemm(transa, transb, g->m, g->n, g->k, g->alpha, A + i * g->stride_a * ab_bytes, g->lda,
-                  B + i * g->stride_b * ab_bytes, g->ldb, g->beta, g->C + i * g->stride_c, g->ldc, g->ab_bf16);
-    if (g->epilogue) cpu_epilogue_run(g);
+        cpu_sgemm(transa, transb, g->m, g->n, g->k, g->alpha, A + i * g->stride_a * ab_bytes,
+                  g->lda, B + i * g->stride_b * ab_bytes, g->ldb, g->beta, g->C + i * g->stride_c,
+                  g->ldc, g->ab_bf16);
+    if (g->epilogue)
+        cpu_epilogue_run(g);
     cpu_device_open(NULL);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1660,7 +1974,8 @@ static inline cublasStatus_t cpu_gemm_run(const CpuGemm *g) {
 static inline cublasStatus_t cpu_gemm_give(const CpuGemm *g, cudaStream_t stream) {
     cudaError_t refusal = cudaSuccess;
     int route = cpu_stream_route(stream, g->call, &refusal);
-    if (route < 0) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (route < 0)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
     if (route > 0) {
         cpu_record(stream, CPU_WORK_GEMM)->gemm = *g;
         return CUBLAS_STATUS_SUCCESS;
@@ -1670,8 +1985,10 @@ static inline cublasStatus_t cpu_gemm_give(const CpuGemm *g, cudaStream_t stream
         return cpu_gemm_run(g);
     }
     // another stream: its operands' extents checked now, and again when it runs
-    if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (g->epilogue && !cpu_epilogue_extents(g)) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (cpu_gemm_extents(g) != CUBLAS_STATUS_SUCCESS)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (g->epilogue && !cpu_epilogue_extents(g))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
     CpuWork work;
     memset(&work, 0, sizeof work);
     work.kind = CPU_WORK_GEMM;
@@ -1682,34 +1999,44 @@ static inline cublasStatus_t cpu_gemm_give(const CpuGemm *g, cudaStream_t stream
 
 // One call: cuBLAS's checks, then the products now, or recorded with alpha and
 // beta as they are now when the handle's stream captures a graph.
-static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t handle, cublasOperation_t transa,
-                                    cublasOperation_t transb, int m, int n, int k, const float *alpha, const void *A,
-                                    int lda, long long stride_a, const void *B, int ldb, long long stride_b,
-                                    const float *beta, float *C, int ldc, long long stride_c, int count, int ab_bf16) {
+static inline cublasStatus_t cpu_gemm_call(const char *call, cublasHandle_t handle,
+                                           cublasOperation_t transa, cublasOperation_t transb,
+                                           int m, int n, int k, const float *alpha, const void *A,
+                                           int lda, long long stride_a, const void *B, int ldb,
+                                           long long stride_b, const float *beta, float *C, int ldc,
+                                           long long stride_c, int count, int ab_bf16) {
     cublasStatus_t status = cpu_sgemm_check(handle, transa, transb, m, n, k, lda, ldb, ldc, count);
-    if (status != CUBLAS_STATUS_SUCCESS) return status;
-    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
-    CpuGemm g = { call, handle, (int)transa, (int)transb, m, n, k, lda, ldb, ldc, count, *alpha, *beta, A, B, C,
-                  stride_a, stride_b, stride_c, ab_bf16, 0, NULL, NULL, 0 };
-    if (cpu_workspace_shared(handle, call)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (status != CUBLAS_STATUS_SUCCESS)
+        return status;
+    if (cuda_on_cpu.sticky_error)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    CpuGemm g = { call, handle, (int)transa, (int)transb, m, n, k, lda, ldb, ldc, count, *alpha,
+                  *beta, A, B, C, stride_a, stride_b, stride_c, ab_bf16, 0, NULL, NULL, 0 };
+    if (cpu_workspace_shared(handle, call))
+        return CUBLAS_STATUS_INVALID_VALUE;
     return cpu_gemm_give(&g, handle->stream);
 }
 
-static inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                         int m, int n, int k, const float *alpha, const float *A, int lda,
-                                         const float *B, int ldb, const float *beta, float *C, int ldc) {
-    return cpu_gemm_call("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc,
-                         0, 1, 0);
+static inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float *alpha, const float *A, int lda,
+                                         const float *B, int ldb, const float *beta, float *C,
+                                         int ldc) {
+    return cpu_gemm_call("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb,
+                         0, beta, C, ldc, 0, 1, 0);
 }
 
 // Entry i multiplies A + i*strideA and B + i*strideB into C + i*strideC.
-static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
-                                                       cublasOperation_t transb, int m, int n, int k,
-                                                       const float *alpha, const float *A, int lda, long long strideA,
-                                                       const float *B, int ldb, long long strideB, const float *beta,
-                                                       float *C, int ldc, long long strideC, int batch_count) {
-    return cpu_gemm_call("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb,
-                         strideB, beta, C, ldc, strideC, batch_count, 0);
+static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle,
+                                                       cublasOperation_t transa,
+                                                       cublasOperation_t transb, int m, int n,
+                                                       int k, const float *alpha, const float *A,
+                                                       int lda, long long strideA, const float *B,
+                                                       int ldb, long long strideB,
+                                                       const float *beta, float *C, int ldc,
+                                                       long long strideC, int batch_count) {
+    return cpu_gemm_call("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A,
+                         lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch_count, 0);
 }
 
 // cublasGemmEx's types that the emulator computes: A and B both fp32 or both
@@ -1717,36 +2044,45 @@ static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cu
 // 0 for fp32, -1 (CUBLAS_STATUS_NOT_SUPPORTED) for any other choice.
 static inline int cpu_gemm_ex_types(cudaDataType a_type, cudaDataType b_type, cudaDataType c_type,
                                     cublasComputeType_t compute, cublasGemmAlgo_t algo) {
-    if (a_type != b_type || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || algo != CUBLAS_GEMM_DEFAULT)
+    if (a_type != b_type || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F ||
+        algo != CUBLAS_GEMM_DEFAULT)
         return -1;
     return a_type == CUDA_R_16BF ? 1 : a_type == CUDA_R_32F ? 0 : -1;
 }
 
 // C = alpha op(A) op(B) + beta C with the operands' types given (cpu_gemm_ex_types)
-static inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                          int m, int n, int k, const void *alpha, const void *A, cudaDataType Atype,
-                                          int lda, const void *B, cudaDataType Btype, int ldb, const void *beta,
-                                          void *C, cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
-                                          cublasGemmAlgo_t algo) {
+static inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, const void *B, cudaDataType Btype, int ldb,
+                                          const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
     int bf16 = cpu_gemm_ex_types(Atype, Btype, Ctype, computeType, algo);
-    if (bf16 < 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-    return cpu_gemm_call("cublasGemmEx", handle, transa, transb, m, n, k, (const float *)alpha, A, lda, 0, B, ldb, 0,
-                         (const float *)beta, (float *)C, ldc, 0, 1, bf16);
+    if (bf16 < 0)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    return cpu_gemm_call("cublasGemmEx", handle, transa, transb, m, n, k, (const float *)alpha, A,
+                         lda, 0, B, ldb, 0, (const float *)beta, (float *)C, ldc, 0, 1, bf16);
 }
 
 // The same for batch_count products, entry i at A + i*strideA, ... (in elements of each type)
-static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
-                                                        cublasOperation_t transb, int m, int n, int k,
-                                                        const void *alpha, const void *A, cudaDataType Atype, int lda,
-                                                        long long strideA, const void *B, cudaDataType Btype, int ldb,
-                                                        long long strideB, const void *beta, void *C,
-                                                        cudaDataType Ctype, int ldc, long long strideC,
-                                                        int batch_count, cublasComputeType_t computeType,
+static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle,
+                                                        cublasOperation_t transa,
+                                                        cublasOperation_t transb, int m, int n,
+                                                        int k, const void *alpha, const void *A,
+                                                        cudaDataType Atype, int lda,
+                                                        long long strideA, const void *B,
+                                                        cudaDataType Btype, int ldb,
+                                                        long long strideB, const void *beta,
+                                                        void *C, cudaDataType Ctype, int ldc,
+                                                        long long strideC, int batch_count,
+                                                        cublasComputeType_t computeType,
                                                         cublasGemmAlgo_t algo) {
     int bf16 = cpu_gemm_ex_types(Atype, Btype, Ctype, computeType, algo);
-    if (bf16 < 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-    return cpu_gemm_call("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, (const float *)alpha, A, lda,
-                         strideA, B, ldb, strideB, (const float *)beta, (float *)C, ldc, strideC, batch_count, bf16);
+    if (bf16 < 0)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    return cpu_gemm_call("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k,
+                         (const float *)alpha, A, lda, strideA, B, ldb, strideB,
+                         (const float *)beta, (float *)C, ldc, strideC, batch_count, bf16);
 }
 
 // ---- cuBLASLt: cublasLtMatmul with the epilogues the companion asks for ------
@@ -1756,7 +2092,8 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, c
 // compute type computed as fp32), on the stream given with each call, with one
 // of these epilogues, element (i, j) of D being v = alpha sum + beta c:
 //   CUBLASLT_EPILOGUE_DEFAULT        D = v
-//   CUBLASLT_EPILOGUE_RELU_AUX_BIAS  v += bias[i]; D = max(v, 0); bit i + j*aux_ld of the mask: v > 0
+//   CUBLASLT_EPILOGUE_RELU_AUX_BIAS  v += bias[i]; D = max(v, 0); bit i + j*aux_ld of the
+//                                    mask: v > 0
 //   CUBLASLT_EPILOGUE_DRELU_BGRAD    D = v where the mask's bit is set, else 0; then
 //                                    bias[i] = sum over j of D(i, j), j = 0, 1, ... in fp32
 // ("Bias vector length must match matrix D rows count"; the mask's leading
@@ -1766,12 +2103,13 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, c
 // of another type or shape, C not D) is CUBLAS_STATUS_NOT_SUPPORTED from the
 // heuristic, which then returns no algorithm: the caller's fallback runs.
 typedef enum {
-    CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_RELU_AUX_BIAS = 134, CUBLASLT_EPILOGUE_DRELU_BGRAD = 152
+    CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_RELU_AUX_BIAS = 134,
+    CUBLASLT_EPILOGUE_DRELU_BGRAD = 152
 } cublasLtEpilogue_t;
 typedef enum {
-    CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4, CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
-    CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
-    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12
+    CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4,
+    CUBLASLT_MATMUL_DESC_EPILOGUE = 7, CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12
 } cublasLtMatmulDescAttributes_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
@@ -1779,7 +2117,9 @@ typedef enum {
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
 } cublasLtMatmulPreferenceAttributes_t;
 #define CUBLAS_COMPUTE_32F_FAST_TF32 ((cublasComputeType_t)77)
-typedef struct { int created; } *cublasLtHandle_t;
+typedef struct {
+    int created;
+} *cublasLtHandle_t;
 typedef struct {
     cublasComputeType_t compute;
     int transa, transb;
@@ -1787,9 +2127,17 @@ typedef struct {
     void *bias, *aux;
     int64_t aux_ld;
 } *cublasLtMatmulDesc_t;
-typedef struct { cudaDataType type; uint64_t rows, cols; int64_t ld; } *cublasLtMatrixLayout_t;
-typedef struct { uint64_t max_workspace; } *cublasLtMatmulPreference_t;
-typedef struct { uint64_t data[8]; } cublasLtMatmulAlgo_t;
+typedef struct {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+} *cublasLtMatrixLayout_t;
+typedef struct {
+    uint64_t max_workspace;
+} *cublasLtMatmulPreference_t;
+typedef struct {
+    uint64_t data[8];
+} cublasLtMatmulAlgo_t;
 typedef struct {
     cublasLtMatmulAlgo_t algo;
     size_t workspaceSize;
@@ -1800,20 +2148,25 @@ typedef struct {
 
 static inline cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle) {
     *handle = (cublasLtHandle_t)calloc(1, sizeof **handle);
-    if (!*handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!*handle)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     (*handle)->created = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
 static inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!handle || !handle->created)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     free(handle);
     return CUBLAS_STATUS_SUCCESS;
 }
-static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t compute,
+static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc,
+                                                      cublasComputeType_t compute,
                                                       cudaDataType scale_type) {
-    if (scale_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (scale_type != CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     *desc = (cublasLtMatmulDesc_t)calloc(1, sizeof **desc);
-    if (!*desc) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!*desc)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     (*desc)->compute = compute;
     (*desc)->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     return CUBLAS_STATUS_SUCCESS;
@@ -1823,26 +2176,37 @@ static inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc
     return CUBLAS_STATUS_SUCCESS;
 }
 // Each attribute in the size cublasLt.h gives it (a wrong size is refused, as there)
-static inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
-                                                            cublasLtMatmulDescAttributes_t attribute,
-                                                            const void *value, size_t bytes) {
+static inline cublasStatus_t
+cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+                               const void *value, size_t bytes) {
     size_t expected = attribute == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? sizeof(void *)
                     : attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER ? sizeof(void *)
-                    : attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD ? sizeof(int64_t) : sizeof(int32_t);
-    if (!desc || !value || bytes != expected) return CUBLAS_STATUS_INVALID_VALUE;
-    if (attribute == CUBLASLT_MATMUL_DESC_TRANSA) memcpy(&desc->transa, value, bytes);
-    else if (attribute == CUBLASLT_MATMUL_DESC_TRANSB) memcpy(&desc->transb, value, bytes);
-    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE) memcpy(&desc->epilogue, value, bytes);
-    else if (attribute == CUBLASLT_MATMUL_DESC_BIAS_POINTER) memcpy(&desc->bias, value, bytes);
-    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER) memcpy(&desc->aux, value, bytes);
-    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) memcpy(&desc->aux_ld, value, bytes);
-    else return CUBLAS_STATUS_NOT_SUPPORTED;
+                    : attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD ? sizeof(int64_t)
+                    : sizeof(int32_t);
+    if (!desc || !value || bytes != expected)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (attribute == CUBLASLT_MATMUL_DESC_TRANSA)
+        memcpy(&desc->transa, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_TRANSB)
+        memcpy(&desc->transb, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE)
+        memcpy(&desc->epilogue, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_BIAS_POINTER)
+        memcpy(&desc->bias, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER)
+        memcpy(&desc->aux, value, bytes);
+    else if (attribute == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD)
+        memcpy(&desc->aux_ld, value, bytes);
+    else
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     return CUBLAS_STATUS_SUCCESS;
 }
-static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cudaDataType type,
-                                                        uint64_t rows, uint64_t cols, int64_t ld) {
+static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout,
+                                                        cudaDataType type, uint64_t rows,
+                                                        uint64_t cols, int64_t ld) {
     *layout = (cublasLtMatrixLayout_t)calloc(1, sizeof **layout);
-    if (!*layout) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!*layout)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     (*layout)->type = type;
     (*layout)->rows = rows;
     (*layout)->cols = cols;
@@ -1853,21 +2217,26 @@ static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t 
     free(layout);
     return CUBLAS_STATUS_SUCCESS;
 }
-static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *preference) {
+static inline cublasStatus_t
+cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *preference) {
     *preference = (cublasLtMatmulPreference_t)calloc(1, sizeof **preference);
     return *preference ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
 }
-static inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
+static inline cublasStatus_t
+cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
     free(preference);
     return CUBLAS_STATUS_SUCCESS;
 }
-static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t preference,
-                                                                  cublasLtMatmulPreferenceAttributes_t attribute,
-                                                                  const void *value, size_t bytes) {
+static inline cublasStatus_t
+cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t preference,
+                                     cublasLtMatmulPreferenceAttributes_t attribute,
+                                     const void *value, size_t bytes) {
     int alignment = attribute >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
                     attribute <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES;
-    if (!preference || !value) return CUBLAS_STATUS_INVALID_VALUE;
-    if (alignment) return bytes == sizeof(uint32_t) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    if (!preference || !value)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (alignment)
+        return bytes == sizeof(uint32_t) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
     if (attribute != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || bytes != sizeof(uint64_t))
         return CUBLAS_STATUS_INVALID_VALUE;
     memcpy(&preference->max_workspace, value, bytes);
@@ -1876,18 +2245,23 @@ static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmul
 
 // The product a descriptor and four layouts describe, as a CpuGemm (C and D one
 // matrix); CUBLAS_STATUS_NOT_SUPPORTED for what the emulator does not compute
-static inline cublasStatus_t cpu_lt_product(CpuGemm *g, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
-                                            cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                                            cublasLtMatrixLayout_t d) {
-    if (!desc || !a || !b || !c || !d) return CUBLAS_STATUS_INVALID_VALUE;
-    int known = desc->epilogue == CUBLASLT_EPILOGUE_DEFAULT || desc->epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ||
+static inline cublasStatus_t cpu_lt_product(CpuGemm *g, cublasLtMatmulDesc_t desc,
+                                            cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                            cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d) {
+    if (!desc || !a || !b || !c || !d)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    int known = desc->epilogue == CUBLASLT_EPILOGUE_DEFAULT ||
+                desc->epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ||
                 desc->epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD;
-    int computes = desc->compute == CUBLAS_COMPUTE_32F || desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    int computes = desc->compute == CUBLAS_COMPUTE_32F ||
+                   desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     int types = a->type == b->type && (a->type == CUDA_R_32F || a->type == CUDA_R_16BF) &&
                 c->type == CUDA_R_32F && d->type == CUDA_R_32F;
-    if (a->type == CUDA_R_16BF && desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32) types = 0;   // (TF32 is for fp32)
+    if (a->type == CUDA_R_16BF && desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32)
+        types = 0;   // (TF32 is for fp32)
     int same_cd = c->rows == d->rows && c->cols == d->cols && c->ld == d->ld;
-    if (!known || !computes || !types || !same_cd) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!known || !computes || !types || !same_cd)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(g, 0, sizeof *g);
     g->transa = desc->transa;
     g->transb = desc->transb;
@@ -1897,7 +2271,8 @@ static inline cublasStatus_t cpu_lt_product(CpuGemm *g, cublasLtMatmulDesc_t des
     int a_rows = (int)(desc->transa == CUBLAS_OP_N ? a->rows : a->cols);
     int b_rows = (int)(desc->transb == CUBLAS_OP_N ? b->rows : b->cols);
     int b_cols = (int)(desc->transb == CUBLAS_OP_N ? b->cols : b->rows);
-    if (a_rows != g->m || b_rows != g->k || b_cols != g->n) return CUBLAS_STATUS_INVALID_VALUE;
+    if (a_rows != g->m || b_rows != g->k || b_cols != g->n)
+        return CUBLAS_STATUS_INVALID_VALUE;
     g->lda = (int)a->ld;
     g->ldb = (int)b->ld;
     g->ldc = (int)d->ld;
@@ -1913,17 +2288,21 @@ static inline cublasStatus_t cpu_lt_product(CpuGemm *g, cublasLtMatmulDesc_t des
 }
 
 // One algorithm for any product the emulator computes (it has one), none for the rest
-static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
-                                                            cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                                                            cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
-                                                            cublasLtMatmulPreference_t preference, int requested,
-                                                            cublasLtMatmulHeuristicResult_t *results, int *returned) {
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (!preference || requested < 1 || !results || !returned) return CUBLAS_STATUS_INVALID_VALUE;
+static inline cublasStatus_t
+cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                               cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                               cublasLtMatmulPreference_t preference, int requested,
+                               cublasLtMatmulHeuristicResult_t *results, int *returned) {
+    if (!handle || !handle->created)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!preference || requested < 1 || !results || !returned)
+        return CUBLAS_STATUS_INVALID_VALUE;
     *returned = 0;
     CpuGemm g;
     cublasStatus_t status = cpu_lt_product(&g, desc, a, b, c, d);
-    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (status != CUBLAS_STATUS_SUCCESS)
+        return status;
     if (cpu_test_faults.epilogue_refused && desc->epilogue == cpu_test_faults.epilogue_refused)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
@@ -1936,30 +2315,39 @@ static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t han
 // D = alpha op(A) op(B) + beta C and the descriptor's epilogue, on `stream`
 // (recorded when it captures); the workspace must be device memory that no
 // cuBLAS handle on another stream has (cpu_workspace_overlaps).
-static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void *alpha,
-                                            const void *A, cublasLtMatrixLayout_t a, const void *B,
-                                            cublasLtMatrixLayout_t b, const void *beta, const void *C,
-                                            cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t d,
-                                            const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
-                                            cudaStream_t stream) {
+static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                            const void *alpha, const void *A,
+                                            cublasLtMatrixLayout_t a, const void *B,
+                                            cublasLtMatrixLayout_t b, const void *beta,
+                                            const void *C, cublasLtMatrixLayout_t c, void *D,
+                                            cublasLtMatrixLayout_t d,
+                                            const cublasLtMatmulAlgo_t *algo, void *workspace,
+                                            size_t workspace_bytes, cudaStream_t stream) {
     const char *call = "cublasLtMatmul";
-    if (!handle || !handle->created) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (!algo || !alpha || !beta || C != D) return CUBLAS_STATUS_INVALID_VALUE;
-    if (cuda_on_cpu.sticky_error) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (cpu_test_faults.lt_matmul_refused) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!handle || !handle->created)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!algo || !alpha || !beta || C != D)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (cuda_on_cpu.sticky_error)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (cpu_test_faults.lt_matmul_refused)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     CpuGemm g;
     cublasStatus_t status = cpu_lt_product(&g, desc, a, b, c, d);
-    if (status != CUBLAS_STATUS_SUCCESS) return status;
-    status = cpu_sgemm_shape_check((cublasOperation_t)g.transa, (cublasOperation_t)g.transb, g.m, g.n, g.k, g.lda,
-                                   g.ldb, g.ldc, 1);
-    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (status != CUBLAS_STATUS_SUCCESS)
+        return status;
+    status = cpu_sgemm_shape_check((cublasOperation_t)g.transa, (cublasOperation_t)g.transb, g.m,
+                                   g.n, g.k, g.lda, g.ldb, g.ldc, 1);
+    if (status != CUBLAS_STATUS_SUCCESS)
+        return status;
     char why[160];
     if (workspace_bytes > 0 && !cpu_inside_region(workspace, workspace_bytes, why, sizeof why)) {
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: a workspace of %zu bytes at %p: %s", call,
-                 workspace_bytes, workspace, why);
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+                 "%s: a workspace of %zu bytes at %p: %s", call, workspace_bytes, workspace, why);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (cpu_workspace_overlaps(workspace, workspace_bytes, stream, NULL, call)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (cpu_workspace_overlaps(workspace, workspace_bytes, stream, NULL, call))
+        return CUBLAS_STATUS_INVALID_VALUE;
     g.call = call;
     g.alpha = *(const float *)alpha;
     g.beta = *(const float *)beta;
@@ -1973,15 +2361,17 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMat
 // inside their regions
 static inline int cpu_epilogue_extents(const CpuGemm *g) {
     char why[160];
-    size_t mask_bytes = (size_t)(g->aux_ld / 8) * (size_t)g->n;   // (whole columns, as cuBLASLt may write them)
+    size_t mask_bytes = (size_t)(g->aux_ld / 8) * (size_t)g->n;   // (whole columns, as
+                                                                  // cuBLASLt may write them)
     if (!cpu_inside_region(g->bias, (size_t)g->m * sizeof(float), why, sizeof why)) {
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: the epilogue's bias (%d floats) reaches %s",
-                 g->call, g->m, why);
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+                 "%s: the epilogue's bias (%d floats) reaches %s", g->call, g->m, why);
         return 0;
     }
     if (mask_bytes > 0 && !cpu_inside_region(g->aux, mask_bytes, why, sizeof why)) {
-        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message, "%s: the epilogue's ReLU mask (%d x %d bits, "
-                 "%lld a column) reaches %s", g->call, g->m, g->n, g->aux_ld, why);
+        snprintf(cuda_on_cpu.message, sizeof cuda_on_cpu.message,
+                 "%s: the epilogue's ReLU mask (%d x %d bits, %lld a column) reaches %s", g->call,
+                 g->m, g->n, g->aux_ld, why);
         return 0;
     }
     return 1;
@@ -1989,7 +2379,8 @@ static inline int cpu_epilogue_extents(const CpuGemm *g) {
 
 // The epilogue on D = alpha op(A) op(B) + beta C, which cpu_sgemm has written
 static inline void cpu_epilogue_run(const CpuGemm *g) {
-    if (cpu_test_faults.epilogues_skipped) return;
+    if (cpu_test_faults.epilogues_skipped)
+        return;
     for (int j = 0; j < g->n; j++) {
         for (int i = 0; i < g->m; i++) {
             float *d = &g->C[i + (size_t)j * g->ldc];
@@ -1999,14 +2390,17 @@ static inline void cpu_epilogue_run(const CpuGemm *g) {
                 float v = *d + g->bias[i];
                 int positive = v > 0;
                 *d = positive ? v : 0.0f;
-                if (positive) g->aux[bit / 8] |= mask;
-                else g->aux[bit / 8] &= (unsigned char)~mask;
+                if (positive)
+                    g->aux[bit / 8] |= mask;
+                else
+                    g->aux[bit / 8] &= (unsigned char)~mask;
             } else if (!(g->aux[bit / 8] & mask)) {   // CUBLASLT_EPILOGUE_DRELU_BGRAD
                 *d = 0.0f;
             }
         }
     }
-    if (g->epilogue != CUBLASLT_EPILOGUE_DRELU_BGRAD) return;
+    if (g->epilogue != CUBLASLT_EPILOGUE_DRELU_BGRAD)
+        return;
     for (int i = 0; i < g->m; i++) {
         float sum = 0;
         for (int j = 0; j < g->n; j++) sum += g->C[i + (size_t)j * g->ldc];
@@ -2019,22 +2413,28 @@ static inline void cpu_epilogue_run(const CpuGemm *g) {
 // One piece of work, checked again (the memory it names may have been freed
 // since): nothing runs after a fault, as on a GPU.
 static inline cudaError_t cpu_work_run(const CpuWork *w) {
-    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
+    if (cuda_on_cpu.sticky_error)
+        return cuda_on_cpu.sticky_error;
     cudaError_t e = cudaSuccess;
     if (w->kind == CPU_WORK_KERNEL) {
         cpu_launch_run(w->kernel, w->thread, w->args, w->grid, w->block, w->shared_bytes);
     } else if (w->kind == CPU_WORK_GEMM) {
-        if (cpu_gemm_run(&w->gemm) != CUBLAS_STATUS_SUCCESS) e = cudaErrorIllegalAddress;
+        if (cpu_gemm_run(&w->gemm) != CUBLAS_STATUS_SUCCESS)
+            e = cudaErrorIllegalAddress;
     } else if (w->kind == CPU_WORK_COPY) {
         size_t to_span = w->height ? (w->height - 1) * w->to_pitch + w->width : 0;
         size_t from_span = w->height ? (w->height - 1) * w->from_pitch + w->width : 0;
-        e = cpu_check_copy(w->to, to_span, w->from, from_span, (cudaMemcpyKind)w->copy_kind, w->call);
-        if (e == cudaSuccess) cpu_copy_run(w->to, w->to_pitch, w->from, w->from_pitch, w->width, w->height, w->call);
+        e = cpu_check_copy(w->to, to_span, w->from, from_span, (cudaMemcpyKind)w->copy_kind,
+                           w->call);
+        if (e == cudaSuccess)
+            cpu_copy_run(w->to, w->to_pitch, w->from, w->from_pitch, w->width, w->height, w->call);
     } else {
         e = cpu_check_device(w->to, w->width, w->call, "destination");
-        if (e == cudaSuccess) cpu_memset_run(w->to, w->value, w->width, w->call);
+        if (e == cudaSuccess)
+            cpu_memset_run(w->to, w->value, w->width, w->call);
     }
-    if (e != cudaSuccess) cuda_on_cpu.sticky_error = e;   // its message is in cuda_on_cpu.message
+    if (e != cudaSuccess)
+        cuda_on_cpu.sticky_error = e;   // its message is in cuda_on_cpu.message
     return cuda_on_cpu.sticky_error;
 }
 
@@ -2050,21 +2450,26 @@ static inline cudaError_t cpu_work_run(const CpuWork *w) {
 #define CPU_LANES 64
 static inline void cpu_run_pending(const CpuFrontier *until) {
     int n = cuda_on_cpu.pending_count;
-    if (n == 0 || cuda_on_cpu.running_pending) return;
+    if (n == 0 || cuda_on_cpu.running_pending)
+        return;
     cuda_on_cpu.running_pending = 1;
     CpuWork *p = cuda_on_cpu.pending;
     long long base = cuda_on_cpu.pending_base;
     int *stack = (int *)malloc(((size_t)n + 1) * CPU_MOST_DEPENDENCIES * sizeof(int)), top = 0;
-    if (!stack) cpu_die("out of memory for the streams' work");
+    if (!stack)
+        cpu_die("out of memory for the streams' work");
     for (int i = 0; i < n; i++) p[i].needed = !until && !p[i].done;
     for (int i = 0; until && i < until->count; i++)
-        if (!cpu_pending_done(until->on[i])) stack[top++] = (int)(until->on[i] - base);
+        if (!cpu_pending_done(until->on[i]))
+            stack[top++] = (int)(until->on[i] - base);
     while (top > 0) {   // what `until` waits for, and what that waits for
         int i = stack[--top];
-        if (p[i].needed) continue;
+        if (p[i].needed)
+            continue;
         p[i].needed = 1;
         for (int d = 0; d < p[i].after.count; d++)
-            if (!cpu_pending_done(p[i].after.on[d])) stack[top++] = (int)(p[i].after.on[d] - base);
+            if (!cpu_pending_done(p[i].after.on[d]))
+                stack[top++] = (int)(p[i].after.on[d] - base);
     }
     free(stack);
     cpu_device_hold(1);
@@ -2073,18 +2478,23 @@ static inline void cpu_run_pending(const CpuFrontier *until) {
     for (;;) {
         int ready = 0, pick = -1;
         for (int i = 0; i < n; i++) {
-            if (!p[i].needed || p[i].done) continue;
+            if (!p[i].needed || p[i].done)
+                continue;
             int waits = 0;
-            for (int d = 0; d < p[i].after.count && !waits; d++) waits = !cpu_pending_done(p[i].after.on[d]);
-            if (waits) continue;
+            for (int d = 0; d < p[i].after.count && !waits; d++)
+                waits = !cpu_pending_done(p[i].after.on[d]);
+            if (waits)
+                continue;
             ready++;
             if (by_lane) {
-                if (pick < 0 || rank[p[i].lane % CPU_LANES] > rank[p[pick].lane % CPU_LANES]) pick = i;
+                if (pick < 0 || rank[p[i].lane % CPU_LANES] > rank[p[pick].lane % CPU_LANES])
+                    pick = i;
             } else if (cpu_random_below((unsigned)ready) == 0) {
                 pick = i;   // each of the ready ones with chance 1/ready
             }
         }
-        if (pick < 0) break;
+        if (pick < 0)
+            break;
         p[pick].done = 1;
         p[pick].needed = 0;
         cpu_work_run(&p[pick]);
@@ -2114,13 +2524,21 @@ static inline void cpu_drop_pending(void) {
 // that no node waits for. On the legacy stream they run now; on another, when
 // something needs them (cpu_run_pending), in a new order each time.
 static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
-    cudaError_t refused = cpu_capture_forbids("cudaGraphLaunch (a graph inside a graph is not modelled)");
-    if (refused) return refused;
-    if (!exec) return cudaErrorInvalidValue;
-    if (cuda_on_cpu.sticky_error) return cuda_on_cpu.sticky_error;
-    if (!stream) cpu_run_pending(NULL);
+    cudaError_t refused =
+        cpu_capture_forbids("cudaGraphLaunch (a graph inside a graph is not modelled)");
+    if (refused)
+        return refused;
+    if (!exec)
+        return cudaErrorInvalidValue;
+    if (cuda_on_cpu.sticky_error)
+        return cuda_on_cpu.sticky_error;
+    if (!stream)
+        cpu_run_pending(NULL);
     CpuFrontier before = { 0, { 0 } };
-    if (stream) { cpu_frontier_prune(&stream->after); before = stream->after; }
+    if (stream) {
+        cpu_frontier_prune(&stream->after);
+        before = stream->after;
+    }
     long long first = cuda_on_cpu.pending_base + cuda_on_cpu.pending_count;
     for (int i = 0; i < exec->graph.count; i++) {
         cuda_on_cpu.pending = (CpuWork *)cpu_grow(cuda_on_cpu.pending, cuda_on_cpu.pending_count,
@@ -2129,17 +2547,21 @@ static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t str
         CpuWork *p = &cuda_on_cpu.pending[cuda_on_cpu.pending_count++];
         *p = exec->graph.work[i];
         p->done = 0;
-        if (p->after.count == 0) p->after = before;
-        else for (int d = 0; d < p->after.count; d++) p->after.on[d] += first;
+        if (p->after.count == 0)
+            p->after = before;
+        else
+            for (int d = 0; d < p->after.count; d++) p->after.on[d] += first;
         if (p->args) {
             p->args = malloc(p->args_size);
-            if (!p->args) cpu_die("out of memory for a graph's launch");
+            if (!p->args)
+                cpu_die("out of memory for a graph's launch");
             memcpy(p->args, exec->graph.work[i].args, p->args_size);
         }
     }
     if (stream) {
         stream->after.count = 0;
-        for (int s = 0; s < exec->sinks.count; s++) cpu_frontier_add(&stream->after, first + exec->sinks.on[s]);
+        for (int s = 0; s < exec->sinks.count; s++)
+            cpu_frontier_add(&stream->after, first + exec->sinks.on[s]);
     } else {
         cpu_run_pending(NULL);
     }
@@ -2147,7 +2569,8 @@ static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t str
 }
 
 static inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-    if (exec) cpu_graph_free(&exec->graph);
+    if (exec)
+        cpu_graph_free(&exec->graph);
     free(exec);
     return cudaSuccess;
 }

@@ -59,9 +59,13 @@ static struct {
     // released, what it read
     unsigned exchange_source[CPU_MAX_THREADS];
     float exchange_value[CPU_MAX_THREADS], exchange_result[CPU_MAX_THREADS];
-    // each warp's exchanges gathering now (lanes of one never in another), and its lanes that returned
+    // each warp's exchanges gathering now (lanes of one never in another),
+    // and its lanes that returned
     struct {
-        struct { unsigned mask, arrived; int kind; } pending[CPU_WARP];
+        struct {
+            unsigned mask, arrived;
+            int kind;
+        } pending[CPU_WARP];
         int pending_count;
         unsigned returned;
     } warp[CPU_MAX_THREADS / CPU_WARP];
@@ -91,13 +95,18 @@ static inline void cpu_unlock_block(void);
 static inline void cpu_use_shared_region(size_t pages) {
     size_t page = cuda_on_cpu.page, size = (pages + 2) * page;
     int n = cuda_on_cpu.shared_region_count, found = -1;
-    for (int i = 0; i < n; i++) if (cuda_on_cpu.shared_regions[i].pages == pages) found = i;
+    for (int i = 0; i < n; i++)
+        if (cuda_on_cpu.shared_regions[i].pages == pages)
+            found = i;
     if (found < 0) {
         int max = (int)(sizeof cuda_on_cpu.shared_regions / sizeof *cuda_on_cpu.shared_regions);
         found = n < max ? cuda_on_cpu.shared_region_count++ : 0;
-        if (n == max) munmap(cuda_on_cpu.shared_regions[0].region, (cuda_on_cpu.shared_regions[0].pages + 2) * page);
+        if (n == max)
+            munmap(cuda_on_cpu.shared_regions[0].region,
+                   (cuda_on_cpu.shared_regions[0].pages + 2) * page);
         char *region = cpu_map(NULL, size, PROT_READ | PROT_WRITE);
-        if (!region) cpu_die("cannot map shared memory");
+        if (!region)
+            cpu_die("cannot map shared memory");
         cpu_protect(region, page, PROT_NONE);
         cpu_protect(region + size - page, page, PROT_NONE);
         cuda_on_cpu.shared_regions[found].pages = pages;
@@ -108,8 +117,8 @@ static inline void cpu_use_shared_region(size_t pages) {
 }
 
 // A launch's blocks share its kernel, arguments, shape and shared memory size.
-static inline void cpu_block_prepare(const char *kernel, void (*thread)(const void *), const void *args, dim3 grid,
-                              dim3 block, size_t shared_bytes) {
+static inline void cpu_block_prepare(const char *kernel, void (*thread)(const void *),
+                                     const void *args, dim3 grid, dim3 block, size_t shared_bytes) {
     cpu_lock_block();   // threads waiting for a block read its size
     cpu_use_shared_region(cpu_round_up(shared_bytes, cuda_on_cpu.page) / cuda_on_cpu.page);
     char *guard = cuda_on_cpu.shared_region + cuda_on_cpu.shared_region_size - cuda_on_cpu.page;
@@ -121,7 +130,8 @@ static inline void cpu_block_prepare(const char *kernel, void (*thread)(const vo
     cpu_block.grid = grid;
     cpu_block.block = block;
     cpu_block.threads = block.x * block.y * block.z;
-    cpu_block.skip_barriers = cpu_test_faults.barriers_skipped && strcmp(cpu_test_faults.barriers_skipped, kernel) == 0;
+    cpu_block.skip_barriers = cpu_test_faults.barriers_skipped &&
+                              strcmp(cpu_test_faults.barriers_skipped, kernel) == 0;
     blockDim = block;
     gridDim = grid;
     cpu_unlock_block();
@@ -147,7 +157,8 @@ static inline void cpu_block_reset(dim3 index) {
         cpu_block.warp[w].returned = 0;
     }
     unsigned char *b = cpu_band_start(), *end = (unsigned char *)cpu_block.shared;
-    for (; b + 4 <= end; b += 4) memcpy(b, &(uint32_t){ CPU_BAND_WORD }, 4);   // from a page: aligned words
+    for (; b + 4 <= end; b += 4)
+        memcpy(b, &(uint32_t){ CPU_BAND_WORD }, 4);   // from a page: aligned words
     for (; b < end; b++) *b = cpu_band_byte(b);
     for (size_t i = 0; i < cpu_block.shared_bytes / sizeof(float); i++) cpu_block.shared[i] = NAN;
 }
@@ -156,34 +167,41 @@ static inline void cpu_block_reset(dim3 index) {
 static inline const unsigned char *cpu_band_written(void) {
     const unsigned char *b = cpu_band_start(), *end = (const unsigned char *)cpu_block.shared;
     for (; b + 4 <= end; b += 4)
-        if (*(const uint32_t *)(const void *)b != CPU_BAND_WORD) break;
+        if (*(const uint32_t *)(const void *)b != CPU_BAND_WORD)
+            break;
     for (; b < end; b++)
-        if (*b != cpu_band_byte(b)) return b;
+        if (*b != cpu_band_byte(b))
+            return b;
     return NULL;
 }
 static inline void cpu_block_check_band(void) {
     const unsigned char *written = cpu_band_written();
     if (written)
-        cpu_fault_after_block(cudaErrorIllegalAddress, "%s, block (%u, %u): a thread wrote below the block's shared "
-                              "memory, %zu bytes before its start (%zu bytes given at launch)", cpu_block.kernel,
-                              cpu_block.index.x, cpu_block.index.y,
-                              (size_t)((const unsigned char *)cpu_block.shared - written), cpu_block.shared_bytes);
+        cpu_fault_after_block(cudaErrorIllegalAddress, "%s, block (%u, %u): a thread wrote below "
+                              "the block's shared memory, %zu bytes before its start (%zu bytes "
+                              "given at launch)", cpu_block.kernel, cpu_block.index.x,
+                              cpu_block.index.y,
+                              (size_t)((const unsigned char *)cpu_block.shared - written),
+                              cpu_block.shared_bytes);
 }
 
 // The barrier opens when every thread that has not returned waits at it.
 static inline void cpu_barrier_check(void) {
-    if (cpu_block.at_barrier == 0 || cpu_block.at_barrier < cpu_block.live) return;
+    if (cpu_block.at_barrier == 0 || cpu_block.at_barrier < cpu_block.live)
+        return;
     for (unsigned t = 0; t < cpu_block.threads; t++)
-        if (cpu_block.state[t] == CPU_AT_BARRIER) cpu_release(t);
+        if (cpu_block.state[t] == CPU_AT_BARRIER)
+            cpu_release(t);
     cpu_block.at_barrier = 0;
 }
 
 // Every thread that can still run waits for another: none ever will.
 static inline void cpu_deadlock_check(void) {
-    if (cpu_block.live == 0 || cpu_block.blocked < cpu_block.live) return;
-    cpu_fault(cudaErrorIllegalAddress, "%s: deadlock: of %u threads still running, %u wait at __syncthreads and "
-              "%u at a warp shuffle", cpu_block.kernel, cpu_block.live, cpu_block.at_barrier,
-              cpu_block.blocked - cpu_block.at_barrier);
+    if (cpu_block.live == 0 || cpu_block.blocked < cpu_block.live)
+        return;
+    cpu_fault(cudaErrorIllegalAddress, "%s: deadlock: of %u threads still running, %u wait at "
+              "__syncthreads and %u at a warp shuffle", cpu_block.kernel, cpu_block.live,
+              cpu_block.at_barrier, cpu_block.blocked - cpu_block.at_barrier);
 }
 
 static inline void cpu_thread_returned(unsigned t) {
@@ -193,8 +211,9 @@ static inline void cpu_thread_returned(unsigned t) {
     cpu_block.warp[w].returned |= 1u << lane;
     for (int i = 0; i < cpu_block.warp[w].pending_count; i++)
         if (cpu_block.warp[w].pending[i].mask >> lane & 1)
-            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u returned while threads of its warp wait at a shuffle "
-                      "(mask %#x) that names it", cpu_block.kernel, t, cpu_block.warp[w].pending[i].mask);
+            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u returned while threads of its warp "
+                      "wait at a shuffle (mask %#x) that names it", cpu_block.kernel, t,
+                      cpu_block.warp[w].pending[i].mask);
     cpu_barrier_check();
     cpu_deadlock_check();
 }
@@ -236,7 +255,8 @@ static size_t cpu_host_stack_size;
 
 static inline void cpu_switch(CpuFiber *to) {
     CpuFiber *from = cpu_current;
-    if (to == from) return;
+    if (to == from)
+        return;
     cpu_current = to;
 #ifdef CPU_ASAN
     __sanitizer_start_switch_fiber(&from->fake_stack, to == &cpu_host ? cpu_host_stack : to->stack,
@@ -246,7 +266,8 @@ static inline void cpu_switch(CpuFiber *to) {
     swapcontext(&from->context, &to->context);
 #else
     if (sigsetjmp(from->jump, 0) == 0) {
-        if (to->started) siglongjmp(to->jump, 1);
+        if (to->started)
+            siglongjmp(to->jump, 1);
         to->started = 1;
         setcontext(&to->context);
     }
@@ -269,10 +290,12 @@ static inline void cpu_fiber_reset(CpuFiber *f) {
 }
 
 static inline CpuFiber *cpu_fiber_get(void) {
-    if (cpu_free_count) return cpu_free_fibers[--cpu_free_count];
+    if (cpu_free_count)
+        return cpu_free_fibers[--cpu_free_count];
     CpuFiber *f = (CpuFiber *)calloc(1, sizeof *f);
     char *stack = cpu_map(NULL, CPU_FIBER_STACK + cuda_on_cpu.page, PROT_READ | PROT_WRITE);
-    if (!f || !stack) cpu_die("out of memory for a fiber");
+    if (!f || !stack)
+        cpu_die("out of memory for a fiber");
     cpu_protect(stack, cuda_on_cpu.page, PROT_NONE);   // an overflow stops at once
     f->stack = stack + cuda_on_cpu.page;
     f->stack_size = CPU_FIBER_STACK;
@@ -288,7 +311,8 @@ static inline void cpu_release(unsigned t) {
 
 // A thread drawn at random among those that can run (and no longer ready); -1: none.
 static inline int cpu_pick(void) {
-    if (cpu_ready_count == 0) return -1;
+    if (cpu_ready_count == 0)
+        return -1;
     unsigned i = cpu_random_below(cpu_ready_count), t = cpu_ready[i];
     cpu_ready[i] = cpu_ready[--cpu_ready_count];
     return (int)t;
@@ -297,7 +321,8 @@ static inline int cpu_pick(void) {
 // The fiber that runs thread `next` (a free one for a thread not started yet);
 // the launching code's when no thread is left.
 static inline CpuFiber *cpu_fiber_for(int next) {
-    if (next < 0) return &cpu_host;
+    if (next < 0)
+        return &cpu_host;
     if (cpu_block.state[next] == CPU_UNSTARTED) {
         CpuFiber *f = cpu_fiber_get();
         f->thread = next;
@@ -325,13 +350,19 @@ static inline void cpu_fiber_main(void) {
     const void *bottom;
     size_t size;
     __sanitizer_finish_switch_fiber(NULL, &bottom, &size);
-    if (!cpu_host_stack) { cpu_host_stack = bottom; cpu_host_stack_size = size; }   // the first comes from the host
+    if (!cpu_host_stack) {   // the first comes from the host
+        cpu_host_stack = bottom;
+        cpu_host_stack_size = size;
+    }
 #endif
     for (;;) {
         CpuFiber *self = cpu_current;
         cpu_run_thread((unsigned)self->thread);
         int next = cpu_pick();
-        if (next >= 0 && cpu_block.state[next] == CPU_UNSTARTED) { self->thread = next; continue; }
+        if (next >= 0 && cpu_block.state[next] == CPU_UNSTARTED) {
+            self->thread = next;
+            continue;
+        }
         self->thread = -1;
         cpu_free_fibers[cpu_free_count++] = self;
         cpu_switch(cpu_fiber_for(next));
@@ -343,7 +374,10 @@ static inline void cpu_fiber_main(void) {
 static inline void cpu_wait(unsigned t) {
     cpu_deadlock_check();
     int next = cpu_pick();
-    if (next == (int)t) { cpu_block.state[t] = CPU_RUNNING; return; }
+    if (next == (int)t) {
+        cpu_block.state[t] = CPU_RUNNING;
+        return;
+    }
     cpu_switch(cpu_fiber_for(next));   // back when t is drawn
 }
 
@@ -369,7 +403,10 @@ static inline void cpu_block_run(dim3 index) {
     cpu_current = &cpu_host;
     cpu_switch(cpu_fiber_for(cpu_pick()));   // back when the block is done, or has faulted
     cpu_block.running = 0;
-    if (!cpu_faulted_fiber) { cpu_block_check_band(); return; }
+    if (!cpu_faulted_fiber) {
+        cpu_block_check_band();
+        return;
+    }
     for (unsigned t = 0; t < cpu_block.threads; t++)
         if (cpu_fiber_of[t] && cpu_fiber_of[t] != cpu_faulted_fiber) {
             cpu_fiber_reset(cpu_fiber_of[t]);
@@ -389,7 +426,8 @@ static inline void cpu_block_run(dim3 index) {
 // ============================================================================
 
 static pthread_mutex_t cpu_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cpu_wake[CPU_MAX_THREADS];   // worker t's: its block started, or it was released
+static pthread_cond_t cpu_wake[CPU_MAX_THREADS];   // worker t's: its block
+                                                   // started, or it was released
 static pthread_cond_t cpu_block_done = PTHREAD_COND_INITIALIZER;
 static pthread_t cpu_workers[CPU_MAX_THREADS];
 static unsigned cpu_worker_count;
@@ -407,7 +445,8 @@ static inline void cpu_release(unsigned t) {
 // With the lock held: until t is released.
 static inline void cpu_wait(unsigned t) {
     cpu_deadlock_check();
-    while (cpu_block.state[t] != CPU_RUNNABLE) pthread_cond_wait(&cpu_wake[t], &cpu_lock);
+    while (cpu_block.state[t] != CPU_RUNNABLE)
+        pthread_cond_wait(&cpu_wake[t], &cpu_lock);
     cpu_block.state[t] = CPU_RUNNING;
 }
 
@@ -418,7 +457,8 @@ static inline void *cpu_worker(void *index) {
     pthread_mutex_lock(&cpu_lock);
     for (;;) {
         while (cpu_blocks_started == seen || t >= cpu_block.threads) {
-            if (t >= cpu_block.threads) seen = cpu_blocks_started;   // a block without thread t
+            if (t >= cpu_block.threads)
+                seen = cpu_blocks_started;   // a block without thread t
             pthread_cond_wait(&cpu_wake[t], &cpu_lock);
         }
         seen = cpu_blocks_started;
@@ -431,7 +471,8 @@ static inline void *cpu_worker(void *index) {
         cpu_block.thread(cpu_block.args);
         pthread_mutex_lock(&cpu_lock);
         cpu_thread_returned(t);
-        if (cpu_block.live == 0) pthread_cond_signal(&cpu_block_done);
+        if (cpu_block.live == 0)
+            pthread_cond_signal(&cpu_block_done);
     }
     return NULL;
 }
@@ -448,7 +489,8 @@ static inline void cpu_block_run(dim3 index) {
         pthread_attr_init(&attributes);
         pthread_attr_setstacksize(&attributes, (size_t)1 << 18);
         pthread_cond_init(&cpu_wake[cpu_worker_count], NULL);
-        if (pthread_create(&cpu_workers[cpu_worker_count], &attributes, cpu_worker, (void *)(uintptr_t)cpu_worker_count))
+        if (pthread_create(&cpu_workers[cpu_worker_count], &attributes, cpu_worker,
+                           (void *)(uintptr_t)cpu_worker_count))
             cpu_die("cannot start a thread");
         pthread_attr_destroy(&attributes);
         cpu_worker_count++;
@@ -457,7 +499,8 @@ static inline void cpu_block_run(dim3 index) {
     cpu_block.running = 1;
     cpu_blocks_started++;
     for (unsigned t = 0; t < cpu_block.threads; t++) pthread_cond_signal(&cpu_wake[t]);
-    while (cpu_block.live > 0) pthread_cond_wait(&cpu_block_done, &cpu_lock);
+    while (cpu_block.live > 0)
+        pthread_cond_wait(&cpu_block_done, &cpu_lock);
     cpu_block.running = 0;
     pthread_mutex_unlock(&cpu_lock);
     cpu_block_check_band();
@@ -470,16 +513,18 @@ static inline void cpu_block_run(dim3 index) {
 // (two are two barriers on a GPU: a hang, or threads let through early).
 #define __syncthreads() cpu_syncthreads(__FILE__, __LINE__)
 static inline void cpu_syncthreads(const char *file, int line) {
-    if (cpu_block.skip_barriers) return;
+    if (cpu_block.skip_barriers)
+        return;
     cpu_lock_block();
     unsigned t = cpu_linear_thread();
     if (cpu_block.at_barrier == 0) {
         cpu_block.barrier_file = file;
         cpu_block.barrier_line = line;
     } else if (line != cpu_block.barrier_line || strcmp(file, cpu_block.barrier_file) != 0) {
-        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u waits at the __syncthreads of %s:%d while other threads of "
-                  "its block wait at the one of %s:%d: on a GPU these are two barriers (a hang, or threads let "
-                  "through early)", cpu_block.kernel, t, file, line, cpu_block.barrier_file, cpu_block.barrier_line);
+        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u waits at the __syncthreads of %s:%d "
+                  "while other threads of its block wait at the one of %s:%d: on a GPU these are "
+                  "two barriers (a hang, or threads let through early)", cpu_block.kernel, t, file,
+                  line, cpu_block.barrier_file, cpu_block.barrier_line);
     }
     cpu_block.state[t] = CPU_AT_BARRIER;
     cpu_block.at_barrier++;
@@ -494,27 +539,34 @@ static inline void cpu_syncthreads(const char *file, int line) {
 // the block does not have or that have returned; an exchange gathering with
 // another mask that shares lanes with this one, or of another kind.
 static inline int cpu_exchange_join(unsigned t, unsigned mask, int kind) {
-    unsigned lane = t % CPU_WARP, first = t - lane, lanes = cpu_block.threads - first, w = t / CPU_WARP;
+    unsigned lane = t % CPU_WARP, first = t - lane, lanes = cpu_block.threads - first,
+             w = t / CPU_WARP;
     unsigned existing = lanes >= CPU_WARP ? 0xffffffffu : (1u << lanes) - 1;
     const char *what = kind == CPU_SHUFFLE ? "a shuffle" : "__syncwarp";
     if (!(mask >> lane & 1))
-        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x, which leaves it out",
-                  cpu_block.kernel, t, what, mask);
+        cpu_fault(cudaErrorIllegalAddress,
+                  "%s: thread %u is at %s with mask %#x, which leaves it out", cpu_block.kernel, t,
+                  what, mask);
     if (mask & ~existing)
-        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x in a block of %u threads: it names "
-                  "lanes past the block's last thread", cpu_block.kernel, t, what, mask, cpu_block.threads);
+        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x in a block of %u "
+                  "threads: it names lanes past the block's last thread", cpu_block.kernel, t, what,
+                  mask, cpu_block.threads);
     unsigned gone = mask & cpu_block.warp[w].returned;
     if (gone)
-        cpu_fault(cudaErrorIllegalAddress, "%s: thread %u waits at a shuffle that names thread %u, which has returned",
+        cpu_fault(cudaErrorIllegalAddress,
+                  "%s: thread %u waits at a shuffle that names thread %u, which has returned",
                   cpu_block.kernel, t, first + (unsigned)__builtin_ctz(gone));
     int n = cpu_block.warp[w].pending_count;
     for (int i = 0; i < n; i++) {
         unsigned other = cpu_block.warp[w].pending[i].mask;
-        if (!(other & mask)) continue;
+        if (!(other & mask))
+            continue;
         if (other != mask || cpu_block.warp[w].pending[i].kind != kind)
-            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x while lanes of its warp wait at "
-                      "%s with mask %#x: a GPU's lanes must all reach the same one", cpu_block.kernel, t, what, mask,
-                      cpu_block.warp[w].pending[i].kind == CPU_SHUFFLE ? "a shuffle" : "__syncwarp", other);
+            cpu_fault(cudaErrorIllegalAddress, "%s: thread %u is at %s with mask %#x while lanes "
+                      "of its warp wait at %s with mask %#x: a GPU's lanes must all reach the same "
+                      "one", cpu_block.kernel, t, what, mask,
+                      cpu_block.warp[w].pending[i].kind == CPU_SHUFFLE ? "a shuffle" : "__syncwarp",
+                      other);
         return i;
     }
     cpu_block.warp[w].pending[n].mask = mask;
@@ -537,10 +589,12 @@ static inline float cpu_warp_exchange(int kind, unsigned mask, float value, unsi
     cpu_block.blocked++;
     if ((cpu_block.warp[w].pending[i].arrived |= 1u << lane) == mask) {
         for (unsigned l = 0; l < CPU_WARP; l++) {
-            if (!(mask >> l & 1)) continue;
+            if (!(mask >> l & 1))
+                continue;
             unsigned u = first + l, from = cpu_block.exchange_source[u];
             cpu_block.exchange_result[u] = from >= CPU_WARP ? cpu_block.exchange_value[u]
-                                         : mask >> from & 1 ? cpu_block.exchange_value[first + from] : NAN;
+                                         : mask >> from & 1 ? cpu_block.exchange_value[first + from]
+                                         : NAN;
             cpu_release(u);
         }
         cpu_block.warp[w].pending[i] = cpu_block.warp[w].pending[--cpu_block.warp[w].pending_count];
@@ -552,7 +606,8 @@ static inline float cpu_warp_exchange(int kind, unsigned mask, float value, unsi
 }
 
 static inline float __shfl_xor_sync(unsigned mask, float value, int lane_mask) {
-    return cpu_warp_exchange(CPU_SHUFFLE, mask, value, ((cpu_linear_thread() % CPU_WARP) ^ (unsigned)lane_mask) % CPU_WARP);
+    return cpu_warp_exchange(CPU_SHUFFLE, mask, value,
+                             ((cpu_linear_thread() % CPU_WARP) ^ (unsigned)lane_mask) % CPU_WARP);
 }
 // A lane whose lane + delta is past the warp keeps its own value.
 static inline float __shfl_down_sync(unsigned mask, float value, unsigned delta) {
@@ -562,5 +617,6 @@ static inline float __shfl_sync(unsigned mask, float value, int source_lane) {
     return cpu_warp_exchange(CPU_SHUFFLE, mask, value, (unsigned)source_lane % CPU_WARP);
 }
 static inline void __syncwarp(unsigned mask) {
-    if (!cpu_block.skip_barriers) cpu_warp_exchange(CPU_SYNCWARP, mask, 0.0f, CPU_WARP);
+    if (!cpu_block.skip_barriers)
+        cpu_warp_exchange(CPU_SYNCWARP, mask, 0.0f, CPU_WARP);
 }

@@ -52,13 +52,17 @@ typedef struct {
 
 // The sizes: key_len (B) the keys each sentence has; causal, the decoder's mask;
 // Tq queries and Tk keys a sentence, hs = d_k. The grid is (NH heads, B sentences).
-typedef struct { const int *key_len; int causal, Tq, Tk, hs; } FusedShape;
+typedef struct {
+    const int *key_len;
+    int causal, Tq, Tk, hs;
+} FusedShape;
 
 // rows (rows, hs) of a matrix whose rows start `stride` floats apart, plus
 // bias (hs; NULL: none), into shared memory with rows of hs + 1; a warp a row
-static __device__ void rows_to_shared(float *to, const float *from, size_t stride, const float *bias, int rows,
-                                      int hs) {
-    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, warps = (int)blockDim.x / WARP;
+static __device__ void rows_to_shared(float *to, const float *from, size_t stride,
+                                      const float *bias, int rows, int hs) {
+    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP,
+        warps = (int)blockDim.x / WARP;
     for (int r = warp; r < rows; r += warps)
         for (int d = lane; d < hs; d += WARP)
             to[r * (hs + 1) + d] = from[(size_t)r * stride + d] + (bias ? bias[d] : 0.0f);
@@ -71,19 +75,25 @@ static __device__ void rows_to_shared(float *to, const float *from, size_t strid
 static __global__ void __launch_bounds__(THREADS)
 fused_attention_forward_kernel(float *out, float *att, AttentionInRows in, FusedShape s) {
     SHARED_FLOATS(shared);
-    int head = (int)blockIdx.x, b = (int)blockIdx.y, NH = (int)gridDim.x, hs = s.hs, Tq = s.Tq, Tk = s.Tk;
-    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, ld = hs + 1, column = head * hs;
-    float *ks = shared, *vs = ks + (size_t)Tk * ld;                                  // (Tk, hs + 1) each
-    float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs;                          // (ROWS_PER_BLOCK, hs)
-    float *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs + (size_t)warp * Tk;    // (ROWS_PER_BLOCK, Tk)
+    int head = (int)blockIdx.x, b = (int)blockIdx.y, NH = (int)gridDim.x, hs = s.hs, Tq = s.Tq,
+        Tk = s.Tk;
+    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, ld = hs + 1,
+        column = head * hs;
+    float *ks = shared, *vs = ks + (size_t)Tk * ld;            // (Tk, hs + 1) each
+    float *q_row = vs + (size_t)Tk * ld + (size_t)warp * hs;   // (ROWS_PER_BLOCK, hs)
+    float *p_row = vs + (size_t)Tk * ld + ROWS_PER_BLOCK * hs +
+                   (size_t)warp * Tk;                          // (ROWS_PER_BLOCK, Tk)
     const float *qb = in.q + (size_t)b * Tq * in.ld_q + column;
-    rows_to_shared(ks, in.k + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.k_bias + column, Tk, hs);
-    rows_to_shared(vs, in.v + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.v_bias + column, Tk, hs);
+    rows_to_shared(ks, in.k + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.k_bias + column, Tk,
+                   hs);
+    rows_to_shared(vs, in.v + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.v_bias + column, Tk,
+                   hs);
     __syncthreads();
     float scale = 1 / sqrtf((float)hs);
     int key_len = s.key_len[b];
     for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
-        for (int d = lane; d < hs; d += WARP) q_row[d] = qb[(size_t)i * in.ld_q + d] + in.q_bias[column + d];
+        for (int d = lane; d < hs; d += WARP)
+            q_row[d] = qb[(size_t)i * in.ld_q + d] + in.q_bias[column + d];
         __syncwarp(FULL_WARP);
         int visible = (s.causal && i + 1 < key_len) ? i + 1 : key_len;
         float largest = -INFINITY, sum = 0;
@@ -116,27 +126,34 @@ CPU_KERNEL(fused_attention_forward_kernel, float *, float *, AttentionInRows, Fu
 // attention_backward does), given dout (B, Tq, C) in rows and the forward's
 // probabilities p in att; ds (B, NH, Tq, Tk) is scratch.
 // First k and v in shared memory, a warp per query row i:
-//     dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik),   dq_i = sum_j ds_ij k_j / sqrt(d_k)
+//     dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik),
+//     dq_i = sum_j ds_ij k_j / sqrt(d_k)
 // then q and dout in shared memory, a warp per key j:
 //     dv_j = sum_i p_ij dout_i,   dk_j = sum_i ds_ij q_i / sqrt(d_k)
 // then linear_backward's bias of the projections: db = the sum of dq's (dk's,
 // dv's) rows, each sentence's rows summed by its block in row order, and the
 // sentences' sums by the head's last block in sentence order.
 static __global__ void __launch_bounds__(THREADS)
-fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *dout, const float *att,
-                                AttentionInRows in, FusedShape s) {
+fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *dout,
+                                const float *att, AttentionInRows in, FusedShape s) {
     SHARED_FLOATS(shared);
     int head = (int)blockIdx.x, b = (int)blockIdx.y, NH = (int)gridDim.x, B = (int)gridDim.y;
     int hs = s.hs, Tq = s.Tq, Tk = s.Tk, C = NH * hs, column = head * hs;
-    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, ld = hs + 1, most = Tq > Tk ? Tq : Tk;
+    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, ld = hs + 1,
+        most = Tq > Tk ? Tq : Tk;
     // xs, ys (most, hs + 1): k and v, then q and dout; dout_row (ROWS_PER_BLOCK, hs)
-    float *xs = shared, *ys = xs + (size_t)most * ld, *dout_row = ys + (size_t)most * ld + (size_t)warp * hs;
-    const float *pb = att + ((size_t)b * NH + head) * Tq * Tk, *dout_b = dout + (size_t)b * Tq * C + column;
+    float *xs = shared, *ys = xs + (size_t)most * ld,
+          *dout_row = ys + (size_t)most * ld + (size_t)warp * hs;
+    const float *pb = att + ((size_t)b * NH + head) * Tq * Tk,
+                *dout_b = dout + (size_t)b * Tq * C + column;
     float *dsb = ds + ((size_t)b * NH + head) * Tq * Tk, scale = 1 / sqrtf((float)hs);
     float *dq = g.dq + (size_t)b * Tq * in.ld_q + column;
-    float *dk = g.dk + (size_t)b * Tk * in.ld_kv + column, *dv = g.dv + (size_t)b * Tk * in.ld_kv + column;
-    rows_to_shared(xs, in.k + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.k_bias + column, Tk, hs);
-    rows_to_shared(ys, in.v + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.v_bias + column, Tk, hs);
+    float *dk = g.dk + (size_t)b * Tk * in.ld_kv + column,
+          *dv = g.dv + (size_t)b * Tk * in.ld_kv + column;
+    rows_to_shared(xs, in.k + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.k_bias + column, Tk,
+                   hs);
+    rows_to_shared(ys, in.v + (size_t)b * Tk * in.ld_kv + column, in.ld_kv, in.v_bias + column, Tk,
+                   hs);
     __syncthreads();
     for (int i = warp; i < Tq; i += ROWS_PER_BLOCK) {
         for (int d = lane; d < hs; d += WARP) dout_row[d] = dout_b[(size_t)i * C + d];
@@ -160,7 +177,8 @@ fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *
         __syncwarp(FULL_WARP);   // dout_row is free for the warp's next row
     }
     __syncthreads();   // every ds written; k and v no longer read
-    rows_to_shared(xs, in.q + (size_t)b * Tq * in.ld_q + column, in.ld_q, in.q_bias + column, Tq, hs);
+    rows_to_shared(xs, in.q + (size_t)b * Tq * in.ld_q + column, in.ld_q, in.q_bias + column, Tq,
+                   hs);
     rows_to_shared(ys, dout_b, C, NULL, Tq, hs);
     __syncthreads();
     for (int j = warp; j < Tk; j += ROWS_PER_BLOCK)
@@ -187,9 +205,11 @@ fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *
     }
     __threadfence();   // the partials reach every block before the count says they are there
     __syncthreads();
-    if (threadIdx.x == 0) shared[0] = atomicAdd(&g.heads_done[head], 1u) == (unsigned)B - 1 ? 1.0f : 0.0f;
+    if (threadIdx.x == 0)
+        shared[0] = atomicAdd(&g.heads_done[head], 1u) == (unsigned)B - 1 ? 1.0f : 0.0f;
     __syncthreads();
-    if (shared[0] == 0.0f) return;   // the whole block: another sentence's block finishes this head
+    if (shared[0] == 0.0f)
+        return;   // the whole block: another sentence's block finishes this head
     for (int e = (int)threadIdx.x; e < 3 * hs; e += (int)blockDim.x) {
         int part = e / hs, at = part * C + column + (e - part * hs);
         float total = 0;
@@ -197,7 +217,8 @@ fused_attention_backward_kernel(AttentionGradsInRows g, float *ds, const float *
             total += LOAD_FROM_OTHER_BLOCKS(&g.partials[(size_t)sentence * 3 * C + at]);
         g.dbias[at] = total;
     }
-    if (threadIdx.x == 0) g.heads_done[head] = 0;
+    if (threadIdx.x == 0)
+        g.heads_done[head] = 0;
 }
-CPU_KERNEL(fused_attention_backward_kernel, AttentionGradsInRows, float *, const float *, const float *,
-           AttentionInRows, FusedShape)
+CPU_KERNEL(fused_attention_backward_kernel, AttentionGradsInRows, float *, const float *,
+           const float *, AttentionInRows, FusedShape)

@@ -1273,7 +1273,8 @@ static void test_companion_layout_kernels(void) {
 #endif
 
 // Runs a command line (words separated by single spaces) through
-// transformer_main with the given training steps, its output discarded.
+// ./transformer's command line (transformer_lab_main) with the given training steps, its output
+// discarded.
 static int run_command_quietly(const TrainingCompute *compute, const char *command_line) {
     char text[2048], *argv[64];
     snprintf(text, sizeof text, "transformer %s", command_line);
@@ -1287,7 +1288,7 @@ static int run_command_quietly(const TrainingCompute *compute, const char *comma
     dup2(null_fd, 1);
     dup2(null_fd, 2);
     transformer_training = compute;
-    int status = transformer_main(argc, argv);
+    int status = transformer_lab_main(argc, argv);
     transformer_training = &transformer_cpu_training;
     fflush(stdout);
     fflush(stderr);
@@ -1340,7 +1341,15 @@ static void test_companion_train_command(void) {
     for (int i = 0; i < RUNS && !error; i++, loaded++) {
         char path[128];
         snprintf(path, sizeof path, "%s/%s.ckpt", dir, names[i]);
-        error = checkpoint_load(path, &m[i], &v[i], NULL, NULL);
+        LabCheckpoint c;
+        error = lab_checkpoint_load(path, &c);
+        if (!error) {   // (the model and its vocabulary; the merges and run let go)
+            m[i] = c.model;
+            v[i] = c.vocab;
+            memset(&c.model, 0, sizeof c.model);
+            memset(&c.vocab, 0, sizeof c.vocab);
+            lab_checkpoint_free(&c);
+        }
     }
     if (!error && ran) {
         unsigned char *skip = key_bias_skip_mask(&m[CPU]);
@@ -3108,7 +3117,7 @@ void run_companion_tests(void) {
 
 #ifndef TEST_CUDA_LIBRARY   // (test_cuda_threads.c has its own main)
 int main(void) {
-    lab_plug_in();   // transformer.c's side as make's ./transformer runs it
+    fast_path_use(1);   // transformer.c's side as make's ./transformer runs it
     companion_logits = transformer_cuda_logits;
     run_companion_tests();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);

@@ -9,20 +9,9 @@
  * model before every evaluation and checkpoint, and evaluation, decoding and
  * everything else run on the host, through transformer.c.
  *
- *     make cuda                                   ./transformer_cuda (nvcc, cuBLAS)
- *     ./transformer_cuda train --task copy        as ./transformer, steps on the GPU
- *     ./transformer_cuda bench --config base      training steps timed on the GPU
- *     ./transformer_cuda ... --tf32               cuBLAS may use TF32 tensor cores
- *     ./transformer_cuda ... --bf16               bf16 products, fp32 sums and all else (bf16_casts.h)
- *     ./transformer_cuda ... --no-graph           every step launched kernel by kernel
- *     ./transformer_cuda bench ... --count        and what one step launches, copies and holds
- *     ./transformer_cuda bench ... --profile      and where a step's time goes, call by call
- *     ./transformer_cuda ... --fused-attention    attention in one kernel each way, where it fits
- *     ./transformer_cuda ... --one-stream         the whole step on one stream (no second stream)
- *     ./transformer_cuda ... --tf32 --weights-as-stored   no transposed copies (transposed_weights.h)
- *     ./transformer_cuda ... --no-epilogues       the FFN's bias and ReLU in kernels, not cuBLASLt's epilogues
- *     ./transformer_cuda sgemm [--size 8192]      cuBLAS's own SGEMM, n x n x n, in TFLOP/s
- *     make test-cuda                              the proofs on a GPU, and PyTorch beside it (Makefile)
+ * How to build and run it, and what each flag of its own does (--tf32, --bf16,
+ * --no-graph, --count, --profile, the sgemm command, ...): cuda/NOTES.md,
+ * "Commands and flags".
  *
  * Each kernel computes a Part I loop of transformer.c and names it. What makes
  * a step fast on a GPU, and the same in every run:
@@ -113,6 +102,8 @@
 extern "C" {
 #endif
 #include "../transformer.h"
+// ./transformer's command line (lab/lab.c), which this program runs with its training steps
+int transformer_lab_main(int argc, char **argv);
 #ifdef __cplusplus
 }
 #endif
@@ -121,13 +112,17 @@ extern "C" {
 // Checked calls: a failure stops the program with one line naming the call.
 
 static void cuda_check(cudaError_t status, const char *call, int line) {
-    if (status == cudaSuccess) return;
-    fprintf(stderr, "error: CUDA: %s failed: %s (transformer_cuda.cu:%d)\n", call, cudaGetErrorString(status), line);
+    if (status == cudaSuccess)
+        return;
+    fprintf(stderr, "error: CUDA: %s failed: %s (transformer_cuda.cu:%d)\n", call,
+            cudaGetErrorString(status), line);
     exit(1);
 }
 static void cublas_check(cublasStatus_t status, const char *call, int line) {
-    if (status == CUBLAS_STATUS_SUCCESS) return;
-    fprintf(stderr, "error: cuBLAS: %s failed: %s (transformer_cuda.cu:%d)\n", call, cublasGetStatusString(status), line);
+    if (status == CUBLAS_STATUS_SUCCESS)
+        return;
+    fprintf(stderr, "error: cuBLAS: %s failed: %s (transformer_cuda.cu:%d)\n", call,
+            cublasGetStatusString(status), line);
     exit(1);
 }
 #define CUDA_CHECK(call) cuda_check((call), #call, __LINE__)
@@ -173,7 +168,11 @@ static double seconds_now(void) {
 // figure includes a wait's few microseconds. Summed by name: a kernel's, or a
 // product's shape.
 #define PROFILE_NAMES 128
-typedef struct { char name[96]; double seconds; long calls; } ProfileEntry;
+typedef struct {
+    char name[96];
+    double seconds;
+    long calls;
+} ProfileEntry;
 static struct {
     int requested, on;         // --profile was given; the step under way is timed
     long steps_seen, steps;    // training steps run, and timed
@@ -182,7 +181,8 @@ static struct {
 } gpu_profile;
 
 static double profile_start(void) {
-    if (!gpu_profile.on) return 0;
+    if (!gpu_profile.on)
+        return 0;
     CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
     return seconds_now();
 }
@@ -190,7 +190,8 @@ static double profile_start(void) {
 // The call that began at start has been given to the stream: wait for it and
 // add its time to its name's entry (printf's format and arguments).
 static void profile_stop(double start, const char *format, ...) {
-    if (!gpu_profile.on) return;
+    if (!gpu_profile.on)
+        return;
     CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
     double seconds = seconds_now() - start;
     char name[sizeof gpu_profile.entries[0].name];
@@ -199,7 +200,8 @@ static void profile_stop(double start, const char *format, ...) {
     vsnprintf(name, sizeof name, format, args);
     va_end(args);
     int i = 0;
-    while (i < gpu_profile.count && strcmp(gpu_profile.entries[i].name, name) != 0) i++;
+    while (i < gpu_profile.count && strcmp(gpu_profile.entries[i].name, name) != 0)
+        i++;
     if (i >= PROFILE_NAMES - 1) {   // the last entry gathers every name past the others
         i = PROFILE_NAMES - 1;
         snprintf(gpu_profile.entries[i].name, sizeof name, "(other names)");
@@ -217,20 +219,24 @@ static void profile_stop(double start, const char *format, ...) {
 // check that it launched; grid and block are numbers (along x) or dim3.
 // SHARED_FLOATS(name) declares the block's dynamic shared memory.
 #ifdef CUDA_ON_CPU
-#define LAUNCH_KERNEL(kernel, grid, block, shared_bytes, ...)                                                 \
-    cpu_launch(#kernel, kernel##_cpu_thread, &(kernel##_cpu_args){ __VA_ARGS__ }, sizeof(kernel##_cpu_args), \
-               CPU_DIM3(grid), CPU_DIM3(block), (shared_bytes), gpu_stream)
+#define LAUNCH_KERNEL(kernel, grid, block, shared_bytes, ...)                                \
+    cpu_launch(#kernel, kernel##_cpu_thread, &(kernel##_cpu_args){ __VA_ARGS__ },            \
+               sizeof(kernel##_cpu_args), CPU_DIM3(grid), CPU_DIM3(block), (shared_bytes), \
+               gpu_stream)
 #define SHARED_FLOATS(name) float *name = cpu_dynamic_shared()
 // __threadfence and atomicAdd: the blocks run one after another here
 #define __threadfence()
-static inline unsigned atomicAdd(unsigned *address, unsigned value) { return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicAdd(unsigned *address, unsigned value) {
+    return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
+}
 #define LOAD_FROM_OTHER_BLOCKS(pointer) (*(pointer))
 #else
 #define CPU_KERNEL(kernel, ...)
 #define LAUNCH_KERNEL(kernel, grid, block, shared_bytes, ...) \
     kernel<<<(grid), (block), (shared_bytes), gpu_stream>>>(__VA_ARGS__)
 #define SHARED_FLOATS(name) extern __shared__ float name[]
-// a load that bypasses the multiprocessor's L1 (not coherent between blocks): what other blocks wrote
+// a load that bypasses the multiprocessor's L1 (not coherent between blocks):
+// what other blocks wrote
 #define LOAD_FROM_OTHER_BLOCKS(pointer) __ldcg(pointer)
 #endif
 #define LAUNCH(kernel, grid, block, shared_bytes, ...) do {                                  \
@@ -246,22 +252,32 @@ static inline unsigned atomicAdd(unsigned *address, unsigned value) { return __a
 #define FULL_WARP 0xffffffffu
 #define THREADS 256                       // an elementwise kernel's block
 #define ROWS_PER_BLOCK (THREADS / WARP)   // a row kernel's block: a warp per row
-#define ROW_GROUPS 16                     // a column kernel's block: 32 columns by 16 groups of rows
+#define ROW_GROUPS 16                     // a column kernel's block: 32 columns by 16 groups
+                                          // of rows
 #define COLUMN_BLOCK (WARP * ROW_GROUPS)
 #define EMBEDDING_THREADS (4 * WARP)      // embedding_backward_kernel's block
 #define MIN_CHUNK_ROWS (8 * ROW_GROUPS)   // a column kernel's chunk of rows: at least 8 a thread
 // One thread per element of n
-#define LAUNCH_ELEMENTS(n, kernel, ...) LAUNCH(kernel, blocks_for((size_t)(n), THREADS), THREADS, 0, __VA_ARGS__)
+#define LAUNCH_ELEMENTS(n, kernel, ...) \
+    LAUNCH(kernel, blocks_for((size_t)(n), THREADS), THREADS, 0, __VA_ARGS__)
 // One warp per row of `rows`
-#define LAUNCH_ROWS(rows, kernel, ...) LAUNCH(kernel, blocks_for((size_t)(rows), ROWS_PER_BLOCK), THREADS, 0, __VA_ARGS__)
-// One thread per column of `columns` and chunk of `rows` rows, its chunk's rows in ROW_GROUPS groups
-#define LAUNCH_COLUMNS(columns, rows, kernel, ...)                                                        \
-    LAUNCH(kernel, xyz(blocks_for((size_t)(columns), WARP), column_chunks((size_t)(columns), (size_t)(rows)), 1), \
+#define LAUNCH_ROWS(rows, kernel, ...) \
+    LAUNCH(kernel, blocks_for((size_t)(rows), ROWS_PER_BLOCK), THREADS, 0, __VA_ARGS__)
+// One thread per column of `columns` and chunk of `rows` rows,
+// its chunk's rows in ROW_GROUPS groups
+#define LAUNCH_COLUMNS(columns, rows, kernel, ...)                           \
+    LAUNCH(kernel, xyz(blocks_for((size_t)(columns), WARP),                  \
+                       column_chunks((size_t)(columns), (size_t)(rows)), 1), \
            xyz(WARP, ROW_GROUPS, 1), COLUMN_BLOCK * sizeof(float), __VA_ARGS__)
 #define ELEMENT_INDEX ((size_t)blockIdx.x * blockDim.x + threadIdx.x)
 
-static unsigned blocks_for(size_t n, size_t per_block) { return (unsigned)((n + per_block - 1) / per_block); }
-static dim3 xyz(unsigned x, unsigned y, unsigned z) { dim3 d = { x, y, z }; return d; }
+static unsigned blocks_for(size_t n, size_t per_block) {
+    return (unsigned)((n + per_block - 1) / per_block);
+}
+static dim3 xyz(unsigned x, unsigned y, unsigned z) {
+    dim3 d = { x, y, z };
+    return d;
+}
 
 // ============================================================================
 // Warp and block sums: fixed trees, so every run adds in the same order
@@ -275,7 +291,8 @@ static __device__ float warp_sum(float v) {
     return v;
 }
 static __device__ float warp_max(float v) {
-    for (int offset = WARP / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(FULL_WARP, v, offset));
+    for (int offset = WARP / 2; offset > 0; offset /= 2)
+        v = fmaxf(v, __shfl_xor_sync(FULL_WARP, v, offset));
     return v;
 }
 
@@ -285,7 +302,8 @@ static __device__ float block_sum(float v, float *shared) {
     unsigned lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
     v = warp_sum(v);
     __syncthreads();   // a block_sum before this one may still be reading shared
-    if (lane == 0) shared[warp] = v;
+    if (lane == 0)
+        shared[warp] = v;
     __syncthreads();
     return warp_sum(lane < warps ? shared[lane] : 0.0f);
 }
@@ -293,7 +311,8 @@ static __device__ float block_max(float v, float *shared) {
     unsigned lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
     v = warp_max(v);
     __syncthreads();
-    if (lane == 0) shared[warp] = v;
+    if (lane == 0)
+        shared[warp] = v;
     __syncthreads();
     return warp_max(lane < warps ? shared[lane] : -INFINITY);
 }
@@ -316,7 +335,8 @@ static __device__ float sum_of_row_groups(float partial, float *shared) {
 // depends on the shapes alone, so every GPU sums in the same order.
 #define COLUMN_TARGET_BLOCKS 1024
 static unsigned column_chunks(size_t columns, size_t rows) {
-    size_t by_rows = blocks_for(rows, MIN_CHUNK_ROWS), by_target = COLUMN_TARGET_BLOCKS / blocks_for(columns, WARP);
+    size_t by_rows = blocks_for(rows, MIN_CHUNK_ROWS),
+           by_target = COLUMN_TARGET_BLOCKS / blocks_for(columns, WARP);
     size_t chunks = by_rows < by_target ? by_rows : by_target;
     return chunks > 0 ? (unsigned)chunks : 1;
 }
@@ -324,33 +344,41 @@ static unsigned column_chunks(size_t columns, size_t rows) {
 // Where the column kernels keep each chunk's sums (partials: `sums` x chunks x
 // columns), and a count per column block of its chunks that are done (zero
 // between launches: the block that finishes last sets it back).
-typedef struct { float *partials; unsigned *chunks_done; } ColumnScratch;
+typedef struct {
+    float *partials;
+    unsigned *chunks_done;
+} ColumnScratch;
 
 // A column kernel's end: `sums` totals of this block's rows (group 0's threads
 // hold them) become its chunk's partials; the block whose chunk is the last to
 // finish adds all chunks' partials, in chunk order, into out[s][column]. Which
 // block does it is decided by an atomic count, but not the order of the sum:
 // the same bits every run. shared: COLUMN_BLOCK floats, free on entry.
-static __device__ void finish_column_sums(const float *totals, int sums, float *out0, float *out1, float *out2,
-                                          ColumnScratch scratch, int column, int columns, float *shared) {
+static __device__ void finish_column_sums(const float *totals, int sums, float *out0, float *out1,
+                                          float *out2, ColumnScratch scratch, int column,
+                                          int columns, float *shared) {
     unsigned chunks = gridDim.y, chunk = blockIdx.y;
     float *out[3] = { out0, out1, out2 };
     if (threadIdx.y == 0 && column < columns)
-        for (int s = 0; s < sums; s++) scratch.partials[((size_t)s * chunks + chunk) * columns + column] = totals[s];
+        for (int s = 0; s < sums; s++)
+            scratch.partials[((size_t)s * chunks + chunk) * columns + column] = totals[s];
     __threadfence();   // the partials reach every block before the count says they are there
     __syncthreads();
     if (threadIdx.x == 0 && threadIdx.y == 0)
         shared[0] = atomicAdd(&scratch.chunks_done[blockIdx.x], 1u) == chunks - 1 ? 1.0f : 0.0f;
     __syncthreads();
-    if (shared[0] == 0.0f) return;   // the whole block
+    if (shared[0] == 0.0f)
+        return;   // the whole block
     if (threadIdx.y == 0 && column < columns)
         for (int s = 0; s < sums; s++) {
             float total = 0;
             for (unsigned c = 0; c < chunks; c++)
-                total += LOAD_FROM_OTHER_BLOCKS(&scratch.partials[((size_t)s * chunks + c) * columns + column]);
+                total += LOAD_FROM_OTHER_BLOCKS(
+                    &scratch.partials[((size_t)s * chunks + c) * columns + column]);
             out[s][column] = total;
         }
-    if (threadIdx.x == 0 && threadIdx.y == 0) scratch.chunks_done[blockIdx.x] = 0;
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+        scratch.chunks_done[blockIdx.x] = 0;
 }
 
 // A column kernel's rows: those of its chunk (blockIdx.y), `first` to `end`.
@@ -370,7 +398,11 @@ static __device__ void chunk_rows(int N, int *first, int *end) {
 // threshold = ceil(p * 2^53). No dropout: threshold 0 and scale 1. The key is
 // in device memory (each step's, copied there before the step): a captured
 // step reads the new one at every replay.
-typedef struct { const uint64_t *key; uint64_t threshold; float scale; } Dropout;
+typedef struct {
+    const uint64_t *key;
+    uint64_t threshold;
+    float scale;
+} Dropout;
 
 // transformer.c's hash64, the same bits on the GPU
 static __device__ uint64_t dropout_hash64(uint64_t z) {
@@ -379,7 +411,8 @@ static __device__ uint64_t dropout_hash64(uint64_t z) {
     return z ^ (z >> 31);
 }
 static __device__ float dropout_keep(Dropout d, size_t i) {
-    if (d.threshold == 0) return d.scale;
+    if (d.threshold == 0)
+        return d.scale;
     return (dropout_hash64(*d.key + i) >> 11) < d.threshold ? 0.0f : d.scale;
 }
 
@@ -402,34 +435,41 @@ typedef struct {
 // (pe: the sinusoids, or the learned table of Table 3, row E). One thread per
 // element; the source's B*S*C come first, then the target's B*T*C.
 static __global__ void __launch_bounds__(THREADS)
-embedding_forward_kernel(float *enc_x0, float *dec_x0, const int *src, const int *tgt_in, const float *embedding,
-                         const float *pe, Dropout enc_drop, Dropout dec_drop, int B, int S, int T, int C) {
+embedding_forward_kernel(float *enc_x0, float *dec_x0, const int *src, const int *tgt_in,
+                         const float *embedding, const float *pe, Dropout enc_drop,
+                         Dropout dec_drop, int B, int S, int T, int C) {
     size_t e = ELEMENT_INDEX, n_src = (size_t)B * S * C;
-    if (e >= n_src + (size_t)B * T * C) return;
+    if (e >= n_src + (size_t)B * T * C)
+        return;
     int source = e < n_src, length = source ? S : T;
     size_t i = source ? e : e - n_src, bt = i / C;
     int t = (int)(bt % length), c = (int)(i % C), token = source ? src[bt] : tgt_in[bt];
     float embedded = embedding[(size_t)token * C + c] * sqrtf((float)C) + pe[(size_t)t * C + c];
-    if (source) enc_x0[i] = embedded * dropout_keep(enc_drop, i);
-    else dec_x0[i] = embedded * dropout_keep(dec_drop, i);
+    if (source)
+        enc_x0[i] = embedded * dropout_keep(enc_drop, i);
+    else
+        dec_x0[i] = embedded * dropout_keep(dec_drop, i);
 }
-CPU_KERNEL(embedding_forward_kernel, float *, float *, const int *, const int *, const float *, const float *, Dropout,
-           Dropout, int, int, int, int)
+CPU_KERNEL(embedding_forward_kernel, float *, float *, const int *, const int *, const float *,
+           const float *, Dropout, Dropout, int, int, int, int)
 
 // add_norm_forward (residual_layernorm_forward and layernorm_row_forward, its
 // mask drawn by dropout_keep), with the sub-layer's bias from linear_forward:
 //     res = residual + (sublayer + sublayer_bias) * mask;   out = LayerNorm(res)
 // A warp per row n, its lanes striding over the C features.
 static __global__ void __launch_bounds__(THREADS)
-residual_layernorm_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *residual,
-                                  const float *sublayer, const float *sublayer_bias, Dropout drop, const float *gain,
+residual_layernorm_forward_kernel(float *out, float *mean, float *rstd, float *res,
+                                  const float *residual, const float *sublayer,
+                                  const float *sublayer_bias, Dropout drop, const float *gain,
                                   const float *bias, int N, int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (row >= N) return;   // the whole warp
+    if (row >= N)
+        return;   // the whole warp
     size_t at = (size_t)row * C;
     float sum = 0;
     for (int i = lane; i < C; i += WARP) {
-        float r = residual[at + i] + (sublayer[at + i] + sublayer_bias[i]) * dropout_keep(drop, at + i);
+        float r =
+            residual[at + i] + (sublayer[at + i] + sublayer_bias[i]) * dropout_keep(drop, at + i);
         res[at + i] = r;
         sum += r;
     }
@@ -437,16 +477,21 @@ residual_layernorm_forward_kernel(float *out, float *mean, float *rstd, float *r
     for (int i = lane; i < C; i += WARP) squares += (res[at + i] - m) * (res[at + i] - m);
     float s = 1 / sqrtf(warp_sum(squares) / C + eps);
     for (int i = lane; i < C; i += WARP) out[at + i] = (res[at + i] - m) * s * gain[i] + bias[i];
-    if (lane == 0) { mean[row] = m; rstd[row] = s; }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
 }
-CPU_KERNEL(residual_layernorm_forward_kernel, float *, float *, float *, float *, const float *, const float *,
-           const float *, Dropout, const float *, const float *, int, int, float)
+CPU_KERNEL(residual_layernorm_forward_kernel, float *, float *, float *, float *, const float *,
+           const float *, const float *, Dropout, const float *, const float *, int, int, float)
 
 // residual_layernorm_backward, and its parameters' gradients (sums over the
 // N rows), with linear_backward's bias of the sub-layer before the norm:
-//   dres_i = rstd * (dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j xhat_j)),  dxhat = dout * gain
+//   dres_i = rstd * (dxhat_i - mean_j(dxhat_j) - xhat_i * mean_j(dxhat_j xhat_j)),
+//       dxhat = dout * gain
 //   dresidual_i = dres_i,   dsublayer_i = dres_i * mask_i
-//   dgain_i = sum_n dout_ni xhat_ni,  dbias_i = sum_n dout_ni,  dsublayer_bias_i = sum_n dsublayer_ni
+//   dgain_i = sum_n dout_ni xhat_ni,  dbias_i = sum_n dout_ni,
+//       dsublayer_bias_i = sum_n dsublayer_ni
 // (dresidual and dsublayer written, not added: the products that add to
 // dresidual come after). A block per chunk of NORM_CHUNK_ROWS rows: first a
 // warp per row, its two means (into shared memory), then a thread per column
@@ -459,7 +504,8 @@ CPU_KERNEL(residual_layernorm_forward_kernel, float *, float *, float *, float *
 typedef struct {
     float *dgain, *dbias, *dsublayer_bias, *partials;
     unsigned *chunks_done;   // the blocks finished (zero between launches: the last sets it back)
-    int finish;              // 1: the last block adds the chunks; 0: layernorm_params_backward_kernel does
+    int finish;              // 1: the last block adds the chunks; 0:
+                             // layernorm_params_backward_kernel does
 } NormSums;
 
 // The chunks' sums of one column i of partials (chunks, C), in the order of a
@@ -468,18 +514,21 @@ static __device__ float sum_of_norm_chunks(const float *partials, int chunks, in
     float total = 0;
     for (int g = 0; g < ROW_GROUPS; g++) {
         float group = 0;
-        for (int c = g; c < chunks; c += ROW_GROUPS) group += LOAD_FROM_OTHER_BLOCKS(&partials[(size_t)c * C + i]);
+        for (int c = g; c < chunks; c += ROW_GROUPS)
+            group += LOAD_FROM_OTHER_BLOCKS(&partials[(size_t)c * C + i]);
         total += group;
     }
     return total;
 }
 
 static __global__ void __launch_bounds__(THREADS)
-residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const float *dout, const float *res,
-                                   Dropout drop, const float *gain, const float *mean, const float *rstd, int N,
-                                   int C, NormSums sums) {
+residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const float *dout,
+                                   const float *res, Dropout drop, const float *gain,
+                                   const float *mean, const float *rstd, int N, int C,
+                                   NormSums sums) {
     SHARED_FLOATS(row_means);   // (NORM_CHUNK_ROWS, 2): mean_j(dxhat_j), mean_j(dxhat_j xhat_j)
-    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP, warps = (int)blockDim.x / WARP;
+    int warp = (int)threadIdx.x / WARP, lane = (int)threadIdx.x % WARP,
+        warps = (int)blockDim.x / WARP;
     int chunk = (int)blockIdx.x, chunks = (int)gridDim.x, first = chunk * NORM_CHUNK_ROWS;
     int rows = N - first < NORM_CHUNK_ROWS ? N - first : NORM_CHUNK_ROWS;
     for (int r = warp; r < rows; r += warps) {
@@ -491,7 +540,10 @@ residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const flo
             sum_dxhat_xhat += dxhat * (res[at + i] - m) * s;
         }
         float mean_dxhat = warp_sum(sum_dxhat) / C, mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) / C;
-        if (lane == 0) { row_means[2 * r] = mean_dxhat; row_means[2 * r + 1] = mean_dxhat_xhat; }
+        if (lane == 0) {
+            row_means[2 * r] = mean_dxhat;
+            row_means[2 * r + 1] = mean_dxhat_xhat;
+        }
     }
     __syncthreads();
     for (int i = (int)threadIdx.x; i < C; i += (int)blockDim.x) {
@@ -511,39 +563,45 @@ residual_layernorm_backward_kernel(float *dresidual, float *dsublayer, const flo
         sums.partials[((size_t)chunks + chunk) * C + i] = sum_bias;
         sums.partials[((size_t)2 * chunks + chunk) * C + i] = sum_sublayer;
     }
-    if (!sums.finish) return;   // the whole block
+    if (!sums.finish)
+        return;   // the whole block
     float *last = row_means + 2 * (N < NORM_CHUNK_ROWS ? N : NORM_CHUNK_ROWS);
     __threadfence();   // the partials reach every block before the count says they are there
     __syncthreads();
-    if (threadIdx.x == 0) *last = atomicAdd(sums.chunks_done, 1u) == (unsigned)chunks - 1 ? 1.0f : 0.0f;
+    if (threadIdx.x == 0)
+        *last = atomicAdd(sums.chunks_done, 1u) == (unsigned)chunks - 1 ? 1.0f : 0.0f;
     __syncthreads();
-    if (*last == 0.0f) return;   // the whole block
+    if (*last == 0.0f)
+        return;   // the whole block
     for (int e = (int)threadIdx.x; e < 3 * C; e += (int)blockDim.x) {
         int which = e / C, i = e - which * C;
         float *out = which == 0 ? sums.dgain : (which == 1 ? sums.dbias : sums.dsublayer_bias);
         out[i] = sum_of_norm_chunks(sums.partials + (size_t)which * chunks * C, chunks, C, i);
     }
-    if (threadIdx.x == 0) *sums.chunks_done = 0;
+    if (threadIdx.x == 0)
+        *sums.chunks_done = 0;
 }
-CPU_KERNEL(residual_layernorm_backward_kernel, float *, float *, const float *, const float *, Dropout, const float *,
-           const float *, const float *, int, int, NormSums)
+CPU_KERNEL(residual_layernorm_backward_kernel, float *, float *, const float *, const float *,
+           Dropout, const float *, const float *, const float *, int, int, NormSums)
 
 // residual_layernorm_backward_kernel's sums of the chunks when its blocks do
 // not add them (many chunks): a thread per column (blockIdx.y: which of the
 // three sums) and group of chunks, then the groups in order (sum_of_row_groups),
 // as sum_of_norm_chunks adds them
 static __global__ void __launch_bounds__(COLUMN_BLOCK)
-layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias, const float *partials, int chunks,
-                                 int C) {
+layernorm_params_backward_kernel(float *dgain, float *dbias, float *dsublayer_bias,
+                                 const float *partials, int chunks, int C) {
     SHARED_FLOATS(shared);
     int i = (int)(blockIdx.x * WARP + threadIdx.x), which = (int)blockIdx.y;
     const float *from = partials + (size_t)which * chunks * C;
     float sum = 0;
     if (i < C)
-        for (int c = (int)threadIdx.y; c < chunks; c += (int)blockDim.y) sum += from[(size_t)c * C + i];
+        for (int c = (int)threadIdx.y; c < chunks; c += (int)blockDim.y)
+            sum += from[(size_t)c * C + i];
     sum = sum_of_row_groups(sum, shared);
     float *out = which == 0 ? dgain : (which == 1 ? dbias : dsublayer_bias);
-    if (threadIdx.y == 0 && i < C) out[i] = sum;
+    if (threadIdx.y == 0 && i < C)
+        out[i] = sum;
 }
 CPU_KERNEL(layernorm_params_backward_kernel, float *, float *, float *, const float *, int, int)
 
@@ -578,16 +636,19 @@ static __device__ float4 add_float4(float4 a, float4 b) {
 // attention_forward reads head `head` of query (b, t) at column head*hs of the
 // projection's row; cuBLAS's batched products need each (sentence, head) as
 // one (T, hs) matrix, all of them one after another (head-major):
-//     out[part][b][head][t][d] = in[(b*T + t)*ld + part*C + head*hs + d] + bias[part*C + head*hs + d]
+//     out[part][b][head][t][d] = in[(b*T + t)*ld + part*C + head*hs + d]
+//                                + bias[part*C + head*hs + d]
 // for `parts` of C columns each (q, k, v: 3; k, v: 2; q: 1). blockIdx.z is a
 // layer (the memory's keys and values for every decoder layer at once): its
 // columns start layer_columns further in each row, its bias layer_bias further,
 // its output layer_out further. bias NULL: none (a gradient laid out the same way).
 static __global__ void __launch_bounds__(THREADS)
-heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, int parts, int layer_columns,
-                       int layer_bias, size_t layer_out, int B, int T, int hs, int NH, int width) {
+heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, int parts,
+                       int layer_columns, int layer_bias, size_t layer_out, int B, int T,
+                       int hs, int NH, int width) {
     LAYOUT_BLOCK(t, b);
-    if (t >= T) return;
+    if (t >= T)
+        return;
     int C = NH * hs, layer = (int)blockIdx.z;
     const float *row = in + ((size_t)b * T + t) * ld + (size_t)layer * layer_columns;
     const float *layer_b = bias ? bias + (size_t)layer * layer_bias : NULL;
@@ -600,7 +661,8 @@ heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, i
             for (int d = (int)threadIdx.x * width; d < hs; d += (int)blockDim.x * width) {
                 if (width == 4) {
                     float4 v = load_float4(row + column + d);
-                    store_float4(o + d, layer_b ? add_float4(v, load_float4(layer_b + column + d)) : v);
+                    store_float4(o + d,
+                                 layer_b ? add_float4(v, load_float4(layer_b + column + d)) : v);
                 } else {
                     float v = row[column + d];
                     o[d] = layer_b ? v + layer_b[column + d] : v;
@@ -608,23 +670,26 @@ heads_from_rows_kernel(float *out, const float *in, const float *bias, int ld, i
             }
         }
 }
-CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, int, int, int, size_t, int, int, int,
-           int, int)
+CPU_KERNEL(heads_from_rows_kernel, float *, const float *, const float *, int, int, int, int,
+           size_t, int, int, int, int, int)
 
 // attention_forward's output back in rows, Concat(head_1, ..., head_h):
 //     out[(b*T + t)*C + head*hs + d] = heads[b][head][t][d]
 static __global__ void __launch_bounds__(THREADS)
 rows_from_heads_kernel(float *out, const float *heads, int T, int hs, int NH, int width) {
     LAYOUT_BLOCK(t, b);
-    if (t >= T) return;
+    if (t >= T)
+        return;
     int C = NH * hs;
     float *row = out + ((size_t)b * T + t) * C;
     const float *from = heads + ((size_t)b * NH * T + t) * hs;   // head 0
     for (int head = (int)threadIdx.y; head < NH; head += (int)blockDim.y) {
         const float *h = from + (size_t)head * T * hs;
         for (int d = (int)threadIdx.x * width; d < hs; d += (int)blockDim.x * width) {
-            if (width == 4) store_float4(row + head * hs + d, load_float4(h + d));
-            else row[head * hs + d] = h[d];
+            if (width == 4)
+                store_float4(row + head * hs + d, load_float4(h + d));
+            else
+                row[head * hs + d] = h[d];
         }
     }
 }
@@ -636,8 +701,9 @@ CPU_KERNEL(rows_from_heads_kernel, float *, const float *, int, int, int, int)
 //     column = part*C + head*hs + d
 // A thread per column (of parts*C) and chunk of rows.
 static __global__ void __launch_bounds__(COLUMN_BLOCK)
-rows_from_heads_bias_backward_kernel(float *drows, float *dbias, ColumnScratch scratch, const float *dheads, int ld,
-                                     int parts, int B, int T, int C, int NH) {
+rows_from_heads_bias_backward_kernel(float *drows, float *dbias, ColumnScratch scratch,
+                                     const float *dheads, int ld, int parts, int B, int T,
+                                     int C, int NH) {
     SHARED_FLOATS(shared);
     int column = blockIdx.x * WARP + threadIdx.x, hs = C / NH, first, end;
     chunk_rows(B * T, &first, &end);
@@ -655,8 +721,8 @@ rows_from_heads_bias_backward_kernel(float *drows, float *dbias, ColumnScratch s
     sum = sum_of_row_groups(sum, shared);
     finish_column_sums(&sum, 1, dbias, NULL, NULL, scratch, column, parts * C, shared);
 }
-CPU_KERNEL(rows_from_heads_bias_backward_kernel, float *, float *, ColumnScratch, const float *, int, int, int, int,
-           int, int)
+CPU_KERNEL(rows_from_heads_bias_backward_kernel, float *, float *, ColumnScratch, const float *,
+           int, int, int, int, int, int)
 
 // attention_forward's softmax_visible, a warp per query row (b, head, i): the
 // scores of the keys it may see (visible_keys: padding and causal masks)
@@ -665,7 +731,8 @@ static __global__ void __launch_bounds__(THREADS)
 softmax_forward_kernel(float *att, const int *key_len, int causal, int B, int NH, int Tq, int Tk) {
     size_t r = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
-    if (r >= (size_t)B * NH * Tq) return;
+    if (r >= (size_t)B * NH * Tq)
+        return;
     int b = (int)(r / ((size_t)NH * Tq)), i = (int)(r % Tq);
     int visible = (causal && i + 1 < key_len[b]) ? i + 1 : key_len[b];
     float *p = att + r * Tk, largest = -INFINITY, sum = 0;
@@ -686,7 +753,8 @@ static __global__ void __launch_bounds__(THREADS)
 softmax_backward_kernel(float *grad, const float *att, size_t rows, int Tk) {
     size_t r = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
-    if (r >= rows) return;
+    if (r >= rows)
+        return;
     float *g = grad + r * Tk, sum_p_dp = 0;
     const float *p = att + r * Tk;
     for (int j = lane; j < Tk; j += WARP) sum_p_dp += p[j] * g[j];
@@ -702,7 +770,8 @@ CPU_KERNEL(softmax_backward_kernel, float *, const float *, size_t, int)
 static __global__ void __launch_bounds__(THREADS)
 bias_relu_forward_kernel(float *hidden, const float *bias, size_t N, int F) {
     size_t e = ELEMENT_INDEX;
-    if (e >= N * F) return;
+    if (e >= N * F)
+        return;
     float v = hidden[e] + bias[e % F];
     hidden[e] = v > 0 ? v : 0;
 }
@@ -711,7 +780,8 @@ CPU_KERNEL(bias_relu_forward_kernel, float *, const float *, size_t, int)
 // feed_forward_backward's relu_backward (dhidden = 0 where hidden <= 0) and
 // linear_backward's bias of W_1: dbias_f = sum_n dh_nf. A thread per column f and chunk of rows.
 static __global__ void __launch_bounds__(COLUMN_BLOCK)
-relu_bias_backward_kernel(float *dhidden, float *dbias, ColumnScratch scratch, const float *hidden, int N, int F) {
+relu_bias_backward_kernel(float *dhidden, float *dbias, ColumnScratch scratch,
+                          const float *hidden, int N, int F) {
     SHARED_FLOATS(shared);
     int f = blockIdx.x * WARP + threadIdx.x, first, end;
     chunk_rows(N, &first, &end);
@@ -737,22 +807,25 @@ CPU_KERNEL(relu_bias_backward_kernel, float *, float *, ColumnScratch, const flo
 // first), then read again from there by the thread that wrote each (no
 // barrier needed), instead of three times from device memory.
 static __global__ void __launch_bounds__(1024)
-cross_entropy_kernel(float *token_loss, float *dlogits, const float *logits, const int *targets, const int *tgt_len,
-                     const StepValues *step, float eps, int T, int V, int row_in_shared) {
+cross_entropy_kernel(float *token_loss, float *dlogits, const float *logits, const int *targets,
+                     const int *tgt_len, const StepValues *step, float eps, int T, int V,
+                     int row_in_shared) {
     SHARED_FLOATS(shared);
     size_t bt = blockIdx.x;
     const float *z = logits + bt * V;
     float *dz = dlogits + bt * V;
     if ((int)(bt % T) >= tgt_len[bt / T]) {   // the whole block
         for (int v = threadIdx.x; v < V; v += blockDim.x) dz[v] = 0;
-        if (threadIdx.x == 0) token_loss[bt] = 0;
+        if (threadIdx.x == 0)
+            token_loss[bt] = 0;
         return;
     }
     float *cached = shared + blockDim.x / WARP;
     float largest = -INFINITY, sum = 0, sum_z = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
         float zv = z[v];
-        if (row_in_shared) cached[v] = zv;
+        if (row_in_shared)
+            cached[v] = zv;
         largest = fmaxf(largest, zv);
     }
     const float *row = row_in_shared ? cached : z;
@@ -768,12 +841,13 @@ cross_entropy_kernel(float *token_loss, float *dlogits, const float *logits, con
     for (int v = threadIdx.x; v < V; v += blockDim.x)
         dz[v] = (expf(row[v] - largest) * inv_sum - (smooth + (v == y ? 1 - eps : 0.0f))) * inv_n;
     if (threadIdx.x == 0) {
-        float log_sum = largest + logf(sum), log_p_target = z[y] - log_sum, sum_log_p = sum_z - V * log_sum;
+        float log_sum = largest + logf(sum), log_p_target = z[y] - log_sum,
+              sum_log_p = sum_z - V * log_sum;
         token_loss[bt] = -(1 - eps) * log_p_target - smooth * sum_log_p;
     }
 }
-CPU_KERNEL(cross_entropy_kernel, float *, float *, const float *, const int *, const int *, const StepValues *, float,
-           int, int, int)
+CPU_KERNEL(cross_entropy_kernel, float *, float *, const float *, const int *, const int *,
+           const StepValues *, float, int, int, int)
 
 // cross_entropy_forward's mean over the n non-padding positions (padding's
 // token_loss is 0), in double as the host: one block, each thread a strided
@@ -785,7 +859,8 @@ mean_loss_kernel(float *loss, const float *token_loss, size_t count, const StepV
     for (size_t i = threadIdx.x; i < count; i += blockDim.x) sum += token_loss[i];
     shares[threadIdx.x] = sum;
     __syncthreads();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0)
+        return;
     double total = 0;
     for (unsigned t = 0; t < blockDim.x; t++) total += shares[t];
     *loss = (float)(total * step->inv_n);
@@ -800,11 +875,13 @@ CPU_KERNEL(mean_loss_kernel, float *, const float *, size_t, const StepValues *)
 // 0..B*T-1 first, then the source's, B*T + b*S + s), so each sum runs in one
 // thread in a fixed order: no two threads ever add to one element.
 static __global__ void __launch_bounds__(EMBEDDING_THREADS)
-embedding_backward_kernel(float *dembedding, const float *d_dec_x0, const float *d_enc_x0, const int *token_ids,
-                          const int *token_first, const int *rows, const StepValues *step, Dropout dec_drop,
-                          Dropout enc_drop, int BT, int C) {
+embedding_backward_kernel(float *dembedding, const float *d_dec_x0, const float *d_enc_x0,
+                          const int *token_ids, const int *token_first, const int *rows,
+                          const StepValues *step, Dropout dec_drop, Dropout enc_drop, int BT,
+                          int C) {
     int k = blockIdx.x;
-    if (k >= step->distinct_tokens) return;
+    if (k >= step->distinct_tokens)
+        return;
     int token = token_ids[k];
     float scale = sqrtf((float)C);
     for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < C; i += gridDim.y * blockDim.x) {
@@ -812,24 +889,27 @@ embedding_backward_kernel(float *dembedding, const float *d_dec_x0, const float 
         for (int r = token_first[k]; r < token_first[k + 1]; r++) {
             int row = rows[r];
             size_t at = row < BT ? (size_t)row * C + i : (size_t)(row - BT) * C + i;
-            float g = row < BT ? d_dec_x0[at] * dropout_keep(dec_drop, at) : d_enc_x0[at] * dropout_keep(enc_drop, at);
+            float g = row < BT ? d_dec_x0[at] * dropout_keep(dec_drop, at)
+                               : d_enc_x0[at] * dropout_keep(enc_drop, at);
             sum += g * scale;
         }
         dembedding[(size_t)token * C + i] += sum;
     }
 }
-CPU_KERNEL(embedding_backward_kernel, float *, const float *, const float *, const int *, const int *, const int *,
-           const StepValues *, Dropout, Dropout, int, int)
+CPU_KERNEL(embedding_backward_kernel, float *, const float *, const float *, const int *,
+           const int *, const int *, const StepValues *, Dropout, Dropout, int, int)
 
 // position_embedding_backward (Table 3, row E) for both stacks, one thread per
 // element (t, i) of the learned table, sentences in order:
 //     dpe[t, i] = sum_b d_dec_x0[b,t,i] * mask + sum_b d_enc_x0[b,t,i] * mask
 // (rows past both lengths get 0: the whole table is written)
 static __global__ void __launch_bounds__(THREADS)
-position_embedding_backward_kernel(float *dpe, const float *d_dec_x0, const float *d_enc_x0, Dropout dec_drop,
-                                   Dropout enc_drop, int max_len, int B, int S, int T, int C) {
+position_embedding_backward_kernel(float *dpe, const float *d_dec_x0, const float *d_enc_x0,
+                                   Dropout dec_drop, Dropout enc_drop, int max_len, int B,
+                                   int S, int T, int C) {
     size_t e = ELEMENT_INDEX;
-    if (e >= (size_t)max_len * C) return;
+    if (e >= (size_t)max_len * C)
+        return;
     int t = (int)(e / C), i = (int)(e % C);
     float sum = 0;
     if (t < T)
@@ -844,36 +924,43 @@ position_embedding_backward_kernel(float *dpe, const float *d_dec_x0, const floa
         }
     dpe[e] = sum;
 }
-CPU_KERNEL(position_embedding_backward_kernel, float *, const float *, const float *, Dropout, Dropout, int, int, int,
-           int, int)
+CPU_KERNEL(position_embedding_backward_kernel, float *, const float *, const float *, Dropout,
+           Dropout, int, int, int, int, int)
 
 // adam_update, one thread per parameter; the step size and bias correction
 // of this step from device memory (StepValues). With --bf16 (theta_bf16 not
 // NULL) it writes the bf16 copy of the updated parameter, which the products read.
-typedef struct { float beta1, beta2, eps; } AdamConstants;
+typedef struct {
+    float beta1, beta2, eps;
+} AdamConstants;
 static __global__ void __launch_bounds__(THREADS)
-adam_kernel(float *theta, __nv_bfloat16 *theta_bf16, float *first, float *second, const float *grad, size_t n,
-            AdamConstants adam, const StepValues *step) {
+adam_kernel(float *theta, __nv_bfloat16 *theta_bf16, float *first, float *second,
+            const float *grad, size_t n, AdamConstants adam, const StepValues *step) {
     size_t i = ELEMENT_INDEX;
-    if (i >= n) return;
+    if (i >= n)
+        return;
     float g = grad[i];
     float mi = adam.beta1 * first[i] + (1 - adam.beta1) * g;
     float vi = adam.beta2 * second[i] + (1 - adam.beta2) * g * g;
     first[i] = mi;
     second[i] = vi;
-    float updated = theta[i] - step->adam_step_size * mi / (sqrtf(vi) * step->adam_rsqrt_c2 + adam.eps);
+    float updated =
+        theta[i] - step->adam_step_size * mi / (sqrtf(vi) * step->adam_rsqrt_c2 + adam.eps);
     theta[i] = updated;
-    if (theta_bf16) theta_bf16[i] = __float2bfloat16(updated);
+    if (theta_bf16)
+        theta_bf16[i] = __float2bfloat16(updated);
 }
-CPU_KERNEL(adam_kernel, float *, __nv_bfloat16 *, float *, float *, const float *, size_t, AdamConstants,
-           const StepValues *)
+CPU_KERNEL(adam_kernel, float *, __nv_bfloat16 *, float *, float *, const float *, size_t,
+           AdamConstants, const StepValues *)
 
 // ============================================================================
 // The GPU's model: its memory, and the matrix products through cuBLAS
 // ============================================================================
 
 // Layer l's parameters (or gradients) on the GPU: the same offsets as on the host.
-typedef struct { float *qkv_w, *qkv_b, *out_w, *out_b; } GpuAttentionParams;
+typedef struct {
+    float *qkv_w, *qkv_b, *out_w, *out_b;
+} GpuAttentionParams;
 typedef struct {
     GpuAttentionParams self_attn, cross_attn;           // cross_attn: decoder only
     float *ln1_g, *ln1_b, *ln2_g, *ln2_b, *ln3_g, *ln3_b;  // ln3: decoder only
@@ -904,21 +991,29 @@ typedef struct {
 // Scratch, reused layer after layer; "rows" are B*S or B*T, whichever is more.
 // The forward pass borrows some (the comment names its use).
 typedef struct {
-    float *d_dec;        // (B*T, C)  of a decoder layer's output, then input (in the end: of dec_x0)
+    float *d_dec;        // (B*T, C)  of a decoder layer's output, then input (in the end:
+                         // of dec_x0)
     float *d_enc;        // (B*S, C)  the same in the encoder (first: of the memory)
-    float *d_mid1;       // (rows, C) of a layer's first Add & Norm output (the second sub-layer's input)
+    float *d_mid1;       // (rows, C) of a layer's first Add & Norm
+                         // output (the second sub-layer's input)
     float *d_mid2;       // (B*T, C)  of a decoder layer's second Add & Norm output
-    float *d_sublayer;   // (rows, C) of a sub-layer's output; forward: the output itself, before its norm
-    float *d_heads;      // (rows, C) of Concat(heads) before W^O; forward: the cross-attention's queries
+    float *d_sublayer;   // (rows, C) of a sub-layer's output; forward:
+                         // the output itself, before its norm
+    float *d_heads;      // (rows, C) of Concat(heads) before W^O;
+                         // forward: the cross-attention's queries
     float *d_heads_hm;   // (rows, C) the same head-major; forward: attention's output head-major
-    float *d_qkv_hm;     // (3, rows, C) of q, k, v head-major; cross-attention: of q, then of k and v
+    float *d_qkv_hm;     // (3, rows, C) of q, k, v head-major;
+                         // cross-attention: of q, then of k and v
     float *d_qkv;        // (rows, 3C) the same in rows; forward: the self-attention's projection
     float *d_ff_h;       // (rows, F)
     float *d_att;        // (B, NH, Tq, Tk) of the scores: dp, then ds
-    float *d_memory_kv;  // (B*S, L*2C) of every decoder layer's keys and values; forward: the projection
+    float *d_memory_kv;  // (B*S, L*2C) of every decoder layer's
+                         // keys and values; forward: the projection
     float *d_logits;     // (B*T, V)
-    float *d_attention_bias;   // (B, 3C) the fused attention's sums of each sentence's dq, dk, dv rows
-    float *d_norm_partials;    // (3, rows / NORM_CHUNK_ROWS, C) residual_layernorm_backward_kernel's chunks' sums
+    float *d_attention_bias;   // (B, 3C) the fused attention's sums
+                               // of each sentence's dq, dk, dv rows
+    float *d_norm_partials;    // (3, rows / NORM_CHUNK_ROWS, C)
+                               // residual_layernorm_backward_kernel's chunks' sums
 } GpuScratch;
 
 // A captured step: the shape it was captured for (and whether dropout was on),
@@ -931,7 +1026,8 @@ typedef struct {
 } GpuGraph;
 #define GPU_GRAPHS 16          // the graphs kept, the least recently launched replaced first
 #define GPU_SHAPES_SEEN 64     // the shapes remembered until their graph is captured
-#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)   // cuBLAS's recommendation for Hopper (4 MB before it)
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)   // cuBLAS's recommendation for
+                                                    // Hopper (4 MB before it)
 
 // What each of the step's two streams has of its own: work on the two may run
 // at once, so each has its own cuBLAS handle, with its own workspace (cuBLAS
@@ -953,48 +1049,58 @@ enum { MAIN_STREAM, SIDE_STREAM };
 typedef struct TransposedWeight TransposedWeight;   // (transposed_weights.h)
 typedef struct {
     int ready, tf32, bf16, count;   // bf16: --bf16 (bf16_casts.h)
-    size_t shared_opt_in;    // the dynamic shared memory cross_entropy_kernel may have (the device's opt-in limit)
+    size_t shared_opt_in;    // the dynamic shared memory cross_entropy_kernel
+                             // may have (the device's opt-in limit)
     GpuStream streams[2];    // MAIN_STREAM and SIDE_STREAM
     int on_side;             // work goes to the side stream now (gpu_side_begin)
     int side_unjoined;       // the side stream has work the main stream has not waited for yet
     int side_reads_scratch;  // and some of it reads scratch that the main stream overwrites later
-    cudaEvent_t forked, joined;   // recorded in the main stream for the side to wait for, and the other way
+    cudaEvent_t forked, joined;   // recorded in the main stream for the
+                                  // side to wait for, and the other way
     GpuCounts side_from;     // the counts when the side stream took over (gpu_side_begin)
     // cublas, cublas_workspace, columns: those of the stream work goes to now (gpu_use_stream)
     cublasHandle_t cublas;
     void *cublas_workspace;  // set explicitly: cuBLAS then allocates nothing inside a capture
-    cublasLtHandle_t lt;     // cuBLASLt, for the feed-forward networks' epilogues (NULL: --no-epilogues)
+    cublasLtHandle_t lt;     // cuBLASLt, for the feed-forward networks'
+                             // epilogues (NULL: --no-epilogues)
     TransformerConfig config;
     size_t num_parameters;
     float *params, *grads, *adam_m, *adam_v;   // the host's layout
     float *pe;            // (max_len, C): the sinusoids, or learned positions' table inside params
     float *memory_kv_w;   // (L, 2C, C): each decoder layer's W^K, W^V, gathered for one product
-    __nv_bfloat16 *params_bf16, *memory_kv_w_bf16;   // --bf16: the weights' copies the products read
-    float *params_t, *memory_kv_w_t;   // --tf32: the weights' transposed copies (transposed_weights.h)
+    __nv_bfloat16 *params_bf16, *memory_kv_w_bf16;   // --bf16: the weights' copies the
+                                                     // products read
+    float *params_t, *memory_kv_w_t;   // --tf32: the weights' transposed
+                                       // copies (transposed_weights.h)
     TransposedWeight *transposed, *transposed_table;   // their list, on the host and on the GPU
     int transposed_count;
     unsigned transposed_tiles;
     ColumnScratch columns;   // the column kernels' chunk sums (finish_column_sums)
-    unsigned *attention_heads_done;   // (NH) fused_attention_backward_kernel's finished blocks, per head
+    unsigned *attention_heads_done;   // (NH) fused_attention_backward_kernel's
+                                      // finished blocks, per head
     unsigned *norm_chunks_done;       // residual_layernorm_backward_kernel's finished blocks
     void *model_memory;   // the above, one allocation
     // the batch, its activations and the scratch, carved for (B, S, T) from one allocation
     int B, S, T;
     float *batch_memory;
     size_t batch_capacity;   // floats
-    __nv_bfloat16 *batch_bf16;   // --bf16: batch_capacity numbers, the products' copies of the activations
+    __nv_bfloat16 *batch_bf16;   // --bf16: batch_capacity numbers, the
+                                 // products' copies of the activations
     // the step's one copy to the GPU: StepValues, the dropout keys, then the
     // batch's tokens and the embedding gradient's lists; its host side is page-locked
     unsigned char *upload, *upload_host;
     size_t upload_capacity, upload_bytes;
     StepValues *step;        // in upload: the step's values, and their host copy
     StepValues *step_host;
-    uint64_t *dropout_keys, *dropout_keys_host;   // in upload: the step's keys, in transformer.c's order
+    uint64_t *dropout_keys, *dropout_keys_host;   // in upload: the step's keys,
+                                                  // in transformer.c's order
     int *token_count;        // (V) gpu_prepare_step's counting sort
-    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len, *token_ids, *token_first, *token_rows;   // in upload
+    int *src, *src_len, *tgt_in, *tgt_out, *tgt_len, *token_ids, *token_first,
+        *token_rows;   // in upload
     float *enc_x0, *dec_x0, *logits, *token_loss, *loss;
     float *loss_host;        // page-locked: the loss, copied back at the end of the step
-    float *memory_kv;        // (L, 2, B, NH, S, hs): each decoder layer's keys and values of the memory
+    float *memory_kv;        // (L, 2, B, NH, S, hs): each decoder
+                             // layer's keys and values of the memory
                              // (with the fused attention, the projection's rows: (B*S, L*2C))
     Dropout enc_drop, dec_drop;
     GpuEncoderActs *enc;   // (L) on the host, pointing to the GPU
@@ -1003,7 +1109,9 @@ typedef struct {
     size_t activation_floats, scratch_floats;   // of batch_memory, for --count
     GpuGraph graphs[GPU_GRAPHS];
     int graph_count;
-    struct { int B, S, T, dropout, steps; } seen[GPU_SHAPES_SEEN];   // steps of shapes not captured yet
+    struct {
+        int B, S, T, dropout, steps;
+    } seen[GPU_SHAPES_SEEN];   // steps of shapes not captured yet
     int seen_next;
     long steps;              // training steps so far, for the graphs' last use
     GpuCounts step_counts;   // the last training step's
@@ -1044,7 +1152,8 @@ static void gpu_use_stream(int which) {
 // The work given from here to gpu_side_end goes to the side stream, after all
 // the main stream was given so far (with --one-stream, to the main stream).
 static void gpu_side_begin(void) {
-    if (gpu_one_stream) return;
+    if (gpu_one_stream)
+        return;
     CUDA_CHECK(cudaEventRecord(gpu.forked, gpu.streams[MAIN_STREAM].stream));
     CUDA_CHECK(cudaStreamWaitEvent(gpu.streams[SIDE_STREAM].stream, gpu.forked, 0));
     gpu_counting->forks++;
@@ -1053,7 +1162,8 @@ static void gpu_side_begin(void) {
     gpu_use_stream(SIDE_STREAM);
 }
 static void gpu_side_end(void) {
-    if (!gpu.on_side) return;
+    if (!gpu.on_side)
+        return;
     gpu_counting->side_launches += gpu_counting->launches - gpu.side_from.launches;
     gpu_counting->side_gemms += gpu_counting->gemms - gpu.side_from.gemms;
     gpu_use_stream(MAIN_STREAM);
@@ -1068,7 +1178,8 @@ static void gpu_side_end(void) {
 static void gpu_side_reads_nothing_overwritten(void) { gpu.side_reads_scratch = 0; }
 // The main stream's later work waits for all the side stream was given.
 static void gpu_join_side(void) {
-    if (!gpu.side_unjoined) return;
+    if (!gpu.side_unjoined)
+        return;
     CUDA_CHECK(cudaEventRecord(gpu.joined, gpu.streams[SIDE_STREAM].stream));
     CUDA_CHECK(cudaStreamWaitEvent(gpu.streams[MAIN_STREAM].stream, gpu.joined, 0));
     gpu_counting->joins++;
@@ -1076,12 +1187,15 @@ static void gpu_join_side(void) {
     gpu.side_unjoined = 0;
     gpu.side_reads_scratch = 0;
 }
-// The same before the main stream overwrites scratch, when the side stream's work may still read some
+// The same before the main stream overwrites scratch, when the side stream's work may
+// still read some
 static void gpu_join_side_readers(void) {
 #ifdef CUDA_ON_CPU
-    if (cpu_test_faults.readers_joins_skipped) return;   // (test_cuda.c: a missing wait must be caught)
+    if (cpu_test_faults.readers_joins_skipped)
+        return;   // (test_cuda.c: a missing wait must be caught)
 #endif
-    if (gpu.side_reads_scratch) gpu_join_side();
+    if (gpu.side_reads_scratch)
+        gpu_join_side();
 }
 
 // --fused-attention: attention through fused_attention_forward_kernel and
@@ -1094,7 +1208,8 @@ static size_t fused_forward_bytes(int Tk, int hs) {
     return ((size_t)2 * Tk * (hs + 1) + (size_t)ROWS_PER_BLOCK * (hs + Tk)) * sizeof(float);
 }
 static size_t fused_backward_bytes(int Tq, int Tk, int hs) {
-    return ((size_t)2 * (Tq > Tk ? Tq : Tk) * (hs + 1) + (size_t)ROWS_PER_BLOCK * hs) * sizeof(float);
+    return ((size_t)2 * (Tq > Tk ? Tq : Tk) * (hs + 1) + (size_t)ROWS_PER_BLOCK * hs) *
+        sizeof(float);
 }
 static int gpu_fused_fits(int Tq, int Tk, int hs) {
     return gpu_fused_attention && fused_forward_bytes(Tk, hs) <= FUSED_SHARED_LIMIT &&
@@ -1122,22 +1237,27 @@ static void gpu_copy(void *to, const void *from, size_t bytes, cudaMemcpyKind ki
 static void gpu_copy_async(void *to, const void *from, size_t bytes, cudaMemcpyKind kind) {
     double profile_began = profile_start();
     CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, gpu_stream));
-    profile_stop(profile_began, "copy %s, %zu bytes", kind == cudaMemcpyHostToDevice ? "to the GPU" : "from the GPU", bytes);
+    profile_stop(profile_began, "copy %s, %zu bytes",
+                 kind == cudaMemcpyHostToDevice ? "to the GPU" : "from the GPU", bytes);
     gpu_counting->copies++;
     gpu_counting->host_calls++;
     gpu_counting->bytes_copied += (double)bytes;
 }
 
 #include "bf16_casts.h"   // --bf16: the bf16 copies of the products' operands
-static float *on_gpu(float *arena, const Transformer *m, const real *host_tensor, size_t l, size_t per_layer);
-#include "transposed_weights.h"   // --tf32: the weights' transposed copies, for the inputs' gradients
-#include "epilogues.h"            // the feed-forward networks' bias and ReLU inside cuBLASLt's products
+static float *on_gpu(float *arena, const Transformer *m, const real *host_tensor, size_t l,
+                     size_t per_layer);
+#include "transposed_weights.h"   // --tf32: the weights' transposed
+                                  // copies, for the inputs' gradients
+#include "epilogues.h"            // the feed-forward networks' bias and
+                                  // ReLU inside cuBLASLt's products
 
 // C = alpha op(A) op(B) + beta C, column-major (cuda_on_cpu.h says it exactly).
 // --bf16: A and B are read from their bf16 copies (gpu_bf16_operand, cast
 // before the product starts), their products summed in fp32 into C.
-static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
-                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                 float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                 float *C, int ldc) {
     const __nv_bfloat16 *a = NULL, *b = NULL;
     if (gpu.bf16) {
         a = gpu_bf16_operand(A, operand_extent(transa, m, k, lda, 0, 1));
@@ -1145,20 +1265,23 @@ static void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int 
     }
     double profile_began = profile_start();
     if (gpu.bf16)
-        CUBLAS_CHECK(cublasGemmEx(gpu.cublas, transa, transb, m, n, k, &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF,
-                                  ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmEx(gpu.cublas, transa, transb, m, n, k, &alpha, a, CUDA_R_16BF, lda,
+                                  b, CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     else
-        CUBLAS_CHECK(cublasSgemm(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc));
-    profile_stop(profile_began, "cuBLAS %s m=%d n=%d k=%d (%c%c)", gpu.bf16 ? "bf16 gemm" : "sgemm", m, n, k,
-                 transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
+        CUBLAS_CHECK(cublasSgemm(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, B, ldb, &beta,
+                                 C, ldc));
+    profile_stop(profile_began, "cuBLAS %s m=%d n=%d k=%d (%c%c)", gpu.bf16 ? "bf16 gemm" : "sgemm",
+                 m, n, k, transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
     gpu_counting->gemms++;
     gpu_counting->host_calls++;
 }
 
 // The same for `count` products, the i-th at A + i*stride_a, B + i*stride_b, C + i*stride_c
-static void gemm_batched(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
-                         const float *A, int lda, long long stride_a, const float *B, int ldb, long long stride_b,
-                         float beta, float *C, int ldc, long long stride_c, int count) {
+static void gemm_batched(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                         float alpha, const float *A, int lda, long long stride_a, const float *B,
+                         int ldb, long long stride_b, float beta, float *C, int ldc,
+                         long long stride_c, int count) {
     const __nv_bfloat16 *a = NULL, *b = NULL;
     if (gpu.bf16) {
         a = gpu_bf16_operand(A, operand_extent(transa, m, k, lda, stride_a, count));
@@ -1166,14 +1289,17 @@ static void gemm_batched(cublasOperation_t transa, cublasOperation_t transb, int
     }
     double profile_began = profile_start();
     if (gpu.bf16)
-        CUBLAS_CHECK(cublasGemmStridedBatchedEx(gpu.cublas, transa, transb, m, n, k, &alpha, a, CUDA_R_16BF, lda,
-                                                stride_a, b, CUDA_R_16BF, ldb, stride_b, &beta, C, CUDA_R_32F, ldc,
-                                                stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(gpu.cublas, transa, transb, m, n, k, &alpha, a,
+                                                CUDA_R_16BF, lda, stride_a, b, CUDA_R_16BF, ldb,
+                                                stride_b, &beta, C, CUDA_R_32F, ldc, stride_c,
+                                                count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     else
-        CUBLAS_CHECK(cublasSgemmStridedBatched(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda, stride_a,
-                                               B, ldb, stride_b, &beta, C, ldc, stride_c, count));
-    profile_stop(profile_began, "cuBLAS %s %d batched, m=%d n=%d k=%d (%c%c)", gpu.bf16 ? "bf16 gemm" : "sgemm",
-                 count, m, n, k, transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
+        CUBLAS_CHECK(cublasSgemmStridedBatched(gpu.cublas, transa, transb, m, n, k, &alpha, A, lda,
+                                               stride_a, B, ldb, stride_b, &beta, C, ldc, stride_c,
+                                               count));
+    profile_stop(profile_began, "cuBLAS %s %d batched, m=%d n=%d k=%d (%c%c)",
+                 gpu.bf16 ? "bf16 gemm" : "sgemm", count, m, n, k,
+                 transa == CUBLAS_OP_T ? 'T' : 'N', transb == CUBLAS_OP_T ? 'T' : 'N');
     gpu_counting->gemms++;
     gpu_counting->host_calls++;
 }
@@ -1189,21 +1315,25 @@ static void gemm_batched(cublasOperation_t transa, cublasOperation_t transb, int
 // linear_forward without its bias (the kernel after the product adds it):
 // out (N,OC) = inp (N,IC) W^T, W (OC,IC). Column-major, out is out^T (OC x N) =
 // W (OC x IC, stored as W^T: T) times inp^T (IC x N, N).
-static void gpu_linear_forward(float *out, const float *inp, const float *weight, int N, int IC, int OC) {
+static void gpu_linear_forward(float *out, const float *inp, const float *weight, int N, int IC,
+                               int OC) {
     gemm(OP_T, OP_N, OC, N, IC, 1.0f, weight, IC, inp, IC, 0.0f, out, OC);
 }
 
 // linear_backward without its bias (a kernel sums it):
-//   dinp (N,IC) = or += dout (N,OC) W (OC,IC):  dinp^T (IC x N) = W^T (IC x OC, N) dout^T (OC x N, N)
-//   dW (OC,IC) = dout^T inp:                    dW^T (IC x OC) = inp^T (IC x N, N) dout (N x OC, T)
+//   dinp (N,IC) = or += dout (N,OC) W (OC,IC):
+//       dinp^T (IC x N) = W^T (IC x OC, N) dout^T (OC x N, N)
+//   dW (OC,IC) = dout^T inp:
+//       dW^T (IC x OC) = inp^T (IC x N, N) dout (N x OC, T)
 // add_to_dinp: 1 when dinp already holds the gradient of another path (the residual's).
 // dW on the side stream, dinp on the main one (the two streams).
 // The input's gradient: with --tf32 from W's transposed copy, K-major
 // (transposed_weights.h); with relu (the FFN's first layer's ReLU, which dinp
 // is the output of; NULL: none) through cuBLASLt's DRELU_BGRAD epilogue where it
 // has one (epilogues.h). Returns whether the epilogue ran.
-static int gpu_linear_inputs_backward(float *dinp, int add_to_dinp, const float *dout, const float *weight, int N,
-                                      int IC, int OC, const ReluBackward *relu) {
+static int gpu_linear_inputs_backward(float *dinp, int add_to_dinp, const float *dout,
+                                      const float *weight, int N, int IC, int OC,
+                                      const ReluBackward *relu) {
     int ld = IC;
     cublasOperation_t op = OP_N;
     const float *weight_t = gpu_transposed_weight(weight, OC, IC, &ld);
@@ -1212,16 +1342,19 @@ static int gpu_linear_inputs_backward(float *dinp, int add_to_dinp, const float 
         gpu_counting->transposed_products++;
     }
     const float *a = weight_t ? weight_t : weight;
-    if (relu && !add_to_dinp && gpu_drelu_bias_grad_product(dinp, relu, dout, op, a, ld, N, OC, IC)) return 1;
+    if (relu && !add_to_dinp && gpu_drelu_bias_grad_product(dinp, relu, dout, op, a, ld, N, OC, IC))
+        return 1;
     gemm(op, OP_N, IC, N, OC, 1.0f, a, ld, dout, OC, add_to_dinp ? 1.0f : 0.0f, dinp, IC);
     return 0;
 }
 
-// linear_backward; with relu, dinp also through the ReLU (as above). Returns whether its epilogue did that.
+// linear_backward; with relu, dinp also through the ReLU (as above). Returns whether its
+// epilogue did that.
 static int gpu_linear_relu_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout,
                                     const float *inp, const float *weight, int N, int IC, int OC,
                                     const ReluBackward *relu) {
-    gpu_bf16_shared_begin(dout, (size_t)N * OC);   // (--bf16: dout's copy, which both products read)
+    gpu_bf16_shared_begin(dout, (size_t)N * OC);   // (--bf16: dout's copy, which both
+                                                   // products read)
     gpu_side_begin();
     gemm(OP_N, OP_T, IC, OC, N, 1.0f, inp, IC, dout, OC, 0.0f, dweight, IC);
     gpu_side_end();
@@ -1229,8 +1362,8 @@ static int gpu_linear_relu_backward(float *dinp, int add_to_dinp, float *dweight
     gpu_bf16_shared_end();
     return fused;
 }
-static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout, const float *inp,
-                                const float *weight, int N, int IC, int OC) {
+static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, const float *dout,
+                                const float *inp, const float *weight, int N, int IC, int OC) {
     gpu_linear_relu_backward(dinp, add_to_dinp, dweight, dout, inp, weight, N, IC, OC, NULL);
 }
 
@@ -1240,7 +1373,8 @@ static void gpu_linear_backward(float *dinp, int add_to_dinp, float *dweight, co
 static Dropout gpu_dropout(const Transformer *m, int index) {
     Dropout d = { gpu.dropout_keys + index, 0, 1.0f };
     float p = m->config.dropout;
-    if (!m->training || p <= 0.0f) return d;
+    if (!m->training || p <= 0.0f)
+        return d;
     d.threshold = (uint64_t)ceil((double)p * 9007199254740992.0);
     d.scale = (float)(1.0 / (1.0 - p));
     return d;
@@ -1248,10 +1382,11 @@ static Dropout gpu_dropout(const Transformer *m, int index) {
 
 // add_norm_forward: res = x + Dropout(sublayer + sublayer_bias);  out = LayerNorm(res)
 static void gpu_add_norm_forward(float *out, float *mean, float *rstd, float *res, const float *x,
-                                 const float *sublayer, const float *sublayer_bias, Dropout drop, const float *gain,
-                                 const float *bias, const TransformerConfig *c, int N) {
-    LAUNCH_ROWS(N, residual_layernorm_forward_kernel, out, mean, rstd, res, x, sublayer, sublayer_bias, drop, gain,
-                bias, N, c->d_model, c->layer_norm_eps);
+                                 const float *sublayer, const float *sublayer_bias, Dropout drop,
+                                 const float *gain, const float *bias, const TransformerConfig *c,
+                                 int N) {
+    LAUNCH_ROWS(N, residual_layernorm_forward_kernel, out, mean, rstd, res, x, sublayer,
+                sublayer_bias, drop, gain, bias, N, c->d_model, c->layer_norm_eps);
 }
 
 // residual_layernorm_backward, and the gradient of the bias of the sub-layer
@@ -1264,53 +1399,67 @@ static void gpu_add_norm_forward(float *out, float *mean, float *rstd, float *re
 // down, and d_norm_partials, which the side stream's second launch reads);
 // the second launch, when there is one, on the side stream.
 static size_t gpu_norm_sums_in_kernel = 65536;
-static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, float *dgain, float *dbias,
-                                            float *dsublayer_bias, const float *dout, const float *res, Dropout drop,
-                                            const float *gain, const float *mean, const float *rstd, int N, int C) {
+static void gpu_residual_layernorm_backward(float *dresidual, float *dsublayer, float *dgain,
+                                            float *dbias, float *dsublayer_bias, const float *dout,
+                                            const float *res, Dropout drop, const float *gain,
+                                            const float *mean, const float *rstd, int N, int C) {
     unsigned chunks = blocks_for((size_t)N, NORM_CHUNK_ROWS);
     int finish = (size_t)3 * chunks * C <= gpu_norm_sums_in_kernel;
-    NormSums sums = { dgain, dbias, dsublayer_bias, gpu.scratch.d_norm_partials, gpu.norm_chunks_done, finish };
+    NormSums sums = { dgain, dbias, dsublayer_bias, gpu.scratch.d_norm_partials,
+                      gpu.norm_chunks_done, finish };
     size_t chunk_rows = N < NORM_CHUNK_ROWS ? (size_t)N : NORM_CHUNK_ROWS;
     gpu_join_side_readers();
-    LAUNCH(residual_layernorm_backward_kernel, chunks, THREADS, (2 * chunk_rows + (size_t)finish) * sizeof(float),
-           dresidual, dsublayer, dout, res, drop, gain, mean, rstd, N, C, sums);
-    if (finish) return;
+    LAUNCH(residual_layernorm_backward_kernel, chunks, THREADS,
+           (2 * chunk_rows + (size_t)finish) * sizeof(float), dresidual, dsublayer, dout, res, drop,
+           gain, mean, rstd, N, C, sums);
+    if (finish)
+        return;
     gpu_side_begin();
-    LAUNCH(layernorm_params_backward_kernel, xyz(blocks_for((size_t)C, WARP), 3, 1), xyz(WARP, ROW_GROUPS, 1),
-           COLUMN_BLOCK * sizeof(float), dgain, dbias, dsublayer_bias, gpu.scratch.d_norm_partials, (int)chunks, C);
+    LAUNCH(layernorm_params_backward_kernel, xyz(blocks_for((size_t)C, WARP), 3, 1),
+           xyz(WARP, ROW_GROUPS, 1), COLUMN_BLOCK * sizeof(float), dgain, dbias, dsublayer_bias,
+           gpu.scratch.d_norm_partials, (int)chunks, C);
     gpu_side_end();
 }
 
 // The layout kernels' width: 4 (float4) when the pointers are 16-byte aligned
 // and every other offset (`offsets`, in floats) a multiple of 4; else 1
-static int layout_width(const void *const *pointers, int count, const size_t *offsets, int offset_count) {
+static int layout_width(const void *const *pointers, int count, const size_t *offsets,
+                        int offset_count) {
     for (int i = 0; i < count; i++)
-        if (pointers[i] && (uintptr_t)pointers[i] % 16 != 0) return 1;
+        if (pointers[i] && (uintptr_t)pointers[i] % 16 != 0)
+            return 1;
     for (int i = 0; i < offset_count; i++)
-        if (offsets[i] % 4 != 0) return 1;
+        if (offsets[i] % 4 != 0)
+            return 1;
     return 4;
 }
 
 // A layout kernel's block (LAYOUT_BLOCK) for heads of hs columns moved `width`
 // at a time: up to 32 threads along a head, the heads, and positions to fill
 // THREADS; and its grid over T positions (x), B sentences (y) and `layers` (z)
-static void layout_launch_shape(int T, int B, int layers, int hs, int NH, int width, dim3 *grid, dim3 *block) {
+static void layout_launch_shape(int T, int B, int layers, int hs, int NH, int width, dim3 *grid,
+                                dim3 *block) {
     unsigned x = (unsigned)((hs + width - 1) / width);
-    if (x > WARP) x = WARP;
+    if (x > WARP)
+        x = WARP;
     unsigned y = (unsigned)NH < THREADS / x ? (unsigned)NH : THREADS / x;
     unsigned z = THREADS / (x * y);
-    if (z > 64) z = 64;   // a block's most along z
-    if (z > (unsigned)T) z = (unsigned)T;
+    if (z > 64)
+        z = 64;   // a block's most along z
+    if (z > (unsigned)T)
+        z = (unsigned)T;
     *block = xyz(x, y, z);
     *grid = xyz(blocks_for((size_t)T, z), (unsigned)B, (unsigned)layers);
 }
 
 // heads_from_rows_kernel for `layers` layers (layer_columns, layer_bias and layer_out apart)
-static void gpu_heads_from_rows_layers(float *out, const float *in, const float *bias, int ld, int parts,
-                                       int layers, const size_t layer_offsets[3], int B, int T, int C, int NH) {
+static void gpu_heads_from_rows_layers(float *out, const float *in, const float *bias, int ld,
+                                       int parts, int layers, const size_t layer_offsets[3], int B,
+                                       int T, int C, int NH) {
     int hs = C / NH;
     const void *pointers[3] = { out, in, bias };
-    size_t offsets[6] = { (size_t)ld, (size_t)C, (size_t)hs, layer_offsets[0], layer_offsets[1], layer_offsets[2] };
+    size_t offsets[6] = { (size_t)ld, (size_t)C, (size_t)hs, layer_offsets[0], layer_offsets[1],
+                          layer_offsets[2] };
     int width = layout_width(pointers, 3, offsets, 6);
     dim3 grid, block;
     layout_launch_shape(T, B, layers, hs, NH, width, &grid, &block);
@@ -1319,8 +1468,8 @@ static void gpu_heads_from_rows_layers(float *out, const float *in, const float 
 }
 
 // A projection's rows (N, ld) to `parts` head-major tensors, with its bias (NULL: none)
-static void gpu_heads_from_rows(float *out, const float *in, const float *bias, int ld, int parts, int B, int T,
-                                int C, int NH) {
+static void gpu_heads_from_rows(float *out, const float *in, const float *bias, int ld, int parts,
+                                int B, int T, int C, int NH) {
     size_t one_layer[3] = { 0, 0, 0 };
     gpu_heads_from_rows_layers(out, in, bias, ld, parts, 1, one_layer, B, T, C, NH);
 }
@@ -1339,79 +1488,94 @@ static void gpu_rows_from_heads(float *out, const float *heads, int B, int T, in
 // attention_forward for every sentence and head at once. q is (B, NH, Tq, hs),
 // k and v (B, NH, Tk, hs), head-major; att gets the probabilities (B, NH, Tq, Tk),
 // out (B, Tq, C) the heads in rows; heads_hm is scratch (B, NH, Tq, hs).
-static void gpu_attention_forward(float *out, float *att, float *heads_hm, const float *q, const float *k,
-                                  const float *v, const int *key_len, int causal, int B, int Tq, int Tk, int C,
-                                  int NH) {
+static void gpu_attention_forward(float *out, float *att, float *heads_hm, const float *q,
+                                  const float *k, const float *v, const int *key_len, int causal,
+                                  int B, int Tq, int Tk, int C, int NH) {
     int hs = C / NH, count = B * NH;
-    long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
-    // s = Q K^T / sqrt(d_k), (Tq x Tk) each: s^T (Tk x Tq) = K (Tk x hs, stored K^T: T) Q^T (hs x Tq, N)
-    gemm_batched(OP_T, OP_N, Tk, Tq, hs, 1 / sqrtf((float)hs), k, hs, kv_stride, q, hs, q_stride, 0.0f, att, Tk,
-                 att_stride, count);
+    long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs,
+              att_stride = (long long)Tq * Tk;
+    // s = Q K^T / sqrt(d_k), (Tq x Tk) each:
+    //     s^T (Tk x Tq) = K (Tk x hs, stored K^T: T) Q^T (hs x Tq, N)
+    gemm_batched(OP_T, OP_N, Tk, Tq, hs, 1 / sqrtf((float)hs), k, hs, kv_stride, q, hs, q_stride,
+                 0.0f, att, Tk, att_stride, count);
     LAUNCH_ROWS((size_t)count * Tq, softmax_forward_kernel, att, key_len, causal, B, NH, Tq, Tk);
     // out_i = sum_j p_ij v_j:  out^T (hs x Tq) = V^T (hs x Tk, N) P^T (Tk x Tq, N)
-    gemm_batched(OP_N, OP_N, hs, Tq, Tk, 1.0f, v, hs, kv_stride, att, Tk, att_stride, 0.0f, heads_hm, hs, q_stride,
-                 count);
+    gemm_batched(OP_N, OP_N, hs, Tq, Tk, 1.0f, v, hs, kv_stride, att, Tk, att_stride, 0.0f,
+                 heads_hm, hs, q_stride, count);
     gpu_rows_from_heads(out, heads_hm, B, Tq, C, NH);
 }
 
 // attention_backward for every sentence and head at once: dout (B, Tq, C) in
 // rows, dq (B, NH, Tq, hs), dk and dv (B, NH, Tk, hs) written head-major;
 // d_att (B, NH, Tq, Tk) holds dp, then ds; dout_hm is scratch (B, NH, Tq, hs).
-static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att, float *dout_hm, const float *dout,
-                                   const float *att, const float *q, const float *k, const float *v, int B, int Tq,
-                                   int Tk, int C, int NH) {
+static void gpu_attention_backward(float *dq, float *dk, float *dv, float *d_att, float *dout_hm,
+                                   const float *dout, const float *att, const float *q,
+                                   const float *k, const float *v, int B, int Tq, int Tk, int C,
+                                   int NH) {
     int hs = C / NH, count = B * NH;
     gpu_heads_from_rows(dout_hm, dout, NULL, C, 1, B, Tq, C, NH);
-    long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs, att_stride = (long long)Tq * Tk;
+    long long q_stride = (long long)Tq * hs, kv_stride = (long long)Tk * hs,
+              att_stride = (long long)Tq * Tk;
     float scale = 1 / sqrtf((float)hs);
     // dp_ij = dout_i . v_j:  dp^T (Tk x Tq) = V (Tk x hs, stored V^T: T) dout^T (hs x Tq, N)
-    gemm_batched(OP_T, OP_N, Tk, Tq, hs, 1.0f, v, hs, kv_stride, dout_hm, hs, q_stride, 0.0f, d_att, Tk, att_stride,
-                 count);
+    gemm_batched(OP_T, OP_N, Tk, Tq, hs, 1.0f, v, hs, kv_stride, dout_hm, hs, q_stride, 0.0f, d_att,
+                 Tk, att_stride, count);
     // dv_j = sum_i p_ij dout_i:  dv^T (hs x Tk) = dout^T (hs x Tq, N) P (Tq x Tk, stored P^T: T)
-    gemm_batched(OP_N, OP_T, hs, Tk, Tq, 1.0f, dout_hm, hs, q_stride, att, Tk, att_stride, 0.0f, dv, hs, kv_stride,
-                 count);
+    gemm_batched(OP_N, OP_T, hs, Tk, Tq, 1.0f, dout_hm, hs, q_stride, att, Tk, att_stride, 0.0f, dv,
+                 hs, kv_stride, count);
     LAUNCH_ROWS((size_t)count * Tq, softmax_backward_kernel, d_att, att, (size_t)count * Tq, Tk);
     // dq_i = sum_j ds_ij k_j / sqrt(d_k):  dq^T (hs x Tq) = K^T (hs x Tk, N) ds^T (Tk x Tq, N)
-    gemm_batched(OP_N, OP_N, hs, Tq, Tk, scale, k, hs, kv_stride, d_att, Tk, att_stride, 0.0f, dq, hs, q_stride, count);
-    // dk_j = sum_i ds_ij q_i / sqrt(d_k):  dk^T (hs x Tk) = Q^T (hs x Tq, N) ds (Tq x Tk, stored ds^T: T)
-    gemm_batched(OP_N, OP_T, hs, Tk, Tq, scale, q, hs, q_stride, d_att, Tk, att_stride, 0.0f, dk, hs, kv_stride, count);
+    gemm_batched(OP_N, OP_N, hs, Tq, Tk, scale, k, hs, kv_stride, d_att, Tk, att_stride, 0.0f, dq,
+                 hs, q_stride, count);
+    // dk_j = sum_i ds_ij q_i / sqrt(d_k):
+    //     dk^T (hs x Tk) = Q^T (hs x Tq, N) ds (Tq x Tk, stored ds^T: T)
+    gemm_batched(OP_N, OP_T, hs, Tk, Tq, scale, q, hs, q_stride, d_att, Tk, att_stride, 0.0f, dk,
+                 hs, kv_stride, count);
 }
 
 // attention_forward in one launch (fused_attention.cu): q, k, v read from their
 // projections' rows with their biases (in), out (B, Tq, C) in rows, att the probabilities
-static void gpu_fused_attention_forward(float *out, float *att, AttentionInRows in, FusedShape shape, int B, int NH) {
+static void gpu_fused_attention_forward(float *out, float *att, AttentionInRows in,
+                                        FusedShape shape, int B, int NH) {
     LAUNCH(fused_attention_forward_kernel, xyz((unsigned)NH, (unsigned)B, 1), THREADS,
            fused_forward_bytes(shape.Tk, shape.hs), out, att, in, shape);
 }
 
 // attention_backward in one launch: dq, dk, dv into the places g names, in the
 // projections' rows, and their biases' gradients into g.dbias (3C)
-static void gpu_fused_attention_backward(AttentionGradsInRows g, const float *dout, const float *att,
-                                         AttentionInRows in, FusedShape shape, int B, int NH) {
+static void gpu_fused_attention_backward(AttentionGradsInRows g, const float *dout,
+                                         const float *att, AttentionInRows in, FusedShape shape,
+                                         int B, int NH) {
     g.partials = gpu.scratch.d_attention_bias;
     g.heads_done = gpu.attention_heads_done;
     LAUNCH(fused_attention_backward_kernel, xyz((unsigned)NH, (unsigned)B, 1), THREADS,
-           fused_backward_bytes(shape.Tq, shape.Tk, shape.hs), g, gpu.scratch.d_att, dout, att, in, shape);
+           fused_backward_bytes(shape.Tq, shape.Tk, shape.hs), g, gpu.scratch.d_att, dout, att, in,
+           shape);
 }
 
 // dq, dk, dv (`parts` of them, head-major) back in rows (N, ld) at column
 // `column0`, and their bias's gradient
-static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, float *dbias, const float *dheads,
-                                         int parts, int B, int T, int C, int NH) {
-    LAUNCH_COLUMNS((size_t)parts * C, (size_t)B * T, rows_from_heads_bias_backward_kernel, drows + column0, dbias,
-                   gpu.columns, dheads, ld, parts, B, T, C, NH);
+static void gpu_rows_from_heads_backward(float *drows, int ld, int column0, float *dbias,
+                                         const float *dheads, int parts, int B, int T, int C,
+                                         int NH) {
+    LAUNCH_COLUMNS((size_t)parts * C, (size_t)B * T, rows_from_heads_bias_backward_kernel,
+                   drows + column0, dbias, gpu.columns, dheads, ld, parts, B, T, C, NH);
 }
 
-// Where the fused attention reads a self-attention's q, k, v: the rows (B*T, 3C) of qkv, before its bias
+// Where the fused attention reads a self-attention's q, k, v: the rows (B*T, 3C) of qkv,
+// before its bias
 static AttentionInRows self_attention_rows(const float *qkv, const float *qkv_b, int C) {
-    AttentionInRows in = { qkv, qkv + C, qkv + 2 * C, qkv_b, qkv_b + C, qkv_b + 2 * C, 3 * C, 3 * C };
+    AttentionInRows in = { qkv, qkv + C, qkv + 2 * C, qkv_b, qkv_b + C, qkv_b + 2 * C, 3 * C,
+                           3 * C };
     return in;
 }
 
-// self_attention_forward: qkv = x W_qkv^T + b;  heads = Attention(q, k, v);  out = heads W^O^T (+ b^O by the norm)
+// self_attention_forward: qkv = x W_qkv^T + b;  heads = Attention(q, k, v);
+//     out = heads W^O^T (+ b^O by the norm)
 // qkv_hm gets q, k, v head-major, or with the fused attention the rows of qkv without b
-static void gpu_self_attention_forward(float *out, float *qkv_hm, float *att, float *heads, const float *x,
-                                       GpuAttentionParams w, const int *len, int causal, int B, int T, int C, int NH) {
+static void gpu_self_attention_forward(float *out, float *qkv_hm, float *att, float *heads,
+                                       const float *x, GpuAttentionParams w, const int *len,
+                                       int causal, int B, int T, int C, int NH) {
     GpuScratch *s = &gpu.scratch;
     size_t n = (size_t)B * T * C;
     if (gpu_fused_fits(T, T, C / NH)) {
@@ -1424,14 +1588,16 @@ static void gpu_self_attention_forward(float *out, float *qkv_hm, float *att, fl
     }
     gpu_linear_forward(s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
     gpu_heads_from_rows(qkv_hm, s->d_qkv, w.qkv_b, 3 * C, 3, B, T, C, NH);
-    gpu_attention_forward(heads, att, s->d_heads_hm, qkv_hm, qkv_hm + n, qkv_hm + 2 * n, len, causal, B, T, T, C, NH);
+    gpu_attention_forward(heads, att, s->d_heads_hm, qkv_hm, qkv_hm + n, qkv_hm + 2 * n, len,
+                          causal, B, T, T, C, NH);
     gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
 }
 
 // self_attention_backward, given dout (of out, before the norm's bias): dx += ...
-static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const float *dout, const float *qkv_hm,
-                                        const float *att, const float *heads, const float *x, GpuAttentionParams w,
-                                        int B, int T, int C, int NH) {
+static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const float *dout,
+                                        const float *qkv_hm, const float *att, const float *heads,
+                                        const float *x, GpuAttentionParams w, int B, int T, int C,
+                                        int NH) {
     GpuScratch *s = &gpu.scratch;
     size_t n = (size_t)B * T * C;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
@@ -1443,8 +1609,9 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
         gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
         return;
     }
-    gpu_attention_backward(s->d_qkv_hm, s->d_qkv_hm + n, s->d_qkv_hm + 2 * n, s->d_att, s->d_heads_hm, s->d_heads, att,
-                           qkv_hm, qkv_hm + n, qkv_hm + 2 * n, B, T, T, C, NH);
+    gpu_attention_backward(s->d_qkv_hm, s->d_qkv_hm + n, s->d_qkv_hm + 2 * n, s->d_att,
+                           s->d_heads_hm, s->d_heads, att, qkv_hm, qkv_hm + n, qkv_hm + 2 * n, B, T,
+                           T, C, NH);
     gpu_rows_from_heads_backward(s->d_qkv, 3 * C, 0, g.qkv_b, s->d_qkv_hm, 3, B, T, C, NH);
     gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, 3 * C);
 }
@@ -1452,14 +1619,15 @@ static void gpu_self_attention_backward(float *dx, GpuAttentionParams g, const f
 // cross_attention_forward: q from the decoder (its keys and values, from the
 // memory, were computed for every layer at once: kv_hm is this layer's,
 // head-major, or with the fused attention its columns of the projection's rows)
-static void gpu_cross_attention_forward(float *out, float *q_hm, float *att, float *heads, const float *x,
-                                        const float *kv_hm, GpuAttentionParams w, const int *src_len, int B, int T,
-                                        int S, int C, int NH) {
+static void gpu_cross_attention_forward(float *out, float *q_hm, float *att, float *heads,
+                                        const float *x, const float *kv_hm, GpuAttentionParams w,
+                                        const int *src_len, int B, int T, int S, int C, int NH) {
     GpuScratch *s = &gpu.scratch;
     if (gpu_fused_fits(T, S, C / NH)) {   // q_hm gets q's rows without b^Q
         gpu_linear_forward(q_hm, x, w.qkv_w, B * T, C, C);
         int ld_kv = 2 * C * gpu.config.n_layers;
-        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C, ld_kv };
+        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C,
+                               ld_kv };
         FusedShape shape = { src_len, 0, T, S, C / NH };
         gpu_fused_attention_forward(heads, att, in, shape, B, NH);
         gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
@@ -1467,8 +1635,8 @@ static void gpu_cross_attention_forward(float *out, float *q_hm, float *att, flo
     }
     gpu_linear_forward(s->d_heads, x, w.qkv_w, B * T, C, C);
     gpu_heads_from_rows(q_hm, s->d_heads, w.qkv_b, C, 1, B, T, C, NH);
-    gpu_attention_forward(heads, att, s->d_heads_hm, q_hm, kv_hm, kv_hm + (size_t)B * S * C, src_len, 0, B, T, S, C,
-                          NH);
+    gpu_attention_forward(heads, att, s->d_heads_hm, q_hm, kv_hm, kv_hm + (size_t)B * S * C,
+                          src_len, 0, B, T, S, C, NH);
     gpu_linear_forward(out, heads, w.out_w, B * T, C, C);
 }
 
@@ -1476,42 +1644,48 @@ static void gpu_cross_attention_forward(float *out, float *q_hm, float *att, flo
 // this. Head-major, a layer is (2, B, NH, S, hs); with the fused attention, the
 // rows of the product (B*S, L*2C), 2C columns a layer.
 static size_t gpu_memory_kv_layer(const TransformerConfig *c, int B, int S, int T) {
-    if (gpu_fused_fits(T, S, c->d_model / c->n_heads)) return (size_t)2 * c->d_model;
+    if (gpu_fused_fits(T, S, c->d_model / c->n_heads))
+        return (size_t)2 * c->d_model;
     return (size_t)2 * B * S * c->d_model;
 }
 
 // cross_attention_backward: dx += ...; the keys' and values' gradient goes to
 // this layer's columns of d_memory_kv, their bias's gradient to g (the product
 // with the memory waits for every layer: gpu_memory_backward)
-static void gpu_cross_attention_backward(float *dx, GpuAttentionParams g, int layer, const float *dout,
-                                         const float *q_hm, const float *kv_hm, const float *att, const float *heads,
-                                         const float *x, GpuAttentionParams w, int B, int T, int S, int C, int NH,
+static void gpu_cross_attention_backward(float *dx, GpuAttentionParams g, int layer,
+                                         const float *dout, const float *q_hm, const float *kv_hm,
+                                         const float *att, const float *heads, const float *x,
+                                         GpuAttentionParams w, int B, int T, int S, int C, int NH,
                                          int L) {
     GpuScratch *s = &gpu.scratch;
     size_t n_q = (size_t)B * T * C, n_kv = (size_t)B * S * C;
     float *dq_hm = s->d_qkv_hm, *dk_hm = dq_hm + n_q, *dv_hm = dk_hm + n_kv;
     gpu_linear_backward(s->d_heads, 0, g.out_w, dout, heads, w.out_w, B * T, C, C);
-    if (gpu_fused_fits(T, S, C / NH)) {   // dq's rows into d_qkv, dk's and dv's into this layer's columns
+    if (gpu_fused_fits(T, S, C / NH)) {   // dq's rows into d_qkv, dk's and
+                                          // dv's into this layer's columns
         float *d_kv = s->d_memory_kv + (size_t)2 * C * layer;
-        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C, 2 * C * L };
+        AttentionInRows in = { q_hm, kv_hm, kv_hm + C, w.qkv_b, w.qkv_b + C, w.qkv_b + 2 * C, C,
+                               2 * C * L };
         AttentionGradsInRows d = { s->d_qkv, d_kv, d_kv + C, g.qkv_b, NULL, NULL };
         FusedShape shape = { NULL, 0, T, S, C / NH };
         gpu_fused_attention_backward(d, s->d_heads, att, in, shape, B, NH);
         gpu_linear_backward(dx, 1, g.qkv_w, s->d_qkv, x, w.qkv_w, B * T, C, C);
         return;
     }
-    gpu_attention_backward(dq_hm, dk_hm, dv_hm, s->d_att, s->d_heads_hm, s->d_heads, att, q_hm, kv_hm, kv_hm + n_kv,
-                           B, T, S, C, NH);
+    gpu_attention_backward(dq_hm, dk_hm, dv_hm, s->d_att, s->d_heads_hm, s->d_heads, att, q_hm,
+                           kv_hm, kv_hm + n_kv, B, T, S, C, NH);
     gpu_rows_from_heads_backward(s->d_heads, C, 0, g.qkv_b, dq_hm, 1, B, T, C, NH);
-    gpu_rows_from_heads_backward(s->d_memory_kv, 2 * C * L, 2 * C * layer, g.qkv_b + C, dk_hm, 2, B, S, C, NH);
+    gpu_rows_from_heads_backward(s->d_memory_kv, 2 * C * L, 2 * C * layer, g.qkv_b + C, dk_hm, 2, B,
+                                 S, C, NH);
     gpu_linear_backward(dx, 1, g.qkv_w, s->d_heads, x, w.qkv_w, B * T, C, C);
 }
 
 // feed_forward_forward: hidden = max(0, x W_1^T + b_1);  out = hidden W_2^T (+ b_2 by the norm).
 // The bias and the ReLU in the product's epilogue where cuBLASLt has one, writing
 // the mask (*mask_written: whether it did; mask NULL: never), else in a kernel.
-static void gpu_feed_forward_forward(float *out, float *hidden, unsigned char *mask, int *mask_written,
-                                     const float *x, GpuLayerParams w, int N, int C, int F) {
+static void gpu_feed_forward_forward(float *out, float *hidden, unsigned char *mask,
+                                     int *mask_written, const float *x, GpuLayerParams w, int N,
+                                     int C, int F) {
     *mask_written = mask && gpu_relu_bias_product(hidden, mask, x, w.ff1_w, w.ff1_b, N, C, F);
     if (!*mask_written) {
         gpu_linear_forward(hidden, x, w.ff1_w, N, C, F);
@@ -1522,12 +1696,16 @@ static void gpu_feed_forward_forward(float *out, float *hidden, unsigned char *m
 
 // feed_forward_backward: dx += ... With the forward's mask (NULL: none), W_2's
 // input gradient, the ReLU's and b_1's in one cuBLASLt product, else a kernel after it.
-static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *dout, const float *hidden,
-                                      unsigned char *mask, const float *x, GpuLayerParams w, int N, int C, int F) {
+static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *dout,
+                                      const float *hidden, unsigned char *mask, const float *x,
+                                      GpuLayerParams w, int N, int C, int F) {
     float *d_hidden = gpu.scratch.d_ff_h;   // (N, F)
     ReluBackward relu = { mask, g.ff1_b };
-    int fused = gpu_linear_relu_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C, mask ? &relu : NULL);
-    if (!fused) LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_hidden, g.ff1_b, gpu.columns, hidden, N, F);
+    int fused = gpu_linear_relu_backward(d_hidden, 0, g.ff2_w, dout, hidden, w.ff2_w, N, F, C,
+                                         mask ? &relu : NULL);
+    if (!fused)
+        LAUNCH_COLUMNS(F, N, relu_bias_backward_kernel, d_hidden, g.ff1_b, gpu.columns, hidden, N,
+                       F);
     gpu_linear_backward(dx, 1, g.ff1_w, d_hidden, x, w.ff1_w, N, C, F);
 }
 
@@ -1535,15 +1713,18 @@ static void gpu_feed_forward_backward(float *dx, GpuLayerParams g, const float *
 
 // Layer l of the tensor whose host copy starts at host_tensor (a pointer into
 // the host's params_memory), in the GPU arena `arena` of the same layout.
-static float *on_gpu(float *arena, const Transformer *m, const real *host_tensor, size_t l, size_t per_layer) {
+static float *on_gpu(float *arena, const Transformer *m, const real *host_tensor, size_t l,
+                     size_t per_layer) {
     return arena + (host_tensor - m->params_memory) + l * per_layer;
 }
 
-static GpuAttentionParams gpu_attention_params(float *arena, const Transformer *m, const real *qkv_w,
-                                               const real *qkv_b, const real *out_w, const real *out_b, size_t l) {
+static GpuAttentionParams gpu_attention_params(float *arena, const Transformer *m,
+                                               const real *qkv_w, const real *qkv_b,
+                                               const real *out_w, const real *out_b, size_t l) {
     size_t C = m->config.d_model;
-    GpuAttentionParams a = { on_gpu(arena, m, qkv_w, l, 3 * C * C), on_gpu(arena, m, qkv_b, l, 3 * C),
-                             on_gpu(arena, m, out_w, l, C * C), on_gpu(arena, m, out_b, l, C) };
+    GpuAttentionParams a = { on_gpu(arena, m, qkv_w, l, 3 * C * C),
+                             on_gpu(arena, m, qkv_b, l, 3 * C), on_gpu(arena, m, out_w, l, C * C),
+                             on_gpu(arena, m, out_b, l, C) };
     return a;
 }
 
@@ -1553,11 +1734,16 @@ static GpuLayerParams gpu_encoder_params(float *arena, const Transformer *m, siz
     size_t C = m->config.d_model, F = m->config.d_ff;
     GpuLayerParams e;
     memset(&e, 0, sizeof e);
-    e.self_attn = gpu_attention_params(arena, m, p->enc_qkv_w, p->enc_qkv_b, p->enc_out_w, p->enc_out_b, l);
-    e.ln1_g = on_gpu(arena, m, p->enc_ln1_g, l, C); e.ln1_b = on_gpu(arena, m, p->enc_ln1_b, l, C);
-    e.ff1_w = on_gpu(arena, m, p->enc_ff1_w, l, F * C); e.ff1_b = on_gpu(arena, m, p->enc_ff1_b, l, F);
-    e.ff2_w = on_gpu(arena, m, p->enc_ff2_w, l, C * F); e.ff2_b = on_gpu(arena, m, p->enc_ff2_b, l, C);
-    e.ln2_g = on_gpu(arena, m, p->enc_ln2_g, l, C); e.ln2_b = on_gpu(arena, m, p->enc_ln2_b, l, C);
+    e.self_attn = gpu_attention_params(arena, m, p->enc_qkv_w, p->enc_qkv_b, p->enc_out_w,
+                                       p->enc_out_b, l);
+    e.ln1_g = on_gpu(arena, m, p->enc_ln1_g, l, C);
+    e.ln1_b = on_gpu(arena, m, p->enc_ln1_b, l, C);
+    e.ff1_w = on_gpu(arena, m, p->enc_ff1_w, l, F * C);
+    e.ff1_b = on_gpu(arena, m, p->enc_ff1_b, l, F);
+    e.ff2_w = on_gpu(arena, m, p->enc_ff2_w, l, C * F);
+    e.ff2_b = on_gpu(arena, m, p->enc_ff2_b, l, C);
+    e.ln2_g = on_gpu(arena, m, p->enc_ln2_g, l, C);
+    e.ln2_b = on_gpu(arena, m, p->enc_ln2_b, l, C);
     return e;
 }
 
@@ -1566,15 +1752,20 @@ static GpuLayerParams gpu_decoder_params(float *arena, const Transformer *m, siz
     const ParameterTensors *p = &m->params;
     size_t C = m->config.d_model, F = m->config.d_ff;
     GpuLayerParams d;
-    d.self_attn = gpu_attention_params(arena, m, p->dec_self_qkv_w, p->dec_self_qkv_b, p->dec_self_out_w,
-                                       p->dec_self_out_b, l);
-    d.cross_attn = gpu_attention_params(arena, m, p->dec_cross_qkv_w, p->dec_cross_qkv_b, p->dec_cross_out_w,
-                                        p->dec_cross_out_b, l);
-    d.ln1_g = on_gpu(arena, m, p->dec_ln1_g, l, C); d.ln1_b = on_gpu(arena, m, p->dec_ln1_b, l, C);
-    d.ln2_g = on_gpu(arena, m, p->dec_ln2_g, l, C); d.ln2_b = on_gpu(arena, m, p->dec_ln2_b, l, C);
-    d.ln3_g = on_gpu(arena, m, p->dec_ln3_g, l, C); d.ln3_b = on_gpu(arena, m, p->dec_ln3_b, l, C);
-    d.ff1_w = on_gpu(arena, m, p->dec_ff1_w, l, F * C); d.ff1_b = on_gpu(arena, m, p->dec_ff1_b, l, F);
-    d.ff2_w = on_gpu(arena, m, p->dec_ff2_w, l, C * F); d.ff2_b = on_gpu(arena, m, p->dec_ff2_b, l, C);
+    d.self_attn = gpu_attention_params(arena, m, p->dec_self_qkv_w, p->dec_self_qkv_b,
+                                       p->dec_self_out_w, p->dec_self_out_b, l);
+    d.cross_attn = gpu_attention_params(arena, m, p->dec_cross_qkv_w, p->dec_cross_qkv_b,
+                                        p->dec_cross_out_w, p->dec_cross_out_b, l);
+    d.ln1_g = on_gpu(arena, m, p->dec_ln1_g, l, C);
+    d.ln1_b = on_gpu(arena, m, p->dec_ln1_b, l, C);
+    d.ln2_g = on_gpu(arena, m, p->dec_ln2_g, l, C);
+    d.ln2_b = on_gpu(arena, m, p->dec_ln2_b, l, C);
+    d.ln3_g = on_gpu(arena, m, p->dec_ln3_g, l, C);
+    d.ln3_b = on_gpu(arena, m, p->dec_ln3_b, l, C);
+    d.ff1_w = on_gpu(arena, m, p->dec_ff1_w, l, F * C);
+    d.ff1_b = on_gpu(arena, m, p->dec_ff1_b, l, F);
+    d.ff2_w = on_gpu(arena, m, p->dec_ff2_w, l, C * F);
+    d.ff2_b = on_gpu(arena, m, p->dec_ff2_b, l, C);
     return d;
 }
 
@@ -1589,12 +1780,17 @@ static GpuLayerParams gpu_decoder_params(float *arena, const Transformer *m, siz
 // page of its own (cpu_guard_tensor, `name` in its messages), so that a kernel
 // reaching past one tensor into the next stops there; the allocation then
 // starts on a page (its size is a multiple of the page: arena_floats).
-typedef struct { float *base; size_t used; } Carver;
+typedef struct {
+    float *base;
+    size_t used;
+} Carver;
 static float *carve(Carver *c, size_t floats, const char *name) {
 #ifdef CUDA_ON_CPU
-    size_t page = cpu_page_bytes() / sizeof(float), start = (c->used + floats + page - 1) / page * page - floats;
+    size_t page = cpu_page_bytes() / sizeof(float),
+           start = (c->used + floats + page - 1) / page * page - floats;
     c->used = start + floats + page;
-    if (c->base) cpu_guard_tensor(c->base + start, floats * sizeof(float), name);
+    if (c->base)
+        cpu_guard_tensor(c->base + start, floats * sizeof(float), name);
 #else
     size_t start = c->used;
     c->used += (floats + 63) / 64 * 64;
@@ -1614,40 +1810,68 @@ static size_t arena_floats(size_t floats) {
 // The activations of a (B, S, T) batch, then the scratch; returns the floats used.
 static size_t gpu_carve_batch(Carver *a, const TransformerConfig *c, int B, int S, int T) {
     size_t L = c->n_layers, C = c->d_model, F = c->d_ff, NH = c->n_heads, V = c->vocab_size;
-    size_t BS = (size_t)B * S, BT = (size_t)B * T, rows = BS > BT ? BS : BT, longest = S > T ? S : T;
-    gpu.enc_x0 = carve(a, BS * C, "enc_x0"); gpu.dec_x0 = carve(a, BT * C, "dec_x0");
+    size_t BS = (size_t)B * S, BT = (size_t)B * T, rows = BS > BT ? BS : BT,
+           longest = S > T ? S : T;
+    gpu.enc_x0 = carve(a, BS * C, "enc_x0");
+    gpu.dec_x0 = carve(a, BT * C, "dec_x0");
     for (size_t l = 0; l < L; l++) {
         GpuEncoderActs *e = &gpu.enc[l];
-        e->qkv = carve(a, 3 * BS * C, "enc.qkv"); e->att = carve(a, B * NH * S * S, "enc.att");
-        e->heads = carve(a, BS * C, "enc.heads"); e->res1 = carve(a, BS * C, "enc.res1");
-        e->ln1 = carve(a, BS * C, "enc.ln1"); e->ln1_mean = carve(a, BS, "enc.ln1_mean");
-        e->ln1_rstd = carve(a, BS, "enc.ln1_rstd"); e->ff_h = carve(a, BS * F, "enc.ff_h");
-        e->res2 = carve(a, BS * C, "enc.res2"); e->ln2 = carve(a, BS * C, "enc.ln2");
-        e->ln2_mean = carve(a, BS, "enc.ln2_mean"); e->ln2_rstd = carve(a, BS, "enc.ln2_rstd");
-        e->ff_mask = gpu.lt ? (unsigned char *)carve(a, relu_mask_floats(BS, (int)F), "enc.ff_mask") : NULL;
+        e->qkv = carve(a, 3 * BS * C, "enc.qkv");
+        e->att = carve(a, B * NH * S * S, "enc.att");
+        e->heads = carve(a, BS * C, "enc.heads");
+        e->res1 = carve(a, BS * C, "enc.res1");
+        e->ln1 = carve(a, BS * C, "enc.ln1");
+        e->ln1_mean = carve(a, BS, "enc.ln1_mean");
+        e->ln1_rstd = carve(a, BS, "enc.ln1_rstd");
+        e->ff_h = carve(a, BS * F, "enc.ff_h");
+        e->res2 = carve(a, BS * C, "enc.res2");
+        e->ln2 = carve(a, BS * C, "enc.ln2");
+        e->ln2_mean = carve(a, BS, "enc.ln2_mean");
+        e->ln2_rstd = carve(a, BS, "enc.ln2_rstd");
+        e->ff_mask =
+            gpu.lt ? (unsigned char *)carve(a, relu_mask_floats(BS, (int)F), "enc.ff_mask") : NULL;
         GpuDecoderActs *d = &gpu.dec[l];
-        d->self_qkv = carve(a, 3 * BT * C, "dec.self_qkv"); d->self_att = carve(a, B * NH * T * T, "dec.self_att");
-        d->self_heads = carve(a, BT * C, "dec.self_heads"); d->res1 = carve(a, BT * C, "dec.res1");
-        d->ln1 = carve(a, BT * C, "dec.ln1"); d->ln1_mean = carve(a, BT, "dec.ln1_mean");
-        d->ln1_rstd = carve(a, BT, "dec.ln1_rstd"); d->cross_q = carve(a, BT * C, "dec.cross_q");
-        d->cross_att = carve(a, B * NH * T * S, "dec.cross_att"); d->cross_heads = carve(a, BT * C, "dec.cross_heads");
-        d->res2 = carve(a, BT * C, "dec.res2"); d->ln2 = carve(a, BT * C, "dec.ln2");
-        d->ln2_mean = carve(a, BT, "dec.ln2_mean"); d->ln2_rstd = carve(a, BT, "dec.ln2_rstd");
-        d->ff_h = carve(a, BT * F, "dec.ff_h"); d->res3 = carve(a, BT * C, "dec.res3");
-        d->ln3 = carve(a, BT * C, "dec.ln3"); d->ln3_mean = carve(a, BT, "dec.ln3_mean");
+        d->self_qkv = carve(a, 3 * BT * C, "dec.self_qkv");
+        d->self_att = carve(a, B * NH * T * T, "dec.self_att");
+        d->self_heads = carve(a, BT * C, "dec.self_heads");
+        d->res1 = carve(a, BT * C, "dec.res1");
+        d->ln1 = carve(a, BT * C, "dec.ln1");
+        d->ln1_mean = carve(a, BT, "dec.ln1_mean");
+        d->ln1_rstd = carve(a, BT, "dec.ln1_rstd");
+        d->cross_q = carve(a, BT * C, "dec.cross_q");
+        d->cross_att = carve(a, B * NH * T * S, "dec.cross_att");
+        d->cross_heads = carve(a, BT * C, "dec.cross_heads");
+        d->res2 = carve(a, BT * C, "dec.res2");
+        d->ln2 = carve(a, BT * C, "dec.ln2");
+        d->ln2_mean = carve(a, BT, "dec.ln2_mean");
+        d->ln2_rstd = carve(a, BT, "dec.ln2_rstd");
+        d->ff_h = carve(a, BT * F, "dec.ff_h");
+        d->res3 = carve(a, BT * C, "dec.res3");
+        d->ln3 = carve(a, BT * C, "dec.ln3");
+        d->ln3_mean = carve(a, BT, "dec.ln3_mean");
         d->ln3_rstd = carve(a, BT, "dec.ln3_rstd");
-        d->ff_mask = gpu.lt ? (unsigned char *)carve(a, relu_mask_floats(BT, (int)F), "dec.ff_mask") : NULL;
+        d->ff_mask =
+            gpu.lt ? (unsigned char *)carve(a, relu_mask_floats(BT, (int)F), "dec.ff_mask") : NULL;
     }
     gpu.memory_kv = carve(a, L * 2 * BS * C, "memory_kv");
-    gpu.logits = carve(a, BT * V, "logits"); gpu.token_loss = carve(a, BT, "token_loss"); gpu.loss = carve(a, 1, "loss");
+    gpu.logits = carve(a, BT * V, "logits");
+    gpu.token_loss = carve(a, BT, "token_loss");
+    gpu.loss = carve(a, 1, "loss");
     gpu.activation_floats = a->used;
     GpuScratch *s = &gpu.scratch;
-    s->d_dec = carve(a, BT * C, "d_dec"); s->d_enc = carve(a, BS * C, "d_enc"); s->d_mid1 = carve(a, rows * C, "d_mid1");
-    s->d_mid2 = carve(a, BT * C, "d_mid2"); s->d_sublayer = carve(a, rows * C, "d_sublayer");
-    s->d_heads = carve(a, rows * C, "d_heads"); s->d_heads_hm = carve(a, rows * C, "d_heads_hm");
-    s->d_qkv_hm = carve(a, 3 * rows * C, "d_qkv_hm"); s->d_qkv = carve(a, 3 * rows * C, "d_qkv");
-    s->d_ff_h = carve(a, rows * F, "d_ff_h"); s->d_att = carve(a, B * NH * longest * longest, "d_att");
-    s->d_memory_kv = carve(a, BS * L * 2 * C, "d_memory_kv"); s->d_logits = carve(a, BT * V, "d_logits");
+    s->d_dec = carve(a, BT * C, "d_dec");
+    s->d_enc = carve(a, BS * C, "d_enc");
+    s->d_mid1 = carve(a, rows * C, "d_mid1");
+    s->d_mid2 = carve(a, BT * C, "d_mid2");
+    s->d_sublayer = carve(a, rows * C, "d_sublayer");
+    s->d_heads = carve(a, rows * C, "d_heads");
+    s->d_heads_hm = carve(a, rows * C, "d_heads_hm");
+    s->d_qkv_hm = carve(a, 3 * rows * C, "d_qkv_hm");
+    s->d_qkv = carve(a, 3 * rows * C, "d_qkv");
+    s->d_ff_h = carve(a, rows * F, "d_ff_h");
+    s->d_att = carve(a, B * NH * longest * longest, "d_att");
+    s->d_memory_kv = carve(a, BS * L * 2 * C, "d_memory_kv");
+    s->d_logits = carve(a, BT * V, "d_logits");
     s->d_attention_bias = carve(a, (size_t)B * 3 * C, "d_attention_bias");
     s->d_norm_partials = carve(a, 3 * blocks_for(rows, NORM_CHUNK_ROWS) * C, "d_norm_partials");
     gpu.scratch_floats = a->used - gpu.activation_floats;
@@ -1668,13 +1892,20 @@ static size_t gpu_lay_out_upload(unsigned char *base, int B, int S, int T, int L
         gpu.step = (StepValues *)base;
         gpu.dropout_keys = (uint64_t *)(base + key_at);
         int *at = (int *)(base + ints_at);
-        gpu.src = at; at += (size_t)B * S;
-        gpu.tgt_in = at; at += (size_t)B * T;
-        gpu.tgt_out = at; at += (size_t)B * T;
-        gpu.src_len = at; at += B;
-        gpu.tgt_len = at; at += B;
-        gpu.token_ids = at; at += tokens;
-        gpu.token_first = at; at += tokens + 1;
+        gpu.src = at;
+        at += (size_t)B * S;
+        gpu.tgt_in = at;
+        at += (size_t)B * T;
+        gpu.tgt_out = at;
+        at += (size_t)B * T;
+        gpu.src_len = at;
+        at += B;
+        gpu.tgt_len = at;
+        at += B;
+        gpu.token_ids = at;
+        at += tokens;
+        gpu.token_first = at;
+        at += tokens + 1;
         gpu.token_rows = at;
     }
     return ints_at + ints * sizeof(int);
@@ -1687,7 +1918,8 @@ static size_t gpu_lay_out_upload(unsigned char *base, int B, int S, int T, int L
 // again only when the shape changes. When either allocation moves, the
 // captured steps, which point into it, are dropped.
 static void gpu_ensure_batch(const TransformerConfig *c, int B, int S, int T) {
-    if (gpu.batch_memory && B == gpu.B && S == gpu.S && T == gpu.T) return;
+    if (gpu.batch_memory && B == gpu.B && S == gpu.S && T == gpu.T)
+        return;
     Carver count = { NULL, 0 };
     size_t need = gpu_carve_batch(&count, c, B, S, T);
     if (need > gpu.batch_capacity) {
@@ -1696,7 +1928,9 @@ static void gpu_ensure_batch(const TransformerConfig *c, int B, int S, int T) {
         CUDA_CHECK(cudaFree(gpu.batch_bf16));
         gpu.batch_capacity = arena_floats(gpu.batch_memory ? need + need / 4 : need);
         gpu.batch_memory = (float *)gpu_alloc(gpu.batch_capacity * sizeof(float));
-        gpu.batch_bf16 = gpu.bf16 ? (__nv_bfloat16 *)gpu_alloc(gpu.batch_capacity * sizeof(__nv_bfloat16)) : NULL;
+        gpu.batch_bf16 = gpu.bf16
+            ? (__nv_bfloat16 *)gpu_alloc(gpu.batch_capacity * sizeof(__nv_bfloat16))
+            : NULL;
     }
 #ifdef CUDA_ON_CPU
     cpu_forget_tensors(gpu.batch_memory);   // the guards of the last shape's tensors
@@ -1714,7 +1948,9 @@ static void gpu_ensure_batch(const TransformerConfig *c, int B, int S, int T) {
         gpu_counts.allocations++;
     }
     gpu.upload_bytes = gpu_lay_out_upload(gpu.upload, B, S, T, c->n_layers);
-    gpu.B = B; gpu.S = S; gpu.T = T;
+    gpu.B = B;
+    gpu.S = S;
+    gpu.T = T;
 }
 
 // Everything of a step that the host decides, into the upload's host side:
@@ -1725,20 +1961,29 @@ static void gpu_ensure_batch(const TransformerConfig *c, int B, int S, int T) {
 // correction for step adam_step + 1 at `learning_rate` (in double, as
 // transformer.c), and 1/n. Counts the step (adam_step) and its target tokens.
 static void gpu_prepare_step(Transformer *m, const Batch *batch, double learning_rate) {
-    int B = batch->B, S = batch->S, T = batch->T, BT = B * T, rows = B * (S + T), L = m->config.n_layers;
+    int B = batch->B, S = batch->S, T = batch->T, BT = B * T, rows = B * (S + T),
+        L = m->config.n_layers;
     unsigned char *host = gpu.upload_host;
     size_t ints_at = (size_t)((unsigned char *)gpu.src - gpu.upload);
     int *next = (int *)(host + ints_at), *count = gpu.token_count, distinct = 0;
-    const int *fields[5] = { batch->src, batch->tgt_in, batch->tgt_out, batch->src_len, batch->tgt_len };
+    const int *fields[5] = { batch->src, batch->tgt_in, batch->tgt_out, batch->src_len,
+                             batch->tgt_len };
     size_t sizes[5] = { (size_t)B * S, (size_t)BT, (size_t)BT, (size_t)B, (size_t)B };
-    for (int f = 0; f < 5; f++) { memcpy(next, fields[f], sizes[f] * sizeof(int)); next += sizes[f]; }
+    for (int f = 0; f < 5; f++) {
+        memcpy(next, fields[f], sizes[f] * sizeof(int));
+        next += sizes[f];
+    }
     int *ids = next, *first = ids + rows, *list = first + rows + 1;
     for (int r = 0; r < rows; r++) {
         int token = r < BT ? batch->tgt_in[r] : batch->src[r - BT];
-        if (count[token]++ == 0) ids[distinct++] = token;
+        if (count[token]++ == 0)
+            ids[distinct++] = token;
     }
     first[0] = 0;
-    for (int k = 0; k < distinct; k++) { first[k + 1] = first[k] + count[ids[k]]; count[ids[k]] = first[k]; }
+    for (int k = 0; k < distinct; k++) {
+        first[k + 1] = first[k] + count[ids[k]];
+        count[ids[k]] = first[k];
+    }
     for (int r = 0; r < rows; r++) {   // count[token] is now where its next row goes
         int token = r < BT ? batch->tgt_in[r] : batch->src[r - BT];
         list[count[token]++] = r;
@@ -1749,12 +1994,15 @@ static void gpu_prepare_step(Transformer *m, const Batch *batch, double learning
     uint64_t *keys = (uint64_t *)(host + ((unsigned char *)gpu.dropout_keys - gpu.upload));
     int dropout = m->training && m->config.dropout > 0.0f;
     for (int k = 0; k < 2 + 5 * L; k++) keys[k] = dropout ? transformer_dropout_key(m) : 0;
-    m->B = B; m->S = S; m->T = T;
+    m->B = B;
+    m->S = S;
+    m->T = T;
     m->num_target_tokens = 0;
     for (int b = 0; b < B; b++) m->num_target_tokens += batch->tgt_len[b];
     m->adam_step++;
     double b1 = m->adam.beta1, b2 = m->adam.beta2;
-    double correction1 = 1.0 - pow(b1, (double)m->adam_step), correction2 = 1.0 - pow(b2, (double)m->adam_step);
+    double correction1 = 1.0 - pow(b1, (double)m->adam_step),
+           correction2 = 1.0 - pow(b2, (double)m->adam_step);
     StepValues *step = (StepValues *)host;
     step->adam_step_size = (float)(learning_rate / correction1);
     step->adam_rsqrt_c2 = (float)(1.0 / sqrt(correction2));
@@ -1767,7 +2015,10 @@ static void gpu_prepare_step(Transformer *m, const Batch *batch, double learning
 static void gpu_set_dropouts(const Transformer *m) {
     int L = m->config.n_layers;
     gpu.enc_drop = gpu_dropout(m, 0);
-    for (int l = 0; l < L; l++) { gpu.enc[l].drop1 = gpu_dropout(m, 1 + 2 * l); gpu.enc[l].drop2 = gpu_dropout(m, 2 + 2 * l); }
+    for (int l = 0; l < L; l++) {
+        gpu.enc[l].drop1 = gpu_dropout(m, 1 + 2 * l);
+        gpu.enc[l].drop2 = gpu_dropout(m, 2 + 2 * l);
+    }
     gpu.dec_drop = gpu_dropout(m, 1 + 2 * L);
     for (int l = 0; l < L; l++) {
         gpu.dec[l].drop1 = gpu_dropout(m, 2 + 2 * L + 3 * l);
@@ -1780,72 +2031,80 @@ static void gpu_set_dropouts(const Transformer *m) {
 // ============================================================================
 
 // encoder_layer_forward
-static void gpu_encoder_layer_forward(GpuEncoderActs *la, const float *x, GpuLayerParams w, Transformer *m, int B,
-                                      int S) {
+static void gpu_encoder_layer_forward(GpuEncoderActs *la, const float *x, GpuLayerParams w,
+                                      Transformer *m, int B, int S) {
     const TransformerConfig *c = &m->config;
     int C = c->d_model, N = B * S;
     float *sublayer = gpu.scratch.d_sublayer;
-    gpu_self_attention_forward(sublayer, la->qkv, la->att, la->heads, x, w.self_attn, gpu.src_len, 0, B, S, C,
-                               c->n_heads);
-    gpu_add_norm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res1, x, sublayer, w.self_attn.out_b, la->drop1,
-                         w.ln1_g, w.ln1_b, c, N);
-    gpu_feed_forward_forward(sublayer, la->ff_h, la->ff_mask, &la->ff_mask_written, la->ln1, w, N, C, c->d_ff);
-    gpu_add_norm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, la->ln1, sublayer, w.ff2_b, la->drop2,
-                         w.ln2_g, w.ln2_b, c, N);
+    gpu_self_attention_forward(sublayer, la->qkv, la->att, la->heads, x, w.self_attn, gpu.src_len,
+                               0, B, S, C, c->n_heads);
+    gpu_add_norm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res1, x, sublayer,
+                         w.self_attn.out_b, la->drop1, w.ln1_g, w.ln1_b, c, N);
+    gpu_feed_forward_forward(sublayer, la->ff_h, la->ff_mask, &la->ff_mask_written, la->ln1, w, N,
+                             C, c->d_ff);
+    gpu_add_norm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, la->ln1, sublayer, w.ff2_b,
+                         la->drop2, w.ln2_g, w.ln2_b, c, N);
 }
 
 // encoder_layer_backward: dx (written) given dout
-static void gpu_encoder_layer_backward(float *dx, GpuLayerParams g, const float *dout, const GpuEncoderActs *la,
-                                       const float *x, GpuLayerParams w, const TransformerConfig *c, int B, int S) {
+static void gpu_encoder_layer_backward(float *dx, GpuLayerParams g, const float *dout,
+                                       const GpuEncoderActs *la, const float *x, GpuLayerParams w,
+                                       const TransformerConfig *c, int B, int S) {
     GpuScratch *s = &gpu.scratch;
     int C = c->d_model, N = B * S;
-    gpu_residual_layernorm_backward(s->d_mid1, s->d_sublayer, g.ln2_g, g.ln2_b, g.ff2_b, dout, la->res2, la->drop2,
-                                    w.ln2_g, la->ln2_mean, la->ln2_rstd, N, C);
-    gpu_feed_forward_backward(s->d_mid1, g, s->d_sublayer, la->ff_h, la->ff_mask_written ? la->ff_mask : NULL,
-                              la->ln1, w, N, C, c->d_ff);
-    gpu_residual_layernorm_backward(dx, s->d_sublayer, g.ln1_g, g.ln1_b, g.self_attn.out_b, s->d_mid1, la->res1,
-                                    la->drop1, w.ln1_g, la->ln1_mean, la->ln1_rstd, N, C);
-    gpu_self_attention_backward(dx, g.self_attn, s->d_sublayer, la->qkv, la->att, la->heads, x, w.self_attn, B, S, C,
-                                c->n_heads);
+    gpu_residual_layernorm_backward(s->d_mid1, s->d_sublayer, g.ln2_g, g.ln2_b, g.ff2_b, dout,
+                                    la->res2, la->drop2, w.ln2_g, la->ln2_mean, la->ln2_rstd, N, C);
+    gpu_feed_forward_backward(s->d_mid1, g, s->d_sublayer, la->ff_h,
+                              la->ff_mask_written ? la->ff_mask : NULL, la->ln1, w, N, C, c->d_ff);
+    gpu_residual_layernorm_backward(dx, s->d_sublayer, g.ln1_g, g.ln1_b, g.self_attn.out_b,
+                                    s->d_mid1, la->res1, la->drop1, w.ln1_g, la->ln1_mean,
+                                    la->ln1_rstd, N, C);
+    gpu_self_attention_backward(dx, g.self_attn, s->d_sublayer, la->qkv, la->att, la->heads, x,
+                                w.self_attn, B, S, C, c->n_heads);
 }
 
 // decoder_layer_forward (the keys and values of the memory: gpu_memory_forward)
-static void gpu_decoder_layer_forward(GpuDecoderActs *la, const float *y, const float *kv_hm, GpuLayerParams w,
-                                      Transformer *m, int B, int S, int T) {
+static void gpu_decoder_layer_forward(GpuDecoderActs *la, const float *y, const float *kv_hm,
+                                      GpuLayerParams w, Transformer *m, int B, int S, int T) {
     const TransformerConfig *c = &m->config;
     int C = c->d_model, N = B * T, NH = c->n_heads;
     float *sublayer = gpu.scratch.d_sublayer;
-    gpu_self_attention_forward(sublayer, la->self_qkv, la->self_att, la->self_heads, y, w.self_attn, gpu.tgt_len, 1,
-                               B, T, C, NH);
-    gpu_add_norm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res1, y, sublayer, w.self_attn.out_b, la->drop1,
-                         w.ln1_g, w.ln1_b, c, N);
-    gpu_cross_attention_forward(sublayer, la->cross_q, la->cross_att, la->cross_heads, la->ln1, kv_hm, w.cross_attn,
-                                gpu.src_len, B, T, S, C, NH);
-    gpu_add_norm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, la->ln1, sublayer, w.cross_attn.out_b,
-                         la->drop2, w.ln2_g, w.ln2_b, c, N);
-    gpu_feed_forward_forward(sublayer, la->ff_h, la->ff_mask, &la->ff_mask_written, la->ln2, w, N, C, c->d_ff);
-    gpu_add_norm_forward(la->ln3, la->ln3_mean, la->ln3_rstd, la->res3, la->ln2, sublayer, w.ff2_b, la->drop3,
-                         w.ln3_g, w.ln3_b, c, N);
+    gpu_self_attention_forward(sublayer, la->self_qkv, la->self_att, la->self_heads, y, w.self_attn,
+                               gpu.tgt_len, 1, B, T, C, NH);
+    gpu_add_norm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res1, y, sublayer,
+                         w.self_attn.out_b, la->drop1, w.ln1_g, w.ln1_b, c, N);
+    gpu_cross_attention_forward(sublayer, la->cross_q, la->cross_att, la->cross_heads, la->ln1,
+                                kv_hm, w.cross_attn, gpu.src_len, B, T, S, C, NH);
+    gpu_add_norm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, la->ln1, sublayer,
+                         w.cross_attn.out_b, la->drop2, w.ln2_g, w.ln2_b, c, N);
+    gpu_feed_forward_forward(sublayer, la->ff_h, la->ff_mask, &la->ff_mask_written, la->ln2, w, N,
+                             C, c->d_ff);
+    gpu_add_norm_forward(la->ln3, la->ln3_mean, la->ln3_rstd, la->res3, la->ln2, sublayer, w.ff2_b,
+                         la->drop3, w.ln3_g, w.ln3_b, c, N);
 }
 
 // decoder_layer_backward: dy (written) given dout, which it may be
 static void gpu_decoder_layer_backward(float *dy, GpuLayerParams g, int layer, const float *dout,
-                                       const GpuDecoderActs *la, const float *y, const float *kv_hm, GpuLayerParams w,
-                                       const TransformerConfig *c, int B, int S, int T) {
+                                       const GpuDecoderActs *la, const float *y, const float *kv_hm,
+                                       GpuLayerParams w, const TransformerConfig *c, int B, int S,
+                                       int T) {
     GpuScratch *s = &gpu.scratch;
     int C = c->d_model, N = B * T, NH = c->n_heads;
-    gpu_residual_layernorm_backward(s->d_mid2, s->d_sublayer, g.ln3_g, g.ln3_b, g.ff2_b, dout, la->res3, la->drop3,
-                                    w.ln3_g, la->ln3_mean, la->ln3_rstd, N, C);
-    gpu_feed_forward_backward(s->d_mid2, g, s->d_sublayer, la->ff_h, la->ff_mask_written ? la->ff_mask : NULL,
-                              la->ln2, w, N, C, c->d_ff);
-    gpu_residual_layernorm_backward(s->d_mid1, s->d_sublayer, g.ln2_g, g.ln2_b, g.cross_attn.out_b, s->d_mid2,
-                                    la->res2, la->drop2, w.ln2_g, la->ln2_mean, la->ln2_rstd, N, C);
-    gpu_cross_attention_backward(s->d_mid1, g.cross_attn, layer, s->d_sublayer, la->cross_q, kv_hm, la->cross_att,
-                                 la->cross_heads, la->ln1, w.cross_attn, B, T, S, C, NH, c->n_layers);
-    gpu_residual_layernorm_backward(dy, s->d_sublayer, g.ln1_g, g.ln1_b, g.self_attn.out_b, s->d_mid1, la->res1,
-                                    la->drop1, w.ln1_g, la->ln1_mean, la->ln1_rstd, N, C);
-    gpu_self_attention_backward(dy, g.self_attn, s->d_sublayer, la->self_qkv, la->self_att, la->self_heads, y,
-                                w.self_attn, B, T, C, NH);
+    gpu_residual_layernorm_backward(s->d_mid2, s->d_sublayer, g.ln3_g, g.ln3_b, g.ff2_b, dout,
+                                    la->res3, la->drop3, w.ln3_g, la->ln3_mean, la->ln3_rstd, N, C);
+    gpu_feed_forward_backward(s->d_mid2, g, s->d_sublayer, la->ff_h,
+                              la->ff_mask_written ? la->ff_mask : NULL, la->ln2, w, N, C, c->d_ff);
+    gpu_residual_layernorm_backward(s->d_mid1, s->d_sublayer, g.ln2_g, g.ln2_b, g.cross_attn.out_b,
+                                    s->d_mid2, la->res2, la->drop2, w.ln2_g, la->ln2_mean,
+                                    la->ln2_rstd, N, C);
+    gpu_cross_attention_backward(s->d_mid1, g.cross_attn, layer, s->d_sublayer, la->cross_q, kv_hm,
+                                 la->cross_att, la->cross_heads, la->ln1, w.cross_attn, B, T, S, C,
+                                 NH, c->n_layers);
+    gpu_residual_layernorm_backward(dy, s->d_sublayer, g.ln1_g, g.ln1_b, g.self_attn.out_b,
+                                    s->d_mid1, la->res1, la->drop1, w.ln1_g, la->ln1_mean,
+                                    la->ln1_rstd, N, C);
+    gpu_self_attention_backward(dy, g.self_attn, s->d_sublayer, la->self_qkv, la->self_att,
+                                la->self_heads, y, w.self_attn, B, T, C, NH);
 }
 
 // cross_attention_forward's keys and values for every decoder layer at once
@@ -1864,43 +2123,50 @@ static void gpu_memory_forward(const float *memory, Transformer *m, int B, int S
     const void *from = gpu.bf16 ? (const void *)gpu_bf16_operand(cross_w + (size_t)C * C, 0)
                                 : (const void *)(cross_w + (size_t)C * C);
     double profile_began = profile_start();
-    CUDA_CHECK(cudaMemcpy2DAsync(gathered, kv_weights * number, from, layer_weights * number, kv_weights * number, L,
-                                 cudaMemcpyDeviceToDevice, gpu_stream));
+    CUDA_CHECK(cudaMemcpy2DAsync(gathered, kv_weights * number, from, layer_weights * number,
+                                 kv_weights * number, L, cudaMemcpyDeviceToDevice, gpu_stream));
     profile_stop(profile_began, "copy on the GPU: the decoder's W^K, W^V gathered");
     gpu_counting->copies++;
     gpu_counting->host_calls++;
     gpu_counting->bytes_copied += (double)L * kv_weights * number;
     float *projected = gpu.scratch.d_memory_kv;
-    if (gpu_fused_fits(gpu.T, S, C / c->n_heads)) {   // the rows are the fused attention's: no copy, no bias
+    if (gpu_fused_fits(gpu.T, S, C / c->n_heads)) {   // the rows are the fused
+                                                      // attention's: no copy, no bias
         gpu_linear_forward(gpu.memory_kv, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
         return;
     }
     gpu_linear_forward(projected, memory, gpu.memory_kv_w, NS, C, L * 2 * C);
-    size_t layer_offsets[3] = { (size_t)2 * C, (size_t)3 * C, (size_t)2 * NS * C };   // columns, bias, output
-    gpu_heads_from_rows_layers(gpu.memory_kv, projected, cross_b + C, L * 2 * C, 2, L, layer_offsets, B, S, C,
-                               c->n_heads);
+    size_t layer_offsets[3] = { (size_t)2 * C, (size_t)3 * C,
+                                (size_t)2 * NS * C };   // columns, bias, output
+    gpu_heads_from_rows_layers(gpu.memory_kv, projected, cross_b + C, L * 2 * C, 2, L,
+                               layer_offsets, B, S, C, c->n_heads);
 }
 
 // The memory's gradient from every decoder layer's keys and values, one
 // product: d_memory (B*S, C) = d_memory_kv (B*S, L*2C) memory_kv_w (L*2C, C);
 // and their weights' gradients, one batched product over the layers:
 // dW_kv_l (2C, C) = d_kv_l^T memory, d_kv_l being columns l*2C.. of d_memory_kv.
-static void gpu_memory_backward(float *d_memory, const float *memory, Transformer *m, int B, int S) {
+static void gpu_memory_backward(float *d_memory, const float *memory, Transformer *m, int B,
+                                int S) {
     const TransformerConfig *c = &m->config;
     int C = c->d_model, L = c->n_layers, NS = B * S;
     const float *d_kv = gpu.scratch.d_memory_kv;
-    // dW_l^T (C x 2C) = memory^T (C x NS, N) d_kv_l (NS x 2C, stored d_kv_l^T: T), layer l at 3C*C + C*C
+    // dW_l^T (C x 2C) = memory^T (C x NS, N) d_kv_l (NS x 2C, stored d_kv_l^T: T),
+    // layer l at 3C*C + C*C
     float *d_weights = on_gpu(gpu.grads, m, m->params.dec_cross_qkv_w, 0, 0) + (size_t)C * C;
-    gpu_bf16_shared_begin(d_kv, (size_t)NS * L * 2 * C);   // (--bf16: d_kv's copy, which both products read)
+    gpu_bf16_shared_begin(d_kv, (size_t)NS * L * 2 * C);   // (--bf16: d_kv's copy,
+                                                           // which both products read)
     gpu_side_begin();
-    gemm_batched(OP_N, OP_T, C, 2 * C, NS, 1.0f, memory, C, 0, d_kv, L * 2 * C, 2LL * C, 0.0f, d_weights, C,
-                 3LL * C * C, L);
+    gemm_batched(OP_N, OP_T, C, 2 * C, NS, 1.0f, memory, C, 0, d_kv, L * 2 * C, 2LL * C, 0.0f,
+                 d_weights, C, 3LL * C * C, L);
     gpu_side_end();
     if (gpu.memory_kv_w_t) {   // (--tf32: their transposed copy, C x L*2C, which Adam's step wrote)
-        gemm(OP_T, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w_t, L * 2 * C, d_kv, L * 2 * C, 0.0f, d_memory, C);
+        gemm(OP_T, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w_t, L * 2 * C, d_kv, L * 2 * C,
+             0.0f, d_memory, C);
         gpu_counting->transposed_products++;
     } else
-        gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f, d_memory, C);
+        gemm(OP_N, OP_N, C, NS, L * 2 * C, 1.0f, gpu.memory_kv_w, C, d_kv, L * 2 * C, 0.0f,
+             d_memory, C);
     gpu_bf16_shared_end();
 }
 
@@ -1917,8 +2183,8 @@ static void gpu_forward_work(Transformer *m) {
     const TransformerConfig *c = &m->config;
     int B = gpu.B, S = gpu.S, T = gpu.T, C = c->d_model, V = c->vocab_size, L = c->n_layers;
     float *embedding = on_gpu(gpu.params, m, m->params.embedding, 0, 0);
-    LAUNCH_ELEMENTS((size_t)B * (S + T) * C, embedding_forward_kernel, gpu.enc_x0, gpu.dec_x0, gpu.src, gpu.tgt_in,
-                    embedding, gpu.pe, gpu.enc_drop, gpu.dec_drop, B, S, T, C);
+    LAUNCH_ELEMENTS((size_t)B * (S + T) * C, embedding_forward_kernel, gpu.enc_x0, gpu.dec_x0,
+                    gpu.src, gpu.tgt_in, embedding, gpu.pe, gpu.enc_drop, gpu.dec_drop, B, S, T, C);
     const float *x = gpu.enc_x0;
     for (int l = 0; l < L; l++) {
         gpu_encoder_layer_forward(&gpu.enc[l], x, gpu_encoder_params(gpu.params, m, l), m, B, S);
@@ -1928,22 +2194,26 @@ static void gpu_forward_work(Transformer *m) {
     const float *y = gpu.dec_x0;
     size_t layer_kv = gpu_memory_kv_layer(c, B, S, T);
     for (int l = 0; l < L; l++) {
-        gpu_decoder_layer_forward(&gpu.dec[l], y, gpu.memory_kv + l * layer_kv, gpu_decoder_params(gpu.params, m, l),
-                                  m, B, S, T);
+        gpu_decoder_layer_forward(&gpu.dec[l], y, gpu.memory_kv + l * layer_kv,
+                                  gpu_decoder_params(gpu.params, m, l), m, B, S, T);
         y = gpu.dec[l].ln3;
     }
     // §3.4: logits = y E^T; then cross_entropy_forward, and its backward's dlogits already
     gpu_linear_forward(gpu.logits, y, embedding, B * T, C, V);
-    // a thread per 4 logits, up to 1024; at least two warps, so that block_sum's barrier always matters;
-    // each row kept in shared memory when it fits (gpu_begin opted the kernel in to gpu.shared_opt_in bytes)
+    // a thread per 4 logits, up to 1024; at least two warps, so that block_sum's barrier
+    // always matters; each row kept in shared memory when it fits (gpu_begin opted the
+    // kernel in to gpu.shared_opt_in bytes)
     unsigned threads = V >= 4 * 1024 ? 1024 : blocks_for((size_t)V, 4 * WARP) * WARP;
-    if (threads < 2 * WARP) threads = 2 * WARP;
-    size_t warps_bytes = threads / WARP * sizeof(float), with_row = warps_bytes + (size_t)V * sizeof(float);
+    if (threads < 2 * WARP)
+        threads = 2 * WARP;
+    size_t warps_bytes = threads / WARP * sizeof(float),
+           with_row = warps_bytes + (size_t)V * sizeof(float);
     int row_in_shared = with_row <= gpu.shared_opt_in;
-    LAUNCH(cross_entropy_kernel, (unsigned)(B * T), threads, row_in_shared ? with_row : warps_bytes, gpu.token_loss,
-           gpu.scratch.d_logits, gpu.logits, gpu.tgt_out, gpu.tgt_len, gpu.step, c->label_smoothing, T, V,
-           row_in_shared);
-    LAUNCH(mean_loss_kernel, 1, THREADS, THREADS * sizeof(double), gpu.loss, gpu.token_loss, (size_t)B * T, gpu.step);
+    LAUNCH(cross_entropy_kernel, (unsigned)(B * T), threads, row_in_shared ? with_row : warps_bytes,
+           gpu.token_loss, gpu.scratch.d_logits, gpu.logits, gpu.tgt_out, gpu.tgt_len, gpu.step,
+           c->label_smoothing, T, V, row_in_shared);
+    LAUNCH(mean_loss_kernel, 1, THREADS, THREADS * sizeof(double), gpu.loss, gpu.token_loss,
+           (size_t)B * T, gpu.step);
 }
 
 // transformer_backward's work, after gpu_forward_work. Every gradient is
@@ -1956,41 +2226,45 @@ static void gpu_backward_work(Transformer *m) {
     float *embedding = on_gpu(gpu.params, m, m->params.embedding, 0, 0);
     float *d_embedding = on_gpu(gpu.grads, m, m->params.embedding, 0, 0);
     // logits = decoder_output E^T (d_logits: cross_entropy_kernel's)
-    gpu_linear_backward(s->d_dec, 0, d_embedding, s->d_logits, gpu.dec[L - 1].ln3, embedding, B * T, C, V);
+    gpu_linear_backward(s->d_dec, 0, d_embedding, s->d_logits, gpu.dec[L - 1].ln3, embedding, B * T,
+                        C, V);
     gpu_side_reads_nothing_overwritten();   // (its product reads d_logits and the decoder's output)
     const float *memory = gpu.enc[L - 1].ln2;
     size_t layer_kv = gpu_memory_kv_layer(c, B, S, T);
     for (int l = L - 1; l >= 0; l--) {
         const float *y = l == 0 ? gpu.dec_x0 : gpu.dec[l - 1].ln3;
-        gpu_decoder_layer_backward(s->d_dec, gpu_decoder_params(gpu.grads, m, l), l, s->d_dec, &gpu.dec[l], y,
-                                   gpu.memory_kv + l * layer_kv, gpu_decoder_params(gpu.params, m, l), c, B, S, T);
+        gpu_decoder_layer_backward(s->d_dec, gpu_decoder_params(gpu.grads, m, l), l, s->d_dec,
+                                   &gpu.dec[l], y, gpu.memory_kv + l * layer_kv,
+                                   gpu_decoder_params(gpu.params, m, l), c, B, S, T);
     }
     gpu_memory_backward(s->d_enc, memory, m, B, S);
     for (int l = L - 1; l >= 0; l--) {
         const float *x = l == 0 ? gpu.enc_x0 : gpu.enc[l - 1].ln2;
-        gpu_encoder_layer_backward(s->d_enc, gpu_encoder_params(gpu.grads, m, l), s->d_enc, &gpu.enc[l], x,
-                                   gpu_encoder_params(gpu.params, m, l), c, B, S);
+        gpu_encoder_layer_backward(s->d_enc, gpu_encoder_params(gpu.grads, m, l), s->d_enc,
+                                   &gpu.enc[l], x, gpu_encoder_params(gpu.params, m, l), c, B, S);
     }
-    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE), enc_x0 likewise: s->d_dec and s->d_enc hold their gradients.
-    // A block for each distinct token the batch can hold: the step's count is in device memory.
-    // (It adds to the gradient of the output layer's product, which the side stream wrote: the join.)
+    // dec_x0 = Dropout(E[tgt_in] sqrt(C) + PE), enc_x0 likewise: s->d_dec and s->d_enc hold
+    // their gradients. A block for each distinct token the batch can hold: the step's count
+    // is in device memory. (It adds to the gradient of the output layer's product, which the
+    // side stream wrote: the join.)
     gpu_join_side();
     int rows = B * (S + T), most_tokens = rows < V ? rows : V;
-    LAUNCH(embedding_backward_kernel, xyz((unsigned)most_tokens, blocks_for((size_t)C, EMBEDDING_THREADS), 1),
-           EMBEDDING_THREADS, 0, d_embedding, s->d_dec, s->d_enc, gpu.token_ids, gpu.token_first, gpu.token_rows,
-           gpu.step, gpu.dec_drop, gpu.enc_drop, B * T, C);
+    LAUNCH(embedding_backward_kernel,
+           xyz((unsigned)most_tokens, blocks_for((size_t)C, EMBEDDING_THREADS), 1),
+           EMBEDDING_THREADS, 0, d_embedding, s->d_dec, s->d_enc, gpu.token_ids, gpu.token_first,
+           gpu.token_rows, gpu.step, gpu.dec_drop, gpu.enc_drop, B * T, C);
     if (c->positional == POSITIONAL_LEARNED)
         LAUNCH_ELEMENTS((size_t)c->max_len * C, position_embedding_backward_kernel,
-                        on_gpu(gpu.grads, m, m->params.position_embedding, 0, 0), s->d_dec, s->d_enc, gpu.dec_drop,
-                        gpu.enc_drop, c->max_len, B, S, T, C);
+                        on_gpu(gpu.grads, m, m->params.position_embedding, 0, 0), s->d_dec,
+                        s->d_enc, gpu.dec_drop, gpu.enc_drop, c->max_len, B, S, T, C);
 }
 
 // adam_update's work: its step size and bias correction are the step's (StepValues)
 static void gpu_update_work(const Transformer *m) {
     gpu_join_side();   // (every gradient is written)
     AdamConstants adam = { (float)m->adam.beta1, (float)m->adam.beta2, (float)m->adam.eps };
-    LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.params_bf16, gpu.adam_m, gpu.adam_v, gpu.grads,
-                    gpu.num_parameters, adam, gpu.step);
+    LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.params_bf16, gpu.adam_m,
+                    gpu.adam_v, gpu.grads, gpu.num_parameters, adam, gpu.step);
     gpu_transpose_weights();   // (--tf32: the copies the next step's inputs' gradients read)
 }
 
@@ -2013,11 +2287,14 @@ static void gpu_forget_graphs(void) {
 // How many steps of this shape have run without a graph (this one counted)
 static int gpu_shape_steps(int dropout) {
     for (int i = 0; i < GPU_SHAPES_SEEN; i++)
-        if (gpu.seen[i].steps && gpu.seen[i].B == gpu.B && gpu.seen[i].S == gpu.S && gpu.seen[i].T == gpu.T &&
-            gpu.seen[i].dropout == dropout)
+        if (gpu.seen[i].steps && gpu.seen[i].B == gpu.B && gpu.seen[i].S == gpu.S &&
+            gpu.seen[i].T == gpu.T && gpu.seen[i].dropout == dropout)
             return ++gpu.seen[i].steps;
     int i = gpu.seen_next++ % GPU_SHAPES_SEEN;   // the oldest goes
-    gpu.seen[i].B = gpu.B; gpu.seen[i].S = gpu.S; gpu.seen[i].T = gpu.T; gpu.seen[i].dropout = dropout;
+    gpu.seen[i].B = gpu.B;
+    gpu.seen[i].S = gpu.S;
+    gpu.seen[i].T = gpu.T;
+    gpu.seen[i].dropout = dropout;
     return gpu.seen[i].steps = 1;
 }
 
@@ -2025,14 +2302,18 @@ static int gpu_shape_steps(int dropout) {
 static GpuGraph gpu_capture(Transformer *m, int dropout) {
     GpuGraph g;
     memset(&g, 0, sizeof g);
-    g.B = gpu.B; g.S = gpu.S; g.T = gpu.T; g.dropout = dropout;
+    g.B = gpu.B;
+    g.S = gpu.S;
+    g.T = gpu.T;
+    g.dropout = dropout;
     cudaGraph_t graph;
     CUDA_CHECK(cudaStreamBeginCapture(gpu_stream, cudaStreamCaptureModeGlobal));
     gpu_counting = &g.counts;
     gpu_step_work(m);
     gpu_counting = &gpu_counts;
     CUDA_CHECK(cudaStreamEndCapture(gpu_stream, &graph));
-    // its nodes as the GPU holds them (on a GPU a cuBLAS call may be more than one), and their dependencies
+    // its nodes as the GPU holds them (on a GPU a cuBLAS call may be more than one), and
+    // their dependencies
     size_t nodes = 0, edges = 0;
     CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &nodes));
     CUDA_CHECK(cudaGraphGetEdges(graph, NULL, NULL, NULL, &edges));
@@ -2040,7 +2321,8 @@ static GpuGraph gpu_capture(Transformer *m, int dropout) {
     g.counts.graph_edges = (long)edges;
     CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
-    gpu_counts.host_calls += 6;   // the capture's begin and end, the counts, the instantiation, the graph's destruction
+    gpu_counts.host_calls += 6;   // the capture's begin and end, the counts,
+                                  // the instantiation, the graph's destruction
     return g;
 }
 
@@ -2057,11 +2339,14 @@ static const GpuGraph *gpu_graph_for(Transformer *m) {
         }
     }
     // (--profile waits for each call, which a capture forbids: it runs without graphs)
-    if (gpu_graph_after == 0 || gpu_profile.requested || gpu_shape_steps(dropout) < gpu_graph_after) return NULL;
+    if (gpu_graph_after == 0 || gpu_profile.requested || gpu_shape_steps(dropout) < gpu_graph_after)
+        return NULL;
     int slot = gpu.graph_count;
     if (slot == GPU_GRAPHS) {   // the least recently launched makes room
         slot = 0;
-        for (int i = 1; i < GPU_GRAPHS; i++) if (gpu.graphs[i].last_used < gpu.graphs[slot].last_used) slot = i;
+        for (int i = 1; i < GPU_GRAPHS; i++)
+            if (gpu.graphs[i].last_used < gpu.graphs[slot].last_used)
+                slot = i;
         CUDA_CHECK(cudaGraphExecDestroy(gpu.graphs[slot].exec));
     } else {
         gpu.graph_count++;
@@ -2074,11 +2359,18 @@ static const GpuGraph *gpu_graph_for(Transformer *m) {
 static void gpu_launch_graph(const GpuGraph *g) {
     CUDA_CHECK(cudaGraphLaunch(g->exec, gpu_stream));
     const GpuCounts *k = &g->counts;
-    gpu_counts.launches += k->launches; gpu_counts.gemms += k->gemms; gpu_counts.memsets += k->memsets;
-    gpu_counts.copies += k->copies; gpu_counts.bytes_set += k->bytes_set; gpu_counts.bytes_copied += k->bytes_copied;
-    gpu_counts.side_launches += k->side_launches; gpu_counts.side_gemms += k->side_gemms;
-    gpu_counts.forks += k->forks; gpu_counts.joins += k->joins;
-    gpu_counts.graph_nodes += k->graph_nodes; gpu_counts.graph_edges += k->graph_edges;
+    gpu_counts.launches += k->launches;
+    gpu_counts.gemms += k->gemms;
+    gpu_counts.memsets += k->memsets;
+    gpu_counts.copies += k->copies;
+    gpu_counts.bytes_set += k->bytes_set;
+    gpu_counts.bytes_copied += k->bytes_copied;
+    gpu_counts.side_launches += k->side_launches;
+    gpu_counts.side_gemms += k->side_gemms;
+    gpu_counts.forks += k->forks;
+    gpu_counts.joins += k->joins;
+    gpu_counts.graph_nodes += k->graph_nodes;
+    gpu_counts.graph_edges += k->graph_edges;
     gpu_counts.epilogue_products += k->epilogue_products;
     gpu_counts.transposed_products += k->transposed_products;
     gpu_counts.graph_launches++;
@@ -2105,10 +2397,14 @@ static void gpu_release(void) {
         }
         CUDA_CHECK(cudaEventDestroy(gpu.forked));
         CUDA_CHECK(cudaEventDestroy(gpu.joined));
-        if (gpu.lt) CUBLAS_CHECK(cublasLtDestroy(gpu.lt));
+        if (gpu.lt)
+            CUBLAS_CHECK(cublasLtDestroy(gpu.lt));
         gpu_stream = NULL;
     }
-    free(gpu.enc); free(gpu.dec); free(gpu.token_count); free(gpu.transposed);
+    free(gpu.enc);
+    free(gpu.dec);
+    free(gpu.token_count);
+    free(gpu.transposed);
     int tf32 = gpu.tf32, bf16 = gpu.bf16, count = gpu.count;
     memset(&gpu, 0, sizeof gpu);
     gpu.tf32 = tf32;
@@ -2123,9 +2419,11 @@ static void gpu_allocate_model(const Transformer *m) {
     const TransformerConfig *c = &m->config;
     size_t P = m->num_parameters, C = c->d_model, pe = (size_t)c->max_len * C;
     size_t kv_w = (size_t)c->n_layers * 2 * C * C;
-    size_t widest = 3 * C > (size_t)c->d_ff ? 3 * C : (size_t)c->d_ff;   // the most columns a column kernel sums
+    size_t widest = 3 * C > (size_t)c->d_ff ? 3 * C : (size_t)c->d_ff;   // the most columns a
+                                                                         // column kernel sums
     size_t column_blocks = blocks_for(widest, WARP), partials = (size_t)COLUMN_TARGET_BLOCKS * WARP;
-    if (partials < column_blocks * WARP) partials = column_blocks * WARP;
+    if (partials < column_blocks * WARP)
+        partials = column_blocks * WARP;
     Carver count = { NULL, 0 };
     const char *names[4] = { "params", "grads", "adam_m", "adam_v" };
     for (int i = 0; i < 4; i++) carve(&count, P, names[i]);
@@ -2151,9 +2449,11 @@ static void gpu_allocate_model(const Transformer *m) {
     // learned positions are a parameter that Adam moves on the GPU: the forward
     // reads them where Adam writes them, as m->positional_encoding on the host
     gpu.pe = carve(&cut, pe, "pe");
-    if (c->positional == POSITIONAL_LEARNED) gpu.pe = on_gpu(gpu.params, m, m->params.position_embedding, 0, 0);
+    if (c->positional == POSITIONAL_LEARNED)
+        gpu.pe = on_gpu(gpu.params, m, m->params.position_embedding, 0, 0);
     gpu.memory_kv_w = carve(&cut, kv_w, "memory_kv_w");
-    ColumnScratch *columns = &gpu.streams[MAIN_STREAM].columns;   // (the side stream's stay NULL: GpuStream)
+    ColumnScratch *columns = &gpu.streams[MAIN_STREAM].columns;   // (the side stream's
+                                                                  // stay NULL: GpuStream)
     columns->partials = carve(&cut, 3 * partials, "column_partials");
     columns->chunks_done = (unsigned *)carve(&cut, column_blocks, "column_chunks_done");
     CUDA_CHECK(cudaMemset(columns->chunks_done, 0, column_blocks * sizeof(unsigned)));
@@ -2168,14 +2468,19 @@ static void gpu_allocate_model(const Transformer *m) {
     if (gpu_wants_transposed()) {
         gpu.params_t = carve(&cut, P, "params_t");
         gpu.memory_kv_w_t = carve(&cut, kv_w, "memory_kv_w_t");
-        gpu_transposed_prepare(m, (TransposedWeight *)carve(&cut, transposed_table_floats(m), "transposed_table"));
+        gpu_transposed_prepare(m, (TransposedWeight *)carve(&cut, transposed_table_floats(m),
+                                                            "transposed_table"));
     }
-    for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) gpu.streams[i].cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
+    for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++)
+        gpu.streams[i].cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
     CUDA_CHECK(cudaMallocHost((void **)&gpu.loss_host, sizeof(float)));
     gpu.enc = (GpuEncoderActs *)calloc((size_t)c->n_layers, sizeof(GpuEncoderActs));
     gpu.dec = (GpuDecoderActs *)calloc((size_t)c->n_layers, sizeof(GpuDecoderActs));
     gpu.token_count = (int *)calloc((size_t)c->vocab_size, sizeof(int));
-    if (!gpu.enc || !gpu.dec || !gpu.token_count) { fprintf(stderr, "error: out of memory (the GPU's host lists)\n"); exit(1); }
+    if (!gpu.enc || !gpu.dec || !gpu.token_count) {
+        fprintf(stderr, "error: out of memory (the GPU's host lists)\n");
+        exit(1);
+    }
 }
 
 // cuBLAS on one of the companion's streams (`which`), a handle with the
@@ -2187,7 +2492,8 @@ static void gpu_start_cublas(int which) {
     CUBLAS_CHECK(cublasSetStream(s->cublas, s->stream));
     CUBLAS_CHECK(cublasSetWorkspace(s->cublas, s->cublas_workspace, CUBLAS_WORKSPACE_BYTES));
     // fp32 products as transformer.c's; TF32 tensor cores only when asked (--tf32)
-    CUBLAS_CHECK(cublasSetMathMode(s->cublas, gpu.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublasSetMathMode(s->cublas, gpu.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                       : CUBLAS_DEFAULT_MATH));
     gpu_use_stream(MAIN_STREAM);
 }
 
@@ -2195,13 +2501,16 @@ static void gpu_start_cublas(int which) {
 // and its parameters, moments and sinusoids copied there
 static void gpu_begin(Transformer *m) {
     int other_model = gpu.ready && memcmp(&gpu.config, &m->config, sizeof gpu.config) != 0;
-    int copies_changed = gpu.bf16 != (gpu.params_bf16 != NULL) || gpu_wants_transposed() != (gpu.params_t != NULL) ||
+    int copies_changed = gpu.bf16 != (gpu.params_bf16 != NULL) ||
+                         gpu_wants_transposed() != (gpu.params_t != NULL) ||
                          !gpu_no_epilogues != (gpu.lt != NULL);
-    if (other_model || (gpu.ready && copies_changed)) gpu_release();   // (or --bf16, --tf32's copies changed)
+    if (other_model || (gpu.ready && copies_changed))
+        gpu_release();   // (or --bf16, --tf32's copies changed)
     if (!gpu.ready) {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) CUDA_CHECK(cudaStreamCreate(&gpu.streams[i].stream));
+        for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++)
+            CUDA_CHECK(cudaStreamCreate(&gpu.streams[i].stream));
         CUDA_CHECK(cudaEventCreateWithFlags(&gpu.forked, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&gpu.joined, cudaEventDisableTiming));
         gpu.ready = 1;
@@ -2209,27 +2518,34 @@ static void gpu_begin(Transformer *m) {
         gpu.num_parameters = m->num_parameters;
         gpu_allocate_model(m);
         for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++) gpu_start_cublas(i);
-        if (!gpu_no_epilogues) CUBLAS_CHECK(cublasLtCreate(&gpu.lt));
+        if (!gpu_no_epilogues)
+            CUBLAS_CHECK(cublasLtCreate(&gpu.lt));
         gpu.shared_opt_in = prop.sharedMemPerBlockOptin;
-        CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)gpu.shared_opt_in));
         fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s, %s\n", prop.name,
                 gpu.bf16 ? "bf16 with fp32 sums (--bf16)"
-                : gpu.params_t ? "TF32 (--tf32), the inputs' gradients from the weights' transposed copies"
+                : gpu.params_t
+                    ? "TF32 (--tf32), the inputs' gradients from the weights' transposed copies"
                 : gpu.tf32 ? "TF32 (--tf32), the weights as stored" : "fp32",
                 gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
                 gpu_one_stream ? "one stream (--one-stream)" : "two streams");
     }
     size_t bytes = m->num_parameters * sizeof(float);
-    CUDA_CHECK(cudaStreamSynchronize(gpu_stream));   // the last step's work is done before the host's copies
+    CUDA_CHECK(cudaStreamSynchronize(gpu_stream));   // the last step's work is done
+                                                     // before the host's copies
     gpu_copy(gpu.params, m->params_memory, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_m, m->adam_m, bytes, cudaMemcpyHostToDevice);
     gpu_copy(gpu.adam_v, m->adam_v, bytes, cudaMemcpyHostToDevice);
     if (gpu.bf16)   // the weights' bf16 copies, which adam_kernel keeps from here on
-        LAUNCH_ELEMENTS(gpu.num_parameters, bf16_cast_kernel, gpu.params_bf16, gpu.params, gpu.num_parameters);
-    gpu_transpose_weights();   // (--tf32: the transposed copies, which gpu_update_work keeps from here on)
+        LAUNCH_ELEMENTS(gpu.num_parameters, bf16_cast_kernel, gpu.params_bf16, gpu.params,
+                        gpu.num_parameters);
+    gpu_transpose_weights();   // (--tf32: the transposed copies, which
+                               // gpu_update_work keeps from here on)
     if (m->config.positional == POSITIONAL_SINUSOID)
-        gpu_copy(gpu.pe, m->positional_encoding, (size_t)m->config.max_len * m->config.d_model * sizeof(float),
+        gpu_copy(gpu.pe, m->positional_encoding,
+                 (size_t)m->config.max_len * m->config.d_model * sizeof(float),
                  cudaMemcpyHostToDevice);
 }
 
@@ -2255,9 +2571,13 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     gpu_profile.on = gpu_profile.requested && gpu_profile.steps_seen++ > 0;
     gpu_profile.steps += gpu_profile.on;
     const char *error = batch_check(batch, &m->config);
-    if (error) { fprintf(stderr, "error: transformer_cuda train step: %s\n", error); exit(1); }
+    if (error) {
+        fprintf(stderr, "error: transformer_cuda train step: %s\n", error);
+        exit(1);
+    }
     gpu_ensure_batch(&m->config, batch->B, batch->S, batch->T);
-    double learning_rate = transformer_learning_rate(m->adam_step + 1, m->config.d_model, warmup_steps, lr_factor);
+    double learning_rate =
+        transformer_learning_rate(m->adam_step + 1, m->config.d_model, warmup_steps, lr_factor);
     gpu_prepare_step(m, batch, learning_rate);
     gpu_set_dropouts(m);
     gpu_copy_async(gpu.upload, gpu.upload_host, gpu.upload_bytes, cudaMemcpyHostToDevice);
@@ -2265,15 +2585,18 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
         gpu_forward_work(m);
         double profile_began = profile_start();
         CUDA_CHECK(cudaMemsetAsync(gpu.grads, 0, gpu.num_parameters * sizeof(float), gpu_stream));
-        profile_stop(profile_began, "copy: memset of the gradients (a batch without target tokens)");
+        profile_stop(profile_began,
+                     "copy: memset of the gradients (a batch without target tokens)");
         gpu_counts.memsets++;
         gpu_counts.host_calls++;
         gpu_counts.bytes_set += (double)gpu.num_parameters * sizeof(float);
         gpu_update_work(m);
     } else {
         const GpuGraph *graph = gpu_graph_for(m);
-        if (graph) gpu_launch_graph(graph);
-        else gpu_step_work(m);
+        if (graph)
+            gpu_launch_graph(graph);
+        else
+            gpu_step_work(m);
     }
     gpu_copy_async(gpu.loss_host, gpu.loss, sizeof(float), cudaMemcpyDeviceToHost);
     CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
@@ -2281,13 +2604,21 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     m->loss = *gpu.loss_host;
     GpuCounts *after = &gpu.step_counts;
     *after = gpu_counts;
-    after->launches -= before.launches; after->gemms -= before.gemms; after->memsets -= before.memsets;
-    after->copies -= before.copies; after->allocations -= before.allocations;
-    after->graph_launches -= before.graph_launches; after->host_calls -= before.host_calls;
-    after->bytes_set -= before.bytes_set; after->bytes_copied -= before.bytes_copied;
-    after->side_launches -= before.side_launches; after->side_gemms -= before.side_gemms;
-    after->forks -= before.forks; after->joins -= before.joins;
-    after->graph_nodes -= before.graph_nodes; after->graph_edges -= before.graph_edges;
+    after->launches -= before.launches;
+    after->gemms -= before.gemms;
+    after->memsets -= before.memsets;
+    after->copies -= before.copies;
+    after->allocations -= before.allocations;
+    after->graph_launches -= before.graph_launches;
+    after->host_calls -= before.host_calls;
+    after->bytes_set -= before.bytes_set;
+    after->bytes_copied -= before.bytes_copied;
+    after->side_launches -= before.side_launches;
+    after->side_gemms -= before.side_gemms;
+    after->forks -= before.forks;
+    after->joins -= before.joins;
+    after->graph_nodes -= before.graph_nodes;
+    after->graph_edges -= before.graph_edges;
     after->epilogue_products -= before.epilogue_products;
     after->transposed_products -= before.transposed_products;
     gpu_profile.on = 0;
@@ -2299,9 +2630,11 @@ static const TrainingCompute gpu_training = {
 };
 
 // Numbers in [-1, 1) from a hash of their index: the operands of `sgemm`
-static __global__ void __launch_bounds__(THREADS) fill_uniform_kernel(float *x, size_t n, uint64_t seed) {
+static __global__ void __launch_bounds__(THREADS)
+fill_uniform_kernel(float *x, size_t n, uint64_t seed) {
     size_t i = ELEMENT_INDEX;
-    if (i < n) x[i] = (float)(dropout_hash64(seed + i) >> 40) / (float)(1 << 23) - 1.0f;
+    if (i < n)
+        x[i] = (float)(dropout_hash64(seed + i) >> 40) / (float)(1 << 23) - 1.0f;
 }
 CPU_KERNEL(fill_uniform_kernel, float *, size_t, uint64_t)
 
@@ -2310,18 +2643,23 @@ static int compare_seconds(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// ./transformer_cuda sgemm [--size N] [--repeats R] [--json] (with --tf32: TF32 tensor cores; with --bf16:
-// cublasGemmEx on bf16 copies of A and B, fp32 sums into C), argv[0] "sgemm":
-// cuBLAS's own C = A B on n x n matrices, the practical limit of the step's
+// ./transformer_cuda sgemm [--size N] [--repeats R] [--json] (with --tf32: TF32 tensor
+// cores; with --bf16: cublasGemmEx on bf16 copies of A and B, fp32 sums into C), argv[0]
+// "sgemm": cuBLAS's own C = A B on n x n matrices, the practical limit of the step's
 // products (dev/bench_gpu.py prints our TFLOP/s beside it); the median of R
 // timed products after 3 untimed ones, each waited for.
-// One of sgemm's numbers: the whole of text an integer from low to high; else 0, after an error line
+// One of sgemm's numbers: the whole of text an integer from low to high; else 0, after an
+// error line
 static int sgemm_number(const char *flag, const char *text, long low, long high, int *value) {
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
-    if (end != text && *end == '\0' && errno == 0 && v >= low && v <= high) { *value = (int)v; return 1; }
-    fprintf(stderr, "error: sgemm: %s '%s' is not valid; expected an integer from %ld to %ld\n", flag, text, low, high);
+    if (end != text && *end == '\0' && errno == 0 && v >= low && v <= high) {
+        *value = (int)v;
+        return 1;
+    }
+    fprintf(stderr, "error: sgemm: %s '%s' is not valid; expected an integer from %ld to %ld\n",
+            flag, text, low, high);
     return 0;
 }
 
@@ -2329,22 +2667,27 @@ static int sgemm_number(const char *flag, const char *text, long low, long high,
 static int sgemm_options(int argc, char **argv, int *n, int *repeats, int *json) {
     for (int i = 1; i < argc; i++) {
         int size = strcmp(argv[i], "--size") == 0, reps = strcmp(argv[i], "--repeats") == 0;
-        if (strcmp(argv[i], "--json") == 0) *json = 1;
+        if (strcmp(argv[i], "--json") == 0)
+            *json = 1;
         else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] [--tf32] [--bf16]\n"
-                   "cuBLAS's SGEMM C = A B on N x N matrices (N 1 to 65536, default 8192), the median of R\n"
-                   "timed products (1 to 1000, default 10), in TFLOP/s; --tf32: on TF32 tensor cores;\n"
+            printf("usage: ./transformer_cuda sgemm [--size N] [--repeats R] [--json] "
+                   "[--tf32] [--bf16]\n"
+                   "cuBLAS's SGEMM C = A B on N x N matrices (N 1 to 65536, default 8192), "
+                   "the median of R\n"
+                   "timed products (1 to 1000, default 10), in TFLOP/s; "
+                   "--tf32: on TF32 tensor cores;\n"
                    "--bf16: A and B in bf16, their products summed in fp32 (cublasGemmEx)\n");
             return 2;
         } else if ((size || reps) && i + 1 >= argc) {
             fprintf(stderr, "error: sgemm: flag %s needs a value\n", argv[i]);
             return 0;
         } else if (size || reps) {
-            if (!sgemm_number(argv[i], argv[i + 1], 1, size ? 65536 : 1000, size ? n : repeats)) return 0;
+            if (!sgemm_number(argv[i], argv[i + 1], 1, size ? 65536 : 1000, size ? n : repeats))
+                return 0;
             i++;
         } else {
-            fprintf(stderr, "error: sgemm: unknown argument '%s'; expected --size N, --repeats R, --json, --tf32 "
-                            "or --bf16\n", argv[i]);
+            fprintf(stderr, "error: sgemm: unknown argument '%s'; expected --size N, "
+                            "--repeats R, --json, --tf32 or --bf16\n", argv[i]);
             return 0;
         }
     }
@@ -2356,7 +2699,8 @@ extern "C"   // test_cuda.c, a C program, calls it (make test-cuda)
 #endif
 int transformer_cuda_sgemm(int argc, char **argv) {
     int n = 8192, repeats = 10, json = 0, parsed = sgemm_options(argc, argv, &n, &repeats, &json);
-    if (parsed != 1) return parsed == 2 ? 0 : 1;
+    if (parsed != 1)
+        return parsed == 2 ? 0 : 1;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     GpuStream *main_stream = &gpu.streams[MAIN_STREAM];
@@ -2364,7 +2708,8 @@ int transformer_cuda_sgemm(int argc, char **argv) {
     main_stream->cublas_workspace = gpu_alloc(CUBLAS_WORKSPACE_BYTES);
     gpu_start_cublas(MAIN_STREAM);
     size_t elements = (size_t)n * n;
-    float *a = (float *)gpu_alloc(3 * elements * sizeof(float)), *b = a + elements, *c = b + elements;
+    float *a = (float *)gpu_alloc(3 * elements * sizeof(float)), *b = a + elements,
+          *c = b + elements;
     LAUNCH_ELEMENTS(2 * elements, fill_uniform_kernel, a, 2 * elements, (uint64_t)12345);
     __nv_bfloat16 *ab_bf16 = NULL;   // --bf16: A's and B's copies, cast before the timing
     if (gpu.bf16) {
@@ -2372,33 +2717,41 @@ int transformer_cuda_sgemm(int argc, char **argv) {
         LAUNCH_ELEMENTS(2 * elements, bf16_cast_kernel, ab_bf16, a, 2 * elements);
     }
     double *times = (double *)calloc((size_t)repeats, sizeof(double));
-    if (!times) { fprintf(stderr, "error: out of memory\n"); return 1; }
+    if (!times) {
+        fprintf(stderr, "error: out of memory\n");
+        return 1;
+    }
     for (int r = -3; r < repeats; r++) {
         CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
         double start = seconds_now();
         float one = 1.0f, zero = 0.0f;
         if (gpu.bf16)
-            CUBLAS_CHECK(cublasGemmEx(gpu.cublas, OP_N, OP_N, n, n, n, &one, ab_bf16, CUDA_R_16BF, n,
-                                      ab_bf16 + elements, CUDA_R_16BF, n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+            CUBLAS_CHECK(cublasGemmEx(gpu.cublas, OP_N, OP_N, n, n, n, &one, ab_bf16, CUDA_R_16BF,
+                                      n, ab_bf16 + elements, CUDA_R_16BF, n, &zero, c, CUDA_R_32F,
+                                      n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         else
             gemm(OP_N, OP_N, n, n, n, one, a, n, b, n, zero, c, n);
         CUDA_CHECK(cudaStreamSynchronize(gpu_stream));
-        if (r >= 0) times[r] = seconds_now() - start;
+        if (r >= 0)
+            times[r] = seconds_now() - start;
     }
     qsort(times, (size_t)repeats, sizeof(double), compare_seconds);
-    double median = repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
+    double median =
+        repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
     double tflops = 2.0 * n * (double)n * n / median * 1e-12;
     if (json)
-        printf("{\"impl\": \"cublas_sgemm\", \"n\": %d, \"tf32\": %d, \"bf16\": %d, \"repeats\": %d, "
-               "\"median_ms\": %.3f, \"min_ms\": %.3f, \"tflops\": %.2f, \"gpu\": \"%s\"}\n", n, gpu.tf32, gpu.bf16,
-               repeats, median * 1e3, times[0] * 1e3, tflops, prop.name);
+        printf("{\"impl\": \"cublas_sgemm\", \"n\": %d, \"tf32\": %d, \"bf16\": %d, "
+               "\"repeats\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"tflops\": %.2f, "
+               "\"gpu\": \"%s\"}\n", n, gpu.tf32, gpu.bf16, repeats, median * 1e3, times[0] * 1e3,
+               tflops, prop.name);
     else
         printf("cuBLAS %s %d x %d x %d (%s) on %s: median %.3f ms of %d (min %.3f), %.2f TFLOP/s\n",
-               gpu.bf16 ? "GEMM" : "SGEMM", n, n, n, gpu.bf16 ? "bf16, fp32 sums" : gpu.tf32 ? "TF32" : "fp32",
-               prop.name, median * 1e3, repeats, times[0] * 1e3, tflops);
+               gpu.bf16 ? "GEMM" : "SGEMM", n, n, n,
+               gpu.bf16 ? "bf16, fp32 sums" : gpu.tf32 ? "TF32" : "fp32", prop.name, median * 1e3,
+               repeats, times[0] * 1e3, tflops);
     free(times);
-    if (ab_bf16) CUDA_CHECK(cudaFree(ab_bf16));
+    if (ab_bf16)
+        CUDA_CHECK(cudaFree(ab_bf16));
     CUBLAS_CHECK(cublasDestroy(main_stream->cublas));
     CUDA_CHECK(cudaFree(main_stream->cublas_workspace));
     CUDA_CHECK(cudaFree(a));
@@ -2416,14 +2769,20 @@ int transformer_cuda_sgemm(int argc, char **argv) {
 extern "C" {
 #endif
 const TrainingCompute *transformer_cuda_training(void) { return &gpu_training; }
-void transformer_cuda_logits(float *out, size_t n) { gpu_copy(out, gpu.logits, n * sizeof(float), cudaMemcpyDeviceToHost); }
+void transformer_cuda_logits(float *out, size_t n) {
+    gpu_copy(out, gpu.logits, n * sizeof(float), cudaMemcpyDeviceToHost);
+}
 void transformer_cuda_release(void) { gpu_release(); }
 void transformer_cuda_fuse_attention(int on) { gpu_fused_attention = on; }   // --fused-attention
 void transformer_cuda_one_stream(int on) { gpu_one_stream = on; }             // --one-stream
 void transformer_cuda_bf16(int on) { gpu.bf16 = on; }   // --bf16 (from the next begin)
 void transformer_cuda_tf32(int on) { gpu.tf32 = on; }   // --tf32 (from the next begin)
-void transformer_cuda_weights_as_stored(int on) { gpu_weights_as_stored = on; }   // --weights-as-stored (next begin)
-void transformer_cuda_epilogues(int on) { gpu_no_epilogues = !on; }   // --no-epilogues (from the next begin)
+void transformer_cuda_weights_as_stored(int on) {   // --weights-as-stored (next begin)
+    gpu_weights_as_stored = on;
+}
+void transformer_cuda_epilogues(int on) {   // --no-epilogues (from the next begin)
+    gpu_no_epilogues = !on;
+}
 #ifdef __cplusplus
 }
 #endif
@@ -2434,36 +2793,48 @@ static void gpu_print_counts(void) {
     const GpuCounts *k = &gpu.step_counts;
     double mb = 1.0 / (1024 * 1024), f = sizeof(float);
     double kv_w = (double)gpu.config.n_layers * 2 * gpu.config.d_model * gpu.config.d_model;
-    double model = ((double)gpu.num_parameters * 4 + (double)gpu.config.max_len * gpu.config.d_model + kv_w) * f;
+    double model = ((double)gpu.num_parameters * 4 +
+                    (double)gpu.config.max_len * gpu.config.d_model + kv_w) * f;
     double bf16 = gpu.bf16 ? 2.0 : 0.0;   // bytes a number of the bf16 copies (--bf16)
     model += bf16 * ((double)gpu.num_parameters + kv_w);
-    if (gpu.params_t) model += ((double)gpu.num_parameters + kv_w) * f;   // --tf32's transposed copies
+    if (gpu.params_t)
+        model += ((double)gpu.num_parameters + kv_w) * f;   // --tf32's transposed copies
     double held = model + (double)gpu.batch_capacity * (f + bf16) + (double)gpu.upload_capacity +
                   2 * CUBLAS_WORKSPACE_BYTES;
     char graphs[96];
-    if (k->graph_launches) snprintf(graphs, sizeof graphs, "in %ld CUDA graph launch%s", k->graph_launches,
-                                    k->graph_launches == 1 ? "" : "es");
-    else snprintf(graphs, sizeof graphs, "no CUDA graph");
-    printf("per step: %ld kernel launches, %ld cuBLAS calls, %ld memsets, %ld copies (%s); %ld calls from the host; "
-           "%.1f MB set, %.1f MB copied, %.1f MB device memory held\n", k->launches, k->gemms, k->memsets, k->copies,
-           graphs, k->host_calls, k->bytes_set * mb, k->bytes_copied * mb, held * mb);
-    long work = k->launches + k->gemms;
-    if (gpu_one_stream) printf("streams: one (--one-stream)\n");
-    else printf("streams: two; on the second %ld kernel launches and %ld cuBLAS calls (%.0f%% of the step's %ld), "
-                "the weights' gradients, after %ld waits for the main stream; the main stream waited for it %ld "
-                "times\n", k->side_launches, k->side_gemms,
-                work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0, work, k->forks, k->joins);
-    if (gpu.lt || gpu.params_t)
-        printf("products: %ld with cuBLASLt's epilogues (the feed-forward networks' bias and ReLU; --no-epilogues: "
-               "none), %ld reading --tf32's transposed weights\n", k->epilogue_products, k->transposed_products);
     if (k->graph_launches)
-        printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; no event nodes) and %ld dependencies (each node "
-               "on the one before it in its stream, and the streams' waits for each other), launched after the step's "
-               "upload and before its loss comes back\n", k->graph_nodes, k->graph_edges);
-    printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments%s); for this %d x %d x %d batch "
-           "%.1f MB activations kept for the backward pass and %.1f MB scratch (%.2f x the activations), in an "
-           "allocation of %.1f MB; %ld allocations in the last step\n", model * mb,
-           gpu.params_t ? ", the weights' transposed copies" : gpu.bf16 ? ", the weights' bf16 copies" : "",
+        snprintf(graphs, sizeof graphs, "in %ld CUDA graph launch%s", k->graph_launches,
+                 k->graph_launches == 1 ? "" : "es");
+    else
+        snprintf(graphs, sizeof graphs, "no CUDA graph");
+    printf("per step: %ld kernel launches, %ld cuBLAS calls, %ld memsets, %ld copies (%s); "
+           "%ld calls from the host; %.1f MB set, %.1f MB copied, %.1f MB device memory held\n",
+           k->launches, k->gemms, k->memsets, k->copies, graphs, k->host_calls, k->bytes_set * mb,
+           k->bytes_copied * mb, held * mb);
+    long work = k->launches + k->gemms;
+    if (gpu_one_stream)
+        printf("streams: one (--one-stream)\n");
+    else
+        printf("streams: two; on the second %ld kernel launches and %ld cuBLAS calls (%.0f%% of "
+               "the step's %ld), the weights' gradients, after %ld waits for the main stream; "
+               "the main stream waited for it %ld times\n", k->side_launches, k->side_gemms,
+               work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0, work, k->forks,
+               k->joins);
+    if (gpu.lt || gpu.params_t)
+        printf("products: %ld with cuBLASLt's epilogues (the feed-forward networks' bias and "
+               "ReLU; --no-epilogues: none), %ld reading --tf32's transposed weights\n",
+               k->epilogue_products, k->transposed_products);
+    if (k->graph_launches)
+        printf("graph: %ld nodes (kernels, cuBLAS's, copies, memsets; no event nodes) and %ld "
+               "dependencies (each node on the one before it in its stream, and the streams' "
+               "waits for each other), launched after the step's upload and before its loss "
+               "comes back\n", k->graph_nodes, k->graph_edges);
+    printf("device memory: %.1f MB the model (parameters, gradients, Adam's moments%s); for this "
+           "%d x %d x %d batch %.1f MB activations kept for the backward pass and %.1f MB "
+           "scratch (%.2f x the activations), in an allocation of %.1f MB; %ld allocations in "
+           "the last step\n", model * mb,
+           gpu.params_t ? ", the weights' transposed copies"
+                        : gpu.bf16 ? ", the weights' bf16 copies" : "",
            gpu.B, gpu.S, gpu.T,
            (double)gpu.activation_floats * f * mb, (double)gpu.scratch_floats * f * mb,
            (double)(gpu.activation_floats + gpu.scratch_floats) / (double)gpu.activation_floats,
@@ -2479,27 +2850,33 @@ static int compare_profile_entries(const void *a, const void *b) {
 // the kernels', cuBLAS's and the copies' totals
 static void gpu_print_profile(void) {
     long steps = gpu_profile.steps;
-    if (steps == 0) { printf("profile: no training step after the first; nothing was timed\n"); return; }
+    if (steps == 0) {
+        printf("profile: no training step after the first; nothing was timed\n");
+        return;
+    }
     ProfileEntry sorted[PROFILE_NAMES];
     memcpy(sorted, gpu_profile.entries, sizeof sorted);
     qsort(sorted, (size_t)gpu_profile.count, sizeof *sorted, compare_profile_entries);
     double total = 0, group_ms[3] = { 0 };
     long group_calls[3] = { 0 };
     for (int i = 0; i < gpu_profile.count; i++) total += sorted[i].seconds;
-    printf("profile: %ld step%s after the first, each call timed alone (a wait before and after it, no CUDA graph); "
-           "per step:\n      ms   share  calls  what\n", steps, steps == 1 ? "" : "s");
+    printf("profile: %ld step%s after the first, each call timed alone (a wait before and after "
+           "it, no CUDA graph); per step:\n"
+           "      ms   share  calls  what\n", steps, steps == 1 ? "" : "s");
     for (int i = 0; i < gpu_profile.count; i++) {
         const ProfileEntry *e = &sorted[i];
-        int group = strncmp(e->name, "cuBLAS", 6) == 0 ? 1 : strncmp(e->name, "copy", 4) == 0 ? 2 : 0;
+        int group = strncmp(e->name, "cuBLAS", 6) == 0 ? 1
+                  : strncmp(e->name, "copy", 4) == 0 ? 2 : 0;
         group_ms[group] += 1e3 * e->seconds / steps;
         group_calls[group] += e->calls;
         printf("%8.3f %6.1f%% %6.1f  %s\n", 1e3 * e->seconds / steps, 100 * e->seconds / total,
                (double)e->calls / steps, e->name);
     }
-    printf("%8.3f  100.0%% %6.1f  in all: kernels %.3f ms (%.0f calls), cuBLAS %.3f ms (%.0f), copies %.3f ms (%.0f)\n",
-           1e3 * total / steps, (double)(group_calls[0] + group_calls[1] + group_calls[2]) / steps, group_ms[0],
-           (double)group_calls[0] / steps, group_ms[1], (double)group_calls[1] / steps, group_ms[2],
-           (double)group_calls[2] / steps);
+    printf("%8.3f  100.0%% %6.1f  in all: kernels %.3f ms (%.0f calls), cuBLAS %.3f ms (%.0f), "
+           "copies %.3f ms (%.0f)\n",
+           1e3 * total / steps, (double)(group_calls[0] + group_calls[1] + group_calls[2]) / steps,
+           group_ms[0], (double)group_calls[0] / steps, group_ms[1], (double)group_calls[1] / steps,
+           group_ms[2], (double)group_calls[2] / steps);
 }
 
 // ./transformer_cuda COMMAND [options] [--tf32] [--bf16] [--no-graph] [--count] [--profile]:
@@ -2510,50 +2887,72 @@ static void gpu_print_profile(void) {
 int main(int argc, char **argv) {
     int kept = 0;
     for (int i = 0; i < argc; i++) {
-        if (i > 0 && strcmp(argv[i], "--tf32") == 0) gpu.tf32 = 1;
-        else if (i > 0 && strcmp(argv[i], "--bf16") == 0) gpu.bf16 = 1;
-        else if (i > 0 && strcmp(argv[i], "--count") == 0) gpu.count = 1;
-        else if (i > 0 && strcmp(argv[i], "--no-graph") == 0) gpu_graph_after = 0;
-        else if (i > 0 && strcmp(argv[i], "--profile") == 0) gpu_profile.requested = 1, gpu_graph_after = 0;
-        else if (i > 0 && strcmp(argv[i], "--fused-attention") == 0) gpu_fused_attention = 1;
-        else if (i > 0 && strcmp(argv[i], "--one-stream") == 0) gpu_one_stream = 1;
-        else if (i > 0 && strcmp(argv[i], "--weights-as-stored") == 0) gpu_weights_as_stored = 1;
-        else if (i > 0 && strcmp(argv[i], "--no-epilogues") == 0) gpu_no_epilogues = 1;
-        else argv[kept++] = argv[i];
+        if (i > 0 && strcmp(argv[i], "--tf32") == 0)
+            gpu.tf32 = 1;
+        else if (i > 0 && strcmp(argv[i], "--bf16") == 0)
+            gpu.bf16 = 1;
+        else if (i > 0 && strcmp(argv[i], "--count") == 0)
+            gpu.count = 1;
+        else if (i > 0 && strcmp(argv[i], "--no-graph") == 0)
+            gpu_graph_after = 0;
+        else if (i > 0 && strcmp(argv[i], "--profile") == 0)
+            gpu_profile.requested = 1, gpu_graph_after = 0;
+        else if (i > 0 && strcmp(argv[i], "--fused-attention") == 0)
+            gpu_fused_attention = 1;
+        else if (i > 0 && strcmp(argv[i], "--one-stream") == 0)
+            gpu_one_stream = 1;
+        else if (i > 0 && strcmp(argv[i], "--weights-as-stored") == 0)
+            gpu_weights_as_stored = 1;
+        else if (i > 0 && strcmp(argv[i], "--no-epilogues") == 0)
+            gpu_no_epilogues = 1;
+        else
+            argv[kept++] = argv[i];
     }
     argv[kept] = NULL;
     const char *command = kept >= 2 ? argv[1] : "";
     int status, help = 0;   // help: the command's --help, which runs nothing to count
-    for (int i = 1; i < kept; i++) help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    for (int i = 1; i < kept; i++)
+        help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
     // --count and --profile report training steps: of train or bench, which run them
-    if ((gpu.count || gpu_profile.requested) && strcmp(command, "train") != 0 && strcmp(command, "bench") != 0) {
-        fprintf(stderr, "error: --count and --profile go with train or bench; '%s' runs no training step\n", command);
+    if ((gpu.count || gpu_profile.requested) && strcmp(command, "train") != 0 &&
+        strcmp(command, "bench") != 0) {
+        fprintf(stderr, "error: --count and --profile go with train or bench; '%s' runs no "
+                        "training step\n", command);
         return 1;
     }
     if (strcmp(command, "sgemm") == 0) {
         status = transformer_cuda_sgemm(kept - 1, argv + 1);
     } else {
 #ifdef CUDA_ON_CPU
-        if (gpu.count && strcmp(command, "train") == 0 && !help) {   // (on a GPU the steps run, and are counted)
-            fprintf(stderr, "error: train --count: this CPU build computes nothing with --count, and would save an "
-                            "untrained model as trained; expected bench --count\n");
+        if (gpu.count && strcmp(command, "train") == 0 && !help) {   // (on a GPU the steps run,
+                                                                     // and are counted)
+            fprintf(stderr, "error: train --count: this CPU build computes nothing with --count, "
+                            "and would save an untrained model as trained; "
+                            "expected bench --count\n");
             return 1;
         }
-        if (gpu.count) cuda_on_cpu.execute = 0;
+        if (gpu.count)
+            cuda_on_cpu.execute = 0;
 #endif
         transformer_training = &gpu_training;
         status = transformer_lab_main(kept, argv);
-        if (status == 0 && !help && (gpu.count || gpu_profile.requested) && gpu.step_counts.launches == 0) {
-            fprintf(stderr, "error: %s: --count and --profile: no training step ran (bench --decode decodes)\n", command);
+        if (status == 0 && !help && (gpu.count || gpu_profile.requested) &&
+            gpu.step_counts.launches == 0) {
+            fprintf(stderr, "error: %s: --count and --profile: no training step ran "
+                            "(bench --decode decodes)\n", command);
             status = 1;
         }
-        if (gpu.count && status == 0 && !help) gpu_print_counts();
-        if (gpu_profile.requested && status == 0 && !help) gpu_print_profile();
+        if (gpu.count && status == 0 && !help)
+            gpu_print_counts();
+        if (gpu_profile.requested && status == 0 && !help)
+            gpu_print_profile();
         gpu_release();
     }
     errno = 0;   // (a reason given below is this flush's own, never an older error's)
-    if (status == 0 && (fflush(stdout) != 0 || ferror(stdout))) {   // a full disk, say: the output is lost
-        fprintf(stderr, "error: %s: writing the output failed: %s\n", command[0] ? command : "transformer_cuda",
+    if (status == 0 && (fflush(stdout) != 0 || ferror(stdout))) {   // a full disk, say: the
+                                                                    // output is lost
+        fprintf(stderr, "error: %s: writing the output failed: %s\n",
+                command[0] ? command : "transformer_cuda",
                 errno ? strerror(errno) : "an earlier write to standard output failed");
         status = 1;
     }

@@ -113,10 +113,11 @@ static int transposed_add(TransposedWeight *list, int count, TransposedWeight w)
 }
 
 // The copy of a tensor of gpu.params at its own offset in gpu.params_t: layer l's, rows x cols
-static int transposed_add_tensor(TransposedWeight *list, int count, const Transformer *m, const real *host_tensor,
-                                 size_t l, int rows, int cols) {
+static int transposed_add_tensor(TransposedWeight *list, int count, const Transformer *m,
+                                 const real *host_tensor, size_t l, int rows, int cols) {
     size_t per_layer = (size_t)rows * cols;
-    if (host_tensor == m->params.dec_cross_qkv_w) per_layer = (size_t)3 * cols * cols;   // (its W^Q rows alone)
+    if (host_tensor == m->params.dec_cross_qkv_w)
+        per_layer = (size_t)3 * cols * cols;   // (its W^Q rows alone)
     TransposedWeight w;
     memset(&w, 0, sizeof w);
     w.from = on_gpu(gpu.params, m, host_tensor, l, per_layer);
@@ -151,7 +152,8 @@ static int transposed_weights_list(TransposedWeight *list, const Transformer *m)
         n = transposed_add_tensor(list, n, m, p->dec_ff2_w, l, C, F);
     }
     n = transposed_add_tensor(list, n, m, p->embedding, 0, m->config.vocab_size, C);
-    for (int l = 0; l < L; l++) {   // layer l's W^K, W^V (2C x C) to columns l*2C.. of the (C x L*2C) copy
+    for (int l = 0; l < L; l++) {   // layer l's W^K, W^V (2C x C) to
+                                    // columns l*2C.. of the (C x L*2C) copy
         TransposedWeight w;
         memset(&w, 0, sizeof w);
         w.from = on_gpu(gpu.params, m, p->dec_cross_qkv_w, l, (size_t)3 * C * C) + (size_t)C * C;
@@ -178,7 +180,8 @@ static void gpu_transposed_prepare(const Transformer *m, TransposedWeight *table
     const TransposedWeight *last = &gpu.transposed[count - 1];
     gpu.transposed_tiles = last->first_tile + transpose_tiles(last->rows, last->cols);
     gpu.transposed_table = table_on_gpu;
-    gpu_copy(table_on_gpu, gpu.transposed, (size_t)count * sizeof(TransposedWeight), cudaMemcpyHostToDevice);
+    gpu_copy(table_on_gpu, gpu.transposed, (size_t)count * sizeof(TransposedWeight),
+             cudaMemcpyHostToDevice);
 }
 
 // The floats the table takes in the model's memory (carve counts floats)
@@ -189,10 +192,12 @@ static size_t transposed_table_floats(const Transformer *m) {
 
 // Every copy written from gpu.params: after each Adam update, and at begin
 static void gpu_transpose_weights(void) {
-    if (!gpu.transposed) return;
+    if (!gpu.transposed)
+        return;
     size_t shared = (size_t)TRANSPOSE_TILE * (TRANSPOSE_TILE + 1) * sizeof(float);
-    LAUNCH(transpose_weights_kernel, gpu.transposed_tiles, xyz(TRANSPOSE_TILE, TRANSPOSE_TILE_ROWS, 1), shared,
-           gpu.transposed_table, gpu.transposed_count);
+    LAUNCH(transpose_weights_kernel, gpu.transposed_tiles,
+           xyz(TRANSPOSE_TILE, TRANSPOSE_TILE_ROWS, 1), shared, gpu.transposed_table,
+           gpu.transposed_count);
 }
 
 // The transposed copy of rows r0.. of a weight matrix, `rows` x `cols` at
@@ -200,10 +205,12 @@ static void gpu_transpose_weights(void) {
 static const float *gpu_transposed_weight(const float *weight, int rows, int cols, int *ld) {
     for (int i = 0; i < gpu.transposed_count; i++) {
         const TransposedWeight *w = &gpu.transposed[i];
-        if (!w->in_params || weight < w->from || weight >= w->from + (size_t)w->rows * w->cols) continue;
+        if (!w->in_params || weight < w->from || weight >= w->from + (size_t)w->rows * w->cols)
+            continue;
         size_t offset = (size_t)(weight - w->from);
         size_t r0 = offset / (size_t)w->cols;
-        if (w->cols != cols || offset % (size_t)w->cols != 0 || r0 + (size_t)rows > (size_t)w->rows) return NULL;
+        if (w->cols != cols || offset % (size_t)w->cols != 0 || r0 + (size_t)rows > (size_t)w->rows)
+            return NULL;
         *ld = w->to_ld;
         return w->to + r0;
     }

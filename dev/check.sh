@@ -111,19 +111,32 @@ if has_torch "$export_python"; then
         "$export_python" dev/export_pytorch.py "$tmp/small.ckpt" --out "$tmp/small.pt"
     }
     run export_pytorch.py "a 2-step checkpoint (subwords, learned positions) to PyTorch, compared by ./test_transformer ($export_python)" export_
+    export_minimal() {
+        gcc -O3 -march=native -fopenmp -std=c11 -Wall -Wextra -o "$tmp/transformer_minimal" transformer.c -lm &&
+        OMP_NUM_THREADS=1 "$tmp/transformer_minimal" train --task copy --steps 2 --layers 1 --d-model 16 --d-ff 16 \
+            --heads 2 --checkpoint "$tmp/minimal.ckpt" > /dev/null &&
+        "$export_python" dev/export_pytorch.py "$tmp/minimal.ckpt" --out "$tmp/minimal.pt"
+    }
+    run "export_pytorch.py minimal" "a checkpoint of transformer.c alone (version 4, no run part: built as make minimal builds it)" export_minimal
+    export_v3() {
+        "$export_python" dev/export_pytorch.py tiny_data/v3/numbers_bpe_step40.ckpt --out "$tmp/v3.pt" --reference "$tmp/v3.ref"
+    }
+    run "export_pytorch.py v3" "tiny_data/v3/numbers_bpe_step40.ckpt, a version-3 checkpoint (subwords), to PyTorch" export_v3
     peer() {
         local d=$tmp/translate
         mkdir -p "$d" && head -n 200 tiny_data/numbers_train.tsv > "$d/train.tsv" &&
         head -n 20 tiny_data/numbers_test.tsv > "$d/test.tsv" && cut -f1 "$d/test.tsv" > "$d/test.source" &&
         cut -f2 "$d/test.tsv" > "$d/test.reference" &&
         ./transformer train --train "$d/train.tsv" --bpe 50 --steps 30 --warmup 10 --layers 1 --d-model 16 --d-ff 32 \
-            --heads 2 --batch-tokens 300 --log-every 0 --eval-every 0 --show 0 --force --threads 1 \
-            --checkpoint "$d/model.ckpt" --batch-log "$d/batches.bin" --loss-log "$d/loss.txt" > /dev/null &&
+            --heads 2 --batch-tokens 300 --log-every 0 --eval-every 0 --save-every 10 --keep-last 2 --show 0 --force \
+            --threads 1 --checkpoint "$d/model.ckpt" --batch-log "$d/batches.bin" --loss-log "$d/loss.txt" > /dev/null &&
         "$export_python" dev/pytorch_translate.py --dir "$d" --window 10 --threads 1
     }
-    run pytorch_translate.py "the PyTorch peer of make translate on a 30-step numbers run ($export_python)" peer
+    run pytorch_translate.py "the PyTorch peer of make translate on a 30-step numbers run, steps 20 and 30 kept and averaged ($export_python)" peer
 else
-    skip export_pytorch.py "needs PyTorch: Debian's python3-torch at $system, or dev/.venv (make bench-setup)"
+    for s in export_pytorch.py "export_pytorch.py minimal" "export_pytorch.py v3"; do
+        skip "$s" "needs PyTorch: Debian's python3-torch at $system, or dev/.venv (make bench-setup)"
+    done
     skip pytorch_translate.py "needs PyTorch: Debian's python3-torch at $system, or dev/.venv (make bench-setup)"
 fi
 

@@ -19,47 +19,50 @@ typedef struct {
     int hook;
     real *p[9];
     int i[9];
+    AttentionShape shape;   // the attention hooks' sizes
 } Call;
 static Call calls[4096];
 static int ncalls, recording;
 static __typeof__(fast_path) real_hooks;   // lab/fast_path.c's, which the recorders call
 static void rec_lf(real *out, const real *inp, const real *weight, const real *bias, int N, int IC,
                    int OC) {
-    if (recording)
-        calls[ncalls++] = (Call){ 0,
-                                  { out, (real *)inp, (real *)weight, (real *)bias },
-                                  { N, IC, OC } };
+    if (recording) {
+        Call call = { 0, { out, (real *)inp, (real *)weight, (real *)bias }, { N, IC, OC },
+                      { 0 } };
+        calls[ncalls] = call;
+        ncalls++;
+    }
     real_hooks.linear_forward(out, inp, weight, bias, N, IC, OC);
 }
 static void rec_lb(real *dinp, real *dweight, real *dbias, const real *dout, const real *inp,
                    const real *weight, int N, int IC, int OC) {
-    if (recording)
-        calls[ncalls++] = (Call){ 1,
-                                  { dinp, dweight, dbias, (real *)dout, (real *)inp,
-                                    (real *)weight },
-                                  { N, IC, OC } };
+    if (recording) {
+        Call call = { 1, { dinp, dweight, dbias, (real *)dout, (real *)inp, (real *)weight },
+                      { N, IC, OC }, { 0 } };
+        calls[ncalls] = call;
+        ncalls++;
+    }
     real_hooks.linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
-static void rec_af(real *out, real *att, const real *q, const real *k, const real *v, int q_stride,
-                   int kv_stride, const int *key_len, int causal, int B, int Tq, int Tk, int C,
-                   int NH) {
-    if (recording)
-        calls[ncalls++] = (Call){ 2,
-                                  { out, att, (real *)q, (real *)k, (real *)v, (real *)key_len },
-                                  { q_stride, kv_stride, causal, B, Tq, Tk, C, NH } };
-    real_hooks.attention_forward(out, att, q, k, v, q_stride, kv_stride, key_len, causal,
-                                 B, Tq, Tk, C, NH);
+static void rec_af(real *out, real *att, const real *q, const real *k, const real *v,
+                   const int *key_len, int causal, AttentionShape shape) {
+    if (recording) {
+        Call call = { 2, { out, att, (real *)q, (real *)k, (real *)v, (real *)key_len },
+                      { causal }, shape };
+        calls[ncalls] = call;
+        ncalls++;
+    }
+    real_hooks.attention_forward(out, att, q, k, v, key_len, causal, shape);
 }
 static void rec_ab(real *dq, real *dk, real *dv, const real *dout, const real *att, const real *q,
-                   const real *k, const real *v, int q_stride, int kv_stride, int B, int Tq, int Tk,
-                   int C, int NH) {
-    if (recording)
-        calls[ncalls++] = (Call){ 3,
-                                  { dq, dk, dv, (real *)dout, (real *)att, (real *)q, (real *)k,
-                                    (real *)v },
-                                  { q_stride, kv_stride, B, Tq, Tk, C, NH } };
-    real_hooks.attention_backward(dq, dk, dv, dout, att, q, k, v, q_stride, kv_stride,
-                                  B, Tq, Tk, C, NH);
+                   const real *k, const real *v, AttentionShape shape) {
+    if (recording) {
+        Call call = { 3, { dq, dk, dv, (real *)dout, (real *)att, (real *)q, (real *)k,
+                           (real *)v }, { 0 }, shape };
+        calls[ncalls] = call;
+        ncalls++;
+    }
+    real_hooks.attention_backward(dq, dk, dv, dout, att, q, k, v, shape);
 }
 static void replay(const Call *c) {
     const int *i = c->i;
@@ -69,11 +72,10 @@ static void replay(const Call *c) {
     if (c->hook == 1)
         real_hooks.linear_backward(p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2]);
     if (c->hook == 2)
-        real_hooks.attention_forward(p[0], p[1], p[2], p[3], p[4], i[0], i[1], (const int *)p[5],
-                                     i[2], i[3], i[4], i[5], i[6], i[7]);
+        real_hooks.attention_forward(p[0], p[1], p[2], p[3], p[4], (const int *)p[5], i[0],
+                                     c->shape);
     if (c->hook == 3)
-        real_hooks.attention_backward(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], i[0], i[1],
-                                      i[2], i[3], i[4], i[5], i[6]);
+        real_hooks.attention_backward(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], c->shape);
 }
 int main(int argc, char **argv) {
     const char *config = argc > 1 ? argv[1] : "toy";

@@ -22,7 +22,7 @@ Everything PyTorch needs is read from our run, so that only the implementation d
    to peak at --lr at step --warmup, as train's --lr says. Dropout draws its own masks.
 4. It compares the training loss, the mean of the 50 steps up to 500, 1000, 2000 and the
    last (one step's loss is noisy with dropout), and writes PyTorch's final weights into
-   a copy of our final checkpoint (DIR/pytorch.ckpt, its FNV-1a checksum redone), so that
+   a copy of our final checkpoint (DIR/pytorch.ckpt, its model part's FNV-1a checksum redone), so that
    ./transformer decodes both with the same beam search and bleu scores both: test BLEU,
    13a, greedy and beam 4, each model's last step; then, as make translate measures, beam 4
    over the average of the steps our run kept (PyTorch's weights at those steps are written
@@ -131,16 +131,16 @@ def load_weights(model, params):
 
 
 def write_checkpoint(template, out, model):
-    """Our checkpoint `template` with its weights replaced by the model's and its checksum redone."""
+    """Our checkpoint `template` with its weights replaced by the model's and its checksum redone: in
+    version 4 the model part's (its run part, Adam's moments with it, is left as it was), in version 3
+    the file's."""
     data = bytearray(open(template, "rb").read())
-    config, _words, params, _options = export.read_checkpoint(template)
-    P = params.numel()
+    layout = export.parse_checkpoint(bytes(data), template)
+    P, real_bytes, start, checksum_at = (layout[k] for k in ("P", "real_bytes", "params_offset", "checksum_at"))
     flat = torch.cat([p.detach().reshape(-1) for group in model.ordered_params() for p in group]).numpy()
     assert flat.size == P
-    real_bytes = struct.unpack_from("<I", data, 8)[0]
-    start = len(data) - 8 - 3 * P * real_bytes      # the weights, then Adam's two moments, then the checksum
     data[start:start + P * real_bytes] = flat.astype("<f4" if real_bytes == 4 else "<f8").tobytes()
-    struct.pack_into("<Q", data, len(data) - 8, export.fnv1a(bytes(data[:-8])))
+    struct.pack_into("<Q", data, checksum_at, export.fnv1a(bytes(data[:checksum_at])))
     open(out, "wb").write(bytes(data))
 
 
@@ -163,6 +163,8 @@ def main():
     d = a.dir
     ours = os.path.join(d, "model.ckpt")
     config, words, _params, options = export.read_checkpoint(ours)
+    if config["adam_step"] is None:
+        sys.exit(f"error: {ours}: it holds no run (its flags, Adam's step): expected a checkpoint of ./transformer train")
     steps = a.steps or config["adam_step"]
     p_drop = float(flag_value(options, "--dropout") or config["dropout"])
     lr = float(flag_value(options, "--lr"))

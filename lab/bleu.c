@@ -25,10 +25,10 @@
  * eval --bleu computes on the model's tokens. sacreBLEU's default on
  * detokenized text is the field's number since 2018, and is usually lower.
  *
- * The corpus BLEU of the model's own tokens is here too (BleuStats, bleu_*:
- * once transformer.c's), and `eval`, which prints it (--bleu).
+ * The corpus BLEU of the model's own tokens is here too (BleuStats, bleu_*),
+ * and `eval`, which prints it (--bleu).
  *
- * BUILD  included by lab/lab.c after transformer.c and lab/text.c
+ * BUILD  included by lab/lab.c after lab/decode.c
  */
 
 // ---- §6.1 BLEU of the model's tokens ---------------------------------------------
@@ -173,10 +173,10 @@ static void evaluation_bleu(BleuStats *stats, const Evaluation *e, const Dataset
 }
 
 // ---- BLEU of words ------------------------------------------------------------------
-// BLEU of two strings of tokens separated by white space (transformer.c's one
-// rule, next_token: sacreBLEU's tokenize='none'): each distinct word gets an id
-// from a vocabulary of the pair's own, and the ids are scored as transformer.c
-// scores the model's tokens (bleu_add_sentence).
+// BLEU of two strings of tokens separated by white space (the lab's one
+// rule, text_next_token: sacreBLEU's tokenize='none'): each distinct word gets an id
+// from a vocabulary of the pair's own, and the ids are scored as the model's
+// tokens are (bleu_add_sentence).
 static void bleu_add_sentence_text(BleuStats *stats, const char *candidate, const char *reference) {
     Vocabulary words;
     vocab_init(&words);
@@ -184,7 +184,7 @@ static void bleu_add_sentence_text(BleuStats *stats, const char *candidate, cons
     int *ids = checked_calloc(capacity, sizeof *ids, "BLEU words"), n = 0, candidate_len = 0;
     for (int side = 0; side < 2; side++) {
         for (const char *p = side == 0 ? candidate : reference;
-             (p = next_token(p, &length)) != NULL; p += length)
+             (p = text_next_token(p, &length)) != NULL; p += length)
             push_id(&ids, &capacity, n++, vocab_add(&words, p, length));
         if (side == 0)
             candidate_len = n;
@@ -199,25 +199,21 @@ static void bleu_add_sentence_text(BleuStats *stats, const char *candidate, cons
 // match on words (e->exact, replacing the count on subwords), and, when
 // bleu_words is not NULL, BLEU on words.
 static void evaluation_words(Evaluation *e, BleuStats *bleu_words, const Dataset *dataset,
-                             const Vocabulary *vocab) {
+                             const Vocabulary *vocab, const Bpe *merges) {
     e->exact = 0;
     if (bleu_words)
         bleu_reset(bleu_words);
     for (int i = 0; i < e->sentences; i++) {
         const SentencePair *p = &dataset->pairs[i];
-        char *output = tokens_to_text(vocab, e->output + (size_t)i * e->stride, e->output_len[i]);
-        char *reference = tokens_to_text(vocab, dataset->tokens + p->tgt, p->tgt_len);
+        char *output = tokens_to_text(vocab, merges, e->output + (size_t)i * e->stride,
+                                      e->output_len[i]);
+        char *reference = tokens_to_text(vocab, merges, dataset->tokens + p->tgt, p->tgt_len);
         e->exact += strcmp(output, reference) == 0;
         if (bleu_words)
             bleu_add_sentence_text(bleu_words, output, reference);
         free(output);
         free(reference);
     }
-}
-
-// transformer.c's lab.score_words: during training, exact match on words.
-static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const Vocabulary *vocab) {
-    evaluation_words(e, NULL, dataset, vocab);
 }
 
 // ---- sacreBLEU's 13a tokenizer ----------------------------------------------------
@@ -229,7 +225,7 @@ static void evaluation_score_words(Evaluation *e, const Dataset *dataset, const 
 //   2. ([^0-9])([.,])         -> "\1 \2 "  a period or comma after a non-digit
 //   3. ([.,])([^0-9])         -> " \1 \2"  ... or before one
 //   4. ([0-9])(-)             -> "\1 \2 "  a dash after a digit
-// and the words are what white space separates (next_token, str.split()).
+// and the words are what white space separates (text_next_token, str.split()).
 // The classes name ASCII bytes only, so the rules can run on UTF-8 bytes: a
 // byte of a multi-byte character is never a digit, a period or a comma, and
 // matches [^0-9] exactly where its character would. (The first two rules of
@@ -321,7 +317,7 @@ static char *tokenize_13a(const char *line) {
 // BLEU.compute_bleu of sacreBLEU, step for step and in its order of
 // operations, so that the scores agree to the last bits, not only to two
 // decimals. Boxing Chen and Colin Cherry (WMT 2014) name the methods:
-//   none   a p_n of 0 gives BLEU 0 (transformer.c's bleu_score)
+//   none   a p_n of 0 gives BLEU 0 (bleu_score)
 //   exp    mteval-v13a's: the k-th order with no match counts 1/2^k of a match
 //   floor  an order with no match counts `value` matches (default 0.1)
 //   add-k  orders 2 to 4 get `value` matches and n-grams more (default 1)
@@ -521,7 +517,6 @@ static int command_bleu(int argc, char **argv) {
 
 
 // ---- eval: a checkpoint on a TSV file -----------------------------------------
-// (transformer.c's own until its Part II became the toy tasks' program alone)
 
 static int command_eval(int argc, char **argv) {
     const char *checkpoint = NULL, *data = NULL, *error = NULL;
@@ -551,24 +546,26 @@ static int command_eval(int argc, char **argv) {
     if (status)
         return status == 2 ? 0 : 1;
     set_threads(threads);
-    Transformer model = { 0 };
-    Vocabulary vocab = { 0 };
+    LabCheckpoint c;
+    memset(&c, 0, sizeof c);
     Dataset dataset = { 0 };
     if (!checkpoint || !data)
         error = !checkpoint ? "--checkpoint FILE is required" : "--data FILE.tsv is required";
-    else if (!(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)) &&
-             !(error = dataset_read_tsv(&dataset, &vocab, data, 0)))
-        error = dataset_check_lengths(&dataset, data, model.config.max_len);
+    else if (!(error = lab_checkpoint_load(checkpoint, &c)) &&
+             !(error = dataset_read_tsv(&dataset, &c.vocab, c.merges, data, 0)))
+        error = dataset_check_lengths(&dataset, data, c.model.config.max_len);
     if (!error) {
         Evaluation e;
+        HeldOutLoss losses;
         BleuStats bleu_tokens, bleu_words;
-        evaluate(&e, &model, &dataset, 0, batch_tokens, beam, alpha);
+        lab_evaluate(&e, &losses, &c.model, &dataset, 0, batch_tokens, beam, alpha);
         evaluation_bleu(&bleu_tokens, &e, &dataset);
-        const char *subwords = vocab.bpe ? " (subwords)" : "", *words = vocab.bpe ? " (words)" : "";
-        if (vocab.bpe)
-            evaluation_words(&e, &bleu_words, &dataset, &vocab);   // §5.1: on words
+        const char *subwords = c.merges ? " (subwords)" : "";
+        const char *words = c.merges ? " (words)" : "";
+        if (c.merges)
+            evaluation_words(&e, &bleu_words, &dataset, &c.vocab, c.merges);   // §5.1: on words
         if (show)
-            print_examples(&e, &dataset, &vocab, show);
+            print_examples(&e, &dataset, &c.vocab, c.merges, show);
         printf("%s: %d pairs, %s\n", data, e.sentences,
                beam > 1 ? "beam search" : "greedy decoding");
         printf("token accuracy  %.2f%% (%ld/%ld)%s\n",
@@ -576,20 +573,20 @@ static int command_eval(int argc, char **argv) {
         printf("exact match     %.2f%% (%d/%d)%s\n", 100.0 * e.exact / e.sentences, e.exact,
                e.sentences, words);
         printf("loss            %.4f per target token%s (teacher forcing, label smoothing %g)\n",
-               e.loss, vocab.bpe ? ", a subword" : "", (double)model.config.label_smoothing);
+               losses.loss, c.merges ? ", a subword" : "",
+               (double)c.model.config.label_smoothing);
         printf("perplexity      %.4f per target token%s (exp of -log p(reference), no smoothing)\n",
-               exp(e.log_loss), vocab.bpe ? ", a subword" : "");
+               exp(losses.log_loss), c.merges ? ", a subword" : "");
         if (bleu)
-            print_bleu(vocab.bpe ? &bleu_words : &bleu_tokens, words);
-        if (bleu && vocab.bpe)
+            print_bleu(c.merges ? &bleu_words : &bleu_tokens, words);
+        if (bleu && c.merges)
             print_bleu(&bleu_tokens, subwords);
         evaluation_free(&e);
     }
     if (error)
         fprintf(stderr, "error: eval: %s\n", error);
     dataset_free(&dataset);
-    transformer_free(&model);
-    vocab_free(&vocab);
+    lab_checkpoint_free(&c);
     return error ? 1 : 0;
 }
 

@@ -293,7 +293,7 @@ static char *words_joined(const char *text, int *words) {
     size_t used = 0;
     size_t n = 0;
     *words = 0;
-    for (const char *p = next_token(text, &n); p; p = next_token(p + n, &n)) {
+    for (const char *p = text_next_token(text, &n); p; p = text_next_token(p + n, &n)) {
         if (*words > 0)
             joined[used++] = ' ';
         memcpy(joined + used, p, n);

@@ -147,10 +147,16 @@ static int min_int(int a, int b) {
 
 // Uninitialised memory at a multiple of CACHE_LINE bytes (see arena_calloc); free() it.
 static void *checked_aligned_malloc(size_t count, size_t size, const char *what) {
-    size_t bytes = checked_bytes(count, size, what);
-    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0);
-    bytes = checked_bytes(lines, CACHE_LINE, what);   // aligned_alloc takes whole lines
-    return allocated(aligned_alloc(CACHE_LINE, bytes), bytes, what);
+    int overflows = size != 0 && count > (SIZE_MAX - CACHE_LINE) / size;
+    size_t bytes = overflows ? 0 : count * size;
+    size_t lines = bytes / CACHE_LINE + (bytes % CACHE_LINE != 0) + (bytes == 0);
+    void *p = overflows ? NULL : aligned_alloc(CACHE_LINE, lines * CACHE_LINE);   // whole lines
+    if (!p) {
+        fprintf(stderr, "error: %sout of memory allocating %s (%zu x %zu bytes)\n", error_context,
+                what, count, size);
+        exit(1);
+    }
+    return p;
 }
 
 // A copy of the rows m0 .. m0+height-1 of A before row m_end, depths d0 ..

@@ -1,19 +1,21 @@
 /* lab/lab.c: ./transformer, transformer.c with its companions and instruments
  *
  * transformer.c is the paper's model and the smallest program that trains it
- * and decodes with it. This file is everything that studies, draws, compares
- * and times that model, built on transformer.c the way test_transformer.c
- * is: it includes the whole of transformer.c and uses its functions as they
- * are, and plugs into its hooks (transformer.c, "where the lab plugs in"):
- * the fast path (fast_path.c), §5.1 subwords (subwords.c), train's further
- * flags (runs.c) and BLEU as sacreBLEU computes it (bleu.c). `make` builds
- * ./transformer from this file: transformer.c's commands (train, decode,
- * eval) and these:
+ * and decodes with it. This file is the program `make` builds as ./transformer,
+ * as llm.c's train_gpt2.cu stands beside train_gpt2.c: it includes the whole of
+ * transformer.c for the model and uses its functions as they are (batches, the
+ * model's checkpoint, the toy tasks, the option tables), plugs the fast path
+ * (fast_path.c) into transformer.c's FastPath seam, and has its own commands:
  *
- *   average    the mean of several checkpoints' weights (§6.1)
+ *   train      transformer.c's, and real text, §5.1 subwords, --resume, logs,
+ *              kept checkpoints, the busy machine's threads (lab/runs.c)
+ *   decode     transformer.c's, for real text and subwords, many sentences
+ *              side by side, --alpha, --threads (lab/decode.c)
+ *   eval       token accuracy, exact match, loss, perplexity, BLEU on a TSV file (lab/bleu.c)
  *   bleu       corpus BLEU of a file of outputs against a file of references, as sacreBLEU
  *              computes it (lab/bleu.c)
  *   catalogs   English->LANG sentence pairs from the machine's gettext catalogs (lab/catalogs.c)
+ *   average    the mean of several checkpoints' weights (§6.1)
  *   attention  SVG heatmaps of every attention head for one sentence
  *   pe         SVG picture of the positional-encoding matrix (§3.5)
  *   plot       SVG training curves from the CSV of train --log
@@ -21,6 +23,9 @@
  *   params     parameter counts of a configuration (Table 3)
  *   table3     the paper's Table 3 for checkpoints of model variations (make table3)
  *   bench      training-step and decoding speed (make bench: beside PyTorch)
+ *
+ * Its checkpoints are transformer.c's model followed by the run that trained it
+ * (lab/checkpoints.c). lab/NOTES.md says which file owns what.
  *
  * BUILD  make                 ./transformer (this file; OpenMP on, make OPENMP=0 for none)
  *        cc -O2 -fopenmp lab/lab.c -lm -o transformer      by hand (make adds -march=native
@@ -34,23 +39,55 @@
 #endif
 #include "../transformer.c"
 #include <sys/resource.h>    // getrusage: bench's peak memory
-#include "fast_path.c"       // the products many times faster (transformer.c's fast_path hooks)
+#include "fast_path.c"       // the products many times faster (transformer.c's FastPath seam)
+
 // The kind of positions (§3.5, or Table 3's row E) by name, as --positional
 // takes it and messages print it; -1 for a name that is neither.
 static const char *positional_name(int positional) {
     return positional == POSITIONAL_LEARNED ? "learned" : "sinusoid";
 }
+
 static int positional_from_name(const char *name) {
     return strcmp(name, "learned") == 0 ? POSITIONAL_LEARNED
            : strcmp(name, "sinusoid") == 0 ? POSITIONAL_SINUSOID : -1;
 }
-#include "text.c"           // real text: Unicode's white space, UTF-8, TSV files (transformer.c's
-                            // text hooks)
-#include "subwords.c"        // §5.1 byte-pair encoding (transformer.c's subword hooks)
-#include "runs.c"            // --train, --resume, --keep-last, --log, --threads 0, ...
-                             // (transformer.c's train hooks)
+
+// The OpenMP threads of the parallel loops: --threads N of the lab's commands (0 leaves
+// OpenMP's default, OMP_NUM_THREADS or every core).
+static void set_threads(int threads) {
+#ifdef _OPENMP
+    if (threads > 0)
+        omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+}
+
+static int thread_count(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// "1:23:45" or "2:05", in text (32 bytes): the time of long work.
+static char *duration(char *text, double seconds) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600)
+        snprintf(text, 32, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(text, 32, "%ld:%02ld", s / 60, s % 60);
+    return text;
+}
+
+#include "text.c"            // real text: Unicode's white space, UTF-8, tokens, TSV files
+#include "subwords.c"        // §5.1 byte-pair encoding
+#include "checkpoints.c"     // transformer.c's model, then the run; version 3 read too
+#include "decode.c"          // many sentences side by side; evaluation; decode
 #include "bleu.c"            // BLEU, eval, and BLEU of files as sacreBLEU computes it (13a,
                              // smoothing, signature)
+#include "runs.c"            // train: --train, --resume, --keep-last, --log, --threads 0, ...
 #include "catalogs.c"        // sentence pairs from the machine's gettext catalogs (make translate)
 
 
@@ -149,56 +186,48 @@ static int same_merges(const Bpe *a, const Bpe *b) {
 static const char *checkpoint_average(const char *out_path, const char *const *paths, int n) {
     if (n < 1)
         return errorf("no checkpoints to average; expected one or more files");
-    Transformer model, last;
-    Vocabulary vocab, last_vocab;
-    TrainingState state;
-    char *options = NULL;
+    LabCheckpoint c;
+    LabCheckpoint last;
     double *sum = NULL;
     const char *error = NULL;
     int have_last = 0;
     for (int i = 0; i < n && !error; i++) {
-        if ((error = checkpoint_load(paths[i], &model, &vocab, &state,
-                                     i == n - 1 ? &options : NULL)))
+        if ((error = lab_checkpoint_load(paths[i], &c)))
             break;
         if (i == 0) {
-            sum = checked_calloc(model.num_parameters, sizeof(double), "checkpoint average");
+            sum = checked_calloc(c.model.num_parameters, sizeof(double), "checkpoint average");
         } else {
             char difference[96];
-            if (config_difference(difference, sizeof difference, &model.config, &last.config))
+            if (config_difference(difference, sizeof difference, &c.model.config,
+                                  &last.model.config))
                 error = errorf("%s: %s as in %s; expected the same config", paths[i], difference,
                                paths[0]);
-            for (int t = 0; t < vocab.size && !error; t++)
-                if (strcmp(vocab.words[t], last_vocab.words[t]) != 0)
+            for (int t = 0; t < c.vocab.size && !error; t++)
+                if (strcmp(c.vocab.words[t], last.vocab.words[t]) != 0)
                     error = errorf("%s: vocabulary token %d is '%s' but '%s' in %s; expected the "
                                    "same vocabulary",
-                                   paths[i], t, vocab.words[t], last_vocab.words[t], paths[0]);
-            if (!error && !same_merges(vocab.bpe, last_vocab.bpe))
+                                   paths[i], t, c.vocab.words[t], last.vocab.words[t], paths[0]);
+            if (!error && !same_merges(c.merges, last.merges))
                 error = errorf("%s: its §5.1 merges differ from %s's; expected the same merges",
                                paths[i], paths[0]);
-            transformer_free(&last);
-            vocab_free(&last_vocab);
+            lab_checkpoint_free(&last);
             have_last = 0;
         }
         if (!error)
-            for (size_t e = 0; e < model.num_parameters; e++)
-                sum[e] += (double)model.params_memory[e];
+            for (size_t e = 0; e < c.model.num_parameters; e++)
+                sum[e] += (double)c.model.params_memory[e];
         // keep this one (for the next comparison, and the last as the result's template)
-        last = model;
-        last_vocab = vocab;
+        last = c;
         have_last = 1;
-        if (error)
-            break;
     }
     if (!error) {
-        for (size_t e = 0; e < last.num_parameters; e++) last.params_memory[e] = (real)(sum[e] / n);
-        error = checkpoint_save(out_path, &last, &last_vocab, &state, options ? options : "");
+        for (size_t e = 0; e < last.model.num_parameters; e++)
+            last.model.params_memory[e] = (real)(sum[e] / n);
+        error = lab_checkpoint_save(out_path, &last.model, &last.vocab, last.merges, &last.run);
     }
-    if (have_last) {
-        transformer_free(&last);
-        vocab_free(&last_vocab);
-    }
+    if (have_last)
+        lab_checkpoint_free(&last);
     free(sum);
-    free(options);
     return error;
 }
 
@@ -779,7 +808,8 @@ static int split_commas(char *line, char **fields, int max) {
 static void trim_copy(char *out, size_t size, const char *text) {
     const char *start = skip_white_space(text), *end = start;
     size_t length;
-    for (const char *p = start; (p = next_token(p, &length)) != NULL; p += length) end = p + length;
+    for (const char *p = start; (p = text_next_token(p, &length)) != NULL; p += length)
+        end = p + length;
     size_t n = (size_t)(end - start);
     if (n >= size)
         n = size - 1;
@@ -1239,11 +1269,12 @@ static int command_average(int argc, char **argv) {
 // Decodes one sentence greedily, runs the (source, output) pair through
 // transformer_forward in evaluation mode, and writes the attention
 // probabilities of every head of every layer as three SVG files.
-static const char *attention_pictures(Transformer *model, const Vocabulary *vocab, const int *src,
-                                      int src_len, const char *dir) {
+static const char *attention_pictures(Transformer *model, const Vocabulary *vocab,
+                                      const Bpe *merges, const int *src, int src_len,
+                                      const char *dir) {
     int limit = transformer_decode_limit(model, src_len), out_len;
     int *out = checked_calloc(limit, sizeof(int), "decoded sentence");
-    transformer_greedy_decode(model, out, &out_len, limit, src, &src_len, 1, src_len);
+    lab_greedy_decode(model, out, &out_len, limit, src, &src_len, 1, src_len);
     if (out_len + 1 > model->config.max_len) {
         free(out);
         return errorf("the output has %d tokens; with </s> that is more than the model's maximum "
@@ -1269,8 +1300,8 @@ static const char *attention_pictures(Transformer *model, const Vocabulary *voca
                                     "cross_attention.svg" };
     const char *error = NULL;
     printf("output: ");
-    print_tokens(stdout, vocab, out, out_len);
-    if (vocab->bpe) {
+    print_text(stdout, vocab, merges, out, out_len);
+    if (merges) {
         printf("\nsource subwords: ");
         print_subwords(stdout, vocab, src, src_len - 1);
         printf("\noutput subwords: ");
@@ -1319,11 +1350,10 @@ static int command_attention(int argc, char **argv) {
                       : !*dir ? "--out-dir '': expected a directory's path"
                       : n != 1 ? "expected exactly one source sentence (in quotes), after the flags"
                       : NULL;
-    Transformer model;
-    Vocabulary vocab;
-    int loaded = 0;
-    if (!error && !(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)))
-        loaded = 1;
+    LabCheckpoint c;
+    memset(&c, 0, sizeof c);
+    if (!error)
+        error = lab_checkpoint_load(checkpoint, &c);
     // the folder only once the model is there: a failed command leaves nothing behind
     if (!error && mkdir(dir, 0777) != 0 && errno != EEXIST)
         error = errorf("%s: cannot create: %s", dir, strerror(errno));
@@ -1335,26 +1365,23 @@ static int command_attention(int argc, char **argv) {
         TextSource from = { "the sentence", 0, 0, NULL };
         int *ids = NULL;
         size_t capacity = 0;
-        int len = tokenize(sentences[0], &vocab, 0, &ids, &capacity, &from);
+        int len = text_tokenize(sentences[0], &c.vocab, c.merges, 0, &ids, &capacity, &from);
         if (len < 0)
             error = reserved_token_error(&from);
         else if (len == 0)
             error = "the sentence is empty; expected tokens separated by white space";
-        else if (len > model.config.max_len - 1)
+        else if (len > c.model.config.max_len - 1)
             error = errorf("the sentence has %d tokens; the model's maximum length %d allows %d "
                            "(one position is </s>)",
-                           len, model.config.max_len, model.config.max_len - 1);
+                           len, c.model.config.max_len, c.model.config.max_len - 1);
         if (!error) {
             ids = checked_realloc(ids, (size_t)len + 1, sizeof(int), "token ids");
             ids[len++] = TOKEN_EOS; // as in training (batch_fill)
-            error = attention_pictures(&model, &vocab, ids, len, dir);
+            error = attention_pictures(&c.model, &c.vocab, c.merges, ids, len, dir);
         }
         free(ids);
     }
-    if (loaded) {
-        transformer_free(&model);
-        vocab_free(&vocab);
-    }
+    lab_checkpoint_free(&c);
     if (error)
         fprintf(stderr, "error: attention: %s\n", error);
     free(sentences);
@@ -1365,10 +1392,11 @@ static int command_attention(int argc, char **argv) {
 
 // One sentence cut into subwords with vocab's merges, printed on one line; or
 // the error of a reserved token's text in it.
-static const char *print_sentence_subwords(Vocabulary *vocab, char *text, TextSource *from) {
+static const char *print_sentence_subwords(Vocabulary *vocab, Bpe *bpe, char *text,
+                                           TextSource *from) {
     int *ids = NULL;
     size_t capacity = 0;
-    int n = tokenize(text, vocab, 1, &ids, &capacity, from);
+    int n = text_tokenize(text, vocab, bpe, 1, &ids, &capacity, from);
     if (n >= 0) {
         print_subwords(stdout, vocab, ids, n);
         printf("\n");
@@ -1413,26 +1441,24 @@ static int command_bpe(int argc, char **argv) {
                       : checkpoint && merges ? "--merges goes with --data; a checkpoint has its "
                                                "merges"
                       : NULL;
-    Vocabulary vocab;
-    memset(&vocab, 0, sizeof vocab); // vocab_init below, or checkpoint_load's
+    LabCheckpoint c;   // the checkpoint's, or a vocabulary and the merges learned from --data
+    memset(&c, 0, sizeof c);
     if (!error && data) {
-        vocab_init(&vocab);
+        vocab_init(&c.vocab);
         int learned = 0;
         double start = wall_seconds();
-        if (!(error = bpe_learn_from_tsv(&vocab, data, 0, merges, &learned))) {
+        if (!(error = bpe_learn_from_tsv(&c.merges, data, 0, merges, &learned))) {
             printf("# %d merges learned from %s in %.3f s", learned, data, wall_seconds() - start);
             if (learned < merges)
                 printf(" (of %d asked for: no pair of symbols occurs twice any more)", merges);
             printf("\n# rank  left right  (count)\n");
-            for (int r = 0; r < vocab.bpe->num_merges; r++)
-                printf("%6d  %s %s  (%ld)\n", r + 1, vocab.bpe->left[r], vocab.bpe->right[r],
-                       vocab.bpe->frequency[r]);
+            for (int r = 0; r < c.merges->num_merges; r++)
+                printf("%6d  %s %s  (%ld)\n", r + 1, c.merges->left[r], c.merges->right[r],
+                       c.merges->frequency[r]);
         }
     } else if (!error) {
-        Transformer model;
-        if (!(error = checkpoint_load(checkpoint, &model, &vocab, NULL, NULL)))
-            transformer_free(&model);
-        if (!error && !vocab.bpe)
+        error = lab_checkpoint_load(checkpoint, &c);
+        if (!error && !c.merges)
             error = errorf("%s: the model has no merges (trained on whole words, without --bpe)",
                            checkpoint);
     }
@@ -1440,7 +1466,7 @@ static int command_bpe(int argc, char **argv) {
     for (int i = 0; i < num_sentences && !error; i++) {
         snprintf(from.where, sizeof from.where, "argument %d", i + 1);
         if (!(error = text_error(sentences[i], 1, from.where)))
-            error = print_sentence_subwords(&vocab, sentences[i], &from);
+            error = print_sentence_subwords(&c.vocab, c.merges, sentences[i], &from);
     }
     if (!error && checkpoint && num_sentences == 0) {
         char *line = NULL;
@@ -1450,7 +1476,7 @@ static int command_bpe(int argc, char **argv) {
              line_no++) {
             snprintf(from.where, sizeof from.where, "stdin:%d", line_no);
             if (!(error = text_error(line, got, from.where)))
-                error = print_sentence_subwords(&vocab, line, &from);
+                error = print_sentence_subwords(&c.vocab, c.merges, line, &from);
         }
         // a read that failed (stdin a directory, say) is not the end of the input
         if (!error && ferror(stdin))
@@ -1459,7 +1485,7 @@ static int command_bpe(int argc, char **argv) {
     }
     if (error)
         fprintf(stderr, "error: bpe: %s\n", error);
-    vocab_free(&vocab);
+    lab_checkpoint_free(&c);
     free(sentences);
     return error ? 1 : 0;
 }
@@ -1655,7 +1681,7 @@ typedef struct {
     long steps;
     size_t parameters;
     uint64_t dev_hash;   // dataset_hash of dev as this run's vocabulary cuts it into tokens
-    uint64_t data_hash;  // of its training pairs (TrainingState)
+    uint64_t data_hash;  // of its training pairs (RunState)
     char *options;       // its run options, as stored in the checkpoint
     double perplexity;   // dev: exp(mean -log p(reference token)), per token of the model (a
                          // subword with merges)
@@ -1764,45 +1790,45 @@ static void table3_name_variant(Table3Run *r, const Table3Run *base) {
 // Loads one run's checkpoint and scores it: dev perplexity and BLEU, test exact match.
 static const char *table3_evaluate(Table3Run *r, const char *dev_path, const char *test_path,
                                    int batch_tokens) {
-    Transformer model;
-    Vocabulary vocab;
+    LabCheckpoint c;
     Dataset dev, test;
     memset(&dev, 0, sizeof dev);
     memset(&test, 0, sizeof test);
-    TrainingState state;
     char seed[32];
-    const char *error = checkpoint_load(r->path, &model, &vocab, &state, &r->options);
+    const char *error = lab_checkpoint_load(r->path, &c);
     if (error)
         return error;
-    r->data_hash = state.data_hash;
-    r->config = model.config;
-    r->steps = model.adam_step;
-    r->parameters = model.num_parameters;
+    r->options = c.run.options;   // (kept with the run; freed with it)
+    c.run.options = NULL;
+    r->data_hash = c.run.data_hash;
+    r->config = c.model.config;
+    r->steps = c.model.adam_step;
+    r->parameters = c.model.num_parameters;
     r->seed = stored_option(r->options, "--seed", seed, sizeof seed) ? atoi(seed)
               : 1;  // train's default seed
-    if (!(error = dataset_read_tsv(&dev, &vocab, dev_path, 0)) &&
-        !(error = dataset_check_lengths(&dev, dev_path, model.config.max_len)) &&
-        !(error = dataset_read_tsv(&test, &vocab, test_path, 0)))
-        error = dataset_check_lengths(&test, test_path, model.config.max_len);
+    if (!(error = dataset_read_tsv(&dev, &c.vocab, c.merges, dev_path, 0)) &&
+        !(error = dataset_check_lengths(&dev, dev_path, c.model.config.max_len)) &&
+        !(error = dataset_read_tsv(&test, &c.vocab, c.merges, test_path, 0)))
+        error = dataset_check_lengths(&test, test_path, c.model.config.max_len);
     if (!error) {
         Evaluation e;
+        HeldOutLoss losses;
         r->dev_hash = dataset_hash(&dev);
-        evaluate(&e, &model, &dev, 0, batch_tokens, 1, 0);
-        r->perplexity = exp(e.log_loss);
+        lab_evaluate(&e, &losses, &c.model, &dev, 0, batch_tokens, 1, 0);
+        r->perplexity = exp(losses.log_loss);
         BleuStats bleu;
         evaluation_bleu(&bleu, &e, &dev);
         r->bleu = bleu_score(&bleu, NULL, NULL);
         evaluation_free(&e);
-        evaluate(&e, &model, &test, 0, batch_tokens, 1, 0);
-        if (vocab.bpe)
-            evaluation_score_words(&e, &test, &vocab);
+        lab_evaluate(&e, &losses, &c.model, &test, 0, batch_tokens, 1, 0);
+        if (c.merges)
+            evaluation_words(&e, NULL, &test, &c.vocab, c.merges);
         r->exact = 100.0 * e.exact / (e.sentences ? e.sentences : 1);
         evaluation_free(&e);
     }
     dataset_free(&dev);
     dataset_free(&test);
-    transformer_free(&model);
-    vocab_free(&vocab);
+    lab_checkpoint_free(&c);
     return error;
 }
 
@@ -2168,7 +2194,7 @@ static int command_bench(int argc, char **argv) {
             cpu_start = cpu_seconds_now();
         double start = wall_seconds();
         if (decode) {
-            transformer_greedy_decode(&model, out, out_len, T, batch.src, batch.src_len, B, S);
+            lab_greedy_decode(&model, out, out_len, T, batch.src, batch.src_len, B, S);
         } else {
             model.training = 1;
             loss = compute->train_step(&model, &batch, 4000, 1.0);
@@ -2235,8 +2261,12 @@ static int command_bench(int argc, char **argv) {
 // main: transformer.c's commands and the lab's
 // ============================================================================
 
-// After transformer.c's train and decode (its `commands`)
+// The lab's commands, train and decode first, as transformer.c lists its own
 static const Command lab_commands[] = {
+    { "train", lab_train,
+      "train on a built-in task (--task copy|reverse) or a TSV file (--train)" },
+    { "decode", lab_decode,
+      "decode sentences with a checkpoint: greedy, or beam search (--beam 4)" },
     { "eval",   command_eval,
       "token accuracy, exact match and (--bleu) BLEU of decoded outputs on a TSV file" },
     { "bleu",   command_bleu,
@@ -2260,45 +2290,12 @@ static const Command lab_commands[] = {
       "time training steps or greedy decoding (--decode); make bench compares with PyTorch" },
 };
 
-static const char *lab_decode_usage =
-    "usage: ./transformer decode --checkpoint FILE [--beam 4] ['SENTENCE' ...]\n"
-    "Translates each SENTENCE (tokens separated by white space, Unicode's spaces included), or "
-    "else\n"
-    "each line of standard input, and prints the output, one line each. Greedy decoding with a\n"
-    "key/value cache, or beam search with --beam; at most source length + 50 tokens (§6.1). A\n"
-    "sentence it cannot take (too long, a reserved token) gets an error line and an empty output\n"
-    "line; then exit status 1.";
-
-// decode's further flags, after transformer.c's --checkpoint and --beam
-static void lab_decode_options(DecodeOptions *d) {
-    Option more[] = {
-        NUMBER_OPTION("--alpha", &d->alpha, 0, 100, 0,
-                      "length penalty ((5+len)/6)^alpha of beam search (§6.1)"),
-        INT_OPTION("--threads", &d->threads, 0, 1024, "OpenMP threads (0: all cores)"),
-    };
-    memcpy(d->options + d->num_options, more, sizeof more);
-    d->num_options += (int)(sizeof more / sizeof *more);
-    d->usage = lab_decode_usage;
-}
-
-// Plugs the lab into transformer.c's hooks: the fast path, real text (lab/text.c),
-// decode's and train's further flags and stages, §5.1 subwords, and the commands
-// above. (train's summary in ./transformer --help names --train, the lab's.)
-static void lab_plug_in(void) {
-    fast_path_use(1);
-    text_plug_in();
-    lab.decode_options = lab_decode_options;
-    commands[0].summary = "train on a built-in task (--task copy|reverse) or a TSV file (--train)";
-    subwords_plug_in();
-    lab.score_words = evaluation_score_words;   // §5.1's exact match on words (bleu.c)
-    runs_plug_in();
-    lab.commands = lab_commands;
-    lab.num_commands = (int)(sizeof lab_commands / sizeof *lab_commands);
-}
-
+// ./transformer: the fast path in transformer.c's FastPath seam, then the command; the CUDA
+// companion's main, which sets transformer_training first, calls it too.
 int transformer_lab_main(int argc, char **argv) {
-    lab_plug_in();
-    return transformer_main(argc, argv);
+    fast_path_use(1);
+    return run_command(lab_commands, (int)(sizeof lab_commands / sizeof *lab_commands), argc,
+                       argv);
 }
 
 #ifndef TRANSFORMER_LAB_NO_MAIN

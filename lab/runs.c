@@ -1,24 +1,49 @@
-/* lab/runs.c: a training run beyond one session, for make's ./transformer
+/* lab/runs.c: the lab's train, a run beyond one session, for make's ./transformer
  *
- * train's further flags and what they do, through transformer.c's train hooks
- * (lab.train_options, lab.train_event; lab.c sets them):
- *   --resume FILE     go on with the run in a checkpoint, exactly where it stopped
+ * transformer.c's train learns a toy task in one session. The lab's train is its own command,
+ * built from the same pieces (train_load_task, train_build_model, train_next_batch: the loop's
+ * lines stand twice, here with the lab's steps among them), and
+ * takes these further flags:
+ *   --train, --valid  source<TAB>target files (lab/text.c), every 20th line held out without
+ *                     --valid; --bpe N: §5.1 subwords (lab/subwords.c), N merges learned
+ *   --resume FILE     go on with the run in a checkpoint (lab/checkpoints.c), where it stopped
  *   --keep-last N     also keep the last N saves as CHECKPOINT.stepNNNNNNN (for `average`)
  *   --log, --loss-log a CSV line at each progress line and evaluation (`plot` draws it);
  *                     "step loss lr" of every step
  *   --threads 0       the cores other programs leave free, counted again each second
- *   --bpe N           §5.1 subwords (lab/subwords.c): N merges learned from --train
- *   --words, --min-length, --max-length, --train-size, --valid-size (the tasks),
- *   --positions, --positional (Table 3 row E), --save-every, --log-every, --eval-size
+ *   --force           replace a checkpoint that is there (never without it)
+ *   --words, --min-length, --max-length, --train-size, --valid-size (the tasks), --dropout,
+ *   --label-smoothing, --positions, --positional (Table 3 row E), --eval-every, --save-every,
+ *   --log-every, --eval-size, --show
+ * The steps run through transformer.c's TrainingCompute seam, as its own train's do (the CUDA
+ * companion plugs in there).
  *
- * BUILD  included by lab/lab.c after transformer.c and lab/subwords.c
+ * BUILD  included by lab/lab.c after lab/bleu.c
  */
 
-// What the lab holds of the run being trained (one per process).
+#define MAX_TRAIN_OPTIONS 48
+
+// What the lab holds of the run being trained (one per process), beside transformer.c's
+// TrainRun: its flags beyond TrainOptions, what a checkpoint keeps of the run, and the logs.
 static struct {
     // flags
-    int bpe, keep_last;
+    const char *train_path, *valid_path;
+    int threads, force, save_every, bpe, keep_last;
     const char *positional, *resume, *loss_log, *log_csv, *batch_log;
+    Option options[MAX_TRAIN_OPTIONS];   // train's table: transformer.c's flags and these
+    int num_options;
+    // the run: the §5.1 merges (NULL: whole words), and what its checkpoints keep of it
+    Bpe *merges;
+    RunState state;
+    const char *resumed_from;     // the checkpoint --resume read the run from, or NULL
+    char *stored_options;         // --resume: its options text (the text flags point into it)
+    long last_saved_step;         // -1: none saved by this run yet
+    const char *threads_note;     // how the threads are counted, for the header
+    // the step just taken, for the logs: its seconds and tokens, and the held-out exact match
+    // % (NaN when not evaluated)
+    double seconds, heldout;
+    long tokens;
+    int evaluated;
     // --log, --loss-log, --batch-log: the files, and the steps since the last CSV line
     FILE *loss_log_file, *log_file, *batch_log_file;
     double csv_loss, csv_seconds;
@@ -27,8 +52,6 @@ static struct {
     long *kept_steps;
     // replacing: they are another run's, which --force replaces at this run's first save
     int num_kept, replacing;
-    // --resume: the checkpoint's options text (the text options point into it)
-    char *stored_options;
 } lab_run;
 
 // FNV-1a over every pair's tokens: tells whether two datasets are the same
@@ -51,7 +74,7 @@ static uint64_t dataset_hash(const Dataset *dataset) {
     return h;
 }
 
-// ---- train's further flags --------------------------------------------------
+// ---- train's flags ---------------------------------------------------------
 
 // train's flags that transformer.c alone does not have, and today's order of train --help:
 // transformer.c's flags with these among them, then the lab's own.
@@ -69,25 +92,26 @@ static const char *lab_train_usage =
 
 static void lab_train_options(TrainRun *run) {
     TrainOptions *o = &run->opt;
-    free(lab_run.kept_steps);
-    free(lab_run.stored_options);
-    memset(&lab_run, 0, sizeof lab_run);
     lab_run.positional = "sinusoid";
+    lab_run.last_saved_step = -1;
     progress_always = 0;
+    Option base[16];
+    int num_base = train_option_table(base, o);   // transformer.c's flags
     Option moved[] = {
-        TEXT_OPTION("--train", &o->train_path, "training data: a file of source<TAB>target lines"),
-        TEXT_OPTION("--valid", &o->valid_path, "held-out data, same format (default: every 20th "
-                    "line of --train)"),
+        TEXT_OPTION("--train", &lab_run.train_path,
+                    "training data: a file of source<TAB>target lines"),
+        TEXT_OPTION("--valid", &lab_run.valid_path, "held-out data, same format (default: every "
+                    "20th line of --train)"),
         NUMBER_OPTION("--dropout", &o->dropout, 0, 0.99, 0, "P_drop (§5.4)"),
         NUMBER_OPTION("--label-smoothing", &o->label_smoothing, 0, 0.99, 0, "eps_ls (§5.4)"),
         INT_OPTION("--eval-every", &o->eval_every, 0, INT_MAX, "held-out evaluation every N steps "
                    "(0: only at the end)"),
         INT_OPTION("--show", &o->show, 0, INT_MAX, "held-out examples to print at the end"),
-        INT_OPTION("--threads", &o->threads, 0, 1024, "OpenMP threads (0: the cores free of other "
-                   "programs, counted again each second)"),
-        FLAG_OPTION("--force", &o->force, "write the checkpoint even where a file is already "
-                    "there: it is replaced, with its CHECKPOINT.stepNNNNNNN files (without "
-                    "--force a new run stops there)"),
+        INT_OPTION("--threads", &lab_run.threads, 0, 1024, "OpenMP threads (0: the cores free of "
+                   "other programs, counted again each second)"),
+        FLAG_OPTION("--force", &lab_run.force, "write the checkpoint even where a file is "
+                    "already there: it is replaced, with its CHECKPOINT.stepNNNNNNN files "
+                    "(without --force a new run stops there)"),
     };
     Option list[] = {
         INT_OPTION("--bpe", &lab_run.bpe, 1, 1000000,
@@ -117,7 +141,7 @@ static void lab_train_options(TrainRun *run) {
                     "and evaluation (heldout: exact match %; ./transformer plot draws it)"),
         INT_OPTION("--keep-last", &lab_run.keep_last, 0, 1000, "also keep the last N saves as "
                    "CHECKPOINT.stepNNNNNNN files, for ./transformer average (0: none)"),
-        INT_OPTION("--save-every", &o->save_every, 0, INT_MAX,
+        INT_OPTION("--save-every", &lab_run.save_every, 0, INT_MAX,
                    "checkpoint every N steps (0: at each evaluation)"),
         INT_OPTION("--log-every", &o->log_every, 0, INT_MAX,
                    "progress line every N steps (0: none)"),
@@ -133,32 +157,35 @@ static void lab_train_options(TrainRun *run) {
 
     // transformer.c's flags and the moved ones in train_flag_order; then any flag of
     // transformer.c's that the order does not name; then the lab's own.
-    Option table[MAX_OPTIONS];
+    Option *table = lab_run.options;
     int n = 0;
     for (int i = 0; i < num_order; i++) {
-        Option *found = find_option(run->options, run->num_options, train_flag_order[i]);
+        Option *found = find_option(base, num_base, train_flag_order[i]);
         if (!found)
             found = find_option(moved, num_moved, train_flag_order[i]);
-        if (found)
-            table[n++] = *found;
+        if (found) {
+            table[n] = *found;
+            n++;
+        }
     }
-    for (int i = 0; i < run->num_options; i++)
-        if (!find_option(table, n, run->options[i].name))
-            table[n++] = run->options[i];
+    for (int i = 0; i < num_base; i++) {
+        if (!find_option(table, n, base[i].name)) {
+            table[n] = base[i];
+            n++;
+        }
+    }
     memcpy(table + n, list, sizeof list);
     n += num_list;
-    memcpy(run->options, table, (size_t)n * sizeof *table);
-    run->num_options = n;
-    find_option(run->options, n, "--task")->help =
+    lab_run.num_options = n;
+    find_option(table, n, "--task")->help =
         "built-in task, copy or reverse (used when there is no --train)";
-    find_option(run->options, n, "--checkpoint")->help =
+    find_option(table, n, "--checkpoint")->help =
         "checkpoint file (default runs/TASK.ckpt or runs/FILE.ckpt)";
-    run->usage = lab_train_usage;
 }
 
 // A new run's pairs against its model's max_len, which --positions may make too short for them.
 static const char *lab_check_lengths(const TrainRun *run) {
-    const char *valid_name = run->opt.valid_path ? run->opt.valid_path : run->data_name;
+    const char *valid_name = lab_run.valid_path ? lab_run.valid_path : run->data_name;
     const char *error = dataset_check_lengths(&run->train, run->data_name,
                                               run->model.config.max_len);
     if (!error)
@@ -166,25 +193,54 @@ static const char *lab_check_lengths(const TrainRun *run) {
     return error;
 }
 
-// A run's data: the task (transformer.c's), or the TSV files of --train and --valid (lab/text.c).
+// A run's data: the TSV files of --train and --valid (lab/text.c), or the task (transformer.c's).
 static const char *lab_load_data(TrainRun *run, int grow) {
-    if (run->opt.train_path)
-        return lab_load_tsv(run, grow);
-    return train_load_task(run, grow);
+    if (lab_run.train_path) {
+        return lab_load_tsv(run, lab_run.merges, lab_run.train_path, lab_run.valid_path, grow);
+    }
+    return train_load_task(run);
 }
 
-// What a new run's checkpoint may replace, in place of transformer.c's rule (only a checkpoint):
-// never a trained model unasked. Only the checkpoint being resumed, or --force, replaces a file;
-// never a directory or a device; and PATH.tmp must be writable, all before any training.
+// The checkpoint's path: --checkpoint, or runs/NAME.ckpt, NAME the task's or the --train file's
+// (without its directory and its extension).
+static const char *lab_checkpoint_path(TrainRun *run) {
+    const TrainOptions *o = &run->opt;
+    if (o->checkpoint) {
+        size_t length = strlen(o->checkpoint);
+        size_t most = sizeof run->checkpoint_path - 6;   // room for ".tmp" and a ".stepN"
+        if (length == 0 || length > most) {   // (the message shows a long path's start)
+            return errorf("--checkpoint '%.40s%s': expected a file's path of 1 to %zu bytes",
+                          o->checkpoint, length > 40 ? "..." : "", most);
+        }
+        snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "%s", o->checkpoint);
+        return NULL;
+    }
+    const char *name = lab_run.train_path ? lab_run.train_path : o->task;
+    const char *slash = strrchr(name, '/');
+    if (slash)
+        name = slash + 1;
+    const char *dot = strrchr(name, '.');
+    int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
+    if (length > 200)
+        length = 200;
+    if (mkdir("runs", 0777) != 0 && errno != EEXIST)
+        return errorf("runs/: cannot create: %s", strerror(errno));
+    snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length, name);
+    return NULL;
+}
+
+// What a new run's checkpoint may replace: never a trained model unasked. Only the checkpoint
+// being resumed, or --force, replaces a file; never a directory or a device; and PATH.tmp must
+// be writable, all before any training.
 static const char *lab_check_output(TrainRun *run) {
     struct stat there, resumed;
     int exists = stat(run->checkpoint_path, &there) == 0;
-    int same = exists && run->resumed_from && stat(run->resumed_from, &resumed) == 0 &&
+    int same = exists && lab_run.resumed_from && stat(lab_run.resumed_from, &resumed) == 0 &&
                there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
-    // (checkpoint_save refuses it too, but only after the training)
+    // (the save refuses it too, but only after the training)
     if (exists && !S_ISREG(there.st_mode))
         return errorf("%s: not a regular file; expected a checkpoint's path", run->checkpoint_path);
-    if (exists && !same && !run->opt.force)
+    if (exists && !same && !lab_run.force)
         return errorf("%s is already there (another run's checkpoint?); expected --resume %s to "
                       "go on with it, --force to replace it, or another --checkpoint",
                       run->checkpoint_path, run->checkpoint_path);
@@ -196,7 +252,7 @@ static const char *lab_check_output(TrainRun *run) {
     fclose(f);
     remove(tmp);
     if (!same)
-        run->last_saved_step = -1;
+        lab_run.last_saved_step = -1;
     return NULL;
 }
 
@@ -266,12 +322,10 @@ static void set_option_value(const Option *o, OptionValue v) {
         *(const char **)o->value = v.text;
 }
 
-// A checkpoint's generator states and epoch counts, which only --resume reads (its
-// Adam step, at most MAX_TRAINING_STEPS, transformer.c checks as it loads): each in
-// the range training reaches, where every epoch begun and every batch of it is a step.
+// A checkpoint's generator states and epoch counts, which only --resume reads: each in the range
+// training reaches, where every epoch begun and every batch of it is a step.
 static const char *training_state_error(const char *path, const Transformer *model,
-                                        const TrainingState *state) {
-    typedef unsigned long long u64;
+                                        const RunState *state) {
     u64 steps = (u64)model->adam_step;
     if (model->dropout_rng.state == 0)
         return errorf("%s: header: dropout generator state 0; expected non-zero", path);
@@ -294,11 +348,13 @@ static const char *training_state_error(const char *path, const Transformer *mod
 // --steps (to train longer), the data files' paths (moved data is accepted
 // when its pairs hash as the checkpoint's did) and session flags.
 static const char *lab_resume(TrainRun *run) {
-    const char *error, *path = lab_run.resume;
-    int n = run->num_options, seen[MAX_OPTIONS];
-    OptionValue given[MAX_OPTIONS];
+    const char *error;
+    const char *path = lab_run.resume;
+    int n = lab_run.num_options;
+    int seen[MAX_TRAIN_OPTIONS];
+    OptionValue given[MAX_TRAIN_OPTIONS];
     for (int i = 0; i < n; i++) {
-        const Option *o = &run->options[i];
+        const Option *o = &lab_run.options[i];
         if (o->seen && stored_flag(o) && strcmp(o->name, "--steps") != 0 &&
             strcmp(o->name, "--train") != 0 && strcmp(o->name, "--valid") != 0)
             return errorf("%s cannot change on --resume: the checkpoint fixes the run's data, "
@@ -306,72 +362,97 @@ static const char *lab_resume(TrainRun *run) {
         seen[i] = o->seen;
         given[i] = option_value(o);
     }
-    if ((error = checkpoint_load(path, &run->model, &run->vocab, &run->state,
-                                 &lab_run.stored_options)))
+    LabCheckpoint c;
+    if ((error = lab_checkpoint_load(path, &c)))
         return error;
-    if ((error = training_state_error(path, &run->model, &run->state)))
-        return error;
-    if (!lab_run.stored_options[0])
+    run->model = c.model;
+    run->vocab = c.vocab;
+    lab_run.merges = c.merges;
+    lab_run.state = c.run;
+    lab_run.stored_options = c.run.options;
+    lab_run.state.options = NULL;
+    if (!lab_run.state.saved || !lab_run.stored_options[0])
         return errorf("%s: the checkpoint holds no run options (transformer.c alone wrote it); "
                       "expected one that ./transformer train wrote", path);
+    if ((error = training_state_error(path, &run->model, &lab_run.state)))
+        return error;
     // the stored options, one argument per line, read with the same table; then the
     // command line's again
-    char *args[2 * MAX_OPTIONS + 1];
+    char *args[2 * MAX_TRAIN_OPTIONS + 1];
     int argc = 1;
     args[0] = "train";
-    for (char *p = lab_run.stored_options; *p && argc < 2 * MAX_OPTIONS + 1; ) {
-        args[argc++] = p;
+    for (char *p = lab_run.stored_options; *p && argc < 2 * MAX_TRAIN_OPTIONS + 1;) {
+        args[argc] = p;
+        argc++;
         char *end = strchr(p, '\n');
         if (!end)
             break;
         *end = '\0';
         p = end + 1;
     }
-    if (parse_options("train", run->usage, run->options, n, argc, args, NULL, NULL) != 0)
+    if (parse_options("train", lab_train_usage, lab_run.options, n, argc, args, NULL, NULL) != 0)
         return errorf("%s: the run options stored in the checkpoint are not readable", path);
     for (int i = 0; i < n; i++) {
-        run->options[i].seen = seen[i];
+        lab_run.options[i].seen = seen[i];
         if (seen[i])
-            set_option_value(&run->options[i], given[i]);
+            set_option_value(&lab_run.options[i], given[i]);
     }
-    if (!find_option(run->options, n, "--checkpoint")->seen)
+    if (!find_option(lab_run.options, n, "--checkpoint")->seen)
         run->opt.checkpoint = path;   // keep writing where the run was
     // the data files as the run named them: relative to where it started, or moved since?
-    const char *files[2] = { run->opt.train_path, run->opt.valid_path },
-               *flags[2] = { "--train", "--valid" };
-    for (int i = 0; i < 2; i++)
-        if (files[i] && !find_option(run->options, n, flags[i])->seen &&
+    const char *files[2] = { lab_run.train_path, lab_run.valid_path };
+    const char *flags[2] = { "--train", "--valid" };
+    for (int i = 0; i < 2; i++) {
+        if (files[i] && !find_option(lab_run.options, n, flags[i])->seen &&
             access(files[i], R_OK) != 0)
             return errorf("%s: cannot open: %s; it is the run's %s as it was given when the run "
                           "began: if the file moved, or that path was relative to another "
                           "directory, give it again with %s PATH",
                           files[i], strerror(errno), flags[i], flags[i]);
+    }
     const TrainOptions *o = &run->opt;
-    if (!o->train_path && run->vocab.size != NUM_SPECIAL_TOKENS + o->words)
+    if (!lab_run.train_path && run->vocab.size != NUM_SPECIAL_TOKENS + o->words)
         return errorf("the checkpoint's vocabulary has %d tokens; the %s task with --words %d "
                       "has %d", run->vocab.size, o->task, o->words,
                       NUM_SPECIAL_TOKENS + o->words);
-    if ((error = lab_load_data(run, 0)))
+    if (!lab_run.train_path) {
+        // a task makes its vocabulary as it makes its pairs: the checkpoint's, token for token
+        Vocabulary stored = run->vocab;
+        memset(&run->vocab, 0, sizeof run->vocab);
+        error = lab_load_data(run, 0);
+        for (int id = 0; !error && id < stored.size; id++) {
+            if (strcmp(stored.words[id], run->vocab.words[id]) != 0)
+                error = errorf("%s: vocabulary token %d is '%s'; the %s task's is '%s'", path, id,
+                               stored.words[id], o->task, run->vocab.words[id]);
+        }
+        vocab_free(&stored);
+    } else {
+        error = lab_load_data(run, 0);
+    }
+    if (error)
         return error;
-    if (dataset_hash(&run->train) != run->state.data_hash)
+    if (dataset_hash(&run->train) != lab_run.state.data_hash)
         return errorf("%s: not the training data of the checkpoint (its sentence pairs differ); "
                       "expected the same data to resume (--train may give its new path)",
                       run->data_name);
-    if ((error = dataset_check_lengths(&run->valid,
-                                       run->opt.valid_path ? run->opt.valid_path : run->data_name,
-                                       run->model.config.max_len)))
+    error = dataset_check_lengths(&run->valid,
+                                  lab_run.valid_path ? lab_run.valid_path : run->data_name,
+                                  run->model.config.max_len);
+    if (error)
         return error;
     // the data order: redraw the current epoch from the generator state it was drawn with
-    run->data_rng.state = run->state.epoch_rng;
-    if (run->state.epoch > 0) {
+    run->data_rng.state = lab_run.state.epoch_rng;
+    run->epoch = (long)lab_run.state.epoch;
+    run->epoch_batches = (int)lab_run.state.epoch_batches;
+    if (lab_run.state.epoch > 0) {
         epoch_plan_make(&run->plan, &run->train, run->opt.batch_tokens, &run->data_rng);
-        if (run->state.epoch_batches > (uint64_t)run->plan.num_spans)
+        if (lab_run.state.epoch_batches > (uint64_t)run->plan.num_spans)
             return errorf("%s: %llu batches done in an epoch of %d; the checkpoint does not fit "
-                          "the data", path, (unsigned long long)run->state.epoch_batches,
+                          "the data", path, (u64)lab_run.state.epoch_batches,
                           run->plan.num_spans);
     }
-    run->last_saved_step = run->model.adam_step;
-    run->resumed_from = path;
+    lab_run.last_saved_step = run->model.adam_step;
+    lab_run.resumed_from = path;
     return NULL;
 }
 
@@ -381,12 +462,13 @@ static const char *lab_learn_merges(TrainRun *run) {
     int learned = 0;
     double start = wall_seconds();
     vocab_init(&run->vocab);
-    const char *error = bpe_learn_for_training(&run->vocab, run->opt.train_path,
-                                               run->opt.valid_path ? 0 : 20, lab_run.bpe, &learned);
+    const char *error = bpe_learn_for_training(&run->vocab, &lab_run.merges, lab_run.train_path,
+                                               lab_run.valid_path ? 0 : 20, lab_run.bpe,
+                                               &learned);
     if (error)
         return error;
     printf("bpe    %d merges learned from %s in %.2f s (§5.1), %d subwords\n", learned,
-           run->opt.train_path, wall_seconds() - start, run->vocab.size - NUM_SPECIAL_TOKENS);
+           lab_run.train_path, wall_seconds() - start, run->vocab.size - NUM_SPECIAL_TOKENS);
     if (learned < lab_run.bpe)
         printf("bpe    stopped after %d of the %d merges asked for: no pair of symbols occurs "
                "twice any more\n", learned, lab_run.bpe);
@@ -436,27 +518,14 @@ static void kept_steps_trim(const TrainRun *run, int keep) {
     memmove(lab_run.kept_steps, lab_run.kept_steps + drop, (size_t)lab_run.num_kept * sizeof(long));
 }
 
-// The training step of the checkpoint at path, from its header; 0 if it is not one.
-static long checkpoint_step(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
-    struct stat st;
-    CheckpointHeader h;
-    CheckpointFile r = { f, FNV_OFFSET, 0 };
-    int ok = fstat(fileno(f), &st) == 0 &&
-             !checkpoint_read_header(&r, &h, (uint64_t)st.st_size, path);
-    fclose(f);
-    return ok ? (long)h.adam_step : 0;
-}
 
 // Without --force, no CHECKPOINT.stepN file is replaced: one that a step this
 // run will keep (--keep-last) would write is already there, left by a run whose
 // checkpoint has gone, say. NULL, or the error naming it.
 static const char *kept_steps_unused(const TrainRun *run) {
     const TrainOptions *o = &run->opt;
-    // as transformer.c's train_loop saves
-    int every = o->save_every ? o->save_every : o->eval_every;
+    // as lab_train_loop saves
+    int every = lab_run.save_every ? lab_run.save_every : o->eval_every;
     char path[sizeof run->checkpoint_path + 32];
     if (lab_run.keep_last == 0)
         return NULL;   // no step files written
@@ -479,7 +548,7 @@ static const char *kept_steps_unused(const TrainRun *run) {
 static const char *lab_kept_steps_begin(const TrainRun *run) {
     struct stat there, resumed, kept;
     int exists = stat(run->checkpoint_path, &there) == 0;
-    int found = run->resumed_from && stat(run->resumed_from, &resumed) == 0;
+    int found = lab_run.resumed_from && stat(lab_run.resumed_from, &resumed) == 0;
     int same = exists && found && there.st_dev == resumed.st_dev && there.st_ino == resumed.st_ino;
     if (exists && !same) {   // --force: the replaced run's CHECKPOINT.stepN files, to go with it
         kept_steps_find(run, checkpoint_step(run->checkpoint_path));
@@ -496,9 +565,9 @@ static const char *lab_kept_steps_begin(const TrainRun *run) {
                 break;
             }
         }
-    } else if (run->resumed_from && lab_run.keep_last > 0)
+    } else if (lab_run.resumed_from && lab_run.keep_last > 0)
         kept_steps_find(run, run->model.adam_step);
-    else if (run->resumed_from) {   // a save killed while writing its step file
+    else if (lab_run.resumed_from) {   // a save killed while writing its step file
                                     // left CHECKPOINT.stepN.tmp
         char step_tmp[sizeof run->checkpoint_path + 40];
         kept_checkpoint_path(step_tmp, sizeof step_tmp, run, run->model.adam_step);
@@ -506,7 +575,7 @@ static const char *lab_kept_steps_begin(const TrainRun *run) {
         if (access(step_tmp, F_OK) == 0)
             remove(step_tmp);
     }
-    return lab_run.replacing || run->opt.force ? NULL : kept_steps_unused(run);
+    return lab_run.replacing || lab_run.force ? NULL : kept_steps_unused(run);
 }
 
 // After a save, with --keep-last N: CHECKPOINT.stepNNNNNNN too, and the oldest
@@ -523,8 +592,8 @@ static const char *lab_keep_last(const TrainRun *run) {
         (lab_run.num_kept > 0 && lab_run.kept_steps[lab_run.num_kept - 1] == step))
         return NULL;   // none kept, or saved already
     kept_checkpoint_path(path, sizeof path, run, step);
-    const char *error = checkpoint_save(path, &run->model, &run->vocab, &run->state,
-                                        run->run_options);
+    const char *error = lab_checkpoint_save(path, &run->model, &run->vocab, lab_run.merges,
+                                            &lab_run.state);
     if (error)
         return error;
     lab_run.kept_steps = checked_realloc(lab_run.kept_steps, (size_t)lab_run.num_kept + 1,
@@ -580,14 +649,14 @@ static void lab_log_step(const TrainRun *run) {
         lab_log_batch(lab_run.batch_log_file, step, &run->batch.batch);
     lab_run.csv_loss += run->loss;
     lab_run.csv_steps++;
-    lab_run.csv_tokens += run->tokens;
-    lab_run.csv_seconds += run->seconds;
-    if (!lab_run.log_file || !((log_every && step % log_every == 0) || run->evaluated))
+    lab_run.csv_tokens += lab_run.tokens;
+    lab_run.csv_seconds += lab_run.seconds;
+    if (!lab_run.log_file || !((log_every && step % log_every == 0) || lab_run.evaluated))
         return;
     fprintf(lab_run.log_file, "%ld,%.6g,%.6g,%.0f,", step, lab_run.csv_loss / lab_run.csv_steps,
             run->lr, lab_run.csv_tokens / (lab_run.csv_seconds + 1e-9));
-    if (isfinite(run->heldout))
-        fprintf(lab_run.log_file, "%.2f", run->heldout);
+    if (isfinite(lab_run.heldout))
+        fprintf(lab_run.log_file, "%.2f", lab_run.heldout);
     fprintf(lab_run.log_file, "\n");
     fflush(lab_run.log_file);
     lab_run.csv_loss = 0;
@@ -723,83 +792,285 @@ static int free_cores_follow(FreeCores *follow) {
     return 1;
 }
 
-// ---- transformer.c's train hooks --------------------------------------------
+// ---- train: the lab's loop ----------------------------------------------------
 
 static FreeCores lab_free_cores;
 
-static const char *lab_train_event(TrainRun *run, TrainEvent event) {
+// A new run: the flags checked, §5.1's merges learned (--bpe), the data read (--train) or made
+// (a task), a model of the sizes asked for.
+static const char *lab_start(TrainRun *run) {
+    const TrainOptions *o = &run->opt;
     const char *error = NULL;
-    switch (event) {
-    case TRAIN_START:   // before the run is built: read back (--resume), or
-                        // --positional and §5.1's merges
-        if (lab_run.resume)
-            return lab_resume(run);
-        if ((run->opt.positional = positional_from_name(lab_run.positional)) < 0)
-            return errorf("--positional '%s' is not a kind of positions; expected sinusoid or "
-                          "learned", lab_run.positional);
-        if (lab_run.bpe > 0 && !run->opt.train_path)
-            return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
-        if (!run->opt.train_path && run->opt.min_length > run->opt.max_length)
-            return errorf("--min-length %d is above --max-length %d; expected min <= max",
-                          run->opt.min_length, run->opt.max_length);
-        if (!run->opt.train_path && run->opt.valid_path)
-            return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
-        if (lab_run.bpe > 0 && (error = lab_learn_merges(run)))
-            return error;
-        if (run->opt.train_path && find_option(run->options, run->num_options, "--task")->seen)
-            return errorf("--task and --train both given; expected one of them");
-        // (transformer.c makes a task's pairs)
-        return run->opt.train_path ? lab_load_tsv(run, 1) : NULL;
-    case TRAIN_BEGIN:   // built, before the header: the data's lengths, the run's flags and data's
-                        // hash, kept checkpoints, the logs, the threads
-        if (!run->resumed_from && (error = lab_check_lengths(run)))
-            return error;
-        // (transformer.c frees it)
-        run->run_options = format_run_options(run->options, run->num_options);
-        if (!run->resumed_from)
-            run->state.data_hash = dataset_hash(&run->train);
-        if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs()))
-            return error;
-        free_cores_start(&lab_free_cores, run->opt.threads);
-        run->threads_note = lab_free_cores.following
-                          ? " (the cores free of other programs, counted again each second)"
-                          : "";
-        return NULL;
-    case TRAIN_STEP:
-        free_cores_follow(&lab_free_cores);
-        return NULL;
-    case TRAIN_STEPPED:
-        lab_log_step(run);
-        return NULL;
-    case TRAIN_SAVED:
-        return lab_keep_last(run);
-    case TRAIN_END: {   // after the run, or its error; a log that could not be written is
-                        // an error too
-        // (in a buffer of its own: errorf's holds the run's error, if it failed, which train
-        // reports first)
-        static char log_error[600];
-        FILE *logs[3] = { lab_run.loss_log_file, lab_run.log_file, lab_run.batch_log_file };
-        const char *names[3] = { lab_run.loss_log, lab_run.log_csv, lab_run.batch_log };
-        for (int i = 0; i < 3; i++) {
-            errno = 0;   // (a reason given is this close's own, never an older error's)
-            if (logs[i] && (ferror(logs[i]) | fclose(logs[i])) && !error) {
-                snprintf(log_error, sizeof log_error, "%.400s: writing the log failed: %s",
-                         names[i], errno ? strerror(errno) : "an earlier write failed");
-                error = log_error;
-            }
-        }
-        free(lab_run.kept_steps);
-        free(lab_run.stored_options);
-        memset(&lab_run, 0, sizeof lab_run);
+    run->opt.positional = positional_from_name(lab_run.positional);
+    if (run->opt.positional < 0)
+        return errorf("--positional '%s' is not a kind of positions; expected sinusoid or "
+                      "learned", lab_run.positional);
+    if (lab_run.bpe > 0 && !lab_run.train_path)
+        return errorf("--bpe goes with --train FILE; the built-in tasks use whole words");
+    if (!lab_run.train_path && o->min_length > o->max_length)
+        return errorf("--min-length %d is above --max-length %d; expected min <= max",
+                      o->min_length, o->max_length);
+    if (!lab_run.train_path && lab_run.valid_path)
+        return errorf("--valid goes with --train FILE; a task makes its own held-out pairs");
+    if (lab_run.bpe > 0 && (error = lab_learn_merges(run)))
         return error;
-    }
-    }
+    if (lab_run.train_path && find_option(lab_run.options, lab_run.num_options, "--task")->seen)
+        return errorf("--task and --train both given; expected one of them");
+    if ((error = lab_load_data(run, 1)))
+        return error;
+    if ((error = train_build_model(run)))
+        return error;
+    return lab_check_lengths(run);
+}
+
+// Before the first step: the run's flags as text and its data's hash (what its checkpoints
+// keep), the kept checkpoints, the logs and the threads.
+static const char *lab_begin(TrainRun *run) {
+    const char *error;
+    lab_run.state.options = format_run_options(lab_run.options, lab_run.num_options);
+    lab_run.state.saved = 1;
+    if (!lab_run.resumed_from)
+        lab_run.state.data_hash = dataset_hash(&run->train);
+    if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs()))
+        return error;
+    free_cores_start(&lab_free_cores, lab_run.threads);
+    lab_run.threads_note = lab_free_cores.following
+                         ? " (the cores free of other programs, counted again each second)"
+                         : "";
     return NULL;
 }
 
-// Plugs train's further flags and stages into transformer.c (lab.c calls it).
-static void runs_plug_in(void) {
-    lab.train_options = lab_train_options;
-    lab.train_event = lab_train_event;
-    lab.check_output = lab_check_output;
+static void lab_print_header(const TrainRun *run) {
+    const TrainOptions *o = &run->opt;
+    const TransformerConfig *config = &run->model.config;
+    int threads = thread_count();
+    printf("data   %s: %d training pairs, %d held-out, vocabulary %d\n", run->data_name,
+           run->train.count, run->valid.count, run->vocab.size);
+    printf("model  N=%d d_model=%d d_ff=%d h=%d max_len=%d, %s positions: %zu parameters\n",
+           config->n_layers, config->d_model, config->d_ff, config->n_heads, config->max_len,
+           positional_name(config->positional), run->model.num_parameters);
+    printf("train  %d steps, peak lr %g at step %d (§5.3), batches <= %d tokens, P_drop %g, "
+           "eps_ls %g, seed %d, %d thread%s%s\n", o->steps, o->lr, o->warmup, o->batch_tokens,
+           (double)config->dropout, (double)config->label_smoothing, o->seed, threads,
+           threads == 1 ? "" : "s", lab_run.threads_note);
+    if (transformer_training != &transformer_cpu_training)
+        printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
+    if (lab_run.resumed_from)
+        printf("resume %s at step %ld\n", lab_run.resumed_from, run->model.adam_step);
+    printf("checkpoints to %s\n", run->checkpoint_path);
+    fflush(stdout);
+}
+
+// The held-out loss, token accuracy and exact match of greedy decoding (with §5.1 subwords:
+// exact match on words); at the end, examples. Returns the exact match in %, or NAN when there
+// are no held-out pairs.
+static double lab_train_evaluate(TrainRun *run, int final) {
+    long step = run->model.adam_step;
+    if (run->valid.count == 0) {
+        printf("eval   step %ld | no held-out pairs (fewer than 20 lines and no --valid)\n", step);
+        return NAN;
+    }
+    Evaluation e;
+    HeldOutLoss losses;
+    lab_evaluate(&e, &losses, &run->model, &run->valid, run->opt.eval_size, run->opt.batch_tokens,
+                 1, 0.6);
+    if (lab_run.merges)
+        evaluation_words(&e, NULL, &run->valid, &run->vocab, lab_run.merges);
+    double exact = 100.0 * e.exact / e.sentences;
+    double accuracy = 100.0 * e.correct / (e.compared ? e.compared : 1);
+    printf("eval   step %ld | held-out loss %.4f | token accuracy %.1f%% | exact match %.1f%% "
+           "(%d/%d)", step, losses.loss, accuracy, exact, e.exact, e.sentences);
+    if (e.sentences < run->valid.count) {   // at most 500 by default: minutes, not hours, on WMT
+        printf(" | the first %d of %d held-out pairs (--eval-size 0: all)", e.sentences,
+               run->valid.count);
+    }
+    printf("\n");
+    if (final && run->opt.show > 0) {
+        printf("held-out examples, greedy decoding:\n");
+        print_examples(&e, &run->valid, &run->vocab, lab_run.merges, run->opt.show);
+        const char *what = lab_run.train_path ? "pairs" : "sequences never seen in training";
+        printf("exact match on %d held-out %s: %.1f%% (%d/%d)\n", e.sentences, what, exact, e.exact,
+               e.sentences);
+    }
+    fflush(stdout);
+    evaluation_free(&e);
+    return exact;
+}
+
+// The checkpoint, with the run, unless training diverged: a good checkpoint is never replaced
+// by a bad one.
+static const char *lab_train_save(TrainRun *run) {
+    const char *nonfinite = nonfinite_parameter(&run->model);
+    if (nonfinite) {
+        return errorf("step %ld: %s holds a value that is not finite (training diverged); %s was "
+                      "not overwritten", run->model.adam_step, nonfinite, run->checkpoint_path);
+    }
+    lab_run.state.epoch = (uint64_t)run->epoch;
+    lab_run.state.epoch_batches = (uint64_t)run->epoch_batches;
+    const char *error = lab_checkpoint_save(run->checkpoint_path, &run->model, &run->vocab,
+                                            lab_run.merges, &lab_run.state);
+    if (!error)
+        lab_run.last_saved_step = run->model.adam_step;
+    return error;
+}
+
+// The error of a loss that is NaN or infinite: training stops, and the last checkpoint stays.
+static const char *lab_diverged_error(const TrainRun *run, long step) {
+    char saved[4300] = "no checkpoint was written";
+    if (lab_run.last_saved_step >= 0) {
+        snprintf(saved, sizeof saved, "the last good checkpoint, %s (step %ld), is left as it was",
+                 run->checkpoint_path, lab_run.last_saved_step);
+    }
+    return errorf("step %ld: the loss is %s; training stopped (try a lower --lr); %s", step,
+                  isnan(run->loss) ? "NaN" : "infinite", saved);
+}
+
+// A line of progress, the time left from the steps since first_step (a resumed run's rate is
+// its own):
+//   step   400/1500 | loss 0.8978 | lr 1.06e-03 |   15.6k tok/s | elapsed 0:14 | left 0:38
+static void lab_print_progress(const TrainRun *run, long first_step, double start,
+                               double tokens_per_s) {
+    long step = run->model.adam_step;
+    double elapsed = wall_seconds() - start;
+    double left = elapsed / (step - first_step) * (run->opt.steps - step);
+    char elapsed_text[32];
+    char left_text[32];
+    printf("step %5ld/%d | loss %.4f | lr %.2e | %6.1fk tok/s | elapsed %s | left %s\n", step,
+           run->opt.steps, (double)run->loss, run->lr, tokens_per_s / 1000,
+           duration(elapsed_text, elapsed), duration(left_text, left));
+    fflush(stdout);
+}
+
+// The training loop (§5), as transformer.c's train_loop with the lab's steps among its own: the
+// thread count before each step, the logs after it, the kept checkpoints after a save.
+static const char *lab_train_loop(TrainRun *run) {
+    TrainOptions *o = &run->opt;
+    Transformer *model = &run->model;
+    // eq. 3 peaks at step = warmup with d_model^-0.5 warmup^-0.5: this factor makes the peak --lr.
+    double factor = o->lr * sqrt((double)model->config.d_model * o->warmup);
+    int save_every = lab_run.save_every ? lab_run.save_every : o->eval_every;
+    const char *error = lab_begin(run);
+    if (error)
+        return error;
+    lab_print_header(run);
+    if (model->adam_step >= o->steps) {
+        printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n",
+               model->adam_step, o->steps);
+        lab_train_evaluate(run, 1);
+    }
+
+    // transformer_train_step, or the CUDA companion's
+    const TrainingCompute *compute = transformer_training;
+    compute->begin(model);
+    double start = wall_seconds();
+    double last_time = start;
+    long first_step = model->adam_step;
+    long tokens = 0;
+    while (!error && model->adam_step < o->steps) {
+        free_cores_follow(&lab_free_cores);
+        if (run->epoch == 0 || run->epoch_batches == run->plan.num_spans)
+            lab_run.state.epoch_rng = run->data_rng.state;   // a new epoch's plan, drawn from it
+        train_next_batch(run);
+        long step = model->adam_step + 1;
+        double step_start = wall_seconds();
+        model->training = 1;
+        run->loss = compute->train_step(model, &run->batch.batch, o->warmup, factor);
+        run->lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
+        lab_run.seconds = wall_seconds() - step_start;
+        lab_run.tokens = run->batch.tokens;
+        if (!isfinite(run->loss)) {
+            error = lab_diverged_error(run, step);
+            break;
+        }
+        tokens += run->batch.tokens;
+        int last = step == o->steps;
+        if (o->log_every && (step % o->log_every == 0 || last)) {
+            double now = wall_seconds();
+            lab_print_progress(run, first_step, start, tokens / (now - last_time + 1e-9));
+            last_time = now;
+            tokens = 0;
+        }
+
+        // The evaluation and the checkpoint read the model on the host. tokens/s in the progress
+        // lines counts the time of the training steps only.
+        lab_run.evaluated = (o->eval_every && step % o->eval_every == 0) || last;
+        int saving = (save_every && step % save_every == 0) || last;
+        if (lab_run.evaluated || saving)
+            compute->to_host(model);
+        double eval_start = wall_seconds();
+        lab_run.heldout = lab_run.evaluated ? lab_train_evaluate(run, last) : NAN;
+        last_time += wall_seconds() - eval_start;
+        lab_log_step(run);
+        if (saving)
+            error = lab_train_save(run);
+        if (saving && !error)
+            error = lab_keep_last(run);
+    }
+    if (!error && model->adam_step > first_step) {
+        double seconds = wall_seconds() - start;
+        char elapsed[32];
+        printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1,
+               model->adam_step, duration(elapsed, seconds), seconds, run->checkpoint_path);
+    }
+    return error;
+}
+
+// After the run, or its error: the logs closed (one that could not be written is an error
+// too), and the run's memory given back.
+static const char *lab_end(const char *error) {
+    // (in a buffer of its own: errorf's holds the run's error, if it failed, which train
+    // reports first)
+    static char log_error[600];
+    FILE *logs[3] = { lab_run.loss_log_file, lab_run.log_file, lab_run.batch_log_file };
+    const char *names[3] = { lab_run.loss_log, lab_run.log_csv, lab_run.batch_log };
+    for (int i = 0; i < 3; i++) {
+        errno = 0;   // (a reason given is this close's own, never an older error's)
+        if (logs[i] && (ferror(logs[i]) | fclose(logs[i])) && !error) {
+            snprintf(log_error, sizeof log_error, "%.400s: writing the log failed: %s",
+                     names[i], errno ? strerror(errno) : "an earlier write failed");
+            error = log_error;
+        }
+    }
+    free(lab_run.kept_steps);
+    free(lab_run.stored_options);
+    free(lab_run.state.options);
+    bpe_free_merges(lab_run.merges);
+    memset(&lab_run, 0, sizeof lab_run);
+    return error;
+}
+
+static int lab_train(int argc, char **argv) {
+    TrainRun *run = checked_calloc(1, sizeof(TrainRun), "training run");
+    run->opt = train_defaults;
+    memset(&lab_run, 0, sizeof lab_run);
+    lab_train_options(run);
+    int status = parse_options("train", lab_train_usage, lab_run.options, lab_run.num_options,
+                               argc, argv, NULL, NULL);
+    const char *error = NULL;
+    if (status == 0) {
+        set_threads(lab_run.threads);
+        error = lab_run.resume ? lab_resume(run) : lab_start(run);
+        if (!error)
+            error = lab_checkpoint_path(run);
+        if (!error)
+            error = lab_check_output(run);
+        if (!error)
+            error = lab_train_loop(run);
+        error = lab_end(error);
+        if (error)
+            fprintf(stderr, "error: train: %s\n", error);
+    } else {
+        lab_end(NULL);
+    }
+    vocab_free(&run->vocab);
+    dataset_free(&run->train);
+    dataset_free(&run->valid);
+    transformer_free(&run->model);
+    free(run->plan.order);
+    free(run->plan.spans);
+    batch_buffer_free(&run->batch);
+    free(run);
+    if (status == 2)
+        return 0;
+    return status != 0 || error != NULL;
 }

@@ -3,13 +3,11 @@
  * train --bpe N learns N merges from the training file and trains on
  * subwords; the merges travel in the checkpoint, so that decode and eval cut
  * text the same way; `./transformer bpe` prints the merges or cuts text.
- * transformer.c reads whole words; this file plugs into its hooks (lab.c
- * sets them): split_word and join_tokens (a word into subwords and back),
- * free_merges, and the checkpoint's merges section (merges_section,
- * read_merges_section); exact match and BLEU on words (score_words) are in
- * lab/bleu.c.
- * train's --bpe flag and the learning before the data is read are in
- * lab/runs.c's train hooks.
+ * transformer.c reads whole words; the lab's text (lab/text.c) cuts words
+ * into subwords with the merges here (bpe_split_word) and joins them back
+ * (bpe_join_tokens), and its checkpoints keep the merges in a section
+ * (bpe_merges_section, bpe_read_merges_section); exact match and BLEU on
+ * words are in lab/bleu.c, train's --bpe in lab/runs.c.
  *
  * BUILD  included by lab/lab.c after transformer.c
  */
@@ -42,7 +40,7 @@
 //     Training words must not contain the text "</w>" themselves.
 //   * Symbols start as characters: UTF-8 sequences (u-umlaut is one symbol,
 //     not two bytes). Text that is not UTF-8 is refused before it gets here
-//     (transformer.c's text_error); a byte that does not begin a valid
+//     (lab/text.c, text_error); a byte that does not begin a valid
 //     sequence (in merges read from a checkpoint, say) is a symbol of its own.
 //   * Ties: the most frequent pair is merged; between pairs of the same
 //     frequency the one whose left symbol comes first in byte order (strcmp),
@@ -54,7 +52,7 @@
 //     vocabulary gives a text one id, so a subword "<s>", cut from a word of
 //     the data such as "<s>0" or "x<s>", would be the start-of-sentence
 //     marker inside a sentence. Whole words with that text are refused
-//     (tokenize); inside a word, learning passes over such a pair (the next
+//     (text_tokenize); inside a word, learning passes over such a pair (the next
 //     most frequent one is merged), and a checkpoint whose merges make one
 //     is refused.
 // Learning counts pairs once, then each merge visits only the words that
@@ -330,10 +328,20 @@ static void give_back_freed_memory(void) {
 
 // After the training data is cut: the cache of cut words goes (decoding fills it again), and the
 // memory cutting took with it.
-static void bpe_release_cut_words(Vocabulary *vocab) {
-    if (vocab->bpe)
-        bpe_cache_free(vocab->bpe);
+static void bpe_release_cut_words(Bpe *merges) {
+    if (merges)
+        bpe_cache_free(merges);
     give_back_freed_memory();
+}
+
+static void bpe_free(Bpe *b);
+
+// Frees merges made by the functions below (and NULL: nothing).
+static void bpe_free_merges(Bpe *merges) {
+    if (!merges)
+        return;
+    bpe_free(merges);
+    free(merges);
 }
 
 static void bpe_free(Bpe *b) {
@@ -462,7 +470,7 @@ static int joins_to_special_token(const char *left, const char *right) {
 
 #define PROGRESS_SECONDS 3.0
 
-// (--progress sets transformer.c's progress_always: the lines also when standard error is not a
+// (--progress sets lab/text.c's progress_always: the lines also when standard error is not a
 // terminal)
 typedef struct {
     const char *what;   // "bpe    learning merges", "bpe    reading FILE (MB)": the line's start
@@ -923,7 +931,7 @@ static int bpe_learn(Bpe *b, const char *const *words, const long *counts, int n
 // that ends in </w>, the marker is dropped and a space starts the next word.
 // Tokens without a marker at all (the special tokens, whole words of a
 // vocabulary without merges) are words of their own. Returns a new string.
-static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
+static char *bpe_join_tokens(const Vocabulary *vocab, const Bpe *merges, const int *ids, int n) {
     size_t bytes = 1;
     for (int i = 0; i < n; i++) bytes += strlen(vocab->words[ids[i]]) + 1;
     char *text = checked_calloc(bytes, 1, "text"), *out = text;
@@ -933,7 +941,7 @@ static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
         size_t length = strlen(token);
         int ends = length >= BPE_END_OF_WORD_BYTES
                    && strcmp(token + length - BPE_END_OF_WORD_BYTES, BPE_END_OF_WORD) == 0;
-        int subword = vocab->bpe && (ends || ids[i] >= NUM_SPECIAL_TOKENS);
+        int subword = merges && (ends || ids[i] >= NUM_SPECIAL_TOKENS);
         if (out > text && !word_open)
             *out++ = ' ';
         if (subword && ends)
@@ -956,22 +964,22 @@ static char *bpe_join_tokens(const Vocabulary *vocab, const int *ids, int n) {
 // a first pass counts each part's lines and tabs (a good line has one tab), a read of the bytes
 // at memory speed.
 
-// ASCII white space for word_counts_add_side, as white_space_bytes says (filled in before any
+// ASCII white space for word_counts_add_side, as unicode_white_space says (filled in before any
 // thread reads it).
 static unsigned char ascii_space[128];
 
 static void ascii_space_fill(void) {
     for (int c = 0; c < 128; c++) {
         char one[3] = { (char)c, 0, 0 };
-        ascii_space[c] = (unsigned char)(white_space_bytes(one) > 0);
+        ascii_space[c] = (unsigned char)(unicode_white_space(one) > 0);
     }
 }
 
 // Counts the words of one side of a pair (text, up to its zero byte); *tokens: how many.
 // Returns the special token the side holds (<pad> <s> </s> <unk>, refused), or NULL.
 static const char *word_counts_add_side(WordCounts *w, const char *text, long add, int *tokens) {
-    // One pass: ASCII white space from a table, the rest as white_space_bytes says (next_token's
-    // set), each word's hash as its bytes go by (word_hash's FNV-1a).
+    // One pass: ASCII white space from a table, the rest as unicode_white_space says
+    // (text_next_token's set), each word's hash as its bytes go by (word_hash's FNV-1a).
     *tokens = 0;
     const unsigned char *p = (const unsigned char *)text;
     while (*p) {
@@ -979,7 +987,7 @@ static const char *word_counts_add_side(WordCounts *w, const char *text, long ad
             p++;
             continue;
         }
-        int space = *p < 0x80 ? 0 : white_space_bytes((const char *)p);
+        int space = *p < 0x80 ? 0 : unicode_white_space((const char *)p);
         if (space > 0) {
             p += space;
             continue;
@@ -989,7 +997,7 @@ static const char *word_counts_add_side(WordCounts *w, const char *text, long ad
         for (;;) {
             if (*p == 0 || (*p < 0x80 && ascii_space[*p]))
                 break;
-            if (*p >= 0x80 && white_space_bytes((const char *)p) > 0)
+            if (*p >= 0x80 && unicode_white_space((const char *)p) > 0)
                 break;
             hash ^= *p;
             hash *= 16777619u;
@@ -1034,7 +1042,7 @@ static const char *word_counts_add_line(WordCounts *w, char *line, int got, long
     }
     char *tab = strchr(line, '\t');
     size_t unused;
-    if (!tab && !next_token(line, &unused)) {
+    if (!tab && !text_next_token(line, &unused)) {
         *blank = 1;
         return NULL;
     }
@@ -1322,7 +1330,7 @@ static const char *word_counts_read_tsv(WordCounts *w, const char *path, int hel
 }
 
 // bpe_learn_from_tsv's work, the distinct words of the file left in *w (the caller frees them).
-static const char *bpe_learn_words(Vocabulary *vocab, const char *path, int held_out_every,
+static const char *bpe_learn_words(Bpe **merges, const char *path, int held_out_every,
                                    int num_merges, int *learned, WordCounts *w) {
     bpe_words_read = 0;
     const char *error = word_counts_read_tsv(w, path, held_out_every);
@@ -1338,27 +1346,24 @@ static const char *bpe_learn_words(Vocabulary *vocab, const char *path, int held
         Bpe *b = checked_calloc(1, sizeof(Bpe), "merges");
         bpe_init(b);
         *learned = bpe_learn(b, words, w->count, w->num_words, num_merges);
-        if (vocab->bpe) {
-            bpe_free(vocab->bpe);
-            free(vocab->bpe);
-        }
-        vocab->bpe = b;
+        bpe_free_merges(*merges);
+        *merges = b;
         free(words);
     }
     return error;
 }
 
 // §5.1: learns up to num_merges merges from the words of both sides of the
-// TSV file at path into vocab->bpe (vocab holds no tokens of the data yet). The words
+// TSV file at path into *merges (which it replaces). The words
 // are read with dataset_read_tsv's checks (word_counts_read_tsv); held_out_every > 0
 // leaves out the pairs train holds out (dataset_read_tsv_split), so that held-out words
 // teach no merges. *learned: how many merges there are (fewer when no pair
 // occurs twice any more).
-static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int held_out_every,
+static const char *bpe_learn_from_tsv(Bpe **merges, const char *path, int held_out_every,
                                       int num_merges, int *learned) {
     WordCounts w;
     memset(&w, 0, sizeof w);
-    const char *error = bpe_learn_words(vocab, path, held_out_every, num_merges, learned, &w);
+    const char *error = bpe_learn_words(merges, path, held_out_every, num_merges, learned, &w);
     word_counts_free(&w);
     give_back_freed_memory();   // (the learner's pairs and lists, the word counts)
     return error;
@@ -1368,13 +1373,13 @@ static const char *bpe_learn_from_tsv(Vocabulary *vocab, const char *path, int h
 // characters of the training words and each merge's result, so that any
 // word made of these characters is written without <unk>, even when it
 // needs a subword that no training word kept (a later merge took it).
-static void vocab_add_subwords(Vocabulary *vocab) {
-    const Vocabulary *symbols = &vocab->bpe->symbols;
+static void vocab_add_subwords(Vocabulary *vocab, const Bpe *merges) {
+    const Vocabulary *symbols = &merges->symbols;
     for (int id = NUM_SPECIAL_TOKENS; id < symbols->size; id++)
         vocab_add(vocab, symbols->words[id], strlen(symbols->words[id]));
 }
 
-// ---- transformer.c's hooks --------------------------------------------------
+// ---- cutting words into subwords, and joining them back ----------------------
 
 // Is id's text in vocab the n bytes at piece, followed by </w> when it is a word's last subword?
 static int vocabulary_holds(const Vocabulary *vocab, int id, const char *piece, int n, int last) {
@@ -1386,14 +1391,13 @@ static int vocabulary_holds(const Vocabulary *vocab, int id, const char *piece, 
     return last ? strcmp(text + n, BPE_END_OF_WORD) == 0 : text[n] == '\0';
 }
 
-// split_word: the subwords of one word (vocab->bpe's merges), pushed as ids at
-// ids[n..]. Returns the new n. A word cut before is not cut again: the cache
+// The subwords of one word (with b's merges), pushed as ids at ids[n..].
+// Returns the new n. A word cut before is not cut again: the cache
 // (Bpe.cached) says where its subwords begin, and each cached id is taken
 // where vocab holds that subword's text there; otherwise (a subword read as
 // <unk>, warned of each time; another vocabulary) the text is looked up.
-static int bpe_split_word(Vocabulary *vocab, int grow, const char *word, int length, int **ids,
-                          size_t *capacity, int n, TextSource *from) {
-    Bpe *b = vocab->bpe;
+static int bpe_split_word(Vocabulary *vocab, Bpe *b, int grow, const char *word, int length,
+                          int **ids, size_t *capacity, int n, TextSource *from) {
     bpe_cutting_step();
     int k = word_counts_find(&b->cached, word, (size_t)length, word_hash(word, (size_t)length));
     if (k >= 0) {
@@ -1459,13 +1463,13 @@ static int cutting_block_lines_asked = 0;
 
 // train --bpe N: learns the merges from the file (bpe_learn_from_tsv), gives vocab every subword
 // they know (vocab_add_subwords), and cuts each distinct word of the file once into the cache.
-static const char *bpe_learn_for_training(Vocabulary *vocab, const char *path, int held_out_every,
-                                          int num_merges, int *learned) {
+static const char *bpe_learn_for_training(Vocabulary *vocab, Bpe **merges, const char *path,
+                                          int held_out_every, int num_merges, int *learned) {
     WordCounts w;
     memset(&w, 0, sizeof w);
-    const char *error = bpe_learn_words(vocab, path, held_out_every, num_merges, learned, &w);
+    const char *error = bpe_learn_words(merges, path, held_out_every, num_merges, learned, &w);
     if (!error) {
-        vocab_add_subwords(vocab);
+        vocab_add_subwords(vocab, *merges);
         cutting.on = 0;   // (these words are not the data's progress line)
         TextSource from = { "", 0, 0, NULL };
         snprintf(from.where, sizeof from.where, "%s", path);
@@ -1473,21 +1477,21 @@ static const char *bpe_learn_for_training(Vocabulary *vocab, const char *path, i
         size_t capacity = 0;
         for (int k = 0; k < w.num_words; k++) {
             const char *word = w.bytes + w.start[k];
-            bpe_split_word(vocab, 1, word, (int)strlen(word), &ids, &capacity, 0, &from);
+            bpe_split_word(vocab, *merges, 1, word, (int)strlen(word), &ids, &capacity, 0, &from);
         }
         free(ids);
-        vocab->bpe->cache_complete = vocab->bpe->cached.num_words == w.num_words;
+        (*merges)->cache_complete = (*merges)->cached.num_words == w.num_words;
     }
     word_counts_free(&w);
     give_back_freed_memory();
     return error;
 }
 
-// Are vocab's words cut on threads when f is read: merges whose cache holds every word of the
+// Are the words cut on threads when f is read: merges whose cache holds every word of the
 // training file, more than one thread, and a file big enough for them to pay?
-static int bpe_cut_on_threads(const Vocabulary *vocab, FILE *f) {
+static int bpe_cut_on_threads(const Bpe *merges, FILE *f) {
     struct stat st;
-    if (!vocab->bpe || !vocab->bpe->cache_complete)
+    if (!merges || !merges->cache_complete)
         return 0;
     if (cutting_block_lines_asked > 0)
         return 1;   // (the tests: also on one thread)
@@ -1543,8 +1547,8 @@ static int cut_block_read(CutBlock *block, FILE *f, int line_no, int max_lines, 
 
 // Cuts line i of block on this thread (number thread): its ids, or CUT_PLAINLY for anything
 // dataset_read_tsv_split's plain reading must see (an error, an <unk>, a growing vocabulary).
-static void cut_block_line(CutBlock *block, int i, int thread, Vocabulary *vocab, TsvBuffers *ids,
-                           TextSource *from) {
+static void cut_block_line(CutBlock *block, int i, int thread, const TsvReading *r,
+                           TsvBuffers *ids, TextSource *from) {
     char *line = block->text + block->start[i];
     block->status[i] = CUT_PLAINLY;
     if (block->got[i] < 0)
@@ -1557,7 +1561,7 @@ static void cut_block_line(CutBlock *block, int i, int thread, Vocabulary *vocab
     }
     char *tab = strchr(line, '\t');
     size_t unused;
-    if (!tab && !next_token(line, &unused)) {
+    if (!tab && !text_next_token(line, &unused)) {
         block->status[i] = CUT_BLANK;
         return;
     }
@@ -1566,8 +1570,12 @@ static void cut_block_line(CutBlock *block, int i, int thread, Vocabulary *vocab
     *tab = '\0';
     block->tab[i] = (int)(tab - line);
     long unknown = from->unknown;
-    int n_src = tokenize(line, vocab, 0, &ids->src, &ids->src_capacity, from);
-    int n_tgt = n_src > 0 ? tokenize(tab + 1, vocab, 0, &ids->tgt, &ids->tgt_capacity, from) : -1;
+    int n_src = text_tokenize(line, r->vocab, r->merges, 0, &ids->src, &ids->src_capacity, from);
+    int n_tgt = -1;
+    if (n_src > 0) {
+        n_tgt = text_tokenize(tab + 1, r->vocab, r->merges, 0, &ids->tgt, &ids->tgt_capacity,
+                              from);
+    }
     if (n_src <= 0 || n_tgt <= 0 || from->unknown != unknown)
         return;
     if (n_src > TRANSFORMER_MAX_LEN || n_tgt > TRANSFORMER_MAX_LEN)
@@ -1591,7 +1599,7 @@ static void cut_block_line(CutBlock *block, int i, int thread, Vocabulary *vocab
 
 // The block's lines cut on the threads, each an equal share of the lines in order. Returns the
 // words cut.
-static long cut_block_on_threads(CutBlock *block, Vocabulary *vocab) {
+static long cut_block_on_threads(CutBlock *block, const TsvReading *r) {
     long words = 0;
     cutting_on_threads = 1;
     #pragma omp parallel num_threads(block->threads) reduction(+ : words)
@@ -1605,7 +1613,7 @@ static long cut_block_on_threads(CutBlock *block, Vocabulary *vocab) {
         TextSource from = { "", MAX_UNKNOWN_WARNINGS, 0, NULL };   // (warns of nothing)
         block->thread_ids_used[thread] = 0;
         words_cut_on_this_thread = 0;
-        for (int i = first; i < end; i++) cut_block_line(block, i, thread, vocab, &ids, &from);
+        for (int i = first; i < end; i++) cut_block_line(block, i, thread, r, &ids, &from);
         words = words_cut_on_this_thread;
         free(ids.src);
         free(ids.tgt);
@@ -1680,7 +1688,7 @@ static const char *bpe_read_tsv_on_threads(TsvReading *r, FILE *f, int *line_no)
     size_t line_capacity = 0;
     const char *error = NULL;
     while (!error && cut_block_read(&block, f, *line_no, max_lines, &line, &line_capacity) > 0) {
-        long words = cut_block_on_threads(&block, r->vocab);
+        long words = cut_block_on_threads(&block, r);
         int plainly = 0;
         error = cut_block_add(&block, r, *line_no, &plainly);
         *line_no += block.count;
@@ -1692,10 +1700,6 @@ static const char *bpe_read_tsv_on_threads(TsvReading *r, FILE *f, int *line_no)
     return error;
 }
 
-static void bpe_free_merges(struct Bpe *bpe) {
-    bpe_free(bpe);
-    free(bpe);
-}
 
 // The merges section of a checkpoint: a u32 count, then per merge the left
 // and the right symbol, each a u32 length and its bytes (dev/FORMATS.md).
@@ -1704,8 +1708,11 @@ static void put_u32(unsigned char *b, uint32_t x) {
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(x >> (8 * i));
 }
 
-static unsigned char *bpe_merges_section(const Vocabulary *vocab, size_t *bytes) {
-    const Bpe *b = vocab->bpe;
+static uint32_t get_u32(const unsigned char *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static unsigned char *bpe_merges_section(const Bpe *b, size_t *bytes) {
     *bytes = 0;
     if (!b || b->num_merges == 0)
         return NULL;
@@ -1727,24 +1734,25 @@ static unsigned char *bpe_merges_section(const Vocabulary *vocab, size_t *bytes)
     return section;
 }
 
-// Reads the section back into vocab->bpe: the count, then each merge's two
+// Reads the section back into new merges, *merges: the count, then each merge's two
 // symbols, of 1 byte or more without spaces, lengths adding up to the
-// section's size; no merge may make a special token's text.
-static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned char *section,
+// section's size; no merge may make a special token's text. On an error *merges holds those
+// read so far (the caller frees them with bpe_free_merges).
+static const char *bpe_read_merges_section(Bpe **merges, const unsigned char *section,
                                            size_t bytes, const char *path) {
-    uint32_t count = (uint32_t)get_number(section, 4);
+    uint32_t count = bytes >= 4 ? get_u32(section) : 0;
     uint64_t used = 4;
     if (count == 0 || count > bytes / 10)
         return errorf("%s: the merges section says %u merges; its %llu bytes hold from 1 to %llu",
                       path, count, (unsigned long long)bytes, (unsigned long long)(bytes / 10));
     Bpe *bpe = checked_calloc(1, sizeof(Bpe), "merges");
     bpe_init(bpe);
-    vocab->bpe = bpe;   // vocab_free frees it on an error
+    *merges = bpe;
     for (uint32_t i = 0; i < count; i++) {
         char *sides[2] = { NULL, NULL };
         const char *error = NULL;
         for (int k = 0; k < 2 && !error; k++) {
-            uint32_t n = used + 4 <= bytes ? (uint32_t)get_number(section + used, 4) : 0;
+            uint32_t n = used + 4 <= bytes ? get_u32(section + used) : 0;
             used += 4 + (uint64_t)n;
             if (n == 0 || used > bytes) {
                 error = errorf("%s: merge %u has a symbol of length %u; the merges section "
@@ -1774,13 +1782,4 @@ static const char *bpe_read_merges_section(Vocabulary *vocab, const unsigned cha
         return errorf("%s: the merges take %llu bytes, but its header says %llu", path,
                       (unsigned long long)used, (unsigned long long)bytes);
     return NULL;
-}
-
-// Plugs the functions above into transformer.c (lab.c calls it).
-static void subwords_plug_in(void) {
-    lab.split_word = bpe_split_word;
-    lab.join_tokens = bpe_join_tokens;
-    lab.free_merges = bpe_free_merges;
-    lab.merges_section = bpe_merges_section;
-    lab.read_merges_section = bpe_read_merges_section;
 }

@@ -694,7 +694,7 @@ static void test_key_value_cache(void) {
                 fast_path.decoder_end = cached_decoder_end;
             }
             m->training = 0;
-            transformer_greedy_decode(m, out[cached], out_len[cached], 20, src, src_len, B, S);
+            lab_greedy_decode(m, out[cached], out_len[cached], 20, src, src_len, B, S);
             for (int b = 0; b < B; b++)
                 beam_len[cached][b] = transformer_beam_search(m, beam[cached][b], &score[cached][b],
                                                               src + b * S, src_len[b], 4, 0.6);
@@ -1153,34 +1153,127 @@ static void test_svg_loss_curve(void) {
                  "--max-length 6 --batch-tokens 80 --warmup 5 --log-every 0 --eval-every 0 " \
                  "--show 0"
 
-// The header's counts that only --resume reads, out of their range (test_transformer.c's
-// checkpoint_count_cases, in a checkpoint after 3 steps in epoch 2): each refused with
-// its file and what was expected.
+// A checkpoint as ./transformer train writes one: the model, its vocabulary and §5.1 merges (or
+// NULL), and a run (its first epoch begun unless no step was trained) with these options.
+static const char *save_lab_checkpoint(const char *path, const Transformer *m,
+                                       const Vocabulary *v, const Bpe *merges,
+                                       const char *options) {
+    RunState run = { 1, 1, m->adam_step > 0, 0, 0, (char *)options };
+    return lab_checkpoint_save(path, m, v, merges, &run);
+}
+
+// The copy task's vocabulary for m, in a checkpoint with a run
+static const char *save_lab_copy_checkpoint(const char *path, const Transformer *m) {
+    Vocabulary v;
+    task_vocabulary(&v, m->config.vocab_size - NUM_SPECIAL_TOKENS);
+    const char *e = save_lab_checkpoint(path, m, &v, NULL, "--task\ncopy\n");
+    vocab_free(&v);
+    return e;
+}
+
+// The model and vocabulary of a checkpoint as the lab reads it (its merges and run let go).
+static const char *load_lab_model(const char *path, Transformer *m, Vocabulary *v) {
+    LabCheckpoint c;
+    const char *e = lab_checkpoint_load(path, &c);
+    if (e)
+        return e;
+    *m = c.model;
+    *v = c.vocab;
+    memset(&c.model, 0, sizeof c.model);
+    memset(&c.vocab, 0, sizeof c.vocab);
+    lab_checkpoint_free(&c);
+    return NULL;
+}
+
+// Adam's step of a checkpoint the lab reads, or -1 where it does not load.
+static long lab_file_step(const char *path) {
+    Transformer m;
+    Vocabulary v;
+    if (load_lab_model(path, &m, &v))
+        return -1;
+    long step = m.adam_step;
+    transformer_free(&m);
+    vocab_free(&v);
+    return step;
+}
+
+// The run's counts, out of their range, in files whose run checksum matches (RunHeader: Adam's
+// step at offset 16, epoch_rng 32, epoch 40, epoch_batches 48, after the model's bytes): Adam's
+// step at 2^63 (INT64_MIN as a signed number: it resumed at "step -9223372036854775806" into a NaN
+// loss) and at 2^63 - 1, refused as the file loads (at_load); an epoch and a batch count beyond
+// the steps trained, a data-order generator state of 0, which only --resume reads and refuses
+// (training_state_error).
+static const struct {
+    size_t offset;
+    uint64_t value;
+    int at_load;
+    const char *what, *expected;
+} run_count_cases[] = {
+    { 16, 0x8000000000000000ULL, 1, "Adam step INT64_MIN",
+      "header: Adam step 9223372036854775808; expected 0 to 1000000000" },
+    { 16, 0x7FFFFFFFFFFFFFFFULL, 1, "Adam step INT64_MAX",
+      "header: Adam step 9223372036854775807; expected 0 to 1000000000" },
+    { 16, 1000000001, 1, "Adam step 10^9 + 1",
+      "header: Adam step 1000000001; expected 0 to 1000000000" },
+    // (make fuzz, before the fix, found a file with epoch 9 after 1 step:
+    // dev/fuzz/fuzz_checkpoint.c)
+    { 40, 4, 0, "epoch 4 after 3 steps",
+      "header: epoch 4 after 3 steps; expected at most one epoch begun per step" },
+    { 48, UINT64_MAX, 0, "2^64 - 1 batches done",
+      "header: 18446744073709551615 batches of the current epoch done after 3 steps" },
+    { 32, 0, 0, "data-order generator state 0",
+      "header: data-order generator state 0; expected non-zero" },
+    { 40, 0, 0, "epoch 0 with a batch of it done",
+      "header: epoch 0 with batches of it done (1); expected none before "
+      "the first epoch" },
+};
+
+// The checkpoint good (size bytes, a model and its run) to path, the run's 8 bytes at offset set
+// to value and the run's checksum made to match.
+static void write_run_with_field(const char *path, const unsigned char *good, size_t size,
+                                 size_t offset, uint64_t value) {
+    uint64_t run_start;
+    memcpy(&run_start, good + 64, 8);   // the model's bytes (CheckpointHeader)
+    unsigned char *copy = checked_calloc(size, 1, "test");
+    memcpy(copy, good, size);
+    memcpy(copy + run_start + offset, &value, 8);
+    uint64_t hash = fnv1a(FNV_OFFSET, copy + run_start, size - 8 - run_start);
+    memcpy(copy + size - 8, &hash, 8);
+    write_file(path, copy, size);
+    free(copy);
+}
+
+// A checkpoint after 3 steps in epoch 2, its first batch done, with each of the counts above:
+// each refused with its file and what was expected; Adam's step as the file loads, the rest as
+// --resume reads them.
 static void test_resume_counts(void) {
     TransformerConfig config = decode_config();
-    Transformer model, loaded;
+    Transformer model;
     transformer_build(&model, &config, 3);
     static TestBatch tb;
     three_adam_steps(&model, &tb);
-    Vocabulary vocab, v;
+    Vocabulary vocab;
     task_vocabulary(&vocab, config.vocab_size - NUM_SPECIAL_TOKENS);
-    TrainingState state = { 123, 2, 1, 678 }, read_back;
+    RunState state = { 1, 123, 2, 1, 678, "" };
     const char *good_path = test_path("counts.ckpt"), *bad = test_path("bad_counts.ckpt");
-    const char *saved = checkpoint_save(good_path, &model, &vocab, &state, ""), *e;
+    const char *saved = lab_checkpoint_save(good_path, &model, &vocab, NULL, &state), *e;
     size_t size;
     unsigned char *good = saved ? NULL : read_file(good_path, &size);
-    int n = (int)(sizeof checkpoint_count_cases / sizeof *checkpoint_count_cases);
+    int n = (int)(sizeof run_count_cases / sizeof *run_count_cases);
     for (int i = 0; good && i < n; i++) {
-        write_checkpoint_with_field(bad, good, size, checkpoint_count_cases[i].offset,
-                                    checkpoint_count_cases[i].value);
-        e = checkpoint_load(bad, &loaded, &v, &read_back, NULL);
-        if (!e) {
-            e = training_state_error(bad, &loaded, &read_back);
-            transformer_free(&loaded);
-            vocab_free(&v);
+        write_run_with_field(bad, good, size, run_count_cases[i].offset, run_count_cases[i].value);
+        LabCheckpoint c;
+        e = lab_checkpoint_load(bad, &c);
+        int loaded = e == NULL;
+        if (loaded) {
+            e = training_state_error(bad, &c.model, &c.run);
+            lab_checkpoint_free(&c);
         }
-        check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, checkpoint_count_cases[i].expected),
-              "--resume: %s is refused (%s)", checkpoint_count_cases[i].what, e ? e : "accepted");
+        check(e && strstr(e, "bad_counts.ckpt: ") && strstr(e, run_count_cases[i].expected) &&
+              loaded != run_count_cases[i].at_load,
+              "--resume: %s is refused, %s (%s)", run_count_cases[i].what,
+              run_count_cases[i].at_load ? "as the file loads" : "as --resume reads it",
+              e ? e : "accepted");
     }
     check(good != NULL, "--resume: a checkpoint to forge the counts of was written (%s)",
           saved ? saved : "yes");
@@ -1205,8 +1298,8 @@ static void test_lab_command_line(void) {
         return;
     }
     const char *bad = test_path("cli_bad.ckpt");
-    good[12] = 2;
-    write_file(bad, good, size);   // a header whose sizes disagree with the parameters
+    good[16] = 2;   // N: a header whose sizes disagree with the parameters
+    write_file(bad, good, size);
     check_cli_error("--resume from a damaged checkpoint", "cli_bad.ckpt: header",
                     "train --resume %s", bad);
     free(good);
@@ -1227,8 +1320,8 @@ static void test_lab_command_line(void) {
     free(log);
     Transformer ma, mb;
     Vocabulary va, vb;
-    const char *ea = checkpoint_load(a_ckpt, &ma, &va, NULL, NULL),
-               *eb = ea ? ea : checkpoint_load(b_ckpt, &mb, &vb, NULL, NULL);
+    const char *ea = load_lab_model(a_ckpt, &ma, &va),
+               *eb = ea ? ea : load_lab_model(b_ckpt, &mb, &vb);
     int same_weights = !ea && !eb && ma.adam_step == 6 && mb.adam_step == 6 &&
                        memcmp(ma.params_memory, mb.params_memory,
                               ma.num_parameters * sizeof(real)) == 0 &&
@@ -1255,11 +1348,11 @@ static void test_lab_command_line(void) {
     good = read_file(b_ckpt, &size);
     if (good) {
         const char *far = test_path("far.ckpt");
-        write_checkpoint_with_field(far, good, size, 56, 0x8000000000000000ULL);
+        write_run_with_field(far, good, size, 16, 0x8000000000000000ULL);
         check_cli_error("--resume at Adam step INT64_MIN",
                         "far.ckpt: header: Adam step 9223372036854775808; expected 0 to 1000000000",
                         "train --resume %s --steps 8", far);
-        write_checkpoint_with_field(far, good, size, 56, 0x7FFFFFFFFFFFFFFFULL);
+        write_run_with_field(far, good, size, 16, 0x7FFFFFFFFFFFFFFFULL);
         check_cli_error("--resume at Adam step INT64_MAX",
                         "far.ckpt: header: Adam step 9223372036854775807",
                         "train --resume %s --steps 8", far);
@@ -1310,8 +1403,8 @@ static void test_stale_step_file_and_lost_logs(void) {
     free(text);
     int status = run_cli("train --task copy --steps 2 --save-every 1 --keep-last 2 --force "
                          "--checkpoint %s " TINY_RUN, ckpt);
-    check(status == 0 && checkpoint_file_step(path) == 2,
-          "cli: --force replaces it (its step %ld; exit %d)", checkpoint_file_step(path), status);
+    check(status == 0 && lab_file_step(path) == 2,
+          "cli: --force replaces it (its step %ld; exit %d)", lab_file_step(path), status);
     if (access("/dev/full", W_OK) != 0) {
         printf("(no /dev/full here: the lost-log checks are skipped)\n");
         return;
@@ -1365,14 +1458,14 @@ static void test_existing_checkpoints_and_keep_last(void) {
     int sixth = file_exists(path);
     kept_step_path(path, sizeof path, ckpt, 7, "");
     check(status == 1 && strstr(cli_output, "no checkpoint was written") &&
-          checkpoint_file_step(ckpt) == 7 && sixth && file_exists(path),
+          lab_file_step(ckpt) == 7 && sixth && file_exists(path),
           "cli: a --force run that diverges before its first save leaves the checkpoint (step %ld) "
-          "and its step files 6 and 7 (exit %d)", checkpoint_file_step(ckpt), status);
+          "and its step files 6 and 7 (exit %d)", lab_file_step(ckpt), status);
     // a rollback: --resume one of its step files with --force keeps that file, the others go
     char sixth_path[600];
     kept_step_path(sixth_path, sizeof sixth_path, ckpt, 6, "");
     status = run_cli("train --resume %s --checkpoint %s --force --steps 8", sixth_path, ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 8 && file_exists(sixth_path) &&
+    check(status == 0 && lab_file_step(ckpt) == 8 && file_exists(sixth_path) &&
           !file_exists(path),
           "cli: --resume CHECKPOINT.step0000006 --force onto CHECKPOINT keeps step 6's file, not "
           "step 7's (exit %d)", status);
@@ -1380,13 +1473,13 @@ static void test_existing_checkpoints_and_keep_last(void) {
     kept_step_path(path, sizeof path, ckpt, 6, "");
     sixth = file_exists(path);
     kept_step_path(path, sizeof path, ckpt, 7, "");
-    check(status == 0 && checkpoint_file_step(ckpt) == 2 && !sixth && !file_exists(path),
+    check(status == 0 && lab_file_step(ckpt) == 2 && !sixth && !file_exists(path),
           "cli: --force replaces the checkpoint (now at step %ld) and its step files (exit %d)",
-          checkpoint_file_step(ckpt), status);
+          lab_file_step(ckpt), status);
     // and again, now that it has no step files (nothing to remove: under the
     // sanitizers this once stopped on a memmove from a NULL list)
     status = run_cli("train --task copy --steps 2 --force --checkpoint %s " TINY_RUN, ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 2,
+    check(status == 0 && lab_file_step(ckpt) == 2,
           "cli: --force over a checkpoint without step files (exit %d)", status);
     kept_step_path(path, sizeof path, ckpt, 2, ".tmp"); // killed while writing step 2's file
     write_text(path, "half a checkpoint");
@@ -1417,10 +1510,10 @@ static void test_moved_data(void) {
                     "the run's --train",
                     "train --resume %s --steps 4", ckpt);
     status = run_cli("train --resume %s --steps 4 --train %s", ckpt, to);
-    check(status == 0 && checkpoint_file_step(ckpt) == 4,
+    check(status == 0 && lab_file_step(ckpt) == 4,
           "cli: --resume --train NEW_PATH takes the same data at its new path (exit %d)", status);
     status = run_cli("train --resume %s --steps 5", ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 5,
+    check(status == 0 && lab_file_step(ckpt) == 5,
           "cli: ... and the next --resume finds it there (exit %d)", status);
     write_text(test_path("other_data.tsv"), "a b\tb a\nc d e\te d c\na a\ta a\nb c\tb c\n");
     check_cli_error("--resume --train with other data",
@@ -1437,16 +1530,16 @@ static void test_average(const Transformer *trained) {
         other.adam_m[k] = (real)(0.001 * (double)(k % 13));
     const char *a = test_path("avg_a.ckpt"), *b = test_path("avg_b.ckpt"),
                *out = test_path("avg_out.ckpt");
-    const char *e = save_copy_checkpoint(a, trained);
+    const char *e = save_lab_copy_checkpoint(a, trained);
     if (!e)
-        e = save_copy_checkpoint(b, &other);
+        e = save_lab_copy_checkpoint(b, &other);
     const char *paths[2] = { a, b };
     if (!e)
         e = checkpoint_average(out, paths, 2);
     Transformer avg;
     Vocabulary v;
     if (!e)
-        e = checkpoint_load(out, &avg, &v, NULL, NULL);
+        e = load_lab_model(out, &avg, &v);
     if (e) {
         check(0, "average: %s", e);
         transformer_free(&other);
@@ -1474,8 +1567,8 @@ static void test_average(const Transformer *trained) {
     Transformer m1, m2;
     Vocabulary v1, v2;
     double largest = INFINITY;
-    if (status == 0 && !checkpoint_load(out, &m1, &v1, NULL, NULL)) {
-        if (!checkpoint_load(cli_out, &m2, &v2, NULL, NULL)) {
+    if (status == 0 && !load_lab_model(out, &m1, &v1)) {
+        if (!load_lab_model(cli_out, &m2, &v2)) {
             largest = 0;
             for (size_t k = 0; k < P; k++)
                 largest = fmax(largest,
@@ -1496,7 +1589,7 @@ static void test_average(const Transformer *trained) {
     transformer_build(&w, &wide, 13);
     const char *c = test_path("avg_wide.ckpt"), *d = test_path("avg_vocab.ckpt"),
                *none = test_path("avg_none.ckpt");
-    save_copy_checkpoint(c, &w);
+    save_lab_copy_checkpoint(c, &w);
     transformer_free(&w);
     Vocabulary letters;
     vocab_init(&letters);
@@ -1504,8 +1597,7 @@ static void test_average(const Transformer *trained) {
         char t[2] = { (char)('a' + i), 0 };
         vocab_add(&letters, t, 1);
     }
-    TrainingState state = { 1, 1, 0, 0 };
-    checkpoint_save(d, &other, &letters, &state, "--task\ncopy\n");
+    save_lab_checkpoint(d, &other, &letters, NULL, "--task\ncopy\n");
     vocab_free(&letters);
     check_cli_error("average of different configs", "expected the same config",
                     "average --out %s %s %s", none, a, c);
@@ -1972,21 +2064,22 @@ static void test_bpe_learn_and_apply(void) {
     // joining: tokens ending in </w> end a word
     Vocabulary v;
     vocab_init(&v);
-    v.bpe = checked_calloc(1, sizeof(Bpe), "test");
-    *v.bpe = b;
-    vocab_add_subwords(&v);
+    Bpe *merges = checked_calloc(1, sizeof(Bpe), "test");
+    *merges = b;
+    vocab_add_subwords(&v, merges);
     size_t capacity = 0;
     int *heap = NULL;
     TextSource from = { "test", 0, 0, NULL };
     char sentence[] = "lowest newer low";
-    int n = tokenize(sentence, &v, 0, &heap, &capacity, &from);
-    char *joined = tokens_to_text(&v, heap, n);
+    int n = text_tokenize(sentence, &v, merges, 0, &heap, &capacity, &from);
+    char *joined = tokens_to_text(&v, merges, heap, n);
     check(n == 6 && strcmp(joined, "lowest newer low") == 0 && from.unknown == 0,
           "bpe: 'lowest newer low' is 6 subwords, without <unk>, and joins back to the words "
           "('%s')", joined);
     free(joined);
     free(heap);
-    vocab_free(&v); // frees the merges too
+    vocab_free(&v);
+    bpe_free_merges(merges);
 }
 
 // The learner as it was before issue 49, kept here as the reference: after
@@ -2262,12 +2355,12 @@ static void test_tsv_held_out_while_reading(void) {
         memset(&whole_held, 0, sizeof whole_held);
         memset(&train, 0, sizeof train);
         memset(&held, 0, sizeof held);
-        const char *e1 = dataset_read_tsv(&whole, &v1, path, 1);
+        const char *e1 = dataset_read_tsv(&whole, &v1, NULL, path, 1);
         if (!e1 && whole.count >= every[e])
             reference_dataset_split(&whole, &whole_held, every[e]);
         char first[300];
         snprintf(first, sizeof first, "%s", e1 ? e1 : "");
-        const char *e2 = dataset_read_tsv_split(&train, &held, every[e], &v2, path, 1);
+        const char *e2 = dataset_read_tsv_split(&train, &held, every[e], &v2, NULL, path, 1);
         int same = !e1 && !e2 && same_dataset(&whole, &train) && same_dataset(&whole_held, &held);
         same = same && v1.size == v2.size && held.count == (train.count + held.count) / every[e];
         for (int id = 0; same && id < v1.size; id++) same = strcmp(v1.words[id], v2.words[id]) == 0;
@@ -2331,7 +2424,7 @@ static void test_bpe_word_counts(void) {
         memset(&dataset, 0, sizeof dataset);
         memset(&held_out, 0, sizeof held_out);
         const char *error = word_counts_read_tsv(&w, path, every[e]);
-        const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
+        const char *old_error = dataset_read_tsv(&dataset, &words, NULL, path, 1);
         if (!old_error && every[e] > 0)
             reference_dataset_split(&dataset, &held_out, every[e]);
         long *counts = checked_calloc((size_t)words.size, sizeof(long), "test");
@@ -2385,7 +2478,7 @@ static void test_bpe_word_counts(void) {
         const char *error = word_counts_read_tsv(&w, path, 20);
         char message[300];
         snprintf(message, sizeof message, "%s", error ? error : "(none)");
-        const char *old_error = dataset_read_tsv(&dataset, &words, path, 1);
+        const char *old_error = dataset_read_tsv(&dataset, &words, NULL, path, 1);
         int expected_error = !after_lines || i >= 2;   // (an empty or blank ending after good
                                                        // lines is fine)
         int same = expected_error ? error && old_error && strcmp(message, old_error) == 0
@@ -2444,23 +2537,21 @@ static void test_bpe_counting_parts(void) {
     write_syllable_corpus(path, 3000, 0, "");
     int agreed = 0, cases = 0, merges = 0;
     for (int held_out = 0; held_out <= 20; held_out += 20) {
-        Vocabulary one;
-        vocab_init(&one);
+        Bpe *one = NULL;
         counting_parts_asked = 1;
         int learned_one = 0;
         const char *error = bpe_learn_from_tsv(&one, path, held_out, 500, &learned_one);
         for (int parts = 2; !error && parts <= 5; parts += 3) {
-            Vocabulary many;
-            vocab_init(&many);
+            Bpe *many = NULL;
             counting_parts_asked = parts;
             int learned = 0;
             const char *error_many = bpe_learn_from_tsv(&many, path, held_out, 500, &learned);
-            agreed += !error_many && learned == learned_one && same_learning(one.bpe, many.bpe);
+            agreed += !error_many && learned == learned_one && same_learning(one, many);
             cases++;
             merges += learned;
-            vocab_free(&many);
+            bpe_free_merges(many);
         }
-        vocab_free(&one);
+        bpe_free_merges(one);
     }
     counting_parts_asked = 0;
     check(agreed == cases && cases == 4 && merges > 1000,
@@ -2484,6 +2575,7 @@ static void test_bpe_cutting_on_threads(void) {
     for (int c = 0; c < 4; c++) {
         write_syllable_corpus(path, 2000, c == 0 ? 0 : 1234, cases[c]);
         Vocabulary v[2];
+        Bpe *merges[2] = { NULL, NULL };
         Dataset train[2], held[2];
         const char *error[2];
         char message[2][300];
@@ -2492,13 +2584,16 @@ static void test_bpe_cutting_on_threads(void) {
             memset(&train[way], 0, sizeof train[way]);
             memset(&held[way], 0, sizeof held[way]);
             int learned = 0;
-            error[way] = bpe_learn_for_training(&v[way], learn_path, 20, 300, &learned);
+            error[way] = bpe_learn_for_training(&v[way], &merges[way], learn_path, 20, 300,
+                                                &learned);
             if (!error[way] && way == 1)
-                v[way].bpe->cache_complete = 0;   // (read plainly)
+                merges[way]->cache_complete = 0;   // (read plainly)
             cutting_block_lines_asked = block_lines[c];
-            int threads = !error[way] && way == 0 && bpe_cut_on_threads(&v[way], stdin);
-            if (!error[way])
-                error[way] = dataset_read_tsv_split(&train[way], &held[way], 20, &v[way], path, 1);
+            int threads = !error[way] && way == 0 && bpe_cut_on_threads(merges[way], stdin);
+            if (!error[way]) {
+                error[way] = dataset_read_tsv_split(&train[way], &held[way], 20, &v[way],
+                                                    merges[way], path, 1);
+            }
             cutting_block_lines_asked = 0;
             snprintf(message[way], sizeof message[way], "%s", error[way] ? error[way] : "");
             if (way == 0 && !threads)
@@ -2520,6 +2615,7 @@ static void test_bpe_cutting_on_threads(void) {
             dataset_free(&train[way]);
             dataset_free(&held[way]);
             vocab_free(&v[way]);
+            bpe_free_merges(merges[way]);
         }
     }
     check(agreed == 4 && pairs > 5000,
@@ -2555,26 +2651,28 @@ static void test_bpe_numbers_data(void) {
     const char *files[3] = { "tiny_data/numbers_train.tsv", "tiny_data/numbers_dev.tsv",
                              "tiny_data/numbers_test.tsv" };
     Vocabulary v, words;
+    Bpe *merges = NULL;
     vocab_init(&v);
     vocab_init(&words);
     int learned = 0;
-    const char *e = bpe_learn_from_tsv(&v, files[0], 0, 100, &learned);
+    const char *e = bpe_learn_from_tsv(&merges, files[0], 0, 100, &learned);
     check(!e && learned == 100, "bpe: 100 merges from %s (%s)", files[0], e ? e : "learned");
     if (e) {
         vocab_free(&v);
         vocab_free(&words);
+        bpe_free_merges(merges);
         return;
     }
-    vocab_add_subwords(&v);
+    vocab_add_subwords(&v, merges);
     int size = v.size;
     Dataset train_words;
     memset(&train_words, 0, sizeof train_words);
-    dataset_read_tsv(&train_words, &words, files[0], 1);
+    dataset_read_tsv(&train_words, &words, NULL, files[0], 1);
     static char *lines[6000];
     for (int f = 0; f < 3; f++) {
         Dataset d;
         memset(&d, 0, sizeof d);
-        e = dataset_read_tsv(&d, &v, files[f], 0);
+        e = dataset_read_tsv(&d, &v, merges, files[f], 0);
         int n = read_lines(files[f], lines, 6000), same = !e && n == d.count, unknown = 0,
             german_seen = 0;
         for (int i = 0; i < n; i++) {
@@ -2582,8 +2680,8 @@ static void test_bpe_numbers_data(void) {
             char *tab = strchr(lines[i], '\t');
             if (same && tab) {
                 *tab = '\0';
-                char *src = tokens_to_text(&v, d.tokens + p->src, p->src_len),
-                     *tgt = tokens_to_text(&v, d.tokens + p->tgt, p->tgt_len);
+                char *src = tokens_to_text(&v, merges, d.tokens + p->src, p->src_len),
+                     *tgt = tokens_to_text(&v, merges, d.tokens + p->tgt, p->tgt_len);
                 same = strcmp(src, lines[i]) == 0 && strcmp(tgt, tab + 1) == 0;
                 german_seen += vocab_find(&words, tab + 1, strlen(tab + 1)) >= 0;
                 free(src);
@@ -2604,6 +2702,7 @@ static void test_bpe_numbers_data(void) {
     dataset_free(&train_words);
     vocab_free(&words);
     vocab_free(&v);
+    bpe_free_merges(merges);
 }
 
 // How many of the space-separated tokens of text are a special token's text.
@@ -2618,18 +2717,19 @@ static int special_tokens_in(const char *text) {
 
 // Does tokenize (with the cache of words cut, Bpe.cached) give line's words as bpe_encode_word
 // cuts them, looked up in vocab one by one?
-static int cuts_as_each_word(Vocabulary *vocab, const char *line) {
+static int cuts_as_each_word(Vocabulary *vocab, Bpe *merges, const char *line) {
     int *ids = NULL, *expected = NULL;
     size_t capacity = 0, expected_capacity = 0, length;
     TextSource from = { "test", 0, 0, NULL };
     char *copy = strdup(line);
-    int count = tokenize(copy, vocab, 0, &ids, &capacity, &from);
+    int count = text_tokenize(copy, vocab, merges, 0, &ids, &capacity, &from);
     int expected_count = 0;
-    for (const char *w = next_token(line, &length); w; w = next_token(w + length, &length)) {
+    for (const char *w = text_next_token(line, &length); w;
+         w = text_next_token(w + length, &length)) {
         int *start = checked_calloc(length + 2, sizeof(int), "test");
         int *scratch = checked_calloc(length + 2, sizeof(int), "test");
         char *text = checked_calloc(length + 5, 1, "test");
-        int subwords = bpe_encode_word(vocab->bpe, start, w, (int)length, scratch, text);
+        int subwords = bpe_encode_word(merges, start, w, (int)length, scratch, text);
         for (int s = 0; s < subwords; s++) {
             int text_length = bpe_symbol_text(text, w, start, subwords, s);
             push_id(&expected, &expected_capacity, expected_count++,
@@ -2654,28 +2754,28 @@ static int cuts_as_each_word(Vocabulary *vocab, const char *line) {
 // it occurs.
 static void test_bpe_cache(void) {
     Vocabulary v, other;
+    Bpe *merges = NULL;
     vocab_init(&v);
     int learned = 0;
-    const char *e = bpe_learn_from_tsv(&v, "tiny_data/numbers_train.tsv", 0, 300, &learned);
+    const char *e = bpe_learn_from_tsv(&merges, "tiny_data/numbers_train.tsv", 0, 300, &learned);
     if (!e)
-        vocab_add_subwords(&v);
+        vocab_add_subwords(&v, merges);
     char *lines[1000];
     int n = e ? 0 : read_lines("tiny_data/numbers_test.tsv", lines, 1000);
     int same = n == 1000, cached_words = 0;
     for (int round = 0; round < 2; round++) {
-        for (int i = 0; i < n && same; i++) same = cuts_as_each_word(&v, lines[i]);
+        for (int i = 0; i < n && same; i++) same = cuts_as_each_word(&v, merges, lines[i]);
         if (round == 0)
-            cached_words = v.bpe ? v.bpe->cached.num_words : 0;
+            cached_words = merges ? merges->cached.num_words : 0;
     }
     vocab_init(&other);
     vocab_add(&other, "x", 1);
     vocab_add(&other, "y", 1);
-    other.bpe = v.bpe;
     if (!e)
-        vocab_add_subwords(&other);
+        vocab_add_subwords(&other, merges);
     int same_other = n == 1000;
-    for (int i = 0; i < n && same_other; i++) same_other = cuts_as_each_word(&other, lines[i]);
-    other.bpe = NULL;   // v's
+    for (int i = 0; i < n && same_other; i++)
+        same_other = cuts_as_each_word(&other, merges, lines[i]);
     vocab_free(&other);
     check(!e && same && cached_words > 100 && same_other,
           "bpe: the 1000 lines of the numbers test split, cut twice (the cache filling, then from "
@@ -2689,7 +2789,7 @@ static void test_bpe_cache(void) {
     fflush(stdout);
     int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 2);
-    int count = tokenize(sentence, &v, 0, &ids, &capacity, &from);
+    int count = text_tokenize(sentence, &v, merges, 0, &ids, &capacity, &from);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -2700,50 +2800,10 @@ static void test_bpe_cache(void) {
     free(ids);
     for (int i = 0; i < n; i++) free(lines[i]);
     vocab_free(&v);
+    bpe_free_merges(merges);
 }
 
-// The vocabulary's hash table (lab/text.c: lab.find_token, lab.token_added), which the lab puts
-// in place of transformer.c's reading of the list from the start: over 40,000 tokens and the
-// table's growths, every token found at its id as the list finds it, a token it does not hold
-// (a prefix, a longer word) found by neither, and the n bytes of a longer text found as a token.
-static void test_vocabulary_hash_table(void) {
-    Vocabulary vocab;
-    vocab_init(&vocab);
-    char word[32];
-    for (int i = 0; i < 40000; i++) {
-        snprintf(word, sizeof word, "w%d", (int)((long)i * 7919 % 100003));   // all distinct
-        vocab_add(&vocab, word, strlen(word));
-    }
-    int added_again = vocab_add(&vocab, "<s>", 3) == TOKEN_BOS && vocab.size == 40004;
-    int hashed = 1;
-    int listed = 1;
-    int absent = 1;
-    LabHooks with_table = lab;
-    for (int id = 0; id < vocab.size; id++) {
-        const char *text = vocab.words[id];
-        hashed &= vocab_find(&vocab, text, strlen(text)) == id;
-    }
-    const char *missing[] = { "w", "w0x", "x1", "w100003", "" };
-    for (int i = 0; i < 5; i++)
-        absent &= vocab_find(&vocab, missing[i], strlen(missing[i])) == -1;
-    int within_text = vocab_find(&vocab, "w7919 more", 5) == NUM_SPECIAL_TOKENS + 1;
-    lab.find_token = NULL;   // transformer.c's own search, on the same vocabulary
-    lab.token_added = NULL;
-    for (int id = 0; id < vocab.size; id += 97) {
-        const char *text = vocab.words[id];
-        listed &= vocab_find(&vocab, text, strlen(text)) == id;
-    }
-    for (int i = 0; i < 5; i++)
-        absent &= vocab_find(&vocab, missing[i], strlen(missing[i])) == -1;
-    lab = with_table;
-    check(added_again && hashed && listed && absent && within_text && vocab.num_slots >= 80008,
-          "vocabulary: the lab's hash table finds each of 40,004 tokens at its id, as the list "
-          "does; a prefix, a longer word and the empty text are not found; %zu slots",
-          vocab.num_slots);
-    vocab_free(&vocab);
-}
-
-// The evaluation's progress lines (lab.evaluation_progress): none in the first 3 s, a line with
+// The evaluation's progress lines (lab_evaluate's): none in the first 3 s, a line with
 // the pairs done, the rate and the time left when one is due, none at the end.
 static void test_evaluation_progress_lines(void) {
     char printed[1000];
@@ -2807,24 +2867,25 @@ static void test_bpe_never_makes_special_tokens(void) {
     const char *text = "<s>a x\t</s>b y\n<s>c x\t</s>d y\n<pad>e x\t<unk>f y\nx<pad> x\t<unk>h y\n";
     write_text(path, text);
     Vocabulary v;
+    Bpe *merges = NULL;
     vocab_init(&v);
     int learned = 0, makes_special = 0, special_ids = 0, joins_back = 1;
-    const char *e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    const char *e = bpe_learn_from_tsv(&merges, path, 0, 100, &learned);
     char joined[64];
-    for (int r = 0; !e && r < v.bpe->num_merges; r++) {
-        snprintf(joined, sizeof joined, "%s%s", v.bpe->left[r], v.bpe->right[r]);
+    for (int r = 0; !e && r < merges->num_merges; r++) {
+        snprintf(joined, sizeof joined, "%s%s", merges->left[r], merges->right[r]);
         makes_special += special_tokens_in(joined);
     }
     Dataset d;
     memset(&d, 0, sizeof d);
     if (!e) {
-        vocab_add_subwords(&v);
-        e = dataset_read_tsv(&d, &v, path, 0);
+        vocab_add_subwords(&v, merges);
+        e = dataset_read_tsv(&d, &v, merges, path, 0);
     }
     for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
     for (int i = 0; !e && i < d.count; i++) {
-        char *src = tokens_to_text(&v, d.tokens + d.pairs[i].src, d.pairs[i].src_len);
-        char *tgt = tokens_to_text(&v, d.tokens + d.pairs[i].tgt, d.pairs[i].tgt_len);
+        char *src = tokens_to_text(&v, merges, d.tokens + d.pairs[i].src, d.pairs[i].src_len);
+        char *tgt = tokens_to_text(&v, merges, d.tokens + d.pairs[i].tgt, d.pairs[i].tgt_len);
         char line[128];
         snprintf(line, sizeof line, "%s\t%s\n", src, tgt);
         joins_back &= strstr(text, line) != NULL;
@@ -2838,14 +2899,16 @@ static void test_bpe_never_makes_special_tokens(void) {
           learned, makes_special, special_ids, e ? e : "read");
     dataset_free(&d);
     vocab_free(&v);
+    bpe_free_merges(merges);
+    merges = NULL;
     // the input make fuzz minimized (dev/fuzz/fuzz_tsv_bpe.c, before the fix): one line, 9 bytes
     write_text(path, "<s>x\t<s>c");
     vocab_init(&v);
     special_ids = 0;
-    e = bpe_learn_from_tsv(&v, path, 0, 100, &learned);
+    e = bpe_learn_from_tsv(&merges, path, 0, 100, &learned);
     if (!e) {
-        vocab_add_subwords(&v);
-        e = dataset_read_tsv(&d, &v, path, 1);
+        vocab_add_subwords(&v, merges);
+        e = dataset_read_tsv(&d, &v, merges, path, 1);
     }
     for (size_t i = 0; !e && i < d.num_tokens; i++) special_ids += d.tokens[i] < NUM_SPECIAL_TOKENS;
     check(!e && special_ids == 0 && d.num_tokens >= 4,
@@ -2854,23 +2917,23 @@ static void test_bpe_never_makes_special_tokens(void) {
           d.num_tokens, special_ids, e ? e : "read");
     dataset_free(&d);
     vocab_free(&v);
+    bpe_free_merges(merges);
     // a checkpoint whose merges make "<s>"
     vocab_init(&v);
-    v.bpe = checked_calloc(1, sizeof(Bpe), "test");
-    bpe_init(v.bpe);
-    bpe_add_merge(v.bpe, "<", "s", 2);
-    bpe_add_merge(v.bpe, "<s", ">", 2);
-    vocab_add_subwords(&v);
+    merges = checked_calloc(1, sizeof(Bpe), "test");
+    bpe_init(merges);
+    bpe_add_merge(merges, "<", "s", 2);
+    bpe_add_merge(merges, "<s", ">", 2);
+    vocab_add_subwords(&v, merges);
     TransformerConfig config = decode_config();
     config.vocab_size = v.size + 1;
     vocab_add(&v, "a", 1);
     Transformer m, loaded;
     Vocabulary v2;
     transformer_build(&m, &config, 5);
-    TrainingState state = { 1, 0, 0, 4 };
     const char *ckpt = test_path("bpe_special.ckpt");
-    e = checkpoint_save(ckpt, &m, &v, &state, "");
-    const char *refused = e ? e : checkpoint_load(ckpt, &loaded, &v2, NULL, NULL);
+    e = save_lab_checkpoint(ckpt, &m, &v, merges, "");
+    const char *refused = e ? e : load_lab_model(ckpt, &loaded, &v2);
     check(!e && refused &&
           strstr(refused, "bpe_special.ckpt: merge 2 makes '<s>', a special token's text"),
           "checkpoint: merges that make '<s>' are refused (%s)", refused ? refused : "loaded");
@@ -2880,58 +2943,59 @@ static void test_bpe_never_makes_special_tokens(void) {
     }
     transformer_free(&m);
     vocab_free(&v);
+    bpe_free_merges(merges);
 }
 
-// Merges survive a checkpoint round trip; a version-1 file (no merges)
-// still reads; the version-1 writer refuses merges.
+// Merges survive a checkpoint round trip; a damaged merges section is refused.
 static void test_bpe_checkpoint(void) {
     TransformerConfig config = decode_config();
-    Vocabulary v, v2;
+    Vocabulary v;
+    Bpe *merges = NULL;
     vocab_init(&v);
     write_text(test_path("bpe.tsv"), "low\tlower\nnewest\twidest\nlow low\tnewest newest\n");
     int learned = 0;
-    const char *e = bpe_learn_from_tsv(&v, test_path("bpe.tsv"), 0, 1000, &learned);
-    vocab_add_subwords(&v);
+    const char *e = bpe_learn_from_tsv(&merges, test_path("bpe.tsv"), 0, 1000, &learned);
+    if (!e)
+        vocab_add_subwords(&v, merges);
     config.vocab_size = v.size;
-    Transformer m, loaded;
+    Transformer m;
     transformer_build(&m, &config, 5);
-    TrainingState state = { 1, 0, 0, 4 }; // no step trained: no epoch begun
     const char *path = test_path("bpe.ckpt");
     if (!e)
-        e = checkpoint_save(path, &m, &v, &state, "");
+        e = save_lab_checkpoint(path, &m, &v, merges, "");
+    LabCheckpoint c;
     if (!e)
-        e = checkpoint_load(path, &loaded, &v2, NULL, NULL);
-    int same = !e && v2.bpe && same_merges(v.bpe, v2.bpe) && v2.size == v.size;
+        e = lab_checkpoint_load(path, &c);
+    int same = !e && c.merges && same_merges(merges, c.merges) && c.vocab.size == v.size;
     char a[100], b[100];
     if (same) {
-        encode_to_text(a, sizeof a, v.bpe, "lowest");
-        encode_to_text(b, sizeof b, v2.bpe, "lowest");
+        encode_to_text(a, sizeof a, merges, "lowest");
+        encode_to_text(b, sizeof b, c.merges, "lowest");
     }
     check(same && strcmp(a, b) == 0,
           "bpe: %d merges survive a checkpoint round trip and cut 'lowest' the same (%s)",
           learned, e ? e : a);
-    if (!e) {
-        transformer_free(&loaded);
-        vocab_free(&v2);
-    }
-    // a damaged merges section is refused
-    checkpoint_save(path, &m, &v, &state, "");
+    if (!e)
+        lab_checkpoint_free(&c);
+    // a damaged merges section is refused: the run's merges_bytes one more (RunHeader's offset
+    // 72, after the model's bytes, CheckpointHeader's offset 64)
     size_t size;
     unsigned char *good = read_file(path, &size);
     if (good) {
-        good[120] += 1; // merges_bytes one more, the options...: the sizes disagree
+        uint64_t model_end;
+        memcpy(&model_end, good + 64, 8);
+        good[model_end + 72] += 1;
         write_file(test_path("bad_merges.ckpt"), good, size);
-        e = checkpoint_load(test_path("bad_merges.ckpt"), &loaded, &v2, NULL, NULL);
+        e = lab_checkpoint_load(test_path("bad_merges.ckpt"), &c);
         check(e && strstr(e, "bad_merges.ckpt"),
               "checkpoint: a merges section of the wrong size is refused (%s)", e ? e : "accepted");
-        if (!e) {
-            transformer_free(&loaded);
-            vocab_free(&v2);
-        }
+        if (!e)
+            lab_checkpoint_free(&c);
         free(good);
     }
     transformer_free(&m);
     vocab_free(&v);
+    bpe_free_merges(merges);
     test_bpe_never_makes_special_tokens();
 }
 
@@ -3064,10 +3128,11 @@ static void test_table3(void) {
     task_generate(&pairs, &held_out, TASK_COPY, config.vocab_size - NUM_SPECIAL_TOKENS,
                   2, 6, 8, 1, 9);
     Evaluation e;
-    evaluate(&e, &m, &pairs, 0, 100, 1, 0.6);
-    check(fabs(e.loss - e.log_loss) <= 1e-5 * fabs(e.loss),
+    HeldOutLoss losses;
+    lab_evaluate(&e, &losses, &m, &pairs, 0, 100, 1, 0.6);
+    check(fabs(losses.loss - losses.log_loss) <= 1e-5 * fabs(losses.loss),
           "table3: eval's -log p(reference) per token (%.9g) "
-          "is the loss without label smoothing (%.9g), 8 pairs", e.log_loss, e.loss);
+          "is the loss without label smoothing (%.9g), 8 pairs", losses.log_loss, losses.loss);
     evaluation_free(&e);
     dataset_free(&pairs);
     dataset_free(&held_out);
@@ -3152,7 +3217,7 @@ static void test_table3(void) {
     check_cli_error("table3 of runs with other merges", "other_merges.ckpt: its vocabulary cuts",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
     snprintf(other, sizeof other, "%s", test_path("other_lr.ckpt"));
-    train_tiny_numbers_run(other, dev, "--lr 0.002");
+    train_tiny_numbers_run(other, dev, "--lr 0.001");
     check_cli_error("table3 of runs with another schedule",
                     "other_lr.ckpt: its --lr differs from the base",
                     "table3 --dev %s --test %s %s %s", dev, test, paths[0], other);
@@ -3207,6 +3272,234 @@ static void test_lab_reads_minimal_checkpoints(void) {
           "lab: %s decodes (beam 2) and evaluates (--bleu) with a checkpoint of transformer.c "
           "alone (exit %d, %d, %d) and lists train, decode, eval and the lab's 9 commands",
           cli_binary, trained, decoded, evaluated);
+}
+
+// ---- checkpoints: transformer.c's model, then the run; version 3 --------------------
+
+// Two checkpoints the lab read hold the same model and run, bit for bit: config, parameters,
+// Adam's moments and step, the dropout generator, the run's numbers and options, vocabulary and
+// merges.
+static int same_checkpoint(const LabCheckpoint *a, const LabCheckpoint *b) {
+    const Transformer *ma = &a->model;
+    const Transformer *mb = &b->model;
+    size_t bytes = ma->num_parameters * sizeof(real);
+    int same = memcmp(&ma->config, &mb->config, sizeof ma->config) == 0 &&
+               ma->num_parameters == mb->num_parameters &&
+               memcmp(ma->params_memory, mb->params_memory, bytes) == 0 &&
+               memcmp(ma->adam_m, mb->adam_m, bytes) == 0 &&
+               memcmp(ma->adam_v, mb->adam_v, bytes) == 0 && ma->adam_step == mb->adam_step &&
+               ma->dropout_rng.state == mb->dropout_rng.state &&
+               a->run.saved == b->run.saved && a->run.epoch_rng == b->run.epoch_rng &&
+               a->run.epoch == b->run.epoch && a->run.epoch_batches == b->run.epoch_batches &&
+               a->run.data_hash == b->run.data_hash &&
+               strcmp(a->run.options, b->run.options) == 0 &&
+               a->vocab.size == b->vocab.size && same_merges(a->merges, b->merges);
+    for (int id = 0; same && id < a->vocab.size; id++)
+        same = strcmp(a->vocab.words[id], b->vocab.words[id]) == 0;
+    return same;
+}
+
+// The checkpoints of format version 3 that ./transformer wrote until 2026-12-06 (tiny_data/v3/,
+// written by 3aec3f6's ./transformer: the copy task and the numbers task on §5.1 subwords, at
+// steps 20 and 40 of one run each): each reads whole and writes as version 4 without a bit
+// changed; decode, eval and average read it; train --resume from step 20 goes on to step 40 where
+// the old program's run went (the same data, epoch and generators; the same weights but for the
+// rounding of another machine's products); transformer.c alone refuses it by name.
+static void test_version_3_checkpoints(void) {
+    const char *files[4] = { "tiny_data/v3/copy_step20.ckpt", "tiny_data/v3/copy_step40.ckpt",
+                             "tiny_data/v3/numbers_bpe_step20.ckpt",
+                             "tiny_data/v3/numbers_bpe_step40.ckpt" };
+    const char *v4 = test_path("v3_as_v4.ckpt");
+    for (int i = 0; i < 4; i++) {
+        LabCheckpoint old, now;
+        const char *e = lab_checkpoint_load(files[i], &old);
+        int as_written = !e && old.run.saved && old.run.options[0] && old.model.adam_step ==
+                         (i % 2 ? 40 : 20) && (old.merges != NULL) == (i >= 2);
+        if (!e)
+            e = lab_checkpoint_save(v4, &old.model, &old.vocab, old.merges, &old.run);
+        if (!e)
+            e = lab_checkpoint_load(v4, &now);
+        size_t size = 0;
+        unsigned char *bytes = read_file(v4, &size);
+        int version_4 = bytes && size > 8 && bytes[4] == 4;
+        free(bytes);
+        check(!e && as_written && version_4 && same_checkpoint(&old, &now),
+              "version 3: %s reads (step %ld%s) and writes as version 4 with the same model, "
+              "moments and run, bit for bit (%s)", files[i], e ? 0 : old.model.adam_step,
+              i >= 2 ? ", §5.1 merges" : "", e ? e : "the same");
+        if (!e) {
+            lab_checkpoint_free(&old);
+            lab_checkpoint_free(&now);
+        }
+    }
+
+    // decode, eval and average, as a user runs them: the version-3 file and its version-4 copy
+    // (average of one) give the same lines
+    const char *copy = test_path("v3_average.ckpt");
+    int averaged = run_cli("average --out %s %s", copy, files[3]);
+    static char first[1 << 16];
+    const char *commands[2] = { "decode --checkpoint %s --beam 4 'eighty two' 'six thousand one'",
+                                "eval --checkpoint %s --data tiny_data/numbers_test.tsv --bleu" };
+    int same_lines = 1;
+    for (int c = 0; c < 2; c++) {
+        int a = run_cli(commands[c], files[3]);
+        snprintf(first, sizeof first, "%s", cli_output);
+        int b = run_cli(commands[c], copy);
+        same_lines &= a == 0 && b == 0 && strcmp(first, cli_output) == 0;
+    }
+    check(averaged == 0 && same_lines,
+          "version 3: decode (beam 4) and eval --bleu read %s, and print what they print with its "
+          "version-4 copy that average wrote (exit %d)", files[3], averaged);
+
+    // resume from step 20 to step 40, on the task and on the TSV file with subwords
+    for (int k = 0; k < 2; k++) {
+        const char *resumed = test_path("v3_resumed.ckpt");
+        remove(resumed);
+        int status = run_cli("train --resume %s --steps 40 --checkpoint %s --threads 1",
+                             files[2 * k], resumed);
+        LabCheckpoint went, old;
+        const char *e = status == 0 ? lab_checkpoint_load(resumed, &went) : "train failed";
+        const char *e_old = e ? e : lab_checkpoint_load(files[2 * k + 1], &old);
+        double largest = INFINITY;
+        int same_run = 0;
+        if (!e && !e_old) {
+            largest = 0;
+            for (size_t j = 0; j < went.model.num_parameters; j++) {
+                double d = fabs((double)went.model.params_memory[j] -
+                                (double)old.model.params_memory[j]);
+                largest = d > largest ? d : largest;
+            }
+            same_run = went.model.adam_step == 40 && went.run.epoch == old.run.epoch &&
+                       went.run.epoch_batches == old.run.epoch_batches &&
+                       went.run.epoch_rng == old.run.epoch_rng &&
+                       went.run.data_hash == old.run.data_hash &&
+                       went.model.dropout_rng.state == old.model.dropout_rng.state &&
+                       strcmp(went.run.options, old.run.options) == 0 &&
+                       same_merges(went.merges, old.merges) && went.vocab.size == old.vocab.size;
+            lab_checkpoint_free(&old);
+        }
+        if (!e)
+            lab_checkpoint_free(&went);
+        check(status == 0 && same_run && largest < 1e-2,
+              "version 3: train --resume %s --steps 40 goes on where the version-3 run went: step "
+              "40, the same epoch, batch, generators, data and options, weights within %.1e of "
+              "its step-40 file (exit %d; %s)", files[2 * k], largest, status,
+              e ? e : e_old ? e_old : "read");
+    }
+
+    // transformer.c alone reads version 4 only, and says where version 3 is read
+    const char *lab_binary = cli_binary;
+    const char *minimal = getenv("TRANSFORMER_MINIMAL_BIN");
+    cli_binary = minimal && *minimal ? minimal : "./transformer_minimal";
+    check_cli_error("transformer.c alone on a version-3 checkpoint",
+                    "copy_step40.ckpt: checkpoint format version 3; transformer.c reads version 4 "
+                    "(make's ./transformer reads version 3 too)",
+                    "decode --checkpoint %s '1 2'", files[1]);
+    cli_binary = lab_binary;
+}
+
+// The run after the model: damage refused with one line (truncated, bytes too many, a changed
+// byte); transformer.c alone decodes the model of a ./transformer checkpoint of whole words as
+// ./transformer does, and refuses one of §5.1 subwords; a checkpoint that transformer.c alone
+// wrote (no run) decodes here, and is refused by --resume.
+static void test_checkpoint_run_part(void) {
+    const char *ckpt = test_path("run_part.ckpt");
+    const char *bad = test_path("run_bad.ckpt");
+    int trained = run_cli("train --task copy --steps 4 --checkpoint %s " TINY_RUN, ckpt);
+    size_t size = 0;
+    unsigned char *good = read_file(ckpt, &size);
+    if (trained != 0 || !good) {
+        check(0, "run part: a checkpoint to damage (exit %d)", trained);
+        free(good);
+        return;
+    }
+    write_file(bad, good, size - 10);
+    check_cli_error("a run cut short", "run_bad.ckpt: truncated", "decode --checkpoint %s '1 2'",
+                    bad);
+    unsigned char *longer = checked_calloc(size + 16, 1, "test");
+    memcpy(longer, good, size);
+    write_file(bad, longer, size + 16);
+    free(longer);
+    check_cli_error("16 bytes after the run", "run_bad.ckpt: the run after the model takes",
+                    "decode --checkpoint %s '1 2'", bad);
+    good[size - 20] ^= 1;   // in Adam's second moments
+    write_file(bad, good, size);
+    good[size - 20] ^= 1;
+    check_cli_error("a byte of the run changed",
+                    "run_bad.ckpt: checksum mismatch in the run after the model",
+                    "decode --checkpoint %s '1 2'", bad);
+    free(good);
+
+    // transformer.c alone and ./transformer decode the same model the same way
+    const char *lab_binary = cli_binary;
+    const char *minimal = getenv("TRANSFORMER_MINIMAL_BIN");
+    int lab_status = run_cli("decode --checkpoint %s --beam 3 '1 2 3' '4 4'", ckpt);
+    static char lab_lines[1 << 16];
+    snprintf(lab_lines, sizeof lab_lines, "%s", cli_output);
+    cli_binary = minimal && *minimal ? minimal : "./transformer_minimal";
+    int minimal_status = run_cli("decode --checkpoint %s --beam 3 '1 2 3' '4 4'", ckpt);
+    check(lab_status == 0 && minimal_status == 0 && strcmp(lab_lines, cli_output) == 0,
+          "run part: transformer.c alone reads the model of a ./transformer checkpoint, its run "
+          "left be, and decodes as ./transformer does ('%.40s'; exit %d, %d)", cli_output,
+          lab_status, minimal_status);
+    const char *subwords = test_path("run_bpe.ckpt");
+    cli_binary = lab_binary;
+    int bpe = run_cli("train --train tiny_data/numbers_dev.tsv --bpe 30 --steps 2 --checkpoint "
+                      "%s " TINY_RUN, subwords);
+    cli_binary = minimal && *minimal ? minimal : "./transformer_minimal";
+    check_cli_error("transformer.c alone on a model of §5.1 subwords",
+                    "run_bpe.ckpt: its tokens are §5.1 subwords, which transformer.c alone does "
+                    "not cut text into", "decode --checkpoint %s 'one'", subwords);
+    const char *no_run = test_path("no_run.ckpt");
+    int toy = run_cli("train --task copy --steps 2 --checkpoint %s " TINY_MINIMAL_RUN, no_run);
+    cli_binary = lab_binary;
+    int decoded = run_cli("decode --checkpoint %s '1 2'", no_run);
+    check(bpe == 0 && toy == 0 && decoded == 0,
+          "run part: ./transformer decodes a checkpoint of transformer.c alone, with no run (exit "
+          "%d, %d, %d)", bpe, toy, decoded);
+    check_cli_error("--resume from a checkpoint with no run",
+                    "no_run.ckpt: the checkpoint holds no run options (transformer.c alone wrote "
+                    "it)", "train --resume %s --steps 4", no_run);
+}
+
+// Greedy decoding as a beam of one (transformer.c) chooses the tokens of the lab's greedy
+// decoding of a batch side by side (transformer.c's until 2026-12-06): a trained and an untrained
+// model, 24 sources of 1 to 8 words, with transformer.c's loops and with the fast path's products
+// and key/value cache.
+static void test_greedy_as_beam_of_one(void) {
+    TransformerConfig config = decode_config();
+    Transformer untrained;
+    transformer_build(&untrained, &config, 21);
+    Transformer *models[2] = { trained_copy_model(), &untrained };
+    Rng rng;
+    rng_seed(&rng, 44);
+    int B = 24, S = 9, agree = 0, cases = 0, ended = 0;
+    int src[24 * 9] = { 0 }, src_len[24], out[24 * 20], out_len[24];
+    for (int b = 0; b < B; b++) {
+        src_len[b] = 2 + b % 8;
+        random_source(src + b * S, src_len[b], config.vocab_size, &rng);
+    }
+    for (int fast = 0; fast < 2; fast++) {
+        fast_path_use(fast);
+        for (int k = 0; k < 2; k++) {
+            lab_greedy_decode(models[k], out, out_len, 20, src, src_len, B, S);
+            for (int b = 0; b < B; b++) {
+                int beam[20];
+                int n = transformer_beam_search(models[k], beam, NULL, src + b * S, src_len[b], 1,
+                                                0.6);
+                agree += n == out_len[b] && memcmp(beam, out + b * 20, n * sizeof(int)) == 0;
+                ended += k == 0 && n < transformer_decode_limit(models[k], src_len[b]);
+                cases++;
+            }
+        }
+    }
+    fast_path_use(1);
+    check(agree == cases && ended == 2 * B,
+          "decode: greedy decoding as beam search with one beam gives the tokens of the batched "
+          "greedy decoder, sentence for sentence: %d of %d (a trained and an untrained model, "
+          "Part I's loops and the fast path; the trained model's %d outputs end with </s>)",
+          agree, cases, ended / 2);
+    transformer_free(&untrained);
 }
 
 // ---- the busy machine: --threads 0 ---------------------------------------------------
@@ -3448,7 +3741,7 @@ static void test_no_empty_translation(void) {
           "no empty translation: the model's most likely first token is </s> (%d)", most_likely);
     int greedy[20];
     int greedy_len = 0;
-    transformer_greedy_decode(&m, greedy, &greedy_len, 20, src, &S, 1, S);
+    lab_greedy_decode(&m, greedy, &greedy_len, 20, src, &S, 1, S);
     int beam[20];
     int beam_len = transformer_beam_search(&m, beam, NULL, src, S, 4, 0.6);
     check(greedy_len == 1 && greedy[0] == most_likely_word && beam_len == 1 &&
@@ -3458,7 +3751,7 @@ static void test_no_empty_translation(void) {
           most_likely_word, greedy_len, beam_len);
     int empty_source[1] = { TOKEN_EOS };
     int one = 1;
-    transformer_greedy_decode(&m, greedy, &greedy_len, 20, empty_source, &one, 1, 1);
+    lab_greedy_decode(&m, greedy, &greedy_len, 20, empty_source, &one, 1, 1);
     beam_len = transformer_beam_search(&m, beam, NULL, empty_source, 1, 4, 0.6);
     check(greedy_len == 0 && beam_len == 0,
           "no empty translation: an empty source (</s> alone) may still end at "
@@ -3890,8 +4183,8 @@ static void bleu_add_texts(BleuStats *stats, const char *candidate, const char *
     int *ids[2] = { NULL, NULL }, n[2];
     size_t capacity[2] = { 0, 0 };
     for (int side = 0; side < 2; side++)
-        n[side] = tokenize(side ? reference : candidate, &vocab, 1, &ids[side],
-                           &capacity[side], &from);
+        n[side] = text_tokenize(side ? reference : candidate, &vocab, NULL, 1, &ids[side],
+                                &capacity[side], &from);
     bleu_add_sentence(stats, ids[0], n[0], ids[1], n[1]);
     free(ids[0]);
     free(ids[1]);
@@ -4101,7 +4394,7 @@ static void test_tsv_reading(void) {
     vocab_init(&v);
     memset(&d, 0, sizeof d);
     write_text(test_path("good.tsv"), "a b c\tc b a\r\n\n   \nb  d\td\n");
-    const char *e = dataset_read_tsv(&d, &v, test_path("good.tsv"), 1);
+    const char *e = dataset_read_tsv(&d, &v, NULL, test_path("good.tsv"), 1);
     check(!e && d.count == 2 && d.pairs[0].src_len == 3 && d.pairs[1].src_len == 2 &&
           d.pairs[1].line == 4 && v.size == NUM_SPECIAL_TOKENS + 4 &&
           strcmp(v.words[4], "a") == 0 && d.tokens[d.pairs[1].tgt] == 7,
@@ -4119,15 +4412,15 @@ static void test_tsv_reading(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_text(test_path(bad[i].name), bad[i].text);
-        e = dataset_read_tsv(&d, &v, test_path(bad[i].name), 1);
+        e = dataset_read_tsv(&d, &v, NULL, test_path(bad[i].name), 1);
         check(e && strstr(e, bad[i].expected), "data: %s is refused (%s)", bad[i].name,
               e ? e : "accepted");
         dataset_free(&d);
     }
-    e = dataset_read_tsv(&d, &v, test_path("missing.tsv"), 1);
+    e = dataset_read_tsv(&d, &v, NULL, test_path("missing.tsv"), 1);
     check(e && strstr(e, "missing.tsv: cannot open"), "data: a missing file is refused (%s)",
           e ? e : "accepted");
-    e = dataset_read_tsv(&d, &v, test_dir, 1);
+    e = dataset_read_tsv(&d, &v, NULL, test_dir, 1);
     check(e && strstr(e, ": is a directory; expected a text file"),
           "data: a directory is refused as one (%s)", e ? e : "accepted");
     // white space is Python's str.split()'s in data too: U+3000, U+00A0 and U+2003 separate tokens,
@@ -4136,7 +4429,7 @@ static void test_tsv_reading(void) {
     vocab_init(&words);
     write_text(test_path("unicode_spaces.tsv"),
                "a\xe3\x80\x80" "b\xc2\xa0" "c\tc\xe2\x80\x83" "b a\n\xe3\x80\x80\n");
-    e = dataset_read_tsv(&d, &words, test_path("unicode_spaces.tsv"), 1);
+    e = dataset_read_tsv(&d, &words, NULL, test_path("unicode_spaces.tsv"), 1);
     check(!e && d.count == 1 && d.pairs[0].src_len == 3 && d.pairs[0].tgt_len == 3 &&
           words.size == NUM_SPECIAL_TOKENS + 3,
           "data: U+3000, U+00A0 and U+2003 separate tokens as spaces do; a line of U+3000 is blank "
@@ -4147,7 +4440,7 @@ static void test_tsv_reading(void) {
     write_text(test_path("unknown.tsv"), "a zz\tb\n");
     int size = v.size;
     fflush(stdout);
-    e = dataset_read_tsv(&d, &v, test_path("unknown.tsv"), 0);
+    e = dataset_read_tsv(&d, &v, NULL, test_path("unknown.tsv"), 0);
     check(!e && v.size == size && d.tokens[1] == TOKEN_UNK,
           "data: a token not in a fixed vocabulary is read as <unk>, with the warning above");
     e = dataset_check_lengths(&d, "unknown.tsv", 2);
@@ -4244,7 +4537,7 @@ static void test_eval_bleu(const Transformer *trained_model, const char *ckpt) {
             ref_len--;   // a word missing
         if (i == 5)
             ref[0] = ref[0] == 4 ? 5 : 4;   // a word changed
-        transformer_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n),
+        lab_greedy_decode(&m, out, &out_len, transformer_decode_limit(&m, n),
                                   src, &n, 1, n);
         bleu_add_sentence(&expected, out, out_len, ref, ref_len);
         exact += out_len == ref_len && memcmp(out, ref, ref_len * sizeof(int)) == 0;
@@ -4306,9 +4599,9 @@ static void test_existing_checkpoint(void) {
     free(after);
     status = run_cli("train --train %s --steps 2 --force --checkpoint %s " TINY_MINIMAL_RUN,
                      tsv, ckpt);
-    check(status == 0 && checkpoint_file_step(ckpt) == 2,
+    check(status == 0 && lab_file_step(ckpt) == 2,
           "cli: --force replaces it (now at step %ld; exit %d)",
-          checkpoint_file_step(ckpt), status);
+          lab_file_step(ckpt), status);
     status = run_cli("train --help");
     check(status == 0 && strstr(cli_output, "--force"), "cli: train --help lists --force");
     free(before);
@@ -4375,6 +4668,49 @@ static void test_text_rule(const char *ckpt) {
           "decodes lines 1 and 3 and exits 1 (exit %d)", status);
 }
 
+// The lab's decode reads standard input when it is given no sentence (transformer.c's decode
+// does not): a stream goes on past a line it cannot take, which gets an error line and an empty
+// output line; a zero byte is refused; a read that fails is not the end of the stream.
+static void test_decode_stdin(const char *ckpt) {
+    write_file(test_path("zero_stdin.txt"), "1 2\n3\0 1\n", 9);
+    int status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("zero_stdin.txt"));
+    check(status == 1 && strstr(cli_output, "error: decode: stdin:2: a zero byte; expected text") &&
+          count_lines_starting(cli_output, "error:") == 1,
+          "cli: decode from stdin refuses line 2, with a zero byte, and exits 1 (exit %d)", status);
+    char lines[600] = "1 2 3\n";
+    for (int i = 0; i < 25; i++) strcat(lines, "1 ");
+    strcat(lines, "\n<pad>\n3 2 1\n");
+    write_text(test_path("stream.txt"), lines);
+    status = run_cli("decode --checkpoint %s < %s", ckpt, test_path("stream.txt"));
+    const char *e1 = strstr(cli_output, "error: decode: stdin:2: the sentence has 25 tokens");
+    const char *e2 = strstr(cli_output, "error: decode: stdin:3: the token '<pad>' is reserved");
+    int lines_out = count_lines_starting(cli_output, "");
+    int errors = count_lines_starting(cli_output, "error:");
+    int empty = count_lines_starting(cli_output, "\n") + (cli_output[0] == '\n');
+    check(status == 1 && e1 && e2 && errors == 2 && lines_out == 6 && empty == 2,
+          "cli: decode from stdin reports lines 2 and 3 (too long, <pad>), prints an empty line "
+          "for each, decodes lines 1 and 4 and exits 1 (exit %d, %d lines, %d errors)",
+          status, lines_out, errors);
+    check_cli_error("decode of a directory on stdin", "decode: stdin: read error",
+                    "decode --checkpoint %s < /tmp", ckpt);
+}
+
+// With §5.1 merges a word may be several subwords: decode counts the tokens the model reads
+// against its positions, not the words (a sentence of 3 words and 10 subwords read past a
+// 4-position table once; the checkpoint fuzz target found it).
+static void test_decode_subwords_too_long(void) {
+    const char *tsv = test_path("short.tsv");
+    const char *ckpt = test_path("p4.ckpt");
+    write_text(tsv, "ab\tcd\nab\tcd\nab\tcd\ncd\tab\n");
+    int status = run_cli("train --train %s --bpe 2 --steps 1 --positions 4 --layers 1 "
+                         "--d-model 8 --d-ff 8 --heads 2 --eval-every 0 --show 0 --force "
+                         "--checkpoint %s", tsv, ckpt);
+    check(status == 0, "cli: a 4-position subword model (exit %d)", status);
+    check_cli_error("a sentence of 3 words and more subwords than the model's positions",
+                    "argument 1: the sentence has 10 tokens; the model's maximum length 4",
+                    "decode --checkpoint %s 'abab cdcd ca'", ckpt);
+}
+
 // The tests of lab/text.c and eval that run ./transformer, after transformer.c's own
 // (run_command_line_tests), whose small copy checkpoint they use.
 static void test_text_and_eval_commands(void) {
@@ -4385,6 +4721,8 @@ static void test_text_and_eval_commands(void) {
         check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt);
         return;
     }
+    test_decode_stdin(ckpt);
+    test_decode_subwords_too_long();
     test_eval_bleu(trained_copy_model(), ckpt);
     test_existing_checkpoint();
     test_text_rule(ckpt);
@@ -4407,12 +4745,12 @@ static void run_lab_tests(void) {
     test_bpe_learn_against_reference();
     test_bpe_numbers_data();
     test_bpe_cache();
-    test_vocabulary_hash_table();
     test_evaluation_progress_lines();
     test_progress_lines();
     test_parameter_groups();
     printf("-- no empty translation (min_len 1), greedy and beam\n");
     test_no_empty_translation();
+    test_greedy_as_beam_of_one();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
     if (!make_test_dir())
@@ -4443,13 +4781,15 @@ static void run_lab_tests(void) {
         printf("-- Table 3's model variations (make table3) on a tiny budget\n");
         test_table3();
         test_lab_reads_minimal_checkpoints();
+        printf("-- checkpoints: the run after the model, version 3\n");
+        test_checkpoint_run_part();
+        test_version_3_checkpoints();
     }
     remove_test_dir();
 }
 
 int main(void) {
-    lab_plug_in();   // as make's ./transformer runs: the lab's hooks, Part I's products through
-                     // lab/fast_path.c
+    fast_path_use(1);   // as make's ./transformer runs: Part I's products through lab/fast_path.c
     fast_path_switch = fast_path_use;   // the tests worked by hand run through Part I's loops and
                                         // the fast path
     printf("-- the fast path (lab/fast_path.c) against transformer.c's loops\n");

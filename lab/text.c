@@ -1,14 +1,15 @@
-/* lab/text.c: real text for make's ./transformer: the text rule and TSV files
+/* lab/text.c: real text for make's ./transformer: the text rule, tokens, TSV files
  *
  * transformer.c alone reads the copy and reverse tasks, whose tokens are
  * numbers separated by ASCII spaces. Real sentences need more, and this file
- * gives it through transformer.c's hooks (lab.white_space, lab.check_text,
- * and train's TRAIN_START through lab/runs.c):
- *   - one rule for text, in every command: white space is Unicode's (the set
- *     Python's str.split() splits at, so that BLEU counts what sacreBLEU's
+ * gives it to every command of the lab:
+ *   - one rule for text: white space is Unicode's (the set Python's
+ *     str.split() splits at, so that BLEU counts what sacreBLEU's
  *     tokenize='none' counts); every input is UTF-8, and a byte that is not
  *     is refused with its file and line; a UTF-8 byte-order mark at the start
  *     of a file is dropped;
+ *   - tokens: whole words, or with §5.1 merges (lab/subwords.c) subwords, and
+ *     back into words;
  *   - files of `source<TAB>target` lines (train --train, --valid; eval --data),
  *     every 20th line held out when there is no --valid.
  *
@@ -86,8 +87,8 @@ static const char *text_error(const char *line, int got, const char *where) {
     return NULL;
 }
 
-// decode's lines and arguments (transformer.c's lab.check_text): UTF-8, without the byte-order
-// mark of line 1. (transformer.c has refused a zero byte.)
+// decode's lines and arguments: UTF-8, without the byte-order mark of line 1 (a zero byte is
+// refused before).
 static const char *lab_check_text(char *line, const char *where, int line_no) {
     if (line_no == 1 && strncmp(line, "\xEF\xBB\xBF", 3) == 0) {
         memmove(line, line + 3, strlen(line) - 2);
@@ -128,6 +129,69 @@ static FILE *open_text_file(const char *path, const char **error) {
     return f;
 }
 
+// ---- tokens: words, or §5.1 subwords -----------------------------------------
+// The lab splits text as transformer.c does (next_token, tokenize), but at Unicode's white space,
+// and, for a model trained on §5.1 subwords, cuts each word into subwords with its merges
+// (lab/subwords.c); its outputs join back into words.
+
+typedef struct Bpe Bpe;   // lab/subwords.c: the merges, in the order learned
+static int bpe_split_word(Vocabulary *vocab, Bpe *merges, int grow, const char *word, int length,
+                          int **ids, size_t *capacity, int n, TextSource *from);
+static char *bpe_join_tokens(const Vocabulary *vocab, const Bpe *merges, const int *ids, int n);
+
+// The first token of the text (white space is Unicode's), and its length in bytes in *length;
+// NULL when there is none.
+static const char *skip_white_space(const char *text) {
+    for (int n = unicode_white_space(text); n > 0; n = unicode_white_space(text))
+        text += n;
+    return text;
+}
+
+static const char *text_next_token(const char *text, size_t *length) {
+    text = skip_white_space(text);
+    const char *end = text;
+    while (*end != '\0' && unicode_white_space(end) == 0)
+        end++;
+    *length = (size_t)(end - text);
+    return end > text ? text : NULL;
+}
+
+// Splits the text into token ids (*ids grows as needed): whole words, or with merges subwords.
+// Returns the number of tokens, or -1 at the text of a special token (named in from->reserved),
+// as tokenize.
+static int text_tokenize(const char *text, Vocabulary *vocab, Bpe *merges, int grow, int **ids,
+                         size_t *capacity, TextSource *from) {
+    int n = 0;
+    size_t length;
+    for (const char *token = text_next_token(text, &length); token;
+         token = text_next_token(token + length, &length)) {
+        for (int special = 0; special < NUM_SPECIAL_TOKENS; special++) {
+            from->reserved = special_tokens[special];
+            if (strlen(from->reserved) == length && memcmp(token, from->reserved, length) == 0)
+                return -1;
+        }
+        if (merges) {
+            n = bpe_split_word(vocab, merges, grow, token, (int)length, ids, capacity, n, from);
+        } else {
+            push_id(ids, capacity, n, token_id(vocab, grow, token, length, from));
+            n++;
+        }
+    }
+    return n;
+}
+
+// The tokens as a new string: whole words separated by spaces, or subwords joined into words.
+static char *tokens_to_text(const Vocabulary *vocab, const Bpe *merges, const int *ids, int n) {
+    return bpe_join_tokens(vocab, merges, ids, n);
+}
+
+static void print_text(FILE *f, const Vocabulary *vocab, const Bpe *merges, const int *ids,
+                       int n) {
+    char *text = tokens_to_text(vocab, merges, ids, n);
+    fputs(text, f);
+    free(text);
+}
+
 // ---- TSV files: source<TAB>target lines ---------------------------------------
 
 // The dataset's token array cut down to its tokens (dataset_add grows it to twice what it needs).
@@ -146,8 +210,8 @@ typedef struct {
 } TsvBuffers;
 
 // One line, cut at its tab, into the dataset: NULL, or the error naming the line.
-static const char *tsv_line(Dataset *dataset, Vocabulary *vocab, int grow, char *line,
-                            TextSource *from, int line_no, TsvBuffers *ids) {
+static const char *tsv_line(Dataset *dataset, Vocabulary *vocab, Bpe *merges, int grow,
+                            char *line, TextSource *from, int line_no, TsvBuffers *ids) {
     char *tab = strchr(line, '\t');
     if (!tab)
         return errorf("%s: no tab; expected source<TAB>target", from->where);
@@ -155,10 +219,12 @@ static const char *tsv_line(Dataset *dataset, Vocabulary *vocab, int grow, char 
         return errorf("%s: more than one tab; expected source<TAB>target", from->where);
     }
     *tab = '\0';
-    int n_src = tokenize(line, vocab, grow, &ids->src, &ids->src_capacity, from);
+    int n_src = text_tokenize(line, vocab, merges, grow, &ids->src, &ids->src_capacity, from);
     int n_tgt = -1;
-    if (n_src >= 0)
-        n_tgt = tokenize(tab + 1, vocab, grow, &ids->tgt, &ids->tgt_capacity, from);
+    if (n_src >= 0) {
+        n_tgt = text_tokenize(tab + 1, vocab, merges, grow, &ids->tgt, &ids->tgt_capacity,
+                              from);
+    }
     if (n_tgt < 0)
         return reserved_token_error(from);
     if (n_src == 0)
@@ -184,6 +250,7 @@ typedef struct {
     Dataset *held_out;      // every held_out_every-th pair goes here (NULL: none)
     int held_out_every;
     Vocabulary *vocab;
+    Bpe *merges;            // §5.1, or NULL: whole words
     int grow;               // a new token joins the vocabulary (else <unk>, warned of)
     const char *path;
     long pairs;             // the pairs read so far
@@ -202,16 +269,17 @@ static const char *tsv_read_line(TsvReading *r, char *line, int got, int line_no
     size_t unused;
     snprintf(r->from.where, sizeof r->from.where, "%s:%d", r->path, line_no);
     const char *error = text_error(line, got, r->from.where);
-    int blank = !strchr(line, '\t') && !next_token(line, &unused);
+    int blank = !strchr(line, '\t') && !text_next_token(line, &unused);
     if (error || blank)
         return error;
-    error = tsv_line(tsv_next_pair_dataset(r), r->vocab, r->grow, line, &r->from, line_no, &r->ids);
+    error = tsv_line(tsv_next_pair_dataset(r), r->vocab, r->merges, r->grow, line, &r->from,
+                     line_no, &r->ids);
     r->pairs++;
     return error;
 }
 
 // lab/subwords.c: can the file's words be cut on threads, and the reading that does it.
-static int bpe_cut_on_threads(const Vocabulary *vocab, FILE *f);
+static int bpe_cut_on_threads(const Bpe *merges, FILE *f);
 static const char *bpe_read_tsv_on_threads(TsvReading *r, FILE *f, int *line_no);
 
 // Reads `source<TAB>target` lines into dataset (blank lines skipped; \r\n ends a line), and with
@@ -221,7 +289,8 @@ static const char *bpe_read_tsv_on_threads(TsvReading *r, FILE *f, int *line_no)
 // grow: a new token joins the vocabulary; else it is <unk>, warned of. A big file's words are
 // cut into §5.1 subwords on threads (bpe_read_tsv_on_threads), the same pairs and tokens.
 static const char *dataset_read_tsv_split(Dataset *dataset, Dataset *held_out, int held_out_every,
-                                          Vocabulary *vocab, const char *path, int grow) {
+                                          Vocabulary *vocab, Bpe *merges, const char *path,
+                                          int grow) {
     const char *error = NULL;
     FILE *f = open_text_file(path, &error);
     if (!f)
@@ -232,10 +301,11 @@ static const char *dataset_read_tsv_split(Dataset *dataset, Dataset *held_out, i
     r.held_out = held_out;
     r.held_out_every = held_out_every;
     r.vocab = vocab;
+    r.merges = merges;
     r.grow = grow;
     r.path = path;
     int line_no = 0;
-    if (bpe_cut_on_threads(vocab, f)) {
+    if (bpe_cut_on_threads(merges, f)) {
         error = bpe_read_tsv_on_threads(&r, f, &line_no);
     } else {
         char *line = NULL;
@@ -269,9 +339,9 @@ static const char *dataset_read_tsv_split(Dataset *dataset, Dataset *held_out, i
 }
 
 // Reads `source<TAB>target` lines into dataset (dataset_read_tsv_split, none held out).
-static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, const char *path,
-                                    int grow) {
-    return dataset_read_tsv_split(dataset, NULL, 0, vocab, path, grow);
+static const char *dataset_read_tsv(Dataset *dataset, Vocabulary *vocab, Bpe *merges,
+                                    const char *path, int grow) {
+    return dataset_read_tsv_split(dataset, NULL, 0, vocab, merges, path, grow);
 }
 
 // max_len positions take at most max_len - 1 tokens: the encoder reads x_1..x_n </s>, the decoder
@@ -295,73 +365,22 @@ static const char *dataset_check_lengths(const Dataset *dataset, const char *nam
     return NULL;
 }
 
-static void bpe_release_cut_words(Vocabulary *vocab);   // lab/subwords.c
+static void bpe_release_cut_words(Bpe *merges);   // lab/subwords.c
 
 // train --train FILE [--valid FILE]: the pairs of the files, or every 20th pair of --train held
-// out (lab/runs.c calls it at TRAIN_START, and on --resume).
-// Then the memory that cutting the words into §5.1 subwords took is given back.
-static const char *lab_load_tsv(TrainRun *run, int grow) {
-    TrainOptions *o = &run->opt;
-    snprintf(run->data_name, sizeof run->data_name, "%s", o->train_path);
+// out. Then the memory that cutting the words into §5.1 subwords took is given back.
+static const char *lab_load_tsv(TrainRun *run, Bpe *merges, const char *train_path,
+                                const char *valid_path, int grow) {
+    snprintf(run->data_name, sizeof run->data_name, "%s", train_path);
     if (!run->vocab.words)
         vocab_init(&run->vocab);   // (the §5.1 subwords may be there already)
-    Dataset *held_out = o->valid_path ? NULL : &run->valid;
-    const char *error = dataset_read_tsv_split(&run->train, held_out, 20, &run->vocab,
-                                               o->train_path, grow);
-    if (!error && o->valid_path)
-        error = dataset_read_tsv(&run->valid, &run->vocab, o->valid_path, 0);
-    bpe_release_cut_words(&run->vocab);
+    Dataset *held_out = valid_path ? NULL : &run->valid;
+    const char *error = dataset_read_tsv_split(&run->train, held_out, 20, &run->vocab, merges,
+                                               train_path, grow);
+    if (!error && valid_path)
+        error = dataset_read_tsv(&run->valid, &run->vocab, merges, valid_path, 0);
+    bpe_release_cut_words(merges);
     return error;
-}
-
-// ---- the vocabulary's hash table --------------------------------------------
-// transformer.c finds a token's id by reading its vocabulary from the start, as its 14-token
-// tasks allow. Real text has tens of thousands of words or subwords, read millions of times: a
-// hash table with open addressing finds each in a few probes, so that reading a large file stays
-// linear in its length. vocab_add tells the table of each new word (lab.token_added).
-
-// The slot of the n bytes at word: the slot that holds its id, or the empty one where it would go.
-static size_t vocab_slot(const Vocabulary *vocab, const char *word, size_t n) {
-    uint32_t hash = 2166136261u;   // FNV-1a, 32 bits
-    for (size_t i = 0; i < n; i++) {
-        hash ^= (unsigned char)word[i];
-        hash *= 16777619u;
-    }
-    size_t mask = vocab->num_slots - 1;
-    size_t slot = hash & mask;
-    while (vocab->slots[slot] >= 0) {
-        const char *there = vocab->words[vocab->slots[slot]];
-        if (strncmp(there, word, n) == 0 && there[n] == '\0')
-            break;
-        slot = (slot + 1) & mask;
-    }
-    return slot;
-}
-
-// lab.token_added: the vocabulary's last word into the table, which stays at most half full
-// (a bigger one, holding every word, when it would not).
-static void hashed_token_added(Vocabulary *vocab) {
-    int last = vocab->size - 1;
-    if (2 * (size_t)vocab->size > vocab->num_slots) {
-        size_t num_slots = vocab->num_slots ? 2 * vocab->num_slots : 64;
-        free(vocab->slots);
-        vocab->slots = checked_calloc(num_slots, sizeof(int), "vocabulary table");
-        vocab->num_slots = num_slots;
-        for (size_t i = 0; i < num_slots; i++)
-            vocab->slots[i] = -1;
-        last = 0;
-    }
-    for (int id = last; id < vocab->size; id++) {
-        size_t slot = vocab_slot(vocab, vocab->words[id], strlen(vocab->words[id]));
-        vocab->slots[slot] = id;
-    }
-}
-
-// lab.find_token: the id of the n bytes at word, or -1.
-static int hashed_find_token(const Vocabulary *vocab, const char *word, size_t n) {
-    if (vocab->num_slots == 0)
-        return -1;   // no word yet
-    return vocab->slots[vocab_slot(vocab, word, n)];
 }
 
 // ---- progress lines -----------------------------------------------------------
@@ -374,7 +393,8 @@ static int progress_always = 0;
 static double evaluation_started;
 static double evaluation_shown;
 
-// lab.evaluation_progress: every 3 s, the pairs decoded, the rate, the time spent and left.
+// An evaluation's progress: `done` of `count` pairs decoded (0 as it begins). Every 3 s, the pairs
+// decoded, the rate, the time spent and left:
 //   eval   120/500 pairs | 3.1 pairs/s | elapsed 0:39 | left 2:03
 static void evaluation_progress_line(int done, int count) {
     double now = wall_seconds();
@@ -394,12 +414,4 @@ static void evaluation_progress_line(int done, int count) {
     fprintf(stderr, "eval   %d/%d pairs | %.1f pairs/s | elapsed %s | left %s\n", done, count,
             done / seconds, spent, left);
     evaluation_shown = now;
-}
-
-static void text_plug_in(void) {
-    lab.find_token = hashed_find_token;
-    lab.token_added = hashed_token_added;
-    lab.evaluation_progress = evaluation_progress_line;
-    lab.white_space = unicode_white_space;
-    lab.check_text = lab_check_text;
 }

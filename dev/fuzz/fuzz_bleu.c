@@ -2,8 +2,10 @@
 // (bleu_add_sentence_text). The input: 2 bytes (little-endian) saying where
 // the hypothesis file ends, modulo the length; then the hypothesis file;
 // then the reference file. The strings' counts are checked against a plain
-// count written here: every n-gram of the candidate compared with every
-// other, as the definition reads (the program counts in a hash table).
+// count written here, on the words that Unicode's white space separates
+// (text_next_token, as the program cuts them): every n-gram of the candidate
+// compared with every other, as the definition reads (the program counts in
+// a hash table).
 #include "fuzz.h"
 
 // Clipped matches of order n between the words start/length[0..nc) and
@@ -66,7 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int side = 0; side < 2; side++) {
         size_t n;
         for (const char *p = side ? reference : candidate;
-             (p = next_token(p, &n)) != NULL && nc + nr < 4096; p += n) {
+             (p = text_next_token(p, &n)) != NULL && nc + nr < 4096; p += n) {
             start[nc + nr] = p;
             length[nc + nr] = n;
             if (side)

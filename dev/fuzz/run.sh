@@ -14,7 +14,10 @@ top=runs/fuzz
 bin=./transformer
 [ -x "$bin" ] || { echo "fuzz: $bin is not built (make fuzz builds it)"; exit 1; }
 
-seeds_checkpoint() { # checkpoints of tiny models: words, subwords, learned positions
+# checkpoints of tiny models, version 4 as ./transformer writes them (the model, then the run): words,
+# §5.1 subwords (the run's merges section), learned positions; the copy task's model alone (its
+# first model_bytes bytes, as transformer.c alone writes it); and tiny_data/v3's real version-3 files
+seeds_checkpoint() {
     local d=$1 tiny="--layers 1 --d-model 8 --d-ff 8 --heads 2 --log-every 0 --eval-every 0 --show 0 --force"
     head -n 12 tiny_data/numbers_train.tsv > "$d/../numbers12.tsv"
     $bin train --task copy --words 6 --max-length 4 --train-size 20 --valid-size 4 --steps 2 $tiny \
@@ -22,6 +25,10 @@ seeds_checkpoint() { # checkpoints of tiny models: words, subwords, learned posi
     $bin train --train "$d/../numbers12.tsv" --bpe 20 --steps 1 --max-length 40 $tiny --checkpoint "$d/bpe.ckpt" > /dev/null
     $bin train --task reverse --words 5 --max-length 4 --train-size 20 --valid-size 4 --steps 1 --positional learned \
         $tiny --checkpoint "$d/learned.ckpt" > /dev/null
+    local model_bytes
+    model_bytes=$(od -An -t u8 -j 64 -N 8 "$d/copy.ckpt" | tr -d ' ')   # CheckpointHeader.model_bytes
+    head -c "$model_bytes" "$d/copy.ckpt" > "$d/copy_model_only.ckpt"
+    cp tiny_data/v3/*.ckpt "$d/"
 }
 seeds_tsv_bpe() {
     head -n 40 tiny_data/numbers_train.tsv > "$1/numbers.tsv"
@@ -81,7 +88,7 @@ seeds_catalogs() {
 }
 seeds_reference() { cp tiny_data/ref_1layer_3head.ref tiny_data/ref_1layer_4head.ref "$1/"; }
 
-declare -A max_len=( [checkpoint]=65536 [reference]=140000 [bleu]=4096 [training_log]=4096 [tsv_bpe]=8192 [bpe_apply]=4096 [catalogs]=8192 )
+declare -A max_len=( [checkpoint]=131072 [reference]=140000 [bleu]=4096 [training_log]=4096 [tsv_bpe]=8192 [bpe_apply]=4096 [catalogs]=8192 )
 found=0
 summary=()
 for t in "${targets[@]}"; do
