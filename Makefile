@@ -59,7 +59,7 @@ OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/checkpoints.c \
-          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c
+          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c lab/explain.c
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h \
             cuda/epilogues.h cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
