@@ -1532,18 +1532,45 @@ static const char *explain_usage =
     "the merges that made them, the ids; each token's embedding x sqrt(d_model), positional\n"
     "encoding and their sum; every encoder layer's attention heads; each decoding step's\n"
     "attention, 10 most likely next tokens and (beam search) hypotheses; the output and its\n"
-    "cross-attention. --out is explain.html unless given; a file there that is not a page\n"
-    "explain wrote is replaced only with --force.";
+    "cross-attention. Without SENTENCE, the one line of standard input (a sentence that begins\n"
+    "with '-'). --out is explain.html unless given; a file there that is not a page explain\n"
+    "wrote is replaced only with --force.";
 
-// The explanation of one sentence, written to o->out; NULL or the error.
-static const char *explain_command_run(LabCheckpoint *c, char *sentence,
+// With no sentence on the command line, the one line of standard input: a sentence that
+// begins with '-' (the command line would take it for a flag) comes this way, as decode reads
+// its lines. Not from a terminal, where a user who forgot the sentence would wait. The line is
+// checked as decode checks a line (UTF-8, no zero byte, the byte-order mark dropped).
+static const char *explain_read_stdin(char **line) {
+    if (isatty(STDIN_FILENO))
+        return "expected one sentence (in quotes) after the flags, or on standard input";
+    size_t capacity = 0;
+    ssize_t length = getline(line, &capacity, stdin);
+    if (length < 0 && ferror(stdin))
+        return errorf("stdin: read error: %s", strerror(errno));
+    if (length < 0)
+        return "no sentence: expected one (in quotes) after the flags, or a line on standard "
+               "input";
+    while (length > 0 && ((*line)[length - 1] == '\n' || (*line)[length - 1] == '\r'))
+        (*line)[--length] = '\0';
+    if (strlen(*line) != (size_t)length)
+        return "stdin:1: a zero byte; expected text";
+    char *more = NULL;
+    size_t more_capacity = 0;
+    ssize_t next = getline(&more, &more_capacity, stdin);
+    free(more);
+    if (next >= 0)
+        return "standard input has more than one line; expected one sentence (a page explains "
+               "one)";
+    return lab_check_text(*line, "stdin:1", 1);
+}
+
+// The explanation of one sentence, written to o->out; NULL or the error. from: where the
+// sentence came from, for the warnings of words read as <unk>.
+static const char *explain_command_run(LabCheckpoint *c, char *sentence, TextSource *from,
                                        const ExplainOptions *o) {
-    TextSource from = { "the sentence", 0, 0, NULL };
     Explanation x;
     memset(&x, 0, sizeof x);
-    const char *error = lab_check_text(sentence, from.where, 0);
-    if (!error)
-        error = explain_sentence(&x, c, sentence, &from);
+    const char *error = explain_sentence(&x, c, sentence, from);
     char *tmp_path = checked_calloc(strlen(o->out) + 5, 1, "paths");
     snprintf(tmp_path, strlen(o->out) + 5, "%s.tmp", o->out);
     FILE *tmp = error ? NULL : fopen(tmp_path, "w");
@@ -1588,10 +1615,18 @@ static int command_explain(int argc, char **argv) {
     }
     set_threads(o.threads);
     const char *error = NULL;
+    char *line = NULL;
+    TextSource from = { "the sentence", 0, 0, NULL };
     if (!o.checkpoint)
         error = "--checkpoint FILE is required (a model written by ./transformer train)";
-    else if (n != 1)
-        error = "expected exactly one sentence (in quotes), after the flags";
+    else if (n > 1)
+        error = errorf("expected one sentence (in quotes) after the flags; got %d", n);
+    else if (n == 1)
+        error = lab_check_text(sentences[0], from.where, 0);
+    else
+        error = explain_read_stdin(&line);
+    if (!error && n == 0)
+        snprintf(from.where, sizeof from.where, "stdin:1");
     if (!error)
         error = explain_check_out(o.out, o.force);
     LabCheckpoint c;
@@ -1599,10 +1634,11 @@ static int command_explain(int argc, char **argv) {
     if (!error)
         error = lab_checkpoint_load(o.checkpoint, &c);
     if (!error)
-        error = explain_command_run(&c, sentences[0], &o);
+        error = explain_command_run(&c, n == 1 ? sentences[0] : line, &from, &o);
     lab_checkpoint_free(&c);
     if (error)
         fprintf(stderr, "error: explain: %s\n", error);
+    free(line);
     free(sentences);
     return error ? 1 : 0;
 }

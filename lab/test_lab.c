@@ -4974,6 +4974,15 @@ static void test_explain_json_string(void) {
     free(written);
 }
 
+// "output: LINE\nwrote " for decode's output line in cli_output (the line that is not a
+// warning), as explain prints it.
+static void explain_decoded_line(char *out, size_t size) {
+    const char *line = cli_output;
+    while (strncmp(line, "warning:", 8) == 0 && strchr(line, '\n'))
+        line = strchr(line, '\n') + 1;
+    snprintf(out, size, "output: %.*s\nwrote ", (int)strcspn(line, "\n"), line);
+}
+
 // The page's output against decode's, greedy and beam 4, through ./transformer as a user runs
 // them; a word the vocabulary lacks is <unk>, with decode's warning, and on the page; each
 // bad input is one line and exit 1, with no page and no temporary file left; a page of ours is
@@ -4986,7 +4995,7 @@ static void test_explain_command(const char *ckpt) {
         const char *beam = i % 2 ? "--beam 4" : "";
         run_cli("decode --checkpoint %s %s '%s'", ckpt, beam, sentences[i / 2]);
         char decoded[256];
-        snprintf(decoded, sizeof decoded, "output: %s\nwrote ", strtok(cli_output, "\n"));
+        explain_decoded_line(decoded, sizeof decoded);
         int status = run_cli("explain --checkpoint %s %s --out %s '%s'", ckpt, beam, page,
                              sentences[i / 2]);
         char *html = read_text_file(page);
@@ -4995,7 +5004,18 @@ static void test_explain_command(const char *ckpt) {
     }
     check(same == 6, "cli: explain's output is decode's, greedy and --beam 4, for 3 sentences "
                      "(%d of 6)", same);
-    int status = run_cli("explain --checkpoint %s --out %s '1 9 2'", ckpt, page);
+    // a sentence that begins with '-' comes on standard input, as decode's lines do
+    const char *dash = test_path("dash.txt");
+    write_text(dash, "-x 1 2\n");
+    run_cli("decode --checkpoint %s < %s", ckpt, dash);
+    char decoded[256];
+    explain_decoded_line(decoded, sizeof decoded);
+    int status = run_cli("explain --checkpoint %s --out %s < %s", ckpt, page, dash);
+    check(status == 0 && strstr(cli_output, decoded) &&
+          strstr(cli_output, "warning: stdin:1: token '-x' is not in the vocabulary"),
+          "cli: a sentence on standard input (one that begins with '-') is explained as decode "
+          "decodes its line (exit %d)", status);
+    status = run_cli("explain --checkpoint %s --out %s '1 9 2'", ckpt, page);
     char *html = read_text_file(page);
     check(status == 0 && html &&
           strstr(cli_output, "warning: the sentence: token '9' is not in the vocabulary; read as "
@@ -5014,13 +5034,18 @@ static void test_explain_command(const char *ckpt) {
         { "--beam 0", "explain: --beam '0' is not valid", "--beam 0 '1 2'" },
         { "a sentence too long for the model", "the sentence has 25 tokens; the model's maximum "
           "length 20", too_long },
-        { "no sentence", "expected exactly one sentence", "" },
+        { "no sentence (standard input empty)", "no sentence: expected one", "< /dev/null" },
+        { "two sentences", "expected one sentence (in quotes) after the flags; got 2",
+          "'1 2' '3 4'" },
+        { "two lines on standard input", "standard input has more than one line", "< " },
     };
+    const char *two_lines = test_path("two_lines.txt");
+    write_text(two_lines, "1 2\n3 4\n");
     int left = 0;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char args[512];
         snprintf(args, sizeof args, "explain --checkpoint %s --out %s %s%s%s", ckpt, page,
-                 i == 2 ? "'" : "", bad[i].args, i == 2 ? "'" : "");
+                 i == 2 ? "'" : "", bad[i].args, i == 2 ? "'" : i == 5 ? two_lines : "");
         check_cli_error(bad[i].what, bad[i].expected, "%s", args);
         left += file_exists(page) || file_exists(tmp);
     }
