@@ -182,7 +182,8 @@ numbers: transformer
 # model sized for about 10 minutes on 2 cores, keeping the last 5 saves; average takes their mean
 # (§6.1), decode translates the test set with beam 4 and alpha 0.6, and bleu scores it as sacreBLEU
 # does (13a, exp; then tokenize none). Then ten test sentences, the cross-attention pictures of one
-# (every head of every layer, the last decoder layer's among them) and the training curve.
+# (every head of every layer, the last decoder layer's among them) and the training curve; last,
+# explain's page of that sentence (lab/explain.c: every number of its decoding, beam 4, one HTML file).
 # make translate TO=fr: English -> French. Decoding runs on one thread: a sentence's 4 beams are too
 # few rows for two threads to gain, and beside a busy program they lose many times over.
 TO ?= de
@@ -214,8 +215,12 @@ translate: transformer
 	    "$$(awk '/^[A-Z][a-z]/ && NF >= 6 && NF <= 10' $(TRANSLATE_DIR)/test.source | head -n 1)"
 	./transformer plot --log $(TRANSLATE_DIR)/train.csv --out $(TRANSLATE_DIR)/training.svg \
 	    --title "English -> $(TO), message catalogs"
+	./transformer explain --checkpoint $(TRANSLATE_DIR)/average.ckpt --beam 4 --alpha 0.6 --threads 1 \
+	    --out $(TRANSLATE_DIR)/explain.html \
+	    "$$(awk '/^[A-Z][a-z]/ && NF >= 6 && NF <= 10' $(TRANSLATE_DIR)/test.source | head -n 1)"
 	@echo "make translate: $$(( $$(date +%s) - $$(cat $(TRANSLATE_DIR)/started) )) s from the catalogs to here;" \
-	    "pictures in $(TRANSLATE_DIR)/attention/cross_attention.svg and $(TRANSLATE_DIR)/training.svg"
+	    "pictures in $(TRANSLATE_DIR)/attention/cross_attention.svg and $(TRANSLATE_DIR)/training.svg;" \
+	    "one sentence, every number, in $(TRANSLATE_DIR)/explain.html (open it in a browser)"
 
 # ---- Table 3 on a laptop (dev/RESULTS.md, "Table 3 on a laptop") ----
 # Every run is the base model of make numbers with a shorter budget (the base
