@@ -11,7 +11,7 @@
 #                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
 #   make               ./transformer: lab/lab.c, which includes transformer.c and the lab's files (lab/fast_path.c,
 #                      lab/text.c, lab/subwords.c, lab/checkpoints.c, lab/decode.c, lab/runs.c, lab/bleu.c,
-#                      lab/catalogs.c); OpenMP on (make OPENMP=0 for none)
+#                      lab/catalogs.c, lab/explain.c); OpenMP on (make OPENMP=0 for none)
 #   make minimal       ./transformer_minimal: transformer.c alone, as the README builds it:
 #                      cc -O3 -march=native -fopenmp transformer.c -lm
 #   make test          test_transformer.c on transformer.c alone (gradient checks in double, PyTorch parity,
