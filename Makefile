@@ -11,7 +11,7 @@
 #                      (E) learned positions, the same steps and seed; a table and docs/table3.svg
 #   make               ./transformer: lab/lab.c, which includes transformer.c and the lab's files (lab/fast_path.c,
 #                      lab/text.c, lab/subwords.c, lab/checkpoints.c, lab/decode.c, lab/runs.c, lab/bleu.c,
-#                      lab/catalogs.c); OpenMP on (make OPENMP=0 for none)
+#                      lab/catalogs.c, lab/explain.c); OpenMP on (make OPENMP=0 for none)
 #   make minimal       ./transformer_minimal: transformer.c alone, as the README builds it:
 #                      cc -O3 -march=native -fopenmp transformer.c -lm
 #   make test          test_transformer.c on transformer.c alone (gradient checks in double, PyTorch parity,
@@ -59,7 +59,7 @@ OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/checkpoints.c \
-          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c
+          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c lab/explain.c
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h \
             cuda/epilogues.h cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
@@ -182,7 +182,8 @@ numbers: transformer
 # model sized for about 10 minutes on 2 cores, keeping the last 5 saves; average takes their mean
 # (§6.1), decode translates the test set with beam 4 and alpha 0.6, and bleu scores it as sacreBLEU
 # does (13a, exp; then tokenize none). Then ten test sentences, the cross-attention pictures of one
-# (every head of every layer, the last decoder layer's among them) and the training curve.
+# (every head of every layer, the last decoder layer's among them) and the training curve; last,
+# explain's page of that sentence (lab/explain.c: every number of its decoding, beam 4, one HTML file).
 # make translate TO=fr: English -> French. Decoding runs on one thread: a sentence's 4 beams are too
 # few rows for two threads to gain, and beside a busy program they lose many times over.
 TO ?= de
@@ -214,8 +215,12 @@ translate: transformer
 	    "$$(awk '/^[A-Z][a-z]/ && NF >= 6 && NF <= 10' $(TRANSLATE_DIR)/test.source | head -n 1)"
 	./transformer plot --log $(TRANSLATE_DIR)/train.csv --out $(TRANSLATE_DIR)/training.svg \
 	    --title "English -> $(TO), message catalogs"
+	./transformer explain --checkpoint $(TRANSLATE_DIR)/average.ckpt --beam 4 --alpha 0.6 --threads 1 \
+	    --out $(TRANSLATE_DIR)/explain.html \
+	    "$$(awk '/^[A-Z][a-z]/ && NF >= 6 && NF <= 10' $(TRANSLATE_DIR)/test.source | head -n 1)"
 	@echo "make translate: $$(( $$(date +%s) - $$(cat $(TRANSLATE_DIR)/started) )) s from the catalogs to here;" \
-	    "pictures in $(TRANSLATE_DIR)/attention/cross_attention.svg and $(TRANSLATE_DIR)/training.svg"
+	    "pictures in $(TRANSLATE_DIR)/attention/cross_attention.svg and $(TRANSLATE_DIR)/training.svg;" \
+	    "one sentence, every number, in $(TRANSLATE_DIR)/explain.html (open it in a browser)"
 
 # ---- Table 3 on a laptop (dev/RESULTS.md, "Table 3 on a laptop") ----
 # Every run is the base model of make numbers with a shorter budget (the base

@@ -47,6 +47,13 @@ bpe_corpus() {
     python3 dev/bench_bpe.py --data "$tmp/tiny_bpe.tsv" --merges 20 --python NONE --cut-merges 20
 }
 run make_bpe_corpus.py "50 pairs over 40 word types, and bench_bpe.py's table on them without HF (20 merges)" bpe_corpus
+explain() {
+    ./transformer train --task copy --steps 200 --layers 1 --d-model 32 --d-ff 64 --heads 2 --eval-every 0 --show 0 \
+        --log-every 0 --threads 1 --checkpoint "$tmp/copy.ckpt" &&
+    printf '3 1 4 1 5\n2 7 1 8\n9 9 0 4\n' > "$tmp/copy.source" &&
+    python3 dev/explain_check.py "$tmp/copy.ckpt" "$tmp/copy.source" --count 3
+}
+run explain_check.py "explain's page against decode on a copy model of 200 steps, 3 sentences, greedy and beam 4" explain
 busy() { python3 dev/bench_busy.py --configs toy --neighbours yes --rounds 1 --extra '--steps 3 --log-every 1'; }
 run bench_busy.py "toy for 3 steps, alone and beside yes, 1 round" busy
 gpu() { python3 dev/bench_gpu.py --binary ./transformer --configs tiny --rounds 1 --python ''; }

@@ -17,6 +17,8 @@
  *   catalogs   English->LANG sentence pairs from the machine's gettext catalogs (lab/catalogs.c)
  *   average    the mean of several checkpoints' weights (§6.1)
  *   attention  SVG heatmaps of every attention head for one sentence
+ *   explain    one sentence through the model on one HTML page: subwords, input, every
+ *              layer's attention, each decoding step, the output (lab/explain.c)
  *   pe         SVG picture of the positional-encoding matrix (§3.5)
  *   plot       SVG training curves from the CSV of train --log
  *   bpe        §5.1 byte-pair encoding: the merges learned, text cut into subwords
@@ -2257,6 +2259,8 @@ static int command_bench(int argc, char **argv) {
 }
 
 
+#include "explain.c"         // explain: one sentence through the model, on one HTML page
+
 // ============================================================================
 // main: transformer.c's commands and the lab's
 // ============================================================================
@@ -2277,6 +2281,8 @@ static const Command lab_commands[] = {
       "average the weights of checkpoints of one run into a new checkpoint (§6.1)" },
     { "attention", command_attention,
       "SVG heatmaps of every attention head for one sentence and its translation" },
+    { "explain", command_explain,
+      "one sentence through the model, every number on one HTML page (explain.html)" },
     { "pe",     command_pe,     "SVG picture of the positional-encoding matrix (§3.5)" },
     { "plot",   command_plot,   "SVG training curves from the CSV of train --log" },
     { "bpe",    command_bpe,

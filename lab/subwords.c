@@ -416,12 +416,22 @@ static int bpe_symbol_text(char *out, const char *word, const int *start, int co
     return length;
 }
 
+// The merges that cut one word, in the order applied (explain's page, lab/explain.c): merge
+// rank[k] joined the symbol that begins at byte at[k] of the word to the one after it. rank and
+// at have room for n + 1 (a word of n bytes has at most n + 1 symbols, the marker among them).
+typedef struct {
+    int *rank;
+    int *at;
+    int count;
+} BpeTrace;
+
 // apply: cuts the n bytes at word into subwords with b's merges. On return
 // start[0..count] (room for n + 2) says where each subword begins, as in
 // bpe_characters; the last subword also carries </w>. scratch: room for
-// n + 2 ints (each symbol's id); text: n + 5 chars. Returns count.
-static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, int *scratch,
-                           char *text) {
+// n + 2 ints (each symbol's id); text: n + 5 chars; trace: the merges applied, or NULL.
+// Returns count.
+static int bpe_encode_word_traced(const Bpe *b, int *start, const char *word, int n,
+                                  int *scratch, char *text, BpeTrace *trace) {
     int count = bpe_characters(start, word, n);
     int *id = scratch; // id[i]: symbol i's id in b->symbols, or -1 for a character no merge uses
     for (int i = 0; i < count; i++) {
@@ -445,12 +455,21 @@ static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, in
             id[kept] = id[i];
             if (i + 1 < count && id[i] == l && id[i + 1] == rt) {
                 id[kept] = b->merged[best];
+                if (trace) {
+                    trace->rank[trace->count] = best;
+                    trace->at[trace->count++] = start[i];
+                }
                 i++;
             }
         }
         start[kept] = n;
         count = kept;
     }
+}
+
+static int bpe_encode_word(const Bpe *b, int *start, const char *word, int n, int *scratch,
+                           char *text) {
+    return bpe_encode_word_traced(b, start, word, n, scratch, text, NULL);
 }
 
 // Is left and right joined the text of a special token (<pad> <s> </s> <unk>)?

@@ -4728,6 +4728,488 @@ static void test_text_and_eval_commands(void) {
     test_text_rule(ckpt);
 }
 
+// ---- explain (lab/explain.c): one sentence through the model, on one page ------------------
+
+// A copy of src (S ids, </s> last) decoded by explain (beam 1: greedy).
+static void explain_ids(Explanation *x, Transformer *m, const int *src, int S, int beam) {
+    memset(x, 0, sizeof *x);
+    x->src = checked_calloc((size_t)S, sizeof(int), "test");
+    memcpy(x->src, src, (size_t)S * sizeof(int));
+    x->S = S;
+    explain_decode(x, m, beam, 0.6);
+}
+
+// explain decodes as decode does: greedy as lab_greedy_decode (decode's greedy), beam 4 as
+// transformer_beam_search (decode --beam 4), the same tokens and (beam) the same score bit for
+// bit, on the trained copy model and an untrained one (whose outputs run to the length limit:
+// the hypotheses cut there), 20 sources each; and the winner's path runs through every step
+// up to the one that finished the output.
+static void test_explain_decodes_as_decode(void) {
+    TransformerConfig config = decode_config();
+    Transformer untrained;
+    transformer_build(&untrained, &config, 17);
+    Transformer *models[2] = { trained_copy_model(), &untrained };
+    Rng rng;
+    rng_seed(&rng, 62);
+    int sentences = 0, same_greedy = 0, same_beam = 0, ended = 0, cut = 0, paths = 0;
+    for (int k = 0; k < 2; k++) {
+        Transformer *m = models[k];
+        for (int i = 0; i < 20; i++) {
+            int src[8], S = 2 + i % 6;
+            random_source(src, S, m->config.vocab_size, &rng);
+            int limit = transformer_decode_limit(m, S), greedy[32], greedy_len, beam[32];
+            double score;
+            lab_greedy_decode(m, greedy, &greedy_len, limit, src, &S, 1, S);
+            int beam_len = transformer_beam_search(m, beam, &score, src, S, 4, 0.6);
+            Explanation x, y;
+            explain_ids(&x, m, src, S, 1);
+            explain_ids(&y, m, src, S, 4);
+            same_greedy += x.out_len == greedy_len &&
+                           !memcmp(x.out, greedy, greedy_len * sizeof(int));
+            same_beam += y.out_len == beam_len && y.score == score &&
+                         !memcmp(y.out, beam, beam_len * sizeof(int));
+            ended += x.winner_ended + y.winner_ended;
+            cut += !x.winner_ended + !y.winner_ended;
+            for (int e = 0; e < 2; e++) {
+                Explanation *z = e ? &y : &x;
+                int on_path = 1;
+                for (int t = 0; t < z->num_steps; t++)
+                    on_path &= (t <= z->winner_step) == (z->steps[t].path_row >= 0);
+                paths += on_path && z->steps[z->winner_step].num_kept > 0;
+            }
+            sentences++;
+            explain_free(&x);
+            explain_free(&y);
+        }
+    }
+    check(same_greedy == sentences && same_beam == sentences && ended > 0 && cut > 0,
+          "explain: decodes as decode does, greedy (lab_greedy_decode: %d of %d the same) and "
+          "beam 4 (transformer_beam_search: %d of %d the same tokens and score, bit for bit); "
+          "%d outputs ended by </s>, %d cut at the length limit", same_greedy, sentences,
+          same_beam, sentences, ended, cut);
+    check(paths == 2 * sentences,
+          "explain: the winner's path has a hypothesis in every step up to the one that "
+          "finished the output, and none after (%d of %d)", paths, 2 * sentences);
+    transformer_free(&untrained);
+}
+
+// The largest difference between the attention explain recorded along the winner's path and
+// that of one teacher-forced pass over (source, output </s>), what `attention` draws, every
+// layer and head; and between their encoders and inputs. -1 when the output did not end with
+// </s> (the teacher-forced pass would need one position more).
+static double explain_against_teacher_forcing(const Explanation *x, Transformer *m) {
+    if (!x->winner_ended)
+        return -1;
+    size_t L = m->config.n_layers, NH = m->config.n_heads, C = m->config.d_model, S = x->S;
+    int T = x->out_len + 1, src_len = x->S, tgt_len = T;
+    int *tgt_in = checked_calloc((size_t)T, sizeof(int), "test");
+    int *tgt_out = checked_calloc((size_t)T, sizeof(int), "test");
+    tgt_in[0] = TOKEN_BOS;
+    for (int t = 0; t < x->out_len; t++) {
+        tgt_in[t + 1] = x->out[t];
+        tgt_out[t] = x->out[t];
+    }
+    tgt_out[T - 1] = TOKEN_EOS;
+    Batch batch = { 1, src_len, T, x->src, &src_len, tgt_in, tgt_out, &tgt_len };
+    m->training = 0;
+    transformer_forward(m, &batch);
+    double worst = 0;
+    for (size_t i = 0; i < S * C; i++)
+        worst = fmax(worst, fabs(x->input[i] - m->acts.enc_embedded[i]));
+    for (size_t l = 0; l < L; l++) {
+        for (size_t i = 0; i < NH * S * S; i++)
+            worst = fmax(worst, fabs(x->enc_att[l * NH * S * S + i] -
+                                     m->acts.enc[l].self_attn.att[i]));
+        for (int t = 0; t < T; t++) {
+            const ExplainStep *step = &x->steps[t];
+            for (size_t h = 0; h < NH; h++) {
+                const real *self = m->acts.dec[l].self_attn.att + (h * T + t) * T;
+                const real *cross = m->acts.dec[l].cross_attn.att + (h * T + t) * S;
+                for (int j = 0; j <= t; j++)
+                    worst = fmax(worst, fabs(step->self_att[(l * NH + h) * (t + 1) + j] - self[j]));
+                for (size_t j = 0; j < S; j++)
+                    worst = fmax(worst, fabs(step->cross_att[(l * NH + h) * S + j] - cross[j]));
+            }
+        }
+    }
+    free(tgt_in);
+    free(tgt_out);
+    return worst;
+}
+
+// Whether every row of n probabilities sums to 1 within `tolerance`, and its numbers as the page
+// writes them (integers in 1/10,000, each rounded) within the rounding: n / 2 units.
+static int explain_rows_sum_to_one(const real *p, size_t rows, size_t n, double tolerance) {
+    int ok = 1;
+    for (size_t r = 0; r < rows; r++) {
+        double sum = 0;
+        long units = 0;
+        for (size_t j = 0; j < n; j++) {
+            sum += p[r * n + j];
+            units += lround((double)p[r * n + j] * EXPLAIN_UNITS);
+        }
+        ok &= fabs(sum - 1) <= tolerance && labs(units - EXPLAIN_UNITS) * 2 <= (long)n;
+    }
+    return ok;
+}
+
+// The attention the page shows is the model's: with transformer.c's own loops (fast_path_use(0))
+// the winner's path gives the teacher-forced pass's numbers bit for bit, greedy and beam 4 (the
+// winner's path is its output's prefix), and so do the encoder and the input; with the fast path
+// (./transformer), to rounding. Every row of every attention matrix sums to 1, as the page
+// rounds it too.
+static void test_explain_attention(void) {
+    Transformer *m = trained_copy_model();
+    Rng rng;
+    rng_seed(&rng, 63);
+    double tolerance = sizeof(real) == sizeof(float) ? 1e-5 : 1e-12;
+    double worst[2] = { 0, 0 };
+    int compared = 0, rows_ok = 1;
+    for (int i = 0; i < 12; i++) {
+        int src[8], S = 2 + i % 6;
+        random_source(src, S, m->config.vocab_size, &rng);
+        for (int fast = 0; fast < 2; fast++) {
+            fast_path_use(fast);
+            for (int beam = 1; beam <= 4; beam += 3) {
+                Explanation x;
+                explain_ids(&x, m, src, S, beam);
+                double d = explain_against_teacher_forcing(&x, m);
+                worst[fast] = d < 0 ? worst[fast] : fmax(worst[fast], d);
+                compared += d >= 0;
+                size_t L = m->config.n_layers, NH = m->config.n_heads;
+                rows_ok &= explain_rows_sum_to_one(x.enc_att, L * NH * S, S, tolerance);
+                for (int t = 0; t <= x.winner_step; t++) {
+                    rows_ok &= explain_rows_sum_to_one(x.steps[t].self_att, L * NH, t + 1,
+                                                       tolerance);
+                    rows_ok &= explain_rows_sum_to_one(x.steps[t].cross_att, L * NH, S,
+                                                       tolerance);
+                }
+                explain_free(&x);
+            }
+        }
+    }
+    fast_path_use(1);
+    check(compared >= 24 && worst[0] == 0 && worst[1] <= tolerance,
+          "explain: each step's attention (every layer and head, self and over the source), the "
+          "encoder's and the input are the teacher-forced pass's (%d decodings, greedy and "
+          "beam 4): transformer.c's loops bit for bit (largest difference %g), the fast path to "
+          "%g (%g)",
+          compared, worst[0], tolerance, worst[1]);
+    check(rows_ok, "explain: every row of every attention matrix sums to 1 within %g, and "
+                   "within rounding as the page writes it (n/2 in 1/10,000)", tolerance);
+}
+
+// The merges explain shows for a word are the ones that cut it: replayed on its characters in
+// the order recorded (each joining the symbol at its byte with the next, whose texts must be
+// the merge's two sides), they give bpe_encode_word's subwords.
+static void test_explain_merges(void) {
+    const char *learn[4] = { "low", "lower", "newest", "widest" };
+    const char *words[6] = { "lowest", "newer", "widest", "lowlow", "élow", "x" };
+    long counts[4] = { 5, 2, 6, 3 };
+    Bpe b;
+    bpe_init(&b);
+    bpe_learn(&b, learn, counts, 4, 100);
+    int same = 0, merges = 0;
+    for (int w = 0; w < 6; w++) {
+        const char *word = words[w];
+        int n = (int)strlen(word), start[16], cut[16], scratch[16], rank[16], at[16];
+        char text[32], symbols[16][32];
+        BpeTrace trace = { rank, at, 0 };
+        int count = bpe_encode_word_traced(&b, cut, word, n, scratch, text, &trace);
+        int plain = bpe_encode_word(&b, start, word, n, scratch, text);
+        int symbols_count = bpe_characters(start, word, n), replayed = 1;
+        for (int i = 0; i < symbols_count; i++)
+            bpe_symbol_text(symbols[i], word, start, symbols_count, i);
+        for (int k = 0; k < trace.count && replayed; k++) {
+            int i = 0;
+            while (i + 1 < symbols_count && start[i] != at[k])
+                i++;
+            replayed = i + 1 < symbols_count && strcmp(symbols[i], b.left[rank[k]]) == 0 &&
+                       strcmp(symbols[i + 1], b.right[rank[k]]) == 0;
+            size_t left = strlen(symbols[i]), right = strlen(symbols[i + 1]);
+            if (left + right < sizeof symbols[i])
+                memmove(symbols[i] + left, symbols[i + 1], right + 1);   // joined
+            else
+                replayed = 0;
+            for (int j = i + 1; j + 1 < symbols_count; j++) {
+                memcpy(symbols[j], symbols[j + 1], sizeof symbols[j]);
+                start[j] = start[j + 1];
+            }
+            symbols_count--;
+        }
+        replayed &= symbols_count == count && plain == count;
+        for (int i = 0; i < count && replayed; i++) {
+            char piece[32];
+            bpe_symbol_text(piece, word, cut, count, i);
+            replayed = strcmp(piece, symbols[i]) == 0;
+        }
+        same += replayed;
+        merges += trace.count;
+    }
+    check(same == 6 && merges > 6,
+          "explain: the merges recorded for 6 words (%d in all), replayed on the characters in "
+          "order, give bpe_encode_word's subwords (%d of 6)", merges, same);
+    bpe_free(&b);
+}
+
+// The page's numbers cannot end the <script> they sit in, whatever a token holds: no '<' (so
+// neither "</script>" nor "<!--"), no U+2028 or U+2029, no control character; quotes and
+// backslashes escaped; UTF-8 kept, a byte that is not UTF-8 as U+FFFD.
+static void test_explain_json_string(void) {
+    const char *path = test_path("json_string.txt");
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        check(0, "explain: cannot write %s", path);
+        return;
+    }
+    json_string(f, "</script><!--a\xe2\x80\xa8" "b\xe2\x80\xa9\"q\"\\ \x01&>é\xff");
+    fclose(f);
+    char *written = read_text_file(path);
+    const char *expected = "\"\\u003c/script\\u003e\\u003c!--a\\u2028b\\u2029\\\"q\\\"\\\\ "
+                           "\\u0001\\u0026\\u003eé\\ufffd\"";
+    check(written && strcmp(written, expected) == 0,
+          "explain: a token holding </script>, <!--, U+2028, U+2029, quotes, a backslash, a "
+          "control character, & and > and a byte that is not UTF-8 is a JSON string with no '<' "
+          "(%s)", written ? written : "not written");
+    free(written);
+}
+
+// "output: LINE\nwrote " for decode's output line in cli_output (the line that is not a
+// warning), as explain prints it.
+static void explain_decoded_line(char *out, size_t size) {
+    const char *line = cli_output;
+    while (strncmp(line, "warning:", 8) == 0 && strchr(line, '\n'))
+        line = strchr(line, '\n') + 1;
+    snprintf(out, size, "output: %.*s\nwrote ", (int)strcspn(line, "\n"), line);
+}
+
+// The page's output against decode's, greedy and beam 4, through ./transformer as a user runs
+// them; a word the vocabulary lacks is <unk>, with decode's warning, and on the page; each
+// bad input is one line and exit 1, with no page and no temporary file left; a page of ours is
+// replaced, any other file only with --force, never a directory.
+static void test_explain_command(const char *ckpt) {
+    const char *page = test_path("explain.html"), *tmp = test_path("explain.html.tmp");
+    const char *sentences[3] = { "3 1 4 1 5", "2 0", "5 4 3 2 1 0 1" };
+    int same = 0;
+    for (int i = 0; i < 6; i++) {
+        const char *beam = i % 2 ? "--beam 4" : "";
+        run_cli("decode --checkpoint %s %s '%s'", ckpt, beam, sentences[i / 2]);
+        char decoded[256];
+        explain_decoded_line(decoded, sizeof decoded);
+        int status = run_cli("explain --checkpoint %s %s --out %s '%s'", ckpt, beam, page,
+                             sentences[i / 2]);
+        char *html = read_text_file(page);
+        same += status == 0 && strstr(cli_output, decoded) && html && strstr(html, "\"tokens\":");
+        free(html);
+    }
+    check(same == 6, "cli: explain's output is decode's, greedy and --beam 4, for 3 sentences "
+                     "(%d of 6)", same);
+    // a sentence that begins with '-' comes on standard input, as decode's lines do
+    const char *dash = test_path("dash.txt");
+    write_text(dash, "-x 1 2\n");
+    run_cli("decode --checkpoint %s < %s", ckpt, dash);
+    char decoded[256];
+    explain_decoded_line(decoded, sizeof decoded);
+    int status = run_cli("explain --checkpoint %s --out %s < %s", ckpt, page, dash);
+    check(status == 0 && strstr(cli_output, decoded) &&
+          strstr(cli_output, "warning: stdin:1: token '-x' is not in the vocabulary"),
+          "cli: a sentence on standard input (one that begins with '-') is explained as decode "
+          "decodes its line (exit %d)", status);
+    status = run_cli("explain --checkpoint %s --out %s '1 9 2'", ckpt, page);
+    char *html = read_text_file(page);
+    check(status == 0 && html &&
+          strstr(cli_output, "warning: the sentence: token '9' is not in the vocabulary; read as "
+                             "<unk>") &&
+          strstr(html, "\"source\":[5,3,6,2]") && strstr(html, "\"source_text\":[\"1\",\"9\","),
+          "cli: a word the vocabulary lacks is <unk>, warned of as decode warns, and the page "
+          "shows it as such (exit %d)", status);
+    free(html);
+    remove(page);
+    char too_long[128] = "";
+    for (int i = 0; i < 25; i++) strcat(too_long, "1 ");
+    struct {
+        const char *what, *expected, *args;
+    } bad[] = {
+        { "an empty sentence", "explain: the sentence is empty", "''" },
+        { "--beam 0", "explain: --beam '0' is not valid", "--beam 0 '1 2'" },
+        { "a sentence too long for the model", "the sentence has 25 tokens; the model's maximum "
+          "length 20", too_long },
+        { "no sentence (standard input empty)", "no sentence: expected one", "< /dev/null" },
+        { "two sentences", "expected one sentence (in quotes) after the flags; got 2",
+          "'1 2' '3 4'" },
+        { "two lines on standard input", "standard input has more than one line", "< " },
+    };
+    const char *two_lines = test_path("two_lines.txt");
+    write_text(two_lines, "1 2\n3 4\n");
+    int left = 0;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "explain --checkpoint %s --out %s %s%s%s", ckpt, page,
+                 i == 2 ? "'" : "", bad[i].args, i == 2 ? "'" : i == 5 ? two_lines : "");
+        check_cli_error(bad[i].what, bad[i].expected, "%s", args);
+        left += file_exists(page) || file_exists(tmp);
+    }
+    check_cli_error("an --out that cannot be written", "cannot write",
+                    "explain --checkpoint %s --out %s/no/such/folder/page.html '1 2'", ckpt,
+                    test_dir);
+    check_cli_error("--out a directory", "not a regular file",
+                    "explain --checkpoint %s --out %s '1 2'", ckpt, test_dir);
+    const char *notes = test_path("notes.html");
+    write_text(notes, "<p>a page of the user's own</p>\n");
+    check_cli_error("--out a file that is not a page of ours",
+                    "is already there and is not a page explain wrote; expected --force",
+                    "explain --checkpoint %s --out %s '1 2'", ckpt, notes);
+    char *kept = read_text_file(notes);
+    int kept_whole = kept && strcmp(kept, "<p>a page of the user's own</p>\n") == 0;
+    free(kept);
+    check(left == 0 && kept_whole && !file_exists(test_path("notes.html.tmp")),
+          "cli: after each bad input no page and no temporary file, and the user's file whole");
+    int forced = run_cli("explain --checkpoint %s --out %s --force '1 2'", ckpt, notes);
+    int again = run_cli("explain --checkpoint %s --out %s --beam 2 '2 1'", ckpt, notes);
+    check(forced == 0 && again == 0 && explain_page_of_ours(notes),
+          "cli: --force replaces a file that is not a page of ours, and a page of ours is "
+          "replaced without it (exit %d, %d)", forced, again);
+}
+
+// The browser test runs in ./test_lab (float, OpenMP) only: one chromium launch in make test.
+#if !defined(TRANSFORMER_DOUBLE) && defined(_OPENMP)
+
+// The HTML-escaped text of a token as --dump-dom serializes a text node (&, <, >).
+static void explain_dom_text(char *out, size_t size, const char *text) {
+    size_t n = 0;
+    for (const char *s = text; *s && n + 8 < size; s++) {
+        const char *entity = *s == '&' ? "&amp;" : *s == '<' ? "&lt;" : *s == '>' ? "&gt;" : NULL;
+        if (entity) {
+            memcpy(out + n, entity, strlen(entity));
+            n += strlen(entity);
+        } else {
+            out[n++] = *s;
+        }
+    }
+    out[n] = '\0';
+}
+
+// The page in a real browser: Debian's chromium, headless, opens a page of a small model it
+// trains here (the copy task on words that hold "</script>", "<!--", '&' and quotes, §5.1
+// subwords, beam 3), in one launch that dumps the DOM after the scripts ran and takes a
+// screenshot. The page's window.onerror writes a script error into the DOM (#explain-error);
+// the console would say it on stderr (--enable-logging); the sections and the output's tokens
+// must be there, and #explain-rendered, which the script adds last. When chromium is on the
+// PATH; .ci/run installs it.
+static void test_explain_in_browser(void) {
+    if (system("command -v chromium > /dev/null 2>&1") != 0) {
+        printf("skip explain in a browser: chromium is not on the PATH (apt-get install "
+               "chromium; .ci/run installs it)\n");
+        return;
+    }
+    const char *tsv = test_path("markup.tsv"), *ckpt = test_path("markup.ckpt");
+    const char *page = test_path("markup.html");
+    static const char *words[6] = { "</script>", "<!--", "a&b", "\"q\"", "-->", "x" };
+    FILE *f = fopen(tsv, "w");
+    Rng rng;
+    rng_seed(&rng, 64);
+    for (int i = 0; f && i < 300; i++) {
+        char line[256] = "";
+        int n = 1 + rng_below(&rng, 4);
+        for (int w = 0; w < n; w++) {
+            strcat(line, words[rng_below(&rng, 6)]);
+            strcat(line, w + 1 < n ? " " : "");
+        }
+        fprintf(f, "%s\t%s\n", line, line);
+    }
+    if (f)
+        fclose(f);
+    int trained = run_cli("train --train %s --bpe 12 --steps 150 --layers 1 --d-model 32 "
+                          "--d-ff 64 --heads 2 --warmup 20 --batch-tokens 400 --eval-every 0 "
+                          "--show 0 --log-every 0 --threads 1 --force --checkpoint %s", tsv, ckpt);
+    int explained = run_cli("explain --checkpoint %s --beam 3 --out %s '</script> <!-- a&b'",
+                            ckpt, page);
+    char *html = read_text_file(page);
+    const char *data = html ? strstr(html, "id=\"explain-data\">") : NULL;
+    const char *data_end = data ? strstr(data, "</script>") : NULL;
+    int no_markup = data_end && !memchr(data + 18, '<', (size_t)(data_end - data - 18));
+    check(trained == 0 && explained == 0 && no_markup,
+          "browser: a page of a model of words holding </script> and <!-- (its numbers hold "
+          "no '<': %s)", no_markup ? "none" : "some, or no page");
+    char command[4096];
+    snprintf(command, sizeof command,
+             "timeout 120 chromium --headless %s --disable-gpu --no-first-run "
+             "--user-data-dir=%s/chromium --enable-logging=stderr --v=0 "
+             "--window-size=1280,1600 --screenshot=%s/explain.png --dump-dom file://%s "
+             "> %s/dom.html 2> %s/chromium.log",
+             geteuid() == 0 ? "--no-sandbox" : "", test_dir, test_dir, page, test_dir,
+             test_dir);
+    double started = wall_seconds();
+    int status = system(command);
+    double seconds = wall_seconds() - started;
+    char *dom = read_text_file(test_path("dom.html"));
+    char *log = read_text_file(test_path("chromium.log"));
+    int sections = 0;
+    static const char *ids[7] = { "words", "input", "encoder", "decoding", "output",
+                                  "explain-rendered", "step-view" };
+    for (int i = 0; dom && i < 7; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "id=\"%s\"", ids[i]);
+        sections += strstr(dom, id) != NULL;
+    }
+    LabCheckpoint c;
+    memset(&c, 0, sizeof c);
+    const char *e = lab_checkpoint_load(ckpt, &c);
+    int tokens = 0, outputs = 0;
+    if (!e && dom) {
+        TextSource from = { "test", 0, 0, NULL };
+        Explanation x;
+        memset(&x, 0, sizeof x);
+        char sentence[] = "</script> <!-- a&b";
+        if (!explain_sentence(&x, &c, sentence, &from)) {
+            explain_decode(&x, &c.model, 3, 0.6);
+            for (int i = 0; i < x.out_len; i++) {
+                char text[256], expected[320];
+                explain_dom_text(text, sizeof text, c.vocab.words[x.out[i]]);
+                snprintf(expected, sizeof expected, "data-id=\"%d\">%s</span>", x.out[i], text);
+                tokens += strstr(dom, expected) != NULL;
+            }
+            outputs = x.out_len;
+        }
+        explain_free(&x);
+    }
+    lab_checkpoint_free(&c);
+    struct stat shot;
+    int screenshot = stat(test_path("explain.png"), &shot) == 0 && shot.st_size > 10000;
+    int error_shown = dom && strstr(dom, "id=\"explain-error\"");
+    int console = log && strstr(log, "CONSOLE");
+    check(status == 0 && !error_shown && !console && sections == 7 && outputs > 0 &&
+          tokens == outputs && screenshot,
+          "browser: headless chromium renders the page (%.1f s, exit %d): no script error in "
+          "the DOM (%s) nor on the console (%s), the 5 sections, the step view and the "
+          "rendered mark (%d of 7), the output's %d tokens (%d found), a screenshot (%s)",
+          seconds, status, error_shown ? "one" : "none", console ? "some" : "none", sections,
+          outputs, tokens, screenshot ? "taken" : "none");
+    if (error_shown)
+        printf("     %.300s\n", strstr(dom, "id=\"explain-error\""));
+    free(html);
+    free(dom);
+    free(log);
+}
+
+#else
+static void test_explain_in_browser(void) {
+    printf("(explain in a browser: ./test_lab runs it, not this build)\n");
+}
+#endif
+
+// explain's tests that run ./transformer, on transformer.c's tests' copy checkpoint.
+static void test_explain_commands(void) {
+    printf("-- explain: one sentence through the model on one page (lab/explain.c)\n");
+    test_explain_json_string();
+    const char *ckpt = test_path("copy_small.ckpt");
+    if (file_exists(ckpt))
+        test_explain_command(ckpt);
+    else
+        check(0, "cli: no checkpoint %s from transformer.c's tests", ckpt);
+    test_explain_in_browser();
+}
+
 // ============================================================================
 // The lab's tests, in order
 // ============================================================================
@@ -4751,6 +5233,10 @@ static void run_lab_tests(void) {
     printf("-- no empty translation (min_len 1), greedy and beam\n");
     test_no_empty_translation();
     test_greedy_as_beam_of_one();
+    printf("-- explain: decode's decoding, recorded; the attention the page shows\n");
+    test_explain_decodes_as_decode();
+    test_explain_attention();
+    test_explain_merges();
     printf("-- the busy machine: train --threads 0 follows the free cores\n");
     test_free_cores();
     if (!make_test_dir())
@@ -4777,6 +5263,7 @@ static void run_lab_tests(void) {
         test_lab_command_line();
         test_resume_counts();
         test_lab_evaluation_commands();
+        test_explain_commands();
         test_bpe_command_line();
         printf("-- Table 3's model variations (make table3) on a tiny budget\n");
         test_table3();
