@@ -3583,7 +3583,7 @@ static void test_free_cores(void) {
         return;
     }
     signal(SIGCHLD, SIG_IGN);   // the neighbours end without being waited for
-    pid_t busy[16];
+    pid_t busy[16] = { 0 };
     int started = 0;
     for (; started < cores; started++) {
         if ((busy[started] = fork()) == 0) {   // a busy neighbour, ended by the kill below
@@ -3600,7 +3600,8 @@ static void test_free_cores(void) {
     nanosleep(&(struct timespec){ 0, 300000000 }, NULL);   // 300 ms of them
     double ran_after = processes_cpu_seconds(busy, started);
     cpu_times(&now);
-    for (int i = 0; i < started; i++) kill(busy[i], SIGKILL);
+    for (int i = 0; i < started; i++)
+        kill(busy[i], SIGKILL);
     nanosleep(&(struct timespec){ 0, 20000000 }, NULL);
     signal(SIGCHLD, SIG_DFL);
     FreeCores live = { .following = 1, .cores = cores, .limit = cores };
