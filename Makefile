@@ -59,7 +59,21 @@ OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/checkpoints.c \
-          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c
+          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c lab/ranks.c lab/ranks.h
+
+# ---- MPI: mpirun -np N ./transformer train, data-parallel (lab/ranks.c; README) ----
+# With MPI=1, the default where an mpicc is on the PATH (Open MPI's, or MPICH's), the lab's
+# programs and tests are compiled with -DTRANSFORMER_MPI and MPI's include flags and linked with
+# its libraries (as mpicc would, with $(CC)); MPI starts only when a launcher started the program.
+# make MPI=0, or a machine without mpicc, builds them without it; transformer.c alone, make
+# debug, make sanitize, make fuzz and make test-threads never use it (MPI's own allocations and
+# threads are not ours to check). After changing MPI, make clean first: make does not track flags.
+MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(MPI),1)
+MPI_SHOW := $(shell mpicc --showme 2>/dev/null || mpicc -show 2>/dev/null)
+MPI_CFLAGS = -DTRANSFORMER_MPI $(filter -I% -pthread,$(MPI_SHOW))
+MPI_LIBS = $(filter -L% -l% -Wl% -pthread,$(MPI_SHOW))
+endif
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h \
             cuda/epilogues.h cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
@@ -75,7 +89,7 @@ all: transformer
 
 # the program with every command: lab/lab.c includes transformer.c and the other files of $(SOURCES)
 transformer: $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -o $@ lab/lab.c $(LDLIBS) $(MPI_LIBS)
 
 # transformer.c alone, the smallest complete program (train, decode), built as the README says:
 # -O3 -march=native -fopenmp (the plain loops on every core, their dot products in vector lanes).
@@ -98,19 +112,19 @@ test_transformer_serial: $(TRANSFORMER_TEST)
 
 # the lab and the fast path (lab/test_lab.c, which runs test_transformer.c's model tests again through
 # the fast path): in double, in float, and without OpenMP. Their command-line tests run ./transformer.
-LAB_TEST = lab/test_lab.c $(TRANSFORMER_TEST) $(SOURCES)
+LAB_TEST = lab/test_lab.c lab/test_ranks.c $(TRANSFORMER_TEST) $(SOURCES)
 test_lab_f64: $(LAB_TEST)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ lab/test_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -DTRANSFORMER_DOUBLE -o $@ lab/test_lab.c $(LDLIBS) $(MPI_LIBS)
 test_lab: $(LAB_TEST)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/test_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -o $@ lab/test_lab.c $(LDLIBS) $(MPI_LIBS)
 test_lab_serial: $(LAB_TEST)
-	$(CC) $(CFLAGS) $(WARNINGS) -o $@ lab/test_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(MPI_CFLAGS) -o $@ lab/test_lab.c $(LDLIBS) $(MPI_LIBS)
 
 # the CUDA companion built for the CPU (cuda/cuda_on_cpu.h) against transformer.c, with and without OpenMP
 test_cuda: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ cuda/test_cuda.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -o $@ cuda/test_cuda.c $(LDLIBS) $(MPI_LIBS)
 test_cuda_serial: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
-	$(CC) $(CFLAGS) $(WARNINGS) -o $@ cuda/test_cuda.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(MPI_CFLAGS) -o $@ cuda/test_cuda.c $(LDLIBS) $(MPI_LIBS)
 
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
 # A binary that crashes before its summary counts as one failure. The tests
