@@ -662,6 +662,10 @@ void lab_ranks_broadcast(void *bytes, size_t count) {
 #endif
 }
 
+uint64_t lab_rank_dropout_state(uint64_t run_state) {
+    return rank_dropout_state(run_state, run_ranks.rank);
+}
+
 long lab_ranks_sum(long value) {
 #ifdef TRANSFORMER_MPI
     if (run_ranks.started)

@@ -8,6 +8,7 @@
 #define LAB_RANKS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,6 +20,9 @@ int lab_rank_count(void);    // the ranks (1 alone)
 int lab_local_rank(void);    // its place among the ranks on this machine: the GPU it takes
 void lab_ranks_broadcast(void *bytes, size_t count);   // rank 0's bytes, to every rank
 long lab_ranks_sum(long value);                        // every rank's value, summed
+// The state of the generator this rank draws a step's dropout keys from, the run's generator
+// being at run_state: the run's own for rank 0 (and alone)
+uint64_t lab_rank_dropout_state(uint64_t run_state);
 #ifdef __cplusplus
 }
 #endif
