@@ -325,16 +325,21 @@ static int run_mpirun(const char *format, ...) {
     return status;
 }
 
-// Writes `lines` sentence pairs into path; line bad_line (1 = first; 0: none) holds no tab, and
-// line changed_line one other word
-static void write_rank_data(const char *path, int lines, int bad_line, int changed_line) {
+// Writes `lines` sentence pairs into path, the target words spelt `letter`N; line bad_line
+// (1 = first; 0: none) holds no tab, and line changed_line one other word. Another letter gives
+// the same pairs of token ids (the tokens numbered as they first appear) in another vocabulary.
+static void write_rank_data(const char *path, int lines, int bad_line, int changed_line,
+                            char letter) {
     FILE *f = fopen(path, "w");
     for (int i = 1; f && i <= lines; i++) {
         if (i == bad_line)
             fprintf(f, "one side only\n");
+        else if (i == changed_line)
+            fprintf(f, "w%d w%d w%d\t%c%d %c%d changed\n", i % 7, i % 5, i % 3, letter, i % 3,
+                    letter, i % 7);
         else
-            fprintf(f, "w%d w%d w%d\tv%d v%d %s\n", i % 7, i % 5, i % 3, i % 3, i % 7,
-                    i == changed_line ? "changed" : "v1");
+            fprintf(f, "w%d w%d w%d\t%c%d %c%d %c1\n", i % 7, i % 5, i % 3, letter, i % 3, letter,
+                    i % 7, letter);
     }
     if (f)
         fclose(f);
@@ -389,6 +394,9 @@ static void test_ranks_disagree(const char *transformer) {
         { "other data at the same path", "--train data.tsv --steps 3 --force",
           "--train data.tsv --steps 3 --force",
           "rank 1's training data differs from rank 0's" },
+        { "another vocabulary (the same token ids, the words spelt otherwise)",
+          "--train words.tsv --steps 3 --force", "--train words.tsv --steps 3 --force",
+          "rank 1's vocabulary differs from rank 0's" },
         { "another checkpoint to resume", "--resume model.ckpt --steps 5",
           "--resume model.ckpt --steps 5",
           "rank 1's model (its parameters and Adam's state: the checkpoint --resume read) differs "
@@ -397,14 +405,13 @@ static void test_ranks_disagree(const char *transformer) {
           "--train bad.tsv --steps 3 --force",
           "error: train: rank 1 of 2: bad.tsv:3: no tab; expected source<TAB>target" },
     };
-    snprintf(path, sizeof path, "%s/data.tsv", a);
-    write_rank_data(path, 60, 0, 0);
-    snprintf(path, sizeof path, "%s/data.tsv", b);
-    write_rank_data(path, 60, 0, 17);
-    snprintf(path, sizeof path, "%s/bad.tsv", a);
-    write_rank_data(path, 60, 0, 0);
-    snprintf(path, sizeof path, "%s/bad.tsv", b);
-    write_rank_data(path, 60, 3, 0);
+    const char *files[3] = { "data.tsv", "words.tsv", "bad.tsv" };
+    for (int i = 0; i < 3; i++) {   // in a, then in b: another pair, spelling, a line with no tab
+        snprintf(path, sizeof path, "%s/%s", a, files[i]);
+        write_rank_data(path, 60, 0, 0, 'v');
+        snprintf(path, sizeof path, "%s/%s", b, files[i]);
+        write_rank_data(path, 60, i == 2 ? 3 : 0, i == 0 ? 17 : 0, i == 1 ? 'u' : 'v');
+    }
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(two, sizeof two, "%s%s : %s%s", app, cases[i].args_a, app, cases[i].args_b);
         char command[3200];
