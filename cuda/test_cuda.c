@@ -3175,7 +3175,8 @@ static void test_companion_nccl(void) {
     printf("-- the NCCL path on a GPU: make test-cuda-proofs (mpirun -np 1 against one "
            "process)\n");
 #else
-    printf("-- the NCCL path on the emulator: in ./test_cuda, where MPI is built in (make MPI=1)\n");
+    printf("-- the NCCL path on the emulator: in ./test_cuda, where MPI is built in "
+           "(make MPI=1)\n");
 #endif
 }
 #endif
