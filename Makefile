@@ -59,7 +59,22 @@ OMPFLAGS = -fopenmp
 endif
 LDLIBS = -lm
 SOURCES = transformer.c transformer.h lab/lab.c lab/fast_path.c lab/text.c lab/subwords.c lab/checkpoints.c \
-          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c lab/explain.c
+          lab/decode.c lab/runs.c lab/bleu.c lab/catalogs.c lab/ranks.c lab/ranks.h \
+          lab/explain.c
+
+# ---- MPI: mpirun -np N ./transformer train, data-parallel (lab/ranks.c; README) ----
+# With MPI=1, the default where an mpicc is on the PATH (Open MPI's, or MPICH's), the lab's
+# programs and tests are compiled with -DTRANSFORMER_MPI and MPI's include flags and linked with
+# its libraries (as mpicc would, with $(CC)); MPI starts only when a launcher started the program.
+# make MPI=0, or a machine without mpicc, builds them without it; transformer.c alone, make
+# debug, make sanitize, make fuzz and make test-threads never use it (MPI's own allocations and
+# threads are not ours to check). After changing MPI, make clean first: make does not track flags.
+MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(MPI),1)
+MPI_SHOW := $(shell mpicc --showme 2>/dev/null || mpicc -show 2>/dev/null)
+MPI_CFLAGS = -DTRANSFORMER_MPI $(filter -I% -pthread,$(MPI_SHOW))
+MPI_LIBS = $(filter -L% -l% -Wl% -pthread,$(MPI_SHOW))
+endif
 # the CUDA companion; the float test builds include it, built for the CPU
 COMPANION = cuda/transformer_cuda.cu cuda/fused_attention.cu cuda/bf16_casts.h cuda/transposed_weights.h \
             cuda/epilogues.h cuda/cuda_on_cpu.h cuda/cuda_on_cpu_threads.h
@@ -75,7 +90,7 @@ all: transformer
 
 # the program with every command: lab/lab.c includes transformer.c and the other files of $(SOURCES)
 transformer: $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -o $@ lab/lab.c $(LDLIBS) $(MPI_LIBS)
 
 # transformer.c alone, the smallest complete program (train, decode), built as the README says:
 # -O3 -march=native -fopenmp (the plain loops on every core, their dot products in vector lanes).
@@ -98,19 +113,19 @@ test_transformer_serial: $(TRANSFORMER_TEST)
 
 # the lab and the fast path (lab/test_lab.c, which runs test_transformer.c's model tests again through
 # the fast path): in double, in float, and without OpenMP. Their command-line tests run ./transformer.
-LAB_TEST = lab/test_lab.c $(TRANSFORMER_TEST) $(SOURCES)
+LAB_TEST = lab/test_lab.c lab/test_ranks.c $(TRANSFORMER_TEST) $(SOURCES)
 test_lab_f64: $(LAB_TEST)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_DOUBLE -o $@ lab/test_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -DTRANSFORMER_DOUBLE -o $@ lab/test_lab.c $(LDLIBS) $(MPI_LIBS)
 test_lab: $(LAB_TEST)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ lab/test_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -o $@ lab/test_lab.c $(LDLIBS) $(MPI_LIBS)
 test_lab_serial: $(LAB_TEST)
-	$(CC) $(CFLAGS) $(WARNINGS) -o $@ lab/test_lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(MPI_CFLAGS) -o $@ lab/test_lab.c $(LDLIBS) $(MPI_LIBS)
 
 # the CUDA companion built for the CPU (cuda/cuda_on_cpu.h) against transformer.c, with and without OpenMP
 test_cuda: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -o $@ cuda/test_cuda.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -o $@ cuda/test_cuda.c $(LDLIBS) $(MPI_LIBS)
 test_cuda_serial: cuda/test_cuda.c test_transformer.c $(SOURCES) $(COMPANION)
-	$(CC) $(CFLAGS) $(WARNINGS) -o $@ cuda/test_cuda.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(MPI_CFLAGS) -o $@ cuda/test_cuda.c $(LDLIBS) $(MPI_LIBS)
 
 # Runs every test binary, then sums their "N passed, M failed" lines into one.
 # A binary that crashes before its summary counts as one failure. The tests
@@ -276,11 +291,22 @@ NVCCFLAGS ?= -O3 $(NVCC_ARCH)
 NVCC_CHECKED = $(NVCC) $(NVCCFLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra -Xptxas -v
 NVCC_LINK = $(NVCC) $(NVCCFLAGS) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lcublas -lcublasLt -lm
 NVCC_KEEP = .nvcc_keep
+# mpirun -np N ./transformer_cuda train: the gradients summed by NCCL (cuda/transformer_cuda.cu,
+# -DTRANSFORMER_NCCL), its id shared over MPI, where nccl.h is found beside nvcc (or in
+# /usr/include) and MPI=1; else the companion trains as one rank only (NCCL=0). The host
+# object and the link take MPI's flags and libraries as the lab's programs do.
+NVCC_HOME := $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+NCCL ?= $(if $(and $(filter 1,$(MPI)),$(wildcard $(NVCC_HOME)/include/nccl.h /usr/include/nccl.h)),1,0)
+ifeq ($(NCCL),1)
+NCCL_FLAGS = -DTRANSFORMER_NCCL
+NCCL_LIBS = -lnccl
+endif
+NVCC_MPI_LIBS = $(NCCL_LIBS) $(filter -L% -l%,$(MPI_LIBS))
 # $(call cuda_compile,OUTPUT.o,EXTRA FLAGS): cuda/transformer_cuda.cu compiled and its registers
 # checked (its own kept files and log, so that make -j can build both objects at once)
 define cuda_compile
 	rm -rf $(NVCC_KEEP)/$(1) && mkdir -p $(NVCC_KEEP)/$(1)
-	$(NVCC_CHECKED) $(2) -keep -keep-dir $(NVCC_KEEP)/$(1) -c -o $(1) cuda/transformer_cuda.cu \
+	$(NVCC_CHECKED) $(2) $(NCCL_FLAGS) -keep -keep-dir $(NVCC_KEEP)/$(1) -c -o $(1) cuda/transformer_cuda.cu \
 	  2> $(NVCC_KEEP)/$(1).ptxas.log || { cat $(NVCC_KEEP)/$(1).ptxas.log; exit 1; }
 	@if grep -E '[1-9][0-9]* bytes spill (stores|loads)' $(NVCC_KEEP)/$(1).ptxas.log; then \
 	  echo "make cuda: a kernel spills registers (above); expected 0 bytes"; exit 1; fi
@@ -292,21 +318,22 @@ endef
 # transformer_cuda_sgemm without extern "C" once was) fails here, not on a lent GPU
 cuda: transformer_cuda test_transformer_cuda
 transformer_cuda: $(COMPANION) $(SOURCES) cuda/check_registers.awk
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -DTRANSFORMER_NO_MAIN -c -o transformer_host.o lab/lab.c
 	$(call cuda_compile,transformer_cuda.o,)
-	$(NVCC_LINK) -o $@ transformer_cuda.o transformer_host.o
+	$(NVCC_LINK) -o $@ transformer_cuda.o transformer_host.o $(NVCC_MPI_LIBS)
 
 # the companion built for the CPU (cuda_on_cpu.h): ./transformer_cuda_cpu bench --config base --count
 # prints what one training step launches, copies and holds, without computing it
 cuda-cpu: transformer_cuda_cpu
 transformer_cuda_cpu: $(COMPANION) $(SOURCES)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c cuda/transformer_cuda.cu -x none lab/lab.c $(LDLIBS)
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -DCUDA_ON_CPU -DTRANSFORMER_NO_MAIN -o $@ -x c cuda/transformer_cuda.cu \
+	    -x none lab/lab.c $(LDLIBS) $(MPI_LIBS)
 
 # the float tests with the companion built by nvcc instead of for the CPU
 test_transformer_cuda: cuda/test_cuda.c test_transformer.c $(COMPANION) $(SOURCES) cuda/check_registers.awk
 	$(call cuda_compile,transformer_cuda_test.o,-DTRANSFORMER_CUDA_NO_MAIN)
-	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o cuda/test_cuda.c
-	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o
+	$(CC) $(CFLAGS) $(WARNINGS) $(OMPFLAGS) $(MPI_CFLAGS) -DCOMPANION_ON_GPU -c -o test_transformer_cuda.o cuda/test_cuda.c
+	$(NVCC_LINK) -o $@ test_transformer_cuda.o transformer_cuda_test.o $(NVCC_MPI_LIBS)
 
 # make test-threads (not part of make test): the companion's tests with each block's threads as
 # POSIX threads running at once (cuda_on_cpu.h built with -DCUDA_ON_CPU_THREADS, test_cuda_threads.c),
@@ -335,6 +362,8 @@ test-threads: test_cuda_threads transformer
 #     too; the same with --bf16 (its products on both streams, and on one); --fused-attention with
 #     and without graphs, and on one stream; the copy task trained whole in fp32 and with --bf16
 #     (their last evaluations);
+#   - with NCCL and mpirun: mpirun -np 1 (the NCCL path, one rank) must write the one-process
+#     run's checkpoint, bit for bit; on two GPUs or more, two -np 2 runs the same checkpoint;
 #   - compute-sanitizer's memcheck, racecheck, initcheck and synccheck on a short training run
 #     (its third step replays the graph captured at its second);
 #   make test-cuda-bench: dev/bench_gpu.py: ./transformer_cuda beside PyTorch at its best on the
@@ -401,6 +430,18 @@ test-cuda-proofs: transformer
 	  ./transformer_cuda $(RERUN) --no-epilogues --checkpoint runs/rerun_kernels_b.ckpt && \
 	  cmp runs/rerun_kernels_a.ckpt runs/rerun_kernels_b.ckpt && \
 	  echo "test-cuda: two runs with --no-epilogues wrote the same checkpoint, bit for bit"
+	@if [ "$(NCCL)" = 1 ] && command -v mpirun >/dev/null; then \
+	  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; \
+	  mpirun -q -np 1 ./transformer_cuda $(RERUN) --checkpoint runs/rerun_nccl1.ckpt && \
+	  cmp runs/rerun_a.ckpt runs/rerun_nccl1.ckpt && \
+	  echo "test-cuda: mpirun -np 1 over NCCL wrote the one-process checkpoint, bit for bit" || exit 1; \
+	  if [ "$$(nvidia-smi -L | wc -l)" -ge 2 ]; then \
+	    mpirun -q -np 2 ./transformer_cuda $(RERUN) --checkpoint runs/rerun_nccl2a.ckpt && \
+	    mpirun -q -np 2 ./transformer_cuda $(RERUN) --checkpoint runs/rerun_nccl2b.ckpt && \
+	    cmp runs/rerun_nccl2a.ckpt runs/rerun_nccl2b.ckpt && \
+	    echo "test-cuda: two mpirun -np 2 runs over NCCL wrote the same checkpoint, bit for bit" || exit 1; \
+	  else echo "test-cuda: one GPU: mpirun -np 2 over NCCL needs two (skipped)"; fi; \
+	else echo "test-cuda: no NCCL build (make cuda NCCL=1) or no mpirun: the NCCL runs skipped"; fi
 	./transformer_cuda $(COPY_RUN) --checkpoint runs/copy_fp32.ckpt && \
 	  ./transformer_cuda $(COPY_RUN) --bf16 --checkpoint runs/copy_bf16.ckpt
 	@if command -v compute-sanitizer >/dev/null; then \

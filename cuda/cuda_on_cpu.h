@@ -101,6 +101,14 @@
  *     a bit mask) or DRELU_BGRAD (the mask applied, the rows' sums as the bias
  *     gradient) as cuBLASLt's documentation defines them; its heuristic offers
  *     one algorithm for those and none for anything else.
+ *   - NCCL's ncclAllReduce (ncclFloat, ncclSum), for a data-parallel run's
+ *     ranks (lab/ranks.c): work on its stream like a copy, captured into a
+ *     graph like one, and run on the host over MPI when the program is built
+ *     with it (-DTRANSFORMER_MPI): every rank's numbers gathered
+ *     (MPI_Allgather), then summed in rank order into each; one rank's are
+ *     its own. ncclGetUniqueId, ncclCommInitRank (the ranks must be MPI's),
+ *     ncclCommDestroy, ncclGroupStart and ncclGroupEnd; cudaSetDevice and
+ *     cudaGetDeviceCount see one device.
  *   - bf16 (cuda_bf16.h's __nv_bfloat16, 16 bits: fp32's sign and exponent,
  *     7 stored significand bits): __float2bfloat16 rounds to nearest, ties to
  *     even (past the largest finite: infinity), any NaN to the NaN 0x7FFF as
@@ -139,6 +147,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#ifdef TRANSFORMER_MPI
+#include <mpi.h>   // ncclAllReduce's sums between the ranks
+#endif
 #ifdef CUDA_ON_CPU_THREADS
 #include <pthread.h>
 #else
@@ -379,7 +390,10 @@ typedef struct {
     unsigned char *aux;
     long long aux_ld;
 } CpuGemm;
-typedef enum { CPU_WORK_KERNEL, CPU_WORK_GEMM, CPU_WORK_COPY, CPU_WORK_MEMSET } CpuWorkKind;
+typedef enum {
+    CPU_WORK_KERNEL, CPU_WORK_GEMM, CPU_WORK_COPY, CPU_WORK_MEMSET, CPU_WORK_ALL_REDUCE
+} CpuWorkKind;
+struct CpuNcclComm;
 // What a piece of work waits for: in a graph, the nodes (their indices) before
 // it; in the work given to streams and not yet run, the pieces (their numbers,
 // cuda_on_cpu.pending_base on) before it. A stream's frontier is what its next
@@ -406,6 +420,7 @@ typedef struct {
     const void *from;
     size_t to_pitch, from_pitch, width, height;
     int copy_kind, value;
+    struct CpuNcclComm *comm;   // an all-reduce's (`width` floats from `from` summed into `to`)
 } CpuWork;
 typedef struct CpuGraph {
     CpuWork *work;
@@ -1459,6 +1474,131 @@ static inline cudaError_t cudaMemsetAsync(void *to, int value, size_t bytes, cud
     return cpu_memset(to, value, bytes, stream, 0, "cudaMemsetAsync");
 }
 
+// ---- NCCL: ncclAllReduce over MPI -----------------------------------------------------
+
+typedef enum {
+    ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
+    ncclInvalidArgument = 4, ncclInvalidUsage = 5
+} ncclResult_t;
+typedef enum { ncclFloat = 7 } ncclDataType_t;   // (nccl.h's value for float32)
+typedef enum { ncclSum = 0 } ncclRedOp_t;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+typedef struct CpuNcclComm {
+    int rank, ranks;
+} *ncclComm_t;
+
+static inline const char *ncclGetErrorString(ncclResult_t result) {
+    switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    }
+    return "unknown result";
+}
+
+// The id that rank 0 makes and every rank is given: here a mark that ncclCommInitRank checks
+static inline ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    strcpy(id->internal, "cuda_on_cpu.h NCCL id");
+    return ncclSuccess;
+}
+
+// The ranks are MPI's (MPI_COMM_WORLD's, started by the program): anything else is refused
+static inline ncclResult_t ncclCommInitRank(ncclComm_t *comm, int ranks, ncclUniqueId id,
+                                            int rank) {
+    *comm = NULL;
+    int mpi_rank = 0, mpi_ranks = 1;
+#ifdef TRANSFORMER_MPI
+    int started = 0;
+    MPI_Initialized(&started);
+    if (started) {
+        MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &mpi_ranks);
+    }
+#endif
+    if (strcmp(id.internal, "cuda_on_cpu.h NCCL id") != 0 || rank != mpi_rank ||
+        ranks != mpi_ranks)
+        return ncclInvalidArgument;
+    *comm = (ncclComm_t)calloc(1, sizeof **comm);
+    if (!*comm)
+        return ncclSystemError;
+    (*comm)->rank = rank;
+    (*comm)->ranks = ranks;
+    return ncclSuccess;
+}
+
+static inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    free(comm);
+    return ncclSuccess;
+}
+
+// (the calls between them are run one by one here, each a collective of its own)
+static inline ncclResult_t ncclGroupStart(void) {
+    return ncclSuccess;
+}
+static inline ncclResult_t ncclGroupEnd(void) {
+    return ncclSuccess;
+}
+
+// An all-reduce as it runs: the floats copied out of device memory, every rank's gathered,
+// summed in rank order, copied into device memory
+static inline cudaError_t cpu_all_reduce_run(const CpuWork *w) {
+    size_t count = w->width, bytes = count * sizeof(float);
+    cudaError_t e = cpu_check_device(w->from, bytes, "ncclAllReduce", "send buffer");
+    if (e == cudaSuccess)
+        e = cpu_check_device(w->to, bytes, "ncclAllReduce", "receive buffer");
+    if (e != cudaSuccess || !cuda_on_cpu.execute || count == 0)
+        return e;
+    int ranks = w->comm->ranks;
+    float *all = (float *)malloc(bytes * (size_t)ranks);   // (ranks, count): rank r's at r
+    if (!all)
+        cpu_die("out of memory for ncclAllReduce");
+    cpu_device_open("ncclAllReduce");
+    memcpy(all + (size_t)w->comm->rank * count, w->from, bytes);
+    cpu_device_open(NULL);
+#ifdef TRANSFORMER_MPI
+    if (ranks > 1)
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, all, (int)count, MPI_FLOAT, MPI_COMM_WORLD);
+#endif
+    for (size_t i = 0; i < count; i++)
+        for (int r = 1; r < ranks; r++) all[i] += all[(size_t)r * count + i];
+    cpu_device_open("ncclAllReduce");
+    memcpy(w->to, all, bytes);
+    cpu_device_open(NULL);
+    free(all);
+    return cudaSuccess;
+}
+
+// Floats only, summed; on the stream's work, or into the graph it captures
+static inline ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count,
+                                         ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream) {
+    if (type != ncclFloat || op != ncclSum || !comm || count > (size_t)INT32_MAX)
+        return ncclInvalidArgument;
+    cudaError_t refusal = cudaSuccess;
+    int route = cpu_stream_route(stream, "ncclAllReduce", &refusal);
+    if (route < 0)
+        return ncclInvalidUsage;
+    CpuWork work, *w = route > 0 ? cpu_record(stream, CPU_WORK_ALL_REDUCE) : &work;
+    if (route == 0) {
+        memset(&work, 0, sizeof work);
+        work.kind = CPU_WORK_ALL_REDUCE;
+    }
+    w->call = "ncclAllReduce";
+    w->to = recv;
+    w->from = send;
+    w->width = count;
+    w->comm = comm;
+    if (route > 0)
+        return ncclSuccess;
+    return cpu_give(stream, w) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
 // The "device" is the host; its name says so. The limits are an H100's.
 typedef struct {
     char name[256];
@@ -1475,6 +1615,15 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int devi
     prop->sharedMemPerBlock = CPU_SHARED_DEFAULT;
     prop->sharedMemPerBlockOptin = CPU_SHARED_OPT_IN_MAX;
     return cudaSuccess;
+}
+
+// One device: a rank of a data-parallel run on this machine takes device 0, as its own GPU
+static inline cudaError_t cudaGetDeviceCount(int *count) {
+    *count = 1;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaSetDevice(int device) {
+    return device == 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 // A GPU reports an error of an asynchronous kernel at a later call; here too:
@@ -2421,6 +2570,8 @@ static inline cudaError_t cpu_work_run(const CpuWork *w) {
     } else if (w->kind == CPU_WORK_GEMM) {
         if (cpu_gemm_run(&w->gemm) != CUBLAS_STATUS_SUCCESS)
             e = cudaErrorIllegalAddress;
+    } else if (w->kind == CPU_WORK_ALL_REDUCE) {
+        e = cpu_all_reduce_run(w);
     } else if (w->kind == CPU_WORK_COPY) {
         size_t to_span = w->height ? (w->height - 1) * w->to_pitch + w->width : 0;
         size_t from_span = w->height ? (w->height - 1) * w->from_pitch + w->width : 0;

@@ -27,7 +27,9 @@
 #       at the paper's batch on two streams (the graph's nodes as cudaGraphGetNodes counts them:
 #       cuBLAS's own kernels). Between them (issue 50, items 2 and 4; "new" is the default, "old"
 #       the flag): cuBLASLt's epilogues against --no-epilogues (base at the paper's batch in fp32
-#       and TF32, tiny), and --tf32's transposed weights against --weights-as-stored
+#       and TF32, tiny), and --tf32's transposed weights against --weights-as-stored; and
+#       (issue 60) mpirun -np 1 over NCCL against the plain companion, train's tokens/s on a
+#       base-sized model at 24,576 tokens a batch, 20 steps (where mpirun and NCCL are)
 #
 #   bash cuda/gpu_session.sh bench     (timeout_s 540; at most about 8 minutes: no run starts after
 #                                       330 s, each may take 140 s)
@@ -109,6 +111,24 @@ profile)
                 done
             done
         done
+        # mpirun -np 1 over NCCL (one rank: the all-reduce's own cost) against the plain companion,
+        # alternating: train's tokens/s on a base-sized model at the paper's batch, 20 steps
+        if command -v mpirun >/dev/null && ldd ./transformer_cuda | grep -q libnccl; then
+            export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+            nccl_run="train --task copy --layers 6 --d-model 512 --d-ff 2048 --heads 8 --batch-tokens 24576
+                      --steps 20 --warmup 10 --eval-every 0 --eval-size 20 --show 0 --log-every 20 --force
+                      --checkpoint /tmp/nccl_pair.ckpt"
+            for round in $(seq 1 "$rounds"); do
+                order="plain nccl"; [ $((round % 2)) -eq 0 ] && order="nccl plain"
+                for variant in $order; do
+                    launch=; [ $variant = nccl ] && launch="mpirun -q -np 1"
+                    line=$($launch ./transformer_cuda $nccl_run | grep '^step ' | tail -n 1)
+                    echo "nccl-pair round $round $variant: ${line:-FAILED}"
+                done
+            done
+        else
+            echo "nccl-pair: skipped (no mpirun, or ./transformer_cuda built without NCCL)"
+        fi
         ./transformer_cuda bench $paper --warmup 1 --steps 2 --count || exit 1
     } 2>&1 | tee "$out/profile.log" || status=1
     grep -q 'FAILED' "$out/profile.log" && status=1

@@ -3062,6 +3062,125 @@ static void test_companion_sgemm(void) {
           refusals, cases, helped);
 }
 
+// ============================================================================
+// The NCCL path, on the emulator: mpirun -np N, the companion's ranks summing their gradients
+// with ncclAllReduce (cuda_on_cpu.h's, over MPI), against ./transformer's ranks (lab/ranks.c)
+// ============================================================================
+
+#if defined(TRANSFORMER_MPI) && defined(_OPENMP) && !defined(COMPANION_ON_GPU)
+// One run's checkpoint and its per-step losses (its --loss-log), or the reason it has none
+typedef struct {
+    LabCheckpoint c;
+    double loss[16];
+    int steps, status;
+    const char *error;
+} RankedRun;
+
+// mpirun -np N of a train command line: this binary's companion (--companion) or the lab's
+// ./transformer (binary), into dir/NAME.ckpt and dir/NAME.loss
+static void ranked_run(RankedRun *r, int ranks, const char *binary, const char *run,
+                       const char *dir, const char *name) {
+    char command[4096], path[256];
+    snprintf(command, sizeof command, "mpirun -q --oversubscribe --mca pml ob1 --mca btl "
+             "self,vader -np %d %s train %s --checkpoint %s/%s.ckpt --loss-log %s/%s.loss "
+             "> %s/%s.out 2>&1", ranks, binary, run, dir, name, dir, name, dir, name);
+    fflush(stdout);
+    r->status = system(command);
+    snprintf(path, sizeof path, "%s/%s.loss", dir, name);
+    FILE *f = fopen(path, "r");
+    long step;
+    double lr;
+    r->steps = 0;
+    while (f && r->steps < 16 && fscanf(f, "%ld %lf %lf", &step, &r->loss[r->steps], &lr) == 3)
+        r->steps++;
+    if (f)
+        fclose(f);
+    snprintf(path, sizeof path, "%s/%s.ckpt", dir, name);
+    r->error = r->status ? "the run failed" : lab_checkpoint_load(path, &r->c);
+}
+
+static void test_companion_nccl(void) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    char self[600], dir[64];
+    ssize_t got = readlink("/proc/self/exe", self, sizeof self - 20);
+    self[got > 0 ? got : 0] = '\0';
+    strcat(self, " --companion");
+    if (system("mpirun --version 2>/dev/null | grep -q 'Open MPI'") != 0 ||
+        !cli_binary_found("./transformer")) {
+        printf("-- the NCCL path: skipped (no Open MPI mpirun on the PATH)\n");
+        return;
+    }
+    snprintf(dir, sizeof dir, "/tmp/transformer_nccl_test_XXXXXX");
+    if (!mkdtemp(dir)) {
+        check(0, "companion: cannot make a temporary directory");
+        return;
+    }
+    char transformer[700] = "", here[512] = "";
+    if (cli_binary[0] != '/' && !getcwd(here, sizeof here))
+        here[0] = '\0';
+    snprintf(transformer, sizeof transformer, "%s%s%s", here, here[0] ? "/" : "", cli_binary);
+    // -np 2 on the default lengths; -np 3 on batches of two sentences (8 to 10 words, 50
+    // tokens), so that a rank's share is empty at every step
+    const char *runs[2] = { "--task copy --layers 1 --d-model 16 --d-ff 32 --heads 2 --warmup 5 "
+                            "--train-size 120 --valid-size 10 --eval-size 10 --steps 6 "
+                            "--batch-tokens 80 --eval-every 0 --log-every 0 --show 0",
+                            "--task copy --layers 1 --d-model 16 --d-ff 32 --heads 2 --warmup 5 "
+                            "--train-size 120 --valid-size 10 --eval-size 10 --steps 6 "
+                            "--min-length 8 --max-length 10 --batch-tokens 50 --eval-every 0 "
+                            "--log-every 0 --show 0" };
+    for (int i = 0; i < 2; i++) {
+        RankedRun gpu, cpu;
+        int ranks = 2 + i;
+        ranked_run(&gpu, ranks, self, runs[i], dir, i ? "gpu3" : "gpu2");
+        ranked_run(&cpu, ranks, transformer, runs[i], dir, i ? "cpu3" : "cpu2");
+        double loss = gpu.steps == 6 && cpu.steps == 6 ? 0 : INFINITY, params = INFINITY,
+               moments = INFINITY;
+        for (int k = 0; k < gpu.steps && k < cpu.steps; k++)
+            loss = fmax(loss, fabs(gpu.loss[k] - cpu.loss[k]) / fabs(cpu.loss[k]));
+        if (!gpu.error && !cpu.error) {
+            unsigned char *skip = key_bias_skip_mask(&cpu.c.model);
+            size_t P = cpu.c.model.num_parameters;
+            int same = gpu.c.model.num_parameters == P && gpu.c.model.adam_step == 6 &&
+                       cpu.c.model.adam_step == 6 &&
+                       gpu.c.model.dropout_rng.state == cpu.c.model.dropout_rng.state;
+            params = same ? scaled_difference(gpu.c.model.params_memory,
+                                              cpu.c.model.params_memory, P, skip) : INFINITY;
+            moments = same ? scaled_difference(gpu.c.model.adam_m, cpu.c.model.adam_m, P, NULL)
+                           : INFINITY;
+            free(skip);
+        }
+        check(loss < COMPANION_TOL_LOSS && moments < COMPANION_TOL_GRADS &&
+              params < COMPANION_TOL_UPDATES,
+              "companion: mpirun -np %d, its gradients summed by ncclAllReduce (the emulator's, "
+              "over MPI)%s, against ./transformer's ranks, 6 steps with dropout: the losses "
+              "(worst %.1e; tolerance %.0e), Adam's first moments (%.1e of the largest; %.0e), "
+              "the parameters (%.1e; %.0e), the dropout generator (%s)", ranks,
+              i ? ", a share empty at every step" : "", loss, COMPANION_TOL_LOSS, moments,
+              COMPANION_TOL_GRADS, params, COMPANION_TOL_UPDATES,
+              gpu.error ? gpu.error : cpu.error ? cpu.error : "read");
+        if (!gpu.error)
+            lab_checkpoint_free(&gpu.c);
+        if (!cpu.error)
+            lab_checkpoint_free(&cpu.c);
+    }
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    if (system(command) != 0)
+        printf("     (could not remove %s)\n", dir);
+}
+#else
+static void test_companion_nccl(void) {
+#ifdef COMPANION_ON_GPU
+    printf("-- the NCCL path on a GPU: make test-cuda-proofs (mpirun -np 1 against one "
+           "process)\n");
+#else
+    printf("-- the NCCL path on the emulator: in ./test_cuda, where MPI is built in "
+           "(make MPI=1)\n");
+#endif
+}
+#endif
+
 void run_companion_tests(void) {
 #ifdef COMPANION_ON_GPU
     printf("-- the CUDA companion on the GPU (transformer_cuda.cu built by nvcc; tolerances: "
@@ -3113,10 +3232,17 @@ void run_companion_tests(void) {
     test_companion_train_command();
     test_companion_bf16_converges();
     test_companion_sgemm();
+    test_companion_nccl();
 }
 
 #ifndef TEST_CUDA_LIBRARY   // (test_cuda_threads.c has its own main)
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--companion") == 0) {   // ./transformer_cuda, in this build
+        transformer_training = transformer_cuda_training();   // (test_companion_nccl's ranks)
+        int status = transformer_lab_main(argc - 1, argv + 1);
+        transformer_cuda_release();
+        return status;
+    }
     fast_path_use(1);   // transformer.c's side as make's ./transformer runs it
     companion_logits = transformer_cuda_logits;
     run_companion_tests();

@@ -9,6 +9,14 @@
  * model before every evaluation and checkpoint, and evaluation, decoding and
  * everything else run on the host, through transformer.c.
  *
+ * Data-parallel over NCCL: `mpirun -np N ./transformer_cuda train ...` runs N
+ * ranks (lab/ranks.c), one GPU each (the rank's place on its machine), each
+ * training on its share of every batch; the host sums the shares' target
+ * tokens (MPI) before the step, and ncclAllReduce sums the gradients (and the
+ * loss) on the GPUs before Adam, inside the step's graph. NCCL's id goes to
+ * every rank over MPI. Built without NCCL (make cuda where nccl.h or MPI is
+ * missing), it trains as one rank only.
+ *
  * How to build and run it, and what each flag of its own does (--tf32, --bf16,
  * --no-graph, --count, --profile, the sgemm command, ...): cuda/NOTES.md,
  * "Commands and flags".
@@ -90,12 +98,16 @@
 #include <time.h>
 
 #ifdef CUDA_ON_CPU
-#include "cuda_on_cpu.h"
+#include "cuda_on_cpu.h"   // (with its NCCL: ncclAllReduce over MPI)
+#define TRANSFORMER_NCCL
 #else
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
+#ifdef TRANSFORMER_NCCL
+#include <nccl.h>
+#endif
 #endif
 
 #ifdef __cplusplus
@@ -104,6 +116,7 @@ extern "C" {
 #include "../transformer.h"
 // ./transformer's command line (lab/lab.c), which this program runs with its training steps
 int transformer_lab_main(int argc, char **argv);
+#include "../lab/ranks.h"   // the ranks of a data-parallel train (lab/ranks.c)
 #ifdef __cplusplus
 }
 #endif
@@ -127,6 +140,16 @@ static void cublas_check(cublasStatus_t status, const char *call, int line) {
 }
 #define CUDA_CHECK(call) cuda_check((call), #call, __LINE__)
 #define CUBLAS_CHECK(call) cublas_check((call), #call, __LINE__)
+#ifdef TRANSFORMER_NCCL
+static void nccl_check(ncclResult_t status, const char *call, int line) {
+    if (status == ncclSuccess)
+        return;
+    fprintf(stderr, "error: NCCL: %s failed: %s (transformer_cuda.cu:%d)\n", call,
+            ncclGetErrorString(status), line);
+    exit(1);
+}
+#define NCCL_CHECK(call) nccl_check((call), #call, __LINE__)
+#endif
 
 // What one training step asks of the GPU (./transformer_cuda bench --count).
 // The work, wherever the host gave it: kernels, cuBLAS calls, memsets and
@@ -144,6 +167,7 @@ typedef struct {
     long side_launches, side_gemms, forks, joins;
     long graph_nodes, graph_edges;
     long epilogue_products, transposed_products;
+    long all_reduces;   // NCCL's, of a data-parallel run (the gradients, the loss)
 } GpuCounts;
 static GpuCounts gpu_counts;
 // Where the calls are counted: gpu_counts, or while a graph is captured, the
@@ -1115,6 +1139,10 @@ typedef struct {
     int seen_next;
     long steps;              // training steps so far, for the graphs' last use
     GpuCounts step_counts;   // the last training step's
+    int device;              // this rank's GPU (a data-parallel run's: its place on its machine)
+#ifdef TRANSFORMER_NCCL
+    ncclComm_t nccl;         // a data-parallel run's communicator (NULL: one rank alone)
+#endif
 } GpuModel;
 
 static GpuModel gpu;
@@ -1991,14 +2019,23 @@ static void gpu_prepare_step(Transformer *m, const Batch *batch, double learning
     for (int k = 0; k < distinct; k++) count[ids[k]] = 0;
     // the dropout keys: the source's embeddings, each encoder layer's two sub-layers,
     // the target's embeddings, each decoder layer's three
+    // (a rank of a data-parallel run draws them from its own generator, then the run's moves
+    // on as rank 0's did: lab/ranks.c, as its CPU step)
     uint64_t *keys = (uint64_t *)(host + ((unsigned char *)gpu.dropout_keys - gpu.upload));
     int dropout = m->training && m->config.dropout > 0.0f;
+    Rng run_generator = m->dropout_rng;
+    m->dropout_rng.state = lab_rank_dropout_state(run_generator.state);
     for (int k = 0; k < 2 + 5 * L; k++) keys[k] = dropout ? transformer_dropout_key(m) : 0;
+    m->dropout_rng = run_generator;
+    for (int k = 0; dropout && k < 2 + 5 * L; k++) transformer_dropout_key(m);
     m->B = B;
     m->S = S;
     m->T = T;
     m->num_target_tokens = 0;
     for (int b = 0; b < B; b++) m->num_target_tokens += batch->tgt_len[b];
+    // the loss is the mean over the whole batch's targets, every rank's share (§5.4): each
+    // rank's part of it, and of the gradients, divides by their count
+    long batch_targets = lab_ranks_sum(m->num_target_tokens);
     m->adam_step++;
     double b1 = m->adam.beta1, b2 = m->adam.beta2;
     double correction1 = 1.0 - pow(b1, (double)m->adam_step),
@@ -2006,7 +2043,7 @@ static void gpu_prepare_step(Transformer *m, const Batch *batch, double learning
     StepValues *step = (StepValues *)host;
     step->adam_step_size = (float)(learning_rate / correction1);
     step->adam_rsqrt_c2 = (float)(1.0 / sqrt(correction2));
-    step->inv_n = m->num_target_tokens ? (float)(1.0 / m->num_target_tokens) : 0.0f;
+    step->inv_n = batch_targets ? (float)(1.0 / (double)batch_targets) : 0.0f;
     step->distinct_tokens = distinct;
 }
 
@@ -2259,9 +2296,27 @@ static void gpu_backward_work(Transformer *m) {
                         s->d_enc, gpu.dec_drop, gpu.enc_drop, c->max_len, B, S, T, C);
 }
 
-// adam_update's work: its step size and bias correction are the step's (StepValues)
+// A data-parallel run's sums over its ranks (NCCL): the gradients, one allocation, and the
+// loss, each rank's the sum of its share's over the whole batch's count; NCCL's ring adds in
+// its own order, the same for the same ranks on the same GPUs. One rank: nothing.
+static void gpu_sum_over_ranks(void) {
+#ifdef TRANSFORMER_NCCL
+    if (!gpu.nccl)
+        return;
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclAllReduce(gpu.grads, gpu.grads, gpu.num_parameters, ncclFloat, ncclSum, gpu.nccl,
+                             gpu_stream));
+    NCCL_CHECK(ncclAllReduce(gpu.loss, gpu.loss, 1, ncclFloat, ncclSum, gpu.nccl, gpu_stream));
+    NCCL_CHECK(ncclGroupEnd());
+    gpu_counting->all_reduces += 2;
+#endif
+}
+
+// adam_update's work: its step size and bias correction are the step's (StepValues), after
+// the ranks' sums
 static void gpu_update_work(const Transformer *m) {
     gpu_join_side();   // (every gradient is written)
+    gpu_sum_over_ranks();
     AdamConstants adam = { (float)m->adam.beta1, (float)m->adam.beta2, (float)m->adam.eps };
     LAUNCH_ELEMENTS(gpu.num_parameters, adam_kernel, gpu.params, gpu.params_bf16, gpu.adam_m,
                     gpu.adam_v, gpu.grads, gpu.num_parameters, adam, gpu.step);
@@ -2373,6 +2428,7 @@ static void gpu_launch_graph(const GpuGraph *g) {
     gpu_counts.graph_edges += k->graph_edges;
     gpu_counts.epilogue_products += k->epilogue_products;
     gpu_counts.transposed_products += k->transposed_products;
+    gpu_counts.all_reduces += k->all_reduces;
     gpu_counts.graph_launches++;
     gpu_counts.host_calls++;
 }
@@ -2399,6 +2455,10 @@ static void gpu_release(void) {
         CUDA_CHECK(cudaEventDestroy(gpu.joined));
         if (gpu.lt)
             CUBLAS_CHECK(cublasLtDestroy(gpu.lt));
+#ifdef TRANSFORMER_NCCL
+        if (gpu.nccl)
+            NCCL_CHECK(ncclCommDestroy(gpu.nccl));
+#endif
         gpu_stream = NULL;
     }
     free(gpu.enc);
@@ -2497,6 +2557,33 @@ static void gpu_start_cublas(int which) {
     gpu_use_stream(MAIN_STREAM);
 }
 
+// A rank of a data-parallel run (lab/ranks.h): the GPU of its place on its machine, and NCCL's
+// communicator, whose id rank 0 makes and MPI gives every rank. Alone: nothing.
+static void gpu_join_ranks(void) {
+    if (!lab_ranks_launched())
+        return;
+#ifdef TRANSFORMER_NCCL
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    gpu.device = devices > 0 ? lab_local_rank() % devices : 0;
+    CUDA_CHECK(cudaSetDevice(gpu.device));
+    ncclUniqueId id;
+    if (lab_rank() == 0)
+        NCCL_CHECK(ncclGetUniqueId(&id));
+    lab_ranks_broadcast(&id, sizeof id);
+    NCCL_CHECK(ncclCommInitRank(&gpu.nccl, lab_rank_count(), id, lab_rank()));
+#else
+    if (lab_rank_count() > 1) {
+        if (lab_rank() == 0)
+            fprintf(stderr, "error: transformer_cuda: started as %d ranks, but built without "
+                            "NCCL (make cuda found no nccl.h, or no MPI): each would train "
+                            "alone; expected one process, or make cuda where NCCL and MPI are "
+                            "installed\n", lab_rank_count());
+        exit(1);
+    }
+#endif
+}
+
 // begin: the model's memory on the GPU (again when the model's shape changed),
 // and its parameters, moments and sinusoids copied there
 static void gpu_begin(Transformer *m) {
@@ -2507,8 +2594,9 @@ static void gpu_begin(Transformer *m) {
     if (other_model || (gpu.ready && copies_changed))
         gpu_release();   // (or --bf16, --tf32's copies changed)
     if (!gpu.ready) {
+        gpu_join_ranks();
         cudaDeviceProp prop;
-        CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu.device));
         for (int i = MAIN_STREAM; i <= SIDE_STREAM; i++)
             CUDA_CHECK(cudaStreamCreate(&gpu.streams[i].stream));
         CUDA_CHECK(cudaEventCreateWithFlags(&gpu.forked, cudaEventDisableTiming));
@@ -2524,13 +2612,16 @@ static void gpu_begin(Transformer *m) {
         CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_kernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)gpu.shared_opt_in));
-        fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s, %s\n", prop.name,
-                gpu.bf16 ? "bf16 with fp32 sums (--bf16)"
-                : gpu.params_t
-                    ? "TF32 (--tf32), the inputs' gradients from the weights' transposed copies"
-                : gpu.tf32 ? "TF32 (--tf32), the weights as stored" : "fp32",
-                gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
-                gpu_one_stream ? "one stream (--one-stream)" : "two streams");
+        if (lab_rank() == 0)
+            fprintf(stderr, "transformer_cuda: training steps on %s, cuBLAS in %s, %s, %s%s\n",
+                    prop.name,
+                    gpu.bf16 ? "bf16 with fp32 sums (--bf16)"
+                    : gpu.params_t
+                        ? "TF32 (--tf32), the inputs' gradients from the weights' transposed copies"
+                    : gpu.tf32 ? "TF32 (--tf32), the weights as stored" : "fp32",
+                    gpu_graph_after ? "a CUDA graph a step" : "no CUDA graphs (--no-graph)",
+                    gpu_one_stream ? "one stream (--one-stream)" : "two streams",
+                    lab_ranks_launched() ? "; a GPU a rank, their sums by NCCL" : "");
     }
     size_t bytes = m->num_parameters * sizeof(float);
     CUDA_CHECK(cudaStreamSynchronize(gpu_stream));   // the last step's work is done
@@ -2570,19 +2661,25 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     GpuCounts before = gpu_counts;
     gpu_profile.on = gpu_profile.requested && gpu_profile.steps_seen++ > 0;
     gpu_profile.steps += gpu_profile.on;
-    const char *error = batch_check(batch, &m->config);
+    int empty_share = batch->B == 0 && lab_rank_count() > 1;   // (fewer sentences than ranks)
+    const char *error = empty_share ? NULL : batch_check(batch, &m->config);
     if (error) {
         fprintf(stderr, "error: transformer_cuda train step: %s\n", error);
         exit(1);
     }
-    gpu_ensure_batch(&m->config, batch->B, batch->S, batch->T);
+    // (an empty share runs no pass: the memory of a batch of one token holds its loss)
+    gpu_ensure_batch(&m->config, empty_share ? 1 : batch->B, empty_share ? 1 : batch->S,
+                     empty_share ? 1 : batch->T);
     double learning_rate =
         transformer_learning_rate(m->adam_step + 1, m->config.d_model, warmup_steps, lr_factor);
     gpu_prepare_step(m, batch, learning_rate);
     gpu_set_dropouts(m);
     gpu_copy_async(gpu.upload, gpu.upload_host, gpu.upload_bytes, cudaMemcpyHostToDevice);
-    if (m->num_target_tokens == 0) {
-        gpu_forward_work(m);
+    if (m->num_target_tokens == 0) {   // all padding, or a rank's empty share: no gradient
+        if (empty_share)
+            CUDA_CHECK(cudaMemsetAsync(gpu.loss, 0, sizeof(float), gpu_stream));
+        else
+            gpu_forward_work(m);
         double profile_began = profile_start();
         CUDA_CHECK(cudaMemsetAsync(gpu.grads, 0, gpu.num_parameters * sizeof(float), gpu_stream));
         profile_stop(profile_began,
@@ -2621,6 +2718,7 @@ static real gpu_train_step(Transformer *m, const Batch *batch, int warmup_steps,
     after->graph_edges -= before.graph_edges;
     after->epilogue_products -= before.epilogue_products;
     after->transposed_products -= before.transposed_products;
+    after->all_reduces -= before.all_reduces;
     gpu_profile.on = 0;
     return m->loss;
 }
@@ -2820,6 +2918,9 @@ static void gpu_print_counts(void) {
                "the main stream waited for it %ld times\n", k->side_launches, k->side_gemms,
                work ? 100.0 * (k->side_launches + k->side_gemms) / work : 0.0, work, k->forks,
                k->joins);
+    if (k->all_reduces)
+        printf("ranks: %ld NCCL all-reduces a step, inside its graph (the gradients, %.1f MB, "
+               "and the loss)\n", k->all_reduces, (double)gpu.num_parameters * f * mb);
     if (gpu.lt || gpu.params_t)
         printf("products: %ld with cuBLASLt's epilogues (the feed-forward networks' bias and "
                "ReLU; --no-epilogues: none), %ld reading --tf32's transposed weights\n",

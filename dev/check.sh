@@ -56,6 +56,12 @@ explain() {
 run explain_check.py "explain's page against decode on a copy model of 200 steps, 3 sentences, greedy and beam 4" explain
 busy() { python3 dev/bench_busy.py --configs toy --neighbours yes --rounds 1 --extra '--steps 3 --log-every 1'; }
 run bench_busy.py "toy for 3 steps, alone and beside yes, 1 round" busy
+ranks() { python3 dev/bench_ranks.py --configs copy --pairs 1; }
+if command -v mpirun >/dev/null && ldd ./transformer | grep -q libmpi; then
+    run bench_ranks.py "copy, mpirun -np 2 against 2 threads, 1 pair" ranks
+else
+    skip bench_ranks.py "no mpirun, or ./transformer built without MPI (make MPI=0)"
+fi
 gpu() { python3 dev/bench_gpu.py --binary ./transformer --configs tiny --rounds 1 --python ''; }
 run bench_gpu.py "its table on the CPU: ./transformer for ./transformer_cuda, no PyTorch (the GPU runs: make test-cuda)" gpu
 fma() { gcc -O3 -march=native -funroll-loops -fopenmp -o "$tmp/fma_peak" dev/fma_peak.c && OMP_NUM_THREADS=1 "$tmp/fma_peak"; }

@@ -8,7 +8,8 @@
  * (fast_path.c) into transformer.c's FastPath seam, and has its own commands:
  *
  *   train      transformer.c's, and real text, §5.1 subwords, --resume, logs,
- *              kept checkpoints, the busy machine's threads (lab/runs.c)
+ *              kept checkpoints, the busy machine's threads (lab/runs.c); under
+ *              mpirun, data-parallel over MPI (lab/ranks.c)
  *   decode     transformer.c's, for real text and subwords, many sentences
  *              side by side, --alpha, --threads (lab/decode.c)
  *   eval       token accuracy, exact match, loss, perplexity, BLEU on a TSV file (lab/bleu.c)
@@ -29,7 +30,8 @@
  * Its checkpoints are transformer.c's model followed by the run that trained it
  * (lab/checkpoints.c). lab/NOTES.md says which file owns what.
  *
- * BUILD  make                 ./transformer (this file; OpenMP on, make OPENMP=0 for none)
+ * BUILD  make                 ./transformer (this file; OpenMP on, make OPENMP=0 for none; MPI
+ *                             where mpicc is found, -DTRANSFORMER_MPI, make MPI=0 for none)
  *        cc -O2 -fopenmp lab/lab.c -lm -o transformer      by hand (make adds -march=native
  *                                                          and more)
  * READ   transformer.c first; the sections here are independent of each other.
@@ -89,6 +91,7 @@ static char *duration(char *text, double seconds) {
 #include "decode.c"          // many sentences side by side; evaluation; decode
 #include "bleu.c"            // BLEU, eval, and BLEU of files as sacreBLEU computes it (13a,
                              // smoothing, signature)
+#include "ranks.c"           // mpirun -np N ./transformer train: the ranks' data-parallel step
 #include "runs.c"            // train: --train, --resume, --keep-last, --log, --threads 0, ...
 #include "catalogs.c"        // sentence pairs from the machine's gettext catalogs (make translate)
 

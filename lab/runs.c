@@ -10,15 +10,17 @@
  *   --keep-last N     also keep the last N saves as CHECKPOINT.stepNNNNNNN (for `average`)
  *   --log, --loss-log a CSV line at each progress line and evaluation (`plot` draws it);
  *                     "step loss lr" of every step
- *   --threads 0       the cores other programs leave free, counted again each second
+ *   --threads 0       the cores other programs leave free, counted again each second (with
+ *                     several ranks on a machine: its share of them)
  *   --force           replace a checkpoint that is there (never without it)
  *   --words, --min-length, --max-length, --train-size, --valid-size (the tasks), --dropout,
  *   --label-smoothing, --positions, --positional (Table 3 row E), --eval-every, --save-every,
  *   --log-every, --eval-size, --show
  * The steps run through transformer.c's TrainingCompute seam, as its own train's do (the CUDA
- * companion plugs in there).
+ * companion plugs in there). Started by mpirun as N ranks, each trains on its share of every
+ * batch and the ranks sum their gradients (lab/ranks.c); rank 0 alone prints and writes.
  *
- * BUILD  included by lab/lab.c after lab/bleu.c
+ * BUILD  included by lab/lab.c after lab/ranks.c
  */
 
 #define MAX_TRAIN_OPTIONS 48
@@ -223,7 +225,8 @@ static const char *lab_checkpoint_path(TrainRun *run) {
     int length = dot && dot != name ? (int)(dot - name) : (int)strlen(name);
     if (length > 200)
         length = 200;
-    if (mkdir("runs", 0777) != 0 && errno != EEXIST)
+    // (rank 0 alone writes checkpoints: the other ranks make no directory on their machines)
+    if (run_ranks.rank == 0 && mkdir("runs", 0777) != 0 && errno != EEXIST)
         return errorf("runs/: cannot create: %s", strerror(errno));
     snprintf(run->checkpoint_path, sizeof run->checkpoint_path, "runs/%.*s.ckpt", length, name);
     return NULL;
@@ -643,8 +646,9 @@ static void lab_log_batch(FILE *f, long step, const Batch *batch) {
 static void lab_log_step(const TrainRun *run) {
     long step = run->model.adam_step;
     int log_every = run->opt.log_every;
+    int digits = sizeof(real) == 4 ? 9 : 17;   // (the loss exactly: a float's 9, a double's 17)
     if (lab_run.loss_log_file)
-        fprintf(lab_run.loss_log_file, "%ld %.9g %.9g\n", step, (double)run->loss, run->lr);
+        fprintf(lab_run.loss_log_file, "%ld %.*g %.9g\n", step, digits, (double)run->loss, run->lr);
     if (lab_run.batch_log_file)
         lab_log_batch(lab_run.batch_log_file, step, &run->batch.batch);
     lab_run.csv_loss += run->loss;
@@ -678,7 +682,8 @@ static void lab_log_step(const TrainRun *run) {
 
 // CPU seconds spent so far: by all the machine's cores (Linux's /proc/stat,
 // its first line's user, nice, system, irq and softirq ticks) and by this
-// program's threads; and how many cores /proc/stat counts ("cpuN" lines).
+// program's threads (and, in a data-parallel run, the other ranks on this machine: the run's own
+// time, not the others'); and how many cores /proc/stat counts ("cpuN" lines).
 typedef struct {
     double machine, own, wall;
     int cpus;
@@ -709,7 +714,7 @@ static int cpu_times(CpuTimes *now) {
     struct timespec own;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &own);
     now->machine = busy_ticks / (double)sysconf(_SC_CLK_TCK);
-    now->own = (double)own.tv_sec + 1e-9 * (double)own.tv_nsec;
+    now->own = (double)own.tv_sec + 1e-9 * (double)own.tv_nsec + ranks_peers_cpu_seconds();
     now->wall = wall_seconds();
     return busy_ticks >= 0;
 }
@@ -726,17 +731,30 @@ static double others_busy_cores(const CpuTimes *then, const CpuTimes *now) {
 typedef struct {
     int following;      // 0: --threads N was given, no OpenMP, or /proc cannot tell
     int cores, limit;   // the machine's cores; at most `limit` threads
-                        // (OMP_NUM_THREADS, or the cores)
+                        // (OMP_NUM_THREADS, or the cores: its share of them)
     int threads, proposed, changes;
     CpuTimes last;      // the reading the next look measures from
+    int sharing;        // the ranks of a data-parallel run allowed the same cores (0 or 1: this
+    int share_index;    // program alone), and this one's place among them
 } FreeCores;
 
+// Rank share_index's part of `cores` cores shared by `sharing` ranks, at least 1: the first
+// cores % sharing ranks get one more
+static int cores_share(int cores, int sharing, int share_index) {
+    if (sharing <= 1)
+        return cores;
+    int share = cores / sharing + (share_index < cores % sharing);
+    return share > 0 ? share : 1;
+}
+
 // The thread count for the cores other programs left free since the last
-// reading, between 1 and the limit. A core counts as busy when they used more
-// than a quarter of it: beside two of our threads, whose waits spin, `yes`
+// reading (this rank's share of them, beside other ranks of the run allowed the
+// same cores), between 1 and the limit. A core counts as busy when they used
+// more than a quarter of it: beside two of our threads, whose waits spin, `yes`
 // gets only about half a core.
 static int free_cores_wanted(const FreeCores *follow, double others) {
     int busy = (int)(others + 0.75), free_cores = busy >= follow->cores ? 1 : follow->cores - busy;
+    free_cores = cores_share(free_cores, follow->sharing, follow->share_index);
     return free_cores < follow->limit ? free_cores : follow->limit;
 }
 
@@ -760,7 +778,11 @@ static void free_cores_start(FreeCores *follow, int threads_option) {
     if (threads_option != 0)
         return;   // --threads N: N threads, whatever else runs
     follow->cores = omp_get_num_procs();
-    follow->limit = omp_get_max_threads();
+    follow->sharing = run_ranks.sharing;
+    follow->share_index = run_ranks.share_index;
+    int share = cores_share(follow->cores, follow->sharing, follow->share_index);
+    follow->limit = omp_get_max_threads() < share ? omp_get_max_threads() : share;
+    set_threads(follow->limit);   // (ranks that share the cores: a share each, followed or not)
     CpuTimes then;
     // a container whose /proc/stat counts more cores than this program may use cannot tell
     if (follow->limit < 2 || !cpu_times(&then) || then.cpus > follow->cores)
@@ -824,15 +846,21 @@ static const char *lab_start(TrainRun *run) {
 }
 
 // Before the first step: the run's flags as text and its data's hash (what its checkpoints
-// keep), the kept checkpoints, the logs and the threads.
+// keep), every rank's against rank 0's, the kept checkpoints and the logs (rank 0's), and
+// the threads.
 static const char *lab_begin(TrainRun *run) {
-    const char *error;
+    const char *error = NULL;
     lab_run.state.options = format_run_options(lab_run.options, lab_run.num_options);
     lab_run.state.saved = 1;
-    if (!lab_run.resumed_from)
+    if (!lab_run.resumed_from)   // (lab_resume checked the data against the checkpoint's hash)
         lab_run.state.data_hash = dataset_hash(&run->train);
-    if ((error = lab_kept_steps_begin(run)) || (error = lab_open_logs()))
+    if ((error = ranks_check_same(run, lab_run.state.options, lab_run.state.data_hash)))
         return error;
+    if (run_ranks.rank == 0 && !(error = lab_kept_steps_begin(run)))
+        error = lab_open_logs();
+    int first_failed = ranks_first_failed(error != NULL);   // (rank 0's files: it reports)
+    if (first_failed >= 0)
+        return first_failed == run_ranks.rank ? error : ranks_reported_elsewhere;
     free_cores_start(&lab_free_cores, lab_run.threads);
     lab_run.threads_note = lab_free_cores.following
                          ? " (the cores free of other programs, counted again each second)"
@@ -855,6 +883,7 @@ static void lab_print_header(const TrainRun *run) {
            threads == 1 ? "" : "s", lab_run.threads_note);
     if (transformer_training != &transformer_cpu_training)
         printf("steps  by %s; evaluation and decoding on the host\n", transformer_training->name);
+    ranks_print_header(o->batch_tokens);
     if (lab_run.resumed_from)
         printf("resume %s at step %ld\n", lab_run.resumed_from, run->model.adam_step);
     printf("checkpoints to %s\n", run->checkpoint_path);
@@ -941,8 +970,29 @@ static void lab_print_progress(const TrainRun *run, long first_step, double star
     fflush(stdout);
 }
 
+// The run's last line about the ranks: each one's target tokens, measured where it trained (a
+// rank that trained on the whole batch would show it), against the batches'
+static void ranks_print_tokens(long share_targets, long batch_targets) {
+    if (!run_ranks.started)
+        return;
+    long *all = checked_calloc((size_t)run_ranks.size, sizeof(long), "ranks");
+    ranks_gather_counts(share_targets, all);
+    printf("ranks  target tokens trained on, by rank:");
+    for (int r = 0; r < run_ranks.size; r++) printf(" %ld", all[r]);
+    printf(" (the batches held %ld)\n", batch_targets);
+    free(all);
+}
+
+static long target_tokens(const Batch *batch) {
+    long n = 0;
+    for (int b = 0; b < batch->B; b++) n += batch->tgt_len[b];
+    return n;
+}
+
 // The training loop (§5), as transformer.c's train_loop with the lab's steps among its own: the
-// thread count before each step, the logs after it, the kept checkpoints after a save.
+// thread count before each step, the logs after it, the kept checkpoints after a save; with
+// several ranks (lab/ranks.c), this rank's share of each batch, and rank 0 alone evaluating and
+// saving.
 static const char *lab_train_loop(TrainRun *run) {
     TrainOptions *o = &run->opt;
     Transformer *model = &run->model;
@@ -953,33 +1003,39 @@ static const char *lab_train_loop(TrainRun *run) {
     if (error)
         return error;
     lab_print_header(run);
+    int writer = run_ranks.rank == 0;   // (rank 0: it evaluates, saves and writes the logs)
     if (model->adam_step >= o->steps) {
         printf("the checkpoint is at step %ld and --steps is %d: nothing to train\n",
                model->adam_step, o->steps);
-        lab_train_evaluate(run, 1);
+        if (writer)
+            lab_train_evaluate(run, 1);
     }
 
-    // transformer_train_step, or the CUDA companion's
-    const TrainingCompute *compute = transformer_training;
+    // transformer_train_step, the ranks' data-parallel step, or the CUDA companion's
+    const TrainingCompute *compute = ranks_training(transformer_training);
     compute->begin(model);
     double start = wall_seconds();
     double last_time = start;
     long first_step = model->adam_step;
-    long tokens = 0;
+    long tokens = 0, share_targets = 0, batch_targets = 0;
+    BatchBuffer share = { { 0, 0, 0, NULL, NULL, NULL, NULL, NULL }, 0 };
     while (!error && model->adam_step < o->steps) {
         free_cores_follow(&lab_free_cores);
         if (run->epoch == 0 || run->epoch_batches == run->plan.num_spans)
             lab_run.state.epoch_rng = run->data_rng.state;   // a new epoch's plan, drawn from it
-        train_next_batch(run);
+        train_next_batch(run);   // (every rank draws the same batch)
+        const Batch *batch = rank_batch(run, &share);
+        share_targets += target_tokens(batch);
+        batch_targets += target_tokens(&run->batch.batch);
         long step = model->adam_step + 1;
         double step_start = wall_seconds();
         model->training = 1;
-        run->loss = compute->train_step(model, &run->batch.batch, o->warmup, factor);
+        run->loss = compute->train_step(model, batch, o->warmup, factor);
         run->lr = transformer_learning_rate(step, model->config.d_model, o->warmup, factor);
         lab_run.seconds = wall_seconds() - step_start;
         lab_run.tokens = run->batch.tokens;
-        if (!isfinite(run->loss)) {
-            error = lab_diverged_error(run, step);
+        if (!isfinite(run->loss)) {   // (the batch's loss: every rank stops here, rank 0 says so)
+            error = writer ? lab_diverged_error(run, step) : ranks_reported_elsewhere;
             break;
         }
         tokens += run->batch.tokens;
@@ -993,8 +1049,8 @@ static const char *lab_train_loop(TrainRun *run) {
 
         // The evaluation and the checkpoint read the model on the host. tokens/s in the progress
         // lines counts the time of the training steps only.
-        lab_run.evaluated = (o->eval_every && step % o->eval_every == 0) || last;
-        int saving = (save_every && step % save_every == 0) || last;
+        lab_run.evaluated = writer && ((o->eval_every && step % o->eval_every == 0) || last);
+        int saving = writer && ((save_every && step % save_every == 0) || last);
         if (lab_run.evaluated || saving)
             compute->to_host(model);
         double eval_start = wall_seconds();
@@ -1005,12 +1061,16 @@ static const char *lab_train_loop(TrainRun *run) {
             error = lab_train_save(run);
         if (saving && !error)
             error = lab_keep_last(run);
+        if (error)   // (rank 0's files: with several ranks, it ends them all)
+            ranks_stop_every_rank(error);
     }
+    batch_buffer_free(&share);
     if (!error && model->adam_step > first_step) {
         double seconds = wall_seconds() - start;
         char elapsed[32];
         printf("trained steps %ld..%ld in %s (%.1f s); checkpoint %s\n", first_step + 1,
                model->adam_step, duration(elapsed, seconds), seconds, run->checkpoint_path);
+        ranks_print_tokens(share_targets, batch_targets);
     }
     return error;
 }
@@ -1039,29 +1099,54 @@ static const char *lab_end(const char *error) {
     return error;
 }
 
+// The start's verdict, the same on every rank: the first rank that failed reports (the
+// messages it held back, and its error), the others exit 1 in silence. Returns the error this
+// rank has after it (ranks_reported_elsewhere: another rank's), or NULL.
+static const char *ranks_agree_on_start(int *status, const char *error) {
+    int first_failed = ranks_first_failed(*status == 1 || error != NULL);
+    ranks_release_messages(first_failed == run_ranks.rank);
+    if (first_failed < 0 || first_failed == run_ranks.rank)
+        return error;
+    *status = *status == 1 ? 1 : 0;
+    return ranks_reported_elsewhere;
+}
+
 static int lab_train(int argc, char **argv) {
     TrainRun *run = checked_calloc(1, sizeof(TrainRun), "training run");
     run->opt = train_defaults;
     memset(&lab_run, 0, sizeof lab_run);
+    const char *error = ranks_start();   // (MPI, when a launcher started this program)
+    int status = error ? 1 : 0;
+    if (error)
+        fprintf(stderr, "error: train: %s\n", error);
+    ranks_hold_output();   // (ranks other than 0)
     lab_train_options(run);
-    int status = parse_options("train", lab_train_usage, lab_run.options, lab_run.num_options,
+    if (status == 0)
+        status = parse_options("train", lab_train_usage, lab_run.options, lab_run.num_options,
                                argc, argv, NULL, NULL);
-    const char *error = NULL;
     if (status == 0) {
         set_threads(lab_run.threads);
         error = lab_run.resume ? lab_resume(run) : lab_start(run);
         if (!error)
             error = lab_checkpoint_path(run);
-        if (!error)
+        if (!error && run_ranks.rank == 0)   // (rank 0 alone writes)
             error = lab_check_output(run);
+    }
+    if (run_ranks.started)
+        error = ranks_agree_on_start(&status, error);
+    if (status == 0) {
         if (!error)
             error = lab_train_loop(run);
         error = lab_end(error);
-        if (error)
+        if (error && error != ranks_reported_elsewhere && run_ranks.rank > 0)
+            fprintf(stderr, "error: train: rank %d of %d: %s\n", run_ranks.rank, run_ranks.size,
+                    error);
+        else if (error && error != ranks_reported_elsewhere)
             fprintf(stderr, "error: train: %s\n", error);
     } else {
         lab_end(NULL);
     }
+    ranks_end();
     vocab_free(&run->vocab);
     dataset_free(&run->train);
     dataset_free(&run->valid);

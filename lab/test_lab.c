@@ -5215,6 +5215,8 @@ static void test_explain_commands(void) {
 // The lab's tests, in order
 // ============================================================================
 
+#include "test_ranks.c"   // mpirun -np N ./transformer train (lab/ranks.c)
+
 static void run_lab_tests(void) {
     printf("-- the lab's pictures (SVG)\n");
     test_svg_heatmap();
@@ -5272,11 +5274,14 @@ static void run_lab_tests(void) {
         printf("-- checkpoints: the run after the model, version 3\n");
         test_checkpoint_run_part();
         test_version_3_checkpoints();
+        run_rank_tests();
     }
     remove_test_dir();
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--lab") == 0)   // this build's ./transformer (test_ranks.c's
+        return transformer_lab_main(argc - 1, argv + 1);   // double program)
     fast_path_use(1);   // as make's ./transformer runs: Part I's products through lab/fast_path.c
     fast_path_switch = fast_path_use;   // the tests worked by hand run through Part I's loops and
                                         // the fast path
