@@ -651,7 +651,9 @@ static int lab_decode(int argc, char **argv) {
         return 1;
     }
 
-    // The sentences given as arguments (one group), or else the lines of standard input.
+    // The sentences given as arguments (one group), or else the lines of standard input. The
+    // weights stay as they are to the end: the products pack each one once (fast_path_decoding).
+    fast_path_decoding(1);
     TextSource from = { "", 0, 0, NULL };
     int refused = 0;
     if (num_sentences > 0) {
@@ -666,6 +668,7 @@ static int lab_decode(int argc, char **argv) {
     } else {
         refused = lab_decode_stdin(&c, &d, &from);
     }
+    fast_path_decoding(0);
     lab_checkpoint_free(&c);
     free(sentences);
     return refused != 0;

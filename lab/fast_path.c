@@ -470,12 +470,17 @@ typedef struct {
 static struct {
     int decodings, count;
     PackedWeight *packed;
+    real *kept_arena;     // the batched decoder's arena of `kept_numbers` numbers (below), kept
+    size_t kept_numbers;  // from one batch of sentences to the next while a decoding goes on
 } decoding_weights;   // decodings begun, not ended
 
-// No decoding under way: every pack forgotten, its memory kept.
+// No decoding under way: every pack forgotten, its memory kept; the kept arena freed.
 static void forget_packed_weights(void) {
     decoding_weights.decodings = 0;
     for (int i = 0; i < decoding_weights.count; i++) decoding_weights.packed[i].weight = NULL;
+    arena_free(decoding_weights.kept_arena);
+    decoding_weights.kept_arena = NULL;
+    decoding_weights.kept_numbers = 0;
 }
 
 // transformer.c's hook: a decoding begins (1) or ends (0); the packs last until the last one ends.
@@ -1047,7 +1052,8 @@ typedef struct {
     real *x;             // (max_rows, C)      the embedded tokens of position t
     DecoderLayerActs step;   // one layer's activations at position t, reused layer after layer
     real *logits;        // (max_rows, V)      the next token's, from batched_decoder_step
-    real *memory;        // the arena of the numbers above
+    real *memory;        // the arena of the numbers above,
+    size_t numbers;      // its size
 } BatchedDecoder;
 
 static void batched_decoder_layout(BatchedDecoder *d, Layout *layout,
@@ -1090,9 +1096,21 @@ static void batched_decoder_begin(BatchedDecoder *d, Transformer *model, const i
     d->spare = checked_calloc(R * max_T, sizeof(int), "decoder paths");
     d->key_len = checked_calloc(R, sizeof(int), "decoder key counts");
     for (int b = 0; b < B; b++) d->sentence_of[b] = b;
+    // its numbers: where a decoding goes on batch after batch (lab/decode.c), the arena of the
+    // last batch if it is large enough (allocating and touching a new one for each batch took
+    // a tenth of decoding's time); every number is written before it is read
     Layout counting = { NULL, 0, 0 };
     batched_decoder_layout(d, &counting, config);
-    Layout layout = { arena_calloc(counting.used, "decoder cache"), 0, 0 };
+    real *arena = decoding_weights.kept_arena;
+    d->numbers = decoding_weights.kept_numbers;
+    if (!arena || d->numbers < counting.used) {
+        arena_free(arena);
+        arena = arena_calloc(counting.used, "decoder cache");
+        d->numbers = counting.used;
+    }
+    decoding_weights.kept_arena = NULL;
+    decoding_weights.kept_numbers = 0;
+    Layout layout = { arena, 0, 0 };
     batched_decoder_layout(d, &layout, config);
     d->memory = layout.arena;
 
@@ -1229,7 +1247,9 @@ static void batched_decoder_end(BatchedDecoder *d) {
     free(d->path);
     free(d->spare);
     free(d->key_len);
-    arena_free(d->memory);
+    arena_free(decoding_weights.kept_arena);
+    decoding_weights.kept_arena = d->memory;   // for the next batch (freed when decoding ends)
+    decoding_weights.kept_numbers = d->numbers;
     memset(d, 0, sizeof *d);
     fast_path_decoding(0);
 }
