@@ -108,17 +108,107 @@ static void greedy_advance(SentenceSearch *s, const real *logits, int t, int V,
     next_row(next, token, row);
 }
 
+// What beam_propose needs of each row, computed for all the rows of a position at once, on the
+// threads, before the sentences choose one after another: the row's log-sum-exp, as
+// beam_propose computes it (in double, token by token), and its `beam` best tokens that may be
+// proposed, best first. Within a row, beam_propose's candidates rank by logit (the row's score
+// is alive_score + (logit - log_sum), which rounding keeps in the logits' order, and equal
+// scores go to the higher logit), then by token (the first proposed stays first); so a token
+// outside its row's best `width` has `width` candidates before it and is never among the
+// `width` taken. Proposing these few, in beam_propose's order, takes the same candidates with
+// the same scores without scoring every token of the vocabulary. A row with a NaN logit (or a
+// NaN sum) ranks as beam_propose ranks NaNs only when it proposes every token: it does.
+typedef struct {
+    int beam;
+    double *log_sum;   // (rows)
+    int *top;          // (rows, beam)  its best tokens, best first
+    int *top_count;    // (rows)
+    int *has_nan;      // (rows)        a NaN logit or log-sum-exp: beam_propose proposes its row
+} RowCandidates;
+
+static void row_candidates(RowCandidates *rc, int row, const real *z, int V, int may_end) {
+    int beam = rc->beam;
+    int *top = rc->top + (size_t)row * beam;
+    int count = 0;
+    int nan = 0;
+    // the largest logit: beam_propose's max_z (the largest of numbers is the same in any order,
+    // so in vector lanes; a row with a NaN is beam_propose's to rank)
+    real largest = z[0];
+    #pragma omp simd reduction(max : largest) reduction(| : nan)
+    for (int token = 0; token < V; token++) {
+        largest = z[token] > largest ? z[token] : largest;
+        nan |= z[token] != z[token];
+    }
+    double max_z = largest;
+    double sum = 0;
+    for (int token = 0; token < V; token++) sum += exp(z[token] - max_z);
+    double log_sum = max_z + log(sum);
+    _Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS, "proposals from </s> on");
+    real least = -INFINITY;   // the last of the `beam` best so far, once there are `beam`
+    for (int token = may_end ? TOKEN_EOS : TOKEN_EOS + 1; token < V; token++) {
+        if (count == beam && !(z[token] > least))
+            continue;
+        int i = count < beam ? count++ : beam - 1;   // after its equals: the first stays first
+        while (i > 0 && z[token] > z[top[i - 1]]) {
+            top[i] = top[i - 1];
+            i--;
+        }
+        top[i] = token;
+        least = z[top[count - 1]];
+    }
+    rc->log_sum[row] = log_sum;
+    rc->top_count[row] = count;
+    rc->has_nan[row] = nan || log_sum != log_sum;
+}
+
+// beam_propose's result (its best `keep` candidates of the sentence's alive beams, whose logits
+// are rows first_row .. first_row + alive - 1 of logits) from the rows' candidates: each row's
+// best `keep` tokens, in the order beam_propose proposes them (by token), scored as it scores
+// them.
+static int propose_from_rows(BeamCandidate *best, int keep, const real *logits,
+                             const double *alive_score, int alive, int V, int first_row,
+                             const RowCandidates *rc) {
+    for (int r = 0; r < alive; r++)
+        if (rc->has_nan[first_row + r] || alive_score[r] != alive_score[r])
+            return -1;
+    int num_best = 0;
+    for (int r = 0; r < alive; r++) {
+        int row = first_row + r;
+        int count = min_int(keep, rc->top_count[row]);
+        int tokens[count > 0 ? count : 1];
+        memcpy(tokens, rc->top + (size_t)row * rc->beam, count * sizeof(int));
+        for (int i = 1; i < count; i++)   // by token, as proposed
+            for (int j = i; j > 0 && tokens[j] < tokens[j - 1]; j--) {
+                int swap = tokens[j];
+                tokens[j] = tokens[j - 1];
+                tokens[j - 1] = swap;
+            }
+        const real *z = logits + (size_t)r * V;
+        for (int i = 0; i < count; i++) {
+            int token = tokens[i];
+            BeamCandidate candidate = { alive_score[r] + (z[token] - rc->log_sum[row]), z[token],
+                                        r, token };
+            candidate_insert(best, &num_best, keep, candidate);
+        }
+    }
+    return num_best;
+}
+
 // Beam search's position t for one sentence, as transformer_beam_search's loop body takes it:
 // of the candidates of its alive beams (logits: their rows) the best beam - finished are taken
 // in order; one ending in </s> is finished, the others are the next position's beams; at the
 // length limit the alive beams finish as they are.
 static void beam_advance(SentenceSearch *s, const real *logits, int t, int V,
-                         const Search *search, NextRows *next, BeamCandidate *best) {
+                         const Search *search, NextRows *next, BeamCandidate *best,
+                         const RowCandidates *rc) {
     int beam = search->beam;
     int width = beam - s->finished;
-    int num_best = beam_propose(best, width, logits, s->alive_score, s->alive, V,
-                                t > 0 || !s->words);
     int first_row = s->first_row;
+    int may_end = t > 0 || !s->words;
+    int num_best = propose_from_rows(best, width, logits, s->alive_score, s->alive, V, first_row,
+                                     rc);
+    if (num_best < 0)   // a NaN: every token proposed
+        num_best = beam_propose(best, width, logits, s->alive_score, s->alive, V, may_end);
     int num_next = 0;
     s->first_row = next->count;
     for (int i = 0; i < num_best; i++) {
@@ -196,12 +286,23 @@ static void lab_decode_batch(Transformer *model, Outputs out, const int *src, co
                       checked_calloc((size_t)B * beam, sizeof(int), "decode rows"), 0 };
     int *input = checked_calloc((size_t)B * beam, sizeof(int), "decode inputs");
     BeamCandidate *best = checked_calloc(beam, sizeof(BeamCandidate), "beam candidates");
+    size_t R = (size_t)B * beam;
+    RowCandidates rc = { beam, checked_calloc(R, sizeof(double), "row candidates"),
+                         checked_calloc(R * beam, sizeof(int), "row candidates"),
+                         checked_calloc(R, sizeof(int), "row candidates"),
+                         checked_calloc(R, sizeof(int), "row candidates") };
     for (int b = 0; b < B; b++) input[b] = TOKEN_BOS;
 
     BatchedDecoder decoder;
     batched_decoder_begin(&decoder, model, src, src_len, B, S, beam, steps);
     for (int t = 0; t < steps; t++) {
         batched_decoder_step(&decoder, model, input, t);
+        if (beam > 1) {
+            #pragma omp parallel for
+            for (int row = 0; row < decoder.rows; row++)   // at t = 0 row b is sentence b
+                row_candidates(&rc, row, decoder.logits + (size_t)row * V, V,
+                               t > 0 || sentence[row].words);
+        }
         next.count = 0;
         for (int b = 0; b < B; b++) {
             SentenceSearch *s = &sentence[b];
@@ -211,7 +312,7 @@ static void lab_decode_batch(Transformer *model, Outputs out, const int *src, co
             if (beam == 1)
                 greedy_advance(s, logits, t, V, &next);
             else
-                beam_advance(s, logits, t, V, &search, &next, best);
+                beam_advance(s, logits, t, V, &search, &next, best, &rc);
         }
         if (next.count == 0)
             break;
@@ -234,6 +335,10 @@ static void lab_decode_batch(Transformer *model, Outputs out, const int *src, co
     free(next.parent);
     free(input);
     free(best);
+    free(rc.log_sum);
+    free(rc.top);
+    free(rc.top_count);
+    free(rc.has_nan);
     model->training = training;
 }
 

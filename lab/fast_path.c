@@ -459,7 +459,7 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // the next decoding) but their memory is kept for the next decoding's packs
 // of the same sizes (the same model): the operating system's first touch of
 // new memory took longer than the packing itself.
-#define DECODING_ROWS 32   // the products of at most so many rows (sentences or beams) that read
+#define DECODING_ROWS 512  // the products of at most so many rows (sentences or beams) that read
                            // packed weights
 typedef struct {
     const real *weight;
