@@ -12,6 +12,9 @@
  * BUILD  included by lab/lab.c after lab/checkpoints.c
  */
 #include <poll.h>   // decode: whether standard input has more lines ready
+#ifdef __GLIBC__
+#include <malloc.h>   // mallopt: decode's memory kept from batch to batch
+#endif
 
 // ---- greedy decoding, many sentences side by side -------------------------------
 
@@ -109,9 +112,10 @@ static void greedy_advance(SentenceSearch *s, const real *logits, int t, int V,
 }
 
 // What beam_propose needs of each row, computed for all the rows of a position at once, on the
-// threads, before the sentences choose one after another: the row's log-sum-exp, as
-// beam_propose computes it (in double, token by token), and its `beam` best tokens that may be
-// proposed, best first. Within a row, beam_propose's candidates rank by logit (the row's score
+// threads, before the sentences choose one after another: the row's log-sum-exp (in double as
+// beam_propose's, in vector lanes: within a few units in the last place of its, so that the
+// scores agree to about 1e-15 and the candidates' order with them), and its `beam` best tokens
+// that may be proposed, best first. Within a row, beam_propose's candidates rank by logit (the row's score
 // is alive_score + (logit - log_sum), which rounding keeps in the logits' order, and equal
 // scores go to the higher logit), then by token (the first proposed stays first); so a token
 // outside its row's best `width` has `width` candidates before it and is never among the
@@ -126,22 +130,56 @@ typedef struct {
     int *has_nan;      // (rows)        a NaN logit or log-sum-exp: beam_propose proposes its row
 } RowCandidates;
 
+// e^x for x <= 0 (x finite or -inf), in vector lanes: x = n ln 2 + r, |r| <= ln 2 / 2, e^r by
+// its Taylor series to r^13 (the next term is below 1e-17 of it), times 2^n. Within a few units
+// in the last place of libm's exp, which beam_propose calls token by token: libm's exp in
+// row_candidates took a fifth of beam search's time (perf, dev/PERFORMANCE.md). Below -708 the
+// result is e^-708 (3e-308), nothing beside the sum's largest term, 1.
+#pragma omp declare simd
+static inline double exp_nonpositive(double x) {
+    const double shift = 0x1.8p52;   // adding it rounds a number of magnitude < 2^51 to an integer
+    x = x > -708.0 ? x : -708.0;
+    double n = (x * 1.4426950408889634 + shift) - shift;   // round(x / ln 2)
+    double r = (x - n * 0x1.62e42fee00000p-1) - n * 0x1.a39ef35793c76p-33;   // ln 2, two parts
+    double p = 1.0 / 6227020800.0;   // 1/13!, then Horner's rule down to 1
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    int64_t exponent = (int64_t)n + 1023;   // n >= -1022: a normal number
+    double scale;
+    exponent <<= 52;
+    memcpy(&scale, &exponent, sizeof scale);
+    return p * scale;
+}
+
 static void row_candidates(RowCandidates *rc, int row, const real *z, int V, int may_end) {
     int beam = rc->beam;
     int *top = rc->top + (size_t)row * beam;
     int count = 0;
     int nan = 0;
     // the largest logit: beam_propose's max_z (the largest of numbers is the same in any order,
-    // so in vector lanes; a row with a NaN is beam_propose's to rank)
+    // so in vector lanes; a row with a NaN, or an infinite largest, is beam_propose's to rank)
     real largest = z[0];
     #pragma omp simd reduction(max : largest) reduction(| : nan)
     for (int token = 0; token < V; token++) {
         largest = z[token] > largest ? z[token] : largest;
         nan |= z[token] != z[token];
     }
-    double max_z = largest;
+    nan |= isinf(largest);
+    double max_z = nan ? 0 : largest;
     double sum = 0;
-    for (int token = 0; token < V; token++) sum += exp(z[token] - max_z);
+    #pragma omp simd reduction(+ : sum)
+    for (int token = 0; token < V; token++) sum += exp_nonpositive(z[token] - max_z);
     double log_sum = max_z + log(sum);
     _Static_assert(TOKEN_PAD < TOKEN_EOS && TOKEN_BOS < TOKEN_EOS, "proposals from </s> on");
     real least = -INFINITY;   // the last of the `beam` best so far, once there are `beam`
@@ -158,7 +196,7 @@ static void row_candidates(RowCandidates *rc, int row, const real *z, int V, int
     }
     rc->log_sum[row] = log_sum;
     rc->top_count[row] = count;
-    rc->has_nan[row] = nan || log_sum != log_sum;
+    rc->has_nan[row] = nan;
 }
 
 // beam_propose's result (its best `keep` candidates of the sentence's alive beams, whose logits
@@ -557,6 +595,13 @@ static void decode_lines(Transformer *model, DecodeLine *lines, int count,
     qsort(order, sentences, sizeof(int), compare_line_lengths);
     Search search = { d->beam, d->alpha };
     double started = wall_seconds(), shown = started;
+    if (sentences > 0) {   // the memory of the largest batch, once (the longest sentences last)
+        int most = min_int(d->batch_sentences, sentences);
+        int longest = lines[order[sentences - 1]].length;
+        ensure_buffers(model, most, longest, 1);
+        batched_decoder_reserve(&model->config, most, longest, d->beam,
+                                transformer_decode_limit(model, longest));
+    }
     for (int first = 0; first < sentences; first += d->batch_sentences) {
         int B = min_int(d->batch_sentences, sentences - first);
         const int *batch = order + first;
@@ -759,6 +804,13 @@ static int lab_decode(int argc, char **argv) {
     // The sentences given as arguments (one group), or else the lines of standard input. The
     // weights stay as they are to the end: the products pack each one once (fast_path_decoding).
     fast_path_decoding(1);
+#ifdef __GLIBC__
+    // The memory of one batch's decoding, freed, serves the next: glibc would hand large blocks
+    // back to the system and take them again, and the system's first touch of each page took a
+    // tenth of beam search's time (125,000 page faults for the 510 catalogs sentences, perf).
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
     TextSource from = { "", 0, 0, NULL };
     int refused = 0;
     if (num_sentences > 0) {

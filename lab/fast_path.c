@@ -1126,6 +1126,22 @@ static void batched_decoder_begin(BatchedDecoder *d, Transformer *model, const i
     }
 }
 
+// Before a decoding of many batches (lab/decode.c), the arena the largest of them needs (at most
+// B sentences of at most S source tokens, `beams` rows each, max_T positions), so that batch
+// after batch finds it large enough: sorted by length, each batch was larger than the one
+// before, and each new arena's first touch cost a page fault per page.
+static void batched_decoder_reserve(const TransformerConfig *config, int B, int S, int beams,
+                                    int max_T) {
+    BatchedDecoder sizes = { .sentences = B, .S = S, .max_rows = B * beams, .max_T = max_T };
+    Layout counting = { NULL, 0, 0 };
+    batched_decoder_layout(&sizes, &counting, config);
+    if (decoding_weights.kept_arena && decoding_weights.kept_numbers >= counting.used)
+        return;
+    arena_free(decoding_weights.kept_arena);
+    decoding_weights.kept_arena = arena_calloc(counting.used, "decoder cache");
+    decoding_weights.kept_numbers = counting.used;
+}
+
 // One query per row against keys and values (transformer.c's attention_forward for one
 // position, Tq 1): row i's heads from its query (q, rows of q_stride) and the keys its KeyRows
 // give (keys_of: the rows of every row, layer l's), key_len[i] of them, att (rows, NH, Tk).
