@@ -115,13 +115,13 @@ static void greedy_advance(SentenceSearch *s, const real *logits, int t, int V,
 // threads, before the sentences choose one after another: the row's log-sum-exp (in double as
 // beam_propose's, in vector lanes: within a few units in the last place of its, so that the
 // scores agree to about 1e-15 and the candidates' order with them), and its `beam` best tokens
-// that may be proposed, best first. Within a row, beam_propose's candidates rank by logit (the row's score
-// is alive_score + (logit - log_sum), which rounding keeps in the logits' order, and equal
-// scores go to the higher logit), then by token (the first proposed stays first); so a token
-// outside its row's best `width` has `width` candidates before it and is never among the
-// `width` taken. Proposing these few, in beam_propose's order, takes the same candidates with
-// the same scores without scoring every token of the vocabulary. A row with a NaN logit (or a
-// NaN sum) ranks as beam_propose ranks NaNs only when it proposes every token: it does.
+// that may be proposed, best first. Within a row, beam_propose's candidates rank by logit (the
+// row's score is alive_score + (logit - log_sum), which rounding keeps in the logits' order,
+// and equal scores go to the higher logit), then by token (the first proposed stays first); so
+// a token outside its row's best `width` has `width` candidates before it and is never among
+// the `width` taken. Proposing these few, in beam_propose's order, takes the same candidates
+// without scoring every token of the vocabulary. A row with a NaN logit (or an infinite
+// largest) ranks as beam_propose ranks NaNs only when it proposes every token: it does.
 typedef struct {
     int beam;
     double *log_sum;   // (rows)

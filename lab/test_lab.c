@@ -4721,9 +4721,10 @@ static void test_decode_subwords_too_long(void) {
 // untrained one and one whose logits hold NaNs (beam_propose's own ranking of NaNs), 20 sources
 // of 0 to 8 words (0: </s> alone), greedy and beam 2 and 4, in batches of 1, 7 and 20, with the
 // fast path's products and with Part I's loops: transformer.c's beam search's tokens, and its
-// scores within 1e-12 (the log-sum-exp in vector lanes, lab/decode.c's row_candidates). Greedy decoding never chooses a NaN logit where a beam of one may (the
-// lab's greedy_token, decode's greedy decoding before batches): with NaNs, batches of 7 and 20
-// give the tokens of batches of 1.
+// scores within 1e-12 (the log-sum-exp in vector lanes, lab/decode.c's row_candidates).
+// Greedy decoding never chooses a NaN logit where a beam of one may (the lab's greedy_token,
+// decode's greedy decoding before batches): with NaNs, batches of 7 and 20 give the tokens of
+// batches of 1.
 static void test_batched_decoding(void) {
     TransformerConfig config = decode_config();
     Transformer untrained;
