@@ -138,7 +138,7 @@ typedef struct {
 #pragma omp declare simd
 static inline double exp_nonpositive(double x) {
     const double shift = 0x1.8p52;   // adding it rounds a number of magnitude < 2^51 to an integer
-    x = x > -708.0 ? x : -708.0;
+    x = x > -708.0 ? (x < 0.0 ? x : 0.0) : -708.0;   // (a NaN: -708; its row is not used)
     double n = (x * 1.4426950408889634 + shift) - shift;   // round(x / ln 2)
     double r = (x - n * 0x1.62e42fee00000p-1) - n * 0x1.a39ef35793c76p-33;   // ln 2, two parts
     double p = 1.0 / 6227020800.0;   // 1/13!, then Horner's rule down to 1
@@ -411,8 +411,8 @@ static double reference_log_loss(const Transformer *model, const Batch *batch) {
 }
 
 // The first `count` pairs of the dataset (all of them when count <= 0), in batches sorted by
-// length: the teacher-forced losses, and the sources decoded (beam_size 1: greedily, the batch
-// side by side; else by beam search, one by one) and compared with their references, with
+// length: the teacher-forced losses, and the sources decoded (beam_size 1: greedily; else by
+// beam search; the batch side by side) and compared with their references, with
 // progress lines for a long evaluation.
 static void lab_evaluate(Evaluation *e, HeldOutLoss *losses, Transformer *model,
                          const Dataset *dataset, int count, int batch_tokens, int beam_size,
@@ -451,15 +451,9 @@ static void lab_evaluate(Evaluation *e, HeldOutLoss *losses, Transformer *model,
         int max_out = transformer_decode_limit(model, S);
         out = checked_realloc(out, (size_t)B * max_out, sizeof(int), "decoded outputs");
         out_len = checked_realloc(out_len, B, sizeof(int), "decoded outputs");
-        if (beam_size <= 1) {
-            lab_greedy_decode(model, out, out_len, max_out, batch->src, batch->src_len, B, S);
-        } else {
-            for (int b = 0; b < B; b++) {
-                out_len[b] = transformer_beam_search(model, out + (size_t)b * max_out, NULL,
-                                                     batch->src + (size_t)b * S,
-                                                     batch->src_len[b], beam_size, alpha);
-            }
-        }
+        Outputs outputs = { out, out_len, NULL, max_out };
+        Search search = { beam_size > 1 ? beam_size : 1, alpha };
+        lab_decode_batch(model, outputs, batch->src, batch->src_len, B, S, search);
         for (int b = 0; b < B; b++) {
             const SentencePair *p = &dataset->pairs[indices[b]];
             evaluation_add(e, p, dataset->tokens + p->tgt, indices[b], out + (size_t)b * max_out,
