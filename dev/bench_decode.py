@@ -17,7 +17,9 @@ CTranslate2 setting, then ours again, ...) so that all see the same machine:
   decoding rules (export_ctranslate2.decoding_rules: each batch's length limit is its longest
   sentence's, the outputs cut to each sentence's own); decoding alone is its translate_batch.
 
-Prints per setting the median of the rounds of target tokens per second (each engine's own
+A round in which other processes used more than --max-background cores (0.25) during one
+of its runs is thrown away and repeated (--retries, 6, at most). Prints per setting the
+median of the rounds of target tokens per second (each engine's own
 outputs' tokens, without </s>) and the ratios ours / CTranslate2 (above 1: ours faster),
 against CTranslate2 fp32's faster setting and int8's, with the CPU and its vector width. Each
 run also records the cores other processes used meanwhile (/proc/stat): the busiest is printed.
@@ -165,15 +167,18 @@ def bench_model(a, name, checkpoint, source, work, cpu):
             tokens = {}
             busiest = 0.0
             starts = []
-            for _ in range(a.runs):
-                wall, _out, others = timed(ours, empty)
-                starts.append(wall)
-                busiest = max(busiest, others)
+            kept = thrown = 0
+            while kept < a.runs:
+                # a round: ours' start, then each engine once; thrown away and repeated (at most
+                # --retries times in all) when other processes used more than --max-background
+                # cores during one of its runs
+                round_walls, round_decodes, round_busiest = {}, {}, 0.0
+                start_wall, _out, round_busiest = timed(ours, empty)
                 for engine, ct2 in engines:
                     if ct2 is None:
                         wall, out, others = timed(ours, source)
                         tokens[engine] = sum(len(line.split()) for line in out.splitlines())
-                        decodes[engine].append(wall)
+                        round_decodes[engine] = wall
                     else:
                         compute, batch = ct2
                         cmd = [a.ct2_python, os.path.abspath(__file__), "--worker",
@@ -184,9 +189,18 @@ def bench_model(a, name, checkpoint, source, work, cpu):
                         wall, out, others = timed(cmd, empty)
                         r = json.loads(out)
                         tokens[engine] = r["tokens"]
-                        decodes[engine].append(r["decode"])
-                    walls[engine].append(wall)
-                    busiest = max(busiest, others)
+                        round_decodes[engine] = r["decode"]
+                    round_walls[engine] = wall
+                    round_busiest = max(round_busiest, others)
+                if round_busiest > a.max_background and thrown < a.retries:
+                    thrown += 1
+                    continue
+                kept += 1
+                starts.append(start_wall)
+                busiest = max(busiest, round_busiest)
+                for engine, _ in engines:
+                    walls[engine].append(round_walls[engine])
+                    decodes[engine].append(round_decodes[engine])
             start = statistics.median(starts)
             decodes["ours"] = [w - start for w in decodes["ours"]]
             speed = {}
@@ -194,7 +208,8 @@ def bench_model(a, name, checkpoint, source, work, cpu):
                 speed[engine] = (tokens[engine] / statistics.median(walls[engine]),
                                  tokens[engine] / statistics.median(decodes[engine]))
             rows.append(dict(model=name, threads=threads, beam=beam, speed=speed,
-                             tokens=tokens, start=start, busiest=busiest, sentences=sentences))
+                             tokens=tokens, start=start, busiest=busiest, sentences=sentences,
+                             thrown=thrown))
             print_row(rows[-1], cpu)
     return rows
 
@@ -210,7 +225,8 @@ def print_row(r, cpu):
               f"**{s['ours'][k] / fp32:.2f}x** | {s['ours'][k] / int8:.2f}x |", flush=True)
     print(f"|   | tokens: ours {r['tokens']['ours']:,}, CTranslate2 fp32 "
           f"{r['tokens']['float32/32']:,}, int8 {r['tokens']['int8/32']:,}; ours' start and "
-          f"load {r['start']:.2f} s; other processes used at most {r['busiest']:.2f} cores |"
+          f"load {r['start']:.2f} s; other processes used at most {r['busiest']:.2f} cores "
+          f"({r['thrown']} rounds thrown away) |"
           f" | | | | | | |", flush=True)
 
 
@@ -228,6 +244,9 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--beams", default="1,4")
     ap.add_argument("--skip-base", action="store_true")
+    ap.add_argument("--max-background", type=float, default=0.25,
+                    help="cores other processes may use during a kept round")
+    ap.add_argument("--retries", type=int, default=6, help="rounds thrown away at most")
     ap.add_argument("--skip-catalogs", action="store_true")
     # the CTranslate2 process
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
