@@ -705,7 +705,7 @@ static int input_line(InputBuffer *in, int may_wait, char **line, size_t *length
 // typed at a terminal is answered at once. Returns the number refused, or -1 after a read
 // error.
 static int lab_decode_stdin(LabCheckpoint *c, const DecodeOptions *d, TextSource *from) {
-    InputBuffer in = { NULL, 0, 0, 0, 0, 0 };
+    InputBuffer in = { checked_calloc(65536, 1, "standard input"), 0, 0, 65536, 0, 0 };
     DecodeLine *lines = checked_calloc(DECODE_GROUP_LINES, sizeof(DecodeLine), "decode lines");
     char *text = NULL;
     size_t text_capacity = 0;
