@@ -218,8 +218,11 @@ translate: transformer
 	./transformer average --out $(TRANSLATE_DIR)/average.ckpt --force $(TRANSLATE_DIR)/model.ckpt.step*
 	cut -f1 $(TRANSLATE_DIR)/test.tsv > $(TRANSLATE_DIR)/test.source
 	cut -f2 $(TRANSLATE_DIR)/test.tsv > $(TRANSLATE_DIR)/test.reference
+	@date +%s.%N > $(TRANSLATE_DIR)/decode_started
 	./transformer decode --checkpoint $(TRANSLATE_DIR)/average.ckpt --beam 4 --alpha 0.6 \
 	    --threads 1 < $(TRANSLATE_DIR)/test.source > $(TRANSLATE_DIR)/test.output
+	@awk -v now=$$(date +%s.%N) -v from=$$(cat $(TRANSLATE_DIR)/decode_started) -v n=$$(wc -l < $(TRANSLATE_DIR)/test.output) \
+	    'BEGIN { printf "decode: %d test sentences, beam 4, one thread: %.2f s\n", n, now - from }'
 	./transformer bleu $(TRANSLATE_DIR)/test.output $(TRANSLATE_DIR)/test.reference
 	./transformer bleu $(TRANSLATE_DIR)/test.output $(TRANSLATE_DIR)/test.reference --tokenize none
 	@echo "ten test sentences, the first of 5 words or more that begin with a capital (beam 4, the average):"
@@ -545,6 +548,33 @@ bench: transformer
 	/usr/bin/python3 dev/bench_compare.py --binary ./transformer --configs $(BENCH_CONFIGS) \
 	    --decode-configs "$(BENCH_DECODE)" --rounds $(BENCH_ROUNDS) --threads $(BENCH_THREADS) \
 	    --python $(BENCH_VENV)/bin/python --cc $(CC) $(if $(filter 0,$(BENCH_COMPILE)),--no-compile)
+
+# ---- CTranslate2 (README, "Serve it"; dev/PERFORMANCE.md, "Decoding against CTranslate2") ----
+# make ctranslate2-setup: dev/.venv-ct2, CTranslate2 4.8.5 (pinned) and NumPy from PyPI (no PyTorch;
+# does nothing when it imports). make ctranslate2-check: dev/export_ctranslate2.py writes the
+# make translate model as a CTranslate2 directory ($(TRANSLATE_DIR)/ctranslate2) and compares
+# CTranslate2's greedy fp32 outputs of the test sentences with ./transformer decode's, token for
+# token (exit 1 unless all are equal). make bench-decode: dev/bench_decode.py, ours against
+# CTranslate2 fp32 and int8, greedy and beam 4, 1 and 2 threads, the make translate model and
+# base-size random weights (BENCH_DECODE_FLAGS: e.g. --runs 3 --skip-base). Not part of make test.
+.PHONY: ctranslate2-setup ctranslate2-check bench-decode
+CT2_VENV = dev/.venv-ct2
+CT2_PIN ?= ctranslate2==4.8.5
+BENCH_DECODE_FLAGS ?=
+ctranslate2-setup:
+	@if $(CT2_VENV)/bin/python -c "import ctranslate2, numpy" 2>/dev/null; then \
+	  echo "ctranslate2-setup: $(CT2_VENV) has CTranslate2 $$($(CT2_VENV)/bin/python -c 'import ctranslate2; print(ctranslate2.__version__)'); nothing to do"; \
+	else \
+	  set -e; \
+	  $(BENCH_PYTHON) -m venv $(CT2_VENV); \
+	  $(CT2_VENV)/bin/python -m pip install --no-cache-dir "$(CT2_PIN)" numpy; \
+	fi
+ctranslate2-check: transformer ctranslate2-setup
+	$(CT2_VENV)/bin/python dev/export_ctranslate2.py $(TRANSLATE_DIR)/average.ckpt --out $(TRANSLATE_DIR)/ctranslate2 \
+	    --check $(TRANSLATE_DIR)/test.source
+bench-decode: transformer ctranslate2-setup
+	/usr/bin/python3 dev/bench_decode.py --binary ./transformer --ct2-python $(CT2_VENV)/bin/python \
+	    --checkpoint $(TRANSLATE_DIR)/average.ckpt --source $(TRANSLATE_DIR)/test.source $(BENCH_DECODE_FLAGS)
 
 # make dev-check (not part of make test; no network): each script in dev/ on its smallest case, as
 # its docstring runs it (dev/check.sh: seconds each, a line per script; about 3 minutes on 2 busy

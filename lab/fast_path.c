@@ -459,7 +459,7 @@ static void matmul_by_this_thread(real *out, size_t out_row, MatrixView a, Matri
 // the next decoding) but their memory is kept for the next decoding's packs
 // of the same sizes (the same model): the operating system's first touch of
 // new memory took longer than the packing itself.
-#define DECODING_ROWS 32   // the products of at most so many rows (sentences or beams) that read
+#define DECODING_ROWS 512  // the products of at most so many rows (sentences or beams) that read
                            // packed weights
 typedef struct {
     const real *weight;
@@ -470,12 +470,17 @@ typedef struct {
 static struct {
     int decodings, count;
     PackedWeight *packed;
+    real *kept_arena;     // the batched decoder's arena of `kept_numbers` numbers (below), kept
+    size_t kept_numbers;  // from one batch of sentences to the next while a decoding goes on
 } decoding_weights;   // decodings begun, not ended
 
-// No decoding under way: every pack forgotten, its memory kept.
+// No decoding under way: every pack forgotten, its memory kept; the kept arena freed.
 static void forget_packed_weights(void) {
     decoding_weights.decodings = 0;
     for (int i = 0; i < decoding_weights.count; i++) decoding_weights.packed[i].weight = NULL;
+    arena_free(decoding_weights.kept_arena);
+    decoding_weights.kept_arena = NULL;
+    decoding_weights.kept_numbers = 0;
 }
 
 // transformer.c's hook: a decoding begins (1) or ends (0); the packs last until the last one ends.
@@ -617,15 +622,32 @@ static void linear_backward_fast(real *dinp, real *dweight, real *dbias,
 #define ONE_QUERY_GROUP 128
 #define ONE_QUERY_AHEAD 8
 
+// Where one query finds its keys and values: key j's numbers start at
+// keys + r * stride, its value's at values + r * stride, r = row_of[j] (row_of
+// NULL: r = j). A query of the cached decoder reads the rows of its own cache in
+// order; one of the batched decoder (below) follows its beam's path through
+// the rows of the cache, and reads its sentence's memory in order.
+typedef struct {
+    const real *keys;
+    const real *values;
+    const int *row_of;
+    size_t stride;
+} KeyRows;
+
+static inline size_t key_row(KeyRows rows, int j) {
+    return (size_t)(rows.row_of ? rows.row_of[j] : j) * rows.stride;
+}
+
 // out[i] = sum_j p_i[j] v_j[i], j = 0 .. visible-1 in order, for `vectors`
 // vectors of out (a constant where it is called, at most 8, so that the
 // sums are registers), where p_i is the probabilities of the head that
 // number `first + i` of the group belongs to (d_k a multiple of
-// VECTOR_LANES: each vector within one head).
-__attribute__((always_inline)) static inline void one_query_pv(real *out, const real *v,
-                                                               size_t kv_stride, const real *p,
-                                                               int Tk, int d_k, int first,
-                                                               int visible, int vectors) {
+// VECTOR_LANES: each vector within one head), v_j the values of `rows` from
+// their number `first` on.
+__attribute__((always_inline)) static inline void one_query_pv(real *out, KeyRows rows,
+                                                               const real *p, int Tk, int d_k,
+                                                               int first, int visible,
+                                                               int vectors) {
     Vector sum[8];
     const real *p_of[8];
     #pragma GCC unroll 8
@@ -634,7 +656,7 @@ __attribute__((always_inline)) static inline void one_query_pv(real *out, const 
         p_of[i] = p + (size_t)((first + i * VECTOR_LANES) / d_k) * Tk;
     }
     for (int j = 0; j < visible; j++) {
-        const real *v_j = v + (size_t)j * kv_stride;
+        const real *v_j = rows.values + key_row(rows, j) + first;
         #pragma GCC unroll 8
         for (int i = 0; i < vectors; i++)
             sum[i] += p_of[i][j] * vector_load(v_j + i * VECTOR_LANES);
@@ -643,60 +665,73 @@ __attribute__((always_inline)) static inline void one_query_pv(real *out, const 
     for (int i = 0; i < vectors; i++) vector_store(out + i * VECTOR_LANES, sum[i]);
 }
 
+// One query against the `visible` keys and values of `rows`, for a group of
+// `heads` heads of d_k numbers (q, out and the rows' numbers from the group's
+// first head on): the scaled scores of each head in p (a row of Tk numbers
+// per head), their softmax, and out = sum_j p_j v_j, j in order.
+static void one_query_group(real *out, real *p, const real *q, KeyRows rows, int visible,
+                            int heads, int d_k, int Tk) {
+    real scale = 1 / real_sqrt((real)d_k);
+    int width = heads * d_k;
+    for (int j = 0; j < visible; j++) {
+        const real *k_j = rows.keys + key_row(rows, j);
+        // the group's numbers of key and value j + ONE_QUERY_AHEAD
+        if (j + ONE_QUERY_AHEAD < visible) {
+            size_t ahead = key_row(rows, j + ONE_QUERY_AHEAD);
+            for (int i = 0; i < width; i += LINE_NUMBERS) {
+                __builtin_prefetch(rows.keys + ahead + i);
+                __builtin_prefetch(rows.values + ahead + i);
+            }
+        }
+        for (int head = 0; head < heads; head++) {
+            const real *q_h = q + head * d_k, *k_h = k_j + head * d_k;
+            real dot = 0;
+            #pragma omp simd reduction(+ : dot)
+            for (int d = 0; d < d_k; d++) dot += q_h[d] * k_h[d];
+            p[(size_t)head * Tk + j] = dot * scale;
+        }
+    }
+    for (int head = 0; head < heads; head++) softmax_visible(p + (size_t)head * Tk, visible, Tk);
+    if (d_k % VECTOR_LANES == 0) {
+        int i = 0;
+        for (; i + 8 * VECTOR_LANES <= width; i += 8 * VECTOR_LANES)
+            one_query_pv(out + i, rows, p, Tk, d_k, i, visible, 8);
+        for (; i + 2 * VECTOR_LANES <= width; i += 2 * VECTOR_LANES)
+            one_query_pv(out + i, rows, p, Tk, d_k, i, visible, 2);
+        for (; i < width; i += VECTOR_LANES)
+            one_query_pv(out + i, rows, p, Tk, d_k, i, visible, 1);
+        return;
+    }
+    for (int i = 0; i < width; i++) out[i] = 0;
+    for (int j = 0; j < visible; j++) {
+        const real *v_j = rows.values + key_row(rows, j);
+        for (int head = 0; head < heads; head++)
+            for (int d = 0; d < d_k; d++)
+                out[head * d_k + d] += p[(size_t)head * Tk + j] * v_j[head * d_k + d];
+    }
+}
+
+// The heads of a row taken in groups of ONE_QUERY_GROUP numbers: how many heads a group holds.
+static int one_query_group_heads(int d_k) {
+    return d_k >= ONE_QUERY_GROUP ? 1 : ONE_QUERY_GROUP / d_k;
+}
+
 static void attention_one_query_fast(real *out, real *att, const real *q, const real *k,
                                      const real *v, int q_stride, int kv_stride,
                                      const int *key_len, int causal, int B, int Tk, int C,
                                      int NH) {
     int d_k = C / NH;
-    real scale = 1 / real_sqrt((real)d_k);
-    int group_heads = d_k >= ONE_QUERY_GROUP ? 1 : ONE_QUERY_GROUP / d_k,
-        groups = (NH + group_heads - 1) / group_heads;
+    int group_heads = one_query_group_heads(d_k), groups = (NH + group_heads - 1) / group_heads;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int group = 0; group < groups; group++) {
-            int head0 = group * group_heads, heads = min_int(group_heads, NH - head0),
-                width = heads * d_k;
-            int visible = visible_keys(0, key_len[b], causal);
-            const real *q_b = q + (size_t)b * q_stride + head0 * d_k;
-            const real *k_b = k + (size_t)b * Tk * kv_stride + head0 * d_k;
-            const real *v_b = v + (size_t)b * Tk * kv_stride + head0 * d_k;
-            real *p = att + ((size_t)b * NH + head0) * Tk;   // head0 + head's: p + head * Tk
-            real *out_b = out + (size_t)b * C + head0 * d_k;
-            for (int j = 0; j < visible; j++) {
-                const real *k_j = k_b + (size_t)j * kv_stride;
-                // the group's numbers of key and value j + ONE_QUERY_AHEAD
-                if (j + ONE_QUERY_AHEAD < visible)
-                    for (int i = 0; i < width; i += LINE_NUMBERS) {
-                        __builtin_prefetch(k_j + (size_t)ONE_QUERY_AHEAD * kv_stride + i);
-                        __builtin_prefetch(v_b + (size_t)(j + ONE_QUERY_AHEAD) * kv_stride + i);
-                    }
-                for (int head = 0; head < heads; head++) {
-                    const real *q_h = q_b + head * d_k, *k_h = k_j + head * d_k;
-                    real dot = 0;
-                    #pragma omp simd reduction(+ : dot)
-                    for (int d = 0; d < d_k; d++) dot += q_h[d] * k_h[d];
-                    p[(size_t)head * Tk + j] = dot * scale;
-                }
-            }
-            for (int head = 0; head < heads; head++)
-                softmax_visible(p + (size_t)head * Tk, visible, Tk);
-            if (d_k % VECTOR_LANES == 0) {
-                int i = 0;
-                for (; i + 8 * VECTOR_LANES <= width; i += 8 * VECTOR_LANES)
-                    one_query_pv(out_b + i, v_b + i, (size_t)kv_stride, p, Tk, d_k, i, visible, 8);
-                for (; i + 2 * VECTOR_LANES <= width; i += 2 * VECTOR_LANES)
-                    one_query_pv(out_b + i, v_b + i, (size_t)kv_stride, p, Tk, d_k, i, visible, 2);
-                for (; i < width; i += VECTOR_LANES)
-                    one_query_pv(out_b + i, v_b + i, (size_t)kv_stride, p, Tk, d_k, i, visible, 1);
-            } else {
-                for (int i = 0; i < width; i++) out_b[i] = 0;
-                for (int j = 0; j < visible; j++) {
-                    const real *v_j = v_b + (size_t)j * kv_stride;
-                    for (int head = 0; head < heads; head++)
-                        for (int d = 0; d < d_k; d++)
-                            out_b[head * d_k + d] += p[(size_t)head * Tk + j] * v_j[head * d_k + d];
-                }
-            }
+            int head0 = group * group_heads, heads = min_int(group_heads, NH - head0);
+            size_t first_key = (size_t)b * Tk * kv_stride + head0 * d_k;
+            KeyRows rows = { k + first_key, v + first_key, NULL, (size_t)kv_stride };
+            one_query_group(out + (size_t)b * C + head0 * d_k,
+                            att + ((size_t)b * NH + head0) * Tk,
+                            q + (size_t)b * q_stride + head0 * d_k, rows,
+                            visible_keys(0, key_len[b], causal), heads, d_k, Tk);
         }
     }
 }
@@ -975,6 +1010,263 @@ static void cached_decoder_end(Decoder *decoder) {
     arena_free(cache->memory);
     free(cache);
     memset(decoder, 0, sizeof *decoder);
+    fast_path_decoding(0);
+}
+
+// ----------------------------------------------------------------------------
+// Many sentences decoded side by side, each with its own beams (lab/decode.c's
+// batched search). The cached decoder above keeps each row's keys and values
+// in a row of its own, so beam search copies a beam's whole history to every
+// row that continues it, at every position, and its rows are the beams of one
+// sentence. Here each of B sentences keeps one copy of its memory's keys and
+// values, and a row (a beam of a sentence, or a sentence in greedy decoding)
+// keeps no history of its own: step t writes the keys and values of every row
+// at position t, and each row keeps its path, the row at each earlier
+// position that its beam came through:
+//
+//   self_kv[l][t][i]   keys | values of row i at position t, layer l
+//   path[i][j]         where row i's beam was at position j <= t, as the index
+//                      j * max_rows + (its row then) into self_kv[l]
+//
+// A beam that goes on in another row (beam search's reordering), and the rows
+// of a batch closing up as sentences end, move only these indices; the keys
+// and values stay where step t wrote them. A query reads its keys along its
+// path (KeyRows), its memory's where its sentence's lie: each number the same
+// sum in the same order as the cached decoder's (lab/test_lab.c compares the
+// tokens), since the products and the attention of a row are the same
+// functions of the same numbers whatever the other rows are.
+typedef struct {
+    int sentences;       // B
+    int S;               // padded source length
+    int max_rows;        // the most rows at a position: B x beams
+    int max_T;           // the most positions
+    int rows;            // rows at the current position
+    int *src_len;        // (B)                real source tokens of each sentence
+    int *sentence_of;    // (max_rows)         the sentence row i decodes
+    int *path;           // (max_rows, max_T)  row i's path at positions 0..t (above)
+    int *spare;          // (max_rows, max_T)  where batched_decoder_reorder writes the next ones
+    int *spare_sentence; // (max_rows)
+    int *key_len;        // (max_rows)         the keys each row's query sees at this position
+    real *cross_kv;      // (L, B, S, 2C)      the memory's keys | values, per decoder layer
+    real *self_kv;       // (L, max_T, max_rows, 2C)
+    real *x;             // (max_rows, C)      the embedded tokens of position t
+    DecoderLayerActs step;   // one layer's activations at position t, reused layer after layer
+    real *logits;        // (max_rows, V)      the next token's, from batched_decoder_step
+    real *memory;        // the arena of the numbers above,
+    size_t numbers;      // its size
+} BatchedDecoder;
+
+static void batched_decoder_layout(BatchedDecoder *d, Layout *layout,
+                                   const TransformerConfig *config) {
+    size_t L = config->n_layers;
+    size_t C = config->d_model;
+    size_t NH = config->n_heads;
+    size_t R = d->max_rows;
+    size_t keys = (size_t)(d->max_T > d->S ? d->max_T : d->S);
+    d->cross_kv = tensor(layout, L * d->sentences * d->S * 2 * C);
+    d->self_kv = tensor(layout, L * d->max_T * R * 2 * C);
+    d->x = tensor(layout, R * C);
+    layout_attention(&d->step.self_attn, layout, R, 0, R * NH * keys, C, 0);
+    layout_add_norm(&d->step.norm1, layout, R, C);
+    layout_attention(&d->step.cross_attn, layout, R, 0, R * NH * keys, C, 1);
+    layout_add_norm(&d->step.norm2, layout, R, C);
+    layout_feed_forward(&d->step.ffn, layout, R, C, config->d_ff);
+    layout_add_norm(&d->step.norm3, layout, R, C);
+    d->logits = tensor(layout, R * config->vocab_size);
+}
+
+// B sentences src (B, S), padded, of src_len (B) tokens, each to be decoded with up to `beams`
+// rows for at most max_T positions: memory = Encoder(source) (§3.1), once, and each decoder
+// layer's keys and values of it. The first position has one row per sentence, row b sentence b.
+static void batched_decoder_begin(BatchedDecoder *d, Transformer *model, const int *src,
+                                  const int *src_len, int B, int S, int beams, int max_T) {
+    const TransformerConfig *config = &model->config;
+    int C = config->d_model;
+    memset(d, 0, sizeof *d);
+    d->sentences = B;
+    d->S = S;
+    d->max_rows = B * beams;
+    d->max_T = max_T;
+    d->rows = B;
+    size_t R = d->max_rows;
+    d->src_len = checked_calloc(B, sizeof(int), "decoder source lengths");
+    d->sentence_of = checked_calloc(R, sizeof(int), "decoder rows");
+    d->spare_sentence = checked_calloc(R, sizeof(int), "decoder rows");
+    d->path = checked_calloc(R * max_T, sizeof(int), "decoder paths");
+    d->spare = checked_calloc(R * max_T, sizeof(int), "decoder paths");
+    d->key_len = checked_calloc(R, sizeof(int), "decoder key counts");
+    for (int b = 0; b < B; b++) d->sentence_of[b] = b;
+    // its numbers: where a decoding goes on batch after batch (lab/decode.c), the arena of the
+    // last batch if it is large enough (allocating and touching a new one for each batch took
+    // a tenth of decoding's time); every number is written before it is read
+    Layout counting = { NULL, 0, 0 };
+    batched_decoder_layout(d, &counting, config);
+    real *arena = decoding_weights.kept_arena;
+    d->numbers = decoding_weights.kept_numbers;
+    if (!arena || d->numbers < counting.used) {
+        arena_free(arena);
+        arena = arena_calloc(counting.used, "decoder cache");
+        d->numbers = counting.used;
+    }
+    decoding_weights.kept_arena = NULL;
+    decoding_weights.kept_numbers = 0;
+    Layout layout = { arena, 0, 0 };
+    batched_decoder_layout(d, &layout, config);
+    d->memory = layout.arena;
+
+    // the memory of each sentence (transformer.c's decoder_encode, B rows), then the products
+    // of the decoding, which read the weights packed once (fast_path_decoding)
+    Decoder encoded = { .rows = B, .S = S, .src_len = d->src_len };
+    const real *memory = decoder_encode(&encoded, model, src, src_len, B, 1);
+    fast_path_decoding(1);
+    for (int l = 0; l < config->n_layers; l++) {
+        real *kv = d->cross_kv + (size_t)l * B * S * 2 * C;
+        AttentionParams weights = decoder_layer_params(&model->params, config, l).cross_attn;
+        memory_keys_values(kv, memory, weights, B, S, C);
+    }
+}
+
+// Before a decoding of many batches (lab/decode.c), the arena the largest of them needs (at most
+// B sentences of at most S source tokens, `beams` rows each, max_T positions), so that batch
+// after batch finds it large enough: sorted by length, each batch was larger than the one
+// before, and each new arena's first touch cost a page fault per page.
+static void batched_decoder_reserve(const TransformerConfig *config, int B, int S, int beams,
+                                    int max_T) {
+    BatchedDecoder sizes = { .sentences = B, .S = S, .max_rows = B * beams, .max_T = max_T };
+    Layout counting = { NULL, 0, 0 };
+    batched_decoder_layout(&sizes, &counting, config);
+    if (decoding_weights.kept_arena && decoding_weights.kept_numbers >= counting.used)
+        return;
+    arena_free(decoding_weights.kept_arena);
+    decoding_weights.kept_arena = arena_calloc(counting.used, "decoder cache");
+    decoding_weights.kept_numbers = counting.used;
+}
+
+// One query per row against keys and values (transformer.c's attention_forward for one
+// position, Tq 1): row i's heads from its query (q, rows of q_stride) and the keys its KeyRows
+// give (keys_of: the rows of every row, layer l's), key_len[i] of them, att (rows, NH, Tk).
+typedef KeyRows (*KeysOfRow)(const BatchedDecoder *d, int l, int row, int C);
+
+static KeyRows self_keys_of_row(const BatchedDecoder *d, int l, int row, int C) {
+    const real *kv = d->self_kv + (size_t)l * d->max_T * d->max_rows * 2 * C;
+    return (KeyRows){ kv, kv + C, d->path + (size_t)row * d->max_T, 2 * (size_t)C };
+}
+
+static KeyRows memory_keys_of_row(const BatchedDecoder *d, int l, int row, int C) {
+    size_t sentence = d->sentence_of[row];
+    const real *kv = d->cross_kv + ((size_t)l * d->sentences + sentence) * d->S * 2 * C;
+    return (KeyRows){ kv, kv + C, NULL, 2 * (size_t)C };
+}
+
+static void batched_attention(real *heads, real *att, const real *q, int q_stride,
+                              const BatchedDecoder *d, KeysOfRow keys_of, int l,
+                              const TransformerConfig *config) {
+    int C = config->d_model;
+    int NH = config->n_heads;
+    int d_k = C / NH;
+    int Tk = d->max_T > d->S ? d->max_T : d->S;
+    int group_heads = one_query_group_heads(d_k), groups = (NH + group_heads - 1) / group_heads;
+    #pragma omp parallel for collapse(2)
+    for (int i = 0; i < d->rows; i++) {
+        for (int group = 0; group < groups; group++) {
+            int head0 = group * group_heads, heads_here = min_int(group_heads, NH - head0);
+            KeyRows rows = keys_of(d, l, i, C);
+            rows.keys += head0 * d_k;
+            rows.values += head0 * d_k;
+            one_query_group(heads + (size_t)i * C + head0 * d_k,
+                            att + ((size_t)i * NH + head0) * Tk,
+                            q + (size_t)i * q_stride + head0 * d_k, rows, d->key_len[i],
+                            heads_here, d_k, Tk);
+        }
+    }
+}
+
+// Position t for the d->rows rows, tokens (rows) their inputs: each row's keys and values at
+// t into the cache, the next token's logits in d->logits (rows, V). The sub-layers of
+// transformer.c's decoder_layer_forward for one position, as cached_decoder_step runs them.
+static void batched_decoder_step(BatchedDecoder *d, Transformer *model, const int *tokens,
+                                 int t) {
+    const TransformerConfig *config = &model->config;
+    int C = config->d_model;
+    int rows = d->rows;
+    size_t R = d->max_rows;
+    DecoderLayerActs step = d->step;
+
+    // §3.4, §3.5: E[token] * sqrt(d_model) + PE[t]; each row's path reaches position t
+    const real *pe_t = model->positional_encoding + (size_t)t * C;
+    embedding_forward(d->x, tokens, model->params.embedding, pe_t, rows, 1, C);
+    for (int i = 0; i < rows; i++) d->path[(size_t)i * d->max_T + t] = (int)(t * R + i);
+
+    for (int l = 0; l < config->n_layers; l++) {
+        DecoderLayerParams weights = decoder_layer_params(&model->params, config, l);
+        AttentionParams self = weights.self_attn;
+        const real *y = l == 0 ? d->x : step.norm3.out;   // the layer's input
+        real *kv_t = d->self_kv + ((size_t)l * d->max_T + t) * R * 2 * C;
+
+        // sub-layer 1: LayerNorm(y + MaskedSelfAttention(y)); q_t sees its path's keys 0..t
+        linear_forward(step.self_attn.qkv, y, self.qkv_w, self.qkv_b, rows, C, 3 * C);
+        for (int i = 0; i < rows; i++) {
+            memcpy(kv_t + (size_t)i * 2 * C, step.self_attn.qkv + (size_t)i * 3 * C + C,
+                   2 * (size_t)C * sizeof(real));
+            d->key_len[i] = t + 1;
+        }
+        batched_attention(step.self_attn.heads, step.self_attn.att, step.self_attn.qkv, 3 * C,
+                          d, self_keys_of_row, l, config);
+        linear_forward(step.self_attn.out, step.self_attn.heads, self.out_w, self.out_b, rows, C,
+                       C);
+        add_norm_forward(step.norm1, y, step.self_attn.out, weights.ln1, model, rows);
+
+        // sub-layer 2: LayerNorm(ln1 + Attention(ln1, memory)), its sentence's keys and values
+        // (transformer.c's cross_attention_forward, one position)
+        AttentionParams cross = weights.cross_attn;
+        linear_forward(step.cross_attn.q, step.norm1.out, cross.qkv_w, cross.qkv_b, rows, C, C);
+        for (int i = 0; i < rows; i++) d->key_len[i] = d->src_len[d->sentence_of[i]];
+        batched_attention(step.cross_attn.heads, step.cross_attn.att, step.cross_attn.q, C, d,
+                          memory_keys_of_row, l, config);
+        linear_forward(step.cross_attn.out, step.cross_attn.heads, cross.out_w, cross.out_b,
+                       rows, C, C);
+        add_norm_forward(step.norm2, step.norm1.out, step.cross_attn.out, weights.ln2, model,
+                         rows);
+
+        // sub-layer 3: LayerNorm(ln2 + FFN(ln2)); the output is the next layer's input
+        feed_forward_forward(step.ffn, step.norm2.out, weights.ffn, rows, config);
+        add_norm_forward(step.norm3, step.norm2.out, step.ffn.out, weights.ln3, model, rows);
+    }
+
+    // §3.4: the pre-softmax projection through the shared embedding
+    linear_forward(d->logits, step.norm3.out, model->params.embedding, NULL, rows, C,
+                   config->vocab_size);
+}
+
+// The next position's rows after position t: row i continues row parent[i] of this one (its
+// beam, in beam search; its sentence, as the rows close up over ended ones). Only the paths
+// move.
+static void batched_decoder_reorder(BatchedDecoder *d, const int *parent, int rows, int t) {
+    size_t max_T = d->max_T;
+    for (int i = 0; i < rows; i++) {
+        memcpy(d->spare + i * max_T, d->path + parent[i] * max_T, (t + 1) * sizeof(int));
+        d->spare_sentence[i] = d->sentence_of[parent[i]];
+    }
+    int *swap = d->path;
+    d->path = d->spare;
+    d->spare = swap;
+    swap = d->sentence_of;
+    d->sentence_of = d->spare_sentence;
+    d->spare_sentence = swap;
+    d->rows = rows;
+}
+
+static void batched_decoder_end(BatchedDecoder *d) {
+    free(d->src_len);
+    free(d->sentence_of);
+    free(d->spare_sentence);
+    free(d->path);
+    free(d->spare);
+    free(d->key_len);
+    arena_free(decoding_weights.kept_arena);
+    decoding_weights.kept_arena = d->memory;   // for the next batch (freed when decoding ends)
+    decoding_weights.kept_numbers = d->numbers;
+    memset(d, 0, sizeof *d);
     fast_path_decoding(0);
 }
 

@@ -4712,6 +4712,209 @@ static void test_decode_subwords_too_long(void) {
                     "decode --checkpoint %s 'abab cdcd ca'", ckpt);
 }
 
+// ============================================================================
+// Many sentences decoded side by side (lab/decode.c's lab_decode_batch, lab/fast_path.c's
+// BatchedDecoder) and decode's batches of standard input
+// ============================================================================
+#include <sys/wait.h>   // waitpid: decode answering each line of a pipe
+
+// The batched decoder against decoding one sentence at a time: for a trained copy model, an
+// untrained one and one whose logits hold NaNs (beam_propose's own ranking of NaNs), 20 sources
+// of 0 to 8 words (0: </s> alone), greedy and beam 2 and 4, in batches of 1, 7 and 20, with the
+// fast path's products and with Part I's loops: transformer.c's beam search's tokens, and its
+// scores within 1e-12 (the log-sum-exp in vector lanes, lab/decode.c's row_candidates).
+// Greedy decoding never chooses a NaN logit where a beam of one may (the lab's greedy_token,
+// decode's greedy decoding before batches): with NaNs, batches of 7 and 20 give the tokens of
+// batches of 1.
+static void test_batched_decoding(void) {
+    TransformerConfig config = decode_config();
+    Transformer untrained;
+    Transformer with_nan;
+    transformer_build(&untrained, &config, 23);
+    transformer_build(&with_nan, &config, 24);
+    with_nan.params.embedding[(size_t)5 * config.d_model] = NAN;   // token 5's logit, and
+                                                                   // every row that reads it
+    Transformer *models[3] = { trained_copy_model(), &untrained, &with_nan };
+    enum { B = 20, S = 9, MAX_OUT = 20 };
+    int src[B * S] = { 0 }, src_len[B];
+    Rng rng;
+    rng_seed(&rng, 61);
+    for (int b = 0; b < B; b++) {
+        src_len[b] = 1 + b % S;
+        random_source(src + b * S, src_len[b], config.vocab_size, &rng);
+    }
+    int beams[3] = { 1, 2, 4 };
+    int per_batch[3] = { 1, 7, B };
+    int cases = 0, same = 0, copied = 0;
+    for (int fast = 1; fast >= 0; fast--) {
+        fast_path_use(fast);
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < 3; i++) {
+                int ref[B][MAX_OUT], ref_len[B];
+                double ref_score[B];
+                int greedy_nan = k == 2 && beams[i] == 1;
+                for (int b = 0; b < B && !greedy_nan; b++) {
+                    ref_len[b] = transformer_beam_search(models[k], ref[b], &ref_score[b],
+                                                         src + b * S, src_len[b], beams[i], 0.6);
+                    copied += fast && k == 0 && i == 0 && ref_len[b] == src_len[b] - 1 &&
+                              memcmp(ref[b], src + b * S, ref_len[b] * sizeof(int)) == 0;
+                }
+                for (int p = 0; p < 3; p++) {
+                    int out[B * MAX_OUT], out_len[B];
+                    double score[B];
+                    Search search = { beams[i], 0.6 };
+                    for (int first = 0; first < B; first += per_batch[p]) {
+                        int n = min_int(per_batch[p], B - first);
+                        Outputs o = { out + first * MAX_OUT, out_len + first, score + first,
+                                      MAX_OUT };
+                        lab_decode_batch(models[k], o, src + first * S, src_len + first, n, S,
+                                         search);
+                    }
+                    for (int b = 0; b < B && greedy_nan && p == 0; b++) {
+                        ref_len[b] = out_len[b];
+                        memcpy(ref[b], out + b * MAX_OUT, out_len[b] * sizeof(int));
+                    }
+                    for (int b = 0; b < B && !(greedy_nan && p == 0); b++) {
+                        int tokens = out_len[b] == ref_len[b] &&
+                                     memcmp(out + b * MAX_OUT, ref[b],
+                                            ref_len[b] * sizeof(int)) == 0;
+                        double miss = fabs(score[b] - ref_score[b]);
+                        int scores = beams[i] == 1 || score[b] == ref_score[b] ||
+                                     miss <= 1e-12 * fabs(ref_score[b]) ||
+                                     memcmp(&score[b], &ref_score[b], sizeof(double)) == 0;
+                        same += tokens && scores;
+                        cases++;
+                    }
+                }
+            }
+        }
+    }
+    fast_path_use(1);
+    check(same == cases && copied >= B / 4,
+          "decode: the batched decoder gives transformer.c's beam search's tokens, and its scores "
+          "within 1e-12, "
+          "sentence for sentence: %d of %d (a trained model, whose greedy outputs copy %d of %d "
+          "sources; an untrained one; one with NaN logits; greedy, beam 2 and 4; batches of 1, 7 "
+          "and 20; the fast path and Part I's loops)", same, cases, copied, B);
+    transformer_free(&untrained);
+    transformer_free(&with_nan);
+}
+
+// decode's batches as a user meets them (the small trained copy checkpoint): a file of 40
+// lines, among them an empty line, one too long for the model, one not UTF-8 and one with a
+// reserved token, decoded greedily and with beam 4, one sentence at a time
+// (--batch-sentences 1), 3 at a time and as many as decode takes: the same output, an error
+// line naming each bad line and what was expected, an empty output line for it and for the
+// empty line, every other line translated in order, and exit status 1.
+static void test_decode_batches(const char *ckpt) {
+    const char *path = test_path("batches_stdin.txt");
+    FILE *f = fopen(path, "w");
+    Rng rng;
+    rng_seed(&rng, 62);
+    for (int line = 1; line <= 40 && f; line++) {
+        if (line == 7)
+            fputs("", f);
+        else if (line == 12)
+            for (int i = 0; i < 25; i++) fputs("1 ", f);
+        else if (line == 20)
+            fputs("1 \xff 2", f);
+        else if (line == 33)
+            fputs("3 <s> 1", f);
+        else
+            for (int i = 0, n = 1 + (int)rng_below(&rng, 8); i < n; i++)
+                fprintf(f, "%s%d", i ? " " : "", (int)rng_below(&rng, 6));
+        fputs("\n", f);
+    }
+    if (f)
+        fclose(f);
+    static char first[1 << 16];
+    int same = 1, good = 1;
+    for (int beam = 1; beam <= 4; beam += 3) {
+        int batches[3] = { 1, 3, DECODE_BATCH_SENTENCES };
+        for (int i = 0; i < 3; i++) {
+            int status = run_cli("decode --checkpoint %s --beam %d --batch-sentences %d < %s",
+                                 ckpt, beam, batches[i], path);
+            if (i == 0)
+                snprintf(first, sizeof first, "%s", cli_output);
+            same &= strcmp(first, cli_output) == 0;
+            int lines = count_lines_starting(cli_output, "");
+            int errors = count_lines_starting(cli_output, "error:");
+            int empty = count_lines_starting(cli_output, "\n") + (cli_output[0] == '\n');
+            good &= status == 1 && lines == 40 + 3 && errors == 3 && empty == 4 &&
+                    strstr(cli_output, "error: decode: stdin:12: the sentence has 25 tokens") &&
+                    strstr(cli_output, "error: decode: stdin:20: byte 3 of the line") &&
+                    strstr(cli_output, "error: decode: stdin:33: the token '<s>' is reserved");
+        }
+    }
+    check(same && good,
+          "cli: decode of 40 lines (an empty one, one too long, one not UTF-8, one with <s>), "
+          "greedy and beam 4, 1, 3 and %d sentences side by side: the same lines, an error line "
+          "naming each bad line, an empty output line for it, exit status 1",
+          DECODE_BATCH_SENTENCES);
+}
+
+// A line that has come, read from a pipe whose writer waits: within 30 s, or NULL.
+static char *read_answer(int fd, char *buffer, size_t size) {
+    size_t used = 0;
+    double start = wall_seconds();
+    while (used + 1 < size && wall_seconds() - start < 30) {
+        struct pollfd p = { fd, POLLIN, 0 };
+        if (poll(&p, 1, 1000) <= 0)
+            continue;
+        ssize_t n = read(fd, buffer + used, 1);
+        if (n <= 0)
+            break;
+        used++;
+        if (buffer[used - 1] == '\n') {
+            buffer[used] = '\0';
+            return buffer;
+        }
+    }
+    return NULL;
+}
+
+// Streaming: decode answers a line of standard input before the next one comes (as a line
+// typed at a terminal): its writer sends a line and waits for the answer before sending the
+// next, and the stream still ends with exit status 0.
+static void test_decode_answers_each_line(const char *ckpt) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) {
+        check(0, "cli: pipes for decode (%s)", strerror(errno));
+        return;
+    }
+    char command[1200];
+    snprintf(command, sizeof command, "%s decode --checkpoint %s 2>/dev/null", cli_binary, ckpt);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(to_child[0], 0);
+        dup2(from_child[1], 1);
+        close(to_child[1]);
+        close(from_child[0]);
+        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
+        _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    // a decode that died: a failed check below, not the end of the tests by SIGPIPE
+    void (*was)(int) = signal(SIGPIPE, SIG_IGN);
+    char first[256], second[256];
+    int sent = write(to_child[1], "1 2 3\n", 6) == 6;
+    char *a = read_answer(from_child[0], first, sizeof first);
+    sent &= write(to_child[1], "4 0\n", 4) == 4;
+    char *b = read_answer(from_child[0], second, sizeof second);
+    close(to_child[1]);
+    signal(SIGPIPE, was);
+    int status = -1;
+    waitpid(pid, &status, 0);
+    close(from_child[0]);
+    check(sent && a && b && strcmp(first, "1 2 3\n") == 0 && strcmp(second, "4 0\n") == 0 &&
+              WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "cli: decode answers each line of a pipe before the next comes ('%s', '%s'; exit %d)",
+          a ? "1 2 3" : "no answer", b ? "4 0" : "no answer",
+          WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
 // The tests of lab/text.c and eval that run ./transformer, after transformer.c's own
 // (run_command_line_tests), whose small copy checkpoint they use.
 static void test_text_and_eval_commands(void) {
@@ -4723,6 +4926,8 @@ static void test_text_and_eval_commands(void) {
         return;
     }
     test_decode_stdin(ckpt);
+    test_decode_batches(ckpt);
+    test_decode_answers_each_line(ckpt);
     test_decode_subwords_too_long();
     test_eval_bleu(trained_copy_model(), ckpt);
     test_existing_checkpoint();
@@ -5236,6 +5441,7 @@ static void run_lab_tests(void) {
     printf("-- no empty translation (min_len 1), greedy and beam\n");
     test_no_empty_translation();
     test_greedy_as_beam_of_one();
+    test_batched_decoding();
     printf("-- explain: decode's decoding, recorded; the attention the page shows\n");
     test_explain_decodes_as_decode();
     test_explain_attention();
