@@ -34,15 +34,9 @@
 #define RANK_GRADIENT_TOL_DOUBLE 2e-14
 #define ADAM_RHO_MOST 1.7   // FORMATS.md: ρ_k is never above it
 
-static char rank_self[700];        // this binary: the lab's program in double (--lab)
-static char rank_program[700];     // ./transformer, its absolute path
-static char rank_dir[600];         // the files of these tests
+// The proofs run in the double build (./test_lab_f64), once; those of a build with MPI need it.
+#ifdef TRANSFORMER_DOUBLE
 static char rank_launch[600];      // "mpirun -q --oversubscribe"
-
-static const char *rank_path(char *out, const char *name) {
-    snprintf(out, 700, "%s/%s", rank_dir, name);
-    return out;
-}
 
 // Runs `mpirun ... -np N BINARY ARGS` as run_cli runs a command (its output in cli_output)
 static int run_as_ranks(int ranks, const char *binary, const char *format, ...) {
@@ -57,6 +51,16 @@ static int run_as_ranks(int ranks, const char *binary, const char *format, ...) 
     int status = run_cli("%s", args);
     cli_binary = saved;
     return status;
+}
+
+#ifdef TRANSFORMER_MPI
+static char rank_self[700];        // this binary: the lab's program in double (--lab)
+static char rank_program[700];     // ./transformer, its absolute path
+static char rank_dir[600];         // the files of these tests
+
+static const char *rank_path(char *out, const char *name) {
+    snprintf(out, 700, "%s/%s", rank_dir, name);
+    return out;
 }
 
 // The numbers of train's line "ranks  target tokens trained on, by rank: a b c (the batches held
@@ -490,6 +494,9 @@ static void test_killed_rank(const char *transformer) {
           "ranks: rank 0 killed (kill -9): mpirun ended the run; its checkpoint (step %ld) loads "
           "and resumes at -np 2 (%s)", step, error ? error : "loaded");
 }
+
+#endif   // TRANSFORMER_MPI
+#endif   // TRANSFORMER_DOUBLE
 
 // Every proof above, where MPI was built in and Open MPI's mpirun is found; else the line that
 // says why not. A build without MPI that a launcher starts as 2 ranks must refuse to run.
