@@ -540,7 +540,8 @@ static int command_eval(int argc, char **argv) {
         "Decodes every source of FILE.tsv and compares the output with the target: token accuracy\n"
         "(positions that agree, over the longer of output and target), exact match and, with\n"
         "--bleu, corpus-level BLEU-4 over the model's tokens (one reference each, no smoothing).\n"
-        "With §5.1 merges (train --bpe), exact match and BLEU are on words, BLEU also on subwords.";
+        "With §5.1 merges (train --bpe), exact match and BLEU are on words,\n"
+        "BLEU also on subwords.";
     int status = parse_options("eval", usage, options, (int)(sizeof options / sizeof *options),
                                argc, argv, NULL, NULL);
     if (status)

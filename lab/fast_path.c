@@ -39,10 +39,10 @@
 //    a row of TILE_COLS numbers of B, and does every product of the two:
 //
 //             dc                         TILE_COLS = 32
-//          ┌─────────┐                 ┌──────────────────────┐
-//        8 │ ▓       │   x          dc │ ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓ │ -> sum[8][32] += a[.][d] * b[d][.]
-//          └─────────┘                 │                      │
-//          A strip, step d: column ▓    └──────────────────────┘  B strip, step d: row ▓
+//          +---------+                 +----------------------+
+//        8 | #       |   x          dc | #################### | -> sum[8][32] += a[.][d] * b[d][.]
+//          +---------+                 |                      |
+//          A strip, step d: column #    +----------------------+  B strip, step d: row #
 //
 //    A row of B is two vectors; each number of A is multiplied by both.
 // 2. Packing. The tile reads B a row of TILE_COLS numbers at a time. A block

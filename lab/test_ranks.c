@@ -106,22 +106,30 @@ static double loss_bound_ratio(const double *a, const double *b, int steps, int 
     return worst;
 }
 
+// Two runs' checkpoints, both loaded (1), or neither (0: nothing left allocated)
+static int load_checkpoint_pair(const char *path_a, const char *path_b, LabCheckpoint *a,
+                                LabCheckpoint *b) {
+    if (lab_checkpoint_load(path_a, a))
+        return 0;
+    if (lab_checkpoint_load(path_b, b)) {
+        lab_checkpoint_free(a);
+        return 0;
+    }
+    return 1;
+}
+
 // Two runs' parameters after K steps from one start, whose gradients differ by another
 // summation order only: dev/FORMATS.md's per-step Adam bound summed over the steps, each element
 //     sum_k lr_k min(|r| + ρ, (1 + ρ) δ_t / (s + ε)) + 2 K u |θ| + 64 u (|r| + 1) sum_k lr_k,
-// s = sqrt(v̂) and r = m̂ / (s + ε) from the moments the second run saved after its last step, δ_t
-// the gradient tolerance times tensor t's largest s (its gradients' size). An element whose
+// s = sqrt(v̂) and r = m̂ / (s + ε) from the moments the second run saved after its last step,
+// δ_t the gradient tolerance times tensor t's largest s (its gradients' size). An element whose
 // gradient is rounding noise may move a full lr_k either way; one the arithmetic resolves, about
 // lr δ / |g|. Returns the largest difference over its bound (NaN: the checkpoints would not load).
 static double adam_bound_ratio(const char *path_a, const char *path_b, const double *lr,
                                int steps, double gradient_tol) {
     LabCheckpoint a, b;
-    if (lab_checkpoint_load(path_a, &a))
+    if (!load_checkpoint_pair(path_a, path_b, &a, &b))
         return NAN;
-    if (lab_checkpoint_load(path_b, &b)) {
-        lab_checkpoint_free(&a);
-        return NAN;
-    }
     double worst = a.model.num_parameters == b.model.num_parameters ? 0 : INFINITY, lr_sum = 0;
     for (int k = 0; k < steps; k++) lr_sum += lr[k];
     const Transformer *m = &b.model;
@@ -163,12 +171,8 @@ static double scaled_gap(const real *a, const real *b, size_t n) {
 // one step): the largest difference, relative to each tensor's largest, over `tolerance`
 static double first_gradient_ratio(const char *path_a, const char *path_b, double tolerance) {
     LabCheckpoint a, b;
-    if (lab_checkpoint_load(path_a, &a))
+    if (!load_checkpoint_pair(path_a, path_b, &a, &b))
         return NAN;
-    if (lab_checkpoint_load(path_b, &b)) {
-        lab_checkpoint_free(&a);
-        return NAN;
-    }
     double worst = a.model.adam_step == 1 && b.model.adam_step == 1 ? 0 : INFINITY;
     size_t start = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS && isfinite(worst); t++) {
