@@ -37,24 +37,12 @@ import sys
 import tempfile
 import time
 
+from bench_compare import children_cpu_seconds, machine_busy_seconds
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CT2_PYTHON = os.path.join(HERE, ".venv-ct2", "bin", "python")   # make ctranslate2-setup
 ALPHA = 0.6
-
-
-def machine_busy_seconds():
-    """CPU time the whole machine has spent busy (all processes), from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_seconds():
-    import resource
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def timed(cmd, stdin_path, env=None):

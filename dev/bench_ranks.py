@@ -21,12 +21,13 @@ As root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=
 import argparse
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from bench_compare import children_cpu_seconds, machine_busy_seconds
 
 COMMON = "--eval-every 0 --eval-size 20 --show 0 --force"
 CONFIGS = {
@@ -37,18 +38,6 @@ CONFIGS = {
     # a wider model: more gradients to sum a step (d_model 256, 2 + 2 layers)
     "wide": "--task copy --layers 2 --d-model 256 --d-ff 1024 --heads 4 --steps 30",
 }
-
-
-def machine_busy_seconds():
-    """CPU time the whole machine has spent busy (all processes), from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_seconds():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def tokens_per_second(command, steps):
