@@ -2,9 +2,11 @@
  * train's evaluation, and the decode command
  *
  * transformer.c decodes one sentence at a time, greedy decoding being its beam search with one
- * beam. The lab decodes the sentences of a batch side by side (lab_greedy_decode): the same
- * tokens (lab/test_lab.c compares them), with products of a batch's rows rather than one
- * sentence's, which the fast path's tiles and its key/value cache turn into speed. Its
+ * beam. The lab decodes the sentences of a batch side by side, greedy or by beam search (§6.1:
+ * beam 4, α 0.6), each sentence with its own beams (lab_decode_batch; lab_greedy_decode for
+ * greedy alone): the same tokens (lab/test_lab.c compares them), with products of a batch's
+ * rows rather than one sentence's, which the fast path's tiles and its key/value cache turn
+ * into speed. decode sorts its lines by length into batches and prints in input order. Its
  * evaluation (lab_evaluate) adds the teacher-forced losses, progress lines and, with §5.1
  * subwords, the words; its decode reads Unicode text and §5.1 subwords, with --alpha and
  * --threads.
